@@ -1,0 +1,88 @@
+"""The Implementation protocol and `load_impl`, the one way to reach an implementation."""
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+from typing import Optional, Protocol, Sequence, runtime_checkable
+
+from .attention import AttentionBackend
+from .block_manager import BlockManager
+from .config import SchedulerConfig
+from .params import SamplingParams
+from .request import Request
+from .scheduler import Scheduler
+
+ENTRY_POINT_GROUP = "enginespec.impls"
+BUILTIN = {"reference": "impls.reference:IMPL", "fast": "impls.fast:IMPL"}
+ENV_VAR = "ENGINESPEC_IMPL"
+
+
+@runtime_checkable
+class Implementation(Protocol):
+    """A set of parts the engine composes: requests, block manager, scheduler, attention.
+
+    Optional: `build_batch(output, block_manager, device="cpu", pad_to=None) -> spec.Batch`;
+    the engine uses its own plain builder when an impl has none.
+    `capabilities`: a frozenset of strings such as {"swap", "cuda_graphs"}.
+    """
+
+    name: str
+    capabilities: frozenset
+
+    def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
+                    priority: int = 0, arrival_time: Optional[float] = None,
+                    cache_key: tuple = ()) -> Request: ...
+
+    def new_block_manager(self, num_blocks: int, block_size: int,
+                          enable_prefix_caching: bool = True) -> BlockManager: ...
+
+    def new_scheduler(self, config: SchedulerConfig, block_manager: BlockManager) -> Scheduler: ...
+
+    def attention_backend(self, device) -> AttentionBackend: ...
+
+
+def _resolve(target: str):
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e
+    obj = module
+    for part in (attr or "IMPL").split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"impl {target!r}: module {module_name!r} has no attribute {attr or 'IMPL'!r}") from None
+    return obj
+
+
+def load_impl(name: Optional[str] = None) -> Implementation:
+    """Return the Implementation named by `name` (default: $ENGINESPEC_IMPL, else "reference").
+
+    Accepts "reference", "fast", "pkg.module:attr" (attr may be dotted; a class is instantiated
+    with no arguments), "pkg.module" (its IMPL attribute), or the name of an entry point in the
+    `enginespec.impls` group.
+    """
+    name = name or os.environ.get(ENV_VAR) or "reference"
+    if not isinstance(name, str):
+        return name  # already an Implementation object
+    if name in BUILTIN:
+        obj = _resolve(BUILTIN[name])
+    else:
+        eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        if name in eps:
+            obj = eps[name].load()
+        elif ":" in name or "." in name:
+            obj = _resolve(name)
+        else:
+            known = sorted(set(BUILTIN) | set(eps))
+            raise ValueError(f"unknown impl {name!r}: expected one of {known} or 'pkg.module:attr'")
+    if isinstance(obj, type):
+        obj = obj()
+    missing = [a for a in ("name", "new_request", "new_block_manager", "new_scheduler", "attention_backend")
+               if not hasattr(obj, a)]
+    if missing:
+        raise ValueError(f"impl {name!r} is not an Implementation: missing {missing}")
+    return obj
