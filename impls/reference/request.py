@@ -1,0 +1,95 @@
+"""The reference Request: a token list, a compute cursor, and bookkeeping. Plain Python.
+
+Invariants (spec.Request): `token_ids == prompt_token_ids + output_token_ids`;
+`0 <= num_cached_tokens <= num_computed_tokens <= num_tokens`; `block_hashes` only grows.
+`block_hashes` is extended by the block manager, which knows the block size.
+"""
+from __future__ import annotations
+
+import numbers
+import time
+from typing import Optional, Sequence
+
+from spec import SamplingParams, Status, encode_extra
+
+
+def _token_list(name: str, ids: Sequence[int]) -> list[int]:
+    """Copy `ids` into a list of plain ints; ValueError naming `name` for anything else."""
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
+        out.append(int(t))
+    return out
+
+
+class Request:
+    """One generation request. `token_ids` is the prompt followed by the outputs, in one list."""
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
+                 params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
+                 priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
+        prompt = _token_list("prompt_token_ids", prompt_token_ids)
+        if not prompt:
+            raise ValueError("Request.prompt_token_ids must be non-empty, got []")
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
+        if eos_token_id is not None:
+            eos_token_id = _token_list("eos_token_id", [eos_token_id])[0]
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise ValueError(f"Request.priority must be an int, got {priority!r}")
+        cache_key = tuple(cache_key)
+        try:
+            encode_extra(cache_key)
+        except TypeError as e:
+            raise ValueError(f"Request.cache_key: {e}") from None
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.token_ids = list(prompt)
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.priority = int(priority)
+        self.arrival_time = time.monotonic() if arrival_time is None else float(arrival_time)
+        self.cache_key = cache_key
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.spec_token_ids: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.swapped_out = False
+        self.stop_reason: object = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """A copy of the generated tokens (the part of token_ids after the prompt)."""
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Known tokens plus speculative draft tokens (those are not in token_ids)."""
+        return len(self.token_ids) + len(self.spec_token_ids)
+
+    def append(self, token: int) -> None:
+        """Append one sampled token; ValueError unless it is a non-negative int."""
+        self.token_ids.append(_token_list("token_ids", [token])[0])
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens})")
