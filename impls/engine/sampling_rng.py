@@ -1,0 +1,62 @@
+"""Counter-based noise for seeded rows: the draw is a pure function of (seed, output index, token).
+
+Why a hash and not a `torch.Generator` per row: a per-request generator makes a row's draw depend
+on how many draws that generator served before (batch history), and one generator per row means
+a Python loop of device launches. Hashing the triple (seed, output index, token id) with integer
+tensor ops gives the same noise for a request whatever batch it lands in, on CPU and CUDA alike,
+in one vectorised pass over all seeded rows.
+
+The hash works on 32-bit lanes held in int64 tensors. Every multiplier is odd and below 2**31, so
+a product of a 32-bit lane and a multiplier stays below 2**63 and never overflows int64; masking
+with 0xFFFFFFFF keeps the low 32 bits (multiplication modulo 2**32, a bijection for odd factors).
+Shifts are applied to non-negative values only, so arithmetic and logical shifts agree.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+# Odd multipliers below 2**31 (see module docstring).
+_M1 = 0x7FEB352D
+_M2 = 0x6C8E9CF5
+_M3 = 0x2C1B3C6D
+
+
+def row_key(seed: int, output_index: int) -> int:
+    """A 64-bit key for one draw: splitmix64 over the seed and the output token index.
+
+    Plain Python integers, so exact; distinct (seed, index) pairs give unrelated keys.
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + output_index * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """An avalanche mix on 32-bit lanes (values in [0, 2**32) held in int64)."""
+    x = x ^ (x >> 16)
+    x = (x * _M1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _M2) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * _M3) & _MASK32
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
+    """Uniform noise in (0, 1), float32 [len(keys), vocab_size]; row r depends only on keys[r].
+
+    24 bits of the hash make the mantissa; the half-step offset keeps 0 and 1 out, so
+    -log(u) is finite and positive.
+    """
+    lo = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device).unsqueeze(1)
+    hi = torch.tensor([(k >> 32) & _MASK32 for k in keys], dtype=torch.int64, device=device).unsqueeze(1)
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=device).unsqueeze(0)
+    x = _mix32((tokens + lo) & _MASK32)
+    x = _mix32(x ^ hi)
+    x = _mix32((x + lo * 3 + 1) & _MASK32)
+    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
