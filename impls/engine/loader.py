@@ -1,0 +1,208 @@
+"""Checkpoint loader: a local Hugging Face directory (config.json + *.safetensors) -> a module tree.
+
+Never downloads: the path must be a directory on disk. Tensors are read with safetensors'
+`safe_open` straight onto the target device and cast to the target dtype, one at a time, into a
+module tree built on the meta device (so no weight is ever allocated twice). Every failure is a
+CheckpointError (a ValueError) naming the file or tensor at fault; a missing directory or file
+is also a FileNotFoundError.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+# Architectures whose transformers modules FlatModel drives (config.json "architectures").
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+# Checkpoint tensors some exporters write that are recomputed buffers, not weights.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file or tensor."""
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+    """A checkpoint directory, config or shard that does not exist."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+def check_checkpoint_dir(path) -> Path:
+    """The checkpoint directory as a Path, after checking it holds a config.json."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointNotFound(f"checkpoint directory {root} does not exist (only local directories "
+                                 f"are loaded; nothing is downloaded)")
+    if not (root / "config.json").is_file():
+        raise CheckpointNotFound(f"checkpoint directory {root} has no config.json")
+    return root
+
+
+def architecture_of(path) -> str:
+    """The architecture named by config.json; CheckpointError unless it is supported."""
+    config_path = check_checkpoint_dir(path) / "config.json"
+    archs = _read_json(config_path).get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    raise CheckpointError(f"{config_path}: unsupported architecture {archs or '(none given)'}; "
+                          f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+
+
+def load_config(path):
+    """The transformers config of a supported local checkpoint (never touches the hub)."""
+    from transformers import AutoConfig
+
+    architecture_of(path)
+    return AutoConfig.from_pretrained(str(Path(path)), local_files_only=True)
+
+
+def checkpoint_files(path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards named by the index when there is one,
+    else every *.safetensors file in the directory (sorted)."""
+    root = check_checkpoint_dir(path)
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map")
+        files = [root / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise CheckpointNotFound(f"shard {file.name} listed in {index} is missing")
+        return files
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise CheckpointNotFound(f"checkpoint directory {root} has no *.safetensors file")
+    return files
+
+
+def iter_tensors(path, device="cpu", dtype: torch.dtype | None = None,
+                 shapes: dict[str, tuple] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, read onto `device`; floating tensors
+    are cast to `dtype`. With `shapes`, a tensor whose name is listed but whose shape differs
+    raises before it is read."""
+    from safetensors import safe_open
+
+    for file in checkpoint_files(path):
+        try:
+            handle = safe_open(str(file), framework="pt", device=str(torch.device(device)))
+        except Exception as e:  # safetensors raises its own error types for bad headers
+            raise CheckpointError(f"corrupt safetensors file {file}: {e}") from e
+        with handle:
+            for name in handle.keys():
+                if shapes is not None and name in shapes:
+                    found = tuple(handle.get_slice(name).get_shape())
+                    if found != tuple(shapes[name]):
+                        raise CheckpointError(f"tensor {name!r} in {file.name} has shape {list(found)}, "
+                                              f"the model expects {list(shapes[name])}")
+                try:
+                    tensor = handle.get_tensor(name)
+                except Exception as e:
+                    raise CheckpointError(f"corrupt safetensors file {file}: cannot read {name!r}: {e}") from e
+                if dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
+                yield name, tensor
+
+
+def _tied_alias(model: nn.Module) -> str | None:
+    """Name of the output-embedding weight when it is tied to the input embedding, else None."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is None:
+        return None
+    for name, module in model.named_modules():
+        if module is out:
+            return f"{name}.weight"
+    return None
+
+
+def _set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    prefix, _, leaf = name.rpartition(".")
+    module = model.get_submodule(prefix) if prefix else model
+    if leaf in module._parameters:
+        module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+    else:
+        module._buffers[leaf] = tensor
+
+
+def load_weights(model: nn.Module, path, *, device="cpu", dtype: torch.dtype = torch.float32) -> None:
+    """Fill every parameter and persistent buffer of `model` (typically on the meta device) from
+    the checkpoint at `path`, on `device` in `dtype`. Ties the output embedding to the input one
+    when the config says so (the checkpoint may then omit it). CheckpointError for a missing,
+    unexpected or misshapen tensor."""
+    tied = _tied_alias(model)
+    expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    expected.update({n: tuple(b.shape) for n, b in model.state_dict(keep_vars=True).items()
+                     if n not in expected})
+    if tied is not None:
+        expected.pop(tied, None)
+    seen: set[str] = set()
+    for name, tensor in iter_tensors(path, device, dtype, shapes=expected):
+        if name == tied or name.endswith(IGNORED_SUFFIXES):
+            continue
+        if name not in expected:
+            raise CheckpointError(f"unexpected tensor {name!r} in checkpoint {path} "
+                                  f"(no such parameter in {type(model).__name__})")
+        _set_tensor(model, name, tensor)
+        seen.add(name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing tensor(s) {missing[:8]}"
+                              f"{' ...' if len(missing) > 8 else ''}")
+    if tied is not None:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+
+
+def materialize_buffers(model: nn.Module, device) -> None:
+    """Rebuild modules whose non-persistent buffers (rotary inv_freq) are still on the meta
+    device, from their own config, on `device`; so buffers are computed exactly as transformers
+    computes them."""
+    for name, module in list(model.named_modules()):
+        if not any(b.is_meta for b in module.buffers(recurse=False)):
+            continue
+        config = getattr(module, "config", None)
+        if config is None:
+            raise CheckpointError(f"cannot materialize buffers of {name} ({type(module).__name__}): no config")
+        with torch.device(device):
+            rebuilt = type(module)(config)
+        prefix, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(prefix) if prefix else model, leaf, rebuilt)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"tensors still unmaterialized after loading: {left[:8]}")
+
+
+def build_model(path, *, device="cpu", dtype: torch.dtype = torch.float32):
+    """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights`."""
+    import transformers
+
+    arch = architecture_of(path)
+    config = load_config(path)
+    with torch.device("meta"):
+        model = getattr(transformers, arch)(config)
+    load_weights(model, path, device=device, dtype=dtype)
+    materialize_buffers(model, device)
+    return model.eval()
+
+
+def load_tokenizer(path):
+    """The tokenizer saved beside the checkpoint, or None when the directory has none."""
+    root = check_checkpoint_dir(path)
+    if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
