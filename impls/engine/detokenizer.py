@@ -1,0 +1,116 @@
+"""Incremental detokenization with stop strings.
+
+Decoding the whole output after every token costs O(n) per token; instead each step decodes a
+short window: the text of ids[prefix:] minus the text of ids[prefix:read] is what the newest ids
+add (the prefix gives tokenizers that render a leading space or merge bytes their left context).
+While that difference ends in U+FFFD the newest ids end inside a multi-byte UTF-8 character, so
+nothing is emitted until a later id completes it. For tokenizers whose decode is additive over
+such windows (byte-level BPE, WordLevel, SentencePiece metaspace) the accumulated `text` equals
+`tokenizer.decode(output_ids, skip_special_tokens=...)` once `flush()` has run.
+
+Stop strings: after each token the newly settled text is searched for matches that END in it
+(earlier matches would have fired earlier). Of those, the one that ends first wins, then the
+one that starts first: the stop that a character-by-character stream would see first, so the
+outcome does not depend on how the text was split into tokens. The stop string and everything
+after it are dropped from `text`. No stop string fires before `min_tokens` outputs.
+
+Streaming: the delta returned by `update` never includes a tail of `text` that could still grow
+into a stop string (the longest suffix that is a proper prefix of some stop), so emitted text is
+never retracted. `text` always holds all settled text, held-back tail included; `flush()` settles
+pending bytes and returns the not-yet-emitted tail (call it when a request ends without a stop
+string if you stream deltas).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output ids into text, step by step. See the module docstring."""
+
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], params, *, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.skip_special_tokens = skip_special_tokens
+        self.stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
+        self.min_tokens: int = params.min_tokens if params is not None else 0
+        self.output_token_ids: list[int] = []
+        self.text = ""
+        self.stop_reason: Optional[str] = None
+        self._prefix = 0     # window start in output_token_ids
+        self._read = 0       # ids before this are settled into text
+        self._emitted = 0    # chars of text already returned as deltas
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+
+    def _settle(self, force: bool = False) -> str:
+        """Text the unsettled ids add; empty (and nothing settled) while it ends mid-character."""
+        ids = self.output_token_ids
+        before = self._decode(ids[self._prefix:self._read])
+        after = self._decode(ids[self._prefix:])
+        if not force and (after.endswith(_REPLACEMENT) or len(after) <= len(before)):
+            return ""
+        new = after[len(before):] if after.startswith(before) else after
+        self._prefix, self._read = self._read, len(ids)
+        return new
+
+    def update(self, new_token_ids: Sequence[int]) -> tuple[str, Optional[str]]:
+        """Append ids; return (text delta safe to stream, the stop string that fired or None).
+        After a stop fired, further ids are ignored and ("", None) is returned."""
+        if self.stop_reason is not None:
+            return "", None
+        for tok in new_token_ids:
+            self.output_token_ids.append(int(tok))
+            start = len(self.text)
+            self.text += self._settle()
+            if self.stops and len(self.output_token_ids) >= self.min_tokens:
+                stop = self._find_stop(start)
+                if stop is not None:
+                    return self._take(stop[0]), stop[1]
+        return self._take(len(self.text) - self._held_back()), None
+
+    def _find_stop(self, new_start: int) -> Optional[tuple[int, str]]:
+        """(start, stop) of the match ending first (ties: starting first) among matches that
+        end after `new_start`; truncates `text` at its start and records `stop_reason`."""
+        best: Optional[tuple[int, int, str]] = None
+        for stop in self.stops:
+            pos = self.text.find(stop, max(0, new_start - len(stop) + 1))
+            if pos >= 0:
+                cand = (pos + len(stop), pos, stop)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+        if best is None:
+            return None
+        self.text = self.text[:best[1]]
+        self.stop_reason = best[2]
+        return best[1], best[2]
+
+    def _held_back(self) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _take(self, end: int) -> str:
+        """The not-yet-emitted text up to `end`, marked emitted."""
+        end = max(end, self._emitted)
+        delta = self.text[self._emitted:end]
+        self._emitted = end
+        return delta
+
+    def flush(self) -> str:
+        """Settle pending ids (a dangling partial character decodes as U+FFFD, as a full decode
+        would) and return every char of `text` not yet emitted. Idempotent."""
+        if self.stop_reason is None and self._read < len(self.output_token_ids):
+            self.text += self._settle(force=True)
+        return self._take(len(self.text))
