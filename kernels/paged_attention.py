@@ -1,0 +1,326 @@
+"""Paged attention over a flat ragged batch: prefill chunks and decodes in one launch.
+
+Work decomposition. The N query rows of B requests are cut per request into q-blocks of
+BLOCK_Q rows; one program handles one q-block for one KV head and all GROUP = Hq // Hkv query
+heads that share it, so each K/V tile is loaded once for BLOCK_M = BLOCK_Q * GROUP (padded to a
+power of two) score rows. Row m of a program is query row m // GROUP, head m % GROUP.
+
+Program ids need no host-side schedule (which would break CUDA-graph replay): request r owns
+the global q-block ids [qsl[r] // BLOCK_Q + r, qsl[r + 1] // BLOCK_Q + r + 1), an interval of
+at least ceil(len_r / BLOCK_Q) ids, increasing in r; a program finds its request by binary
+search and exits if its local block lies past the request's rows. The grid is therefore
+N // BLOCK_Q + B programs along axis 0.
+
+K/V tiles of TILE positions are gathered straight from the pool through the block table
+(one table load per position, so any block size works). Online softmax runs in the exp2
+domain. Split-KV (IS_SPLIT): axis 2 cuts each q-block's key range into NUM_SPLITS pieces whose
+partial (max, sum, unnormalised acc) go to float32 scratch; `_merge_splits_kernel` combines them.
+That gives long contexts with few requests enough programs to fill the GPU.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr,  # [B + 1] int32
+                  q_block_id, num_reqs, BLOCK_Q: tl.constexpr):
+    """Largest r with qsl[r] // BLOCK_Q + r <= q_block_id (r = 0 always qualifies)."""
+    lo: tl.int32 = 0
+    hi = num_reqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_id = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_id <= q_block_id:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _tile_range(seq_len, q_len, q_block, split, window,
+                BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
+                NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """Tiles [t_lo, t_hi) of keys this program reads and the exclusive key bound kv_hi.
+
+    Keys past the block's last query position are never visible (causal); with a window,
+    keys at or before first_position - window are never visible either.
+    """
+    first_pos = seq_len - q_len + q_block * BLOCK_Q
+    kv_hi = tl.minimum(first_pos + BLOCK_Q, seq_len)
+    kv_hi = tl.maximum(kv_hi, 0)
+    kv_lo = 0
+    if USE_WINDOW:
+        kv_lo = tl.maximum(first_pos - window + 1, 0)
+    t_lo = kv_lo // TILE
+    t_hi = (kv_hi + TILE - 1) // TILE
+    if NUM_SPLITS > 1:
+        per_split = (t_hi - t_lo + NUM_SPLITS - 1) // NUM_SPLITS
+        t_lo = t_lo + split * per_split
+        t_hi = tl.minimum(t_lo + per_split, t_hi)
+    return t_lo, t_hi, kv_hi
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,              # [N, Hq, D] (written unless IS_SPLIT)
+    part_acc_ptr,         # [N, Hq, NUM_SPLITS, HEAD_PAD] float32 (IS_SPLIT only)
+    part_max_ptr,         # [N, Hq, NUM_SPLITS] float32, log2 domain (IS_SPLIT only)
+    part_sum_ptr,         # [N, Hq, NUM_SPLITS] float32 (IS_SPLIT only)
+    q_ptr,                # [N, Hq, D]
+    cache_ptr,            # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    block_table_ptr,      # [B, max_blocks] int32
+    seq_lens_ptr,         # [B] int32
+    query_start_loc_ptr,  # [B + 1] int32
+    num_reqs, scale_log2, window,
+    stride_q_tok, stride_q_head,
+    stride_o_tok, stride_o_head,
+    stride_c_kv, stride_c_block, stride_c_slot, stride_c_head,
+    stride_bt,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    q_block_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    req = _find_request(query_start_loc_ptr, q_block_id, num_reqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    q_block = q_block_id - (q_start // BLOCK_Q + req)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+
+    rows = tl.arange(0, BLOCK_M)                          # [BLOCK_M]
+    row_tok = q_block * BLOCK_Q + rows // GROUP           # [BLOCK_M] query index in request
+    row_head = kv_head * GROUP + rows % GROUP             # [BLOCK_M] query head
+    row_ok = (rows < BLOCK_Q * GROUP) & (row_tok < q_len)  # [BLOCK_M]
+    row_pos = seq_len - q_len + row_tok                   # [BLOCK_M] absolute position
+    dims = tl.arange(0, HEAD_PAD)                         # [HEAD_PAD]
+    dim_ok = dims < HEAD_DIM                              # [HEAD_PAD]
+
+    q_rows = (q_start + row_tok).to(tl.int64) * stride_q_tok + row_head * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :],              # [BLOCK_M, HEAD_PAD]
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    t_lo, t_hi, kv_hi = _tile_range(seq_len, q_len, q_block, split, window,
+                                    BLOCK_Q, TILE, NUM_SPLITS, USE_WINDOW)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)         # running max (log2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                       # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)             # unnormalised output
+    table_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    head_off = kv_head * stride_c_head
+    for t in range(t_lo, t_hi):
+        kv_pos = t * TILE + tl.arange(0, TILE)                        # [TILE]
+        kv_ok = kv_pos < kv_hi                                        # [TILE]
+        block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
+        slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
+        k = tl.load(cache_ptr + slot[None, :] + dims[:, None],        # [HEAD_PAD, TILE]
+                    mask=kv_ok[None, :] & dim_ok[:, None], other=0.0)
+        if DOT_FP32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k)                                          # [BLOCK_M, TILE]
+        s = s * scale_log2
+        visible = kv_ok[None, :] & (kv_pos[None, :] <= row_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (kv_pos[None, :] > row_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)        # all-masked rows stay 0
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])                         # [BLOCK_M, TILE]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
+                    mask=kv_ok[:, None] & dim_ok[None, :], other=0.0)
+        if DOT_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out_rows = (q_start + row_tok).to(tl.int64)
+    if IS_SPLIT:
+        part = (out_rows * NUM_Q_HEADS + row_head) * NUM_SPLITS + split  # [BLOCK_M]
+        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
+                 mask=row_ok[:, None])
+        tl.store(part_max_ptr + part, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                # seq_len 0: acc = 0
+        o_off = out_rows * stride_o_tok + row_head * stride_o_head
+        tl.store(out_ptr + o_off[:, None] + dims[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,        # [N, Hq, D]
+    part_acc_ptr,   # [N, Hq, NUM_SPLITS, HEAD_PAD] float32
+    part_max_ptr,   # [N, Hq, NUM_SPLITS] float32, log2 domain
+    part_sum_ptr,   # [N, Hq, NUM_SPLITS] float32
+    stride_o_tok, stride_o_head,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, NUM_SPLITS)                                 # [NUM_SPLITS]
+    dims = tl.arange(0, HEAD_PAD)                                     # [HEAD_PAD]
+    part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits           # [NUM_SPLITS]
+    m_s = tl.load(part_max_ptr + part)
+    l_s = tl.load(part_sum_ptr + part)
+    m_all = tl.max(m_s, 0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.math.exp2(m_s - m_safe)                                    # [NUM_SPLITS]
+    denom = tl.sum(w * l_s, 0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :])  # [NUM_SPLITS, HEAD_PAD]
+    o = tl.sum(acc * w[:, None], 0)                                   # [HEAD_PAD]
+    o = o / tl.where(denom > 0, denom, 1.0)                           # nothing seen: o = 0
+    tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
+             o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile shapes and launch knobs of one paged-attention launch."""
+
+    block_m: int
+    tile: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+_SM_COUNT: dict = {}
+
+
+def _interpreting() -> bool:
+    """Under TRITON_INTERPRET the numpy-backed tl.dot mishandles bf16 (seen with triton 3.9),
+    so dots run on float32 copies of the operands there; on a GPU they use the input dtype."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    if device not in _SM_COUNT:
+        _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNT[device]
+
+
+def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads: int,
+                  head_pad: int, max_query_len: int, max_seq_len: int,
+                  device: torch.device) -> LaunchConfig:
+    """Heuristic launch config: small BLOCK_M for decode-heavy batches, large for prefill;
+    split the key range when too few programs would run and the context is long."""
+    group = num_q_heads // num_kv_heads
+    min_m = max(16, triton.next_power_of_2(group))
+    if max_query_len * group >= 64:
+        block_m, tile, warps, stages = max(64, min_m), 64, 4, 2
+    else:
+        block_m, tile, warps, stages = min_m, 64, 4, 3
+    programs = num_reqs * num_kv_heads
+    target = 4 * _num_sms(device)
+    splits = 1
+    max_tiles = max(1, max_seq_len // (4 * tile))        # keep >= 4 tiles per split
+    scratch = num_tokens * num_q_heads * head_pad * 4
+    while (splits * 2 <= min(max_tiles, 64) and programs * splits < target
+           and scratch * splits * 2 <= (64 << 20)):
+        splits *= 2
+    return LaunchConfig(block_m, tile, splits, warps, stages)
+
+
+def _check(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
+           seq_lens: torch.Tensor, block_table: torch.Tensor, window: int) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [N, Hq, D], got shape {tuple(q.shape)}")
+    if cache.dim() != 5 or cache.shape[0] != 2:
+        raise ValueError(f"cache must be [2, num_blocks+1, block_size, Hkv, D], "
+                         f"got shape {tuple(cache.shape)}")
+    if cache.shape[4] != q.shape[2]:
+        raise ValueError(f"cache head_dim {cache.shape[4]} != q head_dim {q.shape[2]}")
+    if q.shape[1] % cache.shape[3] != 0:
+        raise ValueError(f"Hq={q.shape[1]} must be a multiple of Hkv={cache.shape[3]}")
+    if q.dtype not in SUPPORTED_DTYPES or cache.dtype != q.dtype:
+        raise ValueError(f"q/cache dtype must match and be one of {SUPPORTED_DTYPES}, "
+                         f"got {q.dtype}/{cache.dtype}")
+    if q.stride(2) != 1 or cache.stride(4) != 1:
+        raise ValueError("q and cache must be contiguous along head_dim")
+    num_reqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_reqs + 1 or block_table.shape[0] != num_reqs:
+        raise ValueError(f"query_start_loc must have B+1={num_reqs + 1} entries and "
+                         f"block_table B={num_reqs} rows, got {query_start_loc.shape[0]}, "
+                         f"{block_table.shape[0]}")
+    for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
+                    ("block_table", block_table)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+
+
+def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_table: torch.Tensor, *,
+                    max_query_len: int, max_seq_len: int, scale: Optional[float] = None,
+                    window: int = 0, out: Optional[torch.Tensor] = None,
+                    config: Optional[LaunchConfig] = None) -> torch.Tensor:
+    """Attention of q [N, Hq, D] over the paged cache; returns out [N, Hq, D] (q's dtype).
+
+    Semantics: kernels.reference.paged_attention_ref. max_query_len / max_seq_len are host
+    ints that only steer the launch config (they need not be tight).
+    """
+    _check(q, cache, query_start_loc, seq_lens, block_table, window)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.shape[3], cache.shape[2]
+    num_reqs = seq_lens.shape[0]
+    out = torch.empty_like(q) if out is None else out
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg = config or choose_config(num_tokens, num_reqs, num_q_heads, num_kv_heads, head_pad,
+                                  max_query_len, max_seq_len, q.device)
+    group = num_q_heads // num_kv_heads
+    block_q = max(1, cfg.block_m // group)
+    scale = head_dim ** -0.5 if scale is None else scale
+    split = cfg.num_splits > 1
+    if split:
+        part_acc = torch.empty(num_tokens, num_q_heads, cfg.num_splits, head_pad,
+                               dtype=torch.float32, device=q.device)
+        part_max = torch.empty(num_tokens, num_q_heads, cfg.num_splits,
+                               dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+    else:
+        part_acc = part_max = part_sum = out
+    grid = (num_tokens // block_q + num_reqs, num_kv_heads, cfg.num_splits)
+    _paged_attention_kernel[grid](
+        out, part_acc, part_max, part_sum, q, cache, block_table, seq_lens, query_start_loc,
+        num_reqs, scale * LOG2E, window,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+        block_table.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, TILE=cfg.tile,
+        NUM_SPLITS=cfg.num_splits, IS_SPLIT=split, USE_WINDOW=window > 0,
+        DOT_FP32=q.dtype == torch.float32 or _interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
+            NUM_SPLITS=cfg.num_splits, num_warps=4)
+    return out

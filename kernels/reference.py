@@ -1,0 +1,136 @@
+"""Plain-torch references for every kernel in this package.
+
+Each function computes, slowly and obviously, what its Triton twin computes. The kernel tests
+compare against these, and `impls.fast` runs them on machines without a GPU. They take raw
+tensors (no spec types): `kernels` imports nothing of ours.
+
+Arithmetic happens in float32 (float64 stays float64); results come back in the input dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def scratch_slot(cache: torch.Tensor) -> int:
+    """Slot that rows with slot -1 write to: the first slot of the last (scratch) block.
+
+    cache: [2, num_blocks + 1, block_size, kv_heads, head_dim].
+    """
+    return (cache.shape[1] - 1) * cache.shape[2]
+
+
+def write_kv_ref(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Store k, v [N, kv_heads, head_dim] into cache at slot_mapping [N] (in place).
+
+    Slot s lives at block s // block_size, offset s % block_size; slot -1 (padding rows)
+    goes to the scratch block, which nothing reads.
+    """
+    block_size = cache.shape[2]
+    slots = slot_mapping.to(torch.int64)
+    slots = torch.where(slots < 0, torch.full_like(slots, scratch_slot(cache)), slots)
+    flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
+    assert flat.shape[1] == cache.shape[1] * block_size
+    flat[0, slots] = k.to(cache.dtype)
+    flat[1, slots] = v.to(cache.dtype)
+
+
+def gather_context(cache: torch.Tensor, table_row: torch.Tensor, seq_len: int):
+    """K, V [seq_len, kv_heads, head_dim] of one request, read through its block table row."""
+    block_size = cache.shape[2]
+    positions = torch.arange(seq_len, device=cache.device)
+    blocks = table_row.to(torch.int64)[positions // block_size]
+    offsets = positions % block_size
+    return cache[0, blocks, offsets], cache[1, blocks, offsets]
+
+
+def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
+                        seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+    """Causal attention of a flat ragged batch over the paged pool.
+
+    q [N, Hq, D]; cache [2, num_blocks + 1, block_size, Hkv, D]; query_start_loc [B + 1];
+    seq_lens [B]; block_table [B, max_blocks]. Request r's t rows are the last t positions of
+    its seq_len context; row at position p sees keys k <= p (and k > p - window if window > 0).
+    Query head h reads kv head h // (Hq // Hkv). Rows of requests with seq_len 0 are zeros.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    group = num_q_heads // cache.shape[3]
+    scale = head_dim ** -0.5 if scale is None else scale
+    dtype = _compute_dtype(q.dtype)
+    out = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    for r, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = starts[r], starts[r + 1]
+        if seq_len == 0 or hi == lo:
+            continue
+        k, v = gather_context(cache, block_table[r], seq_len)
+        k = k.to(dtype).repeat_interleave(group, dim=1)   # [S, Hq, D]
+        v = v.to(dtype).repeat_interleave(group, dim=1)
+        rows = q[lo:hi].to(dtype)                          # [t, Hq, D]
+        scores = torch.einsum("thd,shd->hts", rows, k) * scale
+        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        visible = k_pos <= q_pos
+        if window > 0:
+            visible &= k_pos > q_pos - window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[lo:hi] = torch.einsum("hts,shd->thd", scores.softmax(dim=-1), v)
+    return out.to(q.dtype)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: Optional[torch.Tensor] = None):
+    """RMSNorm over the last dim, optionally after adding a residual.
+
+    Rounding follows the transformers modules: the sum x + residual is rounded to x's dtype
+    (it becomes the next residual), the norm is computed in float32 and rounded to x's dtype
+    before the weight multiplies it. Returns out, or (out, new_residual) when residual is given.
+    """
+    if residual is not None:
+        x = x + residual
+    dtype = _compute_dtype(x.dtype)
+    h = x.to(dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = (weight * h.to(x.dtype)).to(x.dtype)
+    return out if residual is None else (out, x)
+
+
+def rotary_cos_sin(inv_freq: torch.Tensor, max_position: int):
+    """cos, sin float32 [max_position, rot_dim // 2] for positions 0..max_position-1."""
+    positions = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)
+    freqs = positions[:, None] * inv_freq.to(torch.float32)[None, :]
+    return freqs.cos(), freqs.sin()
+
+
+def rope_inv_freq(rot_dim: int, base: float, device=None) -> torch.Tensor:
+    """The default (unscaled) rotary inverse frequencies base ** (-2i / rot_dim)."""
+    exponents = torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim
+    return 1.0 / (base ** exponents)
+
+
+def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor):
+    """Neox-style rotary embedding of q [N, Hq, D] and k [N, Hk, D]; returns new (q, k).
+
+    The first rot_dim = 2 * cos.shape[1] dims rotate as two halves (x1, x2) ->
+    (x1 cos - x2 sin, x2 cos + x1 sin) at each row's position; the rest pass through.
+    """
+    half = cos.shape[1]
+    c = cos[positions.to(torch.int64)][:, None, :]
+    s = sin[positions.to(torch.int64)][:, None, :]
+
+    def rotate(x):
+        dtype = _compute_dtype(x.dtype)
+        x1 = x[..., :half].to(dtype)
+        x2 = x[..., half:2 * half].to(dtype)
+        rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+        return torch.cat([rotated, x[..., 2 * half:]], dim=-1)
+
+    return rotate(q), rotate(k)
