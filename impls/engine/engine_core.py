@@ -197,9 +197,10 @@ class EngineCore:
             extra = tuple(int(t) for t in config_eos if t is not None and int(t) != eos)
         return eos, extra
 
-    def abort(self, request_ids: Union[str, Iterable[str]]) -> bool:
+    def abort(self, request_ids: Union[str, Iterable[str]], report: bool = True) -> bool:
         """Abort user requests (all their samples). Their final outputs (finish_reason "abort")
-        come from the next step(). Returns True if any id was live."""
+        come from the next step(), or never with report=False (the engine forgets them at once).
+        Returns True if any id was live."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         found = False
         for request_id in ids:
@@ -211,7 +212,12 @@ class EngineCore:
                 if sample.finish_reason is None:
                     self.scheduler.abort(sample.request.request_id)
                     sample.finish_reason = Status.FINISHED_ABORTED.finish_reason
-            self._pending[request_id] = parent
+                    _flush(sample)
+            if report:
+                self._pending[request_id] = parent
+            else:
+                self._pending.pop(request_id, None)
+                self._forget(request_id)
         return found
 
     @property
@@ -279,6 +285,7 @@ class EngineCore:
             if sample.finish_reason is None:
                 sample.finish_reason = request.status.finish_reason
                 sample.stop_reason = request.stop_reason
+                _flush(sample)
 
     def _finish_on_stop_string(self, sample: _Sample, stop: str) -> None:
         """A stop string ends the sample as "stop" even if the scheduler just finished it for
@@ -309,6 +316,13 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+
+
+def _flush(sample: _Sample) -> None:
+    """Settle the text of a sample that ended without a stop string (pending partial
+    characters, a held-back tail that can no longer become a stop string)."""
+    if sample.detokenizer is not None:
+        sample.detokenizer.flush()
 
 
 def _check_prompt_ids(prompt_token_ids, vocab_size: int) -> list[int]:
