@@ -1,0 +1,75 @@
+"""The fast implementation: the same decisions as the reference (spec/SCHEDULING.md), at a
+fraction of the CPU overhead, plus Triton attention and CUDA-graph-friendly batches.
+
+It imports `spec` (and, for attention, `kernels` through `.attention`), never impls.reference:
+shared code would hide shared bugs from the differential tests.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from spec import SamplingParams, SchedulerConfig
+
+from .batch import BatchBuilder
+from .block_manager import FastBlockManager
+from .request import FastRequest
+from .scheduler import FastScheduler
+
+
+class FastImpl:
+    """spec.Implementation made of FastRequest, FastBlockManager, FastScheduler, a persistent
+    batch builder and FastAttention (Triton on CUDA)."""
+
+    name = "fast"
+    capabilities = frozenset({"swap", "cuda_graphs"})
+    request_cls = FastRequest
+    block_manager_cls = FastBlockManager
+    scheduler_cls = FastScheduler
+
+    def __init__(self) -> None:
+        self._builders: dict[str, BatchBuilder] = {}
+
+    def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
+                    priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
+        return self.request_cls(request_id, prompt_token_ids, params, eos_token_id=eos_token_id,
+                                priority=priority, arrival_time=arrival_time, cache_key=cache_key)
+
+    def new_block_manager(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        return self.block_manager_cls(num_blocks, block_size, enable_prefix_caching)
+
+    def new_scheduler(self, config: SchedulerConfig, block_manager):
+        return self.scheduler_cls(config, block_manager)
+
+    def attention_backend(self, device):
+        """Triton paged attention on CUDA, the kernels' plain-torch references elsewhere
+        (imported lazily: the control plane needs neither)."""
+        from .attention import FastAttention
+
+        return FastAttention(device) if _takes_device(FastAttention) else FastAttention()
+
+    def build_batch(self, output, block_manager, device="cpu", pad_to: Optional[int] = None):
+        """Same tensors as impls/engine/batch.py:build_batch, from persistent buffers (one
+        builder per device, so its host staging buffers are reused step after step)."""
+        key = str(device)
+        builder = self._builders.get(key)
+        if builder is None:
+            builder = self._builders[key] = BatchBuilder(device)
+        return builder.build(output, block_manager, pad_to)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _takes_device(cls) -> bool:
+    import inspect
+
+    try:
+        return "device" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+IMPL = FastImpl()
+
+__all__ = ["FastBlockManager", "FastImpl", "FastRequest", "FastScheduler", "IMPL"]

@@ -1,0 +1,219 @@
+"""The fast batch builder: the tensors of impls/engine/batch.py:build_batch, built from
+persistent buffers with numpy, moved to the device in one copy.
+
+Layout (identical to the plain builder, which documents it): rows follow output.scheduled;
+request r (computed c, scheduled n) owns rows at positions c..c+n-1, seq_len c + n, a block
+table row of its first cdiv(c + n, bs) blocks padded with 0 to the widest row (at least 1);
+it samples its last row iff c + n >= r.num_tokens; prompt logprob rows are listed while it has
+no output; pad_to adds one-row requests with seq_len 0, slot -1, id 0, position 0, zero table.
+
+Per step the Python loop does only per-request work (a slice of token ids, a table sync that
+is usually a no-op); positions, slots, query_start_loc and the table gather are numpy ops into
+one staging byte buffer whose sections are viewed as int64 / int32 tensors after the copy.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from spec import Batch, BatchMeta
+
+from .batch_buffers import ZERO_SLOT, Staging, TableRows
+
+
+class _Rows:
+    """What the per-request loop collects for one step (plain lists, reused)."""
+
+    __slots__ = ("ids", "starts", "counts", "slots", "logits", "sample_ids", "prompt_rows",
+                 "width", "trim")
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.starts: list[int] = []
+        self.counts: list[int] = []
+        self.slots: list[int] = []
+        self.logits: list[int] = []
+        self.sample_ids: list[str] = []
+        self.prompt_rows: dict = {}
+        self.width = 1
+        self.trim = False  # some table is longer than its row: zero past cdiv(seq_len, bs)
+
+
+class BatchBuilder:
+    """Builds spec.Batch objects for one device, reusing its buffers step after step."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self._tables = TableRows()
+        self._staging = Staging(self.device)
+
+    def build(self, output, block_manager, pad_to: Optional[int] = None) -> Batch:
+        """Lay out every scheduled token of `output` (call before update_from_output)."""
+        rows = self._tables
+        rows.release(output.finished)
+        rows.bound(4 * len(output.scheduled) + 4096)
+        acc = self._collect(output.scheduled, block_manager)
+        num_tokens, num_reqs = len(acc.ids), len(acc.counts)
+        num_pad = 0
+        if pad_to is not None:
+            if pad_to < num_tokens:
+                raise ValueError(f"pad_to must be >= the number of scheduled tokens ({num_tokens}), got {pad_to}")
+            num_pad = pad_to - num_tokens
+        return self._assemble(acc, block_manager.block_size, num_tokens, num_reqs, num_pad)
+
+    def _collect(self, scheduled, block_manager) -> _Rows:
+        """The per-request loop: token ids, starts, counts, table slots, sampling rows."""
+        acc = _Rows()
+        ids, starts, counts, slots = acc.ids, acc.starts, acc.counts, acc.slots
+        logits, sample_ids = acc.logits, acc.sample_ids
+        bs = block_manager.block_size
+        tables = getattr(block_manager, "_tables", None)
+        sync = self._tables.sync
+        width = 1
+        for r, n in scheduled:
+            rid = r.request_id
+            c = r.num_computed_tokens
+            tok = r.token_ids
+            end = c + n
+            if n < 1 or end > len(tok):
+                tok = _known_tokens(r, n, end)
+            if n == 1:
+                ids.append(tok[c])
+            else:
+                ids += tok[c:end]
+            table = tables.get(rid) if tables is not None else block_manager.block_table(rid)
+            need = (end + bs - 1) // bs
+            if table is None or len(table) < need:
+                _short_table(r, table, bs, end)
+            if len(table) > need:
+                acc.trim = True
+            if need > width:
+                width = need
+            slots.append(sync(rid, table))
+            starts.append(c)
+            counts.append(n)
+            if end >= len(r.token_ids):
+                logits.append(len(ids) - 1)
+                sample_ids.append(rid)
+            if r.params.prompt_logprobs is not None:
+                _prompt_logprob_rows(r, len(ids) - n, c, end, acc.prompt_rows)
+        acc.width = width
+        return acc
+
+    def _assemble(self, acc: _Rows, bs: int, num_tokens: int, num_reqs: int, num_pad: int) -> Batch:
+        """Vectorized layout into the staging buffer, one transfer, tensor views."""
+        n_rows, n_reqs, width = num_tokens + num_pad, num_reqs + num_pad, acc.width
+        n_logits = len(acc.logits)
+        n64 = 3 * n_rows + n_logits
+        n32 = 2 * n_reqs + 1 + n_reqs * width
+        total = 8 * n64 + ((4 * n32 + 7) // 8) * 8
+        buf = self._staging.acquire(total)
+        i64 = buf[:8 * n64].view(np.int64)
+        i32 = buf[8 * n64:8 * n64 + 4 * n32].view(np.int32)
+        ids, pos, slot = i64[:n_rows], i64[n_rows:2 * n_rows], i64[2 * n_rows:3 * n_rows]
+        qsl, seq_lens = i32[:n_reqs + 1], i32[n_reqs + 1:2 * n_reqs + 1]
+        table = i32[2 * n_reqs + 1:].reshape(n_reqs, width)
+        _fill_table(self._tables.rows, acc, width, num_pad, bs, table)
+        counts = np.asarray(acc.counts, dtype=np.int64)
+        starts = np.asarray(acc.starts, dtype=np.int64)
+        ids[:num_tokens] = acc.ids
+        _fill_positions(pos, slot, table, counts, starts, bs, num_tokens)
+        qsl[0] = 0
+        np.cumsum(counts, out=qsl[1:num_reqs + 1])
+        seq_lens[:num_reqs] = starts + counts
+        if num_pad:
+            ids[num_tokens:] = 0
+            pos[num_tokens:] = 0
+            slot[num_tokens:] = -1
+            qsl[num_reqs + 1:] = np.arange(num_tokens + 1, n_rows + 1, dtype=np.int32)
+            seq_lens[num_reqs:] = 0
+        i64[3 * n_rows:] = acc.logits
+        max_query_len = int(counts.max()) if num_reqs else 0
+        max_seq_len = int(seq_lens[:num_reqs].max()) if num_reqs else 0
+        if num_pad:
+            max_query_len = max(max_query_len, 1)
+        dev = self._staging.transfer(total)
+        return self._views(dev, acc, n_rows, n_reqs, width, n64, n32, bs, max_query_len,
+                           max_seq_len, num_tokens, num_reqs)
+
+    def _views(self, dev, acc, n_rows, n_reqs, width, n64, n32, bs, max_query_len, max_seq_len,
+               num_tokens, num_reqs) -> Batch:
+        """Typed views of the transferred bytes; host copies of query_start_loc and seq_lens."""
+        d64 = dev[:8 * n64].view(torch.int64)
+        d32 = dev[8 * n64:8 * n64 + 4 * n32].view(torch.int32)
+        qsl, seq_lens = d32[:n_reqs + 1], d32[n_reqs + 1:2 * n_reqs + 1]
+        if dev.device.type == "cpu":
+            qsl_cpu, seq_lens_cpu = qsl, seq_lens
+        else:  # from the staging bytes, copied: the staging buffer is reused next step
+            h32 = self._staging.np[8 * n64:8 * n64 + 4 * n32].view(np.int32)
+            qsl_cpu = torch.from_numpy(h32[:n_reqs + 1].copy())
+            seq_lens_cpu = torch.from_numpy(h32[n_reqs + 1:2 * n_reqs + 1].copy())
+        meta = BatchMeta(
+            query_start_loc=qsl, seq_lens=seq_lens,
+            block_table=d32[2 * n_reqs + 1:].view(n_reqs, width),
+            slot_mapping=d64[2 * n_rows:3 * n_rows], block_size=bs,
+            query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_lens_cpu,
+            max_query_len=max_query_len, max_seq_len=max_seq_len,
+        )
+        return Batch(
+            input_ids=d64[:n_rows], positions=d64[n_rows:2 * n_rows], meta=meta,
+            logits_indices=d64[3 * n_rows:], sample_request_ids=acc.sample_ids,
+            num_scheduled_tokens=num_tokens, num_reqs=num_reqs, prompt_logprob_rows=acc.prompt_rows,
+        )
+
+
+def _fill_table(rows: np.ndarray, acc: _Rows, width: int, num_pad: int, bs: int, out: np.ndarray) -> None:
+    """Gather the scheduled requests' persistent rows (padding requests gather the zero row);
+    zero entries past cdiv(seq_len, bs) when some table is longer than its row needs."""
+    if out.shape[0] == 0:
+        return
+    slots = np.asarray(acc.slots + [ZERO_SLOT] * num_pad, dtype=np.intp)
+    np.take(rows[:, :width], slots, axis=0, out=out)
+    if acc.trim:
+        need = -(-(np.asarray(acc.starts) + np.asarray(acc.counts)) // bs)
+        out[:len(acc.counts)][np.arange(width)[None, :] >= need[:, None]] = 0
+
+
+def _fill_positions(pos, slot, table, counts, starts, bs: int, num_tokens: int) -> None:
+    """Positions c..c+n-1 per request and their slots table[p // bs] * bs + p % bs."""
+    num_reqs = counts.shape[0]
+    if num_tokens == num_reqs:  # every request has one row (decodes)
+        p = starts
+        req = np.arange(num_reqs)
+    else:
+        req = np.repeat(np.arange(num_reqs), counts)
+        first_row = np.cumsum(counts) - counts
+        p = np.arange(num_tokens, dtype=np.int64) - np.repeat(first_row - starts, counts)
+    pos[:num_tokens] = p
+    slot[:num_tokens] = table[req, p // bs].astype(np.int64) * bs + p % bs
+
+
+def _known_tokens(r, n: int, end: int) -> list[int]:
+    """Token ids including draft tokens; the plain builder's ValueErrors for bad counts."""
+    known = list(r.token_ids) + list(getattr(r, "spec_token_ids", None) or ())
+    if n < 1:
+        raise ValueError(f"request {r.request_id!r}: scheduled tokens must be >= 1, got {n}")
+    if end > len(known):
+        raise ValueError(f"request {r.request_id!r}: scheduled {n} tokens from position {r.num_computed_tokens} "
+                         f"but only {len(known)} tokens are known")
+    return known
+
+
+def _short_table(r, table, bs: int, end: int) -> None:
+    covered = len(table or ()) * bs
+    raise ValueError(f"request {r.request_id!r}: block table covers {covered} tokens, needs >= {end} "
+                     f"(allocate_slots before build_batch)")
+
+
+def _prompt_logprob_rows(r, first_row: int, c: int, end: int, out: dict) -> None:
+    """Rows at prompt positions p < num_prompt - 1 (they predict prompt token p + 1), listed
+    only while the request has no output (a recomputed request does not report them twice)."""
+    if r.num_output_tokens > 0:
+        return
+    last = min(end, r.num_prompt_tokens - 1)
+    if c >= last:
+        return
+    out[r.request_id] = (list(range(first_row, first_row + last - c)),
+                         list(r.prompt_token_ids[c + 1:last + 1]))

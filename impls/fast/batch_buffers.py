@@ -1,0 +1,127 @@
+"""Persistent host buffers of the fast batch builder.
+
+- `TableRows`: one persistent int32 row per request (a "slot") holding its block table. A step
+  writes only what changed since the request's last step (usually nothing, one new block id
+  when a decode crosses a block boundary), then the batch's block_table is one numpy gather of
+  the scheduled requests' slots. A row is keyed by the identity of the table list object plus
+  its length: FastBlockManager only ever appends to a table list, and replaces the list object
+  whenever a table is rebuilt (free, trim, re-admission), so identity + length pins the content.
+  The builder holds a reference to each table it mirrors, so an identity can never be reused.
+- `Staging`: one byte buffer (pinned on CUDA) that holds every array of a step back to back,
+  so the host-to-device transfer is a single copy; grown on demand.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ZERO_SLOT = 0  # an all-zero row: padding requests gather it
+
+
+class TableRows:
+    """Per-request block-table rows; slot ZERO_SLOT stays all zeros."""
+
+    def __init__(self, num_rows: int = 64, num_cols: int = 16):
+        self.rows = np.zeros((num_rows, num_cols), dtype=np.int32)
+        self.slot_of: dict[str, int] = {}
+        self.table_of: list = [None] * num_rows   # the table list object mirrored per slot
+        self.len_of: list[int] = [0] * num_rows    # entries written per slot (the rest are 0)
+        self.free_slots: list[int] = list(range(num_rows - 1, 0, -1))
+
+    def release(self, request_ids) -> None:
+        """Give back the slots of finished requests (their rows are rewritten on reuse)."""
+        for rid in request_ids:
+            slot = self.slot_of.pop(rid, None)
+            if slot is not None:
+                self.table_of[slot] = None
+                self.free_slots.append(slot)
+
+    def sync(self, request_id: str, table: list[int]) -> int:
+        """Make the request's slot mirror `table`; returns the slot. Writes only new entries
+        when the same table list grew; rewrites the row when the list object changed."""
+        slot = self.slot_of.get(request_id)
+        if slot is None:
+            slot = self._new_slot(request_id)
+        old_len, new_len = self.len_of[slot], len(table)
+        if self.table_of[slot] is table:
+            if new_len == old_len:
+                return slot
+            start = old_len if new_len > old_len else 0
+        else:
+            self.table_of[slot] = table
+            start = 0
+        if new_len > self.rows.shape[1]:
+            self._grow(self.rows.shape[0], max(new_len, 2 * self.rows.shape[1]))
+        row = self.rows[slot]
+        if new_len - start == 1:
+            row[start] = table[start]
+        elif new_len > start:
+            row[start:new_len] = table[start:new_len]
+        if old_len > new_len:
+            row[new_len:old_len] = 0
+        self.len_of[slot] = new_len
+        return slot
+
+    def bound(self, limit: int) -> None:
+        """Forget every mirror once more than `limit` slots are held (ids whose finish was never
+        reported would otherwise pile up). Called between steps, never inside one."""
+        if len(self.slot_of) > limit:
+            self.release(list(self.slot_of))
+
+    def _new_slot(self, request_id: str) -> int:
+        if not self.free_slots:
+            old = self.rows.shape[0]
+            self._grow(old * 2, self.rows.shape[1])
+            self.free_slots.extend(range(old * 2 - 1, old - 1, -1))
+        slot = self.free_slots.pop()
+        self.slot_of[request_id] = slot
+        return slot
+
+    def _grow(self, num_rows: int, num_cols: int) -> None:
+        rows = np.zeros((num_rows, num_cols), dtype=np.int32)
+        old_rows, old_cols = self.rows.shape
+        rows[:old_rows, :old_cols] = self.rows
+        self.rows = rows
+        extra = num_rows - len(self.table_of)
+        if extra > 0:
+            self.table_of += [None] * extra
+            self.len_of += [0] * extra
+
+
+class Staging:
+    """A growable host byte buffer (pinned for CUDA) and its transfer to the device.
+
+    On CUDA the copy is non_blocking; before the buffer is written again the builder waits on
+    the event recorded after the last copy, so an in-flight copy never reads half-new data.
+    On the CPU the "transfer" is one clone, so a Batch never aliases the reused buffer.
+    """
+
+    def __init__(self, device: torch.device, num_bytes: int = 1 << 16):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.event = None
+        self._alloc(num_bytes)
+
+    def _alloc(self, num_bytes: int) -> None:
+        self.host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=self.cuda)
+        self.np = self.host.numpy()
+
+    def acquire(self, num_bytes: int) -> np.ndarray:
+        """The buffer, ready to be written (previous copy finished), at least num_bytes long."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        if num_bytes > self.np.shape[0]:
+            self._alloc(max(num_bytes, 2 * self.np.shape[0]))
+        return self.np
+
+    def transfer(self, num_bytes: int) -> torch.Tensor:
+        """One copy of the first num_bytes to the device (a fresh tensor each step)."""
+        src = self.host[:num_bytes]
+        if not self.cuda:
+            return src.clone() if self.device.type == "cpu" else src.to(self.device)
+        dst = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+        dst.copy_(src, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+        return dst

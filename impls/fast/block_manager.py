@@ -1,0 +1,237 @@
+"""FastBlockManager: the block pool of spec/SCHEDULING.md with O(1) free-queue operations.
+
+State is kept in flat per-block lists (ref counts, published hash) plus an intrusive free list
+(FreeQueue), so handing out, adopting and freeing a block are a few list writes, with no
+per-call allocation beyond the request's own table growing. Each request has a publish cursor:
+the number of its table's blocks already considered for publishing, so a decode step that fills
+no block does no hashing and no loop. Hashes are computed once per full block per request
+(request.block_hashes only grows).
+
+The observable state (`state()`) is exactly the one spec/SCHEDULING.md prescribes; state() walks
+the free list and copies everything, so it is for tests, not for the hot path.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from spec import PoolState
+
+from .free_queue import FreeQueue
+from .hashing import extend_block_hashes
+
+
+class FastBlockManager:
+    """Owns `num_blocks` blocks of `block_size` tokens and every request's block table."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"BlockManager.num_blocks must be >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"BlockManager.block_size must be >= 1, got {block_size!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._queue = FreeQueue(num_blocks)
+        self._ref = [0] * num_blocks
+        self._hash: list[Optional[bytes]] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}
+        self._tables: dict[str, list[int]] = {}
+        self._cursor: dict[str, int] = {}
+        self._queries = 0
+        self._hits = 0
+
+    # -- prefix cache lookup -------------------------------------------------------------------
+
+    def find_cached_prefix(self, request) -> list[int]:
+        """Longest run of cached full blocks from the start, never covering the last token."""
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+            return []
+        bs = self.block_size
+        token_ids = request.token_ids
+        max_blocks = (len(token_ids) - 1) // bs
+        hashes = extend_block_hashes(request, bs)
+        cached = self._cached
+        out: list[int] = []
+        for i in range(max_blocks):
+            block = cached.get(hashes[i])
+            if block is None:
+                break
+            out.append(block)
+        self._queries += max_blocks
+        self._hits += len(out)
+        return out
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    def allocate_slots(self, request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+        """Grow the table to cover computed + cached + new tokens; all or nothing."""
+        table = self._tables.get(request.request_id)
+        if table is not None and not cached_blocks:
+            # Hot path (decodes, later chunks): enough slots already, or a few new blocks.
+            needed = request.num_computed_tokens + num_new_tokens
+            if needed <= len(table) * self.block_size:
+                if num_new_tokens < 0:
+                    raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
+                return True
+        return self._allocate_slow(request, num_new_tokens, cached_blocks, table)
+
+    def _allocate_slow(self, request, num_new_tokens: int, cached_blocks: Sequence[int], table) -> bool:
+        if num_new_tokens < 0:
+            raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
+        num_cached = len(cached_blocks)
+        if num_cached and table:
+            raise ValueError(f"allocate_slots: cached_blocks may only be given while request "
+                             f"{request.request_id!r} holds no blocks (it holds {len(table)})")
+        bs = self.block_size
+        have = len(table) if table is not None else 0
+        required = -(-(request.num_computed_tokens + num_cached * bs + num_new_tokens) // bs)
+        num_new = max(0, required - have - num_cached)
+        ref = self._ref
+        cost = num_new + sum(1 for b in cached_blocks if ref[b] == 0)
+        if cost > self._queue.size:
+            return False
+        if num_cached + num_new == 0:
+            return True
+        if table is None:
+            # A new table is a new list object: the batch builder relies on identity + length.
+            table = self._tables[request.request_id] = []
+            self._cursor[request.request_id] = 0
+        queue = self._queue
+        for b in cached_blocks:
+            if ref[b] == 0:
+                queue.remove(b)
+            ref[b] += 1
+            table.append(b)
+        if num_new:
+            self._pop_free(num_new, table)
+        return True
+
+    def _pop_free(self, count: int, table: list[int]) -> None:
+        """Hand out `count` blocks from the front of the free queue into `table`, evicting their
+        hashes (a block being reused no longer holds the KV its hash names)."""
+        queue, ref, hashes, cached = self._queue, self._ref, self._hash, self._cached
+        for _ in range(count):
+            b = queue.pop_front()
+            h = hashes[b]
+            if h is not None:
+                del cached[h]
+                hashes[b] = None
+            ref[b] = 1
+            table.append(b)
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def cache_full_blocks(self, request, num_tokens: Optional[int] = None) -> None:
+        """Publish the full blocks among the first num_tokens known tokens not yet considered
+        (the cursor only moves forward: a block is considered once per table)."""
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if table is None:
+            return
+        if num_tokens is None:
+            num_tokens = request.num_computed_tokens
+        num_known = len(request.token_ids)  # draft tokens past the known ones are not published
+        if num_tokens > num_known:
+            num_tokens = num_known
+        num_full = num_tokens // self.block_size
+        if num_full > len(table):
+            num_full = len(table)
+        start = self._cursor[rid]
+        if num_full <= start:
+            return
+        self._publish(request, table, start, num_full)
+        self._cursor[rid] = num_full
+
+    def _publish(self, request, table: list[int], start: int, stop: int) -> None:
+        """Publish table[start:stop]; skip blocks already published and hashes already taken.
+        The request's hash chain is extended over all its full blocks (as the reference does,
+        so request.block_hashes looks the same), each block hashed once per request."""
+        request_hashes = extend_block_hashes(request, self.block_size)
+        hashes, cached = self._hash, self._cached
+        for i in range(start, stop):
+            b = table[i]
+            if hashes[b] is not None:
+                continue
+            h = request_hashes[i]
+            if h in cached:
+                continue
+            cached[h] = b
+            hashes[b] = h
+
+    # -- freeing -------------------------------------------------------------------------------
+
+    def free(self, request) -> None:
+        """Drop the request's references, tail first; blocks at 0 join the back of the queue."""
+        rid = request.request_id
+        table = self._tables.pop(rid, None)
+        self._cursor.pop(rid, None)
+        if table:
+            self._release(reversed(table))
+
+    def _release(self, blocks) -> None:
+        ref = self._ref
+        push = self._queue.push_back
+        for b in blocks:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                push(b)
+
+    def trim(self, request, num_tokens: int) -> None:
+        """Keep the blocks of the first num_tokens tokens; free the rest, tail first. The kept
+        part becomes a new list object (so a cached batch row never mistakes it for the old)."""
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if table is None:
+            return
+        keep = -(-max(num_tokens, 0) // self.block_size)
+        if keep >= len(table):
+            return
+        self._release(reversed(table[keep:]))
+        if keep == 0:
+            del self._tables[rid]
+            del self._cursor[rid]
+        else:
+            self._tables[rid] = table[:keep]
+            if self._cursor[rid] > keep:
+                self._cursor[rid] = keep
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every published hash; False (nothing done) while any block is referenced."""
+        if self._queue.size != self.num_blocks:
+            return False
+        hashes = self._hash
+        for b in self._cached.values():
+            hashes[b] = None
+        self._cached.clear()
+        return True
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return self._queue.size
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self._queue.size / self.num_blocks
+
+    @property
+    def hit_rate(self) -> float:
+        return self._hits / self._queries if self._queries else 0.0
+
+    def block_table(self, request_id: str) -> list[int]:
+        table = self._tables.get(request_id)
+        return list(table) if table else []
+
+    def state(self) -> PoolState:
+        """A snapshot (copies) of the observable state."""
+        return PoolState(
+            free_queue=self._queue.to_list(),
+            ref_counts=list(self._ref),
+            block_hashes=list(self._hash),
+            cached=dict(self._cached),
+            tables={rid: list(t) for rid, t in self._tables.items() if t},
+        )

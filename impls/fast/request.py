@@ -1,0 +1,118 @@
+"""FastRequest: the fast impl's request, a __slots__ object with its stop rules precomputed.
+
+Invariants (spec.Request): token_ids == prompt_token_ids + output_token_ids; the newest token is
+never computed while running. `block_hashes` is extended lazily (only by the block manager, and
+only for full blocks it has not hashed yet), so a request never rehashes a block.
+"""
+from __future__ import annotations
+
+import numbers
+import time
+from typing import Optional, Sequence
+
+from spec import SamplingParams, Status, encode_extra
+
+_DEFAULT_PARAMS = SamplingParams()
+
+
+class FastRequest:
+    """One generation request. `_stop_ids` / `_min_tokens` / `_max_tokens` / `_eos` are copies of
+    the params' stop rules taken once, so the per-token stop check reads plain attributes."""
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "token_ids", "_output", "params", "eos_token_id",
+        "priority", "arrival_time", "cache_key", "status", "num_computed_tokens",
+        "num_cached_tokens", "num_preemptions", "spec_token_ids", "block_hashes", "swapped_out",
+        "stop_reason", "_num_prompt", "_stop_ids", "_eos", "_min_tokens", "_max_tokens",
+        "_key", "__weakref__",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
+                 params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
+                 priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
+        prompt = _check_prompt(request_id, prompt_token_ids)
+        params = _DEFAULT_PARAMS if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
+        if eos_token_id is not None:
+            eos_token_id = _token("eos_token_id", eos_token_id)
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise ValueError(f"Request.priority must be an int, got {priority!r}")
+        cache_key = tuple(cache_key)
+        try:
+            encode_extra(cache_key)
+        except TypeError as e:
+            raise ValueError(f"Request.cache_key: {e}") from None
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.token_ids = list(prompt)
+        self._output: list[int] = []
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.priority = int(priority)
+        self.arrival_time = time.monotonic() if arrival_time is None else float(arrival_time)
+        self.cache_key = cache_key
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.spec_token_ids: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.swapped_out = False
+        self.stop_reason = None
+        self._num_prompt = len(prompt)
+        self._stop_ids = frozenset(params.stop_token_ids)
+        self._eos = None if params.ignore_eos else eos_token_id
+        self._min_tokens = params.min_tokens
+        self._max_tokens = params.max_tokens
+        self._key = None  # policy key, set by the scheduler on add()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self._num_prompt
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """A copy of the generated tokens."""
+        return list(self._output)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
+
+    def append(self, token: int) -> None:
+        """Append one sampled token (to token_ids and to the output); ValueError unless it is a
+        non-negative int."""
+        if type(token) is not int or token < 0:
+            token = _token("token_ids", token)
+        self.token_ids.append(token)
+        self._output.append(token)
+
+    def __repr__(self) -> str:
+        return (f"FastRequest({self.request_id!r}, status={self.status.name}, "
+                f"tokens={len(self.token_ids)}, computed={self.num_computed_tokens})")
+
+
+def _token(name: str, t: object) -> int:
+    """One token id as a plain int; ValueError naming `name` unless a non-negative integer."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
+    return int(t)
+
+
+def _check_prompt(request_id: object, prompt_token_ids: Sequence[int]) -> list[int]:
+    """Validate the id and prompt; returns the prompt as a fresh list of plain ints."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
+    prompt = [t if type(t) is int and t >= 0 else _token("prompt_token_ids", t) for t in prompt_token_ids]
+    if not prompt:
+        raise ValueError("Request.prompt_token_ids must be non-empty, got []")
+    return prompt

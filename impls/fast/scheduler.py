@@ -1,0 +1,303 @@
+"""FastScheduler: spec/SCHEDULING.md's decisions with incremental bookkeeping.
+
+Same policy as every impl (running first in key order, preempt from the back, then swapped, then
+waiting; no admission in a step that preempted). What makes it cheap:
+- the three queues stay sorted by the policy key through bisect insertion and removal (the key
+  lives on the request, `_key`), never re-sorted;
+- unfinished requests are found by id in a dict; finishing removes from a queue by bisecting
+  on the key (O(log n) search), not by scanning;
+- the decode loop reads plain attributes and calls the block manager only for what a step can
+  change; `QueueOps` keeps the key arithmetic in one place.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from operator import attrgetter
+from typing import Optional
+
+from spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+
+_key_of = attrgetter("_key")
+_RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
+_PREEMPTED, _WAITING = Status.PREEMPTED, Status.WAITING
+_STOPPED, _LENGTH = Status.FINISHED_STOPPED, Status.FINISHED_LENGTH
+
+
+def _remove(queue: list, request) -> bool:
+    """Remove `request` from a key-sorted queue; False if it is not there."""
+    i = bisect_left(queue, request._key, key=_key_of)
+    if i < len(queue) and queue[i] is request:
+        del queue[i]
+        return True
+    return False
+
+
+class FastScheduler:
+    """Spends one token budget per step: running requests first, then swapped, then waiting."""
+
+    def __init__(self, config: SchedulerConfig, block_manager):
+        if not isinstance(config, SchedulerConfig):
+            raise ValueError(f"Scheduler.config must be a SchedulerConfig, got {type(config).__name__}")
+        self.config = config
+        self.block_manager = block_manager
+        self.requests: dict = {}
+        self._num_added = 0
+        self._waiting: list = []
+        self._swapped: list = []
+        self._running: list = []
+        self._finished_ids: list[str] = []
+        self._threshold = config.long_prefill_token_threshold if config.enable_chunked_prefill else 0
+        self._swap = config.preemption_mode == "swap"
+        self._priority = config.policy == "priority"
+
+    # -- queues --------------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> list:
+        """Swapped requests first (they are tried first), then waiting ones, each in key order."""
+        return self._swapped + self._waiting
+
+    @property
+    def running(self) -> list:
+        return list(self._running)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- add -----------------------------------------------------------------------------------
+
+    def add(self, request) -> None:
+        """Queue a request as WAITING; ValueError, with nothing changed, if it can never run."""
+        cfg, bm = self.config, self.block_manager
+        total = request.num_prompt_tokens + request.params.max_tokens
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already queued or running")
+        if cfg.max_model_len is not None and total > cfg.max_model_len:
+            raise ValueError(f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
+                             f"= {total} exceeds max_model_len ({cfg.max_model_len})")
+        num_blocks = -(-total // bm.block_size)
+        if num_blocks > bm.num_blocks:
+            raise ValueError(f"prompt + max_tokens = {total} tokens needs {num_blocks} blocks, "
+                             f"over num_blocks ({bm.num_blocks})")
+        if not cfg.enable_chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
+            raise ValueError(f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
+                             f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})")
+        seq = self._num_added
+        self._num_added += 1
+        if self._priority:
+            request._key = (request.priority, request.arrival_time, seq)
+        else:
+            request._key = (request.arrival_time, seq)
+        request.status = _WAITING
+        self.requests[request.request_id] = request
+        insort(self._waiting, request, key=_key_of)
+
+    # -- schedule ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """One step: running first; swapped and waiting only if nothing was preempted."""
+        out = SchedulerOutput(finished=self._finished_ids)
+        self._finished_ids = []
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            if self._swapped:
+                budget = self._schedule_swapped(out, budget)
+            if self._waiting:
+                self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Phase 1: running requests in key order; preempt from the back on allocation failure."""
+        running = self._running
+        bm = self.block_manager
+        allocate, publish = bm.allocate_slots, bm.cache_full_blocks
+        threshold = self._threshold
+        scheduled = out.scheduled
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed_tokens
+            n = len(r.token_ids) + len(r.spec_token_ids) - c
+            if threshold and c < r._num_prompt and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            if not allocate(r, n) and not self._make_room(r, n, out):
+                break  # r itself was preempted (it was the last running request)
+            scheduled.append((r, n))
+            budget -= n
+            publish(r, c + n)
+            i += 1
+        return budget
+
+    def _make_room(self, request, n: int, out: SchedulerOutput) -> bool:
+        """Preempt from the back of running until `request` gets its n slots (True), or until
+        the victim is `request` itself (False)."""
+        running, allocate = self._running, self.block_manager.allocate_slots
+        while True:
+            victim = running.pop()
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+            if allocate(request, n):
+                return True
+
+    def _preempt(self, victim, out: SchedulerOutput) -> None:
+        """Preempt a request already popped from running: recompute drops its blocks and
+        progress; swap lists its blocks to copy out and keeps its progress."""
+        bm = self.block_manager
+        if self._swap:
+            out.swap_out.append((victim.request_id, bm.block_table(victim.request_id)))
+            bm.free(victim)
+            victim.status = _SWAPPED
+            victim.swapped_out = True
+            insort(self._swapped, victim, key=_key_of)
+        else:
+            bm.free(victim)
+            victim.num_computed_tokens = 0
+            victim.num_cached_tokens = 0  # keeps num_cached <= num_computed
+            victim.spec_token_ids = []
+            victim.status = _PREEMPTED
+            insort(self._waiting, victim, key=_key_of)
+        victim.num_preemptions += 1
+        out.preempted.append(victim)
+
+    def _cap(self, request, position: int, n: int, budget: int) -> int:
+        """Cap n by the long-prefill threshold (while `position` is inside the prompt) and budget."""
+        if self._threshold and position < request._num_prompt and n > self._threshold:
+            n = self._threshold
+        return n if n < budget else budget
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """Phase 2: swap requests back in, in key order, while budget and seats last."""
+        bm, cfg = self.block_manager, self.config
+        swapped, running = self._swapped, self._running
+        while swapped and budget > 0 and len(running) < cfg.max_num_seqs:
+            r = swapped[0]
+            c = r.num_computed_tokens
+            full = len(r.token_ids) - c
+            if not cfg.enable_chunked_prefill and full > budget:
+                break
+            n = self._cap(r, c, full, budget)
+            if not bm.allocate_slots(r, n):
+                break
+            del swapped[0]
+            num_kept = -(-c // bm.block_size)
+            out.swap_in.append((r.request_id, bm.block_table(r.request_id)[:num_kept]))
+            r.status = _RUNNING
+            r.swapped_out = False
+            insort(running, r, key=_key_of)
+            out.scheduled.append((r, n))
+            budget -= n
+            bm.cache_full_blocks(r, c + n)
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Phase 3: admit waiting requests in key order, each after its cached prefix."""
+        bm, cfg = self.block_manager, self.config
+        waiting, running = self._waiting, self._running
+        bs = bm.block_size
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            r = waiting[0]
+            cached = bm.find_cached_prefix(r)
+            k = len(cached) * bs
+            n = len(r.token_ids) - k
+            if not cfg.enable_chunked_prefill and n > budget:
+                break
+            n = self._cap(r, k, n, budget)
+            if not bm.allocate_slots(r, n, cached):
+                break
+            del waiting[0]
+            r.num_computed_tokens = k
+            r.num_cached_tokens = k
+            r.status = _RUNNING
+            insort(running, r, key=_key_of)
+            out.scheduled.append((r, n))
+            budget -= n
+            bm.cache_full_blocks(r, k + n)
+        return budget
+
+    # -- update and finish ---------------------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict) -> UpdateOutput:
+        """Advance each scheduled (unfinished) request by its n; a request that reached the end
+        of its known tokens appends its samples (entry in new_token_ids, possibly empty) one at
+        a time, stopping at the first stop rule that fires."""
+        result = UpdateOutput()
+        new_token_ids, finished = result.new_token_ids, result.finished
+        publish = self.block_manager.cache_full_blocks
+        max_len = self.config.max_model_len
+        no_samples = ()
+        for r, n in output.scheduled:
+            if r.status.is_finished:
+                continue
+            c = r.num_computed_tokens + n
+            r.num_computed_tokens = c
+            publish(r)
+            if c < len(r.token_ids):
+                continue  # a mid-prompt chunk: nothing sampled
+            appended = new_token_ids.setdefault(r.request_id, [])
+            for token in sampled.get(r.request_id, no_samples):
+                r.append(token)
+                token = r.token_ids[-1]
+                appended.append(token)
+                status = _stop_status(r, token, max_len)
+                if status is not None:
+                    self.finish(r, status)
+                    finished.append(r)
+                    break
+        return result
+
+    def finish(self, request, status: Status) -> None:
+        """Finish a request from any state: leave its queue, free its blocks, report its id at
+        the next schedule(). A no-op for a request that already finished."""
+        if not status.is_finished:
+            raise ValueError(f"finish: status must be a FINISHED_* status, got {status}")
+        if request.status.is_finished:
+            return
+        if self.requests.get(request.request_id) is not request:
+            raise ValueError(f"finish: request {request.request_id!r} is not in this scheduler")
+        self._leave_queue(request)
+        self.block_manager.free(request)
+        request.status = status
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+
+    def _leave_queue(self, request) -> None:
+        """Remove from the queue its status names (bisect on the key); scan all as a fallback."""
+        status = request.status
+        queue = (self._running if status is _RUNNING else self._swapped if status is _SWAPPED
+                 else self._waiting)
+        if _remove(queue, request):
+            return
+        for queue in (self._running, self._waiting, self._swapped):
+            if _remove(queue, request):
+                return
+
+    def abort(self, request_id: str) -> bool:
+        """Finish an unfinished request as FINISHED_ABORTED; False if the id is unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self.finish(request, Status.FINISHED_ABORTED)
+        return True
+
+    def __repr__(self) -> str:
+        return (f"FastScheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
+                f"waiting={len(self._waiting)})")
+
+
+def _stop_status(r, token: int, max_len: Optional[int]) -> Optional[Status]:
+    """The stop rule the newest token fires, first match wins (None: go on). Sets stop_reason
+    when a stop token id fires."""
+    num_out = len(r._output)
+    if num_out > r._min_tokens:
+        if token in r._stop_ids:
+            r.stop_reason = token
+            return _STOPPED
+        if token == r._eos and r._eos is not None:
+            return _STOPPED
+    if num_out >= r._max_tokens or (max_len is not None and len(r.token_ids) >= max_len):
+        return _LENGTH
+    return None
