@@ -1,0 +1,75 @@
+"""FastAttention: spec.AttentionBackend over the paged pool with Triton kernels on CUDA.
+
+On CUDA, `write` is one KV-write launch and `forward` one paged-attention launch (plus a merge
+launch when split-KV pays) for the whole flat batch, prefill chunks and decodes together; no
+host sync, so both can be captured in a CUDA graph. Elsewhere (CPU), and for dtypes the kernel
+does not take (float64), both run the plain-torch references that sit beside the kernels in
+`kernels/` (never impls.reference: shared code would hide shared bugs from the differential
+tests).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kernels import reference
+from spec import BatchMeta
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class FastAttention:
+    """Paged attention backend; `use_triton` defaults to True exactly on CUDA devices."""
+
+    name = "fast"
+
+    def __init__(self, device="cpu", use_triton: Optional[bool] = None) -> None:
+        self.device = torch.device(device)
+        self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
+
+    def allocate(self, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """Zeroed pool [2, *shape] for shape (num_blocks + 1, block_size, kv_heads, head_dim)."""
+        if len(shape) != 4 or min(shape) < 1:
+            raise ValueError(f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, "
+                             f"head_dim) with every entry >= 1, got {tuple(shape)}")
+        return torch.zeros((2, *shape), dtype=dtype, device=device)
+
+    def _triton_for(self, cache: torch.Tensor) -> bool:
+        return self.use_triton and cache.dtype in _TRITON_DTYPES
+
+    def write(self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: BatchMeta) -> None:
+        """Store k, v [N, kv_heads, head_dim] at meta.slot_mapping (slot -1: scratch block)."""
+        if k.shape != v.shape or k.shape[0] != meta.slot_mapping.shape[0]:
+            raise ValueError(f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
+                             f"{tuple(meta.slot_mapping.shape)} must agree on N rows")
+        if self._triton_for(cache):
+            from kernels.kv_write import write_kv
+
+            write_kv(cache, k, v, meta.slot_mapping.to(torch.int64))
+        else:
+            reference.write_kv_ref(cache, k, v, meta.slot_mapping)
+
+    def forward(self, q: torch.Tensor, cache: torch.Tensor, meta: BatchMeta,
+                scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+        """q [N, Hq, D] -> [N, Hq, D]; request r's t rows are the last t of its seq_len."""
+        if meta.block_size != cache.shape[2]:
+            raise ValueError(f"forward: meta.block_size {meta.block_size} != pool block_size "
+                             f"{cache.shape[2]}")
+        if q.shape[0] != meta.slot_mapping.shape[0]:
+            raise ValueError(f"forward: q has {q.shape[0]} rows but the batch has "
+                             f"{meta.slot_mapping.shape[0]}")
+        if not self._triton_for(cache):
+            return reference.paged_attention_ref(q, cache, meta.query_start_loc_cpu,
+                                                 meta.seq_lens_cpu, meta.block_table,
+                                                 scale=scale, window=window)
+        from kernels.paged_attention import paged_attention
+
+        return paged_attention(q.contiguous(), cache, _i32(meta.query_start_loc),
+                               _i32(meta.seq_lens), _i32(meta.block_table),
+                               max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+                               scale=scale, window=window)
+
+
+def _i32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
