@@ -53,7 +53,9 @@ def shape_config(shape: str, **overrides):
     vocab = kwargs["vocab_size"]
     kwargs.setdefault("eos_token_id", vocab - 1)
     kwargs.setdefault("bos_token_id", vocab - 1)
-    return Qwen3Config(**kwargs)
+    config = Qwen3Config(**kwargs)
+    config.architectures = ["Qwen3ForCausalLM"]  # loaders pick the model class from this
+    return config
 
 
 @dataclass(frozen=True)
