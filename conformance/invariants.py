@@ -1,0 +1,485 @@
+"""Checkers shared by the tests: pool invariants, request invariants, and the per-step scheduler
+invariants, plus `Harness`, which drives one scheduler with the fake model and runs every check
+at every step. Each checker raises AssertionError with a message naming the broken rule.
+
+Everything here reads only the spec's observable surface (PoolState, Request attributes,
+SchedulerOutput, Scheduler.running/waiting) so it judges any implementation the same way.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from spec import PoolState, SchedulerConfig, SchedulerOutput, Status, UpdateOutput, hash_request_blocks
+
+from .fake_model import FakeModel
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------- pool (point 1)
+
+def check_pool(state: PoolState, num_blocks: int) -> None:
+    """Point 1: ref counts equal table occurrences, the free queue is exactly the unreferenced
+    blocks (no repeats), and `cached` is the exact inverse of `block_hashes`."""
+    assert len(state.ref_counts) == num_blocks, f"ref_counts has {len(state.ref_counts)} entries, not {num_blocks}"
+    assert len(state.block_hashes) == num_blocks, "block_hashes must have one entry per block"
+    counts = Counter(b for table in state.tables.values() for b in table)
+    for rid, table in state.tables.items():
+        assert table, f"empty table listed for {rid!r}"
+        assert len(set(table)) == len(table), f"table of {rid!r} repeats a block: {table}"
+        assert all(0 <= b < num_blocks for b in table), f"table of {rid!r} has an out-of-range block: {table}"
+    for b in range(num_blocks):
+        assert state.ref_counts[b] == counts[b], (
+            f"block {b}: ref count {state.ref_counts[b]} but held by {counts[b]} tables (leak or double free)")
+    assert len(set(state.free_queue)) == len(state.free_queue), f"free queue repeats a block: {state.free_queue}"
+    unreferenced = {b for b in range(num_blocks) if state.ref_counts[b] == 0}
+    assert set(state.free_queue) == unreferenced, (
+        f"free queue {sorted(state.free_queue)} != unreferenced blocks {sorted(unreferenced)}")
+    for h, b in state.cached.items():
+        assert 0 <= b < num_blocks and state.block_hashes[b] == h, f"cached maps a hash to block {b}, which holds another"
+    for b, h in enumerate(state.block_hashes):
+        if h is not None:
+            assert state.cached.get(h) == b, f"block {b} has a hash that `cached` does not map back to it"
+
+
+def check_idle(state: PoolState, num_blocks: int) -> None:
+    """Point 1, idle: with no unfinished request every block is free and no table is held."""
+    assert not state.tables, f"idle pool still holds tables: {state.tables}"
+    assert sorted(state.free_queue) == list(range(num_blocks)), "idle pool: not every block is free"
+    assert not any(state.ref_counts), "idle pool: a block still has references"
+
+
+def check_no_caching(state: PoolState) -> None:
+    """With prefix caching off nothing is ever published."""
+    assert not state.cached and all(h is None for h in state.block_hashes), "caching is off but blocks were published"
+
+
+# --------------------------------------------------------------------------- requests
+
+def check_request(r, block_size: int) -> None:
+    """Request invariants: one token list, consistent counters, canonical hash chain."""
+    output = list(r.output_token_ids)
+    assert list(r.token_ids) == list(r.prompt_token_ids) + output, f"{r.request_id}: token_ids != prompt + output"
+    assert r.num_tokens == len(r.token_ids) and r.num_prompt_tokens == len(r.prompt_token_ids)
+    assert r.num_output_tokens == len(output)
+    assert 0 <= r.num_cached_tokens <= r.num_computed_tokens <= r.num_tokens, (
+        f"{r.request_id}: need 0 <= cached ({r.num_cached_tokens}) <= computed ({r.num_computed_tokens}) "
+        f"<= num_tokens ({r.num_tokens})")
+    chain = hash_request_blocks(r.token_ids, block_size, r.cache_key)
+    assert list(r.block_hashes) == chain[:len(r.block_hashes)], f"{r.request_id}: block_hashes is not the canonical chain"
+
+
+def check_table_hashes(state: PoolState, r, block_size: int) -> None:
+    """Every block in the request's table is unpublished or published under exactly the canonical
+    hash of that position of this request (a request never reads KV hashed for other content)."""
+    chain = hash_request_blocks(r.token_ids, block_size, r.cache_key)
+    for i, b in enumerate(state.tables.get(r.request_id, [])):
+        h = state.block_hashes[b]
+        if h is not None:
+            assert i < len(chain) and h == chain[i], (
+                f"{r.request_id}: block {b} at position {i} is published under a hash that is not its "
+                f"canonical chain hash (parent or cache_key ignored?)")
+
+
+# --------------------------------------------------------------------------- scheduler snapshots
+
+@dataclass(frozen=True)
+class ReqSnap:
+    status: Status
+    num_computed: int
+    num_tokens: int
+    num_prompt: int
+    num_preemptions: int
+    output: tuple
+
+
+@dataclass
+class Snapshot:
+    running: list[str]
+    waiting: list[str]
+    reqs: dict[str, ReqSnap]
+    state: PoolState
+
+
+def snapshot(sched, requests: dict) -> Snapshot:
+    reqs = {rid: ReqSnap(r.status, r.num_computed_tokens, r.num_tokens, r.num_prompt_tokens,
+                         r.num_preemptions, tuple(r.output_token_ids)) for rid, r in requests.items()}
+    return Snapshot([r.request_id for r in sched.running], [r.request_id for r in sched.waiting], reqs,
+                    sched.block_manager.state())
+
+
+@dataclass
+class StepView:
+    """One schedule() call: config, pool shape, state before, output, live requests and pool
+    state right after it (before update_from_output)."""
+
+    config: SchedulerConfig
+    block_size: int
+    pre: Snapshot
+    out: SchedulerOutput
+    requests: dict
+    post: PoolState
+    prefix_caching: bool = True
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.request_id for r, _ in self.out.scheduled]
+
+    @property
+    def admitted(self) -> list[str]:
+        return [rid for rid in self.ids if rid not in self.pre.running]
+
+
+# --------------------------------------------------------------------------- step invariants (point 5)
+
+def check_limits(v: StepView) -> None:
+    """Budget, max_num_seqs, n >= 1, no request twice, never past the known tokens."""
+    cfg = v.config
+    assert v.out.num_scheduled_tokens <= cfg.max_num_batched_tokens, (
+        f"budget overrun: {v.out.num_scheduled_tokens} tokens > max_num_batched_tokens {cfg.max_num_batched_tokens}")
+    assert len(v.out.scheduled) <= cfg.max_num_seqs, f"{len(v.out.scheduled)} requests > max_num_seqs {cfg.max_num_seqs}"
+    assert len(set(v.ids)) == len(v.ids), f"a request is scheduled twice: {v.ids}"
+    for r, n in v.out.scheduled:
+        assert n >= 1, f"{r.request_id} scheduled with n={n}"
+        assert r.num_computed_tokens + n <= r.num_tokens_with_spec, (
+            f"{r.request_id}: computed {r.num_computed_tokens} + n {n} past its {r.num_tokens} known tokens")
+        assert r.status == Status.RUNNING, f"{r.request_id} scheduled but {r.status}"
+
+
+def check_chunking(v: StepView) -> None:
+    """Threshold caps a prefilling request's chunk; chunked prefill off schedules whole remainders."""
+    cfg = v.config
+    for r, n in v.out.scheduled:
+        start = r.num_computed_tokens
+        if cfg.enable_chunked_prefill:
+            if cfg.long_prefill_token_threshold and start < r.num_prompt_tokens:
+                assert n <= cfg.long_prefill_token_threshold, (
+                    f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}")
+        else:
+            assert n == r.num_tokens - start, f"{r.request_id}: chunked prefill is off but only {n} of {r.num_tokens - start} scheduled"
+
+
+def check_order(v: StepView) -> None:
+    """Running first, as a prefix of the running queue; victims from its back; admitted requests
+    are a prefix (in policy order) of the swapped and of the waiting queue."""
+    ran = [rid for rid in v.ids if rid in v.pre.running]
+    assert v.ids[:len(ran)] == ran, f"a newly admitted request precedes a running one: {v.ids}"
+    assert ran == v.pre.running[:len(ran)], f"running requests not served in queue order: {ran} vs {v.pre.running}"
+    pre_ids = [r.request_id for r in v.out.preempted]
+    assert pre_ids == v.pre.running[::-1][:len(pre_ids)], (
+        f"victims {pre_ids} are not the back of the running queue {v.pre.running}")
+    assert not set(pre_ids) & set(v.ids), "a preempted request was scheduled in the same step"
+    if pre_ids:
+        assert not v.admitted and not v.out.swap_in, f"admitted {v.admitted} in a step that preempted {pre_ids}"
+    swapped = [rid for rid in v.pre.waiting if v.pre.reqs[rid].status == Status.SWAPPED]
+    waiting = [rid for rid in v.pre.waiting if v.pre.reqs[rid].status != Status.SWAPPED]
+    got_swapped = [rid for rid in v.admitted if rid in swapped]
+    got_waiting = [rid for rid in v.admitted if rid not in swapped]
+    assert v.admitted == got_swapped + got_waiting, "a waiting request was admitted before a swapped one"
+    assert got_swapped == swapped[:len(got_swapped)], f"swap-ins {got_swapped} skip ahead of {swapped}"
+    assert got_waiting == waiting[:len(got_waiting)], f"admissions {got_waiting} skip ahead of {waiting} (policy order)"
+
+
+def check_preempted(v: StepView) -> None:
+    """Recompute resets progress; swap keeps it and lists the victim's blocks to copy out."""
+    state = v.post
+    swap = v.config.preemption_mode == "swap"
+    for r in v.out.preempted:
+        before = v.pre.reqs[r.request_id]
+        assert r.num_preemptions == before.num_preemptions + 1, f"{r.request_id}: num_preemptions not incremented"
+        assert r.request_id not in state.tables, f"preempted {r.request_id} still holds blocks"
+        if swap:
+            assert r.status == Status.SWAPPED and r.swapped_out, f"{r.request_id}: swap victim is {r.status}"
+            assert r.num_computed_tokens == before.num_computed, "swap preemption must keep num_computed_tokens"
+        else:
+            assert r.status == Status.PREEMPTED, f"{r.request_id}: recompute victim is {r.status}"
+            assert r.num_computed_tokens == 0, f"{r.request_id}: recompute victim kept num_computed_tokens"
+    expected_out = [(r.request_id, v.pre.state.tables.get(r.request_id, [])) for r in v.out.preempted] if swap else []
+    assert [(rid, list(b)) for rid, b in v.out.swap_out] == expected_out, (
+        f"swap_out {v.out.swap_out} != victims' tables {expected_out}")
+
+
+def check_admitted(v: StepView) -> None:
+    """Admitted requests start after a whole-block cached prefix (none without caching or with
+    prompt_logprobs, one token always left); swap-ins list the blocks covering their kept KV."""
+    state, bs = v.post, v.block_size
+    swap_in = []
+    for rid in v.admitted:
+        r, before = v.requests[rid], v.pre.reqs[rid]
+        if before.status == Status.SWAPPED:
+            assert r.num_computed_tokens == before.num_computed and not r.swapped_out
+            swap_in.append((rid, state.tables[rid][:cdiv(r.num_computed_tokens, bs)]))
+            continue
+        k = r.num_computed_tokens
+        assert r.num_cached_tokens == k and k % bs == 0 and k <= r.num_tokens - 1, (
+            f"{rid}: admitted with computed={k}, cached={r.num_cached_tokens} (bs={bs}, {r.num_tokens} tokens)")
+        if not v.prefix_caching or r.params.prompt_logprobs is not None:
+            assert k == 0, f"{rid}: cached prefix used with caching off or prompt_logprobs set"
+        chain = hash_request_blocks(r.token_ids, bs, r.cache_key)
+        for i, b in enumerate(state.tables[rid][:k // bs]):
+            assert state.block_hashes[b] == chain[i], f"{rid}: adopted block {b} is not cached under its hash"
+    assert [(rid, list(b)) for rid, b in v.out.swap_in] == swap_in, f"swap_in {v.out.swap_in} != {swap_in}"
+
+
+def check_tables_after_schedule(v: StepView) -> None:
+    """Each scheduled request's table covers exactly its computed + scheduled tokens, and every
+    block that became full this step is published (by it, or earlier by another block)."""
+    state, bs = v.post, v.block_size
+    for r, n in v.out.scheduled:
+        table = state.tables.get(r.request_id, [])
+        end = r.num_computed_tokens + n
+        assert len(table) == cdiv(end, bs), f"{r.request_id}: {len(table)} blocks for {end} tokens (bs={bs})"
+        if not v.prefix_caching:
+            continue
+        chain = hash_request_blocks(r.token_ids, bs, r.cache_key)
+        for i in range(r.num_computed_tokens // bs, min(end, r.num_tokens) // bs):
+            assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
+                f"{r.request_id}: block {i} became full this step but its hash is not published")
+
+
+STEP_CHECKS = (check_limits, check_chunking, check_order, check_preempted, check_admitted,
+               check_tables_after_schedule)
+
+
+def check_schedule(v: StepView) -> None:
+    for check in STEP_CHECKS:
+        check(v)
+
+
+# --------------------------------------------------------------------------- update invariants
+
+def expected_stop(r_params, eos: Optional[int], max_model_len: Optional[int], prior_outputs: int,
+                  num_prompt: int, samples: list[int]) -> tuple[list[int], Optional[Status], object]:
+    """The spec's stop rules applied to `samples`: (tokens kept, final status or None, stop_reason)."""
+    kept = []
+    for token in samples:
+        kept.append(token)
+        num_out = prior_outputs + len(kept)
+        if num_out > r_params.min_tokens and token in r_params.stop_token_ids:
+            return kept, Status.FINISHED_STOPPED, token
+        if num_out > r_params.min_tokens and not r_params.ignore_eos and eos is not None and token == eos:
+            return kept, Status.FINISHED_STOPPED, None
+        if num_out >= r_params.max_tokens or (max_model_len is not None and num_prompt + num_out >= max_model_len):
+            return kept, Status.FINISHED_LENGTH, None
+    return kept, None, None
+
+
+def check_update(config: SchedulerConfig, pre: Snapshot, out: SchedulerOutput, sampled: dict,
+                 upd: UpdateOutput) -> None:
+    """Progress advanced by n, samples appended only at the end of known tokens, stop rules
+    applied exactly, finished requests reported, the newest token left uncomputed."""
+    finished = set()
+    for r, n in out.scheduled:
+        before = pre.reqs[r.request_id]
+        assert r.num_computed_tokens == before.num_computed + n, f"{r.request_id}: num_computed not advanced by {n}"
+        new = list(r.output_token_ids)[len(before.output):]
+        assert tuple(r.output_token_ids)[:len(before.output)] == before.output, f"{r.request_id}: outputs rewritten"
+        if before.num_computed + n < before.num_tokens:
+            assert not new and not r.status.is_finished, f"{r.request_id}: mid-prompt chunk appended or finished"
+            continue
+        kept, status, reason = expected_stop(r.params, r.eos_token_id, config.max_model_len, len(before.output),
+                                             before.num_prompt, sampled.get(r.request_id, []))
+        assert new == kept, f"{r.request_id}: appended {new}, expected {kept} (stop rules)"
+        assert list(upd.new_token_ids.get(r.request_id, [])) == kept, f"{r.request_id}: new_token_ids != appended"
+        if status is None:
+            assert r.status == Status.RUNNING, f"{r.request_id}: {r.status} but no stop rule fired"
+            assert r.num_tokens == r.num_computed_tokens + 1, f"{r.request_id}: newest token must stay uncomputed"
+        else:
+            assert r.status == status, f"{r.request_id}: status {r.status}, stop rules say {status}"
+            if reason is not None:
+                assert r.stop_reason == reason, f"{r.request_id}: stop_reason {r.stop_reason!r} != {reason!r}"
+            finished.add(r.request_id)
+    assert {r.request_id for r in upd.finished} == finished, f"UpdateOutput.finished != {finished}"
+
+
+# --------------------------------------------------------------------------- whole-scheduler checks
+
+def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_caching: bool) -> None:
+    """Pool invariants, request invariants, queue contents and order, tables per status."""
+    state = sched.block_manager.state()
+    check_pool(state, sched.block_manager.num_blocks)
+    if not prefix_caching:
+        check_no_caching(state)
+    running = [r.request_id for r in sched.running]
+    waiting = [r.request_id for r in sched.waiting]
+    assert sorted(running + waiting) == sorted(live), f"queues {running} + {waiting} != unfinished {sorted(live)}"
+    assert len(running) <= sched.config.max_num_seqs, "running set larger than max_num_seqs"
+    assert running == sorted(running, key=key.__getitem__), f"running queue out of policy order: {running}"
+    swapped = [rid for rid in waiting if live[rid].status == Status.SWAPPED]
+    assert waiting[:len(swapped)] == swapped, "swapped requests must be tried (listed) first"
+    rest = waiting[len(swapped):]
+    assert swapped == sorted(swapped, key=key.__getitem__) and rest == sorted(rest, key=key.__getitem__), (
+        f"waiting queue out of policy order: {waiting}")
+    assert set(state.tables) <= set(running), f"non-running requests hold blocks: {set(state.tables) - set(running)}"
+    for rid, r in live.items():
+        check_request(r, block_size)
+        if rid in running:
+            assert r.status == Status.RUNNING, f"{rid} in running but {r.status}"
+            assert len(state.tables.get(rid, [])) == cdiv(r.num_computed_tokens, block_size), (
+                f"{rid}: table does not cover exactly its {r.num_computed_tokens} computed tokens")
+            check_table_hashes(state, r, block_size)
+        else:
+            assert r.status in (Status.WAITING, Status.PREEMPTED, Status.SWAPPED), f"{rid} waiting but {r.status}"
+    assert sched.has_unfinished == bool(live)
+    if not live:
+        check_idle(state, sched.block_manager.num_blocks)
+
+
+# --------------------------------------------------------------------------- harness
+
+@dataclass
+class StepResult:
+    """What one step decided, in impl-independent terms (compared in lockstep)."""
+
+    scheduled: list
+    preempted: list
+    swap_out: list
+    swap_in: list
+    finished: list
+    new_token_ids: dict
+    update_finished: list
+
+    @classmethod
+    def of(cls, out: SchedulerOutput, upd: UpdateOutput) -> "StepResult":
+        return cls([(r.request_id, n) for r, n in out.scheduled], [r.request_id for r in out.preempted],
+                   [(rid, list(b)) for rid, b in out.swap_out], [(rid, list(b)) for rid, b in out.swap_in],
+                   sorted(out.finished), {k: list(v) for k, v in upd.new_token_ids.items()},
+                   sorted(r.request_id for r in upd.finished))
+
+
+@dataclass
+class Harness:
+    """Drives one impl's scheduler with the fake model; checks every invariant at every step."""
+
+    impl: object
+    config: SchedulerConfig
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool = True
+    model: FakeModel = field(default_factory=FakeModel)
+
+    def __post_init__(self):
+        self.bm = self.impl.new_block_manager(self.num_blocks, self.block_size, self.enable_prefix_caching)
+        self.sched = self.impl.new_scheduler(self.config, self.bm)
+        self.live: dict = {}        # unfinished requests by id
+        self.all: dict = {}         # every request ever added
+        self.key: dict = {}         # policy key per id (the harness knows the add order)
+        self.finished_since: list[str] = []
+        self.num_steps = 0
+
+    def add(self, spec) -> None:
+        """Build and add a request (ValueError propagates: nothing was added)."""
+        r = spec.build(self.impl)
+        self.sched.add(r)
+        seq = len(self.key)
+        self.key[r.request_id] = ((r.priority, r.arrival_time, seq) if self.config.policy == "priority"
+                                  else (r.arrival_time, seq))
+        self.live[r.request_id] = self.all[r.request_id] = r
+        self.check()
+
+    def abort(self, request_id: str) -> bool:
+        known = self.sched.abort(request_id)
+        assert known == (request_id in self.live), f"abort({request_id!r}) returned {known}"
+        if known:
+            r = self.live.pop(request_id)
+            assert r.status == Status.FINISHED_ABORTED and request_id not in self.bm.state().tables
+            self.finished_since.append(request_id)
+        self.check()
+        return known
+
+    def step(self) -> StepResult:
+        pre = snapshot(self.sched, self.live)
+        out = self.sched.schedule()
+        assert sorted(out.finished) == sorted(self.finished_since), (
+            f"SchedulerOutput.finished {out.finished} != finished since last step {self.finished_since}")
+        self.finished_since = []
+        view = StepView(self.config, self.block_size, pre, out, self.live, self.bm.state(),
+                        self.enable_prefix_caching)
+        check_schedule(view)
+        check_pool(view.post, self.num_blocks)
+        pre_update = snapshot(self.sched, self.live)
+        sampled = self.model.sample(out)
+        upd = self.sched.update_from_output(out, sampled)
+        check_update(self.config, pre_update, out, sampled, upd)
+        for r in upd.finished:
+            self.live.pop(r.request_id, None)
+            self.finished_since.append(r.request_id)
+        self.num_steps += 1
+        self.check()
+        return StepResult.of(out, upd)
+
+    def check(self) -> None:
+        check_scheduler(self.sched, self.live, self.key, self.block_size, self.enable_prefix_caching)
+
+    def run_to_completion(self, max_steps: int) -> int:
+        """Step until idle; liveness: at most max_steps steps, never two empty steps in a row."""
+        empty_in_row = 0
+        while self.sched.has_unfinished:
+            assert self.num_steps < max_steps, f"not finished after {max_steps} steps (livelock?)"
+            result = self.step()
+            empty_in_row = 0 if result.scheduled else empty_in_row + 1
+            assert empty_in_row < 2, "two steps in a row scheduled nothing while requests are unfinished"
+        return self.num_steps
+
+
+def step_bound(specs) -> int:
+    """A generous step bound for liveness: every request that fits finishes within it."""
+    total = sum(len(s.prompt_token_ids) + s.params.max_tokens for s in specs)
+    return (len(specs) + 1) * (total + 2) + 2
+
+
+# --------------------------------------------------------------------------- pool transitions (points 2, 3, 4)
+
+def expected_prefix(state: PoolState, r, block_size: int, prefix_caching: bool) -> list[int]:
+    """Point 3 from the observable state: the cached blocks of the longest run of the request's
+    canonical chain from block 0, stopping at the first miss, leaving the last token uncovered;
+    [] with caching off or prompt_logprobs set."""
+    if not prefix_caching or r.params.prompt_logprobs is not None:
+        return []
+    chain = hash_request_blocks(r.token_ids, block_size, r.cache_key)
+    found = []
+    for h in chain[:(r.num_tokens - 1) // block_size]:
+        if h not in state.cached:
+            break
+        found.append(state.cached[h])
+    return found
+
+
+def check_allocate(before: PoolState, after: PoolState, ok: bool, rid: str, num_computed: int,
+                   num_new_tokens: int, cached: list[int], block_size: int) -> None:
+    """Points 2 and 4 for one allocate_slots call: feasibility exactly as specified (adopting a
+    free cached block costs a free slot); refused => state identical; granted => cached blocks
+    adopted, then new blocks popped from the FRONT of the free queue, each losing its hash."""
+    table = before.tables.get(rid, [])
+    required = cdiv(num_computed + len(cached) * block_size + num_new_tokens, block_size)
+    num_new = max(0, required - len(table) - len(cached))
+    revived = [b for b in cached if before.ref_counts[b] == 0]
+    feasible = num_new + len(revived) <= len(before.free_queue)
+    assert ok == feasible, f"allocate_slots returned {ok} but {num_new} new + {len(revived)} revived vs {len(before.free_queue)} free"
+    if not ok:
+        assert after == before, "a refused allocation changed the pool state"
+        return
+    rest = [b for b in before.free_queue if b not in revived]
+    popped = rest[:num_new]
+    assert after.tables.get(rid, []) == table + list(cached) + popped, (
+        f"new table {after.tables.get(rid)} != old {table} + cached {cached} + front of free queue {popped}")
+    assert after.free_queue == rest[num_new:], "allocation must take blocks from the front of the free queue"
+    for b in popped:
+        assert after.block_hashes[b] is None, f"block {b} was handed out but kept its hash (no eviction)"
+        if before.block_hashes[b] is not None:
+            assert before.block_hashes[b] not in after.cached, f"evicted block {b}'s hash is still findable"
+
+
+def check_release(before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]],
+                  rid: str) -> None:
+    """Point 4 for free/trim: blocks reaching ref 0 go to the BACK of the free queue, last
+    logical block first, keeping their hashes; nothing else moves."""
+    reaching_zero = [b for b in reversed(released) if before.ref_counts[b] == 1]
+    assert after.free_queue == before.free_queue + reaching_zero, (
+        f"free queue {after.free_queue} != {before.free_queue} + tail-first {reaching_zero}")
+    assert after.block_hashes == before.block_hashes and after.cached == before.cached, "freeing must keep hashes"
+    assert after.tables.get(rid, []) == (kept_table or []), f"{rid}: table after release is {after.tables.get(rid)}"

@@ -1,0 +1,377 @@
+"""Every Hypothesis strategy of the conformance suite, in one module (as array-api-tests keeps
+its hypothesis_helpers): tests import from here and never build ad-hoc strategies, so what the
+suite explores is visible in one place and `test_strategies.py` can check the strategies
+themselves (a strategy that only draws trivial or invalid cases would hide bugs).
+
+Sections: tokens and pools; sampling params (valid and invalid); scheduler configs (valid and
+invalid); requests and workloads that fit a pool; scenarios (config + pool + workload).
+Engine and parity strategies are appended at the end by their owners.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hypothesis import strategies as st
+
+from spec import SamplingParams, SchedulerConfig
+
+# --------------------------------------------------------------------------- tokens and pools
+
+#: Small vocabulary so random prompts share prefixes and stop ids get hit.
+VOCAB_SIZE = 16
+EOS_TOKEN_ID = 0
+
+block_sizes = st.sampled_from([1, 2, 3, 4, 8])
+cache_keys = st.sampled_from([(), ("tenant-a",), ("tenant-b", 7), ("lora", b"\x01")])
+
+
+def token_lists(min_size: int = 1, max_size: int = 24, vocab: int = VOCAB_SIZE):
+    """Lists of token ids in [1, vocab) (0 is the EOS id of the fake model)."""
+    return st.lists(st.integers(1, vocab - 1), min_size=min_size, max_size=max_size)
+
+
+@st.composite
+def pool_shapes(draw, min_blocks: int = 1, max_blocks: int = 24):
+    """(num_blocks, block_size)."""
+    return draw(st.integers(min_blocks, max_blocks)), draw(block_sizes)
+
+
+# --------------------------------------------------------------------------- sampling params
+
+@st.composite
+def sampling_params(draw, max_tokens: int = 8, prompt_logprobs: bool = True):
+    """Valid SamplingParams exercising the stop rules the scheduler applies (greedy: the fake
+    model ignores temperature)."""
+    num_max = draw(st.integers(1, max(1, max_tokens)))
+    return SamplingParams(
+        max_tokens=num_max,
+        temperature=0.0,
+        min_tokens=draw(st.integers(0, num_max)),
+        stop_token_ids=tuple(draw(st.lists(st.integers(1, VOCAB_SIZE - 1), max_size=2, unique=True))),
+        ignore_eos=draw(st.booleans()),
+        prompt_logprobs=draw(st.one_of(st.none(), st.integers(0, 2))) if prompt_logprobs else None,
+    )
+
+
+#: (field, kwargs) that SamplingParams must refuse with a ValueError naming the field.
+_BAD_PARAMS = {
+    "max_tokens": st.integers(-5, 0).map(lambda v: {"max_tokens": v}),
+    "temperature": st.floats(-10, -0.01).map(lambda v: {"temperature": v}),
+    "top_k": st.integers(-9, -2).map(lambda v: {"top_k": v}),
+    "top_p": st.one_of(st.floats(-1, 0), st.floats(1.01, 5)).map(lambda v: {"top_p": v}),
+    "min_p": st.one_of(st.floats(-1, -0.01), st.floats(1.01, 5)).map(lambda v: {"min_p": v}),
+    "min_tokens": st.one_of(st.integers(-5, -1).map(lambda v: {"min_tokens": v}),
+                            st.integers(1, 5).map(lambda v: {"max_tokens": v, "min_tokens": v + 1})),
+    "n": st.integers(-3, 0).map(lambda v: {"n": v}),
+    "logprobs": st.integers(-5, -1).map(lambda v: {"logprobs": v}),
+    "prompt_logprobs": st.integers(-5, -1).map(lambda v: {"prompt_logprobs": v}),
+    "presence_penalty": st.sampled_from([-2.5, 2.5, 9.0]).map(lambda v: {"presence_penalty": v}),
+    "frequency_penalty": st.sampled_from([-2.5, 2.5, -9.0]).map(lambda v: {"frequency_penalty": v}),
+    "repetition_penalty": st.floats(-2, 0).map(lambda v: {"repetition_penalty": v}),
+    "stop_token_ids": st.integers(-9, -1).map(lambda v: {"stop_token_ids": (1, v)}),
+    "stop": st.just({"stop": ("ok", "")}),
+    "allowed_token_ids": st.just({"allowed_token_ids": ()}),
+    "logit_bias": st.integers(-9, -1).map(lambda v: {"logit_bias": {v: 1.0}}),
+}
+
+
+@st.composite
+def invalid_sampling_kwargs(draw):
+    """(field name, kwargs) with exactly one invalid SamplingParams field."""
+    name = draw(st.sampled_from(sorted(_BAD_PARAMS)))
+    return name, draw(_BAD_PARAMS[name])
+
+
+# --------------------------------------------------------------------------- scheduler configs
+
+@st.composite
+def scheduler_configs(draw, max_seqs: int = 6, max_budget: int = 48, max_model_len: Optional[int] = None):
+    """Valid SchedulerConfigs with small limits, so budgets, seq caps and chunk thresholds bind."""
+    num_seqs = draw(st.integers(1, max_seqs))
+    return SchedulerConfig(
+        max_num_batched_tokens=draw(st.integers(num_seqs, max(num_seqs, max_budget))),
+        max_num_seqs=num_seqs,
+        enable_chunked_prefill=draw(st.booleans()),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        max_model_len=max_model_len,
+    )
+
+
+_BAD_CONFIG = {
+    "max_num_batched_tokens": st.integers(-4, 0).map(lambda v: {"max_num_batched_tokens": v}),
+    "max_num_seqs": st.integers(-4, 0).map(lambda v: {"max_num_seqs": v, "max_num_batched_tokens": 8}),
+    "max_num_batched_tokens ": st.integers(2, 9).map(
+        lambda v: {"max_num_seqs": v, "max_num_batched_tokens": v - 1}),
+    "long_prefill_token_threshold": st.integers(-5, -1).map(lambda v: {"long_prefill_token_threshold": v}),
+    "policy": st.sampled_from(["lifo", "FCFS", ""]).map(lambda v: {"policy": v}),
+    "preemption_mode": st.sampled_from(["drop", "", "Swap"]).map(lambda v: {"preemption_mode": v}),
+    "max_model_len": st.integers(-3, 1).map(lambda v: {"max_model_len": v}),
+}
+
+
+@st.composite
+def invalid_config_kwargs(draw):
+    """(field name, kwargs) that SchedulerConfig must refuse with a ValueError naming the field."""
+    key = draw(st.sampled_from(sorted(_BAD_CONFIG)))
+    return key.strip(), draw(_BAD_CONFIG[key])
+
+
+# --------------------------------------------------------------------------- requests and workloads
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request must satisfy to be accepted by Scheduler.add (SCHEDULING.md)."""
+
+    num_blocks: int
+    block_size: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    max_model_len: Optional[int] = None
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Most prompt + max_tokens a request may have."""
+        bound = self.num_blocks * self.block_size
+        if self.max_model_len is not None:
+            bound = min(bound, self.max_model_len)
+        if not self.enable_chunked_prefill:
+            bound = min(bound, self.max_num_batched_tokens + 1)
+        return bound
+
+    def fits(self, num_prompt: int, max_tokens: int) -> bool:
+        return num_prompt >= 1 and max_tokens >= 1 and num_prompt + max_tokens <= self.max_total_tokens
+
+    @classmethod
+    def of(cls, config: SchedulerConfig, num_blocks: int, block_size: int) -> "Limits":
+        return cls(num_blocks, block_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                   config.max_model_len)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """Everything to build one request with `impl.new_request` (impl-independent)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    priority: int = 0
+    arrival_time: float = 0.0
+    cache_key: tuple = ()
+
+    def build(self, impl):
+        return impl.new_request(self.request_id, list(self.prompt_token_ids), self.params,
+                                eos_token_id=EOS_TOKEN_ID, priority=self.priority,
+                                arrival_time=self.arrival_time, cache_key=self.cache_key)
+
+
+@st.composite
+def request_specs(draw, limits: Limits, request_id: str, stems: tuple = (), max_tokens: int = 8,
+                  arrival_time: Optional[float] = None):
+    """A RequestSpec that Scheduler.add accepts under `limits` (requires max_total_tokens >= 2).
+
+    The prompt starts, most of the time, with one of `stems` (cut to fit), so workloads share
+    prefixes and prefix-cache hits, misses and evictions all happen."""
+    total = limits.max_total_tokens
+    assert total >= 2, "limits too small for any request"
+    num_max = draw(st.integers(1, min(max_tokens, total - 1)))
+    room = total - num_max
+    stem: tuple = draw(st.sampled_from(stems)) if stems and draw(st.integers(0, 3)) else ()
+    stem = stem[:room]
+    suffix = draw(token_lists(min_size=0 if stem else 1, max_size=room - len(stem)))
+    min_tokens = draw(st.integers(0, num_max))
+    params = SamplingParams(
+        max_tokens=num_max, temperature=0.0, min_tokens=min_tokens,
+        stop_token_ids=tuple(draw(st.lists(st.integers(1, VOCAB_SIZE - 1), max_size=2, unique=True))),
+        ignore_eos=draw(st.booleans()),
+        prompt_logprobs=1 if draw(st.integers(0, 5)) == 0 else None)
+    return RequestSpec(
+        request_id=request_id,
+        prompt_token_ids=tuple(stem) + tuple(suffix),
+        params=params,
+        priority=draw(st.integers(0, 3)),
+        arrival_time=float(draw(st.integers(0, 20))) if arrival_time is None else arrival_time,
+        cache_key=draw(cache_keys) if draw(st.integers(0, 3)) == 0 else (),
+    )
+
+
+@st.composite
+def stems_for(draw, block_size: int, num: int = 3):
+    """Shared prompt prefixes, mostly whole blocks long so they can be cached."""
+    return tuple(tuple(draw(token_lists(min_size=block_size, max_size=3 * block_size)))
+                 for _ in range(draw(st.integers(1, num))))
+
+
+@st.composite
+def workloads(draw, limits: Limits, min_requests: int = 1, max_requests: int = 6, max_tokens: int = 8):
+    """Requests with distinct ids that all fit `limits`, sharing prefixes."""
+    stems = draw(stems_for(limits.block_size))
+    count = draw(st.integers(min_requests, max_requests))
+    return [draw(request_specs(limits, f"r{i}", stems, max_tokens)) for i in range(count)]
+
+
+# --------------------------------------------------------------------------- scenarios
+
+@dataclass
+class Scenario:
+    """A scheduler config, a pool and a workload that fits it (every request fits alone)."""
+
+    config: SchedulerConfig
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    requests: list = field(default_factory=list)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.of(self.config, self.num_blocks, self.block_size)
+
+
+@st.composite
+def scenarios(draw, max_requests: int = 6, max_tokens: int = 8, max_blocks: int = 16,
+              preemption_mode: Optional[str] = None, policy: Optional[str] = None):
+    """Small pools (so preemption happens) with a workload that fits each request alone."""
+    block_size = draw(block_sizes)
+    max_model_len = draw(st.one_of(st.none(), st.integers(4, 40)))
+    config = draw(scheduler_configs(max_model_len=max_model_len))
+    overrides = {}
+    if preemption_mode is not None:
+        overrides["preemption_mode"] = preemption_mode
+    if policy is not None:
+        overrides["policy"] = policy
+    if overrides:
+        config = SchedulerConfig(**{**config.__dict__, **overrides})
+    min_blocks = -(-2 // block_size)
+    num_blocks = draw(st.integers(min_blocks, max(min_blocks, max_blocks)))
+    limits = Limits.of(config, num_blocks, block_size)  # >= 2 tokens: min_blocks, max_model_len >= 4
+    requests = draw(workloads(limits, max_requests=max_requests, max_tokens=max_tokens))
+    return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
+
+# --------------------------------------------------------------------------- (engine sections below)
+
+# --------------------------------------------------------------------------- engine workloads
+# (owner: model) Flat-batch attention cases for the AttentionBackend conformance tests.
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One flat batch for an attention backend: per request a context of seq_lens[r] positions
+    whose last query_lens[r] are this step's rows (the rest were written by earlier steps),
+    then num_pad_rows padding rows. `seed` draws the tensors and shuffles the block tables."""
+
+    block_size: int
+    num_kv_heads: int
+    num_q_heads: int
+    head_dim: int
+    window: int
+    seq_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    num_pad_rows: int
+    seed: int
+    float64: bool = False
+
+
+@st.composite
+def attention_cases(draw, max_requests: int = 4, max_seq_len: int = 40):
+    """Ragged batches mixing prefills, chunks and decodes: odd block sizes, GQA groups 1/2/4,
+    sliding windows shorter and longer than the context, padding rows."""
+    num_reqs = draw(st.integers(1, max_requests))
+    seq_lens, query_lens = [], []
+    for _ in range(num_reqs):
+        seq_len = draw(st.integers(1, max_seq_len))
+        kind = draw(st.sampled_from(["prefill", "decode", "chunk"]))
+        q_len = {"prefill": seq_len, "decode": 1}.get(kind) or draw(st.integers(1, seq_len))
+        seq_lens.append(seq_len)
+        query_lens.append(q_len)
+    num_kv_heads = draw(st.sampled_from([1, 2]))
+    return AttentionCase(
+        block_size=draw(st.sampled_from([1, 3, 4, 5, 16])),
+        num_kv_heads=num_kv_heads,
+        num_q_heads=num_kv_heads * draw(st.sampled_from([1, 2, 4])),
+        head_dim=draw(st.sampled_from([4, 8, 16])),
+        window=draw(st.sampled_from([0, 0, 1, 3, 7, 64])),
+        seq_lens=tuple(seq_lens),
+        query_lens=tuple(query_lens),
+        num_pad_rows=draw(st.sampled_from([0, 0, 1, 3])),
+        seed=draw(st.integers(0, 2**16)),
+        float64=draw(st.booleans()),
+    )
+
+# --------------------------------------------------------------------------- engine workloads
+# (owner: engine) Whole-engine workloads for the greedy parity tests: prompts sharing prefixes,
+# staggered arrivals, aborts mid-flight, n > 1, and configs (small pools, budgets, chunk
+# thresholds, priority, recompute or swap) that force every scheduling path.
+
+@dataclass(frozen=True)
+class EngineRequestSpec:
+    """One user request of an engine workload: added before step `arrive_step`, aborted before
+    step `abort_step` (None = never)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    n: int = 1
+    priority: int = 0
+    arrive_step: int = 0
+    abort_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class EngineWorkload:
+    """Engine arguments (vLLM names) plus the requests; every request fits the pool alone."""
+
+    block_size: int
+    num_blocks: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    long_prefill_token_threshold: int
+    scheduling_policy: str
+    preemption_mode: str
+    requests: tuple = ()
+
+    def engine_kwargs(self) -> dict:
+        return {name: getattr(self, name) for name in (
+            "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+            "enable_chunked_prefill", "long_prefill_token_threshold", "scheduling_policy", "preemption_mode")}
+
+
+@st.composite
+def engine_request_specs(draw, request_id: str, vocab: int, stem: tuple, max_tokens: int):
+    prompt = tuple(stem) if stem and draw(st.integers(0, 3)) else ()
+    prompt += tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=10)))
+    arrive = draw(st.sampled_from([0, 0, 0, 1, 3]))
+    abort = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(arrive, arrive + 6)))
+    return EngineRequestSpec(request_id, prompt, max_tokens=draw(st.integers(1, max_tokens)),
+                             n=draw(st.sampled_from([1, 1, 1, 2])), priority=draw(st.integers(0, 2)),
+                             arrive_step=arrive, abort_step=abort)
+
+
+@st.composite
+def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 6, swap: bool = True):
+    """A config and a workload for the whole engine over a model of `vocab` tokens. Pools are
+    drawn from just enough for the largest request to about three times that, so preemption
+    (by recompute, or by swap when `swap`) is common."""
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    stem = tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=min(16, 3 * block_size))))
+    requests = tuple(draw(engine_request_specs(f"r{i}", vocab, stem, max_tokens))
+                     for i in range(draw(st.integers(1, max_requests))))
+    chunked = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 4))
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+    low_budget = max_num_seqs if chunked else max(max_num_seqs, longest - 1)
+    need = max(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests)
+    return EngineWorkload(
+        block_size=block_size,
+        num_blocks=draw(st.integers(need, 3 * need + 2)),
+        max_num_batched_tokens=draw(st.integers(low_budget, low_budget + 24)),
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=draw(st.booleans()),
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"] if swap else ["recompute"])),
+        requests=requests,
+    )

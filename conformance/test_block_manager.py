@@ -1,0 +1,349 @@
+"""Block pool conformance (DESIGN points 1-4), on the BlockManager alone.
+
+`PoolMachine` drives the impl under test and the reference through the same random sequence of
+admissions (cached prefix lookup + allocation + publish), growth, frees, trims and cache resets,
+checking after every operation the exact transition each call must make, the pool invariants,
+and that both pools are identical. The directed properties below build the situations random
+traces reach only rarely (a hole in a cached chain, a refusal caused only by reviving free
+cached blocks, a fully cached prompt).
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
+    run_state_machine_as_test
+
+from spec import SamplingParams
+
+from .fake_model import FakeModel
+from .invariants import (cdiv, check_allocate, check_no_caching, check_pool, check_release, check_request,
+                         check_table_hashes, expected_prefix)
+from .strategies import EOS_TOKEN_ID, block_sizes, cache_keys, stems_for, token_lists
+
+MODEL = FakeModel()
+
+
+def make(impl, rid, tokens, *, cache_key=(), prompt_logprobs=None):
+    params = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=prompt_logprobs)
+    return impl.new_request(rid, list(tokens), params, eos_token_id=EOS_TOKEN_ID, arrival_time=0.0,
+                            cache_key=cache_key)
+
+
+def admit(bm, r, num_new_tokens=None):
+    """What the scheduler does on admission: cached prefix, allocate, publish, compute."""
+    cached = bm.find_cached_prefix(r)
+    k = len(cached) * bm.block_size
+    n = r.num_tokens - k if num_new_tokens is None else num_new_tokens
+    ok = bm.allocate_slots(r, n, cached)
+    if ok:
+        r.num_computed_tokens = r.num_cached_tokens = k
+        bm.cache_full_blocks(r, k + n)
+        r.num_computed_tokens = k + n
+    return ok, cached
+
+
+def check_published(bm, r, start: int, end: int) -> None:
+    """Blocks that became full between token positions start and end are findable by their hash."""
+    state = bm.state()
+    if not bm.enable_prefix_caching:
+        check_no_caching(state)
+        return
+    table = state.tables[r.request_id]
+    from spec import hash_request_blocks
+    chain = hash_request_blocks(r.token_ids, bm.block_size, r.cache_key)
+    for i in range(start // bm.block_size, min(end, r.num_tokens) // bm.block_size):
+        assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
+            f"block {i} of {r.request_id} became full but was not published")
+
+
+class Side:
+    """One implementation's pool and its requests."""
+
+    def __init__(self, impl, num_blocks, block_size, caching):
+        self.impl = impl
+        self.bm = impl.new_block_manager(num_blocks, block_size, caching)
+        self.live = {}
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Impl under test (sides[0]) and reference (sides[1]) in lockstep on one pool trace."""
+
+    impls: tuple = ()
+
+    @initialize(num_blocks=st.integers(1, 10), block_size=block_sizes, caching=st.booleans(), data=st.data())
+    def setup(self, num_blocks, block_size, caching, data):
+        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+        self.sides = [Side(impl, num_blocks, block_size, caching) for impl in self.impls]
+        self.stems = data.draw(stems_for(block_size))
+        self.num_added = 0
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def each(self, fn):
+        """Run fn(side) on every side; the results must agree (differential)."""
+        results = [fn(side) for side in self.sides]
+        assert all(res == results[0] for res in results), f"impl and reference disagree: {results}"
+        return results[0]
+
+    def grow(self, side, r, n):
+        before = side.bm.state()
+        start = r.num_computed_tokens
+        ok = side.bm.allocate_slots(r, n)
+        check_allocate(before, side.bm.state(), ok, r.request_id, start, n, [], self.block_size)
+        if ok:
+            side.bm.cache_full_blocks(r, start + n)
+            check_published(side.bm, r, start, start + n)
+            r.num_computed_tokens = start + n
+            if r.num_computed_tokens == r.num_tokens:
+                r.append(MODEL.next_token(r.token_ids))
+        return ok
+
+    # ---- rules -----------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def add(self, data):
+        stem = data.draw(st.sampled_from(self.stems)) if data.draw(st.booleans()) else ()
+        tokens = list(stem) + data.draw(token_lists(0 if stem else 1, (self.num_blocks + 1) * self.block_size))
+        key = data.draw(cache_keys) if data.draw(st.integers(0, 3)) == 0 else ()
+        logprobs = 1 if data.draw(st.integers(0, 5)) == 0 else None
+        rid = f"q{self.num_added}"
+        self.num_added += 1
+        fraction = data.draw(st.floats(0.0, 1.0))
+
+        def run(side):
+            r = make(side.impl, rid, tokens, cache_key=key, prompt_logprobs=logprobs)
+            before = side.bm.state()
+            cached = side.bm.find_cached_prefix(r)
+            assert side.bm.state() == before, "find_cached_prefix changed the pool"
+            assert cached == expected_prefix(before, r, self.block_size, self.caching), (
+                f"find_cached_prefix returned {cached}, expected {expected_prefix(before, r, self.block_size, self.caching)}")
+            k = len(cached) * self.block_size
+            n = 1 + int(fraction * (r.num_tokens - k - 1))
+            ok = side.bm.allocate_slots(r, n, cached)
+            check_allocate(before, side.bm.state(), ok, rid, 0, n, cached, self.block_size)
+            if ok:
+                r.num_computed_tokens = r.num_cached_tokens = k
+                side.bm.cache_full_blocks(r, k + n)
+                check_published(side.bm, r, k, k + n)
+                r.num_computed_tokens = k + n
+                if k + n == r.num_tokens:
+                    r.append(MODEL.next_token(r.token_ids))
+                side.live[rid] = r
+            return ok, cached
+
+        self.each(run)
+
+    @precondition(lambda self: self.sides[0].live)
+    @rule(data=st.data())
+    def extend(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.sides[0].live)))
+        fraction = data.draw(st.floats(0.0, 1.0))
+
+        def run(side):
+            r = side.live[rid]
+            return self.grow(side, r, 1 + int(fraction * (r.num_tokens - r.num_computed_tokens - 1)))
+
+        self.each(run)
+
+    @precondition(lambda self: self.sides[0].live)
+    @rule(data=st.data())
+    def free(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.sides[0].live)))
+
+        def run(side):
+            r = side.live.pop(rid)
+            before = side.bm.state()
+            side.bm.free(r)
+            check_release(before, side.bm.state(), before.tables.get(rid, []), None, rid)
+
+        self.each(run)
+
+    @precondition(lambda self: self.sides[0].live)
+    @rule(data=st.data())
+    def trim(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.sides[0].live)))
+        fraction = data.draw(st.floats(0.0, 1.0))
+
+        def run(side):
+            r = side.live[rid]
+            k = int(fraction * r.num_computed_tokens)
+            before = side.bm.state()
+            side.bm.trim(r, k)
+            table = before.tables.get(rid, [])
+            keep = cdiv(k, self.block_size)
+            check_release(before, side.bm.state(), table[keep:], table[:keep], rid)
+            r.num_computed_tokens = k
+            r.num_cached_tokens = min(r.num_cached_tokens, k)
+
+        self.each(run)
+
+    @rule()
+    def reset(self):
+        def run(side):
+            before = side.bm.state()
+            ok = side.bm.reset_prefix_cache()
+            assert ok == (not any(before.ref_counts)), f"reset_prefix_cache returned {ok} with refs {before.ref_counts}"
+            after = side.bm.state()
+            if ok:
+                check_no_caching(after)
+                assert after.free_queue == before.free_queue
+            else:
+                assert after == before, "a refused reset_prefix_cache changed the pool"
+            return ok
+
+        self.each(run)
+
+    @rule(data=st.data())
+    def refuse(self, data):
+        """An allocation larger than the free queue is refused and changes nothing (point 2)."""
+        def run(side):
+            free = side.bm.num_free
+            r = make(side.impl, "too-big", [1] * ((free + 1) * self.block_size))
+            before = side.bm.state()
+            ok = side.bm.allocate_slots(r, r.num_tokens)
+            assert not ok and side.bm.state() == before, "oversized allocation not refused cleanly"
+
+        self.each(run)
+
+    # ---- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def pools_valid_and_equal(self):
+        if not hasattr(self, "sides"):
+            return
+        for side in self.sides:
+            state = side.bm.state()
+            check_pool(state, self.num_blocks)
+            assert side.bm.num_free == len(state.free_queue)
+            assert side.bm.usage == pytest.approx(1 - len(state.free_queue) / self.num_blocks)
+            for rid, r in side.live.items():
+                check_request(r, self.block_size)
+                check_table_hashes(state, r, self.block_size)
+                assert side.bm.block_table(rid) == state.tables.get(rid, [])
+                assert len(state.tables.get(rid, [])) >= cdiv(r.num_computed_tokens, self.block_size)
+        states = [side.bm.state() for side in self.sides]
+        assert all(s == states[0] for s in states), "impl pool state differs from the reference"
+        rates = [side.bm.hit_rate for side in self.sides]
+        assert all(rate == pytest.approx(rates[0]) for rate in rates), f"hit_rate differs: {rates}"
+
+
+def test_pool_lockstep(impl, reference_impl):
+    """Points 1-4 on random pool traces, and the same decisions as the reference."""
+    machine = type("PoolLockstep", (PoolMachine,), {"impls": (impl, reference_impl)})
+    run_state_machine_as_test(machine, settings=settings())
+
+
+# --------------------------------------------------------------------------- directed properties
+
+@given(block_size=block_sizes, num_blocks_prompt=st.integers(1, 4), extra=st.integers(0, 2), data=st.data())
+def test_one_token_left(impl, block_size, num_blocks_prompt, extra, data):
+    """A fully cached prompt still leaves its last token to compute (point 3)."""
+    tokens = data.draw(token_lists(num_blocks_prompt * block_size + extra, num_blocks_prompt * block_size + extra))
+    bm = impl.new_block_manager(2 * num_blocks_prompt + 4, block_size)
+    first = make(impl, "first", tokens + [1] * block_size)
+    assert admit(bm, first)[0]
+    again = make(impl, "again", tokens)
+    cached = bm.find_cached_prefix(again)
+    assert len(cached) == (len(tokens) - 1) // block_size, f"{len(cached)} cached blocks for {len(tokens)} tokens"
+    ok, _ = admit(bm, make(impl, "again2", tokens))
+    assert ok
+    check_pool(bm.state(), bm.num_blocks)
+
+
+@given(block_size=block_sizes, data=st.data())
+def test_stop_at_first_miss(impl, block_size, data):
+    """A chain with a hole (block 1 evicted, block 2 still cached) matches only block 0 (point 3).
+
+    The hole is made legally: a prompt_logprobs request cannot adopt, so it computes X, Y, Z in
+    blocks of its own and publishes only the new XYZ; then the first writer of X and XY is
+    freed (tail first) and exactly two blocks are handed out, evicting XY but not X."""
+    x, y, z = (data.draw(token_lists(block_size, block_size)) for _ in range(3))
+    bm = impl.new_block_manager(7, block_size)
+    a = make(impl, "a", x + y + [1])
+    assert admit(bm, a)[0]
+    block_x = bm.block_table("a")[0]
+    p = make(impl, "p", x + y + z + [1], prompt_logprobs=1)
+    assert admit(bm, p)[0]
+    bm.free(a)
+    holder = make(impl, "holder", [2] * (2 * block_size))
+    assert bm.allocate_slots(holder, 2 * block_size)
+    b = make(impl, "b", x + y + z + [3])
+    assert expected_prefix(bm.state(), b, block_size, True) == [block_x]
+    assert bm.find_cached_prefix(b) == [block_x], "matching must stop at the first missing block"
+
+
+@given(block_size=block_sizes, data=st.data())
+def test_cached_prefix_rules(impl, block_size, data):
+    """No cache for prompt_logprobs, none with caching off, and cache_key isolation (point 3)."""
+    tokens = data.draw(token_lists(2 * block_size + 1, 4 * block_size))
+    key_a, key_b = data.draw(st.lists(cache_keys, min_size=2, max_size=2, unique=True))
+    for caching in (True, False):
+        bm = impl.new_block_manager(12, block_size, caching)
+        assert admit(bm, make(impl, "a", tokens, cache_key=key_a))[0]
+        same = bm.find_cached_prefix(make(impl, "same", tokens, cache_key=key_a))
+        assert len(same) == ((len(tokens) - 1) // block_size if caching else 0)
+        assert bm.find_cached_prefix(make(impl, "other", tokens, cache_key=key_b)) == [], "cache_key leaked"
+        assert bm.find_cached_prefix(make(impl, "lp", tokens, cache_key=key_a, prompt_logprobs=0)) == []
+        other = make(impl, "other2", tokens, cache_key=key_b)
+        assert admit(bm, other)[0]
+        state = bm.state()
+        assert not set(state.tables["a"]) & set(state.tables["other2"]), "tenants share a block"
+        if not caching:
+            check_no_caching(state)
+
+
+@given(block_size=block_sizes, num_prompt_blocks=st.integers(1, 3), spare=st.integers(0, 3), data=st.data())
+def test_revived_cached_blocks_cost_free_slots(impl, block_size, num_prompt_blocks, spare, data):
+    """Adopting a cached block that sits in the free queue costs a free slot: an allocation that
+    fits only if revived blocks were free of charge is refused, and nothing changes (point 2)."""
+    tokens = data.draw(token_lists(num_prompt_blocks * block_size, num_prompt_blocks * block_size))
+    num_blocks = num_prompt_blocks + 1 + spare
+    bm = impl.new_block_manager(num_blocks, block_size)
+    first = make(impl, "first", tokens + [0])
+    assert admit(bm, first)[0]
+    bm.free(first)
+    filler = make(impl, "filler", [2] * (spare * block_size or 1))
+    if spare:
+        assert bm.allocate_slots(filler, spare * block_size)
+    # free now: the first request's num_prompt_blocks cached blocks + its partial block
+    second = make(impl, "second", tokens + [1] * (block_size * 2))
+    cached = bm.find_cached_prefix(second)
+    assert len(cached) == num_prompt_blocks
+    before = bm.state()
+    need_new = cdiv(second.num_tokens, block_size) - len(cached)
+    ok = bm.allocate_slots(second, second.num_tokens - len(cached) * block_size, cached)
+    check_allocate(before, bm.state(), ok, "second", 0, second.num_tokens - len(cached) * block_size, cached,
+                   block_size)
+    assert need_new + len(cached) > len(before.free_queue) and not ok
+
+
+@given(block_size=block_sizes, data=st.data())
+def test_lru_order(impl, block_size, data):
+    """Freed blocks queue tail first; allocation evicts from the front and drops the hash, so the
+    evicted block is no longer found, while the rest of its chain prefix still is (point 4)."""
+    tokens = data.draw(token_lists(3 * block_size, 3 * block_size))
+    bm = impl.new_block_manager(3, block_size)
+    a = make(impl, "a", tokens + [1])
+    assert admit(bm, a, 3 * block_size)[0]
+    table = bm.block_table("a")
+    before = bm.state()
+    bm.free(a)
+    assert bm.state().free_queue == before.free_queue + table[::-1], "free must append the table tail first"
+    b = make(impl, "b", [2])
+    assert admit(bm, b)[0]
+    assert bm.block_table("b") == [table[-1]], "allocation must take the front of the free queue"
+    assert len(bm.find_cached_prefix(make(impl, "c", tokens + [1]))) == 2, "evicted tail still matched"
+    check_pool(bm.state(), 3)
+
+
+def test_reset_prefix_cache_refused_while_in_use(impl):
+    bm = impl.new_block_manager(4, 2)
+    r = make(impl, "r", [1, 2, 3, 4, 5])
+    assert admit(bm, r)[0]
+    before = bm.state()
+    assert bm.reset_prefix_cache() is False and bm.state() == before
+    bm.free(r)
+    assert bm.reset_prefix_cache() is True
+    assert bm.find_cached_prefix(make(impl, "s", [1, 2, 3, 4, 5])) == []
+    check_pool(bm.state(), 4)
