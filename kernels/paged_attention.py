@@ -48,9 +48,9 @@ def _find_request(query_start_loc_ptr,  # [B + 1] int32
 
 
 @triton.jit
-def _tile_range(seq_len, q_len, q_block, split, window,
+def _tile_range(seq_len, q_len, q_block, split, num_splits, window,
                 BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-                NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
+                IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr):
     """Tiles [t_lo, t_hi) of keys this program reads and the exclusive key bound kv_hi.
 
     Keys past the block's last query position are never visible (causal); with a window,
@@ -64,8 +64,8 @@ def _tile_range(seq_len, q_len, q_block, split, window,
         kv_lo = tl.maximum(first_pos - window + 1, 0)
     t_lo = kv_lo // TILE
     t_hi = (kv_hi + TILE - 1) // TILE
-    if NUM_SPLITS > 1:
-        per_split = (t_hi - t_lo + NUM_SPLITS - 1) // NUM_SPLITS
+    if IS_SPLIT:
+        per_split = (t_hi - t_lo + num_splits - 1) // num_splits
         t_lo = t_lo + split * per_split
         t_hi = tl.minimum(t_lo + per_split, t_hi)
     return t_lo, t_hi, kv_hi
@@ -74,15 +74,15 @@ def _tile_range(seq_len, q_len, q_block, split, window,
 @triton.jit
 def _paged_attention_kernel(
     out_ptr,              # [N, Hq, D] (written unless IS_SPLIT)
-    part_acc_ptr,         # [N, Hq, NUM_SPLITS, HEAD_PAD] float32 (IS_SPLIT only)
-    part_max_ptr,         # [N, Hq, NUM_SPLITS] float32, log2 domain (IS_SPLIT only)
-    part_sum_ptr,         # [N, Hq, NUM_SPLITS] float32 (IS_SPLIT only)
+    part_acc_ptr,         # [N, Hq, num_splits, HEAD_PAD] float32 (IS_SPLIT only)
+    part_max_ptr,         # [N, Hq, num_splits] float32, log2 domain (IS_SPLIT only)
+    part_sum_ptr,         # [N, Hq, num_splits] float32 (IS_SPLIT only)
     q_ptr,                # [N, Hq, D]
     cache_ptr,            # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
     block_table_ptr,      # [B, max_blocks] int32
     seq_lens_ptr,         # [B] int32
     query_start_loc_ptr,  # [B + 1] int32
-    num_reqs, scale_log2, window,
+    num_reqs, num_splits, scale_log2, window,
     stride_q_tok, stride_q_head,
     stride_o_tok, stride_o_head,
     stride_c_kv, stride_c_block, stride_c_slot, stride_c_head,
@@ -90,7 +90,7 @@ def _paged_attention_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
+    IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     q_block_id = tl.program_id(0)
@@ -116,8 +116,8 @@ def _paged_attention_kernel(
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :],              # [BLOCK_M, HEAD_PAD]
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
-    t_lo, t_hi, kv_hi = _tile_range(seq_len, q_len, q_block, split, window,
-                                    BLOCK_Q, TILE, NUM_SPLITS, USE_WINDOW)
+    t_lo, t_hi, kv_hi = _tile_range(seq_len, q_len, q_block, split, num_splits, window,
+                                    BLOCK_Q, TILE, IS_SPLIT, USE_WINDOW)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)         # running max (log2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                       # running sum
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)             # unnormalised output
@@ -154,7 +154,7 @@ def _paged_attention_kernel(
 
     out_rows = (q_start + row_tok).to(tl.int64)
     if IS_SPLIT:
-        part = (out_rows * NUM_Q_HEADS + row_head) * NUM_SPLITS + split  # [BLOCK_M]
+        part = (out_rows * NUM_Q_HEADS + row_head) * num_splits + split  # [BLOCK_M]
         tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
                  mask=row_ok[:, None])
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
@@ -295,6 +295,9 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
     cfg = config or choose_config(num_tokens, num_reqs, num_q_heads, num_kv_heads, head_pad,
                                   max_query_len, max_seq_len, q.device)
     group = num_q_heads // num_kv_heads
+    if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
+        raise ValueError(f"config: block_m {cfg.block_m} must be >= group {group} and "
+                         f"num_splits {cfg.num_splits} a power of two")
     block_q = max(1, cfg.block_m // group)
     scale = head_dim ** -0.5 if scale is None else scale
     split = cfg.num_splits > 1
@@ -309,13 +312,13 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, cfg.num_splits)
     _paged_attention_kernel[grid](
         out, part_acc, part_max, part_sum, q, cache, block_table, seq_lens, query_start_loc,
-        num_reqs, scale * LOG2E, window,
+        num_reqs, cfg.num_splits, scale * LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         block_table.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, TILE=cfg.tile,
-        NUM_SPLITS=cfg.num_splits, IS_SPLIT=split, USE_WINDOW=window > 0,
+        IS_SPLIT=split, USE_WINDOW=window > 0,
         DOT_FP32=q.dtype == torch.float32 or _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
