@@ -328,7 +328,8 @@ def phase_hf(args, model_dir, workload: Workload) -> dict:
     bs = args.hf_batch_size
     chunks = [(part.prompts[i:i + bs], part.output_lens[i:i + bs]) for i in range(0, len(part.prompts), bs)]
     with torch.inference_mode():
-        _hf_batch(model, [p[:16] for p in part.prompts[:2]], [2, 2], pad_id, args.device)  # warm-up
+        warm = [p[:16] for p in part.prompts[:2]]
+        _hf_batch(model, warm, [2] * len(warm), pad_id, args.device)  # warm-up: lazy init, kernels
         _sync(args.device)
         start = time.perf_counter()
         tokens = sum(_hf_batch(model, prompts, outs, pad_id, args.device)
@@ -407,6 +408,7 @@ def environment(args) -> dict:
 def summarize(results: dict) -> dict:
     """The headline numbers (None where a phase did not run or failed)."""
     eng, hf, env = results.get("engine") or {}, results.get("hf") or {}, results.get("env") or {}
+    lat, big = results.get("latency") or {}, results.get("big") or {}
     floor = (eng.get("floor") or {}).get("floor_s")
     floor_min = (eng.get("floor_min_steps") or {}).get("floor_s")
     tok_s, hf_tok_s = eng.get("output_tok_s"), hf.get("output_tok_s")
@@ -417,6 +419,10 @@ def summarize(results: dict) -> dict:
             "wall_s": wall, "floor_s": floor, "wall_over_floor": wall / floor if wall and floor else None,
             "floor_min_steps_s": floor_min, "num_steps": eng.get("num_steps"),
             "gpu_busy_fraction": (results.get("profile") or {}).get("gpu_busy_fraction"),
+            "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
+            "batch1_ms_per_token": lat.get("default_ms_per_token"),
+            "batch1_eager_ms_per_token": lat.get("eager_ms_per_token"),
+            "big_output_tok_s": big.get("output_tok_s"), "big_wall_over_floor": big.get("wall_over_floor"),
             "gpu": env.get("gpu"), "versions": env.get("versions"),
             "git_commit": (env.get("git") or {}).get("commit"), "date": env.get("date")}
 
@@ -539,9 +545,11 @@ def run(args) -> dict:
         steps.append(("hf", lambda: phase_hf(args, model_dir, workload)))
     if not args.skip_big:
         steps.append(("big", lambda: phase_big(args, results.get("device"))))
+    start = time.perf_counter()
     for name, fn in steps:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         results[name] = _guard(args, fn)
+        results["total_s"] = time.perf_counter() - start
         _save(results, args.out)
     return results
 
