@@ -1,0 +1,125 @@
+"""Sampler cost beside a bare greedy argmax, on the shape of one Qwen3 decode step.
+
+    pytest benchmarks/bench_sampler.py --benchmark-enable          # timed (CUDA when present)
+    python benchmarks/bench_sampler.py                               # ratio table, CUDA timings
+
+256 rows over a 151,936-token vocabulary of random float32 logits. Cases: `argmax` (torch.argmax
+plus the host copy of the ids: the floor any sampler pays), `sampler_greedy` (our Sampler with
+every row greedy), `sampler_mixed` (a quarter each of greedy; temperature only; top-k 50 +
+top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
+over 256-token histories and logprobs=5). On CPU (CI, --benchmark-disable runs each case once)
+the row count drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it.
+Nothing here asserts speed; numbers go to benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spec import SamplingParams, load_impl  # noqa: E402
+from impls.engine.sampler import Sampler  # noqa: E402
+
+VOCAB = 151_936
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROWS = int(os.environ.get("ENGINESPEC_BENCH_ROWS", 256 if DEVICE == "cuda" else 16))
+
+
+def mixed_params(i: int) -> SamplingParams:
+    """Row i's settings: four equal groups (see the module docstring)."""
+    group = i % 4
+    if group == 0:
+        return SamplingParams(temperature=0.0)
+    if group == 1:
+        return SamplingParams(temperature=0.8)
+    if group == 2:
+        return SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=i if i % 8 == 2 else None)
+    return SamplingParams(temperature=0.7, top_p=0.95, min_p=0.05, repetition_penalty=1.1,
+                          frequency_penalty=0.2, logprobs=5)
+
+
+def make_requests(num_rows: int, params_of) -> list:
+    """Reference-impl requests with 192-token prompts and 64 outputs (penalty histories)."""
+    impl, rng = load_impl("reference"), random.Random(0)
+    reqs = []
+    for i in range(num_rows):
+        req = impl.new_request(f"r{i}", [rng.randrange(VOCAB) for _ in range(192)], params_of(i),
+                               eos_token_id=VOCAB - 1)
+        for _ in range(64):
+            req.append(rng.randrange(VOCAB))
+        reqs.append(req)
+    return reqs
+
+
+def make_logits(num_rows: int) -> torch.Tensor:
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    return torch.randn(num_rows, VOCAB, generator=gen, device=DEVICE) * 3.0
+
+
+def argmax_ids(logits: torch.Tensor) -> list[int]:
+    return logits.argmax(dim=1).tolist()
+
+
+@pytest.fixture(scope="module")
+def logits():
+    return make_logits(ROWS)
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    return Sampler(VOCAB, device=DEVICE, seed=0)
+
+
+def test_argmax(benchmark, logits):
+    benchmark.group = "sampler"
+    ids = benchmark(argmax_ids, logits)
+    assert ids == logits.argmax(dim=1).tolist() and len(ids) == ROWS
+
+
+def test_sampler_greedy(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))
+    out = benchmark(sampler, logits, reqs)
+    assert out.token_ids == argmax_ids(logits)
+
+
+def test_sampler_mixed(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, mixed_params)
+    out = benchmark(sampler, logits, reqs)
+    assert len(out.token_ids) == ROWS and all(0 <= t < VOCAB for t in out.token_ids)
+    greedy_rows = list(range(0, ROWS, 4))
+    assert [out.token_ids[i] for i in greedy_rows] == logits[greedy_rows].argmax(dim=1).tolist()
+
+
+def _time_ms(fn, reps: int = 20) -> float:
+    """Median wall milliseconds over reps (every case ends in a host copy, which syncs)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
+    greedy = make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))
+    mixed = make_requests(ROWS, mixed_params)
+    base = _time_ms(lambda: argmax_ids(lg))
+    print(f"device={DEVICE} rows={ROWS} vocab={VOCAB}")
+    print(f"argmax          {base:8.3f} ms  1.00x")
+    for name, reqs in (("sampler_greedy", greedy), ("sampler_mixed", mixed)):
+        ms = _time_ms(lambda: sm(lg, reqs))
+        print(f"{name:15s} {ms:8.3f} ms  {ms / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
