@@ -154,3 +154,17 @@ def test_shard_plan_respects_the_cap():
     shards = synthetic._plan_shards(specs, 2, 2 * 1024**3)
     assert [s.name for shard in shards for s in shard] == [s.name for s in specs]
     assert all(sum(s.numel for s in shard) * 2 <= 2 * 1024**3 for shard in shards)
+
+
+def test_device_busy_is_the_union_of_cuda_intervals():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def ev(device, start, end):
+        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev(DeviceType.CUDA, 10, 20), ev(DeviceType.CUDA, 15, 25), ev(DeviceType.CPU, 0, 100),
+              ev(DeviceType.CUDA, 40, 41), ev(DeviceType.CUDA, 0, 5)]
+    assert bench.device_busy_us(events) == (5 + 15 + 1, 4)
+    assert bench.device_busy_us([]) == (0.0, 0)

@@ -210,12 +210,12 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     return out
 
 
-def _kernel_busy_us(prof) -> tuple[float, int]:
-    """Union of device (CUDA kernel, memcpy, memset) intervals in microseconds, and their count."""
+def device_busy_us(events) -> tuple[float, int]:
+    """Union of the CUDA-side (kernel, memcpy, memset) intervals among profiler `events`, in
+    microseconds, and how many there were. A union, so overlapping streams are not counted twice."""
     from torch.autograd import DeviceType
 
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
     busy, cur_start, cur_end = 0.0, None, None
     for start, end in spans:
         if cur_end is None or start > cur_end:
@@ -264,7 +264,7 @@ def profile_decode(llm, workload: Workload, args) -> dict:
     core.abort(ids)
     while core.has_unfinished:
         core.step()
-    busy_us, num_events = _kernel_busy_us(prof) if cuda else (None, 0)
+    busy_us, num_events = device_busy_us(prof.events()) if cuda else (None, 0)
     return {"num_requests": len(ids), "warm_steps": warm, "steps": args.profile_steps,
             "wall_ms_per_step": wall_us / 1e3 / args.profile_steps,
             "gpu_busy_fraction": None if busy_us is None else busy_us / wall_us,
