@@ -249,6 +249,35 @@ def scenarios(draw, max_requests: int = 6, max_tokens: int = 8, max_blocks: int 
     requests = draw(workloads(limits, max_requests=max_requests, max_tokens=max_tokens))
     return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
 
+@st.composite
+def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
+    """All requests are admitted in step 1 (budget and seats suffice, prompts fit together) but
+    cannot all grow to their end together, so running requests must be preempted. Outputs run
+    to max_tokens (ignore_eos, no stop ids) so the pressure is certain."""
+    block_size = draw(st.sampled_from([1, 2, 4]))
+    count = draw(st.integers(2, 4))
+    prompt_blocks = [draw(st.integers(1, 2)) for _ in range(count)]
+    max_tokens = [draw(st.integers(2, 3)) * block_size + 1] * count  # equal: all peak in the same step
+    need_end = max(cdiv_(b * block_size + m, block_size) for b, m in zip(prompt_blocks, max_tokens))
+    need_all = sum(cdiv_(b * block_size + m - 1, block_size) for b, m in zip(prompt_blocks, max_tokens))
+    num_blocks = draw(st.integers(max(sum(prompt_blocks), need_end), max(sum(prompt_blocks), need_end, need_all - 1)))
+    budget = sum(prompt_blocks) * block_size
+    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=count,
+                             enable_chunked_prefill=True, policy=draw(st.sampled_from(["fcfs", "priority"])),
+                             preemption_mode=preemption_mode or draw(st.sampled_from(["recompute", "swap"])))
+    requests = []
+    for i, (b, m) in enumerate(zip(prompt_blocks, max_tokens)):
+        prompt = tuple(draw(token_lists(b * block_size, b * block_size)))
+        requests.append(RequestSpec(f"p{i}", prompt, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True),
+                                    priority=draw(st.integers(0, 2)), arrival_time=float(i),
+                                    cache_key=(f"p{i}",)))
+    return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
+
+
+def cdiv_(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 # --------------------------------------------------------------------------- (engine sections below)
 
 # --------------------------------------------------------------------------- engine workloads
@@ -352,20 +381,20 @@ def engine_request_specs(draw, request_id: str, vocab: int, stem: tuple, max_tok
 @st.composite
 def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 6, swap: bool = True):
     """A config and a workload for the whole engine over a model of `vocab` tokens. Pools are
-    drawn from just enough for the largest request to about three times that, so preemption
-    (by recompute, or by swap when `swap`) is common."""
+    mostly just enough for the largest request (or a block or two more), sometimes two or three
+    times that, so preemption (by recompute, or by swap when `swap`) is common."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     stem = tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=min(16, 3 * block_size))))
     requests = tuple(draw(engine_request_specs(f"r{i}", vocab, stem, max_tokens))
-                     for i in range(draw(st.integers(1, max_requests))))
+                     for i in range(draw(st.integers(min(2, max_requests), max_requests))))
     chunked = draw(st.booleans())
-    max_num_seqs = draw(st.integers(1, 4))
+    max_num_seqs = draw(st.integers(1, 4)) if draw(st.integers(0, 3)) == 0 else 4
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     low_budget = max_num_seqs if chunked else max(max_num_seqs, longest - 1)
     need = max(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests)
     return EngineWorkload(
         block_size=block_size,
-        num_blocks=draw(st.integers(need, 3 * need + 2)),
+        num_blocks=need + draw(st.sampled_from([0, 0, 1, 2, need, 2 * need + 2])),
         max_num_batched_tokens=draw(st.integers(low_budget, low_budget + 24)),
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=draw(st.booleans()),
