@@ -1,0 +1,148 @@
+"""FlatModel equals transformers' own forward, family by family, through the impl's attention.
+
+Ground truth is the transformers model loaded by transformers itself (eager attention) over each
+sequence alone. FlatModel gets the same sequences batched together in one flat batch, in
+prefill chunks and then one token per step, through shuffled block tables in the paged pool,
+sometimes with padding rows: every row's logits must match the full forward at that position.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.models import FAMILIES, VOCAB_SIZE, tiny_model_dir
+from impls.engine.batch import build_batch
+from impls.engine.flat_model import FlatModel
+from spec import SamplingParams, SchedulerOutput
+
+ATOL = RTOL = 2e-5
+CASES = [(family, False) for family in FAMILIES] + [("qwen3", True), ("llama", True)]
+
+
+def _hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@torch.no_grad()
+def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0].float()
+
+
+class ShuffledTables:
+    """Block tables drawn from a shuffled pool, so logical and physical order never agree."""
+
+    def __init__(self, num_blocks: int, block_size: int, request_ids, seed: int = 0):
+        order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+        per = num_blocks // len(request_ids)
+        self.block_size = block_size
+        self.tables = {rid: order[i * per:(i + 1) * per] for i, rid in enumerate(request_ids)}
+
+    def block_table(self, request_id: str) -> list[int]:
+        return list(self.tables[request_id])
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache = {}
+
+    def get(family: str, tied: bool, attention):
+        if (family, tied) not in cache:
+            path = tiny_model_dir(family, tied)
+            cache[family, tied] = (_hf_model(path), path)
+        hf, path = cache[family, tied]
+        return hf, FlatModel.from_pretrained(path, attention=attention)
+    return get
+
+
+@pytest.mark.parametrize("family,tied", CASES)
+def test_full_prefill_matches_transformers(impl, models, family, tied):
+    hf, model = models(family, tied, impl.attention_backend("cpu"))
+    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(1)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    manager = ShuffledTables(12, 5, ["r"], seed=2)
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), manager)
+    kv = model.allocate_kv(12, 5)
+    hidden = model.forward(batch.input_ids, batch.positions, batch.meta, kv)
+    logits = model.compute_logits(hidden)
+    expected = _hf_logits(hf, ids)
+    assert logits.dtype == torch.float32 and logits.shape == (len(ids), VOCAB_SIZE)
+    assert torch.allclose(logits, expected, atol=ATOL, rtol=RTOL), (logits - expected).abs().max()
+    assert logits.argmax(-1).unique().numel() > 3, "tiny model output is too uniform to test anything"
+
+
+def _chunk_plan(length: int, first: int) -> list[int]:
+    """Prefill in two chunks, then one token per step (the decode path)."""
+    second = min(length - first, 3)
+    rest = length - first - second
+    return [n for n in [first, second] if n > 0] + [1] * rest
+
+
+@pytest.mark.parametrize("family,tied", CASES)
+def test_chunked_prefill_then_decode_matches_transformers(impl, models, family, tied):
+    hf, model = models(family, tied, impl.attention_backend("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    seqs = {rid: torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist()
+            for rid, n in (("a", 17), ("b", 6), ("c", 12))}
+    reqs = {rid: impl.new_request(rid, ids, SamplingParams(max_tokens=1)) for rid, ids in seqs.items()}
+    plans = {"a": _chunk_plan(17, 9), "b": _chunk_plan(6, 2), "c": _chunk_plan(12, 5)}
+    manager, kv = ShuffledTables(18, 3, list(seqs), seed=4), model.allocate_kv(18, 3)
+    expected = {rid: _hf_logits(hf, ids) for rid, ids in seqs.items()}
+    for step in range(max(len(p) for p in plans.values())):
+        scheduled = [(reqs[rid], plan[step]) for rid, plan in plans.items() if step < len(plan)]
+        output = SchedulerOutput(scheduled=scheduled)
+        pad = output.num_scheduled_tokens + 2 if step % 2 else None
+        batch = build_batch(output, manager, pad_to=pad)
+        logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta, kv))
+        row = 0
+        for req, n in scheduled:
+            c = req.num_computed_tokens
+            want = expected[req.request_id][c:c + n]
+            got = logits[row:row + n]
+            assert torch.allclose(got, want, atol=ATOL, rtol=RTOL), \
+                f"step {step} request {req.request_id} positions {c}..{c + n - 1}: {(got - want).abs().max()}"
+            row += n
+            req.num_computed_tokens = c + n
+
+
+def test_attributes_and_kv_shape(impl):
+    from transformers import AutoConfig
+
+    path = tiny_model_dir("qwen3")
+    config = AutoConfig.from_pretrained(str(path))
+    model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"))
+    assert (model.num_layers, model.num_kv_heads, model.head_dim) == (
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+    assert (model.vocab_size, model.eos_token_id, model.max_position_embeddings) == (
+        config.vocab_size, config.eos_token_id, config.max_position_embeddings)
+    assert model.dtype == torch.float64 and model.device.type == "cpu"
+    assert model.hf_model.config is model.config
+    kv = model.allocate_kv(7, 4)
+    assert len(kv) == config.num_hidden_layers
+    assert all(t.shape == (2, 8, 4, config.num_key_value_heads, config.head_dim) and t.dtype == torch.float64
+               for t in kv)
+
+
+def test_float64_is_exact_to_transformers_float64(impl):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir("mistral")
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64, attn_implementation="eager")
+    model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"))
+    ids = list(range(4, 4 + 21))
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
+                                                model.allocate_kv(8, 4)))
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0].float()
+    assert torch.allclose(logits, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_wrong_number_of_caches_is_refused(impl):
+    model = FlatModel.from_pretrained(tiny_model_dir("llama"), attention=impl.attention_backend("cpu"))
+    req = impl.new_request("r", [5, 6], SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, 2)]), ShuffledTables(2, 4, ["r"]))
+    with pytest.raises(ValueError, match="one kv cache per layer"):
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(2, 4)[:1])
