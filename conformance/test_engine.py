@@ -1,0 +1,270 @@
+"""The engine's API: input validation (ValueError, nothing else disturbed), LLM.generate's prompt
+forms, stop strings, n > 1 seeds, streaming, aborts, logprobs against transformers, the model
+runner's pool sizing and swaps. Tiny float32 models on CPU, through the `impl` fixture."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.invariants import check_idle
+from conformance.models import VOCAB_SIZE, tiny_model_dir
+from spec import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls are slower with several threads on a shared 2-core box; restore after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_llm(impl, **kwargs):
+    from impls.engine.llm import LLM
+
+    kwargs = {"dtype": "float32", "device": "cpu", "block_size": 4, "num_blocks": 32, "max_model_len": 64,
+              **kwargs}
+    return LLM(str(tiny_model_dir("qwen3")), impl=impl, **kwargs)
+
+
+def run_all(engine) -> dict:
+    finals = {}
+    for _ in range(500):
+        if not engine.has_unfinished:
+            return finals
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    raise AssertionError("engine did not finish in 500 steps")
+
+
+GOOD = {"a": [5, 6, 7, 8, 9], "b": [5, 6, 7, 20]}
+BAD_ADDS = [
+    ("empty prompt", "x", [], GREEDY, "must not be empty"),
+    ("id over the vocab", "x", [1, VOCAB_SIZE], GREEDY, "vocab_size"),
+    ("negative id", "x", [1, -1], GREEDY, "vocab_size"),
+    ("non-int id", "x", [1, 2.5], GREEDY, "ints"),
+    ("over max_model_len", "x", [1] * 60, SamplingParams(max_tokens=8), "max_model_len"),
+    ("stop id over the vocab", "x", [1, 2], SamplingParams(stop_token_ids=[VOCAB_SIZE + 3]), "stop_token_ids"),
+    ("allowed id over the vocab", "x", [1, 2], SamplingParams(allowed_token_ids=[VOCAB_SIZE]), "allowed_token_ids"),
+    ("duplicate id", "a", [1, 2], GREEDY, "already in use"),
+    ("not SamplingParams", "x", [1, 2], {"max_tokens": 3}, "SamplingParams"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_ADDS, ids=[c[0] for c in BAD_ADDS])
+def test_bad_input_is_a_value_error_and_disturbs_nothing(impl, case):
+    _, request_id, prompt, params, needle = case
+    clean = make_llm(impl).engine
+    for rid, ids in GOOD.items():
+        clean.add_request(rid, ids, GREEDY)
+    expected = {rid: out.outputs[0].token_ids for rid, out in run_all(clean).items()}
+
+    engine = make_llm(impl).engine
+    engine.add_request("a", GOOD["a"], GREEDY)
+    engine.step()  # "a" is running when the bad request arrives
+    with pytest.raises(ValueError, match=needle):
+        engine.add_request(request_id, prompt, params)
+    engine.add_request("b", GOOD["b"], GREEDY)
+    got = {rid: out.outputs[0].token_ids for rid, out in run_all(engine).items()}
+    assert got == expected
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+def test_request_over_the_pool_is_refused(impl):
+    engine = make_llm(impl, num_blocks=2).engine
+    with pytest.raises(ValueError, match="num_blocks"):
+        engine.add_request("big", [1] * 6, SamplingParams(max_tokens=4))
+    assert not engine.has_unfinished
+
+
+def test_generate_is_all_or_nothing(impl):
+    llm = make_llm(impl)
+    with pytest.raises(ValueError, match="vocab_size"):
+        llm.generate([{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [VOCAB_SIZE]}], GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    out = llm.generate({"prompt_token_ids": [5, 6]}, GREEDY, use_tqdm=False)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_unknown_engine_args_are_a_type_error_naming_them(impl):
+    with pytest.raises(TypeError, match="max_num_seq_s.*tensor_parallel"):
+        make_llm(impl, max_num_seq_s=4, tensor_parallel=2)
+
+
+def test_bad_engine_args_are_value_errors(impl):
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_llm(impl, max_model_len=10_000)
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        make_llm(impl, num_blocks=None, kv_cache_bytes=10)
+    with pytest.raises(ValueError, match="scheduling_policy|policy"):
+        make_llm(impl, scheduling_policy="lifo")
+
+
+def test_generate_prompt_forms_order_and_text(impl):
+    llm = make_llm(impl)
+    tok = llm.get_tokenizer()
+    prompts = ["abc", {"prompt_token_ids": tok.encode("xyz")}, {"prompt": "hello"}, tok.encode("q")]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outs] == ["abc", None, "hello", None]
+    assert outs[0].prompt_token_ids == tok.encode("abc")
+    for out in outs:
+        completion = out.outputs[0]
+        assert out.finished and completion.finish_reason == "length"
+        assert completion.text == tok.decode(completion.token_ids, skip_special_tokens=True)
+    alone = llm.generate("xyz", GREEDY, use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == outs[1].outputs[0].token_ids
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+
+
+def test_stop_string_cuts_text_and_finishes(impl):
+    llm = make_llm(impl)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    free = llm.generate("abc", params, use_tqdm=False)[0].outputs[0]
+    assert len(free.text) >= 4, "the tiny model's output is too short to pick a stop string"
+    stop = free.text[2:4]
+    first = free.text.index(stop)
+    stopped = llm.generate("abc", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]),
+                           use_tqdm=False)[0].outputs[0]
+    assert stopped.text == free.text[:first]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+    assert stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
+    assert len(stopped.token_ids) < len(free.token_ids)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_n_siblings_share_the_prompt_and_use_seed_plus_index(impl):
+    llm = make_llm(impl)
+    prompt = {"prompt_token_ids": list(range(10, 22))}
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert llm.engine.block_manager.hit_rate > 0, "siblings should reuse the prompt's cached blocks"
+    for i, completion in enumerate(out.outputs):
+        single = SamplingParams(max_tokens=8, temperature=1.0, seed=7 + i, ignore_eos=True)
+        alone = make_llm(impl).generate(prompt, single, use_tqdm=False)[0].outputs[0]
+        assert completion.token_ids == alone.token_ids
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "seeded siblings drew the same sample"
+
+
+def test_stream_is_cumulative_and_matches_generate(impl):
+    llm = make_llm(impl)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [30, 31]}]
+    seen: dict = {}
+    for step_outputs in llm.stream(prompts, GREEDY):
+        for out in step_outputs:
+            before = seen.get(out.request_id)
+            if before is not None:
+                assert out.outputs[0].token_ids[:len(before)] == before, "stream outputs must be cumulative"
+            seen[out.request_id] = out.outputs[0].token_ids
+    final = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert sorted(seen.values()) == sorted(o.outputs[0].token_ids for o in final)
+
+
+def test_abort_mid_flight(impl):
+    engine = make_llm(impl).engine
+    engine.add_request("keep", [5, 6, 7], GREEDY)
+    engine.add_request("drop", [8, 9, 10], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.abort("drop") and not engine.abort("unknown")
+    finals = run_all(engine)
+    dropped = finals["drop"].outputs[0]
+    assert dropped.finish_reason == "abort" and 0 < len(dropped.token_ids) < 20
+    assert finals["keep"].outputs[0].finish_reason == "length"
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+def _hf_log_softmax(ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("qwen3")), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def test_logprobs_and_prompt_logprobs_match_transformers(impl):
+    llm = make_llm(impl, enable_prefix_caching=True)
+    prompt = [5, 9, 14, 20, 33, 41, 2, 7, 11]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    completion = out.outputs[0]
+    ref = _hf_log_softmax(prompt + completion.token_ids)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for p in range(1, len(prompt)):
+        entry = out.prompt_logprobs[p]
+        assert entry[prompt[p]] == pytest.approx(float(ref[p - 1, prompt[p]]), abs=1e-4)
+    assert len(completion.logprobs) == len(completion.token_ids)
+    for t, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = ref[len(prompt) - 1 + t]
+        assert entry[token] == pytest.approx(float(row[token]), abs=1e-4)
+        assert entry[token] == pytest.approx(float(row.max()), abs=1e-4), "greedy picks the top logprob"
+        assert len(entry) <= 3
+
+
+def test_chat_needs_a_template_and_uses_it(impl):
+    llm = make_llm(impl)
+    with pytest.raises(ValueError, match="chat template"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    llm.get_tokenizer().chat_template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)[0]
+    assert out.prompt == "hi|" and out.prompt_token_ids == llm.get_tokenizer().encode("hi|", add_special_tokens=False)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
+# ---- ModelRunner ------------------------------------------------------------------------------
+
+def _model(impl):
+    from impls.engine.flat_model import FlatModel
+
+    return FlatModel.from_pretrained(tiny_model_dir("qwen3"), dtype=torch.float32, device="cpu",
+                                     attention=impl.attention_backend(torch.device("cpu")))
+
+
+def _runner(impl, model, **kwargs):
+    from impls.engine.runner import ModelRunner
+
+    base = dict(block_size=4, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64)
+    return ModelRunner(model, impl, **{**base, **kwargs})
+
+
+def test_runner_sizes_the_cpu_pool_from_bytes(impl):
+    from impls.engine.runner import kv_bytes_per_block
+
+    model = _model(impl)
+    per_block = kv_bytes_per_block(model, 4)
+    assert per_block == 2 * model.num_layers * 4 * model.num_kv_heads * model.head_dim * 4
+    assert _runner(impl, model, kv_cache_bytes=7 * per_block + 5).num_blocks == 7
+    assert _runner(impl, model, num_blocks=3, kv_cache_bytes=7 * per_block).num_blocks == 3
+    runner = _runner(impl, model)  # default budget, capped at max_num_seqs full-length requests
+    assert runner.num_blocks == 4 * 16
+    assert [tuple(c.shape) for c in runner.kv_caches] == [(2, 65, 4, model.num_kv_heads, model.head_dim)] * model.num_layers
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        _runner(impl, model, kv_cache_bytes=per_block - 1)
+    with pytest.raises(ValueError, match="num_blocks"):
+        _runner(impl, model, num_blocks=0)
+
+
+def test_runner_swap_round_trip_and_drop(impl):
+    model = _model(impl)
+    runner = _runner(impl, model, num_blocks=8)
+    gen = torch.Generator().manual_seed(0)
+    for cache in runner.kv_caches:
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+    saved = [c[:, [1, 4, 6]].clone() for c in runner.kv_caches]
+    runner.swap_out("r", [1, 4, 6])
+    for cache in runner.kv_caches:
+        cache[:, :8].zero_()
+    runner.swap_in("r", [7, 0, 3])
+    for cache, before in zip(runner.kv_caches, saved):
+        assert torch.equal(cache[:, [7, 0, 3]], before)
+        assert not cache[:, [1, 2]].any()
+    assert runner.num_swapped == 0
+    with pytest.raises(ValueError, match="no swapped-out"):
+        runner.swap_in("r", [1])
+    runner.swap_out("s", [2])
+    runner.drop("s")
+    assert runner.num_swapped == 0
