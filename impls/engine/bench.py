@@ -11,7 +11,8 @@ every request produces exactly its output length.
 Phases, each timed after its own warm-up, each recorded in the JSON (an exception is recorded as
 the phase's "error" and the run goes on, unless --strict); the JSON is rewritten after every
 phase, so a run cut short still leaves what it measured:
-1. device: copy bandwidth (bytes read + written) and bf16 matmul rate.
+1. device: copy bandwidth (bytes read + written) and matmul rate in the run's dtype (--dtype auto:
+   bf16 on CUDA, float32 on CPU, where bf16 matmuls are very slow).
 2. engine: `LLM.generate` over the workload; output tokens, wall time, engine steps, the floor
    (impls/engine/roofline.py) with the engine's step count and with the fewest possible steps.
 3. profile: GPU-busy fraction of a few steady decode steps (all requests prefilled): the union
@@ -21,7 +22,11 @@ phase, so a run cut short still leaves what it measured:
 5. hf: transformers `generate`, greedy, left-padded batches of `hf_batch_size` in request
    order; each batch runs to its longest requested output (min_new_tokens = max_new_tokens), and
    only useful tokens count: min(requested, generated) per request.
-6. big: the engine on a larger shape (Qwen3-8B on a GPU) with a smaller workload, and its floor.
+6. big: the engine on a larger shape (Qwen3-8B on a GPU) with a smaller workload drawn by the same
+   recipe (its prompts are the first ones of the main workload's), and its floor.
+
+Checkpoints are random-weight (impls/engine/synthetic.py), cached under $ENGINESPEC_SYNTH_DIR
+(default $TMPDIR/enginespec-synth), unless --model-dir names one for --shape.
 """
 from __future__ import annotations
 
