@@ -64,6 +64,21 @@ def make_workload(num_requests: int, vocab_size: int, *, min_input_len: int, max
     return prompts, params
 
 
+def _tiny_checkpoint(family: str, path: Path, seed: int, max_len: int) -> str:
+    """A tiny random checkpoint written without transformers' progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    from conformance.models import make_tiny_checkpoint
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return str(make_tiny_checkpoint(family, path, seed=seed, max_position_embeddings=max_len))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: int = 16,
              min_input_len: int = 8, max_input_len: int = 64, max_output_len: int = 32,
              shared_prefix_len: int = 16, seed: int = 0, model_dir: Optional[str] = None,
@@ -75,10 +90,7 @@ def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: in
     with tempfile.TemporaryDirectory(prefix="enginespec-demo-") as tmp:
         max_len = shared_prefix_len + max_input_len + max_output_len
         if model_dir is None:
-            from conformance.models import make_tiny_checkpoint
-
-            model_dir = str(make_tiny_checkpoint(family, Path(tmp) / family, seed=seed,
-                                                 max_position_embeddings=max(256, max_len)))
+            model_dir = _tiny_checkpoint(family, Path(tmp) / family, seed, max(256, max_len))
         engine_args.setdefault("max_model_len", max_len)
         llm = LLM(model_dir, impl=impl, seed=seed, **engine_args)
         prompts, params = make_workload(num_requests, llm.engine.vocab_size, min_input_len=min_input_len,
