@@ -74,9 +74,8 @@ def _tile_range(seq_len, q_len, q_block, split, num_splits, window,
 @triton.jit
 def _paged_attention_kernel(
     out_ptr,              # [N, Hq, D] (written unless IS_SPLIT)
-    part_acc_ptr,         # [N, Hq, num_splits, HEAD_PAD] float32 (IS_SPLIT only)
-    part_max_ptr,         # [N, Hq, num_splits] float32, log2 domain (IS_SPLIT only)
-    part_sum_ptr,         # [N, Hq, num_splits] float32 (IS_SPLIT only)
+    part_ptr,             # [N, Hq, num_splits, HEAD_PAD + 2] float32 (IS_SPLIT only):
+                          #   acc at [:HEAD_PAD], max (log2) at HEAD_PAD, sum at HEAD_PAD + 1
     q_ptr,                # [N, Hq, D]
     cache_ptr,            # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
     block_table_ptr,      # [B, max_blocks] int32
@@ -155,10 +154,10 @@ def _paged_attention_kernel(
     out_rows = (q_start + row_tok).to(tl.int64)
     if IS_SPLIT:
         part = (out_rows * NUM_Q_HEADS + row_head) * num_splits + split  # [BLOCK_M]
-        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
-                 mask=row_ok[:, None])
-        tl.store(part_max_ptr + part, m_i, mask=row_ok)
-        tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+        base = part * (HEAD_PAD + 2)                                  # [BLOCK_M]
+        tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ptr + base + HEAD_PAD, m_i, mask=row_ok)
+        tl.store(part_ptr + base + HEAD_PAD + 1, l_i, mask=row_ok)
     else:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                # seq_len 0: acc = 0
         o_off = out_rows * stride_o_tok + row_head * stride_o_head
@@ -169,9 +168,7 @@ def _paged_attention_kernel(
 @triton.jit
 def _merge_splits_kernel(
     out_ptr,        # [N, Hq, D]
-    part_acc_ptr,   # [N, Hq, NUM_SPLITS, HEAD_PAD] float32
-    part_max_ptr,   # [N, Hq, NUM_SPLITS] float32, log2 domain
-    part_sum_ptr,   # [N, Hq, NUM_SPLITS] float32
+    part_ptr,       # [N, Hq, NUM_SPLITS, HEAD_PAD + 2] float32: acc, max (log2), sum
     stride_o_tok, stride_o_head,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -182,13 +179,14 @@ def _merge_splits_kernel(
     splits = tl.arange(0, NUM_SPLITS)                                 # [NUM_SPLITS]
     dims = tl.arange(0, HEAD_PAD)                                     # [HEAD_PAD]
     part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits           # [NUM_SPLITS]
-    m_s = tl.load(part_max_ptr + part)
-    l_s = tl.load(part_sum_ptr + part)
+    base = part * (HEAD_PAD + 2)                                      # [NUM_SPLITS]
+    m_s = tl.load(part_ptr + base + HEAD_PAD)
+    l_s = tl.load(part_ptr + base + HEAD_PAD + 1)
     m_all = tl.max(m_s, 0)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.math.exp2(m_s - m_safe)                                    # [NUM_SPLITS]
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :])  # [NUM_SPLITS, HEAD_PAD]
+    acc = tl.load(part_ptr + base[:, None] + dims[None, :])           # [NUM_SPLITS, HEAD_PAD]
     o = tl.sum(acc * w[:, None], 0)                                   # [HEAD_PAD]
     o = o / tl.where(denom > 0, denom, 1.0)                           # nothing seen: o = 0
     tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
@@ -226,19 +224,27 @@ def _num_sms(device: torch.device) -> int:
 def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads: int,
                   head_pad: int, max_query_len: int, max_seq_len: int,
                   device: torch.device) -> LaunchConfig:
-    """Heuristic launch config: small BLOCK_M for decode-heavy batches, large for prefill;
-    split the key range when too few programs would run and the context is long."""
+    """Heuristic launch config (tuned on an H200, bf16, head_dim 128; see benchmarks/RESULTS.md).
+
+    Prefill-heavy batches (many query rows per KV head) take 128-row blocks; decode-heavy ones
+    the smallest block (16 rows: one token's GROUP heads) with wide key tiles, since decode is
+    bound by streaming K/V. The key range is split when fewer than ~3 programs per SM would run,
+    keeping >= 4 tiles per split and the float32 scratch under 64 MiB.
+    """
     group = num_q_heads // num_kv_heads
     min_m = max(16, triton.next_power_of_2(group))
-    if max_query_len * group >= 64:
+    rows = max_query_len * group
+    if rows >= 128:
+        block_m, tile, warps, stages = max(128, min_m), 64, 4, 3
+    elif rows >= 64:
         block_m, tile, warps, stages = max(64, min_m), 64, 4, 2
     else:
-        block_m, tile, warps, stages = min_m, 64, 4, 3
+        block_m, tile, warps, stages = min_m, 128, 4, 3
     programs = num_reqs * num_kv_heads
-    target = 4 * _num_sms(device)
+    target = 3 * _num_sms(device)
     splits = 1
-    max_tiles = max(1, max_seq_len // (4 * tile))        # keep >= 4 tiles per split
-    scratch = num_tokens * num_q_heads * head_pad * 4
+    max_tiles = max(1, max_seq_len // (4 * tile))
+    scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
     while (splits * 2 <= min(max_tiles, 64) and programs * splits < target
            and scratch * splits * 2 <= (64 << 20)):
         splits *= 2
@@ -302,16 +308,13 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
     scale = head_dim ** -0.5 if scale is None else scale
     split = cfg.num_splits > 1
     if split:
-        part_acc = torch.empty(num_tokens, num_q_heads, cfg.num_splits, head_pad,
-                               dtype=torch.float32, device=q.device)
-        part_max = torch.empty(num_tokens, num_q_heads, cfg.num_splits,
-                               dtype=torch.float32, device=q.device)
-        part_sum = torch.empty_like(part_max)
+        part = torch.empty(num_tokens, num_q_heads, cfg.num_splits, head_pad + 2,
+                           dtype=torch.float32, device=q.device)
     else:
-        part_acc = part_max = part_sum = out
+        part = out
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, cfg.num_splits)
     _paged_attention_kernel[grid](
-        out, part_acc, part_max, part_sum, q, cache, block_table, seq_lens, query_start_loc,
+        out, part, q, cache, block_table, seq_lens, query_start_loc,
         num_reqs, cfg.num_splits, scale * LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
@@ -323,7 +326,7 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1),
+            out, part, out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
             NUM_SPLITS=cfg.num_splits, num_warps=4)
     return out
