@@ -280,7 +280,7 @@ def cdiv_(a: int, b: int) -> int:
 
 # --------------------------------------------------------------------------- (engine sections below)
 
-# --------------------------------------------------------------------------- engine workloads
+# --------------------------------------------------------------------------- attention batches
 # (owner: model) Flat-batch attention cases for the AttentionBackend conformance tests.
 
 @dataclass(frozen=True)
