@@ -5,12 +5,15 @@ the vocabulary:
 
 1. raw float32 logits -> allowed_token_ids -> min_tokens -> logit_bias -> penalties
    (`sampling_penalties`, vLLM's order and semantics);
-2. greedy rows (temperature < GREEDY_EPS, i.e. 0) take the argmax of the edited logits;
-3. random rows divide by temperature, cut with min-p, top-k, top-p (`sampling_truncation`) and
-   draw by the Gumbel-max trick: argmax(x - log(E)) with E ~ Exp(1) is a sample of softmax(x).
-   A seeded row's E comes from a hash of (seed, output index, token) (`sampling_rng`), so its
-   draw is the same whatever batch or position it is in; unseeded rows share the sampler's
-   `torch.Generator` (seeded by `Sampler(seed=...)`).
+2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
+   and top-p (`sampling_truncation`; no full sort in the common case);
+3. one draw over all rows by the Gumbel-max trick: argmax over tokens with x >= thr of
+   x / T + G, G = -log(-log(U)), is a sample of the cut softmax(x / T). Greedy rows are the
+   same argmax with T = 1, no noise and no cut, so mixed batches need no split. U is a hash of
+   (row key, token id) (`sampling_rng`): a seeded row's key is (seed, output index), so its draw
+   is the same whatever batch or position it is in; unseeded rows take 64 bits of the
+   sampler's generator (`random.Random(seed)`). On CUDA the draw is one Triton pass
+   (`sampling_triton`), elsewhere plain torch (`draw_torch`), with the same noise bits.
 
 Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
 temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not
@@ -19,14 +22,16 @@ followed by the k most likely (id, logprob) pairs, best first.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties
-from .sampling_rng import row_key, seeded_uniform
-from .sampling_truncation import apply_truncation
+from . import sampling_triton
+from .sampling_rng import gumbel, row_key, split_keys
+from .sampling_truncation import cut_thresholds
 
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
@@ -89,9 +94,27 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
     return out
 
 
+def _has_cut(params, vocab: int) -> bool:
+    return 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
+
+
+def draw_torch(x, inv_t, thr, keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
+    """The plain-torch draw (CPU, and the oracle of the Triton kernel): argmax over tokens
+    with x >= thr of x * inv_t + Gumbel(keys[row], token) (noise only on `noisy` rows)."""
+    scaled = x * inv_t.unsqueeze(1)
+    rows = [i for i, n in enumerate(noisy) if n]
+    noise = gumbel([keys[i] for i in rows], x.shape[1], x.device)
+    if len(rows) == x.shape[0]:
+        scaled = scaled + noise
+    else:
+        scaled = scaled.index_add(0, torch.tensor(rows, dtype=torch.long, device=x.device), noise)
+    return scaled.masked_fill(x < thr.unsqueeze(1), float("-inf")).argmax(dim=1)
+
+
 class Sampler:
     """Samples one token per row. `vocab_size` is the model's; logits may carry padded columns
-    beyond it, which are never sampled. Stateless across calls except the unseeded generator."""
+    beyond it, which are never sampled. State across calls: only the generator that keys the
+    unseeded rows (`random.Random(seed)`; seed None draws from OS entropy)."""
 
     def __init__(self, vocab_size: int, device="cpu", seed: Optional[int] = None):
         if vocab_size < 1:
@@ -99,19 +122,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The generator for unseeded rows on `device` (seeded from `seed`, else randomly)."""
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            if self.seed is None:
-                gen.seed()
-            else:
-                gen.manual_seed(self.seed)
-            self._generators[device] = gen
-        return gen
+        self.generator = random.Random(seed)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(requests):
@@ -122,45 +133,47 @@ class Sampler:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
         x = edit_logits(raw, requests)
-        tokens = x.argmax(dim=1)
-        random_rows = [i for i, r in enumerate(requests) if r.params.temperature >= GREEDY_EPS]
-        if random_rows:
-            tokens = self._sample_random(x, tokens, requests, random_rows)
+        if any(r.params.temperature >= GREEDY_EPS for r in requests):
+            tokens = self._draw(x, requests)
+        else:
+            tokens = x.argmax(dim=1)
         token_ids = tokens.tolist()
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
-    def _sample_random(self, x, tokens, requests, rows: list[int]) -> torch.Tensor:
-        """Overwrite `tokens` at `rows` with draws from their scaled, truncated distributions."""
-        dev = x.device
-        reqs = [requests[i] for i in rows]
-        index = torch.tensor(rows, dtype=torch.long, device=dev)
-        sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
-        params = [r.params for r in reqs]
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-        sub = sub / temps.unsqueeze(1)
-        top_k = [p.top_k if 0 < p.top_k < sub.shape[1] else 0 for p in params]
-        sub = apply_truncation(
-            sub, torch.tensor(top_k, dtype=torch.long, device=dev),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
-            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
-            k_max=max(top_k), use_p=any(p.top_p < 1.0 for p in params),
-            use_min_p=any(p.min_p > 0.0 for p in params))
-        drawn = (sub + self._gumbel(reqs, sub.shape[1], dev)).argmax(dim=1)
-        if len(rows) == x.shape[0]:
-            return drawn
-        return tokens.index_copy(0, index, drawn)
+    def _row_key(self, request) -> int:
+        """Seeded rows: a key of (seed, output index). Unseeded: 64 bits of the generator."""
+        seed = request.params.seed
+        if seed is None:
+            return self.generator.getrandbits(64)
+        return row_key(seed, request.num_output_tokens)
 
-    def _gumbel(self, reqs, vocab: int, dev) -> torch.Tensor:
-        """Gumbel noise -log(E), E ~ Exp(1), one row per request (seeded rows by hash)."""
-        noise = torch.empty((len(reqs), vocab), dtype=torch.float32, device=dev)
-        seeded = [j for j, r in enumerate(reqs) if r.params.seed is not None]
-        if len(seeded) < len(reqs):
-            noise.exponential_(generator=self.generator(dev))
-        if seeded:
-            keys = [row_key(reqs[j].params.seed, reqs[j].num_output_tokens) for j in seeded]
-            e = -torch.log(seeded_uniform(keys, vocab, dev))
-            noise.index_copy_(0, torch.tensor(seeded, dtype=torch.long, device=dev), e)
-        return -torch.log(noise)
+    def _draw(self, x: torch.Tensor, requests: Sequence) -> torch.Tensor:
+        """Every row in one draw: greedy rows are random rows with T = 1, no noise, no cut."""
+        dev, vocab = x.device, x.shape[1]
+        noisy = [r.params.temperature >= GREEDY_EPS for r in requests]
+        temps = [r.params.temperature if n else 1.0 for r, n in zip(requests, noisy)]
+        keys = [self._row_key(r) if n else 0 for r, n in zip(requests, noisy)]
+        thr = self._thresholds(x, requests, noisy, temps)
+        inv_t = torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=dev)
+        if sampling_triton.available(dev) and x.stride(1) == 1:
+            lo, hi = split_keys(keys, dev)
+            scale = torch.tensor([1.0 if n else 0.0 for n in noisy], dtype=torch.float32, device=dev)
+            return sampling_triton.draw(x, inv_t, thr, lo, hi, scale)
+        return draw_torch(x, inv_t, thr, keys, noisy)
+
+    def _thresholds(self, x, requests, noisy, temps) -> torch.Tensor:
+        """Raw-space cut per row (-inf for greedy rows and rows without a cut)."""
+        vocab = x.shape[1]
+        rows = [i for i, (r, n) in enumerate(zip(requests, noisy)) if n and _has_cut(r.params, vocab)]
+        thr = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
+        if not rows:
+            return thr
+        params = [requests[i].params for i in rows]
+        index = torch.tensor(rows, dtype=torch.long, device=x.device)
+        sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
+        cut = cut_thresholds(sub, [temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
+                             [p.top_p for p in params], [p.min_p for p in params])
+        return cut if len(rows) == x.shape[0] else thr.index_copy(0, index, cut)
 
     def _logprobs(self, raw, tokens, token_ids, requests) -> list:
         rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]

@@ -47,16 +47,33 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_uniform(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
-    """Uniform noise in (0, 1), float32 [len(keys), vocab_size]; row r depends only on keys[r].
+def split_keys(keys: Sequence[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The low and high 32-bit halves of 64-bit keys, as int64 [R] tensors."""
+    lo = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
+    hi = torch.tensor([(k >> 32) & _MASK32 for k in keys], dtype=torch.int64, device=device)
+    return lo, hi
 
-    24 bits of the hash make the mantissa; the half-step offset keeps 0 and 1 out, so
-    -log(u) is finite and positive.
-    """
-    lo = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device).unsqueeze(1)
-    hi = torch.tensor([(k >> 32) & _MASK32 for k in keys], dtype=torch.int64, device=device).unsqueeze(1)
-    tokens = torch.arange(vocab_size, dtype=torch.int64, device=device).unsqueeze(0)
+
+def hash_bits(tokens: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """32 random bits per (row key, token): two rounds of `_mix32`, keyed by both halves.
+    tokens [1, V] or [R, V], lo / hi [R, 1]; all int64 holding 32-bit lanes. The Triton
+    kernel (`sampling_triton`) computes the same bits with uint32 arithmetic."""
     x = _mix32((tokens + lo) & _MASK32)
-    x = _mix32(x ^ hi)
-    x = _mix32((x + lo * 3 + 1) & _MASK32)
-    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return _mix32(x ^ hi)
+
+
+def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """Top 24 bits -> float32 in (0, 1): the half-step offset keeps 0 and 1 out."""
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def seeded_uniform(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
+    """Uniform noise in (0, 1), float32 [len(keys), vocab_size]; row r depends only on keys[r]."""
+    lo, hi = split_keys(keys, device)
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=device).unsqueeze(0)
+    return bits_to_uniform(hash_bits(tokens, lo.unsqueeze(1), hi.unsqueeze(1)))
+
+
+def gumbel(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
+    """Gumbel(0, 1) noise -log(-log(u)) per (key, token), float32 [len(keys), vocab_size]."""
+    return -torch.log(-torch.log(seeded_uniform(keys, vocab_size, device)))

@@ -1,58 +1,95 @@
-"""min-p, top-k and top-p cuts on temperature-scaled logits, as one threshold per row.
+"""min-p, top-k and top-p cuts, as one threshold per row in RAW logit space.
 
-Each cut turns into a logit threshold: tokens strictly below it become -inf, tokens tied with it
-stay (so a cut can keep a few more than k tokens when logits tie; no tie-breaking by id).
-Order (vLLM's): min-p on the full scaled distribution, then top-k, then top-p over the
-renormalised top-k survivors. Rows that ask for no cut get a threshold of -inf.
+Temperature T > 0 does not change the order of a row, so a cut on softmax(x / T) is a cut
+x >= thr on the raw (edited) logits; keeping thresholds in raw space lets the final draw compare
+each logit with its row's threshold without recomputing x / T identically. Tokens tied with the
+threshold stay (a cut can keep a few more than k tokens when logits tie; no tie-break by id).
+
+Order (vLLM's): min-p on the full scaled distribution (p >= min_p * p_max, i.e.
+x >= x_max + T * log(min_p)); then top-k; then top-p over the renormalised survivors: keep the
+smallest prefix (by descending logit) whose mass reaches top_p, i.e. a token stays iff the mass
+strictly before it is < top_p, so the token that crosses top_p is kept.
+
+Top-p without a full sort: the `num_candidates` largest logits of a row (one `topk`) hold the
+answer whenever the survivors of min-p / top-k all fit among them, or the candidates' mass
+already reaches top_p of the row's total survivor mass (one extra pass over the row). Only rows
+where neither holds (flat distributions with a loose top-p) fall back to sorting the full row.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
 NEG_INF = float("-inf")
+NUM_CANDIDATES = 512  # top-p candidates per row before the full-sort fallback
 
 
-def min_p_threshold(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """p >= min_p * p_max  <=>  x >= x_max + log(min_p); log(0) = -inf means no cut."""
-    return x.amax(dim=1) + torch.log(min_p)
+def _tensor(values, dtype, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
-def top_k_threshold(x: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
-    """The k-th largest logit per row (top_k 0 = no cut) from one `topk(k_max)`."""
-    values = torch.topk(x, k_max, dim=1).values
-    kth = values.gather(1, (top_k - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    return torch.where(top_k > 0, kth, torch.full_like(kth, NEG_INF))
+def _top_p_cut(ranked: torch.Tensor, total: torch.Tensor, inv_t: torch.Tensor, top_p: torch.Tensor):
+    """(threshold, reached) from descending candidates `ranked` (cut tokens already -inf) and
+    the survivors' total mass `total` (weights exp((x - x_max) / T), x_max = ranked[:, 0])."""
+    weights = torch.exp((ranked - ranked[:, :1]) * inv_t)
+    before = torch.cumsum(weights, dim=1) - weights
+    keep = (before < top_p * total) & (ranked > NEG_INF)
+    num_kept = keep.sum(dim=1, keepdim=True).clamp(min=1)
+    reached = (before[:, -1:] + weights[:, -1:]) >= top_p * total
+    return ranked.gather(1, num_kept - 1).squeeze(1), reached.squeeze(1)
 
 
-def top_k_top_p_threshold(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Threshold of the smallest prefix (by descending logit) of the top-k survivors whose
-    probability mass reaches top_p. A token is kept iff the mass strictly before it is < top_p,
-    so the token that crosses top_p is kept. Needs a full sort of each row."""
+def _top_p_full_sort(x: torch.Tensor, thr: torch.Tensor, inv_t: torch.Tensor, top_p: torch.Tensor):
+    """The exact top-p threshold by sorting whole rows (the fallback)."""
     ranked = torch.sort(x, dim=1, descending=True).values
-    vocab = x.shape[1]
-    positions = torch.arange(vocab, device=x.device).unsqueeze(0)
-    k_eff = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)
-    ranked = ranked.masked_fill(positions >= k_eff, NEG_INF)
-    probs = torch.softmax(ranked, dim=1)
-    mass_before = torch.cumsum(probs, dim=1) - probs
-    keep = (mass_before < top_p.unsqueeze(1)) & (ranked > NEG_INF)
-    num_kept = keep.sum(dim=1).clamp(min=1)
-    return ranked.gather(1, (num_kept - 1).unsqueeze(1)).squeeze(1)
+    ranked = ranked.masked_fill(ranked < thr, NEG_INF)
+    total = torch.exp((ranked - ranked[:, :1]) * inv_t).sum(dim=1, keepdim=True)
+    return _top_p_cut(ranked, total, inv_t, top_p)[0]
 
 
-def apply_truncation(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                     min_p: torch.Tensor, *, k_max: int, use_p: bool, use_min_p: bool) -> torch.Tensor:
-    """Mask x (scaled logits [R, V]) below each row's combined threshold; returns x.
+def cut_thresholds(x: torch.Tensor, temperature: Sequence[float], top_k: Sequence[int],
+                   top_p: Sequence[float], min_p: Sequence[float]) -> torch.Tensor:
+    """Raw-space threshold per row of x [R, V] (-inf = no cut). Every row is a random row
+    (temperature > 0); top_k 0 = off (callers map k >= V to 0)."""
+    dev, vocab = x.device, x.shape[1]
+    inv_t = _tensor([1.0 / t for t in temperature], torch.float32, dev).unsqueeze(1)
+    thr = torch.full((x.shape[0], 1), NEG_INF, device=dev)
+    if any(m > 0.0 for m in min_p):
+        thr = x.amax(dim=1, keepdim=True) + torch.log(_tensor(min_p, torch.float32, dev)).unsqueeze(1) / inv_t
+    use_p = any(p < 1.0 for p in top_p)
+    num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if use_p else 0))
+    if num_cand == 0:
+        return thr.squeeze(1)
+    ranked = torch.topk(x, num_cand, dim=1).values
+    k = _tensor(top_k, torch.long, dev).unsqueeze(1)
+    kth = ranked.gather(1, (k - 1).clamp(min=0, max=num_cand - 1))
+    thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
+    if not use_p:
+        return thr.squeeze(1)
+    p = _tensor(top_p, torch.float32, dev).unsqueeze(1)
+    ranked = ranked.masked_fill(ranked < thr, NEG_INF)
+    total = torch.exp((ranked - ranked[:, :1]) * inv_t).sum(dim=1, keepdim=True)
+    # Rows whose survivors may lie beyond the candidates: no k <= num_cand to bound them.
+    open_rows = [i for i, (pp, kk) in enumerate(zip(top_p, top_k))
+                 if pp < 1.0 and not 0 < kk <= num_cand and num_cand < vocab]
+    if open_rows:
+        rows = _tensor(open_rows, torch.long, dev)
+        total = total.index_copy(0, rows, _open_total(x[rows], ranked[rows], thr[rows], inv_t[rows]))
+    p_thr, reached = _top_p_cut(ranked, total, inv_t, p)
+    p_thr = torch.where(p.squeeze(1) < 1.0, p_thr, torch.full_like(p_thr, NEG_INF))
+    thr = torch.maximum(thr.squeeze(1), p_thr)
+    if open_rows:
+        missing = rows[~reached[rows]].tolist()  # a host sync, only when open rows exist
+        if missing:  # rare: flat rows whose top_p mass lies beyond the candidates
+            idx = _tensor(missing, torch.long, dev)
+            thr[idx] = torch.maximum(thr[idx], _top_p_full_sort(x[idx], thr[idx].unsqueeze(1), inv_t[idx], p[idx]))
+    return thr
 
-    k_max is the largest top_k among the rows (0 when no row cuts by k); it is passed in from
-    the host-side parameters so that no device sync is needed to size `topk`."""
-    if use_min_p:
-        thr = min_p_threshold(x, min_p)
-        x = x.masked_fill(x < thr.unsqueeze(1), NEG_INF)
-    if use_p:
-        thr = top_k_top_p_threshold(x, top_k, top_p)
-    elif k_max > 0:
-        thr = top_k_threshold(x, top_k, k_max)
-    else:
-        return x
-    return x.masked_fill(x < thr.unsqueeze(1), NEG_INF)
+
+def _open_total(x, ranked, thr, inv_t) -> torch.Tensor:
+    """Survivor mass of whole rows, unless the last candidate is already cut (then the
+    candidates are all the survivors and their own mass is the total)."""
+    cand_total = torch.exp((ranked - ranked[:, :1]) * inv_t).sum(dim=1, keepdim=True)
+    row_total = torch.exp((x - ranked[:, :1]) * inv_t).masked_fill(x < thr, 0.0).sum(dim=1, keepdim=True)
+    return torch.where(ranked[:, -1:] == NEG_INF, cand_total, row_total)
