@@ -36,15 +36,16 @@ def byte_bpe():
 
 
 @functools.lru_cache(maxsize=None)
-def word_level():
+def word_level(clean_up: bool = False):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", "a", "b", "c", "d", "stop", "x"])}
+    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", "a", "b", "c", "d", "stop", "x", ".", "n't"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece()  # joins tokens with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+    tok.decoder = decoders.WordPiece(cleanup=False)  # joins tokens with spaces, no clean-up
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
+                                   clean_up_tokenization_spaces=clean_up)
 
 
 def _byte_char(b: int) -> str:
@@ -137,6 +138,15 @@ def test_word_level_tokens_join_with_spaces():
     deltas, stop, detok = run(tok, ids, SamplingParams(), [1] * len(ids))
     assert detok.text == tok.decode(ids) == "a b stop c"
     assert deltas[:4] == ["a", " b", " stop", " c"]
+
+
+def test_tokenizer_space_clean_up_is_honoured():
+    """With clean_up_tokenization_spaces the HF decode (not the bare backend) is the truth."""
+    tok = word_level(clean_up=True)
+    ids = tok.encode("a n't b . c")
+    want = tok.decode(ids)
+    assert want != "a n't b . c", "the clean-up pass must change this text for the test to bite"
+    assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == want
 
 
 def test_special_tokens_skipped_by_default_and_kept_on_request():

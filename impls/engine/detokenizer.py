@@ -27,6 +27,15 @@ from typing import Optional, Sequence
 _REPLACEMENT = "\ufffd"
 
 
+def _plain_backend(tokenizer):
+    """The Rust `tokenizers.Tokenizer` behind a fast HF tokenizer when its decode is exactly
+    the backend's (no space clean-up pass): same text at a quarter of the per-call cost."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend
+
+
 class IncrementalDetokenizer:
     """Turns one request's output ids into text, step by step. See the module docstring."""
 
@@ -43,10 +52,13 @@ class IncrementalDetokenizer:
         self._prefix = 0     # window start in output_token_ids
         self._read = 0       # ids before this are settled into text
         self._emitted = 0    # chars of text already returned as deltas
+        self._backend = _plain_backend(tokenizer)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
             return ""
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
     def _settle(self, force: bool = False) -> str:
