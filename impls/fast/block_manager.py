@@ -65,46 +65,59 @@ class FastBlockManager:
 
     def allocate_slots(self, request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Grow the table to cover computed + cached + new tokens; all or nothing."""
-        table = self._tables.get(request.request_id)
-        if table is not None and not cached_blocks:
-            # Hot path (decodes, later chunks): enough slots already, or a few new blocks.
-            needed = request.num_computed_tokens + num_new_tokens
-            if needed <= len(table) * self.block_size:
-                if num_new_tokens < 0:
-                    raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
-                return True
-        return self._allocate_slow(request, num_new_tokens, cached_blocks, table)
-
-    def _allocate_slow(self, request, num_new_tokens: int, cached_blocks: Sequence[int], table) -> bool:
         if num_new_tokens < 0:
             raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
-        num_cached = len(cached_blocks)
-        if num_cached and table:
-            raise ValueError(f"allocate_slots: cached_blocks may only be given while request "
-                             f"{request.request_id!r} holds no blocks (it holds {len(table)})")
+        if cached_blocks:
+            return self._allocate_cached(request, num_new_tokens, cached_blocks)
+        table = self._tables.get(request.request_id)
         bs = self.block_size
         have = len(table) if table is not None else 0
-        required = -(-(request.num_computed_tokens + num_cached * bs + num_new_tokens) // bs)
-        num_new = max(0, required - have - num_cached)
-        ref = self._ref
-        cost = num_new + sum(1 for b in cached_blocks if ref[b] == 0)
-        if cost > self._queue.size:
+        total = request.num_computed_tokens + num_new_tokens
+        if total <= have * bs:
+            return True  # decodes and later chunks, most steps: the table already covers it
+        num_new = (total + bs - 1) // bs - have
+        if num_new > self._queue.size:
             return False
-        if num_cached + num_new == 0:
-            return True
         if table is None:
-            # A new table is a new list object: the batch builder relies on identity + length.
-            table = self._tables[request.request_id] = []
-            self._cursor[request.request_id] = 0
-        queue = self._queue
+            table = self._new_table(request.request_id)
+        self._pop_free(num_new, table)
+        return True
+
+    def _allocate_cached(self, request, num_new_tokens: int, cached_blocks: Sequence[int]) -> bool:
+        """Admission after a prefix-cache hit: adopt `cached_blocks`, then pop new blocks."""
+        rid = request.request_id
+        if self._tables.get(rid):
+            raise ValueError(f"allocate_slots: cached_blocks may only be given while request {rid!r} "
+                             f"holds no blocks (it holds {len(self._tables[rid])})")
+        bs = self.block_size
+        num_cached = len(cached_blocks)
+        required = -(-(request.num_computed_tokens + num_cached * bs + num_new_tokens) // bs)
+        num_new = max(0, required - num_cached)
+        ref = self._ref
+        num_revived = 0
         for b in cached_blocks:
             if ref[b] == 0:
-                queue.remove(b)
+                num_revived += 1
+        if num_new + num_revived > self._queue.size:
+            return False
+        table = self._tables.get(rid)
+        if table is None:
+            table = self._new_table(rid)
+        remove = self._queue.remove
+        for b in cached_blocks:
+            if ref[b] == 0:
+                remove(b)
             ref[b] += 1
-            table.append(b)
+        table.extend(cached_blocks)
         if num_new:
             self._pop_free(num_new, table)
         return True
+
+    def _new_table(self, request_id: str) -> list[int]:
+        """A new table is a new list object: the batch builder relies on identity + length."""
+        table = self._tables[request_id] = []
+        self._cursor[request_id] = 0
+        return table
 
     def _pop_free(self, count: int, table: list[int]) -> None:
         """Hand out `count` blocks from the front of the free queue into `table`, evicting their

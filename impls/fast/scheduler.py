@@ -17,10 +17,19 @@ from typing import Optional
 
 from spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
+from .block_manager import FastBlockManager
+
 _key_of = attrgetter("_key")
 _RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
 _PREEMPTED, _WAITING = Status.PREEMPTED, Status.WAITING
 _STOPPED, _LENGTH = Status.FINISHED_STOPPED, Status.FINISHED_LENGTH
+
+
+def _fast_state(bm):
+    """(tables, cursors) of a FastBlockManager, for inline no-op checks; (None, None) else."""
+    if type(bm) is FastBlockManager:
+        return bm._tables, bm._cursor
+    return None, None
 
 
 def _remove(queue: list, request) -> bool:
@@ -108,10 +117,16 @@ class FastScheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        """Phase 1: running requests in key order; preempt from the back on allocation failure."""
+        """Phase 1: running requests in key order; preempt from the back on allocation failure.
+
+        With a FastBlockManager the two calls a decode step usually makes are no-ops, and
+        both are answered inline from its state: the table already covers c + n tokens, and no
+        block became full past the publish cursor. Otherwise the real calls are made."""
         running = self._running
         bm = self.block_manager
         allocate, publish = bm.allocate_slots, bm.cache_full_blocks
+        tables, cursors = _fast_state(bm)
+        bs = bm.block_size
         threshold = self._threshold
         scheduled = out.scheduled
         i = 0
@@ -123,11 +138,15 @@ class FastScheduler:
                 n = threshold
             if n > budget:
                 n = budget
-            if not allocate(r, n) and not self._make_room(r, n, out):
-                break  # r itself was preempted (it was the last running request)
+            end = c + n
+            table = tables.get(r.request_id) if tables is not None else None
+            if table is None or end > len(table) * bs or n < 0:
+                if not allocate(r, n) and not self._make_room(r, n, out):
+                    break  # r itself was preempted (it was the last running request)
             scheduled.append((r, n))
             budget -= n
-            publish(r, c + n)
+            if cursors is None or end // bs > cursors.get(r.request_id, 0):
+                publish(r, end)
             i += 1
         return budget
 
@@ -226,27 +245,43 @@ class FastScheduler:
         a time, stopping at the first stop rule that fires."""
         result = UpdateOutput()
         new_token_ids, finished = result.new_token_ids, result.finished
-        publish = self.block_manager.cache_full_blocks
+        bm = self.block_manager
+        publish = bm.cache_full_blocks
+        _, cursors = _fast_state(bm)
+        bs = bm.block_size
         max_len = self.config.max_model_len
-        no_samples = ()
         for r, n in output.scheduled:
-            if r.status.is_finished:
+            if r.status is not _RUNNING and r.status.is_finished:
                 continue
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
-            publish(r)
+            if cursors is None or c // bs > cursors.get(r.request_id, 0):
+                publish(r)
             if c < len(r.token_ids):
                 continue  # a mid-prompt chunk: nothing sampled
-            appended = new_token_ids.setdefault(r.request_id, [])
-            for token in sampled.get(r.request_id, no_samples):
-                r.append(token)
-                token = r.token_ids[-1]
+            rid = r.request_id
+            appended = new_token_ids.setdefault(rid, [])
+            for token in sampled.get(rid, ()):
+                if type(token) is not int or token < 0:
+                    r.append(token)  # converts a numpy int, or raises the ValueError
+                    token = r.token_ids[-1]
+                else:
+                    r.token_ids.append(token)
+                    r._output.append(token)
                 appended.append(token)
-                status = _stop_status(r, token, max_len)
-                if status is not None:
-                    self.finish(r, status)
-                    finished.append(r)
-                    break
+                # The stop rules, first match wins (inline _stop_status: this runs per token).
+                num_out = len(r._output)
+                if num_out > r._min_tokens and (token in r._stop_ids or (token == r._eos and r._eos is not None)):
+                    if token in r._stop_ids:
+                        r.stop_reason = token
+                    status = _STOPPED
+                elif num_out >= r._max_tokens or (max_len is not None and len(r.token_ids) >= max_len):
+                    status = _LENGTH
+                else:
+                    continue
+                self.finish(r, status)
+                finished.append(r)
+                break
         return result
 
     def finish(self, request, status: Status) -> None:
@@ -287,17 +322,3 @@ class FastScheduler:
         return (f"FastScheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
                 f"waiting={len(self._waiting)})")
 
-
-def _stop_status(r, token: int, max_len: Optional[int]) -> Optional[Status]:
-    """The stop rule the newest token fires, first match wins (None: go on). Sets stop_reason
-    when a stop token id fires."""
-    num_out = len(r._output)
-    if num_out > r._min_tokens:
-        if token in r._stop_ids:
-            r.stop_reason = token
-            return _STOPPED
-        if token == r._eos and r._eos is not None:
-            return _STOPPED
-    if num_out >= r._max_tokens or (max_len is not None and len(r.token_ids) >= max_len):
-        return _LENGTH
-    return None
