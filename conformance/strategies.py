@@ -372,17 +372,26 @@ def engine_request_specs(draw, request_id: str, vocab: int, stem: tuple, max_tok
     prompt = tuple(stem) if stem and draw(st.integers(0, 3)) else ()
     prompt += tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=10)))
     arrive = draw(st.sampled_from([0, 0, 0, 1, 3]))
-    abort = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(arrive, arrive + 6)))
+    abort = draw(st.one_of(st.none(), st.none(), st.none(), st.none(), st.integers(arrive + 1, arrive + 8)))
     return EngineRequestSpec(request_id, prompt, max_tokens=draw(st.integers(1, max_tokens)),
                              n=draw(st.sampled_from([1, 1, 1, 2])), priority=draw(st.integers(0, 2)),
                              arrive_step=arrive, abort_step=abort)
 
 
+def _lockstep_peak(requests, block_size: int) -> int:
+    """Most blocks held at once if every request started together and decoded in lockstep:
+    after step t a request holds its prompt + t tokens, until its last output (never computed)."""
+    longest = max(r.max_tokens for r in requests)
+    return max(sum(r.n * -(-(len(r.prompt_token_ids) + t) // block_size) for r in requests if t < r.max_tokens)
+               for t in range(longest))
+
+
 @st.composite
 def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 6, swap: bool = True):
     """A config and a workload for the whole engine over a model of `vocab` tokens. Pools are
-    mostly just enough for the largest request (or a block or two more), sometimes two or three
-    times that, so preemption (by recompute, or by swap when `swap`) is common."""
+    mostly just enough for the largest request, or for every prompt at once (so all are admitted
+    and their growth must preempt), sometimes two or three times that, so preemption (by
+    recompute, or by swap when `swap`) is common."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     stem = tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=min(16, 3 * block_size))))
     requests = tuple(draw(engine_request_specs(f"r{i}", vocab, stem, max_tokens))
@@ -392,9 +401,13 @@ def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     low_budget = max_num_seqs if chunked else max(max_num_seqs, longest - 1)
     need = max(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests)
+    # Room for every prompt (and its first output) at once: all are admitted, then growth preempts;
+    # or one block short of the peak of all requests running in lockstep from the first step.
+    prompts = max(need, sum(r.n * -(-(len(r.prompt_token_ids) + 1) // block_size) for r in requests))
+    tight = max(need, _lockstep_peak(requests, block_size) - 1)
     return EngineWorkload(
         block_size=block_size,
-        num_blocks=need + draw(st.sampled_from([0, 0, 1, 2, need, 2 * need + 2])),
+        num_blocks=draw(st.sampled_from([tight, tight, tight, prompts, need, 2 * need + 2])),
         max_num_batched_tokens=draw(st.integers(low_budget, low_budget + 24)),
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=draw(st.booleans()),
