@@ -227,7 +227,8 @@ def check_admitted(v: StepView) -> None:
 
 def check_tables_after_schedule(v: StepView) -> None:
     """Each scheduled request's table covers exactly its computed + scheduled tokens, and every
-    block that became full this step is published (by it, or earlier by another block)."""
+    block that became full this step is published, unless its hash was already published by
+    another block before the step (first writer wins; that writer may since have been evicted)."""
     state, bs = v.post, v.block_size
     for r, n in v.out.scheduled:
         table = state.tables.get(r.request_id, [])
@@ -237,7 +238,8 @@ def check_tables_after_schedule(v: StepView) -> None:
             continue
         chain = hash_request_blocks(r.token_ids, bs, r.cache_key)
         for i in range(r.num_computed_tokens // bs, min(end, r.num_tokens) // bs):
-            assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
+            assert (state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached
+                    or chain[i] in v.pre.state.cached), (
                 f"{r.request_id}: block {i} became full this step but its hash is not published")
 
 
@@ -390,6 +392,14 @@ class Harness:
             self.finished_since.append(request_id)
         self.check()
         return known
+
+    def finish(self, request_id: str, status: Status) -> None:
+        """What the engine does when a stop string matches: finish a live request."""
+        r = self.live.pop(request_id)
+        self.sched.finish(r, status)
+        assert r.status == status and request_id not in self.bm.state().tables, f"{request_id}: finish did not free it"
+        self.finished_since.append(request_id)
+        self.check()
 
     def step(self) -> StepResult:
         pre = snapshot(self.sched, self.live)

@@ -102,7 +102,7 @@ def scheduler_configs(draw, max_seqs: int = 6, max_budget: int = 48, max_model_l
 
 _BAD_CONFIG = {
     "max_num_batched_tokens": st.integers(-4, 0).map(lambda v: {"max_num_batched_tokens": v}),
-    "max_num_seqs": st.integers(-4, 0).map(lambda v: {"max_num_seqs": v, "max_num_batched_tokens": 8}),
+    "max_num_seqs": st.integers(-4, 0).map(lambda v: {"max_num_seqs": v}),
     "max_num_batched_tokens ": st.integers(2, 9).map(
         lambda v: {"max_num_seqs": v, "max_num_batched_tokens": v - 1}),
     "long_prefill_token_threshold": st.integers(-5, -1).map(lambda v: {"long_prefill_token_threshold": v}),
