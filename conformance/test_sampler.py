@@ -415,3 +415,15 @@ def test_triton_draw_matches_torch_draw():
     assert got.tolist() == want.tolist()
     assert got[0].item() == 5
     assert all(x[i, t] >= thr[i] for i, t in enumerate(got.tolist()))
+
+
+@pytest.mark.parametrize("k", [1, 7, 300])
+def test_chunked_topk_matches_torch_topk(k):
+    from impls.engine import sampling_topk
+
+    x = torch.randn(3, 16384, generator=torch.Generator().manual_seed(k))
+    assert sampling_topk.num_chunks(16384, k) > 1
+    values, ids = sampling_topk.topk(x, k, chunked=True)
+    want = torch.topk(x, k, dim=1)
+    assert torch.equal(values, want.values)
+    assert torch.equal(x.gather(1, ids), values)

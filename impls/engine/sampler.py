@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import torch
 
 from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties
-from . import sampling_triton
+from . import sampling_topk, sampling_triton
 from .sampling_rng import gumbel, row_key, split_keys
 from .sampling_truncation import cut_thresholds
 
@@ -70,7 +70,7 @@ def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
     chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
     if k <= 0:
         return chosen, [[] for _ in chosen], [[] for _ in chosen]
-    values, ids = torch.topk(lp, min(k, lp.shape[1]), dim=1)
+    values, ids = sampling_topk.topk(lp, min(k, lp.shape[1]))
     return chosen, ids.tolist(), values.tolist()
 
 
@@ -132,12 +132,15 @@ class Sampler:
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
-        x = edit_logits(raw, requests)
-        if any(r.params.temperature >= GREEDY_EPS for r in requests):
+        params = [r.params for r in requests]
+        x = edit_logits(raw, requests) if any(map(_needs_edits, params)) else raw.float()
+        if any(p.temperature >= GREEDY_EPS for p in params):
             tokens = self._draw(x, requests)
         else:
             tokens = x.argmax(dim=1)
         token_ids = tokens.tolist()
+        if all(p.logprobs is None for p in params):
+            return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
     def _row_key(self, request) -> int:

@@ -17,7 +17,9 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-BLOCK = 1024
+BLOCK = 2048      # tokens per loop step of one program
+NUM_WARPS = 8
+WAVES = 4         # programs per SM to aim for (rows x chunks)
 
 if triton is not None:
     @triton.jit
@@ -68,23 +70,25 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _num_chunks(num_rows: int, vocab: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU twice over, chunks no shorter than 8 blocks."""
+def _num_chunks(num_rows: int, vocab: int, device: torch.device, block: int, waves: int) -> int:
+    """Enough programs for `waves` per SM, chunks no shorter than 4 blocks."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(triton.cdiv(2 * sms, num_rows), triton.cdiv(vocab, 8 * BLOCK)))
+    return max(1, min(triton.cdiv(waves * sms, num_rows), triton.cdiv(vocab, 4 * block)))
 
 
 def draw(x: torch.Tensor, inv_t: torch.Tensor, thr: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-         noise_scale: torch.Tensor) -> torch.Tensor:
+         noise_scale: torch.Tensor, *, block: int = 0, num_warps: int = 0, waves: int = 0) -> torch.Tensor:
     """Token per row of x [S, V] (float32, unit stride along V); per-row float32 inv_t, thr,
-    noise_scale (1 or 0) and int64 key halves lo, hi. Returns int64 [S]."""
+    noise_scale (1 or 0) and int64 key halves lo, hi. Returns int64 [S]. block / num_warps /
+    waves override the module defaults (for tuning)."""
+    block, num_warps, waves = block or BLOCK, num_warps or NUM_WARPS, waves or WAVES
     num_rows, vocab = x.shape
-    num_chunks = _num_chunks(num_rows, vocab, x.device)
-    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), BLOCK) * BLOCK
+    num_chunks = _num_chunks(num_rows, vocab, x.device, block, waves)
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
     vals = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=x.device)
     idx = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=x.device)
     _draw_kernel[(num_rows, num_chunks)](x, x.stride(0), inv_t, thr, lo, hi, noise_scale, vals, idx,
-                                        vocab, chunk, num_chunks, BLOCK=BLOCK)
+                                        vocab, chunk, num_chunks, BLOCK=block, num_warps=num_warps)
     best = vals.argmax(dim=1, keepdim=True)
     return idx.gather(1, best).squeeze(1).to(torch.int64)

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from . import sampling_topk
+
 NEG_INF = float("-inf")
 NUM_CANDIDATES = 512  # top-p candidates per row before the full-sort fallback
 
@@ -61,7 +63,7 @@ def cut_thresholds(x: torch.Tensor, temperature: Sequence[float], top_k: Sequenc
     num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if use_p else 0))
     if num_cand == 0:
         return thr.squeeze(1)
-    ranked = torch.topk(x, num_cand, dim=1).values
+    ranked = sampling_topk.topk(x, num_cand)[0]
     k = _tensor(top_k, torch.long, dev).unsqueeze(1)
     kth = ranked.gather(1, (k - 1).clamp(min=0, max=num_cand - 1))
     thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
