@@ -42,6 +42,14 @@ def sharded_dir(tmp_path_factory) -> Path:
     return dst
 
 
+@pytest.fixture
+def impl_arg(request, impl) -> str:
+    """The --impl string the suite runs under (an outside impl's name may not be loadable)."""
+    from conformance.plugin import impl_target
+
+    return impl_target(request.config)
+
+
 def run_cli(argv, capsys) -> tuple[int, str, str]:
     from impls.engine.cli import main
 
@@ -50,12 +58,12 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return rc, captured.out, captured.err
 
 
-def test_generate_on_a_sharded_checkpoint(impl, sharded_dir, capsys):
+def test_generate_on_a_sharded_checkpoint(impl, impl_arg, sharded_dir, capsys):
     from impls.engine.llm import LLM
     from spec import SamplingParams
 
     rc, out, err = run_cli(["generate", "--model", str(sharded_dir), "--prompt", "abc", "--prompt", "hello",
-                            "--impl", impl.name, *GEN_FLAGS], capsys)
+                            "--impl", impl_arg, *GEN_FLAGS], capsys)
     assert rc == 0, err
     llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, dtype="float32", device="cpu", num_blocks=16, block_size=4)
     expected = llm.generate(["abc", "hello"], SamplingParams(max_tokens=5, temperature=0.0), use_tqdm=False)
@@ -118,10 +126,10 @@ CORRUPTIONS = {"truncated shard": _truncate_a_shard, "missing shard": _drop_a_sh
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
-def test_corrupt_checkpoint_fails_naming_the_fault(impl, sharded_dir, tmp_path, capsys, name):
+def test_corrupt_checkpoint_fails_naming_the_fault(impl_arg, sharded_dir, tmp_path, capsys, name):
     d = _copy(sharded_dir, tmp_path / "ckpt")
     needle = CORRUPTIONS[name](d)
-    rc, out, err = run_cli(["generate", "--model", str(d), "--prompt", "abc", "--impl", impl.name, *GEN_FLAGS],
+    rc, out, err = run_cli(["generate", "--model", str(d), "--prompt", "abc", "--impl", impl_arg, *GEN_FLAGS],
                            capsys)
     assert rc == 2
     assert needle in err, f"error should name {needle!r}: {err!r}"
@@ -140,8 +148,8 @@ def test_bad_flag_value_is_one_line(capsys, sharded_dir):
     assert rc == 2 and "max_tokens" in err
 
 
-def test_demo_runs_and_reports(impl, capsys):
-    rc, out, err = run_cli(["demo", "--impl", impl.name, "--num-requests", "6", "--min-input-len", "2",
+def test_demo_runs_and_reports(impl_arg, capsys):
+    rc, out, err = run_cli(["demo", "--impl", impl_arg, "--num-requests", "6", "--min-input-len", "2",
                             "--max-input-len", "10", "--max-output-len", "6", "--shared-prefix-len", "8",
                             "--num-blocks", "16", "--block-size", "2", "--max-num-seqs", "4",
                             "--max-num-batched-tokens", "16", "--no-tqdm"], capsys)
@@ -155,7 +163,7 @@ def test_demo_runs_and_reports(impl, capsys):
 def test_demo_result_counts(impl):
     from impls.engine.demo import run_demo
 
-    result = run_demo(impl=impl.name, num_requests=5, min_input_len=1, max_input_len=6, max_output_len=4,
+    result = run_demo(impl=impl, num_requests=5, min_input_len=1, max_input_len=6, max_output_len=4,
                       shared_prefix_len=0, use_tqdm=False, num_blocks=3, block_size=4, max_num_seqs=4)
     assert result.num_requests == 5 and 5 <= result.num_output_tokens <= 20
     assert result.num_preemptions > 0, "three 4-token blocks for five requests must preempt"
