@@ -268,3 +268,17 @@ def test_runner_swap_round_trip_and_drop(impl):
     runner.swap_out("s", [2])
     runner.drop("s")
     assert runner.num_swapped == 0
+
+
+def test_closing_a_stream_early_aborts_and_frees_everything(impl):
+    swap = "swap" in getattr(impl, "capabilities", ())
+    llm = make_llm(impl, num_blocks=6, block_size=2, preemption_mode="swap" if swap else "recompute")
+    prompts = [{"prompt_token_ids": list(range(10 + 5 * i, 14 + 5 * i))} for i in range(3)]
+    stream = llm.stream(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    for _, _ in zip(range(6), stream):
+        pass
+    stream.close()
+    engine = llm.engine
+    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
+    assert engine.runner.num_swapped == 0, "an aborted request's host copy must be dropped at once"
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)

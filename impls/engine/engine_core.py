@@ -211,6 +211,7 @@ class EngineCore:
             for sample in parent.samples:
                 if sample.finish_reason is None:
                     self.scheduler.abort(sample.request.request_id)
+                    self.runner.drop(sample.request.request_id)  # a swapped copy goes now
                     sample.finish_reason = Status.FINISHED_ABORTED.finish_reason
                     _flush(sample)
             if report:
