@@ -146,3 +146,24 @@ def test_wrong_number_of_caches_is_refused(impl):
     batch = build_batch(SchedulerOutput(scheduled=[(req, 2)]), ShuffledTables(2, 4, ["r"]))
     with pytest.raises(ValueError, match="one kv cache per layer"):
         model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(2, 4)[:1])
+
+
+def test_per_layer_sliding_window_matches_transformers(impl, tmp_path):
+    """Qwen2 with sliding layers from max_window_layers on: layer 0 full, layer 1 windowed."""
+    from conformance.models import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("qwen2", tmp_path / "q2w", use_sliding_window=True, sliding_window=5,
+                                max_window_layers=1, seed=7)
+    hf = _hf_model(path)
+    assert hf.config.layer_types == ["full_attention", "sliding_attention"]
+    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
+    ids = torch.randint(0, VOCAB_SIZE, (16,), generator=torch.Generator().manual_seed(5)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    manager = ShuffledTables(6, 3, ["r"], seed=6)
+    kv = model.allocate_kv(6, 3)
+    expected = _hf_logits(hf, ids)
+    for start, n in ((0, 7), (7, 1), (8, 8)):
+        req.num_computed_tokens = start
+        batch = build_batch(SchedulerOutput(scheduled=[(req, n)]), manager)
+        logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta, kv))
+        assert torch.allclose(logits, expected[start:start + n], atol=ATOL, rtol=RTOL), start

@@ -41,7 +41,7 @@ class StepContext:
 def _window_of(module, sliding_window) -> int:
     """The layer's sliding window (0 = full attention): the module's own setting first (Qwen2/3
     set it per layer type), else what the model passed (Mistral passes config.sliding_window)."""
-    window = getattr(module, "sliding_window", None) if hasattr(module, "sliding_window") else sliding_window
+    window = module.sliding_window if hasattr(module, "sliding_window") else sliding_window
     return int(window) if window else 0
 
 
