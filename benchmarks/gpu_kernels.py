@@ -8,7 +8,8 @@ Order: (1) pytest kernels/ and benchmarks/bench_attention.py on CUDA (real shape
 head shapes, head_dim 128, bf16, block_size 16, beside torch SDPA over a contiguous cache of the
 same shape; (4) causal prefill TFLOP/s beside SDPA's flash path; (5) with --sweep, launch
 configs at a few shapes, for tuning the heuristics. Inputs rotate among several sets whose
-total exceeds the L2 several times; timings are triton.testing.do_bench medians. Writes JSON to
+total exceeds the L2 several times; timings are triton.testing.do_bench medians of CUDA-graph
+replays (launch overhead out, for ours and SDPA alike). Writes JSON to
 $OUT (or --out) as it goes and prints a short table last. Not a test: nothing here asserts speed.
 """
 from __future__ import annotations

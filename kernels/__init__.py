@@ -1,0 +1,6 @@
+"""Triton kernels, each with a plain-torch reference in kernels/reference.py.
+
+paged_attention (flat ragged batch over the paged pool, split-KV merge), kv_write, rms_norm
+(fused residual add), rotary (neox). Nothing here imports the rest of enginespec; modules
+import triton, so import them lazily where a GPU may be absent.
+"""
