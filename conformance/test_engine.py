@@ -101,6 +101,14 @@ def test_bad_engine_args_are_value_errors(impl):
         make_llm(impl, num_blocks=None, kv_cache_bytes=10)
     with pytest.raises(ValueError, match="scheduling_policy|policy"):
         make_llm(impl, scheduling_policy="lifo")
+    with pytest.raises(ValueError, match="dtype"):
+        make_llm(impl, dtype="int3")
+    no_swap = type("NoSwap", (type(impl),), {"capabilities": frozenset()})()
+    with pytest.raises(ValueError, match="swap"):
+        make_llm(no_swap, preemption_mode="swap")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            make_llm(impl, device="cuda")
 
 
 def test_generate_prompt_forms_order_and_text(impl):
