@@ -290,3 +290,20 @@ def test_closing_a_stream_early_aborts_and_frees_everything(impl):
     assert not engine.has_unfinished and not engine.scheduler.has_unfinished
     assert engine.runner.num_swapped == 0, "an aborted request's host copy must be dropped at once"
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_pool_is_sized_by_a_profile_run(impl):
+    """On CUDA the pool takes what gpu_memory_utilization leaves after weights and the largest
+    step; num_gpu_blocks_override wins over the profile."""
+    from impls.engine.runner import kv_bytes_per_block
+
+    total = torch.cuda.mem_get_info()[1]
+    llm = make_llm(impl, device="cuda", num_blocks=None, gpu_memory_utilization=0.02)
+    runner = llm.engine.runner
+    assert runner.num_blocks >= 1
+    assert runner.num_blocks * kv_bytes_per_block(llm.engine.model, 4) <= 0.02 * total
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+    assert make_llm(impl, device="cuda", num_blocks=None, num_gpu_blocks_override=5).engine.runner.num_blocks == 5

@@ -61,20 +61,20 @@ def hf_greedy(family: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Te
     return _HF_OUTPUTS[key]
 
 
-def engine_for(impl, family: str, workload, seed: int = 0):
-    """An EngineCore over a FlatModel loaded once per (impl, family)."""
+def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu"):
+    """An EngineCore over a FlatModel loaded once per (impl, family, device)."""
     from impls.engine.engine_args import EngineArgs
     from impls.engine.engine_core import EngineCore
     from impls.engine.flat_model import FlatModel
     from impls.engine.loader import load_tokenizer
 
     path = tiny_model_dir(family)
-    key = (id(impl), family)
+    key = (id(impl), family, device)
     if key not in _FLAT_MODELS:
-        _FLAT_MODELS[key] = FlatModel.from_pretrained(path, dtype=torch.float32, device="cpu",
-                                                      attention=impl.attention_backend(torch.device("cpu")))
+        _FLAT_MODELS[key] = FlatModel.from_pretrained(path, dtype=torch.float32, device=device,
+                                                      attention=impl.attention_backend(torch.device(device)))
         _TOKENIZERS[family] = load_tokenizer(path)
-    args = EngineArgs(model=str(path), impl=impl, dtype="float32", device="cpu", seed=seed,
+    args = EngineArgs(model=str(path), impl=impl, dtype="float32", device=device, seed=seed,
                       **workload.engine_kwargs())
     return EngineCore(args, model=_FLAT_MODELS[key], tokenizer=_TOKENIZERS[family])
 
@@ -201,3 +201,23 @@ def test_parity_on_forced_paths(impl, name):
         assert engine.block_manager.hit_rate > 0, "the second request was meant to hit the cache"
     if name == "chunk_priority_abort":
         assert finals["gone"].outputs[0].finish_reason == "abort"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+def test_greedy_parity_on_cuda(impl, family):
+    """The same workloads with the engine on CUDA (float32, the impl's GPU attention and swaps
+    through pinned host memory) against transformers' greedy output on the CPU."""
+    swap = "swap" in getattr(impl, "capabilities", ())
+
+    @seed(10 + FAMILIES.index(family))
+    @given(workload=engine_workloads(vocab=tiny_vocab(family), max_requests=6, max_tokens=MAX_TOKENS, swap=swap))
+    def check(workload):
+        engine = engine_for(impl, family, workload, device="cuda")
+        finals = run_workload(engine, workload)
+        check_outputs(workload, finals, family)
+        check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+        assert engine.runner.num_swapped == 0
+
+    check()
