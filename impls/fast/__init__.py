@@ -46,7 +46,7 @@ class FastImpl:
         (imported lazily: the control plane needs neither)."""
         from .attention import FastAttention
 
-        return FastAttention(device) if _takes_device(FastAttention) else FastAttention()
+        return FastAttention(device)
 
     def build_batch(self, output, block_manager, device="cpu", pad_to: Optional[int] = None):
         """Same tensors as impls/engine/batch.py:build_batch, from persistent buffers (one
@@ -59,15 +59,6 @@ class FastImpl:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
-
-
-def _takes_device(cls) -> bool:
-    import inspect
-
-    try:
-        return "device" in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 IMPL = FastImpl()
