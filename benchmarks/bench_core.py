@@ -18,7 +18,8 @@ Cases:
 - mixed_step_caching / mixed_step_no_caching: schedule + build_batch + update_from_output of a
   steady mixed step (MixedWorkload: ~200 decodes plus prefill chunks of arriving prompts),
   prefix caching on (hashing included) or off.
-- build_256 / build_mixed: build_batch for a 256-decode step and for a mixed step.
+- build_256 / build_mixed: build_batch for a 256-decode step and for a mixed step (plus
+  build_*_cuda with the tensors placed on the GPU, where one is present).
 - update_256: update_from_output of a 256-decode step (schedule() is the untimed setup).
 - step_256: schedule + build_batch + update_from_output for 256 running decodes, the full CPU
   work of one engine step; target <= 1 ms for the fast impl.
@@ -31,6 +32,7 @@ import random
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -192,17 +194,21 @@ def test_mixed_step(benchmark, impl, caching):
     assert max(counts) > 1 and counts.count(1) > 150 and sum(counts) <= 2048 and not output.preempted
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["decodes", "mixed"])
-def test_build_batch(benchmark, impl, case):
+def test_build_batch(benchmark, impl, case, device):
     if case == "decodes":
         scheduler = decoding_scheduler(impl, 256, num_blocks=256 * 40)
     else:
         scheduler = mixed_template(impl).scheduler
     output = scheduler.schedule()
     build = builder_of(impl)
-    benchmark.group = "build_256" if case == "decodes" else "build_mixed"
-    batch = benchmark(build, output, scheduler.block_manager)
-    assert batch.num_reqs == len(output.scheduled)
+    benchmark.group = ("build_256" if case == "decodes" else "build_mixed") + ("" if device == "cpu" else "_cuda")
+    batch = benchmark(build, output, scheduler.block_manager, device)
+    assert batch.num_reqs == len(output.scheduled) and batch.input_ids.device.type == device
     assert batch.num_scheduled_tokens == output.num_scheduled_tokens
 
 

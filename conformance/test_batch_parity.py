@@ -51,8 +51,13 @@ def _builder(impl):
     return build
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @given(scenario=scenarios(max_requests=6, max_tokens=6), data=st.data())
-def test_build_batch_matches_plain_builder(impl, scenario, data):
+def test_build_batch_matches_plain_builder(impl, device, scenario, data):
     build = _builder(impl)
     bm = impl.new_block_manager(scenario.num_blocks, scenario.block_size, scenario.enable_prefix_caching)
     scheduler = impl.new_scheduler(scenario.config, bm)
@@ -69,8 +74,9 @@ def test_build_batch_matches_plain_builder(impl, scenario, data):
         output = scheduler.schedule()
         extra = data.draw(st.one_of(st.none(), st.integers(0, 3)), label="padding")
         pad_to = None if extra is None else output.num_scheduled_tokens + extra
-        got = build(output, bm, "cpu", pad_to)
-        want = plain_build_batch(output, bm, "cpu", pad_to)
+        got = build(output, bm, device, pad_to)
+        want = plain_build_batch(output, bm, device, pad_to)
+        assert got.input_ids.device.type == device and got.meta.block_table.device.type == device
         assert_same_batch(got, want, f"step {step}: ")
         if kept is not None:
             assert_same_batch(kept[0], kept[1], f"step {step - 1} after step {step} was built: ")
