@@ -16,14 +16,15 @@ _DEFAULT_PARAMS = SamplingParams()
 
 
 class FastRequest:
-    """One generation request. `_stop_ids` / `_min_tokens` / `_max_tokens` / `_eos` are copies of
-    the params' stop rules taken once, so the per-token stop check reads plain attributes."""
+    """One generation request. `_stop_ids`, `_stoppers` (stop ids plus EOS unless ignore_eos),
+    `_min_tokens` and `_out_limit` are the params' stop rules taken once, so the per-token stop
+    check reads plain attributes."""
 
     __slots__ = (
         "request_id", "prompt_token_ids", "token_ids", "_output", "params", "eos_token_id",
         "priority", "arrival_time", "cache_key", "status", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "spec_token_ids", "block_hashes", "swapped_out",
-        "stop_reason", "_num_prompt", "_stop_ids", "_eos", "_min_tokens", "_max_tokens",
+        "stop_reason", "_num_prompt", "_stop_ids", "_stoppers", "_min_tokens", "_out_limit",
         "_key", "__weakref__",
     )
 
@@ -62,10 +63,11 @@ class FastRequest:
         self.stop_reason = None
         self._num_prompt = len(prompt)
         self._stop_ids = frozenset(params.stop_token_ids)
-        self._eos = None if params.ignore_eos else eos_token_id
+        eos = None if params.ignore_eos else eos_token_id
+        self._stoppers = self._stop_ids if eos is None else self._stop_ids | {eos}  # ids that may stop
         self._min_tokens = params.min_tokens
-        self._max_tokens = params.max_tokens
-        self._key = None  # policy key, set by the scheduler on add()
+        self._out_limit = params.max_tokens  # outputs that finish it by length (the scheduler
+        self._key = None                     # lowers it to max_model_len - prompt; sets the key)
 
     @property
     def num_prompt_tokens(self) -> int:

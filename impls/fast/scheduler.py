@@ -98,6 +98,8 @@ class FastScheduler:
             request._key = (request.priority, request.arrival_time, seq)
         else:
             request._key = (request.arrival_time, seq)
+        if cfg.max_model_len is not None:  # num_tokens >= max_model_len <=> outputs >= this
+            request._out_limit = min(request.params.max_tokens, cfg.max_model_len - request.num_prompt_tokens)
         request.status = _WAITING
         self.requests[request.request_id] = request
         insort(self._waiting, request, key=_key_of)
@@ -249,33 +251,34 @@ class FastScheduler:
         publish = bm.cache_full_blocks
         _, cursors = _fast_state(bm)
         bs = bm.block_size
-        max_len = self.config.max_model_len
         for r, n in output.scheduled:
             if r.status is not _RUNNING and r.status.is_finished:
                 continue
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
-            if cursors is None or c // bs > cursors.get(r.request_id, 0):
-                publish(r)
-            if c < len(r.token_ids):
-                continue  # a mid-prompt chunk: nothing sampled
             rid = r.request_id
+            if cursors is None or c // bs > cursors.get(rid, 0):
+                publish(r)
+            token_ids = r.token_ids
+            if c < len(token_ids):
+                continue  # a mid-prompt chunk: nothing sampled
             appended = new_token_ids.setdefault(rid, [])
+            output_ids = r._output
             for token in sampled.get(rid, ()):
                 if type(token) is not int or token < 0:
                     r.append(token)  # converts a numpy int, or raises the ValueError
-                    token = r.token_ids[-1]
+                    token = token_ids[-1]
                 else:
-                    r.token_ids.append(token)
-                    r._output.append(token)
+                    token_ids.append(token)
+                    output_ids.append(token)
                 appended.append(token)
-                # The stop rules, first match wins (inline _stop_status: this runs per token).
-                num_out = len(r._output)
-                if num_out > r._min_tokens and (token in r._stop_ids or (token == r._eos and r._eos is not None)):
+                # The stop rules, first match wins: stop ids (stop_reason), EOS, then length.
+                num_out = len(output_ids)
+                if token in r._stoppers and num_out > r._min_tokens:
                     if token in r._stop_ids:
                         r.stop_reason = token
                     status = _STOPPED
-                elif num_out >= r._max_tokens or (max_len is not None and len(r.token_ids) >= max_len):
+                elif num_out >= r._out_limit:
                     status = _LENGTH
                 else:
                     continue
