@@ -417,13 +417,17 @@ def test_triton_draw_matches_torch_draw():
     assert all(x[i, t] >= thr[i] for i, t in enumerate(got.tolist()))
 
 
-@pytest.mark.parametrize("k", [1, 7, 300])
-def test_chunked_topk_matches_torch_topk(k):
-    from impls.engine import sampling_topk
 
-    x = torch.randn(3, 16384, generator=torch.Generator().manual_seed(k))
-    assert sampling_topk.num_chunks(16384, k) > 1
-    values, ids = sampling_topk.topk(x, k, chunked=True)
-    want = torch.topk(x, k, dim=1)
-    assert torch.equal(values, want.values)
-    assert torch.equal(x.gather(1, ids), values)
+def test_penalty_state_follows_requests_across_calls(impl):
+    """One Sampler over several steps: new outputs count, a new request reusing an id gets
+    its own prompt (the prompt-mask cache must not go stale)."""
+    vocab = 12
+    logits = torch.linspace(1.0, 2.0, vocab).unsqueeze(0)  # token 11 best, then 10, ...
+    params = SamplingParams(temperature=0.0, repetition_penalty=4.0)
+    sampler = Sampler(vocab)
+    first = make_request(impl, params, prompt=[11], rid="same")
+    assert sampler(logits, [first]).token_ids == [10]
+    first.append(10)
+    assert sampler(logits, [first]).token_ids == [9]
+    second = make_request(impl, params, prompt=[10], rid="same")
+    assert sampler(logits, [second]).token_ids == [11]

@@ -28,9 +28,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties
-from . import sampling_topk, sampling_triton
-from .sampling_rng import gumbel, row_key, split_keys
+from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties, prompt_seen, to_device
+from . import sampling_triton
+from .sampling_rng import gumbel, row_key
 from .sampling_truncation import cut_thresholds
 
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
@@ -50,7 +50,7 @@ def _needs_edits(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
-def edit_logits(logits: torch.Tensor, requests: Sequence) -> torch.Tensor:
+def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen) -> torch.Tensor:
     """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
     anything changes; the caller's tensor is never modified)."""
     if not any(_needs_edits(r.params) for r in requests):
@@ -59,7 +59,7 @@ def edit_logits(logits: torch.Tensor, requests: Sequence) -> torch.Tensor:
     apply_allowed_tokens(x, requests)
     apply_min_tokens(x, requests)
     apply_logit_bias(x, requests)
-    apply_penalties(x, requests)
+    apply_penalties(x, requests, seen_in_prompt)
     return x
 
 
@@ -70,7 +70,7 @@ def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
     chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
     if k <= 0:
         return chosen, [[] for _ in chosen], [[] for _ in chosen]
-    values, ids = sampling_topk.topk(lp, min(k, lp.shape[1]))
+    values, ids = torch.topk(lp, min(k, lp.shape[1]), dim=1)
     return chosen, ids.tolist(), values.tolist()
 
 
@@ -123,6 +123,40 @@ class Sampler:
         self.device = torch.device(device)
         self.seed = seed
         self.generator = random.Random(seed)
+        self._flags: dict[int, tuple] = {}          # id(params) -> (params, flags); see _row_flags
+        self._prompt_masks: dict[int, tuple] = {}   # id(request) -> (request, bool [V] prompt mask)
+
+    def _row_flags(self, params) -> tuple[bool, bool, bool]:
+        """(needs edits, random, wants logprobs) of a params object, computed once per object:
+        the params are frozen, and the entry keeps the object alive so its id is not reused."""
+        hit = self._flags.get(id(params))
+        if hit is not None and hit[0] is params:
+            return hit[1]
+        if len(self._flags) > 4096:
+            self._flags.clear()
+        flags = (_needs_edits(params), params.temperature >= GREEDY_EPS, params.logprobs is not None)
+        self._flags[id(params)] = (params, flags)
+        return flags
+
+    def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
+        """prompt_seen, with each request's mask built once (prompts never change) and kept
+        while the request keeps appearing in penalty rows. Entries are keyed by the request
+        object (kept alive by the entry), so a reused request_id never sees a stale mask."""
+        device = torch.device(device)
+
+        def cached(r):
+            entry = self._prompt_masks.get(id(r))
+            return entry if entry is not None and entry[0] is r and entry[1].device == device else None
+
+        missing = [r for r in requests if cached(r) is None]
+        built = iter(prompt_seen(missing, vocab, device).unbind(0)) if missing else iter(())
+        masks, fresh = [], {}
+        for r in requests:
+            entry = fresh.get(id(r)) or cached(r) or (r, next(built))
+            fresh[id(r)] = entry
+            masks.append(entry[1])
+        self._prompt_masks = fresh
+        return torch.stack(masks)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(requests):
@@ -132,14 +166,17 @@ class Sampler:
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
-        params = [r.params for r in requests]
-        x = edit_logits(raw, requests) if any(map(_needs_edits, params)) else raw.float()
-        if any(p.temperature >= GREEDY_EPS for p in params):
+        flags = [self._row_flags(r.params) for r in requests]
+        if any(f[0] for f in flags):
+            x = edit_logits(raw, requests, self._cached_prompt_seen)
+        else:
+            x = raw.float()
+        if any(f[1] for f in flags):
             tokens = self._draw(x, requests)
         else:
             tokens = x.argmax(dim=1)
         token_ids = tokens.tolist()
-        if all(p.logprobs is None for p in params):
+        if not any(f[2] for f in flags):
             return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
@@ -152,16 +189,17 @@ class Sampler:
 
     def _draw(self, x: torch.Tensor, requests: Sequence) -> torch.Tensor:
         """Every row in one draw: greedy rows are random rows with T = 1, no noise, no cut."""
-        dev, vocab = x.device, x.shape[1]
+        dev = x.device
         noisy = [r.params.temperature >= GREEDY_EPS for r in requests]
         temps = [r.params.temperature if n else 1.0 for r, n in zip(requests, noisy)]
         keys = [self._row_key(r) if n else 0 for r, n in zip(requests, noisy)]
         thr = self._thresholds(x, requests, noisy, temps)
-        inv_t = torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=dev)
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            lo, hi = split_keys(keys, dev)
-            scale = torch.tensor([1.0 if n else 0.0 for n in noisy], dtype=torch.float32, device=dev)
+            inv_t, scale = to_device([[1.0 / t for t in temps], [1.0 if n else 0.0 for n in noisy]],
+                                     torch.float32, dev)
+            lo, hi = to_device([[k & 0xFFFFFFFF for k in keys], [k >> 32 for k in keys]], torch.int64, dev)
             return sampling_triton.draw(x, inv_t, thr, lo, hi, scale)
+        inv_t = torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=dev)
         return draw_torch(x, inv_t, thr, keys, noisy)
 
     def _thresholds(self, x, requests, noisy, temps) -> torch.Tensor:

@@ -7,8 +7,10 @@ Row work is vectorised: per-row Python only builds small index tensors once per 
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
+import numpy as np
 import torch
 
 NEG_INF = float("-inf")
@@ -74,40 +76,52 @@ def _needs_penalty(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
-def _counts(id_lists: list[Sequence[int]], vocab: int, device) -> torch.Tensor:
-    """[R, vocab] int32 occurrence counts of each row's ids, by one scatter_add.
-
-    Rows are padded with the id `vocab`, counted in a spare column that is then dropped.
-    """
-    width = max((len(ids) for ids in id_lists), default=0)
-    padded = torch.full((len(id_lists), max(width, 1)), vocab, dtype=torch.long)
-    for r, ids in enumerate(id_lists):
-        if ids:
-            padded[r, :len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-    padded = padded.to(device)
-    counts = torch.zeros((len(id_lists), vocab + 1), dtype=torch.int32, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
-    return counts[:, :vocab]
+def to_device(columns: Sequence[Sequence[float]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Per-row parameter columns, in ONE host-to-device copy (each copy costs a launch and a
+    wait, which at 256 rows dominates the small tensors' cost). Returns one [R] tensor each."""
+    packed = torch.tensor(columns, dtype=dtype)
+    return list(packed.to(device, non_blocking=True).unbind(0))
 
 
-def apply_penalties(logits: torch.Tensor, requests: Sequence) -> None:
+def _counts(id_lists: Sequence[Sequence[int]], vocab: int, device) -> torch.Tensor:
+    """[R, vocab] int32 occurrence counts of each row's ids: one host->device copy of all ids
+    (gathered by numpy, not per-row tensors) and one scatter_add of ones at row * vocab + id."""
+    lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
+    counts = torch.zeros((len(id_lists), vocab), dtype=torch.int32, device=device)
+    total = int(lengths.sum())
+    if total == 0:
+        return counts
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    flat += np.repeat(np.arange(len(id_lists), dtype=np.int64) * vocab, lengths)
+    index = torch.from_numpy(flat).to(device, non_blocking=True)
+    counts.view(-1).scatter_add_(0, index, torch.ones(total, dtype=torch.int32, device=device))
+    return counts
+
+
+def prompt_seen(requests: Sequence, vocab: int, device) -> torch.Tensor:
+    """[R, vocab] bool: which tokens occur in each request's prompt."""
+    return _counts([r.prompt_token_ids for r in requests], vocab, device) > 0
+
+
+def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen) -> None:
     """vLLM semantics. Repetition (prompt + output tokens): positive logits are divided by the
     penalty, negative ones multiplied. Frequency (output count) and presence (output seen) are
-    subtracted: logit -= frequency * count + presence * (count > 0)."""
+    subtracted: logit -= frequency * count + presence * (count > 0). `seen_in_prompt(requests,
+    vocab, device)` gives the prompt masks (the Sampler passes a cached version)."""
     rows = [i for i, r in enumerate(requests) if _needs_penalty(r.params)]
     if not rows:
         return
     dev, vocab = logits.device, logits.shape[1]
     reqs = [requests[i] for i in rows]
     out_counts = _counts([r.output_token_ids for r in reqs], vocab, dev)
-    prompt_seen = _counts([r.prompt_token_ids for r in reqs], vocab, dev) > 0
     out_seen = out_counts > 0
-    rep = torch.tensor([r.params.repetition_penalty for r in reqs], dtype=logits.dtype, device=dev)[:, None]
-    freq = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=logits.dtype, device=dev)[:, None]
-    pres = torch.tensor([r.params.presence_penalty for r in reqs], dtype=logits.dtype, device=dev)[:, None]
-    index = torch.tensor(rows, dtype=torch.long, device=dev)
+    rep, freq, pres, index = to_device(
+        [[r.params.repetition_penalty for r in reqs], [r.params.frequency_penalty for r in reqs],
+         [r.params.presence_penalty for r in reqs], rows], torch.float64, dev)
+    rep, freq, pres = (v.to(logits.dtype)[:, None] for v in (rep, freq, pres))
+    index = index.long()
     sub = logits.index_select(0, index)
-    seen = prompt_seen | out_seen
+    seen = seen_in_prompt(reqs, vocab, dev) | out_seen
     scaled = torch.where(sub > 0, sub / rep, sub * rep)
     sub = torch.where(seen, scaled, sub)
     sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - triton is optional on CPU
 
 BLOCK = 2048      # tokens per loop step of one program
 NUM_WARPS = 8
-WAVES = 4         # programs per SM to aim for (rows x chunks)
+WAVES = 8         # programs per SM to aim for (rows x chunks)
 
 if triton is not None:
     @triton.jit

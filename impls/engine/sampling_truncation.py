@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from . import sampling_topk
+from .sampling_penalties import to_device
 
 NEG_INF = float("-inf")
 NUM_CANDIDATES = 512  # top-p candidates per row before the full-sort fallback
@@ -55,21 +55,21 @@ def cut_thresholds(x: torch.Tensor, temperature: Sequence[float], top_k: Sequenc
     """Raw-space threshold per row of x [R, V] (-inf = no cut). Every row is a random row
     (temperature > 0); top_k 0 = off (callers map k >= V to 0)."""
     dev, vocab = x.device, x.shape[1]
-    inv_t = _tensor([1.0 / t for t in temperature], torch.float32, dev).unsqueeze(1)
+    inv_t, min_p_t, p, k = (v.unsqueeze(1) for v in to_device(
+        [[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, dev))
+    inv_t, min_p_t, p, k = inv_t.float(), min_p_t.float(), p.float(), k.long()
     thr = torch.full((x.shape[0], 1), NEG_INF, device=dev)
     if any(m > 0.0 for m in min_p):
-        thr = x.amax(dim=1, keepdim=True) + torch.log(_tensor(min_p, torch.float32, dev)).unsqueeze(1) / inv_t
+        thr = x.amax(dim=1, keepdim=True) + torch.log(min_p_t) / inv_t
     use_p = any(p < 1.0 for p in top_p)
     num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if use_p else 0))
     if num_cand == 0:
         return thr.squeeze(1)
-    ranked = sampling_topk.topk(x, num_cand)[0]
-    k = _tensor(top_k, torch.long, dev).unsqueeze(1)
+    ranked = torch.topk(x, num_cand, dim=1).values
     kth = ranked.gather(1, (k - 1).clamp(min=0, max=num_cand - 1))
     thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
     if not use_p:
         return thr.squeeze(1)
-    p = _tensor(top_p, torch.float32, dev).unsqueeze(1)
     ranked = ranked.masked_fill(ranked < thr, NEG_INF)
     total = torch.exp((ranked - ranked[:, :1]) * inv_t).sum(dim=1, keepdim=True)
     # Rows whose survivors may lie beyond the candidates: no k <= num_cand to bound them.
