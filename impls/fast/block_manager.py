@@ -7,6 +7,11 @@ the number of its table's blocks already considered for publishing, so a decode 
 no block does no hashing and no loop. Hashes are computed once per full block per request
 (request.block_hashes only grows).
 
+Mirrors on the request (for the scheduler's inline no-op checks; the dicts stay the truth):
+`request._capacity` = tokens its table covers, `request._publish_at` = the smallest token count
+at which cache_full_blocks could publish another block. Either may be 0, meaning "just call":
+every path that changes a table or a cursor refreshes them or resets them to 0.
+
 The observable state (`state()`) is exactly the one spec/SCHEDULING.md prescribes; state() walks
 the free list and copies everything, so it is for tests, not for the hot path.
 """
@@ -18,6 +23,8 @@ from spec import PoolState
 
 from .free_queue import FreeQueue
 from .hashing import extend_block_hashes
+
+_NEVER = 1 << 62  # a `_publish_at` no token count reaches
 
 
 class FastBlockManager:
@@ -81,6 +88,7 @@ class FastBlockManager:
         if table is None:
             table = self._new_table(request.request_id)
         self._pop_free(num_new, table)
+        request._capacity = len(table) * bs
         return True
 
     def _allocate_cached(self, request, num_new_tokens: int, cached_blocks: Sequence[int]) -> bool:
@@ -111,10 +119,12 @@ class FastBlockManager:
         table.extend(cached_blocks)
         if num_new:
             self._pop_free(num_new, table)
+        request._capacity = len(table) * bs
         return True
 
     def _new_table(self, request_id: str) -> list[int]:
-        """A new table is a new list object: the batch builder relies on identity + length."""
+        """A new table is a new list object: the batch builder relies on identity + length.
+        (The request's `_publish_at` mirror is left at 0, "call", until a first publish.)"""
         table = self._tables[request_id] = []
         self._cursor[request_id] = 0
         return table
@@ -138,6 +148,7 @@ class FastBlockManager:
         """Publish the full blocks among the first num_tokens known tokens not yet considered
         (the cursor only moves forward: a block is considered once per table)."""
         if not self.enable_prefix_caching:
+            request._publish_at = _NEVER  # nothing is ever published: the scheduler stops asking
             return
         rid = request.request_id
         table = self._tables.get(rid)
@@ -152,10 +163,10 @@ class FastBlockManager:
         if num_full > len(table):
             num_full = len(table)
         start = self._cursor[rid]
-        if num_full <= start:
-            return
-        self._publish(request, table, start, num_full)
-        self._cursor[rid] = num_full
+        if num_full > start:
+            self._publish(request, table, start, num_full)
+            self._cursor[rid] = start = num_full
+        request._publish_at = (start + 1) * self.block_size
 
     def _publish(self, request, table: list[int], start: int, stop: int) -> None:
         """Publish table[start:stop]; skip blocks already published and hashes already taken.
@@ -180,6 +191,7 @@ class FastBlockManager:
         rid = request.request_id
         table = self._tables.pop(rid, None)
         self._cursor.pop(rid, None)
+        request._capacity = request._publish_at = 0
         if table:
             self._release(reversed(table))
 
@@ -203,11 +215,13 @@ class FastBlockManager:
         if keep >= len(table):
             return
         self._release(reversed(table[keep:]))
+        request._capacity = request._publish_at = 0  # conservative: the next calls recompute
         if keep == 0:
             del self._tables[rid]
             del self._cursor[rid]
         else:
             self._tables[rid] = table[:keep]
+            request._capacity = keep * self.block_size
             if self._cursor[rid] > keep:
                 self._cursor[rid] = keep
 

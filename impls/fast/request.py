@@ -25,7 +25,7 @@ class FastRequest:
         "priority", "arrival_time", "cache_key", "status", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "spec_token_ids", "block_hashes", "swapped_out",
         "stop_reason", "_num_prompt", "_stop_ids", "_stoppers", "_min_tokens", "_out_limit",
-        "_key", "__weakref__",
+        "_key", "_capacity", "_publish_at", "__weakref__",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -68,6 +68,7 @@ class FastRequest:
         self._min_tokens = params.min_tokens
         self._out_limit = params.max_tokens  # outputs that finish it by length (the scheduler
         self._key = None                     # lowers it to max_model_len - prompt; sets the key)
+        self._capacity = self._publish_at = 0  # block manager mirrors (0 = "ask it")
 
     @property
     def num_prompt_tokens(self) -> int:

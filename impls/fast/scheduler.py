@@ -17,19 +17,10 @@ from typing import Optional
 
 from spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
-from .block_manager import FastBlockManager
-
 _key_of = attrgetter("_key")
 _RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
 _PREEMPTED, _WAITING = Status.PREEMPTED, Status.WAITING
 _STOPPED, _LENGTH = Status.FINISHED_STOPPED, Status.FINISHED_LENGTH
-
-
-def _fast_state(bm):
-    """(tables, cursors) of a FastBlockManager, for inline no-op checks; (None, None) else."""
-    if type(bm) is FastBlockManager:
-        return bm._tables, bm._cursor
-    return None, None
 
 
 def _remove(queue: list, request) -> bool:
@@ -121,19 +112,18 @@ class FastScheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Phase 1: running requests in key order; preempt from the back on allocation failure.
 
-        With a FastBlockManager the two calls a decode step usually makes are no-ops, and
-        both are answered inline from its state: the table already covers c + n tokens, and no
-        block became full past the publish cursor. Otherwise the real calls are made."""
+        The block manager is called only when its mirrors on the request say the call can do
+        something (FastBlockManager keeps `_capacity` / `_publish_at` current; with any other
+        block manager they stay 0 and every call is made). Iterating the list directly is
+        safe: preemption only pops from its end, which the loop then never reaches."""
         running = self._running
         bm = self.block_manager
         allocate, publish = bm.allocate_slots, bm.cache_full_blocks
-        tables, cursors = _fast_state(bm)
-        bs = bm.block_size
         threshold = self._threshold
         scheduled = out.scheduled
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
+        for r in running:
+            if budget <= 0:
+                break
             c = r.num_computed_tokens
             n = len(r.token_ids) + len(r.spec_token_ids) - c
             if threshold and c < r._num_prompt and n > threshold:
@@ -141,15 +131,13 @@ class FastScheduler:
             if n > budget:
                 n = budget
             end = c + n
-            table = tables.get(r.request_id) if tables is not None else None
-            if table is None or end > len(table) * bs or n < 0:
+            if end > r._capacity or n < 0:
                 if not allocate(r, n) and not self._make_room(r, n, out):
                     break  # r itself was preempted (it was the last running request)
             scheduled.append((r, n))
             budget -= n
-            if cursors is None or end // bs > cursors.get(r.request_id, 0):
+            if end >= r._publish_at:
                 publish(r, end)
-            i += 1
         return budget
 
     def _make_room(self, request, n: int, out: SchedulerOutput) -> bool:
@@ -247,17 +235,14 @@ class FastScheduler:
         a time, stopping at the first stop rule that fires."""
         result = UpdateOutput()
         new_token_ids, finished = result.new_token_ids, result.finished
-        bm = self.block_manager
-        publish = bm.cache_full_blocks
-        _, cursors = _fast_state(bm)
-        bs = bm.block_size
+        publish = self.block_manager.cache_full_blocks
         for r, n in output.scheduled:
             if r.status is not _RUNNING and r.status.is_finished:
                 continue
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
             rid = r.request_id
-            if cursors is None or c // bs > cursors.get(rid, 0):
+            if c >= r._publish_at:
                 publish(r)
             token_ids = r.token_ids
             if c < len(token_ids):
