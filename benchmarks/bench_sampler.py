@@ -5,7 +5,8 @@
 
 256 rows over a 151,936-token vocabulary of random float32 logits. Cases: `argmax` (torch.argmax
 plus the host copy of the ids: the floor any sampler pays), `sampler_greedy` (our Sampler with
-every row greedy), `sampler_mixed` (a quarter each of greedy; temperature only; top-k 50 +
+every row greedy), `sampler_temperature` (every row temperature 0.6, no cut: the throughput
+benchmark's setting), `sampler_mixed` (a quarter each of greedy; temperature only; top-k 50 +
 top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
 over 256-token histories and logprobs=5). On CPU (CI, --benchmark-disable runs each case once)
 the row count drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it.
@@ -89,6 +90,13 @@ def test_sampler_greedy(benchmark, logits, sampler):
     assert out.token_ids == argmax_ids(logits)
 
 
+def test_sampler_temperature(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))
+    out = benchmark(sampler, logits, reqs)
+    assert len(out.token_ids) == ROWS and all(0 <= t < VOCAB for t in out.token_ids)
+
+
 def test_sampler_mixed(benchmark, logits, sampler):
     benchmark.group = "sampler"
     reqs = make_requests(ROWS, mixed_params)
@@ -112,11 +120,13 @@ def _time_ms(fn, reps: int = 20) -> float:
 def main() -> None:
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
     greedy = make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))
+    temperature = make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))
     mixed = make_requests(ROWS, mixed_params)
     base = _time_ms(lambda: argmax_ids(lg))
     print(f"device={DEVICE} rows={ROWS} vocab={VOCAB}")
     print(f"argmax          {base:8.3f} ms  1.00x")
-    for name, reqs in (("sampler_greedy", greedy), ("sampler_mixed", mixed)):
+    for name, reqs in (("sampler_greedy", greedy), ("sampler_temperature", temperature),
+                       ("sampler_mixed", mixed)):
         ms = _time_ms(lambda: sm(lg, reqs))
         print(f"{name:15s} {ms:8.3f} ms  {ms / base:.2f}x")
 

@@ -395,7 +395,6 @@ def test_triton_draw_matches_torch_draw():
     """The fused kernel (interpreted on CPU) draws the same tokens as the torch path."""
     from impls.engine import sampling_triton
     from impls.engine.sampler import draw_torch
-    from impls.engine.sampling_rng import split_keys
 
     if sampling_triton.triton is None:
         pytest.skip("triton not installed")
@@ -405,13 +404,12 @@ def test_triton_draw_matches_torch_draw():
     x = (torch.randn(rows, vocab, generator=gen) * 2).to(dev)
     x[0, 5] = x[0, 2900] = x[0].max() + 1  # a greedy tie: the lower id must win
     noisy = [False, True, True, True, False, True]
-    inv_t = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3], device=dev)
+    x_scale = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3], device=dev)
     thr = torch.tensor([float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5], device=dev)
-    keys = [0, row_key(1, 0), row_key(2, 5), row_key(3, 9), 0, 2**64 - 1]
-    lo, hi = split_keys(keys, dev)
+    keys = [0, row_key(1, 0), row_key(2, 5), row_key(3, 9), 0, 2**63 - 1]
     scale = torch.tensor([1.0 if n else 0.0 for n in noisy], device=dev)
-    got = sampling_triton.draw(x, inv_t, thr, lo, hi, scale)
-    want = draw_torch(x, inv_t, thr, keys, noisy)
+    got = sampling_triton.draw(x, x_scale, thr, torch.tensor(keys, device=dev), scale)
+    want = draw_torch(x, x_scale, thr, keys, noisy)
     assert got.tolist() == want.tolist()
     assert got[0].item() == 5
     assert all(x[i, t] >= thr[i] for i, t in enumerate(got.tolist()))

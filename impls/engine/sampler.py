@@ -8,8 +8,9 @@ the vocabulary:
 2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
    and top-p (`sampling_truncation`; no full sort in the common case);
 3. one draw over all rows by the Gumbel-max trick: argmax over tokens with x >= thr of
-   x / T + G, G = -log(-log(U)), is a sample of the cut softmax(x / T). Greedy rows are the
-   same argmax with T = 1, no noise and no cut, so mixed batches need no split. U is a hash of
+   x / T + G, G = -log(-log(U)), is a sample of the cut softmax(x / T) (computed in base 2,
+   see `sampling_rng.gumbel2`). Greedy rows are the same argmax with scale 1, no noise and no
+   cut, so mixed batches need no split. U is a hash of
    (row key, token id) (`sampling_rng`): a seeded row's key is (seed, output index), so its draw
    is the same whatever batch or position it is in; unseeded rows take 64 bits of the
    sampler's generator (`random.Random(seed)`). On CUDA the draw is one Triton pass
@@ -24,15 +25,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties, prompt_seen, to_device
 from . import sampling_triton
-from .sampling_rng import gumbel, row_key
+from .sampling_rng import gumbel2, row_key
 from .sampling_truncation import cut_thresholds
 
+LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_rng.gumbel2)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
 
@@ -94,16 +96,33 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
     return out
 
 
-def _has_cut(params, vocab: int) -> bool:
-    return 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
+class RowSpec(NamedTuple):
+    """What a row's params ask of the sampler, derived once per params object."""
+
+    edits: bool            # any of allowed ids, min_tokens, bias, penalties
+    noisy: bool            # random (temperature >= GREEDY_EPS) rather than greedy
+    wants_logprobs: bool
+    cut: bool              # a random row with a min-p, top-k or top-p cut
+    temperature: float     # 1.0 for greedy rows
+    x_scale: float         # log2(e) / T for random rows, 1.0 for greedy rows
+    noise: float           # 1.0 for random rows, 0.0 for greedy rows
+    seed: Optional[int]
+
+    @classmethod
+    def of(cls, p, vocab: int) -> "RowSpec":
+        noisy = p.temperature >= GREEDY_EPS
+        cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
+        t = p.temperature if noisy else 1.0
+        return cls(_needs_edits(p), noisy, p.logprobs is not None, cut, t,
+                   LOG2E / t if noisy else 1.0, 1.0 if noisy else 0.0, p.seed)
 
 
-def draw_torch(x, inv_t, thr, keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
+def draw_torch(x, x_scale, thr, keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
     """The plain-torch draw (CPU, and the oracle of the Triton kernel): argmax over tokens
-    with x >= thr of x * inv_t + Gumbel(keys[row], token) (noise only on `noisy` rows)."""
-    scaled = x * inv_t.unsqueeze(1)
+    with x >= thr of x * x_scale + gumbel2(keys[row], token) (noise only on `noisy` rows)."""
+    scaled = x * x_scale.unsqueeze(1)
     rows = [i for i, n in enumerate(noisy) if n]
-    noise = gumbel([keys[i] for i in rows], x.shape[1], x.device)
+    noise = gumbel2([keys[i] for i in rows], x.shape[1], x.device)
     if len(rows) == x.shape[0]:
         scaled = scaled + noise
     else:
@@ -123,20 +142,22 @@ class Sampler:
         self.device = torch.device(device)
         self.seed = seed
         self.generator = random.Random(seed)
-        self._flags: dict[int, tuple] = {}          # id(params) -> (params, flags); see _row_flags
+        self._specs: dict[int, tuple] = {}          # id(params) -> (params, RowSpec); see _row_specs
         self._prompt_masks: dict[int, tuple] = {}   # id(request) -> (request, bool [V] prompt mask)
 
-    def _row_flags(self, params) -> tuple[bool, bool, bool]:
-        """(needs edits, random, wants logprobs) of a params object, computed once per object:
-        the params are frozen, and the entry keeps the object alive so its id is not reused."""
-        hit = self._flags.get(id(params))
-        if hit is not None and hit[0] is params:
-            return hit[1]
-        if len(self._flags) > 4096:
-            self._flags.clear()
-        flags = (_needs_edits(params), params.temperature >= GREEDY_EPS, params.logprobs is not None)
-        self._flags[id(params)] = (params, flags)
-        return flags
+    def _row_specs(self, requests: Sequence) -> list[RowSpec]:
+        """Each row's RowSpec, computed once per params object (params are frozen; the entry
+        keeps the object alive so its id cannot be reused by another)."""
+        cache, out = self._specs, []
+        for r in requests:
+            p = r.params
+            hit = cache.get(id(p))
+            if hit is None or hit[0] is not p:
+                if len(cache) > 4096:
+                    cache.clear()
+                hit = cache[id(p)] = (p, RowSpec.of(p, self.vocab_size))
+            out.append(hit[1])
+        return out
 
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
         """prompt_seen, with each request's mask built once (prompts never change) and kept
@@ -166,55 +187,50 @@ class Sampler:
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
-        flags = [self._row_flags(r.params) for r in requests]
-        if any(f[0] for f in flags):
-            x = edit_logits(raw, requests, self._cached_prompt_seen)
-        else:
-            x = raw.float()
-        if any(f[1] for f in flags):
-            tokens = self._draw(x, requests)
+        specs = self._row_specs(requests)
+        edits, noisy, wants_logprobs, cut, temps, x_scale, noise, seeds = zip(*specs)
+        x = edit_logits(raw, requests, self._cached_prompt_seen) if any(edits) else raw.float()
+        if any(noisy):
+            thr = self._thresholds(x, requests, noisy, cut, temps)
+            keys = self._row_keys(requests, noisy, seeds)
+            tokens = self._draw(x, thr, x_scale, noise, keys)
         else:
             tokens = x.argmax(dim=1)
         token_ids = tokens.tolist()
-        if not any(f[2] for f in flags):
+        if not any(wants_logprobs):
             return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
-    def _row_key(self, request) -> int:
-        """Seeded rows: a key of (seed, output index). Unseeded: 64 bits of the generator."""
-        seed = request.params.seed
-        if seed is None:
-            return self.generator.getrandbits(64)
-        return row_key(seed, request.num_output_tokens)
+    def _row_keys(self, requests, noisy, seeds) -> list[int]:
+        """Per row: 0 (greedy), row_key(seed, output index) (seeded) or 63 bits of the
+        sampler's generator (unseeded)."""
+        bits = self.generator.getrandbits
+        return [0 if not n else bits(63) if s is None else row_key(s, r.num_output_tokens)
+                for r, n, s in zip(requests, noisy, seeds)]
 
-    def _draw(self, x: torch.Tensor, requests: Sequence) -> torch.Tensor:
-        """Every row in one draw: greedy rows are random rows with T = 1, no noise, no cut."""
+    def _draw(self, x: torch.Tensor, thr, x_scale, noise, keys) -> torch.Tensor:
+        """Every row in one draw: greedy rows have x_scale 1, no noise and no cut."""
         dev = x.device
-        noisy = [r.params.temperature >= GREEDY_EPS for r in requests]
-        temps = [r.params.temperature if n else 1.0 for r, n in zip(requests, noisy)]
-        keys = [self._row_key(r) if n else 0 for r, n in zip(requests, noisy)]
-        thr = self._thresholds(x, requests, noisy, temps)
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            inv_t, scale = to_device([[1.0 / t for t in temps], [1.0 if n else 0.0 for n in noisy]],
-                                     torch.float32, dev)
-            lo, hi = to_device([[k & 0xFFFFFFFF for k in keys], [k >> 32 for k in keys]], torch.int64, dev)
-            return sampling_triton.draw(x, inv_t, thr, lo, hi, scale)
-        inv_t = torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=dev)
-        return draw_torch(x, inv_t, thr, keys, noisy)
+            x_scale_t, noise_t = to_device([x_scale, noise], torch.float32, dev)
+            keys_t = torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
+            return sampling_triton.draw(x, x_scale_t, thr, keys_t, noise_t)
+        x_scale_t = torch.tensor(x_scale, dtype=torch.float32, device=dev)
+        return draw_torch(x, x_scale_t, thr, keys, [n > 0 for n in noise])
 
-    def _thresholds(self, x, requests, noisy, temps) -> torch.Tensor:
+    def _thresholds(self, x, requests, noisy, cut, temps) -> torch.Tensor:
         """Raw-space cut per row (-inf for greedy rows and rows without a cut)."""
         vocab = x.shape[1]
-        rows = [i for i, (r, n) in enumerate(zip(requests, noisy)) if n and _has_cut(r.params, vocab)]
+        rows = [i for i, c in enumerate(cut) if c]
         thr = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
         if not rows:
             return thr
         params = [requests[i].params for i in rows]
         index = torch.tensor(rows, dtype=torch.long, device=x.device)
         sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
-        cut = cut_thresholds(sub, [temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
-                             [p.top_p for p in params], [p.min_p for p in params])
-        return cut if len(rows) == x.shape[0] else thr.index_copy(0, index, cut)
+        cut_thr = cut_thresholds(sub, [temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
+                                 [p.top_p for p in params], [p.min_p for p in params])
+        return cut_thr if len(rows) == x.shape[0] else thr.index_copy(0, index, cut_thr)
 
     def _logprobs(self, raw, tokens, token_ids, requests) -> list:
         rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]

@@ -26,14 +26,13 @@ _M3 = 0x2C1B3C6D
 
 
 def row_key(seed: int, output_index: int) -> int:
-    """A 64-bit key for one draw: splitmix64 over the seed and the output token index.
-
-    Plain Python integers, so exact; distinct (seed, index) pairs give unrelated keys.
-    """
+    """A 63-bit key for one draw: splitmix64 over the seed and the output token index, top bit
+    dropped so that keys fit a non-negative int64. Plain Python integers, so exact; distinct
+    (seed, index) pairs give unrelated keys."""
     x = (seed * 0x9E3779B97F4A7C15 + output_index * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+    return (x ^ (x >> 31)) >> 1
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -74,6 +73,10 @@ def seeded_uniform(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor
     return bits_to_uniform(hash_bits(tokens, lo.unsqueeze(1), hi.unsqueeze(1)))
 
 
-def gumbel(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
-    """Gumbel(0, 1) noise -log(-log(u)) per (key, token), float32 [len(keys), vocab_size]."""
-    return -torch.log(-torch.log(seeded_uniform(keys, vocab_size, device)))
+def gumbel2(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
+    """Base-2 Gumbel noise -log2(-log2(u)) per (key, token), float32 [len(keys), V].
+
+    If G = -ln(-ln u) is a standard Gumbel, -log2(-log2 u) = G * log2(e) + log2(ln 2): the same
+    noise scaled by log2(e) and shifted by a constant. So argmax(x / T * log2(e) + noise) is a
+    Gumbel-max draw from softmax(x / T); log2 is the GPU's native logarithm."""
+    return -torch.log2(-torch.log2(seeded_uniform(keys, vocab_size, device)))
