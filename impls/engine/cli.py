@@ -3,6 +3,7 @@
     enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
+    enginespec bench [...]        (the end-to-end throughput harness; see bench.py)
 
 Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
 is wrong to stderr and exits with status 2, no traceback.
@@ -73,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_engine_args(demo)
     sub.add_parser("simulate", help="the scheduler over a fake model (options: enginespec simulate -h)",
                    add_help=False)
+    sub.add_parser("bench", help="end-to-end throughput vs transformers and the roofline "
+                   "(options: enginespec bench -h)", add_help=False)
     return parser
 
 
@@ -109,6 +112,10 @@ def _demo(ns: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one subcommand; returns the exit status (2 with a one-line message on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:]) or 0
     if argv and argv[0] == "simulate":
         from .simulate import main as simulate_main
 

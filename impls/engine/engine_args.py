@@ -2,7 +2,8 @@
 
 Ours beyond vLLM's: `impl` (which Implementation), `num_blocks` / `kv_cache_bytes` (the host
 pool size on CPU), `preemption_mode` ("recompute" or "swap"), `device` ("auto", "cpu", "cuda",
-"cuda:1"), `skip_tokenizer` (token ids in and out only).
+"cuda:1"), `skip_tokenizer` (token ids in and out only). `enforce_eager` (vLLM's name) turns
+CUDA graphs off.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     device: str = "auto"
     skip_tokenizer: bool = False
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

@@ -90,7 +90,8 @@ class EngineCore:
             max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
             num_blocks=args.num_blocks, kv_cache_bytes=args.kv_cache_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            num_gpu_blocks_override=args.num_gpu_blocks_override, sample_fn=self.sampler)
+            num_gpu_blocks_override=args.num_gpu_blocks_override, sample_fn=self.sampler,
+            enforce_eager=args.enforce_eager)
         self.block_manager = self.impl.new_block_manager(self.runner.num_blocks, args.block_size,
                                                          args.enable_prefix_caching)
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)

@@ -56,7 +56,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, num_blocks: Optional[int] = None,
                  kv_cache_bytes: Optional[int] = None, gpu_memory_utilization: float = 0.9,
                  num_gpu_blocks_override: Optional[int] = None,
-                 sample_fn: Optional[Callable] = None):
+                 sample_fn: Optional[Callable] = None, enforce_eager: bool = False):
         self.model = model
         self.impl = impl
         self.block_size = block_size
@@ -73,6 +73,13 @@ class ModelRunner:
             self.num_blocks = self._cpu_num_blocks(num_blocks, kv_cache_bytes)
         self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
         self._host: dict[str, list[torch.Tensor]] = {}
+        self.graphs = None
+        if (self.device.type == "cuda" and not enforce_eager
+                and "cuda_graphs" in getattr(impl, "capabilities", ())):
+            from .cuda_graphs import try_capture
+
+            self.graphs = try_capture(model, self.kv_caches, block_size=block_size,
+                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs)
 
     # ---- sizing -------------------------------------------------------------------------------
 
@@ -195,14 +202,21 @@ class ModelRunner:
     # ---- one step -----------------------------------------------------------------------------
 
     def prepare(self, output: SchedulerOutput, block_manager) -> Batch:
-        """The flat batch of one step (built before update_from_output)."""
-        return self.build_batch(output, block_manager, self.device)
+        """The flat batch of one step (built before update_from_output). A step of one-token
+        requests is padded to a captured CUDA-graph bucket when graphs are on."""
+        pad_to = None
+        if self.graphs is not None and all(n == 1 for _, n in output.scheduled):
+            pad_to = self.graphs.bucket_for(len(output.scheduled))
+        return self.build_batch(output, block_manager, self.device, pad_to=pad_to)
 
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecuteOutput:
         """Forward the batch (writing its K/V into the pool) and return the logits of the rows
         that sample, plus those of prompt positions asked for by prompt_logprobs."""
-        hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.forward(batch)
+        else:
+            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         prompt_logits = {}
         if batch.prompt_logprob_rows:
