@@ -13,8 +13,10 @@ Options:
   array-api-tests.
 
 Hypothesis profiles: `ci` (few examples, no deadline, derandomized so a failure reproduces on
-every machine), `dev` (more examples, still no deadline), `thorough` (many examples and longer
-stateful runs). `ci` is loaded unless `--hypothesis-profile` or $HYPOTHESIS_PROFILE names another.
+every machine, and no shrinking: shrinking a failing stateful trace can take minutes, while the
+derandomized failing example is reported at once and replays with the printed blob), `dev`
+(more examples, shrinking, still no deadline), `thorough` (many examples and longer stateful
+runs). `ci` is loaded unless `--hypothesis-profile` or $HYPOTHESIS_PROFILE names another.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 ENV_IMPL = "ENGINESPEC_IMPL"
 ENV_PROFILE = "HYPOTHESIS_PROFILE"
@@ -30,7 +32,8 @@ DEFAULT_PROFILE = "ci"
 
 settings.register_profile(
     "ci", max_examples=12, stateful_step_count=25, deadline=None, derandomize=True,
-    database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.register_profile(
     "dev", max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])

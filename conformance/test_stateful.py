@@ -34,7 +34,7 @@ class EngineLockstep(RuleBasedStateMachine):
     impls: tuple = ()
     mode: str = "recompute"
 
-    @initialize(scn=scenarios(max_requests=1), data=st.data())
+    @initialize(scn=scenarios(max_requests=4), data=st.data())
     def setup(self, scn, data):
         scn.config = dataclasses.replace(scn.config, preemption_mode=self.mode)
         self.scn = scn
@@ -42,8 +42,10 @@ class EngineLockstep(RuleBasedStateMachine):
                       for impl in self.impls]
         self.limits = Limits.of(scn.config, scn.num_blocks, scn.block_size)
         self.stems = data.draw(stems_for(scn.block_size))
-        self.num_added = 0
+        self.num_added = len(scn.requests)
         self.clock = 0
+        for spec in scn.requests:  # start with work, so runs that only step still exercise it
+            self.agree(lambda side: side.add(spec))
 
     def agree(self, fn):
         results = [fn(side) for side in self.sides]
@@ -57,7 +59,6 @@ class EngineLockstep(RuleBasedStateMachine):
         self.num_added += 1
         self.agree(lambda side: side.add(spec))
 
-    @precondition(lambda self: self.num_added > 0)
     @rule(data=st.data())
     def add_refused(self, data):
         """A duplicate id or a request that can never fit: ValueError on both, nothing changes."""
@@ -74,10 +75,12 @@ class EngineLockstep(RuleBasedStateMachine):
             assert (side.bm.state(), [request_view(r) for r in side.live.values()]) == before
         self.agree(refuse)
 
-    @precondition(lambda self: self.num_added > 0)
     @rule(data=st.data())
     def abort(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.sides[0].all) + ["unknown"]))
+        """Abort a live request (any state) most of the time, else a finished or unknown id."""
+        live = sorted(self.sides[0].live)
+        others = sorted(set(self.sides[0].all) - set(live)) + ["unknown"]
+        rid = data.draw(st.sampled_from(live if live and data.draw(st.integers(0, 3)) else others))
         self.agree(lambda side: side.abort(rid))
 
     @precondition(lambda self: any(r.status == Status.RUNNING for r in self.sides[0].live.values()))
@@ -120,4 +123,5 @@ def test_lockstep_with_reference(impl, reference_impl, mode):
     if mode == "swap" and "swap" not in getattr(impl, "capabilities", frozenset()):
         pytest.skip(f"{impl.name} does not declare the swap capability")
     machine = type(f"Lockstep_{mode}", (EngineLockstep,), {"impls": (impl, reference_impl), "mode": mode})
-    run_state_machine_as_test(machine, settings=settings())
+    # Traces are cheap (no tensors): run 4x the profile's examples, the main net of the suite.
+    run_state_machine_as_test(machine, settings=settings(max_examples=4 * settings().max_examples))
