@@ -1,0 +1,152 @@
+"""Meta-tests: the suite catches planted bugs, passes the reference, and runs outside backends.
+
+Each planted bug (conformance/planted/bugs.py) is run exactly as an outsider would run their own
+backend: `python -m pytest <selection> --impl=conformance.planted.bugs:<NAME>` in a fresh
+process, and that run must FAIL (exit code 1: tests failed, not a usage or collection error).
+The unmodified reference must pass a superset of the same selections, or the meta-test could
+pass for the wrong reason. The runs are independent processes, so they are started together
+(a few at a time) by one session fixture and each test checks its own result.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from .planted.bugs import BUGS
+from .plugin import impl_target, read_xfails
+
+REPO = Path(__file__).resolve().parents[1]
+BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
+
+#: The smallest selection that must catch each bug (the point of DESIGN it breaks).
+SELECTIONS = {
+    "ONE_TOKEN_LEFT_DROPPED": [BM, "-k", "one_token_left"],
+    "MATCH_PAST_MISS": [BM, "-k", "stop_at_first_miss"],
+    "HALF_DONE_ALLOCATION": [BM, "-k", "pool_lockstep"],
+    "REVIVED_CACHED_BLOCKS_FREE": [BM, "-k", "revived_cached_blocks"],
+    "HEAD_FIRST_FREE": [BM, "-k", "lru_order"],
+    "NO_EVICTION": [BM, "-k", "lru_order"],
+    "HASH_IGNORES_PARENT": [BM, "-k", "pool_lockstep"],
+    "HASH_IGNORES_CACHE_KEY": [BM, "-k", "cached_prefix_rules"],
+    "ABORT_LEAKS_BLOCK": [SCHED, "-k", "abort_from_any_state"],
+    "STALE_COMPUTED_AFTER_RECOMPUTE": [SCHED, "-k", "preemption_under_pressure"],
+    "ADMIT_AFTER_PREEMPT": [SCHED, "-k", "preemption_under_pressure"],
+    "BUDGET_OVERRUN": [SCHED, "-k", "every_step_invariants"],
+    "WRONG_VICTIM": [SCHED, "-k", "preemption_under_pressure"],
+    "THRESHOLD_IGNORED": [SCHED, "-k", "every_step_invariants"],
+    "MIN_TOKENS_IGNORED": [SCHED, "-k", "every_step_invariants"],
+}
+
+OUTSIDE_MODULE = '''
+    """A backend shipped outside enginespec: here, the reference's parts under another name."""
+    from spec import load_impl
+
+    _reference = load_impl("reference")
+
+
+    class OutsideImpl(type(_reference)):
+        name = "outside-backend"
+
+
+    IMPL = OutsideImpl()
+'''
+
+
+def run_pytest(args: list[str], cwd: Path = REPO, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    """A fresh `python -m pytest` under the ci profile, untouched by this run's impl settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "HYPOTHESIS_PROFILE", "PYTEST_ADDOPTS")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def jobs(tmp: Path) -> dict:
+    """Every subprocess run this module checks, by name: () -> CompletedProcess."""
+    out = {bug: (lambda bug=bug: run_pytest([*SELECTIONS[bug], f"--impl=conformance.planted.bugs:{bug}"]))
+           for bug in BUGS}
+    out["reference"] = lambda: run_pytest([BM, SCHED, "--impl=reference"])
+    (tmp / "outside_backend.py").write_text(textwrap.dedent(OUTSIDE_MODULE))
+    out["outside"] = lambda: run_pytest(["-v", "--pyargs", "conformance.test_errors", "conformance.test_scheduler",
+                                         "--impl=outside_backend:IMPL"], cwd=tmp, pythonpath=tmp)
+    xfails = tmp / "xfails.txt"
+    xfails.write_text("# known gaps of MATCH_PAST_MISS\n\n"
+                      "test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n")
+    out["xfails"] = lambda: run_pytest([*SELECTIONS["MATCH_PAST_MISS"], f"--xfails-file={xfails}",
+                                        "--impl=conformance.planted.bugs:MATCH_PAST_MISS"])
+    return out
+
+
+def job_of(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "bug" in callspec.params:
+        return callspec.params["bug"]
+    return {"test_reference_passes_the_same_selections": "reference", "test_outside_backend_module": "outside",
+            "test_xfails_file_marks_known_gaps": "xfails"}.get(item.name)
+
+
+@pytest.fixture(scope="session")
+def meta_runs(request, tmp_path_factory):
+    """Run the subprocesses of every selected meta-test, three at a time."""
+    wanted = {job_of(item) for item in request.session.items if item.module.__name__ == __name__} - {None}
+    todo = {name: fn for name, fn in jobs(tmp_path_factory.mktemp("meta")).items() if name in wanted}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(fn) for name, fn in todo.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    return f"exit code {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-2000:]}"
+
+
+def test_every_bug_has_a_selection():
+    assert len(BUGS) >= 10 and sorted(SELECTIONS) == BUGS
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_planted_bug_is_caught(meta_runs, bug):
+    proc = meta_runs[bug]
+    assert proc.returncode == 1, f"the suite did not catch {bug} (exit 1 = tests failed)\n{describe(proc)}"
+    assert " failed" in proc.stdout
+
+
+def test_reference_passes_the_same_selections(meta_runs):
+    proc = meta_runs["reference"]
+    assert proc.returncode == 0 and " passed" in proc.stdout, describe(proc)
+
+
+def test_outside_backend_module(meta_runs):
+    """A module outside the repo, on PYTHONPATH, run with --impl=module:attr from its own directory
+    (-v on top of -q brings the report header back, which names the impl under test)."""
+    proc = meta_runs["outside"]
+    assert "enginespec impl under test: outside-backend (--impl=outside_backend:IMPL)" in proc.stdout, describe(proc)
+    assert proc.returncode == 0 and " passed" in proc.stdout, describe(proc)
+
+
+def test_xfails_file_marks_known_gaps(meta_runs):
+    proc = meta_runs["xfails"]
+    assert proc.returncode == 0 and "1 xfailed" in proc.stdout, describe(proc)
+
+
+def test_impl_target_precedence(monkeypatch):
+    """--impl beats $ENGINESPEC_IMPL, which beats the default "reference"."""
+    def config(option):
+        return SimpleNamespace(getoption=lambda name: option if name == "--impl" else None)
+    monkeypatch.delenv("ENGINESPEC_IMPL", raising=False)
+    assert impl_target(config(None)) == "reference"
+    monkeypatch.setenv("ENGINESPEC_IMPL", "fast")
+    assert impl_target(config(None)) == "fast"
+    assert impl_target(config("pkg.mod:IMPL")) == "pkg.mod:IMPL"
+
+
+def test_read_xfails(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("# header\n\n  test_a.py::test_one  # reason one\ntest_b\n")
+    assert read_xfails(str(path)) == [("test_a.py::test_one", "reason one"), ("test_b", f"listed in {path}")]
