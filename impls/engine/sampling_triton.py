@@ -44,7 +44,7 @@ if triton is not None:
         x_scale = tl.load(x_scale_ptr + row)
         thr = tl.load(thr_ptr + row)
         seed_key = tl.load(key_ptr + row)
-        lo = (seed_key & 0xFFFFFFFF).to(tl.uint32)
+        lo = seed_key.to(tl.uint32)           # integer casts truncate: the low 32 bits
         hi = (seed_key >> 32).to(tl.uint32)
         noise_scale = tl.load(noisy_ptr + row)
         lanes = tl.arange(0, BLOCK)
