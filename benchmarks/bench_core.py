@@ -26,7 +26,6 @@ Cases:
 """
 from __future__ import annotations
 
-import copy
 import os
 import random
 import sys

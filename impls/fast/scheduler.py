@@ -6,15 +6,16 @@ waiting; no admission in a step that preempted). What makes it cheap:
   lives on the request, `_key`), never re-sorted;
 - unfinished requests are found by id in a dict; finishing removes from a queue by bisecting
   on the key (O(log n) search), not by scanning;
-- the decode loop reads plain attributes and calls the block manager only for what a step can
-  change; `QueueOps` keeps the key arithmetic in one place.
+- the decode loop reads plain attributes and calls the block manager only when the request's
+  mirrors (`_capacity`, `_publish_at`, kept by FastBlockManager) say a call can change
+  something; the stop rules are one set lookup and one comparison per token.
+The scheduler takes the fast impl's requests (it keeps `_key` and reads the stop-rule fields
+FastRequest prepares); any spec.BlockManager works, FastBlockManager makes decodes cheap.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
-from typing import Optional
-
 from spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
 _key_of = attrgetter("_key")
