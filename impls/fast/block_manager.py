@@ -196,13 +196,7 @@ class FastBlockManager:
             self._release(reversed(table))
 
     def _release(self, blocks) -> None:
-        ref = self._ref
-        push = self._queue.push_back
-        for b in blocks:
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                push(b)
+        self._queue.release(blocks, self._ref)
 
     def trim(self, request, num_tokens: int) -> None:
         """Keep the blocks of the first num_tokens tokens; free the rest, tail first. The kept

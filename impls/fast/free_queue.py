@@ -69,16 +69,20 @@ class FreeQueue:
         prv[tail] = block
         self.size += 1
 
-    def push_back_many(self, blocks: Iterable[int]) -> None:
-        """Link several blocks at the back, in the given order (one pass, no temporary list)."""
+    def release(self, blocks: Iterable[int], ref_counts: list[int]) -> None:
+        """Drop one reference of each block, in order; link every block reaching 0 at the back,
+        in that order. One pass, no temporary list: the batched form of free()."""
         prv, nxt = self.prev, self.next
         last = prv[self.tail]
         count = 0
         for block in blocks:
-            nxt[last] = block
-            prv[block] = last
-            last = block
-            count += 1
+            r = ref_counts[block] - 1
+            ref_counts[block] = r
+            if r == 0:
+                nxt[last] = block
+                prv[block] = last
+                last = block
+                count += 1
         nxt[last] = self.tail
         prv[self.tail] = last
         self.size += count

@@ -47,25 +47,38 @@ def test_incremental_hashes_equal_the_canonical_chain(seed):
 
 
 def test_free_queue_matches_a_plain_list():
+    """Random pops, removals, single pushes and batched releases (only blocks whose count
+    reaches 0 join, in release order) against a list model."""
     rng = random.Random(0)
     num = 40
     queue, model = FreeQueue(num), list(range(num))
+    refs = [0] * num
     for _ in range(3000):
         op = rng.randrange(4)
         if op == 0 and model:
-            assert queue.pop_front() == model.pop(0)
+            b = queue.pop_front()
+            assert b == model.pop(0)
+            refs[b] = rng.randint(1, 2)
         elif op == 1 and model:
             b = rng.choice(model)
             queue.remove(b)
             model.remove(b)
+            refs[b] = 1
+        elif op == 2:
+            held = [b for b in range(num) if refs[b] > 0]
+            chosen = rng.sample(held, min(len(held), rng.randint(0, 4)))
+            queue.release(chosen, refs)
+            model += [b for b in chosen if refs[b] == 0]
         else:
-            out = [b for b in range(num) if b not in model]
-            rng.shuffle(out)
-            chosen = out[:rng.randint(0, 3)] if op == 2 else out[:1]
-            queue.push_back_many(chosen) if op == 2 else [queue.push_back(b) for b in chosen]
-            model += chosen
+            out = [b for b in range(num) if b not in model and refs[b] == 1]
+            if out:
+                b = rng.choice(out)
+                refs[b] = 0
+                queue.push_back(b)
+                model.append(b)
         assert len(queue) == len(model)
         assert all((b in queue) == (b in model) for b in range(num))
+        assert all((refs[b] == 0) == (b in model) for b in range(num))
     assert queue.to_list() == model
 
 
