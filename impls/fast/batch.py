@@ -24,7 +24,8 @@ from .batch_buffers import ZERO_SLOT, Staging, TableRows
 
 
 class _Rows:
-    """What the per-request loop collects for one step (plain lists, reused)."""
+    """What the per-request loop collects for one step (plain lists; numpy takes them in one
+    conversion each; sample_ids and prompt_rows go into the Batch as they are)."""
 
     __slots__ = ("ids", "starts", "counts", "slots", "logits", "sample_ids", "prompt_rows",
                  "width", "trim")
@@ -70,7 +71,8 @@ class BatchBuilder:
         logits, sample_ids = acc.logits, acc.sample_ids
         bs = block_manager.block_size
         tables = getattr(block_manager, "_tables", None)
-        sync = self._tables.sync
+        rows = self._tables
+        sync, slot_of, table_of, len_of = rows.sync, rows.slot_of, rows.table_of, rows.len_of
         width = 1
         for r, n in scheduled:
             rid = r.request_id
@@ -91,7 +93,10 @@ class BatchBuilder:
                 acc.trim = True
             if need > width:
                 width = need
-            slots.append(sync(rid, table))
+            slot = slot_of.get(rid)  # inline TableRows.sync's no-change case
+            if slot is None or table_of[slot] is not table or len_of[slot] != len(table):
+                slot = sync(rid, table)
+            slots.append(slot)
             starts.append(c)
             counts.append(n)
             if end >= len(r.token_ids):
