@@ -80,12 +80,14 @@ def cut_thresholds(x: torch.Tensor, temperature: Sequence[float], top_k: Sequenc
         total = total.index_copy(0, rows, _open_total(x[rows], ranked[rows], thr[rows], inv_t[rows]))
     p_thr, reached = _top_p_cut(ranked, total, inv_t, p)
     p_thr = torch.where(p.squeeze(1) < 1.0, p_thr, torch.full_like(p_thr, NEG_INF))
-    thr = torch.maximum(thr.squeeze(1), p_thr)
+    base = thr.squeeze(1)  # the min-p / top-k cut, before top-p
+    thr = torch.maximum(base, p_thr)
     if open_rows:
         missing = rows[~reached[rows]].tolist()  # a host sync, only when open rows exist
         if missing:  # rare: flat rows whose top_p mass lies beyond the candidates
             idx = _tensor(missing, torch.long, dev)
-            thr[idx] = torch.maximum(thr[idx], _top_p_full_sort(x[idx], thr[idx].unsqueeze(1), inv_t[idx], p[idx]))
+            full = _top_p_full_sort(x[idx], base[idx].unsqueeze(1), inv_t[idx], p[idx])
+            thr[idx] = torch.maximum(base[idx], full)
     return thr
 
 
