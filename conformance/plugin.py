@@ -69,7 +69,8 @@ def pytest_report_header(config):
         name = getattr(load_impl(target), "name", "?")
     except Exception as e:  # the header must not hide the real error from the impl fixture
         name = f"<cannot load: {e}>"
-    return [f"enginespec impl under test: {name} (--impl={target}); "
+    source = ("--impl" if config.getoption("--impl") else ENV_IMPL if os.environ.get(ENV_IMPL) else "default")
+    return [f"enginespec impl under test: {name} ({source}={target}); "
             f"hypothesis profile: {settings.get_current_profile_name()}"]
 
 

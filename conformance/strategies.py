@@ -249,6 +249,10 @@ def scenarios(draw, max_requests: int = 6, max_tokens: int = 8, max_blocks: int 
     requests = draw(workloads(limits, max_requests=max_requests, max_tokens=max_tokens))
     return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @st.composite
 def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
     """All requests are admitted in step 1 (budget and seats suffice, prompts fit together) but
@@ -258,8 +262,8 @@ def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
     count = draw(st.integers(2, 4))
     prompt_blocks = [draw(st.integers(1, 2)) for _ in range(count)]
     max_tokens = [draw(st.integers(2, 3)) * block_size + 1] * count  # equal: all peak in the same step
-    need_end = max(cdiv_(b * block_size + m, block_size) for b, m in zip(prompt_blocks, max_tokens))
-    need_all = sum(cdiv_(b * block_size + m - 1, block_size) for b, m in zip(prompt_blocks, max_tokens))
+    need_end = max(_cdiv(b * block_size + m, block_size) for b, m in zip(prompt_blocks, max_tokens))
+    need_all = sum(_cdiv(b * block_size + m - 1, block_size) for b, m in zip(prompt_blocks, max_tokens))
     num_blocks = draw(st.integers(max(sum(prompt_blocks), need_end), max(sum(prompt_blocks), need_end, need_all - 1)))
     budget = sum(prompt_blocks) * block_size
     config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=count,
@@ -272,10 +276,6 @@ def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
                                     priority=draw(st.integers(0, 2)), arrival_time=float(i),
                                     cache_key=(f"p{i}",)))
     return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
-
-
-def cdiv_(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------- (engine sections below)

@@ -14,12 +14,12 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from spec import SamplingParams
+from spec import SamplingParams, hash_request_blocks
 
 from .fake_model import FakeModel
 from .invariants import (cdiv, check_allocate, check_no_caching, check_pool, check_release, check_request,
                          check_table_hashes, expected_prefix)
-from .strategies import EOS_TOKEN_ID, block_sizes, cache_keys, stems_for, token_lists
+from .strategies import EOS_TOKEN_ID, block_sizes, cache_keys, pool_shapes, stems_for, token_lists
 
 MODEL = FakeModel()
 
@@ -50,7 +50,6 @@ def check_published(bm, r, start: int, end: int) -> None:
         check_no_caching(state)
         return
     table = state.tables[r.request_id]
-    from spec import hash_request_blocks
     chain = hash_request_blocks(r.token_ids, bm.block_size, r.cache_key)
     for i in range(start // bm.block_size, min(end, r.num_tokens) // bm.block_size):
         assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
@@ -71,9 +70,10 @@ class PoolMachine(RuleBasedStateMachine):
 
     impls: tuple = ()
 
-    @initialize(num_blocks=st.integers(1, 10), block_size=block_sizes, caching=st.booleans(), data=st.data())
-    def setup(self, num_blocks, block_size, caching, data):
-        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+    @initialize(shape=pool_shapes(max_blocks=10), caching=st.booleans(), data=st.data())
+    def setup(self, shape, caching, data):
+        (num_blocks, block_size), self.caching = shape, caching
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.sides = [Side(impl, num_blocks, block_size, caching) for impl in self.impls]
         self.stems = data.draw(stems_for(block_size))
         self.num_added = 0

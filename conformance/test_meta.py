@@ -25,23 +25,36 @@ from .plugin import impl_target, read_xfails
 REPO = Path(__file__).resolve().parents[1]
 BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
 
-#: The smallest selection that must catch each bug (the point of DESIGN it breaks).
+STATEFUL = "conformance/test_stateful.py"
+
+
+def _bm(k: str) -> list[str]:
+    """A directed block-pool property, with the pool lockstep as a second net."""
+    return [BM, "-k", f"{k} or pool_lockstep"]
+
+
+def _sched(k: str) -> list[str]:
+    """A scheduler property, with the engine lockstep as a second net (-x stops at the first)."""
+    return [SCHED, STATEFUL, "-k", f"{k} or lockstep_with_reference"]
+
+
+#: A small selection that must catch each bug (the DESIGN point it breaks first).
 SELECTIONS = {
-    "ONE_TOKEN_LEFT_DROPPED": [BM, "-k", "one_token_left"],
+    "ONE_TOKEN_LEFT_DROPPED": _bm("one_token_left"),
     "MATCH_PAST_MISS": [BM, "-k", "stop_at_first_miss"],
-    "HALF_DONE_ALLOCATION": [BM, "-k", "pool_lockstep"],
-    "REVIVED_CACHED_BLOCKS_FREE": [BM, "-k", "revived_cached_blocks"],
-    "HEAD_FIRST_FREE": [BM, "-k", "lru_order"],
-    "NO_EVICTION": [BM, "-k", "lru_order"],
-    "HASH_IGNORES_PARENT": [BM, "-k", "pool_lockstep"],
-    "HASH_IGNORES_CACHE_KEY": [BM, "-k", "cached_prefix_rules"],
-    "ABORT_LEAKS_BLOCK": [SCHED, "-k", "abort_from_any_state"],
-    "STALE_COMPUTED_AFTER_RECOMPUTE": [SCHED, "-k", "preemption_under_pressure"],
-    "ADMIT_AFTER_PREEMPT": [SCHED, "-k", "preemption_under_pressure"],
-    "BUDGET_OVERRUN": [SCHED, "-k", "every_step_invariants"],
-    "WRONG_VICTIM": [SCHED, "-k", "preemption_under_pressure"],
-    "THRESHOLD_IGNORED": [SCHED, "-k", "every_step_invariants"],
-    "MIN_TOKENS_IGNORED": [SCHED, "-k", "every_step_invariants"],
+    "HALF_DONE_ALLOCATION": _bm("revived_cached_blocks"),
+    "REVIVED_CACHED_BLOCKS_FREE": _bm("revived_cached_blocks"),
+    "HEAD_FIRST_FREE": _bm("lru_order"),
+    "NO_EVICTION": _bm("lru_order"),
+    "HASH_IGNORES_PARENT": _bm("one_token_left"),
+    "HASH_IGNORES_CACHE_KEY": _bm("cached_prefix_rules"),
+    "ABORT_LEAKS_BLOCK": _sched("abort_from_any_state"),
+    "STALE_COMPUTED_AFTER_RECOMPUTE": _sched("preemption_under_pressure"),
+    "ADMIT_AFTER_PREEMPT": _sched("preemption_under_pressure"),
+    "BUDGET_OVERRUN": _sched("every_step_invariants"),
+    "WRONG_VICTIM": _sched("preemption_under_pressure"),
+    "THRESHOLD_IGNORED": _sched("every_step_invariants"),
+    "MIN_TOKENS_IGNORED": _sched("every_step_invariants"),
 }
 
 OUTSIDE_MODULE = '''
@@ -72,7 +85,7 @@ def jobs(tmp: Path) -> dict:
     """Every subprocess run this module checks, by name: () -> CompletedProcess."""
     out = {bug: (lambda bug=bug: run_pytest([*SELECTIONS[bug], f"--impl=conformance.planted.bugs:{bug}"]))
            for bug in BUGS}
-    out["reference"] = lambda: run_pytest([BM, SCHED, "--impl=reference"])
+    out["reference"] = lambda: run_pytest([BM, SCHED, STATEFUL, "--impl=reference"])  # a superset
     (tmp / "outside_backend.py").write_text(textwrap.dedent(OUTSIDE_MODULE))
     out["outside"] = lambda: run_pytest(["-v", "--pyargs", "conformance.test_errors", "conformance.test_scheduler",
                                          "--impl=outside_backend:IMPL"], cwd=tmp, pythonpath=tmp)
@@ -95,7 +108,7 @@ def job_of(item) -> str | None:
 @pytest.fixture(scope="session")
 def meta_runs(request, tmp_path_factory):
     """Run the subprocesses of every selected meta-test, three at a time."""
-    wanted = {job_of(item) for item in request.session.items if item.module.__name__ == __name__} - {None}
+    wanted = {job_of(item) for item in request.session.items if getattr(getattr(item, "module", None), "__name__", None) == __name__} - {None}
     todo = {name: fn for name, fn in jobs(tmp_path_factory.mktemp("meta")).items() if name in wanted}
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(fn) for name, fn in todo.items()}

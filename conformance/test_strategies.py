@@ -15,7 +15,8 @@ from spec import SamplingParams, SchedulerConfig
 from .fake_model import FakeModel
 from .invariants import Harness, cdiv
 from .strategies import (_BAD_CONFIG, _BAD_PARAMS, EOS_TOKEN_ID, VOCAB_SIZE, Limits, RequestSpec,
-                         invalid_config_kwargs, invalid_sampling_kwargs, pressure_scenarios, scenarios)
+                         invalid_config_kwargs, invalid_sampling_kwargs, pool_shapes, pressure_scenarios,
+                         sampling_params, scenarios)
 
 FIND = settings(max_examples=2000, database=None, deadline=None, phases=[Phase.generate])  # found is enough: no shrinking
 
@@ -28,6 +29,14 @@ def test_scenarios_fit(scn):
         assert scn.limits.fits(len(spec.prompt_token_ids), spec.params.max_tokens), spec
         assert all(0 < t < VOCAB_SIZE for t in spec.prompt_token_ids)
         assert spec.params.min_tokens <= spec.params.max_tokens
+
+
+@given(params=sampling_params(), shape=pool_shapes())
+def test_small_draws_are_valid(params, shape):
+    assert params.greedy and 0 <= params.min_tokens <= params.max_tokens
+    assert set(params.stop_token_ids) <= set(range(1, VOCAB_SIZE))
+    num_blocks, block_size = shape
+    assert num_blocks >= 1 and block_size >= 1
 
 
 @given(scn=pressure_scenarios())
