@@ -48,6 +48,19 @@ def word_level(clean_up: bool = False):
                                    clean_up_tokenization_spaces=clean_up)
 
 
+@functools.lru_cache(maxsize=None)
+def metaspace():
+    """SentencePiece-style pieces ('▁' marks a word start; Llama 2 / Mistral decoders drop the
+    first one): decoding a window must not lose or add the spaces a full decode has."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "</s>", "▁a", "▁b", "c", "d", "▁", "▁stop", "é", "▁你", "好"]
+    tok = Tokenizer(models.WordLevel(vocab={p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
 def _byte_char(b: int) -> str:
     """The printable stand-in the byte-level alphabet uses for byte b."""
     if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
@@ -130,6 +143,13 @@ def test_arbitrary_ids_decode_like_full_decode(ids, rng):
     want = tok.decode(ids, skip_special_tokens=True)
     assert detok.text == want
     assert "".join(deltas) == want
+
+
+@given(st.lists(st.integers(2, 10), min_size=1, max_size=20), st.randoms(use_true_random=False))
+def test_metaspace_windows_keep_spaces(ids, rng):
+    tok = metaspace()
+    deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)))
+    assert detok.text == tok.decode(ids) == "".join(deltas)
 
 
 def test_word_level_tokens_join_with_spaces():
