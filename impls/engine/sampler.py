@@ -10,11 +10,15 @@ the vocabulary:
 3. one draw over all rows by the Gumbel-max trick: argmax over tokens with x >= thr of
    x / T + G, G = -log(-log(U)), is a sample of the cut softmax(x / T) (computed in base 2,
    see `sampling_rng.gumbel2`). Greedy rows are the same argmax with scale 1, no noise and no
-   cut, so mixed batches need no split. U is a hash of
-   (row key, token id) (`sampling_rng`): a seeded row's key is (seed, output index), so its draw
-   is the same whatever batch or position it is in; unseeded rows take 64 bits of the
-   sampler's generator (`random.Random(seed)`). On CUDA the draw is one Triton pass
-   (`sampling_triton`), elsewhere plain torch (`draw_torch`), with the same noise bits.
+   cut, so mixed batches need no split. U is a hash of (row key, token id) (`sampling_rng`): a
+   seeded row's key is (seed, output index), so its draw is the same whatever batch or
+   position it is in; unseeded rows take 63 bits of the sampler's generator
+   (`random.Random(seed)`). On CUDA the draw is one Triton pass (`sampling_triton`),
+   elsewhere plain torch (`draw_torch`), with the same noise bits.
+
+Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
+stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
+tied with a top-k / top-p / min-p threshold are all kept.
 
 Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
 temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not
@@ -29,8 +33,9 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from .sampling_penalties import apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties, prompt_seen, to_device
 from . import sampling_triton
+from .sampling_penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
+                                 prompt_seen, to_device)
 from .sampling_rng import gumbel2, row_key
 from .sampling_truncation import cut_thresholds
 
