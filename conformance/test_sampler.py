@@ -489,3 +489,24 @@ def test_wide_vocab_mixed_batch_matches_exact(impl):
     for g, (row_logits, _) in enumerate(groups):
         counts = torch.bincount(tokens[torch.tensor(rows) == g], minlength=WIDE)
         assert_matches(counts, reference_probs(row_logits, reqs[g]))
+
+
+def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
+    """The whole Sampler with its Triton draw (interpreted on CPU) against the torch path:
+    seeded rows with every kind of cut, greedy rows, and a batch with no cut at all."""
+    from impls.engine import sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(12, 700, generator=gen) * 3
+    settings = [dict(temperature=0.0), dict(temperature=0.7, top_k=20), dict(top_p=0.9),
+                dict(min_p=0.1, temperature=1.3), dict(top_k=600, top_p=0.8), dict(temperature=0.5)]
+    batches = [[make_request(impl, SamplingParams(seed=i, **settings[i % 6]), rid=f"r{i}") for i in range(12)],
+               [make_request(impl, SamplingParams(seed=i, temperature=0.9), rid=f"t{i}") for i in range(12)]]
+    for reqs in batches:
+        want = Sampler(700)(logits, reqs).token_ids
+        with monkeypatch.context() as m:
+            m.setattr(sampling_triton, "available", lambda device: True)
+            got = Sampler(700)(logits, reqs).token_ids
+        assert got == want

@@ -122,9 +122,10 @@ class RowSpec(NamedTuple):
                    LOG2E / t if noisy else 1.0, 1.0 if noisy else 0.0, p.seed)
 
 
-def draw_torch(x, x_scale, thr, keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
+def draw_torch(x, x_scale, thr: Optional[torch.Tensor], keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
     """The plain-torch draw (CPU, and the oracle of the Triton kernel): argmax over tokens
-    with x >= thr of x * x_scale + gumbel2(keys[row], token) (noise only on `noisy` rows)."""
+    with x >= thr (thr None: all tokens) of x * x_scale + gumbel2(keys[row], token) (noise only
+    on `noisy` rows)."""
     scaled = x * x_scale.unsqueeze(1)
     rows = [i for i, n in enumerate(noisy) if n]
     noise = gumbel2([keys[i] for i in rows], x.shape[1], x.device)
@@ -132,7 +133,9 @@ def draw_torch(x, x_scale, thr, keys: Sequence[int], noisy: Sequence[bool]) -> t
         scaled = scaled + noise
     else:
         scaled = scaled.index_add(0, torch.tensor(rows, dtype=torch.long, device=x.device), noise)
-    return scaled.masked_fill(x < thr.unsqueeze(1), float("-inf")).argmax(dim=1)
+    if thr is not None:
+        scaled = scaled.masked_fill(x < thr.unsqueeze(1), float("-inf"))
+    return scaled.argmax(dim=1)
 
 
 class Sampler:
@@ -213,29 +216,37 @@ class Sampler:
         return [0 if not n else bits(63) if s is None else row_key(s, r.num_output_tokens)
                 for r, n, s in zip(requests, noisy, seeds)]
 
-    def _draw(self, x: torch.Tensor, thr, x_scale, noise, keys) -> torch.Tensor:
-        """Every row in one draw: greedy rows have x_scale 1, no noise and no cut."""
+    def _draw(self, x: torch.Tensor, thr: Optional[torch.Tensor], x_scale, noise, keys) -> torch.Tensor:
+        """Every row in one draw: greedy rows have x_scale 1, no noise and no cut (thr None:
+        no row is cut)."""
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            x_scale_t, noise_t = to_device([x_scale, noise], torch.float32, dev)
+            if thr is None:  # the kernel always compares: ship -inf with the other columns
+                x_scale_t, noise_t, thr = to_device([x_scale, noise, [float("-inf")] * len(noise)],
+                                                    torch.float32, dev)
+            else:
+                x_scale_t, noise_t = to_device([x_scale, noise], torch.float32, dev)
             keys_t = torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
             return sampling_triton.draw(x, x_scale_t, thr, keys_t, noise_t)
         x_scale_t = torch.tensor(x_scale, dtype=torch.float32, device=dev)
         return draw_torch(x, x_scale_t, thr, keys, [n > 0 for n in noise])
 
-    def _thresholds(self, x, requests, noisy, cut, temps) -> torch.Tensor:
-        """Raw-space cut per row (-inf for greedy rows and rows without a cut)."""
+    def _thresholds(self, x, requests, noisy, cut, temps) -> Optional[torch.Tensor]:
+        """Raw-space cut per row (-inf for greedy rows and rows without a cut); None when no
+        row is cut."""
         vocab = x.shape[1]
         rows = [i for i, c in enumerate(cut) if c]
-        thr = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
         if not rows:
-            return thr
+            return None
         params = [requests[i].params for i in rows]
         index = torch.tensor(rows, dtype=torch.long, device=x.device)
         sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
         cut_thr = cut_thresholds(sub, [temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
                                  [p.top_p for p in params], [p.min_p for p in params])
-        return cut_thr if len(rows) == x.shape[0] else thr.index_copy(0, index, cut_thr)
+        if len(rows) == x.shape[0]:
+            return cut_thr
+        thr = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
+        return thr.index_copy(0, index, cut_thr)
 
     def _logprobs(self, raw, tokens, token_ids, requests) -> list:
         rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
