@@ -6,6 +6,7 @@ shared code would hide shared bugs from the differential tests.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 from spec import SamplingParams, SchedulerConfig
@@ -27,7 +28,10 @@ class FastImpl:
     scheduler_cls = FastScheduler
 
     def __init__(self) -> None:
-        self._builders: dict[str, BatchBuilder] = {}
+        # One builder per (block manager, device): its row cache is keyed by request id, which
+        # is unique within one pool; it goes away with the pool (weak keys).
+        self._builders: "weakref.WeakKeyDictionary[object, dict[str, BatchBuilder]]" = \
+            weakref.WeakKeyDictionary()
 
     def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
@@ -49,12 +53,15 @@ class FastImpl:
         return FastAttention(device)
 
     def build_batch(self, output, block_manager, device="cpu", pad_to: Optional[int] = None):
-        """Same tensors as impls/engine/batch.py:build_batch, from persistent buffers (one
-        builder per device, so its host staging buffers are reused step after step)."""
+        """Same tensors as impls/engine/batch.py:build_batch, from persistent buffers reused
+        step after step (one builder per block manager and device)."""
+        per_device = self._builders.get(block_manager)
+        if per_device is None:
+            per_device = self._builders[block_manager] = {}
         key = str(device)
-        builder = self._builders.get(key)
+        builder = per_device.get(key)
         if builder is None:
-            builder = self._builders[key] = BatchBuilder(device)
+            builder = per_device[key] = BatchBuilder(device)
         return builder.build(output, block_manager, pad_to)
 
     def __repr__(self) -> str:

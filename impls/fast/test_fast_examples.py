@@ -152,3 +152,23 @@ def test_scheduler_finds_requests_in_every_queue():
         assert scheduler.abort(rid)
     assert [r.request_id for r in scheduler.waiting] == ["r3"] and scheduler.running == []
     assert not scheduler.abort("r1") and bm.num_free == 4
+
+
+def test_one_builder_per_pool_released_with_it():
+    """Two pools with the same request ids get separate builders (their row caches never
+    mix); a pool's builder goes away with the pool."""
+    import gc
+
+    outputs = []
+    for fill in (1, 2):
+        bm = FAST.new_block_manager(8, 2)
+        r = FAST.new_request("same-id", [fill] * 5)
+        assert bm.allocate_slots(r, 5)
+        outputs.append((bm, SchedulerOutput(scheduled=[(r, 5)])))
+    for bm, out in outputs + outputs[::-1]:
+        same_batch(FAST.build_batch(out, bm), plain_build_batch(out, bm))
+    assert {id(bm) for bm, _ in outputs} <= {id(k) for k in FAST._builders.keys()}
+    before = len(FAST._builders)
+    del outputs, bm, out, r
+    gc.collect()
+    assert len(FAST._builders) == before - 2
