@@ -107,7 +107,11 @@ def job_of(item) -> str | None:
 
 @pytest.fixture(scope="session")
 def meta_runs(request, tmp_path_factory):
-    """Run the subprocesses of every selected meta-test, three at a time."""
+    """Run the subprocesses of every selected meta-test, three at a time. They judge the suite,
+    not the impl under test, so they run only in the reference run (the default)."""
+    target = impl_target(request.config)
+    if target != "reference":
+        pytest.skip(f"meta-tests of the suite itself run only with --impl=reference (this run: {target})")
     wanted = {job_of(item) for item in request.session.items if getattr(getattr(item, "module", None), "__name__", None) == __name__} - {None}
     todo = {name: fn for name, fn in jobs(tmp_path_factory.mktemp("meta")).items() if name in wanted}
     with ThreadPoolExecutor(max_workers=3) as pool:
