@@ -7,6 +7,7 @@ SchedulerOutput, Scheduler.running/waiting) so it judges any implementation the 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -349,7 +350,7 @@ class StepResult:
     def of(cls, out: SchedulerOutput, upd: UpdateOutput) -> "StepResult":
         return cls([(r.request_id, n) for r, n in out.scheduled], [r.request_id for r in out.preempted],
                    [(rid, list(b)) for rid, b in out.swap_out], [(rid, list(b)) for rid, b in out.swap_in],
-                   sorted(out.finished), {k: list(v) for k, v in upd.new_token_ids.items()},
+                   sorted(out.finished), {k: list(v) for k, v in upd.new_token_ids.items() if v},
                    sorted(r.request_id for r in upd.finished))
 
 
@@ -364,9 +365,20 @@ class Harness:
     enable_prefix_caching: bool = True
     model: FakeModel = field(default_factory=FakeModel)
 
+    @classmethod
+    def for_scenario(cls, impl, scn, **overrides) -> "Harness":
+        """A harness over the scenario's config (with overrides). Swap preemption is optional
+        (capability "swap"): impls without it are tested with recompute instead."""
+        config = dataclasses.replace(scn.config, **overrides) if overrides else scn.config
+        if config.preemption_mode == "swap" and "swap" not in getattr(impl, "capabilities", frozenset()):
+            config = dataclasses.replace(config, preemption_mode="recompute")
+        return cls(impl, config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+
     def __post_init__(self):
         self.bm = self.impl.new_block_manager(self.num_blocks, self.block_size, self.enable_prefix_caching)
         self.sched = self.impl.new_scheduler(self.config, self.bm)
+        assert self.sched.block_manager is self.bm and self.sched.config == self.config, (
+            "the scheduler must keep its BlockManager as .block_manager and its config as .config")
         self.live: dict = {}        # unfinished requests by id
         self.all: dict = {}         # every request ever added
         self.key: dict = {}         # policy key per id (the harness knows the add order)

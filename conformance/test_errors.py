@@ -92,7 +92,7 @@ def warm(h: Harness, scn, steps: int) -> None:
 
 @given(scn=scenarios(), steps=st.integers(0, 3), data=st.data())
 def test_duplicate_id_refused(impl, scn, steps, data):
-    h = Harness(impl, scn.config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+    h = Harness.for_scenario(impl, scn)
     warm(h, scn, steps)
     if not h.live:
         return
@@ -104,7 +104,7 @@ def test_duplicate_id_refused(impl, scn, steps, data):
 def test_request_that_can_never_fit(impl, scn, steps, over, data):
     """prompt + max_tokens over the pool, over max_model_len, or (chunked prefill off) minus one
     over the budget: refused on add, naming the bound."""
-    h = Harness(impl, scn.config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+    h = Harness.for_scenario(impl, scn)
     warm(h, scn, steps)
     cfg, limits = scn.config, scn.limits
     bounds = {"num_blocks": scn.num_blocks * scn.block_size}

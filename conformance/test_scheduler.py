@@ -8,8 +8,6 @@ choose workloads that make each of those situations happen.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from hypothesis import given, strategies as st
 
 from spec import Status
@@ -19,8 +17,7 @@ from .strategies import pressure_scenarios, scenarios
 
 
 def run(impl, scn, **overrides):
-    config = dataclasses.replace(scn.config, **overrides) if overrides else scn.config
-    h = Harness(impl, config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+    h = Harness.for_scenario(impl, scn, **overrides)
     for spec in scn.requests:
         h.add(spec)
     h.run_to_completion(step_bound(scn.requests))
@@ -51,8 +48,7 @@ def test_preemption_under_pressure(impl, scn):
 def test_policy_order_with_one_seat(impl, scn):
     """With one seat nothing is preempted by others, so requests run one after another, in
     policy order: (arrival, add order) for fcfs, (priority, arrival, add order) for priority."""
-    config = dataclasses.replace(scn.config, max_num_seqs=1)
-    h = Harness(impl, config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+    h = Harness.for_scenario(impl, scn, max_num_seqs=1)
     for spec in scn.requests:
         h.add(spec)
     order = []
@@ -68,7 +64,7 @@ def test_policy_order_with_one_seat(impl, scn):
 def test_abort_from_any_state(impl, scn, data):
     """abort() finishes a request from whatever state it is in, frees its blocks, reports it in the
     next SchedulerOutput.finished; unknown ids return False; the rest still finishes."""
-    h = Harness(impl, scn.config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+    h = Harness.for_scenario(impl, scn)
     for spec in scn.requests:
         h.add(spec)
     for _ in range(data.draw(st.integers(0, 6))):
