@@ -21,6 +21,7 @@ import torch
 from spec import Batch, BatchMeta
 
 from .batch_buffers import ZERO_SLOT, Staging, TableRows
+from .block_manager import FastBlockManager
 
 
 class _Rows:
@@ -70,7 +71,8 @@ class BatchBuilder:
         ids, starts, counts, slots = acc.ids, acc.starts, acc.counts, acc.slots
         logits, sample_ids = acc.logits, acc.sample_ids
         bs = block_manager.block_size
-        tables = getattr(block_manager, "_tables", None)
+        # FastBlockManager's own table lists (read, never copied); any other pool: block_table().
+        tables = block_manager._tables if isinstance(block_manager, FastBlockManager) else None
         rows = self._tables
         sync, slot_of, table_of, len_of = rows.sync, rows.slot_of, rows.table_of, rows.len_of
         width = 1
