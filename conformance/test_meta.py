@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from .planted.bugs import BUGS
-from .plugin import impl_target, read_xfails
+from .plugin import impl_target, pytest_collection_modifyitems, read_xfails
 
 REPO = Path(__file__).resolve().parents[1]
 BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
@@ -167,3 +167,22 @@ def test_read_xfails(tmp_path):
     path = tmp_path / "x.txt"
     path.write_text("# header\n\n  test_a.py::test_one  # reason one\ntest_b\n")
     assert read_xfails(str(path)) == [("test_a.py::test_one", "reason one"), ("test_b", f"listed in {path}")]
+
+
+def test_xfails_marking(tmp_path):
+    """Each item whose node id contains a listed substring gets one non-strict xfail marker;
+    a missing file is a usage error, not a silent pass."""
+    path = tmp_path / "x.txt"
+    path.write_text("test_mod.py::test_a  # gap a\n")
+    marked = {}
+
+    def item(nodeid):
+        return SimpleNamespace(nodeid=nodeid, add_marker=lambda mark: marked.setdefault(nodeid, []).append(mark))
+    config = SimpleNamespace(getoption=lambda name: str(path) if name == "--xfails-file" else None)
+    pytest_collection_modifyitems(config, [item("pkg/test_mod.py::test_a[1]"), item("pkg/test_mod.py::test_b")])
+    assert list(marked) == ["pkg/test_mod.py::test_a[1]"]
+    (mark,) = marked["pkg/test_mod.py::test_a[1]"]
+    assert mark.name == "xfail" and mark.kwargs["strict"] is False and "gap a" in mark.kwargs["reason"]
+    missing = SimpleNamespace(getoption=lambda name: str(tmp_path / "nope") if name == "--xfails-file" else None)
+    with pytest.raises(pytest.UsageError):
+        pytest_collection_modifyitems(missing, [])
