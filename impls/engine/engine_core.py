@@ -36,6 +36,7 @@ class _Sample:
     index: int
     request: object
     detokenizer: object = None
+    unread: list = field(default_factory=list)  # sampled ids not yet fed to the detokenizer
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[list] = None
@@ -233,8 +234,13 @@ class EngineCore:
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduling step and return the outputs of the requests it changed."""
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """Run one scheduling step and return the outputs of the requests it changed (with
+        final_only, of those that finished: generate() needs nothing else, and building
+        cumulative outputs of every running request each step is most of the host cost).
+
+        Text is decoded incrementally only for samples with stop strings (which must be
+        matched as tokens arrive); the others decode their new ids when an output is built."""
         start = time.perf_counter()
         output = self.scheduler.schedule()
         self.runner.apply_swaps(output)
@@ -253,7 +259,8 @@ class EngineCore:
             self._apply_update(update, logprob_map, changed)
             self.stats.num_steps += 1
             self.stats.num_scheduled_tokens += output.num_scheduled_tokens
-        outputs = [self._make_output(parent) for parent in changed.values()]
+        outputs = [self._make_output(parent) for parent in changed.values()
+                   if not final_only or parent.finished]
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)
@@ -278,9 +285,11 @@ class EngineCore:
             if sample.logprobs is not None:
                 sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
             if sample.detokenizer is not None:
-                _, stop = sample.detokenizer.update(list(tokens))
-                if stop is not None:
-                    self._finish_on_stop_string(sample, stop)
+                sample.unread.extend(tokens)
+                if sample.request.params.stop:
+                    _, stop = _read(sample)
+                    if stop is not None:
+                        self._finish_on_stop_string(sample, stop)
         for request in update.finished:
             parent, sample = self._samples[request.request_id]
             changed[parent.request_id] = parent
@@ -300,6 +309,8 @@ class EngineCore:
         sample.stop_reason = stop
 
     def _make_output(self, parent: _Parent) -> RequestOutput:
+        for sample in parent.samples:
+            _read(sample)
         completions = [CompletionOutput(
             index=s.index, text=s.detokenizer.text if s.detokenizer is not None else "",
             token_ids=list(s.request.output_token_ids), finish_reason=s.finish_reason,
@@ -324,7 +335,16 @@ def _flush(sample: _Sample) -> None:
     """Settle the text of a sample that ended without a stop string (pending partial
     characters, a held-back tail that can no longer become a stop string)."""
     if sample.detokenizer is not None:
+        _read(sample)
         sample.detokenizer.flush()
+
+
+def _read(sample: _Sample):
+    """Feed the sample's unread ids to its detokenizer: (text delta, stop string or None)."""
+    if sample.detokenizer is None or not sample.unread:
+        return "", None
+    tokens, sample.unread = sample.unread, []
+    return sample.detokenizer.update(tokens)
 
 
 def _check_prompt_ids(prompt_token_ids, vocab_size: int) -> list[int]:

@@ -96,7 +96,7 @@ class LLM:
         bar = tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         start, num_out = time.perf_counter(), 0
         try:
-            for step_outputs in self._run(ids):
+            for step_outputs in self._run(ids, final_only=True):
                 for out in step_outputs:
                     if out.finished:
                         finals[out.request_id] = out
@@ -115,14 +115,14 @@ class LLM:
         ids = self._add(prompts, sampling_params, priority)
         yield from self._run(ids)
 
-    def _run(self, ids: list[str]) -> Iterator[list[RequestOutput]]:
+    def _run(self, ids: list[str], final_only: bool = False) -> Iterator[list[RequestOutput]]:
         wanted = set(ids)
         live = set(ids)
         try:
             while live:
                 if not self.engine.has_unfinished:
                     raise RuntimeError(f"engine went idle with requests {sorted(live)} unfinished (a bug)")
-                outs = [o for o in self.engine.step() if o.request_id in wanted]
+                outs = [o for o in self.engine.step(final_only) if o.request_id in wanted]
                 live -= {o.request_id for o in outs if o.finished}
                 if outs:
                     yield outs
