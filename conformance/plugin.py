@@ -111,3 +111,15 @@ def reference_impl():
     """The oracle every other impl is compared with."""
     from spec import load_impl
     return load_impl("reference")
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Run a module's tiny-model tests on one torch thread (restored after): on a small shared
+    CPU box, tiny matmuls are many times slower with several threads fighting over two cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

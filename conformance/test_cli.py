@@ -17,12 +17,7 @@ GEN_FLAGS = ["--max-tokens", "5", "--dtype", "float32", "--device", "cpu", "--no
              "--block-size", "4"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

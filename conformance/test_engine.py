@@ -13,13 +13,7 @@ from spec import SamplingParams
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls are slower with several threads on a shared 2-core box; restore after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def make_llm(impl, **kwargs):

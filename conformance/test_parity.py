@@ -30,13 +30,7 @@ _FLAT_MODELS: dict = {}
 _TOKENIZERS: dict = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls are slower with several threads on a shared 2-core box; restore after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def hf_greedy(family: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Tensor]:

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import enum
-from typing import Optional, Protocol, Sequence, runtime_checkable
+import numbers
+import time
+from typing import NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
+from .hashing import encode_extra
 from .params import SamplingParams
 
 
@@ -75,3 +78,52 @@ class Request(Protocol):
     def append(self, token: int) -> None:
         """Append one sampled token to token_ids (and so to the output)."""
         ...
+
+
+class RequestArgs(NamedTuple):
+    """Validated, normalised constructor arguments of a Request (see check_request_args)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_id: Optional[int]
+    priority: int
+    arrival_time: float
+    cache_key: tuple
+
+
+_DEFAULT_PARAMS = SamplingParams()
+
+
+def _token(name: str, t: object) -> int:
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
+    return int(t)
+
+
+def check_request_args(request_id, prompt_token_ids, params=None, eos_token_id=None, priority=0,
+                       arrival_time=None, cache_key=()) -> RequestArgs:
+    """The input contract every Request class enforces, shared so that all impls refuse the
+    same things with the same ValueErrors: a non-empty str id; a non-empty prompt of
+    non-negative ints (copied to a fresh list of plain ints); a SamplingParams or None (the
+    defaults); an int priority; a cache_key that spec.hash_block can encode. arrival_time
+    defaults to time.monotonic()."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
+    prompt = [t if type(t) is int and t >= 0 else _token("prompt_token_ids", t) for t in prompt_token_ids]
+    if not prompt:
+        raise ValueError("Request.prompt_token_ids must be non-empty, got []")
+    params = _DEFAULT_PARAMS if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
+    if eos_token_id is not None:
+        eos_token_id = _token("eos_token_id", eos_token_id)
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise ValueError(f"Request.priority must be an int, got {priority!r}")
+    cache_key = tuple(cache_key)
+    try:
+        encode_extra(cache_key)
+    except TypeError as e:
+        raise ValueError(f"Request.cache_key: {e}") from None
+    arrival = time.monotonic() if arrival_time is None else float(arrival_time)
+    return RequestArgs(request_id, prompt, params, eos_token_id, int(priority), arrival, cache_key)

@@ -7,13 +7,9 @@ only for full blocks it has not hashed yet), so a request never rehashes a block
 from __future__ import annotations
 
 import numbers
-import time
 from typing import Optional, Sequence
 
-from spec import SamplingParams, Status, encode_extra
-
-_DEFAULT_PARAMS = SamplingParams()
-
+from spec import SamplingParams, Status, check_request_args
 
 class FastRequest:
     """One generation request. `_stop_ids`, `_stoppers` (stop ids plus EOS unless ignore_eos),
@@ -31,27 +27,17 @@ class FastRequest:
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
                  priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        prompt = _check_prompt(request_id, prompt_token_ids)
-        params = _DEFAULT_PARAMS if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
-        if eos_token_id is not None:
-            eos_token_id = _token("eos_token_id", eos_token_id)
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
-            raise ValueError(f"Request.priority must be an int, got {priority!r}")
-        cache_key = tuple(cache_key)
-        try:
-            encode_extra(cache_key)
-        except TypeError as e:
-            raise ValueError(f"Request.cache_key: {e}") from None
+        args = check_request_args(request_id, prompt_token_ids, params, eos_token_id, priority,
+                                  arrival_time, cache_key)
+        request_id, prompt, params, eos_token_id, priority, arrival_time, cache_key = args
         self.request_id = request_id
         self.prompt_token_ids = prompt
         self.token_ids = list(prompt)
         self._output: list[int] = []
         self.params = params
         self.eos_token_id = eos_token_id
-        self.priority = int(priority)
-        self.arrival_time = time.monotonic() if arrival_time is None else float(arrival_time)
+        self.priority = priority
+        self.arrival_time = arrival_time
         self.cache_key = cache_key
         self.status = Status.WAITING
         self.num_computed_tokens = 0
@@ -109,13 +95,3 @@ def _token(name: str, t: object) -> int:
     if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
         raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
     return int(t)
-
-
-def _check_prompt(request_id: object, prompt_token_ids: Sequence[int]) -> list[int]:
-    """Validate the id and prompt; returns the prompt as a fresh list of plain ints."""
-    if not isinstance(request_id, str) or not request_id:
-        raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
-    prompt = [t if type(t) is int and t >= 0 else _token("prompt_token_ids", t) for t in prompt_token_ids]
-    if not prompt:
-        raise ValueError("Request.prompt_token_ids must be non-empty, got []")
-    return prompt

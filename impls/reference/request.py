@@ -7,10 +7,9 @@ Invariants (spec.Request): `token_ids == prompt_token_ids + output_token_ids`;
 from __future__ import annotations
 
 import numbers
-import time
 from typing import Optional, Sequence
 
-from spec import SamplingParams, Status, encode_extra
+from spec import SamplingParams, Status, check_request_args
 
 
 def _token_list(name: str, ids: Sequence[int]) -> list[int]:
@@ -29,31 +28,16 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
                  priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
-        prompt = _token_list("prompt_token_ids", prompt_token_ids)
-        if not prompt:
-            raise ValueError("Request.prompt_token_ids must be non-empty, got []")
-        if params is None:
-            params = SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
-        if eos_token_id is not None:
-            eos_token_id = _token_list("eos_token_id", [eos_token_id])[0]
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
-            raise ValueError(f"Request.priority must be an int, got {priority!r}")
-        cache_key = tuple(cache_key)
-        try:
-            encode_extra(cache_key)
-        except TypeError as e:
-            raise ValueError(f"Request.cache_key: {e}") from None
+        args = check_request_args(request_id, prompt_token_ids, params, eos_token_id, priority,
+                                  arrival_time, cache_key)
+        request_id, prompt, params, eos_token_id, priority, arrival_time, cache_key = args
         self.request_id = request_id
         self.prompt_token_ids = prompt
         self.token_ids = list(prompt)
         self.params = params
         self.eos_token_id = eos_token_id
-        self.priority = int(priority)
-        self.arrival_time = time.monotonic() if arrival_time is None else float(arrival_time)
+        self.priority = priority
+        self.arrival_time = arrival_time
         self.cache_key = cache_key
         self.status = Status.WAITING
         self.num_computed_tokens = 0
