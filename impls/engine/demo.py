@@ -30,13 +30,15 @@ class DemoResult:
     prefix_hit_rate: float
     num_preemptions: int
     num_blocks: int
+    sample: Optional[tuple[str, str]] = None  # (prompt text, greedy completion text)
 
     @property
     def output_tokens_per_s(self) -> float:
         return self.num_output_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
-        return (f"requests {self.num_requests}, prompt tokens {self.num_prompt_tokens}, "
+        text = f"generate: {self.sample[0]!r} -> {self.sample[1]!r}\n" if self.sample else ""
+        return text + (f"requests {self.num_requests}, prompt tokens {self.num_prompt_tokens}, "
                 f"output tokens {self.num_output_tokens}\n"
                 f"time {self.seconds:.2f} s, output {self.output_tokens_per_s:.1f} tok/s, "
                 f"steps {self.num_steps}\n"
@@ -96,6 +98,8 @@ def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: in
         prompts, params = make_workload(num_requests, llm.engine.vocab_size, min_input_len=min_input_len,
                                         max_input_len=max_input_len, max_output_len=max_output_len,
                                         shared_prefix_len=shared_prefix_len, seed=seed)
+        sample = _text_sample(llm, prompts[0]["prompt_token_ids"])
+        steps_before = llm.engine.stats.num_steps
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
         seconds = time.perf_counter() - start
@@ -103,5 +107,18 @@ def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: in
     return DemoResult(
         num_requests=len(outputs), num_prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
         num_output_tokens=sum(o.num_output_tokens for o in outputs), seconds=seconds,
-        num_steps=engine.stats.num_steps, prefix_hit_rate=engine.block_manager.hit_rate,
-        num_preemptions=engine.stats.num_preemptions, num_blocks=engine.runner.num_blocks)
+        num_steps=engine.stats.num_steps - steps_before, prefix_hit_rate=engine.block_manager.hit_rate,
+        num_preemptions=engine.stats.num_preemptions, num_blocks=engine.runner.num_blocks, sample=sample)
+
+
+def _text_sample(llm, ids: list[int]) -> Optional[tuple[str, str]]:
+    """Text in, text out through the checkpoint's tokenizer (random weights: random words)."""
+    tokenizer = llm.engine.tokenizer
+    if tokenizer is None:
+        return None
+    prompt = tokenizer.decode(ids[:12], skip_special_tokens=True)
+    max_tokens = min(12, llm.engine.max_model_len - len(tokenizer.encode(prompt)))
+    if not prompt or max_tokens < 1:
+        return None
+    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)[0]
+    return prompt, out.outputs[0].text
