@@ -242,25 +242,30 @@ class EngineCore:
         Text is decoded incrementally only for samples with stop strings (which must be
         matched as tokens arrive); the others decode their new ids when an output is built."""
         start = time.perf_counter()
-        output = self.scheduler.schedule()
-        self.runner.apply_swaps(output)
+        with _span("schedule"):
+            output = self.scheduler.schedule()
+            self.runner.apply_swaps(output)
         self.stats.num_preemptions += len(output.preempted)
         changed: dict[str, _Parent] = dict(self._pending)
         self._pending.clear()
         if not output.is_empty:
-            batch = self.runner.prepare(output, self.block_manager)
-            result = self.runner.execute(batch)
-            requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
-            sampled = self.sampler(result.logits, requests)
-            self._record_prompt_logprobs(result.prompt_logits)
-            token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
-            logprob_map = dict(zip(batch.sample_request_ids, sampled.logprobs))
-            update = self.scheduler.update_from_output(output, token_map)
-            self._apply_update(update, logprob_map, changed)
+            with _span("prepare"):
+                batch = self.runner.prepare(output, self.block_manager)
+            with _span("execute"):
+                result = self.runner.execute(batch)
+            with _span("sample"):
+                requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
+                sampled = self.sampler(result.logits, requests)
+                self._record_prompt_logprobs(result.prompt_logits)
+            with _span("update"):
+                token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
+                update = self.scheduler.update_from_output(output, token_map)
+                self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
             self.stats.num_steps += 1
             self.stats.num_scheduled_tokens += output.num_scheduled_tokens
-        outputs = [self._make_output(parent) for parent in changed.values()
-                   if not final_only or parent.finished]
+        with _span("outputs"):
+            outputs = [self._make_output(parent) for parent in changed.values()
+                       if not final_only or parent.finished]
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)
@@ -329,6 +334,11 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+
+
+def _span(name: str):
+    """A named range in torch.profiler traces (enginespec.<phase>); near free when not profiling."""
+    return torch.profiler.record_function(f"enginespec.{name}")
 
 
 def _flush(sample: _Sample) -> None:
