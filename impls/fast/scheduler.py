@@ -195,12 +195,8 @@ class FastScheduler:
             del swapped[0]
             num_kept = -(-c // bm.block_size)
             out.swap_in.append((r.request_id, bm.block_table(r.request_id)[:num_kept]))
-            r.status = _RUNNING
             r.swapped_out = False
-            insort(running, r, key=_key_of)
-            out.scheduled.append((r, n))
-            budget -= n
-            bm.cache_full_blocks(r, c + n)
+            budget -= self._start_running(out, r, n, c)
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
@@ -221,12 +217,17 @@ class FastScheduler:
             del waiting[0]
             r.num_computed_tokens = k
             r.num_cached_tokens = k
-            r.status = _RUNNING
-            insort(running, r, key=_key_of)
-            out.scheduled.append((r, n))
-            budget -= n
-            bm.cache_full_blocks(r, k + n)
+            budget -= self._start_running(out, r, n, k)
         return budget
+
+    def _start_running(self, out: SchedulerOutput, r, n: int, num_computed: int) -> int:
+        """A swapped-in or admitted request joins running (in key order) with n tokens this
+        step; its blocks that will be full after the step are published. Returns n."""
+        r.status = _RUNNING
+        insort(self._running, r, key=_key_of)
+        out.scheduled.append((r, n))
+        self.block_manager.cache_full_blocks(r, num_computed + n)
+        return n
 
     # -- update and finish ---------------------------------------------------------------------
 
