@@ -1,4 +1,5 @@
-"""CUDA graphs never change outputs: graph replay and eager runs give the same greedy tokens.
+"""CUDA graphs never change outputs: graph replay (over the torch.compile'd decoder, the CUDA
+default) and eager runs give the same greedy tokens.
 
 The bucket arithmetic is checked everywhere; replay itself needs a GPU (skipped on CPU: a gap
 CI cannot close, run on the H200 with `pytest conformance --impl=fast -m gpu`).
@@ -38,6 +39,8 @@ def test_graph_replay_equals_eager(impl, family):
         llm = LLM(tiny_model_dir(family), impl=impl, dtype="float32", device="cuda", block_size=4,
                   max_num_seqs=16, num_gpu_blocks_override=64, enforce_eager=eager)
         assert (llm.engine.runner.graphs is None) == eager
+        body = llm.engine.runner.body  # default on CUDA: graphs replay an inductor-compiled body
+        assert (body is None) == eager and (eager or body.error is None), getattr(body, "error", None)
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     assert outs[False] == outs[True]

@@ -42,8 +42,9 @@ class DecodeGraphs:
     """Captured forwards of one model over one set of KV pools, keyed by padded batch size."""
 
     def __init__(self, model, kv_caches: list[torch.Tensor], *, block_size: int, max_model_len: int,
-                 max_num_seqs: int, buckets: Optional[list[int]] = None):
+                 max_num_seqs: int, buckets: Optional[list[int]] = None, body=None):
         self.model = model
+        self.body = body  # what runs the decoder (a compiled body, say); None = the model's own
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -76,7 +77,8 @@ class DecodeGraphs:
             max_query_len=1, max_seq_len=self.max_model_len)
 
     def _run(self, b: int) -> torch.Tensor:
-        return self.model.forward(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches)
+        return self.model.forward(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches,
+                                  body=self.body)
 
     @torch.inference_mode()
     def capture(self) -> "DecodeGraphs":
@@ -86,8 +88,9 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton compiles, cuBLAS picks algorithms
+            for _ in range(2):  # warm-up: Triton and torch.compile compile, cuBLAS picks algorithms
                 self._run(self.buckets[-1])
+                self._run(self.buckets[0])  # a compiled body has a separate graph for one row
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         for b in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()

@@ -2,8 +2,10 @@
 
 Ours beyond vLLM's: `impl` (which Implementation), `num_blocks` / `kv_cache_bytes` (the host
 pool size on CPU), `preemption_mode` ("recompute" or "swap"), `device` ("auto", "cpu", "cuda",
-"cuda:1"), `skip_tokenizer` (token ids in and out only). `enforce_eager` (vLLM's name) turns
-CUDA graphs off.
+"cuda:1"), `skip_tokenizer` (token ids in and out only), `compile_model` (torch.compile the
+decoder: None = on for CUDA unless enforce_eager) and `compile_backend` (torch.compile's backend;
+"aot_eager" traces without generating code). `enforce_eager` (vLLM's name) turns CUDA graphs
+and compilation off.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ class EngineArgs:
     device: str = "auto"
     skip_tokenizer: bool = False
     enforce_eager: bool = False
+    compile_model: Optional[bool] = None
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

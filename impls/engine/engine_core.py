@@ -92,7 +92,8 @@ class EngineCore:
             num_blocks=args.num_blocks, kv_cache_bytes=args.kv_cache_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
             num_gpu_blocks_override=args.num_gpu_blocks_override, sample_fn=self.sampler,
-            enforce_eager=args.enforce_eager)
+            enforce_eager=args.enforce_eager, compile_model=args.compile_model,
+            compile_backend=args.compile_backend)
         self.block_manager = self.impl.new_block_manager(self.runner.num_blocks, args.block_size,
                                                          args.enable_prefix_caching)
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)

@@ -6,16 +6,18 @@ are transformers' modules with our loaded weights. Only the attention kernel is 
 register an attention function under the name "enginespec" in transformers' AttentionInterface
 and point the config at it. transformers then builds no mask for it (an implementation without
 a mask function gets None) and calls it per layer with q/k/v of shape [1, heads, N, head_dim];
-it writes this step's K/V into the layer's pool at the batch's slots and runs backend.forward.
+it calls the custom op `enginespec::paged_attention` (step_context.py), which writes this
+step's K/V into the layer's pool at the batch's slots and runs backend.forward.
 
 The whole flat batch is one "sequence" of N rows (input_ids [1, N], position_ids [1, N]): rows
 of different requests never see each other because the backend attends through each request's
-block table, not over the N rows. The batch metadata and pools travel in a forward kwarg, so the
-module tree holds no per-step state (nothing here knows about compilation or CUDA graphs).
+block table, not over the N rows. The batch metadata and pools travel in the StepContext that
+forward() activates around the decoder, so the module tree holds no per-step state and `body`
+(the decoder alone, tensors in and out) can be compiled by a caller; nothing here knows about
+compilation or CUDA graphs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -23,19 +25,9 @@ import torch
 from spec import AttentionBackend, BatchMeta
 
 from .loader import build_model
+from .step_context import StepContext, active
 
 ATTN_NAME = "enginespec"
-CONTEXT_KWARG = "enginespec_context"
-
-
-@dataclass
-class StepContext:
-    """What the attention function needs for one forward: the batch metadata, one pool per
-    layer, the backend."""
-
-    meta: BatchMeta
-    kv_caches: list
-    backend: AttentionBackend
 
 
 def _window_of(module, sliding_window) -> int:
@@ -48,19 +40,12 @@ def _window_of(module, sliding_window) -> int:
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                     sliding_window=None, **kwargs):
     """transformers attention function: q [1, Hq, N, D], k/v [1, Hkv, N, D] -> ([1, N, Hq, D], None)."""
-    ctx: Optional[StepContext] = kwargs.get(CONTEXT_KWARG)
-    if ctx is None:
-        raise ValueError(f"attention implementation {ATTN_NAME!r} needs the {CONTEXT_KWARG!r} forward "
-                         f"kwarg; call FlatModel.forward, not the transformers model directly")
     if query.shape[0] != 1:
         raise ValueError(f"{ATTN_NAME}: the flat batch is one row of N tokens, got batch {query.shape[0]}")
-    cache = ctx.kv_caches[module.layer_idx]
-    q = query[0].transpose(0, 1)   # [N, Hq, D]
-    k = key[0].transpose(0, 1)     # [N, Hkv, D]
-    v = value[0].transpose(0, 1)
-    ctx.backend.write(cache, k, v, ctx.meta)
-    out = ctx.backend.forward(q, cache, ctx.meta, scale=scaling, window=_window_of(module, sliding_window))
-    return out.unsqueeze(0), None
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out = torch.ops.enginespec.paged_attention(query, key, value, module.layer_idx, scale,
+                                               _window_of(module, sliding_window))
+    return out, None
 
 
 def _register_attention() -> None:
@@ -118,17 +103,23 @@ class FlatModel:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: BatchMeta,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], body=None) -> torch.Tensor:
         """input_ids, positions [N] -> final-norm hidden states [N, hidden]; writes this step's
-        K/V into `kv_caches` at meta.slot_mapping."""
+        K/V into `kv_caches` at meta.slot_mapping. `body` replaces self.body (a compiled copy of
+        it, say: the caller decides; the model does not know)."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"forward: input_ids and positions must both be [N], got "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"forward: need one kv cache per layer ({self.num_layers}), got {len(kv_caches)}")
-        ctx = StepContext(meta=meta, kv_caches=kv_caches, backend=self.attention)
-        out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
-                            **{CONTEXT_KWARG: ctx})
+        with active(StepContext(meta=meta, kv_caches=kv_caches, backend=self.attention)):
+            return (body or self.body)(input_ids, positions)
+
+    def body(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The decoder alone: input_ids, positions [N] -> hidden [N, hidden]. Tensors in and out,
+        no per-step state: this is what a caller may compile (attention finds the batch in the
+        active StepContext)."""
+        out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out.last_hidden_state[0]
 
     __call__ = forward

@@ -1,6 +1,10 @@
 """ModelRunner: owns the paged KV pools of one model, moves blocks to and from host memory, and
 runs one flat batch through the model.
 
+Compilation and graph capture happen here, at the call site: on CUDA (unless enforce_eager or
+compile_model=False) the decoder body is torch.compile'd (compiled.py) for every step, and
+decode steps replay CUDA graphs captured over that compiled body (cuda_graphs.py).
+
 Sizing the pool:
 - CPU: `num_blocks` if given, else `kv_cache_bytes` (default DEFAULT_CPU_KV_BYTES) divided by
   the bytes of one block over all layers, capped at what max_num_seqs requests of
@@ -23,6 +27,8 @@ from typing import Callable, Optional
 import torch
 
 from spec import Batch, SamplingParams, SchedulerOutput
+
+from .compiled import CompiledBody, should_compile
 
 DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
 
@@ -56,7 +62,8 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, num_blocks: Optional[int] = None,
                  kv_cache_bytes: Optional[int] = None, gpu_memory_utilization: float = 0.9,
                  num_gpu_blocks_override: Optional[int] = None,
-                 sample_fn: Optional[Callable] = None, enforce_eager: bool = False):
+                 sample_fn: Optional[Callable] = None, enforce_eager: bool = False,
+                 compile_model: Optional[bool] = None, compile_backend: str = "inductor"):
         self.model = model
         self.impl = impl
         self.block_size = block_size
@@ -66,6 +73,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.build_batch = getattr(impl, "build_batch", None) or _plain_build_batch()
         self.bytes_per_block = kv_bytes_per_block(model, block_size)
+        self.body = None  # None: the model's own eager body
+        if should_compile(compile_model, self.device, enforce_eager):
+            self.body = CompiledBody(model, compile_backend)
         if self.device.type == "cuda":
             self.num_blocks = self._cuda_num_blocks(gpu_memory_utilization, num_gpu_blocks_override,
                                                     num_blocks, sample_fn)
@@ -79,7 +89,8 @@ class ModelRunner:
             from .cuda_graphs import try_capture
 
             self.graphs = try_capture(model, self.kv_caches, block_size=block_size,
-                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                      body=self.body)
 
     # ---- sizing -------------------------------------------------------------------------------
 
@@ -143,7 +154,7 @@ class ModelRunner:
         output = SchedulerOutput(scheduled=list(zip(requests, lengths)))
         batch = self.build_batch(output, block_manager, self.device)
         kv = self.model.allocate_kv(tmp_blocks, self.block_size)
-        hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv)
+        hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv, body=self.body)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         if sample_fn is not None:
             sample_fn(logits, requests)
@@ -216,7 +227,8 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.forward(batch)
         else:
-            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
+            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches,
+                                        body=self.body)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         prompt_logits = {}
         if batch.prompt_logprob_rows:

@@ -1,0 +1,60 @@
+"""torch.compile of the decoder, applied at the runner's call site (the model never knows).
+
+Eagerly, a transformers decoder layer launches dozens of small kernels (RMSNorm alone is six
+elementwise ops, rotary another ten), each paying a launch from Python and a few microseconds
+of GPU time even inside a CUDA graph. Compiling `FlatModel.body` lets inductor fuse them (norms
+with residual adds, rotary, SiLU * up) and drops the Python between launches, for prefill and
+decode alike.
+
+One compiled graph serves every step: attention is the opaque op `enginespec::paged_attention`
+whose per-step inputs live in the StepContext, not in the graph, and the token dimension N is
+marked dynamic. dynamo specialises N = 1 (a second graph, compiled on first use: the CUDA-graph
+warm-up runs it before capture).
+
+Invariant: compiling never changes what the model computes beyond floating-point reassociation
+inside fused kernels; if compilation fails the body falls back to eager for good, with a logged
+warning (compilation is an optimisation, never a requirement).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class CompiledBody:
+    """`model.body` through torch.compile(backend), with the token dimension dynamic."""
+
+    def __init__(self, model, backend: str = "inductor"):
+        self.model = model
+        self.backend = backend
+        self.error: Optional[BaseException] = None
+        self._compiled = torch.compile(model.body, backend=backend, fullgraph=True)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.error is not None:
+            return self.model.body(input_ids, positions)
+        if input_ids.shape[0] > 1:
+            torch._dynamo.mark_dynamic(input_ids, 0)
+            torch._dynamo.mark_dynamic(positions, 0)
+        try:
+            return self._compiled(input_ids, positions)
+        except Exception as e:  # noqa: BLE001 - any compile failure means "run eagerly"
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise
+            self.error = e
+            log.warning("torch.compile of the decoder failed (%s: %s); running it eagerly",
+                        type(e).__name__, e)
+            return self.model.body(input_ids, positions)
+
+
+def should_compile(setting: Optional[bool], device: torch.device, enforce_eager: bool) -> bool:
+    """EngineArgs.compile_model: None means on for CUDA unless enforce_eager; True/False force it."""
+    if setting is None:
+        return device.type == "cuda" and not enforce_eager
+    if not isinstance(setting, bool):
+        raise ValueError(f"compile_model must be None, True or False, got {setting!r}")
+    return setting
