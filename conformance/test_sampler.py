@@ -406,29 +406,34 @@ def test_bad_shapes_raise_value_errors(impl):
 
 # ---------------------------------------------------------------- Triton draw vs torch draw
 
-def test_triton_draw_matches_torch_draw():
-    """The fused kernel (interpreted on CPU) draws the same tokens as the torch path."""
+@pytest.mark.parametrize("chunk", [64, 256, 1024])
+def test_triton_draw_matches_torch_draw(chunk):
+    """The two Triton kernels (interpreted on CPU) draw the same tokens as the torch path, for
+    seeded, unseeded (derived keys) and greedy rows, with and without cuts, over several chunks."""
     from impls.engine import sampling_triton
     from impls.engine.sampler import draw_torch
+    from impls.engine.sampling_rng import resolve_keys
 
     if sampling_triton.triton is None:
         pytest.skip("triton not installed")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(11)
-    rows, vocab = 6, 3000  # vocab spans several blocks and chunks
+    rows, vocab = 8, 3000  # vocab spans several blocks and chunks, the last one partial
     x = (torch.randn(rows, vocab, generator=gen) * 2).to(dev)
     x[0, 5] = x[0, 2900] = x[0].max() + 1  # a greedy tie: the lower id must win
-    noisy = [False, True, True, True, False, True]
-    x_scale = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3], device=dev)
-    thr = torch.tensor([float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5], device=dev)
-    keys = [0, row_key(1, 0), row_key(2, 5), row_key(3, 9), 0, 2**63 - 1]
-    scale = torch.tensor([1.0 if n else 0.0 for n in noisy], device=dev)
-    got = sampling_triton.draw(x, x_scale, thr, torch.tensor(keys, device=dev), scale)
-    want = draw_torch(x, x_scale, thr, keys, noisy)
+    x[7, :1500] = float("-inf")             # whole chunks masked (allowed-ids style)
+    noisy = [False, True, True, True, False, True, True, True]
+    x_scale = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3, 0.8, 1.0], device=dev)
+    thr = torch.tensor([float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5, float("-inf"), 0.5],
+                       device=dev)
+    keys = [0, row_key(1, 0), row_key(2, 5), -1, 0, 2**63 - 1, -1, row_key(4, 1)]
+    base = (123456789, 2**31 - 1)
+    noise = torch.tensor([1.0 if n else 0.0 for n in noisy], device=dev)
+    got = sampling_triton.draw(x, x_scale, thr, noise, torch.tensor(keys, device=dev), base, chunk=chunk)
+    want = draw_torch(x, x_scale, thr, resolve_keys(keys, base), noisy, chunk=chunk)
     assert got.tolist() == want.tolist()
     assert got[0].item() == 5
-    assert all(x[i, t] >= thr[i] for i, t in enumerate(got.tolist()))
-
+    assert all(x[i, t] >= thr[i] and x[i, t] > float("-inf") for i, t in enumerate(got.tolist()))
 
 
 def test_penalty_state_follows_requests_across_calls(impl):

@@ -7,14 +7,18 @@ the vocabulary:
    (`sampling_penalties`, vLLM's order and semantics);
 2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
    and top-p (`sampling_truncation`; no full sort in the common case);
-3. one draw over all rows by the Gumbel-max trick: argmax over tokens with x >= thr of
-   x / T + G, G = -log(-log(U)), is a sample of the cut softmax(x / T) (computed in base 2,
-   see `sampling_rng.gumbel2`). Greedy rows are the same argmax with scale 1, no noise and no
-   cut, so mixed batches need no split. U is a hash of (row key, token id) (`sampling_rng`): a
-   seeded row's key is (seed, output index), so its draw is the same whatever batch or
-   position it is in; unseeded rows take 63 bits of the sampler's generator
-   (`random.Random(seed)`). On CUDA the draw is one Triton pass (`sampling_triton`),
-   elsewhere plain torch (`draw_torch`), with the same noise bits.
+3. one draw over all rows (`sampling_draw`): inverse-CDF sampling of the cut softmax(x / T),
+   split over fixed chunks of the vocabulary (computed in base 2: x_scale = log2(e) / T), with
+   two uniforms per row hashed from the row key (`sampling_rng`). Greedy rows take the first
+   argmax, so mixed batches need no split. A seeded row's key is row_key(seed, output index), so
+   its draw is the same whatever batch or position it is in; unseeded rows derive theirs from
+   one 62-bit base per call drawn from the sampler's generator (`random.Random(seed)`) and the
+   row's position. On CUDA the draw is two Triton launches (`sampling_triton`), elsewhere
+   plain torch (`draw_torch`), computing the same sums.
+
+Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, cached while
+the same params come in the same order), so a steady temperature-only step is two launches
+plus the host copy of the ids.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
@@ -36,10 +40,11 @@ import torch
 from . import sampling_triton
 from .sampling_penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
                                  prompt_seen, to_device)
-from .sampling_rng import gumbel2, row_key
+from .sampling_draw import draw_torch
+from .sampling_rng import resolve_keys, row_key
 from .sampling_truncation import cut_thresholds
 
-LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_rng.gumbel2)
+LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
 
@@ -122,26 +127,43 @@ class RowSpec(NamedTuple):
                    LOG2E / t if noisy else 1.0, 1.0 if noisy else 0.0, p.seed)
 
 
-def draw_torch(x, x_scale, thr: Optional[torch.Tensor], keys: Sequence[int], noisy: Sequence[bool]) -> torch.Tensor:
-    """The plain-torch draw (CPU, and the oracle of the Triton kernel): argmax over tokens
-    with x >= thr (thr None: all tokens) of x * x_scale + gumbel2(keys[row], token) (noise only
-    on `noisy` rows)."""
-    scaled = x * x_scale.unsqueeze(1)
-    rows = [i for i, n in enumerate(noisy) if n]
-    noise = gumbel2([keys[i] for i in rows], x.shape[1], x.device)
-    if len(rows) == x.shape[0]:
-        scaled = scaled + noise
-    else:
-        scaled = scaled.index_add(0, torch.tensor(rows, dtype=torch.long, device=x.device), noise)
-    if thr is not None:
-        scaled = scaled.masked_fill(x < thr.unsqueeze(1), float("-inf"))
-    return scaled.argmax(dim=1)
+class BatchPlan:
+    """What one batch's params ask of the sampler: flags, per-row columns on the device, the key
+    template. Built once per distinct params list (`Sampler._plan`) and reused while the same
+    params come in the same order (the engine's steady state), so a step of temperature-only
+    or greedy rows does no per-row Python beyond the list comparison.
+
+    keys: per row 0 (greedy), -1 (unseeded: derived from the call's random base) or, for
+    seeded rows, filled per step by `step_keys` (the key depends on the output index)."""
+
+    def __init__(self, params: list, specs: Sequence[RowSpec], device: torch.device):
+        edits, noisy, wants, cut, temps, x_scale, noise, seeds = (list(c) for c in zip(*specs))
+        self.params, self.noisy, self.cut, self.temps = params, noisy, cut, temps
+        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = any(edits), any(noisy), any(cut), any(wants)
+        self.seeded = [(i, s) for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
+        self.keys = [-1 if n else 0 for n in noisy]
+        self.x_scale = self.noise = self.no_cut = self.keys_t = None
+        if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
+            self.x_scale, self.noise, self.no_cut, keys_f = to_device(
+                [x_scale, noise, [float("-inf")] * len(noise), self.keys], torch.float32, device)
+            self.keys_t = keys_f.to(torch.int64)
+
+    def step_keys(self, requests: Sequence) -> list[int]:
+        """This step's keys: the template with each seeded row's row_key(seed, output index)."""
+        if not self.seeded:
+            return self.keys
+        keys = list(self.keys)
+        for i, seed in self.seeded:
+            keys[i] = row_key(seed, requests[i].num_output_tokens)
+        return keys
 
 
 class Sampler:
     """Samples one token per row. `vocab_size` is the model's; logits may carry padded columns
-    beyond it, which are never sampled. State across calls: only the generator that keys the
-    unseeded rows (`random.Random(seed)`; seed None draws from OS entropy)."""
+    beyond it, which are never sampled. State across calls: the generator that keys the
+    unseeded rows (`random.Random(seed)`; seed None draws from OS entropy: one 62-bit base per
+    call with a random row), and caches that never change results (RowSpecs, the last BatchPlan,
+    prompt masks)."""
 
     def __init__(self, vocab_size: int, device="cpu", seed: Optional[int] = None):
         if vocab_size < 1:
@@ -152,13 +174,13 @@ class Sampler:
         self.generator = random.Random(seed)
         self._specs: dict[int, tuple] = {}          # id(params) -> (params, RowSpec); see _row_specs
         self._prompt_masks: dict[int, tuple] = {}   # id(request) -> (request, bool [V] prompt mask)
+        self._last_plan: Optional[BatchPlan] = None
 
-    def _row_specs(self, requests: Sequence) -> list[RowSpec]:
+    def _row_specs(self, params: Sequence) -> list[RowSpec]:
         """Each row's RowSpec, computed once per params object (params are frozen; the entry
         keeps the object alive so its id cannot be reused by another)."""
         cache, out = self._specs, []
-        for r in requests:
-            p = r.params
+        for p in params:
             hit = cache.get(id(p))
             if hit is None or hit[0] is not p:
                 if len(cache) > 4096:
@@ -167,6 +189,16 @@ class Sampler:
             out.append(hit[1])
         return out
 
+    def _plan(self, requests: Sequence, device: torch.device) -> BatchPlan:
+        """The last plan when the rows' params are the same objects (or equal) in the same order
+        and on the same device, else a new one."""
+        params = [r.params for r in requests]
+        plan = self._last_plan
+        if plan is None or plan.device != device or plan.params != params:
+            plan = BatchPlan(params, self._row_specs(params), device)
+            plan.device = device
+            self._last_plan = plan
+        return plan
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
         """prompt_seen, with each request's mask built once (prompts never change) and kept
         while the request keeps appearing in penalty rows. Entries are keyed by the request
@@ -195,58 +227,41 @@ class Sampler:
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
-        specs = self._row_specs(requests)
-        edits, noisy, wants_logprobs, cut, temps, x_scale, noise, seeds = zip(*specs)
-        x = edit_logits(raw, requests, self._cached_prompt_seen) if any(edits) else raw.float()
-        if any(noisy):
-            thr = self._thresholds(x, requests, noisy, cut, temps)
-            keys = self._row_keys(requests, noisy, seeds)
-            tokens = self._draw(x, thr, x_scale, noise, keys)
-        else:
-            tokens = x.argmax(dim=1)
+        plan = self._plan(requests, raw.device)
+        x = edit_logits(raw, requests, self._cached_prompt_seen) if plan.any_edits else raw.float()
+        tokens = self._draw(x, requests, plan) if plan.any_noisy else x.argmax(dim=1)
         token_ids = tokens.tolist()
-        if not any(wants_logprobs):
+        if not plan.any_logprobs:
             return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
-    def _row_keys(self, requests, noisy, seeds) -> list[int]:
-        """Per row: 0 (greedy), row_key(seed, output index) (seeded) or 63 bits of the
-        sampler's generator (unseeded)."""
-        bits = self.generator.getrandbits
-        return [0 if not n else bits(63) if s is None else row_key(s, r.num_output_tokens)
-                for r, n, s in zip(requests, noisy, seeds)]
-
-    def _draw(self, x: torch.Tensor, thr: Optional[torch.Tensor], x_scale, noise, keys) -> torch.Tensor:
-        """Every row in one draw: greedy rows have x_scale 1, no noise and no cut (thr None:
-        no row is cut)."""
+    def _draw(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> torch.Tensor:
+        """Every row in one draw (`sampling_draw`): greedy rows take their argmax, random rows
+        an exact sample of their cut softmax. One 62-bit base from the generator per call keys
+        the unseeded rows (`sampling_rng.derived_key`)."""
+        thr = self._thresholds(x, requests, plan) if plan.any_cut else None
+        keys = plan.step_keys(requests)
+        bits = self.generator.getrandbits(62)
+        base = (bits & 0x7FFFFFFF, bits >> 31)
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            if thr is None:  # the kernel always compares: ship -inf with the other columns
-                x_scale_t, noise_t, thr = to_device([x_scale, noise, [float("-inf")] * len(noise)],
-                                                    torch.float32, dev)
-            else:
-                x_scale_t, noise_t = to_device([x_scale, noise], torch.float32, dev)
-            keys_t = torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
-            return sampling_triton.draw(x, x_scale_t, thr, keys_t, noise_t)
-        x_scale_t = torch.tensor(x_scale, dtype=torch.float32, device=dev)
-        return draw_torch(x, x_scale_t, thr, keys, [n > 0 for n in noise])
+            keys_t = plan.keys_t if keys is plan.keys else torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
+            return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
+        return draw_torch(x, plan.x_scale, thr, resolve_keys(keys, base), plan.noisy)
 
-    def _thresholds(self, x, requests, noisy, cut, temps) -> Optional[torch.Tensor]:
-        """Raw-space cut per row (-inf for greedy rows and rows without a cut); None when no
-        row is cut."""
+    def _thresholds(self, x, requests, plan: BatchPlan) -> torch.Tensor:
+        """Raw-space cut per row (-inf for greedy rows and rows without a cut); only called
+        when some row is cut."""
         vocab = x.shape[1]
-        rows = [i for i, c in enumerate(cut) if c]
-        if not rows:
-            return None
-        params = [requests[i].params for i in rows]
+        rows = [i for i, c in enumerate(plan.cut) if c]
+        params = [plan.params[i] for i in rows]
         index = torch.tensor(rows, dtype=torch.long, device=x.device)
         sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
-        cut_thr = cut_thresholds(sub, [temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
+        cut_thr = cut_thresholds(sub, [plan.temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
                                  [p.top_p for p in params], [p.min_p for p in params])
         if len(rows) == x.shape[0]:
             return cut_thr
-        thr = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
-        return thr.index_copy(0, index, cut_thr)
+        return plan.no_cut.index_copy(0, index, cut_thr)
 
     def _logprobs(self, raw, tokens, token_ids, requests) -> list:
         rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]

@@ -1,10 +1,12 @@
-"""Counter-based noise for seeded rows: the draw is a pure function of (seed, output index, token).
+"""Counter-based randomness for the draw: a row's uniforms are a pure function of its key.
 
 Why a hash and not a `torch.Generator` per row: a per-request generator makes a row's draw depend
 on how many draws that generator served before (batch history), and one generator per row means
-a Python loop of device launches. Hashing the triple (seed, output index, token id) with integer
-tensor ops gives the same noise for a request whatever batch it lands in, on CPU and CUDA alike,
-in one vectorised pass over all seeded rows.
+a Python loop of device launches. Hashing (key, counter), where a seeded row's key is
+row_key(seed, output index), gives the same uniforms for a request whatever batch it lands in,
+on CPU and CUDA alike (the Triton kernel computes the same bits). The draw uses two uniforms
+per row (`draw_uniforms`: counters 0 and 1); unseeded rows take keys derived from one random
+base per call (`derived_key`).
 
 The hash works on 32-bit lanes held in int64 tensors. Every multiplier is odd and below 2**31, so
 a product of a 32-bit lane and a multiplier stays below 2**63 and never overflows int64; masking
@@ -73,10 +75,31 @@ def seeded_uniform(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor
     return bits_to_uniform(hash_bits(tokens, lo.unsqueeze(1), hi.unsqueeze(1)))
 
 
-def gumbel2(keys: Sequence[int], vocab_size: int, device) -> torch.Tensor:
-    """Base-2 Gumbel noise -log2(-log2(u)) per (key, token), float32 [len(keys), V].
+def _mix32_int(x: int) -> int:
+    """`_mix32` on one Python int in [0, 2**32)."""
+    x ^= x >> 16
+    x = (x * _M1) & _MASK32
+    x ^= x >> 15
+    x = (x * _M2) & _MASK32
+    x ^= x >> 13
+    x = (x * _M3) & _MASK32
+    return x ^ (x >> 16)
 
-    If G = -ln(-ln u) is a standard Gumbel, -log2(-log2 u) = G * log2(e) + log2(ln 2): the same
-    noise scaled by log2(e) and shifted by a constant. So argmax(x / T * log2(e) + noise) is a
-    Gumbel-max draw from softmax(x / T); log2 is the GPU's native logarithm."""
-    return -torch.log2(-torch.log2(seeded_uniform(keys, vocab_size, device)))
+
+def derived_key(base: tuple[int, int], row: int) -> int:
+    """The key of unseeded row `row` in a call whose random base is (base_lo, base_hi): halves
+    lo = mix32(row + base_lo), hi = mix32(lo ^ base_hi) (mod 2**32), returned as hi * 2**32 + lo.
+    The Triton pick kernel derives the same halves on the device (`sampling_triton._row_halves`)."""
+    lo = _mix32_int((row + base[0]) & _MASK32)
+    return (_mix32_int(lo ^ base[1]) << 32) | lo
+
+
+def resolve_keys(keys: Sequence[int], base: tuple[int, int]) -> list[int]:
+    """Per-row keys with every negative (unseeded) entry replaced by its `derived_key`."""
+    return [k if k >= 0 else derived_key(base, i) for i, k in enumerate(keys)]
+
+
+def draw_uniforms(keys: Sequence[int], device) -> torch.Tensor:
+    """The two uniforms of each row's draw (chunk choice, token choice): float32 [R, 2], the hash
+    of (key, 0) and (key, 1). Keys are non-negative Python ints (any width; halves are taken)."""
+    return seeded_uniform(keys, 2, device)

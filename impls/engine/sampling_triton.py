@@ -1,17 +1,24 @@
-"""One Triton pass that draws every row: key = x * x_scale + noise over the tokens with
-x >= threshold, argmax per row, where x_scale = log2(e) / T and noise is the base-2 Gumbel of
-hash(row key, token) (`sampling_rng.gumbel2`). Greedy rows take x_scale 1 and no noise (a plain
-argmax, exact: multiplying by 1 rounds nothing).
+"""The draw on CUDA: two Triton launches that turn [S, V] float32 logits into one token per row.
 
-The noise bits are those of `sampling_rng.hash_bits` (same mixer, uint32 arithmetic, where
-multiplication wraps modulo 2**32 as the int64-masked torch version does), so a row draws the
-same token here and in the torch path up to float rounding of near-ties. Each program scans one
-chunk of one row; per-chunk winners are reduced by torch. Ties in value go to the lowest token
-id, matching torch.argmax for greedy rows.
+The draw is inverse-CDF sampling split over fixed chunks of CHUNK tokens (`sampling_draw`
+states the math and holds the plain-torch version; both compute the same quantities):
+
+1. `_chunk_stats_kernel`, grid (S, ceil(V / CHUNK)): per (row, chunk) the chunk's max logit,
+   the first id holding it, and the chunk's kept mass sum(exp2((x - chunk max) * x_scale)) over
+   tokens with x >= thr. One read of the logits, spread over thousands of programs, so the pass
+   is bandwidth-bound (no per-token hash or logarithm).
+2. `_pick_kernel`, grid (S,): per row two uniforms u1, u2 from the row key (the hash of
+   `sampling_rng`, uint32 arithmetic); a chunk with probability proportional to its mass
+   (prefix sums over the chunks vs u1 * total), then a token of that chunk with probability
+   proportional to its weight (running cumsum vs u2 * chunk mass). Greedy rows (noisy == 0)
+   take the row's first max instead. Writes int64 ids.
+
+Chunks are CHUNK tokens whatever the batch, so a row's sums, and so its token, never depend
+on the other rows. Rows whose key is negative are unseeded: their key halves are derived in the
+kernel from (base_lo, base_hi, row) (`sampling_rng.derived_halves`), so a batch of unseeded rows
+needs no per-step upload.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -21,84 +28,154 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-BLOCK = 2048      # tokens per loop step of one program
+from . import sampling_draw
+
+BLOCK = 2048      # tokens per loop step of one program (CHUNK must be a multiple)
 NUM_WARPS = 8
-WAVES = 8         # programs per SM to aim for (rows x chunks)
+BIG = 2147483647  # int32 "no index" sentinel
 
 if triton is not None:
     @triton.jit
-    def _mix32(x):
-        x = x ^ (x >> 16)
-        x = x * 0x7FEB352D
-        x = x ^ (x >> 15)
-        x = x * 0x6C8E9CF5
-        x = x ^ (x >> 13)
-        x = x * 0x2C1B3C6D
-        return x ^ (x >> 16)
+    def _mix32(v):
+        v = v ^ (v >> 16)
+        v = v * 0x7FEB352D
+        v = v ^ (v >> 15)
+        v = v * 0x6C8E9CF5
+        v = v ^ (v >> 13)
+        v = v * 0x2C1B3C6D
+        return v ^ (v >> 16)
 
     @triton.jit
-    def _draw_kernel(x_ptr, x_stride, x_scale_ptr, thr_ptr, key_ptr, noisy_ptr,
-                     val_ptr, idx_ptr, vocab, chunk, num_chunks, BLOCK: tl.constexpr):
+    def _uniform(lo, hi, k):
+        """sampling_rng.bits_to_uniform(hash_bits(k, lo, hi)): lo, hi uint32 scalars."""
+        bits = _mix32(_mix32(lo + k) ^ hi)
+        return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+    @triton.jit
+    def _chunk_stats_kernel(x_ptr, x_stride, scale_ptr, thr_ptr, stats_ptr, vocab, num_chunks,
+                            CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        # x_ptr: [S, x_stride] float32, unit stride along the vocab; scale_ptr, thr_ptr: [S]
+        # float32; stats_ptr: [S, 3, num_chunks] float32 (chunk max, chunk mass, first argmax).
         row = tl.program_id(0)
         part = tl.program_id(1)
-        x_scale = tl.load(x_scale_ptr + row)
+        scale = tl.load(scale_ptr + row)
         thr = tl.load(thr_ptr + row)
-        seed_key = tl.load(key_ptr + row)
-        lo = seed_key.to(tl.uint32)           # integer casts truncate: the low 32 bits
-        hi = (seed_key >> 32).to(tl.uint32)
-        noise_scale = tl.load(noisy_ptr + row)
         lanes = tl.arange(0, BLOCK)
-        best_v = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK], dtype=tl.int32)
-        start = part * chunk
-        base = x_ptr + row.to(tl.int64) * x_stride
-        for off in range(0, chunk, BLOCK):
+        row_ptr = x_ptr + row.to(tl.int64) * x_stride
+        start = part * CHUNK
+        lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+        lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
+        run_max = tl.max(lane_max, axis=0)          # fp32 scalar, -inf
+        run_mass = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
+        for off in range(0, CHUNK, BLOCK):
             cols = start + off + lanes
-            inside = (cols < vocab) & (off + lanes < chunk)
-            x = tl.load(base + cols, mask=inside, other=float("-inf"))
-            bits = _mix32(_mix32(cols.to(tl.uint32) + lo) ^ hi)
-            u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            g = -tl.log2(-tl.log2(u))
-            key = x * x_scale + g * noise_scale
-            key = tl.where(inside & (x >= thr), key, float("-inf"))
-            better = key > best_v
-            best_v = tl.where(better, key, best_v)
-            best_i = tl.where(better, cols, best_i)
-        top = tl.max(best_v, axis=0)
-        first = tl.min(tl.where(best_v == top, best_i, 2147483647), axis=0)
-        tl.store(val_ptr + row * num_chunks + part, top)
-        tl.store(idx_ptr + row * num_chunks + part, first)
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            better = xv > lane_max
+            lane_max = tl.where(better, xv, lane_max)
+            lane_idx = tl.where(better, cols, lane_idx)
+            new_max = tl.maximum(run_max, tl.max(xv, axis=0))
+            shift = tl.where(new_max > float("-inf"), new_max, 0.0)
+            wv = tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
+            run_mass = run_mass * tl.exp2((run_max - shift) * scale) + tl.sum(wv, axis=0)
+            run_max = new_max
+        top = tl.max(lane_max, axis=0)
+        first = tl.min(tl.where(lane_max == top, lane_idx, 2147483647), axis=0)
+        out = stats_ptr + row.to(tl.int64) * 3 * num_chunks + part
+        tl.store(out, top)
+        tl.store(out + num_chunks, run_mass)
+        tl.store(out + 2 * num_chunks, first.to(tl.float32))
+
+    @triton.jit
+    def _row_halves(key_ptr, row, base_lo, base_hi):
+        """The row key's (lo, hi) uint32 halves; a negative key means unseeded: halves derived
+        from (base_lo, base_hi, row) as in sampling_rng.derived_halves."""
+        key = tl.load(key_ptr + row)
+        d_lo = _mix32(row.to(tl.uint32) + base_lo.to(tl.uint32))
+        d_hi = _mix32(d_lo ^ base_hi.to(tl.uint32))
+        lo = tl.where(key >= 0, key.to(tl.uint32), d_lo)
+        hi = tl.where(key >= 0, (key >> 32).to(tl.uint32), d_hi)
+        return lo, hi
+
+    @triton.jit
+    def _scan_chunk(row_ptr, start, vocab, chunk_top, scale, thr, target,
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        """First id in [start, start + CHUNK) whose running weight sum exceeds target (weights
+        exp2((x - chunk_top) * scale) on x >= thr), else the last id of positive weight, else -1."""
+        lanes = tl.arange(0, BLOCK)
+        shift = tl.where(chunk_top > float("-inf"), chunk_top, 0.0)
+        acc = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
+        pick = tl.min(tl.full([BLOCK], 2147483647, tl.int32), axis=0)
+        last = tl.max(tl.full([BLOCK], -1, tl.int32), axis=0)
+        for off in range(0, CHUNK, BLOCK):
+            cols = start + off + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            wv = tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
+            run = tl.cumsum(wv, axis=0) + acc
+            positive = wv > 0.0
+            pick = tl.minimum(pick, tl.min(tl.where((run > target) & positive, cols, 2147483647), axis=0))
+            last = tl.maximum(last, tl.max(tl.where(positive, cols, -1), axis=0))
+            acc = acc + tl.sum(wv, axis=0)
+        return tl.where(pick < 2147483647, pick, last)
+
+    @triton.jit(do_not_specialize=["base_lo", "base_hi"])
+    def _pick_kernel(x_ptr, x_stride, scale_ptr, thr_ptr, noisy_ptr, key_ptr, stats_ptr, out_ptr,
+                     vocab, num_chunks, base_lo, base_hi,
+                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, NC_BLOCK: tl.constexpr):
+        # x_ptr: [S, x_stride] float32; scale/thr/noisy_ptr: [S] float32; key_ptr: [S] int64;
+        # stats_ptr: [S, 3, num_chunks] float32 from _chunk_stats_kernel; out_ptr: [S] int64.
+        row = tl.program_id(0)
+        parts = tl.arange(0, NC_BLOCK)
+        valid = parts < num_chunks
+        stats = stats_ptr + row.to(tl.int64) * 3 * num_chunks
+        tops = tl.load(stats + parts, mask=valid, other=float("-inf"))
+        masses = tl.load(stats + num_chunks + parts, mask=valid, other=0.0)
+        firsts = tl.load(stats + 2 * num_chunks + parts, mask=valid, other=0.0).to(tl.int32)
+        row_max = tl.max(tops, axis=0)
+        greedy = tl.min(tl.where(valid & (tops == row_max), firsts, 2147483647), axis=0)
+        scale = tl.load(scale_ptr + row)
+        row_shift = tl.where(row_max > float("-inf"), row_max, 0.0)
+        part_mass = tl.where(valid, masses * tl.exp2((tops - row_shift) * scale), 0.0)
+        prefix = tl.cumsum(part_mass, axis=0)
+        total = tl.sum(tl.where(parts == num_chunks - 1, prefix, 0.0), axis=0)
+        lo, hi = _row_halves(key_ptr, row, base_lo, base_hi)
+        u1 = _uniform(lo, hi, 0)
+        u2 = _uniform(lo, hi, 1)
+        hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
+        last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
+        chosen = tl.where(hit < NC_BLOCK, hit, last_part)
+        chunk_top = tl.load(stats + chosen)
+        target = u2 * tl.load(stats + num_chunks + chosen)
+        tok = _scan_chunk(x_ptr + row.to(tl.int64) * x_stride, chosen * CHUNK, vocab, chunk_top,
+                          scale, tl.load(thr_ptr + row), target, CHUNK, BLOCK)
+        noisy = tl.load(noisy_ptr + row)
+        tok = tl.where((noisy > 0.0) & (tok >= 0), tok, greedy)
+        tl.store(out_ptr + row, tok.to(tl.int64))
+
 
 
 def available(device: torch.device) -> bool:
-    """The kernel runs on CUDA tensors (and under TRITON_INTERPRET=1 for tests)."""
+    """The kernels run on CUDA tensors (and under TRITON_INTERPRET=1 for tests)."""
     return triton is not None and device.type == "cuda"
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-def _num_chunks(num_rows: int, vocab: int, device: torch.device, block: int, waves: int) -> int:
-    """Enough programs for `waves` per SM, chunks no shorter than 4 blocks."""
-    sms = _num_sms(device)
-    return max(1, min(triton.cdiv(waves * sms, num_rows), triton.cdiv(vocab, 4 * block)))
-
-
-def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, keys: torch.Tensor,
-         noise_scale: torch.Tensor, *, block: int = 0, num_warps: int = 0, waves: int = 0) -> torch.Tensor:
-    """Token per row of x [S, V] (float32, unit stride along V); per-row float32 x_scale, thr,
-    noise_scale (1 or 0) and int64 keys (non-negative, < 2**63). Returns int64 [S]. block / num_warps /
-    waves override the module defaults (for tuning)."""
-    block, num_warps, waves = block or BLOCK, num_warps or NUM_WARPS, waves or WAVES
+def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, noisy: torch.Tensor,
+         keys: torch.Tensor, base: tuple[int, int], *, chunk: int = 0) -> torch.Tensor:
+    """Token per row of x [S, V] (float32, unit stride along V). Per row: float32 x_scale (> 0),
+    thr (-inf = no cut), noisy (1 random, 0 greedy) and int64 keys (>= 0 seeded key, < 0
+    unseeded: derived from base = (base_lo, base_hi), each in [0, 2**31)). Returns int64 [S].
+    chunk: tokens per chunk (a multiple of BLOCK or a power of two below it; default
+    sampling_draw.CHUNK, read at call time)."""
+    chunk = chunk or sampling_draw.CHUNK
+    block = min(BLOCK, chunk)
+    assert chunk % block == 0 and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     num_rows, vocab = x.shape
-    num_chunks = _num_chunks(num_rows, vocab, x.device, block, waves)
-    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
-    vals = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=x.device)
-    idx = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=x.device)
-    _draw_kernel[(num_rows, num_chunks)](x, x.stride(0), x_scale, thr, keys, noise_scale, vals, idx,
-                                        vocab, chunk, num_chunks, BLOCK=block, num_warps=num_warps)
-    best = vals.argmax(dim=1, keepdim=True)
-    return idx.gather(1, best).squeeze(1).to(torch.int64)
+    stats = torch.empty((num_rows, 3, num_chunks), dtype=torch.float32, device=x.device)
+    out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
+    warps = NUM_WARPS if block >= 1024 else 4
+    _chunk_stats_kernel[(num_rows, num_chunks)](x, x.stride(0), x_scale, thr, stats, vocab, num_chunks,
+                                         CHUNK=chunk, BLOCK=block, num_warps=warps)
+    _pick_kernel[(num_rows,)](x, x.stride(0), x_scale, thr, noisy, keys, stats, out, vocab, num_chunks,
+                       base[0], base[1], CHUNK=chunk, BLOCK=block,
+                       NC_BLOCK=triton.next_power_of_2(num_chunks), num_warps=warps)
+    return out
