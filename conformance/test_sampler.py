@@ -515,3 +515,90 @@ def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
             m.setattr(sampling_triton, "available", lambda device: True)
             got = Sampler(700)(logits, reqs).token_ids
         assert got == want
+
+
+# ---------------------------------------------------------------- the chunked draw
+
+def test_chunk_stats_kernel_matches_torch():
+    """Pass 1 of the Triton draw (interpreted on CPU) against `chunk_weights`: chunk maxima and
+    first argmax exactly, kept masses to float32 rounding (different summation order)."""
+    from impls.engine import sampling_triton
+    from impls.engine.sampling_draw import chunk_weights
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(21)
+    rows, vocab, chunk = 4, 200, 64
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    x[1, 64:128] = float("-inf")          # a chunk with nothing kept
+    x[2, 10] = x[2, 40] = 20.0            # a tie inside one chunk
+    scale = torch.tensor([1.0, 2.0, 0.5, 1.4427])
+    thr = torch.tensor([float("-inf"), 0.0, 1.0, 2.0])
+    stats = torch.empty((rows, 3, 4), dtype=torch.float32)
+    sampling_triton._chunk_stats_kernel[(rows, 4)](x, x.stride(0), scale, thr, stats, vocab, 4,
+                                                   CHUNK=chunk, BLOCK=32)
+    tops, weights = chunk_weights(x, scale, thr, chunk)
+    assert torch.equal(stats[:, 0], tops)
+    torch.testing.assert_close(stats[:, 1], weights.sum(dim=2), rtol=1e-5, atol=1e-6)
+    padded = torch.nn.functional.pad(x, (0, 4 * chunk - vocab), value=float("-inf")).view(rows, 4, chunk)
+    want_first = padded.argmax(dim=2) + torch.arange(4) * chunk
+    finite = tops > float("-inf")
+    assert torch.equal(stats[:, 2].long()[finite], want_first[finite])
+    assert stats[2, 2, 0].item() == 10
+
+
+WIDE_RAMP = torch.linspace(0.0, 4.0, 700)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(top_p=0.8),
+                                    SamplingParams(top_k=300, min_p=0.02, temperature=1.3)])
+def test_multi_chunk_torch_draw_matches_exact(impl, monkeypatch, params):
+    """With chunks of 64 tokens (11 chunks over 700) the two-step draw (chunk, then token) is
+    still the exact cut softmax."""
+    from impls.engine import sampling_draw
+
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    req = make_request(impl, params)
+    draws = 6000
+    out = Sampler(700, seed=9)(WIDE_RAMP.expand(draws, -1).contiguous(), [req] * draws)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=700)
+    assert_matches(counts, reference_probs(WIDE_RAMP, req))
+
+
+def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
+    """The Triton draw (interpreted) with 8-token chunks over 32 tokens, unseeded and seeded
+    rows, against the exact distribution (few draws: the interpreter runs each program in
+    Python; the torch path, which must draw the same tokens, has the high-power tests)."""
+    from impls.engine import sampling_draw, sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", 8)
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    logits = torch.linspace(0.0, 3.0, 32)
+    draws = 400
+    reqs = [make_request(impl, SamplingParams(temperature=0.8, top_p=0.9, seed=(i if i % 2 else None)),
+                         rid=f"r{i}") for i in range(draws)]
+    out = Sampler(32, seed=4)(logits.expand(draws, -1).contiguous(), reqs)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=32)
+    assert_matches(counts, reference_probs(logits, reqs[0]))
+
+
+def test_triton_seeded_draw_independent_of_batch(impl, monkeypatch):
+    """On the Triton path (interpreted) a seeded row draws the same token alone and at any
+    position of a batch with other seeded, unseeded and greedy rows."""
+    from impls.engine import sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    gen = torch.Generator().manual_seed(8)
+    row = torch.randn(1, 300, generator=gen)
+    target = make_request(impl, SamplingParams(temperature=1.0, top_p=0.95, seed=17), outputs=[3, 4], rid="t")
+    alone = Sampler(300, seed=0)(row, [target]).token_ids[0]
+    for size, pos in ((3, 0), (5, 4), (4, 2)):
+        others = [make_request(impl, SamplingParams(temperature=[0.0, 0.9][j % 2], seed=[None, j][j % 2]),
+                               rid=f"o{j}") for j in range(size - 1)]
+        logits = torch.randn(size, 300, generator=gen)
+        logits[pos] = row[0]
+        assert Sampler(300, seed=size)(logits, others[:pos] + [target] + others[pos:]).token_ids[pos] == alone
