@@ -35,14 +35,15 @@ import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
 import torch
 
 from . import sampling_triton
 from .sampling_penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
                                  prompt_seen, to_device)
 from .sampling_draw import draw_torch
-from .sampling_rng import resolve_keys, row_key
-from .sampling_truncation import cut_thresholds
+from .sampling_rng import resolve_keys, row_keys
+from .sampling_truncation import CutPlan, cut_thresholds, full_sort_thresholds
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
@@ -129,32 +130,41 @@ class RowSpec(NamedTuple):
 
 class BatchPlan:
     """What one batch's params ask of the sampler: flags, per-row columns on the device, the key
-    template. Built once per distinct params list (`Sampler._plan`) and reused while the same
-    params come in the same order (the engine's steady state), so a step of temperature-only
-    or greedy rows does no per-row Python beyond the list comparison.
+    template, the cut rows' CutPlan. Built once per distinct params list (`Sampler._plan`) and
+    reused while the same params come in the same order (the engine's steady state), so a step
+    of temperature-only or greedy rows does no per-row Python beyond the list comparison.
 
     keys: per row 0 (greedy), -1 (unseeded: derived from the call's random base) or, for
     seeded rows, filled per step by `step_keys` (the key depends on the output index)."""
 
-    def __init__(self, params: list, specs: Sequence[RowSpec], device: torch.device):
+    def __init__(self, params: list, specs: Sequence[RowSpec], vocab: int, device: torch.device):
         edits, noisy, wants, cut, temps, x_scale, noise, seeds = (list(c) for c in zip(*specs))
-        self.params, self.noisy, self.cut, self.temps = params, noisy, cut, temps
+        self.params, self.device, self.noisy = params, device, noisy
         self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = any(edits), any(noisy), any(cut), any(wants)
-        self.seeded = [(i, s) for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
-        self.keys = [-1 if n else 0 for n in noisy]
-        self.x_scale = self.noise = self.no_cut = self.keys_t = None
+        seeded = [i for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
+        self.seeded_rows = np.array(seeded, dtype=np.int64)
+        self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
+        self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
+        self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
         if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
             self.x_scale, self.noise, self.no_cut, keys_f = to_device(
-                [x_scale, noise, [float("-inf")] * len(noise), self.keys], torch.float32, device)
+                [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
             self.keys_t = keys_f.to(torch.int64)
+        if self.any_cut:
+            self.cut_rows = [i for i, c in enumerate(cut) if c]
+            self.cut_index = torch.tensor(self.cut_rows, dtype=torch.long).to(device, non_blocking=True)
+            ps = [params[i] for i in self.cut_rows]
+            self.cut_plan = CutPlan([temps[i] for i in self.cut_rows], [p.top_k for p in ps],
+                                    [p.top_p for p in ps], [p.min_p for p in ps], vocab, device)
 
-    def step_keys(self, requests: Sequence) -> list[int]:
+    def step_keys(self, requests: Sequence) -> np.ndarray:
         """This step's keys: the template with each seeded row's row_key(seed, output index)."""
-        if not self.seeded:
+        if not len(self.seeded_rows):
             return self.keys
-        keys = list(self.keys)
-        for i, seed in self.seeded:
-            keys[i] = row_key(seed, requests[i].num_output_tokens)
+        index = np.fromiter((requests[i].num_output_tokens for i in self.seeded_rows.tolist()),
+                            dtype=np.uint64, count=len(self.seeded_rows))
+        keys = self.keys.copy()
+        keys[self.seeded_rows] = row_keys(self.seeds, index)
         return keys
 
 
@@ -195,8 +205,7 @@ class Sampler:
         params = [r.params for r in requests]
         plan = self._last_plan
         if plan is None or plan.device != device or plan.params != params:
-            plan = BatchPlan(params, self._row_specs(params), device)
-            plan.device = device
+            plan = BatchPlan(params, self._row_specs(params), self.vocab_size, device)
             self._last_plan = plan
         return plan
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
@@ -229,39 +238,59 @@ class Sampler:
         raw = logits[:, :self.vocab_size]
         plan = self._plan(requests, raw.device)
         x = edit_logits(raw, requests, self._cached_prompt_seen) if plan.any_edits else raw.float()
-        tokens = self._draw(x, requests, plan) if plan.any_noisy else x.argmax(dim=1)
-        token_ids = tokens.tolist()
+        if plan.any_noisy:
+            tokens, token_ids = self._sample(x, requests, plan)
+        else:
+            tokens = x.argmax(dim=1)
+            token_ids = tokens.tolist()
         if not plan.any_logprobs:
             return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
 
-    def _draw(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> torch.Tensor:
-        """Every row in one draw (`sampling_draw`): greedy rows take their argmax, random rows
-        an exact sample of their cut softmax. One 62-bit base from the generator per call keys
-        the unseeded rows (`sampling_rng.derived_key`)."""
-        thr = self._thresholds(x, requests, plan) if plan.any_cut else None
+    def _sample(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> tuple[torch.Tensor, list[int]]:
+        """(tokens, their ids as a list). One 62-bit base from the generator per call keys the
+        unseeded rows (`sampling_rng.derived_key`). When a top-p threshold came from candidates
+        that may not hold the nucleus, the check is read with the ids (one host copy) and, in
+        the rare case it failed, those rows' thresholds are recomputed by a full sort and the
+        batch is drawn again with the same keys."""
         keys = plan.step_keys(requests)
         bits = self.generator.getrandbits(62)
         base = (bits & 0x7FFFFFFF, bits >> 31)
+        thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
+        tokens = self._draw(x, thr, plan, keys, base)
+        if unsure is None:
+            return tokens, tokens.tolist()
+        both = torch.cat([tokens, unsure.long()]).tolist()
+        n = len(requests)
+        redo = [plan.cut_rows[j] for j, bad in enumerate(both[n:]) if bad]
+        if not redo:
+            return tokens, both[:n]
+        local = [plan.cut_rows.index(i) for i in redo]
+        thr = thr.index_copy(0, plan.cut_index, full_sort_thresholds(
+            x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local))
+        tokens = self._draw(x, thr, plan, keys, base)
+        return tokens, tokens.tolist()
+
+    def _draw(self, x: torch.Tensor, thr: Optional[torch.Tensor], plan: BatchPlan, keys: np.ndarray,
+              base: tuple[int, int]) -> torch.Tensor:
+        """Every row in one draw (`sampling_draw`): greedy rows take their argmax, random rows
+        an exact sample of their cut softmax (thr None: no row is cut)."""
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            keys_t = plan.keys_t if keys is plan.keys else torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
+            keys_t = plan.keys_t if keys is plan.keys else torch.from_numpy(keys).to(dev, non_blocking=True)
             return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
-        return draw_torch(x, plan.x_scale, thr, resolve_keys(keys, base), plan.noisy)
+        return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 
-    def _thresholds(self, x, requests, plan: BatchPlan) -> torch.Tensor:
-        """Raw-space cut per row (-inf for greedy rows and rows without a cut); only called
-        when some row is cut."""
-        vocab = x.shape[1]
-        rows = [i for i, c in enumerate(plan.cut) if c]
-        params = [plan.params[i] for i in rows]
-        index = torch.tensor(rows, dtype=torch.long, device=x.device)
-        sub = x if len(rows) == x.shape[0] else x.index_select(0, index)
-        cut_thr = cut_thresholds(sub, [plan.temps[i] for i in rows], [p.top_k if p.top_k < vocab else 0 for p in params],
-                                 [p.top_p for p in params], [p.min_p for p in params])
-        if len(rows) == x.shape[0]:
-            return cut_thr
-        return plan.no_cut.index_copy(0, index, cut_thr)
+    def _thresholds(self, x, plan: BatchPlan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(thr [S], unsure): the raw-space cut per row (-inf for greedy rows and rows without a
+        cut) and `cut_thresholds`' check of the open rows (None when there are none)."""
+        every = len(plan.cut_rows) == x.shape[0]
+        sub = x if every else x.index_select(0, plan.cut_index)
+        cut_thr, unsure = cut_thresholds(sub, plan.cut_plan)
+        if unsure is not None:  # [S_cut] over all cut rows, False except unsure open rows
+            unsure = torch.zeros(len(plan.cut_rows), dtype=torch.bool, device=x.device).index_copy(
+                0, plan.cut_plan.open_index, unsure)
+        return (cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)), unsure
 
     def _logprobs(self, raw, tokens, token_ids, requests) -> list:
         rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]

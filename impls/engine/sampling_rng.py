@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -103,3 +105,13 @@ def draw_uniforms(keys: Sequence[int], device) -> torch.Tensor:
     """The two uniforms of each row's draw (chunk choice, token choice): float32 [R, 2], the hash
     of (key, 0) and (key, 1). Keys are non-negative Python ints (any width; halves are taken)."""
     return seeded_uniform(keys, 2, device)
+
+
+def row_keys(seeds: np.ndarray, output_index: np.ndarray) -> np.ndarray:
+    """`row_key` over arrays (uint64 seeds and output indices, any length), vectorised: numpy
+    uint64 arithmetic wraps modulo 2**64 as the masked Python version does. Returns int64."""
+    x = seeds * np.uint64(0x9E3779B97F4A7C15) + output_index * np.uint64(0xD1B54A32D192ED03)
+    x = x + np.uint64(0x632BE59BD9B4E019)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return ((x ^ (x >> np.uint64(31))) >> np.uint64(1)).astype(np.int64)

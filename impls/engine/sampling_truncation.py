@@ -17,7 +17,7 @@ where neither holds (flat distributions with a loose top-p) fall back to sorting
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -50,45 +50,72 @@ def _top_p_full_sort(x: torch.Tensor, thr: torch.Tensor, inv_t: torch.Tensor, to
     return _top_p_cut(ranked, total, inv_t, top_p)[0]
 
 
-def cut_thresholds(x: torch.Tensor, temperature: Sequence[float], top_k: Sequence[int],
-                   top_p: Sequence[float], min_p: Sequence[float]) -> torch.Tensor:
-    """Raw-space threshold per row of x [R, V] (-inf = no cut). Every row is a random row
-    (temperature > 0); top_k 0 = off (callers map k >= V to 0)."""
-    dev, vocab = x.device, x.shape[1]
-    inv_t, min_p_t, p, k = (v.unsqueeze(1) for v in to_device(
-        [[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, dev))
-    inv_t, min_p_t, p, k = inv_t.float(), min_p_t.float(), p.float(), k.long()
+class CutPlan:
+    """The cut rows' parameters, built once per batch of params (kept by the Sampler's BatchPlan):
+    device columns inv_t, min_p, top_p ([R, 1] float32) and top_k ([R, 1] int64), the number of
+    top-p candidates, and the rows whose nucleus may lie beyond the candidates ("open" rows).
+    Every row is a random row (temperature > 0); top_k 0 = off (k >= V is mapped to 0)."""
+
+    def __init__(self, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
+                 min_p: Sequence[float], vocab: int, device):
+        top_k = [k if k < vocab else 0 for k in top_k]
+        self.inv_t, self.min_p, self.top_p, self.top_k = (v.unsqueeze(1) for v in to_device(
+            [[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, device))
+        self.inv_t, self.min_p, self.top_p = self.inv_t.float(), self.min_p.float(), self.top_p.float()
+        self.top_k = self.top_k.long()
+        self.any_min_p = any(m > 0.0 for m in min_p)
+        self.use_p = any(p < 1.0 for p in top_p)
+        self.num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if self.use_p else 0))
+        self.open_rows = [i for i, (pp, kk) in enumerate(zip(top_p, top_k))
+                          if pp < 1.0 and not 0 < kk <= self.num_cand and self.num_cand < vocab]
+        self.open_index = _tensor(self.open_rows, torch.long, device) if self.open_rows else None
+
+
+def cut_thresholds(x: torch.Tensor, plan: CutPlan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(thr, unsure) for x [R, V]: the raw-space threshold per row (-inf = no cut), and for the
+    open rows a bool [len(plan.open_rows)] device tensor, True where the top-p mass was not
+    reached within the candidates, so thr may be too high there: the caller must then replace
+    those rows by `full_sort_thresholds` (read after the draw, so no sync mid-pipeline). unsure
+    is None when the plan has no open rows."""
+    dev = x.device
     thr = torch.full((x.shape[0], 1), NEG_INF, device=dev)
-    if any(m > 0.0 for m in min_p):
-        thr = x.amax(dim=1, keepdim=True) + torch.log(min_p_t) / inv_t
-    use_p = any(p < 1.0 for p in top_p)
-    num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if use_p else 0))
-    if num_cand == 0:
-        return thr.squeeze(1)
-    ranked = torch.topk(x, num_cand, dim=1).values
-    kth = ranked.gather(1, (k - 1).clamp(min=0, max=num_cand - 1))
+    if plan.any_min_p:
+        thr = x.amax(dim=1, keepdim=True) + torch.log(plan.min_p) / plan.inv_t
+    if plan.num_cand == 0:
+        return thr.squeeze(1), None
+    ranked = torch.topk(x, plan.num_cand, dim=1).values
+    k = plan.top_k
+    kth = ranked.gather(1, (k - 1).clamp(min=0, max=plan.num_cand - 1))
     thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
-    if not use_p:
-        return thr.squeeze(1)
+    if not plan.use_p:
+        return thr.squeeze(1), None
     ranked = ranked.masked_fill(ranked < thr, NEG_INF)
-    total = torch.exp((ranked - ranked[:, :1]) * inv_t).sum(dim=1, keepdim=True)
-    # Rows whose survivors may lie beyond the candidates: no k <= num_cand to bound them.
-    open_rows = [i for i, (pp, kk) in enumerate(zip(top_p, top_k))
-                 if pp < 1.0 and not 0 < kk <= num_cand and num_cand < vocab]
-    if open_rows:
-        rows = _tensor(open_rows, torch.long, dev)
-        total = total.index_copy(0, rows, _open_total(x[rows], ranked[rows], thr[rows], inv_t[rows]))
-    p_thr, reached = _top_p_cut(ranked, total, inv_t, p)
-    p_thr = torch.where(p.squeeze(1) < 1.0, p_thr, torch.full_like(p_thr, NEG_INF))
-    base = thr.squeeze(1)  # the min-p / top-k cut, before top-p
-    thr = torch.maximum(base, p_thr)
-    if open_rows:
-        missing = rows[~reached[rows]].tolist()  # a host sync, only when open rows exist
-        if missing:  # rare: flat rows whose top_p mass lies beyond the candidates
-            idx = _tensor(missing, torch.long, dev)
-            full = _top_p_full_sort(x[idx], base[idx].unsqueeze(1), inv_t[idx], p[idx])
-            thr[idx] = torch.maximum(base[idx], full)
-    return thr
+    total = torch.exp((ranked - ranked[:, :1]) * plan.inv_t).sum(dim=1, keepdim=True)
+    rows = plan.open_index
+    if rows is not None:
+        total = total.index_copy(0, rows, _open_total(x[rows], ranked[rows], thr[rows], plan.inv_t[rows]))
+    p_thr, reached = _top_p_cut(ranked, total, plan.inv_t, plan.top_p)
+    p_thr = torch.where(plan.top_p.squeeze(1) < 1.0, p_thr, torch.full_like(p_thr, NEG_INF))
+    out = torch.maximum(thr.squeeze(1), p_thr)
+    return out, (None if rows is None else ~reached[rows])
+
+
+def full_sort_thresholds(x: torch.Tensor, thr: torch.Tensor, plan: CutPlan, rows: Sequence[int]) -> torch.Tensor:
+    """thr with `rows` (indices into x's rows) recomputed exactly by sorting them whole (the
+    rare fallback: flat rows whose top_p mass lies beyond the candidates)."""
+    dev = x.device
+    idx = _tensor(list(rows), torch.long, dev)
+    base = _base_thresholds(x[idx], plan, idx)
+    full = _top_p_full_sort(x[idx], base.unsqueeze(1), plan.inv_t[idx], plan.top_p[idx])
+    return thr.index_copy(0, idx, torch.maximum(base, full))
+
+
+def _base_thresholds(x: torch.Tensor, plan: CutPlan, idx: torch.Tensor) -> torch.Tensor:
+    """The cut before top-p of open rows idx (x = those rows): only min-p, since an open row
+    has no top-k (num_cand >= every k, so a row with 0 < k is never open)."""
+    if not plan.any_min_p:
+        return torch.full((x.shape[0],), NEG_INF, device=x.device)
+    return x.amax(dim=1) + (torch.log(plan.min_p[idx]) / plan.inv_t[idx]).squeeze(1)
 
 
 def _open_total(x, ranked, thr, inv_t) -> torch.Tensor:
