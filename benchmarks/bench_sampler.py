@@ -8,9 +8,14 @@ plus the host copy of the ids: the floor any sampler pays), `sampler_greedy` (ou
 every row greedy), `sampler_temperature` (every row temperature 0.6, no cut: the throughput
 benchmark's setting), `sampler_mixed` (a quarter each of greedy; temperature only; top-k 50 +
 top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
-over 256-token histories and logprobs=5). On CPU (CI, --benchmark-disable runs each case once)
-the row count drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it.
-Nothing here asserts speed; numbers go to benchmarks/RESULTS.md.
+over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
+own seed: per-step keys). On CPU (CI, --benchmark-disable runs each case once) the row count
+drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it. Nothing here asserts
+speed; numbers go to benchmarks/RESULTS.md.
+
+`python benchmarks/bench_sampler.py --profile` also prints, per case, the device kernels one
+call launches and their summed device time (torch.profiler; CUDA only), so host-bound and
+device-bound cases can be told apart.
 """
 from __future__ import annotations
 
@@ -106,6 +111,14 @@ def test_sampler_mixed(benchmark, logits, sampler):
     assert [out.token_ids[i] for i in greedy_rows] == logits[greedy_rows].argmax(dim=1).tolist()
 
 
+def test_sampler_seeded(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, lambda i: SamplingParams(temperature=0.6, seed=i))
+    out = benchmark(sampler, logits, reqs)
+    again = Sampler(VOCAB, device=DEVICE, seed=1)(logits, reqs)
+    assert out.token_ids == again.token_ids  # seeded rows ignore the sampler's own seed
+
+
 def _time_ms(fn, reps: int = 20) -> float:
     """Median wall milliseconds over reps (every case ends in a host copy, which syncs)."""
     fn()
@@ -117,18 +130,38 @@ def _time_ms(fn, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _device_profile(fn) -> str:
+    """Kernels launched by one call of fn and their summed device time (CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.time_range.elapsed_us() for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.time_range.elapsed_us())[:4]
+    names = ", ".join(f"{e.name[:40]} {e.time_range.elapsed_us():.0f}us" for e in top)
+    return f"    {len(kernels)} device ops, {busy_us:.0f} us device time; top: {names}"
+
+
 def main() -> None:
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
-    greedy = make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))
-    temperature = make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))
-    mixed = make_requests(ROWS, mixed_params)
+    cases = [("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
+             ("sampler_temperature", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))),
+             ("sampler_seeded", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6, seed=i))),
+             ("sampler_mixed", make_requests(ROWS, mixed_params))]
+    profile = "--profile" in sys.argv and DEVICE == "cuda"
     base = _time_ms(lambda: argmax_ids(lg))
     print(f"device={DEVICE} rows={ROWS} vocab={VOCAB}")
-    print(f"argmax          {base:8.3f} ms  1.00x")
-    for name, reqs in (("sampler_greedy", greedy), ("sampler_temperature", temperature),
-                       ("sampler_mixed", mixed)):
+    print(f"{'argmax':19s} {base:8.3f} ms  1.00x")
+    if profile:
+        print(_device_profile(lambda: argmax_ids(lg)))
+    for name, reqs in cases:
         ms = _time_ms(lambda: sm(lg, reqs))
-        print(f"{name:15s} {ms:8.3f} ms  {ms / base:.2f}x")
+        print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
+        if profile:
+            print(_device_profile(lambda: sm(lg, reqs)))
 
 
 if __name__ == "__main__":
