@@ -79,6 +79,10 @@ class Request(Protocol):
         """Append one sampled token to token_ids (and so to the output)."""
         ...
 
+    # Optional, outside the Protocol (the engine checks with hasattr): impls whose requests
+    # offer `replace_last_token(token)` (overwrite the newest output token) support the
+    # engine's async scheduling, which appends a placeholder and fills it in a step later.
+
 
 class RequestArgs(NamedTuple):
     """Validated, normalised constructor arguments of a Request (see check_request_args)."""

@@ -22,8 +22,9 @@ from typing import Iterable, Optional, Union
 
 import torch
 
-from spec import SamplingParams, SchedulerConfig, Status, load_impl
+from spec import SamplingParams, Status, UpdateOutput, load_impl
 
+from .async_scheduling import InFlight, apply_patch, deferrable, input_patch, launch_greedy, stop_after
 from .engine_args import EngineArgs, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestOutput
 from .runner import ModelRunner
@@ -101,6 +102,7 @@ class EngineCore:
         self._parents: dict[str, _Parent] = {}
         self._samples: dict[str, tuple[_Parent, _Sample]] = {}
         self._pending: dict[str, _Parent] = {}  # parents to report next step (aborts)
+        self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
 
     # ---- construction helpers -----------------------------------------------------------------
 
@@ -241,7 +243,9 @@ class EngineCore:
         cumulative outputs of every running request each step is most of the host cost).
 
         Text is decoded incrementally only for samples with stop strings (which must be
-        matched as tokens arrive); the others decode their new ids when an output is built."""
+        matched as tokens arrive); the others decode their new ids when an output is built.
+        With async_scheduling, a plain-greedy step leaves its tokens on the device and the
+        next step() fills them in (async_scheduling.py); outputs then lag one step."""
         start = time.perf_counter()
         with _span("schedule"):
             output = self.scheduler.schedule()
@@ -249,21 +253,11 @@ class EngineCore:
         self.stats.num_preemptions += len(output.preempted)
         changed: dict[str, _Parent] = dict(self._pending)
         self._pending.clear()
+        previous, self._inflight = self._inflight, None
         if not output.is_empty:
-            with _span("prepare"):
-                batch = self.runner.prepare(output, self.block_manager)
-            with _span("execute"):
-                result = self.runner.execute(batch)
-            with _span("sample"):
-                requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
-                sampled = self.sampler(result.logits, requests)
-                self._record_prompt_logprobs(result.prompt_logits)
-            with _span("update"):
-                token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
-                update = self.scheduler.update_from_output(output, token_map)
-                self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
-            self.stats.num_steps += 1
-            self.stats.num_scheduled_tokens += output.num_scheduled_tokens
+            self._run_step(output, previous, changed)
+        else:
+            self._resolve(previous, changed)
         with _span("outputs"):
             outputs = [self._make_output(parent) for parent in changed.values()
                        if not final_only or parent.finished]
@@ -272,6 +266,70 @@ class EngineCore:
                 self._forget(out.request_id)
         self.stats.step_seconds += time.perf_counter() - start
         return outputs
+
+    def _run_step(self, output, previous: Optional[InFlight], changed: dict) -> None:
+        """Build, execute, sample and update one non-empty step (resolving the previous step's
+        placeholders once this step is launched)."""
+        with _span("prepare"):
+            batch = self.runner.prepare(output, self.block_manager)
+            if previous is not None:
+                rows, src = input_patch(output.scheduled, batch.meta.query_start_loc_cpu, previous)
+                apply_patch(batch.input_ids, rows, src, previous.ids)
+        with _span("execute"):
+            result = self.runner.execute(batch)
+        requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
+        if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
+            with _span("sample"):
+                launched = launch_greedy(result.logits, self.vocab_size, batch.sample_request_ids)
+            self._resolve(previous, changed)
+            with _span("update"):
+                self._update_with_placeholders(output, launched)
+        else:
+            self._resolve(previous, changed)
+            with _span("sample"):
+                sampled = self.sampler(result.logits, requests)
+                self._record_prompt_logprobs(result.prompt_logits)
+            with _span("update"):
+                token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
+                update = self.scheduler.update_from_output(output, token_map)
+                self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
+        self.stats.num_steps += 1
+        self.stats.num_scheduled_tokens += output.num_scheduled_tokens
+
+    def _update_with_placeholders(self, output, launched: InFlight) -> None:
+        """update_from_output with the placeholder id as every sampled token; the requests that
+        appended one wait in `launched` for their real token (length stops are already right)."""
+        placeholder = [self.vocab_size]
+        update = self.scheduler.update_from_output(output, {rid: placeholder for rid in launched.rows})
+        for rid, tokens in update.new_token_ids.items():
+            if tokens:
+                launched.awaiting[rid] = self._samples[rid][1].request
+        launched.finished = list(update.finished)
+        self._inflight = launched if launched.awaiting else None
+
+    def _resolve(self, inflight: Optional[InFlight], changed: dict) -> None:
+        """Put the real tokens of a launched step in place of its placeholders, apply the stops
+        the placeholders could not decide, then attach tokens and finishes as a serial step does."""
+        if inflight is None:
+            return
+        with _span("resolve"):
+            ids = inflight.token_ids()
+            new_tokens = {}
+            finished = [r for r in inflight.finished if r.request_id in self._samples]
+            for rid, request in inflight.awaiting.items():
+                if rid not in self._samples:
+                    continue  # aborted without a report: forgotten
+                token = ids[inflight.rows[rid]]
+                request.replace_last_token(token)
+                new_tokens[rid] = [token]
+                stop = stop_after(request, token)
+                if stop is None or request.status not in _STOPPABLE:
+                    continue  # no stop, or finished otherwise (aborted) meanwhile
+                if not request.status.is_finished:  # running, or preempted by this step's schedule
+                    self.scheduler.finish(request, stop[0])
+                    finished.append(request)
+                request.status, request.stop_reason = stop  # a length finish yields to the stop
+            self._apply_update(UpdateOutput(new_tokens, finished), {}, changed)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for request_id, (positions, logits, targets) in prompt_logits.items():
@@ -317,9 +375,10 @@ class EngineCore:
     def _make_output(self, parent: _Parent) -> RequestOutput:
         for sample in parent.samples:
             _read(sample)
+        awaiting = self._inflight.awaiting if self._inflight is not None else {}
         completions = [CompletionOutput(
             index=s.index, text=s.detokenizer.text if s.detokenizer is not None else "",
-            token_ids=list(s.request.output_token_ids), finish_reason=s.finish_reason,
+            token_ids=_resolved_ids(s.request, awaiting), finish_reason=s.finish_reason,
             stop_reason=s.stop_reason, logprobs=list(s.logprobs) if s.logprobs is not None else None)
             for s in parent.samples]
         prompt_lp = None
@@ -337,9 +396,20 @@ class EngineCore:
             self._samples.pop(sample.request.request_id, None)
 
 
+# A real token's stop applies to a request in these states (FINISHED_LENGTH: decided by the
+# placeholder's count, but a stop token or EOS comes first in the serial order of checks).
+_STOPPABLE = (Status.RUNNING, Status.WAITING, Status.PREEMPTED, Status.SWAPPED, Status.FINISHED_LENGTH)
+
+
 def _span(name: str):
     """A named range in torch.profiler traces (enginespec.<phase>); near free when not profiling."""
     return torch.profiler.record_function(f"enginespec.{name}")
+
+
+def _resolved_ids(request, awaiting: dict) -> list[int]:
+    """The request's output ids without a trailing async placeholder."""
+    ids = list(request.output_token_ids)
+    return ids[:-1] if request.request_id in awaiting else ids
 
 
 def _flush(sample: _Sample) -> None:

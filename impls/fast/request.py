@@ -85,6 +85,16 @@ class FastRequest:
         self.token_ids.append(token)
         self._output.append(token)
 
+    def replace_last_token(self, token: int) -> None:
+        """Overwrite the newest output token (the engine's async-scheduling placeholder) with the
+        sampled one. ValueError if there is no output token or `token` is not a non-negative int."""
+        if not self._output:
+            raise ValueError(f"request {self.request_id!r} has no output token to replace")
+        if type(token) is not int or token < 0:
+            token = _token("token_ids", token)
+        self.token_ids[-1] = token
+        self._output[-1] = token
+
     def __repr__(self) -> str:
         return (f"FastRequest({self.request_id!r}, status={self.status.name}, "
                 f"tokens={len(self.token_ids)}, computed={self.num_computed_tokens})")

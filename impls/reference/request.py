@@ -74,6 +74,13 @@ class Request:
         """Append one sampled token; ValueError unless it is a non-negative int."""
         self.token_ids.append(_token_list("token_ids", [token])[0])
 
+    def replace_last_token(self, token: int) -> None:
+        """Overwrite the newest output token (the engine's async-scheduling placeholder) with the
+        sampled one. ValueError if there is no output token or `token` is not a non-negative int."""
+        if self.num_output_tokens == 0:
+            raise ValueError(f"request {self.request_id!r} has no output token to replace")
+        self.token_ids[-1] = _token_list("token_ids", [token])[0]
+
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens})")
