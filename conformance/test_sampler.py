@@ -602,3 +602,29 @@ def test_triton_seeded_draw_independent_of_batch(impl, monkeypatch):
         logits = torch.randn(size, 300, generator=gen)
         logits[pos] = row[0]
         assert Sampler(300, seed=size)(logits, others[:pos] + [target] + others[pos:]).token_ids[pos] == alone
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_triton_penalties_match_torch(impl, monkeypatch, case):
+    """The fused penalty kernel (interpreted on CPU) against the torch arithmetic, on edits
+    mixing penalties with allowed ids, min_tokens (-inf entries) and bias, and a vocab that is
+    not a multiple of the kernel's block."""
+    from impls.engine import sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    rng, vocab = random.Random(100 + case), 2100
+    reqs = []
+    for i in range(6):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
+        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(case)) * 3
+    want = edit_logits(logits, reqs)
+    with monkeypatch.context() as m:
+        m.setattr(sampling_triton, "available", lambda device: True)
+        got = edit_logits(logits, reqs)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(want, logits.float()), "the case must edit something"

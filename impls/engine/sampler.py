@@ -40,7 +40,7 @@ import torch
 
 from . import sampling_triton
 from .sampling_penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
-                                 prompt_seen, to_device)
+                                 penalty_columns, prompt_seen, to_device)
 from .sampling_draw import draw_torch
 from .sampling_rng import resolve_keys, row_keys
 from .sampling_truncation import CutPlan, cut_thresholds, full_sort_thresholds
@@ -63,16 +63,17 @@ def _needs_edits(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
-def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen) -> torch.Tensor:
+def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, **penalty) -> torch.Tensor:
     """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
-    anything changes; the caller's tensor is never modified)."""
+    anything changes; the caller's tensor is never modified). `penalty` may carry the batch's
+    cached `columns` (see `sampling_penalties.apply_penalties`)."""
     if not any(_needs_edits(r.params) for r in requests):
         return logits.float()
     x = logits.to(torch.float32, copy=True)
     apply_allowed_tokens(x, requests)
     apply_min_tokens(x, requests)
     apply_logit_bias(x, requests)
-    apply_penalties(x, requests, seen_in_prompt)
+    apply_penalties(x, requests, seen_in_prompt, **penalty)
     return x
 
 
@@ -146,6 +147,7 @@ class BatchPlan:
         self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
         self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
         self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
+        self.penalties = penalty_columns(params, device) if self.any_edits else None
         if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
             self.x_scale, self.noise, self.no_cut, keys_f = to_device(
                 [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
@@ -237,7 +239,8 @@ class Sampler:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x = edit_logits(raw, requests, self._cached_prompt_seen) if plan.any_edits else raw.float()
+        x = (edit_logits(raw, requests, self._cached_prompt_seen, columns=plan.penalties) if plan.any_edits
+             else raw.float())
         if plan.any_noisy:
             tokens, token_ids = self._sample(x, requests, plan)
         else:

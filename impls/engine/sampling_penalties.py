@@ -8,10 +8,12 @@ Row work is vectorised: per-row Python only builds small index tensors once per 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
+
+from . import sampling_triton
 
 NEG_INF = float("-inf")
 
@@ -103,26 +105,52 @@ def prompt_seen(requests: Sequence, vocab: int, device) -> torch.Tensor:
     return _counts([r.prompt_token_ids for r in requests], vocab, device) > 0
 
 
-def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen) -> None:
+class PenaltyColumns(NamedTuple):
+    """The penalty rows of a batch and their parameters on the device (float32 [R] each), built
+    once per batch of params (the Sampler keeps them in its BatchPlan)."""
+
+    rows: list
+    index: torch.Tensor
+    rep: torch.Tensor
+    freq: torch.Tensor
+    pres: torch.Tensor
+
+
+def penalty_columns(params: Sequence, device) -> Optional[PenaltyColumns]:
+    """PenaltyColumns of the rows whose params ask for a penalty; None when none does."""
+    rows = [i for i, p in enumerate(params) if _needs_penalty(p)]
+    if not rows:
+        return None
+    ps = [params[i] for i in rows]
+    rep, freq, pres, index = to_device([[p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps],
+                                        [p.presence_penalty for p in ps], rows], torch.float64, device)
+    return PenaltyColumns(rows, index.long(), rep.float(), freq.float(), pres.float())
+
+
+_UNSET = object()
+
+
+def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, columns=_UNSET) -> None:
     """vLLM semantics. Repetition (prompt + output tokens): positive logits are divided by the
     penalty, negative ones multiplied. Frequency (output count) and presence (output seen) are
     subtracted: logit -= frequency * count + presence * (count > 0). `seen_in_prompt(requests,
-    vocab, device)` gives the prompt masks (the Sampler passes a cached version)."""
-    rows = [i for i, r in enumerate(requests) if _needs_penalty(r.params)]
-    if not rows:
-        return
+    vocab, device)` gives the prompt masks (the Sampler passes a cached version); `columns`, the
+    batch's `penalty_columns` when the caller keeps them. On CUDA the arithmetic is one Triton
+    launch (`sampling_triton.apply_penalties`), elsewhere torch."""
     dev, vocab = logits.device, logits.shape[1]
-    reqs = [requests[i] for i in rows]
+    cols = penalty_columns([r.params for r in requests], dev) if columns is _UNSET else columns
+    if cols is None:
+        return
+    reqs = [requests[i] for i in cols.rows]
     out_counts = _counts([r.output_token_ids for r in reqs], vocab, dev)
+    in_prompt = seen_in_prompt(reqs, vocab, dev)
+    if sampling_triton.available(dev) and logits.stride(1) == 1:
+        sampling_triton.apply_penalties(logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres)
+        return
+    rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
     out_seen = out_counts > 0
-    rep, freq, pres, index = to_device(
-        [[r.params.repetition_penalty for r in reqs], [r.params.frequency_penalty for r in reqs],
-         [r.params.presence_penalty for r in reqs], rows], torch.float64, dev)
-    rep, freq, pres = (v.to(logits.dtype)[:, None] for v in (rep, freq, pres))
-    index = index.long()
-    sub = logits.index_select(0, index)
-    seen = seen_in_prompt(reqs, vocab, dev) | out_seen
+    sub = logits.index_select(0, cols.index)
     scaled = torch.where(sub > 0, sub / rep, sub * rep)
-    sub = torch.where(seen, scaled, sub)
+    sub = torch.where(in_prompt | out_seen, scaled, sub)
     sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)
-    logits.index_copy_(0, index, sub)
+    logits.index_copy_(0, cols.index, sub)

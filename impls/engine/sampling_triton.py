@@ -151,6 +151,25 @@ if triton is not None:
         tok = tl.where((noisy > 0.0) & (tok >= 0), tok, greedy)
         tl.store(out_ptr + row, tok.to(tl.int64))
 
+    @triton.jit
+    def _penalty_kernel(x_ptr, x_stride, rows_ptr, prompt_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr,
+                        vocab, BLOCK: tl.constexpr):
+        # x_ptr: [S, x_stride] float32, edited in place on rows rows_ptr[i] (int64 [R]);
+        # prompt_ptr: [R, vocab] uint8 (1 = token in the prompt); counts_ptr: [R, vocab] int32
+        # output counts; rep_ptr, freq_ptr, pres_ptr: [R] float32.
+        i = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < vocab
+        x_row = x_ptr + tl.load(rows_ptr + i) * x_stride
+        xv = tl.load(x_row + cols, mask=inside, other=0.0)
+        count = tl.load(counts_ptr + i.to(tl.int64) * vocab + cols, mask=inside, other=0)
+        in_prompt = tl.load(prompt_ptr + i.to(tl.int64) * vocab + cols, mask=inside, other=0)
+        rep = tl.load(rep_ptr + i)
+        in_output = count > 0
+        scaled = tl.where(xv > 0.0, xv / rep, xv * rep)
+        xv = tl.where((in_prompt != 0) | in_output, scaled, xv)
+        xv = xv - tl.load(freq_ptr + i) * count.to(tl.float32) - tl.load(pres_ptr + i) * in_output.to(tl.float32)
+        tl.store(x_row + cols, xv, mask=inside)
 
 
 def available(device: torch.device) -> bool:
@@ -179,3 +198,16 @@ def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, noisy: torch
                        base[0], base[1], CHUNK=chunk, BLOCK=block,
                        NC_BLOCK=triton.next_power_of_2(num_chunks), num_warps=warps)
     return out
+
+
+def apply_penalties(x: torch.Tensor, rows: torch.Tensor, prompt: torch.Tensor, counts: torch.Tensor,
+                    rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> None:
+    """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
+    (unit stride along V): rows int64 [R]; prompt bool [R, V]; counts int32 [R, V] (output
+    occurrences); rep, freq, pres float32 [R]. Same operation order as the torch version;
+    float32 division may round differently on CUDA (the approximate divide), by <= 2 ulp."""
+    assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
+    num_rows, vocab = counts.shape
+    _penalty_kernel[(num_rows, triton.cdiv(vocab, BLOCK))](
+        x, x.stride(0), rows, prompt.view(torch.uint8), counts, rep, freq, pres, vocab,
+        BLOCK=BLOCK, num_warps=NUM_WARPS)
