@@ -12,6 +12,7 @@ import dataclasses
 from collections import Counter
 
 import pytest
+import torch
 
 from conformance.invariants import check_idle
 from conformance.models import EOS_ID, VOCAB_SIZE, tiny_model_dir
@@ -74,6 +75,18 @@ def test_async_equals_serial_with_stops_and_preemption(impl, mode):
     assert any(r[0] == "stop" and r[1] is not None for r in reasons), "and on stop token ids"
     # a stop token is seen one step late: the async run schedules the wasted row, never fewer
     assert async_stats.num_scheduled_tokens >= serial_stats.num_scheduled_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_async_equals_serial_on_cuda(impl):
+    """On the GPU the placeholder rows are patched on the device inside graph-replayed,
+    compiled decode steps, and the host reads ids a step late through a pinned copy."""
+    params, eos = _with_stops(impl)
+    cuda = dict(device="cuda", num_blocks=None, num_gpu_blocks_override=24)
+    serial, _ = _generate(impl, params, False, eos, **cuda)
+    overlapped, _ = _generate(impl, params, True, eos, **cuda)
+    assert overlapped == serial
 
 
 def test_async_with_mixed_rows_and_siblings(impl):

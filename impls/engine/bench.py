@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
 import json
 import random
 import sys
@@ -153,8 +154,10 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     steps_after = _num_steps(llm)
     steps = None if steps_before is None or steps_after is None else steps_after - steps_before
+    digest = hashlib.blake2b(repr([c.token_ids for o in outputs for c in o.outputs]).encode(), digest_size=8)
     return {"wall_s": wall, "output_tokens": tokens, "requested_output_tokens": workload.num_output_tokens,
-            "num_requests": len(outputs), "output_tok_s": tokens / wall, "num_steps": steps}
+            "num_requests": len(outputs), "output_tok_s": tokens / wall, "num_steps": steps,
+            "tokens_digest": digest.hexdigest()}
 
 
 def _floors(workload: Workload, shape: rl.ModelShape, rates: dict, num_steps: Optional[int]) -> dict:
@@ -211,9 +214,27 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     out = timed_generate(llm, workload, args.device, args.temperature)
     out.update(_floors(workload, _shape_of(model_dir, args.dtype), rates, out["num_steps"]))
     out["enforce_eager"] = bool(args.enforce_eager)
+    if args.async_compare:
+        out["async"] = _guard(args, lambda: _async_run(llm, workload, args, rates, out))
     if not args.skip_profile:
         results["profile"] = _guard(args, lambda: profile_decode(llm, workload, args))
     del llm
+    return out
+
+
+def _async_run(llm, workload: Workload, args, rates: dict, serial: dict) -> dict:
+    """The same workload on the same engine with async_scheduling on; its tokens must equal the
+    serial run's (greedy), which the digest compares."""
+    core = engine_core(llm)
+    if core is None or not _engine_supports("async_scheduling"):
+        return {"skipped": "this engine has no async_scheduling"}
+    core.args = dataclasses.replace(core.args, async_scheduling=True)
+    try:
+        out = timed_generate(llm, workload, args.device, args.temperature)
+    finally:
+        core.args = dataclasses.replace(core.args, async_scheduling=False)
+    out.update(_floors(workload, _shape_of(Path(core.args.model), args.dtype), rates, out["num_steps"]))
+    out["tokens_match_serial"] = out["tokens_digest"] == serial["tokens_digest"]
     return out
 
 
@@ -432,6 +453,10 @@ def environment(args) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
 def summarize(results: dict) -> dict:
     """The headline numbers (None where a phase did not run or failed)."""
     eng, hf, env = results.get("engine") or {}, results.get("hf") or {}, results.get("env") or {}
@@ -449,6 +474,11 @@ def summarize(results: dict) -> dict:
             "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
             "batch1_ms_per_token": lat.get("default_ms_per_token"),
             "batch1_eager_ms_per_token": lat.get("eager_ms_per_token"),
+            "async_output_tok_s": (eng.get("async") or {}).get("output_tok_s"),
+            "async_wall_over_floor": _ratio((eng.get("async") or {}).get("wall_s"), (
+                (eng.get("async") or {}).get("floor") or {}).get("floor_s")),
+            "async_tokens_match_serial": (eng.get("async") or {}).get("tokens_match_serial"),
+            "async_ratio_vs_hf": _ratio((eng.get("async") or {}).get("output_tok_s"), hf_tok_s),
             "big_output_tok_s": big.get("output_tok_s"), "big_wall_over_floor": big.get("wall_over_floor"),
             "gpu": env.get("gpu"), "versions": env.get("versions"),
             "git_commit": (env.get("git") or {}).get("commit"), "date": env.get("date")}
@@ -487,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
     p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra LLM engine argument (JSON value), repeatable")
+    p.add_argument("--async-compare", action="store_true",
+                   help="also run the workload with async_scheduling on (same engine) and report both")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-num-requests", type=int, default=0, help="time HF on the first N requests (0 = all)")
@@ -597,6 +629,9 @@ def report(results: dict) -> str:
              f"wall/floor {_fmt(s['wall_over_floor'])}",
              f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
              f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}"]
+    if s.get("async_output_tok_s") is not None:
+        lines.append(f"  async scheduling: {_fmt(s['async_output_tok_s'], '.1f')} output tok/s, wall/floor "
+                     f"{_fmt(s['async_wall_over_floor'])}, tokens equal serial: {s['async_tokens_match_serial']}")
     lat = results.get("latency") or {}
     if "default_ms_per_token" in lat:
         lines.append(f"  batch-1 decode: {_fmt(lat['default_ms_per_token'])} ms/token default, "
