@@ -63,29 +63,49 @@ def _needs_edits(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
-def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, **penalty) -> torch.Tensor:
+def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool]:
+    """Which edits any row asks for: (allowed ids, min_tokens, logit_bias, penalties)."""
+    return (any(p.allowed_token_ids is not None for p in params), any(p.min_tokens > 0 for p in params),
+            any(bool(p.logit_bias) for p in params),
+            any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                for p in params))
+
+
+def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, kinds=None,
+                **penalty) -> torch.Tensor:
     """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
-    anything changes; the caller's tensor is never modified). `penalty` may carry the batch's
-    cached `columns` (see `sampling_penalties.apply_penalties`)."""
-    if not any(_needs_edits(r.params) for r in requests):
+    anything changes; the caller's tensor is never modified). `kinds`: the batch's `edit_kinds`
+    when the caller keeps them (edits no row asks for are skipped without a pass over the rows);
+    `penalty` may carry the batch's cached `columns` (see `sampling_penalties.apply_penalties`)."""
+    allowed, min_tokens, bias, penalties = kinds or edit_kinds([r.params for r in requests])
+    if not (allowed or min_tokens or bias or penalties):
         return logits.float()
     x = logits.to(torch.float32, copy=True)
-    apply_allowed_tokens(x, requests)
-    apply_min_tokens(x, requests)
-    apply_logit_bias(x, requests)
-    apply_penalties(x, requests, seen_in_prompt, **penalty)
+    if allowed:
+        apply_allowed_tokens(x, requests)
+    if min_tokens:
+        apply_min_tokens(x, requests)
+    if bias:
+        apply_logit_bias(x, requests)
+    if penalties:
+        apply_penalties(x, requests, seen_in_prompt, **penalty)
     return x
 
 
 def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[float], list, list]:
     """log_softmax of float32 `logits`: the logprob of token_ids[r] in row r, and the top-k
-    (ids, logprobs) per row as nested lists (empty when k == 0)."""
+    (ids, logprobs) per row as nested lists (empty when k == 0). One host copy: ids travel as
+    floats (exact: vocabularies are below 2**24 ids, float64 beyond)."""
     lp = torch.log_softmax(logits.float(), dim=1)
-    chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
+    chosen = lp.gather(1, token_ids.view(-1, 1))
     if k <= 0:
-        return chosen, [[] for _ in chosen], [[] for _ in chosen]
+        return chosen.squeeze(1).tolist(), [[] for _ in range(lp.shape[0])], [[] for _ in range(lp.shape[0])]
     values, ids = torch.topk(lp, min(k, lp.shape[1]), dim=1)
-    return chosen, ids.tolist(), values.tolist()
+    if lp.shape[1] >= 1 << 24:
+        chosen, values = chosen.double(), values.double()
+    rows = torch.cat([chosen, values, ids.to(values.dtype)], dim=1).tolist()
+    n = values.shape[1]
+    return ([r[0] for r in rows], [[int(t) for t in r[1 + n:]] for r in rows], [r[1:1 + n] for r in rows])
 
 
 def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
@@ -148,6 +168,11 @@ class BatchPlan:
         self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
         self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
         self.penalties = penalty_columns(params, device) if self.any_edits else None
+        self.edit_kinds = edit_kinds(params) if self.any_edits else None
+        if self.any_logprobs:
+            self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+            self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
+            self.logprob_index = torch.tensor(self.logprob_rows, dtype=torch.long).to(device, non_blocking=True)
         if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
             self.x_scale, self.noise, self.no_cut, keys_f = to_device(
                 [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
@@ -239,8 +264,8 @@ class Sampler:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x = (edit_logits(raw, requests, self._cached_prompt_seen, columns=plan.penalties) if plan.any_edits
-             else raw.float())
+        x = (edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
+             if plan.any_edits else raw.float())
         if plan.any_noisy:
             tokens, token_ids = self._sample(x, requests, plan)
         else:
@@ -248,7 +273,7 @@ class Sampler:
             token_ids = tokens.tolist()
         if not plan.any_logprobs:
             return SamplerOutput(token_ids, [None] * len(token_ids))
-        return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, requests))
+        return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, plan))
 
     def _sample(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> tuple[torch.Tensor, list[int]]:
         """(tokens, their ids as a list). One 62-bit base from the generator per call keys the
@@ -295,16 +320,12 @@ class Sampler:
                 0, plan.cut_plan.open_index, unsure)
         return (cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)), unsure
 
-    def _logprobs(self, raw, tokens, token_ids, requests) -> list:
-        rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
-        out: list = [None] * len(requests)
-        if not rows:
-            return out
-        index = torch.tensor(rows, dtype=torch.long, device=raw.device)
-        k = max(requests[i].params.logprobs for i in rows)
-        chosen, ids, values = top_logprobs(raw.index_select(0, index), tokens.index_select(0, index), k)
-        for j, i in enumerate(rows):
-            n = requests[i].params.logprobs
+    def _logprobs(self, raw, tokens, token_ids, plan: "BatchPlan") -> list:
+        """Per row: None, or [(sampled id, logprob)] + the top params.logprobs (id, logprob)."""
+        out: list = [None] * len(token_ids)
+        rows, index, counts = plan.logprob_rows, plan.logprob_index, plan.logprob_counts
+        chosen, ids, values = top_logprobs(raw.index_select(0, index), tokens.index_select(0, index), max(counts))
+        for j, (i, n) in enumerate(zip(rows, counts)):
             out[i] = [(token_ids[i], chosen[j])] + list(zip(ids[j][:n], values[j][:n]))
         return out
 
