@@ -15,7 +15,8 @@ speed; numbers go to benchmarks/RESULTS.md.
 
 `python benchmarks/bench_sampler.py --profile` also prints, per case, the device kernels one
 call launches and their summed device time (torch.profiler; CUDA only), so host-bound and
-device-bound cases can be told apart.
+device-bound cases can be told apart; `--check` also counts the rows where the device draw and
+the plain-torch draw agree on the seeded and mixed cases.
 """
 from __future__ import annotations
 
@@ -145,6 +146,21 @@ def _device_profile(fn) -> str:
     return f"    {len(kernels)} device ops, {busy_us:.0f} us device time; top: {names}"
 
 
+def _agreement(lg, reqs) -> str:
+    """Rows where the device draw (Triton on CUDA) and the plain-torch draw pick the same token
+    (seeded rows, so both see the same keys; rounding may flip a rare near-boundary row)."""
+    from impls.engine import sampling_triton
+
+    fast = Sampler(VOCAB, device=DEVICE, seed=0)(lg, reqs).token_ids
+    real = sampling_triton.available
+    sampling_triton.available = lambda device: False
+    try:
+        plain = Sampler(VOCAB, device=DEVICE, seed=0)(lg, reqs).token_ids
+    finally:
+        sampling_triton.available = real
+    return f"    device draw vs torch draw: {sum(a == b for a, b in zip(fast, plain))}/{len(fast)} rows agree"
+
+
 def main() -> None:
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
     cases = [("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
@@ -162,6 +178,8 @@ def main() -> None:
         print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
         if profile:
             print(_device_profile(lambda: sm(lg, reqs)))
+        if name in ("sampler_seeded", "sampler_mixed") and "--check" in sys.argv:
+            print(_agreement(lg, reqs))
 
 
 if __name__ == "__main__":

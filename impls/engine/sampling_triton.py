@@ -1,4 +1,6 @@
-"""The draw on CUDA: two Triton launches that turn [S, V] float32 logits into one token per row.
+"""The sampler's Triton kernels (CUDA; the interpreter in tests): the draw, two launches that
+turn [S, V] float32 logits into one token per row, and the penalty arithmetic in one launch
+(`apply_penalties`, the fused form of `sampling_penalties.apply_penalties`).
 
 The draw is inverse-CDF sampling split over fixed chunks of CHUNK tokens (`sampling_draw`
 states the math and holds the plain-torch version; both compute the same quantities):
@@ -15,7 +17,7 @@ states the math and holds the plain-torch version; both compute the same quantit
 
 Chunks are CHUNK tokens whatever the batch, so a row's sums, and so its token, never depend
 on the other rows. Rows whose key is negative are unseeded: their key halves are derived in the
-kernel from (base_lo, base_hi, row) (`sampling_rng.derived_halves`), so a batch of unseeded rows
+kernel from (base_lo, base_hi, row) (`sampling_rng.derived_key`), so a batch of unseeded rows
 needs no per-step upload.
 """
 from __future__ import annotations
@@ -32,7 +34,6 @@ from . import sampling_draw
 
 BLOCK = 2048      # tokens per loop step of one program (CHUNK must be a multiple)
 NUM_WARPS = 8
-BIG = 2147483647  # int32 "no index" sentinel
 
 if triton is not None:
     @triton.jit
@@ -88,7 +89,7 @@ if triton is not None:
     @triton.jit
     def _row_halves(key_ptr, row, base_lo, base_hi):
         """The row key's (lo, hi) uint32 halves; a negative key means unseeded: halves derived
-        from (base_lo, base_hi, row) as in sampling_rng.derived_halves."""
+        from (base_lo, base_hi, row) as in sampling_rng.derived_key."""
         key = tl.load(key_ptr + row)
         d_lo = _mix32(row.to(tl.uint32) + base_lo.to(tl.uint32))
         d_hi = _mix32(d_lo ^ base_hi.to(tl.uint32))
