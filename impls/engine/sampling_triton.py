@@ -167,7 +167,7 @@ if triton is not None:
         in_prompt = tl.load(prompt_ptr + i.to(tl.int64) * vocab + cols, mask=inside, other=0)
         rep = tl.load(rep_ptr + i)
         in_output = count > 0
-        scaled = tl.where(xv > 0.0, xv / rep, xv * rep)
+        scaled = tl.where(xv > 0.0, tl.div_rn(xv, rep), xv * rep)  # IEEE division, as torch
         xv = tl.where((in_prompt != 0) | in_output, scaled, xv)
         xv = xv - tl.load(freq_ptr + i) * count.to(tl.float32) - tl.load(pres_ptr + i) * in_output.to(tl.float32)
         tl.store(x_row + cols, xv, mask=inside)
@@ -205,8 +205,8 @@ def apply_penalties(x: torch.Tensor, rows: torch.Tensor, prompt: torch.Tensor, c
                     rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> None:
     """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
     (unit stride along V): rows int64 [R]; prompt bool [R, V]; counts int32 [R, V] (output
-    occurrences); rep, freq, pres float32 [R]. Same operation order as the torch version;
-    float32 division may round differently on CUDA (the approximate divide), by <= 2 ulp."""
+    occurrences); rep, freq, pres float32 [R]. Same operations in the same order as the torch
+    version, with IEEE-rounded division (div_rn), so results match it up to FMA contraction."""
     assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
     num_rows, vocab = counts.shape
     _penalty_kernel[(num_rows, triton.cdiv(vocab, BLOCK))](
