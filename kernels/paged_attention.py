@@ -71,7 +71,10 @@ def _tile_range(seq_len, q_len, q_block, split, num_splits, window,
     return t_lo, t_hi, kv_hi
 
 
-@triton.jit
+# Ints that change from step to step are not specialised on (Triton would otherwise compile a
+# variant per value class: == 1, divisible by 16, other), so a new batch shape never stalls a
+# step on a JIT compile.
+@triton.jit(do_not_specialize=["num_reqs", "num_splits", "window", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr,              # [N, Hq, D] (written unless IS_SPLIT)
     part_ptr,             # [N, Hq, num_splits, HEAD_PAD + 2] float32 (IS_SPLIT only):
