@@ -16,7 +16,9 @@ speed; numbers go to benchmarks/RESULTS.md.
 `python benchmarks/bench_sampler.py --profile` also prints, per case, the device kernels one
 call launches and their summed device time (torch.profiler; CUDA only), so host-bound and
 device-bound cases can be told apart; `--check` also counts the rows where the device draw and
-the plain-torch draw agree on the seeded and mixed cases.
+the plain-torch draw agree on the seeded and mixed cases; `--sweep` times the Triton draw alone
+(CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
+sampling_triton.BLOCK / NUM_WARPS.
 """
 from __future__ import annotations
 
@@ -161,6 +163,32 @@ def _agreement(lg, reqs) -> str:
     return f"    device draw vs torch draw: {sum(a == b for a, b in zip(fast, plain))}/{len(fast)} rows agree"
 
 
+def _sweep(lg) -> None:
+    """Median device ms of the Triton draw alone per (block, num_warps)."""
+    import math
+
+    from impls.engine import sampling_triton
+
+    rows = lg.shape[0]
+    scale = torch.full((rows,), math.log2(math.e) / 0.6, device=DEVICE)
+    thr = torch.full((rows,), float("-inf"), device=DEVICE)
+    noisy = torch.ones(rows, device=DEVICE)
+    keys = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
+    for block in (1024, 2048, 4096, 8192):
+        for warps in (4, 8, 16):
+            run = lambda: sampling_triton.draw(lg, scale, thr, noisy, keys, (1, 2), block=block, num_warps=warps)
+            run()
+            times = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                run()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            print(f"    draw block={block:5d} warps={warps:2d}: {sorted(times)[10] * 1e3:7.1f} us")
+
+
 def main() -> None:
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
     cases = [("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
@@ -173,6 +201,8 @@ def main() -> None:
     print(f"{'argmax':19s} {base:8.3f} ms  1.00x")
     if profile:
         print(_device_profile(lambda: argmax_ids(lg)))
+    if "--sweep" in sys.argv and DEVICE == "cuda":
+        _sweep(lg)
     for name, reqs in cases:
         ms = _time_ms(lambda: sm(lg, reqs))
         print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")

@@ -179,20 +179,23 @@ def available(device: torch.device) -> bool:
 
 
 def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, noisy: torch.Tensor,
-         keys: torch.Tensor, base: tuple[int, int], *, chunk: int = 0) -> torch.Tensor:
+         keys: torch.Tensor, base: tuple[int, int], *, chunk: int = 0, block: int = 0,
+         num_warps: int = 0) -> torch.Tensor:
     """Token per row of x [S, V] (float32, unit stride along V). Per row: float32 x_scale (> 0),
     thr (-inf = no cut), noisy (1 random, 0 greedy) and int64 keys (>= 0 seeded key, < 0
     unseeded: derived from base = (base_lo, base_hi), each in [0, 2**31)). Returns int64 [S].
     chunk: tokens per chunk (a multiple of BLOCK or a power of two below it; default
-    sampling_draw.CHUNK, read at call time)."""
+    sampling_draw.CHUNK, read at call time). block / num_warps override BLOCK / NUM_WARPS (tuning:
+    they change sums only in rounding, so tokens only on near-boundary rows; chunk changes the
+    draw itself, and so every seeded request's tokens)."""
     chunk = chunk or sampling_draw.CHUNK
-    block = min(BLOCK, chunk)
+    block = min(block or BLOCK, chunk)
     assert chunk % block == 0 and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     num_rows, vocab = x.shape
     num_chunks = triton.cdiv(vocab, chunk)
     stats = torch.empty((num_rows, 3, num_chunks), dtype=torch.float32, device=x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
-    warps = NUM_WARPS if block >= 1024 else 4
+    warps = num_warps or (NUM_WARPS if block >= 1024 else 4)
     _chunk_stats_kernel[(num_rows, num_chunks)](x, x.stride(0), x_scale, thr, stats, vocab, num_chunks,
                                          CHUNK=chunk, BLOCK=block, num_warps=warps)
     _pick_kernel[(num_rows,)](x, x.stride(0), x_scale, thr, noisy, keys, stats, out, vocab, num_chunks,
