@@ -16,7 +16,7 @@ from impls.engine import bench, roofline, synthetic
 
 SMOKE = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32",
          "--max-output-len", "16", "--big-num-requests", "2", "--profile-steps", "2",
-         "--latency-tokens", "4", "--async-compare"]
+         "--latency-tokens", "4", "--compare-scheduling"]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +60,13 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
         assert res[phase]["num_requests"] == 4
         assert res[phase]["wall_s"] > 0
     assert res["big"]["output_tokens"] == sum(expected.output_lens[:2])
-    overlapped = res["engine"]["async"]  # the same workload with async scheduling, same engine
-    assert "error" not in overlapped, overlapped.get("traceback")
-    assert overlapped["output_tokens"] == expected.num_output_tokens and overlapped["tokens_match_serial"]
-    assert res["summary"]["async_tokens_match_serial"] is True
+    other = res["engine"]["other_scheduling"]  # the same workload, async_scheduling flipped, same engine
+    assert "error" not in other, other.get("traceback")
+    assert other["async_scheduling"] != res["engine"]["async_scheduling"]
+    assert other["output_tokens"] == expected.num_output_tokens and other["tokens_match_first_run"]
+    summary = res["summary"]
+    assert summary["scheduling_tokens_match"] is True
+    assert summary["serial_output_tok_s"] > 0 and summary["async_output_tok_s"] > 0
     # Each step samples at most one token per request, so the longest request bounds the steps.
     assert res["engine"]["num_steps"] >= max(expected.output_lens)
 

@@ -15,6 +15,8 @@ phase, so a run cut short still leaves what it measured:
    bf16 on CUDA, float32 on CPU, where bf16 matmuls are very slow).
 2. engine: `LLM.generate` over the workload; output tokens, wall time, engine steps, the floor
    (impls/engine/roofline.py) with the engine's step count and with the fewest possible steps.
+   With --compare-scheduling, the same workload again on the same engine with async_scheduling
+   flipped (prefix cache emptied first), and whether both runs' tokens are equal.
 3. profile: GPU-busy fraction of a few steady decode steps (all requests prefilled): the union
    of CUDA kernel/memcpy intervals from torch.profiler over the wall time of those steps.
 4. latency: batch-1 decode ms/token, (time of max_tokens = n + 1) - (time of max_tokens = 1)
@@ -222,29 +224,33 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     out = timed_generate(llm, workload, args.device, args.temperature)
     out.update(_floors(workload, _shape_of(model_dir, args.dtype), rates, out["num_steps"]))
     out["enforce_eager"] = bool(args.enforce_eager)
-    if args.async_compare:
-        out["async"] = _guard(args, lambda: _async_run(llm, workload, args, rates, out))
+    core = engine_core(llm)
+    out["async_scheduling"] = bool(getattr(getattr(core, "args", None), "async_scheduling", False))
+    if args.compare_scheduling:
+        out["other_scheduling"] = _guard(args, lambda: _other_scheduling_run(llm, workload, args, rates, out))
     if not args.skip_profile:
         results["profile"] = _guard(args, lambda: profile_decode(llm, workload, args))
     del llm
     return out
 
 
-def _async_run(llm, workload: Workload, args, rates: dict, serial: dict) -> dict:
-    """The same workload on the same engine with async_scheduling on, after emptying the prefix
-    cache; the steps are then the serial run's, so its greedy tokens must equal the serial
+def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dict) -> dict:
+    """The same workload on the same engine with async_scheduling flipped, after emptying the
+    prefix cache; the steps are then the first run's, so its greedy tokens must equal the first
     run's bit for bit, which the digest compares."""
     core = engine_core(llm)
     if core is None or not _engine_supports("async_scheduling"):
         return {"skipped": "this engine has no async_scheduling"}
-    _reset_prefix_cache(llm)  # no hit from the serial run: both runs compute every prompt
-    core.args = dataclasses.replace(core.args, async_scheduling=True)
+    _reset_prefix_cache(llm)  # no hit from the first run: both runs compute every prompt
+    before = core.args
+    core.args = dataclasses.replace(before, async_scheduling=not before.async_scheduling)
     try:
         out = timed_generate(llm, workload, args.device, args.temperature)
     finally:
-        core.args = dataclasses.replace(core.args, async_scheduling=False)
-    out.update(_floors(workload, _shape_of(Path(core.args.model), args.dtype), rates, out["num_steps"]))
-    out["tokens_match_serial"] = out["tokens_digest"] == serial["tokens_digest"]
+        core.args = before
+    out.update(_floors(workload, _shape_of(Path(before.model), args.dtype), rates, out["num_steps"]))
+    out["async_scheduling"] = not before.async_scheduling
+    out["tokens_match_first_run"] = out["tokens_digest"] == first["tokens_digest"]
     return out
 
 
@@ -467,6 +473,21 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def _by_scheduling(eng: dict, hf_tok_s) -> dict:
+    """serial_* and async_* figures from the engine run and its --compare-scheduling twin."""
+    out = {}
+    for run in (eng, eng.get("other_scheduling") or {}):
+        if "output_tok_s" not in run:
+            continue
+        mode = "async" if run.get("async_scheduling") else "serial"
+        out[f"{mode}_output_tok_s"] = run["output_tok_s"]
+        out[f"{mode}_wall_over_floor"] = _ratio(run.get("wall_s"), (run.get("floor") or {}).get("floor_s"))
+        out[f"{mode}_ratio_vs_hf"] = _ratio(run["output_tok_s"], hf_tok_s)
+    other = eng.get("other_scheduling") or {}
+    out["scheduling_tokens_match"] = other.get("tokens_match_first_run")
+    return out
+
+
 def summarize(results: dict) -> dict:
     """The headline numbers (None where a phase did not run or failed)."""
     eng, hf, env = results.get("engine") or {}, results.get("hf") or {}, results.get("env") or {}
@@ -484,11 +505,7 @@ def summarize(results: dict) -> dict:
             "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
             "batch1_ms_per_token": lat.get("default_ms_per_token"),
             "batch1_eager_ms_per_token": lat.get("eager_ms_per_token"),
-            "async_output_tok_s": (eng.get("async") or {}).get("output_tok_s"),
-            "async_wall_over_floor": _ratio((eng.get("async") or {}).get("wall_s"), (
-                (eng.get("async") or {}).get("floor") or {}).get("floor_s")),
-            "async_tokens_match_serial": (eng.get("async") or {}).get("tokens_match_serial"),
-            "async_ratio_vs_hf": _ratio((eng.get("async") or {}).get("output_tok_s"), hf_tok_s),
+            **_by_scheduling(eng, hf_tok_s),
             "big_output_tok_s": big.get("output_tok_s"), "big_wall_over_floor": big.get("wall_over_floor"),
             "gpu": env.get("gpu"), "versions": env.get("versions"),
             "git_commit": (env.get("git") or {}).get("commit"), "date": env.get("date")}
@@ -527,8 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
     p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra LLM engine argument (JSON value), repeatable")
-    p.add_argument("--async-compare", action="store_true",
-                   help="also run the workload with async_scheduling on (same engine) and report both")
+    p.add_argument("--compare-scheduling", action="store_true",
+                   help="also run the workload with async_scheduling flipped (same engine); report both")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-num-requests", type=int, default=0, help="time HF on the first N requests (0 = all)")
@@ -639,9 +656,13 @@ def report(results: dict) -> str:
              f"wall/floor {_fmt(s['wall_over_floor'])}",
              f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
              f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}"]
-    if s.get("async_output_tok_s") is not None:
-        lines.append(f"  async scheduling: {_fmt(s['async_output_tok_s'], '.1f')} output tok/s, wall/floor "
-                     f"{_fmt(s['async_wall_over_floor'])}, tokens equal serial: {s['async_tokens_match_serial']}")
+    for mode in ("serial", "async"):
+        if s.get(f"{mode}_output_tok_s") is not None:
+            lines.append(f"  {mode} scheduling: {_fmt(s[f'{mode}_output_tok_s'], '.1f')} output tok/s, "
+                         f"wall/floor {_fmt(s[f'{mode}_wall_over_floor'])}, "
+                         f"engine/HF {_fmt(s[f'{mode}_ratio_vs_hf'])}")
+    if s.get("scheduling_tokens_match") is not None:
+        lines.append(f"  serial and async tokens equal: {s['scheduling_tokens_match']}")
     lat = results.get("latency") or {}
     if "default_ms_per_token" in lat:
         lines.append(f"  batch-1 decode: {_fmt(lat['default_ms_per_token'])} ms/token default, "

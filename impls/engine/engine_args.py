@@ -4,8 +4,9 @@ Ours beyond vLLM's: `impl` (which Implementation), `num_blocks` / `kv_cache_byte
 pool size on CPU), `preemption_mode` ("recompute" or "swap"), `device` ("auto", "cpu", "cuda",
 "cuda:1"), `skip_tokenizer` (token ids in and out only), `compile_model` (torch.compile the
 decoder: None = on for CUDA unless enforce_eager) and `compile_backend` (torch.compile's backend;
-"aot_eager" traces without generating code). `async_scheduling` (vLLM's name) schedules step
-n + 1 while step n runs, for plain-greedy steps (async_scheduling.py). `enforce_eager` (vLLM's name) turns CUDA graphs
+"aot_eager" traces without generating code). `async_scheduling` (vLLM's name; on by default) schedules
+step n + 1 while step n runs, for plain-greedy steps (async_scheduling.py); False keeps every
+step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
 and compilation off.
 """
 from __future__ import annotations
@@ -57,7 +58,7 @@ class EngineArgs:
     skip_tokenizer: bool = False
     enforce_eager: bool = False
     compile_model: Optional[bool] = None
-    async_scheduling: bool = False
+    async_scheduling: bool = True
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
