@@ -43,7 +43,9 @@ class Request(Protocol):
     - The newest token is never computed while the request runs: after a decode step,
       `num_tokens == num_computed_tokens + 1` (the sampled token is the next step's input).
     - `block_hashes[i]` is `spec.hash_block` of full block i chained on block i-1, with
-      `cache_key` as extra; it only grows (tokens are never removed).
+      `cache_key` as extra; it only grows (tokens are never removed). Exception: under the
+      engine's async scheduling a block hashed while holding a placeholder keeps that hash
+      (spec/SCHEDULING.md, last point).
     - An empty prompt is a ValueError at construction.
     """
 
