@@ -169,3 +169,14 @@ def test_simulate_forwards(capsys):
     rc, out, err = run_cli(["simulate", "--num-requests", "3", "--quiet"], capsys)
     assert rc == 0, err
     assert out.strip()
+
+
+def test_engine_flags_reach_engine_args():
+    from impls.engine.cli import _engine_kwargs, _parser
+
+    base = ["demo", "--device", "cpu"]
+    defaults = _engine_kwargs(_parser().parse_args(base))
+    assert defaults["enforce_eager"] is False and defaults["async_scheduling"] is True
+    assert "compile_model" not in defaults  # None: the engine decides (on for CUDA)
+    flags = _engine_kwargs(_parser().parse_args(base + ["--enforce-eager", "--no-async-scheduling", "--no-compile"]))
+    assert (flags["enforce_eager"], flags["async_scheduling"], flags["compile_model"]) == (True, False, False)

@@ -300,14 +300,20 @@ def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
         ignore_eos=rng.choice([False, True]))
 
 
+def _random_requests(impl, rng, vocab: int, count: int, *, max_prompt: int, max_output: int) -> list:
+    """`count` requests with random params (_random_params), prompts and output histories."""
+    reqs = []
+    for i in range(count):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))]
+        outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, max_output))]
+        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+    return reqs
+
+
 @pytest.mark.parametrize("case", range(4))
 def test_edits_match_python_reference(impl, case):
     rng, vocab = random.Random(case), 24
-    reqs = []
-    for i in range(8):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
-        outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, 8))]
-        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+    reqs = _random_requests(impl, rng, vocab, 8, max_prompt=6, max_output=8)
     logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(case)) * 3
     got = edit_logits(logits, reqs)
     for i, req in enumerate(reqs):
@@ -614,11 +620,7 @@ def test_triton_penalties_match_torch(impl, monkeypatch, case):
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     rng, vocab = random.Random(100 + case), 2100
-    reqs = []
-    for i in range(6):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
-        outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
-        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+    reqs = _random_requests(impl, rng, vocab, 6, max_prompt=40, max_output=40)
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(case)) * 3
     want = edit_logits(logits, reqs)
     with monkeypatch.context() as m:

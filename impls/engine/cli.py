@@ -36,13 +36,18 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                   help="every step serial (no scheduling of step n + 1 while step n runs)")
+    p.add_argument("--no-compile", dest="compile_model", action="store_const", const=False, default=None,
+                   help="keep CUDA graphs but run the decoder without torch.compile")
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
 _ENGINE_KEYS = ("dtype", "device", "block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                 "num_blocks", "kv_cache_bytes", "gpu_memory_utilization", "num_gpu_blocks_override",
                 "enable_prefix_caching", "enable_chunked_prefill", "long_prefill_token_threshold",
-                "scheduling_policy", "preemption_mode")
+                "scheduling_policy", "preemption_mode", "enforce_eager", "async_scheduling", "compile_model")
 
 
 def _engine_kwargs(ns: argparse.Namespace) -> dict:
