@@ -69,6 +69,7 @@ def test_async_equals_serial_with_stops_and_preemption(impl, mode):
     serial, serial_stats = _generate(impl, params, False, eos, preemption_mode=mode, num_blocks=24)
     overlapped, async_stats = _generate(impl, params, True, eos, preemption_mode=mode, num_blocks=24)
     assert overlapped == serial
+    assert async_stats.num_async_steps > 0 and serial_stats.num_async_steps == 0
     assert serial_stats.num_preemptions > 0, "the pool was meant to force preemptions"
     reasons = [o[0][1:] for o in serial]
     assert ("stop", None) in reasons, "the workload was meant to stop on EOS"
@@ -96,6 +97,42 @@ def test_async_with_mixed_rows_and_siblings(impl):
               if i % 4 else SamplingParams(max_tokens=5, temperature=0.8, seed=i, ignore_eos=True)
               for i in range(10)]
     assert _generate(impl, params, True)[0] == _generate(impl, params, False)[0]
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_async_equals_serial_when_sampling(impl, seeded):
+    """Temperature rows are drawn on the device too (Sampler.sample_on_device): seeded rows key
+    on the output index, unseeded ones on one generator draw per step, the same in both modes."""
+    params = [SamplingParams(max_tokens=5 + 2 * i, temperature=0.9, seed=i if seeded else None,
+                             ignore_eos=True) for i in range(10)]
+    overlapped, async_stats = _generate(impl, params, True)
+    serial, serial_stats = _generate(impl, params, False)
+    assert overlapped == serial
+    assert async_stats.num_steps == serial_stats.num_steps
+    assert async_stats.num_async_steps > 0 and serial_stats.num_async_steps == 0
+
+
+def test_async_equals_serial_with_stop_strings(impl):
+    """A stop string is matched on real tokens when they arrive, a step late; the text is cut
+    at it and the request ends "stop" as in a serial run."""
+    from conformance.models import tiny_model_dir as tiny
+    from impls.engine.llm import LLM
+
+    base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    texts = {}
+    for mode in (False, True):
+        llm = LLM(str(tiny("qwen3")), impl=impl, dtype="float32", device="cpu", block_size=4,
+                  num_blocks=40, async_scheduling=mode)
+        if not texts:  # stop strings taken from the serial run's own text: two chars at index 3
+            first = llm.generate(PROMPTS[:6], base, use_tqdm=False)
+            stops = [o.outputs[0].text[3:5] for o in first]
+        params = [dataclasses.replace(base, stop=(stop,)) for stop in stops]
+        outs = llm.generate(PROMPTS[:6], params, use_tqdm=False)
+        assert (llm.engine.stats.num_async_steps > 0) == mode
+        texts[mode] = [(o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason,
+                        o.outputs[0].stop_reason) for o in outs]
+    assert texts[True] == texts[False]
+    assert all(t[2] == "stop" for t in texts[False])
 
 
 def test_stream_never_shows_a_placeholder(impl):

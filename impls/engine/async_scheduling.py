@@ -1,9 +1,10 @@
 """Async scheduling: schedule and launch step n + 1 while the GPU still runs step n.
 
 Without it every step is serial: the host waits for step n's sampled tokens, then updates,
-schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling),
-a step whose sampled rows can be drawn on the device without host data (see `deferrable`)
-does not wait: update_from_output receives a placeholder token per sampled request (the id
+schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling,
+on by default), a step whose rows the sampler can draw on the device without host data (greedy
+or temperature sampling without logit edits, top-k/top-p/min-p cuts or logprobs:
+Sampler.sample_on_device) does not wait: update_from_output receives a placeholder token per sampled request (the id
 `vocab_size`, which no prompt or sampled token can be), the next step is scheduled and built
 from that state, its placeholder input rows are filled on the device from the previous
 step's sampled ids (`input_patch`), and only then does the host read step n's ids and put the
@@ -14,7 +15,7 @@ step, with the placeholder as the sampled token. What the placeholder cannot dec
 settled when the real token arrives, by `stop_after` (the stop rules of spec/SCHEDULING.md):
 - length stops (max_tokens, max_model_len) depend only on counts, so update_from_output
   already decided them correctly;
-- a stop token or EOS is found one step late: the request is finished then (its row in the
+- a stop token, EOS or stop string is found one step late: the request is finished then (its row in the
   step already launched is wasted and its token dropped; update_from_output skips finished
   requests), and a request already finished for length becomes FINISHED_STOPPED, as the
   serial order of checks (stop token, EOS, then length) says.
@@ -54,25 +55,17 @@ class InFlight:
 
 
 def deferrable(requests: Sequence) -> bool:
-    """True when every sampled row is plain greedy: argmax of the unedited logits, with nothing
-    that needs host data (logprobs, penalties over a history holding a placeholder, min_tokens
-    masks, bias, allowed ids, stop strings) and a request class that can replace a token."""
-    for r in requests:
-        p = r.params
-        if (p.temperature != 0.0 or p.logprobs is not None or p.prompt_logprobs is not None or p.stop
-                or p.min_tokens or p.logit_bias or p.allowed_token_ids is not None
-                or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-                or not hasattr(r, "replace_last_token")):
-            return False
-    return True
+    """Request-side conditions for leaving a step's ids on the device: no prompt logprobs, and
+    a request class that can replace a token. (The sampler decides the rest: see
+    Sampler.sample_on_device.)"""
+    return all(r.params.prompt_logprobs is None and hasattr(r, "replace_last_token") for r in requests)
 
 
-def launch_greedy(logits: torch.Tensor, vocab_size: int, request_ids: list[str]) -> InFlight:
-    """Argmax of each row on the device (the Sampler's greedy rule on unedited logits) and an
-    asynchronous copy of the ids to the host."""
-    ids = logits[:, :vocab_size].argmax(dim=-1)
+def start_copy(ids: torch.Tensor, request_ids: list[str]) -> InFlight:
+    """An InFlight for device ids [S]: an asynchronous copy to the host (pinned on CUDA) and
+    an event that says when it has landed."""
     cuda = ids.device.type == "cuda"
-    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=cuda)
+    host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=cuda)
     host.copy_(ids, non_blocking=cuda)
     ready = None
     if cuda:
@@ -104,7 +97,7 @@ def apply_patch(input_ids: torch.Tensor, rows: list[int], src: list[int], ids: t
     cuda = input_ids.device.type == "cuda"
     index = torch.tensor([rows, src], dtype=torch.int64, pin_memory=cuda).to(input_ids.device,
                                                                              non_blocking=cuda)
-    input_ids.index_copy_(0, index[0], ids.index_select(0, index[1]))
+    input_ids.index_copy_(0, index[0], ids.index_select(0, index[1]).to(input_ids.dtype))
 
 
 def stop_after(request, token: int) -> Optional[tuple[Status, Optional[int]]]:

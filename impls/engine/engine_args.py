@@ -5,7 +5,7 @@ pool size on CPU), `preemption_mode` ("recompute" or "swap"), `device` ("auto", 
 "cuda:1"), `skip_tokenizer` (token ids in and out only), `compile_model` (torch.compile the
 decoder: None = on for CUDA unless enforce_eager) and `compile_backend` (torch.compile's backend;
 "aot_eager" traces without generating code). `async_scheduling` (vLLM's name; on by default) schedules
-step n + 1 while step n runs, for plain-greedy steps (async_scheduling.py); False keeps every
+step n + 1 while step n runs, for steps the sampler can draw on the device (async_scheduling.py); False keeps every
 step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
 and compilation off.
 """

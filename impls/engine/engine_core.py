@@ -24,7 +24,7 @@ import torch
 
 from spec import SamplingParams, Status, UpdateOutput, load_impl
 
-from .async_scheduling import InFlight, apply_patch, deferrable, input_patch, launch_greedy, stop_after
+from .async_scheduling import InFlight, apply_patch, deferrable, input_patch, start_copy, stop_after
 from .engine_args import EngineArgs, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestOutput
 from .runner import ModelRunner
@@ -61,12 +61,14 @@ class _Parent:
 @dataclass
 class EngineStats:
     """Counters since construction: steps with work, scheduled tokens (prompt and recompute
-    included), sampled tokens, preemptions, and wall seconds spent in step()."""
+    included), sampled tokens, preemptions, steps that left their ids on the device (async
+    scheduling), and wall seconds spent in step()."""
 
     num_steps: int = 0
     num_scheduled_tokens: int = 0
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     step_seconds: float = 0.0
 
 
@@ -244,8 +246,8 @@ class EngineCore:
 
         Text is decoded incrementally only for samples with stop strings (which must be
         matched as tokens arrive); the others decode their new ids when an output is built.
-        With async_scheduling, a plain-greedy step leaves its tokens on the device and the
-        next step() fills them in (async_scheduling.py); outputs then lag one step."""
+        With async_scheduling, a step the sampler can draw on the device leaves its tokens there
+        and the next step() fills them in (async_scheduling.py); outputs then lag one step."""
         start = time.perf_counter()
         with _span("schedule"):
             output = self.scheduler.schedule()
@@ -278,9 +280,13 @@ class EngineCore:
         with _span("execute"):
             result = self.runner.execute(batch)
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
+        ids = None
         if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
             with _span("sample"):
-                launched = launch_greedy(result.logits, self.vocab_size, batch.sample_request_ids)
+                ids = self.sampler.sample_on_device(result.logits, requests)
+        if ids is not None:
+            self.stats.num_async_steps += 1
+            launched = start_copy(ids, batch.sample_request_ids)
             self._resolve(previous, changed)
             with _span("update"):
                 self._update_with_placeholders(output, launched)

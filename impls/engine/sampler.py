@@ -255,11 +255,34 @@ class Sampler:
         self._prompt_masks = fresh
         return torch.stack(masks)
 
-    def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
+    def _check(self, logits: torch.Tensor, requests: Sequence) -> None:
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(f"Sampler: logits must be [len(requests)={len(requests)}, V], got {tuple(logits.shape)}")
         if logits.shape[1] < self.vocab_size:
             raise ValueError(f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}")
+
+    def sample_on_device(self, logits: torch.Tensor, requests: Sequence) -> Optional[torch.Tensor]:
+        """The ids __call__ would sample, as an int64 [S] tensor left on the logits' device with
+        no host sync, or None (nothing drawn, the generator untouched) when some row needs host
+        work: logit edits (penalties, bias, allowed ids, min_tokens), a top-k/top-p/min-p cut
+        (its fallback check is read on the host) or logprobs. Async scheduling uses it; the
+        generator advances exactly as in __call__, so both paths draw the same tokens."""
+        self._check(logits, requests)
+        if not requests:
+            return None
+        raw = logits[:, :self.vocab_size]
+        plan = self._plan(requests, raw.device)
+        if plan.any_edits or plan.any_cut or plan.any_logprobs:
+            return None
+        x = raw.float()
+        if not plan.any_noisy:
+            return x.argmax(dim=1)
+        keys = plan.step_keys(requests)
+        bits = self.generator.getrandbits(62)
+        return self._draw(x, None, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+
+    def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
+        self._check(logits, requests)
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, :self.vocab_size]
@@ -305,7 +328,7 @@ class Sampler:
         an exact sample of their cut softmax (thr None: no row is cut)."""
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            keys_t = plan.keys_t if keys is plan.keys else torch.from_numpy(keys).to(dev, non_blocking=True)
+            keys_t = plan.keys_t if keys is plan.keys else _upload(keys, dev)
             return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
         return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 
@@ -332,3 +355,12 @@ class Sampler:
     def prompt_logprobs(self, logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
         """See the module-level `prompt_logprobs`."""
         return prompt_logprobs(logits[:, :self.vocab_size], target_ids, k)
+
+
+def _upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without blocking the host: through pinned memory on CUDA (a
+    copy from pageable memory can wait for the device), directly elsewhere."""
+    host = torch.from_numpy(values)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
