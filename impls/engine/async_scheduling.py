@@ -21,8 +21,10 @@ settled when the real token arrives, by `stop_after` (the stop rules of spec/SCH
   serial order of checks (stop token, EOS, then length) says.
 
 Invariants: a request has at most one placeholder, always its newest token; no output, text
-or stop string ever sees a placeholder (outputs of a parent wait until its samples are
-resolved); greedy outputs equal the serial engine's. The one visible difference: a block
+or stop string ever sees a placeholder (an output built while a sample awaits its token
+leaves the placeholder out, and a sample finishes only once its last token is real); greedy and seeded outputs equal the serial engine's. (Unseeded rows draw from the
+same distribution but not the same numbers once a stop has left a wasted row in a step: an
+unseeded key derives from the row index.) One more visible difference: a block
 that fills while holding a placeholder is published under the placeholder's hash, which no
 prompt can produce, so that block is never shared by prefix caching (its contents are the
 real token's K/V, so the request's own reuse after a recompute stays correct).
