@@ -1,33 +1,35 @@
 """Async scheduling: schedule and launch step n + 1 while the GPU still runs step n.
 
 Without it every step is serial: the host waits for step n's sampled tokens, then updates,
-schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling,
-on by default), a step whose rows the sampler can draw on the device without host data (greedy
-or temperature sampling without logit edits, top-k/top-p/min-p cuts or logprobs:
-Sampler.sample_on_device) does not wait: update_from_output receives a placeholder token per sampled request (the id
-`vocab_size`, which no prompt or sampled token can be), the next step is scheduled and built
-from that state, its placeholder input rows are filled on the device from the previous
-step's sampled ids (`input_patch`), and only then does the host read step n's ids and put the
-real token in place of the placeholder (`Request.replace_last_token`).
+schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling, on
+by default), a step whose rows the sampler can draw on the device without host data
+(Sampler.sample_on_device: greedy or temperature sampling without logit edits, top-k/top-p/
+min-p cuts or logprobs) does not wait: update_from_output receives a placeholder token per
+sampled request (the id `vocab_size`, which no prompt or sampled token can be), the next step
+is scheduled and built from that state, its placeholder input rows are filled on the device
+from the previous step's sampled ids (`input_patch`), and only then does the host read step
+n's ids and put the real token in place of the placeholder (`Request.replace_last_token`).
 
 The scheduler and the impls are unchanged: update_from_output runs exactly as in a serial
-step, with the placeholder as the sampled token. What the placeholder cannot decide is
-settled when the real token arrives, by `stop_after` (the stop rules of spec/SCHEDULING.md):
+step, with the placeholder as the sampled token. What the placeholder cannot decide is settled
+when the real token arrives:
 - length stops (max_tokens, max_model_len) depend only on counts, so update_from_output
   already decided them correctly;
-- a stop token, EOS or stop string is found one step late: the request is finished then (its row in the
-  step already launched is wasted and its token dropped; update_from_output skips finished
+- a stop token or EOS (`stop_after`, the stop rules of spec/SCHEDULING.md) or a stop string
+  (the detokenizer) is found one step late: the request is finished then (its row in the step
+  already launched is wasted and its token dropped; update_from_output skips finished
   requests), and a request already finished for length becomes FINISHED_STOPPED, as the
   serial order of checks (stop token, EOS, then length) says.
 
-Invariants: a request has at most one placeholder, always its newest token; no output, text
-or stop string ever sees a placeholder (an output built while a sample awaits its token
-leaves the placeholder out, and a sample finishes only once its last token is real); greedy and seeded outputs equal the serial engine's. (Unseeded rows draw from the
-same distribution but not the same numbers once a stop has left a wasted row in a step: an
-unseeded key derives from the row index.) One more visible difference: a block
-that fills while holding a placeholder is published under the placeholder's hash, which no
-prompt can produce, so that block is never shared by prefix caching (its contents are the
-real token's K/V, so the request's own reuse after a recompute stays correct).
+Invariants: a request has at most one placeholder, always its newest token; no output, text or
+stop string ever sees a placeholder (an output built while a sample awaits its token leaves the
+placeholder out, and a sample finishes only once its last token is real); greedy and seeded
+outputs equal the serial engine's. Unseeded rows draw from the same distribution but not the
+same numbers once a stop has left a wasted row in a step (an unseeded key derives from the row
+index). And a block that fills while holding a placeholder is published under the
+placeholder's hash, which no prompt can produce, so that block is never shared by prefix
+caching (its contents are the real token's K/V, so the request's own reuse after a recompute
+stays correct).
 """
 from __future__ import annotations
 
