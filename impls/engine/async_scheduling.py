@@ -59,10 +59,11 @@ class InFlight:
 
 
 def deferrable(requests: Sequence) -> bool:
-    """Request-side conditions for leaving a step's ids on the device: no prompt logprobs, and
-    a request class that can replace a token. (The sampler decides the rest: see
-    Sampler.sample_on_device.)"""
-    return all(r.params.prompt_logprobs is None and hasattr(r, "replace_last_token") for r in requests)
+    """Whether the impl's requests can take a placeholder (`replace_last_token`). All requests of
+    one engine come from one impl, so the first one answers for all; the sampler decides the
+    rest (Sampler.sample_on_device), and a step with prompt logprobs is never deferred (its
+    host-side rows are read at once)."""
+    return not requests or hasattr(requests[0], "replace_last_token")
 
 
 def start_copy(ids: torch.Tensor, request_ids: list[str]) -> InFlight:
