@@ -4,6 +4,7 @@ Ground truth is the transformers model loaded by transformers itself (eager atte
 sequence alone. FlatModel gets the same sequences batched together in one flat batch, in
 prefill chunks and then one token per step, through shuffled block tables in the paged pool,
 sometimes with padding rows: every row's logits must match the full forward at that position.
+Each case runs both decoders FlatModel offers (model_impl "merged" and "transformers").
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from spec import SamplingParams, SchedulerOutput
 
 ATOL = RTOL = 2e-5
 CASES = [(family, False) for family in FAMILIES] + [("qwen3", True), ("llama", True)]
+MODEL_IMPLS = ("merged", "transformers")
 
 
 def _hf_model(path):
@@ -47,18 +49,21 @@ class ShuffledTables:
 def models():
     cache = {}
 
-    def get(family: str, tied: bool, attention):
+    def get(family: str, tied: bool, attention, model_impl: str):
         if (family, tied) not in cache:
             path = tiny_model_dir(family, tied)
             cache[family, tied] = (_hf_model(path), path)
         hf, path = cache[family, tied]
-        return hf, FlatModel.from_pretrained(path, attention=attention)
+        model = FlatModel.from_pretrained(path, attention=attention, model_impl=model_impl)
+        assert model.model_impl == model_impl
+        return hf, model
     return get
 
 
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
 @pytest.mark.parametrize("family,tied", CASES)
-def test_full_prefill_matches_transformers(impl, models, family, tied):
-    hf, model = models(family, tied, impl.attention_backend("cpu"))
+def test_full_prefill_matches_transformers(impl, models, family, tied, model_impl):
+    hf, model = models(family, tied, impl.attention_backend("cpu"), model_impl)
     ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(1)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     manager = ShuffledTables(12, 5, ["r"], seed=2)
@@ -79,9 +84,10 @@ def _chunk_plan(length: int, first: int) -> list[int]:
     return [n for n in [first, second] if n > 0] + [1] * rest
 
 
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
 @pytest.mark.parametrize("family,tied", CASES)
-def test_chunked_prefill_then_decode_matches_transformers(impl, models, family, tied):
-    hf, model = models(family, tied, impl.attention_backend("cpu"))
+def test_chunked_prefill_then_decode_matches_transformers(impl, models, family, tied, model_impl):
+    hf, model = models(family, tied, impl.attention_backend("cpu"), model_impl)
     gen = torch.Generator().manual_seed(3)
     seqs = {rid: torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist()
             for rid, n in (("a", 17), ("b", 6), ("c", 12))}
@@ -124,19 +130,22 @@ def test_attributes_and_kv_shape(impl):
                for t in kv)
 
 
-def test_float64_is_exact_to_transformers_float64(impl):
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
+def test_float64_is_exact_to_transformers_float64(impl, model_impl):
     from transformers import AutoModelForCausalLM
 
     path = tiny_model_dir("mistral")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64, attn_implementation="eager")
-    model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"))
+    model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"),
+                                      model_impl=model_impl)
     ids = list(range(4, 4 + 21))
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
     logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
                                                 model.allocate_kv(8, 4)))
     with torch.no_grad():
-        expected = hf(torch.tensor([ids])).logits[0].float()
+        expected = hf(torch.tensor([ids])).logits[0]
+    assert logits.dtype == expected.dtype == torch.float64  # compute_logits keeps the model's dtype
     assert torch.allclose(logits, expected, atol=1e-6, rtol=1e-6)
 
 
@@ -148,7 +157,8 @@ def test_wrong_number_of_caches_is_refused(impl):
         model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(2, 4)[:1])
 
 
-def test_per_layer_sliding_window_matches_transformers(impl, tmp_path):
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
+def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_impl):
     """Qwen2 with sliding layers from max_window_layers on: layer 0 full, layer 1 windowed."""
     from conformance.models import make_tiny_checkpoint
 
@@ -156,7 +166,7 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path):
                                 max_window_layers=1, seed=7)
     hf = _hf_model(path)
     assert hf.config.layer_types == ["full_attention", "sliding_attention"]
-    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
+    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"), model_impl=model_impl)
     ids = torch.randint(0, VOCAB_SIZE, (16,), generator=torch.Generator().manual_seed(5)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     manager = ShuffledTables(6, 3, ["r"], seed=6)
@@ -167,3 +177,31 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path):
         batch = build_batch(SchedulerOutput(scheduled=[(req, n)]), manager)
         logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta, kv))
         assert torch.allclose(logits, expected[start:start + n], atol=ATOL, rtol=RTOL), start
+
+
+def test_merged_weights_are_shared_with_the_checkpoint_modules(impl):
+    """Merging holds no weight twice: q/k/v and gate/up become row slices of the merged tensors,
+    so both decoders of one FlatModel read the same memory, and they agree in float64."""
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen2"), dtype=torch.float64,
+                                      attention=impl.attention_backend("cpu"))
+    assert model.model_impl == "merged"  # "auto" picks it for every supported family
+    layer, hf_layer = model._merged.layers[0], model._decoder.layers[0]
+    attn = hf_layer.self_attn
+    rows = [attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]]
+    assert attn.q_proj.weight.data_ptr() == layer.qkv_weight.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == layer.qkv_weight[rows[0]:].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == layer.qkv_bias[sum(rows):].data_ptr()  # Qwen2's qkv bias
+    assert hf_layer.mlp.up_proj.weight.data_ptr() == layer.gate_up_weight[hf_layer.mlp.gate_proj.weight.shape[0]:].data_ptr()
+    ids = torch.randint(0, VOCAB_SIZE, (13,), generator=torch.Generator().manual_seed(8)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    merged = model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    model._merged = None  # the same modules through transformers' own decoder forward
+    hf_path = model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    assert torch.allclose(merged, hf_path, atol=1e-12, rtol=1e-12)
+
+
+def test_unknown_model_impl_is_refused(impl):
+    with pytest.raises(ValueError, match="model_impl"):
+        FlatModel.from_pretrained(tiny_model_dir("llama"), attention=impl.attention_backend("cpu"),
+                                  model_impl="vllm")

@@ -41,13 +41,16 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="every step serial (no scheduling of step n + 1 while step n runs)")
     p.add_argument("--no-compile", dest="compile_model", action="store_const", const=False, default=None,
                    help="keep CUDA graphs but run the decoder without torch.compile")
+    p.add_argument("--model-impl", choices=("auto", "merged", "transformers"), default=None,
+                   help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own")
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
 _ENGINE_KEYS = ("dtype", "device", "block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                 "num_blocks", "kv_cache_bytes", "gpu_memory_utilization", "num_gpu_blocks_override",
                 "enable_prefix_caching", "enable_chunked_prefill", "long_prefill_token_threshold",
-                "scheduling_policy", "preemption_mode", "enforce_eager", "async_scheduling", "compile_model")
+                "scheduling_policy", "preemption_mode", "enforce_eager", "async_scheduling", "compile_model",
+                "model_impl")
 
 
 def _engine_kwargs(ns: argparse.Namespace) -> dict:

@@ -7,7 +7,10 @@ decoder: None = on for CUDA unless enforce_eager) and `compile_backend` (torch.c
 "aot_eager" traces without generating code). `async_scheduling` (vLLM's name; on by default) schedules
 step n + 1 while step n runs, for steps the sampler can draw on the device (async_scheduling.py); False keeps every
 step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
-and compilation off.
+and compilation off. `model_impl` (vLLM's name): "auto" (the default: "merged" for every
+supported family), "merged" (our decoder wiring with q|k|v and gate|up merged into one GEMM
+each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
+own decoder forward).
 """
 from __future__ import annotations
 
@@ -60,12 +63,15 @@ class EngineArgs:
     compile_model: Optional[bool] = None
     async_scheduling: bool = True
     compile_backend: str = "inductor"
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        if self.model_impl not in ("auto", "merged", "transformers"):
+            raise ValueError(f"model_impl must be 'auto', 'merged' or 'transformers', got {self.model_impl!r}")
 
     @classmethod
     def from_kwargs(cls, model: Optional[str], **kwargs) -> "EngineArgs":

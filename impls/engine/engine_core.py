@@ -116,7 +116,8 @@ class EngineCore:
         device = resolve_device(self.args.device)
         dtype = resolve_dtype(self.args.dtype, self.args.model, device)
         return FlatModel.from_pretrained(self.args.model, dtype=dtype, device=device,
-                                         attention=self.impl.attention_backend(device))
+                                         attention=self.impl.attention_backend(device),
+                                         model_impl=self.args.model_impl)
 
     def _load_tokenizer(self):
         if self.args.model is None or self.args.skip_tokenizer:

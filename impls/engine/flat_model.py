@@ -1,20 +1,23 @@
-"""FlatModel: a transformers decoder run on one flat batch, attention through a paged backend.
+"""FlatModel: a transformers checkpoint run on one flat batch, attention through a paged backend.
 
-Nothing the checkpoint's own modules compute is re-implemented: embeddings, rotary embeddings
-(llama3 scaling included), norms, projections (Qwen2's qkv bias, Qwen3's q/k norms) and MLPs
-are transformers' modules with our loaded weights. Only the attention kernel is replaced: we
-register an attention function under the name "enginespec" in transformers' AttentionInterface
-and point the config at it. transformers then builds no mask for it (an implementation without
-a mask function gets None) and calls it per layer with q/k/v of shape [1, heads, N, head_dim];
-it calls the custom op `enginespec::paged_attention` (step_context.py), which writes this
-step's K/V into the layer's pool at the batch's slots and runs backend.forward.
-
-The whole flat batch is one "sequence" of N rows (input_ids [1, N], position_ids [1, N]): rows
-of different requests never see each other because the backend attends through each request's
-block table, not over the N rows. The batch metadata and pools travel in the StepContext that
-forward() activates around the decoder, so the module tree holds no per-step state and `body`
-(the decoder alone, tensors in and out) can be compiled by a caller; nothing here knows about
+The whole flat batch is N rows of tokens (input_ids, positions [N]): rows of different
+requests never see each other because the backend attends through each request's block table,
+not over the N rows. The batch metadata and pools travel in the StepContext that forward()
+activates around the decoder, so the module tree holds no per-step state and `body` (the
+decoder alone, tensors in and out) can be compiled by a caller; nothing here knows about
 compilation or CUDA graphs.
+
+Two decoders over the same loaded modules and weights (`model_impl`):
+- "merged" (the default for every supported family): merged_decoder.py, our wiring of the
+  checkpoint's own modules with q|k|v and gate|up each computed by one GEMM.
+- "transformers": transformers' own decoder forward. We register an attention function under
+  the name "enginespec" in transformers' AttentionInterface and point the config at it;
+  transformers then builds no mask for it (an implementation without a mask function gets None)
+  and calls it per layer with q/k/v of shape [1, heads, N, head_dim] (the flat batch is one
+  "sequence" of N rows).
+Both reach attention through the custom op `enginespec::paged_attention` (step_context.py),
+which writes this step's K/V into the layer's pool at the batch's slots and runs
+backend.forward.
 """
 from __future__ import annotations
 
@@ -25,16 +28,11 @@ import torch
 from spec import AttentionBackend, BatchMeta
 
 from .loader import build_model
+from .merged_decoder import MergedDecoder, can_merge, layer_window
 from .step_context import StepContext, active
 
 ATTN_NAME = "enginespec"
-
-
-def _window_of(module, sliding_window) -> int:
-    """The layer's sliding window (0 = full attention): the module's own setting first (Qwen2/3
-    set it per layer type), else what the model passed (Mistral passes config.sliding_window)."""
-    window = module.sliding_window if hasattr(module, "sliding_window") else sliding_window
-    return int(window) if window else 0
+MODEL_IMPLS = ("auto", "merged", "transformers")
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -43,9 +41,10 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     if query.shape[0] != 1:
         raise ValueError(f"{ATTN_NAME}: the flat batch is one row of N tokens, got batch {query.shape[0]}")
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    out = torch.ops.enginespec.paged_attention(query, key, value, module.layer_idx, scale,
-                                               _window_of(module, sliding_window))
-    return out, None
+    out = torch.ops.enginespec.paged_attention(query[0].transpose(0, 1), key[0].transpose(0, 1),
+                                               value[0].transpose(0, 1), module.layer_idx, scale,
+                                               layer_window(module, sliding_window))
+    return out.unsqueeze(0), None
 
 
 def _register_attention() -> None:
@@ -61,7 +60,7 @@ def _text_config(config):
 class FlatModel:
     """A causal LM over flat batches. Attributes describe the KV pool shape the runner allocates."""
 
-    def __init__(self, hf_model, attention: AttentionBackend):
+    def __init__(self, hf_model, attention: AttentionBackend, model_impl: str = "auto"):
         _register_attention()
         self.hf_model = hf_model
         self.config = hf_model.config
@@ -80,6 +79,20 @@ class FlatModel:
         self.device = param.device
         self.attention = attention
         self._decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else hf_model.model
+        self.model_impl = self._resolve_model_impl(model_impl, text)
+        self._merged = MergedDecoder(self._decoder, text) if self.model_impl == "merged" else None
+
+    @staticmethod
+    def _resolve_model_impl(model_impl: str, text_config) -> str:
+        if model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {model_impl!r}")
+        mergeable = can_merge(text_config)
+        if model_impl == "merged" and not mergeable:
+            raise ValueError(f"model_impl='merged' does not support model_type "
+                             f"{getattr(text_config, 'model_type', None)!r}; use 'transformers'")
+        if model_impl == "auto":
+            return "merged" if mergeable else "transformers"
+        return model_impl
 
     @staticmethod
     def _eos_token_id(config) -> Optional[int]:
@@ -90,9 +103,9 @@ class FlatModel:
 
     @classmethod
     def from_pretrained(cls, path, *, dtype: torch.dtype = torch.float32, device="cpu",
-                        attention: AttentionBackend) -> "FlatModel":
+                        attention: AttentionBackend, model_impl: str = "auto") -> "FlatModel":
         """Load a local checkpoint directory with our loader onto `device` in `dtype`."""
-        return cls(build_model(path, device=device, dtype=dtype), attention)
+        return cls(build_model(path, device=device, dtype=dtype), attention, model_impl)
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One pool per layer, [2, num_blocks + 1, block_size, kv_heads, head_dim] (+1 = scratch)."""
@@ -119,6 +132,8 @@ class FlatModel:
         """The decoder alone: input_ids, positions [N] -> hidden [N, hidden]. Tensors in and out,
         no per-step state: this is what a caller may compile (attention finds the batch in the
         active StepContext)."""
+        if self._merged is not None:
+            return self._merged(input_ids, positions)
         out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out.last_hidden_state[0]
 
@@ -126,5 +141,7 @@ class FlatModel:
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] -> float32 logits [S, V] through the checkpoint's own head."""
-        return self.hf_model.get_output_embeddings()(hidden).float()
+        """hidden [S, hidden] -> logits [S, V] in the model's dtype, through the checkpoint's own
+        head. Not upcast here: greedy argmax needs no float32 copy (the upcast changes no value),
+        and the sampler upcasts where it computes."""
+        return self.hf_model.get_output_embeddings()(hidden)

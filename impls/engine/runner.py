@@ -45,7 +45,7 @@ def kv_bytes_per_block(model, block_size: int) -> int:
 
 @dataclass
 class ExecuteOutput:
-    """Logits of one step: `logits` [S, V] float32 for batch.logits_indices (in
+    """Logits of one step: `logits` [S, V] (the model's dtype) for batch.logits_indices (in
     batch.sample_request_ids order); `prompt_logits[request_id] = (positions, logits [P, V],
     target ids)` for prompt positions whose next-token logprobs were asked for."""
 

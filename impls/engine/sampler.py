@@ -3,7 +3,7 @@
 Pipeline per call (row i belongs to requests[i]), all on [S, V] tensors, no per-row loop over
 the vocabulary:
 
-1. raw float32 logits -> allowed_token_ids -> min_tokens -> logit_bias -> penalties
+1. raw logits (upcast to float32) -> allowed_token_ids -> min_tokens -> logit_bias -> penalties
    (`sampling_penalties`, vLLM's order and semantics);
 2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
    and top-p (`sampling_truncation`; no full sort in the common case);
@@ -274,12 +274,11 @@ class Sampler:
         plan = self._plan(requests, raw.device)
         if plan.any_edits or plan.any_cut or plan.any_logprobs:
             return None
-        x = raw.float()
         if not plan.any_noisy:
-            return x.argmax(dim=1)
+            return raw.argmax(dim=1)  # in the logits' dtype: upcasting changes no value, no argmax
         keys = plan.step_keys(requests)
         bits = self.generator.getrandbits(62)
-        return self._draw(x, None, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+        return self._draw(raw.float(), None, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
 
     def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
         self._check(logits, requests)
@@ -288,9 +287,9 @@ class Sampler:
         raw = logits[:, :self.vocab_size]
         plan = self._plan(requests, raw.device)
         x = (edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
-             if plan.any_edits else raw.float())
+             if plan.any_edits else raw)
         if plan.any_noisy:
-            tokens, token_ids = self._sample(x, requests, plan)
+            tokens, token_ids = self._sample(x.float(), requests, plan)
         else:
             tokens = x.argmax(dim=1)
             token_ids = tokens.tolist()

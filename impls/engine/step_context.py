@@ -1,9 +1,10 @@
 """The per-forward context of attention, and the one custom op through which the model reaches it.
 
-FlatModel.forward runs the transformers decoder inside `active(StepContext(...))`. Each layer's
-attention calls `torch.ops.enginespec.paged_attention(query, key, value, layer_idx, scale,
-window)`, whose implementation finds this step's batch metadata, the layer's KV pool and the
-backend in the active context, writes the step's K/V at the batch's slots and attends.
+FlatModel.forward runs the decoder (merged_decoder.py, or transformers' own) inside
+`active(StepContext(...))`. Each layer's attention calls `torch.ops.enginespec.paged_attention(
+query, key, value, layer_idx, scale, window)` on flat [N, heads, head_dim] rows; the op finds
+this step's batch metadata, the layer's KV pool and the backend in the active context, writes
+the step's K/V at the batch's slots and attends.
 
 Why an opaque op and a side channel (as vLLM's forward context does): a compiler tracing the
 decoder (torch.compile, at the runner's call site) sees attention as one op on q/k/v with
@@ -62,18 +63,13 @@ def current() -> StepContext:
 @torch.library.custom_op("enginespec::paged_attention", mutates_args=())
 def paged_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
                        scale: float, window: int) -> torch.Tensor:
-    """query [1, Hq, N, D], key/value [1, Hkv, N, D] -> [1, N, Hq, D] (transformers' layout)."""
+    """query [N, Hq, D], key/value [N, Hkv, D] (any strides with D contiguous) -> [N, Hq, D]."""
     ctx = current()
     cache = ctx.kv_caches[layer_idx]
-    q = query[0].transpose(0, 1)   # [N, Hq, D]
-    k = key[0].transpose(0, 1)     # [N, Hkv, D]
-    v = value[0].transpose(0, 1)   # [N, Hkv, D]
-    ctx.backend.write(cache, k, v, ctx.meta)
-    out = ctx.backend.forward(q, cache, ctx.meta, scale=scale, window=window)
-    return out.unsqueeze(0).contiguous()
+    ctx.backend.write(cache, key, value, ctx.meta)
+    return ctx.backend.forward(query, cache, ctx.meta, scale=scale, window=window).contiguous()
 
 
 @paged_attention_op.register_fake
 def _(query, key, value, layer_idx, scale, window):
-    _, num_heads, num_tokens, head_dim = query.shape
-    return query.new_empty((1, num_tokens, num_heads, head_dim))
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
