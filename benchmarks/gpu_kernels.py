@@ -244,7 +244,9 @@ PREFILL_SWEEP = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8
                  (64, 64, 4, 3)]
 
 
-def sweep_decode(shapes) -> None:
+def sweep_decode(shapes, splits=(1, 2, 4, 8), min_tiles: int = 4) -> None:
+    """Launch-config variants around choose_config at each shape: tile/warps/stages at its split
+    count, then each split count in `splits` that leaves >= min_tiles key tiles per split."""
     rows = RESULTS.setdefault("sweep_decode", [])
     for model, b, ctx in shapes:
         hq, hkv = MODELS[model]
@@ -252,8 +254,8 @@ def sweep_decode(shapes) -> None:
         base = choose_config(b, b, hq, hkv, HEAD_DIM, 1, ctx, torch.device(DEV))
         variants = [dataclasses.replace(base, tile=t, num_warps=w, num_stages=s)
                     for t, w, s in DECODE_SWEEP]
-        variants += [dataclasses.replace(base, num_splits=n) for n in (1, 2, 4, 8)
-                     if n != base.num_splits and n <= max(1, ctx // (4 * base.tile))]
+        variants += [dataclasses.replace(base, num_splits=n) for n in splits
+                     if n != base.num_splits and n <= max(1, ctx // (min_tiles * base.tile))]
         for cfg in variants:
             try:
                 ms = time_paged_decode(case, ctx, cfg)
@@ -313,6 +315,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--sweep", action="store_true", help="also sweep launch configs")
+    parser.add_argument("--sweep-small", action="store_true",
+                        help="only sweep split counts of small decode batches (Qwen3-0.6B heads)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the script on CPU (interpreter, tiny shapes); times mean nothing")
@@ -330,6 +334,11 @@ def main(argv=None) -> None:
         save(args.out)
     torch.manual_seed(0)
     copy_bandwidth()
+    if args.sweep_small:  # the end-to-end run's tail: few requests, 1-2k contexts
+        sweep_decode([("qwen3-0.6b", b, ctx) for b in (4, 16, 32, 64) for ctx in (1024, 2048)],
+                     splits=(1, 2, 4, 8, 16, 32), min_tiles=1)
+        save(args.out)
+        return
     decode_table([1, 16, 64, 256], [1024, 4096, 16384, 32768])
     save(args.out)
     prefill_table([(1, 16384), (4, 4096)])

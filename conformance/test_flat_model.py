@@ -205,3 +205,45 @@ def test_unknown_model_impl_is_refused(impl):
     with pytest.raises(ValueError, match="model_impl"):
         FlatModel.from_pretrained(tiny_model_dir("llama"), attention=impl.attention_backend("cpu"),
                                   model_impl="vllm")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_joint_qk_norm_and_rope_equal_the_family_modules(impl, family):
+    """MergedLayer norms (Qwen3) and rotates q|k as one tensor with its own two helpers: they must
+    compute exactly what the family's q_norm/k_norm modules and apply_rotary_pos_emb compute."""
+    import sys
+
+    from impls.engine.merged_decoder import rms_norm, rotate_neox
+
+    model = FlatModel.from_pretrained(tiny_model_dir(family), attention=impl.attention_backend("cpu"))
+    attn, layer = model._decoder.layers[0].self_attn, model._merged.layers[0]
+    assert model._merged.cos_table is not None  # default and llama3 rope are position-only: tabled
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(5, layer.num_q, layer.head_dim, generator=gen)
+    k = torch.randn(5, layer.num_kv, layer.head_dim, generator=gen)
+    cos, sin = model._merged.rope(q, torch.tensor([0, 3, 17, 64, 200]))
+    expected = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+    assert torch.equal(rotate_neox(torch.cat([q, k], 1), cos, sin), torch.cat(expected, 1))
+    if family == "qwen3":
+        joint = rms_norm(torch.cat([q, k], 1), layer.qk_norm_weight, layer.qk_norm_eps)
+        assert torch.equal(joint, torch.cat([attn.q_norm(q), attn.k_norm(k)], 1))
+    else:
+        assert layer.qk_norm_weight is None
+
+
+def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
+    """A rope type that rescales with the longest position (dynamic NTK) gets no cos/sin table,
+    and still matches transformers past the original context (where the rescaling starts)."""
+    from conformance.models import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("llama", tmp_path / "dyn", max_position_embeddings=12, seed=3,
+                                rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))
+    hf = _hf_model(path)
+    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
+    assert model.model_impl == "merged" and model._merged.cos_table is None
+    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
+                                                model.allocate_kv(8, 4)))
+    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)

@@ -312,7 +312,7 @@ def profile_decode(llm, workload: Workload, args) -> dict:
     _sync(args.device)
     start = time.perf_counter()
     for _ in range(args.profile_steps):  # the same steps without the profiler's overhead
-        core.step()
+        core.step(final_only=True)  # as generate() steps: no cumulative outputs of running requests
     _sync(args.device)
     plain_ms = (time.perf_counter() - start) * 1e3 / args.profile_steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -320,7 +320,7 @@ def profile_decode(llm, workload: Workload, args) -> dict:
         _sync(args.device)
         start = time.perf_counter()
         for _ in range(args.profile_steps):
-            core.step()
+            core.step(final_only=True)
         _sync(args.device)
         wall_us = (time.perf_counter() - start) * 1e6
     core.abort(ids)

@@ -22,7 +22,6 @@ floating-point reassociation of one GEMM instead of several.
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import torch
@@ -60,8 +59,28 @@ def layer_window(attn: nn.Module, passed: Optional[int]) -> int:
     return int(window) if window else 0
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The computation of every supported family's RMSNorm module (float32 statistics, the
+    normalised value cast back to x's dtype, then scaled), with `weight` broadcast over x's
+    trailing dims: here [Hq + Hkv, D], so Qwen3's q_norm and k_norm run as one op over q|k."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D], cos/sin [N, D] -> the rotate-half rotary embedding of every supported family
+    (`apply_rotary_pos_emb`: x * cos + rotate_half(x) * sin, in that order)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 class MergedLayer(nn.Module):
-    """One decoder layer: hidden [N, hidden] -> [N, hidden] (attention through the paged op)."""
+    """One decoder layer: hidden [N, hidden] -> [N, hidden] (attention through the paged op).
+    q and k are normed (Qwen3) and rotated together as one [N, Hq + Hkv, D] tensor: one fused
+    kernel under compilation where per-tensor modules give two."""
 
     def __init__(self, hf_layer: nn.Module, layer_idx: int, config):
         super().__init__()
@@ -74,10 +93,8 @@ class MergedLayer(nn.Module):
         self.window = layer_window(attn, getattr(config, "sliding_window", None))
         self.input_layernorm = hf_layer.input_layernorm
         self.post_attention_layernorm = hf_layer.post_attention_layernorm
-        self.q_norm = getattr(attn, "q_norm", None)   # Qwen3: RMSNorm over head_dim
-        self.k_norm = getattr(attn, "k_norm", None)
         self.o_proj, self.down_proj, self.act_fn = attn.o_proj, mlp.down_proj, mlp.act_fn
-        self.rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.qk_norm_weight, self.qk_norm_eps = self._qk_norm(attn)
         qkv_w, qkv_b = merge_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up_w, gate_up_b = merge_linears([mlp.gate_proj, mlp.up_proj])
         self.qkv_weight = nn.Parameter(qkv_w, requires_grad=False)          # [(Hq + 2 Hkv) D, hidden]
@@ -85,15 +102,29 @@ class MergedLayer(nn.Module):
         self.gate_up_weight = nn.Parameter(gate_up_w, requires_grad=False)  # [2 I, hidden]
         self.gate_up_bias = None if gate_up_b is None else nn.Parameter(gate_up_b, requires_grad=False)
 
+    def _qk_norm(self, attn: nn.Module) -> tuple[Optional[nn.Parameter], float]:
+        """Qwen3's q_norm and k_norm weights stacked per head, [Hq + Hkv, D] (a copy: weights
+        are frozen once loaded), or (None, 0.0) for families without them."""
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if q_norm is None:
+            return None, 0.0
+        if q_norm.variance_epsilon != k_norm.variance_epsilon:
+            raise ValueError("MergedLayer: q_norm and k_norm must share one epsilon")
+        d = self.head_dim
+        weight = torch.cat([q_norm.weight.detach().expand(self.num_q, d),
+                            k_norm.weight.detach().expand(self.num_kv, d)])
+        return nn.Parameter(weight, requires_grad=False), float(q_norm.variance_epsilon)
+
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
-        n, d = x.shape[0], self.head_dim
+        n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)                  # [N, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([self.num_q * d, self.num_kv * d, self.num_kv * d], dim=-1)
-        q, k, v = q.view(n, self.num_q, d), k.view(n, self.num_kv, d), v.view(n, self.num_kv, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotate(q, k, cos, sin, unsqueeze_dim=1)               # cos/sin [N, D]
+        qk = qkv[:, :num_qk * d].view(n, num_qk, d)                        # [N, Hq + Hkv, D]
+        v = qkv[:, num_qk * d:].view(n, self.num_kv, d)                    # [N, Hkv, D]
+        if self.qk_norm_weight is not None:
+            qk = rms_norm(qk, self.qk_norm_weight, self.qk_norm_eps)
+        qk = rotate_neox(qk, cos, sin)                                     # cos/sin [N, D]
+        q, k = qk[:, :self.num_q], qk[:, self.num_q:]
         out = torch.ops.enginespec.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
         return self.o_proj(out.reshape(n, self.num_q * d))
 
@@ -106,9 +137,19 @@ class MergedLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+# Rope types whose cos/sin depend on the position alone (a table holds them); others (dynamic
+# NTK, longrope) rescale with the longest position seen, so they are computed every forward.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
 class MergedDecoder(nn.Module):
     """input_ids, positions [N] -> final-norm hidden [N, hidden], built over a transformers
-    decoder (`model.model`) whose modules and weights it shares."""
+    decoder (`model.model`) whose modules and weights it shares.
+
+    cos/sin come from the checkpoint's rotary embedding module: for static rope types computed
+    once for every position into a table (the same values the module returns per step: each is
+    one float32 product, cast to the model dtype), so a step gathers its rows instead of
+    recomputing them in every layer's kernel."""
 
     def __init__(self, hf_decoder: nn.Module, config):
         super().__init__()
@@ -118,11 +159,28 @@ class MergedDecoder(nn.Module):
         num_layers = int(config.num_hidden_layers)
         self.layers = nn.ModuleList(MergedLayer(layer, i, config)
                                     for i, layer in enumerate(hf_decoder.layers[:num_layers]))
+        static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
+        cos, sin = self._rope_table(int(config.max_position_embeddings)) if static else (None, None)
+        self.register_buffer("cos_table", cos, persistent=False)           # [P, D] or None
+        self.register_buffer("sin_table", sin, persistent=False)
+
+    @torch.no_grad()
+    def _rope_table(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = self.embed_tokens.weight
+        positions = torch.arange(num_positions, device=weight.device)[None]
+        cos, sin = self.rotary_emb(weight[:1], positions)                  # [1, P, D] each
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, D] of the rows' positions."""
+        if self.cos_table is not None:
+            return self.cos_table[positions], self.sin_table[positions]
+        cos, sin = self.rotary_emb(hidden, positions[None])
+        return cos[0], sin[0]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)                              # [N, hidden]
-        cos, sin = self.rotary_emb(hidden, positions[None])                # [1, N, D] each
-        cos, sin = cos[0], sin[0]
+        cos, sin = self.rope(hidden, positions)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)

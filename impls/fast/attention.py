@@ -65,7 +65,8 @@ class FastAttention:
                                                  scale=scale, window=window)
         from kernels.paged_attention import paged_attention
 
-        return paged_attention(q.contiguous(), cache, _i32(meta.query_start_loc),
+        q = q if q.stride(2) == 1 else q.contiguous()  # the kernel takes row and head strides
+        return paged_attention(q, cache, _i32(meta.query_start_loc),
                                _i32(meta.seq_lens), _i32(meta.block_table),
                                max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
                                scale=scale, window=window)
