@@ -9,7 +9,11 @@ Program ids need no host-side schedule (which would break CUDA-graph replay): re
 the global q-block ids [qsl[r] // BLOCK_Q + r, qsl[r + 1] // BLOCK_Q + r + 1), an interval of
 at least ceil(len_r / BLOCK_Q) ids, increasing in r; a program finds its request by binary
 search and exits if its local block lies past the request's rows. The grid is therefore
-N // BLOCK_Q + B programs along axis 0.
+N // BLOCK_Q + B programs along axis 0. Decode-only batches (one query row per request) may
+instead pass a launch order (USE_ORDER): program i along axis 0 serves request order[i], B
+programs in all. The GPU starts programs in launch order as slots free up, so longest-first
+(the backend's argsort of seq_lens) keeps a long request from starting in the last wave and
+leaving the chip idle behind it when lengths vary.
 
 K/V tiles of TILE positions are gathered straight from the pool through the block table
 (one table load per position, so any block size works). Online softmax runs in the exp2
@@ -84,6 +88,7 @@ def _paged_attention_kernel(
     block_table_ptr,      # [B, max_blocks] int32
     seq_lens_ptr,         # [B] int32
     query_start_loc_ptr,  # [B + 1] int32
+    order_ptr,            # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
     num_reqs, num_splits, scale_log2, window,
     stride_q_tok, stride_q_head,
     stride_o_tok, stride_o_head,
@@ -92,16 +97,21 @@ def _paged_attention_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-    IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
+    IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr, USE_ORDER: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    req = _find_request(query_start_loc_ptr, q_block_id, num_reqs, BLOCK_Q)
+    if USE_ORDER:  # decode-only: one q-block per request, served in the given order
+        req = tl.load(order_ptr + q_block_id)
+        q_block = 0
+    else:
+        req = _find_request(query_start_loc_ptr, q_block_id, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    q_block = q_block_id - (q_start // BLOCK_Q + req)
+    if not USE_ORDER:
+        q_block = q_block_id - (q_start // BLOCK_Q + req)
     if q_block * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
@@ -208,6 +218,7 @@ class LaunchConfig:
 
 
 _SM_COUNT: dict = {}
+MIN_KEYS_PER_SPLIT = 256  # a split of fewer keys costs more in its merge than it saves
 
 
 def _interpreting() -> bool:
@@ -226,7 +237,7 @@ def _num_sms(device: torch.device) -> int:
 
 def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads: int,
                   head_pad: int, max_query_len: int, max_seq_len: int,
-                  device: torch.device) -> LaunchConfig:
+                  device: torch.device, itemsize: int = 2) -> LaunchConfig:
     """Heuristic launch config (tuned on an H200, bf16, head_dim 128; see benchmarks/RESULTS.md).
 
     Prefill-heavy batches (many query rows per KV head) take 128-row blocks; decode-heavy ones
@@ -234,8 +245,9 @@ def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads
     leaves room for 3 programs per SM (measured better than wider tiles or deeper pipelines).
     The key range is split only when fewer than ~3 programs per SM would run (few requests):
     on the H200, splitting batch 64 x 8 KV heads (512 programs) 2-8 ways cost 5-12%, while
-    batch 16 or 1 needs the split to fill the chip. Each split keeps >= 4 tiles and the float32
-    scratch stays under 64 MiB.
+    batch 16 or 1 needs the split to fill the chip. Each split keeps >= MIN_KEYS_PER_SPLIT keys
+    and the float32 scratch stays under 64 MiB. Split decode launches read 128-key tiles where
+    they fit (fewer, longer loop trips per program: +6-24% at batch 4-32, ctx 1-2k).
     """
     group = num_q_heads // num_kv_heads
     min_m = max(16, triton.next_power_of_2(group))
@@ -249,12 +261,24 @@ def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads
     programs = num_reqs * num_kv_heads
     target = 3 * _num_sms(device)
     splits = 1
-    max_tiles = max(1, max_seq_len // (4 * tile))
+    max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
-    while (splits * 2 <= min(max_tiles, 64) and programs * splits < target
+    while (splits * 2 <= min(max_splits, 64) and programs * splits < target
            and scratch * splits * 2 <= (64 << 20)):
         splits *= 2
+    if splits > 1 and rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize):
+        tile = 128  # split decode: 128-key tiles measured 6-24% faster at batch 4-32 (H200)
     return LaunchConfig(block_m, tile, splits, warps, stages)
+
+
+def _wide_tiles_fit(device: torch.device, head_pad: int, stages: int, itemsize: int) -> bool:
+    """Whether K and V tiles of 128 keys of `itemsize` bytes, `stages` deep, fit one program's
+    shared memory with 32 KiB to spare (the interpreter has no limit)."""
+    if device.type != "cuda":
+        return True
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
+    return 2 * 128 * head_pad * itemsize * stages + (32 << 10) <= limit
 
 
 def _check(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -290,13 +314,21 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
                     seq_lens: torch.Tensor, block_table: torch.Tensor, *,
                     max_query_len: int, max_seq_len: int, scale: Optional[float] = None,
                     window: int = 0, out: Optional[torch.Tensor] = None,
-                    config: Optional[LaunchConfig] = None) -> torch.Tensor:
+                    config: Optional[LaunchConfig] = None,
+                    order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of q [N, Hq, D] over the paged cache; returns out [N, Hq, D] (q's dtype).
 
     Semantics: kernels.reference.paged_attention_ref. max_query_len / max_seq_len are host
-    ints that only steer the launch config (they need not be tight).
+    ints that only steer the launch config (they need not be tight). `order` (decode-only
+    batches, max_query_len == 1): int32 [B], a permutation of range(B) (not checked on the
+    device), the order in which requests' programs launch; it changes speed, never results.
     """
     _check(q, cache, query_start_loc, seq_lens, block_table, window)
+    if order is not None and (max_query_len != 1 or order.dtype != torch.int32
+                              or tuple(order.shape) != (seq_lens.shape[0],)):
+        raise ValueError(f"order must be int32 [{seq_lens.shape[0]}] on a decode-only batch "
+                         f"(max_query_len 1), got {order.dtype} {tuple(order.shape)} with "
+                         f"max_query_len {max_query_len}")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[2]
     num_reqs = seq_lens.shape[0]
@@ -305,7 +337,7 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
         return out
     head_pad = max(16, triton.next_power_of_2(head_dim))
     cfg = config or choose_config(num_tokens, num_reqs, num_q_heads, num_kv_heads, head_pad,
-                                  max_query_len, max_seq_len, q.device)
+                                  max_query_len, max_seq_len, q.device, cache.element_size())
     group = num_q_heads // num_kv_heads
     if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
         raise ValueError(f"config: block_m {cfg.block_m} must be >= group {group} and "
@@ -318,16 +350,18 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
                            dtype=torch.float32, device=q.device)
     else:
         part = out
-    grid = (num_tokens // block_q + num_reqs, num_kv_heads, cfg.num_splits)
+    axis0 = num_reqs if order is not None else num_tokens // block_q + num_reqs
+    grid = (axis0, num_kv_heads, cfg.num_splits)
     _paged_attention_kernel[grid](
         out, part, q, cache, block_table, seq_lens, query_start_loc,
+        order if order is not None else seq_lens,
         num_reqs, cfg.num_splits, scale * LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         block_table.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, TILE=cfg.tile,
-        IS_SPLIT=split, USE_WINDOW=window > 0,
+        IS_SPLIT=split, USE_WINDOW=window > 0, USE_ORDER=order is not None,
         DOT_FP32=q.dtype == torch.float32 or _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:

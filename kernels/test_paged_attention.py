@@ -91,3 +91,52 @@ def test_bad_inputs_raise():
         paged_attention(batch.q[:, :1].repeat(1, 3, 1), batch.cache, *args, **kw)
     with pytest.raises(ValueError, match="int32"):
         paged_attention(batch.q, batch.cache, batch.query_start_loc.long(), *args[1:], **kw)
+
+
+@pytest.mark.parametrize("config", [None, LaunchConfig(block_m=16, tile=128, num_splits=2, num_warps=4,
+                                                       num_stages=2)])
+def test_decode_launch_order_changes_nothing(config):
+    """A decode-only batch served in a given order (longest first, or any permutation) gives
+    the unordered result, padding requests included; 128-key split tiles too."""
+    gen = torch.Generator().manual_seed(21)
+    n = 9 if CUDA else 5
+    seq_lens = torch.randint(1, SIZES["max_seq_len"] + 1, (n,), generator=gen).tolist()
+    batch = random_batch(n, 0, 0, num_q_heads=HEADS[0][0], num_kv_heads=HEADS[0][1],
+                         head_dim=HEADS[0][2], block_size=16, dtype=torch.float32, device=DEVICE,
+                         num_padding=2, seed=22, lengths=(seq_lens, [1] * n))
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    kw = dict(max_query_len=1, max_seq_len=batch.max_seq_len, config=config)
+    plain = paged_attention(*args, **kw)
+    want = paged_attention_ref(*args)
+    torch.testing.assert_close(plain, want, **TOLERANCES[torch.float32])
+    longest_first = torch.argsort(batch.seq_lens, descending=True).to(torch.int32)
+    shuffled = torch.randperm(n + 2, generator=gen).to(torch.int32).to(DEVICE)
+    for order in (longest_first, shuffled):
+        got = paged_attention(*args, order=order, out=torch.full_like(batch.q, float("nan")), **kw)
+        torch.testing.assert_close(got, plain, atol=0, rtol=0)
+
+
+def test_launch_order_is_refused_off_decode_batches():
+    batch = _batch(HEADS[0], 4, torch.float32, seed=2, max_query_len=3)
+    order = torch.arange(batch.seq_lens.shape[0], dtype=torch.int32, device=DEVICE)
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    with pytest.raises(ValueError, match="order"):
+        paged_attention(*args, max_query_len=3, max_seq_len=batch.max_seq_len, order=order)
+    with pytest.raises(ValueError, match="order"):
+        paged_attention(*args, max_query_len=1, max_seq_len=batch.max_seq_len, order=order[:-1])
+
+
+def test_split_decode_takes_wide_tiles_where_they_fit():
+    """choose_config: a split decode reads 128-key tiles (2-byte K/V on a GPU with the shared
+    memory for them; always under the interpreter); unsplit or prefill-heavy launches keep 64."""
+    from kernels.paged_attention import choose_config
+
+    device = torch.device(DEVICE)
+    few = choose_config(1, 1, 16, 8, 128, 1, 4096, device)           # 8 programs: split
+    assert few.num_splits > 1 and few.tile == 128
+    many = choose_config(512, 512, 16, 8, 128, 1, 4096, device)      # 4096 programs: no split
+    assert many.num_splits == 1 and many.tile == 64
+    prefill = choose_config(4096, 1, 16, 8, 128, 4096, 4096, device)
+    assert prefill.tile == 64
+    if CUDA:
+        assert choose_config(1, 1, 16, 8, 128, 1, 4096, device, itemsize=4).tile == 64

@@ -2,7 +2,9 @@
 
 On CUDA, `write` is one KV-write launch and `forward` one paged-attention launch (plus a merge
 launch when split-KV pays) for the whole flat batch, prefill chunks and decodes together; no
-host sync, so both can be captured in a CUDA graph. Elsewhere (CPU), and for dtypes the kernel
+host sync, so both can be captured in a CUDA graph. A decode-only batch launches its requests
+longest first: one device argsort of seq_lens per step (made at the step's first layer and
+reused by the others; remade inside a CUDA-graph capture so replays sort their own lengths). Elsewhere (CPU), and for dtypes the kernel
 does not take (float64), both run the plain-torch references that sit beside the kernels in
 `kernels/` (never impls.reference: shared code would hide shared bugs from the differential
 tests).
@@ -27,6 +29,8 @@ class FastAttention:
     def __init__(self, device="cpu", use_triton: Optional[bool] = None) -> None:
         self.device = torch.device(device)
         self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
+        self._order_for: tuple = (None, False)  # (the BatchMeta, capturing) the order belongs to
+        self._order: Optional[torch.Tensor] = None
 
     def allocate(self, shape, dtype: torch.dtype, device) -> torch.Tensor:
         """Zeroed pool [2, *shape] for shape (num_blocks + 1, block_size, kv_heads, head_dim)."""
@@ -66,10 +70,21 @@ class FastAttention:
         from kernels.paged_attention import paged_attention
 
         q = q if q.stride(2) == 1 else q.contiguous()  # the kernel takes row and head strides
-        return paged_attention(q, cache, _i32(meta.query_start_loc),
-                               _i32(meta.seq_lens), _i32(meta.block_table),
+        seq_lens = _i32(meta.seq_lens)
+        return paged_attention(q, cache, _i32(meta.query_start_loc), seq_lens, _i32(meta.block_table),
                                max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-                               scale=scale, window=window)
+                               scale=scale, window=window, order=self._launch_order(meta, seq_lens))
+
+    def _launch_order(self, meta: BatchMeta, seq_lens: torch.Tensor) -> Optional[torch.Tensor]:
+        """Requests by decreasing seq_len (int32 [B]) for a decode-only batch, else None. Any
+        permutation gives the same output, so a stale order could only cost speed."""
+        if meta.max_query_len != 1:
+            return None
+        capturing = seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self._order_for[0] is not meta or self._order_for[1] != capturing:
+            self._order = torch.argsort(seq_lens, descending=True).to(torch.int32)
+            self._order_for = (meta, capturing)
+        return self._order
 
 
 def _i32(t: torch.Tensor) -> torch.Tensor:

@@ -172,3 +172,29 @@ def test_one_builder_per_pool_released_with_it():
     del outputs, bm, out, r
     gc.collect()
     assert len(FAST._builders) == before - 2
+
+
+def test_decode_batches_launch_longest_first_with_one_sort_per_step():
+    """FastAttention's launch order: argsort of seq_lens (longest first) for decode-only
+    batches, made once per BatchMeta and reused by later layers; none for prefill rows."""
+    from impls.fast.attention import FastAttention
+    from spec import BatchMeta
+
+    def meta(seq_lens, q_lens):
+        qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+        lens = torch.tensor(seq_lens, dtype=torch.int32)
+        return BatchMeta(query_start_loc=qsl, seq_lens=lens, block_table=torch.zeros(len(seq_lens), 1,
+                         dtype=torch.int32), slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+                         block_size=16, query_start_loc_cpu=qsl, seq_lens_cpu=lens,
+                         max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+
+    backend = FastAttention("cpu", use_triton=True)
+    decode = meta([5, 40, 12, 40, 1], [1] * 5)
+    order = backend._launch_order(decode, decode.seq_lens)
+    assert order.dtype == torch.int32
+    assert decode.seq_lens[order.long()].tolist() == [40, 40, 12, 5, 1]
+    assert backend._launch_order(decode, decode.seq_lens) is order  # the next layer: no new sort
+    again = meta([5, 40, 12, 40, 1], [1] * 5)
+    assert backend._launch_order(again, again.seq_lens) is not order  # a new step sorts again
+    prefill = meta([5, 9], [1, 4])
+    assert backend._launch_order(prefill, prefill.seq_lens) is None
