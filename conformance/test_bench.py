@@ -69,6 +69,9 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     assert summary["serial_output_tok_s"] > 0 and summary["async_output_tok_s"] > 0
     # Each step samples at most one token per request, so the longest request bounds the steps.
     assert res["engine"]["num_steps"] >= max(expected.output_lens)
+    # Greedy steps are drawn on the device under async scheduling; the serial run has none.
+    assert 0 < res["engine"]["num_async_steps"] <= res["engine"]["num_steps"]
+    assert other["num_async_steps"] == 0
 
 
 def test_harness_derived_numbers_agree(smoke):

@@ -133,10 +133,10 @@ def engine_core(llm):
     return None
 
 
-def _num_steps(llm) -> Optional[int]:
+def _num_steps(llm, name: str = "num_steps") -> Optional[int]:
     core = engine_core(llm)
     stats = getattr(core, "stats", None)
-    return getattr(stats, "num_steps", None)
+    return getattr(stats, name, None)
 
 
 def _params(output_lens, temperature: float) -> list[SamplingParams]:
@@ -148,6 +148,7 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     params = _params(workload.output_lens, temperature)
     steps_before = _num_steps(llm)
+    async_before = _num_steps(llm, "num_async_steps")
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
@@ -156,9 +157,12 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     steps_after = _num_steps(llm)
     steps = None if steps_before is None or steps_after is None else steps_after - steps_before
+    async_after = _num_steps(llm, "num_async_steps")
+    async_steps = None if async_before is None or async_after is None else async_after - async_before
     digest = hashlib.blake2b(repr([c.token_ids for o in outputs for c in o.outputs]).encode(), digest_size=8)
     return {"wall_s": wall, "output_tokens": tokens, "requested_output_tokens": workload.num_output_tokens,
             "num_requests": len(outputs), "output_tok_s": tokens / wall, "num_steps": steps,
+            "num_async_steps": async_steps,
             "tokens_digest": digest.hexdigest()}
 
 
