@@ -178,3 +178,16 @@ def test_device_busy_is_the_union_of_cuda_intervals():
               ev(DeviceType.CUDA, 40, 41), ev(DeviceType.CUDA, 0, 5)]
     assert bench.device_busy_us(events) == (5 + 15 + 1, 4)
     assert bench.device_busy_us([]) == (0.0, 0)
+
+
+def test_warm_up_samples_like_the_timed_run(monkeypatch):
+    """The warm-up runs at the timed run's temperature, so a sampled run's one-time costs (the
+    draw kernels' compilation) fall in the warm-up, not in the timed window."""
+    seen = []
+    monkeypatch.setattr(bench, "timed_generate",
+                        lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature))
+    monkeypatch.setattr(bench, "_reset_prefix_cache", lambda llm: None)
+    workload = bench.make_workload(3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2,
+                             id_bound=50, seed=0)
+    bench._warm_up(object(), workload, "cpu", 0.8)
+    assert seen == [0.8]

@@ -204,12 +204,13 @@ def phase_device(args) -> dict:
             "matmul_n": args.matmul_n, "matmul_dtype": args.dtype, "iters": args.probe_iters}
 
 
-def _warm_up(llm, workload: Workload, device) -> None:
+def _warm_up(llm, workload: Workload, device, temperature: float = 0.0) -> None:
     """One-time costs (lazy init, compilation, graph capture, kernel variants for the
-    workload's step shapes) are not timed: run the first requests of the workload for two
+    workload's step shapes and sampling mode: the run's temperature, so a sampled run's draw
+    kernels are compiled here) are not timed: run the first requests of the workload for two
     tokens each, then empty the prefix cache so the timed run gets no hit from them."""
     head = workload.head(min(len(workload.prompts), 32))
-    timed_generate(llm, Workload(head.prompts, [2] * len(head.prompts)), device, use_tqdm=False)
+    timed_generate(llm, Workload(head.prompts, [2] * len(head.prompts)), device, temperature, use_tqdm=False)
     _reset_prefix_cache(llm)
 
 
@@ -224,7 +225,7 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     """Throughput of the engine on the workload, its floor, then the decode profile (same LLM)."""
     extra = {"enforce_eager": True} if args.enforce_eager else {}
     llm = make_llm(model_dir, args, **extra)
-    _warm_up(llm, workload, args.device)
+    _warm_up(llm, workload, args.device, args.temperature)
     out = timed_generate(llm, workload, args.device, args.temperature)
     out.update(_floors(workload, _shape_of(model_dir, args.dtype), rates, out["num_steps"]))
     out["enforce_eager"] = bool(args.enforce_eager)
@@ -417,7 +418,7 @@ def phase_big(args, rates: dict) -> dict:
     shape = _shape_of(model_dir, args.dtype)
     workload = _workload(args, min(args.big_num_requests, args.num_requests), shape.vocab_size)
     llm = make_llm(model_dir, args)
-    _warm_up(llm, workload, args.device)
+    _warm_up(llm, workload, args.device, args.temperature)
     out = timed_generate(llm, workload, args.device, args.temperature)
     del llm
     out.update(_floors(workload, shape, rates, out["num_steps"]))
