@@ -16,7 +16,7 @@ from impls.engine import bench, roofline, synthetic
 
 SMOKE = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32",
          "--max-output-len", "16", "--big-num-requests", "2", "--profile-steps", "2",
-         "--latency-tokens", "4", "--compare-scheduling"]
+         "--latency-tokens", "4", "--compare-scheduling", "--repeat", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,11 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     assert summary["serial_output_tok_s"] > 0 and summary["async_output_tok_s"] > 0
     # Each step samples at most one token per request, so the longest request bounds the steps.
     assert res["engine"]["num_steps"] >= max(expected.output_lens)
+    runs = res["engine"]["runs"]  # --repeat 3: three timed runs, the median one reported
+    assert len(runs) == 3 and res["engine"]["tokens_match_across_runs"]
+    assert res["engine"]["wall_s"] == sorted(r["wall_s"] for r in runs)[1]
+    assert summary["runs_wall_over_floor"] == pytest.approx(
+        [r["wall_s"] / res["engine"]["floor"]["floor_s"] for r in runs])
     # Greedy steps are drawn on the device under async scheduling; the serial run has none.
     assert 0 < res["engine"]["num_async_steps"] <= res["engine"]["num_steps"]
     assert other["num_async_steps"] == 0

@@ -15,7 +15,8 @@ phase, so a run cut short still leaves what it measured:
    bf16 on CUDA, float32 on CPU, where bf16 matmuls are very slow).
 2. engine: `LLM.generate` over the workload; output tokens, wall time, engine steps, the floor
    (impls/engine/roofline.py) with the engine's step count and with the fewest possible steps.
-   With --compare-scheduling, the same workload again on the same engine with async_scheduling
+   With --repeat N, N timed runs on the same engine (prefix cache emptied before each): the
+   median run is the headline, every run's wall time is kept. With --compare-scheduling, the same workload again on the same engine with async_scheduling
    flipped (prefix cache emptied first), and whether both runs' tokens are equal.
 3. profile: GPU-busy fraction of a few steady decode steps (all requests prefilled): the union
    of CUDA kernel/memcpy intervals from torch.profiler over the wall time of those steps.
@@ -226,7 +227,7 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     extra = {"enforce_eager": True} if args.enforce_eager else {}
     llm = make_llm(model_dir, args, **extra)
     _warm_up(llm, workload, args.device, args.temperature)
-    out = timed_generate(llm, workload, args.device, args.temperature)
+    out = _timed_runs(llm, workload, args)
     out.update(_floors(workload, _shape_of(model_dir, args.dtype), rates, out["num_steps"]))
     out["enforce_eager"] = bool(args.enforce_eager)
     core = engine_core(llm)
@@ -236,6 +237,23 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     if not args.skip_profile:
         results["profile"] = _guard(args, lambda: profile_decode(llm, workload, args))
     del llm
+    return out
+
+
+def _timed_runs(llm, workload: Workload, args) -> dict:
+    """`--repeat` timed runs of the workload on one engine, the prefix cache emptied before
+    each: the median run's figures (the upper middle one for an even count), plus every run's
+    wall time and token digest under "runs" when there is more than one. Greedy runs must
+    produce the same tokens every time (`tokens_match_across_runs`)."""
+    runs = [timed_generate(llm, workload, args.device, args.temperature)]
+    for _ in range(args.repeat - 1):
+        _reset_prefix_cache(llm)
+        runs.append(timed_generate(llm, workload, args.device, args.temperature))
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])
+    out["runs"] = [{k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs]
+    out["tokens_match_across_runs"] = len({r["tokens_digest"] for r in runs}) == 1
     return out
 
 
@@ -506,6 +524,7 @@ def summarize(results: dict) -> dict:
             "ratio_vs_hf": tok_s / hf_tok_s if tok_s and hf_tok_s else None,
             "wall_s": wall, "floor_s": floor, "wall_over_floor": wall / floor if wall and floor else None,
             "floor_min_steps_s": floor_min, "num_steps": eng.get("num_steps"),
+            "runs_wall_over_floor": [r["wall_s"] / floor for r in eng["runs"]] if floor and eng.get("runs") else None,
             "gpu_busy_fraction": (results.get("profile") or {}).get("gpu_busy_fraction"),
             "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
             "batch1_ms_per_token": lat.get("default_ms_per_token"),
@@ -547,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="engine sampling temperature (0 = greedy)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="timed runs of the workload on one engine; the median run is reported")
     p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra LLM engine argument (JSON value), repeatable")
     p.add_argument("--compare-scheduling", action="store_true",
@@ -579,7 +600,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     args = build_parser().parse_args(argv)
     for name in ("num_requests", "hf_batch_size", "profile_steps", "profile_warm_limit",
-                 "latency_prompt_len", "latency_tokens", "big_num_requests"):
+                 "latency_prompt_len", "latency_tokens", "big_num_requests", "repeat"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.device = str(resolve_device(args.device))
@@ -661,6 +682,9 @@ def report(results: dict) -> str:
              f"wall/floor {_fmt(s['wall_over_floor'])}",
              f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
              f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}"]
+    if s.get("runs_wall_over_floor"):
+        lines.insert(3, "  wall/floor of each run (median reported): "
+                     + ", ".join(_fmt(r) for r in s["runs_wall_over_floor"]))
     for mode in ("serial", "async"):
         if s.get(f"{mode}_output_tok_s") is not None:
             lines.append(f"  {mode} scheduling: {_fmt(s[f'{mode}_output_tok_s'], '.1f')} output tok/s, "
