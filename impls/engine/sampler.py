@@ -40,7 +40,7 @@ import torch
 
 from . import sampling_triton
 from .sampling_penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
-                                 penalty_columns, prompt_seen, to_device)
+                                 penalty_columns, prompt_seen, to_device, upload)
 from .sampling_draw import draw_torch
 from .sampling_rng import resolve_keys, row_keys
 from .sampling_truncation import CutPlan, cut_thresholds, full_sort_thresholds
@@ -172,14 +172,14 @@ class BatchPlan:
         if self.any_logprobs:
             self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
             self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
-            self.logprob_index = torch.tensor(self.logprob_rows, dtype=torch.long).to(device, non_blocking=True)
+            self.logprob_index = upload(torch.tensor(self.logprob_rows, dtype=torch.long), device)
         if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
             self.x_scale, self.noise, self.no_cut, keys_f = to_device(
                 [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
             self.keys_t = keys_f.to(torch.int64)
         if self.any_cut:
             self.cut_rows = [i for i, c in enumerate(cut) if c]
-            self.cut_index = torch.tensor(self.cut_rows, dtype=torch.long).to(device, non_blocking=True)
+            self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
             ps = [params[i] for i in self.cut_rows]
             self.cut_plan = CutPlan([temps[i] for i in self.cut_rows], [p.top_k for p in ps],
                                     [p.top_p for p in ps], [p.min_p for p in ps], vocab, device)
@@ -327,7 +327,7 @@ class Sampler:
         an exact sample of their cut softmax (thr None: no row is cut)."""
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
-            keys_t = plan.keys_t if keys is plan.keys else _upload(keys, dev)
+            keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), dev)
             return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
         return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 
@@ -354,12 +354,3 @@ class Sampler:
     def prompt_logprobs(self, logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
         """See the module-level `prompt_logprobs`."""
         return prompt_logprobs(logits[:, :self.vocab_size], target_ids, k)
-
-
-def _upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on `device` without blocking the host: through pinned memory on CUDA (a
-    copy from pageable memory can wait for the device), directly elsewhere."""
-    host = torch.from_numpy(values)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)

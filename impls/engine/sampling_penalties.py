@@ -78,11 +78,21 @@ def _needs_penalty(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
+def upload(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without making the host wait: through pinned memory on CUDA.
+    CUDA's API notes say a copy from pageable memory may synchronize with the stream first,
+    i.e. wait for the step the GPU is running, which would undo async scheduling's overlap
+    whenever a batch plan is rebuilt. Elsewhere a plain copy."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def to_device(columns: Sequence[Sequence[float]], dtype: torch.dtype, device) -> list[torch.Tensor]:
     """Per-row parameter columns, in ONE host-to-device copy (each copy costs a launch and a
     wait, which at 256 rows dominates the small tensors' cost). Returns one [R] tensor each."""
-    packed = torch.tensor(columns, dtype=dtype)
-    return list(packed.to(device, non_blocking=True).unbind(0))
+    return list(upload(torch.tensor(columns, dtype=dtype), device).unbind(0))
 
 
 def _counts(id_lists: Sequence[Sequence[int]], vocab: int, device) -> torch.Tensor:
@@ -95,7 +105,7 @@ def _counts(id_lists: Sequence[Sequence[int]], vocab: int, device) -> torch.Tens
         return counts
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
     flat += np.repeat(np.arange(len(id_lists), dtype=np.int64) * vocab, lengths)
-    index = torch.from_numpy(flat).to(device, non_blocking=True)
+    index = upload(torch.from_numpy(flat), device)
     counts.view(-1).scatter_add_(0, index, torch.ones(total, dtype=torch.int32, device=device))
     return counts
 
