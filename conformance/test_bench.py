@@ -74,6 +74,11 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     assert res["engine"]["wall_s"] == sorted(r["wall_s"] for r in runs)[1]
     assert summary["runs_wall_over_floor"] == pytest.approx(
         [r["wall_s"] / res["engine"]["floor"]["floor_s"] for r in runs])
+    kinds = res["engine"]["by_step_kind"]  # the first run's steps, binned, against per-step floors
+    assert kinds[0]["kind"] == "prefill" and all(k["kind"].startswith("decode <=") for k in kinds[1:])
+    assert sum(k["steps"] for k in kinds) == runs[0]["num_steps"]
+    assert 0.5 * runs[0]["wall_s"] < sum(k["wall_s"] for k in kinds) < runs[0]["wall_s"] + 0.05
+    assert all(k["floor_s"] > 0 and k["wall_over_floor"] == pytest.approx(k["wall_s"] / k["floor_s"]) for k in kinds)
     # Greedy steps are drawn on the device under async scheduling; the serial run has none.
     assert 0 < res["engine"]["num_async_steps"] <= res["engine"]["num_steps"]
     assert other["num_async_steps"] == 0

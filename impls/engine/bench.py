@@ -16,7 +16,9 @@ phase, so a run cut short still leaves what it measured:
 2. engine: `LLM.generate` over the workload; output tokens, wall time, engine steps, the floor
    (impls/engine/roofline.py) with the engine's step count and with the fewest possible steps.
    With --repeat N, N timed runs on the same engine (prefix cache emptied before each): the
-   median run is the headline, every run's wall time is kept. With --compare-scheduling, the same workload again on the same engine with async_scheduling
+   median run is the headline, every run's wall time is kept. The first run's steps are also
+   binned (prefill steps, then decode steps by batch size), each bin's wall time against the
+   sum of its steps' floors: where the gap to the floor lives. With --compare-scheduling, the same workload again on the same engine with async_scheduling
    flipped (prefix cache emptied first), and whether both runs' tokens are equal.
 3. profile: GPU-busy fraction of a few steady decode steps (all requests prefilled): the union
    of CUDA kernel/memcpy intervals from torch.profiler over the wall time of those steps.
@@ -228,7 +230,11 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     llm = make_llm(model_dir, args, **extra)
     _warm_up(llm, workload, args.device, args.temperature)
     out = _timed_runs(llm, workload, args)
-    out.update(_floors(workload, _shape_of(model_dir, args.dtype), rates, out["num_steps"]))
+    shape = _shape_of(model_dir, args.dtype)
+    out.update(_floors(workload, shape, rates, out["num_steps"]))
+    trace = out.pop("step_trace", None)
+    if trace is not None and rates and "copy_bytes_per_s" in rates:
+        out["by_step_kind"] = step_breakdown(trace, shape, rates)
     out["enforce_eager"] = bool(args.enforce_eager)
     core = engine_core(llm)
     out["async_scheduling"] = bool(getattr(getattr(core, "args", None), "async_scheduling", False))
@@ -244,17 +250,57 @@ def _timed_runs(llm, workload: Workload, args) -> dict:
     """`--repeat` timed runs of the workload on one engine, the prefix cache emptied before
     each: the median run's figures (the upper middle one for an even count), plus every run's
     wall time and token digest under "runs" when there is more than one. Greedy runs must
-    produce the same tokens every time (`tokens_match_across_runs`)."""
+    produce the same tokens every time (`tokens_match_across_runs`). The first run's steps are
+    traced (EngineStats.step_trace) and returned as "step_trace" = (start time, steps)."""
+    stats = getattr(engine_core(llm), "stats", None)
+    traced = stats is not None and hasattr(stats, "step_trace")
+    if traced:
+        stats.step_trace = []
+    start = time.perf_counter()
     runs = [timed_generate(llm, workload, args.device, args.temperature)]
+    trace = (start, stats.step_trace) if traced else None
+    if traced:
+        stats.step_trace = None
     for _ in range(args.repeat - 1):
         _reset_prefix_cache(llm)
         runs.append(timed_generate(llm, workload, args.device, args.temperature))
-    if len(runs) == 1:
-        return runs[0]
     out = dict(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])
-    out["runs"] = [{k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs]
-    out["tokens_match_across_runs"] = len({r["tokens_digest"] for r in runs}) == 1
+    if len(runs) > 1:
+        out["runs"] = [{k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs]
+        out["tokens_match_across_runs"] = len({r["tokens_digest"] for r in runs}) == 1
+    if trace is not None:
+        out["step_trace"] = trace
     return out
+
+
+# Decode steps are binned by their number of requests (upper bounds); steps with prompt rows
+# form their own bin.
+BATCH_BINS = (8, 32, 64, 128, 256)
+
+
+def step_breakdown(trace: tuple, shape: rl.ModelShape, rates: dict) -> list[dict]:
+    """Wall time against a per-step floor, by kind of step: "prefill" (some prompt rows), then
+    decode steps by batch size. A step's wall is the time since the previous step's work ended;
+    its floor is (weights + K/V of its contexts) / copy bandwidth + 2 * body params * prompt
+    tokens / matmul rate. Per-step floors sum to about the workload's floor (they count the
+    K/V of the new tokens too)."""
+    start, steps = trace
+    bins: dict[str, dict] = {}
+    previous = start
+    for num_reqs, num_tokens, kv_tokens, end in steps:
+        prompt_tokens = num_tokens - num_reqs
+        name = "prefill" if prompt_tokens else next(
+            (f"decode <= {b}" for b in BATCH_BINS if num_reqs <= b), f"decode > {BATCH_BINS[-1]}")
+        floor = ((shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates["copy_bytes_per_s"]
+                 + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"])
+        row = bins.setdefault(name, {"steps": 0, "wall_s": 0.0, "floor_s": 0.0})
+        row["steps"] += 1
+        row["wall_s"] += end - previous
+        row["floor_s"] += floor
+        previous = end
+    order = ["prefill"] + [f"decode <= {b}" for b in BATCH_BINS] + [f"decode > {BATCH_BINS[-1]}"]
+    return [{"kind": k, **bins[k], "wall_over_floor": bins[k]["wall_s"] / bins[k]["floor_s"]}
+            for k in order if k in bins]
 
 
 def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dict) -> dict:
@@ -700,6 +746,12 @@ def report(results: dict) -> str:
     if "output_tok_s" in big:
         lines.append(f"  {big['shape']}: {_fmt(big['output_tok_s'], '.1f')} tok/s, "
                      f"wall/floor {_fmt(big.get('wall_over_floor'))}")
+    kinds = (results.get("engine") or {}).get("by_step_kind") or []
+    if kinds:
+        lines.append("  by step kind (first timed run; floor per step):")
+    for row in kinds:
+        lines.append(f"    {row['kind']:>14}: {row['steps']:5d} steps, wall {_fmt(row['wall_s'])} s, "
+                     f"floor {_fmt(row['floor_s'])} s, wall/floor {_fmt(row['wall_over_floor'])}")
     errors = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
     if errors:
         lines.append(f"  FAILED phases: {errors} (see the JSON)")

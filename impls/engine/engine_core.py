@@ -70,6 +70,10 @@ class EngineStats:
     num_preemptions: int = 0
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     step_seconds: float = 0.0
+    # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time)
+    # to: scheduled requests and tokens, the sum of their context lengths, time.perf_counter()
+    # when the step's work was done. The benchmark's per-batch-size breakdown reads it.
+    step_trace: Optional[list] = None
 
 
 class EngineCore:
@@ -302,6 +306,9 @@ class EngineCore:
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
+        if self.stats.step_trace is not None:
+            self.stats.step_trace.append((len(output.scheduled), output.num_scheduled_tokens,
+                                          int(batch.meta.seq_lens_cpu.sum()), time.perf_counter()))
 
     def _update_with_placeholders(self, output, launched: InFlight) -> None:
         """update_from_output with the placeholder id as every sampled token; the requests that
