@@ -18,7 +18,8 @@ phase, so a run cut short still leaves what it measured:
    With --repeat N, N timed runs on the same engine (prefix cache emptied before each): the
    median run is the headline, every run's wall time is kept. The first run's steps are also
    binned (prefill steps, then decode steps by batch size), each bin's wall time against the
-   sum of its steps' floors: where the gap to the floor lives. With --compare-scheduling, the same workload again on the same engine with async_scheduling
+   sum of its steps' floors: where the gap to the floor lives. With --compare-scheduling, the
+   same workload again on the same engine with async_scheduling
    flipped (prefix cache emptied first), and whether both runs' tokens are equal.
 3. profile: GPU-busy fraction of a few steady decode steps (all requests prefilled): the union
    of CUDA kernel/memcpy intervals from torch.profiler over the wall time of those steps.
@@ -136,7 +137,7 @@ def engine_core(llm):
     return None
 
 
-def _num_steps(llm, name: str = "num_steps") -> Optional[int]:
+def _stat(llm, name: str) -> Optional[int]:
     core = engine_core(llm)
     stats = getattr(core, "stats", None)
     return getattr(stats, name, None)
@@ -150,17 +151,17 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     """Run the workload through `llm.generate` once; tokens, wall seconds and engine steps."""
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     params = _params(workload.output_lens, temperature)
-    steps_before = _num_steps(llm)
-    async_before = _num_steps(llm, "num_async_steps")
+    steps_before = _stat(llm, "num_steps")
+    async_before = _stat(llm, "num_async_steps")
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
     _sync(device)
     wall = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    steps_after = _num_steps(llm)
+    steps_after = _stat(llm, "num_steps")
     steps = None if steps_before is None or steps_after is None else steps_after - steps_before
-    async_after = _num_steps(llm, "num_async_steps")
+    async_after = _stat(llm, "num_async_steps")
     async_steps = None if async_before is None or async_after is None else async_after - async_before
     digest = hashlib.blake2b(repr([c.token_ids for o in outputs for c in o.outputs]).encode(), digest_size=8)
     return {"wall_s": wall, "output_tokens": tokens, "requested_output_tokens": workload.num_output_tokens,

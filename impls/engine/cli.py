@@ -19,6 +19,8 @@ EXIT_USAGE = 2
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
+    from .engine_args import MODEL_IMPLS
+
     p.add_argument("--impl", default="reference", help="reference, fast, or pkg.module:attr")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -41,7 +43,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="every step serial (no scheduling of step n + 1 while step n runs)")
     p.add_argument("--no-compile", dest="compile_model", action="store_const", const=False, default=None,
                    help="keep CUDA graphs but run the decoder without torch.compile")
-    p.add_argument("--model-impl", choices=("auto", "merged", "transformers"), default=None,
+    p.add_argument("--model-impl", choices=MODEL_IMPLS, default=None,
                    help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own")
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 

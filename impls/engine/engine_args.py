@@ -25,6 +25,7 @@ import torch
 from spec import SchedulerConfig
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+MODEL_IMPLS = ("auto", "merged", "transformers")  # EngineArgs.model_impl, FlatModel's model_impl
 
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -70,8 +71,8 @@ class EngineArgs:
             raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
-        if self.model_impl not in ("auto", "merged", "transformers"):
-            raise ValueError(f"model_impl must be 'auto', 'merged' or 'transformers', got {self.model_impl!r}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
 
     @classmethod
     def from_kwargs(cls, model: Optional[str], **kwargs) -> "EngineArgs":

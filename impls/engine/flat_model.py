@@ -27,12 +27,12 @@ import torch
 
 from spec import AttentionBackend, BatchMeta
 
+from .engine_args import MODEL_IMPLS
 from .loader import build_model
 from .merged_decoder import MergedDecoder, can_merge, layer_window
 from .step_context import StepContext, active
 
 ATTN_NAME = "enginespec"
-MODEL_IMPLS = ("auto", "merged", "transformers")
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
