@@ -79,6 +79,11 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     assert sum(k["steps"] for k in kinds) == runs[0]["num_steps"]
     assert 0.5 * runs[0]["wall_s"] < sum(k["wall_s"] for k in kinds) < runs[0]["wall_s"] + 0.05
     assert all(k["floor_s"] > 0 and k["wall_over_floor"] == pytest.approx(k["wall_s"] / k["floor_s"]) for k in kinds)
+    assert all(0 <= k["host_wait_s"] <= k["wall_s"] for k in kinds)
+    first = res["engine"]["first_steps"]  # the same trace, step by step, from the start
+    assert len(first) == min(40, runs[0]["num_steps"]) and first[0]["num_tokens"] > first[0]["num_reqs"]
+    assert sum(r["num_tokens"] for r in first) <= sum(expected.prompt_lens) + sum(expected.output_lens)
+    assert all(r["wall_ms"] > 0 and r["floor_ms"] > 0 and r["host_wait_ms"] >= 0 for r in first)
     # Greedy steps are drawn on the device under async scheduling; the serial run has none.
     assert 0 < res["engine"]["num_async_steps"] <= res["engine"]["num_steps"]
     assert other["num_async_steps"] == 0

@@ -33,6 +33,7 @@ stays correct).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -51,10 +52,13 @@ class InFlight:
     rows: dict[str, int] = field(default_factory=dict)  # request id -> index into ids
     awaiting: dict[str, object] = field(default_factory=dict)  # request id -> request with a placeholder
     finished: list = field(default_factory=list)  # finished for length by the placeholder update
+    wait_s: float = 0.0  # how long token_ids() blocked on `ready` (the host waiting for the GPU)
 
     def token_ids(self) -> list[int]:
         if self.ready is not None:
+            start = time.perf_counter()
             self.ready.synchronize()
+            self.wait_s = time.perf_counter() - start
         return self.host.tolist()
 
 

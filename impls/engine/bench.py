@@ -236,6 +236,7 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     trace = out.pop("step_trace", None)
     if trace is not None and rates and "copy_bytes_per_s" in rates:
         out["by_step_kind"] = step_breakdown(trace, shape, rates)
+        out["first_steps"] = first_steps(trace, shape, rates)
     out["enforce_eager"] = bool(args.enforce_eager)
     core = engine_core(llm)
     out["async_scheduling"] = bool(getattr(getattr(core, "args", None), "async_scheduling", False))
@@ -279,29 +280,49 @@ def _timed_runs(llm, workload: Workload, args) -> dict:
 BATCH_BINS = (8, 32, 64, 128, 256)
 
 
+def _step_floor(shape: rl.ModelShape, rates: dict, prompt_tokens: int, kv_tokens: int) -> float:
+    """One step's floor: (weights + K/V of its contexts) / copy bandwidth + 2 * body params *
+    prompt tokens / matmul rate."""
+    return ((shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates["copy_bytes_per_s"]
+            + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"])
+
+
 def step_breakdown(trace: tuple, shape: rl.ModelShape, rates: dict) -> list[dict]:
-    """Wall time against a per-step floor, by kind of step: "prefill" (some prompt rows), then
-    decode steps by batch size. A step's wall is the time since the previous step's work ended;
-    its floor is (weights + K/V of its contexts) / copy bandwidth + 2 * body params * prompt
-    tokens / matmul rate. Per-step floors sum to about the workload's floor (they count the
-    K/V of the new tokens too)."""
+    """Wall time against a per-step floor (_step_floor), by kind of step: "prefill" (some
+    prompt rows), then decode steps by batch size. A step's wall is the time since the previous
+    step's work ended. Per-step floors sum to about the workload's floor (they count the K/V of
+    the new tokens too). host_wait_s: how long the host blocked on the GPU in those steps
+    (async scheduling); a bin whose wait is far below its wall was bound by the host."""
     start, steps = trace
     bins: dict[str, dict] = {}
     previous = start
-    for num_reqs, num_tokens, kv_tokens, end in steps:
+    for num_reqs, num_tokens, kv_tokens, end, wait in steps:
         prompt_tokens = num_tokens - num_reqs
         name = "prefill" if prompt_tokens else next(
             (f"decode <= {b}" for b in BATCH_BINS if num_reqs <= b), f"decode > {BATCH_BINS[-1]}")
-        floor = ((shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates["copy_bytes_per_s"]
-                 + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"])
-        row = bins.setdefault(name, {"steps": 0, "wall_s": 0.0, "floor_s": 0.0})
+        floor = _step_floor(shape, rates, prompt_tokens, kv_tokens)
+        row = bins.setdefault(name, {"steps": 0, "wall_s": 0.0, "floor_s": 0.0, "host_wait_s": 0.0})
         row["steps"] += 1
         row["wall_s"] += end - previous
         row["floor_s"] += floor
+        row["host_wait_s"] += wait
         previous = end
     order = ["prefill"] + [f"decode <= {b}" for b in BATCH_BINS] + [f"decode > {BATCH_BINS[-1]}"]
     return [{"kind": k, **bins[k], "wall_over_floor": bins[k]["wall_s"] / bins[k]["floor_s"]}
             for k in order if k in bins]
+
+
+def first_steps(trace: tuple, shape: rl.ModelShape, rates: dict, num: int = 40) -> list[dict]:
+    """The first `num` steps of a trace one by one (the prefill phase and the start of decode):
+    requests, tokens, wall and floor in ms, floored as in step_breakdown."""
+    start, steps = trace
+    rows, previous = [], start
+    for num_reqs, num_tokens, kv_tokens, end, wait in steps[:num]:
+        floor = _step_floor(shape, rates, num_tokens - num_reqs, kv_tokens)
+        rows.append({"num_reqs": num_reqs, "num_tokens": num_tokens, "wall_ms": round((end - previous) * 1e3, 3),
+                     "floor_ms": round(floor * 1e3, 3), "host_wait_ms": round(wait * 1e3, 3)})
+        previous = end
+    return rows
 
 
 def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dict) -> dict:
@@ -752,7 +773,8 @@ def report(results: dict) -> str:
         lines.append("  by step kind (first timed run; floor per step):")
     for row in kinds:
         lines.append(f"    {row['kind']:>14}: {row['steps']:5d} steps, wall {_fmt(row['wall_s'])} s, "
-                     f"floor {_fmt(row['floor_s'])} s, wall/floor {_fmt(row['wall_over_floor'])}")
+                     f"floor {_fmt(row['floor_s'])} s, wall/floor {_fmt(row['wall_over_floor'])}, "
+                     f"host waited {_fmt(row.get('host_wait_s'))} s")
     errors = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
     if errors:
         lines.append(f"  FAILED phases: {errors} (see the JSON)")

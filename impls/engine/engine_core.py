@@ -70,9 +70,11 @@ class EngineStats:
     num_preemptions: int = 0
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     step_seconds: float = 0.0
-    # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time)
-    # to: scheduled requests and tokens, the sum of their context lengths, time.perf_counter()
-    # when the step's work was done. The benchmark's per-batch-size breakdown reads it.
+    # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
+    # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
+    # time.perf_counter() when the step's work was done, and how long the host blocked on the
+    # GPU in it (waiting for the previous step's ids; near 0 means the GPU waited on the host).
+    # The benchmark's per-batch-size breakdown reads it.
     step_trace: Optional[list] = None
 
 
@@ -292,11 +294,11 @@ class EngineCore:
         if ids is not None:
             self.stats.num_async_steps += 1
             launched = start_copy(ids, batch.sample_request_ids)
-            self._resolve(previous, changed)
+            wait = self._resolve(previous, changed)
             with _span("update"):
                 self._update_with_placeholders(output, launched)
         else:
-            self._resolve(previous, changed)
+            wait = self._resolve(previous, changed)
             with _span("sample"):
                 sampled = self.sampler(result.logits, requests)
                 self._record_prompt_logprobs(result.prompt_logits)
@@ -308,7 +310,7 @@ class EngineCore:
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         if self.stats.step_trace is not None:
             self.stats.step_trace.append((len(output.scheduled), output.num_scheduled_tokens,
-                                          int(batch.meta.seq_lens_cpu.sum()), time.perf_counter()))
+                                          int(batch.meta.seq_lens_cpu.sum()), time.perf_counter(), wait))
 
     def _update_with_placeholders(self, output, launched: InFlight) -> None:
         """update_from_output with the placeholder id as every sampled token; the requests that
@@ -321,11 +323,12 @@ class EngineCore:
         launched.finished = list(update.finished)
         self._inflight = launched if launched.awaiting else None
 
-    def _resolve(self, inflight: Optional[InFlight], changed: dict) -> None:
+    def _resolve(self, inflight: Optional[InFlight], changed: dict) -> float:
         """Put the real tokens of a launched step in place of its placeholders, apply the stops
-        the placeholders could not decide, then attach tokens and finishes as a serial step does."""
+        the placeholders could not decide, then attach tokens and finishes as a serial step does.
+        Returns the seconds the host blocked waiting for those tokens."""
         if inflight is None:
-            return
+            return 0.0
         with _span("resolve"):
             ids = inflight.token_ids()
             new_tokens = {}
@@ -344,6 +347,7 @@ class EngineCore:
                     finished.append(request)
                 request.status, request.stop_reason = stop  # a length finish yields to the stop
             self._apply_update(UpdateOutput(new_tokens, finished), {}, changed)
+        return inflight.wait_s
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for request_id, (positions, logits, targets) in prompt_logits.items():
