@@ -24,7 +24,10 @@ import torch
 
 from spec import SchedulerConfig
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# vLLM V1's offline (LLM class) default on large GPUs and nano-vllm's default: a prefill step of
+# this many tokens keeps the GPU busier than the host that launches it, where 8192 did not
+# (benchmarks/RESULTS.md: the prefill phase was host-bound at 8192 on the H200).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 MODEL_IMPLS = ("auto", "merged", "transformers")  # EngineArgs.model_impl, FlatModel's model_impl
 
 _DTYPES = {
@@ -38,7 +41,7 @@ _DTYPES = {
 @dataclass
 class EngineArgs:
     """Engine settings. None means "derive it": max_model_len from the model's
-    max_position_embeddings; max_num_batched_tokens 8192 with chunked prefill (at least
+    max_position_embeddings; max_num_batched_tokens 16384 with chunked prefill (at least
     max_num_seqs), else at least max_model_len so every prompt fits one step."""
 
     model: Optional[str] = None
