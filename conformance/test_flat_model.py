@@ -247,3 +247,27 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
                                                 model.allocate_kv(8, 4)))
     assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+
+
+def test_fused_qkv_route_equals_the_composed_one(impl):
+    """A backend with write_qkv gets each layer's raw q|k|v rows (enginespec::paged_attention_qkv:
+    norm, rotary and K/V write in the backend); the result, pool included, is what the decoder's
+    own norm + rotary + paged_attention route computes. Backends without it keep that route."""
+    backend = impl.attention_backend("cpu")
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=backend, model_impl="merged")
+    fused = callable(getattr(backend, "write_qkv", None))
+    layers = model._merged.layers
+    assert all(layer.fuse_qkv_rope == fused for layer in layers)
+    ids = torch.randint(0, VOCAB_SIZE, (13,), generator=torch.Generator().manual_seed(5)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    runs = []
+    for route in (fused, False):
+        for layer in layers:
+            layer.fuse_qkv_rope = route
+        kv = model.allocate_kv(8, 4)
+        runs.append((model.forward(batch.input_ids, batch.positions, batch.meta, kv), kv))
+    (hidden_a, kv_a), (hidden_b, kv_b) = runs
+    torch.testing.assert_close(hidden_a, hidden_b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(kv_a, kv_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Triton kernels, each with a plain-torch reference in kernels/reference.py.
 
 paged_attention (flat ragged batch over the paged pool, split-KV merge), kv_write, rms_norm
-(fused residual add), rotary (neox). Nothing here imports the rest of enginespec; modules
-import triton, so import them lazily where a GPU may be absent.
+(fused residual add), rotary (neox), qkv_rope (q|k norm, rotary and the K/V write of a layer's
+q|k|v rows). Nothing here imports the rest of enginespec; modules import triton, so import them
+lazily where a GPU may be absent.
 """

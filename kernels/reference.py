@@ -134,3 +134,29 @@ def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         return torch.cat([rotated, x[..., 2 * half:]], dim=-1)
 
     return rotate(q), rotate(k)
+
+
+def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 norm_weight: Optional[torch.Tensor], eps: float, cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """qkv [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D]; k and v go into cache at slot_mapping.
+
+    q and k heads: RMSNorm per head when norm_weight [Hq + Hkv, D] is given (statistics in
+    float32, the normed value rounded to qkv's dtype, then times the weight: the transformers
+    modules' order), then the neox rotary x * cos + rotate_half(x) * sin with cos/sin [N, D]
+    of each row, in float32; q comes back and k is stored rounded once. v is stored as is.
+    """
+    num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
+    n, num_qk = qkv.shape[0], num_q_heads + num_kv_heads
+    ct = _compute_dtype(qkv.dtype)
+    qk = qkv[:, :num_qk * head_dim].reshape(n, num_qk, head_dim)
+    v = qkv[:, num_qk * head_dim:].reshape(n, num_kv_heads, head_dim)
+    x = qk.to(ct)
+    if norm_weight is not None:
+        normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(qkv.dtype)
+        x = norm_weight.to(ct) * normed.to(ct)
+    half = head_dim // 2
+    c, s = cos.to(ct)[:, None], sin.to(ct)[:, None]
+    x = x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+    write_kv_ref(cache, x[:, num_q_heads:], v, slot_mapping)
+    return x[:, :num_q_heads].to(qkv.dtype).contiguous()

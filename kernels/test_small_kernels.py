@@ -1,4 +1,5 @@
-"""KV write, fused residual add + RMSNorm and rotary kernels vs their plain-torch references.
+"""KV write, fused residual add + RMSNorm, rotary and q|k|v rotary + KV write kernels vs their
+plain-torch references.
 
 Outputs are poisoned before each run (NaN-filled pool, fresh random inputs); on CPU the
 kernels run under TRITON_INTERPRET=1 on tiny shapes, on CUDA on model shapes.
@@ -101,3 +102,81 @@ def test_rotary_matches_reference(dtype, heads, dim, rot_dim):
         assert not torch.isnan(got).any()
         torch.testing.assert_close(got.float(), want.float(), **TOLERANCES[dtype])
     assert not torch.equal(got_q, q), "rotation must change q at nonzero positions"
+
+
+def _qkv_case(dtype, heads, dim, block_size, num_tokens=11, num_blocks=12):
+    """A q|k|v batch with shuffled slots (two padding rows), cos/sin rows of random positions
+    and a NaN-poisoned pool."""
+    num_q, num_kv = heads
+    gen = _gen(dim + num_q)
+    qkv = _randn(num_tokens, (num_q + 2 * num_kv) * dim, dtype=dtype, seed=11)
+    cos_table, sin_table = rotary_cos_sin(rope_inv_freq(dim, 10000.0), 64)
+    positions = torch.randint(0, 64, (num_tokens,), generator=gen)
+    # transformers' [N, D] layout: the half-dim table repeated for both halves, model dtype.
+    cos = torch.cat([cos_table[positions]] * 2, dim=-1).to(dtype).to(DEVICE)
+    sin = torch.cat([sin_table[positions]] * 2, dim=-1).to(dtype).to(DEVICE)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[[1, 6]] = -1
+    cache = torch.full((2, num_blocks + 1, block_size, num_kv, dim), float("nan"), dtype=dtype,
+                       device=DEVICE)
+    return qkv, cos, sin, slots.to(DEVICE), cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("heads,dim,block_size", [((16, 8), 128, 16), ((3, 1), 32, 5), ((2, 2), 16, 1)])
+def test_qkv_rope_matches_reference(dtype, norm, heads, dim, block_size):
+    from kernels.qkv_rope import qkv_rope
+    from kernels.reference import qkv_rope_ref
+
+    qkv, cos, sin, slots, cache = _qkv_case(dtype, heads, dim, block_size)
+    weight = (1 + 0.1 * _randn(heads[0] + heads[1], dim, dtype=dtype, seed=12)) if norm else None
+    want_cache = cache.clone()
+    got = qkv_rope(qkv, cos, sin, weight, 1e-6, cache, slots, heads[0])
+    want = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, want_cache, slots, heads[0])
+    assert got.shape == (qkv.shape[0], heads[0], dim) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOLERANCES[dtype])
+    # The pool: NaN exactly where nothing was written (outside the scratch block), the rest close.
+    body, want_body = cache[:, :-1], want_cache[:, :-1]
+    assert torch.equal(torch.isnan(body), torch.isnan(want_body))
+    torch.testing.assert_close(body.float(), want_body.float(), equal_nan=True, **TOLERANCES[dtype])
+    written = cache.view(2, -1, heads[1], dim)[:, slots[slots >= 0]]
+    assert not torch.isnan(written).any()
+    scratch = cache.view(2, -1, heads[1], dim)[:, scratch_slot(cache)]
+    assert not torch.isnan(scratch).any(), "padding rows must write the scratch block"
+    # v is stored untouched: bit for bit.
+    v = qkv[:, (heads[0] + heads[1]) * dim:].reshape(qkv.shape[0], heads[1], dim)
+    keep = slots >= 0
+    assert torch.equal(cache.view(2, -1, heads[1], dim)[1, slots[keep]], v[keep])
+
+
+def test_qkv_rope_is_the_composed_ops():
+    """The reference equals RMSNorm per head (the merged decoder's own helper), then rotate-half
+    rotary, then the K/V write: float32, so up to reassociation."""
+    from impls.engine.merged_decoder import rms_norm as module_norm, rotate_neox
+    from kernels.reference import qkv_rope_ref
+
+    heads, dim = (4, 2), 16
+    qkv, cos, sin, slots, cache = _qkv_case(torch.float32, heads, dim, 4)
+    weight = 1 + 0.1 * _randn(6, dim, dtype=torch.float32, seed=13)
+    q = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, cache, slots, heads[0])
+    qk = rotate_neox(module_norm(qkv[:, :6 * dim].reshape(-1, 6, dim), weight, 1e-6), cos, sin)
+    torch.testing.assert_close(q, qk[:, :4], atol=1e-6, rtol=1e-6)
+    want = torch.full_like(cache, float("nan"))
+    write_kv_ref(want, qk[:, 4:], qkv[:, 6 * dim:].reshape(-1, 2, dim), slots)
+    torch.testing.assert_close(cache, want, equal_nan=True, atol=1e-6, rtol=1e-6)
+
+
+def test_qkv_rope_bad_input_raises():
+    from kernels.qkv_rope import qkv_rope
+
+    qkv, cos, sin, slots, cache = _qkv_case(torch.float32, (2, 1), 16, 4)
+    with pytest.raises(ValueError, match="qkv must be"):
+        qkv_rope(qkv[:, :-16], cos, sin, None, 1e-6, cache, slots, 2)
+    with pytest.raises(ValueError, match="cos must be"):
+        qkv_rope(qkv, cos[:-1], sin, None, 1e-6, cache, slots, 2)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        qkv_rope(qkv, cos, sin, None, 1e-6, cache, slots.int(), 2)
+    with pytest.raises(ValueError, match="head_dim"):
+        qkv_rope(torch.zeros(3, 4 * 12, device=DEVICE), cos[:3, :12], sin[:3, :12], None, 1e-6,
+                 torch.zeros(2, 3, 4, 1, 12, device=DEVICE), slots[:3], 2)

@@ -80,7 +80,9 @@ class FlatModel:
         self.attention = attention
         self._decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else hf_model.model
         self.model_impl = self._resolve_model_impl(model_impl, text)
-        self._merged = MergedDecoder(self._decoder, text) if self.model_impl == "merged" else None
+        fuse = callable(getattr(attention, "write_qkv", None))
+        self._merged = (MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse)
+                        if self.model_impl == "merged" else None)
 
     @staticmethod
     def _resolve_model_impl(model_impl: str, text_config) -> str:

@@ -88,8 +88,9 @@ class MergedLayer(nn.Module):
     q and k are normed (Qwen3) and rotated together as one [N, Hq + Hkv, D] tensor: one fused
     kernel under compilation where per-tensor modules give two."""
 
-    def __init__(self, hf_layer: nn.Module, layer_idx: int, config):
+    def __init__(self, hf_layer: nn.Module, layer_idx: int, config, fuse_qkv_rope: bool = False):
         super().__init__()
+        self.fuse_qkv_rope = fuse_qkv_rope
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.layer_idx = layer_idx
         self.head_dim = int(attn.head_dim)
@@ -125,6 +126,11 @@ class MergedLayer(nn.Module):
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
         n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)                  # [N, (Hq + 2 Hkv) D]
+        if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
+            out = torch.ops.enginespec.paged_attention_qkv(
+                qkv, cos, sin, self.qk_norm_weight, self.qk_norm_eps, self.layer_idx, self.num_q,
+                self.scale, self.window)
+            return self.o_proj(out.reshape(n, self.num_q * d))
         qk = qkv[:, :num_qk * d].view(n, num_qk, d)                        # [N, Hq + Hkv, D]
         v = qkv[:, num_qk * d:].view(n, self.num_kv, d)                    # [N, Hkv, D]
         if self.qk_norm_weight is not None:
@@ -152,18 +158,23 @@ class MergedDecoder(nn.Module):
     """input_ids, positions [N] -> final-norm hidden [N, hidden], built over a transformers
     decoder (`model.model`) whose modules and weights it shares.
 
+    fuse_qkv_rope (the attention backend has `write_qkv`): each layer hands its raw q|k|v rows
+    to `enginespec::paged_attention_qkv`, and the backend norms and rotates q|k and writes K/V
+    in one kernel; otherwise the norm and rotary run here (rms_norm, rotate_neox) and the
+    backend gets q, k, v through `enginespec::paged_attention`.
+
     cos/sin come from the checkpoint's rotary embedding module: for static rope types computed
     once for every position into a table (the same values the module returns per step: each is
     one float32 product, cast to the model dtype), so a step gathers its rows instead of
     recomputing them in every layer's kernel."""
 
-    def __init__(self, hf_decoder: nn.Module, config):
+    def __init__(self, hf_decoder: nn.Module, config, fuse_qkv_rope: bool = False):
         super().__init__()
         self.embed_tokens = hf_decoder.embed_tokens
         self.rotary_emb = hf_decoder.rotary_emb
         self.norm = hf_decoder.norm
         num_layers = int(config.num_hidden_layers)
-        self.layers = nn.ModuleList(MergedLayer(layer, i, config)
+        self.layers = nn.ModuleList(MergedLayer(layer, i, config, fuse_qkv_rope)
                                     for i, layer in enumerate(hf_decoder.layers[:num_layers]))
         static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
         cos, sin = self._rope_table(int(config.max_position_embeddings)) if static else (None, None)

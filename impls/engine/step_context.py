@@ -13,7 +13,11 @@ traced graph, so one compiled graph serves every step, prefill or decode, and th
 (with its data-dependent host ints and Triton launches) runs as written. The decoder stays
 unaware of compilation and graph capture.
 
-Invariants: the op is only called while a context is active (else a ValueError says how to
+A backend with `write_qkv` (impls.fast's) gets the second op, `enginespec::paged_attention_qkv`,
+from the merged decoder instead: the layer's raw q|k|v rows in, so that the backend can norm and
+rotate q|k and write K/V in one kernel rather than the compiler's two or three.
+
+Invariants: the ops are only called while a context is active (else a ValueError says how to
 call the model); contexts do not nest; the op mutates nothing but the active context's pool
 of layer `layer_idx`, and only at the batch's slots.
 """
@@ -73,3 +77,22 @@ def paged_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 @paged_attention_op.register_fake
 def _(query, key, value, layer_idx, scale, window):
     return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("enginespec::paged_attention_qkv", mutates_args=())
+def paged_attention_qkv_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           norm_weight: Optional[torch.Tensor], eps: float, layer_idx: int,
+                           num_q_heads: int, scale: float, window: int) -> torch.Tensor:
+    """The same attention from a layer's q|k|v GEMM output [N, (Hq + 2 Hkv) * D]: the backend's
+    `write_qkv` norms q|k per head (when norm_weight [Hq + Hkv, D] is given), rotates them with
+    cos/sin [N, D], writes k and v into the pool and returns q; then it attends -> [N, Hq, D].
+    Only for backends that have write_qkv (the merged decoder checks before it calls this)."""
+    ctx = current()
+    cache = ctx.kv_caches[layer_idx]
+    query = ctx.backend.write_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads)
+    return ctx.backend.forward(query, cache, ctx.meta, scale=scale, window=window).contiguous()
+
+
+@paged_attention_qkv_op.register_fake
+def _(qkv, cos, sin, norm_weight, eps, layer_idx, num_q_heads, scale, window):
+    return qkv.new_empty((qkv.shape[0], num_q_heads, cos.shape[1]))

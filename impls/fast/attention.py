@@ -1,6 +1,7 @@
 """FastAttention: spec.AttentionBackend over the paged pool with Triton kernels on CUDA.
 
-On CUDA, `write` is one KV-write launch and `forward` one paged-attention launch (plus a merge
+On CUDA, `write` is one KV-write launch (`write_qkv`: one launch that also norms and rotates
+q|k from a layer's q|k|v rows) and `forward` one paged-attention launch (plus a merge
 launch when split-KV pays) for the whole flat batch, prefill chunks and decodes together; no
 host sync, so both can be captured in a CUDA graph. A decode-only batch launches its requests
 longest first: one device argsort of seq_lens per step (made at the step's first layer and
@@ -53,6 +54,25 @@ class FastAttention:
             write_kv(cache, k, v, meta.slot_mapping.to(torch.int64))
         else:
             reference.write_kv_ref(cache, k, v, meta.slot_mapping)
+
+    def write_qkv(self, cache: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  norm_weight: Optional[torch.Tensor], eps: float, meta: BatchMeta,
+                  num_q_heads: int) -> torch.Tensor:
+        """A layer's q|k|v rows [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D], normed per head (when
+        norm_weight [Hq + Hkv, D] is given) and rotated with cos/sin [N, D]; k (normed and
+        rotated alike) and v go into `cache` at meta.slot_mapping. One Triton launch on CUDA
+        (kernels/qkv_rope.py) where write() + the compiler's norm and rotary took three."""
+        if qkv.shape[0] != meta.slot_mapping.shape[0]:
+            raise ValueError(f"write_qkv: qkv has {qkv.shape[0]} rows but the batch has "
+                             f"{meta.slot_mapping.shape[0]}")
+        if self._triton_for(cache):
+            from kernels import qkv_rope as kernel
+
+            if kernel.supported(cache.shape[4]):
+                return kernel.qkv_rope(qkv, cos, sin, norm_weight, eps, cache,
+                                       meta.slot_mapping.to(torch.int64), num_q_heads)
+        return reference.qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping,
+                                      num_q_heads)
 
     def forward(self, q: torch.Tensor, cache: torch.Tensor, meta: BatchMeta,
                 scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
