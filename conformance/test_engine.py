@@ -286,30 +286,6 @@ def test_closing_a_stream_early_aborts_and_frees_everything(impl):
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
 
 
-def test_stepping_freezes_the_collector_and_thaws_it_after(impl):
-    """Objects older than a generate()/stream() call are frozen for the cyclic collector while it
-    steps (no full-heap pauses mid-step) and thawed after, even when the stream is closed early;
-    a caller's own freeze is left alone."""
-    import gc
-
-    llm = make_llm(impl)
-    prompts = [{"prompt_token_ids": [3, 4, 5]}, {"prompt_token_ids": [6, 7]}]
-    assert gc.get_freeze_count() == 0
-    stream = llm.stream(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    next(stream)
-    assert gc.get_freeze_count() > 0, "objects alive before the run must be frozen while it steps"
-    stream.close()
-    assert gc.get_freeze_count() == 0, "closing a stream must thaw what it froze"
-    llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert gc.get_freeze_count() == 0
-    gc.freeze()
-    try:
-        llm.generate(prompts, GREEDY, use_tqdm=False)
-        assert gc.get_freeze_count() > 0, "a caller's freeze must survive generate()"
-    finally:
-        gc.unfreeze()
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_pool_is_sized_by_a_profile_run(impl):

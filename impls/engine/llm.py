@@ -8,16 +8,9 @@ Engine arguments are vLLM's EngineArgs names plus ours (see engine_args.EngineAr
 name is a TypeError naming it. generate() adds every prompt first (all or nothing: a bad prompt
 aborts the ones this call already added and re-raises), then steps the engine until they are
 all finished, and returns them in prompt order.
-
-While generate() or stream() steps the engine, every object that existed when it started is
-frozen for Python's cyclic garbage collector (gc.freeze, undone at the end; vLLM freezes its
-engine's startup objects the same way): a full collection would otherwise walk the model's
-modules and every live request between steps, a pause of many milliseconds in the middle of a
-step that the GPU waits out. Objects made during the run are collected as usual.
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import time
 from typing import Iterator, Optional, Sequence, Union
@@ -31,7 +24,6 @@ from .engine_core import EngineCore
 from .outputs import RequestOutput
 
 PromptType = Union[str, dict, Sequence[int]]
-FREEZE_GC = True  # freeze the collector's view of pre-existing objects while stepping (see above)
 
 
 class LLM:
@@ -126,9 +118,6 @@ class LLM:
     def _run(self, ids: list[str], final_only: bool = False) -> Iterator[list[RequestOutput]]:
         wanted = set(ids)
         live = set(ids)
-        thawed = FREEZE_GC and gc.get_freeze_count() == 0  # never touch a caller's own freeze
-        if thawed:
-            gc.freeze()
         try:
             while live:
                 if not self.engine.has_unfinished:
@@ -138,8 +127,6 @@ class LLM:
                 if outs:
                     yield outs
         finally:
-            if thawed:
-                gc.unfreeze()
             if live:
                 self.engine.abort(sorted(live), report=False)
 
