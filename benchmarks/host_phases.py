@@ -58,7 +58,7 @@ def _instrument(core, acc: dict, state: dict) -> None:
         graphs.forward = timed_replay
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     args = bench.parse_args(["--skip-hf", "--skip-big"] + list(sys.argv[1:] if argv is None else argv))
     model_dir = bench._checkpoint(args.shape, args)
     shape = bench._shape_of(model_dir, args.dtype)
@@ -66,17 +66,31 @@ def main(argv=None) -> None:
     llm = bench.make_llm(model_dir, args)
     bench._warm_up(llm, workload, args.device, args.temperature)
     acc: dict = collections.defaultdict(float)
-    _instrument(bench.engine_core(llm), acc, {"bin": "none"})
-    run = bench.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+    plain_span = core_module._span
+    try:
+        _instrument(bench.engine_core(llm), acc, {"bin": "none"})
+        run = bench.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+    finally:
+        core_module._span = plain_span  # the engine module is shared with whoever imported it
     print(f"wall {run['wall_s']:.3f} s, {run['num_steps']} steps, {run['output_tok_s']:.0f} output tok/s")
+    table = per_step_ms(acc)
+    for kind, (steps, phases) in table.items():
+        cells = ", ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items()))
+        print(f"  {kind:>8} {steps:4d} steps, host ms/step: {cells}")
+    return table
+
+
+def per_step_ms(acc: dict) -> dict:
+    """{kind: (steps, {phase: ms per step})} in bin order, from the accumulated seconds."""
     rows: dict = collections.defaultdict(dict)
     for (kind, name), seconds in acc.items():
         rows[kind][name] = seconds
+    table = {}
     for kind in ["prefill"] + [f"<={b}" for b in BINS] + [f">{BINS[-1]}"]:
         if kind in rows:
-            steps = rows[kind].pop("steps")
-            phases = ", ".join(f"{k} {v / steps * 1e3:.2f}" for k, v in sorted(rows[kind].items()))
-            print(f"  {kind:>8} {int(steps):4d} steps, host ms/step: {phases}")
+            steps = int(rows[kind].pop("steps"))
+            table[kind] = (steps, {k: v / steps * 1e3 for k, v in rows[kind].items()})
+    return table
 
 
 if __name__ == "__main__":

@@ -206,3 +206,22 @@ def test_warm_up_samples_like_the_timed_run(monkeypatch):
                              id_bound=50, seed=0)
     bench._warm_up(object(), workload, "cpu", 0.8)
     assert seen == [0.8]
+
+
+def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thread):
+    """benchmarks/host_phases.py: every step lands in one bin with its phases timed, and the
+    engine module's span helper is restored afterwards."""
+    from benchmarks import host_phases
+    from impls.engine import engine_core
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    span = engine_core._span
+    table = host_phases.main(["--shape", "tiny", "--device", "cpu", "--num-requests", "4",
+                              "--max-input-len", "32", "--max-output-len", "16", "--impl", "fast"])
+    assert engine_core._span is span
+    assert "prefill" in table and any(kind.startswith("<=") for kind in table)
+    steps = sum(n for n, _ in table.values())
+    assert steps >= 16  # the longest request alone needs one step per output token
+    for n, phases in table.values():
+        assert n > 0 and {"schedule", "prepare", "execute", "update"} <= set(phases)
+        assert all(ms >= 0 for ms in phases.values())
