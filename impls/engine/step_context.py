@@ -18,7 +18,7 @@ from the merged decoder instead: the layer's raw q|k|v rows in, so that the back
 rotate q|k and write K/V in one kernel rather than the compiler's two or three.
 
 Invariants: the ops are only called while a context is active (else a ValueError says how to
-call the model); contexts do not nest; the op mutates nothing but the active context's pool
+call the model); contexts do not nest; an op mutates nothing but the active context's pool
 of layer `layer_idx`, and only at the batch's slots.
 """
 from __future__ import annotations
