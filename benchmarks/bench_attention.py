@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.paged_attention import paged_attention  # noqa: E402
-from kernels.reference import paged_attention_ref, write_kv_ref  # noqa: E402
-from kernels.testing import TOLERANCES, random_batch  # noqa: E402
-from spec import BatchMeta, load_impl  # noqa: E402
+from enginespec.kernels.paged_attention import paged_attention  # noqa: E402
+from enginespec.kernels.reference import paged_attention_ref, write_kv_ref  # noqa: E402
+from enginespec.testing.paged_batches import TOLERANCES, random_batch  # noqa: E402
+from enginespec.spec import BatchMeta, load_impl  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spec import SamplingParams, load_impl  # noqa: E402
-from impls.engine.sampler import Sampler  # noqa: E402
+from enginespec.spec import SamplingParams, load_impl  # noqa: E402
+from enginespec.sample.sampler import Sampler  # noqa: E402
 
 VOCAB = 151_936
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,7 +151,7 @@ def _device_profile(fn) -> str:
 def _agreement(lg, reqs) -> str:
     """Rows where the device draw (Triton on CUDA) and the plain-torch draw pick the same token
     (seeded rows, so both see the same keys; rounding may flip a rare near-boundary row)."""
-    from impls.engine import sampling_triton
+    from enginespec.kernels import sampling as sampling_triton
 
     fast = Sampler(VOCAB, device=DEVICE, seed=0)(lg, reqs).token_ids
     real = sampling_triton.available
@@ -167,7 +167,7 @@ def _sweep(lg) -> None:
     """Median device ms of the Triton draw alone per (block, num_warps)."""
     import math
 
-    from impls.engine import sampling_triton
+    from enginespec.kernels import sampling as sampling_triton
 
     rows = lg.shape[0]
     scale = torch.full((rows,), math.log2(math.e) / 0.6, device=DEVICE)

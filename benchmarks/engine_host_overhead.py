@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from conformance.models import tiny_model_dir
-from impls.engine.llm import LLM
-from spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
 
 
 def host_ms_per_step(impl: str, final_only: bool, num_requests: int, steps: int) -> float:

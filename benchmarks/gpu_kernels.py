@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.paged_attention import LaunchConfig, choose_config, paged_attention  # noqa: E402
+from enginespec.kernels.paged_attention import LaunchConfig, choose_config, paged_attention  # noqa: E402
 
 T0 = time.time()
 MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8)}

@@ -19,8 +19,8 @@ import contextlib
 import sys
 import time
 
-from impls.engine import bench
-from impls.engine import engine_core as core_module
+from benchmarks import harness as bench
+from enginespec.engine import engine_core as core_module
 
 BINS = bench.BATCH_BINS
 

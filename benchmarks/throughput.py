@@ -1,4 +1,4 @@
-"""End-to-end throughput benchmark: a thin script over `impls.engine.bench.main`.
+"""End-to-end throughput benchmark: a thin script over `benchmarks.harness.main`.
 
 Run from the repository root (no install needed):
     python benchmarks/throughput.py --out throughput.json
@@ -11,6 +11,6 @@ from pathlib import Path
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from impls.engine.bench import main
+    from benchmarks.harness import main
 
     sys.exit(main())

@@ -12,9 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from spec import PoolState, SchedulerConfig, SchedulerOutput, Status, UpdateOutput, hash_request_blocks
+from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status, UpdateOutput, hash_request_blocks
 
-from .fake_model import FakeModel
+from enginespec.testing.fake_model import FakeModel
 
 
 def cdiv(a: int, b: int) -> int:

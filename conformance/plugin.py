@@ -65,7 +65,7 @@ def pytest_configure(config):
 def pytest_report_header(config):
     target = impl_target(config)
     try:
-        from spec import load_impl
+        from enginespec.spec import load_impl
         name = getattr(load_impl(target), "name", "?")
     except Exception as e:  # the header must not hide the real error from the impl fixture
         name = f"<cannot load: {e}>"
@@ -102,14 +102,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def impl(request):
     """The Implementation under test (spec.load_impl of --impl / $ENGINESPEC_IMPL)."""
-    from spec import load_impl
+    from enginespec.spec import load_impl
     return load_impl(impl_target(request.config))
 
 
 @pytest.fixture(scope="session")
 def reference_impl():
     """The oracle every other impl is compared with."""
-    from spec import load_impl
+    from enginespec.spec import load_impl
     return load_impl("reference")
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from hypothesis import strategies as st
 
-from spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig
 
 # --------------------------------------------------------------------------- tokens and pools
 

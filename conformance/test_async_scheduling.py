@@ -1,4 +1,4 @@
-"""Async scheduling (impls/engine/async_scheduling.py) never changes outputs.
+"""Async scheduling (engine/async_scheduling.py) never changes outputs.
 
 Step n + 1 is scheduled over placeholder tokens while step n's ids stay on the device; the
 real ids replace the placeholders a step later, and stops that need the real token (stop
@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 import torch
 
-from conformance.invariants import check_idle
-from conformance.models import EOS_ID, VOCAB_SIZE, tiny_model_dir
-from impls.engine.async_scheduling import stop_after
-from spec import SamplingParams, Status
+from enginespec.conformance.invariants import check_idle
+from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, tiny_model_dir
+from enginespec.engine.async_scheduling import stop_after
+from enginespec.spec import SamplingParams, Status
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -25,7 +25,7 @@ PROMPTS = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 4 for j in range(5 + 4 *
 
 
 def _llm(impl, async_scheduling: bool, **kwargs):
-    from impls.engine.llm import LLM
+    from enginespec.llm import LLM
 
     args = dict(dtype="float32", device="cpu", block_size=4, num_blocks=40, max_num_batched_tokens=24,
                 max_num_seqs=6, async_scheduling=async_scheduling)
@@ -121,8 +121,8 @@ def test_async_equals_serial_when_sampling(impl, seeded):
 def test_async_equals_serial_with_stop_strings(impl):
     """A stop string is matched on real tokens when they arrive, a step late; the text is cut
     at it and the request ends "stop" as in a serial run."""
-    from conformance.models import tiny_model_dir as tiny
-    from impls.engine.llm import LLM
+    from enginespec.testing.checkpoints import tiny_model_dir as tiny
+    from enginespec.llm import LLM
 
     base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     texts = {}

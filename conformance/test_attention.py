@@ -13,8 +13,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conformance.strategies import AttentionCase, attention_cases
-from spec import AttentionBackend, BatchMeta
+from enginespec.conformance.strategies import AttentionCase, attention_cases
+from enginespec.spec import AttentionBackend, BatchMeta
 
 
 def _cdiv(a: int, b: int) -> int:

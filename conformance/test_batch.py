@@ -11,10 +11,10 @@ import pytest
 import torch
 from hypothesis import given
 
-from conformance.fake_model import FakeModel
-from conformance.strategies import scenarios
-from impls.engine.batch import build_batch
-from spec import SamplingParams, SchedulerOutput, slot_of
+from enginespec.testing.fake_model import FakeModel
+from enginespec.conformance.strategies import scenarios
+from enginespec.worker.batch import build_batch
+from enginespec.spec import SamplingParams, SchedulerOutput, slot_of
 
 
 class FixedTables:

@@ -1,5 +1,5 @@
 """Batch parity: an impl's own `build_batch` must produce exactly the tensors of the plain
-builder (impls/engine/batch.py), on random scheduler traces of that impl.
+builder (worker/batch.py), on random scheduler traces of that impl.
 
 Each step of a Hypothesis-drawn trace (chunked prefills, prefix-cache hits, preemption by
 recompute or swap, priority order, staggered arrivals, aborts, padding for CUDA graphs) is laid
@@ -13,10 +13,10 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from impls.engine.batch import build_batch as plain_build_batch
+from enginespec.worker.batch import build_batch as plain_build_batch
 
-from .fake_model import FakeModel
-from .strategies import scenarios
+from enginespec.testing.fake_model import FakeModel
+from enginespec.conformance.strategies import scenarios
 
 MODEL = FakeModel(vocab_size=16)
 TENSOR_FIELDS = ("input_ids", "positions", "logits_indices")
@@ -87,7 +87,7 @@ def test_build_batch_matches_plain_builder(impl, device, scenario, data):
 def test_build_batch_refuses_what_the_plain_builder_refuses(impl):
     """Bad counts and short tables are ValueErrors in both builders (a fast path must not skip
     the checks)."""
-    from spec import SchedulerConfig, SchedulerOutput
+    from enginespec.spec import SchedulerConfig, SchedulerOutput
 
     build = _builder(impl)
     bm = impl.new_block_manager(8, 4)

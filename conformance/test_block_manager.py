@@ -14,12 +14,12 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from spec import SamplingParams, hash_request_blocks
+from enginespec.spec import SamplingParams, hash_request_blocks
 
-from .fake_model import FakeModel
-from .invariants import (cdiv, check_allocate, check_no_caching, check_pool, check_release, check_request,
+from enginespec.testing.fake_model import FakeModel
+from enginespec.conformance.invariants import (cdiv, check_allocate, check_no_caching, check_pool, check_release, check_request,
                          check_table_hashes, expected_prefix)
-from .strategies import EOS_TOKEN_ID, block_sizes, cache_keys, pool_shapes, stems_for, token_lists
+from enginespec.conformance.strategies import EOS_TOKEN_ID, block_sizes, cache_keys, pool_shapes, stems_for, token_lists
 
 MODEL = FakeModel()
 

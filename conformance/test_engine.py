@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.invariants import check_idle
-from conformance.models import VOCAB_SIZE, tiny_model_dir
-from spec import SamplingParams
+from enginespec.conformance.invariants import check_idle
+from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
+from enginespec.spec import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def make_llm(impl, **kwargs):
-    from impls.engine.llm import LLM
+    from enginespec.llm import LLM
 
     kwargs = {"dtype": "float32", "device": "cpu", "block_size": 4, "num_blocks": 32, "max_model_len": 64,
               **kwargs}
@@ -220,21 +220,21 @@ def test_chat_needs_a_template_and_uses_it(impl):
 # ---- ModelRunner ------------------------------------------------------------------------------
 
 def _model(impl):
-    from impls.engine.flat_model import FlatModel
+    from enginespec.worker.flat_model import FlatModel
 
     return FlatModel.from_pretrained(tiny_model_dir("qwen3"), dtype=torch.float32, device="cpu",
                                      attention=impl.attention_backend(torch.device("cpu")))
 
 
 def _runner(impl, model, **kwargs):
-    from impls.engine.runner import ModelRunner
+    from enginespec.worker.runner import ModelRunner
 
     base = dict(block_size=4, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64)
     return ModelRunner(model, impl, **{**base, **kwargs})
 
 
 def test_runner_sizes_the_cpu_pool_from_bytes(impl):
-    from impls.engine.runner import kv_bytes_per_block
+    from enginespec.worker.runner import kv_bytes_per_block
 
     model = _model(impl)
     per_block = kv_bytes_per_block(model, 4)
@@ -291,7 +291,7 @@ def test_closing_a_stream_early_aborts_and_frees_everything(impl):
 def test_cuda_pool_is_sized_by_a_profile_run(impl):
     """On CUDA the pool takes what gpu_memory_utilization leaves after weights and the largest
     step; num_gpu_blocks_override wins over the profile."""
-    from impls.engine.runner import kv_bytes_per_block
+    from enginespec.worker.runner import kv_bytes_per_block
 
     total = torch.cuda.mem_get_info()[1]
     llm = make_llm(impl, device="cuda", num_blocks=None, gpu_memory_utilization=0.02)

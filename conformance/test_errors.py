@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig
 
-from .invariants import Harness, snapshot
-from .strategies import RequestSpec, invalid_config_kwargs, invalid_sampling_kwargs, \
+from enginespec.conformance.invariants import Harness, snapshot
+from enginespec.conformance.strategies import RequestSpec, invalid_config_kwargs, invalid_sampling_kwargs, \
     scenarios, token_lists
 
 

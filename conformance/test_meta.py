@@ -1,7 +1,7 @@
 """Meta-tests: the suite catches planted bugs, passes the reference, and runs outside backends.
 
 Each planted bug (conformance/planted/bugs.py) is run exactly as an outsider would run their own
-backend: `python -m pytest <selection> --impl=conformance.planted.bugs:<NAME>` in a fresh
+backend: `python -m pytest <selection> --impl=enginespec.conformance.planted.bugs:<NAME>` in a fresh
 process, and that run must FAIL (exit code 1: tests failed, not a usage or collection error).
 The unmodified reference must pass a superset of the same selections, or the meta-test could
 pass for the wrong reason. The runs are independent processes, so they are started together
@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from .planted.bugs import BUGS
-from .plugin import impl_target, pytest_collection_modifyitems, read_xfails
+from enginespec.conformance.planted.bugs import BUGS
+from enginespec.conformance.plugin import impl_target, pytest_collection_modifyitems, read_xfails
 
 REPO = Path(__file__).resolve().parents[1]
 BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
@@ -59,7 +59,7 @@ SELECTIONS = {
 
 OUTSIDE_MODULE = '''
     """A backend shipped outside enginespec: here, the reference's parts under another name."""
-    from spec import load_impl
+    from enginespec.spec import load_impl
 
     _reference = load_impl("reference")
 
@@ -83,17 +83,17 @@ def run_pytest(args: list[str], cwd: Path = REPO, pythonpath: Path | None = None
 
 def jobs(tmp: Path) -> dict:
     """Every subprocess run this module checks, by name: () -> CompletedProcess."""
-    out = {bug: (lambda bug=bug: run_pytest([*SELECTIONS[bug], f"--impl=conformance.planted.bugs:{bug}"]))
+    out = {bug: (lambda bug=bug: run_pytest([*SELECTIONS[bug], f"--impl=enginespec.conformance.planted.bugs:{bug}"]))
            for bug in BUGS}
     out["reference"] = lambda: run_pytest([BM, SCHED, STATEFUL, "--impl=reference"])  # a superset
     (tmp / "outside_backend.py").write_text(textwrap.dedent(OUTSIDE_MODULE))
-    out["outside"] = lambda: run_pytest(["-v", "--pyargs", "conformance.test_errors", "conformance.test_scheduler",
+    out["outside"] = lambda: run_pytest(["-v", "--pyargs", "enginespec.conformance.test_errors", "enginespec.conformance.test_scheduler",
                                          "--impl=outside_backend:IMPL"], cwd=tmp, pythonpath=tmp)
     xfails = tmp / "xfails.txt"
     xfails.write_text("# known gaps of MATCH_PAST_MISS\n\n"
                       "test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n")
     out["xfails"] = lambda: run_pytest([*SELECTIONS["MATCH_PAST_MISS"], f"--xfails-file={xfails}",
-                                        "--impl=conformance.planted.bugs:MATCH_PAST_MISS"])
+                                        "--impl=enginespec.conformance.planted.bugs:MATCH_PAST_MISS"])
     return out
 
 

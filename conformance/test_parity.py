@@ -17,10 +17,10 @@ import pytest
 import torch
 from hypothesis import given, seed, settings
 
-from conformance.invariants import check_idle, check_pool
-from conformance.models import FAMILIES, tiny_model_dir
-from conformance.strategies import engine_workloads
-from spec import SamplingParams
+from enginespec.conformance.invariants import check_idle, check_pool
+from enginespec.testing.checkpoints import FAMILIES, tiny_model_dir
+from enginespec.conformance.strategies import engine_workloads
+from enginespec.spec import SamplingParams
 
 MAX_TOKENS = 8
 TIE_TOLERANCE = 1e-4
@@ -57,10 +57,10 @@ def hf_greedy(family: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Te
 
 def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu"):
     """An EngineCore over a FlatModel loaded once per (impl, family, device)."""
-    from impls.engine.engine_args import EngineArgs
-    from impls.engine.engine_core import EngineCore
-    from impls.engine.flat_model import FlatModel
-    from impls.engine.loader import load_tokenizer
+    from enginespec.engine_args import EngineArgs
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.worker.flat_model import FlatModel
+    from enginespec.worker.loader import load_tokenizer
 
     path = tiny_model_dir(family)
     key = (id(impl), family, device)
@@ -154,7 +154,7 @@ def tiny_vocab(family: str) -> int:
 
 def _forced(name: str, swap: bool):
     """Hand-built workloads, each sure to take one path (the assertion after the run checks it)."""
-    from conformance.strategies import EngineRequestSpec as R, EngineWorkload as W
+    from enginespec.conformance.strategies import EngineRequestSpec as R, EngineWorkload as W
 
     base = dict(block_size=2, num_blocks=6, max_num_batched_tokens=16, max_num_seqs=3,
                 enable_prefix_caching=False, enable_chunked_prefill=True, long_prefill_token_threshold=0,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from spec import Status
+from enginespec.spec import Status
 
-from .invariants import Harness, check_idle, step_bound
-from .strategies import pressure_scenarios, scenarios
+from enginespec.conformance.invariants import Harness, check_idle, step_bound
+from enginespec.conformance.strategies import pressure_scenarios, scenarios
 
 
 def run(impl, scn, **overrides):

@@ -17,10 +17,10 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from spec import Status
+from enginespec.spec import Status
 
-from .invariants import Harness
-from .strategies import Limits, scenarios, stems_for, request_specs
+from enginespec.conformance.invariants import Harness
+from enginespec.conformance.strategies import Limits, scenarios, stems_for, request_specs
 
 
 def request_view(r) -> tuple:

@@ -10,11 +10,11 @@ import dataclasses
 import pytest
 from hypothesis import Phase, find, given, settings, strategies as st
 
-from spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig
 
-from .fake_model import FakeModel
-from .invariants import Harness, cdiv
-from .strategies import (_BAD_CONFIG, _BAD_PARAMS, EOS_TOKEN_ID, VOCAB_SIZE, Limits, RequestSpec,
+from enginespec.testing.fake_model import FakeModel
+from enginespec.conformance.invariants import Harness, cdiv
+from enginespec.conformance.strategies import (_BAD_CONFIG, _BAD_PARAMS, EOS_TOKEN_ID, VOCAB_SIZE, Limits, RequestSpec,
                          invalid_config_kwargs, invalid_sampling_kwargs, pool_shapes, pressure_scenarios,
                          sampling_params, scenarios)
 

@@ -2,15 +2,15 @@
 
 Nothing here imports an implementation; implementations are reached through `load_impl`.
 """
-from .attention import AttentionBackend
-from .batch import Batch, BatchMeta, slot_of
-from .block_manager import BlockManager, PoolState
-from .config import PREEMPTION_MODES, POLICIES, SchedulerConfig
-from .hashing import ROOT, encode_extra, hash_block, hash_request_blocks
-from .impl import ENTRY_POINT_GROUP, Implementation, load_impl
-from .params import SamplingParams
-from .request import Request, RequestArgs, Status, check_request_args
-from .scheduler import Scheduler, SchedulerOutput, UpdateOutput
+from enginespec.spec.attention import AttentionBackend
+from enginespec.spec.batch import Batch, BatchMeta, slot_of
+from enginespec.spec.block_manager import BlockManager, PoolState
+from enginespec.spec.config import PREEMPTION_MODES, POLICIES, SchedulerConfig
+from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
+from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, load_impl
+from enginespec.spec.params import SamplingParams
+from enginespec.spec.request import Request, RequestArgs, Status, check_request_args
+from enginespec.spec.scheduler import Scheduler, SchedulerOutput, UpdateOutput
 
 __all__ = [
     "AttentionBackend", "Batch", "BatchMeta", "BlockManager", "ENTRY_POINT_GROUP", "Implementation",

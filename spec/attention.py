@@ -5,7 +5,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-from .batch import BatchMeta
+from enginespec.spec.batch import BatchMeta
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
-from .request import Request
+from enginespec.spec.request import Request
 
 
 @dataclass

@@ -6,15 +6,15 @@ import os
 from importlib import metadata
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
-from .attention import AttentionBackend
-from .block_manager import BlockManager
-from .config import SchedulerConfig
-from .params import SamplingParams
-from .request import Request
-from .scheduler import Scheduler
+from enginespec.spec.attention import AttentionBackend
+from enginespec.spec.block_manager import BlockManager
+from enginespec.spec.config import SchedulerConfig
+from enginespec.spec.params import SamplingParams
+from enginespec.spec.request import Request
+from enginespec.spec.scheduler import Scheduler
 
 ENTRY_POINT_GROUP = "enginespec.impls"
-BUILTIN = {"reference": "impls.reference:IMPL", "fast": "impls.fast:IMPL"}
+BUILTIN = {"reference": "enginespec.impls.reference:IMPL", "fast": "enginespec.impls.fast:IMPL"}
 ENV_VAR = "ENGINESPEC_IMPL"
 
 

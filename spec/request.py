@@ -6,8 +6,8 @@ import numbers
 import time
 from typing import NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
-from .hashing import encode_extra
-from .params import SamplingParams
+from enginespec.spec.hashing import encode_extra
+from enginespec.spec.params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
-from .block_manager import BlockManager
-from .config import SchedulerConfig
-from .request import Request, Status
+from enginespec.spec.block_manager import BlockManager
+from enginespec.spec.config import SchedulerConfig
+from enginespec.spec.request import Request, Status
 
 
 @dataclass

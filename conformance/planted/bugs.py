@@ -11,7 +11,7 @@ are deliberately tied to it.
 """
 from __future__ import annotations
 
-from spec import SchedulerOutput, Status, hash_block, load_impl
+from enginespec.spec import SchedulerOutput, Status, hash_block, load_impl
 
 _REFERENCE = load_impl("reference")
 ReferenceImpl = type(_REFERENCE)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import weakref
 from typing import Optional, Sequence
 
-from spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig
 
-from .batch import BatchBuilder
-from .block_manager import FastBlockManager
-from .request import FastRequest
-from .scheduler import FastScheduler
+from enginespec.impls.fast.batch import BatchBuilder
+from enginespec.impls.fast.block_manager import FastBlockManager
+from enginespec.impls.fast.request import FastRequest
+from enginespec.impls.fast.scheduler import FastScheduler
 
 
 class FastImpl:
@@ -48,12 +48,12 @@ class FastImpl:
     def attention_backend(self, device):
         """Triton paged attention on CUDA, the kernels' plain-torch references elsewhere
         (imported lazily: the control plane needs neither)."""
-        from .attention import FastAttention
+        from enginespec.impls.fast.attention import FastAttention
 
         return FastAttention(device)
 
     def build_batch(self, output, block_manager, device="cpu", pad_to: Optional[int] = None):
-        """Same tensors as impls/engine/batch.py:build_batch, from persistent buffers reused
+        """Same tensors as worker/batch.py:build_batch, from persistent buffers reused
         step after step (one builder per block manager and device)."""
         per_device = self._builders.get(block_manager)
         if per_device is None:

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from kernels import reference
-from spec import BatchMeta
+from enginespec.kernels import reference
+from enginespec.spec import BatchMeta
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -49,7 +49,7 @@ class FastAttention:
             raise ValueError(f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
                              f"{tuple(meta.slot_mapping.shape)} must agree on N rows")
         if self._triton_for(cache):
-            from kernels.kv_write import write_kv
+            from enginespec.kernels.kv_write import write_kv
 
             write_kv(cache, k, v, meta.slot_mapping.to(torch.int64))
         else:
@@ -66,7 +66,7 @@ class FastAttention:
             raise ValueError(f"write_qkv: qkv has {qkv.shape[0]} rows but the batch has "
                              f"{meta.slot_mapping.shape[0]}")
         if self._triton_for(cache):
-            from kernels import qkv_rope as kernel
+            from enginespec.kernels import qkv_rope as kernel
 
             if kernel.supported(cache.shape[4]):
                 return kernel.qkv_rope(qkv, cos, sin, norm_weight, eps, cache,
@@ -87,7 +87,7 @@ class FastAttention:
             return reference.paged_attention_ref(q, cache, meta.query_start_loc_cpu,
                                                  meta.seq_lens_cpu, meta.block_table,
                                                  scale=scale, window=window)
-        from kernels.paged_attention import paged_attention
+        from enginespec.kernels.paged_attention import paged_attention
 
         q = q if q.stride(2) == 1 else q.contiguous()  # the kernel takes row and head strides
         seq_lens = _i32(meta.seq_lens)

@@ -1,4 +1,4 @@
-"""The fast batch builder: the tensors of impls/engine/batch.py:build_batch, built from
+"""The fast batch builder: the tensors of worker/batch.py:build_batch, built from
 persistent buffers with numpy, moved to the device in one copy.
 
 Layout (identical to the plain builder, which documents it): rows follow output.scheduled;
@@ -18,10 +18,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from spec import Batch, BatchMeta
+from enginespec.spec import Batch, BatchMeta
 
-from .batch_buffers import ZERO_SLOT, Staging, TableRows
-from .block_manager import FastBlockManager
+from enginespec.impls.fast.batch_buffers import ZERO_SLOT, Staging, TableRows
+from enginespec.impls.fast.block_manager import FastBlockManager
 
 
 class _Rows:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from spec import PoolState
+from enginespec.spec import PoolState
 
-from .free_queue import FreeQueue
-from .hashing import extend_block_hashes
+from enginespec.impls.fast.free_queue import FreeQueue
+from enginespec.impls.fast.hashing import extend_block_hashes
 
 _NEVER = 1 << 62  # a `_publish_at` no token count reaches
 

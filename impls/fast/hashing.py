@@ -12,8 +12,8 @@ import functools
 import hashlib
 import struct
 
-from spec import ROOT, encode_extra
-from spec.hashing import DIGEST_SIZE
+from enginespec.spec import ROOT, encode_extra
+from enginespec.spec.hashing import DIGEST_SIZE
 
 
 @functools.lru_cache(maxsize=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from typing import Optional, Sequence
 
-from spec import SamplingParams, Status, check_request_args
+from enginespec.spec import SamplingParams, Status, check_request_args
 
 class FastRequest:
     """One generation request. `_stop_ids`, `_stoppers` (stop ids plus EOS unless ignore_eos),

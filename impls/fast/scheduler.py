@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
-from spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+from enginespec.spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
 _key_of = attrgetter("_key")
 _RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig
 
-from .block_manager import BlockManager
-from .request import Request
-from .scheduler import Scheduler
+from enginespec.impls.reference.block_manager import BlockManager
+from enginespec.impls.reference.request import Request
+from enginespec.impls.reference.scheduler import Scheduler
 
 
 class ReferenceImpl:
@@ -38,7 +38,7 @@ class ReferenceImpl:
 
     def attention_backend(self, device):
         """The plain-torch paged attention (imported lazily: the control plane needs no torch)."""
-        from .attention import ReferenceAttention
+        from enginespec.impls.reference.attention import ReferenceAttention
 
         return ReferenceAttention()
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from spec import BatchMeta
+from enginespec.spec import BatchMeta
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from spec import PoolState, Request, hash_request_blocks
+from enginespec.spec import PoolState, Request, hash_request_blocks
 
 
 def cdiv(a: int, b: int) -> int:

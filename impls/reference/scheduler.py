@@ -9,9 +9,9 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+from enginespec.spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
-from .block_manager import cdiv
+from enginespec.impls.reference.block_manager import cdiv
 
 
 class Scheduler:

@@ -1,0 +1,33 @@
+"""enginespec: a test-driven specification of an LLM inference engine core, and its engine.
+
+The one public import for users:
+
+    from enginespec import LLM, SamplingParams, load_impl
+
+The source tree maps onto this package by role (pyproject.toml's package-dir):
+
+    enginespec              api/          LLM, EngineArgs, outputs (this package)
+    enginespec.spec         spec/         the contract: Protocols, value types, hash, batch layout
+    enginespec.impls        impls/        implementations of the spec (reference, fast), nothing else
+    enginespec.engine       engine/       engine loop and output processing
+    enginespec.worker       worker/       model execution: flat model, loader, runner, graphs
+    enginespec.sample       sample/       the sampler (its Triton kernels live in kernels/)
+    enginespec.kernels      kernels/      Triton kernels, each with a plain-torch reference
+    enginespec.entrypoints  entrypoints/  CLI, demo, simulate
+    enginespec.testing      testing/      checkpoint writers, the fake model, workloads
+    enginespec.conformance  conformance/  the pytest plugin and the suite that depends on --impl
+"""
+from enginespec.spec import SamplingParams, load_impl
+
+__all__ = ["LLM", "SamplingParams", "load_impl"]
+__version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and transformers; `import enginespec` (the pytest plugin, the spec) must
+    # stay light, so it is imported on first use.
+    if name == "LLM":
+        from enginespec.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'enginespec' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""EngineArgs: every knob of one engine, under vLLM's EngineArgs names where one exists.
+
+Ours beyond vLLM's: `impl` (which Implementation), `num_blocks` / `kv_cache_bytes` (the host
+pool size on CPU), `preemption_mode` ("recompute" or "swap"), `device` ("auto", "cpu", "cuda",
+"cuda:1"), `skip_tokenizer` (token ids in and out only), `compile_model` (torch.compile the
+decoder: None = on for CUDA unless enforce_eager) and `compile_backend` (torch.compile's backend;
+"aot_eager" traces without generating code). `async_scheduling` (vLLM's name; on by default) schedules
+step n + 1 while step n runs, for steps the sampler can draw on the device (async_scheduling.py); False keeps every
+step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
+and compilation off. `model_impl` (vLLM's name): "auto" (the default: "merged" for every
+supported family), "merged" (our decoder wiring with q|k|v and gate|up merged into one GEMM
+each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
+own decoder forward).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from enginespec.spec import SchedulerConfig
+
+# vLLM V1's offline (LLM class) default on large GPUs and nano-vllm's default: a prefill step of
+# this many tokens keeps the GPU busier than the host that launches it, where 8192 did not
+# (benchmarks/RESULTS.md: the prefill phase was host-bound at 8192 on the H200).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+MODEL_IMPLS = ("auto", "merged", "transformers")  # EngineArgs.model_impl, FlatModel's model_impl
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "double": torch.float64,
+}
+
+
+@dataclass
+class EngineArgs:
+    """Engine settings. None means "derive it": max_model_len from the model's
+    max_position_embeddings; max_num_batched_tokens 16384 with chunked prefill (at least
+    max_num_seqs), else at least max_model_len so every prompt fits one step."""
+
+    model: Optional[str] = None
+    impl: Any = "reference"
+    dtype: Union[str, torch.dtype] = "auto"
+    seed: Optional[int] = 0
+    block_size: int = 16
+    max_model_len: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: int = 256
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: Optional[int] = None
+    num_blocks: Optional[int] = None
+    kv_cache_bytes: Optional[int] = None
+    preemption_mode: str = "recompute"
+    device: str = "auto"
+    skip_tokenizer: bool = False
+    enforce_eager: bool = False
+    compile_model: Optional[bool] = None
+    async_scheduling: bool = True
+    compile_backend: str = "inductor"
+    model_impl: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
+
+    @classmethod
+    def from_kwargs(cls, model: Optional[str], **kwargs) -> "EngineArgs":
+        """Build from keyword arguments; unknown names are a TypeError listing them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(known - {'model'})}")
+        return cls(model=None if model is None else str(model), **kwargs)
+
+    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+        if self.max_model_len is None:
+            return max_position_embeddings
+        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_position_embeddings:
+            raise ValueError(f"max_model_len must be an int in [2, max_position_embeddings="
+                             f"{max_position_embeddings}], got {self.max_model_len!r}")
+        return self.max_model_len
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        return SchedulerConfig(
+            max_num_batched_tokens=budget, max_num_seqs=self.max_num_seqs,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.scheduling_policy, preemption_mode=self.preemption_mode, max_model_len=max_model_len)
+
+
+def resolve_device(device) -> torch.device:
+    """"auto" -> cuda when available, else cpu."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype, model_dir: Optional[str], device: torch.device) -> torch.dtype:
+    """"auto": float32 on CPU; on CUDA the checkpoint's dtype, bfloat16 if that is float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        return _DTYPES[dtype]
+    if device.type != "cuda":
+        return torch.float32
+    saved = _config_dtype(model_dir)
+    return saved if saved in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def _config_dtype(model_dir: Optional[str]) -> Optional[torch.dtype]:
+    if model_dir is None:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("dtype") or config.get("torch_dtype")
+    return _DTYPES.get(str(name)) if name else None

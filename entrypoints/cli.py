@@ -1,0 +1,142 @@
+"""The `enginespec` command line.
+
+    enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
+    enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
+    enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
+    enginespec bench [...]        (the end-to-end throughput harness; see bench.py)
+
+Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
+is wrong to stderr and exits with status 2, no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+EXIT_USAGE = 2
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
+    from enginespec.engine_args import MODEL_IMPLS
+
+    p.add_argument("--impl", default="reference", help="reference, fast, or pkg.module:attr")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks of the pool (CPU)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes (CPU)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                   help="every step serial (no scheduling of step n + 1 while step n runs)")
+    p.add_argument("--no-compile", dest="compile_model", action="store_const", const=False, default=None,
+                   help="keep CUDA graphs but run the decoder without torch.compile")
+    p.add_argument("--model-impl", choices=MODEL_IMPLS, default=None,
+                   help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own")
+    p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
+
+
+_ENGINE_KEYS = ("dtype", "device", "block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                "num_blocks", "kv_cache_bytes", "gpu_memory_utilization", "num_gpu_blocks_override",
+                "enable_prefix_caching", "enable_chunked_prefill", "long_prefill_token_threshold",
+                "scheduling_policy", "preemption_mode", "enforce_eager", "async_scheduling", "compile_model",
+                "model_impl")
+
+
+def _engine_kwargs(ns: argparse.Namespace) -> dict:
+    """The engine arguments given on the command line (None = leave the engine's default)."""
+    return {k: getattr(ns, k) for k in _ENGINE_KEYS if getattr(ns, k) is not None}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="enginespec", description="enginespec: a specified LLM engine core")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
+    gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--n", type=int, default=1, help="samples per prompt")
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    _add_engine_args(gen)
+    demo = sub.add_parser("demo", help="throughput demo on a tiny random model (CPU friendly)")
+    demo.add_argument("--family", default="qwen3", choices=("qwen3", "qwen2", "llama", "mistral"))
+    demo.add_argument("--num-requests", type=int, default=16)
+    demo.add_argument("--min-input-len", type=int, default=8)
+    demo.add_argument("--max-input-len", type=int, default=64)
+    demo.add_argument("--max-output-len", type=int, default=32)
+    demo.add_argument("--shared-prefix-len", type=int, default=16)
+    _add_engine_args(demo)
+    sub.add_parser("simulate", help="the scheduler over a fake model (options: enginespec simulate -h)",
+                   add_help=False)
+    sub.add_parser("bench", help="end-to-end throughput vs transformers and the roofline "
+                   "(options: enginespec bench -h)", add_help=False)
+    return parser
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from enginespec.spec import SamplingParams
+
+    from enginespec.llm import LLM
+
+    params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
+                            top_k=ns.top_k, n=ns.n, stop=tuple(ns.stop), ignore_eos=ns.ignore_eos,
+                            seed=ns.seed if ns.temperature > 0 else None)
+    llm = LLM(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
+    outputs = llm.generate(ns.prompt, params, use_tqdm=ns.use_tqdm)
+    for i, out in enumerate(outputs):
+        print(f"=== prompt {i}: {out.prompt!r}")
+        for completion in out.outputs:
+            label = f"[{completion.index}] " if len(out.outputs) > 1 else ""
+            print(f"{label}{completion.text}")
+            print(f"{label}(finish_reason={completion.finish_reason}, tokens={len(completion.token_ids)})")
+    return 0
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from enginespec.entrypoints.demo import run_demo
+
+    result = run_demo(family=ns.family, impl=ns.impl, num_requests=ns.num_requests,
+                      min_input_len=ns.min_input_len, max_input_len=ns.max_input_len,
+                      max_output_len=ns.max_output_len, shared_prefix_len=ns.shared_prefix_len,
+                      use_tqdm=ns.use_tqdm, **_engine_kwargs(ns))
+    print(result.summary())
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one subcommand; returns the exit status (2 with a one-line message on bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from benchmarks.harness import main as bench_main
+
+        return bench_main(argv[1:]) or 0
+    if argv and argv[0] == "simulate":
+        from enginespec.entrypoints.simulate import main as simulate_main
+
+        return simulate_main(argv[1:]) or 0
+    ns = _parser().parse_args(argv)
+    try:
+        return _generate(ns) if ns.command == "generate" else _demo(ns)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"enginespec {ns.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

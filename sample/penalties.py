@@ -1,0 +1,166 @@
+"""Logit edits that depend on a request's history or its explicit token lists.
+
+Applied to the raw float32 logits before temperature, in this order (vLLM's):
+allowed_token_ids -> min_tokens -> logit_bias -> repetition / frequency / presence penalties.
+Every function edits the rows it is given in place and is a no-op for rows that ask for nothing.
+Row work is vectorised: per-row Python only builds small index tensors once per call.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from enginespec.kernels import sampling as sampling_triton
+
+NEG_INF = float("-inf")
+
+
+def apply_allowed_tokens(logits: torch.Tensor, requests: Sequence) -> None:
+    """Rows with `allowed_token_ids` keep only those tokens (others become -inf)."""
+    rows, cols = [], []
+    for i, r in enumerate(requests):
+        allowed = r.params.allowed_token_ids
+        if allowed is not None:
+            rows.extend([i] * len(allowed))
+            cols.extend(allowed)
+    if not rows:
+        return
+    dev = logits.device
+    keep = torch.ones((logits.shape[0], logits.shape[1]), dtype=torch.bool, device=dev)
+    keep[torch.tensor(sorted(set(rows)), dtype=torch.long, device=dev)] = False
+    keep[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = True
+    logits.masked_fill_(~keep, NEG_INF)
+
+
+def stop_ids_to_mask(request) -> list[int]:
+    """Token ids that would stop `request`: its stop_token_ids, plus EOS unless ignore_eos."""
+    ids = list(request.params.stop_token_ids)
+    if request.eos_token_id is not None and not request.params.ignore_eos:
+        ids.append(request.eos_token_id)
+    return ids
+
+
+def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
+    """While num_output_tokens < min_tokens, stop tokens (and EOS unless ignore_eos) are -inf."""
+    rows, cols = [], []
+    vocab = logits.shape[1]
+    for i, r in enumerate(requests):
+        if r.num_output_tokens < r.params.min_tokens:
+            ids = [t for t in stop_ids_to_mask(r) if t < vocab]
+            rows.extend([i] * len(ids))
+            cols.extend(ids)
+    if rows:
+        dev = logits.device
+        logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = NEG_INF
+
+
+def apply_logit_bias(logits: torch.Tensor, requests: Sequence) -> None:
+    """Add each row's `logit_bias[token]` to that token's logit."""
+    rows, cols, vals = [], [], []
+    for i, r in enumerate(requests):
+        bias = r.params.logit_bias
+        if bias:
+            for tok, val in bias.items():
+                rows.append(i)
+                cols.append(tok)
+                vals.append(float(val))
+    if rows:
+        dev = logits.device
+        index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
+        logits.index_put_(index, torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+def _needs_penalty(params) -> bool:
+    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
+
+
+def upload(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without making the host wait: through pinned memory on CUDA.
+    CUDA's API notes say a copy from pageable memory may synchronize with the stream first,
+    i.e. wait for the step the GPU is running, which would undo async scheduling's overlap
+    whenever a batch plan is rebuilt. Elsewhere a plain copy."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def to_device(columns: Sequence[Sequence[float]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Per-row parameter columns, in ONE host-to-device copy (each copy costs a launch and a
+    wait, which at 256 rows dominates the small tensors' cost). Returns one [R] tensor each."""
+    return list(upload(torch.tensor(columns, dtype=dtype), device).unbind(0))
+
+
+def _counts(id_lists: Sequence[Sequence[int]], vocab: int, device) -> torch.Tensor:
+    """[R, vocab] int32 occurrence counts of each row's ids: one host->device copy of all ids
+    (gathered by numpy, not per-row tensors) and one scatter_add of ones at row * vocab + id."""
+    lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
+    counts = torch.zeros((len(id_lists), vocab), dtype=torch.int32, device=device)
+    total = int(lengths.sum())
+    if total == 0:
+        return counts
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    flat += np.repeat(np.arange(len(id_lists), dtype=np.int64) * vocab, lengths)
+    index = upload(torch.from_numpy(flat), device)
+    counts.view(-1).scatter_add_(0, index, torch.ones(total, dtype=torch.int32, device=device))
+    return counts
+
+
+def prompt_seen(requests: Sequence, vocab: int, device) -> torch.Tensor:
+    """[R, vocab] bool: which tokens occur in each request's prompt."""
+    return _counts([r.prompt_token_ids for r in requests], vocab, device) > 0
+
+
+class PenaltyColumns(NamedTuple):
+    """The penalty rows of a batch and their parameters on the device (float32 [R] each), built
+    once per batch of params (the Sampler keeps them in its BatchPlan)."""
+
+    rows: list
+    index: torch.Tensor
+    rep: torch.Tensor
+    freq: torch.Tensor
+    pres: torch.Tensor
+
+
+def penalty_columns(params: Sequence, device) -> Optional[PenaltyColumns]:
+    """PenaltyColumns of the rows whose params ask for a penalty; None when none does."""
+    rows = [i for i, p in enumerate(params) if _needs_penalty(p)]
+    if not rows:
+        return None
+    ps = [params[i] for i in rows]
+    rep, freq, pres, index = to_device([[p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps],
+                                        [p.presence_penalty for p in ps], rows], torch.float64, device)
+    return PenaltyColumns(rows, index.long(), rep.float(), freq.float(), pres.float())
+
+
+_UNSET = object()
+
+
+def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, columns=_UNSET) -> None:
+    """vLLM semantics. Repetition (prompt + output tokens): positive logits are divided by the
+    penalty, negative ones multiplied. Frequency (output count) and presence (output seen) are
+    subtracted: logit -= frequency * count + presence * (count > 0). `seen_in_prompt(requests,
+    vocab, device)` gives the prompt masks (the Sampler passes a cached version); `columns`, the
+    batch's `penalty_columns` when the caller keeps them. On CUDA the arithmetic is one Triton
+    launch (`sampling_triton.apply_penalties`), elsewhere torch."""
+    dev, vocab = logits.device, logits.shape[1]
+    cols = penalty_columns([r.params for r in requests], dev) if columns is _UNSET else columns
+    if cols is None:
+        return
+    reqs = [requests[i] for i in cols.rows]
+    out_counts = _counts([r.output_token_ids for r in reqs], vocab, dev)
+    in_prompt = seen_in_prompt(reqs, vocab, dev)
+    if sampling_triton.available(dev) and logits.stride(1) == 1:
+        sampling_triton.apply_penalties(logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres)
+        return
+    rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
+    out_seen = out_counts > 0
+    sub = logits.index_select(0, cols.index)
+    scaled = torch.where(sub > 0, sub / rep, sub * rep)
+    sub = torch.where(in_prompt | out_seen, scaled, sub)
+    sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)
+    logits.index_copy_(0, cols.index, sub)

@@ -1,0 +1,356 @@
+"""The batched sampler: one call turns the logits of every sampling row into one token per row.
+
+Pipeline per call (row i belongs to requests[i]), all on [S, V] tensors, no per-row loop over
+the vocabulary:
+
+1. raw logits (upcast to float32) -> allowed_token_ids -> min_tokens -> logit_bias -> penalties
+   (`sampling_penalties`, vLLM's order and semantics);
+2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
+   and top-p (`sampling_truncation`; no full sort in the common case);
+3. one draw over all rows (`sampling_draw`): inverse-CDF sampling of the cut softmax(x / T),
+   split over fixed chunks of the vocabulary (computed in base 2: x_scale = log2(e) / T), with
+   two uniforms per row hashed from the row key (`sampling_rng`). Greedy rows take the first
+   argmax, so mixed batches need no split. A seeded row's key is row_key(seed, output index), so
+   its draw is the same whatever batch or position it is in; unseeded rows derive theirs from
+   one 62-bit base per call drawn from the sampler's generator (`random.Random(seed)`) and the
+   row's position. On CUDA the draw is two Triton launches (`sampling_triton`), elsewhere
+   plain torch (`draw_torch`), computing the same sums.
+
+Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, cached while
+the same params come in the same order), so a steady temperature-only step is two launches
+plus the host copy of the ids.
+
+Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
+stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
+tied with a top-k / top-p / min-p threshold are all kept.
+
+Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
+temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not
+change with sampling settings. Each row asking for logprobs = k gets [(sampled id, its logprob)]
+followed by the k most likely (id, logprob) pairs, best first.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from enginespec.kernels import sampling as sampling_triton
+from enginespec.sample.penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
+                                 penalty_columns, prompt_seen, to_device, upload)
+from enginespec.sample.draw import draw_torch
+from enginespec.sample.rng import resolve_keys, row_keys
+from enginespec.sample.truncation import CutPlan, cut_thresholds, full_sort_thresholds
+
+LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
+GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
+
+
+@dataclass
+class SamplerOutput:
+    """token_ids[i] is row i's token; logprobs[i] is None unless its params ask for logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[Optional[list[tuple[int, float]]]]
+
+
+def _needs_edits(params) -> bool:
+    return (params.allowed_token_ids is not None or params.min_tokens > 0 or bool(params.logit_bias)
+            or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
+
+
+def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool]:
+    """Which edits any row asks for: (allowed ids, min_tokens, logit_bias, penalties)."""
+    return (any(p.allowed_token_ids is not None for p in params), any(p.min_tokens > 0 for p in params),
+            any(bool(p.logit_bias) for p in params),
+            any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                for p in params))
+
+
+def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, kinds=None,
+                **penalty) -> torch.Tensor:
+    """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
+    anything changes; the caller's tensor is never modified). `kinds`: the batch's `edit_kinds`
+    when the caller keeps them (edits no row asks for are skipped without a pass over the rows);
+    `penalty` may carry the batch's cached `columns` (see `sampling_penalties.apply_penalties`)."""
+    allowed, min_tokens, bias, penalties = kinds or edit_kinds([r.params for r in requests])
+    if not (allowed or min_tokens or bias or penalties):
+        return logits.float()
+    x = logits.to(torch.float32, copy=True)
+    if allowed:
+        apply_allowed_tokens(x, requests)
+    if min_tokens:
+        apply_min_tokens(x, requests)
+    if bias:
+        apply_logit_bias(x, requests)
+    if penalties:
+        apply_penalties(x, requests, seen_in_prompt, **penalty)
+    return x
+
+
+def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[float], list, list]:
+    """log_softmax of float32 `logits`: the logprob of token_ids[r] in row r, and the top-k
+    (ids, logprobs) per row as nested lists (empty when k == 0). One host copy: ids travel as
+    floats (exact: vocabularies are below 2**24 ids, float64 beyond)."""
+    lp = torch.log_softmax(logits.float(), dim=1)
+    chosen = lp.gather(1, token_ids.view(-1, 1))
+    if k <= 0:
+        return chosen.squeeze(1).tolist(), [[] for _ in range(lp.shape[0])], [[] for _ in range(lp.shape[0])]
+    values, ids = torch.topk(lp, min(k, lp.shape[1]), dim=1)
+    if lp.shape[1] >= 1 << 24:
+        chosen, values = chosen.double(), values.double()
+    rows = torch.cat([chosen, values, ids.to(values.dtype)], dim=1).tolist()
+    n = values.shape[1]
+    return ([r[0] for r in rows], [[int(t) for t in r[1 + n:]] for r in rows], [r[1:1 + n] for r in rows])
+
+
+def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
+    """Row p of `logits` predicts target_ids[p]: {target: logprob} then the top-k entries
+    (a dict, so a target that is also in the top-k appears once). Raw distribution."""
+    if logits.shape[0] != len(target_ids):
+        raise ValueError(f"prompt_logprobs: target_ids has {len(target_ids)} ids for {logits.shape[0]} rows")
+    if k < 0:
+        raise ValueError(f"prompt_logprobs: k must be >= 0, got {k}")
+    if not target_ids:
+        return []
+    targets = torch.as_tensor(list(target_ids), dtype=torch.long, device=logits.device)
+    chosen, ids, values = top_logprobs(logits, targets, k)
+    out = []
+    for t, lp, row_ids, row_vals in zip(target_ids, chosen, ids, values):
+        entry = {int(t): lp}
+        for i, v in zip(row_ids, row_vals):
+            entry.setdefault(i, v)
+        out.append(entry)
+    return out
+
+
+class RowSpec(NamedTuple):
+    """What a row's params ask of the sampler, derived once per params object."""
+
+    edits: bool            # any of allowed ids, min_tokens, bias, penalties
+    noisy: bool            # random (temperature >= GREEDY_EPS) rather than greedy
+    wants_logprobs: bool
+    cut: bool              # a random row with a min-p, top-k or top-p cut
+    temperature: float     # 1.0 for greedy rows
+    x_scale: float         # log2(e) / T for random rows, 1.0 for greedy rows
+    noise: float           # 1.0 for random rows, 0.0 for greedy rows
+    seed: Optional[int]
+
+    @classmethod
+    def of(cls, p, vocab: int) -> "RowSpec":
+        noisy = p.temperature >= GREEDY_EPS
+        cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
+        t = p.temperature if noisy else 1.0
+        return cls(_needs_edits(p), noisy, p.logprobs is not None, cut, t,
+                   LOG2E / t if noisy else 1.0, 1.0 if noisy else 0.0, p.seed)
+
+
+class BatchPlan:
+    """What one batch's params ask of the sampler: flags, per-row columns on the device, the key
+    template, the cut rows' CutPlan. Built once per distinct params list (`Sampler._plan`) and
+    reused while the same params come in the same order (the engine's steady state), so a step
+    of temperature-only or greedy rows does no per-row Python beyond the list comparison.
+
+    keys: per row 0 (greedy), -1 (unseeded: derived from the call's random base) or, for
+    seeded rows, filled per step by `step_keys` (the key depends on the output index)."""
+
+    def __init__(self, params: list, specs: Sequence[RowSpec], vocab: int, device: torch.device):
+        edits, noisy, wants, cut, temps, x_scale, noise, seeds = (list(c) for c in zip(*specs))
+        self.params, self.device, self.noisy = params, device, noisy
+        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = any(edits), any(noisy), any(cut), any(wants)
+        seeded = [i for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
+        self.seeded_rows = np.array(seeded, dtype=np.int64)
+        self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
+        self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
+        self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
+        self.penalties = penalty_columns(params, device) if self.any_edits else None
+        self.edit_kinds = edit_kinds(params) if self.any_edits else None
+        if self.any_logprobs:
+            self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+            self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
+            self.logprob_index = upload(torch.tensor(self.logprob_rows, dtype=torch.long), device)
+        if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
+            self.x_scale, self.noise, self.no_cut, keys_f = to_device(
+                [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
+            self.keys_t = keys_f.to(torch.int64)
+        if self.any_cut:
+            self.cut_rows = [i for i, c in enumerate(cut) if c]
+            self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
+            ps = [params[i] for i in self.cut_rows]
+            self.cut_plan = CutPlan([temps[i] for i in self.cut_rows], [p.top_k for p in ps],
+                                    [p.top_p for p in ps], [p.min_p for p in ps], vocab, device)
+
+    def step_keys(self, requests: Sequence) -> np.ndarray:
+        """This step's keys: the template with each seeded row's row_key(seed, output index)."""
+        if not len(self.seeded_rows):
+            return self.keys
+        index = np.fromiter((requests[i].num_output_tokens for i in self.seeded_rows.tolist()),
+                            dtype=np.uint64, count=len(self.seeded_rows))
+        keys = self.keys.copy()
+        keys[self.seeded_rows] = row_keys(self.seeds, index)
+        return keys
+
+
+class Sampler:
+    """Samples one token per row. `vocab_size` is the model's; logits may carry padded columns
+    beyond it, which are never sampled. State across calls: the generator that keys the
+    unseeded rows (`random.Random(seed)`; seed None draws from OS entropy: one 62-bit base per
+    call with a random row), and caches that never change results (RowSpecs, the last BatchPlan,
+    prompt masks)."""
+
+    def __init__(self, vocab_size: int, device="cpu", seed: Optional[int] = None):
+        if vocab_size < 1:
+            raise ValueError(f"Sampler.vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.seed = seed
+        self.generator = random.Random(seed)
+        self._specs: dict[int, tuple] = {}          # id(params) -> (params, RowSpec); see _row_specs
+        self._prompt_masks: dict[int, tuple] = {}   # id(request) -> (request, bool [V] prompt mask)
+        self._last_plan: Optional[BatchPlan] = None
+
+    def _row_specs(self, params: Sequence) -> list[RowSpec]:
+        """Each row's RowSpec, computed once per params object (params are frozen; the entry
+        keeps the object alive so its id cannot be reused by another)."""
+        cache, out = self._specs, []
+        for p in params:
+            hit = cache.get(id(p))
+            if hit is None or hit[0] is not p:
+                if len(cache) > 4096:
+                    cache.clear()
+                hit = cache[id(p)] = (p, RowSpec.of(p, self.vocab_size))
+            out.append(hit[1])
+        return out
+
+    def _plan(self, requests: Sequence, device: torch.device) -> BatchPlan:
+        """The last plan when the rows' params are the same objects (or equal) in the same order
+        and on the same device, else a new one."""
+        params = [r.params for r in requests]
+        plan = self._last_plan
+        if plan is None or plan.device != device or plan.params != params:
+            plan = BatchPlan(params, self._row_specs(params), self.vocab_size, device)
+            self._last_plan = plan
+        return plan
+    def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
+        """prompt_seen, with each request's mask built once (prompts never change) and kept
+        while the request keeps appearing in penalty rows. Entries are keyed by the request
+        object (kept alive by the entry), so a reused request_id never sees a stale mask."""
+        device = torch.device(device)
+
+        def cached(r):
+            entry = self._prompt_masks.get(id(r))
+            return entry if entry is not None and entry[0] is r and entry[1].device == device else None
+
+        missing = [r for r in requests if cached(r) is None]
+        built = iter(prompt_seen(missing, vocab, device).unbind(0)) if missing else iter(())
+        masks, fresh = [], {}
+        for r in requests:
+            entry = fresh.get(id(r)) or cached(r) or (r, next(built))
+            fresh[id(r)] = entry
+            masks.append(entry[1])
+        self._prompt_masks = fresh
+        return torch.stack(masks)
+
+    def _check(self, logits: torch.Tensor, requests: Sequence) -> None:
+        if logits.dim() != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"Sampler: logits must be [len(requests)={len(requests)}, V], got {tuple(logits.shape)}")
+        if logits.shape[1] < self.vocab_size:
+            raise ValueError(f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}")
+
+    def sample_on_device(self, logits: torch.Tensor, requests: Sequence) -> Optional[torch.Tensor]:
+        """The ids __call__ would sample, as an int64 [S] tensor left on the logits' device with
+        no host sync, or None (nothing drawn, the generator untouched) when some row needs host
+        work: logit edits (penalties, bias, allowed ids, min_tokens), a top-k/top-p/min-p cut
+        (its fallback check is read on the host) or logprobs. Async scheduling uses it; the
+        generator advances exactly as in __call__, so both paths draw the same tokens."""
+        self._check(logits, requests)
+        if not requests:
+            return None
+        raw = logits[:, :self.vocab_size]
+        plan = self._plan(requests, raw.device)
+        if plan.any_edits or plan.any_cut or plan.any_logprobs:
+            return None
+        if not plan.any_noisy:
+            return raw.argmax(dim=1)  # in the logits' dtype: upcasting changes no value, no argmax
+        keys = plan.step_keys(requests)
+        bits = self.generator.getrandbits(62)
+        return self._draw(raw.float(), None, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+
+    def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
+        self._check(logits, requests)
+        if not requests:
+            return SamplerOutput([], [])
+        raw = logits[:, :self.vocab_size]
+        plan = self._plan(requests, raw.device)
+        x = (edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
+             if plan.any_edits else raw)
+        if plan.any_noisy:
+            tokens, token_ids = self._sample(x.float(), requests, plan)
+        else:
+            tokens = x.argmax(dim=1)
+            token_ids = tokens.tolist()
+        if not plan.any_logprobs:
+            return SamplerOutput(token_ids, [None] * len(token_ids))
+        return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, plan))
+
+    def _sample(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> tuple[torch.Tensor, list[int]]:
+        """(tokens, their ids as a list). One 62-bit base from the generator per call keys the
+        unseeded rows (`sampling_rng.derived_key`). When a top-p threshold came from candidates
+        that may not hold the nucleus, the check is read with the ids (one host copy) and, in
+        the rare case it failed, those rows' thresholds are recomputed by a full sort and the
+        batch is drawn again with the same keys."""
+        keys = plan.step_keys(requests)
+        bits = self.generator.getrandbits(62)
+        base = (bits & 0x7FFFFFFF, bits >> 31)
+        thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
+        tokens = self._draw(x, thr, plan, keys, base)
+        if unsure is None:
+            return tokens, tokens.tolist()
+        both = torch.cat([tokens, unsure.long()]).tolist()
+        n = len(requests)
+        redo = [plan.cut_rows[j] for j, bad in enumerate(both[n:]) if bad]
+        if not redo:
+            return tokens, both[:n]
+        local = [plan.cut_rows.index(i) for i in redo]
+        thr = thr.index_copy(0, plan.cut_index, full_sort_thresholds(
+            x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local))
+        tokens = self._draw(x, thr, plan, keys, base)
+        return tokens, tokens.tolist()
+
+    def _draw(self, x: torch.Tensor, thr: Optional[torch.Tensor], plan: BatchPlan, keys: np.ndarray,
+              base: tuple[int, int]) -> torch.Tensor:
+        """Every row in one draw (`sampling_draw`): greedy rows take their argmax, random rows
+        an exact sample of their cut softmax (thr None: no row is cut)."""
+        dev = x.device
+        if sampling_triton.available(dev) and x.stride(1) == 1:
+            keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), dev)
+            return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
+        return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
+
+    def _thresholds(self, x, plan: BatchPlan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(thr [S], unsure): the raw-space cut per row (-inf for greedy rows and rows without a
+        cut) and `cut_thresholds`' check of the open rows (None when there are none)."""
+        every = len(plan.cut_rows) == x.shape[0]
+        sub = x if every else x.index_select(0, plan.cut_index)
+        cut_thr, unsure = cut_thresholds(sub, plan.cut_plan)
+        if unsure is not None:  # [S_cut] over all cut rows, False except unsure open rows
+            unsure = torch.zeros(len(plan.cut_rows), dtype=torch.bool, device=x.device).index_copy(
+                0, plan.cut_plan.open_index, unsure)
+        return (cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)), unsure
+
+    def _logprobs(self, raw, tokens, token_ids, plan: "BatchPlan") -> list:
+        """Per row: None, or [(sampled id, logprob)] + the top params.logprobs (id, logprob)."""
+        out: list = [None] * len(token_ids)
+        rows, index, counts = plan.logprob_rows, plan.logprob_index, plan.logprob_counts
+        chosen, ids, values = top_logprobs(raw.index_select(0, index), tokens.index_select(0, index), max(counts))
+        for j, (i, n) in enumerate(zip(rows, counts)):
+            out[i] = [(token_ids[i], chosen[j])] + list(zip(ids[j][:n], values[j][:n]))
+        return out
+
+    def prompt_logprobs(self, logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
+        """See the module-level `prompt_logprobs`."""
+        return prompt_logprobs(logits[:, :self.vocab_size], target_ids, k)

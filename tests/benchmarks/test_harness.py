@@ -1,0 +1,229 @@
+"""The throughput harness on a CPU: a tiny shape and a tiny workload, end to end, plus the pieces
+it is built from (workload draw, roofline arithmetic, synthetic checkpoints).
+
+No timing is asserted: only that the JSON holds every field, that counts are exact (each
+request produces exactly its requested output length under ignore_eos, in the engine and in
+transformers), and that derived numbers agree with the ones they are derived from.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import harness as bench
+from benchmarks import roofline
+from enginespec.testing import synthetic
+
+SMOKE = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32",
+         "--max-output-len", "16", "--big-num-requests", "2", "--profile-steps", "2",
+         "--latency-tokens", "4", "--compare-scheduling", "--repeat", "3"]
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("synth")
+
+
+@pytest.fixture(scope="module")
+def smoke(request, synth_dir, tmp_path_factory):
+    """One harness run; torch on one thread (a shared CPU box thrashes with more)."""
+    impl = request.config.getoption("--impl", default=None) or "reference"
+    out = tmp_path_factory.mktemp("bench") / "throughput.json"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = bench.main(SMOKE + ["--impl", impl, "--out", str(out), "--strict"])
+    finally:
+        torch.set_num_threads(threads)
+        mp.undo()
+    return code, json.loads(out.read_text())
+
+
+def _expected_workload(vocab_size: int) -> bench.Workload:
+    return bench.make_workload(4, min_input_len=100, max_input_len=32, min_output_len=100, max_output_len=16,
+                               id_bound=min(10000, vocab_size), seed=0)
+
+
+def test_harness_json_has_every_phase_and_exact_counts(smoke):
+    code, res = smoke
+    assert code == 0
+    for phase in ("config", "env", "workload", "device", "engine", "profile", "latency", "hf", "big", "summary"):
+        assert phase in res, phase
+        assert "error" not in res[phase], res[phase].get("traceback")
+    expected = _expected_workload(synthetic.SHAPES["tiny"]["vocab_size"])
+    assert res["workload"]["output_tokens"] == expected.num_output_tokens
+    assert res["workload"]["prompt_tokens"] == sum(expected.prompt_lens)
+    for phase in ("engine", "hf"):
+        assert res[phase]["output_tokens"] == expected.num_output_tokens, phase
+        assert res[phase]["num_requests"] == 4
+        assert res[phase]["wall_s"] > 0
+    assert res["big"]["output_tokens"] == sum(expected.output_lens[:2])
+    other = res["engine"]["other_scheduling"]  # the same workload, async_scheduling flipped, same engine
+    assert "error" not in other, other.get("traceback")
+    assert other["async_scheduling"] != res["engine"]["async_scheduling"]
+    assert other["output_tokens"] == expected.num_output_tokens and other["tokens_match_first_run"]
+    summary = res["summary"]
+    assert summary["scheduling_tokens_match"] is True
+    assert summary["serial_output_tok_s"] > 0 and summary["async_output_tok_s"] > 0
+    # Each step samples at most one token per request, so the longest request bounds the steps.
+    assert res["engine"]["num_steps"] >= max(expected.output_lens)
+    runs = res["engine"]["runs"]  # --repeat 3: three timed runs, the median one reported
+    assert len(runs) == 3 and res["engine"]["tokens_match_across_runs"]
+    assert res["engine"]["wall_s"] == sorted(r["wall_s"] for r in runs)[1]
+    assert summary["runs_wall_over_floor"] == pytest.approx(
+        [r["wall_s"] / res["engine"]["floor"]["floor_s"] for r in runs])
+    kinds = res["engine"]["by_step_kind"]  # the first run's steps, binned, against per-step floors
+    assert kinds[0]["kind"] == "prefill" and all(k["kind"].startswith("decode <=") for k in kinds[1:])
+    assert sum(k["steps"] for k in kinds) == runs[0]["num_steps"]
+    assert 0.5 * runs[0]["wall_s"] < sum(k["wall_s"] for k in kinds) < runs[0]["wall_s"] + 0.05
+    assert all(k["floor_s"] > 0 and k["wall_over_floor"] == pytest.approx(k["wall_s"] / k["floor_s"]) for k in kinds)
+    assert all(0 <= k["host_wait_s"] <= k["wall_s"] for k in kinds)
+    first = res["engine"]["first_steps"]  # the same trace, step by step, from the start
+    assert len(first) == min(40, runs[0]["num_steps"]) and first[0]["num_tokens"] > first[0]["num_reqs"]
+    assert sum(r["num_tokens"] for r in first) <= sum(expected.prompt_lens) + sum(expected.output_lens)
+    assert all(r["wall_ms"] > 0 and r["floor_ms"] > 0 and r["host_wait_ms"] >= 0 for r in first)
+    # Greedy steps are drawn on the device under async scheduling; the serial run has none.
+    assert 0 < res["engine"]["num_async_steps"] <= res["engine"]["num_steps"]
+    assert other["num_async_steps"] == 0
+
+
+def test_harness_derived_numbers_agree(smoke):
+    _, res = smoke
+    eng, hf, s = res["engine"], res["hf"], res["summary"]
+    assert eng["output_tok_s"] == pytest.approx(eng["output_tokens"] / eng["wall_s"])
+    assert s["ratio_vs_hf"] == pytest.approx(eng["output_tok_s"] / hf["output_tok_s"])
+    floor = eng["floor"]
+    assert floor["num_steps"] == eng["num_steps"]
+    assert floor["floor_s"] == pytest.approx(floor["memory_s"] + floor["compute_s"])
+    assert floor["memory_s"] == pytest.approx((floor["kv_bytes"] + floor["weight_bytes"]) / res["device"]["copy_bytes_per_s"])
+    assert s["wall_over_floor"] == pytest.approx(eng["wall_s"] / floor["floor_s"])
+    assert res["device"]["copy_bytes_per_s"] > 0 and res["device"]["matmul_flops_per_s"] > 0
+    assert res["latency"]["default_ms_per_token"] is not None
+    assert res["profile"]["steps"] == 2 and res["profile"]["gpu_busy_fraction"] is None  # no CUDA here
+    assert res["env"]["versions"]["torch"] == torch.__version__
+    assert s["date"] and s["impl"] == res["config"]["impl"]
+
+
+def test_bad_flag_is_a_clear_error(capsys):
+    assert bench.main(["--num-requests", "0", "--device", "cpu"]) == 2
+    assert "--num-requests must be >= 1" in capsys.readouterr().err
+
+
+def test_workload_is_seeded_and_within_bounds():
+    kw = dict(min_input_len=5, max_input_len=9, min_output_len=2, max_output_len=7, id_bound=50)
+    a, b = bench.make_workload(20, **kw), bench.make_workload(20, **kw)
+    assert a == b
+    assert a != bench.make_workload(20, seed=1, **kw)
+    assert all(5 <= n <= 9 for n in a.prompt_lens) and all(2 <= n <= 7 for n in a.output_lens)
+    assert all(0 <= t < 50 for p in a.prompts for t in p)
+    with pytest.raises(ValueError, match="num_requests"):
+        bench.make_workload(0, **kw)
+
+
+def _shape(**kw) -> roofline.ModelShape:
+    base = dict(num_layers=2, hidden_size=8, num_q_heads=4, num_kv_heads=2, head_dim=2, vocab_size=10,
+                num_params=1000, tied=True, dtype_bytes=2)
+    return roofline.ModelShape(**{**base, **kw})
+
+
+def test_roofline_terms_by_hand():
+    shape = _shape()
+    assert shape.kv_bytes_per_token == 2 * 2 * 2 * 2 * 2
+    # p=3, o=4: decodes read contexts of 4, 5 and 6 tokens.
+    assert roofline.decode_kv_bytes([3], [4], shape) == 15 * 32
+    assert roofline.decode_kv_bytes([3], [1], shape) == 0  # the only token came from the prefill
+    assert shape.weight_bytes_per_step == 2000
+    assert _shape(tied=False).weight_bytes_per_step == (1000 - 80) * 2  # the untied embedding is gathered
+    # body = 1000 - 80 (one tied matrix); head on one row per prompt; causal attention 2 p^2 Hq d L.
+    assert roofline.prefill_flops([3], shape) == 2 * 920 * 3 + 2 * 80 + 2 * 9 * 4 * 2 * 2
+    r = roofline.roofline([3], [4], shape, num_steps=4, copy_bytes_per_s=100.0, matmul_flops_per_s=10.0)
+    assert r.memory_s == pytest.approx((15 * 32 + 4 * 2000) / 100.0)
+    assert r.floor_s == pytest.approx(r.memory_s + r.prefill_flops / 10.0)
+    with pytest.raises(ValueError, match="num_steps"):
+        roofline.roofline([3], [4], shape, num_steps=0, copy_bytes_per_s=1.0, matmul_flops_per_s=1.0)
+    with pytest.raises(ValueError, match="one entry per request"):
+        roofline.decode_kv_bytes([3, 4], [4], shape)
+
+
+def test_param_count_matches_published_shapes():
+    assert roofline.ModelShape.from_config(synthetic.shape_config("qwen3-0.6b")).num_params == 596_049_920
+    assert roofline.ModelShape.from_config(synthetic.shape_config("qwen3-8b")).num_params == 8_190_735_360
+
+
+def test_synthetic_checkpoint_shards_and_loads(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = synthetic.make_synthetic_checkpoint("tiny", tmp_path / "ckpt", max_shard_bytes=40_000)
+    config = synthetic.shape_config("tiny")
+    specs = synthetic.tensor_specs(config)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {s.name for s in specs}
+    assert "lm_head.weight" not in index["weight_map"]  # tied: stored once, as save_pretrained does
+    assert len(set(index["weight_map"].values())) > 1
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    assert model.dtype == torch.bfloat16
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert torch.all(model.model.norm.weight == 1)
+    assert 0.01 < model.model.layers[0].mlp.up_proj.weight.float().std().item() < 0.03
+    tok = AutoTokenizer.from_pretrained(str(path))
+    assert len(tok) == config.vocab_size and tok.eos_token_id == config.eos_token_id
+    mtime = (path / "config.json").stat().st_mtime_ns
+    assert synthetic.make_synthetic_checkpoint("tiny", path, max_shard_bytes=40_000) == path
+    assert (path / "config.json").stat().st_mtime_ns == mtime  # a finished checkpoint is reused
+
+
+def test_shard_plan_respects_the_cap():
+    specs = synthetic.tensor_specs(synthetic.shape_config("qwen3-8b"))
+    shards = synthetic._plan_shards(specs, 2, 2 * 1024**3)
+    assert [s.name for shard in shards for s in shard] == [s.name for s in specs]
+    assert all(sum(s.numel for s in shard) * 2 <= 2 * 1024**3 for shard in shards)
+
+
+def test_device_busy_is_the_union_of_cuda_intervals():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def ev(device, start, end):
+        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev(DeviceType.CUDA, 10, 20), ev(DeviceType.CUDA, 15, 25), ev(DeviceType.CPU, 0, 100),
+              ev(DeviceType.CUDA, 40, 41), ev(DeviceType.CUDA, 0, 5)]
+    assert bench.device_busy_us(events) == (5 + 15 + 1, 4)
+    assert bench.device_busy_us([]) == (0.0, 0)
+
+
+def test_warm_up_samples_like_the_timed_run(monkeypatch):
+    """The warm-up runs at the timed run's temperature, so a sampled run's one-time costs (the
+    draw kernels' compilation) fall in the warm-up, not in the timed window."""
+    seen = []
+    monkeypatch.setattr(bench, "timed_generate",
+                        lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature))
+    monkeypatch.setattr(bench, "_reset_prefix_cache", lambda llm: None)
+    workload = bench.make_workload(3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2,
+                             id_bound=50, seed=0)
+    bench._warm_up(object(), workload, "cpu", 0.8)
+    assert seen == [0.8]
+
+
+def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thread):
+    """benchmarks/host_phases.py: every step lands in one bin with its phases timed, and the
+    engine module's span helper is restored afterwards."""
+    from benchmarks import host_phases
+    from enginespec.engine import engine_core
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    span = engine_core._span
+    table = host_phases.main(["--shape", "tiny", "--device", "cpu", "--num-requests", "4",
+                              "--max-input-len", "32", "--max-output-len", "16", "--impl", "fast"])
+    assert engine_core._span is span
+    assert "prefill" in table and any(kind.startswith("<=") for kind in table)
+    steps = sum(n for n, _ in table.values())
+    assert steps >= 16  # the longest request alone needs one step per output token
+    for n, phases in table.values():
+        assert n > 0 and {"schedule", "prepare", "execute", "update"} <= set(phases)
+        assert all(ms >= 0 for ms in phases.values())

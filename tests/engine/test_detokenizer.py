@@ -1,0 +1,255 @@
+"""IncrementalDetokenizer: text equals a full decode, partial UTF-8 is never emitted, stop
+strings are matched across token boundaries, excluded from the text, and the first to complete
+wins, whatever the token split.
+
+Two tiny tokenizers built with the `tokenizers` library: a byte-level BPE (multi-byte characters
+split over several tokens, as in Qwen's and Llama 3's tokenizers) and a WordLevel tokenizer
+whose decoder joins tokens with spaces.
+"""
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+from hypothesis import given, strategies as st
+
+from enginespec.spec import SamplingParams
+from enginespec.engine.detokenizer import IncrementalDetokenizer
+
+CORPUS = ["hello world, stop here. 你好 世界 🙂 héllo wörld ab abc abcd STOP"] * 8
+ALPHABET = "ab cdST.你好🙂é"
+
+
+@functools.lru_cache(maxsize=None)
+def byte_bpe():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+@functools.lru_cache(maxsize=None)
+def word_level(clean_up: bool = False):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", "a", "b", "c", "d", "stop", "x", ".", "n't"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(cleanup=False)  # joins tokens with spaces, no clean-up
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
+                                   clean_up_tokenization_spaces=clean_up)
+
+
+@functools.lru_cache(maxsize=None)
+def metaspace():
+    """SentencePiece-style pieces ('▁' marks a word start; Llama 2 / Mistral decoders drop the
+    first one): decoding a window must not lose or add the spaces a full decode has."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "</s>", "▁a", "▁b", "c", "d", "▁", "▁stop", "é", "▁你", "好"]
+    tok = Tokenizer(models.WordLevel(vocab={p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
+def _byte_char(b: int) -> str:
+    """The printable stand-in the byte-level alphabet uses for byte b."""
+    if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
+        return chr(b)
+    others = [c for c in range(256) if not (33 <= c <= 126 or 161 <= c <= 172 or 174 <= c <= 255)]
+    return chr(256 + others.index(b))
+
+
+def byte_ids(text: str) -> list[int]:
+    """One token per UTF-8 byte: the worst split, every multi-byte character cut apart."""
+    tok = byte_bpe()
+    return [tok.convert_tokens_to_ids(_byte_char(b)) for b in text.encode("utf-8")]
+
+
+def run(tokenizer, ids, params, chunks):
+    """Feed ids in chunks of the given sizes; return (deltas joined, stop, detokenizer)."""
+    detok = IncrementalDetokenizer(tokenizer, [1, 2], params)
+    deltas, stop, pos = [], None, 0
+    for size in chunks:
+        delta, stop = detok.update(ids[pos:pos + size])
+        deltas.append(delta)
+        pos += size
+        if stop is not None:
+            break
+    if stop is None:
+        deltas.append(detok.flush())
+    return deltas, stop, detok
+
+
+def chunking(rng: random.Random, n: int) -> list[int]:
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(rng.randint(1, 3))
+    return sizes
+
+
+def first_stop(text: str, stops) -> tuple[str, str | None]:
+    """Reference: the occurrence that ends first (then starts first) cuts the text."""
+    best = None
+    for s in stops:
+        i = text.find(s)
+        while i >= 0:
+            cand = (i + len(s), i, s)
+            best = cand if best is None or cand[:2] < best[:2] else best
+            i = text.find(s, i + 1)
+    return (text, None) if best is None else (text[:best[1]], best[2])
+
+
+# ---------------------------------------------------------------- no stop strings
+
+@pytest.mark.parametrize("seed", range(6))
+def test_text_equals_full_decode_for_valid_text(seed):
+    rng = random.Random(seed)
+    tok = byte_bpe()
+    text = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 30)))
+    for ids in (tok.encode(text), byte_ids(text)):
+        deltas, stop, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)))
+        assert stop is None
+        assert detok.text == tok.decode(ids) == text
+        assert "".join(deltas) == text
+        assert not any("\ufffd" in d for d in deltas), deltas
+
+
+def test_partial_utf8_is_held_until_complete():
+    tok = byte_bpe()
+    ids = byte_ids("a🙂")  # 'a' then four byte tokens
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams())
+    assert detok.update(ids[:1]) == ("a", None)
+    for i in ids[1:4]:
+        assert detok.update([i]) == ("", None)
+        assert detok.text == "a"
+    assert detok.update(ids[4:]) == ("🙂", None)
+
+
+@given(st.lists(st.integers(0, 319), min_size=1, max_size=25), st.randoms(use_true_random=False))
+def test_arbitrary_ids_decode_like_full_decode(ids, rng):
+    """Even invalid byte sequences end up exactly as a full decode renders them."""
+    tok = byte_bpe()
+    deltas, stop, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)))
+    want = tok.decode(ids, skip_special_tokens=True)
+    assert detok.text == want
+    assert "".join(deltas) == want
+
+
+@given(st.lists(st.integers(2, 10), min_size=1, max_size=20), st.randoms(use_true_random=False))
+def test_metaspace_windows_keep_spaces(ids, rng):
+    tok = metaspace()
+    deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)))
+    assert detok.text == tok.decode(ids) == "".join(deltas)
+
+
+def test_word_level_tokens_join_with_spaces():
+    tok = word_level()
+    ids = tok.encode("a b stop c")
+    deltas, stop, detok = run(tok, ids, SamplingParams(), [1] * len(ids))
+    assert detok.text == tok.decode(ids) == "a b stop c"
+    assert deltas[:4] == ["a", " b", " stop", " c"]
+
+
+def test_tokenizer_space_clean_up_is_honoured():
+    """With clean_up_tokenization_spaces the HF decode (not the bare backend) is the truth."""
+    tok = word_level(clean_up=True)
+    ids = tok.encode("a n't b . c")
+    want = tok.decode(ids)
+    assert want != "a n't b . c", "the clean-up pass must change this text for the test to bite"
+    assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == want
+
+
+def test_special_tokens_skipped_by_default_and_kept_on_request():
+    tok = byte_bpe()
+    ids = tok.encode("ab") + [tok.eos_token_id]
+    assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == "ab"
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams(), skip_special_tokens=False)
+    detok.update(ids)
+    detok.flush()
+    assert detok.text == tok.decode(ids) == "ab<eos>"
+
+
+# ---------------------------------------------------------------- stop strings
+
+def test_stop_string_across_byte_tokens_is_excluded():
+    tok = byte_bpe()
+    ids = byte_ids("hello STOP world")
+    deltas, stop, detok = run(tok, ids, SamplingParams(stop=("STOP",)), [1] * len(ids))
+    assert stop == "STOP" and detok.stop_reason == "STOP"
+    assert detok.text == "hello " == "".join(deltas)
+    assert detok.update(byte_ids("more")) == ("", None)  # a stopped detokenizer ignores input
+
+
+def test_stop_string_across_word_tokens():
+    tok = word_level()
+    ids = tok.encode("x a b c d")
+    deltas, stop, detok = run(tok, ids, SamplingParams(stop=("b c",)), [1] * len(ids))
+    assert stop == "b c" and detok.text == "x a " == "".join(deltas)
+
+
+def test_multibyte_stop_string():
+    tok = byte_bpe()
+    ids = byte_ids("ab你好cd")
+    deltas, stop, detok = run(tok, ids, SamplingParams(stop=("好c",)), [1] * len(ids))
+    assert (detok.text, stop) == ("ab你", "好c")
+
+
+@pytest.mark.parametrize("stops", [("abcd", "bc"), ("bc", "abcd")])
+def test_first_completed_stop_wins_regardless_of_order(stops):
+    tok = byte_bpe()
+    ids = tok.encode("xabcdy")
+    for chunks in ([len(ids)], [1] * len(ids)):
+        deltas, stop, detok = run(tok, ids, SamplingParams(stop=stops), chunks)
+        assert (detok.text, stop) == ("xa", "bc")
+
+
+def test_one_token_completing_two_stops():
+    """'hello' is one token: both stops complete in it; the one a char stream sees first wins,
+    and for equal ends the longer (earlier-starting) one."""
+    tok = byte_bpe()
+    ids = tok.encode("hello")
+    assert len(ids) == 1
+    for stops, want in ((("hello", "ell"), ("h", "ell")), (("llo", "hello"), ("", "hello"))):
+        _, stop, detok = run(tok, ids, SamplingParams(stop=stops), [1])
+        assert (detok.text, stop) == want
+
+
+def test_possible_stop_prefix_is_held_back_then_released():
+    tok = byte_bpe()
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams(stop=("STOP",)))
+    assert detok.update(byte_ids("abST")) == ("ab", None)
+    assert detok.text == "abST"
+    assert detok.update(byte_ids("x")) == ("STx", None)
+    assert detok.update(byte_ids("S")) == ("", None)
+    assert detok.flush() == "S"
+    assert detok.text == "abSTxS"
+
+
+def test_stop_strings_do_not_fire_before_min_tokens():
+    tok = byte_bpe()
+    ids = byte_ids("STOP..STOP")
+    params = SamplingParams(stop=("STOP",), min_tokens=5, max_tokens=20)
+    _, stop, detok = run(tok, ids, params, [1] * len(ids))
+    assert stop == "STOP" and detok.text == "STOP.."
+
+
+@given(st.text(alphabet=ALPHABET, min_size=1, max_size=24),
+       st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=3), min_size=1, max_size=3),
+       st.booleans(), st.randoms(use_true_random=False))
+def test_stops_match_reference_for_any_split(text, stops, per_byte, rng):
+    tok = byte_bpe()
+    ids = byte_ids(text) if per_byte else tok.encode(text)
+    deltas, stop, detok = run(tok, ids, SamplingParams(stop=tuple(stops)), chunking(rng, len(ids)))
+    want_text, want_stop = first_stop(text, stops)
+    assert (detok.text, stop) == (want_text, want_stop)
+    assert "".join(deltas) == want_text

@@ -1,0 +1,200 @@
+"""Direct tests of the fast impl's own machinery (the conformance suite covers its decisions):
+the incremental hash equals the canonical chain, the intrusive free list behaves like a plain
+list, and the batch builder's caches (per-request table rows, staging buffer) stay exact when
+tables are trimmed and regrown, slots are recycled, and buffers grow.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from enginespec.spec import SamplingParams, SchedulerConfig, SchedulerOutput, hash_request_blocks, load_impl
+from enginespec.worker.batch import build_batch as plain_build_batch
+from enginespec.impls.fast.batch import BatchBuilder
+from enginespec.impls.fast.free_queue import FreeQueue
+from enginespec.impls.fast.hashing import extend_block_hashes
+
+FAST = load_impl("fast")
+
+
+def same_batch(a, b) -> None:
+    for name in ("input_ids", "positions", "logits_indices"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "query_start_loc_cpu",
+                 "seq_lens_cpu"):
+        x, y = getattr(a.meta, name), getattr(b.meta, name)
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
+    assert (a.meta.max_query_len, a.meta.max_seq_len) == (b.meta.max_query_len, b.meta.max_seq_len)
+    assert (a.sample_request_ids, a.num_scheduled_tokens, a.num_reqs, a.prompt_logprob_rows) == \
+        (b.sample_request_ids, b.num_scheduled_tokens, b.num_reqs, b.prompt_logprob_rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_hashes_equal_the_canonical_chain(seed):
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 3, 16])
+    key = rng.choice([(), ("tenant",), ("lora", b"\x00", 3, None, True)])
+    r = FAST.new_request("a", [rng.randrange(50_000) for _ in range(rng.randint(1, 70))], cache_key=key)
+    for _ in range(5):
+        hashes = extend_block_hashes(r, bs)
+        assert hashes is r.block_hashes
+        assert hashes == hash_request_blocks(r.token_ids, bs, key)
+        for _ in range(rng.randint(0, 2 * bs)):
+            r.append(rng.randrange(50_000))
+
+
+def test_free_queue_matches_a_plain_list():
+    """Random pops, removals, single pushes and batched releases (only blocks whose count
+    reaches 0 join, in release order) against a list model."""
+    rng = random.Random(0)
+    num = 40
+    queue, model = FreeQueue(num), list(range(num))
+    refs = [0] * num
+    for _ in range(3000):
+        op = rng.randrange(4)
+        if op == 0 and model:
+            b = queue.pop_front()
+            assert b == model.pop(0)
+            refs[b] = rng.randint(1, 2)
+        elif op == 1 and model:
+            b = rng.choice(model)
+            queue.remove(b)
+            model.remove(b)
+            refs[b] = 1
+        elif op == 2:
+            held = [b for b in range(num) if refs[b] > 0]
+            chosen = rng.sample(held, min(len(held), rng.randint(0, 4)))
+            queue.release(chosen, refs)
+            model += [b for b in chosen if refs[b] == 0]
+        else:
+            out = [b for b in range(num) if b not in model and refs[b] == 1]
+            if out:
+                b = rng.choice(out)
+                refs[b] = 0
+                queue.push_back(b)
+                model.append(b)
+        assert len(queue) == len(model)
+        assert all((b in queue) == (b in model) for b in range(num))
+        assert all((refs[b] == 0) == (b in model) for b in range(num))
+    assert queue.to_list() == model
+
+
+def test_empty_free_queue_links_head_to_tail():
+    queue = FreeQueue(3)
+    for _ in range(3):
+        queue.pop_front()
+    assert queue.to_list() == [] and len(queue) == 0
+    queue.push_back(2)
+    assert queue.to_list() == [2] and queue.pop_front() == 2
+
+
+def test_trim_makes_a_new_table_object_and_the_builder_sees_the_change():
+    """A table trimmed then regrown to its old length holds other blocks: the builder's
+    identity + length check must not serve the stale row."""
+    bm = FAST.new_block_manager(16, 2, enable_prefix_caching=False)
+    builder = BatchBuilder("cpu")
+    r = FAST.new_request("a", list(range(1, 8)))
+    assert bm.allocate_slots(r, 7)
+    out = SchedulerOutput(scheduled=[(r, 7)])
+    same_batch(builder.build(out, bm), plain_build_batch(out, bm))
+    old = bm._tables["a"]
+    bm.trim(r, 3)
+    assert bm._tables["a"] is not old and bm.block_table("a") == old[:2]
+    assert bm.allocate_slots(r, 7)  # regrows to 4 blocks, the new ones from the free queue
+    assert bm.block_table("a") != old
+    same_batch(builder.build(out, bm), plain_build_batch(out, bm))
+
+
+def test_builder_recycles_slots_and_grows_its_buffers():
+    """Hundreds of short-lived requests (slots released through output.finished), tables wider
+    than the initial rows, a step bigger than the initial staging buffer: every batch equals
+    the plain builder's."""
+    rng = random.Random(1)
+    bm = FAST.new_block_manager(6000, 4)
+    config = SchedulerConfig(max_num_batched_tokens=20_000, max_num_seqs=96, long_prefill_token_threshold=0)
+    scheduler = FAST.new_scheduler(config, bm)
+    builder = BatchBuilder("cpu")
+    for i in range(300):
+        prompt = [rng.randrange(1, 99) for _ in range(rng.randint(1, 300))]
+        params = SamplingParams(max_tokens=rng.randint(1, 6), ignore_eos=True,
+                                prompt_logprobs=1 if i % 7 == 0 else None)
+        scheduler.add(FAST.new_request(f"r{i}", prompt, params, arrival_time=float(i)))
+    widths, num_steps = set(), 0
+    while scheduler.has_unfinished:
+        output = scheduler.schedule()
+        got = builder.build(output, bm, pad_to=output.num_scheduled_tokens + num_steps % 3)
+        same_batch(got, plain_build_batch(output, bm, "cpu", output.num_scheduled_tokens + num_steps % 3))
+        widths.add(got.meta.block_table.shape[1])
+        sampled = {rid: [rng.randrange(1, 99)] for rid in got.sample_request_ids}
+        scheduler.update_from_output(output, sampled)
+        num_steps += 1
+    assert max(widths) > 16 and len(builder._tables.slot_of) < 96
+    assert builder._staging.np.shape[0] > 1 << 16
+
+
+def test_scheduler_finds_requests_in_every_queue():
+    """abort() removes a request from the running, swapped and waiting queues by bisecting on
+    its key; the remaining order stays the policy order."""
+    bm = FAST.new_block_manager(4, 2)
+    config = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, preemption_mode="swap")
+    scheduler = FAST.new_scheduler(config, bm)
+    for i in range(4):
+        scheduler.add(FAST.new_request(f"r{i}", [10 * i + t for t in range(1, 5)], SamplingParams(max_tokens=3), arrival_time=float(i)))
+    output = scheduler.schedule()  # r0, r1 admitted (2 blocks each), r2, r3 wait
+    scheduler.update_from_output(output, {"r0": [5], "r1": [5]})
+    output = scheduler.schedule()  # r0 needs a third block: r1 is swapped out
+    assert [r.request_id for r in output.preempted] == ["r1"]
+    assert [r.request_id for r in scheduler.waiting] == ["r1", "r2", "r3"]
+    for rid in ("r2", "r1", "r0"):
+        assert scheduler.abort(rid)
+    assert [r.request_id for r in scheduler.waiting] == ["r3"] and scheduler.running == []
+    assert not scheduler.abort("r1") and bm.num_free == 4
+
+
+def test_one_builder_per_pool_released_with_it():
+    """Two pools with the same request ids get separate builders (their row caches never
+    mix); a pool's builder goes away with the pool."""
+    import gc
+
+    outputs = []
+    for fill in (1, 2):
+        bm = FAST.new_block_manager(8, 2)
+        r = FAST.new_request("same-id", [fill] * 5)
+        assert bm.allocate_slots(r, 5)
+        outputs.append((bm, SchedulerOutput(scheduled=[(r, 5)])))
+    for bm, out in outputs + outputs[::-1]:
+        same_batch(FAST.build_batch(out, bm), plain_build_batch(out, bm))
+    assert {id(bm) for bm, _ in outputs} <= {id(k) for k in FAST._builders.keys()}
+    before = len(FAST._builders)
+    del outputs, bm, out, r
+    gc.collect()
+    assert len(FAST._builders) == before - 2
+
+
+def test_decode_batches_launch_longest_first_with_one_sort_per_step():
+    """FastAttention's launch order: argsort of seq_lens (longest first) for decode-only
+    batches, made once per BatchMeta and reused by later layers; none for prefill rows."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.spec import BatchMeta
+
+    def meta(seq_lens, q_lens):
+        qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+        lens = torch.tensor(seq_lens, dtype=torch.int32)
+        return BatchMeta(query_start_loc=qsl, seq_lens=lens, block_table=torch.zeros(len(seq_lens), 1,
+                         dtype=torch.int32), slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+                         block_size=16, query_start_loc_cpu=qsl, seq_lens_cpu=lens,
+                         max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+
+    backend = FastAttention("cpu", use_triton=True)
+    decode = meta([5, 40, 12, 40, 1], [1] * 5)
+    order = backend._launch_order(decode, decode.seq_lens)
+    assert order.dtype == torch.int32
+    assert decode.seq_lens[order.long()].tolist() == [40, 40, 12, 5, 1]
+    assert backend._launch_order(decode, decode.seq_lens) is order  # the next layer: no new sort
+    again = meta([5, 40, 12, 40, 1], [1] * 5)
+    assert backend._launch_order(again, again.seq_lens) is not order  # a new step sorts again
+    prefill = meta([5, 9], [1, 4])
+    assert backend._launch_order(prefill, prefill.seq_lens) is None

@@ -1,0 +1,633 @@
+"""The batched sampler against exact distributions and plain per-row Python references.
+
+Statistical tests draw N samples with a fixed seed and run a chi-square goodness-of-fit test at
+ALPHA = 1e-3: were the sampler exactly right, a given seed would fail with probability 1e-3
+(the seeds are fixed, so the suite is deterministic; a failure means the distribution is off or
+this seed is the unlucky 0.1%). Tokens the exact distribution gives zero mass must never appear.
+Requests come from the implementation under test (`impl.new_request`), as in the engine.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from enginespec.spec import SamplingParams
+from enginespec.sample.sampler import Sampler, edit_logits, prompt_logprobs
+from enginespec.sample.rng import row_key, seeded_uniform
+
+ALPHA = 1e-3
+N_DRAWS = 20000
+LOGITS6 = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0])
+EOS = 5
+
+
+# ---------------------------------------------------------------- chi-square without scipy
+
+def _gamma_q(a: float, x: float) -> float:
+    """Regularised upper incomplete gamma Q(a, x): a series for P when x < a + 1, else a
+    Lentz continued fraction for Q. Accurate to ~1e-12, plenty for a p-value against 1e-3."""
+    if x <= 0:
+        return 1.0
+    log_pre = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > 1e-15 * abs(total):
+            n += 1
+            term *= x / n
+            total += term
+        return 1.0 - total * math.exp(log_pre)
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h * math.exp(log_pre)
+
+
+def chi2_sf(stat: float, dof: int) -> float:
+    """Survival function of the chi-square distribution (scipy's when installed)."""
+    try:
+        from scipy.stats import chi2
+        return float(chi2.sf(stat, dof))
+    except ImportError:
+        return _gamma_q(dof / 2, stat / 2)
+
+
+def _pool(expected: torch.Tensor, observed: torch.Tensor, minimum: float = 5.0):
+    """Merge neighbouring cells (in token order) until each bin expects >= `minimum` draws,
+    so wide supports keep their power instead of collapsing into one bin."""
+    bins_e, bins_o, acc_e, acc_o = [], [], 0.0, 0.0
+    for e, o in zip(expected.tolist(), observed.tolist()):
+        acc_e, acc_o = acc_e + e, acc_o + o
+        if acc_e >= minimum:
+            bins_e.append(acc_e)
+            bins_o.append(acc_o)
+            acc_e, acc_o = 0.0, 0.0
+    if acc_e > 0 and bins_e:
+        bins_e[-1] += acc_e
+        bins_o[-1] += acc_o
+    elif acc_e > 0:
+        bins_e, bins_o = [acc_e], [acc_o]
+    return torch.tensor(bins_e, dtype=torch.float64), torch.tensor(bins_o, dtype=torch.float64)
+
+
+def assert_matches(counts: torch.Tensor, probs: torch.Tensor) -> None:
+    """Chi-square goodness of fit of `counts` to `probs`; neighbouring cells are pooled until
+    each expects >= 5 draws; zero-probability cells must be empty."""
+    counts, probs = counts.double(), probs.double()
+    n = counts.sum().item()
+    assert counts[probs == 0].sum().item() == 0, f"drew zero-probability tokens: {counts.tolist()}"
+    support = probs > 0
+    expected, observed = _pool(probs[support] * n, counts[support])
+    dof = expected.numel() - 1
+    if dof == 0:
+        return  # a single possible outcome: the zero-mass check above is the whole test
+    stat = (((observed - expected) ** 2) / expected).sum().item()
+    p = chi2_sf(stat, dof)
+    assert p > ALPHA, (f"chi2={stat:.1f} dof={dof} p={p:.2e}; first counts {counts[:16].tolist()}, "
+                       f"first probs {probs[:16].tolist()}")
+
+
+def test_chi2_sf_matches_known_values():
+    # chi2.sf(x, k) for k=2 is exp(-x/2) exactly; k=1 is erfc(sqrt(x/2)).
+    for x in (0.1, 1.0, 5.0, 20.0):
+        assert math.isclose(_gamma_q(1.0, x / 2), math.exp(-x / 2), rel_tol=1e-9)
+        assert math.isclose(_gamma_q(0.5, x / 2), math.erfc(math.sqrt(x / 2)), rel_tol=1e-9)
+    assert math.isclose(_gamma_q(5.0, 4.0), 0.6288369351798734, rel_tol=1e-9)
+
+
+def test_chi2_check_rejects_a_wrong_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    with pytest.raises(AssertionError):
+        assert_matches(torch.tensor([4000, 3000, 3000]), probs)
+    with pytest.raises(AssertionError):
+        assert_matches(torch.tensor([5000, 3000, 1999, 1]), torch.tensor([0.5, 0.3, 0.2, 0.0]))
+
+
+# ---------------------------------------------------------------- per-row Python references
+
+def reference_edit(logits: torch.Tensor, req) -> torch.Tensor:
+    """allowed ids -> min_tokens -> bias -> penalties, one token at a time, float64."""
+    p = req.params
+    x = [float(v) for v in logits.double()]
+    if p.allowed_token_ids is not None:
+        x = [v if t in p.allowed_token_ids else -math.inf for t, v in enumerate(x)]
+    if req.num_output_tokens < p.min_tokens:
+        stops = set(p.stop_token_ids) | ({req.eos_token_id} if not p.ignore_eos else set())
+        x = [-math.inf if t in stops else v for t, v in enumerate(x)]
+    for t, b in (p.logit_bias or {}).items():
+        x[t] += b
+    out = list(req.output_token_ids)
+    for t in range(len(x)):
+        if t in out or t in req.prompt_token_ids:
+            x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+        n = out.count(t)
+        x[t] -= p.frequency_penalty * n + (p.presence_penalty if n else 0.0)
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def reference_probs(logits: torch.Tensor, req) -> torch.Tensor:
+    """The exact distribution the sampler must draw from, by the textbook definitions."""
+    p = req.params
+    x = reference_edit(logits, req)
+    if p.temperature == 0:
+        return torch.nn.functional.one_hot(x.argmax(), x.numel()).double()
+    probs = torch.softmax(x / p.temperature, dim=0)
+    keep = probs >= p.min_p * probs.max()
+    if 0 < p.top_k < x.numel():
+        kth = sorted(x.tolist(), reverse=True)[p.top_k - 1]
+        keep &= x >= kth
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    probs = probs / probs.sum()
+    if p.top_p < 1.0:
+        order = sorted(range(x.numel()), key=lambda t: -probs[t].item())
+        mass, kept = 0.0, set()
+        for t in order:
+            if mass >= p.top_p:
+                break
+            kept.add(t)
+            mass += probs[t].item()
+        probs = torch.tensor([probs[t].item() if t in kept else 0.0 for t in range(x.numel())])
+    return probs / probs.sum()
+
+
+def make_request(impl, params, prompt=(1, 2, 3), outputs=(), rid="r"):
+    req = impl.new_request(rid, list(prompt), params, eos_token_id=EOS)
+    for t in outputs:
+        req.append(t)
+    return req
+
+
+def draw_counts(sampler, logits_row, reqs) -> torch.Tensor:
+    out = sampler(logits_row.expand(len(reqs), -1).contiguous(), reqs)
+    return torch.bincount(torch.tensor(out.token_ids), minlength=logits_row.numel())
+
+
+# ---------------------------------------------------------------- distributions
+
+MODES = {
+    "temperature1": SamplingParams(temperature=1.0),
+    "temperature0.5": SamplingParams(temperature=0.5),
+    "temperature2": SamplingParams(temperature=2.0),
+    "top_k3": SamplingParams(top_k=3),
+    "top_p0.7": SamplingParams(top_p=0.7),
+    "min_p0.2": SamplingParams(min_p=0.2),
+    "combined": SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
+    "penalties_bias": SamplingParams(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3,
+                                     logit_bias={5: 1.5, 0: -0.5}),
+    "allowed": SamplingParams(allowed_token_ids=(1, 3, 4)),
+    "min_tokens": SamplingParams(min_tokens=4, stop_token_ids=(0,)),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_distribution_matches_exact(impl, mode):
+    req = make_request(impl, MODES[mode], prompt=(0, 2), outputs=(1, 1, 4))
+    probs = reference_probs(LOGITS6, req)
+    assert (probs > 0).sum() >= 2, "the mode must leave a real choice for the test to mean anything"
+    sampler = Sampler(6, seed=1234)
+    assert_matches(draw_counts(sampler, LOGITS6, [req] * N_DRAWS), probs)
+
+
+def test_seeded_rows_match_exact_distribution(impl):
+    """Hash-derived noise (one seed per row) draws from the right distribution too."""
+    params = [SamplingParams(temperature=0.7, top_p=0.95, seed=s) for s in range(N_DRAWS)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    probs = reference_probs(LOGITS6, reqs[0])
+    assert_matches(draw_counts(Sampler(6), LOGITS6, reqs), probs)
+
+
+def test_seeded_draws_across_output_index_match_exact_distribution(impl):
+    """One seed, successive output indices: the draws must be a fair sequence."""
+    params = SamplingParams(temperature=1.0, seed=99)
+    req = make_request(impl, params, prompt=(1,))
+    sampler, tokens = Sampler(6), []
+    for _ in range(3000):
+        tokens.append(sampler(LOGITS6.view(1, -1), [req]).token_ids[0])
+        req.append(0)  # the token appended does not matter: draws key on the output index
+    probs = torch.softmax(LOGITS6.double(), 0)
+    assert_matches(torch.bincount(torch.tensor(tokens), minlength=6), probs)
+
+
+def test_seeded_uniform_is_uniform():
+    u = seeded_uniform([row_key(s, i) for s in range(8) for i in range(4)], 4096, "cpu")
+    assert u.min() > 0 and u.max() < 1
+    counts = torch.histc(u.flatten(), bins=32, min=0.0, max=1.0)
+    assert_matches(counts, torch.full((32,), 1 / 32))
+
+
+# ---------------------------------------------------------------- greedy and mixed batches
+
+def test_greedy_rows_take_argmax_in_mixed_batch(impl):
+    torch.manual_seed(0)
+    logits = torch.randn(12, 50)
+    params = [SamplingParams(temperature=0.0) if i % 3 == 0 else SamplingParams(temperature=1.5, seed=i)
+              for i in range(12)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    out = Sampler(50, seed=0)(logits, reqs)
+    greedy = [i for i in range(12) if i % 3 == 0]
+    assert [out.token_ids[i] for i in greedy] == logits[greedy].argmax(1).tolist()
+    assert out.logprobs == [None] * 12
+    random_rows = [out.token_ids[i] for i in range(12) if i % 3]
+    assert random_rows != logits[[i for i in range(12) if i % 3]].argmax(1).tolist()
+
+
+def test_padded_vocab_columns_are_never_sampled(impl):
+    logits = torch.zeros(64, 10)
+    logits[:, 8:] = 50.0  # columns past vocab_size=8 (padding) dominate
+    reqs = [make_request(impl, SamplingParams(temperature=t), rid=f"r{i}") for i, t in enumerate([0.0, 1.0] * 32)]
+    assert max(Sampler(8, seed=0)(logits, reqs).token_ids) < 8
+
+
+# ---------------------------------------------------------------- seeds
+
+def test_seeded_draw_independent_of_batch_and_position(impl):
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    logits = torch.randn(1, 40)
+    draws = set()
+    for seed in range(30):
+        params = SamplingParams(temperature=1.0, top_k=30, seed=seed)
+        req = make_request(impl, params, outputs=[7] * (seed % 5), rid="seeded")
+        alone = Sampler(40, seed=1)(logits, [req]).token_ids[0]
+        size, pos = rng.randint(2, 9), None
+        pos = rng.randrange(size)
+        others = [make_request(impl, SamplingParams(temperature=rng.choice([0.0, 1.0]),
+                                                    seed=rng.choice([None, 5])), rid=f"o{j}")
+                  for j in range(size - 1)]
+        batch = others[:pos] + [req] + others[pos:]
+        mixed = torch.randn(size, 40)
+        mixed[pos] = logits[0]
+        assert Sampler(40, seed=2)(mixed, batch).token_ids[pos] == alone
+        draws.add(alone)
+    assert len(draws) > 3, "different seeds must give different draws"
+
+
+def test_unseeded_rows_follow_sampler_seed(impl):
+    logits = torch.randn(16, 30, generator=torch.Generator().manual_seed(3))
+    reqs = [make_request(impl, SamplingParams(), rid=f"r{i}") for i in range(16)]
+    a, b, c = Sampler(30, seed=7)(logits, reqs), Sampler(30, seed=7)(logits, reqs), Sampler(30, seed=8)(logits, reqs)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+# ---------------------------------------------------------------- edits against Python
+
+def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0,
+        repetition_penalty=rng.choice([1.0, 0.5, 1.3, 2.0]),
+        frequency_penalty=rng.choice([0.0, -0.7, 0.5, 2.0]),
+        presence_penalty=rng.choice([0.0, 1.0, -1.5]),
+        logit_bias=rng.choice([None, {rng.randrange(vocab): rng.uniform(-5, 5) for _ in range(3)}]),
+        allowed_token_ids=rng.choice([None, tuple(rng.sample(range(vocab), 4))]),
+        min_tokens=rng.choice([0, 2, 6]), max_tokens=16,
+        stop_token_ids=tuple(rng.sample(range(vocab), rng.randint(0, 2))),
+        ignore_eos=rng.choice([False, True]))
+
+
+def _random_requests(impl, rng, vocab: int, count: int, *, max_prompt: int, max_output: int) -> list:
+    """`count` requests with random params (_random_params), prompts and output histories."""
+    reqs = []
+    for i in range(count):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))]
+        outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, max_output))]
+        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+    return reqs
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_edits_match_python_reference(impl, case):
+    rng, vocab = random.Random(case), 24
+    reqs = _random_requests(impl, rng, vocab, 8, max_prompt=6, max_output=8)
+    logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(case)) * 3
+    got = edit_logits(logits, reqs)
+    for i, req in enumerate(reqs):
+        want = reference_edit(logits[i], req).float()
+        assert torch.equal(torch.isinf(got[i]), torch.isinf(want)), i
+        finite = torch.isfinite(want)
+        torch.testing.assert_close(got[i][finite], want[finite], rtol=1e-5, atol=1e-5)
+    out = Sampler(vocab, seed=0)(logits, reqs)
+    assert out.token_ids == [reference_edit(logits[i], r).argmax().item() for i, r in enumerate(reqs)]
+
+
+def test_edit_logits_leaves_input_untouched(impl):
+    logits = torch.randn(2, 10)
+    before = logits.clone()
+    reqs = [make_request(impl, SamplingParams(logit_bias={1: 3.0}, repetition_penalty=2.0), rid=f"r{i}")
+            for i in range(2)]
+    edit_logits(logits, reqs)
+    assert torch.equal(logits, before)
+
+
+# ---------------------------------------------------------------- min_tokens, allowed ids
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(impl):
+    logits = torch.tensor([[0.0, 9.0, 1.0, 0.0, 0.0, 10.0]])  # EOS=5 best, stop id 1 second
+    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(1,))
+    sampler = Sampler(6)
+    for n_out, want in ((0, 2), (2, 2), (3, 5)):
+        req = make_request(impl, params, outputs=[4] * n_out)
+        assert sampler(logits, [req]).token_ids == [want], n_out
+    ignoring = make_request(impl, SamplingParams(temperature=0.0, min_tokens=3, ignore_eos=True))
+    assert sampler(logits, [ignoring]).token_ids == [5]  # EOS stops nothing, so it is not masked
+
+
+def test_allowed_token_ids_restrict_random_and_greedy(impl):
+    logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(5))
+    allowed = (3, 17, 30)
+    reqs = [make_request(impl, SamplingParams(temperature=2.0, allowed_token_ids=allowed), rid=f"r{i}")
+            for i in range(500)]
+    drawn = set(Sampler(32, seed=0)(logits.expand(500, -1), reqs).token_ids)
+    assert drawn == set(allowed)
+    greedy = make_request(impl, SamplingParams(temperature=0.0, allowed_token_ids=allowed))
+    best = max(allowed, key=lambda t: logits[0, t].item())
+    assert Sampler(32)(logits, [greedy]).token_ids == [best]
+
+
+# ---------------------------------------------------------------- logprobs
+
+def test_logprobs_are_raw_log_softmax(impl):
+    torch.manual_seed(1)
+    logits = torch.randn(5, 40) * 4
+    params = [SamplingParams(logprobs=3, temperature=0.0), SamplingParams(logprobs=0, top_k=5),
+              SamplingParams(), SamplingParams(logprobs=5, repetition_penalty=2.0, logit_bias={0: 9.0}),
+              SamplingParams(logprobs=1, seed=3)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    out = Sampler(40, seed=0)(logits, reqs)
+    lp = torch.log_softmax(logits.double(), dim=1)
+    assert out.logprobs[2] is None
+    for i, p in enumerate(params):
+        if p.logprobs is None:
+            continue
+        entries = out.logprobs[i]
+        assert len(entries) == 1 + p.logprobs
+        assert entries[0][0] == out.token_ids[i]
+        for tok, value in entries:
+            assert math.isclose(value, lp[i, tok].item(), abs_tol=1e-5)
+        top = [t for t, _ in entries[1:]]
+        assert top == lp[i].topk(p.logprobs).indices.tolist()
+
+
+def test_prompt_logprobs(impl):
+    torch.manual_seed(2)
+    logits = torch.randn(4, 20)
+    targets = [3, 0, 19, 7]
+    lp = torch.log_softmax(logits.double(), dim=1)
+    got = Sampler(20).prompt_logprobs(logits, targets, 2)
+    for p, entry in enumerate(got):
+        assert list(entry)[0] == targets[p]
+        want = {targets[p]} | set(lp[p].topk(2).indices.tolist())
+        assert set(entry) == want
+        for tok, value in entry.items():
+            assert math.isclose(value, lp[p, tok].item(), abs_tol=1e-5)
+    assert [list(e) for e in prompt_logprobs(logits, targets, 0)] == [[t] for t in targets]
+
+
+def test_bad_shapes_raise_value_errors(impl):
+    req = make_request(impl, SamplingParams())
+    with pytest.raises(ValueError, match="len\\(requests\\)"):
+        Sampler(10)(torch.zeros(2, 10), [req])
+    with pytest.raises(ValueError, match="vocab_size"):
+        Sampler(10)(torch.zeros(1, 8), [req])
+    with pytest.raises(ValueError, match="target_ids"):
+        prompt_logprobs(torch.zeros(2, 10), [1], 1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        Sampler(0)
+
+
+# ---------------------------------------------------------------- Triton draw vs torch draw
+
+@pytest.mark.parametrize("chunk", [64, 256, 1024])
+def test_triton_draw_matches_torch_draw(chunk):
+    """The two Triton kernels (interpreted on CPU) draw the same tokens as the torch path, for
+    seeded, unseeded (derived keys) and greedy rows, with and without cuts, over several chunks."""
+    from enginespec.kernels import sampling as sampling_triton
+    from enginespec.sample.sampler import draw_torch
+    from enginespec.sample.rng import resolve_keys
+
+    if sampling_triton.triton is None:
+        pytest.skip("triton not installed")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(11)
+    rows, vocab = 8, 3000  # vocab spans several blocks and chunks, the last one partial
+    x = (torch.randn(rows, vocab, generator=gen) * 2).to(dev)
+    x[0, 5] = x[0, 2900] = x[0].max() + 1  # a greedy tie: the lower id must win
+    x[7, :1500] = float("-inf")             # whole chunks masked (allowed-ids style)
+    noisy = [False, True, True, True, False, True, True, True]
+    x_scale = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3, 0.8, 1.0], device=dev)
+    thr = torch.tensor([float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5, float("-inf"), 0.5],
+                       device=dev)
+    keys = [0, row_key(1, 0), row_key(2, 5), -1, 0, 2**63 - 1, -1, row_key(4, 1)]
+    base = (123456789, 2**31 - 1)
+    noise = torch.tensor([1.0 if n else 0.0 for n in noisy], device=dev)
+    got = sampling_triton.draw(x, x_scale, thr, noise, torch.tensor(keys, device=dev), base, chunk=chunk)
+    want = draw_torch(x, x_scale, thr, resolve_keys(keys, base), noisy, chunk=chunk)
+    assert got.tolist() == want.tolist()
+    assert got[0].item() == 5
+    assert all(x[i, t] >= thr[i] and x[i, t] > float("-inf") for i, t in enumerate(got.tolist()))
+
+
+def test_penalty_state_follows_requests_across_calls(impl):
+    """One Sampler over several steps: new outputs count, a new request reusing an id gets
+    its own prompt (the prompt-mask cache must not go stale)."""
+    vocab = 12
+    logits = torch.linspace(1.0, 2.0, vocab).unsqueeze(0)  # token 11 best, then 10, ...
+    params = SamplingParams(temperature=0.0, repetition_penalty=4.0)
+    sampler = Sampler(vocab)
+    first = make_request(impl, params, prompt=[11], rid="same")
+    assert sampler(logits, [first]).token_ids == [10]
+    first.append(10)
+    assert sampler(logits, [first]).token_ids == [9]
+    second = make_request(impl, params, prompt=[10], rid="same")
+    assert sampler(logits, [second]).token_ids == [11]
+
+
+# ---------------------------------------------------------------- large vocabularies
+
+WIDE = 2048  # > NUM_CANDIDATES, so top-p takes its candidate and full-sort paths
+
+
+@pytest.mark.parametrize("case", ["flat_top_p", "peaky_top_p", "min_p_then_top_p", "top_k_large"])
+def test_wide_vocab_cuts_match_exact(impl, case):
+    """Top-p where the nucleus is wider than the candidates (full-sort fallback), fits in
+    them (candidate path with a whole-row mass), is bounded by min-p, and a top-k > 512."""
+    from enginespec.sample.truncation import NUM_CANDIDATES
+
+    assert WIDE > NUM_CANDIDATES
+    ramp = torch.linspace(0.0, 1.0, WIDE)
+    logits, params = {
+        "flat_top_p": (ramp, SamplingParams(top_p=0.8)),
+        "peaky_top_p": (ramp * 12, SamplingParams(top_p=0.7)),
+        "min_p_then_top_p": (ramp * 6, SamplingParams(min_p=0.2, top_p=0.9)),
+        "top_k_large": (ramp, SamplingParams(top_k=700, top_p=0.95)),
+    }[case]
+    req = make_request(impl, params)
+    probs = reference_probs(logits, req)
+    draws = 3000  # fewer than elsewhere: the CPU noise hash over 2048 columns is the cost
+    out = Sampler(WIDE, seed=3)(logits.expand(draws, -1).contiguous(), [req] * draws)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=WIDE)
+    assert_matches(counts, probs)
+
+
+def test_wide_vocab_mixed_batch_matches_exact(impl):
+    """Rows on different top-p paths (fallback, candidates, bounded by min-p), plus greedy
+    rows, in one batch: each row group still draws from its own exact distribution."""
+    ramp = torch.linspace(0.0, 1.0, WIDE)
+    groups = [(ramp, SamplingParams(top_p=0.8)), (ramp * 12, SamplingParams(top_p=0.7)),
+              (ramp * 6, SamplingParams(min_p=0.2, top_p=0.9, temperature=0.7)),
+              (ramp * 3, SamplingParams(temperature=0.0))]
+    per_group = 1000
+    reqs = [make_request(impl, p, rid=f"g{g}") for g, (_, p) in enumerate(groups)]
+    rows = [g for _ in range(per_group) for g in range(len(groups))]
+    logits = torch.stack([groups[g][0] for g in rows])
+    out = Sampler(WIDE, seed=5)(logits, [reqs[g] for g in rows])
+    tokens = torch.tensor(out.token_ids)
+    for g, (row_logits, _) in enumerate(groups):
+        counts = torch.bincount(tokens[torch.tensor(rows) == g], minlength=WIDE)
+        assert_matches(counts, reference_probs(row_logits, reqs[g]))
+
+
+def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
+    """The whole Sampler with its Triton draw (interpreted on CPU) against the torch path:
+    seeded rows with every kind of cut, greedy rows, and a batch with no cut at all."""
+    from enginespec.kernels import sampling as sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(12, 700, generator=gen) * 3
+    settings = [dict(temperature=0.0), dict(temperature=0.7, top_k=20), dict(top_p=0.9),
+                dict(min_p=0.1, temperature=1.3), dict(top_k=600, top_p=0.8), dict(temperature=0.5)]
+    batches = [[make_request(impl, SamplingParams(seed=i, **settings[i % 6]), rid=f"r{i}") for i in range(12)],
+               [make_request(impl, SamplingParams(seed=i, temperature=0.9), rid=f"t{i}") for i in range(12)]]
+    for reqs in batches:
+        want = Sampler(700)(logits, reqs).token_ids
+        with monkeypatch.context() as m:
+            m.setattr(sampling_triton, "available", lambda device: True)
+            got = Sampler(700)(logits, reqs).token_ids
+        assert got == want
+
+
+# ---------------------------------------------------------------- the chunked draw
+
+def test_chunk_stats_kernel_matches_torch():
+    """Pass 1 of the Triton draw (interpreted on CPU) against `chunk_weights`: chunk maxima and
+    first argmax exactly, kept masses to float32 rounding (different summation order)."""
+    from enginespec.kernels import sampling as sampling_triton
+    from enginespec.sample.draw import chunk_weights
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(21)
+    rows, vocab, chunk = 4, 200, 64
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    x[1, 64:128] = float("-inf")          # a chunk with nothing kept
+    x[2, 10] = x[2, 40] = 20.0            # a tie inside one chunk
+    scale = torch.tensor([1.0, 2.0, 0.5, 1.4427])
+    thr = torch.tensor([float("-inf"), 0.0, 1.0, 2.0])
+    stats = torch.empty((rows, 3, 4), dtype=torch.float32)
+    sampling_triton._chunk_stats_kernel[(rows, 4)](x, x.stride(0), scale, thr, stats, vocab, 4,
+                                                   CHUNK=chunk, BLOCK=32)
+    tops, weights = chunk_weights(x, scale, thr, chunk)
+    assert torch.equal(stats[:, 0], tops)
+    torch.testing.assert_close(stats[:, 1], weights.sum(dim=2), rtol=1e-5, atol=1e-6)
+    padded = torch.nn.functional.pad(x, (0, 4 * chunk - vocab), value=float("-inf")).view(rows, 4, chunk)
+    want_first = padded.argmax(dim=2) + torch.arange(4) * chunk
+    finite = tops > float("-inf")
+    assert torch.equal(stats[:, 2].long()[finite], want_first[finite])
+    assert stats[2, 2, 0].item() == 10
+
+
+WIDE_RAMP = torch.linspace(0.0, 4.0, 700)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(top_p=0.8),
+                                    SamplingParams(top_k=300, min_p=0.02, temperature=1.3)])
+def test_multi_chunk_torch_draw_matches_exact(impl, monkeypatch, params):
+    """With chunks of 64 tokens (11 chunks over 700) the two-step draw (chunk, then token) is
+    still the exact cut softmax."""
+    from enginespec.sample import draw as sampling_draw
+
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    req = make_request(impl, params)
+    draws = 6000
+    out = Sampler(700, seed=9)(WIDE_RAMP.expand(draws, -1).contiguous(), [req] * draws)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=700)
+    assert_matches(counts, reference_probs(WIDE_RAMP, req))
+
+
+def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
+    """The Triton draw (interpreted) with 8-token chunks over 32 tokens, unseeded and seeded
+    rows, against the exact distribution (few draws: the interpreter runs each program in
+    Python; the torch path, which must draw the same tokens, has the high-power tests)."""
+    from enginespec.sample import draw as sampling_draw
+    from enginespec.kernels import sampling as sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", 8)
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    logits = torch.linspace(0.0, 3.0, 32)
+    draws = 400
+    reqs = [make_request(impl, SamplingParams(temperature=0.8, top_p=0.9, seed=(i if i % 2 else None)),
+                         rid=f"r{i}") for i in range(draws)]
+    out = Sampler(32, seed=4)(logits.expand(draws, -1).contiguous(), reqs)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=32)
+    assert_matches(counts, reference_probs(logits, reqs[0]))
+
+
+def test_triton_seeded_draw_independent_of_batch(impl, monkeypatch):
+    """On the Triton path (interpreted) a seeded row draws the same token alone and at any
+    position of a batch with other seeded, unseeded and greedy rows."""
+    from enginespec.kernels import sampling as sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    gen = torch.Generator().manual_seed(8)
+    row = torch.randn(1, 300, generator=gen)
+    target = make_request(impl, SamplingParams(temperature=1.0, top_p=0.95, seed=17), outputs=[3, 4], rid="t")
+    alone = Sampler(300, seed=0)(row, [target]).token_ids[0]
+    for size, pos in ((3, 0), (5, 4), (4, 2)):
+        others = [make_request(impl, SamplingParams(temperature=[0.0, 0.9][j % 2], seed=[None, j][j % 2]),
+                               rid=f"o{j}") for j in range(size - 1)]
+        logits = torch.randn(size, 300, generator=gen)
+        logits[pos] = row[0]
+        assert Sampler(300, seed=size)(logits, others[:pos] + [target] + others[pos:]).token_ids[pos] == alone
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_triton_penalties_match_torch(impl, monkeypatch, case):
+    """The fused penalty kernel (interpreted on CPU) against the torch arithmetic, on edits
+    mixing penalties with allowed ids, min_tokens (-inf entries) and bias, and a vocab that is
+    not a multiple of the kernel's block."""
+    from enginespec.kernels import sampling as sampling_triton
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    rng, vocab = random.Random(100 + case), 2100
+    reqs = _random_requests(impl, rng, vocab, 6, max_prompt=40, max_output=40)
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(case)) * 3
+    want = edit_logits(logits, reqs)
+    with monkeypatch.context() as m:
+        m.setattr(sampling_triton, "available", lambda device: True)
+        got = edit_logits(logits, reqs)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(want, logits.float()), "the case must edit something"

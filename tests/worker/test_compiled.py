@@ -1,0 +1,68 @@
+"""torch.compile of the decoder (worker/compiled.py) never changes greedy outputs, and one
+compiled graph (plus the one-row specialisation) serves every step.
+
+On the CPU the body is compiled with the "aot_eager" backend: dynamo traces the whole decoder
+(attention as the opaque enginespec::paged_attention op) and AOTAutograd runs it, without
+inductor's code generation, so CI stays fast. The inductor path itself runs on CUDA in
+test_cuda_graphs.py (the default there).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from enginespec.conformance.invariants import check_idle
+from enginespec.testing.checkpoints import tiny_model_dir
+from enginespec.worker.compiled import should_compile
+from enginespec.worker.step_context import current
+from enginespec.spec import SamplingParams
+
+
+def _generate(impl, family, **engine_args):
+    from enginespec.llm import LLM
+
+    # Prompts of 5..35 tokens with a 16-token budget: prefill chunks, mixed steps, and a tail
+    # where one request decodes alone (the one-row graph).
+    prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 1 for j in range(5 + 6 * i)]} for i in range(6)]
+    params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    llm = LLM(tiny_model_dir(family), impl=impl, dtype="float32", device="cpu", block_size=4,
+              num_blocks=128, max_num_batched_tokens=16, max_num_seqs=4, **engine_args)
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    return llm, outs
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+def test_compiled_body_equals_eager(impl, family, torch_one_thread):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    _, eager = _generate(impl, family)
+    llm, compiled = _generate(impl, family, compile_model=True, compile_backend="aot_eager")
+    body = llm.engine.runner.body
+    assert body is not None and body.error is None, f"compiled body fell back to eager: {body.error!r}"
+    assert compiled == eager
+    # one dynamic graph for N >= 2 plus the N = 1 specialisation; a graph per step would be a bug
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_compile_setting():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert should_compile(None, cuda, enforce_eager=False)
+    assert not should_compile(None, cuda, enforce_eager=True)
+    assert not should_compile(None, cpu, enforce_eager=False)
+    assert should_compile(True, cpu, enforce_eager=False)
+    assert not should_compile(False, cuda, enforce_eager=False)
+    with pytest.raises(ValueError, match="compile_model"):
+        should_compile("yes", cpu, enforce_eager=False)
+
+
+def test_attention_op_needs_a_step_context():
+    with pytest.raises(ValueError, match="StepContext"):
+        current()
+    q = torch.randn(1, 4, 3, 16)
+    kv = torch.randn(1, 2, 3, 16)
+    with pytest.raises(ValueError, match="StepContext"):
+        torch.ops.enginespec.paged_attention(q, kv, kv, 0, 0.25, 0)

@@ -1,0 +1,158 @@
+"""The checkpoint loader: weights land where transformers puts them, and every broken checkpoint
+fails with an error that names the file or tensor at fault. Never a download."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from enginespec.testing.checkpoints import VOCAB_SIZE, make_tiny_checkpoint, tiny_model_dir
+from enginespec.worker.loader import (SUPPORTED_ARCHITECTURES, CheckpointError, CheckpointNotFound, build_model,
+                                 checkpoint_files, load_tokenizer)
+
+
+def _hf_state(path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _copy(family: str, tmp_path: Path, tied: bool = False) -> Path:
+    dest = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir(family, tied), dest)
+    return dest
+
+
+def _rewrite(path: Path, edit) -> None:
+    """Load model.safetensors, apply `edit` to the dict, save it back."""
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    edit(tensors)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_weights_equal_transformers_own_load(family, tied):
+    path = tiny_model_dir(family, tied)
+    model = build_model(path)
+    ours = model.state_dict()
+    theirs = _hf_state(path)
+    assert set(ours) == set(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), name
+    head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert (head is embed) == tied
+    assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def test_tied_checkpoint_stores_no_head_tensor():
+    files = checkpoint_files(tiny_model_dir("qwen3", True))
+    names = set().union(*(load_file(str(f)).keys() for f in files))
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_dtype_is_applied_to_every_weight(dtype):
+    model = build_model(tiny_model_dir("qwen2"), dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # as transformers keeps it
+
+
+def test_sharded_checkpoint(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model_dir("mistral")
+    AutoModelForCausalLM.from_pretrained(str(source)).save_pretrained(str(tmp_path), max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1
+    assert [f.name for f in checkpoint_files(tmp_path)] == shards
+    ours = build_model(tmp_path).state_dict()
+    for name, tensor in _hf_state(source).items():
+        assert torch.equal(ours[name], tensor), name
+    (tmp_path / shards[-1]).unlink()
+    with pytest.raises(CheckpointNotFound, match=shards[-1]):
+        build_model(tmp_path)
+
+
+def test_missing_directory_never_downloads():
+    with pytest.raises(CheckpointNotFound, match="does not exist") as info:
+        build_model("Qwen/Qwen3-0.6B")
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(CheckpointNotFound, match="config.json"):
+        build_model(tmp_path)
+
+
+def test_unsupported_architecture_lists_supported(tmp_path):
+    path = _copy("qwen3", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="GPT2LMHeadModel") as info:
+        build_model(path)
+    assert all(arch in str(info.value) for arch in SUPPORTED_ARCHITECTURES)
+
+
+def test_no_weight_files(tmp_path):
+    path = _copy("qwen3", tmp_path)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointNotFound, match="safetensors"):
+        build_model(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    path = _copy("qwen2", tmp_path)
+    _rewrite(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+    with pytest.raises(CheckpointError, match=r"missing.*model\.layers\.1\.self_attn\.k_proj\.bias"):
+        build_model(path)
+
+
+def test_untied_checkpoint_without_head_is_missing_a_tensor(tmp_path):
+    path = _copy("llama", tmp_path)
+    _rewrite(path, lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(CheckpointError, match=r"lm_head\.weight"):
+        build_model(path)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+    path = _copy("qwen3", tmp_path)
+    _rewrite(path, lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(2, 2)}))
+    with pytest.raises(CheckpointError, match=r"unexpected.*model\.layers\.0\.mlp\.extra\.weight"):
+        build_model(path)
+
+
+def test_wrong_shape_is_named(tmp_path):
+    path = _copy("qwen3", tmp_path)
+    _rewrite(path, lambda t: t.update({"model.norm.weight": torch.ones(31)}))
+    with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*\[31\].*\[32\]"):
+        build_model(path)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_file_is_named(tmp_path, damage):
+    path = _copy("mistral", tmp_path)
+    file = path / "model.safetensors"
+    data = file.read_bytes()
+    file.write_bytes(b"\x07not a safetensors file" if damage == "garbage" else data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt safetensors file .*model.safetensors"):
+        build_model(path)
+
+
+def test_tokenizer_beside_checkpoint(tmp_path):
+    tok = load_tokenizer(tiny_model_dir("qwen3"))
+    assert len(tok) == VOCAB_SIZE
+    ids = tok.encode("hello!", add_special_tokens=False)
+    assert tok.decode(ids) == "hello!"
+    bare = make_tiny_checkpoint("llama", tmp_path / "bare")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (bare / name).unlink(missing_ok=True)
+    assert load_tokenizer(bare) is None

@@ -1,0 +1,250 @@
+"""ModelRunner: owns the paged KV pools of one model, moves blocks to and from host memory, and
+runs one flat batch through the model.
+
+Compilation and graph capture happen here, at the call site: on CUDA (unless enforce_eager or
+compile_model=False) the decoder body is torch.compile'd (compiled.py) for every step, and
+decode steps replay CUDA graphs captured over that compiled body (cuda_graphs.py).
+
+Sizing the pool:
+- CPU: `num_blocks` if given, else `kv_cache_bytes` (default DEFAULT_CPU_KV_BYTES) divided by
+  the bytes of one block over all layers, capped at what max_num_seqs requests of
+  max_model_len tokens could ever hold (a bigger pool would only waste host memory).
+- CUDA: `num_gpu_blocks_override` if given, else a profile run of the largest step
+  (max_num_batched_tokens tokens over min(max_num_seqs, tokens) requests, logits and the
+  sampler included) measures the activation peak; the pool gets
+  total * gpu_memory_utilization - (memory in use before the run) - (activation peak).
+
+Swaps: `swap_out(request_id, blocks)` copies the listed device blocks (every layer, K and V)
+to host memory under the request id, before the step's forward reuses them; `swap_in` copies
+them back into the newly allocated blocks and forgets the host copy. `drop(request_id)` forgets
+the copy of a request that finished while swapped, so host memory never outlives a request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from enginespec.spec import Batch, SamplingParams, SchedulerOutput
+
+from enginespec.worker.compiled import CompiledBody, should_compile
+
+DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kv_bytes_per_block(model, block_size: int) -> int:
+    """Bytes one block takes over all layers: K and V of block_size tokens."""
+    itemsize = torch.empty((), dtype=model.dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
+
+
+@dataclass
+class ExecuteOutput:
+    """Logits of one step: `logits` [S, V] (the model's dtype) for batch.logits_indices (in
+    batch.sample_request_ids order); `prompt_logits[request_id] = (positions, logits [P, V],
+    target ids)` for prompt positions whose next-token logprobs were asked for."""
+
+    logits: torch.Tensor
+    prompt_logits: dict[str, tuple[list[int], torch.Tensor, list[int]]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Runs a FlatModel over the paged pool. Invariant: `kv_caches` has one tensor per layer,
+    each [2, num_blocks + 1, block_size, kv_heads, head_dim] (the last block is scratch), and the
+    block ids the scheduler hands out are < num_blocks."""
+
+    def __init__(self, model, impl, *, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_model_len: int, num_blocks: Optional[int] = None,
+                 kv_cache_bytes: Optional[int] = None, gpu_memory_utilization: float = 0.9,
+                 num_gpu_blocks_override: Optional[int] = None,
+                 sample_fn: Optional[Callable] = None, enforce_eager: bool = False,
+                 compile_model: Optional[bool] = None, compile_backend: str = "inductor"):
+        self.model = model
+        self.impl = impl
+        self.block_size = block_size
+        self.device = torch.device(model.device)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.build_batch = getattr(impl, "build_batch", None) or _plain_build_batch()
+        self.bytes_per_block = kv_bytes_per_block(model, block_size)
+        self.body = None  # None: the model's own eager body
+        if should_compile(compile_model, self.device, enforce_eager):
+            self.body = CompiledBody(model, compile_backend)
+        if self.device.type == "cuda":
+            self.num_blocks = self._cuda_num_blocks(gpu_memory_utilization, num_gpu_blocks_override,
+                                                    num_blocks, sample_fn)
+        else:
+            self.num_blocks = self._cpu_num_blocks(num_blocks, kv_cache_bytes)
+        self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
+        self._host: dict[str, list[torch.Tensor]] = {}
+        self.graphs = None
+        if (self.device.type == "cuda" and not enforce_eager
+                and "cuda_graphs" in getattr(impl, "capabilities", ())):
+            from enginespec.worker.cuda_graphs import try_capture
+
+            self.graphs = try_capture(model, self.kv_caches, block_size=block_size,
+                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                      body=self.body)
+
+    # ---- sizing -------------------------------------------------------------------------------
+
+    def _cpu_num_blocks(self, num_blocks: Optional[int], kv_cache_bytes: Optional[int]) -> int:
+        if num_blocks is not None:
+            _check_positive("num_blocks", num_blocks)
+            return num_blocks
+        if kv_cache_bytes is not None:
+            _check_positive("kv_cache_bytes", kv_cache_bytes)
+        budget = DEFAULT_CPU_KV_BYTES if kv_cache_bytes is None else kv_cache_bytes
+        found = budget // self.bytes_per_block
+        if found < 1:
+            raise ValueError(f"kv_cache_bytes must hold at least one block ({self.bytes_per_block} bytes "
+                             f"at block_size {self.block_size}), got {budget}")
+        if kv_cache_bytes is not None:
+            return found
+        useful = self.max_num_seqs * _cdiv(self.max_model_len, self.block_size)
+        return max(1, min(found, useful))
+
+    def _cuda_num_blocks(self, utilization: float, override: Optional[int], num_blocks: Optional[int],
+                         sample_fn: Optional[Callable]) -> int:
+        if not 0.0 < utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+        for name, value in (("num_gpu_blocks_override", override), ("num_blocks", num_blocks)):
+            if value is not None:
+                _check_positive(name, value)
+                return value
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated_before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.profile_run(sample_fn)
+        torch.cuda.synchronize(self.device)
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - allocated_before
+        torch.cuda.empty_cache()
+        available = int(total * utilization) - (total - free) - activation_peak
+        found = available // self.bytes_per_block
+        if found < 1:
+            raise ValueError(
+                f"gpu_memory_utilization={utilization} leaves no room for the KV cache: {total - free} bytes "
+                f"in use before profiling, {activation_peak} bytes of activations for a "
+                f"{self.max_num_batched_tokens}-token step, of {total} total; raise gpu_memory_utilization "
+                f"or lower max_num_batched_tokens")
+        return found
+
+    @torch.inference_mode()
+    def profile_run(self, sample_fn: Optional[Callable] = None) -> None:
+        """Run the largest step this engine will ever see on a throwaway pool: N =
+        max_num_batched_tokens tokens split over min(max_num_seqs, N) requests, each sampling."""
+        num_tokens = self.max_num_batched_tokens
+        num_reqs = min(self.max_num_seqs, num_tokens)
+        lengths = [num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0) for i in range(num_reqs)]
+        tmp_blocks = sum(_cdiv(n, self.block_size) for n in lengths)
+        block_manager = self.impl.new_block_manager(tmp_blocks, self.block_size, False)
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        requests = [self.impl.new_request(f"profile-{i}", [0] * n, params) for i, n in enumerate(lengths)]
+        for request, n in zip(requests, lengths):
+            if not block_manager.allocate_slots(request, n):
+                raise RuntimeError("profile run: the throwaway pool is too small (a bug)")
+        output = SchedulerOutput(scheduled=list(zip(requests, lengths)))
+        batch = self.build_batch(output, block_manager, self.device)
+        kv = self.model.allocate_kv(tmp_blocks, self.block_size)
+        hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv, body=self.body)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        if sample_fn is not None:
+            sample_fn(logits, requests)
+        del kv, hidden, logits
+
+    # ---- swaps --------------------------------------------------------------------------------
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        """Copy `block_ids` of every layer to host memory under `request_id`."""
+        if request_id in self._host:
+            raise ValueError(f"request {request_id!r} is already swapped out")
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        pin = self.device.type == "cuda"
+        copies = []
+        for cache in self.kv_caches:
+            host = torch.empty((2, len(block_ids), *cache.shape[2:]), dtype=cache.dtype, pin_memory=pin)
+            host.copy_(cache.index_select(1, index), non_blocking=pin)
+            copies.append(host)
+        if pin:
+            torch.cuda.synchronize(self.device)
+        self._host[request_id] = copies
+
+    def swap_in(self, request_id: str, block_ids: list[int]) -> None:
+        """Fill `block_ids` (the request's first blocks, covering its computed tokens) from its
+        host copy, then forget the copy."""
+        copies = self._host.pop(request_id, None)
+        if copies is None:
+            raise ValueError(f"request {request_id!r} has no swapped-out blocks")
+        num = len(block_ids)
+        if num > copies[0].shape[1]:
+            raise ValueError(f"request {request_id!r}: swap_in of {num} blocks but only "
+                             f"{copies[0].shape[1]} were swapped out")
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        for cache, host in zip(self.kv_caches, copies):
+            cache.index_copy_(1, index, host[:, :num].to(self.device, non_blocking=True))
+
+    def drop(self, request_id: str) -> None:
+        """Forget any host copy of a request (it finished or was aborted)."""
+        self._host.pop(request_id, None)
+
+    @property
+    def num_swapped(self) -> int:
+        """Requests whose KV currently sits in host memory."""
+        return len(self._host)
+
+    def apply_swaps(self, output: SchedulerOutput) -> None:
+        """Drop finished requests' copies, then swap out before swap in (the scheduler never
+        does both in one step, but out-before-in is the safe order if it did)."""
+        for request_id in output.finished:
+            self.drop(request_id)
+        for request_id, blocks in output.swap_out:
+            self.swap_out(request_id, blocks)
+        for request_id, blocks in output.swap_in:
+            self.swap_in(request_id, blocks)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def prepare(self, output: SchedulerOutput, block_manager) -> Batch:
+        """The flat batch of one step (built before update_from_output). A step of one-token
+        requests is padded to a captured CUDA-graph bucket when graphs are on."""
+        pad_to = None
+        if self.graphs is not None and all(n == 1 for _, n in output.scheduled):
+            pad_to = self.graphs.bucket_for(len(output.scheduled))
+        return self.build_batch(output, block_manager, self.device, pad_to=pad_to)
+
+    @torch.inference_mode()
+    def execute(self, batch: Batch) -> ExecuteOutput:
+        """Forward the batch (writing its K/V into the pool) and return the logits of the rows
+        that sample, plus those of prompt positions asked for by prompt_logprobs."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.forward(batch)
+        else:
+            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches,
+                                        body=self.body)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        prompt_logits = {}
+        if batch.prompt_logprob_rows:
+            positions = batch.positions.tolist()
+            for request_id, (rows, targets) in batch.prompt_logprob_rows.items():
+                index = torch.tensor(rows, dtype=torch.int64, device=hidden.device)
+                prompt_logits[request_id] = ([positions[r] for r in rows],
+                                             self.model.compute_logits(hidden[index]), list(targets))
+        return ExecuteOutput(logits=logits, prompt_logits=prompt_logits)
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _plain_build_batch():
+    from enginespec.worker.batch import build_batch
+    return build_batch
