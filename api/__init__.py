@@ -17,6 +17,7 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
     enginespec.testing      testing/      checkpoint writers, the fake model, workloads
     enginespec.conformance  conformance/  the pytest plugin and the suite that depends on --impl
 """
+
 from enginespec.spec import SamplingParams, load_impl
 
 __all__ = ["LLM", "SamplingParams", "load_impl"]

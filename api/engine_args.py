@@ -12,6 +12,7 @@ supported family), "merged" (our decoder wiring with q|k|v and gate|up merged in
 each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
 own decoder forward).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,10 +32,16 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 MODEL_IMPLS = ("auto", "merged", "transformers")  # EngineArgs.model_impl, FlatModel's model_impl
 
 _DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "double": torch.float64,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "double": torch.float64,
 }
 
 
@@ -90,8 +97,10 @@ class EngineArgs:
         if self.max_model_len is None:
             return max_position_embeddings
         if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_position_embeddings:
-            raise ValueError(f"max_model_len must be an int in [2, max_position_embeddings="
-                             f"{max_position_embeddings}], got {self.max_model_len!r}")
+            raise ValueError(
+                f"max_model_len must be an int in [2, max_position_embeddings="
+                f"{max_position_embeddings}], got {self.max_model_len!r}"
+            )
         return self.max_model_len
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -101,14 +110,18 @@ class EngineArgs:
             if not self.enable_chunked_prefill:
                 budget = max(budget, max_model_len)
         return SchedulerConfig(
-            max_num_batched_tokens=budget, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_num_seqs=self.max_num_seqs,
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            policy=self.scheduling_policy, preemption_mode=self.preemption_mode, max_model_len=max_model_len)
+            policy=self.scheduling_policy,
+            preemption_mode=self.preemption_mode,
+            max_model_len=max_model_len,
+        )
 
 
 def resolve_device(device) -> torch.device:
-    """"auto" -> cuda when available, else cpu."""
+    """ "auto" -> cuda when available, else cpu."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -121,7 +134,7 @@ def resolve_device(device) -> torch.device:
 
 
 def resolve_dtype(dtype, model_dir: Optional[str], device: torch.device) -> torch.dtype:
-    """"auto": float32 on CPU; on CUDA the checkpoint's dtype, bfloat16 if that is float32."""
+    """ "auto": float32 on CPU; on CUDA the checkpoint's dtype, bfloat16 if that is float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":

@@ -9,6 +9,7 @@ name is a TypeError naming it. generate() adds every prompt first (all or nothin
 aborts the ones this call already added and re-raises), then steps the engine until they are
 all finished, and returns them in prompt order.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -17,11 +18,10 @@ from typing import Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
-from enginespec.spec import SamplingParams
-
-from enginespec.engine_args import EngineArgs
 from enginespec.engine.engine_core import EngineCore
+from enginespec.engine_args import EngineArgs
 from enginespec.outputs import RequestOutput
+from enginespec.spec import SamplingParams
 
 PromptType = Union[str, dict, Sequence[int]]
 
@@ -58,18 +58,23 @@ class LLM:
         if isinstance(prompt, str):
             tokenizer = self.engine.tokenizer
             if tokenizer is None:
-                raise ValueError("text prompts need a tokenizer; this checkpoint has none "
-                                 "(pass {'prompt_token_ids': [...]})")
+                raise ValueError(
+                    "text prompts need a tokenizer; this checkpoint has none "
+                    "(pass {'prompt_token_ids': [...]})"
+                )
             return prompt, list(tokenizer.encode(prompt))
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
-        raise ValueError(f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
-                         f"got {type(prompt).__name__}")
+        raise ValueError(
+            f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
+            f"got {type(prompt).__name__}"
+        )
 
     def _add(self, prompts, sampling_params, priority) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and all(isinstance(t, int) for t in prompts)):
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
             prompts = [prompts]
         prompts = list(prompts)
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
@@ -88,12 +93,19 @@ class LLM:
 
     # ---- running ------------------------------------------------------------------------------
 
-    def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, priority: Union[int, Sequence[int], None] = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        priority: Union[int, Sequence[int], None] = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; returns the final RequestOutputs in prompt order."""
         ids = self._add(prompts, sampling_params, priority)
         finals: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True
+        )
         start, num_out = time.perf_counter(), 0
         try:
             for step_outputs in self._run(ids, final_only=True):
@@ -108,8 +120,9 @@ class LLM:
             bar.close()
         return [finals[i] for i in ids]
 
-    def stream(self, prompts, sampling_params=None,
-               priority: Union[int, Sequence[int], None] = None) -> Iterator[list[RequestOutput]]:
+    def stream(
+        self, prompts, sampling_params=None, priority: Union[int, Sequence[int], None] = None
+    ) -> Iterator[list[RequestOutput]]:
         """Yield, after every engine step, the (cumulative) outputs of this call's requests that
         changed in it. Closing the generator early aborts the requests still running."""
         ids = self._add(prompts, sampling_params, priority)
@@ -130,8 +143,9 @@ class LLM:
             if live:
                 self.engine.abort(sorted(live), report=False)
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True
+    ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a
         list of conversations, rendered with the tokenizer's chat template."""
         tokenizer = self.engine.tokenizer
@@ -140,10 +154,12 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
-            prompts.append({"prompt": text,
-                            "prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))})
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            prompts.append(
+                {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
+            )
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 

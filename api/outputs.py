@@ -5,6 +5,7 @@ its users feel at home. Outputs are cumulative: every RequestOutput carries all 
 produced so far, not a delta, so a consumer may drop any of them and still see the whole result
 in the last one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -24,6 +24,7 @@ Cases:
 - step_256: schedule + build_batch + update_from_output for 256 running decodes, the full CPU
   work of one engine step; target <= 1 ms for the fast impl.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,12 +61,16 @@ def builder_of(impl):
 
 def samples_of(output) -> dict:
     """One token per request that reaches the end of its known tokens (call before update)."""
-    return {r.request_id: [1 + (r.num_tokens % 997)] for r, n in output.scheduled
-            if r.num_computed_tokens + n >= r.num_tokens}
+    return {
+        r.request_id: [1 + (r.num_tokens % 997)]
+        for r, n in output.scheduled
+        if r.num_computed_tokens + n >= r.num_tokens
+    }
 
 
-def add_requests(impl, scheduler, count: int, first: int = 0, prefix=(), seed: int = 0,
-                 max_tokens: tuple = (4096, 4096)) -> None:
+def add_requests(
+    impl, scheduler, count: int, first: int = 0, prefix=(), seed: int = 0, max_tokens: tuple = (4096, 4096)
+) -> None:
     rng = random.Random(seed)
     for i in range(first, first + count):
         length = rng.randint(PROMPT_LEN - 128, PROMPT_LEN + 128)  # decodes cross blocks at different steps
@@ -74,12 +79,23 @@ def add_requests(impl, scheduler, count: int, first: int = 0, prefix=(), seed: i
         scheduler.add(impl.new_request(f"r{i}", prompt, params, eos_token_id=0, arrival_time=float(i)))
 
 
-def decoding_scheduler(impl, num_decodes: int, num_blocks: int, budget: int = 8192, max_seqs: int = 0,
-                       threshold: int = 0, caching: bool = True, max_tokens: tuple = (4096, 4096)):
+def decoding_scheduler(
+    impl,
+    num_decodes: int,
+    num_blocks: int,
+    budget: int = 8192,
+    max_seqs: int = 0,
+    threshold: int = 0,
+    caching: bool = True,
+    max_tokens: tuple = (4096, 4096),
+):
     """A scheduler whose `num_decodes` requests have finished their prompts (each step decodes)."""
     bm = impl.new_block_manager(num_blocks, BLOCK_SIZE, caching)
-    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs or num_decodes,
-                             long_prefill_token_threshold=threshold)
+    config = SchedulerConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs or num_decodes,
+        long_prefill_token_threshold=threshold,
+    )
     scheduler = impl.new_scheduler(config, bm)
     add_requests(impl, scheduler, num_decodes, max_tokens=max_tokens)
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running) or scheduler.waiting:
@@ -113,8 +129,12 @@ def test_churn(benchmark, impl):
     rng = random.Random(0)
     prefix = [rng.randrange(1, VOCAB) for _ in range(256)]
     params = SamplingParams(max_tokens=16)
-    requests = [impl.new_request(f"c{i}", prefix + [rng.randrange(1, VOCAB) for _ in range(256)], params,
-                                 arrival_time=float(i)) for i in range(64)]
+    requests = [
+        impl.new_request(
+            f"c{i}", prefix + [rng.randrange(1, VOCAB) for _ in range(256)], params, arrival_time=float(i)
+        )
+        for i in range(64)
+    ]
 
     def churn():
         for r in requests:
@@ -149,18 +169,27 @@ class MixedWorkload:
 
     def __init__(self, impl, caching: bool = True):
         self.impl = impl
-        self.scheduler = decoding_scheduler(impl, 192, num_blocks=16384, budget=2048, max_seqs=256,
-                                            threshold=256, caching=caching, max_tokens=(16, 256))
+        self.scheduler = decoding_scheduler(
+            impl,
+            192,
+            num_blocks=16384,
+            budget=2048,
+            max_seqs=256,
+            threshold=256,
+            caching=caching,
+            max_tokens=(16, 256),
+        )
         self.num_added = 0
 
     def arrivals(self) -> None:
         """Top the waiting queue up to 16 (untimed setup of each round)."""
         missing = 16 - len(self.scheduler.waiting)
-        for i in range(missing):
+        for _ in range(missing):
             first = 10_000 + self.num_added
             prefix = [7] * 256 if first % 2 else ()
-            add_requests(self.impl, self.scheduler, 1, first=first, prefix=prefix, seed=first,
-                         max_tokens=(16, 256))
+            add_requests(
+                self.impl, self.scheduler, 1, first=first, prefix=prefix, seed=first, max_tokens=(16, 256)
+            )
             self.num_added += 1
 
 
@@ -205,7 +234,9 @@ def test_build_batch(benchmark, impl, case, device):
         scheduler = mixed_template(impl).scheduler
     output = scheduler.schedule()
     build = builder_of(impl)
-    benchmark.group = ("build_256" if case == "decodes" else "build_mixed") + ("" if device == "cpu" else "_cuda")
+    benchmark.group = ("build_256" if case == "decodes" else "build_mixed") + (
+        "" if device == "cpu" else "_cuda"
+    )
     batch = benchmark(build, output, scheduler.block_manager, device)
     assert batch.num_reqs == len(output.scheduled) and batch.input_ids.device.type == device
     assert batch.num_scheduled_tokens == output.num_scheduled_tokens

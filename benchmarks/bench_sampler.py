@@ -20,6 +20,7 @@ the plain-torch draw agree on the seeded and mixed cases; `--sweep` times the Tr
 (CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
 sampling_triton.BLOCK / NUM_WARPS.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from enginespec.spec import SamplingParams, load_impl  # noqa: E402
 from enginespec.sample.sampler import Sampler  # noqa: E402
+from enginespec.spec import SamplingParams, load_impl  # noqa: E402
 
 VOCAB = 151_936
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,8 +50,9 @@ def mixed_params(i: int) -> SamplingParams:
         return SamplingParams(temperature=0.8)
     if group == 2:
         return SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=i if i % 8 == 2 else None)
-    return SamplingParams(temperature=0.7, top_p=0.95, min_p=0.05, repetition_penalty=1.1,
-                          frequency_penalty=0.2, logprobs=5)
+    return SamplingParams(
+        temperature=0.7, top_p=0.95, min_p=0.05, repetition_penalty=1.1, frequency_penalty=0.2, logprobs=5
+    )
 
 
 def make_requests(num_rows: int, params_of) -> list:
@@ -58,8 +60,9 @@ def make_requests(num_rows: int, params_of) -> list:
     impl, rng = load_impl("reference"), random.Random(0)
     reqs = []
     for i in range(num_rows):
-        req = impl.new_request(f"r{i}", [rng.randrange(VOCAB) for _ in range(192)], params_of(i),
-                               eos_token_id=VOCAB - 1)
+        req = impl.new_request(
+            f"r{i}", [rng.randrange(VOCAB) for _ in range(192)], params_of(i), eos_token_id=VOCAB - 1
+        )
         for _ in range(64):
             req.append(rng.randrange(VOCAB))
         reqs.append(req)
@@ -176,7 +179,9 @@ def _sweep(lg) -> None:
     keys = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
     for block in (1024, 2048, 4096, 8192):
         for warps in (4, 8, 16):
-            run = lambda: sampling_triton.draw(lg, scale, thr, noisy, keys, (1, 2), block=block, num_warps=warps)
+            run = lambda: sampling_triton.draw(
+                lg, scale, thr, noisy, keys, (1, 2), block=block, num_warps=warps
+            )
             run()
             times = []
             for _ in range(20):
@@ -191,10 +196,12 @@ def _sweep(lg) -> None:
 
 def main() -> None:
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
-    cases = [("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
-             ("sampler_temperature", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))),
-             ("sampler_seeded", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6, seed=i))),
-             ("sampler_mixed", make_requests(ROWS, mixed_params))]
+    cases = [
+        ("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
+        ("sampler_temperature", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))),
+        ("sampler_seeded", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6, seed=i))),
+        ("sampler_mixed", make_requests(ROWS, mixed_params)),
+    ]
     profile = "--profile" in sys.argv and DEVICE == "cuda"
     base = _time_ms(lambda: argmax_ids(lg))
     print(f"device={DEVICE} rows={ROWS} vocab={VOCAB}")

@@ -8,6 +8,7 @@ per-step outputs.
 
     python benchmarks/engine_host_overhead.py [--impls reference fast] [--steps 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,22 @@ import time
 
 import torch
 
-from enginespec.testing.checkpoints import tiny_model_dir
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
 
 
 def host_ms_per_step(impl: str, final_only: bool, num_requests: int, steps: int) -> float:
-    llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, dtype="float32", device="cpu", block_size=16,
-              num_blocks=num_requests * 16, max_model_len=256, max_num_seqs=num_requests)
+    llm = LLM(
+        str(tiny_model_dir("qwen3")),
+        impl=impl,
+        dtype="float32",
+        device="cpu",
+        block_size=16,
+        num_blocks=num_requests * 16,
+        max_model_len=256,
+        max_num_seqs=num_requests,
+    )
     engine = llm.engine
     rng = random.Random(0)
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)

@@ -34,6 +34,7 @@ phase, so a run cut short still leaves what it measured:
 Checkpoints are random-weight (testing/synthetic.py), cached under $ENGINESPEC_SYNTH_DIR
 (default $TMPDIR/enginespec-synth), unless --model-dir names one for --shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,15 +52,15 @@ from typing import Callable, Optional
 
 import torch
 
-from enginespec.spec import SamplingParams
-
 from benchmarks import roofline as rl
+from enginespec.spec import SamplingParams
 from enginespec.testing import synthetic
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 # ---- workload -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -80,12 +81,25 @@ class Workload:
         return Workload(self.prompts[:n], self.output_lens[:n])
 
 
-def make_workload(num_requests: int, *, min_input_len: int, max_input_len: int, min_output_len: int,
-                  max_output_len: int, id_bound: int, seed: int = 0) -> Workload:
+def make_workload(
+    num_requests: int,
+    *,
+    min_input_len: int,
+    max_input_len: int,
+    min_output_len: int,
+    max_output_len: int,
+    id_bound: int,
+    seed: int = 0,
+) -> Workload:
     """The benchmark workload (draw order in the module docstring)."""
-    for name, value in (("num_requests", num_requests), ("max_input_len", max_input_len),
-                        ("max_output_len", max_output_len), ("id_bound", id_bound),
-                        ("min_input_len", min_input_len), ("min_output_len", min_output_len)):
+    for name, value in (
+        ("num_requests", num_requests),
+        ("max_input_len", max_input_len),
+        ("max_output_len", max_output_len),
+        ("id_bound", id_bound),
+        ("min_input_len", min_input_len),
+        ("min_output_len", min_output_len),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     rng = random.Random(seed)
@@ -99,6 +113,7 @@ def make_workload(num_requests: int, *, min_input_len: int, max_input_len: int, 
 
 
 # ---- helpers --------------------------------------------------------------------------------------
+
 
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
@@ -164,10 +179,16 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     async_after = _stat(llm, "num_async_steps")
     async_steps = None if async_before is None or async_after is None else async_after - async_before
     digest = hashlib.blake2b(repr([c.token_ids for o in outputs for c in o.outputs]).encode(), digest_size=8)
-    return {"wall_s": wall, "output_tokens": tokens, "requested_output_tokens": workload.num_output_tokens,
-            "num_requests": len(outputs), "output_tok_s": tokens / wall, "num_steps": steps,
-            "num_async_steps": async_steps,
-            "tokens_digest": digest.hexdigest()}
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "requested_output_tokens": workload.num_output_tokens,
+        "num_requests": len(outputs),
+        "output_tok_s": tokens / wall,
+        "num_steps": steps,
+        "num_async_steps": async_steps,
+        "tokens_digest": digest.hexdigest(),
+    }
 
 
 def _floors(workload: Workload, shape: rl.ModelShape, rates: dict, num_steps: Optional[int]) -> dict:
@@ -177,17 +198,24 @@ def _floors(workload: Workload, shape: rl.ModelShape, rates: dict, num_steps: Op
     kw = dict(copy_bytes_per_s=rates["copy_bytes_per_s"], matmul_flops_per_s=rates["matmul_flops_per_s"])
     fewest = max(workload.output_lens)
     floor_min = rl.roofline(workload.prompt_lens, workload.output_lens, shape, num_steps=fewest, **kw)
-    floor = floor_min if not num_steps else rl.roofline(
-        workload.prompt_lens, workload.output_lens, shape, num_steps=num_steps, **kw)
-    return {"floor": floor.to_dict(), "floor_min_steps": floor_min.to_dict(),
-            "floor_steps_source": "engine" if num_steps else "max output len"}
+    floor = (
+        floor_min
+        if not num_steps
+        else rl.roofline(workload.prompt_lens, workload.output_lens, shape, num_steps=num_steps, **kw)
+    )
+    return {
+        "floor": floor.to_dict(),
+        "floor_min_steps": floor_min.to_dict(),
+        "floor_steps_source": "engine" if num_steps else "max output len",
+    }
 
 
 def _checkpoint(shape: str, args) -> Path:
     if args.model_dir and shape == args.shape:
         return Path(args.model_dir)
-    return synthetic.make_synthetic_checkpoint(shape, synthetic.default_dir(shape), device=args.device,
-                                               seed=args.seed)
+    return synthetic.make_synthetic_checkpoint(
+        shape, synthetic.default_dir(shape), device=args.device, seed=args.seed
+    )
 
 
 def _shape_of(model_dir, dtype: str) -> rl.ModelShape:
@@ -200,12 +228,21 @@ def _shape_of(model_dir, dtype: str) -> rl.ModelShape:
 
 # ---- phases ---------------------------------------------------------------------------------------
 
+
 def phase_device(args) -> dict:
     """Copy bandwidth and matmul rate (in the run's dtype, bf16 on a GPU) of the device, measured now."""
     copy = rl.measure_copy_bandwidth(args.device, args.copy_bytes, iters=args.probe_iters)
-    matmul = rl.measure_matmul_rate(args.device, args.matmul_n, iters=args.probe_iters, dtype=_DTYPES[args.dtype])
-    return {"copy_bytes_per_s": copy, "copy_nbytes": args.copy_bytes, "matmul_flops_per_s": matmul,
-            "matmul_n": args.matmul_n, "matmul_dtype": args.dtype, "iters": args.probe_iters}
+    matmul = rl.measure_matmul_rate(
+        args.device, args.matmul_n, iters=args.probe_iters, dtype=_DTYPES[args.dtype]
+    )
+    return {
+        "copy_bytes_per_s": copy,
+        "copy_nbytes": args.copy_bytes,
+        "matmul_flops_per_s": matmul,
+        "matmul_n": args.matmul_n,
+        "matmul_dtype": args.dtype,
+        "iters": args.probe_iters,
+    }
 
 
 def _warm_up(llm, workload: Workload, device, temperature: float = 0.0) -> None:
@@ -244,7 +281,7 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
         out["other_scheduling"] = _guard(args, lambda: _other_scheduling_run(llm, workload, args, rates, out))
     if not args.skip_profile:
         results["profile"] = _guard(args, lambda: profile_decode(llm, workload, args))
-    del llm
+    llm = None  # free the engine (and its KV pool) before the next run
     return out
 
 
@@ -268,7 +305,9 @@ def _timed_runs(llm, workload: Workload, args) -> dict:
         runs.append(timed_generate(llm, workload, args.device, args.temperature))
     out = dict(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])
     if len(runs) > 1:
-        out["runs"] = [{k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs]
+        out["runs"] = [
+            {k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs
+        ]
         out["tokens_match_across_runs"] = len({r["tokens_digest"] for r in runs}) == 1
     if trace is not None:
         out["step_trace"] = trace
@@ -283,8 +322,9 @@ BATCH_BINS = (8, 32, 64, 128, 256)
 def _step_floor(shape: rl.ModelShape, rates: dict, prompt_tokens: int, kv_tokens: int) -> float:
     """One step's floor: (weights + K/V of its contexts) / copy bandwidth + 2 * body params *
     prompt tokens / matmul rate."""
-    return ((shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates["copy_bytes_per_s"]
-            + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"])
+    return (shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates[
+        "copy_bytes_per_s"
+    ] + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"]
 
 
 def _timed_steps(trace: tuple, shape: rl.ModelShape, rates: dict):
@@ -292,8 +332,13 @@ def _timed_steps(trace: tuple, shape: rl.ModelShape, rates: dict):
     time since the previous step's work ended (the first: since the trace started)."""
     previous, steps = trace
     for num_reqs, num_tokens, kv_tokens, end, wait in steps:
-        yield (num_reqs, num_tokens, end - previous,
-               _step_floor(shape, rates, num_tokens - num_reqs, kv_tokens), wait)
+        yield (
+            num_reqs,
+            num_tokens,
+            end - previous,
+            _step_floor(shape, rates, num_tokens - num_reqs, kv_tokens),
+            wait,
+        )
         previous = end
 
 
@@ -305,25 +350,38 @@ def step_breakdown(trace: tuple, shape: rl.ModelShape, rates: dict) -> list[dict
     below its wall was bound by the host."""
     bins: dict[str, dict] = {}
     for num_reqs, num_tokens, wall, floor, wait in _timed_steps(trace, shape, rates):
-        name = "prefill" if num_tokens > num_reqs else next(
-            (f"decode <= {b}" for b in BATCH_BINS if num_reqs <= b), f"decode > {BATCH_BINS[-1]}")
+        name = (
+            "prefill"
+            if num_tokens > num_reqs
+            else next((f"decode <= {b}" for b in BATCH_BINS if num_reqs <= b), f"decode > {BATCH_BINS[-1]}")
+        )
         row = bins.setdefault(name, {"steps": 0, "wall_s": 0.0, "floor_s": 0.0, "host_wait_s": 0.0})
         row["steps"] += 1
         row["wall_s"] += wall
         row["floor_s"] += floor
         row["host_wait_s"] += wait
     order = ["prefill"] + [f"decode <= {b}" for b in BATCH_BINS] + [f"decode > {BATCH_BINS[-1]}"]
-    return [{"kind": k, **bins[k], "wall_over_floor": bins[k]["wall_s"] / bins[k]["floor_s"]}
-            for k in order if k in bins]
+    return [
+        {"kind": k, **bins[k], "wall_over_floor": bins[k]["wall_s"] / bins[k]["floor_s"]}
+        for k in order
+        if k in bins
+    ]
 
 
 def first_steps(trace: tuple, shape: rl.ModelShape, rates: dict, num: int = 40) -> list[dict]:
     """The first `num` steps of a trace one by one (the prefill phase and the start of decode):
     requests, tokens, wall and floor in ms, floored as in step_breakdown."""
     start, steps = trace
-    return [{"num_reqs": num_reqs, "num_tokens": num_tokens, "wall_ms": round(wall * 1e3, 3),
-             "floor_ms": round(floor * 1e3, 3), "host_wait_ms": round(wait * 1e3, 3)}
-            for num_reqs, num_tokens, wall, floor, wait in _timed_steps((start, steps[:num]), shape, rates)]
+    return [
+        {
+            "num_reqs": num_reqs,
+            "num_tokens": num_tokens,
+            "wall_ms": round(wall * 1e3, 3),
+            "floor_ms": round(floor * 1e3, 3),
+            "host_wait_ms": round(wait * 1e3, 3),
+        }
+        for num_reqs, num_tokens, wall, floor, wait in _timed_steps((start, steps[:num]), shape, rates)
+    ]
 
 
 def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dict) -> dict:
@@ -379,10 +437,15 @@ def _write_profile_tables(prof, args, cuda: bool) -> None:
     time goes is the first question when wall time is far above the floor)."""
     if not args.out:
         return
-    tables = ["# top ops by self CPU time", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)]
+    tables = [
+        "# top ops by self CPU time",
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40),
+    ]
     if cuda:
-        tables += ["# top ops by self device time",
-                   prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)]
+        tables += [
+            "# top ops by self device time",
+            prof.key_averages().table(sort_by="self_device_time_total", row_limit=40),
+        ]
     Path(args.out).with_suffix(".profile.txt").write_text("\n".join(tables))
 
 
@@ -397,8 +460,9 @@ def profile_decode(llm, workload: Workload, args) -> dict:
     max_tokens = args.profile_warm_limit + args.profile_steps + 2
     ids = [f"profile-{i}" for i in range(len(part.prompts))]
     for rid, prompt in zip(ids, part.prompts):
-        core.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=args.temperature,
-                                                     ignore_eos=True))
+        core.add_request(
+            rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=args.temperature, ignore_eos=True)
+        )
     warm = _step_until_steady(core, len(ids), args.profile_warm_limit)
     cuda = torch.device(args.device).type == "cuda"
     _sync(args.device)
@@ -420,13 +484,17 @@ def profile_decode(llm, workload: Workload, args) -> dict:
         core.step()
     busy_us, num_events = device_busy_us(prof.events()) if cuda else (None, 0)
     _write_profile_tables(prof, args, cuda)
-    return {"num_requests": len(ids), "warm_steps": warm, "steps": args.profile_steps,
-            "wall_ms_per_step": wall_us / 1e3 / args.profile_steps,
-            "unprofiled_ms_per_step": plain_ms,
-            "gpu_busy_fraction": None if busy_us is None else busy_us / wall_us,
-            "gpu_busy_ms_per_step": None if busy_us is None else busy_us / 1e3 / args.profile_steps,
-            "num_device_events": num_events,
-            "note": "wall includes profiler overhead" if cuda else "no CUDA device: busy fraction n/a"}
+    return {
+        "num_requests": len(ids),
+        "warm_steps": warm,
+        "steps": args.profile_steps,
+        "wall_ms_per_step": wall_us / 1e3 / args.profile_steps,
+        "unprofiled_ms_per_step": plain_ms,
+        "gpu_busy_fraction": None if busy_us is None else busy_us / wall_us,
+        "gpu_busy_ms_per_step": None if busy_us is None else busy_us / 1e3 / args.profile_steps,
+        "num_device_events": num_events,
+        "note": "wall includes profiler overhead" if cuda else "no CUDA device: busy fraction n/a",
+    }
 
 
 def _decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
@@ -440,7 +508,7 @@ def _decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
 
 def phase_latency(args, model_dir, workload: Workload) -> dict:
     """Batch-1 decode latency with CUDA graphs (default) and with enforce_eager=True."""
-    prompt = workload.prompts[0][:args.latency_prompt_len]
+    prompt = workload.prompts[0][: args.latency_prompt_len]
     num_tokens = min(args.latency_tokens, args.max_output_len)
     out = {"prompt_len": len(prompt), "num_tokens": num_tokens}
     modes = [("default", {})]
@@ -464,11 +532,17 @@ def _hf_batch(model, prompts: list[list[int]], output_lens: list[int], pad_id: i
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     new = max(output_lens)
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
-                         min_new_tokens=new, do_sample=False, pad_token_id=pad_id)
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
     generated = out.shape[1] - width
     return sum(min(o, generated) for o in output_lens)
 
@@ -479,24 +553,37 @@ def phase_hf(args, model_dir, workload: Workload) -> dict:
     from transformers import AutoModelForCausalLM
 
     part = workload.head(min(args.hf_num_requests or len(workload.prompts), len(workload.prompts)))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=_DTYPES[args.dtype]).to(args.device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=_DTYPES[args.dtype]).to(args.device).eval()
+    )
     pad_id = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
     bs = args.hf_batch_size
-    chunks = [(part.prompts[i:i + bs], part.output_lens[i:i + bs]) for i in range(0, len(part.prompts), bs)]
+    chunks = [
+        (part.prompts[i : i + bs], part.output_lens[i : i + bs]) for i in range(0, len(part.prompts), bs)
+    ]
     with torch.inference_mode():
         warm = [p[:16] for p in part.prompts[:2]]
         _hf_batch(model, warm, [2] * len(warm), pad_id, args.device)  # warm-up: lazy init, kernels
         _sync(args.device)
         start = time.perf_counter()
-        tokens = sum(_hf_batch(model, prompts, outs, pad_id, args.device)
-                     for prompts, outs in tqdm(chunks, desc="transformers generate", file=sys.stderr))
+        tokens = sum(
+            _hf_batch(model, prompts, outs, pad_id, args.device)
+            for prompts, outs in tqdm(chunks, desc="transformers generate", file=sys.stderr)
+        )
         _sync(args.device)
         wall = time.perf_counter() - start
     attn = getattr(model.config, "_attn_implementation", None)
     del model
-    return {"wall_s": wall, "output_tokens": tokens, "requested_output_tokens": part.num_output_tokens,
-            "num_requests": len(part.prompts), "batch_size": bs, "output_tok_s": tokens / wall,
-            "attn_implementation": attn, "order": "request order, left padding, greedy"}
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "requested_output_tokens": part.num_output_tokens,
+        "num_requests": len(part.prompts),
+        "batch_size": bs,
+        "output_tok_s": tokens / wall,
+        "attn_implementation": attn,
+        "order": "request order, left padding, greedy",
+    }
 
 
 def phase_big(args, rates: dict) -> dict:
@@ -516,12 +603,19 @@ def phase_big(args, rates: dict) -> dict:
 
 
 def _workload(args, num_requests: int, vocab_size: int) -> Workload:
-    return make_workload(num_requests, min_input_len=args.min_input_len, max_input_len=args.max_input_len,
-                         min_output_len=args.min_output_len, max_output_len=args.max_output_len,
-                         id_bound=min(args.id_bound, vocab_size), seed=args.seed)
+    return make_workload(
+        num_requests,
+        min_input_len=args.min_input_len,
+        max_input_len=args.max_input_len,
+        min_output_len=args.min_output_len,
+        max_output_len=args.max_output_len,
+        id_bound=min(args.id_bound, vocab_size),
+        seed=args.seed,
+    )
 
 
 # ---- environment and summary ----------------------------------------------------------------------
+
 
 def _git_commit(override: Optional[str]) -> dict:
     if override:
@@ -530,10 +624,19 @@ def _git_commit(override: Optional[str]) -> dict:
 
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = (
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            != ""
+        )
         return {"commit": commit, "dirty": dirty, "source": "git"}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "source": "unavailable (no git checkout here; pass --git-commit)"}
@@ -546,8 +649,12 @@ def environment(args) -> dict:
 
     import transformers
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__, "cuda": torch.version.cuda}
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+    }
     try:
         import triton
 
@@ -556,9 +663,14 @@ def environment(args) -> dict:
         versions["triton"] = None
     dev = torch.device(args.device)
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
-    return {"device": str(dev), "gpu": gpu, "cpu": platform.processor() or platform.machine(),
-            "versions": versions, "git": _git_commit(args.git_commit),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "device": str(dev),
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "versions": versions,
+        "git": _git_commit(args.git_commit),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def _ratio(a, b):
@@ -588,23 +700,36 @@ def summarize(results: dict) -> dict:
     floor_min = (eng.get("floor_min_steps") or {}).get("floor_s")
     tok_s, hf_tok_s = eng.get("output_tok_s"), hf.get("output_tok_s")
     wall = eng.get("wall_s")
-    return {"impl": results["config"]["impl"], "shape": results["config"]["shape"],
-            "output_tok_s": tok_s, "hf_output_tok_s": hf_tok_s,
-            "ratio_vs_hf": tok_s / hf_tok_s if tok_s and hf_tok_s else None,
-            "wall_s": wall, "floor_s": floor, "wall_over_floor": wall / floor if wall and floor else None,
-            "floor_min_steps_s": floor_min, "num_steps": eng.get("num_steps"),
-            "runs_wall_over_floor": [r["wall_s"] / floor for r in eng["runs"]] if floor and eng.get("runs") else None,
-            "gpu_busy_fraction": (results.get("profile") or {}).get("gpu_busy_fraction"),
-            "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
-            "batch1_ms_per_token": lat.get("default_ms_per_token"),
-            "batch1_eager_ms_per_token": lat.get("eager_ms_per_token"),
-            **_by_scheduling(eng, hf_tok_s),
-            "big_output_tok_s": big.get("output_tok_s"), "big_wall_over_floor": big.get("wall_over_floor"),
-            "gpu": env.get("gpu"), "versions": env.get("versions"),
-            "git_commit": (env.get("git") or {}).get("commit"), "date": env.get("date")}
+    return {
+        "impl": results["config"]["impl"],
+        "shape": results["config"]["shape"],
+        "output_tok_s": tok_s,
+        "hf_output_tok_s": hf_tok_s,
+        "ratio_vs_hf": tok_s / hf_tok_s if tok_s and hf_tok_s else None,
+        "wall_s": wall,
+        "floor_s": floor,
+        "wall_over_floor": wall / floor if wall and floor else None,
+        "floor_min_steps_s": floor_min,
+        "num_steps": eng.get("num_steps"),
+        "runs_wall_over_floor": [r["wall_s"] / floor for r in eng["runs"]]
+        if floor and eng.get("runs")
+        else None,
+        "gpu_busy_fraction": (results.get("profile") or {}).get("gpu_busy_fraction"),
+        "tokens_match": eng.get("output_tokens") == eng.get("requested_output_tokens") if eng else None,
+        "batch1_ms_per_token": lat.get("default_ms_per_token"),
+        "batch1_eager_ms_per_token": lat.get("eager_ms_per_token"),
+        **_by_scheduling(eng, hf_tok_s),
+        "big_output_tok_s": big.get("output_tok_s"),
+        "big_wall_over_floor": big.get("wall_over_floor"),
+        "gpu": env.get("gpu"),
+        "versions": env.get("versions"),
+        "git_commit": (env.get("git") or {}).get("commit"),
+        "date": env.get("date"),
+    }
 
 
 # ---- command line ---------------------------------------------------------------------------------
+
 
 def _engine_arg(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
@@ -617,15 +742,22 @@ def _engine_arg(text: str) -> tuple[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="enginespec bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="enginespec bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     shapes = sorted(synthetic.SHAPES)
     p.add_argument("--shape", choices=shapes, default="qwen3-0.6b", help="random-weight model shape")
     p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
     p.add_argument("--impl", default="fast", help="implementation: reference, fast or pkg.module:attr")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", choices=["auto"] + sorted(_DTYPES), default="auto",
-                   help="auto: bfloat16 on CUDA, float32 on CPU (bf16 matmuls are very slow on most CPUs)")
+    p.add_argument(
+        "--dtype",
+        choices=["auto"] + sorted(_DTYPES),
+        default="auto",
+        help="auto: bfloat16 on CUDA, float32 on CPU (bf16 matmuls are very slow on most CPUs)",
+    )
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--min-input-len", type=int, default=100)
     p.add_argument("--max-input-len", type=int, default=1024)
@@ -635,12 +767,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="engine sampling temperature (0 = greedy)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="timed runs of the workload on one engine; the median run is reported")
-    p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="extra LLM engine argument (JSON value), repeatable")
-    p.add_argument("--compare-scheduling", action="store_true",
-                   help="also run the workload with async_scheduling flipped (same engine); report both")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timed runs of the workload on one engine; the median run is reported",
+    )
+    p.add_argument(
+        "--engine-arg",
+        type=_engine_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra LLM engine argument (JSON value), repeatable",
+    )
+    p.add_argument(
+        "--compare-scheduling",
+        action="store_true",
+        help="also run the workload with async_scheduling flipped (same engine); report both",
+    )
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-num-requests", type=int, default=0, help="time HF on the first N requests (0 = all)")
@@ -651,8 +796,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-prompt-len", type=int, default=128)
     p.add_argument("--latency-tokens", type=int, default=256, help="capped at --max-output-len")
     p.add_argument("--skip-big", action="store_true")
-    p.add_argument("--big-shape", choices=["auto"] + shapes, default="auto",
-                   help="auto: qwen3-8b on CUDA, else the --shape")
+    p.add_argument(
+        "--big-shape",
+        choices=["auto"] + shapes,
+        default="auto",
+        help="auto: qwen3-8b on CUDA, else the --shape",
+    )
     p.add_argument("--big-num-requests", type=int, default=64, help="capped at --num-requests")
     p.add_argument("--copy-bytes", type=int, default=0, help="0: 4 GiB on CUDA, 64 MiB on CPU")
     p.add_argument("--matmul-n", type=int, default=0, help="0: 8192 on CUDA, 256 on CPU")
@@ -668,8 +817,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     from enginespec.engine_args import resolve_device
 
     args = build_parser().parse_args(argv)
-    for name in ("num_requests", "hf_batch_size", "profile_steps", "profile_warm_limit",
-                 "latency_prompt_len", "latency_tokens", "big_num_requests", "repeat"):
+    for name in (
+        "num_requests",
+        "hf_batch_size",
+        "profile_steps",
+        "profile_warm_limit",
+        "latency_prompt_len",
+        "latency_tokens",
+        "big_num_requests",
+        "repeat",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.device = str(resolve_device(args.device))
@@ -715,11 +872,17 @@ def run(args) -> dict:
     _save(results, args.out)
     model_dir = _checkpoint(args.shape, args)
     workload = _workload(args, args.num_requests, _shape_of(model_dir, args.dtype).vocab_size)
-    results["workload"] = {"model_dir": str(model_dir), "num_requests": len(workload.prompts),
-                           "prompt_tokens": sum(workload.prompt_lens),
-                           "output_tokens": workload.num_output_tokens, "rng": "random.Random(seed)"}
-    steps = [("device", lambda: phase_device(args)),
-             ("engine", lambda: phase_engine(args, model_dir, workload, results.get("device"), results))]
+    results["workload"] = {
+        "model_dir": str(model_dir),
+        "num_requests": len(workload.prompts),
+        "prompt_tokens": sum(workload.prompt_lens),
+        "output_tokens": workload.num_output_tokens,
+        "rng": "random.Random(seed)",
+    }
+    steps = [
+        ("device", lambda: phase_device(args)),
+        ("engine", lambda: phase_engine(args, model_dir, workload, results.get("device"), results)),
+    ]
     if not args.skip_latency:
         steps.append(("latency", lambda: phase_latency(args, model_dir, workload)))
     if not args.skip_hf:
@@ -744,38 +907,51 @@ def _fmt(value, spec: str = ".3g") -> str:
 def report(results: dict) -> str:
     """A few human-readable lines of the summary."""
     s = results["summary"]
-    lines = [f"enginespec bench: impl={s['impl']} shape={s['shape']} gpu={s['gpu']} commit={s['git_commit']}",
-             f"  engine: {_fmt(s['output_tok_s'], '.1f')} output tok/s, wall {_fmt(s['wall_s'])} s, "
-             f"{s['num_steps']} steps",
-             f"  floor: {_fmt(s['floor_s'])} s (fewest steps: {_fmt(s['floor_min_steps_s'])} s), "
-             f"wall/floor {_fmt(s['wall_over_floor'])}",
-             f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
-             f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}"]
+    lines = [
+        f"enginespec bench: impl={s['impl']} shape={s['shape']} gpu={s['gpu']} commit={s['git_commit']}",
+        f"  engine: {_fmt(s['output_tok_s'], '.1f')} output tok/s, wall {_fmt(s['wall_s'])} s, "
+        f"{s['num_steps']} steps",
+        f"  floor: {_fmt(s['floor_s'])} s (fewest steps: {_fmt(s['floor_min_steps_s'])} s), "
+        f"wall/floor {_fmt(s['wall_over_floor'])}",
+        f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
+        f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}",
+    ]
     if s.get("runs_wall_over_floor"):
-        lines.insert(3, "  wall/floor of each run (median reported): "
-                     + ", ".join(_fmt(r) for r in s["runs_wall_over_floor"]))
+        lines.insert(
+            3,
+            "  wall/floor of each run (median reported): "
+            + ", ".join(_fmt(r) for r in s["runs_wall_over_floor"]),
+        )
     for mode in ("serial", "async"):
         if s.get(f"{mode}_output_tok_s") is not None:
-            lines.append(f"  {mode} scheduling: {_fmt(s[f'{mode}_output_tok_s'], '.1f')} output tok/s, "
-                         f"wall/floor {_fmt(s[f'{mode}_wall_over_floor'])}, "
-                         f"engine/HF {_fmt(s[f'{mode}_ratio_vs_hf'])}")
+            lines.append(
+                f"  {mode} scheduling: {_fmt(s[f'{mode}_output_tok_s'], '.1f')} output tok/s, "
+                f"wall/floor {_fmt(s[f'{mode}_wall_over_floor'])}, "
+                f"engine/HF {_fmt(s[f'{mode}_ratio_vs_hf'])}"
+            )
     if s.get("scheduling_tokens_match") is not None:
         lines.append(f"  serial and async tokens equal: {s['scheduling_tokens_match']}")
     lat = results.get("latency") or {}
     if "default_ms_per_token" in lat:
-        lines.append(f"  batch-1 decode: {_fmt(lat['default_ms_per_token'])} ms/token default, "
-                     f"{_fmt(lat.get('eager_ms_per_token'))} eager")
+        lines.append(
+            f"  batch-1 decode: {_fmt(lat['default_ms_per_token'])} ms/token default, "
+            f"{_fmt(lat.get('eager_ms_per_token'))} eager"
+        )
     big = results.get("big") or {}
     if "output_tok_s" in big:
-        lines.append(f"  {big['shape']}: {_fmt(big['output_tok_s'], '.1f')} tok/s, "
-                     f"wall/floor {_fmt(big.get('wall_over_floor'))}")
+        lines.append(
+            f"  {big['shape']}: {_fmt(big['output_tok_s'], '.1f')} tok/s, "
+            f"wall/floor {_fmt(big.get('wall_over_floor'))}"
+        )
     kinds = (results.get("engine") or {}).get("by_step_kind") or []
     if kinds:
         lines.append("  by step kind (first timed run; floor per step):")
     for row in kinds:
-        lines.append(f"    {row['kind']:>14}: {row['steps']:5d} steps, wall {_fmt(row['wall_s'])} s, "
-                     f"floor {_fmt(row['floor_s'])} s, wall/floor {_fmt(row['wall_over_floor'])}, "
-                     f"host waited {_fmt(row.get('host_wait_s'))} s")
+        lines.append(
+            f"    {row['kind']:>14}: {row['steps']:5d} steps, wall {_fmt(row['wall_s'])} s, "
+            f"floor {_fmt(row['floor_s'])} s, wall/floor {_fmt(row['wall_over_floor'])}, "
+            f"host waited {_fmt(row.get('host_wait_s'))} s"
+        )
     errors = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
     if errors:
         lines.append(f"  FAILED phases: {errors} (see the JSON)")

@@ -12,6 +12,7 @@ large the step was bound by the GPU, where it is small by the host.
 On the H200 (02c85ed, default workload) it showed the prefill steps bound by the host at
 8,192-token chunks and decode steps waiting on the GPU (benchmarks/RESULTS.md, issue 6).
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,8 +40,11 @@ def _instrument(core, acc: dict, state: dict) -> None:
 
     def binned_prepare(output, block_manager):
         n = len(output.scheduled)
-        state["bin"] = ("prefill" if output.num_scheduled_tokens > n
-                        else next((f"<={b}" for b in BINS if n <= b), f">{BINS[-1]}"))
+        state["bin"] = (
+            "prefill"
+            if output.num_scheduled_tokens > n
+            else next((f"<={b}" for b in BINS if n <= b), f">{BINS[-1]}")
+        )
         acc[(state["bin"], "steps")] += 1
         return prepare(output, block_manager)
 

@@ -19,6 +19,7 @@ Floor (seconds) = (decode KV bytes + weight bytes) / copy bandwidth + prefill FL
 Decode matmul FLOPs are not added: at these batch sizes decode is bound by memory, and its
 FLOPs overlap the byte stream. The floor is a lower bound no engine can beat on this device.
 """
+
 from __future__ import annotations
 
 import time
@@ -48,12 +49,17 @@ class ModelShape:
         from enginespec.testing.synthetic import tensor_specs
 
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
-                   num_q_heads=config.num_attention_heads,
-                   num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                   head_dim=head_dim, vocab_size=config.vocab_size,
-                   num_params=sum(s.numel for s in tensor_specs(config)),
-                   tied=bool(getattr(config, "tie_word_embeddings", False)), dtype_bytes=dtype_bytes)
+        return cls(
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_q_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=head_dim,
+            vocab_size=config.vocab_size,
+            num_params=sum(s.numel for s in tensor_specs(config)),
+            tied=bool(getattr(config, "tie_word_embeddings", False)),
+            dtype_bytes=dtype_bytes,
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -108,32 +114,53 @@ class Roofline:
         return asdict(self)
 
 
-def roofline(prompt_lens: Sequence[int], output_lens: Sequence[int], shape: ModelShape, *,
-             num_steps: int, copy_bytes_per_s: float, matmul_flops_per_s: float) -> Roofline:
+def roofline(
+    prompt_lens: Sequence[int],
+    output_lens: Sequence[int],
+    shape: ModelShape,
+    *,
+    num_steps: int,
+    copy_bytes_per_s: float,
+    matmul_flops_per_s: float,
+) -> Roofline:
     """The floor of a workload on a device with the given rates."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     if copy_bytes_per_s <= 0 or matmul_flops_per_s <= 0:
-        raise ValueError(f"copy_bytes_per_s and matmul_flops_per_s must be > 0, got "
-                         f"{copy_bytes_per_s} and {matmul_flops_per_s}")
+        raise ValueError(
+            f"copy_bytes_per_s and matmul_flops_per_s must be > 0, got "
+            f"{copy_bytes_per_s} and {matmul_flops_per_s}"
+        )
     kv = decode_kv_bytes(prompt_lens, output_lens, shape)
     weights = num_steps * shape.weight_bytes_per_step
     flops = prefill_flops(prompt_lens, shape)
     memory_s = (kv + weights) / copy_bytes_per_s
     compute_s = flops / matmul_flops_per_s
-    return Roofline(kv, weights, flops, num_steps, copy_bytes_per_s, matmul_flops_per_s,
-                    memory_s, compute_s, memory_s + compute_s)
+    return Roofline(
+        kv,
+        weights,
+        flops,
+        num_steps,
+        copy_bytes_per_s,
+        matmul_flops_per_s,
+        memory_s,
+        compute_s,
+        memory_s + compute_s,
+    )
 
 
 def _check_lengths(prompt_lens: Sequence[int], output_lens: Sequence[int]) -> None:
     if len(prompt_lens) != len(output_lens):
-        raise ValueError(f"prompt_lens and output_lens must have one entry per request, got "
-                         f"{len(prompt_lens)} and {len(output_lens)}")
+        raise ValueError(
+            f"prompt_lens and output_lens must have one entry per request, got "
+            f"{len(prompt_lens)} and {len(output_lens)}"
+        )
     if any(p < 1 for p in prompt_lens) or any(o < 1 for o in output_lens):
         raise ValueError("prompt_lens and output_lens must all be >= 1")
 
 
 # ---- device rates -------------------------------------------------------------------------------
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -159,7 +186,7 @@ def measure_copy_bandwidth(device, nbytes: int, iters: int = 10) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     seconds = _timed(lambda: dst.copy_(src), iters, device)
-    del src, dst
+    src = dst = None  # free the buffers before the next measurement
     return 2 * nbytes / seconds
 
 

@@ -6,6 +6,7 @@ Smoke run on a CPU in seconds:
     python benchmarks/throughput.py --shape tiny --device cpu --num-requests 4 \
         --max-input-len 32 --max-output-len 16
 """
+
 import sys
 from pathlib import Path
 

@@ -5,6 +5,7 @@ at every step. Each checker raises AssertionError with a message naming the brok
 Everything here reads only the spec's observable surface (PoolState, Request attributes,
 SchedulerOutput, Scheduler.running/waiting) so it judges any implementation the same way.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status, UpdateOutput, hash_request_blocks
-
+from enginespec.spec import (
+    PoolState,
+    SchedulerConfig,
+    SchedulerOutput,
+    Status,
+    UpdateOutput,
+    hash_request_blocks,
+)
 from enginespec.testing.fake_model import FakeModel
 
 
@@ -23,10 +30,13 @@ def cdiv(a: int, b: int) -> int:
 
 # --------------------------------------------------------------------------- pool (point 1)
 
+
 def check_pool(state: PoolState, num_blocks: int) -> None:
     """Point 1: ref counts equal table occurrences, the free queue is exactly the unreferenced
     blocks (no repeats), and `cached` is the exact inverse of `block_hashes`."""
-    assert len(state.ref_counts) == num_blocks, f"ref_counts has {len(state.ref_counts)} entries, not {num_blocks}"
+    assert len(state.ref_counts) == num_blocks, (
+        f"ref_counts has {len(state.ref_counts)} entries, not {num_blocks}"
+    )
     assert len(state.block_hashes) == num_blocks, "block_hashes must have one entry per block"
     counts = Counter(b for table in state.tables.values() for b in table)
     for rid, table in state.tables.items():
@@ -35,13 +45,19 @@ def check_pool(state: PoolState, num_blocks: int) -> None:
         assert all(0 <= b < num_blocks for b in table), f"table of {rid!r} has an out-of-range block: {table}"
     for b in range(num_blocks):
         assert state.ref_counts[b] == counts[b], (
-            f"block {b}: ref count {state.ref_counts[b]} but held by {counts[b]} tables (leak or double free)")
-    assert len(set(state.free_queue)) == len(state.free_queue), f"free queue repeats a block: {state.free_queue}"
+            f"block {b}: ref count {state.ref_counts[b]} but held by {counts[b]} tables (leak or double free)"
+        )
+    assert len(set(state.free_queue)) == len(state.free_queue), (
+        f"free queue repeats a block: {state.free_queue}"
+    )
     unreferenced = {b for b in range(num_blocks) if state.ref_counts[b] == 0}
     assert set(state.free_queue) == unreferenced, (
-        f"free queue {sorted(state.free_queue)} != unreferenced blocks {sorted(unreferenced)}")
+        f"free queue {sorted(state.free_queue)} != unreferenced blocks {sorted(unreferenced)}"
+    )
     for h, b in state.cached.items():
-        assert 0 <= b < num_blocks and state.block_hashes[b] == h, f"cached maps a hash to block {b}, which holds another"
+        assert 0 <= b < num_blocks and state.block_hashes[b] == h, (
+            f"cached maps a hash to block {b}, which holds another"
+        )
     for b, h in enumerate(state.block_hashes):
         if h is not None:
             assert state.cached.get(h) == b, f"block {b} has a hash that `cached` does not map back to it"
@@ -56,22 +72,30 @@ def check_idle(state: PoolState, num_blocks: int) -> None:
 
 def check_no_caching(state: PoolState) -> None:
     """With prefix caching off nothing is ever published."""
-    assert not state.cached and all(h is None for h in state.block_hashes), "caching is off but blocks were published"
+    assert not state.cached and all(h is None for h in state.block_hashes), (
+        "caching is off but blocks were published"
+    )
 
 
 # --------------------------------------------------------------------------- requests
 
+
 def check_request(r, block_size: int) -> None:
     """Request invariants: one token list, consistent counters, canonical hash chain."""
     output = list(r.output_token_ids)
-    assert list(r.token_ids) == list(r.prompt_token_ids) + output, f"{r.request_id}: token_ids != prompt + output"
+    assert list(r.token_ids) == list(r.prompt_token_ids) + output, (
+        f"{r.request_id}: token_ids != prompt + output"
+    )
     assert r.num_tokens == len(r.token_ids) and r.num_prompt_tokens == len(r.prompt_token_ids)
     assert r.num_output_tokens == len(output)
     assert 0 <= r.num_cached_tokens <= r.num_computed_tokens <= r.num_tokens, (
         f"{r.request_id}: need 0 <= cached ({r.num_cached_tokens}) <= computed ({r.num_computed_tokens}) "
-        f"<= num_tokens ({r.num_tokens})")
+        f"<= num_tokens ({r.num_tokens})"
+    )
     chain = hash_request_blocks(r.token_ids, block_size, r.cache_key)
-    assert list(r.block_hashes) == chain[:len(r.block_hashes)], f"{r.request_id}: block_hashes is not the canonical chain"
+    assert list(r.block_hashes) == chain[: len(r.block_hashes)], (
+        f"{r.request_id}: block_hashes is not the canonical chain"
+    )
 
 
 def check_table_hashes(state: PoolState, r, block_size: int) -> None:
@@ -83,10 +107,12 @@ def check_table_hashes(state: PoolState, r, block_size: int) -> None:
         if h is not None:
             assert i < len(chain) and h == chain[i], (
                 f"{r.request_id}: block {b} at position {i} is published under a hash that is not its "
-                f"canonical chain hash (parent or cache_key ignored?)")
+                f"canonical chain hash (parent or cache_key ignored?)"
+            )
 
 
 # --------------------------------------------------------------------------- scheduler snapshots
+
 
 @dataclass(frozen=True)
 class ReqSnap:
@@ -107,10 +133,23 @@ class Snapshot:
 
 
 def snapshot(sched, requests: dict) -> Snapshot:
-    reqs = {rid: ReqSnap(r.status, r.num_computed_tokens, r.num_tokens, r.num_prompt_tokens,
-                         r.num_preemptions, tuple(r.output_token_ids)) for rid, r in requests.items()}
-    return Snapshot([r.request_id for r in sched.running], [r.request_id for r in sched.waiting], reqs,
-                    sched.block_manager.state())
+    reqs = {
+        rid: ReqSnap(
+            r.status,
+            r.num_computed_tokens,
+            r.num_tokens,
+            r.num_prompt_tokens,
+            r.num_preemptions,
+            tuple(r.output_token_ids),
+        )
+        for rid, r in requests.items()
+    }
+    return Snapshot(
+        [r.request_id for r in sched.running],
+        [r.request_id for r in sched.waiting],
+        reqs,
+        sched.block_manager.state(),
+    )
 
 
 @dataclass
@@ -137,17 +176,22 @@ class StepView:
 
 # --------------------------------------------------------------------------- step invariants (point 5)
 
+
 def check_limits(v: StepView) -> None:
     """Budget, max_num_seqs, n >= 1, no request twice, never past the known tokens."""
     cfg = v.config
     assert v.out.num_scheduled_tokens <= cfg.max_num_batched_tokens, (
-        f"budget overrun: {v.out.num_scheduled_tokens} tokens > max_num_batched_tokens {cfg.max_num_batched_tokens}")
-    assert len(v.out.scheduled) <= cfg.max_num_seqs, f"{len(v.out.scheduled)} requests > max_num_seqs {cfg.max_num_seqs}"
+        f"budget overrun: {v.out.num_scheduled_tokens} tokens > max_num_batched_tokens {cfg.max_num_batched_tokens}"
+    )
+    assert len(v.out.scheduled) <= cfg.max_num_seqs, (
+        f"{len(v.out.scheduled)} requests > max_num_seqs {cfg.max_num_seqs}"
+    )
     assert len(set(v.ids)) == len(v.ids), f"a request is scheduled twice: {v.ids}"
     for r, n in v.out.scheduled:
         assert n >= 1, f"{r.request_id} scheduled with n={n}"
         assert r.num_computed_tokens + n <= r.num_tokens_with_spec, (
-            f"{r.request_id}: computed {r.num_computed_tokens} + n {n} past its {r.num_tokens} known tokens")
+            f"{r.request_id}: computed {r.num_computed_tokens} + n {n} past its {r.num_tokens} known tokens"
+        )
         assert r.status == Status.RUNNING, f"{r.request_id} scheduled but {r.status}"
 
 
@@ -159,30 +203,40 @@ def check_chunking(v: StepView) -> None:
         if cfg.enable_chunked_prefill:
             if cfg.long_prefill_token_threshold and start < r.num_prompt_tokens:
                 assert n <= cfg.long_prefill_token_threshold, (
-                    f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}")
+                    f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}"
+                )
         else:
-            assert n == r.num_tokens - start, f"{r.request_id}: chunked prefill is off but only {n} of {r.num_tokens - start} scheduled"
+            assert n == r.num_tokens - start, (
+                f"{r.request_id}: chunked prefill is off but only {n} of {r.num_tokens - start} scheduled"
+            )
 
 
 def check_order(v: StepView) -> None:
     """Running first, as a prefix of the running queue; victims from its back; admitted requests
     are a prefix (in policy order) of the swapped and of the waiting queue."""
     ran = [rid for rid in v.ids if rid in v.pre.running]
-    assert v.ids[:len(ran)] == ran, f"a newly admitted request precedes a running one: {v.ids}"
-    assert ran == v.pre.running[:len(ran)], f"running requests not served in queue order: {ran} vs {v.pre.running}"
+    assert v.ids[: len(ran)] == ran, f"a newly admitted request precedes a running one: {v.ids}"
+    assert ran == v.pre.running[: len(ran)], (
+        f"running requests not served in queue order: {ran} vs {v.pre.running}"
+    )
     pre_ids = [r.request_id for r in v.out.preempted]
-    assert pre_ids == v.pre.running[::-1][:len(pre_ids)], (
-        f"victims {pre_ids} are not the back of the running queue {v.pre.running}")
+    assert pre_ids == v.pre.running[::-1][: len(pre_ids)], (
+        f"victims {pre_ids} are not the back of the running queue {v.pre.running}"
+    )
     assert not set(pre_ids) & set(v.ids), "a preempted request was scheduled in the same step"
     if pre_ids:
-        assert not v.admitted and not v.out.swap_in, f"admitted {v.admitted} in a step that preempted {pre_ids}"
+        assert not v.admitted and not v.out.swap_in, (
+            f"admitted {v.admitted} in a step that preempted {pre_ids}"
+        )
     swapped = [rid for rid in v.pre.waiting if v.pre.reqs[rid].status == Status.SWAPPED]
     waiting = [rid for rid in v.pre.waiting if v.pre.reqs[rid].status != Status.SWAPPED]
     got_swapped = [rid for rid in v.admitted if rid in swapped]
     got_waiting = [rid for rid in v.admitted if rid not in swapped]
     assert v.admitted == got_swapped + got_waiting, "a waiting request was admitted before a swapped one"
-    assert got_swapped == swapped[:len(got_swapped)], f"swap-ins {got_swapped} skip ahead of {swapped}"
-    assert got_waiting == waiting[:len(got_waiting)], f"admissions {got_waiting} skip ahead of {waiting} (policy order)"
+    assert got_swapped == swapped[: len(got_swapped)], f"swap-ins {got_swapped} skip ahead of {swapped}"
+    assert got_waiting == waiting[: len(got_waiting)], (
+        f"admissions {got_waiting} skip ahead of {waiting} (policy order)"
+    )
 
 
 def check_preempted(v: StepView) -> None:
@@ -191,17 +245,24 @@ def check_preempted(v: StepView) -> None:
     swap = v.config.preemption_mode == "swap"
     for r in v.out.preempted:
         before = v.pre.reqs[r.request_id]
-        assert r.num_preemptions == before.num_preemptions + 1, f"{r.request_id}: num_preemptions not incremented"
+        assert r.num_preemptions == before.num_preemptions + 1, (
+            f"{r.request_id}: num_preemptions not incremented"
+        )
         assert r.request_id not in state.tables, f"preempted {r.request_id} still holds blocks"
         if swap:
             assert r.status == Status.SWAPPED and r.swapped_out, f"{r.request_id}: swap victim is {r.status}"
-            assert r.num_computed_tokens == before.num_computed, "swap preemption must keep num_computed_tokens"
+            assert r.num_computed_tokens == before.num_computed, (
+                "swap preemption must keep num_computed_tokens"
+            )
         else:
             assert r.status == Status.PREEMPTED, f"{r.request_id}: recompute victim is {r.status}"
             assert r.num_computed_tokens == 0, f"{r.request_id}: recompute victim kept num_computed_tokens"
-    expected_out = [(r.request_id, v.pre.state.tables.get(r.request_id, [])) for r in v.out.preempted] if swap else []
+    expected_out = (
+        [(r.request_id, v.pre.state.tables.get(r.request_id, [])) for r in v.out.preempted] if swap else []
+    )
     assert [(rid, list(b)) for rid, b in v.out.swap_out] == expected_out, (
-        f"swap_out {v.out.swap_out} != victims' tables {expected_out}")
+        f"swap_out {v.out.swap_out} != victims' tables {expected_out}"
+    )
 
 
 def check_admitted(v: StepView) -> None:
@@ -213,15 +274,16 @@ def check_admitted(v: StepView) -> None:
         r, before = v.requests[rid], v.pre.reqs[rid]
         if before.status == Status.SWAPPED:
             assert r.num_computed_tokens == before.num_computed and not r.swapped_out
-            swap_in.append((rid, state.tables[rid][:cdiv(r.num_computed_tokens, bs)]))
+            swap_in.append((rid, state.tables[rid][: cdiv(r.num_computed_tokens, bs)]))
             continue
         k = r.num_computed_tokens
         assert r.num_cached_tokens == k and k % bs == 0 and k <= r.num_tokens - 1, (
-            f"{rid}: admitted with computed={k}, cached={r.num_cached_tokens} (bs={bs}, {r.num_tokens} tokens)")
+            f"{rid}: admitted with computed={k}, cached={r.num_cached_tokens} (bs={bs}, {r.num_tokens} tokens)"
+        )
         if not v.prefix_caching or r.params.prompt_logprobs is not None:
             assert k == 0, f"{rid}: cached prefix used with caching off or prompt_logprobs set"
         chain = hash_request_blocks(r.token_ids, bs, r.cache_key)
-        for i, b in enumerate(state.tables[rid][:k // bs]):
+        for i, b in enumerate(state.tables[rid][: k // bs]):
             assert state.block_hashes[b] == chain[i], f"{rid}: adopted block {b} is not cached under its hash"
     assert [(rid, list(b)) for rid, b in v.out.swap_in] == swap_in, f"swap_in {v.out.swap_in} != {swap_in}"
 
@@ -239,13 +301,21 @@ def check_tables_after_schedule(v: StepView) -> None:
             continue
         chain = hash_request_blocks(r.token_ids, bs, r.cache_key)
         for i in range(r.num_computed_tokens // bs, min(end, r.num_tokens) // bs):
-            assert (state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached
-                    or chain[i] in v.pre.state.cached), (
-                f"{r.request_id}: block {i} became full this step but its hash is not published")
+            assert (
+                state.block_hashes[table[i]] == chain[i]
+                or chain[i] in state.cached
+                or chain[i] in v.pre.state.cached
+            ), f"{r.request_id}: block {i} became full this step but its hash is not published"
 
 
-STEP_CHECKS = (check_limits, check_chunking, check_order, check_preempted, check_admitted,
-               check_tables_after_schedule)
+STEP_CHECKS = (
+    check_limits,
+    check_chunking,
+    check_order,
+    check_preempted,
+    check_admitted,
+    check_tables_after_schedule,
+)
 
 
 def check_schedule(v: StepView) -> None:
@@ -255,8 +325,15 @@ def check_schedule(v: StepView) -> None:
 
 # --------------------------------------------------------------------------- update invariants
 
-def expected_stop(r_params, eos: Optional[int], max_model_len: Optional[int], prior_outputs: int,
-                  num_prompt: int, samples: list[int]) -> tuple[list[int], Optional[Status], object]:
+
+def expected_stop(
+    r_params,
+    eos: Optional[int],
+    max_model_len: Optional[int],
+    prior_outputs: int,
+    num_prompt: int,
+    samples: list[int],
+) -> tuple[list[int], Optional[Status], object]:
     """The spec's stop rules applied to `samples`: (tokens kept, final status or None, stop_reason)."""
     kept = []
     for token in samples:
@@ -266,31 +343,50 @@ def expected_stop(r_params, eos: Optional[int], max_model_len: Optional[int], pr
             return kept, Status.FINISHED_STOPPED, token
         if num_out > r_params.min_tokens and not r_params.ignore_eos and eos is not None and token == eos:
             return kept, Status.FINISHED_STOPPED, None
-        if num_out >= r_params.max_tokens or (max_model_len is not None and num_prompt + num_out >= max_model_len):
+        if num_out >= r_params.max_tokens or (
+            max_model_len is not None and num_prompt + num_out >= max_model_len
+        ):
             return kept, Status.FINISHED_LENGTH, None
     return kept, None, None
 
 
-def check_update(config: SchedulerConfig, pre: Snapshot, out: SchedulerOutput, sampled: dict,
-                 upd: UpdateOutput) -> None:
+def check_update(
+    config: SchedulerConfig, pre: Snapshot, out: SchedulerOutput, sampled: dict, upd: UpdateOutput
+) -> None:
     """Progress advanced by n, samples appended only at the end of known tokens, stop rules
     applied exactly, finished requests reported, the newest token left uncomputed."""
     finished = set()
     for r, n in out.scheduled:
         before = pre.reqs[r.request_id]
-        assert r.num_computed_tokens == before.num_computed + n, f"{r.request_id}: num_computed not advanced by {n}"
-        new = list(r.output_token_ids)[len(before.output):]
-        assert tuple(r.output_token_ids)[:len(before.output)] == before.output, f"{r.request_id}: outputs rewritten"
+        assert r.num_computed_tokens == before.num_computed + n, (
+            f"{r.request_id}: num_computed not advanced by {n}"
+        )
+        new = list(r.output_token_ids)[len(before.output) :]
+        assert tuple(r.output_token_ids)[: len(before.output)] == before.output, (
+            f"{r.request_id}: outputs rewritten"
+        )
         if before.num_computed + n < before.num_tokens:
-            assert not new and not r.status.is_finished, f"{r.request_id}: mid-prompt chunk appended or finished"
+            assert not new and not r.status.is_finished, (
+                f"{r.request_id}: mid-prompt chunk appended or finished"
+            )
             continue
-        kept, status, reason = expected_stop(r.params, r.eos_token_id, config.max_model_len, len(before.output),
-                                             before.num_prompt, sampled.get(r.request_id, []))
+        kept, status, reason = expected_stop(
+            r.params,
+            r.eos_token_id,
+            config.max_model_len,
+            len(before.output),
+            before.num_prompt,
+            sampled.get(r.request_id, []),
+        )
         assert new == kept, f"{r.request_id}: appended {new}, expected {kept} (stop rules)"
-        assert list(upd.new_token_ids.get(r.request_id, [])) == kept, f"{r.request_id}: new_token_ids != appended"
+        assert list(upd.new_token_ids.get(r.request_id, [])) == kept, (
+            f"{r.request_id}: new_token_ids != appended"
+        )
         if status is None:
             assert r.status == Status.RUNNING, f"{r.request_id}: {r.status} but no stop rule fired"
-            assert r.num_tokens == r.num_computed_tokens + 1, f"{r.request_id}: newest token must stay uncomputed"
+            assert r.num_tokens == r.num_computed_tokens + 1, (
+                f"{r.request_id}: newest token must stay uncomputed"
+            )
         else:
             assert r.status == status, f"{r.request_id}: status {r.status}, stop rules say {status}"
             if reason is not None:
@@ -301,6 +397,7 @@ def check_update(config: SchedulerConfig, pre: Snapshot, out: SchedulerOutput, s
 
 # --------------------------------------------------------------------------- whole-scheduler checks
 
+
 def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_caching: bool) -> None:
     """Pool invariants, request invariants, queue contents and order, tables per status."""
     state = sched.block_manager.state()
@@ -309,30 +406,39 @@ def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_cachin
         check_no_caching(state)
     running = [r.request_id for r in sched.running]
     waiting = [r.request_id for r in sched.waiting]
-    assert sorted(running + waiting) == sorted(live), f"queues {running} + {waiting} != unfinished {sorted(live)}"
+    assert sorted(running + waiting) == sorted(live), (
+        f"queues {running} + {waiting} != unfinished {sorted(live)}"
+    )
     assert len(running) <= sched.config.max_num_seqs, "running set larger than max_num_seqs"
     assert running == sorted(running, key=key.__getitem__), f"running queue out of policy order: {running}"
     swapped = [rid for rid in waiting if live[rid].status == Status.SWAPPED]
-    assert waiting[:len(swapped)] == swapped, "swapped requests must be tried (listed) first"
-    rest = waiting[len(swapped):]
+    assert waiting[: len(swapped)] == swapped, "swapped requests must be tried (listed) first"
+    rest = waiting[len(swapped) :]
     assert swapped == sorted(swapped, key=key.__getitem__) and rest == sorted(rest, key=key.__getitem__), (
-        f"waiting queue out of policy order: {waiting}")
-    assert set(state.tables) <= set(running), f"non-running requests hold blocks: {set(state.tables) - set(running)}"
+        f"waiting queue out of policy order: {waiting}"
+    )
+    assert set(state.tables) <= set(running), (
+        f"non-running requests hold blocks: {set(state.tables) - set(running)}"
+    )
     for rid, r in live.items():
         check_request(r, block_size)
         if rid in running:
             assert r.status == Status.RUNNING, f"{rid} in running but {r.status}"
             assert len(state.tables.get(rid, [])) == cdiv(r.num_computed_tokens, block_size), (
-                f"{rid}: table does not cover exactly its {r.num_computed_tokens} computed tokens")
+                f"{rid}: table does not cover exactly its {r.num_computed_tokens} computed tokens"
+            )
             check_table_hashes(state, r, block_size)
         else:
-            assert r.status in (Status.WAITING, Status.PREEMPTED, Status.SWAPPED), f"{rid} waiting but {r.status}"
+            assert r.status in (Status.WAITING, Status.PREEMPTED, Status.SWAPPED), (
+                f"{rid} waiting but {r.status}"
+            )
     assert sched.has_unfinished == bool(live)
     if not live:
         check_idle(state, sched.block_manager.num_blocks)
 
 
 # --------------------------------------------------------------------------- harness
+
 
 @dataclass
 class StepResult:
@@ -348,10 +454,15 @@ class StepResult:
 
     @classmethod
     def of(cls, out: SchedulerOutput, upd: UpdateOutput) -> "StepResult":
-        return cls([(r.request_id, n) for r, n in out.scheduled], [r.request_id for r in out.preempted],
-                   [(rid, list(b)) for rid, b in out.swap_out], [(rid, list(b)) for rid, b in out.swap_in],
-                   sorted(out.finished), {k: list(v) for k, v in upd.new_token_ids.items() if v},
-                   sorted(r.request_id for r in upd.finished))
+        return cls(
+            [(r.request_id, n) for r, n in out.scheduled],
+            [r.request_id for r in out.preempted],
+            [(rid, list(b)) for rid, b in out.swap_out],
+            [(rid, list(b)) for rid, b in out.swap_in],
+            sorted(out.finished),
+            {k: list(v) for k, v in upd.new_token_ids.items() if v},
+            sorted(r.request_id for r in upd.finished),
+        )
 
 
 @dataclass
@@ -378,10 +489,11 @@ class Harness:
         self.bm = self.impl.new_block_manager(self.num_blocks, self.block_size, self.enable_prefix_caching)
         self.sched = self.impl.new_scheduler(self.config, self.bm)
         assert self.sched.block_manager is self.bm and self.sched.config == self.config, (
-            "the scheduler must keep its BlockManager as .block_manager and its config as .config")
-        self.live: dict = {}        # unfinished requests by id
-        self.all: dict = {}         # every request ever added
-        self.key: dict = {}         # policy key per id (the harness knows the add order)
+            "the scheduler must keep its BlockManager as .block_manager and its config as .config"
+        )
+        self.live: dict = {}  # unfinished requests by id
+        self.all: dict = {}  # every request ever added
+        self.key: dict = {}  # policy key per id (the harness knows the add order)
         self.finished_since: list[str] = []
         self.num_steps = 0
 
@@ -390,8 +502,9 @@ class Harness:
         r = spec.build(self.impl)
         self.sched.add(r)
         seq = len(self.key)
-        self.key[r.request_id] = ((r.priority, r.arrival_time, seq) if self.config.policy == "priority"
-                                  else (r.arrival_time, seq))
+        self.key[r.request_id] = (
+            (r.priority, r.arrival_time, seq) if self.config.policy == "priority" else (r.arrival_time, seq)
+        )
         self.live[r.request_id] = self.all[r.request_id] = r
         self.check()
 
@@ -409,7 +522,9 @@ class Harness:
         """What the engine does when a stop string matches: finish a live request."""
         r = self.live.pop(request_id)
         self.sched.finish(r, status)
-        assert r.status == status and request_id not in self.bm.state().tables, f"{request_id}: finish did not free it"
+        assert r.status == status and request_id not in self.bm.state().tables, (
+            f"{request_id}: finish did not free it"
+        )
         self.finished_since.append(request_id)
         self.check()
 
@@ -417,10 +532,12 @@ class Harness:
         pre = snapshot(self.sched, self.live)
         out = self.sched.schedule()
         assert sorted(out.finished) == sorted(self.finished_since), (
-            f"SchedulerOutput.finished {out.finished} != finished since last step {self.finished_since}")
+            f"SchedulerOutput.finished {out.finished} != finished since last step {self.finished_since}"
+        )
         self.finished_since = []
-        view = StepView(self.config, self.block_size, pre, out, self.live, self.bm.state(),
-                        self.enable_prefix_caching)
+        view = StepView(
+            self.config, self.block_size, pre, out, self.live, self.bm.state(), self.enable_prefix_caching
+        )
         check_schedule(view)
         check_pool(view.post, self.num_blocks)
         pre_update = snapshot(self.sched, self.live)
@@ -456,6 +573,7 @@ def step_bound(specs) -> int:
 
 # --------------------------------------------------------------------------- pool transitions (points 2, 3, 4)
 
+
 def expected_prefix(state: PoolState, r, block_size: int, prefix_caching: bool) -> list[int]:
     """Point 3 from the observable state: the cached blocks of the longest run of the request's
     canonical chain from block 0, stopping at the first miss, leaving the last token uncovered;
@@ -464,15 +582,23 @@ def expected_prefix(state: PoolState, r, block_size: int, prefix_caching: bool) 
         return []
     chain = hash_request_blocks(r.token_ids, block_size, r.cache_key)
     found = []
-    for h in chain[:(r.num_tokens - 1) // block_size]:
+    for h in chain[: (r.num_tokens - 1) // block_size]:
         if h not in state.cached:
             break
         found.append(state.cached[h])
     return found
 
 
-def check_allocate(before: PoolState, after: PoolState, ok: bool, rid: str, num_computed: int,
-                   num_new_tokens: int, cached: list[int], block_size: int) -> None:
+def check_allocate(
+    before: PoolState,
+    after: PoolState,
+    ok: bool,
+    rid: str,
+    num_computed: int,
+    num_new_tokens: int,
+    cached: list[int],
+    block_size: int,
+) -> None:
     """Points 2 and 4 for one allocate_slots call: feasibility exactly as specified (adopting a
     free cached block costs a free slot); refused => state identical; granted => cached blocks
     adopted, then new blocks popped from the FRONT of the free queue, each losing its hash."""
@@ -481,14 +607,17 @@ def check_allocate(before: PoolState, after: PoolState, ok: bool, rid: str, num_
     num_new = max(0, required - len(table) - len(cached))
     revived = [b for b in cached if before.ref_counts[b] == 0]
     feasible = num_new + len(revived) <= len(before.free_queue)
-    assert ok == feasible, f"allocate_slots returned {ok} but {num_new} new + {len(revived)} revived vs {len(before.free_queue)} free"
+    assert ok == feasible, (
+        f"allocate_slots returned {ok} but {num_new} new + {len(revived)} revived vs {len(before.free_queue)} free"
+    )
     if not ok:
         assert after == before, "a refused allocation changed the pool state"
         return
     rest = [b for b in before.free_queue if b not in revived]
     popped = rest[:num_new]
     assert after.tables.get(rid, []) == table + list(cached) + popped, (
-        f"new table {after.tables.get(rid)} != old {table} + cached {cached} + front of free queue {popped}")
+        f"new table {after.tables.get(rid)} != old {table} + cached {cached} + front of free queue {popped}"
+    )
     assert after.free_queue == rest[num_new:], "allocation must take blocks from the front of the free queue"
     for b in popped:
         assert after.block_hashes[b] is None, f"block {b} was handed out but kept its hash (no eviction)"
@@ -496,12 +625,18 @@ def check_allocate(before: PoolState, after: PoolState, ok: bool, rid: str, num_
             assert before.block_hashes[b] not in after.cached, f"evicted block {b}'s hash is still findable"
 
 
-def check_release(before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]],
-                  rid: str) -> None:
+def check_release(
+    before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]], rid: str
+) -> None:
     """Point 4 for free/trim: blocks reaching ref 0 go to the BACK of the free queue, last
     logical block first, keeping their hashes; nothing else moves."""
     reaching_zero = [b for b in reversed(released) if before.ref_counts[b] == 1]
     assert after.free_queue == before.free_queue + reaching_zero, (
-        f"free queue {after.free_queue} != {before.free_queue} + tail-first {reaching_zero}")
-    assert after.block_hashes == before.block_hashes and after.cached == before.cached, "freeing must keep hashes"
-    assert after.tables.get(rid, []) == (kept_table or []), f"{rid}: table after release is {after.tables.get(rid)}"
+        f"free queue {after.free_queue} != {before.free_queue} + tail-first {reaching_zero}"
+    )
+    assert after.block_hashes == before.block_hashes and after.cached == before.cached, (
+        "freeing must keep hashes"
+    )
+    assert after.tables.get(rid, []) == (kept_table or []), (
+        f"{rid}: table after release is {after.tables.get(rid)}"
+    )

@@ -18,10 +18,17 @@ derandomized failing example is reported at once and replays with the printed bl
 (more examples, shrinking, still no deadline), `thorough` (many examples and longer stateful
 runs). `ci` is loaded unless `--hypothesis-profile` or $HYPOTHESIS_PROFILE names another.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+# Kernel tests run under Triton's interpreter where no NVIDIA GPU is present. The variable must be
+# set before anything imports triton, so it is set when pytest loads this plugin; the check is a
+# file test, not a torch import, so that other projects' test runs pay nothing for it.
+if "TRITON_INTERPRET" not in os.environ and not Path("/dev/nvidiactl").exists():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -31,24 +38,45 @@ ENV_PROFILE = "HYPOTHESIS_PROFILE"
 DEFAULT_PROFILE = "ci"
 
 settings.register_profile(
-    "ci", max_examples=12, stateful_step_count=25, deadline=None, derandomize=True,
-    database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow],
-    phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    "ci",
+    max_examples=12,
+    stateful_step_count=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 settings.register_profile(
-    "dev", max_examples=60, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    "dev",
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.register_profile(
-    "thorough", max_examples=1000, stateful_step_count=100, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "thorough",
+    max_examples=1000,
+    stateful_step_count=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("enginespec", "enginespec conformance")
-    group.addoption("--impl", default=None,
-                    help=f"implementation under test: reference, fast, an entry point or pkg.module:attr "
-                         f"(default: ${ENV_IMPL} or reference)")
-    group.addoption("--xfails-file", default=None,
-                    help="file of test node-id substrings (one per line) to mark xfail for this impl")
+    group.addoption(
+        "--impl",
+        default=None,
+        help=f"implementation under test: reference, fast, an entry point or pkg.module:attr "
+        f"(default: ${ENV_IMPL} or reference)",
+    )
+    group.addoption(
+        "--xfails-file",
+        default=None,
+        help="file of test node-id substrings (one per line) to mark xfail for this impl",
+    )
 
 
 def impl_target(config) -> str:
@@ -66,12 +94,15 @@ def pytest_report_header(config):
     target = impl_target(config)
     try:
         from enginespec.spec import load_impl
+
         name = getattr(load_impl(target), "name", "?")
     except Exception as e:  # the header must not hide the real error from the impl fixture
         name = f"<cannot load: {e}>"
-    source = ("--impl" if config.getoption("--impl") else ENV_IMPL if os.environ.get(ENV_IMPL) else "default")
-    return [f"enginespec impl under test: {name} ({source}={target}); "
-            f"hypothesis profile: {settings.get_current_profile_name()}"]
+    source = "--impl" if config.getoption("--impl") else ENV_IMPL if os.environ.get(ENV_IMPL) else "default"
+    return [
+        f"enginespec impl under test: {name} ({source}={target}); "
+        f"hypothesis profile: {settings.get_current_profile_name()}"
+    ]
 
 
 def read_xfails(path: str) -> list[tuple[str, str]]:
@@ -103,6 +134,7 @@ def pytest_collection_modifyitems(config, items):
 def impl(request):
     """The Implementation under test (spec.load_impl of --impl / $ENGINESPEC_IMPL)."""
     from enginespec.spec import load_impl
+
     return load_impl(impl_target(request.config))
 
 
@@ -110,6 +142,7 @@ def impl(request):
 def reference_impl():
     """The oracle every other impl is compared with."""
     from enginespec.spec import load_impl
+
     return load_impl("reference")
 
 

@@ -7,6 +7,7 @@ Sections: tokens and pools; sampling params (valid and invalid); scheduler confi
 invalid); requests and workloads that fit a pool; scenarios (config + pool + workload).
 Engine and parity strategies are appended at the end by their owners.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ def pool_shapes(draw, min_blocks: int = 1, max_blocks: int = 24):
 
 # --------------------------------------------------------------------------- sampling params
 
+
 @st.composite
 def sampling_params(draw, max_tokens: int = 8, prompt_logprobs: bool = True):
     """Valid SamplingParams exercising the stop rules the scheduler applies (greedy: the fake
@@ -61,8 +63,10 @@ _BAD_PARAMS = {
     "top_k": st.integers(-9, -2).map(lambda v: {"top_k": v}),
     "top_p": st.one_of(st.floats(-1, 0), st.floats(1.01, 5)).map(lambda v: {"top_p": v}),
     "min_p": st.one_of(st.floats(-1, -0.01), st.floats(1.01, 5)).map(lambda v: {"min_p": v}),
-    "min_tokens": st.one_of(st.integers(-5, -1).map(lambda v: {"min_tokens": v}),
-                            st.integers(1, 5).map(lambda v: {"max_tokens": v, "min_tokens": v + 1})),
+    "min_tokens": st.one_of(
+        st.integers(-5, -1).map(lambda v: {"min_tokens": v}),
+        st.integers(1, 5).map(lambda v: {"max_tokens": v, "min_tokens": v + 1}),
+    ),
     "n": st.integers(-3, 0).map(lambda v: {"n": v}),
     "logprobs": st.integers(-5, -1).map(lambda v: {"logprobs": v}),
     "prompt_logprobs": st.integers(-5, -1).map(lambda v: {"prompt_logprobs": v}),
@@ -85,6 +89,7 @@ def invalid_sampling_kwargs(draw):
 
 # --------------------------------------------------------------------------- scheduler configs
 
+
 @st.composite
 def scheduler_configs(draw, max_seqs: int = 6, max_budget: int = 48, max_model_len: Optional[int] = None):
     """Valid SchedulerConfigs with small limits, so budgets, seq caps and chunk thresholds bind."""
@@ -104,7 +109,8 @@ _BAD_CONFIG = {
     "max_num_batched_tokens": st.integers(-4, 0).map(lambda v: {"max_num_batched_tokens": v}),
     "max_num_seqs": st.integers(-4, 0).map(lambda v: {"max_num_seqs": v}),
     "max_num_batched_tokens ": st.integers(2, 9).map(
-        lambda v: {"max_num_seqs": v, "max_num_batched_tokens": v - 1}),
+        lambda v: {"max_num_seqs": v, "max_num_batched_tokens": v - 1}
+    ),
     "long_prefill_token_threshold": st.integers(-5, -1).map(lambda v: {"long_prefill_token_threshold": v}),
     "policy": st.sampled_from(["lifo", "FCFS", ""]).map(lambda v: {"policy": v}),
     "preemption_mode": st.sampled_from(["drop", "", "Swap"]).map(lambda v: {"preemption_mode": v}),
@@ -120,6 +126,7 @@ def invalid_config_kwargs(draw):
 
 
 # --------------------------------------------------------------------------- requests and workloads
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -146,8 +153,13 @@ class Limits:
 
     @classmethod
     def of(cls, config: SchedulerConfig, num_blocks: int, block_size: int) -> "Limits":
-        return cls(num_blocks, block_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                   config.max_model_len)
+        return cls(
+            num_blocks,
+            block_size,
+            config.max_num_batched_tokens,
+            config.enable_chunked_prefill,
+            config.max_model_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -162,14 +174,26 @@ class RequestSpec:
     cache_key: tuple = ()
 
     def build(self, impl):
-        return impl.new_request(self.request_id, list(self.prompt_token_ids), self.params,
-                                eos_token_id=EOS_TOKEN_ID, priority=self.priority,
-                                arrival_time=self.arrival_time, cache_key=self.cache_key)
+        return impl.new_request(
+            self.request_id,
+            list(self.prompt_token_ids),
+            self.params,
+            eos_token_id=EOS_TOKEN_ID,
+            priority=self.priority,
+            arrival_time=self.arrival_time,
+            cache_key=self.cache_key,
+        )
 
 
 @st.composite
-def request_specs(draw, limits: Limits, request_id: str, stems: tuple = (), max_tokens: int = 8,
-                  arrival_time: Optional[float] = None):
+def request_specs(
+    draw,
+    limits: Limits,
+    request_id: str,
+    stems: tuple = (),
+    max_tokens: int = 8,
+    arrival_time: Optional[float] = None,
+):
     """A RequestSpec that Scheduler.add accepts under `limits` (requires max_total_tokens >= 2).
 
     The prompt starts, most of the time, with one of `stems` (cut to fit), so workloads share
@@ -183,10 +207,13 @@ def request_specs(draw, limits: Limits, request_id: str, stems: tuple = (), max_
     suffix = draw(token_lists(min_size=0 if stem else 1, max_size=room - len(stem)))
     min_tokens = draw(st.integers(0, num_max))
     params = SamplingParams(
-        max_tokens=num_max, temperature=0.0, min_tokens=min_tokens,
+        max_tokens=num_max,
+        temperature=0.0,
+        min_tokens=min_tokens,
         stop_token_ids=tuple(draw(st.lists(st.integers(1, VOCAB_SIZE - 1), max_size=2, unique=True))),
         ignore_eos=draw(st.booleans()),
-        prompt_logprobs=1 if draw(st.integers(0, 5)) == 0 else None)
+        prompt_logprobs=1 if draw(st.integers(0, 5)) == 0 else None,
+    )
     return RequestSpec(
         request_id=request_id,
         prompt_token_ids=tuple(stem) + tuple(suffix),
@@ -200,8 +227,10 @@ def request_specs(draw, limits: Limits, request_id: str, stems: tuple = (), max_
 @st.composite
 def stems_for(draw, block_size: int, num: int = 3):
     """Shared prompt prefixes, mostly whole blocks long so they can be cached."""
-    return tuple(tuple(draw(token_lists(min_size=block_size, max_size=3 * block_size)))
-                 for _ in range(draw(st.integers(1, num))))
+    return tuple(
+        tuple(draw(token_lists(min_size=block_size, max_size=3 * block_size)))
+        for _ in range(draw(st.integers(1, num)))
+    )
 
 
 @st.composite
@@ -213,6 +242,7 @@ def workloads(draw, limits: Limits, min_requests: int = 1, max_requests: int = 6
 
 
 # --------------------------------------------------------------------------- scenarios
+
 
 @dataclass
 class Scenario:
@@ -230,8 +260,14 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw, max_requests: int = 6, max_tokens: int = 8, max_blocks: int = 16,
-              preemption_mode: Optional[str] = None, policy: Optional[str] = None):
+def scenarios(
+    draw,
+    max_requests: int = 6,
+    max_tokens: int = 8,
+    max_blocks: int = 16,
+    preemption_mode: Optional[str] = None,
+    policy: Optional[str] = None,
+):
     """Small pools (so preemption happens) with a workload that fits each request alone."""
     block_size = draw(block_sizes)
     max_model_len = draw(st.one_of(st.none(), st.integers(4, 40)))
@@ -249,6 +285,7 @@ def scenarios(draw, max_requests: int = 6, max_tokens: int = 8, max_blocks: int 
     requests = draw(workloads(limits, max_requests=max_requests, max_tokens=max_tokens))
     return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
 
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -264,17 +301,30 @@ def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
     max_tokens = [draw(st.integers(2, 3)) * block_size + 1] * count  # equal: all peak in the same step
     need_end = max(_cdiv(b * block_size + m, block_size) for b, m in zip(prompt_blocks, max_tokens))
     need_all = sum(_cdiv(b * block_size + m - 1, block_size) for b, m in zip(prompt_blocks, max_tokens))
-    num_blocks = draw(st.integers(max(sum(prompt_blocks), need_end), max(sum(prompt_blocks), need_end, need_all - 1)))
+    num_blocks = draw(
+        st.integers(max(sum(prompt_blocks), need_end), max(sum(prompt_blocks), need_end, need_all - 1))
+    )
     budget = sum(prompt_blocks) * block_size
-    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=count,
-                             enable_chunked_prefill=True, policy=draw(st.sampled_from(["fcfs", "priority"])),
-                             preemption_mode=preemption_mode or draw(st.sampled_from(["recompute", "swap"])))
+    config = SchedulerConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=count,
+        enable_chunked_prefill=True,
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        preemption_mode=preemption_mode or draw(st.sampled_from(["recompute", "swap"])),
+    )
     requests = []
     for i, (b, m) in enumerate(zip(prompt_blocks, max_tokens)):
         prompt = tuple(draw(token_lists(b * block_size, b * block_size)))
-        requests.append(RequestSpec(f"p{i}", prompt, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True),
-                                    priority=draw(st.integers(0, 2)), arrival_time=float(i),
-                                    cache_key=(f"p{i}",)))
+        requests.append(
+            RequestSpec(
+                f"p{i}",
+                prompt,
+                SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True),
+                priority=draw(st.integers(0, 2)),
+                arrival_time=float(i),
+                cache_key=(f"p{i}",),
+            )
+        )
     return Scenario(config, num_blocks, block_size, draw(st.booleans()), requests)
 
 
@@ -282,6 +332,7 @@ def pressure_scenarios(draw, preemption_mode: Optional[str] = None):
 
 # --------------------------------------------------------------------------- attention batches
 # (owner: model) Flat-batch attention cases for the AttentionBackend conformance tests.
+
 
 @dataclass(frozen=True)
 class AttentionCase:
@@ -327,10 +378,12 @@ def attention_cases(draw, max_requests: int = 4, max_seq_len: int = 40):
         float64=draw(st.booleans()),
     )
 
+
 # --------------------------------------------------------------------------- engine workloads
 # (owner: engine) Whole-engine workloads for the greedy parity tests: prompts sharing prefixes,
 # staggered arrivals, aborts mid-flight, n > 1, and configs (small pools, budgets, chunk
 # thresholds, priority, recompute or swap) that force every scheduling path.
+
 
 @dataclass(frozen=True)
 class EngineRequestSpec:
@@ -362,9 +415,20 @@ class EngineWorkload:
     requests: tuple = ()
 
     def engine_kwargs(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-            "enable_chunked_prefill", "long_prefill_token_threshold", "scheduling_policy", "preemption_mode")}
+        return {
+            name: getattr(self, name)
+            for name in (
+                "block_size",
+                "num_blocks",
+                "max_num_batched_tokens",
+                "max_num_seqs",
+                "enable_prefix_caching",
+                "enable_chunked_prefill",
+                "long_prefill_token_threshold",
+                "scheduling_policy",
+                "preemption_mode",
+            )
+        }
 
 
 @st.composite
@@ -373,17 +437,25 @@ def engine_request_specs(draw, request_id: str, vocab: int, stem: tuple, max_tok
     prompt += tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=10)))
     arrive = draw(st.sampled_from([0, 0, 0, 1, 3]))
     abort = draw(st.one_of(st.none(), st.none(), st.none(), st.none(), st.integers(arrive + 1, arrive + 8)))
-    return EngineRequestSpec(request_id, prompt, max_tokens=draw(st.integers(1, max_tokens)),
-                             n=draw(st.sampled_from([1, 1, 1, 2])), priority=draw(st.integers(0, 2)),
-                             arrive_step=arrive, abort_step=abort)
+    return EngineRequestSpec(
+        request_id,
+        prompt,
+        max_tokens=draw(st.integers(1, max_tokens)),
+        n=draw(st.sampled_from([1, 1, 1, 2])),
+        priority=draw(st.integers(0, 2)),
+        arrive_step=arrive,
+        abort_step=abort,
+    )
 
 
 def _lockstep_peak(requests, block_size: int) -> int:
     """Most blocks held at once if every request started together and decoded in lockstep:
     after step t a request holds its prompt + t tokens, until its last output (never computed)."""
     longest = max(r.max_tokens for r in requests)
-    return max(sum(r.n * -(-(len(r.prompt_token_ids) + t) // block_size) for r in requests if t < r.max_tokens)
-               for t in range(longest))
+    return max(
+        sum(r.n * -(-(len(r.prompt_token_ids) + t) // block_size) for r in requests if t < r.max_tokens)
+        for t in range(longest)
+    )
 
 
 @st.composite
@@ -394,8 +466,10 @@ def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 
     recompute, or by swap when `swap`) is common."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     stem = tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=min(16, 3 * block_size))))
-    requests = tuple(draw(engine_request_specs(f"r{i}", vocab, stem, max_tokens))
-                     for i in range(draw(st.integers(min(2, max_requests), max_requests))))
+    requests = tuple(
+        draw(engine_request_specs(f"r{i}", vocab, stem, max_tokens))
+        for i in range(draw(st.integers(min(2, max_requests), max_requests)))
+    )
     chunked = draw(st.booleans())
     max_num_seqs = draw(st.integers(1, 4)) if draw(st.integers(0, 3)) == 0 else 4
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)

@@ -6,6 +6,7 @@ token ids, EOS) fire then. Every test runs the same workload serially and with
 async_scheduling=True and compares token ids, finish reasons and stop reasons. Stop tokens are
 chosen from the serial run's own outputs, so they are guaranteed to fire mid-generation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,9 @@ import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
-from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, tiny_model_dir
 from enginespec.engine.async_scheduling import stop_after
 from enginespec.spec import SamplingParams, Status
+from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -27,8 +28,15 @@ PROMPTS = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 4 for j in range(5 + 4 *
 def _llm(impl, async_scheduling: bool, **kwargs):
     from enginespec.llm import LLM
 
-    args = dict(dtype="float32", device="cpu", block_size=4, num_blocks=40, max_num_batched_tokens=24,
-                max_num_seqs=6, async_scheduling=async_scheduling)
+    args = dict(
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=40,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        async_scheduling=async_scheduling,
+    )
     return LLM(str(tiny_model_dir("qwen3")), impl=impl, **{**args, **kwargs})
 
 
@@ -38,7 +46,9 @@ def _generate(impl, params, async_scheduling: bool, eos=None, **kwargs):
         llm.engine.model.eos_token_id = eos  # plant an EOS the model actually emits
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
-    return [[(c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs], llm.engine.stats
+    return [
+        [(c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs
+    ], llm.engine.stats
 
 
 def _with_stops(impl):
@@ -87,8 +97,9 @@ def test_async_equals_serial_on_cuda(impl):
     # every third request samples with a seed: those steps draw with the Triton kernels. (Not
     # unseeded: an unseeded row's key derives from its row index, and a stop found a step late
     # leaves a wasted row in the async run that shifts the rows after it.)
-    params = [dataclasses.replace(p, temperature=0.8, seed=i) if i % 3 == 2 else p
-              for i, p in enumerate(params)]
+    params = [
+        dataclasses.replace(p, temperature=0.8, seed=i) if i % 3 == 2 else p for i, p in enumerate(params)
+    ]
     cuda = dict(device="cuda", num_blocks=None, num_gpu_blocks_override=24)
     serial, serial_stats = _generate(impl, params, False, eos, **cuda)
     overlapped, async_stats = _generate(impl, params, True, eos, **cuda)
@@ -99,9 +110,12 @@ def test_async_equals_serial_on_cuda(impl):
 def test_async_with_mixed_rows_and_siblings(impl):
     """Seeded temperature rows and n > 1 siblings: steps holding a non-greedy row run serially
     (their history must be real), the others overlap; outputs stay those of the serial engine."""
-    params = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=2 if i == 3 else 1)
-              if i % 4 else SamplingParams(max_tokens=5, temperature=0.8, seed=i, ignore_eos=True)
-              for i in range(10)]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=2 if i == 3 else 1)
+        if i % 4
+        else SamplingParams(max_tokens=5, temperature=0.8, seed=i, ignore_eos=True)
+        for i in range(10)
+    ]
     assert _generate(impl, params, True)[0] == _generate(impl, params, False)[0]
 
 
@@ -109,8 +123,10 @@ def test_async_with_mixed_rows_and_siblings(impl):
 def test_async_equals_serial_when_sampling(impl, seeded):
     """Temperature rows are drawn on the device too (Sampler.sample_on_device): seeded rows key
     on the output index, unseeded ones on one generator draw per step, the same in both modes."""
-    params = [SamplingParams(max_tokens=5 + 2 * i, temperature=0.9, seed=i if seeded else None,
-                             ignore_eos=True) for i in range(10)]
+    params = [
+        SamplingParams(max_tokens=5 + 2 * i, temperature=0.9, seed=i if seeded else None, ignore_eos=True)
+        for i in range(10)
+    ]
     overlapped, async_stats = _generate(impl, params, True)
     serial, serial_stats = _generate(impl, params, False)
     assert overlapped == serial
@@ -121,22 +137,31 @@ def test_async_equals_serial_when_sampling(impl, seeded):
 def test_async_equals_serial_with_stop_strings(impl):
     """A stop string is matched on real tokens when they arrive, a step late; the text is cut
     at it and the request ends "stop" as in a serial run."""
-    from enginespec.testing.checkpoints import tiny_model_dir as tiny
     from enginespec.llm import LLM
+    from enginespec.testing.checkpoints import tiny_model_dir as tiny
 
     base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     texts = {}
     for mode in (False, True):
-        llm = LLM(str(tiny("qwen3")), impl=impl, dtype="float32", device="cpu", block_size=4,
-                  num_blocks=40, async_scheduling=mode)
+        llm = LLM(
+            str(tiny("qwen3")),
+            impl=impl,
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            num_blocks=40,
+            async_scheduling=mode,
+        )
         if not texts:  # stop strings taken from the serial run's own text: two chars at index 3
             first = llm.generate(PROMPTS[:6], base, use_tqdm=False)
             stops = [o.outputs[0].text[3:5] for o in first]
         params = [dataclasses.replace(base, stop=(stop,)) for stop in stops]
         outs = llm.generate(PROMPTS[:6], params, use_tqdm=False)
         assert (llm.engine.stats.num_async_steps > 0) == mode
-        texts[mode] = [(o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason,
-                        o.outputs[0].stop_reason) for o in outs]
+        texts[mode] = [
+            (o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+            for o in outs
+        ]
     assert texts[True] == texts[False]
     assert all(t[2] == "stop" for t in texts[False])
 
@@ -150,7 +175,7 @@ def test_stream_never_shows_a_placeholder(impl):
             ids = out.outputs[0].token_ids
             assert VOCAB_SIZE not in ids, "a placeholder leaked into an output"
             before = seen.get(out.request_id, [])
-            assert ids[:len(before)] == before, "stream outputs must be cumulative"
+            assert ids[: len(before)] == before, "stream outputs must be cumulative"
             seen[out.request_id] = ids
     serial = _llm(impl, False).generate(PROMPTS[:4], params, use_tqdm=False)
     assert sorted(seen.values()) == sorted(o.outputs[0].token_ids for o in serial)

@@ -5,13 +5,14 @@ in float64. The backend gets the same K/V scattered through shuffled block table
 poisoned with NaN (a real pool is torch.empty: unwritten slots hold garbage, and a backend that
 reads one, even under a zero probability, turns the output into NaN).
 """
+
 from __future__ import annotations
 
 import math
 
-import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enginespec.conformance.strategies import AttentionCase, attention_cases
 from enginespec.spec import AttentionBackend, BatchMeta
@@ -21,17 +22,25 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _meta(qsl: list[int], seq_lens: list[int], tables: list[list[int]], slots: list[int],
-          block_size: int) -> BatchMeta:
+def _meta(
+    qsl: list[int], seq_lens: list[int], tables: list[list[int]], slots: list[int], block_size: int
+) -> BatchMeta:
     width = max([len(t) for t in tables] + [1])
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).reshape(-1, width)
     qsl_t = torch.tensor(qsl, dtype=torch.int32)
     seq_t = torch.tensor(seq_lens, dtype=torch.int32)
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(seq_lens))]
-    return BatchMeta(query_start_loc=qsl_t, seq_lens=seq_t, block_table=table,
-                     slot_mapping=torch.tensor(slots, dtype=torch.int64), block_size=block_size,
-                     query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=seq_t.clone(),
-                     max_query_len=max(q_lens, default=0), max_seq_len=max(seq_lens, default=0))
+    return BatchMeta(
+        query_start_loc=qsl_t,
+        seq_lens=seq_t,
+        block_table=table,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_size=block_size,
+        query_start_loc_cpu=qsl_t.clone(),
+        seq_lens_cpu=seq_t.clone(),
+        max_query_len=max(q_lens, default=0),
+        max_seq_len=max(seq_lens, default=0),
+    )
 
 
 def _slot(table: list[int], p: int, bs: int) -> int:
@@ -51,7 +60,7 @@ class Built:
         order = torch.randperm(self.num_blocks, generator=gen).tolist()
         self.tables, at = [], 0
         for n in need:
-            self.tables.append(order[at:at + n])
+            self.tables.append(order[at : at + n])
             at += n
         rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
         self.k = [rand(n, case.num_kv_heads, case.head_dim) for n in case.seq_lens]
@@ -84,8 +93,10 @@ class Built:
         a per-request tensor shorter than its context holds only the step's rows, as q does),
         then the padding rows (random values: they must not matter)."""
         case = self.case
-        parts = [x[: n - t] if history else x[x.shape[0] - t:]
-                 for x, n, t in zip(tensors, case.seq_lens, case.query_lens)]
+        parts = [
+            x[: n - t] if history else x[x.shape[0] - t :]
+            for x, n, t in zip(tensors, case.seq_lens, case.query_lens)
+        ]
         if not history and case.num_pad_rows:
             parts.append(torch.randn(case.num_pad_rows, pad_heads, case.head_dim, dtype=torch.float64))
         return torch.cat(parts).to(self.dtype)
@@ -103,7 +114,7 @@ def dense_oracle(case: AttentionCase, q: list, k: list, v: list, scale: float) -
             pos = n - t + j
             lo = max(0, pos - case.window + 1) if case.window > 0 else 0
             for h in range(case.num_q_heads):
-                keys, vals = kr[lo:pos + 1, h // group], vr[lo:pos + 1, h // group]
+                keys, vals = kr[lo : pos + 1, h // group], vr[lo : pos + 1, h // group]
                 weights = torch.softmax(keys @ qr[j, h] * scale, dim=0)
                 out[j, h] = weights @ vals
         outs.append(out)
@@ -133,11 +144,11 @@ def test_forward_matches_dense_oracle(impl, case, explicit_scale):
     cache, out = _run(backend, built, scale)
     assert out.shape == (sum(case.query_lens) + case.num_pad_rows, case.num_q_heads, case.head_dim)
     assert out.dtype == built.dtype
-    expected = dense_oracle(case, built.q, built.k, built.v, scale or case.head_dim ** -0.5)
+    expected = dense_oracle(case, built.q, built.k, built.v, scale or case.head_dim**-0.5)
     tol = dict(atol=1e-9, rtol=1e-9) if case.float64 else dict(atol=2e-5, rtol=2e-5)
     start = 0
     for r, exp in enumerate(expected):
-        got = out[start:start + exp.shape[0]].double()
+        got = out[start : start + exp.shape[0]].double()
         assert torch.allclose(got, exp, **tol), f"request {r}: max err {(got - exp).abs().max()}"
         start += exp.shape[0]
     pad = out[start:]
@@ -154,8 +165,12 @@ def test_write_stores_rows_at_their_slots_only(impl, case):
         for p in range(n):
             block, off = built.tables[r][p // bs], p % bs
             owned.add((block, off))
-            assert torch.equal(cache[0, block, off], built.k[r][p].to(built.dtype)), f"K of request {r} pos {p}"
-            assert torch.equal(cache[1, block, off], built.v[r][p].to(built.dtype)), f"V of request {r} pos {p}"
+            assert torch.equal(cache[0, block, off], built.k[r][p].to(built.dtype)), (
+                f"K of request {r} pos {p}"
+            )
+            assert torch.equal(cache[1, block, off], built.v[r][p].to(built.dtype)), (
+                f"V of request {r} pos {p}"
+            )
     for block in range(built.num_blocks):  # every slot nobody wrote is still poisoned
         for off in range(bs):
             if (block, off) not in owned:
@@ -164,8 +179,17 @@ def test_write_stores_rows_at_their_slots_only(impl, case):
 
 def test_padding_rows_write_only_the_scratch_block(impl):
     backend = impl.attention_backend("cpu")
-    case = AttentionCase(block_size=4, num_kv_heads=2, num_q_heads=4, head_dim=8, window=0,
-                         seq_lens=(5,), query_lens=(2,), num_pad_rows=3, seed=3)
+    case = AttentionCase(
+        block_size=4,
+        num_kv_heads=2,
+        num_q_heads=4,
+        head_dim=8,
+        window=0,
+        seq_lens=(5,),
+        query_lens=(2,),
+        num_pad_rows=3,
+        seed=3,
+    )
     built = Built(case)
     cache, out = _run(backend, built, None)
     scratch = cache[:, -1]
@@ -182,8 +206,18 @@ def test_backend_satisfies_protocol(impl):
 def test_window_one_sees_only_itself(impl):
     """window = 1: every query attends only its own key, so the output is its own V row."""
     backend = impl.attention_backend("cpu")
-    case = AttentionCase(block_size=3, num_kv_heads=1, num_q_heads=2, head_dim=4, window=1,
-                         seq_lens=(7,), query_lens=(7,), num_pad_rows=0, seed=11, float64=True)
+    case = AttentionCase(
+        block_size=3,
+        num_kv_heads=1,
+        num_q_heads=2,
+        head_dim=4,
+        window=1,
+        seq_lens=(7,),
+        query_lens=(7,),
+        num_pad_rows=0,
+        seed=11,
+        float64=True,
+    )
     built = Built(case)
     _, out = _run(backend, built, None)
     expected = built.v[0][:, 0:1].expand(-1, 2, -1)

@@ -5,16 +5,17 @@ rows) with values derived by hand from the spec's slot formula. The scheduled ca
 impl under test with the fake model and check, at every step, that the batch is the one its
 SchedulerOutput describes; an impl with its own `build_batch` must produce identical tensors.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import given
 
-from enginespec.testing.fake_model import FakeModel
 from enginespec.conformance.strategies import scenarios
-from enginespec.worker.batch import build_batch
 from enginespec.spec import SamplingParams, SchedulerOutput, slot_of
+from enginespec.testing.fake_model import FakeModel
+from enginespec.worker.batch import build_batch
 
 
 class FixedTables:
@@ -56,7 +57,7 @@ def test_mixed_step_layout(mixed_step):
     assert batch.meta.query_start_loc.tolist() == [0, 5, 6, 9]
     assert batch.meta.seq_lens.tolist() == [5, 5, 7]
     assert batch.meta.block_table.tolist() == [[3, 1], [0, 2], [5, 6]]
-    assert batch.logits_indices.tolist() == [4, 5]          # c is mid-prompt: no sample
+    assert batch.logits_indices.tolist() == [4, 5]  # c is mid-prompt: no sample
     assert batch.sample_request_ids == ["a", "b"]
     assert (batch.meta.max_query_len, batch.meta.max_seq_len) == (5, 7)
     assert (batch.num_scheduled_tokens, batch.num_reqs) == (9, 3)
@@ -134,9 +135,9 @@ def _check_step(batch, output, manager):
     for r, (req, n) in enumerate(output.scheduled):
         c = req.num_computed_tokens
         table = manager.block_table(req.request_id)
-        assert batch.positions.tolist()[row:row + n] == list(range(c, c + n))
-        assert batch.input_ids.tolist()[row:row + n] == list(req.token_ids[c:c + n])
-        assert slots[row:row + n] == [slot_of(table, p, bs) for p in range(c, c + n)]
+        assert batch.positions.tolist()[row : row + n] == list(range(c, c + n))
+        assert batch.input_ids.tolist()[row : row + n] == list(req.token_ids[c : c + n])
+        assert slots[row : row + n] == [slot_of(table, p, bs) for p in range(c, c + n)]
         assert int(batch.meta.seq_lens[r]) == c + n
         if c + n >= req.num_tokens:
             expected_samples.append((row + n - 1, req.request_id))
@@ -150,12 +151,26 @@ def _check_step(batch, output, manager):
 def _assert_same_batch(a, b):
     for name in ("input_ids", "positions", "logits_indices"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "query_start_loc_cpu", "seq_lens_cpu"):
+    for name in (
+        "query_start_loc",
+        "seq_lens",
+        "block_table",
+        "slot_mapping",
+        "query_start_loc_cpu",
+        "seq_lens_cpu",
+    ):
         assert torch.equal(getattr(a.meta, name).cpu(), getattr(b.meta, name).cpu()), f"meta.{name}"
-    assert (a.meta.max_query_len, a.meta.max_seq_len, a.meta.block_size) == \
-           (b.meta.max_query_len, b.meta.max_seq_len, b.meta.block_size)
-    assert (a.sample_request_ids, a.num_scheduled_tokens, a.num_reqs, a.prompt_logprob_rows) == \
-           (b.sample_request_ids, b.num_scheduled_tokens, b.num_reqs, b.prompt_logprob_rows)
+    assert (a.meta.max_query_len, a.meta.max_seq_len, a.meta.block_size) == (
+        b.meta.max_query_len,
+        b.meta.max_seq_len,
+        b.meta.block_size,
+    )
+    assert (a.sample_request_ids, a.num_scheduled_tokens, a.num_reqs, a.prompt_logprob_rows) == (
+        b.sample_request_ids,
+        b.num_scheduled_tokens,
+        b.num_reqs,
+        b.prompt_logprob_rows,
+    )
 
 
 @given(scenario=scenarios(max_requests=5))
@@ -177,6 +192,8 @@ def test_batches_of_a_real_schedule(impl, scenario):
             if own_builder is not None:
                 _assert_same_batch(own_builder(output, manager), batch)
                 pad = batch.num_scheduled_tokens + 3
-                _assert_same_batch(own_builder(output, manager, pad_to=pad), build_batch(output, manager, pad_to=pad))
+                _assert_same_batch(
+                    own_builder(output, manager, pad_to=pad), build_batch(output, manager, pad_to=pad)
+                )
         scheduler.update_from_output(output, model.sample(output))
     assert not scheduler.has_unfinished, "schedule did not finish"

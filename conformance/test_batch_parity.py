@@ -7,21 +7,28 @@ out by both builders and every field is compared: values, dtypes, shapes, host c
 of the previous step is compared again after the next build, so a builder that reuses buffers
 must not let a later step overwrite a batch already handed out.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from enginespec.worker.batch import build_batch as plain_build_batch
-
-from enginespec.testing.fake_model import FakeModel
 from enginespec.conformance.strategies import scenarios
+from enginespec.testing.fake_model import FakeModel
+from enginespec.worker.batch import build_batch as plain_build_batch
 
 MODEL = FakeModel(vocab_size=16)
 TENSOR_FIELDS = ("input_ids", "positions", "logits_indices")
-META_TENSORS = ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "query_start_loc_cpu",
-                "seq_lens_cpu")
+META_TENSORS = (
+    "query_start_loc",
+    "seq_lens",
+    "block_table",
+    "slot_mapping",
+    "query_start_loc_cpu",
+    "seq_lens_cpu",
+)
 
 
 def assert_same_batch(got, want, context: str = "") -> None:
@@ -51,8 +58,16 @@ def _builder(impl):
     return build
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ],
+    ),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)

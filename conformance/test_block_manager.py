@@ -7,27 +7,50 @@ and that both pools are identical. The directed properties below build the situa
 traces reach only rarely (a hole in a cached chain, a refusal caused only by reviving free
 cached blocks, a fully cached prompt).
 """
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+from enginespec.conformance.invariants import (
+    cdiv,
+    check_allocate,
+    check_no_caching,
+    check_pool,
+    check_release,
+    check_request,
+    check_table_hashes,
+    expected_prefix,
+)
+from enginespec.conformance.strategies import (
+    EOS_TOKEN_ID,
+    block_sizes,
+    cache_keys,
+    pool_shapes,
+    stems_for,
+    token_lists,
+)
 from enginespec.spec import SamplingParams, hash_request_blocks
-
 from enginespec.testing.fake_model import FakeModel
-from enginespec.conformance.invariants import (cdiv, check_allocate, check_no_caching, check_pool, check_release, check_request,
-                         check_table_hashes, expected_prefix)
-from enginespec.conformance.strategies import EOS_TOKEN_ID, block_sizes, cache_keys, pool_shapes, stems_for, token_lists
 
 MODEL = FakeModel()
 
 
 def make(impl, rid, tokens, *, cache_key=(), prompt_logprobs=None):
     params = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=prompt_logprobs)
-    return impl.new_request(rid, list(tokens), params, eos_token_id=EOS_TOKEN_ID, arrival_time=0.0,
-                            cache_key=cache_key)
+    return impl.new_request(
+        rid, list(tokens), params, eos_token_id=EOS_TOKEN_ID, arrival_time=0.0, cache_key=cache_key
+    )
 
 
 def admit(bm, r, num_new_tokens=None):
@@ -53,7 +76,8 @@ def check_published(bm, r, start: int, end: int) -> None:
     chain = hash_request_blocks(r.token_ids, bm.block_size, r.cache_key)
     for i in range(start // bm.block_size, min(end, r.num_tokens) // bm.block_size):
         assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
-            f"block {i} of {r.request_id} became full but was not published")
+            f"block {i} of {r.request_id} became full but was not published"
+        )
 
 
 class Side:
@@ -104,7 +128,9 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add(self, data):
         stem = data.draw(st.sampled_from(self.stems)) if data.draw(st.booleans()) else ()
-        tokens = list(stem) + data.draw(token_lists(0 if stem else 1, (self.num_blocks + 1) * self.block_size))
+        tokens = list(stem) + data.draw(
+            token_lists(0 if stem else 1, (self.num_blocks + 1) * self.block_size)
+        )
         key = data.draw(cache_keys) if data.draw(st.integers(0, 3)) == 0 else ()
         logprobs = 1 if data.draw(st.integers(0, 5)) == 0 else None
         rid = f"q{self.num_added}"
@@ -117,7 +143,8 @@ class PoolMachine(RuleBasedStateMachine):
             cached = side.bm.find_cached_prefix(r)
             assert side.bm.state() == before, "find_cached_prefix changed the pool"
             assert cached == expected_prefix(before, r, self.block_size, self.caching), (
-                f"find_cached_prefix returned {cached}, expected {expected_prefix(before, r, self.block_size, self.caching)}")
+                f"find_cached_prefix returned {cached}, expected {expected_prefix(before, r, self.block_size, self.caching)}"
+            )
             k = len(cached) * self.block_size
             n = 1 + int(fraction * (r.num_tokens - k - 1))
             ok = side.bm.allocate_slots(r, n, cached)
@@ -183,7 +210,9 @@ class PoolMachine(RuleBasedStateMachine):
         def run(side):
             before = side.bm.state()
             ok = side.bm.reset_prefix_cache()
-            assert ok == (not any(before.ref_counts)), f"reset_prefix_cache returned {ok} with refs {before.ref_counts}"
+            assert ok == (not any(before.ref_counts)), (
+                f"reset_prefix_cache returned {ok} with refs {before.ref_counts}"
+            )
             after = side.bm.state()
             if ok:
                 check_no_caching(after)
@@ -197,6 +226,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def refuse(self, data):
         """An allocation larger than the free queue is refused and changes nothing (point 2)."""
+
         def run(side):
             free = side.bm.num_free
             r = make(side.impl, "too-big", [1] * ((free + 1) * self.block_size))
@@ -236,16 +266,21 @@ def test_pool_lockstep(impl, reference_impl):
 
 # --------------------------------------------------------------------------- directed properties
 
+
 @given(block_size=block_sizes, num_blocks_prompt=st.integers(1, 4), extra=st.integers(0, 2), data=st.data())
 def test_one_token_left(impl, block_size, num_blocks_prompt, extra, data):
     """A fully cached prompt still leaves its last token to compute (point 3)."""
-    tokens = data.draw(token_lists(num_blocks_prompt * block_size + extra, num_blocks_prompt * block_size + extra))
+    tokens = data.draw(
+        token_lists(num_blocks_prompt * block_size + extra, num_blocks_prompt * block_size + extra)
+    )
     bm = impl.new_block_manager(2 * num_blocks_prompt + 4, block_size)
     first = make(impl, "first", tokens + [1] * block_size)
     assert admit(bm, first)[0]
     again = make(impl, "again", tokens)
     cached = bm.find_cached_prefix(again)
-    assert len(cached) == (len(tokens) - 1) // block_size, f"{len(cached)} cached blocks for {len(tokens)} tokens"
+    assert len(cached) == (len(tokens) - 1) // block_size, (
+        f"{len(cached)} cached blocks for {len(tokens)} tokens"
+    )
     ok, _ = admit(bm, make(impl, "again2", tokens))
     assert ok
     check_pool(bm.state(), bm.num_blocks)
@@ -313,8 +348,9 @@ def test_revived_cached_blocks_cost_free_slots(impl, block_size, num_prompt_bloc
     before = bm.state()
     need_new = cdiv(second.num_tokens, block_size) - len(cached)
     ok = bm.allocate_slots(second, second.num_tokens - len(cached) * block_size, cached)
-    check_allocate(before, bm.state(), ok, "second", 0, second.num_tokens - len(cached) * block_size, cached,
-                   block_size)
+    check_allocate(
+        before, bm.state(), ok, "second", 0, second.num_tokens - len(cached) * block_size, cached, block_size
+    )
     assert need_new + len(cached) > len(before.free_queue) and not ok
 
 

@@ -1,14 +1,15 @@
 """The engine's API: input validation (ValueError, nothing else disturbed), LLM.generate's prompt
 forms, stop strings, n > 1 seeds, streaming, aborts, logprobs against transformers, the model
 runner's pool sizing and swaps. Tiny float32 models on CPU, through the `impl` fixture."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
-from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
 from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -19,8 +20,14 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 def make_llm(impl, **kwargs):
     from enginespec.llm import LLM
 
-    kwargs = {"dtype": "float32", "device": "cpu", "block_size": 4, "num_blocks": 32, "max_model_len": 64,
-              **kwargs}
+    kwargs = {
+        "dtype": "float32",
+        "device": "cpu",
+        "block_size": 4,
+        "num_blocks": 32,
+        "max_model_len": 64,
+        **kwargs,
+    }
     return LLM(str(tiny_model_dir("qwen3")), impl=impl, **kwargs)
 
 
@@ -40,8 +47,20 @@ BAD_ADDS = [
     ("negative id", "x", [1, -1], GREEDY, "vocab_size"),
     ("non-int id", "x", [1, 2.5], GREEDY, "ints"),
     ("over max_model_len", "x", [1] * 60, SamplingParams(max_tokens=8), "max_model_len"),
-    ("stop id over the vocab", "x", [1, 2], SamplingParams(stop_token_ids=[VOCAB_SIZE + 3]), "stop_token_ids"),
-    ("allowed id over the vocab", "x", [1, 2], SamplingParams(allowed_token_ids=[VOCAB_SIZE]), "allowed_token_ids"),
+    (
+        "stop id over the vocab",
+        "x",
+        [1, 2],
+        SamplingParams(stop_token_ids=[VOCAB_SIZE + 3]),
+        "stop_token_ids",
+    ),
+    (
+        "allowed id over the vocab",
+        "x",
+        [1, 2],
+        SamplingParams(allowed_token_ids=[VOCAB_SIZE]),
+        "allowed_token_ids",
+    ),
     ("duplicate id", "a", [1, 2], GREEDY, "already in use"),
     ("not SamplingParams", "x", [1, 2], {"max_tokens": 3}, "SamplingParams"),
 ]
@@ -76,7 +95,9 @@ def test_request_over_the_pool_is_refused(impl):
 def test_generate_is_all_or_nothing(impl):
     llm = make_llm(impl)
     with pytest.raises(ValueError, match="vocab_size"):
-        llm.generate([{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [VOCAB_SIZE]}], GREEDY, use_tqdm=False)
+        llm.generate(
+            [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [VOCAB_SIZE]}], GREEDY, use_tqdm=False
+        )
     assert not llm.engine.has_unfinished
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     out = llm.generate({"prompt_token_ids": [5, 6]}, GREEDY, use_tqdm=False)
@@ -129,11 +150,12 @@ def test_stop_string_cuts_text_and_finishes(impl):
     assert len(free.text) >= 4, "the tiny model's output is too short to pick a stop string"
     stop = free.text[2:4]
     first = free.text.index(stop)
-    stopped = llm.generate("abc", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]),
-                           use_tqdm=False)[0].outputs[0]
+    stopped = llm.generate(
+        "abc", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]), use_tqdm=False
+    )[0].outputs[0]
     assert stopped.text == free.text[:first]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
-    assert stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
     assert len(stopped.token_ids) < len(free.token_ids)
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 
@@ -160,7 +182,7 @@ def test_stream_is_cumulative_and_matches_generate(impl):
         for out in step_outputs:
             before = seen.get(out.request_id)
             if before is not None:
-                assert out.outputs[0].token_ids[:len(before)] == before, "stream outputs must be cumulative"
+                assert out.outputs[0].token_ids[: len(before)] == before, "stream outputs must be cumulative"
             seen[out.request_id] = out.outputs[0].token_ids
     final = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert sorted(seen.values()) == sorted(o.outputs[0].token_ids for o in final)
@@ -213,17 +235,24 @@ def test_chat_needs_a_template_and_uses_it(impl):
         llm.chat([{"role": "user", "content": "hi"}])
     llm.get_tokenizer().chat_template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
     out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)[0]
-    assert out.prompt == "hi|" and out.prompt_token_ids == llm.get_tokenizer().encode("hi|", add_special_tokens=False)
+    assert out.prompt == "hi|" and out.prompt_token_ids == llm.get_tokenizer().encode(
+        "hi|", add_special_tokens=False
+    )
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 # ---- ModelRunner ------------------------------------------------------------------------------
 
+
 def _model(impl):
     from enginespec.worker.flat_model import FlatModel
 
-    return FlatModel.from_pretrained(tiny_model_dir("qwen3"), dtype=torch.float32, device="cpu",
-                                     attention=impl.attention_backend(torch.device("cpu")))
+    return FlatModel.from_pretrained(
+        tiny_model_dir("qwen3"),
+        dtype=torch.float32,
+        device="cpu",
+        attention=impl.attention_backend(torch.device("cpu")),
+    )
 
 
 def _runner(impl, model, **kwargs):
@@ -243,7 +272,9 @@ def test_runner_sizes_the_cpu_pool_from_bytes(impl):
     assert _runner(impl, model, num_blocks=3, kv_cache_bytes=7 * per_block).num_blocks == 3
     runner = _runner(impl, model)  # default budget, capped at max_num_seqs full-length requests
     assert runner.num_blocks == 4 * 16
-    assert [tuple(c.shape) for c in runner.kv_caches] == [(2, 65, 4, model.num_kv_heads, model.head_dim)] * model.num_layers
+    assert [tuple(c.shape) for c in runner.kv_caches] == [
+        (2, 65, 4, model.num_kv_heads, model.head_dim)
+    ] * model.num_layers
     with pytest.raises(ValueError, match="kv_cache_bytes"):
         _runner(impl, model, kv_cache_bytes=per_block - 1)
     with pytest.raises(ValueError, match="num_blocks"):
@@ -300,4 +331,7 @@ def test_cuda_pool_is_sized_by_a_profile_run(impl):
     assert runner.num_blocks * kv_bytes_per_block(llm.engine.model, 4) <= 0.02 * total
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
-    assert make_llm(impl, device="cuda", num_blocks=None, num_gpu_blocks_override=5).engine.runner.num_blocks == 5
+    assert (
+        make_llm(impl, device="cuda", num_blocks=None, num_gpu_blocks_override=5).engine.runner.num_blocks
+        == 5
+    )

@@ -5,18 +5,24 @@ checked here because every impl relies on them), the block manager's own argumen
 Scheduler.add's refusals: a duplicate id and requests that can never fit (pool, max_model_len,
 budget with chunked prefill off). After a refusal the pool state and the queues are identical.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hypothesis import given, strategies as st
-
-from enginespec.spec import SamplingParams, SchedulerConfig
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, snapshot
-from enginespec.conformance.strategies import RequestSpec, invalid_config_kwargs, invalid_sampling_kwargs, \
-    scenarios, token_lists
+from enginespec.conformance.strategies import (
+    RequestSpec,
+    invalid_config_kwargs,
+    invalid_sampling_kwargs,
+    scenarios,
+    token_lists,
+)
+from enginespec.spec import SamplingParams, SchedulerConfig
 
 
 def unchanged(h: Harness):
@@ -52,9 +58,14 @@ def test_bad_prompt_token(impl, tokens, bad, at):
         impl.new_request("r", tokens, SamplingParams())
 
 
-@pytest.mark.parametrize("field,kwargs", [("num_blocks", dict(num_blocks=0, block_size=4)),
-                                          ("num_blocks", dict(num_blocks=-3, block_size=4)),
-                                          ("block_size", dict(num_blocks=4, block_size=0))])
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("num_blocks", dict(num_blocks=0, block_size=4)),
+        ("num_blocks", dict(num_blocks=-3, block_size=4)),
+        ("block_size", dict(num_blocks=4, block_size=0)),
+    ],
+)
 def test_block_manager_arguments(impl, field, kwargs):
     with pytest.raises(ValueError, match=field):
         impl.new_block_manager(**kwargs)
@@ -115,8 +126,11 @@ def test_request_that_can_never_fit(impl, scn, steps, over, data):
     name = data.draw(st.sampled_from(sorted(bounds)))
     total = bounds[name] + over
     max_tokens = data.draw(st.integers(1, total - 1))
-    spec = RequestSpec("never", tuple(data.draw(token_lists(total - max_tokens, total - max_tokens))),
-                       SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    spec = RequestSpec(
+        "never",
+        tuple(data.draw(token_lists(total - max_tokens, total - max_tokens))),
+        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+    )
     assert not limits.fits(len(spec.prompt_token_ids), max_tokens)
     binding = [n for n, b in bounds.items() if total > b]
     add_refused(h, spec, "|".join(binding))

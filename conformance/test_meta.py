@@ -7,6 +7,7 @@ The unmodified reference must pass a superset of the same selections, or the met
 pass for the wrong reason. The runs are independent processes, so they are started together
 (a few at a time) by one session fixture and each test checks its own result.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,28 +73,66 @@ OUTSIDE_MODULE = '''
 '''
 
 
-def run_pytest(args: list[str], cwd: Path = REPO, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+def run_pytest(
+    args: list[str], cwd: Path = REPO, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
     """A fresh `python -m pytest` under the ci profile, untouched by this run's impl settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "HYPOTHESIS_PROFILE", "PYTEST_ADDOPTS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ENGINESPEC_IMPL", "HYPOTHESIS_PROFILE", "PYTEST_ADDOPTS")
+    }
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--hypothesis-profile=ci",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def jobs(tmp: Path) -> dict:
     """Every subprocess run this module checks, by name: () -> CompletedProcess."""
-    out = {bug: (lambda bug=bug: run_pytest([*SELECTIONS[bug], f"--impl=enginespec.conformance.planted.bugs:{bug}"]))
-           for bug in BUGS}
+    out = {
+        bug: (
+            lambda bug=bug: run_pytest(
+                [*SELECTIONS[bug], f"--impl=enginespec.conformance.planted.bugs:{bug}"]
+            )
+        )
+        for bug in BUGS
+    }
     out["reference"] = lambda: run_pytest([BM, SCHED, STATEFUL, "--impl=reference"])  # a superset
     (tmp / "outside_backend.py").write_text(textwrap.dedent(OUTSIDE_MODULE))
-    out["outside"] = lambda: run_pytest(["-v", "--pyargs", "enginespec.conformance.test_errors", "enginespec.conformance.test_scheduler",
-                                         "--impl=outside_backend:IMPL"], cwd=tmp, pythonpath=tmp)
+    out["outside"] = lambda: run_pytest(
+        [
+            "-v",
+            "--pyargs",
+            "enginespec.conformance.test_errors",
+            "enginespec.conformance.test_scheduler",
+            "--impl=outside_backend:IMPL",
+        ],
+        cwd=tmp,
+        pythonpath=tmp,
+    )
     xfails = tmp / "xfails.txt"
-    xfails.write_text("# known gaps of MATCH_PAST_MISS\n\n"
-                      "test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n")
-    out["xfails"] = lambda: run_pytest([*SELECTIONS["MATCH_PAST_MISS"], f"--xfails-file={xfails}",
-                                        "--impl=enginespec.conformance.planted.bugs:MATCH_PAST_MISS"])
+    xfails.write_text(
+        "# known gaps of MATCH_PAST_MISS\n\n"
+        "test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n"
+    )
+    out["xfails"] = lambda: run_pytest(
+        [
+            *SELECTIONS["MATCH_PAST_MISS"],
+            f"--xfails-file={xfails}",
+            "--impl=enginespec.conformance.planted.bugs:MATCH_PAST_MISS",
+        ]
+    )
     return out
 
 
@@ -101,8 +140,11 @@ def job_of(item) -> str | None:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "bug" in callspec.params:
         return callspec.params["bug"]
-    return {"test_reference_passes_the_same_selections": "reference", "test_outside_backend_module": "outside",
-            "test_xfails_file_marks_known_gaps": "xfails"}.get(item.name)
+    return {
+        "test_reference_passes_the_same_selections": "reference",
+        "test_outside_backend_module": "outside",
+        "test_xfails_file_marks_known_gaps": "xfails",
+    }.get(item.name)
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +154,11 @@ def meta_runs(request, tmp_path_factory):
     target = impl_target(request.config)
     if target != "reference":
         pytest.skip(f"meta-tests of the suite itself run only with --impl=reference (this run: {target})")
-    wanted = {job_of(item) for item in request.session.items if getattr(getattr(item, "module", None), "__name__", None) == __name__} - {None}
+    wanted = {
+        job_of(item)
+        for item in request.session.items
+        if getattr(getattr(item, "module", None), "__name__", None) == __name__
+    } - {None}
     todo = {name: fn for name, fn in jobs(tmp_path_factory.mktemp("meta")).items() if name in wanted}
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(fn) for name, fn in todo.items()}
@@ -143,7 +189,9 @@ def test_outside_backend_module(meta_runs):
     """A module outside the repo, on PYTHONPATH, run with --impl=module:attr from its own directory
     (-v on top of -q brings the report header back, which names the impl under test)."""
     proc = meta_runs["outside"]
-    assert "enginespec impl under test: outside-backend (--impl=outside_backend:IMPL)" in proc.stdout, describe(proc)
+    assert "enginespec impl under test: outside-backend (--impl=outside_backend:IMPL)" in proc.stdout, (
+        describe(proc)
+    )
     assert proc.returncode == 0 and " passed" in proc.stdout, describe(proc)
 
 
@@ -154,8 +202,10 @@ def test_xfails_file_marks_known_gaps(meta_runs):
 
 def test_impl_target_precedence(monkeypatch):
     """--impl beats $ENGINESPEC_IMPL, which beats the default "reference"."""
+
     def config(option):
         return SimpleNamespace(getoption=lambda name: option if name == "--impl" else None)
+
     monkeypatch.delenv("ENGINESPEC_IMPL", raising=False)
     assert impl_target(config(None)) == "reference"
     monkeypatch.setenv("ENGINESPEC_IMPL", "fast")
@@ -177,12 +227,19 @@ def test_xfails_marking(tmp_path):
     marked = {}
 
     def item(nodeid):
-        return SimpleNamespace(nodeid=nodeid, add_marker=lambda mark: marked.setdefault(nodeid, []).append(mark))
+        return SimpleNamespace(
+            nodeid=nodeid, add_marker=lambda mark: marked.setdefault(nodeid, []).append(mark)
+        )
+
     config = SimpleNamespace(getoption=lambda name: str(path) if name == "--xfails-file" else None)
-    pytest_collection_modifyitems(config, [item("pkg/test_mod.py::test_a[1]"), item("pkg/test_mod.py::test_b")])
+    pytest_collection_modifyitems(
+        config, [item("pkg/test_mod.py::test_a[1]"), item("pkg/test_mod.py::test_b")]
+    )
     assert list(marked) == ["pkg/test_mod.py::test_a[1]"]
     (mark,) = marked["pkg/test_mod.py::test_a[1]"]
     assert mark.name == "xfail" and mark.kwargs["strict"] is False and "gap a" in mark.kwargs["reason"]
-    missing = SimpleNamespace(getoption=lambda name: str(tmp_path / "nope") if name == "--xfails-file" else None)
+    missing = SimpleNamespace(
+        getoption=lambda name: str(tmp_path / "nope") if name == "--xfails-file" else None
+    )
     with pytest.raises(pytest.UsageError):
         pytest_collection_modifyitems(missing, [])

@@ -11,6 +11,7 @@ reference's top two logits are within TIE_TOLERANCE the engine may pick the othe
 comparison accepts that (the reference's margin is checked) and stops there, since the two
 continuations then legitimately differ. Anything else is a mismatch.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,9 +19,9 @@ import torch
 from hypothesis import given, seed, settings
 
 from enginespec.conformance.invariants import check_idle, check_pool
-from enginespec.testing.checkpoints import FAMILIES, tiny_model_dir
 from enginespec.conformance.strategies import engine_workloads
 from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import FAMILIES, tiny_model_dir
 
 MAX_TOKENS = 8
 TIE_TOLERANCE = 1e-4
@@ -41,49 +42,64 @@ def hf_greedy(family: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Te
         from transformers import AutoModelForCausalLM
 
         if family not in _HF_MODELS:
-            model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(family)), dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(
+                str(tiny_model_dir(family)), dtype=torch.float32
+            ).eval()
             model.generation_config.eos_token_id = None  # ignore_eos: EOS is a token like any other
             _HF_MODELS[family] = model
         with torch.no_grad():
             out = _HF_MODELS[family].generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False, max_new_tokens=MAX_TOKENS, pad_token_id=0,
-                output_logits=True, return_dict_in_generate=True)
-        tokens = out.sequences[0, len(prompt):].tolist()
-        assert len(tokens) == MAX_TOKENS, f"transformers stopped early ({len(tokens)} tokens): EOS was not disabled"
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        assert len(tokens) == MAX_TOKENS, (
+            f"transformers stopped early ({len(tokens)} tokens): EOS was not disabled"
+        )
         _HF_OUTPUTS[key] = (tokens, torch.cat(out.logits).float())
     return _HF_OUTPUTS[key]
 
 
 def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu"):
     """An EngineCore over a FlatModel loaded once per (impl, family, device)."""
-    from enginespec.engine_args import EngineArgs
     from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
     from enginespec.worker.flat_model import FlatModel
     from enginespec.worker.loader import load_tokenizer
 
     path = tiny_model_dir(family)
     key = (id(impl), family, device)
     if key not in _FLAT_MODELS:
-        _FLAT_MODELS[key] = FlatModel.from_pretrained(path, dtype=torch.float32, device=device,
-                                                      attention=impl.attention_backend(torch.device(device)))
+        _FLAT_MODELS[key] = FlatModel.from_pretrained(
+            path, dtype=torch.float32, device=device, attention=impl.attention_backend(torch.device(device))
+        )
         _TOKENIZERS[family] = load_tokenizer(path)
-    args = EngineArgs(model=str(path), impl=impl, dtype="float32", device=device, seed=seed,
-                      **workload.engine_kwargs())
+    args = EngineArgs(
+        model=str(path), impl=impl, dtype="float32", device=device, seed=seed, **workload.engine_kwargs()
+    )
     return EngineCore(args, model=_FLAT_MODELS[key], tokenizer=_TOKENIZERS[family])
 
 
 def run_workload(engine, workload) -> dict:
     """Add requests at their arrival step, abort at their abort step, step until idle.
     Returns request id -> final RequestOutput. Checks the pool invariants after every step."""
-    params = {r.request_id: SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, n=r.n)
-              for r in workload.requests}
+    params = {
+        r.request_id: SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, n=r.n)
+        for r in workload.requests
+    }
     finals: dict = {}
     pending = list(workload.requests)
     step, bound = 0, 50 * (1 + sum(len(r.prompt_token_ids) + r.max_tokens * r.n for r in workload.requests))
     while pending or engine.has_unfinished:
         for r in [r for r in pending if r.arrive_step <= step]:
-            engine.add_request(r.request_id, list(r.prompt_token_ids), params[r.request_id], priority=r.priority)
+            engine.add_request(
+                r.request_id, list(r.prompt_token_ids), params[r.request_id], priority=r.priority
+            )
             pending.remove(r)
         for r in workload.requests:
             if r.abort_step == step and r.request_id not in finals:
@@ -106,7 +122,8 @@ def assert_greedy_prefix(got: list[int], family: str, prompt: tuple, what: str) 
             margin = float(logits[t, ref[t]] - logits[t, token])
             assert margin <= TIE_TOLERANCE, (
                 f"{what}: token {t} is {token}, transformers' greedy is {ref[t]} (margin {margin:.3g}); "
-                f"engine {got}, transformers {ref[:len(got)]}")
+                f"engine {got}, transformers {ref[: len(got)]}"
+            )
             return
 
 
@@ -121,8 +138,12 @@ def check_outputs(workload, finals: dict, family: str) -> None:
                 assert r.abort_step is not None, f"{what}: aborted but never asked to"
                 assert len(completion.token_ids) <= r.max_tokens
             else:
-                assert completion.finish_reason == "length", f"{what}: finish_reason {completion.finish_reason}"
-                assert len(completion.token_ids) == r.max_tokens, f"{what}: {len(completion.token_ids)} tokens"
+                assert completion.finish_reason == "length", (
+                    f"{what}: finish_reason {completion.finish_reason}"
+                )
+                assert len(completion.token_ids) == r.max_tokens, (
+                    f"{what}: {len(completion.token_ids)} tokens"
+                )
             assert_greedy_prefix(completion.token_ids, family, r.prompt_token_ids, what)
 
 
@@ -134,7 +155,9 @@ def test_greedy_parity_with_transformers(impl, family):
     # seed per family (still reproducible under derandomize) so the families see different workloads.
     @seed(FAMILIES.index(family))
     @settings(max_examples=5 * settings.default.max_examples)
-    @given(workload=engine_workloads(vocab=tiny_vocab(family), max_requests=6, max_tokens=MAX_TOKENS, swap=swap))
+    @given(
+        workload=engine_workloads(vocab=tiny_vocab(family), max_requests=6, max_tokens=MAX_TOKENS, swap=swap)
+    )
     def check(workload):
         engine = engine_for(impl, family, workload)
         finals = run_workload(engine, workload)
@@ -154,11 +177,20 @@ def tiny_vocab(family: str) -> int:
 
 def _forced(name: str, swap: bool):
     """Hand-built workloads, each sure to take one path (the assertion after the run checks it)."""
-    from enginespec.conformance.strategies import EngineRequestSpec as R, EngineWorkload as W
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+    from enginespec.conformance.strategies import EngineWorkload as W
 
-    base = dict(block_size=2, num_blocks=6, max_num_batched_tokens=16, max_num_seqs=3,
-                enable_prefix_caching=False, enable_chunked_prefill=True, long_prefill_token_threshold=0,
-                scheduling_policy="fcfs", preemption_mode="recompute")
+    base = dict(
+        block_size=2,
+        num_blocks=6,
+        max_num_batched_tokens=16,
+        max_num_seqs=3,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        scheduling_policy="fcfs",
+        preemption_mode="recompute",
+    )
     three = tuple(R(f"r{i}", tuple(range(10 + 7 * i, 16 + 7 * i)), max_tokens=6) for i in range(3))
     stem = (5, 9, 14, 20, 33, 41, 2, 7)
     if name == "recompute":
@@ -166,14 +198,25 @@ def _forced(name: str, swap: bool):
     if name == "swap":
         return W(**{**base, "preemption_mode": "swap"}, requests=three)
     if name == "prefix_hit":
-        return W(**{**base, "block_size": 4, "num_blocks": 16, "enable_prefix_caching": True},
-                 requests=(R("a", stem + (1, 2), 4), R("b", stem + (3,), 4, n=2, arrive_step=2)))
+        return W(
+            **{**base, "block_size": 4, "num_blocks": 16, "enable_prefix_caching": True},
+            requests=(R("a", stem + (1, 2), 4), R("b", stem + (3,), 4, n=2, arrive_step=2)),
+        )
     if name == "chunk_priority_abort":
-        return W(**{**base, "num_blocks": 24, "max_num_batched_tokens": 4, "long_prefill_token_threshold": 3,
-                    "scheduling_policy": "priority"},
-                 requests=(R("low", tuple(range(30, 41)), 5, priority=2),
-                           R("high", tuple(range(50, 60)), 5, priority=0, arrive_step=1),
-                           R("gone", tuple(range(60, 66)), 6, abort_step=4)))
+        return W(
+            **{
+                **base,
+                "num_blocks": 24,
+                "max_num_batched_tokens": 4,
+                "long_prefill_token_threshold": 3,
+                "scheduling_policy": "priority",
+            },
+            requests=(
+                R("low", tuple(range(30, 41)), 5, priority=2),
+                R("high", tuple(range(50, 60)), 5, priority=0, arrive_step=1),
+                R("gone", tuple(range(60, 66)), 6, abort_step=4),
+            ),
+        )
     raise AssertionError(name)
 
 
@@ -206,7 +249,9 @@ def test_greedy_parity_on_cuda(impl, family):
     swap = "swap" in getattr(impl, "capabilities", ())
 
     @seed(10 + FAMILIES.index(family))
-    @given(workload=engine_workloads(vocab=tiny_vocab(family), max_requests=6, max_tokens=MAX_TOKENS, swap=swap))
+    @given(
+        workload=engine_workloads(vocab=tiny_vocab(family), max_requests=6, max_tokens=MAX_TOKENS, swap=swap)
+    )
     def check(workload):
         engine = engine_for(impl, family, workload, device="cuda")
         finals = run_workload(engine, workload)

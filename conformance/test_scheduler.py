@@ -6,14 +6,15 @@ policy order of admissions, swap lists and the tables; after each update_from_ou
 stop rules; and after each call the pool invariants (idle => every block free). The tests here
 choose workloads that make each of those situations happen.
 """
+
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
-
-from enginespec.spec import Status
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, check_idle, step_bound
 from enginespec.conformance.strategies import pressure_scenarios, scenarios
+from enginespec.spec import Status
 
 
 def run(impl, scn, **overrides):
@@ -57,7 +58,9 @@ def test_policy_order_with_one_seat(impl, scn):
         for rid, _ in h.step().scheduled:
             if rid not in order:
                 order.append(rid)
-    assert order == sorted(h.key, key=h.key.__getitem__), f"served {order}, policy order is {sorted(h.key, key=h.key.get)}"
+    assert order == sorted(h.key, key=h.key.__getitem__), (
+        f"served {order}, policy order is {sorted(h.key, key=h.key.get)}"
+    )
 
 
 @given(scn=scenarios(), data=st.data())

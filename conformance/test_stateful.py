@@ -8,26 +8,41 @@ swap lists, finished ids, appended tokens, the pool's PoolState, the queues, and
 token list and counters. Samples come from the deterministic fake model, so equal histories get
 equal tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
-    run_state_machine_as_test
-
-from enginespec.spec import Status
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from enginespec.conformance.invariants import Harness
-from enginespec.conformance.strategies import Limits, scenarios, stems_for, request_specs
+from enginespec.conformance.strategies import Limits, request_specs, scenarios, stems_for
+from enginespec.spec import Status
 
 
 def request_view(r) -> tuple:
     """What must match between impls. block_hashes is left out: when an impl extends it is its
     own business (each side's chain is checked against spec.hash_request_blocks instead)."""
-    return (r.request_id, list(r.token_ids), r.num_computed_tokens, r.num_cached_tokens, r.status,
-            r.num_preemptions, r.swapped_out, r.stop_reason)
+    return (
+        r.request_id,
+        list(r.token_ids),
+        r.num_computed_tokens,
+        r.num_cached_tokens,
+        r.status,
+        r.num_preemptions,
+        r.swapped_out,
+        r.stop_reason,
+    )
 
 
 class EngineLockstep(RuleBasedStateMachine):
@@ -40,24 +55,34 @@ class EngineLockstep(RuleBasedStateMachine):
     def setup(self, scn, data):
         scn.config = dataclasses.replace(scn.config, preemption_mode=self.mode)
         self.scn = scn
-        self.sides = [Harness(impl, scn.config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
-                      for impl in self.impls]
+        self.sides = [
+            Harness(impl, scn.config, scn.num_blocks, scn.block_size, scn.enable_prefix_caching)
+            for impl in self.impls
+        ]
         self.limits = Limits.of(scn.config, scn.num_blocks, scn.block_size)
         self.stems = data.draw(stems_for(scn.block_size))
         self.num_added = len(scn.requests)
         self.clock = 0
         for spec in scn.requests:  # start with work, so runs that only step still exercise it
-            self.agree(lambda side: side.add(spec))
+            self.agree(lambda side, spec=spec: side.add(spec))
 
     def agree(self, fn):
         results = [fn(side) for side in self.sides]
-        assert all(res == results[0] for res in results), f"impl and reference decided differently:\n{results}"
+        assert all(res == results[0] for res in results), (
+            f"impl and reference decided differently:\n{results}"
+        )
         return results[0]
 
     @rule(data=st.data())
     def add(self, data):
-        spec = data.draw(request_specs(self.limits, f"s{self.num_added}", self.stems,
-                                       arrival_time=float(self.clock - data.draw(st.integers(0, 1)))))
+        spec = data.draw(
+            request_specs(
+                self.limits,
+                f"s{self.num_added}",
+                self.stems,
+                arrival_time=float(self.clock - data.draw(st.integers(0, 1))),
+            )
+        )
         self.num_added += 1
         self.agree(lambda side: side.add(spec))
 
@@ -66,7 +91,9 @@ class EngineLockstep(RuleBasedStateMachine):
         """A duplicate id or a request that can never fit: ValueError on both, nothing changes."""
         live = sorted(self.sides[0].live)
         big = self.limits.max_total_tokens
-        spec = data.draw(request_specs(self.limits, data.draw(st.sampled_from(live)) if live else "s0", self.stems))
+        spec = data.draw(
+            request_specs(self.limits, data.draw(st.sampled_from(live)) if live else "s0", self.stems)
+        )
         if not live:  # no duplicate possible: make it too long instead
             spec = type(spec)(f"big{self.num_added}", spec.prompt_token_ids + (1,) * big, spec.params)
 
@@ -75,6 +102,7 @@ class EngineLockstep(RuleBasedStateMachine):
             with pytest.raises(ValueError):
                 side.add(spec)
             assert (side.bm.state(), [request_view(r) for r in side.live.values()]) == before
+
         self.agree(refuse)
 
     @rule(data=st.data())
@@ -88,8 +116,11 @@ class EngineLockstep(RuleBasedStateMachine):
     @precondition(lambda self: any(r.status == Status.RUNNING for r in self.sides[0].live.values()))
     @rule(data=st.data())
     def finish_stop_string(self, data):
-        rid = data.draw(st.sampled_from(sorted(rid for rid, r in self.sides[0].live.items()
-                                               if r.status == Status.RUNNING)))
+        rid = data.draw(
+            st.sampled_from(
+                sorted(rid for rid, r in self.sides[0].live.items() if r.status == Status.RUNNING)
+            )
+        )
         self.agree(lambda side: side.finish(rid, Status.FINISHED_STOPPED))
 
     @rule(num_steps=st.integers(1, 4))
@@ -103,8 +134,13 @@ class EngineLockstep(RuleBasedStateMachine):
         if not hasattr(self, "sides"):
             return
         self.agree(lambda side: side.bm.state())
-        self.agree(lambda side: ([r.request_id for r in side.sched.running],
-                                 [r.request_id for r in side.sched.waiting], side.sched.has_unfinished))
+        self.agree(
+            lambda side: (
+                [r.request_id for r in side.sched.running],
+                [r.request_id for r in side.sched.waiting],
+                side.sched.has_unfinished,
+            )
+        )
         self.agree(lambda side: [request_view(side.all[rid]) for rid in sorted(side.all)])
 
     def teardown(self):

@@ -3,22 +3,36 @@ draw only valid, fitting inputs, and they do reach the situations the suite reli
 prefixes, prompt_logprobs, cache keys, chunked prefill off, preemption pressure, every invalid
 field). A strategy that silently stopped reaching one of those would make a property vacuous.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hypothesis import Phase, find, given, settings, strategies as st
+from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
 
-from enginespec.spec import SamplingParams, SchedulerConfig
-
-from enginespec.testing.fake_model import FakeModel
 from enginespec.conformance.invariants import Harness, cdiv
-from enginespec.conformance.strategies import (_BAD_CONFIG, _BAD_PARAMS, EOS_TOKEN_ID, VOCAB_SIZE, Limits, RequestSpec,
-                         invalid_config_kwargs, invalid_sampling_kwargs, pool_shapes, pressure_scenarios,
-                         sampling_params, scenarios)
+from enginespec.conformance.strategies import (
+    _BAD_CONFIG,
+    _BAD_PARAMS,
+    EOS_TOKEN_ID,
+    VOCAB_SIZE,
+    Limits,
+    RequestSpec,
+    invalid_config_kwargs,
+    invalid_sampling_kwargs,
+    pool_shapes,
+    pressure_scenarios,
+    sampling_params,
+    scenarios,
+)
+from enginespec.spec import SamplingParams, SchedulerConfig
+from enginespec.testing.fake_model import FakeModel
 
-FIND = settings(max_examples=2000, database=None, deadline=None, phases=[Phase.generate])  # found is enough: no shrinking
+FIND = settings(
+    max_examples=2000, database=None, deadline=None, phases=[Phase.generate]
+)  # found is enough: no shrinking
 
 
 @given(scn=scenarios())
@@ -58,20 +72,38 @@ def shares_a_block(scn) -> bool:
     return len(heads) != len(set(heads))
 
 
-@pytest.mark.parametrize("name,predicate", [
-    ("shared full first block", shares_a_block),
-    ("prompt_logprobs", lambda scn: any(s.params.prompt_logprobs is not None for s in scn.requests)),
-    ("cache_key", lambda scn: any(s.cache_key for s in scn.requests)),
-    ("chunked prefill off", lambda scn: not scn.config.enable_chunked_prefill and len(scn.requests) > 1),
-    ("threshold binds", lambda scn: scn.config.enable_chunked_prefill and any(
-        len(s.prompt_token_ids) > scn.config.long_prefill_token_threshold > 0 for s in scn.requests)),
-    ("priority policy with ties", lambda scn: scn.config.policy == "priority" and len(
-        {s.priority for s in scn.requests}) < len(scn.requests)),
-    ("swap mode", lambda scn: scn.config.preemption_mode == "swap"),
-    ("max_model_len", lambda scn: scn.config.max_model_len is not None),
-    ("min_tokens and stop ids", lambda scn: any(s.params.min_tokens and s.params.stop_token_ids
-                                                for s in scn.requests)),
-])
+@pytest.mark.parametrize(
+    "name,predicate",
+    [
+        ("shared full first block", shares_a_block),
+        ("prompt_logprobs", lambda scn: any(s.params.prompt_logprobs is not None for s in scn.requests)),
+        ("cache_key", lambda scn: any(s.cache_key for s in scn.requests)),
+        ("chunked prefill off", lambda scn: not scn.config.enable_chunked_prefill and len(scn.requests) > 1),
+        (
+            "threshold binds",
+            lambda scn: (
+                scn.config.enable_chunked_prefill
+                and any(
+                    len(s.prompt_token_ids) > scn.config.long_prefill_token_threshold > 0
+                    for s in scn.requests
+                )
+            ),
+        ),
+        (
+            "priority policy with ties",
+            lambda scn: (
+                scn.config.policy == "priority"
+                and len({s.priority for s in scn.requests}) < len(scn.requests)
+            ),
+        ),
+        ("swap mode", lambda scn: scn.config.preemption_mode == "swap"),
+        ("max_model_len", lambda scn: scn.config.max_model_len is not None),
+        (
+            "min_tokens and stop ids",
+            lambda scn: any(s.params.min_tokens and s.params.stop_token_ids for s in scn.requests),
+        ),
+    ],
+)
 def test_scenarios_reach(name, predicate):
     find(scenarios(), predicate, settings=FIND)
 
@@ -104,8 +136,9 @@ def test_limits_match_add(impl):
     """Limits.fits (what the strategies draw) is exactly Scheduler.add's acceptance, both sides of
     each bound: pool, max_model_len, budget with chunked prefill off."""
     for chunked in (False, True):
-        cfg = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=chunked,
-                              max_model_len=12)
+        cfg = SchedulerConfig(
+            max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=chunked, max_model_len=12
+        )
         for num_blocks, block_size in [(2, 4), (5, 2), (20, 1)]:
             limits = Limits.of(cfg, num_blocks, block_size)
             for total in range(2, 16):
@@ -128,5 +161,9 @@ def test_fake_model_is_deterministic_and_in_range(tokens, seed):
 
 def test_fake_model_emits_eos_and_others():
     model = FakeModel()
-    find(st.lists(st.integers(1, 9), max_size=6), lambda t: model.next_token(t) == EOS_TOKEN_ID, settings=FIND)
-    find(st.lists(st.integers(1, 9), max_size=6), lambda t: model.next_token(t) != EOS_TOKEN_ID, settings=FIND)
+    find(
+        st.lists(st.integers(1, 9), max_size=6), lambda t: model.next_token(t) == EOS_TOKEN_ID, settings=FIND
+    )
+    find(
+        st.lists(st.integers(1, 9), max_size=6), lambda t: model.next_token(t) != EOS_TOKEN_ID, settings=FIND
+    )

@@ -31,6 +31,7 @@ placeholder's hash, which no prompt can produce, so that block is never shared b
 caching (its contents are the real token's K/V, so the request's own reuse after a recompute
 stays correct).
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,8 @@ from enginespec.spec import Status
 class InFlight:
     """A launched step whose sampled ids the host has not read yet."""
 
-    ids: torch.Tensor                 # int64 [S] on the device, in sample_request_ids order
-    host: torch.Tensor                # int64 [S] host copy (pinned on CUDA), valid after `ready`
+    ids: torch.Tensor  # int64 [S] on the device, in sample_request_ids order
+    host: torch.Tensor  # int64 [S] host copy (pinned on CUDA), valid after `ready`
     ready: Optional[torch.cuda.Event]  # None on CPU (the copy is synchronous there)
     rows: dict[str, int] = field(default_factory=dict)  # request id -> index into ids
     awaiting: dict[str, object] = field(default_factory=dict)  # request id -> request with a placeholder
@@ -83,7 +84,9 @@ def start_copy(ids: torch.Tensor, request_ids: list[str]) -> InFlight:
     return InFlight(ids, host, ready, {rid: i for i, rid in enumerate(request_ids)})
 
 
-def input_patch(scheduled, query_start_loc_cpu: torch.Tensor, inflight: InFlight) -> tuple[list[int], list[int]]:
+def input_patch(
+    scheduled, query_start_loc_cpu: torch.Tensor, inflight: InFlight
+) -> tuple[list[int], list[int]]:
     """(rows of the new batch, indices into inflight.ids) for requests whose newest token is a
     placeholder: each is scheduled for that one token, so its only row takes the real id."""
     starts = query_start_loc_cpu.tolist()
@@ -92,8 +95,9 @@ def input_patch(scheduled, query_start_loc_cpu: torch.Tensor, inflight: InFlight
         rid = request.request_id
         if rid in inflight.awaiting:
             if num_tokens != 1 or request.num_computed_tokens != request.num_tokens - 1:
-                raise RuntimeError(f"async scheduling: {rid!r} scheduled {num_tokens} tokens over a "
-                                   f"placeholder (a bug)")
+                raise RuntimeError(
+                    f"async scheduling: {rid!r} scheduled {num_tokens} tokens over a placeholder (a bug)"
+                )
             rows.append(starts[i])
             src.append(inflight.rows[rid])
     return rows, src
@@ -104,8 +108,9 @@ def apply_patch(input_ids: torch.Tensor, rows: list[int], src: list[int], ids: t
     if not rows:
         return
     cuda = input_ids.device.type == "cuda"
-    index = torch.tensor([rows, src], dtype=torch.int64, pin_memory=cuda).to(input_ids.device,
-                                                                             non_blocking=cuda)
+    index = torch.tensor([rows, src], dtype=torch.int64, pin_memory=cuda).to(
+        input_ids.device, non_blocking=cuda
+    )
     input_ids.index_copy_(0, index[0], ids.index_select(0, index[1]).to(input_ids.dtype))
 
 

@@ -20,6 +20,7 @@ never retracted. `text` always holds all settled text, held-back tail included; 
 pending bytes and returns the not-yet-emitted tail (call it when a request ends without a stop
 string if you stream deltas).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -39,7 +40,9 @@ def _plain_backend(tokenizer):
 class IncrementalDetokenizer:
     """Turns one request's output ids into text, step by step. See the module docstring."""
 
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], params, *, skip_special_tokens: bool = True):
+    def __init__(
+        self, tokenizer, prompt_token_ids: Sequence[int], params, *, skip_special_tokens: bool = True
+    ):
         self.tokenizer = tokenizer
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
@@ -49,9 +52,9 @@ class IncrementalDetokenizer:
         self.output_token_ids: list[int] = []
         self.text = ""
         self.stop_reason: Optional[str] = None
-        self._prefix = 0     # window start in output_token_ids
-        self._read = 0       # ids before this are settled into text
-        self._emitted = 0    # chars of text already returned as deltas
+        self._prefix = 0  # window start in output_token_ids
+        self._read = 0  # ids before this are settled into text
+        self._emitted = 0  # chars of text already returned as deltas
         self._backend = _plain_backend(tokenizer)
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -64,11 +67,11 @@ class IncrementalDetokenizer:
     def _settle(self, force: bool = False) -> str:
         """Text the unsettled ids add; empty (and nothing settled) while it ends mid-character."""
         ids = self.output_token_ids
-        before = self._decode(ids[self._prefix:self._read])
-        after = self._decode(ids[self._prefix:])
+        before = self._decode(ids[self._prefix : self._read])
+        after = self._decode(ids[self._prefix :])
         if not force and (after.endswith(_REPLACEMENT) or len(after) <= len(before)):
             return ""
-        new = after[len(before):] if after.startswith(before) else after
+        new = after[len(before) :] if after.startswith(before) else after
         self._prefix, self._read = self._read, len(ids)
         return new
 
@@ -99,7 +102,7 @@ class IncrementalDetokenizer:
                     best = cand
         if best is None:
             return None
-        self.text = self.text[:best[1]]
+        self.text = self.text[: best[1]]
         self.stop_reason = best[2]
         return best[1], best[2]
 
@@ -116,7 +119,7 @@ class IncrementalDetokenizer:
     def _take(self, end: int) -> str:
         """The not-yet-emitted text up to `end`, marked emitted."""
         end = max(end, self._emitted)
-        delta = self.text[self._emitted:end]
+        delta = self.text[self._emitted : end]
         self._emitted = end
         return delta
 

@@ -13,6 +13,7 @@ Invariants: every request the scheduler knows belongs to exactly one live parent
 parent's final RequestOutput (finished=True) is returned by exactly one step(), after which the
 engine forgets it; a ValueError from add_request leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,11 +23,17 @@ from typing import Iterable, Optional, Union
 
 import torch
 
-from enginespec.spec import SamplingParams, Status, UpdateOutput, load_impl
-
-from enginespec.engine.async_scheduling import InFlight, apply_patch, deferrable, input_patch, start_copy, stop_after
+from enginespec.engine.async_scheduling import (
+    InFlight,
+    apply_patch,
+    deferrable,
+    input_patch,
+    start_copy,
+    stop_after,
+)
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import CompletionOutput, RequestOutput
+from enginespec.spec import SamplingParams, Status, UpdateOutput, load_impl
 from enginespec.worker.runner import ModelRunner
 
 
@@ -85,8 +92,10 @@ class EngineCore:
         self.args = args
         self.impl = load_impl(args.impl)
         if args.preemption_mode == "swap" and "swap" not in getattr(self.impl, "capabilities", ()):
-            raise ValueError(f"preemption_mode='swap' needs an impl with the 'swap' capability; "
-                             f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}")
+            raise ValueError(
+                f"preemption_mode='swap' needs an impl with the 'swap' capability; "
+                f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}"
+            )
         if args.seed is not None:
             torch.manual_seed(args.seed)
         self.model = model if model is not None else self._load_model()
@@ -95,16 +104,24 @@ class EngineCore:
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
         self.runner = ModelRunner(
-            self.model, self.impl, block_size=args.block_size,
+            self.model,
+            self.impl,
+            block_size=args.block_size,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
-            num_blocks=args.num_blocks, kv_cache_bytes=args.kv_cache_bytes,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=self.max_model_len,
+            num_blocks=args.num_blocks,
+            kv_cache_bytes=args.kv_cache_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            num_gpu_blocks_override=args.num_gpu_blocks_override, sample_fn=self.sampler,
-            enforce_eager=args.enforce_eager, compile_model=args.compile_model,
-            compile_backend=args.compile_backend)
-        self.block_manager = self.impl.new_block_manager(self.runner.num_blocks, args.block_size,
-                                                         args.enable_prefix_caching)
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            sample_fn=self.sampler,
+            enforce_eager=args.enforce_eager,
+            compile_model=args.compile_model,
+            compile_backend=args.compile_backend,
+        )
+        self.block_manager = self.impl.new_block_manager(
+            self.runner.num_blocks, args.block_size, args.enable_prefix_caching
+        )
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)
         self.stats = EngineStats()
         self._parents: dict[str, _Parent] = {}
@@ -121,9 +138,13 @@ class EngineCore:
             raise ValueError("EngineArgs.model must name a checkpoint directory (or pass model=)")
         device = resolve_device(self.args.device)
         dtype = resolve_dtype(self.args.dtype, self.args.model, device)
-        return FlatModel.from_pretrained(self.args.model, dtype=dtype, device=device,
-                                         attention=self.impl.attention_backend(device),
-                                         model_impl=self.args.model_impl)
+        return FlatModel.from_pretrained(
+            self.args.model,
+            dtype=dtype,
+            device=device,
+            attention=self.impl.attention_backend(device),
+            model_impl=self.args.model_impl,
+        )
 
     def _load_tokenizer(self):
         if self.args.model is None or self.args.skip_tokenizer:
@@ -143,23 +164,39 @@ class EngineCore:
 
     # ---- adding and aborting ------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids, params: Optional[SamplingParams] = None, *,
-                    prompt: Optional[str] = None, priority: int = 0, arrival_time: Optional[float] = None,
-                    cache_key: tuple = ()) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids,
+        params: Optional[SamplingParams] = None,
+        *,
+        prompt: Optional[str] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ) -> None:
         """Validate and queue one user request (n samples). ValueError, with nothing queued, for
         a bad id, prompt or params."""
         params = SamplingParams() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        parent = _Parent(request_id, prompt, prompt_token_ids, [],
-                         {} if params.prompt_logprobs is not None else None)
+        parent = _Parent(
+            request_id, prompt, prompt_token_ids, [], {} if params.prompt_logprobs is not None else None
+        )
         eos, extra_stops = self._eos_ids()
         added = []
         try:
             for index in range(params.n):
                 child_params = _child_params(params, index, extra_stops)
                 child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-                request = self.impl.new_request(child_id, prompt_token_ids, child_params, eos_token_id=eos,
-                                                priority=priority, arrival_time=arrival_time, cache_key=cache_key)
+                request = self.impl.new_request(
+                    child_id,
+                    prompt_token_ids,
+                    child_params,
+                    eos_token_id=eos,
+                    priority=priority,
+                    arrival_time=arrival_time,
+                    cache_key=cache_key,
+                )
                 self.scheduler.add(request)
                 added.append(child_id)
                 parent.samples.append(self._new_sample(index, request, prompt_token_ids, child_params))
@@ -193,13 +230,17 @@ class EngineCore:
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
         if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) must be <= "
-                             f"max_model_len ({self.max_model_len})")
+            raise ValueError(
+                f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) must be <= "
+                f"max_model_len ({self.max_model_len})"
+            )
         bs, num_blocks = self.args.block_size, self.runner.num_blocks
         need = -(-(len(ids) + params.max_tokens) // bs)
         if need > num_blocks:
-            raise ValueError(f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) needs {need} KV "
-                             f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})")
+            raise ValueError(
+                f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) needs {need} KV "
+                f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})"
+            )
         return ids
 
     def _eos_ids(self) -> tuple[Optional[int], tuple[int, ...]]:
@@ -268,8 +309,9 @@ class EngineCore:
         else:
             self._resolve(previous, changed)
         with _span("outputs"):
-            outputs = [self._make_output(parent) for parent in changed.values()
-                       if not final_only or parent.finished]
+            outputs = [
+                self._make_output(parent) for parent in changed.values() if not final_only or parent.finished
+            ]
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)
@@ -309,8 +351,15 @@ class EngineCore:
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         if self.stats.step_trace is not None:
-            self.stats.step_trace.append((len(output.scheduled), output.num_scheduled_tokens,
-                                          int(batch.meta.seq_lens_cpu.sum()), time.perf_counter(), wait))
+            self.stats.step_trace.append(
+                (
+                    len(output.scheduled),
+                    output.num_scheduled_tokens,
+                    int(batch.meta.seq_lens_cpu.sum()),
+                    time.perf_counter(),
+                    wait,
+                )
+            )
 
     def _update_with_placeholders(self, output, launched: InFlight) -> None:
         """update_from_output with the placeholder id as every sampled token; the requests that
@@ -394,17 +443,29 @@ class EngineCore:
         for sample in parent.samples:
             _read(sample)
         awaiting = self._inflight.awaiting if self._inflight is not None else {}
-        completions = [CompletionOutput(
-            index=s.index, text=s.detokenizer.text if s.detokenizer is not None else "",
-            token_ids=_resolved_ids(s.request, awaiting), finish_reason=s.finish_reason,
-            stop_reason=s.stop_reason, logprobs=list(s.logprobs) if s.logprobs is not None else None)
-            for s in parent.samples]
+        completions = [
+            CompletionOutput(
+                index=s.index,
+                text=s.detokenizer.text if s.detokenizer is not None else "",
+                token_ids=_resolved_ids(s.request, awaiting),
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+                logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            )
+            for s in parent.samples
+        ]
         prompt_lp = None
         if parent.prompt_logprobs is not None:
             found = parent.prompt_logprobs
             prompt_lp = [None] + [found[p] for p in range(len(found)) if p in found]
-        return RequestOutput(parent.request_id, parent.prompt, list(parent.prompt_token_ids), completions,
-                             finished=parent.finished, prompt_logprobs=prompt_lp)
+        return RequestOutput(
+            parent.request_id,
+            parent.prompt,
+            list(parent.prompt_token_ids),
+            completions,
+            finished=parent.finished,
+            prompt_logprobs=prompt_lp,
+        )
 
     def _forget(self, request_id: str) -> None:
         parent = self._parents.pop(request_id, None)
@@ -450,7 +511,9 @@ def _check_prompt_ids(prompt_token_ids, vocab_size: int) -> list[int]:
     try:
         ids = list(prompt_token_ids)
     except TypeError:
-        raise ValueError(f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}") from None
+        raise ValueError(
+            f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}"
+        ) from None
     if not ids:
         raise ValueError("prompt_token_ids must not be empty")
     bad_type = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)]
@@ -471,5 +534,6 @@ def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ..
             changes["seed"] = params.seed + index
     if extra_stops and not params.ignore_eos:
         changes["stop_token_ids"] = tuple(params.stop_token_ids) + tuple(
-            t for t in extra_stops if t not in params.stop_token_ids)
+            t for t in extra_stops if t not in params.stop_token_ids
+        )
     return dataclasses.replace(params, **changes) if changes else params

@@ -8,6 +8,7 @@
 Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
 is wrong to stderr and exits with status 2, no traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,50 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
-    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
-                   help="every step serial (no scheduling of step n + 1 while step n runs)")
-    p.add_argument("--no-compile", dest="compile_model", action="store_const", const=False, default=None,
-                   help="keep CUDA graphs but run the decoder without torch.compile")
-    p.add_argument("--model-impl", choices=MODEL_IMPLS, default=None,
-                   help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own")
+    p.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        help="every step serial (no scheduling of step n + 1 while step n runs)",
+    )
+    p.add_argument(
+        "--no-compile",
+        dest="compile_model",
+        action="store_const",
+        const=False,
+        default=None,
+        help="keep CUDA graphs but run the decoder without torch.compile",
+    )
+    p.add_argument(
+        "--model-impl",
+        choices=MODEL_IMPLS,
+        default=None,
+        help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own",
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
-_ENGINE_KEYS = ("dtype", "device", "block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-                "num_blocks", "kv_cache_bytes", "gpu_memory_utilization", "num_gpu_blocks_override",
-                "enable_prefix_caching", "enable_chunked_prefill", "long_prefill_token_threshold",
-                "scheduling_policy", "preemption_mode", "enforce_eager", "async_scheduling", "compile_model",
-                "model_impl")
+_ENGINE_KEYS = (
+    "dtype",
+    "device",
+    "block_size",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "num_blocks",
+    "kv_cache_bytes",
+    "gpu_memory_utilization",
+    "num_gpu_blocks_override",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+    "scheduling_policy",
+    "preemption_mode",
+    "enforce_eager",
+    "async_scheduling",
+    "compile_model",
+    "model_impl",
+)
 
 
 def _engine_kwargs(ns: argparse.Namespace) -> dict:
@@ -82,21 +113,31 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-output-len", type=int, default=32)
     demo.add_argument("--shared-prefix-len", type=int, default=16)
     _add_engine_args(demo)
-    sub.add_parser("simulate", help="the scheduler over a fake model (options: enginespec simulate -h)",
-                   add_help=False)
-    sub.add_parser("bench", help="end-to-end throughput vs transformers and the roofline "
-                   "(options: enginespec bench -h)", add_help=False)
+    sub.add_parser(
+        "simulate", help="the scheduler over a fake model (options: enginespec simulate -h)", add_help=False
+    )
+    sub.add_parser(
+        "bench",
+        help="end-to-end throughput vs transformers and the roofline (options: enginespec bench -h)",
+        add_help=False,
+    )
     return parser
 
 
 def _generate(ns: argparse.Namespace) -> int:
+    from enginespec.llm import LLM
     from enginespec.spec import SamplingParams
 
-    from enginespec.llm import LLM
-
-    params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
-                            top_k=ns.top_k, n=ns.n, stop=tuple(ns.stop), ignore_eos=ns.ignore_eos,
-                            seed=ns.seed if ns.temperature > 0 else None)
+    params = SamplingParams(
+        max_tokens=ns.max_tokens,
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        n=ns.n,
+        stop=tuple(ns.stop),
+        ignore_eos=ns.ignore_eos,
+        seed=ns.seed if ns.temperature > 0 else None,
+    )
     llm = LLM(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
     outputs = llm.generate(ns.prompt, params, use_tqdm=ns.use_tqdm)
     for i, out in enumerate(outputs):
@@ -111,10 +152,17 @@ def _generate(ns: argparse.Namespace) -> int:
 def _demo(ns: argparse.Namespace) -> int:
     from enginespec.entrypoints.demo import run_demo
 
-    result = run_demo(family=ns.family, impl=ns.impl, num_requests=ns.num_requests,
-                      min_input_len=ns.min_input_len, max_input_len=ns.max_input_len,
-                      max_output_len=ns.max_output_len, shared_prefix_len=ns.shared_prefix_len,
-                      use_tqdm=ns.use_tqdm, **_engine_kwargs(ns))
+    result = run_demo(
+        family=ns.family,
+        impl=ns.impl,
+        num_requests=ns.num_requests,
+        min_input_len=ns.min_input_len,
+        max_input_len=ns.max_input_len,
+        max_output_len=ns.max_output_len,
+        shared_prefix_len=ns.shared_prefix_len,
+        use_tqdm=ns.use_tqdm,
+        **_engine_kwargs(ns),
+    )
     print(result.summary())
     return 0
 

@@ -6,6 +6,7 @@ uniform in [1, max_output_len] with ignore_eos, seed fixed. Optionally every pro
 the same `shared_prefix_len` ids so the prefix cache has something to hit. A pool smaller than
 the workload's peak (num_blocks) makes preemptions visible.
 """
+
 from __future__ import annotations
 
 import random
@@ -38,19 +39,32 @@ class DemoResult:
 
     def summary(self) -> str:
         text = f"generate: {self.sample[0]!r} -> {self.sample[1]!r}\n" if self.sample else ""
-        return text + (f"requests {self.num_requests}, prompt tokens {self.num_prompt_tokens}, "
-                f"output tokens {self.num_output_tokens}\n"
-                f"time {self.seconds:.2f} s, output {self.output_tokens_per_s:.1f} tok/s, "
-                f"steps {self.num_steps}\n"
-                f"prefix hit rate {self.prefix_hit_rate:.1%}, preemptions {self.num_preemptions}, "
-                f"KV blocks {self.num_blocks}")
+        return text + (
+            f"requests {self.num_requests}, prompt tokens {self.num_prompt_tokens}, "
+            f"output tokens {self.num_output_tokens}\n"
+            f"time {self.seconds:.2f} s, output {self.output_tokens_per_s:.1f} tok/s, "
+            f"steps {self.num_steps}\n"
+            f"prefix hit rate {self.prefix_hit_rate:.1%}, preemptions {self.num_preemptions}, "
+            f"KV blocks {self.num_blocks}"
+        )
 
 
-def make_workload(num_requests: int, vocab_size: int, *, min_input_len: int, max_input_len: int,
-                  max_output_len: int, shared_prefix_len: int, seed: int):
+def make_workload(
+    num_requests: int,
+    vocab_size: int,
+    *,
+    min_input_len: int,
+    max_input_len: int,
+    max_output_len: int,
+    shared_prefix_len: int,
+    seed: int,
+):
     """(prompts as token-id dicts, one SamplingParams per prompt), reproducible from seed."""
-    for name, value in (("num_requests", num_requests), ("min_input_len", min_input_len),
-                        ("max_output_len", max_output_len)):
+    for name, value in (
+        ("num_requests", num_requests),
+        ("min_input_len", min_input_len),
+        ("max_output_len", max_output_len),
+    ):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if max_input_len < min_input_len:
@@ -61,8 +75,9 @@ def make_workload(num_requests: int, vocab_size: int, *, min_input_len: int, max
     for _ in range(num_requests):
         length = rng.randint(min_input_len, max_input_len)
         prompts.append({"prompt_token_ids": prefix + [rng.randrange(vocab_size) for _ in range(length)]})
-        params.append(SamplingParams(max_tokens=rng.randint(1, max_output_len), temperature=0.0,
-                                     ignore_eos=True))
+        params.append(
+            SamplingParams(max_tokens=rng.randint(1, max_output_len), temperature=0.0, ignore_eos=True)
+        )
     return prompts, params
 
 
@@ -81,10 +96,20 @@ def _tiny_checkpoint(family: str, path: Path, seed: int, max_len: int) -> str:
             hf_logging.enable_progress_bar()
 
 
-def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: int = 16,
-             min_input_len: int = 8, max_input_len: int = 64, max_output_len: int = 32,
-             shared_prefix_len: int = 16, seed: int = 0, model_dir: Optional[str] = None,
-             use_tqdm: bool = True, **engine_args) -> DemoResult:
+def run_demo(
+    *,
+    family: str = "qwen3",
+    impl: str = "reference",
+    num_requests: int = 16,
+    min_input_len: int = 8,
+    max_input_len: int = 64,
+    max_output_len: int = 32,
+    shared_prefix_len: int = 16,
+    seed: int = 0,
+    model_dir: Optional[str] = None,
+    use_tqdm: bool = True,
+    **engine_args,
+) -> DemoResult:
     """Build a tiny random `family` checkpoint (unless model_dir is given), run the workload
     through LLM.generate and report throughput and engine counters."""
     from enginespec.llm import LLM
@@ -95,9 +120,15 @@ def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: in
             model_dir = _tiny_checkpoint(family, Path(tmp) / family, seed, max(256, max_len))
         engine_args.setdefault("max_model_len", max_len)
         llm = LLM(model_dir, impl=impl, seed=seed, **engine_args)
-        prompts, params = make_workload(num_requests, llm.engine.vocab_size, min_input_len=min_input_len,
-                                        max_input_len=max_input_len, max_output_len=max_output_len,
-                                        shared_prefix_len=shared_prefix_len, seed=seed)
+        prompts, params = make_workload(
+            num_requests,
+            llm.engine.vocab_size,
+            min_input_len=min_input_len,
+            max_input_len=max_input_len,
+            max_output_len=max_output_len,
+            shared_prefix_len=shared_prefix_len,
+            seed=seed,
+        )
         sample = _text_sample(llm, prompts[0]["prompt_token_ids"])
         steps_before = llm.engine.stats.num_steps
         start = time.perf_counter()
@@ -105,10 +136,16 @@ def run_demo(*, family: str = "qwen3", impl: str = "reference", num_requests: in
         seconds = time.perf_counter() - start
     engine = llm.engine
     return DemoResult(
-        num_requests=len(outputs), num_prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
-        num_output_tokens=sum(o.num_output_tokens for o in outputs), seconds=seconds,
-        num_steps=engine.stats.num_steps - steps_before, prefix_hit_rate=engine.block_manager.hit_rate,
-        num_preemptions=engine.stats.num_preemptions, num_blocks=engine.runner.num_blocks, sample=sample)
+        num_requests=len(outputs),
+        num_prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
+        num_output_tokens=sum(o.num_output_tokens for o in outputs),
+        seconds=seconds,
+        num_steps=engine.stats.num_steps - steps_before,
+        prefix_hit_rate=engine.block_manager.hit_rate,
+        num_preemptions=engine.stats.num_preemptions,
+        num_blocks=engine.runner.num_blocks,
+        sample=sample,
+    )
 
 
 def _text_sample(llm, ids: list[int]) -> Optional[tuple[str, str]]:

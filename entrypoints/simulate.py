@@ -5,6 +5,7 @@ against a small pool, so prefix-cache hits and preemptions both happen. A fake m
 next token as a pure function of the tokens so far (occasionally EOS), so a request recomputed
 after preemption produces the same text. Deterministic for a given --seed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,12 @@ def main(argv=None) -> int:
     """Run the simulation; returns 0 when every request finished and every block is free."""
     args = parse_args(argv)
     impl = spec.load_impl(args.impl)
-    config = spec.SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_num_seqs=args.max_num_seqs, preemption_mode=args.preemption_mode,
-                                  long_prefill_token_threshold=16)
+    config = spec.SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        preemption_mode=args.preemption_mode,
+        long_prefill_token_threshold=16,
+    )
     bm = impl.new_block_manager(args.num_blocks, args.block_size)
     scheduler = impl.new_scheduler(config, bm)
     pending = make_workload(impl, args.num_requests, args.seed)
@@ -67,25 +71,34 @@ def main(argv=None) -> int:
             scheduler.add(request)
         pending = pending[2:]
         out = scheduler.schedule()
-        sampled = {r.request_id: [fake_next_token(r.token_ids, args.seed)]
-                   for r, n in out.scheduled if r.num_computed_tokens + n >= r.num_tokens}
+        sampled = {
+            r.request_id: [fake_next_token(r.token_ids, args.seed)]
+            for r, n in out.scheduled
+            if r.num_computed_tokens + n >= r.num_tokens
+        }
         peak_usage = max(peak_usage, bm.usage)
         update = scheduler.update_from_output(out, sampled)
         num_steps += 1
         num_preemptions += len(out.preempted)
         num_generated += sum(len(t) for t in update.new_token_ids.values())
         if not args.quiet:
-            print(f"step {num_steps:4d}  tokens {out.num_scheduled_tokens:4d}  running {len(scheduler.running):3d}"
-                  f"  waiting {len(scheduler.waiting):3d}  preempted {len(out.preempted)}"
-                  f"  swaps {len(out.swap_out)}/{len(out.swap_in)}  free {bm.num_free:4d}")
+            print(
+                f"step {num_steps:4d}  tokens {out.num_scheduled_tokens:4d}  running {len(scheduler.running):3d}"
+                f"  waiting {len(scheduler.waiting):3d}  preempted {len(out.preempted)}"
+                f"  swaps {len(out.swap_out)}/{len(out.swap_in)}  free {bm.num_free:4d}"
+            )
         if num_steps > 100_000:
             print("simulation did not finish within 100000 steps")
             return 1
     all_free = bm.num_free == args.num_blocks
-    print(f"impl {impl.name}: {args.num_requests} requests, {num_steps} steps, {num_generated} tokens generated, "
-          f"{num_preemptions} preemptions")
-    print(f"block pool: hit rate {bm.hit_rate:.3f}, peak usage {peak_usage:.3f}, "
-          f"free {bm.num_free}/{args.num_blocks} at the end")
+    print(
+        f"impl {impl.name}: {args.num_requests} requests, {num_steps} steps, {num_generated} tokens generated, "
+        f"{num_preemptions} preemptions"
+    )
+    print(
+        f"block pool: hit rate {bm.hit_rate:.3f}, peak usage {peak_usage:.3f}, "
+        f"free {bm.num_free}/{args.num_blocks} at the end"
+    )
     return 0 if all_free else 1
 
 

@@ -21,6 +21,7 @@ domain. Split-KV (IS_SPLIT): axis 2 cuts each q-block's key range into NUM_SPLIT
 partial (max, sum, unnormalised acc) go to float32 scratch; `_merge_splits_kernel` combines them.
 That gives long contexts with few requests enough programs to fill the GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,12 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _find_request(query_start_loc_ptr,  # [B + 1] int32
-                  q_block_id, num_reqs, BLOCK_Q: tl.constexpr):
+def _find_request(
+    query_start_loc_ptr,  # [B + 1] int32
+    q_block_id,
+    num_reqs,
+    BLOCK_Q: tl.constexpr,
+):
     """Largest r with qsl[r] // BLOCK_Q + r <= q_block_id (r = 0 always qualifies)."""
     lo: tl.int32 = 0
     hi = num_reqs - 1
@@ -52,9 +57,18 @@ def _find_request(query_start_loc_ptr,  # [B + 1] int32
 
 
 @triton.jit
-def _tile_range(seq_len, q_len, q_block, split, num_splits, window,
-                BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-                IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr):
+def _tile_range(
+    seq_len,
+    q_len,
+    q_block,
+    split,
+    num_splits,
+    window,
+    BLOCK_Q: tl.constexpr,
+    TILE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+):
     """Tiles [t_lo, t_hi) of keys this program reads and the exclusive key bound kv_hi.
 
     Keys past the block's last query position are never visible (causal); with a window,
@@ -80,24 +94,39 @@ def _tile_range(seq_len, q_len, q_block, split, num_splits, window,
 # step on a JIT compile.
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "window", "stride_bt"])
 def _paged_attention_kernel(
-    out_ptr,              # [N, Hq, D] (written unless IS_SPLIT)
-    part_ptr,             # [N, Hq, num_splits, HEAD_PAD + 2] float32 (IS_SPLIT only):
-                          #   acc at [:HEAD_PAD], max (log2) at HEAD_PAD, sum at HEAD_PAD + 1
-    q_ptr,                # [N, Hq, D]
-    cache_ptr,            # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
-    block_table_ptr,      # [B, max_blocks] int32
-    seq_lens_ptr,         # [B] int32
+    out_ptr,  # [N, Hq, D] (written unless IS_SPLIT)
+    part_ptr,  # [N, Hq, num_splits, HEAD_PAD + 2] float32 (IS_SPLIT only):
+    #   acc at [:HEAD_PAD], max (log2) at HEAD_PAD, sum at HEAD_PAD + 1
+    q_ptr,  # [N, Hq, D]
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
     query_start_loc_ptr,  # [B + 1] int32
-    order_ptr,            # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
-    num_reqs, num_splits, scale_log2, window,
-    stride_q_tok, stride_q_head,
-    stride_o_tok, stride_o_head,
-    stride_c_kv, stride_c_block, stride_c_slot, stride_c_head,
+    order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
+    num_reqs,
+    num_splits,
+    scale_log2,
+    window,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_c_kv,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
     stride_bt,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-    IS_SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr, USE_ORDER: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_ORDER: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     q_block_id = tl.program_id(0)
@@ -116,48 +145,58 @@ def _paged_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + req)
 
-    rows = tl.arange(0, BLOCK_M)                          # [BLOCK_M]
-    row_tok = q_block * BLOCK_Q + rows // GROUP           # [BLOCK_M] query index in request
-    row_head = kv_head * GROUP + rows % GROUP             # [BLOCK_M] query head
+    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    row_tok = q_block * BLOCK_Q + rows // GROUP  # [BLOCK_M] query index in request
+    row_head = kv_head * GROUP + rows % GROUP  # [BLOCK_M] query head
     row_ok = (rows < BLOCK_Q * GROUP) & (row_tok < q_len)  # [BLOCK_M]
-    row_pos = seq_len - q_len + row_tok                   # [BLOCK_M] absolute position
-    dims = tl.arange(0, HEAD_PAD)                         # [HEAD_PAD]
-    dim_ok = dims < HEAD_DIM                              # [HEAD_PAD]
+    row_pos = seq_len - q_len + row_tok  # [BLOCK_M] absolute position
+    dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
+    dim_ok = dims < HEAD_DIM  # [HEAD_PAD]
 
     q_rows = (q_start + row_tok).to(tl.int64) * stride_q_tok + row_head * stride_q_head
-    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :],              # [BLOCK_M, HEAD_PAD]
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + q_rows[:, None] + dims[None, :],  # [BLOCK_M, HEAD_PAD]
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
 
-    t_lo, t_hi, kv_hi = _tile_range(seq_len, q_len, q_block, split, num_splits, window,
-                                    BLOCK_Q, TILE, IS_SPLIT, USE_WINDOW)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)         # running max (log2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                       # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)             # unnormalised output
+    t_lo, t_hi, kv_hi = _tile_range(
+        seq_len, q_len, q_block, split, num_splits, window, BLOCK_Q, TILE, IS_SPLIT, USE_WINDOW
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # unnormalised output
     table_row = block_table_ptr + req.to(tl.int64) * stride_bt
     head_off = kv_head * stride_c_head
     for t in range(t_lo, t_hi):
-        kv_pos = t * TILE + tl.arange(0, TILE)                        # [TILE]
-        kv_ok = kv_pos < kv_hi                                        # [TILE]
+        kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
+        kv_ok = kv_pos < kv_hi  # [TILE]
         block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
         slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
-        k = tl.load(cache_ptr + slot[None, :] + dims[:, None],        # [HEAD_PAD, TILE]
-                    mask=kv_ok[None, :] & dim_ok[:, None], other=0.0)
+        k = tl.load(
+            cache_ptr + slot[None, :] + dims[:, None],  # [HEAD_PAD, TILE]
+            mask=kv_ok[None, :] & dim_ok[:, None],
+            other=0.0,
+        )
         if DOT_FP32:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
         else:
-            s = tl.dot(q, k)                                          # [BLOCK_M, TILE]
+            s = tl.dot(q, k)  # [BLOCK_M, TILE]
         s = s * scale_log2
         visible = kv_ok[None, :] & (kv_pos[None, :] <= row_pos[:, None])
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > row_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)        # all-masked rows stay 0
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked rows stay 0
         alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])                         # [BLOCK_M, TILE]
+        p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
-                    mask=kv_ok[:, None] & dim_ok[None, :], other=0.0)
+        v = tl.load(
+            cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
+            mask=kv_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
         if DOT_FP32:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
@@ -167,43 +206,52 @@ def _paged_attention_kernel(
     out_rows = (q_start + row_tok).to(tl.int64)
     if IS_SPLIT:
         part = (out_rows * NUM_Q_HEADS + row_head) * num_splits + split  # [BLOCK_M]
-        base = part * (HEAD_PAD + 2)                                  # [BLOCK_M]
+        base = part * (HEAD_PAD + 2)  # [BLOCK_M]
         tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
         tl.store(part_ptr + base + HEAD_PAD, m_i, mask=row_ok)
         tl.store(part_ptr + base + HEAD_PAD + 1, l_i, mask=row_ok)
     else:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                # seq_len 0: acc = 0
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0: acc = 0
         o_off = out_rows * stride_o_tok + row_head * stride_o_head
-        tl.store(out_ptr + o_off[:, None] + dims[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & dim_ok[None, :])
+        tl.store(
+            out_ptr + o_off[:, None] + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
 
 
 @triton.jit
 def _merge_splits_kernel(
-    out_ptr,        # [N, Hq, D]
-    part_ptr,       # [N, Hq, NUM_SPLITS, HEAD_PAD + 2] float32: acc, max (log2), sum
-    stride_o_tok, stride_o_head,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    out_ptr,  # [N, Hq, D]
+    part_ptr,  # [N, Hq, NUM_SPLITS, HEAD_PAD + 2] float32: acc, max (log2), sum
+    stride_o_tok,
+    stride_o_head,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    splits = tl.arange(0, NUM_SPLITS)                                 # [NUM_SPLITS]
-    dims = tl.arange(0, HEAD_PAD)                                     # [HEAD_PAD]
-    part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits           # [NUM_SPLITS]
-    base = part * (HEAD_PAD + 2)                                      # [NUM_SPLITS]
+    splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
+    dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
+    part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
+    base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
     m_s = tl.load(part_ptr + base + HEAD_PAD)
     l_s = tl.load(part_ptr + base + HEAD_PAD + 1)
     m_all = tl.max(m_s, 0)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    w = tl.math.exp2(m_s - m_safe)                                    # [NUM_SPLITS]
+    w = tl.math.exp2(m_s - m_safe)  # [NUM_SPLITS]
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_ptr + base[:, None] + dims[None, :])           # [NUM_SPLITS, HEAD_PAD]
-    o = tl.sum(acc * w[:, None], 0)                                   # [HEAD_PAD]
-    o = o / tl.where(denom > 0, denom, 1.0)                           # nothing seen: o = 0
-    tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
-             o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    acc = tl.load(part_ptr + base[:, None] + dims[None, :])  # [NUM_SPLITS, HEAD_PAD]
+    o = tl.sum(acc * w[:, None], 0)  # [HEAD_PAD]
+    o = o / tl.where(denom > 0, denom, 1.0)  # nothing seen: o = 0
+    tl.store(
+        out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
+        o.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
 
 
 @dataclass(frozen=True)
@@ -235,9 +283,17 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[device]
 
 
-def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads: int,
-                  head_pad: int, max_query_len: int, max_seq_len: int,
-                  device: torch.device, itemsize: int = 2) -> LaunchConfig:
+def choose_config(
+    num_tokens: int,
+    num_reqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_pad: int,
+    max_query_len: int,
+    max_seq_len: int,
+    device: torch.device,
+    itemsize: int = 2,
+) -> LaunchConfig:
     """Heuristic launch config (tuned on an H200, bf16, head_dim 128; see benchmarks/RESULTS.md).
 
     Prefill-heavy batches (many query rows per KV head) take 128-row blocks; decode-heavy ones
@@ -263,8 +319,11 @@ def choose_config(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads
     splits = 1
     max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
-    while (splits * 2 <= min(max_splits, 64) and programs * splits < target
-           and scratch * splits * 2 <= (64 << 20)):
+    while (
+        splits * 2 <= min(max_splits, 64)
+        and programs * splits < target
+        and scratch * splits * 2 <= (64 << 20)
+    ):
         splits *= 2
     if splits > 1 and rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize):
         tile = 128  # split decode: 128-key tiles measured 6-24% faster at batch 4-32 (H200)
@@ -281,41 +340,63 @@ def _wide_tiles_fit(device: torch.device, head_pad: int, stages: int, itemsize: 
     return 2 * 128 * head_pad * itemsize * stages + (32 << 10) <= limit
 
 
-def _check(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
-           seq_lens: torch.Tensor, block_table: torch.Tensor, window: int) -> None:
+def _check(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    window: int,
+) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [N, Hq, D], got shape {tuple(q.shape)}")
     if cache.dim() != 5 or cache.shape[0] != 2:
-        raise ValueError(f"cache must be [2, num_blocks+1, block_size, Hkv, D], "
-                         f"got shape {tuple(cache.shape)}")
+        raise ValueError(
+            f"cache must be [2, num_blocks+1, block_size, Hkv, D], got shape {tuple(cache.shape)}"
+        )
     if cache.shape[4] != q.shape[2]:
         raise ValueError(f"cache head_dim {cache.shape[4]} != q head_dim {q.shape[2]}")
     if q.shape[1] % cache.shape[3] != 0:
         raise ValueError(f"Hq={q.shape[1]} must be a multiple of Hkv={cache.shape[3]}")
     if q.dtype not in SUPPORTED_DTYPES or cache.dtype != q.dtype:
-        raise ValueError(f"q/cache dtype must match and be one of {SUPPORTED_DTYPES}, "
-                         f"got {q.dtype}/{cache.dtype}")
+        raise ValueError(
+            f"q/cache dtype must match and be one of {SUPPORTED_DTYPES}, got {q.dtype}/{cache.dtype}"
+        )
     if q.stride(2) != 1 or cache.stride(4) != 1:
         raise ValueError("q and cache must be contiguous along head_dim")
     num_reqs = seq_lens.shape[0]
     if query_start_loc.shape[0] != num_reqs + 1 or block_table.shape[0] != num_reqs:
-        raise ValueError(f"query_start_loc must have B+1={num_reqs + 1} entries and "
-                         f"block_table B={num_reqs} rows, got {query_start_loc.shape[0]}, "
-                         f"{block_table.shape[0]}")
-    for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
-                    ("block_table", block_table)):
+        raise ValueError(
+            f"query_start_loc must have B+1={num_reqs + 1} entries and "
+            f"block_table B={num_reqs} rows, got {query_start_loc.shape[0]}, "
+            f"{block_table.shape[0]}"
+        )
+    for name, t in (
+        ("query_start_loc", query_start_loc),
+        ("seq_lens", seq_lens),
+        ("block_table", block_table),
+    ):
         if t.dtype != torch.int32:
             raise ValueError(f"{name} must be int32, got {t.dtype}")
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
 
 
-def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, block_table: torch.Tensor, *,
-                    max_query_len: int, max_seq_len: int, scale: Optional[float] = None,
-                    window: int = 0, out: Optional[torch.Tensor] = None,
-                    config: Optional[LaunchConfig] = None,
-                    order: Optional[torch.Tensor] = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: Optional[float] = None,
+    window: int = 0,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[LaunchConfig] = None,
+    order: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Attention of q [N, Hq, D] over the paged cache; returns out [N, Hq, D] (q's dtype).
 
     Semantics: kernels.reference.paged_attention_ref. max_query_len / max_seq_len are host
@@ -324,11 +405,14 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
     device), the order in which requests' programs launch; it changes speed, never results.
     """
     _check(q, cache, query_start_loc, seq_lens, block_table, window)
-    if order is not None and (max_query_len != 1 or order.dtype != torch.int32
-                              or tuple(order.shape) != (seq_lens.shape[0],)):
-        raise ValueError(f"order must be int32 [{seq_lens.shape[0]}] on a decode-only batch "
-                         f"(max_query_len 1), got {order.dtype} {tuple(order.shape)} with "
-                         f"max_query_len {max_query_len}")
+    if order is not None and (
+        max_query_len != 1 or order.dtype != torch.int32 or tuple(order.shape) != (seq_lens.shape[0],)
+    ):
+        raise ValueError(
+            f"order must be int32 [{seq_lens.shape[0]}] on a decode-only batch "
+            f"(max_query_len 1), got {order.dtype} {tuple(order.shape)} with "
+            f"max_query_len {max_query_len}"
+        )
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.shape[3], cache.shape[2]
     num_reqs = seq_lens.shape[0]
@@ -336,37 +420,81 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch
     if num_tokens == 0 or num_reqs == 0:
         return out
     head_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg = config or choose_config(num_tokens, num_reqs, num_q_heads, num_kv_heads, head_pad,
-                                  max_query_len, max_seq_len, q.device, cache.element_size())
+    cfg = config or choose_config(
+        num_tokens,
+        num_reqs,
+        num_q_heads,
+        num_kv_heads,
+        head_pad,
+        max_query_len,
+        max_seq_len,
+        q.device,
+        cache.element_size(),
+    )
     group = num_q_heads // num_kv_heads
     if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
-        raise ValueError(f"config: block_m {cfg.block_m} must be >= group {group} and "
-                         f"num_splits {cfg.num_splits} a power of two")
+        raise ValueError(
+            f"config: block_m {cfg.block_m} must be >= group {group} and "
+            f"num_splits {cfg.num_splits} a power of two"
+        )
     block_q = max(1, cfg.block_m // group)
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     split = cfg.num_splits > 1
     if split:
-        part = torch.empty(num_tokens, num_q_heads, cfg.num_splits, head_pad + 2,
-                           dtype=torch.float32, device=q.device)
+        part = torch.empty(
+            num_tokens, num_q_heads, cfg.num_splits, head_pad + 2, dtype=torch.float32, device=q.device
+        )
     else:
         part = out
     axis0 = num_reqs if order is not None else num_tokens // block_q + num_reqs
     grid = (axis0, num_kv_heads, cfg.num_splits)
     _paged_attention_kernel[grid](
-        out, part, q, cache, block_table, seq_lens, query_start_loc,
+        out,
+        part,
+        q,
+        cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
         order if order is not None else seq_lens,
-        num_reqs, cfg.num_splits, scale * LOG2E, window,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+        num_reqs,
+        cfg.num_splits,
+        scale * LOG2E,
+        window,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
         block_table.stride(0),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, TILE=cfg.tile,
-        IS_SPLIT=split, USE_WINDOW=window > 0, USE_ORDER=order is not None,
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q,
+        BLOCK_M=cfg.block_m,
+        TILE=cfg.tile,
+        IS_SPLIT=split,
+        USE_WINDOW=window > 0,
+        USE_ORDER=order is not None,
         DOT_FP32=q.dtype == torch.float32 or _interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, HEAD_PAD=head_pad,
-            NUM_SPLITS=cfg.num_splits, num_warps=4)
+            out,
+            part,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            HEAD_PAD=head_pad,
+            NUM_SPLITS=cfg.num_splits,
+            num_warps=4,
+        )
     return out

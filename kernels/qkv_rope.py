@@ -13,6 +13,7 @@ rotary in float32 and one rounding at the store.
 Padding rows (slot -1) write their K/V to the scratch block, as kv_write does; their q rows are
 computed like any other and ignored downstream.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,44 +25,57 @@ import triton.language as tl
 
 @triton.jit
 def _qkv_rope_kernel(
-    q_out_ptr,        # [N, Hq, D]
-    cache_ptr,        # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
-    qkv_ptr,          # [N, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads
-    cos_ptr,          # [N, D]
-    sin_ptr,          # [N, D]
-    norm_ptr,         # [Hq + Hkv, D] (USE_NORM only): per-head norm weights, q heads first
-    slot_ptr,         # [N] int64; -1 = padding row (scratch block)
-    eps, scratch_slot,
-    stride_qkv, stride_cos, stride_sin, stride_qo_tok, stride_qo_head,
-    stride_c_kv, stride_c_block, stride_c_slot, stride_c_head,
-    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, QK_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    q_out_ptr,  # [N, Hq, D]
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    qkv_ptr,  # [N, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads
+    cos_ptr,  # [N, D]
+    sin_ptr,  # [N, D]
+    norm_ptr,  # [Hq + Hkv, D] (USE_NORM only): per-head norm weights, q heads first
+    slot_ptr,  # [N] int64; -1 = padding row (scratch block)
+    eps,
+    scratch_slot,
+    stride_qkv,
+    stride_cos,
+    stride_sin,
+    stride_qo_tok,
+    stride_qo_head,
+    stride_c_kv,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    NUM_Q: tl.constexpr,
+    NUM_KV: tl.constexpr,
+    QK_PAD: tl.constexpr,
+    KV_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     USE_NORM: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, QK_PAD)[:, None]                        # [QK_PAD, 1] q heads, then k heads
-    half = tl.arange(0, HALF)[None, :]                           # [1, HALF]
-    is_qk = heads < NUM_Q + NUM_KV                               # [QK_PAD, 1]
-    row = qkv_ptr + tok * stride_qkv + heads * HEAD_DIM          # [QK_PAD, 1]
-    x1 = tl.load(row + half, mask=is_qk, other=0.0).to(tl.float32)          # [QK_PAD, HALF]
-    x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)   # [QK_PAD, HALF]
+    heads = tl.arange(0, QK_PAD)[:, None]  # [QK_PAD, 1] q heads, then k heads
+    half = tl.arange(0, HALF)[None, :]  # [1, HALF]
+    is_qk = heads < NUM_Q + NUM_KV  # [QK_PAD, 1]
+    row = qkv_ptr + tok * stride_qkv + heads * HEAD_DIM  # [QK_PAD, 1]
+    x1 = tl.load(row + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
+    x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     if USE_NORM:
-        mean_sq = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM      # [QK_PAD]
-        rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]                       # [QK_PAD, 1]
+        mean_sq = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [QK_PAD]
+        rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]  # [QK_PAD, 1]
         in_ty = qkv_ptr.dtype.element_ty
-        w_row = norm_ptr + heads * HEAD_DIM                                  # [QK_PAD, 1]
+        w_row = norm_ptr + heads * HEAD_DIM  # [QK_PAD, 1]
         w1 = tl.load(w_row + half, mask=is_qk, other=0.0).to(tl.float32)
         w2 = tl.load(w_row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)
         x1 = w1 * (x1 * rstd).to(in_ty).to(tl.float32)
         x2 = w2 * (x2 * rstd).to(in_ty).to(tl.float32)
-    cos1 = tl.load(cos_ptr + tok * stride_cos + half).to(tl.float32)         # [1, HALF]
+    cos1 = tl.load(cos_ptr + tok * stride_cos + half).to(tl.float32)  # [1, HALF]
     cos2 = tl.load(cos_ptr + tok * stride_cos + HALF + half).to(tl.float32)
     sin1 = tl.load(sin_ptr + tok * stride_sin + half).to(tl.float32)
     sin2 = tl.load(sin_ptr + tok * stride_sin + HALF + half).to(tl.float32)
-    o1 = x1 * cos1 - x2 * sin1                                   # [QK_PAD, HALF]
-    o2 = x2 * cos2 + x1 * sin2                                   # [QK_PAD, HALF]
+    o1 = x1 * cos1 - x2 * sin1  # [QK_PAD, HALF]
+    o2 = x2 * cos2 + x1 * sin2  # [QK_PAD, HALF]
 
-    is_q = heads < NUM_Q                                         # [QK_PAD, 1]
+    is_q = heads < NUM_Q  # [QK_PAD, 1]
     q_row = q_out_ptr + tok * stride_qo_tok + heads * stride_qo_head
     q_ty = q_out_ptr.dtype.element_ty
     tl.store(q_row + half, o1.to(q_ty), mask=is_q)
@@ -71,16 +85,17 @@ def _qkv_rope_kernel(
     slot = tl.where(slot < 0, scratch_slot, slot)
     base = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
     c_ty = cache_ptr.dtype.element_ty
-    is_k = is_qk & (heads >= NUM_Q)                              # [QK_PAD, 1]
-    k_row = cache_ptr + base + (heads - NUM_Q) * stride_c_head   # [QK_PAD, 1] (masked where q)
+    is_k = is_qk & (heads >= NUM_Q)  # [QK_PAD, 1]
+    k_row = cache_ptr + base + (heads - NUM_Q) * stride_c_head  # [QK_PAD, 1] (masked where q)
     tl.store(k_row + half, o1.to(c_ty), mask=is_k)
     tl.store(k_row + HALF + half, o2.to(c_ty), mask=is_k)
 
-    v_heads = tl.arange(0, KV_PAD)[:, None]                      # [KV_PAD, 1]
-    dims = tl.arange(0, HEAD_DIM)[None, :]                       # [1, HEAD_DIM]
+    v_heads = tl.arange(0, KV_PAD)[:, None]  # [KV_PAD, 1]
+    dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
     is_v = v_heads < NUM_KV
-    v = tl.load(qkv_ptr + tok * stride_qkv + (NUM_Q + NUM_KV + v_heads) * HEAD_DIM + dims,
-                mask=is_v, other=0.0)                            # [KV_PAD, HEAD_DIM]
+    v = tl.load(
+        qkv_ptr + tok * stride_qkv + (NUM_Q + NUM_KV + v_heads) * HEAD_DIM + dims, mask=is_v, other=0.0
+    )  # [KV_PAD, HEAD_DIM]
     tl.store(cache_ptr + stride_c_kv + base + v_heads * stride_c_head + dims, v.to(c_ty), mask=is_v)
 
 
@@ -89,9 +104,16 @@ def supported(head_dim: int) -> bool:
     return head_dim >= 4 and head_dim & (head_dim - 1) == 0
 
 
-def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             norm_weight: Optional[torch.Tensor], eps: float, cache: torch.Tensor,
-             slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+def qkv_rope(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_q_heads: int,
+) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D] normed and rotated; writes the normed, rotated
     k and the v of each row into `cache` [2, num_blocks + 1, block_size, Hkv, D] at
     slot_mapping [N] (int64, -1 = scratch). cos/sin [N, D]; norm_weight [Hq + Hkv, D] or None.
@@ -108,21 +130,43 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return q
     block_size = cache.shape[2]
     _qkv_rope_kernel[(n,)](
-        q, cache, qkv, cos, sin, norm_weight if norm_weight is not None else qkv, slot_mapping,
-        eps, (cache.shape[1] - 1) * block_size,
-        qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-        NUM_Q=num_q_heads, NUM_KV=num_kv_heads,
+        q,
+        cache,
+        qkv,
+        cos,
+        sin,
+        norm_weight if norm_weight is not None else qkv,
+        slot_mapping,
+        eps,
+        (cache.shape[1] - 1) * block_size,
+        qkv.stride(0),
+        cos.stride(0),
+        sin.stride(0),
+        q.stride(0),
+        q.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        NUM_Q=num_q_heads,
+        NUM_KV=num_kv_heads,
         QK_PAD=triton.next_power_of_2(num_q_heads + num_kv_heads),
-        KV_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim, HALF=head_dim // 2,
-        BLOCK_SIZE=block_size, USE_NORM=norm_weight is not None, num_warps=4)
+        KV_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM=head_dim,
+        HALF=head_dim // 2,
+        BLOCK_SIZE=block_size,
+        USE_NORM=norm_weight is not None,
+        num_warps=4,
+    )
     return q
 
 
 def _check(qkv, cos, sin, norm_weight, cache, slot_mapping, num_q_heads: int, eps: float) -> None:
     if cache.dim() != 5 or cache.shape[0] != 2 or cache.stride(4) != 1:
-        raise ValueError(f"cache must be [2, num_blocks+1, block_size, Hkv, D] contiguous along D, "
-                         f"got shape {tuple(cache.shape)}")
+        raise ValueError(
+            f"cache must be [2, num_blocks+1, block_size, Hkv, D] contiguous along D, "
+            f"got shape {tuple(cache.shape)}"
+        )
     num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
     if not supported(head_dim):
         raise ValueError(f"qkv_rope needs a power-of-two head_dim >= 4, got {head_dim}")
@@ -134,11 +178,17 @@ def _check(qkv, cos, sin, norm_weight, cache, slot_mapping, num_q_heads: int, ep
         if tuple(t.shape) != (n, head_dim):
             raise ValueError(f"{name} must be [{n}, {head_dim}], got {tuple(t.shape)}")
     if norm_weight is not None:
-        if tuple(norm_weight.shape) != (num_q_heads + num_kv_heads, head_dim) or not norm_weight.is_contiguous():
-            raise ValueError(f"norm_weight must be contiguous [{num_q_heads + num_kv_heads}, {head_dim}], "
-                             f"got {tuple(norm_weight.shape)}")
+        if (
+            tuple(norm_weight.shape) != (num_q_heads + num_kv_heads, head_dim)
+            or not norm_weight.is_contiguous()
+        ):
+            raise ValueError(
+                f"norm_weight must be contiguous [{num_q_heads + num_kv_heads}, {head_dim}], "
+                f"got {tuple(norm_weight.shape)}"
+            )
         if eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
     if slot_mapping.dtype != torch.int64 or tuple(slot_mapping.shape) != (n,):
-        raise ValueError(f"slot_mapping must be int64 [{n}], got {slot_mapping.dtype} "
-                         f"{tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be int64 [{n}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )

@@ -6,6 +6,7 @@ tensors (no spec types): `kernels` imports nothing of ours.
 
 Arithmetic happens in float32 (float64 stays float64); results come back in the input dtype.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -25,8 +26,7 @@ def scratch_slot(cache: torch.Tensor) -> int:
     return (cache.shape[1] - 1) * cache.shape[2]
 
 
-def write_kv_ref(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+def write_kv_ref(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store k, v [N, kv_heads, head_dim] into cache at slot_mapping [N] (in place).
 
     Slot s lives at block s // block_size, offset s % block_size; slot -1 (padding rows)
@@ -50,9 +50,15 @@ def gather_context(cache: torch.Tensor, table_row: torch.Tensor, seq_len: int):
     return cache[0, blocks, offsets], cache[1, blocks, offsets]
 
 
-def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, query_start_loc: torch.Tensor,
-                        seq_lens: torch.Tensor, block_table: torch.Tensor,
-                        scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+def paged_attention_ref(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: Optional[float] = None,
+    window: int = 0,
+) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged pool.
 
     q [N, Hq, D]; cache [2, num_blocks + 1, block_size, Hkv, D]; query_start_loc [B + 1];
@@ -62,7 +68,7 @@ def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, query_start_loc: t
     """
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // cache.shape[3]
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     dtype = _compute_dtype(q.dtype)
     out = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=dtype, device=q.device)
     starts = query_start_loc.tolist()
@@ -71,9 +77,9 @@ def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, query_start_loc: t
         if seq_len == 0 or hi == lo:
             continue
         k, v = gather_context(cache, block_table[r], seq_len)
-        k = k.to(dtype).repeat_interleave(group, dim=1)   # [S, Hq, D]
+        k = k.to(dtype).repeat_interleave(group, dim=1)  # [S, Hq, D]
         v = v.to(dtype).repeat_interleave(group, dim=1)
-        rows = q[lo:hi].to(dtype)                          # [t, Hq, D]
+        rows = q[lo:hi].to(dtype)  # [t, Hq, D]
         scores = torch.einsum("thd,shd->hts", rows, k) * scale
         q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]
@@ -85,8 +91,7 @@ def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, query_start_loc: t
     return out.to(q.dtype)
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: Optional[torch.Tensor] = None):
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None):
     """RMSNorm over the last dim, optionally after adding a residual.
 
     Rounding follows the transformers modules: the sum x + residual is rounded to x's dtype
@@ -112,11 +117,12 @@ def rotary_cos_sin(inv_freq: torch.Tensor, max_position: int):
 def rope_inv_freq(rot_dim: int, base: float, device=None) -> torch.Tensor:
     """The default (unscaled) rotary inverse frequencies base ** (-2i / rot_dim)."""
     exponents = torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim
-    return 1.0 / (base ** exponents)
+    return 1.0 / (base**exponents)
 
 
-def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               cos: torch.Tensor, sin: torch.Tensor):
+def rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+):
     """Neox-style rotary embedding of q [N, Hq, D] and k [N, Hk, D]; returns new (q, k).
 
     The first rot_dim = 2 * cos.shape[1] dims rotate as two halves (x1, x2) ->
@@ -129,16 +135,23 @@ def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     def rotate(x):
         dtype = _compute_dtype(x.dtype)
         x1 = x[..., :half].to(dtype)
-        x2 = x[..., half:2 * half].to(dtype)
+        x2 = x[..., half : 2 * half].to(dtype)
         rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-        return torch.cat([rotated, x[..., 2 * half:]], dim=-1)
+        return torch.cat([rotated, x[..., 2 * half :]], dim=-1)
 
     return rotate(q), rotate(k)
 
 
-def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 norm_weight: Optional[torch.Tensor], eps: float, cache: torch.Tensor,
-                 slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+def qkv_rope_ref(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_q_heads: int,
+) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D]; k and v go into cache at slot_mapping.
 
     q and k heads: RMSNorm per head when norm_weight [Hq + Hkv, D] is given (statistics in
@@ -149,8 +162,8 @@ def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
     n, num_qk = qkv.shape[0], num_q_heads + num_kv_heads
     ct = _compute_dtype(qkv.dtype)
-    qk = qkv[:, :num_qk * head_dim].reshape(n, num_qk, head_dim)
-    v = qkv[:, num_qk * head_dim:].reshape(n, num_kv_heads, head_dim)
+    qk = qkv[:, : num_qk * head_dim].reshape(n, num_qk, head_dim)
+    v = qkv[:, num_qk * head_dim :].reshape(n, num_kv_heads, head_dim)
     x = qk.to(ct)
     if norm_weight is not None:
         normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(qkv.dtype)

@@ -4,6 +4,7 @@ One program per row: h = x + residual (rounded to x's dtype: it is the next resi
 out = weight * (h / sqrt(mean(h^2) + eps)) with the norm in float32 and rounded to x's dtype
 before the weight multiplies it, which is the transformers modules' rounding order.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -15,20 +16,25 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    out_ptr,           # [R, H]
-    res_out_ptr,       # [R, H] new residual (USE_RESIDUAL only)
-    x_ptr,             # [R, H]
-    res_ptr,           # [R, H] (USE_RESIDUAL only)
-    weight_ptr,        # [H]
-    eps, hidden,
-    stride_out, stride_res_out, stride_x, stride_res,
-    BLOCK_H: tl.constexpr, USE_RESIDUAL: tl.constexpr,
+    out_ptr,  # [R, H]
+    res_out_ptr,  # [R, H] new residual (USE_RESIDUAL only)
+    x_ptr,  # [R, H]
+    res_ptr,  # [R, H] (USE_RESIDUAL only)
+    weight_ptr,  # [H]
+    eps,
+    hidden,
+    stride_out,
+    stride_res_out,
+    stride_x,
+    stride_res,
+    BLOCK_H: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)                                  # [BLOCK_H]
+    cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     mask = cols < hidden
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if USE_RESIDUAL:                     # add in float32, round once (as torch does)
+    if USE_RESIDUAL:  # add in float32, round once (as torch does)
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
@@ -40,8 +46,7 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: Optional[torch.Tensor] = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None):
     """x [..., H] -> out (same shape and dtype); with residual, returns (out, x + residual).
 
     Semantics: kernels.reference.rms_norm_ref.
@@ -50,8 +55,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if weight.shape != (hidden,):
         raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual must match x {tuple(x.shape)} {x.dtype}, "
-                         f"got {tuple(residual.shape)} {residual.dtype}")
+        raise ValueError(
+            f"residual must match x {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}"
+        )
     if eps <= 0:
         raise ValueError(f"eps must be > 0, got {eps}")
     x2 = x.reshape(-1, hidden)
@@ -62,9 +68,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res_out = torch.empty_like(x2) if residual is not None else out
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            out, res_out, x2, res2, weight, eps, hidden,
-            out.stride(0), res_out.stride(0), x2.stride(0), res2.stride(0),
-            BLOCK_H=triton.next_power_of_2(hidden), USE_RESIDUAL=residual is not None,
-            num_warps=4 if hidden <= 2048 else 8)
+            out,
+            res_out,
+            x2,
+            res2,
+            weight,
+            eps,
+            hidden,
+            out.stride(0),
+            res_out.stride(0),
+            x2.stride(0),
+            res2.stride(0),
+            BLOCK_H=triton.next_power_of_2(hidden),
+            USE_RESIDUAL=residual is not None,
+            num_warps=4 if hidden <= 2048 else 8,
+        )
     out = out.view(x.shape)
     return out if residual is None else (out, res_out.view(x.shape))

@@ -20,6 +20,7 @@ on the other rows. Rows whose key is negative are unseeded: their key halves are
 kernel from (base_lo, base_hi, row) (`sampling_rng.derived_key`), so a batch of unseeded rows
 needs no per-step upload.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,10 +33,11 @@ except ImportError:  # pragma: no cover - triton is optional on CPU
 
 from enginespec.sample import draw as sampling_draw
 
-BLOCK = 2048      # tokens per loop step of one program (CHUNK must be a multiple)
+BLOCK = 2048  # tokens per loop step of one program (CHUNK must be a multiple)
 NUM_WARPS = 8
 
 if triton is not None:
+
     @triton.jit
     def _mix32(v):
         v = v ^ (v >> 16)
@@ -53,8 +55,17 @@ if triton is not None:
         return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
     @triton.jit
-    def _chunk_stats_kernel(x_ptr, x_stride, scale_ptr, thr_ptr, stats_ptr, vocab, num_chunks,
-                            CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _chunk_stats_kernel(
+        x_ptr,
+        x_stride,
+        scale_ptr,
+        thr_ptr,
+        stats_ptr,
+        vocab,
+        num_chunks,
+        CHUNK: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # x_ptr: [S, x_stride] float32, unit stride along the vocab; scale_ptr, thr_ptr: [S]
         # float32; stats_ptr: [S, 3, num_chunks] float32 (chunk max, chunk mass, first argmax).
         row = tl.program_id(0)
@@ -66,7 +77,7 @@ if triton is not None:
         start = part * CHUNK
         lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
         lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
-        run_max = tl.max(lane_max, axis=0)          # fp32 scalar, -inf
+        run_max = tl.max(lane_max, axis=0)  # fp32 scalar, -inf
         run_mass = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
         for off in range(0, CHUNK, BLOCK):
             cols = start + off + lanes
@@ -98,8 +109,9 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _scan_chunk(row_ptr, start, vocab, chunk_top, scale, thr, target,
-                    CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _scan_chunk(
+        row_ptr, start, vocab, chunk_top, scale, thr, target, CHUNK: tl.constexpr, BLOCK: tl.constexpr
+    ):
         """First id in [start, start + CHUNK) whose running weight sum exceeds target (weights
         exp2((x - chunk_top) * scale) on x >= thr), else the last id of positive weight, else -1."""
         lanes = tl.arange(0, BLOCK)
@@ -119,9 +131,23 @@ if triton is not None:
         return tl.where(pick < 2147483647, pick, last)
 
     @triton.jit(do_not_specialize=["base_lo", "base_hi"])
-    def _pick_kernel(x_ptr, x_stride, scale_ptr, thr_ptr, noisy_ptr, key_ptr, stats_ptr, out_ptr,
-                     vocab, num_chunks, base_lo, base_hi,
-                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, NC_BLOCK: tl.constexpr):
+    def _pick_kernel(
+        x_ptr,
+        x_stride,
+        scale_ptr,
+        thr_ptr,
+        noisy_ptr,
+        key_ptr,
+        stats_ptr,
+        out_ptr,
+        vocab,
+        num_chunks,
+        base_lo,
+        base_hi,
+        CHUNK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NC_BLOCK: tl.constexpr,
+    ):
         # x_ptr: [S, x_stride] float32; scale/thr/noisy_ptr: [S] float32; key_ptr: [S] int64;
         # stats_ptr: [S, 3, num_chunks] float32 from _chunk_stats_kernel; out_ptr: [S] int64.
         row = tl.program_id(0)
@@ -146,15 +172,34 @@ if triton is not None:
         chosen = tl.where(hit < NC_BLOCK, hit, last_part)
         chunk_top = tl.load(stats + chosen)
         target = u2 * tl.load(stats + num_chunks + chosen)
-        tok = _scan_chunk(x_ptr + row.to(tl.int64) * x_stride, chosen * CHUNK, vocab, chunk_top,
-                          scale, tl.load(thr_ptr + row), target, CHUNK, BLOCK)
+        tok = _scan_chunk(
+            x_ptr + row.to(tl.int64) * x_stride,
+            chosen * CHUNK,
+            vocab,
+            chunk_top,
+            scale,
+            tl.load(thr_ptr + row),
+            target,
+            CHUNK,
+            BLOCK,
+        )
         noisy = tl.load(noisy_ptr + row)
         tok = tl.where((noisy > 0.0) & (tok >= 0), tok, greedy)
         tl.store(out_ptr + row, tok.to(tl.int64))
 
     @triton.jit
-    def _penalty_kernel(x_ptr, x_stride, rows_ptr, prompt_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr,
-                        vocab, BLOCK: tl.constexpr):
+    def _penalty_kernel(
+        x_ptr,
+        x_stride,
+        rows_ptr,
+        prompt_ptr,
+        counts_ptr,
+        rep_ptr,
+        freq_ptr,
+        pres_ptr,
+        vocab,
+        BLOCK: tl.constexpr,
+    ):
         # x_ptr: [S, x_stride] float32, edited in place on rows rows_ptr[i] (int64 [R]);
         # prompt_ptr: [R, vocab] uint8 (1 = token in the prompt); counts_ptr: [R, vocab] int32
         # output counts; rep_ptr, freq_ptr, pres_ptr: [R] float32.
@@ -169,7 +214,11 @@ if triton is not None:
         in_output = count > 0
         scaled = tl.where(xv > 0.0, tl.div_rn(xv, rep), xv * rep)  # IEEE division, as torch
         xv = tl.where((in_prompt != 0) | in_output, scaled, xv)
-        xv = xv - tl.load(freq_ptr + i) * count.to(tl.float32) - tl.load(pres_ptr + i) * in_output.to(tl.float32)
+        xv = (
+            xv
+            - tl.load(freq_ptr + i) * count.to(tl.float32)
+            - tl.load(pres_ptr + i) * in_output.to(tl.float32)
+        )
         tl.store(x_row + cols, xv, mask=inside)
 
 
@@ -178,9 +227,18 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, noisy: torch.Tensor,
-         keys: torch.Tensor, base: tuple[int, int], *, chunk: int = 0, block: int = 0,
-         num_warps: int = 0) -> torch.Tensor:
+def draw(
+    x: torch.Tensor,
+    x_scale: torch.Tensor,
+    thr: torch.Tensor,
+    noisy: torch.Tensor,
+    keys: torch.Tensor,
+    base: tuple[int, int],
+    *,
+    chunk: int = 0,
+    block: int = 0,
+    num_warps: int = 0,
+) -> torch.Tensor:
     """Token per row of x [S, V] (float32, unit stride along V). Per row: float32 x_scale (> 0),
     thr (-inf = no cut), noisy (1 random, 0 greedy) and int64 keys (>= 0 seeded key, < 0
     unseeded: derived from base = (base_lo, base_hi), each in [0, 2**31)). Returns int64 [S].
@@ -196,16 +254,39 @@ def draw(x: torch.Tensor, x_scale: torch.Tensor, thr: torch.Tensor, noisy: torch
     stats = torch.empty((num_rows, 3, num_chunks), dtype=torch.float32, device=x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (NUM_WARPS if block >= 1024 else 4)
-    _chunk_stats_kernel[(num_rows, num_chunks)](x, x.stride(0), x_scale, thr, stats, vocab, num_chunks,
-                                         CHUNK=chunk, BLOCK=block, num_warps=warps)
-    _pick_kernel[(num_rows,)](x, x.stride(0), x_scale, thr, noisy, keys, stats, out, vocab, num_chunks,
-                       base[0], base[1], CHUNK=chunk, BLOCK=block,
-                       NC_BLOCK=triton.next_power_of_2(num_chunks), num_warps=warps)
+    _chunk_stats_kernel[(num_rows, num_chunks)](
+        x, x.stride(0), x_scale, thr, stats, vocab, num_chunks, CHUNK=chunk, BLOCK=block, num_warps=warps
+    )
+    _pick_kernel[(num_rows,)](
+        x,
+        x.stride(0),
+        x_scale,
+        thr,
+        noisy,
+        keys,
+        stats,
+        out,
+        vocab,
+        num_chunks,
+        base[0],
+        base[1],
+        CHUNK=chunk,
+        BLOCK=block,
+        NC_BLOCK=triton.next_power_of_2(num_chunks),
+        num_warps=warps,
+    )
     return out
 
 
-def apply_penalties(x: torch.Tensor, rows: torch.Tensor, prompt: torch.Tensor, counts: torch.Tensor,
-                    rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> None:
+def apply_penalties(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    prompt: torch.Tensor,
+    counts: torch.Tensor,
+    rep: torch.Tensor,
+    freq: torch.Tensor,
+    pres: torch.Tensor,
+) -> None:
     """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
     (unit stride along V): rows int64 [R]; prompt bool [R, V]; counts int32 [R, V] (output
     occurrences); rep, freq, pres float32 [R]. Same operations in the same order as the torch
@@ -213,5 +294,15 @@ def apply_penalties(x: torch.Tensor, rows: torch.Tensor, prompt: torch.Tensor, c
     assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
     num_rows, vocab = counts.shape
     _penalty_kernel[(num_rows, triton.cdiv(vocab, BLOCK))](
-        x, x.stride(0), rows, prompt.view(torch.uint8), counts, rep, freq, pres, vocab,
-        BLOCK=BLOCK, num_warps=NUM_WARPS)
+        x,
+        x.stride(0),
+        rows,
+        prompt.view(torch.uint8),
+        counts,
+        rep,
+        freq,
+        pres,
+        vocab,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
+    )

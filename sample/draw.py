@@ -16,6 +16,7 @@ computed by the Triton kernels (`sampling_triton`); sums run in a different orde
 two paths agree except when a uniform lands within float rounding (~1e-7 relative) of a boundary.
 CHUNK is fixed, never derived from the batch, so a row's token does not depend on other rows.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -73,8 +74,14 @@ def pick_tokens(tops, weights, x_scale, uniforms, chunk: int) -> torch.Tensor:
     return chosen * chunk + inner
 
 
-def draw_torch(x: torch.Tensor, x_scale: torch.Tensor, thr: Optional[torch.Tensor], keys: Sequence[int],
-               noisy: Sequence[bool], chunk: int = 0) -> torch.Tensor:
+def draw_torch(
+    x: torch.Tensor,
+    x_scale: torch.Tensor,
+    thr: Optional[torch.Tensor],
+    keys: Sequence[int],
+    noisy: Sequence[bool],
+    chunk: int = 0,
+) -> torch.Tensor:
     """Plain-torch draw (CPU, and the oracle of the Triton kernels). x [S, V] float32;
     x_scale [S] (> 0); thr [S] or None (no cut); keys: S non-negative ints (ignored on greedy
     rows); noisy: S bools. Returns int64 [S]."""

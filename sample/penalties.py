@@ -5,6 +5,7 @@ allowed_token_ids -> min_tokens -> logit_bias -> repetition / frequency / presen
 Every function edits the rows it is given in place and is a no-op for rows that ask for nothing.
 Row work is vectorised: per-row Python only builds small index tensors once per call.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -74,8 +75,9 @@ def apply_logit_bias(logits: torch.Tensor, requests: Sequence) -> None:
 
 
 def _needs_penalty(params) -> bool:
-    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-            or params.frequency_penalty != 0.0)
+    return (
+        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+    )
 
 
 def upload(host: torch.Tensor, device) -> torch.Tensor:
@@ -132,15 +134,25 @@ def penalty_columns(params: Sequence, device) -> Optional[PenaltyColumns]:
     if not rows:
         return None
     ps = [params[i] for i in rows]
-    rep, freq, pres, index = to_device([[p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps],
-                                        [p.presence_penalty for p in ps], rows], torch.float64, device)
+    rep, freq, pres, index = to_device(
+        [
+            [p.repetition_penalty for p in ps],
+            [p.frequency_penalty for p in ps],
+            [p.presence_penalty for p in ps],
+            rows,
+        ],
+        torch.float64,
+        device,
+    )
     return PenaltyColumns(rows, index.long(), rep.float(), freq.float(), pres.float())
 
 
 _UNSET = object()
 
 
-def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, columns=_UNSET) -> None:
+def apply_penalties(
+    logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, columns=_UNSET
+) -> None:
     """vLLM semantics. Repetition (prompt + output tokens): positive logits are divided by the
     penalty, negative ones multiplied. Frequency (output count) and presence (output seen) are
     subtracted: logit -= frequency * count + presence * (count > 0). `seen_in_prompt(requests,
@@ -155,7 +167,9 @@ def apply_penalties(logits: torch.Tensor, requests: Sequence, seen_in_prompt=pro
     out_counts = _counts([r.output_token_ids for r in reqs], vocab, dev)
     in_prompt = seen_in_prompt(reqs, vocab, dev)
     if sampling_triton.available(dev) and logits.stride(1) == 1:
-        sampling_triton.apply_penalties(logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres)
+        sampling_triton.apply_penalties(
+            logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres
+        )
         return
     rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
     out_seen = out_counts > 0

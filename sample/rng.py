@@ -13,12 +13,12 @@ a product of a 32-bit lane and a multiplier stays below 2**63 and never overflow
 with 0xFFFFFFFF keeps the low 32 bits (multiplication modulo 2**32, a bijection for odd factors).
 Shifts are applied to non-negative values only, so arithmetic and logical shifts agree.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
-
 import torch
 
 _MASK32 = 0xFFFFFFFF

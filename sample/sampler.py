@@ -29,6 +29,7 @@ temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported log
 change with sampling settings. Each row asking for logprobs = k gets [(sampled id, its logprob)]
 followed by the k most likely (id, logprob) pairs, best first.
 """
+
 from __future__ import annotations
 
 import random
@@ -39,9 +40,17 @@ import numpy as np
 import torch
 
 from enginespec.kernels import sampling as sampling_triton
-from enginespec.sample.penalties import (apply_allowed_tokens, apply_logit_bias, apply_min_tokens, apply_penalties,
-                                 penalty_columns, prompt_seen, to_device, upload)
 from enginespec.sample.draw import draw_torch
+from enginespec.sample.penalties import (
+    apply_allowed_tokens,
+    apply_logit_bias,
+    apply_min_tokens,
+    apply_penalties,
+    penalty_columns,
+    prompt_seen,
+    to_device,
+    upload,
+)
 from enginespec.sample.rng import resolve_keys, row_keys
 from enginespec.sample.truncation import CutPlan, cut_thresholds, full_sort_thresholds
 
@@ -58,21 +67,32 @@ class SamplerOutput:
 
 
 def _needs_edits(params) -> bool:
-    return (params.allowed_token_ids is not None or params.min_tokens > 0 or bool(params.logit_bias)
-            or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-            or params.frequency_penalty != 0.0)
+    return (
+        params.allowed_token_ids is not None
+        or params.min_tokens > 0
+        or bool(params.logit_bias)
+        or params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
 
 
 def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool]:
     """Which edits any row asks for: (allowed ids, min_tokens, logit_bias, penalties)."""
-    return (any(p.allowed_token_ids is not None for p in params), any(p.min_tokens > 0 for p in params),
-            any(bool(p.logit_bias) for p in params),
-            any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-                for p in params))
+    return (
+        any(p.allowed_token_ids is not None for p in params),
+        any(p.min_tokens > 0 for p in params),
+        any(bool(p.logit_bias) for p in params),
+        any(
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            for p in params
+        ),
+    )
 
 
-def edit_logits(logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, kinds=None,
-                **penalty) -> torch.Tensor:
+def edit_logits(
+    logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, kinds=None, **penalty
+) -> torch.Tensor:
     """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
     anything changes; the caller's tensor is never modified). `kinds`: the batch's `edit_kinds`
     when the caller keeps them (edits no row asks for are skipped without a pass over the rows);
@@ -105,7 +125,7 @@ def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
         chosen, values = chosen.double(), values.double()
     rows = torch.cat([chosen, values, ids.to(values.dtype)], dim=1).tolist()
     n = values.shape[1]
-    return ([r[0] for r in rows], [[int(t) for t in r[1 + n:]] for r in rows], [r[1:1 + n] for r in rows])
+    return ([r[0] for r in rows], [[int(t) for t in r[1 + n :]] for r in rows], [r[1 : 1 + n] for r in rows])
 
 
 def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
@@ -131,13 +151,13 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
 class RowSpec(NamedTuple):
     """What a row's params ask of the sampler, derived once per params object."""
 
-    edits: bool            # any of allowed ids, min_tokens, bias, penalties
-    noisy: bool            # random (temperature >= GREEDY_EPS) rather than greedy
+    edits: bool  # any of allowed ids, min_tokens, bias, penalties
+    noisy: bool  # random (temperature >= GREEDY_EPS) rather than greedy
     wants_logprobs: bool
-    cut: bool              # a random row with a min-p, top-k or top-p cut
-    temperature: float     # 1.0 for greedy rows
-    x_scale: float         # log2(e) / T for random rows, 1.0 for greedy rows
-    noise: float           # 1.0 for random rows, 0.0 for greedy rows
+    cut: bool  # a random row with a min-p, top-k or top-p cut
+    temperature: float  # 1.0 for greedy rows
+    x_scale: float  # log2(e) / T for random rows, 1.0 for greedy rows
+    noise: float  # 1.0 for random rows, 0.0 for greedy rows
     seed: Optional[int]
 
     @classmethod
@@ -145,8 +165,16 @@ class RowSpec(NamedTuple):
         noisy = p.temperature >= GREEDY_EPS
         cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
         t = p.temperature if noisy else 1.0
-        return cls(_needs_edits(p), noisy, p.logprobs is not None, cut, t,
-                   LOG2E / t if noisy else 1.0, 1.0 if noisy else 0.0, p.seed)
+        return cls(
+            _needs_edits(p),
+            noisy,
+            p.logprobs is not None,
+            cut,
+            t,
+            LOG2E / t if noisy else 1.0,
+            1.0 if noisy else 0.0,
+            p.seed,
+        )
 
 
 class BatchPlan:
@@ -161,7 +189,12 @@ class BatchPlan:
     def __init__(self, params: list, specs: Sequence[RowSpec], vocab: int, device: torch.device):
         edits, noisy, wants, cut, temps, x_scale, noise, seeds = (list(c) for c in zip(*specs))
         self.params, self.device, self.noisy = params, device, noisy
-        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = any(edits), any(noisy), any(cut), any(wants)
+        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = (
+            any(edits),
+            any(noisy),
+            any(cut),
+            any(wants),
+        )
         seeded = [i for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
         self.seeded_rows = np.array(seeded, dtype=np.int64)
         self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
@@ -175,21 +208,31 @@ class BatchPlan:
             self.logprob_index = upload(torch.tensor(self.logprob_rows, dtype=torch.long), device)
         if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
             self.x_scale, self.noise, self.no_cut, keys_f = to_device(
-                [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device)
+                [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device
+            )
             self.keys_t = keys_f.to(torch.int64)
         if self.any_cut:
             self.cut_rows = [i for i, c in enumerate(cut) if c]
             self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
             ps = [params[i] for i in self.cut_rows]
-            self.cut_plan = CutPlan([temps[i] for i in self.cut_rows], [p.top_k for p in ps],
-                                    [p.top_p for p in ps], [p.min_p for p in ps], vocab, device)
+            self.cut_plan = CutPlan(
+                [temps[i] for i in self.cut_rows],
+                [p.top_k for p in ps],
+                [p.top_p for p in ps],
+                [p.min_p for p in ps],
+                vocab,
+                device,
+            )
 
     def step_keys(self, requests: Sequence) -> np.ndarray:
         """This step's keys: the template with each seeded row's row_key(seed, output index)."""
         if not len(self.seeded_rows):
             return self.keys
-        index = np.fromiter((requests[i].num_output_tokens for i in self.seeded_rows.tolist()),
-                            dtype=np.uint64, count=len(self.seeded_rows))
+        index = np.fromiter(
+            (requests[i].num_output_tokens for i in self.seeded_rows.tolist()),
+            dtype=np.uint64,
+            count=len(self.seeded_rows),
+        )
         keys = self.keys.copy()
         keys[self.seeded_rows] = row_keys(self.seeds, index)
         return keys
@@ -209,8 +252,8 @@ class Sampler:
         self.device = torch.device(device)
         self.seed = seed
         self.generator = random.Random(seed)
-        self._specs: dict[int, tuple] = {}          # id(params) -> (params, RowSpec); see _row_specs
-        self._prompt_masks: dict[int, tuple] = {}   # id(request) -> (request, bool [V] prompt mask)
+        self._specs: dict[int, tuple] = {}  # id(params) -> (params, RowSpec); see _row_specs
+        self._prompt_masks: dict[int, tuple] = {}  # id(request) -> (request, bool [V] prompt mask)
         self._last_plan: Optional[BatchPlan] = None
 
     def _row_specs(self, params: Sequence) -> list[RowSpec]:
@@ -235,6 +278,7 @@ class Sampler:
             plan = BatchPlan(params, self._row_specs(params), self.vocab_size, device)
             self._last_plan = plan
         return plan
+
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
         """prompt_seen, with each request's mask built once (prompts never change) and kept
         while the request keeps appearing in penalty rows. Entries are keyed by the request
@@ -257,9 +301,13 @@ class Sampler:
 
     def _check(self, logits: torch.Tensor, requests: Sequence) -> None:
         if logits.dim() != 2 or logits.shape[0] != len(requests):
-            raise ValueError(f"Sampler: logits must be [len(requests)={len(requests)}, V], got {tuple(logits.shape)}")
+            raise ValueError(
+                f"Sampler: logits must be [len(requests)={len(requests)}, V], got {tuple(logits.shape)}"
+            )
         if logits.shape[1] < self.vocab_size:
-            raise ValueError(f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}")
+            raise ValueError(
+                f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}"
+            )
 
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence) -> Optional[torch.Tensor]:
         """The ids __call__ would sample, as an int64 [S] tensor left on the logits' device with
@@ -270,7 +318,7 @@ class Sampler:
         self._check(logits, requests)
         if not requests:
             return None
-        raw = logits[:, :self.vocab_size]
+        raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
         if plan.any_edits or plan.any_cut or plan.any_logprobs:
             return None
@@ -284,10 +332,13 @@ class Sampler:
         self._check(logits, requests)
         if not requests:
             return SamplerOutput([], [])
-        raw = logits[:, :self.vocab_size]
+        raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x = (edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
-             if plan.any_edits else raw)
+        x = (
+            edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
+            if plan.any_edits
+            else raw
+        )
         if plan.any_noisy:
             tokens, token_ids = self._sample(x.float(), requests, plan)
         else:
@@ -316,19 +367,32 @@ class Sampler:
         if not redo:
             return tokens, both[:n]
         local = [plan.cut_rows.index(i) for i in redo]
-        thr = thr.index_copy(0, plan.cut_index, full_sort_thresholds(
-            x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local))
+        thr = thr.index_copy(
+            0,
+            plan.cut_index,
+            full_sort_thresholds(
+                x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local
+            ),
+        )
         tokens = self._draw(x, thr, plan, keys, base)
         return tokens, tokens.tolist()
 
-    def _draw(self, x: torch.Tensor, thr: Optional[torch.Tensor], plan: BatchPlan, keys: np.ndarray,
-              base: tuple[int, int]) -> torch.Tensor:
+    def _draw(
+        self,
+        x: torch.Tensor,
+        thr: Optional[torch.Tensor],
+        plan: BatchPlan,
+        keys: np.ndarray,
+        base: tuple[int, int],
+    ) -> torch.Tensor:
         """Every row in one draw (`sampling_draw`): greedy rows take their argmax, random rows
         an exact sample of their cut softmax (thr None: no row is cut)."""
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
             keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), dev)
-            return sampling_triton.draw(x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base)
+            return sampling_triton.draw(
+                x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base
+            )
         return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 
     def _thresholds(self, x, plan: BatchPlan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -339,18 +403,23 @@ class Sampler:
         cut_thr, unsure = cut_thresholds(sub, plan.cut_plan)
         if unsure is not None:  # [S_cut] over all cut rows, False except unsure open rows
             unsure = torch.zeros(len(plan.cut_rows), dtype=torch.bool, device=x.device).index_copy(
-                0, plan.cut_plan.open_index, unsure)
+                0, plan.cut_plan.open_index, unsure
+            )
         return (cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)), unsure
 
     def _logprobs(self, raw, tokens, token_ids, plan: "BatchPlan") -> list:
         """Per row: None, or [(sampled id, logprob)] + the top params.logprobs (id, logprob)."""
         out: list = [None] * len(token_ids)
         rows, index, counts = plan.logprob_rows, plan.logprob_index, plan.logprob_counts
-        chosen, ids, values = top_logprobs(raw.index_select(0, index), tokens.index_select(0, index), max(counts))
+        chosen, ids, values = top_logprobs(
+            raw.index_select(0, index), tokens.index_select(0, index), max(counts)
+        )
         for j, (i, n) in enumerate(zip(rows, counts)):
             out[i] = [(token_ids[i], chosen[j])] + list(zip(ids[j][:n], values[j][:n]))
         return out
 
-    def prompt_logprobs(self, logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
+    def prompt_logprobs(
+        self, logits: torch.Tensor, target_ids: Sequence[int], k: int
+    ) -> list[dict[int, float]]:
         """See the module-level `prompt_logprobs`."""
-        return prompt_logprobs(logits[:, :self.vocab_size], target_ids, k)
+        return prompt_logprobs(logits[:, : self.vocab_size], target_ids, k)

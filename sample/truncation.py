@@ -15,6 +15,7 @@ answer whenever the survivors of min-p / top-k all fit among them, or the candid
 already reaches top_p of the row's total survivor mass (one extra pass over the row). Only rows
 where neither holds (flat distributions with a loose top-p) fall back to sorting the full row.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -56,18 +57,30 @@ class CutPlan:
     top-p candidates, and the rows whose nucleus may lie beyond the candidates ("open" rows).
     Every row is a random row (temperature > 0); top_k 0 = off (k >= V is mapped to 0)."""
 
-    def __init__(self, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
-                 min_p: Sequence[float], vocab: int, device):
+    def __init__(
+        self,
+        temperature: Sequence[float],
+        top_k: Sequence[int],
+        top_p: Sequence[float],
+        min_p: Sequence[float],
+        vocab: int,
+        device,
+    ):
         top_k = [k if k < vocab else 0 for k in top_k]
-        self.inv_t, self.min_p, self.top_p, self.top_k = (v.unsqueeze(1) for v in to_device(
-            [[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, device))
+        self.inv_t, self.min_p, self.top_p, self.top_k = (
+            v.unsqueeze(1)
+            for v in to_device([[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, device)
+        )
         self.inv_t, self.min_p, self.top_p = self.inv_t.float(), self.min_p.float(), self.top_p.float()
         self.top_k = self.top_k.long()
         self.any_min_p = any(m > 0.0 for m in min_p)
         self.use_p = any(p < 1.0 for p in top_p)
         self.num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if self.use_p else 0))
-        self.open_rows = [i for i, (pp, kk) in enumerate(zip(top_p, top_k))
-                          if pp < 1.0 and not 0 < kk <= self.num_cand and self.num_cand < vocab]
+        self.open_rows = [
+            i
+            for i, (pp, kk) in enumerate(zip(top_p, top_k))
+            if pp < 1.0 and not 0 < kk <= self.num_cand and self.num_cand < vocab
+        ]
         self.open_index = _tensor(self.open_rows, torch.long, device) if self.open_rows else None
 
 
@@ -100,7 +113,9 @@ def cut_thresholds(x: torch.Tensor, plan: CutPlan) -> tuple[torch.Tensor, Option
     return out, (None if rows is None else ~reached[rows])
 
 
-def full_sort_thresholds(x: torch.Tensor, thr: torch.Tensor, plan: CutPlan, rows: Sequence[int]) -> torch.Tensor:
+def full_sort_thresholds(
+    x: torch.Tensor, thr: torch.Tensor, plan: CutPlan, rows: Sequence[int]
+) -> torch.Tensor:
     """thr with `rows` (indices into x's rows) recomputed exactly by sorting them whole (the
     rare fallback: flat rows whose top_p mass lies beyond the candidates)."""
     dev = x.device

@@ -2,10 +2,11 @@
 
 Nothing here imports an implementation; implementations are reached through `load_impl`.
 """
+
 from enginespec.spec.attention import AttentionBackend
 from enginespec.spec.batch import Batch, BatchMeta, slot_of
 from enginespec.spec.block_manager import BlockManager, PoolState
-from enginespec.spec.config import PREEMPTION_MODES, POLICIES, SchedulerConfig
+from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
 from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, load_impl
 from enginespec.spec.params import SamplingParams
@@ -13,8 +14,28 @@ from enginespec.spec.request import Request, RequestArgs, Status, check_request_
 from enginespec.spec.scheduler import Scheduler, SchedulerOutput, UpdateOutput
 
 __all__ = [
-    "AttentionBackend", "Batch", "BatchMeta", "BlockManager", "ENTRY_POINT_GROUP", "Implementation",
-    "POLICIES", "PREEMPTION_MODES", "PoolState", "ROOT", "Request", "SamplingParams", "Scheduler",
-    "SchedulerConfig", "SchedulerOutput", "Status", "RequestArgs", "check_request_args", "UpdateOutput", "encode_extra", "hash_block",
-    "hash_request_blocks", "load_impl", "slot_of",
+    "AttentionBackend",
+    "Batch",
+    "BatchMeta",
+    "BlockManager",
+    "ENTRY_POINT_GROUP",
+    "Implementation",
+    "POLICIES",
+    "PREEMPTION_MODES",
+    "PoolState",
+    "ROOT",
+    "Request",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "Status",
+    "RequestArgs",
+    "check_request_args",
+    "UpdateOutput",
+    "encode_extra",
+    "hash_block",
+    "hash_request_blocks",
+    "load_impl",
+    "slot_of",
 ]

@@ -1,4 +1,5 @@
 """The AttentionBackend protocol: attention over the paged KV pool for one flat batch."""
+
 from __future__ import annotations
 
 from typing import Optional, Protocol, runtime_checkable
@@ -32,7 +33,13 @@ class AttentionBackend(Protocol):
         """Store k, v [N, kv_heads, head_dim] at meta.slot_mapping (slot -1: the scratch block)."""
         ...
 
-    def forward(self, q: torch.Tensor, cache: torch.Tensor, meta: BatchMeta,
-                scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        cache: torch.Tensor,
+        meta: BatchMeta,
+        scale: Optional[float] = None,
+        window: int = 0,
+    ) -> torch.Tensor:
         """q [N, Hq, D] -> [N, Hq, D]; scale defaults to D ** -0.5."""
         ...

@@ -1,8 +1,8 @@
 """The flat ragged batch: every scheduled token of every request in one sequence of N rows."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 

@@ -1,4 +1,5 @@
 """The BlockManager protocol and PoolState, the snapshot the conformance suite checks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,7 +56,9 @@ class BlockManager(Protocol):
         """
         ...
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()
+    ) -> bool:
         """Make the request's table cover num_computed_tokens + len(cached_blocks) * block_size
         + num_new_tokens tokens, adopting `cached_blocks` (from find_cached_prefix, only while the
         table is empty) first. All or nothing: on False nothing changed. A cached block that sits

@@ -1,4 +1,5 @@
 """SchedulerConfig: the one token budget and the policies that spend it. Validated on construction."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,17 +39,40 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
-               "max_num_batched_tokens", ">= 1", self.max_num_batched_tokens)
-        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
-               "max_num_seqs", ">= 1", self.max_num_seqs)
-        _check(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
-               f">= max_num_seqs ({self.max_num_seqs}) so every running request can decode in one step",
-               self.max_num_batched_tokens)
-        _check(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
-               "long_prefill_token_threshold", ">= 0 (0 = off)", self.long_prefill_token_threshold)
+        _check(
+            isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            ">= 1",
+            self.max_num_batched_tokens,
+        )
+        _check(
+            isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+            "max_num_seqs",
+            ">= 1",
+            self.max_num_seqs,
+        )
+        _check(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            f">= max_num_seqs ({self.max_num_seqs}) so every running request can decode in one step",
+            self.max_num_batched_tokens,
+        )
+        _check(
+            isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
+            "long_prefill_token_threshold",
+            ">= 0 (0 = off)",
+            self.long_prefill_token_threshold,
+        )
         _check(self.policy in POLICIES, "policy", f"one of {POLICIES}", self.policy)
-        _check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}",
-               self.preemption_mode)
-        _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
-               "max_model_len", "None or >= 2", self.max_model_len)
+        _check(
+            self.preemption_mode in PREEMPTION_MODES,
+            "preemption_mode",
+            f"one of {PREEMPTION_MODES}",
+            self.preemption_mode,
+        )
+        _check(
+            self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+            "max_model_len",
+            "None or >= 2",
+            self.max_model_len,
+        )

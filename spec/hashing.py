@@ -13,6 +13,7 @@ Why the parent digest goes in: a block's KV depends on every token before it, so
 runs at different depths (or after different prefixes) must get different hashes. Chaining the
 parent digest makes the hash of block i stand for the whole prefix up to and including block i.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -69,8 +70,13 @@ def hash_block(parent: bytes | None, tokens: Sequence[int], extra: Iterable[obje
     return h.digest()
 
 
-def hash_request_blocks(token_ids: Sequence[int], block_size: int, extra: Iterable[object] = (),
-                        start: int = 0, parent: bytes | None = None) -> list[bytes]:
+def hash_request_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra: Iterable[object] = (),
+    start: int = 0,
+    parent: bytes | None = None,
+) -> list[bytes]:
     """Hashes of the full blocks of `token_ids` from block index `start` (chained on `parent`).
 
     A convenience for implementations: `hash_request_blocks(tokens, bs)` is the whole chain.
@@ -79,6 +85,6 @@ def hash_request_blocks(token_ids: Sequence[int], block_size: int, extra: Iterab
     out: list[bytes] = []
     num_full = len(token_ids) // block_size
     for i in range(start, num_full):
-        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
         out.append(parent)
     return out

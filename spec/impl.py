@@ -1,4 +1,5 @@
 """The Implementation protocol and `load_impl`, the one way to reach an implementation."""
+
 from __future__ import annotations
 
 import importlib
@@ -30,13 +31,21 @@ class Implementation(Protocol):
     name: str
     capabilities: frozenset
 
-    def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
-                    priority: int = 0, arrival_time: Optional[float] = None,
-                    cache_key: tuple = ()) -> Request: ...
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ) -> Request: ...
 
-    def new_block_manager(self, num_blocks: int, block_size: int,
-                          enable_prefix_caching: bool = True) -> BlockManager: ...
+    def new_block_manager(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> BlockManager: ...
 
     def new_scheduler(self, config: SchedulerConfig, block_manager: BlockManager) -> Scheduler: ...
 
@@ -54,7 +63,9 @@ def _resolve(target: str):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"impl {target!r}: module {module_name!r} has no attribute {attr or 'IMPL'!r}") from None
+            raise ValueError(
+                f"impl {target!r}: module {module_name!r} has no attribute {attr or 'IMPL'!r}"
+            ) from None
     return obj
 
 
@@ -81,8 +92,11 @@ def load_impl(name: Optional[str] = None) -> Implementation:
             raise ValueError(f"unknown impl {name!r}: expected one of {known} or 'pkg.module:attr'")
     if isinstance(obj, type):
         obj = obj()
-    missing = [a for a in ("name", "new_request", "new_block_manager", "new_scheduler", "attention_backend")
-               if not hasattr(obj, a)]
+    missing = [
+        a
+        for a in ("name", "new_request", "new_block_manager", "new_scheduler", "attention_backend")
+        if not hasattr(obj, a)
+    ]
     if missing:
         raise ValueError(f"impl {name!r} is not an Implementation: missing {missing}")
     return obj

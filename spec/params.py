@@ -3,10 +3,11 @@
 Field names and meanings follow vLLM's `SamplingParams` so its users feel at home. Every bad
 value raises a ValueError that names the field and the bound it broke.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
@@ -60,32 +61,64 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens)
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens
+        )
         _check(self.temperature >= 0.0, "temperature", ">= 0", self.temperature)
         _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (off) or >= 1", self.top_k)
         _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
         _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
         _check(self.seed is None or isinstance(self.seed, int), "seed", "an int or None", self.seed)
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-               "stop_token_ids", "non-negative ints", self.stop_token_ids)
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "non-negative ints",
+            self.stop_token_ids,
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", ">= 0", self.min_tokens)
-        _check(self.min_tokens <= self.max_tokens, "min_tokens", f"<= max_tokens ({self.max_tokens})",
-               self.min_tokens)
+        _check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", ">= 0", self.min_tokens
+        )
+        _check(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"<= max_tokens ({self.max_tokens})",
+            self.min_tokens,
+        )
         _check(isinstance(self.n, int) and self.n >= 1, "n", ">= 1", self.n)
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
-               "logprobs", "None or >= 0", self.logprobs)
-        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and self.prompt_logprobs >= 0),
-               "prompt_logprobs", "None or >= 0", self.prompt_logprobs)
+        _check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+            "logprobs",
+            "None or >= 0",
+            self.logprobs,
+        )
+        _check(
+            self.prompt_logprobs is None
+            or (isinstance(self.prompt_logprobs, int) and self.prompt_logprobs >= 0),
+            "prompt_logprobs",
+            "None or >= 0",
+            self.prompt_logprobs,
+        )
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty
+        )
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
         if self.logit_bias is not None:
-            _check(all(isinstance(k, int) and k >= 0 for k in self.logit_bias),
-                   "logit_bias", "keyed by non-negative token ids", self.logit_bias)
+            _check(
+                all(isinstance(k, int) and k >= 0 for k in self.logit_bias),
+                "logit_bias",
+                "keyed by non-negative token ids",
+                self.logit_bias,
+            )
         if self.allowed_token_ids is not None:
-            _check(len(self.allowed_token_ids) > 0 and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
-                   "allowed_token_ids", "a non-empty list of non-negative ints", self.allowed_token_ids)
+            _check(
+                len(self.allowed_token_ids) > 0
+                and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
+                "allowed_token_ids",
+                "a non-empty list of non-negative ints",
+                self.allowed_token_ids,
+            )
 
     @property
     def greedy(self) -> bool:
@@ -94,8 +127,10 @@ class SamplingParams:
 
     def validate_vocab(self, vocab_size: int) -> None:
         """Check token ids against the model's vocabulary (the engine calls this on add)."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids),
-                          ("allowed_token_ids", self.allowed_token_ids or ()),
-                          ("logit_bias", tuple(self.logit_bias or ()))):
+        for name, ids in (
+            ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("logit_bias", tuple(self.logit_bias or ())),
+        ):
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, name, f"token ids < vocab_size ({vocab_size})", bad)

@@ -1,4 +1,5 @@
 """The Request protocol: a request's whole state is its token list and num_computed_tokens."""
+
 from __future__ import annotations
 
 import enum
@@ -18,9 +19,9 @@ class Status(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"
     SWAPPED = "swapped"
-    FINISHED_STOPPED = "finished_stopped"      # stop token, EOS or stop string
-    FINISHED_LENGTH = "finished_length"        # max_tokens or max_model_len
-    FINISHED_ABORTED = "finished_aborted"      # abort()
+    FINISHED_STOPPED = "finished_stopped"  # stop token, EOS or stop string
+    FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "finished_aborted"  # abort()
 
     @property
     def is_finished(self) -> bool:
@@ -29,8 +30,11 @@ class Status(enum.Enum):
     @property
     def finish_reason(self) -> Optional[str]:
         """vLLM's finish_reason strings: "stop", "length", "abort" (None while unfinished)."""
-        return {Status.FINISHED_STOPPED: "stop", Status.FINISHED_LENGTH: "length",
-                Status.FINISHED_ABORTED: "abort"}.get(self)
+        return {
+            Status.FINISHED_STOPPED: "stop",
+            Status.FINISHED_LENGTH: "length",
+            Status.FINISHED_ABORTED: "abort",
+        }.get(self)
 
 
 @runtime_checkable
@@ -107,8 +111,9 @@ def _token(name: str, t: object) -> int:
     return int(t)
 
 
-def check_request_args(request_id, prompt_token_ids, params=None, eos_token_id=None, priority=0,
-                       arrival_time=None, cache_key=()) -> RequestArgs:
+def check_request_args(
+    request_id, prompt_token_ids, params=None, eos_token_id=None, priority=0, arrival_time=None, cache_key=()
+) -> RequestArgs:
     """The input contract every Request class enforces, shared so that all impls refuse the
     same things with the same ValueErrors: a non-empty str id; a non-empty prompt of
     non-negative ints (copied to a fresh list of plain ints); a SamplingParams or None (the

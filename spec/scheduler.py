@@ -1,4 +1,5 @@
 """The Scheduler protocol and its boundary objects (plain dataclasses)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,8 +72,7 @@ class Scheduler(Protocol):
         prefill off."""
         ...
 
-    def schedule(self) -> SchedulerOutput:
-        ...
+    def schedule(self) -> SchedulerOutput: ...
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> UpdateOutput:
         """Advance num_computed_tokens by what was scheduled, append the sampled tokens of

@@ -6,6 +6,7 @@ tokenizer, detokenizer) is exercised on CPU in milliseconds. Weights are random 
 initializer_range and an untied head by default: at the default init a tied head repeats one
 token, and greedy parity over a constant output would test nothing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,10 +21,21 @@ SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 # Shared shape: 2 layers, GQA 4 q heads over 2 kv heads, head_dim 16 (hidden 32 -> explicit).
-_COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-               initializer_range=0.2, rms_norm_eps=1e-6, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-               pad_token_id=PAD_ID)
+_COMMON = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    rms_norm_eps=1e-6,
+    bos_token_id=BOS_ID,
+    eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID,
+)
 
 
 def _config(family: str, tie_word_embeddings: bool, overrides: dict):
@@ -37,9 +49,14 @@ def _config(family: str, tie_word_embeddings: bool, overrides: dict):
         cls = Qwen2Config
     elif family == "llama":  # llama3 rope scaling, as Llama 3.x checkpoints use
         cls = LlamaConfig
-        kwargs["rope_parameters"] = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
-                                         low_freq_factor=1.0, high_freq_factor=4.0,
-                                         original_max_position_embeddings=64)
+        kwargs["rope_parameters"] = dict(
+            rope_type="llama3",
+            rope_theta=10000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        )
     elif family == "mistral":  # a sliding window short enough for tests to cross it
         cls = MistralConfig
         kwargs["sliding_window"] = 8
@@ -60,19 +77,34 @@ def _tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<s>", eos_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
 
 
-def make_tiny_checkpoint(family: str, path, *, dtype: torch.dtype = torch.float32,
-                         tie_word_embeddings: bool = False, seed: int = 0, **overrides) -> Path:
+def make_tiny_checkpoint(
+    family: str,
+    path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    **overrides,
+) -> Path:
     """Write a random tiny `family` checkpoint (weights + config + tokenizer) to `path`."""
     import transformers
 
     config = _config(family, tie_word_embeddings, overrides)
-    arch = config.architectures[0] if config.architectures else {
-        "qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
-        "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}[family]
+    arch = (
+        config.architectures[0]
+        if config.architectures
+        else {
+            "qwen3": "Qwen3ForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+        }[family]
+    )
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).to(dtype)
     _perturb_biases_and_norms(model, seed)

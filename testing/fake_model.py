@@ -5,6 +5,7 @@ and the reference, fed the same history, get the same samples, and a failing Hyp
 replays exactly. With probability about `eos_rate` the next token is the EOS id, so requests also
 finish early, not only at max_tokens.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,9 @@ class FakeModel:
 
     def next_token(self, token_ids: Sequence[int]) -> int:
         """The token that follows `token_ids` (a pure function of seed and the whole history)."""
-        digest = hashlib.blake2b(struct.pack(f"<q{len(token_ids)}q", self.seed, *token_ids),
-                                 digest_size=8).digest()
+        digest = hashlib.blake2b(
+            struct.pack(f"<q{len(token_ids)}q", self.seed, *token_ids), digest_size=8
+        ).digest()
         draw = int.from_bytes(digest, "little")
         if (draw % 10_000) < self.eos_rate * 10_000:
             return self.eos_token_id

@@ -16,27 +16,54 @@ Values: RMSNorm weights are ones (as the model's own init), every other tensor i
 normal(0, initializer_range). Throughput does not depend on the values; the benchmark uses
 `ignore_eos`, so the random outputs never stop early.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
 import torch
 
 # Name -> Qwen3Config kwargs. The two real shapes are those of the published Qwen3 checkpoints.
 SHAPES: dict[str, dict] = {
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=True,
-                 max_position_embeddings=4096, rope_theta=1e6),
-    "qwen3-0.6b": dict(num_hidden_layers=28, hidden_size=1024, intermediate_size=3072,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, tie_word_embeddings=True,
-                       max_position_embeddings=40960, rope_theta=1e6),
-    "qwen3-8b": dict(num_hidden_layers=36, hidden_size=4096, intermediate_size=12288,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     vocab_size=151936, tie_word_embeddings=False,
-                     max_position_embeddings=40960, rope_theta=1e6),
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+    ),
+    "qwen3-0.6b": dict(
+        num_hidden_layers=28,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+    ),
+    "qwen3-8b": dict(
+        num_hidden_layers=36,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+    ),
 }
 
 _DONE_MARKER = ".synthetic-complete.json"
@@ -163,8 +190,16 @@ def write_tokenizer(path: Path, vocab_size: int, eos_token_id: int) -> None:
     fast.save_pretrained(str(path))
 
 
-def make_synthetic_checkpoint(shape: str, path, *, dtype=torch.bfloat16, seed: int = 0, device="cpu",
-                              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, **overrides) -> Path:
+def make_synthetic_checkpoint(
+    shape: str,
+    path,
+    *,
+    dtype=torch.bfloat16,
+    seed: int = 0,
+    device="cpu",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    **overrides,
+) -> Path:
     """Write a random-weight checkpoint of `shape` to `path` (created) and return the path.
 
     Reuses `path` when a previous call with the same arguments completed there (a marker file
@@ -183,8 +218,15 @@ def make_synthetic_checkpoint(shape: str, path, *, dtype=torch.bfloat16, seed: i
         old.unlink()
     config.dtype = dtype  # recorded in config.json so loaders pick bf16 by default
     config.save_pretrained(str(path))
-    total = _write_weights(path, tensor_specs(config), std=config.initializer_range, seed=seed,
-                           device=device, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    total = _write_weights(
+        path,
+        tensor_specs(config),
+        std=config.initializer_range,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+    )
     write_tokenizer(path, config.vocab_size, config.eos_token_id)
     marker.write_text(json.dumps({"recipe": recipe, "weight_bytes": total}))
     return path
@@ -192,5 +234,7 @@ def make_synthetic_checkpoint(shape: str, path, *, dtype=torch.bfloat16, seed: i
 
 def default_dir(shape: str) -> Path:
     """Where a benchmark caches a shape's checkpoint: $ENGINESPEC_SYNTH_DIR or the temp dir."""
-    root = os.environ.get("ENGINESPEC_SYNTH_DIR") or os.path.join(os.environ.get("TMPDIR", "/tmp"), "enginespec-synth")
+    root = os.environ.get("ENGINESPEC_SYNTH_DIR") or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), "enginespec-synth"
+    )
     return Path(root) / shape

@@ -19,6 +19,7 @@ Exact layout (a faster builder must produce identical tensors):
 - pad_to: rows N..pad_to-1 are extra requests of one row each, seq_len 0, slot -1, input id 0,
   position 0, an all-zero table row. They never sample.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -40,11 +41,15 @@ def _request_rows(request, num_new: int, table: list[int], block_size: int):
     if num_new < 1:
         raise ValueError(f"request {request.request_id!r}: scheduled tokens must be >= 1, got {num_new}")
     if end > len(known):
-        raise ValueError(f"request {request.request_id!r}: scheduled {num_new} tokens from position {start} "
-                         f"but only {len(known)} tokens are known")
+        raise ValueError(
+            f"request {request.request_id!r}: scheduled {num_new} tokens from position {start} "
+            f"but only {len(known)} tokens are known"
+        )
     if len(table) * block_size < end:
-        raise ValueError(f"request {request.request_id!r}: block table covers {len(table) * block_size} "
-                         f"tokens, needs >= {end} (allocate_slots before build_batch)")
+        raise ValueError(
+            f"request {request.request_id!r}: block table covers {len(table) * block_size} "
+            f"tokens, needs >= {end} (allocate_slots before build_batch)"
+        )
     positions = list(range(start, end))
     slots = [table[p // block_size] * block_size + p % block_size for p in positions]
     return known[start:end], positions, slots
@@ -61,8 +66,7 @@ def _prompt_logprob_rows(request, first_row: int, positions: list[int]):
     return rows, targets
 
 
-def build_batch(output: SchedulerOutput, block_manager, device="cpu",
-                pad_to: Optional[int] = None) -> Batch:
+def build_batch(output: SchedulerOutput, block_manager, device="cpu", pad_to: Optional[int] = None) -> Batch:
     """Lay out every scheduled token of `output` in one flat batch (see the module docstring)."""
     bs = block_manager.block_size
     input_ids: list[int] = []
@@ -87,7 +91,7 @@ def build_batch(output: SchedulerOutput, block_manager, device="cpu",
         qsl.append(len(input_ids))
         seq_len = pos[-1] + 1
         seq_lens.append(seq_len)
-        tables.append(table[:_cdiv(seq_len, bs)])
+        tables.append(table[: _cdiv(seq_len, bs)])
         if seq_len >= request.num_tokens:
             logits_indices.append(len(input_ids) - 1)
             sample_ids.append(request.request_id)
@@ -106,12 +110,40 @@ def build_batch(output: SchedulerOutput, block_manager, device="cpu",
             max_query_len = max(max_query_len, 1)
     width = max([len(t) for t in tables] + [1])
     table_rows = [t + [0] * (width - len(t)) for t in tables]
-    return _to_batch(input_ids, positions, slots, qsl, seq_lens, table_rows, bs, max_query_len,
-                     logits_indices, sample_ids, prompt_rows, num_tokens, num_reqs, device)
+    return _to_batch(
+        input_ids,
+        positions,
+        slots,
+        qsl,
+        seq_lens,
+        table_rows,
+        bs,
+        max_query_len,
+        logits_indices,
+        sample_ids,
+        prompt_rows,
+        num_tokens,
+        num_reqs,
+        device,
+    )
 
 
-def _to_batch(input_ids, positions, slots, qsl, seq_lens, table_rows, block_size, max_query_len,
-              logits_indices, sample_ids, prompt_rows, num_tokens, num_reqs, device) -> Batch:
+def _to_batch(
+    input_ids,
+    positions,
+    slots,
+    qsl,
+    seq_lens,
+    table_rows,
+    block_size,
+    max_query_len,
+    logits_indices,
+    sample_ids,
+    prompt_rows,
+    num_tokens,
+    num_reqs,
+    device,
+) -> Batch:
     """Make the host tensors once, then one copy each to the device."""
     qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)

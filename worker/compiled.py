@@ -15,6 +15,7 @@ Invariant: compiling never changes what the model computes beyond floating-point
 inside fused kernels; if compilation fails the body falls back to eager for good, with a logged
 warning (compilation is an optimisation, never a requirement).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,9 @@ class CompiledBody:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise
             self.error = e
-            log.warning("torch.compile of the decoder failed (%s: %s); running it eagerly",
-                        type(e).__name__, e)
+            log.warning(
+                "torch.compile of the decoder failed (%s: %s); running it eagerly", type(e).__name__, e
+            )
             return self.model.body(input_ids, positions)
 
 

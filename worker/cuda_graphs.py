@@ -18,6 +18,7 @@ Invariants that keep graphs from changing outputs:
   them, so they are never read.
 - The logits head runs eagerly on the rows that sample, so graphs hold no [b, vocab] buffers.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,17 @@ def default_buckets(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     """Captured forwards of one model over one set of KV pools, keyed by padded batch size."""
 
-    def __init__(self, model, kv_caches: list[torch.Tensor], *, block_size: int, max_model_len: int,
-                 max_num_seqs: int, buckets: Optional[list[int]] = None, body=None):
+    def __init__(
+        self,
+        model,
+        kv_caches: list[torch.Tensor],
+        *,
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        buckets: Optional[list[int]] = None,
+        body=None,
+    ):
         self.model = model
         self.body = body  # what runs the decoder (a compiled body, say); None = the model's own
         self.kv_caches = kv_caches
@@ -51,10 +61,10 @@ class DecodeGraphs:
         self.buckets = buckets or default_buckets(max_num_seqs)
         size, device = self.buckets[-1], model.device
         width = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)          # [B]
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)          # [B]
+        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
+        self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [B+1]
-        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)           # [B]
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)  # [B]
         self.block_table = torch.zeros(size, width, dtype=torch.int32, device=device)  # [B, W]
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)  # [B]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -69,16 +79,21 @@ class DecodeGraphs:
 
     def _meta(self, b: int) -> BatchMeta:
         return BatchMeta(
-            query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
-            block_table=self.block_table[:b], slot_mapping=self.slot_mapping[:b],
+            query_start_loc=self.query_start_loc[: b + 1],
+            seq_lens=self.seq_lens[:b],
+            block_table=self.block_table[:b],
+            slot_mapping=self.slot_mapping[:b],
             block_size=self.block_size,
             query_start_loc_cpu=torch.arange(b + 1, dtype=torch.int32),
             seq_lens_cpu=torch.full((b,), self.max_model_len, dtype=torch.int32),
-            max_query_len=1, max_seq_len=self.max_model_len)
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+        )
 
     def _run(self, b: int) -> torch.Tensor:
-        return self.model.forward(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches,
-                                  body=self.body)
+        return self.model.forward(
+            self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches, body=self.body
+        )
 
     @torch.inference_mode()
     def capture(self) -> "DecodeGraphs":
@@ -103,8 +118,12 @@ class DecodeGraphs:
     def can_run(self, batch: Batch) -> bool:
         """A batch built with pad_to = a captured bucket, one row per request, no prompt logprobs."""
         rows = batch.meta.num_tokens
-        return (rows in self.graphs and batch.meta.num_reqs == rows and batch.meta.max_query_len <= 1
-                and not batch.prompt_logprob_rows)
+        return (
+            rows in self.graphs
+            and batch.meta.num_reqs == rows
+            and batch.meta.max_query_len <= 1
+            and not batch.prompt_logprob_rows
+        )
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Replay the bucket's graph on the batch; returns hidden [b, hidden] (padding rows too)."""

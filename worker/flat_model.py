@@ -19,15 +19,15 @@ Both reach attention through the custom op `enginespec::paged_attention` (step_c
 which writes this step's K/V into the layer's pool at the batch's slots and runs
 backend.forward.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from enginespec.spec import AttentionBackend, BatchMeta
-
 from enginespec.engine_args import MODEL_IMPLS
+from enginespec.spec import AttentionBackend, BatchMeta
 from enginespec.worker.loader import build_model
 from enginespec.worker.merged_decoder import MergedDecoder, can_merge, layer_window
 from enginespec.worker.step_context import StepContext, active
@@ -35,15 +35,21 @@ from enginespec.worker.step_context import StepContext, active
 ATTN_NAME = "enginespec"
 
 
-def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    sliding_window=None, **kwargs):
+def paged_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
     """transformers attention function: q [1, Hq, N, D], k/v [1, Hkv, N, D] -> ([1, N, Hq, D], None)."""
     if query.shape[0] != 1:
         raise ValueError(f"{ATTN_NAME}: the flat batch is one row of N tokens, got batch {query.shape[0]}")
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    out = torch.ops.enginespec.paged_attention(query[0].transpose(0, 1), key[0].transpose(0, 1),
-                                               value[0].transpose(0, 1), module.layer_idx, scale,
-                                               layer_window(module, sliding_window))
+    out = torch.ops.enginespec.paged_attention(
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        module.layer_idx,
+        scale,
+        layer_window(module, sliding_window),
+    )
     return out.unsqueeze(0), None
 
 
@@ -81,8 +87,9 @@ class FlatModel:
         self._decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else hf_model.model
         self.model_impl = self._resolve_model_impl(model_impl, text)
         fuse = callable(getattr(attention, "write_qkv", None))
-        self._merged = (MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse)
-                        if self.model_impl == "merged" else None)
+        self._merged = (
+            MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse) if self.model_impl == "merged" else None
+        )
 
     @staticmethod
     def _resolve_model_impl(model_impl: str, text_config) -> str:
@@ -90,8 +97,10 @@ class FlatModel:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {model_impl!r}")
         mergeable = can_merge(text_config)
         if model_impl == "merged" and not mergeable:
-            raise ValueError(f"model_impl='merged' does not support model_type "
-                             f"{getattr(text_config, 'model_type', None)!r}; use 'transformers'")
+            raise ValueError(
+                f"model_impl='merged' does not support model_type "
+                f"{getattr(text_config, 'model_type', None)!r}; use 'transformers'"
+            )
         if model_impl == "auto":
             return "merged" if mergeable else "transformers"
         return model_impl
@@ -104,29 +113,48 @@ class FlatModel:
         return None if eos is None else int(eos)
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype: torch.dtype = torch.float32, device="cpu",
-                        attention: AttentionBackend, model_impl: str = "auto") -> "FlatModel":
+    def from_pretrained(
+        cls,
+        path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device="cpu",
+        attention: AttentionBackend,
+        model_impl: str = "auto",
+    ) -> "FlatModel":
         """Load a local checkpoint directory with our loader onto `device` in `dtype`."""
         return cls(build_model(path, device=device, dtype=dtype), attention, model_impl)
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One pool per layer, [2, num_blocks + 1, block_size, kv_heads, head_dim] (+1 = scratch)."""
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"allocate_kv: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"allocate_kv: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
+            )
         shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
         return [self.attention.allocate(shape, self.dtype, self.device) for _ in range(self.num_layers)]
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: BatchMeta,
-                kv_caches: list[torch.Tensor], body=None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: BatchMeta,
+        kv_caches: list[torch.Tensor],
+        body=None,
+    ) -> torch.Tensor:
         """input_ids, positions [N] -> final-norm hidden states [N, hidden]; writes this step's
         K/V into `kv_caches` at meta.slot_mapping. `body` replaces self.body (a compiled copy of
         it, say: the caller decides; the model does not know)."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
-            raise ValueError(f"forward: input_ids and positions must both be [N], got "
-                             f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
+            raise ValueError(
+                f"forward: input_ids and positions must both be [N], got "
+                f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
         if len(kv_caches) != self.num_layers:
-            raise ValueError(f"forward: need one kv cache per layer ({self.num_layers}), got {len(kv_caches)}")
+            raise ValueError(
+                f"forward: need one kv cache per layer ({self.num_layers}), got {len(kv_caches)}"
+            )
         with active(StepContext(meta=meta, kv_caches=kv_caches, backend=self.attention)):
             return (body or self.body)(input_ids, positions)
 

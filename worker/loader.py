@@ -6,6 +6,7 @@ module tree built on the meta device (so no weight is ever allocated twice). Eve
 CheckpointError (a ValueError) naming the file or tensor at fault; a missing directory or file
 is also a FileNotFoundError.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ def check_checkpoint_dir(path) -> Path:
     """The checkpoint directory as a Path, after checking it holds a config.json."""
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointNotFound(f"checkpoint directory {root} does not exist (only local directories "
-                                 f"are loaded; nothing is downloaded)")
+        raise CheckpointNotFound(
+            f"checkpoint directory {root} does not exist (only local directories "
+            f"are loaded; nothing is downloaded)"
+        )
     if not (root / "config.json").is_file():
         raise CheckpointNotFound(f"checkpoint directory {root} has no config.json")
     return root
@@ -55,8 +58,10 @@ def architecture_of(path) -> str:
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch
-    raise CheckpointError(f"{config_path}: unsupported architecture {archs or '(none given)'}; "
-                          f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+    raise CheckpointError(
+        f"{config_path}: unsupported architecture {archs or '(none given)'}; "
+        f"supported: {list(SUPPORTED_ARCHITECTURES)}"
+    )
 
 
 def load_config(path):
@@ -87,8 +92,9 @@ def checkpoint_files(path) -> list[Path]:
     return files
 
 
-def iter_tensors(path, device="cpu", dtype: torch.dtype | None = None,
-                 shapes: dict[str, tuple] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    path, device="cpu", dtype: torch.dtype | None = None, shapes: dict[str, tuple] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, read onto `device`; floating tensors
     are cast to `dtype`. With `shapes`, a tensor whose name is listed but whose shape differs
     raises before it is read."""
@@ -104,12 +110,16 @@ def iter_tensors(path, device="cpu", dtype: torch.dtype | None = None,
                 if shapes is not None and name in shapes:
                     found = tuple(handle.get_slice(name).get_shape())
                     if found != tuple(shapes[name]):
-                        raise CheckpointError(f"tensor {name!r} in {file.name} has shape {list(found)}, "
-                                              f"the model expects {list(shapes[name])}")
+                        raise CheckpointError(
+                            f"tensor {name!r} in {file.name} has shape {list(found)}, "
+                            f"the model expects {list(shapes[name])}"
+                        )
                 try:
                     tensor = handle.get_tensor(name)
                 except Exception as e:
-                    raise CheckpointError(f"corrupt safetensors file {file}: cannot read {name!r}: {e}") from e
+                    raise CheckpointError(
+                        f"corrupt safetensors file {file}: cannot read {name!r}: {e}"
+                    ) from e
                 if dtype is not None and tensor.is_floating_point():
                     tensor = tensor.to(dtype)
                 yield name, tensor
@@ -145,8 +155,9 @@ def load_weights(model: nn.Module, path, *, device="cpu", dtype: torch.dtype = t
     unexpected or misshapen tensor."""
     tied = _tied_alias(model)
     expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
-    expected.update({n: tuple(b.shape) for n, b in model.state_dict(keep_vars=True).items()
-                     if n not in expected})
+    expected.update(
+        {n: tuple(b.shape) for n, b in model.state_dict(keep_vars=True).items() if n not in expected}
+    )
     if tied is not None:
         expected.pop(tied, None)
     seen: set[str] = set()
@@ -154,14 +165,17 @@ def load_weights(model: nn.Module, path, *, device="cpu", dtype: torch.dtype = t
         if name == tied or name.endswith(IGNORED_SUFFIXES):
             continue
         if name not in expected:
-            raise CheckpointError(f"unexpected tensor {name!r} in checkpoint {path} "
-                                  f"(no such parameter in {type(model).__name__})")
+            raise CheckpointError(
+                f"unexpected tensor {name!r} in checkpoint {path} "
+                f"(no such parameter in {type(model).__name__})"
+            )
         _set_tensor(model, name, tensor)
         seen.add(name)
     missing = sorted(set(expected) - seen)
     if missing:
-        raise CheckpointError(f"checkpoint {path} is missing tensor(s) {missing[:8]}"
-                              f"{' ...' if len(missing) > 8 else ''}")
+        raise CheckpointError(
+            f"checkpoint {path} is missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
     if tied is not None:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
 
@@ -175,7 +189,9 @@ def materialize_buffers(model: nn.Module, device) -> None:
             continue
         config = getattr(module, "config", None)
         if config is None:
-            raise CheckpointError(f"cannot materialize buffers of {name} ({type(module).__name__}): no config")
+            raise CheckpointError(
+                f"cannot materialize buffers of {name} ({type(module).__name__}): no config"
+            )
         with torch.device(device):
             rebuilt = type(module)(config)
         prefix, _, leaf = name.rpartition(".")

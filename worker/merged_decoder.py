@@ -26,6 +26,7 @@ Invariant (tested against transformers family by family, conformance/test_flat_m
 merged decoder computes what transformers' decoder computes over the same rows, up to the
 floating-point reassociation of one GEMM instead of several.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -104,7 +105,7 @@ class MergedLayer(nn.Module):
         self.qk_norm_weight, self.qk_norm_eps = self._qk_norm(attn)
         qkv_w, qkv_b = merge_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up_w, gate_up_b = merge_linears([mlp.gate_proj, mlp.up_proj])
-        self.qkv_weight = nn.Parameter(qkv_w, requires_grad=False)          # [(Hq + 2 Hkv) D, hidden]
+        self.qkv_weight = nn.Parameter(qkv_w, requires_grad=False)  # [(Hq + 2 Hkv) D, hidden]
         self.qkv_bias = None if qkv_b is None else nn.Parameter(qkv_b, requires_grad=False)
         self.gate_up_weight = nn.Parameter(gate_up_w, requires_grad=False)  # [2 I, hidden]
         self.gate_up_bias = None if gate_up_b is None else nn.Parameter(gate_up_b, requires_grad=False)
@@ -118,25 +119,34 @@ class MergedLayer(nn.Module):
         if q_norm.variance_epsilon != k_norm.variance_epsilon:
             raise ValueError("MergedLayer: q_norm and k_norm must share one epsilon")
         d = self.head_dim
-        weight = torch.cat([q_norm.weight.detach().expand(self.num_q, d),
-                            k_norm.weight.detach().expand(self.num_kv, d)])
+        weight = torch.cat(
+            [q_norm.weight.detach().expand(self.num_q, d), k_norm.weight.detach().expand(self.num_kv, d)]
+        )
         return nn.Parameter(weight, requires_grad=False), float(q_norm.variance_epsilon)
 
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
         n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)                  # [N, (Hq + 2 Hkv) D]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
         if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
             out = torch.ops.enginespec.paged_attention_qkv(
-                qkv, cos, sin, self.qk_norm_weight, self.qk_norm_eps, self.layer_idx, self.num_q,
-                self.scale, self.window)
+                qkv,
+                cos,
+                sin,
+                self.qk_norm_weight,
+                self.qk_norm_eps,
+                self.layer_idx,
+                self.num_q,
+                self.scale,
+                self.window,
+            )
             return self.o_proj(out.reshape(n, self.num_q * d))
-        qk = qkv[:, :num_qk * d].view(n, num_qk, d)                        # [N, Hq + Hkv, D]
-        v = qkv[:, num_qk * d:].view(n, self.num_kv, d)                    # [N, Hkv, D]
+        qk = qkv[:, : num_qk * d].view(n, num_qk, d)  # [N, Hq + Hkv, D]
+        v = qkv[:, num_qk * d :].view(n, self.num_kv, d)  # [N, Hkv, D]
         if self.qk_norm_weight is not None:
             qk = rms_norm(qk, self.qk_norm_weight, self.qk_norm_eps)
-        qk = rotate_neox(qk, cos, sin)                                     # cos/sin [N, D]
-        q, k = qk[:, :self.num_q], qk[:, self.num_q:]
+        qk = rotate_neox(qk, cos, sin)  # cos/sin [N, D]
+        q, k = qk[:, : self.num_q], qk[:, self.num_q :]
         out = torch.ops.enginespec.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
         return self.o_proj(out.reshape(n, self.num_q * d))
 
@@ -174,18 +184,20 @@ class MergedDecoder(nn.Module):
         self.rotary_emb = hf_decoder.rotary_emb
         self.norm = hf_decoder.norm
         num_layers = int(config.num_hidden_layers)
-        self.layers = nn.ModuleList(MergedLayer(layer, i, config, fuse_qkv_rope)
-                                    for i, layer in enumerate(hf_decoder.layers[:num_layers]))
+        self.layers = nn.ModuleList(
+            MergedLayer(layer, i, config, fuse_qkv_rope)
+            for i, layer in enumerate(hf_decoder.layers[:num_layers])
+        )
         static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
         cos, sin = self._rope_table(int(config.max_position_embeddings)) if static else (None, None)
-        self.register_buffer("cos_table", cos, persistent=False)           # [P, D] or None
+        self.register_buffer("cos_table", cos, persistent=False)  # [P, D] or None
         self.register_buffer("sin_table", sin, persistent=False)
 
     @torch.no_grad()
     def _rope_table(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         weight = self.embed_tokens.weight
         positions = torch.arange(num_positions, device=weight.device)[None]
-        cos, sin = self.rotary_emb(weight[:1], positions)                  # [1, P, D] each
+        cos, sin = self.rotary_emb(weight[:1], positions)  # [1, P, D] each
         return cos[0].contiguous(), sin[0].contiguous()
 
     def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +208,7 @@ class MergedDecoder(nn.Module):
         return cos[0], sin[0]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)                              # [N, hidden]
+        hidden = self.embed_tokens(input_ids)  # [N, hidden]
         cos, sin = self.rope(hidden, positions)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)

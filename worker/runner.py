@@ -19,6 +19,7 @@ to host memory under the request id, before the step's forward reuses them; `swa
 them back into the newly allocated blocks and forgets the host copy. `drop(request_id)` forgets
 the copy of a request that finished while swapped, so host memory never outlives a request.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ from typing import Callable, Optional
 import torch
 
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
-
 from enginespec.worker.compiled import CompiledBody, should_compile
 
 DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
@@ -58,12 +58,24 @@ class ModelRunner:
     each [2, num_blocks + 1, block_size, kv_heads, head_dim] (the last block is scratch), and the
     block ids the scheduler hands out are < num_blocks."""
 
-    def __init__(self, model, impl, *, block_size: int, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_model_len: int, num_blocks: Optional[int] = None,
-                 kv_cache_bytes: Optional[int] = None, gpu_memory_utilization: float = 0.9,
-                 num_gpu_blocks_override: Optional[int] = None,
-                 sample_fn: Optional[Callable] = None, enforce_eager: bool = False,
-                 compile_model: Optional[bool] = None, compile_backend: str = "inductor"):
+    def __init__(
+        self,
+        model,
+        impl,
+        *,
+        block_size: int,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_blocks: Optional[int] = None,
+        kv_cache_bytes: Optional[int] = None,
+        gpu_memory_utilization: float = 0.9,
+        num_gpu_blocks_override: Optional[int] = None,
+        sample_fn: Optional[Callable] = None,
+        enforce_eager: bool = False,
+        compile_model: Optional[bool] = None,
+        compile_backend: str = "inductor",
+    ):
         self.model = model
         self.impl = impl
         self.block_size = block_size
@@ -77,20 +89,29 @@ class ModelRunner:
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
         if self.device.type == "cuda":
-            self.num_blocks = self._cuda_num_blocks(gpu_memory_utilization, num_gpu_blocks_override,
-                                                    num_blocks, sample_fn)
+            self.num_blocks = self._cuda_num_blocks(
+                gpu_memory_utilization, num_gpu_blocks_override, num_blocks, sample_fn
+            )
         else:
             self.num_blocks = self._cpu_num_blocks(num_blocks, kv_cache_bytes)
         self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
         self._host: dict[str, list[torch.Tensor]] = {}
         self.graphs = None
-        if (self.device.type == "cuda" and not enforce_eager
-                and "cuda_graphs" in getattr(impl, "capabilities", ())):
+        if (
+            self.device.type == "cuda"
+            and not enforce_eager
+            and "cuda_graphs" in getattr(impl, "capabilities", ())
+        ):
             from enginespec.worker.cuda_graphs import try_capture
 
-            self.graphs = try_capture(model, self.kv_caches, block_size=block_size,
-                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                      body=self.body)
+            self.graphs = try_capture(
+                model,
+                self.kv_caches,
+                block_size=block_size,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                body=self.body,
+            )
 
     # ---- sizing -------------------------------------------------------------------------------
 
@@ -103,15 +124,22 @@ class ModelRunner:
         budget = DEFAULT_CPU_KV_BYTES if kv_cache_bytes is None else kv_cache_bytes
         found = budget // self.bytes_per_block
         if found < 1:
-            raise ValueError(f"kv_cache_bytes must hold at least one block ({self.bytes_per_block} bytes "
-                             f"at block_size {self.block_size}), got {budget}")
+            raise ValueError(
+                f"kv_cache_bytes must hold at least one block ({self.bytes_per_block} bytes "
+                f"at block_size {self.block_size}), got {budget}"
+            )
         if kv_cache_bytes is not None:
             return found
         useful = self.max_num_seqs * _cdiv(self.max_model_len, self.block_size)
         return max(1, min(found, useful))
 
-    def _cuda_num_blocks(self, utilization: float, override: Optional[int], num_blocks: Optional[int],
-                         sample_fn: Optional[Callable]) -> int:
+    def _cuda_num_blocks(
+        self,
+        utilization: float,
+        override: Optional[int],
+        num_blocks: Optional[int],
+        sample_fn: Optional[Callable],
+    ) -> int:
         if not 0.0 < utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
         for name, value in (("num_gpu_blocks_override", override), ("num_blocks", num_blocks)):
@@ -134,7 +162,8 @@ class ModelRunner:
                 f"gpu_memory_utilization={utilization} leaves no room for the KV cache: {total - free} bytes "
                 f"in use before profiling, {activation_peak} bytes of activations for a "
                 f"{self.max_num_batched_tokens}-token step, of {total} total; raise gpu_memory_utilization "
-                f"or lower max_num_batched_tokens")
+                f"or lower max_num_batched_tokens"
+            )
         return found
 
     @torch.inference_mode()
@@ -185,8 +214,10 @@ class ModelRunner:
             raise ValueError(f"request {request_id!r} has no swapped-out blocks")
         num = len(block_ids)
         if num > copies[0].shape[1]:
-            raise ValueError(f"request {request_id!r}: swap_in of {num} blocks but only "
-                             f"{copies[0].shape[1]} were swapped out")
+            raise ValueError(
+                f"request {request_id!r}: swap_in of {num} blocks but only "
+                f"{copies[0].shape[1]} were swapped out"
+            )
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
         for cache, host in zip(self.kv_caches, copies):
             cache.index_copy_(1, index, host[:, :num].to(self.device, non_blocking=True))
@@ -227,16 +258,20 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.forward(batch)
         else:
-            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches,
-                                        body=self.body)
+            hidden = self.model.forward(
+                batch.input_ids, batch.positions, batch.meta, self.kv_caches, body=self.body
+            )
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         prompt_logits = {}
         if batch.prompt_logprob_rows:
             positions = batch.positions.tolist()
             for request_id, (rows, targets) in batch.prompt_logprob_rows.items():
                 index = torch.tensor(rows, dtype=torch.int64, device=hidden.device)
-                prompt_logits[request_id] = ([positions[r] for r in rows],
-                                             self.model.compute_logits(hidden[index]), list(targets))
+                prompt_logits[request_id] = (
+                    [positions[r] for r in rows],
+                    self.model.compute_logits(hidden[index]),
+                    list(targets),
+                )
         return ExecuteOutput(logits=logits, prompt_logits=prompt_logits)
 
 
@@ -247,4 +282,5 @@ def _check_positive(name: str, value) -> None:
 
 def _plain_build_batch():
     from enginespec.worker.batch import build_batch
+
     return build_batch

@@ -21,6 +21,7 @@ Invariants: the ops are only called while a context is active (else a ValueError
 call the model); contexts do not nest; an op mutates nothing but the active context's pool
 of layer `layer_idx`, and only at the batch's slots.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,14 +60,17 @@ def active(ctx: StepContext) -> Iterator[StepContext]:
 def current() -> StepContext:
     ctx = _ACTIVE[0]
     if ctx is None:
-        raise ValueError("enginespec attention needs an active StepContext; call FlatModel.forward, "
-                         "not the transformers model directly")
+        raise ValueError(
+            "enginespec attention needs an active StepContext; call FlatModel.forward, "
+            "not the transformers model directly"
+        )
     return ctx
 
 
 @torch.library.custom_op("enginespec::paged_attention", mutates_args=())
-def paged_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-                       scale: float, window: int) -> torch.Tensor:
+def paged_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int, scale: float, window: int
+) -> torch.Tensor:
     """query [N, Hq, D], key/value [N, Hkv, D] (any strides with D contiguous) -> [N, Hq, D]."""
     ctx = current()
     cache = ctx.kv_caches[layer_idx]
@@ -80,9 +84,17 @@ def _(query, key, value, layer_idx, scale, window):
 
 
 @torch.library.custom_op("enginespec::paged_attention_qkv", mutates_args=())
-def paged_attention_qkv_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           norm_weight: Optional[torch.Tensor], eps: float, layer_idx: int,
-                           num_q_heads: int, scale: float, window: int) -> torch.Tensor:
+def paged_attention_qkv_op(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    layer_idx: int,
+    num_q_heads: int,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
     """The same attention from a layer's q|k|v GEMM output [N, (Hq + 2 Hkv) * D]: the backend's
     `write_qkv` norms q|k per head (when norm_weight [Hq + Hkv, D] is given), rotates them with
     cos/sin [N, D], writes k and v into the pool and returns q; then it attends -> [N, Hq, D].

@@ -9,6 +9,7 @@ The reference is reached through `spec.load_impl`, like any outside user of engi
 The defects use the reference's internal attributes (free_queue, cached, _running ...): they
 are deliberately tied to it.
 """
+
 from __future__ import annotations
 
 from enginespec.spec import SchedulerOutput, Status, hash_block, load_impl
@@ -25,6 +26,7 @@ def _cdiv(a: int, b: int) -> int:
 
 # --------------------------------------------------------------------------- block manager bugs
 
+
 class OneTokenLeftDroppedBM(RefBlockManager):
     """Matches every full block, even the one holding the last token (nothing left to compute)."""
 
@@ -33,7 +35,7 @@ class OneTokenLeftDroppedBM(RefBlockManager):
             return []
         self._extend_hashes(request)
         found = []
-        for h in request.block_hashes[:request.num_tokens // self.block_size]:
+        for h in request.block_hashes[: request.num_tokens // self.block_size]:
             if h not in self.cached:
                 break
             found.append(self.cached[h])
@@ -77,8 +79,10 @@ class RevivedCachedBlocksFreeBM(RefBlockManager):
 
     def allocate_slots(self, request, num_new_tokens, cached_blocks=()):
         table = self.tables.get(request.request_id, [])
-        required = _cdiv(request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens,
-                         self.block_size)
+        required = _cdiv(
+            request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens,
+            self.block_size,
+        )
         num_new = max(0, required - len(table) - len(cached_blocks))
         if num_new > len(self.free_queue):
             return False
@@ -120,7 +124,9 @@ class HashIgnoresParentBM(RefBlockManager):
     def _extend_hashes(self, request):
         bs, done = self.block_size, len(request.block_hashes)
         for i in range(done, request.num_tokens // bs):
-            request.block_hashes.append(hash_block(None, request.token_ids[i * bs:(i + 1) * bs], request.cache_key))
+            request.block_hashes.append(
+                hash_block(None, request.token_ids[i * bs : (i + 1) * bs], request.cache_key)
+            )
 
 
 class HashIgnoresCacheKeyBM(RefBlockManager):
@@ -130,11 +136,12 @@ class HashIgnoresCacheKeyBM(RefBlockManager):
         bs, done = self.block_size, len(request.block_hashes)
         parent = request.block_hashes[-1] if done else None
         for i in range(done, request.num_tokens // bs):
-            parent = hash_block(parent, request.token_ids[i * bs:(i + 1) * bs], ())
+            parent = hash_block(parent, request.token_ids[i * bs : (i + 1) * bs], ())
             request.block_hashes.append(parent)
 
 
 # --------------------------------------------------------------------------- scheduler bugs
+
 
 class AbortLeaksBlockScheduler(RefScheduler):
     """abort() drops the request's table without releasing its blocks."""
@@ -226,6 +233,7 @@ class MinTokensIgnoredScheduler(RefScheduler):
 
 # --------------------------------------------------------------------------- implementations
 
+
 def _planted(name: str, **parts):
     """An Implementation subclass of the reference with the given parts swapped in."""
     cls = type(f"Planted_{name}", (ReferenceImpl,), {"name": f"planted:{name}", **parts})
@@ -235,17 +243,25 @@ def _planted(name: str, **parts):
 ONE_TOKEN_LEFT_DROPPED = _planted("ONE_TOKEN_LEFT_DROPPED", block_manager_cls=OneTokenLeftDroppedBM)
 MATCH_PAST_MISS = _planted("MATCH_PAST_MISS", block_manager_cls=MatchPastMissBM)
 HALF_DONE_ALLOCATION = _planted("HALF_DONE_ALLOCATION", block_manager_cls=HalfDoneAllocationBM)
-REVIVED_CACHED_BLOCKS_FREE = _planted("REVIVED_CACHED_BLOCKS_FREE", block_manager_cls=RevivedCachedBlocksFreeBM)
+REVIVED_CACHED_BLOCKS_FREE = _planted(
+    "REVIVED_CACHED_BLOCKS_FREE", block_manager_cls=RevivedCachedBlocksFreeBM
+)
 HEAD_FIRST_FREE = _planted("HEAD_FIRST_FREE", block_manager_cls=HeadFirstFreeBM)
 NO_EVICTION = _planted("NO_EVICTION", block_manager_cls=NoEvictionBM)
 HASH_IGNORES_PARENT = _planted("HASH_IGNORES_PARENT", block_manager_cls=HashIgnoresParentBM)
 HASH_IGNORES_CACHE_KEY = _planted("HASH_IGNORES_CACHE_KEY", block_manager_cls=HashIgnoresCacheKeyBM)
 ABORT_LEAKS_BLOCK = _planted("ABORT_LEAKS_BLOCK", scheduler_cls=AbortLeaksBlockScheduler)
-STALE_COMPUTED_AFTER_RECOMPUTE = _planted("STALE_COMPUTED_AFTER_RECOMPUTE", scheduler_cls=StaleComputedScheduler)
+STALE_COMPUTED_AFTER_RECOMPUTE = _planted(
+    "STALE_COMPUTED_AFTER_RECOMPUTE", scheduler_cls=StaleComputedScheduler
+)
 ADMIT_AFTER_PREEMPT = _planted("ADMIT_AFTER_PREEMPT", scheduler_cls=AdmitAfterPreemptScheduler)
 BUDGET_OVERRUN = _planted("BUDGET_OVERRUN", scheduler_cls=BudgetOverrunScheduler)
 WRONG_VICTIM = _planted("WRONG_VICTIM", scheduler_cls=WrongVictimScheduler)
 THRESHOLD_IGNORED = _planted("THRESHOLD_IGNORED", scheduler_cls=ThresholdIgnoredScheduler)
 MIN_TOKENS_IGNORED = _planted("MIN_TOKENS_IGNORED", scheduler_cls=MinTokensIgnoredScheduler)
 
-BUGS = sorted(name for name, value in globals().items() if isinstance(value, ReferenceImpl) and name.isupper() and not name.startswith("_"))
+BUGS = sorted(
+    name
+    for name, value in globals().items()
+    if isinstance(value, ReferenceImpl) and name.isupper() and not name.startswith("_")
+)

@@ -4,17 +4,17 @@ fraction of the CPU overhead, plus Triton attention and CUDA-graph-friendly batc
 It imports `spec` (and, for attention, `kernels` through `.attention`), never impls.reference:
 shared code would hide shared bugs from the differential tests.
 """
+
 from __future__ import annotations
 
 import weakref
 from typing import Optional, Sequence
 
-from enginespec.spec import SamplingParams, SchedulerConfig
-
 from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.block_manager import FastBlockManager
 from enginespec.impls.fast.request import FastRequest
 from enginespec.impls.fast.scheduler import FastScheduler
+from enginespec.spec import SamplingParams, SchedulerConfig
 
 
 class FastImpl:
@@ -30,14 +30,30 @@ class FastImpl:
     def __init__(self) -> None:
         # One builder per (block manager, device): its row cache is keyed by request id, which
         # is unique within one pool; it goes away with the pool (weak keys).
-        self._builders: "weakref.WeakKeyDictionary[object, dict[str, BatchBuilder]]" = \
+        self._builders: "weakref.WeakKeyDictionary[object, dict[str, BatchBuilder]]" = (
             weakref.WeakKeyDictionary()
+        )
 
-    def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
-                    priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        return self.request_cls(request_id, prompt_token_ids, params, eos_token_id=eos_token_id,
-                                priority=priority, arrival_time=arrival_time, cache_key=cache_key)
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ):
+        return self.request_cls(
+            request_id,
+            prompt_token_ids,
+            params,
+            eos_token_id=eos_token_id,
+            priority=priority,
+            arrival_time=arrival_time,
+            cache_key=cache_key,
+        )
 
     def new_block_manager(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         return self.block_manager_cls(num_blocks, block_size, enable_prefix_caching)

@@ -10,6 +10,7 @@ does not take (float64), both run the plain-torch references that sit beside the
 `kernels/` (never impls.reference: shared code would hide shared bugs from the differential
 tests).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -36,8 +37,10 @@ class FastAttention:
     def allocate(self, shape, dtype: torch.dtype, device) -> torch.Tensor:
         """Zeroed pool [2, *shape] for shape (num_blocks + 1, block_size, kv_heads, head_dim)."""
         if len(shape) != 4 or min(shape) < 1:
-            raise ValueError(f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, "
-                             f"head_dim) with every entry >= 1, got {tuple(shape)}")
+            raise ValueError(
+                f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, "
+                f"head_dim) with every entry >= 1, got {tuple(shape)}"
+            )
         return torch.zeros((2, *shape), dtype=dtype, device=device)
 
     def _triton_for(self, cache: torch.Tensor) -> bool:
@@ -46,8 +49,10 @@ class FastAttention:
     def write(self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: BatchMeta) -> None:
         """Store k, v [N, kv_heads, head_dim] at meta.slot_mapping (slot -1: scratch block)."""
         if k.shape != v.shape or k.shape[0] != meta.slot_mapping.shape[0]:
-            raise ValueError(f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
-                             f"{tuple(meta.slot_mapping.shape)} must agree on N rows")
+            raise ValueError(
+                f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
+                f"{tuple(meta.slot_mapping.shape)} must agree on N rows"
+            )
         if self._triton_for(cache):
             from enginespec.kernels.kv_write import write_kv
 
@@ -55,45 +60,77 @@ class FastAttention:
         else:
             reference.write_kv_ref(cache, k, v, meta.slot_mapping)
 
-    def write_qkv(self, cache: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  norm_weight: Optional[torch.Tensor], eps: float, meta: BatchMeta,
-                  num_q_heads: int) -> torch.Tensor:
+    def write_qkv(
+        self,
+        cache: torch.Tensor,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norm_weight: Optional[torch.Tensor],
+        eps: float,
+        meta: BatchMeta,
+        num_q_heads: int,
+    ) -> torch.Tensor:
         """A layer's q|k|v rows [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D], normed per head (when
         norm_weight [Hq + Hkv, D] is given) and rotated with cos/sin [N, D]; k (normed and
         rotated alike) and v go into `cache` at meta.slot_mapping. One Triton launch on CUDA
         (kernels/qkv_rope.py) where write() + the compiler's norm and rotary took three."""
         if qkv.shape[0] != meta.slot_mapping.shape[0]:
-            raise ValueError(f"write_qkv: qkv has {qkv.shape[0]} rows but the batch has "
-                             f"{meta.slot_mapping.shape[0]}")
+            raise ValueError(
+                f"write_qkv: qkv has {qkv.shape[0]} rows but the batch has {meta.slot_mapping.shape[0]}"
+            )
         if self._triton_for(cache):
             from enginespec.kernels import qkv_rope as kernel
 
             if kernel.supported(cache.shape[4]):
-                return kernel.qkv_rope(qkv, cos, sin, norm_weight, eps, cache,
-                                       meta.slot_mapping.to(torch.int64), num_q_heads)
-        return reference.qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping,
-                                      num_q_heads)
+                return kernel.qkv_rope(
+                    qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping.to(torch.int64), num_q_heads
+                )
+        return reference.qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping, num_q_heads)
 
-    def forward(self, q: torch.Tensor, cache: torch.Tensor, meta: BatchMeta,
-                scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        cache: torch.Tensor,
+        meta: BatchMeta,
+        scale: Optional[float] = None,
+        window: int = 0,
+    ) -> torch.Tensor:
         """q [N, Hq, D] -> [N, Hq, D]; request r's t rows are the last t of its seq_len."""
         if meta.block_size != cache.shape[2]:
-            raise ValueError(f"forward: meta.block_size {meta.block_size} != pool block_size "
-                             f"{cache.shape[2]}")
+            raise ValueError(
+                f"forward: meta.block_size {meta.block_size} != pool block_size {cache.shape[2]}"
+            )
         if q.shape[0] != meta.slot_mapping.shape[0]:
-            raise ValueError(f"forward: q has {q.shape[0]} rows but the batch has "
-                             f"{meta.slot_mapping.shape[0]}")
+            raise ValueError(
+                f"forward: q has {q.shape[0]} rows but the batch has {meta.slot_mapping.shape[0]}"
+            )
         if not self._triton_for(cache):
-            return reference.paged_attention_ref(q, cache, meta.query_start_loc_cpu,
-                                                 meta.seq_lens_cpu, meta.block_table,
-                                                 scale=scale, window=window)
+            return reference.paged_attention_ref(
+                q,
+                cache,
+                meta.query_start_loc_cpu,
+                meta.seq_lens_cpu,
+                meta.block_table,
+                scale=scale,
+                window=window,
+            )
         from enginespec.kernels.paged_attention import paged_attention
 
         q = q if q.stride(2) == 1 else q.contiguous()  # the kernel takes row and head strides
         seq_lens = _i32(meta.seq_lens)
-        return paged_attention(q, cache, _i32(meta.query_start_loc), seq_lens, _i32(meta.block_table),
-                               max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-                               scale=scale, window=window, order=self._launch_order(meta, seq_lens))
+        return paged_attention(
+            q,
+            cache,
+            _i32(meta.query_start_loc),
+            seq_lens,
+            _i32(meta.block_table),
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+            scale=scale,
+            window=window,
+            order=self._launch_order(meta, seq_lens),
+        )
 
     def _launch_order(self, meta: BatchMeta, seq_lens: torch.Tensor) -> Optional[torch.Tensor]:
         """Requests by decreasing seq_len (int32 [B]) for a decode-only batch, else None. Any

@@ -11,6 +11,7 @@ Per step the Python loop does only per-request work (a slice of token ids, a tab
 is usually a no-op); positions, slots, query_start_loc and the table gather are numpy ops into
 one staging byte buffer whose sections are viewed as int64 / int32 tensors after the copy.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -18,18 +19,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from enginespec.spec import Batch, BatchMeta
-
 from enginespec.impls.fast.batch_buffers import ZERO_SLOT, Staging, TableRows
 from enginespec.impls.fast.block_manager import FastBlockManager
+from enginespec.spec import Batch, BatchMeta
 
 
 class _Rows:
     """What the per-request loop collects for one step (plain lists; numpy takes them in one
     conversion each; sample_ids and prompt_rows go into the Batch as they are)."""
 
-    __slots__ = ("ids", "starts", "counts", "slots", "logits", "sample_ids", "prompt_rows",
-                 "width", "trim")
+    __slots__ = ("ids", "starts", "counts", "slots", "logits", "sample_ids", "prompt_rows", "width", "trim")
 
     def __init__(self):
         self.ids: list[int] = []
@@ -61,7 +60,9 @@ class BatchBuilder:
         num_pad = 0
         if pad_to is not None:
             if pad_to < num_tokens:
-                raise ValueError(f"pad_to must be >= the number of scheduled tokens ({num_tokens}), got {pad_to}")
+                raise ValueError(
+                    f"pad_to must be >= the number of scheduled tokens ({num_tokens}), got {pad_to}"
+                )
             num_pad = pad_to - num_tokens
         return self._assemble(acc, block_manager.block_size, num_tokens, num_reqs, num_pad)
 
@@ -122,13 +123,13 @@ class BatchBuilder:
         ids[:num_tokens] = acc.ids
         _fill_positions(pos, slot, table, counts, starts, bs, num_tokens)
         qsl[0] = 0
-        np.cumsum(counts, out=qsl[1:num_reqs + 1])
+        np.cumsum(counts, out=qsl[1 : num_reqs + 1])
         seq_lens[:num_reqs] = starts + counts
         if num_pad:
             ids[num_tokens:] = 0
             pos[num_tokens:] = 0
             slot[num_tokens:] = -1
-            qsl[num_reqs + 1:] = np.arange(num_tokens + 1, n_rows + 1, dtype=np.int32)
+            qsl[num_reqs + 1 :] = np.arange(num_tokens + 1, n_rows + 1, dtype=np.int32)
             seq_lens[num_reqs:] = 0
         logits[:] = acc.logits
         max_query_len = int(counts.max()) if num_reqs else 0
@@ -141,13 +142,24 @@ class BatchBuilder:
         else:  # copies: the staging buffer is rewritten next step
             host_qsl, host_seq_lens = torch.from_numpy(qsl.copy()), torch.from_numpy(seq_lens.copy())
         meta = BatchMeta(
-            query_start_loc=dev[4], seq_lens=dev[5], block_table=dev[6].view(n_reqs, width),
-            slot_mapping=dev[2], block_size=bs, query_start_loc_cpu=host_qsl,
-            seq_lens_cpu=host_seq_lens, max_query_len=max_query_len, max_seq_len=max_seq_len,
+            query_start_loc=dev[4],
+            seq_lens=dev[5],
+            block_table=dev[6].view(n_reqs, width),
+            slot_mapping=dev[2],
+            block_size=bs,
+            query_start_loc_cpu=host_qsl,
+            seq_lens_cpu=host_seq_lens,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
         return Batch(
-            input_ids=dev[0], positions=dev[1], meta=meta, logits_indices=dev[3],
-            sample_request_ids=acc.sample_ids, num_scheduled_tokens=num_tokens, num_reqs=num_reqs,
+            input_ids=dev[0],
+            positions=dev[1],
+            meta=meta,
+            logits_indices=dev[3],
+            sample_request_ids=acc.sample_ids,
+            num_scheduled_tokens=num_tokens,
+            num_reqs=num_reqs,
             prompt_logprob_rows=acc.prompt_rows,
         )
 
@@ -162,8 +174,15 @@ class _Layout:
     ALIGN = 16
 
     def __init__(self, n_rows: int, n_reqs: int, width: int, n_logits: int):
-        sizes = ((8, n_rows), (8, n_rows), (8, n_rows), (8, n_logits),
-                 (4, n_reqs + 1), (4, n_reqs), (4, n_reqs * width))
+        sizes = (
+            (8, n_rows),
+            (8, n_rows),
+            (8, n_rows),
+            (8, n_logits),
+            (4, n_reqs + 1),
+            (4, n_reqs),
+            (4, n_reqs * width),
+        )
         offset, sections = 0, []
         for itemsize, count in sizes:
             sections.append((offset, itemsize, count))
@@ -176,7 +195,7 @@ class _Layout:
             kinds = {8: np.int64, 4: np.int32}
         else:
             kinds = {8: torch.int64, 4: torch.int32}
-        return [buf[off:off + size * count].view(kinds[size]) for off, size, count in self.sections]
+        return [buf[off : off + size * count].view(kinds[size]) for off, size, count in self.sections]
 
 
 def _fill_table(rows: np.ndarray, acc: _Rows, width: int, num_pad: int, bs: int, out: np.ndarray) -> None:
@@ -188,7 +207,7 @@ def _fill_table(rows: np.ndarray, acc: _Rows, width: int, num_pad: int, bs: int,
     np.take(rows[:, :width], slots, axis=0, out=out)
     if acc.trim:
         need = -(-(np.asarray(acc.starts) + np.asarray(acc.counts)) // bs)
-        out[:len(acc.counts)][np.arange(width)[None, :] >= need[:, None]] = 0
+        out[: len(acc.counts)][np.arange(width)[None, :] >= need[:, None]] = 0
 
 
 def _fill_positions(pos, slot, table, counts, starts, bs: int, num_tokens: int) -> None:
@@ -211,15 +230,19 @@ def _known_tokens(r, n: int, end: int) -> list[int]:
     if n < 1:
         raise ValueError(f"request {r.request_id!r}: scheduled tokens must be >= 1, got {n}")
     if end > len(known):
-        raise ValueError(f"request {r.request_id!r}: scheduled {n} tokens from position {r.num_computed_tokens} "
-                         f"but only {len(known)} tokens are known")
+        raise ValueError(
+            f"request {r.request_id!r}: scheduled {n} tokens from position {r.num_computed_tokens} "
+            f"but only {len(known)} tokens are known"
+        )
     return known
 
 
 def _short_table(r, table, bs: int, end: int) -> None:
     covered = len(table or ()) * bs
-    raise ValueError(f"request {r.request_id!r}: block table covers {covered} tokens, needs >= {end} "
-                     f"(allocate_slots before build_batch)")
+    raise ValueError(
+        f"request {r.request_id!r}: block table covers {covered} tokens, needs >= {end} "
+        f"(allocate_slots before build_batch)"
+    )
 
 
 def _prompt_logprob_rows(r, first_row: int, c: int, end: int, out: dict) -> None:
@@ -230,5 +253,7 @@ def _prompt_logprob_rows(r, first_row: int, c: int, end: int, out: dict) -> None
     last = min(end, r.num_prompt_tokens - 1)
     if c >= last:
         return
-    out[r.request_id] = (list(range(first_row, first_row + last - c)),
-                         list(r.prompt_token_ids[c + 1:last + 1]))
+    out[r.request_id] = (
+        list(range(first_row, first_row + last - c)),
+        list(r.prompt_token_ids[c + 1 : last + 1]),
+    )

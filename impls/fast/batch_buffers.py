@@ -10,6 +10,7 @@
 - `Staging`: one byte buffer (pinned on CUDA) that holds every array of a step back to back,
   so the host-to-device transfer is a single copy; grown on demand.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,8 @@ class TableRows:
     def __init__(self, num_rows: int = 64, num_cols: int = 16):
         self.rows = np.zeros((num_rows, num_cols), dtype=np.int32)
         self.slot_of: dict[str, int] = {}
-        self.table_of: list = [None] * num_rows   # the table list object mirrored per slot
-        self.len_of: list[int] = [0] * num_rows    # entries written per slot (the rest are 0)
+        self.table_of: list = [None] * num_rows  # the table list object mirrored per slot
+        self.len_of: list[int] = [0] * num_rows  # entries written per slot (the rest are 0)
         self.free_slots: list[int] = list(range(num_rows - 1, 0, -1))
 
     def release(self, request_ids) -> None:

@@ -15,14 +15,14 @@ every path that changes a table or a cursor refreshes them or resets them to 0.
 The observable state (`state()`) is exactly the one spec/SCHEDULING.md prescribes; state() walks
 the free list and copies everything, so it is for tests, not for the hot path.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from enginespec.spec import PoolState
-
 from enginespec.impls.fast.free_queue import FreeQueue
 from enginespec.impls.fast.hashing import extend_block_hashes
+from enginespec.spec import PoolState
 
 _NEVER = 1 << 62  # a `_publish_at` no token count reaches
 
@@ -95,8 +95,10 @@ class FastBlockManager:
         """Admission after a prefix-cache hit: adopt `cached_blocks`, then pop new blocks."""
         rid = request.request_id
         if self._tables.get(rid):
-            raise ValueError(f"allocate_slots: cached_blocks may only be given while request {rid!r} "
-                             f"holds no blocks (it holds {len(self._tables[rid])})")
+            raise ValueError(
+                f"allocate_slots: cached_blocks may only be given while request {rid!r} "
+                f"holds no blocks (it holds {len(self._tables[rid])})"
+            )
         bs = self.block_size
         num_cached = len(cached_blocks)
         required = -(-(request.num_computed_tokens + num_cached * bs + num_new_tokens) // bs)

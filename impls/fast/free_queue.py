@@ -8,6 +8,7 @@ prev == next == -1 (so membership is one index read). Nothing is allocated per o
 Order: front (after HEAD) is the next block handed out, i.e. evicted; freed blocks join at the
 back (before TAIL). That makes the queue an LRU over freed blocks.
 """
+
 from __future__ import annotations
 
 from typing import Iterable

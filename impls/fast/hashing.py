@@ -6,6 +6,7 @@ The digest is byte-for-byte spec.hash_block's: BLAKE2b-128 over parent-or-ROOT, 
 tokens as little-endian int64, then spec.encode_extra(cache_key). The test in
 test_fast_examples.py checks that equality on random inputs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,7 @@ def extend_block_hashes(request, block_size: int) -> list[bytes]:
     parent = hashes[-1] if start else ROOT
     for i in range(start, stop):
         lo = i * block_size
-        data = parent + pack(*token_ids[lo:lo + block_size]) + extra
+        data = parent + pack(*token_ids[lo : lo + block_size]) + extra
         parent = blake(data, digest_size=DIGEST_SIZE).digest()
         hashes.append(parent)
     return hashes

@@ -4,6 +4,7 @@ Invariants (spec.Request): token_ids == prompt_token_ids + output_token_ids; the
 never computed while running. `block_hashes` is extended lazily (only by the block manager, and
 only for full blocks it has not hashed yet), so a request never rehashes a block.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -11,24 +12,55 @@ from typing import Optional, Sequence
 
 from enginespec.spec import SamplingParams, Status, check_request_args
 
+
 class FastRequest:
     """One generation request. `_stop_ids`, `_stoppers` (stop ids plus EOS unless ignore_eos),
     `_min_tokens` and `_out_limit` are the params' stop rules taken once, so the per-token stop
     check reads plain attributes."""
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "token_ids", "_output", "params", "eos_token_id",
-        "priority", "arrival_time", "cache_key", "status", "num_computed_tokens",
-        "num_cached_tokens", "num_preemptions", "spec_token_ids", "block_hashes", "swapped_out",
-        "stop_reason", "_num_prompt", "_stop_ids", "_stoppers", "_min_tokens", "_out_limit",
-        "_key", "_capacity", "_publish_at", "__weakref__",
+        "request_id",
+        "prompt_token_ids",
+        "token_ids",
+        "_output",
+        "params",
+        "eos_token_id",
+        "priority",
+        "arrival_time",
+        "cache_key",
+        "status",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "num_preemptions",
+        "spec_token_ids",
+        "block_hashes",
+        "swapped_out",
+        "stop_reason",
+        "_num_prompt",
+        "_stop_ids",
+        "_stoppers",
+        "_min_tokens",
+        "_out_limit",
+        "_key",
+        "_capacity",
+        "_publish_at",
+        "__weakref__",
     )
 
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
-                 params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
-                 priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        args = check_request_args(request_id, prompt_token_ids, params, eos_token_id, priority,
-                                  arrival_time, cache_key)
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ):
+        args = check_request_args(
+            request_id, prompt_token_ids, params, eos_token_id, priority, arrival_time, cache_key
+        )
         request_id, prompt, params, eos_token_id, priority, arrival_time, cache_key = args
         self.request_id = request_id
         self.prompt_token_ids = prompt
@@ -53,7 +85,7 @@ class FastRequest:
         self._stoppers = self._stop_ids if eos is None else self._stop_ids | {eos}  # ids that may stop
         self._min_tokens = params.min_tokens
         self._out_limit = params.max_tokens  # outputs that finish it by length (the scheduler
-        self._key = None                     # lowers it to max_model_len - prompt; sets the key)
+        self._key = None  # lowers it to max_model_len - prompt; sets the key)
         self._capacity = self._publish_at = 0  # block manager mirrors (0 = "ask it")
 
     @property
@@ -96,8 +128,10 @@ class FastRequest:
         self._output[-1] = token
 
     def __repr__(self) -> str:
-        return (f"FastRequest({self.request_id!r}, status={self.status.name}, "
-                f"tokens={len(self.token_ids)}, computed={self.num_computed_tokens})")
+        return (
+            f"FastRequest({self.request_id!r}, status={self.status.name}, "
+            f"tokens={len(self.token_ids)}, computed={self.num_computed_tokens})"
+        )
 
 
 def _token(name: str, t: object) -> int:

@@ -12,10 +12,12 @@ waiting; no admission in a step that preempted). What makes it cheap:
 The scheduler takes the fast impl's requests (it keeps `_key` and reads the stop-rule fields
 FastRequest prepares); any spec.BlockManager works, FastBlockManager makes decodes cheap.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
+
 from enginespec.spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
 _key_of = attrgetter("_key")
@@ -75,15 +77,21 @@ class FastScheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
         if cfg.max_model_len is not None and total > cfg.max_model_len:
-            raise ValueError(f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
-                             f"= {total} exceeds max_model_len ({cfg.max_model_len})")
+            raise ValueError(
+                f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
+                f"= {total} exceeds max_model_len ({cfg.max_model_len})"
+            )
         num_blocks = -(-total // bm.block_size)
         if num_blocks > bm.num_blocks:
-            raise ValueError(f"prompt + max_tokens = {total} tokens needs {num_blocks} blocks, "
-                             f"over num_blocks ({bm.num_blocks})")
+            raise ValueError(
+                f"prompt + max_tokens = {total} tokens needs {num_blocks} blocks, "
+                f"over num_blocks ({bm.num_blocks})"
+            )
         if not cfg.enable_chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
-            raise ValueError(f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
-                             f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})")
+            raise ValueError(
+                f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
+                f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})"
+            )
         seq = self._num_added
         self._num_added += 1
         if self._priority:
@@ -292,8 +300,9 @@ class FastScheduler:
     def _leave_queue(self, request) -> None:
         """Remove from the queue its status names (bisect on the key); scan all as a fallback."""
         status = request.status
-        queue = (self._running if status is _RUNNING else self._swapped if status is _SWAPPED
-                 else self._waiting)
+        queue = (
+            self._running if status is _RUNNING else self._swapped if status is _SWAPPED else self._waiting
+        )
         if _remove(queue, request):
             return
         for queue in (self._running, self._waiting, self._swapped):
@@ -309,6 +318,7 @@ class FastScheduler:
         return True
 
     def __repr__(self) -> str:
-        return (f"FastScheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
-                f"waiting={len(self._waiting)})")
-
+        return (
+            f"FastScheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
+            f"waiting={len(self._waiting)})"
+        )

@@ -4,15 +4,15 @@ correct. Every other implementation is tested against it, decision by decision.
 To plant a bug for a mutation test, subclass one part and point a ReferenceImpl subclass at it:
 `class Buggy(ReferenceImpl): block_manager_cls = MyBrokenBlockManager`.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from enginespec.spec import SamplingParams, SchedulerConfig
-
 from enginespec.impls.reference.block_manager import BlockManager
 from enginespec.impls.reference.request import Request
 from enginespec.impls.reference.scheduler import Scheduler
+from enginespec.spec import SamplingParams, SchedulerConfig
 
 
 class ReferenceImpl:
@@ -24,11 +24,26 @@ class ReferenceImpl:
     block_manager_cls = BlockManager
     scheduler_cls = Scheduler
 
-    def new_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
-                    priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        return self.request_cls(request_id, prompt_token_ids, params, eos_token_id=eos_token_id,
-                                priority=priority, arrival_time=arrival_time, cache_key=cache_key)
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ):
+        return self.request_cls(
+            request_id,
+            prompt_token_ids,
+            params,
+            eos_token_id=eos_token_id,
+            priority=priority,
+            arrival_time=arrival_time,
+            cache_key=cache_key,
+        )
 
     def new_block_manager(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         return self.block_manager_cls(num_blocks, block_size, enable_prefix_caching)

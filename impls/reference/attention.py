@@ -7,6 +7,7 @@ against it (conformance point 7).
 Pool layout per layer: [2, num_blocks + 1, block_size, kv_heads, head_dim]; index 0 = K,
 1 = V; the last block is scratch: rows with slot -1 (padding) write there and nothing reads it.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -29,8 +30,10 @@ class ReferenceAttention:
     def allocate(self, shape, dtype: torch.dtype, device) -> torch.Tensor:
         """Zeroed pool [2, *shape] for shape (num_blocks + 1, block_size, kv_heads, head_dim)."""
         if len(shape) != 4 or min(shape) < 1:
-            raise ValueError(f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, head_dim) "
-                             f"with every entry >= 1, got {tuple(shape)}")
+            raise ValueError(
+                f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, head_dim) "
+                f"with every entry >= 1, got {tuple(shape)}"
+            )
         return torch.zeros((2, *shape), dtype=dtype, device=device)
 
     def write(self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: BatchMeta) -> None:
@@ -39,25 +42,37 @@ class ReferenceAttention:
         scratch = num_pool_blocks - 1
         slots = meta.slot_mapping.to(torch.int64)
         if slots.shape[0] != k.shape[0] or k.shape != v.shape:
-            raise ValueError(f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
-                             f"{tuple(slots.shape)} must agree on N rows")
+            raise ValueError(
+                f"write: k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
+                f"{tuple(slots.shape)} must agree on N rows"
+            )
         if slots.numel() and (int(slots.max()) >= scratch * block_size or int(slots.min()) < -1):
-            raise ValueError(f"write: slots must be -1 or in [0, {scratch * block_size}), "
-                             f"got range [{int(slots.min())}, {int(slots.max())}]")
+            raise ValueError(
+                f"write: slots must be -1 or in [0, {scratch * block_size}), "
+                f"got range [{int(slots.min())}, {int(slots.max())}]"
+            )
         pad = slots < 0
         blocks = torch.where(pad, torch.full_like(slots, scratch), slots // block_size)
         offsets = torch.where(pad, torch.zeros_like(slots), slots % block_size)
         cache[0, blocks, offsets] = k.to(cache.dtype)
         cache[1, blocks, offsets] = v.to(cache.dtype)
 
-    def forward(self, q: torch.Tensor, cache: torch.Tensor, meta: BatchMeta,
-                scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        cache: torch.Tensor,
+        meta: BatchMeta,
+        scale: Optional[float] = None,
+        window: int = 0,
+    ) -> torch.Tensor:
         """q [N, Hq, D] -> [N, Hq, D]; request r's t rows are the last t positions of its seq_len."""
         num_q_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = cache.shape[3]
         if num_q_heads % num_kv_heads:
-            raise ValueError(f"forward: q heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})")
-        scale = head_dim ** -0.5 if scale is None else scale
+            raise ValueError(
+                f"forward: q heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})"
+            )
+        scale = head_dim**-0.5 if scale is None else scale
         out = torch.zeros_like(q)
         qsl = meta.query_start_loc_cpu.tolist()
         seq_lens = meta.seq_lens_cpu.tolist()
@@ -80,13 +95,14 @@ class ReferenceAttention:
         return cache[0, blocks, offsets], cache[1, blocks, offsets]
 
     @staticmethod
-    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int,
-                scale: float, window: int) -> torch.Tensor:
+    def _attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float, window: int
+    ) -> torch.Tensor:
         """Dense masked softmax attention of t queries (positions seq_len-t..seq_len-1)."""
         num_rows, num_q_heads = q.shape[0], q.shape[1]
         group = num_q_heads // k.shape[1]
         dtype = _compute_dtype(q.dtype)
-        k = k.to(dtype).repeat_interleave(group, dim=1)   # query head h reads kv head h // group
+        k = k.to(dtype).repeat_interleave(group, dim=1)  # query head h reads kv head h // group
         v = v.to(dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,shd->hts", q.to(dtype), k) * scale
         q_pos = torch.arange(seq_len - num_rows, seq_len, device=q.device)[:, None]

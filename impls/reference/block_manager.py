@@ -10,6 +10,7 @@ State (all plain Python, copied out by `state()`):
 - `tables[request_id]`: the request's block ids in logical order (only non-empty tables).
 - `cursors[request_id]`: how many of the table's blocks `cache_full_blocks` has considered.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -49,8 +50,11 @@ class BlockManager:
         with the request's cache_key as extra). Existing hashes are kept: tokens never change."""
         done = len(request.block_hashes)
         parent = request.block_hashes[-1] if done else None
-        request.block_hashes.extend(hash_request_blocks(
-            request.token_ids, self.block_size, request.cache_key, start=done, parent=parent))
+        request.block_hashes.extend(
+            hash_request_blocks(
+                request.token_ids, self.block_size, request.cache_key, start=done, parent=parent
+            )
+        )
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -84,7 +88,9 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()
+    ) -> bool:
         """Grow the request's table to cover num_computed + len(cached_blocks) * bs + num_new_tokens
         tokens, adopting cached_blocks first. All or nothing: on False no state changed."""
         if num_new_tokens < 0:
@@ -201,5 +207,7 @@ class BlockManager:
         )
 
     def __repr__(self) -> str:
-        return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"free={self.num_free}, cached={len(self.cached)})")
+        return (
+            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self.num_free}, cached={len(self.cached)})"
+        )

@@ -4,6 +4,7 @@ Invariants (spec.Request): `token_ids == prompt_token_ids + output_token_ids`;
 `0 <= num_cached_tokens <= num_computed_tokens <= num_tokens`; `block_hashes` only grows.
 `block_hashes` is extended by the block manager, which knows the block size.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -25,11 +26,20 @@ def _token_list(name: str, ids: Sequence[int]) -> list[int]:
 class Request:
     """One generation request. `token_ids` is the prompt followed by the outputs, in one list."""
 
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
-                 params: Optional[SamplingParams] = None, *, eos_token_id: Optional[int] = None,
-                 priority: int = 0, arrival_time: Optional[float] = None, cache_key: tuple = ()):
-        args = check_request_args(request_id, prompt_token_ids, params, eos_token_id, priority,
-                                  arrival_time, cache_key)
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ):
+        args = check_request_args(
+            request_id, prompt_token_ids, params, eos_token_id, priority, arrival_time, cache_key
+        )
         request_id, prompt, params, eos_token_id, priority, arrival_time, cache_key = args
         self.request_id = request_id
         self.prompt_token_ids = prompt
@@ -63,7 +73,7 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         """A copy of the generated tokens (the part of token_ids after the prompt)."""
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def num_tokens_with_spec(self) -> int:
@@ -82,5 +92,7 @@ class Request:
         self.token_ids[-1] = _token_list("token_ids", [token])[0]
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens})")
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

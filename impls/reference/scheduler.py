@@ -4,14 +4,14 @@ Queues `_waiting`, `_swapped` and `_running` are lists kept sorted by the policy
 (fcfs: (arrival_time, seq); priority: (priority, arrival_time, seq); seq counts add() calls), so
 `_running[-1]` is always the next victim. `requests` maps the id of every unfinished request to it.
 """
+
 from __future__ import annotations
 
 import bisect
 from typing import Optional
 
-from enginespec.spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
-
 from enginespec.impls.reference.block_manager import cdiv
+from enginespec.spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 
 
 class Scheduler:
@@ -61,14 +61,20 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
         if cfg.max_model_len is not None and total > cfg.max_model_len:
-            raise ValueError(f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
-                             f"= {total} exceeds max_model_len ({cfg.max_model_len})")
+            raise ValueError(
+                f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
+                f"= {total} exceeds max_model_len ({cfg.max_model_len})"
+            )
         if cdiv(total, bm.block_size) > bm.num_blocks:
-            raise ValueError(f"prompt + max_tokens = {total} tokens needs {cdiv(total, bm.block_size)} blocks, "
-                             f"over num_blocks ({bm.num_blocks})")
+            raise ValueError(
+                f"prompt + max_tokens = {total} tokens needs {cdiv(total, bm.block_size)} blocks, "
+                f"over num_blocks ({bm.num_blocks})"
+            )
         if not cfg.enable_chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
-            raise ValueError(f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
-                             f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})")
+            raise ValueError(
+                f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
+                f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})"
+            )
         seq = self._num_added
         self._num_added += 1
         if cfg.policy == "priority":
@@ -194,8 +200,12 @@ class Scheduler:
         if r.num_output_tokens > p.min_tokens and token in p.stop_token_ids:
             r.stop_reason = token
             return Status.FINISHED_STOPPED
-        if (r.num_output_tokens > p.min_tokens and not p.ignore_eos
-                and r.eos_token_id is not None and token == r.eos_token_id):
+        if (
+            r.num_output_tokens > p.min_tokens
+            and not p.ignore_eos
+            and r.eos_token_id is not None
+            and token == r.eos_token_id
+        ):
             return Status.FINISHED_STOPPED
         max_len = self.config.max_model_len
         if r.num_output_tokens >= p.max_tokens or (max_len is not None and r.num_tokens >= max_len):
@@ -252,5 +262,7 @@ class Scheduler:
         return True
 
     def __repr__(self) -> str:
-        return (f"Scheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
-                f"waiting={len(self._waiting)})")
+        return (
+            f"Scheduler(running={len(self._running)}, swapped={len(self._swapped)}, "
+            f"waiting={len(self._waiting)})"
+        )

@@ -5,6 +5,7 @@ No timing is asserted: only that the JSON holds every field, that counts are exa
 request produces exactly its requested output length under ignore_eos, in the engine and in
 transformers), and that derived numbers agree with the ones they are derived from.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,27 @@ from benchmarks import harness as bench
 from benchmarks import roofline
 from enginespec.testing import synthetic
 
-SMOKE = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32",
-         "--max-output-len", "16", "--big-num-requests", "2", "--profile-steps", "2",
-         "--latency-tokens", "4", "--compare-scheduling", "--repeat", "3"]
+SMOKE = [
+    "--shape",
+    "tiny",
+    "--device",
+    "cpu",
+    "--num-requests",
+    "4",
+    "--max-input-len",
+    "32",
+    "--max-output-len",
+    "16",
+    "--big-num-requests",
+    "2",
+    "--profile-steps",
+    "2",
+    "--latency-tokens",
+    "4",
+    "--compare-scheduling",
+    "--repeat",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +63,32 @@ def smoke(request, synth_dir, tmp_path_factory):
 
 
 def _expected_workload(vocab_size: int) -> bench.Workload:
-    return bench.make_workload(4, min_input_len=100, max_input_len=32, min_output_len=100, max_output_len=16,
-                               id_bound=min(10000, vocab_size), seed=0)
+    return bench.make_workload(
+        4,
+        min_input_len=100,
+        max_input_len=32,
+        min_output_len=100,
+        max_output_len=16,
+        id_bound=min(10000, vocab_size),
+        seed=0,
+    )
 
 
 def test_harness_json_has_every_phase_and_exact_counts(smoke):
     code, res = smoke
     assert code == 0
-    for phase in ("config", "env", "workload", "device", "engine", "profile", "latency", "hf", "big", "summary"):
+    for phase in (
+        "config",
+        "env",
+        "workload",
+        "device",
+        "engine",
+        "profile",
+        "latency",
+        "hf",
+        "big",
+        "summary",
+    ):
         assert phase in res, phase
         assert "error" not in res[phase], res[phase].get("traceback")
     expected = _expected_workload(synthetic.SHAPES["tiny"]["vocab_size"])
@@ -75,12 +112,15 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     assert len(runs) == 3 and res["engine"]["tokens_match_across_runs"]
     assert res["engine"]["wall_s"] == sorted(r["wall_s"] for r in runs)[1]
     assert summary["runs_wall_over_floor"] == pytest.approx(
-        [r["wall_s"] / res["engine"]["floor"]["floor_s"] for r in runs])
+        [r["wall_s"] / res["engine"]["floor"]["floor_s"] for r in runs]
+    )
     kinds = res["engine"]["by_step_kind"]  # the first run's steps, binned, against per-step floors
     assert kinds[0]["kind"] == "prefill" and all(k["kind"].startswith("decode <=") for k in kinds[1:])
     assert sum(k["steps"] for k in kinds) == runs[0]["num_steps"]
     assert 0.5 * runs[0]["wall_s"] < sum(k["wall_s"] for k in kinds) < runs[0]["wall_s"] + 0.05
-    assert all(k["floor_s"] > 0 and k["wall_over_floor"] == pytest.approx(k["wall_s"] / k["floor_s"]) for k in kinds)
+    assert all(
+        k["floor_s"] > 0 and k["wall_over_floor"] == pytest.approx(k["wall_s"] / k["floor_s"]) for k in kinds
+    )
     assert all(0 <= k["host_wait_s"] <= k["wall_s"] for k in kinds)
     first = res["engine"]["first_steps"]  # the same trace, step by step, from the start
     assert len(first) == min(40, runs[0]["num_steps"]) and first[0]["num_tokens"] > first[0]["num_reqs"]
@@ -99,7 +139,9 @@ def test_harness_derived_numbers_agree(smoke):
     floor = eng["floor"]
     assert floor["num_steps"] == eng["num_steps"]
     assert floor["floor_s"] == pytest.approx(floor["memory_s"] + floor["compute_s"])
-    assert floor["memory_s"] == pytest.approx((floor["kv_bytes"] + floor["weight_bytes"]) / res["device"]["copy_bytes_per_s"])
+    assert floor["memory_s"] == pytest.approx(
+        (floor["kv_bytes"] + floor["weight_bytes"]) / res["device"]["copy_bytes_per_s"]
+    )
     assert s["wall_over_floor"] == pytest.approx(eng["wall_s"] / floor["floor_s"])
     assert res["device"]["copy_bytes_per_s"] > 0 and res["device"]["matmul_flops_per_s"] > 0
     assert res["latency"]["default_ms_per_token"] is not None
@@ -125,8 +167,17 @@ def test_workload_is_seeded_and_within_bounds():
 
 
 def _shape(**kw) -> roofline.ModelShape:
-    base = dict(num_layers=2, hidden_size=8, num_q_heads=4, num_kv_heads=2, head_dim=2, vocab_size=10,
-                num_params=1000, tied=True, dtype_bytes=2)
+    base = dict(
+        num_layers=2,
+        hidden_size=8,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=2,
+        vocab_size=10,
+        num_params=1000,
+        tied=True,
+        dtype_bytes=2,
+    )
     return roofline.ModelShape(**{**base, **kw})
 
 
@@ -191,8 +242,13 @@ def test_device_busy_is_the_union_of_cuda_intervals():
     def ev(device, start, end):
         return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
 
-    events = [ev(DeviceType.CUDA, 10, 20), ev(DeviceType.CUDA, 15, 25), ev(DeviceType.CPU, 0, 100),
-              ev(DeviceType.CUDA, 40, 41), ev(DeviceType.CUDA, 0, 5)]
+    events = [
+        ev(DeviceType.CUDA, 10, 20),
+        ev(DeviceType.CUDA, 15, 25),
+        ev(DeviceType.CPU, 0, 100),
+        ev(DeviceType.CUDA, 40, 41),
+        ev(DeviceType.CUDA, 0, 5),
+    ]
     assert bench.device_busy_us(events) == (5 + 15 + 1, 4)
     assert bench.device_busy_us([]) == (0.0, 0)
 
@@ -201,11 +257,15 @@ def test_warm_up_samples_like_the_timed_run(monkeypatch):
     """The warm-up runs at the timed run's temperature, so a sampled run's one-time costs (the
     draw kernels' compilation) fall in the warm-up, not in the timed window."""
     seen = []
-    monkeypatch.setattr(bench, "timed_generate",
-                        lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature))
+    monkeypatch.setattr(
+        bench,
+        "timed_generate",
+        lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature),
+    )
     monkeypatch.setattr(bench, "_reset_prefix_cache", lambda llm: None)
-    workload = bench.make_workload(3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2,
-                             id_bound=50, seed=0)
+    workload = bench.make_workload(
+        3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2, id_bound=50, seed=0
+    )
     bench._warm_up(object(), workload, "cpu", 0.8)
     assert seen == [0.8]
 
@@ -218,8 +278,22 @@ def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thr
 
     monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
     span = engine_core._span
-    table = host_phases.main(["--shape", "tiny", "--device", "cpu", "--num-requests", "4",
-                              "--max-input-len", "32", "--max-output-len", "16", "--impl", "fast"])
+    table = host_phases.main(
+        [
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--num-requests",
+            "4",
+            "--max-input-len",
+            "32",
+            "--max-output-len",
+            "16",
+            "--impl",
+            "fast",
+        ]
+    )
     assert engine_core._span is span
     assert "prefill" in table and any(kind.startswith("<=") for kind in table)
     steps = sum(n for n, _ in table.values())

@@ -6,16 +6,18 @@ Two tiny tokenizers built with the `tokenizers` library: a byte-level BPE (multi
 split over several tokens, as in Qwen's and Llama 3's tokenizers) and a WordLevel tokenizer
 whose decoder joins tokens with spaces.
 """
+
 from __future__ import annotations
 
 import functools
 import random
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from enginespec.spec import SamplingParams
 from enginespec.engine.detokenizer import IncrementalDetokenizer
+from enginespec.spec import SamplingParams
 
 CORPUS = ["hello world, stop here. 你好 世界 🙂 héllo wörld ab abc abcd STOP"] * 8
 ALPHABET = "ab cdST.你好🙂é"
@@ -29,8 +31,12 @@ def byte_bpe():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<eos>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
@@ -44,8 +50,9 @@ def word_level(clean_up: bool = False):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(cleanup=False)  # joins tokens with spaces, no clean-up
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
-                                   clean_up_tokenization_spaces=clean_up)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="</s>", clean_up_tokenization_spaces=clean_up
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +87,7 @@ def run(tokenizer, ids, params, chunks):
     detok = IncrementalDetokenizer(tokenizer, [1, 2], params)
     deltas, stop, pos = [], None, 0
     for size in chunks:
-        delta, stop = detok.update(ids[pos:pos + size])
+        delta, stop = detok.update(ids[pos : pos + size])
         deltas.append(delta)
         pos += size
         if stop is not None:
@@ -106,10 +113,11 @@ def first_stop(text: str, stops) -> tuple[str, str | None]:
             cand = (i + len(s), i, s)
             best = cand if best is None or cand[:2] < best[:2] else best
             i = text.find(s, i + 1)
-    return (text, None) if best is None else (text[:best[1]], best[2])
+    return (text, None) if best is None else (text[: best[1]], best[2])
 
 
 # ---------------------------------------------------------------- no stop strings
+
 
 @pytest.mark.parametrize("seed", range(6))
 def test_text_equals_full_decode_for_valid_text(seed):
@@ -181,6 +189,7 @@ def test_special_tokens_skipped_by_default_and_kept_on_request():
 
 # ---------------------------------------------------------------- stop strings
 
+
 def test_stop_string_across_byte_tokens_is_excluded():
     tok = byte_bpe()
     ids = byte_ids("hello STOP world")
@@ -243,9 +252,12 @@ def test_stop_strings_do_not_fire_before_min_tokens():
     assert stop == "STOP" and detok.text == "STOP.."
 
 
-@given(st.text(alphabet=ALPHABET, min_size=1, max_size=24),
-       st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=3), min_size=1, max_size=3),
-       st.booleans(), st.randoms(use_true_random=False))
+@given(
+    st.text(alphabet=ALPHABET, min_size=1, max_size=24),
+    st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=3), min_size=1, max_size=3),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
 def test_stops_match_reference_for_any_split(text, stops, per_byte, rng):
     tok = byte_bpe()
     ids = byte_ids(text) if per_byte else tok.encode(text)

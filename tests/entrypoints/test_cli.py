@@ -1,5 +1,6 @@
 """The `enginespec` command line: generate on a sharded save_pretrained checkpoint, one-line
 errors naming what is wrong with a corrupt checkpoint, the demo and simulate subcommands."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,19 @@ import torch
 
 from enginespec.testing.checkpoints import tiny_model_dir
 
-GEN_FLAGS = ["--max-tokens", "5", "--dtype", "float32", "--device", "cpu", "--no-tqdm", "--num-blocks", "16",
-             "--block-size", "4"]
+GEN_FLAGS = [
+    "--max-tokens",
+    "5",
+    "--dtype",
+    "float32",
+    "--device",
+    "cpu",
+    "--no-tqdm",
+    "--num-blocks",
+    "16",
+    "--block-size",
+    "4",
+]
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -57,10 +69,25 @@ def test_generate_on_a_sharded_checkpoint(impl, impl_arg, sharded_dir, capsys):
     from enginespec.llm import LLM
     from enginespec.spec import SamplingParams
 
-    rc, out, err = run_cli(["generate", "--model", str(sharded_dir), "--prompt", "abc", "--prompt", "hello",
-                            "--impl", impl_arg, *GEN_FLAGS], capsys)
+    rc, out, err = run_cli(
+        [
+            "generate",
+            "--model",
+            str(sharded_dir),
+            "--prompt",
+            "abc",
+            "--prompt",
+            "hello",
+            "--impl",
+            impl_arg,
+            *GEN_FLAGS,
+        ],
+        capsys,
+    )
     assert rc == 0, err
-    llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, dtype="float32", device="cpu", num_blocks=16, block_size=4)
+    llm = LLM(
+        str(tiny_model_dir("qwen3")), impl=impl, dtype="float32", device="cpu", num_blocks=16, block_size=4
+    )
     expected = llm.generate(["abc", "hello"], SamplingParams(max_tokens=5, temperature=0.0), use_tqdm=False)
     blocks = out.split("=== prompt ")[1:]
     assert len(blocks) == 2
@@ -75,8 +102,12 @@ def test_console_script_runs_generate(sharded_dir):
     """The installed `enginespec` entry point, in a fresh process."""
     exe = shutil.which("enginespec")
     cmd = [exe] if exe else [sys.executable, "-m", "enginespec.entrypoints.cli"]
-    proc = subprocess.run([*cmd, "generate", "--model", str(sharded_dir), "--prompt", "abc", *GEN_FLAGS],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*cmd, "generate", "--model", str(sharded_dir), "--prompt", "abc", *GEN_FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "=== prompt 0: 'abc'" in proc.stdout and "finish_reason=" in proc.stdout
 
@@ -115,17 +146,22 @@ def _garbled_config(d: Path) -> str:
     return "config.json"
 
 
-CORRUPTIONS = {"truncated shard": _truncate_a_shard, "missing shard": _drop_a_shard,
-               "missing config": _drop_config, "unsupported architecture": _bad_architecture,
-               "garbled config": _garbled_config}
+CORRUPTIONS = {
+    "truncated shard": _truncate_a_shard,
+    "missing shard": _drop_a_shard,
+    "missing config": _drop_config,
+    "unsupported architecture": _bad_architecture,
+    "garbled config": _garbled_config,
+}
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
 def test_corrupt_checkpoint_fails_naming_the_fault(impl_arg, sharded_dir, tmp_path, capsys, name):
     d = _copy(sharded_dir, tmp_path / "ckpt")
     needle = CORRUPTIONS[name](d)
-    rc, out, err = run_cli(["generate", "--model", str(d), "--prompt", "abc", "--impl", impl_arg, *GEN_FLAGS],
-                           capsys)
+    rc, out, err = run_cli(
+        ["generate", "--model", str(d), "--prompt", "abc", "--impl", impl_arg, *GEN_FLAGS], capsys
+    )
     assert rc == 2
     assert needle in err, f"error should name {needle!r}: {err!r}"
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -138,16 +174,40 @@ def test_missing_directory_fails_naming_it(capsys, tmp_path):
 
 
 def test_bad_flag_value_is_one_line(capsys, sharded_dir):
-    rc, _, err = run_cli(["generate", "--model", str(sharded_dir), "--prompt", "x", "--max-tokens", "0",
-                          "--no-tqdm"], capsys)
+    rc, _, err = run_cli(
+        ["generate", "--model", str(sharded_dir), "--prompt", "x", "--max-tokens", "0", "--no-tqdm"], capsys
+    )
     assert rc == 2 and "max_tokens" in err
 
 
 def test_demo_runs_and_reports(impl_arg, capsys):
-    rc, out, err = run_cli(["demo", "--impl", impl_arg, "--num-requests", "6", "--min-input-len", "2",
-                            "--max-input-len", "10", "--max-output-len", "6", "--shared-prefix-len", "8",
-                            "--num-blocks", "16", "--block-size", "2", "--max-num-seqs", "4",
-                            "--max-num-batched-tokens", "16", "--no-tqdm"], capsys)
+    rc, out, err = run_cli(
+        [
+            "demo",
+            "--impl",
+            impl_arg,
+            "--num-requests",
+            "6",
+            "--min-input-len",
+            "2",
+            "--max-input-len",
+            "10",
+            "--max-output-len",
+            "6",
+            "--shared-prefix-len",
+            "8",
+            "--num-blocks",
+            "16",
+            "--block-size",
+            "2",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "16",
+            "--no-tqdm",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     for needle in ("tok/s", "steps", "prefix hit rate", "preemptions"):
         assert needle in out
@@ -158,8 +218,18 @@ def test_demo_runs_and_reports(impl_arg, capsys):
 def test_demo_result_counts(impl):
     from enginespec.entrypoints.demo import run_demo
 
-    result = run_demo(impl=impl, num_requests=5, min_input_len=1, max_input_len=6, max_output_len=4,
-                      shared_prefix_len=0, use_tqdm=False, num_blocks=3, block_size=4, max_num_seqs=4)
+    result = run_demo(
+        impl=impl,
+        num_requests=5,
+        min_input_len=1,
+        max_input_len=6,
+        max_output_len=4,
+        shared_prefix_len=0,
+        use_tqdm=False,
+        num_blocks=3,
+        block_size=4,
+        max_num_seqs=4,
+    )
     assert result.num_requests == 5 and 5 <= result.num_output_tokens <= 20
     assert result.num_preemptions > 0, "three 4-token blocks for five requests must preempt"
     assert result.num_steps > 0 and result.num_blocks == 3
@@ -178,5 +248,7 @@ def test_engine_flags_reach_engine_args():
     defaults = _engine_kwargs(_parser().parse_args(base))
     assert defaults["enforce_eager"] is False and defaults["async_scheduling"] is True
     assert "compile_model" not in defaults  # None: the engine decides (on for CUDA)
-    flags = _engine_kwargs(_parser().parse_args(base + ["--enforce-eager", "--no-async-scheduling", "--no-compile"]))
+    flags = _engine_kwargs(
+        _parser().parse_args(base + ["--enforce-eager", "--no-async-scheduling", "--no-compile"])
+    )
     assert (flags["enforce_eager"], flags["async_scheduling"], flags["compile_model"]) == (True, False, False)

@@ -3,6 +3,7 @@ the incremental hash equals the canonical chain, the intrusive free list behaves
 list, and the batch builder's caches (per-request table rows, staging buffer) stay exact when
 tables are trimmed and regrown, slots are recycled, and buffers grow.
 """
+
 from __future__ import annotations
 
 import random
@@ -10,11 +11,11 @@ import random
 import pytest
 import torch
 
-from enginespec.spec import SamplingParams, SchedulerConfig, SchedulerOutput, hash_request_blocks, load_impl
-from enginespec.worker.batch import build_batch as plain_build_batch
 from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.free_queue import FreeQueue
 from enginespec.impls.fast.hashing import extend_block_hashes
+from enginespec.spec import SamplingParams, SchedulerConfig, SchedulerOutput, hash_request_blocks, load_impl
+from enginespec.worker.batch import build_batch as plain_build_batch
 
 FAST = load_impl("fast")
 
@@ -23,13 +24,23 @@ def same_batch(a, b) -> None:
     for name in ("input_ids", "positions", "logits_indices"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and torch.equal(x, y), name
-    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "query_start_loc_cpu",
-                 "seq_lens_cpu"):
+    for name in (
+        "query_start_loc",
+        "seq_lens",
+        "block_table",
+        "slot_mapping",
+        "query_start_loc_cpu",
+        "seq_lens_cpu",
+    ):
         x, y = getattr(a.meta, name), getattr(b.meta, name)
         assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
     assert (a.meta.max_query_len, a.meta.max_seq_len) == (b.meta.max_query_len, b.meta.max_seq_len)
-    assert (a.sample_request_ids, a.num_scheduled_tokens, a.num_reqs, a.prompt_logprob_rows) == \
-        (b.sample_request_ids, b.num_scheduled_tokens, b.num_reqs, b.prompt_logprob_rows)
+    assert (a.sample_request_ids, a.num_scheduled_tokens, a.num_reqs, a.prompt_logprob_rows) == (
+        b.sample_request_ids,
+        b.num_scheduled_tokens,
+        b.num_reqs,
+        b.prompt_logprob_rows,
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -119,8 +130,9 @@ def test_builder_recycles_slots_and_grows_its_buffers():
     builder = BatchBuilder("cpu")
     for i in range(300):
         prompt = [rng.randrange(1, 99) for _ in range(rng.randint(1, 300))]
-        params = SamplingParams(max_tokens=rng.randint(1, 6), ignore_eos=True,
-                                prompt_logprobs=1 if i % 7 == 0 else None)
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 6), ignore_eos=True, prompt_logprobs=1 if i % 7 == 0 else None
+        )
         scheduler.add(FAST.new_request(f"r{i}", prompt, params, arrival_time=float(i)))
     widths, num_steps = set(), 0
     while scheduler.has_unfinished:
@@ -142,7 +154,14 @@ def test_scheduler_finds_requests_in_every_queue():
     config = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, preemption_mode="swap")
     scheduler = FAST.new_scheduler(config, bm)
     for i in range(4):
-        scheduler.add(FAST.new_request(f"r{i}", [10 * i + t for t in range(1, 5)], SamplingParams(max_tokens=3), arrival_time=float(i)))
+        scheduler.add(
+            FAST.new_request(
+                f"r{i}",
+                [10 * i + t for t in range(1, 5)],
+                SamplingParams(max_tokens=3),
+                arrival_time=float(i),
+            )
+        )
     output = scheduler.schedule()  # r0, r1 admitted (2 blocks each), r2, r3 wait
     scheduler.update_from_output(output, {"r0": [5], "r1": [5]})
     output = scheduler.schedule()  # r0 needs a third block: r1 is swapped out
@@ -183,10 +202,17 @@ def test_decode_batches_launch_longest_first_with_one_sort_per_step():
     def meta(seq_lens, q_lens):
         qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
         lens = torch.tensor(seq_lens, dtype=torch.int32)
-        return BatchMeta(query_start_loc=qsl, seq_lens=lens, block_table=torch.zeros(len(seq_lens), 1,
-                         dtype=torch.int32), slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
-                         block_size=16, query_start_loc_cpu=qsl, seq_lens_cpu=lens,
-                         max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+        return BatchMeta(
+            query_start_loc=qsl,
+            seq_lens=lens,
+            block_table=torch.zeros(len(seq_lens), 1, dtype=torch.int32),
+            slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+            block_size=16,
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=lens,
+            max_query_len=max(q_lens),
+            max_seq_len=max(seq_lens),
+        )
 
     backend = FastAttention("cpu", use_triton=True)
     decode = meta([5, 40, 12, 40, 1], [1] * 5)

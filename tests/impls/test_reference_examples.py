@@ -1,5 +1,6 @@
 """Example-based tests of the reference impl: small hand-built scenarios, expected values worked
 out by hand from SCHEDULING.md (the comments show the working)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +9,9 @@ import time
 import pytest
 
 import enginespec.spec as spec
-from enginespec.spec import SamplingParams, SchedulerConfig, Status, hash_block
 from enginespec.entrypoints import simulate
 from enginespec.impls.reference import IMPL, BlockManager, ReferenceImpl, Request, Scheduler
+from enginespec.spec import SamplingParams, SchedulerConfig, Status, hash_block
 
 
 def make_request(rid, prompt, arrival=0.0, **params):
@@ -20,10 +21,15 @@ def make_request(rid, prompt, arrival=0.0, **params):
 
 def all_free(bm):
     state = bm.state()
-    return sorted(state.free_queue) == list(range(bm.num_blocks)) and not any(state.ref_counts) and not state.tables
+    return (
+        sorted(state.free_queue) == list(range(bm.num_blocks))
+        and not any(state.ref_counts)
+        and not state.tables
+    )
 
 
 # ---- Request ---------------------------------------------------------------------------------
+
 
 def test_request_fields_and_validation():
     before = time.monotonic()
@@ -57,12 +63,17 @@ def test_block_manager_constructor_validation():
 
 # ---- Block manager ---------------------------------------------------------------------------
 
+
 def test_free_is_tail_first_and_eviction_pops_the_front():
     bm = BlockManager(6, 2)
-    a, b, c = make_request("a", [1, 2, 3, 4, 5]), make_request("b", [7, 8, 9]), make_request("c", [1, 1, 1, 1])
+    a, b, c = (
+        make_request("a", [1, 2, 3, 4, 5]),
+        make_request("b", [7, 8, 9]),
+        make_request("c", [1, 1, 1, 1]),
+    )
     assert bm.allocate_slots(a, 5) and bm.block_table("a") == [0, 1, 2]
     assert bm.allocate_slots(b, 3) and bm.block_table("b") == [3, 4]
-    bm.free(a)                                   # tail first: 2, 1, 0 after the untouched 5
+    bm.free(a)  # tail first: 2, 1, 0 after the untouched 5
     assert bm.state().free_queue == [5, 2, 1, 0]
     bm.free(b)
     assert bm.state().free_queue == [5, 2, 1, 0, 4, 3]
@@ -72,15 +83,15 @@ def test_free_is_tail_first_and_eviction_pops_the_front():
 
 def test_one_token_left_and_hit_rate():
     bm = BlockManager(8, 4)
-    a = make_request("a", list(range(1, 9)))     # exactly two full blocks
-    assert bm.find_cached_prefix(a) == []        # max_blocks = 7 // 4 = 1, a miss
+    a = make_request("a", list(range(1, 9)))  # exactly two full blocks
+    assert bm.find_cached_prefix(a) == []  # max_blocks = 7 // 4 = 1, a miss
     assert bm.allocate_slots(a, 8)
     bm.cache_full_blocks(a, 8)
     b = make_request("b", list(range(1, 9)))
-    assert bm.find_cached_prefix(b) == [0]       # block 1 holds the last token: never covered
+    assert bm.find_cached_prefix(b) == [0]  # block 1 holds the last token: never covered
     c = make_request("c", list(range(1, 10)))
-    assert bm.find_cached_prefix(c) == [0, 1]    # max_blocks = 8 // 4 = 2
-    assert bm.hit_rate == pytest.approx(3 / 4)   # queries 1 + 1 + 2, hits 0 + 1 + 2
+    assert bm.find_cached_prefix(c) == [0, 1]  # max_blocks = 8 // 4 = 2
+    assert bm.hit_rate == pytest.approx(3 / 4)  # queries 1 + 1 + 2, hits 0 + 1 + 2
     assert c.block_hashes[0] == hash_block(None, [1, 2, 3, 4])
     assert c.block_hashes[1] == hash_block(c.block_hashes[0], [5, 6, 7, 8])
 
@@ -89,20 +100,20 @@ def test_stop_at_first_miss_even_when_a_later_block_is_cached():
     bm = BlockManager(6, 2)
     z = make_request("z", [1, 2, 3, 4])
     assert bm.allocate_slots(z, 4) and bm.block_table("z") == [0, 1]
-    bm.cache_full_blocks(z, 4)                   # H0 -> 0, H1 -> 1
+    bm.cache_full_blocks(z, 4)  # H0 -> 0, H1 -> 1
     c = make_request("c", [1, 2, 3, 4, 5, 6])
     assert bm.allocate_slots(c, 6) and bm.block_table("c") == [2, 3, 4]
-    bm.cache_full_blocks(c, 6)                   # H0, H1 taken (first writer wins); H2 -> 4
+    bm.cache_full_blocks(c, 6)  # H0, H1 taken (first writer wins); H2 -> 4
     h0, h1, h2 = c.block_hashes
     assert bm.state().cached == {h0: 0, h1: 1, h2: 4}
     assert bm.state().block_hashes[2:4] == [None, None]
-    bm.free(z)                                   # free queue [5, 1, 0]
+    bm.free(z)  # free queue [5, 1, 0]
     y = make_request("y", [9, 9, 9])
     assert bm.allocate_slots(y, 3) and bm.block_table("y") == [5, 1]
-    state = bm.state()                           # popping block 1 evicted H1
+    state = bm.state()  # popping block 1 evicted H1
     assert state.cached == {h0: 0, h2: 4} and state.block_hashes[1] is None
     b = make_request("b", [1, 2, 3, 4, 5, 6, 7])
-    assert bm.find_cached_prefix(b) == [0]       # H1 misses, so H2 is never looked at
+    assert bm.find_cached_prefix(b) == [0]  # H1 misses, so H2 is never looked at
 
 
 def test_refused_allocation_changes_nothing_and_free_cached_blocks_cost_a_slot():
@@ -110,7 +121,7 @@ def test_refused_allocation_changes_nothing_and_free_cached_blocks_cost_a_slot()
     a = make_request("a", [1, 2, 3, 4, 5])
     assert bm.allocate_slots(a, 5)
     bm.cache_full_blocks(a, 4)
-    bm.free(a)                                   # free queue [2, 1, 0]; blocks 0, 1 cached
+    bm.free(a)  # free queue [2, 1, 0]; blocks 0, 1 cached
     x = make_request("x", [7, 8])
     assert bm.allocate_slots(x, 2) and bm.block_table("x") == [2]
     b = make_request("b", [1, 2, 3, 4, 5, 6])
@@ -120,7 +131,7 @@ def test_refused_allocation_changes_nothing_and_free_cached_blocks_cost_a_slot()
     # required = cdiv(0 + 4 + 2, 2) = 3, new = 1, plus 2 free cached blocks = 3 > 2 free
     assert not bm.allocate_slots(b, 2, cached)
     assert bm.state() == before
-    bm.free(x)                                   # free queue [1, 0, 2]
+    bm.free(x)  # free queue [1, 0, 2]
     assert bm.allocate_slots(b, 2, cached)
     state = bm.state()
     assert state.tables == {"b": [0, 1, 2]} and state.free_queue == [] and state.ref_counts == [1, 1, 1]
@@ -138,30 +149,37 @@ def test_cache_key_isolation_prompt_logprobs_and_reset():
     queries = bm.num_queries
     lp = Request("d", [1, 2, 3, 4, 5], SamplingParams(prompt_logprobs=1), cache_key=("tenant-1",))
     assert bm.find_cached_prefix(lp) == [] and bm.num_queries == queries
-    assert bm.reset_prefix_cache() is False      # a still holds blocks
+    assert bm.reset_prefix_cache() is False  # a still holds blocks
     bm.free(a)
     assert bm.reset_prefix_cache() is True
-    assert bm.state().cached == {} and bm.find_cached_prefix(Request("e", [1, 2, 3, 4, 5], cache_key=("tenant-1",))) == []
+    assert (
+        bm.state().cached == {}
+        and bm.find_cached_prefix(Request("e", [1, 2, 3, 4, 5], cache_key=("tenant-1",))) == []
+    )
 
 
 def test_trim_frees_the_tail_and_rewinds_the_cursor():
     bm = BlockManager(4, 2)
     a = make_request("a", [1, 2, 3, 4, 5, 6, 7])
     assert bm.allocate_slots(a, 7) and bm.block_table("a") == [0, 1, 2, 3]
-    bm.cache_full_blocks(a, 6)                   # cursor 3
-    bm.trim(a, 3)                                # keep cdiv(3, 2) = 2 blocks
+    bm.cache_full_blocks(a, 6)  # cursor 3
+    bm.trim(a, 3)  # keep cdiv(3, 2) = 2 blocks
     assert bm.block_table("a") == [0, 1] and bm.state().free_queue == [3, 2]
     assert bm.cursors["a"] == 2 and bm.usage == 0.5
 
 
 # ---- Scheduler -------------------------------------------------------------------------------
 
+
 def two_request_scheduler(mode="recompute", num_blocks=4):
     """bs 2; r0 = [1, 2, 3] (max_tokens 3), r1 = [4, 5, 6] (arrival 1, max_tokens 4); after the two
     steps run here each holds 2 blocks and 5 tokens, 4 of them computed."""
     bm = BlockManager(num_blocks, 2)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, preemption_mode=mode), bm)
-    r0, r1 = make_request("r0", [1, 2, 3], 0.0, max_tokens=3), make_request("r1", [4, 5, 6], 1.0, max_tokens=4)
+    r0, r1 = (
+        make_request("r0", [1, 2, 3], 0.0, max_tokens=3),
+        make_request("r1", [4, 5, 6], 1.0, max_tokens=4),
+    )
     sched.add(r0)
     sched.add(r1)
     out = sched.schedule()
@@ -178,7 +196,7 @@ def test_recompute_preemption_resets_progress_and_admits_nobody():
     sched, bm, r0, r1 = two_request_scheduler()
     late = make_request("late", [3], 2.0, max_tokens=1)
     sched.add(late)
-    out = sched.schedule()                       # r0 needs a 3rd block, none free: victim r1
+    out = sched.schedule()  # r0 needs a 3rd block, none free: victim r1
     assert [(r.request_id, n) for r, n in out.scheduled] == [("r0", 1)]
     assert out.preempted == [r1] and out.swap_out == []
     assert (r1.status, r1.num_computed_tokens, r1.num_preemptions) == (Status.PREEMPTED, 0, 1)
@@ -186,7 +204,7 @@ def test_recompute_preemption_resets_progress_and_admits_nobody():
     assert bm.block_table("r0") == [0, 1, 3] and bm.state().free_queue == [2]
     update = sched.update_from_output(out, {"r0": [11]})
     assert update.finished == [r0] and r0.status is Status.FINISHED_LENGTH
-    out = sched.schedule()                       # r1: block [4, 5] still cached, [6, 8] evicted
+    out = sched.schedule()  # r1: block [4, 5] still cached, [6, 8] evicted
     assert out.finished == ["r0"]
     assert [(r.request_id, n) for r, n in out.scheduled] == [("r1", 3), ("late", 1)]
     assert (r1.num_computed_tokens, r1.num_cached_tokens) == (2, 2) and bm.block_table("r1")[0] == 2
@@ -207,7 +225,7 @@ def test_swap_preemption_keeps_progress_and_lists_blocks():
 
 def test_request_preempting_itself_is_not_scheduled():
     sched, bm, r0, r1 = two_request_scheduler(num_blocks=5)
-    out = sched.schedule()                       # r0 takes block 4; r1 finds none and is the victim
+    out = sched.schedule()  # r0 takes block 4; r1 finds none and is the victim
     assert [(r.request_id, n) for r, n in out.scheduled] == [("r0", 1)]
     assert out.preempted == [r1] and bm.state().free_queue == [3, 2]
 
@@ -218,7 +236,7 @@ def test_priority_policy_orders_queues_and_victims():
     low = Request("low", [1, 2], priority=5, arrival_time=0.0)
     high = Request("high", [3, 4], priority=0, arrival_time=1.0)
     mid = Request("mid", [5, 6], priority=1, arrival_time=2.0)
-    mid2 = Request("mid2", [7, 8], priority=1, arrival_time=2.0)   # tie: add order decides
+    mid2 = Request("mid2", [7, 8], priority=1, arrival_time=2.0)  # tie: add order decides
     for r in (low, high, mid, mid2):
         sched.add(r)
     assert sched.waiting == [high, mid, mid2, low]
@@ -228,18 +246,25 @@ def test_priority_policy_orders_queues_and_victims():
 
 def test_fcfs_admission_stops_at_head_of_line():
     bm = BlockManager(16, 2)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, enable_chunked_prefill=False), bm)
-    big, small = make_request("big", [1] * 6, 0.0, max_tokens=2), make_request("small", [2] * 4, 1.0, max_tokens=2)
+    sched = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, enable_chunked_prefill=False), bm
+    )
+    big, small = (
+        make_request("big", [1] * 6, 0.0, max_tokens=2),
+        make_request("small", [2] * 4, 1.0, max_tokens=2),
+    )
     first = make_request("first", [3] * 3, -1.0, max_tokens=2)
     for r in (big, small, first):
         sched.add(r)
-    out = sched.schedule()                       # first (3) fits; big (6) > 5 left: stop, small waits
+    out = sched.schedule()  # first (3) fits; big (6) > 5 left: stop, small waits
     assert [(r.request_id, n) for r, n in out.scheduled] == [("first", 3)]
 
 
 def test_long_prefill_threshold_and_mid_prompt_chunk_samples_nothing():
     bm = BlockManager(16, 2)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4, long_prefill_token_threshold=4), bm)
+    sched = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4, long_prefill_token_threshold=4), bm
+    )
     r = make_request("r", list(range(1, 11)), max_tokens=2)
     sched.add(r)
     out = sched.schedule()
@@ -258,16 +283,19 @@ def run_one(tokens, config=None, prompt=(1, 2, 3, 4), **params):
     return sched, r, update
 
 
-@pytest.mark.parametrize("tokens, params, appended, status, reason", [
-    ([7, 5, 7], dict(stop_token_ids=(5,)), [7, 5], Status.FINISHED_STOPPED, 5),
-    ([5, 5, 5, 5], dict(stop_token_ids=(5,), min_tokens=2), [5, 5, 5], Status.FINISHED_STOPPED, 5),
-    ([3, 2, 4], dict(), [3, 2], Status.FINISHED_STOPPED, None),
-    ([2, 2, 4], dict(min_tokens=1), [2, 2], Status.FINISHED_STOPPED, None),
-    ([3, 2, 4], dict(ignore_eos=True, max_tokens=3), [3, 2, 4], Status.FINISHED_LENGTH, None),
-    ([7, 7, 7, 7], dict(max_tokens=3), [7, 7, 7], Status.FINISHED_LENGTH, None),
-    ([7, 5], dict(max_tokens=2, stop_token_ids=(5,)), [7, 5], Status.FINISHED_STOPPED, 5),
-    ([7, 8], dict(max_tokens=5), [7, 8], Status.RUNNING, None),
-])
+@pytest.mark.parametrize(
+    "tokens, params, appended, status, reason",
+    [
+        ([7, 5, 7], dict(stop_token_ids=(5,)), [7, 5], Status.FINISHED_STOPPED, 5),
+        ([5, 5, 5, 5], dict(stop_token_ids=(5,), min_tokens=2), [5, 5, 5], Status.FINISHED_STOPPED, 5),
+        ([3, 2, 4], dict(), [3, 2], Status.FINISHED_STOPPED, None),
+        ([2, 2, 4], dict(min_tokens=1), [2, 2], Status.FINISHED_STOPPED, None),
+        ([3, 2, 4], dict(ignore_eos=True, max_tokens=3), [3, 2, 4], Status.FINISHED_LENGTH, None),
+        ([7, 7, 7, 7], dict(max_tokens=3), [7, 7, 7], Status.FINISHED_LENGTH, None),
+        ([7, 5], dict(max_tokens=2, stop_token_ids=(5,)), [7, 5], Status.FINISHED_STOPPED, 5),
+        ([7, 8], dict(max_tokens=5), [7, 8], Status.RUNNING, None),
+    ],
+)
 def test_stop_rules(tokens, params, appended, status, reason):
     sched, r, update = run_one(tokens, **params)
     assert update.new_token_ids == {"r": appended} and r.output_token_ids == appended
@@ -293,28 +321,34 @@ def test_abort_from_every_state_frees_everything():
     sched, bm, r0, r1 = two_request_scheduler("swap", num_blocks=5)
     r2 = make_request("r2", [9, 9], 5.0, max_tokens=2)
     sched.add(r2)
-    out = sched.schedule()                       # r0 running, r1 swapped, r2 waiting
+    out = sched.schedule()  # r0 running, r1 swapped, r2 waiting
     assert (r0.status, r1.status, r2.status) == (Status.RUNNING, Status.SWAPPED, Status.WAITING)
     assert [sched.abort(rid) for rid in ("r1", "r2", "r0", "r0", "nope")] == [True, True, True, False, False]
     assert all_free(bm) and not sched.has_unfinished and sched.waiting == [] and sched.running == []
-    update = sched.update_from_output(out, {"r0": [1]})     # aborted after schedule: skipped
+    update = sched.update_from_output(out, {"r0": [1]})  # aborted after schedule: skipped
     assert update.new_token_ids == {} and r0.output_token_ids == [7, 9]
     assert sched.schedule().finished == ["r1", "r2", "r0"]
     sched2, bm2, p0, p1 = two_request_scheduler("recompute")
     sched2.schedule()
     assert p1.status is Status.PREEMPTED and sched2.abort("r1") and sched2.abort("r0") and all_free(bm2)
-    sched2.add(make_request("r0", [1], max_tokens=1))        # a finished id may be reused
+    sched2.add(make_request("r0", [1], max_tokens=1))  # a finished id may be reused
 
 
 def test_add_errors_change_nothing():
     bm = BlockManager(4, 2)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, enable_chunked_prefill=False,
-                                      max_model_len=8), bm)
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_batched_tokens=4, max_num_seqs=4, enable_chunked_prefill=False, max_model_len=8
+        ),
+        bm,
+    )
     sched.add(make_request("a", [1, 2], max_tokens=2))
-    bad = [(make_request("a", [1], max_tokens=1), "already"),
-           (make_request("b", [1] * 5, max_tokens=4), "max_model_len"),
-           (make_request("c", [1] * 3, max_tokens=3), "max_num_batched_tokens"),
-           (make_request("d", [1] * 5, max_tokens=1), "max_num_batched_tokens")]
+    bad = [
+        (make_request("a", [1], max_tokens=1), "already"),
+        (make_request("b", [1] * 5, max_tokens=4), "max_model_len"),
+        (make_request("c", [1] * 3, max_tokens=3), "max_num_batched_tokens"),
+        (make_request("d", [1] * 5, max_tokens=1), "max_num_batched_tokens"),
+    ]
     for request, match in bad:
         with pytest.raises(ValueError, match=match):
             sched.add(request)
@@ -327,6 +361,7 @@ def test_add_errors_change_nothing():
 
 # ---- Implementation and simulation -----------------------------------------------------------
 
+
 def test_reference_impl_builds_its_parts():
     impl = spec.load_impl("reference")
     assert isinstance(impl, ReferenceImpl) and impl.name == "reference" and "swap" in impl.capabilities
@@ -335,7 +370,11 @@ def test_reference_impl_builds_its_parts():
     r = impl.new_request("x", [1, 2], priority=3, cache_key=("k",))
     assert isinstance(r, IMPL.request_cls) and (r.priority, r.cache_key) == (3, ("k",))
     assert sched.block_manager is bm and bm.enable_prefix_caching is False
-    assert isinstance(sched, spec.Scheduler) and isinstance(bm, spec.BlockManager) and isinstance(r, spec.Request)
+    assert (
+        isinstance(sched, spec.Scheduler)
+        and isinstance(bm, spec.BlockManager)
+        and isinstance(r, spec.Request)
+    )
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -343,6 +382,6 @@ def test_simulation_runs_to_an_empty_pool(mode, capsys):
     argv = ["--num-requests", "10", "--num-blocks", "32", "--seed", "1", "--preemption-mode", mode]
     assert simulate.main(argv) == 0
     first = capsys.readouterr().out
-    assert "preempted 1" in first or "preempted 2" in first   # the small pool forces preemption
+    assert "preempted 1" in first or "preempted 2" in first  # the small pool forces preemption
     assert first.rstrip().endswith("free 32/32 at the end")
     assert simulate.main(argv) == 0 and capsys.readouterr().out == first

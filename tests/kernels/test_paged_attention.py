@@ -3,6 +3,7 @@
 On CPU these run under TRITON_INTERPRET=1 (repo-root conftest) on tiny shapes; on CUDA on
 the model shapes we serve. Every run poisons the output with NaN first and draws fresh inputs.
 """
+
 import pytest
 import torch
 
@@ -13,20 +14,38 @@ from enginespec.testing.paged_batches import TOLERANCES, random_batch
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 # (num_q_heads, num_kv_heads, head_dim): GQA 2, odd group 3, MHA, and a non-power-of-2 dim.
-HEADS = [(16, 8, 128), (32, 8, 128), (12, 4, 80)] if CUDA else \
-    [(4, 2, 16), (6, 2, 16), (2, 2, 24)]
-SIZES = dict(num_reqs=12, max_seq_len=700, max_query_len=96) if CUDA else \
-    dict(num_reqs=4, max_seq_len=40, max_query_len=9)
+HEADS = [(16, 8, 128), (32, 8, 128), (12, 4, 80)] if CUDA else [(4, 2, 16), (6, 2, 16), (2, 2, 24)]
+SIZES = (
+    dict(num_reqs=12, max_seq_len=700, max_query_len=96)
+    if CUDA
+    else dict(num_reqs=4, max_seq_len=40, max_query_len=9)
+)
 
 
 def _run(batch, *, window=0, config=None, scale=None):
     out = torch.full_like(batch.q, float("nan"))
-    got = paged_attention(batch.q, batch.cache, batch.query_start_loc, batch.seq_lens,
-                          batch.block_table, max_query_len=batch.max_query_len,
-                          max_seq_len=batch.max_seq_len, scale=scale, window=window,
-                          out=out, config=config)
-    want = paged_attention_ref(batch.q, batch.cache, batch.query_start_loc, batch.seq_lens,
-                               batch.block_table, scale=scale, window=window)
+    got = paged_attention(
+        batch.q,
+        batch.cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        max_query_len=batch.max_query_len,
+        max_seq_len=batch.max_seq_len,
+        scale=scale,
+        window=window,
+        out=out,
+        config=config,
+    )
+    want = paged_attention_ref(
+        batch.q,
+        batch.cache,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        scale=scale,
+        window=window,
+    )
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(got).any(), "kernel left rows unwritten or read a poisoned slot"
     torch.testing.assert_close(got.float(), want.float(), **TOLERANCES[batch.q.dtype])
@@ -36,9 +55,19 @@ def _run(batch, *, window=0, config=None, scale=None):
 def _batch(heads, block_size, dtype, seed, num_padding=0, **overrides):
     hq, hkv, d = heads
     sizes = {**SIZES, **overrides}
-    return random_batch(sizes["num_reqs"], sizes["max_seq_len"], sizes["max_query_len"],
-                        num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=block_size,
-                        dtype=dtype, device=DEVICE, num_padding=num_padding, seed=seed)
+    return random_batch(
+        sizes["num_reqs"],
+        sizes["max_seq_len"],
+        sizes["max_query_len"],
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        num_padding=num_padding,
+        seed=seed,
+    )
 
 
 @pytest.mark.parametrize("heads", HEADS)
@@ -58,24 +87,50 @@ def test_dtypes(dtype):
 @pytest.mark.parametrize("window", [0, 13])
 def test_split_kv_matches_reference(num_splits, window):
     """Few long requests: the split path with its merge pass (forced, so tiny shapes use it)."""
-    batch = _batch(HEADS[0], 4, torch.float32, seed=11 + num_splits, num_reqs=3,
-                   max_seq_len=2000 if CUDA else 70, max_query_len=3, num_padding=1)
+    batch = _batch(
+        HEADS[0],
+        4,
+        torch.float32,
+        seed=11 + num_splits,
+        num_reqs=3,
+        max_seq_len=2000 if CUDA else 70,
+        max_query_len=3,
+        num_padding=1,
+    )
     config = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)
     _run(batch, window=window, config=config)
 
 
 def test_decode_only_heuristic_splits():
     """Decode-only batch with long contexts: the default heuristic picks split-KV on a GPU."""
-    batch = _batch(HEADS[1], 16, torch.bfloat16 if CUDA else torch.float32, seed=3,
-                   num_reqs=2, max_seq_len=5000 if CUDA else 60, max_query_len=1)
+    batch = _batch(
+        HEADS[1],
+        16,
+        torch.bfloat16 if CUDA else torch.float32,
+        seed=3,
+        num_reqs=2,
+        max_seq_len=5000 if CUDA else 60,
+        max_query_len=1,
+    )
     _run(batch, scale=0.3)
 
 
 def test_padding_rows_are_zero_and_prefill_rows_match():
     hq, hkv, d = HEADS[0]
-    batch = random_batch(2, 0, 0, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=4,
-                         dtype=torch.float32, device=DEVICE, num_padding=3, seed=5,
-                         lengths=([9, 4], [9, 1]))
+    batch = random_batch(
+        2,
+        0,
+        0,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=4,
+        dtype=torch.float32,
+        device=DEVICE,
+        num_padding=3,
+        seed=5,
+        lengths=([9, 4], [9, 1]),
+    )
     got = _run(batch)
     assert torch.count_nonzero(got[-3:]) == 0
     assert torch.count_nonzero(got[:-3]) > 0
@@ -93,17 +148,29 @@ def test_bad_inputs_raise():
         paged_attention(batch.q, batch.cache, batch.query_start_loc.long(), *args[1:], **kw)
 
 
-@pytest.mark.parametrize("config", [None, LaunchConfig(block_m=16, tile=128, num_splits=2, num_warps=4,
-                                                       num_stages=2)])
+@pytest.mark.parametrize(
+    "config", [None, LaunchConfig(block_m=16, tile=128, num_splits=2, num_warps=4, num_stages=2)]
+)
 def test_decode_launch_order_changes_nothing(config):
     """A decode-only batch served in a given order (longest first, or any permutation) gives
     the unordered result, padding requests included; 128-key split tiles too."""
     gen = torch.Generator().manual_seed(21)
     n = 9 if CUDA else 5
     seq_lens = torch.randint(1, SIZES["max_seq_len"] + 1, (n,), generator=gen).tolist()
-    batch = random_batch(n, 0, 0, num_q_heads=HEADS[0][0], num_kv_heads=HEADS[0][1],
-                         head_dim=HEADS[0][2], block_size=16, dtype=torch.float32, device=DEVICE,
-                         num_padding=2, seed=22, lengths=(seq_lens, [1] * n))
+    batch = random_batch(
+        n,
+        0,
+        0,
+        num_q_heads=HEADS[0][0],
+        num_kv_heads=HEADS[0][1],
+        head_dim=HEADS[0][2],
+        block_size=16,
+        dtype=torch.float32,
+        device=DEVICE,
+        num_padding=2,
+        seed=22,
+        lengths=(seq_lens, [1] * n),
+    )
     args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
     kw = dict(max_query_len=1, max_seq_len=batch.max_seq_len, config=config)
     plain = paged_attention(*args, **kw)
@@ -132,9 +199,9 @@ def test_split_decode_takes_wide_tiles_where_they_fit():
     from enginespec.kernels.paged_attention import choose_config
 
     device = torch.device(DEVICE)
-    few = choose_config(1, 1, 16, 8, 128, 1, 4096, device)           # 8 programs: split
+    few = choose_config(1, 1, 16, 8, 128, 1, 4096, device)  # 8 programs: split
     assert few.num_splits > 1 and few.tile == 128
-    many = choose_config(512, 512, 16, 8, 128, 1, 4096, device)      # 4096 programs: no split
+    many = choose_config(512, 512, 16, 8, 128, 1, 4096, device)  # 4096 programs: no split
     assert many.num_splits == 1 and many.tile == 64
     prefill = choose_config(4096, 1, 16, 8, 128, 4096, 4096, device)
     assert prefill.tile == 64

@@ -5,6 +5,7 @@ that the real compiler rejects (an earlier draw kernel failed on CUDA over a loo
 name). The compile runs in a subprocess because TRITON_INTERPRET=1 (set by the repo conftest on
 CPU) turns every @triton.jit into an interpreted function.
 """
+
 import os
 import subprocess
 import sys
@@ -52,8 +53,9 @@ for name, (fn, sig, consts) in KERNELS.items():
 def test_sampler_kernels_compile_for_sm90():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     if proc.returncode == 3:
         pytest.skip(proc.stdout.strip())
     assert proc.returncode == 0, proc.stderr[-4000:]

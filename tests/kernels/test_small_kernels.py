@@ -4,12 +4,19 @@ plain-torch references.
 Outputs are poisoned before each run (NaN-filled pool, fresh random inputs); on CPU the
 kernels run under TRITON_INTERPRET=1 on tiny shapes, on CUDA on model shapes.
 """
+
 import pytest
 import torch
 
 from enginespec.kernels.kv_write import write_kv
-from enginespec.kernels.reference import (rms_norm_ref, rope_inv_freq, rotary_cos_sin, rotary_ref,
-                               scratch_slot, write_kv_ref)
+from enginespec.kernels.reference import (
+    rms_norm_ref,
+    rope_inv_freq,
+    rotary_cos_sin,
+    rotary_ref,
+    scratch_slot,
+    write_kv_ref,
+)
 from enginespec.kernels.rms_norm import rms_norm
 from enginespec.kernels.rotary import rotary
 from enginespec.testing.paged_batches import TOLERANCES
@@ -33,10 +40,9 @@ def test_write_kv_matches_reference(dtype, block_size, heads, dim):
     num_blocks, num_tokens = 12, 11
     gen = _gen(block_size)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
-    slots[[2, 7]] = -1                                             # padding rows
+    slots[[2, 7]] = -1  # padding rows
     slots = slots.to(DEVICE)
-    cache = torch.full((2, num_blocks + 1, block_size, heads, dim), float("nan"),
-                       dtype=dtype, device=DEVICE)
+    cache = torch.full((2, num_blocks + 1, block_size, heads, dim), float("nan"), dtype=dtype, device=DEVICE)
     want = cache.clone()
     k = _randn(num_tokens, heads, dim, dtype=dtype, seed=1)
     v = _randn(num_tokens, heads, dim, dtype=dtype, seed=2)
@@ -87,8 +93,7 @@ def test_rms_norm_per_head_rows():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,dim,rot_dim", [((16, 8), 128, 128), ((3, 1), 48, 32),
-                                               ((2, 2), 16, 16)])
+@pytest.mark.parametrize("heads,dim,rot_dim", [((16, 8), 128, 128), ((3, 1), 48, 32), ((2, 2), 16, 16)])
 def test_rotary_matches_reference(dtype, heads, dim, rot_dim):
     num_tokens, max_pos = 9, 64
     cos, sin = rotary_cos_sin(rope_inv_freq(rot_dim, 10000.0), max_pos)
@@ -117,8 +122,7 @@ def _qkv_case(dtype, heads, dim, block_size, num_tokens=11, num_blocks=12):
     sin = torch.cat([sin_table[positions]] * 2, dim=-1).to(dtype).to(DEVICE)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[[1, 6]] = -1
-    cache = torch.full((2, num_blocks + 1, block_size, num_kv, dim), float("nan"), dtype=dtype,
-                       device=DEVICE)
+    cache = torch.full((2, num_blocks + 1, block_size, num_kv, dim), float("nan"), dtype=dtype, device=DEVICE)
     return qkv, cos, sin, slots.to(DEVICE), cache
 
 
@@ -145,7 +149,7 @@ def test_qkv_rope_matches_reference(dtype, norm, heads, dim, block_size):
     scratch = cache.view(2, -1, heads[1], dim)[:, scratch_slot(cache)]
     assert not torch.isnan(scratch).any(), "padding rows must write the scratch block"
     # v is stored untouched: bit for bit.
-    v = qkv[:, (heads[0] + heads[1]) * dim:].reshape(qkv.shape[0], heads[1], dim)
+    v = qkv[:, (heads[0] + heads[1]) * dim :].reshape(qkv.shape[0], heads[1], dim)
     keep = slots >= 0
     assert torch.equal(cache.view(2, -1, heads[1], dim)[1, slots[keep]], v[keep])
 
@@ -153,17 +157,18 @@ def test_qkv_rope_matches_reference(dtype, norm, heads, dim, block_size):
 def test_qkv_rope_is_the_composed_ops():
     """The reference equals RMSNorm per head (the merged decoder's own helper), then rotate-half
     rotary, then the K/V write: float32, so up to reassociation."""
-    from enginespec.worker.merged_decoder import rms_norm as module_norm, rotate_neox
     from enginespec.kernels.reference import qkv_rope_ref
+    from enginespec.worker.merged_decoder import rms_norm as module_norm
+    from enginespec.worker.merged_decoder import rotate_neox
 
     heads, dim = (4, 2), 16
     qkv, cos, sin, slots, cache = _qkv_case(torch.float32, heads, dim, 4)
     weight = 1 + 0.1 * _randn(6, dim, dtype=torch.float32, seed=13)
     q = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, cache, slots, heads[0])
-    qk = rotate_neox(module_norm(qkv[:, :6 * dim].reshape(-1, 6, dim), weight, 1e-6), cos, sin)
+    qk = rotate_neox(module_norm(qkv[:, : 6 * dim].reshape(-1, 6, dim), weight, 1e-6), cos, sin)
     torch.testing.assert_close(q, qk[:, :4], atol=1e-6, rtol=1e-6)
     want = torch.full_like(cache, float("nan"))
-    write_kv_ref(want, qk[:, 4:], qkv[:, 6 * dim:].reshape(-1, 2, dim), slots)
+    write_kv_ref(want, qk[:, 4:], qkv[:, 6 * dim :].reshape(-1, 2, dim), slots)
     torch.testing.assert_close(cache, want, equal_nan=True, atol=1e-6, rtol=1e-6)
 
 
@@ -178,5 +183,13 @@ def test_qkv_rope_bad_input_raises():
     with pytest.raises(ValueError, match="slot_mapping"):
         qkv_rope(qkv, cos, sin, None, 1e-6, cache, slots.int(), 2)
     with pytest.raises(ValueError, match="head_dim"):
-        qkv_rope(torch.zeros(3, 4 * 12, device=DEVICE), cos[:3, :12], sin[:3, :12], None, 1e-6,
-                 torch.zeros(2, 3, 4, 1, 12, device=DEVICE), slots[:3], 2)
+        qkv_rope(
+            torch.zeros(3, 4 * 12, device=DEVICE),
+            cos[:3, :12],
+            sin[:3, :12],
+            None,
+            1e-6,
+            torch.zeros(2, 3, 4, 1, 12, device=DEVICE),
+            slots[:3],
+            2,
+        )

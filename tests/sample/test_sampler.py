@@ -6,6 +6,7 @@ ALPHA = 1e-3: were the sampler exactly right, a given seed would fail with proba
 this seed is the unlucky 0.1%). Tokens the exact distribution gives zero mass must never appear.
 Requests come from the implementation under test (`impl.new_request`), as in the engine.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,9 @@ import random
 import pytest
 import torch
 
-from enginespec.spec import SamplingParams
-from enginespec.sample.sampler import Sampler, edit_logits, prompt_logprobs
 from enginespec.sample.rng import row_key, seeded_uniform
+from enginespec.sample.sampler import Sampler, edit_logits, prompt_logprobs
+from enginespec.spec import SamplingParams
 
 ALPHA = 1e-3
 N_DRAWS = 20000
@@ -25,6 +26,7 @@ EOS = 5
 
 
 # ---------------------------------------------------------------- chi-square without scipy
+
 
 def _gamma_q(a: float, x: float) -> float:
     """Regularised upper incomplete gamma Q(a, x): a series for P when x < a + 1, else a
@@ -62,6 +64,7 @@ def chi2_sf(stat: float, dof: int) -> float:
     """Survival function of the chi-square distribution (scipy's when installed)."""
     try:
         from scipy.stats import chi2
+
         return float(chi2.sf(stat, dof))
     except ImportError:
         return _gamma_q(dof / 2, stat / 2)
@@ -98,8 +101,10 @@ def assert_matches(counts: torch.Tensor, probs: torch.Tensor) -> None:
         return  # a single possible outcome: the zero-mass check above is the whole test
     stat = (((observed - expected) ** 2) / expected).sum().item()
     p = chi2_sf(stat, dof)
-    assert p > ALPHA, (f"chi2={stat:.1f} dof={dof} p={p:.2e}; first counts {counts[:16].tolist()}, "
-                       f"first probs {probs[:16].tolist()}")
+    assert p > ALPHA, (
+        f"chi2={stat:.1f} dof={dof} p={p:.2e}; first counts {counts[:16].tolist()}, "
+        f"first probs {probs[:16].tolist()}"
+    )
 
 
 def test_chi2_sf_matches_known_values():
@@ -119,6 +124,7 @@ def test_chi2_check_rejects_a_wrong_distribution():
 
 
 # ---------------------------------------------------------------- per-row Python references
+
 
 def reference_edit(logits: torch.Tensor, req) -> torch.Tensor:
     """allowed ids -> min_tokens -> bias -> penalties, one token at a time, float64."""
@@ -187,8 +193,9 @@ MODES = {
     "top_p0.7": SamplingParams(top_p=0.7),
     "min_p0.2": SamplingParams(min_p=0.2),
     "combined": SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
-    "penalties_bias": SamplingParams(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3,
-                                     logit_bias={5: 1.5, 0: -0.5}),
+    "penalties_bias": SamplingParams(
+        repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3, logit_bias={5: 1.5, 0: -0.5}
+    ),
     "allowed": SamplingParams(allowed_token_ids=(1, 3, 4)),
     "min_tokens": SamplingParams(min_tokens=4, stop_token_ids=(0,)),
 }
@@ -232,11 +239,14 @@ def test_seeded_uniform_is_uniform():
 
 # ---------------------------------------------------------------- greedy and mixed batches
 
+
 def test_greedy_rows_take_argmax_in_mixed_batch(impl):
     torch.manual_seed(0)
     logits = torch.randn(12, 50)
-    params = [SamplingParams(temperature=0.0) if i % 3 == 0 else SamplingParams(temperature=1.5, seed=i)
-              for i in range(12)]
+    params = [
+        SamplingParams(temperature=0.0) if i % 3 == 0 else SamplingParams(temperature=1.5, seed=i)
+        for i in range(12)
+    ]
     reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
     out = Sampler(50, seed=0)(logits, reqs)
     greedy = [i for i in range(12) if i % 3 == 0]
@@ -249,11 +259,14 @@ def test_greedy_rows_take_argmax_in_mixed_batch(impl):
 def test_padded_vocab_columns_are_never_sampled(impl):
     logits = torch.zeros(64, 10)
     logits[:, 8:] = 50.0  # columns past vocab_size=8 (padding) dominate
-    reqs = [make_request(impl, SamplingParams(temperature=t), rid=f"r{i}") for i, t in enumerate([0.0, 1.0] * 32)]
+    reqs = [
+        make_request(impl, SamplingParams(temperature=t), rid=f"r{i}") for i, t in enumerate([0.0, 1.0] * 32)
+    ]
     assert max(Sampler(8, seed=0)(logits, reqs).token_ids) < 8
 
 
 # ---------------------------------------------------------------- seeds
+
 
 def test_seeded_draw_independent_of_batch_and_position(impl):
     rng = random.Random(0)
@@ -266,9 +279,14 @@ def test_seeded_draw_independent_of_batch_and_position(impl):
         alone = Sampler(40, seed=1)(logits, [req]).token_ids[0]
         size, pos = rng.randint(2, 9), None
         pos = rng.randrange(size)
-        others = [make_request(impl, SamplingParams(temperature=rng.choice([0.0, 1.0]),
-                                                    seed=rng.choice([None, 5])), rid=f"o{j}")
-                  for j in range(size - 1)]
+        others = [
+            make_request(
+                impl,
+                SamplingParams(temperature=rng.choice([0.0, 1.0]), seed=rng.choice([None, 5])),
+                rid=f"o{j}",
+            )
+            for j in range(size - 1)
+        ]
         batch = others[:pos] + [req] + others[pos:]
         mixed = torch.randn(size, 40)
         mixed[pos] = logits[0]
@@ -280,12 +298,17 @@ def test_seeded_draw_independent_of_batch_and_position(impl):
 def test_unseeded_rows_follow_sampler_seed(impl):
     logits = torch.randn(16, 30, generator=torch.Generator().manual_seed(3))
     reqs = [make_request(impl, SamplingParams(), rid=f"r{i}") for i in range(16)]
-    a, b, c = Sampler(30, seed=7)(logits, reqs), Sampler(30, seed=7)(logits, reqs), Sampler(30, seed=8)(logits, reqs)
+    a, b, c = (
+        Sampler(30, seed=7)(logits, reqs),
+        Sampler(30, seed=7)(logits, reqs),
+        Sampler(30, seed=8)(logits, reqs),
+    )
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
 
 
 # ---------------------------------------------------------------- edits against Python
+
 
 def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
     return SamplingParams(
@@ -295,9 +318,11 @@ def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
         presence_penalty=rng.choice([0.0, 1.0, -1.5]),
         logit_bias=rng.choice([None, {rng.randrange(vocab): rng.uniform(-5, 5) for _ in range(3)}]),
         allowed_token_ids=rng.choice([None, tuple(rng.sample(range(vocab), 4))]),
-        min_tokens=rng.choice([0, 2, 6]), max_tokens=16,
+        min_tokens=rng.choice([0, 2, 6]),
+        max_tokens=16,
         stop_token_ids=tuple(rng.sample(range(vocab), rng.randint(0, 2))),
-        ignore_eos=rng.choice([False, True]))
+        ignore_eos=rng.choice([False, True]),
+    )
 
 
 def _random_requests(impl, rng, vocab: int, count: int, *, max_prompt: int, max_output: int) -> list:
@@ -328,13 +353,16 @@ def test_edits_match_python_reference(impl, case):
 def test_edit_logits_leaves_input_untouched(impl):
     logits = torch.randn(2, 10)
     before = logits.clone()
-    reqs = [make_request(impl, SamplingParams(logit_bias={1: 3.0}, repetition_penalty=2.0), rid=f"r{i}")
-            for i in range(2)]
+    reqs = [
+        make_request(impl, SamplingParams(logit_bias={1: 3.0}, repetition_penalty=2.0), rid=f"r{i}")
+        for i in range(2)
+    ]
     edit_logits(logits, reqs)
     assert torch.equal(logits, before)
 
 
 # ---------------------------------------------------------------- min_tokens, allowed ids
+
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached(impl):
     logits = torch.tensor([[0.0, 9.0, 1.0, 0.0, 0.0, 10.0]])  # EOS=5 best, stop id 1 second
@@ -350,8 +378,10 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(impl):
 def test_allowed_token_ids_restrict_random_and_greedy(impl):
     logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(5))
     allowed = (3, 17, 30)
-    reqs = [make_request(impl, SamplingParams(temperature=2.0, allowed_token_ids=allowed), rid=f"r{i}")
-            for i in range(500)]
+    reqs = [
+        make_request(impl, SamplingParams(temperature=2.0, allowed_token_ids=allowed), rid=f"r{i}")
+        for i in range(500)
+    ]
     drawn = set(Sampler(32, seed=0)(logits.expand(500, -1), reqs).token_ids)
     assert drawn == set(allowed)
     greedy = make_request(impl, SamplingParams(temperature=0.0, allowed_token_ids=allowed))
@@ -361,12 +391,17 @@ def test_allowed_token_ids_restrict_random_and_greedy(impl):
 
 # ---------------------------------------------------------------- logprobs
 
+
 def test_logprobs_are_raw_log_softmax(impl):
     torch.manual_seed(1)
     logits = torch.randn(5, 40) * 4
-    params = [SamplingParams(logprobs=3, temperature=0.0), SamplingParams(logprobs=0, top_k=5),
-              SamplingParams(), SamplingParams(logprobs=5, repetition_penalty=2.0, logit_bias={0: 9.0}),
-              SamplingParams(logprobs=1, seed=3)]
+    params = [
+        SamplingParams(logprobs=3, temperature=0.0),
+        SamplingParams(logprobs=0, top_k=5),
+        SamplingParams(),
+        SamplingParams(logprobs=5, repetition_penalty=2.0, logit_bias={0: 9.0}),
+        SamplingParams(logprobs=1, seed=3),
+    ]
     reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
     out = Sampler(40, seed=0)(logits, reqs)
     lp = torch.log_softmax(logits.double(), dim=1)
@@ -412,13 +447,14 @@ def test_bad_shapes_raise_value_errors(impl):
 
 # ---------------------------------------------------------------- Triton draw vs torch draw
 
+
 @pytest.mark.parametrize("chunk", [64, 256, 1024])
 def test_triton_draw_matches_torch_draw(chunk):
     """The two Triton kernels (interpreted on CPU) draw the same tokens as the torch path, for
     seeded, unseeded (derived keys) and greedy rows, with and without cuts, over several chunks."""
     from enginespec.kernels import sampling as sampling_triton
-    from enginespec.sample.sampler import draw_torch
     from enginespec.sample.rng import resolve_keys
+    from enginespec.sample.sampler import draw_torch
 
     if sampling_triton.triton is None:
         pytest.skip("triton not installed")
@@ -427,11 +463,12 @@ def test_triton_draw_matches_torch_draw(chunk):
     rows, vocab = 8, 3000  # vocab spans several blocks and chunks, the last one partial
     x = (torch.randn(rows, vocab, generator=gen) * 2).to(dev)
     x[0, 5] = x[0, 2900] = x[0].max() + 1  # a greedy tie: the lower id must win
-    x[7, :1500] = float("-inf")             # whole chunks masked (allowed-ids style)
+    x[7, :1500] = float("-inf")  # whole chunks masked (allowed-ids style)
     noisy = [False, True, True, True, False, True, True, True]
     x_scale = torch.tensor([1.0, 1.0, 2.0, 0.5, 1.0, 1.3, 0.8, 1.0], device=dev)
-    thr = torch.tensor([float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5, float("-inf"), 0.5],
-                       device=dev)
+    thr = torch.tensor(
+        [float("-inf"), float("-inf"), 1.0, 0.0, float("-inf"), 2.5, float("-inf"), 0.5], device=dev
+    )
     keys = [0, row_key(1, 0), row_key(2, 5), -1, 0, 2**63 - 1, -1, row_key(4, 1)]
     base = (123456789, 2**31 - 1)
     noise = torch.tensor([1.0 if n else 0.0 for n in noisy], device=dev)
@@ -488,9 +525,12 @@ def test_wide_vocab_mixed_batch_matches_exact(impl):
     """Rows on different top-p paths (fallback, candidates, bounded by min-p), plus greedy
     rows, in one batch: each row group still draws from its own exact distribution."""
     ramp = torch.linspace(0.0, 1.0, WIDE)
-    groups = [(ramp, SamplingParams(top_p=0.8)), (ramp * 12, SamplingParams(top_p=0.7)),
-              (ramp * 6, SamplingParams(min_p=0.2, top_p=0.9, temperature=0.7)),
-              (ramp * 3, SamplingParams(temperature=0.0))]
+    groups = [
+        (ramp, SamplingParams(top_p=0.8)),
+        (ramp * 12, SamplingParams(top_p=0.7)),
+        (ramp * 6, SamplingParams(min_p=0.2, top_p=0.9, temperature=0.7)),
+        (ramp * 3, SamplingParams(temperature=0.0)),
+    ]
     per_group = 1000
     reqs = [make_request(impl, p, rid=f"g{g}") for g, (_, p) in enumerate(groups)]
     rows = [g for _ in range(per_group) for g in range(len(groups))]
@@ -511,10 +551,18 @@ def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
         pytest.skip("needs triton's CPU interpreter")
     gen = torch.Generator().manual_seed(4)
     logits = torch.randn(12, 700, generator=gen) * 3
-    settings = [dict(temperature=0.0), dict(temperature=0.7, top_k=20), dict(top_p=0.9),
-                dict(min_p=0.1, temperature=1.3), dict(top_k=600, top_p=0.8), dict(temperature=0.5)]
-    batches = [[make_request(impl, SamplingParams(seed=i, **settings[i % 6]), rid=f"r{i}") for i in range(12)],
-               [make_request(impl, SamplingParams(seed=i, temperature=0.9), rid=f"t{i}") for i in range(12)]]
+    settings = [
+        dict(temperature=0.0),
+        dict(temperature=0.7, top_k=20),
+        dict(top_p=0.9),
+        dict(min_p=0.1, temperature=1.3),
+        dict(top_k=600, top_p=0.8),
+        dict(temperature=0.5),
+    ]
+    batches = [
+        [make_request(impl, SamplingParams(seed=i, **settings[i % 6]), rid=f"r{i}") for i in range(12)],
+        [make_request(impl, SamplingParams(seed=i, temperature=0.9), rid=f"t{i}") for i in range(12)],
+    ]
     for reqs in batches:
         want = Sampler(700)(logits, reqs).token_ids
         with monkeypatch.context() as m:
@@ -524,6 +572,7 @@ def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
 
 
 # ---------------------------------------------------------------- the chunked draw
+
 
 def test_chunk_stats_kernel_matches_torch():
     """Pass 1 of the Triton draw (interpreted on CPU) against `chunk_weights`: chunk maxima and
@@ -536,13 +585,14 @@ def test_chunk_stats_kernel_matches_torch():
     gen = torch.Generator().manual_seed(21)
     rows, vocab, chunk = 4, 200, 64
     x = torch.randn(rows, vocab, generator=gen) * 3
-    x[1, 64:128] = float("-inf")          # a chunk with nothing kept
-    x[2, 10] = x[2, 40] = 20.0            # a tie inside one chunk
+    x[1, 64:128] = float("-inf")  # a chunk with nothing kept
+    x[2, 10] = x[2, 40] = 20.0  # a tie inside one chunk
     scale = torch.tensor([1.0, 2.0, 0.5, 1.4427])
     thr = torch.tensor([float("-inf"), 0.0, 1.0, 2.0])
     stats = torch.empty((rows, 3, 4), dtype=torch.float32)
-    sampling_triton._chunk_stats_kernel[(rows, 4)](x, x.stride(0), scale, thr, stats, vocab, 4,
-                                                   CHUNK=chunk, BLOCK=32)
+    sampling_triton._chunk_stats_kernel[(rows, 4)](
+        x, x.stride(0), scale, thr, stats, vocab, 4, CHUNK=chunk, BLOCK=32
+    )
     tops, weights = chunk_weights(x, scale, thr, chunk)
     assert torch.equal(stats[:, 0], tops)
     torch.testing.assert_close(stats[:, 1], weights.sum(dim=2), rtol=1e-5, atol=1e-6)
@@ -556,8 +606,14 @@ def test_chunk_stats_kernel_matches_torch():
 WIDE_RAMP = torch.linspace(0.0, 4.0, 700)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(top_p=0.8),
-                                    SamplingParams(top_k=300, min_p=0.02, temperature=1.3)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(top_p=0.8),
+        SamplingParams(top_k=300, min_p=0.02, temperature=1.3),
+    ],
+)
 def test_multi_chunk_torch_draw_matches_exact(impl, monkeypatch, params):
     """With chunks of 64 tokens (11 chunks over 700) the two-step draw (chunk, then token) is
     still the exact cut softmax."""
@@ -575,8 +631,8 @@ def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
     """The Triton draw (interpreted) with 8-token chunks over 32 tokens, unseeded and seeded
     rows, against the exact distribution (few draws: the interpreter runs each program in
     Python; the torch path, which must draw the same tokens, has the high-power tests)."""
-    from enginespec.sample import draw as sampling_draw
     from enginespec.kernels import sampling as sampling_triton
+    from enginespec.sample import draw as sampling_draw
 
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
@@ -584,8 +640,12 @@ def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
     monkeypatch.setattr(sampling_triton, "available", lambda device: True)
     logits = torch.linspace(0.0, 3.0, 32)
     draws = 400
-    reqs = [make_request(impl, SamplingParams(temperature=0.8, top_p=0.9, seed=(i if i % 2 else None)),
-                         rid=f"r{i}") for i in range(draws)]
+    reqs = [
+        make_request(
+            impl, SamplingParams(temperature=0.8, top_p=0.9, seed=(i if i % 2 else None)), rid=f"r{i}"
+        )
+        for i in range(draws)
+    ]
     out = Sampler(32, seed=4)(logits.expand(draws, -1).contiguous(), reqs)
     counts = torch.bincount(torch.tensor(out.token_ids), minlength=32)
     assert_matches(counts, reference_probs(logits, reqs[0]))
@@ -604,8 +664,12 @@ def test_triton_seeded_draw_independent_of_batch(impl, monkeypatch):
     target = make_request(impl, SamplingParams(temperature=1.0, top_p=0.95, seed=17), outputs=[3, 4], rid="t")
     alone = Sampler(300, seed=0)(row, [target]).token_ids[0]
     for size, pos in ((3, 0), (5, 4), (4, 2)):
-        others = [make_request(impl, SamplingParams(temperature=[0.0, 0.9][j % 2], seed=[None, j][j % 2]),
-                               rid=f"o{j}") for j in range(size - 1)]
+        others = [
+            make_request(
+                impl, SamplingParams(temperature=[0.0, 0.9][j % 2], seed=[None, j][j % 2]), rid=f"o{j}"
+            )
+            for j in range(size - 1)
+        ]
         logits = torch.randn(size, 300, generator=gen)
         logits[pos] = row[0]
         assert Sampler(300, seed=size)(logits, others[:pos] + [target] + others[pos:]).token_ids[pos] == alone

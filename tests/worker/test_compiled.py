@@ -6,16 +6,17 @@ On the CPU the body is compiled with the "aot_eager" backend: dynamo traces the 
 inductor's code generation, so CI stays fast. The inductor path itself runs on CUDA in
 test_cuda_graphs.py (the default there).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
+from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 from enginespec.worker.compiled import should_compile
 from enginespec.worker.step_context import current
-from enginespec.spec import SamplingParams
 
 
 def _generate(impl, family, **engine_args):
@@ -25,8 +26,17 @@ def _generate(impl, family, **engine_args):
     # where one request decodes alone (the one-row graph).
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 1 for j in range(5 + 6 * i)]} for i in range(6)]
     params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
-    llm = LLM(tiny_model_dir(family), impl=impl, dtype="float32", device="cpu", block_size=4,
-              num_blocks=128, max_num_batched_tokens=16, max_num_seqs=4, **engine_args)
+    llm = LLM(
+        tiny_model_dir(family),
+        impl=impl,
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=128,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        **engine_args,
+    )
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     return llm, outs

@@ -4,15 +4,16 @@ default) and eager runs give the same greedy tokens.
 The bucket arithmetic is checked everywhere; replay itself needs a GPU (skipped on CPU: a gap
 CI cannot close, run on the H200 with `pytest conformance --impl=fast -m gpu`).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
+from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 from enginespec.worker.cuda_graphs import default_buckets
-from enginespec.spec import SamplingParams
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 20, 256])
@@ -36,8 +37,16 @@ def test_graph_replay_equals_eager(impl, family):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     outs = {}
     for eager in (True, False):
-        llm = LLM(tiny_model_dir(family), impl=impl, dtype="float32", device="cuda", block_size=4,
-                  max_num_seqs=16, num_gpu_blocks_override=64, enforce_eager=eager)
+        llm = LLM(
+            tiny_model_dir(family),
+            impl=impl,
+            dtype="float32",
+            device="cuda",
+            block_size=4,
+            max_num_seqs=16,
+            num_gpu_blocks_override=64,
+            enforce_eager=eager,
+        )
         assert (llm.engine.runner.graphs is None) == eager
         body = llm.engine.runner.body  # default on CUDA: graphs replay an inductor-compiled body
         assert (body is None) == eager and (eager or body.error is None), getattr(body, "error", None)

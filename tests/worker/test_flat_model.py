@@ -6,15 +6,16 @@ prefill chunks and then one token per step, through shuffled block tables in the
 sometimes with padding rows: every row's logits must match the full forward at that position.
 Each case runs both decoders FlatModel offers (model_impl "merged" and "transformers").
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from enginespec.spec import SamplingParams, SchedulerOutput
 from enginespec.testing.checkpoints import FAMILIES, VOCAB_SIZE, tiny_model_dir
 from enginespec.worker.batch import build_batch
 from enginespec.worker.flat_model import FlatModel
-from enginespec.spec import SamplingParams, SchedulerOutput
 
 ATOL = RTOL = 2e-5
 CASES = [(family, False) for family in FAMILIES] + [("qwen3", True), ("llama", True)]
@@ -24,7 +25,9 @@ MODEL_IMPLS = ("merged", "transformers")
 def _hf_model(path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @torch.no_grad()
@@ -39,7 +42,7 @@ class ShuffledTables:
         order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
         per = num_blocks // len(request_ids)
         self.block_size = block_size
-        self.tables = {rid: order[i * per:(i + 1) * per] for i, rid in enumerate(request_ids)}
+        self.tables = {rid: order[i * per : (i + 1) * per] for i, rid in enumerate(request_ids)}
 
     def block_table(self, request_id: str) -> list[int]:
         return list(self.tables[request_id])
@@ -57,6 +60,7 @@ def models():
         model = FlatModel.from_pretrained(path, attention=attention, model_impl=model_impl)
         assert model.model_impl == model_impl
         return hf, model
+
     return get
 
 
@@ -89,8 +93,10 @@ def _chunk_plan(length: int, first: int) -> list[int]:
 def test_chunked_prefill_then_decode_matches_transformers(impl, models, family, tied, model_impl):
     hf, model = models(family, tied, impl.attention_backend("cpu"), model_impl)
     gen = torch.Generator().manual_seed(3)
-    seqs = {rid: torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist()
-            for rid, n in (("a", 17), ("b", 6), ("c", 12))}
+    seqs = {
+        rid: torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist()
+        for rid, n in (("a", 17), ("b", 6), ("c", 12))
+    }
     reqs = {rid: impl.new_request(rid, ids, SamplingParams(max_tokens=1)) for rid, ids in seqs.items()}
     plans = {"a": _chunk_plan(17, 9), "b": _chunk_plan(6, 2), "c": _chunk_plan(12, 5)}
     manager, kv = ShuffledTables(18, 3, list(seqs), seed=4), model.allocate_kv(18, 3)
@@ -104,10 +110,11 @@ def test_chunked_prefill_then_decode_matches_transformers(impl, models, family, 
         row = 0
         for req, n in scheduled:
             c = req.num_computed_tokens
-            want = expected[req.request_id][c:c + n]
-            got = logits[row:row + n]
-            assert torch.allclose(got, want, atol=ATOL, rtol=RTOL), \
+            want = expected[req.request_id][c : c + n]
+            got = logits[row : row + n]
+            assert torch.allclose(got, want, atol=ATOL, rtol=RTOL), (
                 f"step {step} request {req.request_id} positions {c}..{c + n - 1}: {(got - want).abs().max()}"
+            )
             row += n
             req.num_computed_tokens = c + n
 
@@ -119,15 +126,23 @@ def test_attributes_and_kv_shape(impl):
     config = AutoConfig.from_pretrained(str(path))
     model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"))
     assert (model.num_layers, model.num_kv_heads, model.head_dim) == (
-        config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     assert (model.vocab_size, model.eos_token_id, model.max_position_embeddings) == (
-        config.vocab_size, config.eos_token_id, config.max_position_embeddings)
+        config.vocab_size,
+        config.eos_token_id,
+        config.max_position_embeddings,
+    )
     assert model.dtype == torch.float64 and model.device.type == "cpu"
     assert model.hf_model.config is model.config
     kv = model.allocate_kv(7, 4)
     assert len(kv) == config.num_hidden_layers
-    assert all(t.shape == (2, 8, 4, config.num_key_value_heads, config.head_dim) and t.dtype == torch.float64
-               for t in kv)
+    assert all(
+        t.shape == (2, 8, 4, config.num_key_value_heads, config.head_dim) and t.dtype == torch.float64
+        for t in kv
+    )
 
 
 @pytest.mark.parametrize("model_impl", MODEL_IMPLS)
@@ -136,13 +151,15 @@ def test_float64_is_exact_to_transformers_float64(impl, model_impl):
 
     path = tiny_model_dir("mistral")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64, attn_implementation="eager")
-    model = FlatModel.from_pretrained(path, dtype=torch.float64, attention=impl.attention_backend("cpu"),
-                                      model_impl=model_impl)
+    model = FlatModel.from_pretrained(
+        path, dtype=torch.float64, attention=impl.attention_backend("cpu"), model_impl=model_impl
+    )
     ids = list(range(4, 4 + 21))
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
-    logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
-                                                model.allocate_kv(8, 4)))
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    )
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
     assert logits.dtype == expected.dtype == torch.float64  # compute_logits keeps the model's dtype
@@ -162,8 +179,9 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_imp
     """Qwen2 with sliding layers from max_window_layers on: layer 0 full, layer 1 windowed."""
     from enginespec.testing.checkpoints import make_tiny_checkpoint
 
-    path = make_tiny_checkpoint("qwen2", tmp_path / "q2w", use_sliding_window=True, sliding_window=5,
-                                max_window_layers=1, seed=7)
+    path = make_tiny_checkpoint(
+        "qwen2", tmp_path / "q2w", use_sliding_window=True, sliding_window=5, max_window_layers=1, seed=7
+    )
     hf = _hf_model(path)
     assert hf.config.layer_types == ["full_attention", "sliding_attention"]
     model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"), model_impl=model_impl)
@@ -176,22 +194,26 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_imp
         req.num_computed_tokens = start
         batch = build_batch(SchedulerOutput(scheduled=[(req, n)]), manager)
         logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta, kv))
-        assert torch.allclose(logits, expected[start:start + n], atol=ATOL, rtol=RTOL), start
+        assert torch.allclose(logits, expected[start : start + n], atol=ATOL, rtol=RTOL), start
 
 
 def test_merged_weights_are_shared_with_the_checkpoint_modules(impl):
     """Merging holds no weight twice: q/k/v and gate/up become row slices of the merged tensors,
     so both decoders of one FlatModel read the same memory, and they agree in float64."""
-    model = FlatModel.from_pretrained(tiny_model_dir("qwen2"), dtype=torch.float64,
-                                      attention=impl.attention_backend("cpu"))
+    model = FlatModel.from_pretrained(
+        tiny_model_dir("qwen2"), dtype=torch.float64, attention=impl.attention_backend("cpu")
+    )
     assert model.model_impl == "merged"  # "auto" picks it for every supported family
     layer, hf_layer = model._merged.layers[0], model._decoder.layers[0]
     attn = hf_layer.self_attn
     rows = [attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]]
     assert attn.q_proj.weight.data_ptr() == layer.qkv_weight.data_ptr()
-    assert attn.k_proj.weight.data_ptr() == layer.qkv_weight[rows[0]:].data_ptr()
-    assert attn.v_proj.bias.data_ptr() == layer.qkv_bias[sum(rows):].data_ptr()  # Qwen2's qkv bias
-    assert hf_layer.mlp.up_proj.weight.data_ptr() == layer.gate_up_weight[hf_layer.mlp.gate_proj.weight.shape[0]:].data_ptr()
+    assert attn.k_proj.weight.data_ptr() == layer.qkv_weight[rows[0] :].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == layer.qkv_bias[sum(rows) :].data_ptr()  # Qwen2's qkv bias
+    assert (
+        hf_layer.mlp.up_proj.weight.data_ptr()
+        == layer.gate_up_weight[hf_layer.mlp.gate_proj.weight.shape[0] :].data_ptr()
+    )
     ids = torch.randint(0, VOCAB_SIZE, (13,), generator=torch.Generator().manual_seed(8)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
@@ -203,8 +225,9 @@ def test_merged_weights_are_shared_with_the_checkpoint_modules(impl):
 
 def test_unknown_model_impl_is_refused(impl):
     with pytest.raises(ValueError, match="model_impl"):
-        FlatModel.from_pretrained(tiny_model_dir("llama"), attention=impl.attention_backend("cpu"),
-                                  model_impl="vllm")
+        FlatModel.from_pretrained(
+            tiny_model_dir("llama"), attention=impl.attention_backend("cpu"), model_impl="vllm"
+        )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -236,16 +259,22 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     and still matches transformers past the original context (where the rescaling starts)."""
     from enginespec.testing.checkpoints import make_tiny_checkpoint
 
-    path = make_tiny_checkpoint("llama", tmp_path / "dyn", max_position_embeddings=12, seed=3,
-                                rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))
+    path = make_tiny_checkpoint(
+        "llama",
+        tmp_path / "dyn",
+        max_position_embeddings=12,
+        seed=3,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0),
+    )
     hf = _hf_model(path)
     model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
     assert model.model_impl == "merged" and model._merged.cos_table is None
     ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
-    logits = model.compute_logits(model.forward(batch.input_ids, batch.positions, batch.meta,
-                                                model.allocate_kv(8, 4)))
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    )
     assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
 
 

@@ -1,5 +1,6 @@
 """The checkpoint loader: weights land where transformers puts them, and every broken checkpoint
 fails with an error that names the file or tensor at fault. Never a download."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from enginespec.testing.checkpoints import VOCAB_SIZE, make_tiny_checkpoint, tiny_model_dir
-from enginespec.worker.loader import (SUPPORTED_ARCHITECTURES, CheckpointError, CheckpointNotFound, build_model,
-                                 checkpoint_files, load_tokenizer)
+from enginespec.worker.loader import (
+    SUPPORTED_ARCHITECTURES,
+    CheckpointError,
+    CheckpointNotFound,
+    build_model,
+    checkpoint_files,
+    load_tokenizer,
+)
 
 
 def _hf_state(path) -> dict[str, torch.Tensor]:
