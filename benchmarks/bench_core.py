@@ -6,9 +6,9 @@
 Each case runs for "reference" and "fast" (plus the plugin's --impl when it names another), in
 the same process, so the ratio between them is measured in one run. Without --benchmark-enable
 (CI) every case runs once as an ordinary test and checks what it computed, never its speed.
-The reference impl has no build_batch of its own: like the engine, it gets the plain builder of
-worker/batch.py. Workload: decoding requests with random prompts of 384-640 tokens, block size 16,
-prefix caching on; numbers go to benchmarks/RESULTS.md ("CPU control plane").
+The reference impl has no build_batch of its own: like the engine, it gets the spec's canonical
+builder (spec/batch_layout.py). Workload: decoding requests with random prompts of 384-640
+tokens, block size 16, prefix caching on; numbers go to benchmarks/RESULTS.md ("CPU control plane").
 
 Cases:
 - churn: 64 requests of 512 tokens sharing a 256-token prefix: lookup, allocate, publish, then
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from enginespec.spec import SamplingParams, SchedulerConfig, load_impl  # noqa: E402
-from enginespec.worker.batch import build_batch as plain_build_batch  # noqa: E402
+from enginespec.spec import build_batch as plain_build_batch  # noqa: E402
 
 PROMPT_LEN = 512
 BLOCK_SIZE = 16

@@ -13,9 +13,8 @@ import torch
 from hypothesis import given
 
 from enginespec.conformance.strategies import scenarios
-from enginespec.spec import SamplingParams, SchedulerOutput, slot_of
+from enginespec.spec import SamplingParams, SchedulerOutput, build_batch, slot_of
 from enginespec.testing.fake_model import FakeModel
-from enginespec.worker.batch import build_batch
 
 
 class FixedTables:

@@ -1,5 +1,5 @@
 """Batch parity: an impl's own `build_batch` must produce exactly the tensors of the plain
-builder (worker/batch.py), on random scheduler traces of that impl.
+builder (spec/batch_layout.py), on random scheduler traces of that impl.
 
 Each step of a Hypothesis-drawn trace (chunked prefills, prefix-cache hits, preemption by
 recompute or swap, priority order, staggered arrivals, aborts, padding for CUDA graphs) is laid
@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from enginespec.conformance.strategies import scenarios
+from enginespec.spec import build_batch as plain_build_batch
 from enginespec.testing.fake_model import FakeModel
-from enginespec.worker.batch import build_batch as plain_build_batch
 
 MODEL = FakeModel(vocab_size=16)
 TENSOR_FIELDS = ("input_ids", "positions", "logits_indices")

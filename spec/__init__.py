@@ -1,10 +1,12 @@
-"""enginespec's contract: Protocols, shared value types, the canonical block hash.
+"""enginespec's contract: Protocols, shared value types, the canonical block hash and
+the canonical batch layout (build_batch).
 
 Nothing here imports an implementation; implementations are reached through `load_impl`.
 """
 
 from enginespec.spec.attention import AttentionBackend
 from enginespec.spec.batch import Batch, BatchMeta, slot_of
+from enginespec.spec.batch_layout import build_batch
 from enginespec.spec.block_manager import BlockManager, PoolState
 from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
@@ -31,6 +33,7 @@ __all__ = [
     "SchedulerOutput",
     "Status",
     "RequestArgs",
+    "build_batch",
     "check_request_args",
     "UpdateOutput",
     "encode_extra",

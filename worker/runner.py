@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
+from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, should_compile
 
 DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
@@ -83,7 +84,7 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.build_batch = getattr(impl, "build_batch", None) or _plain_build_batch()
+        self.build_batch = getattr(impl, "build_batch", None) or spec_build_batch
         self.bytes_per_block = kv_bytes_per_block(model, block_size)
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
@@ -278,9 +279,3 @@ class ModelRunner:
 def _check_positive(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _plain_build_batch():
-    from enginespec.worker.batch import build_batch
-
-    return build_batch

@@ -69,8 +69,8 @@ class FastImpl:
         return FastAttention(device)
 
     def build_batch(self, output, block_manager, device="cpu", pad_to: Optional[int] = None):
-        """Same tensors as worker/batch.py:build_batch, from persistent buffers reused
-        step after step (one builder per block manager and device)."""
+        """Same tensors as the spec's canonical spec/batch_layout.py:build_batch, from
+        persistent buffers reused step after step (one builder per block manager and device)."""
         per_device = self._builders.get(block_manager)
         if per_device is None:
             per_device = self._builders[block_manager] = {}

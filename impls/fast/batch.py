@@ -1,7 +1,8 @@
-"""The fast batch builder: the tensors of worker/batch.py:build_batch, built from
-persistent buffers with numpy, moved to the device in one copy.
+"""The fast batch builder: the tensors of the spec's canonical builder
+(spec/batch_layout.py:build_batch), built from persistent buffers with numpy, moved to the
+device in one copy.
 
-Layout (identical to the plain builder, which documents it): rows follow output.scheduled;
+Layout (identical to the spec's builder, which documents it): rows follow output.scheduled;
 request r (computed c, scheduled n) owns rows at positions c..c+n-1, seq_len c + n, a block
 table row of its first cdiv(c + n, bs) blocks padded with 0 to the widest row (at least 1);
 it samples its last row iff c + n >= r.num_tokens; prompt logprob rows are listed while it has

@@ -15,7 +15,7 @@ from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.free_queue import FreeQueue
 from enginespec.impls.fast.hashing import extend_block_hashes
 from enginespec.spec import SamplingParams, SchedulerConfig, SchedulerOutput, hash_request_blocks, load_impl
-from enginespec.worker.batch import build_batch as plain_build_batch
+from enginespec.spec import build_batch as plain_build_batch
 
 FAST = load_impl("fast")
 

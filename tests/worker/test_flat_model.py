@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from enginespec.spec import SamplingParams, SchedulerOutput
+from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
 from enginespec.testing.checkpoints import FAMILIES, VOCAB_SIZE, tiny_model_dir
-from enginespec.worker.batch import build_batch
 from enginespec.worker.flat_model import FlatModel
 
 ATOL = RTOL = 2e-5

@@ -1,4 +1,8 @@
-"""build_batch: one SchedulerOutput -> one flat ragged Batch (the plain, impl-agnostic builder).
+"""build_batch: one SchedulerOutput -> one flat ragged Batch: the canonical layout, as contract.
+
+The plain, impl-agnostic builder. It lives in the spec beside `hash_block` because the layout
+is part of the contract: an impl's own `build_batch` must produce exactly these tensors, and the
+engine falls back to this one when an impl has none.
 
 Called BEFORE `Scheduler.update_from_output`, so request r's rows are its tokens
 token_ids[c : c + n] at positions c .. c + n - 1, where c is its current num_computed_tokens
@@ -26,7 +30,8 @@ from typing import Optional
 
 import torch
 
-from enginespec.spec import Batch, BatchMeta, SchedulerOutput
+from enginespec.spec.batch import Batch, BatchMeta
+from enginespec.spec.scheduler import SchedulerOutput
 
 
 def _cdiv(a: int, b: int) -> int:
