@@ -3,7 +3,7 @@
 # throughput harness (greedy, three timed runs with the median reported, serial vs async
 # scheduling, transformers on 64 of the prompts, batch-1 latency, decode profile), the same
 # workload sampled at temperature 0.8, then the whole suite with --impl=fast.
-# Usage (device machine, repo root): bash benchmarks/gpu_engine.sh <git-sha> [extra bench flags]
+# Usage (device machine, repo root): bash benchmarks/gpu_engine.sh <git-sha> [extra throughput.py flags]
 # Device time: about 4 min for the greedy harness on a fresh machine (compilation and
 # transformers' run are most of it), 1.5 min for the sampled run, 2.5 min for the suite. The
 # Qwen3-8B-shaped run (the harness without --skip-big: 8B checkpoint synthesis, about 3 min
@@ -11,7 +11,12 @@
 set -u
 sha=${1:-unknown}; shift || true
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1  # the repository root: `benchmarks.*` for the scripts
+# enginespec installs under one import name through package-dir, so a bare checkout on
+# PYTHONPATH is not enough: install it (editable, no dependency resolution) when it is missing.
+python3 -c "import enginespec" 2>/dev/null \
+  || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 \
+  || { echo "pip install -e . failed (see $out/install.log)"; exit 1; }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
 timeout 300 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --repeat 3 \
   --compare-scheduling --hf-num-requests 64 --skip-big --out "$out/throughput.json" "$@" \
@@ -20,5 +25,5 @@ grep "^\[bench\]\|^  \|^enginespec" "$out/bench.log" | tail -20
 timeout 130 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --temperature 0.8 \
   --skip-hf --skip-big --skip-latency --out "$out/throughput_t08.json" > "$out/bench_t08.log" 2>&1
 grep "^  engine\|^  floor\|^  gpu busy\|host waited" "$out/bench_t08.log"
-timeout 150 python3 -m pytest -p conformance.plugin --impl=fast -q conformance kernels 2>&1 \
+timeout 150 python3 -m pytest --impl=fast -q conformance tests/kernels 2>&1 \
   | tee "$out/pytest_fast.log" | tail -3

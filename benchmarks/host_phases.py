@@ -20,10 +20,12 @@ import contextlib
 import sys
 import time
 
-from benchmarks import harness as bench
+from benchmarks import engine_runs as runs
+from benchmarks.step_bins import BATCH_BINS
+from benchmarks.throughput import parse_args
 from enginespec.engine import engine_core as core_module
 
-BINS = bench.BATCH_BINS
+BINS = BATCH_BINS
 
 
 def _instrument(core, acc: dict, state: dict) -> None:
@@ -63,17 +65,17 @@ def _instrument(core, acc: dict, state: dict) -> None:
 
 
 def main(argv=None) -> dict:
-    args = bench.parse_args(["--skip-hf", "--skip-big"] + list(sys.argv[1:] if argv is None else argv))
-    model_dir = bench._checkpoint(args.shape, args)
-    shape = bench._shape_of(model_dir, args.dtype)
-    workload = bench._workload(args, args.num_requests, shape.vocab_size)
-    llm = bench.make_llm(model_dir, args)
-    bench._warm_up(llm, workload, args.device, args.temperature)
+    args = parse_args(["--skip-hf", "--skip-big"] + list(sys.argv[1:] if argv is None else argv))
+    model_dir = runs.checkpoint(args.shape, args)
+    shape = runs.shape_of(model_dir, args.dtype)
+    workload = runs.workload_for(args, args.num_requests, shape.vocab_size)
+    llm = runs.make_llm(model_dir, args)
+    runs.warm_up(llm, workload, args.device, args.temperature)
     acc: dict = collections.defaultdict(float)
     plain_span = core_module._span
     try:
-        _instrument(bench.engine_core(llm), acc, {"bin": "none"})
-        run = bench.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+        _instrument(runs.engine_core(llm), acc, {"bin": "none"})
+        run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
     finally:
         core_module._span = plain_span  # the engine module is shared with whoever imported it
     print(f"wall {run['wall_s']:.3f} s, {run['num_steps']} steps, {run['output_tok_s']:.0f} output tok/s")

@@ -46,7 +46,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2) -> "ModelShape":
         """Read an HF config; parameters are counted on a meta-device model (no memory)."""
-        from enginespec.testing.synthetic import tensor_specs
+        from enginespec.testing.checkpoints import tensor_specs
 
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(

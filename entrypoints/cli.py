@@ -3,7 +3,9 @@
     enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
-    enginespec bench [...]        (the end-to-end throughput harness; see bench.py)
+
+The throughput benchmark is not part of the installed product: from a checkout, run
+`python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
 
 Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
 is wrong to stderr and exits with status 2, no traceback.
@@ -16,6 +18,10 @@ import sys
 from typing import Optional, Sequence
 
 EXIT_USAGE = 2
+BENCH_MOVED = (
+    "the throughput benchmark lives in the repository, not the package: "
+    "run `python benchmarks/throughput.py` from a checkout (same flags)"
+)
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -116,11 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "simulate", help="the scheduler over a fake model (options: enginespec simulate -h)", add_help=False
     )
-    sub.add_parser(
-        "bench",
-        help="end-to-end throughput vs transformers and the roofline (options: enginespec bench -h)",
-        add_help=False,
-    )
+    sub.add_parser("bench", help=f"moved: {BENCH_MOVED}", add_help=False)
     return parser
 
 
@@ -171,9 +173,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one subcommand; returns the exit status (2 with a one-line message on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
-        from benchmarks.harness import main as bench_main
-
-        return bench_main(argv[1:]) or 0
+        print(f"enginespec bench: {BENCH_MOVED}", file=sys.stderr)
+        return EXIT_USAGE
     if argv and argv[0] == "simulate":
         from enginespec.entrypoints.simulate import main as simulate_main
 

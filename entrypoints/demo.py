@@ -1,15 +1,14 @@
 """The demo: a scaled-down throughput workload on a tiny random model, runnable on any CPU.
 
-The workload mirrors the benchmark's (nano-vllm's bench shape, scaled down): `num_requests`
-prompts of random ids with lengths uniform in [min_input_len, max_input_len], outputs of lengths
-uniform in [1, max_output_len] with ignore_eos, seed fixed. Optionally every prompt starts with
-the same `shared_prefix_len` ids so the prefix cache has something to hit. A pool smaller than
+The workload is the benchmark's (testing/workload.py, nano-vllm's bench shape, scaled down):
+`num_requests` prompts of random ids with lengths uniform in [min_input_len, max_input_len],
+outputs of lengths uniform in [1, max_output_len] with ignore_eos, seed fixed. Optionally every
+prompt starts with the same `shared_prefix_len` ids so the prefix cache has something to hit. A pool smaller than
 the workload's peak (num_blocks) makes preemptions visible.
 """
 
 from __future__ import annotations
 
-import random
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from enginespec.spec import SamplingParams
+from enginespec.testing.workload import make_workload
 
 
 @dataclass
@@ -49,48 +49,16 @@ class DemoResult:
         )
 
 
-def make_workload(
-    num_requests: int,
-    vocab_size: int,
-    *,
-    min_input_len: int,
-    max_input_len: int,
-    max_output_len: int,
-    shared_prefix_len: int,
-    seed: int,
-):
-    """(prompts as token-id dicts, one SamplingParams per prompt), reproducible from seed."""
-    for name, value in (
-        ("num_requests", num_requests),
-        ("min_input_len", min_input_len),
-        ("max_output_len", max_output_len),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if max_input_len < min_input_len:
-        raise ValueError(f"max_input_len ({max_input_len}) must be >= min_input_len ({min_input_len})")
-    rng = random.Random(seed)
-    prefix = [rng.randrange(vocab_size) for _ in range(shared_prefix_len)]
-    prompts, params = [], []
-    for _ in range(num_requests):
-        length = rng.randint(min_input_len, max_input_len)
-        prompts.append({"prompt_token_ids": prefix + [rng.randrange(vocab_size) for _ in range(length)]})
-        params.append(
-            SamplingParams(max_tokens=rng.randint(1, max_output_len), temperature=0.0, ignore_eos=True)
-        )
-    return prompts, params
-
-
 def _tiny_checkpoint(family: str, path: Path, seed: int, max_len: int) -> str:
     """A tiny random checkpoint written without transformers' progress bars."""
     from transformers.utils import logging as hf_logging
 
-    from enginespec.testing.checkpoints import make_tiny_checkpoint
+    from enginespec.testing.checkpoints import make_checkpoint
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        return str(make_tiny_checkpoint(family, path, seed=seed, max_position_embeddings=max_len))
+        return str(make_checkpoint(family, path, seed=seed, max_position_embeddings=max_len))
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -120,16 +88,18 @@ def run_demo(
             model_dir = _tiny_checkpoint(family, Path(tmp) / family, seed, max(256, max_len))
         engine_args.setdefault("max_model_len", max_len)
         llm = LLM(model_dir, impl=impl, seed=seed, **engine_args)
-        prompts, params = make_workload(
+        workload = make_workload(
             num_requests,
-            llm.engine.vocab_size,
             min_input_len=min_input_len,
             max_input_len=max_input_len,
+            min_output_len=1,
             max_output_len=max_output_len,
-            shared_prefix_len=shared_prefix_len,
+            id_bound=llm.engine.vocab_size,
             seed=seed,
+            shared_prefix_len=shared_prefix_len,
         )
-        sample = _text_sample(llm, prompts[0]["prompt_token_ids"])
+        prompts, params = workload.prompt_inputs(), workload.sampling_params()
+        sample = _text_sample(llm, workload.prompts[0])
         steps_before = llm.engine.stats.num_steps
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)

@@ -1,40 +1,47 @@
 """`enginespec simulate`: drive a scheduler and block pool with no model at all.
 
 A shared-prefix workload (requests that open with one of a few long system prompts) runs
-against a small pool, so prefix-cache hits and preemptions both happen. A fake model emits the
-next token as a pure function of the tokens so far (occasionally EOS), so a request recomputed
-after preemption produces the same text. Deterministic for a given --seed.
+against a small pool, so prefix-cache hits and preemptions both happen. The shared fake model
+(testing/fake_model.py) emits the next token as a pure function of the tokens so far
+(occasionally EOS), so a request recomputed after preemption produces the same text. Deterministic for a given --seed.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 
 import enginespec.spec as spec
+from enginespec.testing.fake_model import FakeModel
+from enginespec.testing.workload import make_workload
 
 EOS = 0
 VOCAB = 1000
 
 
-def fake_next_token(token_ids: list[int], seed: int) -> int:
-    """Deterministic next token from the last few tokens and the length; about 1 in 40 is EOS."""
-    x = seed * 7919 + len(token_ids)
-    for t in token_ids[-4:]:
-        x = (x * 1000003 + t) % 2_147_483_647
-    return EOS if x % 40 == 0 else 1 + x % (VOCAB - 1)
+def fake_model(seed: int) -> FakeModel:
+    """The simulator's model: about 1 in 40 next tokens is EOS, so requests also stop early."""
+    return FakeModel(vocab_size=VOCAB, eos_token_id=EOS, eos_rate=1 / 40, seed=seed)
 
 
-def make_workload(impl, num_requests: int, seed: int) -> list:
-    """Requests sharing one of three system prompts, each with a short user suffix."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(24, 40))] for _ in range(3)]
-    requests = []
-    for i in range(num_requests):
-        prompt = rng.choice(prefixes) + [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 12))]
-        params = spec.SamplingParams(max_tokens=rng.randint(4, 24), temperature=0.0)
-        requests.append(impl.new_request(f"req-{i}", prompt, params, eos_token_id=EOS, arrival_time=float(i)))
-    return requests
+def make_requests(impl, num_requests: int, seed: int) -> list:
+    """Requests opening with one of three 32-token system prompts, each with a short user
+    suffix (the shared workload generator, with shared prefixes)."""
+    workload = make_workload(
+        num_requests,
+        min_input_len=2,
+        max_input_len=12,
+        min_output_len=4,
+        max_output_len=24,
+        id_bound=VOCAB,
+        seed=seed,
+        shared_prefix_len=32,
+        num_prefixes=3,
+    )
+    params = workload.sampling_params(ignore_eos=False)
+    return [
+        impl.new_request(f"req-{i}", prompt, p, eos_token_id=EOS, arrival_time=float(i))
+        for i, (prompt, p) in enumerate(zip(workload.prompts, params))
+    ]
 
 
 def parse_args(argv):
@@ -63,7 +70,8 @@ def main(argv=None) -> int:
     )
     bm = impl.new_block_manager(args.num_blocks, args.block_size)
     scheduler = impl.new_scheduler(config, bm)
-    pending = make_workload(impl, args.num_requests, args.seed)
+    pending = make_requests(impl, args.num_requests, args.seed)
+    model = fake_model(args.seed)
     num_steps = num_preemptions = num_generated = 0
     peak_usage = 0.0
     while pending or scheduler.has_unfinished:
@@ -71,11 +79,7 @@ def main(argv=None) -> int:
             scheduler.add(request)
         pending = pending[2:]
         out = scheduler.schedule()
-        sampled = {
-            r.request_id: [fake_next_token(r.token_ids, args.seed)]
-            for r, n in out.scheduled
-            if r.num_computed_tokens + n >= r.num_tokens
-        }
+        sampled = model.sample(out)
         peak_usage = max(peak_usage, bm.usage)
         update = scheduler.update_from_output(out, sampled)
         num_steps += 1

@@ -1,20 +1,43 @@
-"""Tiny random checkpoints of each supported family, saved exactly as a real one is on disk.
+"""The one checkpoint writer: random-weight checkpoints saved exactly as a real one is on disk.
 
-`make_tiny_checkpoint(family, path)` writes config.json + model.safetensors (via transformers'
-`save_pretrained`) and a small WordLevel tokenizer beside it, so the whole engine path (loader,
-tokenizer, detokenizer) is exercised on CPU in milliseconds. Weights are random with a raised
-initializer_range and an untied head by default: at the default init a tied head repeats one
-token, and greedy parity over a constant output would test nothing.
+`make_checkpoint(name, path)` writes config.json, safetensors weights and a tokenizer that
+matches the vocabulary, so the whole engine path (loader, tokenizer, detokenizer) runs on them.
+`name` chooses one of two paths:
+
+- a tiny family member (FAMILIES: qwen3, qwen2, llama, mistral), for tests and the demo: 2
+  layers, GQA 4 q heads over 2 kv heads, head_dim 16, a 96-entry character tokenizer, float32,
+  written through transformers' `save_pretrained` with the family's quirks switched on (qkv
+  bias, llama3 rope scaling, a sliding window). Weights are random with a raised
+  initializer_range, biases and norm weights perturbed and an untied head by default: at the
+  default init a tied head repeats one token, and greedy parity over a constant output would
+  test nothing.
+- a named shape (SHAPES: tiny, qwen3-0.6b, qwen3-8b), for benchmarks that need no download:
+  Qwen3 of that shape in bf16, written shard by shard in `save_pretrained`'s layout (one
+  `model.safetensors`, or `model-0000k-of-0000n.safetensors` plus the index) with a word-level
+  tokenizer. Why not `save_pretrained` here: it needs the whole model in host memory and then
+  builds the shards from it (about 2x the checkpoint for Qwen3-8B, 16 GB of bf16). Instead the
+  names and shapes come from a model built on the meta device, and each tensor is drawn (on
+  `device`: a GPU draws 8B numbers in seconds, a CPU takes minutes), cast and written shard by
+  shard, so peak host memory is one shard (`max_shard_bytes`) plus one tensor. RMSNorm weights
+  are ones, everything else normal(0, initializer_range); throughput does not depend on the
+  values (the benchmark uses ignore_eos). A finished shape checkpoint is reused by a later call
+  with the same recipe (a marker file records it), so a benchmark pays the write once.
+
+Both paths are deterministic in `seed`.
 """
 
 from __future__ import annotations
 
 import functools
-import tempfile
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+# Tiny family members: one shared shape, each family's quirks on top.
 FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
 VOCAB_SIZE = 96
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
@@ -36,6 +59,95 @@ _COMMON = dict(
     eos_token_id=EOS_ID,
     pad_token_id=PAD_ID,
 )
+
+
+# Name -> Qwen3Config kwargs. The two real shapes are those of the published Qwen3 checkpoints.
+SHAPES: dict[str, dict] = {
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+    ),
+    "qwen3-0.6b": dict(
+        num_hidden_layers=28,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+    ),
+    "qwen3-8b": dict(
+        num_hidden_layers=36,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+    ),
+}
+
+_DONE_MARKER = ".synthetic-complete.json"
+DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+
+
+def make_checkpoint(name: str, path, *, dtype=None, seed: int = 0, **options) -> Path:
+    """Write a random-weight checkpoint of `name` (a family or a shape) to `path`; return it.
+
+    dtype defaults to float32 for a family and bfloat16 for a shape. Family options:
+    tie_word_embeddings (False) and config overrides. Shape options: device ("cpu"),
+    max_shard_bytes and config overrides. ValueError naming `name` when it is neither.
+    """
+    if name in FAMILIES:
+        return _write_family(name, path, dtype=dtype or torch.float32, seed=seed, **options)
+    if name in SHAPES:
+        return _write_shape(name, path, dtype=dtype or torch.bfloat16, seed=seed, **options)
+    raise ValueError(f"name must be a family {FAMILIES} or a shape {tuple(SHAPES)}, got {name!r}")
+
+
+_cache_root: Optional[Path] = None
+
+
+def use_cache_root(root) -> None:
+    """Where `tiny_model_dir` writes its checkpoints. The test suites' session fixture
+    (testing/fixtures.py) points it into pytest's tmp_path_factory, so a test run leaves
+    nothing in the temp directory; a script must call it before tiny_model_dir."""
+    global _cache_root
+    root = Path(root)
+    if root != _cache_root:
+        _cache_root = root
+        tiny_model_dir.cache_clear()
+
+
+def cache_root() -> Optional[Path]:
+    """The directory use_cache_root set (None before)."""
+    return _cache_root
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model_dir(family: str, tie_word_embeddings: bool = False) -> Path:
+    """A tiny float32 checkpoint of `family`, written once per cache root (use_cache_root)."""
+    if _cache_root is None:
+        raise RuntimeError("tiny_model_dir needs a cache root: call use_cache_root(directory) first")
+    name = f"{family}-tied" if tie_word_embeddings else family
+    return make_checkpoint(family, _cache_root / name, tie_word_embeddings=tie_word_embeddings)
+
+
+# ---- tiny family members (save_pretrained) ---------------------------------------------------------
 
 
 def _config(family: str, tie_word_embeddings: bool, overrides: dict):
@@ -82,16 +194,16 @@ def _tokenizer():
     )
 
 
-def make_tiny_checkpoint(
+def _write_family(
     family: str,
     path,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype,
     tie_word_embeddings: bool = False,
-    seed: int = 0,
+    seed: int,
     **overrides,
 ) -> Path:
-    """Write a random tiny `family` checkpoint (weights + config + tokenizer) to `path`."""
+    """A tiny random `family` checkpoint (weights + config + tokenizer) at `path`."""
     import transformers
 
     config = _config(family, tie_word_embeddings, overrides)
@@ -126,8 +238,171 @@ def _perturb_biases_and_norms(model, seed: int) -> None:
                 param.add_(noise.to(param.dtype))
 
 
-@functools.lru_cache(maxsize=None)
-def tiny_model_dir(family: str, tie_word_embeddings: bool = False) -> Path:
-    """A tiny float32 checkpoint of `family`, written once per session into a temp directory."""
-    root = Path(tempfile.mkdtemp(prefix=f"enginespec-tiny-{family}-"))
-    return make_tiny_checkpoint(family, root / family, tie_word_embeddings=tie_word_embeddings)
+# ---- named shapes (shard by shard) -----------------------------------------------------------------
+
+
+def shape_config(shape: str, **overrides):
+    """The HF `Qwen3Config` of a named shape (overrides win). EOS is the last vocabulary id."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    from transformers import Qwen3Config
+
+    kwargs = {**SHAPES[shape], **overrides}
+    vocab = kwargs["vocab_size"]
+    kwargs.setdefault("eos_token_id", vocab - 1)
+    kwargs.setdefault("bos_token_id", vocab - 1)
+    config = Qwen3Config(**kwargs)
+    config.architectures = ["Qwen3ForCausalLM"]  # loaders pick the model class from this
+    return config
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One checkpoint tensor: its name, shape, and whether it is a norm weight (init to ones)."""
+
+    name: str
+    shape: tuple[int, ...]
+    is_norm: bool
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def tensor_specs(config) -> list[TensorSpec]:
+    """Names and shapes of the tensors a checkpoint of `config` stores, in state_dict order.
+
+    Built on the meta device, so nothing is allocated. A tied head is stored once (under the
+    embedding's name), as `save_pretrained` does.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tied = set()
+    if getattr(config, "tie_word_embeddings", False):
+        keys = getattr(model, "_tied_weights_keys", None) or ["lm_head.weight"]
+        tied = set(keys)  # a dict (target -> source) in transformers 5, a list before
+    specs = []
+    for name, t in model.state_dict().items():
+        if name in tied:
+            continue
+        specs.append(TensorSpec(name, tuple(t.shape), name.endswith("norm.weight")))
+    return specs
+
+
+def _draw(spec: TensorSpec, std: float, gen: torch.Generator, device, dtype) -> torch.Tensor:
+    if spec.is_norm:
+        return torch.ones(spec.shape, dtype=dtype)
+    t = torch.randn(spec.shape, generator=gen, device=device, dtype=torch.float32)
+    return t.mul_(std).to(dtype).cpu()
+
+
+def _plan_shards(specs: list[TensorSpec], elem_bytes: int, max_shard_bytes: int) -> list[list[TensorSpec]]:
+    """Greedy split in order; a tensor larger than the cap gets a shard of its own."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = spec.numel * elem_bytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    return shards
+
+
+def _shard_name(i: int, n: int) -> str:
+    return "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def _write_weights(path: Path, specs, *, std, seed, device, dtype, max_shard_bytes) -> int:
+    """Write the shards (and the index when there are several). Returns total weight bytes."""
+    from safetensors.torch import save_file
+
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    shards = _plan_shards(specs, elem_bytes, max_shard_bytes)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        name = _shard_name(i, len(shards))
+        tensors = {s.name: _draw(s, std, gen, device, dtype) for s in shard}
+        save_file(tensors, str(path / name), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update({s.name: name for s in shard})
+        del tensors
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
+
+
+def write_tokenizer(path: Path, vocab_size: int, eos_token_id: int) -> None:
+    """A word-level tokenizer over `vocab_size` entries: id i <-> "w{i}", the EOS id <-> "<eos>".
+
+    Text round-trips through whitespace-separated words; the benchmark feeds token ids, so the
+    tokenizer only has to exist, match the vocabulary, and decode cheaply.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if not 0 <= eos_token_id < vocab_size:
+        raise ValueError(f"eos_token_id must be in [0, vocab_size={vocab_size}), got {eos_token_id}")
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    del vocab[f"w{eos_token_id}"]
+    vocab["<eos>"] = eos_token_id
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="w0", pad_token="<eos>")
+    fast.save_pretrained(str(path))
+
+
+def _write_shape(
+    shape: str,
+    path,
+    *,
+    dtype,
+    seed: int,
+    device="cpu",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    **overrides,
+) -> Path:
+    """A random-weight checkpoint of `shape` at `path`, shard by shard; reuses a finished one
+    with the same recipe."""
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
+    path = Path(path)
+    config = shape_config(shape, **overrides)
+    recipe = {"shape": shape, "dtype": str(dtype), "seed": seed, "overrides": sorted(overrides.items())}
+    marker = path / _DONE_MARKER
+    if marker.exists() and json.loads(marker.read_text()).get("recipe") == json.loads(json.dumps(recipe)):
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("model*.safetensors*"):
+        old.unlink()
+    config.dtype = dtype  # recorded in config.json so loaders pick bf16 by default
+    config.save_pretrained(str(path))
+    total = _write_weights(
+        path,
+        tensor_specs(config),
+        std=config.initializer_range,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+    )
+    write_tokenizer(path, config.vocab_size, config.eos_token_id)
+    marker.write_text(json.dumps({"recipe": recipe, "weight_bytes": total}))
+    return path
+
+
+def default_dir(shape: str) -> Path:
+    """Where a benchmark caches a shape's checkpoint: $ENGINESPEC_SYNTH_DIR or the temp dir."""
+    root = os.environ.get("ENGINESPEC_SYNTH_DIR") or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), "enginespec-synth"
+    )
+    return Path(root) / shape

@@ -1,5 +1,6 @@
-"""The throughput harness on a CPU: a tiny shape and a tiny workload, end to end, plus the pieces
-it is built from (workload draw, roofline arithmetic, synthetic checkpoints).
+"""The throughput harness (benchmarks/throughput.py and the modules it runs) on a CPU: a tiny
+shape and a tiny workload, end to end, plus the pieces it is built from (workload draw,
+roofline arithmetic, shape checkpoints).
 
 No timing is asserted: only that the JSON holds every field, that counts are exact (each
 request produces exactly its requested output length under ignore_eos, in the engine and in
@@ -13,9 +14,10 @@ import json
 import pytest
 import torch
 
-from benchmarks import harness as bench
-from benchmarks import roofline
-from enginespec.testing import synthetic
+from benchmarks import engine_runs, roofline, throughput
+from benchmarks.decode_profile import device_busy_us
+from enginespec.testing import checkpoints
+from enginespec.testing.workload import Workload, make_workload
 
 SMOKE = [
     "--shape",
@@ -55,15 +57,15 @@ def smoke(request, synth_dir, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        code = bench.main(SMOKE + ["--impl", impl, "--out", str(out), "--strict"])
+        code = throughput.main(SMOKE + ["--impl", impl, "--out", str(out), "--strict"])
     finally:
         torch.set_num_threads(threads)
         mp.undo()
     return code, json.loads(out.read_text())
 
 
-def _expected_workload(vocab_size: int) -> bench.Workload:
-    return bench.make_workload(
+def _expected_workload(vocab_size: int) -> Workload:
+    return make_workload(
         4,
         min_input_len=100,
         max_input_len=32,
@@ -91,7 +93,7 @@ def test_harness_json_has_every_phase_and_exact_counts(smoke):
     ):
         assert phase in res, phase
         assert "error" not in res[phase], res[phase].get("traceback")
-    expected = _expected_workload(synthetic.SHAPES["tiny"]["vocab_size"])
+    expected = _expected_workload(checkpoints.SHAPES["tiny"]["vocab_size"])
     assert res["workload"]["output_tokens"] == expected.num_output_tokens
     assert res["workload"]["prompt_tokens"] == sum(expected.prompt_lens)
     for phase in ("engine", "hf"):
@@ -151,19 +153,19 @@ def test_harness_derived_numbers_agree(smoke):
 
 
 def test_bad_flag_is_a_clear_error(capsys):
-    assert bench.main(["--num-requests", "0", "--device", "cpu"]) == 2
+    assert throughput.main(["--num-requests", "0", "--device", "cpu"]) == 2
     assert "--num-requests must be >= 1" in capsys.readouterr().err
 
 
 def test_workload_is_seeded_and_within_bounds():
     kw = dict(min_input_len=5, max_input_len=9, min_output_len=2, max_output_len=7, id_bound=50)
-    a, b = bench.make_workload(20, **kw), bench.make_workload(20, **kw)
+    a, b = make_workload(20, **kw), make_workload(20, **kw)
     assert a == b
-    assert a != bench.make_workload(20, seed=1, **kw)
+    assert a != make_workload(20, seed=1, **kw)
     assert all(5 <= n <= 9 for n in a.prompt_lens) and all(2 <= n <= 7 for n in a.output_lens)
     assert all(0 <= t < 50 for p in a.prompts for t in p)
     with pytest.raises(ValueError, match="num_requests"):
-        bench.make_workload(0, **kw)
+        make_workload(0, **kw)
 
 
 def _shape(**kw) -> roofline.ModelShape:
@@ -201,16 +203,16 @@ def test_roofline_terms_by_hand():
 
 
 def test_param_count_matches_published_shapes():
-    assert roofline.ModelShape.from_config(synthetic.shape_config("qwen3-0.6b")).num_params == 596_049_920
-    assert roofline.ModelShape.from_config(synthetic.shape_config("qwen3-8b")).num_params == 8_190_735_360
+    assert roofline.ModelShape.from_config(checkpoints.shape_config("qwen3-0.6b")).num_params == 596_049_920
+    assert roofline.ModelShape.from_config(checkpoints.shape_config("qwen3-8b")).num_params == 8_190_735_360
 
 
 def test_synthetic_checkpoint_shards_and_loads(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = synthetic.make_synthetic_checkpoint("tiny", tmp_path / "ckpt", max_shard_bytes=40_000)
-    config = synthetic.shape_config("tiny")
-    specs = synthetic.tensor_specs(config)
+    path = checkpoints.make_checkpoint("tiny", tmp_path / "ckpt", max_shard_bytes=40_000)
+    config = checkpoints.shape_config("tiny")
+    specs = checkpoints.tensor_specs(config)
     index = json.loads((path / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == {s.name for s in specs}
     assert "lm_head.weight" not in index["weight_map"]  # tied: stored once, as save_pretrained does
@@ -223,13 +225,13 @@ def test_synthetic_checkpoint_shards_and_loads(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(path))
     assert len(tok) == config.vocab_size and tok.eos_token_id == config.eos_token_id
     mtime = (path / "config.json").stat().st_mtime_ns
-    assert synthetic.make_synthetic_checkpoint("tiny", path, max_shard_bytes=40_000) == path
+    assert checkpoints.make_checkpoint("tiny", path, max_shard_bytes=40_000) == path
     assert (path / "config.json").stat().st_mtime_ns == mtime  # a finished checkpoint is reused
 
 
 def test_shard_plan_respects_the_cap():
-    specs = synthetic.tensor_specs(synthetic.shape_config("qwen3-8b"))
-    shards = synthetic._plan_shards(specs, 2, 2 * 1024**3)
+    specs = checkpoints.tensor_specs(checkpoints.shape_config("qwen3-8b"))
+    shards = checkpoints._plan_shards(specs, 2, 2 * 1024**3)
     assert [s.name for shard in shards for s in shard] == [s.name for s in specs]
     assert all(sum(s.numel for s in shard) * 2 <= 2 * 1024**3 for shard in shards)
 
@@ -249,8 +251,8 @@ def test_device_busy_is_the_union_of_cuda_intervals():
         ev(DeviceType.CUDA, 40, 41),
         ev(DeviceType.CUDA, 0, 5),
     ]
-    assert bench.device_busy_us(events) == (5 + 15 + 1, 4)
-    assert bench.device_busy_us([]) == (0.0, 0)
+    assert device_busy_us(events) == (5 + 15 + 1, 4)
+    assert device_busy_us([]) == (0.0, 0)
 
 
 def test_warm_up_samples_like_the_timed_run(monkeypatch):
@@ -258,15 +260,15 @@ def test_warm_up_samples_like_the_timed_run(monkeypatch):
     draw kernels' compilation) fall in the warm-up, not in the timed window."""
     seen = []
     monkeypatch.setattr(
-        bench,
+        engine_runs,
         "timed_generate",
         lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature),
     )
-    monkeypatch.setattr(bench, "_reset_prefix_cache", lambda llm: None)
-    workload = bench.make_workload(
+    monkeypatch.setattr(engine_runs, "reset_prefix_cache", lambda llm: None)
+    workload = make_workload(
         3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2, id_bound=50, seed=0
     )
-    bench._warm_up(object(), workload, "cpu", 0.8)
+    engine_runs.warm_up(object(), workload, "cpu", 0.8)
     assert seen == [0.8]
 
 

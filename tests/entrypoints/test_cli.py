@@ -241,6 +241,12 @@ def test_simulate_forwards(capsys):
     assert out.strip()
 
 
+def test_bench_points_to_the_benchmark_script(capsys):
+    """The product never imports benchmarks/: `enginespec bench` names the script instead."""
+    rc, out, err = run_cli(["bench", "--shape", "tiny"], capsys)
+    assert rc == 2 and "benchmarks/throughput.py" in err and not out
+
+
 def test_engine_flags_reach_engine_args():
     from enginespec.entrypoints.cli import _engine_kwargs, _parser
 

@@ -176,9 +176,9 @@ def test_wrong_number_of_caches_is_refused(impl):
 @pytest.mark.parametrize("model_impl", MODEL_IMPLS)
 def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_impl):
     """Qwen2 with sliding layers from max_window_layers on: layer 0 full, layer 1 windowed."""
-    from enginespec.testing.checkpoints import make_tiny_checkpoint
+    from enginespec.testing.checkpoints import make_checkpoint
 
-    path = make_tiny_checkpoint(
+    path = make_checkpoint(
         "qwen2", tmp_path / "q2w", use_sliding_window=True, sliding_window=5, max_window_layers=1, seed=7
     )
     hf = _hf_model(path)
@@ -256,9 +256,9 @@ def test_joint_qk_norm_and_rope_equal_the_family_modules(impl, family):
 def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     """A rope type that rescales with the longest position (dynamic NTK) gets no cos/sin table,
     and still matches transformers past the original context (where the rescaling starts)."""
-    from enginespec.testing.checkpoints import make_tiny_checkpoint
+    from enginespec.testing.checkpoints import make_checkpoint
 
-    path = make_tiny_checkpoint(
+    path = make_checkpoint(
         "llama",
         tmp_path / "dyn",
         max_position_embeddings=12,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from enginespec.testing.checkpoints import VOCAB_SIZE, make_tiny_checkpoint, tiny_model_dir
+from enginespec.testing.checkpoints import VOCAB_SIZE, make_checkpoint, tiny_model_dir
 from enginespec.worker.loader import (
     SUPPORTED_ARCHITECTURES,
     CheckpointError,
@@ -159,7 +159,7 @@ def test_tokenizer_beside_checkpoint(tmp_path):
     assert len(tok) == VOCAB_SIZE
     ids = tok.encode("hello!", add_special_tokens=False)
     assert tok.decode(ids) == "hello!"
-    bare = make_tiny_checkpoint("llama", tmp_path / "bare")
+    bare = make_checkpoint("llama", tmp_path / "bare")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / name).unlink(missing_ok=True)
     assert load_tokenizer(bare) is None

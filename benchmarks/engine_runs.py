@@ -1,0 +1,202 @@
+"""Running the workload through the engine: the engine under test, timed `generate` runs, the
+warm-up, and what every phase shares (checkpoint, model shape, workload, floors, phase guard).
+
+A timed run is one `LLM.generate` over the whole workload, synchronised on the device before
+and after; greedy runs are compared across runs by a digest of every output token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from benchmarks import roofline as rl
+from enginespec.testing import checkpoints
+from enginespec.testing.workload import Workload, make_workload
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release() -> None:
+    """Give memory back between phases, so each phase starts with the device to itself."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def guard(args, fn: Callable[[], dict]) -> dict:
+    """Run one phase; its exception becomes {"error", "traceback"} unless --strict."""
+    start = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others' numbers
+        if args.strict:
+            raise
+        out = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    out["phase_s"] = time.perf_counter() - start
+    release()
+    return out
+
+
+def engine_supports(name: str) -> bool:
+    from enginespec.engine_args import EngineArgs
+
+    return name in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def make_llm(model_dir, args, **extra):
+    """The engine under test: LLM(model_dir, impl=..., dtype=args.dtype, ...) plus --engine-arg."""
+    from enginespec.llm import LLM
+
+    kwargs = dict(impl=args.impl, dtype=args.dtype, seed=args.seed, device=args.device)
+    kwargs.update(args.engine_args)
+    kwargs.update(extra)
+    return LLM(str(model_dir), **kwargs)
+
+
+def engine_core(llm):
+    """The LLM's EngineCore (it carries `stats`), or None if this LLM does not expose one."""
+    for name in ("engine_core", "engine", "core", "llm_engine"):
+        core = getattr(llm, name, None)
+        if core is not None and hasattr(core, "step"):
+            return core
+    return None
+
+
+def _stat(llm, name: str) -> Optional[int]:
+    core = engine_core(llm)
+    stats = getattr(core, "stats", None)
+    return getattr(stats, name, None)
+
+
+def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, use_tqdm: bool = True) -> dict:
+    """Run the workload through `llm.generate` once; tokens, wall seconds and engine steps."""
+    prompts, params = workload.prompt_inputs(), workload.sampling_params(temperature)
+    steps_before = _stat(llm, "num_steps")
+    async_before = _stat(llm, "num_async_steps")
+    sync(device)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
+    sync(device)
+    wall = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    steps_after = _stat(llm, "num_steps")
+    steps = None if steps_before is None or steps_after is None else steps_after - steps_before
+    async_after = _stat(llm, "num_async_steps")
+    async_steps = None if async_before is None or async_after is None else async_after - async_before
+    digest = hashlib.blake2b(repr([c.token_ids for o in outputs for c in o.outputs]).encode(), digest_size=8)
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "requested_output_tokens": workload.num_output_tokens,
+        "num_requests": len(outputs),
+        "output_tok_s": tokens / wall,
+        "num_steps": steps,
+        "num_async_steps": async_steps,
+        "tokens_digest": digest.hexdigest(),
+    }
+
+
+def warm_up(llm, workload: Workload, device, temperature: float = 0.0) -> None:
+    """One-time costs (lazy init, compilation, graph capture, kernel variants for the
+    workload's step shapes and sampling mode: the run's temperature, so a sampled run's draw
+    kernels are compiled here) are not timed: run the first requests of the workload for two
+    tokens each, then empty the prefix cache so the timed run gets no hit from them."""
+    head = workload.head(min(len(workload.prompts), 32))
+    timed_generate(llm, Workload(head.prompts, [2] * len(head.prompts)), device, temperature, use_tqdm=False)
+    reset_prefix_cache(llm)
+
+
+def reset_prefix_cache(llm) -> None:
+    core = engine_core(llm)
+    manager = getattr(core, "block_manager", None)
+    if manager is not None and not manager.reset_prefix_cache():
+        raise RuntimeError("reset_prefix_cache refused: blocks still referenced on an idle engine (a bug)")
+
+
+def timed_runs(llm, workload: Workload, args) -> dict:
+    """`--repeat` timed runs of the workload on one engine, the prefix cache emptied before
+    each: the median run's figures (the upper middle one for an even count), plus every run's
+    wall time and token digest under "runs" when there is more than one. Greedy runs must
+    produce the same tokens every time (`tokens_match_across_runs`). The first run's steps are
+    traced (EngineStats.step_trace) and returned as "step_trace" = (start time, steps)."""
+    stats = getattr(engine_core(llm), "stats", None)
+    traced = stats is not None and hasattr(stats, "step_trace")
+    if traced:
+        stats.step_trace = []
+    start = time.perf_counter()
+    runs = [timed_generate(llm, workload, args.device, args.temperature)]
+    trace = (start, stats.step_trace) if traced else None
+    if traced:
+        stats.step_trace = None
+    for _ in range(args.repeat - 1):
+        reset_prefix_cache(llm)
+        runs.append(timed_generate(llm, workload, args.device, args.temperature))
+    out = dict(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])
+    if len(runs) > 1:
+        out["runs"] = [
+            {k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs
+        ]
+        out["tokens_match_across_runs"] = len({r["tokens_digest"] for r in runs}) == 1
+    if trace is not None:
+        out["step_trace"] = trace
+    return out
+
+
+def workload_for(args, num_requests: int, vocab_size: int) -> Workload:
+    return make_workload(
+        num_requests,
+        min_input_len=args.min_input_len,
+        max_input_len=args.max_input_len,
+        min_output_len=args.min_output_len,
+        max_output_len=args.max_output_len,
+        id_bound=min(args.id_bound, vocab_size),
+        seed=args.seed,
+    )
+
+
+def checkpoint(shape: str, args) -> Path:
+    if args.model_dir and shape == args.shape:
+        return Path(args.model_dir)
+    return checkpoints.make_checkpoint(
+        shape, checkpoints.default_dir(shape), device=args.device, seed=args.seed
+    )
+
+
+def shape_of(model_dir, dtype: str) -> rl.ModelShape:
+    """The floor's view of the checkpoint, at the run's dtype (bytes per weight and K/V value)."""
+    from transformers import AutoConfig
+
+    nbytes = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return rl.ModelShape.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype_bytes=nbytes)
+
+
+def floors(workload: Workload, shape: rl.ModelShape, rates: dict, num_steps: Optional[int]) -> dict:
+    """Floors with the engine's steps (when known) and with the fewest possible steps."""
+    if not rates or "copy_bytes_per_s" not in rates:
+        return {"floor": None, "floor_min_steps": None}
+    kw = dict(copy_bytes_per_s=rates["copy_bytes_per_s"], matmul_flops_per_s=rates["matmul_flops_per_s"])
+    fewest = max(workload.output_lens)
+    floor_min = rl.roofline(workload.prompt_lens, workload.output_lens, shape, num_steps=fewest, **kw)
+    floor = (
+        floor_min
+        if not num_steps
+        else rl.roofline(workload.prompt_lens, workload.output_lens, shape, num_steps=num_steps, **kw)
+    )
+    return {
+        "floor": floor.to_dict(),
+        "floor_min_steps": floor_min.to_dict(),
+        "floor_steps_source": "engine" if num_steps else "max output len",
+    }

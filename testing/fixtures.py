@@ -1,0 +1,20 @@
+"""Pytest fixtures shared by the conformance suite and the engine's own tests.
+
+Imported by conformance/conftest.py and tests/conftest.py (this module needs pytest; nothing in
+the product imports it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.testing import checkpoints
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_checkpoint_root(tmp_path_factory):
+    """Point `checkpoints.tiny_model_dir` into pytest's session temp dir (once per session), so
+    the tiny checkpoints live where pytest cleans up, never loose in the system temp dir."""
+    if checkpoints.cache_root() is None:
+        checkpoints.use_cache_root(tmp_path_factory.mktemp("checkpoints"))
+    return checkpoints.cache_root()
