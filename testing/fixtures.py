@@ -6,6 +6,8 @@ the product imports it).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from enginespec.testing import checkpoints
@@ -18,3 +20,19 @@ def tiny_checkpoint_root(tmp_path_factory):
     if checkpoints.cache_root() is None:
         checkpoints.use_cache_root(tmp_path_factory.mktemp("checkpoints"))
     return checkpoints.cache_root()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_compile_cache(tmp_path_factory):
+    """torch.compile's on-disk cache (inductor) goes under pytest's session temp dir too, unless
+    the user chose one (TORCHINDUCTOR_CACHE_DIR): by default inductor writes
+    $TMPDIR/torchinductor_<user>, which a test run would leave behind."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        return
+    path = str(tmp_path_factory.mktemp("torchinductor"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
