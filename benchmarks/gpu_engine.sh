@@ -13,10 +13,16 @@ sha=${1:-unknown}; shift || true
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1  # the repository root: `benchmarks.*` for the scripts
 # enginespec installs under one import name through package-dir, so a bare checkout on
-# PYTHONPATH is not enough: install it (editable, no dependency resolution) when it is missing.
-python3 -c "import enginespec" 2>/dev/null \
-  || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 \
-  || { echo "pip install -e . failed (see $out/install.log)"; exit 1; }
+# PYTHONPATH is not enough. The device has no network to build a wheel: when enginespec is not
+# installed, import it from tools/link_tree.py's symlink tree and load the pytest plugin by name
+# (a tree registers no entry points).
+plugin=""
+if ! python3 -c "import enginespec" 2>/dev/null; then
+  tree=$(mktemp -d)
+  python3 tools/link_tree.py "$tree" || { echo "tools/link_tree.py failed"; exit 1; }
+  export PYTHONPATH=$tree:$PWD
+  plugin="-p enginespec.conformance.plugin"
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
 timeout 300 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --repeat 3 \
   --compare-scheduling --hf-num-requests 64 --skip-big --out "$out/throughput.json" "$@" \
@@ -25,5 +31,5 @@ grep "^\[bench\]\|^  \|^enginespec" "$out/bench.log" | tail -20
 timeout 130 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --temperature 0.8 \
   --skip-hf --skip-big --skip-latency --out "$out/throughput_t08.json" > "$out/bench_t08.log" 2>&1
 grep "^  engine\|^  floor\|^  gpu busy\|host waited" "$out/bench_t08.log"
-timeout 150 python3 -m pytest --impl=fast -q conformance tests/kernels 2>&1 \
+timeout 150 python3 -m pytest $plugin --impl=fast -q conformance tests/kernels 2>&1 \
   | tee "$out/pytest_fast.log" | tail -3
