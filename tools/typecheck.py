@@ -22,20 +22,8 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def link_tree(dest: Path, package_dir: dict[str, str]) -> None:
-    """Symlink each mapped folder at its installed dotted path under dest."""
-    for name, folder in sorted(package_dir.items(), key=lambda kv: kv[0].count(".")):
-        target = dest.joinpath(*name.split("."))
-        src = ROOT / folder
-        if name.count(".") == 0:  # the root package: link its files, subpackages go inside it
-            target.mkdir(parents=True)
-            for f in src.iterdir():
-                if f.suffix in (".py", ".typed"):
-                    (target / f.name).symlink_to(f)
-        else:
-            target.symlink_to(src, target_is_directory=True)
+sys.path.insert(0, str(ROOT / "tools"))
+from link_tree import link_tree  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -43,7 +31,7 @@ def main(argv: list[str]) -> int:
     package_dir = config["tool"]["setuptools"]["package-dir"]
     packages = argv or config["tool"]["enginespec"]["typecheck"]["packages"]
     with tempfile.TemporaryDirectory(prefix="enginespec-typecheck-") as tmp:
-        link_tree(Path(tmp), package_dir)
+        link_tree(Path(tmp), package_dir, ROOT)
         cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
         for p in packages:
             cmd += ["-p", p]
