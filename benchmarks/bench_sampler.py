@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from enginespec.sample.draw import CHUNK  # noqa: E402
 from enginespec.sample.sampler import Sampler  # noqa: E402
 from enginespec.spec import SamplingParams, load_impl  # noqa: E402
 
@@ -180,7 +181,7 @@ def _sweep(lg) -> None:
     for block in (1024, 2048, 4096, 8192):
         for warps in (4, 8, 16):
             run = lambda: sampling_triton.draw(
-                lg, scale, thr, noisy, keys, (1, 2), block=block, num_warps=warps
+                lg, scale, thr, noisy, keys, (1, 2), chunk=CHUNK, block=block, num_warps=warps
             )
             run()
             times = []

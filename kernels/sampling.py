@@ -31,7 +31,6 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-from enginespec.sample import draw as sampling_draw
 
 BLOCK = 2048  # tokens per loop step of one program (CHUNK must be a multiple)
 NUM_WARPS = 8
@@ -235,18 +234,17 @@ def draw(
     keys: torch.Tensor,
     base: tuple[int, int],
     *,
-    chunk: int = 0,
+    chunk: int,
     block: int = 0,
     num_warps: int = 0,
 ) -> torch.Tensor:
     """Token per row of x [S, V] (float32, unit stride along V). Per row: float32 x_scale (> 0),
     thr (-inf = no cut), noisy (1 random, 0 greedy) and int64 keys (>= 0 seeded key, < 0
     unseeded: derived from base = (base_lo, base_hi), each in [0, 2**31)). Returns int64 [S].
-    chunk: tokens per chunk (a multiple of BLOCK or a power of two below it; default
-    sampling_draw.CHUNK, read at call time). block / num_warps override BLOCK / NUM_WARPS (tuning:
+    chunk: tokens per chunk (a multiple of BLOCK or a power of two below it; the sampler passes
+    enginespec.sample.draw.CHUNK, so both draw paths split the vocabulary alike). block / num_warps override BLOCK / NUM_WARPS (tuning:
     they change sums only in rounding, so tokens only on near-boundary rows; chunk changes the
     draw itself, and so every seeded request's tokens)."""
-    chunk = chunk or sampling_draw.CHUNK
     block = min(block or BLOCK, chunk)
     assert chunk % block == 0 and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     num_rows, vocab = x.shape

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from enginespec.kernels import sampling as sampling_triton
+from enginespec.sample import draw as sampling_draw
 from enginespec.sample.draw import draw_torch
 from enginespec.sample.penalties import (
     apply_allowed_tokens,
@@ -390,8 +391,9 @@ class Sampler:
         dev = x.device
         if sampling_triton.available(dev) and x.stride(1) == 1:
             keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), dev)
+            cut = plan.no_cut if thr is None else thr
             return sampling_triton.draw(
-                x, plan.x_scale, plan.no_cut if thr is None else thr, plan.noise, keys_t, base
+                x, plan.x_scale, cut, plan.noise, keys_t, base, chunk=sampling_draw.CHUNK
             )
         return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 

@@ -8,7 +8,7 @@ shared code would hide shared bugs from the differential tests.
 from __future__ import annotations
 
 import weakref
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.block_manager import FastBlockManager
@@ -87,3 +87,13 @@ class FastImpl:
 IMPL = FastImpl()
 
 __all__ = ["FastBlockManager", "FastImpl", "FastRequest", "FastScheduler", "IMPL"]
+
+if TYPE_CHECKING:  # mypy (tools/typecheck.py) proves each part satisfies its spec Protocol
+    from enginespec import spec
+    from enginespec.impls.fast.attention import FastAttention as _Attention
+
+    _impl: spec.Implementation = IMPL
+    _request: spec.Request = FastRequest("r", [1])
+    _block_manager: spec.BlockManager = FastBlockManager(1, 1)
+    _scheduler: spec.Scheduler = FastScheduler(SchedulerConfig(), _block_manager)
+    _attention: spec.AttentionBackend = _Attention("cpu")

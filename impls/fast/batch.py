@@ -92,7 +92,7 @@ class BatchBuilder:
             table = tables.get(rid) if tables is not None else block_manager.block_table(rid)
             need = (end + bs - 1) // bs
             if table is None or len(table) < need:
-                _short_table(r, table, bs, end)
+                raise _short_table(r, table, bs, end)
             if len(table) > need:
                 acc.trim = True
             if need > width:
@@ -193,7 +193,7 @@ class _Layout:
     def views(self, buf):
         """Typed 1-D views of a numpy byte array or a torch uint8 tensor."""
         if isinstance(buf, np.ndarray):
-            kinds = {8: np.int64, 4: np.int32}
+            kinds: dict[int, object] = {8: np.int64, 4: np.int32}
         else:
             kinds = {8: torch.int64, 4: torch.int32}
         return [buf[off : off + size * count].view(kinds[size]) for off, size, count in self.sections]
@@ -238,9 +238,9 @@ def _known_tokens(r, n: int, end: int) -> list[int]:
     return known
 
 
-def _short_table(r, table, bs: int, end: int) -> None:
+def _short_table(r, table, bs: int, end: int) -> ValueError:
     covered = len(table or ()) * bs
-    raise ValueError(
+    return ValueError(
         f"request {r.request_id!r}: block table covers {covered} tokens, needs >= {end} "
         f"(allocate_slots before build_batch)"
     )

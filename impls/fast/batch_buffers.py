@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -100,7 +102,7 @@ class Staging:
     def __init__(self, device: torch.device, num_bytes: int = 1 << 16):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.event = None
+        self.event: Optional[torch.cuda.Event] = None
         self._alloc(num_bytes)
 
     def _alloc(self, num_bytes: int) -> None:

@@ -78,7 +78,7 @@ class FastRequest:
         self.spec_token_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         self.swapped_out = False
-        self.stop_reason = None
+        self.stop_reason: object = None
         self._num_prompt = len(prompt)
         self._stop_ids = frozenset(params.stop_token_ids)
         eos = None if params.ignore_eos else eos_token_id

@@ -7,7 +7,7 @@ To plant a bug for a mutation test, subclass one part and point a ReferenceImpl 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from enginespec.impls.reference.block_manager import BlockManager
 from enginespec.impls.reference.request import Request
@@ -64,3 +64,13 @@ class ReferenceImpl:
 IMPL = ReferenceImpl()
 
 __all__ = ["BlockManager", "IMPL", "ReferenceImpl", "Request", "Scheduler"]
+
+if TYPE_CHECKING:  # mypy (tools/typecheck.py) proves each part satisfies its spec Protocol
+    from enginespec import spec
+    from enginespec.impls.reference.attention import ReferenceAttention as _Attention
+
+    _impl: spec.Implementation = IMPL
+    _request: spec.Request = Request("r", [1])
+    _block_manager: spec.BlockManager = BlockManager(1, 1)
+    _scheduler: spec.Scheduler = Scheduler(SchedulerConfig(), _block_manager)
+    _attention: spec.AttentionBackend = _Attention()

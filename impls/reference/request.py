@@ -15,7 +15,7 @@ from enginespec.spec import SamplingParams, Status, check_request_args
 
 def _token_list(name: str, ids: Sequence[int]) -> list[int]:
     """Copy `ids` into a list of plain ints; ValueError naming `name` for anything else."""
-    out = []
+    out: list[int] = []
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
             raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")

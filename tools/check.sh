@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Everything CI runs, in the order a failure is cheapest to find. `.ci/run` calls this after
+# installing; run it yourself after `pip install torch==2.13.0 && pip install -e ".[test]"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== ruff"; ruff check . && ruff format --check .
+echo "== import directions"; python tools/check_imports.py
+echo "== mypy (spec, impls)"; python tools/typecheck.py
+echo "== tests (reference impl)"; python -m pytest -q -p no:cacheprovider
+echo "== conformance (fast impl)"; python -m pytest -q -p no:cacheprovider conformance --impl=fast
+echo "== outside install"; bash tools/outside_check.sh
