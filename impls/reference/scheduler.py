@@ -8,10 +8,16 @@ Queues `_waiting`, `_swapped` and `_running` are lists kept sorted by the policy
 from __future__ import annotations
 
 import bisect
-from typing import Optional
 
 from enginespec.impls.reference.block_manager import cdiv
-from enginespec.spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+from enginespec.spec import (
+    Request,
+    SchedulerConfig,
+    SchedulerOutput,
+    Status,
+    UpdateOutput,
+    stop_after_token,
+)
 
 
 class Scheduler:
@@ -193,25 +199,6 @@ class Scheduler:
 
     # ---- update and finish -----------------------------------------------------------------
 
-    def _stop_status(self, r: Request, token: int) -> Optional[Status]:
-        """The stop rule the newest token `token` triggers, first match wins (None: go on).
-        Sets `stop_reason` when a stop token id fires."""
-        p = r.params
-        if r.num_output_tokens > p.min_tokens and token in p.stop_token_ids:
-            r.stop_reason = token
-            return Status.FINISHED_STOPPED
-        if (
-            r.num_output_tokens > p.min_tokens
-            and not p.ignore_eos
-            and r.eos_token_id is not None
-            and token == r.eos_token_id
-        ):
-            return Status.FINISHED_STOPPED
-        max_len = self.config.max_model_len
-        if r.num_output_tokens >= p.max_tokens or (max_len is not None and r.num_tokens >= max_len):
-            return Status.FINISHED_LENGTH
-        return None
-
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> UpdateOutput:
         """Advance each scheduled (unfinished) request by its n; a request that reached the end
         of its known tokens appends its samples (entry in new_token_ids, possibly empty) one at
@@ -228,8 +215,11 @@ class Scheduler:
             for token in sampled.get(r.request_id, []):
                 r.append(token)
                 appended.append(token)
-                status = self._stop_status(r, token)
-                if status is not None:
+                stop = stop_after_token(r, token, self.config.max_model_len)
+                if stop is not None:
+                    status, reason = stop
+                    if reason is not None:
+                        r.stop_reason = reason
                     self.finish(r, status)
                     result.finished.append(r)
                     break
