@@ -173,3 +173,31 @@ def test_keyboard_interrupt_in_a_step_rolls_back_then_propagates(impl, async_sch
         if out.outputs[0].finish_reason != "error":
             assert out.outputs[0].token_ids == expected[rid]
     check_clean(engine)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_a_raising_forward_poisons_nothing_and_wedges_nothing(impl, async_scheduling, monkeypatch):
+    """The model runner's forward raises (a transient CUDA OOM, say) on its 1st and 4th call,
+    no hook involved: step() returns error outputs for that step's requests, the engine
+    finishes every other request with a fresh engine's tokens, and the shared prefix is not
+    poisoned for the retry."""
+    expected = fresh(impl)
+    engine = make_engine(impl, async_scheduling)
+    execute, calls = engine.runner.execute, {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] in (1, 4):
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return execute(batch)
+
+    monkeypatch.setattr(engine.runner, "execute", flaky)
+    finals = run(engine, PROMPTS)
+    reasons = {rid: o.outputs[0].finish_reason for rid, o in finals.items()}
+    assert "error" in reasons.values() and set(reasons.values()) <= {"error", "length"}
+    for rid, out in finals.items():
+        if reasons[rid] == "length":
+            assert out.outputs[0].token_ids == expected[rid]
+    check_clean(engine)
+    retry = run(engine, PROMPTS, tag="retry-")
+    assert {rid: o.outputs[0].token_ids for rid, o in retry.items()} == expected

@@ -167,3 +167,27 @@ def test_engine_refuses_what_it_knows_is_out_of_range(impl):
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(allowed_token_ids=[7], logit_bias={7: -math.inf})
     assert not engine.has_unfinished
+
+
+@pytest.mark.usefixtures("torch_one_thread")
+def test_engine_and_llm_take_numpy_token_ids(impl):
+    """A tokenizer that returns numpy ints (or a user who passes them) gets the same outputs
+    as with plain ints; bools and floats are refused with a ValueError."""
+    import numpy as np
+
+    llm = make_llm(impl)
+    plain = [5, 6, 7, 8, 9]
+    want = llm.generate([{"prompt_token_ids": plain}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    for kind in (np.int32, np.int64, np.uint16):
+        ids = [kind(t) for t in plain]
+        assert llm.generate([ids], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want
+        assert (
+            llm.generate({"prompt_token_ids": np.array(plain, dtype=kind)}, GREEDY, use_tqdm=False)[0]
+            .outputs[0]
+            .token_ids
+            == want
+        )
+    for bad in ([5, True], [5, 6.0]):
+        with pytest.raises(ValueError, match="token"):
+            llm.engine.add_request("bad", bad, GREEDY)
+    assert not llm.engine.has_unfinished

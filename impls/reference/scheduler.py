@@ -8,6 +8,7 @@ Queues `_waiting`, `_swapped` and `_running` are lists kept sorted by the policy
 from __future__ import annotations
 
 import bisect
+from typing import Optional
 
 from enginespec.impls.reference.block_manager import cdiv
 from enginespec.spec import (
@@ -199,6 +200,17 @@ class Scheduler:
 
     # ---- update and finish -----------------------------------------------------------------
 
+    def _stop_status(self, r: Request, token: int) -> Optional[Status]:
+        """The stop rule (spec.stops, first match wins) the newest token fires, or None; sets
+        `stop_reason` when a stop token id fires."""
+        stop = stop_after_token(r, token, self.config.max_model_len)
+        if stop is None:
+            return None
+        status, reason = stop
+        if reason is not None:
+            r.stop_reason = reason
+        return status
+
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> UpdateOutput:
         """Advance each scheduled (unfinished) request by its n; a request that reached the end
         of its known tokens appends its samples (entry in new_token_ids, possibly empty) one at
@@ -215,11 +227,8 @@ class Scheduler:
             for token in sampled.get(r.request_id, []):
                 r.append(token)
                 appended.append(token)
-                stop = stop_after_token(r, token, self.config.max_model_len)
-                if stop is not None:
-                    status, reason = stop
-                    if reason is not None:
-                        r.stop_reason = reason
+                status = self._stop_status(r, token)
+                if status is not None:
                     self.finish(r, status)
                     result.finished.append(r)
                     break
