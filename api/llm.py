@@ -107,9 +107,9 @@ class LLM:
                 salt = _cache_key(prompt)
                 with self._lock:
                     request_id = str(next(self._ids))
-                    self.engine.add_request(request_id, ids, p, prompt=text, priority=prio, cache_key=salt)
-                    added.append(request_id)
+                    added.append(request_id)  # first: an interrupt inside add_request is rolled back
                     self._owned.add(request_id)
+                    self.engine.add_request(request_id, ids, p, prompt=text, priority=prio, cache_key=salt)
         except BaseException:
             self._release(added)
             raise

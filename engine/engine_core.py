@@ -185,17 +185,15 @@ class EngineCore:
         parent = Parent(
             request_id, prompt, prompt_token_ids, [], {} if params.prompt_logprobs is not None else None
         )
-        added = []
         try:
             for index, request in enumerate(requests):
                 parent.samples.append(self._new_sample(index, request, prompt_token_ids))
                 self.scheduler.add(request)
-                added.append(request)
             self._parents[request_id] = parent
             for sample in parent.samples:
                 self._samples[sample.request.request_id] = (parent, sample)
-        except BaseException:
-            for request in added:
+        except BaseException:  # an interrupt may land inside add(): abort every sibling's id
+            for request in requests:
                 self.scheduler.abort(request.request_id)
             self._parents.pop(request_id, None)
             for request in requests:
