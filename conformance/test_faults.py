@@ -11,8 +11,11 @@ token for token (the prefix cache holds no block whose KV was never written).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import check_idle, check_pool
+from enginespec.conformance.strategies import token_lists
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 
@@ -201,3 +204,41 @@ def test_a_raising_forward_poisons_nothing_and_wedges_nothing(impl, async_schedu
     check_clean(engine)
     retry = run(engine, PROMPTS, tag="retry-")
     assert {rid: o.outputs[0].token_ids for rid, o in retry.items()} == expected
+
+
+@given(
+    tokens=token_lists(2, 24, vocab=3),
+    other=token_lists(2, 24, vocab=3),
+    block_size=st.sampled_from([1, 2, 4]),
+    cut=st.integers(0, 24),
+)
+def test_unpublish_matches_the_reference(impl, tokens, other, block_size, cut):
+    """BlockManager.unpublish (spec/SCHEDULING.md): the impl under test and the reference end
+    in the same PoolState, and exactly the request's own hashes past the cut are gone."""
+    from enginespec.spec import load_impl
+
+    states = []
+    for each in (impl, load_impl("reference")):
+        bm = each.new_block_manager(64, block_size, True)
+        a = each.new_request("a", tokens, SamplingParams(), arrival_time=0.0)
+        b = each.new_request("b", other, SamplingParams(), arrival_time=0.0)
+        for r in (b, a):  # b first: a adopts what it can of b's published blocks
+            cached = bm.find_cached_prefix(r)
+            k = len(cached) * block_size
+            assert bm.allocate_slots(r, len(r.token_ids) - k, cached)
+            r.num_computed_tokens = k  # as the scheduler's admission does
+            bm.cache_full_blocks(r, len(r.token_ids))
+        before = bm.state()
+        bm.unpublish(a, cut)
+        after = bm.state()
+        first = cut // block_size
+        table = bm.block_table("a")
+        for i, block in enumerate(table):
+            own = i < len(a.block_hashes) and before.block_hashes[block] == a.block_hashes[i]
+            if i >= first and own:
+                assert after.block_hashes[block] is None
+            else:
+                assert after.block_hashes[block] == before.block_hashes[block]
+        assert after.free_queue == before.free_queue and after.ref_counts == before.ref_counts
+        states.append(after)
+    assert states[0] == states[1]
