@@ -56,7 +56,8 @@ def _prompts(rng: random.Random, num: int) -> list[list[int]]:
     """Prompts sharing a few system prefixes (so prefix caching and tenants matter)."""
     systems = [[rng.randrange(4, VOCAB_SIZE) for _ in range(8)] for _ in range(4)]
     return [
-        rng.choice(systems) + [rng.randrange(4, VOCAB_SIZE) for _ in range(rng.randrange(1, 9))] for _ in range(num)
+        rng.choice(systems) + [rng.randrange(4, VOCAB_SIZE) for _ in range(rng.randrange(1, 9))]
+        for _ in range(num)
     ]
 
 
