@@ -8,11 +8,24 @@ Engine arguments are vLLM's EngineArgs names plus ours (see engine_args.EngineAr
 name is a TypeError naming it. generate() adds every prompt first (all or nothing: a bad prompt
 aborts the ones this call already added and re-raises), then steps the engine until they are
 all finished, and returns them in prompt order.
+
+A dict prompt may carry "cache_salt" (a str, vLLM's name): it becomes the request's cache key
+(("cache_salt", salt)), so requests of different salts never share prefix-cache blocks.
+
+Threads and interleaving: one lock serialises every call into the engine (adding, one step,
+aborting), and outputs a step produces for another call's requests go to that call's mailbox
+(`_mail`), to be delivered when it next asks. So several threads may call generate() and
+stream() on one LLM, and a half-read stream() may be followed by generate() in the same thread:
+each call sees all of its own outputs (intermediate cumulative outputs of a stream may be
+skipped while another call steps the engine with final_only, never the final one). Any
+BaseException (KeyboardInterrupt included) while adding or stepping aborts this call's requests.
 """
 
 from __future__ import annotations
 
 import itertools
+import numbers
+import threading
 import time
 from typing import Iterator, Optional, Sequence, Union
 
@@ -31,15 +44,20 @@ class LLM:
 
     def __init__(self, model, impl="fast", **engine_args):
         args = EngineArgs.from_kwargs(model, impl=impl, **engine_args)
-        self.engine = EngineCore(args)
+        self._setup(EngineCore(args))
+
+    def _setup(self, engine: EngineCore) -> None:
+        self.engine = engine
         self._ids = itertools.count()
+        self._lock = threading.RLock()  # around every call into the engine
+        self._mail: dict[str, RequestOutput] = {}  # newest undelivered output per request id
+        self._owned: set[str] = set()  # ids of live requests of live calls
 
     @classmethod
     def from_engine(cls, engine: EngineCore) -> "LLM":
         """Wrap an existing EngineCore (for example one built over an already loaded model)."""
         llm = cls.__new__(cls)
-        llm.engine = engine
-        llm._ids = itertools.count()
+        llm._setup(engine)
         return llm
 
     def get_tokenizer(self):
@@ -50,6 +68,9 @@ class LLM:
     def _to_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, token ids) of one prompt."""
         if isinstance(prompt, dict):
+            unknown = set(prompt) - _PROMPT_KEYS
+            if unknown:
+                raise ValueError(f"unknown prompt keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
@@ -63,7 +84,7 @@ class LLM:
                     "(pass {'prompt_token_ids': [...]})"
                 )
             return prompt, list(tokenizer.encode(prompt))
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
             return None, list(prompt)
         raise ValueError(
             f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
@@ -73,7 +94,7 @@ class LLM:
     def _add(self, prompts, sampling_params, priority) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
         if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
+            isinstance(prompts, (list, tuple)) and prompts and all(_is_token(t) for t in prompts)
         ):
             prompts = [prompts]
         prompts = list(prompts)
@@ -83,13 +104,24 @@ class LLM:
         try:
             for prompt, p, prio in zip(prompts, params, priorities):
                 text, ids = self._to_ids(prompt)
-                request_id = str(next(self._ids))
-                self.engine.add_request(request_id, ids, p, prompt=text, priority=prio)
-                added.append(request_id)
-        except Exception:
-            self.engine.abort(added, report=False)
+                salt = _cache_key(prompt)
+                with self._lock:
+                    request_id = str(next(self._ids))
+                    added.append(request_id)  # first: an interrupt inside add_request is rolled back
+                    self._owned.add(request_id)
+                    self.engine.add_request(request_id, ids, p, prompt=text, priority=prio, cache_key=salt)
+        except BaseException:
+            self._release(added)
             raise
         return added
+
+    def _release(self, ids) -> None:
+        """Abort (without a report) whichever of `ids` are live, and forget their mail."""
+        with self._lock:
+            self.engine.abort(sorted(ids), report=False)
+            for request_id in ids:
+                self._owned.discard(request_id)
+                self._mail.pop(request_id, None)
 
     # ---- running ------------------------------------------------------------------------------
 
@@ -103,11 +135,12 @@ class LLM:
         """Generate for every prompt; returns the final RequestOutputs in prompt order."""
         ids = self._add(prompts, sampling_params, priority)
         finals: dict[str, RequestOutput] = {}
-        bar = tqdm(
-            total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True
-        )
         start, num_out = time.perf_counter(), 0
+        bar = None
         try:
+            bar = tqdm(
+                total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True
+            )
             for step_outputs in self._run(ids, final_only=True):
                 for out in step_outputs:
                     if out.finished:
@@ -117,7 +150,9 @@ class LLM:
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"output {num_out / elapsed:.1f} tok/s", refresh=False)
         finally:
-            bar.close()
+            self._release(ids)  # a no-op unless interrupted: every request finished
+            if bar is not None:
+                bar.close()
         return [finals[i] for i in ids]
 
     def stream(
@@ -126,22 +161,40 @@ class LLM:
         """Yield, after every engine step, the (cumulative) outputs of this call's requests that
         changed in it. Closing the generator early aborts the requests still running."""
         ids = self._add(prompts, sampling_params, priority)
-        yield from self._run(ids)
+        try:
+            yield from self._run(ids)
+        finally:
+            self._release(ids)
 
     def _run(self, ids: list[str], final_only: bool = False) -> Iterator[list[RequestOutput]]:
-        wanted = set(ids)
         live = set(ids)
         try:
             while live:
-                if not self.engine.has_unfinished:
-                    raise RuntimeError(f"engine went idle with requests {sorted(live)} unfinished (a bug)")
-                outs = [o for o in self.engine.step(final_only) if o.request_id in wanted]
+                outs = self._next(live, final_only)
                 live -= {o.request_id for o in outs if o.finished}
                 if outs:
                     yield outs
         finally:
             if live:
-                self.engine.abort(sorted(live), report=False)
+                self._release(live)
+            with self._lock:
+                self._owned.difference_update(ids)
+
+    def _next(self, live: set[str], final_only: bool) -> list[RequestOutput]:
+        """This call's outputs: its mail if any, else one engine step (under the lock; the
+        step's outputs for other calls' requests go to their mail)."""
+        with self._lock:
+            outs = [self._mail.pop(rid) for rid in sorted(live) if rid in self._mail]
+            if outs:
+                return outs
+            if not self.engine.has_unfinished:
+                raise RuntimeError(f"engine went idle with requests {sorted(live)} unfinished (a bug)")
+            for out in self.engine.step(final_only):
+                if out.request_id in live:
+                    outs.append(out)
+                elif out.request_id in self._owned:
+                    self._mail[out.request_id] = out
+            return outs
 
     def chat(
         self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True
@@ -161,6 +214,24 @@ class LLM:
                 {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
             )
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
+
+
+def _is_token(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def _cache_key(prompt) -> tuple:
+    """The request's cache key: ("cache_salt", salt) for a dict prompt with a str cache_salt,
+    else () (shared with every unsalted request)."""
+    if not isinstance(prompt, dict) or prompt.get("cache_salt") is None:
+        return ()
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise ValueError(f"cache_salt must be a non-empty str, got {salt!r}")
+    return ("cache_salt", salt)
 
 
 def _per_prompt(value, count: int, name: str) -> list:

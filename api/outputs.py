@@ -24,7 +24,9 @@ class CompletionOutput:
       tokenizer).
     - token_ids: every sampled token so far, including those that spell a stop string.
     - finish_reason: None while running, then "stop" (stop token, EOS, stop string), "length"
-      (max_tokens or max_model_len) or "abort".
+      (max_tokens or max_model_len), "abort", or "error" (a step it was part of failed; the
+      engine served on).
+    - error: for finish_reason "error", the exception's type and message; else None.
     - stop_reason: the stop token id or stop string that ended it, else None.
     - logprobs: per output position a dict {token id: logprob} (sampled token + top-k) when the
       request asked for logprobs, else None.
@@ -36,6 +38,7 @@ class CompletionOutput:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[list[Logprobs]] = None
+    error: Optional[str] = None
 
     @property
     def finished(self) -> bool:

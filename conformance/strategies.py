@@ -10,12 +10,14 @@ Engine and parity strategies are appended at the end by their owners.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 from hypothesis import strategies as st
 
-from enginespec.spec import SamplingParams, SchedulerConfig
+from enginespec.spec import MAX_N, SamplingParams, SchedulerConfig
 
 # --------------------------------------------------------------------------- tokens and pools
 
@@ -56,27 +58,53 @@ def sampling_params(draw, max_tokens: int = 8, prompt_logprobs: bool = True):
     )
 
 
-#: (field, kwargs) that SamplingParams must refuse with a ValueError naming the field.
+#: Values no real-valued field accepts, whatever its range: NaN, +-inf, and things that are not
+#: real numbers (bool included: True is an int to Python, never a temperature).
+non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
+not_numbers = st.sampled_from([True, False, "1", None, [1.0], b"1", 1j])
+not_reals = st.one_of(non_finite, not_numbers)
+#: Values no integral field accepts: floats (even whole ones), bools, strings, None.
+not_ints = st.one_of(st.floats(allow_nan=True), st.sampled_from([True, "3", None, 2.0, [1]]))
+
+
+def _bad(name: str, *values):
+    return st.one_of(*values).map(lambda v: {name: v})
+
+
+#: (field, kwargs) that SamplingParams must refuse with a ValueError naming the field: for each
+#: field the out-of-range values, the non-finite ones, and the wrong types.
 _BAD_PARAMS = {
-    "max_tokens": st.integers(-5, 0).map(lambda v: {"max_tokens": v}),
-    "temperature": st.floats(-10, -0.01).map(lambda v: {"temperature": v}),
-    "top_k": st.integers(-9, -2).map(lambda v: {"top_k": v}),
-    "top_p": st.one_of(st.floats(-1, 0), st.floats(1.01, 5)).map(lambda v: {"top_p": v}),
-    "min_p": st.one_of(st.floats(-1, -0.01), st.floats(1.01, 5)).map(lambda v: {"min_p": v}),
+    "max_tokens": _bad("max_tokens", st.integers(-5, 0), not_ints),
+    "temperature": _bad("temperature", st.floats(-10, -0.01), not_reals),
+    "top_k": _bad("top_k", st.integers(-9, -2), not_ints),
+    "top_p": _bad("top_p", st.floats(-1, 0), st.floats(1.01, 5), not_reals),
+    "min_p": _bad("min_p", st.floats(-1, -0.01), st.floats(1.01, 5), not_reals),
+    "seed": _bad("seed", st.floats(-5, 5), st.sampled_from([True, "1"])),
     "min_tokens": st.one_of(
-        st.integers(-5, -1).map(lambda v: {"min_tokens": v}),
+        _bad("min_tokens", st.integers(-5, -1), not_ints),
         st.integers(1, 5).map(lambda v: {"max_tokens": v, "min_tokens": v + 1}),
     ),
-    "n": st.integers(-3, 0).map(lambda v: {"n": v}),
-    "logprobs": st.integers(-5, -1).map(lambda v: {"logprobs": v}),
-    "prompt_logprobs": st.integers(-5, -1).map(lambda v: {"prompt_logprobs": v}),
-    "presence_penalty": st.sampled_from([-2.5, 2.5, 9.0]).map(lambda v: {"presence_penalty": v}),
-    "frequency_penalty": st.sampled_from([-2.5, 2.5, -9.0]).map(lambda v: {"frequency_penalty": v}),
-    "repetition_penalty": st.floats(-2, 0).map(lambda v: {"repetition_penalty": v}),
-    "stop_token_ids": st.integers(-9, -1).map(lambda v: {"stop_token_ids": (1, v)}),
+    "n": _bad("n", st.integers(-3, 0), st.integers(MAX_N + 1, 10 * MAX_N), not_ints),
+    "logprobs": _bad("logprobs", st.integers(-5, -1), not_ints.filter(lambda v: v is not None)),
+    "prompt_logprobs": _bad("prompt_logprobs", st.integers(-5, -1), not_ints.filter(lambda v: v is not None)),
+    "presence_penalty": _bad("presence_penalty", st.sampled_from([-2.5, 2.5, 9.0]), not_reals),
+    "frequency_penalty": _bad("frequency_penalty", st.sampled_from([-2.5, 2.5, -9.0]), not_reals),
+    "repetition_penalty": _bad("repetition_penalty", st.floats(-2, 0), not_reals),
+    "stop_token_ids": st.one_of(
+        st.integers(-9, -1).map(lambda v: {"stop_token_ids": (1, v)}),
+        st.sampled_from([True, 1.0, "1", None]).map(lambda v: {"stop_token_ids": (1, v)}),
+    ),
     "stop": st.just({"stop": ("ok", "")}),
-    "allowed_token_ids": st.just({"allowed_token_ids": ()}),
-    "logit_bias": st.integers(-9, -1).map(lambda v: {"logit_bias": {v: 1.0}}),
+    "allowed_token_ids": st.one_of(
+        st.just({"allowed_token_ids": ()}),
+        st.sampled_from([-1, True, 2.5]).map(lambda v: {"allowed_token_ids": (v,)}),
+    ),
+    "logit_bias": st.one_of(
+        st.integers(-9, -1).map(lambda v: {"logit_bias": {v: 1.0}}),
+        st.one_of(not_reals, st.floats(100.5, 1e9), st.floats(-1e9, -100.5)).map(
+            lambda v: {"logit_bias": {3: v}}
+        ),
+    ),
 }
 
 
@@ -491,3 +519,46 @@ def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 
         preemption_mode=draw(st.sampled_from(["recompute", "swap"] if swap else ["recompute"])),
         requests=requests,
     )
+
+
+# --------------------------------------------------------------------------- input validation
+# The classes of spec/validation.py, drawn: what every impl and the engine must accept (and
+# normalise) or refuse with a ValueError.
+
+_NUMPY_INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@st.composite
+def integral_token_ids(draw, vocab: int = VOCAB_SIZE):
+    """A valid token id in [0, vocab) as a plain int or any numpy integer type."""
+    value = draw(st.integers(0, min(vocab - 1, 127)))
+    kind = draw(st.sampled_from([int, *_NUMPY_INTS]))
+    return kind(value)
+
+
+#: Values that are never a token id: bools, floats (whole ones and numpy ones included),
+#: strings, None, negatives (plain and numpy), containers.
+non_token_ids = st.one_of(
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.integers(-(2**40), -1),
+    st.integers(-128, -1).map(np.int64),
+    st.sampled_from([np.float32(1.0), np.float64(2.0), np.bool_(True), "1", None, b"\x01", [1], (2,)]),
+)
+
+_key_atoms = st.one_of(
+    st.text(max_size=6), st.binary(max_size=6), st.integers(-(2**70), 2**70), st.booleans(), st.none()
+)
+#: Cache keys the spec accepts: tuples or lists of str, bytes, int, bool, None, nested.
+cache_key_values = st.recursive(
+    _key_atoms, lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner)), max_leaves=6
+).map(lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v,))
+#: Cache keys the spec refuses: a bare str/bytes/int (never split into characters), or tuples
+#: holding floats, numpy values, sets, dicts or other objects.
+bad_cache_keys = st.one_of(
+    st.text(min_size=1, max_size=4),
+    st.binary(min_size=1, max_size=4),
+    st.integers(),
+    st.floats().map(lambda v: (v,)),
+    st.sampled_from([(np.int64(1),), ({1},), ({"a": 1},), (object(),), ("a", 1.5), None]),
+)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
-from enginespec.engine.async_scheduling import stop_after
 from enginespec.spec import SamplingParams, Status
+from enginespec.spec import token_stop as stop_after
 from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

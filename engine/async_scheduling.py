@@ -15,7 +15,7 @@ step, with the placeholder as the sampled token. What the placeholder cannot dec
 when the real token arrives:
 - length stops (max_tokens, max_model_len) depend only on counts, so update_from_output
   already decided them correctly;
-- a stop token or EOS (`stop_after`, the stop rules of spec/SCHEDULING.md) or a stop string
+- a stop token or EOS (`spec.token_stop`, the stop rules of spec/SCHEDULING.md) or a stop string
   (the detokenizer) is found one step late: the request is finished then (its row in the step
   already launched is wasted and its token dropped; update_from_output skips finished
   requests), and a request already finished for length becomes FINISHED_STOPPED, as the
@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from enginespec.spec import Status
+from enginespec.spec import SupportsAsyncScheduling
 
 
 @dataclass
@@ -54,6 +54,7 @@ class InFlight:
     awaiting: dict[str, object] = field(default_factory=dict)  # request id -> request with a placeholder
     finished: list = field(default_factory=list)  # finished for length by the placeholder update
     wait_s: float = 0.0  # how long token_ids() blocked on `ready` (the host waiting for the GPU)
+    resolved: bool = False  # the engine has taken (or tried to take) its tokens
 
     def token_ids(self) -> list[int]:
         if self.ready is not None:
@@ -64,11 +65,12 @@ class InFlight:
 
 
 def deferrable(requests: Sequence) -> bool:
-    """Whether the impl's requests can take a placeholder (`replace_last_token`). All requests of
-    one engine come from one impl, so the first one answers for all; the sampler decides the
-    rest (Sampler.sample_on_device), and a step with prompt logprobs is never deferred (its
+    """Whether the impl's requests can take a placeholder: they satisfy the spec's optional
+    SupportsAsyncScheduling Protocol (replace_last_token). All requests of one engine come from
+    one impl, so the first one answers for all; the sampler decides the rest
+    (Sampler.sample_on_device), and a step with prompt logprobs is never deferred (its
     host-side rows are read at once)."""
-    return not requests or hasattr(requests[0], "replace_last_token")
+    return not requests or isinstance(requests[0], SupportsAsyncScheduling)
 
 
 def start_copy(ids: torch.Tensor, request_ids: list[str]) -> InFlight:
@@ -112,17 +114,3 @@ def apply_patch(input_ids: torch.Tensor, rows: list[int], src: list[int], ids: t
         input_ids.device, non_blocking=cuda
     )
     input_ids.index_copy_(0, index[0], ids.index_select(0, index[1]).to(input_ids.dtype))
-
-
-def stop_after(request, token: int) -> Optional[tuple[Status, Optional[int]]]:
-    """(status, stop_reason) of the stop a real token triggers that its placeholder could not,
-    by SCHEDULING.md's rules (first match wins): a stop token (stop_reason = the token), then
-    EOS (stop_reason None), each once num_output_tokens > min_tokens. None: no such stop."""
-    p = request.params
-    if request.num_output_tokens <= p.min_tokens:
-        return None
-    if token in p.stop_token_ids:
-        return Status.FINISHED_STOPPED, token
-    if not p.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
-        return Status.FINISHED_STOPPED, None
-    return None

@@ -1,9 +1,16 @@
 """EngineCore: one loop over any Implementation.
 
 step() = schedule -> swaps -> build batch -> execute -> sample -> update_from_output ->
-detokenize (stop strings finish through scheduler.finish) -> RequestOutputs.
+process outputs (engine/output_processor.py: detokenize, stop strings, RequestOutputs).
 
-A user request with n > 1 becomes n sibling requests ("{i}_{id}", as vLLM names children) with
+A failed step fails only its own requests and poisons nothing (spec/SCHEDULING.md, "A failed
+step"): an exception in any phase (schedule, prepare, execute, sample, update, detokenize,
+async or serial) finishes the step's requests with finish_reason "error" and the message, after
+unpublishing the blocks their forward may not have written; every other request, and the
+engine, serve on. A BaseException that is not an Exception (KeyboardInterrupt) gets the same
+clean-up, then propagates; the failed requests' outputs come from the next step().
+
+A user request with n > 1 becomes n sibling requests (internal ids: engine/request_ids.py) with
 the same prompt; with prefix caching on, the siblings admitted after the first find its prompt
 blocks published (publish-before-compute) and share them instead of computing them again. A
 seeded request with n > 1 gives sibling i the seed `seed + i`, so the samples differ but each is
@@ -11,15 +18,17 @@ reproducible.
 
 Invariants: every request the scheduler knows belongs to exactly one live parent here; a
 parent's final RequestOutput (finished=True) is returned by exactly one step(), after which the
-engine forgets it; a ValueError from add_request leaves nothing behind.
+engine forgets it; any exception from add_request (ValueError, KeyboardInterrupt) leaves nothing
+behind. EngineCore is not thread-safe: the LLM front end serialises calls into it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 
@@ -29,40 +38,13 @@ from enginespec.engine.async_scheduling import (
     deferrable,
     input_patch,
     start_copy,
-    stop_after,
 )
+from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
+from enginespec.engine.request_ids import internal_id
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
-from enginespec.outputs import CompletionOutput, RequestOutput
-from enginespec.spec import SamplingParams, Status, UpdateOutput, load_impl
+from enginespec.outputs import RequestOutput
+from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner
-
-
-@dataclass
-class _Sample:
-    """One sibling: the impl's request plus what only the engine tracks (text, logprobs)."""
-
-    index: int
-    request: object
-    detokenizer: object = None
-    unread: list = field(default_factory=list)  # sampled ids not yet fed to the detokenizer
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-    logprobs: Optional[list] = None
-
-
-@dataclass
-class _Parent:
-    """One user request and its n samples."""
-
-    request_id: str
-    prompt: Optional[str]
-    prompt_token_ids: list[int]
-    samples: list[_Sample]
-    prompt_logprobs: Optional[dict[int, dict[int, float]]] = None
-
-    @property
-    def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples)
 
 
 @dataclass
@@ -76,6 +58,7 @@ class EngineStats:
     num_generated_tokens: int = 0
     num_preemptions: int = 0
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
+    num_failed_steps: int = 0  # steps that raised and were rolled back (their requests: "error")
     step_seconds: float = 0.0
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
     # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
@@ -124,10 +107,15 @@ class EngineCore:
         )
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)
         self.stats = EngineStats()
-        self._parents: dict[str, _Parent] = {}
-        self._samples: dict[str, tuple[_Parent, _Sample]] = {}
-        self._pending: dict[str, _Parent] = {}  # parents to report next step (aborts)
+        self._parents: dict[str, Parent] = {}
+        self._samples: dict[str, tuple[Parent, Sample]] = {}
+        self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
         self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
+        self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
+        # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
+        # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
+        # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
+        self.fault_hook: Optional[Callable[[str], None]] = None
 
     # ---- construction helpers -----------------------------------------------------------------
 
@@ -175,21 +163,17 @@ class EngineCore:
         arrival_time: Optional[float] = None,
         cache_key: tuple = (),
     ) -> None:
-        """Validate and queue one user request (n samples). ValueError, with nothing queued, for
-        a bad id, prompt or params."""
+        """Validate and queue one user request (n samples). Any exception (a ValueError for a
+        bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = SamplingParams() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        parent = _Parent(
-            request_id, prompt, prompt_token_ids, [], {} if params.prompt_logprobs is not None else None
-        )
         eos, extra_stops = self._eos_ids()
-        added = []
-        try:
-            for index in range(params.n):
-                child_params = _child_params(params, index, extra_stops)
-                child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-                request = self.impl.new_request(
-                    child_id,
+        requests = []
+        for index in range(params.n):  # build every sibling first: construction changes nothing
+            child_params = _child_params(params, index, extra_stops)
+            requests.append(
+                self.impl.new_request(
+                    internal_id(request_id, index, params.n),
                     prompt_token_ids,
                     child_params,
                     eos_token_id=eos,
@@ -197,24 +181,32 @@ class EngineCore:
                     arrival_time=arrival_time,
                     cache_key=cache_key,
                 )
+            )
+        parent = Parent(
+            request_id, prompt, prompt_token_ids, [], {} if params.prompt_logprobs is not None else None
+        )
+        try:
+            for index, request in enumerate(requests):
+                parent.samples.append(self._new_sample(index, request, prompt_token_ids))
                 self.scheduler.add(request)
-                added.append(child_id)
-                parent.samples.append(self._new_sample(index, request, prompt_token_ids, child_params))
-        except Exception:
-            for child_id in added:
-                self.scheduler.abort(child_id)
+            self._parents[request_id] = parent
+            for sample in parent.samples:
+                self._samples[sample.request.request_id] = (parent, sample)
+        except BaseException:  # an interrupt may land inside add(): abort every sibling's id
+            for request in requests:
+                self.scheduler.abort(request.request_id)
+            self._parents.pop(request_id, None)
+            for request in requests:
+                self._samples.pop(request.request_id, None)
             raise
-        self._parents[request_id] = parent
-        for sample in parent.samples:
-            self._samples[sample.request.request_id] = (parent, sample)
 
-    def _new_sample(self, index, request, prompt_token_ids, params) -> _Sample:
+    def _new_sample(self, index, request, prompt_token_ids) -> Sample:
         detok = None
         if self.tokenizer is not None:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
 
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
-        return _Sample(index, request, detok, logprobs=[] if params.logprobs is not None else None)
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, request.params)
+        return Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
 
     def _validate(self, request_id, prompt_token_ids, params, priority) -> list[int]:
         if not isinstance(request_id, str) or not request_id:
@@ -225,7 +217,9 @@ class EngineCore:
             raise ValueError(f"sampling params must be a spec.SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
-        ids = _check_prompt_ids(prompt_token_ids, self.vocab_size)
+        ids = check_token_ids("prompt_token_ids", prompt_token_ids, self.vocab_size)
+        if not ids:
+            raise ValueError("prompt_token_ids must not be empty")
         params.validate_vocab(self.vocab_size)
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
@@ -267,8 +261,7 @@ class EngineCore:
                 if sample.finish_reason is None:
                     self.scheduler.abort(sample.request.request_id)
                     self.runner.drop(sample.request.request_id)  # a swapped copy goes now
-                    sample.finish_reason = Status.FINISHED_ABORTED.finish_reason
-                    _flush(sample)
+                    self.outputs.settle(sample, Status.FINISHED_ABORTED.finish_reason)
             if report:
                 self._pending[request_id] = parent
             else:
@@ -295,59 +288,92 @@ class EngineCore:
         Text is decoded incrementally only for samples with stop strings (which must be
         matched as tokens arrive); the others decode their new ids when an output is built.
         With async_scheduling, a step the sampler can draw on the device leaves its tokens there
-        and the next step() fills them in (async_scheduling.py); outputs then lag one step."""
+        and the next step() fills them in (async_scheduling.py); outputs then lag one step.
+        A step that raises is rolled back (_recover) and returns its requests' error outputs."""
         start = time.perf_counter()
-        with _span("schedule"):
-            output = self.scheduler.schedule()
-            self.runner.apply_swaps(output)
-        self.stats.num_preemptions += len(output.preempted)
-        changed: dict[str, _Parent] = dict(self._pending)
+        changed: dict[str, Parent] = dict(self._pending)
         self._pending.clear()
-        previous, self._inflight = self._inflight, None
-        if not output.is_empty:
-            self._run_step(output, previous, changed)
-        else:
-            self._resolve(previous, changed)
-        with _span("outputs"):
-            outputs = [
-                self._make_output(parent) for parent in changed.values() if not final_only or parent.finished
-            ]
-        for out in outputs:
-            if out.finished:
-                self._forget(out.request_id)
+        state = _StepState(previous=self._inflight)
+        self._inflight = None
+        try:
+            outputs = self._step(state, changed, final_only)
+        except BaseException as exc:
+            outputs = self._recover(state, exc, changed, final_only)
         self.stats.step_seconds += time.perf_counter() - start
         return outputs
 
-    def _run_step(self, output, previous: Optional[InFlight], changed: dict) -> None:
+    def _step(self, state: "_StepState", changed: dict, final_only: bool) -> list[RequestOutput]:
+        with _span("schedule"):
+            output = self.scheduler.schedule()
+            state.output = output
+            state.computed = {r.request_id: r.num_computed_tokens for r, _ in output.scheduled}
+            self._fault("schedule")
+            self.runner.apply_swaps(output)
+            state.swapped = True
+        self.stats.num_preemptions += len(output.preempted)
+        if not output.is_empty:
+            self._run_step(state, changed)
+        else:
+            self._resolve(state.previous, changed)
+        with self._phase("detokenize"):
+            outputs = self._build_outputs(changed, final_only)
+        return outputs
+
+    def _build_outputs(self, changed: dict, final_only: bool) -> list[RequestOutput]:
+        outputs = [
+            self.outputs.make_output(parent)
+            for parent in changed.values()
+            if not final_only or parent.finished
+        ]
+        for out in outputs:
+            if out.finished:
+                self._forget(out.request_id)
+        return outputs
+
+    @contextmanager
+    def _phase(self, name: str):
+        with _span(name):
+            self._fault(name)
+            yield
+
+    def _fault(self, phase: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(phase)
+
+    def _run_step(self, state: "_StepState", changed: dict) -> None:
         """Build, execute, sample and update one non-empty step (resolving the previous step's
         placeholders once this step is launched)."""
-        with _span("prepare"):
+        output, previous = state.output, state.previous
+        with self._phase("prepare"):
             batch = self.runner.prepare(output, self.block_manager)
             if previous is not None:
                 rows, src = input_patch(output.scheduled, batch.meta.query_start_loc_cpu, previous)
                 apply_patch(batch.input_ids, rows, src, previous.ids)
-        with _span("execute"):
+        with self._phase("execute"):
             result = self.runner.execute(batch)
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
         ids = None
         if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
-            with _span("sample"):
+            with self._phase("sample"):
                 ids = self.sampler.sample_on_device(result.logits, requests)
         if ids is not None:
             self.stats.num_async_steps += 1
             launched = start_copy(ids, batch.sample_request_ids)
             wait = self._resolve(previous, changed)
-            with _span("update"):
+            with self._phase("update"):
                 self._update_with_placeholders(output, launched)
         else:
             wait = self._resolve(previous, changed)
-            with _span("sample"):
+            with self._phase("sample"):
                 sampled = self.sampler(result.logits, requests)
                 self._record_prompt_logprobs(result.prompt_logits)
-            with _span("update"):
+            with self._phase("update"):
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
                 update = self.scheduler.update_from_output(output, token_map)
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
+        self._count_step(output, batch, wait)
+
+    def _count_step(self, output, batch, wait: float) -> None:
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         if self.stats.step_trace is not None:
@@ -376,11 +402,12 @@ class EngineCore:
         """Put the real tokens of a launched step in place of its placeholders, apply the stops
         the placeholders could not decide, then attach tokens and finishes as a serial step does.
         Returns the seconds the host blocked waiting for those tokens."""
-        if inflight is None:
+        if inflight is None or inflight.resolved:
             return 0.0
+        inflight.resolved = True
         with _span("resolve"):
             ids = inflight.token_ids()
-            new_tokens = {}
+            new_tokens, late_stops = {}, {}
             finished = [r for r in inflight.finished if r.request_id in self._samples]
             for rid, request in inflight.awaiting.items():
                 if rid not in self._samples:
@@ -388,14 +415,14 @@ class EngineCore:
                 token = ids[inflight.rows[rid]]
                 request.replace_last_token(token)
                 new_tokens[rid] = [token]
-                stop = stop_after(request, token)
+                stop = token_stop(request, token)
                 if stop is None or request.status not in _STOPPABLE:
                     continue  # no stop, or finished otherwise (aborted) meanwhile
                 if not request.status.is_finished:  # running, or preempted by this step's schedule
                     self.scheduler.finish(request, stop[0])
                     finished.append(request)
-                request.status, request.stop_reason = stop  # a length finish yields to the stop
-            self._apply_update(UpdateOutput(new_tokens, finished), {}, changed)
+                late_stops[rid] = stop  # a length finish yields to the stop
+            self._apply_update(UpdateOutput(new_tokens, finished), {}, changed, late_stops)
         return inflight.wait_s
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
@@ -407,65 +434,71 @@ class EngineCore:
             for pos, entry in zip(positions, self.sampler.prompt_logprobs(logits, targets, k)):
                 parent.prompt_logprobs[pos] = entry
 
-    def _apply_update(self, update, logprob_map, changed: dict) -> None:
-        """Attach new tokens (logprobs, text, stop strings), then record scheduler finishes."""
-        for request_id, tokens in update.new_token_ids.items():
-            parent, sample = self._samples[request_id]
-            changed[parent.request_id] = parent
-            self.stats.num_generated_tokens += len(tokens)
-            if sample.logprobs is not None:
-                sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
-            if sample.detokenizer is not None:
-                sample.unread.extend(tokens)
-                if sample.request.params.stop:
-                    _, stop = _read(sample)
-                    if stop is not None:
-                        self._finish_on_stop_string(sample, stop)
-        for request in update.finished:
-            parent, sample = self._samples[request.request_id]
-            changed[parent.request_id] = parent
-            if sample.finish_reason is None:
-                sample.finish_reason = request.status.finish_reason
-                sample.stop_reason = request.stop_reason
-                _flush(sample)
+    def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
+        before = self.outputs.num_generated_tokens
+        self.outputs.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
+        self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before
 
-    def _finish_on_stop_string(self, sample: _Sample, stop: str) -> None:
-        """A stop string ends the sample as "stop" even if the scheduler just finished it for
-        length in the same update (the text was cut at the stop string either way)."""
-        request = sample.request
+    # ---- a failed step ------------------------------------------------------------------------
+
+    def _recover(self, state: "_StepState", exc: BaseException, changed: dict, final_only: bool):
+        """Roll back a step that raised (spec/SCHEDULING.md, "A failed step"): settle the
+        previous async step if its tokens can still be read, then unpublish and finish every
+        request of this step with finish_reason "error". Returns the outputs of the changed
+        requests; a BaseException that is not an Exception is re-raised after the clean-up
+        (its outputs come from the next step)."""
+        self.stats.num_failed_steps += 1
+        message = f"{type(exc).__name__}: {exc}"
+        failed: dict[str, object] = {}
+        launched, self._inflight = self._inflight, None
+        for inflight in (state.previous, launched):  # forwards that completed: take their tokens
+            if inflight is not None and not inflight.resolved:
+                try:
+                    self._resolve(inflight, changed)
+                except BaseException:  # its tokens are lost: its requests fail too
+                    failed.update(inflight.awaiting)
+        if state.output is not None:
+            failed.update((r.request_id, r) for r, _ in state.output.scheduled)
+            if not state.swapped:  # swaps that may not have happened: no KV on either side
+                state.computed.update((rid, 0) for rid, _ in state.output.swap_in)
+                failed.update(
+                    (rid, self._samples[rid][1].request)
+                    for rid, _ in state.output.swap_out
+                    if rid in self._samples
+                )
+        for rid, request in failed.items():
+            self._fail_request(rid, request, state.computed.get(rid), message, changed)
+        if not isinstance(exc, Exception):
+            self._pending.update(changed)
+            raise exc
+        try:
+            return self._build_outputs(changed, final_only)
+        except Exception:  # output processing itself failed again: report without text
+            for parent in changed.values():
+                for sample in parent.samples:
+                    sample.detokenizer = None
+            return self._build_outputs(changed, final_only)
+
+    def _fail_request(self, rid: str, request, computed: Optional[int], message: str, changed: dict) -> None:
+        """Unpublish what the failed forward may not have written, finish through the
+        Scheduler API (which frees the blocks), and give the sample its error. A sample whose
+        finish was decided before the fault (a stop, a length) keeps it: its tokens are right."""
+        found = self._samples.get(rid)
+        if found is None or found[1].finish_reason is not None:
+            return
+        parent, sample = found
         if not request.status.is_finished:
-            self.scheduler.finish(request, Status.FINISHED_STOPPED)
-        request.stop_reason = stop
-        sample.finish_reason = Status.FINISHED_STOPPED.finish_reason
-        sample.stop_reason = stop
-
-    def _make_output(self, parent: _Parent) -> RequestOutput:
-        for sample in parent.samples:
-            _read(sample)
-        awaiting = self._inflight.awaiting if self._inflight is not None else {}
-        completions = [
-            CompletionOutput(
-                index=s.index,
-                text=s.detokenizer.text if s.detokenizer is not None else "",
-                token_ids=_resolved_ids(s.request, awaiting),
-                finish_reason=s.finish_reason,
-                stop_reason=s.stop_reason,
-                logprobs=list(s.logprobs) if s.logprobs is not None else None,
-            )
-            for s in parent.samples
-        ]
-        prompt_lp = None
-        if parent.prompt_logprobs is not None:
-            found = parent.prompt_logprobs
-            prompt_lp = [None] + [found[p] for p in range(len(found)) if p in found]
-        return RequestOutput(
-            parent.request_id,
-            parent.prompt,
-            list(parent.prompt_token_ids),
-            completions,
-            finished=parent.finished,
-            prompt_logprobs=prompt_lp,
-        )
+            start = request.num_computed_tokens if computed is None else computed
+            self.block_manager.unpublish(request, min(start, request.num_computed_tokens))
+            self.scheduler.finish(request, Status.FINISHED_ABORTED)
+        self.runner.drop(rid)
+        sample.unread = [t for t in sample.unread if t != self.vocab_size]
+        try:
+            self.outputs.settle(sample, ERROR, None, message)
+        except Exception:  # the detokenizer is what failed: keep the tokens, drop the text
+            sample.detokenizer = None
+            sample.finish_reason, sample.error = ERROR, message
+        changed[parent.request_id] = parent
 
     def _forget(self, request_id: str) -> None:
         parent = self._parents.pop(request_id, None)
@@ -473,6 +506,19 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+
+
+@dataclass
+class _StepState:
+    """What one step() has done so far, for the rollback of a failed step."""
+
+    previous: Optional[InFlight]  # the async step launched by the previous step()
+    output: object = None  # this step's SchedulerOutput once schedule() returned
+    computed: dict = None  # request id -> num_computed_tokens at schedule time
+    swapped: bool = False  # runner.apply_swaps completed
+
+    def __post_init__(self):
+        self.computed = {} if self.computed is None else self.computed
 
 
 # A real token's stop applies to a request in these states (FINISHED_LENGTH: decided by the
@@ -483,46 +529,6 @@ _STOPPABLE = (Status.RUNNING, Status.WAITING, Status.PREEMPTED, Status.SWAPPED, 
 def _span(name: str):
     """A named range in torch.profiler traces (enginespec.<phase>); near free when not profiling."""
     return torch.profiler.record_function(f"enginespec.{name}")
-
-
-def _resolved_ids(request, awaiting: dict) -> list[int]:
-    """The request's output ids without a trailing async placeholder."""
-    ids = list(request.output_token_ids)
-    return ids[:-1] if request.request_id in awaiting else ids
-
-
-def _flush(sample: _Sample) -> None:
-    """Settle the text of a sample that ended without a stop string (pending partial
-    characters, a held-back tail that can no longer become a stop string)."""
-    if sample.detokenizer is not None:
-        _read(sample)
-        sample.detokenizer.flush()
-
-
-def _read(sample: _Sample):
-    """Feed the sample's unread ids to its detokenizer: (text delta, stop string or None)."""
-    if sample.detokenizer is None or not sample.unread:
-        return "", None
-    tokens, sample.unread = sample.unread, []
-    return sample.detokenizer.update(tokens)
-
-
-def _check_prompt_ids(prompt_token_ids, vocab_size: int) -> list[int]:
-    try:
-        ids = list(prompt_token_ids)
-    except TypeError:
-        raise ValueError(
-            f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}"
-        ) from None
-    if not ids:
-        raise ValueError("prompt_token_ids must not be empty")
-    bad_type = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)]
-    if bad_type:
-        raise ValueError(f"prompt_token_ids must be ints, got {bad_type[:5]!r}")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got {bad[:5]!r}")
-    return ids
 
 
 def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ...]) -> SamplingParams:

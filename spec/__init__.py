@@ -12,8 +12,22 @@ from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
 from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, load_impl
 from enginespec.spec.params import SamplingParams
-from enginespec.spec.request import Request, RequestArgs, Status, check_request_args
+from enginespec.spec.request import (
+    Request,
+    RequestArgs,
+    Status,
+    SupportsAsyncScheduling,
+    check_request_args,
+)
 from enginespec.spec.scheduler import Scheduler, SchedulerOutput, UpdateOutput
+from enginespec.spec.stops import length_stop, stop_after_token, token_stop
+from enginespec.spec.validation import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    check_cache_key,
+    check_token_id,
+    check_token_ids,
+)
 
 __all__ = [
     "AttentionBackend",
@@ -36,6 +50,15 @@ __all__ = [
     "build_batch",
     "check_request_args",
     "UpdateOutput",
+    "SupportsAsyncScheduling",
+    "MAX_LOGIT_BIAS",
+    "MAX_N",
+    "check_cache_key",
+    "check_token_id",
+    "check_token_ids",
+    "length_stop",
+    "stop_after_token",
+    "token_stop",
     "encode_extra",
     "hash_block",
     "hash_request_blocks",

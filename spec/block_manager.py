@@ -71,6 +71,15 @@ class BlockManager(Protocol):
         (first writer wins); a block publishes at most one hash."""
         ...
 
+    def unpublish(self, request: Request, num_tokens: int) -> None:
+        """Withdraw the hashes of the request's blocks past its first `num_tokens` tokens
+        (table index >= num_tokens // block_size) that are published under the request's own
+        chain hash for that index (block_hashes[b] == request.block_hashes[i]): their KV may
+        never have been written (a step whose forward failed). Blocks published by others are
+        untouched. The request's publish cursor drops to num_tokens // block_size. Changes no
+        ref count and no free-queue order; a no-op with caching off."""
+        ...
+
     def free(self, request: Request) -> None:
         """Drop the request's references. Blocks reaching 0 go to the back of the free queue,
         last logical block first, keeping their hashes."""

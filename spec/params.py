@@ -7,7 +7,29 @@ value raises a ValueError that names the field and the bound it broke.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
+
+from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
+
+
+def _real(name: str, value: object, low: Optional[float], high: Optional[float]) -> float:
+    """A finite float in [low, high] (None: unbounded on that side)."""
+    value = check_real("SamplingParams", name, value)
+    _check(low is None or value >= low, name, f">= {low}", value)
+    _check(high is None or value <= high, name, f"<= {high}", value)
+    return value
+
+
+def _int(name: str, value: object, low: Optional[int], high: Optional[int]) -> int:
+    """An int in [low, high] (None: unbounded on that side)."""
+    value = check_int("SamplingParams", name, value)
+    _check(low is None or value >= low, name, f">= {low}", value)
+    _check(high is None or value <= high, name, f"<= {high}", value)
+    return value
+
+
+def _ids(name: str, ids: object) -> list[int]:
+    return check_token_ids(f"SamplingParams.{name}", ids)
 
 
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
@@ -27,6 +49,16 @@ class SamplingParams:
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
     position; `prompt_logprobs` = k does so for prompt positions and turns prefix-cache hits off
     for that request (cached positions have no logits).
+
+    Bounds (every field is checked on construction; a bad value is a ValueError naming the
+    field and the bound; real fields refuse NaN and +-inf before their range is checked):
+    max_tokens >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1]; min_p in [0, 1];
+    seed an int; min_tokens in [0, max_tokens]; n in [1, MAX_N = 256]; logprobs and
+    prompt_logprobs None or >= 0 (and <= vocab_size, checked by `validate_vocab`);
+    presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
+    logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
+    keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size
+    per `validate_vocab`. Integral fields accept numpy integers and store plain ints.
     """
 
     max_tokens: int = 16
@@ -49,76 +81,64 @@ class SamplingParams:
     allowed_token_ids: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
-        # Normalise sequences to tuples so the dataclass stays hashable-ish and immutable.
+        # Normalise sequences to tuples (and numbers to plain int/float) so the dataclass stays
+        # immutable and every backend sees the same types.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop or ()))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if self.allowed_token_ids is not None:
-            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
-        if self.logit_bias is not None:
-            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         self._validate()
 
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
     def _validate(self) -> None:
+        """Every field: type, finiteness, range; ValueError naming the field and the bound."""
+        real, whole = _real, _int
+        self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
+        self._set("temperature", real("temperature", self.temperature, 0.0, None))
+        self._set("top_k", whole("top_k", self.top_k, -1, None))
+        self._set("top_p", real("top_p", self.top_p, 0.0, 1.0))
+        _check(self.top_p > 0.0, "top_p", "in (0, 1]", self.top_p)
+        self._set("min_p", real("min_p", self.min_p, 0.0, 1.0))
+        if self.seed is not None:
+            self._set("seed", whole("seed", self.seed, None, None))
+        self._set("stop_token_ids", tuple(_ids("stop_token_ids", self.stop_token_ids or ())))
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens
+            not isinstance(self.stop, (bytes, dict)) and isinstance(self.stop, Iterable),
+            "stop",
+            "a str or a list of non-empty strings",
+            self.stop,
         )
-        _check(self.temperature >= 0.0, "temperature", ">= 0", self.temperature)
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (off) or >= 1", self.top_k)
-        _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "an int or None", self.seed)
-        _check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-            "stop_token_ids",
-            "non-negative ints",
-            self.stop_token_ids,
-        )
+        self._set("stop", tuple(self.stop or ()))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
-        _check(
-            isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", ">= 0", self.min_tokens
-        )
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "a bool", self.ignore_eos)
+        self._set("min_tokens", whole("min_tokens", self.min_tokens, 0, None))
         _check(
             self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"<= max_tokens ({self.max_tokens})",
             self.min_tokens,
         )
-        _check(isinstance(self.n, int) and self.n >= 1, "n", ">= 1", self.n)
-        _check(
-            self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
-            "logprobs",
-            "None or >= 0",
-            self.logprobs,
-        )
-        _check(
-            self.prompt_logprobs is None
-            or (isinstance(self.prompt_logprobs, int) and self.prompt_logprobs >= 0),
-            "prompt_logprobs",
-            "None or >= 0",
-            self.prompt_logprobs,
-        )
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
-        _check(
-            -2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty
-        )
+        self._set("n", whole("n", self.n, 1, MAX_N))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                self._set(name, whole(name, getattr(self, name), 0, None))
+        self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
+        self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
+        self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None))
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
         if self.logit_bias is not None:
-            _check(
-                all(isinstance(k, int) and k >= 0 for k in self.logit_bias),
+            _check(isinstance(self.logit_bias, Mapping), "logit_bias", "a dict", self.logit_bias)
+            self._set(
                 "logit_bias",
-                "keyed by non-negative token ids",
-                self.logit_bias,
+                {
+                    _ids("logit_bias", [k])[0]: real("logit_bias", v, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+                    for k, v in self.logit_bias.items()
+                },
             )
         if self.allowed_token_ids is not None:
-            _check(
-                len(self.allowed_token_ids) > 0
-                and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids),
-                "allowed_token_ids",
-                "a non-empty list of non-negative ints",
-                self.allowed_token_ids,
-            )
+            ids = tuple(_ids("allowed_token_ids", self.allowed_token_ids))
+            _check(len(ids) > 0, "allowed_token_ids", "a non-empty list of non-negative ints", ids)
+            self._set("allowed_token_ids", ids)
 
     @property
     def greedy(self) -> bool:
@@ -126,7 +146,8 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate_vocab(self, vocab_size: int) -> None:
-        """Check token ids against the model's vocabulary (the engine calls this on add)."""
+        """Check token ids, logprobs and prompt_logprobs against the model's vocabulary (the
+        engine calls this on add; a k above the vocabulary is refused, never clamped)."""
         for name, ids in (
             ("stop_token_ids", self.stop_token_ids),
             ("allowed_token_ids", self.allowed_token_ids or ()),
@@ -134,3 +155,6 @@ class SamplingParams:
         ):
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, name, f"token ids < vocab_size ({vocab_size})", bad)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            _check(k is None or k <= vocab_size, name, f"<= vocab_size ({vocab_size})", k)

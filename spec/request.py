@@ -7,8 +7,8 @@ import numbers
 import time
 from typing import NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
-from enginespec.spec.hashing import encode_extra
 from enginespec.spec.params import SamplingParams
+from enginespec.spec.validation import check_cache_key, check_real, check_token_id, check_token_ids
 
 
 class Status(enum.Enum):
@@ -85,9 +85,19 @@ class Request(Protocol):
         """Append one sampled token to token_ids (and so to the output)."""
         ...
 
-    # Optional, outside the Protocol (the engine checks with hasattr): impls whose requests
-    # offer `replace_last_token(token)` (overwrite the newest output token) support the
-    # engine's async scheduling, which appends a placeholder and fills it in a step later.
+
+@runtime_checkable
+class SupportsAsyncScheduling(Protocol):
+    """Optional capability of a Request class: the engine's async scheduling appends a
+    placeholder token (the id vocab_size) through update_from_output and fills in the sampled
+    token a step later. An impl whose requests satisfy this Protocol supports it; the engine
+    checks with isinstance(request, SupportsAsyncScheduling), and steps of other impls run
+    serially."""
+
+    def replace_last_token(self, token: int) -> None:
+        """Overwrite the newest output token with `token` (validated by
+        spec.validation.check_token_id). ValueError if there is no output token."""
+        ...
 
 
 class RequestArgs(NamedTuple):
@@ -105,36 +115,29 @@ class RequestArgs(NamedTuple):
 _DEFAULT_PARAMS = SamplingParams()
 
 
-def _token(name: str, t: object) -> int:
-    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-        raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
-    return int(t)
-
-
 def check_request_args(
     request_id, prompt_token_ids, params=None, eos_token_id=None, priority=0, arrival_time=None, cache_key=()
 ) -> RequestArgs:
     """The input contract every Request class enforces, shared so that all impls refuse the
-    same things with the same ValueErrors: a non-empty str id; a non-empty prompt of
-    non-negative ints (copied to a fresh list of plain ints); a SamplingParams or None (the
-    defaults); an int priority; a cache_key that spec.hash_block can encode. arrival_time
-    defaults to time.monotonic()."""
+    same things with the same ValueErrors: a non-empty str id; a non-empty prompt of token ids
+    (spec.validation.check_token_id; copied to a fresh list of plain ints); a SamplingParams or
+    None (the defaults); an int priority; a cache_key as spec.validation.check_cache_key says;
+    a finite real arrival_time (default time.monotonic())."""
     if not isinstance(request_id, str) or not request_id:
         raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
-    prompt = [t if type(t) is int and t >= 0 else _token("prompt_token_ids", t) for t in prompt_token_ids]
+    prompt = check_token_ids("Request.prompt_token_ids", prompt_token_ids)
     if not prompt:
         raise ValueError("Request.prompt_token_ids must be non-empty, got []")
     params = _DEFAULT_PARAMS if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
     if eos_token_id is not None:
-        eos_token_id = _token("eos_token_id", eos_token_id)
+        eos_token_id = check_token_id("Request.eos_token_id", eos_token_id)
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise ValueError(f"Request.priority must be an int, got {priority!r}")
-    cache_key = tuple(cache_key)
-    try:
-        encode_extra(cache_key)
-    except TypeError as e:
-        raise ValueError(f"Request.cache_key: {e}") from None
-    arrival = time.monotonic() if arrival_time is None else float(arrival_time)
+    cache_key = check_cache_key(cache_key)
+    if arrival_time is None:
+        arrival = time.monotonic()
+    else:
+        arrival = check_real("Request", "arrival_time", arrival_time)
     return RequestArgs(request_id, prompt, params, eos_token_id, int(priority), arrival, cache_key)

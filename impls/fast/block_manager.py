@@ -186,6 +186,24 @@ class FastBlockManager:
             cached[h] = b
             hashes[b] = h
 
+    def unpublish(self, request, num_tokens: int) -> None:
+        """Withdraw the request's own published hashes for blocks past its first num_tokens
+        tokens (their KV may never have been written); cursor = min(cursor, kept blocks)."""
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if table is None:
+            return
+        first = max(num_tokens, 0) // self.block_size
+        own, hashes, cached = request.block_hashes, self._hash, self._cached
+        for i in range(first, min(len(table), len(own))):
+            b = table[i]
+            if hashes[b] == own[i]:
+                hashes[b] = None
+                del cached[own[i]]
+        if self._cursor[rid] > first:
+            self._cursor[rid] = first
+        request._publish_at = 0  # "call": the next cache_full_blocks recomputes it
+
     # -- freeing -------------------------------------------------------------------------------
 
     def free(self, request) -> None:

@@ -22,16 +22,13 @@ def _packer(block_size: int) -> struct.Struct:
     return struct.Struct(f"<{block_size}q")
 
 
-@functools.lru_cache(maxsize=4096)
-def _extra_cached(cache_key: tuple) -> bytes:
-    return encode_extra(cache_key)
-
-
-def _extra_bytes(cache_key: tuple) -> bytes:
-    try:
-        return _extra_cached(cache_key)
-    except TypeError:  # an unhashable item (a list inside the key): encode every time
-        return encode_extra(cache_key)
+def _extra_bytes(request) -> bytes:
+    """The request's encoded cache key: computed once at construction by FastRequest. (An
+    earlier version memoised encode_extra on the key tuple with lru_cache, which compares
+    keys with ==, so (1,) and (True,) shared one encoding although spec.hash_block keeps
+    them apart.)"""
+    extra = getattr(request, "_extra", None)
+    return encode_extra(request.cache_key) if extra is None else extra
 
 
 def extend_block_hashes(request, block_size: int) -> list[bytes]:
@@ -44,7 +41,7 @@ def extend_block_hashes(request, block_size: int) -> list[bytes]:
     if start >= stop:
         return hashes
     pack = _packer(block_size).pack
-    extra = _extra_bytes(request.cache_key)
+    extra = _extra_bytes(request)
     blake = hashlib.blake2b
     parent = hashes[-1] if start else ROOT
     for i in range(start, stop):

@@ -7,10 +7,9 @@ only for full blocks it has not hashed yet), so a request never rehashes a block
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional, Sequence
 
-from enginespec.spec import SamplingParams, Status, check_request_args
+from enginespec.spec import SamplingParams, Status, check_request_args, check_token_id, encode_extra
 
 
 class FastRequest:
@@ -44,6 +43,7 @@ class FastRequest:
         "_key",
         "_capacity",
         "_publish_at",
+        "_extra",
         "__weakref__",
     )
 
@@ -87,6 +87,7 @@ class FastRequest:
         self._out_limit = params.max_tokens  # outputs that finish it by length (the scheduler
         self._key = None  # lowers it to max_model_len - prompt; sets the key)
         self._capacity = self._publish_at = 0  # block manager mirrors (0 = "ask it")
+        self._extra = encode_extra(cache_key)  # the cache key's bytes in every block hash
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -113,7 +114,7 @@ class FastRequest:
         """Append one sampled token (to token_ids and to the output); ValueError unless it is a
         non-negative int."""
         if type(token) is not int or token < 0:
-            token = _token("token_ids", token)
+            token = check_token_id("Request.token_ids", token)
         self.token_ids.append(token)
         self._output.append(token)
 
@@ -123,7 +124,7 @@ class FastRequest:
         if not self._output:
             raise ValueError(f"request {self.request_id!r} has no output token to replace")
         if type(token) is not int or token < 0:
-            token = _token("token_ids", token)
+            token = check_token_id("Request.token_ids", token)
         self.token_ids[-1] = token
         self._output[-1] = token
 
@@ -132,10 +133,3 @@ class FastRequest:
             f"FastRequest({self.request_id!r}, status={self.status.name}, "
             f"tokens={len(self.token_ids)}, computed={self.num_computed_tokens})"
         )
-
-
-def _token(name: str, t: object) -> int:
-    """One token id as a plain int; ValueError naming `name` unless a non-negative integer."""
-    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-        raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
-    return int(t)

@@ -267,7 +267,8 @@ class FastScheduler:
                     token_ids.append(token)
                     output_ids.append(token)
                 appended.append(token)
-                # The stop rules, first match wins: stop ids (stop_reason), EOS, then length.
+                # spec.stops.stop_after_token, inlined on precomputed sets (the differential
+                # tests hold it equal to the reference): stop ids, EOS, then length.
                 num_out = len(output_ids)
                 if token in r._stoppers and num_out > r._min_tokens:
                     if token in r._stop_ids:

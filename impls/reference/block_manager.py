@@ -141,6 +141,20 @@ class BlockManager:
             self.cached[h] = block
         self.cursors[request.request_id] = num_full
 
+    def unpublish(self, request: Request, num_tokens: int) -> None:
+        """Withdraw the request's own published hashes for blocks past its first num_tokens
+        tokens (their KV may never have been written); cursor = min(cursor, kept blocks)."""
+        rid = request.request_id
+        table = self.tables.get(rid, [])
+        first = max(num_tokens, 0) // self.block_size
+        for i in range(first, min(len(table), len(request.block_hashes))):
+            block, h = table[i], request.block_hashes[i]
+            if self.block_hashes[block] == h:
+                self.block_hashes[block] = None
+                del self.cached[h]
+        if rid in self.cursors:
+            self.cursors[rid] = min(self.cursors[rid], first)
+
     # ---- release ---------------------------------------------------------------------------
 
     def _release(self, blocks: list[int]) -> None:

@@ -7,20 +7,9 @@ Invariants (spec.Request): `token_ids == prompt_token_ids + output_token_ids`;
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional, Sequence
 
-from enginespec.spec import SamplingParams, Status, check_request_args
-
-
-def _token_list(name: str, ids: Sequence[int]) -> list[int]:
-    """Copy `ids` into a list of plain ints; ValueError naming `name` for anything else."""
-    out: list[int] = []
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"Request.{name} must hold non-negative ints, got {t!r}")
-        out.append(int(t))
-    return out
+from enginespec.spec import SamplingParams, Status, check_request_args, check_token_id
 
 
 class Request:
@@ -82,14 +71,14 @@ class Request:
 
     def append(self, token: int) -> None:
         """Append one sampled token; ValueError unless it is a non-negative int."""
-        self.token_ids.append(_token_list("token_ids", [token])[0])
+        self.token_ids.append(check_token_id("Request.token_ids", token))
 
     def replace_last_token(self, token: int) -> None:
         """Overwrite the newest output token (the engine's async-scheduling placeholder) with the
         sampled one. ValueError if there is no output token or `token` is not a non-negative int."""
         if self.num_output_tokens == 0:
             raise ValueError(f"request {self.request_id!r} has no output token to replace")
-        self.token_ids[-1] = _token_list("token_ids", [token])[0]
+        self.token_ids[-1] = check_token_id("Request.token_ids", token)
 
     def __repr__(self) -> str:
         return (

@@ -11,7 +11,14 @@ import bisect
 from typing import Optional
 
 from enginespec.impls.reference.block_manager import cdiv
-from enginespec.spec import Request, SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+from enginespec.spec import (
+    Request,
+    SchedulerConfig,
+    SchedulerOutput,
+    Status,
+    UpdateOutput,
+    stop_after_token,
+)
 
 
 class Scheduler:
@@ -194,23 +201,15 @@ class Scheduler:
     # ---- update and finish -----------------------------------------------------------------
 
     def _stop_status(self, r: Request, token: int) -> Optional[Status]:
-        """The stop rule the newest token `token` triggers, first match wins (None: go on).
-        Sets `stop_reason` when a stop token id fires."""
-        p = r.params
-        if r.num_output_tokens > p.min_tokens and token in p.stop_token_ids:
-            r.stop_reason = token
-            return Status.FINISHED_STOPPED
-        if (
-            r.num_output_tokens > p.min_tokens
-            and not p.ignore_eos
-            and r.eos_token_id is not None
-            and token == r.eos_token_id
-        ):
-            return Status.FINISHED_STOPPED
-        max_len = self.config.max_model_len
-        if r.num_output_tokens >= p.max_tokens or (max_len is not None and r.num_tokens >= max_len):
-            return Status.FINISHED_LENGTH
-        return None
+        """The stop rule (spec.stops, first match wins) the newest token fires, or None; sets
+        `stop_reason` when a stop token id fires."""
+        stop = stop_after_token(r, token, self.config.max_model_len)
+        if stop is None:
+            return None
+        status, reason = stop
+        if reason is not None:
+            r.stop_reason = reason
+        return status
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> UpdateOutput:
         """Advance each scheduled (unfinished) request by its n; a request that reached the end

@@ -1,0 +1,33 @@
+"""The engine soak at full size: >= 10,000 requests through one impl with random aborts,
+injected faults at every phase, preemption by recompute and by swap, async scheduling on and
+off, four tenants (cache salts); the tiny Qwen3 checkpoint on CPU. Prints the figures
+(benchmarks/RESULTS.md records a run).
+
+    python benchmarks/soak.py --impl fast --requests 10000 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from enginespec.conformance.soak import run_soak
+from enginespec.spec import load_impl
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", default="fast")
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    figures = run_soak(load_impl(args.impl), args.requests, args.seed)
+    print(f"soak: impl={args.impl} seed={args.seed}")
+    for line in figures.lines():
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Output processing: what the engine does with a step's tokens once the scheduler has them.
+
+The engine loop is schedule -> execute -> sample -> update (Scheduler.update_from_output, which
+applies the token stop rules of spec.stops) -> process outputs (this module): attach tokens and
+logprobs to samples, detokenize, match stop strings, and build the cumulative RequestOutputs.
+
+A sample's final reason lives here, on the engine's side (`Sample.finish_reason`,
+`Sample.stop_reason`, `Sample.error`); the impl's Request is changed only through the
+Scheduler API (finish) and Request.append / replace_last_token. So a stop string that ends a
+request the scheduler had just finished for length, or an async stop token found one step
+late, changes what the user sees without writing to the impl's request.
+
+Invariants: a sample's finish_reason is set once; an output never shows an async placeholder
+token (the id `placeholder_id`, which no real token can be); a parent is reported finished
+exactly when every sample has a finish_reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+from enginespec.outputs import CompletionOutput, RequestOutput
+from enginespec.spec import Status, UpdateOutput
+
+#: finish_reason of a sample whose step failed (the message is in CompletionOutput.error).
+ERROR = "error"
+
+
+@dataclass
+class Sample:
+    """One sibling: the impl's request plus what only the engine tracks (text, logprobs)."""
+
+    index: int
+    request: object
+    detokenizer: object = None
+    unread: list = field(default_factory=list)  # sampled ids not yet fed to the detokenizer
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+    logprobs: Optional[list] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class Parent:
+    """One user request and its n samples."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    samples: list[Sample]
+    prompt_logprobs: Optional[dict[int, dict[int, float]]] = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+
+class OutputProcessor:
+    """Turns scheduler updates into per-sample text, stops and RequestOutputs.
+
+    `finish(request, status)` is the scheduler's finish (a stop string ends a request);
+    `placeholder_id` the async scheduling placeholder, hidden from every output."""
+
+    def __init__(self, finish: Callable, placeholder_id: int):
+        self._finish = finish
+        self.placeholder_id = placeholder_id
+        self.num_generated_tokens = 0
+
+    def apply_update(
+        self, update: UpdateOutput, lookup: Callable, logprob_map: dict, changed: dict, late_stops=None
+    ) -> None:
+        """Attach new tokens (logprobs, text, stop strings), then record scheduler finishes.
+        `lookup(internal_id)` gives (Parent, Sample) or None for a forgotten request.
+        `late_stops` maps internal ids to the (status, stop_reason) of a stop the async path
+        found one step late: it wins over the length finish the placeholder's count decided
+        (the serial order of checks), as a stop string matched here wins over both."""
+        for request_id, tokens in update.new_token_ids.items():
+            found = lookup(request_id)
+            if found is None:
+                continue
+            parent, sample = found
+            changed[parent.request_id] = parent
+            self.num_generated_tokens += len(tokens)
+            if sample.logprobs is not None:
+                sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
+            if sample.detokenizer is not None:
+                sample.unread.extend(tokens)
+                if sample.request.params.stop:
+                    _, stop = read(sample)
+                    if stop is not None:
+                        self._finish_on_stop_string(sample, stop)
+        for request in update.finished:
+            found = lookup(request.request_id)
+            if found is None:
+                continue
+            parent, sample = found
+            changed[parent.request_id] = parent
+            late = (late_stops or {}).get(request.request_id)
+            if late is not None:
+                self.settle(sample, late[0].finish_reason, late[1])
+            else:
+                self.settle(sample, request.status.finish_reason, request.stop_reason)
+
+    def settle(
+        self, sample: Sample, finish_reason: str, stop_reason=None, error: Optional[str] = None
+    ) -> None:
+        """Give the sample its final reason (first one wins) and settle its text."""
+        if sample.finish_reason is not None:
+            return
+        sample.finish_reason, sample.stop_reason, sample.error = finish_reason, stop_reason, error
+        flush(sample)
+
+    def _finish_on_stop_string(self, sample: Sample, stop: str) -> None:
+        """A stop string ends the sample as "stop" even if the scheduler just finished it for
+        length in the same update (the text was cut at the stop string either way)."""
+        request = sample.request
+        if not request.status.is_finished:
+            self._finish(request, Status.FINISHED_STOPPED)
+        sample.finish_reason = Status.FINISHED_STOPPED.finish_reason
+        sample.stop_reason = stop
+
+    def make_output(self, parent: Parent) -> RequestOutput:
+        for sample in parent.samples:
+            read(sample)
+        completions = [
+            CompletionOutput(
+                index=s.index,
+                text=s.detokenizer.text if s.detokenizer is not None else "",
+                token_ids=self.visible_ids(s.request),
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+                logprobs=list(s.logprobs) if s.logprobs is not None else None,
+                error=s.error,
+            )
+            for s in parent.samples
+        ]
+        prompt_lp = None
+        if parent.prompt_logprobs is not None:
+            found = parent.prompt_logprobs
+            prompt_lp = [None] + [found[p] for p in range(len(found)) if p in found]
+        return RequestOutput(
+            parent.request_id,
+            parent.prompt,
+            list(parent.prompt_token_ids),
+            completions,
+            finished=parent.finished,
+            prompt_logprobs=prompt_lp,
+        )
+
+    def visible_ids(self, request) -> list[int]:
+        """The request's output ids without trailing async placeholders."""
+        ids = list(request.output_token_ids)
+        while ids and ids[-1] == self.placeholder_id:
+            ids.pop()
+        return ids
+
+
+def flush(sample: Sample) -> None:
+    """Settle the text of a sample that ended without a stop string (pending partial
+    characters, a held-back tail that can no longer become a stop string)."""
+    if sample.detokenizer is not None:
+        read(sample)
+        sample.detokenizer.flush()
+
+
+def read(sample: Sample):
+    """Feed the sample's unread ids to its detokenizer: (text delta, stop string or None)."""
+    if sample.detokenizer is None or not sample.unread:
+        return "", None
+    tokens, sample.unread = sample.unread, []
+    return sample.detokenizer.update(tokens)
