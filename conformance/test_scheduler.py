@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, check_idle, step_bound
+from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import pressure_scenarios, scenarios
 from enginespec.spec import Status
 
@@ -30,12 +31,14 @@ def run(impl, scn, **overrides):
 
 
 @given(scn=scenarios())
+@spec_rule("liveness")
 def test_every_step_invariants_and_liveness(impl, scn):
     """Random configs and shared-prefix workloads: all invariants hold and every request finishes."""
     run(impl, scn)
 
 
 @given(scn=pressure_scenarios())
+@spec_rule("preemption")
 def test_preemption_under_pressure(impl, scn):
     """Requests that cannot all grow together force preemptions (victim = back of the running
     queue, nobody admitted in that step, swap lists = the victims' tables); all still finish."""
@@ -46,6 +49,7 @@ def test_preemption_under_pressure(impl, scn):
 
 
 @given(scn=scenarios(max_requests=5))
+@spec_rule("schedule-order")
 def test_policy_order_with_one_seat(impl, scn):
     """With one seat nothing is preempted by others, so requests run one after another, in
     policy order: (arrival, add order) for fcfs, (priority, arrival, add order) for priority."""
@@ -64,6 +68,7 @@ def test_policy_order_with_one_seat(impl, scn):
 
 
 @given(scn=scenarios(), data=st.data())
+@spec_rule("abort")
 def test_abort_from_any_state(impl, scn, data):
     """abort() finishes a request from whatever state it is in, frees its blocks, reports it in the
     next SchedulerOutput.finished; unknown ids return False; the rest still finishes."""
