@@ -214,7 +214,8 @@ def check_chunking(v: StepView) -> None:
                     f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}"
                 )
         else:
-            assert n == r.num_tokens - start, (
+            # Every known token at once; draft tokens (a decode's spec_token_ids) may be cut by the budget.
+            assert r.num_tokens - start <= n <= r.num_tokens_with_spec - start, (
                 f"{r.request_id}: chunked prefill is off but only {n} of {r.num_tokens - start} scheduled"
             )
 
@@ -479,6 +480,20 @@ class StepResult:
         )
 
 
+def reject_drafts(out: SchedulerOutput) -> SchedulerOutput:
+    """The engine's verification of draft tokens, in its simplest conforming form: every draft
+    is rejected. The output is cut back to each request's known tokens (drafts cleared), so
+    update_from_output sees a plain step; the caller gives the drafts' extra slots back (trim).
+    Requests that carried no drafts are unchanged."""
+    scheduled = []
+    for r, n in out.scheduled:
+        known = r.num_tokens - r.num_computed_tokens
+        if r.spec_token_ids:
+            r.spec_token_ids = []
+        scheduled.append((r, min(n, known)))
+    return dataclasses.replace(out, scheduled=scheduled)
+
+
 @dataclass
 class Harness:
     """Drives one impl's scheduler with the fake model; checks every invariant at every step."""
@@ -554,16 +569,24 @@ class Harness:
         )
         check_schedule(view)
         check_pool(view.post, self.num_blocks)
+        verified = reject_drafts(out)
         pre_update = snapshot(self.sched, self.live)
-        sampled = self.model.sample(out)
-        upd = self.sched.update_from_output(out, sampled)
-        check_update(self.config, pre_update, out, sampled, upd)
+        sampled = self.model.sample(verified)
+        upd = self.sched.update_from_output(verified, sampled)
+        check_update(self.config, pre_update, verified, sampled, upd)
         for r in upd.finished:
             self.live.pop(r.request_id, None)
             self.finished_since.append(r.request_id)
+        for (r, n), (_, kept) in zip(out.scheduled, verified.scheduled):
+            if kept < n and not r.status.is_finished:  # give back the rejected drafts' slots
+                self.bm.trim(r, r.num_computed_tokens)
         self.num_steps += 1
         self.check()
         return StepResult.of(out, upd)
+
+    def propose(self, request_id: str, draft_token_ids) -> None:
+        """What a drafter does before schedule(): give a running request draft tokens."""
+        self.live[request_id].spec_token_ids = list(draft_token_ids)
 
     def check(self) -> None:
         check_scheduler(self.sched, self.live, self.key, self.block_size, self.enable_prefix_caching)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, check_idle, step_bound
 from enginespec.conformance.rules import spec_rule
-from enginespec.conformance.strategies import pressure_scenarios, scenarios
+from enginespec.conformance.strategies import draft_token_lists, drafting, pressure_scenarios, scenarios
 from enginespec.spec import Status
 
 
@@ -83,4 +83,23 @@ def test_abort_from_any_state(impl, scn, data):
     assert h.abort(victim) == was_live
     assert h.abort("no-such-request") is False
     h.run_to_completion(h.num_steps + step_bound(scn.requests))
+    check_idle(h.bm.state(), scn.num_blocks)
+
+
+@given(scn=scenarios(), data=st.data())
+@spec_rule("step-limits")
+def test_draft_tokens_are_scheduled_within_the_limits(impl, scn, data):
+    """Before every step a drafter gives some decoding requests 1-3 draft tokens
+    (spec_token_ids): they are scheduled within budget and seats, their slots are allocated but
+    never published, and (rejected by the engine, slots given back) every request finishes."""
+    h = Harness.for_scenario(impl, scn)
+    for spec in scn.requests:
+        h.add(spec)
+    bound = step_bound(scn.requests)
+    while h.sched.has_unfinished:
+        assert h.num_steps < bound, "not finished (livelock?)"
+        for rid in sorted(rid for rid, r in h.live.items() if drafting(r)):
+            if data.draw(st.booleans(), label=f"draft for {rid}"):
+                h.propose(rid, data.draw(draft_token_lists(), label="drafts"))
+        h.step()
     check_idle(h.bm.state(), scn.num_blocks)

@@ -28,7 +28,14 @@ from hypothesis.stateful import (
 from enginespec.conformance.diff import divergence_report
 from enginespec.conformance.invariants import Harness
 from enginespec.conformance.plugin import impl_target
-from enginespec.conformance.strategies import Limits, request_specs, scenarios, stems_for
+from enginespec.conformance.strategies import (
+    Limits,
+    draft_token_lists,
+    drafting,
+    request_specs,
+    scenarios,
+    stems_for,
+)
 from enginespec.spec import Status
 
 REQUEST_FIELDS = (
@@ -158,6 +165,14 @@ class EngineLockstep(RuleBasedStateMachine):
         self.agree(
             lambda side: side.finish(rid, Status.FINISHED_STOPPED), f"finish({rid}, stop string)", "finish"
         )
+
+    @precondition(lambda self: any(drafting(r) for r in self.sides[0].live.values()))
+    @rule(data=st.data())
+    def propose_drafts(self, data):
+        """Draft tokens on a decoding request: scheduled with it, then rejected by the engine."""
+        rid = data.draw(st.sampled_from(sorted(rid for rid, r in self.sides[0].live.items() if drafting(r))))
+        drafts = data.draw(draft_token_lists())
+        self.agree(lambda side: side.propose(rid, drafts), f"propose_drafts({rid}, {drafts})", "propose")
 
     @rule(num_steps=st.integers(1, 4))
     def step(self, num_steps):
