@@ -18,8 +18,12 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python3}"
 FULL="${1:-}"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/enginespec-outside.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+if [ -n "${OUTSIDE_WORK:-}" ]; then  # debugging: keep (and reuse) the work dir
+  WORK="$OUTSIDE_WORK"; rm -rf "$WORK/src" "$WORK/elsewhere" "$WORK/other_project"
+else
+  WORK="$(mktemp -d "${TMPDIR:-/tmp}/enginespec-outside.XXXXXX")"
+  trap 'rm -rf "$WORK"' EXIT
+fi
 START=$SECONDS
 say() { printf '[outside_check %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
@@ -28,10 +32,11 @@ mkdir -p "$WORK/src" "$WORK/elsewhere" "$WORK/other_project"
 git -C "$REPO" ls-files -z --cached --others --exclude-standard | (cd "$REPO" && tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
 
 say "fresh venv; torch 2.13.0 (CPU wheel); enginespec non-editable, runtime deps only"
-"$PY" -m venv "$WORK/venv"
 V="$WORK/venv/bin"
-"$V/pip" install -q torch==2.13.0
-"$V/pip" install -q "$WORK/src" pytest
+[ -x "$V/python" ] || "$PY" -m venv "$WORK/venv"
+pipq() { "$V/pip" install -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+pipq torch==2.13.0
+pipq "$WORK/src" pytest
 if "$V/python" -c "import hypothesis" 2>/dev/null; then echo "hypothesis must be absent in stage 1" >&2; exit 1; fi
 "$V/python" -c "import enginespec, sys; assert 'site-packages' in enginespec.__file__, enginespec.__file__"
 
@@ -42,10 +47,11 @@ def test_plain():
 PYEOF
 say "stage 1: an unrelated project's pytest run without hypothesis"
 (cd "$WORK/other_project" && "$V/python" -m pytest -q -p no:cacheprovider) | tail -1
-(cd "$WORK/other_project" && "$V/python" -m pytest --help) | grep -q -- "--backend-only"  # the plugin did load
+HELP="$(cd "$WORK/other_project" && "$V/python" -m pytest --help)"
+[[ "$HELP" == *--backend-only* ]] || { echo "the enginespec pytest11 plugin did not load" >&2; exit 1; }
 
 say "stage 2: + the test extra and the example backend"
-"$V/pip" install -q "$WORK/src[test]" "$WORK/src/examples/ordered-pool-backend"
+pipq "$WORK/src[test]" "$WORK/src/examples/ordered-pool-backend"
 cat > "$WORK/other_project/test_hypothesis_defaults.py" <<'PYEOF'
 from hypothesis import given, settings, strategies as st
 
@@ -85,7 +91,7 @@ print("report:", ", ".join(f'{p["key"]}={p["status"]}' for p in data["points"]))
 PYEOF
 
 say "stage 3: Hugging Face's kernels 0.17.x beside enginespec"
-"$V/pip" install -q "kernels>=0.17,<0.18"
+pipq "kernels>=0.17,<0.18"
 (cd "$WORK/elsewhere" && "$V/python" - <<'PYEOF'
 import importlib.metadata as md
 import kernels
