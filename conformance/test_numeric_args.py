@@ -113,3 +113,63 @@ def test_pool_shape_arguments(request, impl, field, bad):
     kwargs = {"num_blocks": 8, "block_size": BS, field: bad}
     with pytest.raises(ValueError, match=field):
         impl.new_block_manager(**kwargs)
+
+
+# --------------------------------------------------------------------------- tokens into a request
+
+BAD_TOKENS = [-1, 1.5, 2.0, True, "3", None]
+BAD_TOKEN_IDS = ["neg", "float", "integral-float", "bool", "str", "none"]
+
+
+def _with_output(impl):
+    r = impl.new_request("t", [1, 2, 3], SamplingParams(max_tokens=8), arrival_time=0.0)
+    r.append(0)  # token id 0 is a valid token
+    return r
+
+
+@pytest.mark.parametrize("bad", BAD_TOKENS, ids=BAD_TOKEN_IDS)
+@pytest.mark.parametrize("method", ["append", "replace_last_token"])
+@spec_rule("request-invariants")
+def test_bad_tokens_are_refused_and_change_nothing(impl, method, bad):
+    r = _with_output(impl)
+    if not hasattr(r, method):
+        pytest.skip(f"{impl.name} requests have no {method} (optional: async scheduling)")
+    before = list(r.token_ids), list(r.output_token_ids)
+    with pytest.raises(ValueError, match="token"):
+        getattr(r, method)(bad)
+    assert (list(r.token_ids), list(r.output_token_ids)) == before, (
+        f"{method}({bad!r}) refused but changed the request"
+    )
+
+
+@spec_rule("request-invariants")
+def test_tokens_zero_and_numpy_are_stored_as_ints(impl):
+    r = _with_output(impl)
+    r.append(np.int64(5))
+    assert list(r.token_ids) == [1, 2, 3, 0, 5] and list(r.output_token_ids) == [0, 5]
+    assert all(type(t) is int for t in r.token_ids), "tokens must be stored as Python ints"
+    assert r.num_tokens == 5 and r.num_output_tokens == 2
+
+
+@spec_rule("request-invariants")
+def test_replace_last_token_overwrites_only_the_newest_output(impl):
+    r = _with_output(impl)
+    if not hasattr(r, "replace_last_token"):
+        pytest.skip(f"{impl.name} requests have no replace_last_token (optional: async scheduling)")
+    r.append(7)
+    r.replace_last_token(np.int32(9))
+    assert list(r.token_ids) == [1, 2, 3, 0, 9] and list(r.output_token_ids) == [0, 9]
+    assert type(r.token_ids[-1]) is int
+    fresh = impl.new_request("f", [1, 2], SamplingParams(), arrival_time=0.0)
+    with pytest.raises(ValueError):
+        fresh.replace_last_token(4)  # no output token to replace: the prompt is never touched
+    assert list(fresh.token_ids) == [1, 2]
+
+
+def test_new_request_defaults(impl):
+    """DESIGN: new_request(..., eos_token_id=None, priority=0, arrival_time=None, cache_key=())."""
+    r = impl.new_request("d", [4, 5])
+    assert r.priority == 0 and tuple(r.cache_key) == () and r.eos_token_id is None
+    assert r.num_computed_tokens == 0 and r.num_cached_tokens == 0 and list(r.spec_token_ids) == []
+    assert r.num_preemptions == 0 and not r.swapped_out and r.stop_reason is None
+    assert isinstance(r.arrival_time, float) and r.params == SamplingParams()

@@ -184,6 +184,9 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
+PROFILE = ["--hypothesis-profile=enginespec-ci"]
+
+
 def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
     env.update(env_extra)
@@ -230,7 +233,10 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--rejudge", help="re-run only the survivors recorded in this --json file")
+    ap.add_argument("--profile", default="enginespec-ci", help="Hypothesis profile of the suite runs")
     args = ap.parse_args(argv)
+    PROFILE[:] = [f"--hypothesis-profile={args.profile}"]
     baseline = {
         impl: run_suite(impl, {"MUTANT_MODULE": "-", "MUTANT_SOURCE": __file__}, args.timeout)
         for impl in args.impls
@@ -242,6 +248,12 @@ def main(argv=None) -> int:
         for impl in args.impls:
             pool_ = [m for f in TARGETS[impl] if not args.files or f in args.files for m in mutants_of(f)]
             chosen = pool_ if not args.sample or args.sample >= len(pool_) else rng.sample(pool_, args.sample)
+            if args.rejudge:
+                old = json.loads(Path(args.rejudge).read_text())["results"]
+                keep = {
+                    (r["path"], r["index"]) for r in old if r["impl"] == impl and r["result"] == "survived"
+                }
+                chosen = [m for m in pool_ if (m.path, m.index) in keep]
             t0 = time.time()
             with ThreadPoolExecutor(args.jobs) as ex:
                 done = list(
