@@ -173,3 +173,26 @@ def test_new_request_defaults(impl):
     assert r.num_computed_tokens == 0 and r.num_cached_tokens == 0 and list(r.spec_token_ids) == []
     assert r.num_preemptions == 0 and not r.swapped_out and r.stop_reason is None
     assert isinstance(r.arrival_time, float) and r.params == SamplingParams()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"], ids=["neg", "float", "bool", "str"])
+@spec_rule("update-and-stops")
+def test_sampled_tokens_are_validated(impl, bad):
+    """update_from_output puts sampled tokens into requests: a bad one is a ValueError (never a
+    stored float or string); a numpy integer is stored as an int."""
+    from enginespec.spec import SchedulerConfig
+
+    def one_step(sample):
+        bm = impl.new_block_manager(8, BS)
+        sched = impl.new_scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2), bm)
+        r = impl.new_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0), arrival_time=0.0)
+        sched.add(r)
+        return r, lambda: sched.update_from_output(sched.schedule(), {"a": [sample]})
+
+    r, update = one_step(bad)
+    with pytest.raises(ValueError, match="token"):
+        update()
+    assert all(type(t) is int for t in r.token_ids)
+    r, update = one_step(np.int64(6))
+    update()
+    assert list(r.token_ids) == [1, 2, 3, 6] and type(r.token_ids[-1]) is int
