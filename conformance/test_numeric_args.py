@@ -187,12 +187,12 @@ def test_sampled_tokens_are_validated(impl, bad):
         sched = impl.new_scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2), bm)
         r = impl.new_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0), arrival_time=0.0)
         sched.add(r)
-        return r, lambda: sched.update_from_output(sched.schedule(), {"a": [sample]})
+        return r, lambda: sched.update_from_output(sched.schedule(), {"a": [sample]}).new_token_ids
 
     r, update = one_step(bad)
     with pytest.raises(ValueError, match="token"):
         update()
     assert all(type(t) is int for t in r.token_ids)
     r, update = one_step(np.int64(6))
-    update()
+    assert update() == {"a": [6]}, "UpdateOutput.new_token_ids reports the token as stored"
     assert list(r.token_ids) == [1, 2, 3, 6] and type(r.token_ids[-1]) is int
