@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from enginespec.conformance.rules import spec_rule
 from enginespec.spec import (
     PoolState,
     SchedulerConfig,
@@ -31,6 +32,7 @@ def cdiv(a: int, b: int) -> int:
 # --------------------------------------------------------------------------- pool (point 1)
 
 
+@spec_rule("pool-accounting")
 def check_pool(state: PoolState, num_blocks: int) -> None:
     """Point 1: ref counts equal table occurrences, the free queue is exactly the unreferenced
     blocks (no repeats), and `cached` is the exact inverse of `block_hashes`."""
@@ -63,6 +65,7 @@ def check_pool(state: PoolState, num_blocks: int) -> None:
             assert state.cached.get(h) == b, f"block {b} has a hash that `cached` does not map back to it"
 
 
+@spec_rule("idle-pool")
 def check_idle(state: PoolState, num_blocks: int) -> None:
     """Point 1, idle: with no unfinished request every block is free and no table is held."""
     assert not state.tables, f"idle pool still holds tables: {state.tables}"
@@ -70,6 +73,7 @@ def check_idle(state: PoolState, num_blocks: int) -> None:
     assert not any(state.ref_counts), "idle pool: a block still has references"
 
 
+@spec_rule("no-caching")
 def check_no_caching(state: PoolState) -> None:
     """With prefix caching off nothing is ever published."""
     assert not state.cached and all(h is None for h in state.block_hashes), (
@@ -80,6 +84,7 @@ def check_no_caching(state: PoolState) -> None:
 # --------------------------------------------------------------------------- requests
 
 
+@spec_rule("request-invariants")
 def check_request(r, block_size: int) -> None:
     """Request invariants: one token list, consistent counters, canonical hash chain."""
     output = list(r.output_token_ids)
@@ -98,6 +103,7 @@ def check_request(r, block_size: int) -> None:
     )
 
 
+@spec_rule("hash-chain")
 def check_table_hashes(state: PoolState, r, block_size: int) -> None:
     """Every block in the request's table is unpublished or published under exactly the canonical
     hash of that position of this request (a request never reads KV hashed for other content)."""
@@ -177,6 +183,7 @@ class StepView:
 # --------------------------------------------------------------------------- step invariants (point 5)
 
 
+@spec_rule("step-limits")
 def check_limits(v: StepView) -> None:
     """Budget, max_num_seqs, n >= 1, no request twice, never past the known tokens."""
     cfg = v.config
@@ -195,6 +202,7 @@ def check_limits(v: StepView) -> None:
         assert r.status == Status.RUNNING, f"{r.request_id} scheduled but {r.status}"
 
 
+@spec_rule("chunking")
 def check_chunking(v: StepView) -> None:
     """Threshold caps a prefilling request's chunk; chunked prefill off schedules whole remainders."""
     cfg = v.config
@@ -206,11 +214,13 @@ def check_chunking(v: StepView) -> None:
                     f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}"
                 )
         else:
-            assert n == r.num_tokens - start, (
+            # Every known token at once; draft tokens (a decode's spec_token_ids) may be cut by the budget.
+            assert r.num_tokens - start <= n <= r.num_tokens_with_spec - start, (
                 f"{r.request_id}: chunked prefill is off but only {n} of {r.num_tokens - start} scheduled"
             )
 
 
+@spec_rule("schedule-order")
 def check_order(v: StepView) -> None:
     """Running first, as a prefix of the running queue; victims from its back; admitted requests
     are a prefix (in policy order) of the swapped and of the waiting queue."""
@@ -239,6 +249,7 @@ def check_order(v: StepView) -> None:
     )
 
 
+@spec_rule("preemption")
 def check_preempted(v: StepView) -> None:
     """Recompute resets progress; swap keeps it and lists the victim's blocks to copy out."""
     state = v.post
@@ -265,6 +276,7 @@ def check_preempted(v: StepView) -> None:
     )
 
 
+@spec_rule("admission")
 def check_admitted(v: StepView) -> None:
     """Admitted requests start after a whole-block cached prefix (none without caching or with
     prompt_logprobs, one token always left); swap-ins list the blocks covering their kept KV."""
@@ -288,6 +300,7 @@ def check_admitted(v: StepView) -> None:
     assert [(rid, list(b)) for rid, b in v.out.swap_in] == swap_in, f"swap_in {v.out.swap_in} != {swap_in}"
 
 
+@spec_rule("tables-after-schedule")
 def check_tables_after_schedule(v: StepView) -> None:
     """Each scheduled request's table covers exactly its computed + scheduled tokens, and every
     block that became full this step is published, unless its hash was already published by
@@ -350,6 +363,7 @@ def expected_stop(
     return kept, None, None
 
 
+@spec_rule("update-and-stops")
 def check_update(
     config: SchedulerConfig, pre: Snapshot, out: SchedulerOutput, sampled: dict, upd: UpdateOutput
 ) -> None:
@@ -398,6 +412,7 @@ def check_update(
 # --------------------------------------------------------------------------- whole-scheduler checks
 
 
+@spec_rule("queues")
 def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_caching: bool) -> None:
     """Pool invariants, request invariants, queue contents and order, tables per status."""
     state = sched.block_manager.state()
@@ -463,6 +478,20 @@ class StepResult:
             {k: list(v) for k, v in upd.new_token_ids.items() if v},
             sorted(r.request_id for r in upd.finished),
         )
+
+
+def reject_drafts(out: SchedulerOutput) -> SchedulerOutput:
+    """The engine's verification of draft tokens, in its simplest conforming form: every draft
+    is rejected. The output is cut back to each request's known tokens (drafts cleared), so
+    update_from_output sees a plain step; the caller gives the drafts' extra slots back (trim).
+    Requests that carried no drafts are unchanged."""
+    scheduled = []
+    for r, n in out.scheduled:
+        known = r.num_tokens - r.num_computed_tokens
+        if r.spec_token_ids:
+            r.spec_token_ids = []
+        scheduled.append((r, min(n, known)))
+    return dataclasses.replace(out, scheduled=scheduled)
 
 
 @dataclass
@@ -540,16 +569,24 @@ class Harness:
         )
         check_schedule(view)
         check_pool(view.post, self.num_blocks)
+        verified = reject_drafts(out)
         pre_update = snapshot(self.sched, self.live)
-        sampled = self.model.sample(out)
-        upd = self.sched.update_from_output(out, sampled)
-        check_update(self.config, pre_update, out, sampled, upd)
+        sampled = self.model.sample(verified)
+        upd = self.sched.update_from_output(verified, sampled)
+        check_update(self.config, pre_update, verified, sampled, upd)
         for r in upd.finished:
             self.live.pop(r.request_id, None)
             self.finished_since.append(r.request_id)
+        for (r, n), (_, kept) in zip(out.scheduled, verified.scheduled):
+            if kept < n and not r.status.is_finished:  # give back the rejected drafts' slots
+                self.bm.trim(r, r.num_computed_tokens)
         self.num_steps += 1
         self.check()
         return StepResult.of(out, upd)
+
+    def propose(self, request_id: str, draft_token_ids) -> None:
+        """What a drafter does before schedule(): give a running request draft tokens."""
+        self.live[request_id].spec_token_ids = list(draft_token_ids)
 
     def check(self) -> None:
         check_scheduler(self.sched, self.live, self.key, self.block_size, self.enable_prefix_caching)
@@ -589,6 +626,7 @@ def expected_prefix(state: PoolState, r, block_size: int, prefix_caching: bool) 
     return found
 
 
+@spec_rule("allocate-slots")
 def check_allocate(
     before: PoolState,
     after: PoolState,
@@ -625,6 +663,7 @@ def check_allocate(
             assert before.block_hashes[b] not in after.cached, f"evicted block {b}'s hash is still findable"
 
 
+@spec_rule("free-order")
 def check_release(
     before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]], rid: str
 ) -> None:

@@ -1,27 +1,39 @@
 """pytest plugin of the conformance suite: picks the implementation under test.
 
-Registered as a `pytest11` entry point (see pyproject.toml), so it is active in this repository
-and in any outside project that installs enginespec: `pytest --pyargs conformance
---impl=mypkg.backend:IMPL` runs the suite against an outside backend. Never register it again
-from a conftest (pytest would refuse the duplicate).
+Registered as a `pytest11` entry point (see pyproject.toml), so it is loaded by EVERY pytest run
+in an environment that has enginespec installed, including other projects' runs. It therefore
+costs them nothing: it imports neither hypothesis nor torch at load time (hypothesis is only
+imported when it is installed, to register and swap profiles), and its Hypothesis profiles
+apply only to enginespec's own test items, never to other projects' tests.
+
+Run the suite against a backend (from anywhere): `pytest --pyargs enginespec.conformance
+--impl=mypkg.backend:IMPL --backend-only`. Never register the plugin again from a conftest.
 
 Options:
 - `--impl NAME` (env fallback ENGINESPEC_IMPL, default "reference"): anything `spec.load_impl`
   accepts: "reference", "fast", an `enginespec.impls` entry point, or "pkg.module:attr".
-- `--xfails-file PATH`: known gaps of the impl, one test node-id substring per line (text after
-  `#` is a comment and becomes the reason); matching tests are marked xfail (not strict), as in
-  array-api-tests.
+- `--backend-only`: deselect every test that does not call the backend (see `backend` marker).
+- `--xfails-file PATH`: known gaps of the impl, one canonical test id (or a substring of one)
+  per line, text after `#` is the reason. Canonical ids read
+  `conformance/test_block_manager.py::test_lru_order` however the suite was invoked (from the
+  repo, or installed with --pyargs). A line that matches no collected test is warned about.
+- `--conformance-report FILE`: JSON with one entry per spec point (conformance/points.py).
 
-Hypothesis profiles: `ci` (few examples, no deadline, derandomized so a failure reproduces on
-every machine, and no shrinking: shrinking a failing stateful trace can take minutes, while the
-derandomized failing example is reported at once and replays with the printed blob), `dev`
-(more examples, shrinking, still no deadline), `thorough` (many examples and longer stateful
-runs). `ci` is loaded unless `--hypothesis-profile` or $HYPOTHESIS_PROFILE names another.
+Hypothesis profiles (names prefixed so they cannot clash with another project's):
+`enginespec-ci` (default: few examples, no deadline, derandomized so a failure reproduces on
+every machine, and no shrinking: shrinking a failing stateful trace can take minutes),
+`enginespec-dev` (more examples, shrinking: use it to get the shortest failing trace) and
+`enginespec-thorough` (many examples, long stateful runs). `--hypothesis-profile NAME` (or
+$ENGINESPEC_HYPOTHESIS_PROFILE) picks another for our tests. Our profile is loaded around the
+collection of our modules (so `@settings` decorators there inherit it) and around each of our
+items, and the previous profile is restored after.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 # Kernel tests run under Triton's interpreter where no NVIDIA GPU is present. The variable must be
@@ -31,40 +43,61 @@ if "TRITON_INTERPRET" not in os.environ and not Path("/dev/nvidiactl").exists():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 ENV_IMPL = "ENGINESPEC_IMPL"
-ENV_PROFILE = "HYPOTHESIS_PROFILE"
-DEFAULT_PROFILE = "ci"
+ENV_PROFILE = "ENGINESPEC_HYPOTHESIS_PROFILE"
+DEFAULT_PROFILE = "enginespec-ci"
+PROFILE_OPTION = "--hypothesis-profile"
 
-settings.register_profile(
-    "ci",
-    max_examples=12,
-    stateful_step_count=25,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+#: enginespec's package directory of tests (installed or in the repo) and the tree around it
+#: (the repo's tests/ and benchmarks/ in a checkout; only enginespec/ itself when installed).
+CONFORMANCE_DIR = Path(__file__).resolve().parent
+OUR_ROOT = CONFORMANCE_DIR.parent
+
+MARKERS = (
+    "gpu: needs a CUDA device",
+    "slow: long-running (excluded from the ci profile runs by -m 'not slow')",
+    "backend: calls the implementation under test (--backend-only keeps only these)",
 )
-settings.register_profile(
-    "dev",
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=1000,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+
+_PROFILE_KEY = pytest.StashKey[str]()
+
+
+def register_profiles() -> bool:
+    """Register enginespec's profiles with hypothesis, if it is installed (idempotent)."""
+    try:
+        from hypothesis import HealthCheck, Phase, settings
+    except ImportError:
+        return False
+    slow = [HealthCheck.too_slow]
+    settings.register_profile(
+        "enginespec-ci",
+        max_examples=12,
+        stateful_step_count=25,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=True,
+        suppress_health_check=slow,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    )
+    settings.register_profile(
+        "enginespec-dev", max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=slow
+    )
+    settings.register_profile(
+        "enginespec-thorough",
+        max_examples=1000,
+        stateful_step_count=100,
+        deadline=None,
+        suppress_health_check=[*slow, HealthCheck.data_too_large],
+    )
+    return True
 
 
 def pytest_addoption(parser):
+    # Registered here, the earliest hook, so that hypothesis' own plugin can load
+    # `--hypothesis-profile=enginespec-dev` in its pytest_configure.
+    register_profiles()
     group = parser.getgroup("enginespec", "enginespec conformance")
     group.addoption(
         "--impl",
@@ -73,9 +106,21 @@ def pytest_addoption(parser):
         f"(default: ${ENV_IMPL} or reference)",
     )
     group.addoption(
+        "--backend-only",
+        action="store_true",
+        default=False,
+        help="run only the tests that call the implementation under test (marker `backend`)",
+    )
+    group.addoption(
         "--xfails-file",
         default=None,
-        help="file of test node-id substrings (one per line) to mark xfail for this impl",
+        help="file of canonical test ids (or substrings of them), one per line, to mark xfail",
+    )
+    group.addoption(
+        "--conformance-report",
+        default=None,
+        metavar="FILE",
+        help="write a JSON conformance report (one entry per spec point) to FILE",
     )
 
 
@@ -84,13 +129,71 @@ def impl_target(config) -> str:
     return config.getoption("--impl") or os.environ.get(ENV_IMPL) or "reference"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    # Hypothesis' own plugin loads --hypothesis-profile; only pick ours when none was asked for.
-    if not config.getoption("--hypothesis-profile", default=None):
-        settings.load_profile(os.environ.get(ENV_PROFILE) or DEFAULT_PROFILE)
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if register_profiles():
+        from hypothesis import settings
+
+        # After hypothesis' own configure: an explicit --hypothesis-profile (with any verbosity
+        # derived from it) is the user's choice for our tests too.
+        asked = config.getoption(PROFILE_OPTION, default=None)
+        name = (
+            settings.get_current_profile_name() if asked else os.environ.get(ENV_PROFILE) or DEFAULT_PROFILE
+        )
+        settings.get_profile(name)  # an unknown name is a usage error now, not mid-run
+        config.stash[_PROFILE_KEY] = name
+    path = config.getoption("--conformance-report")
+    if path:
+        from enginespec.conformance.report import ReportPlugin
+
+        config.pluginmanager.register(ReportPlugin(config, path), "enginespec-conformance-report")
+
+
+def is_ours(path) -> bool:
+    """Whether a collected file belongs to enginespec (the shipped suite or the repo's tests)."""
+    if path is None:
+        return False
+    try:
+        Path(os.path.realpath(path)).relative_to(OUR_ROOT)
+    except ValueError:
+        return False
+    return True
+
+
+@contextmanager
+def our_profile(config, path):
+    """Load enginespec's profile for the duration, when `path` is ours; restore the previous."""
+    name = config.stash.get(_PROFILE_KEY, None)
+    if name is None or not is_ours(path):
+        yield
+        return
+    from hypothesis import settings
+
+    before = settings.get_current_profile_name()
+    settings.load_profile(name)
+    try:
+        yield
+    finally:
+        settings.load_profile(before)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    with our_profile(collector.config, getattr(collector, "path", None)):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with our_profile(item.config, getattr(item, "path", None)):
+        yield
 
 
 def pytest_report_header(config):
+    if not runs_ours(config):
+        return None  # another project's run: no header, and no torch import for it
     target = impl_target(config)
     try:
         from enginespec.spec import load_impl
@@ -101,12 +204,30 @@ def pytest_report_header(config):
     source = "--impl" if config.getoption("--impl") else ENV_IMPL if os.environ.get(ENV_IMPL) else "default"
     return [
         f"enginespec impl under test: {name} ({source}={target}); "
-        f"hypothesis profile: {settings.get_current_profile_name()}"
+        f"hypothesis profile for enginespec's tests: {config.stash.get(_PROFILE_KEY, '(hypothesis absent)')}"
     ]
 
 
+def runs_ours(config) -> bool:
+    """Whether this session is (likely) about enginespec: --impl given, run from our tree, or
+    our package named among the arguments."""
+    args = " ".join(str(a) for a in config.args)
+    return bool(config.getoption("--impl")) or is_ours(config.rootpath) or "enginespec" in args
+
+
+def canonical_id(item) -> str:
+    """The node id as seen from the repo root, whatever the rootdir or --pyargs:
+    `conformance/<file>::<name>` for the shipped suite; the plain node id for anything else."""
+    _, sep, rest = item.nodeid.partition("::")
+    try:
+        rel = Path(os.path.realpath(item.path)).relative_to(CONFORMANCE_DIR)
+    except ValueError:
+        return item.nodeid
+    return f"conformance/{rel.as_posix()}{sep}{rest}"
+
+
 def read_xfails(path: str) -> list[tuple[str, str]]:
-    """(node-id substring, reason) per non-blank, non-comment line of the xfails file."""
+    """(test id substring, reason) per non-blank, non-comment line of the xfails file."""
     entries = []
     for line in Path(path).read_text().splitlines():
         pattern, _, reason = line.partition("#")
@@ -116,18 +237,55 @@ def read_xfails(path: str) -> list[tuple[str, str]]:
     return entries
 
 
-def pytest_collection_modifyitems(config, items):
+def calls_backend(item) -> bool:
+    """A test calls the backend iff it takes this plugin's `impl` fixture (directly or through
+    another fixture), or carries the `backend` marker explicitly."""
+    if item.get_closest_marker("backend") is not None:
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get("impl", ()) if info is not None else ()
+    return bool(defs) and getattr(defs[-1].func, "__module__", "") == __name__
+
+
+def mark_xfails(config, items) -> None:
     path = config.getoption("--xfails-file")
     if not path:
         return
     if not Path(path).is_file():
         raise pytest.UsageError(f"--xfails-file {path!r}: no such file")
     entries = read_xfails(path)
+    used = set()
     for item in items:
+        cid = canonical_id(item)
         for pattern, reason in entries:
-            if pattern in item.nodeid:
+            if pattern in cid:
                 item.add_marker(pytest.mark.xfail(reason=f"known gap: {reason}", strict=False))
+                used.add(pattern)
                 break
+    for pattern, _ in entries:
+        if pattern not in used:
+            warnings.warn(
+                pytest.PytestWarning(
+                    f"--xfails-file {path}: {pattern!r} matches no collected test "
+                    f"(ids read like conformance/test_block_manager.py::test_lru_order)"
+                ),
+                stacklevel=1,
+            )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Runs before -k/-m deselection, so xfail lines are matched against the whole suite."""
+    for item in items:
+        if calls_backend(item) and item.get_closest_marker("backend") is None:
+            item.add_marker(pytest.mark.backend)
+    mark_xfails(config, items)
+    if config.getoption("--backend-only"):
+        keep = [item for item in items if item.get_closest_marker("backend") is not None]
+        dropped = [item for item in items if item.get_closest_marker("backend") is None]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
 
 
 @pytest.fixture(scope="session")

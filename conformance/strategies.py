@@ -252,6 +252,24 @@ def request_specs(
     )
 
 
+def draft_token_lists(max_drafts: int = 3):
+    """Draft tokens (Request.spec_token_ids) a drafter proposes for a decoding request: 1 to
+    max_drafts token ids in the vocabulary."""
+    return token_lists(min_size=1, max_size=max_drafts)
+
+
+def drafting(request) -> bool:
+    """Whether a drafter may propose for this request now: it is running and decoding (only
+    its newest token is uncomputed) and has no drafts yet."""
+    from enginespec.spec import Status
+
+    return (
+        request.status == Status.RUNNING
+        and request.num_computed_tokens == request.num_tokens - 1
+        and not request.spec_token_ids
+    )
+
+
 @st.composite
 def stems_for(draw, block_size: int, num: int = 3):
     """Shared prompt prefixes, mostly whole blocks long so they can be cached."""

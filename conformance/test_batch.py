@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from enginespec.conformance.strategies import scenarios
 from enginespec.spec import SamplingParams, SchedulerOutput, build_batch, slot_of
@@ -194,5 +195,38 @@ def test_batches_of_a_real_schedule(impl, scenario):
                 _assert_same_batch(
                     own_builder(output, manager, pad_to=pad), build_batch(output, manager, pad_to=pad)
                 )
+        scheduler.update_from_output(output, model.sample(output))
+    assert not scheduler.has_unfinished, "schedule did not finish"
+
+
+@given(scenario=scenarios(max_requests=4), data=st.data())
+def test_tables_longer_than_the_step_needs(impl, scenario, data):
+    """Tables may hold more blocks than computed + scheduled tokens need (slots reserved ahead,
+    e.g. for drafts). The layout must not depend on the table's length: same positions, slots,
+    seq_lens and samples as the step describes, block_table rows starting with the needed part of the table, and
+    an impl's own build_batch identical to the plain builder."""
+    manager = impl.new_block_manager(scenario.num_blocks, scenario.block_size, scenario.enable_prefix_caching)
+    scheduler = impl.new_scheduler(scenario.config, manager)
+    for spec_ in scenario.requests:
+        scheduler.add(spec_.build(impl))
+    model, own_builder, bs = FakeModel(vocab_size=16), getattr(impl, "build_batch", None), scenario.block_size
+    for _ in range(400):
+        if not scheduler.has_unfinished:
+            break
+        output = scheduler.schedule()
+        for req, n in output.scheduled:  # reserve ahead where the pool has room
+            manager.allocate_slots(req, n + data.draw(st.integers(0, 2 * bs), label="extra tokens"))
+        if output.scheduled:
+            batch = build_batch(output, manager)
+            _check_step(batch, output, manager)
+            for row, (req, n) in enumerate(output.scheduled):
+                need = -(-(req.num_computed_tokens + n) // bs)
+                assert (
+                    batch.meta.block_table[row, :need].tolist() == manager.block_table(req.request_id)[:need]
+                )
+            if own_builder is not None:
+                _assert_same_batch(own_builder(output, manager), batch)
+        for req, n in output.scheduled:  # give the reserve back before the step is applied
+            manager.trim(req, req.num_computed_tokens + n)
         scheduler.update_from_output(output, model.sample(output))
     assert not scheduler.has_unfinished, "schedule did not finish"

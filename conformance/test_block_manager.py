@@ -32,6 +32,7 @@ from enginespec.conformance.invariants import (
     check_table_hashes,
     expected_prefix,
 )
+from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import (
     EOS_TOKEN_ID,
     block_sizes,
@@ -268,6 +269,7 @@ def test_pool_lockstep(impl, reference_impl):
 
 
 @given(block_size=block_sizes, num_blocks_prompt=st.integers(1, 4), extra=st.integers(0, 2), data=st.data())
+@spec_rule("find-cached-prefix")
 def test_one_token_left(impl, block_size, num_blocks_prompt, extra, data):
     """A fully cached prompt still leaves its last token to compute (point 3)."""
     tokens = data.draw(
@@ -287,6 +289,7 @@ def test_one_token_left(impl, block_size, num_blocks_prompt, extra, data):
 
 
 @given(block_size=block_sizes, data=st.data())
+@spec_rule("find-cached-prefix")
 def test_stop_at_first_miss(impl, block_size, data):
     """A chain with a hole (block 1 evicted, block 2 still cached) matches only block 0 (point 3).
 
@@ -309,6 +312,7 @@ def test_stop_at_first_miss(impl, block_size, data):
 
 
 @given(block_size=block_sizes, data=st.data())
+@spec_rule("find-cached-prefix")
 def test_cached_prefix_rules(impl, block_size, data):
     """No cache for prompt_logprobs, none with caching off, and cache_key isolation (point 3)."""
     tokens = data.draw(token_lists(2 * block_size + 1, 4 * block_size))
@@ -329,6 +333,7 @@ def test_cached_prefix_rules(impl, block_size, data):
 
 
 @given(block_size=block_sizes, num_prompt_blocks=st.integers(1, 3), spare=st.integers(0, 3), data=st.data())
+@spec_rule("allocate-slots")
 def test_revived_cached_blocks_cost_free_slots(impl, block_size, num_prompt_blocks, spare, data):
     """Adopting a cached block that sits in the free queue costs a free slot: an allocation that
     fits only if revived blocks were free of charge is refused, and nothing changes (point 2)."""
@@ -355,6 +360,7 @@ def test_revived_cached_blocks_cost_free_slots(impl, block_size, num_prompt_bloc
 
 
 @given(block_size=block_sizes, data=st.data())
+@spec_rule("free-order")
 def test_lru_order(impl, block_size, data):
     """Freed blocks queue tail first; allocation evicts from the front and drops the hash, so the
     evicted block is no longer found, while the rest of its chain prefix still is (point 4)."""
@@ -373,6 +379,7 @@ def test_lru_order(impl, block_size, data):
     check_pool(bm.state(), 3)
 
 
+@spec_rule("pool-accounting")
 def test_reset_prefix_cache_refused_while_in_use(impl):
     bm = impl.new_block_manager(4, 2)
     r = make(impl, "r", [1, 2, 3, 4, 5])

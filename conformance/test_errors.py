@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, snapshot
+from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import (
     RequestSpec,
     invalid_config_kwargs,
@@ -102,6 +103,7 @@ def warm(h: Harness, scn, steps: int) -> None:
 
 
 @given(scn=scenarios(), steps=st.integers(0, 3), data=st.data())
+@spec_rule("add-refusals")
 def test_duplicate_id_refused(impl, scn, steps, data):
     h = Harness.for_scenario(impl, scn)
     warm(h, scn, steps)
@@ -112,6 +114,7 @@ def test_duplicate_id_refused(impl, scn, steps, data):
 
 
 @given(scn=scenarios(), steps=st.integers(0, 3), over=st.integers(1, 3), data=st.data())
+@spec_rule("add-refusals")
 def test_request_that_can_never_fit(impl, scn, steps, over, data):
     """prompt + max_tokens over the pool, over max_model_len, or (chunked prefill off) minus one
     over the budget: refused on add, naming the bound."""

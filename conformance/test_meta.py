@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from enginespec.conformance.planted.bugs import BUGS
-from enginespec.conformance.plugin import impl_target, pytest_collection_modifyitems, read_xfails
+from enginespec.conformance.plugin import impl_target, mark_xfails, read_xfails
 
 REPO = Path(__file__).resolve().parents[1]
 BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
@@ -80,7 +80,7 @@ def run_pytest(
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("ENGINESPEC_IMPL", "HYPOTHESIS_PROFILE", "PYTEST_ADDOPTS")
+        if k not in ("ENGINESPEC_IMPL", "ENGINESPEC_HYPOTHESIS_PROFILE", "PYTEST_ADDOPTS")
     }
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
@@ -92,7 +92,7 @@ def run_pytest(
         "-q",
         "-p",
         "no:cacheprovider",
-        "--hypothesis-profile=ci",
+        "--hypothesis-profile=enginespec-ci",
         *args,
     ]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -124,7 +124,7 @@ def jobs(tmp: Path) -> dict:
     xfails = tmp / "xfails.txt"
     xfails.write_text(
         "# known gaps of MATCH_PAST_MISS\n\n"
-        "test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n"
+        "conformance/test_block_manager.py::test_stop_at_first_miss   # planted: matching skips a miss\n"
     )
     out["xfails"] = lambda: run_pytest(
         [
@@ -220,21 +220,22 @@ def test_read_xfails(tmp_path):
 
 
 def test_xfails_marking(tmp_path):
-    """Each item whose node id contains a listed substring gets one non-strict xfail marker;
-    a missing file is a usage error, not a silent pass."""
+    """Each item whose canonical id contains a listed substring gets one non-strict xfail marker;
+    a line matching nothing is warned about; a missing file is a usage error, not a silent pass."""
     path = tmp_path / "x.txt"
-    path.write_text("test_mod.py::test_a  # gap a\n")
+    path.write_text("test_mod.py::test_a  # gap a\nno_such_test\n")
     marked = {}
 
     def item(nodeid):
         return SimpleNamespace(
-            nodeid=nodeid, add_marker=lambda mark: marked.setdefault(nodeid, []).append(mark)
+            nodeid=nodeid,
+            path=tmp_path / nodeid.partition("::")[0],
+            add_marker=lambda mark: marked.setdefault(nodeid, []).append(mark),
         )
 
     config = SimpleNamespace(getoption=lambda name: str(path) if name == "--xfails-file" else None)
-    pytest_collection_modifyitems(
-        config, [item("pkg/test_mod.py::test_a[1]"), item("pkg/test_mod.py::test_b")]
-    )
+    with pytest.warns(pytest.PytestWarning, match="'no_such_test' matches no collected test"):
+        mark_xfails(config, [item("pkg/test_mod.py::test_a[1]"), item("pkg/test_mod.py::test_b")])
     assert list(marked) == ["pkg/test_mod.py::test_a[1]"]
     (mark,) = marked["pkg/test_mod.py::test_a[1]"]
     assert mark.name == "xfail" and mark.kwargs["strict"] is False and "gap a" in mark.kwargs["reason"]
@@ -242,4 +243,4 @@ def test_xfails_marking(tmp_path):
         getoption=lambda name: str(tmp_path / "nope") if name == "--xfails-file" else None
     )
     with pytest.raises(pytest.UsageError):
-        pytest_collection_modifyitems(missing, [])
+        mark_xfails(missing, [])

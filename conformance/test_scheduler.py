@@ -9,12 +9,20 @@ choose workloads that make each of those situations happen.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import Harness, check_idle, step_bound
-from enginespec.conformance.strategies import pressure_scenarios, scenarios
-from enginespec.spec import Status
+from enginespec.conformance.rules import spec_rule
+from enginespec.conformance.strategies import (
+    RequestSpec,
+    draft_token_lists,
+    drafting,
+    pressure_scenarios,
+    scenarios,
+)
+from enginespec.spec import SamplingParams, SchedulerConfig, Status
 
 
 def run(impl, scn, **overrides):
@@ -30,12 +38,14 @@ def run(impl, scn, **overrides):
 
 
 @given(scn=scenarios())
+@spec_rule("liveness")
 def test_every_step_invariants_and_liveness(impl, scn):
     """Random configs and shared-prefix workloads: all invariants hold and every request finishes."""
     run(impl, scn)
 
 
 @given(scn=pressure_scenarios())
+@spec_rule("preemption")
 def test_preemption_under_pressure(impl, scn):
     """Requests that cannot all grow together force preemptions (victim = back of the running
     queue, nobody admitted in that step, swap lists = the victims' tables); all still finish."""
@@ -46,6 +56,7 @@ def test_preemption_under_pressure(impl, scn):
 
 
 @given(scn=scenarios(max_requests=5))
+@spec_rule("schedule-order")
 def test_policy_order_with_one_seat(impl, scn):
     """With one seat nothing is preempted by others, so requests run one after another, in
     policy order: (arrival, add order) for fcfs, (priority, arrival, add order) for priority."""
@@ -64,6 +75,7 @@ def test_policy_order_with_one_seat(impl, scn):
 
 
 @given(scn=scenarios(), data=st.data())
+@spec_rule("abort")
 def test_abort_from_any_state(impl, scn, data):
     """abort() finishes a request from whatever state it is in, frees its blocks, reports it in the
     next SchedulerOutput.finished; unknown ids return False; the rest still finishes."""
@@ -79,3 +91,57 @@ def test_abort_from_any_state(impl, scn, data):
     assert h.abort("no-such-request") is False
     h.run_to_completion(h.num_steps + step_bound(scn.requests))
     check_idle(h.bm.state(), scn.num_blocks)
+
+
+@given(scn=scenarios(), data=st.data())
+@spec_rule("step-limits")
+def test_draft_tokens_are_scheduled_within_the_limits(impl, scn, data):
+    """Before every step a drafter gives some decoding requests 1-3 draft tokens
+    (spec_token_ids): they are scheduled within budget and seats, their slots are allocated but
+    never published, and (rejected by the engine, slots given back) every request finishes."""
+    h = Harness.for_scenario(impl, scn)
+    for spec in scn.requests:
+        h.add(spec)
+    bound = step_bound(scn.requests)
+    while h.sched.has_unfinished:
+        assert h.num_steps < bound, "not finished (livelock?)"
+        for rid in sorted(rid for rid, r in h.live.items() if drafting(r)):
+            if data.draw(st.booleans(), label=f"draft for {rid}"):
+                h.propose(rid, data.draw(draft_token_lists(), label="drafts"))
+        h.step()
+    check_idle(h.bm.state(), scn.num_blocks)
+
+
+@spec_rule("admission")
+def test_swapped_request_waits_while_the_budget_is_spent(impl):
+    """A swapped request is swapped back in only while budget is left: in a step where the
+    running requests spend the budget exactly, it stays swapped (never scheduled with n=0).
+
+    Trace (block_size 1, 17 blocks, budget 4, chunked prefill, fcfs, swap): `a` (arrival 1)
+    prefills and decodes; `b` (arrival 0, so first in fcfs order and never the victim) is
+    admitted behind it and prefills 16 tokens in chunks of 4; when its chunk does not fit, `a`
+    is swapped out; in the next step `b` spends the whole budget again while `a` is swapped."""
+    if "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"{impl.name} does not declare the swap capability")
+    config = SchedulerConfig(
+        max_num_batched_tokens=4, max_num_seqs=2, enable_chunked_prefill=True, preemption_mode="swap"
+    )
+    h = Harness(impl, config, num_blocks=17, block_size=1, enable_prefix_caching=False)
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    h.add(RequestSpec("a", tuple(range(10, 16)), SamplingParams(max_tokens=8, **greedy), arrival_time=1.0))
+    h.step()
+    h.step()
+    h.add(RequestSpec("b", tuple(range(20, 36)), SamplingParams(max_tokens=1, **greedy), arrival_time=0.0))
+    spent_while_swapped = 0
+    while h.sched.has_unfinished:
+        assert h.num_steps < 40, "not finished"
+        swapped = h.live.get("a") is not None and h.live["a"].status == Status.SWAPPED
+        result = h.step()
+        if (
+            swapped
+            and not result.preempted
+            and sum(n for _, n in result.scheduled) == config.max_num_batched_tokens
+        ):
+            spent_while_swapped += 1
+            assert "a" not in [rid for rid, _ in result.scheduled]
+    assert spent_while_swapped, "the trace must reach a step that spends the budget while `a` is swapped"

@@ -25,23 +25,47 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from enginespec.conformance.diff import divergence_report
 from enginespec.conformance.invariants import Harness
-from enginespec.conformance.strategies import Limits, request_specs, scenarios, stems_for
+from enginespec.conformance.plugin import impl_target
+from enginespec.conformance.strategies import (
+    Limits,
+    draft_token_lists,
+    drafting,
+    request_specs,
+    scenarios,
+    stems_for,
+)
 from enginespec.spec import Status
 
+REQUEST_FIELDS = (
+    "token_ids",
+    "spec_token_ids",
+    "num_computed_tokens",
+    "num_cached_tokens",
+    "status",
+    "num_preemptions",
+    "swapped_out",
+    "stop_reason",
+)
 
-def request_view(r) -> tuple:
-    """What must match between impls. block_hashes is left out: when an impl extends it is its
-    own business (each side's chain is checked against spec.hash_request_blocks instead)."""
+
+def request_view(r) -> dict:
+    """What must match between impls, by field name (so a divergence names the field).
+    block_hashes is left out: when an impl extends it is its own business (each side's chain is
+    checked against spec.hash_request_blocks instead)."""
+    return {"request_id": r.request_id, **{name: _plain(getattr(r, name)) for name in REQUEST_FIELDS}}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def rerun_command(nodeid_k: str, target: str) -> str:
+    """The command that replays this test with shrinking on (works from the repo and installed)."""
     return (
-        r.request_id,
-        list(r.token_ids),
-        r.num_computed_tokens,
-        r.num_cached_tokens,
-        r.status,
-        r.num_preemptions,
-        r.swapped_out,
-        r.stop_reason,
+        f"python -m pytest --pyargs enginespec.conformance.test_stateful -k '{nodeid_k}' "
+        f"--impl={target} --hypothesis-profile=enginespec-dev"
     )
 
 
@@ -50,6 +74,8 @@ class EngineLockstep(RuleBasedStateMachine):
 
     impls: tuple = ()
     mode: str = "recompute"
+    target: str = "reference"  # --impl of this run, for the re-run command
+    selector: str = ""  # -k expression of the failing test, for the re-run command
 
     @initialize(scn=scenarios(max_requests=4), data=st.data())
     def setup(self, scn, data):
@@ -63,15 +89,30 @@ class EngineLockstep(RuleBasedStateMachine):
         self.stems = data.draw(stems_for(scn.block_size))
         self.num_added = len(scn.requests)
         self.clock = 0
+        self.ops: list[str] = []  # every operation so far, for the failure message
         for spec in scn.requests:  # start with work, so runs that only step still exercise it
-            self.agree(lambda side, spec=spec: side.add(spec))
+            self.agree(lambda side, spec=spec: side.add(spec), f"add({spec.request_id})", "added")
 
-    def agree(self, fn):
-        results = [fn(side) for side in self.sides]
-        assert all(res == results[0] for res in results), (
-            f"impl and reference decided differently:\n{results}"
-        )
-        return results[0]
+    def agree(self, fn, op: str | None = None, what: str = "result"):
+        """Run `fn` on both sides (op names it, for the message) and require equal results."""
+        if op is not None:
+            self.ops.append(op)
+        impl_result, ref_result = (fn(side) for side in self.sides)
+        if impl_result != ref_result:  # raised, not asserted: pytest's own whole-object diff is noise here
+            self.diverged = True
+            raise AssertionError(divergence_report(what, impl_result, ref_result, self.context()))
+        return impl_result
+
+    def context(self) -> list[str]:
+        last = self.ops[-8:]
+        return [
+            f"diverged at operation #{len(self.ops)}: {self.ops[-1] if self.ops else 'setup'} "
+            f"(scenario: {self.scn.config}, {self.scn.num_blocks} blocks of {self.scn.block_size}, "
+            f"prefix caching {self.scn.enable_prefix_caching})",
+            f"last operations: {'; '.join(last)}",
+            "Hypothesis prints the whole trace below. For the SHORTEST failing trace, re-run with shrinking:",
+            f"  {rerun_command(self.selector, self.target)}",
+        ]
 
     @rule(data=st.data())
     def add(self, data):
@@ -84,7 +125,7 @@ class EngineLockstep(RuleBasedStateMachine):
             )
         )
         self.num_added += 1
-        self.agree(lambda side: side.add(spec))
+        self.agree(lambda side: side.add(spec), f"add({spec.request_id})", "added")
 
     @rule(data=st.data())
     def add_refused(self, data):
@@ -103,7 +144,7 @@ class EngineLockstep(RuleBasedStateMachine):
                 side.add(spec)
             assert (side.bm.state(), [request_view(r) for r in side.live.values()]) == before
 
-        self.agree(refuse)
+        self.agree(refuse, f"add_refused({spec.request_id})", "refused")
 
     @rule(data=st.data())
     def abort(self, data):
@@ -111,7 +152,7 @@ class EngineLockstep(RuleBasedStateMachine):
         live = sorted(self.sides[0].live)
         others = sorted(set(self.sides[0].all) - set(live)) + ["unknown"]
         rid = data.draw(st.sampled_from(live if live and data.draw(st.integers(0, 3)) else others))
-        self.agree(lambda side: side.abort(rid))
+        self.agree(lambda side: side.abort(rid), f"abort({rid})", "abort() return")
 
     @precondition(lambda self: any(r.status == Status.RUNNING for r in self.sides[0].live.values()))
     @rule(data=st.data())
@@ -121,46 +162,67 @@ class EngineLockstep(RuleBasedStateMachine):
                 sorted(rid for rid, r in self.sides[0].live.items() if r.status == Status.RUNNING)
             )
         )
-        self.agree(lambda side: side.finish(rid, Status.FINISHED_STOPPED))
+        self.agree(
+            lambda side: side.finish(rid, Status.FINISHED_STOPPED), f"finish({rid}, stop string)", "finish"
+        )
+
+    @precondition(lambda self: any(drafting(r) for r in self.sides[0].live.values()))
+    @rule(data=st.data())
+    def propose_drafts(self, data):
+        """Draft tokens on a decoding request: scheduled with it, then rejected by the engine."""
+        rid = data.draw(st.sampled_from(sorted(rid for rid, r in self.sides[0].live.items() if drafting(r))))
+        drafts = data.draw(draft_token_lists())
+        self.agree(lambda side: side.propose(rid, drafts), f"propose_drafts({rid}, {drafts})", "propose")
 
     @rule(num_steps=st.integers(1, 4))
     def step(self, num_steps):
         for _ in range(num_steps):
             self.clock += 1
-            self.agree(lambda side: side.step())
+            self.agree(lambda side: side.step(), f"step #{self.sides[0].num_steps + 1}", "StepResult")
 
     @invariant()
     def same_state(self):
         if not hasattr(self, "sides"):
             return
-        self.agree(lambda side: side.bm.state())
+        self.agree(lambda side: side.bm.state(), what="PoolState")
         self.agree(
-            lambda side: (
-                [r.request_id for r in side.sched.running],
-                [r.request_id for r in side.sched.waiting],
-                side.sched.has_unfinished,
-            )
+            lambda side: {
+                "running": [r.request_id for r in side.sched.running],
+                "waiting": [r.request_id for r in side.sched.waiting],
+                "has_unfinished": side.sched.has_unfinished,
+            },
+            what="Scheduler",
         )
-        self.agree(lambda side: [request_view(side.all[rid]) for rid in sorted(side.all)])
+        self.agree(
+            lambda side: {rid: request_view(side.all[rid]) for rid in sorted(side.all)}, what="Request"
+        )
 
     def teardown(self):
         """Liveness from any reachable state: everything left finishes, and the pools empty."""
-        if not hasattr(self, "sides"):
+        if not hasattr(self, "sides") or getattr(self, "diverged", False):
             return
         live = self.sides[0].live.values()
         total = sum(r.num_prompt_tokens + r.params.max_tokens for r in live)
         bound = self.sides[0].num_steps + (len(live) + 1) * (total + 2) + 2
         while self.sides[0].sched.has_unfinished:
             assert self.sides[0].num_steps < bound, "requests left unfinished (livelock?)"
-            self.agree(lambda side: side.step())
+            self.agree(
+                lambda side: side.step(), f"teardown step #{self.sides[0].num_steps + 1}", "StepResult"
+            )
         self.same_state()
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_lockstep_with_reference(impl, reference_impl, mode):
+def test_lockstep_with_reference(request, impl, reference_impl, mode):
     if mode == "swap" and "swap" not in getattr(impl, "capabilities", frozenset()):
         pytest.skip(f"{impl.name} does not declare the swap capability")
-    machine = type(f"Lockstep_{mode}", (EngineLockstep,), {"impls": (impl, reference_impl), "mode": mode})
+    attrs = {
+        "impls": (impl, reference_impl),
+        "mode": mode,
+        "target": impl_target(request.config),
+        "selector": f"test_lockstep_with_reference and {mode}",
+    }
+    machine = type(f"Lockstep_{mode}", (EngineLockstep,), attrs)
     # Traces are cheap (no tensors) and this is the suite's main net: up to 4x the profile's
     # examples (ci 48, dev 240), never fewer than the profile asks for (thorough 1000).
     base = settings().max_examples

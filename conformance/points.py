@@ -1,0 +1,129 @@
+"""The spec points a conformance report is made of, and which tests prove each one.
+
+The eight points are DESIGN.md's "Conformance" section (docs/DESIGN.md); the capability and
+optional-method entries say whether the parts of the suite that a capability switches on passed
+(or were skipped because the impl does not declare it). A test proves a point when its
+canonical id (plugin.canonical_id) starts with one of the point's prefixes, or, for
+capabilities, contains one of its fragments. A test may count for several points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    title: str
+    prefixes: tuple[str, ...] = ()
+    fragments: tuple[str, ...] = ()  # substrings of the canonical id (parametrized variants)
+
+    def covers(self, canonical_id: str) -> bool:
+        return canonical_id.startswith(self.prefixes) or any(f in canonical_id for f in self.fragments)
+
+
+_BM = "conformance/test_block_manager.py::"
+_SCHED = "conformance/test_scheduler.py::"
+_ERR = "conformance/test_errors.py::"
+
+POINTS = (
+    Point(
+        "1-no-leaked-blocks",
+        "No leaked blocks: ref counts equal table occurrences, free queue exactly the unreferenced blocks, "
+        "hash map consistent; idle engine => every block free",
+        (
+            f"{_BM}test_pool_lockstep",
+            f"{_SCHED}test_every_step_invariants",
+            f"{_SCHED}test_abort_from_any_state",
+        ),
+    ),
+    Point(
+        "2-all-or-nothing-allocation",
+        "All-or-nothing allocation: a refused allocation leaves state() identical",
+        (
+            f"{_BM}test_revived_cached_blocks",
+            f"{_BM}test_pool_lockstep",
+            f"{_ERR}test_block_manager_arguments",
+            f"{_BM}test_numeric_arguments",
+        ),
+    ),
+    Point(
+        "3-prefix-cache-rules",
+        "One-token-left rule, stop at first miss, no cache for prompt_logprobs, cache_key isolation",
+        (
+            f"{_BM}test_one_token_left",
+            f"{_BM}test_stop_at_first_miss",
+            f"{_BM}test_cached_prefix_rules",
+            f"{_BM}test_reset_prefix_cache",
+        ),
+    ),
+    Point(
+        "4-lru-order",
+        "LRU order: tail-first freeing, eviction from the front, eviction removes the hash",
+        (f"{_BM}test_lru_order",),
+    ),
+    Point(
+        "5-scheduler-invariants-and-liveness",
+        "Scheduler invariants every step (budget, max_num_seqs, chunk threshold, running first, victim "
+        "choice, no admission after preemption, priority order) and liveness",
+        (
+            _SCHED,
+            f"{_ERR}test_duplicate_id_refused",
+            f"{_ERR}test_request_that_can_never_fit",
+            f"{_ERR}test_empty_prompt",
+            f"{_ERR}test_bad_prompt_token",
+            f"{_ERR}test_scheduler_numeric",
+        ),
+    ),
+    Point(
+        "6-differential-lockstep",
+        "The impl and the reference make identical decisions on the same trace",
+        ("conformance/test_stateful.py::", f"{_BM}test_pool_lockstep"),
+    ),
+    Point(
+        "7-attention-and-batch-layout",
+        "Attention backends agree with the reference on ragged batches, shuffled tables, GQA, windows, "
+        "padding rows; batches follow the canonical layout",
+        (
+            "conformance/test_attention.py::",
+            "conformance/test_batch.py::",
+            "conformance/test_batch_parity.py::",
+        ),
+    ),
+    Point(
+        "8-greedy-parity-and-engine",
+        "Greedy parity with transformers' generate on forced paths; the engine's behaviour through the impl",
+        (
+            "conformance/test_parity.py::",
+            "conformance/test_engine.py::",
+            "conformance/test_async_scheduling.py::",
+        ),
+    ),
+)
+
+#: What each capability / optional method switches on, by the tests it enables.
+CAPABILITIES = (
+    Point(
+        "capability:swap",
+        "preemption_mode='swap' (runner copies blocks out and in)",
+        (),
+        ("[swap]", "test_runner_swap_round_trip"),
+    ),
+    Point(
+        "capability:cuda_graphs",
+        "decode steps captured as CUDA graphs (needs a GPU)",
+        (),
+        ("on_cuda", "test_cuda_pool"),
+    ),
+    Point(
+        "optional:build_batch",
+        "the impl's own batch builder, checked against the plain one",
+        ("conformance/test_batch_parity.py::",),
+    ),
+    Point(
+        "optional:replace_last_token",
+        "async scheduling (placeholder tokens)",
+        ("conformance/test_async_scheduling.py::",),
+    ),
+)

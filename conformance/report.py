@@ -1,0 +1,98 @@
+"""`--conformance-report=FILE`: one JSON entry per spec point (conformance/points.py).
+
+Each test's outcome is one of pass / fail / xfail / skip (an unexpected pass of an xfail counts
+as pass; an error in setup or teardown as fail). A point's status is the worst over its tests,
+in the order fail > xfail > pass > skip; a point no collected test covers is "not-run". The file
+also names the impl (name, version, declared capabilities) and the enginespec version, so a
+backend can publish it as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from enginespec.conformance.points import CAPABILITIES, POINTS
+
+RANK = {"fail": 3, "xfail": 2, "pass": 1, "skip": 0}
+
+
+def outcome(report) -> str | None:
+    """pass / fail / xfail / skip for one phase's report, or None when the phase says nothing."""
+    if hasattr(report, "wasxfail"):
+        return "xfail" if report.skipped else "pass"
+    if report.failed:
+        return "fail"
+    if report.skipped:
+        return "skip"
+    return "pass" if report.when == "call" else None
+
+
+def point_status(outcomes: dict[str, str], point) -> dict:
+    mine = {tid: o for tid, o in outcomes.items() if point.covers(tid)}
+    counts = {k: sum(o == k for o in mine.values()) for k in RANK}
+    status = max(mine.values(), key=RANK.__getitem__) if mine else "not-run"
+    failing = sorted(tid for tid, o in mine.items() if o == "fail")
+    return {"key": point.key, "title": point.title, "status": status, "counts": counts, "failing": failing}
+
+
+def impl_info(target: str) -> dict:
+    from enginespec.spec import load_impl
+
+    try:
+        impl = load_impl(target)
+    except Exception as e:  # the report still says what was asked for
+        return {"target": target, "name": None, "version": None, "error": str(e)}
+    module = sys.modules.get(type(impl).__module__.partition(".")[0])
+    version = getattr(impl, "version", None) or getattr(module, "__version__", None)
+    return {
+        "target": target,
+        "name": getattr(impl, "name", None),
+        "version": version,
+        "capabilities": sorted(getattr(impl, "capabilities", ())),
+        "optional": sorted(m for m in ("build_batch",) if callable(getattr(impl, m, None))),
+    }
+
+
+class ReportPlugin:
+    """Collects one outcome per canonical test id and writes the report at session end."""
+
+    def __init__(self, config, path: str):
+        self.config = config
+        self.path = Path(path)
+        self.outcomes: dict[str, str] = {}
+        self.ids: dict[str, str] = {}
+
+    def pytest_collection_modifyitems(self, items):
+        from enginespec.conformance.plugin import canonical_id
+
+        self.ids = {item.nodeid: canonical_id(item) for item in items}
+
+    def pytest_runtest_logreport(self, report):
+        o = outcome(report)
+        if o is None:
+            return
+        tid = self.ids.get(report.nodeid, report.nodeid)
+        old = self.outcomes.get(tid)
+        self.outcomes[tid] = o if old is None or RANK[o] > RANK[old] else old
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        import enginespec
+        from enginespec.conformance.plugin import impl_target
+
+        data = {
+            "enginespec_version": enginespec.__version__,
+            "impl": impl_info(impl_target(self.config)),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "exit_status": int(exitstatus),
+            "points": [point_status(self.outcomes, p) for p in POINTS],
+            "capabilities": [point_status(self.outcomes, p) for p in CAPABILITIES],
+            "tests": dict(sorted(self.outcomes.items())),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,92 @@
+"""Lockstep failures a backend author can act on: a field-by-field diff with short hashes, the
+operation that diverged, and the command that shrinks the trace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from enginespec.conformance.diff import differences, divergence_report, short
+from enginespec.spec import PoolState
+
+H1, H2 = bytes(range(16)), bytes(range(1, 17))
+
+
+def test_differences_name_each_field_and_shorten_hashes():
+    a = PoolState(
+        free_queue=[1, 2],
+        ref_counts=[1, 0, 0],
+        block_hashes=[H1, None, None],
+        cached={H1: 0},
+        tables={"r0": [0]},
+    )
+    b = PoolState(
+        free_queue=[2, 1],
+        ref_counts=[1, 0, 0],
+        block_hashes=[H2, None, None],
+        cached={H2: 0},
+        tables={"r0": [0], "r1": []},
+    )
+    assert differences(a, b, "PoolState") == [
+        "PoolState.free_queue[0]: impl 1 != reference 2",
+        "PoolState.free_queue[1]: impl 2 != reference 1",
+        "PoolState.block_hashes[0]: impl 00010203 != reference 01020304",
+        "PoolState.cached[00010203]: only in impl (0)",
+        "PoolState.cached[01020304]: only in reference (0)",
+        "PoolState.tables['r1']: only in reference ([])",
+    ]
+    assert differences(a, a) == []
+    assert short([H1, None]) == "[00010203, None]"
+
+
+def test_lists_of_different_length_are_shown_whole():
+    assert differences({"r0": [1, 2, 3]}, {"r0": [1, 2]}, "Request") == [
+        "Request['r0']: impl [1, 2, 3] != reference [1, 2]"
+    ]
+
+
+def test_report_is_bounded_and_carries_its_context():
+    text = divergence_report(
+        "x", list(range(100)), list(range(1, 101)), ["diverged at operation #3: step #1"]
+    )
+    assert text.count("!= reference") == 40 and "and 60 more differences" in text
+    assert text.endswith("diverged at operation #3: step #1")
+
+
+def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
+    """HEAD_FIRST_FREE frees blocks in the wrong order: the lockstep names the PoolState fields
+    that differ, the operation, and the exact command that shrinks the failing trace."""
+    target = "enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "enginespec.conformance.test_stateful",
+            "-k",
+            "recompute",
+            f"--impl={target}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert "impl under test and reference diverged:" in out and "PoolState." in out, out[-3000:]
+    assert "diverged at operation #" in out and "last operations:" in out, out[-3000:]
+    assert (
+        "python -m pytest --pyargs enginespec.conformance.test_stateful -k 'test_lockstep_with_reference and "
+        f"recompute' --impl={target} --hypothesis-profile=enginespec-dev"
+    ) in out
+    assert (
+        "b'\\x" not in out.split("impl under test and reference diverged:")[1].split("Hypothesis prints")[0]
+    )

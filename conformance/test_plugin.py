@@ -1,0 +1,146 @@
+"""The plugin as an outsider meets it: canonical xfail ids, --backend-only, the conformance
+report, and Hypothesis profiles that stay inside enginespec's own tests.
+
+Each check is a fresh `python -m pytest` process (the plugin's options act at collection and
+session end), run from the repo and, where the invocation matters, from an unrelated directory
+with `--pyargs`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+import enginespec
+from enginespec.conformance.plugin import _PROFILE_KEY
+from enginespec.conformance.points import CAPABILITIES, POINTS
+
+REPO = Path(__file__).resolve().parents[1]
+IN_REPO = (REPO / "pyproject.toml").is_file()
+BM = "conformance/test_block_manager.py"
+
+
+def pytest_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
+    env.pop("ENGINESPEC_HYPOTHESIS_PROFILE", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def describe(proc) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+
+
+def test_our_items_run_under_our_profile(request):
+    """An enginespec test sees the plugin's profile (enginespec-ci unless the user asked for another)."""
+    assert settings.get_current_profile_name() == request.config.stash[_PROFILE_KEY]
+
+
+@pytest.mark.skipif(not IN_REPO, reason="needs the repo's layout (runs from a checkout)")
+def test_xfail_ids_are_the_same_from_the_repo_and_with_pyargs(tmp_path):
+    """One canonical id matches in both invocations; a line matching nothing is warned about."""
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text(f"{BM}::test_lru_order  # example gap\nconformance/test_nothing.py::test_gone\n")
+    common = ["-k", "lru_order", f"--xfails-file={xfails}"]
+    from_repo = pytest_run([BM, *common], REPO)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with_pyargs = pytest_run(["--pyargs", "enginespec.conformance.test_block_manager", *common], outside)
+    for proc in (from_repo, with_pyargs):
+        assert proc.returncode == 0, describe(proc)
+        assert "1 xpassed" in proc.stdout, describe(proc)  # the reference passes: XPASS, not strict
+        assert "'conformance/test_nothing.py::test_gone' matches no collected test" in proc.stdout, describe(
+            proc
+        )
+
+
+def test_backend_only_keeps_exactly_the_tests_that_take_impl(tmp_path):
+    proc = pytest_run(
+        ["--pyargs", "enginespec.conformance.test_strategies", "--backend-only", "--collect-only"], tmp_path
+    )
+    assert proc.returncode == 0, describe(proc)
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert ids and all("test_limits_match_add" in line for line in ids), describe(proc)
+    assert "deselected" in proc.stdout, describe(proc)
+
+
+def test_conformance_report(tmp_path):
+    """The report names the impl and enginespec versions and has one entry per spec point and
+    capability; points the run covered carry their tests' outcome, the others say not-run."""
+    report = tmp_path / "out" / "report.json"
+    proc = pytest_run(
+        [
+            "--pyargs",
+            "enginespec.conformance.test_block_manager",
+            "-k",
+            "lru_order or reset_prefix",
+            "--impl=reference",
+            f"--conformance-report={report}",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, describe(proc)
+    data = json.loads(report.read_text())
+    assert data["enginespec_version"] == enginespec.__version__
+    assert data["impl"]["name"] == "reference" and data["impl"]["version"] == enginespec.__version__
+    assert data["impl"]["capabilities"] == ["swap"]
+    points = {p["key"]: p for p in data["points"]}
+    assert list(points) == [p.key for p in POINTS]
+    assert [c["key"] for c in data["capabilities"]] == [c.key for c in CAPABILITIES]
+    assert points["4-lru-order"]["status"] == "pass" and points["4-lru-order"]["counts"]["pass"] == 1
+    assert points["3-prefix-cache-rules"]["status"] == "pass"
+    assert points["8-greedy-parity-and-engine"]["status"] == "not-run"
+    assert set(data["tests"]) == {
+        "conformance/test_block_manager.py::test_lru_order",
+        "conformance/test_block_manager.py::test_reset_prefix_cache_refused_while_in_use",
+    }
+    assert data["exit_status"] == 0
+
+
+def test_report_records_a_failure_and_an_xfail(tmp_path):
+    """A planted bug fails its point; the same test listed as a known gap makes it xfail."""
+    bug = "--impl=enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
+    args = ["--pyargs", "enginespec.conformance.test_block_manager", "-k", "lru_order", bug]
+    failed = pytest_run([*args, f"--conformance-report={tmp_path / 'f.json'}"], tmp_path)
+    assert failed.returncode == 1, describe(failed)
+    lru = json.loads((tmp_path / "f.json").read_text())["points"][3]
+    assert lru["status"] == "fail" and lru["failing"] == ["conformance/test_block_manager.py::test_lru_order"]
+    (tmp_path / "x.txt").write_text("conformance/test_block_manager.py::test_lru_order  # planted\n")
+    known = pytest_run(
+        [*args, f"--xfails-file={tmp_path / 'x.txt'}", f"--conformance-report={tmp_path / 'x.json'}"],
+        tmp_path,
+    )
+    assert known.returncode == 0, describe(known)
+    assert json.loads((tmp_path / "x.json").read_text())["points"][3]["status"] == "xfail"
+
+
+def test_other_projects_keep_their_hypothesis_settings(tmp_path):
+    """An unrelated project's tests, run in the same session as ours, see Hypothesis' defaults."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "test_theirs.py").write_text(
+        "from hypothesis import given, settings, strategies as st\n"
+        "def test_default_profile():\n"
+        "    assert settings.get_current_profile_name() == 'default'\n"
+        "    assert settings.default.max_examples == 100 and not settings.default.derandomize\n"
+        "@given(st.integers())\n"
+        "def test_given_runs(x):\n"
+        "    assert settings.default.max_examples == 100\n"
+    )
+    proc = pytest_run(
+        [
+            "test_theirs.py",
+            "--pyargs",
+            "enginespec.conformance.test_plugin",
+            "-k",
+            "default or given or our_items",
+        ],
+        other,
+    )
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, describe(proc)

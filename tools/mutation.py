@@ -1,0 +1,289 @@
+"""Mutation testing of the control plane: how many small planted faults the conformance suite kills.
+
+A small AST mutator (no dependency): each mutant changes ONE node of one file (a comparison, an
+arithmetic or boolean operator, an int constant, a True/False, min/max, `not`), is compiled, and
+served in place of the real module by an import hook in a fresh `python -m pytest` process
+running a fast subset of the conformance suite (-x). The mutant is killed when that run fails
+(or times out: a mutant that loops forever is caught too); it survives when the run passes.
+Mutants that do not compile are not counted. Survivors are printed with their line, to be
+judged by hand (killed or argued equivalent).
+
+    python tools/mutation.py --sample 40 --seed 0            # 40 random mutants per impl
+    python tools/mutation.py --files impls/fast/free_queue.py --sample 0   # every mutant of one file
+
+The reference is mutated with --impl=reference (its lockstep then compares it with itself, so
+only the invariant checkers judge it); the fast impl with --impl=fast (lockstep included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = {
+    "fast": [
+        f"impls/fast/{m}.py" for m in ("block_manager", "scheduler", "request", "free_queue", "hashing")
+    ],
+    "reference": [f"impls/reference/{m}.py" for m in ("block_manager", "scheduler", "request", "__init__")],
+}
+SUITE = [
+    "conformance/test_block_manager.py",
+    "conformance/test_scheduler.py",
+    "conformance/test_errors.py",
+    "conformance/test_numeric_args.py",
+    "conformance/test_stateful.py",
+]
+SWAP_CMP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+SWAP_BIN = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
+SWAP_BOOL = {ast.And: ast.Or, ast.Or: ast.And}
+SWAP_CALL = {"min": "max", "max": "min"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: str  # repo-relative file
+    index: int  # which mutation site of the file
+    line: int
+    what: str
+
+
+class Mutator(ast.NodeTransformer):
+    """Walks a module; the `target`-th mutation site is changed (target=-1: only count them)."""
+
+    def __init__(self, target: int = -1):
+        self.target, self.count, self.sites = target, 0, []
+
+    def _site(self, node, what: str) -> bool:
+        hit = self.count == self.target
+        self.sites.append((getattr(node, "lineno", 0), what))
+        self.count += 1
+        return hit
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        for i, op in enumerate(node.ops):
+            new = SWAP_CMP.get(type(op))
+            if new and self._site(node, f"{type(op).__name__} -> {new.__name__}"):
+                node.ops[i] = new()
+        return node
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        new = SWAP_BIN.get(type(node.op))
+        if new and self._site(node, f"{type(node.op).__name__} -> {new.__name__}"):
+            node.op = new()
+        return node
+
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        new = SWAP_BOOL[type(node.op)]
+        if self._site(node, f"{type(node.op).__name__} -> {new.__name__}"):
+            node.op = new()
+        return node
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not) and self._site(node, "drop not"):
+            return node.operand
+        return node
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, bool):
+            if self._site(node, f"{node.value} -> {not node.value}"):
+                return ast.copy_location(ast.Constant(not node.value), node)
+        elif isinstance(node.value, int) and self._site(node, f"{node.value} -> {node.value + 1}"):
+            return ast.copy_location(ast.Constant(node.value + 1), node)
+        return node
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in SWAP_CALL:
+            new = SWAP_CALL[node.func.id]
+            if self._site(node, f"{node.func.id} -> {new}"):
+                node.func = ast.copy_location(ast.Name(new, ast.Load()), node.func)
+        return node
+
+
+def mutants_of(path: str) -> list[Mutant]:
+    m = Mutator()
+    m.visit(ast.parse((REPO / path).read_text()))
+    return [Mutant(path, i, line, what) for i, (line, what) in enumerate(m.sites)]
+
+
+def mutated_source(mutant: Mutant) -> str | None:
+    tree = ast.parse((REPO / mutant.path).read_text())
+    tree = ast.fix_missing_locations(Mutator(mutant.index).visit(tree))
+    source = ast.unparse(tree)
+    try:
+        compile(source, mutant.path, "exec")
+    except SyntaxError:
+        return None
+    return source
+
+
+def module_name(path: str) -> str:
+    parts = Path(path).with_suffix("").parts  # impls/fast/x -> enginespec.impls.fast.x
+    name = ".".join(("enginespec", *parts))
+    return name.removesuffix(".__init__")
+
+
+BOOT = """
+import importlib.abc, importlib.util, os, sys
+NAME, SOURCE = os.environ["MUTANT_MODULE"], open(os.environ["MUTANT_SOURCE"]).read()
+
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != NAME:
+            return None
+        sys.meta_path.remove(self)
+        real = importlib.util.find_spec(fullname)
+        sys.meta_path.insert(0, self)
+        spec = importlib.util.spec_from_loader(fullname, self, origin=real.origin,
+                                               is_package=real.submodule_search_locations is not None)
+        if real.submodule_search_locations is not None:
+            spec.submodule_search_locations = real.submodule_search_locations
+        return spec
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        module.__file__ = module.__spec__.origin
+        exec(compile(SOURCE, module.__file__, "exec"), module.__dict__)
+
+sys.meta_path.insert(0, Finder())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+PROFILE = ["--hypothesis-profile=enginespec-ci"]
+
+
+def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
+    env.update(env_extra)
+    cmd = [
+        sys.executable,
+        "-c",
+        BOOT,
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *SUITE,
+        f"--impl={impl}",
+        "--hypothesis-profile=enginespec-ci",
+    ]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "killed (timeout)"
+    if proc.returncode == 0:
+        return "survived"
+    if proc.returncode == 1:
+        return "killed"
+    return f"error (exit {proc.returncode}): {proc.stdout[-300:]}{proc.stderr[-300:]}"
+
+
+def judge(mutant: Mutant, impl: str, timeout: float, tmp: Path) -> tuple[Mutant, str]:
+    source = mutated_source(mutant)
+    if source is None:
+        return mutant, "not compiled"
+    file = tmp / f"{mutant.path.replace('/', '_')}.{mutant.index}.py"
+    file.write_text(source)
+    return mutant, run_suite(
+        impl, {"MUTANT_MODULE": module_name(mutant.path), "MUTANT_SOURCE": str(file)}, timeout
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sample", type=int, default=40, help="mutants per impl (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--impls", nargs="*", default=sorted(TARGETS))
+    ap.add_argument("--files", nargs="*", help="only these files (repo-relative)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=180.0)
+    ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--rejudge", help="re-run only the survivors recorded in this --json file")
+    ap.add_argument("--profile", default="enginespec-ci", help="Hypothesis profile of the suite runs")
+    args = ap.parse_args(argv)
+    PROFILE[:] = [f"--hypothesis-profile={args.profile}"]
+    baseline = {
+        impl: run_suite(impl, {"MUTANT_MODULE": "-", "MUTANT_SOURCE": __file__}, args.timeout)
+        for impl in args.impls
+    }
+    assert all(v == "survived" for v in baseline.values()), f"the unmutated suite must pass: {baseline}"
+    results, summary = [], {}
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        for impl in args.impls:
+            pool_ = [m for f in TARGETS[impl] if not args.files or f in args.files for m in mutants_of(f)]
+            chosen = pool_ if not args.sample or args.sample >= len(pool_) else rng.sample(pool_, args.sample)
+            if args.rejudge:
+                old = json.loads(Path(args.rejudge).read_text())["results"]
+                keep = {
+                    (r["path"], r["index"]) for r in old if r["impl"] == impl and r["result"] == "survived"
+                }
+                chosen = [m for m in pool_ if (m.path, m.index) in keep]
+            t0 = time.time()
+            with ThreadPoolExecutor(args.jobs) as ex:
+                done = list(
+                    ex.map(functools.partial(judge, impl=impl, timeout=args.timeout, tmp=Path(tmp)), chosen)
+                )
+            counted = [(m, r) for m, r in done if r.startswith(("killed", "survived"))]
+            killed = sum(r.startswith("killed") for _, r in counted)
+            summary[impl] = dict(
+                sites=len(pool_),
+                run=len(chosen),
+                counted=len(counted),
+                killed=killed,
+                rate=killed / len(counted) if counted else None,
+                seconds=round(time.time() - t0),
+            )
+            print(
+                f"{impl}: {killed}/{len(counted)} killed ({summary[impl]['rate']:.1%}) of {len(chosen)} sampled "
+                f"from {len(pool_)} mutation sites, {summary[impl]['seconds']} s"
+            )
+            for m, r in done:
+                if not r.startswith("killed"):
+                    line = (REPO / m.path).read_text().splitlines()[m.line - 1].strip()
+                    print(f"  {r.split(':')[0]:>12}  {m.path}:{m.line}  {m.what}   | {line}")
+                results.append(
+                    dict(impl=impl, path=m.path, index=m.index, line=m.line, what=m.what, result=r)
+                )
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(summary=summary, results=results), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
