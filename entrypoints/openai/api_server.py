@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -203,6 +204,27 @@ def load_chat_template(value: Optional[str]) -> Optional[str]:
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that SIGTERM, the ordinary way to stop a server, ends in exit
+        status 0 after the graceful shutdown (uvicorn re-raises it, so the process would die of
+        the signal), and that it closes admission at once (new requests get 503 meanwhile)."""
+
+        on_exit = None
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if sig == signal.SIGTERM and captured and captured[-1] == sig:
+                captured.pop()
+            if self.on_exit is not None:
+                self.on_exit()
+
+    return Server
+
+
 def run_server(ns) -> int:
     """Build the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown."""
     import uvicorn
@@ -229,5 +251,7 @@ def run_server(ns) -> int:
         timeout_graceful_shutdown=ns.shutdown_timeout,
         access_log=False,
     )
-    uvicorn.Server(config).run()
+    server = _server_class()(config)
+    server.on_exit = loop.close_admission
+    server.run()
     return 0

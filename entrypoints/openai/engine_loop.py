@@ -192,6 +192,10 @@ class EngineLoop:
     async def fail_next_step(self) -> None:
         await self._ask("fail_next")
 
+    def close_admission(self) -> None:
+        """Refuse every new request from now on (503); the pending ones run on."""
+        self._accepting = False
+
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new requests, fail the pending ones, end the thread (idempotent)."""
         self._accepting = False
