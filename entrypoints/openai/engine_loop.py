@@ -87,14 +87,23 @@ class Generation:
     queue: asyncio.Queue
     live: set = field(default_factory=set)
 
-    async def next(self):
-        """The next ("output", RequestOutput) or ("error", exception); marks finished ids."""
-        kind, payload = await self.queue.get()
-        if kind == "output" and payload.finished:
-            self.live.discard(payload.request_id)
-        elif kind == "error":
+    async def next(self) -> list:
+        """Wait for news, then take everything queued: [("error", exception)] or a list of
+        ("output", RequestOutput) with only the latest output of each request. Outputs are
+        cumulative, so a consumer that fell behind loses nothing by skipping the older ones,
+        and a busy event loop sends fewer, larger deltas instead of falling further behind."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        errors = [item for item in items if item[0] == "error"]
+        if errors:
             self.live.clear()
-        return kind, payload
+            return errors[:1]
+        latest = {payload.request_id: (kind, payload) for kind, payload in items}
+        for _, payload in latest.values():
+            if payload.finished:
+                self.live.discard(payload.request_id)
+        return list(latest.values())
 
     @property
     def done(self) -> bool:
@@ -165,7 +174,7 @@ class EngineLoop:
         gen = Generation(self, [s.request_id for s in subs], asyncio.Queue(), set())
         self._inbox.put(("add", subs, gen.queue, time.perf_counter()))
         try:
-            kind, payload = await gen.queue.get()
+            kind, payload = await gen.queue.get()  # the first item: "accepted" or "error"
         except asyncio.CancelledError:
             self.abort(gen.request_ids)  # accepted or not: an abort of unknown ids is a no-op
             raise

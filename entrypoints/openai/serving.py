@@ -198,16 +198,17 @@ async def _collect(call: _Call, gen: Generation, is_disconnected) -> None:
     """Wait for every final output; a client that left aborts the request (checked each second)."""
     while not gen.done:
         try:
-            kind, payload = await asyncio.wait_for(gen.next(), timeout=1.0)
+            items = await asyncio.wait_for(gen.next(), timeout=1.0)
         except asyncio.TimeoutError:
             if await is_disconnected():
                 gen.abort()
                 raise APIError(400, "client disconnected") from None
             continue
-        if kind == "error":
-            raise _as_api_error(payload)
-        if payload.finished:
-            call.finals[payload.request_id] = payload
+        for kind, payload in items:
+            if kind == "error":
+                raise _as_api_error(payload)
+            if payload.finished:
+                call.finals[payload.request_id] = payload
 
 
 def _as_api_error(exc: BaseException) -> APIError:
@@ -403,17 +404,18 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     error after the stream started goes out as one error frame, then [DONE]."""
     try:
         while not gen.done:
-            kind, payload = await gen.next()
-            if kind == "error":
-                err = _as_api_error(payload)
+            items = await gen.next()
+            if items[0][0] == "error":
+                err = _as_api_error(items[0][1])
                 yield frame(error_body(err.status, err.message, err.param))
                 yield DONE
                 return
-            if payload.finished:
-                call.finals[payload.request_id] = payload
-            choices = [c for c in (_delta_choice(ctx, call, payload, o) for o in payload.outputs) if c]
-            if choices:
-                yield frame(_chunk(call, choices))
+            for _, out in items:
+                if out.finished:
+                    call.finals[out.request_id] = out
+                choices = [c for c in (_delta_choice(ctx, call, out, o) for o in out.outputs) if c]
+                if choices:
+                    yield frame(_chunk(call, choices))
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(call, outputs)))
