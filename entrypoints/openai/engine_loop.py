@@ -13,8 +13,9 @@ Invariants:
   any further step runs (commands are taken between steps, and also while paused or idle).
 - Every pending request gets exactly one terminal item on its queue: its finished output or an
   error; an aborted one gets nothing (nobody listens) but is released all the same.
-- A step that raises fails the requests it was running (each gets the error) and the loop goes
-  on; only an error in the loop itself ends it, and /health then reports it.
+- A step that raises fails every pending request (each gets the error: 500, or an error frame
+  in a stream that has started) and is dropped from the engine; the loop goes on. Only an error
+  in the loop itself ends it, and /health then reports it.
 """
 
 from __future__ import annotations

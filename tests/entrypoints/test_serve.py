@@ -286,13 +286,21 @@ def test_logprobs_and_prompt_logprobs(client):
     assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
 
 
-def test_cache_salt_keeps_outputs_and_is_accepted(server, client):
-    prompt = prompts(1, seed=14)[0] * 3
+def test_cache_salt_separates_tenants_in_the_prefix_cache(server, client):
+    """Same prompt: a second unsalted request hits the cache; a new salt misses it (its blocks
+    hash apart) and hits only its own blocks on the next request; outputs are unchanged."""
+    prompt = prompts(1, seed=14)[0] * 3 + [7] * 40
     want = greedy(client, prompt).choices[0].token_ids
-    for salt in ("tenant-a", "tenant-b", "tenant-a"):
-        assert greedy(client, prompt, cache_salt=salt).choices[0].token_ids == want
-    metrics = server.metrics()
-    assert metrics["vllm:prefix_cache_queries_total"] >= metrics["vllm:prefix_cache_hits_total"] > 0
+
+    def hits_of(**extra) -> float:
+        before = server.metrics()["vllm:prefix_cache_hits_total"]
+        assert greedy(client, prompt, **extra).choices[0].token_ids == want
+        return server.metrics()["vllm:prefix_cache_hits_total"] - before
+
+    assert hits_of() > 0
+    assert hits_of(cache_salt="tenant-a") == 0
+    assert hits_of(cache_salt="tenant-a") > 0
+    assert hits_of(cache_salt="tenant-b") == 0
 
 
 # ---- errors ---------------------------------------------------------------------------------------
