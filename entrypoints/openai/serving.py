@@ -244,6 +244,11 @@ def _final_text(call: _Call, completion) -> str:
     return text
 
 
+def _finite(logprob: Optional[float]) -> Optional[float]:
+    """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it."""
+    return max(logprob, -9999.0) if logprob is not None else None
+
+
 def _token_text(ctx: ServerContext, token: int) -> str:
     return ctx.tokenizer.decode([token]) if ctx.tokenizer is not None else f"token_id:{token}"
 
@@ -254,8 +259,10 @@ def _completion_logprobs(ctx, token_ids, logprobs, offset: int) -> Optional[dict
     tokens, token_lps, tops, offsets = [], [], [], []
     for tok, entry in zip(token_ids, logprobs):
         tokens.append(_token_text(ctx, tok))
-        token_lps.append(entry.get(tok))
-        tops.append({_token_text(ctx, t): lp for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])})
+        token_lps.append(_finite(entry.get(tok)))
+        tops.append(
+            {_token_text(ctx, t): _finite(lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
+        )
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
@@ -271,10 +278,14 @@ def _chat_logprobs(ctx, token_ids, logprobs, k: int) -> Optional[dict]:
         content.append(
             {
                 "token": text,
-                "logprob": entry.get(tok),
+                "logprob": _finite(entry.get(tok)),
                 "bytes": list(text.encode()),
                 "top_logprobs": [
-                    {"token": _token_text(ctx, t), "logprob": lp, "bytes": list(_token_text(ctx, t).encode())}
+                    {
+                        "token": _token_text(ctx, t),
+                        "logprob": _finite(lp),
+                        "bytes": list(_token_text(ctx, t).encode()),
+                    }
                     for t, lp in top
                 ],
             }
@@ -288,7 +299,9 @@ def _prompt_logprobs(ctx, out) -> Optional[list]:
     return [
         None
         if entry is None
-        else {str(t): {"logprob": lp, "decoded_token": _token_text(ctx, t)} for t, lp in entry.items()}
+        else {
+            str(t): {"logprob": _finite(lp), "decoded_token": _token_text(ctx, t)} for t, lp in entry.items()
+        }
         for entry in out.prompt_logprobs
     ]
 
