@@ -65,6 +65,34 @@ async def _parse(request: Request, model: type[BaseModel]):
         ) from None
 
 
+class _ApiKeyGuard:
+    """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' (401 otherwise). Not
+    starlette's BaseHTTPMiddleware, which wraps `receive` and hides client disconnects."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            if dict(scope["headers"]).get(b"authorization") != self.expected:
+                response = _error_response(APIError(401, "Unauthorized: a valid API key is required"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _disconnect_waiter(request: Request):
+    """A coroutine function that returns once the client has gone (the body is already read, so
+    every further message is http.disconnect)."""
+
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
 def build_app(
     ctx: ServerContext, metrics: ServerMetrics, api_key: Optional[str] = None, dev: bool = False
 ) -> FastAPI:
@@ -86,12 +114,8 @@ def build_app(
     async def _internal(request: Request, exc: Exception):
         return _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("Authorization") != f"Bearer {api_key}":
-                return _error_response(APIError(401, "Unauthorized: a valid API key is required"))
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(_ApiKeyGuard, api_key=api_key)
 
     _add_openai_routes(app, ctx)
     _add_utility_routes(app, ctx, metrics)
@@ -123,12 +147,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _parse(request, CompletionRequest)
-        return _result(await create_completion(ctx, body, request.is_disconnected))
+        return _result(await create_completion(ctx, body, _disconnect_waiter(request)))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _parse(request, ChatCompletionRequest)
-        return _result(await create_chat_completion(ctx, body, request.is_disconnected))
+        return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request)))
 
 
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:

@@ -145,7 +145,7 @@ def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx
         raise bad_request(exc) from None
 
 
-async def create_completion(ctx: ServerContext, body: CompletionRequest, is_disconnected):
+async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_disconnect):
     """A full completion body (dict), or an async iterator of SSE frames when streaming."""
     ctx.check_model(body.model)
     prompts = completion_prompts(ctx, body.prompt)
@@ -159,10 +159,10 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, is_disc
     )
     params = _params(call, body.max_tokens, body.logprobs, ctx)
     gen = await _submit(ctx, call, params)
-    return await _respond(ctx, call, gen, is_disconnected)
+    return await _respond(ctx, call, gen, wait_disconnect)
 
 
-async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, is_disconnected):
+async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect):
     ctx.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
@@ -175,7 +175,7 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(call, max_tokens, logprobs, ctx)
     gen = await _submit(ctx, call, params)
-    return await _respond(ctx, call, gen, is_disconnected)
+    return await _respond(ctx, call, gen, wait_disconnect)
 
 
 def _stops(body: _Sampling) -> tuple[str, ...]:
@@ -184,31 +184,34 @@ def _stops(body: _Sampling) -> tuple[str, ...]:
     return (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
 
 
-async def _respond(ctx, call: _Call, gen: Generation, is_disconnected):
+async def _respond(ctx, call: _Call, gen: Generation, wait_disconnect):
     if call.body.stream:
         return _stream(ctx, call, gen)
     try:
-        await _collect(call, gen, is_disconnected)
+        await _collect(call, gen, wait_disconnect)
     finally:
         gen.abort()
     return _full_body(ctx, call)
 
 
-async def _collect(call: _Call, gen: Generation, is_disconnected) -> None:
-    """Wait for every final output; a client that left aborts the request (checked each second)."""
-    while not gen.done:
-        try:
-            items = await asyncio.wait_for(gen.next(), timeout=1.0)
-        except asyncio.TimeoutError:
-            if await is_disconnected():
+async def _collect(call: _Call, gen: Generation, wait_disconnect) -> None:
+    """Wait for every final output; a client that leaves first aborts the request at once."""
+    gone = asyncio.ensure_future(wait_disconnect())
+    try:
+        while not gen.done:
+            news = asyncio.ensure_future(gen.next())
+            await asyncio.wait({news, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not news.done():
+                news.cancel()
                 gen.abort()
-                raise APIError(400, "client disconnected") from None
-            continue
-        for kind, payload in items:
-            if kind == "error":
-                raise _as_api_error(payload)
-            if payload.finished:
-                call.finals[payload.request_id] = payload
+                raise APIError(400, "client disconnected")
+            for kind, payload in news.result():
+                if kind == "error":
+                    raise _as_api_error(payload)
+                if payload.finished:
+                    call.finals[payload.request_id] = payload
+    finally:
+        gone.cancel()
 
 
 def _as_api_error(exc: BaseException) -> APIError:

@@ -378,6 +378,20 @@ def test_disconnect_mid_stream_frees_the_blocks_before_another_step(server):
         httpx.post(server.url("/dev/resume"))
 
 
+def test_a_client_leaving_a_queued_non_streaming_request_aborts_it(server):
+    httpx.post(server.url("/dev/pause"))
+    try:
+        before = server.state()
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": 50}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url("/v1/completions"), json=body, headers=server.headers, timeout=0.5)
+        state = server.wait_idle()
+        assert state["num_unfinished"] == 0 and state["num_pending"] == 0
+        assert state["num_steps"] == before["num_steps"]  # it never ran: the engine was paused
+    finally:
+        httpx.post(server.url("/dev/resume"))
+
+
 async def _load_client(server, rng: random.Random, prompt: list[int]):
     """One streaming client: a bad request, a disconnect after a few chunks, or a full greedy run."""
     kind = rng.choice(["full", "full", "disconnect", "bad"])
