@@ -3,6 +3,8 @@
     enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
+    enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K ...]
+                                  (an OpenAI-compatible server; see entrypoints/openai/)
 
 The throughput benchmark is not part of the installed product: from a checkout, run
 `python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
@@ -119,11 +121,42 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-output-len", type=int, default=32)
     demo.add_argument("--shared-prefix-len", type=int, default=16)
     _add_engine_args(demo)
+    _add_serve_parser(sub)
     sub.add_parser(
         "simulate", help="the scheduler over a fake model (options: enginespec simulate -h)", add_help=False
     )
     sub.add_parser("bench", help=f"moved: {BENCH_MOVED}", add_help=False)
     return parser
+
+
+def _add_serve_parser(sub) -> None:
+    """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
+    serve.add_argument("model", help="local Hugging Face checkpoint directory")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--served-model-name", nargs="+", default=None, help="model name(s) in the API")
+    serve.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the text)")
+    serve.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
+    serve.add_argument("--uvicorn-log-level", default="warning")
+    _add_engine_args(serve)
+    serve.set_defaults(impl="fast")
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from enginespec.entrypoints.openai.api_server import run_server
+
+    return run_server(ns)
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -181,7 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return simulate_main(argv[1:]) or 0
     ns = _parser().parse_args(argv)
     try:
-        return _generate(ns) if ns.command == "generate" else _demo(ns)
+        run = {"generate": _generate, "demo": _demo, "serve": _serve}[ns.command]
+        return run(ns)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"enginespec {ns.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,329 @@
+"""Online serving benchmark, in the manner of vLLM's benchmark_serving: the throughput workload
+(benchmarks/harness.py: 256 requests, prompt and output lengths randint(100, 1024), ids below
+min(10000, vocab), seed 0, ignore_eos) sent to `enginespec serve` as streaming completions with
+token ids, at Poisson arrivals of --request-rate requests/s (inf: all at once).
+
+Reports, as JSON: request and output-token throughput, TTFT and ITL (p50, p99, mean; ITL is the
+gap between successive token-carrying frames of one stream, as vLLM's harness measures it), TPOT
+(mean per-request (latency - TTFT) / (tokens - 1)), and whether every request got exactly its
+requested number of tokens. With --offline, the same workload through LLM.generate (same engine
+settings, after the server has exited so both get the whole device) and the ratio of the two
+output throughputs.
+
+    python -m benchmarks.serving --shape qwen3-0.6b --request-rate inf --offline --out serve.json
+    python -m benchmarks.serving --base-url http://127.0.0.1:8000 --model-dir DIR ...  (a running server)
+
+Warm-up: a few requests with other prompts (seed + 1) and 2 output tokens each, before timing,
+so lazy initialisation and graph capture are not timed and the timed prompts get no prefix hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from benchmarks import harness
+from benchmarks.harness import Workload, make_workload
+
+
+@dataclass
+class RequestResult:
+    """One streamed request: send time, arrival times of its token-carrying frames, token count."""
+
+    sent: float
+    frame_times: list[float] = field(default_factory=list)
+    num_tokens: int = 0
+    done: float = 0.0
+    error: Optional[str] = None
+
+
+def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
+    """Send times (s from start) of a Poisson process of `rate` requests/s; all 0 for inf."""
+    if math.isinf(rate):
+        return [0.0] * num
+    if rate <= 0:
+        raise ValueError(f"--request-rate must be > 0 (or inf), got {rate}")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(num):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+async def _one(http: httpx.AsyncClient, url: str, body: dict, delay: float, start: float) -> RequestResult:
+    await asyncio.sleep(max(0.0, start + delay - time.perf_counter()))
+    result = RequestResult(time.perf_counter())
+    try:
+        async with http.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    result.error = str(chunk["error"])
+                    continue
+                num = sum(len(c.get("token_ids") or ()) for c in chunk.get("choices", ()))
+                if num:
+                    result.frame_times.append(time.perf_counter())
+                    result.num_tokens += num
+    except httpx.HTTPError as exc:
+        result.error = repr(exc)
+    result.done = time.perf_counter()
+    return result
+
+
+async def run_clients(
+    base_url: str, model: str, workload: Workload, rate: float, seed: int, temperature: float
+):
+    """Send every request of the workload at its arrival time; (results, wall seconds)."""
+    offsets = arrival_offsets(len(workload.prompts), rate, seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
+        start = time.perf_counter()
+        tasks = [
+            _one(
+                http,
+                f"{base_url}/v1/completions",
+                {
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": out_len,
+                    "temperature": temperature,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "return_token_ids": True,
+                },
+                offset,
+                start,
+            )
+            for prompt, out_len, offset in zip(workload.prompts, workload.output_lens, offsets)
+        ]
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start
+
+
+def _pcts(values: list[float]) -> dict:
+    """p50, p99 and mean in milliseconds (None when there are no values)."""
+    if not values:
+        return {"p50_ms": None, "p99_ms": None, "mean_ms": None}
+    ordered = sorted(values)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] * 1e3
+
+    return {"p50_ms": pct(0.50), "p99_ms": pct(0.99), "mean_ms": statistics.fmean(ordered) * 1e3}
+
+
+def summarize(results: list[RequestResult], workload: Workload, wall: float) -> dict:
+    ok = [r for r in results if r.error is None]
+    ttft = [r.frame_times[0] - r.sent for r in ok if r.frame_times]
+    itl = [b - a for r in ok for a, b in zip(r.frame_times, r.frame_times[1:])]
+    tpot = [(r.frame_times[-1] - r.frame_times[0]) / (r.num_tokens - 1) for r in ok if r.num_tokens > 1]
+    tokens = sum(r.num_tokens for r in ok)
+    exact = all(r.num_tokens == n for r, n in zip(results, workload.output_lens))
+    return {
+        "num_requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "exact_output_lengths": exact,
+        "request_throughput": len(ok) / wall,
+        "output_tok_s": tokens / wall,
+        "total_tok_s": (
+            tokens + sum(len(workload.prompts[i]) for i, r in enumerate(results) if r.error is None)
+        )
+        / wall,
+        "ttft": _pcts(ttft),
+        "itl": _pcts(itl),
+        "tpot_mean_ms": statistics.fmean(tpot) * 1e3 if tpot else None,
+    }
+
+
+# ---- the server process ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_server(model_dir: Path, args, timeout: float = 900.0) -> tuple[subprocess.Popen, str]:
+    """`enginespec serve` on a free loopback port with the run's engine settings; waits for /health."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir), "--port", str(port)]
+    cmd += [
+        "--served-model-name",
+        "bench",
+        "--impl",
+        args.impl,
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
+    cmd += [
+        "--seed",
+        str(args.seed),
+        "--max-waiting-requests",
+        str(max(1024, args.num_requests)),
+        *args.serve_arg,
+    ]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} during start-up")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server did not become healthy in time")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+# ---- runs -----------------------------------------------------------------------------------------
+
+
+def _workloads(args, model_dir: Path) -> tuple[Workload, Workload]:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(str(model_dir)).vocab_size
+    kw = dict(
+        min_input_len=args.min_input_len,
+        max_input_len=args.max_input_len,
+        min_output_len=args.min_output_len,
+        max_output_len=args.max_output_len,
+        id_bound=min(args.id_bound, vocab),
+    )
+    timed = make_workload(args.num_requests, seed=args.seed, **kw)
+    warm = make_workload(min(args.num_requests, args.warmup_requests), seed=args.seed + 1, **kw)
+    return timed, Workload(warm.prompts, [2] * len(warm.prompts))
+
+
+def serve_run(args, model_dir: Path, workload: Workload, warm: Workload) -> dict:
+    proc, url = (None, args.base_url) if args.base_url else launch_server(model_dir, args)
+    model = args.served_model_name or "bench"
+    try:
+        if warm.prompts:
+            asyncio.run(run_clients(url, model, warm, math.inf, args.seed, args.temperature))
+        results, wall = asyncio.run(
+            run_clients(url, model, workload, args.request_rate, args.seed, args.temperature)
+        )
+    finally:
+        exit_status = stop_server(proc) if proc is not None else None
+    out = summarize(results, workload, wall)
+    out.update(request_rate=args.request_rate, server_exit_status=exit_status)
+    return out
+
+
+def offline_run(args, model_dir: Path, workload: Workload) -> dict:
+    import torch
+
+    from enginespec.engine_args import resolve_device
+
+    device = resolve_device(args.device)
+    llm = harness.make_llm(model_dir, args)
+    harness._warm_up(llm, workload, device, args.temperature)
+    out = harness.timed_generate(llm, workload, device, args.temperature, use_tqdm=False)
+    del llm
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from enginespec.testing import synthetic
+
+    p = argparse.ArgumentParser(prog="benchmarks.serving", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(synthetic.SHAPES), default="qwen3-0.6b")
+    p.add_argument("--model-dir", help="use this checkpoint instead of a synthetic one of --shape")
+    p.add_argument("--base-url", help="benchmark this running server instead of launching one")
+    p.add_argument("--served-model-name", help="the model name a --base-url server answers to")
+    p.add_argument("--impl", default="fast")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s of Poisson arrivals (inf)"
+    )
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--min-input-len", type=int, default=100)
+    p.add_argument("--max-input-len", type=int, default=1024)
+    p.add_argument("--min-output-len", type=int, default=100)
+    p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--id-bound", type=int, default=10000)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--warmup-requests", type=int, default=32)
+    p.add_argument(
+        "--offline", action="store_true", help="also LLM.generate on the workload; report the ratio"
+    )
+    p.add_argument(
+        "--serve-arg", action="append", default=[], help="an extra `enginespec serve` flag (repeat)"
+    )
+    p.add_argument(
+        "--engine-arg", action="append", default=[], type=harness._engine_arg, help="offline LLM KEY=VALUE"
+    )
+    p.add_argument("--out", help="write the JSON here")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.engine_args = dict(args.engine_arg)
+    if args.model_dir:
+        model_dir = Path(args.model_dir)
+    else:
+        from enginespec.testing import synthetic
+
+        model_dir = synthetic.make_synthetic_checkpoint(
+            args.shape, synthetic.default_dir(args.shape), seed=args.seed
+        )
+    workload, warm = _workloads(args, model_dir)
+    report = {"model_dir": str(model_dir), "num_requests": len(workload.prompts)}
+    report["serve"] = serve_run(args, model_dir, workload, warm)
+    if args.offline:
+        report["offline"] = offline_run(args, model_dir, workload)
+        report["serve_over_offline"] = report["serve"]["output_tok_s"] / report["offline"]["output_tok_s"]
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The FastAPI app and the server process (`enginespec serve`).
+
+Routes: /health, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+/metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
+/dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
+them). --api-key guards /v1/* (a Bearer token), as vLLM does.
+
+Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening, lets in-flight responses finish for
+up to --shutdown-timeout seconds, then cancels them (each cancelled stream aborts its engine
+requests); the engine loop is stopped and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from enginespec.entrypoints.openai.engine_loop import EngineLoop
+from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from enginespec.entrypoints.openai.serving import (
+    ServerContext,
+    create_chat_completion,
+    create_completion,
+    render_chat,
+)
+from enginespec.entrypoints.openai.sse import SSEResponse
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _parse(request: Request, model: type[BaseModel]):
+    """The JSON body as `model`; malformed JSON or a field error (unknown, wrong type) is a 400."""
+    try:
+        raw = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise APIError(
+            400, f"{param}: {first.get('msg')} ({exc.error_count()} error(s))", param or None
+        ) from None
+
+
+class _ApiKeyGuard:
+    """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' (401 otherwise). Not
+    starlette's BaseHTTPMiddleware, which wraps `receive` and hides client disconnects."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            if dict(scope["headers"]).get(b"authorization") != self.expected:
+                response = _error_response(APIError(401, "Unauthorized: a valid API key is required"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _disconnect_waiter(request: Request):
+    """A coroutine function that returns once the client has gone (the body is already read, so
+    every further message is http.disconnect)."""
+
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
+def build_app(
+    ctx: ServerContext, metrics: ServerMetrics, api_key: Optional[str] = None, dev: bool = False
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        ctx.loop.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            ctx.loop.stop()
+
+    app = FastAPI(title="enginespec", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        return _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
+
+    if api_key is not None:
+        app.add_middleware(_ApiKeyGuard, api_key=api_key)
+
+    _add_openai_routes(app, ctx)
+    _add_utility_routes(app, ctx, metrics)
+    if dev:
+        _add_dev_routes(app, ctx)
+    return app
+
+
+def _result(result):
+    return result if isinstance(result, dict) else SSEResponse(result)
+
+
+def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.get("/v1/models")
+    async def models():
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "enginespec",
+                "max_model_len": ctx.max_model_len,
+            }
+            for name in ctx.model_names
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _parse(request, CompletionRequest)
+        return _result(await create_completion(ctx, body, _disconnect_waiter(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _parse(request, ChatCompletionRequest)
+        return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request)))
+
+
+def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:
+    @app.get("/health")
+    async def health():
+        if not ctx.loop.alive:
+            raise APIError(500, f"the engine loop is not running: {ctx.loop.fatal!r}")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics_route():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _parse(request, TokenizeRequest)
+        ctx.check_model(body.model)
+        if ctx.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer")
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", "prompt")
+        if body.messages is not None:
+            text = render_chat(ctx, body.messages, body.add_generation_prompt)
+            tokens = list(ctx.tokenizer.encode(text, add_special_tokens=False))
+        else:
+            tokens = list(ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _parse(request, DetokenizeRequest)
+        ctx.check_model(body.model)
+        if ctx.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer")
+        vocab = ctx.loop.engine.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens must be in [0, vocab_size={vocab}), got {bad[:5]}", "tokens")
+        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+
+def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.get("/dev/state")
+    async def state():
+        snap = ctx.loop.state
+        return {**asdict(snap), "num_pending": ctx.loop._num_pending}
+
+    @app.post("/dev/pause")
+    async def pause():
+        await ctx.loop.pause()
+        return {"paused": True}
+
+    @app.post("/dev/resume")
+    async def resume():
+        await ctx.loop.resume()
+        return {"paused": False}
+
+    @app.post("/dev/fail_next_step")
+    async def fail_next_step():
+        await ctx.loop.fail_next_step()
+        return {"armed": True}
+
+
+def load_chat_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file path, else the template text itself (as vLLM accepts both)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    if any(c in value for c in "{}%"):
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that SIGTERM, the ordinary way to stop a server, ends in exit
+        status 0 after the graceful shutdown (uvicorn re-raises it, so the process would die of
+        the signal), and that it closes admission at once (new requests get 503 meanwhile)."""
+
+        on_exit = None
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if sig == signal.SIGTERM and captured and captured[-1] == sig:
+                captured.pop()
+            if self.on_exit is not None:
+                self.on_exit()
+
+    return Server
+
+
+def run_server(ns) -> int:
+    """Build the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown."""
+    import uvicorn
+
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs
+
+    template = load_chat_template(ns.chat_template)
+    if ns.max_waiting_requests < 0:
+        raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
+    args = EngineArgs.from_kwargs(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
+    engine = EngineCore(args)
+    names = ns.served_model_name or [ns.model]
+    metrics = ServerMetrics(names[0])
+    loop = EngineLoop(engine, metrics, max_waiting=ns.max_waiting_requests)
+    ctx = ServerContext(loop, engine.tokenizer, list(names), engine.max_model_len, template)
+    app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
+    config = uvicorn.Config(
+        app,
+        host=ns.host,
+        port=ns.port,
+        log_level=ns.uvicorn_log_level,
+        timeout_graceful_shutdown=ns.shutdown_timeout,
+        access_log=False,
+    )
+    server = _server_class()(config)
+    server.on_exit = loop.close_admission
+    server.run()
+    return 0

@@ -1,0 +1,109 @@
+"""Prometheus metrics under vLLM's names, so dashboards built for vLLM read them unchanged.
+
+Counters appear with prometheus_client's `_total` suffix (vllm:prompt_tokens_total, ...), as
+vLLM's do. Only the engine-loop thread writes them (after each step); prometheus_client's
+metrics are thread-safe, so /metrics reads them from the event loop without a lock.
+
+Prefix-cache counters are in tokens (blocks looked up / found times block_size), like vLLM's.
+Queue time is from arrival to the start of the step whose outputs first carry the request's
+tokens (the engine reports no admission time; with chunked prefill of a long prompt, or with
+async scheduling's one-step lag, this overstates the queue time by the earlier steps).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+)
+
+
+class ServerMetrics:
+    """Every metric of one server, in its own registry (several apps may live in one process)."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(name, doc, labels, registry=r).labels(model_name)
+
+        def counter(name, doc):
+            return Counter(name, doc, labels, registry=r).labels(model_name)
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Requests in the running batch")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_cache_usage_perc = gauge(
+            "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)"
+        )
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason",
+            labels + ["finished_reason"],
+            registry=r,
+        )
+        self._model_name = model_name
+        self.time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds", "Arrival to first token", _LATENCY_BUCKETS
+        )
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds", "Time between token-carrying outputs", _LATENCY_BUCKETS
+        )
+        self.e2e_request_latency = histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to final output", _E2E_BUCKETS
+        )
+        self.request_queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Arrival to the first step that produced output", _E2E_BUCKETS
+        )
+
+    def request_success(self, finished_reason: str) -> None:
+        self._success.labels(self._model_name, finished_reason).inc()

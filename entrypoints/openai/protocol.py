@@ -1,0 +1,89 @@
+"""Request bodies of the OpenAI API plus vLLM's extra sampling fields.
+
+Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default).
+Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    """`{}` is valid and means the defaults (no usage chunk)."""
+
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by completions and chat: OpenAI's, then vLLM's extras (sent in extra_body)."""
+
+    model: Optional[str] = None
+    n: int = 1
+    max_tokens: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    seed: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    # vLLM's extras
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    cache_salt: Optional[str] = None
+    prompt_logprobs: Optional[int] = None
+    return_token_ids: Optional[bool] = False
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options is not None and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions. `prompt`: a string, a list of token ids, or a batch of either."""
+
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: Optional[int] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
+
+    messages: list[dict[str, Any]]
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize: either `prompt` or chat `messages`."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    model: Optional[str] = None
+    tokens: list[int]

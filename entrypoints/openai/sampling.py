@@ -1,0 +1,65 @@
+"""A request body -> spec.SamplingParams. Every bad value is a ValueError naming the field.
+
+OpenAI defaults: temperature 1, top_p 1, no penalties. What SamplingParams lacks:
+- include_stop_str_in_output: applied by the server (serving.py appends the matched stop
+  string, which the engine's detokenizer cut from the text).
+- skip_special_tokens=false: refused (400). The engine's detokenizer always skips special
+  tokens and the engine gives no way to ask otherwise.
+- cache_salt, priority: not sampling settings; passed beside the params to the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from enginespec.entrypoints.openai.protocol import _Sampling
+from enginespec.spec import SamplingParams
+
+LOGIT_BIAS_BOUND = 100.0
+
+
+def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
+    if raw is None:
+        return None
+    out = {}
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids (ints as strings), got {key!r}") from None
+        if not -LOGIT_BIAS_BOUND <= value <= LOGIT_BIAS_BOUND:
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
+        out[token] = float(value)
+    return out
+
+
+def to_sampling_params(req: _Sampling, *, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
+    """The engine's params for one request body (max_tokens and logprobs already resolved by
+    the endpoint, since completions and chat name them differently)."""
+    if not req.skip_special_tokens:
+        raise ValueError(
+            "skip_special_tokens=false is not supported: the engine's detokenizer always skips special tokens"
+        )
+    if req.stop is None:
+        stop: tuple[str, ...] = ()
+    else:
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_k=0 if req.top_k is None else req.top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        n=req.n,
+        logprobs=logprobs,
+        prompt_logprobs=req.prompt_logprobs,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias),
+    )

@@ -1,0 +1,440 @@
+"""Completions and chat completions over the engine loop: prompts in, OpenAI bodies out.
+
+A request becomes one engine request per prompt (a completions batch has several); choice
+index = prompt index * n + sample index, as vLLM numbers them. Streaming sends, per choice,
+the text and token ids that are new since its last frame. The engine's cumulative text of a
+sample with stop strings may end in a tail that a later token turns into a stop string (and so
+cuts away); that tail is held back until it can no longer become one, so streamed text is never
+retracted and the concatenated deltas equal the final text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional
+
+from enginespec.entrypoints.openai.engine_loop import EngineLoop, Generation, QueueFull, Submission
+from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from enginespec.entrypoints.openai.sampling import to_sampling_params
+from enginespec.entrypoints.openai.sse import DONE, frame
+
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServerContext:
+    """What the handlers share: the loop, the tokenizer, the served names, the chat template."""
+
+    loop: EngineLoop
+    tokenizer: object
+    model_names: list[str]
+    max_model_len: int
+    chat_template: Optional[str] = None
+
+    def check_model(self, name: Optional[str]) -> None:
+        if name is not None and name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+
+@dataclass
+class _Choice:
+    """Streaming progress of one choice: what has been sent."""
+
+    num_chars: int = 0
+    num_tokens: int = 0
+    started: bool = False
+    finished: bool = False
+
+
+@dataclass
+class _Call:
+    """One HTTP request in flight: ids, prompts, params and its streaming progress."""
+
+    kind: str  # "completion" or "chat"
+    response_id: str
+    model: str
+    body: _Sampling
+    prompts: list[tuple[Optional[str], list[int]]]
+    stops: tuple[str, ...]
+    created: int = field(default_factory=lambda: int(time.time()))
+    index_of: dict = field(default_factory=dict)  # engine request id -> prompt index
+    choices: dict = field(default_factory=dict)  # choice index -> _Choice
+    finals: dict = field(default_factory=dict)  # engine request id -> final RequestOutput
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+
+
+def _encode(ctx: ServerContext, text: str, add_special_tokens: bool = True) -> list[int]:
+    if ctx.tokenizer is None:
+        raise APIError(400, "text prompts need a tokenizer; this server has none (send token ids)", "prompt")
+    return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], list[int]]]:
+    """(text or None, ids) per prompt of a completions body (a string, ids, or a batch)."""
+    if isinstance(prompt, str):
+        return [(prompt, _encode(ctx, prompt))]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [(None, list(prompt))]
+    out = []
+    for p in prompt:
+        out.extend(completion_prompts(ctx, p))
+    return out
+
+
+def _message_text(content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    raise APIError(
+        400, f"message content must be a string or a list of parts, got {type(content).__name__}", "messages"
+    )
+
+
+def render_chat(ctx: ServerContext, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The conversation as prompt text: --chat-template, else the tokenizer's; 400 without one."""
+    tokenizer = ctx.tokenizer
+    template = ctx.chat_template or getattr(tokenizer, "chat_template", None)
+    if tokenizer is None or not template:
+        raise APIError(
+            400,
+            "this model's tokenizer has no chat template and none was given; start the server with "
+            "--chat-template FILE (or use /v1/completions)",
+            "messages",
+        )
+    clean = [{**m, "content": _message_text(m.get("content"))} for m in messages]
+    try:
+        return tokenizer.apply_chat_template(
+            clean, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+        )
+    except Exception as exc:  # a template error names the template's problem
+        raise APIError(400, f"the chat template failed on these messages: {exc}", "messages") from None
+
+
+# ---- submitting ---------------------------------------------------------------------------------
+
+
+async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
+    subs = []
+    for i, (text, ids) in enumerate(call.prompts):
+        rid = call.response_id if len(call.prompts) == 1 else f"{call.response_id}-{i}"
+        call.index_of[rid] = i
+        subs.append(Submission(rid, text, ids, params, call.body.priority, call.body.cache_salt))
+    try:
+        return await ctx.loop.submit(subs)
+    except QueueFull as exc:
+        raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
+    except ValueError as exc:
+        raise bad_request(exc) from None
+
+
+def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
+    if max_tokens is None:
+        max_tokens = 16 if call.kind == "completion" else max(1, ctx.max_model_len - len(call.prompts[0][1]))
+    try:
+        return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs)
+    except ValueError as exc:
+        raise bad_request(exc) from None
+
+
+async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_disconnect):
+    """A full completion body (dict), or an async iterator of SSE frames when streaming."""
+    ctx.check_model(body.model)
+    prompts = completion_prompts(ctx, body.prompt)
+    call = _Call(
+        "completion",
+        f"cmpl-{uuid.uuid4().hex}",
+        body.model or ctx.model_names[0],
+        body,
+        prompts,
+        _stops(body),
+    )
+    params = _params(call, body.max_tokens, body.logprobs, ctx)
+    gen = await _submit(ctx, call, params)
+    return await _respond(ctx, call, gen, wait_disconnect)
+
+
+async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect):
+    ctx.check_model(body.model)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    text = render_chat(ctx, body.messages, body.add_generation_prompt)
+    prompts = [(text, _encode(ctx, text, add_special_tokens=False))]
+    call = _Call(
+        "chat", f"chatcmpl-{uuid.uuid4().hex}", body.model or ctx.model_names[0], body, prompts, _stops(body)
+    )
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = _params(call, max_tokens, logprobs, ctx)
+    gen = await _submit(ctx, call, params)
+    return await _respond(ctx, call, gen, wait_disconnect)
+
+
+def _stops(body: _Sampling) -> tuple[str, ...]:
+    if body.stop is None:
+        return ()
+    return (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+
+
+async def _respond(ctx, call: _Call, gen: Generation, wait_disconnect):
+    if call.body.stream:
+        return _stream(ctx, call, gen)
+    try:
+        await _collect(call, gen, wait_disconnect)
+    finally:
+        gen.abort()
+    return _full_body(ctx, call)
+
+
+async def _collect(call: _Call, gen: Generation, wait_disconnect) -> None:
+    """Wait for every final output; a client that leaves first aborts the request at once."""
+    gone = asyncio.ensure_future(wait_disconnect())
+    try:
+        while not gen.done:
+            news = asyncio.ensure_future(gen.next())
+            await asyncio.wait({news, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not news.done():
+                news.cancel()
+                gen.abort()
+                raise APIError(400, "client disconnected")
+            for kind, payload in news.result():
+                if kind == "error":
+                    raise _as_api_error(payload)
+                if payload.finished:
+                    call.finals[payload.request_id] = payload
+    finally:
+        gone.cancel()
+
+
+def _as_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return bad_request(exc)
+    return APIError(500, f"{type(exc).__name__}: {exc}")
+
+
+# ---- text and logprobs --------------------------------------------------------------------------
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
+
+
+def _final_text(call: _Call, completion) -> str:
+    text = completion.text
+    if (
+        call.body.include_stop_str_in_output
+        and completion.finish_reason == "stop"
+        and isinstance(completion.stop_reason, str)
+    ):
+        text += completion.stop_reason
+    return text
+
+
+def _finite(logprob: Optional[float]) -> Optional[float]:
+    """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it."""
+    return max(logprob, -9999.0) if logprob is not None else None
+
+
+def _token_text(ctx: ServerContext, token: int) -> str:
+    return ctx.tokenizer.decode([token]) if ctx.tokenizer is not None else f"token_id:{token}"
+
+
+def _completion_logprobs(ctx, token_ids, logprobs, offset: int) -> Optional[dict]:
+    if logprobs is None:
+        return None
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tok, entry in zip(token_ids, logprobs):
+        tokens.append(_token_text(ctx, tok))
+        token_lps.append(_finite(entry.get(tok)))
+        tops.append(
+            {_token_text(ctx, t): _finite(lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
+        )
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(ctx, token_ids, logprobs, k: int) -> Optional[dict]:
+    if logprobs is None:
+        return None
+    content = []
+    for tok, entry in zip(token_ids, logprobs):
+        text = _token_text(ctx, tok)
+        top = sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+        content.append(
+            {
+                "token": text,
+                "logprob": _finite(entry.get(tok)),
+                "bytes": list(text.encode()),
+                "top_logprobs": [
+                    {
+                        "token": _token_text(ctx, t),
+                        "logprob": _finite(lp),
+                        "bytes": list(_token_text(ctx, t).encode()),
+                    }
+                    for t, lp in top
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def _prompt_logprobs(ctx, out) -> Optional[list]:
+    if out.prompt_logprobs is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            str(t): {"logprob": _finite(lp), "decoded_token": _token_text(ctx, t)} for t, lp in entry.items()
+        }
+        for entry in out.prompt_logprobs
+    ]
+
+
+def _logprobs(ctx, call: _Call, token_ids, logprobs, offset: int = 0):
+    if call.kind == "completion":
+        return _completion_logprobs(ctx, token_ids, logprobs, offset)
+    return _chat_logprobs(ctx, token_ids, logprobs, call.body.top_logprobs or 0)
+
+
+def _usage(call: _Call, outputs) -> dict:
+    prompt = sum(len(ids) for _, ids in call.prompts)
+    completion = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+# ---- full bodies --------------------------------------------------------------------------------
+
+
+def _full_choice(ctx, call: _Call, out, completion) -> dict:
+    index = call.index_of[out.request_id] * call.body.n + completion.index
+    choice = {"index": index}
+    text = _final_text(call, completion)
+    logprobs = _logprobs(ctx, call, completion.token_ids, completion.logprobs)
+    if call.kind == "completion":
+        choice.update(text=text, logprobs=logprobs)
+        if call.body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs(ctx, out)
+        if call.body.return_token_ids:
+            choice["prompt_token_ids"] = list(out.prompt_token_ids)
+    else:
+        choice.update(message={"role": "assistant", "content": text}, logprobs=logprobs)
+    choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+    if call.body.return_token_ids:
+        choice["token_ids"] = list(completion.token_ids)
+    return choice
+
+
+def _full_body(ctx, call: _Call) -> dict:
+    outputs = [call.finals[rid] for rid in call.index_of]
+    choices = [_full_choice(ctx, call, out, c) for out in outputs for c in out.outputs]
+    body = {
+        "id": call.response_id,
+        "object": "text_completion" if call.kind == "completion" else "chat.completion",
+        "created": call.created,
+        "model": call.model,
+        "choices": sorted(choices, key=lambda c: c["index"]),
+        "usage": _usage(call, outputs),
+    }
+    if call.kind == "chat":
+        if call.body.prompt_logprobs is not None:
+            body["prompt_logprobs"] = _prompt_logprobs(ctx, outputs[0])
+        if call.body.return_token_ids:
+            body["prompt_token_ids"] = list(outputs[0].prompt_token_ids)
+    return body
+
+
+# ---- streaming ----------------------------------------------------------------------------------
+
+
+def _chunk(call: _Call, choices: list[dict], usage: Optional[dict] = None) -> dict:
+    body = {
+        "id": call.response_id,
+        "object": "text_completion" if call.kind == "completion" else "chat.completion.chunk",
+        "created": call.created,
+        "model": call.model,
+        "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def _delta_choice(ctx, call: _Call, out, completion) -> Optional[dict]:
+    """The choice's new text and ids since its last frame, or None when there is nothing new."""
+    index = call.index_of[out.request_id] * call.body.n + completion.index
+    state = call.choices.setdefault(index, _Choice())
+    if state.finished:
+        return None
+    finished = completion.finish_reason is not None
+    text = _final_text(call, completion) if finished else completion.text
+    end = len(text) if finished else len(text) - _held_back(text, call.stops)
+    delta_text = text[state.num_chars : max(end, state.num_chars)]
+    new_ids = completion.token_ids[state.num_tokens :]
+    if not delta_text and not new_ids and not finished and state.started:
+        return None
+    lps = None
+    if completion.logprobs is not None:
+        lps = _logprobs(ctx, call, new_ids, completion.logprobs[state.num_tokens :], state.num_chars)
+    choice = {"index": index}
+    if call.kind == "completion":
+        choice.update(text=delta_text, logprobs=lps)
+        if not state.started and call.body.return_token_ids:
+            choice["prompt_token_ids"] = list(out.prompt_token_ids)
+    else:
+        delta = {"content": delta_text}
+        if not state.started:
+            delta["role"] = "assistant"
+        choice.update(delta=delta, logprobs=lps)
+    choice.update(
+        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason if finished else None
+    )
+    if call.body.return_token_ids:
+        choice["token_ids"] = list(new_ids)
+    state.num_chars = max(end, state.num_chars)
+    state.num_tokens = len(completion.token_ids)
+    state.started, state.finished = True, finished
+    return choice
+
+
+async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
+    """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
+    error after the stream started goes out as one error frame, then [DONE]."""
+    try:
+        while not gen.done:
+            items = await gen.next()
+            if items[0][0] == "error":
+                err = _as_api_error(items[0][1])
+                yield frame(error_body(err.status, err.message, err.param))
+                yield DONE
+                return
+            for _, out in items:
+                if out.finished:
+                    call.finals[out.request_id] = out
+                choices = [c for c in (_delta_choice(ctx, call, out, o) for o in out.outputs) if c]
+                if choices:
+                    yield frame(_chunk(call, choices))
+        if call.body.include_usage:
+            outputs = [call.finals[rid] for rid in call.index_of]
+            yield frame(_chunk(call, [], _usage(call, outputs)))
+        yield DONE
+    finally:
+        gen.abort()  # the client left (or the server is stopping): free the blocks now

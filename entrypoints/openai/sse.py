@@ -1,0 +1,42 @@
+"""Server-sent events: `data: {json}\\n\\n` frames, then `data: [DONE]\\n\\n`.
+
+SSEResponse always watches for the client's disconnect while it streams (starlette does so only
+for servers of ASGI spec < 2.4; otherwise it notices a gone client at its next write, which for
+a request still waiting in the queue may be never). On disconnect the body iterator is cancelled,
+and its `finally` aborts the engine requests.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+from starlette.responses import StreamingResponse
+
+DONE = "data: [DONE]\n\n"
+
+
+def frame(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, content, **kwargs):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type=self.media_type, headers=headers, **kwargs)
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the client went away mid-write
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()

@@ -1,0 +1,48 @@
+"""The serving benchmark on a CPU: a tiny shape, a handful of requests, a real server process,
+and the offline run beside it. No timing is asserted: only that every request got exactly its
+requested tokens, that the JSON holds every field, and that the server exited cleanly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from benchmarks import serving
+from benchmarks.harness import Workload
+from enginespec.testing import synthetic
+
+
+def test_poisson_arrivals_are_seeded_and_inf_sends_at_once():
+    assert serving.arrival_offsets(4, math.inf, 0) == [0.0] * 4
+    a = serving.arrival_offsets(50, 10.0, 3)
+    assert a == serving.arrival_offsets(50, 10.0, 3) and a[0] == 0.0
+    assert all(x < y for x, y in zip(a, a[1:]))
+
+
+def test_summary_counts_tokens_frames_and_failures():
+    workload = Workload([[1, 2], [3]], [3, 2])
+    ok = serving.RequestResult(sent=0.0, frame_times=[0.1, 0.2, 0.4], num_tokens=3, done=0.4)
+    bad = serving.RequestResult(sent=0.0, error="HTTP 503")
+    out = serving.summarize([ok, bad], workload, wall=2.0)
+    assert out["completed"] == 1 and out["failed"] == 1 and out["errors"] == ["HTTP 503"]
+    assert out["output_tokens"] == 3 and not out["exact_output_lengths"]
+    assert out["ttft"]["p50_ms"] == 100.0 and abs(out["itl"]["p99_ms"] - 200.0) < 1e-6
+
+
+def test_smoke_run_against_a_real_server_and_offline(tmp_path):
+    out_file = tmp_path / "serve.json"
+    model_dir = synthetic.make_synthetic_checkpoint("tiny", tmp_path / "tiny", dtype=torch.float32)
+    argv = ["--model-dir", str(model_dir), "--device", "cpu", "--num-requests", "6", "--max-input-len", "24"]
+    argv += ["--max-output-len", "8", "--warmup-requests", "2", "--request-rate", "40", "--offline"]
+    argv += ["--out", str(out_file), "--serve-arg=--num-blocks=128", "--engine-arg", "num_blocks=128"]
+    assert serving.main(argv) == 0
+    report = json.loads(out_file.read_text())
+    serve = report["serve"]
+    assert serve["completed"] == 6 and serve["failed"] == 0 and serve["exact_output_lengths"]
+    assert serve["server_exit_status"] == 0
+    for key in ("ttft", "itl"):
+        assert set(serve[key]) == {"p50_ms", "p99_ms", "mean_ms"}
+    assert report["offline"]["output_tokens"] == serve["output_tokens"]
+    assert report["serve_over_offline"] > 0

@@ -1,0 +1,446 @@
+"""`enginespec serve` end to end: a real server process, the official openai client (sync and
+async, max_retries=0), every parameter, every error class, abort on disconnect, and a bounded
+load test. Greedy outputs are compared token for token with LLM.generate on the same engine
+settings. One server for the module (its start-up dominates the cost)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import openai
+import pytest
+
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import EOS_ID, make_tiny_checkpoint
+from tests.entrypoints.remote_server import CHAT_TEMPLATE, RemoteServer
+
+MODEL = "tiny"
+KEY = "sk-test"
+ENGINE = dict(impl="fast", device="cpu", num_blocks=256, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("serve") / "qwen3")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    args = ["--served-model-name", MODEL, "--chat-template", CHAT_TEMPLATE, "--enable-dev-endpoints"]
+    args += ["--impl", "fast", "--num-blocks", "256", "--max-num-seqs", "16", "--max-waiting-requests", "512"]
+    srv = RemoteServer(model_dir, args, api_key=KEY)
+    yield srv
+    assert srv.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return LLM(str(model_dir), **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def prompts(num: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, 96) for _ in range(rng.randint(3, 20))] for _ in range(num)]
+
+
+def offline(llm, prompt, **params) -> list[int]:
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(**params), use_tqdm=False)
+    return out[0].outputs[0].token_ids
+
+
+def greedy(client, prompt, max_tokens=12, **extra):
+    return client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"return_token_ids": True, **extra},
+    )
+
+
+# ---- completions and chat -------------------------------------------------------------------------
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.url("/health")).status_code == 200
+
+
+def test_greedy_completions_equal_offline_token_for_token(client, llm):
+    for prompt in prompts(6):
+        resp = greedy(client, prompt, max_tokens=16)
+        choice = resp.choices[0]
+        assert choice.token_ids == offline(llm, prompt, max_tokens=16, temperature=0.0)
+        assert choice.prompt_token_ids == prompt
+        assert resp.usage.prompt_tokens == len(prompt)
+        assert resp.usage.completion_tokens == len(choice.token_ids)
+
+
+def test_text_prompt_batch_and_n(client, llm):
+    resp = client.completions.create(
+        model=MODEL,
+        prompt=["hello", "world!"],
+        max_tokens=5,
+        n=2,
+        temperature=0.0,
+        extra_body={"return_token_ids": True},
+    )
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    tok = llm.get_tokenizer()
+    for i, text in enumerate(["hello", "world!"]):
+        want = offline(llm, tok.encode(text), max_tokens=5, temperature=0.0)
+        assert resp.choices[2 * i].token_ids == want == resp.choices[2 * i + 1].token_ids
+    assert resp.usage.completion_tokens == sum(len(c.token_ids) for c in resp.choices)
+
+
+def test_streaming_completion_equals_full_and_reports_usage(client):
+    prompt = prompts(1, seed=3)[0]
+    full = greedy(client, prompt, max_tokens=20).choices[0]
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    ids = [t for c in chunks if c.choices for t in c.choices[0].token_ids]
+    assert text == full.text and ids == full.token_ids
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_empty_stream_options_streams_without_usage(client):
+    chunks = list(
+        client.completions.create(model=MODEL, prompt="abc", max_tokens=4, stream=True, stream_options={})
+    )
+    assert chunks and all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
+
+
+def test_chat_uses_the_template_and_matches_completions(server, client):
+    messages = [{"role": "user", "content": "hello"}]
+    rendered = server.post("/tokenize", {"messages": messages}).json()["tokens"]
+    want = greedy(client, rendered, max_tokens=10).choices[0]
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_completion_tokens=10,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content == want.text
+    assert resp.choices[0].token_ids == want.token_ids
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    assert chunks[-1].usage.prompt_tokens == len(rendered)
+
+
+def test_tokenize_detokenize_round_trip(server):
+    tokens = server.post("/tokenize", {"prompt": "abc!"}).json()["tokens"]
+    assert server.post("/detokenize", {"tokens": tokens}).json()["prompt"] == "abc!"
+
+
+def test_async_client_concurrent_greedy(server, llm):
+    async def run():
+        async with server.async_client() as aclient:
+            return await asyncio.gather(
+                *(
+                    aclient.completions.create(
+                        model=MODEL,
+                        prompt=p,
+                        max_tokens=8,
+                        temperature=0,
+                        extra_body={"return_token_ids": True},
+                    )
+                    for p in prompts(8, seed=5)
+                )
+            )
+
+    for prompt, resp in zip(prompts(8, seed=5), asyncio.run(run())):
+        assert resp.choices[0].token_ids == offline(llm, prompt, max_tokens=8, temperature=0.0)
+
+
+# ---- parameters -----------------------------------------------------------------------------------
+
+
+def test_penalties_and_truncation_match_offline(client, llm):
+    prompt = prompts(1, seed=7)[0]
+    params = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.7, min_tokens=3)
+    resp = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        presence_penalty=0.5,
+        frequency_penalty=0.7,
+        user="u1",
+        extra_body={"return_token_ids": True, "repetition_penalty": 1.3, "min_tokens": 3, "priority": 0},
+    )
+    assert resp.choices[0].token_ids == offline(llm, prompt, max_tokens=12, temperature=0.0, **params)
+    # top_k=1 and min_p=1 keep only the argmax: sampling at temperature 1 is greedy.
+    want = greedy(client, prompt).choices[0].token_ids
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        got = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=1.0,
+            top_p=0.9,
+            seed=1,
+            extra_body={"return_token_ids": True, **extra},
+        )
+        assert got.choices[0].token_ids == want
+
+
+def test_seed_logit_bias_and_n(client):
+    kw = dict(
+        model=MODEL,
+        prompt="xyz",
+        max_tokens=8,
+        temperature=1.0,
+        seed=11,
+        extra_body={"return_token_ids": True},
+    )
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert a.choices[0].token_ids == b.choices[0].token_ids
+    resp = client.completions.create(**{**kw, "n": 3})
+    assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+    biased = client.completions.create(**{**kw, "logit_bias": {"42": 100}})
+    assert biased.choices[0].token_ids == [42] * 8
+
+
+def test_eos_ignore_eos_stop_token_ids_and_min_tokens(client):
+    eos = {"logit_bias": {str(EOS_ID): 100}}
+    stopped = client.completions.create(model=MODEL, prompt="ab", max_tokens=6, temperature=0, **eos)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    kept = client.completions.create(
+        model=MODEL, prompt="ab", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}, **eos
+    )
+    assert kept.choices[0].finish_reason == "length" and kept.usage.completion_tokens == 6
+    prompt = prompts(1, seed=9)[0]
+    ids = greedy(client, prompt).choices[0].token_ids
+    stop_id = ids[2]
+    first = ids.index(stop_id)
+    cut = greedy(client, prompt, stop_token_ids=[stop_id]).choices[0]
+    assert cut.token_ids == ids[: first + 1] and cut.finish_reason == "stop" and cut.stop_reason == stop_id
+    late = greedy(client, prompt, stop_token_ids=[ids[0]], min_tokens=4).choices[0]
+    assert len(late.token_ids) >= 4
+
+
+def test_stop_strings_with_and_without_the_stop_in_the_output(client):
+    prompt = prompts(1, seed=12)[0]
+    text = greedy(client, prompt, max_tokens=20).choices[0].text
+    stop = text[4:6]
+    assert len(stop) == 2
+    cut_at = text.find(stop)
+    plain = greedy(client, prompt, max_tokens=20, stop=[stop]).choices[0]
+    assert plain.text == text[:cut_at] and plain.finish_reason == "stop" and plain.stop_reason == stop
+    kept = greedy(client, prompt, max_tokens=20, stop=[stop], include_stop_str_in_output=True).choices[0]
+    assert kept.text == text[:cut_at] + stop
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stop=[stop], stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks) == plain.text
+
+
+def test_logprobs_and_prompt_logprobs(client):
+    prompt = prompts(1, seed=13)[0]
+    resp = greedy(client, prompt, max_tokens=6, prompt_logprobs=1)
+    c = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 6
+    assert all(x <= 0 for x in lp.token_logprobs) and all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    plp = resp.choices[0].prompt_logprobs
+    assert plp[0] is None and len(plp) == len(prompt)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
+
+
+def test_cache_salt_separates_tenants_in_the_prefix_cache(server, client):
+    """Same prompt: a second unsalted request hits the cache; a new salt misses it (its blocks
+    hash apart) and hits only its own blocks on the next request; outputs are unchanged."""
+    prompt = prompts(1, seed=14)[0] * 3 + [7] * 40
+    want = greedy(client, prompt).choices[0].token_ids
+
+    def hits_of(**extra) -> float:
+        before = server.metrics()["vllm:prefix_cache_hits_total"]
+        assert greedy(client, prompt, **extra).choices[0].token_ids == want
+        return server.metrics()["vllm:prefix_cache_hits_total"] - before
+
+    assert hits_of() > 0
+    assert hits_of(cache_salt="tenant-a") == 0
+    assert hits_of(cache_salt="tenant-a") > 0
+    assert hits_of(cache_salt="tenant-b") == 0
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+
+def _error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    return err
+
+
+def test_bad_requests_are_400_with_the_engines_text(server, client):
+    err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": "a", "temperature": -1}), 400)
+    assert "temperature" in err["message"] and err["param"] == "temperature"
+    err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": "a", "bogus_field": 1}), 400)
+    assert "bogus_field" in err["message"]
+    err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": [5] * 250, "max_tokens": 50}), 400)
+    assert "max_model_len" in err["message"]
+    err = _error(
+        server.post("/v1/completions", {"model": MODEL, "prompt": "a", "skip_special_tokens": False}), 400
+    )
+    assert "skip_special_tokens" in err["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
+
+
+def test_unknown_model_is_404_and_bad_key_is_401(server, client):
+    _error(server.post("/v1/completions", {"model": "nope", "prompt": "a"}), 404)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="a")
+    _error(httpx.post(server.url("/v1/completions"), json={"model": MODEL, "prompt": "a"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        server.client().with_options(api_key="wrong").models.list()
+
+
+def test_engine_fault_is_500_then_an_error_frame_mid_stream(server):
+    assert httpx.post(server.url("/dev/fail_next_step")).status_code == 200
+    _error(server.post("/v1/completions", {"model": MODEL, "prompt": "abc", "max_tokens": 4}), 500)
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", server.url("/v1/completions"), json=body, headers=server.headers, timeout=60
+    ) as resp:
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        assert '"choices"' in first
+        httpx.post(server.url("/dev/fail_next_step"))
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]" and '"error"' in rest[-2] and '"code":500' in rest[-2]
+    assert server.wait_idle()["num_free_blocks"] == server.state()["num_blocks"]
+    assert httpx.get(server.url("/health")).status_code == 200  # the engine serves on
+
+
+# ---- disconnects and load -------------------------------------------------------------------------
+
+
+def test_disconnect_mid_stream_frees_the_blocks_before_another_step(server):
+    body = {"model": MODEL, "prompt": "abcdef" * 6, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", server.url("/v1/completions"), json=body, headers=server.headers, timeout=60
+    ) as resp:
+        lines = resp.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data:"))
+        httpx.post(server.url("/dev/pause"))
+        paused = server.state()
+        assert paused["num_unfinished"] == 1 and paused["num_free_blocks"] < paused["num_blocks"]
+    try:
+        state = server.wait_idle()
+        assert state["num_steps"] == paused["num_steps"]  # freed without a single further step
+        assert state["num_free_blocks"] == state["num_blocks"]
+        metrics = server.metrics()
+        assert metrics["vllm:kv_cache_usage_perc"] == 0 and metrics["vllm:num_requests_running"] == 0
+    finally:
+        httpx.post(server.url("/dev/resume"))
+
+
+def test_a_client_leaving_a_queued_non_streaming_request_aborts_it(server):
+    httpx.post(server.url("/dev/pause"))
+    try:
+        before = server.state()
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": 50}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url("/v1/completions"), json=body, headers=server.headers, timeout=0.5)
+        state = server.wait_idle()
+        assert state["num_unfinished"] == 0 and state["num_pending"] == 0
+        assert state["num_steps"] == before["num_steps"]  # it never ran: the engine was paused
+    finally:
+        httpx.post(server.url("/dev/resume"))
+
+
+async def _load_client(server, rng: random.Random, prompt: list[int]):
+    """One streaming client: a bad request, a disconnect after a few chunks, or a full greedy run."""
+    kind = rng.choice(["full", "full", "disconnect", "bad"])
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    if kind == "bad":
+        name, value = rng.choice([("temperature", -1.0), ("bogus_field", 1), ("top_p", 0.0), ("n", 0)])
+        body[name] = value
+    keep = rng.randint(1, 5)
+    async with httpx.AsyncClient(timeout=60, headers=server.headers) as http:
+        async with http.stream("POST", server.url("/v1/completions"), json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return kind, resp.status_code, None
+            ids, seen = [], 0
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                seen += 1
+                if kind == "disconnect" and seen >= keep:
+                    return kind, 200, None
+                ids.extend(httpx.Response(200, content=line[5:]).json()["choices"][0]["token_ids"])
+            return kind, 200, ids
+
+
+def test_load_64_streaming_clients_with_disconnects_and_bad_requests(server, llm):
+    rng = random.Random(0)
+    work = prompts(64, seed=21)
+
+    async def run():
+        return await asyncio.wait_for(
+            asyncio.gather(*(_load_client(server, random.Random(rng.random()), p) for p in work)), 60
+        )
+
+    results = asyncio.run(run())
+    state = server.wait_idle()
+    assert state["num_free_blocks"] == state["num_blocks"] and state["num_unfinished"] == 0
+    done = [(p, ids) for p, (kind, status, ids) in zip(work, results) if ids is not None]
+    assert all(status == 400 for kind, status, _ in results if kind == "bad")
+    assert done, "some clients must complete"
+    want = llm.generate(
+        [{"prompt_token_ids": p} for p, _ in done],
+        SamplingParams(max_tokens=24, temperature=0.0),
+        use_tqdm=False,
+    )
+    assert [ids for _, ids in done] == [out.outputs[0].token_ids for out in want]

@@ -1,0 +1,89 @@
+"""`enginespec serve` at its limits: no chat template (400), a full queue (503 + Retry-After),
+and SIGTERM with a request in flight (exit 0). A small server of its own: capacity is one
+running plus one waiting sample, and it has no --chat-template."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from enginespec.testing.checkpoints import make_tiny_checkpoint
+from tests.entrypoints.remote_server import RemoteServer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model_dir = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("serve-small") / "llama")
+    args = ["--max-num-seqs", "1", "--max-waiting-requests", "1", "--enable-dev-endpoints"]
+    srv = RemoteServer(model_dir, args + ["--shutdown-timeout", "2", "--num-blocks", "64"])
+    yield srv
+    srv.terminate()
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_chat_without_a_template_is_a_clear_400(server):
+    with pytest.raises(openai.BadRequestError, match="chat template"):
+        server.client().chat.completions.create(
+            model=str(server.proc.args[4]), messages=[{"role": "user", "content": "hi"}]
+        )
+
+
+def test_full_queue_is_503_with_retry_after(server):
+    body = {"prompt": "abc", "max_tokens": 8}
+    results = []
+    httpx.post(server.url("/dev/pause"))
+    try:
+        threads = [
+            threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        _wait_for(lambda: server.state()["num_pending"] == 2)
+        full = server.post("/v1/completions", body)
+        assert full.status_code == 503 and full.headers["Retry-After"] == "1"
+        assert full.json()["error"]["code"] == 503 and "queue is full" in full.json()["error"]["message"]
+        with pytest.raises(openai.InternalServerError) as info:
+            server.client().completions.create(model=str(server.proc.args[4]), prompt="abc", max_tokens=4)
+        assert info.value.status_code == 503
+    finally:
+        httpx.post(server.url("/dev/resume"))
+    for t in threads:
+        t.join(60)
+    assert [r.status_code for r in results] == [200, 200]
+    assert server.wait_idle()["num_free_blocks"] == server.state()["num_blocks"]
+
+
+def test_sigterm_with_a_request_in_flight_exits_0(server):
+    body = {"prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    seen = []
+
+    def stream():
+        try:
+            with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as resp:
+                for line in resp.iter_lines():
+                    seen.append(line)
+        except httpx.HTTPError as exc:  # cut off by the shutdown
+            seen.append(repr(exc))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    _wait_for(lambda: any(line.startswith("data:") for line in seen))
+    httpx.post(server.url("/dev/pause"))  # the request cannot finish: shutdown must abort it
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    reader.join(60)
+    assert not reader.is_alive()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(server.url("/health"), timeout=2)
