@@ -1,5 +1,5 @@
 """Online serving benchmark, in the manner of vLLM's benchmark_serving: the throughput workload
-(benchmarks/harness.py: 256 requests, prompt and output lengths randint(100, 1024), ids below
+(enginespec.testing.workload: 256 requests, prompt and output lengths randint(100, 1024), ids below
 min(10000, vocab), seed 0, ignore_eos) sent to `enginespec serve` as streaming completions with
 token ids, at Poisson arrivals of --request-rate requests/s (inf: all at once).
 
@@ -37,8 +37,9 @@ from typing import Optional
 
 import httpx
 
-from benchmarks import harness
-from benchmarks.harness import Workload, make_workload
+from benchmarks import engine_runs
+from benchmarks.throughput import _engine_arg
+from enginespec.testing.workload import Workload, make_workload
 
 
 @dataclass
@@ -256,9 +257,9 @@ def offline_run(args, model_dir: Path, workload: Workload) -> dict:
     from enginespec.engine_args import resolve_device
 
     device = resolve_device(args.device)
-    llm = harness.make_llm(model_dir, args)
-    harness._warm_up(llm, workload, device, args.temperature)
-    out = harness.timed_generate(llm, workload, device, args.temperature, use_tqdm=False)
+    llm = engine_runs.make_llm(model_dir, args)
+    engine_runs.warm_up(llm, workload, device, args.temperature)
+    out = engine_runs.timed_generate(llm, workload, device, args.temperature, use_tqdm=False)
     del llm
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--serve-arg", action="append", default=[], help="an extra `enginespec serve` flag (repeat)"
     )
     p.add_argument(
-        "--engine-arg", action="append", default=[], type=harness._engine_arg, help="offline LLM KEY=VALUE"
+        "--engine-arg", action="append", default=[], type=_engine_arg, help="offline LLM KEY=VALUE"
     )
     p.add_argument("--out", help="write the JSON here")
     return p

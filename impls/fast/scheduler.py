@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
+from typing import TYPE_CHECKING, cast
 
 from enginespec.spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+
+if TYPE_CHECKING:
+    from enginespec.impls.fast.request import FastRequest
 
 _key_of = attrgetter("_key")
 _RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
@@ -43,7 +47,7 @@ class FastScheduler:
             raise ValueError(f"Scheduler.config must be a SchedulerConfig, got {type(config).__name__}")
         self.config = config
         self.block_manager = block_manager
-        self.requests: dict = {}
+        self.requests: dict[str, FastRequest] = {}
         self._num_added = 0
         self._waiting: list = []
         self._swapped: list = []
@@ -246,7 +250,9 @@ class FastScheduler:
         result = UpdateOutput()
         new_token_ids, finished = result.new_token_ids, result.finished
         publish = self.block_manager.cache_full_blocks
-        for r, n in output.scheduled:
+        # The scheduler only ever schedules its own impl's requests (it reads their private
+        # stop-rule fields below); the cast tells the type checker so.
+        for r, n in cast("list[tuple[FastRequest, int]]", output.scheduled):
             if r.status is not _RUNNING and r.status.is_finished:
                 continue
             c = r.num_computed_tokens + n
@@ -290,7 +296,7 @@ class FastScheduler:
             raise ValueError(f"finish: status must be a FINISHED_* status, got {status}")
         if request.status.is_finished:
             return
-        if self.requests.get(request.request_id) is not request:
+        if request.request_id not in self.requests or self.requests[request.request_id] is not request:
             raise ValueError(f"finish: request {request.request_id!r} is not in this scheduler")
         self._leave_queue(request)
         self.block_manager.free(request)

@@ -10,8 +10,8 @@ import math
 import torch
 
 from benchmarks import serving
-from benchmarks.harness import Workload
 from enginespec.testing import synthetic
+from enginespec.testing.workload import Workload
 
 
 def test_poisson_arrivals_are_seeded_and_inf_sends_at_once():

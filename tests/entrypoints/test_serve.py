@@ -14,7 +14,7 @@ import pytest
 
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
-from enginespec.testing.checkpoints import EOS_ID, make_tiny_checkpoint
+from enginespec.testing.checkpoints import EOS_ID, make_checkpoint
 from tests.entrypoints.remote_server import CHAT_TEMPLATE, RemoteServer
 
 MODEL = "tiny"
@@ -24,7 +24,7 @@ ENGINE = dict(impl="fast", device="cpu", num_blocks=256, max_num_seqs=16)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("serve") / "qwen3")
+    return make_checkpoint("qwen3", tmp_path_factory.mktemp("serve") / "qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import httpx
 import openai
 import pytest
 
-from enginespec.testing.checkpoints import make_tiny_checkpoint
+from enginespec.testing.checkpoints import make_checkpoint
 from tests.entrypoints.remote_server import RemoteServer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model_dir = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("serve-small") / "llama")
+    model_dir = make_checkpoint("llama", tmp_path_factory.mktemp("serve-small") / "llama")
     args = ["--max-num-seqs", "1", "--max-waiting-requests", "1", "--enable-dev-endpoints"]
     srv = RemoteServer(model_dir, args + ["--shutdown-timeout", "2", "--num-blocks", "64"])
     yield srv
