@@ -267,10 +267,10 @@ def offline_run(args, model_dir: Path, workload: Workload) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from enginespec.testing import synthetic
+    from enginespec.testing import checkpoints
 
     p = argparse.ArgumentParser(prog="benchmarks.serving", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(synthetic.SHAPES), default="qwen3-0.6b")
+    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
     p.add_argument("--model-dir", help="use this checkpoint instead of a synthetic one of --shape")
     p.add_argument("--base-url", help="benchmark this running server instead of launching one")
     p.add_argument("--served-model-name", help="the model name a --base-url server answers to")
@@ -308,10 +308,10 @@ def main(argv=None) -> int:
     if args.model_dir:
         model_dir = Path(args.model_dir)
     else:
-        from enginespec.testing import synthetic
+        from enginespec.testing import checkpoints
 
-        model_dir = synthetic.make_synthetic_checkpoint(
-            args.shape, synthetic.default_dir(args.shape), seed=args.seed
+        model_dir = checkpoints.make_checkpoint(
+            args.shape, checkpoints.default_dir(args.shape), seed=args.seed
         )
     workload, warm = _workloads(args, model_dir)
     report = {"model_dir": str(model_dir), "num_requests": len(workload.prompts)}

@@ -10,7 +10,7 @@ import math
 import torch
 
 from benchmarks import serving
-from enginespec.testing import synthetic
+from enginespec.testing.checkpoints import make_checkpoint
 from enginespec.testing.workload import Workload
 
 
@@ -33,7 +33,7 @@ def test_summary_counts_tokens_frames_and_failures():
 
 def test_smoke_run_against_a_real_server_and_offline(tmp_path):
     out_file = tmp_path / "serve.json"
-    model_dir = synthetic.make_synthetic_checkpoint("tiny", tmp_path / "tiny", dtype=torch.float32)
+    model_dir = make_checkpoint("tiny", tmp_path / "tiny", dtype=torch.float32)
     argv = ["--model-dir", str(model_dir), "--device", "cpu", "--num-requests", "6", "--max-input-len", "24"]
     argv += ["--max-output-len", "8", "--warmup-requests", "2", "--request-rate", "40", "--offline"]
     argv += ["--out", str(out_file), "--serve-arg=--num-blocks=128", "--engine-arg", "num_blocks=128"]
