@@ -314,3 +314,18 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def plugin_is_installed() -> bool:
+    """Whether an installed enginespec registers this plugin as a pytest11 entry point (false
+    when it is imported from a bare tree, as on a machine that cannot build a wheel): tests that
+    start a fresh pytest expect the plugin to load by itself."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == __name__ for ep in entry_points(group="pytest11"))
+
+
+#: Marks a test that runs pytest in a subprocess and relies on the installed entry point.
+needs_installed_plugin = pytest.mark.skipif(
+    not plugin_is_installed(), reason="enginespec is not installed (no pytest11 entry point)"
+)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from enginespec.conformance.diff import differences, divergence_report, short
+from enginespec.conformance.plugin import needs_installed_plugin
 from enginespec.spec import PoolState
 
 H1, H2 = bytes(range(16)), bytes(range(1, 17))
@@ -54,6 +55,7 @@ def test_report_is_bounded_and_carries_its_context():
     assert text.endswith("diverged at operation #3: step #1")
 
 
+@needs_installed_plugin
 def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
     """HEAD_FIRST_FREE frees blocks in the wrong order: the lockstep names the PoolState fields
     that differ, the operation, and the exact command that shrinks the failing trace."""

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings
 
 import enginespec
-from enginespec.conformance.plugin import _PROFILE_KEY
+from enginespec.conformance.plugin import _PROFILE_KEY, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +43,7 @@ def test_our_items_run_under_our_profile(request):
 
 
 @pytest.mark.skipif(not IN_REPO, reason="needs the repo's layout (runs from a checkout)")
+@needs_installed_plugin
 def test_xfail_ids_are_the_same_from_the_repo_and_with_pyargs(tmp_path):
     """One canonical id matches in both invocations; a line matching nothing is warned about."""
     xfails = tmp_path / "xfails.txt"
@@ -60,6 +61,7 @@ def test_xfail_ids_are_the_same_from_the_repo_and_with_pyargs(tmp_path):
         )
 
 
+@needs_installed_plugin
 def test_backend_only_keeps_exactly_the_tests_that_take_impl(tmp_path):
     proc = pytest_run(
         ["--pyargs", "enginespec.conformance.test_strategies", "--backend-only", "--collect-only"], tmp_path
@@ -70,6 +72,7 @@ def test_backend_only_keeps_exactly_the_tests_that_take_impl(tmp_path):
     assert "deselected" in proc.stdout, describe(proc)
 
 
+@needs_installed_plugin
 def test_conformance_report(tmp_path):
     """The report names the impl and enginespec versions and has one entry per spec point and
     capability; points the run covered carry their tests' outcome, the others say not-run."""
@@ -103,6 +106,7 @@ def test_conformance_report(tmp_path):
     assert data["exit_status"] == 0
 
 
+@needs_installed_plugin
 def test_report_records_a_failure_and_an_xfail(tmp_path):
     """A planted bug fails its point; the same test listed as a known gap makes it xfail."""
     bug = "--impl=enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
@@ -120,6 +124,7 @@ def test_report_records_a_failure_and_an_xfail(tmp_path):
     assert json.loads((tmp_path / "x.json").read_text())["points"][3]["status"] == "xfail"
 
 
+@needs_installed_plugin
 def test_other_projects_keep_their_hypothesis_settings(tmp_path):
     """An unrelated project's tests, run in the same session as ours, see Hypothesis' defaults."""
     other = tmp_path / "other"
