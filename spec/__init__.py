@@ -25,6 +25,7 @@ from enginespec.spec.validation import (
     MAX_LOGIT_BIAS,
     MAX_N,
     check_cache_key,
+    check_count,
     check_token_id,
     check_token_ids,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_N",
     "check_cache_key",
     "check_token_id",
+    "check_count",
     "check_token_ids",
     "length_stop",
     "stop_after_token",

@@ -71,6 +71,15 @@ def check_int(owner: str, name: str, value: object) -> int:
     return int(value)
 
 
+def check_count(owner: str, name: str, value: object) -> int:
+    """A token or block count: an integral number (not bool) >= 0, as int; ValueError naming
+    owner.name and the bound otherwise. Every count argument of the BlockManager goes through it
+    (or an equivalent fast path that accepts exactly the same values)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
 def _check_key_item(item: object, depth: int) -> None:
     if depth > 8:
         raise ValueError("Request.cache_key nests deeper than 8 levels")

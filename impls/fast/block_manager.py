@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from enginespec.impls.fast.free_queue import FreeQueue
 from enginespec.impls.fast.hashing import extend_block_hashes
-from enginespec.spec import PoolState
+from enginespec.spec import PoolState, check_count
 
 _NEVER = 1 << 62  # a `_publish_at` no token count reaches
 
@@ -31,9 +31,9 @@ class FastBlockManager:
     """Owns `num_blocks` blocks of `block_size` tokens and every request's block table."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"BlockManager.num_blocks must be >= 1, got {num_blocks!r}")
-        if not isinstance(block_size, int) or block_size < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"BlockManager.block_size must be >= 1, got {block_size!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -72,8 +72,8 @@ class FastBlockManager:
 
     def allocate_slots(self, request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Grow the table to cover computed + cached + new tokens; all or nothing."""
-        if num_new_tokens < 0:
-            raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
+        if type(num_new_tokens) is not int or num_new_tokens < 0:  # the spec's check, off the hot path
+            num_new_tokens = check_count("allocate_slots", "num_new_tokens", num_new_tokens)
         if cached_blocks:
             return self._allocate_cached(request, num_new_tokens, cached_blocks)
         table = self._tables.get(request.request_id)
@@ -149,6 +149,8 @@ class FastBlockManager:
     def cache_full_blocks(self, request, num_tokens: Optional[int] = None) -> None:
         """Publish the full blocks among the first num_tokens known tokens not yet considered
         (the cursor only moves forward: a block is considered once per table)."""
+        if num_tokens is not None and (type(num_tokens) is not int or num_tokens < 0):
+            num_tokens = check_count("cache_full_blocks", "num_tokens", num_tokens)
         if not self.enable_prefix_caching:
             request._publish_at = _NEVER  # nothing is ever published: the scheduler stops asking
             return
@@ -221,11 +223,12 @@ class FastBlockManager:
     def trim(self, request, num_tokens: int) -> None:
         """Keep the blocks of the first num_tokens tokens; free the rest, tail first. The kept
         part becomes a new list object (so a cached batch row never mistakes it for the old)."""
+        num_tokens = check_count("trim", "num_tokens", num_tokens)
         rid = request.request_id
         table = self._tables.get(rid)
         if table is None:
             return
-        keep = -(-max(num_tokens, 0) // self.block_size)
+        keep = -(-num_tokens // self.block_size)
         if keep >= len(table):
             return
         self._release(reversed(table[keep:]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from enginespec.spec import PoolState, Request, hash_request_blocks
+from enginespec.spec import PoolState, Request, check_count, hash_request_blocks
 
 
 def cdiv(a: int, b: int) -> int:
@@ -93,8 +93,7 @@ class BlockManager:
     ) -> bool:
         """Grow the request's table to cover num_computed + len(cached_blocks) * bs + num_new_tokens
         tokens, adopting cached_blocks first. All or nothing: on False no state changed."""
-        if num_new_tokens < 0:
-            raise ValueError(f"allocate_slots: num_new_tokens must be >= 0, got {num_new_tokens}")
+        num_new_tokens = check_count("allocate_slots", "num_new_tokens", num_new_tokens)
         table = self.tables.get(request.request_id, [])
         cached_blocks = list(cached_blocks)
         if cached_blocks and table:
@@ -122,6 +121,8 @@ class BlockManager:
         num_computed_tokens) that were not considered yet. A block that already has a hash (an
         adopted cached block) is skipped; a hash already in `cached` stays with its block (first
         writer wins). Blocks past the request's known tokens (draft tokens) are not published."""
+        if num_tokens is not None:
+            num_tokens = check_count("cache_full_blocks", "num_tokens", num_tokens)
         if not self.enable_prefix_caching:
             return
         table = self.tables.get(request.request_id, [])
@@ -173,6 +174,7 @@ class BlockManager:
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Keep the blocks covering the first num_tokens tokens; release the rest tail first."""
+        num_tokens = check_count("trim", "num_tokens", num_tokens)
         rid = request.request_id
         table = self.tables.get(rid, [])
         keep = cdiv(max(num_tokens, 0), self.block_size)
