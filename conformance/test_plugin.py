@@ -124,19 +124,36 @@ def test_report_records_a_failure_and_an_xfail(tmp_path):
     assert json.loads((tmp_path / "x.json").read_text())["points"][3]["status"] == "xfail"
 
 
+def hypothesis_baseline() -> tuple[str, int, bool]:
+    """Hypothesis' own choice in this environment, with no plugin loaded: profile name,
+    max_examples, derandomize. (Hypothesis picks its built-in `ci` profile where `CI` is set.)"""
+    code = (
+        "from hypothesis import settings as s; d = s.default\n"
+        "print(s.get_current_profile_name(), d.max_examples, d.derandomize)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ENGINESPEC_HYPOTHESIS_PROFILE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    name, num_examples, derandomize = out.stdout.split()
+    return name, int(num_examples), derandomize == "True"
+
+
 @needs_installed_plugin
 def test_other_projects_keep_their_hypothesis_settings(tmp_path):
-    """An unrelated project's tests, run in the same session as ours, see Hypothesis' defaults."""
+    """An unrelated project's tests, run in the same session as ours, see what Hypothesis
+    alone would give them (the `default` profile, or Hypothesis' `ci` one where `CI` is set)."""
+    name, num_examples, derandomize = hypothesis_baseline()
+    assert not name.startswith("enginespec"), name
     other = tmp_path / "other"
     other.mkdir()
     (other / "test_theirs.py").write_text(
         "from hypothesis import given, settings, strategies as st\n"
         "def test_default_profile():\n"
-        "    assert settings.get_current_profile_name() == 'default'\n"
-        "    assert settings.default.max_examples == 100 and not settings.default.derandomize\n"
+        f"    assert settings.get_current_profile_name() == {name!r}\n"
+        f"    assert settings.default.max_examples == {num_examples}\n"
+        f"    assert settings.default.derandomize is {derandomize}\n"
         "@given(st.integers())\n"
         "def test_given_runs(x):\n"
-        "    assert settings.default.max_examples == 100\n"
+        f"    assert settings.default.max_examples == {num_examples}\n"
     )
     proc = pytest_run(
         [
