@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import queue
 import signal
+import threading
 import time
 import traceback
 from typing import Optional
@@ -164,13 +166,44 @@ def engine_info(engine) -> EngineInfo:
     )
 
 
+class _Sender:
+    """Sends the loop's messages from a thread of its own, so a front end that is slow to read
+    (its pipe full) never stalls the step loop; pickling happens there too. Messages keep their
+    order; `broken` is set once the front end is gone."""
+
+    def __init__(self, outbox):
+        self.outbox = outbox
+        self.broken = False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="enginespec-core-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, msg: tuple) -> None:
+        if self.broken:
+            raise BrokenPipeError("the front end is gone")
+        self._queue.put(msg)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (msg := self._queue.get()) is not None:
+            try:
+                self.outbox.send(msg)
+            except OSError:
+                self.broken = True
+                return
+
+
 class EngineCoreProc:
     """The busy loop over one EngineCore; see the module docstring."""
 
     def __init__(self, engine, inbox, outbox):
         self.engine = engine
         self.inbox = inbox
-        self.outbox = outbox
+        self.outbox = _Sender(outbox)
         self.tracker = DeltaTracker(engine)
         self._salt_kw = "cache_salt" in inspect.signature(engine.add_request).parameters
         self._paused = False
@@ -196,6 +229,8 @@ class EngineCoreProc:
                     self._send(deltas or [], step_start)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass  # the front end is gone: so is the engine
+        finally:
+            self.outbox.close()
 
     def _take_commands(self) -> bool:
         took = False
