@@ -317,6 +317,7 @@ class EngineClient:
             self._on_reply(*reply)
         touched: dict[str, RequestStream] = {}
         streams = self._streams
+        num_tokens = 0
         for delta in deltas:
             stream = streams.get(delta[0])
             if stream is None:
@@ -324,7 +325,10 @@ class EngineClient:
             num_new = stream.apply(delta)
             touched[delta[0]] = stream
             if num_new:
-                self._observe_tokens(stream, num_new, now, step_start)
+                num_tokens += num_new
+                self._observe_tokens(stream, now, step_start)
+        if num_tokens and self.metrics is not None:
+            self.metrics.generation_tokens.inc(num_tokens)
         for rid, stream in touched.items():
             stream.sink.put_nowait(("output", stream.output))
             if stream.output.finished:
@@ -379,10 +383,9 @@ class EngineClient:
 
     # ---- metrics --------------------------------------------------------------------------------
 
-    def _observe_tokens(self, stream: RequestStream, num_new: int, now: float, step_start) -> None:
+    def _observe_tokens(self, stream: RequestStream, now: float, step_start) -> None:
         m = self.metrics
         if m is not None:
-            m.generation_tokens.inc(num_new)
             if stream.first is None:
                 m.time_to_first_token.observe(now - stream.arrival)
                 start = step_start if step_start is not None else now
