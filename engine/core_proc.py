@@ -166,16 +166,17 @@ def engine_info(engine) -> EngineInfo:
     )
 
 
-class _Sender:
-    """Sends the loop's messages from a thread of its own, so a front end that is slow to read
-    (its pipe full) never stalls the step loop; pickling happens there too. Messages keep their
-    order; `broken` is set once the front end is gone."""
+class PipeSender:
+    """Sends messages on a Connection from a thread of its own, so a reader that is slow (its
+    pipe full) never stalls the sender's loop: the engine's step loop, or the server's event
+    loop. Pickling happens on that thread too. Messages keep their order; `broken` is set once
+    the other side is gone, and send() then raises BrokenPipeError."""
 
     def __init__(self, outbox):
         self.outbox = outbox
         self.broken = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="enginespec-core-sender", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="enginespec-pipe-sender", daemon=True)
         self._thread.start()
 
     def send(self, msg: tuple) -> None:
@@ -203,7 +204,7 @@ class EngineCoreProc:
     def __init__(self, engine, inbox, outbox):
         self.engine = engine
         self.inbox = inbox
-        self.outbox = _Sender(outbox)
+        self.outbox = PipeSender(outbox)
         self.tracker = DeltaTracker(engine)
         self._salt_kw = "cache_salt" in inspect.signature(engine.add_request).parameters
         self._paused = False

@@ -124,7 +124,7 @@ class EngineClient:
     def launch(self, timeout: Optional[float] = None) -> EngineInfo:
         """Start the engine (blocking until it is built); its construction error is re-raised
         here (a ValueError stays one, so the CLI reports a bad checkpoint in one line)."""
-        from enginespec.engine.core_proc import run_engine_core, serve_engine
+        from enginespec.engine.core_proc import PipeSender, run_engine_core, serve_engine
 
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
@@ -147,12 +147,12 @@ class EngineClient:
             self._worker.start()
             cmd_recv.close()  # the child holds these ends; ours would hide its EOF
             out_send.close()
-        self._to_engine, self._from_engine = cmd_send, out_recv
+        self._to_engine, self._from_engine = PipeSender(cmd_send), out_recv
         return self._await_ready(timeout)
 
     def _await_ready(self, timeout: Optional[float]) -> EngineInfo:
         if not self._from_engine.poll(timeout):
-            self.stop()
+            self.stop(5.0)
             raise RuntimeError(f"the engine was not ready within {timeout} s")
         try:
             msg = self._from_engine.recv()
@@ -199,11 +199,13 @@ class EngineClient:
                 self._loop.remove_reader(self._from_engine.fileno())
             except (ValueError, OSError):
                 pass
-        if self.fatal is None and self._to_engine is not None:
-            try:
-                self._to_engine.send(("shutdown",))
-            except OSError:
-                pass
+        if self._to_engine is not None:
+            if self.fatal is None:
+                try:
+                    self._to_engine.send(("shutdown",))
+                except OSError:
+                    pass
+            self._to_engine.close(timeout)
         self._reap(timeout)
 
     def _reap(self, timeout: float) -> None:
@@ -278,7 +280,7 @@ class EngineClient:
             self._to_engine.send(command)
         except OSError:
             self._on_death()
-            raise self.fatal from None
+            raise (self.fatal or EngineDead("the engine is stopping")) from None
 
     async def _call(self, name: str) -> None:
         if self.fatal is not None:

@@ -1,9 +1,9 @@
 """The engine client without HTTP: the delta protocol of engine/core_proc.py round-trips into
 the same cumulative outputs LLM.generate returns (ids, text, stop strings, logprobs, n > 1,
-prompt logprobs), aborts free blocks with no further step, and a dead engine loop fails every
-pending request and every new one. The engine runs on a thread here (in_process=True: the same
-loop and pipes as the spawned process, without the spawn); the process itself is covered by the
-server tests."""
+prompt logprobs), aborts free blocks with no further step, a dead engine loop fails every
+pending request and every new one, and the loop ends when the server side is gone. The engine
+runs on a thread here (in_process=True: the same loop and pipes as the spawned process, without
+the spawn); the process itself is covered by the server tests."""
 
 from __future__ import annotations
 
@@ -153,3 +153,13 @@ def test_a_dead_engine_fails_pending_and_new_requests(model_dir, llm):
         client.stop()
     assert items[0][0] == "error" and isinstance(items[0][1], EngineDead)
     assert deaths == [True] and not client.alive and client._num_pending == 0
+
+
+def test_the_engine_loop_ends_when_the_server_side_is_gone(model_dir, llm):
+    client = _client(model_dir, llm)
+    try:
+        client._to_engine.outbox.close()  # what the server process's death does to the pipe
+        client._worker.join(30)
+        assert not client._worker.is_alive()  # EOF on its input: the engine never outlives it
+    finally:
+        client.stop()
