@@ -148,6 +148,11 @@ def _add_serve_parser(sub) -> None:
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
+    serve.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine on a thread of the server process, not a process of its own (debugging)",
+    )
     serve.add_argument("--uvicorn-log-level", default="warning")
     _add_engine_args(serve)
     serve.set_defaults(impl="fast")

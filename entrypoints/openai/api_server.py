@@ -5,9 +5,15 @@ Routes: /health, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them). --api-key guards /v1/* (a Bearer token), as vLLM does.
 
+Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
+--engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
+detokenization and SSE (entrypoints/openai/engine_client.py).
+
 Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening, lets in-flight responses finish for
 up to --shutdown-timeout seconds, then cancels them (each cancelled stream aborts its engine
-requests); the engine loop is stopped and the process exits 0.
+requests); the engine process is told to exit and reaped, and this process exits 0. If the
+engine process dies, pending requests get 500s (an error frame mid-stream), /health fails, and
+the server shuts down the same way, exiting 1.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from enginespec.entrypoints.openai.engine_loop import EngineLoop
+from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import (
@@ -98,11 +104,11 @@ def build_app(
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        ctx.loop.start(asyncio.get_running_loop())
+        ctx.engine.start(asyncio.get_running_loop())
         try:
             yield
         finally:
-            ctx.loop.stop()
+            ctx.engine.stop()
 
     app = FastAPI(title="enginespec", lifespan=lifespan)
 
@@ -158,8 +164,8 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:
     @app.get("/health")
     async def health():
-        if not ctx.loop.alive:
-            raise APIError(500, f"the engine loop is not running: {ctx.loop.fatal!r}")
+        if not ctx.engine.alive:
+            raise APIError(500, f"the engine is not running: {ctx.engine.fatal!r}")
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -187,7 +193,7 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
         ctx.check_model(body.model)
         if ctx.tokenizer is None:
             raise APIError(400, "this server has no tokenizer")
-        vocab = ctx.loop.engine.vocab_size
+        vocab = ctx.engine.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"tokens must be in [0, vocab_size={vocab}), got {bad[:5]}", "tokens")
@@ -197,22 +203,22 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
 def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/dev/state")
     async def state():
-        snap = ctx.loop.state
-        return {**asdict(snap), "num_pending": ctx.loop._num_pending}
+        snap = ctx.engine.state
+        return {**asdict(snap), "num_pending": ctx.engine._num_pending, "engine_pid": ctx.engine.engine_pid}
 
     @app.post("/dev/pause")
     async def pause():
-        await ctx.loop.pause()
+        await ctx.engine.pause()
         return {"paused": True}
 
     @app.post("/dev/resume")
     async def resume():
-        await ctx.loop.resume()
+        await ctx.engine.resume()
         return {"paused": False}
 
     @app.post("/dev/fail_next_step")
     async def fail_next_step():
-        await ctx.loop.fail_next_step()
+        await ctx.engine.fail_next_step()
         return {"armed": True}
 
 
@@ -250,32 +256,40 @@ def _server_class():
 
 
 def run_server(ns) -> int:
-    """Build the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown."""
+    """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
+    when the engine process died."""
     import uvicorn
 
-    from enginespec.engine.engine_core import EngineCore
     from enginespec.engine_args import EngineArgs
     from enginespec.entrypoints.cli import _engine_kwargs
+    from enginespec.worker.loader import load_tokenizer
 
     template = load_chat_template(ns.chat_template)
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     args = EngineArgs.from_kwargs(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
-    engine = EngineCore(args)
+    tokenizer = None if args.skip_tokenizer else load_tokenizer(args.model)
     names = ns.served_model_name or [ns.model]
     metrics = ServerMetrics(names[0])
-    loop = EngineLoop(engine, metrics, max_waiting=ns.max_waiting_requests)
-    ctx = ServerContext(loop, engine.tokenizer, list(names), engine.max_model_len, template)
-    app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
-    config = uvicorn.Config(
-        app,
-        host=ns.host,
-        port=ns.port,
-        log_level=ns.uvicorn_log_level,
-        timeout_graceful_shutdown=ns.shutdown_timeout,
-        access_log=False,
+    client = EngineClient(
+        args, tokenizer, metrics, max_waiting=ns.max_waiting_requests, in_process=ns.engine_in_process
     )
-    server = _server_class()(config)
-    server.on_exit = loop.close_admission
-    server.run()
-    return 0
+    info = client.launch()
+    try:
+        ctx = ServerContext(client, tokenizer, list(names), info.max_model_len, template)
+        app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
+        config = uvicorn.Config(
+            app,
+            host=ns.host,
+            port=ns.port,
+            log_level=ns.uvicorn_log_level,
+            timeout_graceful_shutdown=ns.shutdown_timeout,
+            access_log=False,
+        )
+        server = _server_class()(config)
+        server.on_exit = client.close_admission
+        client.on_death = lambda: setattr(server, "should_exit", True)
+        server.run()
+    finally:
+        client.stop()
+    return 1 if client.fatal is not None else 0

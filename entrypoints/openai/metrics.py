@@ -1,8 +1,9 @@
 """Prometheus metrics under vLLM's names, so dashboards built for vLLM read them unchanged.
 
 Counters appear with prometheus_client's `_total` suffix (vllm:prompt_tokens_total, ...), as
-vLLM's do. Only the engine-loop thread writes them (after each step); prometheus_client's
-metrics are thread-safe, so /metrics reads them from the event loop without a lock.
+vLLM's do. The server process writes them on its event loop as each engine message arrives
+(engine_client.py): latencies are measured there, as a client would see them; the gauges and the
+preemption and prefix-cache counters come from the engine's state in the message.
 
 Prefix-cache counters are in tokens (blocks looked up / found times block_size), like vLLM's.
 Queue time is from arrival to the start of the step whose outputs first carry the request's

@@ -1,4 +1,4 @@
-"""Completions and chat completions over the engine loop: prompts in, OpenAI bodies out.
+"""Completions and chat completions over the engine client: prompts in, OpenAI bodies out.
 
 A request becomes one engine request per prompt (a completions batch has several); choice
 index = prompt index * n + sample index, as vLLM numbers them. Streaming sends, per choice,
@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional
 
-from enginespec.entrypoints.openai.engine_loop import EngineLoop, Generation, QueueFull, Submission
+from enginespec.engine.core_messages import NewRequest
+from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from enginespec.entrypoints.openai.sampling import to_sampling_params
@@ -27,9 +28,9 @@ RETRY_AFTER_S = 1
 
 @dataclass
 class ServerContext:
-    """What the handlers share: the loop, the tokenizer, the served names, the chat template."""
+    """What the handlers share: the engine client, the tokenizer, the served names, the chat template."""
 
-    loop: EngineLoop
+    engine: EngineClient
     tokenizer: object
     model_names: list[str]
     max_model_len: int
@@ -127,9 +128,9 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
     for i, (text, ids) in enumerate(call.prompts):
         rid = call.response_id if len(call.prompts) == 1 else f"{call.response_id}-{i}"
         call.index_of[rid] = i
-        subs.append(Submission(rid, text, ids, params, call.body.priority, call.body.cache_salt))
+        subs.append(NewRequest(rid, text, ids, params, call.body.priority, call.body.cache_salt))
     try:
-        return await ctx.loop.submit(subs)
+        return await ctx.engine.submit(subs)
     except QueueFull as exc:
         raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
     except ValueError as exc:

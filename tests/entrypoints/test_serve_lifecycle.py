@@ -1,9 +1,11 @@
 """`enginespec serve` at its limits: no chat template (400), a full queue (503 + Retry-After),
-and SIGTERM with a request in flight (exit 0). A small server of its own: capacity is one
-running plus one waiting sample, and it has no --chat-template."""
+SIGTERM with a request in flight (exit 0, the engine process gone too), and the death of the
+engine process (500s, an error frame mid-stream, exit 1, nothing left behind). Small servers of
+their own: capacity is one running plus one waiting sample, and no --chat-template."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -15,14 +17,27 @@ import pytest
 from enginespec.testing.checkpoints import make_checkpoint
 from tests.entrypoints.remote_server import RemoteServer
 
+ARGS = ["--max-num-seqs", "1", "--max-waiting-requests", "1", "--enable-dev-endpoints", "--num-blocks", "64"]
+
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model_dir = make_checkpoint("llama", tmp_path_factory.mktemp("serve-small") / "llama")
-    args = ["--max-num-seqs", "1", "--max-waiting-requests", "1", "--enable-dev-endpoints"]
-    srv = RemoteServer(model_dir, args + ["--shutdown-timeout", "2", "--num-blocks", "64"])
+def model_dir(tmp_path_factory):
+    return make_checkpoint("llama", tmp_path_factory.mktemp("serve-small") / "llama")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    srv = RemoteServer(model_dir, ARGS + ["--shutdown-timeout", "2"])
     yield srv
     srv.terminate()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _wait_for(predicate, timeout: float = 30.0) -> None:
@@ -80,10 +95,35 @@ def test_sigterm_with_a_request_in_flight_exits_0(server):
     reader = threading.Thread(target=stream)
     reader.start()
     _wait_for(lambda: any(line.startswith("data:") for line in seen))
+    engine_pid = server.state()["engine_pid"]
+    assert engine_pid != server.proc.pid and _alive(engine_pid)  # the engine has its own process
     httpx.post(server.url("/dev/pause"))  # the request cannot finish: shutdown must abort it
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(60) == 0
+    assert not _alive(engine_pid)  # reaped: no orphan
     reader.join(60)
     assert not reader.is_alive()
     with pytest.raises(httpx.HTTPError):
         httpx.get(server.url("/health"), timeout=2)
+
+
+def test_engine_process_death_fails_requests_and_ends_the_server(model_dir):
+    srv = RemoteServer(model_dir, ARGS)
+    try:
+        engine_pid = srv.state()["engine_pid"]
+        body = {"prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url("/v1/completions"), json=body, timeout=60) as resp:
+            lines = resp.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            httpx.post(srv.url("/dev/pause"))  # the stream cannot end before the engine dies
+            os.kill(engine_pid, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]" and '"code":500' in rest[-2] and "engine process died" in rest[-2]
+        try:  # the server is going down: /health refuses, or the port is already closed
+            assert httpx.get(srv.url("/health"), timeout=2).status_code != 200
+        except httpx.HTTPError:
+            pass
+        assert srv.proc.wait(60) == 1
+        assert not _alive(engine_pid)
+    finally:
+        srv.terminate()

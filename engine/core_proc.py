@@ -1,0 +1,338 @@
+"""The engine-core loop: an EngineCore in a busy loop of its own, fed through a Connection.
+
+`enginespec serve` spawns a process that builds the EngineCore (it owns the device and the
+model) and runs EngineCoreProc.run: take every pending command without blocking, run one step,
+send that step's news as one message of per-sample deltas (engine/core_messages.py), again;
+block on the input only when there is nothing to step. The HTTP front end, its JSON and its
+detokenization run in another process, so the GPU never waits for them (one GIL each).
+
+Text: the engine detokenizes only the samples whose stop strings it must match as tokens
+arrive (the rules stay in engine/detokenizer.py, applied once); it sends their text up to the
+point no later token can cut. Every other sample's ids are decoded by the front end.
+
+Invariants:
+- An abort taken between two steps frees its blocks before the next step (commands are taken
+  while paused or idle too).
+- Every added request gets exactly one final delta per sample, or one entry in `failed`, or
+  (aborted) nothing.
+- A step that raises (a bug: EngineCore contains its own faults) fails every live request and
+  the loop goes on; the loop itself ends on "shutdown" or when the front end is gone (EOF on
+  the input, a broken output pipe), so the engine never outlives its server.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from typing import Optional
+
+from enginespec.engine.core_messages import (
+    EngineInfo,
+    EngineState,
+    ErrorInfo,
+    NewRequest,
+)
+
+
+class InjectedFault(RuntimeError):
+    """The failure ("call", token, "fail_next") plants in the next step (tests of the 500s)."""
+
+
+class DeltaTracker:
+    """What has been sent of each live sample: [token ids sent, chars of engine text sent,
+    engine text?] per sample, or None once its final delta went out."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.placeholder = engine.vocab_size  # async scheduling's not-yet-known token
+        self._sent: dict[str, list] = {}
+
+    def add(self, request_id: str) -> None:
+        """Track a request the engine just accepted. Samples without stop strings lose their
+        engine-side detokenizer: the front end decodes them (one decode per token, not two)."""
+        parent = self.engine._parents[request_id]  # engine room: the one reader of its parents
+        sent = []
+        for sample in parent.samples:
+            has_text = bool(sample.request.params.stop) and sample.detokenizer is not None
+            if not has_text:
+                sample.detokenizer = None
+            sent.append([0, 0, has_text])
+        self._sent[request_id] = sent
+
+    def drop(self, request_id: str) -> None:
+        self._sent.pop(request_id, None)
+
+    def collect(self, finals: list) -> list[tuple]:
+        """The deltas of this step: from the finished RequestOutputs step() returned (their
+        parents are gone from the engine), then from every live sample with news."""
+        out: list[tuple] = []
+        for final in finals:
+            sent = self._sent.pop(final.request_id, None)
+            if sent is not None:
+                self._final_deltas(final, sent, out)
+        for request_id, parent in self.engine._parents.items():
+            sent = self._sent.get(request_id)
+            if sent is None:
+                continue
+            for sample in parent.samples:
+                if sent[sample.index] is not None:
+                    delta = self._live_delta(request_id, sample, sent)
+                    if delta is not None:
+                        out.append(delta)
+        return out
+
+    def _final_deltas(self, final, sent: list, out: list) -> None:
+        for c in final.outputs:
+            s = sent[c.index]
+            prompt_lp = final.prompt_logprobs if c.index == 0 else None
+            if s is None and prompt_lp is None:
+                continue
+            if s is None:  # finish already sent (n > 1): only the prompt logprobs are news
+                out.append((final.request_id, c.index, [], None, None, None, None, None, prompt_lp))
+                continue
+            new = c.token_ids[s[0] :]
+            lps = c.logprobs[s[0] :] if c.logprobs is not None else None
+            text = c.text[s[1] :] if s[2] else None
+            row = (final.request_id, c.index, new, lps, text, c.finish_reason, c.stop_reason, c.error)
+            out.append((*row, prompt_lp))
+
+    def _live_delta(self, request_id: str, sample, sent: list) -> Optional[tuple]:
+        s = sent[sample.index]
+        request = sample.request
+        ids = request.token_ids
+        start, end = request.num_prompt_tokens + s[0], len(ids)
+        while end > start and ids[end - 1] == self.placeholder:
+            end -= 1
+        finish = sample.finish_reason
+        text = None
+        if s[2] and sample.detokenizer is not None:
+            det = sample.detokenizer
+            safe = len(det.text) if finish is not None else len(det.text) - det._held_back()
+            text = det.text[s[1] : safe] if safe > s[1] else ""
+            s[1] = max(s[1], safe)
+        if end == start and not text and finish is None:
+            return None
+        lps = sample.logprobs[s[0] : s[0] + end - start] if sample.logprobs is not None else None
+        s[0] += end - start
+        stop = None
+        if finish is not None:
+            sent[sample.index] = None
+            stop = sample.stop_reason
+        return (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error, None)
+
+
+def _prefix_counters(block_manager) -> tuple[int, int]:
+    """(blocks looked up, blocks found) of the prefix cache, under either impl's names."""
+    for queries, hits in (("num_queries", "num_hits"), ("_queries", "_hits")):
+        if hasattr(block_manager, queries):
+            return int(getattr(block_manager, queries)), int(getattr(block_manager, hits))
+    return 0, 0
+
+
+def engine_state(engine, paused: bool) -> EngineState:
+    bm = engine.block_manager
+    queries, hits = _prefix_counters(bm)
+    bs = engine.args.block_size
+    return EngineState(
+        num_blocks=bm.num_blocks,
+        num_free_blocks=bm.num_free,
+        num_running=len(engine.scheduler.running),
+        num_waiting=len(engine.scheduler.waiting),
+        num_unfinished=engine.num_unfinished,
+        num_steps=engine.stats.num_steps,
+        num_generated_tokens=engine.stats.num_generated_tokens,
+        kv_cache_usage=float(bm.usage),
+        paused=paused,
+        num_preemptions=engine.stats.num_preemptions,
+        num_prefix_queries=queries * bs,
+        num_prefix_hits=hits * bs,
+    )
+
+
+def engine_info(engine) -> EngineInfo:
+    args = engine.args
+    return EngineInfo(
+        engine.vocab_size,
+        engine.max_model_len,
+        engine.block_manager.num_blocks,
+        args.block_size,
+        args.max_num_seqs,
+        os.getpid(),
+    )
+
+
+class PipeSender:
+    """Sends messages on a Connection from a thread of its own, so a reader that is slow (its
+    pipe full) never stalls the sender's loop: the engine's step loop, or the server's event
+    loop. Pickling happens on that thread too. Messages keep their order; `broken` is set once
+    the other side is gone, and send() then raises BrokenPipeError."""
+
+    def __init__(self, outbox):
+        self.outbox = outbox
+        self.broken = False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="enginespec-pipe-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, msg: tuple) -> None:
+        if self.broken:
+            raise BrokenPipeError("the front end is gone")
+        self._queue.put(msg)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (msg := self._queue.get()) is not None:
+            try:
+                self.outbox.send(msg)
+            except OSError:
+                self.broken = True
+                return
+
+
+class EngineCoreProc:
+    """The busy loop over one EngineCore; see the module docstring."""
+
+    def __init__(self, engine, inbox, outbox):
+        self.engine = engine
+        self.inbox = inbox
+        self.outbox = PipeSender(outbox)
+        self.tracker = DeltaTracker(engine)
+        self._salt_kw = "cache_salt" in inspect.signature(engine.add_request).parameters
+        self._paused = False
+        self._fail_next = False
+        self._stop = False
+        self._failed: list[tuple] = []
+        self._replies: list[tuple] = []
+
+    def run(self) -> None:
+        """Until ("shutdown",) or until the front end is gone (EOF, broken pipe)."""
+        try:
+            while not self._stop:
+                if self._paused or not self.engine.has_unfinished:
+                    self.inbox.poll(None)  # idle: sleep until a command (or EOF) arrives
+                took = self._take_commands()
+                if self._stop:
+                    break
+                step_start = deltas = None
+                if not self._paused and self.engine.has_unfinished:
+                    step_start = time.monotonic()
+                    deltas = self._step()
+                if took or deltas is not None:
+                    self._send(deltas or [], step_start)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            pass  # the front end is gone: so is the engine
+        finally:
+            self.outbox.close()
+
+    def _take_commands(self) -> bool:
+        took = False
+        while self.inbox.poll(0):
+            self._apply(self.inbox.recv())
+            took = True
+        return took
+
+    def _apply(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "add":
+            self._add(command[1], command[2])
+        elif kind == "abort":
+            live = [rid for rid in command[1] if rid in self.engine._parents]
+            self.engine.abort(live, report=False)
+            for rid in live:
+                self.tracker.drop(rid)
+        elif kind == "call":
+            name = command[2]
+            if name == "pause":
+                self._paused = True
+            elif name == "resume":
+                self._paused = False
+            elif name == "fail_next":
+                self._fail_next = True
+            self._replies.append(("done", command[1], None))
+        elif kind == "shutdown":
+            self._stop = True
+        else:
+            raise ValueError(f"unknown engine command {kind!r}")
+
+    def _add(self, token: int, requests: list[NewRequest]) -> None:
+        added: list[str] = []
+        try:
+            for req in requests:
+                self._add_one(req)
+                added.append(req.request_id)
+        except Exception as exc:  # a ValueError: a 400; anything else: a 500
+            self.engine.abort(added, report=False)
+            self._replies.append(("added", token, ErrorInfo.of(exc)))
+            return
+        for rid in added:
+            self.tracker.add(rid)
+        self._replies.append(("added", token, None))
+
+    def _add_one(self, req: NewRequest) -> None:
+        """engine.add_request; cache_salt goes as the engine's own keyword when it has one, else
+        into the block hashes' cache_key (so tenants with different salts never share blocks)."""
+        kwargs = dict(prompt=req.prompt, priority=req.priority)
+        if req.cache_salt is not None:
+            if self._salt_kw:
+                kwargs["cache_salt"] = req.cache_salt
+            else:
+                kwargs["cache_key"] = ("cache_salt", req.cache_salt)
+        self.engine.add_request(req.request_id, req.prompt_token_ids, req.params, **kwargs)
+
+    def _step(self) -> list[tuple]:
+        try:
+            if self._fail_next:
+                self._fail_next = False
+                raise InjectedFault("injected engine fault (/dev/fail_next_step)")
+            finals = self.engine.step(final_only=True)
+        except Exception as exc:
+            if not isinstance(exc, InjectedFault):
+                traceback.print_exc()
+            self._fail_all(ErrorInfo.of(exc))
+            return []
+        return self.tracker.collect(finals)
+
+    def _fail_all(self, error: ErrorInfo) -> None:
+        ids = list(self.engine._parents)
+        self.engine.abort(ids, report=False)
+        for rid in ids:
+            self.tracker.drop(rid)
+            self._failed.append((rid, error))
+
+    def _send(self, deltas: list, step_start: Optional[float]) -> None:
+        failed, self._failed = self._failed, []
+        replies, self._replies = self._replies, []
+        state = engine_state(self.engine, self._paused)
+        self.outbox.send(("out", deltas, failed, replies, state, step_start))
+
+
+def serve_engine(engine, inbox, outbox) -> None:
+    """Announce the engine, then run its loop (on this thread) until shutdown or EOF."""
+    outbox.send(("ready", engine_info(engine), engine_state(engine, False)))
+    EngineCoreProc(engine, inbox, outbox).run()
+
+
+def run_engine_core(args, inbox, outbox) -> None:
+    """The spawned engine process: build the EngineCore, then serve it. SIGINT is ignored (the
+    front end owns Ctrl-C and asks for a clean shutdown); SIGTERM exits at once (the front end
+    sends it when the engine does not stop in time)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    from enginespec.engine.engine_core import EngineCore
+
+    try:
+        engine = EngineCore(args)
+    except BaseException as exc:  # the front end re-raises it (a bad checkpoint: a CLI error)
+        traceback.print_exc()
+        outbox.send(("failed", ErrorInfo.of(exc)))
+        return
+    serve_engine(engine, inbox, outbox)

@@ -1,0 +1,432 @@
+"""The server's side of the engine: a client of the engine-core loop (engine/core_proc.py).
+
+By default the EngineCore runs in a spawned process of its own (it owns the device and the
+model), so the step loop never shares a GIL with uvicorn, JSON and SSE. With in_process=True the
+same loop runs on a thread of this process over the same pipes (tests, debugging).
+
+On the event loop: one reader (loop.add_reader on the engine's output pipe) takes each message
+of deltas, folds them into per-request cumulative RequestOutputs (decoding the ids of samples
+the engine does not detokenize), records the metrics, and wakes each request's asyncio.Queue.
+HTTP handlers send commands with Connection.send; no thread is made per request and no lock is
+held across a step.
+
+Invariants:
+- Admission is bounded: at most max_num_seqs + max_waiting samples are pending (submitted and
+  not yet finished, failed or aborted) at once; one more is refused with QueueFull (503).
+- Every pending request gets exactly one terminal item on its queue: its finished output or an
+  error; an aborted one gets nothing (nobody listens) but is released all the same.
+- If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
+  an error frame in a stream that started), new ones are refused, /health fails, and on_death
+  runs (the server then shuts down); stop() reaps the process, so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
+from enginespec.entrypoints.openai.request_stream import RequestStream
+
+# Messages taken per reader callback at most (then other tasks run; the reader fires again).
+_MAX_MESSAGES_PER_WAKE = 16
+
+
+class QueueFull(Exception):
+    """The bounded waiting queue is full (answered 503 with Retry-After)."""
+
+
+class EngineDead(RuntimeError):
+    """The engine process is gone (answered 500; /health fails)."""
+
+
+class EngineRequestError(RuntimeError):
+    """The engine dropped a request with an error (a failed step): answered 500."""
+
+
+@dataclass
+class Generation:
+    """Event-loop handle of one HTTP request's engine requests (a batch of prompts)."""
+
+    owner: "EngineClient"
+    request_ids: list[str]
+    queue: asyncio.Queue
+    live: set = field(default_factory=set)
+
+    async def next(self) -> list:
+        """Wait for news, then take everything queued: [("error", exception)] or a list of
+        ("output", RequestOutput) with only the latest output of each request. Outputs are
+        cumulative, so a consumer that fell behind loses nothing by skipping the older ones,
+        and a busy event loop sends fewer, larger deltas instead of falling further behind."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        errors = [item for item in items if item[0] == "error"]
+        if errors:
+            self.live.clear()
+            return errors[:1]
+        latest = {payload.request_id: (kind, payload) for kind, payload in items}
+        for _, payload in latest.values():
+            if payload.finished:
+                self.live.discard(payload.request_id)
+        return list(latest.values())
+
+    @property
+    def done(self) -> bool:
+        return not self.live
+
+    def abort(self) -> None:
+        """Abort what is still running (the client left). Safe to call more than once."""
+        if self.live:
+            self.owner.abort(sorted(self.live))
+            self.live.clear()
+
+
+def _as_exception(error: ErrorInfo) -> Exception:
+    if error.is_value_error:
+        return ValueError(error.message)
+    return EngineRequestError(f"{error.type_name}: {error.message}")
+
+
+class EngineClient:
+    """Starts the engine (launch), then serves submit/abort/pause on the event loop (start)."""
+
+    def __init__(self, args, tokenizer, metrics=None, *, max_waiting: int = 1024, in_process: bool = False):
+        self.args = args
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.capacity = args.max_num_seqs + max_waiting
+        self.in_process = in_process
+        self.info: Optional[EngineInfo] = None
+        self.state = EngineState()
+        self.fatal: Optional[BaseException] = None
+        self.on_death: Optional[Callable[[], None]] = None
+        self._num_pending = 0
+        self._accepting = True
+        self._stopping = False
+        self._streams: dict[str, RequestStream] = {}
+        self._adds: dict[int, list[str]] = {}  # token -> request ids awaiting "added"
+        self._calls: dict[int, asyncio.Future] = {}
+        self._tokens = itertools.count()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._worker = None  # the engine's Process or Thread
+        self._to_engine = self._from_engine = None
+        self._last_counts = (0, 0, 0)
+
+    # ---- life cycle -----------------------------------------------------------------------------
+
+    def launch(self, timeout: Optional[float] = None) -> EngineInfo:
+        """Start the engine (blocking until it is built); its construction error is re-raised
+        here (a ValueError stays one, so the CLI reports a bad checkpoint in one line)."""
+        from enginespec.engine.core_proc import PipeSender, run_engine_core, serve_engine
+
+        ctx = multiprocessing.get_context("spawn")
+        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+        out_recv, out_send = ctx.Pipe(duplex=False)
+        if self.in_process:
+            from enginespec.engine.engine_core import EngineCore
+
+            engine = EngineCore(self.args, tokenizer=self.tokenizer)
+            self._worker = threading.Thread(
+                target=_serve_then_close,
+                args=(serve_engine, engine, cmd_recv, out_send),
+                name="enginespec-engine-core",
+                daemon=True,
+            )
+            self._worker.start()
+        else:
+            self._worker = ctx.Process(
+                target=run_engine_core, args=(self.args, cmd_recv, out_send), name="enginespec-engine-core"
+            )
+            self._worker.start()
+            cmd_recv.close()  # the child holds these ends; ours would hide its EOF
+            out_send.close()
+        self._to_engine, self._from_engine = PipeSender(cmd_send), out_recv
+        return self._await_ready(timeout)
+
+    def _await_ready(self, timeout: Optional[float]) -> EngineInfo:
+        if not self._from_engine.poll(timeout):
+            self.stop(5.0)
+            raise RuntimeError(f"the engine was not ready within {timeout} s")
+        try:
+            msg = self._from_engine.recv()
+        except EOFError:
+            self._reap(5.0)
+            raise RuntimeError(f"the engine process exited while starting ({self._exitcode()})") from None
+        if msg[0] == "failed":
+            self._reap(5.0)
+            err = msg[1]
+            if err.type_name in ("ValueError", "FileNotFoundError", "TypeError"):
+                raise ValueError(err.message)
+            raise RuntimeError(f"the engine failed to start: {err.type_name}: {err.message}")
+        _, self.info, self.state = msg
+        return self.info
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin reading the engine's messages on this event loop."""
+        self._loop = loop
+        loop.add_reader(self._from_engine.fileno(), self._on_readable)
+
+    @property
+    def alive(self) -> bool:
+        return self.info is not None and self.fatal is None and not self._stopping
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    @property
+    def engine_pid(self) -> Optional[int]:
+        return self.info.pid if self.info is not None else None
+
+    def close_admission(self) -> None:
+        """Refuse every new request from now on (503); the pending ones run on."""
+        self._accepting = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse new requests, ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if
+        it does not go in time). Idempotent."""
+        self._accepting = False
+        self._stopping = True
+        if self._loop is not None and self._from_engine is not None:
+            try:
+                self._loop.remove_reader(self._from_engine.fileno())
+            except (ValueError, OSError):
+                pass
+        if self._to_engine is not None:
+            if self.fatal is None:
+                try:
+                    self._to_engine.send(("shutdown",))
+                except OSError:
+                    pass
+            self._to_engine.close(timeout)
+        self._reap(timeout)
+
+    def _reap(self, timeout: float) -> None:
+        worker = self._worker
+        if worker is None:
+            return
+        worker.join(timeout)
+        if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+            worker.terminate()
+            worker.join(5.0)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+    def _exitcode(self) -> str:
+        code = getattr(self._worker, "exitcode", None)
+        return f"exit code {code}" if code is not None else "no exit code"
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    async def submit(self, requests: list[NewRequest]) -> Generation:
+        """Queue the requests (all or none); returns once the engine accepted them. ValueError
+        (the engine's validation), QueueFull (bounded queue, or shutting down), EngineDead."""
+        if self.fatal is not None:
+            raise self.fatal
+        num = sum(r.params.n for r in requests)
+        if not self._accepting:
+            raise QueueFull("the server is shutting down")
+        if self._num_pending + num > self.capacity:
+            raise QueueFull(
+                f"the waiting queue is full ({self._num_pending} pending samples, capacity {self.capacity})"
+            )
+        gen = Generation(self, [r.request_id for r in requests], asyncio.Queue(), set())
+        now = time.monotonic()
+        for req in requests:
+            self._streams[req.request_id] = RequestStream(req, gen.queue, self.tokenizer, now)
+        self._num_pending += num
+        token = next(self._tokens)
+        self._adds[token] = gen.request_ids
+        self._send(("add", token, requests))
+        try:
+            kind, payload = await gen.queue.get()  # the first item: "accepted" or "error"
+        except asyncio.CancelledError:
+            self.abort(gen.request_ids)
+            raise
+        if kind == "error":
+            raise payload
+        gen.live = set(gen.request_ids)
+        return gen
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Forget the requests here and have the engine free them before its next step."""
+        live = [rid for rid in request_ids if rid in self._streams]
+        for rid in live:
+            self._release(rid)
+            if self.metrics is not None:
+                self.metrics.request_success("abort")
+        if live and self.fatal is None and not self._stopping:
+            try:
+                self._send(("abort", live))
+            except EngineDead:
+                pass
+
+    def _release(self, request_id: str) -> Optional[RequestStream]:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._num_pending -= stream.num_samples
+        return stream
+
+    def _send(self, command: tuple) -> None:
+        try:
+            self._to_engine.send(command)
+        except OSError:
+            self._on_death()
+            raise (self.fatal or EngineDead("the engine is stopping")) from None
+
+    async def _call(self, name: str) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+        token = next(self._tokens)
+        fut = self._loop.create_future()
+        self._calls[token] = fut
+        self._send(("call", token, name))
+        await fut
+
+    async def pause(self) -> None:
+        """Stop stepping (commands are still taken: adds queue up, aborts free blocks)."""
+        await self._call("pause")
+
+    async def resume(self) -> None:
+        await self._call("resume")
+
+    async def fail_next_step(self) -> None:
+        await self._call("fail_next")
+
+    # ---- the engine's messages ------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        try:
+            for _ in range(_MAX_MESSAGES_PER_WAKE):
+                if not self._from_engine.poll():
+                    return
+                msg = self._from_engine.recv()
+                self._handle(*msg[1:])
+        except (EOFError, OSError):
+            self._on_death()
+
+    def _handle(self, deltas, failed, replies, state: EngineState, step_start) -> None:
+        now = time.monotonic()
+        for reply in replies:
+            self._on_reply(*reply)
+        touched: dict[str, RequestStream] = {}
+        streams = self._streams
+        num_tokens = 0
+        for delta in deltas:
+            stream = streams.get(delta[0])
+            if stream is None:
+                continue  # aborted here meanwhile
+            num_new = stream.apply(delta)
+            touched[delta[0]] = stream
+            if num_new:
+                num_tokens += num_new
+                self._observe_tokens(stream, now, step_start)
+        if num_tokens and self.metrics is not None:
+            self.metrics.generation_tokens.inc(num_tokens)
+        for rid, stream in touched.items():
+            stream.sink.put_nowait(("output", stream.output))
+            if stream.output.finished:
+                self._release(rid)
+                self._observe_finish(stream, now)
+        for rid, error in failed:
+            stream = self._release(rid)
+            if stream is not None:
+                stream.sink.put_nowait(("error", _as_exception(error)))
+        self._observe_state(state)
+
+    def _on_reply(self, kind: str, token: int, error: Optional[ErrorInfo]) -> None:
+        if kind == "done":
+            fut = self._calls.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            return
+        ids = self._adds.pop(token, [])
+        streams = [self._streams[rid] for rid in ids if rid in self._streams]
+        if error is not None:
+            for rid in ids:
+                self._release(rid)
+            if streams:
+                streams[0].sink.put_nowait(("error", _as_exception(error)))
+            return
+        if streams:
+            streams[0].sink.put_nowait(("accepted", None))
+        if self.metrics is not None:
+            for stream in streams:
+                self.metrics.prompt_tokens.inc(stream.num_prompt_tokens * stream.num_samples)
+
+    def _on_death(self) -> None:
+        """The engine is gone: fail everyone, refuse everything, tell the server."""
+        if self.fatal is not None or self._stopping:
+            return
+        try:
+            self._loop.remove_reader(self._from_engine.fileno())
+        except (ValueError, OSError):
+            pass
+        if isinstance(self._worker, multiprocessing.process.BaseProcess):
+            self._worker.join(1.0)
+        self.fatal = EngineDead(f"the engine process died ({self._exitcode()})")
+        self._accepting = False
+        for rid in list(self._streams):
+            self._release(rid).sink.put_nowait(("error", self.fatal))
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(self.fatal)
+        self._calls.clear()
+        if self.on_death is not None:
+            self.on_death()
+
+    # ---- metrics --------------------------------------------------------------------------------
+
+    def _observe_tokens(self, stream: RequestStream, now: float, step_start) -> None:
+        m = self.metrics
+        if m is not None:
+            if stream.first is None:
+                m.time_to_first_token.observe(now - stream.arrival)
+                start = step_start if step_start is not None else now
+                m.request_queue_time.observe(max(0.0, start - stream.arrival))
+            else:
+                m.inter_token_latency.observe(now - stream.last)
+        if stream.first is None:
+            stream.first = now
+        stream.last = now
+
+    def _observe_finish(self, stream: RequestStream, now: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.e2e_request_latency.observe(now - stream.arrival)
+        for completion in stream.output.outputs:
+            m.request_success(completion.finish_reason or "abort")
+
+    def _observe_state(self, state: EngineState) -> None:
+        self.state = state
+        m = self.metrics
+        if m is None:
+            return
+        m.num_requests_running.set(state.num_running)
+        m.num_requests_waiting.set(state.num_waiting)
+        m.kv_cache_usage_perc.set(state.kv_cache_usage)
+        counts = (state.num_preemptions, state.num_prefix_queries, state.num_prefix_hits)
+        (p0, q0, h0), self._last_counts = self._last_counts, counts
+        m.num_preemptions.inc(max(0, counts[0] - p0))
+        m.prefix_cache_queries.inc(max(0, counts[1] - q0))
+        m.prefix_cache_hits.inc(max(0, counts[2] - h0))
+
+
+def _serve_then_close(serve, engine, inbox, outbox) -> None:
+    """The in-process engine thread: serve, then close the output pipe (the reader sees EOF,
+    as it would when a process ends)."""
+    try:
+        serve(engine, inbox, outbox)
+    except Exception:  # a bug in the loop: report it; the closed pipe tells the client
+        traceback.print_exc()
+    finally:
+        outbox.close()

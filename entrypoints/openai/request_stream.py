@@ -1,0 +1,69 @@
+"""One engine request as the front end sees it: the cumulative RequestOutput its deltas build.
+
+The engine sends per-sample deltas (engine/core_messages.py); this folds them into a
+RequestOutput that grows in place (token ids, logprobs, text), so the handlers read cumulative
+outputs exactly as LLM.generate returns them. Samples the engine does not detokenize (no stop
+strings) are decoded here, with the engine's own IncrementalDetokenizer, so the text equals
+what the engine would have produced.
+
+Invariants: a sample's text only grows; finish_reason is set once, by the sample's last delta;
+`output.finished` is True exactly when every sample has its finish_reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from enginespec.engine.core_messages import NewRequest
+from enginespec.engine.detokenizer import IncrementalDetokenizer
+from enginespec.outputs import CompletionOutput, RequestOutput
+
+
+class RequestStream:
+    """Per-request front-end state: where its news goes, its output, its latency marks."""
+
+    def __init__(self, req: NewRequest, sink: asyncio.Queue, tokenizer, arrival: float):
+        n = req.params.n
+        self.sink = sink
+        self.num_samples = n
+        self.num_prompt_tokens = len(req.prompt_token_ids)
+        self.arrival = arrival
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        with_lps = req.params.logprobs is not None
+        self.output = RequestOutput(
+            req.request_id,
+            req.prompt,
+            list(req.prompt_token_ids),
+            [CompletionOutput(i, logprobs=[] if with_lps else None) for i in range(n)],
+        )
+        decode_here = tokenizer is not None and not req.params.stop
+        self._detoks = [
+            IncrementalDetokenizer(tokenizer, req.prompt_token_ids, None) if decode_here else None
+            for _ in range(n)
+        ]
+        self._num_finished = 0
+
+    def apply(self, delta: tuple) -> int:
+        """Fold one SampleDelta-shaped tuple in; returns how many new token ids it carried."""
+        _, index, new_ids, new_lps, new_text, finish, stop, error, prompt_lps = delta
+        c = self.output.outputs[index]
+        det = self._detoks[index]
+        if new_ids:
+            c.token_ids.extend(new_ids)
+            if det is not None:
+                c.text += det.update(new_ids)[0]
+        if new_lps:
+            c.logprobs.extend(new_lps)
+        if new_text:
+            c.text += new_text
+        if prompt_lps is not None:
+            self.output.prompt_logprobs = prompt_lps
+        if finish is not None and c.finish_reason is None:
+            if det is not None:
+                c.text += det.flush()
+            c.finish_reason, c.stop_reason, c.error = finish, stop, error
+            self._num_finished += 1
+            self.output.finished = self._num_finished == self.num_samples
+        return len(new_ids)
