@@ -62,8 +62,8 @@ def _serve(info, conn) -> None:
     device = torch.device(info.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif info.num_threads > 0:
-        torch.set_num_threads(info.num_threads)
+    elif info.num_threads > 0:  # the engine's threads shared out: T ranks on one host's cores
+        torch.set_num_threads(max(1, info.num_threads // info.world_size))
     conn.send(("ready",))
     init_group(info, device)
     impl = load_impl(info.args.impl)
