@@ -131,7 +131,9 @@ def _allreduce_rank(rank: int, port: int, args, queue) -> None:
 
         buf = symm_mem.empty(x.shape, dtype=x.dtype, device="cuda")
         symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
-        ops["symm_mem_one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", dist.group.WORLD.group_name)
+        ops["symm_mem_one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(
+            buf, "sum", dist.group.WORLD.group_name
+        )
     except Exception as e:  # noqa: BLE001 - not in this torch build: record why
         out["symm_mem_one_shot"] = f"unavailable: {type(e).__name__}: {e}"
     for name, op in ops.items():
@@ -191,7 +193,9 @@ def phase_allreduce(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(checkpoints.SHAPES))
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
@@ -208,7 +212,11 @@ def main() -> None:
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.model_dir is None:
-        root = Path(os.environ.get("ENGINESPEC_SYNTH_DIR", Path(os.environ.get("TMPDIR", "/tmp")) / "enginespec-synth"))
+        root = Path(
+            os.environ.get(
+                "ENGINESPEC_SYNTH_DIR", Path(os.environ.get("TMPDIR", "/tmp")) / "enginespec-synth"
+            )
+        )
         args.model_dir = checkpoints.make_checkpoint(args.shape, root / args.shape, device=args.device)
     if args.device == "cpu":
         torch.set_num_threads(1)  # per rank: two ranks on a small host must not fight for cores

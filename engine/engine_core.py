@@ -82,7 +82,9 @@ class EngineCore:
         if args.seed is not None:
             torch.manual_seed(args.seed)
         if args.tensor_parallel_size > 1 and model is not None:
-            raise ValueError("tensor_parallel_size > 1 loads each rank's shard itself: pass EngineArgs.model, not model=")
+            raise ValueError(
+                "tensor_parallel_size > 1 loads each rank's shard itself: pass EngineArgs.model, not model="
+            )
         self.tensor_parallel = None  # rank 0's handle on the TP workers (tensor_parallel_size > 1)
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()

@@ -226,14 +226,20 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
         )
     size = args.tensor_parallel_size
     tp = TensorParallel(world_size=size, device=rank_device(device, 0))
-    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=TIMEOUT_S), wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, datetime.timedelta(seconds=TIMEOUT_S), wait_for_workers=False
+    )
     ctx = mp.get_context("spawn")
     atexit.register(tp.shutdown)
     try:
         for rank in range(1, size):
-            info = RankInfo(rank, size, store.port, str(rank_device(device, rank)), dtype, torch.get_num_threads(), args)
+            info = RankInfo(
+                rank, size, store.port, str(rank_device(device, rank)), dtype, torch.get_num_threads(), args
+            )
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(info, child), daemon=True, name=f"enginespec-tp{rank}")
+            proc = ctx.Process(
+                target=worker_main, args=(info, child), daemon=True, name=f"enginespec-tp{rank}"
+            )
             proc.start()
             child.close()
             tp.processes.append(proc)
@@ -258,7 +264,9 @@ def _wait_ready(tp: TensorParallel) -> None:
     waiting = dict(zip(tp.conns, tp.processes))
     deadline = START_TIMEOUT_S
     while waiting:
-        ready = multiprocessing.connection.wait(list(waiting) + [p.sentinel for p in waiting.values()], deadline)
+        ready = multiprocessing.connection.wait(
+            list(waiting) + [p.sentinel for p in waiting.values()], deadline
+        )
         if not ready:
             raise EngineDeadError(f"tensor-parallel workers did not start within {START_TIMEOUT_S:.0f} s")
         for conn in [c for c in waiting if c in ready]:

@@ -267,8 +267,6 @@ def test_tensor_parallel_size_flag_reaches_engine_args(capsys, sharded_dir):
     assert "tensor_parallel_size" not in _engine_kwargs(_parser().parse_args(["demo"]))
     ns = _parser().parse_args(["serve", str(sharded_dir), "--tensor-parallel-size", "2"])
     assert EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns)).tensor_parallel_size == 2
-    rc, _, err = run_cli(
-        ["generate", "--model", str(sharded_dir), "--prompt", "x", "--tensor-parallel-size", "0", "--no-tqdm"],
-        capsys,
-    )
+    argv = ["generate", "--model", str(sharded_dir), "--prompt", "x", "--no-tqdm"]
+    rc, _, err = run_cli(argv + ["--tensor-parallel-size", "0"], capsys)
     assert rc == 2 and "tensor_parallel_size" in err

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 MAX_TOKENS = 6
 # A shared 4-token stem (prefix-cache hits at block_size 2) and distinct tails.
-PROMPTS = [(5, 9, 14, 20) + tuple(range(30 + 7 * i, 32 + 7 * i)) for i in range(3)] + [(60, 61, 62, 63, 64, 65)]
+PROMPTS = [(5, 9, 14, 20) + tuple(range(30 + 7 * i, 32 + 7 * i)) for i in range(3)]
+PROMPTS.append((60, 61, 62, 63, 64, 65))
 # A pool of 6 two-token blocks for 3 running requests of 12 tokens: preemption is certain.
 TIGHT = dict(block_size=2, num_blocks=6, max_num_batched_tokens=16, max_num_seqs=3)
 CONFIGS = {
