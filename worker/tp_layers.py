@@ -98,7 +98,10 @@ class VocabParallelHead(nn.Module):
         dist.gather(local, parts, dst=0, group=_GROUP[0])
         if parts is None:
             return local
-        return torch.cat(parts, dim=-1)[:, : self.vocab_size]
+        logits = torch.cat(parts, dim=-1)
+        if logits.shape[-1] == self.vocab_size:
+            return logits
+        return logits[:, : self.vocab_size].contiguous()  # the sampler wants contiguous rows
 
 
 def parallelize(hf_model: nn.Module, plan: ShardPlan) -> None:

@@ -33,7 +33,13 @@ TIGHT = dict(block_size=2, num_blocks=6, max_num_batched_tokens=16, max_num_seqs
 CONFIGS = {
     "qwen3-swap": ("qwen3", {}, dict(TIGHT, preemption_mode="swap"), "kill-between-steps"),
     "llama-recompute": ("llama", {}, dict(TIGHT, preemption_mode="recompute"), "kill-mid-step"),
-    "qwen2-one-kv-head": ("qwen2", dict(num_key_value_heads=1), {}, "crash"),
+    # also a tied head over a vocabulary of 95 (the second shard padded by one row)
+    "qwen2-one-kv-head": (
+        "qwen2",
+        dict(num_key_value_heads=1, tie_word_embeddings=True, vocab_size=95),
+        {},
+        "crash",
+    ),
 }
 
 
@@ -98,6 +104,20 @@ def test_greedy_parity_with_tp1_and_transformers(config):
         ref, logits = _transformers_greedy(path, list(prompt))
         _assert_same_up_to_tie(tokens, ref, logits, f"TP=2 vs transformers on {prompt}")
         _assert_same_up_to_tie(tokens, tokens1, logits, f"TP=2 vs TP=1 on {prompt}")
+
+
+def test_prompt_logprobs_match_tp1(config):
+    """Several logits gathers in one step (the sampled rows, then each request's prompt rows)
+    and steps that sample nothing (mid-prompt chunks) keep the ranks in step."""
+    path, kwargs, tp2, _ = config
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+    prompts = [{"prompt_token_ids": list(p)} for p in PROMPTS]
+    got = tp2.generate(prompts, params, use_tqdm=False)
+    want = LLM(str(path), **kwargs).generate(prompts, params, use_tqdm=False)
+    for a, b, prompt in zip(got, want, PROMPTS):
+        for t, (x, y) in enumerate(zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]), start=1):
+            token = prompt[t]
+            assert abs(x[token] - y[token]) < 1e-4, f"{prompt}: prompt logprob of position {t}"
 
 
 def test_worker_death_is_an_engine_error(config, monkeypatch):
