@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import multiprocessing.connection
+import os
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ from typing import Any, Optional
 
 import torch
 
-TIMEOUT_S = 120.0  # a collective that takes longer means a rank is stuck
+# A collective that takes longer means a rank is stuck (alive but not answering; a dead one is
+# found at once). Generous: the first collectives wait for the slowest rank's load and compile.
+TIMEOUT_S = 300.0
 START_TIMEOUT_S = 300.0  # spawning a worker: importing torch and transformers, on a busy host
 STOP_WAIT_S = 10.0
 
@@ -77,7 +80,13 @@ def init_group(info: RankInfo, device: torch.device, store=None) -> None:
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     if store is None:
         store = dist.TCPStore("127.0.0.1", info.port, None, False, timeout)
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    kwargs = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+        # On a failed or timed-out collective, abort the communicator and raise in the waiting
+        # thread (2) rather than NCCL's default of ending the process: rank 0 is the engine's
+        # (or the server's) own process, and it reports the failure as EngineDeadError.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     dist.init_process_group(
         backend_for(device),
         store=store,
@@ -225,6 +234,7 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
             "(one tensor-parallel engine per process; close the other LLM first)"
         )
     size = args.tensor_parallel_size
+    check_plan(args, size)  # a split the model does not allow is a ValueError before any spawn
     tp = TensorParallel(world_size=size, device=rank_device(device, 0))
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, datetime.timedelta(seconds=TIMEOUT_S), wait_for_workers=False
@@ -248,14 +258,24 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
         init_group(RankInfo(0, size, store.port, str(tp.device), dtype, 0, args), tp.device, store=store)
         tp.model = load_shard(args, impl, 0, size, tp.device, dtype)
     except BaseException as exc:
-        tp.dead = tp._exited() or tp.dead
+        if not isinstance(exc, ValueError):
+            tp.dead = tp._exited() or tp.dead
         tp.shutdown()
-        if tp.dead and not isinstance(exc, EngineDeadError):
+        if tp.dead and not isinstance(exc, (EngineDeadError, ValueError)):
             raise EngineDeadError(tp.dead) from exc
         raise
     if tp.device.type == "cuda":
         threading.Thread(target=_watch, args=(tp,), daemon=True, name="enginespec-tp-watch").start()
     return tp
+
+
+def check_plan(args, world_size: int) -> None:
+    """ValueError naming the field when the model cannot be split over world_size ranks."""
+    from enginespec.worker.flat_model import _text_config
+    from enginespec.worker.loader import load_config
+    from enginespec.worker.tp_shard import ShardPlan
+
+    ShardPlan.from_config(_text_config(load_config(args.model)), 0, world_size)
 
 
 def _wait_ready(tp: TensorParallel) -> None:

@@ -137,8 +137,9 @@ class TPModelRunner(ModelRunner):
                 tp.send(("runner", {k: v for k, v in kwargs.items() if k != "sample_fn"}))
             super().__init__(model, impl, **kwargs)
         except BaseException as exc:
-            if tp.rank == 0:
-                error = tp.dead_error(exc) if tp.dead or tp._exited() else None
+            if tp.rank == 0:  # a ValueError (a bad argument) is every rank's: raise it as is
+                dead = not isinstance(exc, ValueError) and (tp.dead or tp._exited())
+                error = tp.dead_error(exc) if dead else None
                 tp.shutdown()
                 if error is not None and isinstance(exc, Exception):
                     raise error from exc

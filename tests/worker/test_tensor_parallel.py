@@ -140,3 +140,34 @@ def test_worker_death_is_an_engine_error(config, monkeypatch):
     assert not _processes_alive(tp2) and not dist.is_initialized()
     with pytest.raises(EngineDeadError):  # and stays dead, without hanging
         _generate(tp2)
+
+
+def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
+    import multiprocessing
+
+    path = make_checkpoint("llama", tmp_path / "llama")  # 4 q heads: 3 ranks cannot split them
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        LLM(str(path), impl="fast", device="cpu", tensor_parallel_size=3)
+    assert set(multiprocessing.active_children()) <= before
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
+)
+def test_cuda_tp2_graphs_equal_eager_and_tp1(tmp_path):
+    """On two GPUs (NCCL): TP=2 with CUDA graphs and torch.compile (the all-reduce captured in
+    the decode graphs) gives TP=2 eager's tokens, and both follow TP=1 up to near-ties."""
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    kwargs = dict(impl="fast", dtype="float32", device="cuda", max_num_seqs=4)
+    runs = {}
+    for name, extra in (("tp1", {}), ("eager", dict(enforce_eager=True)), ("graphs", {})):
+        tp = 1 if name == "tp1" else 2
+        with LLM(str(path), tensor_parallel_size=tp, **kwargs, **extra) as llm:
+            runs[name] = _generate(llm)
+            if name == "graphs":
+                assert llm.engine.runner.graphs is not None, "decode graphs were not captured under TP"
+    for prompt, graphs, eager, tp1 in zip(PROMPTS, runs["graphs"], runs["eager"], runs["tp1"]):
+        _, logits = _transformers_greedy(path, list(prompt))
+        _assert_same_up_to_tie(graphs, eager, logits, f"graphs vs eager on {prompt}")
+        _assert_same_up_to_tie(graphs, tp1, logits, f"TP=2 vs TP=1 on {prompt}")
