@@ -171,3 +171,37 @@ def test_cuda_tp2_graphs_equal_eager_and_tp1(tmp_path):
         _, logits = _transformers_greedy(path, list(prompt))
         _assert_same_up_to_tie(graphs, eager, logits, f"graphs vs eager on {prompt}")
         _assert_same_up_to_tie(graphs, tp1, logits, f"TP=2 vs TP=1 on {prompt}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_all_reduce_op_compiles_and_is_captured(tmp_path):
+    """One GPU, an NCCL group of one rank: a RowParallelLinear (the all-reduce op in place)
+    gives the Linear's result eagerly, through torch.compile (inductor, fullgraph) and replayed
+    from a CUDA graph captured over the compiled module."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from enginespec.worker.tp_layers import RowParallelLinear
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        linear = nn.Linear(64, 32).cuda()
+        row, x = RowParallelLinear(linear), torch.randn(4, 64, device="cuda")
+        compiled = torch.compile(row, fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(row(x), linear(x))
+            torch.testing.assert_close(compiled(x), linear(x))
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                compiled(x)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = compiled(x)
+            x.copy_(torch.randn(4, 64, device="cuda"))
+            graph.replay()
+            torch.testing.assert_close(out, linear(x))
+    finally:
+        dist.destroy_process_group()
