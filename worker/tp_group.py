@@ -270,12 +270,16 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
 
 
 def check_plan(args, world_size: int) -> None:
-    """ValueError naming the field when the model cannot be split over world_size ranks."""
+    """ValueError naming the field when the model cannot be split over world_size ranks, or
+    when the engine would refuse its arguments once the model is loaded (max_model_len, the
+    scheduler config): decided here, before any worker exists to be cleaned up."""
     from enginespec.worker.flat_model import _text_config
     from enginespec.worker.loader import load_config
     from enginespec.worker.tp_shard import ShardPlan
 
-    ShardPlan.from_config(_text_config(load_config(args.model)), 0, world_size)
+    text = _text_config(load_config(args.model))
+    ShardPlan.from_config(text, 0, world_size)
+    args.scheduler_config(args.resolve_max_model_len(int(text.max_position_embeddings)))
 
 
 def _wait_ready(tp: TensorParallel) -> None:

@@ -149,6 +149,8 @@ def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="num_attention_heads"):
         LLM(str(path), impl="fast", device="cpu", tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):  # found once the model is known
+        LLM(str(path), impl="fast", device="cpu", tensor_parallel_size=2, max_num_batched_tokens=8)
     assert set(multiprocessing.active_children()) <= before
 
 
