@@ -137,7 +137,10 @@ def _allreduce_rank(rank: int, port: int, args, queue) -> None:
     except Exception as e:  # noqa: BLE001 - not in this torch build: record why
         out["symm_mem_one_shot"] = f"unavailable: {type(e).__name__}: {e}"
     for name, op in ops.items():
-        out[name] = _time_op(op, args.graph_calls)
+        try:
+            out[name] = _time_op(op, args.graph_calls)
+        except Exception as e:  # noqa: BLE001 - record it; the parent ends a rank left waiting
+            out[name] = f"failed: {type(e).__name__}: {e}"
     tp_layers.set_group(None)
     if rank == 0:
         queue.put(out)
@@ -184,12 +187,13 @@ def phase_allreduce(args) -> dict:
     procs = [ctx.Process(target=_allreduce_rank, args=(r, port, args, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-        if p.exitcode is None:
-            p.kill()
-    return result
+    try:
+        return queue.get(timeout=300)
+    finally:  # a rank that failed leaves the other waiting in a collective: end both
+        for p in procs:
+            p.join(timeout=60)
+            if p.exitcode is None:
+                p.kill()
 
 
 def main() -> None:
