@@ -10,7 +10,9 @@ step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
 and compilation off. `model_impl` (vLLM's name): "auto" (the default: "merged" for every
 supported family), "merged" (our decoder wiring with q|k|v and gate|up merged into one GEMM
 each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
-own decoder forward).
+own decoder forward). `tensor_parallel_size` (vLLM's name): shard the model over that many
+ranks, one process each (rank 0 is the engine's own; worker/tp_group.py), gloo on the CPU and
+one GPU per rank on CUDA.
 """
 
 from __future__ import annotations
@@ -75,12 +77,16 @@ class EngineArgs:
     async_scheduling: bool = True
     compile_backend: str = "inductor"
     model_impl: str = "auto"
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
 

@@ -60,6 +60,17 @@ class LLM:
         llm._setup(engine)
         return llm
 
+    def close(self) -> None:
+        """Release the engine's processes (tensor-parallel workers; nothing for one rank). The
+        LLM cannot generate afterwards under TP. Also `with LLM(...) as llm:`."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

@@ -81,12 +81,17 @@ class EngineCore:
             )
         if args.seed is not None:
             torch.manual_seed(args.seed)
+        if args.tensor_parallel_size > 1 and model is not None:
+            raise ValueError(
+                "tensor_parallel_size > 1 loads each rank's shard itself: pass EngineArgs.model, not model="
+            )
+        self.tensor_parallel = None  # rank 0's handle on the TP workers (tensor_parallel_size > 1)
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
-        self.runner = ModelRunner(
+        self.runner = self._runner_class()(
             self.model,
             self.impl,
             block_size=args.block_size,
@@ -126,6 +131,8 @@ class EngineCore:
             raise ValueError("EngineArgs.model must name a checkpoint directory (or pass model=)")
         device = resolve_device(self.args.device)
         dtype = resolve_dtype(self.args.dtype, self.args.model, device)
+        if self.args.tensor_parallel_size > 1:
+            return self._load_tensor_parallel(device, dtype)
         return FlatModel.from_pretrained(
             self.args.model,
             dtype=dtype,
@@ -133,6 +140,28 @@ class EngineCore:
             attention=self.impl.attention_backend(device),
             model_impl=self.args.model_impl,
         )
+
+    def _load_tensor_parallel(self, device, dtype):
+        """Spawn the TP workers and load rank 0's shard (worker/tp_group.py)."""
+        from enginespec.worker.tp_group import start_tensor_parallel
+
+        self.tensor_parallel = start_tensor_parallel(self.args, self.impl, device, dtype)
+        return self.tensor_parallel.model
+
+    def _runner_class(self):
+        if self.tensor_parallel is None:
+            return ModelRunner
+        import functools
+
+        from enginespec.worker.tp_runner import TPModelRunner
+
+        return functools.partial(TPModelRunner, tp=self.tensor_parallel)
+
+    def shutdown(self) -> None:
+        """Release what outlives a Python reference: the tensor-parallel workers and process
+        group (a no-op for one rank). Idempotent; the engine cannot step afterwards under TP."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.shutdown()
 
     def _load_tokenizer(self):
         if self.args.model is None or self.args.skip_tokenizer:
@@ -299,6 +328,9 @@ class EngineCore:
             outputs = self._step(state, changed, final_only)
         except BaseException as exc:
             outputs = self._recover(state, exc, changed, final_only)
+            if self.tensor_parallel is not None and self.tensor_parallel.dead:
+                self.shutdown()  # a TP rank died: the engine cannot serve on (tp_group.py)
+                raise
         self.stats.step_seconds += time.perf_counter() - start
         return outputs
 

@@ -68,6 +68,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="decoder wiring: merged q|k|v and gate|up GEMMs (auto) or transformers' own",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=None,
+        help="shard the model over this many ranks, one process (and GPU) each",
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -91,6 +98,7 @@ _ENGINE_KEYS = (
     "async_scheduling",
     "compile_model",
     "model_impl",
+    "tensor_parallel_size",
 )
 
 

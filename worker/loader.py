@@ -10,8 +10,9 @@ is also a FileNotFoundError.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -21,6 +22,22 @@ SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCaus
 # Checkpoint tensors some exporters write that are recomputed buffers, not weights.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """Rows start:stop of dimension `dim` (0 or 1) of a checkpoint tensor, zero-padded to `size`
+    along that dimension (size >= stop - start). What a tensor-parallel rank reads of a weight
+    it holds a shard of (worker/tp_shard.py decides which); the loader reads only those bytes."""
+
+    dim: int
+    start: int
+    stop: int
+    size: int
+
+
+# name, full shape -> the part of the tensor to read, or None for all of it.
+Slicer = Callable[[str, tuple], Optional[TensorSlice]]
 
 
 class CheckpointError(ValueError):
@@ -92,12 +109,29 @@ def checkpoint_files(path) -> list[Path]:
     return files
 
 
+def _read_slice(handle, name: str, part: TensorSlice) -> torch.Tensor:
+    """Only the bytes of `part` (safetensors' get_slice), zero-padded to part.size."""
+    view = handle.get_slice(name)
+    tensor = view[part.start : part.stop] if part.dim == 0 else view[:, part.start : part.stop]
+    missing = part.size - (part.stop - part.start)
+    if missing > 0:
+        pad_shape = list(tensor.shape)
+        pad_shape[part.dim] = missing
+        tensor = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=part.dim)
+    return tensor
+
+
 def iter_tensors(
-    path, device="cpu", dtype: torch.dtype | None = None, shapes: dict[str, tuple] | None = None
+    path,
+    device="cpu",
+    dtype: torch.dtype | None = None,
+    shapes: dict[str, tuple] | None = None,
+    slicer: Optional[Slicer] = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, read onto `device`; floating tensors
     are cast to `dtype`. With `shapes`, a tensor whose name is listed but whose shape differs
-    raises before it is read."""
+    raises before it is read. With `slicer`, a tensor it returns a TensorSlice for is read in
+    part (the shape check still applies to the whole tensor)."""
     from safetensors import safe_open
 
     for file in checkpoint_files(path):
@@ -107,15 +141,17 @@ def iter_tensors(
             raise CheckpointError(f"corrupt safetensors file {file}: {e}") from e
         with handle:
             for name in handle.keys():
-                if shapes is not None and name in shapes:
+                found = None
+                if (shapes is not None and name in shapes) or slicer is not None:
                     found = tuple(handle.get_slice(name).get_shape())
-                    if found != tuple(shapes[name]):
-                        raise CheckpointError(
-                            f"tensor {name!r} in {file.name} has shape {list(found)}, "
-                            f"the model expects {list(shapes[name])}"
-                        )
+                if shapes is not None and name in shapes and found != tuple(shapes[name]):
+                    raise CheckpointError(
+                        f"tensor {name!r} in {file.name} has shape {list(found)}, "
+                        f"the model expects {list(shapes[name])}"
+                    )
+                part = slicer(name, found) if slicer is not None else None
                 try:
-                    tensor = handle.get_tensor(name)
+                    tensor = handle.get_tensor(name) if part is None else _read_slice(handle, name, part)
                 except Exception as e:
                     raise CheckpointError(
                         f"corrupt safetensors file {file}: cannot read {name!r}: {e}"
@@ -148,11 +184,19 @@ def _set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
         module._buffers[leaf] = tensor
 
 
-def load_weights(model: nn.Module, path, *, device="cpu", dtype: torch.dtype = torch.float32) -> None:
+def load_weights(
+    model: nn.Module,
+    path,
+    *,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    slicer: Optional[Slicer] = None,
+) -> None:
     """Fill every parameter and persistent buffer of `model` (typically on the meta device) from
     the checkpoint at `path`, on `device` in `dtype`. Ties the output embedding to the input one
     when the config says so (the checkpoint may then omit it). CheckpointError for a missing,
-    unexpected or misshapen tensor."""
+    unexpected or misshapen tensor. With `slicer` (tensor parallelism), the tensors it names
+    are read in part and become parameters of the part's shape."""
     tied = _tied_alias(model)
     expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     expected.update(
@@ -161,7 +205,7 @@ def load_weights(model: nn.Module, path, *, device="cpu", dtype: torch.dtype = t
     if tied is not None:
         expected.pop(tied, None)
     seen: set[str] = set()
-    for name, tensor in iter_tensors(path, device, dtype, shapes=expected):
+    for name, tensor in iter_tensors(path, device, dtype, shapes=expected, slicer=slicer):
         if name == tied or name.endswith(IGNORED_SUFFIXES):
             continue
         if name not in expected:
@@ -201,15 +245,16 @@ def materialize_buffers(model: nn.Module, device) -> None:
         raise CheckpointError(f"tensors still unmaterialized after loading: {left[:8]}")
 
 
-def build_model(path, *, device="cpu", dtype: torch.dtype = torch.float32):
-    """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights`."""
+def build_model(path, *, device="cpu", dtype: torch.dtype = torch.float32, slicer: Optional[Slicer] = None):
+    """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights` (in
+    part where `slicer` says so)."""
     import transformers
 
     arch = architecture_of(path)
     config = load_config(path)
     with torch.device("meta"):
         model = getattr(transformers, arch)(config)
-    load_weights(model, path, device=device, dtype=dtype)
+    load_weights(model, path, device=device, dtype=dtype, slicer=slicer)
     materialize_buffers(model, device)
     return model.eval()
 

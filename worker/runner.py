@@ -89,12 +89,9 @@ class ModelRunner:
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
-        if self.device.type == "cuda":
-            self.num_blocks = self._cuda_num_blocks(
-                gpu_memory_utilization, num_gpu_blocks_override, num_blocks, sample_fn
-            )
-        else:
-            self.num_blocks = self._cpu_num_blocks(num_blocks, kv_cache_bytes)
+        self.num_blocks = self._size_pool(
+            gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn
+        )
         self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
         self._host: dict[str, list[torch.Tensor]] = {}
         self.graphs = None
@@ -115,6 +112,19 @@ class ModelRunner:
             )
 
     # ---- sizing -------------------------------------------------------------------------------
+
+    def _size_pool(
+        self,
+        utilization: float,
+        override: Optional[int],
+        num_blocks: Optional[int],
+        kv_cache_bytes: Optional[int],
+        sample_fn: Optional[Callable],
+    ) -> int:
+        """The pool's num_blocks (module doc: "Sizing the pool")."""
+        if self.device.type == "cuda":
+            return self._cuda_num_blocks(utilization, override, num_blocks, sample_fn)
+        return self._cpu_num_blocks(num_blocks, kv_cache_bytes)
 
     def _cpu_num_blocks(self, num_blocks: Optional[int], kv_cache_bytes: Optional[int]) -> int:
         if num_blocks is not None:

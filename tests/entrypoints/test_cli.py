@@ -258,3 +258,15 @@ def test_engine_flags_reach_engine_args():
         _parser().parse_args(base + ["--enforce-eager", "--no-async-scheduling", "--no-compile"])
     )
     assert (flags["enforce_eager"], flags["async_scheduling"], flags["compile_model"]) == (True, False, False)
+
+
+def test_tensor_parallel_size_flag_reaches_engine_args(capsys, sharded_dir):
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    assert "tensor_parallel_size" not in _engine_kwargs(_parser().parse_args(["demo"]))
+    ns = _parser().parse_args(["serve", str(sharded_dir), "--tensor-parallel-size", "2"])
+    assert EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns)).tensor_parallel_size == 2
+    argv = ["generate", "--model", str(sharded_dir), "--prompt", "x", "--no-tqdm"]
+    rc, _, err = run_cli(argv + ["--tensor-parallel-size", "0"], capsys)
+    assert rc == 2 and "tensor_parallel_size" in err

@@ -1,0 +1,216 @@
+"""TPModelRunner: the ModelRunner of one tensor-parallel rank, kept in step with the others.
+
+Every rank runs the same ModelRunner code on its shard (its KV pool holds its heads), so every
+rank makes the same collective calls in the same order: the pool sizing, the profile run and
+the graph capture at construction, then one forward per step. Only rank 0 (the engine's process)
+schedules, builds batches and samples. Per step it sends the workers, over their control pipes,
+the swap ops it applied since the last step and the batch's layout (its sizes and host-side
+ints, a few hundred bytes pickled), then broadcasts the batch's device tensors (input ids,
+positions, slots, logits rows, query starts, lengths, block table) as one int64 buffer over the
+process group. The ids go as a device tensor because async scheduling patches them on the
+device from the previous step's samples (engine/async_scheduling.py): no rank reads them back.
+
+Swaps: each rank swaps its own heads. Rank 0 records every swap_out / swap_in / drop it applies
+and the workers replay them, in order, before the next forward (which is the first thing that
+could overwrite a swapped-out block). Prefix caching needs nothing: rank 0's block manager
+decides, and a block id means the same slots on every rank.
+
+Invariant: a TP step is all-or-nothing across ranks. A failure after the step's message was
+sent leaves the ranks out of step, so it is raised as EngineDeadError (tp_group.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from enginespec.spec import Batch, BatchMeta
+from enginespec.worker.runner import ExecuteOutput, ModelRunner
+
+
+@dataclass
+class WorkerLink:
+    """A worker's side of the group (rank 0's is tp_group.TensorParallel)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def min_over_ranks(self, value: int) -> int:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+
+@dataclass
+class BatchLayout:
+    """What a worker needs besides the broadcast buffer to rebuild rank 0's Batch."""
+
+    num_tokens: int  # N' rows (padding included)
+    num_samples: int  # S logits rows
+    table_shape: tuple  # block_table [B', W]
+    dtypes: tuple  # query_start_loc, seq_lens, block_table dtypes
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: np.ndarray
+    seq_lens_cpu: np.ndarray
+    num_scheduled_tokens: int
+    num_reqs: int
+    prompt_logprob_rows: dict
+
+    @classmethod
+    def of(cls, batch: Batch) -> "BatchLayout":
+        meta = batch.meta
+        return cls(
+            num_tokens=int(batch.input_ids.shape[0]),
+            num_samples=int(batch.logits_indices.shape[0]),
+            table_shape=tuple(meta.block_table.shape),
+            dtypes=(meta.query_start_loc.dtype, meta.seq_lens.dtype, meta.block_table.dtype),
+            block_size=meta.block_size,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+            query_start_loc_cpu=meta.query_start_loc_cpu.numpy(),
+            seq_lens_cpu=meta.seq_lens_cpu.numpy(),
+            num_scheduled_tokens=batch.num_scheduled_tokens,
+            num_reqs=batch.num_reqs,
+            prompt_logprob_rows=dict(batch.prompt_logprob_rows),
+        )
+
+    @property
+    def sizes(self) -> list[int]:
+        """Lengths of the broadcast buffer's parts, in pack() order."""
+        n, b = self.num_tokens, self.table_shape[0]
+        return [n, n, n, self.num_samples, b + 1, b, b * self.table_shape[1]]
+
+
+def pack(batch: Batch) -> torch.Tensor:
+    """The batch's device tensors as one int64 buffer (rank 0 broadcasts it)."""
+    meta = batch.meta
+    parts = [batch.input_ids, batch.positions, meta.slot_mapping, batch.logits_indices]
+    parts += [meta.query_start_loc, meta.seq_lens, meta.block_table.reshape(-1)]
+    return torch.cat([p.to(torch.int64) for p in parts])
+
+
+def unpack(flat: torch.Tensor, layout: BatchLayout) -> Batch:
+    """Rebuild rank 0's Batch from the broadcast buffer and the layout."""
+    ids, pos, slots, logits_rows, qsl, seq_lens, table = flat.split(layout.sizes)
+    qsl_dtype, seq_dtype, table_dtype = layout.dtypes
+    meta = BatchMeta(
+        query_start_loc=qsl.to(qsl_dtype),
+        seq_lens=seq_lens.to(seq_dtype),
+        block_table=table.to(table_dtype).view(layout.table_shape),
+        slot_mapping=slots,
+        block_size=layout.block_size,
+        query_start_loc_cpu=torch.from_numpy(layout.query_start_loc_cpu),
+        seq_lens_cpu=torch.from_numpy(layout.seq_lens_cpu),
+        max_query_len=layout.max_query_len,
+        max_seq_len=layout.max_seq_len,
+    )
+    return Batch(
+        input_ids=ids,
+        positions=pos,
+        meta=meta,
+        logits_indices=logits_rows,
+        sample_request_ids=[""] * layout.num_samples,
+        num_scheduled_tokens=layout.num_scheduled_tokens,
+        num_reqs=layout.num_reqs,
+        prompt_logprob_rows=layout.prompt_logprob_rows,
+    )
+
+
+class TPModelRunner(ModelRunner):
+    """A ModelRunner that keeps the ranks in step (module doc). `tp` is rank 0's TensorParallel
+    or a worker's WorkerLink. On rank 0, construction first tells the workers to build theirs
+    with the same arguments; a failure there stops the workers."""
+
+    def __init__(self, model, impl, *, tp, **kwargs):
+        self.tp = tp
+        self._ops: list[tuple] = []  # rank 0: swap ops applied since the last step
+        try:
+            if tp.rank == 0:
+                tp.send(("runner", {k: v for k, v in kwargs.items() if k != "sample_fn"}))
+            super().__init__(model, impl, **kwargs)
+        except BaseException as exc:
+            if tp.rank == 0:  # a ValueError (a bad argument) is every rank's: raise it as is
+                dead = not isinstance(exc, ValueError) and (tp.dead or tp._exited())
+                error = tp.dead_error(exc) if dead else None
+                tp.shutdown()
+                if error is not None and isinstance(exc, Exception):
+                    raise error from exc
+            raise
+
+    def _size_pool(self, *args) -> int:
+        """Every rank's own sizing, then the smallest: the block ids must mean the same on all."""
+        return self.tp.min_over_ranks(super()._size_pool(*args))
+
+    # ---- swaps: applied here, replayed by the workers before the next forward -----------------
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        super().swap_out(request_id, block_ids)
+        self._record(("out", request_id, list(block_ids)))
+
+    def swap_in(self, request_id: str, block_ids: list[int]) -> None:
+        super().swap_in(request_id, block_ids)
+        self._record(("in", request_id, list(block_ids)))
+
+    def drop(self, request_id: str) -> None:
+        if request_id in self._host:  # a rank holds a copy exactly when rank 0 does
+            super().drop(request_id)
+            self._record(("drop", request_id))
+
+    def _record(self, op: tuple) -> None:
+        if self.tp.rank == 0:
+            self._ops.append(op)
+
+    def _replay(self, ops: list[tuple]) -> None:
+        for op in ops:
+            if op[0] == "out":
+                ModelRunner.swap_out(self, op[1], op[2])
+            elif op[0] == "in":
+                ModelRunner.swap_in(self, op[1], op[2])
+            else:
+                ModelRunner.drop(self, op[1])
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def execute(self, batch: Batch) -> ExecuteOutput:
+        """Rank 0: send the step to the workers, then run it here."""
+        if self.tp.rank != 0:
+            return super().execute(batch)
+        self.tp.send(("step", self._ops, BatchLayout.of(batch)))
+        self._ops = []
+        try:
+            _broadcast(pack(batch))
+            return super().execute(batch)
+        except BaseException as exc:
+            error = self.tp.dead_error(exc)
+            if isinstance(exc, Exception):
+                raise error from exc
+            raise
+
+    def run_step(self, ops: list[tuple], layout: BatchLayout) -> None:
+        """A worker's step: replay rank 0's swap ops, receive the batch, run the forward."""
+        self._replay(ops)
+        flat = torch.empty(sum(layout.sizes), dtype=torch.int64, device=self.device)
+        _broadcast(flat)
+        self.execute(unpack(flat, layout))
+
+    def shutdown(self) -> None:
+        if self.tp.rank == 0:
+            self.tp.shutdown()
+
+    @property
+    def dead(self) -> Optional[str]:
+        return getattr(self.tp, "dead", None)
+
+
+def _broadcast(flat: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    dist.broadcast(flat, src=0)

@@ -1,0 +1,93 @@
+"""A tensor-parallel worker process (ranks 1..T-1) and the shard loading every rank shares.
+
+A worker imports, says ("ready",) on its control pipe, joins the process group, loads its shard
+of the checkpoint, then obeys rank 0's control messages in order:
+- ("runner", kwargs): build its TPModelRunner with rank 0's arguments (the pool sizing, profile
+  run and graph capture then run in step with rank 0's, collective for collective);
+- ("step", ops, layout): apply the swap ops rank 0 recorded since the last step, receive the
+  batch tensors and run the forward (tp_runner.py);
+- ("stop",): leave the group and exit 0.
+Any exception is sent back as ("error", traceback) before the worker exits 1, so rank 0 can
+name it; EOF on the pipe (rank 0 is gone) exits at once. The worker never samples: only rank 0
+holds the full logits.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dtype: torch.dtype):
+    """Rank `rank`'s FlatModel: its shard of every weight read from the checkpoint (and only
+    that), the cross-rank modules swapped in, the pool shape set to the rank's KV heads."""
+    from enginespec.worker.flat_model import FlatModel, _text_config
+    from enginespec.worker.loader import build_model, load_config
+    from enginespec.worker.tp_layers import parallelize
+    from enginespec.worker.tp_shard import ShardPlan
+
+    plan = ShardPlan.from_config(_text_config(load_config(args.model)), rank, world_size)
+    hf_model = build_model(args.model, device=device, dtype=dtype, slicer=plan.slice_for)
+    parallelize(hf_model, plan)
+    model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)
+    model.num_q_heads, model.num_kv_heads = plan.local_q_heads, plan.local_kv_heads
+    return model
+
+
+def worker_main(info, conn) -> None:
+    """Entry point of a spawned worker (tp_group.start_tensor_parallel)."""
+    try:
+        _serve(info, conn)
+    except EOFError:  # rank 0 closed the pipe or died: nothing to report to
+        sys.exit(1)
+    except BaseException as exc:  # noqa: BLE001 - report anything, then exit non-zero
+        from enginespec.worker.tp_group import format_exception
+
+        try:
+            conn.send(("error", f"rank {info.rank}: {format_exception(exc)}"))
+        except (OSError, EOFError):
+            pass
+        sys.exit(1)
+    finally:
+        _leave_group()
+    sys.exit(0)
+
+
+def _serve(info, conn) -> None:
+    from enginespec.spec import load_impl
+    from enginespec.worker.tp_group import init_group
+    from enginespec.worker.tp_runner import TPModelRunner, WorkerLink
+
+    device = torch.device(info.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif info.num_threads > 0:  # the engine's threads shared out: T ranks on one host's cores
+        torch.set_num_threads(max(1, info.num_threads // info.world_size))
+    conn.send(("ready",))
+    init_group(info, device)
+    impl = load_impl(info.args.impl)
+    model = load_shard(info.args, impl, info.rank, info.world_size, device, info.dtype)
+    link = WorkerLink(rank=info.rank, world_size=info.world_size, device=device)
+    runner = None
+    while True:
+        message = conn.recv()
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "runner":
+            runner = TPModelRunner(model, impl, tp=link, **message[1])
+        elif kind == "step":
+            runner.run_step(message[1], message[2])
+        else:
+            raise RuntimeError(f"unknown control message {kind!r}")
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
