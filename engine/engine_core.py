@@ -352,13 +352,13 @@ class EngineCore:
         with self._phase("execute"):
             result = self.runner.execute(batch)
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
-        ids = None
+        drawn = None
         if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
             with self._phase("sample"):
-                ids = self.sampler.sample_on_device(result.logits, requests)
-        if ids is not None:
+                drawn = self.sampler.sample_deferred(result.logits, requests)
+        if drawn is not None:
             self.stats.num_async_steps += 1
-            launched = start_copy(ids, batch.sample_request_ids)
+            launched = start_copy(drawn, batch.sample_request_ids)
             wait = self._resolve(previous, changed)
             with self._phase("update"):
                 self._update_with_placeholders(output, launched)
@@ -422,7 +422,9 @@ class EngineCore:
                     self.scheduler.finish(request, stop[0])
                     finished.append(request)
                 late_stops[rid] = stop  # a length finish yields to the stop
-            self._apply_update(UpdateOutput(new_tokens, finished), {}, changed, late_stops)
+            self._apply_update(
+                UpdateOutput(new_tokens, finished), inflight.logprob_map(), changed, late_stops
+            )
         return inflight.wait_s
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
