@@ -10,7 +10,8 @@ step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
 and compilation off. `model_impl` (vLLM's name): "auto" (the default: "merged" for every
 supported family), "merged" (our decoder wiring with q|k|v and gate|up merged into one GEMM
 each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
-own decoder forward).
+own decoder forward). `warmup`: run throwaway requests through every path at construction
+(engine/warmup.py), so the first generate() is as fast as later ones; None = on for CUDA.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class EngineArgs:
     async_scheduling: bool = True
     compile_backend: str = "inductor"
     model_impl: str = "auto"
+    warmup: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

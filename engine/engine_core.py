@@ -60,6 +60,10 @@ class EngineStats:
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     num_failed_steps: int = 0  # steps that raised and were rolled back (their requests: "error")
     step_seconds: float = 0.0
+    startup_seconds: float = 0.0  # EngineCore construction, warm-up included (kept by resets)
+    warmup_seconds: float = 0.0  # of which the warm-up (engine/warmup.py)
+    num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
+    num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
     # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
     # time.perf_counter() when the step's work was done, and how long the host blocked on the
@@ -72,6 +76,7 @@ class EngineCore:
     """Composes an Implementation with a FlatModel, a ModelRunner and the Sampler."""
 
     def __init__(self, args: EngineArgs, *, model=None, tokenizer=None):
+        started = time.perf_counter()
         self.args = args
         self.impl = load_impl(args.impl)
         if args.preemption_mode == "swap" and "swap" not in getattr(self.impl, "capabilities", ()):
@@ -116,6 +121,20 @@ class EngineCore:
         # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
         # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
         self.fault_hook: Optional[Callable[[str], None]] = None
+        self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
+        self.warmup_report = self._warm_up()
+        self.stats.startup_seconds = time.perf_counter() - started
+
+    def _warm_up(self):
+        """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""
+        from enginespec.engine.warmup import warm_up
+
+        setting = self.args.warmup
+        if setting is False or (setting is None and self.model.device.type != "cuda"):
+            return None
+        report = warm_up(self, tiny=self.model.device.type != "cuda")
+        self.stats.warmup_seconds = report.seconds
+        return report
 
     # ---- construction helpers -----------------------------------------------------------------
 
@@ -311,6 +330,9 @@ class EngineCore:
             self.runner.apply_swaps(output)
             state.swapped = True
         self.stats.num_preemptions += len(output.preempted)
+        self.stats.num_swapped_bytes += self.runner.bytes_per_block * sum(
+            len(blocks) for _, blocks in (*output.swap_out, *output.swap_in)
+        )
         if not output.is_empty:
             self._run_step(state, changed)
         else:
@@ -371,11 +393,16 @@ class EngineCore:
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
                 update = self.scheduler.update_from_output(output, token_map)
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
-        self._count_step(output, batch, wait)
+        self._count_step(output, batch, wait, state.computed)
 
-    def _count_step(self, output, batch, wait: float) -> None:
+    def _count_step(self, output, batch, wait: float, computed: dict) -> None:
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
+        for request, num in output.scheduled:  # recompute: positions below the high-water mark
+            rid, start = request.request_id, computed[request.request_id]
+            seen = self._high_water.get(rid, 0)
+            self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
+            self._high_water[rid] = max(seen, start + num)
         if self.stats.step_trace is not None:
             self.stats.step_trace.append(
                 (
@@ -508,6 +535,7 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+            self._high_water.pop(sample.request.request_id, None)
 
 
 @dataclass

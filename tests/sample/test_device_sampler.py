@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 
+from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import pack
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.sampler import Sampler
@@ -98,7 +99,10 @@ def test_device_path_triton_equals_torch(impl, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_device_distribution_matches_exact(impl, mode):
+def test_device_distribution_matches_exact(impl, mode, monkeypatch):
+    """Chunks of 4 tokens (the draw's CHUNK is read per call): a two-chunk draw over the tiny
+    vocabulary, and no padding of every row to 8192 columns, which would cost seconds."""
+    monkeypatch.setattr(sampling_draw, "CHUNK", 4)
     req = make_request(impl, MODES[mode], prompt=(0, 2), outputs=(1, 1, 4))
     logits = LOGITS6.expand(N_DRAWS, -1).contiguous()
     ids = Sampler(6, seed=99).sample_deferred(logits, [req] * N_DRAWS).token_ids
