@@ -49,9 +49,10 @@ from enginespec.worker.runner import ModelRunner
 
 @dataclass
 class EngineStats:
-    """Counters since construction: steps with work, scheduled tokens (prompt and recompute
-    included), sampled tokens, preemptions, steps that left their ids on the device (async
-    scheduling), and wall seconds spent in step()."""
+    """Counters since construction (from zero after the warm-up; startup figures aside): steps
+    with work, scheduled tokens (prompt and recompute included), sampled tokens, preemptions,
+    steps that left their ids on the device (async scheduling), and wall seconds spent in
+    step()."""
 
     num_steps: int = 0
     num_scheduled_tokens: int = 0

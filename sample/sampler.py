@@ -20,6 +20,17 @@ Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, 
 the same params come in the same order), so a steady temperature-only step is two launches
 plus the host copy of the ids.
 
+Two entry points draw the same tokens. `__call__` (serial steps) returns host lists; its edits
+read the requests' token lists on the host and a top-p row whose nucleus may lie beyond the
+candidates is checked on the host (read with the ids) and redrawn after a full sort.
+`sample_deferred` (async scheduling) does everything on the device with no host sync, for
+every setting: edits from the batch's `EditPlan` (indices uploaded once, `device_edits`),
+penalties from device-side output counts updated from the drawn ids (`output_counts`, so the
+in-flight placeholder is counted with its real id), unsure top-p rows settled on the device
+(`truncation.exact_thresholds`), and logprobs left on the device to travel with the ids in one
+host copy (`deferred`). Seeded rows give the same tokens on both paths; unseeded rows too, as
+both advance the generator once per call with a random row.
+
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
 tied with a top-k / top-p / min-p threshold are all kept.
