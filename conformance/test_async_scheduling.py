@@ -137,7 +137,7 @@ def test_async_equals_serial_when_sampling(impl, seeded):
 SETTINGS = [
     dict(temperature=0.0),
     dict(temperature=0.7, top_p=0.8, top_k=20),
-    dict(top_p=0.9),
+    dict(top_p=0.9, prompt_logprobs=2),
     dict(min_p=0.2, temperature=1.2, logprobs=2),
     dict(repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3, top_k=8),
     dict(logit_bias={7: 2.0, 11: -3.0}, allowed_token_ids=tuple(range(4, 40)), logprobs=0),
@@ -150,7 +150,8 @@ SETTINGS = [
 def test_async_equals_serial_for_every_setting(impl, mode):
     """Every row type draws on the device (Sampler.sample_deferred) and overlaps: top-k/top-p/
     min-p cuts, penalties (device-side output counts that count the in-flight placeholder with
-    its real id), bias, allowed ids, min_tokens, logprobs (read in the same copy as the ids),
+    its real id), bias, allowed ids, min_tokens, logprobs and prompt logprobs (read in the same
+    copy as the ids),
     n > 1 siblings, under preemption. Seeded rows: the async run equals the serial one."""
     if mode == "swap" and "swap" not in getattr(impl, "capabilities", ()):
         pytest.skip(f"impl {impl.name!r} has no swap capability")
@@ -164,10 +165,14 @@ def test_async_equals_serial_for_every_setting(impl, mode):
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
         check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
         runs[overlap] = (
-            [[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] for o in outs],
+            [
+                [(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] + [o.prompt_logprobs]
+                for o in outs
+            ],
             llm.engine.stats,
         )
     assert runs[True][0] == runs[False][0]
+    assert runs[True][0][2][-1] is not None, "prompt logprobs were asked for"
     assert runs[True][1].num_async_steps == runs[True][1].num_steps
     assert runs[False][1].num_preemptions > 0, "the pool was meant to force preemptions"
 

@@ -3,7 +3,7 @@
 Without it every step is serial: the host waits for step n's sampled tokens, then updates,
 schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling, on
 by default), a step (any sampling settings: Sampler.sample_deferred draws every row type on the device,
-penalties from device-side output counts; only steps with prompt logprobs run serially)
+penalties from device-side output counts; prompt logprobs travel in the same copy)
 does not wait: update_from_output receives a placeholder token per
 sampled request (the id `vocab_size`, which no prompt or sampled token can be), the next step
 is scheduled and built from that state, its placeholder input rows are filled on the device
@@ -41,7 +41,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from enginespec.sample.deferred import DeviceLogprobs, DeviceSample, pack
+from enginespec.sample.deferred import DeviceLogprobs, DevicePromptLogprobs, DeviceSample, pack
 from enginespec.spec import SupportsAsyncScheduling
 
 
@@ -58,6 +58,7 @@ class InFlight:
     wait_s: float = 0.0  # how long token_ids() blocked on `ready` (the host waiting for the GPU)
     resolved: bool = False  # the engine has taken (or tried to take) its tokens
     logprobs: Optional[DeviceLogprobs] = None  # the rows' logprobs, packed after the ids in host
+    prompt: Optional[DevicePromptLogprobs] = None  # the step's prompt logprobs, packed last
     _flat: Optional[list] = None
 
     def _read(self) -> list:
@@ -72,7 +73,9 @@ class InFlight:
     def token_ids(self) -> list[int]:
         flat = self._read()
         num_rows = self.ids.shape[0]
-        return flat if self.logprobs is None else [int(t) for t in flat[:num_rows]]
+        if self.logprobs is None and self.prompt is None:
+            return flat
+        return [int(t) for t in flat[:num_rows]]
 
     def logprob_map(self) -> dict:
         """request id -> its logprob entries (or None), as the serial sampler returns them."""
@@ -82,13 +85,19 @@ class InFlight:
         entries = self.logprobs.unpack(self._read()[num_rows:], ids)
         return {rid: entries[i] for rid, i in self.rows.items()}
 
+    def prompt_map(self) -> dict:
+        """request id -> (positions, prompt logprob entries) of the step's prompt logprobs."""
+        if self.prompt is None:
+            return {}
+        start = self.ids.shape[0] + (0 if self.logprobs is None else self.logprobs.packed.numel())
+        return self.prompt.unpack(self._read()[start:])
+
 
 def deferrable(requests: Sequence) -> bool:
     """Whether the impl's requests can take a placeholder: they satisfy the spec's optional
     SupportsAsyncScheduling Protocol (replace_last_token). All requests of one engine come from
     one impl, so the first one answers for all; the sampler decides the rest
-    (Sampler.sample_on_device), and a step with prompt logprobs is never deferred (its
-    host-side rows are read at once)."""
+    (Sampler.sample_deferred)."""
     return not requests or isinstance(requests[0], SupportsAsyncScheduling)
 
 
@@ -107,7 +116,7 @@ def start_copy(sample: Union[torch.Tensor, DeviceSample], request_ids: list[str]
         ready = torch.cuda.Event()
         ready.record()
     rows = {rid: i for i, rid in enumerate(request_ids)}
-    return InFlight(sample.token_ids, host, ready, rows, logprobs=sample.logprobs)
+    return InFlight(sample.token_ids, host, ready, rows, logprobs=sample.logprobs, prompt=sample.prompt)
 
 
 def input_patch(

@@ -43,6 +43,7 @@ from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, S
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
+from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner
 
@@ -376,9 +377,14 @@ class EngineCore:
             result = self.runner.execute(batch)
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
         drawn = None
-        if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
+        if self.args.async_scheduling and deferrable(requests):
             with self._phase("sample"):
                 drawn = self.sampler.sample_deferred(result.logits, requests)
+                if drawn is not None and result.prompt_logits:
+                    ks = self._prompt_logprob_ks(result.prompt_logits)
+                    drawn = drawn._replace(
+                        prompt=device_prompt_logprobs(result.prompt_logits, ks, self.vocab_size)
+                    )
         if drawn is not None:
             self.stats.num_async_steps += 1
             launched = start_copy(drawn, batch.sample_request_ids)
@@ -450,19 +456,35 @@ class EngineCore:
                     self.scheduler.finish(request, stop[0])
                     finished.append(request)
                 late_stops[rid] = stop  # a length finish yields to the stop
+            for rid, (positions, entries) in inflight.prompt_map().items():
+                self._store_prompt_logprobs(rid, positions, entries)
             self._apply_update(
                 UpdateOutput(new_tokens, finished), inflight.logprob_map(), changed, late_stops
             )
         return inflight.wait_s
 
-    def _record_prompt_logprobs(self, prompt_logits) -> None:
-        for request_id, (positions, logits, targets) in prompt_logits.items():
+    def _prompt_logprob_ks(self, prompt_logits) -> dict:
+        """request id -> k for the prompt logprobs to record (the first sample of a parent
+        that asked for them)."""
+        ks = {}
+        for request_id in prompt_logits:
             parent, sample = self._samples[request_id]
-            if parent.prompt_logprobs is None or sample.index != 0:
-                continue
-            k = sample.request.params.prompt_logprobs
-            for pos, entry in zip(positions, self.sampler.prompt_logprobs(logits, targets, k)):
-                parent.prompt_logprobs[pos] = entry
+            if parent.prompt_logprobs is not None and sample.index == 0:
+                ks[request_id] = sample.request.params.prompt_logprobs
+        return ks
+
+    def _record_prompt_logprobs(self, prompt_logits) -> None:
+        for request_id, k in self._prompt_logprob_ks(prompt_logits).items():
+            positions, logits, targets = prompt_logits[request_id]
+            self._store_prompt_logprobs(
+                request_id, positions, self.sampler.prompt_logprobs(logits, targets, k)
+            )
+
+    def _store_prompt_logprobs(self, request_id: str, positions, entries) -> None:
+        found = self._samples.get(request_id)
+        if found is not None and found[0].prompt_logprobs is not None:
+            for pos, entry in zip(positions, entries):
+                found[0].prompt_logprobs[pos] = entry
 
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
         before = self.outputs.num_generated_tokens

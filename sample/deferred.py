@@ -13,6 +13,8 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from enginespec.sample.penalties import upload
+
 
 @dataclass
 class DeviceLogprobs:
@@ -36,12 +38,57 @@ class DeviceLogprobs:
         return out
 
 
+@dataclass
+class DevicePromptLogprobs:
+    """Prompt logprobs of one step, on the device: per request (request id, positions, target
+    ids, k) in `requests`, and packed: float64, each request's [P, 1 + 2k] rows (the target's
+    logprob, the top-k values, the top-k ids) flattened one after the other."""
+
+    requests: list
+    packed: torch.Tensor
+
+    def unpack(self, flat: Sequence[float]) -> dict:
+        """request id -> (positions, entries): entry p is {target: logprob} then the top-k
+        (id, logprob) pairs not already in it, as `sampler.prompt_logprobs` returns them."""
+        out, offset = {}, 0
+        for rid, positions, targets, k in self.requests:
+            entries = []
+            for target in targets:
+                row = flat[offset : offset + 1 + 2 * k]
+                offset += 1 + 2 * k
+                entry = {int(target): row[0]}
+                for i, v in zip(row[1 + k :], row[1 : 1 + k]):
+                    entry.setdefault(int(i), v)
+                entries.append(entry)
+            out[rid] = (positions, entries)
+        return out
+
+
+def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optional[DevicePromptLogprobs]:
+    """The prompt logprobs of the requests in `ks` (request id -> k) from the runner's
+    prompt_logits (request id -> (positions, logits [P, V'], target ids)), left on the device;
+    None when ks is empty. Raw log_softmax over the first `vocab` columns, as the serial path."""
+    requests, parts = [], []
+    for rid, k in ks.items():
+        positions, logits, targets = prompt_logits[rid]
+        lp = torch.log_softmax(logits[:, :vocab].float(), dim=1)
+        index = upload(torch.tensor(list(targets), dtype=torch.int64), lp.device)
+        chosen = lp.gather(1, index.view(-1, 1))
+        values, ids = torch.topk(lp, min(k, vocab), dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+        parts.append(torch.cat([chosen.double(), values.double(), ids.double()], dim=1).flatten())
+        requests.append((rid, list(positions), list(targets), min(k, vocab)))
+    if not requests:
+        return None
+    return DevicePromptLogprobs(requests, torch.cat(parts))
+
+
 class DeviceSample(NamedTuple):
-    """One device-path draw: int64 [S] ids on the device, and the logprobs (None unless a row
-    asks for them)."""
+    """One device-path draw: int64 [S] ids on the device, the logprobs (None unless a row asks
+    for them) and the step's prompt logprobs (None unless a request asks for them)."""
 
     token_ids: torch.Tensor
     logprobs: Optional[DeviceLogprobs]
+    prompt: Optional[DevicePromptLogprobs] = None
 
 
 def device_logprobs(
@@ -57,7 +104,13 @@ def device_logprobs(
 
 
 def pack(sample: DeviceSample) -> torch.Tensor:
-    """The one buffer to copy: the ids alone (int64), or ids then logprobs as float64."""
-    if sample.logprobs is None:
+    """The one buffer to copy: the ids alone (int64), or as float64 the ids, then the logprobs,
+    then the prompt logprobs (each part present only when asked for)."""
+    if sample.logprobs is None and sample.prompt is None:
         return sample.token_ids
-    return torch.cat([sample.token_ids.double(), sample.logprobs.packed.flatten()])
+    parts = [sample.token_ids.double()]
+    if sample.logprobs is not None:
+        parts.append(sample.logprobs.packed.flatten())
+    if sample.prompt is not None:
+        parts.append(sample.prompt.packed)
+    return torch.cat(parts)
