@@ -18,10 +18,13 @@ PARAMS = [
 ]
 
 
-def _run(warmup):
+def _run(warmup, model=None):
+    """An LLM (over `model`'s loaded weights when given: no second load) and its outputs."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
     from enginespec.llm import LLM
 
-    llm = LLM(
+    args = EngineArgs.from_kwargs(
         str(tiny_model_dir("qwen3")),
         dtype="float32",
         device="cpu",
@@ -30,6 +33,7 @@ def _run(warmup):
         seed=0,
         warmup=warmup,
     )
+    llm = LLM.from_engine(EngineCore(args, model=model))
     stats = llm.engine.stats
     assert stats.num_steps == 0 and stats.num_generated_tokens == 0
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
@@ -41,6 +45,6 @@ def _run(warmup):
 def test_warm_engine_generates_what_a_cold_one_does():
     cold, cold_out = _run(None)
     assert cold.engine.warmup_report is None  # off by default on the CPU
-    warm, warm_out = _run(True)
+    warm, warm_out = _run(True, cold.engine.model)
     assert warm.engine.warmup_report.num_requests > 0
     assert warm_out == cold_out
