@@ -12,7 +12,8 @@ supported family), "merged" (our decoder wiring with q|k|v and gate|up merged in
 each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
 own decoder forward). `tensor_parallel_size` (vLLM's name): shard the model over that many
 ranks, one process each (rank 0 is the engine's own; worker/tp_group.py), gloo on the CPU and
-one GPU per rank on CUDA.
+one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at construction
+(engine/warmup.py), so the first generate() is as fast as later ones; None = on for CUDA.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class EngineArgs:
     compile_backend: str = "inductor"
     model_impl: str = "auto"
     tensor_parallel_size: int = 1
+    warmup: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

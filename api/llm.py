@@ -71,6 +71,12 @@ class LLM:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    @property
+    def startup_seconds(self) -> float:
+        """Seconds LLM(...) took to build the engine: loading, sizing, compilation, graph
+        capture and the warm-up (engine/warmup.py; EngineStats.warmup_seconds is its share)."""
+        return self.engine.stats.startup_seconds
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

@@ -9,7 +9,12 @@ every row greedy), `sampler_temperature` (every row temperature 0.6, no cut: the
 benchmark's setting), `sampler_mixed` (a quarter each of greedy; temperature only; top-k 50 +
 top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
 over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
-own seed: per-step keys). On CPU (CI, --benchmark-disable runs each case once) the row count
+own seed: per-step keys), `sampler_chat` (every row Qwen3's chat settings: temperature 0.7,
+top-p 0.8, top-k 20). The `device_*` cases time the device path async scheduling uses
+(Sampler.sample_deferred, then the one host copy of ids and logprobs): `device_temperature`,
+`device_chat` (the top-k/top-p-only case) and `device_mixed`; their penalty rows rebuild their
+output counts each call (the requests never grow here), a small upload the engine's steady
+state does not pay. `--json PATH` writes the medians. On CPU (CI, --benchmark-disable runs each case once) the row count
 drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it. Nothing here asserts
 speed; numbers go to benchmarks/RESULTS.md.
 
@@ -33,6 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from enginespec.sample.deferred import pack  # noqa: E402
 from enginespec.sample.draw import CHUNK  # noqa: E402
 from enginespec.sample.sampler import Sampler  # noqa: E402
 from enginespec.spec import SamplingParams, load_impl  # noqa: E402
@@ -54,6 +60,17 @@ def mixed_params(i: int) -> SamplingParams:
     return SamplingParams(
         temperature=0.7, top_p=0.95, min_p=0.05, repetition_penalty=1.1, frequency_penalty=0.2, logprobs=5
     )
+
+
+def chat_params(i: int) -> SamplingParams:
+    """Qwen3's recommended chat settings (the issue's top-k/top-p-only case)."""
+    return SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
+
+
+def deferred_ids(sampler: Sampler, logits: torch.Tensor, reqs: list) -> list:
+    """The device path as async scheduling pays it: sample_deferred, then the one host copy
+    of the packed ids and logprobs (the engine makes it a step later; here at once)."""
+    return pack(sampler.sample_deferred(logits, reqs)).tolist()
 
 
 def make_requests(num_rows: int, params_of) -> list:
@@ -124,6 +141,22 @@ def test_sampler_seeded(benchmark, logits, sampler):
     out = benchmark(sampler, logits, reqs)
     again = Sampler(VOCAB, device=DEVICE, seed=1)(logits, reqs)
     assert out.token_ids == again.token_ids  # seeded rows ignore the sampler's own seed
+
+
+def test_device_chat(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, chat_params)
+    ids = benchmark(deferred_ids, sampler, logits, reqs)
+    top = logits.topk(20, dim=1).indices.tolist()
+    assert len(ids) == ROWS and all(int(t) in row for t, row in zip(ids, top))
+
+
+def test_device_mixed(benchmark, logits, sampler):
+    benchmark.group = "sampler"
+    reqs = make_requests(ROWS, mixed_params)
+    ids = benchmark(deferred_ids, sampler, logits, reqs)
+    greedy_rows = list(range(0, ROWS, 4))
+    assert [int(ids[i]) for i in greedy_rows] == logits[greedy_rows].argmax(dim=1).tolist()
 
 
 def _time_ms(fn, reps: int = 20) -> float:
@@ -211,13 +244,33 @@ def main() -> None:
         print(_device_profile(lambda: argmax_ids(lg)))
     if "--sweep" in sys.argv and DEVICE == "cuda":
         _sweep(lg)
+    cases.append(("sampler_chat", make_requests(ROWS, chat_params)))
+    figures = {"argmax_ms": base}
     for name, reqs in cases:
         ms = _time_ms(lambda: sm(lg, reqs))
+        figures[f"{name}_ms"] = ms
         print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
         if profile:
             print(_device_profile(lambda: sm(lg, reqs)))
         if name in ("sampler_seeded", "sampler_mixed") and "--check" in sys.argv:
             print(_agreement(lg, reqs))
+    # the device path (async scheduling's): every setting, one host copy
+    for name, reqs in [
+        ("device_temperature", cases[1][1]),
+        ("device_chat", make_requests(ROWS, chat_params)),
+        ("device_mixed", make_requests(ROWS, mixed_params)),
+    ]:
+        ms = _time_ms(lambda: deferred_ids(sm, lg, reqs))
+        figures[f"{name}_ms"] = ms
+        print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
+        if profile:
+            print(_device_profile(lambda: deferred_ids(sm, lg, reqs)))
+    if "--json" in sys.argv:
+        import json
+
+        path = sys.argv[sys.argv.index("--json") + 1]
+        with open(path, "w") as f:
+            json.dump({"device": DEVICE, "rows": ROWS, "vocab": VOCAB, **figures}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,14 @@ def _stat(llm, name: str) -> Optional[int]:
     return getattr(stats, name, None)
 
 
-def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, use_tqdm: bool = True) -> dict:
-    """Run the workload through `llm.generate` once; tokens, wall seconds and engine steps."""
+def timed_generate(
+    llm, workload: Workload, device, temperature: float = 0.0, use_tqdm: bool = True, sampling=None
+) -> dict:
+    """Run the workload through `llm.generate` once; tokens, wall seconds and engine steps.
+    `sampling`: further SamplingParams fields for every request (top_p, top_k: --top-p/--top-k)."""
     prompts, params = workload.prompt_inputs(), workload.sampling_params(temperature)
+    if sampling:
+        params = [dataclasses.replace(p, **sampling) for p in params]
     steps_before = _stat(llm, "num_steps")
     async_before = _stat(llm, "num_async_steps")
     sync(device)
@@ -109,13 +114,13 @@ def timed_generate(llm, workload: Workload, device, temperature: float = 0.0, us
     }
 
 
-def warm_up(llm, workload: Workload, device, temperature: float = 0.0) -> None:
+def warm_up(llm, workload: Workload, device, temperature: float = 0.0, sampling=None) -> None:
     """One-time costs (lazy init, compilation, graph capture, kernel variants for the
     workload's step shapes and sampling mode: the run's temperature, so a sampled run's draw
     kernels are compiled here) are not timed: run the first requests of the workload for two
     tokens each, then empty the prefix cache so the timed run gets no hit from them."""
     head = workload.head(min(len(workload.prompts), 32))
-    timed_generate(llm, Workload(head.prompts, [2] * len(head.prompts)), device, temperature, use_tqdm=False)
+    timed_generate(llm, Workload(head.prompts, [2] * len(head.prompts)), device, temperature, False, sampling)
     reset_prefix_cache(llm)
 
 
@@ -131,20 +136,31 @@ def timed_runs(llm, workload: Workload, args) -> dict:
     each: the median run's figures (the upper middle one for an even count), plus every run's
     wall time and token digest under "runs" when there is more than one. Greedy runs must
     produce the same tokens every time (`tokens_match_across_runs`). The first run's steps are
-    traced (EngineStats.step_trace) and returned as "step_trace" = (start time, steps)."""
+    traced (EngineStats.step_trace) and returned as "step_trace" = (start time, steps).
+    With args.first_call (no harness warm-up before the first run, --first-call), the first run
+    is the first generate() on a fresh LLM: it is reported as "first_call_s" (with the ratio to
+    the warm median, "first_over_warm") and the median is taken over the later runs."""
     stats = getattr(engine_core(llm), "stats", None)
     traced = stats is not None and hasattr(stats, "step_trace")
     if traced:
         stats.step_trace = []
     start = time.perf_counter()
-    runs = [timed_generate(llm, workload, args.device, args.temperature)]
+    sampling = getattr(args, "sampling", None)
+    runs = [timed_generate(llm, workload, args.device, args.temperature, sampling=sampling)]
     trace = (start, stats.step_trace) if traced else None
     if traced:
         stats.step_trace = None
     for _ in range(args.repeat - 1):
         reset_prefix_cache(llm)
-        runs.append(timed_generate(llm, workload, args.device, args.temperature))
-    out = dict(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])
+        runs.append(timed_generate(llm, workload, args.device, args.temperature, sampling=sampling))
+    first_call = getattr(args, "first_call", False) and len(runs) > 1
+    warm = runs[1:] if first_call else runs
+    out = dict(sorted(warm, key=lambda r: r["wall_s"])[len(warm) // 2])
+    if first_call:
+        out["first_call_s"] = runs[0]["wall_s"]
+        out["first_over_warm"] = runs[0]["wall_s"] / out["wall_s"]
+    out["startup_s"] = _stat(llm, "startup_seconds")
+    out["warmup_s"] = _stat(llm, "warmup_seconds")
     if len(runs) > 1:
         out["runs"] = [
             {k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs

@@ -5,7 +5,9 @@
 # workload sampled at temperature 0.8, then the whole suite with --impl=fast.
 # Usage (device machine, repo root): bash benchmarks/gpu_engine.sh <git-sha> [extra throughput.py flags]
 # Device time: about 4 min for the greedy harness on a fresh machine (compilation and
-# transformers' run are most of it), 1.5 min for the sampled run, 2.5 min for the suite. The
+# transformers' run are most of it), 1.5 min for the sampled run, 1.5 min for the chat-settings
+# run (first call on a fresh LLM beside the warm median), 2.5 min for the suite: near the limit;
+# benchmarks/gpu_sampling.sh has the sampling figures (issue 16) on their own. The
 # Qwen3-8B-shaped run (the harness without --skip-big: 8B checkpoint synthesis, about 3 min
 # more) needs a call of its own.
 set -u
@@ -31,5 +33,9 @@ grep "^\[bench\]\|^  \|^enginespec" "$out/bench.log" | tail -20
 timeout 130 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --temperature 0.8 \
   --skip-hf --skip-big --skip-latency --out "$out/throughput_t08.json" > "$out/bench_t08.log" 2>&1
 grep "^  engine\|^  floor\|^  gpu busy\|host waited" "$out/bench_t08.log"
+# Qwen3's chat settings; the first generate() on a fresh LLM beside the warm median
+timeout 110 python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --chat --first-call --repeat 3 \
+  --skip-hf --skip-big --skip-latency --skip-profile --out "$out/throughput_chat.json" > "$out/bench_chat.log" 2>&1
+grep "^  engine\|^  floor\|^  startup\|^  first call" "$out/bench_chat.log"
 timeout 150 python3 -m pytest $plugin --impl=fast -q conformance tests/kernels 2>&1 \
   | tee "$out/pytest_fast.log" | tail -3

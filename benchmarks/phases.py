@@ -50,7 +50,8 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     """Throughput of the engine on the workload, its floor, then the decode profile (same LLM)."""
     extra = {"enforce_eager": True} if args.enforce_eager else {}
     llm = make_llm(model_dir, args, **extra)
-    warm_up(llm, workload, args.device, args.temperature)
+    if not args.first_call:
+        warm_up(llm, workload, args.device, args.temperature, args.sampling)
     out = timed_runs(llm, workload, args)
     shape = shape_of(model_dir, args.dtype)
     out.update(floors(workload, shape, rates, out["num_steps"]))
@@ -80,7 +81,7 @@ def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dic
     before = core.args
     core.args = dataclasses.replace(before, async_scheduling=not before.async_scheduling)
     try:
-        out = timed_generate(llm, workload, args.device, args.temperature)
+        out = timed_generate(llm, workload, args.device, args.temperature, sampling=args.sampling)
     finally:
         core.args = before
     out.update(floors(workload, shape_of(Path(before.model), args.dtype), rates, out["num_steps"]))
@@ -124,8 +125,8 @@ def phase_big(args, rates: dict) -> dict:
     shape = shape_of(model_dir, args.dtype)
     workload = workload_for(args, min(args.big_num_requests, args.num_requests), shape.vocab_size)
     llm = make_llm(model_dir, args)
-    warm_up(llm, workload, args.device, args.temperature)
-    out = timed_generate(llm, workload, args.device, args.temperature)
+    warm_up(llm, workload, args.device, args.temperature, args.sampling)
+    out = timed_generate(llm, workload, args.device, args.temperature, sampling=args.sampling)
     del llm
     out.update(floors(workload, shape, rates, out["num_steps"]))
     out["shape"] = args.big_shape

@@ -104,6 +104,11 @@ def summarize(results: dict) -> dict:
         "wall_over_floor": wall / floor if wall and floor else None,
         "floor_min_steps_s": floor_min,
         "num_steps": eng.get("num_steps"),
+        "first_call_s": eng.get("first_call_s"),
+        "first_call_over_floor": eng["first_call_s"] / floor if eng.get("first_call_s") and floor else None,
+        "first_over_warm": eng.get("first_over_warm"),
+        "startup_s": eng.get("startup_s"),
+        "warmup_s": eng.get("warmup_s"),
         "runs_wall_over_floor": [r["wall_s"] / floor for r in eng["runs"]]
         if floor and eng.get("runs")
         else None,
@@ -137,6 +142,13 @@ def report(results: dict) -> str:
         f"  transformers: {_fmt(s['hf_output_tok_s'], '.1f')} tok/s, engine/HF {_fmt(s['ratio_vs_hf'])}",
         f"  gpu busy in decode: {_fmt(s['gpu_busy_fraction'])}",
     ]
+    if s.get("startup_s") is not None:
+        lines.append(f"  startup: {_fmt(s['startup_s'])} s (engine warm-up {_fmt(s.get('warmup_s'))} s)")
+    if s.get("first_call_s") is not None:
+        lines.append(
+            f"  first call on a fresh LLM: {_fmt(s['first_call_s'])} s, {_fmt(s['first_over_warm'])}x the "
+            f"warm median, wall/floor {_fmt(s['first_call_over_floor'])}"
+        )
     if s.get("runs_wall_over_floor"):
         lines.insert(
             3,

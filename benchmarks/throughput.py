@@ -20,7 +20,11 @@ phase, so a run cut short still leaves what it measured:
 2. engine (phases.py): `LLM.generate` over the workload; output tokens, wall time, engine steps,
    the floor (roofline.py) with the engine's step count and with the fewest possible steps.
    With --repeat N, N timed runs on the same engine (prefix cache emptied before each): the
-   median run is the headline, every run's wall time is kept. The first run's steps are also
+   median run is the headline, every run's wall time is kept. With --first-call the harness
+   does not warm the engine first: the first run is the first generate() on a fresh LLM
+   (first_call_s, first_over_warm) and the median is over the later runs; startup_s (LLM
+   construction, the engine's own warm-up included) is recorded either way. --chat samples
+   at Qwen3's chat settings (temperature 0.7, top_p 0.8, top_k 20); --top-p/--top-k set them. The first run's steps are also
    binned (step_bins.py). With --compare-scheduling, the same workload again on the same engine
    with async_scheduling flipped (prefix cache emptied first), and whether both runs' tokens
    are equal.
@@ -92,6 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-bound", type=int, default=10000, help="prompt ids are below min(this, vocab)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="engine sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="engine sampling top_p (Qwen3 chat: 0.8)")
+    p.add_argument("--top-k", type=int, default=0, help="engine sampling top_k (Qwen3 chat: 20)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="Qwen3's recommended chat settings: temperature 0.7, top_p 0.8, top_k 20",
+    )
+    p.add_argument(
+        "--first-call",
+        action="store_true",
+        help="no harness warm-up: the first timed run is the first generate() on a fresh LLM, "
+        "reported as first_call_s beside the median of the later runs (use with --repeat >= 2)",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
     p.add_argument(
         "--repeat",
@@ -165,6 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.big_shape == "auto":
         args.big_shape = "qwen3-8b" if cuda else args.shape
     args.engine_args = dict(args.engine_arg)
+    if args.chat:
+        args.temperature, args.top_p, args.top_k = 0.7, 0.8, 20
+    args.sampling = {
+        k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k)) if v != (1.0 if k == "top_p" else 0)
+    }
     return args
 
 

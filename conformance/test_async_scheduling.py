@@ -108,8 +108,8 @@ def test_async_equals_serial_on_cuda(impl):
 
 
 def test_async_with_mixed_rows_and_siblings(impl):
-    """Seeded temperature rows and n > 1 siblings: steps holding a non-greedy row run serially
-    (their history must be real), the others overlap; outputs stay those of the serial engine."""
+    """Seeded temperature rows and n > 1 siblings overlap like greedy ones; outputs stay those
+    of the serial engine."""
     params = [
         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=2 if i == 3 else 1)
         if i % 4
@@ -132,6 +132,49 @@ def test_async_equals_serial_when_sampling(impl, seeded):
     assert overlapped == serial
     assert async_stats.num_steps == serial_stats.num_steps
     assert async_stats.num_async_steps > 0 and serial_stats.num_async_steps == 0
+
+
+SETTINGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.7, top_p=0.8, top_k=20),
+    dict(top_p=0.9, prompt_logprobs=2),
+    dict(min_p=0.2, temperature=1.2, logprobs=2),
+    dict(repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3, top_k=8),
+    dict(logit_bias={7: 2.0, 11: -3.0}, allowed_token_ids=tuple(range(4, 40)), logprobs=0),
+    dict(min_tokens=4, temperature=0.0, repetition_penalty=1.2, n=2),
+    dict(temperature=0.8, presence_penalty=1.0, n=3, logprobs=3),
+]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_async_equals_serial_for_every_setting(impl, mode):
+    """Every row type draws on the device (Sampler.sample_deferred) and overlaps: top-k/top-p/
+    min-p cuts, penalties (device-side output counts that count the in-flight placeholder with
+    its real id), bias, allowed ids, min_tokens, logprobs and prompt logprobs (read in the same
+    copy as the ids),
+    n > 1 siblings, under preemption. Seeded rows: the async run equals the serial one."""
+    if mode == "swap" and "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"impl {impl.name!r} has no swap capability")
+    params = [
+        SamplingParams(max_tokens=6 + i, seed=i, stop_token_ids=(5,), **SETTINGS[i % len(SETTINGS)])
+        for i in range(10)
+    ]
+    runs = {}
+    for overlap in (False, True):
+        llm = _llm(impl, overlap, preemption_mode=mode, num_blocks=24)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+        runs[overlap] = (
+            [
+                [(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs] + [o.prompt_logprobs]
+                for o in outs
+            ],
+            llm.engine.stats,
+        )
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][0][2][-1] is not None, "prompt logprobs were asked for"
+    assert runs[True][1].num_async_steps == runs[True][1].num_steps
+    assert runs[False][1].num_preemptions > 0, "the pool was meant to force preemptions"
 
 
 def test_async_equals_serial_with_stop_strings(impl):

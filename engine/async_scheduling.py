@@ -2,13 +2,14 @@
 
 Without it every step is serial: the host waits for step n's sampled tokens, then updates,
 schedules and builds step n + 1 while the GPU idles. With it (EngineArgs.async_scheduling, on
-by default), a step whose rows the sampler can draw on the device without host data
-(Sampler.sample_on_device: greedy or temperature sampling without logit edits, top-k/top-p/
-min-p cuts or logprobs) does not wait: update_from_output receives a placeholder token per
+by default), a step (any sampling settings: Sampler.sample_deferred draws every row type on the device,
+penalties from device-side output counts; prompt logprobs travel in the same copy)
+does not wait: update_from_output receives a placeholder token per
 sampled request (the id `vocab_size`, which no prompt or sampled token can be), the next step
 is scheduled and built from that state, its placeholder input rows are filled on the device
 from the previous step's sampled ids (`input_patch`), and only then does the host read step
-n's ids and put the real token in place of the placeholder (`Request.replace_last_token`).
+n's ids (with the rows' logprobs: one copy) and put the real token in place of the
+placeholder (`Request.replace_last_token`).
 
 The scheduler and the impls are unchanged: update_from_output runs exactly as in a serial
 step, with the placeholder as the sampled token. What the placeholder cannot decide is settled
@@ -36,10 +37,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
+from enginespec.sample.deferred import DeviceLogprobs, DevicePromptLogprobs, DeviceSample, pack
 from enginespec.spec import SupportsAsyncScheduling
 
 
@@ -48,42 +50,73 @@ class InFlight:
     """A launched step whose sampled ids the host has not read yet."""
 
     ids: torch.Tensor  # int64 [S] on the device, in sample_request_ids order
-    host: torch.Tensor  # int64 [S] host copy (pinned on CUDA), valid after `ready`
+    host: torch.Tensor  # host copy (pinned on CUDA) of the packed ids (+ logprobs), valid after `ready`
     ready: Optional[torch.cuda.Event]  # None on CPU (the copy is synchronous there)
     rows: dict[str, int] = field(default_factory=dict)  # request id -> index into ids
     awaiting: dict[str, object] = field(default_factory=dict)  # request id -> request with a placeholder
     finished: list = field(default_factory=list)  # finished for length by the placeholder update
     wait_s: float = 0.0  # how long token_ids() blocked on `ready` (the host waiting for the GPU)
     resolved: bool = False  # the engine has taken (or tried to take) its tokens
+    logprobs: Optional[DeviceLogprobs] = None  # the rows' logprobs, packed after the ids in host
+    prompt: Optional[DevicePromptLogprobs] = None  # the step's prompt logprobs, packed last
+    _flat: Optional[list] = None
+
+    def _read(self) -> list:
+        if self._flat is None:
+            if self.ready is not None:
+                start = time.perf_counter()
+                self.ready.synchronize()
+                self.wait_s = time.perf_counter() - start
+            self._flat = self.host.tolist()
+        return self._flat
 
     def token_ids(self) -> list[int]:
-        if self.ready is not None:
-            start = time.perf_counter()
-            self.ready.synchronize()
-            self.wait_s = time.perf_counter() - start
-        return self.host.tolist()
+        flat = self._read()
+        num_rows = self.ids.shape[0]
+        if self.logprobs is None and self.prompt is None:
+            return flat
+        return [int(t) for t in flat[:num_rows]]
+
+    def logprob_map(self) -> dict:
+        """request id -> its logprob entries (or None), as the serial sampler returns them."""
+        if self.logprobs is None:
+            return {}
+        ids, num_rows = self.token_ids(), self.ids.shape[0]
+        entries = self.logprobs.unpack(self._read()[num_rows:], ids)
+        return {rid: entries[i] for rid, i in self.rows.items()}
+
+    def prompt_map(self) -> dict:
+        """request id -> (positions, prompt logprob entries) of the step's prompt logprobs."""
+        if self.prompt is None:
+            return {}
+        start = self.ids.shape[0] + (0 if self.logprobs is None else self.logprobs.packed.numel())
+        return self.prompt.unpack(self._read()[start:])
 
 
 def deferrable(requests: Sequence) -> bool:
     """Whether the impl's requests can take a placeholder: they satisfy the spec's optional
     SupportsAsyncScheduling Protocol (replace_last_token). All requests of one engine come from
     one impl, so the first one answers for all; the sampler decides the rest
-    (Sampler.sample_on_device), and a step with prompt logprobs is never deferred (its
-    host-side rows are read at once)."""
+    (Sampler.sample_deferred)."""
     return not requests or isinstance(requests[0], SupportsAsyncScheduling)
 
 
-def start_copy(ids: torch.Tensor, request_ids: list[str]) -> InFlight:
-    """An InFlight for device ids [S]: an asynchronous copy to the host (pinned on CUDA) and
-    an event that says when it has landed."""
-    cuda = ids.device.type == "cuda"
-    host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=cuda)
-    host.copy_(ids, non_blocking=cuda)
+def start_copy(sample: Union[torch.Tensor, DeviceSample], request_ids: list[str]) -> InFlight:
+    """An InFlight for a device draw (ids [S], or a DeviceSample with logprobs): ONE
+    asynchronous copy of the packed ids and logprobs to the host (pinned on CUDA) and an event
+    that says when it has landed."""
+    if isinstance(sample, torch.Tensor):
+        sample = DeviceSample(sample, None)
+    buffer = pack(sample)
+    cuda = buffer.device.type == "cuda"
+    host = torch.empty(buffer.shape, dtype=buffer.dtype, pin_memory=cuda)
+    host.copy_(buffer, non_blocking=cuda)
     ready = None
     if cuda:
         ready = torch.cuda.Event()
         ready.record()
-    return InFlight(ids, host, ready, {rid: i for i, rid in enumerate(request_ids)})
+    rows = {rid: i for i, rid in enumerate(request_ids)}
+    return InFlight(sample.token_ids, host, ready, rows, logprobs=sample.logprobs, prompt=sample.prompt)
 
 
 def input_patch(

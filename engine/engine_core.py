@@ -43,15 +43,17 @@ from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, S
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
+from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner
 
 
 @dataclass
 class EngineStats:
-    """Counters since construction: steps with work, scheduled tokens (prompt and recompute
-    included), sampled tokens, preemptions, steps that left their ids on the device (async
-    scheduling), and wall seconds spent in step()."""
+    """Counters since construction (from zero after the warm-up; startup figures aside): steps
+    with work, scheduled tokens (prompt and recompute included), sampled tokens, preemptions,
+    steps that left their ids on the device (async scheduling), and wall seconds spent in
+    step()."""
 
     num_steps: int = 0
     num_scheduled_tokens: int = 0
@@ -60,6 +62,10 @@ class EngineStats:
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     num_failed_steps: int = 0  # steps that raised and were rolled back (their requests: "error")
     step_seconds: float = 0.0
+    startup_seconds: float = 0.0  # EngineCore construction, warm-up included (kept by resets)
+    warmup_seconds: float = 0.0  # of which the warm-up (engine/warmup.py)
+    num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
+    num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
     # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
     # time.perf_counter() when the step's work was done, and how long the host blocked on the
@@ -72,6 +78,7 @@ class EngineCore:
     """Composes an Implementation with a FlatModel, a ModelRunner and the Sampler."""
 
     def __init__(self, args: EngineArgs, *, model=None, tokenizer=None):
+        started = time.perf_counter()
         self.args = args
         self.impl = load_impl(args.impl)
         if args.preemption_mode == "swap" and "swap" not in getattr(self.impl, "capabilities", ()):
@@ -121,6 +128,20 @@ class EngineCore:
         # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
         # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
         self.fault_hook: Optional[Callable[[str], None]] = None
+        self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
+        self.warmup_report = self._warm_up()
+        self.stats.startup_seconds = time.perf_counter() - started
+
+    def _warm_up(self):
+        """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""
+        from enginespec.engine.warmup import warm_up
+
+        setting = self.args.warmup
+        if setting is False or (setting is None and self.model.device.type != "cuda"):
+            return None
+        report = warm_up(self, tiny=self.model.device.type != "cuda")
+        self.stats.warmup_seconds = report.seconds
+        return report
 
     # ---- construction helpers -----------------------------------------------------------------
 
@@ -343,6 +364,9 @@ class EngineCore:
             self.runner.apply_swaps(output)
             state.swapped = True
         self.stats.num_preemptions += len(output.preempted)
+        self.stats.num_swapped_bytes += self.runner.bytes_per_block * sum(
+            len(blocks) for _, blocks in (*output.swap_out, *output.swap_in)
+        )
         if not output.is_empty:
             self._run_step(state, changed)
         else:
@@ -384,13 +408,18 @@ class EngineCore:
         with self._phase("execute"):
             result = self.runner.execute(batch)
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
-        ids = None
-        if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
+        drawn = None
+        if self.args.async_scheduling and deferrable(requests):
             with self._phase("sample"):
-                ids = self.sampler.sample_on_device(result.logits, requests)
-        if ids is not None:
+                drawn = self.sampler.sample_deferred(result.logits, requests)
+                if drawn is not None and result.prompt_logits:
+                    ks = self._prompt_logprob_ks(result.prompt_logits)
+                    drawn = drawn._replace(
+                        prompt=device_prompt_logprobs(result.prompt_logits, ks, self.vocab_size)
+                    )
+        if drawn is not None:
             self.stats.num_async_steps += 1
-            launched = start_copy(ids, batch.sample_request_ids)
+            launched = start_copy(drawn, batch.sample_request_ids)
             wait = self._resolve(previous, changed)
             with self._phase("update"):
                 self._update_with_placeholders(output, launched)
@@ -403,11 +432,16 @@ class EngineCore:
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
                 update = self.scheduler.update_from_output(output, token_map)
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
-        self._count_step(output, batch, wait)
+        self._count_step(output, batch, wait, state.computed)
 
-    def _count_step(self, output, batch, wait: float) -> None:
+    def _count_step(self, output, batch, wait: float, computed: dict) -> None:
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
+        for request, num in output.scheduled:  # recompute: positions below the high-water mark
+            rid, start = request.request_id, computed[request.request_id]
+            seen = self._high_water.get(rid, 0)
+            self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
+            self._high_water[rid] = max(seen, start + num)
         if self.stats.step_trace is not None:
             self.stats.step_trace.append(
                 (
@@ -454,17 +488,35 @@ class EngineCore:
                     self.scheduler.finish(request, stop[0])
                     finished.append(request)
                 late_stops[rid] = stop  # a length finish yields to the stop
-            self._apply_update(UpdateOutput(new_tokens, finished), {}, changed, late_stops)
+            for rid, (positions, entries) in inflight.prompt_map().items():
+                self._store_prompt_logprobs(rid, positions, entries)
+            self._apply_update(
+                UpdateOutput(new_tokens, finished), inflight.logprob_map(), changed, late_stops
+            )
         return inflight.wait_s
 
-    def _record_prompt_logprobs(self, prompt_logits) -> None:
-        for request_id, (positions, logits, targets) in prompt_logits.items():
+    def _prompt_logprob_ks(self, prompt_logits) -> dict:
+        """request id -> k for the prompt logprobs to record (the first sample of a parent
+        that asked for them)."""
+        ks = {}
+        for request_id in prompt_logits:
             parent, sample = self._samples[request_id]
-            if parent.prompt_logprobs is None or sample.index != 0:
-                continue
-            k = sample.request.params.prompt_logprobs
-            for pos, entry in zip(positions, self.sampler.prompt_logprobs(logits, targets, k)):
-                parent.prompt_logprobs[pos] = entry
+            if parent.prompt_logprobs is not None and sample.index == 0:
+                ks[request_id] = sample.request.params.prompt_logprobs
+        return ks
+
+    def _record_prompt_logprobs(self, prompt_logits) -> None:
+        for request_id, k in self._prompt_logprob_ks(prompt_logits).items():
+            positions, logits, targets = prompt_logits[request_id]
+            self._store_prompt_logprobs(
+                request_id, positions, self.sampler.prompt_logprobs(logits, targets, k)
+            )
+
+    def _store_prompt_logprobs(self, request_id: str, positions, entries) -> None:
+        found = self._samples.get(request_id)
+        if found is not None and found[0].prompt_logprobs is not None:
+            for pos, entry in zip(positions, entries):
+                found[0].prompt_logprobs[pos] = entry
 
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
         before = self.outputs.num_generated_tokens
@@ -538,6 +590,7 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+            self._high_water.pop(sample.request.request_id, None)
 
 
 @dataclass

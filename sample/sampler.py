@@ -20,6 +20,17 @@ Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, 
 the same params come in the same order), so a steady temperature-only step is two launches
 plus the host copy of the ids.
 
+Two entry points draw the same tokens. `__call__` (serial steps) returns host lists; its edits
+read the requests' token lists on the host and a top-p row whose nucleus may lie beyond the
+candidates is checked on the host (read with the ids) and redrawn after a full sort.
+`sample_deferred` (async scheduling) does everything on the device with no host sync, for
+every setting: edits from the batch's `EditPlan` (indices uploaded once, `device_edits`),
+penalties from device-side output counts updated from the drawn ids (`output_counts`, so the
+in-flight placeholder is counted with its real id), unsure top-p rows settled on the device
+(`truncation.exact_thresholds`), and logprobs left on the device to travel with the ids in one
+host copy (`deferred`). Seeded rows give the same tokens on both paths; unseeded rows too, as
+both advance the generator once per call with a random row.
+
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
 tied with a top-k / top-p / min-p threshold are all kept.
@@ -41,7 +52,10 @@ import torch
 
 from enginespec.kernels import sampling as sampling_triton
 from enginespec.sample import draw as sampling_draw
+from enginespec.sample.deferred import DeviceSample, device_logprobs
+from enginespec.sample.device_edits import EditPlan
 from enginespec.sample.draw import draw_torch
+from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
     apply_allowed_tokens,
     apply_logit_bias,
@@ -53,7 +67,7 @@ from enginespec.sample.penalties import (
     upload,
 )
 from enginespec.sample.rng import resolve_keys, row_keys
-from enginespec.sample.truncation import CutPlan, cut_thresholds, full_sort_thresholds
+from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
@@ -203,6 +217,9 @@ class BatchPlan:
         self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
         self.penalties = penalty_columns(params, device) if self.any_edits else None
         self.edit_kinds = edit_kinds(params) if self.any_edits else None
+        self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
+        self._edit_plan: Optional[EditPlan] = None
+        self._edit_eos: list = []
         if self.any_logprobs:
             self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
             self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
@@ -224,6 +241,14 @@ class BatchPlan:
                 vocab,
                 device,
             )
+
+    def edit_plan(self, requests: Sequence, vocab: int) -> EditPlan:
+        """The device EditPlan, built on first use; rebuilt when the EOS ids of min_tokens rows
+        differ from those it was built with (EOS is the request's, not its params')."""
+        eos = [requests[i].eos_token_id for i in self.min_token_rows]
+        if self._edit_plan is None or eos != self._edit_eos:
+            self._edit_plan, self._edit_eos = EditPlan(requests, vocab, self.device), eos
+        return self._edit_plan
 
     def step_keys(self, requests: Sequence) -> np.ndarray:
         """This step's keys: the template with each seeded row's row_key(seed, output index)."""
@@ -256,6 +281,7 @@ class Sampler:
         self._specs: dict[int, tuple] = {}  # id(params) -> (params, RowSpec); see _row_specs
         self._prompt_masks: dict[int, tuple] = {}  # id(request) -> (request, bool [V] prompt mask)
         self._last_plan: Optional[BatchPlan] = None
+        self._counts: Optional[OutputCounts] = None  # device output counts (sample_deferred)
 
     def _row_specs(self, params: Sequence) -> list[RowSpec]:
         """Each row's RowSpec, computed once per params object (params are frozen; the entry
@@ -312,22 +338,65 @@ class Sampler:
 
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence) -> Optional[torch.Tensor]:
         """The ids __call__ would sample, as an int64 [S] tensor left on the logits' device with
-        no host sync, or None (nothing drawn, the generator untouched) when some row needs host
-        work: logit edits (penalties, bias, allowed ids, min_tokens), a top-k/top-p/min-p cut
-        (its fallback check is read on the host) or logprobs. Async scheduling uses it; the
-        generator advances exactly as in __call__, so both paths draw the same tokens."""
+        no host sync, or None when nothing is to be sampled or a row asks for logprobs (use
+        `sample_deferred`, which returns them too). See sample_deferred."""
+        sample = self.sample_deferred(logits, requests)
+        if sample is None or sample.logprobs is not None:
+            return None
+        return sample.token_ids
+
+    def sample_deferred(self, logits: torch.Tensor, requests: Sequence) -> Optional[DeviceSample]:
+        """Every setting on the device, for async scheduling: the tokens __call__ would draw
+        (seeded rows exactly; unseeded rows from the same generator advance) and the requested
+        logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
+        buffer to copy). None for an empty batch. Edits use the batch's EditPlan (indices
+        uploaded once) and the device-side output counts (`OutputCounts`, which this call
+        updates with the drawn ids: the caller must append them, placeholder or real);
+        top-p rows without a top-k settle their threshold on the device (`exact_thresholds`).
+        Each request appears at most once per call (the engine's case)."""
         self._check(logits, requests)
         if not requests:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        if plan.any_edits or plan.any_cut or plan.any_logprobs:
-            return None
-        if not plan.any_noisy:
-            return raw.argmax(dim=1)  # in the logits' dtype: upcasting changes no value, no argmax
-        keys = plan.step_keys(requests)
-        bits = self.generator.getrandbits(62)
-        return self._draw(raw.float(), None, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+        x, slots = raw, None
+        if plan.any_edits:
+            x = raw.to(torch.float32, copy=True)
+            slots = plan.edit_plan(requests, self.vocab_size).apply(
+                x, requests, self._device_prompt_seen, self._output_counts(raw.device)
+            )
+        if plan.any_noisy:
+            keys = plan.step_keys(requests)
+            bits = self.generator.getrandbits(62)
+            x = x.float()
+            thr = self._exact_thresholds(x, plan) if plan.any_cut else None
+            tokens = self._draw(x, thr, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+        else:
+            tokens = x.argmax(dim=1)
+        if slots is not None:
+            cols = plan.penalties
+            self._counts.add([requests[i] for i in cols.rows], slots, tokens.index_select(0, cols.index))
+        logprobs = None
+        if plan.any_logprobs:
+            logprobs = device_logprobs(
+                raw, tokens, plan.logprob_rows, plan.logprob_counts, plan.logprob_index
+            )
+        return DeviceSample(tokens, logprobs)
+
+    def _output_counts(self, device) -> OutputCounts:
+        if self._counts is None or self._counts.device != torch.device(device):
+            self._counts = OutputCounts(self.vocab_size, device)
+        return self._counts
+
+    def _device_prompt_seen(self, requests: Sequence) -> torch.Tensor:
+        return self._cached_prompt_seen(requests, self.vocab_size, self._counts.device)
+
+    def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+        """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
+        every = len(plan.cut_rows) == x.shape[0]
+        sub = x if every else x.index_select(0, plan.cut_index)
+        cut_thr = exact_thresholds(sub, plan.cut_plan)
+        return cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
         self._check(logits, requests)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from enginespec.kernels import top_p as top_p_kernel
 from enginespec.sample.penalties import to_device
 
 NEG_INF = float("-inf")
@@ -75,7 +76,10 @@ class CutPlan:
         self.top_k = self.top_k.long()
         self.any_min_p = any(m > 0.0 for m in min_p)
         self.use_p = any(p < 1.0 for p in top_p)
-        self.num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if self.use_p else 0))
+        # Candidates: the largest k asked for, and NUM_CANDIDATES when a top-p row has no top-k
+        # (a top-p row with a top-k finds its nucleus among its k survivors).
+        loose_p = any(p < 1.0 and k == 0 for p, k in zip(top_p, top_k))
+        self.num_cand = min(vocab, max(max(top_k), NUM_CANDIDATES if loose_p else 0))
         self.open_rows = [
             i
             for i, (pp, kk) in enumerate(zip(top_p, top_k))
@@ -111,6 +115,30 @@ def cut_thresholds(x: torch.Tensor, plan: CutPlan) -> tuple[torch.Tensor, Option
     p_thr = torch.where(plan.top_p.squeeze(1) < 1.0, p_thr, torch.full_like(p_thr, NEG_INF))
     out = torch.maximum(thr.squeeze(1), p_thr)
     return out, (None if rows is None else ~reached[rows])
+
+
+def exact_thresholds(x: torch.Tensor, plan: CutPlan) -> torch.Tensor:
+    """`cut_thresholds` with its unsure rows settled on the device, no host sync. On CUDA one
+    launch (`kernels.top_p`) bisects the exact cut of the unsure rows and leaves the others at
+    once; elsewhere the open rows are sorted whether or not they turn out unsure
+    (`torch.where` picks). Same cuts as cut_thresholds followed by full_sort_thresholds on
+    the unsure rows (the serial path); the kernel's sums may round a near-boundary token
+    differently (see kernels.top_p)."""
+    thr, unsure = cut_thresholds(x, plan)
+    if unsure is None:
+        return thr
+    rows = plan.open_index
+    inv_t, top_p = plan.inv_t[rows], plan.top_p[rows]
+    if top_p_kernel.available(x.device) and x.stride(1) == 1:
+        base_off = (torch.log(plan.min_p[rows]) / inv_t).squeeze(1)
+        fixed = top_p_kernel.top_p_bisect(
+            x, rows, unsure, base_off, inv_t.squeeze(1), top_p.squeeze(1), thr.index_select(0, rows)
+        )
+        return thr.index_copy(0, rows, fixed)
+    sub = x.index_select(0, rows)
+    base = _base_thresholds(sub, plan, rows)
+    exact = torch.maximum(base, _top_p_full_sort(sub, base.unsqueeze(1), inv_t, top_p))
+    return thr.index_copy(0, rows, torch.where(unsure, exact, thr.index_select(0, rows)))
 
 
 def full_sort_thresholds(

@@ -256,20 +256,23 @@ def test_device_busy_is_the_union_of_cuda_intervals():
 
 
 def test_warm_up_samples_like_the_timed_run(monkeypatch):
-    """The warm-up runs at the timed run's temperature, so a sampled run's one-time costs (the
-    draw kernels' compilation) fall in the warm-up, not in the timed window."""
+    """The warm-up runs at the timed run's sampling settings (temperature, top-k/top-p), so a
+    sampled run's one-time costs (the draw kernels' compilation) fall in the warm-up, not in the
+    timed window."""
     seen = []
     monkeypatch.setattr(
         engine_runs,
         "timed_generate",
-        lambda llm, workload, device, temperature=0.0, use_tqdm=True: seen.append(temperature),
+        lambda llm, workload, device, temperature=0.0, use_tqdm=True, sampling=None: seen.append(
+            (temperature, sampling)
+        ),
     )
     monkeypatch.setattr(engine_runs, "reset_prefix_cache", lambda llm: None)
     workload = make_workload(
         3, min_input_len=2, max_input_len=4, min_output_len=1, max_output_len=2, id_bound=50, seed=0
     )
-    engine_runs.warm_up(object(), workload, "cpu", 0.8)
-    assert seen == [0.8]
+    engine_runs.warm_up(object(), workload, "cpu", 0.8, {"top_k": 20})
+    assert seen == [(0.8, {"top_k": 20})]
 
 
 def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thread):

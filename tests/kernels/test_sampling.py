@@ -26,6 +26,7 @@ except ImportError as exc:
 if "nvidia" not in backends:
     print("no nvidia backend"); sys.exit(3)
 from enginespec.kernels import sampling as st
+from enginespec.kernels import top_p as tp
 
 F, I, C = "*fp32", "i32", "constexpr"
 KERNELS = {
@@ -39,6 +40,9 @@ KERNELS = {
     "penalty": (st._penalty_kernel,
                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", prompt_ptr="*u8", counts_ptr="*i32", rep_ptr=F,
                      freq_ptr=F, pres_ptr=F, vocab=I, BLOCK=C), dict(BLOCK=2048)),
+    "top_p": (tp._top_p_bisect_kernel,
+              dict(x_ptr=F, x_stride=I, rows_ptr="*i64", unsure_ptr="*u8", base_off_ptr=F, inv_t_ptr=F,
+                   top_p_ptr=F, thr_ptr=F, vocab=I, NUM_STEPS=C, BLOCK=C), dict(NUM_STEPS=64, BLOCK=2048)),
 }
 for name, (fn, sig, consts) in KERNELS.items():
     try:
@@ -60,6 +64,6 @@ def test_sampler_kernels_compile_for_sm90():
         pytest.skip(proc.stdout.strip())
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert set(lines) == {"chunk_stats", "pick", "penalty"}
+    assert set(lines) == {"chunk_stats", "pick", "penalty", "top_p"}
     assert "div.full 0" in lines["penalty"], "penalty division must be IEEE-rounded, as torch's"
     assert "ex2.approx 0" not in lines["chunk_stats"]

@@ -1,0 +1,119 @@
+"""Warm-up at construction: the engine a user gets back from LLM(...) is already warm.
+
+Without it the first generate() pays what later calls do not: dynamo's compile of prefill
+shapes the profile run did not meet (or all of them when num_gpu_blocks_override skips the
+profile run), the Triton JIT of the attention kernels' prefill variants and of the sampler's
+kernels (the draw, penalties, the top-p bisection), cuBLAS/cuDNN heuristics, pinned-memory
+pools. CUDA-graph capture of every decode bucket already happens in ModelRunner's
+construction. `warm_up` then drives throwaway requests through the engine's own step(), so
+every path the real traffic takes runs once: prefill chunks of several sizes (the dynamic
+token dimension settles), mixed prefill + decode steps, graph-replayed decodes, and one row
+of each sampler setting (greedy, temperature, top-k/top-p, top-p alone, min-p, penalties,
+bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it.
+
+Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
+reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
+aside), and the sampler's generator is re-seeded as constructed, so seeded and unseeded outputs
+are those of an engine that never warmed up. On the CPU it is off by default (EngineArgs.warmup
+None = on for CUDA); forced on, it is tiny (short prompts, two tokens each), so tests stay fast.
+
+Compile caches persist across processes by default: inductor's FX-graph and autotune caches
+(TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_<user>) and Triton's kernel cache
+(TRITON_CACHE_DIR, default ~/.triton/cache). A second start in a new process loads compiled
+artefacts instead of compiling; what it still pays is dynamo tracing and the graph capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from enginespec.spec import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def sampler_settings(vocab: int) -> tuple:
+    """One SamplingParams setting per sampler path (ids kept below the vocabulary)."""
+    return (
+        dict(temperature=0.0),
+        dict(temperature=0.6),
+        dict(temperature=0.7, top_p=0.8, top_k=20),
+        dict(temperature=1.0, top_p=0.9),
+        dict(temperature=0.8, min_p=0.05, seed=0),
+        dict(temperature=0.7, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1),
+        dict(
+            temperature=0.0,
+            logit_bias={0: -1.0},
+            allowed_token_ids=tuple(range(1, min(64, vocab))),
+            min_tokens=2,
+        ),
+        dict(temperature=0.7, logprobs=min(5, vocab)),
+    )
+
+
+@dataclass
+class WarmupReport:
+    """What warm_up did: requests and steps run, prefill sizes met, seconds taken."""
+
+    num_requests: int
+    num_steps: int
+    prefill_lengths: list
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"warm-up: {self.num_requests} requests, {self.num_steps} steps (prefill lengths "
+            f"{self.prefill_lengths}, decode graphs, every sampler setting) "
+            f"in {self.seconds:.1f} s"
+        )
+
+
+def _prompt_lengths(engine, tiny: bool) -> list[int]:
+    """Prompt lengths that make prefill chunks of several sizes: the largest chunk the budget
+    allows, a middle one and small ones, each fitting the pool and max_model_len."""
+    if tiny:
+        return [3]
+    budget = engine.scheduler_config.max_num_batched_tokens
+    room = min(engine.max_model_len - 8, engine.runner.num_blocks * engine.args.block_size // 4)
+    sizes = [budget, budget // 2 + 1, 1000, 129, 17]
+    return sorted({max(2, min(n, room)) for n in sizes}, reverse=True)
+
+
+def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupReport:
+    """Run the warm-up requests to completion through engine.step(), then reset what they left
+    (see the module docstring). `tiny`: short prompts, two output tokens (the CPU)."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    rng = random.Random(0)
+    lengths = _prompt_lengths(engine, tiny)
+    vocab = min(engine.vocab_size, 10_000)
+    settings, num = sampler_settings(engine.vocab_size), 0
+    for i, n in enumerate(lengths):  # one prefill size each, then decodes over every setting
+        for j, setting in enumerate(settings if i == 0 else settings[:1]):
+            params = SamplingParams(max_tokens=2 if tiny else 4, ignore_eos=True, **setting)
+            prompt = [rng.randrange(1, vocab) for _ in range(n if j == 0 else 3 + j)]
+            engine.add_request(f"__warmup-{num}", prompt, params)
+            num += 1
+    steps = 0
+    with tqdm(total=num, desc="Warming up", disable=not progress, leave=False) as bar:
+        while engine.has_unfinished:
+            bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
+            steps += 1
+    _reset(engine)
+    report = WarmupReport(num, steps, lengths, time.perf_counter() - start)
+    log.info(report.line())
+    return report
+
+
+def _reset(engine) -> None:
+    """Leave no trace of the warm-up (see the module docstring)."""
+    from enginespec.engine.engine_core import EngineStats
+
+    trace = engine.stats.step_trace
+    engine.stats = EngineStats(step_trace=None if trace is None else [])
+    engine.block_manager.reset_prefix_cache()
+    engine.sampler.generator.seed(engine.sampler.seed)

@@ -1,0 +1,116 @@
+"""What a device-path draw leaves on the device for one host copy: the ids, and the logprobs.
+
+Async scheduling reads a step's results a step late, in ONE device-to-host copy: `pack` puts
+the int64 ids and the requested logprobs in one float64 buffer (ids below 2**53 are exact in
+float64), `DeviceLogprobs.unpack` rebuilds the per-row entries from the host copy. Logprobs
+follow the Sampler's definition (raw log_softmax; [(sampled id, its logprob)] then the top-k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from enginespec.sample.penalties import upload
+
+
+@dataclass
+class DeviceLogprobs:
+    """rows: the batch rows asking for logprobs; counts: their k; packed: float64 [R, 1 + 2K]
+    on the device (chosen logprob, the top-K values, the top-K ids; K = max(counts))."""
+
+    rows: list
+    counts: list
+    packed: torch.Tensor
+
+    def unpack(self, flat: Sequence[float], token_ids: Sequence[int]) -> list:
+        """Per batch row: None, or [(sampled id, logprob)] + its top k (id, logprob), best first.
+        flat: the host copy of `packed`, flattened."""
+        out: list = [None] * len(token_ids)
+        width = self.packed.shape[1]
+        top = (width - 1) // 2
+        for j, (i, n) in enumerate(zip(self.rows, self.counts)):
+            row = flat[j * width : (j + 1) * width]
+            ids = [int(t) for t in row[1 + top : 1 + top + n]]
+            out[i] = [(token_ids[i], row[0])] + list(zip(ids, row[1 : 1 + n]))
+        return out
+
+
+@dataclass
+class DevicePromptLogprobs:
+    """Prompt logprobs of one step, on the device: per request (request id, positions, target
+    ids, k) in `requests`, and packed: float64, each request's [P, 1 + 2k] rows (the target's
+    logprob, the top-k values, the top-k ids) flattened one after the other."""
+
+    requests: list
+    packed: torch.Tensor
+
+    def unpack(self, flat: Sequence[float]) -> dict:
+        """request id -> (positions, entries): entry p is {target: logprob} then the top-k
+        (id, logprob) pairs not already in it, as `sampler.prompt_logprobs` returns them."""
+        out, offset = {}, 0
+        for rid, positions, targets, k in self.requests:
+            entries = []
+            for target in targets:
+                row = flat[offset : offset + 1 + 2 * k]
+                offset += 1 + 2 * k
+                entry = {int(target): row[0]}
+                for i, v in zip(row[1 + k :], row[1 : 1 + k]):
+                    entry.setdefault(int(i), v)
+                entries.append(entry)
+            out[rid] = (positions, entries)
+        return out
+
+
+def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optional[DevicePromptLogprobs]:
+    """The prompt logprobs of the requests in `ks` (request id -> k) from the runner's
+    prompt_logits (request id -> (positions, logits [P, V'], target ids)), left on the device;
+    None when ks is empty. Raw log_softmax over the first `vocab` columns, as the serial path."""
+    requests, parts = [], []
+    for rid, k in ks.items():
+        positions, logits, targets = prompt_logits[rid]
+        lp = torch.log_softmax(logits[:, :vocab].float(), dim=1)
+        index = upload(torch.tensor(list(targets), dtype=torch.int64), lp.device)
+        chosen = lp.gather(1, index.view(-1, 1))
+        values, ids = torch.topk(lp, min(k, vocab), dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+        parts.append(torch.cat([chosen.double(), values.double(), ids.double()], dim=1).flatten())
+        requests.append((rid, list(positions), list(targets), min(k, vocab)))
+    if not requests:
+        return None
+    return DevicePromptLogprobs(requests, torch.cat(parts))
+
+
+class DeviceSample(NamedTuple):
+    """One device-path draw: int64 [S] ids on the device, the logprobs (None unless a row asks
+    for them) and the step's prompt logprobs (None unless a request asks for them)."""
+
+    token_ids: torch.Tensor
+    logprobs: Optional[DeviceLogprobs]
+    prompt: Optional[DevicePromptLogprobs] = None
+
+
+def device_logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, rows: list, counts: list, index
+) -> DeviceLogprobs:
+    """Logprobs of the rows `index` (int64 device tensor of `rows`) of raw logits [S, V]."""
+    lp = torch.log_softmax(raw.index_select(0, index).float(), dim=1)
+    chosen = lp.gather(1, tokens.index_select(0, index).view(-1, 1))
+    k = min(max(counts), lp.shape[1])
+    values, ids = torch.topk(lp, k, dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+    packed = torch.cat([chosen.double(), values.double(), ids.double()], dim=1)
+    return DeviceLogprobs(list(rows), list(counts), packed)
+
+
+def pack(sample: DeviceSample) -> torch.Tensor:
+    """The one buffer to copy: the ids alone (int64), or as float64 the ids, then the logprobs,
+    then the prompt logprobs (each part present only when asked for)."""
+    if sample.logprobs is None and sample.prompt is None:
+        return sample.token_ids
+    parts = [sample.token_ids.double()]
+    if sample.logprobs is not None:
+        parts.append(sample.logprobs.packed.flatten())
+    if sample.prompt is not None:
+        parts.append(sample.prompt.packed)
+    return torch.cat(parts)

@@ -1,0 +1,113 @@
+"""The logit edits of `sampling_penalties` with every index uploaded once per batch of params.
+
+Same order and semantics (vLLM's): allowed_token_ids -> min_tokens -> logit_bias -> penalties.
+The host functions of `sampling_penalties` build their index tensors from Python lists each
+call with a synchronous copy; here those tensors are built once per distinct params list (the
+Sampler's BatchPlan keeps the EditPlan) through pinned, non-blocking uploads, so a step of the
+device path (async scheduling) never makes the host wait. What changes per step is uploaded
+the same way and is small: which min_tokens rows are still below their minimum (the host knows
+num_output_tokens, placeholder included) and the output-count slots (`OutputCounts`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from enginespec.kernels import sampling as sampling_triton
+from enginespec.sample.penalties import penalty_columns, stop_ids_to_mask, upload
+
+NEG_INF = float("-inf")
+
+
+def _flat(rows_cols: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    both = upload(torch.tensor(rows_cols, dtype=torch.int64).view(-1, 2).t().contiguous(), device)
+    return both[0], both[1]
+
+
+class EditPlan:
+    """The edits one batch of requests asks for, on the device. Built from the requests of the
+    first call (stop ids and EOS come from them; params are frozen, so equal params lists
+    give equal plans for allowed ids, bias and penalties; EOS is per request and read again)."""
+
+    def __init__(self, requests: Sequence, vocab: int, device):
+        params = [r.params for r in requests]
+        self.device = device
+        self.allowed: Optional[tuple] = None
+        allowed_rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
+        if allowed_rows:
+            pairs = [(j, t) for j, i in enumerate(allowed_rows) for t in params[i].allowed_token_ids]
+            local, cols = _flat(pairs, device)
+            keep = torch.zeros((len(allowed_rows), vocab), dtype=torch.bool, device=device)
+            keep[local, cols] = True
+            self.allowed = (upload(torch.tensor(allowed_rows, dtype=torch.int64), device), keep)
+        self.bias: Optional[tuple] = None
+        bias = [(i, t, float(v)) for i, p in enumerate(params) for t, v in (p.logit_bias or {}).items()]
+        if bias:
+            r, c = _flat([(i, t) for i, t, _ in bias], device)
+            self.bias = (r, c, upload(torch.tensor([v for _, _, v in bias], dtype=torch.float32), device))
+        self.min_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
+        self.min_tokens = np.array([params[i].min_tokens for i in self.min_rows], dtype=np.int64)
+        self.min_index: Optional[tuple] = None
+        if self.min_rows:
+            pairs = [
+                (j, t)
+                for j, i in enumerate(self.min_rows)
+                for t in stop_ids_to_mask(requests[i])
+                if t < vocab
+            ]
+            if pairs:
+                local, cols = _flat(pairs, device)
+                rows = upload(torch.tensor(self.min_rows, dtype=torch.int64), device)
+                self.min_index = (local, rows.index_select(0, local), cols)
+        self.penalties = penalty_columns(params, device)
+        self.any = bool(self.allowed or self.bias or self.min_index is not None or self.penalties)
+
+    def apply(self, x: torch.Tensor, requests: Sequence, prompt_seen, counts) -> Optional[torch.Tensor]:
+        """Edit float32 x [S, V] in place. prompt_seen(requests) -> bool [R, V] for the penalty
+        rows; counts: the Sampler's OutputCounts. Returns the penalty rows' count slots (None
+        without penalty rows): the caller adds the tokens it draws there (`OutputCounts.add`)."""
+        if self.allowed is not None:
+            rows, keep = self.allowed
+            x.index_copy_(0, rows, x.index_select(0, rows).masked_fill(~keep, NEG_INF))
+        if self.min_index is not None:
+            self._apply_min_tokens(x, requests)
+        if self.bias is not None:
+            r, c, v = self.bias
+            x.index_put_((r, c), v, accumulate=True)
+        if self.penalties is not None:
+            return self._apply_penalties(x, requests, prompt_seen, counts)
+        return None
+
+    def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
+        """Stop ids (and EOS unless ignore_eos) at -inf on rows still below min_tokens; which
+        rows those are is this step's one small upload."""
+        num_out = np.fromiter(
+            (requests[i].num_output_tokens for i in self.min_rows), dtype=np.int64, count=len(self.min_rows)
+        )
+        below = upload(torch.from_numpy(num_out < self.min_tokens), x.device)
+        local, rows, cols = self.min_index
+        current = x[rows, cols]
+        x[rows, cols] = torch.where(below.index_select(0, local), torch.full_like(current, NEG_INF), current)
+
+    def _apply_penalties(self, x: torch.Tensor, requests: Sequence, prompt_seen, counts) -> torch.Tensor:
+        cols = self.penalties
+        reqs = [requests[i] for i in cols.rows]
+        slots = counts.slots(reqs)
+        out_counts = counts.gather(slots)
+        in_prompt = prompt_seen(reqs)
+        if sampling_triton.available(x.device) and x.stride(1) == 1:
+            sampling_triton.apply_penalties(
+                x, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres
+            )
+            return slots
+        rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
+        out_seen = out_counts > 0
+        sub = x.index_select(0, cols.index)
+        scaled = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(in_prompt | out_seen, scaled, sub)
+        sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)
+        x.index_copy_(0, cols.index, sub)
+        return slots

@@ -1,0 +1,108 @@
+"""Per-request output-token histograms kept on the device, updated from the sampled ids tensor.
+
+Frequency, presence and repetition penalties need each row's output-token counts. Rebuilding
+them from the host's token lists every step costs an upload of every history and, under async
+scheduling, cannot see the newest token: it is still a placeholder whose real id sits in the
+launched step's ids tensor. So the counts live in a device table (int32 [num_slots, V], one
+slot per request) and each device draw adds its sampled ids to its rows (`add`, a scatter on
+the device, no host round trip); the placeholder is thereby counted with its real id.
+
+Invariant: a slot holds the histogram of the request's first `num_counted` output tokens.
+`slots()` checks num_counted against request.num_output_tokens (placeholder included) and
+rebuilds a row from the host list when they differ: a new request, tokens appended outside the
+device path (the serial sampler, speculative tokens), or a batch that held the same request
+twice (the increments of such a call are not kept: the entry is marked stale). A rebuild skips
+ids >= vocab (a placeholder); in the engine a request holding a placeholder was counted by the
+step that drew it, so a rebuild never meets one (a rebuild that did would miss that one token).
+Slots of finished requests are released at the next call.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from enginespec.sample.penalties import upload
+
+
+class OutputCounts:
+    """The device table and the host bookkeeping: id(request) -> [request, slot, num_counted]
+    (the entry keeps the request alive, so its id cannot be reused while the entry lives)."""
+
+    def __init__(self, vocab: int, device):
+        self.vocab = vocab
+        self.device = torch.device(device)
+        self.table = torch.zeros((0, vocab), dtype=torch.int32, device=self.device)
+        self.entries: dict[int, list] = {}
+        self.free: list[int] = []
+
+    def _release_finished(self) -> None:
+        for key in [k for k, e in self.entries.items() if e[0].status.is_finished]:
+            self.free.append(self.entries.pop(key)[1])
+
+    def _grow(self, need: int) -> None:
+        """Room for `need` more slots: the table doubles (a copy, only when it grows)."""
+        if len(self.free) >= need:
+            return
+        old = self.table.shape[0]
+        new = max(2 * old, old + need - len(self.free), 16)
+        table = torch.zeros((new, self.vocab), dtype=torch.int32, device=self.device)
+        table[:old] = self.table
+        self.table = table
+        self.free.extend(range(new - 1, old - 1, -1))
+
+    def slots(self, requests: Sequence) -> torch.Tensor:
+        """Each row's slot (int64 [R] on the device), after rebuilding stale rows."""
+        self._release_finished()
+        missing = {id(r): r for r in requests if id(r) not in self.entries or self.entries[id(r)][0] is not r}
+        self._grow(len(missing))
+        for key, r in missing.items():
+            if key in self.entries:  # a dead request's id reused: its slot goes back first
+                self.free.append(self.entries.pop(key)[1])
+            self.entries[key] = [r, self.free.pop(), -1]
+        stale = [
+            self.entries[id(r)]
+            for r in dict.fromkeys(requests)
+            if self.entries[id(r)][2] != r.num_output_tokens
+        ]
+        if stale:
+            self._rebuild(stale)
+        return upload(
+            torch.tensor([self.entries[id(r)][1] for r in requests], dtype=torch.int64), self.device
+        )
+
+    def _rebuild(self, stale: list) -> None:
+        """Rows of `stale` entries from their host token lists: one upload, one scatter."""
+        lists = [[t for t in e[0].output_token_ids if t < self.vocab] for e in stale]
+        rows = upload(torch.tensor([e[1] for e in stale], dtype=torch.int64), self.device)
+        self.table.index_fill_(0, rows, 0)
+        lengths = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
+        total = int(lengths.sum())
+        if total:
+            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=total)
+            flat += np.repeat(np.array([e[1] for e in stale], dtype=np.int64) * self.vocab, lengths)
+            index = upload(torch.from_numpy(flat), self.device)
+            self.table.view(-1).scatter_add_(
+                0, index, torch.ones(total, dtype=torch.int32, device=self.device)
+            )
+        for e in stale:
+            e[2] = e[0].num_output_tokens
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """The counts of the given slots, int32 [R, V] (a copy)."""
+        return self.table.index_select(0, slots)
+
+    def add(self, requests: Sequence, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Count each row's sampled id (token_ids int64 [R], on the device) in its slot. Rows
+        are distinct requests in the engine; a call that repeats one marks it stale instead."""
+        if len(set(map(id, requests))) != len(requests):
+            for r in requests:
+                self.entries[id(r)][2] = -1
+            return
+        flat = slots * self.vocab + token_ids
+        self.table.view(-1).index_put_((flat,), torch.ones_like(flat, dtype=torch.int32), accumulate=True)
+        for r in requests:
+            self.entries[id(r)][2] += 1

@@ -1,0 +1,50 @@
+"""The warm-up at construction (engine/warmup.py) leaves no trace: an engine warmed up with
+EngineArgs.warmup=True generates exactly what a cold one does (seeded and unseeded rows under a
+fixed engine seed, penalties, logprobs), with stats from zero, the pool idle and the startup
+figures recorded. On the CPU the warm-up is off by default and tiny when forced."""
+
+from __future__ import annotations
+
+from enginespec.conformance.invariants import check_idle
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+PROMPTS = [{"prompt_token_ids": [(3 * i + j) % 90 + 4 for j in range(4 + 3 * i)]} for i in range(4)]
+PARAMS = [
+    SamplingParams(max_tokens=5, temperature=0.0),
+    SamplingParams(max_tokens=6, temperature=0.8, seed=3, logprobs=2),
+    SamplingParams(max_tokens=4, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.3),
+    SamplingParams(max_tokens=5, temperature=1.0),
+]
+
+
+def _run(warmup, model=None):
+    """An LLM (over `model`'s loaded weights when given: no second load) and its outputs."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+    from enginespec.llm import LLM
+
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=40,
+        seed=0,
+        warmup=warmup,
+    )
+    llm = LLM.from_engine(EngineCore(args, model=model))
+    stats = llm.engine.stats
+    assert stats.num_steps == 0 and stats.num_generated_tokens == 0
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    assert llm.startup_seconds > 0 and (stats.warmup_seconds > 0) == bool(warmup)
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+
+def test_warm_engine_generates_what_a_cold_one_does():
+    cold, cold_out = _run(None)
+    assert cold.engine.warmup_report is None  # off by default on the CPU
+    warm, warm_out = _run(True, cold.engine.model)
+    assert warm.engine.warmup_report.num_requests > 0
+    assert warm_out == cold_out

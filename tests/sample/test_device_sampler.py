@@ -1,0 +1,159 @@
+"""The device path (Sampler.sample_deferred, async scheduling's sampler) against the serial one.
+
+Every setting draws on the device: seeded rows must give the serial sampler's tokens and
+logprobs over several steps, with the newest token a placeholder (the id vocab_size) while the
+draw happens, as under async scheduling; distributions per setting by chi-square (the helpers
+of test_sampler); the Triton kernels (interpreted on CPU) against the torch path; the device
+output counts against the host lists.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from enginespec.sample import draw as sampling_draw
+from enginespec.sample.deferred import pack
+from enginespec.sample.output_counts import OutputCounts
+from enginespec.sample.sampler import Sampler
+from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
+from enginespec.spec import SamplingParams
+
+from .test_sampler import LOGITS6, MODES, N_DRAWS, assert_matches, make_request, reference_probs
+
+SETTINGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.7, top_p=0.8, top_k=20),
+    dict(top_p=0.9),
+    dict(min_p=0.1, temperature=1.3, logprobs=2),
+    dict(top_k=600, top_p=0.8),
+    dict(top_p=0.95, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.2, logprobs=3),
+    dict(logit_bias={3: 5.0, 7: -2.0}, top_k=5),
+    dict(allowed_token_ids=(1, 2, 3, 50), temperature=0.0, repetition_penalty=2.0),
+    dict(min_tokens=3, stop_token_ids=(4,), logprobs=0, presence_penalty=1.5),
+]
+
+
+def _requests(impl, vocab: int, count: int, seeded: bool = True):
+    rng = random.Random(0)
+    reqs = []
+    for i in range(count):
+        params = SamplingParams(seed=i if seeded else None, **SETTINGS[i % len(SETTINGS)])
+        reqs.append(make_request(impl, params, [rng.randrange(vocab) for _ in range(5)], rid=f"r{i}"))
+        for _ in range(rng.randrange(4)):
+            reqs[-1].append(rng.randrange(vocab))
+    return reqs
+
+
+def _run_steps(impl, vocab: int, num_steps: int, draw, seeded: bool = True) -> list:
+    """Tokens and logprobs of num_steps steps over the same requests; draw(sampler, logits,
+    reqs) -> (ids, logprobs, placeholder): with placeholder True the ids are appended as the
+    placeholder first and made real after the next draw, as async scheduling does."""
+    reqs, sampler = _requests(impl, vocab, 20, seeded), Sampler(vocab, seed=7)
+    gen, steps, pending = torch.Generator().manual_seed(3), [], None
+    for _ in range(num_steps):
+        logits = torch.randn(len(reqs), vocab, generator=gen) * 3
+        ids, logprobs, placeholder = draw(sampler, logits, reqs)
+        if pending is not None:
+            for r, t in zip(reqs, pending):
+                r.replace_last_token(t)
+        for r, t in zip(reqs, ids):
+            r.append(vocab if placeholder else t)
+        pending = ids if placeholder else None
+        steps.append((ids, logprobs))
+    return steps
+
+
+def _serial(sampler, logits, reqs):
+    out = sampler(logits, reqs)
+    return out.token_ids, out.logprobs, False
+
+
+def _deferred(sampler, logits, reqs):
+    sample = sampler.sample_deferred(logits, reqs)
+    flat = pack(sample).tolist()
+    ids = [int(t) for t in flat[: len(reqs)]]
+    return ids, sample.logprobs.unpack(flat[len(reqs) :], ids), True
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_device_path_equals_serial_over_steps_with_placeholders(impl, seeded):
+    """Every setting; unseeded rows too (one generator draw per call in both paths)."""
+    assert _run_steps(impl, 700, 5, _deferred, seeded) == _run_steps(impl, 700, 5, _serial, seeded)
+
+
+def test_device_path_triton_equals_torch(impl, monkeypatch):
+    """The device path with the Triton kernels (draw, penalties, top-p bisection; interpreted
+    on CPU) against the same path in torch, seeded rows over steps."""
+    from enginespec.kernels import sampling as sampling_triton
+    from enginespec.kernels import top_p as top_p_kernel
+
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    want = _run_steps(impl, 600, 2, _deferred)
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    monkeypatch.setattr(top_p_kernel, "available", lambda device: True)
+    assert _run_steps(impl, 600, 2, _deferred) == want
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_device_distribution_matches_exact(impl, mode, monkeypatch):
+    """Chunks of 4 tokens (the draw's CHUNK is read per call): a two-chunk draw over the tiny
+    vocabulary, and no padding of every row to 8192 columns, which would cost seconds."""
+    monkeypatch.setattr(sampling_draw, "CHUNK", 4)
+    req = make_request(impl, MODES[mode], prompt=(0, 2), outputs=(1, 1, 4))
+    logits = LOGITS6.expand(N_DRAWS, -1).contiguous()
+    ids = Sampler(6, seed=99).sample_deferred(logits, [req] * N_DRAWS).token_ids
+    assert_matches(torch.bincount(ids, minlength=6), reference_probs(LOGITS6, req))
+
+
+def test_top_p_bisection_kernel_matches_full_sort(monkeypatch):
+    """kernels.top_p (interpreted) gives the sorted definition's cut on flat rows, with min-p,
+    -inf columns and temperatures; rows that were not unsure keep their candidate cut."""
+    from enginespec.kernels import top_p as top_p_kernel
+
+    if top_p_kernel.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab = 3000
+    scales = torch.tensor([0.05, 0.5, 2.0, 0.05, 0.3, 0.01]).view(-1, 1)
+    x = torch.randn(6, vocab, generator=torch.Generator().manual_seed(0)) * scales
+    x[1, 5:40] = float("-inf")
+    plan = CutPlan(
+        [1.0, 0.7, 1.0, 1.3, 1.0, 1.0],
+        [0] * 6,
+        [0.9, 0.95, 0.5, 0.99, 0.3, 0.7],
+        [0, 0.01, 0, 0, 0.2, 0],
+        vocab,
+        "cpu",
+    )
+    thr, unsure = cut_thresholds(x, plan)
+    assert 0 < int(unsure.sum()) < 6, "the case needs unsure and settled rows"
+    redo = [plan.open_rows[j] for j, u in enumerate(unsure.tolist()) if u]
+    want = full_sort_thresholds(x, thr, plan, redo)
+    assert torch.equal(exact_thresholds(x, plan), want)
+    monkeypatch.setattr(top_p_kernel, "available", lambda device: True)
+    assert torch.equal(exact_thresholds(x, plan), want)
+
+
+def test_output_counts_rebuild_and_release(impl):
+    """Counts follow the host lists: incremental adds, a rebuild after tokens appended
+    elsewhere, a repeated request marked stale, finished requests' slots released."""
+    vocab = 10
+    counts = OutputCounts(vocab, "cpu")
+    a = make_request(impl, SamplingParams(), outputs=(1, 1, 2), rid="a")
+    b = make_request(impl, SamplingParams(), rid="b")
+    slots = counts.slots([a, b])
+    counts.add([a, b], slots, torch.tensor([3, 3]))
+    a.append(3)
+    b.append(3)
+    assert counts.gather(slots).tolist() == [[0, 2, 1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]]
+    b.append(9)  # appended outside the device path: rebuilt from the host list
+    assert counts.gather(counts.slots([b]))[0].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 1]
+    counts.add([a, a], counts.slots([a, a]), torch.tensor([4, 4]))  # stale: rebuilt next call
+    a.append(4)
+    assert counts.gather(counts.slots([a]))[0].tolist() == [0, 2, 1, 1, 1, 0, 0, 0, 0, 0]
+    a.status = type(a.status).FINISHED_STOPPED
+    counts.slots([b])
+    assert id(a) not in counts.entries and len(counts.entries) == 1
