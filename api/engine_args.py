@@ -10,7 +10,9 @@ step serial. `enforce_eager` (vLLM's name) turns CUDA graphs
 and compilation off. `model_impl` (vLLM's name): "auto" (the default: "merged" for every
 supported family), "merged" (our decoder wiring with q|k|v and gate|up merged into one GEMM
 each, over the checkpoint's own modules: merged_decoder.py) or "transformers" (transformers'
-own decoder forward).
+own decoder forward). `speculative_config` (vLLM's name): None, or a dict such as
+{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+(engine/spec_decode/config.py; validated when the engine is built).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class EngineArgs:
     async_scheduling: bool = True
     compile_backend: str = "inductor"
     model_impl: str = "auto"
+    speculative_config: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

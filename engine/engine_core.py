@@ -41,6 +41,7 @@ from enginespec.engine.async_scheduling import (
 )
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
+from enginespec.engine.spec_decode import SpecDecodeStats, SpecDecoder, SpeculativeConfig
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
@@ -66,6 +67,8 @@ class EngineStats:
     # GPU in it (waiting for the previous step's ids; near 0 means the GPU waited on the host).
     # The benchmark's per-batch-size breakdown reads it.
     step_trace: Optional[list] = None
+    # Speculative decoding's counters (engine/spec_decode/stats.py), None without a drafter.
+    spec_decode: Optional[SpecDecodeStats] = None
 
 
 class EngineCore:
@@ -79,6 +82,7 @@ class EngineCore:
                 f"preemption_mode='swap' needs an impl with the 'swap' capability; "
                 f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}"
             )
+        self.speculative_config = SpeculativeConfig.of(args.speculative_config)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         self.model = model if model is not None else self._load_model()
@@ -107,6 +111,7 @@ class EngineCore:
         )
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)
         self.stats = EngineStats()
+        self.spec = self._make_spec_decoder()
         self._parents: dict[str, Parent] = {}
         self._samples: dict[str, tuple[Parent, Sample]] = {}
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
@@ -145,6 +150,14 @@ class EngineCore:
         from enginespec.sample.sampler import Sampler
 
         return Sampler(self.model.vocab_size, self.model.device, seed=self.args.seed)
+
+    def _make_spec_decoder(self) -> Optional[SpecDecoder]:
+        config = self.speculative_config
+        if config is None:
+            return None
+        spec = SpecDecoder(config, self.sampler, self.model.device, self.max_model_len, self.args.seed)
+        self.stats.spec_decode = spec.stats
+        return spec
 
     @property
     def vocab_size(self) -> int:
@@ -304,6 +317,8 @@ class EngineCore:
 
     def _step(self, state: "_StepState", changed: dict, final_only: bool) -> list[RequestOutput]:
         with _span("schedule"):
+            if self.spec is not None:
+                self._propose(state, changed)
             output = self.scheduler.schedule()
             state.output = output
             state.computed = {r.request_id: r.num_computed_tokens for r, _ in output.scheduled}
@@ -318,6 +333,15 @@ class EngineCore:
         with self._phase("detokenize"):
             outputs = self._build_outputs(changed, final_only)
         return outputs
+
+    def _propose(self, state: "_StepState", changed: dict) -> None:
+        """Drafts for this step (spec_decode/decoder.py); waits for the step in flight only
+        when a request waiting for its real token would get some."""
+        spec = self.spec
+        assert spec is not None
+        if state.previous is not None and spec.wants_real_tokens(self.scheduler.running, self.vocab_size):
+            self._resolve(state.previous, changed)
+        spec.propose(self.scheduler.running, self.vocab_size)
 
     def _build_outputs(self, changed: dict, final_only: bool) -> list[RequestOutput]:
         outputs = [
@@ -344,13 +368,19 @@ class EngineCore:
         """Build, execute, sample and update one non-empty step (resolving the previous step's
         placeholders once this step is launched)."""
         output, previous = state.output, state.previous
+        drafts = self.spec.scheduled_drafts(output) if self.spec is not None else None
         with self._phase("prepare"):
             batch = self.runner.prepare(output, self.block_manager)
-            if previous is not None:
+            if previous is not None and not previous.resolved:  # resolved: the batch has real ids
                 rows, src = input_patch(output.scheduled, batch.meta.query_start_loc_cpu, previous)
                 apply_patch(batch.input_ids, rows, src, previous.ids)
+            if drafts:
+                batch = self.spec.widen(batch, output, drafts)
         with self._phase("execute"):
             result = self.runner.execute(batch)
+        if drafts:
+            self._verify_step(output, batch, result, drafts, changed, previous)
+            return
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
         ids = None
         if self.args.async_scheduling and not result.prompt_logits and deferrable(requests):
@@ -371,6 +401,23 @@ class EngineCore:
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
                 update = self.scheduler.update_from_output(output, token_map)
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
+        self._count_step(output, batch, wait)
+
+    def _verify_step(self, output, batch, result, drafts: dict, changed: dict, previous) -> None:
+        """The serial tail of a step with scheduled drafts: verify, update with the step cut
+        back to the accepted tokens, trim the rejected drafts' blocks (spec_decode/decoder.py)."""
+        spec = self.spec
+        assert spec is not None
+        wait = self._resolve(previous, changed)
+        with self._phase("sample"):
+            cut, tokens, logprobs = spec.sample(
+                output, batch.sample_request_ids, result.logits, lambda rid: self._samples[rid][1].request, drafts
+            )
+            self._record_prompt_logprobs(result.prompt_logits)
+        with self._phase("update"):
+            update = self.scheduler.update_from_output(cut, tokens)
+            spec.trim(output, cut, self.block_manager)
+            self._apply_update(update, logprobs, changed)
         self._count_step(output, batch, wait)
 
     def _count_step(self, output, batch, wait: float) -> None:
@@ -506,6 +553,8 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+            if self.spec is not None:
+                self.spec.forget(sample.request.request_id)
 
 
 @dataclass
