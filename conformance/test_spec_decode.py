@@ -59,12 +59,13 @@ def spec_engine(impl, family, workload, drafter_seed=None, **engine_args):
     return engine
 
 
-def check_run(engine, workload, family: str) -> None:
+def check_run(engine, workload, family: str) -> dict:
     finals = run_workload(engine, workload)
     check_outputs(workload, finals, family)
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
     assert engine.runner.num_swapped == 0, "a host swap copy outlived its request"
     assert not any(r.spec_token_ids for r in engine.scheduler.running)
+    return finals
 
 
 def test_greedy_parity_under_speculation(impl):
@@ -99,8 +100,11 @@ def test_speculation_on_forced_paths(impl, name):
         pytest.skip(f"impl {impl.name!r} has no 'swap' capability")
     workload = _forced(name, True)
     engine = spec_engine(impl, "qwen3", workload, drafter_seed=7)
-    check_run(engine, workload, "qwen3")
+    finals = check_run(engine, workload, "qwen3")
     stats = engine.stats.spec_decode
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+    per_sample = [c.spec_decode for out in finals.values() for c in out.outputs]
+    assert sum(p.num_draft_tokens for p in per_sample) == stats.num_draft_tokens
+    assert sum(p.num_accepted_tokens for p in per_sample) == stats.num_accepted_tokens
     if name in ("recompute", "swap"):
         assert engine.stats.num_preemptions > 0, "the pool was meant to force a preemption"

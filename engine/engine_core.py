@@ -219,7 +219,10 @@ class EngineCore:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, request.params)
-        return Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
+        sample = Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
+        if self.spec is not None:
+            sample.spec_decode = self.spec.track(request.request_id)
+        return sample
 
     def _validate(self, request_id, prompt_token_ids, params, priority) -> list[int]:
         if not isinstance(request_id, str) or not request_id:

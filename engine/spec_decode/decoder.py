@@ -149,12 +149,16 @@ class SpecDecoder:
         ]
         return dataclasses.replace(output, scheduled=scheduled), tokens, logprobs
 
+    def track(self, request_id: str) -> SpecDecodeStats:
+        """The counters of one request (created on first use, dropped by forget)."""
+        per = self.request_stats.get(request_id)
+        if per is None:
+            per = self.request_stats[request_id] = SpecDecodeStats()
+        return per
+
     def _observe(self, rid: str, num_drafts: int, num_accepted: int) -> None:
         self.stats.observe(num_drafts, num_accepted)
-        per = self.request_stats.get(rid)
-        if per is None:
-            per = self.request_stats[rid] = SpecDecodeStats()
-        per.observe(num_drafts, num_accepted)
+        self.track(rid).observe(num_drafts, num_accepted)
 
     @staticmethod
     def trim(output, cut, block_manager) -> None:
