@@ -133,7 +133,9 @@ def batch1(args, model_dir: Path, vocab: int, configs: dict) -> dict:
     prompts = passage_prompts(args.num_prompts, args.passage_len, vocab, args.seed)
     results, reference = {}, None
     for name, spec in configs.items():
-        llm = LLM(str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec)
+        llm = LLM(
+            str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
+        )
         _timed(llm, prompts[0], 8, args.device)  # warm-up: compile, graphs, kernels
         per_token, outputs = [], []
         for prompt in prompts:
@@ -163,7 +165,9 @@ def batch1(args, model_dir: Path, vocab: int, configs: dict) -> dict:
 def throughput(args, configs: dict) -> dict:
     from enginespec.llm import LLM
 
-    model_dir = checkpoints.make_checkpoint(args.shape, checkpoints.default_dir(args.shape), device=args.device)
+    model_dir = checkpoints.make_checkpoint(
+        args.shape, checkpoints.default_dir(args.shape), device=args.device
+    )
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     workload = make_workload(
         args.num_requests,
@@ -175,7 +179,9 @@ def throughput(args, configs: dict) -> dict:
     )
     results = {}
     for name, spec in configs.items():
-        llm = LLM(str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec)
+        llm = LLM(
+            str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
+        )
         warm_up(llm, workload, args.device)
         run = timed_generate(llm, workload, args.device, use_tqdm=False)
         results[name] = {"speculative_config": spec, **run, **spec_stats(llm)}

@@ -17,8 +17,8 @@ from enginespec.conformance.invariants import Harness, check_idle, step_bound
 from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import (
     RequestSpec,
-    drafts_for,
     drafting,
+    drafts_for,
     pressure_scenarios,
     scenarios,
 )

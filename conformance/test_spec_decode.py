@@ -78,7 +78,9 @@ def test_greedy_parity_under_speculation(impl):
     @seed(20)
     @settings(max_examples=max(1, settings.default.max_examples // 2))
     @given(
-        workload=engine_workloads(vocab=tiny_vocab("qwen3"), max_requests=5, max_tokens=MAX_TOKENS, swap=swap),
+        workload=engine_workloads(
+            vocab=tiny_vocab("qwen3"), max_requests=5, max_tokens=MAX_TOKENS, swap=swap
+        ),
         drafter=st.sampled_from([None, 0, 1]),
         async_scheduling=st.booleans(),
     )

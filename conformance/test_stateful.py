@@ -30,8 +30,8 @@ from enginespec.conformance.invariants import Harness
 from enginespec.conformance.plugin import impl_target
 from enginespec.conformance.strategies import (
     Limits,
-    drafts_for,
     drafting,
+    drafts_for,
     request_specs,
     scenarios,
     stems_for,

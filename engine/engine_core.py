@@ -41,7 +41,7 @@ from enginespec.engine.async_scheduling import (
 )
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
-from enginespec.engine.spec_decode import SpecDecodeStats, SpecDecoder, SpeculativeConfig
+from enginespec.engine.spec_decode import SpecDecoder, SpecDecodeStats, SpeculativeConfig
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
@@ -414,7 +414,11 @@ class EngineCore:
         wait = self._resolve(previous, changed)
         with self._phase("sample"):
             cut, tokens, logprobs = spec.sample(
-                output, batch.sample_request_ids, result.logits, lambda rid: self._samples[rid][1].request, drafts
+                output,
+                batch.sample_request_ids,
+                result.logits,
+                lambda rid: self._samples[rid][1].request,
+                drafts,
             )
             self._record_prompt_logprobs(result.prompt_logits)
         with self._phase("update"):

@@ -18,7 +18,6 @@ exactly when every sample has a finish_reason.
 from __future__ import annotations
 
 import copy
-
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 

@@ -373,7 +373,10 @@ class Sampler:
             if unsure is not None and bool(unsure.any()):
                 redo = unsure.nonzero().flatten().tolist()  # indices among the cut rows
                 sub = full_sort_thresholds(
-                    x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, redo
+                    x.index_select(0, plan.cut_index),
+                    thr.index_select(0, plan.cut_index),
+                    plan.cut_plan,
+                    redo,
                 )
                 thr = thr.index_copy(0, plan.cut_index, sub)
             x = x.masked_fill(x < thr.view(-1, 1), float("-inf"))

@@ -39,7 +39,9 @@ from enginespec.spec import Status
 class SpecDecoder:
     """Drafter, verifier and counters of one engine."""
 
-    def __init__(self, config: SpeculativeConfig, sampler, device, max_model_len: int, seed: Optional[int] = 0):
+    def __init__(
+        self, config: SpeculativeConfig, sampler, device, max_model_len: int, seed: Optional[int] = 0
+    ):
         self.config = config
         self.sampler = sampler
         self.max_model_len = max_model_len
@@ -137,14 +139,20 @@ class SpecDecoder:
         index = torch.tensor(spec_rows, dtype=torch.long, device=logits.device)
         requests = [request_of(rid) for rid in spec_ids]
         result = verify(
-            self.sampler, logits.index_select(0, index), requests, [drafts[rid] for rid in spec_ids], self.generator
+            self.sampler,
+            logits.index_select(0, index),
+            requests,
+            [drafts[rid] for rid in spec_ids],
+            self.generator,
         )
         accepted = dict(zip(spec_ids, result.num_accepted))
         tokens.update(zip(spec_ids, result.token_ids))
         for rid, a in accepted.items():
             self._observe(rid, len(drafts[rid]), a)
         scheduled = [
-            (r, n - len(drafts[r.request_id]) + accepted[r.request_id]) if r.request_id in accepted else (r, n)
+            (r, n - len(drafts[r.request_id]) + accepted[r.request_id])
+            if r.request_id in accepted
+            else (r, n)
             for r, n in output.scheduled
         ]
         return dataclasses.replace(output, scheduled=scheduled), tokens, logprobs

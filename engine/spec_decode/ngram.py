@@ -9,8 +9,10 @@ Why an index rather than a scan: a scan costs O(L) per request per step (a numpy
 compare is ~20-50 us per request at L = 2k, 5-10 ms per step at batch 256, more than a decode
 step's GPU time). The index maps each n-gram to the earliest position it starts at among those
 followed by at least one token (the earliest has the longest known continuation: in a loop or a
-quoted passage the latest occurrence is often right before the suffix, with one token after it); appending a token adds one entry per n, a proposal is one
-lookup per n. The prompt is indexed in one pass of C-level zips when first seen.
+quoted passage the latest occurrence is often right before the suffix, with one token after
+it); appending a token adds one entry per n, a proposal is one
+lookup per n. The prompt is indexed in one pass of C-level zips when first seen (a numpy
+vectorisation does not help here: the index makes each proposal O(max - min + 1)).
 
 Invariant: `State.length` tokens are indexed and entries satisfy p + n <= length - 1, so a
 suffix never matches itself. Token ids are append-only in a request's life (a recompute keeps

@@ -112,7 +112,9 @@ class ServerMetrics:
         self.spec_decode_num_drafts = counter(
             "vllm:spec_decode_num_drafts", "Verification steps of a request with at least one draft"
         )
-        self.spec_decode_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified")
+        self.spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens verified"
+        )
         self.spec_decode_num_accepted_tokens = counter(
             "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"
         )

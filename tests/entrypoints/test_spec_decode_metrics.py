@@ -34,7 +34,8 @@ def test_engine_loop_publishes_spec_decode_counters():
     assert _value(metrics, "vllm:spec_decode_num_draft_tokens_total") == 7
     assert _value(metrics, "vllm:spec_decode_num_accepted_tokens_total") == 5
     per_pos = [
-        _value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)
+        _value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+        for i in range(3)
     ]
     assert per_pos == [2, 2, 1]
     assert stats.acceptance_rate_per_pos == [2 / 3, 1.0, 0.5]
