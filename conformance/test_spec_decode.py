@@ -34,7 +34,9 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 class OracleDrafter:
     """Drafts = transformers' greedy continuation of the prompt from the request's output
-    position on, one of them replaced by a wrong id with probability `corrupt`."""
+    position on, one of them replaced by a wrong id with probability `corrupt` (not the first
+    of several: a rejected proposal backs the request off, and the forced paths are short;
+    whole rejections still come from single drafts and the n-gram drafter)."""
 
     def __init__(self, family: str, vocab: int, rng: random.Random, corrupt: float = 0.3):
         self.family, self.vocab, self.rng, self.corrupt = family, vocab, rng, corrupt
@@ -44,7 +46,7 @@ class OracleDrafter:
         done = num_real - request.num_prompt_tokens
         drafts = list(ref[done : done + min(3, max_drafts)])
         if drafts and self.rng.random() < self.corrupt:
-            i = self.rng.randrange(len(drafts))
+            i = self.rng.randrange(1, len(drafts)) if len(drafts) > 1 else 0  # a prefix survives
             drafts[i] = (drafts[i] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
         return drafts
 

@@ -53,6 +53,8 @@ class SpecDecoder:
         self.generator = torch.Generator(device=torch.device(device))
         self.generator.manual_seed(0 if seed is None else seed)
         self._drafted: list = []
+        self._num_steps = 0  # proposals made (the back-off's clock)
+        self._backoff: dict[str, tuple[int, int]] = {}  # id -> (rejections in a row, next step)
 
     # ---- proposing ----------------------------------------------------------------------------
 
@@ -81,11 +83,18 @@ class SpecDecoder:
         return False
 
     def propose(self, running, placeholder: int) -> int:
-        """Give each eligible running decode its drafts; returns how many requests got some."""
+        """Give each eligible running decode its drafts; returns how many requests got some.
+        A request whose last j proposals were all rejected outright waits 2**min(j, 6) steps
+        before the next (speculation must not cost when it does not help: a step with drafts
+        is verified serially, without async overlap or a CUDA graph)."""
         self.clear()
+        self._num_steps += 1
+        backoff = self._backoff
         for r in running:
             limit = self._limit(r)
             if limit < 1 or r.token_ids[-1] == placeholder:
+                continue
+            if backoff and r.request_id in backoff and backoff[r.request_id][1] > self._num_steps:
                 continue
             drafts = self.drafter.propose(r, r.num_tokens, limit)
             if drafts:
@@ -131,6 +140,7 @@ class SpecDecoder:
             k += d + 1
         tokens: dict[str, list[int]] = {}
         logprobs: dict = {}
+        saved_plan = getattr(self.sampler, "_last_plan", None)  # the plain steps' plan, kept
         if plain_ids:
             sub = logits.index_select(0, torch.tensor(plain_rows, dtype=torch.long, device=logits.device))
             out = self.sampler(sub, [request_of(rid) for rid in plain_ids])
@@ -145,6 +155,8 @@ class SpecDecoder:
             [drafts[rid] for rid in spec_ids],
             self.generator,
         )
+        if saved_plan is not None:
+            self.sampler._last_plan = saved_plan
         accepted = dict(zip(spec_ids, result.num_accepted))
         tokens.update(zip(spec_ids, result.token_ids))
         for rid, a in accepted.items():
@@ -167,6 +179,11 @@ class SpecDecoder:
     def _observe(self, rid: str, num_drafts: int, num_accepted: int) -> None:
         self.stats.observe(num_drafts, num_accepted)
         self.track(rid).observe(num_drafts, num_accepted)
+        if num_accepted:
+            self._backoff.pop(rid, None)
+        else:
+            misses = self._backoff.get(rid, (0, 0))[0] + 1
+            self._backoff[rid] = (misses, self._num_steps + 2 ** min(misses, 6))
 
     @staticmethod
     def trim(output, cut, block_manager) -> None:
@@ -179,3 +196,4 @@ class SpecDecoder:
         """A request the engine forgot: its index and counters go."""
         self.drafter.forget(request_id)
         self.request_stats.pop(request_id, None)
+        self._backoff.pop(request_id, None)
