@@ -10,6 +10,7 @@ corrupting one draft (so acceptance, partial acceptance and rejection all happen
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -112,3 +113,32 @@ def test_speculation_on_forced_paths(impl, name):
     assert sum(p.num_accepted_tokens for p in per_sample) == stats.num_accepted_tokens
     if name in ("recompute", "swap"):
         assert engine.stats.num_preemptions > 0, "the pool was meant to force a preemption"
+
+
+@pytest.mark.parametrize("phase", ["sample", "update"])
+def test_a_failed_speculative_step_fails_only_its_requests(impl, phase):
+    """A fault while drafts are being verified (or the cut step applied) fails that step's
+    requests with finish_reason "error", leaves the pool consistent (nothing published that
+    was not computed: the idle check after the run), and later requests still follow greedy."""
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+
+    workload = dataclasses.replace(
+        _forced("prefix_hit", True),
+        requests=(R("a", tuple(range(10, 22)), 6), R("b", tuple(range(10, 22)), 6)),
+    )
+    engine = spec_engine(impl, "qwen3", workload, drafter_seed=3)
+    fired = []
+
+    def hook(name):
+        if name == phase and not fired and any(r.spec_token_ids for r in engine.scheduler.running):
+            fired.append(name)
+            raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    finals = run_workload(engine, workload)
+    assert fired, "no speculative step ran"
+    assert {c.finish_reason for out in finals.values() for c in out.outputs} == {"error"}
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    engine.fault_hook = None
+    again = dataclasses.replace(workload, requests=(R("c", tuple(range(10, 22)), 6),))
+    check_run(engine, again, "qwen3")  # the prefix cache the failed step left is sound
