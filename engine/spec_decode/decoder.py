@@ -75,11 +75,15 @@ class SpecDecoder:
     def wants_real_tokens(self, running, placeholder: int) -> bool:
         """Whether some decode waiting for a placeholder's real id would get drafts (looked up
         on the tokens before the placeholder): the engine then resolves the step in flight."""
+        step, backoff = self._num_steps + 1, self._backoff
         for r in running:
             tokens = r.token_ids
-            if tokens[-1] == placeholder and self._limit(r) > 0:
-                if self.drafter.propose(r, len(tokens) - 1, 1):
-                    return True
+            if tokens[-1] != placeholder or self._limit(r) < 1:
+                continue
+            if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
+                continue  # would not be drafted for this step anyway
+            if self.drafter.propose(r, len(tokens) - 1, 1):
+                return True
         return False
 
     def propose(self, running, placeholder: int) -> int:
