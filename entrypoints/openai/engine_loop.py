@@ -372,8 +372,9 @@ class EngineLoop:
         self.metrics.num_preemptions.inc(max(0, counts[0] - p0))
         self.metrics.prefix_cache_queries.inc(max(0, counts[1] - q0) * bs)
         self.metrics.prefix_cache_hits.inc(max(0, counts[2] - h0) * bs)
-        if self.engine.stats.spec_decode is not None:
-            self.metrics.observe_spec_decode(self.engine.stats.spec_decode)
+        spec_decode = getattr(self.engine.stats, "spec_decode", None)  # None: no drafter
+        if spec_decode is not None:
+            self.metrics.observe_spec_decode(spec_decode)
 
     def _publish_state(self) -> None:
         engine = self.engine
