@@ -3,7 +3,8 @@
 Per step, around an unchanged scheduler:
 1. `propose` (before schedule()): drafts from the previous step are dropped (drafts are valid
    for the next step only); each running decode (only its newest token uncomputed, no
-   logprobs asked, newest token real) gets up to min(k, max_tokens - num_output - 1,
+   logprobs asked, not a seeded sampled request, whose draws must not depend on the batch;
+   newest token real) gets up to min(k, max_tokens - num_output - 1,
    max_model_len - num_tokens - 1) drafts in `spec_token_ids`, so that accepting them all
    plus the bonus token never passes a length limit.
 2. schedule() counts them against the budget: a request's scheduled n may cut them short.
@@ -33,6 +34,7 @@ from enginespec.engine.spec_decode.config import SpeculativeConfig
 from enginespec.engine.spec_decode.ngram import NgramDrafter
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 from enginespec.engine.spec_decode.verify import logits_rows, verify
+from enginespec.sample.sampler import GREEDY_EPS
 from enginespec.spec import Status
 
 
@@ -62,8 +64,9 @@ class SpecDecoder:
         """Drafts r may take: accepting all of them and the bonus stays within its limits."""
         if r.status is not Status.RUNNING or r.num_computed_tokens != r.num_tokens - 1:
             return 0
-        if r.params.logprobs is not None:
-            return 0
+        p = r.params
+        if p.logprobs is not None or (p.seed is not None and p.temperature >= GREEDY_EPS):
+            return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
         return min(r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
 
     def clear(self) -> None:

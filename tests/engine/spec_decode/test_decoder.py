@@ -1,5 +1,6 @@
-"""SpecDecoder's proposal rules: who gets drafts, how many, for one step only, and the back-off
-of a request whose drafts keep being rejected."""
+"""SpecDecoder's proposal rules: who gets drafts (not prefilling, swapped, logprobs or seeded
+sampled requests, nor one waiting for its async token), how many, for one step only, and the
+back-off of a request whose drafts keep being rejected."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ PLACEHOLDER = 99
 
 
 class _Req:
-    def __init__(self, rid, tokens, max_tokens=10, computed=None, status=Status.RUNNING, logprobs=None):
+    def __init__(self, rid, tokens, max_tokens=10, computed=None, status=Status.RUNNING, **params):
         self.request_id, self.token_ids, self.status = rid, list(tokens), status
-        self.params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs)
+        self.params = SamplingParams(max_tokens=max_tokens, **params)
         self.num_prompt_tokens = 4
         self.num_computed_tokens = len(tokens) - 1 if computed is None else computed
         self.spec_token_ids: list[int] = []
@@ -42,11 +43,14 @@ def test_only_running_decodes_without_logprobs_get_drafts_within_their_limits():
         _Req("near", LOOP, max_tokens=5),  # room for 1 draft
         _Req("chunk", LOOP, computed=3),  # still prefilling
         _Req("lp", LOOP, logprobs=1),
+        _Req("seeded", LOOP, temperature=1.0, seed=5),
+        _Req("sampled", LOOP, temperature=1.0),
         _Req("swapped", LOOP, status=Status.SWAPPED),
         _Req("async", LOOP + [PLACEHOLDER]),
     ]
-    assert spec.propose(reqs, PLACEHOLDER) == 2
-    assert {r.request_id: r.spec_token_ids for r in reqs if r.spec_token_ids} == {"a": [2, 3, 1], "near": [2]}
+    assert spec.propose(reqs, PLACEHOLDER) == 3
+    drafted = {r.request_id: r.spec_token_ids for r in reqs if r.spec_token_ids}
+    assert drafted == {"a": [2, 3, 1], "near": [2], "sampled": [2, 3, 1]}
     assert spec.wants_real_tokens(reqs, PLACEHOLDER)  # "async" would draft from [.., 3, 1]
     spec.propose([], PLACEHOLDER)  # the next step: last step's drafts are gone
     assert not any(r.spec_token_ids for r in reqs)
