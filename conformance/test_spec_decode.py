@@ -142,3 +142,27 @@ def test_a_failed_speculative_step_fails_only_its_requests(impl, phase):
     engine.fault_hook = None
     again = dataclasses.replace(workload, requests=(R("c", tuple(range(10, 22)), 6),))
     check_run(engine, again, "qwen3")  # the prefix cache the failed step left is sound
+
+
+def test_sampled_requests_under_speculation_and_preemption(impl):
+    """Sampled rows (temperature, top-k, a penalty) are verified by rejection sampling through
+    the whole engine while the pool forces preemption: every request ends with its length,
+    tokens in the vocabulary, the pool idle, and drafts were verified."""
+    from enginespec.spec import SamplingParams
+
+    workload = _forced("recompute", True)
+    engine = spec_engine(impl, "qwen3", workload, drafter_seed=5)
+    params = SamplingParams(max_tokens=6, temperature=0.8, top_k=5, repetition_penalty=1.2, ignore_eos=True)
+    for r in workload.requests:
+        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
+    finals = {}
+    for _ in range(200):
+        finals.update((out.request_id, out) for out in engine.step() if out.finished)
+        if not engine.has_unfinished:
+            break
+    vocab = tiny_vocab("qwen3")
+    for r in workload.requests:
+        tokens = finals[r.request_id].outputs[0].token_ids
+        assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens), tokens
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_draft_tokens > 0
