@@ -57,6 +57,7 @@ class SpecDecoder:
         self._drafted: list = []
         self._num_steps = 0  # proposals made (the back-off's clock)
         self._backoff: dict[str, tuple[int, int]] = {}  # id -> (rejections in a row, next step)
+        self._lagged: Optional[str] = None  # the request wants_real_tokens waited for
 
     # ---- proposing ----------------------------------------------------------------------------
 
@@ -86,6 +87,7 @@ class SpecDecoder:
             if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
                 continue  # would not be drafted for this step anyway
             if self.drafter.propose(r, len(tokens) - 1, 1):
+                self._lagged = r.request_id
                 return True
         return False
 
@@ -107,6 +109,9 @@ class SpecDecoder:
             if drafts:
                 r.spec_token_ids = drafts
                 self._drafted.append(r)
+            elif r.request_id == self._lagged:
+                self._miss(r.request_id)  # the engine waited for nothing: back off as on a rejection
+        self._lagged = None
         return len(self._drafted)
 
     # ---- one step with drafts ------------------------------------------------------------------
@@ -189,8 +194,11 @@ class SpecDecoder:
         if num_accepted:
             self._backoff.pop(rid, None)
         else:
-            misses = self._backoff.get(rid, (0, 0))[0] + 1
-            self._backoff[rid] = (misses, self._num_steps + 2 ** min(misses, 6))
+            self._miss(rid)
+
+    def _miss(self, rid: str) -> None:
+        misses = self._backoff.get(rid, (0, 0))[0] + 1
+        self._backoff[rid] = (misses, self._num_steps + 2 ** min(misses, 6))
 
     @staticmethod
     def trim(output, cut, block_manager) -> None:

@@ -68,3 +68,13 @@ def test_a_request_whose_drafts_are_rejected_backs_off_exponentially():
     assert [i for i, d in enumerate(drafted) if d] == [0, 2, 6]
     spec._observe("a", 3, 1)  # an acceptance resets the back-off
     assert spec.propose([r], PLACEHOLDER) == 1
+
+
+def test_waiting_for_a_token_that_then_drafts_nothing_backs_off():
+    spec = _decoder()
+    r = _Req("a", LOOP + [PLACEHOLDER])  # the lagged look-up ([3, 1]) would draft
+    assert spec.wants_real_tokens([r], PLACEHOLDER)
+    r.token_ids[-1] = 7  # the real token: [1, 7] never occurred, nothing to draft
+    assert spec.propose([r], PLACEHOLDER) == 0
+    r.token_ids[-1] = PLACEHOLDER
+    assert not spec.wants_real_tokens([r], PLACEHOLDER)  # backing off: no more waiting
