@@ -21,6 +21,13 @@ be drafted for. `wants_real_tokens` asks the drafter about the tokens before the
 (a lagged look-up); only when one would match does the engine wait for the step in flight
 first. A workload where nothing matches keeps its async overlap, and a step with scheduled
 drafts always runs serially (its samples are read on the host).
+
+CUDA graphs: decode graphs are captured for one token per request, so a step with drafts runs
+the (compiled) body without a graph; steps without drafts replay graphs as before.
+
+Back-off: a request whose proposal is rejected outright (or that the engine waited for and
+then drafted nothing) skips the next 2**min(j, 6) - 1 proposals, j its misses in a row; an
+accepted draft resets it. Speculation then costs little where it does not help.
 """
 
 from __future__ import annotations
