@@ -14,6 +14,9 @@ own decoder forward). `tensor_parallel_size` (vLLM's name): shard the model over
 ranks, one process each (rank 0 is the engine's own; worker/tp_group.py), gloo on the CPU and
 one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at construction
 (engine/warmup.py), so the first generate() is as fast as later ones; None = on for CUDA.
+`speculative_config` (vLLM's name): None, or a dict such as {"method": "ngram",
+"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+(engine/spec_decode/config.py; validated when the engine is built).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class EngineArgs:
     model_impl: str = "auto"
     tensor_parallel_size: int = 1
     warmup: Optional[bool] = None
+    speculative_config: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

@@ -9,7 +9,7 @@ in the last one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 # One position's logprobs: {token id: logprob}; the sampled token is always a key.
 Logprobs = dict[int, float]
@@ -27,6 +27,8 @@ class CompletionOutput:
       (max_tokens or max_model_len), "abort", or "error" (a step it was part of failed; the
       engine served on).
     - error: for finish_reason "error", the exception's type and message; else None.
+    - spec_decode: with speculative decoding on, this sample's drafted / accepted counts and
+      acceptance by draft position so far (SpecDecodeStats); else None.
     - stop_reason: the stop token id or stop string that ended it, else None.
     - logprobs: per output position a dict {token id: logprob} (sampled token + top-k) when the
       request asked for logprobs, else None.
@@ -39,6 +41,7 @@ class CompletionOutput:
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[list[Logprobs]] = None
     error: Optional[str] = None
+    spec_decode: Optional[Any] = None  # engine.spec_decode.SpecDecodeStats of this sample, or None
 
     @property
     def finished(self) -> bool:

@@ -480,18 +480,31 @@ class StepResult:
         )
 
 
-def reject_drafts(out: SchedulerOutput) -> SchedulerOutput:
-    """The engine's verification of draft tokens, in its simplest conforming form: every draft
-    is rejected. The output is cut back to each request's known tokens (drafts cleared), so
-    update_from_output sees a plain step; the caller gives the drafts' extra slots back (trim).
-    Requests that carried no drafts are unchanged."""
-    scheduled = []
+def verify_drafts(out: SchedulerOutput, model) -> tuple[SchedulerOutput, dict]:
+    """The engine's verification of draft tokens (engine/spec_decode) with the fake model as the
+    target, greedy: a request with d scheduled drafts D keeps the longest prefix D[:a] that the
+    model itself would produce, then the model's next token. The step is cut back to
+    known + a tokens (drafts cleared), so update_from_output sees the accepted drafts as
+    computed and appends D[:a] + [next]; the caller gives the rejected drafts' slots back
+    (trim). Returns (cut output, samples); requests without scheduled drafts are unchanged."""
+    scheduled, sampled = [], {}
     for r, n in out.scheduled:
         known = r.num_tokens - r.num_computed_tokens
+        drafts = list(r.spec_token_ids[: max(0, n - known)])
         if r.spec_token_ids:
             r.spec_token_ids = []
-        scheduled.append((r, min(n, known)))
-    return dataclasses.replace(out, scheduled=scheduled)
+        if r.num_computed_tokens + n < r.num_tokens:
+            scheduled.append((r, n))  # a mid-prompt chunk: nothing sampled
+            continue
+        history, accepted = list(r.token_ids), []
+        for d in drafts:
+            if model.next_token(history) != d:
+                break
+            history.append(d)
+            accepted.append(d)
+        scheduled.append((r, known + len(accepted)))
+        sampled[r.request_id] = accepted + [model.next_token(history)]
+    return dataclasses.replace(out, scheduled=scheduled), sampled
 
 
 @dataclass
@@ -569,9 +582,8 @@ class Harness:
         )
         check_schedule(view)
         check_pool(view.post, self.num_blocks)
-        verified = reject_drafts(out)
+        verified, sampled = verify_drafts(out, self.model)
         pre_update = snapshot(self.sched, self.live)
-        sampled = self.model.sample(verified)
         upd = self.sched.update_from_output(verified, sampled)
         check_update(self.config, pre_update, verified, sampled, upd)
         for r in upd.finished:

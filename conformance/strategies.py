@@ -258,6 +258,22 @@ def draft_token_lists(max_drafts: int = 3):
     return token_lists(min_size=1, max_size=max_drafts)
 
 
+@st.composite
+def drafts_for(draw, request, model, max_drafts: int = 3):
+    """Drafts for a decoding request: half the time the fake model's own continuation (so the
+    verifier accepts some: all of them, or a prefix when a drawn position is corrupted), else
+    arbitrary ids (mostly rejected)."""
+    if draw(st.booleans()):
+        return draw(draft_token_lists(max_drafts))
+    history, drafts = list(request.token_ids), []
+    for _ in range(draw(st.integers(1, max_drafts))):
+        drafts.append(model.next_token(history))
+        history.append(drafts[-1])
+    if draw(st.booleans()):
+        drafts[draw(st.integers(0, len(drafts) - 1))] = draw(st.integers(0, VOCAB_SIZE - 1))
+    return drafts
+
+
 def drafting(request) -> bool:
     """Whether a drafter may propose for this request now: it is running and decoding (only
     its newest token is uncomputed) and has no drafts yet."""

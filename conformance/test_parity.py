@@ -65,8 +65,9 @@ def hf_greedy(family: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Te
     return _HF_OUTPUTS[key]
 
 
-def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu"):
-    """An EngineCore over a FlatModel loaded once per (impl, family, device)."""
+def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu", **engine_args):
+    """An EngineCore over a FlatModel loaded once per (impl, family, device); engine_args are
+    further EngineArgs (speculative_config, ...)."""
     from enginespec.engine.engine_core import EngineCore
     from enginespec.engine_args import EngineArgs
     from enginespec.worker.flat_model import FlatModel
@@ -80,7 +81,13 @@ def engine_for(impl, family: str, workload, seed: int = 0, device: str = "cpu"):
         )
         _TOKENIZERS[family] = load_tokenizer(path)
     args = EngineArgs(
-        model=str(path), impl=impl, dtype="float32", device=device, seed=seed, **workload.engine_kwargs()
+        model=str(path),
+        impl=impl,
+        dtype="float32",
+        device=device,
+        seed=seed,
+        **workload.engine_kwargs(),
+        **engine_args,
     )
     return EngineCore(args, model=_FLAT_MODELS[key], tokenizer=_TOKENIZERS[family])
 

@@ -17,8 +17,8 @@ from enginespec.conformance.invariants import Harness, check_idle, step_bound
 from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import (
     RequestSpec,
-    draft_token_lists,
     drafting,
+    drafts_for,
     pressure_scenarios,
     scenarios,
 )
@@ -98,7 +98,8 @@ def test_abort_from_any_state(impl, scn, data):
 def test_draft_tokens_are_scheduled_within_the_limits(impl, scn, data):
     """Before every step a drafter gives some decoding requests 1-3 draft tokens
     (spec_token_ids): they are scheduled within budget and seats, their slots are allocated but
-    never published, and (rejected by the engine, slots given back) every request finishes."""
+    never published, the verifier keeps a prefix (the fake model's own continuation) and gives
+    the rejected drafts' slots back (trim), and every request finishes."""
     h = Harness.for_scenario(impl, scn)
     for spec in scn.requests:
         h.add(spec)
@@ -107,7 +108,7 @@ def test_draft_tokens_are_scheduled_within_the_limits(impl, scn, data):
         assert h.num_steps < bound, "not finished (livelock?)"
         for rid in sorted(rid for rid, r in h.live.items() if drafting(r)):
             if data.draw(st.booleans(), label=f"draft for {rid}"):
-                h.propose(rid, data.draw(draft_token_lists(), label="drafts"))
+                h.propose(rid, data.draw(drafts_for(h.live[rid], h.model), label="drafts"))
         h.step()
     check_idle(h.bm.state(), scn.num_blocks)
 

@@ -30,8 +30,8 @@ from enginespec.conformance.invariants import Harness
 from enginespec.conformance.plugin import impl_target
 from enginespec.conformance.strategies import (
     Limits,
-    draft_token_lists,
     drafting,
+    drafts_for,
     request_specs,
     scenarios,
     stems_for,
@@ -169,9 +169,10 @@ class EngineLockstep(RuleBasedStateMachine):
     @precondition(lambda self: any(drafting(r) for r in self.sides[0].live.values()))
     @rule(data=st.data())
     def propose_drafts(self, data):
-        """Draft tokens on a decoding request: scheduled with it, then rejected by the engine."""
+        """Draft tokens on a decoding request: scheduled with it, then verified against the fake
+        model (a prefix accepted, the rest trimmed), identically on both sides."""
         rid = data.draw(st.sampled_from(sorted(rid for rid, r in self.sides[0].live.items() if drafting(r))))
-        drafts = data.draw(draft_token_lists())
+        drafts = data.draw(drafts_for(self.sides[0].live[rid], self.sides[0].model))
         self.agree(lambda side: side.propose(rid, drafts), f"propose_drafts({rid}, {drafts})", "propose")
 
     @rule(num_steps=st.integers(1, 4))

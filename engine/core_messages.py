@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
+from enginespec.engine.spec_decode.stats import SpecDecodeStats
 from enginespec.spec import SamplingParams
 
 #: the names of ("call", token, name): stop stepping, step again, fail the next step's requests
@@ -111,3 +112,4 @@ class EngineState:
     num_preemptions: int = 0
     num_prefix_queries: int = 0
     num_prefix_hits: int = 0
+    spec_decode: Optional[SpecDecodeStats] = None  # a copy of EngineStats.spec_decode (None: no drafter)

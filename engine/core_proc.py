@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import queue
@@ -37,6 +38,7 @@ from enginespec.engine.core_messages import (
     ErrorInfo,
     NewRequest,
 )
+from enginespec.engine.spec_decode.stats import SpecDecodeStats
 
 
 class InjectedFault(RuntimeError):
@@ -151,6 +153,18 @@ def engine_state(engine, paused: bool) -> EngineState:
         num_preemptions=engine.stats.num_preemptions,
         num_prefix_queries=queries * bs,
         num_prefix_hits=hits * bs,
+        spec_decode=_copy_spec_decode(engine.stats),
+    )
+
+
+def _copy_spec_decode(stats) -> Optional[SpecDecodeStats]:
+    """A snapshot of the engine's cumulative spec-decode counters: the sender thread pickles
+    the message later, while the engine goes on counting."""
+    live = getattr(stats, "spec_decode", None)
+    if live is None:
+        return None
+    return dataclasses.replace(
+        live, drafts_per_pos=list(live.drafts_per_pos), accepted_per_pos=list(live.accepted_per_pos)
     )
 
 

@@ -41,6 +41,7 @@ from enginespec.engine.async_scheduling import (
 )
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
+from enginespec.engine.spec_decode import SpecDecoder, SpecDecodeStats, SpeculativeConfig
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
@@ -72,6 +73,8 @@ class EngineStats:
     # GPU in it (waiting for the previous step's ids; near 0 means the GPU waited on the host).
     # The benchmark's per-batch-size breakdown reads it.
     step_trace: Optional[list] = None
+    # Speculative decoding's counters (engine/spec_decode/stats.py), None without a drafter.
+    spec_decode: Optional[SpecDecodeStats] = None
 
 
 class EngineCore:
@@ -86,6 +89,7 @@ class EngineCore:
                 f"preemption_mode='swap' needs an impl with the 'swap' capability; "
                 f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}"
             )
+        self.speculative_config = SpeculativeConfig.of(args.speculative_config)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         if args.tensor_parallel_size > 1 and model is not None:
@@ -119,6 +123,7 @@ class EngineCore:
         )
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)
         self.stats = EngineStats()
+        self.spec = self._make_spec_decoder()
         self._parents: dict[str, Parent] = {}
         self._samples: dict[str, tuple[Parent, Sample]] = {}
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
@@ -196,6 +201,14 @@ class EngineCore:
 
         return Sampler(self.model.vocab_size, self.model.device, seed=self.args.seed)
 
+    def _make_spec_decoder(self) -> Optional[SpecDecoder]:
+        config = self.speculative_config
+        if config is None:
+            return None
+        spec = SpecDecoder(config, self.sampler, self.model.device, self.max_model_len, self.args.seed)
+        self.stats.spec_decode = spec.stats
+        return spec
+
     @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
@@ -256,7 +269,10 @@ class EngineCore:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, request.params)
-        return Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
+        sample = Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
+        if self.spec is not None:
+            sample.spec_decode = self.spec.track(request.request_id)
+        return sample
 
     def _validate(self, request_id, prompt_token_ids, params, priority) -> list[int]:
         if not isinstance(request_id, str) or not request_id:
@@ -357,6 +373,8 @@ class EngineCore:
 
     def _step(self, state: "_StepState", changed: dict, final_only: bool) -> list[RequestOutput]:
         with _span("schedule"):
+            if self.spec is not None:
+                self._propose(state, changed)
             output = self.scheduler.schedule()
             state.output = output
             state.computed = {r.request_id: r.num_computed_tokens for r, _ in output.scheduled}
@@ -374,6 +392,15 @@ class EngineCore:
         with self._phase("detokenize"):
             outputs = self._build_outputs(changed, final_only)
         return outputs
+
+    def _propose(self, state: "_StepState", changed: dict) -> None:
+        """Drafts for this step (spec_decode/decoder.py); waits for the step in flight only
+        when a request waiting for its real token would get some."""
+        spec = self.spec
+        assert spec is not None
+        if state.previous is not None and spec.wants_real_tokens(self.scheduler.running, self.vocab_size):
+            self._resolve(state.previous, changed)
+        spec.propose(self.scheduler.running, self.vocab_size)
 
     def _build_outputs(self, changed: dict, final_only: bool) -> list[RequestOutput]:
         outputs = [
@@ -400,13 +427,19 @@ class EngineCore:
         """Build, execute, sample and update one non-empty step (resolving the previous step's
         placeholders once this step is launched)."""
         output, previous = state.output, state.previous
+        drafts = self.spec.scheduled_drafts(output) if self.spec is not None else None
         with self._phase("prepare"):
             batch = self.runner.prepare(output, self.block_manager)
-            if previous is not None:
+            if previous is not None and not previous.resolved:  # resolved: the batch has real ids
                 rows, src = input_patch(output.scheduled, batch.meta.query_start_loc_cpu, previous)
                 apply_patch(batch.input_ids, rows, src, previous.ids)
+            if drafts:
+                batch = self.spec.widen(batch, output, drafts)
         with self._phase("execute"):
             result = self.runner.execute(batch)
+        if drafts:
+            self._verify_step(state, batch, result, drafts, changed)
+            return
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
         drawn = None
         if self.args.async_scheduling and deferrable(requests):
@@ -434,10 +467,33 @@ class EngineCore:
                 self._apply_update(update, dict(zip(batch.sample_request_ids, sampled.logprobs)), changed)
         self._count_step(output, batch, wait, state.computed)
 
-    def _count_step(self, output, batch, wait: float, computed: dict) -> None:
+    def _verify_step(self, state, batch, result, drafts: dict, changed: dict) -> None:
+        """The serial tail of a step with scheduled drafts: verify, update with the step cut
+        back to the accepted tokens, trim the rejected drafts' blocks (spec_decode/decoder.py)."""
+        output, previous, spec = state.output, state.previous, self.spec
+        assert spec is not None
+        wait = self._resolve(previous, changed)
+        with self._phase("sample"):
+            cut, tokens, logprobs = spec.sample(
+                output,
+                batch.sample_request_ids,
+                result.logits,
+                lambda rid: self._samples[rid][1].request,
+                drafts,
+            )
+            self._record_prompt_logprobs(result.prompt_logits)
+        with self._phase("update"):
+            update = self.scheduler.update_from_output(cut, tokens)
+            spec.trim(output, cut, self.block_manager)
+            self._apply_update(update, logprobs, changed)
+        self._count_step(output, batch, wait, state.computed, kept=cut)
+
+    def _count_step(self, output, batch, wait: float, computed: dict, kept=None) -> None:
+        """Step counters. `kept` (a speculative step's output cut back to its accepted tokens)
+        sets the high-water mark, so re-running a rejected draft's position is not a recompute."""
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
-        for request, num in output.scheduled:  # recompute: positions below the high-water mark
+        for request, num in (kept or output).scheduled:  # recompute: positions below the high-water mark
             rid, start = request.request_id, computed[request.request_id]
             seen = self._high_water.get(rid, 0)
             self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
@@ -591,6 +647,8 @@ class EngineCore:
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
             self._high_water.pop(sample.request.request_id, None)
+            if self.spec is not None:
+                self.spec.forget(sample.request.request_id)
 
 
 @dataclass

@@ -17,6 +17,7 @@ exactly when every sample has a finish_reason.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
@@ -39,6 +40,7 @@ class Sample:
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[list] = None
     error: Optional[str] = None
+    spec_decode: object = None  # this sample's SpecDecodeStats when the engine speculates
 
 
 @dataclass
@@ -132,6 +134,7 @@ class OutputProcessor:
                 stop_reason=s.stop_reason,
                 logprobs=list(s.logprobs) if s.logprobs is not None else None,
                 error=s.error,
+                spec_decode=None if s.spec_decode is None else copy.deepcopy(s.spec_decode),
             )
             for s in parent.samples
         ]

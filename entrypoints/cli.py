@@ -16,6 +16,7 @@ is wrong to stderr and exits with status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Optional, Sequence
 
@@ -75,6 +76,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="shard the model over this many ranks, one process (and GPU) each",
     )
+    p.add_argument(
+        "--speculative-config",
+        type=json.loads,
+        default=None,
+        help='speculative decoding, as JSON with vLLM\'s names: \'{"method": "ngram", '
+        '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\'',
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -99,6 +107,7 @@ _ENGINE_KEYS = (
     "compile_model",
     "model_impl",
     "tensor_parallel_size",
+    "speculative_config",
 )
 
 

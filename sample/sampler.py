@@ -418,6 +418,42 @@ class Sampler:
             return SamplerOutput(token_ids, [None] * len(token_ids))
         return SamplerOutput(token_ids, self._logprobs(raw, tokens, token_ids, plan))
 
+    def probs(self, logits: torch.Tensor, requests: Sequence) -> torch.Tensor:
+        """The distribution __call__ draws each row from, float32 [S, vocab_size]: the same
+        edits, then softmax(x / T) over the tokens at or above the row's min-p/top-k/top-p
+        threshold (exact: unsure top-p rows are recomputed by the full sort, as in _sample);
+        a greedy row is one-hot on its argmax. Speculative decoding's rejection sampling
+        (engine/spec_decode/verify.py) reads it, so the target distribution is the sampler's
+        own. Draws nothing: the generator is untouched."""
+        self._check(logits, requests)
+        raw = logits[:, : self.vocab_size]
+        plan = self._plan(requests, raw.device)
+        x = (
+            edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
+            if plan.any_edits
+            else raw
+        ).float()
+        out = torch.zeros_like(x)
+        out.scatter_(1, x.argmax(dim=1, keepdim=True), 1.0)
+        if not plan.any_noisy:
+            return out
+        if plan.any_cut:
+            thr, unsure = self._thresholds(x, plan)
+            if unsure is not None and bool(unsure.any()):
+                redo = unsure.nonzero().flatten().tolist()  # indices among the cut rows
+                sub = full_sort_thresholds(
+                    x.index_select(0, plan.cut_index),
+                    thr.index_select(0, plan.cut_index),
+                    plan.cut_plan,
+                    redo,
+                )
+                thr = thr.index_copy(0, plan.cut_index, sub)
+            x = x.masked_fill(x < thr.view(-1, 1), float("-inf"))
+        scale = plan.x_scale.view(-1, 1) / LOG2E  # 1 / T on random rows
+        soft = torch.softmax(x * scale, dim=1)
+        noisy = torch.tensor(plan.noisy, dtype=torch.bool, device=x.device).view(-1, 1)
+        return torch.where(noisy, soft, out)
+
     def _sample(self, x: torch.Tensor, requests: Sequence, plan: BatchPlan) -> tuple[torch.Tensor, list[int]]:
         """(tokens, their ids as a list). One 62-bit base from the generator per call keys the
         unseeded rows (`sampling_rng.derived_key`). When a top-p threshold came from candidates

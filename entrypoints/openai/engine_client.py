@@ -419,6 +419,8 @@ class EngineClient:
         m.num_preemptions.inc(max(0, counts[0] - p0))
         m.prefix_cache_queries.inc(max(0, counts[1] - q0))
         m.prefix_cache_hits.inc(max(0, counts[2] - h0))
+        if state.spec_decode is not None:
+            m.observe_spec_decode(state.spec_decode)
 
 
 def _serve_then_close(serve, engine, inbox, outbox) -> None:

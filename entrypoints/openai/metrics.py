@@ -5,6 +5,10 @@ vLLM's do. The server process writes them on its event loop as each engine messa
 (engine_client.py): latencies are measured there, as a client would see them; the gauges and the
 preemption and prefix-cache counters come from the engine's state in the message.
 
+Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_drafts,
+_num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
+engine's cumulative `EngineStats.spec_decode`.
+
 Prefix-cache counters are in tokens (blocks looked up / found times block_size), like vLLM's.
 Queue time is from arrival to the start of the step whose outputs first carry the request's
 tokens (the engine reports no admission time; with chunked prefill of a long prompt, or with
@@ -104,6 +108,40 @@ class ServerMetrics:
         )
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds", "Arrival to the first step that produced output", _E2E_BUCKETS
+        )
+
+        self.spec_decode_num_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Verification steps of a request with at least one draft"
+        )
+        self.spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens verified"
+        )
+        self.spec_decode_num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"
+        )
+        self._accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by draft position (0-based)",
+            labels + ["position"],
+            registry=r,
+        )
+        self._spec_seen = (0, 0, 0, [])  # the cumulative stats already counted
+
+    def observe_spec_decode(self, stats) -> None:
+        """Advance the spec-decode counters to an engine's cumulative SpecDecodeStats
+        (engine/spec_decode/stats.py): each call adds what grew since the last one."""
+        drafts, tokens, accepted, per_pos = self._spec_seen
+        self.spec_decode_num_drafts.inc(max(0, stats.num_drafts - drafts))
+        self.spec_decode_num_draft_tokens.inc(max(0, stats.num_draft_tokens - tokens))
+        self.spec_decode_num_accepted_tokens.inc(max(0, stats.num_accepted_tokens - accepted))
+        for pos, count in enumerate(stats.accepted_per_pos):
+            seen = per_pos[pos] if pos < len(per_pos) else 0
+            self._accepted_per_pos.labels(self._model_name, str(pos)).inc(max(0, count - seen))
+        self._spec_seen = (
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens,
+            list(stats.accepted_per_pos),
         )
 
     def request_success(self, finished_reason: str) -> None:

@@ -1,0 +1,249 @@
+"""Speculative decoding benchmark: batch-1 decode speed with n-gram speculation on a workload
+whose continuation repeats a quoted passage, and nano-vllm's throughput workload with
+speculation on vs off (it must not hurt when it does not help: target >= 0.95x).
+
+Run from the repository root on one GPU:
+    python benchmarks/spec_decode.py --shape qwen3-0.6b --out spec_decode.json
+    python benchmarks/spec_decode.py --shape qwen3-8b --skip-throughput --out spec_decode_8b.json
+CPU smoke run (seconds):
+    python benchmarks/spec_decode.py --shape tiny --device cpu --num-requests 8 --passage-len 96 \
+        --max-tokens 48 --max-input-len 64 --max-output-len 32
+
+The repetitive workload needs a model whose greedy continuation repeats a passage, which
+random weights do not give. `cycle_checkpoint` writes a random-weight checkpoint of the shape
+(untied head) whose every layer's o_proj and down_proj are zero, so the residual stream stays
+the current token's embedding, and whose head row pi(t) is token t's embedding: greedy decoding
+then follows one cycle t -> pi(t) over the vocabulary (a margin of sqrt(hidden) standard
+deviations over every other logit). Every matmul, attention and KV write still runs at full
+cost. Prompts are a passage of the cycle (passage_len tokens) followed by its first 16 tokens
+quoted again, so the continuation repeats the passage, as in a model quoting a document; the
+n-gram drafter finds it in the prompt.
+
+Batch-1 phase, per config (off, ngram k = 2, 4, 6...): decode ms/token = (time of max_tokens
+= N) - (time of max_tokens = 1) over N - 1, per prompt, median over prompts; greedy outputs
+must be identical to off's; acceptance rate (overall and per draft position) and mean tokens
+per verification step. Throughput phase: the standard random-weight checkpoint and
+make_workload's nano-vllm workload, one warm-up, one timed generate per config, output tok/s
+and the ratio on/off, and whether the greedy outputs are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.engine_runs import engine_core, reset_prefix_cache, sync, timed_generate, warm_up  # noqa: E402
+from enginespec.testing import checkpoints  # noqa: E402
+from enginespec.testing.workload import make_workload  # noqa: E402
+
+QUOTE = 16  # tokens of the passage quoted again at the end of the prompt
+
+
+def cycle_permutation(vocab: int, seed: int) -> list[int]:
+    """pi as a list: one cycle through every id, in a seeded random order."""
+    order = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed)).tolist()
+    pi = [0] * vocab
+    for i, t in enumerate(order):
+        pi[t] = order[(i + 1) % vocab]
+    return pi
+
+
+def cycle_checkpoint(shape: str, path: Path, seed: int, device: str) -> Path:
+    """The shape's random checkpoint, rewritten so that greedy decoding follows pi (module doc)."""
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoints.make_checkpoint(shape, path, seed=seed, device=device, tie_word_embeddings=False)
+    marker = path / ".cycle-done"
+    if marker.exists():
+        return path
+    shards = sorted(path.glob("model*.safetensors"))
+    embed = None
+    for shard in shards:
+        tensors = load_file(str(shard))
+        embed = tensors.get("model.embed_tokens.weight", embed)
+    assert embed is not None, "no model.embed_tokens.weight in the checkpoint"
+    pi = torch.tensor(cycle_permutation(embed.shape[0], seed))
+    head = torch.empty_like(embed)
+    head[pi] = embed  # row pi(t) = embedding of t
+    for shard in shards:
+        tensors = load_file(str(shard))
+        for name in list(tensors):
+            if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+                tensors[name] = torch.zeros_like(tensors[name])
+            if name == "lm_head.weight":
+                tensors[name] = head
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    marker.write_text("ok")
+    return path
+
+
+def passage_prompts(num: int, passage_len: int, vocab: int, seed: int) -> list[list[int]]:
+    """Prompts: a stretch of the cycle, then its first QUOTE tokens again."""
+    pi = cycle_permutation(vocab, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    prompts = []
+    for _ in range(num):
+        t = int(torch.randint(vocab, (1,), generator=gen))
+        passage = []
+        for _ in range(passage_len):
+            passage.append(t)
+            t = pi[t]
+        prompts.append(passage + passage[:QUOTE])
+    return prompts
+
+
+def spec_stats(llm) -> dict:
+    stats = getattr(engine_core(llm).stats, "spec_decode", None)
+    if stats is None:
+        return {}
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "acceptance_rate": stats.acceptance_rate,
+        "acceptance_rate_per_pos": stats.acceptance_rate_per_pos,
+        "mean_accepted_length": stats.mean_accepted_length,
+    }
+
+
+def _timed(llm, prompt: list[int], max_tokens: int, device) -> tuple[float, list[int]]:
+    from enginespec.spec import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    reset_prefix_cache(llm)
+    sync(device)
+    start = time.perf_counter()
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    sync(device)
+    return time.perf_counter() - start, list(out[0].outputs[0].token_ids)
+
+
+def batch1(args, model_dir: Path, vocab: int, configs: dict) -> dict:
+    from enginespec.llm import LLM
+
+    prompts = passage_prompts(args.num_prompts, args.passage_len, vocab, args.seed)
+    results, reference = {}, None
+    for name, spec in configs.items():
+        llm = LLM(
+            str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
+        )
+        _timed(llm, prompts[0], 8, args.device)  # warm-up: compile, graphs, kernels
+        per_token, outputs = [], []
+        for prompt in prompts:
+            t1, _ = _timed(llm, prompt, 1, args.device)
+            tn, tokens = _timed(llm, prompt, args.max_tokens, args.device)
+            per_token.append((tn - t1) / (args.max_tokens - 1) * 1e3)
+            outputs.append(tokens)
+        reference = outputs if reference is None else reference
+        repeats = sum(o == p[QUOTE : QUOTE + len(o)] for o, p in zip(outputs, prompts))
+        results[name] = {
+            "speculative_config": spec,
+            "decode_ms_per_token": statistics.median(per_token),
+            "decode_ms_per_token_all": per_token,
+            "outputs_equal_to_off": outputs == reference,
+            "outputs_repeating_the_passage": repeats,
+            **spec_stats(llm),
+        }
+        print(name, json.dumps({k: v for k, v in results[name].items() if k != "decode_ms_per_token_all"}))
+        del llm
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    base = results["off"]["decode_ms_per_token"]
+    for r in results.values():
+        r["speedup_vs_off"] = base / r["decode_ms_per_token"]
+    return results
+
+
+def throughput(args, configs: dict) -> dict:
+    from enginespec.llm import LLM
+
+    model_dir = checkpoints.make_checkpoint(
+        args.shape, checkpoints.default_dir(args.shape), device=args.device
+    )
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    workload = make_workload(
+        args.num_requests,
+        max_input_len=args.max_input_len,
+        max_output_len=args.max_output_len,
+        min_input_len=min(100, args.max_input_len),
+        min_output_len=min(100, args.max_output_len),
+        id_bound=min(10000, vocab),
+    )
+    results = {}
+    for name, spec in configs.items():
+        llm = LLM(
+            str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
+        )
+        warm_up(llm, workload, args.device)
+        run = timed_generate(llm, workload, args.device, use_tqdm=False)
+        results[name] = {"speculative_config": spec, **run, **spec_stats(llm)}
+        print(name, json.dumps(results[name], default=str))
+        del llm
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    off = results["off"]
+    for r in results.values():
+        r["throughput_vs_off"] = r["output_tok_s"] / off["output_tok_s"]
+        r["outputs_equal_to_off"] = r["tokens_digest"] == off["tokens_digest"]
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(checkpoints.SHAPES))
+    p.add_argument("--impl", default="fast")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--passage-len", type=int, default=600)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--k", type=int, nargs="+", default=[2, 4, 6], help="num_speculative_tokens to try")
+    p.add_argument("--prompt-lookup-min", type=int, default=2)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--max-input-len", type=int, default=1024)
+    p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--skip-batch1", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--cache-dir", default=None, help="where the cycle checkpoint goes (default: temp dir)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.max_tokens + QUOTE > args.passage_len:
+        p.error("--passage-len must be >= --max-tokens + 16 (the continuation must stay in the passage)")
+    configs: dict = {"off": None}
+    for k in args.k:
+        configs[f"ngram_k{k}"] = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": args.prompt_lookup_min,
+            "prompt_lookup_max": args.prompt_lookup_max,
+        }
+    report: dict = {"args": vars(args)}
+    if not args.skip_batch1:
+        root = Path(args.cache_dir) if args.cache_dir else checkpoints.default_dir(args.shape).parent
+        model_dir = cycle_checkpoint(args.shape, root / f"{args.shape}-cycle", args.seed, args.device)
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        report["batch1"] = batch1(args, model_dir, vocab, configs)
+    if not args.skip_throughput:
+        best = max(
+            (n for n in configs if n != "off"),
+            key=lambda n: report.get("batch1", {}).get(n, {}).get("speedup_vs_off", 0.0),
+        )
+        report["throughput"] = throughput(args, {"off": None, best: configs[best]})
+    text = json.dumps(report, indent=2, default=str)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text if not args.out else f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Speculative decoding through the engine: greedy output under speculation equals plain greedy
+(transformers' `generate`, as in test_parity), with drafts accepted, cut short by the budget
+and rejected, under chunked prefill, prefix caching, and preemption by recompute and by swap;
+the pool ends idle (rejected drafts' blocks were trimmed, nothing leaked).
+
+Two drafters: the engine's n-gram prompt lookup (random tiny models often fall into loops it
+predicts), and an oracle that proposes transformers' own continuation with a seeded chance of
+corrupting one draft (so acceptance, partial acceptance and rejection all happen every run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from enginespec.conformance.invariants import check_idle
+from enginespec.conformance.strategies import engine_workloads
+from enginespec.conformance.test_parity import (
+    MAX_TOKENS,
+    _forced,
+    check_outputs,
+    engine_for,
+    hf_greedy,
+    run_workload,
+    tiny_vocab,
+)
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+class OracleDrafter:
+    """Drafts = transformers' greedy continuation of the prompt from the request's output
+    position on, one of them replaced by a wrong id with probability `corrupt` (not the first
+    of several: a rejected proposal backs the request off, and the forced paths are short;
+    whole rejections still come from single drafts and the n-gram drafter)."""
+
+    def __init__(self, family: str, vocab: int, rng: random.Random, corrupt: float = 0.3):
+        self.family, self.vocab, self.rng, self.corrupt = family, vocab, rng, corrupt
+
+    def propose(self, request, num_real: int, max_drafts: int) -> list[int]:
+        ref, _ = hf_greedy(self.family, tuple(request.prompt_token_ids))
+        done = num_real - request.num_prompt_tokens
+        drafts = list(ref[done : done + min(3, max_drafts)])
+        if drafts and self.rng.random() < self.corrupt:
+            i = self.rng.randrange(1, len(drafts)) if len(drafts) > 1 else 0  # a prefix survives
+            drafts[i] = (drafts[i] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+        return drafts
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def spec_engine(impl, family, workload, drafter_seed=None, **engine_args):
+    engine = engine_for(impl, family, workload, speculative_config=NGRAM, **engine_args)
+    if drafter_seed is not None:
+        engine.spec.drafter = OracleDrafter(family, tiny_vocab(family), random.Random(drafter_seed))
+    return engine
+
+
+def check_run(engine, workload, family: str) -> dict:
+    finals = run_workload(engine, workload)
+    check_outputs(workload, finals, family)
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert engine.runner.num_swapped == 0, "a host swap copy outlived its request"
+    assert not any(r.spec_token_ids for r in engine.scheduler.running)
+    return finals
+
+
+def test_greedy_parity_under_speculation(impl):
+    """Hypothesis workloads (preemption by recompute and swap common), n-gram or oracle drafts."""
+    swap = "swap" in getattr(impl, "capabilities", ())
+    totals = [0, 0]  # drafts verified, accepted: over all examples
+
+    # Half the profile's count (ci: 6, each a few engine runs); the forced paths below add
+    # workloads sure to preempt.
+    @seed(20)
+    @settings(max_examples=max(1, settings.default.max_examples // 2))
+    @given(
+        workload=engine_workloads(
+            vocab=tiny_vocab("qwen3"), max_requests=5, max_tokens=MAX_TOKENS, swap=swap
+        ),
+        drafter=st.sampled_from([None, 0, 1]),
+        async_scheduling=st.booleans(),
+    )
+    def check(workload, drafter, async_scheduling):
+        engine = spec_engine(impl, "qwen3", workload, drafter, async_scheduling=async_scheduling)
+        check_run(engine, workload, "qwen3")
+        totals[0] += engine.stats.spec_decode.num_draft_tokens
+        totals[1] += engine.stats.spec_decode.num_accepted_tokens
+
+    check()
+    assert 0 < totals[1] < totals[0], f"drafts verified/accepted over the examples: {totals}"
+
+
+@pytest.mark.parametrize("name", ["recompute", "swap", "prefix_hit", "chunk_priority_abort"])
+def test_speculation_on_forced_paths(impl, name):
+    """The parity test's forced workloads with oracle drafts: each takes its path (preemption,
+    prefix hit, chunks under a threshold, an abort) and drafts are accepted and rejected."""
+    if name == "swap" and "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"impl {impl.name!r} has no 'swap' capability")
+    workload = _forced(name, True)
+    engine = spec_engine(impl, "qwen3", workload, drafter_seed=7)
+    finals = check_run(engine, workload, "qwen3")
+    stats = engine.stats.spec_decode
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+    per_sample = [c.spec_decode for out in finals.values() for c in out.outputs]
+    assert sum(p.num_draft_tokens for p in per_sample) == stats.num_draft_tokens
+    assert sum(p.num_accepted_tokens for p in per_sample) == stats.num_accepted_tokens
+    if name in ("recompute", "swap"):
+        assert engine.stats.num_preemptions > 0, "the pool was meant to force a preemption"
+
+
+@pytest.mark.parametrize("phase", ["sample", "update"])
+def test_a_failed_speculative_step_fails_only_its_requests(impl, phase):
+    """A fault while drafts are being verified (or the cut step applied) fails that step's
+    requests with finish_reason "error", leaves the pool consistent (nothing published that
+    was not computed: the idle check after the run), and later requests still follow greedy."""
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+
+    workload = dataclasses.replace(
+        _forced("prefix_hit", True),
+        requests=(R("a", tuple(range(10, 22)), 6), R("b", tuple(range(10, 22)), 6)),
+    )
+    engine = spec_engine(impl, "qwen3", workload, drafter_seed=3)
+    fired = []
+
+    def hook(name):
+        if name == phase and not fired and any(r.spec_token_ids for r in engine.scheduler.running):
+            fired.append(name)
+            raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    finals = run_workload(engine, workload)
+    assert fired, "no speculative step ran"
+    assert {c.finish_reason for out in finals.values() for c in out.outputs} == {"error"}
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    engine.fault_hook = None
+    again = dataclasses.replace(workload, requests=(R("c", tuple(range(10, 22)), 6),))
+    check_run(engine, again, "qwen3")  # the prefix cache the failed step left is sound
+
+
+def test_sampled_requests_under_speculation_and_preemption(impl):
+    """Sampled rows (temperature, top-k, a penalty) are verified by rejection sampling through
+    the whole engine while the pool forces preemption: every request ends with its length,
+    tokens in the vocabulary, the pool idle, and drafts were verified."""
+    from enginespec.spec import SamplingParams
+
+    workload = _forced("recompute", True)
+    engine = spec_engine(impl, "qwen3", workload, drafter_seed=5)
+    params = SamplingParams(max_tokens=6, temperature=0.8, top_k=5, repetition_penalty=1.2, ignore_eos=True)
+    for r in workload.requests:
+        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
+    finals = {}
+    for _ in range(200):
+        finals.update((out.request_id, out) for out in engine.step() if out.finished)
+        if not engine.has_unfinished:
+            break
+    vocab = tiny_vocab("qwen3")
+    for r in workload.requests:
+        tokens = finals[r.request_id].outputs[0].token_ids
+        assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens), tokens
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_draft_tokens > 0

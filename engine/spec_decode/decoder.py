@@ -1,0 +1,221 @@
+"""SpecDecoder: the engine's side of speculative decoding (spec/SCHEDULING.md, "Draft tokens").
+
+Per step, around an unchanged scheduler:
+1. `propose` (before schedule()): drafts from the previous step are dropped (drafts are valid
+   for the next step only); each running decode (only its newest token uncomputed, no
+   logprobs asked, not a seeded sampled request, whose draws must not depend on the batch;
+   newest token real) gets up to min(k, max_tokens - num_output - 1,
+   max_model_len - num_tokens - 1) drafts in `spec_token_ids`, so that accepting them all
+   plus the bonus token never passes a length limit.
+2. schedule() counts them against the budget: a request's scheduled n may cut them short.
+   `scheduled_drafts` reads what was scheduled: the first n - (num_tokens - num_computed).
+3. `widen`: the step's logits rows become d + 1 per drafted request (verify.logits_rows).
+4. `sample`: drafted requests are verified (verify.py), the others sampled by the sampler as
+   in a plain step; the step is cut back to known + accepted tokens per request, so
+   update_from_output sees the accepted drafts as computed and appends them with the bonus.
+5. `trim`: each unfinished request whose step was cut gives back the blocks past its
+   computed tokens (BlockManager.trim); they held only rejected drafts, never hashed.
+
+Async scheduling: a decode whose newest token is the placeholder of the step in flight cannot
+be drafted for. `wants_real_tokens` asks the drafter about the tokens before the placeholder
+(a lagged look-up); only when one would match does the engine wait for the step in flight
+first. A workload where nothing matches keeps its async overlap, and a step with scheduled
+drafts always runs serially (its samples are read on the host).
+
+CUDA graphs: decode graphs are captured for one token per request, so a step with drafts runs
+the (compiled) body without a graph; steps without drafts replay graphs as before.
+
+Back-off: a request whose proposal is rejected outright (or that the engine waited for and
+then drafted nothing) skips the next 2**min(j, 6) - 1 proposals, j its misses in a row; an
+accepted draft resets it. Speculation then costs little where it does not help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+from enginespec.engine.spec_decode.config import SpeculativeConfig
+from enginespec.engine.spec_decode.ngram import NgramDrafter
+from enginespec.engine.spec_decode.stats import SpecDecodeStats
+from enginespec.engine.spec_decode.verify import logits_rows, verify
+from enginespec.sample.sampler import GREEDY_EPS
+from enginespec.spec import Status
+
+
+class SpecDecoder:
+    """Drafter, verifier and counters of one engine."""
+
+    def __init__(
+        self, config: SpeculativeConfig, sampler, device, max_model_len: int, seed: Optional[int] = 0
+    ):
+        self.config = config
+        self.sampler = sampler
+        self.max_model_len = max_model_len
+        self.drafter = NgramDrafter(
+            config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
+        )
+        self.stats = SpecDecodeStats()
+        self.request_stats: dict[str, SpecDecodeStats] = {}
+        self.generator = torch.Generator(device=torch.device(device))
+        self.generator.manual_seed(0 if seed is None else seed)
+        self._drafted: list = []
+        self._num_steps = 0  # proposals made (the back-off's clock)
+        self._backoff: dict[str, tuple[int, int]] = {}  # id -> (rejections in a row, next step)
+        self._lagged: Optional[str] = None  # the request wants_real_tokens waited for
+
+    # ---- proposing ----------------------------------------------------------------------------
+
+    def _limit(self, r) -> int:
+        """Drafts r may take: accepting all of them and the bonus stays within its limits."""
+        if r.status is not Status.RUNNING or r.num_computed_tokens != r.num_tokens - 1:
+            return 0
+        p = r.params
+        if p.logprobs is not None or (p.seed is not None and p.temperature >= GREEDY_EPS):
+            return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
+        return min(r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
+
+    def clear(self) -> None:
+        """Drop every draft proposed for the last step."""
+        for r in self._drafted:
+            r.spec_token_ids = []
+        self._drafted = []
+
+    def wants_real_tokens(self, running, placeholder: int) -> bool:
+        """Whether some decode waiting for a placeholder's real id would get drafts (looked up
+        on the tokens before the placeholder): the engine then resolves the step in flight."""
+        step, backoff = self._num_steps + 1, self._backoff
+        for r in running:
+            tokens = r.token_ids
+            if tokens[-1] != placeholder or self._limit(r) < 1:
+                continue
+            if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
+                continue  # would not be drafted for this step anyway
+            if self.drafter.propose(r, len(tokens) - 1, 1):
+                self._lagged = r.request_id
+                return True
+        return False
+
+    def propose(self, running, placeholder: int) -> int:
+        """Give each eligible running decode its drafts; returns how many requests got some.
+        A request whose last j proposals were all rejected outright waits 2**min(j, 6) steps
+        before the next (speculation must not cost when it does not help: a step with drafts
+        is verified serially, without async overlap or a CUDA graph)."""
+        self.clear()
+        self._num_steps += 1
+        backoff = self._backoff
+        for r in running:
+            limit = self._limit(r)
+            if limit < 1 or r.token_ids[-1] == placeholder:
+                continue
+            if backoff and r.request_id in backoff and backoff[r.request_id][1] > self._num_steps:
+                continue
+            drafts = self.drafter.propose(r, r.num_tokens, limit)
+            if drafts:
+                r.spec_token_ids = drafts
+                self._drafted.append(r)
+            elif r.request_id == self._lagged:
+                self._miss(r.request_id)  # the engine waited for nothing: back off as on a rejection
+        self._lagged = None
+        return len(self._drafted)
+
+    # ---- one step with drafts ------------------------------------------------------------------
+
+    @staticmethod
+    def scheduled_drafts(output) -> dict[str, list[int]]:
+        """request id -> the drafts the scheduler kept this step (non-empty lists only)."""
+        found = {}
+        for r, n in output.scheduled:
+            if r.spec_token_ids:
+                d = n - (r.num_tokens - r.num_computed_tokens)
+                if d > 0:
+                    found[r.request_id] = list(r.spec_token_ids[:d])
+        return found
+
+    @staticmethod
+    def widen(batch, output, drafts: dict[str, list[int]]):
+        """The batch with d + 1 logits rows per drafted request (host-side row arithmetic)."""
+        starts = batch.meta.query_start_loc_cpu.tolist()
+        last = {r.request_id: starts[i + 1] - 1 for i, (r, _) in enumerate(output.scheduled)}
+        rids = batch.sample_request_ids
+        rows = logits_rows([last[rid] for rid in rids], [len(drafts.get(rid, ())) for rid in rids])
+        index = torch.tensor(rows, dtype=torch.int64).to(batch.logits_indices.device)
+        return dataclasses.replace(batch, logits_indices=index)
+
+    def sample(self, output, sample_ids: list[str], logits: torch.Tensor, request_of: Callable, drafts: dict):
+        """(cut SchedulerOutput, {id: tokens to append}, {id: logprobs}) of a widened step."""
+        plain_rows, plain_ids, spec_rows, spec_ids = [], [], [], []
+        k = 0
+        for rid in sample_ids:
+            d = len(drafts.get(rid, ()))
+            if d:
+                spec_rows.extend(range(k, k + d + 1))
+                spec_ids.append(rid)
+            else:
+                plain_rows.append(k)
+                plain_ids.append(rid)
+            k += d + 1
+        tokens: dict[str, list[int]] = {}
+        logprobs: dict = {}
+        saved_plan = getattr(self.sampler, "_last_plan", None)  # the plain steps' plan, kept
+        if plain_ids:
+            sub = logits.index_select(0, torch.tensor(plain_rows, dtype=torch.long, device=logits.device))
+            out = self.sampler(sub, [request_of(rid) for rid in plain_ids])
+            tokens.update((rid, [t]) for rid, t in zip(plain_ids, out.token_ids))
+            logprobs.update(zip(plain_ids, out.logprobs))
+        index = torch.tensor(spec_rows, dtype=torch.long, device=logits.device)
+        requests = [request_of(rid) for rid in spec_ids]
+        result = verify(
+            self.sampler,
+            logits.index_select(0, index),
+            requests,
+            [drafts[rid] for rid in spec_ids],
+            self.generator,
+        )
+        if saved_plan is not None:
+            self.sampler._last_plan = saved_plan
+        accepted = dict(zip(spec_ids, result.num_accepted))
+        tokens.update(zip(spec_ids, result.token_ids))
+        for rid, a in accepted.items():
+            self._observe(rid, len(drafts[rid]), a)
+        scheduled = [
+            (r, n - len(drafts[r.request_id]) + accepted[r.request_id])
+            if r.request_id in accepted
+            else (r, n)
+            for r, n in output.scheduled
+        ]
+        return dataclasses.replace(output, scheduled=scheduled), tokens, logprobs
+
+    def track(self, request_id: str) -> SpecDecodeStats:
+        """The counters of one request (created on first use, dropped by forget)."""
+        per = self.request_stats.get(request_id)
+        if per is None:
+            per = self.request_stats[request_id] = SpecDecodeStats()
+        return per
+
+    def _observe(self, rid: str, num_drafts: int, num_accepted: int) -> None:
+        self.stats.observe(num_drafts, num_accepted)
+        self.track(rid).observe(num_drafts, num_accepted)
+        if num_accepted:
+            self._backoff.pop(rid, None)
+        else:
+            self._miss(rid)
+
+    def _miss(self, rid: str) -> None:
+        misses = self._backoff.get(rid, (0, 0))[0] + 1
+        self._backoff[rid] = (misses, self._num_steps + 2 ** min(misses, 6))
+
+    @staticmethod
+    def trim(output, cut, block_manager) -> None:
+        """Give back the rejected drafts' blocks of every unfinished request the step cut."""
+        for (r, n), (_, kept) in zip(output.scheduled, cut.scheduled):
+            if kept < n and not r.status.is_finished:
+                block_manager.trim(r, r.num_computed_tokens)
+
+    def forget(self, request_id: str) -> None:
+        """A request the engine forgot: its index and counters go."""
+        self.drafter.forget(request_id)
+        self.request_stats.pop(request_id, None)
+        self._backoff.pop(request_id, None)
