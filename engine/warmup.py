@@ -92,10 +92,17 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
     lengths = _prompt_lengths(engine, tiny)
     vocab = min(engine.vocab_size, 10_000)
     settings, num = sampler_settings(engine.vocab_size), 0
+    max_tokens = 2 if tiny else 4
+    # Every request must fit alone: a tiny pool (a test's num_gpu_blocks_override) or a short
+    # max_model_len shrinks its prompt, and one with no room left is not sent at all.
+    room = min(engine.max_model_len, engine.runner.num_blocks * engine.args.block_size) - max_tokens
     for i, n in enumerate(lengths):  # one prefill size each, then decodes over every setting
         for j, setting in enumerate(settings if i == 0 else settings[:1]):
-            params = SamplingParams(max_tokens=2 if tiny else 4, ignore_eos=True, **setting)
-            prompt = [rng.randrange(1, vocab) for _ in range(n if j == 0 else 3 + j)]
+            num_prompt = min(n if j == 0 else 3 + j, room)
+            if num_prompt < 1:
+                continue
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **setting)
+            prompt = [rng.randrange(1, vocab) for _ in range(num_prompt)]
             engine.add_request(f"__warmup-{num}", prompt, params)
             num += 1
     steps = 0

@@ -48,3 +48,18 @@ def test_warm_engine_generates_what_a_cold_one_does():
     warm, warm_out = _run(True, cold.engine.model)
     assert warm.engine.warmup_report.num_requests > 0
     assert warm_out == cold_out
+
+
+def test_warm_up_fits_a_tiny_pool():
+    """A pool of 3 one-token blocks (as GPU tests configure): warm-up prompts shrink to fit
+    alone in the pool instead of failing the engine's construction; the pool is idle after."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", block_size=1, num_blocks=3, warmup=True
+    )
+    engine = EngineCore(args)
+    report = engine.warmup_report
+    assert report.num_requests > 0 and report.num_steps > 0
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
