@@ -44,6 +44,7 @@ SUITE = [
     "conformance/test_errors.py",
     "conformance/test_numeric_args.py",
     "conformance/test_stateful.py",
+    "conformance/test_schedule_edges.py",
 ]
 SWAP_CMP = {
     ast.Lt: ast.LtE,
@@ -200,7 +201,7 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
         "no:cacheprovider",
         *SUITE,
         f"--impl={impl}",
-        "--hypothesis-profile=enginespec-ci",
+        *PROFILE,
     ]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
