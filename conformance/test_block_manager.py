@@ -424,3 +424,16 @@ def test_unpublish_withdraws_only_the_requests_hashes_past_the_point(impl):
         before.tables,
     )
     check_pool(after, 8)
+
+
+def test_unpublish_from_zero_withdraws_every_own_hash(impl):
+    """unpublish(r, 0) withdraws every hash r published, block 0 included (block_size 1, where
+    an off-by-one in num_tokens // block_size shows)."""
+    bm = impl.new_block_manager(4, 1)
+    r = make(impl, "r", [1, 2, 3])
+    assert admit(bm, r)[0]
+    assert len(bm.state().cached) == 3, "the 3 one-token blocks are computed, full and published"
+    bm.unpublish(r, 0)
+    state = bm.state()
+    assert state.cached == {} and all(h is None for h in state.block_hashes)
+    check_pool(state, 4)
