@@ -142,3 +142,33 @@ def test_threshold_does_not_cap_a_readmission_that_starts_at_the_prompt_end(impl
     assert h.step().scheduled == [("v", 2)], "2 outputs from position 2 = num_prompt_tokens: not capped"
     assert v.num_cached_tokens == 2
     h.run_to_completion(h.num_steps + 10)
+
+
+@spec_rule("admission")
+def test_swap_in_stops_when_the_seats_are_taken(impl):
+    """Swap-in runs only `while len(running) < max_num_seqs`: once a swapped request takes the
+    last seat, the next one stays swapped, though budget is left and the pool has room for it.
+
+    Trace (block_size 4, 7 blocks, budget 7, 2 seats, chunked prefill): `x` and `c` are swapped
+    out in turn while `a` prefills 19 tokens; `d` is admitted when `x` does not fit; `a`
+    finishes; then `c` (before `x` in fcfs order) comes back next to `d` and fills the seats."""
+    h = swap_harness(impl, 7, 4, max_num_batched_tokens=7, max_num_seqs=2, enable_chunked_prefill=True)
+    h.add(spec("x", 10, 12, arrival_time=8.0))
+    assert h.step().scheduled == [("x", 7)]
+    h.add(spec("a", 19, 3, arrival_time=1.0))
+    h.add(spec("c", 6, 20, arrival_time=5.0))
+    assert h.step().scheduled == [("x", 3), ("a", 4)]
+    h.add(spec("d", 4, 12, arrival_time=9.0))
+    assert h.step().scheduled == [("a", 7)]
+    assert h.step().preempted == ["x"]
+    assert h.step().scheduled == [("a", 1), ("c", 6)]
+    h.propose("c", [7, 7])
+    assert h.step().preempted == ["c"]
+    assert h.step().scheduled == [("a", 1), ("d", 4)], "x does not fit, d does"
+    assert "a" not in h.live, "a reached max_tokens"
+    step = h.step()
+    assert [rid for rid, _ in step.swap_in] == ["c"] and step.scheduled == [("d", 1), ("c", 1)]
+    x = h.live["x"]
+    assert x.status == Status.SWAPPED
+    assert num_free(h) >= cdiv(x.num_computed_tokens + 1, 4), "the edge needs room for x in the pool"
+    h.run_to_completion(h.num_steps + 60)
