@@ -69,6 +69,7 @@ POINTS = (
         "choice, no admission after preemption, priority order) and liveness",
         (
             _SCHED,
+            "conformance/test_schedule_edges.py::",
             f"{_ERR}test_duplicate_id_refused",
             f"{_ERR}test_request_that_can_never_fit",
             f"{_ERR}test_empty_prompt",

@@ -390,3 +390,50 @@ def test_reset_prefix_cache_refused_while_in_use(impl):
     assert bm.reset_prefix_cache() is True
     assert bm.find_cached_prefix(make(impl, "s", [1, 2, 3, 4, 5])) == []
     check_pool(bm.state(), 4)
+
+
+def test_unpublish_withdraws_only_the_requests_hashes_past_the_point(impl):
+    """unpublish(r, num_tokens) withdraws the hashes r published for table indexes >=
+    num_tokens // block_size and nothing else: not the blocks before, not a last partial block
+    (r has no chain hash for it: the table is longer than r.block_hashes), no ref count, no
+    free-queue order; a request that has published nothing is a no-op."""
+    bm = impl.new_block_manager(8, 2)
+    fresh = make(impl, "fresh", [9, 8, 7])
+    assert bm.allocate_slots(fresh, 3)  # a table of 2 blocks, nothing published
+    before = bm.state()
+    bm.unpublish(fresh, 0)
+    assert bm.state() == before
+    r = make(impl, "r", [1, 2, 3, 4, 5])
+    assert admit(bm, r)[0]
+    table = bm.block_table("r")
+    assert len(table) == 3 and len(r.block_hashes) == 2, "5 tokens: 2 full blocks published, 1 partial"
+    before = bm.state()
+    bm.unpublish(r, 2)
+    after = bm.state()
+    withdrawn = table[1]
+    assert after.block_hashes[withdrawn] is None and r.block_hashes[1] not in after.cached
+    expected = dict(before.cached)
+    del expected[r.block_hashes[1]]
+    assert after.cached == expected
+    assert [h for b, h in enumerate(after.block_hashes) if b != withdrawn] == [
+        h for b, h in enumerate(before.block_hashes) if b != withdrawn
+    ]
+    assert (after.ref_counts, after.free_queue, after.tables) == (
+        before.ref_counts,
+        before.free_queue,
+        before.tables,
+    )
+    check_pool(after, 8)
+
+
+def test_unpublish_from_zero_withdraws_every_own_hash(impl):
+    """unpublish(r, 0) withdraws every hash r published, block 0 included (block_size 1, where
+    an off-by-one in num_tokens // block_size shows)."""
+    bm = impl.new_block_manager(4, 1)
+    r = make(impl, "r", [1, 2, 3])
+    assert admit(bm, r)[0]
+    assert len(bm.state().cached) == 3, "the 3 one-token blocks are computed, full and published"
+    bm.unpublish(r, 0)
+    state = bm.state()
+    assert state.cached == {} and all(h is None for h in state.block_hashes)
+    check_pool(state, 4)

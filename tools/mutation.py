@@ -3,8 +3,9 @@
 A small AST mutator (no dependency): each mutant changes ONE node of one file (a comparison, an
 arithmetic or boolean operator, an int constant, a True/False, min/max, `not`), is compiled, and
 served in place of the real module by an import hook in a fresh `python -m pytest` process
-running a fast subset of the conformance suite (-x). The mutant is killed when that run fails
-(or times out: a mutant that loops forever is caught too); it survives when the run passes.
+running a fast subset of the conformance suite plus the impl's own unit tests (-x). The mutant
+is killed when that run fails (or times out: a mutant that loops forever is caught too); it
+survives when the run passes.
 Mutants that do not compile are not counted. Survivors are printed with their line, to be
 judged by hand (killed or argued equivalent).
 
@@ -44,7 +45,11 @@ SUITE = [
     "conformance/test_errors.py",
     "conformance/test_numeric_args.py",
     "conformance/test_stateful.py",
+    "conformance/test_schedule_edges.py",
 ]
+#: Each impl's own unit tests (part of the full suite; they reach helpers the conformance
+#: suite only sees through the BlockManager, e.g. FreeQueue.push_back).
+OWN_TESTS = {impl: [f"tests/impls/test_{impl}_examples.py"] for impl in TARGETS}
 SWAP_CMP = {
     ast.Lt: ast.LtE,
     ast.LtE: ast.Lt,
@@ -199,8 +204,9 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
         "-p",
         "no:cacheprovider",
         *SUITE,
+        *OWN_TESTS.get(impl, []),
         f"--impl={impl}",
-        "--hypothesis-profile=enginespec-ci",
+        *PROFILE,
     ]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

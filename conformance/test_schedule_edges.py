@@ -1,0 +1,174 @@
+"""Directed traces at the edges of schedule()'s stop conditions (spec/SCHEDULING.md, "Scheduler.schedule()").
+
+Random workloads rarely land exactly on these edges (mutation testing showed two of them
+untested): a swap-in loop that runs on with the budget spent, one that stops with exactly the
+last budget token left, and a long-prefill cap applied one position too far. Each trace is
+short, uses only the spec's API (add, schedule through the Harness, drafts through `propose`)
+and asserts the decisions every conforming impl makes; the Harness checks every invariant after
+each operation as usual.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.conformance.invariants import Harness, cdiv
+from enginespec.conformance.rules import spec_rule
+from enginespec.conformance.strategies import RequestSpec
+from enginespec.spec import SamplingParams, SchedulerConfig, Status
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def spec(request_id: str, num_prompt: int, max_tokens: int, arrival_time: float) -> RequestSpec:
+    first = 100 * (ord(request_id[0]) - ord("a") + 1)
+    prompt = tuple(range(first, first + num_prompt))
+    return RequestSpec(
+        request_id, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), arrival_time=arrival_time
+    )
+
+
+def swap_harness(impl, num_blocks: int, block_size: int, **config) -> Harness:
+    if "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"{impl.name} does not declare the swap capability")
+    cfg = SchedulerConfig(preemption_mode="swap", **config)
+    return Harness(impl, cfg, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False)
+
+
+def num_free(h: Harness) -> int:
+    return len(h.bm.state().free_queue)
+
+
+@spec_rule("admission")
+def test_swap_in_stops_once_the_budget_is_spent(impl):
+    """Swap-in runs only `while budget > 0`: when the first swapped request takes the rest of
+    the budget (a chunk of its remaining prefill, chunked prefill on), the next one stays
+    swapped even though the pool has room for its kept blocks (it is never swapped in with 0
+    tokens).
+
+    Trace (block_size 1, 7 blocks, budget 2, 2 seats): `a` decodes next to `b`, which prefills
+    one token per step until it is swapped out; `c` (after `a`, before `b` in fcfs order) is
+    admitted, then swapped out too; `a` finishes and frees the pool; `c` comes back first and
+    spends the budget on a chunk of 2."""
+    h = swap_harness(impl, 7, 1, max_num_batched_tokens=2, max_num_seqs=2, enable_chunked_prefill=True)
+    h.add(spec("a", 1, 6, arrival_time=2.0))
+    h.add(spec("b", 6, 1, arrival_time=6.0))
+    for _ in range(3):
+        assert h.step().scheduled == [("a", 1), ("b", 1)]
+    assert h.step().preempted == ["b"]
+    h.add(spec("c", 6, 1, arrival_time=2.0))
+    assert h.step().scheduled == [("a", 1), ("c", 1)], "b cannot fit its 3 kept blocks, c is admitted"
+    assert h.step().preempted == ["c"]
+    assert "a" not in h.live and num_free(h) == 7, "a finished and freed every block"
+    step = h.step()
+    assert [rid for rid, _ in step.swap_in] == ["c"] and step.scheduled == [("c", 2)]
+    b = h.live["b"]
+    assert b.status == Status.SWAPPED
+    assert num_free(h) >= cdiv(b.num_computed_tokens, 1), "the edge needs room for b in the pool"
+    h.run_to_completion(h.num_steps + 20)
+
+
+@spec_rule("admission")
+def test_swap_in_takes_the_last_budget_token_with_chunked_prefill_off(impl):
+    """With chunked prefill off a swapped request is swapped in when its whole remainder fits
+    the budget: it stops only if the remainder *exceeds* the budget, so a decode (1 token)
+    comes back with exactly 1 budget token left.
+
+    Trace (block_size 2, 4 blocks, budget 3, 3 seats; the harness rejects every draft and
+    trims its slots, as the simplest engine would): `a`, `b`, `x` prefill one token each; `a`
+    carries drafts that fill the budget; their extra block forces `x` out; `a` finishes; `b`
+    carries one draft (2 tokens), leaving 1 token for `x`."""
+    h = swap_harness(impl, 4, 2, max_num_batched_tokens=3, max_num_seqs=3, enable_chunked_prefill=False)
+    h.add(spec("a", 1, 3, arrival_time=0.0))
+    h.add(spec("b", 1, 2, arrival_time=1.0))
+    h.add(spec("x", 1, 3, arrival_time=2.0))
+    assert h.step().scheduled == [("a", 1), ("b", 1), ("x", 1)]
+    h.propose("a", [7, 7, 7])
+    assert h.step().scheduled == [("a", 3)], "1 + drafts, cut by the budget"
+    h.propose("a", [7, 7, 7])
+    step = h.step()
+    assert step.scheduled == [("a", 3)] and step.preempted == ["x"]
+    assert "a" not in h.live, "a reached max_tokens"
+    h.propose("b", [7])
+    step = h.step()
+    assert [rid for rid, _ in step.swap_in] == ["x"]
+    assert step.scheduled == [("b", 2), ("x", 1)], "x takes the last budget token"
+    h.run_to_completion(h.num_steps + 20)
+
+
+@spec_rule("chunking")
+def test_threshold_caps_only_chunks_starting_inside_the_prompt(impl):
+    """long_prefill_token_threshold caps n only while the chunk starts inside the prompt
+    (position < num_prompt_tokens): a first decode starts at the prompt's end, so it is not
+    capped even when its draft tokens make it longer than the threshold."""
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=True, long_prefill_token_threshold=2
+    )
+    h = Harness(impl, cfg, num_blocks=8, block_size=4, enable_prefix_caching=False)
+    h.add(spec("a", 4, 4, arrival_time=0.0))
+    assert h.step().scheduled == [("a", 2)]
+    assert h.step().scheduled == [("a", 2)], "the prompt is prefilled in chunks of the threshold"
+    h.propose("a", [7, 7])
+    assert h.step().scheduled == [("a", 3)], "a decode with 2 drafts starts at the prompt's end: not capped"
+    h.run_to_completion(h.num_steps + 10)
+
+
+@spec_rule("chunking")
+def test_threshold_does_not_cap_a_readmission_that_starts_at_the_prompt_end(impl):
+    """The threshold applies from the admission position k (the cached prefix): a request
+    preempted by recompute after two outputs is re-admitted after its cached prompt block, so
+    its chunk (its outputs) starts at the prompt's end and is not capped.
+
+    Trace (block_size 2, 4 blocks, budget 2, threshold 1, prefix caching, recompute): `v`
+    prefills its 2-token prompt one token per step next to `a`, samples two tokens, and is the
+    victim when `a` needs a block; once `a` finishes, `v` comes back with k = 2."""
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=2,
+        max_num_seqs=2,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=1,
+        preemption_mode="recompute",
+    )
+    h = Harness(impl, cfg, num_blocks=4, block_size=2, enable_prefix_caching=True)
+    h.add(spec("a", 1, 6, arrival_time=0.0))
+    assert h.step().scheduled == [("a", 1)]
+    h.add(spec("v", 2, 4, arrival_time=1.0))
+    for _ in range(3):
+        assert h.step().scheduled == [("a", 1), ("v", 1)]
+    v = h.live["v"]
+    assert (v.num_computed_tokens, v.num_tokens) == (3, 4)
+    assert h.step().preempted == ["v"]
+    assert h.step().scheduled == [("a", 1)] and "a" not in h.live
+    assert h.step().scheduled == [("v", 2)], "2 outputs from position 2 = num_prompt_tokens: not capped"
+    assert v.num_cached_tokens == 2
+    h.run_to_completion(h.num_steps + 10)
+
+
+@spec_rule("admission")
+def test_swap_in_stops_when_the_seats_are_taken(impl):
+    """Swap-in runs only `while len(running) < max_num_seqs`: once a swapped request takes the
+    last seat, the next one stays swapped, though budget is left and the pool has room for it.
+
+    Trace (block_size 4, 7 blocks, budget 7, 2 seats, chunked prefill): `x` and `c` are swapped
+    out in turn while `a` prefills 19 tokens; `d` is admitted when `x` does not fit; `a`
+    finishes; then `c` (before `x` in fcfs order) comes back next to `d` and fills the seats."""
+    h = swap_harness(impl, 7, 4, max_num_batched_tokens=7, max_num_seqs=2, enable_chunked_prefill=True)
+    h.add(spec("x", 10, 12, arrival_time=8.0))
+    assert h.step().scheduled == [("x", 7)]
+    h.add(spec("a", 19, 3, arrival_time=1.0))
+    h.add(spec("c", 6, 20, arrival_time=5.0))
+    assert h.step().scheduled == [("x", 3), ("a", 4)]
+    h.add(spec("d", 4, 12, arrival_time=9.0))
+    assert h.step().scheduled == [("a", 7)]
+    assert h.step().preempted == ["x"]
+    assert h.step().scheduled == [("a", 1), ("c", 6)]
+    h.propose("c", [7, 7])
+    assert h.step().preempted == ["c"]
+    assert h.step().scheduled == [("a", 1), ("d", 4)], "x does not fit, d does"
+    assert "a" not in h.live, "a reached max_tokens"
+    step = h.step()
+    assert [rid for rid, _ in step.swap_in] == ["c"] and step.scheduled == [("d", 1), ("c", 1)]
+    x = h.live["x"]
+    assert x.status == Status.SWAPPED
+    assert num_free(h) >= cdiv(x.num_computed_tokens + 1, 4), "the edge needs room for x in the pool"
+    h.run_to_completion(h.num_steps + 60)
