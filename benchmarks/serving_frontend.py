@@ -34,11 +34,11 @@ import time
 import uuid
 from types import SimpleNamespace
 
+import enginespec.entrypoints.openai.serving as serving
 from enginespec.engine.core_messages import EngineState
 from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import CompletionRequest
-import enginespec.entrypoints.openai.serving as serving
 from enginespec.entrypoints.openai.serving import ServerContext, create_completion
 
 _QWEN3_VOCAB, _QWEN3_EOS = 151936, 151645
@@ -79,9 +79,12 @@ def _messages(num_streams: int, num_steps: int, vocab: int, seed: int) -> list[b
     for step in range(num_steps):
         finish = "length" if step == num_steps - 1 else None
         deltas = [
-            (f"cmpl-{i}", 0, [rng.randrange(vocab)], None, None, finish, None, None, None) for i in range(num_streams)
+            (f"cmpl-{i}", 0, [rng.randrange(vocab)], None, None, finish, None, None, None)
+            for i in range(num_streams)
         ]
-        out.append(pickle.dumps(("step", deltas, [], [], state, time.monotonic()), protocol=pickle.HIGHEST_PROTOCOL))
+        out.append(
+            pickle.dumps(("step", deltas, [], [], state, time.monotonic()), protocol=pickle.HIGHEST_PROTOCOL)
+        )
     return out
 
 
@@ -106,7 +109,9 @@ async def run_once(tokenizer, num_streams: int, num_steps: int, seed: int = 0, p
     serving.uuid = SimpleNamespace(uuid4=lambda: SimpleNamespace(hex=str(next(ids))))  # ids cmpl-{i}
     try:
         for i in range(num_streams):
-            body = CompletionRequest(prompt=[5 + i % 100] * 64, max_tokens=num_steps, stream=True, ignore_eos=True)
+            body = CompletionRequest(
+                prompt=[5 + i % 100] * 64, max_tokens=num_steps, stream=True, ignore_eos=True
+            )
             streams.append(await create_completion(ctx, body, None))
     finally:
         serving.uuid = uuid
@@ -158,8 +163,16 @@ def main(argv=None) -> None:
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(ns.profile)
     best = min(runs, key=lambda x: x["us_per_token"])
-    print(json.dumps({"runs": runs, "best_us_per_token": best["us_per_token"],
-                      "best_max_tokens_per_s": best["max_tokens_per_s"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "runs": runs,
+                "best_us_per_token": best["us_per_token"],
+                "best_max_tokens_per_s": best["max_tokens_per_s"],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":
