@@ -31,11 +31,10 @@ import pstats
 import random
 import tempfile
 import time
-import uuid
 from types import SimpleNamespace
 
-import enginespec.entrypoints.openai.serving as serving
 from enginespec.engine.core_messages import EngineState
+from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import CompletionRequest
@@ -45,17 +44,59 @@ _QWEN3_VOCAB, _QWEN3_EOS = 151936, 151645
 
 
 class _AcceptAll:
-    """Stands in for the engine's command pipe: every "add" is accepted at once."""
+    """Stands in for the engine's command pipe: every "add" is accepted at once, its request
+    ids recorded (the step messages address them)."""
 
     def __init__(self, client: EngineClient):
         self.client = client
+        self.request_ids: list[str] = []
 
     def send(self, command: tuple) -> None:
         if command[0] == "add":
-            loop = asyncio.get_running_loop()
-            loop.call_soon(self.client._on_reply, "added", command[1], None)
+            self.request_ids.extend(r.request_id for r in command[2])
+            asyncio.get_running_loop().call_soon(self.client._on_reply, "added", command[1], None)
 
     def close(self, timeout=None) -> None:
+        pass
+
+
+class _Counter:
+    """Frames seen so far; wakes the driver once `target` frames have gone out."""
+
+    def __init__(self) -> None:
+        self.num_frames = self.num_bytes = self.target = 0
+        self.wake = asyncio.Event()
+
+    def add(self, num_frames: int, num_bytes: int) -> None:
+        self.num_frames += num_frames
+        self.num_bytes += num_bytes
+        if self.num_frames >= self.target:
+            self.wake.set()
+
+
+class _Transport(asyncio.Transport):
+    """A socket that only counts: what uvicorn's protocol writes (status line, chunked frames)."""
+
+    def __init__(self, counter: _Counter, port: int):
+        super().__init__()
+        self.counter, self.port, self.closing = counter, port, False
+
+    def get_extra_info(self, name, default=None):
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", self.port)}.get(name, default)
+
+    def write(self, data) -> None:
+        self.counter.add(bytes(data).count(b"data: "), len(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
         pass
 
 
@@ -70,7 +111,7 @@ def load_tokenizer(path):
     return AutoTokenizer.from_pretrained(path)
 
 
-def _messages(num_streams: int, num_steps: int, vocab: int, seed: int) -> list[bytes]:
+def _messages(request_ids: list[str], num_steps: int, vocab: int, seed: int) -> list[bytes]:
     """Pre-pickled ("step", deltas, failed, replies, state, step_start) messages, one per step;
     the last step finishes every stream ("length")."""
     rng = random.Random(seed)
@@ -79,8 +120,7 @@ def _messages(num_streams: int, num_steps: int, vocab: int, seed: int) -> list[b
     for step in range(num_steps):
         finish = "length" if step == num_steps - 1 else None
         deltas = [
-            (f"cmpl-{i}", 0, [rng.randrange(vocab)], None, None, finish, None, None, None)
-            for i in range(num_streams)
+            (rid, 0, [rng.randrange(vocab)], None, None, finish, None, None, None) for rid in request_ids
         ]
         out.append(
             pickle.dumps(("step", deltas, [], [], state, time.monotonic()), protocol=pickle.HIGHEST_PROTOCOL)
@@ -88,46 +128,73 @@ def _messages(num_streams: int, num_steps: int, vocab: int, seed: int) -> list[b
     return out
 
 
-async def _consume(stream, counter: dict, wake: asyncio.Event) -> None:
+async def _consume(stream, counter: _Counter) -> None:
     async for frame in stream:
-        counter["bytes"] += len(frame.encode("utf-8"))  # starlette encodes each str chunk
-        counter["frames"] += 1
-        if counter["frames"] >= counter["target"]:
-            wake.set()
+        counter.add(1, len(frame.encode("utf-8")))  # starlette encodes each str chunk
 
 
-async def run_once(tokenizer, num_streams: int, num_steps: int, seed: int = 0, profiler=None) -> dict:
+def _body(i: int, num_steps: int) -> dict:
+    return dict(model="bench", prompt=[5 + i % 100] * 64, max_tokens=num_steps, stream=True, ignore_eos=True)
+
+
+async def _open_generators(ctx, counter: _Counter, num_streams: int, num_steps: int) -> list:
+    """The streams as serving.create_completion returns them, each drained by a task."""
+    streams = [
+        await create_completion(ctx, CompletionRequest(**_body(i, num_steps)), None)
+        for i in range(num_streams)
+    ]
+    return [asyncio.ensure_future(_consume(s, counter)) for s in streams]
+
+
+async def _open_http(ctx, counter: _Counter, num_streams: int, num_steps: int) -> list:
+    """The streams as HTTP requests to the server's app, through uvicorn's h11 protocol (the one
+    the server runs without httptools) over transports that only count the bytes."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.server import ServerState
+
+    config = Config(build_app(ctx, ServerMetrics("bench")), http="h11", lifespan="off", access_log=False)
+    config.load()
+    state, transports = ServerState(), []
+    for i in range(num_streams):
+        proto = H11Protocol(config, state, {}, _loop=asyncio.get_running_loop())
+        transports.append(_Transport(counter, 40000 + i))
+        proto.connection_made(transports[-1])
+        payload = json.dumps(_body(i, num_steps)).encode()
+        head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        proto.data_received(f"{head}content-length: {len(payload)}\r\n\r\n".encode() + payload)
+    while len(ctx.engine._to_engine.request_ids) < num_streams:
+        await asyncio.sleep(0.001)
+    return [asyncio.ensure_future(_drained(state)) for _ in range(1)]
+
+
+async def _drained(state) -> None:
+    while state.tasks:
+        await asyncio.sleep(0.001)
+
+
+async def run_once(
+    tokenizer, num_streams: int, num_steps: int, *, http: bool, seed: int = 0, profiler=None
+) -> dict:
     loop = asyncio.get_running_loop()
-    args = SimpleNamespace(max_num_seqs=num_streams)
-    client = EngineClient(args, tokenizer, ServerMetrics("bench"), max_waiting=num_streams)
+    client = EngineClient(SimpleNamespace(max_num_seqs=num_streams), tokenizer, ServerMetrics("bench"))
     recv, send = multiprocessing.Pipe(duplex=False)
     client._to_engine, client._from_engine = _AcceptAll(client), recv
     client.start(loop)
     ctx = ServerContext(client, tokenizer, ["bench"], 1 << 20)
-    streams = []
-    ids = iter(range(num_streams))
-    serving.uuid = SimpleNamespace(uuid4=lambda: SimpleNamespace(hex=str(next(ids))))  # ids cmpl-{i}
-    try:
-        for i in range(num_streams):
-            body = CompletionRequest(
-                prompt=[5 + i % 100] * 64, max_tokens=num_steps, stream=True, ignore_eos=True
-            )
-            streams.append(await create_completion(ctx, body, None))
-    finally:
-        serving.uuid = uuid
-    msgs = _messages(num_streams, num_steps, tokenizer.vocab_size, seed)
-    counter = {"bytes": 0, "frames": 0, "target": 0}
-    wake = asyncio.Event()
-    tasks = [asyncio.ensure_future(_consume(s, counter, wake)) for s in streams]
-    await asyncio.sleep(0)
+    counter = _Counter()
+    tasks = await (_open_http if http else _open_generators)(ctx, counter, num_streams, num_steps)
+    await asyncio.sleep(0.01)
+    msgs = _messages(client._to_engine.request_ids, num_steps, tokenizer.vocab_size, seed)
+    base = counter.num_frames
     if profiler is not None:
         profiler.enable()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for step, msg in enumerate(msgs):
-        counter["target"] = num_streams * (step + 1) + (num_streams if step == num_steps - 1 else 0)
-        wake.clear()
+        counter.target = base + num_streams * (step + 1) + (num_streams if step == num_steps - 1 else 0)
+        counter.wake.clear()
         send.send_bytes(msg)
-        await wake.wait()
+        await counter.wake.wait()
     await asyncio.gather(*tasks)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     if profiler is not None:
@@ -138,8 +205,8 @@ async def run_once(tokenizer, num_streams: int, num_steps: int, seed: int = 0, p
     num_tokens = num_streams * num_steps
     return {
         "num_tokens": num_tokens,
-        "num_frames": counter["frames"],
-        "num_bytes": counter["bytes"],
+        "num_frames": counter.num_frames - base,
+        "num_bytes": counter.num_bytes,
         "cpu_s": cpu,
         "wall_s": wall,
         "us_per_token": 1e6 * cpu / num_tokens,
@@ -153,13 +220,18 @@ def main(argv=None) -> None:
     ap.add_argument("--num-steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokenizer", default=None, help="an HF tokenizer dir (default: the benchmark's)")
+    ap.add_argument("--http", action="store_true", help="through the app and uvicorn's h11 protocol too")
     ap.add_argument("--profile", type=int, default=0, help="print the top N cProfile entries")
     ns = ap.parse_args(argv)
     tokenizer = load_tokenizer(ns.tokenizer)
     runs = []
     for r in range(ns.repeats):
         prof = cProfile.Profile() if ns.profile and r == ns.repeats - 1 else None
-        runs.append(asyncio.run(run_once(tokenizer, ns.num_streams, ns.num_steps, seed=r, profiler=prof)))
+        runs.append(
+            asyncio.run(
+                run_once(tokenizer, ns.num_streams, ns.num_steps, http=ns.http, seed=r, profiler=prof)
+            )
+        )
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(ns.profile)
     best = min(runs, key=lambda x: x["us_per_token"])
