@@ -4,7 +4,10 @@ Drives the same code the server runs per engine step: the engine client's pipe r
 (EngineClient._on_readable: unpickle one message of deltas, route them, fold them into each
 RequestStream, detokenize, record the Prometheus metrics, wake the queues), then each request's
 SSE generator (serving._stream: delta choice, chunk dict, JSON, SSE framing) and the UTF-8
-encoding starlette does before its write. Not included: uvicorn's socket write and HTTP framing.
+encoding starlette does before its write. With --http each stream is instead a real HTTP request
+to the server's app (build_app) through uvicorn's h11 protocol, over transports that only count
+bytes: starlette's StreamingResponse, the middlewares, uvicorn's send and h11's chunked framing
+are then included; only the socket syscall is not.
 
 N streaming completions (token-id prompts, ignore_eos) are submitted through EngineClient.submit
 against a fake engine that accepts them; then, per step, one pre-pickled message carrying one new
