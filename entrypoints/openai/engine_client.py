@@ -6,7 +6,7 @@ same loop runs on a thread of this process over the same pipes (tests, debugging
 
 On the event loop: one reader (loop.add_reader on the engine's output pipe) takes each message
 of deltas, folds them into per-request cumulative RequestOutputs (decoding the ids of samples
-the engine does not detokenize), records the metrics, and wakes each request's asyncio.Queue.
+the engine does not detokenize), records the metrics, and wakes each request's Inbox.
 HTTP handlers send commands with Connection.send; no thread is made per request and no lock is
 held across a step.
 
@@ -50,13 +50,57 @@ class EngineRequestError(RuntimeError):
     """The engine dropped a request with an error (a failed step): answered 500."""
 
 
+class Inbox:
+    """One request's mailbox: the engine client puts, the request's handler (one task) takes.
+
+    put_nowait never blocks; take_all waits for the next item, then returns every queued one at
+    once, in order. Cheaper than asyncio.Queue per item (no size bound, no task accounting, a
+    future only when the consumer actually has to wait), which counts at 256 streams x one item
+    per engine step. A cancelled wait loses nothing: items stay queued."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list = []
+        self._waiter: Optional[asyncio.Future] = None
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        while not self._items:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+
+    async def get(self):
+        """The oldest item (waiting for one)."""
+        await self._wait()
+        return self._items.pop(0)
+
+    async def take_all(self) -> list:
+        """Every queued item, oldest first (waiting for at least one)."""
+        await self._wait()
+        items, self._items = self._items, []
+        return items
+
+
 @dataclass
 class Generation:
     """Event-loop handle of one HTTP request's engine requests (a batch of prompts)."""
 
     owner: "EngineClient"
     request_ids: list[str]
-    queue: asyncio.Queue
+    queue: Inbox
     live: set = field(default_factory=set)
 
     async def next(self) -> list:
@@ -64,9 +108,14 @@ class Generation:
         ("output", RequestOutput) with only the latest output of each request. Outputs are
         cumulative, so a consumer that fell behind loses nothing by skipping the older ones,
         and a busy event loop sends fewer, larger deltas instead of falling further behind."""
-        items = [await self.queue.get()]
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
+        items = await self.queue.take_all()
+        if len(items) == 1:  # the usual case: one item per engine step
+            kind, payload = items[0]
+            if kind == "error":
+                self.live.clear()
+            elif payload.finished:
+                self.live.discard(payload.request_id)
+            return items
         errors = [item for item in items if item[0] == "error"]
         if errors:
             self.live.clear()
@@ -238,7 +287,7 @@ class EngineClient:
             raise QueueFull(
                 f"the waiting queue is full ({self._num_pending} pending samples, capacity {self.capacity})"
             )
-        gen = Generation(self, [r.request_id for r in requests], asyncio.Queue(), set())
+        gen = Generation(self, [r.request_id for r in requests], Inbox(), set())
         now = time.monotonic()
         for req in requests:
             self._streams[req.request_id] = RequestStream(req, gen.queue, self.tokenizer, now)

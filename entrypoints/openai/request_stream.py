@@ -12,7 +12,6 @@ Invariants: a sample's text only grows; finish_reason is set once, by the sample
 
 from __future__ import annotations
 
-import asyncio
 from typing import Optional
 
 from enginespec.engine.core_messages import NewRequest
@@ -23,7 +22,7 @@ from enginespec.outputs import CompletionOutput, RequestOutput
 class RequestStream:
     """Per-request front-end state: where its news goes, its output, its latency marks."""
 
-    def __init__(self, req: NewRequest, sink: asyncio.Queue, tokenizer, arrival: float):
+    def __init__(self, req: NewRequest, sink, tokenizer, arrival: float):
         n = req.params.n
         self.sink = sink
         self.num_samples = n

@@ -14,14 +14,15 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
+from json.encoder import encode_basestring_ascii as _escape  # what JSONEncoder(ensure_ascii) uses
+from typing import AsyncIterator, Optional, Union
 
 from enginespec.engine.core_messages import NewRequest
 from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from enginespec.entrypoints.openai.sampling import to_sampling_params
-from enginespec.entrypoints.openai.sse import DONE, frame
+from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 
 RETRY_AFTER_S = 1
 
@@ -379,39 +380,82 @@ def _chunk(call: _Call, choices: list[dict], usage: Optional[dict] = None) -> di
     return body
 
 
-def _delta_choice(ctx, call: _Call, out, completion) -> Optional[dict]:
-    """The choice's new text and ids since its last frame, or None when there is nothing new."""
+def _chunk_head(call: _Call) -> str:
+    """The text of a chunk frame up to its choices list: `data: {"id":..,"model":..,"choices":`.
+    It is the same for every chunk of a call, so it is rendered once; frame_choices(...) equals
+    frame(_chunk(call, choices)) byte for byte (dicts keep their insertion order)."""
+    head = frame(_chunk(call, []))
+    return head[: head.rindex("[]}")]
+
+
+def _frame_choices(head: str, choices: list) -> str:
+    """The frame of these choices (dicts, or JSON texts of dicts): encode_json of a list is its
+    items' encodings joined by commas, so pre-encoded items change nothing in the bytes."""
+    items = ",".join([c if type(c) is str else encode_json(c) for c in choices])
+    return f"{head}[{items}]}}\n\n"
+
+
+def _plain_choice_json(kind: str, index: int, delta_text: str) -> str:
+    """encode_json of the choice dict _delta_choice builds for a started, unfinished choice with
+    no logprobs and no token ids (every frame of a plain stream but its first and last), written
+    out directly: that is the per-token hot path, and this costs a tenth of the JSON encoder."""
+    if kind == "completion":
+        return f'{{"index":{index},"text":{_escape(delta_text)},"logprobs":null,"finish_reason":null,"stop_reason":null}}'
+    return (
+        f'{{"index":{index},"delta":{{"content":{_escape(delta_text)}}},'
+        '"logprobs":null,"finish_reason":null,"stop_reason":null}'
+    )
+
+
+def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
+    """The choice's new text and ids since its last frame (a dict, or its JSON text on the hot
+    path: see _plain_choice_json), or None when there is nothing new."""
     index = call.index_of[out.request_id] * call.body.n + completion.index
-    state = call.choices.setdefault(index, _Choice())
-    if state.finished:
+    state = call.choices.get(index)
+    if state is None:
+        state = call.choices[index] = _Choice()
+    elif state.finished:
         return None
     finished = completion.finish_reason is not None
-    text = _final_text(call, completion) if finished else completion.text
-    end = len(text) if finished else len(text) - _held_back(text, call.stops)
-    delta_text = text[state.num_chars : max(end, state.num_chars)]
-    new_ids = completion.token_ids[state.num_tokens :]
-    if not delta_text and not new_ids and not finished and state.started:
+    if finished:
+        text = _final_text(call, completion)
+        end = len(text)
+    else:
+        text = completion.text
+        end = len(text) - _held_back(text, call.stops) if call.stops else len(text)
+    num_chars = state.num_chars
+    if end < num_chars:
+        end = num_chars
+    delta_text = text[num_chars:end]
+    token_ids = completion.token_ids
+    num_tokens = state.num_tokens
+    if not delta_text and len(token_ids) <= num_tokens and not finished and state.started:
         return None
+    body = call.body
+    if state.started and not finished and completion.logprobs is None and not body.return_token_ids:
+        state.num_chars, state.num_tokens = end, len(token_ids)
+        return _plain_choice_json(call.kind, index, delta_text)
     lps = None
     if completion.logprobs is not None:
-        lps = _logprobs(ctx, call, new_ids, completion.logprobs[state.num_tokens :], state.num_chars)
-    choice = {"index": index}
+        lps = _logprobs(ctx, call, token_ids[num_tokens:], completion.logprobs[num_tokens:], num_chars)
+    choice: dict = {"index": index}
     if call.kind == "completion":
-        choice.update(text=delta_text, logprobs=lps)
-        if not state.started and call.body.return_token_ids:
+        choice["text"] = delta_text
+        choice["logprobs"] = lps
+        if not state.started and body.return_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
     else:
         delta = {"content": delta_text}
         if not state.started:
             delta["role"] = "assistant"
-        choice.update(delta=delta, logprobs=lps)
-    choice.update(
-        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason if finished else None
-    )
-    if call.body.return_token_ids:
-        choice["token_ids"] = list(new_ids)
-    state.num_chars = max(end, state.num_chars)
-    state.num_tokens = len(completion.token_ids)
+        choice["delta"] = delta
+        choice["logprobs"] = lps
+    choice["finish_reason"] = completion.finish_reason
+    choice["stop_reason"] = completion.stop_reason if finished else None
+    if body.return_token_ids:
+        choice["token_ids"] = token_ids[num_tokens:]
+    state.num_chars = end
+    state.num_tokens = len(token_ids)
     state.started, state.finished = True, finished
     return choice
 
@@ -419,6 +463,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Optional[dict]:
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
     error after the stream started goes out as one error frame, then [DONE]."""
+    head = _chunk_head(call)
     try:
         while not gen.done:
             items = await gen.next()
@@ -430,9 +475,13 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
             for _, out in items:
                 if out.finished:
                     call.finals[out.request_id] = out
-                choices = [c for c in (_delta_choice(ctx, call, out, o) for o in out.outputs) if c]
+                choices = []
+                for completion in out.outputs:
+                    choice = _delta_choice(ctx, call, out, completion)
+                    if choice is not None:
+                        choices.append(choice)
                 if choices:
-                    yield frame(_chunk(call, choices))
+                    yield _frame_choices(head, choices)
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(call, outputs)))

@@ -16,8 +16,17 @@ from starlette.responses import StreamingResponse
 DONE = "data: [DONE]\n\n"
 
 
+# One encoder for every frame: json.dumps with non-default arguments builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def frame(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {_encode(payload)}\n\n"
+
+
+def encode_json(payload) -> str:
+    """Compact JSON, exactly as frame() renders the same value inside a frame."""
+    return _encode(payload)
 
 
 class SSEResponse(StreamingResponse):

@@ -1,0 +1,70 @@
+"""The streaming hot path's shortcuts change no byte and lose no item: a steady-state choice
+written as JSON text equals the JSON encoder's rendering of the same dict (any text: quotes,
+control characters, non-ASCII, astral characters), pre-encoded and dict choices frame alike, and
+the per-request Inbox keeps order across waits and cancellations."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from enginespec.entrypoints.openai.engine_client import Inbox
+from enginespec.entrypoints.openai.serving import _chunk, _chunk_head, _frame_choices, _plain_choice_json
+from enginespec.entrypoints.openai.sse import encode_json, frame
+
+TEXTS = [
+    "",
+    " w123",
+    'quote " back \\ slash',
+    "tab\tnew\nline\x00\x1f",
+    "é ü 中文",
+    "emoji 🙂 \U0001f600",
+    "\ud800",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("index", [0, 7, 12345])
+def test_plain_choice_json_equals_encoder(text, index):
+    tail = {"logprobs": None, "finish_reason": None, "stop_reason": None}
+    completion = {"index": index, "text": text, **tail}
+    chat = {"index": index, "delta": {"content": text}, **tail}
+    assert _plain_choice_json("completion", index, text) == encode_json(completion)
+    assert _plain_choice_json("chat", index, text) == encode_json(chat)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_frame_choices_equals_frame_of_chunk(kind):
+    call = SimpleNamespace(response_id='id-"1"', kind=kind, created=1700000000, model="m[]}", choices={})
+    dicts = [
+        {"index": i, "text": t, "logprobs": None, "finish_reason": None, "stop_reason": None}
+        for i, t in enumerate(TEXTS)
+    ]
+    mixed = [encode_json(d) if i % 2 else d for i, d in enumerate(dicts)]
+    head = _chunk_head(call)
+    assert _frame_choices(head, mixed) == frame(_chunk(call, dicts))
+    assert _frame_choices(head, dicts[:1]) == frame(_chunk(call, dicts[:1]))
+
+
+def test_inbox_order_waits_and_cancellation():
+    async def scenario():
+        inbox = Inbox()
+        waiter = asyncio.ensure_future(inbox.take_all())
+        await asyncio.sleep(0)
+        waiter.cancel()  # a handler cancelled while waiting loses nothing queued later
+        await asyncio.sleep(0)
+        inbox.put_nowait(("accepted", None))
+        inbox.put_nowait(("output", 1))
+        assert await inbox.get() == ("accepted", None)
+        getter = asyncio.ensure_future(inbox.take_all())
+        inbox.put_nowait(("output", 2))
+        assert await getter == [("output", 1), ("output", 2)]
+        later = asyncio.ensure_future(inbox.take_all())
+        await asyncio.sleep(0)
+        assert not later.done()
+        inbox.put_nowait(("error", None))
+        assert await later == [("error", None)]
+
+    asyncio.run(scenario())
