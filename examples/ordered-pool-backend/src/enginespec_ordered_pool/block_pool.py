@@ -128,6 +128,22 @@ class OrderedPoolBlockManager:
                 self.by_hash[h] = table[i]
         self.considered[rid] = num_full
 
+    def unpublish(self, request, num_tokens: int) -> None:
+        """Withdraw the request's own published hashes from table index num_tokens // block_size
+        on (a failed step: their KV may never have been written); the cursor drops there."""
+        first = _count("num_tokens", num_tokens) // self.block_size
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        table, own = self.tables.get(rid, []), request.block_hashes
+        for i in range(first, min(len(table), len(own))):
+            record = self.blocks[table[i]]
+            if record.block_hash is not None and record.block_hash == own[i]:
+                del self.by_hash[record.block_hash]
+                record.block_hash = None
+        if rid in self.considered:
+            self.considered[rid] = min(self.considered[rid], first)
+
     # -- release -------------------------------------------------------------------------
 
     def _drop(self, block_ids: list[int]) -> None:
