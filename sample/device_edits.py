@@ -16,8 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from enginespec.kernels import sampling as sampling_triton
-from enginespec.sample.penalties import penalty_columns, stop_ids_to_mask, upload
+from enginespec.sample.penalties import penalize_rows, penalty_columns, stop_ids_to_mask, upload
 
 NEG_INF = float("-inf")
 
@@ -96,18 +95,5 @@ class EditPlan:
         cols = self.penalties
         reqs = [requests[i] for i in cols.rows]
         slots = counts.slots(reqs)
-        out_counts = counts.gather(slots)
-        in_prompt = prompt_seen(reqs)
-        if sampling_triton.available(x.device) and x.stride(1) == 1:
-            sampling_triton.apply_penalties(
-                x, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres
-            )
-            return slots
-        rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
-        out_seen = out_counts > 0
-        sub = x.index_select(0, cols.index)
-        scaled = torch.where(sub > 0, sub / rep, sub * rep)
-        sub = torch.where(in_prompt | out_seen, scaled, sub)
-        sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)
-        x.index_copy_(0, cols.index, sub)
+        penalize_rows(x, cols, prompt_seen(reqs), counts.gather(slots))
         return slots

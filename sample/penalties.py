@@ -165,8 +165,15 @@ def apply_penalties(
         return
     reqs = [requests[i] for i in cols.rows]
     out_counts = _counts([r.output_token_ids for r in reqs], vocab, dev)
-    in_prompt = seen_in_prompt(reqs, vocab, dev)
-    if sampling_triton.available(dev) and logits.stride(1) == 1:
+    penalize_rows(logits, cols, seen_in_prompt(reqs, vocab, dev), out_counts)
+
+
+def penalize_rows(logits: torch.Tensor, cols, in_prompt: torch.Tensor, out_counts: torch.Tensor) -> None:
+    """The penalty arithmetic, in place on the rows `cols.index` of `logits` [S, V]:
+    in_prompt [R, V] bool and out_counts [R, V] int are those rows' prompt masks and output
+    token counts. One Triton launch on CUDA (`sampling_triton.apply_penalties`), else torch;
+    the serial sampler and the device path (device_edits.py) share it."""
+    if sampling_triton.available(logits.device) and logits.stride(1) == 1:
         sampling_triton.apply_penalties(
             logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres
         )

@@ -398,17 +398,20 @@ class Sampler:
         cut_thr = exact_thresholds(sub, plan.cut_plan)
         return cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)
 
+    def _edited(self, raw: torch.Tensor, requests: Sequence, plan: "BatchPlan") -> torch.Tensor:
+        """raw with the plan's edits (allowed ids, min_tokens, bias, penalties) applied, or raw
+        itself when no row asks for one."""
+        if not plan.any_edits:
+            return raw
+        return edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
+
     def __call__(self, logits: torch.Tensor, requests: Sequence) -> SamplerOutput:
         self._check(logits, requests)
         if not requests:
             return SamplerOutput([], [])
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x = (
-            edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
-            if plan.any_edits
-            else raw
-        )
+        x = self._edited(raw, requests, plan)
         if plan.any_noisy:
             tokens, token_ids = self._sample(x.float(), requests, plan)
         else:
@@ -428,11 +431,7 @@ class Sampler:
         self._check(logits, requests)
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x = (
-            edit_logits(raw, requests, self._cached_prompt_seen, plan.edit_kinds, columns=plan.penalties)
-            if plan.any_edits
-            else raw
-        ).float()
+        x = self._edited(raw, requests, plan).float()
         out = torch.zeros_like(x)
         out.scatter_(1, x.argmax(dim=1, keepdim=True), 1.0)
         if not plan.any_noisy:
