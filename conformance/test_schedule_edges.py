@@ -172,3 +172,46 @@ def test_swap_in_stops_when_the_seats_are_taken(impl):
     assert x.status == Status.SWAPPED
     assert num_free(h) >= cdiv(x.num_computed_tokens + 1, 4), "the edge needs room for x in the pool"
     h.run_to_completion(h.num_steps + 60)
+
+
+@spec_rule("abort")
+def test_a_request_finished_mid_step_takes_nothing_from_the_update(impl):
+    """A request finished between schedule() and update_from_output() (the engine aborted it,
+    or matched a stop string, while the step ran) is skipped by the update: its
+    num_computed_tokens and tokens stay as they were, it gets no entry in new_token_ids, it is
+    not finished twice, and nothing of it is published. The other scheduled request advances."""
+    h = Harness(impl, SchedulerConfig(), num_blocks=16, block_size=2)
+    h.add(spec("a", 4, 4, arrival_time=0.0))
+    h.add(spec("b", 4, 4, arrival_time=1.0))
+    h.step()  # both prefill
+    a, b = h.live["a"], h.live["b"]
+    out = h.sched.schedule()
+    assert sorted(r.request_id for r, _ in out.scheduled) == ["a", "b"]
+    h.sched.finish(h.live.pop("a"), Status.FINISHED_ABORTED)  # mid-step: no invariant check yet
+    h.finished_since.append("a")
+    computed, tokens = a.num_computed_tokens, list(a.token_ids)
+    upd = h.sched.update_from_output(out, {"a": [7], "b": [8]})
+    assert a.num_computed_tokens == computed and list(a.token_ids) == tokens
+    assert "a" not in upd.new_token_ids and all(r.request_id != "a" for r in upd.finished)
+    assert upd.new_token_ids["b"] == [8] and b.num_computed_tokens == 5
+    assert "a" not in h.bm.state().tables
+    h.check()
+
+
+@spec_rule("abort")
+def test_finish_refuses_a_request_it_does_not_hold(impl):
+    """finish() takes only the request object the scheduler holds: an unknown id, or another
+    object under a held id, is a ValueError that changes nothing (the held request goes on)."""
+    h = Harness(impl, SchedulerConfig(), num_blocks=16, block_size=2)
+    h.add(spec("a", 4, 3, arrival_time=0.0))
+    h.step()
+    for stranger in (
+        spec("a", 4, 3, arrival_time=0.0).build(impl),
+        spec("z", 4, 3, arrival_time=0.0).build(impl),
+    ):
+        with pytest.raises(ValueError, match="not in this scheduler"):
+            h.sched.finish(stranger, Status.FINISHED_ABORTED)
+        assert stranger.status == Status.WAITING
+    assert h.live["a"].status == Status.RUNNING
+    h.check()
+    h.run_to_completion(h.num_steps + 10)

@@ -86,7 +86,10 @@ class Scheduler(Protocol):
         ...
 
     def finish(self, request: Request, status: Status) -> None:
-        """Finish a request (e.g. a stop string matched by the engine) and free its blocks."""
+        """Finish a request (e.g. a stop string matched by the engine) and free its blocks. A
+        no-op for a finished request; one this scheduler does not hold (an unknown id, or
+        another object under a held id) is a ValueError that changes nothing. A request
+        finished between schedule() and update_from_output() is skipped by the update."""
         ...
 
     @property
