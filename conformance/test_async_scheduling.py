@@ -121,7 +121,7 @@ def test_async_with_mixed_rows_and_siblings(impl):
 
 @pytest.mark.parametrize("seeded", [True, False])
 def test_async_equals_serial_when_sampling(impl, seeded):
-    """Temperature rows are drawn on the device too (Sampler.sample_on_device): seeded rows key
+    """Temperature rows are drawn on the device too (Sampler.sample_deferred): seeded rows key
     on the output index, unseeded ones on one generator draw per step, the same in both modes."""
     params = [
         SamplingParams(max_tokens=5 + 2 * i, temperature=0.9, seed=i if seeded else None, ignore_eos=True)

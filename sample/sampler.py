@@ -336,15 +336,6 @@ class Sampler:
                 f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}"
             )
 
-    def sample_on_device(self, logits: torch.Tensor, requests: Sequence) -> Optional[torch.Tensor]:
-        """The ids __call__ would sample, as an int64 [S] tensor left on the logits' device with
-        no host sync, or None when nothing is to be sampled or a row asks for logprobs (use
-        `sample_deferred`, which returns them too). See sample_deferred."""
-        sample = self.sample_deferred(logits, requests)
-        if sample is None or sample.logprobs is not None:
-            return None
-        return sample.token_ids
-
     def sample_deferred(self, logits: torch.Tensor, requests: Sequence) -> Optional[DeviceSample]:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
