@@ -23,7 +23,8 @@ timeout 400 python3 -m benchmarks.serving --request-rate inf --offline --out "$o
 rate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['serve']['request_throughput'] / 2)" \
   "$out/serving_inf.json")
 echo "half the saturating rate: $rate req/s"
-timeout 150 python3 -m benchmarks.serving --request-rate "$rate" --out "$out/serving_half.json" "$@" \
+timeout 150 python3 -m benchmarks.serving --request-rate "$rate" --out "$out/serving_half.json" \
+  --step-trace /tmp/steps_half.json "$@" \
   > "$out/serving_half.log" 2>&1 || { tail -40 "$out/serving_half.log"; exit 1; }
 python3 - "$out/serving_inf.json" "$out/serving_half.json" <<'PY'
 import json, sys
@@ -36,6 +37,11 @@ print(f"saturation: TTFT p50/p99 {s['ttft']['p50_ms']:.1f}/{s['ttft']['p99_ms']:
 print(f"half rate {h['request_rate']:.3f} req/s: TTFT p50/p99 {h['ttft']['p50_ms']:.1f}/{h['ttft']['p99_ms']:.1f} ms, "
       f"ITL p50/p99 {h['itl']['p50_ms']:.2f}/{h['itl']['p99_ms']:.2f} ms "
       f"(p99/p50 {h['itl']['p99_ms'] / h['itl']['p50_ms']:.2f}; target p99 <= 2x the median decode step)")
+steps = h.get("steps")
+if steps:
+    print(f"half rate, engine step gaps p50/p99 {steps['gap']['p50_ms']:.2f}/{steps['gap']['p99_ms']:.2f} ms; by prefill tokens:")
+    for k, b in steps["by_prefill_tokens"].items():
+        print(f"  {k}: {b['num_steps']} steps, p50/p99 {b['p50_ms']:.2f}/{b['p99_ms']:.2f} ms")
 print("exact lengths:", s["exact_output_lengths"], h["exact_output_lengths"], "failed:", s["failed"], h["failed"],
       "server exit:", s["server_exit_status"], h["server_exit_status"])
 PY

@@ -92,34 +92,79 @@ async def _one(http: httpx.AsyncClient, url: str, body: dict, delay: float, star
     return result
 
 
-async def run_clients(
-    base_url: str, model: str, workload: Workload, rate: float, seed: int, temperature: float
-):
-    """Send every request of the workload at its arrival time; (results, wall seconds)."""
-    offsets = arrival_offsets(len(workload.prompts), rate, seed)
+def _bodies(model: str, workload: Workload, temperature: float) -> list[dict]:
+    return [
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": out_len,
+            "temperature": temperature,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
+        for prompt, out_len in zip(workload.prompts, workload.output_lens)
+    ]
+
+
+async def _send_all(url: str, bodies: list[dict], offsets: list[float], start: float) -> list[RequestResult]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
+        return list(await asyncio.gather(*(_one(http, url, b, o, start) for b, o in zip(bodies, offsets))))
+
+
+def _client_process(url: str, bodies: list[dict], offsets: list[float], start: float) -> list[RequestResult]:
+    """One client process's share, sent from `start` (a time.perf_counter() value: on Linux it
+    is CLOCK_MONOTONIC, one clock for every process of the machine)."""
+    return asyncio.run(_send_all(url, bodies, offsets, start))
+
+
+def _ready(_: int) -> None:
+    """Holds its process a moment, so each of the pool's processes takes one and is started
+    (and has imported this module) before the clock starts."""
+    time.sleep(0.2)
+
+
+def run_clients(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    rate: float,
+    seed: int,
+    temperature: float,
+    num_processes: int = 1,
+) -> tuple[list[RequestResult], float]:
+    """Send every request of the workload at its arrival time; (results in workload order, wall
+    seconds from the first send to the last frame).
+
+    With num_processes > 1 the requests are dealt round-robin to that many client processes, each
+    with its own event loop: one Python process parsing every SSE frame of a saturated server
+    (about 150,000 frames in 6-8 s on the H200) is itself a bottleneck, and the figure would be
+    the client's, not the server's. Arrival times are unchanged: all processes share one start."""
+    url = f"{base_url}/v1/completions"
+    bodies = _bodies(model, workload, temperature)
+    offsets = arrival_offsets(len(bodies), rate, seed)
+    if num_processes <= 1:
         start = time.perf_counter()
-        tasks = [
-            _one(
-                http,
-                f"{base_url}/v1/completions",
-                {
-                    "model": model,
-                    "prompt": prompt,
-                    "max_tokens": out_len,
-                    "temperature": temperature,
-                    "ignore_eos": True,
-                    "stream": True,
-                    "return_token_ids": True,
-                },
-                offset,
-                start,
-            )
-            for prompt, out_len, offset in zip(workload.prompts, workload.output_lens, offsets)
+        results = asyncio.run(_send_all(url, bodies, offsets, start))
+        return results, max([r.done for r in results], default=start) - start
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # no inherited CUDA or event loop state
+    with ProcessPoolExecutor(num_processes, mp_context=ctx) as pool:
+        list(pool.map(_ready, range(num_processes)))  # every process started and imported
+        start = time.perf_counter() + 0.05
+        shares = [range(i, len(bodies), num_processes) for i in range(num_processes)]
+        futures = [
+            pool.submit(_client_process, url, [bodies[j] for j in js], [offsets[j] for j in js], start)
+            for js in shares
         ]
-        results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+        results: list = [None] * len(bodies)
+        for js, fut in zip(shares, futures):
+            for j, r in zip(js, fut.result()):
+                results[j] = r
+    return results, max(r.done for r in results) - start
 
 
 def _pcts(values: list[float]) -> dict:
@@ -170,8 +215,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_server(model_dir: Path, args, timeout: float = 900.0) -> tuple[subprocess.Popen, str]:
-    """`enginespec serve` on a free loopback port with the run's engine settings; waits for /health."""
+def launch_server(
+    model_dir: Path, args, timeout: float = 900.0, env: Optional[dict] = None
+) -> tuple[subprocess.Popen, str]:
+    """`enginespec serve` on a free loopback port with the run's engine settings (and `env` added
+    to its environment); waits for /health."""
     port = _free_port()
     cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir), "--port", str(port)]
     cmd += [
@@ -191,7 +239,7 @@ def launch_server(model_dir: Path, args, timeout: float = 900.0) -> tuple[subpro
         str(max(1024, args.num_requests)),
         *args.serve_arg,
     ]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    proc = subprocess.Popen(cmd, env=dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -235,19 +283,42 @@ def _workloads(args, model_dir: Path) -> tuple[Workload, Workload]:
     return timed, Workload(warm.prompts, [2] * len(warm.prompts))
 
 
+BUCKETS = ((0, 0), (1, 512), (513, 2048), (2049, 8192), (8193, 1 << 40))
+
+
+def step_summary(trace: list, since: float) -> dict:
+    """The engine's steps that ended after `since` (EngineStats.step_trace rows: requests,
+    tokens, context tokens, end time, host wait): the gaps between successive step ends (what a
+    streaming client sees as inter-token latency, minus the front end), overall and by the
+    step's prefill tokens (tokens beyond one per request)."""
+    rows = [r for r in trace if r[3] >= since]
+    gaps = [(b[1] - b[0], b[3] - a[3]) for a, b in zip(rows, rows[1:])]
+    out = {"num_steps": len(rows), "gap": _pcts([g for _, g in gaps]), "by_prefill_tokens": {}}
+    for lo, hi in BUCKETS:
+        sel = [g for extra, g in gaps if lo <= extra <= hi]
+        if sel:
+            out["by_prefill_tokens"][f"{lo}-{hi}"] = dict(_pcts(sel), num_steps=len(sel))
+    return out
+
+
 def serve_run(args, model_dir: Path, workload: Workload, warm: Workload) -> dict:
-    proc, url = (None, args.base_url) if args.base_url else launch_server(model_dir, args)
+    trace_file = Path(args.step_trace) if args.step_trace else None
+    env = {"ENGINESPEC_STEP_TRACE": str(trace_file)} if trace_file else None
+    proc, url = (None, args.base_url) if args.base_url else launch_server(model_dir, args, env=env)
     model = args.served_model_name or "bench"
     try:
         if warm.prompts:
-            asyncio.run(run_clients(url, model, warm, math.inf, args.seed, args.temperature))
-        results, wall = asyncio.run(
-            run_clients(url, model, workload, args.request_rate, args.seed, args.temperature)
+            run_clients(url, model, warm, math.inf, args.seed, args.temperature)
+        since = time.perf_counter()
+        results, wall = run_clients(
+            url, model, workload, args.request_rate, args.seed, args.temperature, args.client_processes
         )
     finally:
         exit_status = stop_server(proc) if proc is not None else None
     out = summarize(results, workload, wall)
     out.update(request_rate=args.request_rate, server_exit_status=exit_status)
+    if trace_file and trace_file.exists():
+        out["steps"] = step_summary(json.loads(trace_file.read_text()), since)
     return out
 
 
@@ -290,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--warmup-requests", type=int, default=32)
     p.add_argument(
+        "--client-processes",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="client processes sharing the requests (default: a quarter of the cores, 1 to 4)",
+    )
+    p.add_argument(
         "--offline", action="store_true", help="also LLM.generate on the workload; report the ratio"
     )
     p.add_argument(
@@ -297,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine-arg", action="append", default=[], type=_engine_arg, help="offline LLM KEY=VALUE"
+    )
+    p.add_argument(
+        "--step-trace", help="the server's engine writes its step trace here; the JSON gets a summary"
     )
     p.add_argument("--out", help="write the JSON here")
     return p

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import queue
 import signal
@@ -330,9 +331,21 @@ class EngineCoreProc:
 
 
 def serve_engine(engine, inbox, outbox) -> None:
-    """Announce the engine, then run its loop (on this thread) until shutdown or EOF."""
+    """Announce the engine, then run its loop (on this thread) until shutdown or EOF.
+
+    With ENGINESPEC_STEP_TRACE=FILE set, every step's (requests, tokens, context tokens, end
+    time, host wait) as EngineStats.step_trace records it is written to FILE as JSON at exit:
+    what the serving benchmark reads to tell slow steps from a slow front end."""
+    trace_file = os.environ.get("ENGINESPEC_STEP_TRACE")
+    if trace_file:
+        engine.stats.step_trace = []
     outbox.send(("ready", engine_info(engine), engine_state(engine, False)))
-    EngineCoreProc(engine, inbox, outbox).run()
+    try:
+        EngineCoreProc(engine, inbox, outbox).run()
+    finally:
+        if trace_file:
+            with open(trace_file, "w") as f:
+                json.dump(engine.stats.step_trace or [], f)
 
 
 def run_engine_core(args, inbox, outbox) -> None:

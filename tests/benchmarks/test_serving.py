@@ -37,6 +37,8 @@ def test_smoke_run_against_a_real_server_and_offline(tmp_path):
     argv = ["--model-dir", str(model_dir), "--device", "cpu", "--num-requests", "6", "--max-input-len", "24"]
     argv += ["--max-output-len", "8", "--warmup-requests", "2", "--request-rate", "40", "--offline"]
     argv += ["--out", str(out_file), "--serve-arg=--num-blocks=128", "--engine-arg", "num_blocks=128"]
+    argv += ["--client-processes", "2"]  # results come back in workload order (exact lengths)
+    argv += ["--step-trace", str(tmp_path / "steps.json")]
     assert serving.main(argv) == 0
     report = json.loads(out_file.read_text())
     serve = report["serve"]
@@ -46,3 +48,7 @@ def test_smoke_run_against_a_real_server_and_offline(tmp_path):
         assert set(serve[key]) == {"p50_ms", "p99_ms", "mean_ms"}
     assert report["offline"]["output_tokens"] == serve["output_tokens"]
     assert report["serve_over_offline"] > 0
+    steps = serve["steps"]  # the engine's own step trace, from the server process
+    assert steps["num_steps"] >= 2 and steps["gap"]["p50_ms"] > 0
+    assert sum(b["num_steps"] for b in steps["by_prefill_tokens"].values()) == steps["num_steps"] - 1
+
