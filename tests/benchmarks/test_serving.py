@@ -51,4 +51,3 @@ def test_smoke_run_against_a_real_server_and_offline(tmp_path):
     steps = serve["steps"]  # the engine's own step trace, from the server process
     assert steps["num_steps"] >= 2 and steps["gap"]["p50_ms"] > 0
     assert sum(b["num_steps"] for b in steps["by_prefill_tokens"].values()) == steps["num_steps"] - 1
-
