@@ -9,6 +9,7 @@ budget with chunked prefill off). After a refusal the pool state and the queues 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from hypothesis import given
@@ -137,3 +138,26 @@ def test_request_that_can_never_fit(impl, scn, steps, over, data):
     assert not limits.fits(len(spec.prompt_token_ids), max_tokens)
     binding = [n for n, b in bounds.items() if total > b]
     add_refused(h, spec, "|".join(binding))
+
+
+@pytest.mark.parametrize(
+    "bound, value, config, num_blocks",
+    [
+        ("max_model_len", 10, dict(max_model_len=10), 8),
+        ("num_blocks", 2, dict(), 2),
+        ("max_num_batched_tokens", 9, dict(enable_chunked_prefill=False, max_num_batched_tokens=9), 8),
+    ],
+)
+@spec_rule("add-refusals")
+def test_refusal_states_the_count_and_the_bound(impl, bound, value, config, num_blocks):
+    """A refusal's message names the bound and states both numbers: the bound's value and the
+    request's count (num_prompt + max_tokens; minus one for the budget). Here 6 + 5 = 11 tokens
+    with block_size 4, and exactly one bound broken per case."""
+    sched = impl.new_scheduler(
+        SchedulerConfig(max_num_seqs=4, **config), impl.new_block_manager(num_blocks, 4)
+    )
+    count = 10 if bound == "max_num_batched_tokens" else 11
+    with pytest.raises(ValueError, match=bound) as refused:
+        sched.add(impl.new_request("r", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=5)))
+    numbers = re.findall(r"\d+", str(refused.value))
+    assert str(count) in numbers and str(value) in numbers, str(refused.value)

@@ -69,7 +69,8 @@ class Scheduler(Protocol):
     def add(self, request: Request) -> None:
         """Queue a request. ValueError (and nothing changes) for a duplicate id, a prompt +
         max_tokens over the pool or max_model_len, or a prompt over the budget with chunked
-        prefill off."""
+        prefill off; the message names the bound and states its value and the request's count
+        (spec/SCHEDULING.md, Scheduler.add)."""
         ...
 
     def schedule(self) -> SchedulerOutput: ...

@@ -14,7 +14,15 @@ import torch
 from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.free_queue import FreeQueue
 from enginespec.impls.fast.hashing import extend_block_hashes
-from enginespec.spec import SamplingParams, SchedulerConfig, SchedulerOutput, hash_request_blocks, load_impl
+from enginespec.impls.fast.request import FastRequest
+from enginespec.spec import (
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerOutput,
+    check_request_args,
+    hash_request_blocks,
+    load_impl,
+)
 from enginespec.spec import build_batch as plain_build_batch
 
 FAST = load_impl("fast")
@@ -224,3 +232,16 @@ def test_decode_batches_launch_longest_first_with_one_sort_per_step():
     assert backend._launch_order(again, again.seq_lens) is not order  # a new step sorts again
     prefill = meta([5, 9], [1, 4])
     assert backend._launch_order(prefill, prefill.seq_lens) is None
+
+
+def test_request_made_directly_takes_the_spec_defaults():
+    """FastRequest is public (enginespec.impls.fast): made with only an id and a prompt, it holds
+    spec.check_request_args' defaults. FastImpl.new_request passes every argument, so only a
+    direct construction sees the class's own defaults."""
+    r, want = FastRequest("r", [1]), check_request_args("r", [1])
+    assert (r.params, r.eos_token_id, r.priority, r.cache_key) == (
+        want.params,
+        want.eos_token_id,
+        want.priority,
+        want.cache_key,
+    )
