@@ -25,6 +25,10 @@ drafts always runs serially (its samples are read on the host).
 CUDA graphs: decode graphs are captured for one token per request, so a step with drafts runs
 the (compiled) body without a graph; steps without drafts replay graphs as before.
 
+Drafters (drafter.py): the n-gram prompt lookup (ngram.py), built here from the config, or
+the draft model (draft_model.py), built by the engine and passed in. `propose` hands the
+drafter every eligible request at once (`propose_batch`), so a model drafts them in one pass.
+
 Back-off: a request whose proposal is rejected outright (or that the engine waited for and
 then drafted nothing) skips the next 2**min(j, 6) - 1 proposals, j its misses in a row; an
 accepted draft resets it. Speculation then costs little where it does not help.
@@ -38,6 +42,7 @@ from typing import Callable, Optional
 import torch
 
 from enginespec.engine.spec_decode.config import SpeculativeConfig
+from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine.spec_decode.ngram import NgramDrafter
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 from enginespec.engine.spec_decode.verify import logits_rows, verify
@@ -49,14 +54,24 @@ class SpecDecoder:
     """Drafter, verifier and counters of one engine."""
 
     def __init__(
-        self, config: SpeculativeConfig, sampler, device, max_model_len: int, seed: Optional[int] = 0
+        self,
+        config: SpeculativeConfig,
+        sampler,
+        device,
+        max_model_len: int,
+        seed: Optional[int] = 0,
+        drafter: Optional[Drafter] = None,
     ):
+        """`drafter`: the engine builds the draft-model drafter (it needs the engine's impl and a
+        runner); None builds the n-gram drafter from `config`."""
         self.config = config
         self.sampler = sampler
         self.max_model_len = max_model_len
-        self.drafter = NgramDrafter(
-            config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
-        )
+        if drafter is None:
+            if config.method != "ngram":
+                raise ValueError(f"speculative_config.method {config.method!r} needs a drafter built by the engine")
+            drafter = NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.drafter = drafter
         self.stats = SpecDecodeStats()
         self.request_stats: dict[str, SpecDecodeStats] = {}
         self.generator = torch.Generator(device=torch.device(device))
@@ -93,7 +108,7 @@ class SpecDecoder:
                 continue
             if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
                 continue  # would not be drafted for this step anyway
-            if self.drafter.propose(r, len(tokens) - 1, 1):
+            if self.drafter.would_propose(r, len(tokens) - 1):
                 self._lagged = r.request_id
                 return True
         return False
@@ -106,13 +121,17 @@ class SpecDecoder:
         self.clear()
         self._num_steps += 1
         backoff = self._backoff
+        chosen, limits = [], []
         for r in running:
             limit = self._limit(r)
             if limit < 1 or r.token_ids[-1] == placeholder:
                 continue
             if backoff and r.request_id in backoff and backoff[r.request_id][1] > self._num_steps:
                 continue
-            drafts = self.drafter.propose(r, r.num_tokens, limit)
+            chosen.append(r)
+            limits.append(limit)
+        proposals = self.drafter.propose_batch(chosen, [r.num_tokens for r in chosen], limits)
+        for r, drafts in zip(chosen, proposals):
             if drafts:
                 r.spec_token_ids = drafts
                 self._drafted.append(r)
@@ -187,6 +206,10 @@ class SpecDecoder:
             for r, n in output.scheduled
         ]
         return dataclasses.replace(output, scheduled=scheduled), tokens, logprobs
+
+    def reset_stats(self) -> None:
+        """Engine counters from zero (the warm-up's are not the user's)."""
+        self.stats = SpecDecodeStats()
 
     def track(self, request_id: str) -> SpecDecodeStats:
         """The counters of one request (created on first use, dropped by forget)."""
