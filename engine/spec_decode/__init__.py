@@ -13,4 +13,11 @@ from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine.spec_decode.ngram import NgramDrafter
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 
-__all__ = ["DraftModelDrafter", "Drafter", "NgramDrafter", "SpecDecodeStats", "SpecDecoder", "SpeculativeConfig"]
+__all__ = [
+    "DraftModelDrafter",
+    "Drafter",
+    "NgramDrafter",
+    "SpecDecodeStats",
+    "SpecDecoder",
+    "SpeculativeConfig",
+]

@@ -69,8 +69,12 @@ class SpecDecoder:
         self.max_model_len = max_model_len
         if drafter is None:
             if config.method != "ngram":
-                raise ValueError(f"speculative_config.method {config.method!r} needs a drafter built by the engine")
-            drafter = NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+                raise ValueError(
+                    f"speculative_config.method {config.method!r} needs a drafter built by the engine"
+                )
+            drafter = NgramDrafter(
+                config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
+            )
         self.drafter = drafter
         self.stats = SpecDecodeStats()
         self.request_stats: dict[str, SpecDecodeStats] = {}

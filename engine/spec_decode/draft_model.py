@@ -180,4 +180,3 @@ def draft_pool_blocks(num_target_blocks: int, max_num_seqs: int, k: int, block_s
     """Blocks of the draft pool: the target's (the draft holds at most the target's tokens per
     request) plus room for each request's k - 1 fed-back drafts."""
     return num_target_blocks + max_num_seqs * -(-max(k - 1, 1) // block_size)
-
