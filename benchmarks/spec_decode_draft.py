@@ -26,6 +26,7 @@ counters of that phase.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -134,6 +135,7 @@ def run(args) -> dict:
             entry[f"batch{b}"] = phase(llm, prompts[:b], args.max_tokens, args.device)
         results[name] = entry
         del llm, engine_args
+        gc.collect()  # the engine's pools go before the next engine sizes its own
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         print(name, json.dumps({k: _brief(v) for k, v in entry.items()}, default=str), flush=True)
