@@ -15,9 +15,13 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import check_idle, check_pool
+from enginespec.conformance.strategies import engine_workloads
 from enginespec.conformance.test_parity import (
+    MAX_TOKENS,
     _forced,
     check_outputs,
     engine_for,
@@ -98,6 +102,40 @@ def test_greedy_parity_with_a_noisy_draft(impl, name, async_scheduling):
     assert stats.num_draft_tokens > 0, "no draft was verified"
     if name in ("recompute", "swap"):
         assert engine.stats.num_preemptions > 0, "the pool was meant to force a preemption"
+
+
+def test_greedy_parity_with_draft_models_on_generated_workloads(impl):
+    """Hypothesis workloads (preemption by recompute and swap common, chunks, prefix hits,
+    aborts, n > 1) with a noisy or unrelated draft, async scheduling on or off."""
+    swap = "swap" in getattr(impl, "capabilities", ())
+    verified = [0]
+
+    @seed(21)
+    @settings(max_examples=max(1, settings.default.max_examples // 2))
+    @given(
+        workload=engine_workloads(
+            vocab=tiny_vocab("qwen3"), max_requests=4, max_tokens=MAX_TOKENS, swap=swap
+        ),
+        kind=st.sampled_from(["noisy", "other"]),
+        async_scheduling=st.booleans(),
+    )
+    def check(workload, kind, async_scheduling):
+        engine = draft_engine(impl, workload, kind, async_scheduling=async_scheduling)
+        check_run(engine, workload)
+        verified[0] += engine.stats.spec_decode.num_draft_tokens
+
+    check()
+    assert verified[0] > 0, "no draft was verified over the examples"
+
+
+def test_a_full_draft_pool_drafts_nothing_and_output_is_unchanged(impl):
+    """A draft pool with room for no request's catch-up: no drafts, greedy parity, pools idle."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same")
+    drafter = engine.spec.drafter
+    drafter.block_manager = impl.new_block_manager(1, workload.block_size, False)
+    check_run(engine, workload)
+    assert engine.stats.spec_decode.num_draft_tokens == 0
 
 
 def test_acceptance_follows_how_close_the_draft_is(impl):
