@@ -197,3 +197,15 @@ def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
     )
     with pytest.raises(ValueError, match=r"speculative_config\.model.*vocab_size"):
         EngineCore(args)
+
+
+def test_the_warm_up_leaves_the_spec_counters_zero_and_linked(impl):
+    """The warm-up's drafts are not counted, and the engine's counters stay the decoder's (the
+    metrics and benchmarks read engine.stats.spec_decode after a CUDA engine's warm-up)."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same", warmup=True)
+    assert engine.warmup_report is not None
+    stats = engine.stats.spec_decode
+    assert stats is engine.spec.stats and stats.num_draft_tokens == 0
+    check_run(engine, workload)
+    assert engine.stats.spec_decode.num_accepted_tokens > 0
