@@ -19,11 +19,14 @@ Per step, around an unchanged scheduler:
 Async scheduling: a decode whose newest token is the placeholder of the step in flight cannot
 be drafted for. `wants_real_tokens` asks the drafter about the tokens before the placeholder
 (a lagged look-up); only when one would match does the engine wait for the step in flight
-first. A workload where nothing matches keeps its async overlap, and a step with scheduled
-drafts always runs serially (its samples are read on the host).
+first (a draft model always would: every eligible decode makes the engine wait). A workload
+where nothing matches keeps its async overlap, and a step with scheduled drafts always runs
+serially (its samples are read on the host).
 
 CUDA graphs: decode graphs are captured for one token per request, so a step with drafts runs
-the (compiled) body without a graph; steps without drafts replay graphs as before.
+the (compiled) body without a graph; steps without drafts replay graphs as before. A draft
+model's own runner replays its graphs for its one-token-per-request forwards (all but the
+first of each proposal).
 
 Drafters (drafter.py): the n-gram prompt lookup (ngram.py), built here from the config, or
 the draft model (draft_model.py), built by the engine and passed in. `propose` hands the
