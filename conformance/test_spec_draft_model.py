@@ -209,3 +209,51 @@ def test_the_warm_up_leaves_the_spec_counters_zero_and_linked(impl):
     assert stats is engine.spec.stats and stats.num_draft_tokens == 0
     check_run(engine, workload)
     assert engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_a_failed_draft_forward_fails_no_request(impl):
+    """The draft model raising mid-proposal (after some of its forwards ran) fails that step
+    before anything is scheduled: no request fails, the mirrors stay sound (a draft fed to a
+    forward that never ran is not counted as computed), greedy parity holds, pools end idle."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "noisy")
+    runner = engine.spec.drafter.runner
+    execute, calls = runner.execute, [0]
+
+    def flaky(batch):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("injected draft fault")
+        return execute(batch)
+
+    runner.execute = flaky
+    check_run(engine, workload)
+    assert calls[0] > 5 and engine.stats.num_failed_steps == 1
+
+
+@pytest.mark.parametrize("phase", ["execute", "sample"])
+def test_a_failed_target_step_frees_the_draft_mirrors(impl, phase):
+    """A fault in the target's step while drafts are scheduled fails that step's requests
+    ("error"); their mirrors go with them, and later requests still follow greedy."""
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+
+    workload = dataclasses.replace(
+        _forced("prefix_hit", True),
+        requests=(R("a", tuple(range(10, 22)), 6), R("b", tuple(range(30, 40)), 6)),
+    )
+    engine = draft_engine(impl, workload, "same")
+    fired = []
+
+    def hook(name):
+        if name == phase and not fired and any(r.spec_token_ids for r in engine.scheduler.running):
+            fired.append(name)
+            raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    finals = run_workload(engine, workload)
+    assert fired and {c.finish_reason for out in finals.values() for c in out.outputs} == {"error"}
+    drafter = engine.spec.drafter
+    check_idle(drafter.block_manager.state(), drafter.block_manager.num_blocks)
+    assert len(drafter) == 0
+    engine.fault_hook = None
+    check_run(engine, dataclasses.replace(workload, requests=(R("c", tuple(range(10, 22)), 6),)))
