@@ -15,7 +15,8 @@ ranks, one process each (rank 0 is the engine's own; worker/tp_group.py), gloo o
 one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at construction
 (engine/warmup.py), so the first generate() is as fast as later ones; None = on for CUDA.
 `speculative_config` (vLLM's name): None, or a dict such as {"method": "ngram",
-"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4} or {"method":
+"draft_model", "model": DRAFT_DIR, "num_speculative_tokens": 3}
 (engine/spec_decode/config.py; validated when the engine is built).
 """
 

@@ -28,12 +28,13 @@ from enginespec.conformance.test_parity import (
     run_workload,
     tiny_vocab,
 )
+from enginespec.engine.spec_decode import Drafter
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Drafts = transformers' greedy continuation of the prompt from the request's output
     position on, one of them replaced by a wrong id with probability `corrupt` (not the first
     of several: a rejected proposal backs the request off, and the forced paths are short;

@@ -41,12 +41,13 @@ from enginespec.engine.async_scheduling import (
 )
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
-from enginespec.engine.spec_decode import SpecDecoder, SpecDecodeStats, SpeculativeConfig
+from enginespec.engine.spec_decode import DraftModelDrafter, SpecDecoder, SpecDecodeStats, SpeculativeConfig
+from enginespec.engine.spec_decode.draft_model import check_draft_model, draft_pool_blocks
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
-from enginespec.worker.runner import ModelRunner
+from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
 
 @dataclass
@@ -80,7 +81,9 @@ class EngineStats:
 class EngineCore:
     """Composes an Implementation with a FlatModel, a ModelRunner and the Sampler."""
 
-    def __init__(self, args: EngineArgs, *, model=None, tokenizer=None):
+    def __init__(self, args: EngineArgs, *, model=None, tokenizer=None, draft_model=None):
+        """model / tokenizer / draft_model: already loaded ones instead of EngineArgs.model's
+        and speculative_config's "model" (tests share them between engines)."""
         started = time.perf_counter()
         self.args = args
         self.impl = load_impl(args.impl)
@@ -100,6 +103,7 @@ class EngineCore:
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
+        self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
         self.runner = self._runner_class()(
@@ -117,6 +121,7 @@ class EngineCore:
             enforce_eager=args.enforce_eager,
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
+            kv_bytes_reserved_per_block=self._draft_bytes_per_block(),
         )
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
@@ -201,11 +206,69 @@ class EngineCore:
 
         return Sampler(self.model.vocab_size, self.model.device, seed=self.args.seed)
 
+    def _draft_model(self, given):
+        """The draft model of speculative_config method "draft_model" (None otherwise), loaded
+        like the target (same dtype, device, attention) and checked against it."""
+        config = self.speculative_config
+        if config is None or config.method != "draft_model":
+            if given is not None:
+                raise ValueError("draft_model= needs speculative_config method 'draft_model'")
+            return None
+        if self.tensor_parallel is not None:
+            raise ValueError("speculative_config method 'draft_model' needs tensor_parallel_size == 1")
+        draft = given
+        if draft is None:
+            from enginespec.worker.flat_model import FlatModel
+
+            draft = FlatModel.from_pretrained(
+                config.model,
+                dtype=self.model.dtype,
+                device=self.model.device,
+                attention=self.impl.attention_backend(self.model.device),
+                model_impl=self.args.model_impl,
+            )
+        check_draft_model(draft, self.model, self.max_model_len)
+        return draft
+
+    def _draft_bytes_per_block(self) -> int:
+        if self.draft_model is None:
+            return 0
+        return kv_bytes_per_block(self.draft_model, self.args.block_size)
+
+    def _make_drafter(self, config: SpeculativeConfig) -> Optional[DraftModelDrafter]:
+        """The draft model's drafter: its own ModelRunner and a pool of draft_pool_blocks blocks
+        managed by this impl's BlockManager (prefix caching off)."""
+        if self.draft_model is None:
+            return None
+        args, k = self.args, config.num_speculative_tokens
+        num_blocks = draft_pool_blocks(self.runner.num_blocks, args.max_num_seqs, k, args.block_size)
+        runner = ModelRunner(
+            self.draft_model,
+            self.impl,
+            block_size=args.block_size,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=self.max_model_len,
+            num_blocks=num_blocks,
+            enforce_eager=args.enforce_eager,
+            compile_model=args.compile_model,
+            compile_backend=args.compile_backend,
+        )
+        manager = self.impl.new_block_manager(num_blocks, args.block_size, False)
+        return DraftModelDrafter(runner, self.impl, manager, k, self.scheduler_config.max_num_batched_tokens)
+
     def _make_spec_decoder(self) -> Optional[SpecDecoder]:
         config = self.speculative_config
         if config is None:
             return None
-        spec = SpecDecoder(config, self.sampler, self.model.device, self.max_model_len, self.args.seed)
+        spec = SpecDecoder(
+            config,
+            self.sampler,
+            self.model.device,
+            self.max_model_len,
+            self.args.seed,
+            drafter=self._make_drafter(config),
+        )
         self.stats.spec_decode = spec.stats
         return spec
 

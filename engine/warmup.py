@@ -122,5 +122,8 @@ def _reset(engine) -> None:
 
     trace = engine.stats.step_trace
     engine.stats = EngineStats(step_trace=None if trace is None else [])
+    if engine.spec is not None:  # speculative counters restart too, still shared with the drafter
+        engine.spec.reset_stats()
+        engine.stats.spec_decode = engine.spec.stats
     engine.block_manager.reset_prefix_cache()
     engine.sampler.generator.seed(engine.sampler.seed)

@@ -81,7 +81,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         type=json.loads,
         default=None,
         help='speculative decoding, as JSON with vLLM\'s names: \'{"method": "ngram", '
-        '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\'',
+        '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "draft_model", '
+        '"model": "DRAFT_DIR", "num_speculative_tokens": 3}\'',
     )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 

@@ -76,7 +76,10 @@ class ModelRunner:
         enforce_eager: bool = False,
         compile_model: Optional[bool] = None,
         compile_backend: str = "inductor",
+        kv_bytes_reserved_per_block: int = 0,
     ):
+        """kv_bytes_reserved_per_block: bytes of another pool that grows with this one (a draft
+        model's KV, block for block): the sizing divides the memory by the sum, so both fit."""
         self.model = model
         self.impl = impl
         self.block_size = block_size
@@ -86,6 +89,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.build_batch = getattr(impl, "build_batch", None) or spec_build_batch
         self.bytes_per_block = kv_bytes_per_block(model, block_size)
+        self._sizing_bytes = self.bytes_per_block + kv_bytes_reserved_per_block
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
@@ -133,10 +137,10 @@ class ModelRunner:
         if kv_cache_bytes is not None:
             _check_positive("kv_cache_bytes", kv_cache_bytes)
         budget = DEFAULT_CPU_KV_BYTES if kv_cache_bytes is None else kv_cache_bytes
-        found = budget // self.bytes_per_block
+        found = budget // self._sizing_bytes
         if found < 1:
             raise ValueError(
-                f"kv_cache_bytes must hold at least one block ({self.bytes_per_block} bytes "
+                f"kv_cache_bytes must hold at least one block ({self._sizing_bytes} bytes "
                 f"at block_size {self.block_size}), got {budget}"
             )
         if kv_cache_bytes is not None:
@@ -167,7 +171,7 @@ class ModelRunner:
         activation_peak = torch.cuda.max_memory_allocated(self.device) - allocated_before
         torch.cuda.empty_cache()
         available = int(total * utilization) - (total - free) - activation_peak
-        found = available // self.bytes_per_block
+        found = available // self._sizing_bytes
         if found < 1:
             raise ValueError(
                 f"gpu_memory_utilization={utilization} leaves no room for the KV cache: {total - free} bytes "

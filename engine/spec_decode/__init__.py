@@ -8,7 +8,16 @@ step back to the accepted tokens and trims the table (`SpecDecoder`).
 
 from enginespec.engine.spec_decode.config import SpeculativeConfig
 from enginespec.engine.spec_decode.decoder import SpecDecoder
+from enginespec.engine.spec_decode.draft_model import DraftModelDrafter
+from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine.spec_decode.ngram import NgramDrafter
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 
-__all__ = ["NgramDrafter", "SpecDecodeStats", "SpecDecoder", "SpeculativeConfig"]
+__all__ = [
+    "DraftModelDrafter",
+    "Drafter",
+    "NgramDrafter",
+    "SpecDecodeStats",
+    "SpecDecoder",
+    "SpeculativeConfig",
+]

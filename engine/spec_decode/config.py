@@ -1,8 +1,11 @@
 """SpeculativeConfig: vLLM's `speculative_config` names, validated on construction.
 
 `LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-"prompt_lookup_min": 2, "prompt_lookup_max": 5})` as in vLLM. Only the n-gram (prompt lookup)
-method is built; "draft_model" is refused with a ValueError naming what exists.
+"prompt_lookup_min": 2, "prompt_lookup_max": 5})` or `{"method": "draft_model", "model":
+DRAFT_DIR, "num_speculative_tokens": 4}` as in vLLM. Without "method", a config naming a
+"model" is "draft_model" and one without is "ngram" (vLLM infers the method from the model
+too). The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
+other method is a ValueError rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -21,19 +24,46 @@ def _check_int(name: str, value, low: int) -> None:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram"; num_speculative_tokens: drafts per request per step (k >= 1);
-    prompt_lookup_min / prompt_lookup_max: the n-gram lengths tried, longest first (vLLM's
-    default min is 1 when only max is given, and max = min when only min is given)."""
+    """method: "ngram" or "draft_model" (None: inferred from `model`); num_speculative_tokens:
+    drafts per request per step (k >= 1); prompt_lookup_min / prompt_lookup_max (ngram): the
+    n-gram lengths tried, longest first (vLLM's default min is 1 when only max is given, and
+    max = min when only min is given); model (draft_model): the draft checkpoint's directory,
+    same vocabulary as the target."""
 
-    method: str = "ngram"
+    method: Optional[str] = None
     num_speculative_tokens: int = 3
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
+    model: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {self.method!r}")
+        method = self.method
+        if method is None:
+            method = "ngram" if self.model is None else "draft_model"
+            object.__setattr__(self, "method", method)
+        if method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
+        if method == "draft_model":
+            self._check_draft_model()
+        else:
+            self._check_ngram()
+
+    def _check_draft_model(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(
+                f"speculative_config.model must name the draft checkpoint (a non-empty str) for "
+                f"method 'draft_model', got {self.model!r}"
+            )
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"speculative_config.{name} is an 'ngram' field; method is 'draft_model'")
+
+    def _check_ngram(self) -> None:
+        if self.model is not None:
+            raise ValueError(
+                f"speculative_config.model is a 'draft_model' field; method is 'ngram' (got model={self.model!r})"
+            )
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is None and hi is None:
             lo, hi = 1, 3

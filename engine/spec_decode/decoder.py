@@ -19,11 +19,18 @@ Per step, around an unchanged scheduler:
 Async scheduling: a decode whose newest token is the placeholder of the step in flight cannot
 be drafted for. `wants_real_tokens` asks the drafter about the tokens before the placeholder
 (a lagged look-up); only when one would match does the engine wait for the step in flight
-first. A workload where nothing matches keeps its async overlap, and a step with scheduled
-drafts always runs serially (its samples are read on the host).
+first (a draft model always would: every eligible decode makes the engine wait). A workload
+where nothing matches keeps its async overlap, and a step with scheduled drafts always runs
+serially (its samples are read on the host).
 
 CUDA graphs: decode graphs are captured for one token per request, so a step with drafts runs
-the (compiled) body without a graph; steps without drafts replay graphs as before.
+the (compiled) body without a graph; steps without drafts replay graphs as before. A draft
+model's own runner replays its graphs for its one-token-per-request forwards (all but the
+first of each proposal).
+
+Drafters (drafter.py): the n-gram prompt lookup (ngram.py), built here from the config, or
+the draft model (draft_model.py), built by the engine and passed in. `propose` hands the
+drafter every eligible request at once (`propose_batch`), so a model drafts them in one pass.
 
 Back-off: a request whose proposal is rejected outright (or that the engine waited for and
 then drafted nothing) skips the next 2**min(j, 6) - 1 proposals, j its misses in a row; an
@@ -38,6 +45,7 @@ from typing import Callable, Optional
 import torch
 
 from enginespec.engine.spec_decode.config import SpeculativeConfig
+from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine.spec_decode.ngram import NgramDrafter
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 from enginespec.engine.spec_decode.verify import logits_rows, verify
@@ -49,14 +57,28 @@ class SpecDecoder:
     """Drafter, verifier and counters of one engine."""
 
     def __init__(
-        self, config: SpeculativeConfig, sampler, device, max_model_len: int, seed: Optional[int] = 0
+        self,
+        config: SpeculativeConfig,
+        sampler,
+        device,
+        max_model_len: int,
+        seed: Optional[int] = 0,
+        drafter: Optional[Drafter] = None,
     ):
+        """`drafter`: the engine builds the draft-model drafter (it needs the engine's impl and a
+        runner); None builds the n-gram drafter from `config`."""
         self.config = config
         self.sampler = sampler
         self.max_model_len = max_model_len
-        self.drafter = NgramDrafter(
-            config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
-        )
+        if drafter is None:
+            if config.method != "ngram":
+                raise ValueError(
+                    f"speculative_config.method {config.method!r} needs a drafter built by the engine"
+                )
+            drafter = NgramDrafter(
+                config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
+            )
+        self.drafter = drafter
         self.stats = SpecDecodeStats()
         self.request_stats: dict[str, SpecDecodeStats] = {}
         self.generator = torch.Generator(device=torch.device(device))
@@ -93,7 +115,7 @@ class SpecDecoder:
                 continue
             if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
                 continue  # would not be drafted for this step anyway
-            if self.drafter.propose(r, len(tokens) - 1, 1):
+            if self.drafter.would_propose(r, len(tokens) - 1):
                 self._lagged = r.request_id
                 return True
         return False
@@ -106,13 +128,17 @@ class SpecDecoder:
         self.clear()
         self._num_steps += 1
         backoff = self._backoff
+        chosen, limits = [], []
         for r in running:
             limit = self._limit(r)
             if limit < 1 or r.token_ids[-1] == placeholder:
                 continue
             if backoff and r.request_id in backoff and backoff[r.request_id][1] > self._num_steps:
                 continue
-            drafts = self.drafter.propose(r, r.num_tokens, limit)
+            chosen.append(r)
+            limits.append(limit)
+        proposals = self.drafter.propose_batch(chosen, [r.num_tokens for r in chosen], limits)
+        for r, drafts in zip(chosen, proposals):
             if drafts:
                 r.spec_token_ids = drafts
                 self._drafted.append(r)
@@ -187,6 +213,10 @@ class SpecDecoder:
             for r, n in output.scheduled
         ]
         return dataclasses.replace(output, scheduled=scheduled), tokens, logprobs
+
+    def reset_stats(self) -> None:
+        """Engine counters from zero (the warm-up's are not the user's)."""
+        self.stats = SpecDecodeStats()
 
     def track(self, request_id: str) -> SpecDecodeStats:
         """The counters of one request (created on first use, dropped by forget)."""

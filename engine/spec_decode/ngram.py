@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from enginespec.engine.spec_decode.drafter import Drafter
+
 
 @dataclass
 class _State:
@@ -32,7 +34,7 @@ class _State:
     index: dict = field(default_factory=dict)  # n -> {ngram tuple: latest start}
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Proposes draft tokens by prompt lookup; keeps one index per live request id."""
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int):

@@ -1,0 +1,259 @@
+"""Draft-model speculation (speculative_config method "draft_model") through the engine: greedy
+output equals plain greedy (transformers' `generate`, as in test_parity) token for token, under
+preemption by recompute and by swap, chunked prefill, prefix caching, aborts and async
+scheduling; the draft's own pool follows the spec (consistent after every step, idle at the
+end: rejected drafts trimmed, mirrors freed on finish, abort and preemption).
+
+Three drafts of the tiny qwen3's vocabulary: the target itself (every draft accepted), the
+target with a noisy head (some accepted, some rejected: the mirror's catch-up keeps only the
+agreed prefix) and an unrelated random checkpoint (almost nothing accepted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from enginespec.conformance.invariants import check_idle, check_pool
+from enginespec.conformance.strategies import engine_workloads
+from enginespec.conformance.test_parity import (
+    MAX_TOKENS,
+    _forced,
+    check_outputs,
+    engine_for,
+    run_workload,
+    tiny_vocab,
+)
+from enginespec.testing.checkpoints import make_checkpoint, tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+K = 3
+_DRAFTS: dict = {}
+
+
+def draft_model(impl, kind: str):
+    """A FlatModel draft of the tiny qwen3's vocabulary (module doc), loaded once per impl."""
+    from enginespec.worker.flat_model import FlatModel
+
+    key = (id(impl), kind)
+    if key not in _DRAFTS:
+        path = tiny_model_dir("qwen3")
+        if kind == "other":
+            path = make_checkpoint("qwen3", path.parent / "qwen3-draft-other", seed=1)
+        model = FlatModel.from_pretrained(
+            path, dtype=torch.float32, device="cpu", attention=impl.attention_backend(torch.device("cpu"))
+        )
+        if kind == "noisy":
+            head = model.hf_model.get_output_embeddings().weight
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                head.add_(0.5 * head.std() * torch.randn(head.shape, generator=gen))
+        _DRAFTS[key] = (model, path)
+    return _DRAFTS[key]
+
+
+def draft_engine(impl, workload, kind: str, **engine_args):
+    """An engine over the shared tiny qwen3 with a draft model of `kind`; its drafter's pool is
+    checked after every step (the step is wrapped)."""
+    from enginespec.engine.engine_core import EngineCore
+
+    model, path = draft_model(impl, kind)
+    config = {"method": "draft_model", "model": str(path), "num_speculative_tokens": K}
+    base = engine_for(impl, "qwen3", workload, speculative_config=None, **engine_args)
+    args = dataclasses.replace(base.args, speculative_config=config)
+    engine = EngineCore(args, model=base.model, tokenizer=base.tokenizer, draft_model=model)
+    drafter = engine.spec.drafter
+    step = engine.step
+
+    def checked_step(*a, **kw):
+        outputs = step(*a, **kw)
+        check_pool(drafter.block_manager.state(), drafter.block_manager.num_blocks)
+        return outputs
+
+    engine.step = checked_step
+    return engine
+
+
+def check_run(engine, workload) -> None:
+    finals = run_workload(engine, workload)
+    check_outputs(workload, finals, "qwen3")
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    drafter = engine.spec.drafter
+    check_idle(drafter.block_manager.state(), drafter.block_manager.num_blocks)
+    assert len(drafter) == 0, "a draft mirror outlived its request"
+    assert not any(r.spec_token_ids for r in engine.scheduler.running)
+
+
+@pytest.mark.parametrize("name", ["recompute", "swap", "prefix_hit", "chunk_priority_abort"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_greedy_parity_with_a_noisy_draft(impl, name, async_scheduling):
+    """Forced paths (preemption, swap, prefix hit, chunks and an abort) with a draft whose
+    proposals are partly accepted: greedy parity, both pools consistent and idle at the end."""
+    if name == "swap" and "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"impl {impl.name!r} has no 'swap' capability")
+    workload = _forced(name, True)
+    engine = draft_engine(impl, workload, "noisy", async_scheduling=async_scheduling)
+    check_run(engine, workload)
+    stats = engine.stats.spec_decode
+    assert stats.num_draft_tokens > 0, "no draft was verified"
+    if name in ("recompute", "swap"):
+        assert engine.stats.num_preemptions > 0, "the pool was meant to force a preemption"
+
+
+def test_greedy_parity_with_draft_models_on_generated_workloads(impl):
+    """Hypothesis workloads (preemption by recompute and swap common, chunks, prefix hits,
+    aborts, n > 1) with a noisy or unrelated draft, async scheduling on or off."""
+    swap = "swap" in getattr(impl, "capabilities", ())
+    verified = [0]
+
+    @seed(21)
+    @settings(max_examples=max(1, settings.default.max_examples // 2))
+    @given(
+        workload=engine_workloads(
+            vocab=tiny_vocab("qwen3"), max_requests=4, max_tokens=MAX_TOKENS, swap=swap
+        ),
+        kind=st.sampled_from(["noisy", "other"]),
+        async_scheduling=st.booleans(),
+    )
+    def check(workload, kind, async_scheduling):
+        engine = draft_engine(impl, workload, kind, async_scheduling=async_scheduling)
+        check_run(engine, workload)
+        verified[0] += engine.stats.spec_decode.num_draft_tokens
+
+    check()
+    assert verified[0] > 0, "no draft was verified over the examples"
+
+
+def test_a_full_draft_pool_drafts_nothing_and_output_is_unchanged(impl):
+    """A draft pool with room for no request's catch-up: no drafts, greedy parity, pools idle."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same")
+    drafter = engine.spec.drafter
+    drafter.block_manager = impl.new_block_manager(1, workload.block_size, False)
+    check_run(engine, workload)
+    assert engine.stats.spec_decode.num_draft_tokens == 0
+
+
+def test_acceptance_follows_how_close_the_draft_is(impl):
+    """The target as its own draft: every draft accepted; a noisy head: some; an unrelated
+    random model: fewer. Per-request counters add up to the engine's."""
+    workload = _forced("recompute", True)
+    rates = {}
+    for kind in ("same", "noisy", "other"):
+        engine = draft_engine(impl, workload, kind)
+        finals = run_workload(engine, workload)
+        check_outputs(workload, finals, "qwen3")
+        stats = engine.stats.spec_decode
+        per_sample = [c.spec_decode for out in finals.values() for c in out.outputs]
+        assert sum(p.num_draft_tokens for p in per_sample) == stats.num_draft_tokens
+        assert sum(p.num_accepted_tokens for p in per_sample) == stats.num_accepted_tokens
+        assert len(stats.acceptance_rate_per_pos) == K
+        rates[kind] = stats.acceptance_rate
+    assert rates["same"] == 1.0, rates
+    assert 0.0 < rates["noisy"] < 1.0, rates
+    assert rates["other"] < rates["noisy"], rates
+
+
+def test_sampled_requests_with_a_draft_model_under_preemption(impl):
+    """Sampled rows verified by rejection sampling against greedy drafts (q one-hot: exact,
+    verify.py) while the pool forces preemption: lengths and ids valid, both pools idle."""
+    from enginespec.spec import SamplingParams
+
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same")
+    params = SamplingParams(max_tokens=6, temperature=0.8, top_k=5, ignore_eos=True)
+    for r in workload.requests:
+        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
+    finals = {}
+    for _ in range(200):
+        finals.update((out.request_id, out) for out in engine.step() if out.finished)
+        if not engine.has_unfinished:
+            break
+    vocab = tiny_vocab("qwen3")
+    for r in workload.requests:
+        tokens = finals[r.request_id].outputs[0].token_ids
+        assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens), tokens
+    drafter = engine.spec.drafter
+    check_idle(drafter.block_manager.state(), drafter.block_manager.num_blocks)
+    assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    path = make_checkpoint("qwen3", tmp_path / "wide", vocab_size=tiny_vocab("qwen3") + 32)
+    args = EngineArgs(
+        model=str(tiny_model_dir("qwen3")),
+        impl=impl,
+        dtype="float32",
+        device="cpu",
+        num_blocks=16,
+        speculative_config={"method": "draft_model", "model": str(path), "num_speculative_tokens": 2},
+    )
+    with pytest.raises(ValueError, match=r"speculative_config\.model.*vocab_size"):
+        EngineCore(args)
+
+
+def test_the_warm_up_leaves_the_spec_counters_zero_and_linked(impl):
+    """The warm-up's drafts are not counted, and the engine's counters stay the decoder's (the
+    metrics and benchmarks read engine.stats.spec_decode after a CUDA engine's warm-up)."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same", warmup=True)
+    assert engine.warmup_report is not None
+    stats = engine.stats.spec_decode
+    assert stats is engine.spec.stats and stats.num_draft_tokens == 0
+    check_run(engine, workload)
+    assert engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_a_failed_draft_forward_fails_no_request(impl):
+    """The draft model raising mid-proposal (after some of its forwards ran) fails that step
+    before anything is scheduled: no request fails, the mirrors stay sound (a draft fed to a
+    forward that never ran is not counted as computed), greedy parity holds, pools end idle."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "noisy")
+    runner = engine.spec.drafter.runner
+    execute, calls = runner.execute, [0]
+
+    def flaky(batch):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("injected draft fault")
+        return execute(batch)
+
+    runner.execute = flaky
+    check_run(engine, workload)
+    assert calls[0] > 5 and engine.stats.num_failed_steps == 1
+
+
+@pytest.mark.parametrize("phase", ["execute", "sample"])
+def test_a_failed_target_step_frees_the_draft_mirrors(impl, phase):
+    """A fault in the target's step while drafts are scheduled fails that step's requests
+    ("error"); their mirrors go with them, and later requests still follow greedy."""
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+
+    workload = dataclasses.replace(
+        _forced("prefix_hit", True),
+        requests=(R("a", tuple(range(10, 22)), 6), R("b", tuple(range(30, 40)), 6)),
+    )
+    engine = draft_engine(impl, workload, "same")
+    fired = []
+
+    def hook(name):
+        if name == phase and not fired and any(r.spec_token_ids for r in engine.scheduler.running):
+            fired.append(name)
+            raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    finals = run_workload(engine, workload)
+    assert fired and {c.finish_reason for out in finals.values() for c in out.outputs} == {"error"}
+    drafter = engine.spec.drafter
+    check_idle(drafter.block_manager.state(), drafter.block_manager.num_blocks)
+    assert len(drafter) == 0
+    engine.fault_hook = None
+    check_run(engine, dataclasses.replace(workload, requests=(R("c", tuple(range(10, 22)), 6),)))

@@ -1,0 +1,36 @@
+"""SpeculativeConfig's draft-model fields: vLLM's names, the method inferred from `model`, and
+a field of the other method refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.engine.spec_decode import SpecDecoder, SpeculativeConfig
+
+
+def test_a_model_makes_a_draft_model_config():
+    cfg = SpeculativeConfig.of({"model": "/ckpt/draft", "num_speculative_tokens": 5})
+    assert (cfg.method, cfg.model, cfg.num_speculative_tokens) == ("draft_model", "/ckpt/draft", 5)
+    assert SpeculativeConfig.of({"method": "draft_model", "model": "d"}).prompt_lookup_max is None
+    assert SpeculativeConfig.of({"num_speculative_tokens": 2}).method == "ngram"
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"method": "draft_model"}, "speculative_config.model"),
+        ({"method": "draft_model", "model": ""}, "speculative_config.model"),
+        ({"method": "draft_model", "model": "d", "prompt_lookup_max": 3}, "prompt_lookup_max"),
+        ({"method": "ngram", "model": "d"}, "speculative_config.model"),
+        ({"model": "d", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ],
+)
+def test_bad_draft_model_configs_name_the_field(bad, field):
+    with pytest.raises(ValueError, match=field):
+        SpeculativeConfig.of(bad)
+
+
+def test_the_decoder_needs_the_engine_to_build_a_model_drafter():
+    cfg = SpeculativeConfig.of({"model": "d"})
+    with pytest.raises(ValueError, match="draft_model"):
+        SpecDecoder(cfg, sampler=None, device="cpu", max_model_len=64)
