@@ -173,3 +173,13 @@ def qkv_rope_ref(
     x = x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
     write_kv_ref(cache, x[:, num_q_heads:], v, slot_mapping)
     return x[:, :num_q_heads].to(qkv.dtype).contiguous()
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype: products and sums in
+    float32 (float64 for float64), the bias added before the one rounding (skinny_gemm's order)."""
+    ct = _compute_dtype(x.dtype)
+    out = x.to(ct) @ weight.to(ct).T
+    if bias is not None:
+        out = out + bias.to(ct)
+    return out.to(x.dtype)

@@ -1,0 +1,238 @@
+"""Skinny GEMM: out = x @ w.T (+ bias) for few rows of x (decode projections), one launch.
+
+At decode the projections have 1-64 rows against weights of 2-12 MB (Qwen3-0.6B): the work is
+reading the weight once, about 1-3 us on an H200, yet cuBLAS took 5.4-8 us per GEMM at every
+row count (benchmarks/RESULTS.md, issue 6): its tiles are sized for many rows, so few programs
+stream the weight. Here the grid is (N / BLOCK_N tiles of w's rows) x (num_splits slices of K),
+chosen so that enough programs run to keep every SM's loads in flight; each program streams its
+[BLOCK_N, K slice] of w (K contiguous: coalesced) exactly once and accumulates in float32.
+
+Two ways to multiply a tile (USE_DOT): tl.dot on tensor cores with x padded to BLOCK_M >= 16
+rows (any row count), or (for 1-4 rows) a broadcast multiply into a [BLOCK_M, BLOCK_N, BLOCK_K]
+float32 accumulator reduced once after the K loop (no tensor cores, no padding).
+
+Split K in one launch (USE_SPLIT): every program stores its float32 partial [M, BLOCK_N] into
+`part` at its split's slice, then bumps its tile's arrival counter (acq_rel, GPU scope, after a
+CTA barrier so every thread's stores come first). The program that arrives last sums the
+partials of all splits in split order (so the result does not depend on which program came
+last: deterministic), adds the bias, rounds once to out's dtype, stores, and resets the counter
+to zero. Invariant: every counter is zero between launches, so the buffers can be reused by the
+next launch and by CUDA-graph replays without a memset. The partials are read through L2
+(`.cg`): another SM wrote them.
+
+Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
+callers choose by measuring (worker/skinny_linear.py), never by rule.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_out(out_ptr, bias_ptr, acc, rm, rn, N, mask, stride_om, USE_BIAS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] float32 (+ bias [N] in float32) -> out rows, rounded once."""
+    if USE_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    out_ptr,  # [M, N] x's dtype
+    x_ptr,  # [M, K], K contiguous
+    w_ptr,  # [N, K], K contiguous (nn.Linear's layout)
+    bias_ptr,  # [N] (USE_BIAS only)
+    part_ptr,  # [num_splits, M, N] float32 partials (USE_SPLIT only)
+    count_ptr,  # [cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
+    M,
+    N,
+    K,
+    k_per_split,  # a multiple of BLOCK_K; split s covers [s * k_per_split, (s + 1) * k_per_split) & [0, K)
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    USE_SPLIT: tl.constexpr,
+    USE_BIAS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m, mask_n = rm < M, rn < N
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+    k_start = pid_k * k_per_split
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        kk = k0 + rk  # [BLOCK_K]
+        mask_k = kk < K
+        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
+        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [BN, BK]
+        if USE_DOT and DOT_FP32:  # float32 operands, no TF32 rounding
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        elif USE_DOT:
+            acc = tl.dot(x, tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
+        else:
+            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if USE_SPLIT:
+        num_splits = tl.num_programs(1)
+        part = part_ptr + rm[:, None] * N + rn[None, :]  # [BLOCK_M, BLOCK_N] within one split
+        tl.store(part + pid_k * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is published
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:  # the last to arrive reduces, in split order
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, num_splits):
+                total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
+            _store_out(out_ptr, bias_ptr, total, rm, rn, N, mask, stride_om, USE_BIAS)
+    else:
+        _store_out(out_ptr, bias_ptr, acc, rm, rn, N, mask, stride_om, USE_BIAS)
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One launch shape. block_m is derived from the row count (launch()); num_splits is an
+    upper bound (the K slices are whole BLOCK_K multiples, so fewer may result)."""
+
+    block_n: int
+    block_k: int
+    num_splits: int = 1
+    use_dot: bool = True
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 8 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 8, got {value}")
+        if self.num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
+        if self.use_dot and self.block_n < 16:
+            raise ValueError(f"block_n must be >= 16 with use_dot (tl.dot's minimum), got {self.block_n}")
+
+    def block_m(self, num_rows: int) -> int:
+        """Rows of the x tile: a power of two holding num_rows; at least 16 for tl.dot."""
+        pow2 = triton.next_power_of_2(max(1, num_rows))
+        return max(16, pow2) if self.use_dot else pow2
+
+
+def _interpreting() -> bool:
+    """Under TRITON_INTERPRET the numpy-backed tl.dot mishandles bf16 (triton 3.9), so dots run
+    on float32 copies of the operands there (as paged_attention does); on a GPU in x's dtype."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# The broadcast (no tensor core) path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator:
+# it is meant for a handful of rows only.
+MAX_BROADCAST_ROWS = 4
+
+
+class SplitBuffers:
+    """The split-K scratch of one device: float32 partials and int32 arrival counters, grown on
+    demand, never shrunk. Invariant: every counter is zero between launches (the kernel's last
+    program of a tile resets its counter), so launches on one stream may share them."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.part = torch.empty(0, dtype=torch.float32, device=self.device)
+        self.counts = torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def get(self, num_part: int, num_counts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.part.numel() < num_part:
+            self.part = torch.empty(num_part, dtype=torch.float32, device=self.device)
+        if self.counts.numel() < num_counts:
+            self.counts = torch.zeros(num_counts, dtype=torch.int32, device=self.device)
+        return self.part, self.counts
+
+
+def launch_grid(config: SkinnyConfig, n: int, k: int) -> tuple[int, int, int]:
+    """(tiles over N, splits over K, k_per_split) of a launch."""
+    k_per_split = triton.cdiv(triton.cdiv(k, config.num_splits), config.block_k) * config.block_k
+    return triton.cdiv(n, config.block_n), triton.cdiv(k, k_per_split), k_per_split
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig):
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"skinny_linear: x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(
+            f"skinny_linear: x and weight must share dtype and device, got {x.dtype}, {weight.dtype}"
+        )
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("skinny_linear: x and weight need a contiguous last dim")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"skinny_linear: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if not config.use_dot and x.shape[0] > MAX_BROADCAST_ROWS:
+        raise ValueError(
+            f"skinny_linear: use_dot=False takes at most {MAX_BROADCAST_ROWS} rows, got {x.shape[0]}"
+        )
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    config: SkinnyConfig,
+    buffers: Optional[SplitBuffers] = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
+    `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
+    hot path). Semantics: kernels.reference.linear_ref."""
+    _check(x, weight, bias, config)
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    tiles, splits, k_per_split = launch_grid(config, n, k)
+    part = counts = out  # unused pointers when there is one split
+    if splits > 1:
+        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * n, tiles)
+    _skinny_gemm_kernel[(tiles, splits)](
+        out,
+        x,
+        weight,
+        bias if bias is not None else out,
+        part,
+        counts,
+        m,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_M=config.block_m(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        USE_DOT=config.use_dot,
+        USE_SPLIT=splits > 1,
+        USE_BIAS=bias is not None,
+        DOT_FP32=x.dtype == torch.float32 or _interpreting(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
