@@ -117,6 +117,7 @@ class EngineCore:
             enforce_eager=args.enforce_eager,
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
+            skinny_gemm=args.skinny_gemm,
         )
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching

@@ -109,6 +109,22 @@ class MergedLayer(nn.Module):
         self.qkv_bias = None if qkv_b is None else nn.Parameter(qkv_b, requires_grad=False)
         self.gate_up_weight = nn.Parameter(gate_up_w, requires_grad=False)  # [2 I, hidden]
         self.gate_up_bias = None if gate_up_b is None else nn.Parameter(gate_up_b, requires_grad=False)
+        # The projection GEMM (x, weight, bias) -> x @ weight.T + bias: F.linear unless the runner
+        # points it elsewhere (skinny_linear.install: a measured cuBLAS-or-Triton choice).
+        self.linear = F.linear
+
+    def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """(weight, bias) of every GEMM this layer runs through `linear`: q|k|v, gate|up, and
+        o and down when they are plain Linear modules (a tensor-parallel rank's are not)."""
+        out = [(self.qkv_weight, self.qkv_bias), (self.gate_up_weight, self.gate_up_bias)]
+        out += [(m.weight, m.bias) for m in (self.o_proj, self.down_proj) if type(m) is nn.Linear]
+        return out
+
+    def _project(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """module(x) for o_proj/down_proj, through `linear` when it is a plain Linear."""
+        if type(module) is nn.Linear:
+            return self.linear(x, module.weight, module.bias)
+        return module(x)
 
     def _qk_norm(self, attn: nn.Module) -> tuple[Optional[nn.Parameter], float]:
         """Qwen3's q_norm and k_norm weights stacked per head, [Hq + Hkv, D] (a copy: weights
@@ -127,7 +143,7 @@ class MergedLayer(nn.Module):
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
         n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
         if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
             out = torch.ops.enginespec.paged_attention_qkv(
                 qkv,
@@ -140,7 +156,7 @@ class MergedLayer(nn.Module):
                 self.scale,
                 self.window,
             )
-            return self.o_proj(out.reshape(n, self.num_q * d))
+            return self._project(self.o_proj, out.reshape(n, self.num_q * d))
         qk = qkv[:, : num_qk * d].view(n, num_qk, d)  # [N, Hq + Hkv, D]
         v = qkv[:, num_qk * d :].view(n, self.num_kv, d)  # [N, Hkv, D]
         if self.qk_norm_weight is not None:
@@ -148,11 +164,11 @@ class MergedLayer(nn.Module):
         qk = rotate_neox(qk, cos, sin)  # cos/sin [N, D]
         q, k = qk[:, : self.num_q], qk[:, self.num_q :]
         out = torch.ops.enginespec.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
-        return self.o_proj(out.reshape(n, self.num_q * d))
+        return self._project(self.o_proj, out.reshape(n, self.num_q * d))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
+        gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return self._project(self.down_proj, self.act_fn(gate) * up)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)
