@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSON path (the PNG and nothing else goes beside it, .png)")
     p.add_argument("--plot-from", help="redraw the PNG of a saved JSON and print its table; runs nothing")
     p.add_argument("--png", help="PNG path (default: the JSON's path with .png)")
+    p.add_argument("--compare", help="with --plot-from: a second sweep's JSON drawn beside it (before/after)")
     return p
 
 
@@ -179,6 +181,9 @@ def run(args) -> dict:
             "ratio": ms / results["weight_floor_ms"],
             "num_tokens": args.latency_tokens,
         }
+    table = getattr(getattr(core, "runner", None), "linear_table", None)
+    if table is not None:  # EngineArgs.skinny_gemm: what the startup tuning chose
+        results["skinny_gemm"] = {"choices": table.report(), "rejected": table.rejected}
     if args.profile:
         results["profile_batch1"] = profile_steps(core, shape, args)
     results["total_s"] = time.perf_counter() - started
@@ -213,7 +218,13 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, png) -> str:
+def _label(results: dict) -> str:
+    extra = results.get("config", {}).get("engine_args", {})
+    shown = {k: v for k, v in extra.items() if k != "max_num_seqs"}
+    return "decode step (median)" + (f", {shown}" if shown else "")
+
+
+def plot(results: dict, png, other: Optional[dict] = None) -> str:
     """ms/step and floor against batch size (log x) into `png`; returns what was done."""
     try:
         import matplotlib
@@ -225,7 +236,14 @@ def plot(results: dict, png) -> str:
     rows = results["rows"]
     batches = [r["batch"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(batches, [r["ms_per_step"] for r in rows], "o-", label="decode step (median)")
+    ax.plot(batches, [r["ms_per_step"] for r in rows], "o-", label=_label(results))
+    if other is not None:
+        ax.plot(
+            [r["batch"] for r in other["rows"]],
+            [r["ms_per_step"] for r in other["rows"]],
+            "^-",
+            label=_label(other),
+        )
     ax.plot(batches, [r["floor_ms"] for r in rows], "s--", label="floor: weights + KV at copy bandwidth")
     ax.plot(batches, [2 * r["floor_ms"] for r in rows], ":", color="gray", label="2x floor (target)")
     ax.set_xscale("log", base=2)
@@ -252,12 +270,15 @@ def main(argv=None) -> int:
         return 2
     if args.plot_from:
         results = json.loads(Path(args.plot_from).read_text())
+        other = json.loads(Path(args.compare).read_text()) if args.compare else None
         png = args.png or str(Path(args.plot_from).with_suffix(".png"))
     else:
-        results = run(args)
+        results, other = run(args), None
         png = args.png or (str(Path(args.out).with_suffix(".png")) if args.out else None)
     print(markdown(results))
-    print(plot(results, png) if png else "no --out or --png: no PNG")
+    if other is not None:
+        print("\n" + _label(other) + ":\n" + markdown(other))
+    print(plot(results, png, other) if png else "no --out or --png: no PNG")
     return 0
 
 

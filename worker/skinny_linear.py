@@ -124,6 +124,7 @@ class LinearTable:
         self.buffers = SplitBuffers(self.device)
         self.choices: dict[tuple, Choice] = {}
         self.rejected: list[str] = []  # candidates that failed to build or disagreed with cuBLAS
+        self.measured: list[dict] = []  # every timing taken, cuBLAS's too (for the probe's report)
 
     @staticmethod
     def key(num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
@@ -156,8 +157,10 @@ class LinearTable:
         want = F.linear(x, weight0, bias0).float()
         cublas = graph_us(lambda: [F.linear(x, w, b) for w, b in pairs], len(pairs))
         best = Choice(None, cublas, cublas)
+        self.measured.append({"rows": bucket, "n": n, "k": k, "config": "cublas", "us": cublas})
         for config in candidates(bucket, n, k, num_sms):
             us = self._time_candidate(config, x, pairs, want)
+            self.measured.append({"rows": bucket, "n": n, "k": k, "config": str(config), "us": us})
             if us is not None and us < best.us and us < WIN_MARGIN * cublas:
                 best = Choice(config, us, cublas)
         self.choices[self.key(bucket, weight0, bias0)] = best
