@@ -43,7 +43,7 @@ def _store_out(out_ptr, bias_ptr, acc, rm, rn, N, mask, stride_om, USE_BIAS: tl.
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one variant for every row count (no compile at graph capture)
 def _skinny_gemm_kernel(
     out_ptr,  # [M, N] x's dtype
     x_ptr,  # [M, K], K contiguous

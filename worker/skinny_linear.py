@@ -144,7 +144,8 @@ class LinearTable:
     def tune(self, groups: dict[tuple, list[tuple]], buckets: Optional[list[int]] = None) -> None:
         """Measure every bucket (powers of two up to max_rows) of every group: (N, K, dtype,
         has_bias) -> [(weight, bias)] of all layers."""
-        buckets = buckets or [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= self.max_rows]
+        top = row_bucket(self.max_rows)
+        buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         for pairs in groups.values():
             for bucket in buckets:
