@@ -183,3 +183,11 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if bias is not None:
         out = out + bias.to(ct)
     return out.to(x.dtype)
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [M, 2 I] (gate columns, then up) -> silu(gate) * up [M, I] in gate_up's dtype,
+    computed in float32 and rounded once (as the compiled decoder's fused elementwise kernel)."""
+    ct = _compute_dtype(gate_up.dtype)
+    gate, up = gate_up.to(ct).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)

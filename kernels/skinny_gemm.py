@@ -36,23 +36,57 @@ import triton.language as tl
 
 
 @triton.jit
-def _store_out(out_ptr, bias_ptr, acc, rm, rn, N, mask, stride_om, USE_BIAS: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] float32 (+ bias [N] in float32) -> out rows, rounded once."""
+def _store_out(
+    out_ptr,
+    bias_ptr,
+    acc,
+    acc_up,
+    rm,
+    rn,
+    N,
+    mask,
+    stride_om,
+    USE_BIAS: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
+):
+    """acc [BLOCK_M, BLOCK_N] float32 (+ bias) -> out rows, rounded once. USE_SILU_MUL: acc is
+    the gate and acc_up the up projection (bias columns N + rn); each is rounded to out's dtype
+    as the GEMM would store it, then silu(gate) * up in float32, rounded once (the compiled
+    decoder's fused elementwise kernel computes it the same way)."""
+    ty = out_ptr.dtype.element_ty
     if USE_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if USE_SILU_MUL:
+            acc_up += tl.load(bias_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if USE_SILU_MUL:
+        gate = acc.to(ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(ty), mask=mask)
+
+
+@triton.jit
+def _mul_tile(acc, acc3, x, w, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One K step of a tile: x [BM, BK] times w [BN, BK].T into acc [BM, BN] (tensor cores) or
+    into acc3 [BM, BN, BK] (broadcast; reduced over K once after the loop)."""
+    if USE_DOT and DOT_FP32:  # float32 operands, no TF32 rounding
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    elif USE_DOT:
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc, acc3
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every row count (no compile at graph capture)
 def _skinny_gemm_kernel(
     out_ptr,  # [M, N] x's dtype
     x_ptr,  # [M, K], K contiguous
-    w_ptr,  # [N, K], K contiguous (nn.Linear's layout)
-    bias_ptr,  # [N] (USE_BIAS only)
-    part_ptr,  # [num_splits, M, N] float32 partials (USE_SPLIT only)
+    w_ptr,  # [N, K] (USE_SILU_MUL: [2 N, K], gate rows then up rows), K contiguous (nn.Linear's layout)
+    bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
+    part_ptr,  # [num_splits, M, N] (USE_SILU_MUL: [num_splits, M, 2 N]) float32 partials (USE_SPLIT only)
     count_ptr,  # [cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
     M,
-    N,
+    N,  # output columns
     K,
     k_per_split,  # a multiple of BLOCK_K; split s covers [s * k_per_split, (s + 1) * k_per_split) & [0, K)
     stride_xm,
@@ -64,6 +98,7 @@ def _skinny_gemm_kernel(
     USE_DOT: tl.constexpr,
     USE_SPLIT: tl.constexpr,
     USE_BIAS: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -74,39 +109,46 @@ def _skinny_gemm_kernel(
     mask_m, mask_n = rm < M, rn < N
     x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+    up_rows = w_rows + N * stride_wn  # [BLOCK_N, 1] (USE_SILU_MUL only)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT else BLOCK_K], dtype=tl.float32)
+    acc3_up = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT or not USE_SILU_MUL else BLOCK_K], dtype=tl.float32)
     k_start = pid_k * k_per_split
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
         kk = k0 + rk  # [BLOCK_K]
         mask_k = kk < K
         x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
-        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [BN, BK]
-        if USE_DOT and DOT_FP32:  # float32 operands, no TF32 rounding
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        elif USE_DOT:
-            acc = tl.dot(x, tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
-        else:
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        w_mask = mask_n[:, None] & mask_k[None, :]
+        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+        acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
+        if USE_SILU_MUL:
+            w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+            acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
+        if USE_SILU_MUL:
+            acc_up = tl.sum(acc3_up, axis=2)
     mask = mask_m[:, None] & mask_n[None, :]
     if USE_SPLIT:
-        num_splits = tl.num_programs(1)
-        part = part_ptr + rm[:, None] * N + rn[None, :]  # [BLOCK_M, BLOCK_N] within one split
-        tl.store(part + pid_k * M * N, acc, mask=mask)
+        part_n = 2 * N if USE_SILU_MUL else N  # partial columns: gate (and up) sums
+        part = part_ptr + rm[:, None] * part_n + rn[None, :]  # [BLOCK_M, BLOCK_N] within one split
+        tl.store(part + pid_k * M * part_n, acc, mask=mask)
+        if USE_SILU_MUL:
+            tl.store(part + pid_k * M * part_n + N, acc_up, mask=mask)
         tl.debug_barrier()  # every thread's partial is stored before the arrival is published
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:  # the last to arrive reduces, in split order
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in range(0, num_splits):
-                total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+        if arrived == tl.num_programs(1) - 1:  # the last to arrive reduces, in split order
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, tl.num_programs(1)):
+                acc += tl.load(part + s * M * part_n, mask=mask, other=0.0, cache_modifier=".cg")
+                if USE_SILU_MUL:
+                    acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(out_ptr, bias_ptr, total, rm, rn, N, mask, stride_om, USE_BIAS)
+            _store_out(out_ptr, bias_ptr, acc, acc_up, rm, rn, N, mask, stride_om, USE_BIAS, USE_SILU_MUL)
     else:
-        _store_out(out_ptr, bias_ptr, acc, rm, rn, N, mask, stride_om, USE_BIAS)
+        _store_out(out_ptr, bias_ptr, acc, acc_up, rm, rn, N, mask, stride_om, USE_BIAS, USE_SILU_MUL)
 
 
 @dataclass(frozen=True)
@@ -137,7 +179,7 @@ class SkinnyConfig:
         return max(16, pow2) if self.use_dot else pow2
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     """Under TRITON_INTERPRET the numpy-backed tl.dot mishandles bf16 (triton 3.9), so dots run
     on float32 copies of the operands there (as paged_attention does); on a GPU in x's dtype."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -172,7 +214,9 @@ def launch_grid(config: SkinnyConfig, n: int, k: int) -> tuple[int, int, int]:
     return triton.cdiv(n, config.block_n), triton.cdiv(k, k_per_split), k_per_split
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig):
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig, silu_mul: bool
+):
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"skinny_linear: x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
@@ -185,6 +229,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
         raise ValueError("skinny_linear: x and weight need a contiguous last dim")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"skinny_linear: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if silu_mul and weight.shape[0] % 2:
+        raise ValueError(f"skinny_linear: silu_mul needs gate|up rows (an even N), got N = {weight.shape[0]}")
     if not config.use_dot and x.shape[0] > MAX_BROADCAST_ROWS:
         raise ValueError(
             f"skinny_linear: use_dot=False takes at most {MAX_BROADCAST_ROWS} rows, got {x.shape[0]}"
@@ -197,20 +243,24 @@ def skinny_linear(
     bias: Optional[torch.Tensor],
     config: SkinnyConfig,
     buffers: Optional[SplitBuffers] = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
-    `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
-    hot path). Semantics: kernels.reference.linear_ref."""
-    _check(x, weight, bias, config)
+    silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I] (the MLP's
+    gate|up GEMM and its activation in one launch). `buffers`: the split-K scratch (a fresh one
+    per call when None: fine for tests, not for a hot path). Semantics: kernels.reference
+    linear_ref and silu_mul_ref."""
+    _check(x, weight, bias, config, silu_mul)
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     tiles, splits, k_per_split = launch_grid(config, n, k)
     part = counts = out  # unused pointers when there is one split
     if splits > 1:
-        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * n, tiles)
+        part_cols = 2 * n if silu_mul else n
+        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles)
     _skinny_gemm_kernel[(tiles, splits)](
         out,
         x,
@@ -231,7 +281,8 @@ def skinny_linear(
         USE_DOT=config.use_dot,
         USE_SPLIT=splits > 1,
         USE_BIAS=bias is not None,
-        DOT_FP32=x.dtype == torch.float32 or _interpreting(),
+        USE_SILU_MUL=silu_mul,
+        DOT_FP32=x.dtype == torch.float32 or interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

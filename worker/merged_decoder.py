@@ -112,6 +112,11 @@ class MergedLayer(nn.Module):
         # The projection GEMM (x, weight, bias) -> x @ weight.T + bias: F.linear unless the runner
         # points it elsewhere (skinny_linear.install: a measured cuBLAS-or-Triton choice).
         self.linear = F.linear
+        # The MLP's activation is SiLU (every supported family's default): gate|up and SiLU * up
+        # may then run as one op, `gate_up_silu` (x, gate_up weight, bias) -> silu(gate) * up,
+        # when the runner sets it (skinny_linear.install); None keeps GEMM then activation.
+        self.silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
+        self.gate_up_silu = None
 
     def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """(weight, bias) of every GEMM this layer runs through `linear`: q|k|v, gate|up, and
@@ -167,8 +172,12 @@ class MergedLayer(nn.Module):
         return self._project(self.o_proj, out.reshape(n, self.num_q * d))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return self._project(self.down_proj, self.act_fn(gate) * up)
+        if self.gate_up_silu is not None:
+            hidden = self.gate_up_silu(x, self.gate_up_weight, self.gate_up_bias)
+        else:
+            gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            hidden = self.act_fn(gate) * up
+        return self._project(self.down_proj, hidden)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)

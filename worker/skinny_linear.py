@@ -15,6 +15,11 @@ at the custom op `enginespec::linear`, which torch.compile keeps opaque and whic
 choice up at run time (at graph capture for decode: each captured bucket bakes in its choice).
 Rows over `max_rows`, shapes not tuned, CPU tensors and float32 go to F.linear.
 
+The MLP's gate|up GEMM and SiLU * up (layers whose activation is SiLU) go through a second op,
+`enginespec::gate_up_silu`, with its own measured choice: the skinny kernel with the activation
+in its epilogue (one launch) against the unfused route, which is the table's own gate|up choice
+followed by kernels/silu_mul.py (one elementwise launch, as the compiled decoder would fuse it).
+
 Off by default: EngineArgs.skinny_gemm (or ENGINESPEC_SKINNY_GEMM=1) turns it on, so the lead
 can A/B it end to end (benchmarks/decode_sweep.py --engine-arg skinny_gemm=true).
 """
@@ -23,17 +28,18 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from enginespec.worker.gemm_tuning import candidates, graph_us
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ROWS = 64
-WIN_MARGIN = 0.97  # a kernel must beat cuBLAS by 3% to be chosen: noise never flips the choice
+WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 
 
@@ -53,68 +59,30 @@ def row_bucket(num_rows: int) -> int:
 
 @dataclass(frozen=True)
 class Choice:
-    """What a (row bucket, N, K, dtype, bias) key runs: config None = cuBLAS. Times are
-    microseconds per GEMM as measured (cuBLAS's too, for the report)."""
+    """What a key runs: config None = the baseline (cuBLAS; for gate_up_silu, the table's gate|up
+    choice then silu_mul). Times are microseconds per call as measured, the baseline's too."""
 
     config: object  # Optional[SkinnyConfig]; object keeps kernels (triton) out of import time
     us: float
-    cublas_us: float
+    baseline_us: float
 
 
-def graph_us(fn: Callable[[], list], num_calls: int, reps: int = 7) -> tuple[float, list]:
-    """Microseconds per call of fn (which makes num_calls GEMMs and returns their outputs)
-    replayed from a CUDA graph: the median of `reps` replays timed with events, after a warm-up
-    run and one replay. Also returns the outputs as the last replay left them (back-to-back
-    replays are where a split-K launch that left a counter set would go wrong)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / num_calls)
-    return statistics.median(times), [o.float() for o in outs]
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one Triton launch on CUDA (or under the interpreter), else in torch."""
+    from enginespec.kernels.skinny_gemm import interpreting
 
+    if gate_up.is_cuda or interpreting():
+        from enginespec.kernels.silu_mul import silu_mul
 
-def candidates(bucket: int, n: int, k: int, num_sms: int) -> list:
-    """Launch shapes worth timing for a row bucket: tensor-core tiles (BLOCK_N 32/64, BLOCK_K
-    128/256 within ~160 KiB of 3-stage shared memory) and, for at most 4 rows, broadcast tiles;
-    each with one K split and with the fewest splits (power of two, <= 8) that give every SM a
-    program. A list to measure, not a ranking."""
-    from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+        return silu_mul(gate_up)
+    from enginespec.kernels.reference import silu_mul_ref
 
-    def splits(block_n: int, block_k: int) -> list[int]:
-        tiles, num = -(-n // block_n), 1
-        while tiles * num < num_sms and num < 8 and k // (2 * num) >= block_k:
-            num *= 2
-        return sorted({1, num})
-
-    out = []
-    block_m = max(16, bucket)
-    for block_n in (32, 64):
-        for block_k in (128, 256):
-            if 3 * (block_m + block_n) * block_k * 2 > 160 * 1024 or block_k > k:
-                continue
-            out += [SkinnyConfig(block_n, block_k, s) for s in splits(block_n, block_k)]
-    if bucket <= MAX_BROADCAST_ROWS:
-        block_k = 256 // bucket  # a [bucket, BLOCK_N, BLOCK_K] float32 accumulator of ~32 registers a thread
-        for block_n in (8, 16):
-            out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
-    return out
+    return silu_mul_ref(gate_up)
 
 
 class LinearTable:
-    """Measured choices for one device (module doc). `linear` is what the custom op runs."""
+    """Measured choices for one device (module doc): `linear` and `gate_up_silu` are what the
+    custom ops run. Keys: (row bucket, N, K, dtype, has_bias, fused with SiLU * up)."""
 
     def __init__(self, device, max_rows: int = DEFAULT_MAX_ROWS):
         from enginespec.kernels.skinny_gemm import SplitBuffers
@@ -125,83 +93,104 @@ class LinearTable:
         self.max_rows = max_rows
         self.buffers = SplitBuffers(self.device)
         self.choices: dict[tuple, Choice] = {}
-        self.rejected: list[str] = []  # candidates that failed to build or disagreed with cuBLAS
-        self.measured: list[dict] = []  # every timing taken, cuBLAS's too (for the probe's report)
+        self.rejected: list[str] = []  # candidates that failed to build or disagreed with the baseline
+        self.measured: list[dict] = []  # every timing taken, the baselines' too (for the probe's report)
 
     @staticmethod
-    def key(num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
-        return (row_bucket(num_rows), weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
+    def key(num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor], fused: bool = False) -> tuple:
+        return (row_bucket(num_rows), weight.shape[0], weight.shape[1], weight.dtype, bias is not None, fused)
+
+    def _config(self, x: torch.Tensor, weight, bias, fused: bool):
+        if not 0 < x.shape[0] <= self.max_rows or x.stride(-1) != 1:
+            return None
+        choice = self.choices.get(self.key(x.shape[0], weight, bias, fused))
+        return None if choice is None else choice.config
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        choice = (
-            self.choices.get(self.key(x.shape[0], weight, bias)) if 0 < x.shape[0] <= self.max_rows else None
-        )
-        if choice is None or choice.config is None or x.stride(-1) != 1:
+        config = self._config(x, weight, bias, False)
+        if config is None:
             return F.linear(x, weight, bias)
         from enginespec.kernels.skinny_gemm import skinny_linear
 
-        return skinny_linear(x, weight, bias, choice.config, self.buffers)
+        return skinny_linear(x, weight, bias, config, self.buffers)
+
+    def gate_up_silu(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """silu(gate) * up of x @ gate|up weight [2 I, K].T (+ bias) -> [M, I]."""
+        config = self._config(x, weight, bias, True)
+        if config is None:
+            return _silu_mul(self.linear(x, weight, bias))
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        return skinny_linear(x, weight, bias, config, self.buffers, silu_mul=True)
 
     @torch.inference_mode()
-    def tune(self, groups: dict[tuple, list[tuple]], buckets: Optional[list[int]] = None) -> None:
+    def tune(
+        self, groups: dict[tuple, list[tuple]], buckets: Optional[list[int]] = None, fused: bool = False
+    ):
         """Measure every bucket (powers of two up to max_rows) of every group: (N, K, dtype,
-        has_bias) -> [(weight, bias)] of all layers."""
+        has_bias) -> [(weight, bias)] of all layers. fused: the gate_up_silu op's choice (tune
+        the same groups unfused first: the unfused choice is its baseline)."""
         top = row_bucket(self.max_rows)
         buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         for pairs in groups.values():
             for bucket in buckets:
-                self._tune_one(bucket, pairs, num_sms)
+                self._tune_one(bucket, pairs, num_sms, fused)
 
-    def _tune_one(self, bucket: int, pairs: list[tuple], num_sms: int) -> None:
+    def _tune_one(self, bucket: int, pairs: list[tuple], num_sms: int, fused: bool) -> None:
         weight0, bias0 = pairs[0]
         n, k = weight0.shape
         x = torch.randn(bucket, k, device=self.device, dtype=weight0.dtype)
-        cublas, want = graph_us(lambda: [F.linear(x, w, b) for w, b in pairs], len(pairs))
-        best = Choice(None, cublas, cublas)
-        self.measured.append({"rows": bucket, "n": n, "k": k, "config": "cublas", "us": cublas})
-        for config in candidates(bucket, n, k, num_sms):
-            us = self._time_candidate(config, x, pairs, want)
-            self.measured.append({"rows": bucket, "n": n, "k": k, "config": str(config), "us": us})
-            if us is not None and us < best.us and us < WIN_MARGIN * cublas:
-                best = Choice(config, us, cublas)
-        self.choices[self.key(bucket, weight0, bias0)] = best
+        base = self.gate_up_silu if fused else F.linear  # gate_up_silu without a fused choice yet
+        baseline, want = graph_us(lambda: [base(x, w, b) for w, b in pairs], len(pairs))
+        best = Choice(None, baseline, baseline)
+        where = {"rows": bucket, "n": n, "k": k, "fused": fused}
+        self.measured.append({**where, "config": "baseline", "us": baseline})
+        for config in candidates(bucket, n // 2 if fused else n, k, num_sms, silu_mul=fused):
+            us = self._time_candidate(config, x, pairs, want, fused)
+            self.measured.append({**where, "config": str(config), "us": us})
+            if us is not None and us < best.us and us < WIN_MARGIN * baseline:
+                best = Choice(config, us, baseline)
+        self.choices[self.key(bucket, weight0, bias0, fused)] = best
 
-    def _time_candidate(self, config, x: torch.Tensor, pairs: list[tuple], want: list) -> Optional[float]:
-        """us per GEMM of one launch shape over `pairs`, or None (recorded in `rejected`) when it
+    def _time_candidate(self, config, x: torch.Tensor, pairs: list[tuple], want: list, fused: bool):
+        """us per call of one launch shape over `pairs`, or None (recorded in `rejected`) when it
         does not build, or when its outputs (eager on the first pair, then all of them after
-        back-to-back graph replays) differ from cuBLAS's (`want`) beyond bf16 tolerance."""
+        back-to-back graph replays) differ from the baseline's (`want`) beyond bf16 tolerance."""
         from enginespec.kernels.skinny_gemm import skinny_linear
 
-        where = f"{config} at rows {x.shape[0]}, {tuple(pairs[0][0].shape)}"
+        def run(w, b):
+            return skinny_linear(x, w, b, config, self.buffers, silu_mul=fused)
+
+        where = f"{config} at rows {x.shape[0]}, {tuple(pairs[0][0].shape)}, fused {fused}"
         try:
-            first = skinny_linear(x, pairs[0][0], pairs[0][1], config, self.buffers).float()
-            us, outs = graph_us(
-                lambda: [skinny_linear(x, w, b, config, self.buffers) for w, b in pairs], len(pairs)
-            )
+            first = run(*pairs[0]).float()
+            us, outs = graph_us(lambda: [run(w, b) for w, b in pairs], len(pairs))
         except Exception as e:  # noqa: BLE001 - a shape that does not build is not a candidate
             self.rejected.append(f"{where}: {type(e).__name__}: {e}")
             return None
-        worst = max((got - ref).abs().max().item() for got, ref in zip([first, *outs], [want[0], *want]))
-        if not all(
-            torch.allclose(g, r, atol=3e-2, rtol=3e-2) for g, r in zip([first, *outs], [want[0], *want])
-        ):
-            self.rejected.append(f"{where}: differs from cuBLAS by up to {worst:.3g}")
+        got, ref = [first, *outs], [want[0], *want]
+        if not all(torch.allclose(g, r, atol=3e-2, rtol=3e-2) for g, r in zip(got, ref)):
+            worst = max((g - r).abs().max().item() for g, r in zip(got, ref))
+            self.rejected.append(f"{where}: differs from the baseline by up to {worst:.3g}")
             return None
         return us
 
     def report(self) -> list[dict]:
-        """One row per key: rows bucket, N, K, the choice, its time and cuBLAS's (us)."""
+        """One row per key: rows bucket, N, K, fused, the choice, its time and the baseline's (us)."""
         return [
             {
                 "rows": key[0],
                 "n": key[1],
                 "k": key[2],
-                "choice": "cublas" if c.config is None else str(c.config),
+                "fused": key[5],
+                "choice": "baseline" if c.config is None else str(c.config),
                 "us": c.us,
-                "cublas_us": c.cublas_us,
+                "baseline_us": c.baseline_us,
             }
-            for key, c in sorted(self.choices.items(), key=lambda kv: kv[0][:3])
+            for key, c in sorted(self.choices.items(), key=lambda kv: (kv[0][5], *kv[0][:3]))
         ]
 
 
@@ -229,29 +218,51 @@ def _(x, weight, bias):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-def weight_groups(layers) -> dict[tuple, list[tuple]]:
+@torch.library.custom_op("enginespec::gate_up_silu", mutates_args=())
+def gate_up_silu_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """silu(gate) * up of F.linear(x [M, K], gate|up weight [2 I, K], bias) -> [M, I]."""
+    table = _TABLES.get(x.device)
+    if table is None:
+        return _silu_mul(F.linear(x, weight, bias))
+    return table.gate_up_silu(x, weight, bias)
+
+
+@gate_up_silu_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0] // 2))
+
+
+def weight_groups(layers, silu_gate_up: bool = False) -> dict[tuple, list[tuple]]:
     """(N, K, dtype, has_bias) -> [(weight, bias)] over the projections the merged layers route
-    through `linear` (MergedLayer.projections)."""
+    through `linear` (MergedLayer.projections), or with silu_gate_up the gate|up weights of the
+    layers whose MLP activation is SiLU."""
     groups: dict[tuple, list[tuple]] = {}
     for layer in layers:
-        for weight, bias in layer.projections():
+        if silu_gate_up:
+            pairs = [(layer.gate_up_weight, layer.gate_up_bias)] if layer.silu_mlp else []
+        else:
+            pairs = layer.projections()
+        for weight, bias in pairs:
             groups.setdefault((*weight.shape, weight.dtype, bias is not None), []).append((weight, bias))
     return groups
 
 
 def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearTable:
     """Tune (once per device and process: later engines extend the same table) and point every
-    layer's `linear` at the custom op. bf16/fp16 on CUDA only; the caller checks."""
+    layer's `linear` (and, for SiLU MLPs, `gate_up_silu`) at the custom ops. bf16/fp16 on CUDA
+    only; the caller checks."""
     device = _device_key(device)
     table = _TABLES.get(device)
     if table is None or table.max_rows < max_rows:
         table = LinearTable(device, max_rows)
-    groups = weight_groups(merged_decoder.layers)
-    missing = {g: p for g, p in groups.items() if (1, g[0], g[1], g[2], g[3]) not in table.choices}
-    table.tune(missing)
-    _TABLES[device] = table
+    _TABLES[device] = table  # before tuning: the fused baseline runs the unfused choice
+    for fused in (False, True):
+        groups = weight_groups(merged_decoder.layers, silu_gate_up=fused)
+        table.tune({g: p for g, p in groups.items() if (1, *g, fused) not in table.choices}, fused=fused)
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear
+        if layer.silu_mlp:
+            layer.gate_up_silu = torch.ops.enginespec.gate_up_silu
     for row in table.report():
         log.info("skinny_gemm %s", row)
     return table

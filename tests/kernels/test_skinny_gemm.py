@@ -15,7 +15,8 @@ import random
 import pytest
 import torch
 
-from enginespec.kernels.reference import linear_ref
+from enginespec.kernels.reference import linear_ref, silu_mul_ref
+from enginespec.kernels.silu_mul import silu_mul
 from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
 from enginespec.testing.paged_batches import TOLERANCES
 
@@ -58,6 +59,31 @@ def test_skinny_linear_matches_reference(dtype, config):
         assert not buffers.counts.any(), "split-K must leave every arrival counter at zero"
 
 
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+def test_fused_silu_mul_epilogue_matches_reference(config):
+    """gate|up rows [2 I, K] -> silu(gate) * up [M, I]: the GEMM's stored values, then the
+    activation in float32 rounded once."""
+    buffers = SplitBuffers(DEVICE)
+    for i, (m, n, k) in enumerate(_shapes(7, 2)):
+        m = min(m, MAX_BROADCAST_ROWS)
+        x, weight, bias = _operands(m, 2 * n, k, torch.bfloat16, seed=i)
+        use_bias = bias if i % 2 else None
+        got = skinny_linear(x, weight, use_bias, config, buffers, silu_mul=True)
+        want = silu_mul_ref(linear_ref(x, weight, use_bias))
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
+        assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(1)
+    gate_up = (3 * torch.randn(5, 2 * 37, generator=gen)).to(dtype).to(DEVICE)
+    torch.testing.assert_close(silu_mul(gate_up), silu_mul_ref(gate_up), **TOLERANCES[dtype])
+    with pytest.raises(ValueError, match="gate_up"):
+        silu_mul(gate_up[:, :5])
+
+
 def test_split_k_is_deterministic_and_equals_one_split():
     """float32, exact operands (small integers): every split count gives the same bits."""
     gen = torch.Generator().manual_seed(0)
@@ -87,6 +113,8 @@ def test_bad_operands_are_clear_errors():
             None,
             SkinnyConfig(block_n=16, block_k=16, use_dot=False),
         )
+    with pytest.raises(ValueError, match="even"):
+        skinny_linear(x, torch.zeros(5, 8, device=DEVICE), None, config, silu_mul=True)
     with pytest.raises(ValueError, match="block_n"):
         SkinnyConfig(block_n=8, block_k=16, use_dot=True)
     with pytest.raises(ValueError, match="num_splits"):
@@ -111,4 +139,21 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         got = skinny_linear(x, weight, None, config, buffers)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
         assert torch.equal(skinny_linear(x, weight, None, config, buffers), got)
+    assert not buffers.counts.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+def test_qwen3_gate_up_silu_on_cuda(rows):
+    x, weight, _ = _operands(rows, 6144, 1024, torch.bfloat16, seed=rows)
+    want = silu_mul_ref(linear_ref(x, weight, None))
+    torch.testing.assert_close(silu_mul(linear_ref(x, weight, None)), want, **TOLERANCES[torch.bfloat16])
+    buffers = SplitBuffers(DEVICE)
+    for config in (
+        SkinnyConfig(block_n=32, block_k=128, num_splits=1),
+        SkinnyConfig(block_n=64, block_k=128, num_splits=4),
+    ):
+        got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
     assert not buffers.counts.any()

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
 from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
+from enginespec.worker import gemm_tuning
 from enginespec.worker import skinny_linear as sl
 from enginespec.worker.flat_model import FlatModel
 
@@ -25,7 +26,7 @@ CUDA = torch.cuda.is_available()
 @pytest.mark.parametrize("bucket", [1, 2, 4, 16, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072)])
 def test_candidates_are_valid_launch_shapes(bucket, n, k):
-    found = sl.candidates(bucket, n, k, num_sms=132)
+    found = gemm_tuning.candidates(bucket, n, k, num_sms=132)
     assert found and all(isinstance(c, SkinnyConfig) for c in found)
     assert len(set(found)) == len(found)
     for c in found:
@@ -54,23 +55,33 @@ def _prefill(model, impl, num_tokens: int):
     return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
 
 
-def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_thread):
+@pytest.mark.parametrize("fused", [False, True], ids=["linear", "linear+gate_up_silu"])
+def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_thread, fused):
     model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
     layers = model.merged.layers
+    assert all(layer.silu_mlp for layer in layers)  # Qwen3's hidden_act
     want = _prefill(model, impl, 11)
     table = sl.LinearTable("cpu", max_rows=16)
     config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
     for (n, k, dtype, has_bias), _ in sl.weight_groups(layers).items():
-        table.choices[(16, n, k, dtype, has_bias)] = sl.Choice(config, 1.0, 2.0)
+        table.choices[(16, n, k, dtype, has_bias, False)] = sl.Choice(config, 1.0, 2.0)
+    for (n, k, dtype, has_bias), _ in sl.weight_groups(layers, silu_gate_up=True).items():
+        table.choices[(16, n, k, dtype, has_bias, True)] = sl.Choice(config, 1.0, 2.0)
     calls = []
-    monkeypatch.setattr(
-        table, "linear", lambda x, w, b: calls.append(w.shape) or sl.LinearTable.linear(table, x, w, b)
-    )
+    for name in ("linear", "gate_up_silu"):
+        method = getattr(sl.LinearTable, name)
+        monkeypatch.setattr(
+            table, name, lambda x, w, b, m=method, n=name: calls.append(n) or m(table, x, w, b)
+        )
     monkeypatch.setitem(sl._TABLES, torch.device("cpu"), table)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        if fused:
+            monkeypatch.setattr(layer, "gate_up_silu", torch.ops.enginespec.gate_up_silu)
     got = _prefill(model, impl, 11)
-    assert len(calls) == 4 * len(layers)  # q|k|v, o, gate|up, down of every layer
+    # q|k|v, o, gate|up, down of every layer; with the fused op gate|up + SiLU * up is one call.
+    assert calls.count("linear") == (3 if fused else 4) * len(layers)
+    assert calls.count("gate_up_silu") == (len(layers) if fused else 0)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not table.buffers.counts.any()
     x = torch.randn(17, layers[0].qkv_weight.shape[1])  # over max_rows: F.linear, no kernel
@@ -88,9 +99,12 @@ def test_install_measures_every_projection_on_cuda(impl):
     groups = sl.weight_groups(layers)
     for n, k, dtype, has_bias in groups:
         for bucket in (1, 2, 4, 8):
-            assert (bucket, n, k, dtype, has_bias) in table.choices
+            assert (bucket, n, k, dtype, has_bias, False) in table.choices
+    for n, k, dtype, has_bias in sl.weight_groups(layers, silu_gate_up=True):
+        assert (8, n, k, dtype, has_bias, True) in table.choices
     assert all(layer.linear is torch.ops.enginespec.linear for layer in layers)
+    assert all(layer.gate_up_silu is torch.ops.enginespec.gate_up_silu for layer in layers)
     got = _prefill(model, impl, 7)
     for layer in layers:
-        layer.linear = F.linear
+        layer.linear, layer.gate_up_silu = F.linear, None
     torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)
