@@ -208,6 +208,19 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} |"
         )
+    prof = results.get("profile_batch1")
+    if prof and "top" in prof:
+        lines.append("")
+        lines.append(
+            f"batch-1 profile: {prof['kernels_per_step']:.0f} kernels + {prof['copies_per_step']:.0f} copies a "
+            f"step, GPU busy {prof['gpu_busy_ms_per_step']:.3f} of {prof['wall_ms_per_step']:.3f} ms "
+            f"({prof['gpu_busy_fraction']:.2f})"
+        )
+        lines += ["", "| kernel | us/step | launches/step |", "| --- | ---: | ---: |"]
+        lines += [
+            f"| {r['name'][:70]} | {r['us_per_step']:.1f} | {r['launches_per_step']:.0f} |"
+            for r in prof["top"]
+        ]
     gen = results.get("generate_batch1")
     if gen:
         lines.append("")

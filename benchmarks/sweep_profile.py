@@ -65,13 +65,16 @@ def profile_steps(core, shape, args) -> dict:
     events = prof.events()
     busy_us, num_events = device_busy_us(events)
     steps = args.profile_steps
-    table = kernel_table(events, steps)
+    table = kernel_table(events, steps, top=10**6)
+    copies = sum(r["launches_per_step"] for r in table if r["name"].startswith(("Memcpy", "Memset")))
     return {
         "steps": steps,
         "wall_ms_per_step": wall_us / 1e3 / steps,
         "gpu_busy_ms_per_step": busy_us / 1e3 / steps,
         "gpu_busy_fraction": busy_us / wall_us,
         "device_events_per_step": num_events / steps,
-        "top": table,
+        "kernels_per_step": num_events / steps - copies,
+        "copies_per_step": copies,
+        "top": table[:25],
         "note": "wall includes the profiler's overhead; device times are the kernels' own",
     }

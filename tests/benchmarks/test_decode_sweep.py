@@ -57,3 +57,28 @@ def test_plot_from_json_prints_the_table(sweep, tmp_path, capsys):
 def test_bad_batches_is_a_clear_error(capsys):
     assert decode_sweep.main(["--batches", "0,4", "--device", "cpu"]) == 2
     assert "--batches" in capsys.readouterr().err
+
+
+def test_kernel_table_sums_device_time_per_name_and_step():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.sweep_profile import kernel_table
+
+    def ev(device, name, start, end):
+        return SimpleNamespace(
+            device_type=device, name=name, time_range=SimpleNamespace(start=start, end=end)
+        )
+
+    events = [
+        ev(DeviceType.CUDA, "gemm", 0, 6),
+        ev(DeviceType.CUDA, "norm", 6, 8),
+        ev(DeviceType.CUDA, "gemm", 10, 16),
+        ev(DeviceType.CPU, "gemm", 0, 100),  # host-side: not device time
+    ]
+    table = kernel_table(events, num_steps=2)
+    assert table == [
+        {"name": "gemm", "us_per_step": 6.0, "launches_per_step": 1.0},
+        {"name": "norm", "us_per_step": 1.0, "launches_per_step": 0.5},
+    ]
