@@ -7,8 +7,8 @@ beside the weight-read time at the copy bandwidth measured in the same run. Need
     python3 benchmarks/skinny_gemm_table.py --out $OUT/skinny_table.json
     python3 benchmarks/skinny_gemm_table.py --shape qwen3-8b --out $OUT/skinny_table_8b.json
 
-The baseline is cuBLAS for the four GEMMs; for "gate_up+silu_mul" (the GEMM with SiLU * up in
-its epilogue) it is the chosen gate|up GEMM followed by kernels/silu_mul.py. The JSON keeps
+The baseline is cuBLAS for the plain GEMMs; a fused variant's (norm before, SiLU * up or the
+residual add after: worker/skinny_linear.py) is the separate kernels. The JSON keeps
 every candidate's time (`measured`) and the ones rejected (build failure or a result off the
 baseline's), so a loss can be read candidate by candidate. The per-step line sums the four
 unfused projections over the layers: what the choice saves in one decode step at that row count.
@@ -48,8 +48,19 @@ def projection_shapes(shape: str) -> dict[str, tuple[int, int]]:
     }
 
 
+# The variants each projection runs in the fused decoder layer (worker/skinny_linear.py), beside
+# the plain GEMM: q|k|v after the input norm, o and down with the residual add, gate|up with
+# SiLU * up (alone, and after the post-attention norm).
+FUSED_VARIANTS = {
+    "qkv": ("norm",),
+    "o": ("residual",),
+    "gate_up": ("silu", "norm_silu"),
+    "down": ("residual",),
+}
+
+
 def run(args) -> dict:
-    from enginespec.worker.skinny_linear import LinearTable
+    from enginespec.worker.skinny_linear import VARIANTS, LinearTable
 
     rows = sorted({int(r) for r in args.rows.split(",")})
     num_layers = checkpoints.SHAPES[args.shape]["num_hidden_layers"]
@@ -60,20 +71,29 @@ def run(args) -> dict:
     names = {}
     started = time.perf_counter()
     for name, (n, k) in projection_shapes(args.shape).items():
-        weights = [
-            (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5, None)
+        layers = [
+            {
+                "weight": torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5,
+                "bias": None,
+                "norm_weight": 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16, generator=gen),
+                "eps": 1e-6,
+            }
             for _ in range(num_layers)
         ]
-        group = {(n, k, torch.bfloat16, False): weights}
-        table.tune(group, buckets=rows)
-        if name == "gate_up":  # and with SiLU * up in the epilogue, against gate|up then silu_mul
-            table.tune(group, buckets=rows, fused=True)
+        key = (n, k, torch.bfloat16, False)
+        for variant in [v for v in VARIANTS if v == "plain" or v in FUSED_VARIANTS[name]]:
+            calls = (
+                layers
+                if variant.startswith("norm")
+                else [{"weight": a["weight"], "bias": None} for a in layers]
+            )
+            table.tune({key: calls}, variant, buckets=rows)
         names[(n, k)] = name
-        del weights
+        del layers
         torch.cuda.empty_cache()
     for r in table.report():
         weight_us = r["n"] * r["k"] * 2 / copy * 1e6
-        proj = names[(r["n"], r["k"])] + ("+silu_mul" if r["fused"] else "")
+        proj = names[(r["n"], r["k"])] + ("" if r["variant"] == "plain" else f" ({r['variant']})")
         out["rows"].append({"proj": proj, **r, "weight_us": weight_us})
     out["measured"], out["rejected"] = table.measured, table.rejected
     out["tune_s"] = time.perf_counter() - started

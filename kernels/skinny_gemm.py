@@ -41,18 +41,22 @@ def _store_out(
     bias_ptr,
     acc,
     acc_up,
+    res_ptr,
     rm,
     rn,
     N,
     mask,
     stride_om,
+    stride_rm,
     USE_BIAS: tl.constexpr,
     USE_SILU_MUL: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
 ):
     """acc [BLOCK_M, BLOCK_N] float32 (+ bias) -> out rows, rounded once. USE_SILU_MUL: acc is
     the gate and acc_up the up projection (bias columns N + rn); each is rounded to out's dtype
     as the GEMM would store it, then silu(gate) * up in float32, rounded once (the compiled
-    decoder's fused elementwise kernel computes it the same way)."""
+    decoder's fused elementwise kernel computes it the same way). USE_RESIDUAL: the rounded
+    result plus the residual row, rounded once more (the decoder's `hidden + proj(...)`)."""
     ty = out_ptr.dtype.element_ty
     if USE_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
@@ -61,7 +65,33 @@ def _store_out(
     if USE_SILU_MUL:
         gate = acc.to(ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
+    if USE_RESIDUAL:
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        acc = acc.to(ty).to(tl.float32) + res.to(tl.float32)
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(ty), mask=mask)
+
+
+@triton.jit
+def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of each x row [BLOCK_M] over all K (float32): the RMSNorm
+    statistics, recomputed by every program (a row is a few KiB, read from L2)."""
+    rk = tl.arange(0, BLOCK_K)
+    sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+        sum_sq += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _normed(x, rstd, norm_ptr, kk, mask_k):
+    """x [BM, BK] -> the RMSNorm module's output on these columns: (x * rstd) rounded to x's
+    dtype, times the weight, rounded again (transformers' rounding order)."""
+    ty = x.dtype
+    w = tl.load(norm_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
+    n = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32)
+    return (w[None, :] * n).to(ty)
 
 
 @triton.jit
@@ -85,13 +115,17 @@ def _skinny_gemm_kernel(
     bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
     part_ptr,  # [num_splits, M, N] (USE_SILU_MUL: [num_splits, M, 2 N]) float32 partials (USE_SPLIT only)
     count_ptr,  # [cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
+    norm_ptr,  # [K] RMSNorm weight applied to x rows first (USE_NORM only)
+    res_ptr,  # [M, N] residual added to the result (USE_RESIDUAL only)
     M,
     N,  # output columns
     K,
     k_per_split,  # a multiple of BLOCK_K; split s covers [s * k_per_split, (s + 1) * k_per_split) & [0, K)
+    eps,  # RMSNorm epsilon (USE_NORM only)
     stride_xm,
     stride_wn,
     stride_om,
+    stride_rm,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -99,6 +133,8 @@ def _skinny_gemm_kernel(
     USE_SPLIT: tl.constexpr,
     USE_BIAS: tl.constexpr,
     USE_SILU_MUL: tl.constexpr,
+    USE_NORM: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -114,11 +150,15 @@ def _skinny_gemm_kernel(
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT else BLOCK_K], dtype=tl.float32)
     acc3_up = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT or not USE_SILU_MUL else BLOCK_K], dtype=tl.float32)
+    if USE_NORM:
+        rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)  # [BLOCK_M]
     k_start = pid_k * k_per_split
     for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
         kk = k0 + rk  # [BLOCK_K]
         mask_k = kk < K
         x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
+        if USE_NORM:
+            x = _normed(x, rstd, norm_ptr, kk, mask_k)
         w_mask = mask_n[:, None] & mask_k[None, :]
         w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
         acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
@@ -146,9 +186,39 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(out_ptr, bias_ptr, acc, acc_up, rm, rn, N, mask, stride_om, USE_BIAS, USE_SILU_MUL)
+            _store_out(
+                out_ptr,
+                bias_ptr,
+                acc,
+                acc_up,
+                res_ptr,
+                rm,
+                rn,
+                N,
+                mask,
+                stride_om,
+                stride_rm,
+                USE_BIAS,
+                USE_SILU_MUL,
+                USE_RESIDUAL,
+            )
     else:
-        _store_out(out_ptr, bias_ptr, acc, acc_up, rm, rn, N, mask, stride_om, USE_BIAS, USE_SILU_MUL)
+        _store_out(
+            out_ptr,
+            bias_ptr,
+            acc,
+            acc_up,
+            res_ptr,
+            rm,
+            rn,
+            N,
+            mask,
+            stride_om,
+            stride_rm,
+            USE_BIAS,
+            USE_SILU_MUL,
+            USE_RESIDUAL,
+        )
 
 
 @dataclass(frozen=True)
@@ -237,6 +307,25 @@ def _check(
         )
 
 
+def _check_fusions(x, out_cols: int, norm_weight, eps: float, residual, silu_mul: bool) -> None:
+    if norm_weight is not None and (norm_weight.shape != (x.shape[1],) or eps <= 0):
+        raise ValueError(
+            f"skinny_linear: norm_weight must be [{x.shape[1]}] with eps > 0, got {tuple(norm_weight.shape)}, {eps}"
+        )
+    if residual is None:
+        return
+    if (
+        silu_mul
+        or residual.shape != (x.shape[0], out_cols)
+        or residual.dtype != x.dtype
+        or residual.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"skinny_linear: residual must be a [{x.shape[0]}, {out_cols}] {x.dtype} tensor with a contiguous "
+            f"last dim, and not with silu_mul; got {tuple(residual.shape)} {residual.dtype}"
+        )
+
+
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -244,15 +333,22 @@ def skinny_linear(
     config: SkinnyConfig,
     buffers: Optional[SplitBuffers] = None,
     silu_mul: bool = False,
+    norm_weight: Optional[torch.Tensor] = None,
+    eps: float = 0.0,
+    residual: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
-    silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I] (the MLP's
-    gate|up GEMM and its activation in one launch). `buffers`: the split-K scratch (a fresh one
-    per call when None: fine for tests, not for a hot path). Semantics: kernels.reference
-    linear_ref and silu_mul_ref."""
+    What else runs in the same launch:
+    - norm_weight [K], eps: x rows are RMS-normed first (the decoder's input/post-attention
+      RMSNorm: float32 statistics, rounded, times the weight, rounded: kernels.reference.rms_norm_ref);
+    - silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I];
+    - residual [M, N]: the result plus residual (the decoder's `hidden + o_proj(...)`).
+    `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
+    hot path). Semantics: kernels.reference linear_ref, silu_mul_ref, rms_norm_ref."""
     _check(x, weight, bias, config, silu_mul)
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    _check_fusions(x, n, norm_weight, eps, residual, silu_mul)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -268,13 +364,17 @@ def skinny_linear(
         bias if bias is not None else out,
         part,
         counts,
+        norm_weight if norm_weight is not None else out,
+        residual if residual is not None else out,
         m,
         n,
         k,
         k_per_split,
+        float(eps),
         x.stride(0),
         weight.stride(0),
         out.stride(0),
+        residual.stride(0) if residual is not None else 0,
         BLOCK_M=config.block_m(m),
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
@@ -282,6 +382,8 @@ def skinny_linear(
         USE_SPLIT=splits > 1,
         USE_BIAS=bias is not None,
         USE_SILU_MUL=silu_mul,
+        USE_NORM=norm_weight is not None,
+        USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,

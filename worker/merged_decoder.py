@@ -112,11 +112,10 @@ class MergedLayer(nn.Module):
         # The projection GEMM (x, weight, bias) -> x @ weight.T + bias: F.linear unless the runner
         # points it elsewhere (skinny_linear.install: a measured cuBLAS-or-Triton choice).
         self.linear = F.linear
-        # The MLP's activation is SiLU (every supported family's default): gate|up and SiLU * up
-        # may then run as one op, `gate_up_silu` (x, gate_up weight, bias) -> silu(gate) * up,
-        # when the runner sets it (skinny_linear.install); None keeps GEMM then activation.
+        # Or the whole layer as four fused calls (fused_calls): set by skinny_ops.install where
+        # can_fuse(); (x, weight, bias, norm_weight, eps, residual, silu_mul) -> tensor.
+        self.fused_linear = None
         self.silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
-        self.gate_up_silu = None
 
     def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """(weight, bias) of every GEMM this layer runs through `linear`: q|k|v, gate|up, and
@@ -130,6 +129,41 @@ class MergedLayer(nn.Module):
         if type(module) is nn.Linear:
             return self.linear(x, module.weight, module.bias)
         return module(x)
+
+    def can_fuse(self) -> bool:
+        """Whether forward may run as fused_calls: o and down are plain Linear modules, both
+        norms are the weight * normed RMSNorm every supported family uses, the MLP is SiLU."""
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        return (
+            self.silu_mlp
+            and all(type(m) is nn.Linear for m in (self.o_proj, self.down_proj))
+            and all(type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") for m in norms)
+        )
+
+    def fused_calls(self) -> list[dict]:
+        """The four fused calls of a layer, in order, as their static arguments (the variant
+        names skinny_linear.py's): norm + q|k|v, o + residual, norm + gate|up + SiLU * up,
+        down + residual."""
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        return [
+            dict(
+                variant="norm",
+                weight=self.qkv_weight,
+                bias=self.qkv_bias,
+                norm_weight=ln1.weight,
+                eps=float(ln1.variance_epsilon),
+            ),
+            dict(variant="residual", weight=self.o_proj.weight, bias=self.o_proj.bias),
+            dict(
+                variant="norm_silu",
+                weight=self.gate_up_weight,
+                bias=self.gate_up_bias,
+                norm_weight=ln2.weight,
+                eps=float(ln2.variance_epsilon),
+                silu_mul=True,
+            ),
+            dict(variant="residual", weight=self.down_proj.weight, bias=self.down_proj.bias),
+        ]
 
     def _qk_norm(self, attn: nn.Module) -> tuple[Optional[nn.Parameter], float]:
         """Qwen3's q_norm and k_norm weights stacked per head, [Hq + Hkv, D] (a copy: weights
@@ -147,8 +181,12 @@ class MergedLayer(nn.Module):
 
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
-        n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
+        return self._project(self.o_proj, self._attend(qkv, cos, sin))
+
+    def _attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q|k|v rows [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (K/V written)."""
+        n, d, num_qk = qkv.shape[0], self.head_dim, self.num_q + self.num_kv
         if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
             out = torch.ops.enginespec.paged_attention_qkv(
                 qkv,
@@ -161,7 +199,7 @@ class MergedLayer(nn.Module):
                 self.scale,
                 self.window,
             )
-            return self._project(self.o_proj, out.reshape(n, self.num_q * d))
+            return out.reshape(n, self.num_q * d)
         qk = qkv[:, : num_qk * d].view(n, num_qk, d)  # [N, Hq + Hkv, D]
         v = qkv[:, num_qk * d :].view(n, self.num_kv, d)  # [N, Hkv, D]
         if self.qk_norm_weight is not None:
@@ -169,19 +207,43 @@ class MergedLayer(nn.Module):
         qk = rotate_neox(qk, cos, sin)  # cos/sin [N, D]
         q, k = qk[:, : self.num_q], qk[:, self.num_q :]
         out = torch.ops.enginespec.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
-        return self._project(self.o_proj, out.reshape(n, self.num_q * d))
+        return out.reshape(n, self.num_q * d)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_silu is not None:
-            hidden = self.gate_up_silu(x, self.gate_up_weight, self.gate_up_bias)
-        else:
-            gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-            hidden = self.act_fn(gate) * up
-        return self._project(self.down_proj, hidden)
+        gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return self._project(self.down_proj, self.act_fn(gate) * up)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.fused_linear is not None:
+            return self._forward_fused(hidden, cos, sin)
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def _forward_fused(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """forward as fused_calls: the same values up to where the roundings fall (the norms,
+        the residual adds and SiLU * up run inside the GEMM launches)."""
+        f = self.fused_linear
+        norm_qkv, o_res, norm_gate_up, down_res = self.fused_calls()
+        qkv = f(
+            hidden,
+            norm_qkv["weight"],
+            norm_qkv["bias"],
+            norm_qkv["norm_weight"],
+            norm_qkv["eps"],
+            None,
+            False,
+        )
+        hidden = f(self._attend(qkv, cos, sin), o_res["weight"], o_res["bias"], None, 0.0, hidden, False)
+        act = f(
+            hidden,
+            norm_gate_up["weight"],
+            norm_gate_up["bias"],
+            norm_gate_up["norm_weight"],
+            norm_gate_up["eps"],
+            None,
+            True,
+        )
+        return f(act, down_res["weight"], down_res["bias"], None, 0.0, hidden, False)
 
 
 # Rope types whose cos/sin depend on the position alone (a table holds them); others (dynamic

@@ -120,7 +120,8 @@ class ModelRunner:
         """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
         weights and route the merged decoder's through the measured choice. Only for the
         merged decoder in bf16/fp16 on CUDA; otherwise says why and changes nothing."""
-        from enginespec.worker.skinny_linear import install, resolve_switch
+        from enginespec.worker.skinny_linear import resolve_switch
+        from enginespec.worker.skinny_ops import install
 
         if not resolve_switch(setting):
             return None

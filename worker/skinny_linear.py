@@ -2,23 +2,30 @@
 
 Why: at decode a projection has 1-64 rows, and cuBLAS took 5.4-8 us per GEMM against 1-3 us of
 weight reads on the H200 (benchmarks/RESULTS.md, issue 6). kernels/skinny_gemm.py streams the
-weight with more programs in one launch; whether it wins depends on the shape, the row count
-and the device, so nothing here guesses: `LinearTable.tune` times cuBLAS and every candidate
-launch shape on the model's own weights, inside a CUDA graph over all layers' distinct
-matrices (a cold L2, no launch gaps: a decode step's conditions), and keeps the fastest per
-(row bucket, N, K, dtype, bias). A candidate must also reproduce cuBLAS's result within bf16
-tolerance to be kept. The table is per process and per device.
+weight with more programs in one launch, and can run the layer's neighbouring elementwise work
+in the same launch; whether that wins depends on the shape, the row count and the device, so
+nothing here guesses: `LinearTable.tune` times the baseline and every candidate launch shape on
+the model's own weights, inside a CUDA graph over all layers' distinct matrices (a cold L2, no
+launch gaps: a decode step's conditions), and keeps the fastest per key (row bucket, N, K,
+dtype, bias, variant). A candidate must also reproduce the baseline's results within bf16
+tolerance, after back-to-back graph replays, to be kept. The table is per process and device.
+
+Variants (what runs in the GEMM's launch) and their baselines (what runs without the kernel):
+- "plain": x @ W.T; baseline cuBLAS (F.linear).
+- "silu": silu(gate) * up of the gate|up GEMM; baseline the table's plain choice, then
+  kernels/silu_mul.py (one elementwise launch, as the compiled decoder would fuse it).
+- "norm", "norm_silu": the same after the layer's RMSNorm of x (input_layernorm before q|k|v,
+  post_attention_layernorm before gate|up); baseline kernels/rms_norm.py, then plain / silu.
+- "residual": x @ W.T + residual (o_proj and down_proj with the residual add); baseline the
+  plain choice, then the add.
 
 How the model reaches it, unaware: the merged decoder calls `self.linear(x, weight, bias)` for
-q|k|v, o, gate|up and down (F.linear unless the runner sets it); `install` points every layer
-at the custom op `enginespec::linear`, which torch.compile keeps opaque and which looks the
-choice up at run time (at graph capture for decode: each captured bucket bakes in its choice).
-Rows over `max_rows`, shapes not tuned, CPU tensors and float32 go to F.linear.
-
-The MLP's gate|up GEMM and SiLU * up (layers whose activation is SiLU) go through a second op,
-`enginespec::gate_up_silu`, with its own measured choice: the skinny kernel with the activation
-in its epilogue (one launch) against the unfused route, which is the table's own gate|up choice
-followed by kernels/silu_mul.py (one elementwise launch, as the compiled decoder would fuse it).
+each projection (F.linear unless the runner sets it), or, when the runner sets `fused_linear`,
+wires a layer as four fused calls (norm+q|k|v, o+residual, norm+gate|up+SiLU*up, down+residual;
+MergedLayer.forward). `install` points them at the custom ops `enginespec::linear` and
+`enginespec::fused_linear`, which torch.compile keeps opaque and which look the choice up at
+run time (at graph capture for decode: each captured bucket bakes in its choice). Rows over
+`max_rows` and shapes not tuned run the baseline.
 
 Off by default: EngineArgs.skinny_gemm (or ENGINESPEC_SKINNY_GEMM=1) turns it on, so the lead
 can A/B it end to end (benchmarks/decode_sweep.py --engine-arg skinny_gemm=true).
@@ -41,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 64
 WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
+VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
 
 
 def resolve_switch(setting: Optional[bool]) -> bool:
@@ -57,21 +65,34 @@ def row_bucket(num_rows: int) -> int:
     return 1 << max(0, num_rows - 1).bit_length()
 
 
+def variant_of(norm_weight, residual, silu_mul: bool) -> str:
+    """The VARIANTS name of a run() call's fusions."""
+    if residual is not None:
+        return "residual"
+    if norm_weight is not None:
+        return "norm_silu" if silu_mul else "norm"
+    return "silu" if silu_mul else "plain"
+
+
 @dataclass(frozen=True)
 class Choice:
-    """What a key runs: config None = the baseline (cuBLAS; for gate_up_silu, the table's gate|up
-    choice then silu_mul). Times are microseconds per call as measured, the baseline's too."""
+    """What a key runs: config None = the variant's baseline (module doc). Times are
+    microseconds per call as measured, the baseline's too."""
 
     config: object  # Optional[SkinnyConfig]; object keeps kernels (triton) out of import time
     us: float
     baseline_us: float
 
 
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in one Triton launch on CUDA (or under the interpreter), else in torch."""
+def _on_triton(t: torch.Tensor) -> bool:
     from enginespec.kernels.skinny_gemm import interpreting
 
-    if gate_up.is_cuda or interpreting():
+    return t.is_cuda or interpreting()
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one Triton launch on CUDA (or under the interpreter), else in torch."""
+    if _on_triton(gate_up):
         from enginespec.kernels.silu_mul import silu_mul
 
         return silu_mul(gate_up)
@@ -80,9 +101,18 @@ def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_ref(gate_up)
 
 
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _on_triton(x):
+        from enginespec.kernels.rms_norm import rms_norm
+
+        return rms_norm(x, weight, eps)
+    from enginespec.kernels.reference import rms_norm_ref
+
+    return rms_norm_ref(x, weight, eps)
+
+
 class LinearTable:
-    """Measured choices for one device (module doc): `linear` and `gate_up_silu` are what the
-    custom ops run. Keys: (row bucket, N, K, dtype, has_bias, fused with SiLU * up)."""
+    """Measured choices for one device (module doc): `run` is what the custom ops call."""
 
     def __init__(self, device, max_rows: int = DEFAULT_MAX_ROWS):
         from enginespec.kernels.skinny_gemm import SplitBuffers
@@ -97,77 +127,102 @@ class LinearTable:
         self.measured: list[dict] = []  # every timing taken, the baselines' too (for the probe's report)
 
     @staticmethod
-    def key(num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor], fused: bool = False) -> tuple:
-        return (row_bucket(num_rows), weight.shape[0], weight.shape[1], weight.dtype, bias is not None, fused)
+    def key(
+        num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor], variant: str = "plain"
+    ) -> tuple:
+        return (
+            row_bucket(num_rows),
+            weight.shape[0],
+            weight.shape[1],
+            weight.dtype,
+            bias is not None,
+            variant,
+        )
 
-    def _config(self, x: torch.Tensor, weight, bias, fused: bool):
-        if not 0 < x.shape[0] <= self.max_rows or x.stride(-1) != 1:
-            return None
-        choice = self.choices.get(self.key(x.shape[0], weight, bias, fused))
-        return None if choice is None else choice.config
+    def run(self, x, weight, bias, norm_weight=None, eps: float = 0.0, residual=None, silu_mul: bool = False):
+        """The projection (and what runs around it: module doc) by the measured choice."""
+        variant = variant_of(norm_weight, residual, silu_mul)
+        choice = None
+        if 0 < x.shape[0] <= self.max_rows and x.stride(-1) == 1:
+            choice = self.choices.get(self.key(x.shape[0], weight, bias, variant))
+        if choice is None or choice.config is None:
+            return self._baseline(x, weight, bias, norm_weight, eps, residual, silu_mul)
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        return skinny_linear(
+            x, weight, bias, choice.config, self.buffers, silu_mul, norm_weight, eps, residual
+        )
+
+    def _baseline(self, x, weight, bias, norm_weight, eps, residual, silu_mul):
+        if norm_weight is not None:  # rms_norm, then the measured plain/silu choice
+            return self.run(_rms_norm(x, norm_weight, eps), weight, bias, silu_mul=silu_mul)
+        if silu_mul:
+            return _silu_mul(self.run(x, weight, bias))
+        if residual is not None:
+            return self.run(x, weight, bias) + residual
+        return F.linear(x, weight, bias)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        config = self._config(x, weight, bias, False)
-        if config is None:
-            return F.linear(x, weight, bias)
-        from enginespec.kernels.skinny_gemm import skinny_linear
-
-        return skinny_linear(x, weight, bias, config, self.buffers)
-
-    def gate_up_silu(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
-    ) -> torch.Tensor:
-        """silu(gate) * up of x @ gate|up weight [2 I, K].T (+ bias) -> [M, I]."""
-        config = self._config(x, weight, bias, True)
-        if config is None:
-            return _silu_mul(self.linear(x, weight, bias))
-        from enginespec.kernels.skinny_gemm import skinny_linear
-
-        return skinny_linear(x, weight, bias, config, self.buffers, silu_mul=True)
+        return self.run(x, weight, bias)
 
     @torch.inference_mode()
     def tune(
-        self, groups: dict[tuple, list[tuple]], buckets: Optional[list[int]] = None, fused: bool = False
+        self, groups: dict[tuple, list[dict]], variant: str = "plain", buckets: Optional[list[int]] = None
     ):
         """Measure every bucket (powers of two up to max_rows) of every group: (N, K, dtype,
-        has_bias) -> [(weight, bias)] of all layers. fused: the gate_up_silu op's choice (tune
-        the same groups unfused first: the unfused choice is its baseline)."""
+        has_bias) -> per-layer run() arguments ({"weight", "bias"}, plus "norm_weight" and "eps"
+        for the norm variants). Tune VARIANTS in order: each baseline runs earlier choices."""
         top = row_bucket(self.max_rows)
         buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        for pairs in groups.values():
+        for layers in groups.values():
             for bucket in buckets:
-                self._tune_one(bucket, pairs, num_sms, fused)
+                self._tune_one(bucket, layers, num_sms, variant)
 
-    def _tune_one(self, bucket: int, pairs: list[tuple], num_sms: int, fused: bool) -> None:
-        weight0, bias0 = pairs[0]
+    def _tune_one(self, bucket: int, layers: list[dict], num_sms: int, variant: str) -> None:
+        weight0, bias0 = layers[0]["weight"], layers[0]["bias"]
         n, k = weight0.shape
+        silu, out_cols = "silu" in variant, n // 2 if "silu" in variant else n
         x = torch.randn(bucket, k, device=self.device, dtype=weight0.dtype)
-        base = self.gate_up_silu if fused else F.linear  # gate_up_silu without a fused choice yet
-        baseline, want = graph_us(lambda: [base(x, w, b) for w, b in pairs], len(pairs))
+        res = (
+            torch.randn(bucket, n, device=self.device, dtype=weight0.dtype) if variant == "residual" else None
+        )
+        calls = [dict(a, residual=res, silu_mul=silu) for a in layers]
+        baseline, want = graph_us(lambda: [self._baseline(x, **_args(c)) for c in calls], len(calls))
         best = Choice(None, baseline, baseline)
-        where = {"rows": bucket, "n": n, "k": k, "fused": fused}
+        where = {"rows": bucket, "n": n, "k": k, "variant": variant}
         self.measured.append({**where, "config": "baseline", "us": baseline})
-        for config in candidates(bucket, n // 2 if fused else n, k, num_sms, silu_mul=fused):
-            us = self._time_candidate(config, x, pairs, want, fused)
+        for config in candidates(bucket, out_cols, k, num_sms, silu_mul=silu):
+            us = self._time_candidate(config, x, calls, want)
             self.measured.append({**where, "config": str(config), "us": us})
             if us is not None and us < best.us and us < WIN_MARGIN * baseline:
                 best = Choice(config, us, baseline)
-        self.choices[self.key(bucket, weight0, bias0, fused)] = best
+        self.choices[self.key(bucket, weight0, bias0, variant)] = best
 
-    def _time_candidate(self, config, x: torch.Tensor, pairs: list[tuple], want: list, fused: bool):
-        """us per call of one launch shape over `pairs`, or None (recorded in `rejected`) when it
-        does not build, or when its outputs (eager on the first pair, then all of them after
+    def _time_candidate(self, config, x: torch.Tensor, calls: list[dict], want: list) -> Optional[float]:
+        """us per call of one launch shape over `calls`, or None (recorded in `rejected`) when it
+        does not build, or when its outputs (eager on the first layer, then all of them after
         back-to-back graph replays) differ from the baseline's (`want`) beyond bf16 tolerance."""
         from enginespec.kernels.skinny_gemm import skinny_linear
 
-        def run(w, b):
-            return skinny_linear(x, w, b, config, self.buffers, silu_mul=fused)
+        def one(c):
+            a = _args(c)
+            return skinny_linear(
+                x,
+                c["weight"],
+                c["bias"],
+                config,
+                self.buffers,
+                a["silu_mul"],
+                a["norm_weight"],
+                a["eps"],
+                a["residual"],
+            )
 
-        where = f"{config} at rows {x.shape[0]}, {tuple(pairs[0][0].shape)}, fused {fused}"
+        where = f"{config} at rows {x.shape[0]}, {tuple(calls[0]['weight'].shape)}, {variant_of(**_variant_args(calls[0]))}"
         try:
-            first = run(*pairs[0]).float()
-            us, outs = graph_us(lambda: [run(w, b) for w, b in pairs], len(pairs))
+            first = one(calls[0]).float()
+            us, outs = graph_us(lambda: [one(c) for c in calls], len(calls))
         except Exception as e:  # noqa: BLE001 - a shape that does not build is not a candidate
             self.rejected.append(f"{where}: {type(e).__name__}: {e}")
             return None
@@ -179,90 +234,34 @@ class LinearTable:
         return us
 
     def report(self) -> list[dict]:
-        """One row per key: rows bucket, N, K, fused, the choice, its time and the baseline's (us)."""
+        """One row per key: rows bucket, N, K, variant, the choice, its time and the baseline's (us)."""
+        order = {v: i for i, v in enumerate(VARIANTS)}
         return [
             {
                 "rows": key[0],
                 "n": key[1],
                 "k": key[2],
-                "fused": key[5],
+                "variant": key[5],
                 "choice": "baseline" if c.config is None else str(c.config),
                 "us": c.us,
                 "baseline_us": c.baseline_us,
             }
-            for key, c in sorted(self.choices.items(), key=lambda kv: (kv[0][5], *kv[0][:3]))
+            for key, c in sorted(self.choices.items(), key=lambda kv: (order[kv[0][5]], *kv[0][:3]))
         ]
 
 
-_TABLES: dict[torch.device, LinearTable] = {}
+def _args(call: dict) -> dict:
+    """run()'s keyword arguments of one tuning call (norm_weight/eps absent = no norm)."""
+    return {
+        "weight": call["weight"],
+        "bias": call["bias"],
+        "norm_weight": call.get("norm_weight"),
+        "eps": call.get("eps", 0.0),
+        "residual": call.get("residual"),
+        "silu_mul": call.get("silu_mul", False),
+    }
 
 
-def _device_key(device) -> torch.device:
-    """torch.device("cuda") and a tensor's torch.device("cuda", 0) name one table."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-@torch.library.custom_op("enginespec::linear", mutates_args=())
-def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """F.linear(x [M, K], weight [N, K], bias) -> [M, N], through the device's LinearTable when
-    one is installed (its split-K scratch is the table's own, not an argument)."""
-    table = _TABLES.get(x.device)  # a tensor's device always has its index
-    return F.linear(x, weight, bias) if table is None else table.linear(x, weight, bias)
-
-
-@linear_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty((x.shape[0], weight.shape[0]))
-
-
-@torch.library.custom_op("enginespec::gate_up_silu", mutates_args=())
-def gate_up_silu_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """silu(gate) * up of F.linear(x [M, K], gate|up weight [2 I, K], bias) -> [M, I]."""
-    table = _TABLES.get(x.device)
-    if table is None:
-        return _silu_mul(F.linear(x, weight, bias))
-    return table.gate_up_silu(x, weight, bias)
-
-
-@gate_up_silu_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty((x.shape[0], weight.shape[0] // 2))
-
-
-def weight_groups(layers, silu_gate_up: bool = False) -> dict[tuple, list[tuple]]:
-    """(N, K, dtype, has_bias) -> [(weight, bias)] over the projections the merged layers route
-    through `linear` (MergedLayer.projections), or with silu_gate_up the gate|up weights of the
-    layers whose MLP activation is SiLU."""
-    groups: dict[tuple, list[tuple]] = {}
-    for layer in layers:
-        if silu_gate_up:
-            pairs = [(layer.gate_up_weight, layer.gate_up_bias)] if layer.silu_mlp else []
-        else:
-            pairs = layer.projections()
-        for weight, bias in pairs:
-            groups.setdefault((*weight.shape, weight.dtype, bias is not None), []).append((weight, bias))
-    return groups
-
-
-def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearTable:
-    """Tune (once per device and process: later engines extend the same table) and point every
-    layer's `linear` (and, for SiLU MLPs, `gate_up_silu`) at the custom ops. bf16/fp16 on CUDA
-    only; the caller checks."""
-    device = _device_key(device)
-    table = _TABLES.get(device)
-    if table is None or table.max_rows < max_rows:
-        table = LinearTable(device, max_rows)
-    _TABLES[device] = table  # before tuning: the fused baseline runs the unfused choice
-    for fused in (False, True):
-        groups = weight_groups(merged_decoder.layers, silu_gate_up=fused)
-        table.tune({g: p for g, p in groups.items() if (1, *g, fused) not in table.choices}, fused=fused)
-    for layer in merged_decoder.layers:
-        layer.linear = torch.ops.enginespec.linear
-        if layer.silu_mlp:
-            layer.gate_up_silu = torch.ops.enginespec.gate_up_silu
-    for row in table.report():
-        log.info("skinny_gemm %s", row)
-    return table
+def _variant_args(call: dict) -> dict:
+    a = _args(call)
+    return {"norm_weight": a["norm_weight"], "residual": a["residual"], "silu_mul": a["silu_mul"]}

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from enginespec.kernels.reference import linear_ref, silu_mul_ref
+from enginespec.kernels.reference import linear_ref, rms_norm_ref, silu_mul_ref
 from enginespec.kernels.silu_mul import silu_mul
 from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
 from enginespec.testing.paged_batches import TOLERANCES
@@ -76,6 +76,30 @@ def test_fused_silu_mul_epilogue_matches_reference(config):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
+    """norm_weight: x rows RMS-normed first (rms_norm_ref's rounding); residual: added after."""
+    buffers = SplitBuffers(DEVICE)
+    for i, (m, n, k) in enumerate(_shapes(11, 2)):
+        m = min(m, MAX_BROADCAST_ROWS)
+        x, weight, bias = _operands(m, 2 * n, k, dtype, seed=i)
+        norm_weight = (
+            (1 + 0.1 * torch.randn(k, generator=torch.Generator().manual_seed(i))).to(dtype).to(DEVICE)
+        )
+        normed = rms_norm_ref(x, norm_weight, 1e-6)
+        got = skinny_linear(x, weight, bias, config, buffers, norm_weight=norm_weight, eps=1e-6)
+        torch.testing.assert_close(got, linear_ref(normed, weight, bias), **TOLERANCES[dtype])
+        got = skinny_linear(
+            x, weight, None, config, buffers, silu_mul=True, norm_weight=norm_weight, eps=1e-6
+        )
+        torch.testing.assert_close(got, silu_mul_ref(linear_ref(normed, weight, None)), **TOLERANCES[dtype])
+        residual = x[:, :1].expand(m, 2 * n).contiguous()
+        got = skinny_linear(x, weight, bias, config, buffers, residual=residual)
+        torch.testing.assert_close(got, linear_ref(x, weight, bias) + residual, **TOLERANCES[dtype])
+        assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_mul_matches_reference(dtype):
     gen = torch.Generator().manual_seed(1)
     gate_up = (3 * torch.randn(5, 2 * 37, generator=gen)).to(dtype).to(DEVICE)
@@ -115,6 +139,19 @@ def test_bad_operands_are_clear_errors():
         )
     with pytest.raises(ValueError, match="even"):
         skinny_linear(x, torch.zeros(5, 8, device=DEVICE), None, config, silu_mul=True)
+    with pytest.raises(ValueError, match="norm_weight"):
+        skinny_linear(
+            x,
+            torch.zeros(4, 8, device=DEVICE),
+            None,
+            config,
+            norm_weight=torch.ones(7, device=DEVICE),
+            eps=1e-6,
+        )
+    with pytest.raises(ValueError, match="residual"):
+        skinny_linear(
+            x, torch.zeros(4, 8, device=DEVICE), None, config, residual=torch.zeros(2, 5, device=DEVICE)
+        )
     with pytest.raises(ValueError, match="block_n"):
         SkinnyConfig(block_n=8, block_k=16, use_dot=True)
     with pytest.raises(ValueError, match="num_splits"):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
 from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
-from enginespec.worker import gemm_tuning
+from enginespec.worker import gemm_tuning, skinny_ops
 from enginespec.worker import skinny_linear as sl
 from enginespec.worker.flat_model import FlatModel
 
@@ -55,37 +55,45 @@ def _prefill(model, impl, num_tokens: int):
     return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["linear", "linear+gate_up_silu"])
-def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_thread, fused):
+@pytest.mark.parametrize(
+    "fused,chosen", [(False, True), (True, True), (True, False)], ids=["linear", "fused", "baselines"]
+)
+def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_thread, fused, chosen):
+    """Every projection reaches the table: four `linear` calls a layer, or with fused_linear the
+    layer's four fused calls (norm + q|k|v, o + residual, norm + gate|up + SiLU * up, down +
+    residual); each computes what the plain decoder computes (float32), with the kernel chosen
+    for every key by hand, or with no choice (every variant's baseline: separate kernels)."""
     model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
     layers = model.merged.layers
-    assert all(layer.silu_mlp for layer in layers)  # Qwen3's hidden_act
+    assert all(layer.can_fuse() for layer in layers)  # Qwen3: SiLU MLP, RMSNorms, plain Linears
     want = _prefill(model, impl, 11)
     table = sl.LinearTable("cpu", max_rows=16)
     config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
-    for (n, k, dtype, has_bias), _ in sl.weight_groups(layers).items():
-        table.choices[(16, n, k, dtype, has_bias, False)] = sl.Choice(config, 1.0, 2.0)
-    for (n, k, dtype, has_bias), _ in sl.weight_groups(layers, silu_gate_up=True).items():
-        table.choices[(16, n, k, dtype, has_bias, True)] = sl.Choice(config, 1.0, 2.0)
+    for variant in sl.VARIANTS if chosen else ():
+        for group in skinny_ops.tuning_groups(layers, variant):
+            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
     calls = []
-    for name in ("linear", "gate_up_silu"):
-        method = getattr(sl.LinearTable, name)
-        monkeypatch.setattr(
-            table, name, lambda x, w, b, m=method, n=name: calls.append(n) or m(table, x, w, b)
-        )
-    monkeypatch.setitem(sl._TABLES, torch.device("cpu"), table)
+
+    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False):
+        calls.append(sl.variant_of(norm_weight, residual, silu_mul))
+        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         if fused:
-            monkeypatch.setattr(layer, "gate_up_silu", torch.ops.enginespec.gate_up_silu)
+            monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
     got = _prefill(model, impl, 11)
-    # q|k|v, o, gate|up, down of every layer; with the fused op gate|up + SiLU * up is one call.
-    assert calls.count("linear") == (3 if fused else 4) * len(layers)
-    assert calls.count("gate_up_silu") == (len(layers) if fused else 0)
+    per_layer = ["norm", "residual", "norm_silu", "residual"] if fused else ["plain"] * 4
+    if chosen:
+        assert calls == per_layer * len(layers)
+    else:  # each baseline runs the plain (or silu) choice through run() again
+        assert [c for c in calls if c in per_layer] == per_layer * len(layers)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not table.buffers.counts.any()
-    x = torch.randn(17, layers[0].qkv_weight.shape[1])  # over max_rows: F.linear, no kernel
-    assert torch.equal(table.linear(x, layers[0].qkv_weight, None), F.linear(x, layers[0].qkv_weight))
+    x = torch.randn(17, layers[0].qkv_weight.shape[1])  # over max_rows: the baseline, F.linear
+    assert torch.equal(table.run(x, layers[0].qkv_weight, None), F.linear(x, layers[0].qkv_weight))
 
 
 @pytest.mark.gpu
@@ -95,16 +103,16 @@ def test_install_measures_every_projection_on_cuda(impl):
         tiny_model_dir("qwen3"), attention=impl.attention_backend("cuda"), dtype=torch.bfloat16, device="cuda"
     )
     layers = model.merged.layers
-    table = sl.install(model.merged, "cuda", max_rows=8)
-    groups = sl.weight_groups(layers)
-    for n, k, dtype, has_bias in groups:
-        for bucket in (1, 2, 4, 8):
-            assert (bucket, n, k, dtype, has_bias, False) in table.choices
-    for n, k, dtype, has_bias in sl.weight_groups(layers, silu_gate_up=True):
-        assert (8, n, k, dtype, has_bias, True) in table.choices
+    table = skinny_ops.install(model.merged, "cuda", max_rows=8)
+    for variant in sl.VARIANTS:
+        groups = skinny_ops.tuning_groups(layers, variant)
+        assert groups
+        for group in groups:
+            for bucket in (1, 2, 4, 8):
+                assert (bucket, *group, variant) in table.choices
     assert all(layer.linear is torch.ops.enginespec.linear for layer in layers)
-    assert all(layer.gate_up_silu is torch.ops.enginespec.gate_up_silu for layer in layers)
+    assert all(layer.fused_linear is torch.ops.enginespec.fused_linear for layer in layers)
     got = _prefill(model, impl, 7)
     for layer in layers:
-        layer.linear, layer.gate_up_silu = F.linear, None
+        layer.linear, layer.fused_linear = F.linear, None
     torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)
