@@ -213,8 +213,11 @@ class MergedLayer(nn.Module):
         gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
         return self._project(self.down_proj, self.act_fn(gate) * up)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.fused_linear is not None:
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
+    ) -> torch.Tensor:
+        """fused (the decoder decides by row count): run as fused_calls when fused_linear is set."""
+        if fused and self.fused_linear is not None:
             return self._forward_fused(hidden, cos, sin)
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -271,6 +274,10 @@ class MergedDecoder(nn.Module):
         self.rotary_emb = hf_decoder.rotary_emb
         self.norm = hf_decoder.norm
         num_layers = int(config.num_hidden_layers)
+        # Steps of at most this many rows run the layers' fused calls when they have them (set
+        # by skinny_ops.install to the rows it measured); bigger steps keep the compiled
+        # decoder's own fusions (residual add + norm, SiLU * up), which serve many rows better.
+        self.fused_max_rows = 0
         self.layers = nn.ModuleList(
             MergedLayer(layer, i, config, fuse_qkv_rope)
             for i, layer in enumerate(hf_decoder.layers[:num_layers])
@@ -297,8 +304,9 @@ class MergedDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [N, hidden]
         cos, sin = self.rope(hidden, positions)
+        fused = input_ids.shape[0] <= self.fused_max_rows  # a guard on N under torch.compile
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
+            hidden = layer(hidden, cos, sin, fused)
         return self.norm(hidden)
 
 

@@ -46,13 +46,13 @@ def test_row_bucket_and_switch(monkeypatch):
         sl.resolve_switch("yes")
 
 
-def _prefill(model, impl, num_tokens: int):
+def _prefill(model, impl, num_tokens: int, body=None):
     from tests.worker.test_flat_model import ShuffledTables
 
     ids = torch.randint(0, VOCAB_SIZE, (num_tokens,), generator=torch.Generator().manual_seed(3)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, num_tokens)]), ShuffledTables(8, 4, ["r"]))
-    return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4), body=body)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +80,7 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
 
     monkeypatch.setattr(table, "run", record)
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 16)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         if fused:
@@ -94,6 +95,43 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
     assert not table.buffers.counts.any()
     x = torch.randn(17, layers[0].qkv_weight.shape[1])  # over max_rows: the baseline, F.linear
     assert torch.equal(table.run(x, layers[0].qkv_weight, None), F.linear(x, layers[0].qkv_weight))
+
+
+def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_one_thread):
+    """Under torch.compile (aot_eager: traced, no code generated) the ops stay opaque and the
+    decoder takes the fused calls up to fused_max_rows rows and the plain route above; both
+    compute what the eager plain decoder computes. ShuffledTables(8, 4) holds up to 32 tokens."""
+    from enginespec.worker.compiled import CompiledBody
+
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    layers = model.merged.layers
+    want = {n: _prefill(model, impl, n) for n in (1, 9, 20)}
+    table = sl.LinearTable("cpu", max_rows=16)
+    config = SkinnyConfig(block_n=64, block_k=32, num_splits=1)
+    for variant in sl.VARIANTS:
+        for group in skinny_ops.tuning_groups(layers, variant):
+            for bucket in (1, 16):
+                table.choices[(bucket, *group, variant)] = sl.Choice(config, 1.0, 2.0)
+    seen = []
+    run = sl.LinearTable.run
+
+    def record(x, *a):
+        seen.append((x.shape[0], sl.variant_of(a[2], a[4], a[5]) if len(a) == 6 else "plain"))
+        return run(table, x, *a)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    for layer in layers:
+        monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
+    body = CompiledBody(model, backend="aot_eager")
+    for n in (9, 20, 1):
+        seen.clear()
+        torch.testing.assert_close(_prefill(model, impl, n, body=body), want[n], atol=1e-5, rtol=1e-5)
+        assert body.error is None
+        route = ["norm", "residual", "norm_silu", "residual"] if n <= 16 else ["plain"] * 4
+        assert seen == [(n, v) for v in route] * len(layers)
 
 
 @pytest.mark.gpu
