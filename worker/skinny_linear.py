@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_ROWS = 64
 WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
+FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
 VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
 
 
@@ -125,6 +126,9 @@ class LinearTable:
         self.choices: dict[tuple, Choice] = {}
         self.rejected: list[str] = []  # candidates that failed to build or disagreed with the baseline
         self.measured: list[dict] = []  # every timing taken, the baselines' too (for the probe's report)
+        # (bucket, N, K) -> the plain variant's valid launch shapes, fastest first: the fused
+        # variants of the same weight time only the best few of them (fewer Triton compiles).
+        self.ranked: dict[tuple, list] = {}
 
     @staticmethod
     def key(
@@ -182,7 +186,7 @@ class LinearTable:
     def _tune_one(self, bucket: int, layers: list[dict], num_sms: int, variant: str) -> None:
         weight0, bias0 = layers[0]["weight"], layers[0]["bias"]
         n, k = weight0.shape
-        silu, out_cols = "silu" in variant, n // 2 if "silu" in variant else n
+        silu = "silu" in variant
         x = torch.randn(bucket, k, device=self.device, dtype=weight0.dtype)
         res = (
             torch.randn(bucket, n, device=self.device, dtype=weight0.dtype) if variant == "residual" else None
@@ -192,12 +196,27 @@ class LinearTable:
         best = Choice(None, baseline, baseline)
         where = {"rows": bucket, "n": n, "k": k, "variant": variant}
         self.measured.append({**where, "config": "baseline", "us": baseline})
-        for config in candidates(bucket, out_cols, k, num_sms, silu_mul=silu):
+        timed = []
+        for config in self._candidates(bucket, n, k, num_sms, variant):
             us = self._time_candidate(config, x, calls, want)
             self.measured.append({**where, "config": str(config), "us": us})
+            if us is not None:
+                timed.append((us, config))
             if us is not None and us < best.us and us < WIN_MARGIN * baseline:
                 best = Choice(config, us, baseline)
+        if variant == "plain":
+            self.ranked[(bucket, n, k)] = [c for _, c in sorted(timed, key=lambda t: t[0])]
         self.choices[self.key(bucket, weight0, bias0, variant)] = best
+
+    def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
+        """Every launch shape for "plain"; for a fused variant the plain variant's best
+        FUSED_TRIES shapes on the same weight when it was measured (the fusions add little
+        traffic, so the ranking carries over; it is measured again all the same)."""
+        ranked = self.ranked.get((bucket, n, k))
+        if variant == "plain" or not ranked:
+            silu = "silu" in variant
+            return candidates(bucket, n // 2 if silu else n, k, num_sms, silu_mul=silu)
+        return ranked[:FUSED_TRIES]
 
     def _time_candidate(self, config, x: torch.Tensor, calls: list[dict], want: list) -> Optional[float]:
         """us per call of one launch shape over `calls`, or None (recorded in `rejected`) when it

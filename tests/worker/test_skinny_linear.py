@@ -36,6 +36,17 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
 
 
+def test_fused_variants_time_the_plain_variants_best_shapes():
+    table = sl.LinearTable("cpu", max_rows=4)
+    every = gemm_tuning.candidates(4, 6144, 1024, num_sms=132)
+    assert table._candidates(4, 6144, 1024, 132, "norm_silu") == gemm_tuning.candidates(
+        4, 3072, 1024, num_sms=132, silu_mul=True
+    )  # nothing ranked yet: every shape, for the silu variant's output columns
+    table.ranked[(4, 6144, 1024)] = every[::-1]
+    assert table._candidates(4, 6144, 1024, 132, "plain") == every
+    assert table._candidates(4, 6144, 1024, 132, "norm_silu") == every[::-1][: sl.FUSED_TRIES]
+
+
 def test_row_bucket_and_switch(monkeypatch):
     assert [sl.row_bucket(r) for r in (1, 2, 3, 4, 5, 16, 17, 64)] == [1, 2, 4, 4, 8, 16, 32, 64]
     monkeypatch.delenv(sl.ENV_SWITCH, raising=False)
