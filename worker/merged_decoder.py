@@ -22,6 +22,12 @@ ones, and the original Linear modules keep working: their weights become row sli
 the merged tensors, so no weight is held twice and `model_impl="transformers"` still runs the
 same model.
 
+The projections run through `MergedLayer.linear` (F.linear unless the runner's skinny_gemm
+option points it at a measured cuBLAS-or-Triton choice, worker/skinny_linear.py); with that
+option a step of few rows may run each layer as four fused calls (`fused_calls`: the RMSNorms,
+SiLU * up and the residual adds inside the GEMM launches), computed from the same modules'
+weights and epsilons with transformers' rounding order.
+
 Invariant (tested against transformers family by family, conformance/test_flat_model.py): the
 merged decoder computes what transformers' decoder computes over the same rows, up to the
 floating-point reassociation of one GEMM instead of several.
@@ -110,7 +116,7 @@ class MergedLayer(nn.Module):
         self.gate_up_weight = nn.Parameter(gate_up_w, requires_grad=False)  # [2 I, hidden]
         self.gate_up_bias = None if gate_up_b is None else nn.Parameter(gate_up_b, requires_grad=False)
         # The projection GEMM (x, weight, bias) -> x @ weight.T + bias: F.linear unless the runner
-        # points it elsewhere (skinny_linear.install: a measured cuBLAS-or-Triton choice).
+        # points it elsewhere (skinny_ops.install: a measured cuBLAS-or-Triton choice).
         self.linear = F.linear
         # Or the whole layer as four fused calls (fused_calls): set by skinny_ops.install where
         # can_fuse(); (x, weight, bias, norm_weight, eps, residual, silu_mul) -> tensor.
@@ -304,7 +310,8 @@ class MergedDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [N, hidden]
         cos, sin = self.rope(hidden, positions)
-        fused = input_ids.shape[0] <= self.fused_max_rows  # a guard on N under torch.compile
+        # Off (0): no comparison on N at all; on: a guard on N under torch.compile (two graphs).
+        fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, fused)
         return self.norm(hidden)
