@@ -147,7 +147,8 @@ class LinearTable:
         """The projection (and what runs around it: module doc) by the measured choice."""
         variant = variant_of(norm_weight, residual, silu_mul)
         choice = None
-        if 0 < x.shape[0] <= self.max_rows and x.stride(-1) == 1:
+        dense = x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
+        if 0 < x.shape[0] <= self.max_rows and dense:
             choice = self.choices.get(self.key(x.shape[0], weight, bias, variant))
         if choice is None or choice.config is None:
             return self._baseline(x, weight, bias, norm_weight, eps, residual, silu_mul)
