@@ -193,7 +193,11 @@ class LinearTable:
             torch.randn(bucket, n, device=self.device, dtype=weight0.dtype) if variant == "residual" else None
         )
         calls = [dict(a, residual=res, silu_mul=silu) for a in layers]
-        baseline, want = graph_us(lambda: [self._baseline(x, **_args(c)) for c in calls], len(calls))
+        try:
+            baseline, want = graph_us(lambda: [self._baseline(x, **_args(c)) for c in calls], len(calls))
+        except Exception as e:  # noqa: BLE001 - no baseline time: the key keeps its baseline, untimed
+            self.rejected.append(f"baseline of {variant} at rows {bucket}, {(n, k)}: {type(e).__name__}: {e}")
+            return
         best = Choice(None, baseline, baseline)
         where = {"rows": bucket, "n": n, "k": k, "variant": variant}
         self.measured.append({**where, "config": "baseline", "us": baseline})
