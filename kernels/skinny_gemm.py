@@ -336,6 +336,7 @@ def skinny_linear(
     norm_weight: Optional[torch.Tensor] = None,
     eps: float = 0.0,
     residual: Optional[torch.Tensor] = None,
+    compile_only: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
     What else runs in the same launch:
@@ -344,7 +345,9 @@ def skinny_linear(
     - silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I];
     - residual [M, N]: the result plus residual (the decoder's `hidden + o_proj(...)`).
     `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
-    hot path). Semantics: kernels.reference linear_ref, silu_mul_ref, rms_norm_ref."""
+    hot path). compile_only: compile the launch's kernel variant (Triton's warmup) and launch
+    nothing; the returned tensor is then uninitialised. Semantics: kernels.reference
+    linear_ref, silu_mul_ref, rms_norm_ref."""
     _check(x, weight, bias, config, silu_mul)
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
@@ -357,7 +360,9 @@ def skinny_linear(
     if splits > 1:
         part_cols = 2 * n if silu_mul else n
         part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles)
-    _skinny_gemm_kernel[(tiles, splits)](
+    kernel = _skinny_gemm_kernel.warmup if compile_only else _skinny_gemm_kernel[(tiles, splits)]
+    extra = {"grid": (tiles, splits)} if compile_only else {}
+    kernel(
         out,
         x,
         weight,
@@ -387,5 +392,6 @@ def skinny_linear(
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **extra,
     )
     return out

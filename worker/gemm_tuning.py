@@ -8,10 +8,14 @@ of several replays, each timed with CUDA events.
 
 from __future__ import annotations
 
+import logging
+import os
 import statistics
 from typing import Callable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def graph_us(fn: Callable[[], list], num_calls: int, reps: int = 7) -> tuple[float, list]:
@@ -65,3 +69,26 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
         for block_n in (8, 16):
             out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
     return out
+
+
+def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> None:
+    """Run compile-only launches (skinny_linear(..., compile_only=True)) on a thread pool under
+    Triton's AsyncCompileMode where this Triton has it, so the startup tuning's few dozen kernel
+    variants compile side by side instead of one after another. Anything that goes wrong only
+    costs the speed-up: the timing loop compiles whatever is missing as usual."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    workers = max(1, min(max_workers, os.cpu_count() or 1))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for job in jobs:
+                try:
+                    job()
+                except Exception:  # noqa: BLE001 - a variant that does not build is rejected when timed
+                    continue
+    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
+        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)

@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from enginespec.worker.gemm_tuning import candidates, graph_us
+from enginespec.worker.gemm_tuning import candidates, graph_us, precompile
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,38 @@ class LinearTable:
         top = row_bucket(self.max_rows)
         buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        precompile(
+            [
+                lambda b=bucket, c=config, a=layers[0]: self._compile(b, a, c, variant)
+                for layers in groups.values()
+                for bucket in buckets
+                for config in self._candidates(bucket, *layers[0]["weight"].shape, num_sms, variant)
+            ]
+        )
         for layers in groups.values():
             for bucket in buckets:
                 self._tune_one(bucket, layers, num_sms, variant)
+
+    def _compile(self, bucket: int, call: dict, config, variant: str) -> None:
+        """Compile (not launch) the kernel variant one candidate of _tune_one will run."""
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        weight, k = call["weight"], call["weight"].shape[1]
+        x = torch.empty(bucket, k, device=self.device, dtype=weight.dtype)
+        res = torch.empty(bucket, weight.shape[0], device=self.device, dtype=weight.dtype)
+        a = _args(dict(call, residual=res if variant == "residual" else None, silu_mul="silu" in variant))
+        skinny_linear(
+            x,
+            weight,
+            a["bias"],
+            config,
+            self.buffers,
+            a["silu_mul"],
+            a["norm_weight"],
+            a["eps"],
+            a["residual"],
+            compile_only=True,
+        )
 
     def _tune_one(self, bucket: int, layers: list[dict], num_sms: int, variant: str) -> None:
         weight0, bias0 = layers[0]["weight"], layers[0]["bias"]
