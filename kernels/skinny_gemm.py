@@ -20,6 +20,13 @@ to zero. Invariant: every counter is zero between launches, so the buffers can b
 next launch and by CUDA-graph replays without a memset. The partials are read through L2
 (`.cg`): another SM wrote them.
 
+Fusions, each a constexpr switch, so one launch can stand for a few of a decoder layer's
+kernels: USE_NORM (the layer's RMSNorm of x rows as a prologue: every program recomputes its
+rows' float32 statistics over all of K, then normalises each x tile as it loads it, with
+transformers' rounding order), USE_SILU_MUL (w is gate|up: two accumulators, silu(gate) * up
+stored), USE_RESIDUAL (the result plus a residual row, the decoder's `hidden + proj(...)`).
+With split K these run in the last-arriving program's epilogue.
+
 Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
 callers choose by measuring (worker/skinny_linear.py), never by rule.
 """
