@@ -18,6 +18,9 @@ one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at
 "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4} or {"method":
 "draft_model", "model": DRAFT_DIR, "num_speculative_tokens": 3}
 (engine/spec_decode/config.py; validated when the engine is built).
+`skinny_gemm` (ours): route the merged decoder's projection GEMMs of up to 64 rows through a
+per-shape choice between cuBLAS and the Triton skinny GEMM, measured on the model's weights at
+startup (worker/skinny_linear.py); None reads ENGINESPEC_SKINNY_GEMM (1 = on), default off.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     warmup: Optional[bool] = None
     speculative_config: Optional[dict] = None
+    skinny_gemm: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:

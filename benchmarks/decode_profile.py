@@ -33,7 +33,7 @@ def device_busy_us(events) -> tuple[float, int]:
     return busy, len(spans)
 
 
-def _step_until_steady(core, num_live: int, limit: int) -> int:
+def step_until_steady(core, num_live: int, limit: int) -> int:
     """Step until one step schedules exactly one token per live request (pure decode)."""
     for i in range(limit):
         before = core.stats.num_scheduled_tokens
@@ -74,7 +74,7 @@ def profile_decode(llm, workload: Workload, args) -> dict:
         core.add_request(
             rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=args.temperature, ignore_eos=True)
         )
-    warm = _step_until_steady(core, len(ids), args.profile_warm_limit)
+    warm = step_until_steady(core, len(ids), args.profile_warm_limit)
     cuda = torch.device(args.device).type == "cuda"
     sync(args.device)
     start = time.perf_counter()

@@ -90,7 +90,7 @@ def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dic
     return out
 
 
-def _decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
+def decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
     """ms per decode token at batch 1: (t(n + 1 tokens) - t(1 token)) / n, after a warm-up."""
     one, many = Workload([prompt], [1]), Workload([prompt], [num_tokens + 1])
     timed_generate(llm, many, device, use_tqdm=False)
@@ -111,7 +111,7 @@ def phase_latency(args, model_dir, workload: Workload) -> dict:
         out["eager"] = "this engine's EngineArgs has no enforce_eager; only the default was measured"
     for name, extra in modes:
         llm = make_llm(model_dir, args, **extra)
-        out[f"{name}_ms_per_token"] = _decode_latency(llm, prompt, num_tokens, args.device)
+        out[f"{name}_ms_per_token"] = decode_latency(llm, prompt, num_tokens, args.device)
         del llm
         release()
     if "eager_ms_per_token" in out:

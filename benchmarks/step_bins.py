@@ -14,7 +14,7 @@ from benchmarks import roofline as rl
 BATCH_BINS = (8, 32, 64, 128, 256)
 
 
-def _step_floor(shape: rl.ModelShape, rates: dict, prompt_tokens: int, kv_tokens: int) -> float:
+def step_floor(shape: rl.ModelShape, rates: dict, prompt_tokens: int, kv_tokens: int) -> float:
     """One step's floor: (weights + K/V of its contexts) / copy bandwidth + 2 * body params *
     prompt tokens / matmul rate."""
     return (shape.weight_bytes_per_step + kv_tokens * shape.kv_bytes_per_token) / rates[
@@ -22,7 +22,7 @@ def _step_floor(shape: rl.ModelShape, rates: dict, prompt_tokens: int, kv_tokens
     ] + 2 * shape.body_params * prompt_tokens / rates["matmul_flops_per_s"]
 
 
-def _timed_steps(trace: tuple, shape: rl.ModelShape, rates: dict):
+def timed_steps(trace: tuple, shape: rl.ModelShape, rates: dict):
     """(num_reqs, num_tokens, wall s, floor s, host wait s) per traced step; a step's wall is the
     time since the previous step's work ended (the first: since the trace started)."""
     previous, steps = trace
@@ -31,20 +31,20 @@ def _timed_steps(trace: tuple, shape: rl.ModelShape, rates: dict):
             num_reqs,
             num_tokens,
             end - previous,
-            _step_floor(shape, rates, num_tokens - num_reqs, kv_tokens),
+            step_floor(shape, rates, num_tokens - num_reqs, kv_tokens),
             wait,
         )
         previous = end
 
 
 def step_breakdown(trace: tuple, shape: rl.ModelShape, rates: dict) -> list[dict]:
-    """Wall time against a per-step floor (_step_floor), by kind of step: "prefill" (some
-    prompt rows), then decode steps by batch size; walls as in _timed_steps. Per-step floors sum
+    """Wall time against a per-step floor (step_floor), by kind of step: "prefill" (some
+    prompt rows), then decode steps by batch size; walls as in timed_steps. Per-step floors sum
     to about the workload's floor (they count the K/V of the new tokens too). host_wait_s: how
     long the host blocked on the GPU in those steps (async scheduling); a bin whose wait is far
     below its wall was bound by the host."""
     bins: dict[str, dict] = {}
-    for num_reqs, num_tokens, wall, floor, wait in _timed_steps(trace, shape, rates):
+    for num_reqs, num_tokens, wall, floor, wait in timed_steps(trace, shape, rates):
         name = (
             "prefill"
             if num_tokens > num_reqs
@@ -75,5 +75,5 @@ def first_steps(trace: tuple, shape: rl.ModelShape, rates: dict, num: int = 40) 
             "floor_ms": round(floor * 1e3, 3),
             "host_wait_ms": round(wait * 1e3, 3),
         }
-        for num_reqs, num_tokens, wall, floor, wait in _timed_steps((start, steps[:num]), shape, rates)
+        for num_reqs, num_tokens, wall, floor, wait in timed_steps((start, steps[:num]), shape, rates)
     ]

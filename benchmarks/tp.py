@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.engine_runs import timed_generate, warm_up  # noqa: E402
-from benchmarks.phases import _decode_latency  # noqa: E402
+from benchmarks.phases import decode_latency  # noqa: E402
 from enginespec.testing import checkpoints  # noqa: E402
 from enginespec.testing.workload import Workload, make_workload  # noqa: E402
 
@@ -55,7 +55,7 @@ def phase_latency(args) -> dict:
     out = {}
     for tp in (1, 2):
         with _llm(args, tp) as llm:
-            out[f"tp{tp}_ms_per_token"] = _decode_latency(llm, prompt, args.latency_tokens, args.device)
+            out[f"tp{tp}_ms_per_token"] = decode_latency(llm, prompt, args.latency_tokens, args.device)
     out["speedup"] = out["tp1_ms_per_token"] / out["tp2_ms_per_token"]
     return out
 

@@ -122,6 +122,7 @@ class EngineCore:
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
             kv_bytes_reserved_per_block=self._draft_bytes_per_block(),
+            skinny_gemm=args.skinny_gemm,
         )
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching

@@ -173,3 +173,21 @@ def qkv_rope_ref(
     x = x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
     write_kv_ref(cache, x[:, num_q_heads:], v, slot_mapping)
     return x[:, :num_q_heads].to(qkv.dtype).contiguous()
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype: products and sums in
+    float32 (float64 for float64), the bias added before the one rounding (skinny_gemm's order)."""
+    ct = _compute_dtype(x.dtype)
+    out = x.to(ct) @ weight.to(ct).T
+    if bias is not None:
+        out = out + bias.to(ct)
+    return out.to(x.dtype)
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [M, 2 I] (gate columns, then up) -> silu(gate) * up [M, I] in gate_up's dtype,
+    computed in float32 and rounded once (as the compiled decoder's fused elementwise kernel)."""
+    ct = _compute_dtype(gate_up.dtype)
+    gate, up = gate_up.to(ct).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)

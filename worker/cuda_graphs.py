@@ -103,9 +103,12 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton and torch.compile compile, cuBLAS picks algorithms
-                self._run(self.buckets[-1])
-                self._run(self.buckets[0])  # a compiled body has a separate graph for one row
+            # Warm-up: Triton and torch.compile compile, cuBLAS picks algorithms. Every bucket
+            # runs, because a compiled body may hold several graphs by row count (one for one
+            # row; with skinny_gemm, one up to its fused rows) and none may compile mid-capture.
+            for _ in range(2):
+                for b in reversed(self.buckets):
+                    self._run(b)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         for b in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()

@@ -91,6 +91,11 @@ class FlatModel:
             MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse) if self.model_impl == "merged" else None
         )
 
+    @property
+    def merged(self) -> Optional[MergedDecoder]:
+        """The merged decoder (model_impl "merged"), or None for transformers' own."""
+        return self._merged
+
     @staticmethod
     def _resolve_model_impl(model_impl: str, text_config) -> str:
         if model_impl not in MODEL_IMPLS:

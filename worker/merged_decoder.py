@@ -22,6 +22,12 @@ ones, and the original Linear modules keep working: their weights become row sli
 the merged tensors, so no weight is held twice and `model_impl="transformers"` still runs the
 same model.
 
+The projections run through `MergedLayer.linear` (F.linear unless the runner's skinny_gemm
+option points it at a measured cuBLAS-or-Triton choice, worker/skinny_linear.py); with that
+option a step of few rows may run each layer as four fused calls (`fused_calls`: the RMSNorms,
+SiLU * up and the residual adds inside the GEMM launches), computed from the same modules'
+weights and epsilons with transformers' rounding order.
+
 Invariant (tested against transformers family by family, conformance/test_flat_model.py): the
 merged decoder computes what transformers' decoder computes over the same rows, up to the
 floating-point reassociation of one GEMM instead of several.
@@ -109,6 +115,61 @@ class MergedLayer(nn.Module):
         self.qkv_bias = None if qkv_b is None else nn.Parameter(qkv_b, requires_grad=False)
         self.gate_up_weight = nn.Parameter(gate_up_w, requires_grad=False)  # [2 I, hidden]
         self.gate_up_bias = None if gate_up_b is None else nn.Parameter(gate_up_b, requires_grad=False)
+        # The projection GEMM (x, weight, bias) -> x @ weight.T + bias: F.linear unless the runner
+        # points it elsewhere (skinny_ops.install: a measured cuBLAS-or-Triton choice).
+        self.linear = F.linear
+        # Or the whole layer as four fused calls (fused_calls): set by skinny_ops.install where
+        # can_fuse(); (x, weight, bias, norm_weight, eps, residual, silu_mul) -> tensor.
+        self.fused_linear = None
+        self.silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
+
+    def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """(weight, bias) of every GEMM this layer runs through `linear`: q|k|v, gate|up, and
+        o and down when they are plain Linear modules (a tensor-parallel rank's are not)."""
+        out = [(self.qkv_weight, self.qkv_bias), (self.gate_up_weight, self.gate_up_bias)]
+        out += [(m.weight, m.bias) for m in (self.o_proj, self.down_proj) if type(m) is nn.Linear]
+        return out
+
+    def _project(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """module(x) for o_proj/down_proj, through `linear` when it is a plain Linear."""
+        if type(module) is nn.Linear:
+            return self.linear(x, module.weight, module.bias)
+        return module(x)
+
+    def can_fuse(self) -> bool:
+        """Whether forward may run as fused_calls: o and down are plain Linear modules, both
+        norms are the weight * normed RMSNorm every supported family uses, the MLP is SiLU."""
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        return (
+            self.silu_mlp
+            and all(type(m) is nn.Linear for m in (self.o_proj, self.down_proj))
+            and all(type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") for m in norms)
+        )
+
+    def fused_calls(self) -> list[dict]:
+        """The four fused calls of a layer, in order, as their static arguments (the variant
+        names skinny_linear.py's): norm + q|k|v, o + residual, norm + gate|up + SiLU * up,
+        down + residual."""
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        return [
+            dict(
+                variant="norm",
+                weight=self.qkv_weight,
+                bias=self.qkv_bias,
+                norm_weight=ln1.weight,
+                eps=float(ln1.variance_epsilon),
+            ),
+            dict(variant="residual", weight=self.o_proj.weight, bias=self.o_proj.bias),
+            dict(
+                variant="norm_silu",
+                weight=self.gate_up_weight,
+                bias=self.gate_up_bias,
+                norm_weight=ln2.weight,
+                eps=float(ln2.variance_epsilon),
+                silu_mul=True,
+            ),
+            dict(variant="residual", weight=self.down_proj.weight, bias=self.down_proj.bias),
+        ]
 
     def _qk_norm(self, attn: nn.Module) -> tuple[Optional[nn.Parameter], float]:
         """Qwen3's q_norm and k_norm weights stacked per head, [Hq + Hkv, D] (a copy: weights
@@ -126,8 +187,12 @@ class MergedLayer(nn.Module):
 
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] (normed) -> o_proj output [N, hidden]."""
-        n, d, num_qk = x.shape[0], self.head_dim, self.num_q + self.num_kv
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
+        return self._project(self.o_proj, self._attend(qkv, cos, sin))
+
+    def _attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q|k|v rows [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (K/V written)."""
+        n, d, num_qk = qkv.shape[0], self.head_dim, self.num_q + self.num_kv
         if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
             out = torch.ops.enginespec.paged_attention_qkv(
                 qkv,
@@ -140,7 +205,7 @@ class MergedLayer(nn.Module):
                 self.scale,
                 self.window,
             )
-            return self.o_proj(out.reshape(n, self.num_q * d))
+            return out.reshape(n, self.num_q * d)
         qk = qkv[:, : num_qk * d].view(n, num_qk, d)  # [N, Hq + Hkv, D]
         v = qkv[:, num_qk * d :].view(n, self.num_kv, d)  # [N, Hkv, D]
         if self.qk_norm_weight is not None:
@@ -148,15 +213,46 @@ class MergedLayer(nn.Module):
         qk = rotate_neox(qk, cos, sin)  # cos/sin [N, D]
         q, k = qk[:, : self.num_q], qk[:, self.num_q :]
         out = torch.ops.enginespec.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
-        return self.o_proj(out.reshape(n, self.num_q * d))
+        return out.reshape(n, self.num_q * d)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
+        gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return self._project(self.down_proj, self.act_fn(gate) * up)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
+    ) -> torch.Tensor:
+        """fused (the decoder decides by row count): run as fused_calls when fused_linear is set."""
+        if fused and self.fused_linear is not None:
+            return self._forward_fused(hidden, cos, sin)
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def _forward_fused(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """forward as fused_calls: the same values up to where the roundings fall (the norms,
+        the residual adds and SiLU * up run inside the GEMM launches)."""
+        f = self.fused_linear
+        norm_qkv, o_res, norm_gate_up, down_res = self.fused_calls()
+        qkv = f(
+            hidden,
+            norm_qkv["weight"],
+            norm_qkv["bias"],
+            norm_qkv["norm_weight"],
+            norm_qkv["eps"],
+            None,
+            False,
+        )
+        hidden = f(self._attend(qkv, cos, sin), o_res["weight"], o_res["bias"], None, 0.0, hidden, False)
+        act = f(
+            hidden,
+            norm_gate_up["weight"],
+            norm_gate_up["bias"],
+            norm_gate_up["norm_weight"],
+            norm_gate_up["eps"],
+            None,
+            True,
+        )
+        return f(act, down_res["weight"], down_res["bias"], None, 0.0, hidden, False)
 
 
 # Rope types whose cos/sin depend on the position alone (a table holds them); others (dynamic
@@ -184,6 +280,10 @@ class MergedDecoder(nn.Module):
         self.rotary_emb = hf_decoder.rotary_emb
         self.norm = hf_decoder.norm
         num_layers = int(config.num_hidden_layers)
+        # Steps of at most this many rows run the layers' fused calls when they have them (set
+        # by skinny_ops.install to the rows it measured); bigger steps keep the compiled
+        # decoder's own fusions (residual add + norm, SiLU * up), which serve many rows better.
+        self.fused_max_rows = 0
         self.layers = nn.ModuleList(
             MergedLayer(layer, i, config, fuse_qkv_rope)
             for i, layer in enumerate(hf_decoder.layers[:num_layers])
@@ -210,8 +310,10 @@ class MergedDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [N, hidden]
         cos, sin = self.rope(hidden, positions)
+        # Off (0): no comparison on N at all; on: a guard on N under torch.compile (two graphs).
+        fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
+            hidden = layer(hidden, cos, sin, fused)
         return self.norm(hidden)
 
 

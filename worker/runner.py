@@ -22,6 +22,7 @@ the copy of a request that finished while swapped, so host memory never outlives
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -30,6 +31,8 @@ import torch
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, should_compile
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
 
@@ -77,6 +80,7 @@ class ModelRunner:
         compile_model: Optional[bool] = None,
         compile_backend: str = "inductor",
         kv_bytes_reserved_per_block: int = 0,
+        skinny_gemm: Optional[bool] = None,
     ):
         """kv_bytes_reserved_per_block: bytes of another pool that grows with this one (a draft
         model's KV, block for block): the sizing divides the memory by the sum, so both fit."""
@@ -90,6 +94,7 @@ class ModelRunner:
         self.build_batch = getattr(impl, "build_batch", None) or spec_build_batch
         self.bytes_per_block = kv_bytes_per_block(model, block_size)
         self._sizing_bytes = self.bytes_per_block + kv_bytes_reserved_per_block
+        self.linear_table = self._install_skinny_gemm(skinny_gemm)
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
@@ -114,6 +119,29 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 body=self.body,
             )
+
+    def _install_skinny_gemm(self, setting: Optional[bool]):
+        """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
+        weights and route the merged decoder's through the measured choice. Only for the
+        merged decoder in bf16/fp16 on CUDA; otherwise says why and changes nothing."""
+        from enginespec.worker.skinny_linear import resolve_switch
+        from enginespec.worker.skinny_ops import install
+
+        if not resolve_switch(setting):
+            return None
+        merged = getattr(self.model, "merged", None)
+        if (
+            self.device.type != "cuda"
+            or merged is None
+            or self.model.dtype not in (torch.bfloat16, torch.float16)
+        ):
+            log.warning("skinny_gemm needs the merged decoder in bf16/fp16 on CUDA; using cuBLAS")
+            return None
+        try:
+            return install(merged, self.device, max_rows=min(self.max_num_seqs, 64))
+        except Exception as e:  # noqa: BLE001 - an optimisation, never a requirement (as graphs are)
+            log.warning("skinny_gemm tuning failed (%s: %s); using cuBLAS", type(e).__name__, e)
+            return None
 
     # ---- sizing -------------------------------------------------------------------------------
 

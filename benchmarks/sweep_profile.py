@@ -1,0 +1,80 @@
+"""Where a batch-1 decode step's device time goes (decode_sweep.py --profile): torch.profiler over
+a few steady steps of one request; per kernel name its device time and launches per step, the
+kernel count per step, and the GPU-busy fraction (union of device intervals over wall time).
+
+At batch 1 the floor is one read of the weights (0.28 ms for the 0.6B shape on an H200); the
+gap is launches and latency-bound kernels, so the count per step and the top kernels are what
+to read first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from benchmarks.decode_profile import device_busy_us, step_until_steady
+from benchmarks.engine_runs import sync
+from enginespec.spec import SamplingParams
+
+
+def kernel_table(events, num_steps: int, top: int = 25) -> list[dict]:
+    """Per device-side name (kernels, memcpy, memset): microseconds and launches per step, the
+    largest total first."""
+    from torch.autograd import DeviceType
+
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            total[e.name] += e.time_range.end - e.time_range.start
+            count[e.name] += 1
+    rows = sorted(total, key=total.get, reverse=True)[:top]
+    return [
+        {
+            "name": name[:120],
+            "us_per_step": total[name] / num_steps,
+            "launches_per_step": count[name] / num_steps,
+        }
+        for name in rows
+    ]
+
+
+def profile_steps(core, shape, args) -> dict:
+    """Profile `args.profile_steps` steady decode steps of one request (greedy)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.device(args.device).type != "cuda":
+        return {"skipped": "no CUDA device: nothing to profile"}
+    params = SamplingParams(max_tokens=64 + 2 * args.profile_steps + 8, temperature=0.0, ignore_eos=True)
+    core.add_request("sweep-profile", list(range(1, args.prompt_len + 1)), params)
+    step_until_steady(core, 1, 64)
+    for _ in range(args.profile_steps):  # untimed: settle, and the unprofiled time
+        core.step(final_only=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync(args.device)
+        start = time.perf_counter()
+        for _ in range(args.profile_steps):
+            core.step(final_only=True)
+        sync(args.device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    core.abort(["sweep-profile"])
+    while core.has_unfinished:
+        core.step()
+    events = prof.events()
+    busy_us, num_events = device_busy_us(events)
+    steps = args.profile_steps
+    table = kernel_table(events, steps, top=10**6)
+    copies = sum(r["launches_per_step"] for r in table if r["name"].startswith(("Memcpy", "Memset")))
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall_us / 1e3 / steps,
+        "gpu_busy_ms_per_step": busy_us / 1e3 / steps,
+        "gpu_busy_fraction": busy_us / wall_us,
+        "device_events_per_step": num_events / steps,
+        "kernels_per_step": num_events / steps - copies,
+        "copies_per_step": copies,
+        "top": table[:25],
+        "note": "wall includes the profiler's overhead; device times are the kernels' own",
+    }

@@ -1,0 +1,404 @@
+"""Skinny GEMM: out = x @ w.T (+ bias) for few rows of x (decode projections), one launch.
+
+At decode the projections have 1-64 rows against weights of 2-12 MB (Qwen3-0.6B): the work is
+reading the weight once, about 1-3 us on an H200, yet cuBLAS took 5.4-8 us per GEMM at every
+row count (benchmarks/RESULTS.md, issue 6): its tiles are sized for many rows, so few programs
+stream the weight. Here the grid is (N / BLOCK_N tiles of w's rows) x (num_splits slices of K),
+chosen so that enough programs run to keep every SM's loads in flight; each program streams its
+[BLOCK_N, K slice] of w (K contiguous: coalesced) exactly once and accumulates in float32.
+
+Two ways to multiply a tile (USE_DOT): tl.dot on tensor cores with x padded to BLOCK_M >= 16
+rows (any row count), or (for 1-4 rows) a broadcast multiply into a [BLOCK_M, BLOCK_N, BLOCK_K]
+float32 accumulator reduced once after the K loop (no tensor cores, no padding).
+
+Split K in one launch (USE_SPLIT): every program stores its float32 partial [M, BLOCK_N] into
+`part` at its split's slice, then bumps its tile's arrival counter (acq_rel, GPU scope, after a
+CTA barrier so every thread's stores come first). The program that arrives last sums the
+partials of all splits in split order (so the result does not depend on which program came
+last: deterministic), adds the bias, rounds once to out's dtype, stores, and resets the counter
+to zero. Invariant: every counter is zero between launches, so the buffers can be reused by the
+next launch and by CUDA-graph replays without a memset. The partials are read through L2
+(`.cg`): another SM wrote them.
+
+Fusions, each a constexpr switch, so one launch can stand for a few of a decoder layer's
+kernels: USE_NORM (the layer's RMSNorm of x rows as a prologue: every program recomputes its
+rows' float32 statistics over all of K, then normalises each x tile as it loads it, with
+transformers' rounding order), USE_SILU_MUL (w is gate|up: two accumulators, silu(gate) * up
+stored), USE_RESIDUAL (the result plus a residual row, the decoder's `hidden + proj(...)`).
+With split K these run in the last-arriving program's epilogue.
+
+Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
+callers choose by measuring (worker/skinny_linear.py), never by rule.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_out(
+    out_ptr,
+    bias_ptr,
+    acc,
+    acc_up,
+    res_ptr,
+    rm,
+    rn,
+    N,
+    mask,
+    stride_om,
+    stride_rm,
+    USE_BIAS: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
+):
+    """acc [BLOCK_M, BLOCK_N] float32 (+ bias) -> out rows, rounded once. USE_SILU_MUL: acc is
+    the gate and acc_up the up projection (bias columns N + rn); each is rounded to out's dtype
+    as the GEMM would store it, then silu(gate) * up in float32, rounded once (the compiled
+    decoder's fused elementwise kernel computes it the same way). USE_RESIDUAL: the rounded
+    result plus the residual row, rounded once more (the decoder's `hidden + proj(...)`)."""
+    ty = out_ptr.dtype.element_ty
+    if USE_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if USE_SILU_MUL:
+            acc_up += tl.load(bias_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if USE_SILU_MUL:
+        gate = acc.to(ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
+    if USE_RESIDUAL:
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        acc = acc.to(ty).to(tl.float32) + res.to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(ty), mask=mask)
+
+
+@triton.jit
+def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of each x row [BLOCK_M] over all K (float32): the RMSNorm
+    statistics, recomputed by every program (a row is a few KiB, read from L2)."""
+    rk = tl.arange(0, BLOCK_K)
+    sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+        sum_sq += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _normed(x, rstd, norm_ptr, kk, mask_k):
+    """x [BM, BK] -> the RMSNorm module's output on these columns: (x * rstd) rounded to x's
+    dtype, times the weight, rounded again (transformers' rounding order)."""
+    ty = x.dtype
+    w = tl.load(norm_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
+    n = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32)
+    return (w[None, :] * n).to(ty)
+
+
+@triton.jit
+def _mul_tile(acc, acc3, x, w, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One K step of a tile: x [BM, BK] times w [BN, BK].T into acc [BM, BN] (tensor cores) or
+    into acc3 [BM, BN, BK] (broadcast; reduced over K once after the loop)."""
+    if USE_DOT and DOT_FP32:  # float32 operands, no TF32 rounding
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    elif USE_DOT:
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc, acc3
+
+
+@triton.jit(do_not_specialize=["M"])  # one variant for every row count (no compile at graph capture)
+def _skinny_gemm_kernel(
+    out_ptr,  # [M, N] x's dtype
+    x_ptr,  # [M, K], K contiguous
+    w_ptr,  # [N, K] (USE_SILU_MUL: [2 N, K], gate rows then up rows), K contiguous (nn.Linear's layout)
+    bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
+    part_ptr,  # [num_splits, M, N] (USE_SILU_MUL: [num_splits, M, 2 N]) float32 partials (USE_SPLIT only)
+    count_ptr,  # [cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
+    norm_ptr,  # [K] RMSNorm weight applied to x rows first (USE_NORM only)
+    res_ptr,  # [M, N] residual added to the result (USE_RESIDUAL only)
+    M,
+    N,  # output columns
+    K,
+    k_per_split,  # a multiple of BLOCK_K; split s covers [s * k_per_split, (s + 1) * k_per_split) & [0, K)
+    eps,  # RMSNorm epsilon (USE_NORM only)
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    USE_SPLIT: tl.constexpr,
+    USE_BIAS: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
+    USE_NORM: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m, mask_n = rm < M, rn < N
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+    up_rows = w_rows + N * stride_wn  # [BLOCK_N, 1] (USE_SILU_MUL only)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT else BLOCK_K], dtype=tl.float32)
+    acc3_up = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT or not USE_SILU_MUL else BLOCK_K], dtype=tl.float32)
+    if USE_NORM:
+        rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)  # [BLOCK_M]
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        kk = k0 + rk  # [BLOCK_K]
+        mask_k = kk < K
+        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
+        if USE_NORM:
+            x = _normed(x, rstd, norm_ptr, kk, mask_k)
+        w_mask = mask_n[:, None] & mask_k[None, :]
+        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+        acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
+        if USE_SILU_MUL:
+            w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+            acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
+        if USE_SILU_MUL:
+            acc_up = tl.sum(acc3_up, axis=2)
+    mask = mask_m[:, None] & mask_n[None, :]
+    if USE_SPLIT:
+        part_n = 2 * N if USE_SILU_MUL else N  # partial columns: gate (and up) sums
+        part = part_ptr + rm[:, None] * part_n + rn[None, :]  # [BLOCK_M, BLOCK_N] within one split
+        tl.store(part + pid_k * M * part_n, acc, mask=mask)
+        if USE_SILU_MUL:
+            tl.store(part + pid_k * M * part_n + N, acc_up, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is published
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:  # the last to arrive reduces, in split order
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, tl.num_programs(1)):
+                acc += tl.load(part + s * M * part_n, mask=mask, other=0.0, cache_modifier=".cg")
+                if USE_SILU_MUL:
+                    acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
+            _store_out(
+                out_ptr,
+                bias_ptr,
+                acc,
+                acc_up,
+                res_ptr,
+                rm,
+                rn,
+                N,
+                mask,
+                stride_om,
+                stride_rm,
+                USE_BIAS,
+                USE_SILU_MUL,
+                USE_RESIDUAL,
+            )
+    else:
+        _store_out(
+            out_ptr,
+            bias_ptr,
+            acc,
+            acc_up,
+            res_ptr,
+            rm,
+            rn,
+            N,
+            mask,
+            stride_om,
+            stride_rm,
+            USE_BIAS,
+            USE_SILU_MUL,
+            USE_RESIDUAL,
+        )
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One launch shape. block_m is derived from the row count (launch()); num_splits is an
+    upper bound (the K slices are whole BLOCK_K multiples, so fewer may result)."""
+
+    block_n: int
+    block_k: int
+    num_splits: int = 1
+    use_dot: bool = True
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 8 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 8, got {value}")
+        if self.num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
+        if self.use_dot and self.block_n < 16:
+            raise ValueError(f"block_n must be >= 16 with use_dot (tl.dot's minimum), got {self.block_n}")
+
+    def block_m(self, num_rows: int) -> int:
+        """Rows of the x tile: a power of two holding num_rows; at least 16 for tl.dot."""
+        pow2 = triton.next_power_of_2(max(1, num_rows))
+        return max(16, pow2) if self.use_dot else pow2
+
+
+def interpreting() -> bool:
+    """Under TRITON_INTERPRET the numpy-backed tl.dot mishandles bf16 (triton 3.9), so dots run
+    on float32 copies of the operands there (as paged_attention does); on a GPU in x's dtype."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# The broadcast (no tensor core) path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator:
+# it is meant for a handful of rows only.
+MAX_BROADCAST_ROWS = 4
+
+
+class SplitBuffers:
+    """The split-K scratch of one device: float32 partials and int32 arrival counters, grown on
+    demand, never shrunk. Invariant: every counter is zero between launches (the kernel's last
+    program of a tile resets its counter), so launches on one stream may share them."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.part = torch.empty(0, dtype=torch.float32, device=self.device)
+        self.counts = torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def get(self, num_part: int, num_counts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.part.numel() < num_part:
+            self.part = torch.empty(num_part, dtype=torch.float32, device=self.device)
+        if self.counts.numel() < num_counts:
+            self.counts = torch.zeros(num_counts, dtype=torch.int32, device=self.device)
+        return self.part, self.counts
+
+
+def launch_grid(config: SkinnyConfig, n: int, k: int) -> tuple[int, int, int]:
+    """(tiles over N, splits over K, k_per_split) of a launch."""
+    k_per_split = triton.cdiv(triton.cdiv(k, config.num_splits), config.block_k) * config.block_k
+    return triton.cdiv(n, config.block_n), triton.cdiv(k, k_per_split), k_per_split
+
+
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig, silu_mul: bool
+):
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"skinny_linear: x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(
+            f"skinny_linear: x and weight must share dtype and device, got {x.dtype}, {weight.dtype}"
+        )
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("skinny_linear: x and weight need a contiguous last dim")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"skinny_linear: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if silu_mul and weight.shape[0] % 2:
+        raise ValueError(f"skinny_linear: silu_mul needs gate|up rows (an even N), got N = {weight.shape[0]}")
+    if not config.use_dot and x.shape[0] > MAX_BROADCAST_ROWS:
+        raise ValueError(
+            f"skinny_linear: use_dot=False takes at most {MAX_BROADCAST_ROWS} rows, got {x.shape[0]}"
+        )
+
+
+def _check_fusions(x, out_cols: int, norm_weight, eps: float, residual, silu_mul: bool) -> None:
+    if norm_weight is not None and (norm_weight.shape != (x.shape[1],) or eps <= 0):
+        raise ValueError(
+            f"skinny_linear: norm_weight must be [{x.shape[1]}] with eps > 0, got {tuple(norm_weight.shape)}, {eps}"
+        )
+    if residual is None:
+        return
+    if (
+        silu_mul
+        or residual.shape != (x.shape[0], out_cols)
+        or residual.dtype != x.dtype
+        or residual.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"skinny_linear: residual must be a [{x.shape[0]}, {out_cols}] {x.dtype} tensor with a contiguous "
+            f"last dim, and not with silu_mul; got {tuple(residual.shape)} {residual.dtype}"
+        )
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    config: SkinnyConfig,
+    buffers: Optional[SplitBuffers] = None,
+    silu_mul: bool = False,
+    norm_weight: Optional[torch.Tensor] = None,
+    eps: float = 0.0,
+    residual: Optional[torch.Tensor] = None,
+    compile_only: bool = False,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
+    What else runs in the same launch:
+    - norm_weight [K], eps: x rows are RMS-normed first (the decoder's input/post-attention
+      RMSNorm: float32 statistics, rounded, times the weight, rounded: kernels.reference.rms_norm_ref);
+    - silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I];
+    - residual [M, N]: the result plus residual (the decoder's `hidden + o_proj(...)`).
+    `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
+    hot path). compile_only: compile the launch's kernel variant (Triton's warmup) and launch
+    nothing; the returned tensor is then uninitialised. Semantics: kernels.reference
+    linear_ref, silu_mul_ref, rms_norm_ref."""
+    _check(x, weight, bias, config, silu_mul)
+    m, k = x.shape
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    _check_fusions(x, n, norm_weight, eps, residual, silu_mul)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    tiles, splits, k_per_split = launch_grid(config, n, k)
+    part = counts = out  # unused pointers when there is one split
+    if splits > 1:
+        part_cols = 2 * n if silu_mul else n
+        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles)
+    kernel = _skinny_gemm_kernel.warmup if compile_only else _skinny_gemm_kernel[(tiles, splits)]
+    extra = {"grid": (tiles, splits)} if compile_only else {}
+    kernel(
+        out,
+        x,
+        weight,
+        bias if bias is not None else out,
+        part,
+        counts,
+        norm_weight if norm_weight is not None else out,
+        residual if residual is not None else out,
+        m,
+        n,
+        k,
+        k_per_split,
+        float(eps),
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        BLOCK_M=config.block_m(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        USE_DOT=config.use_dot,
+        USE_SPLIT=splits > 1,
+        USE_BIAS=bias is not None,
+        USE_SILU_MUL=silu_mul,
+        USE_NORM=norm_weight is not None,
+        USE_RESIDUAL=residual is not None,
+        DOT_FP32=x.dtype == torch.float32 or interpreting(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **extra,
+    )
+    return out

@@ -1,0 +1,84 @@
+"""benchmarks/decode_sweep.py on a CPU: a tiny shape, two batch sizes, a few steps; every traced
+step is a pure decode of the batch, the ratio is the wall over the floor, and a saved JSON redraws
+(PNG when matplotlib is there) and prints the same table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import decode_sweep
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    import torch
+
+    out = tmp_path_factory.mktemp("sweep") / "sweep.json"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ENGINESPEC_SYNTH_DIR", str(tmp_path_factory.mktemp("synth")))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--shape", "tiny", "--device", "cpu", "--batches", "2,1", "--steps", "3"]
+        argv += ["--prompt-len", "8", "--latency-tokens", "3", "--out", str(out), "--png", str(out) + ".png"]
+        code = decode_sweep.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        mp.undo()
+    return code, out
+
+
+def test_sweep_rows_are_pure_decode_steps(sweep):
+    code, out = sweep
+    assert code == 0
+    res = json.loads(out.read_text())
+    assert [r["batch"] for r in res["rows"]] == [1, 2]
+    for row in res["rows"]:
+        assert row["all_decode"], row
+        assert row["ratio"] == pytest.approx(row["ms_per_step"] / row["floor_ms"])
+        assert row["context_tokens_first"] >= row["batch"] * 9  # prompt + at least one output each
+    # Two requests read twice the K/V of one: the floor grows with the batch.
+    assert res["rows"][1]["floor_ms"] > res["rows"][0]["floor_ms"]
+    gen = res["generate_batch1"]
+    assert gen["ratio"] == pytest.approx(gen["ms_per_token"] / res["weight_floor_ms"])
+
+
+def test_plot_from_json_prints_the_table(sweep, tmp_path, capsys):
+    _, out = sweep
+    png = tmp_path / "redrawn.png"
+    assert decode_sweep.main(["--plot-from", str(out), "--png", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "| 1 |" in text and "| 2 |" in text and "LLM.generate" in text
+    assert png.exists() or "matplotlib is not installed" in text
+
+
+def test_bad_batches_is_a_clear_error(capsys):
+    assert decode_sweep.main(["--batches", "0,4", "--device", "cpu"]) == 2
+    assert "--batches" in capsys.readouterr().err
+
+
+def test_kernel_table_sums_device_time_per_name_and_step():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.sweep_profile import kernel_table
+
+    def ev(device, name, start, end):
+        return SimpleNamespace(
+            device_type=device, name=name, time_range=SimpleNamespace(start=start, end=end)
+        )
+
+    events = [
+        ev(DeviceType.CUDA, "gemm", 0, 6),
+        ev(DeviceType.CUDA, "norm", 6, 8),
+        ev(DeviceType.CUDA, "gemm", 10, 16),
+        ev(DeviceType.CPU, "gemm", 0, 100),  # host-side: not device time
+    ]
+    table = kernel_table(events, num_steps=2)
+    assert table == [
+        {"name": "gemm", "us_per_step": 6.0, "launches_per_step": 1.0},
+        {"name": "norm", "us_per_step": 1.0, "launches_per_step": 0.5},
+    ]

@@ -1,0 +1,196 @@
+"""The skinny GEMM kernel (kernels/skinny_gemm.py) against kernels.reference.linear_ref.
+
+Shapes are drawn from a seeded generator (row counts 1-17, N and K not multiples of the tiles,
+x with a row stride wider than K); every launch shape is covered: tensor-core and broadcast
+tiles, one and several K splits, with and without bias. On CPU under TRITON_INTERPRET=1 on tiny
+shapes, on CUDA also on the Qwen3-0.6B projections. Split-K must leave its arrival counters at
+zero (the invariant that lets launches and graph replays share them) and give the same bits
+every time (its reduction runs in split order, whichever program arrives last).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from enginespec.kernels.reference import linear_ref, rms_norm_ref, silu_mul_ref
+from enginespec.kernels.silu_mul import silu_mul
+from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
+from enginespec.testing.paged_batches import TOLERANCES
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+CONFIGS = [
+    SkinnyConfig(block_n=16, block_k=16, num_splits=1, use_dot=True),
+    SkinnyConfig(block_n=32, block_k=16, num_splits=3, use_dot=True),
+    SkinnyConfig(block_n=8, block_k=32, num_splits=1, use_dot=False),
+    SkinnyConfig(block_n=16, block_k=16, num_splits=4, use_dot=False),
+]
+
+
+def _shapes(seed: int, num: int) -> list[tuple[int, int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randint(1, 17), rng.randint(5, 70), rng.randint(9, 90)) for _ in range(num)]
+
+
+def _operands(m: int, n: int, k: int, dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    wide = torch.randn(m, k + 7, generator=gen)[:, :k]  # a row stride wider than K
+    weight = torch.randn(n, k, generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen)
+    return wide.to(dtype).to(DEVICE), weight.to(dtype).to(DEVICE), bias.to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.num_splits}dot{int(c.use_dot)}"
+)
+def test_skinny_linear_matches_reference(dtype, config):
+    buffers = SplitBuffers(DEVICE)
+    for i, (m, n, k) in enumerate(_shapes(hash((config.block_n, config.num_splits)) & 0xFFFF, 3)):
+        if not config.use_dot:
+            m = min(m, MAX_BROADCAST_ROWS)
+        x, weight, bias = _operands(m, n, k, dtype, seed=i)
+        use_bias = bias if i % 2 else None
+        got = skinny_linear(x, weight, use_bias, config, buffers)
+        torch.testing.assert_close(got, linear_ref(x, weight, use_bias), **TOLERANCES[dtype])
+        assert not buffers.counts.any(), "split-K must leave every arrival counter at zero"
+
+
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+def test_fused_silu_mul_epilogue_matches_reference(config):
+    """gate|up rows [2 I, K] -> silu(gate) * up [M, I]: the GEMM's stored values, then the
+    activation in float32 rounded once."""
+    buffers = SplitBuffers(DEVICE)
+    for i, (m, n, k) in enumerate(_shapes(7, 2)):
+        m = min(m, MAX_BROADCAST_ROWS)
+        x, weight, bias = _operands(m, 2 * n, k, torch.bfloat16, seed=i)
+        use_bias = bias if i % 2 else None
+        got = skinny_linear(x, weight, use_bias, config, buffers, silu_mul=True)
+        want = silu_mul_ref(linear_ref(x, weight, use_bias))
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
+        assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
+    """norm_weight: x rows RMS-normed first (rms_norm_ref's rounding); residual: added after."""
+    buffers = SplitBuffers(DEVICE)
+    for i, (m, n, k) in enumerate(_shapes(11, 2)):
+        m = min(m, MAX_BROADCAST_ROWS)
+        x, weight, bias = _operands(m, 2 * n, k, dtype, seed=i)
+        norm_weight = (
+            (1 + 0.1 * torch.randn(k, generator=torch.Generator().manual_seed(i))).to(dtype).to(DEVICE)
+        )
+        normed = rms_norm_ref(x, norm_weight, 1e-6)
+        got = skinny_linear(x, weight, bias, config, buffers, norm_weight=norm_weight, eps=1e-6)
+        torch.testing.assert_close(got, linear_ref(normed, weight, bias), **TOLERANCES[dtype])
+        got = skinny_linear(
+            x, weight, None, config, buffers, silu_mul=True, norm_weight=norm_weight, eps=1e-6
+        )
+        torch.testing.assert_close(got, silu_mul_ref(linear_ref(normed, weight, None)), **TOLERANCES[dtype])
+        residual = x[:, :1].expand(m, 2 * n).contiguous()
+        got = skinny_linear(x, weight, bias, config, buffers, residual=residual)
+        torch.testing.assert_close(got, linear_ref(x, weight, bias) + residual, **TOLERANCES[dtype])
+        assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(1)
+    gate_up = (3 * torch.randn(5, 2 * 37, generator=gen)).to(dtype).to(DEVICE)
+    torch.testing.assert_close(silu_mul(gate_up), silu_mul_ref(gate_up), **TOLERANCES[dtype])
+    with pytest.raises(ValueError, match="gate_up"):
+        silu_mul(gate_up[:, :5])
+
+
+def test_split_k_is_deterministic_and_equals_one_split():
+    """float32, exact operands (small integers): every split count gives the same bits."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (5, 80), generator=gen).float().to(DEVICE)
+    weight = torch.randint(-3, 4, (40, 80), generator=gen).float().to(DEVICE)
+    buffers = SplitBuffers(DEVICE)
+    outs = [
+        skinny_linear(x, weight, None, SkinnyConfig(block_n=16, block_k=16, num_splits=s), buffers)
+        for s in (1, 2, 5, 5)
+    ]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    assert torch.equal(outs[0], x @ weight.T)
+
+
+def test_bad_operands_are_clear_errors():
+    x = torch.zeros(2, 8, device=DEVICE)
+    config = SkinnyConfig(block_n=16, block_k=16)
+    with pytest.raises(ValueError, match="weight"):
+        skinny_linear(x, torch.zeros(4, 9, device=DEVICE), None, config)
+    with pytest.raises(ValueError, match="bias"):
+        skinny_linear(x, torch.zeros(4, 8, device=DEVICE), torch.zeros(3, device=DEVICE), config)
+    with pytest.raises(ValueError, match="rows"):
+        skinny_linear(
+            torch.zeros(5, 8, device=DEVICE),
+            torch.zeros(4, 8, device=DEVICE),
+            None,
+            SkinnyConfig(block_n=16, block_k=16, use_dot=False),
+        )
+    with pytest.raises(ValueError, match="even"):
+        skinny_linear(x, torch.zeros(5, 8, device=DEVICE), None, config, silu_mul=True)
+    with pytest.raises(ValueError, match="norm_weight"):
+        skinny_linear(
+            x,
+            torch.zeros(4, 8, device=DEVICE),
+            None,
+            config,
+            norm_weight=torch.ones(7, device=DEVICE),
+            eps=1e-6,
+        )
+    with pytest.raises(ValueError, match="residual"):
+        skinny_linear(
+            x, torch.zeros(4, 8, device=DEVICE), None, config, residual=torch.zeros(2, 5, device=DEVICE)
+        )
+    with pytest.raises(ValueError, match="block_n"):
+        SkinnyConfig(block_n=8, block_k=16, use_dot=True)
+    with pytest.raises(ValueError, match="num_splits"):
+        SkinnyConfig(block_n=16, block_k=16, num_splits=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)])
+def test_qwen3_projection_shapes_on_cuda(rows, n, k):
+    x, weight, bias = _operands(rows, n, k, torch.bfloat16, seed=rows)
+    buffers = SplitBuffers(DEVICE)
+    want = linear_ref(x, weight, None)
+    for config in (
+        SkinnyConfig(block_n=32, block_k=128, num_splits=1),
+        SkinnyConfig(block_n=64, block_k=128, num_splits=4),
+        SkinnyConfig(block_n=16, block_k=256, num_splits=2, use_dot=False),
+    ):
+        if not config.use_dot and rows > MAX_BROADCAST_ROWS:
+            continue
+        got = skinny_linear(x, weight, None, config, buffers)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
+        assert torch.equal(skinny_linear(x, weight, None, config, buffers), got)
+    assert not buffers.counts.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+def test_qwen3_gate_up_silu_on_cuda(rows):
+    x, weight, _ = _operands(rows, 6144, 1024, torch.bfloat16, seed=rows)
+    want = silu_mul_ref(linear_ref(x, weight, None))
+    torch.testing.assert_close(silu_mul(linear_ref(x, weight, None)), want, **TOLERANCES[torch.bfloat16])
+    buffers = SplitBuffers(DEVICE)
+    for config in (
+        SkinnyConfig(block_n=32, block_k=128, num_splits=1),
+        SkinnyConfig(block_n=64, block_k=128, num_splits=4),
+    ):
+        got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
+    assert not buffers.counts.any()

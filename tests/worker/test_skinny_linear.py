@@ -1,0 +1,173 @@
+"""worker/skinny_linear.py: the measured cuBLAS-or-Triton choice for the decoder's projections.
+
+On CPU: the candidate launch shapes are valid, the switch reads EngineArgs then the env var, and
+a merged decoder whose layers point at `enginespec::linear` sends every projection through the
+table and computes what F.linear computes (the kernel under TRITON_INTERPRET, choices set by
+hand: timing needs a GPU). On CUDA: install() measures every projection shape and row bucket of
+a tiny bf16 model and the decoder still agrees with cuBLAS.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
+from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
+from enginespec.worker import gemm_tuning, skinny_ops
+from enginespec.worker import skinny_linear as sl
+from enginespec.worker.flat_model import FlatModel
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("bucket", [1, 2, 4, 16, 64])
+@pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072)])
+def test_candidates_are_valid_launch_shapes(bucket, n, k):
+    found = gemm_tuning.candidates(bucket, n, k, num_sms=132)
+    assert found and all(isinstance(c, SkinnyConfig) for c in found)
+    assert len(set(found)) == len(found)
+    for c in found:
+        assert c.use_dot or bucket <= MAX_BROADCAST_ROWS
+        assert c.num_splits in (1, 2, 4, 8) and k // c.num_splits >= c.block_k
+    # Few output tiles (N = 1024) need K splits to give 132 SMs work; each shape also runs unsplit.
+    assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
+
+
+def test_fused_variants_time_the_plain_variants_best_shapes():
+    table = sl.LinearTable("cpu", max_rows=4)
+    every = gemm_tuning.candidates(4, 6144, 1024, num_sms=132)
+    assert table._candidates(4, 6144, 1024, 132, "norm_silu") == gemm_tuning.candidates(
+        4, 3072, 1024, num_sms=132, silu_mul=True
+    )  # nothing ranked yet: every shape, for the silu variant's output columns
+    table.ranked[(4, 6144, 1024)] = every[::-1]
+    assert table._candidates(4, 6144, 1024, 132, "plain") == every
+    assert table._candidates(4, 6144, 1024, 132, "norm_silu") == every[::-1][: sl.FUSED_TRIES]
+
+
+def test_precompile_runs_every_job_and_swallows_failures():
+    ran = []
+    gemm_tuning.precompile([lambda: ran.append(1), lambda: 1 / 0, lambda: ran.append(3)])
+    assert ran in ([1, 3], [])  # [] where this Triton has no AsyncCompileMode: nothing to do
+
+
+def test_row_bucket_and_switch(monkeypatch):
+    assert [sl.row_bucket(r) for r in (1, 2, 3, 4, 5, 16, 17, 64)] == [1, 2, 4, 4, 8, 16, 32, 64]
+    monkeypatch.delenv(sl.ENV_SWITCH, raising=False)
+    assert sl.resolve_switch(None) is False
+    monkeypatch.setenv(sl.ENV_SWITCH, "1")
+    assert sl.resolve_switch(None) is True and sl.resolve_switch(False) is False
+    with pytest.raises(ValueError, match="skinny_gemm"):
+        sl.resolve_switch("yes")
+
+
+def _prefill(model, impl, num_tokens: int, body=None):
+    from tests.worker.test_flat_model import ShuffledTables
+
+    ids = torch.randint(0, VOCAB_SIZE, (num_tokens,), generator=torch.Generator().manual_seed(3)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, num_tokens)]), ShuffledTables(8, 4, ["r"]))
+    return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4), body=body)
+
+
+@pytest.mark.parametrize(
+    "fused,chosen", [(False, True), (True, True), (True, False)], ids=["linear", "fused", "baselines"]
+)
+def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_thread, fused, chosen):
+    """Every projection reaches the table: four `linear` calls a layer, or with fused_linear the
+    layer's four fused calls (norm + q|k|v, o + residual, norm + gate|up + SiLU * up, down +
+    residual); each computes what the plain decoder computes (float32), with the kernel chosen
+    for every key by hand, or with no choice (every variant's baseline: separate kernels)."""
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    layers = model.merged.layers
+    assert all(layer.can_fuse() for layer in layers)  # Qwen3: SiLU MLP, RMSNorms, plain Linears
+    want = _prefill(model, impl, 11)
+    table = sl.LinearTable("cpu", max_rows=16)
+    config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
+    for variant in sl.VARIANTS if chosen else ():
+        for group in skinny_ops.tuning_groups(layers, variant):
+            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
+    calls = []
+
+    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False):
+        calls.append(sl.variant_of(norm_weight, residual, silu_mul))
+        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    for layer in layers:
+        monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        if fused:
+            monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
+    got = _prefill(model, impl, 11)
+    per_layer = ["norm", "residual", "norm_silu", "residual"] if fused else ["plain"] * 4
+    if chosen:
+        assert calls == per_layer * len(layers)
+    else:  # each baseline runs the plain (or silu) choice through run() again
+        assert [c for c in calls if c in per_layer] == per_layer * len(layers)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not table.buffers.counts.any()
+    x = torch.randn(17, layers[0].qkv_weight.shape[1])  # over max_rows: the baseline, F.linear
+    assert torch.equal(table.run(x, layers[0].qkv_weight, None), F.linear(x, layers[0].qkv_weight))
+
+
+def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_one_thread):
+    """Under torch.compile (aot_eager: traced, no code generated) the ops stay opaque and the
+    decoder takes the fused calls up to fused_max_rows rows and the plain route above; both
+    compute what the eager plain decoder computes. ShuffledTables(8, 4) holds up to 32 tokens."""
+    from enginespec.worker.compiled import CompiledBody
+
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    layers = model.merged.layers
+    want = {n: _prefill(model, impl, n) for n in (1, 9, 20)}
+    table = sl.LinearTable("cpu", max_rows=16)
+    config = SkinnyConfig(block_n=64, block_k=32, num_splits=1)
+    for variant in sl.VARIANTS:
+        for group in skinny_ops.tuning_groups(layers, variant):
+            for bucket in (1, 16):
+                table.choices[(bucket, *group, variant)] = sl.Choice(config, 1.0, 2.0)
+    seen = []
+    run = sl.LinearTable.run
+
+    def record(x, *a):
+        seen.append((x.shape[0], sl.variant_of(a[2], a[4], a[5]) if len(a) == 6 else "plain"))
+        return run(table, x, *a)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    for layer in layers:
+        monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
+    body = CompiledBody(model, backend="aot_eager")
+    for n in (9, 20, 1):
+        seen.clear()
+        torch.testing.assert_close(_prefill(model, impl, n, body=body), want[n], atol=1e-5, rtol=1e-5)
+        assert body.error is None
+        route = ["norm", "residual", "norm_silu", "residual"] if n <= 16 else ["plain"] * 4
+        assert seen == [(n, v) for v in route] * len(layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_install_measures_every_projection_on_cuda(impl):
+    model = FlatModel.from_pretrained(
+        tiny_model_dir("qwen3"), attention=impl.attention_backend("cuda"), dtype=torch.bfloat16, device="cuda"
+    )
+    layers = model.merged.layers
+    table = skinny_ops.install(model.merged, "cuda", max_rows=8)
+    for variant in sl.VARIANTS:
+        groups = skinny_ops.tuning_groups(layers, variant)
+        assert groups
+        for group in groups:
+            for bucket in (1, 2, 4, 8):
+                assert (bucket, *group, variant) in table.choices
+    assert all(layer.linear is torch.ops.enginespec.linear for layer in layers)
+    assert all(layer.fused_linear is torch.ops.enginespec.fused_linear for layer in layers)
+    got = _prefill(model, impl, 7)
+    for layer in layers:
+        layer.linear, layer.fused_linear = F.linear, None
+    torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)

@@ -1,0 +1,94 @@
+"""Timing helpers for worker/skinny_linear.py's measured GEMM choice: a CUDA-graph timer and the
+launch shapes worth timing for a (row bucket, N, K).
+
+Timing conditions are a decode step's: the GEMMs of every layer (distinct weights, so L2 holds
+none of them) back to back inside one CUDA graph (no launch gaps from the host), the median
+of several replays, each timed with CUDA events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def graph_us(fn: Callable[[], list], num_calls: int, reps: int = 7) -> tuple[float, list]:
+    """Microseconds per call of fn (which makes num_calls GEMMs and returns their outputs)
+    replayed from a CUDA graph: the median of `reps` replays timed with events, after a warm-up
+    run and one replay. Also returns float32 copies of the outputs as the last replay left them
+    (back-to-back replays are where a split-K launch that left a counter set would go wrong)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / num_calls)
+    return statistics.median(times), [o.float() for o in outs]
+
+
+def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False) -> list:
+    """Launch shapes worth timing for a row bucket and N output columns: tensor-core tiles
+    (BLOCK_N 32/64, BLOCK_K 128/256, within ~160 KiB of 3-stage shared memory; silu_mul streams
+    two weight tiles) and, for at most 4 rows, broadcast tiles; each with one K split and with
+    the fewest splits (a power of two, <= 8) that give every SM a program. A list to measure,
+    not a ranking."""
+    from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+
+    def splits(block_n: int, block_k: int) -> list[int]:
+        tiles, num = -(-n // block_n), 1
+        while tiles * num < num_sms and num < 8 and k // (2 * num) >= block_k:
+            num *= 2
+        return sorted({1, num})
+
+    out = []
+    block_m, tiles_w = max(16, bucket), 2 if silu_mul else 1
+    for block_n in (32, 64):
+        for block_k in (128, 256):
+            if 3 * (block_m + tiles_w * block_n) * block_k * 2 > 160 * 1024 or block_k > k:
+                continue
+            out += [SkinnyConfig(block_n, block_k, s) for s in splits(block_n, block_k)]
+    if bucket <= MAX_BROADCAST_ROWS:
+        block_k = 256 // bucket  # a [bucket, BLOCK_N, BLOCK_K] float32 accumulator of ~32 registers a thread
+        for block_n in (8, 16):
+            out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
+    return out
+
+
+def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> None:
+    """Run compile-only launches (skinny_linear(..., compile_only=True)) on a thread pool under
+    Triton's AsyncCompileMode where this Triton has it, so the startup tuning's few dozen kernel
+    variants compile side by side instead of one after another. Anything that goes wrong only
+    costs the speed-up: the timing loop compiles whatever is missing as usual."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    workers = max(1, min(max_workers, os.cpu_count() or 1))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for job in jobs:
+                try:
+                    job()
+                except Exception:  # noqa: BLE001 - a variant that does not build is rejected when timed
+                    continue
+    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
+        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)

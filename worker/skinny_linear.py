@@ -1,0 +1,320 @@
+"""The decoder's projection GEMMs through a measured choice: cuBLAS or the skinny GEMM kernel.
+
+Why: at decode a projection has 1-64 rows, and cuBLAS took 5.4-8 us per GEMM against 1-3 us of
+weight reads on the H200 (benchmarks/RESULTS.md, issue 6). kernels/skinny_gemm.py streams the
+weight with more programs in one launch, and can run the layer's neighbouring elementwise work
+in the same launch; whether that wins depends on the shape, the row count and the device, so
+nothing here guesses: `LinearTable.tune` times the baseline and every candidate launch shape on
+the model's own weights, inside a CUDA graph over all layers' distinct matrices (a cold L2, no
+launch gaps: a decode step's conditions), and keeps the fastest per key (row bucket, N, K,
+dtype, bias, variant). A candidate must also reproduce the baseline's results within bf16
+tolerance, after back-to-back graph replays, to be kept. The table is per process and device.
+
+Variants (what runs in the GEMM's launch) and their baselines (what runs without the kernel):
+- "plain": x @ W.T; baseline cuBLAS (F.linear).
+- "silu": silu(gate) * up of the gate|up GEMM; baseline the table's plain choice, then
+  kernels/silu_mul.py (one elementwise launch, as the compiled decoder would fuse it).
+- "norm", "norm_silu": the same after the layer's RMSNorm of x (input_layernorm before q|k|v,
+  post_attention_layernorm before gate|up); baseline kernels/rms_norm.py, then plain / silu.
+- "residual": x @ W.T + residual (o_proj and down_proj with the residual add); baseline the
+  plain choice, then the add.
+
+How the model reaches it, unaware: the merged decoder calls `self.linear(x, weight, bias)` for
+each projection (F.linear unless the runner sets it), or, when the runner sets `fused_linear`,
+wires a layer as four fused calls (norm+q|k|v, o+residual, norm+gate|up+SiLU*up, down+residual;
+MergedLayer.forward). `install` points them at the custom ops `enginespec::linear` and
+`enginespec::fused_linear`, which torch.compile keeps opaque and which look the choice up at
+run time (at graph capture for decode: each captured bucket bakes in its choice). Rows over
+`max_rows` and shapes not tuned run the baseline.
+
+Off by default: EngineArgs.skinny_gemm (or ENGINESPEC_SKINNY_GEMM=1) turns it on, so the lead
+can A/B it end to end (benchmarks/decode_sweep.py --engine-arg skinny_gemm=true).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from enginespec.worker.gemm_tuning import candidates, graph_us, precompile
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_ROWS = 64
+WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
+ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
+FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
+VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
+
+
+def resolve_switch(setting: Optional[bool]) -> bool:
+    """EngineArgs.skinny_gemm: None reads ENGINESPEC_SKINNY_GEMM (1/true/on), default off."""
+    if setting is None:
+        return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "on", "yes")
+    if not isinstance(setting, bool):
+        raise ValueError(f"skinny_gemm must be None, True or False, got {setting!r}")
+    return setting
+
+
+def row_bucket(num_rows: int) -> int:
+    """The power of two holding num_rows: the table's row key (measured at the bucket's top)."""
+    return 1 << max(0, num_rows - 1).bit_length()
+
+
+def variant_of(norm_weight, residual, silu_mul: bool) -> str:
+    """The VARIANTS name of a run() call's fusions."""
+    if residual is not None:
+        return "residual"
+    if norm_weight is not None:
+        return "norm_silu" if silu_mul else "norm"
+    return "silu" if silu_mul else "plain"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a key runs: config None = the variant's baseline (module doc). Times are
+    microseconds per call as measured, the baseline's too."""
+
+    config: object  # Optional[SkinnyConfig]; object keeps kernels (triton) out of import time
+    us: float
+    baseline_us: float
+
+
+def _on_triton(t: torch.Tensor) -> bool:
+    from enginespec.kernels.skinny_gemm import interpreting
+
+    return t.is_cuda or interpreting()
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one Triton launch on CUDA (or under the interpreter), else in torch."""
+    if _on_triton(gate_up):
+        from enginespec.kernels.silu_mul import silu_mul
+
+        return silu_mul(gate_up)
+    from enginespec.kernels.reference import silu_mul_ref
+
+    return silu_mul_ref(gate_up)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _on_triton(x):
+        from enginespec.kernels.rms_norm import rms_norm
+
+        return rms_norm(x, weight, eps)
+    from enginespec.kernels.reference import rms_norm_ref
+
+    return rms_norm_ref(x, weight, eps)
+
+
+class LinearTable:
+    """Measured choices for one device (module doc): `run` is what the custom ops call."""
+
+    def __init__(self, device, max_rows: int = DEFAULT_MAX_ROWS):
+        from enginespec.kernels.skinny_gemm import SplitBuffers
+
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.device = torch.device(device)
+        self.max_rows = max_rows
+        self.buffers = SplitBuffers(self.device)
+        self.choices: dict[tuple, Choice] = {}
+        self.rejected: list[str] = []  # candidates that failed to build or disagreed with the baseline
+        self.measured: list[dict] = []  # every timing taken, the baselines' too (for the probe's report)
+        # (bucket, N, K) -> the plain variant's valid launch shapes, fastest first: the fused
+        # variants of the same weight time only the best few of them (fewer Triton compiles).
+        self.ranked: dict[tuple, list] = {}
+
+    @staticmethod
+    def key(
+        num_rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor], variant: str = "plain"
+    ) -> tuple:
+        return (
+            row_bucket(num_rows),
+            weight.shape[0],
+            weight.shape[1],
+            weight.dtype,
+            bias is not None,
+            variant,
+        )
+
+    def run(self, x, weight, bias, norm_weight=None, eps: float = 0.0, residual=None, silu_mul: bool = False):
+        """The projection (and what runs around it: module doc) by the measured choice."""
+        variant = variant_of(norm_weight, residual, silu_mul)
+        choice = None
+        dense = x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
+        if 0 < x.shape[0] <= self.max_rows and dense:
+            choice = self.choices.get(self.key(x.shape[0], weight, bias, variant))
+        if choice is None or choice.config is None:
+            return self._baseline(x, weight, bias, norm_weight, eps, residual, silu_mul)
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        return skinny_linear(
+            x, weight, bias, choice.config, self.buffers, silu_mul, norm_weight, eps, residual
+        )
+
+    def _baseline(self, x, weight, bias, norm_weight, eps, residual, silu_mul):
+        if norm_weight is not None:  # rms_norm, then the measured plain/silu choice
+            return self.run(_rms_norm(x, norm_weight, eps), weight, bias, silu_mul=silu_mul)
+        if silu_mul:
+            return _silu_mul(self.run(x, weight, bias))
+        if residual is not None:
+            return self.run(x, weight, bias) + residual
+        return F.linear(x, weight, bias)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.run(x, weight, bias)
+
+    @torch.inference_mode()
+    def tune(
+        self, groups: dict[tuple, list[dict]], variant: str = "plain", buckets: Optional[list[int]] = None
+    ):
+        """Measure every bucket (powers of two up to max_rows) of every group: (N, K, dtype,
+        has_bias) -> per-layer run() arguments ({"weight", "bias"}, plus "norm_weight" and "eps"
+        for the norm variants). Tune VARIANTS in order: each baseline runs earlier choices."""
+        top = row_bucket(self.max_rows)
+        buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
+        num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        precompile(
+            [
+                lambda b=bucket, c=config, a=layers[0]: self._compile(b, a, c, variant)
+                for layers in groups.values()
+                for bucket in buckets
+                for config in self._candidates(bucket, *layers[0]["weight"].shape, num_sms, variant)
+            ]
+        )
+        for layers in groups.values():
+            for bucket in buckets:
+                self._tune_one(bucket, layers, num_sms, variant)
+
+    def _compile(self, bucket: int, call: dict, config, variant: str) -> None:
+        """Compile (not launch) the kernel variant one candidate of _tune_one will run."""
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        weight, k = call["weight"], call["weight"].shape[1]
+        x = torch.empty(bucket, k, device=self.device, dtype=weight.dtype)
+        res = torch.empty(bucket, weight.shape[0], device=self.device, dtype=weight.dtype)
+        a = _args(dict(call, residual=res if variant == "residual" else None, silu_mul="silu" in variant))
+        skinny_linear(
+            x,
+            weight,
+            a["bias"],
+            config,
+            self.buffers,
+            a["silu_mul"],
+            a["norm_weight"],
+            a["eps"],
+            a["residual"],
+            compile_only=True,
+        )
+
+    def _tune_one(self, bucket: int, layers: list[dict], num_sms: int, variant: str) -> None:
+        weight0, bias0 = layers[0]["weight"], layers[0]["bias"]
+        n, k = weight0.shape
+        silu = "silu" in variant
+        x = torch.randn(bucket, k, device=self.device, dtype=weight0.dtype)
+        res = (
+            torch.randn(bucket, n, device=self.device, dtype=weight0.dtype) if variant == "residual" else None
+        )
+        calls = [dict(a, residual=res, silu_mul=silu) for a in layers]
+        try:
+            baseline, want = graph_us(lambda: [self._baseline(x, **_args(c)) for c in calls], len(calls))
+        except Exception as e:  # noqa: BLE001 - no baseline time: the key keeps its baseline, untimed
+            self.rejected.append(f"baseline of {variant} at rows {bucket}, {(n, k)}: {type(e).__name__}: {e}")
+            return
+        best = Choice(None, baseline, baseline)
+        where = {"rows": bucket, "n": n, "k": k, "variant": variant}
+        self.measured.append({**where, "config": "baseline", "us": baseline})
+        timed = []
+        for config in self._candidates(bucket, n, k, num_sms, variant):
+            us = self._time_candidate(config, x, calls, want)
+            self.measured.append({**where, "config": str(config), "us": us})
+            if us is not None:
+                timed.append((us, config))
+            if us is not None and us < best.us and us < WIN_MARGIN * baseline:
+                best = Choice(config, us, baseline)
+        if variant == "plain":
+            self.ranked[(bucket, n, k)] = [c for _, c in sorted(timed, key=lambda t: t[0])]
+        self.choices[self.key(bucket, weight0, bias0, variant)] = best
+
+    def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
+        """Every launch shape for "plain"; for a fused variant the plain variant's best
+        FUSED_TRIES shapes on the same weight when it was measured (the fusions add little
+        traffic, so the ranking carries over; it is measured again all the same)."""
+        ranked = self.ranked.get((bucket, n, k))
+        if variant == "plain" or not ranked:
+            silu = "silu" in variant
+            return candidates(bucket, n // 2 if silu else n, k, num_sms, silu_mul=silu)
+        return ranked[:FUSED_TRIES]
+
+    def _time_candidate(self, config, x: torch.Tensor, calls: list[dict], want: list) -> Optional[float]:
+        """us per call of one launch shape over `calls`, or None (recorded in `rejected`) when it
+        does not build, or when its outputs (eager on the first layer, then all of them after
+        back-to-back graph replays) differ from the baseline's (`want`) beyond bf16 tolerance."""
+        from enginespec.kernels.skinny_gemm import skinny_linear
+
+        def one(c):
+            a = _args(c)
+            return skinny_linear(
+                x,
+                c["weight"],
+                c["bias"],
+                config,
+                self.buffers,
+                a["silu_mul"],
+                a["norm_weight"],
+                a["eps"],
+                a["residual"],
+            )
+
+        where = f"{config} at rows {x.shape[0]}, {tuple(calls[0]['weight'].shape)}, {variant_of(**_variant_args(calls[0]))}"
+        try:
+            first = one(calls[0]).float()
+            us, outs = graph_us(lambda: [one(c) for c in calls], len(calls))
+        except Exception as e:  # noqa: BLE001 - a shape that does not build is not a candidate
+            self.rejected.append(f"{where}: {type(e).__name__}: {e}")
+            return None
+        got, ref = [first, *outs], [want[0], *want]
+        if not all(torch.allclose(g, r, atol=3e-2, rtol=3e-2) for g, r in zip(got, ref)):
+            worst = max((g - r).abs().max().item() for g, r in zip(got, ref))
+            self.rejected.append(f"{where}: differs from the baseline by up to {worst:.3g}")
+            return None
+        return us
+
+    def report(self) -> list[dict]:
+        """One row per key: rows bucket, N, K, variant, the choice, its time and the baseline's (us)."""
+        order = {v: i for i, v in enumerate(VARIANTS)}
+        return [
+            {
+                "rows": key[0],
+                "n": key[1],
+                "k": key[2],
+                "variant": key[5],
+                "choice": "baseline" if c.config is None else str(c.config),
+                "us": c.us,
+                "baseline_us": c.baseline_us,
+            }
+            for key, c in sorted(self.choices.items(), key=lambda kv: (order[kv[0][5]], *kv[0][:3]))
+        ]
+
+
+def _args(call: dict) -> dict:
+    """run()'s keyword arguments of one tuning call (norm_weight/eps absent = no norm)."""
+    return {
+        "weight": call["weight"],
+        "bias": call["bias"],
+        "norm_weight": call.get("norm_weight"),
+        "eps": call.get("eps", 0.0),
+        "residual": call.get("residual"),
+        "silu_mul": call.get("silu_mul", False),
+    }
+
+
+def _variant_args(call: dict) -> dict:
+    a = _args(call)
+    return {"norm_weight": a["norm_weight"], "residual": a["residual"], "silu_mul": a["silu_mul"]}

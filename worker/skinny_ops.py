@@ -1,0 +1,110 @@
+"""The custom ops through which the merged decoder reaches the measured GEMM choice
+(skinny_linear.py), and `install`, which tunes the table on a model and points its layers at
+them (the runner calls it when EngineArgs.skinny_gemm is on).
+
+The ops are opaque to torch.compile (as attention is) and find the device's LinearTable in a
+per-process registry, so the traced graph holds no table and one compiled decoder serves every
+step; with no table installed they compute the baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable
+
+log = logging.getLogger(__name__)
+
+_TABLES: dict[torch.device, LinearTable] = {}
+
+
+def _device_key(device) -> torch.device:
+    """torch.device("cuda") and a tensor's torch.device("cuda", 0) name one table."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _table(device) -> LinearTable:
+    """The device's table, or an empty one (every key runs its baseline)."""
+    return _TABLES.get(device) or LinearTable(device, max_rows=1)
+
+
+@torch.library.custom_op("enginespec::linear", mutates_args=())
+def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """F.linear(x [M, K], weight [N, K], bias) -> [M, N] by the device's measured choice."""
+    table = _TABLES.get(x.device)  # a tensor's device always has its index
+    return F.linear(x, weight, bias) if table is None else table.run(x, weight, bias)
+
+
+@linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op("enginespec::fused_linear", mutates_args=())
+def fused_linear_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    residual: Optional[torch.Tensor],
+    silu_mul: bool,
+) -> torch.Tensor:
+    """RMSNorm(x; norm_weight, eps) when given, @ weight.T (+ bias), then silu(gate) * up when
+    silu_mul ([M, N / 2]) or + residual when given ([M, N]); LinearTable.run's variants."""
+    return _table(x.device).run(x, weight, bias, norm_weight, eps, residual, silu_mul)
+
+
+@fused_linear_op.register_fake
+def _(x, weight, bias, norm_weight, eps, residual, silu_mul):
+    return x.new_empty((x.shape[0], weight.shape[0] // 2 if silu_mul else weight.shape[0]))
+
+
+def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
+    """(N, K, dtype, has_bias) -> per-layer LinearTable.run arguments of one variant: "plain"
+    over every projection a layer routes through `linear` (MergedLayer.projections), the
+    others over the fused calls of layers that can fuse (MergedLayer.fused_calls)."""
+    groups: dict[tuple, list[dict]] = {}
+    for layer in layers:
+        if variant == "plain":
+            calls = [{"weight": w, "bias": b} for w, b in layer.projections()]
+        elif variant == "silu":  # the norm_silu baseline's second half
+            calls = [{"weight": layer.gate_up_weight, "bias": layer.gate_up_bias}] if layer.can_fuse() else []
+        else:
+            calls = [c for c in layer.fused_calls() if c["variant"] == variant] if layer.can_fuse() else []
+        for call in calls:
+            w, b = call["weight"], call["bias"]
+            args = {k: v for k, v in call.items() if k != "variant"}
+            groups.setdefault((*w.shape, w.dtype, b is not None), []).append(args)
+    return groups
+
+
+def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearTable:
+    """Tune every variant the decoder uses (once per device and process: a later engine only
+    adds what is missing) and point every layer at the ops: `linear` always, `fused_linear`
+    where the layer can fuse. bf16/fp16 on CUDA only; the caller checks."""
+    from enginespec.worker.skinny_linear import VARIANTS
+
+    device = _device_key(device)
+    table = _TABLES.get(device)
+    if table is None or table.max_rows < max_rows:
+        table = LinearTable(device, max_rows)
+    _TABLES[device] = table
+    for variant in VARIANTS:
+        groups = tuning_groups(merged_decoder.layers, variant)
+        table.tune({g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}, variant)
+    merged_decoder.fused_max_rows = table.max_rows
+    for layer in merged_decoder.layers:
+        layer.linear = torch.ops.enginespec.linear
+        if layer.can_fuse():
+            layer.fused_linear = torch.ops.enginespec.fused_linear
+    for row in table.report():
+        log.info("skinny_gemm %s", row)
+    return table
