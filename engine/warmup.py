@@ -93,9 +93,13 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
     vocab = min(engine.vocab_size, 10_000)
     settings, num = sampler_settings(engine.vocab_size), 0
     max_tokens = 2 if tiny else 4
-    # Every request must fit alone: a tiny pool (a test's num_gpu_blocks_override) or a short
-    # max_model_len shrinks its prompt, and one with no room left is not sent at all.
+    # Every request must fit alone: a tiny pool (a test's num_gpu_blocks_override), a short
+    # max_model_len or, with chunked prefill off, a small budget shrinks its prompt, and one with
+    # no room left is not sent at all.
     room = min(engine.max_model_len, engine.runner.num_blocks * engine.args.block_size) - max_tokens
+    config = engine.scheduler_config
+    if not config.enable_chunked_prefill:  # the scheduler's add() rule: it must run in one step
+        room = min(room, config.max_num_batched_tokens + 1 - max_tokens)
     for i, n in enumerate(lengths):  # one prefill size each, then decodes over every setting
         for j, setting in enumerate(settings if i == 0 else settings[:1]):
             num_prompt = min(n if j == 0 else 3 + j, room)

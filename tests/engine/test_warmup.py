@@ -63,3 +63,27 @@ def test_warm_up_fits_a_tiny_pool():
     report = engine.warmup_report
     assert report.num_requests > 0 and report.num_steps > 0
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+def test_warm_up_fits_a_small_budget_without_chunked_prefill():
+    """With chunked prefill off, a request must prefill in one step (prompt + max_tokens - 1 <=
+    max_num_batched_tokens, the scheduler's add() rule): warm-up prompts shrink to it too. The
+    H200 parity test's workloads (budget 12, chunked prefill off) failed construction before; on
+    the CPU the warm-up's 3-token prompts need a budget of 3 to show it."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=64,
+        max_num_batched_tokens=3,
+        max_num_seqs=3,
+        enable_chunked_prefill=False,
+        warmup=True,
+    )
+    engine = EngineCore(args)
+    assert engine.warmup_report.num_requests > 0
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
