@@ -9,6 +9,9 @@ a tiny bf16 model and the decoder still agrees with cuBLAS.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,11 @@ from enginespec.worker import skinny_linear as sl
 from enginespec.worker.flat_model import FlatModel
 
 CUDA = torch.cuda.is_available()
+# The tests that set choices by hand run the kernel on CPU tensors, which needs the interpreter;
+# on a GPU machine test_install_measures_every_projection_on_cuda covers the path instead.
+interpreted = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors through the Triton interpreter"
+)
 
 
 @pytest.mark.parametrize("bucket", [1, 2, 4, 16, 64])
@@ -69,9 +77,19 @@ def _prefill(model, impl, num_tokens: int, body=None):
     ids = torch.randint(0, VOCAB_SIZE, (num_tokens,), generator=torch.Generator().manual_seed(3)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, num_tokens)]), ShuffledTables(8, 4, ["r"]))
-    return model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4), body=body)
+    dev = model.device
+    meta = dataclasses.replace(
+        batch.meta,
+        **{
+            k: getattr(batch.meta, k).to(dev)
+            for k in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+        },
+    )
+    kv = model.allocate_kv(8, 4)
+    return model.forward(batch.input_ids.to(dev), batch.positions.to(dev), meta, kv, body=body)
 
 
+@interpreted
 @pytest.mark.parametrize(
     "fused,chosen", [(False, True), (True, True), (True, False)], ids=["linear", "fused", "baselines"]
 )
@@ -114,6 +132,7 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
     assert torch.equal(table.run(x, layers[0].qkv_weight, None), F.linear(x, layers[0].qkv_weight))
 
 
+@interpreted
 def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_one_thread):
     """Under torch.compile (aot_eager: traced, no code generated) the ops stay opaque and the
     decoder takes the fused calls up to fused_max_rows rows and the plain route above; both
