@@ -50,11 +50,12 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from enginespec.kernels import cut_draw
 from enginespec.kernels import sampling as sampling_triton
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
 from enginespec.sample.device_edits import EditPlan
-from enginespec.sample.draw import draw_torch
+from enginespec.sample.draw import draw_params, draw_torch
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
     apply_allowed_tokens,
@@ -229,6 +230,8 @@ class BatchPlan:
                 [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device
             )
             self.keys_t = keys_f.to(torch.int64)
+        self.draw_params: Optional[torch.Tensor] = None  # cut_draw's table, on first fused draw
+        self._specs, self._vocab = specs, vocab
         if self.any_cut:
             self.cut_rows = [i for i, c in enumerate(cut) if c]
             self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
@@ -241,6 +244,12 @@ class BatchPlan:
                 vocab,
                 device,
             )
+
+    def fused_params(self) -> torch.Tensor:
+        """The per-row table of `cut_draw.draw`, uploaded once per plan."""
+        if self.draw_params is None:
+            self.draw_params = draw_params(self.params, self._specs, self._vocab, self.device)
+        return self.draw_params
 
     def edit_plan(self, requests: Sequence, vocab: int) -> EditPlan:
         """The device EditPlan, built on first use; rebuilt when the EOS ids of min_tokens rows
@@ -359,9 +368,12 @@ class Sampler:
         if plan.any_noisy:
             keys = plan.step_keys(requests)
             bits = self.generator.getrandbits(62)
-            x = x.float()
-            thr = self._exact_thresholds(x, plan) if plan.any_cut else None
-            tokens = self._draw(x, thr, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+            x, base = x.float(), (bits & 0x7FFFFFFF, bits >> 31)
+            if self._fused(x):
+                tokens = self._fused_draw(x, plan, keys, base)
+            else:
+                thr = self._exact_thresholds(x, plan) if plan.any_cut else None
+                tokens = self._draw(x, thr, plan, keys, base)
         else:
             tokens = x.argmax(dim=1)
         if slots is not None:
@@ -381,6 +393,16 @@ class Sampler:
 
     def _device_prompt_seen(self, requests: Sequence) -> torch.Tensor:
         return self._cached_prompt_seen(requests, self.vocab_size, self._counts.device)
+
+    @staticmethod
+    def _fused(x: torch.Tensor) -> bool:
+        """Whether the draw runs as `cut_draw` (Triton: cuts found inside the draw)."""
+        return cut_draw.available(x.device) and x.stride(1) == 1
+
+    def _fused_draw(self, x: torch.Tensor, plan: BatchPlan, keys: np.ndarray, base) -> torch.Tensor:
+        """Every row's cut and draw in two launches (`cut_draw.draw`); exact cuts, no host sync."""
+        keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), x.device)
+        return cut_draw.draw(x, plan.fused_params(), keys_t, base, chunk=sampling_draw.CHUNK)
 
     def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
@@ -453,6 +475,9 @@ class Sampler:
         keys = plan.step_keys(requests)
         bits = self.generator.getrandbits(62)
         base = (bits & 0x7FFFFFFF, bits >> 31)
+        if self._fused(x):
+            tokens = self._fused_draw(x, plan, keys, base)
+            return tokens, tokens.tolist()
         thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
         tokens = self._draw(x, thr, plan, keys, base)
         if unsure is None:

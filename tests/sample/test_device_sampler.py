@@ -84,17 +84,21 @@ def test_device_path_equals_serial_over_steps_with_placeholders(impl, seeded):
     assert _run_steps(impl, 700, 5, _deferred, seeded) == _run_steps(impl, 700, 5, _serial, seeded)
 
 
-def test_device_path_triton_equals_torch(impl, monkeypatch):
-    """The device path with the Triton kernels (draw, penalties, top-p bisection; interpreted
-    on CPU) against the same path in torch, seeded rows over steps."""
+@pytest.mark.parametrize("chunk", [64, 8192])
+def test_device_path_triton_equals_torch(impl, monkeypatch, chunk):
+    """The device path with the Triton kernels (the fused cut and draw, penalties;
+    interpreted on CPU) against the same path in torch, seeded rows over steps. Chunks of 64
+    tokens put most cuts on cut_draw's candidate path; one chunk of 8192 over 600 tokens
+    overflows the candidate slots, so every cut row takes its wide (bisection) path."""
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
-    from enginespec.kernels import top_p as top_p_kernel
 
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", chunk)
     want = _run_steps(impl, 600, 2, _deferred)
     monkeypatch.setattr(sampling_triton, "available", lambda device: True)
-    monkeypatch.setattr(top_p_kernel, "available", lambda device: True)
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
     assert _run_steps(impl, 600, 2, _deferred) == want
 
 
