@@ -31,6 +31,8 @@ are fixed per row). Greedy rows take the first argmax.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from enginespec.kernels import sampling as sampling_kernels
@@ -57,9 +59,21 @@ def layout(chunk: int) -> tuple[int, int, int]:
 if triton is not None:
 
     @triton.jit
+    def _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS: tl.constexpr):
+        """Row `row`'s logits: row map[row] of the edited rows e_ptr when that is >= 0, else x's."""
+        ptr = x_ptr + row.to(tl.int64) * x_stride
+        if HAS_EDITS:
+            e = tl.load(map_ptr + row)
+            ptr = tl.where(e >= 0, e_ptr + e * e_stride, ptr)
+        return ptr
+
+    @triton.jit
     def _scan_kernel(
         x_ptr,
         x_stride,
+        e_ptr,
+        e_stride,
+        map_ptr,
         prm_ptr,
         stats_ptr,
         cand_ptr,
@@ -71,14 +85,16 @@ if triton is not None:
         CC: tl.constexpr,
         SLOTS: tl.constexpr,
         NUM_PARAMS: tl.constexpr,
+        HAS_EDITS: tl.constexpr,
     ):
-        # x_ptr: [S, x_stride] float32; prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
+        # x_ptr: [S, x_stride] float32 (e_ptr, e_stride, map_ptr: see _row_ptr); prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
         # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); cand_ptr: [S, num_chunks,
         # SLOTS]; floor_ptr: [S, num_chunks]. Candidates and floors are written on cut rows only.
         row = tl.program_id(0)
         part = tl.program_id(1)
         cols = part * CHUNK + tl.arange(0, CHUNK)
-        xv = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=cols < vocab, other=float("-inf"))
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS)
+        xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
         top = tl.max(xv, axis=0)
         first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
         scale = tl.load(prm_ptr + row * NUM_PARAMS)
@@ -224,10 +240,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["base_lo", "base_hi"])
     def _cut_pick_kernel(
-        x_ptr, x_stride, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr, vocab, num_chunks,
-        base_lo, base_hi,
+        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
+        vocab, num_chunks, base_lo, base_hi,
         CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, HAS_EDITS: tl.constexpr,
     ):  # fmt: skip
         # prm_ptr: [S, NUM_PARAMS] float32: x_scale, noisy, cut, base_off, top_k, top_p, inv_t.
         row = tl.program_id(0)
@@ -244,7 +260,7 @@ if triton is not None:
         row_shift = tl.where(x_max > float("-inf"), x_max, 0.0)
         rel = tl.exp2((tops - row_shift) * scale)
         thr = tl.max(tl.full([NC_BLOCK], float("-inf"), tl.float32), axis=0)
-        row_ptr = x_ptr + row.to(tl.int64) * x_stride
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS)
         if tl.load(prm + 2) != 0.0:
             top_k = tl.load(prm + 4).to(tl.int32)
             top_p = tl.load(prm + 5)
@@ -283,17 +299,30 @@ def available(device: torch.device) -> bool:
 
 
 def draw(
-    x: torch.Tensor, prm: torch.Tensor, keys: torch.Tensor, base: tuple[int, int], *, chunk: int
+    x: torch.Tensor,
+    prm: torch.Tensor,
+    keys: torch.Tensor,
+    base: tuple[int, int],
+    *,
+    chunk: int,
+    edited: Optional[torch.Tensor] = None,
+    edit_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Token per row of x [S, V] (float32, unit stride along V). prm [S, NUM_PARAMS] float32,
     contiguous, per row: x_scale (log2(e) / T; 1 on greedy rows), noisy (1 random, 0 greedy),
     cut (1 when a random row has a min-p/top-k/top-p cut), base_off (log(min_p) / inv_t: the
     min-p cut is row max + base_off; -inf for none), top_k (0 = none; below V), top_p (1 =
     none), inv_t (1 / T), unused. keys int64 [S] (see `sampling.draw`); base = (base_lo,
-    base_hi). chunk: `sample.draw.CHUNK` (a power of two). Returns int64 [S]; two launches."""
+    base_hi). chunk: `sample.draw.CHUNK` (a power of two). edited [E, V'] float32 (unit stride,
+    V' >= V) with edit_map int64 [S]: row i is read from edited[edit_map[i]] where that is >= 0
+    (the rows a logit edit changed, so the others need no copy). Returns int64 [S]; two launches."""
     assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
     num_rows, vocab = x.shape
+    has_edits = edited is not None
+    if has_edits:
+        assert edited.dtype == torch.float32 and edited.stride(1) == 1 and edit_map.dtype == torch.int64
+    e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
     num_chunks = triton.cdiv(vocab, chunk)
     nb, cc, slots = layout(chunk)
     work = torch.empty(num_rows * num_chunks * (4 + slots), dtype=torch.float32, device=x.device)
@@ -303,12 +332,13 @@ def draw(
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = 8 if chunk >= 2048 else 4
     _scan_kernel[(num_rows, num_chunks)](
-        x, x.stride(0), prm, stats, cand, floors, vocab, num_chunks,
-        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+        x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks,
+        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, HAS_EDITS=has_edits, num_warps=warps,
     )  # fmt: skip
     _cut_pick_kernel[(num_rows,)](
-        x, x.stride(0), prm, keys, stats, cand, floors, out, vocab, num_chunks, base[0], base[1],
+        x, x.stride(0), e, e_stride, e_map, prm, keys, stats, cand, floors, out, vocab, num_chunks,
+        base[0], base[1],
         CHUNK=chunk, SLOTS=slots, NC_BLOCK=triton.next_power_of_2(num_chunks), BLOCK=min(BLOCK, chunk),
-        WIDE_BLOCK=BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+        WIDE_BLOCK=BLOCK, NUM_PARAMS=NUM_PARAMS, HAS_EDITS=has_edits, num_warps=warps,
     )  # fmt: skip
     return out

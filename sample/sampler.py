@@ -219,6 +219,14 @@ class BatchPlan:
         self.penalties = penalty_columns(params, device) if self.any_edits else None
         self.edit_kinds = edit_kinds(params) if self.any_edits else None
         self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
+        if self.any_edits:  # the edited rows: the device path copies only these
+            self.edit_rows = [i for i, e in enumerate(edits) if e]
+            edit_map = [-1] * len(params)
+            for j, i in enumerate(self.edit_rows):
+                edit_map[i] = j
+            self.edit_index, self.edit_map = (
+                upload(torch.tensor(v, dtype=torch.int64), device) for v in (self.edit_rows, edit_map)
+            )
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
         if self.any_logprobs:
@@ -245,18 +253,23 @@ class BatchPlan:
                 device,
             )
 
-    def fused_params(self) -> torch.Tensor:
-        """The per-row table of `cut_draw.draw`, uploaded once per plan."""
+    def fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-row table of `cut_draw.draw` and the key template on the device, uploaded
+        once per plan."""
         if self.draw_params is None:
             self.draw_params = draw_params(self.params, self._specs, self._vocab, self.device)
-        return self.draw_params
+        if self.keys_t is None:  # a greedy plan (with edits) has no key upload yet
+            self.keys_t = upload(torch.from_numpy(self.keys), self.device)
+        return self.draw_params, self.keys_t
 
     def edit_plan(self, requests: Sequence, vocab: int) -> EditPlan:
-        """The device EditPlan, built on first use; rebuilt when the EOS ids of min_tokens rows
-        differ from those it was built with (EOS is the request's, not its params')."""
+        """The device EditPlan of the edited rows (`edit_rows`: its row j is batch row
+        edit_rows[j]), built on first use; rebuilt when the EOS ids of min_tokens rows differ
+        from those it was built with (EOS is the request's, not its params')."""
         eos = [requests[i].eos_token_id for i in self.min_token_rows]
         if self._edit_plan is None or eos != self._edit_eos:
-            self._edit_plan, self._edit_eos = EditPlan(requests, vocab, self.device), eos
+            sub = [requests[i] for i in self.edit_rows]
+            self._edit_plan, self._edit_eos = EditPlan(sub, vocab, self.device), eos
         return self._edit_plan
 
     def step_keys(self, requests: Sequence) -> np.ndarray:
@@ -359,21 +372,25 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x, slots = raw, None
-        if plan.any_edits:
-            x = raw.to(torch.float32, copy=True)
+        x, edited, slots = raw.float(), None, None
+        if plan.any_edits:  # only the edited rows are copied (raw is never modified)
+            edited = x.index_select(0, plan.edit_index)
             slots = plan.edit_plan(requests, self.vocab_size).apply(
-                x, requests, self._device_prompt_seen, self._output_counts(raw.device)
+                edited, [requests[i] for i in plan.edit_rows], self._output_counts(raw.device)
             )
+        fused = self._fused(x) and (plan.any_noisy or edited is not None)
+        if edited is not None and not fused:
+            x = x.index_copy(0, plan.edit_index, edited)
+        keys, base = plan.keys, (0, 0)
         if plan.any_noisy:
             keys = plan.step_keys(requests)
             bits = self.generator.getrandbits(62)
-            x, base = x.float(), (bits & 0x7FFFFFFF, bits >> 31)
-            if self._fused(x):
-                tokens = self._fused_draw(x, plan, keys, base)
-            else:
-                thr = self._exact_thresholds(x, plan) if plan.any_cut else None
-                tokens = self._draw(x, thr, plan, keys, base)
+            base = (bits & 0x7FFFFFFF, bits >> 31)
+        if fused:
+            tokens = self._fused_draw(x, plan, keys, base, edited)
+        elif plan.any_noisy:
+            thr = self._exact_thresholds(x, plan) if plan.any_cut else None
+            tokens = self._draw(x, thr, plan, keys, base)
         else:
             tokens = x.argmax(dim=1)
         if slots is not None:
@@ -391,18 +408,23 @@ class Sampler:
             self._counts = OutputCounts(self.vocab_size, device)
         return self._counts
 
-    def _device_prompt_seen(self, requests: Sequence) -> torch.Tensor:
-        return self._cached_prompt_seen(requests, self.vocab_size, self._counts.device)
-
     @staticmethod
     def _fused(x: torch.Tensor) -> bool:
         """Whether the draw runs as `cut_draw` (Triton: cuts found inside the draw)."""
         return cut_draw.available(x.device) and x.stride(1) == 1
 
-    def _fused_draw(self, x: torch.Tensor, plan: BatchPlan, keys: np.ndarray, base) -> torch.Tensor:
-        """Every row's cut and draw in two launches (`cut_draw.draw`); exact cuts, no host sync."""
-        keys_t = plan.keys_t if keys is plan.keys else upload(torch.from_numpy(keys), x.device)
-        return cut_draw.draw(x, plan.fused_params(), keys_t, base, chunk=sampling_draw.CHUNK)
+    def _fused_draw(
+        self, x: torch.Tensor, plan: BatchPlan, keys: np.ndarray, base, edited: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Every row's cut and draw in two launches (`cut_draw.draw`); exact cuts, no host sync.
+        edited: the plan's edited rows (`BatchPlan.edit_rows`), read in place of x's."""
+        prm, keys_t = plan.fused_params()
+        if keys is not plan.keys:
+            keys_t = upload(torch.from_numpy(keys), x.device)
+        edit_map = None if edited is None else plan.edit_map
+        return cut_draw.draw(
+            x, prm, keys_t, base, chunk=sampling_draw.CHUNK, edited=edited, edit_map=edit_map
+        )
 
     def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
