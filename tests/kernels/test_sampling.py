@@ -28,6 +28,7 @@ if "nvidia" not in backends:
 from enginespec.kernels import sampling as st
 from enginespec.kernels import top_p as tp
 from enginespec.kernels import cut_draw as cd
+from enginespec.kernels import logprobs as lp
 
 F, I, C = "*fp32", "i32", "constexpr"
 KERNELS = {
@@ -56,6 +57,13 @@ KERNELS = {
                       HAS_EDITS=C),
                  dict(CHUNK=8192, SLOTS=64, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=2048, NUM_PARAMS=8,
                       HAS_EDITS=True)),
+    "lp_chunk": (lp._chunk_kernel,
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", stats_ptr=F, top_v_ptr=F, top_i_ptr="*i32", vocab=I,
+                      num_chunks=I, CHUNK=C, K=C, KP=C), dict(CHUNK=4096, K=5, KP=8)),
+    "lp_merge": (lp._merge_kernel,
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", tok_ptr="*i64", stats_ptr=F, top_v_ptr=F,
+                      top_i_ptr="*i32", out_ptr="*fp64", num_chunks=I, NC_BLOCK=C, K=C, KP=C),
+                 dict(NC_BLOCK=64, K=5, KP=8)),
 }
 for name, (fn, sig, consts) in KERNELS.items():
     try:
@@ -77,6 +85,6 @@ def test_sampler_kernels_compile_for_sm90():
         pytest.skip(proc.stdout.strip())
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert set(lines) == {"chunk_stats", "pick", "penalty", "top_p", "cut_scan", "cut_pick"}
+    assert set(lines) == {"chunk_stats", "pick", "penalty", "top_p", "cut_scan", "cut_pick", "lp_chunk", "lp_merge"}
     assert "div.full 0" in lines["penalty"], "penalty division must be IEEE-rounded, as torch's"
     assert "ex2.approx 0" not in lines["chunk_stats"]

@@ -161,3 +161,25 @@ def test_output_counts_rebuild_and_release(impl):
     a.status = type(a.status).FINISHED_STOPPED
     counts.slots([b])
     assert id(a) not in counts.entries and len(counts.entries) == 1
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_logprob_kernels_match_log_softmax(monkeypatch, k):
+    """kernels.logprobs (interpreted, 64-token chunks over 300) against torch's log_softmax
+    and topk: the sampled token's logprob and the top-k values to float32 rounding, the
+    top-k ids exactly (no ties in random logits)."""
+    from enginespec.kernels import logprobs as logprob_kernels
+    from enginespec.sample.deferred import device_logprobs
+
+    if logprob_kernels.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
+    raw = torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3
+    rows, tokens, counts = [0, 2, 5], torch.tensor([5, 1, 7, 3, 9, 299]), [k, 0, k]
+    index = torch.tensor(rows)
+    want = device_logprobs(raw, tokens, rows, counts, index).packed
+    monkeypatch.setattr(logprob_kernels, "available", lambda device: True)
+    got = device_logprobs(raw, tokens, rows, counts, index).packed
+    assert got.shape == want.shape == (3, 1 + 2 * k)
+    torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], rtol=0, atol=1e-5)
+    assert torch.equal(got[:, 1 + k :], want[:, 1 + k :])
