@@ -59,15 +59,16 @@ def layout(chunk: int) -> tuple[int, int, int]:
 if triton is not None:
 
     @triton.jit
-    def _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS: tl.constexpr):
-        """Row `row`'s logits: row map[row] of the edited rows e_ptr when that is >= 0, else x's."""
+    def _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits):
+        """Row `row`'s logits: row map[row] of the edited rows e_ptr when that is >= 0, else x's.
+        has_edits is a runtime flag (one compiled variant whether a batch edits or not)."""
         ptr = x_ptr + row.to(tl.int64) * x_stride
-        if HAS_EDITS:
+        if has_edits != 0:
             e = tl.load(map_ptr + row)
             ptr = tl.where(e >= 0, e_ptr + e * e_stride, ptr)
         return ptr
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["has_edits"])
     def _scan_kernel(
         x_ptr,
         x_stride,
@@ -80,12 +81,12 @@ if triton is not None:
         floor_ptr,
         vocab,
         num_chunks,
+        has_edits,
         CHUNK: tl.constexpr,
         NB: tl.constexpr,
         CC: tl.constexpr,
         SLOTS: tl.constexpr,
         NUM_PARAMS: tl.constexpr,
-        HAS_EDITS: tl.constexpr,
     ):
         # x_ptr: [S, x_stride] float32 (e_ptr, e_stride, map_ptr: see _row_ptr); prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
         # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); cand_ptr: [S, num_chunks,
@@ -93,7 +94,7 @@ if triton is not None:
         row = tl.program_id(0)
         part = tl.program_id(1)
         cols = part * CHUNK + tl.arange(0, CHUNK)
-        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS)
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
         xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
         top = tl.max(xv, axis=0)
         first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
@@ -238,12 +239,12 @@ if triton is not None:
         w2 = tl.where(grid >= thr, tl.exp2((grid - shift[:, None]) * scale), 0.0)
         return thr, tl.sum(w2, axis=1), ok
 
-    @triton.jit(do_not_specialize=["base_lo", "base_hi"])
+    @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi"])
     def _cut_pick_kernel(
         x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
-        vocab, num_chunks, base_lo, base_hi,
+        vocab, num_chunks, has_edits, base_lo, base_hi,
         CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, HAS_EDITS: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
     ):  # fmt: skip
         # prm_ptr: [S, NUM_PARAMS] float32: x_scale, noisy, cut, base_off, top_k, top_p, inv_t.
         row = tl.program_id(0)
@@ -260,7 +261,7 @@ if triton is not None:
         row_shift = tl.where(x_max > float("-inf"), x_max, 0.0)
         rel = tl.exp2((tops - row_shift) * scale)
         thr = tl.max(tl.full([NC_BLOCK], float("-inf"), tl.float32), axis=0)
-        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, HAS_EDITS)
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
         if tl.load(prm + 2) != 0.0:
             top_k = tl.load(prm + 4).to(tl.int32)
             top_p = tl.load(prm + 5)
@@ -332,13 +333,13 @@ def draw(
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = 8 if chunk >= 2048 else 4
     _scan_kernel[(num_rows, num_chunks)](
-        x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks,
-        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, HAS_EDITS=has_edits, num_warps=warps,
+        x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks, int(has_edits),
+        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     _cut_pick_kernel[(num_rows,)](
         x, x.stride(0), e, e_stride, e_map, prm, keys, stats, cand, floors, out, vocab, num_chunks,
-        base[0], base[1],
+        int(has_edits), base[0], base[1],
         CHUNK=chunk, SLOTS=slots, NC_BLOCK=triton.next_power_of_2(num_chunks), BLOCK=min(BLOCK, chunk),
-        WIDE_BLOCK=BLOCK, NUM_PARAMS=NUM_PARAMS, HAS_EDITS=has_edits, num_warps=warps,
+        WIDE_BLOCK=BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     return out

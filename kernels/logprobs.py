@@ -6,7 +6,8 @@ out, a gather and a full-row topk: several passes over [R, V]. Here:
 
 1. `_chunk_kernel`, grid (R, num_chunks): per chunk of the row its max m_j, sum exp(x - m_j)
    s_j, and its K largest (value, id), by K rounds of max-and-remove in registers (first id
-   on ties). One read of the rows.
+   on ties). One read of the rows. K is a runtime argument (storage padded to KP = 8, 16 or
+   32), so a new logprobs count compiles nothing inside a user's request.
 2. `_merge_kernel`, grid (R,): the normaliser lse = M + log(sum_j s_j exp(m_j - M)), the
    sampled token's logprob x[token] - lse, and the row's top-K from the chunks' (the row's K
    largest are among them), written straight into the float64 layout of
@@ -31,14 +32,15 @@ MAX_K = 32  # larger top-k requests take the torch path
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["k"])
     def _chunk_kernel(
-        x_ptr, x_stride, rows_ptr, stats_ptr, top_v_ptr, top_i_ptr, vocab, num_chunks,
-        CHUNK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+        x_ptr, x_stride, rows_ptr, stats_ptr, top_v_ptr, top_i_ptr, vocab, num_chunks, k,
+        CHUNK: tl.constexpr, KP: tl.constexpr,
     ):  # fmt: skip
         # x_ptr: [S, x_stride] (any float dtype, unit stride); rows_ptr: int64 [R];
         # stats_ptr: float32 [R, num_chunks, 2] (max, sum exp); top_v_ptr / top_i_ptr: float32 /
-        # int32 [R, num_chunks, KP], the first K entries written.
+        # int32 [R, num_chunks, KP], the first k entries written (k <= KP, a runtime value, so
+        # one compiled variant serves every k up to KP).
         i = tl.program_id(0)
         part = tl.program_id(1)
         row = tl.load(rows_ptr + i)
@@ -50,11 +52,11 @@ if triton is not None:
         stats = stats_ptr + (i.to(tl.int64) * num_chunks + part) * 2
         tl.store(stats, top)
         tl.store(stats + 1, tl.sum(tl.exp(xv - shift), axis=0))
-        if K > 0:
+        if k > 0:
             lanes = tl.arange(0, KP)
             vals = tl.full([KP], float("-inf"), tl.float32)
             ids = tl.full([KP], 2147483647, tl.int32)
-            for j in tl.static_range(K):
+            for j in range(k):
                 best = tl.max(xv, axis=0)
                 pick = tl.min(tl.where((xv == best) & inside, cols, 2147483647), axis=0)
                 vals = tl.where(lanes == j, best, vals)
@@ -64,12 +66,12 @@ if triton is not None:
             tl.store(top_v_ptr + out, vals)
             tl.store(top_i_ptr + out, ids)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["k"])
     def _merge_kernel(
-        x_ptr, x_stride, rows_ptr, tok_ptr, stats_ptr, top_v_ptr, top_i_ptr, out_ptr, num_chunks,
-        NC_BLOCK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+        x_ptr, x_stride, rows_ptr, tok_ptr, stats_ptr, top_v_ptr, top_i_ptr, out_ptr, num_chunks, k,
+        NC_BLOCK: tl.constexpr, KP: tl.constexpr,
     ):  # fmt: skip
-        # tok_ptr: int64 [S] sampled ids (indexed by batch row); out_ptr: float64 [R, 1 + 2K].
+        # tok_ptr: int64 [S] sampled ids (indexed by batch row); out_ptr: float64 [R, 1 + 2k].
         i = tl.program_id(0)
         row = tl.load(rows_ptr + i)
         parts = tl.arange(0, NC_BLOCK)
@@ -81,19 +83,19 @@ if triton is not None:
         shift = tl.where(x_max > float("-inf"), x_max, 0.0)
         lse = shift + tl.log(tl.sum(tl.where(valid, sums * tl.exp(tops - shift), 0.0), axis=0))
         tok = tl.load(tok_ptr + row)
-        out = out_ptr + i.to(tl.int64) * (1 + 2 * K)
+        out = out_ptr + i.to(tl.int64) * (1 + 2 * k)
         tl.store(out, (tl.load(x_ptr + row * x_stride + tok).to(tl.float32) - lse).to(tl.float64))
-        if K > 0:
+        if k > 0:
             offs = tl.arange(0, NC_BLOCK * KP)
-            inside = (offs < num_chunks * KP) & (offs % KP < K)
+            inside = (offs < num_chunks * KP) & (offs % KP < k)
             base = i.to(tl.int64) * num_chunks * KP
             cand = tl.load(top_v_ptr + base + offs, mask=inside, other=float("-inf"))
             ids = tl.load(top_i_ptr + base + offs, mask=inside, other=2147483647)
-            for j in tl.static_range(K):
+            for j in range(k):
                 best = tl.max(cand, axis=0)
                 pick = tl.min(tl.where(cand == best, ids, 2147483647), axis=0)
                 tl.store(out + 1 + j, (best - lse).to(tl.float64))
-                tl.store(out + 1 + K + j, pick.to(tl.float64))
+                tl.store(out + 1 + k + j, pick.to(tl.float64))
                 cand = tl.where(ids == pick, float("-inf"), cand)
 
 
@@ -108,7 +110,7 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     assert raw.stride(1) == 1 and 0 <= k <= MAX_K and k <= raw.shape[1]
     num_rows, vocab = rows.shape[0], raw.shape[1]
     num_chunks = triton.cdiv(vocab, CHUNK)
-    kp = triton.next_power_of_2(max(k, 1))
+    kp = max(8, triton.next_power_of_2(k))  # few compiled variants: KP 8, 16, 32
     dev = raw.device
     stats = torch.empty((num_rows, num_chunks, 2), dtype=torch.float32, device=dev)
     top_v = torch.empty((num_rows, num_chunks, kp), dtype=torch.float32, device=dev)
@@ -117,10 +119,10 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     if num_rows == 0:
         return out
     _chunk_kernel[(num_rows, num_chunks)](
-        raw, raw.stride(0), rows, stats, top_v, top_i, vocab, num_chunks, CHUNK=CHUNK, K=k, KP=kp, num_warps=8
+        raw, raw.stride(0), rows, stats, top_v, top_i, vocab, num_chunks, k, CHUNK=CHUNK, KP=kp, num_warps=8
     )
     _merge_kernel[(num_rows,)](
-        raw, raw.stride(0), rows, tokens, stats, top_v, top_i, out, num_chunks,
-        NC_BLOCK=triton.next_power_of_2(num_chunks), K=k, KP=kp, num_warps=4,
+        raw, raw.stride(0), rows, tokens, stats, top_v, top_i, out, num_chunks, k,
+        NC_BLOCK=triton.next_power_of_2(num_chunks), KP=kp, num_warps=4,
     )  # fmt: skip
     return out
