@@ -229,7 +229,9 @@ def _agreement(lg, params_of) -> str:
     sm, reqs = fresh()
     plain = _torch_only(lambda: sm(lg, reqs).token_ids)
     agree = [sum(a == b for a, b in zip(got, plain)) for got in (serial, device)]
-    return f"    torch draw vs serial / device path: {agree[0]}/{len(plain)}, {agree[1]}/{len(plain)} rows agree"
+    return (
+        f"    torch draw vs serial / device path: {agree[0]}/{len(plain)}, {agree[1]}/{len(plain)} rows agree"
+    )
 
 
 def _sweep(lg) -> None:

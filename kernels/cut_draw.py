@@ -117,7 +117,9 @@ if triton is not None:
             tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
             lanes = tl.arange(0, SLOTS)
             tl.store(slots + lanes, tl.full([SLOTS], float("-inf"), tl.float32), mask=lanes >= count)
-            tl.store(floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor))
+            tl.store(
+                floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor)
+            )
 
     @triton.jit
     def _to_key(v):
@@ -174,7 +176,9 @@ if triton is not None:
         return thr
 
     @triton.jit
-    def _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _wide_masses(
+        row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK: tl.constexpr, BLOCK: tl.constexpr
+    ):
         """Per chunk j: sum of exp2((x - tops[j]) * scale) over its tokens x >= thr."""
         lanes = tl.arange(0, BLOCK)
         masses = tl.zeros_like(tops)

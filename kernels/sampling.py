@@ -1,6 +1,9 @@
 """The sampler's Triton kernels (CUDA; the interpreter in tests): the draw, two launches that
-turn [S, V] float32 logits into one token per row, and the penalty arithmetic in one launch
-(`apply_penalties`, the fused form of `sampling_penalties.apply_penalties`).
+turn [S, V] float32 logits and given thresholds into one token per row, and the penalty
+arithmetic in one launch (`apply_penalties`, the fused form of
+`sampling_penalties.apply_penalties`). The Sampler on CUDA draws with `cut_draw`, which finds
+the thresholds itself and reuses this module's hash, uniforms and chunk scan; `draw` here is
+the same draw for thresholds computed elsewhere (and the kernels' reference in tests).
 
 The draw is inverse-CDF sampling split over fixed chunks of CHUNK tokens (`sampling_draw`
 states the math and holds the plain-torch version; both compute the same quantities):

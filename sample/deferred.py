@@ -74,7 +74,11 @@ def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optiona
         positions, logits, targets = prompt_logits[rid]
         index = upload(torch.tensor(list(targets), dtype=torch.int64), logits.device)
         raw = logits[:, :vocab]
-        if logprob_kernels.available(raw.device) and raw.stride(1) == 1 and min(k, vocab) <= logprob_kernels.MAX_K:
+        if (
+            logprob_kernels.available(raw.device)
+            and raw.stride(1) == 1
+            and min(k, vocab) <= logprob_kernels.MAX_K
+        ):
             rows = torch.arange(raw.shape[0], dtype=torch.int64, device=raw.device)
             parts.append(logprob_kernels.logprobs(raw, rows, index, min(k, vocab)).flatten())
             requests.append((rid, list(positions), list(targets), min(k, vocab)))

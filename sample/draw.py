@@ -116,6 +116,10 @@ def draw_params(params: Sequence, specs: Sequence, vocab: int, device) -> torch.
         [p.top_p if c else 1.0 for p, c in zip(params, cut)],
         [1.0 / s.temperature for s in specs],
     ]
-    x_scale, noisy, is_cut, min_p, top_k, top_p, inv_t = (c.float() for c in to_device(columns, torch.float64, device))
+    x_scale, noisy, is_cut, min_p, top_k, top_p, inv_t = (
+        c.float() for c in to_device(columns, torch.float64, device)
+    )
     base_off = torch.log(min_p) / inv_t
-    return torch.stack([x_scale, noisy, is_cut, base_off, top_k, top_p, inv_t, torch.zeros_like(inv_t)], dim=1)
+    return torch.stack(
+        [x_scale, noisy, is_cut, base_off, top_k, top_p, inv_t, torch.zeros_like(inv_t)], dim=1
+    )

@@ -13,22 +13,31 @@ the vocabulary:
    argmax, so mixed batches need no split. A seeded row's key is row_key(seed, output index), so
    its draw is the same whatever batch or position it is in; unseeded rows derive theirs from
    one 62-bit base per call drawn from the sampler's generator (`random.Random(seed)`) and the
-   row's position. On CUDA the draw is two Triton launches (`sampling_triton`), elsewhere
-   plain torch (`draw_torch`), computing the same sums.
+   row's position.
+
+On CUDA steps 2 and 3 are ONE fused pair of Triton launches for every row type (`cut_draw`:
+the cuts come out of the draw's own pass over the logits, exact, with no topk or sort and no
+host sync); elsewhere the thresholds come from torch (`sampling_truncation`) and the draw is
+plain torch (`draw_torch`), computing the same cuts and the same sums, so seeded rows draw the
+same tokens on both (up to float rounding at a top-p or CDF boundary).
 
 Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, cached while
-the same params come in the same order), so a steady temperature-only step is two launches
-plus the host copy of the ids.
+the same params come in the same order), so a steady step of any top-k/top-p/min-p/temperature
+mix is two launches plus the host copy of the ids.
 
 Two entry points draw the same tokens. `__call__` (serial steps) returns host lists; its edits
 read the requests' token lists on the host and a top-p row whose nucleus may lie beyond the
 candidates is checked on the host (read with the ids) and redrawn after a full sort.
 `sample_deferred` (async scheduling) does everything on the device with no host sync, for
-every setting: edits from the batch's `EditPlan` (indices uploaded once, `device_edits`),
-penalties from device-side output counts updated from the drawn ids (`output_counts`, so the
-in-flight placeholder is counted with its real id), unsure top-p rows settled on the device
-(`truncation.exact_thresholds`), and logprobs left on the device to travel with the ids in one
-host copy (`deferred`). Seeded rows give the same tokens on both paths; unseeded rows too, as
+every setting: edits from the batch's `EditPlan` on a copy of the edited rows only (indices
+uploaded once, `device_edits`; the fused draw reads those rows through a row map), penalties
+read in place from device-side output-count and prompt tables updated from the drawn ids
+(`output_counts`, so the in-flight placeholder is counted with its real id), exact cuts
+(`cut_draw` on CUDA, `truncation.exact_thresholds` elsewhere), and logprobs left on the device
+(two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
+(`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
+top-p, min-p in any mix 3; all seeded 4 (the step's keys); quarters of greedy / temperature /
+top-k+top-p / top-p+min-p+penalties+logprobs about 15. Seeded rows give the same tokens on both paths; unseeded rows too, as
 both advance the generator once per call with a random row.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers

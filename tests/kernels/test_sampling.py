@@ -84,6 +84,15 @@ def test_sampler_kernels_compile_for_sm90():
         pytest.skip(proc.stdout.strip())
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert set(lines) == {"chunk_stats", "pick", "penalty", "top_p", "cut_scan", "cut_pick", "lp_chunk", "lp_merge"}
+    assert set(lines) == {
+        "chunk_stats",
+        "pick",
+        "penalty",
+        "top_p",
+        "cut_scan",
+        "cut_pick",
+        "lp_chunk",
+        "lp_merge",
+    }
     assert "div.full 0" in lines["penalty"], "penalty division must be IEEE-rounded, as torch's"
     assert "ex2.approx 0" not in lines["chunk_stats"]
