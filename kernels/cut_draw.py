@@ -43,6 +43,7 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
+FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)  # logits read as they are, in float32
 NUM_PARAMS = 8  # columns of the per-row parameter table (see `draw`)
 BLOCK = 2048  # tokens per loop step on the wide path and the final scan
 NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
@@ -95,7 +96,7 @@ if triton is not None:
         part = tl.program_id(1)
         cols = part * CHUNK + tl.arange(0, CHUNK)
         row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
-        xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         top = tl.max(xv, axis=0)
         first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
         scale = tl.load(prm_ptr + row * NUM_PARAMS)
@@ -139,7 +140,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + lanes
-            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
             keep = (xv > t) & (xv >= floor) & (xv > float("-inf"))
             if BY_MASS:
                 acc += tl.where(keep, tl.exp((xv - x_max) * inv_t), 0.0)
@@ -188,7 +189,7 @@ if triton is not None:
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for off in range(0, CHUNK, BLOCK):
                 cols = j * CHUNK + off + lanes
-                xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+                xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
                 acc += tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
             masses = tl.where(parts == j, tl.sum(acc, axis=0), masses)
         return masses
@@ -278,7 +279,7 @@ if triton is not None:
                 row_cand, row_floor, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
                 inv_t, scale, SLOTS, NC_BLOCK,
             )  # fmt: skip
-            if not ok:
+            if ok.to(tl.int32) == 0:
                 thr = _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, WIDE_BLOCK)
                 masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
         part_mass = tl.where(valid, masses * rel, 0.0)
@@ -313,20 +314,23 @@ def draw(
     edited: Optional[torch.Tensor] = None,
     edit_map: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Token per row of x [S, V] (float32, unit stride along V). prm [S, NUM_PARAMS] float32,
+    """Token per row of x [S, V] (float32, or the model's bfloat16 / float16 read as float32:
+    no conversion pass; unit stride along V). prm [S, NUM_PARAMS] float32,
     contiguous, per row: x_scale (log2(e) / T; 1 on greedy rows), noisy (1 random, 0 greedy),
     cut (1 when a random row has a min-p/top-k/top-p cut), base_off (log(min_p) / inv_t: the
     min-p cut is row max + base_off; -inf for none), top_k (0 = none; below V), top_p (1 =
     none), inv_t (1 / T), unused. keys int64 [S] (see `sampling.draw`); base = (base_lo,
     base_hi). chunk: `sample.draw.CHUNK` (a power of two). edited [E, V'] float32 (unit stride,
     V' >= V) with edit_map int64 [S]: row i is read from edited[edit_map[i]] where that is >= 0
-    (the rows a logit edit changed, so the others need no copy). Returns int64 [S]; two launches."""
-    assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] < (1 << 24)
+    (the rows a logit edit changed, so the others need no copy; x must then be float32).
+    Returns int64 [S]; two launches."""
+    assert x.dtype in FLOAT_TYPES and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
     num_rows, vocab = x.shape
     has_edits = edited is not None
     if has_edits:
-        assert edited.dtype == torch.float32 and edited.stride(1) == 1 and edit_map.dtype == torch.int64
+        assert x.dtype == edited.dtype == torch.float32 and edited.stride(1) == 1
+        assert edit_map.dtype == torch.int64
     e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
     num_chunks = triton.cdiv(vocab, chunk)
     nb, cc, slots = layout(chunk)

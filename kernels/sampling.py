@@ -123,7 +123,7 @@ if triton is not None:
         last = tl.max(tl.full([BLOCK], -1, tl.int32), axis=0)
         for off in range(0, CHUNK, BLOCK):
             cols = start + off + lanes
-            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
             wv = tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
             run = tl.cumsum(wv, axis=0) + acc
             positive = wv > 0.0

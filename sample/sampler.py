@@ -381,7 +381,10 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x, edited, slots = raw.float(), None, None
+        # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
+        # are edited (edits work in float32, and both row sources must share a dtype)
+        keep_dtype = self._fused(raw) and not plan.any_edits and raw.dtype in cut_draw.FLOAT_TYPES
+        x, edited, slots = (raw if keep_dtype else raw.float()), None, None
         if plan.any_edits:  # only the edited rows are copied (raw is never modified)
             edited = x.index_select(0, plan.edit_index)
             slots = plan.edit_plan(requests, self.vocab_size).apply(
@@ -457,7 +460,8 @@ class Sampler:
         plan = self._plan(requests, raw.device)
         x = self._edited(raw, requests, plan)
         if plan.any_noisy:
-            tokens, token_ids = self._sample(x.float(), requests, plan)
+            fused_dtype = self._fused(x) and x.dtype in cut_draw.FLOAT_TYPES  # read as it is
+            tokens, token_ids = self._sample(x if fused_dtype else x.float(), requests, plan)
         else:
             tokens = x.argmax(dim=1)
             token_ids = tokens.tolist()
