@@ -6,8 +6,8 @@ out, a gather and a full-row topk: several passes over [R, V]. Here:
 
 1. `_chunk_kernel`, grid (R, num_chunks): per chunk of the row its max m_j, sum exp(x - m_j)
    s_j, and its K largest (value, id), by K rounds of max-and-remove in registers (first id
-   on ties). One read of the rows. K is a runtime argument (storage padded to KP = 8, 16 or
-   32), so a new logprobs count compiles nothing inside a user's request.
+   on ties). One read of the rows. K is a runtime argument (storage padded to KP = MAX_K), so
+   a new logprobs count compiles nothing inside a user's request.
 2. `_merge_kernel`, grid (R,): the normaliser lse = M + log(sum_j s_j exp(m_j - M)), the
    sampled token's logprob x[token] - lse, and the row's top-K from the chunks' (the row's K
    largest are among them), written straight into the float64 layout of
@@ -110,7 +110,7 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     assert raw.stride(1) == 1 and 0 <= k <= MAX_K and k <= raw.shape[1]
     num_rows, vocab = rows.shape[0], raw.shape[1]
     num_chunks = triton.cdiv(vocab, CHUNK)
-    kp = max(8, triton.next_power_of_2(k))  # few compiled variants: KP 8, 16, 32
+    kp = MAX_K  # storage for any k: one compiled variant
     dev = raw.device
     stats = torch.empty((num_rows, num_chunks, 2), dtype=torch.float32, device=dev)
     top_v = torch.empty((num_rows, num_chunks, kp), dtype=torch.float32, device=dev)
