@@ -69,17 +69,26 @@ def chat_params(i: int) -> SamplingParams:
     return SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
 
 
-def deferred_ids(sampler: Sampler, logits: torch.Tensor, reqs: list) -> list:
+def penalty_rows(reqs: list) -> list:
+    """The rows whose params ask for a penalty (deferred_ids appends their tokens)."""
+    return [
+        i
+        for i, r in enumerate(reqs)
+        if r.params.repetition_penalty != 1.0
+        or r.params.frequency_penalty != 0.0
+        or r.params.presence_penalty != 0.0
+    ]
+
+
+def deferred_ids(sampler: Sampler, logits: torch.Tensor, reqs: list, append=None) -> list:
     """The device path as async scheduling pays it: sample_deferred, then the one host copy
-    of the packed ids and logprobs (the engine makes it a step later; here at once). Rows
-    with penalties then append their token, as the engine does, so the device output counts
-    stay current (otherwise every call would rebuild them from the host lists); the appends
-    are host time the engine pays outside the sampler, counted here."""
+    of the packed ids and logprobs (the engine makes it a step later; here at once). The
+    `append` rows (default: penalty_rows) then append their token, as the engine does, so the
+    device output counts stay current (otherwise every call would rebuild them from the host
+    lists); those appends are host time the engine pays outside the sampler, counted here."""
     flat = pack(sampler.sample_deferred(logits, reqs)).tolist()
-    for i, r in enumerate(reqs):
-        p = r.params
-        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-            r.append(int(flat[i]))
+    for i in penalty_rows(reqs) if append is None else append:
+        reqs[i].append(int(flat[i]))
     return flat
 
 
@@ -298,7 +307,8 @@ def main() -> None:
         _report(figures, f"sampler_{case}", lambda: sm(lg, reqs), base, profile)
         # a fresh request list: the device path keeps output counts per request object
         dev_reqs = make_requests(ROWS, params_of)
-        _report(figures, f"device_{case}", lambda: deferred_ids(sm, lg, dev_reqs), base, profile)
+        grow = penalty_rows(dev_reqs)
+        _report(figures, f"device_{case}", lambda: deferred_ids(sm, lg, dev_reqs, grow), base, profile)
         if case in ("seeded", "chat", "mixed") and "--check" in sys.argv:
             print(_agreement(lg, params_of))
     if "--json" in sys.argv:
