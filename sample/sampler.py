@@ -224,7 +224,8 @@ class BatchPlan:
         self.seeded_rows = np.array(seeded, dtype=np.int64)
         self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
         self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
-        self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
+        self.x_scale = self.noise = self.no_cut = self.keys_t = None
+        self._cut_plan: Optional[CutPlan] = None
         self.penalties = penalty_columns(params, device) if self.any_edits else None
         self.edit_kinds = edit_kinds(params) if self.any_edits else None
         self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
@@ -252,15 +253,23 @@ class BatchPlan:
         if self.any_cut:
             self.cut_rows = [i for i, c in enumerate(cut) if c]
             self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
-            ps = [params[i] for i in self.cut_rows]
-            self.cut_plan = CutPlan(
-                [temps[i] for i in self.cut_rows],
+            self._cut_temps = [temps[i] for i in self.cut_rows]
+
+    @property
+    def cut_plan(self) -> CutPlan:
+        """The cut rows' CutPlan (the torch cuts), built on first use: the fused draw never
+        needs it, so a CUDA batch plan does not pay its upload."""
+        if self._cut_plan is None:
+            ps = [self.params[i] for i in self.cut_rows]
+            self._cut_plan = CutPlan(
+                self._cut_temps,
                 [p.top_k for p in ps],
                 [p.top_p for p in ps],
                 [p.min_p for p in ps],
-                vocab,
-                device,
+                self._vocab,
+                self.device,
             )
+        return self._cut_plan
 
     def fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-row table of `cut_draw.draw` and the key template on the device, uploaded
