@@ -37,8 +37,8 @@ read in place from device-side output-count and prompt tables updated from the d
 (two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
 (`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
 top-p, min-p in any mix 3; all seeded 4 (the step's keys); quarters of greedy / temperature /
-top-k+top-p / top-p+min-p+penalties+logprobs about 15. Seeded rows give the same tokens on both paths; unseeded rows too, as
-both advance the generator once per call with a random row.
+top-k+top-p / top-p+min-p+penalties+logprobs about 15. Seeded rows give the same tokens on
+both paths; unseeded rows too, as both advance the generator once per call with a random row.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
