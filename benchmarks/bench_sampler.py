@@ -10,7 +10,8 @@ benchmark's setting), `sampler_mixed` (a quarter each of greedy; temperature onl
 top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
 over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
 own seed: per-step keys), `sampler_chat` (every row Qwen3's chat settings: temperature 0.7,
-top-p 0.8, top-k 20). The `device_*` cases time the device path async scheduling uses
+top-p 0.8, top-k 20), `sampler_top_p` (top-p 0.95 alone, seeded: on these flat rows the
+nucleus holds thousands of tokens, the fused draw's slow wide path). The `device_*` cases time the device path async scheduling uses
 (Sampler.sample_deferred, then the one host copy of ids and logprobs): `device_temperature`,
 `device_chat` (the top-k/top-p-only case), `device_mixed`, `device_greedy`, `device_seeded`;
 their penalty rows append each drawn token (as the engine does), so the device output counts
@@ -277,6 +278,9 @@ CASES = {
     "seeded": lambda i: SamplingParams(temperature=0.6, seed=i),
     "chat": chat_params,
     "mixed": mixed_params,
+    # top-p alone over these flat random rows: the nucleus (thousands of tokens) lies beyond
+    # cut_draw's candidates, so every row takes its wide (bisection) path: the worst case
+    "top_p": lambda i: SamplingParams(temperature=1.0, top_p=0.95, seed=i),
 }
 
 

@@ -19,7 +19,9 @@ threshold comes out of the draw's own passes:
    no cut before top-p). The kept mass of each chunk is then summed from its candidates. A row
    whose cut falls below F (a flat row with a loose top-p, a huge top-k, a slot overflow) takes
    the WIDE path in the same program: the exact cuts by bisection over the float order
-   (`_to_key`: 32 passes over the row per cut), then one pass for the chunk masses.
+   (`_to_key`; 16 pivots per read of the row, so 8 reads per cut), then one read for the
+   chunk masses. One program reads its row ~17 times there: a batch of rows that all take it
+   (a loose top-p alone over a flat distribution) costs far more than the candidate path.
    Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2.
 
 Same thresholds as `sample.truncation.exact_thresholds` (values of the row; the top-p sums run in
@@ -45,7 +47,9 @@ except ImportError:  # pragma: no cover - triton is optional on CPU
 
 FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)  # logits read as they are, in float32
 NUM_PARAMS = 8  # columns of the per-row parameter table (see `draw`)
-BLOCK = 2048  # tokens per loop step on the wide path and the final scan
+BLOCK = 2048  # tokens per loop step of the final scan
+WIDE_BLOCK = 512  # tokens per loop step of the wide path's passes (a [WIDE_BLOCK, WAYS] accumulator)
+WAYS = tl.constexpr(16) if triton is not None else 16  # pivots per read in the wide bisection
 NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
 
 
@@ -149,16 +153,37 @@ if triton is not None:
         return tl.sum(acc, axis=0)
 
     @triton.jit
+    def _above_many(row_ptr, vocab, pivots, floor, x_max, inv_t, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+        """`_above` at WAYS pivots at once (pivots [WAYS]): one read of the row for all."""
+        lanes = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
+        for start in range(0, vocab, BLOCK):
+            cols = start + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            keep = (xv >= floor) & (xv > float("-inf"))
+            if BY_MASS:
+                w = tl.where(keep, tl.exp((xv - x_max) * inv_t), 0.0)
+            else:
+                w = keep.to(tl.float32)
+            acc += tl.where(xv[:, None] > pivots[None, :], w[:, None], 0.0)
+        return tl.sum(acc, axis=0)
+
+    @triton.jit
     def _bisect(row_ptr, vocab, floor, x_max, inv_t, target, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
         """The smallest float t with _above(t) < target, given _above(-inf) >= target and
-        _above(x_max) = 0 < target: 32 halvings of the key interval, exact."""
+        _above(x_max) = 0 < target: exact, over the 32-bit key interval split WAYS ways per
+        read of the row (8 reads: 16**8 = 2**32), invariant _above(lo) >= target > _above(hi)."""
         hi = _to_key(x_max)
         lo = hi * 0 + 8388607  # _to_key(-inf)
-        for _ in range(32):
-            mid = lo + (hi - lo) // 2
-            below = _above(row_ptr, vocab, _from_key(mid), floor, x_max, inv_t, BY_MASS, BLOCK) < target
-            hi = tl.where(below, mid, hi)
-            lo = tl.where(below, lo, mid)
+        ways = tl.arange(0, WAYS)
+        for _ in range(8):
+            step = (hi - lo + WAYS - 1) // WAYS
+            keys = tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi)
+            below = _above_many(row_ptr, vocab, _from_key(keys), floor, x_max, inv_t, BY_MASS, BLOCK) < target
+            first = tl.min(tl.where(below, ways, WAYS), axis=0)  # keys[WAYS - 1] == hi is below
+            new_lo = tl.max(tl.where(ways == first - 1, keys, lo), axis=0)
+            hi = tl.min(tl.where(ways == first, keys, hi), axis=0)
+            lo = new_lo
         return _from_key(hi)
 
     @triton.jit
@@ -348,6 +373,6 @@ def draw(
         x, x.stride(0), e, e_stride, e_map, prm, keys, stats, cand, floors, out, vocab, num_chunks,
         int(has_edits), base[0], base[1],
         CHUNK=chunk, SLOTS=slots, NC_BLOCK=triton.next_power_of_2(num_chunks), BLOCK=min(BLOCK, chunk),
-        WIDE_BLOCK=BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+        WIDE_BLOCK=WIDE_BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     return out

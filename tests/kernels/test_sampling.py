@@ -55,7 +55,7 @@ KERNELS = {
                       stats_ptr=F, cand_ptr=F, floor_ptr=F, out_ptr="*i64", vocab=I, num_chunks=I,
                       has_edits=I, base_lo=I, base_hi=I, CHUNK=C, SLOTS=C, NC_BLOCK=C, BLOCK=C,
                       WIDE_BLOCK=C, NUM_PARAMS=C),
-                 dict(CHUNK=8192, SLOTS=64, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=2048, NUM_PARAMS=8)),
+                 dict(CHUNK=8192, SLOTS=64, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512, NUM_PARAMS=8)),
     "lp_chunk": (lp._chunk_kernel,
                  dict(x_ptr=F, x_stride=I, rows_ptr="*i64", stats_ptr=F, top_v_ptr=F, top_i_ptr="*i32", vocab=I,
                       num_chunks=I, k=I, CHUNK=C, KP=C), dict(CHUNK=4096, KP=8)),
