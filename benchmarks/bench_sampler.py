@@ -26,7 +26,7 @@ device-bound cases can be told apart; `--check` also counts the rows where the T
 (serial and device paths) and the plain-torch draw agree on seeded versions of the seeded,
 chat and mixed cases; `--sweep` times the Triton draw alone
 (CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
-sampling_triton.BLOCK / NUM_WARPS.
+sampling_triton.BLOCK / NUM_WARPS, and the fused cut_draw (chat settings) over warp counts.
 """
 
 from __future__ import annotations
@@ -248,6 +248,7 @@ def _sweep(lg) -> None:
     """Median device ms of the Triton draw alone per (block, num_warps)."""
     import math
 
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
 
     rows = lg.shape[0]
@@ -270,6 +271,26 @@ def _sweep(lg) -> None:
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
             print(f"    draw block={block:5d} warps={warps:2d}: {sorted(times)[10] * 1e3:7.1f} us")
+    sampler = Sampler(VOCAB, device=DEVICE, seed=0)
+    plan = sampler._plan(make_requests(rows, chat_params), lg.device)
+    prm, keys = plan.fused_params()
+    for warps in (4, 8, 16):
+        run = lambda: cut_draw.draw(lg, prm, keys, (1, 2), chunk=CHUNK, num_warps=warps)
+        print(f"    cut_draw chat warps={warps:2d}: {_event_us(run):7.1f} us")
+
+
+def _event_us(run) -> float:
+    """Median device microseconds of run() over 20 calls (CUDA events)."""
+    run()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[10] * 1e3
 
 
 CASES = {

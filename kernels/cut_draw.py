@@ -338,6 +338,7 @@ def draw(
     chunk: int,
     edited: Optional[torch.Tensor] = None,
     edit_map: Optional[torch.Tensor] = None,
+    num_warps: int = 0,
 ) -> torch.Tensor:
     """Token per row of x [S, V] (float32, or the model's bfloat16 / float16 read as float32:
     no conversion pass; unit stride along V). prm [S, NUM_PARAMS] float32,
@@ -348,6 +349,7 @@ def draw(
     base_hi). chunk: `sample.draw.CHUNK` (a power of two). edited [E, V'] float32 (unit stride,
     V' >= V) with edit_map int64 [S]: row i is read from edited[edit_map[i]] where that is >= 0
     (the rows a logit edit changed, so the others need no copy; x must then be float32).
+    num_warps overrides both launches' warp count (tuning: sums change only in rounding).
     Returns int64 [S]; two launches."""
     assert x.dtype in FLOAT_TYPES and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
@@ -364,7 +366,7 @@ def draw(
     floors = work[num_rows * 3 * num_chunks : num_rows * 4 * num_chunks]
     cand = work[num_rows * 4 * num_chunks :]
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
-    warps = 8 if chunk >= 2048 else 4
+    warps = num_warps or (8 if chunk >= 2048 else 4)
     _scan_kernel[(num_rows, num_chunks)](
         x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks, int(has_edits),
         CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
