@@ -10,20 +10,23 @@ benchmark's setting), `sampler_mixed` (a quarter each of greedy; temperature onl
 top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequency penalties
 over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
 own seed: per-step keys), `sampler_chat` (every row Qwen3's chat settings: temperature 0.7,
-top-p 0.8, top-k 20). The `device_*` cases time the device path async scheduling uses
+top-p 0.8, top-k 20), `sampler_top_p` (top-p 0.95 alone, seeded: on these flat rows the
+nucleus holds thousands of tokens, the fused draw's slow wide path). The `device_*` cases time the device path async scheduling uses
 (Sampler.sample_deferred, then the one host copy of ids and logprobs): `device_temperature`,
-`device_chat` (the top-k/top-p-only case) and `device_mixed`; their penalty rows rebuild their
-output counts each call (the requests never grow here), a small upload the engine's steady
-state does not pay. `--json PATH` writes the medians. On CPU (CI, --benchmark-disable runs each case once) the row count
+`device_chat` (the top-k/top-p-only case), `device_mixed`, `device_greedy`, `device_seeded`;
+their penalty rows append each drawn token (as the engine does), so the device output counts
+stay current. `--json PATH` writes the medians (and with `--profile` each case's launch count
+and device time: `<case>_launches`, `<case>_device_us`). On CPU (CI, --benchmark-disable runs each case once) the row count
 drops to 16 so the suite stays fast; ENGINESPEC_BENCH_ROWS overrides it. Nothing here asserts
 speed; numbers go to benchmarks/RESULTS.md.
 
 `python benchmarks/bench_sampler.py --profile` also prints, per case, the device kernels one
 call launches and their summed device time (torch.profiler; CUDA only), so host-bound and
-device-bound cases can be told apart; `--check` also counts the rows where the device draw and
-the plain-torch draw agree on the seeded and mixed cases; `--sweep` times the Triton draw alone
+device-bound cases can be told apart; `--check` also counts the rows where the Triton draws
+(serial and device paths) and the plain-torch draw agree on seeded versions of the seeded,
+chat and mixed cases; `--sweep` times the Triton draw alone
 (CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
-sampling_triton.BLOCK / NUM_WARPS.
+sampling_triton.BLOCK / NUM_WARPS, and the fused cut_draw (chat settings) over warp counts.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import os
 import random
 import sys
 import time
+from typing import Optional
 
 import pytest
 import torch
@@ -67,10 +71,27 @@ def chat_params(i: int) -> SamplingParams:
     return SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
 
 
-def deferred_ids(sampler: Sampler, logits: torch.Tensor, reqs: list) -> list:
+def penalty_rows(reqs: list) -> list:
+    """The rows whose params ask for a penalty (deferred_ids appends their tokens)."""
+    return [
+        i
+        for i, r in enumerate(reqs)
+        if r.params.repetition_penalty != 1.0
+        or r.params.frequency_penalty != 0.0
+        or r.params.presence_penalty != 0.0
+    ]
+
+
+def deferred_ids(sampler: Sampler, logits: torch.Tensor, reqs: list, append=None) -> list:
     """The device path as async scheduling pays it: sample_deferred, then the one host copy
-    of the packed ids and logprobs (the engine makes it a step later; here at once)."""
-    return pack(sampler.sample_deferred(logits, reqs)).tolist()
+    of the packed ids and logprobs (the engine makes it a step later; here at once). The
+    `append` rows (default: penalty_rows) then append their token, as the engine does, so the
+    device output counts stay current (otherwise every call would rebuild them from the host
+    lists); those appends are host time the engine pays outside the sampler, counted here."""
+    flat = pack(sampler.sample_deferred(logits, reqs)).tolist()
+    for i in penalty_rows(reqs) if append is None else append:
+        reqs[i].append(int(flat[i]))
+    return flat
 
 
 def make_requests(num_rows: int, params_of) -> list:
@@ -160,7 +181,8 @@ def test_device_mixed(benchmark, logits, sampler):
 
 
 def _time_ms(fn, reps: int = 20) -> float:
-    """Median wall milliseconds over reps (every case ends in a host copy, which syncs)."""
+    """Median milliseconds over reps (every case ends in a host copy, which syncs): wall time
+    on the host, which on CUDA includes the launches' host cost and the device time."""
     fn()
     times = []
     for _ in range(reps):
@@ -170,8 +192,9 @@ def _time_ms(fn, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _device_profile(fn) -> str:
-    """Kernels launched by one call of fn and their summed device time (CUDA only)."""
+def _device_profile(fn) -> tuple[int, float, str]:
+    """(kernels launched by one call of fn, their summed device time in us, a summary line);
+    CUDA only. Memcpy/memset count too: each is a launch the step pays."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -182,28 +205,51 @@ def _device_profile(fn) -> str:
     busy_us = sum(e.time_range.elapsed_us() for e in kernels)
     top = sorted(kernels, key=lambda e: -e.time_range.elapsed_us())[:4]
     names = ", ".join(f"{e.name[:40]} {e.time_range.elapsed_us():.0f}us" for e in top)
-    return f"    {len(kernels)} device ops, {busy_us:.0f} us device time; top: {names}"
+    return len(kernels), busy_us, f"    {len(kernels)} device ops, {busy_us:.0f} us device time; top: {names}"
 
 
-def _agreement(lg, reqs) -> str:
-    """Rows where the device draw (Triton on CUDA) and the plain-torch draw pick the same token
-    (seeded rows, so both see the same keys; rounding may flip a rare near-boundary row)."""
+def _torch_only(fn):
+    """fn's result with every Triton path switched off (the plain-torch reference draw)."""
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
+    from enginespec.kernels import top_p as top_p_kernel
 
-    fast = Sampler(VOCAB, device=DEVICE, seed=0)(lg, reqs).token_ids
-    real = sampling_triton.available
-    sampling_triton.available = lambda device: False
+    saved = [(m, m.available) for m in (cut_draw, sampling_triton, top_p_kernel)]
+    for module, _ in saved:
+        module.available = lambda device: False
     try:
-        plain = Sampler(VOCAB, device=DEVICE, seed=0)(lg, reqs).token_ids
+        return fn()
     finally:
-        sampling_triton.available = real
-    return f"    device draw vs torch draw: {sum(a == b for a, b in zip(fast, plain))}/{len(fast)} rows agree"
+        for module, real in saved:
+            module.available = real
+
+
+def _agreement(lg, params_of) -> str:
+    """Rows where the Triton draw (serial path and device path, fresh samplers and requests)
+    and the plain-torch draw pick the same token, every row seeded (seeded rows see the same
+    keys; rounding may flip a rare row whose uniform lands within float rounding of a
+    boundary)."""
+
+    def fresh() -> tuple[Sampler, list]:
+        return Sampler(VOCAB, device=DEVICE, seed=0), make_requests(ROWS, lambda i: _seeded(params_of(i), i))
+
+    sm, reqs = fresh()
+    serial = sm(lg, reqs).token_ids
+    sm, reqs = fresh()
+    device = [int(t) for t in deferred_ids(sm, lg, reqs)[: len(reqs)]]
+    sm, reqs = fresh()
+    plain = _torch_only(lambda: sm(lg, reqs).token_ids)
+    agree = [sum(a == b for a, b in zip(got, plain)) for got in (serial, device)]
+    return (
+        f"    torch draw vs serial / device path: {agree[0]}/{len(plain)}, {agree[1]}/{len(plain)} rows agree"
+    )
 
 
 def _sweep(lg) -> None:
     """Median device ms of the Triton draw alone per (block, num_warps)."""
     import math
 
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
 
     rows = lg.shape[0]
@@ -226,51 +272,84 @@ def _sweep(lg) -> None:
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
             print(f"    draw block={block:5d} warps={warps:2d}: {sorted(times)[10] * 1e3:7.1f} us")
+    sampler = Sampler(VOCAB, device=DEVICE, seed=0)
+    plan = sampler._plan(make_requests(rows, chat_params), lg.device)
+    prm, keys = plan.fused_params()
+    for warps in (4, 8, 16):
+        run = lambda: cut_draw.draw(lg, prm, keys, (1, 2), chunk=CHUNK, num_warps=warps)
+        print(f"    cut_draw chat warps={warps:2d}: {_event_us(run):7.1f} us")
+
+
+def _event_us(run) -> float:
+    """Median device microseconds of run() over 20 calls (CUDA events)."""
+    run()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[10] * 1e3
+
+
+CASES = {
+    "greedy": lambda i: SamplingParams(temperature=0.0),
+    "temperature": lambda i: SamplingParams(temperature=0.6),
+    "seeded": lambda i: SamplingParams(temperature=0.6, seed=i),
+    "chat": chat_params,
+    "mixed": mixed_params,
+    # top-p alone over these flat random rows: the nucleus (thousands of tokens) lies beyond
+    # cut_draw's candidates, so every row takes its wide (bisection) path: the worst case
+    "top_p": lambda i: SamplingParams(temperature=1.0, top_p=0.95, seed=i),
+}
+
+
+def _report(figures: dict, name: str, fn, base: Optional[float], profile: bool) -> None:
+    """Time fn into figures[name_ms] and print it over base (None: fn is the base)."""
+    ms = _time_ms(fn)
+    figures[f"{name}_ms"] = ms
+    print(f"{name:19s} {ms:8.3f} ms  {ms / (base or ms):.2f}x")
+    if profile:
+        launches, busy_us, line = _device_profile(fn)
+        figures[f"{name}_launches"], figures[f"{name}_device_us"] = launches, busy_us
+        print(line)
 
 
 def main() -> None:
+    """Every case on both paths: `sampler_*` (serial: __call__, host lists) and `device_*`
+    (sample_deferred + the one host copy), against a bare argmax."""
     lg, sm = make_logits(ROWS), Sampler(VOCAB, device=DEVICE, seed=0)
-    cases = [
-        ("sampler_greedy", make_requests(ROWS, lambda i: SamplingParams(temperature=0.0))),
-        ("sampler_temperature", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6))),
-        ("sampler_seeded", make_requests(ROWS, lambda i: SamplingParams(temperature=0.6, seed=i))),
-        ("sampler_mixed", make_requests(ROWS, mixed_params)),
-    ]
     profile = "--profile" in sys.argv and DEVICE == "cuda"
-    base = _time_ms(lambda: argmax_ids(lg))
+    figures: dict = {}
     print(f"device={DEVICE} rows={ROWS} vocab={VOCAB}")
-    print(f"{'argmax':19s} {base:8.3f} ms  1.00x")
-    if profile:
-        print(_device_profile(lambda: argmax_ids(lg)))
+    _report(figures, "argmax", lambda: argmax_ids(lg), None, profile)
+    base = figures["argmax_ms"]
     if "--sweep" in sys.argv and DEVICE == "cuda":
         _sweep(lg)
-    cases.append(("sampler_chat", make_requests(ROWS, chat_params)))
-    figures = {"argmax_ms": base}
-    for name, reqs in cases:
-        ms = _time_ms(lambda: sm(lg, reqs))
-        figures[f"{name}_ms"] = ms
-        print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
-        if profile:
-            print(_device_profile(lambda: sm(lg, reqs)))
-        if name in ("sampler_seeded", "sampler_mixed") and "--check" in sys.argv:
-            print(_agreement(lg, reqs))
-    # the device path (async scheduling's): every setting, one host copy
-    for name, reqs in [
-        ("device_temperature", cases[1][1]),
-        ("device_chat", make_requests(ROWS, chat_params)),
-        ("device_mixed", make_requests(ROWS, mixed_params)),
-    ]:
-        ms = _time_ms(lambda: deferred_ids(sm, lg, reqs))
-        figures[f"{name}_ms"] = ms
-        print(f"{name:19s} {ms:8.3f} ms  {ms / base:.2f}x")
-        if profile:
-            print(_device_profile(lambda: deferred_ids(sm, lg, reqs)))
+    for case, params_of in CASES.items():
+        reqs = make_requests(ROWS, params_of)
+        _report(figures, f"sampler_{case}", lambda: sm(lg, reqs), base, profile)
+        # a fresh request list: the device path keeps output counts per request object
+        dev_reqs = make_requests(ROWS, params_of)
+        grow = penalty_rows(dev_reqs)
+        _report(figures, f"device_{case}", lambda: deferred_ids(sm, lg, dev_reqs, grow), base, profile)
+        if case in ("seeded", "chat", "mixed") and "--check" in sys.argv:
+            print(_agreement(lg, params_of))
     if "--json" in sys.argv:
         import json
 
         path = sys.argv[sys.argv.index("--json") + 1]
         with open(path, "w") as f:
             json.dump({"device": DEVICE, "rows": ROWS, "vocab": VOCAB, **figures}, f, indent=1)
+
+
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    """params with seed i (so the Triton and torch draws see the same keys)."""
+    import dataclasses
+
+    return dataclasses.replace(params, seed=i)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ construction. `warm_up` then drives throwaway requests through the engine's own 
 every path the real traffic takes runs once: prefill chunks of several sizes (the dynamic
 token dimension settles), mixed prefill + decode steps, graph-replayed decodes, and one row
 of each sampler setting (greedy, temperature, top-k/top-p, top-p alone, min-p, penalties,
-bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it.
+bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it, and
+last a batch with no edited row (the fused draw's model-dtype variant).
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -52,6 +53,13 @@ def sampler_settings(vocab: int) -> tuple:
         ),
         dict(temperature=0.7, logprobs=min(5, vocab)),
     )
+
+
+# Settings of the last warm-up batch: random rows with and without cuts, no edits.
+UNEDITED = (
+    dict(temperature=0.6, ignore_eos=True),
+    dict(temperature=0.7, top_p=0.8, top_k=20, ignore_eos=True),
+)
 
 
 @dataclass
@@ -110,7 +118,16 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
             engine.add_request(f"__warmup-{num}", prompt, params)
             num += 1
     steps = 0
-    with tqdm(total=num, desc="Warming up", disable=not progress, leave=False) as bar:
+    with tqdm(total=num + len(UNEDITED), desc="Warming up", disable=not progress, leave=False) as bar:
+        while engine.has_unfinished:
+            bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
+            steps += 1
+        # then a batch in which no row is edited: the fused draw reads the model-dtype logits
+        # directly there (edited batches convert to float32 first), another compiled variant
+        for setting in UNEDITED if num and room >= 1 else ():
+            prompt = [rng.randrange(1, vocab) for _ in range(min(3, room))]
+            engine.add_request(f"__warmup-{num}", prompt, SamplingParams(max_tokens=max_tokens, **setting))
+            num += 1
         while engine.has_unfinished:
             bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
             steps += 1

@@ -1,6 +1,9 @@
 """The sampler's Triton kernels (CUDA; the interpreter in tests): the draw, two launches that
-turn [S, V] float32 logits into one token per row, and the penalty arithmetic in one launch
-(`apply_penalties`, the fused form of `sampling_penalties.apply_penalties`).
+turn [S, V] float32 logits and given thresholds into one token per row, and the penalty
+arithmetic in one launch (`apply_penalties`, the fused form of
+`sampling_penalties.apply_penalties`). The Sampler on CUDA draws with `cut_draw`, which finds
+the thresholds itself and reuses this module's hash, uniforms and chunk scan; `draw` here is
+the same draw for thresholds computed elsewhere (and the kernels' reference in tests).
 
 The draw is inverse-CDF sampling split over fixed chunks of CHUNK tokens (`sampling_draw`
 states the math and holds the plain-torch version; both compute the same quantities):
@@ -120,7 +123,7 @@ if triton is not None:
         last = tl.max(tl.full([BLOCK], -1, tl.int32), axis=0)
         for off in range(0, CHUNK, BLOCK):
             cols = start + off + lanes
-            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
             wv = tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
             run = tl.cumsum(wv, axis=0) + acc
             positive = wv > 0.0
@@ -191,6 +194,7 @@ if triton is not None:
         x_ptr,
         x_stride,
         rows_ptr,
+        slots_ptr,
         prompt_ptr,
         counts_ptr,
         rep_ptr,
@@ -200,15 +204,17 @@ if triton is not None:
         BLOCK: tl.constexpr,
     ):
         # x_ptr: [S, x_stride] float32, edited in place on rows rows_ptr[i] (int64 [R]);
-        # prompt_ptr: [R, vocab] uint8 (1 = token in the prompt); counts_ptr: [R, vocab] int32
-        # output counts; rep_ptr, freq_ptr, pres_ptr: [R] float32.
+        # slots_ptr: int64 [R], row i's row of the tables: prompt_ptr [*, vocab] uint8 (1 =
+        # token in the prompt), counts_ptr [*, vocab] int32 output counts; rep_ptr, freq_ptr,
+        # pres_ptr: [R] float32.
         i = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < vocab
         x_row = x_ptr + tl.load(rows_ptr + i) * x_stride
         xv = tl.load(x_row + cols, mask=inside, other=0.0)
-        count = tl.load(counts_ptr + i.to(tl.int64) * vocab + cols, mask=inside, other=0)
-        in_prompt = tl.load(prompt_ptr + i.to(tl.int64) * vocab + cols, mask=inside, other=0)
+        slot = tl.load(slots_ptr + i)
+        count = tl.load(counts_ptr + slot * vocab + cols, mask=inside, other=0)
+        in_prompt = tl.load(prompt_ptr + slot * vocab + cols, mask=inside, other=0)
         rep = tl.load(rep_ptr + i)
         in_output = count > 0
         scaled = tl.where(xv > 0.0, tl.div_rn(xv, rep), xv * rep)  # IEEE division, as torch
@@ -284,17 +290,20 @@ def apply_penalties(
     rep: torch.Tensor,
     freq: torch.Tensor,
     pres: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
-    (unit stride along V): rows int64 [R]; prompt bool [R, V]; counts int32 [R, V] (output
-    occurrences); rep, freq, pres float32 [R]. Same operations in the same order as the torch
-    version, with IEEE-rounded division (div_rn), so results match it up to FMA contraction."""
+    (unit stride along V): rows int64 [R] of x; slots int64 [R], each row's row of the tables
+    prompt bool [N, V] and counts int32 [N, V] (output occurrences), read in place (no gather);
+    rep, freq, pres float32 [R]. Same operations in the same order as the torch version, with
+    IEEE-rounded division (div_rn), so results match it up to FMA contraction."""
     assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
-    num_rows, vocab = counts.shape
-    _penalty_kernel[(num_rows, triton.cdiv(vocab, BLOCK))](
+    vocab = counts.shape[1]
+    _penalty_kernel[(rows.shape[0], triton.cdiv(vocab, BLOCK))](
         x,
         x.stride(0),
         rows,
+        slots,
         prompt.view(torch.uint8),
         counts,
         rep,

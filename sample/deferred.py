@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from enginespec.kernels import logprobs as logprob_kernels
 from enginespec.sample.penalties import upload
 
 
@@ -71,8 +72,18 @@ def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optiona
     requests, parts = [], []
     for rid, k in ks.items():
         positions, logits, targets = prompt_logits[rid]
-        lp = torch.log_softmax(logits[:, :vocab].float(), dim=1)
-        index = upload(torch.tensor(list(targets), dtype=torch.int64), lp.device)
+        index = upload(torch.tensor(list(targets), dtype=torch.int64), logits.device)
+        raw = logits[:, :vocab]
+        if (
+            logprob_kernels.available(raw.device)
+            and raw.stride(1) == 1
+            and min(k, vocab) <= logprob_kernels.MAX_K
+        ):
+            rows = torch.arange(raw.shape[0], dtype=torch.int64, device=raw.device)
+            parts.append(logprob_kernels.logprobs(raw, rows, index, min(k, vocab)).flatten())
+            requests.append((rid, list(positions), list(targets), min(k, vocab)))
+            continue
+        lp = torch.log_softmax(raw.float(), dim=1)
         chosen = lp.gather(1, index.view(-1, 1))
         values, ids = torch.topk(lp, min(k, vocab), dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
         parts.append(torch.cat([chosen.double(), values.double(), ids.double()], dim=1).flatten())
@@ -94,7 +105,11 @@ class DeviceSample(NamedTuple):
 def device_logprobs(
     raw: torch.Tensor, tokens: torch.Tensor, rows: list, counts: list, index
 ) -> DeviceLogprobs:
-    """Logprobs of the rows `index` (int64 device tensor of `rows`) of raw logits [S, V]."""
+    """Logprobs of the rows `index` (int64 device tensor of `rows`) of raw logits [S, V]. On
+    CUDA two launches (`kernels.logprobs`: no log_softmax written out, no full-row topk)."""
+    k = min(max(counts), raw.shape[1])
+    if logprob_kernels.available(raw.device) and raw.stride(1) == 1 and k <= logprob_kernels.MAX_K:
+        return DeviceLogprobs(list(rows), list(counts), logprob_kernels.logprobs(raw, index, tokens, k))
     lp = torch.log_softmax(raw.index_select(0, index).float(), dim=1)
     chosen = lp.gather(1, tokens.index_select(0, index).view(-1, 1))
     k = min(max(counts), lp.shape[1])

@@ -64,10 +64,11 @@ class EditPlan:
         self.penalties = penalty_columns(params, device)
         self.any = bool(self.allowed or self.bias or self.min_index is not None or self.penalties)
 
-    def apply(self, x: torch.Tensor, requests: Sequence, prompt_seen, counts) -> Optional[torch.Tensor]:
-        """Edit float32 x [S, V] in place. prompt_seen(requests) -> bool [R, V] for the penalty
-        rows; counts: the Sampler's OutputCounts. Returns the penalty rows' count slots (None
-        without penalty rows): the caller adds the tokens it draws there (`OutputCounts.add`)."""
+    def apply(self, x: torch.Tensor, requests: Sequence, counts) -> Optional[torch.Tensor]:
+        """Edit float32 x [S, V] in place. counts: the Sampler's OutputCounts (output counts and
+        prompt masks of the penalty rows, read in place by slot). Returns the penalty rows'
+        slots (None without penalty rows): the caller adds the tokens it draws there
+        (`OutputCounts.add`)."""
         if self.allowed is not None:
             rows, keep = self.allowed
             x.index_copy_(0, rows, x.index_select(0, rows).masked_fill(~keep, NEG_INF))
@@ -77,7 +78,7 @@ class EditPlan:
             r, c, v = self.bias
             x.index_put_((r, c), v, accumulate=True)
         if self.penalties is not None:
-            return self._apply_penalties(x, requests, prompt_seen, counts)
+            return self._apply_penalties(x, requests, counts)
         return None
 
     def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
@@ -91,9 +92,8 @@ class EditPlan:
         current = x[rows, cols]
         x[rows, cols] = torch.where(below.index_select(0, local), torch.full_like(current, NEG_INF), current)
 
-    def _apply_penalties(self, x: torch.Tensor, requests: Sequence, prompt_seen, counts) -> torch.Tensor:
+    def _apply_penalties(self, x: torch.Tensor, requests: Sequence, counts) -> torch.Tensor:
         cols = self.penalties
-        reqs = [requests[i] for i in cols.rows]
-        slots = counts.slots(reqs)
-        penalize_rows(x, cols, prompt_seen(reqs), counts.gather(slots))
+        slots = counts.slots([requests[i] for i in cols.rows])
+        penalize_rows(x, cols, counts.prompt, counts.table, slots)
         return slots

@@ -15,6 +15,11 @@ twice (the increments of such a call are not kept: the entry is marked stale). A
 ids >= vocab (a placeholder); in the engine a request holding a placeholder was counted by the
 step that drew it, so a rebuild never meets one (a rebuild that did would miss that one token).
 Slots of finished requests are released at the next call.
+
+Beside the counts, `prompt` (bool [num_slots, V]) holds each slot's prompt mask (which tokens
+occur in the prompt: the repetition penalty's other half), written once when a request takes
+its slot (prompts never change). The penalty kernel reads both tables in place by slot, so a
+step gathers nothing.
 """
 
 from __future__ import annotations
@@ -29,15 +34,20 @@ from enginespec.sample.penalties import upload
 
 
 class OutputCounts:
-    """The device table and the host bookkeeping: id(request) -> [request, slot, num_counted]
-    (the entry keeps the request alive, so its id cannot be reused while the entry lives)."""
+    """The device tables (counts, prompt masks) and the host bookkeeping: id(request) ->
+    [request, slot, num_counted] (the entry keeps the request alive, so its id cannot be
+    reused while the entry lives)."""
 
     def __init__(self, vocab: int, device):
         self.vocab = vocab
         self.device = torch.device(device)
         self.table = torch.zeros((0, vocab), dtype=torch.int32, device=self.device)
+        self.prompt = torch.zeros((0, vocab), dtype=torch.bool, device=self.device)
         self.entries: dict[int, list] = {}
         self.free: list[int] = []
+        self._ones = torch.ones(0, dtype=torch.int32, device=self.device)  # add()'s increments, kept
+        self._last_slots: list = []  # slots() of the last call and their device copy
+        self._last_slots_t = torch.zeros(0, dtype=torch.int64, device=self.device)
 
     def _release_finished(self) -> None:
         for key in [k for k, e in self.entries.items() if e[0].status.is_finished]:
@@ -51,7 +61,9 @@ class OutputCounts:
         new = max(2 * old, old + need - len(self.free), 16)
         table = torch.zeros((new, self.vocab), dtype=torch.int32, device=self.device)
         table[:old] = self.table
-        self.table = table
+        prompt = torch.zeros((new, self.vocab), dtype=torch.bool, device=self.device)
+        prompt[:old] = self.prompt
+        self.table, self.prompt = table, prompt
         self.free.extend(range(new - 1, old - 1, -1))
 
     def slots(self, requests: Sequence) -> torch.Tensor:
@@ -63,6 +75,8 @@ class OutputCounts:
             if key in self.entries:  # a dead request's id reused: its slot goes back first
                 self.free.append(self.entries.pop(key)[1])
             self.entries[key] = [r, self.free.pop(), -1]
+        if missing:
+            self._write_prompts([self.entries[key] for key in missing])
         stale = [
             self.entries[id(r)]
             for r in dict.fromkeys(requests)
@@ -70,9 +84,23 @@ class OutputCounts:
         ]
         if stale:
             self._rebuild(stale)
-        return upload(
-            torch.tensor([self.entries[id(r)][1] for r in requests], dtype=torch.int64), self.device
-        )
+        slots = [self.entries[id(r)][1] for r in requests]
+        if slots != self._last_slots:  # the steady state (same requests, same order) uploads nothing
+            self._last_slots = slots
+            self._last_slots_t = upload(torch.tensor(slots, dtype=torch.int64), self.device)
+        return self._last_slots_t
+
+    def _write_prompts(self, fresh: list) -> None:
+        """The prompt rows of newly slotted entries: one upload, one fill."""
+        slots = [e[1] for e in fresh]
+        self.prompt.index_fill_(0, upload(torch.tensor(slots, dtype=torch.int64), self.device), False)
+        lists = [[t for t in e[0].prompt_token_ids if t < self.vocab] for e in fresh]
+        lengths = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
+        total = int(lengths.sum())
+        if total:
+            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=total)
+            flat += np.repeat(np.array(slots, dtype=np.int64) * self.vocab, lengths)
+            self.prompt.view(-1).index_fill_(0, upload(torch.from_numpy(flat), self.device), True)
 
     def _rebuild(self, stale: list) -> None:
         """Rows of `stale` entries from their host token lists: one upload, one scatter."""
@@ -103,6 +131,10 @@ class OutputCounts:
                 self.entries[id(r)][2] = -1
             return
         flat = slots * self.vocab + token_ids
-        self.table.view(-1).index_put_((flat,), torch.ones_like(flat, dtype=torch.int32), accumulate=True)
+        ones = self._ones if self._ones.shape == flat.shape else torch.ones_like(flat, dtype=torch.int32)
+        self._ones = ones
+        # distinct slots, so distinct cells: a scatter (one launch, no sort as index_put_'s
+        # accumulate takes on CUDA)
+        self.table.view(-1).scatter_add_(0, flat, ones)
         for r in requests:
             self.entries[id(r)][2] += 1

@@ -168,16 +168,26 @@ def apply_penalties(
     penalize_rows(logits, cols, seen_in_prompt(reqs, vocab, dev), out_counts)
 
 
-def penalize_rows(logits: torch.Tensor, cols, in_prompt: torch.Tensor, out_counts: torch.Tensor) -> None:
-    """The penalty arithmetic, in place on the rows `cols.index` of `logits` [S, V]:
-    in_prompt [R, V] bool and out_counts [R, V] int are those rows' prompt masks and output
-    token counts. One Triton launch on CUDA (`sampling_triton.apply_penalties`), else torch;
-    the serial sampler and the device path (device_edits.py) share it."""
+def penalize_rows(
+    logits: torch.Tensor,
+    cols,
+    in_prompt: torch.Tensor,
+    out_counts: torch.Tensor,
+    slots: Optional[torch.Tensor] = None,
+) -> None:
+    """The penalty arithmetic, in place on the rows `cols.index` of `logits` [S, V]: row i's
+    prompt mask and output token counts are row slots[i] of in_prompt [N, V] bool and
+    out_counts [N, V] int (slots None: row i, N = R). One Triton launch on CUDA
+    (`sampling_triton.apply_penalties`, reading the tables in place), else torch; the serial
+    sampler and the device path (device_edits.py, whose tables are OutputCounts') share it."""
+    if slots is None:
+        slots = torch.arange(cols.index.shape[0], dtype=torch.int64, device=logits.device)
     if sampling_triton.available(logits.device) and logits.stride(1) == 1:
         sampling_triton.apply_penalties(
-            logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres
+            logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres, slots
         )
         return
+    in_prompt, out_counts = in_prompt.index_select(0, slots), out_counts.index_select(0, slots)
     rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
     out_seen = out_counts > 0
     sub = logits.index_select(0, cols.index)

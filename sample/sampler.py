@@ -13,23 +13,32 @@ the vocabulary:
    argmax, so mixed batches need no split. A seeded row's key is row_key(seed, output index), so
    its draw is the same whatever batch or position it is in; unseeded rows derive theirs from
    one 62-bit base per call drawn from the sampler's generator (`random.Random(seed)`) and the
-   row's position. On CUDA the draw is two Triton launches (`sampling_triton`), elsewhere
-   plain torch (`draw_torch`), computing the same sums.
+   row's position.
+
+On CUDA steps 2 and 3 are ONE fused pair of Triton launches for every row type (`cut_draw`:
+the cuts come out of the draw's own pass over the logits, exact, with no topk or sort and no
+host sync); elsewhere the thresholds come from torch (`sampling_truncation`) and the draw is
+plain torch (`draw_torch`), computing the same cuts and the same sums, so seeded rows draw the
+same tokens on both (up to float rounding at a top-p or CDF boundary).
 
 Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, cached while
-the same params come in the same order), so a steady temperature-only step is two launches
-plus the host copy of the ids.
+the same params come in the same order), so a steady step of any top-k/top-p/min-p/temperature
+mix is two launches plus the host copy of the ids.
 
 Two entry points draw the same tokens. `__call__` (serial steps) returns host lists; its edits
 read the requests' token lists on the host and a top-p row whose nucleus may lie beyond the
 candidates is checked on the host (read with the ids) and redrawn after a full sort.
 `sample_deferred` (async scheduling) does everything on the device with no host sync, for
-every setting: edits from the batch's `EditPlan` (indices uploaded once, `device_edits`),
-penalties from device-side output counts updated from the drawn ids (`output_counts`, so the
-in-flight placeholder is counted with its real id), unsure top-p rows settled on the device
-(`truncation.exact_thresholds`), and logprobs left on the device to travel with the ids in one
-host copy (`deferred`). Seeded rows give the same tokens on both paths; unseeded rows too, as
-both advance the generator once per call with a random row.
+every setting: edits from the batch's `EditPlan` on a copy of the edited rows only (indices
+uploaded once, `device_edits`; the fused draw reads those rows through a row map), penalties
+read in place from device-side output-count and prompt tables updated from the drawn ids
+(`output_counts`, so the in-flight placeholder is counted with its real id), exact cuts
+(`cut_draw` on CUDA, `truncation.exact_thresholds` elsewhere), and logprobs left on the device
+(two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
+(`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
+top-p, min-p in any mix 3; all seeded 4 (the step's keys); quarters of greedy / temperature /
+top-k+top-p / top-p+min-p+penalties+logprobs about 15. Seeded rows give the same tokens on
+both paths; unseeded rows too, as both advance the generator once per call with a random row.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
@@ -50,11 +59,12 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from enginespec.kernels import cut_draw
 from enginespec.kernels import sampling as sampling_triton
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
 from enginespec.sample.device_edits import EditPlan
-from enginespec.sample.draw import draw_torch
+from enginespec.sample.draw import draw_params, draw_torch
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
     apply_allowed_tokens,
@@ -214,10 +224,19 @@ class BatchPlan:
         self.seeded_rows = np.array(seeded, dtype=np.int64)
         self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
         self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
-        self.x_scale = self.noise = self.no_cut = self.keys_t = self.cut_plan = None
+        self.x_scale = self.noise = self.no_cut = self.keys_t = None
+        self._cut_plan: Optional[CutPlan] = None
         self.penalties = penalty_columns(params, device) if self.any_edits else None
         self.edit_kinds = edit_kinds(params) if self.any_edits else None
         self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
+        if self.any_edits:  # the edited rows: the device path copies only these
+            self.edit_rows = [i for i, e in enumerate(edits) if e]
+            edit_map = [-1] * len(params)
+            for j, i in enumerate(self.edit_rows):
+                edit_map[i] = j
+            self.edit_index, self.edit_map = (
+                upload(torch.tensor(v, dtype=torch.int64), device) for v in (self.edit_rows, edit_map)
+            )
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
         if self.any_logprobs:
@@ -229,25 +248,46 @@ class BatchPlan:
                 [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device
             )
             self.keys_t = keys_f.to(torch.int64)
+        self.draw_params: Optional[torch.Tensor] = None  # cut_draw's table, on first fused draw
+        self._specs, self._vocab = specs, vocab
         if self.any_cut:
             self.cut_rows = [i for i, c in enumerate(cut) if c]
             self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
-            ps = [params[i] for i in self.cut_rows]
-            self.cut_plan = CutPlan(
-                [temps[i] for i in self.cut_rows],
+            self._cut_temps = [temps[i] for i in self.cut_rows]
+
+    @property
+    def cut_plan(self) -> CutPlan:
+        """The cut rows' CutPlan (the torch cuts), built on first use: the fused draw never
+        needs it, so a CUDA batch plan does not pay its upload."""
+        if self._cut_plan is None:
+            ps = [self.params[i] for i in self.cut_rows]
+            self._cut_plan = CutPlan(
+                self._cut_temps,
                 [p.top_k for p in ps],
                 [p.top_p for p in ps],
                 [p.min_p for p in ps],
-                vocab,
-                device,
+                self._vocab,
+                self.device,
             )
+        return self._cut_plan
+
+    def fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-row table of `cut_draw.draw` and the key template on the device, uploaded
+        once per plan."""
+        if self.draw_params is None:
+            self.draw_params = draw_params(self.params, self._specs, self._vocab, self.device)
+        if self.keys_t is None:  # a greedy plan (with edits) has no key upload yet
+            self.keys_t = upload(torch.from_numpy(self.keys), self.device)
+        return self.draw_params, self.keys_t
 
     def edit_plan(self, requests: Sequence, vocab: int) -> EditPlan:
-        """The device EditPlan, built on first use; rebuilt when the EOS ids of min_tokens rows
-        differ from those it was built with (EOS is the request's, not its params')."""
+        """The device EditPlan of the edited rows (`edit_rows`: its row j is batch row
+        edit_rows[j]), built on first use; rebuilt when the EOS ids of min_tokens rows differ
+        from those it was built with (EOS is the request's, not its params')."""
         eos = [requests[i].eos_token_id for i in self.min_token_rows]
         if self._edit_plan is None or eos != self._edit_eos:
-            self._edit_plan, self._edit_eos = EditPlan(requests, vocab, self.device), eos
+            sub = [requests[i] for i in self.edit_rows]
+            self._edit_plan, self._edit_eos = EditPlan(sub, vocab, self.device), eos
         return self._edit_plan
 
     def step_keys(self, requests: Sequence) -> np.ndarray:
@@ -350,18 +390,28 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        x, slots = raw, None
-        if plan.any_edits:
-            x = raw.to(torch.float32, copy=True)
+        # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
+        # are edited (edits work in float32, and both row sources must share a dtype)
+        keep_dtype = self._fused(raw) and not plan.any_edits and raw.dtype in cut_draw.FLOAT_TYPES
+        x, edited, slots = (raw if keep_dtype else raw.float()), None, None
+        if plan.any_edits:  # only the edited rows are copied (raw is never modified)
+            edited = x.index_select(0, plan.edit_index)
             slots = plan.edit_plan(requests, self.vocab_size).apply(
-                x, requests, self._device_prompt_seen, self._output_counts(raw.device)
+                edited, [requests[i] for i in plan.edit_rows], self._output_counts(raw.device)
             )
+        fused = self._fused(x) and (plan.any_noisy or edited is not None)
+        if edited is not None and not fused:
+            x = x.index_copy(0, plan.edit_index, edited)
+        keys, base = plan.keys, (0, 0)
         if plan.any_noisy:
             keys = plan.step_keys(requests)
             bits = self.generator.getrandbits(62)
-            x = x.float()
+            base = (bits & 0x7FFFFFFF, bits >> 31)
+        if fused:
+            tokens = self._fused_draw(x, plan, keys, base, edited)
+        elif plan.any_noisy:
             thr = self._exact_thresholds(x, plan) if plan.any_cut else None
-            tokens = self._draw(x, thr, plan, keys, (bits & 0x7FFFFFFF, bits >> 31))
+            tokens = self._draw(x, thr, plan, keys, base)
         else:
             tokens = x.argmax(dim=1)
         if slots is not None:
@@ -379,8 +429,23 @@ class Sampler:
             self._counts = OutputCounts(self.vocab_size, device)
         return self._counts
 
-    def _device_prompt_seen(self, requests: Sequence) -> torch.Tensor:
-        return self._cached_prompt_seen(requests, self.vocab_size, self._counts.device)
+    @staticmethod
+    def _fused(x: torch.Tensor) -> bool:
+        """Whether the draw runs as `cut_draw` (Triton: cuts found inside the draw)."""
+        return cut_draw.available(x.device) and x.stride(1) == 1
+
+    def _fused_draw(
+        self, x: torch.Tensor, plan: BatchPlan, keys: np.ndarray, base, edited: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Every row's cut and draw in two launches (`cut_draw.draw`); exact cuts, no host sync.
+        edited: the plan's edited rows (`BatchPlan.edit_rows`), read in place of x's."""
+        prm, keys_t = plan.fused_params()
+        if keys is not plan.keys:
+            keys_t = upload(torch.from_numpy(keys), x.device)
+        edit_map = None if edited is None else plan.edit_map
+        return cut_draw.draw(
+            x, prm, keys_t, base, chunk=sampling_draw.CHUNK, edited=edited, edit_map=edit_map
+        )
 
     def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
@@ -404,7 +469,8 @@ class Sampler:
         plan = self._plan(requests, raw.device)
         x = self._edited(raw, requests, plan)
         if plan.any_noisy:
-            tokens, token_ids = self._sample(x.float(), requests, plan)
+            fused_dtype = self._fused(x) and x.dtype in cut_draw.FLOAT_TYPES  # read as it is
+            tokens, token_ids = self._sample(x if fused_dtype else x.float(), requests, plan)
         else:
             tokens = x.argmax(dim=1)
             token_ids = tokens.tolist()
@@ -453,6 +519,9 @@ class Sampler:
         keys = plan.step_keys(requests)
         bits = self.generator.getrandbits(62)
         base = (bits & 0x7FFFFFFF, bits >> 31)
+        if self._fused(x):
+            tokens = self._fused_draw(x, plan, keys, base)
+            return tokens, tokens.tolist()
         thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
         tokens = self._draw(x, thr, plan, keys, base)
         if unsure is None:

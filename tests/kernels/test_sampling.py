@@ -27,6 +27,8 @@ if "nvidia" not in backends:
     print("no nvidia backend"); sys.exit(3)
 from enginespec.kernels import sampling as st
 from enginespec.kernels import top_p as tp
+from enginespec.kernels import cut_draw as cd
+from enginespec.kernels import logprobs as lp
 
 F, I, C = "*fp32", "i32", "constexpr"
 KERNELS = {
@@ -38,11 +40,29 @@ KERNELS = {
                   out_ptr="*i64", vocab=I, num_chunks=I, base_lo=I, base_hi=I, CHUNK=C, BLOCK=C, NC_BLOCK=C),
              dict(CHUNK=8192, BLOCK=2048, NC_BLOCK=32)),
     "penalty": (st._penalty_kernel,
-                dict(x_ptr=F, x_stride=I, rows_ptr="*i64", prompt_ptr="*u8", counts_ptr="*i32", rep_ptr=F,
+                dict(x_ptr=F, x_stride=I, rows_ptr="*i64", slots_ptr="*i64", prompt_ptr="*u8", counts_ptr="*i32", rep_ptr=F,
                      freq_ptr=F, pres_ptr=F, vocab=I, BLOCK=C), dict(BLOCK=2048)),
     "top_p": (tp._top_p_bisect_kernel,
               dict(x_ptr=F, x_stride=I, rows_ptr="*i64", unsure_ptr="*u8", base_off_ptr=F, inv_t_ptr=F,
                    top_p_ptr=F, thr_ptr=F, vocab=I, NUM_STEPS=C, BLOCK=C), dict(NUM_STEPS=64, BLOCK=2048)),
+    "cut_scan": (cd._scan_kernel,
+                 dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, stats_ptr=F,
+                      cand_ptr=F, floor_ptr=F, vocab=I, num_chunks=I, has_edits=I, CHUNK=C, NB=C, CC=C,
+                      SLOTS=C, NUM_PARAMS=C),
+                 dict(CHUNK=8192, NB=64, CC=16, SLOTS=64, NUM_PARAMS=8)),
+    "cut_pick": (cd._cut_pick_kernel,
+                 dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64",
+                      stats_ptr=F, cand_ptr=F, floor_ptr=F, out_ptr="*i64", vocab=I, num_chunks=I,
+                      has_edits=I, base_lo=I, base_hi=I, CHUNK=C, SLOTS=C, NC_BLOCK=C, BLOCK=C,
+                      WIDE_BLOCK=C, NUM_PARAMS=C),
+                 dict(CHUNK=8192, SLOTS=64, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512, NUM_PARAMS=8)),
+    "lp_chunk": (lp._chunk_kernel,
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", stats_ptr=F, top_v_ptr=F, top_i_ptr="*i32", vocab=I,
+                      num_chunks=I, k=I, CHUNK=C, KP=C), dict(CHUNK=4096, KP=8)),
+    "lp_merge": (lp._merge_kernel,
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", tok_ptr="*i64", stats_ptr=F, top_v_ptr=F,
+                      top_i_ptr="*i32", out_ptr="*fp64", num_chunks=I, k=I, NC_BLOCK=C, KP=C),
+                 dict(NC_BLOCK=64, KP=8)),
 }
 for name, (fn, sig, consts) in KERNELS.items():
     try:
@@ -64,6 +84,15 @@ def test_sampler_kernels_compile_for_sm90():
         pytest.skip(proc.stdout.strip())
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert set(lines) == {"chunk_stats", "pick", "penalty", "top_p"}
+    assert set(lines) == {
+        "chunk_stats",
+        "pick",
+        "penalty",
+        "top_p",
+        "cut_scan",
+        "cut_pick",
+        "lp_chunk",
+        "lp_merge",
+    }
     assert "div.full 0" in lines["penalty"], "penalty division must be IEEE-rounded, as torch's"
     assert "ex2.approx 0" not in lines["chunk_stats"]

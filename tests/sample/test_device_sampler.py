@@ -47,14 +47,14 @@ def _requests(impl, vocab: int, count: int, seeded: bool = True):
     return reqs
 
 
-def _run_steps(impl, vocab: int, num_steps: int, draw, seeded: bool = True) -> list:
+def _run_steps(impl, vocab: int, num_steps: int, draw, seeded: bool = True, device: str = "cpu") -> list:
     """Tokens and logprobs of num_steps steps over the same requests; draw(sampler, logits,
     reqs) -> (ids, logprobs, placeholder): with placeholder True the ids are appended as the
     placeholder first and made real after the next draw, as async scheduling does."""
-    reqs, sampler = _requests(impl, vocab, 20, seeded), Sampler(vocab, seed=7)
+    reqs, sampler = _requests(impl, vocab, 20, seeded), Sampler(vocab, device=device, seed=7)
     gen, steps, pending = torch.Generator().manual_seed(3), [], None
     for _ in range(num_steps):
-        logits = torch.randn(len(reqs), vocab, generator=gen) * 3
+        logits = (torch.randn(len(reqs), vocab, generator=gen) * 3).to(device)
         ids, logprobs, placeholder = draw(sampler, logits, reqs)
         if pending is not None:
             for r, t in zip(reqs, pending):
@@ -84,17 +84,21 @@ def test_device_path_equals_serial_over_steps_with_placeholders(impl, seeded):
     assert _run_steps(impl, 700, 5, _deferred, seeded) == _run_steps(impl, 700, 5, _serial, seeded)
 
 
-def test_device_path_triton_equals_torch(impl, monkeypatch):
-    """The device path with the Triton kernels (draw, penalties, top-p bisection; interpreted
-    on CPU) against the same path in torch, seeded rows over steps."""
+@pytest.mark.parametrize("chunk", [64, 8192])
+def test_device_path_triton_equals_torch(impl, monkeypatch, chunk):
+    """The device path with the Triton kernels (the fused cut and draw, penalties;
+    interpreted on CPU) against the same path in torch, seeded rows over steps. Chunks of 64
+    tokens put most cuts on cut_draw's candidate path; one chunk of 8192 over 600 tokens
+    overflows the candidate slots, so every cut row takes its wide (bisection) path."""
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
-    from enginespec.kernels import top_p as top_p_kernel
 
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", chunk)
     want = _run_steps(impl, 600, 2, _deferred)
     monkeypatch.setattr(sampling_triton, "available", lambda device: True)
-    monkeypatch.setattr(top_p_kernel, "available", lambda device: True)
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
     assert _run_steps(impl, 600, 2, _deferred) == want
 
 
@@ -157,3 +161,62 @@ def test_output_counts_rebuild_and_release(impl):
     a.status = type(a.status).FINISHED_STOPPED
     counts.slots([b])
     assert id(a) not in counts.entries and len(counts.entries) == 1
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_logprob_kernels_match_log_softmax(monkeypatch, k):
+    """kernels.logprobs (interpreted, 64-token chunks over 300) against torch's log_softmax
+    and topk: the sampled token's logprob and the top-k values to float32 rounding, the
+    top-k ids exactly (no ties in random logits)."""
+    from enginespec.kernels import logprobs as logprob_kernels
+    from enginespec.sample.deferred import device_logprobs
+
+    if logprob_kernels.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
+    raw = torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3
+    rows, tokens, counts = [0, 2, 5], torch.tensor([5, 1, 7, 3, 9, 299]), [k, 0, k]
+    index = torch.tensor(rows)
+    want = device_logprobs(raw, tokens, rows, counts, index).packed
+    monkeypatch.setattr(logprob_kernels, "available", lambda device: True)
+    got = device_logprobs(raw, tokens, rows, counts, index).packed
+    assert got.shape == want.shape == (3, 1 + 2 * k)
+    torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], rtol=0, atol=1e-5)
+    assert torch.equal(got[:, 1 + k :], want[:, 1 + k :])
+
+
+def test_fused_draw_reads_bf16_logits_as_torch_does(impl, monkeypatch):
+    """Model-dtype (bfloat16) logits go to the fused draw unconverted (interpreted, 64-token
+    chunks); seeded chat-setting rows draw the torch path's tokens (which converts first)."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    logits = (torch.randn(6, 500, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
+    params = [SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=i) for i in range(5)]
+    params.append(SamplingParams(temperature=0.0))
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    want = Sampler(500).sample_deferred(logits, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    assert Sampler(500).sample_deferred(logits, reqs).token_ids.tolist() == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_path_equals_torch_path(impl, monkeypatch):
+    """On CUDA the device path's kernels (fused cut and draw, penalties, logprobs) against the
+    same path with every Triton kernel off (torch on the same GPU), seeded rows of every
+    setting over steps with placeholders: the same tokens, logprobs to float32 rounding."""
+    from enginespec.kernels import cut_draw, logprobs, sampling, top_p
+
+    got = _run_steps(impl, 40_000, 3, _deferred, device="cuda")
+    for module in (cut_draw, logprobs, sampling, top_p):
+        monkeypatch.setattr(module, "available", lambda device: False)
+    want = _run_steps(impl, 40_000, 3, _deferred, device="cuda")
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    for (_, got_lp), (_, want_lp) in zip(got, want):
+        for g, w in zip(got_lp, want_lp):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert [t for t, _ in g] == [t for t, _ in w]
+                assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(g, w))

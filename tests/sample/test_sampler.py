@@ -543,9 +543,11 @@ def test_wide_vocab_mixed_batch_matches_exact(impl):
 
 
 def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
-    """The whole Sampler with its Triton draw (interpreted on CPU) against the torch path:
-    seeded rows with every kind of cut, greedy rows, and a batch with no cut at all."""
+    """The whole Sampler with its Triton draw (`cut_draw`, interpreted on CPU) against the
+    torch path: seeded rows with every kind of cut, greedy rows, and a batch with no cut."""
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
+    from enginespec.sample import draw as sampling_draw
 
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
@@ -563,10 +565,12 @@ def test_sampler_triton_path_matches_torch_path(impl, monkeypatch):
         [make_request(impl, SamplingParams(seed=i, **settings[i % 6]), rid=f"r{i}") for i in range(12)],
         [make_request(impl, SamplingParams(seed=i, temperature=0.9), rid=f"t{i}") for i in range(12)],
     ]
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)  # candidate cuts over 11 chunks, not one wide row
     for reqs in batches:
         want = Sampler(700)(logits, reqs).token_ids
         with monkeypatch.context() as m:
             m.setattr(sampling_triton, "available", lambda device: True)
+            m.setattr(cut_draw, "available", lambda device: True)
             got = Sampler(700)(logits, reqs).token_ids
         assert got == want
 
@@ -630,7 +634,9 @@ def test_multi_chunk_torch_draw_matches_exact(impl, monkeypatch, params):
 def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
     """The Triton draw (interpreted) with 8-token chunks over 32 tokens, unseeded and seeded
     rows, against the exact distribution (few draws: the interpreter runs each program in
-    Python; the torch path, which must draw the same tokens, has the high-power tests)."""
+    Python; the torch path, which must draw the same tokens, has the high-power tests). This
+    is `sampling_triton.draw` with torch's thresholds; the fused `cut_draw` is held to the
+    torch path's tokens (test_sampler_triton_path_matches_torch_path and the device tests)."""
     from enginespec.kernels import sampling as sampling_triton
     from enginespec.sample import draw as sampling_draw
 
@@ -652,13 +658,14 @@ def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
 
 
 def test_triton_seeded_draw_independent_of_batch(impl, monkeypatch):
-    """On the Triton path (interpreted) a seeded row draws the same token alone and at any
-    position of a batch with other seeded, unseeded and greedy rows."""
+    """On the Triton path (`cut_draw`, interpreted) a seeded row draws the same token alone and
+    at any position of a batch with other seeded, unseeded and greedy rows."""
+    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
 
     if sampling_triton.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
-    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
     gen = torch.Generator().manual_seed(8)
     row = torch.randn(1, 300, generator=gen)
     target = make_request(impl, SamplingParams(temperature=1.0, top_p=0.95, seed=17), outputs=[3, 4], rid="t")

@@ -1,0 +1,380 @@
+"""The whole random draw with min-p / top-k / top-p in two launches, no sort or topk of the row.
+
+`sampling.draw` needs each row's raw-space threshold before its first pass; finding it with a
+full-vocabulary `torch.topk` (plus a dozen small ops) cost more than the draw itself. Here the
+threshold comes out of the draw's own passes:
+
+1. `_scan_kernel`, grid (S, num_chunks), one read of the logits, each chunk held in registers:
+   the chunk's max, first argmax and untruncated mass sum(exp2((x - chunk max) * x_scale)) (the
+   draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
+   floor is the CC-th largest of the maxima of the chunk's NB sub-blocks (so at least CC tokens,
+   and in practice few more), compacted into SLOTS slots. Invariant: every finite token of the
+   chunk with x >= floor is a candidate; a chunk with more than SLOTS of them stores floor +inf
+   (nothing about it is certain).
+2. `_cut_pick_kernel`, grid (S,): per row, F = the largest floor. Every token x >= F is a
+   candidate, so any cut that lands at or above F is exact from the candidates alone: the
+   candidates are sorted (SLOTS * num_chunks values), min-p is row max + base_off, top-k the
+   k-th largest candidate, top-p the cumulative mass over the sorted survivors (the total from
+   the survivors when the cut before top-p is certain, else from step 1's masses when there was
+   no cut before top-p). The kept mass of each chunk is then summed from its candidates. A row
+   whose cut falls below F (a flat row with a loose top-p, a huge top-k, a slot overflow) takes
+   the WIDE path in the same program: the exact cuts by bisection over the float order
+   (`_to_key`; 16 pivots per read of the row, so 8 reads per cut), then one read for the
+   chunk masses. One program reads its row ~17 times there: a batch of rows that all take it
+   (a loose top-p alone over a flat distribution) costs far more than the candidate path.
+   Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2.
+
+Same thresholds as `sample.truncation.exact_thresholds` (values of the row; the top-p sums run in
+another order, so a token within float rounding of the top-p boundary may fall on the other
+side), same chunked inverse-CDF draw and same uniforms as `sample.draw.draw_torch`: seeded rows
+give the torch path's tokens and never depend on the other rows (chunks, sub-blocks and slots
+are fixed per row). Greedy rows take the first argmax.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from enginespec.kernels import sampling as sampling_kernels
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is optional on CPU
+    triton = None
+
+FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)  # logits read as they are, in float32
+NUM_PARAMS = 8  # columns of the per-row parameter table (see `draw`)
+BLOCK = 2048  # tokens per loop step of the final scan
+WIDE_BLOCK = 512  # tokens per loop step of the wide path's passes (a [WIDE_BLOCK, WAYS] accumulator)
+WAYS = tl.constexpr(16) if triton is not None else 16  # pivots per read in the wide bisection
+NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
+
+
+def layout(chunk: int) -> tuple[int, int, int]:
+    """(NB sub-blocks per chunk, CC: the rank of the sub-block max taken as the floor, SLOTS per
+    chunk). Fixed by the chunk size alone, so a row's candidates never depend on the batch."""
+    nb = min(64, chunk)
+    cc = max(1, nb // 4)
+    return nb, cc, 4 * cc
+
+
+if triton is not None:
+
+    @triton.jit
+    def _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits):
+        """Row `row`'s logits: row map[row] of the edited rows e_ptr when that is >= 0, else x's.
+        has_edits is a runtime flag (one compiled variant whether a batch edits or not)."""
+        ptr = x_ptr + row.to(tl.int64) * x_stride
+        if has_edits != 0:
+            e = tl.load(map_ptr + row)
+            ptr = tl.where(e >= 0, e_ptr + e * e_stride, ptr)
+        return ptr
+
+    @triton.jit(do_not_specialize=["has_edits"])
+    def _scan_kernel(
+        x_ptr,
+        x_stride,
+        e_ptr,
+        e_stride,
+        map_ptr,
+        prm_ptr,
+        stats_ptr,
+        cand_ptr,
+        floor_ptr,
+        vocab,
+        num_chunks,
+        has_edits,
+        CHUNK: tl.constexpr,
+        NB: tl.constexpr,
+        CC: tl.constexpr,
+        SLOTS: tl.constexpr,
+        NUM_PARAMS: tl.constexpr,
+    ):
+        # x_ptr: [S, x_stride] float32 (e_ptr, e_stride, map_ptr: see _row_ptr); prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
+        # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); cand_ptr: [S, num_chunks,
+        # SLOTS]; floor_ptr: [S, num_chunks]. Candidates and floors are written on cut rows only.
+        row = tl.program_id(0)
+        part = tl.program_id(1)
+        cols = part * CHUNK + tl.arange(0, CHUNK)
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
+        xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        top = tl.max(xv, axis=0)
+        first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
+        scale = tl.load(prm_ptr + row * NUM_PARAMS)
+        shift = tl.where(top > float("-inf"), top, 0.0)
+        mass = tl.sum(tl.exp2((xv - shift) * scale), axis=0)
+        out = stats_ptr + row.to(tl.int64) * 3 * num_chunks + part
+        tl.store(out, top)
+        tl.store(out + num_chunks, mass)
+        tl.store(out + 2 * num_chunks, first.to(tl.float32))
+        if tl.load(prm_ptr + row * NUM_PARAMS + 2) != 0.0:
+            block_max = tl.max(tl.reshape(xv, [NB, CHUNK // NB]), axis=1)
+            # the CC-th largest block max: the largest b with at least CC maxima >= b (no sort)
+            num_ge = tl.sum((block_max[None, :] >= block_max[:, None]).to(tl.int32), axis=1)
+            floor = tl.max(tl.where(num_ge >= CC, block_max, float("-inf")), axis=0)
+            take = (xv >= floor) & (xv > float("-inf"))
+            pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
+            count = tl.sum(take.to(tl.int32), axis=0)
+            slots = cand_ptr + (row.to(tl.int64) * num_chunks + part) * SLOTS
+            tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
+            lanes = tl.arange(0, SLOTS)
+            tl.store(slots + lanes, tl.full([SLOTS], float("-inf"), tl.float32), mask=lanes >= count)
+            tl.store(
+                floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor)
+            )
+
+    @triton.jit
+    def _to_key(v):
+        """An int64 key with the order of the float32 v (a bijection onto [0, 2**32))."""
+        b = v.to(tl.int32, bitcast=True)
+        return tl.where(b >= 0, b.to(tl.int64) + 2147483648, 2147483647 - (b & 0x7FFFFFFF).to(tl.int64))
+
+    @triton.jit
+    def _from_key(k):
+        b = tl.where(k >= 2147483648, k - 2147483648, -1 - k)
+        return b.to(tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _above(row_ptr, vocab, t, floor, x_max, inv_t, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+        """Over tokens x > t with x >= floor: their count, or (BY_MASS) sum exp((x - x_max) * inv_t)."""
+        lanes = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, vocab, BLOCK):
+            cols = start + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            keep = (xv > t) & (xv >= floor) & (xv > float("-inf"))
+            if BY_MASS:
+                acc += tl.where(keep, tl.exp((xv - x_max) * inv_t), 0.0)
+            else:
+                acc += keep.to(tl.float32)
+        return tl.sum(acc, axis=0)
+
+    @triton.jit
+    def _above_many(row_ptr, vocab, pivots, floor, x_max, inv_t, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+        """`_above` at WAYS pivots at once (pivots [WAYS]): one read of the row for all."""
+        lanes = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
+        for start in range(0, vocab, BLOCK):
+            cols = start + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            keep = (xv >= floor) & (xv > float("-inf"))
+            if BY_MASS:
+                w = tl.where(keep, tl.exp((xv - x_max) * inv_t), 0.0)
+            else:
+                w = keep.to(tl.float32)
+            acc += tl.where(xv[:, None] > pivots[None, :], w[:, None], 0.0)
+        return tl.sum(acc, axis=0)
+
+    @triton.jit
+    def _bisect(row_ptr, vocab, floor, x_max, inv_t, target, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+        """The smallest float t with _above(t) < target, given _above(-inf) >= target and
+        _above(x_max) = 0 < target: exact, over the 32-bit key interval split WAYS ways per
+        read of the row (8 reads: 16**8 = 2**32), invariant _above(lo) >= target > _above(hi)."""
+        hi = _to_key(x_max)
+        lo = hi * 0 + 8388607  # _to_key(-inf)
+        ways = tl.arange(0, WAYS)
+        for _ in range(8):
+            step = (hi - lo + WAYS - 1) // WAYS
+            keys = tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi)
+            below = _above_many(row_ptr, vocab, _from_key(keys), floor, x_max, inv_t, BY_MASS, BLOCK) < target
+            first = tl.min(tl.where(below, ways, WAYS), axis=0)  # keys[WAYS - 1] == hi is below
+            new_lo = tl.max(tl.where(ways == first - 1, keys, lo), axis=0)
+            hi = tl.min(tl.where(ways == first, keys, hi), axis=0)
+            lo = new_lo
+        return _from_key(hi)
+
+    @triton.jit
+    def _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, BLOCK: tl.constexpr):
+        # BLOCK: any power of two (these passes ignore chunks)
+        """The exact min-p / top-k / top-p cut of a whole row (the rare path)."""
+        thr = base
+        if top_k > 0:
+            n = _above(row_ptr, vocab, float("-inf"), float("-inf"), x_max, inv_t, False, BLOCK)
+            if n > top_k:
+                kth = _bisect(row_ptr, vocab, float("-inf"), x_max, inv_t, top_k.to(tl.float32), False, BLOCK)
+                thr = tl.maximum(thr, kth)
+        if top_p < 1.0:
+            total = _above(row_ptr, vocab, float("-inf"), thr, x_max, inv_t, True, BLOCK)
+            thr = tl.maximum(thr, _bisect(row_ptr, vocab, thr, x_max, inv_t, top_p * total, True, BLOCK))
+        return thr
+
+    @triton.jit
+    def _wide_masses(
+        row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        """Per chunk j: sum of exp2((x - tops[j]) * scale) over its tokens x >= thr."""
+        lanes = tl.arange(0, BLOCK)
+        masses = tl.zeros_like(tops)
+        for j in range(0, num_chunks):
+            top = tl.max(tl.where(parts == j, tops, float("-inf")), axis=0)
+            shift = tl.where(top > float("-inf"), top, 0.0)
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for off in range(0, CHUNK, BLOCK):
+                cols = j * CHUNK + off + lanes
+                xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+                acc += tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
+            masses = tl.where(parts == j, tl.sum(acc, axis=0), masses)
+        return masses
+
+    @triton.jit
+    def _bisect_block(vals, x_max, inv_t, target, BY_MASS: tl.constexpr):
+        """`_bisect` over the values held in a register block (-inf entries count for nothing)."""
+        hi = _to_key(x_max)
+        lo = hi * 0 + 8388607  # _to_key(-inf)
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2
+            above = vals > _from_key(mid)
+            if BY_MASS:
+                got = tl.sum(tl.where(above, tl.exp((vals - x_max) * inv_t), 0.0), axis=0)
+            else:
+                got = tl.sum(above.to(tl.float32), axis=0)
+            below = got < target
+            hi = tl.where(below, mid, hi)
+            lo = tl.where(below, lo, mid)
+        return _from_key(hi)
+
+    @triton.jit
+    def _candidate_cut(
+        cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p, inv_t, scale,
+        SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """(thr, kept mass per chunk, ok) from the candidates; ok False when the cut is not
+        certain (it falls below the largest floor) and the row must take the wide path."""
+        certain = tl.max(tl.load(floor_row + parts, mask=valid, other=float("-inf")), axis=0)
+        offs = tl.arange(0, NC_BLOCK * SLOTS)
+        cand = tl.load(cand_row + offs, mask=offs < num_chunks * SLOTS, other=float("-inf"))
+        cand = tl.where(cand >= base, cand, float("-inf"))
+        thr = base
+        if top_k > 0:
+            if tl.sum((cand > float("-inf")).to(tl.int32), axis=0) > top_k:
+                thr = tl.maximum(thr, _bisect_block(cand, x_max, inv_t, top_k.to(tl.float32), False))
+        ok = thr >= certain
+        if top_p < 1.0:
+            live = (cand >= thr) & (cand > float("-inf"))
+            w = tl.where(live, tl.exp((cand - x_max) * inv_t), 0.0)
+            total = tl.where(thr > float("-inf"), tl.sum(w, axis=0), total_all)
+            p_thr = _bisect_block(tl.where(live, cand, float("-inf")), x_max, inv_t, top_p * total, True)
+            num_kept = tl.sum((live & (cand >= p_thr)).to(tl.int32), axis=0)
+            # no cut before top-p (so total_all is the survivors' mass) and the crossing found
+            # among the certain candidates: exact although not every token is a candidate
+            uncut = (thr == float("-inf")) & (top_k == 0)
+            open_ok = uncut & (num_kept < tl.sum(live.to(tl.int32), axis=0)) & (p_thr >= certain)
+            ok = ok | open_ok
+            thr = tl.maximum(thr, p_thr)
+        grid = tl.reshape(cand, [NC_BLOCK, SLOTS])
+        shift = tl.where(tops > float("-inf"), tops, 0.0)
+        w2 = tl.where(grid >= thr, tl.exp2((grid - shift[:, None]) * scale), 0.0)
+        return thr, tl.sum(w2, axis=1), ok
+
+    @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi"])
+    def _cut_pick_kernel(
+        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
+        vocab, num_chunks, has_edits, base_lo, base_hi,
+        CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
+    ):  # fmt: skip
+        # prm_ptr: [S, NUM_PARAMS] float32: x_scale, noisy, cut, base_off, top_k, top_p, inv_t.
+        row = tl.program_id(0)
+        parts = tl.arange(0, NC_BLOCK)
+        valid = parts < num_chunks
+        stats = stats_ptr + row.to(tl.int64) * 3 * num_chunks
+        tops = tl.load(stats + parts, mask=valid, other=float("-inf"))
+        masses = tl.load(stats + num_chunks + parts, mask=valid, other=0.0)
+        firsts = tl.load(stats + 2 * num_chunks + parts, mask=valid, other=0.0).to(tl.int32)
+        x_max = tl.max(tops, axis=0)
+        greedy = tl.min(tl.where(valid & (tops == x_max), firsts, 2147483647), axis=0)
+        prm = prm_ptr + row * NUM_PARAMS
+        scale = tl.load(prm)
+        row_shift = tl.where(x_max > float("-inf"), x_max, 0.0)
+        rel = tl.exp2((tops - row_shift) * scale)
+        thr = tl.max(tl.full([NC_BLOCK], float("-inf"), tl.float32), axis=0)
+        row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
+        if tl.load(prm + 2) != 0.0:
+            top_k = tl.load(prm + 4).to(tl.int32)
+            top_p = tl.load(prm + 5)
+            inv_t = tl.load(prm + 6)
+            base = x_max + tl.load(prm + 3)
+            total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
+            row_cand = cand_ptr + row.to(tl.int64) * num_chunks * SLOTS
+            row_floor = floor_ptr + row.to(tl.int64) * num_chunks
+            thr, masses, ok = _candidate_cut(
+                row_cand, row_floor, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
+                inv_t, scale, SLOTS, NC_BLOCK,
+            )  # fmt: skip
+            if ok.to(tl.int32) == 0:
+                thr = _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, WIDE_BLOCK)
+                masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
+        part_mass = tl.where(valid, masses * rel, 0.0)
+        prefix = tl.cumsum(part_mass, axis=0)
+        total = tl.sum(part_mass, axis=0)
+        lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
+        u1 = sampling_kernels._uniform(lo, hi, 0)
+        u2 = sampling_kernels._uniform(lo, hi, 1)
+        hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
+        last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
+        chosen = tl.where(hit < NC_BLOCK, hit, last_part)
+        chunk_top = tl.max(tl.where(parts == chosen, tops, float("-inf")), axis=0)
+        target = u2 * tl.sum(tl.where(parts == chosen, masses, 0.0), axis=0)
+        tok = sampling_kernels._scan_chunk(
+            row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
+        )
+        tok = tl.where((tl.load(prm + 1) > 0.0) & (tok >= 0), tok, greedy)
+        tl.store(out_ptr + row, tok.to(tl.int64))
+
+
+def available(device: torch.device) -> bool:
+    return triton is not None and device.type == "cuda"
+
+
+def draw(
+    x: torch.Tensor,
+    prm: torch.Tensor,
+    keys: torch.Tensor,
+    base: tuple[int, int],
+    *,
+    chunk: int,
+    edited: Optional[torch.Tensor] = None,
+    edit_map: Optional[torch.Tensor] = None,
+    num_warps: int = 0,
+) -> torch.Tensor:
+    """Token per row of x [S, V] (float32, or the model's bfloat16 / float16 read as float32:
+    no conversion pass; unit stride along V). prm [S, NUM_PARAMS] float32,
+    contiguous, per row: x_scale (log2(e) / T; 1 on greedy rows), noisy (1 random, 0 greedy),
+    cut (1 when a random row has a min-p/top-k/top-p cut), base_off (log(min_p) / inv_t: the
+    min-p cut is row max + base_off; -inf for none), top_k (0 = none; below V), top_p (1 =
+    none), inv_t (1 / T), unused. keys int64 [S] (see `sampling.draw`); base = (base_lo,
+    base_hi). chunk: `sample.draw.CHUNK` (a power of two). edited [E, V'] float32 (unit stride,
+    V' >= V) with edit_map int64 [S]: row i is read from edited[edit_map[i]] where that is >= 0
+    (the rows a logit edit changed, so the others need no copy; x must then be float32).
+    num_warps overrides both launches' warp count (tuning: sums change only in rounding).
+    Returns int64 [S]; two launches."""
+    assert x.dtype in FLOAT_TYPES and x.stride(1) == 1 and x.shape[1] < (1 << 24)
+    assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
+    num_rows, vocab = x.shape
+    has_edits = edited is not None
+    if has_edits:
+        assert x.dtype == edited.dtype == torch.float32 and edited.stride(1) == 1
+        assert edit_map.dtype == torch.int64
+    e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
+    num_chunks = triton.cdiv(vocab, chunk)
+    nb, cc, slots = layout(chunk)
+    work = torch.empty(num_rows * num_chunks * (4 + slots), dtype=torch.float32, device=x.device)
+    stats = work[: num_rows * 3 * num_chunks]
+    floors = work[num_rows * 3 * num_chunks : num_rows * 4 * num_chunks]
+    cand = work[num_rows * 4 * num_chunks :]
+    out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
+    warps = num_warps or (8 if chunk >= 2048 else 4)
+    _scan_kernel[(num_rows, num_chunks)](
+        x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks, int(has_edits),
+        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+    )  # fmt: skip
+    _cut_pick_kernel[(num_rows,)](
+        x, x.stride(0), e, e_stride, e_map, prm, keys, stats, cand, floors, out, vocab, num_chunks,
+        int(has_edits), base[0], base[1],
+        CHUNK=chunk, SLOTS=slots, NC_BLOCK=triton.next_power_of_2(num_chunks), BLOCK=min(BLOCK, chunk),
+        WIDE_BLOCK=WIDE_BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+    )  # fmt: skip
+    return out
