@@ -262,16 +262,7 @@ def _sweep(lg) -> None:
             run = lambda: sampling_triton.draw(
                 lg, scale, thr, noisy, keys, (1, 2), chunk=CHUNK, block=block, num_warps=warps
             )
-            run()
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                run()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            print(f"    draw block={block:5d} warps={warps:2d}: {sorted(times)[10] * 1e3:7.1f} us")
+            print(f"    draw block={block:5d} warps={warps:2d}: {_event_us(run):7.1f} us")
     sampler = Sampler(VOCAB, device=DEVICE, seed=0)
     plan = sampler._plan(make_requests(rows, chat_params), lg.device)
     prm, keys = plan.fused_params()

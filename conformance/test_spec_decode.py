@@ -72,6 +72,22 @@ def check_run(engine, workload, family: str) -> dict:
     return finals
 
 
+def run_sampled(engine, workload, params) -> None:
+    """Every request of the workload with `params`, stepped to the end (200 steps at most):
+    each finishes with exactly max_tokens ids, all in the tiny qwen3 vocabulary."""
+    for r in workload.requests:
+        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
+    finals = {}
+    for _ in range(200):
+        finals.update((out.request_id, out) for out in engine.step() if out.finished)
+        if not engine.has_unfinished:
+            break
+    vocab = tiny_vocab("qwen3")
+    for r in workload.requests:
+        tokens = finals[r.request_id].outputs[0].token_ids
+        assert len(tokens) == params.max_tokens and all(0 <= t < vocab for t in tokens), tokens
+
+
 def test_greedy_parity_under_speculation(impl):
     """Hypothesis workloads (preemption by recompute and swap common), n-gram or oracle drafts."""
     swap = "swap" in getattr(impl, "capabilities", ())
@@ -154,16 +170,6 @@ def test_sampled_requests_under_speculation_and_preemption(impl):
     workload = _forced("recompute", True)
     engine = spec_engine(impl, "qwen3", workload, drafter_seed=5)
     params = SamplingParams(max_tokens=6, temperature=0.8, top_k=5, repetition_penalty=1.2, ignore_eos=True)
-    for r in workload.requests:
-        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
-    finals = {}
-    for _ in range(200):
-        finals.update((out.request_id, out) for out in engine.step() if out.finished)
-        if not engine.has_unfinished:
-            break
-    vocab = tiny_vocab("qwen3")
-    for r in workload.requests:
-        tokens = finals[r.request_id].outputs[0].token_ids
-        assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens), tokens
+    run_sampled(engine, workload, params)
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
     assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_draft_tokens > 0

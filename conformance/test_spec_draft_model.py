@@ -28,6 +28,7 @@ from enginespec.conformance.test_parity import (
     run_workload,
     tiny_vocab,
 )
+from enginespec.conformance.test_spec_decode import run_sampled
 from enginespec.testing.checkpoints import make_checkpoint, tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -166,17 +167,7 @@ def test_sampled_requests_with_a_draft_model_under_preemption(impl):
     workload = _forced("recompute", True)
     engine = draft_engine(impl, workload, "same")
     params = SamplingParams(max_tokens=6, temperature=0.8, top_k=5, ignore_eos=True)
-    for r in workload.requests:
-        engine.add_request(r.request_id, list(r.prompt_token_ids), params)
-    finals = {}
-    for _ in range(200):
-        finals.update((out.request_id, out) for out in engine.step() if out.finished)
-        if not engine.has_unfinished:
-            break
-    vocab = tiny_vocab("qwen3")
-    for r in workload.requests:
-        tokens = finals[r.request_id].outputs[0].token_ids
-        assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens), tokens
+    run_sampled(engine, workload, params)
     drafter = engine.spec.drafter
     check_idle(drafter.block_manager.state(), drafter.block_manager.num_blocks)
     assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_accepted_tokens > 0

@@ -193,39 +193,11 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(
-                out_ptr,
-                bias_ptr,
-                acc,
-                acc_up,
-                res_ptr,
-                rm,
-                rn,
-                N,
-                mask,
-                stride_om,
-                stride_rm,
-                USE_BIAS,
-                USE_SILU_MUL,
-                USE_RESIDUAL,
-            )
+            _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
+                       USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
-        _store_out(
-            out_ptr,
-            bias_ptr,
-            acc,
-            acc_up,
-            res_ptr,
-            rm,
-            rn,
-            N,
-            mask,
-            stride_om,
-            stride_rm,
-            USE_BIAS,
-            USE_SILU_MUL,
-            USE_RESIDUAL,
-        )
+        _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
+                   USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
 @dataclass(frozen=True)
