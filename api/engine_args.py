@@ -21,6 +21,10 @@ one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at
 `skinny_gemm` (ours): route the merged decoder's projection GEMMs of up to 64 rows through a
 per-shape choice between cuBLAS and the Triton skinny GEMM, measured on the model's weights at
 startup (worker/skinny_linear.py); None reads ENGINESPEC_SKINNY_GEMM (1 = on), default off.
+`max_cudagraph_capture_size` (vLLM's compilation-config name): steps whose requests carry more
+than one token (prefill chunks beside decodes, speculative verification) replay a CUDA graph when
+their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py); None = 1024
+(capped at max_num_batched_tokens), 0 = only decode steps replay graphs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ from typing import Any, Optional, Union
 import torch
 
 from enginespec.spec import SchedulerConfig
+
+# Mixed steps (prefill chunks, verification rows) of up to this many tokens replay CUDA graphs:
+# outside a graph any step cost about 12 ms of launches on the H200 whatever its size, more than
+# a 1024-token chunk's compute (benchmarks/RESULTS.md, the serving step trace).
+DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 1024
 
 # vLLM V1's offline (LLM class) default on large GPUs and nano-vllm's default: a prefill step of
 # this many tokens keeps the GPU busier than the host that launches it, where 8192 did not
@@ -89,6 +98,7 @@ class EngineArgs:
     warmup: Optional[bool] = None
     speculative_config: Optional[dict] = None
     skinny_gemm: Optional[bool] = None
+    max_cudagraph_capture_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
@@ -98,6 +108,9 @@ class EngineArgs:
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        size = self.max_cudagraph_capture_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 0, got {size!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
 
@@ -109,6 +122,12 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(known - {'model'})}")
         return cls(model=None if model is None else str(model), **kwargs)
+
+    def mixed_graph_tokens(self, max_num_batched_tokens: int) -> int:
+        """The largest mixed-step graph's token count (see max_cudagraph_capture_size)."""
+        size = self.max_cudagraph_capture_size
+        size = DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE if size is None else size
+        return min(size, max_num_batched_tokens)
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         if self.max_model_len is None:

@@ -123,6 +123,7 @@ class EngineCore:
             compile_backend=args.compile_backend,
             kv_bytes_reserved_per_block=self._draft_bytes_per_block(),
             skinny_gemm=args.skinny_gemm,
+            mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
         )
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
@@ -254,6 +255,7 @@ class EngineCore:
             enforce_eager=args.enforce_eager,
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
+            mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
         )
         manager = self.impl.new_block_manager(num_blocks, args.block_size, False)
         return DraftModelDrafter(runner, self.impl, manager, k, self.scheduler_config.max_num_batched_tokens)

@@ -1,21 +1,33 @@
-"""CUDA graphs for decode steps, applied at the call site (the model never knows).
+"""CUDA graphs for decode and small mixed steps, applied at the call site (the model never knows).
 
-A decode step runs the same kernels every time; only the data changes. Launching 28 layers'
-worth of small kernels from Python costs more than the GPU needs to run them at small batch,
-so we capture `FlatModel.forward` once per padded batch size (bucket) and replay it.
+A step runs the same kernels every time; only the data changes. Launching 28 layers' worth of
+small kernels from Python costs more than the GPU needs to run them at small batch (about 12 ms
+for any step outside a graph on the H200, against 2 ms for a replayed decode), so we capture
+`FlatModel.forward` once per padded size (bucket) and replay it. Two kinds of bucket:
 
-How a step qualifies: every scheduled request has one new token (a decode, or a one-token
-prefill chunk) and there are at most `max(buckets)` of them. The runner then builds the batch
-with `pad_to = bucket`, so padding rows are the contract's dummy rows (slot -1 writes to the
-scratch block, seq_len 0 reads nothing), copies the batch into the static input buffers the
-graph was captured on, and replays.
+- Decode buckets (`buckets`, up to max_num_seqs rows): every scheduled request has one new
+  token. The batch is built with `pad_to = bucket`; rows == requests; attention launches the
+  requests longest first (the backend's decode order).
+- Mixed buckets (`mixed_buckets`, token counts up to max_cudagraph_capture_size): any step
+  whose requests carry more than one token (prefill chunks next to decodes, speculative
+  verification rows) and whose tokens fit a bucket. The graph is captured with one request
+  slot per token (no batch of n tokens has more than n requests); a replay fills the slots past
+  the batch's requests as empty requests (query_start_loc = n, seq_len 0), which the attention
+  kernel's programs find by binary search and leave at once.
+
+In both, padding rows are the contract's dummy rows (slot -1 writes to the scratch block,
+seq_len 0 reads nothing); the runner copies the batch into the static input buffers the graph
+was captured on, and replays.
 
 Invariants that keep graphs from changing outputs:
 - The attention kernels read sequence lengths, tables and slots from device memory, never
   from host ints baked in at capture (launch configs are captured for max_model_len and only
   change speed); query_start_loc of a one-row-per-request batch is always arange(b + 1).
-- Block-table columns past the batch's width keep stale ids, but no request's seq_len reaches
-  them, so they are never read.
+- Block-table columns past the batch's width, and rows past its requests, keep stale ids, but no
+  request's seq_len reaches them, so they are never read.
+- A mixed graph's attention launch config is fixed at capture (mixed_capture_query_len);
+  configs change speed, never results. Decode graphs keep their own
+  query_start_loc buffer, always arange, which mixed replays never touch.
 - The logits head runs eagerly on the rows that sample, so graphs hold no [b, vocab] buffers.
 """
 
@@ -31,6 +43,26 @@ from enginespec.spec import Batch, BatchMeta
 log = logging.getLogger(__name__)
 
 
+def mixed_capture_query_len(num_tokens: int) -> int:
+    """The max_query_len a mixed graph of num_tokens tokens is captured with. It only steers the
+    attention launch config, frozen in the graph: query blocks of 8 rows for small steps (drafts
+    being verified, a short chunk beside decodes), 32 above 64 tokens, where a long prefill chunk
+    would otherwise re-read its keys once per 8 rows while a decode row wastes at most a block."""
+    return max(2, min(num_tokens, 8)) if num_tokens <= 64 else 32
+
+
+def default_mixed_buckets(max_tokens: int) -> list[int]:
+    """Token counts of mixed-step graphs: 8 to 256 by doubling, then every 256 up to max_tokens
+    (and max_tokens itself when it falls between). Empty when max_tokens < 8 (off)."""
+    if max_tokens < 8:
+        return []
+    sizes = [n for n in (8, 16, 32, 64, 128, 256) if n <= max_tokens]
+    sizes += list(range(512, max_tokens + 1, 256))
+    if sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
+    return sorted(set(sizes))
+
+
 def default_buckets(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (and max_num_seqs itself)."""
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs + 1, 8))
@@ -40,7 +72,8 @@ def default_buckets(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured forwards of one model over one set of KV pools, keyed by padded batch size."""
+    """Captured forwards of one model over one set of KV pools: decode graphs keyed by padded
+    batch size, mixed-step graphs keyed by padded token count (module doc)."""
 
     def __init__(
         self,
@@ -51,6 +84,7 @@ class DecodeGraphs:
         max_model_len: int,
         max_num_seqs: int,
         buckets: Optional[list[int]] = None,
+        mixed_buckets: Optional[list[int]] = None,
         body=None,
     ):
         self.model = model
@@ -59,46 +93,59 @@ class DecodeGraphs:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.buckets = buckets or default_buckets(max_num_seqs)
-        size, device = self.buckets[-1], model.device
+        self.mixed_buckets = list(mixed_buckets or [])
+        size = max([self.buckets[-1], *self.mixed_buckets])
+        device = model.device
         width = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
-        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [B+1]
-        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)  # [B]
-        self.block_table = torch.zeros(size, width, dtype=torch.int32, device=device)  # [B, W]
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)  # [B]
+        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
+        self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
+        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [S+1], decode
+        self.mixed_query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [S+1]
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)  # [S]
+        self.block_table = torch.zeros(size, width, dtype=torch.int32, device=device)  # [S, W]
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)  # [S]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}
+        self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.mixed_hidden: dict[int, torch.Tensor] = {}
 
     def bucket_for(self, num_rows: int) -> Optional[int]:
-        """Smallest captured bucket holding num_rows rows, or None."""
-        for b in self.buckets:
-            if b >= num_rows:
-                return b
-        return None
+        """Smallest captured decode bucket holding num_rows rows, or None."""
+        return _smallest_at_least(self.buckets, num_rows)
 
-    def _meta(self, b: int) -> BatchMeta:
+    def mixed_bucket_for(self, num_tokens: int) -> Optional[int]:
+        """Smallest mixed bucket holding num_tokens tokens, or None (the step runs eagerly)."""
+        return _smallest_at_least(self.mixed_buckets, num_tokens)
+
+    def _meta(self, n: int, mixed: bool) -> BatchMeta:
+        """The static batch a graph of n rows is captured on: n requests of the shared buffers;
+        host ints are bounds that only steer launch configs."""
         return BatchMeta(
-            query_start_loc=self.query_start_loc[: b + 1],
-            seq_lens=self.seq_lens[:b],
-            block_table=self.block_table[:b],
-            slot_mapping=self.slot_mapping[:b],
+            query_start_loc=(self.mixed_query_start_loc if mixed else self.query_start_loc)[: n + 1],
+            seq_lens=self.seq_lens[:n],
+            block_table=self.block_table[:n],
+            slot_mapping=self.slot_mapping[:n],
             block_size=self.block_size,
-            query_start_loc_cpu=torch.arange(b + 1, dtype=torch.int32),
-            seq_lens_cpu=torch.full((b,), self.max_model_len, dtype=torch.int32),
-            max_query_len=1,
+            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.full((n,), self.max_model_len, dtype=torch.int32),
+            max_query_len=mixed_capture_query_len(n) if mixed else 1,
             max_seq_len=self.max_model_len,
         )
 
-    def _run(self, b: int) -> torch.Tensor:
+    def _run(self, n: int, mixed: bool = False) -> torch.Tensor:
         return self.model.forward(
-            self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches, body=self.body
+            self.input_ids[:n], self.positions[:n], self._meta(n, mixed), self.kv_caches, body=self.body
         )
+
+    def _shapes(self) -> list[tuple[int, bool]]:
+        """Every (rows, mixed) graph, largest first so the smaller ones reuse its memory pool."""
+        shapes = [(b, False) for b in self.buckets] + [(n, True) for n in self.mixed_buckets]
+        return sorted(shapes, reverse=True)
 
     @torch.inference_mode()
     def capture(self) -> "DecodeGraphs":
-        """Capture every bucket, largest first so the smaller ones reuse its memory pool. All
-        rows are padding rows while capturing, so the pools' real blocks are never written."""
+        """Capture every bucket. All rows are padding rows while capturing (seq_len 0, slot -1),
+        so the pools' real blocks are never written."""
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
@@ -107,39 +154,63 @@ class DecodeGraphs:
             # runs, because a compiled body may hold several graphs by row count (one for one
             # row; with skinny_gemm, one up to its fused rows) and none may compile mid-capture.
             for _ in range(2):
-                for b in reversed(self.buckets):
-                    self._run(b)
+                for n, mixed in self._shapes():
+                    self._run(n, mixed)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        for b in reversed(self.buckets):
+        for n, mixed in self._shapes():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.hidden[b] = self._run(b)
-            self.graphs[b] = graph
+                hidden = self._run(n, mixed)
+            (self.mixed_hidden if mixed else self.hidden)[n] = hidden
+            (self.mixed_graphs if mixed else self.graphs)[n] = graph
         torch.cuda.synchronize(self.model.device)
         return self
 
     def can_run(self, batch: Batch) -> bool:
-        """A batch built with pad_to = a captured bucket, one row per request, no prompt logprobs."""
-        rows = batch.meta.num_tokens
-        return (
-            rows in self.graphs
-            and batch.meta.num_reqs == rows
-            and batch.meta.max_query_len <= 1
-            and not batch.prompt_logprob_rows
-        )
+        """A batch built with pad_to = a captured bucket and no prompt logprobs: one row per
+        request for a decode bucket, any rows per request for a mixed one."""
+        rows, meta = batch.meta.num_tokens, batch.meta
+        if batch.prompt_logprob_rows:
+            return False
+        if meta.num_reqs == rows and meta.max_query_len <= 1:
+            return rows in self.graphs
+        return rows in self.mixed_graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Replay the bucket's graph on the batch; returns hidden [b, hidden] (padding rows too)."""
-        b = batch.meta.num_tokens
-        meta = batch.meta
-        self.input_ids[:b].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:b].copy_(batch.positions, non_blocking=True)
-        self.seq_lens[:b].copy_(meta.seq_lens, non_blocking=True)
-        self.slot_mapping[:b].copy_(meta.slot_mapping, non_blocking=True)
+        """Replay the batch's graph; returns hidden [n, hidden] (padding rows too)."""
+        n, meta = batch.meta.num_tokens, batch.meta
+        mixed = not (meta.num_reqs == n and meta.max_query_len <= 1)
+        self._load(batch)
+        if not mixed:
+            self.graphs[n].replay()
+            return self.hidden[n]
+        self.mixed_graphs[n].replay()
+        return self.mixed_hidden[n]
+
+    def _load(self, batch: Batch) -> None:
+        """Copy the batch into the static buffers. A mixed batch of B requests fills request
+        slots B..n-1 as empty (query_start_loc n, seq_len 0); a decode batch needs neither,
+        its query_start_loc is the constant arange."""
+        n, meta = batch.meta.num_tokens, batch.meta
+        num_reqs = meta.num_reqs
+        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        self.seq_lens[:num_reqs].copy_(meta.seq_lens, non_blocking=True)
         width = meta.block_table.shape[1]
-        self.block_table[:b, :width].copy_(meta.block_table, non_blocking=True)
-        self.graphs[b].replay()
-        return self.hidden[b]
+        self.block_table[:num_reqs, :width].copy_(meta.block_table, non_blocking=True)
+        if num_reqs < n or meta.max_query_len > 1:
+            qsl = self.mixed_query_start_loc
+            qsl[: num_reqs + 1].copy_(meta.query_start_loc, non_blocking=True)
+            qsl[num_reqs + 1 : n + 1].fill_(n)
+            self.seq_lens[num_reqs:n].zero_()
+
+
+def _smallest_at_least(sizes: list[int], n: int) -> Optional[int]:
+    for size in sizes:
+        if size >= n:
+            return size
+    return None
 
 
 def try_capture(model, kv_caches, **kwargs) -> Optional[DecodeGraphs]:

@@ -81,9 +81,11 @@ class ModelRunner:
         compile_backend: str = "inductor",
         kv_bytes_reserved_per_block: int = 0,
         skinny_gemm: Optional[bool] = None,
+        mixed_graph_tokens: int = 0,
     ):
         """kv_bytes_reserved_per_block: bytes of another pool that grows with this one (a draft
-        model's KV, block for block): the sizing divides the memory by the sum, so both fit."""
+        model's KV, block for block): the sizing divides the memory by the sum, so both fit.
+        mixed_graph_tokens: mixed steps of up to this many tokens replay graphs (0: none)."""
         self.model = model
         self.impl = impl
         self.block_size = block_size
@@ -109,7 +111,7 @@ class ModelRunner:
             and not enforce_eager
             and "cuda_graphs" in getattr(impl, "capabilities", ())
         ):
-            from enginespec.worker.cuda_graphs import try_capture
+            from enginespec.worker.cuda_graphs import default_mixed_buckets, try_capture
 
             self.graphs = try_capture(
                 model,
@@ -117,6 +119,7 @@ class ModelRunner:
                 block_size=block_size,
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
+                mixed_buckets=default_mixed_buckets(mixed_graph_tokens),
                 body=self.body,
             )
 
@@ -287,11 +290,16 @@ class ModelRunner:
     # ---- one step -----------------------------------------------------------------------------
 
     def prepare(self, output: SchedulerOutput, block_manager) -> Batch:
-        """The flat batch of one step (built before update_from_output). A step of one-token
-        requests is padded to a captured CUDA-graph bucket when graphs are on."""
+        """The flat batch of one step (built before update_from_output). With graphs on, a step
+        of one-token requests is padded to a decode bucket, any other step to the smallest mixed
+        bucket its tokens fit (none fits: it runs eagerly, unpadded)."""
         pad_to = None
-        if self.graphs is not None and all(n == 1 for _, n in output.scheduled):
-            pad_to = self.graphs.bucket_for(len(output.scheduled))
+        if self.graphs is not None:
+            num_tokens = sum(n for _, n in output.scheduled)
+            if num_tokens == len(output.scheduled):
+                pad_to = self.graphs.bucket_for(num_tokens)
+            else:
+                pad_to = self.graphs.mixed_bucket_for(num_tokens)
         return self.build_batch(output, block_manager, self.device, pad_to=pad_to)
 
     @torch.inference_mode()

@@ -7,13 +7,15 @@ CI cannot close, run on the H200 with `pytest conformance --impl=fast -m gpu`).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from enginespec.conformance.invariants import check_idle
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
-from enginespec.worker.cuda_graphs import default_buckets
+from enginespec.worker.cuda_graphs import DecodeGraphs, default_buckets, default_mixed_buckets
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 20, 256])
@@ -53,3 +55,95 @@ def test_graph_replay_equals_eager(impl, family):
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     assert outs[False] == outs[True]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 7, 8, 16, 100, 512, 1024, 2000])
+def test_mixed_buckets_cover_every_token_count(max_tokens):
+    buckets = default_mixed_buckets(max_tokens)
+    if max_tokens < 8:
+        assert buckets == []
+        return
+    assert buckets == sorted(set(buckets)) and buckets[0] == 8 and buckets[-1] == max_tokens
+    assert all(n % 256 == 0 for n in buckets if n > 256 and n != max_tokens)
+    for n in range(2, max_tokens + 1):
+        assert any(b >= n for b in buckets)
+
+
+class _EagerGraph:
+    """Stands in for a captured torch.cuda.CUDAGraph on the CPU: replay() runs the same call on
+    the same static buffers again and writes the result where the capture left its output."""
+
+    def __init__(self, run, out: torch.Tensor, replays: list):
+        self.run, self.out, self.replays = run, out, replays
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+        self.replays.append(self.out.shape[0])
+
+
+def _eager_graphs(runner, buckets, mixed_buckets) -> tuple:
+    """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
+    static buffers: everything but the capture itself (padding, empty request slots, stale rows
+    and columns, the static query_start_loc) is what a CUDA replay sees."""
+    graphs = DecodeGraphs(
+        runner.model,
+        runner.kv_caches,
+        block_size=runner.block_size,
+        max_model_len=runner.max_model_len,
+        max_num_seqs=runner.max_num_seqs,
+        buckets=buckets,
+        mixed_buckets=mixed_buckets,
+    )
+    decode, mixed = [], []
+    for n, is_mixed in graphs._shapes():
+        out = graphs._run(n, is_mixed)  # the "capture": every row a padding row
+
+        def run(n=n, is_mixed=is_mixed):
+            return graphs._run(n, is_mixed)
+
+        if is_mixed:
+            graphs.mixed_hidden[n], graphs.mixed_graphs[n] = out, _EagerGraph(run, out, mixed)
+        else:
+            graphs.hidden[n], graphs.graphs[n] = out, _EagerGraph(run, out, decode)
+    return graphs, decode, mixed
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="the Triton attention kernel on CPU tensors needs the interpreter",
+)
+@pytest.mark.parametrize("spec", [False, True])
+def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
+    """Every step through the graphs' static buffers (decode buckets, and mixed buckets for
+    prefill chunks beside decodes and for speculative verification rows) gives the greedy
+    tokens of unpadded eager steps, over the Triton attention kernel that reads the buffers
+    (the interpreter on the CPU). Both kinds of bucket must actually serve steps."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.llm import LLM
+
+    prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 1 for j in range(3 + 9 * i)]} for i in range(5)]
+    params = [SamplingParams(max_tokens=3 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(5)]
+    outs = {}
+    for padded in (False, True):
+        llm = LLM(
+            tiny_model_dir("qwen3"),
+            impl="fast",
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            num_blocks=96,
+            max_num_batched_tokens=40,
+            max_num_seqs=4,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2} if spec else None,
+        )
+        runner = llm.engine.runner
+        runner.model.attention = FastAttention("cpu", use_triton=True)
+        if padded:
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 16, 40])
+        outs[padded] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        check_idle(llm.engine.block_manager.state(), runner.num_blocks)
+        if spec:  # the periodic prompts give the n-gram drafter matches: verification rows ran
+            assert llm.engine.stats.spec_decode.num_draft_tokens > 0
+    assert outs[True] == outs[False]
+    assert decode and mixed, (decode, mixed)
+    assert set(mixed) <= {8, 16, 40} and set(decode) <= {1, 2, 4}
