@@ -23,7 +23,7 @@ per-shape choice between cuBLAS and the Triton skinny GEMM, measured on the mode
 startup (worker/skinny_linear.py); None reads ENGINESPEC_SKINNY_GEMM (1 = on), default off.
 `max_cudagraph_capture_size` (vLLM's compilation-config name): steps whose requests carry more
 than one token (prefill chunks beside decodes, speculative verification) replay a CUDA graph when
-their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py); None = 1024
+their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py); None = 2048
 (capped at max_num_batched_tokens), 0 = only decode steps replay graphs.
 """
 
@@ -41,8 +41,8 @@ from enginespec.spec import SchedulerConfig
 
 # Mixed steps (prefill chunks, verification rows) of up to this many tokens replay CUDA graphs:
 # outside a graph any step cost about 12 ms of launches on the H200 whatever its size, more than
-# a 1024-token chunk's compute (benchmarks/RESULTS.md, the serving step trace).
-DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 1024
+# a 2048-token chunk's compute (benchmarks/RESULTS.md, the serving step trace).
+DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048
 
 # vLLM V1's offline (LLM class) default on large GPUs and nano-vllm's default: a prefill step of
 # this many tokens keeps the GPU busier than the host that launches it, where 8192 did not

@@ -24,7 +24,7 @@ rate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['serve'][
   "$out/serving_inf.json")
 echo "half the saturating rate: $rate req/s"
 timeout 150 python3 -m benchmarks.serving --request-rate "$rate" --out "$out/serving_half.json" \
-  --step-trace /tmp/steps_half.json "$@" \
+  --step-trace "$out/steps_half.json" "$@" \
   > "$out/serving_half.log" 2>&1 || { tail -40 "$out/serving_half.log"; exit 1; }
 python3 - "$out/serving_inf.json" "$out/serving_half.json" <<'PY'
 import json, sys
