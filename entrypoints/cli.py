@@ -84,6 +84,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "draft_model", '
         '"model": "DRAFT_DIR", "num_speculative_tokens": 3}\'',
     )
+    p.add_argument(
+        "--max-cudagraph-capture-size",
+        type=int,
+        default=None,
+        help="mixed steps (prefill chunks, verification) of up to this many tokens replay CUDA "
+        "graphs (default 2048; 0: decode steps only)",
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -109,6 +116,7 @@ _ENGINE_KEYS = (
     "model_impl",
     "tensor_parallel_size",
     "speculative_config",
+    "max_cudagraph_capture_size",
 )
 
 

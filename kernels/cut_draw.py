@@ -325,6 +325,11 @@ if triton is not None:
         tl.store(out_ptr + row, tok.to(tl.int64))
 
 
+def _aligned(num_floats: int) -> int:
+    """num_floats rounded up to a multiple of 16 (64 bytes of float32)."""
+    return -(-num_floats // 16) * 16
+
+
 def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
@@ -361,10 +366,16 @@ def draw(
     e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
     num_chunks = triton.cdiv(vocab, chunk)
     nb, cc, slots = layout(chunk)
-    work = torch.empty(num_rows * num_chunks * (4 + slots), dtype=torch.float32, device=x.device)
+    # One scratch allocation cut into three parts, each starting 64-byte aligned whatever the row
+    # count: Triton specialises pointer arguments on 16-byte alignment, so a part whose offset
+    # followed num_rows would compile a second variant of both kernels in the middle of traffic.
+    num_stats, num_floors = _aligned(num_rows * 3 * num_chunks), _aligned(num_rows * num_chunks)
+    work = torch.empty(
+        num_stats + num_floors + num_rows * num_chunks * slots, dtype=torch.float32, device=x.device
+    )
     stats = work[: num_rows * 3 * num_chunks]
-    floors = work[num_rows * 3 * num_chunks : num_rows * 4 * num_chunks]
-    cand = work[num_rows * 4 * num_chunks :]
+    floors = work[num_stats : num_stats + num_rows * num_chunks]
+    cand = work[num_stats + num_floors :]
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
     _scan_kernel[(num_rows, num_chunks)](

@@ -96,3 +96,40 @@ def test_sampler_kernels_compile_for_sm90():
     }
     assert "div.full 0" in lines["penalty"], "penalty division must be IEEE-rounded, as torch's"
     assert "ex2.approx 0" not in lines["chunk_stats"]
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: kernel[grid](*args, **kw) records the tensor args."""
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            import torch
+
+            self.seen.extend(a for a in args if isinstance(a, torch.Tensor))
+
+        return launch
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 6, 7, 9])
+def test_fused_draw_passes_16_byte_aligned_pointers_at_every_row_count(monkeypatch, num_rows):
+    """Triton specialises pointer arguments on 16-byte alignment. The fused draw cuts its scratch
+    into parts; if a part's offset followed the row count, a batch size the warm-up never met
+    would compile new kernel variants inside a user's first generate() call (seen on the H200:
+    two compiles, about 1 s each). Every tensor the draw hands its kernels starts aligned."""
+    import torch
+
+    from enginespec.kernels import cut_draw
+
+    seen: list = []
+    monkeypatch.setattr(cut_draw, "_scan_kernel", _Recorder(seen))
+    monkeypatch.setattr(cut_draw, "_cut_pick_kernel", _Recorder(seen))
+    monkeypatch.setattr(cut_draw, "triton", cut_draw.triton or pytest.importorskip("triton"))
+    x = torch.randn(num_rows, 700)  # 6 chunks of 128: part sizes that are not multiples of 4 floats
+    prm = torch.zeros(num_rows, cut_draw.NUM_PARAMS)
+    keys = torch.zeros(num_rows, dtype=torch.int64)
+    cut_draw.draw(x, prm, keys, (0, 0), chunk=128)
+    assert len(seen) >= 10
+    assert all(t.data_ptr() % 16 == 0 for t in seen), [t.data_ptr() % 16 for t in seen]
