@@ -68,6 +68,13 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
         block_k = 256 // bucket  # a [bucket, BLOCK_N, BLOCK_K] float32 accumulator of ~32 registers a thread
         for block_n in (8, 16):
             out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
+    if bucket <= 2:  # GEMV-like: longer K tiles over 8 warps keep more of the weight in flight per SM
+        for block_n, block_k in ((8, 1024 // bucket), (16, 512 // bucket)):
+            if block_k <= k:
+                out += [
+                    SkinnyConfig(block_n, block_k, s, use_dot=False, num_warps=8)
+                    for s in splits(block_n, block_k)
+                ]
     return out
 
 
