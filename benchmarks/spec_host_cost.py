@@ -63,19 +63,18 @@ def time_steps(
     rng = random.Random(1)
     times = []
     for step in range(steps):
-        for r in reqs:
-            r.append(next_token(mode, rng, r, step))
+        real = [next_token(mode, rng, r, step) for r in reqs]
+        for r, t in zip(reqs, real):
+            r.append(PLACEHOLDER if placeholder else t)
             r.num_computed_tokens = r.num_tokens - 1
-            if placeholder:
-                r.token_ids[-1] = PLACEHOLDER  # what the async engine holds until it resolves
         start = time.perf_counter()
-        if placeholder:
-            spec.wants_real_tokens(reqs, PLACEHOLDER)
+        if placeholder and spec.wants_real_tokens(reqs, PLACEHOLDER):
+            for r, t in zip(reqs, real):  # the engine resolves the step in flight first
+                r.token_ids[-1] = t
         spec.propose(reqs, PLACEHOLDER)
         times.append(time.perf_counter() - start)
-        if placeholder:
-            for r in reqs:
-                r.token_ids[-1] = next_token(mode, rng, r, step)
+        for r, t in zip(reqs, real):
+            r.token_ids[-1] = t
         for r in list(spec._drafted):  # every draft rejected: the worst case for nano-vllm
             spec._observe(r.request_id, len(r.spec_token_ids), 0)
     return times[0] * 1e6, statistics.median(times[1:]) * 1e6

@@ -94,13 +94,18 @@ class SpecDecoder:
     # ---- proposing ----------------------------------------------------------------------------
 
     def _limit(self, r) -> int:
-        """Drafts r may take: accepting all of them and the bonus stays within its limits."""
-        if r.status is not Status.RUNNING or r.num_computed_tokens != r.num_tokens - 1:
+        """Drafts r may take: accepting all of them and the bonus stays within its limits
+        (num_output_tokens read as num_tokens - num_prompt_tokens: this runs per request per
+        step)."""
+        if r.status is not Status.RUNNING:
+            return 0
+        num = r.num_tokens
+        if r.num_computed_tokens != num - 1:
             return 0
         p = r.params
         if p.logprobs is not None or (p.seed is not None and p.temperature >= GREEDY_EPS):
             return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
-        return min(r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
+        return min(p.max_tokens - (num - r.num_prompt_tokens) - 1, self.max_model_len - num - 1)
 
     def clear(self) -> None:
         """Drop every draft proposed for the last step."""
@@ -120,14 +125,16 @@ class SpecDecoder:
         if self.disabled(running):
             return False
         step, allowed = self._num_steps + 1, self.adaptive.allowed
-        for r in running:
-            tokens = r.token_ids
-            if tokens[-1] != placeholder or not allowed(r.request_id, step) or self._limit(r) < 1:
-                continue
-            if self.drafter.would_propose(r, len(tokens) - 1):
-                self._lagged = r.request_id
-                return True
-        return False
+        waiting = [
+            r
+            for r in running
+            if r.token_ids[-1] == placeholder and allowed(r.request_id, step) and self._limit(r) >= 1
+        ]
+        found = self.drafter.first_to_propose(waiting, [len(r.token_ids) - 1 for r in waiting])
+        if found is None:
+            return False
+        self._lagged = waiting[found].request_id
+        return True
 
     def propose(self, running, placeholder: int) -> int:
         """Give each eligible running decode its drafts, at most what adaptive drafting allows
