@@ -5,6 +5,9 @@ speculation on vs off (it must not hurt when it does not help: target >= 0.95x).
 Run from the repository root on one GPU:
     python benchmarks/spec_decode.py --shape qwen3-0.6b --out spec_decode.json
     python benchmarks/spec_decode.py --shape qwen3-8b --skip-throughput --out spec_decode_8b.json
+The throughput target alone (nano-vllm's workload; off, n-gram k = 4 with the defaults, and k = 4
+with every draft made wrong; ratios to off):
+    python benchmarks/spec_decode.py --skip-batch1 --out spec_throughput.json
 CPU smoke run (seconds):
     python benchmarks/spec_decode.py --shape tiny --device cpu --num-requests 8 --passage-len 96 \
         --max-tokens 48 --max-input-len 64 --max-output-len 32
@@ -24,7 +27,12 @@ Batch-1 phase, per config (off, ngram k = 2, 4, 6...): decode ms/token = (time o
 must be identical to off's; acceptance rate (overall and per draft position) and mean tokens
 per verification step. Throughput phase: the standard random-weight checkpoint and
 make_workload's nano-vllm workload, one warm-up, one timed generate per config, output tok/s
-and the ratio on/off, and whether the greedy outputs are equal.
+and the ratio on/off, and whether the greedy outputs are equal. Its configs: off; ngram with
+k = --throughput-k and the config's defaults (SpeculativeConfig: adaptive drafting on,
+disable_by_batch_size None); the same with every draft made wrong (`RejectedDrafter`: the
+case "speculation must not hurt when it does not help", since the random-weight checkpoint's
+greedy output repeats and prompt lookup predicts it); and, with --disable-by-batch-size N,
+ngram with that cut-off. Target: every speculative config >= 0.95x off.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.engine_runs import engine_core, reset_prefix_cache, sync, timed_generate, warm_up  # noqa: E402
+from enginespec.engine.spec_decode import Drafter  # noqa: E402
 from enginespec.testing import checkpoints  # noqa: E402
 from enginespec.testing.workload import make_workload  # noqa: E402
 
@@ -101,11 +110,32 @@ def passage_prompts(num: int, passage_len: int, vocab: int, seed: int) -> list[l
     return prompts
 
 
+class RejectedDrafter(Drafter):
+    """The engine's drafter with every draft token shifted by one id: same proposals (same
+    steps, same counts, same lagged look-ups), each rejected at its first position under
+    greedy decoding unless the target's choice happens to be that shifted id."""
+
+    def __init__(self, inner: Drafter, vocab: int):
+        self.inner, self.vocab = inner, vocab
+
+    def propose_batch(self, requests, num_reals, max_drafts) -> list[list[int]]:
+        found = self.inner.propose_batch(requests, num_reals, max_drafts)
+        return [[(t + 1) % self.vocab for t in drafts] for drafts in found]
+
+    def first_to_propose(self, requests, num_reals):
+        return self.inner.first_to_propose(requests, num_reals)
+
+    def forget(self, request_id: str) -> None:
+        self.inner.forget(request_id)
+
+
 def spec_stats(llm) -> dict:
+    spec = engine_core(llm).spec
     stats = getattr(engine_core(llm).stats, "spec_decode", None)
-    if stats is None:
+    if stats is None or spec is None:
         return {}
     return {
+        "num_disabled_steps": spec.num_disabled_steps,
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
         "num_accepted_tokens": stats.num_accepted_tokens,
@@ -179,20 +209,43 @@ def throughput(args, configs: dict) -> dict:
     )
     results = {}
     for name, spec in configs.items():
+        rejected = spec is not None and spec.pop("rejected", False)
         llm = LLM(
             str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
         )
+        core = engine_core(llm)
+        if rejected:
+            core.spec.drafter = RejectedDrafter(core.spec.drafter, vocab)
         warm_up(llm, workload, args.device)
+        if core.spec is not None:  # the timed run's counters only
+            core.spec.reset_stats()
+            core.spec.num_disabled_steps = 0
+            core.stats.spec_decode = core.spec.stats
         run = timed_generate(llm, workload, args.device, use_tqdm=False)
-        results[name] = {"speculative_config": spec, **run, **spec_stats(llm)}
+        results[name] = {"speculative_config": spec, "rejected_drafts": rejected, **run, **spec_stats(llm)}
         print(name, json.dumps(results[name], default=str))
-        del llm
+        del llm, core
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     off = results["off"]
     for r in results.values():
         r["throughput_vs_off"] = r["output_tok_s"] / off["output_tok_s"]
         r["outputs_equal_to_off"] = r["tokens_digest"] == off["tokens_digest"]
+    print("throughput vs off:", {n: round(r["throughput_vs_off"], 3) for n, r in results.items()})
     return results
+
+
+def throughput_configs(args, ngram: dict) -> dict:
+    """off, n-gram with k = --throughput-k (the config's defaults), the same with rejected
+    drafts, and with --disable-by-batch-size if given."""
+    k = args.throughput_k
+    base = {**ngram, "num_speculative_tokens": k}
+    configs: dict = {"off": None, f"ngram_k{k}": dict(base)}
+    if not args.skip_rejected:
+        configs[f"ngram_k{k}_rejected"] = {**base, "rejected": True}
+    if args.disable_by_batch_size is not None:
+        name = f"ngram_k{k}_disable{args.disable_by_batch_size}"
+        configs[name] = {**base, "disable_by_batch_size": args.disable_by_batch_size}
+    return configs
 
 
 def main(argv=None) -> int:
@@ -211,6 +264,13 @@ def main(argv=None) -> int:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument(
+        "--throughput-k", type=int, default=4, help="num_speculative_tokens of the throughput phase"
+    )
+    p.add_argument("--disable-by-batch-size", type=int, default=None, help="also run ngram with this cut-off")
+    p.add_argument(
+        "--skip-rejected", action="store_true", help="no rejected-drafts config in the throughput phase"
+    )
     p.add_argument("--skip-batch1", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--cache-dir", default=None, help="where the cycle checkpoint goes (default: temp dir)")
@@ -233,11 +293,9 @@ def main(argv=None) -> int:
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         report["batch1"] = batch1(args, model_dir, vocab, configs)
     if not args.skip_throughput:
-        best = max(
-            (n for n in configs if n != "off"),
-            key=lambda n: report.get("batch1", {}).get(n, {}).get("speedup_vs_off", 0.0),
-        )
-        report["throughput"] = throughput(args, {"off": None, best: configs[best]})
+        ngram = {"method": "ngram", "prompt_lookup_min": args.prompt_lookup_min}
+        ngram["prompt_lookup_max"] = args.prompt_lookup_max
+        report["throughput"] = throughput(args, throughput_configs(args, ngram))
     text = json.dumps(report, indent=2, default=str)
     if args.out:
         Path(args.out).write_text(text)
