@@ -34,7 +34,8 @@ drafter every eligible request at once (`propose_batch`), so a model drafts them
 
 Not hurting when it does not help: drafts are proposed only as adaptive.py allows (fewer
 drafts after partial acceptance; a request rejected outright backs off, its re-probes lined up
-with every other backing-off request's on the same steps), and not at all in a step that starts
+with every other backing-off request's on the same steps; one with nothing to draft for 8 steps
+is looked up every 4th step), and not at all in a step that starts
 with at least `disable_by_batch_size` running requests (config.py; None: never disabled).
 """
 
@@ -131,6 +132,8 @@ class SpecDecoder:
             if r.token_ids[-1] == placeholder and allowed(r.request_id, step) and self._limit(r) >= 1
         ]
         found = self.drafter.first_to_propose(waiting, [len(r.token_ids) - 1 for r in waiting])
+        for r in waiting[:found]:  # looked up, nothing found (all of them when found is None)
+            self.adaptive.empty(r.request_id, step)
         if found is None:
             return False
         self._lagged = waiting[found].request_id
@@ -162,6 +165,8 @@ class SpecDecoder:
                 self._drafted.append(r)
             elif r.request_id == self._lagged:  # the engine waited for nothing: a miss
                 self.adaptive.miss(r.request_id, step)
+            else:
+                self.adaptive.empty(r.request_id, step)
         self._lagged = None
         return len(self._drafted)
 

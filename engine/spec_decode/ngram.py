@@ -47,8 +47,9 @@ def _catch_up(table: dict, n: int, tokens, old: int, num_real: int) -> None:
     first, last = max(0, old - n), num_real - 1 - n
     if last < first:
         return
-    if first == last:  # one appended token: the common step
-        table.setdefault(tuple(tokens[first : first + n]), first)
+    if last - first < 16:  # a few appended tokens: the common step, one insert each
+        for p in range(first, last + 1):
+            table.setdefault(tuple(tokens[p : p + n]), p)
         return
     window = tokens[first : last + n]
     grams = zip(*(window[i : len(window) - n + 1 + i] for i in range(n)))

@@ -128,3 +128,25 @@ def test_no_drafts_at_or_above_disable_by_batch_size():
     assert not spec.wants_real_tokens(async_reqs, PLACEHOLDER)
     assert spec.propose(reqs[:2], PLACEHOLDER) == 2  # below the bound: drafted again
     assert spec.wants_real_tokens(async_reqs[:2], PLACEHOLDER)
+
+
+def test_a_request_with_nothing_to_draft_is_looked_up_every_fourth_step_after_eight():
+    spec = _decoder()
+    looked: list[int] = []
+    inner = spec.drafter.propose_batch
+
+    def counting(requests, num_reals, limits):
+        looked.extend(spec._num_steps for _ in requests)
+        return inner(requests, num_reals, limits)
+
+    spec.drafter.propose_batch = counting
+    r = _Req("a", [40, 41], max_tokens=60)
+    for t in range(42, 62):  # never repeats: nothing to draft
+        r.token_ids.append(t)
+        r.num_computed_tokens = r.num_tokens - 1
+        assert spec.propose([r], PLACEHOLDER) == 0
+    assert looked == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20]
+    r.token_ids += [41, 42]  # [41, 42] occurred at the start: drafts at the next look-up
+    r.num_computed_tokens = r.num_tokens - 1
+    got = [spec.propose([r], PLACEHOLDER) for _ in range(4)]  # steps 21..24
+    assert got == [0, 0, 0, 1] and r.spec_token_ids == [43, 44, 45]
