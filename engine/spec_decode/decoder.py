@@ -132,9 +132,9 @@ class SpecDecoder:
             if r.token_ids[-1] == placeholder and allowed(r.request_id, step) and self._limit(r) >= 1
         ]
         found = self.drafter.first_to_propose(waiting, [len(r.token_ids) - 1 for r in waiting])
-        for r in waiting[:found]:  # looked up, nothing found (all of them when found is None)
-            self.adaptive.empty(r.request_id, step)
-        if found is None:
+        if found is None:  # all looked up, nothing found (else propose looks them up again)
+            for r in waiting:
+                self.adaptive.empty(r.request_id, step)
             return False
         self._lagged = waiting[found].request_id
         return True

@@ -150,3 +150,23 @@ def test_a_request_with_nothing_to_draft_is_looked_up_every_fourth_step_after_ei
     r.num_computed_tokens = r.num_tokens - 1
     got = [spec.propose([r], PLACEHOLDER) for _ in range(4)]  # steps 21..24
     assert got == [0, 0, 0, 1] and r.spec_token_ids == [43, 44, 45]
+
+
+def test_lagged_look_ups_that_find_nothing_thin_out_too():
+    """Async: the look-up on the tokens before the placeholder counts as an empty proposal."""
+    spec = _decoder()
+    looked: list[int] = []
+    inner = spec.drafter.first_to_propose
+
+    def counting(requests, num_reals):
+        looked.extend(spec._num_steps + 1 for _ in requests)
+        return inner(requests, num_reals)
+
+    spec.drafter.first_to_propose = counting
+    r = _Req("a", [40, 41, PLACEHOLDER], max_tokens=60)
+    for t in range(42, 62):  # never repeats; the newest token is always the placeholder
+        r.token_ids[-1:] = [t, PLACEHOLDER]
+        r.num_computed_tokens = r.num_tokens - 1
+        assert not spec.wants_real_tokens([r], PLACEHOLDER)
+        assert spec.propose([r], PLACEHOLDER) == 0
+    assert looked == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20]
