@@ -35,8 +35,8 @@ drafter every eligible request at once (`propose_batch`), so a model drafts them
 Not hurting when it does not help: drafts are proposed only as adaptive.py allows (fewer
 drafts after partial acceptance; a request rejected outright backs off, its re-probes lined up
 with every other backing-off request's on the same steps; one with nothing to draft for 8 steps
-is looked up every 4th step), and not at all in a step that starts
-with at least `disable_by_batch_size` running requests (config.py; None: never disabled).
+is looked up every 4th step), and not at all in a step that starts with at least
+`disable_by_batch_size` running requests (config.py; None: never disabled).
 """
 
 from __future__ import annotations
