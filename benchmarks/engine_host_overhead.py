@@ -7,12 +7,18 @@ This times `EngineCore.step()` minus `ModelRunner.execute()` on a tiny random Qw
 per-step outputs.
 
     python benchmarks/engine_host_overhead.py [--impls reference fast] [--steps 40]
+    python benchmarks/engine_host_overhead.py --impls fast --speculative-config \
+        '{"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+
+With --speculative-config, each case also runs with speculation on (the drafter, verification on
+the host and the trims count as host time; the wider forward does not).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import tempfile
 import time
@@ -24,7 +30,7 @@ from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir, use_cache_root
 
 
-def host_ms_per_step(impl: str, final_only: bool, num_requests: int, steps: int) -> float:
+def host_ms_per_step(impl: str, final_only: bool, num_requests: int, steps: int, spec=None) -> float:
     llm = LLM(
         str(tiny_model_dir("qwen3")),
         impl=impl,
@@ -34,6 +40,7 @@ def host_ms_per_step(impl: str, final_only: bool, num_requests: int, steps: int)
         num_blocks=num_requests * 16,
         max_model_len=256,
         max_num_seqs=num_requests,
+        speculative_config=spec,
     )
     engine = llm.engine
     rng = random.Random(0)
@@ -65,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--impls", nargs="+", default=["reference", "fast"])
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--speculative-config", type=json.loads, default=None, help="JSON, vLLM's names")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="enginespec-host-") as tmp:
@@ -75,11 +83,14 @@ def main(argv=None) -> int:
 
 def _report(args) -> None:
     host_ms_per_step(args.impls[0], False, 8, 4)  # first-engine costs (imports, caches) land here
-    print(f"{'impl':<10} {'outputs':<10} host ms/step ({args.num_requests} decodes)")
+    specs = [None] if args.speculative_config is None else [None, args.speculative_config]
+    print(f"{'impl':<10} {'outputs':<10} {'spec':<5} host ms/step ({args.num_requests} decodes)")
     for impl in args.impls:
         for final_only in (False, True):
-            ms = host_ms_per_step(impl, final_only, args.num_requests, args.steps)
-            print(f"{impl:<10} {'final' if final_only else 'per-step':<10} {ms:8.2f}")
+            for spec in specs:
+                ms = host_ms_per_step(impl, final_only, args.num_requests, args.steps, spec)
+                on = "off" if spec is None else "on"
+                print(f"{impl:<10} {'final' if final_only else 'per-step':<10} {on:<5} {ms:8.2f}")
 
 
 if __name__ == "__main__":

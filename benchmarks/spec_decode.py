@@ -5,6 +5,9 @@ speculation on vs off (it must not hurt when it does not help: target >= 0.95x).
 Run from the repository root on one GPU:
     python benchmarks/spec_decode.py --shape qwen3-0.6b --out spec_decode.json
     python benchmarks/spec_decode.py --shape qwen3-8b --skip-throughput --out spec_decode_8b.json
+The throughput target alone (nano-vllm's workload at temperatures 0 and 0.6; off, n-gram k = 4
+with the defaults, and k = 4 with every draft made wrong; ratios to off):
+    python benchmarks/spec_decode.py --skip-batch1 --out spec_throughput.json
 CPU smoke run (seconds):
     python benchmarks/spec_decode.py --shape tiny --device cpu --num-requests 8 --passage-len 96 \
         --max-tokens 48 --max-input-len 64 --max-output-len 32
@@ -23,8 +26,16 @@ Batch-1 phase, per config (off, ngram k = 2, 4, 6...): decode ms/token = (time o
 = N) - (time of max_tokens = 1) over N - 1, per prompt, median over prompts; greedy outputs
 must be identical to off's; acceptance rate (overall and per draft position) and mean tokens
 per verification step. Throughput phase: the standard random-weight checkpoint and
-make_workload's nano-vllm workload, one warm-up, one timed generate per config, output tok/s
-and the ratio on/off, and whether the greedy outputs are equal.
+make_workload's nano-vllm workload, per config and --temperatures (greedy, and nano-vllm's
+bench setting 0.6) one warm-up and one timed generate, output tok/s and the ratio to off at
+the same temperature, and whether the greedy outputs are equal. On that checkpoint (random
+bf16 weights, tied head) greedy output repeats one token, so prompt lookup's drafts are
+accepted (about 90% on a CPU probe of the shape), while at temperature 0.6 the logits are
+nearly flat, the output is random, and nothing is ever drafted. Its configs: off; ngram with
+k = --throughput-k and the config's defaults (SpeculativeConfig: adaptive drafting on,
+disable_by_batch_size None); the same with every draft made wrong (`RejectedDrafter`: the
+case "speculation must not hurt when it does not help" with drafts proposed); and, with --disable-by-batch-size N,
+ngram with that cut-off. Target: every speculative config >= 0.95x off.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.engine_runs import engine_core, reset_prefix_cache, sync, timed_generate, warm_up  # noqa: E402
+from enginespec.engine.spec_decode import Drafter  # noqa: E402
 from enginespec.testing import checkpoints  # noqa: E402
 from enginespec.testing.workload import make_workload  # noqa: E402
 
@@ -101,11 +113,32 @@ def passage_prompts(num: int, passage_len: int, vocab: int, seed: int) -> list[l
     return prompts
 
 
+class RejectedDrafter(Drafter):
+    """The engine's drafter with every draft token shifted by one id: same proposals (same
+    steps, same counts, same lagged look-ups), each rejected at its first position under
+    greedy decoding unless the target's choice happens to be that shifted id."""
+
+    def __init__(self, inner: Drafter, vocab: int):
+        self.inner, self.vocab = inner, vocab
+
+    def propose_batch(self, requests, num_reals, max_drafts) -> list[list[int]]:
+        found = self.inner.propose_batch(requests, num_reals, max_drafts)
+        return [[(t + 1) % self.vocab for t in drafts] for drafts in found]
+
+    def first_to_propose(self, requests, num_reals):
+        return self.inner.first_to_propose(requests, num_reals)
+
+    def forget(self, request_id: str) -> None:
+        self.inner.forget(request_id)
+
+
 def spec_stats(llm) -> dict:
+    spec = engine_core(llm).spec
     stats = getattr(engine_core(llm).stats, "spec_decode", None)
-    if stats is None:
+    if stats is None or spec is None:
         return {}
     return {
+        "num_disabled_steps": spec.num_disabled_steps,
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
         "num_accepted_tokens": stats.num_accepted_tokens,
@@ -177,22 +210,59 @@ def throughput(args, configs: dict) -> dict:
         min_output_len=min(100, args.max_output_len),
         id_bound=min(10000, vocab),
     )
-    results = {}
+    runs: dict = {}
     for name, spec in configs.items():
+        rejected = spec is not None and spec.pop("rejected", False)
         llm = LLM(
             str(model_dir), impl=args.impl, dtype=args.dtype, device=args.device, speculative_config=spec
         )
-        warm_up(llm, workload, args.device)
-        run = timed_generate(llm, workload, args.device, use_tqdm=False)
-        results[name] = {"speculative_config": spec, **run, **spec_stats(llm)}
-        print(name, json.dumps(results[name], default=str))
-        del llm
+        core = engine_core(llm)
+        if rejected:
+            core.spec.drafter = RejectedDrafter(core.spec.drafter, vocab)
+        for temperature in args.temperatures:
+            run = _one_run(llm, core, workload, args.device, temperature)
+            entry = {"speculative_config": spec, "rejected_drafts": rejected, **run}
+            runs.setdefault(f"t{temperature:g}", {})[name] = entry
+            print(f"t{temperature:g}", name, json.dumps(entry, default=str))
+        del llm, core
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    off = results["off"]
-    for r in results.values():
-        r["throughput_vs_off"] = r["output_tok_s"] / off["output_tok_s"]
-        r["outputs_equal_to_off"] = r["tokens_digest"] == off["tokens_digest"]
-    return results
+    for temperature, results in runs.items():
+        off = results["off"]
+        for r in results.values():
+            r["throughput_vs_off"] = r["output_tok_s"] / off["output_tok_s"]
+            if temperature == "t0":  # sampled runs draw differently from run to run
+                r["outputs_equal_to_off"] = r["tokens_digest"] == off["tokens_digest"]
+        print(
+            temperature,
+            "throughput vs off:",
+            {n: round(r["throughput_vs_off"], 3) for n, r in results.items()},
+        )
+    return runs
+
+
+def _one_run(llm, core, workload, device, temperature: float) -> dict:
+    """Warm-up, then one timed generate at `temperature`, with the timed run's counters."""
+    warm_up(llm, workload, device, temperature)
+    if core.spec is not None:
+        core.spec.reset_stats()
+        core.spec.num_disabled_steps = 0
+        core.stats.spec_decode = core.spec.stats
+    run = timed_generate(llm, workload, device, temperature, use_tqdm=False)
+    return {**run, **spec_stats(llm)}
+
+
+def throughput_configs(args, ngram: dict) -> dict:
+    """off, n-gram with k = --throughput-k (the config's defaults), the same with rejected
+    drafts, and with --disable-by-batch-size if given."""
+    k = args.throughput_k
+    base = {**ngram, "num_speculative_tokens": k}
+    configs: dict = {"off": None, f"ngram_k{k}": dict(base)}
+    if not args.skip_rejected:
+        configs[f"ngram_k{k}_rejected"] = {**base, "rejected": True}
+    if args.disable_by_batch_size is not None:
+        name = f"ngram_k{k}_disable{args.disable_by_batch_size}"
+        configs[name] = {**base, "disable_by_batch_size": args.disable_by_batch_size}
+    return configs
 
 
 def main(argv=None) -> int:
@@ -211,6 +281,21 @@ def main(argv=None) -> int:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument(
+        "--throughput-k", type=int, default=4, help="num_speculative_tokens of the throughput phase"
+    )
+    p.add_argument("--disable-by-batch-size", type=int, default=None, help="also run ngram with this cut-off")
+    p.add_argument(
+        "--skip-rejected", action="store_true", help="no rejected-drafts config in the throughput phase"
+    )
+    p.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.6],
+        help="throughput phase: greedy (the random checkpoint repeats a token: drafts accepted) "
+        "and nano-vllm's 0.6 (flat logits: nothing to draft)",
+    )
     p.add_argument("--skip-batch1", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--cache-dir", default=None, help="where the cycle checkpoint goes (default: temp dir)")
@@ -233,11 +318,9 @@ def main(argv=None) -> int:
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         report["batch1"] = batch1(args, model_dir, vocab, configs)
     if not args.skip_throughput:
-        best = max(
-            (n for n in configs if n != "off"),
-            key=lambda n: report.get("batch1", {}).get(n, {}).get("speedup_vs_off", 0.0),
-        )
-        report["throughput"] = throughput(args, {"off": None, best: configs[best]})
+        ngram = {"method": "ngram", "prompt_lookup_min": args.prompt_lookup_min}
+        ngram["prompt_lookup_max"] = args.prompt_lookup_max
+        report["throughput"] = throughput(args, throughput_configs(args, ngram))
     text = json.dumps(report, indent=2, default=str)
     if args.out:
         Path(args.out).write_text(text)

@@ -56,8 +56,9 @@ class OracleDrafter(Drafter):
         pass
 
 
-def spec_engine(impl, family, workload, drafter_seed=None, **engine_args):
-    engine = engine_for(impl, family, workload, speculative_config=NGRAM, **engine_args)
+def spec_engine(impl, family, workload, drafter_seed=None, disable_by_batch_size=None, **engine_args):
+    config = {**NGRAM, "disable_by_batch_size": disable_by_batch_size}
+    engine = engine_for(impl, family, workload, speculative_config=config, **engine_args)
     if drafter_seed is not None:
         engine.spec.drafter = OracleDrafter(family, tiny_vocab(family), random.Random(drafter_seed))
     return engine
@@ -89,7 +90,8 @@ def run_sampled(engine, workload, params) -> None:
 
 
 def test_greedy_parity_under_speculation(impl):
-    """Hypothesis workloads (preemption by recompute and swap common), n-gram or oracle drafts."""
+    """Hypothesis workloads (preemption by recompute and swap common), n-gram or oracle drafts,
+    adaptive drafting (always on) and sometimes a disable_by_batch_size."""
     swap = "swap" in getattr(impl, "capabilities", ())
     totals = [0, 0]  # drafts verified, accepted: over all examples
 
@@ -103,9 +105,10 @@ def test_greedy_parity_under_speculation(impl):
         ),
         drafter=st.sampled_from([None, 0, 1]),
         async_scheduling=st.booleans(),
+        disable=st.sampled_from([None, None, 2, 3]),
     )
-    def check(workload, drafter, async_scheduling):
-        engine = spec_engine(impl, "qwen3", workload, drafter, async_scheduling=async_scheduling)
+    def check(workload, drafter, async_scheduling, disable):
+        engine = spec_engine(impl, "qwen3", workload, drafter, disable, async_scheduling=async_scheduling)
         check_run(engine, workload, "qwen3")
         totals[0] += engine.stats.spec_decode.num_draft_tokens
         totals[1] += engine.stats.spec_decode.num_accepted_tokens
@@ -173,3 +176,71 @@ def test_sampled_requests_under_speculation_and_preemption(impl):
     run_sampled(engine, workload, params)
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
     assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_draft_tokens > 0
+
+
+class WrongDrafter(OracleDrafter):
+    """The oracle's drafts, every one shifted to a wrong id: each proposal is rejected outright."""
+
+    def propose(self, request, num_real: int, max_drafts: int) -> list[int]:
+        ref, _ = hf_greedy(self.family, tuple(request.prompt_token_ids))
+        done = num_real - request.num_prompt_tokens
+        return [(t + 1) % self.vocab for t in ref[done : done + min(3, max_drafts)]]
+
+
+def recorded(engine) -> list[tuple[int, list[str]]]:
+    """(running requests, ids of the drafted ones) of every proposal the engine makes from
+    now on, the i-th entry being the decoder's step i + 1."""
+    log: list[tuple[int, list[str]]] = []
+    propose = engine.spec.propose
+
+    def wrapper(running, placeholder):
+        num = propose(running, placeholder)
+        drafted = [r.request_id for r in running if r.spec_token_ids]
+        assert num == len(drafted)
+        log.append((len(running), drafted))
+        return num
+
+    engine.spec.propose = wrapper
+    return log
+
+
+def _staggered(lengths=(2, 5, 8)):
+    """Three requests arriving together whose outputs end at different steps."""
+    from enginespec.conformance.strategies import EngineRequestSpec as R
+
+    requests = tuple(R(f"r{i}", tuple(range(10 + 5 * i, 16 + 5 * i)), n) for i, n in enumerate(lengths))
+    return dataclasses.replace(_forced("prefix_hit", True), requests=requests)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_no_drafts_while_running_requests_reach_disable_by_batch_size(impl, async_scheduling):
+    """disable_by_batch_size=2: while two or three requests run, no request carries drafts (the
+    oracle would draft every step); once one runs alone it is drafted again; greedy parity."""
+    workload = _staggered()
+    config = {**NGRAM, "disable_by_batch_size": 2}
+    engine = engine_for(impl, "qwen3", workload, speculative_config=config, async_scheduling=async_scheduling)
+    engine.spec.drafter = OracleDrafter("qwen3", tiny_vocab("qwen3"), random.Random(0), corrupt=0.0)
+    log = recorded(engine)
+    check_run(engine, workload, "qwen3")
+    assert log and all(not ids for running, ids in log if running >= 2), log
+    assert any(ids for running, ids in log if running == 1), f"never drafted alone: {log}"
+    assert engine.spec.num_disabled_steps == sum(1 for running, _ in log if running >= 2)
+    assert engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_drafts_always_rejected_are_proposed_less_and_output_stays_greedy(impl):
+    """A drafter that is always wrong: after the first miss each request is drafted only on the
+    aligned probe steps (1, 2, 4, 8 of the decoder's clock), with one draft each; greedy parity."""
+    workload = _staggered((8, 8, 8))
+    engine = engine_for(impl, "qwen3", workload, speculative_config=NGRAM)
+    engine.spec.drafter = WrongDrafter("qwen3", tiny_vocab("qwen3"), random.Random(0))
+    log = recorded(engine)
+    check_run(engine, workload, "qwen3")
+    stats = engine.stats.spec_decode
+    assert stats.num_accepted_tokens == 0 and stats.num_drafts > 0
+    for r in workload.requests:
+        steps = [i + 1 for i, (_, ids) in enumerate(log) if r.request_id in ids]
+        # its first decode, then only the shared probe steps: powers of two of the clock
+        assert steps and all(s & (s - 1) == 0 for s in steps[1:]), (r.request_id, steps, log)
+        assert len(steps) <= 4 < r.max_tokens - 1, (r.request_id, steps)
+    assert stats.num_draft_tokens <= 3 * 3 + (stats.num_drafts - 3), "a probe carries one draft"

@@ -57,13 +57,14 @@ def draft_model(impl, kind: str):
     return _DRAFTS[key]
 
 
-def draft_engine(impl, workload, kind: str, **engine_args):
+def draft_engine(impl, workload, kind: str, disable_by_batch_size=None, **engine_args):
     """An engine over the shared tiny qwen3 with a draft model of `kind`; its drafter's pool is
     checked after every step (the step is wrapped)."""
     from enginespec.engine.engine_core import EngineCore
 
     model, path = draft_model(impl, kind)
     config = {"method": "draft_model", "model": str(path), "num_speculative_tokens": K}
+    config["disable_by_batch_size"] = disable_by_batch_size
     base = engine_for(impl, "qwen3", workload, speculative_config=None, **engine_args)
     args = dataclasses.replace(base.args, speculative_config=config)
     engine = EngineCore(args, model=base.model, tokenizer=base.tokenizer, draft_model=model)
@@ -127,6 +128,23 @@ def test_greedy_parity_with_draft_models_on_generated_workloads(impl):
 
     check()
     assert verified[0] > 0, "no draft was verified over the examples"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_draft_model_disabled_by_batch_size_catches_up_when_drafting_resumes(impl, async_scheduling):
+    """disable_by_batch_size=2 with the target as its own draft: no drafts while two or three
+    requests run, then the last one's mirror catches up on every token it missed and its
+    drafts are all accepted; greedy parity, both pools idle at the end."""
+    from enginespec.conformance.test_spec_decode import _staggered, recorded
+
+    workload = _staggered()
+    engine = draft_engine(impl, workload, "same", 2, async_scheduling=async_scheduling)
+    log = recorded(engine)
+    check_run(engine, workload)
+    assert all(not ids for running, ids in log if running >= 2), log
+    assert any(ids for running, ids in log if running == 1), log
+    stats = engine.stats.spec_decode
+    assert 0 < stats.num_accepted_tokens == stats.num_draft_tokens
 
 
 def test_a_full_draft_pool_drafts_nothing_and_output_is_unchanged(impl):

@@ -2,7 +2,8 @@
 
 `LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
 "prompt_lookup_min": 2, "prompt_lookup_max": 5})` or `{"method": "draft_model", "model":
-DRAFT_DIR, "num_speculative_tokens": 4}` as in vLLM. Without "method", a config naming a
+DRAFT_DIR, "num_speculative_tokens": 4}` as in vLLM; either takes vLLM's
+`disable_by_batch_size`. Without "method", a config naming a
 "model" is "draft_model" and one without is "ngram" (vLLM infers the method from the model
 too). The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
 other method is a ValueError rather than silently ignored.
@@ -28,13 +29,24 @@ class SpeculativeConfig:
     drafts per request per step (k >= 1); prompt_lookup_min / prompt_lookup_max (ngram): the
     n-gram lengths tried, longest first (vLLM's default min is 1 when only max is given, and
     max = min when only min is given); model (draft_model): the draft checkpoint's directory,
-    same vocabulary as the target."""
+    same vocabulary as the target; disable_by_batch_size (either method): no drafts are
+    proposed in a step that starts with at least this many running requests (None: never
+    disabled; an int >= 2, as vLLM's bound).
+
+    Why None by default (vLLM's default too): a cut-off by batch size alone is the wrong test.
+    Verification reads each request's KV once for all its drafts, so at a large batch with long
+    contexts (KV reads dominate the step) accepted drafts still pay; what a step with drafts
+    costs when they are rejected (k more query rows per drafted request, no CUDA graph, no
+    async overlap) is bounded instead by the adaptive drafting in decoder.py, which stops
+    proposing for requests whose drafts keep being rejected and lines up their re-probes on
+    the same few steps. The cut-off is for a deployment that knows its crossover batch."""
 
     method: Optional[str] = None
     num_speculative_tokens: int = 3
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
     model: Optional[str] = None
+    disable_by_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         method = self.method
@@ -44,6 +56,8 @@ class SpeculativeConfig:
         if method not in METHODS:
             raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
+        if self.disable_by_batch_size is not None:
+            _check_int("disable_by_batch_size", self.disable_by_batch_size, 2)
         if method == "draft_model":
             self._check_draft_model()
         else:

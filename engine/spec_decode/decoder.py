@@ -32,9 +32,11 @@ Drafters (drafter.py): the n-gram prompt lookup (ngram.py), built here from the 
 the draft model (draft_model.py), built by the engine and passed in. `propose` hands the
 drafter every eligible request at once (`propose_batch`), so a model drafts them in one pass.
 
-Back-off: a request whose proposal is rejected outright (or that the engine waited for and
-then drafted nothing) skips the next 2**min(j, 6) - 1 proposals, j its misses in a row; an
-accepted draft resets it. Speculation then costs little where it does not help.
+Not hurting when it does not help: drafts are proposed only as adaptive.py allows (fewer
+drafts after partial acceptance; a request rejected outright backs off, its re-probes lined up
+with every other backing-off request's on the same steps; one with nothing to draft for 8 steps
+is looked up every 4th step), and not at all in a step that starts with at least
+`disable_by_batch_size` running requests (config.py; None: never disabled).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Callable, Optional
 
 import torch
 
+from enginespec.engine.spec_decode.adaptive import AdaptiveDrafting
 from enginespec.engine.spec_decode.config import SpeculativeConfig
 from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine.spec_decode.ngram import NgramDrafter
@@ -84,20 +87,26 @@ class SpecDecoder:
         self.generator = torch.Generator(device=torch.device(device))
         self.generator.manual_seed(0 if seed is None else seed)
         self._drafted: list = []
-        self._num_steps = 0  # proposals made (the back-off's clock)
-        self._backoff: dict[str, tuple[int, int]] = {}  # id -> (rejections in a row, next step)
+        self._num_steps = 0  # proposals made (the adaptive drafting's clock)
+        self.adaptive = AdaptiveDrafting(config.num_speculative_tokens)
+        self.num_disabled_steps = 0  # steps proposed nothing by disable_by_batch_size
         self._lagged: Optional[str] = None  # the request wants_real_tokens waited for
 
     # ---- proposing ----------------------------------------------------------------------------
 
     def _limit(self, r) -> int:
-        """Drafts r may take: accepting all of them and the bonus stays within its limits."""
-        if r.status is not Status.RUNNING or r.num_computed_tokens != r.num_tokens - 1:
+        """Drafts r may take: accepting all of them and the bonus stays within its limits
+        (num_output_tokens read as num_tokens - num_prompt_tokens: this runs per request per
+        step)."""
+        if r.status is not Status.RUNNING:
+            return 0
+        num = r.num_tokens
+        if r.num_computed_tokens != num - 1:
             return 0
         p = r.params
         if p.logprobs is not None or (p.seed is not None and p.temperature >= GREEDY_EPS):
             return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
-        return min(r.params.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
+        return min(p.max_tokens - (num - r.num_prompt_tokens) - 1, self.max_model_len - num - 1)
 
     def clear(self) -> None:
         """Drop every draft proposed for the last step."""
@@ -105,45 +114,59 @@ class SpecDecoder:
             r.spec_token_ids = []
         self._drafted = []
 
+    def disabled(self, running) -> bool:
+        """Whether a step starting with these running requests proposes nothing (the
+        config's disable_by_batch_size: at least that many running)."""
+        bound = self.config.disable_by_batch_size
+        return bound is not None and len(running) >= bound
+
     def wants_real_tokens(self, running, placeholder: int) -> bool:
         """Whether some decode waiting for a placeholder's real id would get drafts (looked up
         on the tokens before the placeholder): the engine then resolves the step in flight."""
-        step, backoff = self._num_steps + 1, self._backoff
-        for r in running:
-            tokens = r.token_ids
-            if tokens[-1] != placeholder or self._limit(r) < 1:
-                continue
-            if backoff and r.request_id in backoff and backoff[r.request_id][1] > step:
-                continue  # would not be drafted for this step anyway
-            if self.drafter.would_propose(r, len(tokens) - 1):
-                self._lagged = r.request_id
-                return True
-        return False
+        if self.disabled(running):
+            return False
+        step, allowed = self._num_steps + 1, self.adaptive.allowed
+        waiting = [
+            r
+            for r in running
+            if r.token_ids[-1] == placeholder and allowed(r.request_id, step) and self._limit(r) >= 1
+        ]
+        found = self.drafter.first_to_propose(waiting, [len(r.token_ids) - 1 for r in waiting])
+        if found is None:  # all looked up, nothing found (else propose looks them up again)
+            for r in waiting:
+                self.adaptive.empty(r.request_id, step)
+            return False
+        self._lagged = waiting[found].request_id
+        return True
 
     def propose(self, running, placeholder: int) -> int:
-        """Give each eligible running decode its drafts; returns how many requests got some.
-        A request whose last j proposals were all rejected outright waits 2**min(j, 6) steps
-        before the next (speculation must not cost when it does not help: a step with drafts
-        is verified serially, without async overlap or a CUDA graph)."""
+        """Give each eligible running decode its drafts, at most what adaptive drafting allows
+        it (module docstring); returns how many requests got some. Nothing at all when the
+        batch is at disable_by_batch_size."""
         self.clear()
         self._num_steps += 1
-        backoff = self._backoff
+        if self.disabled(running):
+            self.num_disabled_steps += 1
+            self._lagged = None
+            return 0
+        step, allowed = self._num_steps, self.adaptive.allowed
         chosen, limits = [], []
         for r in running:
-            limit = self._limit(r)
-            if limit < 1 or r.token_ids[-1] == placeholder:
+            if r.token_ids[-1] == placeholder:
                 continue
-            if backoff and r.request_id in backoff and backoff[r.request_id][1] > self._num_steps:
-                continue
-            chosen.append(r)
-            limits.append(limit)
+            limit = allowed(r.request_id, step)
+            if limit and (limit := min(limit, self._limit(r))) >= 1:
+                chosen.append(r)
+                limits.append(limit)
         proposals = self.drafter.propose_batch(chosen, [r.num_tokens for r in chosen], limits)
         for r, drafts in zip(chosen, proposals):
             if drafts:
                 r.spec_token_ids = drafts
                 self._drafted.append(r)
-            elif r.request_id == self._lagged:
-                self._miss(r.request_id)  # the engine waited for nothing: back off as on a rejection
+            elif r.request_id == self._lagged:  # the engine waited for nothing: a miss
+                self.adaptive.miss(r.request_id, step)
+            else:
+                self.adaptive.empty(r.request_id, step)
         self._lagged = None
         return len(self._drafted)
 
@@ -228,14 +251,7 @@ class SpecDecoder:
     def _observe(self, rid: str, num_drafts: int, num_accepted: int) -> None:
         self.stats.observe(num_drafts, num_accepted)
         self.track(rid).observe(num_drafts, num_accepted)
-        if num_accepted:
-            self._backoff.pop(rid, None)
-        else:
-            self._miss(rid)
-
-    def _miss(self, rid: str) -> None:
-        misses = self._backoff.get(rid, (0, 0))[0] + 1
-        self._backoff[rid] = (misses, self._num_steps + 2 ** min(misses, 6))
+        self.adaptive.observe(rid, num_drafts, num_accepted, self._num_steps)
 
     @staticmethod
     def trim(output, cut, block_manager) -> None:
@@ -248,4 +264,4 @@ class SpecDecoder:
         """A request the engine forgot: its index and counters go."""
         self.drafter.forget(request_id)
         self.request_stats.pop(request_id, None)
-        self._backoff.pop(request_id, None)
+        self.adaptive.forget(request_id)

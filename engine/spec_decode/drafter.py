@@ -10,12 +10,12 @@ distribution q as one-hot on the draft), never depend on the target's sampling d
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 class Drafter:
     """Base class: subclasses implement `propose` or `propose_batch` (each defaults to the other
-    being defined), and may override `would_propose` and `forget`."""
+    being defined), and may override `would_propose`, `first_to_propose` and `forget`."""
 
     def propose(self, request, num_real: int, max_drafts: int) -> list[int]:
         """At most max_drafts tokens following request.token_ids[:num_real]; [] for none."""
@@ -31,6 +31,14 @@ class Drafter:
         """Whether `propose(request, num_real, 1)` would give a draft (the async engine's
         lagged look-up: it waits for the step in flight only when this says yes)."""
         return bool(self.propose(request, num_real, 1))
+
+    def first_to_propose(self, requests: Sequence, num_reals: Sequence[int]) -> Optional[int]:
+        """The index of the first request that `would_propose` with its num_real tokens, or
+        None (the async engine asks this of every decode waiting for its token each step)."""
+        for i, (request, num_real) in enumerate(zip(requests, num_reals)):
+            if self.would_propose(request, num_real):
+                return i
+        return None
 
     def forget(self, request_id: str) -> None:
         """Drop what the drafter keeps for a request (it finished, was aborted or preempted)."""

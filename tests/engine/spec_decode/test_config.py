@@ -34,3 +34,16 @@ def test_the_decoder_needs_the_engine_to_build_a_model_drafter():
     cfg = SpeculativeConfig.of({"model": "d"})
     with pytest.raises(ValueError, match="draft_model"):
         SpecDecoder(cfg, sampler=None, device="cpu", max_model_len=64)
+
+
+@pytest.mark.parametrize("bad", [1, 0, -4, True, 2.5, "8"])
+def test_disable_by_batch_size_must_be_an_int_of_at_least_two(bad):
+    with pytest.raises(ValueError, match=r"speculative_config\.disable_by_batch_size must be an int >= 2"):
+        SpeculativeConfig.of({"num_speculative_tokens": 2, "disable_by_batch_size": bad})
+
+
+def test_disable_by_batch_size_is_vllms_name_for_either_method_and_off_by_default():
+    assert SpeculativeConfig.of({"num_speculative_tokens": 2}).disable_by_batch_size is None
+    assert SpeculativeConfig.of({"disable_by_batch_size": 2}).disable_by_batch_size == 2
+    cfg = SpeculativeConfig.of({"model": "d", "disable_by_batch_size": 64})
+    assert (cfg.method, cfg.disable_by_batch_size) == ("draft_model", 64)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from enginespec.engine.spec_decode import NgramDrafter, SpeculativeConfig
+from enginespec.engine.spec_decode import Drafter, NgramDrafter, SpeculativeConfig
 
 
 class _Req:
@@ -73,3 +73,12 @@ def test_config_takes_vllms_names_and_refuses_bad_values():
     ):
         with pytest.raises(ValueError, match=field):
             SpeculativeConfig.of(bad)
+
+
+def test_first_to_propose_stops_at_the_first_request_with_a_draft():
+    drafter = NgramDrafter(3, 1, 2)
+    reqs = [_Req("none", [5, 6, 7]), _Req("loop", [1, 2, 1, 2]), _Req("later", [3, 4, 3, 4])]
+    assert drafter.first_to_propose(reqs, [3, 4, 4]) == 1
+    assert len(drafter) == 2, "the request after the first hit was never looked up"
+    assert drafter.first_to_propose(reqs[:1], [3]) is None
+    assert Drafter.first_to_propose(drafter, reqs, [3, 4, 4]) == 1  # the base class's loop
