@@ -52,14 +52,16 @@ def mixed_capture_query_len(num_tokens: int) -> int:
 
 
 def default_mixed_buckets(max_tokens: int) -> list[int]:
-    """Token counts of mixed-step graphs: 8 to 256 by doubling, every 256 up to 1024, then every
-    512 up to max_tokens (and max_tokens itself when it falls between). Empty when max_tokens < 8
-    (off). Padding costs compute in proportion, at most 1/3 of a step past 256 tokens."""
+    """Token counts of mixed-step graphs: 8 to 64 by doubling, then 96, 128, 192, 256, every 128
+    up to 1024 and every 256 up to max_tokens (and max_tokens itself when it falls between).
+    Empty when max_tokens < 8 (off). Past 64 tokens a step pads by at most half of its size, and
+    past 256 by at most an eighth to a third: a decode batch beside one prefill chunk (the
+    serving case, chunks capped by long_prefill_token_threshold) lands close to a bucket."""
     if max_tokens < 8:
         return []
-    sizes = [n for n in (8, 16, 32, 64, 128, 256) if n <= max_tokens]
-    sizes += list(range(512, min(max_tokens, 1024) + 1, 256))
-    sizes += list(range(1536, max_tokens + 1, 512))
+    sizes = [8, 16, 32, 64, 96, 128, 192, 256]
+    sizes += list(range(384, 1025, 128)) + list(range(1280, max_tokens + 1, 256))
+    sizes = [n for n in sizes if n <= max_tokens]
     if sizes[-1] != max_tokens:
         sizes.append(max_tokens)
     return sorted(set(sizes))

@@ -64,8 +64,11 @@ def test_mixed_buckets_cover_every_token_count(max_tokens):
         assert buckets == []
         return
     assert buckets == sorted(set(buckets)) and buckets[0] == 8 and buckets[-1] == max_tokens
-    assert all(n % 256 == 0 for n in buckets if n > 256 and n != max_tokens)
-    assert all(n % 512 == 0 for n in buckets if n > 1024 and n != max_tokens)
+    assert all(n % 128 == 0 for n in buckets if n > 256 and n != max_tokens)
+    assert all(n % 256 == 0 for n in buckets if n > 1024 and n != max_tokens)
+    # padding stays bounded: past 64 tokens the next bucket is at most 1.5x the token count
+    for n in range(65, max_tokens + 1):
+        assert min(b for b in buckets if b >= n) <= max(1.5 * n, 64)
     for n in range(2, max_tokens + 1):
         assert any(b >= n for b in buckets)
 
