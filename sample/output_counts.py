@@ -130,7 +130,7 @@ class OutputCounts:
             for r in requests:
                 self.entries[id(r)][2] = -1
             return
-        flat = slots * self.vocab + token_ids
+        flat = token_ids.add(slots, alpha=self.vocab)  # slot * vocab + id, one launch
         ones = self._ones if self._ones.shape == flat.shape else torch.ones_like(flat, dtype=torch.int32)
         self._ones = ones
         # distinct slots, so distinct cells: a scatter (one launch, no sort as index_put_'s

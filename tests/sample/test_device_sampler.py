@@ -220,3 +220,66 @@ def test_cuda_device_path_equals_torch_path(impl, monkeypatch):
             if g is not None:
                 assert [t for t, _ in g] == [t for t, _ in w]
                 assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(g, w))
+
+
+def _flat_rows(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Flat rows (small logits) whose loose top-p nucleus spans most of the vocabulary, with a
+    few -inf columns and a tied pair."""
+    x = torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 0.3
+    x[1, 10:30] = float("-inf")
+    x[2, 5] = x[2, 6]
+    return x
+
+
+def test_spread_cut_matches_torch_reference(impl, monkeypatch):
+    """cut_draw's spread cut (several programs per row, interpreted: 64-token chunks over 1000
+    tokens, so 16 chunks per row and candidates far short of the nucleus) gives each row the
+    torch reference's exact threshold (`exact_thresholds`: a full sort), hence the same token
+    set. Rows: loose top-p at several temperatures, one with min-p too (spread as well, above
+    its min-p cut), one with a top-k beyond the candidates (the in-program wide path), one
+    greedy, one temperature-only."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab, chunk = 1000, 64
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_p=0.5),
+        SamplingParams(temperature=1.0, top_p=0.99, min_p=0.2),
+        SamplingParams(temperature=0.8, top_p=0.8, top_k=700),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.6),
+    ]
+    x = _flat_rows(len(params), vocab, 0)
+    sampler = Sampler(vocab)
+    plan = sampler._plan([make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)], x.device)
+    assert plan.spread
+    want = sampler._exact_thresholds(x, plan)
+    got = cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk)
+    noisy = torch.tensor(plan.noisy)
+    assert torch.equal(got[noisy], want[noisy]), (got, want)
+    # the same token sets, stated as such
+    assert torch.equal((x >= got[:, None])[noisy], (x >= want[:, None])[noisy])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_spread_draw_equals_torch_draw(impl, monkeypatch, seed):
+    """Seeded loose top-p rows (with greedy and edited rows in the batch): the Sampler's
+    device path with the spread cut (interpreted) draws the plain-torch path's tokens."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab = 1000
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    params = [SamplingParams(temperature=0.5 + 0.2 * i, top_p=0.9, seed=i) for i in range(5)]
+    params += [SamplingParams(temperature=0.0), SamplingParams(top_p=0.95, presence_penalty=0.5, seed=9)]
+    reqs = [make_request(impl, p, prompt=(1, 2, 3), rid=f"r{i}") for i, p in enumerate(params)]
+    x = _flat_rows(len(params), vocab, seed)
+    want = Sampler(vocab).sample_deferred(x, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    sampler = Sampler(vocab)
+    assert sampler._plan(reqs, x.device).spread
+    assert sampler.sample_deferred(x, reqs).token_ids.tolist() == want
