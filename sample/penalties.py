@@ -91,24 +91,33 @@ def upload(host: torch.Tensor, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+_TORCH_DTYPES = {
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+}
+
+
 def upload_packed(arrays: Sequence[np.ndarray], device) -> list[torch.Tensor]:
     """Several host arrays on `device` in ONE host-to-device copy (`upload`): their bytes laid
     end to end in one uint8 buffer, each segment starting at a multiple of 8 bytes, so that
     every device view can take its array's dtype and shape back. Returns one device tensor per
     array (views of one device buffer: writing one never touches another's bytes)."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
         total += -(-a.nbytes // 8) * 8
     host = np.zeros(max(total, 8), dtype=np.uint8)
     for a, start in zip(arrays, offsets):
-        host[start : start + a.nbytes] = a.reshape(-1).view(np.uint8)
+        host[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = upload(torch.from_numpy(host), device)
     out = []
     for a, start in zip(arrays, offsets):
-        dtype = torch.from_numpy(a[:0].reshape(0)).dtype
-        out.append(buf[start : start + a.nbytes].view(dtype).view(a.shape))
+        view = buf[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype])
+        out.append(view if a.ndim == 1 else view.view(a.shape))
     return out
 
 

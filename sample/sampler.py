@@ -176,58 +176,61 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
     return out
 
 
+# Columns of a row's vector (RowSpec.vector): cut_draw's table first (NUM_PARAMS columns, min_p
+# in place of base_off), then what the plan's row lists are read from.
+EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES = range(8, 18)
+
+
 class RowSpec(NamedTuple):
     """What a row's params ask of the sampler, derived once per params object."""
 
-    edits: bool  # any of allowed ids, min_tokens, bias, penalties
     noisy: bool  # random (temperature >= GREEDY_EPS) rather than greedy
-    wants_logprobs: bool
-    cut: bool  # a random row with a min-p, top-k or top-p cut
     temperature: float  # 1.0 for greedy rows
-    x_scale: float  # log2(e) / T for random rows, 1.0 for greedy rows
-    noise: float  # 1.0 for random rows, 0.0 for greedy rows
     seed: Optional[int]
-    table: tuple  # the row of cut_draw's parameter table, min_p in place of base_off (see draw_table)
+    # float64 [PRES + 1]: x_scale (log2(e) / T; 1 greedy), noisy, cut (a random row with a
+    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..PRES
+    vector: np.ndarray
 
     @classmethod
     def of(cls, p, vocab: int) -> "RowSpec":
         noisy = p.temperature >= GREEDY_EPS
         cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
         t = p.temperature if noisy else 1.0
-        x_scale = LOG2E / t if noisy else 1.0
-        table = (
-            x_scale,
-            1.0 if noisy else 0.0,
-            1.0 if cut else 0.0,
-            p.min_p if cut else 0.0,
-            p.top_k if cut and 0 < p.top_k < vocab else 0,
-            p.top_p if cut else 1.0,
-            1.0 / t,
-            0.0,
+        vector = np.array(
+            [
+                LOG2E / t if noisy else 1.0,
+                1.0 if noisy else 0.0,
+                1.0 if cut else 0.0,
+                p.min_p if cut else 0.0,
+                p.top_k if cut and 0 < p.top_k < vocab else 0,
+                p.top_p if cut else 1.0,
+                1.0 / t,
+                0.0,
+                float(_needs_edits(p)),
+                -1.0 if p.logprobs is None else float(p.logprobs),
+                float(needs_penalty(p)),
+                float(p.min_tokens > 0),
+                float(noisy and p.seed is not None),
+                float(p.allowed_token_ids is not None),
+                float(bool(p.logit_bias)),
+                p.repetition_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            ],
+            dtype=np.float64,
         )
-        return cls(
-            _needs_edits(p),
-            noisy,
-            p.logprobs is not None,
-            cut,
-            t,
-            x_scale,
-            1.0 if noisy else 0.0,
-            p.seed,
-            table,
-        )
+        return cls(noisy, t, p.seed, vector)
 
 
-def draw_table(specs: Sequence[RowSpec]) -> np.ndarray:
-    """cut_draw's per-row table as float32 [S, NUM_PARAMS] on the host, column 3 holding min_p
-    (`BatchPlan` turns it into base_off = log(min_p) / inv_t on the device, as
-    `truncation.CutPlan` computes it, so both paths cut at the same value). Values go through
-    float64 to float32 as `sample.draw.draw_params` rounds them."""
-    return (
-        np.array([s.table for s in specs], dtype=np.float64)
-        .reshape(-1, cut_draw.NUM_PARAMS)
-        .astype(np.float32)
-    )
+def row_matrix(specs: Sequence[RowSpec]) -> np.ndarray:
+    """float64 [S, PRES + 1]: the rows' vectors (each RowSpec's, converted to numpy once)."""
+    if not specs:
+        return np.zeros((0, PRES + 1))
+    return np.concatenate([s.vector for s in specs]).reshape(-1, PRES + 1)
+
+
+def _rows(flags: np.ndarray) -> list[int]:
+    return np.flatnonzero(flags).tolist()
 
 
 class BatchPlan:
@@ -236,60 +239,50 @@ class BatchPlan:
     reused while the same params come in the same order (the engine's steady state), so a step
     of temperature-only or greedy rows does no per-row Python beyond the list comparison.
 
-    Every device column of the plan (the fused draw's table, keys, edit / logprob / cut row
-    indices, penalty columns) travels in ONE host-to-device copy (`upload_packed`), plus two
+    Built from the rows' vectors (`row_matrix`) with numpy: no per-row Python but one dict
+    lookup. Every device column of the plan (the fused draw's table, keys, edit / logprob / cut
+    row indices, penalty columns) travels in ONE host-to-device copy (`upload_packed`), plus two
     small in-place launches for min-p's offset when a row asks for min-p.
 
     keys: per row 0 (greedy), -1 (unseeded: derived from the call's random base) or, for
     seeded rows, filled per step by `step_keys` (the key depends on the output index)."""
 
     def __init__(self, params: list, specs: Sequence[RowSpec], vocab: int, device: torch.device):
-        edits, noisy, wants, cut, temps, x_scale, noise, seeds, _ = (list(c) for c in zip(*specs))
-        self.params, self.device, self.noisy = params, device, noisy
-        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = (
-            any(edits),
-            any(noisy),
-            any(cut),
-            any(wants),
+        m = row_matrix(specs)
+        self.params, self.device, self._specs, self._vocab = params, device, specs, vocab
+        self.noisy = (m[:, 1] != 0).tolist()
+        self.any_noisy, self.any_cut = bool(m[:, 1].any()), bool(m[:, 2].any())
+        self.any_edits, self.any_logprobs = bool(m[:, EDITS].any()), bool((m[:, LOGPROBS] >= 0).any())
+        self.seeded_rows = np.flatnonzero(m[:, SEEDED])
+        self.seeds = np.array(
+            [params[i].seed & 0xFFFFFFFFFFFFFFFF for i in self.seeded_rows.tolist()], np.uint64
         )
-        seeded = [i for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
-        self.seeded_rows = np.array(seeded, dtype=np.int64)
-        self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
-        self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
+        self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
+        kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, MIN_TOKENS, BIAS, PENALTY))
+        self.edit_kinds = kinds if self.any_edits else None
+        self.min_token_rows = _rows(m[:, MIN_TOKENS])
+        self.edit_rows = _rows(m[:, EDITS])
+        self.logprob_rows = _rows(m[:, LOGPROBS] >= 0)
+        self.logprob_counts = m[self.logprob_rows, LOGPROBS].astype(np.int64).tolist()
+        self.cut_rows = _rows(m[:, 2])
         self._cut_plan: Optional[CutPlan] = None
-        self.edit_kinds = edit_kinds(params) if self.any_edits else None
-        self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
-        self.edit_rows = [i for i, e in enumerate(edits) if e]
-        self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-        self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
-        self.cut_rows = [i for i, c in enumerate(cut) if c]
-        self._cut_temps = [temps[i] for i in self.cut_rows]
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
-        self._specs, self._vocab = specs, vocab
-        self._upload(params, specs, x_scale, noise)
+        self._upload(m)
 
-    def _upload(self, params: list, specs: Sequence[RowSpec], x_scale: list, noise: list) -> None:
+    def _upload(self, m: np.ndarray) -> None:
         """The plan's device columns in one copy (see the class docstring)."""
-        num_rows = len(params)
+        num_rows = m.shape[0]
         edit_map = np.full(num_rows, -1, dtype=np.int64)
         edit_map[self.edit_rows] = np.arange(len(self.edit_rows), dtype=np.int64)
-        pen_rows = [i for i, p in enumerate(params) if needs_penalty(p)]
-        pen = np.array(
-            [
-                [params[i].repetition_penalty, params[i].frequency_penalty, params[i].presence_penalty]
-                for i in pen_rows
-            ],
-            dtype=np.float64,
-        ).reshape(-1, 3)
-        columns = np.array([x_scale, noise, [float("-inf")] * num_rows], dtype=np.float64).astype(np.float32)
-        table = draw_table(specs)
+        pen_rows = np.flatnonzero(m[:, PENALTY])
+        columns = np.stack([m[:, 0], m[:, 1], np.full(num_rows, float("-inf"))]).astype(np.float32)
+        table = m[:, : cut_draw.NUM_PARAMS].astype(np.float32)  # rounded as draw_params was
         any_min_p = bool((table[:, 3] > 0).any())
         # a loose top-p (no top-k, no min-p): its nucleus often lies beyond the draw's
         # candidates, so its cut is spread over several programs per row (cut_draw spread)
-        self.spread = bool(
-            ((table[:, 2] != 0) & (table[:, 3] == 0) & (table[:, 4] == 0) & (table[:, 5] < 1)).any()
-        )
+        loose = (table[:, 2] != 0) & (table[:, 3] == 0) & (table[:, 4] == 0) & (table[:, 5] < 1)
+        self.spread = bool(loose.any())
         if not any_min_p:  # log(0) / inv_t = -inf exactly: no device arithmetic needed
             table[:, 3] = float("-inf")
         (
@@ -299,7 +292,7 @@ class BatchPlan:
             [
                 table, self.keys, columns, np.array(self.edit_rows, dtype=np.int64), edit_map,
                 np.array(self.logprob_rows, dtype=np.int64), np.array(self.cut_rows, dtype=np.int64),
-                np.array(pen_rows, dtype=np.int64), pen.T.astype(np.float32),
+                pen_rows, m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
             ],
             self.device,
         )  # fmt: skip
@@ -307,8 +300,8 @@ class BatchPlan:
             self.draw_params[:, 3].log_().div_(self.draw_params[:, 6])
         self.x_scale, self.noise, self.no_cut = columns_t.unbind(0)
         self.penalties = None
-        if pen_rows:
-            self.penalties = PenaltyColumns(pen_rows, pen_index, *pen_t.unbind(0))
+        if len(pen_rows):
+            self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, *pen_t.unbind(0))
 
     @property
     def cut_plan(self) -> CutPlan:
@@ -317,7 +310,7 @@ class BatchPlan:
         if self._cut_plan is None:
             ps = [self.params[i] for i in self.cut_rows]
             self._cut_plan = CutPlan(
-                self._cut_temps,
+                [self._specs[i].temperature for i in self.cut_rows],
                 [p.top_k for p in ps],
                 [p.top_p for p in ps],
                 [p.min_p for p in ps],
