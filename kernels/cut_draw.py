@@ -5,8 +5,8 @@ full-vocabulary `torch.topk` (plus a dozen small ops) cost more than the draw it
 threshold comes out of the draw's own passes:
 
 1. `_scan_kernel`, grid (S, num_chunks), one read of the logits, each chunk held in registers:
-   the chunk's max, first argmax and untruncated mass sum(exp2((x - chunk max) * x_scale)) (the
-   draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
+   the chunk's max, first argmax (greedy rows only) and untruncated mass sum(exp2((x - chunk
+   max) * x_scale)) (the draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
    floor is the CC-th largest of the maxima of the chunk's NB sub-blocks (so at least CC tokens,
    and in practice few more), compacted into SLOTS slots. Invariant: every finite token of the
    chunk with x >= floor is a candidate; a chunk with more than SLOTS of them stores floor +inf
@@ -115,7 +115,9 @@ if triton is not None:
         row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
         xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         top = tl.max(xv, axis=0)
-        first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
+        first = part * 0 - 1  # the first argmax: greedy rows only (see _first_max)
+        if tl.load(prm_ptr + row * NUM_PARAMS + 1) == 0.0:
+            first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
         scale = tl.load(prm_ptr + row * NUM_PARAMS)
         shift = tl.where(top > float("-inf"), top, 0.0)
         mass = tl.sum(tl.exp2((xv - shift) * scale), axis=0)
@@ -138,6 +140,20 @@ if triton is not None:
             tl.store(
                 floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor)
             )
+
+    @triton.jit
+    def _first_max(row_ptr, vocab, x_max, BLOCK: tl.constexpr):
+        """The first column of the row holding x_max (the scan stores chunk argmaxes for
+        greedy rows only; a random row needs one only when it has no token of positive mass)."""
+        lanes = tl.arange(0, BLOCK)
+        best = tl.min(tl.full([BLOCK], 2147483647, tl.int32), axis=0)
+        for start in range(0, vocab, BLOCK):
+            cols = start + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            best = tl.minimum(
+                best, tl.min(tl.where((xv == x_max) & (cols < vocab), cols, 2147483647), axis=0)
+            )
+        return best
 
     @triton.jit
     def _to_key(v):
@@ -370,7 +386,11 @@ if triton is not None:
             tok = sampling_kernels._scan_chunk(
                 row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
             )
-            tok = tl.where((tl.load(prm + 1) > 0.0) & (tok >= 0), tok, greedy)
+            if tl.load(prm + 1) > 0.0:
+                if tok < 0:  # no token of positive mass (a row of -inf): the first argmax
+                    tok = _first_max(row_ptr, vocab, x_max, BLOCK)
+            else:
+                tok = greedy
             tl.store(out_ptr + row, tok.to(tl.int64))
 
     @triton.jit

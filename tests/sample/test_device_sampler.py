@@ -283,3 +283,24 @@ def test_spread_draw_equals_torch_draw(impl, monkeypatch, seed):
     sampler = Sampler(vocab)
     assert sampler._plan(reqs, x.device).spread
     assert sampler.sample_deferred(x, reqs).token_ids.tolist() == want
+
+
+def test_fused_draw_row_without_mass_takes_first_argmax(impl, monkeypatch):
+    """A random row with no token of positive mass (all -inf: the scan stores argmaxes for
+    greedy rows only, so the pick finds this one itself) draws what the torch path draws,
+    beside ordinary random and greedy rows (interpreted, 64-token chunks)."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(2)) * 3
+    x[1] = float("-inf")
+    x[3] = float("-inf")
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.8, top_k=5, seed=2)]
+    params += [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    want = Sampler(300).sample_deferred(x, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    got = Sampler(300).sample_deferred(x, reqs).token_ids.tolist()
+    assert got == want and got[1] == got[3] == 0
