@@ -287,21 +287,24 @@ class BatchPlan:
             table[:, 3] = float("-inf")
         (
             self.draw_params, self.keys_t, columns_t, self.edit_index, self.edit_map, self.logprob_index,
-            self.cut_index, pen_index, pen_t,
+            self.cut_index, pen_index, pen_local, pen_t,
         ) = upload_packed(
             [
                 table, self.keys, columns, np.array(self.edit_rows, dtype=np.int64), edit_map,
                 np.array(self.logprob_rows, dtype=np.int64), np.array(self.cut_rows, dtype=np.int64),
-                pen_rows, m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
+                pen_rows, edit_map[pen_rows], m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
             ],
             self.device,
         )  # fmt: skip
         if any_min_p:
             self.draw_params[:, 3].log_().div_(self.draw_params[:, 6])
         self.x_scale, self.noise, self.no_cut = columns_t.unbind(0)
-        self.penalties = None
+        # the penalty rows as batch rows, and as rows of the edited rows (the EditPlan's)
+        self.penalties = self._edit_penalties = None
         if len(pen_rows):
-            self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, *pen_t.unbind(0))
+            rep, freq, pres = pen_t.unbind(0)
+            self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, rep, freq, pres)
+            self._edit_penalties = PenaltyColumns(edit_map[pen_rows].tolist(), pen_local, rep, freq, pres)
 
     @property
     def cut_plan(self) -> CutPlan:
@@ -331,7 +334,8 @@ class BatchPlan:
         eos = [requests[i].eos_token_id for i in self.min_token_rows]
         if self._edit_plan is None or eos != self._edit_eos:
             sub = [requests[i] for i in self.edit_rows]
-            self._edit_plan, self._edit_eos = EditPlan(sub, vocab, self.device), eos
+            self._edit_plan = EditPlan(sub, vocab, self.device, penalties=self._edit_penalties)
+            self._edit_eos = eos
         return self._edit_plan
 
     def step_keys(self, requests: Sequence) -> np.ndarray:

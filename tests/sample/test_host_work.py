@@ -166,7 +166,7 @@ CASES = {
     "temperature": (lambda i: SamplingParams(temperature=0.6), 0, 2, 0, 1),
     "chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20), 0, 2, 0, 1),
     "seeded_chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=i), 0, 2, 1, 2),
-    "mixed": (_mixed, 6, 5, 1, None),
+    "mixed": (_mixed, 6, 5, 1, 4),
     # a loose top-p: the spread cut (cut, NUM_ROUNDS rounds, finish, pick after the scan)
     "top_p": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 12, 0, 1),
 }
