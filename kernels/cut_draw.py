@@ -325,6 +325,28 @@ if triton is not None:
             masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
         return thr, masses, spread, base
 
+    @triton.jit
+    def _row_pick(
+        row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
+        CHUNK: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """The draw of `sampling._pick_kernel` over the kept chunk masses: a chunk by u1, a
+        token of it by u2 (-1 when the row has no token of positive mass)."""
+        part_mass = tl.where(valid, masses * rel, 0.0)
+        prefix = tl.cumsum(part_mass, axis=0)
+        total = tl.sum(part_mass, axis=0)
+        lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
+        u1 = sampling_kernels._uniform(lo, hi, 0)
+        u2 = sampling_kernels._uniform(lo, hi, 1)
+        hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
+        last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
+        chosen = tl.where(hit < NC_BLOCK, hit, last_part)
+        chunk_top = tl.max(tl.where(parts == chosen, tops, float("-inf")), axis=0)
+        target = u2 * tl.sum(tl.where(parts == chosen, masses, 0.0), axis=0)
+        return sampling_kernels._scan_chunk(
+            row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
+        )
+
     @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi"])
     def _cut_pick_kernel(
         x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
@@ -372,20 +394,10 @@ if triton is not None:
                 tl.store(cut_row + 3, x_max)
                 tl.store(cut_row + 4 + parts, masses, mask=valid)
         if MODE != 1:
-            part_mass = tl.where(valid, masses * rel, 0.0)
-            prefix = tl.cumsum(part_mass, axis=0)
-            total = tl.sum(part_mass, axis=0)
-            lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
-            u1 = sampling_kernels._uniform(lo, hi, 0)
-            u2 = sampling_kernels._uniform(lo, hi, 1)
-            hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
-            last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
-            chosen = tl.where(hit < NC_BLOCK, hit, last_part)
-            chunk_top = tl.max(tl.where(parts == chosen, tops, float("-inf")), axis=0)
-            target = u2 * tl.sum(tl.where(parts == chosen, masses, 0.0), axis=0)
-            tok = sampling_kernels._scan_chunk(
-                row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
-            )
+            tok = _row_pick(
+                row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
+                CHUNK, NC_BLOCK, BLOCK,
+            )  # fmt: skip
             if tl.load(prm + 1) > 0.0:
                 if tok < 0:  # no token of positive mass (a row of -inf): the first argmax
                     tok = _first_max(row_ptr, vocab, x_max, BLOCK)
@@ -548,54 +560,49 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     num_chunks = triton.cdiv(vocab, chunk)
     nc_block = triton.next_power_of_2(num_chunks)
     nb, cc, slots = layout(chunk)
-    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks, num_rows * num_chunks * slots]
-    if spread:  # the cuts, the rounds' per-chunk masses, the survivors' per-chunk mass
-        sizes += [num_rows * (4 + nc_block), NUM_ROUNDS * num_rows * num_chunks * WAYS, num_rows * num_chunks]
-    work = torch.empty(sum(sizes), dtype=torch.float32, device=x.device)
-    stats, floors, cand, *spread_bufs = torch.split(work, sizes)
-    cut, rounds, totals = spread_bufs if spread else (work, work, work)
-    cut = cut.view(-1, 4 + nc_block) if spread else cut
+    stats, floors, cand, cut, rounds, totals = _buffers(num_rows, num_chunks, slots, spread, x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
-    rows = (x, x.stride(0), e, e_stride, e_map)
+    rows = (x, x.stride(0), e, e_stride, e_map, prm)
     _scan_kernel[(num_rows, num_chunks)](
-        *rows, prm, stats, cand, floors, vocab, num_chunks, int(has_edits),
+        *rows, stats, cand, floors, vocab, num_chunks, int(has_edits),
         CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     launch = dict(
         CHUNK=chunk, SLOTS=slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk), WIDE_BLOCK=WIDE_BLOCK,
         NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
-    args = (
-        *rows,
-        prm,
-        keys,
-        stats,
-        cand,
-        floors,
-        out,
-        cut,
-        vocab,
-        num_chunks,
-        int(has_edits),
-        base[0],
-        base[1],
-    )
+    args = (*rows, keys, stats, cand, floors, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
     if not spread:
         _cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)
         return out, cut
     _cut_pick_kernel[(num_rows,)](*args, MODE=1, **launch)
-    grid = (num_rows, num_chunks)
+    common = (vocab, num_chunks, num_rows, int(has_edits))
+    sizes = dict(CHUNK=chunk, NC_BLOCK=nc_block, NUM_PARAMS=NUM_PARAMS, num_warps=warps)
     for r in range(NUM_ROUNDS):
-        _spread_round_kernel[grid](
-            *rows, prm, cut, rounds, totals, vocab, num_chunks, num_rows, int(has_edits), r,
-            CHUNK=chunk, NC_BLOCK=nc_block, WIDE_BLOCK=min(WIDE_BLOCK, chunk), NUM_PARAMS=NUM_PARAMS,
-            num_warps=warps,
-        )  # fmt: skip
-    _spread_finish_kernel[grid](
-        *rows, prm, stats, cut, rounds, totals, vocab, num_chunks, num_rows, int(has_edits), NUM_ROUNDS,
-        CHUNK=chunk, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk), NUM_PARAMS=NUM_PARAMS, num_warps=warps,
-    )  # fmt: skip
+        _spread_round_kernel[(num_rows, num_chunks)](
+            *rows, cut, rounds, totals, *common, r, WIDE_BLOCK=min(WIDE_BLOCK, chunk), **sizes
+        )
+    _spread_finish_kernel[(num_rows, num_chunks)](
+        *rows, stats, cut, rounds, totals, *common, NUM_ROUNDS, BLOCK=min(BLOCK, chunk), **sizes
+    )
     if pick:
         _cut_pick_kernel[(num_rows,)](*args, MODE=2, **launch)
     return out, cut
+
+
+def _buffers(num_rows: int, num_chunks: int, slots: int, spread: bool, device) -> list:
+    """float32 work buffers of one draw, views of one allocation: stats [S * 3 * num_chunks],
+    floors [S * num_chunks], candidates [S * num_chunks * slots], and with spread the cuts
+    [S, 4 + NC_BLOCK], the rounds' sums [NUM_ROUNDS * S * num_chunks * WAYS] and the survivor
+    masses [S * num_chunks] (without spread those three are the whole buffer, never read)."""
+    nc_block = triton.next_power_of_2(num_chunks)
+    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks, num_rows * num_chunks * slots]
+    if spread:
+        sizes += [num_rows * (4 + nc_block), NUM_ROUNDS * num_rows * num_chunks * WAYS, num_rows * num_chunks]
+    work = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+    parts = list(torch.split(work, sizes))
+    if not spread:
+        return parts + [work, work, work]
+    parts[3] = parts[3].view(num_rows, 4 + nc_block)
+    return parts
