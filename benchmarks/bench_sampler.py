@@ -11,7 +11,8 @@ top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequenc
 over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
 own seed: per-step keys), `sampler_chat` (every row Qwen3's chat settings: temperature 0.7,
 top-p 0.8, top-k 20), `sampler_top_p` (top-p 0.95 alone, seeded: on these flat rows the
-nucleus holds thousands of tokens, the fused draw's slow wide path). The `device_*` cases time the device path async scheduling uses
+nucleus holds thousands of tokens, beyond the fused draw's candidates: its spread cut).
+The `device_*` cases time the device path async scheduling uses
 (Sampler.sample_deferred, then the one host copy of ids and logprobs): `device_temperature`,
 `device_chat` (the top-k/top-p-only case), `device_mixed`, `device_greedy`, `device_seeded`;
 their penalty rows append each drawn token (as the engine does), so the device output counts
@@ -26,7 +27,8 @@ device-bound cases can be told apart; `--check` also counts the rows where the T
 (serial and device paths) and the plain-torch draw agree on seeded versions of the seeded,
 chat and mixed cases; `--sweep` times the Triton draw alone
 (CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
-sampling_triton.BLOCK / NUM_WARPS, and the fused cut_draw (chat settings) over warp counts.
+sampling_triton.BLOCK / NUM_WARPS, and the fused cut_draw (chat settings) over warp counts, and
+on the top-p case with its in-program wide cut and its spread cut (`cut_draw.draw(spread=)`).
 """
 
 from __future__ import annotations
@@ -269,6 +271,12 @@ def _sweep(lg) -> None:
     for warps in (4, 8, 16):
         run = lambda: cut_draw.draw(lg, prm, keys, (1, 2), chunk=CHUNK, num_warps=warps)
         print(f"    cut_draw chat warps={warps:2d}: {_event_us(run):7.1f} us")
+    plan = sampler._plan(make_requests(rows, CASES["top_p"]), lg.device)
+    prm, keys = plan.fused_params()
+    for spread in (False, True):  # top-p 0.95 alone: the in-program wide cut, then the spread one
+        for warps in (4, 8):
+            run = lambda: cut_draw.draw(lg, prm, keys, (1, 2), chunk=CHUNK, num_warps=warps, spread=spread)
+            print(f"    cut_draw top_p spread={spread!s:5} warps={warps:2d}: {_event_us(run):7.1f} us")
 
 
 def _event_us(run) -> float:

@@ -10,7 +10,8 @@ every path the real traffic takes runs once: prefill chunks of several sizes (th
 token dimension settles), mixed prefill + decode steps, graph-replayed decodes, and one row
 of each sampler setting (greedy, temperature, top-k/top-p, top-p alone, min-p, penalties,
 bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it, and
-last a batch with no edited row (the fused draw's model-dtype variant).
+last batches with no edited row (the fused draw's model-dtype variant) and with a loose top-p
+(the spread cut), edited and not (`LATER_BATCHES`).
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -42,7 +43,6 @@ def sampler_settings(vocab: int) -> tuple:
         dict(temperature=0.0),
         dict(temperature=0.6),
         dict(temperature=0.7, top_p=0.8, top_k=20),
-        dict(temperature=1.0, top_p=0.9),
         dict(temperature=0.8, min_p=0.05, seed=0),
         dict(temperature=0.7, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1),
         dict(
@@ -55,10 +55,17 @@ def sampler_settings(vocab: int) -> tuple:
     )
 
 
-# Settings of the last warm-up batch: random rows with and without cuts, no edits.
-UNEDITED = (
-    dict(temperature=0.6, ignore_eos=True),
-    dict(temperature=0.7, top_p=0.8, top_k=20, ignore_eos=True),
+# The warm-up batches after the first: random rows with and without cuts and no edits (the
+# fused draw reads the model-dtype logits, another compiled variant), then a loose top-p (no
+# top-k, no min-p: the draw's spread cut, its own launches) with and without an edited row.
+# A batch's kernels depend on all its rows, so each variant needs a batch of its own.
+LATER_BATCHES = (
+    (dict(temperature=0.6, ignore_eos=True), dict(temperature=0.7, top_p=0.8, top_k=20, ignore_eos=True)),
+    (
+        dict(temperature=1.0, top_p=0.9, ignore_eos=True),
+        dict(temperature=0.7, presence_penalty=0.1, ignore_eos=True),
+    ),
+    (dict(temperature=1.0, top_p=0.9, ignore_eos=True),),
 )
 
 
@@ -118,19 +125,22 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
             engine.add_request(f"__warmup-{num}", prompt, params)
             num += 1
     steps = 0
-    with tqdm(total=num + len(UNEDITED), desc="Warming up", disable=not progress, leave=False) as bar:
+    total = num + sum(map(len, LATER_BATCHES))
+    with tqdm(total=total, desc="Warming up", disable=not progress, leave=False) as bar:
         while engine.has_unfinished:
             bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
             steps += 1
-        # then a batch in which no row is edited: the fused draw reads the model-dtype logits
-        # directly there (edited batches convert to float32 first), another compiled variant
-        for setting in UNEDITED if num and room >= 1 else ():
-            prompt = [rng.randrange(1, vocab) for _ in range(min(3, room))]
-            engine.add_request(f"__warmup-{num}", prompt, SamplingParams(max_tokens=max_tokens, **setting))
-            num += 1
-        while engine.has_unfinished:
-            bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
-            steps += 1
+        # then the later batches (LATER_BATCHES), one at a time
+        for batch in LATER_BATCHES if num and room >= 1 else ():
+            for setting in batch:
+                prompt = [rng.randrange(1, vocab) for _ in range(min(3, room))]
+                engine.add_request(
+                    f"__warmup-{num}", prompt, SamplingParams(max_tokens=max_tokens, **setting)
+                )
+                num += 1
+            while engine.has_unfinished:
+                bar.update(sum(1 for out in engine.step(final_only=True) if out.finished))
+                steps += 1
     _reset(engine)
     report = WarmupReport(num, steps, lengths, time.perf_counter() - start)
     log.info(report.line())

@@ -5,8 +5,8 @@ full-vocabulary `torch.topk` (plus a dozen small ops) cost more than the draw it
 threshold comes out of the draw's own passes:
 
 1. `_scan_kernel`, grid (S, num_chunks), one read of the logits, each chunk held in registers:
-   the chunk's max, first argmax and untruncated mass sum(exp2((x - chunk max) * x_scale)) (the
-   draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
+   the chunk's max, first argmax (greedy rows only) and untruncated mass sum(exp2((x - chunk
+   max) * x_scale)) (the draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
    floor is the CC-th largest of the maxima of the chunk's NB sub-blocks (so at least CC tokens,
    and in practice few more), compacted into SLOTS slots. Invariant: every finite token of the
    chunk with x >= floor is a candidate; a chunk with more than SLOTS of them stores floor +inf
@@ -23,6 +23,18 @@ threshold comes out of the draw's own passes:
    chunk masses. One program reads its row ~17 times there: a batch of rows that all take it
    (a loose top-p alone over a flat distribution) costs far more than the candidate path.
    Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2.
+
+SPREAD (`draw(..., spread=True)`, which the Sampler asks for when a row has a loose top-p: no
+top-k, no min-p): step 2 runs as `_cut_pick_kernel` MODE 1 (cuts only, into a [S, 4 +
+NC_BLOCK] buffer), and a row without top-k that would take the wide path is flagged instead;
+its cut is the same bisection, spread over the grid (S, num_chunks): NUM_ROUNDS launches of
+`_spread_round_kernel`, each program summing its chunk's mass above the round's WAYS pivots
+(round 0 also the chunk's survivor mass), each program re-deriving the row's interval from the
+earlier rounds' per-chunk sums (same sums in the same order in every program of the row: they
+agree exactly, with no atomics and no reduction launch); `_spread_finish_kernel` turns the last
+interval into the cut and each chunk's kept mass; MODE 2 picks. Programs of unflagged rows exit
+at once. So a flagged row is read NUM_ROUNDS + 1 times by num_chunks programs each, not ~17
+times by one.
 
 Same thresholds as `sample.truncation.exact_thresholds` (values of the row; the top-p sums run in
 another order, so a token within float rounding of the top-p boundary may fall on the other
@@ -51,6 +63,7 @@ BLOCK = 2048  # tokens per loop step of the final scan
 WIDE_BLOCK = 512  # tokens per loop step of the wide path's passes (a [WIDE_BLOCK, WAYS] accumulator)
 WAYS = tl.constexpr(16) if triton is not None else 16  # pivots per read in the wide bisection
 NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
+NUM_ROUNDS = 8  # spread rounds: WAYS ** NUM_ROUNDS = 16 ** 8 covers the 32-bit float order
 
 
 def layout(chunk: int) -> tuple[int, int, int]:
@@ -102,7 +115,9 @@ if triton is not None:
         row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
         xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         top = tl.max(xv, axis=0)
-        first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
+        first = part * 0 - 1  # the first argmax: greedy rows only (see _first_max)
+        if tl.load(prm_ptr + row * NUM_PARAMS + 1) == 0.0:
+            first = tl.min(tl.where(xv == top, cols, 2147483647), axis=0)
         scale = tl.load(prm_ptr + row * NUM_PARAMS)
         shift = tl.where(top > float("-inf"), top, 0.0)
         mass = tl.sum(tl.exp2((xv - shift) * scale), axis=0)
@@ -125,6 +140,20 @@ if triton is not None:
             tl.store(
                 floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor)
             )
+
+    @triton.jit
+    def _first_max(row_ptr, vocab, x_max, BLOCK: tl.constexpr):
+        """The first column of the row holding x_max (the scan stores chunk argmaxes for
+        greedy rows only; a random row needs one only when it has no token of positive mass)."""
+        lanes = tl.arange(0, BLOCK)
+        best = tl.min(tl.full([BLOCK], 2147483647, tl.int32), axis=0)
+        for start in range(0, vocab, BLOCK):
+            cols = start + lanes
+            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            best = tl.minimum(
+                best, tl.min(tl.where((xv == x_max) & (cols < vocab), cols, 2147483647), axis=0)
+            )
+        return best
 
     @triton.jit
     def _to_key(v):
@@ -269,14 +298,66 @@ if triton is not None:
         w2 = tl.where(grid >= thr, tl.exp2((grid - shift[:, None]) * scale), 0.0)
         return thr, tl.sum(w2, axis=1), ok
 
+    @triton.jit
+    def _row_cut(
+        row_ptr, prm, cand_row, floor_row, parts, valid, tops, masses, num_chunks, vocab, x_max, scale, rel,
+        CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr,
+    ):  # fmt: skip
+        """(thr, kept chunk masses, spread, base) of a cut row: from the candidates when certain,
+        else by the wide path in this program, except (SPREAD) a row without top-k: spread 1,
+        its cut left to the multi-program rounds (`_spread_round_kernel`), base its min-p cut."""
+        top_k = tl.load(prm + 4).to(tl.int32)
+        top_p = tl.load(prm + 5)
+        inv_t = tl.load(prm + 6)
+        base = x_max + tl.load(prm + 3)
+        total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
+        thr, masses, ok = _candidate_cut(
+            cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
+            inv_t, scale, SLOTS, NC_BLOCK,
+        )  # fmt: skip
+        wide = ok.to(tl.int32) == 0
+        spread = wide & (top_k == 0)
+        if not SPREAD:
+            spread = wide & (top_k < 0)  # False, as a tensor
+        if wide & (spread.to(tl.int32) == 0):
+            thr = _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, WIDE_BLOCK)
+            masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
+        return thr, masses, spread, base
+
+    @triton.jit
+    def _row_pick(
+        row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
+        CHUNK: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """The draw of `sampling._pick_kernel` over the kept chunk masses: a chunk by u1, a
+        token of it by u2 (-1 when the row has no token of positive mass)."""
+        part_mass = tl.where(valid, masses * rel, 0.0)
+        prefix = tl.cumsum(part_mass, axis=0)
+        total = tl.sum(part_mass, axis=0)
+        lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
+        u1 = sampling_kernels._uniform(lo, hi, 0)
+        u2 = sampling_kernels._uniform(lo, hi, 1)
+        hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
+        last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
+        chosen = tl.where(hit < NC_BLOCK, hit, last_part)
+        chunk_top = tl.max(tl.where(parts == chosen, tops, float("-inf")), axis=0)
+        target = u2 * tl.sum(tl.where(parts == chosen, masses, 0.0), axis=0)
+        return sampling_kernels._scan_chunk(
+            row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
+        )
+
     @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi"])
     def _cut_pick_kernel(
         x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
-        vocab, num_chunks, has_edits, base_lo, base_hi,
+        cut_ptr, vocab, num_chunks, has_edits, base_lo, base_hi,
         CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, MODE: tl.constexpr,
     ):  # fmt: skip
         # prm_ptr: [S, NUM_PARAMS] float32: x_scale, noisy, cut, base_off, top_k, top_p, inv_t.
+        # MODE 0: cut and pick. MODE 1: cut only, into cut_ptr [S, 4 + NC_BLOCK] float32 (thr,
+        # spread flag, min-p cut, x_max, the kept chunk masses); spread rows are cut by the
+        # rounds. MODE 2: pick only, the cuts read from cut_ptr.
         row = tl.program_id(0)
         parts = tl.arange(0, NC_BLOCK)
         valid = parts < num_chunks
@@ -292,37 +373,136 @@ if triton is not None:
         rel = tl.exp2((tops - row_shift) * scale)
         thr = tl.max(tl.full([NC_BLOCK], float("-inf"), tl.float32), axis=0)
         row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
-        if tl.load(prm + 2) != 0.0:
-            top_k = tl.load(prm + 4).to(tl.int32)
-            top_p = tl.load(prm + 5)
-            inv_t = tl.load(prm + 6)
-            base = x_max + tl.load(prm + 3)
-            total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
-            row_cand = cand_ptr + row.to(tl.int64) * num_chunks * SLOTS
-            row_floor = floor_ptr + row.to(tl.int64) * num_chunks
-            thr, masses, ok = _candidate_cut(
-                row_cand, row_floor, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
-                inv_t, scale, SLOTS, NC_BLOCK,
+        cut_row = cut_ptr + row.to(tl.int64) * (4 + NC_BLOCK)
+        if MODE == 2:
+            thr = tl.load(cut_row)
+            masses = tl.load(cut_row + 4 + parts, mask=valid, other=0.0)
+        else:
+            spread = thr < thr  # False
+            base = thr
+            if tl.load(prm + 2) != 0.0:
+                row_cand = cand_ptr + row.to(tl.int64) * num_chunks * SLOTS
+                row_floor = floor_ptr + row.to(tl.int64) * num_chunks
+                thr, masses, spread, base = _row_cut(
+                    row_ptr, prm, row_cand, row_floor, parts, valid, tops, masses, num_chunks, vocab, x_max,
+                    scale, rel, CHUNK, SLOTS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1,
+                )  # fmt: skip
+            if MODE == 1:
+                tl.store(cut_row, thr)
+                tl.store(cut_row + 1, spread.to(tl.float32))
+                tl.store(cut_row + 2, base)
+                tl.store(cut_row + 3, x_max)
+                tl.store(cut_row + 4 + parts, masses, mask=valid)
+        if MODE != 1:
+            tok = _row_pick(
+                row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
+                CHUNK, NC_BLOCK, BLOCK,
             )  # fmt: skip
-            if ok.to(tl.int32) == 0:
-                thr = _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, WIDE_BLOCK)
-                masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
-        part_mass = tl.where(valid, masses * rel, 0.0)
-        prefix = tl.cumsum(part_mass, axis=0)
-        total = tl.sum(part_mass, axis=0)
-        lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
-        u1 = sampling_kernels._uniform(lo, hi, 0)
-        u2 = sampling_kernels._uniform(lo, hi, 1)
-        hit = tl.min(tl.where((prefix > u1 * total) & (part_mass > 0.0), parts, NC_BLOCK), axis=0)
-        last_part = tl.max(tl.where(part_mass > 0.0, parts, 0), axis=0)
-        chosen = tl.where(hit < NC_BLOCK, hit, last_part)
-        chunk_top = tl.max(tl.where(parts == chosen, tops, float("-inf")), axis=0)
-        target = u2 * tl.sum(tl.where(parts == chosen, masses, 0.0), axis=0)
-        tok = sampling_kernels._scan_chunk(
-            row_ptr, chosen * CHUNK, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK
-        )
-        tok = tl.where((tl.load(prm + 1) > 0.0) & (tok >= 0), tok, greedy)
-        tl.store(out_ptr + row, tok.to(tl.int64))
+            if tl.load(prm + 1) > 0.0:
+                if tok < 0:  # no token of positive mass (a row of -inf): the first argmax
+                    tok = _first_max(row_ptr, vocab, x_max, BLOCK)
+            else:
+                tok = greedy
+            tl.store(out_ptr + row, tok.to(tl.int64))
+
+    @triton.jit
+    def _spread_interval(round_ptr, total_ptr, row, num_rows, num_chunks, num_rounds, x_max, target_p,
+                         NC_BLOCK: tl.constexpr):  # fmt: skip
+        """(lo, hi, target) of a spread row after `num_rounds` rounds: the key interval of
+        `_bisect`, replayed from the rounds' per-chunk masses (round_ptr [ROUNDS, S, num_chunks,
+        WAYS]) and the survivors' mass (total_ptr [S, num_chunks]), target = top_p * total.
+        Every program of the row replays the same sums in the same order: they agree exactly."""
+        chunks = tl.arange(0, NC_BLOCK)
+        ways = tl.arange(0, WAYS)
+        valid = chunks < num_chunks
+        total = tl.sum(tl.load(total_ptr + row * num_chunks + chunks, mask=valid, other=0.0), axis=0)
+        target = target_p * total
+        hi = _to_key(x_max)
+        lo = hi * 0 + 8388607  # _to_key(-inf)
+        for q in range(0, num_rounds):
+            step = (hi - lo + WAYS - 1) // WAYS
+            keys = tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi)
+            at = ((q * num_rows + row).to(tl.int64) * num_chunks + chunks[:, None]) * WAYS + ways[None, :]
+            got = tl.sum(tl.load(round_ptr + at, mask=valid[:, None], other=0.0), axis=0)
+            first = tl.min(tl.where(got < target, ways, WAYS), axis=0)  # keys[WAYS - 1] == hi is below
+            new_lo = tl.max(tl.where(ways == first - 1, keys, lo), axis=0)
+            hi = tl.min(tl.where(ways == first, keys, hi), axis=0)
+            lo = new_lo
+        return lo, hi, target
+
+    @triton.jit(do_not_specialize=["num_rows", "has_edits", "round_index"])
+    def _spread_round_kernel(
+        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, cut_ptr, round_ptr, total_ptr, vocab, num_chunks,
+        num_rows, has_edits, round_index,
+        CHUNK: tl.constexpr, NC_BLOCK: tl.constexpr, WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
+    ):  # fmt: skip
+        # grid (S, num_chunks). Round r of the spread rows' top-p bisection: this chunk's mass
+        # above each of the WAYS pivots of the interval left by rounds 0..r-1, into
+        # round_ptr[r, row, chunk, :]; round 0 also writes the chunk's survivor mass to
+        # total_ptr[row, chunk]. Rows that are not spread (cut_ptr's flag 0) exit at once.
+        row = tl.program_id(0)
+        part = tl.program_id(1)
+        cut_row = cut_ptr + row.to(tl.int64) * (4 + NC_BLOCK)
+        if tl.load(cut_row + 1) != 0.0:
+            base = tl.load(cut_row + 2)
+            x_max = tl.load(cut_row + 3)
+            inv_t = tl.load(prm_ptr + row * NUM_PARAMS + 6)
+            top_p = tl.load(prm_ptr + row * NUM_PARAMS + 5)
+            lo, hi, _ = _spread_interval(
+                round_ptr, total_ptr, row, num_rows, num_chunks, round_index, x_max, top_p, NC_BLOCK
+            )
+            ways = tl.arange(0, WAYS)
+            step = (hi - lo + WAYS - 1) // WAYS
+            pivots = _from_key(tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi))
+            row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
+            lanes = tl.arange(0, WIDE_BLOCK)
+            acc = tl.zeros([WIDE_BLOCK, WAYS], dtype=tl.float32)
+            tot = tl.zeros([WIDE_BLOCK], dtype=tl.float32)
+            for off in range(0, CHUNK, WIDE_BLOCK):
+                cols = part * CHUNK + off + lanes
+                xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+                keep = (xv >= base) & (xv > float("-inf"))
+                w = tl.where(keep, tl.exp((xv - x_max) * inv_t), 0.0)
+                tot += w
+                acc += tl.where(xv[:, None] > pivots[None, :], w[:, None], 0.0)
+            at = ((round_index * num_rows + row).to(tl.int64) * num_chunks + part) * WAYS + ways
+            tl.store(round_ptr + at, tl.sum(acc, axis=0))
+            if round_index == 0:
+                tl.store(total_ptr + row * num_chunks + part, tl.sum(tot, axis=0))
+
+    @triton.jit(do_not_specialize=["num_rows", "has_edits"])
+    def _spread_finish_kernel(
+        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, stats_ptr, cut_ptr, round_ptr, total_ptr, vocab,
+        num_chunks, num_rows, has_edits, num_rounds,
+        CHUNK: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr,
+    ):  # fmt: skip
+        # grid (S, num_chunks). A spread row's cut from its rounds (max of the min-p cut and the
+        # bisected top-p cut, as `_wide_cut`), and this chunk's kept mass sum exp2((x - chunk
+        # max) * x_scale) over x >= cut (as `_wide_masses`), into cut_ptr for the pick.
+        row = tl.program_id(0)
+        part = tl.program_id(1)
+        cut_row = cut_ptr + row.to(tl.int64) * (4 + NC_BLOCK)
+        if tl.load(cut_row + 1) != 0.0:
+            base = tl.load(cut_row + 2)
+            x_max = tl.load(cut_row + 3)
+            top_p = tl.load(prm_ptr + row * NUM_PARAMS + 5)
+            scale = tl.load(prm_ptr + row * NUM_PARAMS)
+            _, hi, _ = _spread_interval(
+                round_ptr, total_ptr, row, num_rows, num_chunks, num_rounds, x_max, top_p, NC_BLOCK
+            )
+            thr = tl.maximum(base, _from_key(hi))
+            top = tl.load(stats_ptr + row.to(tl.int64) * 3 * num_chunks + part)
+            shift = tl.where(top > float("-inf"), top, 0.0)
+            row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
+            lanes = tl.arange(0, BLOCK)
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for off in range(0, CHUNK, BLOCK):
+                cols = part * CHUNK + off + lanes
+                xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+                acc += tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
+            tl.store(cut_row + 4 + part, tl.sum(acc, axis=0))
+            if part == 0:
+                tl.store(cut_row, thr)
 
 
 def _aligned(num_floats: int) -> int:
@@ -344,6 +524,7 @@ def draw(
     edited: Optional[torch.Tensor] = None,
     edit_map: Optional[torch.Tensor] = None,
     num_warps: int = 0,
+    spread: bool = False,
 ) -> torch.Tensor:
     """Token per row of x [S, V] (float32, or the model's bfloat16 / float16 read as float32:
     no conversion pass; unit stride along V). prm [S, NUM_PARAMS] float32,
@@ -354,8 +535,25 @@ def draw(
     base_hi). chunk: `sample.draw.CHUNK` (a power of two). edited [E, V'] float32 (unit stride,
     V' >= V) with edit_map int64 [S]: row i is read from edited[edit_map[i]] where that is >= 0
     (the rows a logit edit changed, so the others need no copy; x must then be float32).
-    num_warps overrides both launches' warp count (tuning: sums change only in rounding).
-    Returns int64 [S]; two launches."""
+    num_warps overrides the launches' warp count (tuning: sums change only in rounding).
+    spread: cut rows without a top-k whose cut the candidates cannot settle (a loose top-p over
+    a flat row) are cut by NUM_ROUNDS multi-program rounds (`_spread_round_kernel`, grid
+    (S, num_chunks)) instead of one program reading the row ~17 times; the cut is the same
+    bisection (`_bisect`), summed in another order. Returns int64 [S]; two launches, or
+    NUM_ROUNDS + 4 with spread."""
+    return _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick=True)[0]
+
+
+def spread_cuts(x: torch.Tensor, prm: torch.Tensor, *, chunk: int) -> torch.Tensor:
+    """float32 [S]: each row's cut as `draw(..., spread=True)` finds it (the raw-space
+    threshold: tokens x >= cut are kept; -inf for rows without a cut). For tests: the draw
+    without its pick."""
+    keys = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    return _launch(x, prm, keys, (0, 0), chunk, None, None, 0, True, pick=False)[1][:, 0].clone()
+
+
+def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick):
+    """(ids, cuts [S, 4 + NC_BLOCK] or a dummy) of `draw`; pick False stops before the pick."""
     assert x.dtype in FLOAT_TYPES and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
     num_rows, vocab = x.shape
@@ -365,27 +563,55 @@ def draw(
         assert edit_map.dtype == torch.int64
     e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
     num_chunks = triton.cdiv(vocab, chunk)
+    nc_block = triton.next_power_of_2(num_chunks)
     nb, cc, slots = layout(chunk)
-    # One scratch allocation cut into three parts, each starting 64-byte aligned whatever the row
-    # count: Triton specialises pointer arguments on 16-byte alignment, so a part whose offset
-    # followed num_rows would compile a second variant of both kernels in the middle of traffic.
-    num_stats, num_floors = _aligned(num_rows * 3 * num_chunks), _aligned(num_rows * num_chunks)
-    work = torch.empty(
-        num_stats + num_floors + num_rows * num_chunks * slots, dtype=torch.float32, device=x.device
-    )
-    stats = work[: num_rows * 3 * num_chunks]
-    floors = work[num_stats : num_stats + num_rows * num_chunks]
-    cand = work[num_stats + num_floors :]
+    stats, floors, cand, cut, rounds, totals = _buffers(num_rows, num_chunks, slots, spread, x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
+    rows = (x, x.stride(0), e, e_stride, e_map, prm)
     _scan_kernel[(num_rows, num_chunks)](
-        x, x.stride(0), e, e_stride, e_map, prm, stats, cand, floors, vocab, num_chunks, int(has_edits),
+        *rows, stats, cand, floors, vocab, num_chunks, int(has_edits),
         CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
-    _cut_pick_kernel[(num_rows,)](
-        x, x.stride(0), e, e_stride, e_map, prm, keys, stats, cand, floors, out, vocab, num_chunks,
-        int(has_edits), base[0], base[1],
-        CHUNK=chunk, SLOTS=slots, NC_BLOCK=triton.next_power_of_2(num_chunks), BLOCK=min(BLOCK, chunk),
-        WIDE_BLOCK=WIDE_BLOCK, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+    launch = dict(
+        CHUNK=chunk, SLOTS=slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk), WIDE_BLOCK=WIDE_BLOCK,
+        NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
-    return out
+    args = (*rows, keys, stats, cand, floors, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
+    if not spread:
+        _cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)
+        return out, cut
+    _cut_pick_kernel[(num_rows,)](*args, MODE=1, **launch)
+    common = (vocab, num_chunks, num_rows, int(has_edits))
+    sizes = dict(CHUNK=chunk, NC_BLOCK=nc_block, NUM_PARAMS=NUM_PARAMS, num_warps=warps)
+    for r in range(NUM_ROUNDS):
+        _spread_round_kernel[(num_rows, num_chunks)](
+            *rows, cut, rounds, totals, *common, r, WIDE_BLOCK=min(WIDE_BLOCK, chunk), **sizes
+        )
+    _spread_finish_kernel[(num_rows, num_chunks)](
+        *rows, stats, cut, rounds, totals, *common, NUM_ROUNDS, BLOCK=min(BLOCK, chunk), **sizes
+    )
+    if pick:
+        _cut_pick_kernel[(num_rows,)](*args, MODE=2, **launch)
+    return out, cut
+
+
+def _buffers(num_rows: int, num_chunks: int, slots: int, spread: bool, device) -> list:
+    """float32 work buffers of one draw, views of one allocation: stats [S * 3 * num_chunks],
+    floors [S * num_chunks], candidates [S * num_chunks * slots], and with spread the cuts
+    [S, 4 + NC_BLOCK], the rounds' sums [NUM_ROUNDS * S * num_chunks * WAYS] and the survivor
+    masses [S * num_chunks] (without spread those three are the whole buffer, never read)."""
+    nc_block = triton.next_power_of_2(num_chunks)
+    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks, num_rows * num_chunks * slots]
+    if spread:
+        sizes += [num_rows * (4 + nc_block), NUM_ROUNDS * num_rows * num_chunks * WAYS, num_rows * num_chunks]
+    # Each part starts 64-byte aligned whatever the row count: Triton specialises pointer
+    # arguments on 16-byte alignment, so a part whose offset followed num_rows would compile new
+    # variants of the kernels in the middle of traffic (seen on the H200 in a first generate()).
+    padded = [_aligned(n) for n in sizes]
+    work = torch.empty(sum(padded), dtype=torch.float32, device=device)
+    parts = [part[:n] for part, n in zip(torch.split(work, padded), sizes)]
+    if not spread:
+        return parts + [work, work, work]
+    parts[3] = parts[3].view(num_rows, 4 + nc_block)
+    return parts

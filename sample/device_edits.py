@@ -16,52 +16,62 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from enginespec.sample.penalties import penalize_rows, penalty_columns, stop_ids_to_mask, upload
+from enginespec.sample.penalties import (
+    _UNSET,
+    penalize_rows,
+    penalty_columns,
+    stop_ids_to_mask,
+    upload,
+    upload_packed,
+)
 
 NEG_INF = float("-inf")
 
 
-def _flat(rows_cols: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    both = upload(torch.tensor(rows_cols, dtype=torch.int64).view(-1, 2).t().contiguous(), device)
-    return both[0], both[1]
+def _pairs(pairs: list, width: int) -> np.ndarray:
+    """int64 / float32 columns [width, n] of a list of n tuples (empty: [width, 0])."""
+    return np.array(pairs, dtype=np.float64).reshape(-1, width).T
 
 
 class EditPlan:
     """The edits one batch of requests asks for, on the device. Built from the requests of the
     first call (stop ids and EOS come from them; params are frozen, so equal params lists
-    give equal plans for allowed ids, bias and penalties; EOS is per request and read again)."""
+    give equal plans for allowed ids, bias and penalties; EOS is per request and read again).
+    Every index and value travels in ONE host-to-device copy (`upload_packed`). penalties:
+    the rows' PenaltyColumns when the caller has them on the device already (rows local to
+    `requests`), else built here."""
 
-    def __init__(self, requests: Sequence, vocab: int, device):
+    def __init__(self, requests: Sequence, vocab: int, device, penalties=_UNSET):
         params = [r.params for r in requests]
         self.device = device
-        self.allowed: Optional[tuple] = None
         allowed_rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
-        if allowed_rows:
-            pairs = [(j, t) for j, i in enumerate(allowed_rows) for t in params[i].allowed_token_ids]
-            local, cols = _flat(pairs, device)
-            keep = torch.zeros((len(allowed_rows), vocab), dtype=torch.bool, device=device)
-            keep[local, cols] = True
-            self.allowed = (upload(torch.tensor(allowed_rows, dtype=torch.int64), device), keep)
-        self.bias: Optional[tuple] = None
+        allowed = [(j, t) for j, i in enumerate(allowed_rows) for t in params[i].allowed_token_ids]
         bias = [(i, t, float(v)) for i, p in enumerate(params) for t, v in (p.logit_bias or {}).items()]
-        if bias:
-            r, c = _flat([(i, t) for i, t, _ in bias], device)
-            self.bias = (r, c, upload(torch.tensor([v for _, _, v in bias], dtype=torch.float32), device))
         self.min_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
         self.min_tokens = np.array([params[i].min_tokens for i in self.min_rows], dtype=np.int64)
-        self.min_index: Optional[tuple] = None
-        if self.min_rows:
-            pairs = [
-                (j, t)
-                for j, i in enumerate(self.min_rows)
-                for t in stop_ids_to_mask(requests[i])
-                if t < vocab
-            ]
-            if pairs:
-                local, cols = _flat(pairs, device)
-                rows = upload(torch.tensor(self.min_rows, dtype=torch.int64), device)
-                self.min_index = (local, rows.index_select(0, local), cols)
-        self.penalties = penalty_columns(params, device)
+        stops = [
+            (j, i, t) for j, i in enumerate(self.min_rows) for t in stop_ids_to_mask(requests[i]) if t < vocab
+        ]
+        allowed_t, bias_t, stops_t = _pairs(allowed, 2), _pairs(bias, 3), _pairs(stops, 3)
+        (rows_t, allowed_ij, bias_ij, bias_v, stops_ijt) = upload_packed(
+            [
+                np.array(allowed_rows, dtype=np.int64),
+                allowed_t.astype(np.int64),
+                bias_t[:2].astype(np.int64),
+                bias_t[2].astype(np.float32),
+                stops_t.astype(np.int64),
+            ],
+            device,
+        )
+        self.allowed: Optional[tuple] = None
+        if allowed_rows:
+            keep = torch.zeros((len(allowed_rows), vocab), dtype=torch.bool, device=device)
+            keep[allowed_ij[0], allowed_ij[1]] = True
+            self.allowed = (rows_t, keep)
+        self.bias = (bias_ij[0], bias_ij[1], bias_v) if bias else None
+        # (index into min_rows, batch row, stop id) of every stop id to mask
+        self.min_index: Optional[tuple] = tuple(stops_ijt.unbind(0)) if stops else None
+        self.penalties = penalty_columns(params, device) if penalties is _UNSET else penalties
         self.any = bool(self.allowed or self.bias or self.min_index is not None or self.penalties)
 
     def apply(self, x: torch.Tensor, requests: Sequence, counts) -> Optional[torch.Tensor]:

@@ -23,7 +23,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from enginespec.sample.penalties import to_device
 from enginespec.sample.rng import draw_uniforms
 
 CHUNK = 8192  # tokens per chunk (a multiple of sampling_triton.BLOCK)
@@ -99,27 +98,3 @@ def draw_torch(
     tops, weights = chunk_weights(sub, scale, cut, chunk)
     picked = pick_tokens(tops, weights, scale, draw_uniforms([keys[i] for i in rows], x.device), chunk)
     return picked if every else tokens.index_copy(0, index, picked)
-
-
-def draw_params(params: Sequence, specs: Sequence, vocab: int, device) -> torch.Tensor:
-    """The per-row table of the fused Triton draw (`kernels.cut_draw.draw`), float32 [S, 8]:
-    x_scale, noisy, cut, base_off = log(min_p) / inv_t, top_k (0 = off), top_p, inv_t, 0.
-    `specs` are the rows' Sampler RowSpecs. One upload; min-p's offset and 1 / T are rounded as
-    `truncation.CutPlan` rounds them, so the cuts are the torch path's values."""
-    cut = [s.cut for s in specs]
-    columns = [
-        [s.x_scale for s in specs],
-        [s.noise for s in specs],
-        [1.0 if c else 0.0 for c in cut],
-        [p.min_p if c else 0.0 for p, c in zip(params, cut)],
-        [p.top_k if c and 0 < p.top_k < vocab else 0 for p, c in zip(params, cut)],
-        [p.top_p if c else 1.0 for p, c in zip(params, cut)],
-        [1.0 / s.temperature for s in specs],
-    ]
-    x_scale, noisy, is_cut, min_p, top_k, top_p, inv_t = (
-        c.float() for c in to_device(columns, torch.float64, device)
-    )
-    base_off = torch.log(min_p) / inv_t
-    return torch.stack(
-        [x_scale, noisy, is_cut, base_off, top_k, top_p, inv_t, torch.zeros_like(inv_t)], dim=1
-    )

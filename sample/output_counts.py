@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from enginespec.sample.penalties import upload
+from enginespec.sample.penalties import upload_packed
 
 
 class OutputCounts:
@@ -67,7 +67,8 @@ class OutputCounts:
         self.free.extend(range(new - 1, old - 1, -1))
 
     def slots(self, requests: Sequence) -> torch.Tensor:
-        """Each row's slot (int64 [R] on the device), after rebuilding stale rows."""
+        """Each row's slot (int64 [R] on the device), after writing the prompt masks of new
+        entries and rebuilding stale rows: whatever this needs travels in ONE upload."""
         self._release_finished()
         missing = {id(r): r for r in requests if id(r) not in self.entries or self.entries[id(r)][0] is not r}
         self._grow(len(missing))
@@ -75,49 +76,45 @@ class OutputCounts:
             if key in self.entries:  # a dead request's id reused: its slot goes back first
                 self.free.append(self.entries.pop(key)[1])
             self.entries[key] = [r, self.free.pop(), -1]
-        if missing:
-            self._write_prompts([self.entries[key] for key in missing])
+        fresh = [self.entries[key] for key in missing]
         stale = [
             self.entries[id(r)]
             for r in dict.fromkeys(requests)
             if self.entries[id(r)][2] != r.num_output_tokens
         ]
-        if stale:
-            self._rebuild(stale)
         slots = [self.entries[id(r)][1] for r in requests]
-        if slots != self._last_slots:  # the steady state (same requests, same order) uploads nothing
-            self._last_slots = slots
-            self._last_slots_t = upload(torch.tensor(slots, dtype=torch.int64), self.device)
+        changed = slots != self._last_slots  # the steady state (same requests, same order) uploads nothing
+        if not (fresh or stale or changed):
+            return self._last_slots_t
+        fresh_slots, prompt_cells = self._cells(fresh, lambda e: e[0].prompt_token_ids)
+        stale_slots, count_cells = self._cells(stale, lambda e: e[0].output_token_ids)
+        slots_t, fresh_t, prompt_t, stale_t, count_t = upload_packed(
+            [np.array(slots, dtype=np.int64), fresh_slots, prompt_cells, stale_slots, count_cells],
+            self.device,
+        )
+        if fresh:  # prompt masks: cleared, then the prompt's cells set
+            self.prompt.index_fill_(0, fresh_t, False)
+            if len(prompt_cells):
+                self.prompt.view(-1).index_fill_(0, prompt_t, True)
+        if stale:  # counts rebuilt from the host lists
+            self.table.index_fill_(0, stale_t, 0)
+            if len(count_cells):
+                ones = torch.ones(len(count_cells), dtype=torch.int32, device=self.device)
+                self.table.view(-1).scatter_add_(0, count_t, ones)
+            for e in stale:
+                e[2] = e[0].num_output_tokens
+        if changed:
+            self._last_slots, self._last_slots_t = slots, slots_t
         return self._last_slots_t
 
-    def _write_prompts(self, fresh: list) -> None:
-        """The prompt rows of newly slotted entries: one upload, one fill."""
-        slots = [e[1] for e in fresh]
-        self.prompt.index_fill_(0, upload(torch.tensor(slots, dtype=torch.int64), self.device), False)
-        lists = [[t for t in e[0].prompt_token_ids if t < self.vocab] for e in fresh]
+    def _cells(self, entries: list, ids_of) -> tuple[np.ndarray, np.ndarray]:
+        """(the entries' slots, the flat cells slot * vocab + id of each id below the vocab
+        in ids_of(entry)), int64 host arrays."""
+        slots = np.array([e[1] for e in entries], dtype=np.int64)
+        lists = [[t for t in ids_of(e) if t < self.vocab] for e in entries]
         lengths = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
-        total = int(lengths.sum())
-        if total:
-            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=total)
-            flat += np.repeat(np.array(slots, dtype=np.int64) * self.vocab, lengths)
-            self.prompt.view(-1).index_fill_(0, upload(torch.from_numpy(flat), self.device), True)
-
-    def _rebuild(self, stale: list) -> None:
-        """Rows of `stale` entries from their host token lists: one upload, one scatter."""
-        lists = [[t for t in e[0].output_token_ids if t < self.vocab] for e in stale]
-        rows = upload(torch.tensor([e[1] for e in stale], dtype=torch.int64), self.device)
-        self.table.index_fill_(0, rows, 0)
-        lengths = np.fromiter((len(ids) for ids in lists), dtype=np.int64, count=len(lists))
-        total = int(lengths.sum())
-        if total:
-            flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=total)
-            flat += np.repeat(np.array([e[1] for e in stale], dtype=np.int64) * self.vocab, lengths)
-            index = upload(torch.from_numpy(flat), self.device)
-            self.table.view(-1).scatter_add_(
-                0, index, torch.ones(total, dtype=torch.int32, device=self.device)
-            )
-        for e in stale:
-            e[2] = e[0].num_output_tokens
+        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum()))
+        return slots, flat + np.repeat(slots * self.vocab, lengths)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """The counts of the given slots, int32 [R, V] (a copy)."""
@@ -130,7 +127,7 @@ class OutputCounts:
             for r in requests:
                 self.entries[id(r)][2] = -1
             return
-        flat = slots * self.vocab + token_ids
+        flat = token_ids.add(slots, alpha=self.vocab)  # slot * vocab + id, one launch
         ones = self._ones if self._ones.shape == flat.shape else torch.ones_like(flat, dtype=torch.int32)
         self._ones = ones
         # distinct slots, so distinct cells: a scatter (one launch, no sort as index_put_'s

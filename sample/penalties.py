@@ -74,7 +74,7 @@ def apply_logit_bias(logits: torch.Tensor, requests: Sequence) -> None:
         logits.index_put_(index, torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
 
 
-def _needs_penalty(params) -> bool:
+def needs_penalty(params) -> bool:
     return (
         params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
     )
@@ -89,6 +89,36 @@ def upload(host: torch.Tensor, device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+}
+
+
+def upload_packed(arrays: Sequence[np.ndarray], device) -> list[torch.Tensor]:
+    """Several host arrays on `device` in ONE host-to-device copy (`upload`): their bytes laid
+    end to end in one uint8 buffer, each segment starting at a multiple of 8 bytes, so that
+    every device view can take its array's dtype and shape back. Returns one device tensor per
+    array (views of one device buffer: writing one never touches another's bytes)."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 8) * 8
+    host = np.zeros(max(total, 8), dtype=np.uint8)
+    for a, start in zip(arrays, offsets):
+        host[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    buf = upload(torch.from_numpy(host), device)
+    out = []
+    for a, start in zip(arrays, offsets):
+        view = buf[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype])
+        out.append(view if a.ndim == 1 else view.view(a.shape))
+    return out
 
 
 def to_device(columns: Sequence[Sequence[float]], dtype: torch.dtype, device) -> list[torch.Tensor]:
@@ -130,7 +160,7 @@ class PenaltyColumns(NamedTuple):
 
 def penalty_columns(params: Sequence, device) -> Optional[PenaltyColumns]:
     """PenaltyColumns of the rows whose params ask for a penalty; None when none does."""
-    rows = [i for i, p in enumerate(params) if _needs_penalty(p)]
+    rows = [i for i, p in enumerate(params) if needs_penalty(p)]
     if not rows:
         return None
     ps = [params[i] for i in rows]

@@ -21,9 +21,10 @@ host sync); elsewhere the thresholds come from torch (`sampling_truncation`) and
 plain torch (`draw_torch`), computing the same cuts and the same sums, so seeded rows draw the
 same tokens on both (up to float rounding at a top-p or CDF boundary).
 
-Per-row parameters are uploaded once per distinct batch of params (`BatchPlan`, cached while
-the same params come in the same order), so a steady step of any top-k/top-p/min-p/temperature
-mix is two launches plus the host copy of the ids.
+Per-row parameters are uploaded once per distinct batch of params, all in one host-to-device
+copy (`BatchPlan`, cached while the same params come in the same order), so a steady step of
+any top-k/top-p/min-p/temperature mix is two launches plus the host copy of the ids
+(tests/sample/test_host_work.py counts them).
 
 Two entry points draw the same tokens. `__call__` (serial steps) returns host lists; its edits
 read the requests' token lists on the host and a top-p row whose nucleus may lie beyond the
@@ -36,8 +37,9 @@ read in place from device-side output-count and prompt tables updated from the d
 (`cut_draw` on CUDA, `truncation.exact_thresholds` elsewhere), and logprobs left on the device
 (two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
 (`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
-top-p, min-p in any mix 3; all seeded 4 (the step's keys); quarters of greedy / temperature /
-top-k+top-p / top-p+min-p+penalties+logprobs about 15. Seeded rows give the same tokens on
+top-p, min-p in any mix 3; all seeded 4 (the step's keys); a batch with a loose top-p (no
+top-k, no min-p) 3 + 2 + cut_draw.NUM_ROUNDS (its cut spread over several programs per row);
+quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13. Seeded rows give the same tokens on
 both paths; unseeded rows too, as both advance the generator once per call with a random row.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
@@ -64,17 +66,18 @@ from enginespec.kernels import sampling as sampling_triton
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
 from enginespec.sample.device_edits import EditPlan
-from enginespec.sample.draw import draw_params, draw_torch
+from enginespec.sample.draw import draw_torch
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
+    PenaltyColumns,
     apply_allowed_tokens,
     apply_logit_bias,
     apply_min_tokens,
     apply_penalties,
-    penalty_columns,
+    needs_penalty,
     prompt_seen,
-    to_device,
     upload,
+    upload_packed,
 )
 from enginespec.sample.rng import resolve_keys, row_keys
 from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
@@ -173,33 +176,61 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
     return out
 
 
+# Columns of a row's vector (RowSpec.vector): cut_draw's table first (NUM_PARAMS columns, min_p
+# in place of base_off), then what the plan's row lists are read from.
+EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES = range(8, 18)
+
+
 class RowSpec(NamedTuple):
     """What a row's params ask of the sampler, derived once per params object."""
 
-    edits: bool  # any of allowed ids, min_tokens, bias, penalties
     noisy: bool  # random (temperature >= GREEDY_EPS) rather than greedy
-    wants_logprobs: bool
-    cut: bool  # a random row with a min-p, top-k or top-p cut
     temperature: float  # 1.0 for greedy rows
-    x_scale: float  # log2(e) / T for random rows, 1.0 for greedy rows
-    noise: float  # 1.0 for random rows, 0.0 for greedy rows
     seed: Optional[int]
+    # float64 [PRES + 1]: x_scale (log2(e) / T; 1 greedy), noisy, cut (a random row with a
+    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..PRES
+    vector: np.ndarray
 
     @classmethod
     def of(cls, p, vocab: int) -> "RowSpec":
         noisy = p.temperature >= GREEDY_EPS
         cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
         t = p.temperature if noisy else 1.0
-        return cls(
-            _needs_edits(p),
-            noisy,
-            p.logprobs is not None,
-            cut,
-            t,
-            LOG2E / t if noisy else 1.0,
-            1.0 if noisy else 0.0,
-            p.seed,
+        vector = np.array(
+            [
+                LOG2E / t if noisy else 1.0,
+                1.0 if noisy else 0.0,
+                1.0 if cut else 0.0,
+                p.min_p if cut else 0.0,
+                p.top_k if cut and 0 < p.top_k < vocab else 0,
+                p.top_p if cut else 1.0,
+                1.0 / t,
+                0.0,
+                float(_needs_edits(p)),
+                -1.0 if p.logprobs is None else float(p.logprobs),
+                float(needs_penalty(p)),
+                float(p.min_tokens > 0),
+                float(noisy and p.seed is not None),
+                float(p.allowed_token_ids is not None),
+                float(bool(p.logit_bias)),
+                p.repetition_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            ],
+            dtype=np.float64,
         )
+        return cls(noisy, t, p.seed, vector)
+
+
+def row_matrix(specs: Sequence[RowSpec]) -> np.ndarray:
+    """float64 [S, PRES + 1]: the rows' vectors (each RowSpec's, converted to numpy once)."""
+    if not specs:
+        return np.zeros((0, PRES + 1))
+    return np.concatenate([s.vector for s in specs]).reshape(-1, PRES + 1)
+
+
+def _rows(flags: np.ndarray) -> list[int]:
+    return np.flatnonzero(flags).tolist()
 
 
 class BatchPlan:
@@ -208,52 +239,72 @@ class BatchPlan:
     reused while the same params come in the same order (the engine's steady state), so a step
     of temperature-only or greedy rows does no per-row Python beyond the list comparison.
 
+    Built from the rows' vectors (`row_matrix`) with numpy: no per-row Python but one dict
+    lookup. Every device column of the plan (the fused draw's table, keys, edit / logprob / cut
+    row indices, penalty columns) travels in ONE host-to-device copy (`upload_packed`), plus two
+    small in-place launches for min-p's offset when a row asks for min-p.
+
     keys: per row 0 (greedy), -1 (unseeded: derived from the call's random base) or, for
     seeded rows, filled per step by `step_keys` (the key depends on the output index)."""
 
     def __init__(self, params: list, specs: Sequence[RowSpec], vocab: int, device: torch.device):
-        edits, noisy, wants, cut, temps, x_scale, noise, seeds = (list(c) for c in zip(*specs))
-        self.params, self.device, self.noisy = params, device, noisy
-        self.any_edits, self.any_noisy, self.any_cut, self.any_logprobs = (
-            any(edits),
-            any(noisy),
-            any(cut),
-            any(wants),
+        m = row_matrix(specs)
+        self.params, self.device, self._specs, self._vocab = params, device, specs, vocab
+        self.noisy = (m[:, 1] != 0).tolist()
+        self.any_noisy, self.any_cut = bool(m[:, 1].any()), bool(m[:, 2].any())
+        self.any_edits, self.any_logprobs = bool(m[:, EDITS].any()), bool((m[:, LOGPROBS] >= 0).any())
+        self.seeded_rows = np.flatnonzero(m[:, SEEDED])
+        self.seeds = np.array(
+            [params[i].seed & 0xFFFFFFFFFFFFFFFF for i in self.seeded_rows.tolist()], np.uint64
         )
-        seeded = [i for i, (n, s) in enumerate(zip(noisy, seeds)) if n and s is not None]
-        self.seeded_rows = np.array(seeded, dtype=np.int64)
-        self.seeds = np.array([seeds[i] & 0xFFFFFFFFFFFFFFFF for i in seeded], dtype=np.uint64)
-        self.keys = np.array([-1 if n else 0 for n in noisy], dtype=np.int64)
-        self.x_scale = self.noise = self.no_cut = self.keys_t = None
+        self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
+        kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, MIN_TOKENS, BIAS, PENALTY))
+        self.edit_kinds = kinds if self.any_edits else None
+        self.min_token_rows = _rows(m[:, MIN_TOKENS])
+        self.edit_rows = _rows(m[:, EDITS])
+        self.logprob_rows = _rows(m[:, LOGPROBS] >= 0)
+        self.logprob_counts = m[self.logprob_rows, LOGPROBS].astype(np.int64).tolist()
+        self.cut_rows = _rows(m[:, 2])
         self._cut_plan: Optional[CutPlan] = None
-        self.penalties = penalty_columns(params, device) if self.any_edits else None
-        self.edit_kinds = edit_kinds(params) if self.any_edits else None
-        self.min_token_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
-        if self.any_edits:  # the edited rows: the device path copies only these
-            self.edit_rows = [i for i, e in enumerate(edits) if e]
-            edit_map = [-1] * len(params)
-            for j, i in enumerate(self.edit_rows):
-                edit_map[i] = j
-            self.edit_index, self.edit_map = (
-                upload(torch.tensor(v, dtype=torch.int64), device) for v in (self.edit_rows, edit_map)
-            )
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
-        if self.any_logprobs:
-            self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-            self.logprob_counts = [params[i].logprobs for i in self.logprob_rows]
-            self.logprob_index = upload(torch.tensor(self.logprob_rows, dtype=torch.long), device)
-        if self.any_noisy:  # one upload of the static columns, kept for the plan's lifetime
-            self.x_scale, self.noise, self.no_cut, keys_f = to_device(
-                [x_scale, noise, [float("-inf")] * len(noise), self.keys.tolist()], torch.float32, device
-            )
-            self.keys_t = keys_f.to(torch.int64)
-        self.draw_params: Optional[torch.Tensor] = None  # cut_draw's table, on first fused draw
-        self._specs, self._vocab = specs, vocab
-        if self.any_cut:
-            self.cut_rows = [i for i, c in enumerate(cut) if c]
-            self.cut_index = upload(torch.tensor(self.cut_rows, dtype=torch.long), device)
-            self._cut_temps = [temps[i] for i in self.cut_rows]
+        self._upload(m)
+
+    def _upload(self, m: np.ndarray) -> None:
+        """The plan's device columns in one copy (see the class docstring)."""
+        num_rows = m.shape[0]
+        edit_map = np.full(num_rows, -1, dtype=np.int64)
+        edit_map[self.edit_rows] = np.arange(len(self.edit_rows), dtype=np.int64)
+        pen_rows = np.flatnonzero(m[:, PENALTY])
+        columns = np.stack([m[:, 0], m[:, 1], np.full(num_rows, float("-inf"))]).astype(np.float32)
+        table = m[:, : cut_draw.NUM_PARAMS].astype(np.float32)  # rounded as draw_params was
+        any_min_p = bool((table[:, 3] > 0).any())
+        # a loose top-p (no top-k, no min-p): its nucleus often lies beyond the draw's
+        # candidates, so its cut is spread over several programs per row (cut_draw spread)
+        loose = (table[:, 2] != 0) & (table[:, 3] == 0) & (table[:, 4] == 0) & (table[:, 5] < 1)
+        self.spread = bool(loose.any())
+        if not any_min_p:  # log(0) / inv_t = -inf exactly: no device arithmetic needed
+            table[:, 3] = float("-inf")
+        (
+            self.draw_params, self.keys_t, columns_t, self.edit_index, self.edit_map, self.logprob_index,
+            self.cut_index, pen_index, pen_local, pen_t,
+        ) = upload_packed(
+            [
+                table, self.keys, columns, np.array(self.edit_rows, dtype=np.int64), edit_map,
+                np.array(self.logprob_rows, dtype=np.int64), np.array(self.cut_rows, dtype=np.int64),
+                pen_rows, edit_map[pen_rows], m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
+            ],
+            self.device,
+        )  # fmt: skip
+        if any_min_p:
+            self.draw_params[:, 3].log_().div_(self.draw_params[:, 6])
+        self.x_scale, self.noise, self.no_cut = columns_t.unbind(0)
+        # the penalty rows as batch rows, and as rows of the edited rows (the EditPlan's)
+        self.penalties = self._edit_penalties = None
+        if len(pen_rows):
+            rep, freq, pres = pen_t.unbind(0)
+            self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, rep, freq, pres)
+            self._edit_penalties = PenaltyColumns(edit_map[pen_rows].tolist(), pen_local, rep, freq, pres)
 
     @property
     def cut_plan(self) -> CutPlan:
@@ -262,7 +313,7 @@ class BatchPlan:
         if self._cut_plan is None:
             ps = [self.params[i] for i in self.cut_rows]
             self._cut_plan = CutPlan(
-                self._cut_temps,
+                [self._specs[i].temperature for i in self.cut_rows],
                 [p.top_k for p in ps],
                 [p.top_p for p in ps],
                 [p.min_p for p in ps],
@@ -272,12 +323,8 @@ class BatchPlan:
         return self._cut_plan
 
     def fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-row table of `cut_draw.draw` and the key template on the device, uploaded
-        once per plan."""
-        if self.draw_params is None:
-            self.draw_params = draw_params(self.params, self._specs, self._vocab, self.device)
-        if self.keys_t is None:  # a greedy plan (with edits) has no key upload yet
-            self.keys_t = upload(torch.from_numpy(self.keys), self.device)
+        """The per-row table of `cut_draw.draw` and the key template on the device (uploaded
+        with the plan)."""
         return self.draw_params, self.keys_t
 
     def edit_plan(self, requests: Sequence, vocab: int) -> EditPlan:
@@ -287,7 +334,8 @@ class BatchPlan:
         eos = [requests[i].eos_token_id for i in self.min_token_rows]
         if self._edit_plan is None or eos != self._edit_eos:
             sub = [requests[i] for i in self.edit_rows]
-            self._edit_plan, self._edit_eos = EditPlan(sub, vocab, self.device), eos
+            self._edit_plan = EditPlan(sub, vocab, self.device, penalties=self._edit_penalties)
+            self._edit_eos = eos
         return self._edit_plan
 
     def step_keys(self, requests: Sequence) -> np.ndarray:
@@ -338,12 +386,15 @@ class Sampler:
 
     def _plan(self, requests: Sequence, device: torch.device) -> BatchPlan:
         """The last plan when the rows' params are the same objects (or equal) in the same order
-        and on the same device, else a new one."""
+        and on the same device, else a new one. An equal list is adopted as the plan's own, so
+        the next call compares by identity (a list of equal but distinct params objects would
+        otherwise be compared field by field on every step: ~0.2 ms at 256 rows)."""
         params = [r.params for r in requests]
         plan = self._last_plan
         if plan is None or plan.device != device or plan.params != params:
             plan = BatchPlan(params, self._row_specs(params), self.vocab_size, device)
             self._last_plan = plan
+        plan.params = params
         return plan
 
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
@@ -444,7 +495,14 @@ class Sampler:
             keys_t = upload(torch.from_numpy(keys), x.device)
         edit_map = None if edited is None else plan.edit_map
         return cut_draw.draw(
-            x, prm, keys_t, base, chunk=sampling_draw.CHUNK, edited=edited, edit_map=edit_map
+            x,
+            prm,
+            keys_t,
+            base,
+            chunk=sampling_draw.CHUNK,
+            edited=edited,
+            edit_map=edit_map,
+            spread=plan.spread,
         )
 
     def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:

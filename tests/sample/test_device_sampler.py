@@ -220,3 +220,110 @@ def test_cuda_device_path_equals_torch_path(impl, monkeypatch):
             if g is not None:
                 assert [t for t, _ in g] == [t for t, _ in w]
                 assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(g, w))
+
+
+def _flat_rows(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Flat rows (small logits) whose loose top-p nucleus spans most of the vocabulary, with a
+    few -inf columns and a tied pair."""
+    x = torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 0.3
+    x[1, 10:30] = float("-inf")
+    x[2, 5] = x[2, 6]
+    return x
+
+
+def test_spread_cut_matches_torch_reference(impl, monkeypatch):
+    """cut_draw's spread cut (several programs per row, interpreted: 64-token chunks over 1000
+    tokens, so 16 chunks per row and candidates far short of the nucleus) gives each row the
+    torch reference's exact threshold (`exact_thresholds`: a full sort), hence the same token
+    set. Rows: loose top-p at several temperatures, one with min-p too (spread as well, above
+    its min-p cut), one with a top-k beyond the candidates (the in-program wide path), one
+    greedy, one temperature-only."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab, chunk = 1000, 64
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_p=0.5),
+        SamplingParams(temperature=1.0, top_p=0.99, min_p=0.2),
+        SamplingParams(temperature=0.8, top_p=0.8, top_k=700),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.6),
+    ]
+    x = _flat_rows(len(params), vocab, 0)
+    sampler = Sampler(vocab)
+    plan = sampler._plan([make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)], x.device)
+    assert plan.spread
+    want = sampler._exact_thresholds(x, plan)
+    got = cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk)
+    noisy = torch.tensor(plan.noisy)
+    assert torch.equal(got[noisy], want[noisy]), (got, want)
+    # the same token sets, stated as such
+    assert torch.equal((x >= got[:, None])[noisy], (x >= want[:, None])[noisy])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_spread_draw_equals_torch_draw(impl, monkeypatch, seed):
+    """Seeded loose top-p rows (with greedy and edited rows in the batch): the Sampler's
+    device path with the spread cut (interpreted) draws the plain-torch path's tokens."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab = 1000
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    params = [SamplingParams(temperature=0.5 + 0.2 * i, top_p=0.9, seed=i) for i in range(5)]
+    params += [SamplingParams(temperature=0.0), SamplingParams(top_p=0.95, presence_penalty=0.5, seed=9)]
+    reqs = [make_request(impl, p, prompt=(1, 2, 3), rid=f"r{i}") for i, p in enumerate(params)]
+    x = _flat_rows(len(params), vocab, seed)
+    want = Sampler(vocab).sample_deferred(x, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    sampler = Sampler(vocab)
+    assert sampler._plan(reqs, x.device).spread
+    assert sampler.sample_deferred(x, reqs).token_ids.tolist() == want
+
+
+def test_fused_draw_row_without_mass_takes_first_argmax(impl, monkeypatch):
+    """A random row with no token of positive mass (all -inf: the scan stores argmaxes for
+    greedy rows only, so the pick finds this one itself) draws what the torch path draws,
+    beside ordinary random and greedy rows (interpreted, 64-token chunks)."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(2)) * 3
+    x[1] = float("-inf")
+    x[3] = float("-inf")
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.8, top_k=5, seed=2)]
+    params += [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    want = Sampler(300).sample_deferred(x, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    got = Sampler(300).sample_deferred(x, reqs).token_ids.tolist()
+    assert got == want and got[1] == got[3] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_spread_cut_matches_torch_reference(impl, monkeypatch):
+    """On CUDA, 64 flat rows of Qwen3's vocabulary with a loose top-p (the spread cut, 19
+    chunks per row) against the torch reference's full sort: the same token set on nearly every
+    row; where the two differ it is by the one token at the top-p boundary, whose cumulative
+    mass the two sum in different orders (a flip needs the boundary within float32 rounding,
+    ~1e-6 of the total, of a token's edge). Tolerance: at most 1 token on at most 4 rows."""
+    from enginespec.kernels import cut_draw
+    from enginespec.kernels import top_p as top_p_kernel
+
+    monkeypatch.setattr(top_p_kernel, "available", lambda device: False)  # the torch full sort
+    vocab = 151_936
+    params = [SamplingParams(temperature=0.6 + 0.02 * i, top_p=0.9 + 0.001 * i) for i in range(64)]
+    x = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0)).cuda() * 3
+    sampler = Sampler(vocab, device="cuda")
+    plan = sampler._plan([make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)], x.device)
+    assert plan.spread
+    want = exact_thresholds(x, plan.cut_plan)
+    got = cut_draw.spread_cuts(x, plan.draw_params, chunk=sampling_draw.CHUNK)
+    diff = ((x >= got[:, None]).sum(1) - (x >= want[:, None]).sum(1)).abs()
+    assert int(diff.max()) <= 1 and int((diff > 0).sum()) <= 4, diff.tolist()
