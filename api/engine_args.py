@@ -17,7 +17,8 @@ one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at
 `speculative_config` (vLLM's name): None, or a dict such as {"method": "ngram",
 "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4} or {"method":
 "draft_model", "model": DRAFT_DIR, "num_speculative_tokens": 3}, either with vLLM's
-"disable_by_batch_size" (no drafts in a step starting with that many running requests)
+"disable_by_batch_size" (no drafts in a step starting with that many running requests; 64 by
+default, None for never: config.py says why)
 (engine/spec_decode/config.py; validated when the engine is built).
 `skinny_gemm` (ours): route the merged decoder's projection GEMMs of up to 64 rows through a
 per-shape choice between cuBLAS and the Triton skinny GEMM, measured on the model's weights at

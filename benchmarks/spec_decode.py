@@ -33,7 +33,7 @@ bf16 weights, tied head) greedy output repeats one token, so prompt lookup's dra
 accepted (about 90% on a CPU probe of the shape), while at temperature 0.6 the logits are
 nearly flat, the output is random, and nothing is ever drafted. Its configs: off; ngram with
 k = --throughput-k and the config's defaults (SpeculativeConfig: adaptive drafting on,
-disable_by_batch_size None); the same with every draft made wrong (`RejectedDrafter`: the
+disable_by_batch_size 64); the same without the cut-off (None); the same with every draft made wrong (`RejectedDrafter`: the
 case "speculation must not hurt when it does not help" with drafts proposed); and, with --disable-by-batch-size N,
 ngram with that cut-off. Target: every speculative config >= 0.95x off.
 """
@@ -252,11 +252,13 @@ def _one_run(llm, core, workload, device, temperature: float) -> dict:
 
 
 def throughput_configs(args, ngram: dict) -> dict:
-    """off, n-gram with k = --throughput-k (the config's defaults), the same with rejected
-    drafts, and with --disable-by-batch-size if given."""
+    """off, n-gram with k = --throughput-k (the config's defaults: the batch cut-off included),
+    the same without the cut-off, the same with rejected drafts, and with
+    --disable-by-batch-size if given."""
     k = args.throughput_k
     base = {**ngram, "num_speculative_tokens": k}
     configs: dict = {"off": None, f"ngram_k{k}": dict(base)}
+    configs[f"ngram_k{k}_nocutoff"] = {**base, "disable_by_batch_size": None}
     if not args.skip_rejected:
         configs[f"ngram_k{k}_rejected"] = {**base, "rejected": True}
     if args.disable_by_batch_size is not None:

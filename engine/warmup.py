@@ -11,7 +11,7 @@ token dimension settles), mixed prefill + decode steps, graph-replayed decodes, 
 of each sampler setting (greedy, temperature, top-k/top-p, top-p alone, min-p, penalties,
 bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it, and
 last batches with no edited row (the fused draw's model-dtype variant) and with a loose top-p
-(the spread cut), edited and not (`LATER_BATCHES`).
+(the wide cut), edited and not (`LATER_BATCHES`).
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -57,7 +57,8 @@ def sampler_settings(vocab: int) -> tuple:
 
 # The warm-up batches after the first: random rows with and without cuts and no edits (the
 # fused draw reads the model-dtype logits, another compiled variant), then a loose top-p (no
-# top-k, no min-p: the draw's spread cut, its own launches) with and without an edited row.
+# top-k, no min-p: the draw's wide cut, or with SPREAD_CUT its spread cut's launches) with and
+# without an edited row.
 # A batch's kernels depend on all its rows, so each variant needs a batch of its own.
 LATER_BATCHES = (
     (dict(temperature=0.6, ignore_eos=True), dict(temperature=0.7, top_p=0.8, top_k=20, ignore_eos=True)),

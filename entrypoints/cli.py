@@ -83,7 +83,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help='speculative decoding, as JSON with vLLM\'s names: \'{"method": "ngram", '
         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "draft_model", '
         '"model": "DRAFT_DIR", "num_speculative_tokens": 3}\'; either takes '
-        '"disable_by_batch_size": N (no drafts while N or more requests run)',
+        '"disable_by_batch_size": N (no drafts while N or more requests run; default 64, null: never)',
     )
     p.add_argument(
         "--max-cudagraph-capture-size",

@@ -38,7 +38,7 @@ read in place from device-side output-count and prompt tables updated from the d
 (two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
 (`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
 top-p, min-p in any mix 3; all seeded 4 (the step's keys); a batch with a loose top-p (no
-top-k, no min-p) 3 + 2 + cut_draw.NUM_ROUNDS (its cut spread over several programs per row);
+top-k, no min-p) 3, or 3 + 2 + cut_draw.NUM_ROUNDS with SPREAD_CUT (off: see there);
 quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13. Seeded rows give the same tokens on
 both paths; unseeded rows too, as both advance the generator once per call with a random row.
 
@@ -81,6 +81,12 @@ from enginespec.sample.penalties import (
 )
 from enginespec.sample.rng import resolve_keys, row_keys
 from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
+
+# Whether a loose top-p's cut is spread over several programs per row (cut_draw's spread cut)
+# instead of the draw's in-program wide cut. Off: on the H200 at fd7f0c1 (benchmarks/RESULTS.md)
+# the spread took 2.75 ms of device time for 256 flat rows against the in-program cut's 2.28 ms
+# at 5fd202c (eight rounds of ~0.3 ms each), so it does not pay yet; its kernels stay tested.
+SPREAD_CUT = False
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
@@ -282,7 +288,7 @@ class BatchPlan:
         # a loose top-p (no top-k, no min-p): its nucleus often lies beyond the draw's
         # candidates, so its cut is spread over several programs per row (cut_draw spread)
         loose = (table[:, 2] != 0) & (table[:, 3] == 0) & (table[:, 4] == 0) & (table[:, 5] < 1)
-        self.spread = bool(loose.any())
+        self.spread = SPREAD_CUT and bool(loose.any())
         if not any_min_p:  # log(0) / inv_t = -inf exactly: no device arithmetic needed
             table[:, 3] = float("-inf")
         (

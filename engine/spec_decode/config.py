@@ -23,6 +23,10 @@ def _check_int(name: str, value, low: int) -> None:
         raise ValueError(f"speculative_config.{name} must be an int >= {low}, got {value!r}")
 
 
+# No drafts in a step that starts with this many running requests (SpeculativeConfig's doc).
+DEFAULT_DISABLE_BY_BATCH_SIZE = 64
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """method: "ngram" or "draft_model" (None: inferred from `model`); num_speculative_tokens:
@@ -31,22 +35,23 @@ class SpeculativeConfig:
     max = min when only min is given); model (draft_model): the draft checkpoint's directory,
     same vocabulary as the target; disable_by_batch_size (either method): no drafts are
     proposed in a step that starts with at least this many running requests (None: never
-    disabled; an int >= 2, as vLLM's bound).
+    disabled; an int >= 2, as vLLM's bound). Default DEFAULT_DISABLE_BY_BATCH_SIZE.
 
-    Why None by default (vLLM's default too): a cut-off by batch size alone is the wrong test.
-    Verification reads each request's KV once for all its drafts, so at a large batch with long
-    contexts (KV reads dominate the step) accepted drafts still pay; what a step with drafts
-    costs when they are rejected (k more query rows per drafted request, no CUDA graph, no
-    async overlap) is bounded instead by the adaptive drafting in decoder.py, which stops
-    proposing for requests whose drafts keep being rejected and lines up their re-probes on
-    the same few steps. The cut-off is for a deployment that knows its crossover batch."""
+    Why a cut-off by default (vLLM's default is None): measured on the H200 (benchmarks/
+    RESULTS.md, 2026-12-01), n-gram speculation (k = 4) on the 256-request nano-vllm workload,
+    greedy, ran at 0.77-0.82x of off's throughput although 85% of the drafts were accepted: at a
+    large batch the step is compute- and host-bound, and a step with drafts loses the async
+    overlap, so more tokens a step do not pay for the wider step. With the cut-off at 64 the same
+    run gave 0.98x, while batch 1 kept its 2.8x. A deployment that knows its crossover batch sets
+    its own; None turns the cut-off off (the adaptive drafting in decoder.py still backs off
+    from requests whose drafts keep being rejected)."""
 
     method: Optional[str] = None
     num_speculative_tokens: int = 3
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
     model: Optional[str] = None
-    disable_by_batch_size: Optional[int] = None
+    disable_by_batch_size: Optional[int] = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
         method = self.method

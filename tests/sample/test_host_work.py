@@ -167,17 +167,20 @@ CASES = {
     "chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20), 0, 2, 0, 1),
     "seeded_chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=i), 0, 2, 1, 2),
     "mixed": (_mixed, 6, 5, 1, 4),
-    # a loose top-p: the spread cut (cut, NUM_ROUNDS rounds, finish, pick after the scan)
-    "top_p": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 12, 0, 1),
+    # a loose top-p: the in-program wide cut (scan, pick); with SPREAD_CUT the spread cut (cut,
+    # NUM_ROUNDS rounds, finish, pick after the scan)
+    "top_p": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 2, 0, 1),
+    "top_p_spread": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 12, 0, 1),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_steady_step_launches_copies_and_syncs(impl, fake_cuda, case):
+def test_steady_step_launches_copies_and_syncs(impl, fake_cuda, monkeypatch, case):
     """A steady step (same requests, same params) of the device path: at most the case's
     launches and uploads, and no host read at all (the caller's one copy of `pack` is the
     step's only device-to-host transfer); a step that builds the plan uploads it in one copy
     (plus the step's keys when rows are seeded)."""
+    monkeypatch.setattr(sampler_module, "SPREAD_CUT", case.endswith("_spread"))
     params_of, max_ops, num_triton, max_uploads, first_uploads = CASES[case]
     reqs, sampler = _requests(impl, params_of), Sampler(VOCAB, seed=0)
     gen = torch.Generator().manual_seed(0)

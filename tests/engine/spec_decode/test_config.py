@@ -42,8 +42,9 @@ def test_disable_by_batch_size_must_be_an_int_of_at_least_two(bad):
         SpeculativeConfig.of({"num_speculative_tokens": 2, "disable_by_batch_size": bad})
 
 
-def test_disable_by_batch_size_is_vllms_name_for_either_method_and_off_by_default():
-    assert SpeculativeConfig.of({"num_speculative_tokens": 2}).disable_by_batch_size is None
+def test_disable_by_batch_size_is_vllms_name_for_either_method_64_by_default_none_for_never():
+    assert SpeculativeConfig.of({"num_speculative_tokens": 2}).disable_by_batch_size == 64
+    assert SpeculativeConfig.of({"disable_by_batch_size": None}).disable_by_batch_size is None
     assert SpeculativeConfig.of({"disable_by_batch_size": 2}).disable_by_batch_size == 2
-    cfg = SpeculativeConfig.of({"model": "d", "disable_by_batch_size": 64})
-    assert (cfg.method, cfg.disable_by_batch_size) == ("draft_model", 64)
+    cfg = SpeculativeConfig.of({"model": "d", "disable_by_batch_size": 8})
+    assert (cfg.method, cfg.disable_by_batch_size) == ("draft_model", 8)
