@@ -28,7 +28,13 @@ def test_throughput_phase_smoke(tmp_path, monkeypatch):
     runs = json.loads(out.read_text())["throughput"]
     assert set(runs) == {"t0", "t0.6"}
     for temperature, results in runs.items():
-        assert set(results) == {"off", "ngram_k4", "ngram_k4_nocutoff", "ngram_k4_rejected", "ngram_k4_disable2"}
+        assert set(results) == {
+            "off",
+            "ngram_k4",
+            "ngram_k4_nocutoff",
+            "ngram_k4_rejected",
+            "ngram_k4_disable2",
+        }
         for name, entry in results.items():
             assert entry["throughput_vs_off"] > 0, (temperature, name)
             assert entry["output_tokens"] == entry["requested_output_tokens"], (temperature, name)
