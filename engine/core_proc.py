@@ -58,7 +58,7 @@ class DeltaTracker:
     def add(self, request_id: str) -> None:
         """Track a request the engine just accepted. Samples without stop strings lose their
         engine-side detokenizer: the front end decodes them (one decode per token, not two)."""
-        parent = self.engine._parents[request_id]  # engine room: the one reader of its parents
+        parent = self.engine.parents[request_id]
         sent = []
         for sample in parent.samples:
             has_text = bool(sample.request.params.stop) and sample.detokenizer is not None
@@ -78,7 +78,7 @@ class DeltaTracker:
             sent = self._sent.pop(final.request_id, None)
             if sent is not None:
                 self._final_deltas(final, sent, out)
-        for request_id, parent in self.engine._parents.items():
+        for request_id, parent in self.engine.parents.items():
             sent = self._sent.get(request_id)
             if sent is None:
                 continue
@@ -260,7 +260,7 @@ class EngineCoreProc:
         if kind == "add":
             self._add(command[1], command[2])
         elif kind == "abort":
-            live = [rid for rid in command[1] if rid in self.engine._parents]
+            live = [rid for rid in command[1] if rid in self.engine.parents]
             self.engine.abort(live, report=False)
             for rid in live:
                 self.tracker.drop(rid)
@@ -317,7 +317,7 @@ class EngineCoreProc:
         return self.tracker.collect(finals)
 
     def _fail_all(self, error: ErrorInfo) -> None:
-        ids = list(self.engine._parents)
+        ids = list(self.engine.parents)
         self.engine.abort(ids, report=False)
         for rid in ids:
             self.tracker.drop(rid)

@@ -131,7 +131,9 @@ class EngineCore:
         self.scheduler = self.impl.new_scheduler(self.scheduler_config, self.block_manager)
         self.stats = EngineStats()
         self.spec = self._make_spec_decoder()
-        self._parents: dict[str, Parent] = {}
+        # every unfinished request id -> its Parent (read by the engine process, core_proc.py;
+        # written only here)
+        self.parents: dict[str, Parent] = {}
         self._samples: dict[str, tuple[Parent, Sample]] = {}
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
         self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
@@ -318,13 +320,13 @@ class EngineCore:
             for index, request in enumerate(requests):
                 parent.samples.append(self._new_sample(index, request, prompt_token_ids))
                 self.scheduler.add(request)
-            self._parents[request_id] = parent
+            self.parents[request_id] = parent
             for sample in parent.samples:
                 self._samples[sample.request.request_id] = (parent, sample)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
             for request in requests:
                 self.scheduler.abort(request.request_id)
-            self._parents.pop(request_id, None)
+            self.parents.pop(request_id, None)
             for request in requests:
                 self._samples.pop(request.request_id, None)
             raise
@@ -343,7 +345,7 @@ class EngineCore:
     def _validate(self, request_id, prompt_token_ids, params, priority) -> list[int]:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self._parents or request_id in self._pending:
+        if request_id in self.parents or request_id in self._pending:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a spec.SamplingParams, got {type(params).__name__}")
@@ -385,7 +387,7 @@ class EngineCore:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         found = False
         for request_id in ids:
-            parent = self._parents.get(request_id)
+            parent = self.parents.get(request_id)
             if parent is None:
                 continue
             found = True
@@ -404,11 +406,11 @@ class EngineCore:
     @property
     def has_unfinished(self) -> bool:
         """True while some request has not had its final output returned."""
-        return bool(self._parents)
+        return bool(self.parents)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._parents)
+        return len(self.parents)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -707,7 +709,7 @@ class EngineCore:
         changed[parent.request_id] = parent
 
     def _forget(self, request_id: str) -> None:
-        parent = self._parents.pop(request_id, None)
+        parent = self.parents.pop(request_id, None)
         if parent is None:
             return
         for sample in parent.samples:
