@@ -12,7 +12,7 @@ for any step outside a graph on the H200, against 2 ms for a replayed decode), s
   whose requests carry more than one token (prefill chunks next to decodes, speculative
   verification rows) and whose tokens fit a bucket. The graph is captured with one request
   slot per token (no batch of n tokens has more than n requests); a replay fills the slots past
-  the batch's requests as empty requests (query_start_loc = n, seq_len 0), which the attention
+  the batch's requests as empty requests (query_start_loc = n: no rows), which the attention
   kernel's programs find by binary search and leave at once.
 
 In both, padding rows are the contract's dummy rows (slot -1 writes to the scratch block,
@@ -173,28 +173,23 @@ class DecodeGraphs:
     def can_run(self, batch: Batch) -> bool:
         """A batch built with pad_to = a captured bucket and no prompt logprobs: one row per
         request for a decode bucket, any rows per request for a mixed one."""
-        rows, meta = batch.meta.num_tokens, batch.meta
         if batch.prompt_logprob_rows:
             return False
-        if meta.num_reqs == rows and meta.max_query_len <= 1:
-            return rows in self.graphs
-        return rows in self.mixed_graphs
+        graphs = self.mixed_graphs if _is_mixed(batch.meta) else self.graphs
+        return batch.meta.num_tokens in graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Replay the batch's graph; returns hidden [n, hidden] (padding rows too)."""
-        n, meta = batch.meta.num_tokens, batch.meta
-        mixed = not (meta.num_reqs == n and meta.max_query_len <= 1)
-        self._load(batch)
-        if not mixed:
-            self.graphs[n].replay()
-            return self.hidden[n]
-        self.mixed_graphs[n].replay()
-        return self.mixed_hidden[n]
+        n, mixed = batch.meta.num_tokens, _is_mixed(batch.meta)
+        self._load(batch, mixed)
+        (self.mixed_graphs if mixed else self.graphs)[n].replay()
+        return (self.mixed_hidden if mixed else self.hidden)[n]
 
-    def _load(self, batch: Batch) -> None:
-        """Copy the batch into the static buffers. A mixed batch of B requests fills request
-        slots B..n-1 as empty (query_start_loc n, seq_len 0); a decode batch needs neither,
-        its query_start_loc is the constant arange."""
+    def _load(self, batch: Batch, mixed: bool) -> None:
+        """Copy the batch into the static buffers. A mixed batch of B requests marks request
+        slots B..n-1 empty (query_start_loc n: no rows; the attention kernel leaves a request
+        without rows before it reads its seq_len, so those slots keep stale lengths); a decode
+        batch's query_start_loc is the constant arange."""
         n, meta = batch.meta.num_tokens, batch.meta
         num_reqs = meta.num_reqs
         self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
@@ -203,11 +198,15 @@ class DecodeGraphs:
         self.seq_lens[:num_reqs].copy_(meta.seq_lens, non_blocking=True)
         width = meta.block_table.shape[1]
         self.block_table[:num_reqs, :width].copy_(meta.block_table, non_blocking=True)
-        if num_reqs < n or meta.max_query_len > 1:
+        if mixed:
             qsl = self.mixed_query_start_loc
             qsl[: num_reqs + 1].copy_(meta.query_start_loc, non_blocking=True)
             qsl[num_reqs + 1 : n + 1].fill_(n)
-            self.seq_lens[num_reqs:n].zero_()
+
+
+def _is_mixed(meta: BatchMeta) -> bool:
+    """Whether a batch is for a mixed graph: not exactly one row per request."""
+    return not (meta.num_reqs == meta.num_tokens and meta.max_query_len <= 1)
 
 
 def _smallest_at_least(sizes: list[int], n: int) -> Optional[int]:

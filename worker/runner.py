@@ -295,7 +295,7 @@ class ModelRunner:
         bucket its tokens fit (none fits: it runs eagerly, unpadded)."""
         pad_to = None
         if self.graphs is not None:
-            num_tokens = sum(n for _, n in output.scheduled)
+            num_tokens = output.num_scheduled_tokens
             if num_tokens == len(output.scheduled):
                 pad_to = self.graphs.bucket_for(num_tokens)
             else:
