@@ -1,3 +1,6 @@
+#!/usr/bin/env bash
+# Device call 2 of 2026-12-01: what compiles inside a first generate() on cold caches
+# (benchmarks/first_call_compiles.py), then the serving pair. Usage: bash benchmarks/gpu_call2.sh
 set -u
 out=${OUT:-/tmp/out}; mkdir -p "$out"; export PYTHONUNBUFFERED=1
 tree=$(mktemp -d); python3 tools/link_tree.py "$tree" >/dev/null || exit 1
