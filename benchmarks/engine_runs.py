@@ -161,6 +161,7 @@ def timed_runs(llm, workload: Workload, args) -> dict:
         out["first_over_warm"] = runs[0]["wall_s"] / out["wall_s"]
     out["startup_s"] = _stat(llm, "startup_seconds")
     out["warmup_s"] = _stat(llm, "warmup_seconds")
+    out["startup_phases"] = _stat(llm, "startup_phases")
     if len(runs) > 1:
         out["runs"] = [
             {k: r[k] for k in ("wall_s", "output_tok_s", "num_steps", "tokens_digest")} for r in runs

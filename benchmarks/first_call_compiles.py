@@ -88,6 +88,7 @@ def main() -> None:
     result = {
         "hook": where,
         "startup_s": startup,
+        "startup_phases": dict(llm.engine.stats.startup_phases),
         "first_wall_s": first["wall_s"],
         "second_wall_s": second["wall_s"],
         "dynamo_graphs_in_calls": dynamo_utils.counters["stats"]["unique_graphs"] - graphs_before,
@@ -102,6 +103,7 @@ def main() -> None:
         f"startup {startup:.1f} s; first call {first['wall_s']:.2f} s, second {second['wall_s']:.2f} s; "
         f"dynamo graphs compiled during the calls: {result['dynamo_graphs_in_calls']}"
     )
+    print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
     for e in first_events:
         print(f"  compile at {e['t']:.2f} s: {e['kernel'][:300]}")
     for s in result["first_steps"]:

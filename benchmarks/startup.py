@@ -32,6 +32,7 @@ from enginespec.llm import LLM
 kwargs = json.loads(sys.argv[2])
 llm = LLM(sys.argv[1], **kwargs)
 print("STARTUP " + json.dumps({"startup_s": llm.startup_seconds, "warmup_s": llm.engine.stats.warmup_seconds,
+                               "phases": llm.engine.stats.startup_phases,
                                "process_s": time.perf_counter() - start}))
 """
 

@@ -25,9 +25,10 @@ behind. EngineCore is not thread-safe: the LLM front end serialises calls into i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Union
 
 import torch
@@ -49,6 +50,8 @@ from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class EngineStats:
@@ -66,6 +69,10 @@ class EngineStats:
     step_seconds: float = 0.0
     startup_seconds: float = 0.0  # EngineCore construction, warm-up included (kept by resets)
     warmup_seconds: float = 0.0  # of which the warm-up (engine/warmup.py)
+    # startup_seconds by phase (kept by resets): "load" (weights, tokenizer, draft model),
+    # the runner's ("gemm_tuning", "profile_run": sizing, whose first forward compiles the
+    # decoder, "graph_capture"), "warm_up"; what is left of startup_seconds is "other".
+    startup_phases: dict = field(default_factory=dict)
     num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
@@ -76,6 +83,12 @@ class EngineStats:
     step_trace: Optional[list] = None
     # Speculative decoding's counters (engine/spec_decode/stats.py), None without a drafter.
     spec_decode: Optional[SpecDecodeStats] = None
+
+
+def startup_line(stats: EngineStats) -> str:
+    """One line: how long construction took and where it went (EngineStats.startup_phases)."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in stats.startup_phases.items())
+    return f"engine ready in {stats.startup_seconds:.1f} s ({parts})"
 
 
 class EngineCore:
@@ -104,6 +117,7 @@ class EngineCore:
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
+        loaded = time.perf_counter()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
         self.runner = self._runner_class()(
@@ -145,6 +159,15 @@ class EngineCore:
         self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
         self.warmup_report = self._warm_up()
         self.stats.startup_seconds = time.perf_counter() - started
+        self.stats.startup_phases = self._startup_phases(loaded - started)
+        log.info(startup_line(self.stats))
+
+    def _startup_phases(self, load_seconds: float) -> dict:
+        """EngineStats.startup_phases (see there), in the order they ran."""
+        phases = {"load": load_seconds, **getattr(self.runner, "startup_phases", {})}
+        phases["warm_up"] = self.stats.warmup_seconds
+        phases["other"] = max(0.0, self.stats.startup_seconds - sum(phases.values()))
+        return phases
 
     def _warm_up(self):
         """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""

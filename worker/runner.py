@@ -23,6 +23,7 @@ the copy of a request that finished while swapped, so host memory never outlives
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -96,7 +97,13 @@ class ModelRunner:
         self.build_batch = getattr(impl, "build_batch", None) or spec_build_batch
         self.bytes_per_block = kv_bytes_per_block(model, block_size)
         self._sizing_bytes = self.bytes_per_block + kv_bytes_reserved_per_block
+        # Seconds of each construction phase (EngineStats.startup_phases): "gemm_tuning",
+        # "profile_run" (its first forward compiles the body), "graph_capture".
+        self.startup_phases: dict[str, float] = {}
+        started = time.perf_counter()
         self.linear_table = self._install_skinny_gemm(skinny_gemm)
+        if self.linear_table is not None:
+            self.startup_phases["gemm_tuning"] = time.perf_counter() - started
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
@@ -113,6 +120,7 @@ class ModelRunner:
         ):
             from enginespec.worker.cuda_graphs import default_mixed_buckets, try_capture
 
+            started = time.perf_counter()
             self.graphs = try_capture(
                 model,
                 self.kv_caches,
@@ -122,6 +130,7 @@ class ModelRunner:
                 mixed_buckets=default_mixed_buckets(mixed_graph_tokens),
                 body=self.body,
             )
+            self.startup_phases["graph_capture"] = time.perf_counter() - started
 
     def _install_skinny_gemm(self, setting: Optional[bool]):
         """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
@@ -197,8 +206,10 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         allocated_before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        started = time.perf_counter()
         self.profile_run(sample_fn)
         torch.cuda.synchronize(self.device)
+        self.startup_phases["profile_run"] = time.perf_counter() - started
         activation_peak = torch.cuda.max_memory_allocated(self.device) - allocated_before
         torch.cuda.empty_cache()
         available = int(total * utilization) - (total - free) - activation_peak

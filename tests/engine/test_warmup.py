@@ -5,6 +5,8 @@ figures recorded. On the CPU the warm-up is off by default and tiny when forced.
 
 from __future__ import annotations
 
+import pytest
+
 from enginespec.conformance.invariants import check_idle
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
@@ -38,6 +40,10 @@ def _run(warmup, model=None):
     assert stats.num_steps == 0 and stats.num_generated_tokens == 0
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     assert llm.startup_seconds > 0 and (stats.warmup_seconds > 0) == bool(warmup)
+    phases = stats.startup_phases  # every phase that ran, adding up to the whole
+    assert list(phases)[0] == "load" and list(phases)[-2:] == ["warm_up", "other"]
+    assert phases["warm_up"] == stats.warmup_seconds
+    assert sum(phases.values()) == pytest.approx(llm.startup_seconds)
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
 
