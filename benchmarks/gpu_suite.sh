@@ -15,7 +15,7 @@ fi
 tree=$(mktemp -d)
 python3 tools/link_tree.py "$tree" || { echo "tools/link_tree.py failed"; exit 1; }
 export PYTHONPATH=$tree:$PWD${PYTHONPATH:+:$PYTHONPATH}
-timeout "$limit" python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rfE \
+timeout "$limit" python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rfEs \
   --durations=20 conformance tests "$@" > "$out/pytest_fast.log" 2>&1
 echo "pytest exit: $?"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_fast.log" | tail -25

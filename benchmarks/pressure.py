@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--fraction", type=float, default=0.25, help="pool size / what the workload needs")
     own.add_argument("--modes", default="recompute,swap")
+    own.add_argument("--baseline", action="store_true", help="also a run with the whole pool (no pressure)")
     mine, rest = own.parse_known_args(argv)
     args = parse_args(rest)
     model_dir = checkpoint(args.shape, args)
@@ -75,11 +76,13 @@ def main(argv=None) -> int:
     block_size = int(args.engine_args.get("block_size", 16))
     need, cap = pool_blocks(workload, block_size, mine.fraction)
     results = {"need_blocks": need, "cap_blocks": cap, "fraction": mine.fraction, "modes": {}}
-    for mode in mine.modes.split(","):
-        run = run_mode(model_dir, workload, args, mode, cap)
-        results["modes"][mode] = run
+    runs = [(mode, mode, cap) for mode in mine.modes.split(",")]
+    runs += [("unpressured", "recompute", need)] if mine.baseline else []
+    for name, mode, num_blocks in runs:
+        run = run_mode(model_dir, workload, args, mode, num_blocks)
+        results["modes"][name] = run
         print(
-            f"pressure {mode:9s}: wall {run['wall_s']:.2f} s, {run['output_tok_s']:.0f} tok/s, "
+            f"pressure {name:11s}: {num_blocks} blocks, wall {run['wall_s']:.2f} s, {run['output_tok_s']:.0f} tok/s, "
             f"{run['num_steps']} steps, {run['num_preemptions']} preemptions, "
             f"{run['num_recomputed_tokens']} tokens recomputed, {run['num_swapped_bytes'] / 2**20:.0f} MiB swapped",
             flush=True,
