@@ -33,6 +33,14 @@ def _triton_hook(*args, **kwargs) -> bool:
     return False
 
 
+def _compile_times(dynamo_utils) -> str:
+    """dynamo's per-phase compile times as its own table (empty where this torch lacks it)."""
+    try:
+        return str(dynamo_utils.compile_times(repr="str"))[:4000]
+    except Exception as e:  # noqa: BLE001 - a diagnostic only
+        return f"unavailable: {type(e).__name__}: {e}"
+
+
 def install_hooks() -> str:
     try:
         from triton import knobs
@@ -55,6 +63,11 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--out")
+    p.add_argument(
+        "--hook-startup",
+        action="store_true",
+        help="also list the Triton JIT compiles inside LLM(...) (seconds since it started) and dynamo's compile times",
+    )
     args = p.parse_args()
     import torch
     import torch._dynamo.utils as dynamo_utils
@@ -65,8 +78,13 @@ def main() -> None:
         args.shape, checkpoints.default_dir(args.shape), device="cuda", seed=0
     )
     start = time.perf_counter()
+    if args.hook_startup:
+        _START[0] = start
+        install_hooks()
     llm = LLM(str(model_dir), impl="fast", dtype="bfloat16")
     startup = time.perf_counter() - start
+    startup_events = list(EVENTS)
+    EVENTS.clear()
     llm.engine.stats.step_trace = []
     ns = argparse.Namespace(
         min_input_len=100, max_input_len=1024, min_output_len=100, max_output_len=1024, id_bound=10000, seed=0
@@ -89,6 +107,8 @@ def main() -> None:
         "hook": where,
         "startup_s": startup,
         "startup_phases": dict(llm.engine.stats.startup_phases),
+        "compiles_in_startup": startup_events,
+        "dynamo_compile_times": _compile_times(dynamo_utils),
         "first_wall_s": first["wall_s"],
         "second_wall_s": second["wall_s"],
         "dynamo_graphs_in_calls": dynamo_utils.counters["stats"]["unique_graphs"] - graphs_before,
@@ -104,6 +124,8 @@ def main() -> None:
         f"dynamo graphs compiled during the calls: {result['dynamo_graphs_in_calls']}"
     )
     print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
+    for e in startup_events:
+        print(f"  startup compile at {e['t']:.2f} s: {e['kernel'][:160]}")
     for e in first_events:
         print(f"  compile at {e['t']:.2f} s: {e['kernel'][:300]}")
     for s in result["first_steps"]:

@@ -34,6 +34,7 @@ Invariants that keep graphs from changing outputs:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -43,12 +44,21 @@ from enginespec.spec import Batch, BatchMeta
 log = logging.getLogger(__name__)
 
 
+# Mixed graphs of up to this many tokens read queries in blocks of 8 (ENGINESPEC_MIXED_SHORT_QUERY_TOKENS
+# overrides it, for A/B runs): see mixed_capture_query_len.
+SHORT_QUERY_TOKENS = int(os.environ.get("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "512"))
+
+
 def mixed_capture_query_len(num_tokens: int) -> int:
     """The max_query_len a mixed graph of num_tokens tokens is captured with. It only steers the
-    attention launch config, frozen in the graph: query blocks of 8 rows for small steps (drafts
-    being verified, a short chunk beside decodes), 32 above 64 tokens, where a long prefill chunk
-    would otherwise re-read its keys once per 8 rows while a decode row wastes at most a block."""
-    return max(2, min(num_tokens, 8)) if num_tokens <= 64 else 32
+    attention launch config, frozen in the graph, and one config serves every request of the
+    step: query blocks of 8 tokens (16 rows: what a decode graph uses) up to SHORT_QUERY_TOKENS,
+    32 tokens above. A decode row in a 32-token block does 4x the attention work of its own
+    block, and a small step is mostly decode rows (the serving case: a decode batch beside one
+    chunk capped by long_prefill_token_threshold), while a prefill chunk of c tokens in 8-token
+    blocks re-reads its keys c / 8 times (from L2: cheap for a few hundred tokens, not for
+    2,048)."""
+    return max(2, min(num_tokens, 8)) if num_tokens <= SHORT_QUERY_TOKENS else 32
 
 
 def default_mixed_buckets(max_tokens: int) -> list[int]:
