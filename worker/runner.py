@@ -223,10 +223,12 @@ class ModelRunner:
             )
         return found
 
-    @torch.inference_mode()
     def profile_run(self, sample_fn: Optional[Callable] = None) -> None:
         """Run the largest step this engine will ever see on a throwaway pool: N =
-        max_num_batched_tokens tokens split over min(max_num_seqs, N) requests, each sampling."""
+        max_num_batched_tokens tokens split over min(max_num_seqs, N) requests, each sampling.
+        The batch is built outside inference mode, as every real step's is: dynamo guards on its
+        inputs' dispatch keys, so the graph this forward compiles is the one later eager steps
+        reuse (an inference-tensor batch here made a cold start compile the decoder once more)."""
         num_tokens = self.max_num_batched_tokens
         num_reqs = min(self.max_num_seqs, num_tokens)
         lengths = [num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0) for i in range(num_reqs)]
@@ -239,12 +241,13 @@ class ModelRunner:
                 raise RuntimeError("profile run: the throwaway pool is too small (a bug)")
         output = SchedulerOutput(scheduled=list(zip(requests, lengths)))
         batch = self.build_batch(output, block_manager, self.device)
-        kv = self.model.allocate_kv(tmp_blocks, self.block_size)
-        hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv, body=self.body)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
-        if sample_fn is not None:
-            sample_fn(logits, requests)
-        del kv, hidden, logits
+        with torch.inference_mode():
+            kv = self.model.allocate_kv(tmp_blocks, self.block_size)
+            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv, body=self.body)
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            if sample_fn is not None:
+                sample_fn(logits, requests)
+            del kv, hidden, logits
 
     # ---- swaps --------------------------------------------------------------------------------
 

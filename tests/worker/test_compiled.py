@@ -58,6 +58,29 @@ def test_compiled_body_equals_eager(impl, family, torch_one_thread):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+def test_profile_run_compiles_the_graph_real_steps_use(impl, torch_one_thread):
+    """The CUDA sizing run's forward compiles the graph every later eager step reuses: its batch
+    must be built outside inference mode as real steps' batches are (dynamo guards on a tensor's
+    dispatch keys, and an inference tensor's differ), else a cold start compiles the decoder a
+    third time (about 11-16 s for the 0.6B shape on the H200)."""
+    from torch._dynamo.utils import counters
+
+    from enginespec.llm import LLM
+
+    torch._dynamo.reset()
+    prompts = [{"prompt_token_ids": [(3 * i + j) % 90 + 1 for j in range(5 + 7 * i)]} for i in range(3)]
+    llm = LLM(
+        tiny_model_dir("qwen3"), impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64,
+        max_num_batched_tokens=16, max_num_seqs=4, compile_model=True, compile_backend="aot_eager",
+    )  # fmt: skip
+    counters.clear()
+    llm.engine.runner.profile_run(llm.engine.sampler)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
 def test_compile_setting():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert should_compile(None, cuda, enforce_eager=False)
