@@ -57,6 +57,7 @@ def run_mode(model_dir, workload, args, mode: str, num_blocks: int) -> dict:
         num_preemptions=stats.num_preemptions,
         num_recomputed_tokens=stats.num_recomputed_tokens,
         num_swapped_bytes=stats.num_swapped_bytes,
+        swap_seconds=getattr(stats, "swap_seconds", None),
         num_scheduled_tokens=stats.num_scheduled_tokens,
     )
     del llm
@@ -84,7 +85,8 @@ def main(argv=None) -> int:
         print(
             f"pressure {name:11s}: {num_blocks} blocks, wall {run['wall_s']:.2f} s, {run['output_tok_s']:.0f} tok/s, "
             f"{run['num_steps']} steps, {run['num_preemptions']} preemptions, "
-            f"{run['num_recomputed_tokens']} tokens recomputed, {run['num_swapped_bytes'] / 2**20:.0f} MiB swapped",
+            f"{run['num_recomputed_tokens']} tokens recomputed, {run['num_swapped_bytes'] / 2**20:.0f} MiB swapped "
+            f"({run['swap_seconds'] or 0:.2f} s of host time in swaps)",
             flush=True,
         )
         if args.out:  # after every mode, so a run cut short keeps what it measured

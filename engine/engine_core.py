@@ -75,6 +75,7 @@ class EngineStats:
     startup_phases: dict = field(default_factory=dict)
     num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
+    swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (copies queued, not waited)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
     # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
     # time.perf_counter() when the step's work was done, and how long the host blocked on the
@@ -470,7 +471,9 @@ class EngineCore:
             state.output = output
             state.computed = {r.request_id: r.num_computed_tokens for r, _ in output.scheduled}
             self._fault("schedule")
+            started = time.perf_counter()
             self.runner.apply_swaps(output)
+            self.stats.swap_seconds += time.perf_counter() - started
             state.swapped = True
         self.stats.num_preemptions += len(output.preempted)
         self.stats.num_swapped_bytes += self.runner.bytes_per_block * sum(
