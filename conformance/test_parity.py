@@ -267,3 +267,20 @@ def test_greedy_parity_on_cuda(impl, family):
         assert engine.runner.num_swapped == 0
 
     check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_forced_swap_on_cuda(impl):
+    """A workload sure to swap, on CUDA: the swap-outs queue their copies into pinned host memory
+    without waiting (stream order alone keeps the blocks' reuse and the copy back correct), so
+    the outputs must still equal transformers' and no host copy may outlive its request."""
+    if "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"impl {impl.name!r} has no 'swap' capability")
+    workload = _forced("swap", True)
+    engine = engine_for(impl, "qwen3", workload, device="cuda")
+    finals = run_workload(engine, workload)
+    check_outputs(workload, finals, "qwen3")
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert engine.stats.num_preemptions > 0 and engine.stats.num_swapped_bytes > 0
+    assert engine.runner.num_swapped == 0
