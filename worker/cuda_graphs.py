@@ -164,14 +164,12 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(stream):
-            # Warm-up: Triton and torch.compile compile, cuBLAS picks algorithms and allocates
-            # its workspace. Every bucket runs once, because a compiled body may hold several
-            # graphs by row count (one for one row; with skinny_gemm, one up to its fused rows)
-            # and none may compile mid-capture. (A second pass, kept until 2026-12-01, had nothing
-            # left to compile: it only repeated a third of the capture's own time, 6.7 s in all
-            # with warm caches for the 0.6B shape on the H200.)
-            for n, mixed in self._shapes():
-                self._run(n, mixed)
+            # Warm-up: Triton and torch.compile compile, cuBLAS picks algorithms. Every bucket
+            # runs, because a compiled body may hold several graphs by row count (one for one
+            # row; with skinny_gemm, one up to its fused rows) and none may compile mid-capture.
+            for _ in range(2):
+                for n, mixed in self._shapes():
+                    self._run(n, mixed)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         for n, mixed in self._shapes():
             graph = torch.cuda.CUDAGraph()

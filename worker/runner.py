@@ -252,13 +252,8 @@ class ModelRunner:
     # ---- swaps --------------------------------------------------------------------------------
 
     def swap_out(self, request_id: str, block_ids: list[int]) -> None:
-        """Copy `block_ids` of every layer to host memory under `request_id`.
-
-        On CUDA the copies go into pinned memory without waiting for them: everything that
-        touches those blocks or that host memory later is queued on the same stream (the next
-        forwards that reuse the blocks, swap_in's copy back), so stream order keeps it correct,
-        the host never reads the copies itself, and torch's pinned-memory cache does not hand a
-        freed copy out again before the copies queued on it have run."""
+        """Copy `block_ids` of every layer to host memory under `request_id` (pinned on CUDA,
+        waited for before returning)."""
         if request_id in self._host:
             raise ValueError(f"request {request_id!r} is already swapped out")
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
@@ -268,6 +263,8 @@ class ModelRunner:
             host = torch.empty((2, len(block_ids), *cache.shape[2:]), dtype=cache.dtype, pin_memory=pin)
             host.copy_(cache.index_select(1, index), non_blocking=pin)
             copies.append(host)
+        if pin:
+            torch.cuda.synchronize(self.device)
         self._host[request_id] = copies
 
     def swap_in(self, request_id: str, block_ids: list[int]) -> None:
