@@ -1,0 +1,41 @@
+# Sourced by the device scripts (benchmarks/gpu_round4*.sh, gpu_call3.sh): what each call does
+# first, and the serving run they share. Run from the repository root on the device machine.
+
+# $out (the folder that comes back), the server wheels from .whl/ when carried, and enginespec
+# imported through tools/link_tree.py's tree (it is not installed there).
+gpu_setup() {
+  out=${OUT:-/tmp/out}; mkdir -p "$out"; export PYTHONUNBUFFERED=1
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .whl/*.whl >/dev/null 2>&1 || return 1
+  fi
+  local tree; tree=$(mktemp -d); python3 tools/link_tree.py "$tree" >/dev/null || return 1
+  export PYTHONPATH=$tree:$PWD:/tmp/site
+}
+
+# serve_at NAME RATE [serving.py args...]: the server under Poisson arrivals at RATE req/s, with
+# its step trace; writes $out/serving_NAME.json and steps_NAME.json and prints a summary.
+serve_at() {
+  local name=$1 rate=$2; shift 2
+  timeout 200 python3 -m benchmarks.serving --request-rate "$rate" --out "$out/serving_$name.json" \
+    --step-trace "$out/steps_$name.json" "$@" > "$out/serving_$name.log" 2>&1
+  echo "serving $name rc=$?"
+  python3 - "$out/serving_$name.json" "$name" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1])); s = h["serve"]
+print(f"{sys.argv[2]}: {s['request_rate']:.2f} req/s, TTFT p50/p99 {s['ttft']['p50_ms']:.1f}/{s['ttft']['p99_ms']:.1f} ms, "
+      f"ITL p50/p99 {s['itl']['p50_ms']:.2f}/{s['itl']['p99_ms']:.2f} ms, {s['output_tok_s']:.0f} tok/s")
+print(json.dumps(s.get("steps", h.get("steps")), indent=1)[:1500])
+PY
+}
+
+# cold_first_call NAME [first_call_compiles.py args...]: a fresh LLM on empty inductor and
+# Triton caches (startup by phase, first call against the second); writes $out/NAME.json.
+cold_first_call() {
+  local name=$1; shift
+  TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout 200 \
+    python3 benchmarks/first_call_compiles.py --temperature 0.6 --out "$out/$name.json" "$@" \
+    > "$out/$name.log" 2>&1
+  echo "$name rc=$?"
+  grep -E "^startup|compile at|load " "$out/$name.log" | head -20
+}
