@@ -62,7 +62,7 @@ def test_profile_run_compiles_the_graph_real_steps_use(impl, torch_one_thread):
     """The CUDA sizing run's forward compiles the graph every later eager step reuses: its batch
     must be built outside inference mode as real steps' batches are (dynamo guards on a tensor's
     dispatch keys, and an inference tensor's differ), else a cold start compiles the decoder a
-    third time (about 11-16 s for the 0.6B shape on the H200)."""
+    third time (the dynamic graph again: 16.4 s for the 0.6B shape on a cold H200)."""
     from torch._dynamo.utils import counters
 
     from enginespec.llm import LLM
