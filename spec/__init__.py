@@ -10,7 +10,7 @@ from enginespec.spec.batch_layout import build_batch
 from enginespec.spec.block_manager import BlockManager, PoolState
 from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
-from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, load_impl
+from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, PartsImpl, load_impl
 from enginespec.spec.params import SamplingParams
 from enginespec.spec.request import (
     Request,
@@ -65,5 +65,6 @@ __all__ = [
     "hash_block",
     "hash_request_blocks",
     "load_impl",
+    "PartsImpl",
     "slot_of",
 ]

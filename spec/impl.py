@@ -52,6 +52,49 @@ class Implementation(Protocol):
     def attention_backend(self, device) -> AttentionBackend: ...
 
 
+class PartsImpl:
+    """An Implementation whose first three factories construct three classes: subclasses set
+    `name`, `capabilities`, `request_cls`, `block_manager_cls`, `scheduler_cls` and write
+    `attention_backend`. Only construction is shared here, no decision: each impl's parts stay
+    its own (the differential tests compare them), so a bug in one is never a bug in both."""
+
+    name: str = "unnamed"
+    capabilities: frozenset = frozenset()
+    request_cls: type
+    block_manager_cls: type
+    scheduler_cls: type
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Optional[SamplingParams] = None,
+        *,
+        eos_token_id: Optional[int] = None,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        cache_key: tuple = (),
+    ):
+        return self.request_cls(
+            request_id,
+            prompt_token_ids,
+            params,
+            eos_token_id=eos_token_id,
+            priority=priority,
+            arrival_time=arrival_time,
+            cache_key=cache_key,
+        )
+
+    def new_block_manager(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        return self.block_manager_cls(num_blocks, block_size, enable_prefix_caching)
+
+    def new_scheduler(self, config: SchedulerConfig, block_manager):
+        return self.scheduler_cls(config, block_manager)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
 def _resolve(target: str):
     module_name, _, attr = target.partition(":")
     try:

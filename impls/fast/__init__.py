@@ -8,16 +8,16 @@ shared code would hide shared bugs from the differential tests.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from enginespec.impls.fast.batch import BatchBuilder
 from enginespec.impls.fast.block_manager import FastBlockManager
 from enginespec.impls.fast.request import FastRequest
 from enginespec.impls.fast.scheduler import FastScheduler
-from enginespec.spec import SamplingParams, SchedulerConfig
+from enginespec.spec import PartsImpl, SchedulerConfig
 
 
-class FastImpl:
+class FastImpl(PartsImpl):
     """spec.Implementation made of FastRequest, FastBlockManager, FastScheduler, a persistent
     batch builder and FastAttention (Triton on CUDA)."""
 
@@ -33,33 +33,6 @@ class FastImpl:
         self._builders: "weakref.WeakKeyDictionary[object, dict[str, BatchBuilder]]" = (
             weakref.WeakKeyDictionary()
         )
-
-    def new_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: Optional[SamplingParams] = None,
-        *,
-        eos_token_id: Optional[int] = None,
-        priority: int = 0,
-        arrival_time: Optional[float] = None,
-        cache_key: tuple = (),
-    ):
-        return self.request_cls(
-            request_id,
-            prompt_token_ids,
-            params,
-            eos_token_id=eos_token_id,
-            priority=priority,
-            arrival_time=arrival_time,
-            cache_key=cache_key,
-        )
-
-    def new_block_manager(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        return self.block_manager_cls(num_blocks, block_size, enable_prefix_caching)
-
-    def new_scheduler(self, config: SchedulerConfig, block_manager):
-        return self.scheduler_cls(config, block_manager)
 
     def attention_backend(self, device):
         """Triton paged attention on CUDA, the kernels' plain-torch references elsewhere
@@ -79,9 +52,6 @@ class FastImpl:
         if builder is None:
             builder = per_device[key] = BatchBuilder(device)
         return builder.build(output, block_manager, pad_to)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 IMPL = FastImpl()
