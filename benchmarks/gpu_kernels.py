@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -309,37 +310,28 @@ def sweep_decode(shapes, splits=(1, 2, 4, 8), min_tiles: int = 4) -> None:
             for n in splits
             if n != base.num_splits and n <= max(1, ctx // (min_tiles * base.tile))
         ]
-        for cfg in variants:
-            try:
-                ms = time_paged_decode(case, ctx, cfg)
-            except Exception as exc:  # out of shared memory etc.: record and go on
-                rows.append(
-                    dict(
-                        model=model,
-                        batch=b,
-                        context=ctx,
-                        config=dataclasses.asdict(cfg),
-                        error=type(exc).__name__,
-                    )
-                )
-                continue
-            rows.append(
-                dict(
-                    model=model,
-                    batch=b,
-                    context=ctx,
-                    config=dataclasses.asdict(cfg),
-                    ms=ms,
-                    GBps=case[5] / ms / 1e6,
-                )
-            )
-        best = max(
-            (r for r in rows if r.get("GBps") and (r["model"], r["batch"], r["context"]) == (model, b, ctx)),
-            key=lambda r: r["GBps"],
+        key = dict(model=model, batch=b, context=ctx)
+        best = _time_variants(
+            rows, key, variants, functools.partial(time_paged_decode, case, ctx), "GBps", case[5] / 1e6
         )
         log(f"sweep decode {model} B={b} ctx={ctx}: best {best['GBps']:.0f} GB/s {best['config']}")
         del case
         torch.cuda.empty_cache()
+
+
+def _time_variants(rows: list, key: dict, configs, time_fn, metric: str, per_ms: float) -> dict:
+    """Time each launch config; append a row per config (key's fields, the config, and ms with
+    metric = per_ms / ms, or the error that stopped it: out of shared memory, say) and return
+    the best row of this key."""
+    for cfg in configs:
+        try:
+            ms = time_fn(cfg)
+        except Exception as exc:  # record and go on
+            rows.append(dict(**key, config=dataclasses.asdict(cfg), error=type(exc).__name__))
+            continue
+        rows.append(dict(**key, config=dataclasses.asdict(cfg), ms=ms, **{metric: per_ms / ms}))
+    mine = (r for r in rows if r.get(metric) and all(r.get(k) == v for k, v in key.items()))
+    return max(mine, key=lambda r: r[metric])
 
 
 def sweep_prefill(shapes) -> None:
@@ -348,38 +340,13 @@ def sweep_prefill(shapes) -> None:
         hq, hkv = MODELS[model]
         flops = 2.0 * b * hq * HEAD_DIM * length * length
         case = prefill_case(b, length, hq, hkv)
-        for m, t, w, s in PREFILL_SWEEP:
-            cfg = LaunchConfig(block_m=m, tile=t, num_splits=1, num_warps=w, num_stages=s)
-            try:
-                ms = time_paged_prefill(case, length, cfg)
-            except Exception as exc:
-                rows.append(
-                    dict(
-                        model=model,
-                        batch=b,
-                        length=length,
-                        config=dataclasses.asdict(cfg),
-                        error=type(exc).__name__,
-                    )
-                )
-                continue
-            rows.append(
-                dict(
-                    model=model,
-                    batch=b,
-                    length=length,
-                    config=dataclasses.asdict(cfg),
-                    ms=ms,
-                    TFLOPs=flops / ms / 1e9,
-                )
-            )
-        best = max(
-            (
-                r
-                for r in rows
-                if r.get("TFLOPs") and (r["model"], r["batch"], r["length"]) == (model, b, length)
-            ),
-            key=lambda r: r["TFLOPs"],
+        configs = [
+            LaunchConfig(block_m=m, tile=t, num_splits=1, num_warps=w, num_stages=st)
+            for m, t, w, st in PREFILL_SWEEP
+        ]
+        key = dict(model=model, batch=b, length=length)
+        best = _time_variants(
+            rows, key, configs, functools.partial(time_paged_prefill, case, length), "TFLOPs", flops / 1e9
         )
         log(f"sweep prefill {model} {b}x{length}: best {best['TFLOPs']:.0f} {best['config']}")
         del case
