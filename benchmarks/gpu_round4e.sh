@@ -2,7 +2,9 @@
 # Device call E, written on 2026-12-01 (fourth session) and refused there (no device time left):
 # after the profile-run fix (two compiled graphs, not three), the CUDA swap, graph and async
 # tests, a cold start by phase with the first call, and the pressure run's swap mode with its
-# host time. Usage (device machine, repo root): bash benchmarks/gpu_round4e.sh SHA
+# host time, and the server at saturation against offline (not re-measured since mixed graphs
+# read 8-token query blocks up to 512 tokens). Usage (device machine, repo root, server wheels
+# in .whl/): bash benchmarks/gpu_round4e.sh SHA
 set -u
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
@@ -15,4 +17,7 @@ cold_first_call first_call
 timeout 60 python3 benchmarks/pressure.py --git-commit "$sha" --modes swap --out "$out/pressure_swap.json" \
   > "$out/pressure.log" 2>&1; echo "pressure rc=$?"
 grep -E "^pressure" "$out/pressure.log"
+timeout 300 python3 -m benchmarks.serving --request-rate inf --offline --out "$out/serving_inf.json" \
+  > "$out/serving_inf.log" 2>&1; echo "saturation rc=$?"
+grep -iE "offline|ratio|tok/s" "$out/serving_inf.log" | grep -v "it/s" | tail -4
 cd "$out" && tar czf logs.tgz *.log 2>/dev/null; ls
