@@ -75,7 +75,7 @@ class EngineStats:
     startup_phases: dict = field(default_factory=dict)
     num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
-    swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (copies queued, not waited)
+    swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (a swap-out waits for its copies)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
     # wait seconds) to: scheduled requests and tokens, the sum of their context lengths,
     # time.perf_counter() when the step's work was done, and how long the host blocked on the

@@ -37,6 +37,7 @@ __all__ = [
     "BlockManager",
     "ENTRY_POINT_GROUP",
     "Implementation",
+    "PartsImpl",
     "POLICIES",
     "PREEMPTION_MODES",
     "PoolState",
@@ -65,6 +66,5 @@ __all__ = [
     "hash_block",
     "hash_request_blocks",
     "load_impl",
-    "PartsImpl",
     "slot_of",
 ]

@@ -58,8 +58,8 @@ class PartsImpl:
     `attention_backend`. Only construction is shared here, no decision: each impl's parts stay
     its own (the differential tests compare them), so a bug in one is never a bug in both."""
 
-    name: str = "unnamed"
-    capabilities: frozenset = frozenset()
+    name: str
+    capabilities: frozenset = frozenset()  # no optional capability unless a subclass says so
     request_cls: type
     block_manager_cls: type
     scheduler_cls: type

@@ -44,9 +44,16 @@ from enginespec.spec import Batch, BatchMeta
 log = logging.getLogger(__name__)
 
 
-# Mixed graphs of up to this many tokens read queries in blocks of 8 (ENGINESPEC_MIXED_SHORT_QUERY_TOKENS
-# overrides it, for A/B runs): see mixed_capture_query_len.
-SHORT_QUERY_TOKENS = int(os.environ.get("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "512"))
+def _short_query_tokens() -> int:
+    """512, or ENGINESPEC_MIXED_SHORT_QUERY_TOKENS (an int >= 0, for A/B runs)."""
+    raw = os.environ.get("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "512")
+    if not raw.isdigit():
+        raise ValueError(f"ENGINESPEC_MIXED_SHORT_QUERY_TOKENS must be an int >= 0, got {raw!r}")
+    return int(raw)
+
+
+# Mixed graphs of up to this many tokens read queries in blocks of 8: see mixed_capture_query_len.
+SHORT_QUERY_TOKENS = _short_query_tokens()
 
 
 def mixed_capture_query_len(num_tokens: int) -> int:

@@ -151,3 +151,18 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
     assert outs[True] == outs[False]
     assert decode and mixed, (decode, mixed)
     assert set(mixed) <= {8, 16, 40} and set(decode) <= {1, 2, 4}
+
+
+def test_mixed_query_blocks_and_their_override(monkeypatch):
+    """Mixed graphs up to SHORT_QUERY_TOKENS read 8-token query blocks (decode rows beside a
+    chunk pay no wider block), larger ones 32; the A/B override is checked, naming itself."""
+    from enginespec.worker import cuda_graphs
+
+    assert cuda_graphs.mixed_capture_query_len(2) == 2
+    assert cuda_graphs.mixed_capture_query_len(cuda_graphs.SHORT_QUERY_TOKENS) == 8
+    assert cuda_graphs.mixed_capture_query_len(cuda_graphs.SHORT_QUERY_TOKENS + 1) == 32
+    monkeypatch.setenv("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "64")
+    assert cuda_graphs._short_query_tokens() == 64
+    monkeypatch.setenv("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "lots")
+    with pytest.raises(ValueError, match="ENGINESPEC_MIXED_SHORT_QUERY_TOKENS"):
+        cuda_graphs._short_query_tokens()
