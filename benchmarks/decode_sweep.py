@@ -146,6 +146,8 @@ def measure_batch(core, batch: int, shape, rates: dict, args) -> dict:
         "floor_ms": floor,
         "ratio": ms / floor,
         "min_ms": min(walls),
+        # host blocked on the previous step's ids: near zero where the host, not the GPU, sets the pace
+        "wait_ms": statistics.median(t[4] for t in trace[1]) * 1e3 if trace[1] else None,
         "all_decode": all(s[0] == batch and s[1] == batch for s in steps),
         "warm_steps": warm,
         "context_tokens_first": trace[1][0][2] if trace[1] else None,
@@ -183,7 +185,11 @@ def run(args) -> dict:
         }
     table = getattr(getattr(core, "runner", None), "linear_table", None)
     if table is not None:  # EngineArgs.skinny_gemm: what the startup tuning chose
-        results["skinny_gemm"] = {"choices": table.report(), "rejected": table.rejected}
+        results["skinny_gemm"] = {
+            "choices": table.report(),
+            "rejected": table.rejected,
+            "measured": table.measured,
+        }
     if args.profile:
         results["profile_batch1"] = profile_steps(core, shape, args)
     results["total_s"] = time.perf_counter() - started
@@ -200,13 +206,14 @@ def _save(results: dict, path) -> None:
 def markdown(results: dict) -> str:
     """The sweep as a markdown table (batch, ms/step, floor, ratio), then batch-1 generate."""
     lines = [
-        "| batch | ms/step (median) | floor ms (weights + KV) | ms / floor |",
-        "| ---: | ---: | ---: | ---: |",
+        "| batch | ms/step (median) | floor ms (weights + KV) | ms / floor | host wait ms |",
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results["rows"]:
         flag = "" if r.get("all_decode", True) else " (not all decode)"
+        wait = "" if r.get("wait_ms") is None else f"{r['wait_ms']:.3f}"
         lines.append(
-            f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} |"
+            f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} | {wait} |"
         )
     prof = results.get("profile_batch1")
     if prof and "top" in prof:

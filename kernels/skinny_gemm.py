@@ -200,10 +200,69 @@ def _skinny_gemm_kernel(
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["M"])
+def _gemv_kernel(
+    out_ptr,  # [M, N] x's dtype
+    x_ptr,  # [M, K], K contiguous
+    w_ptr,  # [N, K] (USE_SILU_MUL: [2 N, K], gate rows then up rows), K contiguous
+    bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
+    norm_ptr,  # [K] RMSNorm weight applied to x rows first (USE_NORM only)
+    res_ptr,  # [M, N] residual added to the result (USE_RESIDUAL only)
+    M,
+    N,  # output columns
+    K,  # <= BLOCK_K: one tile holds a whole row
+    eps,  # RMSNorm epsilon (USE_NORM only)
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_BIAS: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
+    USE_NORM: tl.constexpr,
+    USE_RESIDUAL: tl.constexpr,
+):
+    """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
+    one load issued before anything else (no K loop, nothing to wait for first), then its x
+    rows, whose RMSNorm statistics come from that same tile. With BLOCK_N of 1-4 a projection
+    has hundreds to thousands of programs, all resident at once: the whole weight is in flight
+    together, which is what a bandwidth-bound read of a few MiB needs."""
+    pid_n = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m, mask_n, mask_k = rm < M, rn < N, rk < K
+    w_tile = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]  # [BLOCK_N, BLOCK_K]
+    w_mask = mask_n[:, None] & mask_k[None, :]
+    w = tl.load(w_tile, mask=w_mask, other=0.0)  # [BN, BK]: the weight read is the kernel
+    w_up = w
+    if USE_SILU_MUL:
+        w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)  # [BN, BK]
+    x = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
+    )
+    if USE_NORM:
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [BM]
+        x = _normed(x, rstd, norm_ptr, rk, mask_k)
+    xb = x.to(tl.float32)[:, None, :]  # [BM, 1, BK]
+    acc = tl.sum(xb * w.to(tl.float32)[None, :, :], axis=2)  # [BM, BN]
+    acc_up = acc
+    if USE_SILU_MUL:
+        acc_up = tl.sum(xb * w_up.to(tl.float32)[None, :, :], axis=2)
+    mask = mask_m[:, None] & mask_n[None, :]
+    _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
+               USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SkinnyConfig:
     """One launch shape. block_m is derived from the row count (launch()); num_splits is an
-    upper bound (the K slices are whole BLOCK_K multiples, so fewer may result)."""
+    upper bound (the K slices are whole BLOCK_K multiples, so fewer may result).
+    gemv: the one-tile kernel (_gemv_kernel): broadcast, one split, block_k >= K (checked at
+    launch), and block_n may go down to 1 (more programs, each one weight row or a few)."""
 
     block_n: int
     block_k: int
@@ -211,16 +270,20 @@ class SkinnyConfig:
     use_dot: bool = True
     num_warps: int = 4
     num_stages: int = 3
+    gemv: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k"):
+        min_n = 1 if self.gemv else 8
+        for name, least in (("block_n", min_n), ("block_k", 8)):
             value = getattr(self, name)
-            if value < 8 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two >= 8, got {value}")
+            if value < least or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= {least}, got {value}")
         if self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
         if self.use_dot and self.block_n < 16:
             raise ValueError(f"block_n must be >= 16 with use_dot (tl.dot's minimum), got {self.block_n}")
+        if self.gemv and (self.use_dot or self.num_splits != 1):
+            raise ValueError("gemv configs take use_dot=False and num_splits=1")
 
     def block_m(self, num_rows: int) -> int:
         """Rows of the x tile: a power of two holding num_rows; at least 16 for tl.dot."""
@@ -280,6 +343,10 @@ def _check(
         raise ValueError(f"skinny_linear: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
     if silu_mul and weight.shape[0] % 2:
         raise ValueError(f"skinny_linear: silu_mul needs gate|up rows (an even N), got N = {weight.shape[0]}")
+    if config.gemv and x.shape[1] > config.block_k:
+        raise ValueError(
+            f"skinny_linear: a gemv config needs K <= block_k = {config.block_k}, got K = {x.shape[1]}"
+        )
     if not config.use_dot and x.shape[0] > MAX_BROADCAST_ROWS:
         raise ValueError(
             f"skinny_linear: use_dot=False takes at most {MAX_BROADCAST_ROWS} rows, got {x.shape[0]}"
@@ -334,6 +401,9 @@ def skinny_linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    if config.gemv:
+        _launch_gemv(out, x, weight, bias, config, silu_mul, norm_weight, eps, residual, compile_only)
+        return out
     tiles, splits, k_per_split = launch_grid(config, n, k)
     part = counts = out  # unused pointers when there is one split
     if splits > 1:
@@ -374,3 +444,38 @@ def skinny_linear(
         **extra,
     )
     return out
+
+
+def _launch_gemv(
+    out, x, weight, bias, config: SkinnyConfig, silu_mul, norm_weight, eps, residual, compile_only
+):
+    """skinny_linear's launch of the one-tile kernel (checked there: K <= block_k)."""
+    (m, k), n = x.shape, out.shape[1]
+    grid = (triton.cdiv(n, config.block_n),)
+    kernel = _gemv_kernel.warmup if compile_only else _gemv_kernel[grid]
+    kernel(
+        out,
+        x,
+        weight,
+        bias if bias is not None else out,
+        norm_weight if norm_weight is not None else out,
+        residual if residual is not None else out,
+        m,
+        n,
+        k,
+        float(eps),
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        BLOCK_M=config.block_m(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        USE_BIAS=bias is not None,
+        USE_SILU_MUL=silu_mul,
+        USE_NORM=norm_weight is not None,
+        USE_RESIDUAL=residual is not None,
+        num_warps=config.num_warps,
+        num_stages=1,
+        **({"grid": grid} if compile_only else {}),
+    )

@@ -68,6 +68,7 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
         block_k = 256 // bucket  # a [bucket, BLOCK_N, BLOCK_K] float32 accumulator of ~32 registers a thread
         for block_n in (8, 16):
             out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
+    out += _gemv_candidates(bucket, k, silu_mul)
     if bucket <= 2:  # GEMV-like: longer K tiles over 8 warps keep more of the weight in flight per SM
         for block_n, block_k in ((8, 1024 // bucket), (16, 512 // bucket)):
             if block_k <= k:
@@ -76,6 +77,29 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
                     for s in splits(block_n, block_k)
                 ]
     return out
+
+
+GEMV_MAX_BLOCK_K = 4096  # a whole row per tile: K up to 4096 (the 0.6B-8B shapes but 8B's down)
+GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers spill
+
+
+def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
+    """One-tile (gemv) shapes for up to MAX_BROADCAST_ROWS rows: a tile is a whole row
+    (block_k = K rounded up to a power of two), block_n 1-8 rows of the weight per program,
+    4 or 8 warps, keeping between 8 (one 16-byte load of bf16) and GEMV_MAX_PER_THREAD float32
+    products per thread."""
+    from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+
+    block_k = 1 << max(3, (k - 1).bit_length())
+    if bucket > MAX_BROADCAST_ROWS or block_k > GEMV_MAX_BLOCK_K:
+        return []
+    tiles_w = 2 if silu_mul else 1
+    return [
+        SkinnyConfig(block_n, block_k, use_dot=False, num_warps=warps, gemv=True)
+        for block_n in (1, 2, 4, 8)
+        for warps in (4, 8)
+        if 8 * 32 * warps <= bucket * block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
+    ]
 
 
 def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> None:

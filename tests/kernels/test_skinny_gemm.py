@@ -27,7 +27,11 @@ CONFIGS = [
     SkinnyConfig(block_n=32, block_k=16, num_splits=3, use_dot=True),
     SkinnyConfig(block_n=8, block_k=32, num_splits=1, use_dot=False),
     SkinnyConfig(block_n=16, block_k=16, num_splits=4, use_dot=False),
+    SkinnyConfig(block_n=1, block_k=128, use_dot=False, gemv=True),  # one tile: K <= 90 < 128
+    SkinnyConfig(block_n=4, block_k=128, use_dot=False, gemv=True, num_warps=8),
 ]
+FUSING = [CONFIGS[1], CONFIGS[2], CONFIGS[5]]
+FUSING_IDS = ["dot-split", "broadcast", "gemv"]
 
 
 def _shapes(seed: int, num: int) -> list[tuple[int, int, int]]:
@@ -45,7 +49,9 @@ def _operands(m: int, n: int, k: int, dtype, seed: int):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.num_splits}dot{int(c.use_dot)}"
+    "config",
+    CONFIGS,
+    ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.num_splits}dot{int(c.use_dot)}gemv{int(c.gemv)}",
 )
 def test_skinny_linear_matches_reference(dtype, config):
     buffers = SplitBuffers(DEVICE)
@@ -59,7 +65,7 @@ def test_skinny_linear_matches_reference(dtype, config):
         assert not buffers.counts.any(), "split-K must leave every arrival counter at zero"
 
 
-@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+@pytest.mark.parametrize("config", FUSING, ids=FUSING_IDS)
 def test_fused_silu_mul_epilogue_matches_reference(config):
     """gate|up rows [2 I, K] -> silu(gate) * up [M, I]: the GEMM's stored values, then the
     activation in float32 rounded once."""
@@ -76,7 +82,7 @@ def test_fused_silu_mul_epilogue_matches_reference(config):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", CONFIGS[1:3], ids=["dot-split", "broadcast"])
+@pytest.mark.parametrize("config", FUSING, ids=FUSING_IDS)
 def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
     """norm_weight: x rows RMS-normed first (rms_norm_ref's rounding); residual: added after."""
     buffers = SplitBuffers(DEVICE)
@@ -156,6 +162,13 @@ def test_bad_operands_are_clear_errors():
         SkinnyConfig(block_n=8, block_k=16, use_dot=True)
     with pytest.raises(ValueError, match="num_splits"):
         SkinnyConfig(block_n=16, block_k=16, num_splits=0)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 8"):
+        SkinnyConfig(block_n=4, block_k=16, use_dot=False)  # only the one-tile kernel takes < 8
+    with pytest.raises(ValueError, match="gemv configs"):
+        SkinnyConfig(block_n=4, block_k=16, num_splits=2, use_dot=False, gemv=True)
+    with pytest.raises(ValueError, match="K <= block_k = 8"):  # one tile must hold a whole row
+        skinny_linear(torch.zeros(1, 9, device=DEVICE), torch.zeros(4, 9, device=DEVICE), None,
+                      SkinnyConfig(block_n=1, block_k=8, use_dot=False, gemv=True))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -170,6 +183,8 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         SkinnyConfig(block_n=32, block_k=128, num_splits=1),
         SkinnyConfig(block_n=64, block_k=128, num_splits=4),
         SkinnyConfig(block_n=16, block_k=256, num_splits=2, use_dot=False),
+        SkinnyConfig(block_n=2, block_k=4096, use_dot=False, gemv=True),
+        SkinnyConfig(block_n=4, block_k=4096, use_dot=False, gemv=True, num_warps=8),
     ):
         if not config.use_dot and rows > MAX_BROADCAST_ROWS:
             continue
@@ -190,7 +205,10 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
     for config in (
         SkinnyConfig(block_n=32, block_k=128, num_splits=1),
         SkinnyConfig(block_n=64, block_k=128, num_splits=4),
+        SkinnyConfig(block_n=2, block_k=1024, use_dot=False, gemv=True),
     ):
+        if config.gemv and rows > MAX_BROADCAST_ROWS:
+            continue
         got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
     assert not buffers.counts.any()
