@@ -16,10 +16,10 @@ timeout 90 python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rf
   tests/worker/test_cuda_graphs.py::test_graph_replay_equals_eager \
   conformance/test_async_scheduling.py::test_async_equals_serial_on_cuda > "$out/pytest.log" 2>&1
 echo "pytest rc=$?"; tail -4 "$out/pytest.log"
-timeout 130 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep.json" --profile \
+timeout 160 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep.json" --profile \
   --batches 1,2,4,8,16,32,64,128,256 > "$out/sweep.log" 2>&1; echo "sweep rc=$?"
 grep -E "^\||batch-1" "$out/sweep.log"
-timeout 130 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep_skinny.json" --profile \
+timeout 160 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep_skinny.json" --profile \
   --batches 1,2,4,8,16,32,64 --engine-arg skinny_gemm=true > "$out/sweep_skinny.log" 2>&1
 echo "sweep skinny rc=$?"; grep -E "^\||batch-1" "$out/sweep_skinny.log"
 timeout 60 python3 benchmarks/pressure.py --git-commit "$sha" --modes swap --out "$out/pressure_swap.json" \
