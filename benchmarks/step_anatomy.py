@@ -1,0 +1,200 @@
+"""Where one steady decode step's time goes, host and GPU side by side, without the profiler.
+
+decode_sweep.py gives a step's wall time; this says who sets it. For `--batch` requests in
+decode it times, per step, with perf_counter: the whole EngineCore.step(), each engine phase
+(schedule, prepare, execute, sample, update, resolve, detokenize), and inside them the staging
+buffer's wait for its last copy (Staging.acquire), the CUDA graph's load + replay, the logits
+GEMM, and the wait for the previous step's ids. On the GPU, CUDA events on the stream around
+execute and sample give the device time from the step's first launch to its sampler's end.
+If the host's own time (step minus the waits) is above the GPU's, the host sets the pace.
+
+    python3 benchmarks/step_anatomy.py --batch 1 --out $OUT/anatomy.json [--trace $OUT/trace.json.gz]
+
+--trace also writes a torch.profiler Chrome trace of a few steps (gzip), for the timeline.
+CPU smoke: --shape tiny --device cpu --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.decode_profile import step_until_steady  # noqa: E402
+from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, sync  # noqa: E402
+from enginespec.engine import async_scheduling  # noqa: E402
+from enginespec.engine import engine_core as core_module  # noqa: E402
+from enginespec.impls.fast import batch_buffers  # noqa: E402
+from enginespec.spec import SamplingParams  # noqa: E402
+from enginespec.testing import checkpoints  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/step_anatomy.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
+    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
+    p.add_argument("--impl", default="fast")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=["auto"] + sorted(DTYPES), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
+    p.add_argument("--trace", help="also write a profiler Chrome trace of 8 steps here (.json.gz)")
+    p.add_argument("--git-commit")
+    p.add_argument("--out")
+    return p
+
+
+class Timers:
+    """Seconds per step by name; `step` starts a new step's row."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.rows:
+            row = self.rows[-1]
+            row[name] = row.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def time(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+
+def _wrap(obj, attr: str, timers: Timers, name: str) -> None:
+    inner = getattr(obj, attr)
+
+    def timed(*a, **k):
+        with timers.time(name):
+            return inner(*a, **k)
+
+    setattr(obj, attr, timed)
+
+
+def instrument(core, timers: Timers, cuda: bool) -> list:
+    """Patch the engine's spans and a few inner calls to time into `timers` (module doc).
+    Returns the list that collects (start, end) CUDA events per step."""
+    core_module._span = timers.time
+    runner = core.runner
+    if getattr(runner, "graphs", None) is not None:
+        _wrap(runner.graphs, "forward", timers, "graph_load_replay")
+    _wrap(runner.model, "compute_logits", timers, "logits_gemm")
+    _wrap(batch_buffers.Staging, "acquire", timers, "staging_wait")
+    _wrap(async_scheduling.InFlight, "_read", timers, "ids_wait_read")
+    events: list = []
+    if cuda:
+        execute, sample_deferred = runner.execute, core.sampler.sample_deferred
+
+        def marked_execute(batch):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            events.append([start, None])
+            return execute(batch)
+
+        def marked_sample(*a, **k):
+            out = sample_deferred(*a, **k)
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            if events:
+                events[-1][1] = end
+            return out
+
+        runner.execute = marked_execute
+        core.sampler.sample_deferred = marked_sample
+    return events
+
+
+def summarize(timers: Timers, events: list) -> dict:
+    """Median milliseconds per step of every timed name, and the GPU's per-step times."""
+    names = sorted({k for r in timers.rows for k in r})
+    out = {n: statistics.median(r.get(n, 0.0) for r in timers.rows) * 1e3 for n in names}
+    gpu = [s.elapsed_time(e) for s, e in events if e is not None]
+    if gpu:
+        out["gpu_execute_to_sampled"] = statistics.median(gpu)
+        starts = [s for s, _ in events]
+        out["gpu_step_period"] = statistics.median(a.elapsed_time(b) for a, b in zip(starts, starts[1:]))
+    waits = ("staging_wait", "ids_wait_read")
+    out["host_own"] = out["step"] - sum(out.get(w, 0.0) for w in waits)
+    return out
+
+
+def run(args) -> dict:
+    from benchmarks.report import environment
+
+    cuda = torch.device(args.device).type == "cuda"
+    model_dir = checkpoint(args.shape, args)
+    llm = make_llm(model_dir, args, max_num_seqs=max(args.batch, 1))
+    core = engine_core(llm)
+    params = SamplingParams(
+        max_tokens=args.steps + 160, temperature=args.temperature, ignore_eos=True, seed=args.seed
+    )
+    for i in range(args.batch):
+        core.add_request(f"anatomy{i}", [(7 * i + j) % 9000 + 1 for j in range(args.prompt_len)], params)
+    step_until_steady(core, args.batch, 64)
+    for _ in range(5):
+        core.step(final_only=True)
+    timers = Timers()
+    events = instrument(core, timers, cuda)
+    sync(args.device)
+    for _ in range(args.steps):
+        timers.rows.append({})
+        with timers.time("step"):
+            core.step(final_only=True)
+    sync(args.device)
+    result = {"config": vars(args), "env": environment(args), "ms_per_step": summarize(timers, events)}
+    if args.trace and cuda:
+        result["trace"] = write_trace(core, args.trace)
+    return result
+
+
+def write_trace(core, path: str) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(8):
+            core.step(final_only=True)
+        torch.cuda.synchronize()
+    raw = Path(path).with_suffix("").with_suffix(".json") if path.endswith(".gz") else Path(path)
+    prof.export_chrome_trace(str(raw))
+    if path.endswith(".gz"):
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
+        raw.unlink()
+    return path
+
+
+def main(argv=None) -> int:
+    from enginespec.engine_args import resolve_device
+
+    args = build_parser().parse_args(argv)
+    args.device = str(resolve_device(args.device))
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
+    args.engine_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
+    result = run(args)
+    cells = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["ms_per_step"].items()))
+    print(f"batch {args.batch}: ms/step (medians): {cells}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
