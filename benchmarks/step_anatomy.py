@@ -10,7 +10,8 @@ If the host's own time (step minus the waits) is above the GPU's, the host sets 
 
     python3 benchmarks/step_anatomy.py --batch 1 --out $OUT/anatomy.json [--trace $OUT/trace.json.gz]
 
---trace also writes a torch.profiler Chrome trace of a few steps (gzip), for the timeline.
+--trace also writes a torch.profiler Chrome trace of a few steps (gzip), for the timeline;
+--cprofile the host's top functions (cProfile, which slows the host: use its ranking, not its times).
 CPU smoke: --shape tiny --device cpu --steps 5
 """
 
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import gzip
+import io
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -53,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
     p.add_argument("--trace", help="also write a profiler Chrome trace of 8 steps here (.json.gz)")
+    p.add_argument("--cprofile", help="also write cProfile's top host functions over the steps here (text)")
     p.add_argument("--git-commit")
     p.add_argument("--out")
     return p
@@ -140,10 +145,11 @@ def run(args) -> dict:
 
     cuda = torch.device(args.device).type == "cuda"
     model_dir = checkpoint(args.shape, args)
-    llm = make_llm(model_dir, args, max_num_seqs=max(args.batch, 1))
+    args.engine_args.setdefault("max_num_seqs", args.batch)  # --engine-arg max_num_seqs=256: the LLM default
+    llm = make_llm(model_dir, args)
     core = engine_core(llm)
     params = SamplingParams(
-        max_tokens=args.steps + 160, temperature=args.temperature, ignore_eos=True, seed=args.seed
+        max_tokens=2 * args.steps + 160, temperature=args.temperature, ignore_eos=True, seed=args.seed
     )
     for i in range(args.batch):
         core.add_request(f"anatomy{i}", [(7 * i + j) % 9000 + 1 for j in range(args.prompt_len)], params)
@@ -158,10 +164,30 @@ def run(args) -> dict:
         with timers.time("step"):
             core.step(final_only=True)
     sync(args.device)
-    result = {"config": vars(args), "env": environment(args), "ms_per_step": summarize(timers, events)}
+    if args.cprofile:  # a second pass: cProfile slows the host, so the timed pass runs without it
+        write_cprofile(core, args.steps, args.cprofile)
+    result = {
+        "config": vars(args),
+        "env": environment(args),
+        "startup_phases": getattr(core.stats, "startup_phases", None),
+        "ms_per_step": summarize(timers, events),
+    }
     if args.trace and cuda:
         result["trace"] = write_trace(core, args.trace)
     return result
+
+
+def write_cprofile(core, steps: int, path: str) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        core.step(final_only=True)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    text.write("\n\n")
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+    Path(path).write_text(text.getvalue())
 
 
 def write_trace(core, path: str) -> str:
