@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
     p.add_argument("--trace", help="also write a profiler Chrome trace of 8 steps here (.json.gz)")
     p.add_argument("--cprofile", help="also write cProfile's top host functions over the steps here (text)")
+    p.add_argument(
+        "--generate-tokens",
+        type=int,
+        default=0,
+        help="also batch-1 ms/token through LLM.generate on the same LLM (decode_sweep's measure)",
+    )
     p.add_argument("--git-commit")
     p.add_argument("--out")
     return p
@@ -152,7 +158,8 @@ def run(args) -> dict:
         max_tokens=2 * args.steps + 160, temperature=args.temperature, ignore_eos=True, seed=args.seed
     )
     for i in range(args.batch):
-        core.add_request(f"anatomy{i}", [(7 * i + j) % 9000 + 1 for j in range(args.prompt_len)], params)
+        ids = [(7 * i + j) % (core.vocab_size - 1) + 1 for j in range(args.prompt_len)]
+        core.add_request(f"anatomy{i}", ids, params)
     step_until_steady(core, args.batch, 64)
     for _ in range(5):
         core.step(final_only=True)
@@ -172,6 +179,17 @@ def run(args) -> dict:
         "startup_phases": getattr(core.stats, "startup_phases", None),
         "ms_per_step": summarize(timers, events),
     }
+    if args.generate_tokens:
+        from benchmarks.phases import decode_latency
+
+        core.abort([f"anatomy{i}" for i in range(args.batch)])
+        while core.has_unfinished:
+            core.step()
+        vocab = core.vocab_size
+        prompt = [(3 * j) % (vocab - 1) + 1 for j in range(args.prompt_len)]
+        result["generate_batch1_ms_per_token"] = decode_latency(
+            llm, prompt, args.generate_tokens, args.device
+        )
     if args.trace and cuda:
         result["trace"] = write_trace(core, args.trace)
     return result
@@ -217,6 +235,9 @@ def main(argv=None) -> int:
     result = run(args)
     cells = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["ms_per_step"].items()))
     print(f"batch {args.batch}: ms/step (medians): {cells}")
+    if "generate_batch1_ms_per_token" in result:
+        print(f"batch 1 via LLM.generate: {result['generate_batch1_ms_per_token']:.3f} ms/token")
+    print(f"startup phases: {result['startup_phases']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0

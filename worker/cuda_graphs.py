@@ -118,8 +118,7 @@ class DecodeGraphs:
         size = max([self.buckets[-1], *self.mixed_buckets])
         device = model.device
         width = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
+        self.input_ids, self.positions = static_token_inputs(size, device)  # [S], [S]
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [S+1], decode
         self.mixed_query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [S+1]
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)  # [S]
@@ -219,6 +218,16 @@ class DecodeGraphs:
             qsl = self.mixed_query_start_loc
             qsl[: num_reqs + 1].copy_(meta.query_start_loc, non_blocking=True)
             qsl[num_reqs + 1 : n + 1].fill_(n)
+
+
+def static_token_inputs(size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The graphs' input_ids and positions [size] int64, laid out as an eager step's staging
+    copy lays them out (impls/fast/batch.py _Layout): input_ids at storage offset 0, positions
+    at an offset of at least 2. dynamo guards on a tensor's storage offset (0 and 1 are
+    specialised), so positions at offset 0 here would fail the guard of the graph the eager
+    steps compiled and compile the decoder once more at capture (18.7 s of a cold H200 start)."""
+    both = torch.zeros(2 * size + 2, dtype=torch.int64, device=device)
+    return both[:size], both[size + 2 :]
 
 
 def _is_mixed(meta: BatchMeta) -> bool:

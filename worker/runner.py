@@ -136,7 +136,7 @@ class ModelRunner:
         """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
         weights and route the merged decoder's through the measured choice. Only for the
         merged decoder in bf16/fp16 on CUDA; otherwise says why and changes nothing."""
-        from enginespec.worker.skinny_linear import resolve_switch
+        from enginespec.worker.skinny_linear import ENGINE_MAX_ROWS, resolve_switch
         from enginespec.worker.skinny_ops import install
 
         if not resolve_switch(setting):
@@ -147,10 +147,11 @@ class ModelRunner:
             or merged is None
             or self.model.dtype not in (torch.bfloat16, torch.float16)
         ):
-            log.warning("skinny_gemm needs the merged decoder in bf16/fp16 on CUDA; using cuBLAS")
+            if setting:  # asked for by name: say why not (the default just stays on cuBLAS)
+                log.warning("skinny_gemm needs the merged decoder in bf16/fp16 on CUDA; using cuBLAS")
             return None
         try:
-            return install(merged, self.device, max_rows=min(self.max_num_seqs, 64))
+            return install(merged, self.device, max_rows=min(self.max_num_seqs, ENGINE_MAX_ROWS))
         except Exception as e:  # noqa: BLE001 - an optimisation, never a requirement (as graphs are)
             log.warning("skinny_gemm tuning failed (%s: %s); using cuBLAS", type(e).__name__, e)
             return None

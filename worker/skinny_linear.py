@@ -27,8 +27,9 @@ MergedLayer.forward). `install` points them at the custom ops `enginespec::linea
 run time (at graph capture for decode: each captured bucket bakes in its choice). Rows over
 `max_rows` and shapes not tuned run the baseline.
 
-Off by default: EngineArgs.skinny_gemm (or ENGINESPEC_SKINNY_GEMM=1) turns it on, so the lead
-can A/B it end to end (benchmarks/decode_sweep.py --engine-arg skinny_gemm=true).
+On by default for steps of up to ENGINE_MAX_ROWS rows (bf16/fp16 on CUDA); EngineArgs.skinny_gemm=False
+(or ENGINESPEC_SKINNY_GEMM=0) turns it off, so it can be A/B'd end to end
+(benchmarks/step_anatomy.py --engine-arg skinny_gemm=false).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ from enginespec.worker.gemm_tuning import candidates, graph_us, precompile
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ROWS = 64
+# What an engine tunes and routes (row buckets 1-8): on the H200 the one-tile GEMV took batch-1
+# decode from 1.43 to 1.05 ms/step and batch 8 from 1.65 to 1.35, while 16-64 rows measured no
+# gain over cuBLAS (benchmarks/RESULTS.md, fifth session); fewer buckets also tune faster.
+ENGINE_MAX_ROWS = 8
 WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
@@ -53,9 +58,10 @@ VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: e
 
 
 def resolve_switch(setting: Optional[bool]) -> bool:
-    """EngineArgs.skinny_gemm: None reads ENGINESPEC_SKINNY_GEMM (1/true/on), default off."""
+    """EngineArgs.skinny_gemm: None reads ENGINESPEC_SKINNY_GEMM (0/false/off/no turns it off),
+    default on."""
     if setting is None:
-        return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "on", "yes")
+        return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
     if not isinstance(setting, bool):
         raise ValueError(f"skinny_gemm must be None, True or False, got {setting!r}")
     return setting

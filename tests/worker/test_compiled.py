@@ -81,6 +81,34 @@ def test_profile_run_compiles_the_graph_real_steps_use(impl, torch_one_thread):
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 
 
+def test_graph_inputs_share_the_eager_steps_compiled_graph(impl):
+    """CUDA-graph capture feeds the compiled body static buffers; eager steps feed it views of
+    the step's staging copy. dynamo guards on storage offsets (0 and 1 specialised), so both
+    must put input_ids at offset 0 and positions past 1, or capture compiles the decoder again."""
+    from torch._dynamo.utils import counters
+
+    from enginespec.impls.fast.batch import _Layout
+    from enginespec.worker.cuda_graphs import static_token_inputs
+
+    table = torch.randn(64, 8)
+
+    def body(input_ids, positions):
+        return table[positions] * input_ids[:, None].float()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(body, backend="aot_eager", fullgraph=True)
+    counters.clear()
+    for n in (5, 3):  # an eager step's staging views, then a capture bucket's static buffers
+        ids, pos = _Layout(n, n, 2, n).views(torch.zeros(4096, dtype=torch.uint8))[:2]
+        ids, pos = ids.copy_(torch.arange(n)), pos.copy_(torch.arange(n))
+        graph_ids, graph_pos = (t[:n] for t in static_token_inputs(8, "cpu"))
+        for a, b in ((ids, pos), (graph_ids, graph_pos)):
+            torch._dynamo.mark_dynamic(a, 0)
+            torch._dynamo.mark_dynamic(b, 0)
+            compiled(a, b)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
 def test_compile_setting():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert should_compile(None, cuda, enforce_eager=False)

@@ -69,7 +69,9 @@ def test_precompile_runs_every_job_and_swallows_failures():
 def test_row_bucket_and_switch(monkeypatch):
     assert [sl.row_bucket(r) for r in (1, 2, 3, 4, 5, 16, 17, 64)] == [1, 2, 4, 4, 8, 16, 32, 64]
     monkeypatch.delenv(sl.ENV_SWITCH, raising=False)
-    assert sl.resolve_switch(None) is False
+    assert sl.resolve_switch(None) is True  # on by default
+    monkeypatch.setenv(sl.ENV_SWITCH, "0")
+    assert sl.resolve_switch(None) is False and sl.resolve_switch(True) is True
     monkeypatch.setenv(sl.ENV_SWITCH, "1")
     assert sl.resolve_switch(None) is True and sl.resolve_switch(False) is False
     with pytest.raises(ValueError, match="skinny_gemm"):
