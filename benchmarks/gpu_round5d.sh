@@ -10,8 +10,8 @@ gpu_setup || exit 1
 TORCH_LOGS=recompiles timeout 130 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 \
   --engine-arg max_num_seqs=256 --generate-tokens 128 --out "$out/anatomy_b1.json" > "$out/anatomy_b1.log" 2>&1
 echo "anatomy b1 rc=$?"; grep -E "^batch|^startup|Recompiling|triggered by|- 0/" "$out/anatomy_b1.log" | cut -c1-260 | head -12
-timeout 450 python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rfEs -p no:cacheprovider \
+timeout 450 python3 -m pytest -p enginespec.conformance.plugin --impl=fast -v -rfEs -p no:cacheprovider \
   --durations=15 conformance tests > "$out/pytest_fast.log" 2>&1
 echo "pytest exit: $?"
-grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_fast.log" | tail -25
+grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_fast.log" | grep -v " PASSED" | tail -25; grep -c " PASSED" "$out/pytest_fast.log"; grep -E " (FAILED|ERROR)" "$out/pytest_fast.log" | head -20
 cd "$out" && tar czf logs.tgz *.log 2>/dev/null; ls
