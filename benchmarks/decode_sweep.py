@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
 from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
 from benchmarks.phases import decode_latency, phase_device  # noqa: E402
+from benchmarks.step_anatomy import gpu_ms, mark_gpu_steps, unmark_gpu_steps  # noqa: E402
 from benchmarks.step_bins import timed_steps  # noqa: E402
 from benchmarks.sweep_profile import profile_steps  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
@@ -129,12 +130,16 @@ def measure_batch(core, batch: int, shape, rates: dict, args) -> dict:
     for _ in range(args.settle):
         core.step(final_only=True)
     sync(args.device)
+    cuda = torch.device(args.device).type == "cuda"
+    events = mark_gpu_steps(core) if cuda else []
     core.stats.step_trace = []
     start = time.perf_counter()
     for _ in range(args.steps):
         core.step(final_only=True)
     sync(args.device)
     trace, core.stats.step_trace = (start, core.stats.step_trace), None
+    if cuda:
+        unmark_gpu_steps(core)
     _drain(core, ids)
     steps = list(timed_steps(trace, shape, rates))
     walls = [s[2] * 1e3 for s in steps]
@@ -148,6 +153,8 @@ def measure_batch(core, batch: int, shape, rates: dict, args) -> dict:
         "min_ms": min(walls),
         # host blocked on the previous step's ids: near zero where the host, not the GPU, sets the pace
         "wait_ms": statistics.median(t[4] for t in trace[1]) * 1e3 if trace[1] else None,
+        # the GPU's own step time (CUDA events): below ms_per_step where the host sets the pace
+        "gpu_period_ms": gpu_ms(events).get("gpu_step_period"),
         "all_decode": all(s[0] == batch and s[1] == batch for s in steps),
         "warm_steps": warm,
         "context_tokens_first": trace[1][0][2] if trace[1] else None,
@@ -206,14 +213,15 @@ def _save(results: dict, path) -> None:
 def markdown(results: dict) -> str:
     """The sweep as a markdown table (batch, ms/step, floor, ratio), then batch-1 generate."""
     lines = [
-        "| batch | ms/step (median) | floor ms (weights + KV) | ms / floor | host wait ms |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| batch | ms/step (median) | floor ms (weights + KV) | ms / floor | host wait ms | GPU period ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results["rows"]:
         flag = "" if r.get("all_decode", True) else " (not all decode)"
         wait = "" if r.get("wait_ms") is None else f"{r['wait_ms']:.3f}"
+        gpu = "" if r.get("gpu_period_ms") is None else f"{r['gpu_period_ms']:.3f}"
         lines.append(
-            f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} | {wait} |"
+            f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} | {wait} | {gpu} |"
         )
     prof = results.get("profile_batch1")
     if prof and "top" in prof:

@@ -89,8 +89,9 @@ class Timers:
             self.add(name, time.perf_counter() - start)
 
 
-def _wrap(obj, attr: str, timers: Timers, name: str) -> None:
+def _wrap(obj, attr: str, timers: Timers, name: str, undo: list) -> None:
     inner = getattr(obj, attr)
+    undo.append((obj, attr, obj.__dict__.get(attr)))
 
     def timed(*a, **k):
         with timers.time(name):
@@ -99,47 +100,79 @@ def _wrap(obj, attr: str, timers: Timers, name: str) -> None:
     setattr(obj, attr, timed)
 
 
-def instrument(core, timers: Timers, cuda: bool) -> list:
-    """Patch the engine's spans and a few inner calls to time into `timers` (module doc).
-    Returns the list that collects (start, end) CUDA events per step."""
+@contextlib.contextmanager
+def instrument(core, timers: Timers, cuda: bool):
+    """Within the block, the engine's spans and a few inner calls time into `timers` (module
+    doc); yields the list that collects (start, end) CUDA events per step. Everything patched
+    (the engine module's span, a class method, this engine's objects) is put back after."""
+    undo: list = [(core_module, "_span", core_module._span)]
     core_module._span = timers.time
     runner = core.runner
     if getattr(runner, "graphs", None) is not None:
-        _wrap(runner.graphs, "forward", timers, "graph_load_replay")
-    _wrap(runner.model, "compute_logits", timers, "logits_gemm")
-    _wrap(async_scheduling.InFlight, "_read", timers, "ids_wait_read")
+        _wrap(runner.graphs, "forward", timers, "graph_load_replay", undo)
+    _wrap(runner.model, "compute_logits", timers, "logits_gemm", undo)
+    _wrap(async_scheduling.InFlight, "_read", timers, "ids_wait_read", undo)
+    try:
+        yield mark_gpu_steps(core) if cuda else []
+    finally:
+        if cuda:
+            unmark_gpu_steps(core)
+        for obj, attr, old in reversed(undo):
+            if old is None:
+                delattr(obj, attr)  # an instance attribute set over its class's method
+            else:
+                setattr(obj, attr, old)
+
+
+def mark_gpu_steps(core) -> list:
+    """Record a CUDA event on the stream as each step's execute starts and another after its
+    sampler's launches (patching this engine's runner.execute and sampler.sample_deferred);
+    returns the list of [start, end] pairs it fills. unmark_gpu_steps(core) undoes it."""
+    runner, sampler = core.runner, core.sampler
+    execute, sample_deferred = runner.execute, sampler.sample_deferred
     events: list = []
-    if cuda:
-        execute, sample_deferred = runner.execute, core.sampler.sample_deferred
 
-        def marked_execute(batch):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            events.append([start, None])
-            return execute(batch)
+    def marked_execute(batch):
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        events.append([start, None])
+        return execute(batch)
 
-        def marked_sample(*a, **k):
-            out = sample_deferred(*a, **k)
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            if events:
-                events[-1][1] = end
-            return out
+    def marked_sample(*a, **k):
+        out = sample_deferred(*a, **k)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        if events:
+            events[-1][1] = end
+        return out
 
-        runner.execute = marked_execute
-        core.sampler.sample_deferred = marked_sample
+    runner.execute, sampler.sample_deferred = marked_execute, marked_sample
     return events
+
+
+def unmark_gpu_steps(core) -> None:
+    for obj, name in ((core.runner, "execute"), (core.sampler, "sample_deferred")):
+        obj.__dict__.pop(name, None)  # the instance attribute mark_gpu_steps set: the method again
+
+
+def gpu_ms(events: list) -> dict:
+    """Median GPU milliseconds per step from mark_gpu_steps' events (call after a sync):
+    from execute's start to the sampler's end, and between consecutive steps' starts."""
+    done = [(s, e) for s, e in events if e is not None]
+    if len(done) < 2:
+        return {}
+    starts = [s for s, _ in done]
+    return {
+        "gpu_execute_to_sampled": statistics.median(s.elapsed_time(e) for s, e in done),
+        "gpu_step_period": statistics.median(a.elapsed_time(b) for a, b in zip(starts, starts[1:])),
+    }
 
 
 def summarize(timers: Timers, events: list) -> dict:
     """Median milliseconds per step of every timed name, and the GPU's per-step times."""
     names = sorted({k for r in timers.rows for k in r})
     out = {n: statistics.median(r.get(n, 0.0) for r in timers.rows) * 1e3 for n in names}
-    gpu = [s.elapsed_time(e) for s, e in events if e is not None]
-    if gpu:
-        out["gpu_execute_to_sampled"] = statistics.median(gpu)
-        starts = [s for s, _ in events]
-        out["gpu_step_period"] = statistics.median(a.elapsed_time(b) for a, b in zip(starts, starts[1:]))
+    out.update(gpu_ms(events))
     waits = ("ids_wait_read",)
     out["host_own"] = out["step"] - sum(out.get(w, 0.0) for w in waits)
     return out
@@ -163,13 +196,13 @@ def run(args) -> dict:
     for _ in range(5):
         core.step(final_only=True)
     timers = Timers()
-    events = instrument(core, timers, cuda)
-    sync(args.device)
-    for _ in range(args.steps):
-        timers.rows.append({})
-        with timers.time("step"):
-            core.step(final_only=True)
-    sync(args.device)
+    with instrument(core, timers, cuda) as events:
+        sync(args.device)
+        for _ in range(args.steps):
+            timers.rows.append({})
+            with timers.time("step"):
+                core.step(final_only=True)
+        sync(args.device)
     if args.cprofile:  # a second pass: cProfile slows the host, so the timed pass runs without it
         write_cprofile(core, args.steps, args.cprofile)
     result = {
