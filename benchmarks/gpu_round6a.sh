@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Device call A for the next round (written 2026-12-01, fifth session, not yet run): the figures
+# of the fifth session's changes that its device time did not cover. With skinny_gemm on by
+# default (rows 1-8), the host's phase spans free, and apply_patch's slice path:
+# - the 0.6B decode sweep by batch size, each row with the GPU's own period beside the wall
+#   (a host-bound machine shows as GPU period << wall), and its batch-1 profile;
+# - batch 1 at the LLM's default max_num_seqs: host phases, GPU period, LLM.generate ms/token,
+#   and cProfile's ranking of the host's functions;
+# - the 8B shape at batch 1 (target: at most 1.25x its weight floor);
+# - temperature 0.6 end to end, first call and warm (issue 16: at most 1.3x the floor).
+# At most eight files come back: keep the list below at eight.
+# Usage (device machine, repo root): bash benchmarks/gpu_round6a.sh SHA
+set -u
+sha=${1:?commit}
+source benchmarks/gpu_common.sh
+gpu_setup || exit 1
+timeout 170 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep.json" --profile \
+  > "$out/sweep.log" 2>&1; echo "sweep rc=$?"; grep -E "^\||batch-1" "$out/sweep.log" | head -14
+timeout 80 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 --engine-arg max_num_seqs=256 \
+  --generate-tokens 128 --cprofile "$out/cprofile_b1.txt" --out "$out/anatomy_b1.json" > "$out/anatomy.log" 2>&1
+echo "anatomy rc=$?"; grep -E "^batch|^startup" "$out/anatomy.log"
+timeout 150 python3 benchmarks/step_anatomy.py --git-commit "$sha" --shape qwen3-8b --batch 1 \
+  --engine-arg max_num_seqs=256 --generate-tokens 64 --out "$out/anatomy_8b.json" >> "$out/anatomy.log" 2>&1
+echo "anatomy 8b rc=$?"; grep -E "^batch|^startup" "$out/anatomy.log" | tail -3
+c="--impl fast --git-commit $sha --repeat 3 --first-call --skip-hf --skip-big --skip-latency --skip-profile"
+timeout 110 python3 benchmarks/throughput.py $c --temperature 0.6 --out "$out/t06.json" > "$out/t06.log" 2>&1
+echo "t06 rc=$?"; grep -iE "floor|wall|first" "$out/t06.log" | grep -v "it/s" | tail -6
+cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log sweep.png; ls
