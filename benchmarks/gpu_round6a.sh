@@ -21,7 +21,7 @@ timeout 80 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 --en
 echo "anatomy rc=$?"; grep -E "^batch|^startup" "$out/anatomy.log"
 timeout 150 python3 benchmarks/step_anatomy.py --git-commit "$sha" --shape qwen3-8b --batch 1 \
   --engine-arg max_num_seqs=256 --generate-tokens 64 --out "$out/anatomy_8b.json" >> "$out/anatomy.log" 2>&1
-echo "anatomy 8b rc=$?"; grep -E "^batch|^startup" "$out/anatomy.log" | tail -3
+echo "anatomy 8b rc=$?"; grep -E "^batch|^startup|^weight" "$out/anatomy.log" | tail -4
 c="--impl fast --git-commit $sha --repeat 3 --first-call --skip-hf --skip-big --skip-latency --skip-profile"
 timeout 110 python3 benchmarks/throughput.py $c --temperature 0.6 --out "$out/t06.json" > "$out/t06.log" 2>&1
 echo "t06 rc=$?"; grep -iE "floor|wall|first" "$out/t06.log" | grep -v "it/s" | tail -6

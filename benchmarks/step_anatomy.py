@@ -36,7 +36,8 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
-from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, sync  # noqa: E402
+from benchmarks import roofline as rl  # noqa: E402
+from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
 from enginespec.engine import async_scheduling  # noqa: E402
 from enginespec.engine import engine_core as core_module  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
@@ -211,6 +212,9 @@ def run(args) -> dict:
         "startup_phases": getattr(core.stats, "startup_phases", None),
         "ms_per_step": summarize(timers, events),
     }
+    if cuda:  # one read of the weights at the copy bandwidth measured now (decode_sweep's floor)
+        rate = rl.measure_copy_bandwidth(args.device, 1 << 30, iters=10)
+        result["weight_floor_ms"] = shape_of(model_dir, args.dtype).weight_bytes_per_step / rate * 1e3
     if args.generate_tokens:
         from benchmarks.phases import decode_latency
 
@@ -267,6 +271,8 @@ def main(argv=None) -> int:
     result = run(args)
     cells = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["ms_per_step"].items()))
     print(f"batch {args.batch}: ms/step (medians): {cells}")
+    if "weight_floor_ms" in result:
+        print(f"weight floor {result['weight_floor_ms']:.3f} ms")
     if "generate_batch1_ms_per_token" in result:
         print(f"batch 1 via LLM.generate: {result['generate_batch1_ms_per_token']:.3f} ms/token")
     print(f"startup phases: {result['startup_phases']}")
