@@ -35,8 +35,8 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 
 import torch  # noqa: E402
 
-from benchmarks.decode_profile import step_until_steady  # noqa: E402
 from benchmarks import roofline as rl  # noqa: E402
+from benchmarks.decode_profile import step_until_steady  # noqa: E402
 from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
 from enginespec.engine import async_scheduling  # noqa: E402
 from enginespec.engine import engine_core as core_module  # noqa: E402
