@@ -37,13 +37,12 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
-from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
+from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
 from benchmarks.phases import decode_latency, phase_device  # noqa: E402
 from benchmarks.step_anatomy import gpu_ms, mark_gpu_steps, unmark_gpu_steps  # noqa: E402
 from benchmarks.step_bins import timed_steps  # noqa: E402
 from benchmarks.sweep_profile import profile_steps  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
-from enginespec.testing import checkpoints  # noqa: E402
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -60,12 +59,7 @@ def _engine_arg(text: str) -> tuple[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/decode_sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
-    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
-    p.add_argument("--impl", default="fast")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=["auto"] + sorted(DTYPES), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="comma-separated")
     p.add_argument("--prompt-len", type=int, default=512, help="context of every request at the start")
     p.add_argument("--steps", type=int, default=30, help="traced decode steps per batch size")

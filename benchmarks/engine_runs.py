@@ -56,6 +56,19 @@ def engine_supports(name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
+def add_model_args(p) -> None:
+    """The arguments every single-engine probe shares: which synthetic shape (or checkpoint),
+    impl, device, dtype and seed (decode_sweep.py, step_anatomy.py)."""
+    from enginespec.testing import checkpoints
+
+    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
+    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
+    p.add_argument("--impl", default="fast")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=["auto"] + sorted(DTYPES), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def make_llm(model_dir, args, **extra):
     """The engine under test: LLM(model_dir, impl=..., dtype=args.dtype, ...) plus --engine-arg."""
     from enginespec.llm import LLM

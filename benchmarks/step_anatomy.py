@@ -37,21 +37,15 @@ import torch  # noqa: E402
 
 from benchmarks import roofline as rl  # noqa: E402
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
-from benchmarks.engine_runs import DTYPES, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
+from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
 from enginespec.engine import async_scheduling  # noqa: E402
 from enginespec.engine import engine_core as core_module  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
-from enginespec.testing import checkpoints  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/step_anatomy.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
-    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
-    p.add_argument("--impl", default="fast")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=["auto"] + sorted(DTYPES), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100)
