@@ -97,6 +97,27 @@ def _prefill(model, impl, num_tokens: int, body=None):
 
 
 @interpreted
+def test_one_row_through_the_one_tile_gemv_equals_the_plain_decoder(impl, monkeypatch, torch_one_thread):
+    """A decode row (bucket 1) with the one-tile GEMV chosen for every fused call of every layer:
+    the same hidden states as the plain decoder (float32)."""
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    layers = model.merged.layers
+    want = _prefill(model, impl, 1)
+    table = sl.LinearTable("cpu", max_rows=1)
+    gemv = SkinnyConfig(block_n=2, block_k=512, use_dot=False, gemv=True)
+    assert max(layers[0].gate_up_weight.shape[1], layers[0].down_proj.weight.shape[1]) <= gemv.block_k
+    for variant in sl.VARIANTS:
+        for group in skinny_ops.tuning_groups(layers, variant):
+            table.choices[(1, *group, variant)] = sl.Choice(gemv, 1.0, 2.0)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 1)
+    for layer in layers:
+        monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
+    torch.testing.assert_close(_prefill(model, impl, 1), want, atol=1e-5, rtol=1e-5)
+
+
+@interpreted
 @pytest.mark.parametrize(
     "fused,chosen", [(False, True), (True, True), (True, False)], ids=["linear", "fused", "baselines"]
 )
