@@ -4,8 +4,11 @@
 # default (rows 1-8), the host's phase spans free, and apply_patch's slice path:
 # - the 0.6B decode sweep by batch size, each row with the GPU's own period beside the wall
 #   (a host-bound machine shows as GPU period << wall), and its batch-1 profile;
-# - batch 1 at the LLM's default max_num_seqs: host phases, GPU period, LLM.generate ms/token,
-#   and cProfile's ranking of the host's functions;
+# - batch 1 at the LLM's default max_num_seqs, on cold caches: startup by phase, host phases,
+#   GPU period, LLM.generate ms/token, and cProfile's ranking of the host's functions; then the
+#   same with ENGINESPEC_EAGER_FUSED=1 (the fused path's rows 1-8 uncompiled: two fewer dynamo
+#   graphs at startup, a few unfused glue kernels a step; worker/compiled.py) as the A/B that
+#   decides whether it becomes the default;
 # - the 8B shape at batch 1 (target: at most 1.25x its weight floor);
 # - temperature 0.6 end to end, first call and warm (issue 16: at most 1.3x the floor).
 # At most eight files come back: keep the list below at eight.
@@ -14,11 +17,15 @@ set -u
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
+cold() { TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) "$@"; }
+cold timeout 110 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 --engine-arg max_num_seqs=256 \
+  --generate-tokens 128 --cprofile "$out/cprofile_b1.txt" --out "$out/anatomy_b1.json" > "$out/anatomy.log" 2>&1
+echo "anatomy rc=$?"; grep -E "^batch|^startup|^weight" "$out/anatomy.log"
+ENGINESPEC_EAGER_FUSED=1 cold timeout 110 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 \
+  --engine-arg max_num_seqs=256 --generate-tokens 128 --out "$out/anatomy_b1_eager.json" >> "$out/anatomy.log" 2>&1
+echo "anatomy eager-fused rc=$?"; grep -E "^batch|^startup|^weight" "$out/anatomy.log" | tail -4
 timeout 170 python3 benchmarks/decode_sweep.py --git-commit "$sha" --out "$out/sweep.json" --profile \
   > "$out/sweep.log" 2>&1; echo "sweep rc=$?"; grep -E "^\||batch-1" "$out/sweep.log" | head -14
-timeout 80 python3 benchmarks/step_anatomy.py --git-commit "$sha" --batch 1 --engine-arg max_num_seqs=256 \
-  --generate-tokens 128 --cprofile "$out/cprofile_b1.txt" --out "$out/anatomy_b1.json" > "$out/anatomy.log" 2>&1
-echo "anatomy rc=$?"; grep -E "^batch|^startup" "$out/anatomy.log"
 timeout 150 python3 benchmarks/step_anatomy.py --git-commit "$sha" --shape qwen3-8b --batch 1 \
   --engine-arg max_num_seqs=256 --generate-tokens 64 --out "$out/anatomy_8b.json" >> "$out/anatomy.log" 2>&1
 echo "anatomy 8b rc=$?"; grep -E "^batch|^startup|^weight" "$out/anatomy.log" | tail -4

@@ -25,6 +25,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
+EAGER_FUSED_ENV = "ENGINESPEC_EAGER_FUSED"  # "1": the fused path's steps run uncompiled (CompiledBody)
+
 
 class CompiledBody:
     """`model.body` through torch.compile(backend), with the token dimension dynamic."""
@@ -34,9 +36,16 @@ class CompiledBody:
         self.backend = backend
         self.error: Optional[BaseException] = None
         self._compiled = torch.compile(model.body, backend=backend, fullgraph=True)
+        # Steps of at most this many rows run the body uncompiled (0: none). For the skinny
+        # GEMM's fused path (worker/skinny_linear.py) nearly every launch is already one of our
+        # ops, and those steps replay CUDA graphs, so compiling them buys a few fused glue
+        # kernels for two more dynamo graphs at startup (rows 2-8 and the one-row graph: ~15 and
+        # ~13 s of a cold H200 start). Set by the runner under ENGINESPEC_EAGER_FUSED=1, an
+        # experiment until measured on the device (benchmarks/gpu_round6a.sh).
+        self.eager_max_rows = 0
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.error is not None:
+        if self.error is not None or input_ids.shape[0] <= self.eager_max_rows:
             return self.model.body(input_ids, positions)
         if input_ids.shape[0] > 1:
             torch._dynamo.mark_dynamic(input_ids, 0)

@@ -23,6 +23,7 @@ the copy of a request that finished while swapped, so host memory never outlives
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -31,7 +32,7 @@ import torch
 
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
-from enginespec.worker.compiled import CompiledBody, should_compile
+from enginespec.worker.compiled import EAGER_FUSED_ENV, CompiledBody, should_compile
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class ModelRunner:
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
+            if self.linear_table is not None and os.environ.get(EAGER_FUSED_ENV, "0") == "1":
+                self.body.eager_max_rows = model.merged.fused_max_rows  # compiled.py says why
         self.num_blocks = self._size_pool(
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn
         )

@@ -109,6 +109,26 @@ def test_graph_inputs_share_the_eager_steps_compiled_graph(impl):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
+def test_rows_up_to_eager_max_rows_run_uncompiled(impl, torch_one_thread):
+    """CompiledBody.eager_max_rows: steps of that many rows or fewer run the eager body (no
+    dynamo graph for them), larger ones the compiled graph; both compute what eager does."""
+    from torch._dynamo.utils import counters
+
+    from enginespec.worker.compiled import CompiledBody
+    from enginespec.worker.flat_model import FlatModel
+    from tests.worker.test_skinny_linear import _prefill
+
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    torch._dynamo.reset()
+    body = CompiledBody(model, backend="aot_eager")
+    body.eager_max_rows = 8
+    counters.clear()
+    for n, graphs in ((1, 0), (8, 0), (11, 1), (13, 1)):
+        got = _prefill(model, impl, n, body=body)
+        torch.testing.assert_close(got, _prefill(model, impl, n), atol=1e-5, rtol=1e-5)
+        assert counters["stats"]["unique_graphs"] == graphs, (n, dict(counters["stats"]))
+
+
 def test_compile_setting():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert should_compile(None, cuda, enforce_eager=False)
