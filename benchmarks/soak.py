@@ -9,25 +9,30 @@ off, four tenants (cache salts); the tiny Qwen3 checkpoint on CPU. Prints the fi
 from __future__ import annotations
 
 import argparse
+import tempfile
 
 import torch
 
 from enginespec.conformance.soak import run_soak
 from enginespec.spec import load_impl
+from enginespec.testing.checkpoints import use_cache_root
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impl", default="fast")
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    figures = run_soak(load_impl(args.impl), args.requests, args.seed)
+    with tempfile.TemporaryDirectory(prefix="enginespec-soak-") as tmp:
+        use_cache_root(tmp)  # the tiny checkpoint is built here and goes away with the run
+        figures = run_soak(load_impl(args.impl), args.requests, args.seed)
     print(f"soak: impl={args.impl} seed={args.seed}")
     for line in figures.lines():
         print(line)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
