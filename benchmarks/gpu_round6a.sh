@@ -2,10 +2,11 @@
 # Device call A for the next round (written 2026-12-01, fifth session, not yet run): the figures
 # of the fifth session's changes that its device time did not cover. With skinny_gemm on by
 # default (rows 1-8), the host's phase spans free, and apply_patch's slice path:
-# - the 0.6B decode sweep by batch size, each row with the GPU's own period beside the wall
-#   (a host-bound machine shows as GPU period << wall), and its batch-1 profile;
+# - the 0.6B decode sweep by batch size, each row with the host's wait (near zero: the host set
+#   the pace) and the step's decode graph alone, replayed back to back (the decoder's own GPU
+#   time), and its batch-1 profile;
 # - batch 1 at the LLM's default max_num_seqs, on cold caches: startup by phase, host phases,
-#   GPU period, LLM.generate ms/token, and cProfile's ranking of the host's functions; then the
+#   the decode graph alone, LLM.generate ms/token, and cProfile's ranking of the host's functions; then the
 #   same with ENGINESPEC_EAGER_FUSED=1 (the fused path's rows 1-8 uncompiled: two fewer dynamo
 #   graphs at startup, a few unfused glue kernels a step; worker/compiled.py) as the A/B that
 #   decides whether it becomes the default;

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -150,9 +151,32 @@ def unmark_gpu_steps(core) -> None:
         obj.__dict__.pop(name, None)  # the instance attribute mark_gpu_steps set: the method again
 
 
+def graph_replay_ms(core, num_rows: int, reps: int = 20) -> Optional[float]:
+    """Device milliseconds of the decode CUDA graph that `num_rows` rows replay, replayed `reps`
+    times back to back on an idle GPU (its static inputs as the last step left them: the same
+    K/V rewritten to the same slots). The decoder's own GPU time, free of the host's pace,
+    which the event marks above are not: a GPU that waits for the host's launches waits
+    between and inside those marks too. None without CUDA graphs."""
+    graphs = getattr(core.runner, "graphs", None)
+    bucket = graphs.bucket_for(num_rows) if graphs is not None else None
+    if bucket is None or bucket not in graphs.graphs:
+        return None
+    graph = graphs.graphs[bucket]
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def gpu_ms(events: list) -> dict:
     """Median GPU milliseconds per step from mark_gpu_steps' events (call after a sync):
-    from execute's start to the sampler's end, and between consecutive steps' starts."""
+    from execute's start to the sampler's end, and between consecutive steps' starts. Both
+    include the GPU's waits for the host's launches; only the host's wait for the previous
+    step's ids (ids_wait_read near zero) says that the host set the pace."""
     done = [(s, e) for s, e in events if e is not None]
     if len(done) < 2:
         return {}
@@ -206,6 +230,8 @@ def run(args) -> dict:
         "startup_phases": getattr(core.stats, "startup_phases", None),
         "ms_per_step": summarize(timers, events),
     }
+    if cuda:
+        result["graph_replay_ms"] = graph_replay_ms(core, args.batch)
     if cuda:  # one read of the weights at the copy bandwidth measured now (decode_sweep's floor)
         rate = rl.measure_copy_bandwidth(args.device, 1 << 30, iters=10)
         result["weight_floor_ms"] = shape_of(model_dir, args.dtype).weight_bytes_per_step / rate * 1e3
@@ -265,6 +291,8 @@ def main(argv=None) -> int:
     result = run(args)
     cells = ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["ms_per_step"].items()))
     print(f"batch {args.batch}: ms/step (medians): {cells}")
+    if result.get("graph_replay_ms") is not None:
+        print(f"decode graph alone, replayed back to back: {result['graph_replay_ms']:.3f} ms")
     if "weight_floor_ms" in result:
         print(f"weight floor {result['weight_floor_ms']:.3f} ms")
     if "generate_batch1_ms_per_token" in result:
