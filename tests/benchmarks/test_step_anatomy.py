@@ -23,6 +23,5 @@ def test_anatomy_times_each_phase_and_puts_everything_back(tmp_path, monkeypatch
     for phase in ("step", "schedule", "prepare", "execute", "sample", "update", "logits_gemm"):
         assert ms[phase] > 0, phase
     assert ms["host_own"] == pytest.approx(ms["step"] - ms.get("ids_wait_read", 0.0))
-    assert ms["prepare"] + ms["execute"] < ms["step"]
     assert json.loads(out.read_text())["generate_batch1_ms_per_token"] > 0
     assert core_module._span is span and async_scheduling.InFlight._read is read
