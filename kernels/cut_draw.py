@@ -64,6 +64,19 @@ WIDE_BLOCK = 512  # tokens per loop step of the wide path's passes (a [WIDE_BLOC
 WAYS = tl.constexpr(16) if triton is not None else 16  # pivots per read in the wide bisection
 NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
 NUM_ROUNDS = 8  # spread rounds: WAYS ** NUM_ROUNDS = 16 ** 8 covers the 32-bit float order
+# Ways the candidate cut's bisection splits its key interval per step (`_bisect_block`): fewer,
+# wider steps trade block-wide reductions (one per step) for compares. Timed by
+# benchmarks/sampler_probe.py; any power of two gives the same cut.
+CUT_SPLIT = 16
+# How the scan places a chunk's candidates in their slots: one scan of the whole chunk (False),
+# or a scan of the NB sub-blocks' counts plus one within each sub-block (True). Same slots.
+SCAN_2D = True
+
+
+def split_steps(split: int) -> int:
+    """Steps of a `split`-way bisection over the 32-bit float order: ceil(32 / log2(split))."""
+    assert split >= 2 and split & (split - 1) == 0, split
+    return -(-32 // (split.bit_length() - 1))
 
 
 def layout(chunk: int) -> tuple[int, int, int]:
@@ -105,6 +118,7 @@ if triton is not None:
         CC: tl.constexpr,
         SLOTS: tl.constexpr,
         NUM_PARAMS: tl.constexpr,
+        SCAN_2D: tl.constexpr,
     ):
         # x_ptr: [S, x_stride] float32 (e_ptr, e_stride, map_ptr: see _row_ptr); prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
         # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); cand_ptr: [S, num_chunks,
@@ -126,15 +140,23 @@ if triton is not None:
         tl.store(out + num_chunks, mass)
         tl.store(out + 2 * num_chunks, first.to(tl.float32))
         if tl.load(prm_ptr + row * NUM_PARAMS + 2) != 0.0:
-            block_max = tl.max(tl.reshape(xv, [NB, CHUNK // NB]), axis=1)
+            x2 = tl.reshape(xv, [NB, CHUNK // NB])
+            block_max = tl.max(x2, axis=1)
             # the CC-th largest block max: the largest b with at least CC maxima >= b (no sort)
             num_ge = tl.sum((block_max[None, :] >= block_max[:, None]).to(tl.int32), axis=1)
             floor = tl.max(tl.where(num_ge >= CC, block_max, float("-inf")), axis=0)
-            take = (xv >= floor) & (xv > float("-inf"))
-            pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
-            count = tl.sum(take.to(tl.int32), axis=0)
             slots = cand_ptr + (row.to(tl.int64) * num_chunks + part) * SLOTS
-            tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
+            if SCAN_2D:  # slot = the sub-block's start (a scan of NB counts) + the rank within it
+                take2 = (x2 >= floor) & (x2 > float("-inf"))
+                per = tl.sum(take2.to(tl.int32), axis=1)
+                pos2 = (tl.cumsum(per, axis=0) - per)[:, None] + tl.cumsum(take2.to(tl.int32), axis=1) - 1
+                count = tl.sum(per, axis=0)
+                tl.store(slots + pos2, x2, mask=take2 & (pos2 < SLOTS))
+            else:  # one scan of the whole chunk
+                take = (xv >= floor) & (xv > float("-inf"))
+                pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
+                count = tl.sum(take.to(tl.int32), axis=0)
+                tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
             lanes = tl.arange(0, SLOTS)
             tl.store(slots + lanes, tl.full([SLOTS], float("-inf"), tl.float32), mask=lanes >= count)
             tl.store(
@@ -249,26 +271,36 @@ if triton is not None:
         return masses
 
     @triton.jit
-    def _bisect_block(vals, x_max, inv_t, target, BY_MASS: tl.constexpr):
-        """`_bisect` over the values held in a register block (-inf entries count for nothing)."""
+    def _bisect_block(
+        vals, x_max, inv_t, target, BY_MASS: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr
+    ):
+        """`_bisect` over the values held in a register block (-inf entries count for nothing):
+        the key interval split SPLIT ways per step (a power of two; STEPS = ceil(32 / log2(SPLIT))
+        steps, each one block-wide reduction of a [len(vals), SPLIT] block), the weights
+        computed once. The answer is the smallest t with above(t) < target for every SPLIT (the
+        mass sums may round differently: a [len, SPLIT] reduction orders them otherwise)."""
+        live = vals > float("-inf")
+        if BY_MASS:
+            w = tl.where(live, tl.exp((vals - x_max) * inv_t), 0.0)
+        else:
+            w = live.to(tl.float32)
         hi = _to_key(x_max)
         lo = hi * 0 + 8388607  # _to_key(-inf)
-        for _ in range(32):
-            mid = lo + (hi - lo) // 2
-            above = vals > _from_key(mid)
-            if BY_MASS:
-                got = tl.sum(tl.where(above, tl.exp((vals - x_max) * inv_t), 0.0), axis=0)
-            else:
-                got = tl.sum(above.to(tl.float32), axis=0)
-            below = got < target
-            hi = tl.where(below, mid, hi)
-            lo = tl.where(below, lo, mid)
+        ways = tl.arange(0, SPLIT)
+        for _ in range(STEPS):
+            step = (hi - lo + SPLIT - 1) // SPLIT
+            keys = tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi)
+            got = tl.sum(tl.where(vals[:, None] > _from_key(keys)[None, :], w[:, None], 0.0), axis=0)
+            first = tl.min(tl.where(got < target, ways, SPLIT), axis=0)  # keys[SPLIT - 1] == hi is below
+            new_lo = tl.max(tl.where(ways == first - 1, keys, lo), axis=0)
+            hi = tl.min(tl.where(ways == first, keys, hi), axis=0)
+            lo = new_lo
         return _from_key(hi)
 
     @triton.jit
     def _candidate_cut(
         cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p, inv_t, scale,
-        SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr,
+        SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
         """(thr, kept mass per chunk, ok) from the candidates; ok False when the cut is not
         certain (it falls below the largest floor) and the row must take the wide path."""
@@ -279,13 +311,17 @@ if triton is not None:
         thr = base
         if top_k > 0:
             if tl.sum((cand > float("-inf")).to(tl.int32), axis=0) > top_k:
-                thr = tl.maximum(thr, _bisect_block(cand, x_max, inv_t, top_k.to(tl.float32), False))
+                thr = tl.maximum(
+                    thr, _bisect_block(cand, x_max, inv_t, top_k.to(tl.float32), False, SPLIT, STEPS)
+                )
         ok = thr >= certain
         if top_p < 1.0:
             live = (cand >= thr) & (cand > float("-inf"))
             w = tl.where(live, tl.exp((cand - x_max) * inv_t), 0.0)
             total = tl.where(thr > float("-inf"), tl.sum(w, axis=0), total_all)
-            p_thr = _bisect_block(tl.where(live, cand, float("-inf")), x_max, inv_t, top_p * total, True)
+            p_thr = _bisect_block(
+                tl.where(live, cand, float("-inf")), x_max, inv_t, top_p * total, True, SPLIT, STEPS
+            )
             num_kept = tl.sum((live & (cand >= p_thr)).to(tl.int32), axis=0)
             # no cut before top-p (so total_all is the survivors' mass) and the crossing found
             # among the certain candidates: exact although not every token is a candidate
@@ -302,7 +338,7 @@ if triton is not None:
     def _row_cut(
         row_ptr, prm, cand_row, floor_row, parts, valid, tops, masses, num_chunks, vocab, x_max, scale, rel,
         CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
         """(thr, kept chunk masses, spread, base) of a cut row: from the candidates when certain,
         else by the wide path in this program, except (SPREAD) a row without top-k: spread 1,
@@ -314,7 +350,7 @@ if triton is not None:
         total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
         thr, masses, ok = _candidate_cut(
             cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
-            inv_t, scale, SLOTS, NC_BLOCK,
+            inv_t, scale, SLOTS, NC_BLOCK, SPLIT, STEPS,
         )  # fmt: skip
         wide = ok.to(tl.int32) == 0
         spread = wide & (top_k == 0)
@@ -352,7 +388,8 @@ if triton is not None:
         x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
         cut_ptr, vocab, num_chunks, has_edits, base_lo, base_hi,
         CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, MODE: tl.constexpr,
+        WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, MODE: tl.constexpr, SPLIT: tl.constexpr,
+        STEPS: tl.constexpr,
     ):  # fmt: skip
         # prm_ptr: [S, NUM_PARAMS] float32: x_scale, noisy, cut, base_off, top_k, top_p, inv_t.
         # MODE 0: cut and pick. MODE 1: cut only, into cut_ptr [S, 4 + NC_BLOCK] float32 (thr,
@@ -385,7 +422,7 @@ if triton is not None:
                 row_floor = floor_ptr + row.to(tl.int64) * num_chunks
                 thr, masses, spread, base = _row_cut(
                     row_ptr, prm, row_cand, row_floor, parts, valid, tops, masses, num_chunks, vocab, x_max,
-                    scale, rel, CHUNK, SLOTS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1,
+                    scale, rel, CHUNK, SLOTS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT, STEPS,
                 )  # fmt: skip
             if MODE == 1:
                 tl.store(cut_row, thr)
@@ -571,11 +608,11 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     rows = (x, x.stride(0), e, e_stride, e_map, prm)
     _scan_kernel[(num_rows, num_chunks)](
         *rows, stats, cand, floors, vocab, num_chunks, int(has_edits),
-        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, SCAN_2D=SCAN_2D, num_warps=warps,
     )  # fmt: skip
     launch = dict(
         CHUNK=chunk, SLOTS=slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk), WIDE_BLOCK=WIDE_BLOCK,
-        NUM_PARAMS=NUM_PARAMS, num_warps=warps,
+        NUM_PARAMS=NUM_PARAMS, num_warps=warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
     )  # fmt: skip
     args = (*rows, keys, stats, cand, floors, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
     if not spread:

@@ -25,7 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-EAGER_FUSED_ENV = "ENGINESPEC_EAGER_FUSED"  # "1": the fused path's steps run uncompiled (CompiledBody)
+EAGER_FUSED_ENV = "ENGINESPEC_EAGER_FUSED"  # "0": compile the fused path's steps too (CompiledBody)
 
 
 class CompiledBody:
@@ -40,8 +40,11 @@ class CompiledBody:
         # GEMM's fused path (worker/skinny_linear.py) nearly every launch is already one of our
         # ops, and those steps replay CUDA graphs, so compiling them buys a few fused glue
         # kernels for two more dynamo graphs at startup (rows 2-8 and the one-row graph: ~15 and
-        # ~13 s of a cold H200 start). Set by the runner under ENGINESPEC_EAGER_FUSED=1, an
-        # experiment until measured on the device (benchmarks/gpu_round6a.sh).
+        # ~13 s of a cold H200 start). The runner sets it whenever the fused path is on, unless
+        # ENGINESPEC_EAGER_FUSED=0. Measured on the H200 (b971081, benchmarks/gpu_round6a.sh,
+        # cold caches): startup 55.2 s against 67.8 (graph capture 8.1 s against 21.9), and
+        # batch 1 the same (decode graph 0.911 against 0.918 ms, LLM.generate 1.031 against
+        # 1.037 ms/token).
         self.eager_max_rows = 0
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

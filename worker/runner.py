@@ -108,7 +108,7 @@ class ModelRunner:
         self.body = None  # None: the model's own eager body
         if should_compile(compile_model, self.device, enforce_eager):
             self.body = CompiledBody(model, compile_backend)
-            if self.linear_table is not None and os.environ.get(EAGER_FUSED_ENV, "0") == "1":
+            if self.linear_table is not None and os.environ.get(EAGER_FUSED_ENV, "1") != "0":
                 self.body.eager_max_rows = model.merged.fused_max_rows  # compiled.py says why
         self.num_blocks = self._size_pool(
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn

@@ -1,0 +1,200 @@
+"""Where the fused cut-and-draw spends its device time (issue 16's sampler targets). CUDA only.
+
+    python3 benchmarks/sampler_probe.py OUT.json [--old PATH/TO/OLD_cut_draw.py]
+
+256 rows x 151,936 random float32 logits (randn x 3), `triton.testing.do_bench` medians (us):
+- `argmax`: torch.argmax over the rows (the floor a sampler pays);
+- `scan_<case>` / `draw_<case>`: cut_draw's first launch alone, and its whole draw (so the cut
+  and pick launch is their difference), for `temperature` (no cut: T 0.6), `chat` (T 0.7,
+  top-k 20, top-p 0.8) and `minp_topp` (T 0.7, top-p 0.95, min-p 0.05: the mixed case's
+  fourth group);
+- `probe_level<L>`: copies of the scan's steps, cumulatively (0 the statistics of every row, 1
+  the sub-block maxima and floor, 2 the compaction's cumsum, 3 its stores), so each step's
+  share of the chat scan shows;
+- `draw_<case>_split<N>`: the draw with the candidate cut's bisection split N ways a step
+  (`cut_draw.CUT_SPLIT`);
+- `draw_chat_scan2d<0|1>`: the chat draw with the scan's candidate slots from one scan of the
+  chunk (0) or per sub-block (1; `cut_draw.SCAN_2D`);
+- with `--old`, the same scan and draw figures for another version of `kernels/cut_draw.py`
+  (e.g. `git show REV:kernels/cut_draw.py > old.py`), so a change is timed against its base on
+  one machine in one process.
+With `--cprofile PATH`, cProfile's ranking (by own time) of 200 device-path calls at chat
+settings (bench_sampler's `deferred_ids`: sample_deferred, pack, the host copy) goes to PATH:
+the host's share of a call. Nothing asserts speed; the figures go to benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from enginespec.kernels import cut_draw  # noqa: E402
+from enginespec.sample.draw import CHUNK  # noqa: E402
+
+ROWS, VOCAB = 256, 151_936
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _probe_scan(x_ptr, stats_ptr, cand_ptr, vocab, num_chunks, LEVEL: tl.constexpr, CHUNK: tl.constexpr,
+                NB: tl.constexpr, CC: tl.constexpr, SLOTS: tl.constexpr):  # fmt: skip
+    # x_ptr: [S, vocab] float32; stats_ptr: [S, 3, num_chunks]; cand_ptr: [S, num_chunks, SLOTS].
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    cols = part * CHUNK + tl.arange(0, CHUNK)
+    xv = tl.load(x_ptr + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf"))
+    top = tl.max(xv, axis=0)
+    mass = tl.sum(tl.exp2((xv - top) * 2.06), axis=0)
+    out = stats_ptr + row.to(tl.int64) * 3 * num_chunks + part
+    tl.store(out, top)
+    tl.store(out + num_chunks, mass)
+    if LEVEL >= 1:
+        block_max = tl.max(tl.reshape(xv, [NB, CHUNK // NB]), axis=1)
+        num_ge = tl.sum((block_max[None, :] >= block_max[:, None]).to(tl.int32), axis=1)
+        floor = tl.max(tl.where(num_ge >= CC, block_max, float("-inf")), axis=0)
+        if LEVEL == 1:
+            tl.store(out + 2 * num_chunks, floor)
+        else:
+            take = xv >= floor
+            pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
+            count = tl.sum(take.to(tl.int32), axis=0)
+            if LEVEL == 2:
+                tl.store(out + 2 * num_chunks, (count + tl.max(pos, axis=0)).to(tl.float32))
+            else:
+                slots = cand_ptr + (row.to(tl.int64) * num_chunks + part) * SLOTS
+                tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
+                tl.store(out + 2 * num_chunks, count.to(tl.float32))
+
+
+def params(case: str) -> torch.Tensor:
+    """cut_draw's parameter table for every row of one case (see cut_draw.draw)."""
+    t, top_k, top_p, min_p = {"temperature": (0.6, 0, 1.0, 0.0), "chat": (0.7, 20, 0.8, 0.0),
+                              "minp_topp": (0.7, 0, 0.95, 0.05)}[case]  # fmt: skip
+    inv_t = 1.0 / t
+    base_off = math.log(min_p) / inv_t if min_p > 0 else float("-inf")
+    cut = float(top_k > 0 or top_p < 1.0 or min_p > 0)
+    row = [LOG2E * inv_t, 1.0, cut, base_off, float(top_k), top_p, inv_t, 0.0]
+    return torch.tensor([row] * ROWS, dtype=torch.float32, device="cuda")
+
+
+def time_module(mod, x: torch.Tensor, prefix: str, out: dict) -> None:
+    """scan_<case> and draw_<case> medians (us) of one cut_draw module."""
+    keys = torch.arange(ROWS, dtype=torch.int64, device="cuda")
+    num_chunks = triton.cdiv(VOCAB, CHUNK)
+    nb, cc, slots = mod.layout(CHUNK)
+    for case in ("temperature", "chat", "minp_topp"):
+        prm = params(case)
+        bufs = mod._buffers(ROWS, num_chunks, slots, False, x.device)
+        stats, floors, cand = bufs[0], bufs[1], bufs[2]
+
+        def scan():
+            mod._scan_kernel[(ROWS, num_chunks)](
+                x, x.stride(0), x, 0, keys, prm, stats, cand, floors, VOCAB, num_chunks, 0,
+                CHUNK=CHUNK, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=mod.NUM_PARAMS, num_warps=8,
+                **({"SCAN_2D": mod.SCAN_2D} if hasattr(mod, "SCAN_2D") else {}),
+            )  # fmt: skip
+
+        out[f"{prefix}scan_{case}"] = 1000 * triton.testing.do_bench(scan)
+        out[f"{prefix}draw_{case}"] = 1000 * triton.testing.do_bench(
+            lambda: mod.draw(x, prm, keys, (1, 2), chunk=CHUNK)
+        )
+
+
+def host_profile(x: torch.Tensor, path: str) -> None:
+    """cProfile of 200 device-path sampler calls at chat settings, ranked by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from benchmarks.bench_sampler import chat_params, deferred_ids, make_requests
+    from enginespec.sample.sampler import Sampler
+
+    sampler, reqs = Sampler(VOCAB, device="cuda", seed=0), make_requests(ROWS, chat_params)
+    for _ in range(20):
+        deferred_ids(sampler, x, reqs)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        deferred_ids(sampler, x, reqs)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+    print(text.getvalue()[:3000])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--old", default=None, help="another kernels/cut_draw.py to time beside this one")
+    ap.add_argument(
+        "--cprofile", default=None, help="write cProfile's ranking of chat device-path calls here"
+    )
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(ROWS, VOCAB, generator=gen, device="cuda") * 3.0
+    out: dict = {"rows": ROWS, "vocab": VOCAB, "chunk": CHUNK}
+    out["argmax"] = 1000 * triton.testing.do_bench(lambda: x.argmax(dim=1))
+    time_module(cut_draw, x, "", out)
+    if args.old:
+        spec = importlib.util.spec_from_file_location("old_cut_draw", args.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        time_module(old, x, "old_", out)
+    keys = torch.arange(ROWS, dtype=torch.int64, device="cuda")
+    default_split = cut_draw.CUT_SPLIT
+    for split in (2, 4, 8, 16):
+        cut_draw.CUT_SPLIT = split
+        for case in ("chat", "minp_topp"):
+            prm = params(case)
+            out[f"draw_{case}_split{split}"] = 1000 * triton.testing.do_bench(
+                lambda: cut_draw.draw(x, prm, keys, (1, 2), chunk=CHUNK)
+            )
+    cut_draw.CUT_SPLIT = default_split
+    for scan_2d in (False, True):
+        cut_draw.SCAN_2D = scan_2d
+        prm = params("chat")
+        out[f"draw_chat_scan2d{int(scan_2d)}"] = 1000 * triton.testing.do_bench(
+            lambda: cut_draw.draw(x, prm, keys, (1, 2), chunk=CHUNK)
+        )
+    num_chunks = triton.cdiv(VOCAB, CHUNK)
+    nb, cc, slots = cut_draw.layout(CHUNK)
+    stats = torch.empty(ROWS * 3 * num_chunks, device="cuda")
+    cand = torch.empty(ROWS * num_chunks * slots, device="cuda")
+    for level in range(4):
+        out[f"probe_level{level}"] = 1000 * triton.testing.do_bench(
+            lambda: _probe_scan[(ROWS, num_chunks)](
+                x,
+                stats,
+                cand,
+                VOCAB,
+                num_chunks,
+                LEVEL=level,
+                CHUNK=CHUNK,
+                NB=nb,
+                CC=cc,
+                SLOTS=slots,
+                num_warps=8,
+            )
+        )
+    if args.cprofile:
+        host_profile(x, args.cprofile)
+    for k, v in out.items():
+        print(f"{k:28s} {v:10.1f}" if isinstance(v, float) else f"{k:28s} {v}")
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
