@@ -240,7 +240,8 @@ def markdown(results: dict) -> str:
 def _label(results: dict) -> str:
     extra = results.get("config", {}).get("engine_args", {})
     shown = {k: v for k, v in extra.items() if k != "max_num_seqs"}
-    return "decode step (median)" + (f", {shown}" if shown else "")
+    commit = results.get("env", {}).get("git", {}).get("commit")
+    return "decode step (median)" + (f", {commit}" if commit else "") + (f", {shown}" if shown else "")
 
 
 def plot(results: dict, png, other: Optional[dict] = None) -> str:

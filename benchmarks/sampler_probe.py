@@ -8,13 +8,13 @@
   and pick launch is their difference), for `temperature` (no cut: T 0.6), `chat` (T 0.7,
   top-k 20, top-p 0.8) and `minp_topp` (T 0.7, top-p 0.95, min-p 0.05: the mixed case's
   fourth group);
-- `probe_level<L>`: copies of the scan's steps, cumulatively (0 the statistics of every row, 1
-  the sub-block maxima and floor, 2 the compaction's cumsum, 3 its stores), so each step's
-  share of the chat scan shows;
+- `probe_level<L>`: copies of the b971081 scan's steps, cumulatively (0 the statistics of every
+  row, 1 the sub-block maxima and floor, 2 the per-chunk compaction's cumsum, 3 its stores), so
+  each step's share of that scan shows (at 0ae5e28: 48, 50, 71 and 240 us: the stores);
 - `draw_<case>_split<N>`: the draw with the candidate cut's bisection split N ways a step
   (`cut_draw.CUT_SPLIT`);
-- `draw_chat_scan2d<0|1>`: the chat draw with the scan's candidate slots from one scan of the
-  chunk (0) or per sub-block (1; `cut_draw.SCAN_2D`);
+- `draw_chat_gather<N>`: the chat draw reading the N sub-blocks of largest max per row for
+  its candidates (`cut_draw.GATHER`);
 - with `--old`, the same scan and draw figures for another version of `kernels/cut_draw.py`
   (e.g. `git show REV:kernels/cut_draw.py > old.py`), so a change is timed against its base on
   one machine in one process.
@@ -87,24 +87,41 @@ def params(case: str) -> torch.Tensor:
     return torch.tensor([row] * ROWS, dtype=torch.float32, device="cuda")
 
 
+def scan_launcher(mod, x: torch.Tensor, prm: torch.Tensor, keys: torch.Tensor):
+    """A call that launches `mod`'s first kernel (the scan) alone, for either layout: sub-block
+    maxima (this tree) or per-chunk candidate slots (kernels/cut_draw.py up to b971081)."""
+    num_chunks = triton.cdiv(VOCAB, CHUNK)
+    rows = (x, x.stride(0), x, 0, keys, prm)
+    if hasattr(mod, "GATHER"):
+        nb = mod.layout(CHUNK)[0]
+        stats, bmax = mod._buffers(ROWS, num_chunks, nb, False, x.device)[:2]
+        return lambda: mod._scan_kernel[(ROWS, num_chunks)](
+            *rows,
+            stats,
+            bmax,
+            VOCAB,
+            num_chunks,
+            0,
+            CHUNK=CHUNK,
+            NB=nb,
+            NUM_PARAMS=mod.NUM_PARAMS,
+            num_warps=8,
+        )
+    nb, cc, slots = mod.layout(CHUNK)
+    stats, floors, cand = mod._buffers(ROWS, num_chunks, slots, False, x.device)[:3]
+    extra = {"SCAN_2D": mod.SCAN_2D} if hasattr(mod, "SCAN_2D") else {}
+    return lambda: mod._scan_kernel[(ROWS, num_chunks)](
+        *rows, stats, cand, floors, VOCAB, num_chunks, 0,
+        CHUNK=CHUNK, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=mod.NUM_PARAMS, num_warps=8, **extra,
+    )  # fmt: skip
+
+
 def time_module(mod, x: torch.Tensor, prefix: str, out: dict) -> None:
     """scan_<case> and draw_<case> medians (us) of one cut_draw module."""
     keys = torch.arange(ROWS, dtype=torch.int64, device="cuda")
-    num_chunks = triton.cdiv(VOCAB, CHUNK)
-    nb, cc, slots = mod.layout(CHUNK)
     for case in ("temperature", "chat", "minp_topp"):
         prm = params(case)
-        bufs = mod._buffers(ROWS, num_chunks, slots, False, x.device)
-        stats, floors, cand = bufs[0], bufs[1], bufs[2]
-
-        def scan():
-            mod._scan_kernel[(ROWS, num_chunks)](
-                x, x.stride(0), x, 0, keys, prm, stats, cand, floors, VOCAB, num_chunks, 0,
-                CHUNK=CHUNK, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=mod.NUM_PARAMS, num_warps=8,
-                **({"SCAN_2D": mod.SCAN_2D} if hasattr(mod, "SCAN_2D") else {}),
-            )  # fmt: skip
-
-        out[f"{prefix}scan_{case}"] = 1000 * triton.testing.do_bench(scan)
+        out[f"{prefix}scan_{case}"] = 1000 * triton.testing.do_bench(scan_launcher(mod, x, prm, keys))
         out[f"{prefix}draw_{case}"] = 1000 * triton.testing.do_bench(
             lambda: mod.draw(x, prm, keys, (1, 2), chunk=CHUNK)
         )
@@ -162,14 +179,16 @@ def main() -> None:
                 lambda: cut_draw.draw(x, prm, keys, (1, 2), chunk=CHUNK)
             )
     cut_draw.CUT_SPLIT = default_split
-    for scan_2d in (False, True):
-        cut_draw.SCAN_2D = scan_2d
+    default_gather = cut_draw.GATHER
+    for gather in (32, 64, 128):
+        cut_draw.GATHER = gather
         prm = params("chat")
-        out[f"draw_chat_scan2d{int(scan_2d)}"] = 1000 * triton.testing.do_bench(
+        out[f"draw_chat_gather{gather}"] = 1000 * triton.testing.do_bench(
             lambda: cut_draw.draw(x, prm, keys, (1, 2), chunk=CHUNK)
         )
+    cut_draw.GATHER = default_gather
     num_chunks = triton.cdiv(VOCAB, CHUNK)
-    nb, cc, slots = cut_draw.layout(CHUNK)
+    nb, cc, slots = 64, 16, 64  # the per-chunk candidate layout the probe levels copy (b971081)
     stats = torch.empty(ROWS * 3 * num_chunks, device="cuda")
     cand = torch.empty(ROWS * num_chunks * slots, device="cuda")
     for level in range(4):

@@ -6,22 +6,23 @@ threshold comes out of the draw's own passes:
 
 1. `_scan_kernel`, grid (S, num_chunks), one read of the logits, each chunk held in registers:
    the chunk's max, first argmax (greedy rows only) and untruncated mass sum(exp2((x - chunk
-   max) * x_scale)) (the draw's statistics), and on cut rows the chunk's CANDIDATES: every finite x >= floor, where
-   floor is the CC-th largest of the maxima of the chunk's NB sub-blocks (so at least CC tokens,
-   and in practice few more), compacted into SLOTS slots. Invariant: every finite token of the
-   chunk with x >= floor is a candidate; a chunk with more than SLOTS of them stores floor +inf
-   (nothing about it is certain).
-2. `_cut_pick_kernel`, grid (S,): per row, F = the largest floor. Every token x >= F is a
-   candidate, so any cut that lands at or above F is exact from the candidates alone: the
-   candidates are sorted (SLOTS * num_chunks values), min-p is row max + base_off, top-k the
-   k-th largest candidate, top-p the cumulative mass over the sorted survivors (the total from
-   the survivors when the cut before top-p is certain, else from step 1's masses when there was
-   no cut before top-p). The kept mass of each chunk is then summed from its candidates. A row
-   whose cut falls below F (a flat row with a loose top-p, a huge top-k, a slot overflow) takes
-   the WIDE path in the same program: the exact cuts by bisection over the float order
-   (`_to_key`; 16 pivots per read of the row, so 8 reads per cut), then one read for the
-   chunk masses. One program reads its row ~17 times there: a batch of rows that all take it
-   (a loose top-p alone over a flat distribution) costs far more than the candidate path.
+   max) * x_scale)) (the draw's statistics), and on cut rows the maxima of the chunk's NB
+   sub-blocks (nothing else: a per-token compaction here cost more than the whole scan).
+2. `_cut_pick_kernel`, grid (S,): per row, the CANDIDATES (`_gather_candidates`): of the
+   sub-blocks whose max reaches the min-p cut, the fewer than GATHER above t (the GATHER-th
+   largest max) are read again, and their tokens above t compacted (at most CAND). Every token
+   x > t lies in one of those sub-blocks, so with certain = the float after t, any cut that
+   lands at or above certain is exact from the candidates alone: min-p is row max + base_off,
+   top-k the k-th largest candidate (any top-k below GATHER lands there), top-p the cumulative
+   mass over the survivors (the total from the survivors when the cut before top-p is certain,
+   else from step 1's masses when there was no cut before top-p), each by bisection over the
+   float order. The kept mass of each chunk is then summed from its candidates. A row whose
+   cut falls below certain (a flat row with a loose top-p, a top-k of GATHER or more, a
+   candidate overflow) takes the WIDE path in the same program: the exact cuts by bisection
+   over the float order (`_to_key`; 16 pivots per read of the row, so 8 reads per cut), then
+   one read for the chunk masses. One program reads its row ~17 times there: a batch of rows
+   that all take it (a loose top-p alone over a flat distribution) costs far more than the
+   candidate path.
    Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2.
 
 SPREAD (`draw(..., spread=True)`, which the Sampler asks for when a row has a loose top-p: no
@@ -65,12 +66,16 @@ WAYS = tl.constexpr(16) if triton is not None else 16  # pivots per read in the 
 NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
 NUM_ROUNDS = 8  # spread rounds: WAYS ** NUM_ROUNDS = 16 ** 8 covers the 32-bit float order
 # Ways the candidate cut's bisection splits its key interval per step (`_bisect_block`): fewer,
-# wider steps trade block-wide reductions (one per step) for compares. Timed by
-# benchmarks/sampler_probe.py; any power of two gives the same cut.
-CUT_SPLIT = 16
-# How the scan places a chunk's candidates in their slots: one scan of the whole chunk (False),
-# or a scan of the NB sub-blocks' counts plus one within each sub-block (True). Same slots.
-SCAN_2D = True
+# wider steps trade block-wide reductions (one per step) for compares. Any power of two gives
+# the same cut. benchmarks/sampler_probe.py on the H200 (0ae5e28, 256 rows, chat settings):
+# the whole draw 178 us split 2, 184 split 4, 205 split 8, 202 split 16: the compares cost more
+# than the reductions they save.
+CUT_SPLIT = 2
+# The cut's candidates (`_gather_candidates`): the GATHER sub-blocks of a row with the largest
+# maxima are read (so top-k below GATHER is always settled by them) and their tokens above the
+# GATHER-th largest max, at most CAND (more: the row takes the wide path), are the candidates.
+GATHER = 64
+CAND = 256
 
 
 def split_steps(split: int) -> int:
@@ -80,11 +85,9 @@ def split_steps(split: int) -> int:
 
 
 def layout(chunk: int) -> tuple[int, int, int]:
-    """(NB sub-blocks per chunk, CC: the rank of the sub-block max taken as the floor, SLOTS per
-    chunk). Fixed by the chunk size alone, so a row's candidates never depend on the batch."""
-    nb = min(64, chunk)
-    cc = max(1, nb // 4)
-    return nb, cc, 4 * cc
+    """(NB sub-blocks per chunk, GATHER, CAND). Fixed by the chunk size alone, so a row's
+    candidates never depend on the batch."""
+    return min(64, chunk), GATHER, CAND
 
 
 if triton is not None:
@@ -108,21 +111,17 @@ if triton is not None:
         map_ptr,
         prm_ptr,
         stats_ptr,
-        cand_ptr,
-        floor_ptr,
+        bmax_ptr,
         vocab,
         num_chunks,
         has_edits,
         CHUNK: tl.constexpr,
         NB: tl.constexpr,
-        CC: tl.constexpr,
-        SLOTS: tl.constexpr,
         NUM_PARAMS: tl.constexpr,
-        SCAN_2D: tl.constexpr,
     ):
         # x_ptr: [S, x_stride] float32 (e_ptr, e_stride, map_ptr: see _row_ptr); prm_ptr: [S, NUM_PARAMS] float32 (col 0 x_scale, 2 cut);
-        # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); cand_ptr: [S, num_chunks,
-        # SLOTS]; floor_ptr: [S, num_chunks]. Candidates and floors are written on cut rows only.
+        # stats_ptr: [S, 3, num_chunks] (max, mass, first argmax); bmax_ptr: [S, num_chunks, NB]
+        # float32, the maxima of the chunk's NB sub-blocks (cut rows only).
         row = tl.program_id(0)
         part = tl.program_id(1)
         cols = part * CHUNK + tl.arange(0, CHUNK)
@@ -140,28 +139,9 @@ if triton is not None:
         tl.store(out + num_chunks, mass)
         tl.store(out + 2 * num_chunks, first.to(tl.float32))
         if tl.load(prm_ptr + row * NUM_PARAMS + 2) != 0.0:
-            x2 = tl.reshape(xv, [NB, CHUNK // NB])
-            block_max = tl.max(x2, axis=1)
-            # the CC-th largest block max: the largest b with at least CC maxima >= b (no sort)
-            num_ge = tl.sum((block_max[None, :] >= block_max[:, None]).to(tl.int32), axis=1)
-            floor = tl.max(tl.where(num_ge >= CC, block_max, float("-inf")), axis=0)
-            slots = cand_ptr + (row.to(tl.int64) * num_chunks + part) * SLOTS
-            if SCAN_2D:  # slot = the sub-block's start (a scan of NB counts) + the rank within it
-                take2 = (x2 >= floor) & (x2 > float("-inf"))
-                per = tl.sum(take2.to(tl.int32), axis=1)
-                pos2 = (tl.cumsum(per, axis=0) - per)[:, None] + tl.cumsum(take2.to(tl.int32), axis=1) - 1
-                count = tl.sum(per, axis=0)
-                tl.store(slots + pos2, x2, mask=take2 & (pos2 < SLOTS))
-            else:  # one scan of the whole chunk
-                take = (xv >= floor) & (xv > float("-inf"))
-                pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
-                count = tl.sum(take.to(tl.int32), axis=0)
-                tl.store(slots + pos, xv, mask=take & (pos < SLOTS))
-            lanes = tl.arange(0, SLOTS)
-            tl.store(slots + lanes, tl.full([SLOTS], float("-inf"), tl.float32), mask=lanes >= count)
-            tl.store(
-                floor_ptr + row.to(tl.int64) * num_chunks + part, tl.where(count > SLOTS, float("inf"), floor)
-            )
+            block_max = tl.max(tl.reshape(xv, [NB, CHUNK // NB]), axis=1)
+            sub = tl.arange(0, NB)
+            tl.store(bmax_ptr + (row.to(tl.int64) * num_chunks + part) * NB + sub, block_max)
 
     @triton.jit
     def _first_max(row_ptr, vocab, x_max, BLOCK: tl.constexpr):
@@ -298,16 +278,60 @@ if triton is not None:
         return _from_key(hi)
 
     @triton.jit
-    def _candidate_cut(
-        cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p, inv_t, scale,
-        SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
+    def _next_up(t):
+        """The smallest float32 above t (t finite or -inf)."""
+        return _from_key(_to_key(t) + 1)
+
+    @triton.jit
+    def _gather_candidates(
+        row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base,
+        NB: tl.constexpr, NC_BLOCK: tl.constexpr, SUB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr,
+        SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
-        """(thr, kept mass per chunk, ok) from the candidates; ok False when the cut is not
-        certain (it falls below the largest floor) and the row must take the wide path."""
-        certain = tl.max(tl.load(floor_row + parts, mask=valid, other=float("-inf")), axis=0)
-        offs = tl.arange(0, NC_BLOCK * SLOTS)
-        cand = tl.load(cand_row + offs, mask=offs < num_chunks * SLOTS, other=float("-inf"))
-        cand = tl.where(cand >= base, cand, float("-inf"))
+        """(cand [CAND] values, -inf padded; their columns; certain): every token x >= base with
+        x >= certain is in cand. The row's sub-blocks whose max reaches base are ranked by max,
+        and fewer than GATHER of them, those above t (the GATHER-th largest max), are read: any
+        token x > t lies in one of them, so certain = the float after t (-inf when all were
+        read; +inf when their tokens above t overflow CAND). work_row: [GATHER + 2 * CAND]
+        float32 scratch of this row (the compactions go through it)."""
+        offs = tl.arange(0, NC_BLOCK * NB)
+        bm = tl.load(bmax_row + offs, mask=offs < num_chunks * NB, other=float("-inf"))
+        bm = tl.where(bm >= base, bm, float("-inf"))
+        t = tl.max(tl.full([GATHER], float("-inf"), tl.float32), axis=0)
+        if tl.sum((bm > float("-inf")).to(tl.int32), axis=0) >= GATHER:
+            t = _bisect_block(bm, x_max, 1.0, GATHER * 1.0, False, SPLIT, STEPS)
+        sel = bm > t
+        n_sel = tl.sum(sel.to(tl.int32), axis=0)
+        tl.store(work_row + tl.cumsum(sel.to(tl.int32), axis=0) - 1, offs.to(tl.float32), mask=sel)
+        tl.debug_barrier()
+        slot = tl.arange(0, GATHER)
+        ids = tl.load(work_row + slot, mask=slot < n_sel, other=0.0).to(tl.int32)  # [GATHER]
+        cols = ids[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [GATHER, SUB]
+        inside = (slot < n_sel)[:, None] & (cols < vocab)
+        xv = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
+        take = tl.reshape(inside & (xv > t) & (xv >= base) & (xv > float("-inf")), [GATHER * SUB])
+        flat_x = tl.reshape(xv, [GATHER * SUB])
+        flat_cols = tl.reshape(cols, [GATHER * SUB])
+        pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
+        count = tl.sum(take.to(tl.int32), axis=0)
+        keep = take & (pos < CAND)
+        tl.store(work_row + GATHER + pos, flat_x, mask=keep)
+        tl.store(work_row + GATHER + CAND + pos, flat_cols.to(tl.float32), mask=keep)
+        tl.debug_barrier()
+        c = tl.arange(0, CAND)
+        cand = tl.load(work_row + GATHER + c, mask=c < count, other=float("-inf"))
+        cand_cols = tl.load(work_row + GATHER + CAND + c, mask=c < count, other=0.0).to(tl.int32)
+        certain = tl.where(t > float("-inf"), _next_up(t), float("-inf"))
+        return cand, cand_cols, tl.where(count > CAND, float("inf"), certain)
+
+    @triton.jit
+    def _candidate_cut(
+        cand, cand_cols, certain, parts, tops, x_max, total_all, base, top_k, top_p, inv_t, scale,
+        CHUNK: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
+    ):  # fmt: skip
+        """(thr, kept mass per chunk, ok) from the candidates (`_gather_candidates`); ok False
+        when the cut is not certain (it falls below `certain`) and the row must take the wide
+        path."""
         thr = base
         if top_k > 0:
             if tl.sum((cand > float("-inf")).to(tl.int32), axis=0) > top_k:
@@ -329,16 +353,19 @@ if triton is not None:
             open_ok = uncut & (num_kept < tl.sum(live.to(tl.int32), axis=0)) & (p_thr >= certain)
             ok = ok | open_ok
             thr = tl.maximum(thr, p_thr)
-        grid = tl.reshape(cand, [NC_BLOCK, SLOTS])
-        shift = tl.where(tops > float("-inf"), tops, 0.0)
-        w2 = tl.where(grid >= thr, tl.exp2((grid - shift[:, None]) * scale), 0.0)
-        return thr, tl.sum(w2, axis=1), ok
+        # each kept candidate's weight in its chunk: exp2((x - chunk max) * x_scale)
+        mine = parts[:, None] == (cand_cols // CHUNK)[None, :]  # [NC_BLOCK, CAND]
+        shift = tl.max(tl.where(mine, tops[:, None], float("-inf")), axis=0)  # [CAND]
+        shift = tl.where(shift > float("-inf"), shift, 0.0)
+        w2 = tl.where(cand >= thr, tl.exp2((cand - shift) * scale), 0.0)  # [CAND]
+        return thr, tl.sum(tl.where(mine, w2[None, :], 0.0), axis=1), ok
 
     @triton.jit
     def _row_cut(
-        row_ptr, prm, cand_row, floor_row, parts, valid, tops, masses, num_chunks, vocab, x_max, scale, rel,
-        CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-        WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
+        row_ptr, prm, bmax_row, work_row, parts, valid, tops, masses, num_chunks, vocab, x_max, scale, rel,
+        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, NC_BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr, WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr, SPLIT: tl.constexpr,
+        STEPS: tl.constexpr,
     ):  # fmt: skip
         """(thr, kept chunk masses, spread, base) of a cut row: from the candidates when certain,
         else by the wide path in this program, except (SPREAD) a row without top-k: spread 1,
@@ -348,9 +375,13 @@ if triton is not None:
         inv_t = tl.load(prm + 6)
         base = x_max + tl.load(prm + 3)
         total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
+        cand, cand_cols, certain = _gather_candidates(
+            row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base, NB, NC_BLOCK, CHUNK // NB, GATHER, CAND,
+            SPLIT, STEPS,
+        )  # fmt: skip
         thr, masses, ok = _candidate_cut(
-            cand_row, floor_row, parts, valid, tops, num_chunks, x_max, total_all, base, top_k, top_p,
-            inv_t, scale, SLOTS, NC_BLOCK, SPLIT, STEPS,
+            cand, cand_cols, certain, parts, tops, x_max, total_all, base, top_k, top_p, inv_t, scale, CHUNK,
+            SPLIT, STEPS,
         )  # fmt: skip
         wide = ok.to(tl.int32) == 0
         spread = wide & (top_k == 0)
@@ -385,9 +416,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi"])
     def _cut_pick_kernel(
-        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, cand_ptr, floor_ptr, out_ptr,
+        x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, bmax_ptr, work_ptr, out_ptr,
         cut_ptr, vocab, num_chunks, has_edits, base_lo, base_hi,
-        CHUNK: tl.constexpr, SLOTS: tl.constexpr, NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, NC_BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr,
         WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, MODE: tl.constexpr, SPLIT: tl.constexpr,
         STEPS: tl.constexpr,
     ):  # fmt: skip
@@ -418,11 +450,11 @@ if triton is not None:
             spread = thr < thr  # False
             base = thr
             if tl.load(prm + 2) != 0.0:
-                row_cand = cand_ptr + row.to(tl.int64) * num_chunks * SLOTS
-                row_floor = floor_ptr + row.to(tl.int64) * num_chunks
+                bmax_row = bmax_ptr + row.to(tl.int64) * num_chunks * NB
+                work_row = work_ptr + row.to(tl.int64) * (GATHER + 2 * CAND)
                 thr, masses, spread, base = _row_cut(
-                    row_ptr, prm, row_cand, row_floor, parts, valid, tops, masses, num_chunks, vocab, x_max,
-                    scale, rel, CHUNK, SLOTS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT, STEPS,
+                    row_ptr, prm, bmax_row, work_row, parts, valid, tops, masses, num_chunks, vocab, x_max,
+                    scale, rel, CHUNK, NB, GATHER, CAND, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT, STEPS,
                 )  # fmt: skip
             if MODE == 1:
                 tl.store(cut_row, thr)
@@ -601,20 +633,21 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     e, e_stride, e_map = (edited, edited.stride(0), edit_map) if has_edits else (x, 0, keys)
     num_chunks = triton.cdiv(vocab, chunk)
     nc_block = triton.next_power_of_2(num_chunks)
-    nb, cc, slots = layout(chunk)
-    stats, floors, cand, cut, rounds, totals = _buffers(num_rows, num_chunks, slots, spread, x.device)
+    nb, gather, cand_slots = layout(chunk)
+    stats, bmax, work, cut, rounds, totals = _buffers(num_rows, num_chunks, nb, spread, x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
     rows = (x, x.stride(0), e, e_stride, e_map, prm)
     _scan_kernel[(num_rows, num_chunks)](
-        *rows, stats, cand, floors, vocab, num_chunks, int(has_edits),
-        CHUNK=chunk, NB=nb, CC=cc, SLOTS=slots, NUM_PARAMS=NUM_PARAMS, SCAN_2D=SCAN_2D, num_warps=warps,
+        *rows, stats, bmax, vocab, num_chunks, int(has_edits),
+        CHUNK=chunk, NB=nb, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     launch = dict(
-        CHUNK=chunk, SLOTS=slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk), WIDE_BLOCK=WIDE_BLOCK,
+        CHUNK=chunk, NB=nb, GATHER=gather, CAND=cand_slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk),
+        WIDE_BLOCK=WIDE_BLOCK,
         NUM_PARAMS=NUM_PARAMS, num_warps=warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
     )  # fmt: skip
-    args = (*rows, keys, stats, cand, floors, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
+    args = (*rows, keys, stats, bmax, work, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
     if not spread:
         _cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)
         return out, cut
@@ -633,13 +666,14 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     return out, cut
 
 
-def _buffers(num_rows: int, num_chunks: int, slots: int, spread: bool, device) -> list:
+def _buffers(num_rows: int, num_chunks: int, nb: int, spread: bool, device) -> list:
     """float32 work buffers of one draw, views of one allocation: stats [S * 3 * num_chunks],
-    floors [S * num_chunks], candidates [S * num_chunks * slots], and with spread the cuts
+    sub-block maxima [S * num_chunks * nb], the cut's per-row scratch [S * (GATHER + 2 * CAND)]
+    (`_gather_candidates`), and with spread the cuts
     [S, 4 + NC_BLOCK], the rounds' sums [NUM_ROUNDS * S * num_chunks * WAYS] and the survivor
     masses [S * num_chunks] (without spread those three are the whole buffer, never read)."""
     nc_block = triton.next_power_of_2(num_chunks)
-    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks, num_rows * num_chunks * slots]
+    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks * nb, num_rows * (GATHER + 2 * CAND)]
     if spread:
         sizes += [num_rows * (4 + nc_block), NUM_ROUNDS * num_rows * num_chunks * WAYS, num_rows * num_chunks]
     # Each part starts 64-byte aligned whatever the row count: Triton specialises pointer

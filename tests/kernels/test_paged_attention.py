@@ -207,3 +207,101 @@ def test_split_decode_takes_wide_tiles_where_they_fit():
     assert prefill.tile == 64
     if CUDA:
         assert choose_config(1, 1, 16, 8, 128, 1, 4096, device, itemsize=4).tile == 64
+
+
+@pytest.mark.parametrize("heads", HEADS[:2])
+@pytest.mark.parametrize("num_splits", [4, 16])
+def test_split_decode_merges_in_the_same_launch(heads, num_splits):
+    """A split decode launch merges its splits itself (no second launch): only splits that own
+    tiles run, the last to finish merges. Contexts from 0 keys (a request that owns no tile:
+    its rows are zeros) to more tiles than splits, in any launch order; the arrival counts are
+    all zero again after every launch (the next launch relies on it)."""
+    from enginespec.kernels import paged_attention as pa
+
+    gen = torch.Generator().manual_seed(31 + num_splits)
+    n = 6
+    seq_lens = [1, 3] + torch.randint(4, SIZES["max_seq_len"] + 1, (n - 2,), generator=gen).tolist()
+    batch = random_batch(
+        n, 0, 0, num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2], block_size=4,
+        dtype=torch.float32, device=DEVICE, num_padding=1, seed=32, lengths=(seq_lens, [1] * n),
+    )  # fmt: skip
+    config = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    want = paged_attention_ref(*args)
+    orders = [None, torch.randperm(batch.seq_lens.shape[0], generator=gen).to(torch.int32).to(DEVICE)]
+    launches = []
+    monkey_merge = pa._merge_splits_kernel
+    try:
+        pa._merge_splits_kernel = _Refused(launches)
+        for order in orders:
+            out = torch.full_like(batch.q, float("nan"))
+            got = paged_attention(*args, max_query_len=1, max_seq_len=batch.max_seq_len, config=config,
+                                  order=order, out=out)  # fmt: skip
+            assert not torch.isnan(got).any()
+            torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+            assert torch.count_nonzero(got[-1]) == 0, "the padding request (no key) attends to nothing"
+            assert torch.count_nonzero(pa._ARRIVALS[torch.device(DEVICE)]) == 0
+    finally:
+        pa._merge_splits_kernel = monkey_merge
+    assert launches == [], "the separate merge launch ran"
+
+
+class _Refused:
+    """Stands in for a kernel that must not launch: records the attempt."""
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.seen.append(grid)
+
+
+COMPILE_SCRIPT = r"""
+import sys
+try:
+    import triton
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as exc:
+    print(f"no triton compiler API: {exc}"); sys.exit(3)
+if "nvidia" not in backends:
+    print("no nvidia backend"); sys.exit(3)
+from enginespec.kernels import paged_attention as pa
+
+fn = pa._paged_attention_kernel
+consts = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=8,
+              BLOCK_M=16, TILE=128, IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, DOT_FP32=False,
+              FUSED_MERGE=True, NUM_SPLITS=64)
+ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", q_ptr="*bf16", cache_ptr="*bf16", block_table_ptr="*i32",
+            seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32", sem_ptr="*i32")
+sig = {name: (ptrs.get(name) or ("constexpr" if name in consts else "fp32" if name == "scale_log2" else "i32"))
+       for name in fn.arg_names}
+try:
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+except TypeError as exc:
+    print(f"ASTSource API differs: {exc}"); sys.exit(3)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
+print("atom", ptx.count("atom."), "ld.global.cg", ptx.count("ld.global.cg"))
+"""
+
+
+def test_fused_merge_compiles_for_sm90():
+    """The split decode variant with its in-launch merge (atomics with acquire/release, loads
+    past L1) compiles for an H100/H200 with triton's ptxas, also on a CPU-only machine (the
+    interpreter accepts code the compiler rejects). A subprocess: TRITON_INTERPRET is off there."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode == 3:
+        pytest.skip(proc.stdout.strip())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts = dict(zip(*[iter(proc.stdout.split())] * 2))
+    assert int(counts["atom"]) >= 2, proc.stdout  # the arrival count and its reset

@@ -331,3 +331,38 @@ def test_cuda_spread_cut_matches_torch_reference(impl, monkeypatch):
     got = cut_draw.spread_cuts(x, plan.draw_params, chunk=sampling_draw.CHUNK)
     diff = ((x >= got[:, None]).sum(1) - (x >= want[:, None]).sum(1)).abs()
     assert int(diff.max()) <= 1, diff.tolist()
+
+
+def test_candidate_cuts_match_torch_reference_at_their_edges(impl):
+    """cut_draw's candidate cut (interpreted: 1024-token chunks of 64 sub-blocks, so each
+    sub-block the scan summarises holds 16 tokens) gives each row the torch reference's exact
+    threshold, on the rows that sit at its edges: top-k just below and at GATHER (the most
+    sub-blocks a row reads), ties across the GATHER-th sub-block max, candidates overflowing
+    CAND (hundreds of equal tokens in the top sub-blocks: the wide path), min-p above every token
+    but the max, and top-k/top-p over quantised logits (ties at the cut)."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab, chunk, gather = 4096, 1024, cut_draw.GATHER
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(7, vocab, generator=gen) * 2
+    x[2] = torch.randn(vocab, generator=gen).round()  # many ties everywhere
+    x[3, : 16 * 40] = 6.0 + torch.rand(16 * 40, generator=gen)  # 640 top tokens, in the first 40 sub-blocks
+    x[4, 100] = 9.0  # min-p keeps this one alone
+    x[5] = torch.randn(vocab, generator=gen).round() * 0.5
+    params = [
+        SamplingParams(temperature=0.7, top_k=gather - 1, top_p=0.9),
+        SamplingParams(temperature=1.0, top_k=gather),
+        SamplingParams(temperature=0.8, top_k=gather + 3, top_p=0.95),
+        SamplingParams(temperature=0.9, top_k=30),
+        SamplingParams(temperature=1.0, min_p=0.5, top_p=0.8),
+        SamplingParams(temperature=0.6, top_k=10, top_p=0.5),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+    ]
+    sampler = Sampler(vocab)
+    plan = sampler._plan([make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)], x.device)
+    want = sampler._exact_thresholds(x, plan)
+    got = cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk)
+    assert torch.equal(got, want), (got, want)
+    assert torch.equal(x >= got[:, None], x >= want[:, None])
