@@ -20,7 +20,9 @@
   one machine in one process.
 With `--cprofile PATH`, cProfile's ranking (by own time) of 200 device-path calls at chat
 settings (bench_sampler's `deferred_ids`: sample_deferred, pack, the host copy) goes to PATH:
-the host's share of a call. Nothing asserts speed; the figures go to benchmarks/RESULTS.md.
+the host's share of a call. With `--vs-interpreter N`, N rows of each case are drawn on the device and under Triton's
+interpreter (CPU) and compared (`vs_interp_*`). `cand_<case>_*` say what the cut's candidates see on those rows (see `candidate_stats`).
+Nothing asserts speed; the figures go to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -127,6 +129,62 @@ def time_module(mod, x: torch.Tensor, prefix: str, out: dict) -> None:
         )
 
 
+def candidate_stats(x: torch.Tensor, out: dict) -> None:
+    """Per case, what the cut's candidates see (torch, on the same logits): the sub-blocks whose
+    max reaches the min-p cut (`live`: at least GATHER of them means the candidates hold only
+    the tokens above the GATHER-th largest max) and the tokens at or above that cut; medians and
+    maxima over the rows, as `cand_<case>_<what>`."""
+    nb = cut_draw.layout(CHUNK)[0]
+    num_chunks = triton.cdiv(VOCAB, CHUNK)
+    padded = torch.full((ROWS, num_chunks * CHUNK), float("-inf"), device=x.device)
+    padded[:, :VOCAB] = x
+    block_max = padded.view(ROWS, num_chunks * nb, CHUNK // nb).amax(dim=2)
+    for case in ("chat", "minp_topp"):
+        base = x.amax(dim=1) + params(case)[:, 3]
+        live = (block_max >= base[:, None]).sum(dim=1).float()
+        tokens = (x >= base[:, None]).sum(dim=1).float()
+        for what, v in (("live_blocks", live), ("tokens_at_min_p", tokens)):
+            out[f"cand_{case}_{what}_median"] = float(v.median())
+            out[f"cand_{case}_{what}_max"] = float(v.max())
+
+
+INTERPRET = r"""
+import sys, torch
+from enginespec.kernels import cut_draw
+x, prm, keys, chunk = torch.load(sys.argv[1])
+out, cut = cut_draw._launch(x, prm, keys, (1, 2), chunk, None, None, 0, True, pick=False)
+ids = cut_draw.draw(x, prm, keys, (1, 2), chunk=chunk)
+torch.save((ids, cut), sys.argv[2])
+"""
+
+
+def versus_interpreter(x: torch.Tensor, num_rows: int, out: dict) -> None:
+    """The first num_rows rows of each case through the device and through Triton's interpreter
+    (a CPU subprocess): `vs_interp_<case>_ids` and `_cuts` count the rows whose token and cut
+    (MODE 1: spread_cuts's pass; a row the candidates cannot settle has its spread flag set,
+    `_flagged`) agree."""
+    import subprocess
+    import tempfile
+
+    keys = torch.arange(num_rows, dtype=torch.int64, device="cuda")
+    for case in ("chat", "minp_topp"):
+        prm = params(case)[:num_rows].contiguous()
+        sub = x[:num_rows].contiguous()
+        ids = cut_draw.draw(sub, prm, keys, (1, 2), chunk=CHUNK)
+        cut = cut_draw._launch(sub, prm, keys, (1, 2), CHUNK, None, None, 0, True, pick=False)[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save((sub.cpu(), prm.cpu(), keys.cpu(), CHUNK), f"{tmp}/in.pt")
+            env = {**os.environ, "TRITON_INTERPRET": "1"}
+            subprocess.run(
+                [sys.executable, "-c", INTERPRET, f"{tmp}/in.pt", f"{tmp}/out.pt"], env=env, check=True
+            )
+            want_ids, want_cut = torch.load(f"{tmp}/out.pt")
+        out[f"vs_interp_{case}_ids"] = int((ids.cpu() == want_ids).sum())
+        out[f"vs_interp_{case}_cuts"] = int((cut[:, 0].cpu() == want_cut[:, 0]).sum())
+        out[f"vs_interp_{case}_flagged"] = int((cut[:, 1] != 0).sum())
+        out[f"vs_interp_{case}_flagged_interp"] = int((want_cut[:, 1] != 0).sum())
+
+
 def host_profile(x: torch.Tensor, path: str) -> None:
     """cProfile of 200 device-path sampler calls at chat settings, ranked by own time."""
     import cProfile
@@ -158,6 +216,7 @@ def main() -> None:
     ap.add_argument(
         "--cprofile", default=None, help="write cProfile's ranking of chat device-path calls here"
     )
+    ap.add_argument("--vs-interpreter", type=int, default=0, help="rows compared with the interpreter")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(ROWS, VOCAB, generator=gen, device="cuda") * 3.0
@@ -207,6 +266,9 @@ def main() -> None:
                 num_warps=8,
             )
         )
+    candidate_stats(x, out)
+    if args.vs_interpreter:
+        versus_interpreter(x, args.vs_interpreter, out)
     if args.cprofile:
         host_profile(x, args.cprofile)
     for k, v in out.items():

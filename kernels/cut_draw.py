@@ -67,10 +67,10 @@ NUM_KEY_STEPS = 32  # bisection steps over the 32-bit float order: exact
 NUM_ROUNDS = 8  # spread rounds: WAYS ** NUM_ROUNDS = 16 ** 8 covers the 32-bit float order
 # Ways the candidate cut's bisection splits its key interval per step (`_bisect_block`): fewer,
 # wider steps trade block-wide reductions (one per step) for compares. Any power of two gives
-# the same cut. benchmarks/sampler_probe.py on the H200 (0ae5e28, 256 rows, chat settings):
-# the whole draw 178 us split 2, 184 split 4, 205 split 8, 202 split 16: the compares cost more
-# than the reductions they save.
-CUT_SPLIT = 2
+# the same cut. benchmarks/sampler_probe.py on the H200, 256 rows at chat settings, the whole
+# draw: with 2,048 candidate slots (0ae5e28) 178 us split 2, 184 split 4, 205 split 8, 202 split
+# 16; with CAND = 256 candidates (759cd92) 152, 137, 136 and 132 us.
+CUT_SPLIT = 16
 # The cut's candidates (`_gather_candidates`): the GATHER sub-blocks of a row with the largest
 # maxima are read (so top-k below GATHER is always settled by them) and their tokens above the
 # GATHER-th largest max, at most CAND (more: the row takes the wide path), are the candidates.

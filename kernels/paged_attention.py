@@ -19,9 +19,7 @@ K/V tiles of TILE positions are gathered straight from the pool through the bloc
 (one table load per position, so any block size works). Online softmax runs in the exp2
 domain. Split-KV (IS_SPLIT): axis 2 cuts each q-block's key range into NUM_SPLITS pieces whose
 partial (max, sum, unnormalised acc) go to float32 scratch; `_merge_splits_kernel` combines them.
-That gives long contexts with few requests enough programs to fill the GPU. Decode-only launches
-(FUSED_MERGE) skip that second launch: only the splits that own tiles run, and the last of them
-to finish for a (request, KV head) merges them (see ARRIVAL_COUNTS).
+That gives long contexts with few requests enough programs to fill the GPU.
 """
 
 from __future__ import annotations
@@ -91,54 +89,6 @@ def _tile_range(
     return t_lo, t_hi, kv_hi
 
 
-@triton.jit
-def _active_splits(seq_len, q_len, q_block, num_splits, window, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-                   USE_WINDOW: tl.constexpr):  # fmt: skip
-    """How many of the num_splits splits own at least one tile (the first ones: `_tile_range`
-    gives split s the tiles [t_lo + s * per_split, ...))."""
-    t_lo, t_hi, _ = _tile_range(seq_len, q_len, q_block, 0, 1, window, BLOCK_Q, TILE, False, USE_WINDOW)
-    num_tiles = tl.maximum(t_hi - t_lo, 0)
-    per_split = tl.maximum((num_tiles + num_splits - 1) // num_splits, 1)
-    return (num_tiles + per_split - 1) // per_split
-
-
-@triton.jit
-def _store_rows(out_ptr, q_start, kv_head, o, stride_o_tok, stride_o_head, BLOCK_M: tl.constexpr,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr):  # fmt: skip
-    """o [BLOCK_M, HEAD_PAD] float32 into the GROUP heads of KV head kv_head of decode row q_start."""
-    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
-    o_off = q_start.to(tl.int64) * stride_o_tok + (kv_head * GROUP + rows) * stride_o_head  # [BLOCK_M]
-    mask = (rows < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    tl.store(out_ptr + o_off[:, None] + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _merge_rows(out_ptr, part_ptr, q_start, kv_head, num_active, num_splits, stride_o_tok, stride_o_head,
-                NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-                NUM_SPLITS: tl.constexpr):  # fmt: skip
-    """`_merge_splits_kernel` for the GROUP heads of one decode row, over its first num_active
-    splits (the others own no tile and wrote nothing). Loads bypass L1 (.cg): the partials were
-    written by other programs, made visible by the arrival count's acquire."""
-    splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
-    dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
-    live = splits < num_active  # [NUM_SPLITS]
-    for g in range(GROUP):
-        head = kv_head * GROUP + g
-        part = (q_start.to(tl.int64) * NUM_Q_HEADS + head) * num_splits + splits  # [NUM_SPLITS]
-        base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
-        m_s = tl.load(part_ptr + base + HEAD_PAD, mask=live, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_ptr + base + HEAD_PAD + 1, mask=live, other=0.0, cache_modifier=".cg")
-        m_all = tl.max(m_s, 0)
-        w = tl.math.exp2(m_s - tl.where(m_all == float("-inf"), 0.0, m_all))  # [NUM_SPLITS]
-        denom = tl.sum(w * l_s, 0)
-        acc = tl.load(part_ptr + base[:, None] + dims[None, :], mask=live[:, None], other=0.0,
-                      cache_modifier=".cg")  # [NUM_SPLITS, HEAD_PAD]  # fmt: skip
-        o = tl.sum(acc * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)  # [HEAD_PAD]
-        tl.store(out_ptr + q_start.to(tl.int64) * stride_o_tok + head * stride_o_head + dims,
-                 o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)  # fmt: skip
-
-
 # Ints that change from step to step are not specialised on (Triton would otherwise compile a
 # variant per value class: == 1, divisible by 16, other), so a new batch shape never stalls a
 # step on a JIT compile.
@@ -153,7 +103,6 @@ def _paged_attention_kernel(
     seq_lens_ptr,  # [B] int32
     query_start_loc_ptr,  # [B + 1] int32
     order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
-    sem_ptr,  # [>= B * Hkv] int32 (FUSED_MERGE only): arrivals per (request, KV head), zero between launches
     num_reqs,
     num_splits,
     scale_log2,
@@ -168,7 +117,6 @@ def _paged_attention_kernel(
     stride_c_head,
     stride_bt,
     NUM_Q_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
@@ -180,8 +128,6 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     USE_ORDER: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
 ):
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -217,16 +163,6 @@ def _paged_attention_kernel(
     t_lo, t_hi, kv_hi = _tile_range(
         seq_len, q_len, q_block, split, num_splits, window, BLOCK_Q, TILE, IS_SPLIT, USE_WINDOW
     )
-    if FUSED_MERGE:
-        # Only the splits that own tiles take part: they write partials and count themselves
-        # in; the last to arrive merges them (decode: GROUP rows). No tile at all: split 0
-        # writes the zero rows the merge would have written.
-        num_active = _active_splits(seq_len, q_len, q_block, num_splits, window, BLOCK_Q, TILE, USE_WINDOW)
-        if split >= num_active:
-            if (num_active == 0) & (split == 0):
-                _store_rows(out_ptr, q_start, kv_head, tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32),
-                            stride_o_tok, stride_o_head, BLOCK_M, GROUP, HEAD_DIM, HEAD_PAD)  # fmt: skip
-            return
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # unnormalised output
@@ -274,12 +210,6 @@ def _paged_attention_kernel(
         tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
         tl.store(part_ptr + base + HEAD_PAD, m_i, mask=row_ok)
         tl.store(part_ptr + base + HEAD_PAD + 1, l_i, mask=row_ok)
-        if FUSED_MERGE:
-            arrivals = sem_ptr + req * NUM_KV_HEADS + kv_head
-            if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_active - 1:
-                _merge_rows(out_ptr, part_ptr, q_start, kv_head, num_active, num_splits, stride_o_tok,
-                            stride_o_head, NUM_Q_HEADS, GROUP, HEAD_DIM, HEAD_PAD, NUM_SPLITS)  # fmt: skip
-                tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
     else:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0: acc = 0
         o_off = out_rows * stride_o_tok + row_head * stride_o_head
@@ -337,27 +267,6 @@ class LaunchConfig:
 
 _SM_COUNT: dict = {}
 MIN_KEYS_PER_SPLIT = 256  # a split of fewer keys costs more in its merge than it saves
-
-
-# Decode launches that split their keys merge the splits in the same launch: the last split of
-# a (request, KV head) to finish merges (`_merge_rows`), found by an arrival count per (request,
-# KV head). The counts live in one zeroed int32 buffer per device, allocated outside CUDA-graph
-# capture and never freed (graphs keep its address); every launch leaves it zeroed again.
-# Invariant: launches on one device that use it never overlap in time (one stream, as the
-# engine runs). A launch that needs more counts than ARRIVAL_COUNTS, or that would allocate the
-# buffer while capturing, merges in the separate `_merge_splits_kernel` launch instead.
-ARRIVAL_COUNTS = 1 << 14
-_ARRIVALS: dict = {}
-
-
-def _arrival_counts(device: torch.device, needed: int) -> Optional[torch.Tensor]:
-    """The device's zeroed arrival counts, or None when the fused merge cannot be used."""
-    counts = _ARRIVALS.get(device)
-    if counts is None:
-        if needed > ARRIVAL_COUNTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        counts = _ARRIVALS[device] = torch.zeros(ARRIVAL_COUNTS, dtype=torch.int32, device=device)
-    return counts if needed <= ARRIVAL_COUNTS else None
 
 
 def _interpreting() -> bool:
@@ -539,7 +448,6 @@ def paged_attention(
         part = out
     axis0 = num_reqs if order is not None else num_tokens // block_q + num_reqs
     grid = (axis0, num_kv_heads, cfg.num_splits)
-    sem = _arrival_counts(q.device, num_reqs * num_kv_heads) if split and max_query_len == 1 else None
     _paged_attention_kernel[grid](
         out,
         part,
@@ -549,7 +457,6 @@ def paged_attention(
         seq_lens,
         query_start_loc,
         order if order is not None else seq_lens,
-        sem if sem is not None else seq_lens,
         num_reqs,
         cfg.num_splits,
         scale * LOG2E,
@@ -564,7 +471,6 @@ def paged_attention(
         cache.stride(3),
         block_table.stride(0),
         NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
         HEAD_PAD=head_pad,
@@ -576,12 +482,10 @@ def paged_attention(
         USE_WINDOW=window > 0,
         USE_ORDER=order is not None,
         DOT_FP32=q.dtype == torch.float32 or _interpreting(),
-        FUSED_MERGE=sem is not None,
-        NUM_SPLITS=cfg.num_splits if sem is not None else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split and sem is None:
+    if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             out,
             part,

@@ -47,6 +47,22 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Programmatic dependent launch (Hopper and later): see USE_PDL in _gemv_kernel
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
+
+# Whether the one-tile kernel launches with programmatic dependent launch (ENGINESPEC_PDL=1, CUDA
+# only; an experiment, off by default until measured): each GEMV's weight read then starts while
+# the kernel before it in the stream finishes, and only its reads of x and the residual wait for
+# it (griddepcontrol), instead of a launch bubble of a few microseconds between the ~112
+# projection launches of a batch-1 step.
+PDL_ENV = "ENGINESPEC_PDL"
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    return device.type == "cuda" and gdc_wait is not None and os.environ.get(PDL_ENV, "0") == "1"
+
 
 @triton.jit
 def _store_out(
@@ -229,12 +245,16 @@ def _gemv_kernel(
     USE_SILU_MUL: tl.constexpr,
     USE_NORM: tl.constexpr,
     USE_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
     one load issued before anything else (no K loop, nothing to wait for first), then its x
     rows, whose RMSNorm statistics come from that same tile. With BLOCK_N of 1-8 a projection
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
-    together, which is what a bandwidth-bound read of a few MiB needs."""
+    together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
+    launch_pdl): the weight loads are issued before waiting for the previous kernel in the
+    stream (gdc_wait), and every read of what an earlier kernel wrote (x, the norm's input, the
+    residual) and every store come after it; the next kernel may launch at once."""
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -246,6 +266,9 @@ def _gemv_kernel(
     w_up = w
     if USE_SILU_MUL:
         w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)  # [BN, BK]
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the previous kernel's writes are visible
     x = tl.load(
         x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
     )
@@ -459,6 +482,7 @@ def _launch_gemv(
     (m, k), n = x.shape, out.shape[1]
     grid = (triton.cdiv(n, config.block_n),)
     kernel = _gemv_kernel.warmup if compile_only else _gemv_kernel[grid]
+    pdl = pdl_enabled(x.device)
     kernel(
         out,
         x,
@@ -481,7 +505,9 @@ def _launch_gemv(
         USE_SILU_MUL=silu_mul,
         USE_NORM=norm_weight is not None,
         USE_RESIDUAL=residual is not None,
+        USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=1,
+        **({"launch_pdl": True} if pdl else {}),
         **({"grid": grid} if compile_only else {}),
     )
