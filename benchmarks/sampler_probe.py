@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument(
         "--cprofile", default=None, help="write cProfile's ranking of chat device-path calls here"
     )
+    ap.add_argument("--quick", action="store_true", help="only the argmax, this tree's scan and draw, cand_*")
     ap.add_argument("--vs-interpreter", type=int, default=0, help="rows compared with the interpreter")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -223,6 +224,12 @@ def main() -> None:
     out: dict = {"rows": ROWS, "vocab": VOCAB, "chunk": CHUNK}
     out["argmax"] = 1000 * triton.testing.do_bench(lambda: x.argmax(dim=1))
     time_module(cut_draw, x, "", out)
+    if args.quick:
+        candidate_stats(x, out)
+        print(json.dumps(out, indent=1))
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        return
     if args.old:
         spec = importlib.util.spec_from_file_location("old_cut_draw", args.old)
         old = importlib.util.module_from_spec(spec)
