@@ -2,35 +2,33 @@
 (sm_90) with triton's bundled ptxas, also on a CPU-only machine: the interpreter tests in
 conformance/test_sampler.py check what the kernels compute, but the interpreter accepts code
 that the real compiler rejects (an earlier draw kernel failed on CUDA over a loop-carried
-name). The compile runs in a subprocess because TRITON_INTERPRET=1 (set by the repo conftest on
-CPU) turns every @triton.jit into an interpreted function.
+name). The compile runs in a subprocess (tests/kernels/sm90.py).
 """
-
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .sm90 import compile_script
 
 SCRIPT = r"""
-import sys
-try:
-    import triton
-    from triton.backends import backends
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-except ImportError as exc:
-    print(f"no triton compiler API: {exc}"); sys.exit(3)
-if "nvidia" not in backends:
-    print("no nvidia backend"); sys.exit(3)
 from enginespec.kernels import sampling as st
 from enginespec.kernels import top_p as tp
 from enginespec.kernels import cut_draw as cd
 from enginespec.kernels import logprobs as lp
 
 F, I, C = "*fp32", "i32", "constexpr"
+
+
+def cut_pick(mode):
+    # cut_draw._cut_pick_kernel in one of its modes (0 cut and pick, 1 cut only, 2 pick only)
+    sig = dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64", stats_ptr=F,
+               bmax_ptr=F, work_ptr=F, out_ptr="*i64", cut_ptr=F, vocab=I, num_chunks=I, has_edits=I, base_lo=I,
+               base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, NC_BLOCK=C, BLOCK=C, WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C,
+               SPLIT=C, STEPS=C)
+    consts = dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
+                  NUM_PARAMS=8, MODE=mode, SPLIT=cd.CUT_SPLIT, STEPS=cd.split_steps(cd.CUT_SPLIT))
+    return cd._cut_pick_kernel, sig, consts
+
+
 KERNELS = {
     "chunk_stats": (st._chunk_stats_kernel,
                     dict(x_ptr=F, x_stride=I, scale_ptr=F, thr_ptr=F, stats_ptr=F, vocab=I, num_chunks=I,
@@ -49,30 +47,9 @@ KERNELS = {
                  dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, stats_ptr=F,
                       bmax_ptr=F, vocab=I, num_chunks=I, has_edits=I, CHUNK=C, NB=C, NUM_PARAMS=C),
                  dict(CHUNK=8192, NB=64, NUM_PARAMS=8)),
-    "cut_pick": (cd._cut_pick_kernel,
-                 dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64",
-                      stats_ptr=F, bmax_ptr=F, work_ptr=F, out_ptr="*i64", cut_ptr=F, vocab=I, num_chunks=I,
-                      has_edits=I, base_lo=I, base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, NC_BLOCK=C, BLOCK=C,
-                      WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C, SPLIT=C, STEPS=C),
-                 dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
-                      NUM_PARAMS=8, MODE=0, SPLIT=cd.CUT_SPLIT,
-                      STEPS=cd.split_steps(cd.CUT_SPLIT))),
-    "cut_only": (cd._cut_pick_kernel,
-                 dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64",
-                      stats_ptr=F, bmax_ptr=F, work_ptr=F, out_ptr="*i64", cut_ptr=F, vocab=I, num_chunks=I,
-                      has_edits=I, base_lo=I, base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, NC_BLOCK=C, BLOCK=C,
-                      WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C, SPLIT=C, STEPS=C),
-                 dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
-                      NUM_PARAMS=8, MODE=1, SPLIT=cd.CUT_SPLIT,
-                      STEPS=cd.split_steps(cd.CUT_SPLIT))),
-    "pick_only": (cd._cut_pick_kernel,
-                  dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64",
-                       stats_ptr=F, bmax_ptr=F, work_ptr=F, out_ptr="*i64", cut_ptr=F, vocab=I, num_chunks=I,
-                       has_edits=I, base_lo=I, base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, NC_BLOCK=C, BLOCK=C,
-                       WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C, SPLIT=C, STEPS=C),
-                  dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
-                      NUM_PARAMS=8, MODE=2, SPLIT=cd.CUT_SPLIT,
-                      STEPS=cd.split_steps(cd.CUT_SPLIT))),
+    "cut_pick": cut_pick(0),
+    "cut_only": cut_pick(1),
+    "pick_only": cut_pick(2),
     "spread_round": (cd._spread_round_kernel,
                      dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, cut_ptr=F,
                           round_ptr=F, total_ptr=F, vocab=I, num_chunks=I, num_rows=I, has_edits=I,
@@ -92,25 +69,13 @@ KERNELS = {
                  dict(NC_BLOCK=64, KP=8)),
 }
 for name, (fn, sig, consts) in KERNELS.items():
-    try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-    except TypeError as exc:  # another triton's ASTSource signature: nothing to say about ours
-        print(f"ASTSource API differs: {exc}"); sys.exit(3)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    ptx = ptx_of(fn, sig, consts, {"num_warps": 8})
     print(name, "ex2.approx", ptx.count("ex2.approx"), "div.full", ptx.count("div.full"))
 """
 
 
 def test_sampler_kernels_compile_for_sm90():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode == 3:
-        pytest.skip(proc.stdout.strip())
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    lines = dict(line.split(" ", 1) for line in compile_script(SCRIPT).strip().splitlines())
     assert set(lines) == {
         "chunk_stats",
         "pick",

@@ -215,16 +215,6 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
 
 
 PDL_COMPILE = r"""
-import sys
-try:
-    import triton
-    from triton.backends import backends
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-except ImportError as exc:
-    print(f"no triton compiler API: {exc}"); sys.exit(3)
-if "nvidia" not in backends:
-    print("no nvidia backend"); sys.exit(3)
 from enginespec.kernels import skinny_gemm as sg
 if sg.gdc_wait is None:
     print("this triton has no gdc_wait"); sys.exit(3)
@@ -233,11 +223,7 @@ consts = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=T
               USE_RESIDUAL=False, USE_PDL=True)
 ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
 sig = {n: ptrs.get(n) or ("constexpr" if n in consts else "fp32" if n == "eps" else "i32") for n in fn.arg_names}
-try:
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-except TypeError as exc:
-    print(f"ASTSource API differs: {exc}"); sys.exit(3)
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+ptx = ptx_of(fn, sig, consts, {"num_warps": 4, "num_stages": 1})
 lines = ptx.splitlines()
 wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
 loads = [i for i, line in enumerate(lines) if "ld.global" in line]
@@ -250,17 +236,8 @@ def test_gemv_with_pdl_compiles_for_sm90_with_the_weight_read_before_the_wait():
     ptxas (also on a CPU-only machine, in a subprocess without the interpreter), with a
     griddepcontrol.wait that comes after the first global load (the weight) and before the
     last (x, read only once the previous kernel's writes are visible)."""
-    import os
-    import subprocess
-    import sys
+    from .sm90 import compile_script
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PDL_COMPILE], env=env, cwd=root, capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode == 3:
-        pytest.skip(proc.stdout.strip())
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = dict(zip(*[iter(proc.stdout.split())] * 2))
-    assert int(got["first_load"]) < int(got["wait"]) < int(got["last_load"]), proc.stdout
+    stdout = compile_script(PDL_COMPILE)
+    got = dict(zip(*[iter(stdout.split())] * 2))
+    assert int(got["first_load"]) < int(got["wait"]) < int(got["last_load"]), stdout
