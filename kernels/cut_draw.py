@@ -76,6 +76,11 @@ CUT_SPLIT = 16
 # GATHER-th largest max, at most CAND (more: the row takes the wide path), are the candidates.
 GATHER = 64
 CAND = 256
+# A row with a min-p cut reads up to MIN_P_ROUNDS * GATHER sub-blocks (GATHER a round), so that
+# all its survivors are candidates also where many tokens come near its max. With GATHER alone,
+# such rows took the wide path: on the H200 (759cd92) a few of 256 rows at min-p 0.05 (up to 84
+# sub-blocks above the cut) made the whole launch 1.3 ms instead of ~0.13.
+MIN_P_ROUNDS = 4
 
 
 def split_steps(split: int) -> int:
@@ -286,41 +291,48 @@ if triton is not None:
     def _gather_candidates(
         row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base,
         NB: tl.constexpr, NC_BLOCK: tl.constexpr, SUB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr,
-        SPLIT: tl.constexpr, STEPS: tl.constexpr,
+        ROUNDS: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
         """(cand [CAND] values, -inf padded; their columns; certain): every token x >= base with
         x >= certain is in cand. The row's sub-blocks whose max reaches base are ranked by max,
-        and fewer than GATHER of them, those above t (the GATHER-th largest max), are read: any
-        token x > t lies in one of them, so certain = the float after t (-inf when all were
-        read; +inf when their tokens above t overflow CAND). work_row: [GATHER + 2 * CAND]
-        float32 scratch of this row (the compactions go through it)."""
+        and fewer than `limit` of them (GATHER; ROUNDS * GATHER for a row with a min-p cut),
+        those above t (the limit-th largest max), are read, GATHER a round: any token x > t lies
+        in one of them, so certain = the float after t (-inf when all were read; +inf when
+        their tokens above t overflow CAND). work_row: [ROUNDS * GATHER + 2 * CAND] float32
+        scratch of this row (the compactions go through it)."""
         offs = tl.arange(0, NC_BLOCK * NB)
         bm = tl.load(bmax_row + offs, mask=offs < num_chunks * NB, other=float("-inf"))
         bm = tl.where(bm >= base, bm, float("-inf"))
+        # a row with a min-p cut reads up to ROUNDS * GATHER sub-blocks, GATHER a round, so that
+        # all of its survivors are candidates even where many tokens come near its max
+        limit = tl.where(base > float("-inf"), ROUNDS * GATHER, GATHER)
         t = tl.max(tl.full([GATHER], float("-inf"), tl.float32), axis=0)
-        if tl.sum((bm > float("-inf")).to(tl.int32), axis=0) >= GATHER:
-            t = _bisect_block(bm, x_max, 1.0, GATHER * 1.0, False, SPLIT, STEPS)
+        if tl.sum((bm > float("-inf")).to(tl.int32), axis=0) >= limit:
+            t = _bisect_block(bm, x_max, 1.0, limit.to(tl.float32), False, SPLIT, STEPS)
         sel = bm > t
-        n_sel = tl.sum(sel.to(tl.int32), axis=0)
+        n_sel = tl.sum(sel.to(tl.int32), axis=0)  # < limit
         tl.store(work_row + tl.cumsum(sel.to(tl.int32), axis=0) - 1, offs.to(tl.float32), mask=sel)
         tl.debug_barrier()
-        slot = tl.arange(0, GATHER)
-        ids = tl.load(work_row + slot, mask=slot < n_sel, other=0.0).to(tl.int32)  # [GATHER]
-        cols = ids[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [GATHER, SUB]
-        inside = (slot < n_sel)[:, None] & (cols < vocab)
-        xv = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
-        take = tl.reshape(inside & (xv > t) & (xv >= base) & (xv > float("-inf")), [GATHER * SUB])
-        flat_x = tl.reshape(xv, [GATHER * SUB])
-        flat_cols = tl.reshape(cols, [GATHER * SUB])
-        pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
-        count = tl.sum(take.to(tl.int32), axis=0)
-        keep = take & (pos < CAND)
-        tl.store(work_row + GATHER + pos, flat_x, mask=keep)
-        tl.store(work_row + GATHER + CAND + pos, flat_cols.to(tl.float32), mask=keep)
+        found = ROUNDS * GATHER  # where the candidates start in the scratch
+        count = n_sel * 0
+        for first in range(0, n_sel, GATHER):
+            slot = first + tl.arange(0, GATHER)
+            ids = tl.load(work_row + slot, mask=slot < n_sel, other=0.0).to(tl.int32)  # [GATHER]
+            cols = ids[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [GATHER, SUB]
+            inside = (slot < n_sel)[:, None] & (cols < vocab)
+            xv = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
+            take = tl.reshape(inside & (xv > t) & (xv >= base) & (xv > float("-inf")), [GATHER * SUB])
+            pos = count + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            keep = take & (pos < CAND)
+            tl.store(work_row + found + pos, tl.reshape(xv, [GATHER * SUB]), mask=keep)
+            tl.store(
+                work_row + found + CAND + pos, tl.reshape(cols, [GATHER * SUB]).to(tl.float32), mask=keep
+            )
+            count += tl.sum(take.to(tl.int32), axis=0)
         tl.debug_barrier()
         c = tl.arange(0, CAND)
-        cand = tl.load(work_row + GATHER + c, mask=c < count, other=float("-inf"))
-        cand_cols = tl.load(work_row + GATHER + CAND + c, mask=c < count, other=0.0).to(tl.int32)
+        cand = tl.load(work_row + found + c, mask=c < count, other=float("-inf"))
+        cand_cols = tl.load(work_row + found + CAND + c, mask=c < count, other=0.0).to(tl.int32)
         certain = tl.where(t > float("-inf"), _next_up(t), float("-inf"))
         return cand, cand_cols, tl.where(count > CAND, float("inf"), certain)
 
@@ -363,9 +375,9 @@ if triton is not None:
     @triton.jit
     def _row_cut(
         row_ptr, prm, bmax_row, work_row, parts, valid, tops, masses, num_chunks, vocab, x_max, scale, rel,
-        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, NC_BLOCK: tl.constexpr,
-        BLOCK: tl.constexpr, WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr, SPLIT: tl.constexpr,
-        STEPS: tl.constexpr,
+        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, ROUNDS: tl.constexpr,
+        NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr, WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr,
+        SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
         """(thr, kept chunk masses, spread, base) of a cut row: from the candidates when certain,
         else by the wide path in this program, except (SPREAD) a row without top-k: spread 1,
@@ -377,7 +389,7 @@ if triton is not None:
         total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
         cand, cand_cols, certain = _gather_candidates(
             row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base, NB, NC_BLOCK, CHUNK // NB, GATHER, CAND,
-            SPLIT, STEPS,
+            ROUNDS, SPLIT, STEPS,
         )  # fmt: skip
         thr, masses, ok = _candidate_cut(
             cand, cand_cols, certain, parts, tops, x_max, total_all, base, top_k, top_p, inv_t, scale, CHUNK,
@@ -418,8 +430,8 @@ if triton is not None:
     def _cut_pick_kernel(
         x_ptr, x_stride, e_ptr, e_stride, map_ptr, prm_ptr, key_ptr, stats_ptr, bmax_ptr, work_ptr, out_ptr,
         cut_ptr, vocab, num_chunks, has_edits, base_lo, base_hi,
-        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, NC_BLOCK: tl.constexpr,
-        BLOCK: tl.constexpr,
+        CHUNK: tl.constexpr, NB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr, ROUNDS: tl.constexpr,
+        NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
         WIDE_BLOCK: tl.constexpr, NUM_PARAMS: tl.constexpr, MODE: tl.constexpr, SPLIT: tl.constexpr,
         STEPS: tl.constexpr,
     ):  # fmt: skip
@@ -451,10 +463,11 @@ if triton is not None:
             base = thr
             if tl.load(prm + 2) != 0.0:
                 bmax_row = bmax_ptr + row.to(tl.int64) * num_chunks * NB
-                work_row = work_ptr + row.to(tl.int64) * (GATHER + 2 * CAND)
+                work_row = work_ptr + row.to(tl.int64) * (ROUNDS * GATHER + 2 * CAND)
                 thr, masses, spread, base = _row_cut(
                     row_ptr, prm, bmax_row, work_row, parts, valid, tops, masses, num_chunks, vocab, x_max,
-                    scale, rel, CHUNK, NB, GATHER, CAND, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT, STEPS,
+                    scale, rel, CHUNK, NB, GATHER, CAND, ROUNDS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT,
+                    STEPS,
                 )  # fmt: skip
             if MODE == 1:
                 tl.store(cut_row, thr)
@@ -643,7 +656,8 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
         CHUNK=chunk, NB=nb, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
     launch = dict(
-        CHUNK=chunk, NB=nb, GATHER=gather, CAND=cand_slots, NC_BLOCK=nc_block, BLOCK=min(BLOCK, chunk),
+        CHUNK=chunk, NB=nb, GATHER=gather, CAND=cand_slots, ROUNDS=MIN_P_ROUNDS, NC_BLOCK=nc_block,
+        BLOCK=min(BLOCK, chunk),
         WIDE_BLOCK=WIDE_BLOCK,
         NUM_PARAMS=NUM_PARAMS, num_warps=warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
     )  # fmt: skip
@@ -668,12 +682,17 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
 
 def _buffers(num_rows: int, num_chunks: int, nb: int, spread: bool, device) -> list:
     """float32 work buffers of one draw, views of one allocation: stats [S * 3 * num_chunks],
-    sub-block maxima [S * num_chunks * nb], the cut's per-row scratch [S * (GATHER + 2 * CAND)]
+    sub-block maxima [S * num_chunks * nb], the cut's per-row scratch [S * (MIN_P_ROUNDS * GATHER +
+    2 * CAND)]
     (`_gather_candidates`), and with spread the cuts
     [S, 4 + NC_BLOCK], the rounds' sums [NUM_ROUNDS * S * num_chunks * WAYS] and the survivor
     masses [S * num_chunks] (without spread those three are the whole buffer, never read)."""
     nc_block = triton.next_power_of_2(num_chunks)
-    sizes = [num_rows * 3 * num_chunks, num_rows * num_chunks * nb, num_rows * (GATHER + 2 * CAND)]
+    sizes = [
+        num_rows * 3 * num_chunks,
+        num_rows * num_chunks * nb,
+        num_rows * (MIN_P_ROUNDS * GATHER + 2 * CAND),
+    ]
     if spread:
         sizes += [num_rows * (4 + nc_block), NUM_ROUNDS * num_rows * num_chunks * WAYS, num_rows * num_chunks]
     # Each part starts 64-byte aligned whatever the row count: Triton specialises pointer

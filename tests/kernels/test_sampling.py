@@ -22,9 +22,9 @@ def cut_pick(mode):
     # cut_draw._cut_pick_kernel in one of its modes (0 cut and pick, 1 cut only, 2 pick only)
     sig = dict(x_ptr=F, x_stride=I, e_ptr=F, e_stride=I, map_ptr="*i64", prm_ptr=F, key_ptr="*i64", stats_ptr=F,
                bmax_ptr=F, work_ptr=F, out_ptr="*i64", cut_ptr=F, vocab=I, num_chunks=I, has_edits=I, base_lo=I,
-               base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, NC_BLOCK=C, BLOCK=C, WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C,
+               base_hi=I, CHUNK=C, NB=C, GATHER=C, CAND=C, ROUNDS=C, NC_BLOCK=C, BLOCK=C, WIDE_BLOCK=C, NUM_PARAMS=C, MODE=C,
                SPLIT=C, STEPS=C)
-    consts = dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
+    consts = dict(CHUNK=8192, NB=64, GATHER=cd.GATHER, CAND=cd.CAND, ROUNDS=cd.MIN_P_ROUNDS, NC_BLOCK=32, BLOCK=2048, WIDE_BLOCK=512,
                   NUM_PARAMS=8, MODE=mode, SPLIT=cd.CUT_SPLIT, STEPS=cd.split_steps(cd.CUT_SPLIT))
     return cd._cut_pick_kernel, sig, consts
 

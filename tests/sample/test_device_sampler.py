@@ -366,3 +366,33 @@ def test_candidate_cuts_match_torch_reference_at_their_edges(impl):
     got = cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk)
     assert torch.equal(got, want), (got, want)
     assert torch.equal(x >= got[:, None], x >= want[:, None])
+
+
+def test_min_p_rows_with_many_tokens_near_the_max_are_settled_by_their_candidates(impl):
+    """A min-p row whose survivors lie in more sub-blocks than GATHER (100 here: tokens near the
+    max spread over the row) is still cut from its candidates, in rounds of GATHER sub-blocks
+    (no flag for the rows that need the wide or spread path), and the cut equals the torch
+    reference's; so does a row with more survivors' sub-blocks than MIN_P_ROUNDS rounds hold,
+    which takes the other path. Interpreted, 1024-token chunks of 64 sub-blocks of 16 tokens."""
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab, chunk = 8192, 1024
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(2, vocab, generator=gen) * 0.3
+    many = cut_draw.GATHER + 36
+    spots = torch.randperm(vocab // 16, generator=gen)[:many] * 16  # one token in each of `many` sub-blocks
+    x[0, spots] = 5.0 + torch.rand(many, generator=gen) * 0.5
+    too_many = cut_draw.MIN_P_ROUNDS * cut_draw.GATHER + 10
+    spots = torch.randperm(vocab // 16, generator=gen)[:too_many] * 16
+    x[1, spots] = 5.0 + torch.rand(too_many, generator=gen) * 0.5
+    params = [SamplingParams(temperature=1.0, min_p=0.3, top_p=0.9)] * 2
+    sampler = Sampler(vocab)
+    plan = sampler._plan([make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)], x.device)
+    keys = torch.zeros(2, dtype=torch.int64)
+    cuts = cut_draw._launch(x, plan.draw_params, keys, (0, 0), chunk, None, None, 0, True, pick=False)[1]
+    assert cuts[0, 1] == 0, "the 100-sub-block row needed the spread path"
+    assert cuts[1, 1] != 0, "a row beyond the rounds' reach should have been flagged"
+    want = sampler._exact_thresholds(x, plan)
+    assert torch.equal(cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk), want)
