@@ -69,6 +69,7 @@ class FlatModel:
     def __init__(self, hf_model, attention: AttentionBackend, model_impl: str = "auto"):
         _register_attention()
         self.hf_model = hf_model
+        self._output_head = None  # compute_logits' head module, looked up at its first call
         self.config = hf_model.config
         self.config._attn_implementation = ATTN_NAME
         text = _text_config(self.config)
@@ -174,9 +175,17 @@ class FlatModel:
 
     __call__ = forward
 
-    @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] -> logits [S, V] in the model's dtype, through the checkpoint's own
         head. Not upcast here: greedy argmax needs no float32 copy (the upcast changes no value),
-        and the sampler upcasts where it computes."""
-        return self.hf_model.get_output_embeddings()(hidden)
+        and the sampler upcasts where it computes. The head module is looked up once (modules
+        are swapped, by tensor parallelism, before a FlatModel wraps the model), and no grad
+        mode is entered where the caller's (the runner's inference mode) already has none:
+        both cost host time at every decode step."""
+        head = self._output_head
+        if head is None:
+            head = self._output_head = self.hf_model.get_output_embeddings()
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return head(hidden)
+        return head(hidden)

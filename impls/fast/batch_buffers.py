@@ -128,5 +128,7 @@ class Staging:
         dst = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
         dst.copy_(src, non_blocking=True)
         self.event = torch.cuda.Event()
-        self.event.record()
+        self.event.record(
+            torch.cuda.current_stream(dst.device)
+        )  # the device given: no lookup of the current one
         return dst
