@@ -46,6 +46,7 @@ are fixed per row). Greedy rows take the first argmax.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -647,7 +648,7 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     num_chunks = triton.cdiv(vocab, chunk)
     nc_block = triton.next_power_of_2(num_chunks)
     nb, gather, cand_slots = layout(chunk)
-    stats, bmax, work, cut, rounds, totals = _buffers(num_rows, num_chunks, nb, spread, x.device)
+    stats, bmax, work, cut, rounds, totals = _work_buffers(num_rows, num_chunks, nb, spread, x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
     rows = (x, x.stride(0), e, e_stride, e_map, prm)
@@ -678,6 +679,29 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     if pick:
         _cut_pick_kernel[(num_rows,)](*args, MODE=2, **launch)
     return out, cut
+
+
+# The work buffers of recent draw shapes, kept for the next call of the same shape (a decode
+# loop keeps its row count for many steps): an allocation and eight views a call cost ~20 us of
+# host time. Only the draw's own launches read and write them, and the next draw's launches
+# queue after them on the same stream, so reuse is safe; the key holds the stream, so draws on
+# other streams never share. Bounded: WORK_CACHE shapes.
+WORK_CACHE = 16
+_WORK: "OrderedDict[tuple, list]" = OrderedDict()
+
+
+def _work_buffers(num_rows: int, num_chunks: int, nb: int, spread: bool, device: torch.device) -> list:
+    """`_buffers`, reused from a recent call of the same shape on the same device and stream."""
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    key = (num_rows, num_chunks, nb, spread, device, stream, GATHER, CAND, MIN_P_ROUNDS)
+    parts = _WORK.get(key)
+    if parts is None:
+        parts = _WORK[key] = _buffers(num_rows, num_chunks, nb, spread, device)
+        if len(_WORK) > WORK_CACHE:
+            _WORK.popitem(last=False)
+    else:
+        _WORK.move_to_end(key)
+    return parts
 
 
 def _buffers(num_rows: int, num_chunks: int, nb: int, spread: bool, device) -> list:
