@@ -46,6 +46,7 @@ are fixed per row). Greedy rows take the first argmax.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Optional
 
@@ -685,22 +686,27 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
 # loop keeps its row count for many steps): an allocation and eight views a call cost ~20 us of
 # host time. Only the draw's own launches read and write them, and the next draw's launches
 # queue after them on the same stream, so reuse is safe; the key holds the stream, so draws on
-# other streams never share. Bounded: WORK_CACHE shapes.
+# other streams never share, and the cache is per thread, so two threads drawing at once (two
+# engines in one process) never interleave launches over one buffer. Bounded: WORK_CACHE shapes
+# a thread.
 WORK_CACHE = 16
-_WORK: "OrderedDict[tuple, list]" = OrderedDict()
+_WORK = threading.local()
 
 
 def _work_buffers(num_rows: int, num_chunks: int, nb: int, spread: bool, device: torch.device) -> list:
-    """`_buffers`, reused from a recent call of the same shape on the same device and stream."""
+    """`_buffers`, reused from this thread's recent call of the same shape, device and stream."""
+    cache = getattr(_WORK, "shapes", None)
+    if cache is None:
+        cache = _WORK.shapes = OrderedDict()
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     key = (num_rows, num_chunks, nb, spread, device, stream, GATHER, CAND, MIN_P_ROUNDS)
-    parts = _WORK.get(key)
+    parts = cache.get(key)
     if parts is None:
-        parts = _WORK[key] = _buffers(num_rows, num_chunks, nb, spread, device)
-        if len(_WORK) > WORK_CACHE:
-            _WORK.popitem(last=False)
+        parts = cache[key] = _buffers(num_rows, num_chunks, nb, spread, device)
+        if len(cache) > WORK_CACHE:
+            cache.popitem(last=False)
     else:
-        _WORK.move_to_end(key)
+        cache.move_to_end(key)
     return parts
 
 

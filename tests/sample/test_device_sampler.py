@@ -396,3 +396,29 @@ def test_min_p_rows_with_many_tokens_near_the_max_are_settled_by_their_candidate
     assert cuts[1, 1] != 0, "a row beyond the rounds' reach should have been flagged"
     want = sampler._exact_thresholds(x, plan)
     assert torch.equal(cut_draw.spread_cuts(x, plan.draw_params, chunk=chunk), want)
+
+
+def test_draw_work_buffers_are_reused_per_thread_and_shape():
+    """cut_draw keeps a draw's work buffers for the next call of the same shape in the same
+    thread (the host time of an allocation per call), never across threads (two engines drawing
+    at once would interleave their launches over one buffer) or shapes, and keeps at most
+    WORK_CACHE shapes a thread."""
+    import threading
+
+    from enginespec.kernels import cut_draw
+
+    if cut_draw.triton is None:
+        pytest.skip("needs triton")
+    cpu = torch.device("cpu")
+    first = cut_draw._work_buffers(8, 3, 64, False, cpu)
+    assert cut_draw._work_buffers(8, 3, 64, False, cpu) is first
+    assert cut_draw._work_buffers(9, 3, 64, False, cpu) is not first
+    other = []
+    worker = threading.Thread(target=lambda: other.append(cut_draw._work_buffers(8, 3, 64, False, cpu)))
+    worker.start()
+    worker.join()
+    assert other[0] is not first and other[0][0].data_ptr() != first[0].data_ptr()
+    for rows in range(100, 100 + cut_draw.WORK_CACHE + 1):
+        cut_draw._work_buffers(rows, 3, 64, False, cpu)
+    assert len(cut_draw._WORK.shapes) == cut_draw.WORK_CACHE
+    assert cut_draw._work_buffers(8, 3, 64, False, cpu) is not first  # evicted, least recent first
