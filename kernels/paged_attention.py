@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -128,7 +130,11 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     USE_ORDER: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """USE_PDL (kernels/pdl.py): the request lookup (launch order, query_start_loc, seq_lens,
+    none written by a kernel of the chain) runs before gdc_wait; q and the cache (whose newest
+    rows the kernel before wrote) are read after it, and every store comes after it."""
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -144,6 +150,9 @@ def _paged_attention_kernel(
     if q_block * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the previous kernels' writes (q, the new K/V) are visible
 
     rows = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     row_tok = q_block * BLOCK_Q + rows // GROUP  # [BLOCK_M] query index in request
@@ -230,8 +239,13 @@ def _merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
-    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen."""
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
+    USE_PDL: everything it reads the attention launch wrote, so it waits first."""
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
@@ -299,11 +313,18 @@ def choose_config(
     Prefill-heavy batches (many query rows per KV head) take 128-row blocks; decode-heavy ones
     the smallest block (16 rows: one token's GROUP heads) and 64-key tiles in 2 stages, which
     leaves room for 3 programs per SM (measured better than wider tiles or deeper pipelines).
-    The key range is split only when fewer than ~3 programs per SM would run (few requests):
-    on the H200, splitting batch 64 x 8 KV heads (512 programs) 2-8 ways cost 5-12%, while
-    batch 16 or 1 needs the split to fill the chip. Each split keeps >= MIN_KEYS_PER_SPLIT keys
-    and the float32 scratch stays under 64 MiB. Split decode launches read 128-key tiles where
-    they fit (fewer, longer loop trips per program: +6-24% at batch 4-32, ctx 1-2k).
+    The key range is split only when fewer programs would run than the chip holds at once
+    (few requests): on the H200, splitting batch 64 x 8 KV heads (512 programs) 2-8 ways cost
+    5-12%, while batch 16 or 1 needs the split to fill the chip. Each split keeps >=
+    MIN_KEYS_PER_SPLIT keys of max_seq_len and the float32 scratch stays under 64 MiB. Split
+    decode launches read 128-key tiles where they fit (fewer, longer loop trips per program:
+    +6-24% at batch 4-32, ctx 1-2k).
+
+    Splits stop at one wave: programs x splits <= SMs x programs_per_sm(tile). A graph is
+    captured with max_seq_len = max_model_len, and the kernel hands each split
+    ceil(tiles / num_splits) of the request's *actual* tiles, so at a short context most
+    splits are empty; past one wave those empty programs queue behind the working ones (64
+    splits of 128-key tiles at batch 1 made 4 waves, 6 us a layer for ~600 keys).
     """
     group = num_q_heads // num_kv_heads
     min_m = max(16, triton.next_power_of_2(group))
@@ -314,20 +335,36 @@ def choose_config(
         block_m, tile, warps, stages = max(64, min_m), 64, 4, 2
     else:
         block_m, tile, warps, stages = min_m, 64, 4, 2
+    wide = rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize)
     programs = num_reqs * num_kv_heads
-    target = 3 * _num_sms(device)
+    resident = _num_sms(device) * _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
     splits = 1
     max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
     while (
         splits * 2 <= min(max_splits, 64)
-        and programs * splits < target
+        and programs * splits * 2 <= resident
         and scratch * splits * 2 <= (64 << 20)
     ):
         splits *= 2
-    if splits > 1 and rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize):
+    if splits > 1 and wide:
         tile = 128  # split decode: 128-key tiles measured 6-24% faster at batch 4-32 (H200)
     return LaunchConfig(block_m, tile, splits, warps, stages)
+
+
+def _smem_limit(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
+
+
+def _programs_per_sm(device: torch.device, tile: int, head_pad: int, stages: int, itemsize: int) -> int:
+    """Decode programs of `tile`-key K and V tiles, `stages` deep, that one SM holds at once by
+    shared memory (8 KiB each for the rest), at most 3 (the register file's bound at 4 warps,
+    seen on the H200); 3 on the CPU."""
+    if device.type != "cuda":
+        return 3
+    per_program = 2 * tile * head_pad * itemsize * stages + (8 << 10)
+    return max(1, min(3, _smem_limit(device) // per_program))
 
 
 def _wide_tiles_fit(device: torch.device, head_pad: int, stages: int, itemsize: int) -> bool:
@@ -335,9 +372,7 @@ def _wide_tiles_fit(device: torch.device, head_pad: int, stages: int, itemsize: 
     shared memory with 32 KiB to spare (the interpreter has no limit)."""
     if device.type != "cuda":
         return True
-    props = torch.cuda.get_device_properties(device)
-    limit = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
-    return 2 * 128 * head_pad * itemsize * stages + (32 << 10) <= limit
+    return 2 * 128 * head_pad * itemsize * stages + (32 << 10) <= _smem_limit(device)
 
 
 def _check(
@@ -440,6 +475,7 @@ def paged_attention(
     block_q = max(1, cfg.block_m // group)
     scale = head_dim**-0.5 if scale is None else scale
     split = cfg.num_splits > 1
+    pdl = pdl_enabled(q.device)
     if split:
         part = torch.empty(
             num_tokens, num_q_heads, cfg.num_splits, head_pad + 2, dtype=torch.float32, device=q.device
@@ -482,8 +518,10 @@ def paged_attention(
         USE_WINDOW=window > 0,
         USE_ORDER=order is not None,
         DOT_FP32=q.dtype == torch.float32 or _interpreting(),
+        USE_PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch_options(pdl),
     )
     if split:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
@@ -495,6 +533,8 @@ def paged_attention(
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
             NUM_SPLITS=cfg.num_splits,
+            USE_PDL=pdl,
             num_warps=4,
+            **launch_options(pdl),
         )
     return out

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+
 
 @triton.jit
 def _qkv_rope_kernel(
@@ -51,11 +53,27 @@ def _qkv_rope_kernel(
     HALF: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     USE_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """USE_PDL (kernels/pdl.py): the norm weights, cos/sin and the slot (none written by a
+    kernel of the chain) are read before gdc_wait; the q|k|v row (the GEMM before wrote it)
+    after it, and every store comes after it."""
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, QK_PAD)[:, None]  # [QK_PAD, 1] q heads, then k heads
     half = tl.arange(0, HALF)[None, :]  # [1, HALF]
     is_qk = heads < NUM_Q + NUM_KV  # [QK_PAD, 1]
+    if USE_NORM:
+        w_row = norm_ptr + heads * HEAD_DIM  # [QK_PAD, 1]
+        w1 = tl.load(w_row + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
+        w2 = tl.load(w_row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)
+    cos1 = tl.load(cos_ptr + tok * stride_cos + half).to(tl.float32)  # [1, HALF]
+    cos2 = tl.load(cos_ptr + tok * stride_cos + HALF + half).to(tl.float32)
+    sin1 = tl.load(sin_ptr + tok * stride_sin + half).to(tl.float32)
+    sin2 = tl.load(sin_ptr + tok * stride_sin + HALF + half).to(tl.float32)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the GEMM's q|k|v row is visible
     row = qkv_ptr + tok * stride_qkv + heads * HEAD_DIM  # [QK_PAD, 1]
     x1 = tl.load(row + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
@@ -63,15 +81,8 @@ def _qkv_rope_kernel(
         mean_sq = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [QK_PAD]
         rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]  # [QK_PAD, 1]
         in_ty = qkv_ptr.dtype.element_ty
-        w_row = norm_ptr + heads * HEAD_DIM  # [QK_PAD, 1]
-        w1 = tl.load(w_row + half, mask=is_qk, other=0.0).to(tl.float32)
-        w2 = tl.load(w_row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)
         x1 = w1 * (x1 * rstd).to(in_ty).to(tl.float32)
         x2 = w2 * (x2 * rstd).to(in_ty).to(tl.float32)
-    cos1 = tl.load(cos_ptr + tok * stride_cos + half).to(tl.float32)  # [1, HALF]
-    cos2 = tl.load(cos_ptr + tok * stride_cos + HALF + half).to(tl.float32)
-    sin1 = tl.load(sin_ptr + tok * stride_sin + half).to(tl.float32)
-    sin2 = tl.load(sin_ptr + tok * stride_sin + HALF + half).to(tl.float32)
     o1 = x1 * cos1 - x2 * sin1  # [QK_PAD, HALF]
     o2 = x2 * cos2 + x1 * sin2  # [QK_PAD, HALF]
 
@@ -81,7 +92,6 @@ def _qkv_rope_kernel(
     tl.store(q_row + half, o1.to(q_ty), mask=is_q)
     tl.store(q_row + HALF + half, o2.to(q_ty), mask=is_q)
 
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
     slot = tl.where(slot < 0, scratch_slot, slot)
     base = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
     c_ty = cache_ptr.dtype.element_ty
@@ -129,6 +139,7 @@ def qkv_rope(
     if n == 0:
         return q
     block_size = cache.shape[2]
+    pdl = pdl_enabled(qkv.device)
     _qkv_rope_kernel[(n,)](
         q,
         cache,
@@ -156,7 +167,9 @@ def qkv_rope(
         HALF=head_dim // 2,
         BLOCK_SIZE=block_size,
         USE_NORM=norm_weight is not None,
+        USE_PDL=pdl,
         num_warps=4,
+        **launch_options(pdl),
     )
     return q
 

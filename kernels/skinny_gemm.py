@@ -47,28 +47,13 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # Programmatic dependent launch (Hopper and later): see USE_PDL in _gemv_kernel
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - an older triton: PDL stays off
-    gdc_launch_dependents = gdc_wait = None
+from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
-# Whether the one-tile kernel launches with programmatic dependent launch: each GEMV's weight
-# read then starts while the kernel before it in the stream finishes, and only its reads of x
-# and the residual wait for it (griddepcontrol), instead of a launch bubble between the ~112
-# projection launches of a batch-1 step. On by default on Hopper and later (the instructions
-# need sm_90); ENGINESPEC_PDL=0 turns it off. H200, 6edd423 (benchmarks/gpu_round6d.sh): the
-# batch-1 decode graph 0.913 -> 0.853 ms, LLM.generate 1.035 -> 0.974 ms/token; greedy parity
-# on CUDA and the GEMV's CUDA tests pass with it.
-PDL_ENV = "ENGINESPEC_PDL"
-_PDL_DEVICES: dict = {}
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    if device.type != "cuda" or gdc_wait is None or os.environ.get(PDL_ENV, "1") == "0":
-        return False
-    if device not in _PDL_DEVICES:
-        _PDL_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9
-    return _PDL_DEVICES[device]
+# The one-tile kernel launches with programmatic dependent launch (kernels/pdl.py): each GEMV's
+# weight read starts while the kernel before it in the stream finishes, and only its reads of x
+# and the residual wait for it. H200, 6edd423 (benchmarks/gpu_round6d.sh): the batch-1 decode
+# graph 0.913 -> 0.853 ms, LLM.generate 1.035 -> 0.974 ms/token; greedy parity on CUDA and the
+# GEMV's CUDA tests pass with it.
 
 
 @triton.jit
@@ -515,6 +500,6 @@ def _launch_gemv(
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=1,
-        **({"launch_pdl": True} if pdl else {}),
+        **launch_options(pdl),
         **({"grid": grid} if compile_only else {}),
     )

@@ -199,11 +199,30 @@ def test_split_decode_takes_wide_tiles_where_they_fit():
     from enginespec.kernels.paged_attention import choose_config
 
     device = torch.device(DEVICE)
-    few = choose_config(1, 1, 16, 8, 128, 1, 4096, device)  # 8 programs: split
+    few = choose_config(1, 1, 16, 2, 128, 1, 4096, device)  # 2 programs: split
     assert few.num_splits > 1 and few.tile == 128
     many = choose_config(512, 512, 16, 8, 128, 1, 4096, device)  # 4096 programs: no split
     assert many.num_splits == 1 and many.tile == 64
     prefill = choose_config(4096, 1, 16, 8, 128, 4096, 4096, device)
     assert prefill.tile == 64
     if CUDA:
-        assert choose_config(1, 1, 16, 8, 128, 1, 4096, device, itemsize=4).tile == 64
+        assert choose_config(1, 1, 16, 2, 128, 1, 4096, device, itemsize=4).tile == 64
+
+
+@pytest.mark.parametrize("num_reqs", [1, 2, 3, 4, 8, 16, 64])
+@pytest.mark.parametrize("max_seq_len", [512, 4096, 40960])
+def test_split_decode_stays_within_one_wave(num_reqs, max_seq_len):
+    """choose_config: a decode launch's programs (requests x KV heads x splits) never exceed
+    what the chip holds at once. A graph
+    captured at max_model_len runs mostly empty splits at a short context; with more than one
+    wave those queue behind the working ones (4 waves, 6 us a layer at batch 1 on the H200).
+    A lone request with a long context still splits."""
+    from enginespec.kernels import paged_attention as pa
+
+    device = torch.device(DEVICE)
+    cfg = pa.choose_config(num_reqs, num_reqs, 16, 8, 128, 1, max_seq_len, device)
+    resident = pa._num_sms(device) * pa._programs_per_sm(device, cfg.tile, 128, cfg.num_stages, 2)
+    programs = num_reqs * 8 * cfg.num_splits
+    assert cfg.num_splits == 1 or programs <= resident, cfg
+    if CUDA and num_reqs == 1 and max_seq_len >= 4096:  # 8 programs, 132 SMs: split
+        assert cfg.num_splits > 1, cfg

@@ -1,0 +1,49 @@
+"""Programmatic dependent launch (PDL, Hopper and later): a kernel's launch overlaps the tail of
+the kernel before it in the stream.
+
+A kernel launched with `launch_pdl=True` may start once every program of the kernel before it
+has executed `gdc_launch_dependents()` (or exited). Until it executes `gdc_wait()` it may run
+alongside that kernel, and alongside any earlier one of the same PDL chain (each kernel's
+trigger may come before its own wait, so the overlap can reach back several launches). Rules
+for a kernel with USE_PDL, which every caller here follows:
+
+- before `gdc_wait()`: only reads of what no kernel of the chain writes (weights, the step's
+  block table, seq_lens, positions, slot mapping and cos/sin, all written by copies or by
+  non-PDL kernels, which end a chain); no stores;
+- after `gdc_wait()`: everything launched before it has finished and its writes are visible,
+  transitively (each earlier kernel passed its own wait before it finished).
+
+Batch-1 decode is ~220 launches of 1-5 us each; PDL hides part of each launch's fixed cost
+(benchmarks/RESULTS.md, issue 19). On by default on sm_90 and later; ENGINESPEC_PDL=0 turns
+it off everywhere. Off on the CPU and under the interpreter (the kernels then see
+USE_PDL=False and never reach the instructions).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
+
+PDL_ENV = "ENGINESPEC_PDL"
+_PDL_DEVICES: dict = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL: CUDA, compute capability >= 9, a triton
+    with gdc_wait, and ENGINESPEC_PDL not "0"."""
+    if device.type != "cuda" or gdc_wait is None or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    if device not in _PDL_DEVICES:
+        _PDL_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _PDL_DEVICES[device]
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword a USE_PDL kernel needs: {"launch_pdl": True} when pdl, else {}."""
+    return {"launch_pdl": True} if pdl else {}

@@ -1,0 +1,82 @@
+"""Programmatic dependent launch (kernels/pdl.py) in the attention and q|k|v kernels, compiled
+for an H100/H200 (sm_90) with triton's ptxas on any machine (tests/kernels/sm90.py): each
+kernel's PTX has its griddepcontrol.wait, what it reads before the wait is only what no kernel
+of the chain writes, and no global store comes before it (a store there could land while the
+kernel before still reads the same scratch)."""
+
+import pytest
+import torch
+
+from enginespec.kernels import pdl
+
+from .sm90 import compile_script
+
+SCRIPT = r"""
+from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr
+if pdl.gdc_wait is None:
+    print("this triton has no gdc_wait"); sys.exit(3)
+
+
+def sig_of(fn, consts, ptrs, floats=()):
+    return {n: "constexpr" if n in consts else ptrs.get(n) or ("fp32" if n in floats else "i32")
+            for n in fn.arg_names}
+
+
+def report(name, ptx):
+    lines = ptx.splitlines()
+    wait = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    trig = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
+    loads = [i for i, line in enumerate(lines) if "ld.global" in line]
+    stores = [i for i, line in enumerate(lines) if "st.global" in line]
+    w = wait[0] if wait else -1
+    print(name, len(wait), len(trig), sum(i < w for i in loads), sum(i > w for i in loads),
+          sum(i < w for i in stores), sum(i > w for i in stores))
+
+
+att = dict(NUM_Q_HEADS=16, GROUP=2, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=8, BLOCK_M=16,
+           TILE=128, IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, DOT_FP32=False, USE_PDL=True)
+ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", q_ptr="*bf16", cache_ptr="*bf16", block_table_ptr="*i32",
+            seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32")
+fn = pa._paged_attention_kernel
+report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
+merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, USE_PDL=True)
+fn = pa._merge_splits_kernel
+report("merge", ptx_of(fn, sig_of(fn, merge, dict(out_ptr="*bf16", part_ptr="*fp32")), merge, {"num_warps": 4}))
+rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
+            USE_PDL=True)
+ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+            norm_ptr="*bf16", slot_ptr="*i64")
+fn = qr._qkv_rope_kernel
+report("qkv_rope", ptx_of(fn, sig_of(fn, rope, ptrs, ("eps",)), rope, {"num_warps": 4}))
+"""
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return {
+        name: tuple(int(v) for v in rest)
+        for name, *rest in (line.split() for line in compile_script(SCRIPT).strip().splitlines())
+    }
+
+
+@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope"])
+def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
+    waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
+    assert (waits, triggers) == (1, 1)
+    assert stores_before == 0 and stores_after > 0
+    assert loads_after > 0
+
+
+@pytest.mark.parametrize("kernel, reads_before", [("attention", True), ("merge", False), ("qkv_rope", True)])
+def test_what_comes_before_the_wait(reports, kernel, reads_before):
+    """attention looks its request up (order, query_start_loc, seq_lens) and qkv_rope reads its
+    norm weights, cos/sin and slot before waiting; the merge reads only what attention wrote."""
+    assert (reports[kernel][2] > 0) == reads_before
+
+
+def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
+    assert not pdl.pdl_enabled(torch.device("cpu"))
+    assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
+    if torch.cuda.is_available():
+        monkeypatch.setenv(pdl.PDL_ENV, "0")
+        assert not pdl.pdl_enabled(torch.device("cuda"))
