@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 
 @triton.jit

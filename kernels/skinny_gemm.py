@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 # The one-tile kernel launches with programmatic dependent launch (kernels/pdl.py): each GEMV's
 # weight read starts while the kernel before it in the stream finishes, and only its reads of x
