@@ -280,7 +280,9 @@ class LaunchConfig:
 
 
 _SM_COUNT: dict = {}
-MIN_KEYS_PER_SPLIT = 256  # a split of fewer keys costs more in its merge than it saves
+# A split of fewer keys costs more in its merge than it saves. H200 (fe1b1ef, ctx 512, batch 1
+# and 4, benchmarks/attention_split_probe.py): one 128-key tile a split was fastest.
+MIN_KEYS_PER_SPLIT = 128
 
 
 def _interpreting() -> bool:
@@ -313,18 +315,18 @@ def choose_config(
     Prefill-heavy batches (many query rows per KV head) take 128-row blocks; decode-heavy ones
     the smallest block (16 rows: one token's GROUP heads) and 64-key tiles in 2 stages, which
     leaves room for 3 programs per SM (measured better than wider tiles or deeper pipelines).
-    The key range is split only when fewer programs would run than the chip holds at once
-    (few requests): on the H200, splitting batch 64 x 8 KV heads (512 programs) 2-8 ways cost
-    5-12%, while batch 16 or 1 needs the split to fill the chip. Each split keeps >=
-    MIN_KEYS_PER_SPLIT keys of max_seq_len and the float32 scratch stays under 64 MiB. Split
-    decode launches read 128-key tiles where they fit (fewer, longer loop trips per program:
-    +6-24% at batch 4-32, ctx 1-2k).
+    The key range is split only when few requests would leave the chip idle: splitting batch
+    64 x 8 KV heads (512 programs) cost 5-45% at every context on the H200, while batch 1-16
+    needs the split. Each split keeps >= MIN_KEYS_PER_SPLIT keys of max_seq_len and the float32
+    scratch stays under 64 MiB. Split decode launches read 128-key tiles where they fit.
 
-    Splits stop at one wave: programs x splits <= SMs x programs_per_sm(tile). A graph is
-    captured with max_seq_len = max_model_len, and the kernel hands each split
-    ceil(tiles / num_splits) of the request's *actual* tiles, so at a short context most
-    splits are empty; past one wave those empty programs queue behind the working ones (64
-    splits of 128-key tiles at batch 1 made 4 waves, 6 us a layer for ~600 keys).
+    Splits stop at two waves: programs x splits <= 2 x SMs x programs_per_sm(tile). A graph is
+    captured with max_seq_len = max_model_len and the kernel hands each split ceil(tiles /
+    num_splits) of the request's *actual* tiles, so one config must serve every context. H200,
+    Qwen3-0.6B heads, 128-key tiles (fe1b1ef, attention_split_probe.py, contexts 512-8192):
+    the best split count made ~256 programs at batch 1 (32 splits), 4 (8) and 16 (2), within
+    0-16% of the best per context; the earlier bound (up to 2 x 3 programs per SM: 512
+    programs) lost up to 31% at short contexts, one wave (128) up to 76% at batch 16.
     """
     group = num_q_heads // num_kv_heads
     min_m = max(16, triton.next_power_of_2(group))
@@ -343,7 +345,7 @@ def choose_config(
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
     while (
         splits * 2 <= min(max_splits, 64)
-        and programs * splits * 2 <= resident
+        and programs * splits * 2 <= 2 * resident
         and scratch * splits * 2 <= (64 << 20)
     ):
         splits *= 2
