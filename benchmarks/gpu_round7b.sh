@@ -3,6 +3,7 @@
 # two waves (the probe's best picks, kernels/paged_attention.py), and the L2 weight prefetch
 # (worker/weight_prefetch.py) A/B: ENGINESPEC_L2_PREFETCH=1 and =next at batch 1-8 (the fused
 # rows, where it applies), =0 over the whole sweep. First the CUDA tests of the changed parts.
+# Ran at aae49b0; the prefetch was removed after it (slower: RESULTS.md, seventh session).
 # Usage (device machine, repo root): bash benchmarks/gpu_round7b.sh SHA
 set -u
 sha=${1:?commit}

@@ -121,9 +121,6 @@ class MergedLayer(nn.Module):
         # Or the whole layer as four fused calls (fused_calls): set by skinny_ops.install where
         # can_fuse(); (x, weight, bias, norm_weight, eps, residual, silu_mul) -> tensor.
         self.fused_linear = None
-        # Set with fused_linear where ENGINESPEC_L2_PREFETCH asks (worker/weight_prefetch.py):
-        # called with the layer index once the q|k|v GEMV is issued.
-        self.prefetch = None
         self.silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
 
     def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
@@ -245,8 +242,6 @@ class MergedLayer(nn.Module):
             None,
             False,
         )
-        if self.prefetch is not None:
-            self.prefetch(self.layer_idx)
         hidden = f(self._attend(qkv, cos, sin), o_res["weight"], o_res["bias"], None, 0.0, hidden, False)
         act = f(
             hidden,
@@ -289,7 +284,6 @@ class MergedDecoder(nn.Module):
         # by skinny_ops.install to the rows it measured); bigger steps keep the compiled
         # decoder's own fusions (residual add + norm, SiLU * up), which serve many rows better.
         self.fused_max_rows = 0
-        self.weight_prefetch = None  # worker/weight_prefetch.py, set by skinny_ops.install
         self.layers = nn.ModuleList(
             MergedLayer(layer, i, config, fuse_qkv_rope)
             for i, layer in enumerate(hf_decoder.layers[:num_layers])
@@ -320,8 +314,6 @@ class MergedDecoder(nn.Module):
         fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, fused)
-        if fused and self.weight_prefetch is not None:
-            self.weight_prefetch.join()
         return self.norm(hidden)
 
 

@@ -15,7 +15,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from enginespec.worker import weight_prefetch
 from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable
 
 log = logging.getLogger(__name__)
@@ -102,13 +101,10 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
         groups = tuning_groups(merged_decoder.layers, variant)
         table.tune({g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}, variant)
     merged_decoder.fused_max_rows = table.max_rows
-    prefetch = weight_prefetch.build(merged_decoder, device)
-    merged_decoder.weight_prefetch = prefetch
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear
         if layer.can_fuse():
             layer.fused_linear = torch.ops.enginespec.fused_linear
-            layer.prefetch = prefetch.start if prefetch is not None else None
     for row in table.report():
         log.info("skinny_gemm %s", row)
     return table
