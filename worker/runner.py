@@ -331,7 +331,7 @@ class ModelRunner:
             hidden = self.model.forward(
                 batch.input_ids, batch.positions, batch.meta, self.kv_caches, body=self.body
             )
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self.model.compute_logits(sampled_rows(hidden, batch))
         prompt_logits = {}
         if batch.prompt_logprob_rows:
             positions = batch.positions.tolist()
@@ -343,6 +343,17 @@ class ModelRunner:
                     list(targets),
                 )
         return ExecuteOutput(logits=logits, prompt_logits=prompt_logits)
+
+
+def sampled_rows(hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """hidden's rows at batch.logits_indices. A steady decode step (one row per request, every
+    request sampling) samples rows 0..num_reqs-1 in order, since the flat layout puts request
+    i's only row at i: a view then, instead of an index kernel and its launch on the host at
+    every step. Any other batch (prefill chunks, draft rows, rows that do not sample) indexes."""
+    n = batch.num_reqs
+    if batch.num_scheduled_tokens == n == len(batch.sample_request_ids) == batch.logits_indices.shape[0]:
+        return hidden[:n]
+    return hidden[batch.logits_indices]
 
 
 def _check_positive(name: str, value) -> None:
