@@ -325,8 +325,8 @@ def choose_config(
     num_splits) of the request's *actual* tiles, so one config must serve every context. H200,
     Qwen3-0.6B heads, 128-key tiles (fe1b1ef, attention_split_probe.py, contexts 512-8192):
     the best split count made ~256 programs at batch 1 (32 splits), 4 (8) and 16 (2), within
-    0-16% of the best per context; the earlier bound (up to 2 x 3 programs per SM: 512
-    programs) lost up to 31% at short contexts, one wave (128) up to 76% at batch 16.
+    0-18% of the best per context; the earlier bound (up to 2 x 3 programs per SM: 512
+    programs) lost up to 32% at short contexts, one wave (128) up to 76% at batch 16.
     """
     group = num_q_heads // num_kv_heads
     min_m = max(16, triton.next_power_of_2(group))

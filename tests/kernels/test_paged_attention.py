@@ -215,7 +215,7 @@ def test_split_decode_stays_within_two_waves(num_reqs, max_seq_len):
     """choose_config: a decode launch's programs (requests x KV heads x splits) never exceed
     twice what the chip holds at once. A graph captured at max_model_len runs mostly empty
     splits at a short context, and past two waves those queue behind the working ones (64
-    splits at batch 1 on the H200: 4 waves, up to 31% slower). A lone request with a long
+    splits at batch 1 on the H200: 4 waves, up to 32% slower). A lone request with a long
     context still splits, and no split holds fewer than MIN_KEYS_PER_SPLIT keys of max_seq_len."""
     from enginespec.kernels import paged_attention as pa
 
