@@ -124,9 +124,8 @@ def start_copy(sample: Union[torch.Tensor, DeviceSample], request_ids: list[str]
     ready = None
     if cuda:
         ready = torch.cuda.Event()
-        ready.record(
-            torch.cuda.current_stream(buffer.device)
-        )  # the device given: no lookup of the current one
+        # on the given device's stream: no lookup of the current device
+        ready.record(torch.cuda.current_stream(buffer.device))
     rows = {rid: i for i, rid in enumerate(request_ids)}
     return InFlight(sample.token_ids, host, ready, rows, logprobs=sample.logprobs, prompt=sample.prompt)
 

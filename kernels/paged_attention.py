@@ -339,13 +339,14 @@ def choose_config(
         block_m, tile, warps, stages = min_m, 64, 4, 2
     wide = rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize)
     programs = num_reqs * num_kv_heads
-    resident = _num_sms(device) * _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
+    per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
+    max_programs = 2 * _num_sms(device) * per_sm  # two waves
     splits = 1
     max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
     while (
         splits * 2 <= min(max_splits, 64)
-        and programs * splits * 2 <= 2 * resident
+        and programs * splits * 2 <= max_programs
         and scratch * splits * 2 <= (64 << 20)
     ):
         splits *= 2

@@ -128,7 +128,6 @@ class Staging:
         dst = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
         dst.copy_(src, non_blocking=True)
         self.event = torch.cuda.Event()
-        self.event.record(
-            torch.cuda.current_stream(dst.device)
-        )  # the device given: no lookup of the current one
+        # on the given device's stream: no lookup of the current device
+        self.event.record(torch.cuda.current_stream(dst.device))
         return dst

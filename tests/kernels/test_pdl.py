@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels/pdl.py) in the attention and q|k|v kernels, compiled
+"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention and q|k|v kernels, compiled
 for an H100/H200 (sm_90) with triton's ptxas on any machine (tests/kernels/sm90.py): each
 kernel's PTX has its griddepcontrol.wait, what it reads before the wait is only what no kernel
 of the chain writes, and no global store comes before it (a store there could land while the
@@ -12,7 +12,7 @@ from enginespec.kernels import pdl
 from .sm90 import compile_script
 
 SCRIPT = r"""
-from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr
+from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr, skinny_gemm as sg
 if pdl.gdc_wait is None:
     print("this triton has no gdc_wait"); sys.exit(3)
 
@@ -48,6 +48,11 @@ ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf1
             norm_ptr="*bf16", slot_ptr="*i64")
 fn = qr._qkv_rope_kernel
 report("qkv_rope", ptx_of(fn, sig_of(fn, rope, ptrs, ("eps",)), rope, {"num_warps": 4}))
+gemv = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=True, USE_NORM=True,
+            USE_RESIDUAL=False, USE_PDL=True)
+ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
+fn = sg._gemv_kernel
+report("gemv", ptx_of(fn, sig_of(fn, gemv, ptrs, ("eps",)), gemv, {"num_warps": 4, "num_stages": 1}))
 """
 
 
@@ -59,7 +64,7 @@ def reports():
     }
 
 
-@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope"])
+@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope", "gemv"])
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
     assert (waits, triggers) == (1, 1)
@@ -67,10 +72,14 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     assert loads_after > 0
 
 
-@pytest.mark.parametrize("kernel, reads_before", [("attention", True), ("merge", False), ("qkv_rope", True)])
+@pytest.mark.parametrize(
+    "kernel, reads_before",
+    [("attention", True), ("merge", False), ("qkv_rope", True), ("gemv", True)],
+)
 def test_what_comes_before_the_wait(reports, kernel, reads_before):
-    """attention looks its request up (order, query_start_loc, seq_lens) and qkv_rope reads its
-    norm weights, cos/sin and slot before waiting; the merge reads only what attention wrote."""
+    """attention looks its request up (order, query_start_loc, seq_lens), qkv_rope reads its
+    norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
+    and the residual after); the merge reads only what attention wrote."""
     assert (reports[kernel][2] > 0) == reads_before
 
 

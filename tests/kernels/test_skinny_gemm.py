@@ -212,32 +212,3 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
         got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
     assert not buffers.counts.any()
-
-
-PDL_COMPILE = r"""
-from enginespec.kernels import skinny_gemm as sg
-if sg.gdc_wait is None:
-    print("this triton has no gdc_wait"); sys.exit(3)
-fn = sg._gemv_kernel
-consts = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=True, USE_NORM=True,
-              USE_RESIDUAL=False, USE_PDL=True)
-ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
-sig = {n: ptrs.get(n) or ("constexpr" if n in consts else "fp32" if n == "eps" else "i32") for n in fn.arg_names}
-ptx = ptx_of(fn, sig, consts, {"num_warps": 4, "num_stages": 1})
-lines = ptx.splitlines()
-wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-loads = [i for i, line in enumerate(lines) if "ld.global" in line]
-print("wait", wait, "first_load", loads[0], "last_load", loads[-1])
-"""
-
-
-def test_gemv_with_pdl_compiles_for_sm90_with_the_weight_read_before_the_wait():
-    """USE_PDL (ENGINESPEC_PDL=1): the one-tile kernel compiles for an H100/H200 with triton's
-    ptxas (also on a CPU-only machine, in a subprocess without the interpreter), with a
-    griddepcontrol.wait that comes after the first global load (the weight) and before the
-    last (x, read only once the previous kernel's writes are visible)."""
-    from .sm90 import compile_script
-
-    stdout = compile_script(PDL_COMPILE)
-    got = dict(zip(*[iter(stdout.split())] * 2))
-    assert int(got["first_load"]) < int(got["wait"]) < int(got["last_load"]), stdout
