@@ -65,8 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="traced decode steps per batch size")
     p.add_argument("--settle", type=int, default=3, help="untimed decode steps before the trace")
     p.add_argument("--latency-tokens", type=int, default=128, help="LLM.generate batch-1 tokens (0 = skip)")
-    p.add_argument("--profile", action="store_true", help="batch-1 per-kernel device time (torch.profiler)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="per-kernel device time of --profile-batch rows (torch.profiler)",
+    )
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--profile-batch", type=int, default=1, help="requests in the profiled steps")
     p.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--copy-bytes", type=int, default=0, help="0: 4 GiB on CUDA, 64 MiB on CPU")
     p.add_argument("--git-commit", help="record this commit (machines without .git)")
@@ -189,7 +194,7 @@ def run(args) -> dict:
             "measured": table.measured,
         }
     if args.profile:
-        results["profile_batch1"] = profile_steps(core, shape, args)
+        results["profile"] = profile_steps(core, shape, args)
     results["total_s"] = time.perf_counter() - started
     _save(results, args.out)
     return results
@@ -214,11 +219,11 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {r['batch']} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f}{flag} | {wait} | {gpu} |"
         )
-    prof = results.get("profile_batch1")
+    prof = results.get("profile") or results.get("profile_batch1")
     if prof and "top" in prof:
         lines.append("")
         lines.append(
-            f"batch-1 profile: {prof['kernels_per_step']:.0f} kernels + {prof['copies_per_step']:.0f} copies a "
+            f"batch-{prof.get('batch', 1)} profile: {prof['kernels_per_step']:.0f} kernels + {prof['copies_per_step']:.0f} copies a "
             f"step, GPU busy {prof['gpu_busy_ms_per_step']:.3f} of {prof['wall_ms_per_step']:.3f} ms "
             f"({prof['gpu_busy_fraction']:.2f})"
         )

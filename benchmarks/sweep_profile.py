@@ -42,14 +42,18 @@ def kernel_table(events, num_steps: int, top: int = 25) -> list[dict]:
 
 
 def profile_steps(core, shape, args) -> dict:
-    """Profile `args.profile_steps` steady decode steps of one request (greedy)."""
+    """Profile `args.profile_steps` steady decode steps of `args.profile_batch` requests (greedy;
+    one by default: the batch-1 latency question; 256 asks where a full decode step goes)."""
     from torch.profiler import ProfilerActivity, profile
 
     if torch.device(args.device).type != "cuda":
         return {"skipped": "no CUDA device: nothing to profile"}
+    batch = getattr(args, "profile_batch", 1)
     params = SamplingParams(max_tokens=64 + 2 * args.profile_steps + 8, temperature=0.0, ignore_eos=True)
-    core.add_request("sweep-profile", list(range(1, args.prompt_len + 1)), params)
-    step_until_steady(core, 1, 64)
+    ids = [f"sweep-profile-{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        core.add_request(rid, [1 + (i + j) % 1000 for j in range(args.prompt_len)], params)
+    step_until_steady(core, batch, 64)
     for _ in range(args.profile_steps):  # untimed: settle, and the unprofiled time
         core.step(final_only=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -59,7 +63,7 @@ def profile_steps(core, shape, args) -> dict:
             core.step(final_only=True)
         sync(args.device)
         wall_us = (time.perf_counter() - start) * 1e6
-    core.abort(["sweep-profile"])
+    core.abort(ids)
     while core.has_unfinished:
         core.step()
     events = prof.events()
@@ -68,6 +72,7 @@ def profile_steps(core, shape, args) -> dict:
     table = kernel_table(events, steps, top=10**6)
     copies = sum(r["launches_per_step"] for r in table if r["name"].startswith(("Memcpy", "Memset")))
     return {
+        "batch": batch,
         "steps": steps,
         "wall_ms_per_step": wall_us / 1e3 / steps,
         "gpu_busy_ms_per_step": busy_us / 1e3 / steps,
