@@ -28,7 +28,12 @@ Invariants that keep graphs from changing outputs:
 - A mixed graph's attention launch config is fixed at capture (mixed_capture_query_len);
   configs change speed, never results. Decode graphs keep their own
   query_start_loc buffer, always arange, which mixed replays never touch.
-- The logits head runs eagerly on the rows that sample, so graphs hold no [b, vocab] buffers.
+- The logits head: with `logits=True` a decode graph also runs the head over all its rows (one
+  launch fewer on the host per step; a batch-1 step is host-bound). Its [b, vocab] output is
+  used only when every row is a real request that samples, rows 0..num_reqs-1 in order
+  (`decode_logits`); any other step, and every mixed step, runs the head eagerly on the rows
+  that sample. Graphs share one memory pool, so one graph's outputs may alias another's: a
+  replay's hidden states and logits are read (in stream order) before the next replay.
 """
 
 from __future__ import annotations
@@ -107,8 +112,10 @@ class DecodeGraphs:
         buckets: Optional[list[int]] = None,
         mixed_buckets: Optional[list[int]] = None,
         body=None,
+        logits: bool = False,
     ):
         self.model = model
+        self.with_logits = logits
         self.body = body  # what runs the decoder (a compiled body, say); None = the model's own
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -128,6 +135,7 @@ class DecodeGraphs:
         self.hidden: dict[int, torch.Tensor] = {}
         self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.mixed_hidden: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # decode bucket -> [n, vocab], with logits=True
 
     def bucket_for(self, num_rows: int) -> Optional[int]:
         """Smallest captured decode bucket holding num_rows rows, or None."""
@@ -175,12 +183,16 @@ class DecodeGraphs:
             # row; with skinny_gemm, one up to its fused rows) and none may compile mid-capture.
             for _ in range(2):
                 for n, mixed in self._shapes():
-                    self._run(n, mixed)
+                    hidden = self._run(n, mixed)
+                    if self.with_logits and not mixed:  # cuBLAS picks the head's algorithm here
+                        self.model.compute_logits(hidden)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         for n, mixed in self._shapes():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 hidden = self._run(n, mixed)
+                if self.with_logits and not mixed:
+                    self.logits[n] = self.model.compute_logits(hidden)
             (self.mixed_hidden if mixed else self.hidden)[n] = hidden
             (self.mixed_graphs if mixed else self.graphs)[n] = graph
         torch.cuda.synchronize(self.model.device)
@@ -200,6 +212,15 @@ class DecodeGraphs:
         self._load(batch, mixed)
         (self.mixed_graphs if mixed else self.graphs)[n].replay()
         return (self.mixed_hidden if mixed else self.hidden)[n]
+
+    def decode_logits(self, batch: Batch) -> Optional[torch.Tensor]:
+        """After forward(batch): the replayed head's logits of rows 0..num_reqs-1 [num_reqs, vocab]
+        (a view), or None when this batch's graph ran no head (a mixed step; logits=False). The
+        caller asks only when every row is a real request that samples, in order."""
+        if _is_mixed(batch.meta):
+            return None
+        logits = self.logits.get(batch.meta.num_tokens)
+        return None if logits is None else logits[: batch.num_reqs]
 
     def _load(self, batch: Batch, mixed: bool) -> None:
         """Copy the batch into the static buffers. A mixed batch of B requests marks request

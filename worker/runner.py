@@ -132,6 +132,7 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 mixed_buckets=default_mixed_buckets(mixed_graph_tokens),
                 body=self.body,
+                logits=self.GRAPH_LOGITS,
             )
             self.startup_phases["graph_capture"] = time.perf_counter() - started
 
@@ -325,13 +326,17 @@ class ModelRunner:
     def execute(self, batch: Batch) -> ExecuteOutput:
         """Forward the batch (writing its K/V into the pool) and return the logits of the rows
         that sample, plus those of prompt positions asked for by prompt_logprobs."""
+        logits = None
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.forward(batch)
+            if every_row_samples(batch):
+                logits = self.graphs.decode_logits(batch)
         else:
             hidden = self.model.forward(
                 batch.input_ids, batch.positions, batch.meta, self.kv_caches, body=self.body
             )
-        logits = self.model.compute_logits(sampled_rows(hidden, batch))
+        if logits is None:
+            logits = self.model.compute_logits(sampled_rows(hidden, batch))
         prompt_logits = {}
         if batch.prompt_logprob_rows:
             positions = batch.positions.tolist()
@@ -350,10 +355,16 @@ def sampled_rows(hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     request sampling) samples rows 0..num_reqs-1 in order, since the flat layout puts request
     i's only row at i: a view then, instead of an index kernel and its launch on the host at
     every step. Any other batch (prefill chunks, draft rows, rows that do not sample) indexes."""
-    n = batch.num_reqs
-    if batch.num_scheduled_tokens == n == len(batch.sample_request_ids) == batch.logits_indices.shape[0]:
-        return hidden[:n]
+    if every_row_samples(batch):
+        return hidden[: batch.num_reqs]
     return hidden[batch.logits_indices]
+
+
+def every_row_samples(batch: Batch) -> bool:
+    """One row per request and every request samples: request i's only row is row i, and the
+    rows that sample are 0..num_reqs-1 in order (padding rows follow them)."""
+    n = batch.num_reqs
+    return batch.num_scheduled_tokens == n == len(batch.sample_request_ids) == batch.logits_indices.shape[0]
 
 
 def _check_positive(name: str, value) -> None:

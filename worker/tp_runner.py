@@ -129,6 +129,10 @@ class TPModelRunner(ModelRunner):
     or a worker's WorkerLink. On rank 0, construction first tells the workers to build theirs
     with the same arguments; a failure there stops the workers."""
 
+    # The head stays outside the decode graphs here: a sharded head's gather inside a captured
+    # graph has not been run on a multi-GPU machine (cuda_graphs.py: "The logits head").
+    GRAPH_LOGITS = False
+
     def __init__(self, model, impl, *, tp, **kwargs):
         self.tp = tp
         self._ops: list[tuple] = []  # rank 0: swap ops applied since the last step

@@ -77,18 +77,22 @@ class _EagerGraph:
     """Stands in for a captured torch.cuda.CUDAGraph on the CPU: replay() runs the same call on
     the same static buffers again and writes the result where the capture left its output."""
 
-    def __init__(self, run, out: torch.Tensor, replays: list):
+    def __init__(self, run, out, replays: list):
         self.run, self.out, self.replays = run, out, replays
 
     def replay(self) -> None:
-        self.out.copy_(self.run())
-        self.replays.append(self.out.shape[0])
+        outs = self.out if isinstance(self.out, tuple) else (self.out,)
+        news = self.run() if isinstance(self.out, tuple) else (self.run(),)
+        for out, new in zip(outs, news):
+            out.copy_(new)
+        self.replays.append(outs[0].shape[0])
 
 
-def _eager_graphs(runner, buckets, mixed_buckets) -> tuple:
+def _eager_graphs(runner, buckets, mixed_buckets, logits: bool = False) -> tuple:
     """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
     static buffers: everything but the capture itself (padding, empty request slots, stale rows
-    and columns, the static query_start_loc) is what a CUDA replay sees."""
+    and columns, the static query_start_loc) is what a CUDA replay sees. logits: decode graphs
+    run the head too, as DecodeGraphs(logits=True) captures them."""
     graphs = DecodeGraphs(
         runner.model,
         runner.kv_caches,
@@ -97,6 +101,7 @@ def _eager_graphs(runner, buckets, mixed_buckets) -> tuple:
         max_num_seqs=runner.max_num_seqs,
         buckets=buckets,
         mixed_buckets=mixed_buckets,
+        logits=logits,
     )
     decode, mixed = [], []
     for n, is_mixed in graphs._shapes():
@@ -105,6 +110,15 @@ def _eager_graphs(runner, buckets, mixed_buckets) -> tuple:
         def run(n=n, is_mixed=is_mixed):
             return graphs._run(n, is_mixed)
 
+        if logits and not is_mixed:
+
+            def run(n=n):  # noqa: F811 - the head rides in the decode graph
+                hidden = graphs._run(n, False)
+                return hidden, runner.model.compute_logits(hidden)
+
+            out, graphs.logits[n] = run()
+            graphs.hidden[n], graphs.graphs[n] = out, _EagerGraph(run, (out, graphs.logits[n]), decode)
+            continue
         if is_mixed:
             graphs.mixed_hidden[n], graphs.mixed_graphs[n] = out, _EagerGraph(run, out, mixed)
         else:
@@ -151,6 +165,57 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
     assert outs[True] == outs[False]
     assert decode and mixed, (decode, mixed)
     assert set(mixed) <= {8, 16, 40} and set(decode) <= {1, 2, 4}
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
+)
+def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
+    """Decode graphs that run the logits head (ModelRunner.GRAPH_LOGITS): the runner samples from
+    the replayed logits on steady decode steps, from the eager head on every other step (mixed
+    steps, prefill, a padded bucket's stale rows never reach the sampler), and the greedy tokens
+    and logprobs equal unpadded eager steps'."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.llm import LLM
+
+    prompts = [{"prompt_token_ids": [(7 * i + 2 * j) % 90 + 1 for j in range(4 + 7 * i)]} for i in range(3)]
+    params = [
+        SamplingParams(max_tokens=4 + 3 * i, temperature=0.0, ignore_eos=True, logprobs=2) for i in range(3)
+    ]
+    outs, used = {}, []
+    for padded in (False, True):
+        llm = LLM(
+            tiny_model_dir("qwen3"),
+            impl="fast",
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            num_blocks=64,
+            max_num_batched_tokens=32,
+            max_num_seqs=4,
+        )
+        runner = llm.engine.runner
+        runner.model.attention = FastAttention("cpu", use_triton=True)
+        if padded:
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 32], logits=True)
+            graph_logits = runner.graphs.decode_logits
+
+            def counted(batch, graph_logits=graph_logits):
+                got = graph_logits(batch)
+                used.append(got is not None)
+                return got
+
+            runner.graphs.decode_logits = counted
+        got = llm.generate(prompts, params, use_tqdm=False)
+        outs[padded] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in got]
+    assert [t for t, _ in outs[True]] == [t for t, _ in outs[False]]
+    for (_, lp_graph), (_, lp_eager) in zip(outs[True], outs[False]):
+        for a, b in zip(lp_graph, lp_eager):
+            assert a.keys() == b.keys()
+            for tok in a:
+                assert abs(a[tok] - b[tok]) < 1e-4
+    assert decode and any(used), (decode, used)  # steady decodes read the graph's logits
 
 
 def test_mixed_query_blocks_and_their_override(monkeypatch):
