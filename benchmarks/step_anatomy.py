@@ -224,6 +224,7 @@ def run(args) -> dict:
         sync(args.device)
     if args.cprofile:  # a second pass: cProfile slows the host, so the timed pass runs without it
         write_cprofile(core, args.steps, args.cprofile)
+    trace = write_trace(core, args.trace) if args.trace and cuda else None  # the requests still decode
     result = {
         "config": vars(args),
         "env": environment(args),
@@ -246,8 +247,8 @@ def run(args) -> dict:
         result["generate_batch1_ms_per_token"] = decode_latency(
             llm, prompt, args.generate_tokens, args.device
         )
-    if args.trace and cuda:
-        result["trace"] = write_trace(core, args.trace)
+    if trace:
+        result["trace"] = trace
     return result
 
 
@@ -265,6 +266,7 @@ def write_cprofile(core, steps: int, path: str) -> None:
 
 
 def write_trace(core, path: str) -> str:
+    """A Chrome trace of 8 steps of the requests still decoding (call before they finish)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
