@@ -64,6 +64,9 @@ class ModelRunner:
     each [2, num_blocks + 1, block_size, kv_heads, head_dim] (the last block is scratch), and the
     block ids the scheduler hands out are < num_blocks."""
 
+    # Decode graphs run the logits head too (cuda_graphs.py: "The logits head").
+    GRAPH_LOGITS = True
+
     def __init__(
         self,
         model,

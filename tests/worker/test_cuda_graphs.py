@@ -231,3 +231,13 @@ def test_mixed_query_blocks_and_their_override(monkeypatch):
     monkeypatch.setenv("ENGINESPEC_MIXED_SHORT_QUERY_TOKENS", "lots")
     with pytest.raises(ValueError, match="ENGINESPEC_MIXED_SHORT_QUERY_TOKENS"):
         cuda_graphs._short_query_tokens()
+
+
+def test_the_head_rides_in_single_gpu_decode_graphs_only():
+    """The runner asks DecodeGraphs for the head (its capture reads this attribute, on CUDA
+    only); tensor-parallel runners keep it eager (tp_runner.py says why)."""
+    from enginespec.worker.runner import ModelRunner
+    from enginespec.worker.tp_runner import TPModelRunner
+
+    assert ModelRunner.GRAPH_LOGITS is True
+    assert TPModelRunner.GRAPH_LOGITS is False
