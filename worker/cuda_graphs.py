@@ -28,12 +28,14 @@ Invariants that keep graphs from changing outputs:
 - A mixed graph's attention launch config is fixed at capture (mixed_capture_query_len);
   configs change speed, never results. Decode graphs keep their own
   query_start_loc buffer, always arange, which mixed replays never touch.
-- The logits head: with `logits=True` a decode graph also runs the head over all its rows (one
-  launch fewer on the host per step; a batch-1 step is host-bound). Its [b, vocab] output is
-  used only when every row is a real request that samples, rows 0..num_reqs-1 in order
-  (`decode_logits`); any other step, and every mixed step, runs the head eagerly on the rows
-  that sample. Graphs share one memory pool, so one graph's outputs may alias another's: a
-  replay's hidden states and logits are read (in stream order) before the next replay.
+- The logits head: decode graphs of at most `logits_max_rows` rows also run the head over all
+  their rows (one launch fewer on the host per step, where small steps are host-bound). Their
+  [b, vocab] output is used only when every row is a real request that samples, rows
+  0..num_reqs-1 in order (`decode_logits`); any other step, larger decode graphs and every
+  mixed graph run the head eagerly on the rows that sample. Each graph's outputs stay
+  allocated as long as the graph (they are read after each replay), so the bound keeps the
+  logits buffers small: 31 rows for buckets 1-16 (9.4 MB at a 151,936 vocabulary in bf16),
+  where all decode buckets up to 256 would hold 4,231 rows (1.3 GB).
 """
 
 from __future__ import annotations
@@ -112,10 +114,10 @@ class DecodeGraphs:
         buckets: Optional[list[int]] = None,
         mixed_buckets: Optional[list[int]] = None,
         body=None,
-        logits: bool = False,
+        logits_max_rows: int = 0,
     ):
         self.model = model
-        self.with_logits = logits
+        self.logits_max_rows = logits_max_rows
         self.body = body  # what runs the decoder (a compiled body, say); None = the model's own
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -135,7 +137,7 @@ class DecodeGraphs:
         self.hidden: dict[int, torch.Tensor] = {}
         self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.mixed_hidden: dict[int, torch.Tensor] = {}
-        self.logits: dict[int, torch.Tensor] = {}  # decode bucket -> [n, vocab], with logits=True
+        self.logits: dict[int, torch.Tensor] = {}  # decode bucket <= logits_max_rows -> [n, vocab]
 
     def bucket_for(self, num_rows: int) -> Optional[int]:
         """Smallest captured decode bucket holding num_rows rows, or None."""
@@ -184,14 +186,14 @@ class DecodeGraphs:
             for _ in range(2):
                 for n, mixed in self._shapes():
                     hidden = self._run(n, mixed)
-                    if self.with_logits and not mixed:  # cuBLAS picks the head's algorithm here
+                    if self._with_head(n, mixed):  # cuBLAS picks the head's algorithm here
                         self.model.compute_logits(hidden)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         for n, mixed in self._shapes():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 hidden = self._run(n, mixed)
-                if self.with_logits and not mixed:
+                if self._with_head(n, mixed):
                     self.logits[n] = self.model.compute_logits(hidden)
             (self.mixed_hidden if mixed else self.hidden)[n] = hidden
             (self.mixed_graphs if mixed else self.graphs)[n] = graph
@@ -213,9 +215,12 @@ class DecodeGraphs:
         (self.mixed_graphs if mixed else self.graphs)[n].replay()
         return (self.mixed_hidden if mixed else self.hidden)[n]
 
+    def _with_head(self, n: int, mixed: bool) -> bool:
+        return not mixed and n <= self.logits_max_rows
+
     def decode_logits(self, batch: Batch) -> Optional[torch.Tensor]:
         """After forward(batch): the replayed head's logits of rows 0..num_reqs-1 [num_reqs, vocab]
-        (a view), or None when this batch's graph ran no head (a mixed step; logits=False). The
+        (a view), or None when this batch's graph ran no head (mixed, or over logits_max_rows). The
         caller asks only when every row is a real request that samples, in order."""
         if _is_mixed(batch.meta):
             return None

@@ -64,8 +64,9 @@ class ModelRunner:
     each [2, num_blocks + 1, block_size, kv_heads, head_dim] (the last block is scratch), and the
     block ids the scheduler hands out are < num_blocks."""
 
-    # Decode graphs run the logits head too (cuda_graphs.py: "The logits head").
-    GRAPH_LOGITS = True
+    # Decode graphs of up to this many rows run the logits head too (cuda_graphs.py: "The logits
+    # head"): the sweep's steps of 1-8 rows are host-bound, from 16 rows the host waits.
+    GRAPH_LOGITS_MAX_ROWS = 16
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 mixed_buckets=default_mixed_buckets(mixed_graph_tokens),
                 body=self.body,
-                logits=self.GRAPH_LOGITS,
+                logits_max_rows=self.GRAPH_LOGITS_MAX_ROWS,
             )
             self.startup_phases["graph_capture"] = time.perf_counter() - started
 

@@ -131,7 +131,7 @@ class TPModelRunner(ModelRunner):
 
     # The head stays outside the decode graphs here: a sharded head's gather inside a captured
     # graph has not been run on a multi-GPU machine (cuda_graphs.py: "The logits head").
-    GRAPH_LOGITS = False
+    GRAPH_LOGITS_MAX_ROWS = 0
 
     def __init__(self, model, impl, *, tp, **kwargs):
         self.tp = tp

@@ -88,11 +88,11 @@ class _EagerGraph:
         self.replays.append(outs[0].shape[0])
 
 
-def _eager_graphs(runner, buckets, mixed_buckets, logits: bool = False) -> tuple:
+def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> tuple:
     """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
     static buffers: everything but the capture itself (padding, empty request slots, stale rows
-    and columns, the static query_start_loc) is what a CUDA replay sees. logits: decode graphs
-    run the head too, as DecodeGraphs(logits=True) captures them."""
+    and columns, the static query_start_loc) is what a CUDA replay sees. Decode graphs of up to
+    logits_max_rows rows run the head too, as DecodeGraphs captures them."""
     graphs = DecodeGraphs(
         runner.model,
         runner.kv_caches,
@@ -101,7 +101,7 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits: bool = False) -> tuple
         max_num_seqs=runner.max_num_seqs,
         buckets=buckets,
         mixed_buckets=mixed_buckets,
-        logits=logits,
+        logits_max_rows=logits_max_rows,
     )
     decode, mixed = [], []
     for n, is_mixed in graphs._shapes():
@@ -110,7 +110,7 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits: bool = False) -> tuple
         def run(n=n, is_mixed=is_mixed):
             return graphs._run(n, is_mixed)
 
-        if logits and not is_mixed:
+        if graphs._with_head(n, is_mixed):
 
             def run(n=n):  # noqa: F811 - the head rides in the decode graph
                 hidden = graphs._run(n, False)
@@ -172,10 +172,10 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
     reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
 )
 def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
-    """Decode graphs that run the logits head (ModelRunner.GRAPH_LOGITS): the runner samples from
-    the replayed logits on steady decode steps, from the eager head on every other step (mixed
-    steps, prefill, a padded bucket's stale rows never reach the sampler), and the greedy tokens
-    and logprobs equal unpadded eager steps'."""
+    """Decode graphs that run the logits head (ModelRunner.GRAPH_LOGITS_MAX_ROWS): the runner
+    samples from the replayed logits on steady decode steps of those graphs, from the eager head
+    on every other step (mixed steps, prefill, larger graphs; a padded bucket's stale rows never
+    reach the sampler), and the greedy tokens and logprobs equal unpadded eager steps'."""
     from enginespec.impls.fast.attention import FastAttention
     from enginespec.llm import LLM
 
@@ -198,7 +198,7 @@ def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
         runner = llm.engine.runner
         runner.model.attention = FastAttention("cpu", use_triton=True)
         if padded:
-            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 32], logits=True)
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 32], logits_max_rows=2)
             graph_logits = runner.graphs.decode_logits
 
             def counted(batch, graph_logits=graph_logits):
@@ -216,6 +216,7 @@ def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
             for tok in a:
                 assert abs(a[tok] - b[tok]) < 1e-4
     assert decode and any(used), (decode, used)  # steady decodes read the graph's logits
+    assert 4 in decode and not all(used)  # the 4-row graph runs no head (over logits_max_rows)
 
 
 def test_mixed_query_blocks_and_their_override(monkeypatch):
@@ -239,5 +240,5 @@ def test_the_head_rides_in_single_gpu_decode_graphs_only():
     from enginespec.worker.runner import ModelRunner
     from enginespec.worker.tp_runner import TPModelRunner
 
-    assert ModelRunner.GRAPH_LOGITS is True
-    assert TPModelRunner.GRAPH_LOGITS is False
+    assert ModelRunner.GRAPH_LOGITS_MAX_ROWS >= 1
+    assert TPModelRunner.GRAPH_LOGITS_MAX_ROWS == 0
