@@ -2,7 +2,9 @@
 
 One program per row: h = x + residual (rounded to x's dtype: it is the next residual),
 out = weight * (h / sqrt(mean(h^2) + eps)) with the norm in float32 and rounded to x's dtype
-before the weight multiplies it, which is the transformers modules' rounding order.
+before the weight multiplies it, which is the transformers modules' rounding order. Launched
+with programmatic dependent launch where kernels/pdl.py enables it (a decode step's norms sit
+between GEMV launches: the 8B shape's batch-1 step runs 72 of them).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 
 @triton.jit
@@ -29,10 +33,17 @@ def _rms_norm_kernel(
     stride_res,
     BLOCK_H: tl.constexpr,
     USE_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """USE_PDL (kernels/pdl.py): the weight (no kernel writes it) is read before gdc_wait; x, the
+    residual and every store after it."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     mask = cols < hidden
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)  # [BLOCK_H]
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the previous kernel's writes are visible
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if USE_RESIDUAL:  # add in float32, round once (as torch does)
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -41,7 +52,6 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, 0) / hidden + eps)
     normed = (h * rstd).to(x_ptr.dtype.element_ty)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     out = (w.to(tl.float32) * normed.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
 
@@ -81,7 +91,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Option
             res2.stride(0),
             BLOCK_H=triton.next_power_of_2(hidden),
             USE_RESIDUAL=residual is not None,
+            USE_PDL=(pdl := pdl_enabled(x2.device)),
             num_warps=4 if hidden <= 2048 else 8,
+            **launch_options(pdl),
         )
     out = out.view(x.shape)
     return out if residual is None else (out, res_out.view(x.shape))

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _silu_mul_kernel(
@@ -22,7 +24,13 @@ def _silu_mul_kernel(
     stride_out,
     stride_in,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """USE_PDL (kernels/pdl.py): everything it reads the GEMM before wrote, so it waits first; its
+    launch still overlaps that GEMM's tail."""
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < inter
@@ -43,6 +51,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows:
         block = min(1024, triton.next_power_of_2(inter))
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
-            out, gate_up, rows, inter, out.stride(0), gate_up.stride(0), BLOCK=block, num_warps=4
-        )
+            out, gate_up, rows, inter, out.stride(0), gate_up.stride(0), BLOCK=block,
+            USE_PDL=(pdl := pdl_enabled(gate_up.device)), num_warps=4, **launch_options(pdl),
+        )  # fmt: skip
     return out

@@ -79,7 +79,10 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
     return out
 
 
-GEMV_MAX_BLOCK_K = 4096  # a whole row per tile: K up to 4096 (the 0.6B-8B shapes but 8B's down)
+# A whole row per tile: K up to 16,384 (8B's down projection, K 12,288, at one row: one weight row
+# per program over 8 warps, 64 products a thread; its split-K tile measured 1.26x its weight read
+# on the H200, benchmarks/RESULTS.md, eighth session). Wider rows are left to the tiled kernel.
+GEMV_MAX_BLOCK_K = 16384
 GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers spill
 
 

@@ -1,5 +1,6 @@
-"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention and q|k|v kernels, compiled
-for an H100/H200 (sm_90) with triton's ptxas on any machine (tests/kernels/sm90.py): each
+"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention, q|k|v, RMSNorm and
+SiLU*up kernels, compiled for an H100/H200 (sm_90) with triton's ptxas on any machine
+(tests/kernels/sm90.py): each
 kernel's PTX has its griddepcontrol.wait, what it reads before the wait is only what no kernel
 of the chain writes, and no global store comes before it (a store there could land while the
 kernel before still reads the same scratch)."""
@@ -12,7 +13,7 @@ from enginespec.kernels import pdl
 from .sm90 import compile_script
 
 SCRIPT = r"""
-from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr, skinny_gemm as sg
+from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr, rms_norm as rn, silu_mul as sm, skinny_gemm as sg
 if pdl.gdc_wait is None:
     print("this triton has no gdc_wait"); sys.exit(3)
 
@@ -53,6 +54,13 @@ gemv = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=Tru
 ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
 fn = sg._gemv_kernel
 report("gemv", ptx_of(fn, sig_of(fn, gemv, ptrs, ("eps",)), gemv, {"num_warps": 4, "num_stages": 1}))
+norm = dict(BLOCK_H=4096, USE_RESIDUAL=True, USE_PDL=True)
+ptrs = {n: "*bf16" for n in ("out_ptr", "res_out_ptr", "x_ptr", "res_ptr", "weight_ptr")}
+fn = rn._rms_norm_kernel
+report("rms_norm", ptx_of(fn, sig_of(fn, norm, ptrs, ("eps",)), norm, {"num_warps": 8}))
+silu = dict(BLOCK=1024, USE_PDL=True)
+fn = sm._silu_mul_kernel
+report("silu_mul", ptx_of(fn, sig_of(fn, silu, dict(out_ptr="*bf16", gate_up_ptr="*bf16")), silu, {"num_warps": 4}))
 """
 
 
@@ -64,7 +72,7 @@ def reports():
     }
 
 
-@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope", "gemv"])
+@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"])
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
     assert (waits, triggers) == (1, 1)
@@ -74,12 +82,20 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
 
 @pytest.mark.parametrize(
     "kernel, reads_before",
-    [("attention", True), ("merge", False), ("qkv_rope", True), ("gemv", True)],
+    [
+        ("attention", True),
+        ("merge", False),
+        ("qkv_rope", True),
+        ("gemv", True),
+        ("rms_norm", True),
+        ("silu_mul", False),
+    ],
 )
 def test_what_comes_before_the_wait(reports, kernel, reads_before):
     """attention looks its request up (order, query_start_loc, seq_lens), qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
-    and the residual after); the merge reads only what attention wrote."""
+    and the residual after), and the RMSNorm its weight; the merge and the SiLU*up read only what
+    the kernel before wrote."""
     assert (reports[kernel][2] > 0) == reads_before
 
 

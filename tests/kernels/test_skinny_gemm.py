@@ -194,6 +194,21 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
     assert not buffers.counts.any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_tile_over_a_long_row(dtype):
+    """The 8B shape's down projection row (K 12,288) in one 16,384-wide tile, with and without
+    the residual: a quarter of the tile is masked, and the result is the reference's. On CUDA
+    at N 4,096 (the real shape), on the CPU (interpreter) at N 6."""
+    n, k = (4096, 12288) if CUDA else (6, 12288)
+    x, weight, _ = _operands(1, n, k, dtype, seed=12)
+    residual = torch.randn(1, n, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEVICE)
+    config = SkinnyConfig(block_n=1, block_k=16384, use_dot=False, gemv=True, num_warps=8)
+    got = skinny_linear(x, weight, None, config, SplitBuffers(DEVICE))
+    torch.testing.assert_close(got, linear_ref(x, weight, None), **TOLERANCES[dtype])
+    got = skinny_linear(x, weight, None, config, SplitBuffers(DEVICE), residual=residual)
+    torch.testing.assert_close(got, linear_ref(x, weight, None) + residual, **TOLERANCES[dtype])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
