@@ -107,6 +107,14 @@ def draw_uniforms(keys: Sequence[int], device) -> torch.Tensor:
     return seeded_uniform(keys, 2, device)
 
 
+def round_uniforms(keys: Sequence[int], round_index: int, device) -> torch.Tensor:
+    """The two uniforms of a rejection round's draw (sample/reject.py): float32 [R, 2], the hash
+    of (key, 2 r) and (key, 2 r + 1); round 0 is `draw_uniforms`."""
+    lo, hi = split_keys(keys, device)
+    counters = torch.arange(2 * round_index, 2 * round_index + 2, dtype=torch.int64, device=device)
+    return bits_to_uniform(hash_bits(counters.unsqueeze(0), lo.unsqueeze(1), hi.unsqueeze(1)))
+
+
 def row_keys(seeds: np.ndarray, output_index: np.ndarray) -> np.ndarray:
     """`row_key` over arrays (uint64 seeds and output indices, any length), vectorised: numpy
     uint64 arithmetic wraps modulo 2**64 as the masked Python version does. Returns int64."""

@@ -38,7 +38,9 @@ read in place from device-side output-count and prompt tables updated from the d
 (two launches on CUDA, `kernels.logprobs`) to travel with the ids in one host copy
 (`deferred`). Steady-state launches on CUDA (ids' host copy included): temperature, top-k,
 top-p, min-p in any mix 3; all seeded 4 (the step's keys); a batch with a loose top-p (no
-top-k, no min-p) 3, or 3 + 2 + cut_draw.NUM_ROUNDS with SPREAD_CUT (off: see there);
+top-k, no min-p) 3 + 2 * reject_top_p.GRID_ROUNDS + 1 (REJECT_TOP_P: those rows draw uncut,
+then by rejection, `sample/reject.py`: no cut is searched for), or with REJECT_TOP_P off 3,
+or 3 + 2 + cut_draw.NUM_ROUNDS with SPREAD_CUT (off: see there);
 quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13. Seeded rows give the same tokens on
 both paths; unseeded rows too, as both advance the generator once per call with a random row.
 
@@ -54,6 +56,7 @@ followed by the k most likely (id, logprob) pairs, best first.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
@@ -61,7 +64,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from enginespec.kernels import cut_draw
+from enginespec.kernels import cut_draw, reject_top_p
 from enginespec.kernels import sampling as sampling_triton
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
@@ -79,6 +82,7 @@ from enginespec.sample.penalties import (
     upload,
     upload_packed,
 )
+from enginespec.sample.reject import refine_top_p
 from enginespec.sample.rng import resolve_keys, row_keys
 from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
 
@@ -87,6 +91,10 @@ from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_threshol
 # the spread took 2.75 ms of device time for 256 flat rows against the in-program cut's 2.28 ms
 # at 5fd202c (eight rounds of ~0.3 ms each), so it does not pay yet; its kernels stay tested.
 SPREAD_CUT = False
+# Whether loose top-p rows (top-p < 1, no top-k, no min-p) draw by rejection (sample/reject.py:
+# no cut is found, round 0 is the uncut draw) on every path. ENGINESPEC_REJECT_TOP_P=0 turns it
+# off (the exact cut, then the draw), for A/B runs; the two draw different tokens for a seed.
+REJECT_TOP_P = os.environ.get("ENGINESPEC_REJECT_TOP_P", "1") != "0"
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
@@ -228,6 +236,13 @@ class RowSpec(NamedTuple):
         return cls(noisy, t, p.seed, vector)
 
 
+def _uncut_loose(thr: Optional[torch.Tensor], plan: "BatchPlan") -> Optional[torch.Tensor]:
+    """thr [S] with the loose rows' cut removed: they draw uncut, then by rejection."""
+    if thr is None or not plan.reject_rows:
+        return thr
+    return thr.index_fill(0, plan.reject_index, float("-inf"))
+
+
 def row_matrix(specs: Sequence[RowSpec]) -> np.ndarray:
     """float64 [S, PRES + 1]: the rows' vectors (each RowSpec's, converted to numpy once)."""
     if not specs:
@@ -272,6 +287,7 @@ class BatchPlan:
         self.logprob_counts = m[self.logprob_rows, LOGPROBS].astype(np.int64).tolist()
         self.cut_rows = _rows(m[:, 2])
         self._cut_plan: Optional[CutPlan] = None
+        self._reject_cut_positions: Optional[torch.Tensor] = None
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
         self._upload(m)
@@ -288,17 +304,24 @@ class BatchPlan:
         # a loose top-p (no top-k, no min-p): its nucleus often lies beyond the draw's
         # candidates, so its cut is spread over several programs per row (cut_draw spread)
         loose = (table[:, 2] != 0) & (table[:, 3] == 0) & (table[:, 4] == 0) & (table[:, 5] < 1)
-        self.spread = SPREAD_CUT and bool(loose.any())
+        self.reject_rows = _rows(loose) if REJECT_TOP_P else []
+        if self.reject_rows:  # drawn uncut (round 0), then refined by rejection (sample/reject.py)
+            reject_p = table[self.reject_rows, 5].copy()
+            table[self.reject_rows, 2], table[self.reject_rows, 5] = 0.0, 1.0
+        else:
+            reject_p = np.zeros(0, dtype=np.float32)
+        self.spread = SPREAD_CUT and bool(loose.any()) and not self.reject_rows
         if not any_min_p:  # log(0) / inv_t = -inf exactly: no device arithmetic needed
             table[:, 3] = float("-inf")
         (
             self.draw_params, self.keys_t, columns_t, self.edit_index, self.edit_map, self.logprob_index,
-            self.cut_index, pen_index, pen_local, pen_t,
+            self.cut_index, pen_index, pen_local, pen_t, self.reject_index, self.reject_p,
         ) = upload_packed(
             [
                 table, self.keys, columns, np.array(self.edit_rows, dtype=np.int64), edit_map,
                 np.array(self.logprob_rows, dtype=np.int64), np.array(self.cut_rows, dtype=np.int64),
                 pen_rows, edit_map[pen_rows], m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
+                np.array(self.reject_rows, dtype=np.int64), reject_p,
             ],
             self.device,
         )  # fmt: skip
@@ -311,6 +334,15 @@ class BatchPlan:
             rep, freq, pres = pen_t.unbind(0)
             self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, rep, freq, pres)
             self._edit_penalties = PenaltyColumns(edit_map[pen_rows].tolist(), pen_local, rep, freq, pres)
+
+    @property
+    def reject_cut_positions(self) -> torch.Tensor:
+        """The loose rows' positions among the cut rows (int64, on the device), built on first use."""
+        if self._reject_cut_positions is None:
+            where = {row: j for j, row in enumerate(self.cut_rows)}
+            positions = [where[i] for i in self.reject_rows]
+            self._reject_cut_positions = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return self._reject_cut_positions
 
     @property
     def cut_plan(self) -> CutPlan:
@@ -467,8 +499,8 @@ class Sampler:
         if fused:
             tokens = self._fused_draw(x, plan, keys, base, edited)
         elif plan.any_noisy:
-            thr = self._exact_thresholds(x, plan) if plan.any_cut else None
-            tokens = self._draw(x, thr, plan, keys, base)
+            thr = _uncut_loose(self._exact_thresholds(x, plan) if plan.any_cut else None, plan)
+            tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
         else:
             tokens = x.argmax(dim=1)
         if slots is not None:
@@ -500,7 +532,7 @@ class Sampler:
         if keys is not plan.keys:
             keys_t = upload(torch.from_numpy(keys), x.device)
         edit_map = None if edited is None else plan.edit_map
-        return cut_draw.draw(
+        tokens = cut_draw.draw(
             x,
             prm,
             keys_t,
@@ -510,6 +542,12 @@ class Sampler:
             edit_map=edit_map,
             spread=plan.spread,
         )
+        if not plan.reject_rows:
+            return tokens
+        return reject_top_p.refine(
+            x, plan.reject_index, plan.x_scale, plan.reject_p, keys_t, base, tokens,
+            chunk=sampling_draw.CHUNK, edited=edited, edit_map=edit_map,
+        )  # fmt: skip
 
     def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
@@ -587,7 +625,10 @@ class Sampler:
             tokens = self._fused_draw(x, plan, keys, base)
             return tokens, tokens.tolist()
         thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
-        tokens = self._draw(x, thr, plan, keys, base)
+        thr = _uncut_loose(thr, plan)
+        if unsure is not None and plan.reject_rows:  # loose rows need no threshold
+            unsure = unsure.index_fill(0, plan.reject_cut_positions, False)
+        tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
         if unsure is None:
             return tokens, tokens.tolist()
         both = torch.cat([tokens, unsure.long()]).tolist()
@@ -603,8 +644,25 @@ class Sampler:
                 x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local
             ),
         )
-        tokens = self._draw(x, thr, plan, keys, base)
+        tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
         return tokens, tokens.tolist()
+
+    @staticmethod
+    def _refine_loose(x: torch.Tensor, tokens: torch.Tensor, plan: BatchPlan, keys, base) -> torch.Tensor:
+        """tokens with the loose rows' round-0 draws refined by rejection (sample/reject.py, in
+        torch: the paths without the fused draw)."""
+        if not plan.reject_rows:
+            return tokens
+        idx, resolved = plan.reject_index, resolve_keys(keys.tolist(), base)
+        refined = refine_top_p(
+            x.index_select(0, idx).float(),
+            plan.x_scale.index_select(0, idx),
+            plan.reject_p,
+            [resolved[i] for i in plan.reject_rows],
+            tokens.index_select(0, idx),
+            chunk=sampling_draw.CHUNK,
+        )
+        return tokens.index_copy(0, idx, refined)
 
     def _draw(
         self,

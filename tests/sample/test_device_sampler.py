@@ -240,6 +240,7 @@ def test_spread_cut_matches_torch_reference(impl, monkeypatch):
     its min-p cut), one with a top-k beyond the candidates (the in-program wide path), one
     greedy, one temperature-only."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
+    monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
     from enginespec.kernels import cut_draw
 
     if cut_draw.triton is None or torch.cuda.is_available():
@@ -271,6 +272,7 @@ def test_spread_draw_equals_torch_draw(impl, monkeypatch, seed):
     """Seeded loose top-p rows (with greedy and edited rows in the batch): the Sampler's
     device path with the spread cut (interpreted) draws the plain-torch path's tokens."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
+    monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
     from enginespec.kernels import cut_draw
 
     if cut_draw.triton is None or torch.cuda.is_available():
@@ -317,6 +319,7 @@ def test_cuda_spread_cut_matches_torch_reference(impl, monkeypatch):
     mass the two sum in different orders (a flip needs the boundary within float32 rounding,
     ~1e-6 of the total, of a token's edge). Tolerance: at most 1 token on at most 4 rows."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
+    monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
     from enginespec.kernels import cut_draw
     from enginespec.kernels import top_p as top_p_kernel
 
@@ -422,3 +425,44 @@ def test_draw_work_buffers_are_reused_per_thread_and_shape():
         cut_draw._work_buffers(rows, 3, 64, False, cpu)
     assert len(cut_draw._WORK.shapes) == cut_draw.WORK_CACHE
     assert cut_draw._work_buffers(8, 3, 64, False, cpu) is not first  # evicted, least recent first
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loose_top_p_rows_draw_by_rejection_on_every_path(impl, monkeypatch, seed):
+    """Seeded loose top-p rows (edited ones among them, beside greedy, chat and min-p rows): the
+    serial torch path, the deferred torch path and the deferred fused path (interpreted) draw
+    the same tokens, and those are sample/reject.py's (the uncut draw, then its rounds)."""
+    from enginespec.kernels import cut_draw
+    from enginespec.sample.draw import draw_torch
+    from enginespec.sample.reject import refine_top_p
+    from enginespec.sample.rng import row_key
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab = 1000
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)
+    loose = [
+        SamplingParams(temperature=0.5 + 0.2 * i, top_p=(0.9, 0.3, 0.05)[i % 3], seed=i) for i in range(5)
+    ]
+    params = loose + [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_p=0.95, presence_penalty=0.5, logit_bias={3: 4.0}, seed=9),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=4),
+        SamplingParams(temperature=1.0, top_p=0.9, min_p=0.1, seed=5),
+    ]
+    reqs = [make_request(impl, p, prompt=(1, 2, 3), rid=f"r{i}") for i, p in enumerate(params)]
+    x = _flat_rows(len(params), vocab, seed)
+    serial = Sampler(vocab)(x, reqs).token_ids
+    deferred = Sampler(vocab).sample_deferred(x, reqs).token_ids.tolist()
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    sampler = Sampler(vocab)
+    assert sampler._plan(reqs, x.device).reject_rows == [0, 1, 2, 3, 4, 6]
+    fused = sampler.sample_deferred(x, reqs).token_ids.tolist()
+    assert serial == deferred == fused
+    # rows 0-4 (no edits) are the rejection rule's tokens, drawn from x itself
+    rows = list(range(5))
+    scale = torch.tensor([1.4426950408889634 / p.temperature for p in loose])
+    keys = [row_key(p.seed, reqs[i].num_output_tokens) for i, p in enumerate(loose)]
+    round0 = draw_torch(x[rows], scale, None, keys, [True] * 5, chunk=64)
+    want = refine_top_p(x[rows], scale, torch.tensor([p.top_p for p in loose]), keys, round0, chunk=64)
+    assert fused[:5] == want.tolist()

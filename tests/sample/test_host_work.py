@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from enginespec.kernels import reject_top_p
 from enginespec.sample import deferred, device_edits, output_counts, penalties
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample import sampler as sampler_module
@@ -84,15 +85,16 @@ class _Kernel:
 def fake_cuda(monkeypatch):
     """The CUDA branches of the sampler on the CPU, with counters; yields a function that
     returns the Counts of one call of fn()."""
-    from enginespec.kernels import cut_draw, logprobs, sampling, top_p
+    from enginespec.kernels import cut_draw, logprobs, reject_top_p, sampling, top_p
 
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     counts = Counts()
     monkeypatch.setattr(sampling_draw, "CHUNK", 64)
     monkeypatch.setattr(logprobs, "CHUNK", 64)
-    for module in (cut_draw, logprobs, sampling, top_p):
-        monkeypatch.setattr(module, "available", lambda device: True)
+    for module in (cut_draw, logprobs, sampling, top_p, reject_top_p):
+        if hasattr(module, "available"):
+            monkeypatch.setattr(module, "available", lambda device: True)
         for name in dir(module):
             if name.endswith("_kernel"):
                 monkeypatch.setattr(module, name, _Kernel(getattr(module, name), name, counts))
@@ -167,9 +169,16 @@ CASES = {
     "chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20), 0, 2, 0, 1),
     "seeded_chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=i), 0, 2, 1, 2),
     "mixed": (_mixed, 6, 5, 1, 4),
-    # a loose top-p: the in-program wide cut (scan, pick); with SPREAD_CUT the spread cut (cut,
+    # a loose top-p: the uncut draw (scan, pick), then rejection (reject_top_p: two launches per
+    # grid round and the finish); with SPREAD_CUT (and REJECT_TOP_P off) the spread cut (cut,
     # NUM_ROUNDS rounds, finish, pick after the scan)
-    "top_p": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 2, 0, 1),
+    "top_p": (
+        lambda i: SamplingParams(temperature=1.0, top_p=0.95),
+        0,
+        3 + 2 * reject_top_p.GRID_ROUNDS,
+        0,
+        1,
+    ),
     "top_p_spread": (lambda i: SamplingParams(temperature=1.0, top_p=0.95), 0, 12, 0, 1),
 }
 
@@ -181,6 +190,7 @@ def test_steady_step_launches_copies_and_syncs(impl, fake_cuda, monkeypatch, cas
     step's only device-to-host transfer); a step that builds the plan uploads it in one copy
     (plus the step's keys when rows are seeded)."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", case.endswith("_spread"))
+    monkeypatch.setattr(sampler_module, "REJECT_TOP_P", not case.endswith("_spread"))
     params_of, max_ops, num_triton, max_uploads, first_uploads = CASES[case]
     reqs, sampler = _requests(impl, params_of), Sampler(VOCAB, seed=0)
     gen = torch.Generator().manual_seed(0)

@@ -1,0 +1,136 @@
+"""Top-p by rejection (sample/reject.py, kernels/reject_top_p.py).
+
+- The torch rounds sample the exact nucleus distribution (chi-square against truncation's exact
+  cut), at top-p values that accept in the first round and ones that need many rounds.
+- The Triton rounds (interpreter on the CPU, real on CUDA) give the torch rounds' tokens for
+  the same round-0 tokens and keys, with edited rows read through a row map, and a row's token
+  does not depend on the other rows of the batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from enginespec.sample.draw import draw_torch
+from enginespec.sample.reject import above_and_total, refine_top_p
+from enginespec.sample.rng import draw_uniforms, round_uniforms
+from enginespec.sample.truncation import CutPlan, exact_thresholds
+
+LOG2E = 1.4426950408889634
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _nucleus_probs(x: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    plan = CutPlan([temperature], [0], [top_p], [0.0], x.shape[0], x.device)
+    thr = exact_thresholds(x.unsqueeze(0), plan)[0]
+    return torch.softmax(x.masked_fill(x < thr, float("-inf")) / temperature, dim=0)
+
+
+def _round0(x, scale, keys, chunk):
+    return draw_torch(x, scale, None, keys, [True] * x.shape[0], chunk=chunk)
+
+
+def test_round_uniforms_extend_the_draws_counters():
+    keys = [5, 2**40 + 3]
+    assert torch.equal(round_uniforms(keys, 0, "cpu"), draw_uniforms(keys, "cpu"))
+    assert not torch.equal(round_uniforms(keys, 1, "cpu"), round_uniforms(keys, 0, "cpu"))
+
+
+def test_above_and_total_are_the_masses_above_a_pivot():
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    scale = torch.full((3,), LOG2E / 0.7)
+    pivot = x[:, 7]
+    above, total = above_and_total(x, scale, pivot, chunk=16)
+    w = torch.softmax(x / 0.7, dim=1)
+    want = (w * (x > pivot[:, None])).sum(dim=1)
+    torch.testing.assert_close(above / total, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p,temperature", [(0.9, 1.0), (0.3, 0.8), (0.05, 1.3)])
+def test_rejection_draws_the_nucleus_distribution(top_p, temperature):
+    """Many seeded draws of one row (120 tokens, logits of a peaked head and a flat tail)
+    against the exact nucleus: chi-square over the nucleus, and nothing drawn outside it."""
+    gen = torch.Generator().manual_seed(7)
+    row = torch.cat([3 + torch.randn(6, generator=gen), torch.randn(114, generator=gen)])
+    probs = _nucleus_probs(row, temperature, top_p)
+    num = 6000
+    x = row.expand(num, -1).contiguous()
+    scale = torch.full((num,), LOG2E / temperature)
+    keys = list(range(1, num + 1))
+    tokens = refine_top_p(x, scale, torch.full((num,), top_p), keys, _round0(x, scale, keys, 32), chunk=32)
+    counts = torch.bincount(tokens, minlength=row.shape[0]).double()
+    kept = probs > 0
+    assert counts[~kept].sum() == 0, "a token outside the nucleus was drawn"
+    expected = probs[kept].double() * num
+    chi2 = ((counts[kept] - expected) ** 2 / expected).sum().item()
+    dof = int(kept.sum()) - 1
+    assert chi2 < dof + 6 * (2 * max(dof, 1)) ** 0.5 + 10, (chi2, dof)
+
+
+def _rows(num: int, vocab: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.randn(num, vocab, generator=gen)
+    flat[::3, :5] += 6.0  # every third row peaked
+    return flat
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton rounds need CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("edited", [False, True])
+@pytest.mark.parametrize("grid_rounds", [0, 3])
+def test_device_rounds_give_the_torch_rounds_tokens(edited, grid_rounds, monkeypatch):
+    """grid_rounds 0: every round in the per-row finish kernel; 3: the default split."""
+    from enginespec.kernels import reject_top_p
+
+    monkeypatch.setattr(reject_top_p, "GRID_ROUNDS", grid_rounds)
+    num, vocab, chunk = 9, 300, 64
+    x = _rows(num, vocab, seed=3)
+    temps = torch.tensor([0.6, 1.0, 1.4] * 3)
+    scale = LOG2E / temps
+    top_p = torch.tensor([0.95, 0.5, 0.05, 0.8, 0.99, 0.2, 0.6, 0.9, 0.3])
+    keys = [11 * i + 1 for i in range(num)]
+    loose = [0, 1, 2, 4, 5, 7, 8]  # rows 3 and 6 are not loose: the rounds leave them alone
+    read = x.clone()
+    edit_map = None
+    if edited:  # rows 1 and 5 are read from an edited copy (a bias on a few tokens)
+        edit_map = torch.full((num,), -1, dtype=torch.int64)
+        edit_map[1], edit_map[5] = 0, 1
+        copy = torch.stack([x[1], x[5]]).clone()
+        copy[:, 40:44] += 5.0
+        read[1], read[5] = copy[0], copy[1]
+    tokens0 = _round0(read, scale, keys, chunk)
+    want = tokens0.clone()
+    sub = torch.tensor(loose)
+    want[sub] = refine_top_p(read[sub], scale[sub], top_p[sub], [keys[i] for i in loose], tokens0[sub], chunk)
+    dev = torch.device(DEVICE)
+    got = reject_top_p.refine(
+        x.to(dev),
+        sub.to(dev),
+        scale.to(dev),
+        top_p[sub].to(dev),
+        torch.tensor(keys, dtype=torch.int64, device=dev),
+        (0, 0),
+        tokens0.clone().to(dev),
+        chunk=chunk,
+        edited=copy.to(dev) if edited else None,
+        edit_map=edit_map.to(dev) if edited else None,
+    )
+    assert got.cpu().tolist() == want.tolist()
+    assert not torch.equal(want[sub], tokens0[sub]), "some row must have needed a second round"
+    # batch independence: each loose row alone gives the same token
+    for i in loose[:3]:
+        one = reject_top_p.refine(
+            read[i : i + 1].to(dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            scale[i : i + 1].to(dev),
+            top_p[i : i + 1].to(dev),
+            torch.tensor([keys[i]], dtype=torch.int64, device=dev),
+            (0, 0),
+            tokens0[i : i + 1].clone().to(dev),
+            chunk=chunk,
+        )
+        assert one.item() == want[i].item()
