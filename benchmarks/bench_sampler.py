@@ -11,7 +11,8 @@ top-p 0.9, half of them seeded; top-p 0.95 + min-p 0.05 with repetition/frequenc
 over 256-token histories and logprobs=5), `sampler_seeded` (every row temperature 0.6 with its
 own seed: per-step keys), `sampler_chat` (every row Qwen3's chat settings: temperature 0.7,
 top-p 0.8, top-k 20), `sampler_top_p` (top-p 0.95 alone, seeded: on these flat rows the
-nucleus holds thousands of tokens, beyond the fused draw's candidates: its spread cut).
+nucleus holds thousands of tokens, beyond the fused draw's candidates: drawn by rejection,
+sample/reject.py; ENGINESPEC_REJECT_TOP_P=0 for the exact cut instead).
 The `device_*` cases time the device path async scheduling uses
 (Sampler.sample_deferred, then the one host copy of ids and logprobs): `device_temperature`,
 `device_chat` (the top-k/top-p-only case), `device_mixed`, `device_greedy`, `device_seeded`;
@@ -25,7 +26,7 @@ speed; numbers go to benchmarks/RESULTS.md.
 call launches and their summed device time (torch.profiler; CUDA only), so host-bound and
 device-bound cases can be told apart; `--check` also counts the rows where the Triton draws
 (serial and device paths) and the plain-torch draw agree on seeded versions of the seeded,
-chat and mixed cases; `--sweep` times the Triton draw alone
+chat, mixed and top-p cases; `--sweep` times the Triton draw alone
 (CUDA events, all rows temperature 0.6) over block sizes and warp counts, for tuning
 sampling_triton.BLOCK / NUM_WARPS, and the fused cut_draw (chat settings) over warp counts, and
 on the top-p case with its in-program wide cut and its spread cut (`cut_draw.draw(spread=)`).
@@ -334,7 +335,7 @@ def main() -> None:
         dev_reqs = make_requests(ROWS, params_of)
         grow = penalty_rows(dev_reqs)
         _report(figures, f"device_{case}", lambda: deferred_ids(sm, lg, dev_reqs, grow), base, profile)
-        if case in ("seeded", "chat", "mixed") and "--check" in sys.argv:
+        if case in ("seeded", "chat", "mixed", "top_p") and "--check" in sys.argv:
             print(_agreement(lg, params_of))
     if "--json" in sys.argv:
         import json
