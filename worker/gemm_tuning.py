@@ -79,10 +79,11 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
     return out
 
 
-# A whole row per tile: K up to 16,384 (8B's down projection, K 12,288, at one row: one weight row
-# per program over 8 warps, 64 products a thread; its split-K tile measured 1.26x its weight read
-# on the H200, benchmarks/RESULTS.md, eighth session). Wider rows are left to the tiled kernel.
-GEMV_MAX_BLOCK_K = 16384
+# A whole row per tile: K up to 4096 (the 0.6B-8B shapes but 8B's down projection). A 16,384-wide
+# tile for that one (K 12,288, one weight row per program over 8 warps) was timed on the H200 at
+# 41.1 us against the split-K tile's 27.3 and cuBLAS's 29.8 (benchmarks/RESULTS.md, eighth
+# session): the row does not fit a program's registers, so wider rows stay with the tiled kernel.
+GEMV_MAX_BLOCK_K = 4096
 GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers spill
 
 

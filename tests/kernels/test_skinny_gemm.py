@@ -196,9 +196,11 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_tile_over_a_long_row(dtype):
-    """The 8B shape's down projection row (K 12,288) in one 16,384-wide tile, with and without
-    the residual: a quarter of the tile is masked, and the result is the reference's. On CUDA
-    at N 4,096 (the real shape), on the CPU (interpreter) at N 6."""
+    """A row of K 12,288 (the 8B shape's down projection) in one 16,384-wide tile, with and
+    without the residual: a quarter of the tile is masked, and the result is the reference's.
+    The kernel takes any tile >= K; the tuning no longer offers this one (slower than the tiled
+    kernel on the H200: worker/gemm_tuning.py), but a caller's config may. On CUDA at N 4,096,
+    on the CPU (interpreter) at N 6."""
     n, k = (4096, 12288) if CUDA else (6, 12288)
     x, weight, _ = _operands(1, n, k, dtype, seed=12)
     residual = torch.randn(1, n, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEVICE)
