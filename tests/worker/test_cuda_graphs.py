@@ -126,6 +126,25 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
     return graphs, decode, mixed
 
 
+def _interpreted_llm(**kwargs):
+    """A tiny Qwen3 LLM on the CPU (fast impl, float32, 4-token blocks, 4 sequences) whose
+    attention is the Triton kernel under the interpreter: what graph replays read on CUDA."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.llm import LLM
+
+    llm = LLM(
+        tiny_model_dir("qwen3"),
+        impl="fast",
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        max_num_seqs=4,
+        **kwargs,
+    )
+    llm.engine.runner.model.attention = FastAttention("cpu", use_triton=True)
+    return llm
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
     reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
@@ -136,26 +155,17 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
     prefill chunks beside decodes and for speculative verification rows) gives the greedy
     tokens of unpadded eager steps, over the Triton attention kernel that reads the buffers
     (the interpreter on the CPU). Both kinds of bucket must actually serve steps."""
-    from enginespec.impls.fast.attention import FastAttention
-    from enginespec.llm import LLM
 
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 1 for j in range(3 + 9 * i)]} for i in range(5)]
     params = [SamplingParams(max_tokens=3 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(5)]
     outs = {}
     for padded in (False, True):
-        llm = LLM(
-            tiny_model_dir("qwen3"),
-            impl="fast",
-            dtype="float32",
-            device="cpu",
-            block_size=4,
+        llm = _interpreted_llm(
             num_blocks=96,
             max_num_batched_tokens=40,
-            max_num_seqs=4,
             speculative_config={"method": "ngram", "num_speculative_tokens": 2} if spec else None,
         )
         runner = llm.engine.runner
-        runner.model.attention = FastAttention("cpu", use_triton=True)
         if padded:
             runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 16, 40])
         outs[padded] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -176,8 +186,6 @@ def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
     samples from the replayed logits on steady decode steps of those graphs, from the eager head
     on every other step (mixed steps, prefill, larger graphs; a padded bucket's stale rows never
     reach the sampler), and the greedy tokens and logprobs equal unpadded eager steps'."""
-    from enginespec.impls.fast.attention import FastAttention
-    from enginespec.llm import LLM
 
     prompts = [{"prompt_token_ids": [(7 * i + 2 * j) % 90 + 1 for j in range(4 + 7 * i)]} for i in range(3)]
     params = [
@@ -185,18 +193,8 @@ def test_decode_graphs_with_the_head_give_the_eager_tokens_on_the_cpu():
     ]
     outs, used = {}, []
     for padded in (False, True):
-        llm = LLM(
-            tiny_model_dir("qwen3"),
-            impl="fast",
-            dtype="float32",
-            device="cpu",
-            block_size=4,
-            num_blocks=64,
-            max_num_batched_tokens=32,
-            max_num_seqs=4,
-        )
+        llm = _interpreted_llm(num_blocks=64, max_num_batched_tokens=32)
         runner = llm.engine.runner
-        runner.model.attention = FastAttention("cpu", use_triton=True)
         if padded:
             runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 32], logits_max_rows=2)
             graph_logits = runner.graphs.decode_logits
