@@ -25,3 +25,29 @@ def test_anatomy_times_each_phase_and_puts_everything_back(tmp_path, monkeypatch
     assert ms["host_own"] == pytest.approx(ms["step"] - ms.get("ids_wait_read", 0.0))
     assert json.loads(out.read_text())["generate_batch1_ms_per_token"] > 0
     assert core_module._span is span and async_scheduling.InFlight._read is read
+
+
+def test_the_trace_is_of_live_steps_and_taken_last(tmp_path, monkeypatch, torch_one_thread):
+    """--trace records 8 steps that do work (each with its execute span), after everything else
+    was timed, and leaves the engine idle."""
+    import gzip
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(tmp_path / "synth"))
+    out, trace = tmp_path / "anatomy.json", tmp_path / "trace.json.gz"
+    argv = [
+        "--shape",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "3",
+        "--prompt-len",
+        "8",
+        "--generate-tokens",
+        "2",
+    ]
+    assert step_anatomy.main(argv + ["--trace", str(trace), "--out", str(out)]) == 0
+    events = json.loads(gzip.open(trace).read())["traceEvents"]
+    names = [e.get("name") for e in events if e.get("ph") == "X"]
+    assert names.count("enginespec.execute") == 8 and names.count("enginespec.prepare") == 8
+    assert json.loads(out.read_text())["trace"] == str(trace)
