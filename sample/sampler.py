@@ -236,13 +236,6 @@ class RowSpec(NamedTuple):
         return cls(noisy, t, p.seed, vector)
 
 
-def _uncut_loose(thr: Optional[torch.Tensor], plan: "BatchPlan") -> Optional[torch.Tensor]:
-    """thr [S] with the loose rows' cut removed: they draw uncut, then by rejection."""
-    if thr is None or not plan.reject_rows:
-        return thr
-    return thr.index_fill(0, plan.reject_index, float("-inf"))
-
-
 def row_matrix(specs: Sequence[RowSpec]) -> np.ndarray:
     """float64 [S, PRES + 1]: the rows' vectors (each RowSpec's, converted to numpy once)."""
     if not specs:
@@ -287,7 +280,7 @@ class BatchPlan:
         self.logprob_counts = m[self.logprob_rows, LOGPROBS].astype(np.int64).tolist()
         self.cut_rows = _rows(m[:, 2])
         self._cut_plan: Optional[CutPlan] = None
-        self._reject_cut_positions: Optional[torch.Tensor] = None
+        self._draw_cut_plan: Optional[CutPlan] = None
         self._edit_plan: Optional[EditPlan] = None
         self._edit_eos: list = []
         self._upload(m)
@@ -336,29 +329,34 @@ class BatchPlan:
             self._edit_penalties = PenaltyColumns(edit_map[pen_rows].tolist(), pen_local, rep, freq, pres)
 
     @property
-    def reject_cut_positions(self) -> torch.Tensor:
-        """The loose rows' positions among the cut rows (int64, on the device), built on first use."""
-        if self._reject_cut_positions is None:
-            where = {row: j for j, row in enumerate(self.cut_rows)}
-            positions = [where[i] for i in self.reject_rows]
-            self._reject_cut_positions = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return self._reject_cut_positions
-
-    @property
     def cut_plan(self) -> CutPlan:
         """The cut rows' CutPlan (the torch cuts), built on first use: the fused draw never
         needs it, so a CUDA batch plan does not pay its upload."""
         if self._cut_plan is None:
-            ps = [self.params[i] for i in self.cut_rows]
-            self._cut_plan = CutPlan(
-                [self._specs[i].temperature for i in self.cut_rows],
-                [p.top_k for p in ps],
-                [p.top_p for p in ps],
-                [p.min_p for p in ps],
-                self._vocab,
-                self.device,
-            )
+            self._cut_plan = self._build_cut_plan(uncut=())
         return self._cut_plan
+
+    @property
+    def draw_cut_plan(self) -> CutPlan:
+        """The CutPlan the torch draws use: `cut_plan` with the rows drawn by rejection
+        (`reject_rows`) uncut (top-p 1), so no threshold is searched for them; `cut_plan` keeps
+        their top-p (`Sampler.probs` needs the cut itself)."""
+        if not self.reject_rows:
+            return self.cut_plan
+        if self._draw_cut_plan is None:
+            self._draw_cut_plan = self._build_cut_plan(uncut=set(self.reject_rows))
+        return self._draw_cut_plan
+
+    def _build_cut_plan(self, uncut) -> CutPlan:
+        ps = [self.params[i] for i in self.cut_rows]
+        return CutPlan(
+            [self._specs[i].temperature for i in self.cut_rows],
+            [p.top_k for p in ps],
+            [1.0 if i in uncut else p.top_p for i, p in zip(self.cut_rows, ps)],
+            [p.min_p for p in ps],
+            self._vocab,
+            self.device,
+        )
 
     def fused_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-row table of `cut_draw.draw` and the key template on the device (uploaded
@@ -499,7 +497,7 @@ class Sampler:
         if fused:
             tokens = self._fused_draw(x, plan, keys, base, edited)
         elif plan.any_noisy:
-            thr = _uncut_loose(self._exact_thresholds(x, plan) if plan.any_cut else None, plan)
+            thr = self._exact_thresholds(x, plan, plan.draw_cut_plan) if plan.any_cut else None
             tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
         else:
             tokens = x.argmax(dim=1)
@@ -549,11 +547,14 @@ class Sampler:
             chunk=sampling_draw.CHUNK, edited=edited, edit_map=edit_map,
         )  # fmt: skip
 
-    def _exact_thresholds(self, x: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-        """[S] raw-space cuts (-inf where none) with every top-p row settled on the device."""
+    def _exact_thresholds(
+        self, x: torch.Tensor, plan: BatchPlan, cut_plan: Optional[CutPlan] = None
+    ) -> torch.Tensor:
+        """[S] raw-space cuts (-inf where none) with every top-p row settled on the device;
+        cut_plan: plan.cut_plan (the exact cuts) unless given (plan.draw_cut_plan for a draw)."""
         every = len(plan.cut_rows) == x.shape[0]
         sub = x if every else x.index_select(0, plan.cut_index)
-        cut_thr = exact_thresholds(sub, plan.cut_plan)
+        cut_thr = exact_thresholds(sub, cut_plan or plan.cut_plan)
         return cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)
 
     def _edited(self, raw: torch.Tensor, requests: Sequence, plan: "BatchPlan") -> torch.Tensor:
@@ -596,7 +597,7 @@ class Sampler:
         if not plan.any_noisy:
             return out
         if plan.any_cut:
-            thr, unsure = self._thresholds(x, plan)
+            thr, unsure = self._thresholds(x, plan, plan.cut_plan)
             if unsure is not None and bool(unsure.any()):
                 redo = unsure.nonzero().flatten().tolist()  # indices among the cut rows
                 sub = full_sort_thresholds(
@@ -624,10 +625,8 @@ class Sampler:
         if self._fused(x):
             tokens = self._fused_draw(x, plan, keys, base)
             return tokens, tokens.tolist()
-        thr, unsure = self._thresholds(x, plan) if plan.any_cut else (None, None)
-        thr = _uncut_loose(thr, plan)
-        if unsure is not None and plan.reject_rows:  # loose rows need no threshold
-            unsure = unsure.index_fill(0, plan.reject_cut_positions, False)
+        cut_plan = plan.draw_cut_plan if plan.any_cut else None
+        thr, unsure = self._thresholds(x, plan, cut_plan) if plan.any_cut else (None, None)
         tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
         if unsure is None:
             return tokens, tokens.tolist()
@@ -641,7 +640,7 @@ class Sampler:
             0,
             plan.cut_index,
             full_sort_thresholds(
-                x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), plan.cut_plan, local
+                x.index_select(0, plan.cut_index), thr.index_select(0, plan.cut_index), cut_plan, local
             ),
         )
         tokens = self._refine_loose(x, self._draw(x, thr, plan, keys, base), plan, keys, base)
@@ -683,15 +682,17 @@ class Sampler:
             )
         return draw_torch(x, plan.x_scale, thr, resolve_keys(keys.tolist(), base), plan.noisy)
 
-    def _thresholds(self, x, plan: BatchPlan) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _thresholds(
+        self, x, plan: BatchPlan, cut_plan: CutPlan
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(thr [S], unsure): the raw-space cut per row (-inf for greedy rows and rows without a
         cut) and `cut_thresholds`' check of the open rows (None when there are none)."""
         every = len(plan.cut_rows) == x.shape[0]
         sub = x if every else x.index_select(0, plan.cut_index)
-        cut_thr, unsure = cut_thresholds(sub, plan.cut_plan)
+        cut_thr, unsure = cut_thresholds(sub, cut_plan)
         if unsure is not None:  # [S_cut] over all cut rows, False except unsure open rows
             unsure = torch.zeros(len(plan.cut_rows), dtype=torch.bool, device=x.device).index_copy(
-                0, plan.cut_plan.open_index, unsure
+                0, cut_plan.open_index, unsure
             )
         return (cut_thr if every else plan.no_cut.index_copy(0, plan.cut_index, cut_thr)), unsure
 
