@@ -195,6 +195,9 @@ def _time_ms(fn, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+TOP_OPS = 8  # device ops named per case in --profile's lines, longest first
+
+
 def _device_profile(fn) -> tuple[int, float, str]:
     """(kernels launched by one call of fn, their summed device time in us, a summary line);
     CUDA only. Memcpy/memset count too: each is a launch the step pays."""
@@ -206,7 +209,7 @@ def _device_profile(fn) -> tuple[int, float, str]:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_us = sum(e.time_range.elapsed_us() for e in kernels)
-    top = sorted(kernels, key=lambda e: -e.time_range.elapsed_us())[:4]
+    top = sorted(kernels, key=lambda e: -e.time_range.elapsed_us())[:TOP_OPS]
     names = ", ".join(f"{e.name[:40]} {e.time_range.elapsed_us():.0f}us" for e in top)
     return len(kernels), busy_us, f"    {len(kernels)} device ops, {busy_us:.0f} us device time; top: {names}"
 

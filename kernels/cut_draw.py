@@ -23,7 +23,13 @@ threshold comes out of the draw's own passes:
    one read for the chunk masses. One program reads its row ~17 times there: a batch of rows
    that all take it (a loose top-p alone over a flat distribution) costs far more than the
    candidate path.
-   Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2.
+   Then the draw of `sampling._pick_kernel`: a chunk by u1, a token of it by u2; for a row the
+   candidates settled, over the candidates themselves (every kept token is one, in column
+   order: `_candidate_pick`), so the row is not read again. A top-k row ranks only its
+   top_k + 1 largest sub-block maxima, and each bisection stops once its interval holds a
+   single value. On the H200 (256 rows x 151,936, chat settings) this launch went from 81 to
+   29 us: it had run in two waves (255 registers at 8 warps, one program an SM), a row took
+   40 us of serial reductions, and the pick re-read a chunk.
 
 SPREAD (`draw(..., spread=True)`, which the Sampler asks for when a row has a loose top-p: no
 top-k, no min-p): step 2 runs as `_cut_pick_kernel` MODE 1 (cuts only, into a [S, 4 +
@@ -83,6 +89,19 @@ CAND = 256
 # such rows took the wide path: on the H200 (759cd92) a few of 256 rows at min-p 0.05 (up to 84
 # sub-blocks above the cut) made the whole launch 1.3 ms instead of ~0.13.
 MIN_P_ROUNDS = 4
+# The ranking of the sub-block maxima (`_gather_candidates`) bisects GATHER_SPLIT ways a step
+# and the candidates are read GATHER_STEP sub-blocks a loop step. Both bound the largest register
+# blocks of `_cut_pick_kernel`: with a 16-way split ([2048, 16] block) and all GATHER sub-blocks
+# at once ([64, 128]), triton 3.6 gave it 255 registers a thread (and spills) at 8 warps, one
+# program per SM, so 256 rows ran in two waves (H200: 40 us a row, 81 us the launch).
+GATHER_SPLIT = tl.constexpr(4) if triton is not None else 4
+GATHER_STEPS = tl.constexpr(16) if triton is not None else 16  # ceil(32 / log2(GATHER_SPLIT)): exact
+GATHER_STEP = tl.constexpr(32) if triton is not None else 32
+# Warps of `_cut_pick_kernel` (one program per row). On the H200 (triton 3.6) it takes 195
+# registers a thread at 8 warps, so one program fits an SM and 256 rows run in two waves; at 4
+# warps two fit, and the launch took 47.6 us against 69.4 at chat settings (8.1 against 15.4
+# without a cut, 31.4 against 35.9 at min-p + top-p), although each row's program is slower.
+PICK_WARPS = 4
 
 
 def split_steps(split: int) -> int:
@@ -262,19 +281,29 @@ if triton is not None:
         vals, x_max, inv_t, target, BY_MASS: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr
     ):
         """`_bisect` over the values held in a register block (-inf entries count for nothing):
-        the key interval split SPLIT ways per step (a power of two; STEPS = ceil(32 / log2(SPLIT))
-        steps, each one block-wide reduction of a [len(vals), SPLIT] block), the weights
-        computed once. The answer is the smallest t with above(t) < target for every SPLIT (the
-        mass sums may round differently: a [len, SPLIT] reduction orders them otherwise)."""
+        the key interval split SPLIT ways per step (a power of two; at most STEPS = ceil(32 /
+        log2(SPLIT)) steps, each one block-wide reduction of a [len(vals), SPLIT] block), the
+        weights computed once. The answer is the smallest t with above(t) < target for every
+        SPLIT (the mass sums may round differently: a [len, SPLIT] reduction orders them
+        otherwise). That t is one of the values (above(t) only changes at a value), so the
+        search stops as soon as the interval (lo, hi] holds a single distinct value v: by the
+        invariant, above(v) = above(hi) < target <= above(lo) = above(any t in [lo, v)), so v
+        is the answer. Over N spread values that takes about log_SPLIT(N) steps, not STEPS."""
         live = vals > float("-inf")
         if BY_MASS:
             w = tl.where(live, tl.exp((vals - x_max) * inv_t), 0.0)
         else:
             w = live.to(tl.float32)
         hi = _to_key(x_max)
-        lo = hi * 0 + 8388607  # _to_key(-inf)
+        # above(t) for t just below the smallest value is the whole weight, so the interval
+        # can start there instead of at -inf (_to_key(-inf) = 8388607): the first steps no
+        # longer split the empty keys below the values
+        least = tl.min(tl.where(live, vals, float("inf")), axis=0)
+        lo = tl.where(least < float("inf"), _to_key(least) - 1, hi * 0 + 8388607)
         ways = tl.arange(0, SPLIT)
-        for _ in range(STEPS):
+        n = tl.program_id(0) * 0
+        spread = n == 0  # True: (lo, hi] may hold two distinct values or more
+        while spread & (n < STEPS):
             step = (hi - lo + SPLIT - 1) // SPLIT
             keys = tl.minimum(lo + (ways + 1).to(tl.int64) * step, hi)
             got = tl.sum(tl.where(vals[:, None] > _from_key(keys)[None, :], w[:, None], 0.0), axis=0)
@@ -282,6 +311,11 @@ if triton is not None:
             new_lo = tl.max(tl.where(ways == first - 1, keys, lo), axis=0)
             hi = tl.min(tl.where(ways == first, keys, hi), axis=0)
             lo = new_lo
+            inside = live & (vals > _from_key(lo)) & (vals <= _from_key(hi))
+            top = tl.max(tl.where(inside, vals, float("-inf")), axis=0)
+            spread = top != tl.min(tl.where(inside, vals, float("inf")), axis=0)
+            hi = tl.where(spread, hi, _to_key(top))
+            n += 1
         return _from_key(hi)
 
     @triton.jit
@@ -291,44 +325,49 @@ if triton is not None:
 
     @triton.jit
     def _gather_candidates(
-        row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base,
+        row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base, top_k,
         NB: tl.constexpr, NC_BLOCK: tl.constexpr, SUB: tl.constexpr, GATHER: tl.constexpr, CAND: tl.constexpr,
-        ROUNDS: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
+        ROUNDS: tl.constexpr,
     ):  # fmt: skip
         """(cand [CAND] values, -inf padded; their columns; certain): every token x >= base with
         x >= certain is in cand. The row's sub-blocks whose max reaches base are ranked by max,
-        and fewer than `limit` of them (GATHER; ROUNDS * GATHER for a row with a min-p cut),
-        those above t (the limit-th largest max), are read, GATHER a round: any token x > t lies
+        and fewer than `limit` of them (GATHER; ROUNDS * GATHER for a row with a min-p cut; at
+        most top_k + 1 for a row with a top-k: its k-th largest token is at least the k-th
+        largest max, which is above the (k + 1)-th unless they tie, so the top-k cut lands above
+        t), those above t (the limit-th largest max), are read, GATHER a round: any token x > t lies
         in one of them, so certain = the float after t (-inf when all were read; +inf when
         their tokens above t overflow CAND). work_row: [ROUNDS * GATHER + 2 * CAND] float32
-        scratch of this row (the compactions go through it)."""
+        scratch of this row (the compactions go through it). The ranking's bisection splits
+        GATHER_SPLIT ways a step and the reads take GATHER_STEP sub-blocks a loop step: the two
+        largest register blocks of the kernel, kept small so that two programs fit an SM."""
         offs = tl.arange(0, NC_BLOCK * NB)
         bm = tl.load(bmax_row + offs, mask=offs < num_chunks * NB, other=float("-inf"))
         bm = tl.where(bm >= base, bm, float("-inf"))
         # a row with a min-p cut reads up to ROUNDS * GATHER sub-blocks, GATHER a round, so that
         # all of its survivors are candidates even where many tokens come near its max
         limit = tl.where(base > float("-inf"), ROUNDS * GATHER, GATHER)
+        limit = tl.where(top_k > 0, tl.minimum(top_k + 1, limit), limit)
         t = tl.max(tl.full([GATHER], float("-inf"), tl.float32), axis=0)
         if tl.sum((bm > float("-inf")).to(tl.int32), axis=0) >= limit:
-            t = _bisect_block(bm, x_max, 1.0, limit.to(tl.float32), False, SPLIT, STEPS)
+            t = _bisect_block(bm, x_max, 1.0, limit.to(tl.float32), False, GATHER_SPLIT, GATHER_STEPS)
         sel = bm > t
         n_sel = tl.sum(sel.to(tl.int32), axis=0)  # < limit
         tl.store(work_row + tl.cumsum(sel.to(tl.int32), axis=0) - 1, offs.to(tl.float32), mask=sel)
         tl.debug_barrier()
         found = ROUNDS * GATHER  # where the candidates start in the scratch
         count = n_sel * 0
-        for first in range(0, n_sel, GATHER):
-            slot = first + tl.arange(0, GATHER)
-            ids = tl.load(work_row + slot, mask=slot < n_sel, other=0.0).to(tl.int32)  # [GATHER]
-            cols = ids[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [GATHER, SUB]
+        for first in range(0, n_sel, GATHER_STEP):
+            slot = first + tl.arange(0, GATHER_STEP)
+            ids = tl.load(work_row + slot, mask=slot < n_sel, other=0.0).to(tl.int32)  # [GATHER_STEP]
+            cols = ids[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [GATHER_STEP, SUB]
             inside = (slot < n_sel)[:, None] & (cols < vocab)
             xv = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            take = tl.reshape(inside & (xv > t) & (xv >= base) & (xv > float("-inf")), [GATHER * SUB])
+            take = tl.reshape(inside & (xv > t) & (xv >= base) & (xv > float("-inf")), [GATHER_STEP * SUB])
             pos = count + tl.cumsum(take.to(tl.int32), axis=0) - 1
             keep = take & (pos < CAND)
-            tl.store(work_row + found + pos, tl.reshape(xv, [GATHER * SUB]), mask=keep)
+            tl.store(work_row + found + pos, tl.reshape(xv, [GATHER_STEP * SUB]), mask=keep)
             tl.store(
-                work_row + found + CAND + pos, tl.reshape(cols, [GATHER * SUB]).to(tl.float32), mask=keep
+                work_row + found + CAND + pos, tl.reshape(cols, [GATHER_STEP * SUB]).to(tl.float32), mask=keep
             )
             count += tl.sum(take.to(tl.int32), axis=0)
         tl.debug_barrier()
@@ -340,15 +379,17 @@ if triton is not None:
 
     @triton.jit
     def _candidate_cut(
-        cand, cand_cols, certain, parts, tops, x_max, total_all, base, top_k, top_p, inv_t, scale,
-        CHUNK: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
+        cand, certain, x_max, total_all, base, top_k, top_p, inv_t, SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
-        """(thr, kept mass per chunk, ok) from the candidates (`_gather_candidates`); ok False
-        when the cut is not certain (it falls below `certain`) and the row must take the wide
-        path."""
+        """(thr, ok) from the candidates (`_gather_candidates`); ok False when the cut is not
+        certain (it falls below `certain`) and the row must take the wide path. When ok, every
+        token x >= thr is a candidate."""
         thr = base
         if top_k > 0:
-            if tl.sum((cand > float("-inf")).to(tl.int32), axis=0) > top_k:
+            # exactly top_k candidates with tokens left unread (certain > -inf): the k-th
+            # largest token is the smallest candidate (every unread token is below them all)
+            n_cand = tl.sum((cand > float("-inf")).to(tl.int32), axis=0)
+            if (n_cand > top_k) | ((n_cand == top_k) & (certain > float("-inf"))):
                 thr = tl.maximum(
                     thr, _bisect_block(cand, x_max, inv_t, top_k.to(tl.float32), False, SPLIT, STEPS)
                 )
@@ -367,12 +408,47 @@ if triton is not None:
             open_ok = uncut & (num_kept < tl.sum(live.to(tl.int32), axis=0)) & (p_thr >= certain)
             ok = ok | open_ok
             thr = tl.maximum(thr, p_thr)
-        # each kept candidate's weight in its chunk: exp2((x - chunk max) * x_scale)
+        return thr, ok
+
+    @triton.jit
+    def _candidate_masses(cand, cand_cols, thr, parts, tops, scale, CHUNK: tl.constexpr):
+        """Each chunk's kept mass, sum exp2((x - chunk max) * x_scale) over its candidates x >=
+        thr (all its kept tokens when the cut was ok): a [NC_BLOCK, CAND] block."""
         mine = parts[:, None] == (cand_cols // CHUNK)[None, :]  # [NC_BLOCK, CAND]
         shift = tl.max(tl.where(mine, tops[:, None], float("-inf")), axis=0)  # [CAND]
         shift = tl.where(shift > float("-inf"), shift, 0.0)
         w2 = tl.where(cand >= thr, tl.exp2((cand - shift) * scale), 0.0)  # [CAND]
-        return thr, tl.sum(tl.where(mine, w2[None, :], 0.0), axis=1), ok
+        return tl.sum(tl.where(mine, w2[None, :], 0.0), axis=1)
+
+    @triton.jit
+    def _candidate_pick(
+        cand, cand_cols, thr, stats, row_shift, scale, key_ptr, row, base_lo, base_hi,
+        CHUNK: tl.constexpr, CAND: tl.constexpr,
+    ):  # fmt: skip
+        """`_row_pick`'s draw over the candidates of a row whose cut they settled (so every kept
+        token is a candidate, and they lie in column order): the chunk by u1 over the running
+        kept mass (each weight exp2((x - chunk max) * x_scale) scaled to the row max, as the
+        chunk masses are), then a token of that chunk by u2 over its candidates' running
+        chunk-relative weight, as `_scan_chunk` walks the chunk. No read of the row. -1 when no
+        candidate has positive weight."""
+        chunk_of = cand_cols // CHUNK
+        ctop = tl.load(stats + chunk_of, mask=cand > float("-inf"), other=float("-inf"))  # chunk maxima
+        shift = tl.where(ctop > float("-inf"), ctop, 0.0)
+        w = tl.where((cand >= thr) & (cand > float("-inf")), tl.exp2((cand - shift) * scale), 0.0)
+        wr = w * tl.exp2((ctop - row_shift) * scale)
+        lo, hi = sampling_kernels._row_halves(key_ptr, row, base_lo, base_hi)
+        u1 = sampling_kernels._uniform(lo, hi, 0)
+        u2 = sampling_kernels._uniform(lo, hi, 1)
+        slot = tl.arange(0, CAND)
+        hit = tl.min(
+            tl.where((tl.cumsum(wr, axis=0) > u1 * tl.sum(wr, axis=0)) & (wr > 0.0), slot, CAND), axis=0
+        )
+        hit = tl.where(hit < CAND, hit, tl.max(tl.where(wr > 0.0, slot, -1), axis=0))
+        chosen = tl.max(tl.where(slot == hit, chunk_of, -1), axis=0)
+        wc = tl.where(chunk_of == chosen, w, 0.0)
+        run = tl.cumsum(wc, axis=0)
+        pick = tl.min(tl.where((run > u2 * tl.sum(wc, axis=0)) & (wc > 0.0), cand_cols, 2147483647), axis=0)
+        return tl.where(pick < 2147483647, pick, tl.max(tl.where(wc > 0.0, cand_cols, -1), axis=0))
 
     @triton.jit
     def _row_cut(
@@ -381,22 +457,24 @@ if triton is not None:
         NC_BLOCK: tl.constexpr, BLOCK: tl.constexpr, WIDE_BLOCK: tl.constexpr, SPREAD: tl.constexpr,
         SPLIT: tl.constexpr, STEPS: tl.constexpr,
     ):  # fmt: skip
-        """(thr, kept chunk masses, spread, base) of a cut row: from the candidates when certain,
-        else by the wide path in this program, except (SPREAD) a row without top-k: spread 1,
-        its cut left to the multi-program rounds (`_spread_round_kernel`), base its min-p cut."""
+        """(thr, kept chunk masses, spread, base, cand, cand_cols, settled) of a cut row: from
+        the candidates when certain (settled; their chunk masses only with SPREAD, where MODE 2
+        picks from chunk masses; otherwise the caller picks from the candidates and `masses`
+        comes back as given), else by the wide path in this program, except (SPREAD) a row
+        without top-k: spread 1, its cut left to the multi-program rounds
+        (`_spread_round_kernel`), base its min-p cut."""
         top_k = tl.load(prm + 4).to(tl.int32)
         top_p = tl.load(prm + 5)
         inv_t = tl.load(prm + 6)
         base = x_max + tl.load(prm + 3)
         total_all = tl.sum(tl.where(valid, masses * rel, 0.0), axis=0)
         cand, cand_cols, certain = _gather_candidates(
-            row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base, NB, NC_BLOCK, CHUNK // NB, GATHER, CAND,
-            ROUNDS, SPLIT, STEPS,
+            row_ptr, bmax_row, work_row, num_chunks, vocab, x_max, base, top_k, NB, NC_BLOCK, CHUNK // NB, GATHER,
+            CAND, ROUNDS,
         )  # fmt: skip
-        thr, masses, ok = _candidate_cut(
-            cand, cand_cols, certain, parts, tops, x_max, total_all, base, top_k, top_p, inv_t, scale, CHUNK,
-            SPLIT, STEPS,
-        )  # fmt: skip
+        thr, ok = _candidate_cut(cand, certain, x_max, total_all, base, top_k, top_p, inv_t, SPLIT, STEPS)
+        if SPREAD:
+            masses = _candidate_masses(cand, cand_cols, thr, parts, tops, scale, CHUNK)
         wide = ok.to(tl.int32) == 0
         spread = wide & (top_k == 0)
         if not SPREAD:
@@ -404,7 +482,7 @@ if triton is not None:
         if wide & (spread.to(tl.int32) == 0):
             thr = _wide_cut(row_ptr, vocab, x_max, base, top_k, top_p, inv_t, WIDE_BLOCK)
             masses = _wide_masses(row_ptr, vocab, num_chunks, tops, parts, thr, scale, CHUNK, BLOCK)
-        return thr, masses, spread, base
+        return thr, masses, spread, base, cand, cand_cols, ok
 
     @triton.jit
     def _row_pick(
@@ -460,13 +538,16 @@ if triton is not None:
         if MODE == 2:
             thr = tl.load(cut_row)
             masses = tl.load(cut_row + 4 + parts, mask=valid, other=0.0)
-        else:
+        settled = thr < thr  # False: picked from the chunk masses, not the candidates
+        cand = tl.full([CAND], float("-inf"), tl.float32)
+        cand_cols = tl.zeros([CAND], dtype=tl.int32)
+        if MODE != 2:
             spread = thr < thr  # False
             base = thr
             if tl.load(prm + 2) != 0.0:
                 bmax_row = bmax_ptr + row.to(tl.int64) * num_chunks * NB
                 work_row = work_ptr + row.to(tl.int64) * (ROUNDS * GATHER + 2 * CAND)
-                thr, masses, spread, base = _row_cut(
+                thr, masses, spread, base, cand, cand_cols, settled = _row_cut(
                     row_ptr, prm, bmax_row, work_row, parts, valid, tops, masses, num_chunks, vocab, x_max,
                     scale, rel, CHUNK, NB, GATHER, CAND, ROUNDS, NC_BLOCK, BLOCK, WIDE_BLOCK, MODE == 1, SPLIT,
                     STEPS,
@@ -478,10 +559,15 @@ if triton is not None:
                 tl.store(cut_row + 3, x_max)
                 tl.store(cut_row + 4 + parts, masses, mask=valid)
         if MODE != 1:
-            tok = _row_pick(
-                row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
-                CHUNK, NC_BLOCK, BLOCK,
-            )  # fmt: skip
+            if settled:
+                tok = _candidate_pick(
+                    cand, cand_cols, thr, stats, row_shift, scale, key_ptr, row, base_lo, base_hi, CHUNK, CAND
+                )
+            else:
+                tok = _row_pick(
+                    row_ptr, key_ptr, row, base_lo, base_hi, parts, valid, tops, masses, rel, thr, scale, vocab,
+                    CHUNK, NC_BLOCK, BLOCK,
+                )  # fmt: skip
             if tl.load(prm + 1) > 0.0:
                 if tok < 0:  # no token of positive mass (a row of -inf): the first argmax
                     tok = _first_max(row_ptr, vocab, x_max, BLOCK)
@@ -652,6 +738,7 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     stats, bmax, work, cut, rounds, totals = _work_buffers(num_rows, num_chunks, nb, spread, x.device)
     out = torch.empty(num_rows, dtype=torch.int64, device=x.device)
     warps = num_warps or (8 if chunk >= 2048 else 4)
+    pick_warps = num_warps or PICK_WARPS
     rows = (x, x.stride(0), e, e_stride, e_map, prm)
     _scan_kernel[(num_rows, num_chunks)](
         *rows, stats, bmax, vocab, num_chunks, int(has_edits),
@@ -661,7 +748,7 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
         CHUNK=chunk, NB=nb, GATHER=gather, CAND=cand_slots, ROUNDS=MIN_P_ROUNDS, NC_BLOCK=nc_block,
         BLOCK=min(BLOCK, chunk),
         WIDE_BLOCK=WIDE_BLOCK,
-        NUM_PARAMS=NUM_PARAMS, num_warps=warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
+        NUM_PARAMS=NUM_PARAMS, num_warps=pick_warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
     )  # fmt: skip
     args = (*rows, keys, stats, bmax, work, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
     if not spread:

@@ -27,7 +27,9 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-CHUNK = 4096  # tokens per program of the first pass
+# tokens per program of the first pass (4,096: 2,432 programs and 36 us over 64 rows x 151,936
+# on the H200, each program's K rounds of reductions its fixed cost)
+CHUNK = 8192
 MAX_K = 32  # larger top-k requests take the torch path
 
 if triton is not None:

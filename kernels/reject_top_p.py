@@ -40,24 +40,17 @@ if triton is not None:
     _uniform = sampling_kernels._uniform
 
     @triton.jit
-    def _chunk_sums(row_ptr, start, vocab, scale, pivot, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        """(max, mass above pivot, mass) of the chunk at start: weights exp2((x - max) * scale),
-        the running sums rescaled as the max grows."""
-        lanes = tl.arange(0, BLOCK)
-        run_max = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-        above = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
-        mass = above
-        for off in range(0, CHUNK, BLOCK):
-            cols = start + off + lanes
-            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            new_max = tl.maximum(run_max, tl.max(xv, axis=0))
-            shift = tl.where(new_max > float("-inf"), new_max, 0.0)
-            wv = tl.exp2((xv - shift) * scale)
-            keep = tl.exp2((run_max - shift) * scale)
-            above = above * keep + tl.sum(tl.where(xv > pivot, wv, 0.0), axis=0)
-            mass = mass * keep + tl.sum(wv, axis=0)
-            run_max = new_max
-        return run_max, above, mass
+    def _chunk_sums(row_ptr, start, vocab, scale, pivot, CHUNK: tl.constexpr):
+        """(max, mass above pivot, mass) of the chunk at start: weights exp2((x - max) * scale).
+        The whole chunk is read in one load, as cut_draw's scan reads it: on the H200 a loop of
+        2,048-token steps with a running max took 46 us over 256 rows x 151,936 where the scan
+        takes 36."""
+        cols = start + tl.arange(0, CHUNK)
+        xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        top = tl.max(xv, axis=0)
+        shift = tl.where(top > float("-inf"), top, 0.0)
+        wv = tl.exp2((xv - shift) * scale)
+        return top, tl.sum(tl.where(xv > pivot, wv, 0.0), axis=0), tl.sum(wv, axis=0)
 
     @triton.jit
     def _token_above(
@@ -100,7 +93,7 @@ if triton is not None:
         done_ptr,  # [L] int32
         stats_ptr,  # [L, 3, num_chunks] float32: chunk max, mass above, whole mass
         vocab, num_chunks, has_edits,
-        CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr,
+        CHUNK: tl.constexpr, FIRST: tl.constexpr,
     ):  # fmt: skip
         # FIRST (round 1): every row runs, and done_ptr is not yet written (the pick writes it)
         i = tl.program_id(0)
@@ -111,9 +104,7 @@ if triton is not None:
         row = tl.load(rows_ptr + i)
         row_ptr = _row_ptr(x_ptr, x_stride, e_ptr, e_stride, map_ptr, row, has_edits)
         pivot = tl.load(row_ptr + tl.load(tok_ptr + row)).to(tl.float32)
-        top, above, mass = _chunk_sums(
-            row_ptr, part * CHUNK, vocab, tl.load(scale_ptr + row), pivot, CHUNK, BLOCK
-        )
+        top, above, mass = _chunk_sums(row_ptr, part * CHUNK, vocab, tl.load(scale_ptr + row), pivot, CHUNK)
         out = stats_ptr + i.to(tl.int64) * 3 * num_chunks + part
         tl.store(out, top)
         tl.store(out + num_chunks, above)
@@ -202,7 +193,7 @@ if triton is not None:
             above = tl.zeros([NC_BLOCK], dtype=tl.float32)
             mass = tl.zeros([NC_BLOCK], dtype=tl.float32)
             for j in range(0, num_chunks):
-                t_j, a_j, m_j = _chunk_sums(row_ptr, j * CHUNK, vocab, scale, pivot, CHUNK, BLOCK)
+                t_j, a_j, m_j = _chunk_sums(row_ptr, j * CHUNK, vocab, scale, pivot, CHUNK)
                 tops = tl.where(chunks == j, t_j, tops)
                 above = tl.where(chunks == j, a_j, above)
                 mass = tl.where(chunks == j, m_j, mass)
@@ -249,8 +240,8 @@ def refine(
     warps = 8 if chunk >= 2048 else 4
     for r in range(1, GRID_ROUNDS + 1):
         _above_kernel[(num_loose, num_chunks)](
-            *src, tokens, done, stats, vocab, num_chunks, int(has_edits), CHUNK=chunk, BLOCK=block,
-            FIRST=r == 1, num_warps=warps,
+            *src, tokens, done, stats, vocab, num_chunks, int(has_edits), CHUNK=chunk, FIRST=r == 1,
+            num_warps=warps,
         )  # fmt: skip
         _pick_kernel[(num_loose,)](
             *src, top_p, keys, tokens, done, stats, vocab, num_chunks, int(has_edits), base[0], base[1], r,

@@ -26,6 +26,8 @@ needs no per-step upload.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 try:
@@ -193,6 +195,9 @@ if triton is not None:
     def _penalty_kernel(
         x_ptr,
         x_stride,
+        src_ptr,
+        src_stride,
+        src_map_ptr,
         rows_ptr,
         slots_ptr,
         prompt_ptr,
@@ -202,16 +207,22 @@ if triton is not None:
         pres_ptr,
         vocab,
         BLOCK: tl.constexpr,
+        USE_SOURCE: tl.constexpr,
     ):
-        # x_ptr: [S, x_stride] float32, edited in place on rows rows_ptr[i] (int64 [R]);
-        # slots_ptr: int64 [R], row i's row of the tables: prompt_ptr [*, vocab] uint8 (1 =
-        # token in the prompt), counts_ptr [*, vocab] int32 output counts; rep_ptr, freq_ptr,
-        # pres_ptr: [R] float32.
+        # x_ptr: [S, x_stride] float32, written on rows rows_ptr[i] (int64 [R]): in place, or
+        # (USE_SOURCE) from row src_map_ptr[rows_ptr[i]] (int64) of src_ptr [*, src_stride], the
+        # copy and the edit in one pass; slots_ptr: int64 [R], row i's row of the tables:
+        # prompt_ptr [*, vocab] uint8 (1 = token in the prompt), counts_ptr [*, vocab] int32
+        # output counts; rep_ptr, freq_ptr, pres_ptr: [R] float32.
         i = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < vocab
-        x_row = x_ptr + tl.load(rows_ptr + i) * x_stride
-        xv = tl.load(x_row + cols, mask=inside, other=0.0)
+        row = tl.load(rows_ptr + i)
+        x_row = x_ptr + row * x_stride
+        if USE_SOURCE:
+            xv = tl.load(src_ptr + tl.load(src_map_ptr + row) * src_stride + cols, mask=inside, other=0.0)
+        else:
+            xv = tl.load(x_row + cols, mask=inside, other=0.0)
         slot = tl.load(slots_ptr + i)
         count = tl.load(counts_ptr + slot * vocab + cols, mask=inside, other=0)
         in_prompt = tl.load(prompt_ptr + slot * vocab + cols, mask=inside, other=0)
@@ -291,17 +302,25 @@ def apply_penalties(
     freq: torch.Tensor,
     pres: torch.Tensor,
     slots: torch.Tensor,
+    source: Optional[tuple] = None,
 ) -> None:
     """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
     (unit stride along V): rows int64 [R] of x; slots int64 [R], each row's row of the tables
     prompt bool [N, V] and counts int32 [N, V] (output occurrences), read in place (no gather);
     rep, freq, pres float32 [R]. Same operations in the same order as the torch version, with
-    IEEE-rounded division (div_rn), so results match it up to FMA contraction."""
+    IEEE-rounded division (div_rn), so results match it up to FMA contraction. source = (src,
+    src_map): row r of x is written from row src_map[r] (int64) of src (unit stride) instead
+    of edited in place, so a copy of the rows need not be made first."""
     assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
     vocab = counts.shape[1]
+    src, src_map = source if source is not None else (x, rows)
+    assert src.stride(1) == 1
     _penalty_kernel[(rows.shape[0], triton.cdiv(vocab, BLOCK))](
         x,
         x.stride(0),
+        src,
+        src.stride(0),
+        src_map,
         rows,
         slots,
         prompt.view(torch.uint8),
@@ -311,5 +330,6 @@ def apply_penalties(
         pres,
         vocab,
         BLOCK=BLOCK,
+        USE_SOURCE=source is not None,
         num_warps=NUM_WARPS,
     )

@@ -102,8 +102,22 @@ class EditPlan:
         current = x[rows, cols]
         x[rows, cols] = torch.where(below.index_select(0, local), torch.full_like(current, NEG_INF), current)
 
-    def _apply_penalties(self, x: torch.Tensor, requests: Sequence, counts) -> torch.Tensor:
+    def edited_copy(self, x: torch.Tensor, index: torch.Tensor, requests: Sequence, counts) -> tuple:
+        """(edited, slots): the rows `index` of x [S, V] (int64 [E], the rows these edits are
+        for, in order) copied and edited (`apply`). When every edited row is a penalty row and
+        penalties are the only edit, the copy is the penalty pass itself, which reads x's rows
+        and writes the edited ones: one pass over the rows instead of two (on the H200 the
+        separate copy of 64 rows of 151,936 took 18 us)."""
+        only_penalties = self.allowed is None and self.bias is None and self.min_index is None
+        cols = self.penalties
+        if only_penalties and cols is not None and len(cols.rows) == index.shape[0]:
+            edited = torch.empty((index.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)
+            return edited, self._apply_penalties(edited, requests, counts, source=(x, index))
+        edited = x.index_select(0, index)
+        return edited, self.apply(edited, requests, counts)
+
+    def _apply_penalties(self, x: torch.Tensor, requests: Sequence, counts, source=None) -> torch.Tensor:
         cols = self.penalties
         slots = counts.slots([requests[i] for i in cols.rows])
-        penalize_rows(x, cols, counts.prompt, counts.table, slots)
+        penalize_rows(x, cols, counts.prompt, counts.table, slots, source)
         return slots

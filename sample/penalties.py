@@ -204,23 +204,30 @@ def penalize_rows(
     in_prompt: torch.Tensor,
     out_counts: torch.Tensor,
     slots: Optional[torch.Tensor] = None,
+    source: Optional[tuple] = None,
 ) -> None:
     """The penalty arithmetic, in place on the rows `cols.index` of `logits` [S, V]: row i's
     prompt mask and output token counts are row slots[i] of in_prompt [N, V] bool and
     out_counts [N, V] int (slots None: row i, N = R). One Triton launch on CUDA
     (`sampling_triton.apply_penalties`, reading the tables in place), else torch; the serial
-    sampler and the device path (device_edits.py, whose tables are OutputCounts') share it."""
+    sampler and the device path (device_edits.py, whose tables are OutputCounts') share it.
+    source = (src [*, V], src_map int64): each penalty row r is computed from row src_map[r] of
+    src rather than from logits' own row (the copy of the edited rows folded into this pass)."""
     if slots is None:
         slots = torch.arange(cols.index.shape[0], dtype=torch.int64, device=logits.device)
     if sampling_triton.available(logits.device) and logits.stride(1) == 1:
         sampling_triton.apply_penalties(
-            logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres, slots
+            logits, cols.index, in_prompt, out_counts, cols.rep, cols.freq, cols.pres, slots, source
         )
         return
     in_prompt, out_counts = in_prompt.index_select(0, slots), out_counts.index_select(0, slots)
     rep, freq, pres = cols.rep[:, None], cols.freq[:, None], cols.pres[:, None]
     out_seen = out_counts > 0
-    sub = logits.index_select(0, cols.index)
+    if source is None:
+        sub = logits.index_select(0, cols.index)
+    else:
+        src, src_map = source
+        sub = src.index_select(0, src_map.index_select(0, cols.index)).to(logits.dtype)
     scaled = torch.where(sub > 0, sub / rep, sub * rep)
     sub = torch.where(in_prompt | out_seen, scaled, sub)
     sub = sub - freq * out_counts.to(sub.dtype) - pres * out_seen.to(sub.dtype)

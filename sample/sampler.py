@@ -482,9 +482,8 @@ class Sampler:
         keep_dtype = self._fused(raw) and not plan.any_edits and raw.dtype in cut_draw.FLOAT_TYPES
         x, edited, slots = (raw if keep_dtype else raw.float()), None, None
         if plan.any_edits:  # only the edited rows are copied (raw is never modified)
-            edited = x.index_select(0, plan.edit_index)
-            slots = plan.edit_plan(requests, self.vocab_size).apply(
-                edited, [requests[i] for i in plan.edit_rows], self._output_counts(raw.device)
+            edited, slots = plan.edit_plan(requests, self.vocab_size).edited_copy(
+                x, plan.edit_index, [requests[i] for i in plan.edit_rows], self._output_counts(raw.device)
             )
         fused = self._fused(x) and (plan.any_noisy or edited is not None)
         if edited is not None and not fused:

@@ -14,10 +14,12 @@ import random
 import pytest
 import torch
 
+from enginespec.kernels import cut_draw
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample import sampler as sampler_module
 from enginespec.sample.deferred import pack
 from enginespec.sample.output_counts import OutputCounts
+from enginespec.sample.rng import row_key
 from enginespec.sample.sampler import Sampler
 from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
 from enginespec.spec import SamplingParams
@@ -37,22 +39,24 @@ SETTINGS = [
 ]
 
 
-def _requests(impl, vocab: int, count: int, seeded: bool = True):
+def _requests(impl, vocab: int, count: int, seeded: bool = True, settings=SETTINGS):
     rng = random.Random(0)
     reqs = []
     for i in range(count):
-        params = SamplingParams(seed=i if seeded else None, **SETTINGS[i % len(SETTINGS)])
+        params = SamplingParams(seed=i if seeded else None, **settings[i % len(settings)])
         reqs.append(make_request(impl, params, [rng.randrange(vocab) for _ in range(5)], rid=f"r{i}"))
         for _ in range(rng.randrange(4)):
             reqs[-1].append(rng.randrange(vocab))
     return reqs
 
 
-def _run_steps(impl, vocab: int, num_steps: int, draw, seeded: bool = True, device: str = "cpu") -> list:
+def _run_steps(
+    impl, vocab: int, num_steps: int, draw, seeded: bool = True, device: str = "cpu", settings=SETTINGS
+) -> list:
     """Tokens and logprobs of num_steps steps over the same requests; draw(sampler, logits,
     reqs) -> (ids, logprobs, placeholder): with placeholder True the ids are appended as the
     placeholder first and made real after the next draw, as async scheduling does."""
-    reqs, sampler = _requests(impl, vocab, 20, seeded), Sampler(vocab, device=device, seed=7)
+    reqs, sampler = _requests(impl, vocab, 20, seeded, settings), Sampler(vocab, device=device, seed=7)
     gen, steps, pending = torch.Generator().manual_seed(3), [], None
     for _ in range(num_steps):
         logits = (torch.randn(len(reqs), vocab, generator=gen) * 3).to(device)
@@ -101,6 +105,37 @@ def test_device_path_triton_equals_torch(impl, monkeypatch, chunk):
     monkeypatch.setattr(sampling_triton, "available", lambda device: True)
     monkeypatch.setattr(cut_draw, "available", lambda device: True)
     assert _run_steps(impl, 600, 2, _deferred) == want
+
+
+PENALTIES_ONLY = [
+    dict(repetition_penalty=1.3),
+    dict(temperature=0.8),
+    dict(frequency_penalty=0.5, presence_penalty=0.3, top_k=20, top_p=0.9, logprobs=2),
+    dict(temperature=0.0, repetition_penalty=2.0),
+]
+
+
+def test_penalty_only_batch_copies_and_edits_rows_in_one_pass(impl, monkeypatch):
+    """A batch whose only edits are penalties: its edited rows are written by the penalty pass
+    from the raw rows (`EditPlan.edited_copy`; EditPlan.apply, the copy-then-edit path, is not
+    called), and the tokens and logprobs over steps are the serial sampler's, on the torch
+    path and with the Triton kernels (interpreted: penalties, fused draw)."""
+    from enginespec.kernels import sampling as sampling_triton
+    from enginespec.sample.device_edits import EditPlan
+
+    monkeypatch.setattr(sampling_draw, "CHUNK", 64)  # the draw's chunks (several over 600 tokens)
+    want = _run_steps(impl, 600, 3, _serial, settings=PENALTIES_ONLY)
+
+    def copy_then_edit(*args, **kwargs):
+        raise AssertionError("a penalty-only batch took the copy-then-edit path")
+
+    monkeypatch.setattr(EditPlan, "apply", copy_then_edit)
+    assert _run_steps(impl, 600, 3, _deferred, settings=PENALTIES_ONLY) == want
+    if sampling_triton.triton is None or torch.cuda.is_available():
+        return
+    monkeypatch.setattr(sampling_triton, "available", lambda device: True)
+    monkeypatch.setattr(cut_draw, "available", lambda device: True)
+    assert _run_steps(impl, 600, 3, _deferred, settings=PENALTIES_ONLY) == want
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -168,7 +203,8 @@ def test_output_counts_rebuild_and_release(impl):
 def test_logprob_kernels_match_log_softmax(monkeypatch, k):
     """kernels.logprobs (interpreted, 64-token chunks over 300) against torch's log_softmax
     and topk: the sampled token's logprob and the top-k values to float32 rounding, the
-    top-k ids exactly (no ties in random logits)."""
+    top-k ids exactly (no ties in random logits); then k + 1 tokens tied at the top of one
+    chunk (the lower ids are kept) and a whole chunk of -inf."""
     from enginespec.kernels import logprobs as logprob_kernels
     from enginespec.sample.deferred import device_logprobs
 
@@ -184,6 +220,12 @@ def test_logprob_kernels_match_log_softmax(monkeypatch, k):
     assert got.shape == want.shape == (3, 1 + 2 * k)
     torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], rtol=0, atol=1e-5)
     assert torch.equal(got[:, 1 + k :], want[:, 1 + k :])
+    raw[0, [30, 20, 10, 3]] = 50.0  # k + 1 tied at the top of one chunk: the lower ids kept
+    raw[5, :64] = float("-inf")  # a whole chunk of -inf
+    got = device_logprobs(raw, tokens, rows, counts, index).packed
+    if k:
+        assert got[0, 1 + k :].tolist() == [3.0, 10.0, 20.0] and got[0, 1] == got[0, k]
+    assert torch.isfinite(got[2]).all()
 
 
 def test_fused_draw_reads_bf16_logits_as_torch_does(impl, monkeypatch):
@@ -371,6 +413,87 @@ def test_candidate_cuts_match_torch_reference_at_their_edges(impl):
     assert torch.equal(x >= got[:, None], x >= want[:, None])
 
 
+def test_candidate_pick_draws_the_torch_draws_tokens(impl):
+    """The fused draw (MODE 0, interpreted) picks a row's token from its candidates when they
+    settled its cut, and from the chunk masses otherwise (uncut rows, the wide path): on the
+    edge rows of the test above, four copies each under other seeded keys, every token equals
+    the plain-torch draw's over the torch reference's exact cut."""
+    from enginespec.kernels import cut_draw
+    from enginespec.sample.draw import draw_torch
+
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    vocab, chunk, gather = 4096, 1024, cut_draw.GATHER
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(8, vocab, generator=gen) * 2
+    x[2] = torch.randn(vocab, generator=gen).round()  # many ties everywhere
+    x[3, : 16 * 40] = 6.0 + torch.rand(16 * 40, generator=gen)  # candidates overflow: the wide path
+    x[5] = torch.randn(vocab, generator=gen).round() * 0.5
+    params = [
+        SamplingParams(temperature=0.7, top_k=gather - 1, top_p=0.9),
+        SamplingParams(temperature=1.0, top_k=gather),
+        SamplingParams(temperature=0.8, top_k=12, top_p=0.95),
+        SamplingParams(temperature=0.9, top_k=30),
+        SamplingParams(temperature=1.0, min_p=0.05, top_p=0.8),
+        SamplingParams(temperature=0.6, top_k=10, top_p=0.5),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+        SamplingParams(temperature=0.8),
+    ]
+    copies = 4
+    x = x.repeat(copies, 1)
+    reqs = [make_request(impl, params[i % 8], rid=f"r{i}") for i in range(8 * copies)]
+    sampler = Sampler(vocab)
+    plan = sampler._plan(reqs, x.device)
+    thr = sampler._exact_thresholds(x, plan)
+    keys = [row_key(1000 + i, 3) for i in range(8 * copies)]
+    got = cut_draw.draw(x, plan.draw_params, torch.tensor(keys), (0, 0), chunk=chunk)
+    want = draw_torch(x, plan.x_scale, thr, keys, [True] * len(keys), chunk=chunk)
+    assert got.tolist() == want.tolist()
+    assert len(set(got.tolist())) > 8, "the copies should draw different tokens"
+
+
+def test_top_k_rows_are_settled_by_top_k_plus_one_sub_blocks():
+    """A top-k row ranks only its top_k + 1 largest sub-block maxima for its candidates (fewer
+    reads than GATHER), and they still settle its cut (ok, no wide path) at the torch top-k
+    threshold: on flat rows, and on a row where exactly top_k tokens lie above the (k + 1)-th
+    max (the k-th largest token is then the smallest candidate). Interpreted: 1024-token
+    chunks of 64 sub-blocks of 16 tokens."""
+    if cut_draw.triton is None or torch.cuda.is_available():
+        pytest.skip("needs triton's CPU interpreter")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def cut_of(x_ptr, bmax_ptr, work_ptr, out_ptr, vocab, num_chunks, top_k,
+               NB: tl.constexpr, NC_BLOCK: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
+        # out_ptr: [3] float32, in: x_max, -inf (no min-p), 1.0; out: thr, ok, number of candidates
+        x_max, base, one = tl.load(out_ptr), tl.load(out_ptr + 1), tl.load(out_ptr + 2)
+        cand, _, certain = cut_draw._gather_candidates(
+            x_ptr, bmax_ptr, work_ptr, num_chunks, vocab, x_max, base, top_k, NB, NC_BLOCK, SUB,
+            cut_draw.GATHER, cut_draw.CAND, cut_draw.MIN_P_ROUNDS,
+        )  # fmt: skip
+        thr, ok = cut_draw._candidate_cut(cand, certain, x_max, one, base, top_k, one, one, 16, 8)
+        tl.store(out_ptr, thr)
+        tl.store(out_ptr + 1, ok.to(tl.float32))
+        tl.store(out_ptr + 2, tl.sum((cand > float("-inf")).to(tl.float32), axis=0))
+
+    vocab, chunk, nb = 4096, 1024, 64
+    gen = torch.Generator().manual_seed(5)
+    exact = torch.randn(vocab, generator=gen) * 0.1
+    spots = torch.randperm(vocab // 16, generator=gen)[:21] * 16  # one high token in each of 21 sub-blocks
+    exact[spots] = 5.0 + torch.arange(21) * 0.01
+    cases = [(torch.randn(vocab, generator=gen) * 2, k) for k in (1, 5, 20, 40)] + [(exact, 20)]
+    for x, k in cases:
+        work = torch.zeros(cut_draw.MIN_P_ROUNDS * cut_draw.GATHER + 2 * cut_draw.CAND)
+        out = torch.tensor([float(x.max()), float("-inf"), 1.0])
+        bmax = x.view(-1, chunk // nb).amax(dim=1)
+        cut_of[(1,)](x, bmax, work, out, vocab, vocab // chunk, k, NB=nb, NC_BLOCK=4, SUB=chunk // nb)
+        assert out[1] == 1.0, f"top_k {k}: not settled by its candidates"
+        assert out[0] == x.topk(k).values[-1], k
+        assert out[2] < cut_draw.GATHER, k
+    assert out[2] == 20, "the exact case should hold exactly top_k candidates"
+
+
 def test_min_p_rows_with_many_tokens_near_the_max_are_settled_by_their_candidates(impl):
     """A min-p row whose survivors lie in more sub-blocks than GATHER (100 here: tokens near the
     max spread over the row) is still cut from its candidates, in rounds of GATHER sub-blocks
@@ -435,7 +558,6 @@ def test_loose_top_p_rows_draw_by_rejection_on_every_path(impl, monkeypatch, see
     from enginespec.kernels import cut_draw
     from enginespec.sample.draw import draw_torch
     from enginespec.sample.reject import refine_top_p
-    from enginespec.sample.rng import row_key
 
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
