@@ -95,7 +95,6 @@ def test_device_path_triton_equals_torch(impl, monkeypatch, chunk):
     interpreted on CPU) against the same path in torch, seeded rows over steps. Chunks of 64
     tokens put most cuts on cut_draw's candidate path; one chunk of 8192 over 600 tokens
     overflows the candidate slots, so every cut row takes its wide (bisection) path."""
-    from enginespec.kernels import cut_draw
     from enginespec.kernels import sampling as sampling_triton
 
     if sampling_triton.triton is None or torch.cuda.is_available():
@@ -231,8 +230,6 @@ def test_logprob_kernels_match_log_softmax(monkeypatch, k):
 def test_fused_draw_reads_bf16_logits_as_torch_does(impl, monkeypatch):
     """Model-dtype (bfloat16) logits go to the fused draw unconverted (interpreted, 64-token
     chunks); seeded chat-setting rows draw the torch path's tokens (which converts first)."""
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     monkeypatch.setattr(sampling_draw, "CHUNK", 64)
@@ -283,8 +280,6 @@ def test_spread_cut_matches_torch_reference(impl, monkeypatch):
     greedy, one temperature-only."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
     monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     vocab, chunk = 1000, 64
@@ -315,8 +310,6 @@ def test_spread_draw_equals_torch_draw(impl, monkeypatch, seed):
     device path with the spread cut (interpreted) draws the plain-torch path's tokens."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
     monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     vocab = 1000
@@ -336,8 +329,6 @@ def test_fused_draw_row_without_mass_takes_first_argmax(impl, monkeypatch):
     """A random row with no token of positive mass (all -inf: the scan stores argmaxes for
     greedy rows only, so the pick finds this one itself) draws what the torch path draws,
     beside ordinary random and greedy rows (interpreted, 64-token chunks)."""
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     monkeypatch.setattr(sampling_draw, "CHUNK", 64)
@@ -362,7 +353,6 @@ def test_cuda_spread_cut_matches_torch_reference(impl, monkeypatch):
     ~1e-6 of the total, of a token's edge). Tolerance: at most 1 token on at most 4 rows."""
     monkeypatch.setattr(sampler_module, "SPREAD_CUT", True)  # off by default (sample/sampler.py)
     monkeypatch.setattr(sampler_module, "REJECT_TOP_P", False)  # which would draw loose rows instead
-    from enginespec.kernels import cut_draw
     from enginespec.kernels import top_p as top_p_kernel
 
     monkeypatch.setattr(top_p_kernel, "available", lambda device: False)  # the torch full sort
@@ -378,6 +368,18 @@ def test_cuda_spread_cut_matches_torch_reference(impl, monkeypatch):
     assert int(diff.max()) <= 1, diff.tolist()
 
 
+def _edge_rows(num_rows: int, vocab: int) -> torch.Tensor:
+    """Random rows with the candidate cut's edge cases in rows 2, 3 and 5: ties everywhere; 640
+    top tokens in the first 40 sub-blocks of 16 (they overflow CAND: the wide path); quantised
+    logits (ties at a cut)."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(num_rows, vocab, generator=gen) * 2
+    x[2] = torch.randn(vocab, generator=gen).round()
+    x[3, : 16 * 40] = 6.0 + torch.rand(16 * 40, generator=gen)
+    x[5] = torch.randn(vocab, generator=gen).round() * 0.5
+    return x
+
+
 def test_candidate_cuts_match_torch_reference_at_their_edges(impl):
     """cut_draw's candidate cut (interpreted: 1024-token chunks of 64 sub-blocks, so each
     sub-block the scan summarises holds 16 tokens) gives each row the torch reference's exact
@@ -385,17 +387,11 @@ def test_candidate_cuts_match_torch_reference_at_their_edges(impl):
     sub-blocks a row reads), ties across the GATHER-th sub-block max, candidates overflowing
     CAND (hundreds of equal tokens in the top sub-blocks: the wide path), min-p above every token
     but the max, and top-k/top-p over quantised logits (ties at the cut)."""
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     vocab, chunk, gather = 4096, 1024, cut_draw.GATHER
-    gen = torch.Generator().manual_seed(8)
-    x = torch.randn(7, vocab, generator=gen) * 2
-    x[2] = torch.randn(vocab, generator=gen).round()  # many ties everywhere
-    x[3, : 16 * 40] = 6.0 + torch.rand(16 * 40, generator=gen)  # 640 top tokens, in the first 40 sub-blocks
+    x = _edge_rows(7, vocab)
     x[4, 100] = 9.0  # min-p keeps this one alone
-    x[5] = torch.randn(vocab, generator=gen).round() * 0.5
     params = [
         SamplingParams(temperature=0.7, top_k=gather - 1, top_p=0.9),
         SamplingParams(temperature=1.0, top_k=gather),
@@ -418,17 +414,12 @@ def test_candidate_pick_draws_the_torch_draws_tokens(impl):
     settled its cut, and from the chunk masses otherwise (uncut rows, the wide path): on the
     edge rows of the test above, four copies each under other seeded keys, every token equals
     the plain-torch draw's over the torch reference's exact cut."""
-    from enginespec.kernels import cut_draw
     from enginespec.sample.draw import draw_torch
 
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     vocab, chunk, gather = 4096, 1024, cut_draw.GATHER
-    gen = torch.Generator().manual_seed(8)
-    x = torch.randn(8, vocab, generator=gen) * 2
-    x[2] = torch.randn(vocab, generator=gen).round()  # many ties everywhere
-    x[3, : 16 * 40] = 6.0 + torch.rand(16 * 40, generator=gen)  # candidates overflow: the wide path
-    x[5] = torch.randn(vocab, generator=gen).round() * 0.5
+    x = _edge_rows(8, vocab)
     params = [
         SamplingParams(temperature=0.7, top_k=gather - 1, top_p=0.9),
         SamplingParams(temperature=1.0, top_k=gather),
@@ -500,8 +491,6 @@ def test_min_p_rows_with_many_tokens_near_the_max_are_settled_by_their_candidate
     (no flag for the rows that need the wide or spread path), and the cut equals the torch
     reference's; so does a row with more survivors' sub-blocks than MIN_P_ROUNDS rounds hold,
     which takes the other path. Interpreted, 1024-token chunks of 64 sub-blocks of 16 tokens."""
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None or torch.cuda.is_available():
         pytest.skip("needs triton's CPU interpreter")
     vocab, chunk = 8192, 1024
@@ -531,8 +520,6 @@ def test_draw_work_buffers_are_reused_per_thread_and_shape():
     WORK_CACHE shapes a thread."""
     import threading
 
-    from enginespec.kernels import cut_draw
-
     if cut_draw.triton is None:
         pytest.skip("needs triton")
     cpu = torch.device("cpu")
@@ -555,7 +542,6 @@ def test_loose_top_p_rows_draw_by_rejection_on_every_path(impl, monkeypatch, see
     """Seeded loose top-p rows (edited ones among them, beside greedy, chat and min-p rows): the
     serial torch path, the deferred torch path and the deferred fused path (interpreted) draw
     the same tokens, and those are sample/reject.py's (the uncut draw, then its rounds)."""
-    from enginespec.kernels import cut_draw
     from enginespec.sample.draw import draw_torch
     from enginespec.sample.reject import refine_top_p
 
