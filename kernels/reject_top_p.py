@@ -53,28 +53,6 @@ if triton is not None:
         return top, tl.sum(tl.where(xv > pivot, wv, 0.0), axis=0), tl.sum(wv, axis=0)
 
     @triton.jit
-    def _token_above(
-        row_ptr, start, vocab, chunk_max, scale, pivot, target, CHUNK: tl.constexpr, BLOCK: tl.constexpr
-    ):
-        """First id of the chunk at start whose running weight sum (tokens x > pivot) exceeds
-        target, else the last id of positive weight, else -1 (sampling._scan_chunk, strict)."""
-        lanes = tl.arange(0, BLOCK)
-        shift = tl.where(chunk_max > float("-inf"), chunk_max, 0.0)
-        acc = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
-        pick = tl.min(tl.full([BLOCK], 2147483647, tl.int32), axis=0)
-        last = tl.max(tl.full([BLOCK], -1, tl.int32), axis=0)
-        for off in range(0, CHUNK, BLOCK):
-            cols = start + off + lanes
-            xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            wv = tl.where(xv > pivot, tl.exp2((xv - shift) * scale), 0.0)
-            run = tl.cumsum(wv, axis=0) + acc
-            positive = wv > 0.0
-            pick = tl.minimum(pick, tl.min(tl.where((run > target) & positive, cols, 2147483647), axis=0))
-            last = tl.maximum(last, tl.max(tl.where(positive, cols, -1), axis=0))
-            acc = acc + tl.sum(wv, axis=0)
-        return tl.where(pick < 2147483647, pick, last)
-
-    @triton.jit
     def _choose_chunk(part, u1, chunks):
         """First chunk whose running sum of part [NC_BLOCK] exceeds u1 * sum, else the last
         with positive part (sample/draw.py pick_tokens)."""
@@ -128,7 +106,10 @@ if triton is not None:
             chosen = chunks == nxt
             chunk_max = tl.sum(tl.where(chosen, tops, 0.0), axis=0)
             target = _uniform(lo, hi, counter + 1) * tl.sum(tl.where(chosen, above, 0.0), axis=0)
-            token = _token_above(row_ptr, nxt * CHUNK, vocab, chunk_max, scale, pivot, target, CHUNK, BLOCK)
+            # the first token of the chunk whose running weight above the pivot exceeds target
+            token = sampling_kernels._scan_chunk(
+                row_ptr, nxt * CHUNK, vocab, chunk_max, scale, pivot, target, CHUNK, BLOCK, STRICT=True
+            )
         return token
 
     @triton.jit(do_not_specialize=["has_edits", "base_lo", "base_hi", "round_index"])

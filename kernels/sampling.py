@@ -114,10 +114,20 @@ if triton is not None:
 
     @triton.jit
     def _scan_chunk(
-        row_ptr, start, vocab, chunk_top, scale, thr, target, CHUNK: tl.constexpr, BLOCK: tl.constexpr
+        row_ptr,
+        start,
+        vocab,
+        chunk_top,
+        scale,
+        thr,
+        target,
+        CHUNK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        STRICT: tl.constexpr = False,
     ):
         """First id in [start, start + CHUNK) whose running weight sum exceeds target (weights
-        exp2((x - chunk_top) * scale) on x >= thr), else the last id of positive weight, else -1."""
+        exp2((x - chunk_top) * scale) on x >= thr, or x > thr with STRICT: rejection top-p's
+        redraw above its pivot), else the last id of positive weight, else -1."""
         lanes = tl.arange(0, BLOCK)
         shift = tl.where(chunk_top > float("-inf"), chunk_top, 0.0)
         acc = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
@@ -126,7 +136,8 @@ if triton is not None:
         for off in range(0, CHUNK, BLOCK):
             cols = start + off + lanes
             xv = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            wv = tl.where(xv >= thr, tl.exp2((xv - shift) * scale), 0.0)
+            keep = (xv > thr) if STRICT else (xv >= thr)
+            wv = tl.where(keep, tl.exp2((xv - shift) * scale), 0.0)
             run = tl.cumsum(wv, axis=0) + acc
             positive = wv > 0.0
             pick = tl.minimum(pick, tl.min(tl.where((run > target) & positive, cols, 2147483647), axis=0))

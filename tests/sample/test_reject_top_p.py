@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from enginespec.kernels import sampling as sampling_kernels
 from enginespec.sample.draw import draw_torch
 from enginespec.sample.reject import above_and_total, refine_top_p
 from enginespec.sample.rng import draw_uniforms, round_uniforms
@@ -134,3 +135,25 @@ def test_device_rounds_give_the_torch_rounds_tokens(edited, grid_rounds, monkeyp
             chunk=chunk,
         )
         assert one.item() == want[i].item()
+
+
+@pytest.mark.skipif(not TRITON, reason="needs CUDA or triton's CPU interpreter")
+def test_redraw_above_the_pivot_skips_the_pivot_and_its_ties():
+    """The rounds' redraw (`sampling._scan_chunk` with STRICT) walks only tokens strictly above
+    the pivot: on a row where the pivot's value holds most of the weight, every target lands on
+    a token above it; without STRICT (the draw's cut: x >= thr) small targets land on it."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pick(x_ptr, out_ptr, pivot, target, vocab, STRICT: tl.constexpr):
+        tok = sampling_kernels._scan_chunk(x_ptr, 0, vocab, 5.0, 1.0, pivot, target, 8, 8, STRICT=STRICT)
+        tl.store(out_ptr, tok)
+
+    x = torch.tensor([1.0, 4.0, 4.0, 4.0, 4.0, 5.0, 2.0, 4.0], device=DEVICE)  # pivot 4 at five ids
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for target in (0.0, 0.3, 0.99):  # fractions of the weight above the pivot (2 ** 0 = 1 for id 5)
+        pick[(1,)](x, out, 4.0, target, 8, STRICT=True)
+        assert out.item() == 5, target
+    pick[(1,)](x, out, 4.0, 0.0, 8, STRICT=False)
+    assert out.item() == 1, "without STRICT the pivot's ties carry weight"
