@@ -527,17 +527,24 @@ def paged_attention(
         **launch_options(pdl),
     )
     if split:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out,
-            part,
-            out.stride(0),
-            out.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_DIM=head_dim,
-            HEAD_PAD=head_pad,
-            NUM_SPLITS=cfg.num_splits,
-            USE_PDL=pdl,
-            num_warps=4,
-            **launch_options(pdl),
-        )
+        merge_splits(out, part, cfg.num_splits, pdl)
     return out
+
+
+def merge_splits(out: torch.Tensor, part: torch.Tensor, num_splits: int, pdl: bool) -> None:
+    """Combine split-KV partials part [N, Hq, num_splits, HEAD_PAD + 2] (float32) into out
+    [N, Hq, D]: one program per (row, head)."""
+    num_tokens, num_q_heads, head_dim = out.shape
+    _merge_splits_kernel[(num_tokens, num_q_heads)](
+        out,
+        part,
+        out.stride(0),
+        out.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=part.shape[3] - 2,
+        NUM_SPLITS=num_splits,
+        USE_PDL=pdl,
+        num_warps=4,
+        **launch_options(pdl),
+    )

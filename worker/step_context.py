@@ -98,9 +98,14 @@ def paged_attention_qkv_op(
     """The same attention from a layer's q|k|v GEMM output [N, (Hq + 2 Hkv) * D]: the backend's
     `write_qkv` norms q|k per head (when norm_weight [Hq + Hkv, D] is given), rotates them with
     cos/sin [N, D], writes k and v into the pool and returns q; then it attends -> [N, Hq, D].
-    Only for backends that have write_qkv (the merged decoder checks before it calls this)."""
+    A backend that also has `attend_qkv` (same arguments, plus scale and window) does both in
+    one call. Only for backends that have write_qkv (the merged decoder checks first)."""
     ctx = current()
     cache = ctx.kv_caches[layer_idx]
+    attend_qkv = getattr(ctx.backend, "attend_qkv", None)
+    if attend_qkv is not None:  # the backend may fuse the two (impls.fast: decode batches)
+        out = attend_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, scale, window)
+        return out.contiguous()
     query = ctx.backend.write_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads)
     return ctx.backend.forward(query, cache, ctx.meta, scale=scale, window=window).contiguous()
 

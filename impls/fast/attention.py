@@ -2,7 +2,8 @@
 
 On CUDA, `write` is one KV-write launch (`write_qkv`: one launch that also norms and rotates
 q|k from a layer's q|k|v rows) and `forward` one paged-attention launch (plus a merge
-launch when split-KV pays) for the whole flat batch, prefill chunks and decodes together; no
+launch when split-KV pays) for the whole flat batch, prefill chunks and decodes together
+(`attend_qkv` does both; for a decode-only batch in one launch, plus the merge); no
 host sync, so both can be captured in a CUDA graph. A decode-only batch launches its requests
 longest first: one device argsort of seq_lens per step (made at the step's first layer and
 reused by the others; remade inside a CUDA-graph capture so replays sort their own lengths). Elsewhere (CPU), and for dtypes the kernel
@@ -13,6 +14,7 @@ tests).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -21,6 +23,7 @@ from enginespec.kernels import reference
 from enginespec.spec import BatchMeta
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FUSED_DECODE_ENV = "ENGINESPEC_FUSED_DECODE"  # "0": decode batches take write_qkv + forward (A/B runs)
 
 
 class FastAttention:
@@ -87,6 +90,59 @@ class FastAttention:
                     qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping.to(torch.int64), num_q_heads
                 )
         return reference.qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping, num_q_heads)
+
+    def attend_qkv(
+        self,
+        cache: torch.Tensor,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norm_weight: Optional[torch.Tensor],
+        eps: float,
+        meta: BatchMeta,
+        num_q_heads: int,
+        scale: Optional[float] = None,
+        window: int = 0,
+    ) -> torch.Tensor:
+        """write_qkv then forward: a layer's q|k|v rows in, attention output [N, Hq, D] out.
+        A decode-only batch on CUDA (one row per request) takes one launch for both
+        (kernels/decode_attention.py: the new key comes from registers, the pool gives the
+        rest); any other batch takes write_qkv's launch, then forward's."""
+        if self._decode_fusable(cache, qkv, meta):
+            from enginespec.kernels.decode_attention import decode_attention
+
+            seq_lens = _i32(meta.seq_lens)
+            return decode_attention(
+                qkv,
+                cos if cos.stride(1) == 1 else cos.contiguous(),
+                sin if sin.stride(1) == 1 else sin.contiguous(),
+                norm_weight,
+                eps,
+                cache,
+                meta.slot_mapping.to(torch.int64),
+                seq_lens,
+                _i32(meta.block_table),
+                num_q_heads,
+                max_seq_len=meta.max_seq_len,
+                scale=scale,
+                window=window,
+                order=self._launch_order(meta, seq_lens),
+            )
+        q = self.write_qkv(cache, qkv, cos, sin, norm_weight, eps, meta, num_q_heads)
+        return self.forward(q, cache, meta, scale=scale, window=window)
+
+    def _decode_fusable(self, cache: torch.Tensor, qkv: torch.Tensor, meta: BatchMeta) -> bool:
+        from enginespec.kernels import decode_attention
+
+        return (
+            self._triton_for(cache)
+            and meta.max_query_len == 1
+            and qkv.shape[0] == meta.seq_lens.shape[0]
+            and qkv.stride(1) == 1
+            and meta.block_size == cache.shape[2]
+            and decode_attention.supported(cache.shape[4])
+            and os.environ.get(FUSED_DECODE_ENV, "1") != "0"
+        )
 
     def forward(
         self,

@@ -249,3 +249,59 @@ def test_request_made_directly_takes_the_spec_defaults():
         want.priority,
         want.cache_key,
     )
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
+    """FastAttention.attend_qkv (the route enginespec::paged_attention_qkv takes) gives the
+    output and pool of write_qkv then forward. A decode-only batch takes the one-launch kernel
+    (kernels/decode_attention.py), any other batch the two launches: counted by wrapping both."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.kernels import decode_attention as fused_module
+    from enginespec.kernels.reference import rope_inv_freq, rotary_cos_sin
+    from enginespec.spec import BatchMeta
+    from enginespec.testing.paged_batches import random_batch
+
+    hq, hkv, d = 4, 2, 16
+    q_lens = [1, 1, 1] if decode else [1, 3, 1]
+    batch = random_batch(
+        3,
+        30,
+        3,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=4,
+        dtype=torch.float32,
+        seed=9,
+        lengths=([17, 5, 29], q_lens),
+    )
+    meta = BatchMeta(
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        block_table=batch.block_table,
+        slot_mapping=batch.slot_mapping,
+        block_size=4,
+        query_start_loc_cpu=batch.query_start_loc,
+        seq_lens_cpu=batch.seq_lens,
+        max_query_len=batch.max_query_len,
+        max_seq_len=batch.max_seq_len,
+    )
+    gen = torch.Generator().manual_seed(3)
+    n = batch.slot_mapping.shape[0]
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen)
+    cos_table, sin_table = rotary_cos_sin(rope_inv_freq(d, 10000.0), 32)
+    cos = torch.cat([cos_table[batch.positions]] * 2, dim=-1)
+    sin = torch.cat([sin_table[batch.positions]] * 2, dim=-1)
+    weight = 1 + 0.1 * torch.randn(hq + hkv, d, generator=gen)
+    calls = []
+    real = fused_module.decode_attention
+    monkeypatch.setattr(fused_module, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    backend = FastAttention("cpu", use_triton=True)
+    cache_a, cache_b = batch.cache.clone(), batch.cache.clone()
+    got = backend.attend_qkv(cache_a, qkv, cos, sin, weight, 1e-6, meta, hq, 0.3, 0)
+    q = backend.write_qkv(cache_b, qkv, cos, sin, weight, 1e-6, meta, hq)
+    want = backend.forward(q, cache_b, meta, scale=0.3)
+    assert len(calls) == (1 if decode else 0)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(cache_a, cache_b, atol=2e-5, rtol=2e-5, equal_nan=True)

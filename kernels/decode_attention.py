@@ -1,0 +1,350 @@
+"""Decode attention from a layer's raw q|k|v rows: q|k norm, rotary, K/V write and attention in
+one launch.
+
+A decode-only batch has one query row per request (row r belongs to request r). Unfused, each
+layer runs kernels/qkv_rope.py (norm and rotate q|k, write K/V to the pool) and then
+kernels/paged_attention.py over the pool: two launches, and q round-trips through memory.
+Here every attention program (request, KV head, split) loads its GROUP query heads and its KV
+head's new key and value straight from the q|k|v row, norms and rotates them in registers
+(the qkv_rope rounding: norm statistics in float32, the normed value rounded to the input
+dtype before the weight, rotary in float32, one rounding to the input dtype), and
+
+- split 0 stores the new k and v at the row's slot (slot -1: the scratch block), the only
+  write, and counts the new key as the first key it attends to, from registers;
+- every split reads only the keys before it from the pool (positions < seq_len - 1), so no
+  program reads what another program of the same launch writes.
+
+Everything else is paged_attention's decode path: the same launch config, launch order,
+tiles, online softmax in the exp2 domain, split-KV partials and the same merge kernel.
+
+Invariants: row r's q|k|v, cos/sin and slot belong to request r (the caller passes only
+decode-only batches with N == B); seq_len counts the new token (a request's new key sits at
+position seq_len - 1); seq_len 0 marks a padding row, which attends to nothing (output 0) and
+still writes its K/V to the scratch block.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from enginespec.kernels import paged_attention as pa
+from enginespec.kernels.paged_attention import _tile_range
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+
+
+@triton.jit
+def _norm_rope(
+    x,  # [R, HEAD_DIM] float32: raw head rows
+    x_partner,  # [R, HEAD_DIM] float32: the same rows at dims (d + HALF) % HEAD_DIM
+    w,  # [R, HEAD_DIM] float32 norm weights (USE_NORM)
+    w_partner,  # [R, HEAD_DIM] float32 norm weights at the partner dims (USE_NORM)
+    cos,  # [1, HEAD_DIM] float32
+    sin_signed,  # [1, HEAD_DIM] float32: -sin on the first half, sin on the second
+    eps,
+    in_dtype: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    USE_NORM: tl.constexpr,
+):
+    """Per-head RMSNorm (optional) then neox rotary: x * cos + rotate_half(x) * sin, where
+    rotate_half(x)[d] = -x[d + HALF] on the first half and x[d - HALF] on the second."""
+    if USE_NORM:
+        rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_DIM + eps))[:, None]  # [R, 1]
+        x = w * (x * rstd).to(in_dtype).to(tl.float32)
+        x_partner = w_partner * (x_partner * rstd).to(in_dtype).to(tl.float32)
+    return x * cos + x_partner * sin_signed
+
+
+@triton.jit(do_not_specialize=["num_splits", "window", "stride_bt"])
+def _decode_attention_kernel(
+    out_ptr,  # [B, Hq, D] (written unless IS_SPLIT)
+    part_ptr,  # [B, Hq, num_splits, D + 2] float32 (IS_SPLIT only): acc, max (log2), sum
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    qkv_ptr,  # [B, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads
+    cos_ptr,  # [B, D]
+    sin_ptr,  # [B, D]
+    norm_ptr,  # [Hq + Hkv, D] (USE_NORM only): per-head norm weights, q heads first
+    slot_ptr,  # [B] int64; -1 = padding row (scratch block)
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32, the new token included
+    order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
+    num_splits,
+    scale_log2,
+    window,
+    eps,
+    scratch_slot,
+    stride_qkv,
+    stride_cos,
+    stride_sin,
+    stride_o_tok,
+    stride_o_head,
+    stride_c_kv,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    stride_bt,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_ORDER: tl.constexpr,
+    USE_NORM: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    """One program per (request, KV head, split); row m < GROUP of it is query head
+    kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin and the
+    norm weights (none written by a kernel of the chain) are read before gdc_wait; the q|k|v
+    row (the GEMM before wrote it) and the pool after it, and every store comes after it."""
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if USE_ORDER:
+        req = tl.load(order_ptr + req)
+    req = req.to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + req)
+    slot = tl.load(slot_ptr + req).to(tl.int64)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    row_ok = rows < GROUP  # [BLOCK_M]
+    q_head = kv_head * GROUP + rows  # [BLOCK_M]
+    dims = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    partner = (dims + HALF) % HEAD_DIM  # [HEAD_DIM]
+    cos = tl.load(cos_ptr + req * stride_cos + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
+    sin = tl.load(sin_ptr + req * stride_sin + dims).to(tl.float32)
+    sin_signed = tl.where(dims < HALF, -sin, sin)[None, :]  # [1, HEAD_DIM]
+    k_head = NUM_Q_HEADS + kv_head
+    wq = cos  # placeholders when USE_NORM is off (never read)
+    wq_p = cos
+    wk = cos
+    wk_p = cos
+    if USE_NORM:
+        wq_rows = norm_ptr + q_head[:, None] * HEAD_DIM  # [BLOCK_M, 1]
+        wq = tl.load(wq_rows + dims[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        wq_p = tl.load(wq_rows + partner[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        wk = tl.load(norm_ptr + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
+        wk_p = tl.load(norm_ptr + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
+
+    in_ty = qkv_ptr.dtype.element_ty
+    row = qkv_ptr + req * stride_qkv
+    q_off = q_head[:, None] * HEAD_DIM  # [BLOCK_M, 1]
+    xq = tl.load(row + q_off + dims[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    xq_p = tl.load(row + q_off + partner[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
+    xk = tl.load(row + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
+    xk_p = tl.load(row + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
+    c_ty = cache_ptr.dtype.element_ty
+    k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
+    v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(c_ty)  # [HEAD_DIM]
+
+    head_off = kv_head * stride_c_head
+    if split == 0:  # the one writer of this request's new K/V for this head
+        pos = tl.where(slot < 0, scratch_slot, slot)
+        new = (pos // BLOCK_SIZE) * stride_c_block + (pos % BLOCK_SIZE) * stride_c_slot + head_off
+        tl.store(cache_ptr + new + dims[None, :], k_new)
+        tl.store(cache_ptr + stride_c_kv + new + dims, v_new)
+
+    # The new key first (split 0 only; none for a padding row), from registers.
+    has_new = (split == 0) & (seq_len > 0)
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * scale_log2  # [BLOCK_M]
+    m_i = tl.where(has_new, s_new, float("-inf"))  # running max (log2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + has_new.to(tl.float32)  # running sum
+    zeros = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.where(has_new, zeros + v_new.to(tl.float32)[None, :], zeros)  # unnormalised output
+
+    # Then the pool's keys before it: [kv_lo, seq_len - 1), cut into this split's tiles.
+    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW)
+    cached_hi = kv_hi - 1
+    new_pos = seq_len - 1
+    table_row = block_table_ptr + req * stride_bt
+    for t in range(t_lo, t_hi):
+        kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
+        kv_ok = kv_pos < cached_hi  # [TILE]
+        block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
+        kv_slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
+        k = tl.load(cache_ptr + kv_slot[None, :] + dims[:, None], mask=kv_ok[None, :], other=0.0)  # [D, TILE]
+        if DOT_FP32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k)  # [BLOCK_M, TILE]
+        s = s * scale_log2
+        visible = kv_ok[None, :]
+        if USE_WINDOW:
+            visible = visible & (kv_pos[None, :] > new_pos - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: stays 0
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            cache_ptr + stride_c_kv + kv_slot[:, None] + dims[None, :], mask=kv_ok[:, None], other=0.0
+        )
+        if DOT_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if IS_SPLIT:
+        part = (req * NUM_Q_HEADS + q_head) * num_splits + split  # [BLOCK_M]
+        base = part * (HEAD_DIM + 2)  # [BLOCK_M]
+        tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ptr + base + HEAD_DIM, m_i, mask=row_ok)
+        tl.store(part_ptr + base + HEAD_DIM + 1, l_i, mask=row_ok)
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding row: acc = 0
+        o_off = req * stride_o_tok + q_head * stride_o_head  # [BLOCK_M]
+        tl.store(
+            out_ptr + o_off[:, None] + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]
+        )
+
+
+def supported(head_dim: int) -> bool:
+    """A power-of-two head_dim of at least 16 (the dims are one Triton range; tl.dot needs 16)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_q_heads: int,
+    *,
+    max_seq_len: int,
+    scale: Optional[float] = None,
+    window: int = 0,
+    config: Optional[pa.LaunchConfig] = None,
+    order: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A decode-only batch's q|k|v rows [B, (Hq + 2 Hkv) * D] -> attention output [B, Hq, D];
+    writes each row's normed, rotated k and its v into `cache` at slot_mapping [B] (int64,
+    -1 = scratch). Row r is request r's new token: seq_lens [B] int32 counts it, block_table
+    [B, max_blocks] int32 maps its positions. cos/sin [B, D]; norm_weight [Hq + Hkv, D] or None.
+
+    Semantics: kernels.reference.qkv_rope_ref, then paged_attention_ref with every query
+    length 1. max_seq_len only steers the launch config. `order`: as paged_attention's.
+    """
+    num_reqs = seq_lens.shape[0]
+    _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window)
+    if order is not None and (order.dtype != torch.int32 or tuple(order.shape) != (num_reqs,)):
+        raise ValueError(f"order must be int32 [{num_reqs}], got {order.dtype} {tuple(order.shape)}")
+    num_kv_heads, block_size, head_dim = cache.shape[3], cache.shape[2], cache.shape[4]
+    out = torch.empty(num_reqs, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if num_reqs == 0:
+        return out
+    cfg = config or pa.choose_config(
+        num_reqs,
+        num_reqs,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        1,
+        max_seq_len,
+        qkv.device,
+        cache.element_size(),
+    )
+    group = num_q_heads // num_kv_heads
+    if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
+        raise ValueError(
+            f"config: block_m {cfg.block_m} must be >= group {group} and "
+            f"num_splits {cfg.num_splits} a power of two"
+        )
+    split = cfg.num_splits > 1
+    pdl = pdl_enabled(qkv.device)
+    part = out
+    if split:
+        part = torch.empty(
+            num_reqs, num_q_heads, cfg.num_splits, head_dim + 2, dtype=torch.float32, device=qkv.device
+        )
+    _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)](
+        out,
+        part,
+        cache,
+        qkv,
+        cos,
+        sin,
+        norm_weight if norm_weight is not None else qkv,
+        slot_mapping,
+        block_table,
+        seq_lens,
+        order if order is not None else seq_lens,
+        cfg.num_splits,
+        (head_dim**-0.5 if scale is None else scale) * pa.LOG2E,
+        window,
+        eps,
+        (cache.shape[1] - 1) * block_size,
+        qkv.stride(0),
+        cos.stride(0),
+        sin.stride(0),
+        out.stride(0),
+        out.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        block_table.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=cfg.block_m,
+        TILE=cfg.tile,
+        IS_SPLIT=split,
+        USE_WINDOW=window > 0,
+        USE_ORDER=order is not None,
+        USE_NORM=norm_weight is not None,
+        DOT_FP32=qkv.dtype == torch.float32 or pa._interpreting(),
+        USE_PDL=pdl,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **launch_options(pdl),
+    )
+    if split:
+        pa.merge_splits(out, part, cfg.num_splits, pdl)
+    return out
+
+
+def _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window):
+    """The shapes qkv_rope checks, plus the decode batch's: one row per request."""
+    from enginespec.kernels.qkv_rope import _check as check_rows
+
+    check_rows(qkv, cos, sin, norm_weight, cache, slot_mapping, num_q_heads, eps)
+    head_dim = cache.shape[4]
+    if not supported(head_dim):
+        raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {head_dim}")
+    if qkv.dtype not in pa.SUPPORTED_DTYPES or cache.dtype != qkv.dtype:
+        raise ValueError(
+            f"qkv/cache dtype must match and be one of {pa.SUPPORTED_DTYPES}, got {qkv.dtype}/{cache.dtype}"
+        )
+    if qkv.stride(1) != 1 or cos.stride(1) != 1 or sin.stride(1) != 1:
+        raise ValueError("qkv, cos and sin must be contiguous along their last dim")
+    n = qkv.shape[0]
+    if tuple(seq_lens.shape) != (n,) or block_table.dim() != 2 or block_table.shape[0] != n:
+        raise ValueError(
+            f"a decode batch has one row per request: seq_lens must be [{n}] and block_table "
+            f"[{n}, max_blocks], got {tuple(seq_lens.shape)} and {tuple(block_table.shape)}"
+        )
+    for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")

@@ -1,0 +1,150 @@
+"""Fused decode attention (q|k norm, rotary, K/V write and attention in one launch) vs the two
+references it replaces: qkv_rope_ref, then paged_attention_ref with every query length 1.
+
+The pool is NaN outside every request's context, and each request's new slot is poisoned too,
+so a program that reads the new key from the pool (instead of from registers) or a position
+past it fails. On CPU the kernel runs under TRITON_INTERPRET=1 on tiny shapes; on CUDA on the
+Qwen3 shapes.
+"""
+
+import pytest
+import torch
+
+from enginespec.kernels.decode_attention import decode_attention
+from enginespec.kernels.paged_attention import LaunchConfig
+from enginespec.kernels.reference import (
+    paged_attention_ref,
+    qkv_rope_ref,
+    rope_inv_freq,
+    rotary_cos_sin,
+    scratch_slot,
+)
+from enginespec.testing.paged_batches import TOLERANCES, random_batch
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+# (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B's GQA 2, GQA 4, odd group 3 and MHA.
+HEADS = [(16, 8, 128), (32, 8, 128), (12, 4, 64)] if CUDA else [(4, 2, 16), (6, 2, 32), (2, 2, 16)]
+MAX_SEQ = 900 if CUDA else 40
+
+
+def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
+    """A decode batch (one row per request, `num_padding` padding rows at the end) with raw
+    q|k|v rows, cos/sin at each row's position and per-head norm weights."""
+    hq, hkv, d = heads
+    batch = random_batch(
+        len(seq_lens),
+        max(seq_lens),
+        1,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        num_padding=num_padding,
+        seed=seed,
+        lengths=(list(seq_lens), [1] * len(seq_lens)),
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    n = batch.seq_lens.shape[0]
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(DEVICE)
+    cos_table, sin_table = rotary_cos_sin(rope_inv_freq(d, 10000.0), MAX_SEQ + 1)
+    pos = batch.positions.cpu()
+    cos = torch.cat([cos_table[pos]] * 2, dim=-1).to(dtype).to(DEVICE)
+    sin = torch.cat([sin_table[pos]] * 2, dim=-1).to(dtype).to(DEVICE)
+    weight = (1 + 0.1 * torch.randn(hq + hkv, d, generator=gen)).to(dtype).to(DEVICE) if norm else None
+    return batch, qkv, cos, sin, weight
+
+
+def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None):
+    hq = batch.q.shape[1]
+    want_cache = batch.cache.clone()
+    q = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, want_cache, batch.slot_mapping, hq)
+    want = paged_attention_ref(
+        q, want_cache, batch.query_start_loc, batch.seq_lens, batch.block_table, scale=scale, window=window
+    )
+    cache = batch.cache.clone()
+    real = batch.slot_mapping[batch.slot_mapping >= 0]
+    cache.view(2, -1, *cache.shape[3:])[:, real] = float("nan")  # the new slots: written, never read
+    got = decode_attention(
+        qkv,
+        cos,
+        sin,
+        weight,
+        1e-6,
+        cache,
+        batch.slot_mapping,
+        batch.seq_lens,
+        batch.block_table,
+        hq,
+        max_seq_len=batch.max_seq_len,
+        scale=scale,
+        window=window,
+        config=config,
+        order=order,
+    )
+    assert got.shape == batch.q.shape and got.dtype == qkv.dtype
+    assert not torch.isnan(got).any(), "a program read a poisoned slot"
+    tol = TOLERANCES[qkv.dtype]
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    assert not got[batch.seq_lens == 0].any(), "padding rows attend to nothing"
+    # The pool: every slot as the reference left it (NaN where nothing was written).
+    body, want_body = cache[:, :-1], want_cache[:, :-1]
+    assert torch.equal(torch.isnan(body), torch.isnan(want_body))
+    torch.testing.assert_close(body.float(), want_body.float(), equal_nan=True, **tol)
+    if (batch.slot_mapping < 0).any():
+        padded = cache.view(2, -1, *cache.shape[3:])[:, scratch_slot(cache)]
+        assert not torch.isnan(padded).any(), "padding rows write the scratch block"
+    return got
+
+
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("block_size,window", [(16, 0), (5, 0), (3, 7)])
+def test_matches_the_two_references(heads, norm, block_size, window):
+    seed = hash((heads, norm, block_size, window)) % 10_000
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [1, 2, *torch.randint(3, MAX_SEQ, (5,), generator=gen).tolist()]
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    _check(*_case(heads, block_size, dtype, seed, seq_lens, norm), window=window)
+
+
+@pytest.mark.parametrize("num_splits", [2, 4])
+@pytest.mark.parametrize("window", [0, 13])
+def test_split_kv_with_launch_order(num_splits, window):
+    """Forced splits (each split's partials merged), requests launched in a shuffled order;
+    only split 0 writes the new K/V and counts the new key."""
+    seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17]
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 5 + num_splits, seq_lens)
+    order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(num_splits))
+    config = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)
+    _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes_default_config(dtype):
+    """The heuristic config (split-KV on a GPU for few long requests) in the serving dtypes."""
+    seq_lens = [MAX_SEQ, MAX_SEQ - 7, 33]
+    _check(*_case(HEADS[1], 16, dtype, 21, seq_lens), scale=0.3)
+
+
+def test_bad_input_raises():
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 16, torch.float32, 3, [5, 9], num_padding=0)
+    hq = batch.q.shape[1]
+    args = (batch.slot_mapping, batch.seq_lens, batch.block_table, hq)
+    kw = dict(max_seq_len=9)
+    with pytest.raises(ValueError, match="seq_lens must be"):
+        decode_attention(
+            qkv, cos, sin, weight, 1e-6, batch.cache, *args[:1], batch.seq_lens[:1], *args[2:], **kw
+        )
+    with pytest.raises(ValueError, match="int32"):
+        decode_attention(
+            qkv, cos, sin, weight, 1e-6, batch.cache, args[0], batch.seq_lens.long(), *args[2:], **kw
+        )
+    with pytest.raises(ValueError, match="window"):
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, window=-1, **kw)
+    with pytest.raises(ValueError, match="order"):
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, order=batch.seq_lens[:1], **kw)
+    with pytest.raises(ValueError, match="qkv must be"):
+        decode_attention(qkv[:, :-16], cos, sin, weight, 1e-6, batch.cache, *args, **kw)
