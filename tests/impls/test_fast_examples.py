@@ -263,6 +263,7 @@ def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
     from enginespec.testing.paged_batches import random_batch
 
     hq, hkv, d = 4, 2, 16
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs interpreted on the CPU
     q_lens = [1, 1, 1] if decode else [1, 3, 1]
     batch = random_batch(
         3,
@@ -275,6 +276,7 @@ def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
         dtype=torch.float32,
         seed=9,
         lengths=([17, 5, 29], q_lens),
+        device=device,
     )
     meta = BatchMeta(
         query_start_loc=batch.query_start_loc,
@@ -289,15 +291,15 @@ def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
     )
     gen = torch.Generator().manual_seed(3)
     n = batch.slot_mapping.shape[0]
-    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(device)
     cos_table, sin_table = rotary_cos_sin(rope_inv_freq(d, 10000.0), 32)
-    cos = torch.cat([cos_table[batch.positions]] * 2, dim=-1)
-    sin = torch.cat([sin_table[batch.positions]] * 2, dim=-1)
-    weight = 1 + 0.1 * torch.randn(hq + hkv, d, generator=gen)
+    cos = torch.cat([cos_table[batch.positions.cpu()]] * 2, dim=-1).to(device)
+    sin = torch.cat([sin_table[batch.positions.cpu()]] * 2, dim=-1).to(device)
+    weight = (1 + 0.1 * torch.randn(hq + hkv, d, generator=gen)).to(device)
     calls = []
     real = fused_module.decode_attention
     monkeypatch.setattr(fused_module, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    backend = FastAttention("cpu", use_triton=True)
+    backend = FastAttention(device, use_triton=True)
     cache_a, cache_b = batch.cache.clone(), batch.cache.clone()
     got = backend.attend_qkv(cache_a, qkv, cos, sin, weight, 1e-6, meta, hq, 0.3, 0)
     q = backend.write_qkv(cache_b, qkv, cos, sin, weight, 1e-6, meta, hq)
