@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention, q|k|v, RMSNorm and
-SiLU*up kernels, compiled for an H100/H200 (sm_90) with triton's ptxas on any machine
+"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention (decode attention
+too), q|k|v, RMSNorm and SiLU*up kernels, compiled for an H100/H200 (sm_90) with triton's ptxas on any machine
 (tests/kernels/sm90.py): each
 kernel's PTX has its griddepcontrol.wait, what it reads before the wait is only what no kernel
 of the chain writes, and no global store comes before it (a store there could land while the
@@ -13,7 +13,8 @@ from enginespec.kernels import pdl
 from .sm90 import compile_script
 
 SCRIPT = r"""
-from enginespec.kernels import paged_attention as pa, pdl, qkv_rope as qr, rms_norm as rn, silu_mul as sm, skinny_gemm as sg
+from enginespec.kernels import decode_attention as da, paged_attention as pa, pdl, qkv_rope as qr
+from enginespec.kernels import rms_norm as rn, silu_mul as sm, skinny_gemm as sg
 if pdl.gdc_wait is None:
     print("this triton has no gdc_wait"); sys.exit(3)
 
@@ -40,6 +41,13 @@ ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", q_ptr="*bf16", cache_ptr="*bf16",
             seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32")
 fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
+dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
+           IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True)
+ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
+            sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
+            order_ptr="*i32")
+fn = da._decode_attention_kernel
+report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
 merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, USE_PDL=True)
 fn = pa._merge_splits_kernel
 report("merge", ptx_of(fn, sig_of(fn, merge, dict(out_ptr="*bf16", part_ptr="*fp32")), merge, {"num_warps": 4}))
@@ -72,7 +80,9 @@ def reports():
     }
 
 
-@pytest.mark.parametrize("kernel", ["attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"])
+@pytest.mark.parametrize(
+    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"]
+)
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
     assert (waits, triggers) == (1, 1)
@@ -84,6 +94,7 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     "kernel, reads_before",
     [
         ("attention", True),
+        ("decode_attention", True),
         ("merge", False),
         ("qkv_rope", True),
         ("gemv", True),
@@ -92,7 +103,8 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     ],
 )
 def test_what_comes_before_the_wait(reports, kernel, reads_before):
-    """attention looks its request up (order, query_start_loc, seq_lens), qkv_rope reads its
+    """attention looks its request up (order, query_start_loc, seq_lens), decode_attention
+    too (order, seq_lens, slot) and reads cos/sin and the norm weights, qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
     and the residual after), and the RMSNorm its weight; the merge and the SiLU*up read only what
     the kernel before wrote."""

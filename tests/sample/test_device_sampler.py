@@ -200,19 +200,21 @@ def test_output_counts_rebuild_and_release(impl):
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_logprob_kernels_match_log_softmax(monkeypatch, k):
-    """kernels.logprobs (interpreted, 64-token chunks over 300) against torch's log_softmax
-    and topk: the sampled token's logprob and the top-k values to float32 rounding, the
-    top-k ids exactly (no ties in random logits); then k + 1 tokens tied at the top of one
-    chunk (the lower ids are kept) and a whole chunk of -inf."""
+    """kernels.logprobs (64-token chunks over 300; interpreted on the CPU) against torch's
+    log_softmax and topk: the sampled token's logprob and the top-k values to float32
+    rounding, the top-k ids exactly (no ties in random logits); then k + 1 tokens tied at the
+    top of one chunk (the lower ids are kept) and a whole chunk of -inf."""
     from enginespec.kernels import logprobs as logprob_kernels
     from enginespec.sample.deferred import device_logprobs
 
-    if logprob_kernels.triton is None or torch.cuda.is_available():
-        pytest.skip("needs triton's CPU interpreter")
+    if logprob_kernels.triton is None:
+        pytest.skip("needs triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
-    raw = torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3
-    rows, tokens, counts = [0, 2, 5], torch.tensor([5, 1, 7, 3, 9, 299]), [k, 0, k]
-    index = torch.tensor(rows)
+    raw = (torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3).to(device)
+    rows, tokens, counts = [0, 2, 5], torch.tensor([5, 1, 7, 3, 9, 299], device=device), [k, 0, k]
+    index = torch.tensor(rows, device=device)
+    monkeypatch.setattr(logprob_kernels, "available", lambda device: False)
     want = device_logprobs(raw, tokens, rows, counts, index).packed
     monkeypatch.setattr(logprob_kernels, "available", lambda device: True)
     got = device_logprobs(raw, tokens, rows, counts, index).packed
