@@ -6,9 +6,8 @@ out, a gather and a full-row topk: several passes over [R, V]. Here:
 
 1. `_chunk_kernel`, grid (R, num_chunks): per chunk of the row its max m_j, sum exp(x - m_j)
    s_j, and its K largest (value, id), by K rounds of max-and-remove in registers (first id
-   on ties; one reduction of (value, position) pairs a round). One read of the rows. K is a
-   runtime argument (storage padded to KP = MAX_K), so a new logprobs count compiles nothing
-   inside a user's request.
+   on ties). One read of the rows. K is a runtime argument (storage padded to KP = MAX_K), so
+   a new logprobs count compiles nothing inside a user's request.
 2. `_merge_kernel`, grid (R,): the normaliser lse = M + log(sum_j s_j exp(m_j - M)), the
    sampled token's logprob x[token] - lse, and the row's top-K from the chunks' (the row's K
    largest are among them), written straight into the float64 layout of
@@ -47,12 +46,10 @@ if triton is not None:
         i = tl.program_id(0)
         part = tl.program_id(1)
         row = tl.load(rows_ptr + i)
-        offs = tl.arange(0, CHUNK)
-        cols = part * CHUNK + offs
+        cols = part * CHUNK + tl.arange(0, CHUNK)
         inside = cols < vocab
         xv = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
-        # max and its first position in one reduction (round 0 of the top-k below reuses it)
-        top, at = tl.max(xv, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        top = tl.max(xv, axis=0)
         shift = tl.where(top > float("-inf"), top, 0.0)
         stats = stats_ptr + (i.to(tl.int64) * num_chunks + part) * 2
         tl.store(stats, top)
@@ -61,13 +58,12 @@ if triton is not None:
             lanes = tl.arange(0, KP)
             vals = tl.full([KP], float("-inf"), tl.float32)
             ids = tl.full([KP], 2147483647, tl.int32)
-            best = top
-            for j in range(k):  # one (max, first position) reduction a round
-                if j > 0:
-                    best, at = tl.max(xv, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            for j in range(k):
+                best = tl.max(xv, axis=0)
+                pick = tl.min(tl.where((xv == best) & inside, cols, 2147483647), axis=0)
                 vals = tl.where(lanes == j, best, vals)
-                ids = tl.where(lanes == j, part * CHUNK + at, ids)
-                xv = tl.where(offs == at, float("-inf"), xv)
+                ids = tl.where(lanes == j, pick, ids)
+                xv = tl.where(cols == pick, float("-inf"), xv)
             out = (i.to(tl.int64) * num_chunks + part) * KP + lanes
             tl.store(top_v_ptr + out, vals)
             tl.store(top_i_ptr + out, ids)
