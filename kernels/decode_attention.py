@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels import paged_attention as pa
-from enginespec.kernels.paged_attention import _tile_range
+from enginespec.kernels.paged_attention import _attend_tile, _tile_range
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 
@@ -168,34 +168,30 @@ def _decode_attention_kernel(
     cached_hi = kv_hi - 1
     new_pos = seq_len - 1
     table_row = block_table_ptr + req * stride_bt
+    dim_ok = dims < HEAD_DIM
     for t in range(t_lo, t_hi):
         kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
         kv_ok = kv_pos < cached_hi  # [TILE]
         block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
         kv_slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
-        k = tl.load(cache_ptr + kv_slot[None, :] + dims[:, None], mask=kv_ok[None, :], other=0.0)  # [D, TILE]
-        if DOT_FP32:
-            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, k)  # [BLOCK_M, TILE]
-        s = s * scale_log2
         visible = kv_ok[None, :]
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > new_pos - window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: stays 0
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            cache_ptr + stride_c_kv + kv_slot[:, None] + dims[None, :], mask=kv_ok[:, None], other=0.0
+        m_i, l_i, acc = _attend_tile(
+            q,
+            cache_ptr,
+            stride_c_kv,
+            kv_slot,
+            kv_ok,
+            dims,
+            dim_ok,
+            visible,
+            m_i,
+            l_i,
+            acc,
+            scale_log2,
+            DOT_FP32,
         )
-        if DOT_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
 
     if IS_SPLIT:
         part = (req * NUM_Q_HEADS + q_head) * num_splits + split  # [BLOCK_M]

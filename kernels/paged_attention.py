@@ -91,6 +91,52 @@ def _tile_range(
     return t_lo, t_hi, kv_hi
 
 
+@triton.jit
+def _attend_tile(
+    q,  # [BLOCK_M, HEAD_PAD] query rows
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    stride_c_kv,
+    slot,  # [TILE] int64: each key's offset in the pool (its block, slot and KV head)
+    kv_ok,  # [TILE] keys that exist (others are not loaded)
+    dims,  # [HEAD_PAD]
+    dim_ok,  # [HEAD_PAD] dims < HEAD_DIM
+    visible,  # [BLOCK_M, TILE] which row sees which key (kv_ok included)
+    m_i,  # [BLOCK_M] running max (log2 domain)
+    l_i,  # [BLOCK_M] running sum
+    acc,  # [BLOCK_M, HEAD_PAD] float32 unnormalised output
+    scale_log2,
+    DOT_FP32: tl.constexpr,
+):
+    """One step of online softmax over a tile of keys: load K and V from the pool, score,
+    mask, rescale the running (max, sum, acc) and add the tile's share. Rows that have seen
+    nothing yet (max -inf) keep acc = 0 and sum 0. Returns (m_i, l_i, acc)."""
+    k = tl.load(
+        cache_ptr + slot[None, :] + dims[:, None],  # [HEAD_PAD, TILE]
+        mask=kv_ok[None, :] & dim_ok[:, None],
+        other=0.0,
+    )
+    if DOT_FP32:
+        s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, k)  # [BLOCK_M, TILE]
+    s = tl.where(visible, s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked rows stay 0
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
+        mask=kv_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
+    if DOT_FP32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
 # Ints that change from step to step are not specialised on (Triton would otherwise compile a
 # variant per value class: == 1, divisible by 16, other), so a new batch shape never stalls a
 # step on a JIT compile.
@@ -182,35 +228,12 @@ def _paged_attention_kernel(
         kv_ok = kv_pos < kv_hi  # [TILE]
         block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
         slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
-        k = tl.load(
-            cache_ptr + slot[None, :] + dims[:, None],  # [HEAD_PAD, TILE]
-            mask=kv_ok[None, :] & dim_ok[:, None],
-            other=0.0,
-        )
-        if DOT_FP32:
-            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, k)  # [BLOCK_M, TILE]
-        s = s * scale_log2
         visible = kv_ok[None, :] & (kv_pos[None, :] <= row_pos[:, None])
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > row_pos[:, None] - window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked rows stay 0
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
-            mask=kv_ok[:, None] & dim_ok[None, :],
-            other=0.0,
+        m_i, l_i, acc = _attend_tile(
+            q, cache_ptr, stride_c_kv, slot, kv_ok, dims, dim_ok, visible, m_i, l_i, acc, scale_log2, DOT_FP32
         )
-        if DOT_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
 
     out_rows = (q_start + row_tok).to(tl.int64)
     if IS_SPLIT:
