@@ -258,11 +258,7 @@ def decode_attention(
         cache.element_size(),
     )
     group = num_q_heads // num_kv_heads
-    if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
-        raise ValueError(
-            f"config: block_m {cfg.block_m} must be >= group {group} and "
-            f"num_splits {cfg.num_splits} a power of two"
-        )
+    pa.check_config(cfg, group)
     split = cfg.num_splits > 1
     pdl = pdl_enabled(qkv.device)
     part = out

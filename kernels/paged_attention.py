@@ -302,6 +302,16 @@ class LaunchConfig:
     num_stages: int
 
 
+def check_config(cfg: LaunchConfig, group: int) -> None:
+    """A launch config's block holds at least one token's GROUP query heads, and its split
+    count is a power of two (the merge's range)."""
+    if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
+        raise ValueError(
+            f"config: block_m {cfg.block_m} must be >= group {group} and "
+            f"num_splits {cfg.num_splits} a power of two"
+        )
+
+
 _SM_COUNT: dict = {}
 # A split of fewer keys costs more in its merge than it saves. H200 (fe1b1ef, ctx 512, batch 1
 # and 4, benchmarks/attention_split_probe.py): one 128-key tile a split was fastest.
@@ -493,11 +503,7 @@ def paged_attention(
         cache.element_size(),
     )
     group = num_q_heads // num_kv_heads
-    if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
-        raise ValueError(
-            f"config: block_m {cfg.block_m} must be >= group {group} and "
-            f"num_splits {cfg.num_splits} a power of two"
-        )
+    check_config(cfg, group)
     block_q = max(1, cfg.block_m // group)
     scale = head_dim**-0.5 if scale is None else scale
     split = cfg.num_splits > 1

@@ -146,5 +146,11 @@ def test_bad_input_raises():
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, window=-1, **kw)
     with pytest.raises(ValueError, match="order"):
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, order=batch.seq_lens[:1], **kw)
+    with pytest.raises(ValueError, match="block_m 1 must be >= group 2"):
+        bad = LaunchConfig(block_m=1, tile=16, num_splits=1, num_warps=4, num_stages=2)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
+    with pytest.raises(ValueError, match="num_splits 3 a power of two"):
+        bad = LaunchConfig(block_m=16, tile=16, num_splits=3, num_warps=4, num_stages=2)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
     with pytest.raises(ValueError, match="qkv must be"):
         decode_attention(qkv[:, :-16], cos, sin, weight, 1e-6, batch.cache, *args, **kw)
