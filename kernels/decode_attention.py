@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels import paged_attention as pa
-from enginespec.kernels.paged_attention import _attend_tile, _tile_range
+from enginespec.kernels.paged_attention import _attend_tile, _store_rows, _tile_range
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 
@@ -193,18 +193,10 @@ def _decode_attention_kernel(
             DOT_FP32,
         )
 
-    if IS_SPLIT:
-        part = (req * NUM_Q_HEADS + q_head) * num_splits + split  # [BLOCK_M]
-        base = part * (HEAD_DIM + 2)  # [BLOCK_M]
-        tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
-        tl.store(part_ptr + base + HEAD_DIM, m_i, mask=row_ok)
-        tl.store(part_ptr + base + HEAD_DIM + 1, l_i, mask=row_ok)
-    else:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding row: acc = 0
-        o_off = req * stride_o_tok + q_head * stride_o_head  # [BLOCK_M]
-        tl.store(
-            out_ptr + o_off[:, None] + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]
-        )
+    _store_rows(
+        out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits,
+        stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, IS_SPLIT,
+    )  # fmt: skip
 
 
 def supported(head_dim: int) -> bool:

@@ -137,6 +137,44 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
+@triton.jit
+def _store_rows(
+    out_ptr,  # [N, Hq, D] (written unless IS_SPLIT)
+    part_ptr,  # [N, Hq, num_splits, HEAD_PAD + 2] float32 (IS_SPLIT only): acc, max, sum
+    acc,  # [BLOCK_M, HEAD_PAD] float32 unnormalised output
+    m_i,  # [BLOCK_M] running max (log2 domain)
+    l_i,  # [BLOCK_M] running sum
+    out_rows,  # [BLOCK_M] (or a scalar) int64: each row's token row
+    row_head,  # [BLOCK_M] each row's query head
+    row_ok,  # [BLOCK_M]
+    dims,  # [HEAD_PAD]
+    dim_ok,  # [HEAD_PAD]
+    split,
+    num_splits,
+    stride_o_tok,
+    stride_o_head,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+):
+    """A program's result: its split's partial (acc, max, sum) for the merge, or, unsplit,
+    the normalised output (0 for a row that saw no key)."""
+    if IS_SPLIT:
+        part = (out_rows * NUM_Q_HEADS + row_head) * num_splits + split  # [BLOCK_M]
+        base = part * (HEAD_PAD + 2)  # [BLOCK_M]
+        tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ptr + base + HEAD_PAD, m_i, mask=row_ok)
+        tl.store(part_ptr + base + HEAD_PAD + 1, l_i, mask=row_ok)
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # nothing seen: acc = 0
+        o_off = out_rows * stride_o_tok + row_head * stride_o_head
+        tl.store(
+            out_ptr + o_off[:, None] + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+
+
 # Ints that change from step to step are not specialised on (Triton would otherwise compile a
 # variant per value class: == 1, divisible by 16, other), so a new batch shape never stalls a
 # step on a JIT compile.
@@ -236,20 +274,10 @@ def _paged_attention_kernel(
         )
 
     out_rows = (q_start + row_tok).to(tl.int64)
-    if IS_SPLIT:
-        part = (out_rows * NUM_Q_HEADS + row_head) * num_splits + split  # [BLOCK_M]
-        base = part * (HEAD_PAD + 2)  # [BLOCK_M]
-        tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=row_ok[:, None])
-        tl.store(part_ptr + base + HEAD_PAD, m_i, mask=row_ok)
-        tl.store(part_ptr + base + HEAD_PAD + 1, l_i, mask=row_ok)
-    else:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0: acc = 0
-        o_off = out_rows * stride_o_tok + row_head * stride_o_head
-        tl.store(
-            out_ptr + o_off[:, None] + dims[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & dim_ok[None, :],
-        )
+    _store_rows(
+        out_ptr, part_ptr, acc, m_i, l_i, out_rows, row_head, row_ok, dims, dim_ok, split, num_splits,
+        stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_PAD, IS_SPLIT,
+    )  # fmt: skip
 
 
 @triton.jit
