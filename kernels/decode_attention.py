@@ -227,8 +227,9 @@ def decode_attention(
     -1 = scratch). Row r is request r's new token: seq_lens [B] int32 counts it, block_table
     [B, max_blocks] int32 maps its positions. cos/sin [B, D]; norm_weight [Hq + Hkv, D] or None.
 
-    Semantics: kernels.reference.qkv_rope_ref, then paged_attention_ref with every query
-    length 1. max_seq_len only steers the launch config. `order`: as paged_attention's.
+    Semantics: kernels.reference.decode_attention_ref (qkv_rope_ref, then paged_attention_ref
+    with every query length 1). max_seq_len only steers the launch config. `order`: as
+    paged_attention's.
     """
     num_reqs = seq_lens.shape[0]
     _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window)

@@ -175,6 +175,28 @@ def qkv_rope_ref(
     return x[:, :num_q_heads].to(qkv.dtype).contiguous()
 
 
+def decode_attention_ref(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_q_heads: int,
+    scale: Optional[float] = None,
+    window: int = 0,
+) -> torch.Tensor:
+    """kernels.decode_attention's semantics: a decode batch's q|k|v rows [B, (Hq + 2 Hkv) * D]
+    (row r is request r's new token, counted in seq_lens[r]) through qkv_rope_ref (k and v
+    written at slot_mapping), then paged_attention_ref with every query length 1 -> [B, Hq, D]."""
+    q = qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, slot_mapping, num_q_heads)
+    query_start_loc = torch.arange(qkv.shape[0] + 1, dtype=torch.int32, device=qkv.device)
+    return paged_attention_ref(q, cache, query_start_loc, seq_lens, block_table, scale=scale, window=window)
+
+
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype: products and sums in
     float32 (float64 for float64), the bias added before the one rounding (skinny_gemm's order)."""

@@ -1,5 +1,6 @@
-"""Fused decode attention (q|k norm, rotary, K/V write and attention in one launch) vs the two
-references it replaces: qkv_rope_ref, then paged_attention_ref with every query length 1.
+"""Fused decode attention (q|k norm, rotary, K/V write and attention in one launch) vs its
+reference, decode_attention_ref: qkv_rope_ref, then paged_attention_ref with every query
+length 1.
 
 The pool is NaN outside every request's context, and each request's new slot is poisoned too,
 so a program that reads the new key from the pool (instead of from registers) or a position
@@ -13,6 +14,7 @@ import torch
 from enginespec.kernels.decode_attention import decode_attention
 from enginespec.kernels.paged_attention import LaunchConfig
 from enginespec.kernels.reference import (
+    decode_attention_ref,
     paged_attention_ref,
     qkv_rope_ref,
     rope_inv_freq,
@@ -60,10 +62,10 @@ def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
 def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None):
     hq = batch.q.shape[1]
     want_cache = batch.cache.clone()
-    q = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, want_cache, batch.slot_mapping, hq)
-    want = paged_attention_ref(
-        q, want_cache, batch.query_start_loc, batch.seq_lens, batch.block_table, scale=scale, window=window
-    )
+    want = decode_attention_ref(
+        qkv, cos, sin, weight, 1e-6, want_cache, batch.slot_mapping, batch.seq_lens, batch.block_table, hq,
+        scale=scale, window=window,
+    )  # fmt: skip
     cache = batch.cache.clone()
     real = batch.slot_mapping[batch.slot_mapping >= 0]
     cache.view(2, -1, *cache.shape[3:])[:, real] = float("nan")  # the new slots: written, never read
@@ -102,7 +104,7 @@ def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, s
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("block_size,window", [(16, 0), (5, 0), (3, 7)])
-def test_matches_the_two_references(heads, norm, block_size, window):
+def test_matches_the_reference(heads, norm, block_size, window):
     seed = hash((heads, norm, block_size, window)) % 10_000
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [1, 2, *torch.randint(3, MAX_SEQ, (5,), generator=gen).tolist()]
@@ -127,6 +129,31 @@ def test_half_dtypes_default_config(dtype):
     """The heuristic config (split-KV on a GPU for few long requests) in the serving dtypes."""
     seq_lens = [MAX_SEQ, MAX_SEQ - 7, 33]
     _check(*_case(HEADS[1], 16, dtype, 21, seq_lens), scale=0.3)
+
+
+def test_reference_is_the_two_references():
+    """decode_attention_ref is qkv_rope_ref, then paged_attention_ref with the batch's own
+    query_start_loc (one row per request): equal outputs and pools, bit for bit."""
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 5, torch.float32, 31, [9, 1, 30])
+    hq = batch.q.shape[1]
+    cache_a, cache_b = batch.cache.clone(), batch.cache.clone()
+    got = decode_attention_ref(
+        qkv,
+        cos,
+        sin,
+        weight,
+        1e-6,
+        cache_a,
+        batch.slot_mapping,
+        batch.seq_lens,
+        batch.block_table,
+        hq,
+        window=4,
+    )
+    q = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, cache_b, batch.slot_mapping, hq)
+    want = paged_attention_ref(q, cache_b, batch.query_start_loc, batch.seq_lens, batch.block_table, window=4)
+    assert torch.equal(got, want)
+    assert torch.equal(cache_a.nan_to_num(7.0), cache_b.nan_to_num(7.0))
 
 
 def test_bad_input_raises():
