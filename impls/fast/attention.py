@@ -34,6 +34,8 @@ class FastAttention:
     def __init__(self, device="cpu", use_triton: Optional[bool] = None) -> None:
         self.device = torch.device(device)
         self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
+        # read once: every step (eager or a captured graph) of this backend takes the same route
+        self.fuse_decode = os.environ.get(FUSED_DECODE_ENV, "1") != "0"
         self._order_for: tuple = (None, False)  # (the BatchMeta, capturing) the order belongs to
         self._order: Optional[torch.Tensor] = None
 
@@ -132,16 +134,18 @@ class FastAttention:
         return self.forward(q, cache, meta, scale=scale, window=window)
 
     def _decode_fusable(self, cache: torch.Tensor, qkv: torch.Tensor, meta: BatchMeta) -> bool:
+        """Whether this step's attention takes the one-launch decode kernel: Triton on, a
+        decode-only batch of one row per request, and a head_dim the kernel takes."""
+        if not (self.fuse_decode and self._triton_for(cache)):
+            return False
         from enginespec.kernels import decode_attention
 
         return (
-            self._triton_for(cache)
-            and meta.max_query_len == 1
+            meta.max_query_len == 1
             and qkv.shape[0] == meta.seq_lens.shape[0]
             and qkv.stride(1) == 1
             and meta.block_size == cache.shape[2]
             and decode_attention.supported(cache.shape[4])
-            and os.environ.get(FUSED_DECODE_ENV, "1") != "0"
         )
 
     def forward(

@@ -251,11 +251,12 @@ def test_request_made_directly_takes_the_spec_defaults():
     )
 
 
-@pytest.mark.parametrize("decode", [True, False])
-def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
+@pytest.mark.parametrize("decode,switch", [(True, "1"), (False, "1"), (True, "0")])
+def test_attend_qkv_equals_write_then_forward(decode, switch, monkeypatch):
     """FastAttention.attend_qkv (the route enginespec::paged_attention_qkv takes) gives the
     output and pool of write_qkv then forward. A decode-only batch takes the one-launch kernel
-    (kernels/decode_attention.py), any other batch the two launches: counted by wrapping both."""
+    (kernels/decode_attention.py) unless ENGINESPEC_FUSED_DECODE=0 was set when the backend
+    was made; any other batch the two launches: counted by wrapping the kernel's wrapper."""
     from enginespec.impls.fast.attention import FastAttention
     from enginespec.kernels import decode_attention as fused_module
     from enginespec.kernels.reference import rope_inv_freq, rotary_cos_sin
@@ -299,11 +300,13 @@ def test_attend_qkv_equals_write_then_forward(decode, monkeypatch):
     calls = []
     real = fused_module.decode_attention
     monkeypatch.setattr(fused_module, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setenv("ENGINESPEC_FUSED_DECODE", switch)
     backend = FastAttention(device, use_triton=True)
+    monkeypatch.delenv("ENGINESPEC_FUSED_DECODE")  # read at construction, not per call
     cache_a, cache_b = batch.cache.clone(), batch.cache.clone()
     got = backend.attend_qkv(cache_a, qkv, cos, sin, weight, 1e-6, meta, hq, 0.3, 0)
     q = backend.write_qkv(cache_b, qkv, cos, sin, weight, 1e-6, meta, hq)
     want = backend.forward(q, cache_b, meta, scale=0.3)
-    assert len(calls) == (1 if decode else 0)
+    assert len(calls) == (1 if decode and switch == "1" else 0)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(cache_a, cache_b, atol=2e-5, rtol=2e-5, equal_nan=True)
