@@ -12,7 +12,10 @@ dtype before the weight, rotary in float32, one rounding to the input dtype), an
 - split 0 stores the new k and v at the row's slot (slot -1: the scratch block), the only
   write, and counts the new key as the first key it attends to, from registers;
 - every split reads only the keys before it from the pool (positions < seq_len - 1), so no
-  program reads what another program of the same launch writes.
+  program reads what another program of the same launch writes;
+- a split other than 0 that owns no key tile (a short context under a split count chosen for
+  the longest) exits at once, writing nothing, and the merge reads only the partials of the
+  splits that own tiles (paged_attention._decode_active_splits).
 
 Everything else is paged_attention's decode path: the same launch config, launch order,
 tiles, online softmax in the exp2 domain, split-KV partials and the same merge kernel.
@@ -111,6 +114,10 @@ def _decode_attention_kernel(
         req = tl.load(order_ptr + req)
     req = req.to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + req)
+    # This split's tiles of the pool's keys [kv_lo, seq_len - 1) (and the new key's position).
+    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW)
+    if (split > 0) & (t_lo >= t_hi):
+        return  # owns no tile: writes nothing (the merge reads only splits that own tiles)
     slot = tl.load(slot_ptr + req).to(tl.int64)
     HALF: tl.constexpr = HEAD_DIM // 2
     rows = tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -163,8 +170,7 @@ def _decode_attention_kernel(
     zeros = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc = tl.where(has_new, zeros + v_new.to(tl.float32)[None, :], zeros)  # unnormalised output
 
-    # Then the pool's keys before it: [kv_lo, seq_len - 1), cut into this split's tiles.
-    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW)
+    # Then the pool's keys before it, this split's tiles of them.
     cached_hi = kv_hi - 1
     new_pos = seq_len - 1
     table_row = block_table_ptr + req * stride_bt
@@ -256,9 +262,7 @@ def decode_attention(
     pdl = pdl_enabled(qkv.device)
     part = out
     if split:
-        part = torch.empty(
-            num_reqs, num_q_heads, cfg.num_splits, head_dim + 2, dtype=torch.float32, device=qkv.device
-        )
+        part = _scratch((num_reqs, num_q_heads, cfg.num_splits, head_dim + 2), qkv.device)
     _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)](
         out,
         part,
@@ -304,8 +308,13 @@ def decode_attention(
         **launch_options(pdl),
     )
     if split:
-        pa.merge_splits(out, part, cfg.num_splits, pdl)
+        pa.merge_splits(out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile)
     return out
+
+
+def _scratch(shape: tuple, device: torch.device) -> torch.Tensor:
+    """The split partials (float32, uninitialised: splits that own no tile leave theirs so)."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
 
 
 def _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window):

@@ -281,35 +281,59 @@ def _paged_attention_kernel(
 
 
 @triton.jit
+def _decode_active_splits(seq_len, num_splits, window, TILE: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """How many splits of a decode row (one query, at position seq_len - 1) own key tiles.
+    _tile_range hands split s the tiles [t_lo + s * per_split, ...) of the row's range, so
+    exactly the first ceil(tiles / per_split) do (none when seq_len is 0)."""
+    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, 0, num_splits, window, 1, TILE, False, USE_WINDOW)
+    tiles = t_hi - t_lo
+    per_split = tl.maximum((tiles + num_splits - 1) // num_splits, 1)
+    return (tiles + per_split - 1) // per_split
+
+
+@triton.jit(do_not_specialize=["window"])
 def _merge_splits_kernel(
     out_ptr,  # [N, Hq, D]
     part_ptr,  # [N, Hq, NUM_SPLITS, HEAD_PAD + 2] float32: acc, max (log2), sum
+    seq_lens_ptr,  # [N] int32 (USE_ACTIVE only): row n is a decode request's query
+    window,
     stride_o_tok,
     stride_o_head,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    TILE: tl.constexpr = 64,
+    USE_WINDOW: tl.constexpr = False,
+    USE_ACTIVE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
-    USE_PDL: everything it reads the attention launch wrote, so it waits first."""
-    if USE_PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    USE_ACTIVE (decode rows): only the splits that own key tiles (_decode_active_splits) wrote
+    partials, and only theirs are read. USE_PDL: seq_lens (no kernel of the chain writes it) is
+    read before the wait, the partials (the attention launch wrote them) after it."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
+    used = splits < NUM_SPLITS  # [NUM_SPLITS]
+    if USE_ACTIVE:
+        seq_len = tl.load(seq_lens_ptr + tok)
+        used = splits < _decode_active_splits(seq_len, NUM_SPLITS, window, TILE, USE_WINDOW)
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
     part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
     base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
-    m_s = tl.load(part_ptr + base + HEAD_PAD)
-    l_s = tl.load(part_ptr + base + HEAD_PAD + 1)
+    m_s = tl.load(part_ptr + base + HEAD_PAD, mask=used, other=float("-inf"))
+    l_s = tl.load(part_ptr + base + HEAD_PAD + 1, mask=used, other=0.0)
     m_all = tl.max(m_s, 0)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.math.exp2(m_s - m_safe)  # [NUM_SPLITS]
     denom = tl.sum(w * l_s, 0)
-    acc = tl.load(part_ptr + base[:, None] + dims[None, :])  # [NUM_SPLITS, HEAD_PAD]
+    acc = tl.load(
+        part_ptr + base[:, None] + dims[None, :], mask=used[:, None], other=0.0
+    )  # [NUM_SPLITS, HEAD_PAD]
     o = tl.sum(acc * w[:, None], 0)  # [HEAD_PAD]
     o = o / tl.where(denom > 0, denom, 1.0)  # nothing seen: o = 0
     tl.store(
@@ -588,19 +612,34 @@ def paged_attention(
     return out
 
 
-def merge_splits(out: torch.Tensor, part: torch.Tensor, num_splits: int, pdl: bool) -> None:
+def merge_splits(
+    out: torch.Tensor,
+    part: torch.Tensor,
+    num_splits: int,
+    pdl: bool,
+    decode_seq_lens: Optional[torch.Tensor] = None,
+    window: int = 0,
+    tile: int = 64,
+) -> None:
     """Combine split-KV partials part [N, Hq, num_splits, HEAD_PAD + 2] (float32) into out
-    [N, Hq, D]: one program per (row, head)."""
+    [N, Hq, D]: one program per (row, head). decode_seq_lens (int32 [N], row n a decode
+    request's query, `tile` the launch's): read only the partials of splits that own tiles."""
     num_tokens, num_q_heads, head_dim = out.shape
+    active = decode_seq_lens is not None
     _merge_splits_kernel[(num_tokens, num_q_heads)](
         out,
         part,
+        decode_seq_lens if active else out,
+        window,
         out.stride(0),
         out.stride(1),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
         HEAD_PAD=part.shape[3] - 2,
         NUM_SPLITS=num_splits,
+        TILE=tile,
+        USE_WINDOW=window > 0,
+        USE_ACTIVE=active,
         USE_PDL=pdl,
         num_warps=4,
         **launch_options(pdl),

@@ -4,13 +4,14 @@ length 1.
 
 The pool is NaN outside every request's context, and each request's new slot is poisoned too,
 so a program that reads the new key from the pool (instead of from registers) or a position
-past it fails. On CPU the kernel runs under TRITON_INTERPRET=1 on tiny shapes; on CUDA on the
-Qwen3 shapes.
+past it fails; so are the split partials, which splits that own no tile never write. On CPU
+the kernel runs under TRITON_INTERPRET=1 on tiny shapes; on CUDA on the Qwen3 shapes.
 """
 
 import pytest
 import torch
 
+from enginespec.kernels import decode_attention as da
 from enginespec.kernels.decode_attention import decode_attention
 from enginespec.kernels.paged_attention import LaunchConfig
 from enginespec.kernels.reference import (
@@ -28,6 +29,13 @@ DEVICE = "cuda" if CUDA else "cpu"
 # (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B's GQA 2, GQA 4, odd group 3 and MHA.
 HEADS = [(16, 8, 128), (32, 8, 128), (12, 4, 64)] if CUDA else [(4, 2, 16), (6, 2, 32), (2, 2, 16)]
 MAX_SEQ = 900 if CUDA else 40
+
+
+@pytest.fixture(autouse=True)
+def poisoned_partials(monkeypatch):
+    """Split partials start as NaN: a merge that reads a split which owns no tile (and so
+    wrote nothing) fails."""
+    monkeypatch.setattr(da, "_scratch", lambda shape, device: torch.full(shape, float("nan"), device=device))
 
 
 def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
@@ -117,7 +125,7 @@ def test_matches_the_reference(heads, norm, block_size, window):
 def test_split_kv_with_launch_order(num_splits, window):
     """Forced splits (each split's partials merged), requests launched in a shuffled order;
     only split 0 writes the new K/V and counts the new key."""
-    seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17]
+    seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17, 33]  # 1-3 tiles of 16: some splits own none
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 5 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(num_splits))
     config = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)

@@ -48,9 +48,12 @@ ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
-merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, USE_PDL=True)
 fn = pa._merge_splits_kernel
-report("merge", ptx_of(fn, sig_of(fn, merge, dict(out_ptr="*bf16", part_ptr="*fp32")), merge, {"num_warps": 4}))
+for name, active in (("merge", False), ("merge_decode", True)):
+    merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
+                 USE_ACTIVE=active, USE_PDL=True)
+    ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", seq_lens_ptr="*i32")
+    report(name, ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 4}))
 rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
             USE_PDL=True)
 ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
@@ -81,7 +84,8 @@ def reports():
 
 
 @pytest.mark.parametrize(
-    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"]
+    "kernel",
+    ["attention", "decode_attention", "merge", "merge_decode", "qkv_rope", "gemv", "rms_norm", "silu_mul"],
 )
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
@@ -96,6 +100,7 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("attention", True),
         ("decode_attention", True),
         ("merge", False),
+        ("merge_decode", True),
         ("qkv_rope", True),
         ("gemv", True),
         ("rms_norm", True),
@@ -106,8 +111,8 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     """attention looks its request up (order, query_start_loc, seq_lens), decode_attention
     too (order, seq_lens, slot) and reads cos/sin and the norm weights, qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
-    and the residual after), and the RMSNorm its weight; the merge and the SiLU*up read only what
-    the kernel before wrote."""
+    and the residual after), and the RMSNorm its weight; the decode merge its row's seq_len;
+    the other merge and the SiLU*up read only what the kernel before wrote."""
     assert (reports[kernel][2] > 0) == reads_before
 
 
