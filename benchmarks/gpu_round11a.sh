@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# Device call to measure branch idle-exit (splits that own no key tile exit at once; the decode
-# merge reads only the splits that own tiles) against the tree it branched from, on one machine:
-# the CUDA tests of the attention kernels and graphs, then the 0.6B sweep at 1 and 4 rows (with
-# LLM.generate at batch 1) on this tree, then again after copying in the base tree's two kernel
-# files, sent beside the tree in .dev_carry/base/kernels/ (carry [".dev_carry"]).
-# Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA BASE_SHA
+# Device call of the eleventh session: this tree's decode attention against variants of it on
+# one machine. First the CUDA tests of the attention kernels, the backend and the graphs on
+# this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
+# each variant, in ROUNDS interleaved rounds (default 2); with PROFILE=1, then this tree's
+# per-kernel profile at batch 1 with PDL off.
+# A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
+# NAME/SHA), sent beside the tree with carry [".dev_carry"].
+# Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA
 set -u
-sha=${1:?commit}; base=${2:?base commit}
+sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
+head_tree=$(mktemp -d); cp -r kernels impls "$head_tree"/
 plugin=(-p enginespec.conformance.plugin --impl=fast)
-timeout 150 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
-  tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py > "$out/pytest.log" 2>&1
+timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
+  tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py \
+  > "$out/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
-sweep() {
-  timeout 150 python3 benchmarks/decode_sweep.py --git-commit "$1" --batches 1,4 \
-    --out "$out/sweep_$2_h200_$1.json" > "$out/sweep_$2.log" 2>&1
-  echo "sweep $2 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$2.log"
+use() {  # use NAME: this tree's kernels/impls, then the variant's files over them
+  rm -rf kernels impls && cp -r "$head_tree"/kernels "$head_tree"/impls .
+  [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
+  gpu_setup || exit 1
 }
-sweep "$sha" idle_exit
-cp -r .dev_carry/base/. . && gpu_setup || exit 1
-sweep "$base" base
+sweep() {  # sweep NAME COMMIT ROUND
+  timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$2" --batches 1,4,16,64 \
+    --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
+  echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
+}
+for round in $(seq "${ROUNDS:-2}"); do
+  use head; sweep head "$sha" "$round"
+  for v in .dev_carry/variants/*/; do
+    name=$(basename "$v"); use "$name"; sweep "$name" "$(cat "$v/SHA")" "$round"
+  done
+done
+use head
+[ "${PROFILE:-0}" = 1 ] && ENGINESPEC_PDL=0 timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1 --profile \
+  --out "$out/sweep_prof1_pdl0_h200_$sha.json" > "$out/prof.log" 2>&1
+[ "${PROFILE:-0}" = 1 ] && python3 - "$out/sweep_prof1_pdl0_h200_$sha.json" <<'PY'
+import json, sys
+for k in json.load(open(sys.argv[1]))["profile"]["top"][:8]:
+    print(f"{k['us_per_step']:9.1f} us {k['launches_per_step']:6.1f} x {k['name'][:70]}")
+PY
 cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log *.png; ls

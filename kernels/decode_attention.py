@@ -36,7 +36,7 @@ import triton.language as tl
 
 from enginespec.kernels import paged_attention as pa
 from enginespec.kernels.paged_attention import _attend_tile, _store_rows, _tile_range
-from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled, prefetch_l2
 
 
 @triton.jit
@@ -59,6 +59,33 @@ def _norm_rope(
         x = w * (x * rstd).to(in_dtype).to(tl.float32)
         x_partner = w_partner * (x_partner * rstd).to(in_dtype).to(tl.float32)
     return x * cos + x_partner * sin_signed
+
+
+@triton.jit
+def _prefetch_tile(
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    stride_c_kv,
+    table_row,  # [max_blocks] int32: the request's block table row
+    first,  # the tile's first key position
+    hi,  # keys at positions >= hi are not prefetched
+    head_off,
+    stride_c_block,
+    stride_c_slot,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    LINE: tl.constexpr,
+):
+    """prefetch_l2 of every 128-byte line (LINE elements) of a tile's K and V rows in the pool;
+    keys past hi fall back to the pool's first line."""
+    kv_pos = first + tl.arange(0, TILE)  # [TILE]
+    kv_ok = kv_pos < hi  # [TILE]
+    block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
+    row = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off  # [TILE]
+    lines = row[:, None] + tl.arange(0, HEAD_DIM // LINE)[None, :] * LINE  # [TILE, HEAD_DIM // LINE]
+    lines = tl.where(kv_ok[:, None], lines, 0)
+    prefetch_l2(cache_ptr + lines)
+    prefetch_l2(cache_ptr + stride_c_kv + lines)
 
 
 @triton.jit(do_not_specialize=["num_splits", "window", "stride_bt"])
@@ -102,6 +129,7 @@ def _decode_attention_kernel(
     USE_NORM: tl.constexpr,
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    LINE: tl.constexpr = 64,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin and the
@@ -139,7 +167,13 @@ def _decode_attention_kernel(
         wq_p = tl.load(wq_rows + partner[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         wk = tl.load(norm_ptr + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
         wk_p = tl.load(norm_ptr + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
+    head_off = kv_head * stride_c_head
+    table_row = block_table_ptr + req * stride_bt
     if USE_PDL:
+        # While the q|k|v GEMM runs: ask L2 for this split's first tile of pooled keys and values
+        # (earlier steps wrote them; the block table is the step's copy), LINE elements a line.
+        _prefetch_tile(cache_ptr, stride_c_kv, table_row, t_lo * TILE, kv_hi - 1, head_off, stride_c_block,
+                       stride_c_slot, BLOCK_SIZE, TILE, HEAD_DIM, LINE)  # fmt: skip
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
 
@@ -155,7 +189,6 @@ def _decode_attention_kernel(
     k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
     v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(c_ty)  # [HEAD_DIM]
 
-    head_off = kv_head * stride_c_head
     if split == 0:  # the one writer of this request's new K/V for this head
         pos = tl.where(slot < 0, scratch_slot, slot)
         new = (pos // BLOCK_SIZE) * stride_c_block + (pos % BLOCK_SIZE) * stride_c_slot + head_off
@@ -173,7 +206,6 @@ def _decode_attention_kernel(
     # Then the pool's keys before it, this split's tiles of them.
     cached_hi = kv_hi - 1
     new_pos = seq_len - 1
-    table_row = block_table_ptr + req * stride_bt
     dim_ok = dims < HEAD_DIM
     for t in range(t_lo, t_hi):
         kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
@@ -303,6 +335,7 @@ def decode_attention(
         USE_NORM=norm_weight is not None,
         DOT_FP32=qkv.dtype == torch.float32 or pa._interpreting(),
         USE_PDL=pdl,
+        LINE=max(1, min(head_dim, 128 // cache.element_size())),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

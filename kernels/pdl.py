@@ -10,6 +10,9 @@ for a kernel with USE_PDL, which every caller here follows:
 - before `gdc_wait()`: only reads of what no kernel of the chain writes (weights, the step's
   block table, seq_lens, positions, slot mapping and cos/sin, all written by copies or by
   non-PDL kernels, which end a chain); no stores;
+- an L2 prefetch (`prefetch_l2`) may come before the wait, of anything: it loads nothing into
+  the program and L2 is where the GPU's writes meet, so a line written later is simply
+  current when read;
 - after `gdc_wait()`: everything launched before it has finished and its writes are visible,
   transitively (each earlier kernel passed its own wait before it finished).
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -47,3 +52,13 @@ def pdl_enabled(device: torch.device) -> bool:
 def launch_options(pdl: bool) -> dict:
     """The launch keyword a USE_PDL kernel needs: {"launch_pdl": True} when pdl, else {}."""
     return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte line at each pointer (PTX prefetch.global.L2): a hint with no
+    result, so a kernel can start its first DRAM reads while it waits (gdc_wait) and find them in
+    L2 after. CUDA only: never reached under the interpreter (callers gate it on USE_PDL)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )

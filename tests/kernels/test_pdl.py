@@ -30,9 +30,11 @@ def report(name, ptx):
     trig = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
     loads = [i for i, line in enumerate(lines) if "ld.global" in line]
     stores = [i for i, line in enumerate(lines) if "st.global" in line]
+    prefetches = [i for i, line in enumerate(lines) if "prefetch.global.L2" in line]
     w = wait[0] if wait else -1
     print(name, len(wait), len(trig), sum(i < w for i in loads), sum(i > w for i in loads),
-          sum(i < w for i in stores), sum(i > w for i in stores))
+          sum(i < w for i in stores), sum(i > w for i in stores), sum(i < w for i in prefetches),
+          sum(i > w for i in prefetches))
 
 
 att = dict(NUM_Q_HEADS=16, GROUP=2, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=8, BLOCK_M=16,
@@ -42,7 +44,8 @@ ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", q_ptr="*bf16", cache_ptr="*bf16",
 fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
-           IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True)
+           IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
+           LINE=64)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32")
@@ -88,7 +91,7 @@ def reports():
     ["attention", "decode_attention", "merge", "merge_decode", "qkv_rope", "gemv", "rms_norm", "silu_mul"],
 )
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
-    waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel]
+    waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel][:6]
     assert (waits, triggers) == (1, 1)
     assert stores_before == 0 and stores_after > 0
     assert loads_after > 0
@@ -122,3 +125,14 @@ def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
     if torch.cuda.is_available():
         monkeypatch.setenv(pdl.PDL_ENV, "0")
         assert not pdl.pdl_enabled(torch.device("cuda"))
+
+
+@pytest.mark.parametrize(
+    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"]
+)
+def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kernel):
+    """decode_attention asks L2 for its first tile of pooled K/V while it waits (the pool's
+    keys before the new one were written by earlier steps); nothing prefetches after a wait."""
+    before, after = reports[kernel][6:8]
+    assert after == 0
+    assert (before > 0) == (kernel == "decode_attention")
