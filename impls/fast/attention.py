@@ -30,6 +30,11 @@ class FastAttention:
     """Paged attention backend; `use_triton` defaults to True exactly on CUDA devices."""
 
     name = "fast"
+    # Decode batches of more rows take write_qkv + forward. The one launch was measured faster
+    # at 1-64 rows (benchmarks/RESULTS.md, tenth and eleventh sessions); at 128 and 256 rows,
+    # where the step reads mostly KV, the decode graph was 5-9% slower than the two launches
+    # had measured before it, and the one launch was not measured there on its own.
+    fused_decode_max_rows = 64
 
     def __init__(self, device="cpu", use_triton: Optional[bool] = None) -> None:
         self.device = torch.device(device)
@@ -135,13 +140,15 @@ class FastAttention:
 
     def _decode_fusable(self, cache: torch.Tensor, qkv: torch.Tensor, meta: BatchMeta) -> bool:
         """Whether this step's attention takes the one-launch decode kernel: Triton on, a
-        decode-only batch of one row per request, and a head_dim the kernel takes."""
+        decode-only batch of one row per request and at most fused_decode_max_rows rows, and a
+        head_dim the kernel takes."""
         if not (self.fuse_decode and self._triton_for(cache)):
             return False
         from enginespec.kernels import decode_attention
 
         return (
             meta.max_query_len == 1
+            and qkv.shape[0] <= self.fused_decode_max_rows
             and qkv.shape[0] == meta.seq_lens.shape[0]
             and qkv.stride(1) == 1
             and meta.block_size == cache.shape[2]

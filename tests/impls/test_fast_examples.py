@@ -310,3 +310,11 @@ def test_attend_qkv_equals_write_then_forward(decode, switch, monkeypatch):
     assert len(calls) == (1 if decode and switch == "1" else 0)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(cache_a, cache_b, atol=2e-5, rtol=2e-5, equal_nan=True)
+    backend.fused_decode_max_rows = n - 1  # a decode batch over the bound takes the two launches
+    calls.clear()
+    cache_c = batch.cache.clone()
+    torch.testing.assert_close(
+        backend.attend_qkv(cache_c, qkv, cos, sin, weight, 1e-6, meta, hq, 0.3, 0), want
+    )
+    assert not calls
+    torch.testing.assert_close(cache_c, cache_b, atol=2e-5, rtol=2e-5, equal_nan=True)
