@@ -1,4 +1,4 @@
-"""Decode attention's split count and tile, timed as a CUDA graph replays them (issue 19).
+"""Decode attention's split count, tile and warps, timed as a CUDA graph replays them (issue 19).
 
 A decode graph is captured with max_seq_len = max_model_len, so its launch config is the one
 choose_config gives for the longest context, whatever the context at replay. This probe times,
@@ -7,10 +7,12 @@ for the Qwen3-0.6B heads (16 q / 8 kv, head_dim 128, bf16, block 16), each batch
 - the config choose_config gives for the context itself ("eager") and for max_model_len
   ("graph"), and the previous rule's graph config (up to 2x past 3 programs per SM: at batch 1,
   64 splits of 128-key tiles);
-- every split count 1-64 with 64- and 128-key tiles, so the rule can be checked against the
-  best measured.
+- every split count 1-64 with 64- and 128-key tiles at each of --warps (4 and 8), so the rule
+  can be checked against the best measured. At 4 warps the decode configs spill registers, at
+  8 they do not (benchmarks/kernel_resources.py), which only a timing can weigh.
 
     python3 benchmarks/attention_split_probe.py --out probe.json [--max-model-len 40960]
+        [--batches 1,4,16,64] [--contexts 512,2048,8192] [--warps 4,8]
 
 Each figure is the median of do_bench over a graph of rotating inputs (gpu_kernels.time_calls),
 so L2 holds none of the K/V read.
@@ -49,20 +51,27 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-model-len", type=int, default=40960)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    parser.add_argument("--warps", default="4,8", help="num_warps values of the sweep")
     args = parser.parse_args(argv)
+    batches, contexts, warps = (
+        [int(v) for v in a.split(",")] for a in (args.batches, args.contexts, args.warps)
+    )
     import gpu_kernels as gk
 
     device = torch.device("cuda")
     rows = []
-    for b in BATCHES:
-        for ctx in CONTEXTS:
+    for b in batches:
+        for ctx in contexts:
             case = gk.decode_case(b, ctx, HQ, HKV)
             named = {
                 "eager": pa.choose_config(b, b, HQ, HKV, HEAD, 1, ctx, device),
                 "graph": pa.choose_config(b, b, HQ, HKV, HEAD, 1, args.max_model_len, device),
                 "graph_before": previous_graph_config(b, args.max_model_len, device),
             }
-            sweep = [pa.LaunchConfig(16, t, s, 4, 2) for t in (64, 128) for s in (1, 2, 4, 8, 16, 32, 64)]
+            splits = (1, 2, 4, 8, 16, 32, 64)
+            sweep = [pa.LaunchConfig(16, t, s, w, 2) for w in warps for t in (64, 128) for s in splits]
             timed = {}
             for cfg in list(named.values()) + sweep:
                 if cfg not in timed:
@@ -72,10 +81,13 @@ def main(argv=None) -> None:
             for name, cfg in named.items():
                 row[f"{name}_us"] = timed[cfg]
                 row[name] = f"tile {cfg.tile} x {cfg.num_splits} splits"
-            row["all"] = [dict(tile=c.tile, splits=c.num_splits, us=us) for c, us in timed.items()]
+            row["all"] = [
+                dict(tile=c.tile, splits=c.num_splits, warps=c.num_warps, us=us) for c, us in timed.items()
+            ]
             rows.append(row)
             print(
-                f"b={b:3d} ctx={ctx:5d} best {timed[best]:6.1f} us (tile {best.tile} x {best.num_splits}) | "
+                f"b={b:3d} ctx={ctx:5d} best {timed[best]:6.1f} us (tile {best.tile} x {best.num_splits}, "
+                f"{best.num_warps} warps) | "
                 + " | ".join(f"{n} {row[n + '_us']:6.1f} us ({row[n]})" for n in named),
                 flush=True,
             )

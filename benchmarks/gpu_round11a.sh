@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device call of the eleventh session: this tree's decode attention against variants of it on
-# one machine. First the CUDA tests of the attention kernels, the backend and the graphs on
-# this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
-# each variant, in ROUNDS interleaved rounds (default 2); with PROFILE=1, then this tree's
+# one machine. First (unless TESTS=0) the CUDA tests of the attention kernels, the backend and
+# the graphs on this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
+# each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64);
+# with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off.
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
 # NAME/SHA), sent beside the tree with carry [".dev_carry"].
@@ -13,17 +14,17 @@ source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 head_tree=$(mktemp -d); cp -r kernels impls "$head_tree"/
 plugin=(-p enginespec.conformance.plugin --impl=fast)
-timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
+[ "${TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
   tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py \
   > "$out/pytest.log" 2>&1
-echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
+[ "${TESTS:-1}" = 1 ] && { echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"; }
 use() {  # use NAME: this tree's kernels/impls, then the variant's files over them
   rm -rf kernels impls && cp -r "$head_tree"/kernels "$head_tree"/impls .
   [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }
 sweep() {  # sweep NAME COMMIT ROUND
-  timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$2" --batches 1,4,16,64 \
+  timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
     --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
   echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
 }

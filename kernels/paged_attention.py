@@ -384,6 +384,12 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[device]
 
 
+# Warps of a decode-heavy launch. At 4 the decode configs spill registers (under the device's
+# triton 3.6 the split one keeps 32 registers and ~3.9k local loads and stores a program;
+# benchmarks/kernel_resources.py), at 8 they do not; 4 is what every timing so far measured.
+DECODE_WARPS = 4
+
+
 def choose_config(
     num_tokens: int,
     num_reqs: int,
@@ -421,7 +427,7 @@ def choose_config(
     elif rows >= 64:
         block_m, tile, warps, stages = max(64, min_m), 64, 4, 2
     else:
-        block_m, tile, warps, stages = min_m, 64, 4, 2
+        block_m, tile, warps, stages = min_m, 64, DECODE_WARPS, 2
     wide = rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize)
     programs = num_reqs * num_kv_heads
     per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device calls prepared in the eleventh session for the next one (issue 19): do the decode
+# attention configs' register spills cost time, and does the one-launch decode attention lose
+# at 128 and 256 rows?
+#   part "a": benchmarks/kernel_resources.py under the device's triton (registers and spills
+#             of each config), then attention_split_probe.py with 4 and 8 warps;
+#   part "b": the decode sweep (1-256 rows, two interleaved rounds) on this tree and on two
+#             variants made here: "warps8" (paged_attention.DECODE_WARPS = 8) and "fused_all"
+#             (FastAttention.fused_decode_max_rows without its bound), via gpu_round11a.sh.
+# Usage (device machine, repo root): bash benchmarks/gpu_round12a.sh SHA a|b
+set -u
+sha=${1:?commit}; part=${2:?a or b}
+source benchmarks/gpu_common.sh
+gpu_setup || exit 1
+if [ "$part" = a ]; then
+  python3 benchmarks/kernel_resources.py --json "$out/kernel_resources_h200_$sha.json" 2>&1 | grep -v -i warn
+  timeout 420 python3 benchmarks/attention_split_probe.py --batches 1,4,16,64 --contexts 512,2048 --warps 4,8 \
+    --out "$out/attention_probe_h200_$sha.json" > "$out/probe.log" 2>&1
+  echo "probe rc=$?"; grep "^b=" "$out/probe.log"
+  exit 0
+fi
+mk() {  # mk NAME FILE SED: a variant of FILE, edited by SED, in .dev_carry/variants/NAME
+  mkdir -p ".dev_carry/variants/$1/files/$(dirname "$2")" && echo "$sha-$1" > ".dev_carry/variants/$1/SHA"
+  sed "$3" "$2" > ".dev_carry/variants/$1/files/$2"
+  if cmp -s "$2" ".dev_carry/variants/$1/files/$2"; then echo "variant $1: the edit changed nothing"; exit 1; fi
+}
+rm -rf .dev_carry/variants
+mk warps8 kernels/paged_attention.py 's/^DECODE_WARPS = 4$/DECODE_WARPS = 8/'
+mk fused_all impls/fast/attention.py 's/^    fused_decode_max_rows = 64$/    fused_decode_max_rows = 1 << 30/'
+TESTS=0 BATCHES=1,4,16,64,128,256 bash benchmarks/gpu_round11a.sh "$sha"

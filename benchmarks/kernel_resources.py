@@ -1,0 +1,170 @@
+"""Registers, spills and instruction counts of our decode kernels as the installed triton
+compiles them for an H100/H200 (sm_90), on any machine, CPU-only ones included (issue 19).
+
+The decode step's attention and GEMV launches are latency-bound at small batches, so a config
+whose program spills registers to local memory pays for it on every tile. Which config spills
+depends on the triton (and its bundled ptxas): the device's triton 3.6 and a newer one give
+very different answers for the same source. This compiles each kernel x config with triton's
+compiler API and reads the cubin with the cuobjdump that triton ships:
+
+- REG, STACK (bytes of local memory a thread: spills), from `cuobjdump --dump-resource-usage`;
+- the SASS instruction count and its local loads / stores (LDL, STL), global loads (LDG) and
+  tensor-core MMAs (HMMA and Hopper's HGMMA), from `cuobjdump -sass`.
+
+    python3 benchmarks/kernel_resources.py [--json out.json]
+
+Figures: benchmarks/RESULTS.md. TRITON_INTERPRET is dropped at start (this script compiles,
+it runs nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: compile, do not interpret
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+
+# The Qwen3-0.6B decode shapes: 16 q / 8 kv heads of 128, bf16, 16-token blocks.
+ATTENTION_CONFIGS = [  # (split, tile, warps): the split rows are what batch 1-32 runs
+    (True, 128, 4),
+    (True, 128, 8),
+    (True, 64, 4),
+    (True, 64, 8),
+    (False, 64, 4),
+    (False, 64, 8),
+]
+PREFILL_CONFIGS = [(128, 4, 3), (128, 8, 3), (64, 4, 2)]  # (block_m, warps, stages): choose_config's
+GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices (01e0efc, H200)
+    ("norm", 8, 1024, 8),  # q|k|v 4096 x 1024 with the input norm
+    ("norm_silu", 4, 1024, 4),  # gate|up 2 x 3072 x 1024 with the norm, SiLU * up
+    ("residual", 4, 2048, 8),  # o 1024 x 2048 plus the residual
+    ("residual", 2, 4096, 8),  # down 1024 x 3072 plus the residual
+]
+BF16 = "*bf16"
+
+
+def _signature(fn, consts: dict, ptrs: dict, floats=()) -> dict:
+    return {
+        name: "constexpr" if name in consts else ptrs.get(name) or ("fp32" if name in floats else "i32")
+        for name in fn.arg_names
+    }
+
+
+def kernels() -> list:
+    """(name, fn, constexprs, pointer types, float args, compile options) of every case."""
+    from enginespec.kernels import decode_attention as da
+    from enginespec.kernels import paged_attention as pa
+    from enginespec.kernels import skinny_gemm as sg
+
+    cases = []
+    for split, tile, warps in ATTENTION_CONFIGS:
+        opts = {"num_warps": warps, "num_stages": 2}
+        paged = dict(NUM_Q_HEADS=16, GROUP=2, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=1, BLOCK_M=16, TILE=tile)
+        paged.update(IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, DOT_FP32=False, USE_PDL=True)
+        ptrs = dict(out_ptr=BF16, part_ptr="*fp32", q_ptr=BF16, cache_ptr=BF16, block_table_ptr="*i32")
+        ptrs.update(seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32")
+        tag = f"split={int(split)} tile={tile} warps={warps}"
+        cases.append(
+            (f"paged_attention {tag}", pa._paged_attention_kernel, paged, ptrs, ("scale_log2",), opts)
+        )
+        dec = dict(
+            NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=tile
+        )
+        dec.update(
+            IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True
+        )
+        dec["LINE"] = 64
+        ptrs = dict(out_ptr=BF16, part_ptr="*fp32", cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16)
+        ptrs.update(
+            norm_ptr=BF16, slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32"
+        )
+        floats = ("scale_log2", "eps")
+        cases.append((f"decode_attention {tag}", da._decode_attention_kernel, dec, ptrs, floats, opts))
+    for block_m, warps, stages in PREFILL_CONFIGS:
+        paged = dict(
+            NUM_Q_HEADS=16, GROUP=2, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=block_m // 2, BLOCK_M=block_m
+        )
+        paged.update(TILE=64, IS_SPLIT=False, USE_WINDOW=False, USE_ORDER=False, DOT_FP32=False, USE_PDL=True)
+        ptrs = dict(out_ptr=BF16, part_ptr="*fp32", q_ptr=BF16, cache_ptr=BF16, block_table_ptr="*i32")
+        ptrs.update(seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32")
+        opts = {"num_warps": warps, "num_stages": stages}
+        name = f"paged_attention prefill block_m={block_m} tile=64 warps={warps} stages={stages}"
+        cases.append((name, pa._paged_attention_kernel, paged, ptrs, ("scale_log2",), opts))
+    for variant, block_n, block_k, warps in GEMV_CONFIGS:
+        consts = dict(BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, USE_BIAS=False, USE_PDL=True)
+        consts.update(
+            USE_SILU_MUL="silu" in variant, USE_NORM="norm" in variant, USE_RESIDUAL=variant == "residual"
+        )
+        ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
+        name = f"gemv {variant} block_n={block_n} block_k={block_k} warps={warps}"
+        cases.append((name, sg._gemv_kernel, consts, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1}))
+    return cases
+
+
+def _tool(name: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise SystemExit(f"this triton ships no {name} ({path}): nothing to read the cubin with")
+    return path
+
+
+def resources(cubin: bytes) -> dict:
+    """REG and STACK of the kernel, and its SASS instruction counts."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run(
+            [_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True
+        )
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    found = {key: re.search(rf"{key}:(\d+)", usage.stdout) for key in ("REG", "STACK")}
+    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,6}\*/", line)]
+
+    def count(op: str) -> int:
+        return sum(1 for line in lines if re.search(rf"\b{op}\b", line))
+
+    row = {key.lower(): int(m.group(1)) if m else None for key, m in found.items()}
+    row.update(
+        instructions=len(lines),
+        ldl=count("LDL"),
+        stl=count("STL"),
+        ldg=count(r"LDG\.E"),
+        mma=count("HMMA") + count("HGMMA"),
+    )
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the rows here too")
+    args = parser.parse_args(argv)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    rows = []
+    print(f"triton {triton.__version__}, sm_90")
+    print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, fn, consts, ptrs, floats, opts in kernels():
+        src = ASTSource(fn=fn, signature=_signature(fn, consts, ptrs, floats), constexprs=consts)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+        row = dict(kernel=name, **resources(compiled.asm["cubin"]))
+        rows.append(row)
+        cells = [row[k] for k in ("reg", "stack", "instructions", "ldl", "stl", "ldg", "mma")]
+        print(f"| {name} | " + " | ".join(str(c) for c in cells) + " |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(triton=triton.__version__, target="sm_90", rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
