@@ -1,0 +1,28 @@
+"""benchmarks/kernel_resources.py: every case it lists compiles for sm_90 and its cubin reads
+back (registers, stack, SASS counts) with the cuobjdump triton ships; one GEMV and one split
+attention case are compiled here (all of them take a minute)."""
+
+from tests.kernels.sm90 import compile_script
+
+SCRIPT = r"""
+import os
+from benchmarks import kernel_resources as kr
+cases = {name: case for name, *case in kr.kernels()}
+if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
+    print("this triton ships no cuobjdump"); sys.exit(3)
+for name in ("gemv residual block_n=4 block_k=2048 warps=8", "decode_attention split=1 tile=64 warps=8"):
+    fn, consts, ptrs, floats, opts = cases[name]
+    src = ASTSource(fn=fn, signature=kr._signature(fn, consts, ptrs, floats), constexprs=consts)
+    row = kr.resources(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["cubin"])
+    print(name.split()[0], row["reg"], row["stack"], row["instructions"], row["ldg"], row["mma"])
+print("cases", len(cases))
+"""
+
+
+def test_cases_compile_and_read_back():
+    out = dict(line.split(" ", 1) for line in compile_script(SCRIPT).strip().splitlines())
+    reg, stack, instructions, ldg, mma = (int(v) for v in out["gemv"].split())
+    assert 0 < reg <= 255 and stack >= 0 and instructions > 100 and ldg > 0 and mma == 0  # no tensor core
+    reg, stack, instructions, ldg, mma = (int(v) for v in out["decode_attention"].split())
+    assert 0 < reg <= 255 and instructions > 100 and ldg > 0 and mma > 0  # tl.dot on tensor cores
+    assert int(out["cases"]) == 2 * 6 + 3 + 4  # attention x 2 kernels, prefill, GEMVs
