@@ -9,9 +9,11 @@
 #             attention tile step loads K as [TILE, HEAD] rows and transposes it in registers:
 #             fewer spills at 4 warps, by kernel_resources.py) and "fused_all"
 #             (FastAttention.fused_decode_max_rows without its bound), via gpu_round11a.sh.
-# Usage (device machine, repo root): bash benchmarks/gpu_round12a.sh SHA a|b
+#   part "c": issue 16's 256-request workload (temperature 0.6, three runs) on this tree and on
+#             a variant "prefill8" (paged_attention.PREFILL_WARPS = 8), two interleaved rounds.
+# Usage (device machine, repo root): bash benchmarks/gpu_round12a.sh SHA a|b|c
 set -u
-sha=${1:?commit}; part=${2:?a or b}
+sha=${1:?commit}; part=${2:?a, b or c}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 if [ "$part" = a ]; then
@@ -27,9 +29,25 @@ mk() {  # mk NAME FILE SED: a variant of FILE, edited by SED, in .dev_carry/vari
   if cmp -s "$2" ".dev_carry/variants/$1/files/$2"; then echo "variant $1: the edit changed nothing"; exit 1; fi
 }
 rm -rf .dev_carry/variants
+if [ "$part" = c ]; then
+  mk prefill8 kernels/paged_attention.py 's/^PREFILL_WARPS = 4$/PREFILL_WARPS = 8/'
+  head_tree=$(mktemp -d); cp -r kernels "$head_tree"/
+  c="--impl fast --repeat 3 --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6"
+  for round in 1 2; do
+    for name in head prefill8; do
+      rm -rf kernels && cp -r "$head_tree"/kernels .
+      [ "$name" = head ] || cp -r ".dev_carry/variants/$name/files/." .
+      gpu_setup || exit 1
+      timeout 140 python3 benchmarks/throughput.py $c --git-commit "$sha-$name" \
+        --out "$out/throughput_t06_${name}_r${round}_h200_$sha.json" > "$out/t06_${name}_r$round.log" 2>&1
+      echo "$name round $round rc=$?"; grep -iE "floor|wall" "$out/t06_${name}_r$round.log" | grep -v "it/s" | tail -3
+    done
+  done
+  cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log; ls; exit 0
+fi
 mk warps8 kernels/paged_attention.py 's/^DECODE_WARPS = 4$/DECODE_WARPS = 8/'
 mk krow kernels/paged_attention.py 's/cache_ptr + slot\[None, :\] + dims\[:, None\],  # \[HEAD_PAD, TILE\]/cache_ptr + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]/; s/mask=kv_ok\[None, :\] \& dim_ok\[:, None\],/mask=kv_ok[:, None] \& dim_ok[None, :],/'
-python3 - .dev_carry/variants/krow/files/kernels/paged_attention.py <<'PY'
+python3 - .dev_carry/variants/krow/files/kernels/paged_attention.py <<'PY' || exit 1
 import sys
 p = sys.argv[1]; s = open(p).read()
 old = "        other=0.0,\n    )\n    if DOT_FP32:\n        s = tl.dot(q.to(tl.float32), k.to(tl.float32)"

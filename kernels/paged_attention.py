@@ -384,10 +384,13 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[device]
 
 
-# Warps of a decode-heavy launch. At 4 the decode configs spill registers (under the device's
-# triton 3.6 the split one keeps 32 registers and ~3.9k local loads and stores a program;
-# benchmarks/kernel_resources.py), at 8 they do not; 4 is what every timing so far measured.
+# Warps of a decode-heavy launch and of a prefill-heavy one (128-row blocks). At 4 the decode
+# configs spill registers (under the device's triton 3.6 the split one keeps 32 registers and
+# ~3.9k local loads and stores a program) and the prefill one 2.1 KB a thread; at 8 the decode
+# ones spill nothing and the prefill one 40 B (benchmarks/kernel_resources.py). 4 is what every
+# timing so far measured.
 DECODE_WARPS = 4
+PREFILL_WARPS = 4
 
 
 def choose_config(
@@ -423,7 +426,7 @@ def choose_config(
     min_m = max(16, triton.next_power_of_2(group))
     rows = max_query_len * group
     if rows >= 128:
-        block_m, tile, warps, stages = max(128, min_m), 64, 4, 3
+        block_m, tile, warps, stages = max(128, min_m), 64, PREFILL_WARPS, 3
     elif rows >= 64:
         block_m, tile, warps, stages = max(64, min_m), 64, 4, 2
     else:
