@@ -9,15 +9,18 @@
 # NAME/SHA), sent beside the tree with carry [".dev_carry"].
 # Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA
 set -u
+shopt -s nullglob
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 head_tree=$(mktemp -d); cp -r kernels impls "$head_tree"/
 plugin=(-p enginespec.conformance.plugin --impl=fast)
-[ "${TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
   tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py \
   > "$out/pytest.log" 2>&1
-[ "${TESTS:-1}" = 1 ] && { echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"; }
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
+fi
 use() {  # use NAME: this tree's kernels/impls, then the variant's files over them
   rm -rf kernels impls && cp -r "$head_tree"/kernels "$head_tree"/impls .
   [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .

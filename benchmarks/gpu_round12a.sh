@@ -26,7 +26,7 @@ if [ "$part" = a ]; then
 fi
 mk() {  # mk NAME FILE SED: a variant of FILE, edited by SED, in .dev_carry/variants/NAME
   mkdir -p ".dev_carry/variants/$1/files/$(dirname "$2")" && echo "$sha-$1" > ".dev_carry/variants/$1/SHA"
-  sed "$3" "$2" > ".dev_carry/variants/$1/files/$2"
+  sed "$3" "$2" > ".dev_carry/variants/$1/files/$2" || { echo "variant $1: sed failed"; exit 1; }
   if cmp -s "$2" ".dev_carry/variants/$1/files/$2"; then echo "variant $1: the edit changed nothing"; exit 1; fi
 }
 rm -rf .dev_carry/variants
@@ -39,7 +39,7 @@ if [ "$part" = c ]; then
       rm -rf kernels && cp -r "$head_tree"/kernels .
       [ "$name" = head ] || cp -r ".dev_carry/variants/$name/files/." .
       gpu_setup || exit 1
-      timeout 140 python3 benchmarks/throughput.py $c --git-commit "$sha-$name" \
+      timeout 125 python3 benchmarks/throughput.py $c --git-commit "$sha-$name" \
         --out "$out/throughput_t06_${name}_r${round}_h200_$sha.json" > "$out/t06_${name}_r$round.log" 2>&1
       echo "$name round $round rc=$?"; grep -iE "floor|wall" "$out/t06_${name}_r$round.log" | grep -v "it/s" | tail -3
     done
@@ -59,6 +59,8 @@ open(p, "w").write(s)
 PY
 }
 mk krow kernels/paged_attention.py "$krow_sed" && krow .dev_carry/variants/krow/files/kernels/paged_attention.py
+[ "$(grep -c 'slot\[:, None\] + dims\[None, :\],  # \[TILE, HEAD_PAD\]\|mask=kv_ok\[:, None\] & dim_ok\[None, :\],' \
+  .dev_carry/variants/krow/files/kernels/paged_attention.py)" -eq 4 ] || { echo "krow: an edit did not apply (the V load already matches twice)"; exit 1; }
 mk warps8_krow kernels/paged_attention.py "$krow_sed; s/^DECODE_WARPS = 4$/DECODE_WARPS = 8/"
 krow .dev_carry/variants/warps8_krow/files/kernels/paged_attention.py
 mk fused_all impls/fast/attention.py 's/^    fused_decode_max_rows = 64$/    fused_decode_max_rows = 1 << 30/'

@@ -150,8 +150,10 @@ def main(argv=None) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from enginespec import kernels as compiled_from
+
     rows = []
-    print(f"triton {triton.__version__}, sm_90")
+    print(f"triton {triton.__version__}, sm_90, kernels of {os.path.dirname(compiled_from.__file__)}")
     print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, fn, consts, ptrs, floats, opts in kernels():

@@ -132,9 +132,11 @@ def _decode_attention_kernel(
     LINE: tl.constexpr = 64,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
-    kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin and the
-    norm weights (none written by a kernel of the chain) are read before gdc_wait; the q|k|v
-    row (the GEMM before wrote it) and the pool after it, and every store comes after it."""
+    kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
+    norm weights and the block-table entries of the split's first tile (none written by a
+    kernel of the chain) are read before gdc_wait, and L2 is asked for that tile's K and V;
+    the q|k|v row (the GEMM before wrote it) and the pool are read after it, and every store
+    comes after it."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)

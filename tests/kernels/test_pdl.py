@@ -112,7 +112,8 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
 )
 def test_what_comes_before_the_wait(reports, kernel, reads_before):
     """attention looks its request up (order, query_start_loc, seq_lens), decode_attention
-    too (order, seq_lens, slot) and reads cos/sin and the norm weights, qkv_rope reads its
+    too (order, seq_lens, slot, its first tile's block-table entries) and reads cos/sin and the
+    norm weights, qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
     and the residual after), and the RMSNorm its weight; the decode merge its row's seq_len;
     the other merge and the SiLU*up read only what the kernel before wrote."""
@@ -124,6 +125,9 @@ def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
     assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
     if torch.cuda.is_available():
         monkeypatch.setenv(pdl.PDL_ENV, "0")
+        assert not pdl.pdl_enabled(torch.device("cuda"))
+        monkeypatch.delenv(pdl.PDL_ENV)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # interpreted kernels never reach griddepcontrol
         assert not pdl.pdl_enabled(torch.device("cuda"))
 
 
