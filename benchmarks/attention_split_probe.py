@@ -8,9 +8,8 @@ for the Qwen3-0.6B heads (16 q / 8 kv, head_dim 128, bf16, block 16), each batch
   ("graph"), and the previous rule's graph config (up to 2x past 3 programs per SM: at batch 1,
   64 splits of 128-key tiles);
 - every split count 1-64 with 64- and 128-key tiles at each of --warps (4 and 8), so the rule
-  can be checked against the best measured. At 4 warps the decode configs spill registers, at
-  8 the 64-key ones do not and the 128-key ones less (benchmarks/kernel_resources.py), which
-  only a timing can weigh.
+  can be checked against the best measured (8 warps were never timed before; neither count
+  spills, by benchmarks/kernel_resources.py).
 
     python3 benchmarks/attention_split_probe.py --out probe.json [--max-model-len 40960]
         [--batches 1,4,16,64] [--contexts 512,2048,8192] [--warps 4,8]

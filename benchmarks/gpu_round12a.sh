@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# Device calls prepared in the eleventh session for the next one (issue 19): do the decode
-# attention configs' register spills cost time, and does the one-launch decode attention lose
-# at 128 and 256 rows?
+# Device calls prepared in the eleventh session for the next one (issues 19 and 16): do 8 warps
+# pay for decode attention (never timed) and for prefill (its 4-warp blocks spill, by
+# kernel_resources.py), and does the one-launch decode attention lose at 128 and 256 rows?
 #   part "a": benchmarks/kernel_resources.py under the device's triton (registers and spills
-#             of each config), then attention_split_probe.py with 4 and 8 warps;
-#   part "b": the decode sweep (1-256 rows, two interleaved rounds) on this tree and on four
-#             variants made here: "warps8" (paged_attention.DECODE_WARPS = 8), "krow" (the
-#             attention tile step loads K as [TILE, HEAD] rows and transposes it in registers:
-#             fewer spills at 4 warps, by kernel_resources.py), both ("warps8_krow"), and
-#             "fused_all" (FastAttention.fused_decode_max_rows without its bound), via
-#             gpu_round11a.sh.
+#             of each config, to check the CPU's reading), then attention_split_probe.py with 4
+#             and 8 warps;
+#   part "b": the decode sweep (1-256 rows, two interleaved rounds) on this tree and on two
+#             variants made here: "warps8" (paged_attention.DECODE_WARPS = 8) and "fused_all"
+#             (FastAttention.fused_decode_max_rows without its bound), via gpu_round11a.sh.
 #   part "c": issue 16's 256-request workload (temperature 0.6, three runs) on this tree and on
 #             a variant "prefill8" (paged_attention.PREFILL_WARPS = 8), two interleaved rounds.
 # Usage (device machine, repo root): bash benchmarks/gpu_round12a.sh SHA a|b|c
@@ -47,21 +45,5 @@ if [ "$part" = c ]; then
   cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log; ls; exit 0
 fi
 mk warps8 kernels/paged_attention.py 's/^DECODE_WARPS = 4$/DECODE_WARPS = 8/'
-krow_sed='s/cache_ptr + slot\[None, :\] + dims\[:, None\],  # \[HEAD_PAD, TILE\]/cache_ptr + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]/; s/mask=kv_ok\[None, :\] \& dim_ok\[:, None\],/mask=kv_ok[:, None] \& dim_ok[None, :],/'
-krow() {  # krow FILE: after krow_sed, transpose the loaded [TILE, HEAD] K tile before its dot
-  python3 - "$1" <<'PY' || exit 1
-import sys
-p = sys.argv[1]; s = open(p).read()
-old = "        other=0.0,\n    )\n    if DOT_FP32:\n        s = tl.dot(q.to(tl.float32), k.to(tl.float32)"
-assert s.count(old) == 1, "krow: the K load's end not found once"
-s = s.replace(old, "        other=0.0,\n    )\n    k = tl.trans(k)  # [HEAD_PAD, TILE]\n    if DOT_FP32:\n        s = tl.dot(q.to(tl.float32), k.to(tl.float32)")
-open(p, "w").write(s)
-PY
-}
-mk krow kernels/paged_attention.py "$krow_sed" && krow .dev_carry/variants/krow/files/kernels/paged_attention.py
-[ "$(grep -c 'slot\[:, None\] + dims\[None, :\],  # \[TILE, HEAD_PAD\]\|mask=kv_ok\[:, None\] & dim_ok\[None, :\],' \
-  .dev_carry/variants/krow/files/kernels/paged_attention.py)" -eq 4 ] || { echo "krow: an edit did not apply (the V load already matches twice)"; exit 1; }
-mk warps8_krow kernels/paged_attention.py "$krow_sed; s/^DECODE_WARPS = 4$/DECODE_WARPS = 8/"
-krow .dev_carry/variants/warps8_krow/files/kernels/paged_attention.py
 mk fused_all impls/fast/attention.py 's/^    fused_decode_max_rows = 64$/    fused_decode_max_rows = 1 << 30/'
 TESTS=0 BATCHES=1,4,16,64,128,256 bash benchmarks/gpu_round11a.sh "$sha"

@@ -59,6 +59,33 @@ def _signature(fn, consts: dict, ptrs: dict, floats=()) -> dict:
     }
 
 
+def _attrs(fn, signature: dict) -> dict:
+    """The specialization the JIT gives a real launch of these shapes: every pointer (torch's
+    allocations) and every integer argument divisible by 16 (strides, sizes and the scratch slot
+    are multiples of 16 here), except the arguments the kernel asks not to specialize (batch
+    sizes, split counts, windows). Without these the compiler cannot vectorize or fold address
+    arithmetic, and the code (registers, spills) is not the code that runs."""
+    skip = set(getattr(fn, "do_not_specialize", None) or ())
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if name not in skip and (signature[name].startswith("*") or signature[name] == "i32")
+    }
+
+
+def source(fn, consts: dict, ptrs: dict, floats=()):
+    """The kernel's ASTSource as the JIT would build it for a launch of these shapes. Every
+    constexpr without a default must be given (one taken for a runtime int changes the code)."""
+    from triton.compiler import ASTSource
+
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in consts and not p.has_default]
+    if missing:
+        raise ValueError(f"{fn.__name__}: constexprs not given: {missing}")
+
+    signature = _signature(fn, consts, ptrs, floats)
+    return ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=_attrs(fn, signature))
+
+
 def kernels() -> list:
     """(name, fn, constexprs, pointer types, float args, compile options) of every case."""
     from enginespec.kernels import decode_attention as da
@@ -68,7 +95,10 @@ def kernels() -> list:
     cases = []
     for split, tile, warps in ATTENTION_CONFIGS:
         opts = {"num_warps": warps, "num_stages": 2}
-        paged = dict(NUM_Q_HEADS=16, GROUP=2, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=1, BLOCK_M=16, TILE=tile)
+        paged = dict(
+            NUM_Q_HEADS=16, GROUP=2, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=1, BLOCK_M=16
+        )
+        paged["TILE"] = tile
         paged.update(IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, DOT_FP32=False, USE_PDL=True)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", q_ptr=BF16, cache_ptr=BF16, block_table_ptr="*i32")
         ptrs.update(seq_lens_ptr="*i32", query_start_loc_ptr="*i32", order_ptr="*i32")
@@ -91,7 +121,13 @@ def kernels() -> list:
         cases.append((f"decode_attention {tag}", da._decode_attention_kernel, dec, ptrs, floats, opts))
     for block_m, warps, stages in PREFILL_CONFIGS:
         paged = dict(
-            NUM_Q_HEADS=16, GROUP=2, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=block_m // 2, BLOCK_M=block_m
+            NUM_Q_HEADS=16,
+            GROUP=2,
+            HEAD_DIM=128,
+            HEAD_PAD=128,
+            BLOCK_SIZE=16,
+            BLOCK_Q=block_m // 2,
+            BLOCK_M=block_m,
         )
         paged.update(TILE=64, IS_SPLIT=False, USE_WINDOW=False, USE_ORDER=False, DOT_FP32=False, USE_PDL=True)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", q_ptr=BF16, cache_ptr=BF16, block_table_ptr="*i32")
@@ -148,7 +184,6 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from enginespec import kernels as compiled_from
 
@@ -157,7 +192,7 @@ def main(argv=None) -> None:
     print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, fn, consts, ptrs, floats, opts in kernels():
-        src = ASTSource(fn=fn, signature=_signature(fn, consts, ptrs, floats), constexprs=consts)
+        src = source(fn, consts, ptrs, floats)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         row = dict(kernel=name, **resources(compiled.asm["cubin"]))
         rows.append(row)

@@ -384,12 +384,9 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[device]
 
 
-# Warps of a decode-heavy launch and of a prefill-heavy one (128-row blocks). At 4 every decode
-# config spills registers (under the device's triton 3.6 the split one with 128-key tiles keeps
-# 32 registers and 3.8 KB of stack, ~3.9k local load/store instructions in its code) and the
-# prefill one 2.1 KB a thread; at 8 the 64-key decode configs spill nothing, the 128-key ones
-# 160-256 B, the prefill one 40 B (benchmarks/kernel_resources.py). 4 is what every timing so
-# far measured.
+# Warps of a decode-heavy launch and of a prefill-heavy one (128-row blocks): 4, what every
+# timing so far measured. benchmarks/kernel_resources.py: no decode config spills at 4 or 8;
+# the prefill one spills 160-248 B a thread at 4 and nothing at 8, with half the instructions.
 DECODE_WARPS = 4
 PREFILL_WARPS = 4
 
@@ -434,7 +431,7 @@ def choose_config(
         block_m, tile, warps, stages = min_m, 64, DECODE_WARPS, 2
     wide = rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize)
     programs = num_reqs * num_kv_heads
-    per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize, warps)
+    per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
     max_programs = 2 * _num_sms(device) * per_sm  # two waves
     splits = 1
     max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
@@ -455,17 +452,14 @@ def _smem_limit(device: torch.device) -> int:
     return getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
 
 
-def _programs_per_sm(
-    device: torch.device, tile: int, head_pad: int, stages: int, itemsize: int, warps: int = 4
-) -> int:
+def _programs_per_sm(device: torch.device, tile: int, head_pad: int, stages: int, itemsize: int) -> int:
     """Decode programs of `tile`-key K and V tiles, `stages` deep, that one SM holds at once by
-    shared memory (8 KiB each for the rest), at most 3 at 4 warps and 1 at 8 (the register
-    file's bound: these programs take 230-255 registers a thread, seen on the H200); 3 on the
-    CPU."""
+    shared memory (8 KiB each for the rest), at most 3 (the register file's bound at 4 warps,
+    seen on the H200); 3 on the CPU."""
     if device.type != "cuda":
         return 3
     per_program = 2 * tile * head_pad * itemsize * stages + (8 << 10)
-    return max(1, min(12 // warps, _smem_limit(device) // per_program))
+    return max(1, min(3, _smem_limit(device) // per_program))
 
 
 def _wide_tiles_fit(device: torch.device, head_pad: int, stages: int, itemsize: int) -> bool:

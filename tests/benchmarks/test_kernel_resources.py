@@ -1,6 +1,7 @@
 """benchmarks/kernel_resources.py: every case it lists compiles for sm_90 and its cubin reads
 back (registers, stack, SASS counts) with the cuobjdump triton ships; one GEMV and one split
-attention case are compiled here (all of them take a minute)."""
+attention case are compiled here (all of them take a minute), and a case that leaves out a
+constexpr is refused."""
 
 from tests.kernels.sm90 import compile_script
 
@@ -12,10 +13,15 @@ if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends",
     print("this triton ships no cuobjdump"); sys.exit(3)
 for name in ("gemv residual block_n=4 block_k=2048 warps=8", "decode_attention split=1 tile=64 warps=8"):
     fn, consts, ptrs, floats, opts = cases[name]
-    src = ASTSource(fn=fn, signature=kr._signature(fn, consts, ptrs, floats), constexprs=consts)
+    src = kr.source(fn, consts, ptrs, floats)
     row = kr.resources(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["cubin"])
     print(name.split()[0], row["reg"], row["stack"], row["instructions"], row["ldg"], row["mma"])
 print("cases", len(cases))
+fn, consts, ptrs, floats, opts = cases["decode_attention split=1 tile=64 warps=8"]
+try:
+    kr.source(fn, {k: v for k, v in consts.items() if k != "HEAD_DIM"}, ptrs, floats)
+except ValueError as exc:
+    print("missing", "HEAD_DIM" in str(exc))
 """
 
 
@@ -26,3 +32,5 @@ def test_cases_compile_and_read_back():
     reg, stack, instructions, ldg, mma = (int(v) for v in out["decode_attention"].split())
     assert 0 < reg <= 255 and instructions > 100 and ldg > 0 and mma > 0  # tl.dot on tensor cores
     assert int(out["cases"]) == 2 * 6 + 3 + 4  # attention x 2 kernels, prefill, GEMVs
+    # a constexpr left out would be compiled as a runtime int: other code than what runs
+    assert out["missing"] == "True"

@@ -221,9 +221,7 @@ def test_split_decode_stays_within_two_waves(num_reqs, max_seq_len):
 
     device = torch.device(DEVICE)
     cfg = pa.choose_config(num_reqs, num_reqs, 16, 8, 128, 1, max_seq_len, device)
-    resident = pa._num_sms(device) * pa._programs_per_sm(
-        device, cfg.tile, 128, cfg.num_stages, 2, cfg.num_warps
-    )
+    resident = pa._num_sms(device) * pa._programs_per_sm(device, cfg.tile, 128, cfg.num_stages, 2)
     programs = num_reqs * 8 * cfg.num_splits
     assert cfg.num_splits == 1 or programs <= 2 * resident, cfg
     assert cfg.num_splits * pa.MIN_KEYS_PER_SPLIT <= max(max_seq_len, pa.MIN_KEYS_PER_SPLIT), cfg
