@@ -40,12 +40,13 @@ _PDL_DEVICES: dict = {}
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL: CUDA, compute capability >= 9, a triton
-    with gdc_wait, not under the interpreter (TRITON_INTERPRET, which has no griddepcontrol
-    and no inline PTX), and ENGINESPEC_PDL not "0"."""
+    """Whether kernels on `device` launch with PDL: NVIDIA CUDA (not ROCm, whose devices torch
+    also calls "cuda" and whose capability numbers mean other chips), compute capability >= 9,
+    a triton with gdc_wait, not under the interpreter (TRITON_INTERPRET, which has no
+    griddepcontrol and no inline PTX), and ENGINESPEC_PDL not "0"."""
     if device.type != "cuda" or gdc_wait is None or os.environ.get(PDL_ENV, "1") == "0":
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or getattr(torch.version, "hip", None):
         return False
     if device not in _PDL_DEVICES:
         _PDL_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9

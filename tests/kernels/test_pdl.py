@@ -120,6 +120,18 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     assert (reports[kernel][2] > 0) == reads_before
 
 
+def test_pdl_is_off_under_the_interpreter_and_on_rocm(monkeypatch):
+    """griddepcontrol and the L2 prefetch are NVIDIA PTX: neither the interpreter nor a ROCm
+    build (torch names its devices "cuda" too) may reach them. Decided before the device is
+    asked its capability, so this runs on a CPU-only machine."""
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not pdl.pdl_enabled(cuda)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    assert not pdl.pdl_enabled(cuda)
+
+
 def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
     assert not pdl.pdl_enabled(torch.device("cpu"))
     assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
