@@ -5,9 +5,10 @@
 #   part "a": benchmarks/kernel_resources.py under the device's triton (registers and spills
 #             of each config, to check the CPU's reading), then attention_split_probe.py with 4
 #             and 8 warps;
-#   part "b": the decode sweep (1-256 rows, two interleaved rounds) on this tree and on two
-#             variants made here: "warps8" (paged_attention.DECODE_WARPS = 8) and "fused_all"
-#             (FastAttention.fused_decode_max_rows without its bound), via gpu_round11a.sh.
+#   part "b": the decode sweep (1-256 rows, two interleaved rounds) on this tree and on a
+#             variant made here, "fused_all" (FastAttention.fused_decode_max_rows without its
+#             bound), and with WARPS8=1 also "warps8" (paged_attention.DECODE_WARPS = 8), via
+#             gpu_round11a.sh.
 #   part "c": issue 16's 256-request workload (temperature 0.6, three runs) on this tree and on
 #             a variant "prefill8" (paged_attention.PREFILL_WARPS = 8), two interleaved rounds.
 # Usage (device machine, repo root): bash benchmarks/gpu_round12a.sh SHA a|b|c
@@ -44,6 +45,6 @@ if [ "$part" = c ]; then
   done
   cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log; ls; exit 0
 fi
-mk warps8 kernels/paged_attention.py 's/^DECODE_WARPS = 4$/DECODE_WARPS = 8/'
+if [ "${WARPS8:-0}" = 1 ]; then mk warps8 kernels/paged_attention.py 's/^DECODE_WARPS = 4$/DECODE_WARPS = 8/'; fi
 mk fused_all impls/fast/attention.py 's/^    fused_decode_max_rows = 64$/    fused_decode_max_rows = 1 << 30/'
 TESTS=0 BATCHES=1,4,16,64,128,256 bash benchmarks/gpu_round11a.sh "$sha"
