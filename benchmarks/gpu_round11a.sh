@@ -2,7 +2,8 @@
 # Device call of the eleventh session: this tree's decode attention against variants of it on
 # one machine. First (unless TESTS=0) the CUDA tests of the attention kernels, the backend and
 # the graphs on this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
-# each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64);
+# each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64;
+# TEST_FILES replaces the test list);
 # with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off.
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
@@ -16,8 +17,9 @@ gpu_setup || exit 1
 head_tree=$(mktemp -d); cp -r kernels impls "$head_tree"/
 plugin=(-p enginespec.conformance.plugin --impl=fast)
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/kernels/test_decode_attention.py \
-  tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py \
+  # shellcheck disable=SC2086  # TEST_FILES is a list of paths
+  timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" ${TEST_FILES:-tests/kernels/test_decode_attention.py \
+  tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py} \
   > "$out/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
 fi

@@ -20,6 +20,7 @@ it runs nothing).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -49,6 +50,7 @@ GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices 
     ("residual", 4, 2048, 8),  # o 1024 x 2048 plus the residual
     ("residual", 2, 4096, 8),  # down 1024 x 3072 plus the residual
 ]
+GEMV_ROWS = (1, 8)  # x rows (BLOCK_M): the one-tile kernel takes them one at a time
 BF16 = "*bf16"
 
 
@@ -135,13 +137,13 @@ def kernels() -> list:
         opts = {"num_warps": warps, "num_stages": stages}
         name = f"paged_attention prefill block_m={block_m} tile=64 warps={warps} stages={stages}"
         cases.append((name, pa._paged_attention_kernel, paged, ptrs, ("scale_log2",), opts))
-    for variant, block_n, block_k, warps in GEMV_CONFIGS:
-        consts = dict(BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, USE_BIAS=False, USE_PDL=True)
+    for (variant, block_n, block_k, warps), rows in itertools.product(GEMV_CONFIGS, GEMV_ROWS):
+        consts = dict(BLOCK_M=rows, BLOCK_N=block_n, BLOCK_K=block_k, USE_BIAS=False, USE_PDL=True)
         consts.update(
             USE_SILU_MUL="silu" in variant, USE_NORM="norm" in variant, USE_RESIDUAL=variant == "residual"
         )
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
-        name = f"gemv {variant} block_n={block_n} block_k={block_k} warps={warps}"
+        name = f"gemv {variant} rows={rows} block_n={block_n} block_k={block_k} warps={warps}"
         cases.append((name, sg._gemv_kernel, consts, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1}))
     return cases
 

@@ -27,10 +27,11 @@ transformers' rounding order), USE_SILU_MUL (w is gate|up: two accumulators, sil
 stored), USE_RESIDUAL (the result plus a residual row, the decoder's `hidden + proj(...)`).
 With split K these run in the last-arriving program's epilogue.
 
-The one-tile path (`_gemv_kernel`, SkinnyConfig(gemv=True), up to MAX_BROADCAST_ROWS rows): a
+The one-tile path (`_gemv_kernel`, SkinnyConfig(gemv=True), up to MAX_GEMV_ROWS rows): a
 tile is a whole row (BLOCK_K >= K), BLOCK_N is 1-8 weight rows, the weight load is issued first
-and the kernel has no K loop, so every program's loads are in flight at once; the same fusions,
-with the RMSNorm statistics taken from the x tile already loaded. At one row it took the 0.6B
+and the kernel has no K loop, so every program's loads are in flight at once; then each x row
+in turn against the tile in registers; the same fusions, with each row's RMSNorm statistics
+taken from that row's load. At one row it took the 0.6B
 decode step from 1.43 to 1.05 ms on the H200 (benchmarks/RESULTS.md, fifth session).
 
 Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
@@ -58,38 +59,37 @@ from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_optio
 
 @triton.jit
 def _store_out(
-    out_ptr,
+    out_ptrs,
     bias_ptr,
     acc,
     acc_up,
-    res_ptr,
-    rm,
-    rn,
+    res_ptrs,
+    cols,
     N,
     mask,
-    stride_om,
-    stride_rm,
     USE_BIAS: tl.constexpr,
     USE_SILU_MUL: tl.constexpr,
     USE_RESIDUAL: tl.constexpr,
 ):
-    """acc [BLOCK_M, BLOCK_N] float32 (+ bias) -> out rows, rounded once. USE_SILU_MUL: acc is
-    the gate and acc_up the up projection (bias columns N + rn); each is rounded to out's dtype
-    as the GEMM would store it, then silu(gate) * up in float32, rounded once (the compiled
-    decoder's fused elementwise kernel computes it the same way). USE_RESIDUAL: the rounded
-    result plus the residual row, rounded once more (the decoder's `hidden + proj(...)`)."""
-    ty = out_ptr.dtype.element_ty
+    """acc float32 (any tile shape: [BLOCK_M, BLOCK_N], or one row's [BLOCK_N, 1]) (+ bias) ->
+    out, rounded once. out_ptrs and res_ptrs point at each element's output and residual, cols
+    is its output column (broadcast to acc's shape). USE_SILU_MUL: acc is the gate and acc_up
+    the up projection (bias columns N + cols); each is rounded to out's dtype as the GEMM would
+    store it, then silu(gate) * up in float32, rounded once (the compiled decoder's fused
+    elementwise kernel computes it the same way). USE_RESIDUAL: the rounded result plus the
+    residual, rounded once more (the decoder's `hidden + proj(...)`)."""
+    ty = out_ptrs.dtype.element_ty
     if USE_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         if USE_SILU_MUL:
-            acc_up += tl.load(bias_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            acc_up += tl.load(bias_ptr + N + cols, mask=cols < N, other=0.0).to(tl.float32)
     if USE_SILU_MUL:
         gate = acc.to(ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
     if USE_RESIDUAL:
-        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        res = tl.load(res_ptrs, mask=mask, other=0.0)
         acc = acc.to(ty).to(tl.float32) + res.to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(ty), mask=mask)
+    tl.store(out_ptrs, acc.to(ty), mask=mask)
 
 
 @triton.jit
@@ -191,6 +191,8 @@ def _skinny_gemm_kernel(
         if USE_SILU_MUL:
             acc_up = tl.sum(acc3_up, axis=2)
     mask = mask_m[:, None] & mask_n[None, :]
+    out_ptrs = out_ptr + rm[:, None] * stride_om + rn[None, :]  # [BLOCK_M, BLOCK_N]
+    res_ptrs = res_ptr + rm[:, None] * stride_rm + rn[None, :]  # [BLOCK_M, BLOCK_N] (USE_RESIDUAL only)
     if USE_SPLIT:
         part_n = 2 * N if USE_SILU_MUL else N  # partial columns: gate (and up) sums
         part = part_ptr + rm[:, None] * part_n + rn[None, :]  # [BLOCK_M, BLOCK_N] within one split
@@ -207,10 +209,10 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
+            _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
-        _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
+        _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
@@ -240,18 +242,21 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
-    one load issued before anything else (no K loop, nothing to wait for first), then its x
-    rows, whose RMSNorm statistics come from that same tile. With BLOCK_N of 1-8 a projection
+    one load issued before anything else (no K loop, nothing to wait for first), then takes
+    its x rows one at a time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): each row is
+    loaded whole (its RMSNorm statistics come from that load), multiplied with the tile held in
+    registers and stored. The registers a program needs do not grow with the row count (a
+    [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would), so 2-8 rows read the weight once at
+    about one row's cost: the rows' FMAs are a few hundred a thread. With BLOCK_N of 1-8 a projection
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
     stream (gdc_wait), and every read of what an earlier kernel wrote (x, the norm's input, the
     residual) and every store come after it; the next kernel may launch at once."""
     pid_n = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    mask_m, mask_n, mask_k = rm < M, rn < N, rk < K
+    mask_n, mask_k = rn < N, rk < K
     w_tile = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]  # [BLOCK_N, BLOCK_K]
     w_mask = mask_n[:, None] & mask_k[None, :]
     w = tl.load(w_tile, mask=w_mask, other=0.0)  # [BN, BK]: the weight read is the kernel
@@ -261,21 +266,23 @@ def _gemv_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes are visible
-    x = tl.load(
-        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
-    )
-    if USE_NORM:
-        xf = x.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [BM]
-        x = _normed(x, rstd, norm_ptr, rk, mask_k)
-    xb = x.to(tl.float32)[:, None, :]  # [BM, 1, BK]
-    acc = tl.sum(xb * w.to(tl.float32)[None, :, :], axis=2)  # [BM, BN]
-    acc_up = acc
-    if USE_SILU_MUL:
-        acc_up = tl.sum(xb * w_up.to(tl.float32)[None, :, :], axis=2)
-    mask = mask_m[:, None] & mask_n[None, :]
-    _store_out(out_ptr, bias_ptr, acc, acc_up, res_ptr, rm, rn, N, mask, stride_om, stride_rm,
-               USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
+    for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
+        row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
+        x = tl.load(
+            x_ptr + m * stride_xm + rk[None, :], mask=mask_k[None, :] & row_ok[:, None], other=0.0
+        )  # [1, BK]
+        if USE_NORM:
+            xf = x.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
+            x = _normed(x, rstd, norm_ptr, rk, mask_k)
+        xf = x.to(tl.float32)  # [1, BK]
+        acc = tl.sum(w.to(tl.float32) * xf, axis=1, keep_dims=True)  # [BN, 1]
+        acc_up = acc
+        if USE_SILU_MUL:
+            acc_up = tl.sum(w_up.to(tl.float32) * xf, axis=1, keep_dims=True)
+        cols = rn[:, None]  # [BN, 1]
+        _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res_ptr + m * stride_rm + cols, cols,
+                   N, mask_n[:, None] & row_ok[None, :], USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -306,6 +313,13 @@ class SkinnyConfig:
         if self.gemv and (self.use_dot or self.num_splits != 1):
             raise ValueError("gemv configs take use_dot=False and num_splits=1")
 
+    @property
+    def max_rows(self) -> Optional[int]:
+        """The most x rows a launch of this shape takes (None: any number; tensor cores)."""
+        if self.gemv:
+            return MAX_GEMV_ROWS
+        return None if self.use_dot else MAX_BROADCAST_ROWS
+
     def block_m(self, num_rows: int) -> int:
         """Rows of the x tile: a power of two holding num_rows; at least 16 for tl.dot."""
         pow2 = triton.next_power_of_2(max(1, num_rows))
@@ -318,9 +332,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# The broadcast (no tensor core) path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator:
-# it is meant for a handful of rows only.
+# The broadcast (no tensor core) tiled path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32
+# accumulator: it is meant for a handful of rows only.
 MAX_BROADCAST_ROWS = 4
+# The one-tile GEMV loops over its rows (unrolled), so its registers do not grow with them; its
+# FMAs (rows x the tile, on CUDA cores) do, and the engine routes at most 8 rows to it.
+MAX_GEMV_ROWS = 8
 
 
 class SplitBuffers:
@@ -368,10 +385,9 @@ def _check(
         raise ValueError(
             f"skinny_linear: a gemv config needs K <= block_k = {config.block_k}, got K = {x.shape[1]}"
         )
-    if not config.use_dot and x.shape[0] > MAX_BROADCAST_ROWS:
-        raise ValueError(
-            f"skinny_linear: use_dot=False takes at most {MAX_BROADCAST_ROWS} rows, got {x.shape[0]}"
-        )
+    if config.max_rows is not None and x.shape[0] > config.max_rows:
+        kind = "a gemv config" if config.gemv else "use_dot=False"
+        raise ValueError(f"skinny_linear: {kind} takes at most {config.max_rows} rows, got {x.shape[0]}")
 
 
 def _check_fusions(x, out_cols: int, norm_weight, eps: float, residual, silu_mul: bool) -> None:

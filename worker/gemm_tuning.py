@@ -47,7 +47,8 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
     """Launch shapes worth timing for a row bucket and N output columns: tensor-core tiles
     (BLOCK_N 32/64, BLOCK_K 128/256, within ~160 KiB of 3-stage shared memory; silu_mul streams
     two weight tiles) and, for at most 4 rows, broadcast tiles; each with one K split and with
-    the fewest splits (a power of two, <= 8) that give every SM a program. A list to measure,
+    the fewest splits (a power of two, <= 8) that give every SM a program; for at most
+    MAX_GEMV_ROWS rows, one-tile GEMV shapes. A list to measure,
     not a ranking."""
     from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 
@@ -88,21 +89,22 @@ GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers s
 
 
 def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
-    """One-tile (gemv) shapes for up to MAX_BROADCAST_ROWS rows: a tile is a whole row
+    """One-tile (gemv) shapes for up to MAX_GEMV_ROWS rows: a tile is a whole row
     (block_k = K rounded up to a power of two), block_n 1-8 rows of the weight per program,
-    4 or 8 warps, keeping between 8 (one 16-byte load of bf16) and GEMV_MAX_PER_THREAD float32
-    products per thread."""
-    from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+    4 or 8 warps, each thread holding between 8 (one 16-byte load of bf16) and
+    GEMV_MAX_PER_THREAD float32 weight elements (the kernel takes x rows one at a time, so the
+    row count does not enter)."""
+    from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig
 
     block_k = 1 << max(3, (k - 1).bit_length())
-    if bucket > MAX_BROADCAST_ROWS or block_k > GEMV_MAX_BLOCK_K:
+    if bucket > MAX_GEMV_ROWS or block_k > GEMV_MAX_BLOCK_K:
         return []
     tiles_w = 2 if silu_mul else 1
     return [
         SkinnyConfig(block_n, block_k, use_dot=False, num_warps=warps, gemv=True)
         for block_n in (1, 2, 4, 8)
         for warps in (4, 8)
-        if 8 * 32 * warps <= bucket * block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
+        if 8 * 32 * warps <= block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
     ]
 
 

@@ -1,7 +1,7 @@
 """The skinny GEMM kernel (kernels/skinny_gemm.py) against kernels.reference.linear_ref.
 
-Shapes are drawn from a seeded generator (row counts 1-17, N and K not multiples of the tiles,
-x with a row stride wider than K); every launch shape is covered: tensor-core and broadcast
+Shapes are drawn from a seeded generator (row counts 1-17, cut to a shape's row bound, N and K
+not multiples of the tiles, x with a row stride wider than K); every launch shape is covered: tensor-core and broadcast
 tiles, one and several K splits, with and without bias. On CPU under TRITON_INTERPRET=1 on tiny
 shapes, on CUDA also on the Qwen3-0.6B projections. Split-K must leave its arrival counters at
 zero (the invariant that lets launches and graph replays share them) and give the same bits
@@ -17,7 +17,7 @@ import torch
 
 from enginespec.kernels.reference import linear_ref, rms_norm_ref, silu_mul_ref
 from enginespec.kernels.silu_mul import silu_mul
-from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
+from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
 from enginespec.testing.paged_batches import TOLERANCES
 
 CUDA = torch.cuda.is_available()
@@ -56,8 +56,7 @@ def _operands(m: int, n: int, k: int, dtype, seed: int):
 def test_skinny_linear_matches_reference(dtype, config):
     buffers = SplitBuffers(DEVICE)
     for i, (m, n, k) in enumerate(_shapes(hash((config.block_n, config.num_splits)) & 0xFFFF, 3)):
-        if not config.use_dot:
-            m = min(m, MAX_BROADCAST_ROWS)
+        m = min(m, config.max_rows or m)
         x, weight, bias = _operands(m, n, k, dtype, seed=i)
         use_bias = bias if i % 2 else None
         got = skinny_linear(x, weight, use_bias, config, buffers)
@@ -71,7 +70,7 @@ def test_fused_silu_mul_epilogue_matches_reference(config):
     activation in float32 rounded once."""
     buffers = SplitBuffers(DEVICE)
     for i, (m, n, k) in enumerate(_shapes(7, 2)):
-        m = min(m, MAX_BROADCAST_ROWS)
+        m = min(m, config.max_rows or m)
         x, weight, bias = _operands(m, 2 * n, k, torch.bfloat16, seed=i)
         use_bias = bias if i % 2 else None
         got = skinny_linear(x, weight, use_bias, config, buffers, silu_mul=True)
@@ -87,7 +86,7 @@ def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
     """norm_weight: x rows RMS-normed first (rms_norm_ref's rounding); residual: added after."""
     buffers = SplitBuffers(DEVICE)
     for i, (m, n, k) in enumerate(_shapes(11, 2)):
-        m = min(m, MAX_BROADCAST_ROWS)
+        m = min(m, config.max_rows or m)
         x, weight, bias = _operands(m, 2 * n, k, dtype, seed=i)
         norm_weight = (
             (1 + 0.1 * torch.randn(k, generator=torch.Generator().manual_seed(i))).to(dtype).to(DEVICE)
@@ -143,6 +142,13 @@ def test_bad_operands_are_clear_errors():
             None,
             SkinnyConfig(block_n=16, block_k=16, use_dot=False),
         )
+    with pytest.raises(ValueError, match="gemv config takes at most 8 rows, got 9"):
+        skinny_linear(
+            torch.zeros(MAX_GEMV_ROWS + 1, 8, device=DEVICE),
+            torch.zeros(4, 8, device=DEVICE),
+            None,
+            SkinnyConfig(block_n=1, block_k=8, use_dot=False, gemv=True),
+        )
     with pytest.raises(ValueError, match="even"):
         skinny_linear(x, torch.zeros(5, 8, device=DEVICE), None, config, silu_mul=True)
     with pytest.raises(ValueError, match="norm_weight"):
@@ -173,7 +179,7 @@ def test_bad_operands_are_clear_errors():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)])
 def test_qwen3_projection_shapes_on_cuda(rows, n, k):
     x, weight, bias = _operands(rows, n, k, torch.bfloat16, seed=rows)
@@ -186,7 +192,7 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         SkinnyConfig(block_n=2, block_k=4096, use_dot=False, gemv=True),
         SkinnyConfig(block_n=4, block_k=4096, use_dot=False, gemv=True, num_warps=8),
     ):
-        if not config.use_dot and rows > MAX_BROADCAST_ROWS:
+        if rows > (config.max_rows or rows):
             continue
         got = skinny_linear(x, weight, None, config, buffers)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
@@ -213,7 +219,7 @@ def test_one_tile_over_a_long_row(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@pytest.mark.parametrize("rows", [1, 4, 7, 16, 64])
 def test_qwen3_gate_up_silu_on_cuda(rows):
     x, weight, _ = _operands(rows, 6144, 1024, torch.bfloat16, seed=rows)
     want = silu_mul_ref(linear_ref(x, weight, None))
@@ -224,7 +230,7 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
         SkinnyConfig(block_n=64, block_k=128, num_splits=4),
         SkinnyConfig(block_n=2, block_k=1024, use_dot=False, gemv=True),
     ):
-        if config.gemv and rows > MAX_BROADCAST_ROWS:
+        if rows > (config.max_rows or rows):
             continue
         got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])

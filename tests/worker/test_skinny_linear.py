@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
+from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig
 from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
 from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
 from enginespec.worker import gemm_tuning, skinny_ops
@@ -31,20 +31,20 @@ interpreted = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("bucket", [1, 2, 4, 16, 64])
+@pytest.mark.parametrize("bucket", [1, 2, 4, 8, 16, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072)])
 def test_candidates_are_valid_launch_shapes(bucket, n, k):
     found = gemm_tuning.candidates(bucket, n, k, num_sms=132)
     assert found and all(isinstance(c, SkinnyConfig) for c in found)
     assert len(set(found)) == len(found)
     for c in found:
-        assert c.use_dot or bucket <= MAX_BROADCAST_ROWS
+        assert c.max_rows is None or bucket <= c.max_rows
         if c.gemv:  # one tile holds a whole row: the least power of two >= K
             assert c.num_splits == 1 and c.block_k >= k > c.block_k // 2
         else:
             assert c.num_splits in (1, 2, 4, 8) and k // c.num_splits >= c.block_k
-    # up to 4 rows, the one-tile (gemv) shapes are among those timed; never past that
-    assert any(c.gemv for c in found) == (bucket <= MAX_BROADCAST_ROWS)
+    # up to 8 rows, the one-tile (gemv) shapes are among those timed; never past that
+    assert any(c.gemv for c in found) == (bucket <= MAX_GEMV_ROWS)
     # Few output tiles (N = 1024) need K splits to give 132 SMs work; each shape also runs unsplit.
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
 
