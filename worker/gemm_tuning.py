@@ -48,7 +48,7 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
     (BLOCK_N 32/64, BLOCK_K 128/256, within ~160 KiB of 3-stage shared memory; silu_mul streams
     two weight tiles) and, for at most 4 rows, broadcast tiles; each with one K split and with
     the fewest splits (a power of two, <= 8) that give every SM a program; for at most
-    MAX_GEMV_ROWS rows, one-tile GEMV shapes. A list to measure,
+    GEMV_TUNE_ROWS rows, one-tile GEMV shapes. A list to measure,
     not a ranking."""
     from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 
@@ -86,18 +86,22 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
 # session): the row does not fit a program's registers, so wider rows stay with the tiled kernel.
 GEMV_MAX_BLOCK_K = 4096
 GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers spill
+# The kernel takes up to MAX_GEMV_ROWS (8) rows, but at 8 rows no one-tile shape beat cuBLAS or
+# the tiled kernel for any 0.6B projection in two tunings on the H200 (benchmarks/RESULTS.md,
+# twelfth session), so the startup tuning, whose time grows with every shape, offers it up to 4.
+GEMV_TUNE_ROWS = 4
 
 
 def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
-    """One-tile (gemv) shapes for up to MAX_GEMV_ROWS rows: a tile is a whole row
+    """One-tile (gemv) shapes for up to GEMV_TUNE_ROWS rows: a tile is a whole row
     (block_k = K rounded up to a power of two), block_n 1-8 rows of the weight per program,
     4 or 8 warps, each thread holding between 8 (one 16-byte load of bf16) and
     GEMV_MAX_PER_THREAD float32 weight elements (the kernel takes x rows one at a time, so the
     row count does not enter)."""
-    from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
 
     block_k = 1 << max(3, (k - 1).bit_length())
-    if bucket > MAX_GEMV_ROWS or block_k > GEMV_MAX_BLOCK_K:
+    if bucket > GEMV_TUNE_ROWS or block_k > GEMV_MAX_BLOCK_K:
         return []
     tiles_w = 2 if silu_mul else 1
     return [

@@ -43,8 +43,9 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
             assert c.num_splits == 1 and c.block_k >= k > c.block_k // 2
         else:
             assert c.num_splits in (1, 2, 4, 8) and k // c.num_splits >= c.block_k
-    # up to 8 rows, the one-tile (gemv) shapes are among those timed; never past that
-    assert any(c.gemv for c in found) == (bucket <= MAX_GEMV_ROWS)
+    # up to 4 rows (within the kernel's 8), the one-tile (gemv) shapes are among those timed
+    assert gemm_tuning.GEMV_TUNE_ROWS <= MAX_GEMV_ROWS
+    assert any(c.gemv for c in found) == (bucket <= gemm_tuning.GEMV_TUNE_ROWS)
     # Few output tiles (N = 1024) need K splits to give 132 SMs work; each shape also runs unsplit.
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
 
