@@ -14,7 +14,7 @@ shopt -s nullglob
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
-head_tree=$(mktemp -d); cp -r kernels impls "$head_tree"/
+head_tree=$(mktemp -d); cp -r kernels impls worker "$head_tree"/  # every folder a variant may carry
 plugin=(-p enginespec.conformance.plugin --impl=fast)
 if [ "${TESTS:-1}" = 1 ]; then
   # shellcheck disable=SC2086  # TEST_FILES is a list of paths
@@ -23,8 +23,12 @@ if [ "${TESTS:-1}" = 1 ]; then
   > "$out/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
 fi
-use() {  # use NAME: this tree's kernels/impls, then the variant's files over them
-  rm -rf kernels impls && cp -r "$head_tree"/kernels "$head_tree"/impls .
+for v in .dev_carry/variants/*/files; do  # restored below between trees: nothing else may differ
+  other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker")
+  [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/ and worker/ are restored"; exit 1; }
+done
+use() {  # use NAME: this tree's kernels/impls/worker, then the variant's files over them
+  rm -rf kernels impls worker && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker .
   [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }

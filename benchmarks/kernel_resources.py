@@ -44,7 +44,7 @@ ATTENTION_CONFIGS = [  # (split, tile, warps): the split rows are what batch 1-3
     (False, 64, 8),
 ]
 PREFILL_CONFIGS = [(128, 4, 3), (128, 8, 3), (64, 4, 2)]  # (block_m, warps, stages): choose_config's
-GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices (01e0efc, H200)
+GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices at 01e0efc (H200); 9d45474 took block_n 1 for o and down
     ("norm", 8, 1024, 8),  # q|k|v 4096 x 1024 with the input norm
     ("norm_silu", 4, 1024, 4),  # gate|up 2 x 3072 x 1024 with the norm, SiLU * up
     ("residual", 4, 2048, 8),  # o 1024 x 2048 plus the residual

@@ -245,9 +245,11 @@ def _gemv_kernel(
     one load issued before anything else (no K loop, nothing to wait for first), then takes
     its x rows one at a time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): each row is
     loaded whole (its RMSNorm statistics come from that load), multiplied with the tile held in
-    registers and stored. The registers a program needs do not grow with the row count (a
-    [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would), so 2-8 rows read the weight once at
-    about one row's cost: the rows' FMAs are a few hundred a thread. With BLOCK_N of 1-8 a projection
+    registers and stored. Its registers step up from one row to two and then stay about flat
+    to eight (triton 3.6, sm_90: 40-62 a thread at one row, 64-128 at eight, no spills), where a [BLOCK_M, BLOCK_N, BLOCK_K]
+    broadcast product would grow with the rows; its time does grow with them (each row is
+    another round of loads, FMAs on CUDA cores and reductions after the wait: about 2.5x a
+    row's at eight rows on the H200). With BLOCK_N of 1-8 a projection
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
@@ -335,8 +337,9 @@ def interpreting() -> bool:
 # The broadcast (no tensor core) tiled path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32
 # accumulator: it is meant for a handful of rows only.
 MAX_BROADCAST_ROWS = 4
-# The one-tile GEMV loops over its rows (unrolled), so its registers do not grow with them; its
-# FMAs (rows x the tile, on CUDA cores) do, and the engine routes at most 8 rows to it.
+# The one-tile GEMV loops over its rows (unrolled), so its registers stay about flat past two
+# rows; its time grows with them, and the startup tuning offers it up to
+# worker/gemm_tuning.GEMV_TUNE_ROWS rows only.
 MAX_GEMV_ROWS = 8
 
 

@@ -85,10 +85,11 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
 # 41.1 us against the split-K tile's 27.3 and cuBLAS's 29.8 (benchmarks/RESULTS.md, eighth
 # session): the row does not fit a program's registers, so wider rows stay with the tiled kernel.
 GEMV_MAX_BLOCK_K = 4096
-GEMV_MAX_PER_THREAD = 64  # float32 products a thread holds: beyond, registers spill
-# The kernel takes up to MAX_GEMV_ROWS (8) rows, but at 8 rows no one-tile shape beat cuBLAS or
-# the tiled kernel for any 0.6B projection in two tunings on the H200 (benchmarks/RESULTS.md,
-# twelfth session), so the startup tuning, whose time grows with every shape, offers it up to 4.
+GEMV_MAX_PER_THREAD = 64  # float32 weight elements a thread holds: beyond, registers spill
+# The kernel takes up to MAX_GEMV_ROWS (8) rows, but at 8 rows the one-tile shapes were the
+# fastest for no 0.6B projection in the one H200 tuning that offered them (benchmarks/RESULTS.md,
+# twelfth session: q|k|v 8.6 us against cuBLAS's 5.3), so the startup tuning, whose time grows
+# with every shape, offers them up to 4 rows.
 GEMV_TUNE_ROWS = 4
 
 
@@ -96,8 +97,8 @@ def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
     """One-tile (gemv) shapes for up to GEMV_TUNE_ROWS rows: a tile is a whole row
     (block_k = K rounded up to a power of two), block_n 1-8 rows of the weight per program,
     4 or 8 warps, each thread holding between 8 (one 16-byte load of bf16) and
-    GEMV_MAX_PER_THREAD float32 weight elements (the kernel takes x rows one at a time, so the
-    row count does not enter)."""
+    GEMV_MAX_PER_THREAD float32 weight elements (the kernel takes x rows one at a time: the
+    tile's share is what fills the registers, not the rows)."""
     from enginespec.kernels.skinny_gemm import SkinnyConfig
 
     block_k = 1 << max(3, (k - 1).bit_length())

@@ -11,7 +11,7 @@ from benchmarks import kernel_resources as kr
 cases = {name: case for name, *case in kr.kernels()}
 if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
     print("this triton ships no cuobjdump"); sys.exit(3)
-for name in ("gemv residual block_n=4 block_k=2048 warps=8", "decode_attention split=1 tile=64 warps=8"):
+for name in ("gemv residual rows=1 block_n=4 block_k=2048 warps=8", "decode_attention split=1 tile=64 warps=8"):
     fn, consts, ptrs, floats, opts = cases[name]
     src = kr.source(fn, consts, ptrs, floats)
     row = kr.resources(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["cubin"])
@@ -31,6 +31,6 @@ def test_cases_compile_and_read_back():
     assert 0 < reg <= 255 and stack >= 0 and instructions > 100 and ldg > 0 and mma == 0  # no tensor core
     reg, stack, instructions, ldg, mma = (int(v) for v in out["decode_attention"].split())
     assert 0 < reg <= 255 and instructions > 100 and ldg > 0 and mma > 0  # tl.dot on tensor cores
-    assert int(out["cases"]) == 2 * 6 + 3 + 4  # attention x 2 kernels, prefill, GEMVs
+    assert int(out["cases"]) == 2 * 6 + 3 + 4 * 2  # attention x 2 kernels, prefill, GEMVs at 1 and 8 rows
     # a constexpr left out would be compiled as a runtime int: other code than what runs
     assert out["missing"] == "True"

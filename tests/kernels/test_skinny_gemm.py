@@ -39,6 +39,16 @@ def _shapes(seed: int, num: int) -> list[tuple[int, int, int]]:
     return [(rng.randint(1, 17), rng.randint(5, 70), rng.randint(9, 90)) for _ in range(num)]
 
 
+def _fused_shapes(seed: int, config: SkinnyConfig) -> list[tuple[int, int, int]]:
+    """Two drawn shapes, rows cut to the config's bound; for the one-tile kernel every row
+    count 1-MAX_GEMV_ROWS instead (each is a different number of masked rows in its tile)."""
+    drawn = [(min(m, config.max_rows or m), n, k) for m, n, k in _shapes(seed, 2)]
+    if not config.gemv:
+        return drawn
+    n, k = drawn[0][1:]
+    return [(m, n, k) for m in range(1, MAX_GEMV_ROWS + 1)]
+
+
 def _operands(m: int, n: int, k: int, dtype, seed: int):
     gen = torch.Generator().manual_seed(seed)
     wide = torch.randn(m, k + 7, generator=gen)[:, :k]  # a row stride wider than K
@@ -69,8 +79,7 @@ def test_fused_silu_mul_epilogue_matches_reference(config):
     """gate|up rows [2 I, K] -> silu(gate) * up [M, I]: the GEMM's stored values, then the
     activation in float32 rounded once."""
     buffers = SplitBuffers(DEVICE)
-    for i, (m, n, k) in enumerate(_shapes(7, 2)):
-        m = min(m, config.max_rows or m)
+    for i, (m, n, k) in enumerate(_fused_shapes(7, config)):
         x, weight, bias = _operands(m, 2 * n, k, torch.bfloat16, seed=i)
         use_bias = bias if i % 2 else None
         got = skinny_linear(x, weight, use_bias, config, buffers, silu_mul=True)
@@ -85,8 +94,7 @@ def test_fused_silu_mul_epilogue_matches_reference(config):
 def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
     """norm_weight: x rows RMS-normed first (rms_norm_ref's rounding); residual: added after."""
     buffers = SplitBuffers(DEVICE)
-    for i, (m, n, k) in enumerate(_shapes(11, 2)):
-        m = min(m, config.max_rows or m)
+    for i, (m, n, k) in enumerate(_fused_shapes(11, config)):
         x, weight, bias = _operands(m, 2 * n, k, dtype, seed=i)
         norm_weight = (
             (1 + 0.1 * torch.randn(k, generator=torch.Generator().manual_seed(i))).to(dtype).to(DEVICE)
@@ -98,10 +106,35 @@ def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
             x, weight, None, config, buffers, silu_mul=True, norm_weight=norm_weight, eps=1e-6
         )
         torch.testing.assert_close(got, silu_mul_ref(linear_ref(normed, weight, None)), **TOLERANCES[dtype])
-        residual = x[:, :1].expand(m, 2 * n).contiguous()
+        # a column slice of a wider tensor: its row stride is not the output's
+        residual = torch.cat([x[:, :1].expand(m, 2 * n), x[:, :3]], dim=1)[:, : 2 * n]
         got = skinny_linear(x, weight, bias, config, buffers, residual=residual)
         torch.testing.assert_close(got, linear_ref(x, weight, bias) + residual, **TOLERANCES[dtype])
         assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("fusion", ["plain", "silu", "residual"])
+def test_gemv_rows_past_m_are_neither_read_nor_written(fusion):
+    """The one-tile kernel's tile holds next_power_of_2(M) rows: rows M and past are masked.
+    out and the residual are views of taller buffers (out's spare rows hold a sentinel, the
+    residual's and x's NaN); after a launch for every M in 1-MAX_GEMV_ROWS the sentinel rows are
+    unchanged and rows < M equal the reference."""
+    from enginespec.kernels.skinny_gemm import _launch_gemv
+
+    config = SkinnyConfig(block_n=4, block_k=128, use_dot=False, gemv=True)
+    n, k, top = 6, 90, MAX_GEMV_ROWS + 2
+    for m in range(1, MAX_GEMV_ROWS + 1):
+        xs, weight, _ = _operands(top, 2 * n if fusion == "silu" else n, k, torch.float32, seed=m)
+        xs[m:] = float("nan")
+        res_rows = torch.full((top, n), float("nan"), device=DEVICE)
+        res_rows[:m] = 0.5
+        out_rows = torch.full((top, n), 7.0, device=DEVICE)
+        residual = res_rows[:m] if fusion == "residual" else None
+        _launch_gemv(out_rows[:m], xs[:m], weight, None, config, fusion == "silu", None, 0.0, residual, False)
+        want = linear_ref(xs[:m], weight, None)
+        want = silu_mul_ref(want) if fusion == "silu" else want + 0.5 if fusion == "residual" else want
+        torch.testing.assert_close(out_rows[:m], want, **TOLERANCES[torch.float32])
+        assert torch.equal(out_rows[m:], torch.full_like(out_rows[m:], 7.0)), f"rows past M = {m} written"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
