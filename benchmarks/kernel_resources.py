@@ -9,7 +9,12 @@ compiler API and reads the cubin with the cuobjdump that triton ships:
 
 - REG, STACK (bytes of local memory a thread: spills), from `cuobjdump --dump-resource-usage`;
 - the SASS instruction count and its local loads / stores (LDL, STL), global loads (LDG) and
-  tensor-core MMAs (HMMA and Hopper's HGMMA), from `cuobjdump -sass`.
+  tensor-core MMAs (HMMA and Hopper's HGMMA), from `cuobjdump -sass`;
+- for a kernel with a PDL wait, what follows it in the PTX (`after_wait`): its barriers (BAR/W)
+  and its load rounds (RND/W), the stretches between barriers that issue a global load. A load
+  is not moved above a barrier, so each round after the first is another memory latency that
+  no earlier kernel overlaps: what a latency-bound decode step waits for. Static counts in
+  program text (a loop body counts once).
 
     python3 benchmarks/kernel_resources.py [--json out.json]
 
@@ -181,6 +186,24 @@ def resources(cubin: bytes) -> dict:
     return row
 
 
+def after_wait(ptx: str) -> dict:
+    """Barriers and load rounds in the PTX after its first griddepcontrol.wait (None each when
+    there is none): a round is a stretch between barriers (bar.sync / barrier.sync) holding a
+    global load (ld.global or an async copy, cp.async ... .global)."""
+    lines = ptx.splitlines()
+    start = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
+    if start is None:
+        return {"bar_w": None, "rounds_w": None}
+    bars = rounds = 0
+    loads = False
+    for line in lines[start + 1 :]:
+        if re.search(r"\b(bar|barrier)\.sync\b", line):
+            bars, rounds, loads = bars + 1, rounds + loads, False
+        elif re.search(r"\bld\.global|\bcp\.async\S*\.global", line):
+            loads = True
+    return {"bar_w": bars, "rounds_w": rounds + loads}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the rows here too")
@@ -191,14 +214,15 @@ def main(argv=None) -> None:
 
     rows = []
     print(f"triton {triton.__version__}, sm_90, kernels of {os.path.dirname(compiled_from.__file__)}")
-    print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA | BAR/W | RND/W |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, fn, consts, ptrs, floats, opts in kernels():
         src = source(fn, consts, ptrs, floats)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-        row = dict(kernel=name, **resources(compiled.asm["cubin"]))
+        row = dict(kernel=name, **resources(compiled.asm["cubin"]), **after_wait(compiled.asm["ptx"]))
         rows.append(row)
-        cells = [row[k] for k in ("reg", "stack", "instructions", "ldl", "stl", "ldg", "mma")]
+        keys = ("reg", "stack", "instructions", "ldl", "stl", "ldg", "mma", "bar_w", "rounds_w")
+        cells = ["-" if row[k] is None else row[k] for k in keys]
         print(f"| {name} | " + " | ".join(str(c) for c in cells) + " |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -3,6 +3,7 @@ back (registers, stack, SASS counts) with the cuobjdump triton ships; one GEMV a
 attention case are compiled here (all of them take a minute), and a case that leaves out a
 constexpr is refused."""
 
+from benchmarks.kernel_resources import after_wait
 from tests.kernels.sm90 import compile_script
 
 SCRIPT = r"""
@@ -34,3 +35,25 @@ def test_cases_compile_and_read_back():
     assert int(out["cases"]) == 2 * 6 + 3 + 4 * 2  # attention x 2 kernels, prefill, GEMVs at 1 and 8 rows
     # a constexpr left out would be compiled as a runtime int: other code than what runs
     assert out["missing"] == "True"
+
+
+def test_after_wait_counts_barriers_and_load_rounds():
+    """Loads before the wait do not count; a stretch between barriers with any global load (or
+    async copy from global) is one round; one without is none."""
+    ptx = "\n".join(
+        [
+            "ld.global.v4.b32 {%r1}, [%rd1];",  # before the wait: the weight
+            "griddepcontrol.wait; // dummy",
+            "@%p1 ld.global.b16 {%rs1}, [%rd2];",  # round 1: x and the residual
+            "ld.global.b16 {%rs2}, [%rd3];",
+            "bar.sync 0;",
+            "add.f32 %f1, %f2, %f3;",  # no load: no round
+            "bar.sync 0;",
+            "cp.async.cg.shared.global [%r5], [%rd4], 0x10;",  # round 2
+            "barrier.sync 0;",
+            "st.global.b16 [%rd5], {%rs3};",
+        ]
+    )
+    assert after_wait(ptx) == {"bar_w": 3, "rounds_w": 2}
+    assert after_wait(ptx.replace("bar.sync 0;", "")) == {"bar_w": 1, "rounds_w": 1}  # one stretch
+    assert after_wait("ld.global.b16 {%rs1}, [%rd2];") == {"bar_w": None, "rounds_w": None}
