@@ -18,8 +18,8 @@ compiler API and reads the cubin with the cuobjdump that triton ships:
 
     python3 benchmarks/kernel_resources.py [--json out.json]
 
-Figures: benchmarks/RESULTS.md. TRITON_INTERPRET is dropped at start (this script compiles,
-it runs nothing).
+Figures: benchmarks/RESULTS.md. Run as a script it drops TRITON_INTERPRET before importing
+triton (it compiles, it runs nothing); imported, it leaves the environment alone.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import subprocess
 import sys
 import tempfile
 
-os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: compile, do not interpret
-
+if __name__ == "__main__":  # before triton is imported: a run compiles, it interprets nothing
+    os.environ.pop("TRITON_INTERPRET", None)  # (an import leaves it alone: a test session imports this)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import triton  # noqa: E402
