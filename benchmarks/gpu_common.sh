@@ -5,7 +5,7 @@
 # imported through tools/link_tree.py's tree (it is not installed there).
 gpu_setup() {
   out=${OUT:-/tmp/out}; mkdir -p "$out"; export PYTHONUNBUFFERED=1
-  if ls .whl/*.whl >/dev/null 2>&1; then
+  if compgen -G ".whl/*.whl" >/dev/null; then  # (not ls: under nullglob an empty glob lists the cwd)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
       .whl/*.whl >/dev/null 2>&1 || return 1
   fi

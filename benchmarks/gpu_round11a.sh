@@ -3,7 +3,7 @@
 # one machine. First (unless TESTS=0) the CUDA tests of the attention kernels, the backend and
 # the graphs on this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
 # each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64;
-# TEST_FILES replaces the test list);
+# TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none);
 # with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off.
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
@@ -16,13 +16,6 @@ source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 head_tree=$(mktemp -d); cp -r kernels impls worker "$head_tree"/  # every folder a variant may carry
 plugin=(-p enginespec.conformance.plugin --impl=fast)
-if [ "${TESTS:-1}" = 1 ]; then
-  # shellcheck disable=SC2086  # TEST_FILES is a list of paths
-  timeout 200 python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" ${TEST_FILES:-tests/kernels/test_decode_attention.py \
-  tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py} \
-  > "$out/pytest.log" 2>&1
-  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head; tail -1 "$out/pytest.log"
-fi
 for v in .dev_carry/variants/*/files; do  # restored below between trees: nothing else may differ
   other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker")
   [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/ and worker/ are restored"; exit 1; }
@@ -32,12 +25,25 @@ use() {  # use NAME: this tree's kernels/impls/worker, then the variant's files 
   [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }
+tests() {  # tests NAME: TEST_FILES (or the attention and graph tests) on the tree in place
+  # shellcheck disable=SC2086  # TEST_FILES is a list of paths
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" ${TEST_FILES:-tests/kernels/test_decode_attention.py \
+    tests/kernels/test_paged_attention.py tests/worker/test_cuda_graphs.py tests/impls/test_fast_examples.py} \
+    > "$out/pytest_$1.log" 2>&1
+  echo "pytest $1 rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest_$1.log" | head; tail -1 "$out/pytest_$1.log"
+}
+if [ "${TESTS:-1}" = 1 ]; then tests head; fi
+if [ "${TESTS:-1}" = all ]; then  # every tree's tests (the variants' kernels too)
+  use head; tests head
+  for v in .dev_carry/variants/*/; do use "$(basename "$v")"; tests "$(basename "$v")"; done
+  use head
+fi
 sweep() {  # sweep NAME COMMIT ROUND
   timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
     --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
   echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
 }
-for round in $(seq "${ROUNDS:-2}"); do
+for round in $(seq "${ROUNDS:-2}"); do  # ROUNDS=0: tests only
   use head; sweep head "$sha" "$round"
   for v in .dev_carry/variants/*/; do
     name=$(basename "$v"); use "$name"; sweep "$name" "$(cat "$v/SHA")" "$round"
