@@ -246,10 +246,10 @@ def _gemv_kernel(
     its x rows one at a time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): each row is
     loaded whole (its RMSNorm statistics come from that load), multiplied with the tile held in
     registers and stored. Its registers step up from one row to two and then stay about flat
-    to eight (triton 3.6, sm_90: 40-62 a thread at one row, 64-128 at eight, no spills), where a [BLOCK_M, BLOCK_N, BLOCK_K]
-    broadcast product would grow with the rows; its time does grow with them (each row is
-    another round of loads, FMAs on CUDA cores and reductions after the wait: about 2.5x a
-    row's at eight rows on the H200). With BLOCK_N of 1-8 a projection
+    to eight (triton 3.6, sm_90: 40-62 a thread at one row, 64-128 at eight, no spills), where
+    a [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would grow with the rows; its time does
+    grow with them (each row is another round of loads, FMAs on CUDA cores and reductions after
+    the wait: about 2.5x a row's at eight rows on the H200). With BLOCK_N of 1-8 a projection
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
