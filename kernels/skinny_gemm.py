@@ -107,12 +107,19 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 @triton.jit
 def _normed(x, rstd, norm_ptr, kk, mask_k):
-    """x [BM, BK] -> the RMSNorm module's output on these columns: (x * rstd) rounded to x's
-    dtype, times the weight, rounded again (transformers' rounding order)."""
+    """x [BM, BK] -> the RMSNorm module's output on these columns (_normed_by), the norm's
+    weight read here."""
+    return _normed_by(x, rstd, tl.load(norm_ptr + kk, mask=mask_k, other=0.0)[None, :])
+
+
+@triton.jit
+def _normed_by(x, rstd, norm_w):
+    """x [BM, BK], rstd [BM], the norm's weight on these columns ([1, BK], or x's shape) ->
+    (x * rstd) rounded to x's dtype, times the weight, rounded again (transformers' rounding
+    order)."""
     ty = x.dtype
-    w = tl.load(norm_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
     n = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32)
-    return (w[None, :] * n).to(ty)
+    return (norm_w.to(tl.float32) * n).to(ty)
 
 
 @triton.jit
@@ -253,8 +260,9 @@ def _gemv_kernel(
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
-    stream (gdc_wait), and every read of what an earlier kernel wrote (x, the norm's input, the
-    residual) and every store come after it; the next kernel may launch at once."""
+    stream (gdc_wait), as is the read of the norm's weight (a parameter: no kernel writes it);
+    every read of what an earlier kernel wrote (x, the norm's input, the residual) and every
+    store come after it; the next kernel may launch at once."""
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -265,19 +273,27 @@ def _gemv_kernel(
     w_up = w
     if USE_SILU_MUL:
         w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)  # [BN, BK]
+    if USE_NORM:
+        # x rows read through [BN, BK] offsets that repeat the row: the load takes the weight
+        # tile's layout, which the norm's reduction would otherwise have the compiler move the
+        # whole tile out of (through shared memory, after the wait)
+        x_tile = rk[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32)  # [BN, BK]
+        norm_w = tl.load(
+            norm_ptr + x_tile, mask=mask_k[None, :], other=0.0
+        )  # [BN, BK], before the wait: a weight
+    else:
+        x_tile = rk[None, :]  # [1, BK]
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes are visible
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
-        x = tl.load(
-            x_ptr + m * stride_xm + rk[None, :], mask=mask_k[None, :] & row_ok[:, None], other=0.0
-        )  # [1, BK]
-        if USE_NORM:
+        x = tl.load(x_ptr + m * stride_xm + x_tile, mask=mask_k[None, :] & row_ok[:, None], other=0.0)
+        if USE_NORM:  # x: [BN, BK], the row repeated
             xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
-            x = _normed(x, rstd, norm_ptr, rk, mask_k)
-        xf = x.to(tl.float32)  # [1, BK]
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [BN], one value repeated
+            x = _normed_by(x, rstd, norm_w)
+        xf = x.to(tl.float32)  # [1, BK] or [BN, BK]
         acc = tl.sum(w.to(tl.float32) * xf, axis=1, keep_dims=True)  # [BN, 1]
         acc_up = acc
         if USE_SILU_MUL:
