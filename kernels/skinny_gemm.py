@@ -63,7 +63,7 @@ def _store_out(
     bias_ptr,
     acc,
     acc_up,
-    res_ptrs,
+    res,
     cols,
     N,
     mask,
@@ -72,12 +72,13 @@ def _store_out(
     USE_RESIDUAL: tl.constexpr,
 ):
     """acc float32 (any tile shape: [BLOCK_M, BLOCK_N], or one row's [BLOCK_N, 1]) (+ bias) ->
-    out, rounded once. out_ptrs and res_ptrs point at each element's output and residual, cols
-    is its output column (broadcast to acc's shape). USE_SILU_MUL: acc is the gate and acc_up
-    the up projection (bias columns N + cols); each is rounded to out's dtype as the GEMM would
-    store it, then silu(gate) * up in float32, rounded once (the compiled decoder's fused
-    elementwise kernel computes it the same way). USE_RESIDUAL: the rounded result plus the
-    residual, rounded once more (the decoder's `hidden + proj(...)`)."""
+    out, rounded once. out_ptrs point at each element's output, cols is its output column
+    (broadcast to acc's shape), res the residual's values there (_residual: read by the caller,
+    as early as it may). USE_SILU_MUL: acc is the gate and acc_up the up projection (bias columns
+    N + cols); each is rounded to out's dtype as the GEMM would store it, then silu(gate) * up
+    in float32, rounded once (the compiled decoder's fused elementwise kernel computes it the
+    same way). USE_RESIDUAL: the rounded result plus the residual, rounded once more (the
+    decoder's `hidden + proj(...)`)."""
     ty = out_ptrs.dtype.element_ty
     if USE_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
@@ -87,9 +88,17 @@ def _store_out(
         gate = acc.to(ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
     if USE_RESIDUAL:
-        res = tl.load(res_ptrs, mask=mask, other=0.0)
         acc = acc.to(ty).to(tl.float32) + res.to(tl.float32)
     tl.store(out_ptrs, acc.to(ty), mask=mask)
+
+
+@triton.jit
+def _residual(res_ptrs, mask, USE_RESIDUAL: tl.constexpr):
+    """The residual's values at res_ptrs (USE_RESIDUAL), else a placeholder _store_out ignores."""
+    if USE_RESIDUAL:
+        return tl.load(res_ptrs, mask=mask, other=0.0)
+    else:
+        return 0.0
 
 
 @triton.jit
@@ -216,10 +225,12 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
+            res = _residual(res_ptrs, mask, USE_RESIDUAL)
+            _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
-        _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
+        res = _residual(res_ptrs, mask, USE_RESIDUAL)
+        _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
@@ -289,6 +300,9 @@ def _gemv_kernel(
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
         x = tl.load(x_ptr + m * stride_xm + x_tile, mask=mask_k[None, :] & row_ok[:, None], other=0.0)
+        cols, mask = rn[:, None], mask_n[:, None] & row_ok[None, :]  # [BN, 1]
+        # the residual is read beside x, not behind the reductions (a barrier keeps loads after it)
+        res = _residual(res_ptr + m * stride_rm + cols, mask, USE_RESIDUAL)
         if USE_NORM:  # x: [BN, BK], the row repeated
             xf = x.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [BN], one value repeated
@@ -298,9 +312,8 @@ def _gemv_kernel(
         acc_up = acc
         if USE_SILU_MUL:
             acc_up = tl.sum(w_up.to(tl.float32) * xf, axis=1, keep_dims=True)
-        cols = rn[:, None]  # [BN, 1]
-        _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res_ptr + m * stride_rm + cols, cols,
-                   N, mask_n[:, None] & row_ok[None, :], USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
+        _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res, cols, N, mask,
+                   USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
 @dataclass(frozen=True)
