@@ -62,10 +62,18 @@ def _norm_rope(
 
 
 @triton.jit
+def _tile_blocks(table_row, first, hi, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """The block-table entries [TILE] of the tile of keys from position `first`; keys at
+    positions >= hi read none (0)."""
+    kv_pos = first + tl.arange(0, TILE)  # [TILE]
+    return tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_pos < hi, other=0)
+
+
+@triton.jit
 def _prefetch_tile(
     cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
     stride_c_kv,
-    table_row,  # [max_blocks] int32: the request's block table row
+    block,  # [TILE] the tile's block-table entries (_tile_blocks)
     first,  # the tile's first key position
     hi,  # keys at positions >= hi are not prefetched
     head_off,
@@ -80,7 +88,6 @@ def _prefetch_tile(
     keys past hi fall back to the pool's first line."""
     kv_pos = first + tl.arange(0, TILE)  # [TILE]
     kv_ok = kv_pos < hi  # [TILE]
-    block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
     row = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off  # [TILE]
     lines = row[:, None] + tl.arange(0, HEAD_DIM // LINE)[None, :] * LINE  # [TILE, HEAD_DIM // LINE]
     lines = tl.where(kv_ok[:, None], lines, 0)
@@ -171,10 +178,14 @@ def _decode_attention_kernel(
         wk_p = tl.load(norm_ptr + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     head_off = kv_head * stride_c_head
     table_row = block_table_ptr + req * stride_bt
+    cached_hi = kv_hi - 1  # the pool's keys end here; the new one comes from registers
+    # The block-table entries of this split's first tile (the step's copy: no kernel of the
+    # chain writes it), read here so that the tile's K/V loads need no round trip of their own
+    block = _tile_blocks(table_row, t_lo * TILE, cached_hi, BLOCK_SIZE, TILE)  # [TILE]
     if USE_PDL:
         # While the q|k|v GEMM runs: ask L2 for this split's first tile of pooled keys and values
-        # (earlier steps wrote them; the block table is the step's copy), LINE elements a line.
-        _prefetch_tile(cache_ptr, stride_c_kv, table_row, t_lo * TILE, kv_hi - 1, head_off, stride_c_block,
+        # (earlier steps wrote them), LINE elements a line.
+        _prefetch_tile(cache_ptr, stride_c_kv, block, t_lo * TILE, cached_hi, head_off, stride_c_block,
                        stride_c_slot, BLOCK_SIZE, TILE, HEAD_DIM, LINE)  # fmt: skip
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
@@ -182,14 +193,15 @@ def _decode_attention_kernel(
     in_ty = qkv_ptr.dtype.element_ty
     row = qkv_ptr + req * stride_qkv
     q_off = q_head[:, None] * HEAD_DIM  # [BLOCK_M, 1]
+    # every read of the row first, before the norms' reductions (a barrier keeps loads after it)
     xq = tl.load(row + q_off + dims[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     xq_p = tl.load(row + q_off + partner[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
     xk = tl.load(row + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
     xk_p = tl.load(row + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     c_ty = cache_ptr.dtype.element_ty
-    k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
     v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(c_ty)  # [HEAD_DIM]
+    q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
+    k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
 
     if split == 0:  # the one writer of this request's new K/V for this head
         pos = tl.where(slot < 0, scratch_slot, slot)
@@ -206,14 +218,13 @@ def _decode_attention_kernel(
     acc = tl.where(has_new, zeros + v_new.to(tl.float32)[None, :], zeros)  # unnormalised output
 
     # Then the pool's keys before it, this split's tiles of them.
-    cached_hi = kv_hi - 1
     new_pos = seq_len - 1
     dim_ok = dims < HEAD_DIM
-    for t in range(t_lo, t_hi):
+    for t in range(t_lo, t_hi):  # `block` holds tile t's block-table entries
         kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
         kv_ok = kv_pos < cached_hi  # [TILE]
-        block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
         kv_slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
+        block = _tile_blocks(table_row, (t + 1) * TILE, cached_hi, BLOCK_SIZE, TILE)  # the next tile's
         visible = kv_ok[None, :]
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > new_pos - window)
