@@ -285,29 +285,23 @@ def _gemv_kernel(
     if USE_SILU_MUL:
         w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)  # [BN, BK]
     if USE_NORM:
-        # x rows read through [BN, BK] offsets that repeat the row: the load takes the weight
-        # tile's layout, which the norm's reduction would otherwise have the compiler move the
-        # whole tile out of (through shared memory, after the wait)
-        x_tile = rk[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32)  # [BN, BK]
         norm_w = tl.load(
-            norm_ptr + x_tile, mask=mask_k[None, :], other=0.0
-        )  # [BN, BK], before the wait: a weight
-    else:
-        x_tile = rk[None, :]  # [1, BK]
+            norm_ptr + rk[None, :], mask=mask_k[None, :], other=0.0
+        )  # [1, BK]: a weight, before the wait
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes are visible
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
-        x = tl.load(x_ptr + m * stride_xm + x_tile, mask=mask_k[None, :] & row_ok[:, None], other=0.0)
+        x = tl.load(x_ptr + m * stride_xm + rk[None, :], mask=mask_k[None, :] & row_ok[:, None], other=0.0)
         cols, mask = rn[:, None], mask_n[:, None] & row_ok[None, :]  # [BN, 1]
         # the residual is read beside x, not behind the reductions (a barrier keeps loads after it)
         res = _residual(res_ptr + m * stride_rm + cols, mask, USE_RESIDUAL)
-        if USE_NORM:  # x: [BN, BK], the row repeated
+        if USE_NORM:
             xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [BN], one value repeated
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
             x = _normed_by(x, rstd, norm_w)
-        xf = x.to(tl.float32)  # [1, BK] or [BN, BK]
+        xf = x.to(tl.float32)  # [1, BK]
         acc = tl.sum(w.to(tl.float32) * xf, axis=1, keep_dims=True)  # [BN, 1]
         acc_up = acc
         if USE_SILU_MUL:
