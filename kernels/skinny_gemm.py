@@ -291,12 +291,23 @@ def _gemv_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes are visible
+    # Every x row (and residual row) in one round of loads right after the wait: inside the
+    # loop, a row's loads would sit behind the previous row's reduction barriers
+    rm = tl.arange(0, BLOCK_M)  # [BM]
+    rows_ok = rm < M  # [BM]
+    x_all = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=rows_ok[:, None] & mask_k[None, :], other=0.0
+    )
+    res_ptrs = res_ptr + rm[None, :] * stride_rm + rn[:, None]  # [BN, BM]
+    res_all = _residual(res_ptrs, mask_n[:, None] & rows_ok[None, :], USE_RESIDUAL)  # [BN, BM]
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
-        x = tl.load(x_ptr + m * stride_xm + rk[None, :], mask=mask_k[None, :] & row_ok[:, None], other=0.0)
+        # row m of x_all (a sum over one nonzero: exact)
+        x = tl.sum(tl.where(rm[:, None] == m, x_all.to(tl.float32), 0.0), axis=0)[None, :].to(x_all.dtype)
         cols, mask = rn[:, None], mask_n[:, None] & row_ok[None, :]  # [BN, 1]
-        # the residual is read beside x, not behind the reductions (a barrier keeps loads after it)
-        res = _residual(res_ptr + m * stride_rm + cols, mask, USE_RESIDUAL)
+        res = res_all
+        if USE_RESIDUAL:  # column m of res_all: [BN, 1]
+            res = tl.sum(tl.where(rm[None, :] == m, res_all.to(tl.float32), 0.0), axis=1, keep_dims=True)
         if USE_NORM:
             xf = x.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
