@@ -63,7 +63,7 @@ def _store_out(
     bias_ptr,
     acc,
     acc_up,
-    res_ptrs,
+    res,
     cols,
     N,
     mask,
@@ -72,12 +72,13 @@ def _store_out(
     USE_RESIDUAL: tl.constexpr,
 ):
     """acc float32 (any tile shape: [BLOCK_M, BLOCK_N], or one row's [BLOCK_N, 1]) (+ bias) ->
-    out, rounded once. out_ptrs and res_ptrs point at each element's output and residual, cols
-    is its output column (broadcast to acc's shape). USE_SILU_MUL: acc is the gate and acc_up
-    the up projection (bias columns N + cols); each is rounded to out's dtype as the GEMM would
-    store it, then silu(gate) * up in float32, rounded once (the compiled decoder's fused
-    elementwise kernel computes it the same way). USE_RESIDUAL: the rounded result plus the
-    residual, rounded once more (the decoder's `hidden + proj(...)`)."""
+    out, rounded once. out_ptrs point at each element's output, cols is its output column
+    (broadcast to acc's shape), res the residual's values there (_residual: read by the caller,
+    as early as it may). USE_SILU_MUL: acc is the gate and acc_up the up projection (bias columns
+    N + cols); each is rounded to out's dtype as the GEMM would store it, then silu(gate) * up
+    in float32, rounded once (the compiled decoder's fused elementwise kernel computes it the
+    same way). USE_RESIDUAL: the rounded result plus the residual, rounded once more (the
+    decoder's `hidden + proj(...)`)."""
     ty = out_ptrs.dtype.element_ty
     if USE_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
@@ -87,9 +88,17 @@ def _store_out(
         gate = acc.to(ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(ty).to(tl.float32)
     if USE_RESIDUAL:
-        res = tl.load(res_ptrs, mask=mask, other=0.0)
         acc = acc.to(ty).to(tl.float32) + res.to(tl.float32)
     tl.store(out_ptrs, acc.to(ty), mask=mask)
+
+
+@triton.jit
+def _residual(res_ptrs, mask, USE_RESIDUAL: tl.constexpr):
+    """The residual's values at res_ptrs (USE_RESIDUAL), else a placeholder _store_out ignores."""
+    if USE_RESIDUAL:
+        return tl.load(res_ptrs, mask=mask, other=0.0)
+    else:
+        return 0.0
 
 
 @triton.jit
@@ -107,12 +116,19 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 @triton.jit
 def _normed(x, rstd, norm_ptr, kk, mask_k):
-    """x [BM, BK] -> the RMSNorm module's output on these columns: (x * rstd) rounded to x's
-    dtype, times the weight, rounded again (transformers' rounding order)."""
+    """x [BM, BK] -> the RMSNorm module's output on these columns (_normed_by), the norm's
+    weight read here."""
+    return _normed_by(x, rstd, tl.load(norm_ptr + kk, mask=mask_k, other=0.0)[None, :])
+
+
+@triton.jit
+def _normed_by(x, rstd, norm_w):
+    """x [BM, BK], rstd [BM], the norm's weight on these columns ([1, BK], or x's shape) ->
+    (x * rstd) rounded to x's dtype, times the weight, rounded again (transformers' rounding
+    order)."""
     ty = x.dtype
-    w = tl.load(norm_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
     n = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32)
-    return (w[None, :] * n).to(ty)
+    return (norm_w.to(tl.float32) * n).to(ty)
 
 
 @triton.jit
@@ -209,10 +225,12 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
+            res = _residual(res_ptrs, mask, USE_RESIDUAL)
+            _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
-        _store_out(out_ptrs, bias_ptr, acc, acc_up, res_ptrs, rn[None, :], N, mask,
+        res = _residual(res_ptrs, mask, USE_RESIDUAL)
+        _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
@@ -253,8 +271,9 @@ def _gemv_kernel(
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
-    stream (gdc_wait), and every read of what an earlier kernel wrote (x, the norm's input, the
-    residual) and every store come after it; the next kernel may launch at once."""
+    stream (gdc_wait), as is the read of the norm's weight (a parameter: no kernel writes it);
+    every read of what an earlier kernel wrote (x, the norm's input, the residual) and every
+    store come after it; the next kernel may launch at once."""
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -265,26 +284,41 @@ def _gemv_kernel(
     w_up = w
     if USE_SILU_MUL:
         w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)  # [BN, BK]
+    if USE_NORM:
+        norm_w = tl.load(
+            norm_ptr + rk[None, :], mask=mask_k[None, :], other=0.0
+        )  # [1, BK]: a weight, before the wait
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes are visible
+    # Every x row (and residual row) in one round of loads right after the wait: inside the
+    # loop, a row's loads would sit behind the previous row's reduction barriers
+    rm = tl.arange(0, BLOCK_M)  # [BM]
+    rows_ok = rm < M  # [BM]
+    x_all = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=rows_ok[:, None] & mask_k[None, :], other=0.0
+    )
+    res_ptrs = res_ptr + rm[None, :] * stride_rm + rn[:, None]  # [BN, BM]
+    res_all = _residual(res_ptrs, mask_n[:, None] & rows_ok[None, :], USE_RESIDUAL)  # [BN, BM]
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
-        x = tl.load(
-            x_ptr + m * stride_xm + rk[None, :], mask=mask_k[None, :] & row_ok[:, None], other=0.0
-        )  # [1, BK]
+        # row m of x_all (a sum over one nonzero: exact)
+        x = tl.sum(tl.where(rm[:, None] == m, x_all.to(tl.float32), 0.0), axis=0)[None, :].to(x_all.dtype)
+        cols, mask = rn[:, None], mask_n[:, None] & row_ok[None, :]  # [BN, 1]
+        res = res_all
+        if USE_RESIDUAL:  # column m of res_all: [BN, 1]
+            res = tl.sum(tl.where(rm[None, :] == m, res_all.to(tl.float32), 0.0), axis=1, keep_dims=True)
         if USE_NORM:
             xf = x.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
-            x = _normed(x, rstd, norm_ptr, rk, mask_k)
+            x = _normed_by(x, rstd, norm_w)
         xf = x.to(tl.float32)  # [1, BK]
         acc = tl.sum(w.to(tl.float32) * xf, axis=1, keep_dims=True)  # [BN, 1]
         acc_up = acc
         if USE_SILU_MUL:
             acc_up = tl.sum(w_up.to(tl.float32) * xf, axis=1, keep_dims=True)
-        cols = rn[:, None]  # [BN, 1]
-        _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res_ptr + m * stride_rm + cols, cols,
-                   N, mask_n[:, None] & row_ok[None, :], USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
+        _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res, cols, N, mask,
+                   USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     """attention looks its request up (order, query_start_loc, seq_lens), decode_attention
     too (order, seq_lens, slot, its first tile's block-table entries) and reads cos/sin and the
     norm weights, qkv_rope reads its
-    norm weights, cos/sin and slot, and the GEMV its weight before waiting (x, the norm's input
+    norm weights, cos/sin and slot, and the GEMV its weight and the norm's before waiting (x, the norm's input
     and the residual after), and the RMSNorm its weight; the decode merge its row's seq_len;
     the other merge and the SiLU*up read only what the kernel before wrote."""
     assert (reports[kernel][2] > 0) == reads_before
