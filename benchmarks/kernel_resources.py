@@ -82,12 +82,15 @@ def _attrs(fn, signature: dict) -> dict:
 
 def source(fn, consts: dict, ptrs: dict, floats=()):
     """The kernel's ASTSource as the JIT would build it for a launch of these shapes. Every
-    constexpr without a default must be given (one taken for a runtime int changes the code)."""
+    constexpr without a default must be given, and those not given take their defaults (one
+    taken for a runtime int would compile both branches of its ifs: not the code that runs)."""
     from triton.compiler import ASTSource
 
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in consts and not p.has_default]
     if missing:
         raise ValueError(f"{fn.__name__}: constexprs not given: {missing}")
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    consts = {**defaults, **consts}
 
     signature = _signature(fn, consts, ptrs, floats)
     return ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=_attrs(fn, signature))
