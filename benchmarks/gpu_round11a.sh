@@ -7,21 +7,22 @@
 # with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off.
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
-# NAME/SHA), sent beside the tree with carry [".dev_carry"].
+# NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
+# with TESTS=all), sent beside the tree with carry [".dev_carry"].
 # Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA
 set -u
 shopt -s nullglob
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
-head_tree=$(mktemp -d); cp -r kernels impls worker "$head_tree"/  # every folder a variant may carry
+head_tree=$(mktemp -d); cp -r kernels impls worker tests "$head_tree"/  # every folder a variant may carry
 plugin=(-p enginespec.conformance.plugin --impl=fast)
 for v in .dev_carry/variants/*/files; do  # restored below between trees: nothing else may differ
-  other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker")
-  [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/ and worker/ are restored"; exit 1; }
+  other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker|tests")
+  [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/, worker/ and tests/ are restored"; exit 1; }
 done
-use() {  # use NAME: this tree's kernels/impls/worker, then the variant's files over them
-  rm -rf kernels impls worker && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker .
+use() {  # use NAME: this tree's kernels/impls/worker/tests, then the variant's files over them
+  rm -rf kernels impls worker tests && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker "$head_tree"/tests .
   [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }
