@@ -3,7 +3,8 @@
 # one machine. First (unless TESTS=0) the CUDA tests of the attention kernels, the backend and
 # the graphs on this tree; then the 0.6B sweep (batches 1-64, LLM.generate at batch 1) on this tree and on
 # each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64;
-# TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none);
+# TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none; SWEEP_TIMEOUT,
+# default 120 s, bounds each sweep: more tuned row buckets compile longer in a tree's first round);
 # with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off.
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
@@ -40,7 +41,7 @@ if [ "${TESTS:-1}" = all ]; then  # every tree's tests (the variants' kernels to
   use head
 fi
 sweep() {  # sweep NAME COMMIT ROUND
-  timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
+  timeout "${SWEEP_TIMEOUT:-120}" python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
     --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
   echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
 }
