@@ -29,9 +29,9 @@ With split K these run in the last-arriving program's epilogue.
 
 The one-tile path (`_gemv_kernel`, SkinnyConfig(gemv=True), up to MAX_GEMV_ROWS rows): a
 tile is a whole row (BLOCK_K >= K), BLOCK_N is 1-8 weight rows, the weight load is issued first
-and the kernel has no K loop, so every program's loads are in flight at once; then each x row
-in turn against the tile in registers; the same fusions, with each row's RMSNorm statistics
-taken from that row's load. At one row it took the 0.6B
+and the kernel has no K loop, so every program's loads are in flight at once; after the wait
+all x rows in one round of loads, then each row in turn against the tile in registers; the same
+fusions, with each row's RMSNorm statistics taken from that row. At one row it took the 0.6B
 decode step from 1.43 to 1.05 ms on the H200 (benchmarks/RESULTS.md, fifth session).
 
 Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
@@ -260,14 +260,14 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
-    one load issued before anything else (no K loop, nothing to wait for first), then takes
-    its x rows one at a time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): each row is
-    loaded whole (its RMSNorm statistics come from that load), multiplied with the tile held in
-    registers and stored. Its registers step up from one row to two and then stay about flat
-    to eight (triton 3.6, sm_90: 40-62 a thread at one row, 64-128 at eight, no spills), where
-    a [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would grow with the rows; its time does
-    grow with them (each row is another round of loads, FMAs on CUDA cores and reductions after
-    the wait: about 2.5x a row's at eight rows on the H200). With BLOCK_N of 1-8 a projection
+    one load issued before anything else (no K loop, nothing to wait for first). After the
+    wait it loads all its x rows (and residual rows) in one round, then takes them one at a
+    time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): the row is taken out of the block by
+    a masked sum (exact), normed (its RMSNorm statistics from that row), multiplied with the
+    tile held in registers and stored. Registers (triton 3.6, sm_90): 39-62 a thread at one
+    row, 87-156 at eight, no spills; a [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would hold
+    BLOCK_M times the tile. Its time grows with the rows (FMAs on CUDA cores and reductions per
+    row), which is why the tuning offers it up to worker/gemm_tuning.GEMV_TUNE_ROWS rows. With BLOCK_N of 1-8 a projection
     has hundreds to thousands of programs, all resident at once: the whole weight is in flight
     together, which is what a bandwidth-bound read of a few MiB needs. USE_PDL (launched with
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
@@ -371,9 +371,9 @@ def interpreting() -> bool:
 # The broadcast (no tensor core) tiled path keeps a [BLOCK_M, BLOCK_N, BLOCK_K] float32
 # accumulator: it is meant for a handful of rows only.
 MAX_BROADCAST_ROWS = 4
-# The one-tile GEMV loops over its rows (unrolled), so its registers stay about flat past two
-# rows; its time grows with them, and the startup tuning offers it up to
-# worker/gemm_tuning.GEMV_TUNE_ROWS rows only.
+# The one-tile GEMV holds its x rows as one block and loops over them (unrolled): registers and
+# time grow with the rows, and the startup tuning offers it up to worker/gemm_tuning.GEMV_TUNE_ROWS
+# rows only.
 MAX_GEMV_ROWS = 8
 
 
