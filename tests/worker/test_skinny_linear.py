@@ -68,6 +68,27 @@ def test_fused_variants_time_the_plain_variants_best_shapes():
     assert table._candidates(4, 6144, 1024, 132, "norm_silu") == every[::-1][: sl.FUSED_TRIES]
 
 
+def test_pick_breaks_ties_toward_the_smaller_per_thread_tile():
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+
+    small = SkinnyConfig(4, 1024, use_dot=False, gemv=True)  # 32 weight elements a thread
+    big = SkinnyConfig(8, 1024, use_dot=False, gemv=True)  # 64
+    wide = SkinnyConfig(8, 1024, use_dot=False, num_warps=8, gemv=True)  # 32, slower than small
+    assert sl.per_thread(small) == sl.per_thread(wide) == 32 and sl.per_thread(big) == 64
+    # within TIE_MARGIN of the fastest: the smaller tile, though it timed slower
+    assert sl.pick([(4.00, big), (4.10, small)], 10.0) == sl.Choice(small, 4.10, 10.0)
+    # past TIE_MARGIN: the fastest
+    assert sl.pick([(4.00, big), (4.20, small)], 10.0).config == big
+    # equal tiles: the faster; equal times too: the earlier
+    assert sl.pick([(4.10, wide), (4.05, small), (4.00, big)], 10.0).config == small
+    assert sl.pick([(4.0, wide), (4.0, small)], 10.0).config == wide
+    # nothing beats the baseline by WIN_MARGIN: the baseline, untouched by the tie rule
+    assert sl.pick([(9.8, small)], 10.0) == sl.Choice(None, 10.0, 10.0)
+    assert sl.pick([], 10.0).config is None
+    # a tie only among winners: a loser within the margin of the fastest winner is not taken
+    assert sl.pick([(9.6, big), (9.75, small)], 10.0).config == big
+
+
 def test_precompile_runs_every_job_and_swallows_failures():
     ran = []
     gemm_tuning.precompile([lambda: ran.append(1), lambda: 1 / 0, lambda: ran.append(3)])
