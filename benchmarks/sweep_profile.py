@@ -26,19 +26,36 @@ def kernel_table(events, num_steps: int, top: int = 25) -> list[dict]:
 
     total: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for e in events:
-        if e.device_type == DeviceType.CUDA:
-            total[e.name] += e.time_range.end - e.time_range.start
-            count[e.name] += 1
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    for e in device:
+        total[e.name] += e.time_range.end - e.time_range.start
+        count[e.name] += 1
+    critical = critical_us(device)
     rows = sorted(total, key=total.get, reverse=True)[:top]
     return [
         {
             "name": name[:120],
             "us_per_step": total[name] / num_steps,
+            "critical_us_per_step": critical[name] / num_steps,
             "launches_per_step": count[name] / num_steps,
         }
         for name in rows
     ]
+
+
+def critical_us(events) -> dict[str, float]:
+    """Per name, the device time its events add to the busy span: in start order, each event is
+    charged for how far its end moves the latest end so far (0 when it ends inside an earlier
+    one). The charges add up to the union of the intervals. Under programmatic dependent launch a
+    kernel starts while the one before it runs, so its own duration counts its wait; this counts
+    what it costs the chain: its end minus the end before it."""
+    charged: dict[str, float] = defaultdict(float)
+    frontier = float("-inf")
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        start, end = e.time_range.start, e.time_range.end
+        charged[e.name] += max(0.0, end - max(frontier, start))
+        frontier = max(frontier, end)
+    return charged
 
 
 def profile_steps(core, shape, args) -> dict:

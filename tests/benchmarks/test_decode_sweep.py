@@ -79,6 +79,23 @@ def test_kernel_table_sums_device_time_per_name_and_step():
     ]
     table = kernel_table(events, num_steps=2)
     assert table == [
-        {"name": "gemm", "us_per_step": 6.0, "launches_per_step": 1.0},
-        {"name": "norm", "us_per_step": 1.0, "launches_per_step": 0.5},
+        {"name": "gemm", "us_per_step": 6.0, "critical_us_per_step": 6.0, "launches_per_step": 1.0},
+        {"name": "norm", "us_per_step": 1.0, "critical_us_per_step": 1.0, "launches_per_step": 0.5},
     ]
+
+
+def test_critical_time_charges_each_kernel_what_it_adds_to_the_chain():
+    """PDL: the GEMV starts (and waits) while the attention runs; it is charged its end minus
+    the attention's; a kernel wholly inside another adds nothing; an idle gap is nobody's."""
+    from types import SimpleNamespace
+
+    from benchmarks.sweep_profile import critical_us
+
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+    charged = critical_us(
+        [ev("gemv", 3, 10), ev("attn", 0, 5), ev("tiny", 4, 6), ev("gemv", 12, 14), ev("attn", 13, 20)]
+    )
+    assert charged == {"attn": 5 + 6, "gemv": 5 + 2, "tiny": 0}
+    assert sum(charged.values()) == 18  # the union of [0, 10] and [12, 20]
