@@ -50,9 +50,9 @@ import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
-# The one-tile kernel launches with programmatic dependent launch (kernels/pdl.py): each GEMV's
-# weight read starts while the kernel before it in the stream finishes, and only its reads of x
-# and the residual wait for it. H200, 6edd423 (benchmarks/gpu_round6d.sh): the batch-1 decode
+# Both kernels launch with programmatic dependent launch (kernels/pdl.py): each GEMV's weight
+# read (the tiled kernel's first K step of its slice) starts while the kernel before it in the
+# stream finishes, and only its reads of x and the residual wait for it. H200, 6edd423 (benchmarks/gpu_round6d.sh): the batch-1 decode
 # graph 0.913 -> 0.853 ms, LLM.generate 1.035 -> 0.974 ms/token; greedy parity on CUDA and the
 # GEMV's CUDA tests pass with it.
 
@@ -132,6 +132,16 @@ def _normed_by(x, rstd, norm_w):
 
 
 @triton.jit
+def _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM: tl.constexpr):
+    """x rows [BLOCK_M, 1] at columns kk [BLOCK_K] -> [BLOCK_M, BLOCK_K], RMS-normed with USE_NORM."""
+    mask_k = kk < K
+    x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    if USE_NORM:
+        x = _normed(x, rstd, norm_ptr, kk, mask_k)
+    return x
+
+
+@triton.jit
 def _mul_tile(acc, acc3, x, w, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
     """One K step of a tile: x [BM, BK] times w [BN, BK].T into acc [BM, BN] (tensor cores) or
     into acc3 [BM, BN, BK] (broadcast; reduced over K once after the loop)."""
@@ -173,7 +183,13 @@ def _skinny_gemm_kernel(
     USE_NORM: tl.constexpr,
     USE_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """USE_PDL (launched with launch_pdl): the slice's first weight tile (gate and up tiles with
+    USE_SILU_MUL) is loaded before waiting for the previous kernel in the stream (gdc_wait);
+    x, the norm's statistics, the rest of the slice, the partials, the counters and the residual
+    after. With the most K splits (a slice of one BLOCK_K step) the whole weight is in flight
+    before the wait, as in the one-tile kernel."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -187,16 +203,28 @@ def _skinny_gemm_kernel(
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT else BLOCK_K], dtype=tl.float32)
     acc3_up = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT or not USE_SILU_MUL else BLOCK_K], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    kk = k_start + rk  # [BLOCK_K] the slice's first step, peeled: its weight is read before the wait
+    w_mask = mask_n[:, None] & (kk < K)[None, :]
+    w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+    if USE_SILU_MUL:
+        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+    else:
+        w_up = w
+    if USE_PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # from here on, the previous kernel's writes (x, the residual) are visible
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_NORM:
         rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)  # [BLOCK_M]
-    k_start = pid_k * k_per_split
-    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+    x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
+    acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
+    if USE_SILU_MUL:
+        acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
+    for k0 in range(k_start + BLOCK_K, k_start + k_per_split, BLOCK_K):
         kk = k0 + rk  # [BLOCK_K]
-        mask_k = kk < K
-        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
-        if USE_NORM:
-            x = _normed(x, rstd, norm_ptr, kk, mask_k)
-        w_mask = mask_n[:, None] & mask_k[None, :]
+        x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
+        w_mask = mask_n[:, None] & (kk < K)[None, :]
         w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
         acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
         if USE_SILU_MUL:
@@ -485,6 +513,7 @@ def skinny_linear(
         part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles)
     kernel = _skinny_gemm_kernel.warmup if compile_only else _skinny_gemm_kernel[(tiles, splits)]
     extra = {"grid": (tiles, splits)} if compile_only else {}
+    pdl = pdl_enabled(x.device)
     kernel(
         out,
         x,
@@ -513,8 +542,10 @@ def skinny_linear(
         USE_NORM=norm_weight is not None,
         USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
+        USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **launch_options(pdl),
         **extra,
     )
     return out

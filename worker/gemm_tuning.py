@@ -46,17 +46,21 @@ def graph_us(fn: Callable[[], list], num_calls: int, reps: int = 7) -> tuple[flo
 def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False) -> list:
     """Launch shapes worth timing for a row bucket and N output columns: tensor-core tiles
     (BLOCK_N 32/64, BLOCK_K 128/256, within ~160 KiB of 3-stage shared memory; silu_mul streams
-    two weight tiles) and, for at most 4 rows, broadcast tiles; each with one K split and with
-    the fewest splits (a power of two, <= 8) that give every SM a program; for at most
+    two weight tiles) and, for at most 4 rows, broadcast tiles; each with one K split, with
+    the fewest splits (a power of two, <= 8) that give every SM a program, and with the most
+    (<= 8; slices of one or two BLOCK_K steps: the tiled kernel reads a slice's first step
+    before its PDL wait, so a one-step slice has its whole weight in flight); for at most
     GEMV_TUNE_ROWS rows, one-tile GEMV shapes. A list to measure,
     not a ranking."""
     from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 
     def splits(block_n: int, block_k: int) -> list[int]:
-        tiles, num = -(-n // block_n), 1
+        tiles, num, most = -(-n // block_n), 1, 1
         while tiles * num < num_sms and num < 8 and k // (2 * num) >= block_k:
             num *= 2
-        return sorted({1, num})
+        while most < 8 and k // (2 * most) >= block_k:
+            most *= 2
+        return sorted({1, num, most})
 
     out = []
     block_m, tiles_w = max(16, bucket), 2 if silu_mul else 1

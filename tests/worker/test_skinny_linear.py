@@ -48,6 +48,11 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
     assert any(c.gemv for c in found) == (bucket <= gemm_tuning.GEMV_TUNE_ROWS)
     # Few output tiles (N = 1024) need K splits to give 132 SMs work; each shape also runs unsplit.
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
+    # and each tiled shape with its most splits (<= 8): slices of one step where K allows
+    for c in found:
+        if not c.gemv:
+            most = max(s for s in (1, 2, 4, 8) if k // s >= c.block_k)
+            assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps) in found
 
 
 def test_no_one_tile_candidate_past_its_row_bound():
