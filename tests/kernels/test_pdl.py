@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, attention (decode attention
+"""Programmatic dependent launch (kernels/pdl.py) in the GEMV, the tiled GEMM, attention (decode attention
 too), q|k|v, RMSNorm and SiLU*up kernels, compiled for an H100/H200 (sm_90) with triton's ptxas on any machine
 (tests/kernels/sm90.py): each
 kernel's PTX has its griddepcontrol.wait, what it reads before the wait is only what no kernel
@@ -68,6 +68,16 @@ gemv = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=Tru
 ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
 fn = sg._gemv_kernel
 report("gemv", ptx_of(fn, sig_of(fn, gemv, ptrs, ("eps",)), gemv, {"num_warps": 4, "num_stages": 1}))
+ptrs = dict(ptrs, part_ptr="*fp32", count_ptr="*i32")
+fn = sg._skinny_gemm_kernel
+for name, tiled, warps in (
+    ("tiled", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True, USE_SILU_MUL=True, USE_NORM=True,
+                   USE_RESIDUAL=False), 4),
+    ("tiled_broadcast", dict(BLOCK_M=2, BLOCK_N=16, BLOCK_K=128, USE_DOT=False, USE_SILU_MUL=False,
+                             USE_NORM=False, USE_RESIDUAL=True), 4),
+):
+    tiled = dict(tiled, USE_SPLIT=True, USE_BIAS=False, DOT_FP32=False, USE_PDL=True)
+    report(name, ptx_of(fn, sig_of(fn, tiled, ptrs, ("eps",)), tiled, {"num_warps": warps, "num_stages": 3}))
 norm = dict(BLOCK_H=4096, USE_RESIDUAL=True, USE_PDL=True)
 ptrs = {n: "*bf16" for n in ("out_ptr", "res_out_ptr", "x_ptr", "res_ptr", "weight_ptr")}
 fn = rn._rms_norm_kernel
@@ -88,8 +98,9 @@ def reports():
 
 @pytest.mark.parametrize(
     "kernel",
-    ["attention", "decode_attention", "merge", "merge_decode", "qkv_rope", "gemv", "rms_norm", "silu_mul"],
-)
+    ["attention", "decode_attention", "merge", "merge_decode", "qkv_rope", "gemv", "tiled", "tiled_broadcast",
+     "rms_norm", "silu_mul"],
+)  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel][:6]
     assert (waits, triggers) == (1, 1)
@@ -106,6 +117,8 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("merge_decode", True),
         ("qkv_rope", True),
         ("gemv", True),
+        ("tiled", True),
+        ("tiled_broadcast", True),
         ("rms_norm", True),
         ("silu_mul", False),
     ],
@@ -115,7 +128,7 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     too (order, seq_lens, slot, its first tile's block-table entries) and reads cos/sin and the
     norm weights, qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight and the norm's before waiting (x, the norm's input
-    and the residual after), and the RMSNorm its weight; the decode merge its row's seq_len;
+    and the residual after), the tiled GEMM its slice's first weight tile, and the RMSNorm its weight; the decode merge its row's seq_len;
     the other merge and the SiLU*up read only what the kernel before wrote."""
     assert (reports[kernel][2] > 0) == reads_before
 
@@ -144,7 +157,7 @@ def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "rms_norm", "silu_mul"]
+    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "tiled", "rms_norm", "silu_mul"]
 )
 def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kernel):
     """decode_attention asks L2 for its first tile of pooled K/V while it waits (the pool's
