@@ -9,7 +9,8 @@
 # per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on).
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
 # NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
-# with TESTS=all), sent beside the tree with carry [".dev_carry"].
+# with TESTS=all; a variant may instead or also have NAME/ENV, VAR=value words set for its
+# sweep, e.g. ENGINESPEC_SKINNY_MAX_ROWS=32), sent beside the tree with carry [".dev_carry"].
 # Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA
 set -u
 shopt -s nullglob
@@ -24,7 +25,7 @@ for v in .dev_carry/variants/*/files; do  # restored below between trees: nothin
 done
 use() {  # use NAME: this tree's kernels/impls/worker/tests, then the variant's files over them
   rm -rf kernels impls worker tests && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker "$head_tree"/tests .
-  [ "$1" = head ] || cp -r ".dev_carry/variants/$1/files/." .
+  [ "$1" = head ] || [ ! -d ".dev_carry/variants/$1/files" ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }
 tests() {  # tests NAME: TEST_FILES (or the attention and graph tests) on the tree in place
@@ -41,7 +42,8 @@ if [ "${TESTS:-1}" = all ]; then  # every tree's tests (the variants' kernels to
   use head
 fi
 sweep() {  # sweep NAME COMMIT ROUND
-  timeout "${SWEEP_TIMEOUT:-120}" python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
+  # shellcheck disable=SC2046  # NAME/ENV: VAR=value words for this tree's sweep (none for head)
+  env $(cat ".dev_carry/variants/$1/ENV" 2>/dev/null) timeout "${SWEEP_TIMEOUT:-120}" python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
     --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
   echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
 }

@@ -144,11 +144,12 @@ class ModelRunner:
         """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
         weights and route the merged decoder's through the measured choice. Only for the
         merged decoder in bf16/fp16 on CUDA; otherwise says why and changes nothing."""
-        from enginespec.worker.skinny_linear import ENGINE_MAX_ROWS, resolve_switch
+        from enginespec.worker.skinny_linear import engine_max_rows, resolve_switch
         from enginespec.worker.skinny_ops import install
 
         if not resolve_switch(setting):
             return None
+        max_rows = engine_max_rows()  # a bad ENGINESPEC_SKINNY_MAX_ROWS is the user's error: raised
         merged = getattr(self.model, "merged", None)
         if (
             self.device.type != "cuda"
@@ -159,7 +160,7 @@ class ModelRunner:
                 log.warning("skinny_gemm needs the merged decoder in bf16/fp16 on CUDA; using cuBLAS")
             return None
         try:
-            return install(merged, self.device, max_rows=min(self.max_num_seqs, ENGINE_MAX_ROWS))
+            return install(merged, self.device, max_rows=min(self.max_num_seqs, max_rows))
         except Exception as e:  # noqa: BLE001 - an optimisation, never a requirement (as graphs are)
             log.warning("skinny_gemm tuning failed (%s: %s); using cuBLAS", type(e).__name__, e)
             return None

@@ -27,7 +27,7 @@ MergedLayer.forward). `install` points them at the custom ops `enginespec::linea
 run time (at graph capture for decode: each captured bucket bakes in its choice). Rows over
 `max_rows` and shapes not tuned run the baseline.
 
-On by default for steps of up to ENGINE_MAX_ROWS rows (bf16/fp16 on CUDA); EngineArgs.skinny_gemm=False
+On by default for steps of up to ENGINE_MAX_ROWS rows (engine_max_rows(); bf16/fp16 on CUDA); EngineArgs.skinny_gemm=False
 (or ENGINESPEC_SKINNY_GEMM=0) turns it off, so it can be A/B'd end to end
 (benchmarks/step_anatomy.py --engine-arg skinny_gemm=false).
 """
@@ -51,6 +51,10 @@ DEFAULT_MAX_ROWS = 64
 # decode from 1.43 to 1.05 ms/step and batch 8 from 1.65 to 1.35, while 16-64 rows measured no
 # gain over cuBLAS (benchmarks/RESULTS.md, fifth session); fewer buckets also tune faster.
 ENGINE_MAX_ROWS = 8
+# ENGINESPEC_SKINNY_MAX_ROWS overrides it (a power of two, 1-64), for A/B runs: with the tiled
+# kernel under PDL, 16 and 32 rows measured 7% and 4% faster routed, 64 rows 1% slower, in one
+# round (benchmarks/RESULTS.md, fourteenth session; not yet the default: one round, no suite).
+MAX_ROWS_ENV = "ENGINESPEC_SKINNY_MAX_ROWS"
 WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 # Shapes within 3% of the fastest are a tie: the tuning graph (each candidate after itself) does
 # not see what the decode graph does, where the launch overlaps its neighbours under PDL. The
@@ -61,6 +65,21 @@ TIE_MARGIN = 0.03
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
 VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
+
+
+def engine_max_rows() -> int:
+    """The most rows an engine's decode step routes through the table: ENGINE_MAX_ROWS, or
+    ENGINESPEC_SKINNY_MAX_ROWS when set (a power of two from 1 to DEFAULT_MAX_ROWS)."""
+    raw = os.environ.get(MAX_ROWS_ENV, "").strip()
+    if not raw:
+        return ENGINE_MAX_ROWS
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = 0
+    if not 1 <= rows <= DEFAULT_MAX_ROWS or rows & (rows - 1):
+        raise ValueError(f"{MAX_ROWS_ENV} must be a power of two from 1 to {DEFAULT_MAX_ROWS}, got {raw!r}")
+    return rows
 
 
 def resolve_switch(setting: Optional[bool]) -> bool:

@@ -94,6 +94,17 @@ def test_pick_breaks_ties_toward_the_smaller_per_thread_tile():
     assert sl.pick([(9.6, big), (9.75, small)], 10.0).config == big
 
 
+def test_engine_max_rows_reads_its_variable_and_rejects_bad_values(monkeypatch):
+    monkeypatch.delenv(sl.MAX_ROWS_ENV, raising=False)
+    assert sl.engine_max_rows() == sl.ENGINE_MAX_ROWS
+    monkeypatch.setenv(sl.MAX_ROWS_ENV, "32")
+    assert sl.engine_max_rows() == 32
+    for bad in ("0", "24", "128", "many"):
+        monkeypatch.setenv(sl.MAX_ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{sl.MAX_ROWS_ENV} must be a power of two from 1 to 64"):
+            sl.engine_max_rows()
+
+
 def test_precompile_runs_every_job_and_swallows_failures():
     ran = []
     gemm_tuning.precompile([lambda: ran.append(1), lambda: 1 / 0, lambda: ran.append(3)])
