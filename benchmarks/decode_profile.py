@@ -15,12 +15,23 @@ from enginespec.spec import SamplingParams
 from enginespec.testing.workload import Workload
 
 
+def device_events(events) -> list:
+    """The CUDA-side kernels, memcpys and memsets among profiler `events`: not the GPU-side
+    copies of `record_function` spans (user annotations, which cover whole phases such as
+    enginespec.execute and would be counted as device work)."""
+    from torch.autograd import DeviceType
+
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+
+
 def device_busy_us(events) -> tuple[float, int]:
     """Union of the CUDA-side (kernel, memcpy, memset) intervals among profiler `events`, in
     microseconds, and how many there were. A union, so overlapping streams are not counted twice."""
-    from torch.autograd import DeviceType
-
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in device_events(events))
     busy, cur_start, cur_end = 0.0, None, None
     for start, end in spans:
         if cur_end is None or start > cur_end:

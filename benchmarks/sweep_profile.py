@@ -14,19 +14,17 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.decode_profile import device_busy_us, step_until_steady
+from benchmarks.decode_profile import device_busy_us, device_events, step_until_steady
 from benchmarks.engine_runs import sync
 from enginespec.spec import SamplingParams
 
 
 def kernel_table(events, num_steps: int, top: int = 25) -> list[dict]:
-    """Per device-side name (kernels, memcpy, memset): microseconds and launches per step, the
-    largest total first."""
-    from torch.autograd import DeviceType
-
+    """Per device-side name (kernels, memcpy, memset; not user annotations): microseconds and
+    launches per step, the largest total first, and each name's critical time (critical_us)."""
     total: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    device = device_events(events)
     for e in device:
         total[e.name] += e.time_range.end - e.time_range.start
         count[e.name] += 1

@@ -66,12 +66,16 @@ def test_kernel_table_sums_device_time_per_name_and_step():
 
     from benchmarks.sweep_profile import kernel_table
 
-    def ev(device, name, start, end):
+    def ev(device, name, start, end, annotation=False):
         return SimpleNamespace(
-            device_type=device, name=name, time_range=SimpleNamespace(start=start, end=end)
+            device_type=device,
+            name=name,
+            time_range=SimpleNamespace(start=start, end=end),
+            is_user_annotation=annotation,
         )
 
     events = [
+        ev(DeviceType.CUDA, "enginespec.execute", 0, 16, annotation=True),  # a phase, not device work
         ev(DeviceType.CUDA, "gemm", 0, 6),
         ev(DeviceType.CUDA, "norm", 6, 8),
         ev(DeviceType.CUDA, "gemm", 10, 16),
