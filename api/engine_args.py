@@ -20,10 +20,10 @@ one GPU per rank on CUDA. `warmup`: run throwaway requests through every path at
 "disable_by_batch_size" (no drafts in a step starting with that many running requests; 64 by
 default, None for never: config.py says why)
 (engine/spec_decode/config.py; validated when the engine is built).
-`skinny_gemm` (ours): route the merged decoder's projection GEMMs of up to 8 rows through a
+`skinny_gemm` (ours): route the merged decoder's projection GEMMs of up to 32 rows through a
 per-shape choice between cuBLAS and the Triton skinny GEMM / one-tile GEMV, measured on the
 model's weights at startup (worker/skinny_linear.py; bf16/fp16 on CUDA only); None reads
-ENGINESPEC_SKINNY_GEMM (0 = off), default on.
+ENGINESPEC_SKINNY_GEMM (0 = off), default on; ENGINESPEC_SKINNY_MAX_ROWS sets the row bound.
 `max_cudagraph_capture_size` (vLLM's compilation-config name): steps whose requests carry more
 than one token (prefill chunks beside decodes, speculative verification) replay a CUDA graph when
 their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py); None = 2048

@@ -22,9 +22,7 @@ def device_events(events) -> list:
     from torch.autograd import DeviceType
 
     return [
-        e
-        for e in events
-        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
 
 

@@ -47,13 +47,13 @@ from enginespec.worker.gemm_tuning import candidates, graph_us, precompile
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ROWS = 64
-# What an engine tunes and routes (row buckets 1-8): on the H200 the one-tile GEMV took batch-1
-# decode from 1.43 to 1.05 ms/step and batch 8 from 1.65 to 1.35, while 16-64 rows measured no
-# gain over cuBLAS (benchmarks/RESULTS.md, fifth session); fewer buckets also tune faster.
-ENGINE_MAX_ROWS = 8
-# ENGINESPEC_SKINNY_MAX_ROWS overrides it (a power of two, 1-64), for A/B runs: with the tiled
-# kernel under PDL, 16 and 32 rows measured 7% and 4% faster routed, 64 rows 1% slower, in one
-# round (benchmarks/RESULTS.md, fourteenth session; not yet the default: one round, no suite).
+# What an engine tunes and routes (row buckets 1-32). On the H200 the one-tile GEMV took batch-1
+# decode from 1.43 to 1.05 ms/step and batch 8 from 1.65 to 1.35 (fifth session); 16-64 rows
+# gained nothing over cuBLAS then. With the tiled kernel under PDL and its one-step K slices
+# (fourteenth session, two rounds) routing 16 and 32 rows measured 7-9% and 4-6% faster decode
+# steps, 64 rows -0.3% to +1%: the bound stops at 32 (fewer buckets also tune faster).
+ENGINE_MAX_ROWS = 32
+# ENGINESPEC_SKINNY_MAX_ROWS overrides it (a power of two, 1-64), for A/B runs.
 MAX_ROWS_ENV = "ENGINESPEC_SKINNY_MAX_ROWS"
 WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise never flips the choice
 # Shapes within 3% of the fastest are a tie: the tuning graph (each candidate after itself) does
