@@ -52,9 +52,10 @@ from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_optio
 
 # Both kernels launch with programmatic dependent launch (kernels/pdl.py): each GEMV's weight
 # read (the tiled kernel's first K step of its slice) starts while the kernel before it in the
-# stream finishes, and only its reads of x and the residual wait for it. H200, 6edd423 (benchmarks/gpu_round6d.sh): the batch-1 decode
-# graph 0.913 -> 0.853 ms, LLM.generate 1.035 -> 0.974 ms/token; greedy parity on CUDA and the
-# GEMV's CUDA tests pass with it.
+# stream finishes, and only its reads of x and the residual wait for it. H200, 6edd423
+# (benchmarks/gpu_round6d.sh), the one-tile kernel: the batch-1 decode graph 0.913 -> 0.853 ms,
+# LLM.generate 1.035 -> 0.974 ms/token. The tiled kernel's: 16- and 32-row decode steps 7-9% and
+# 4-6% faster once routed (benchmarks/RESULTS.md, fourteenth session).
 
 
 @triton.jit
@@ -142,6 +143,18 @@ def _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM: tl.constexpr):
 
 
 @triton.jit
+def _w_tiles(w_rows, up_rows, kk, mask_n, K, USE_SILU_MUL: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] at columns kk of rows w_rows [BLOCK_N, 1], and with
+    USE_SILU_MUL the up rows' tile (else the same tile again, not loaded twice)."""
+    w_mask = mask_n[:, None] & (kk < K)[None, :]
+    w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
+    w_up = w
+    if USE_SILU_MUL:
+        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
+    return w, w_up
+
+
+@triton.jit
 def _mul_tile(acc, acc3, x, w, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
     """One K step of a tile: x [BM, BK] times w [BN, BK].T into acc [BM, BN] (tensor cores) or
     into acc3 [BM, BN, BK] (broadcast; reduced over K once after the loop)."""
@@ -205,12 +218,7 @@ def _skinny_gemm_kernel(
     acc3_up = tl.zeros([BLOCK_M, BLOCK_N, 1 if USE_DOT or not USE_SILU_MUL else BLOCK_K], dtype=tl.float32)
     k_start = pid_k * k_per_split
     kk = k_start + rk  # [BLOCK_K] the slice's first step, peeled: its weight is read before the wait
-    w_mask = mask_n[:, None] & (kk < K)[None, :]
-    w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
-    if USE_SILU_MUL:
-        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
-    else:
-        w_up = w
+    w, w_up = _w_tiles(w_rows, up_rows, kk, mask_n, K, USE_SILU_MUL)  # [BN, BK] each
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes (x, the residual) are visible
@@ -224,11 +232,9 @@ def _skinny_gemm_kernel(
     for k0 in range(k_start + BLOCK_K, k_start + k_per_split, BLOCK_K):
         kk = k0 + rk  # [BLOCK_K]
         x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
-        w_mask = mask_n[:, None] & (kk < K)[None, :]
-        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+        w, w_up = _w_tiles(w_rows, up_rows, kk, mask_n, K, USE_SILU_MUL)  # [BN, BK] each
         acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
         if USE_SILU_MUL:
-            w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
             acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
