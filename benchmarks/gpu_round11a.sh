@@ -6,7 +6,7 @@
 # TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none; SWEEP_TIMEOUT,
 # default 120 s, bounds each sweep: more tuned row buckets compile longer in a tree's first round);
 # with PROFILE=1, then this tree's
-# per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on).
+# per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on), and each of PROFILE_VARIANTS' (names).
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
 # NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
 # with TESTS=all; a variant may instead or also have NAME/ENV, VAR=value words set for its
@@ -55,13 +55,22 @@ for round in $(seq "${ROUNDS:-2}"); do  # ROUNDS=0: tests only
 done
 use head
 pdl=${PROFILE_PDL:-0}  # PROFILE_PDL=1 profiles with PDL on: then read the critical column, not the own one
-[ "${PROFILE:-0}" = 1 ] && ENGINESPEC_PDL=$pdl timeout 120 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1 --profile \
-  --out "$out/sweep_prof1_pdl${pdl}_h200_$sha.json" > "$out/prof.log" 2>&1
-[ "${PROFILE:-0}" = 1 ] && python3 - "$out/sweep_prof1_pdl${pdl}_h200_$sha.json" <<'PY'
+profile() {  # profile NAME COMMIT: the batch-1 per-kernel profile of the tree in place
+  # shellcheck disable=SC2046  # NAME/ENV as in sweep
+  env $(cat ".dev_carry/variants/$1/ENV" 2>/dev/null) ENGINESPEC_PDL=$pdl timeout 120 python3 benchmarks/decode_sweep.py \
+    --git-commit "$2" --batches 1 --profile --out "$out/sweep_prof1_pdl${pdl}_$1_h200_$2.json" > "$out/prof_$1.log" 2>&1
+  echo "profile $1 rc=$?"
+  python3 - "$out/sweep_prof1_pdl${pdl}_$1_h200_$2.json" <<'PY'
 import json, sys
 prof = json.load(open(sys.argv[1]))["profile"]
 print(f"busy {prof['gpu_busy_ms_per_step']:.3f} ms/step; us/step: own, critical (what it adds to the chain)")
 for k in sorted(prof["top"], key=lambda k: -k.get("critical_us_per_step", 0))[:12]:
     print(f"{k['us_per_step']:9.1f} {k.get('critical_us_per_step', 0):9.1f} {k['launches_per_step']:6.1f} x {k['name'][:70]}")
 PY
+}
+if [ "${PROFILE:-0}" = 1 ]; then  # this tree, then each of PROFILE_VARIANTS (names of variants)
+  use head; profile head "$sha"
+  for name in ${PROFILE_VARIANTS:-}; do use "$name"; profile "$name" "$(cat ".dev_carry/variants/$name/SHA")"; done
+  use head
+fi
 cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log *.png; ls

@@ -40,6 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
 # The Qwen3-0.6B decode shapes: 16 q / 8 kv heads of 128, bf16, 16-token blocks.
+# The fused decode attention's small-batch configs that read their first tile before the wait.
+DECODE_PRELOAD_CONFIGS = [(16, 1), (32, 1), (32, 2), (64, 1)]  # (tile, stages)
 ATTENTION_CONFIGS = [  # (split, tile, warps): the split rows are what batch 1-32 runs
     (True, 128, 4),
     (True, 128, 8),
@@ -129,6 +131,12 @@ def kernels() -> list:
         )
         floats = ("scale_log2", "eps")
         cases.append((f"decode_attention {tag}", da._decode_attention_kernel, dec, ptrs, floats, opts))
+    for tile, stages in DECODE_PRELOAD_CONFIGS:
+        pre = dict(dec, TILE=tile, IS_SPLIT=True, PRELOAD=True)
+        name = f"decode_attention preload split=1 tile={tile} warps=4 stages={stages}"
+        cases.append(
+            (name, da._decode_attention_kernel, pre, ptrs, floats, {"num_warps": 4, "num_stages": stages})
+        )
     for block_m, warps, stages in PREFILL_CONFIGS:
         paged = dict(
             NUM_Q_HEADS=16,

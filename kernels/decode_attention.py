@@ -28,6 +28,9 @@ still writes its K/V to the scratch block.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from typing import Optional
 
 import torch
@@ -35,7 +38,15 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels import paged_attention as pa
-from enginespec.kernels.paged_attention import _attend_tile, _store_rows, _tile_range
+from enginespec.kernels.paged_attention import (
+    _add_values,
+    _attend_tile,
+    _load_keys,
+    _load_values,
+    _score_tile,
+    _store_rows,
+    _tile_range,
+)
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled, prefetch_l2
 
 
@@ -80,12 +91,19 @@ def _prefetch_tile(
     keys past hi fall back to the pool's first line."""
     kv_pos = first + tl.arange(0, TILE)  # [TILE]
     kv_ok = kv_pos < hi  # [TILE]
-    block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
-    row = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off  # [TILE]
+    row = _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE)  # [TILE]
     lines = row[:, None] + tl.arange(0, HEAD_DIM // LINE)[None, :] * LINE  # [TILE, HEAD_DIM // LINE]
     lines = tl.where(kv_ok[:, None], lines, 0)
     prefetch_l2(cache_ptr + lines)
     prefetch_l2(cache_ptr + stride_c_kv + lines)
+
+
+@triton.jit
+def _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE: tl.constexpr):
+    """[TILE] int64 offsets in the pool of keys at positions kv_pos (0 where not kv_ok), through
+    the request's block table row."""
+    block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
+    return block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
 
 
 @triton.jit(do_not_specialize=["num_splits", "window", "stride_bt"])
@@ -130,6 +148,7 @@ def _decode_attention_kernel(
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     LINE: tl.constexpr = 64,
+    PRELOAD: tl.constexpr = False,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -171,11 +190,26 @@ def _decode_attention_kernel(
         wk_p = tl.load(norm_ptr + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     head_off = kv_head * stride_c_head
     table_row = block_table_ptr + req * stride_bt
+    cached_hi = kv_hi - 1  # the pool's keys: positions < seq_len - 1
+    dim_ok = dims < HEAD_DIM
+    t_loop = t_lo  # the first tile the loop below reads from the pool
+    if PRELOAD:
+        t_loop = t_lo + 1
+        # The split's first tile of pooled keys and values, into registers, before the wait.
+        first_pos = t_lo * TILE + tl.arange(0, TILE)  # [TILE]
+        first_ok = first_pos < cached_hi  # [TILE]
+        first_slot = _pool_slots(
+            table_row, first_pos, first_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE
+        )
+        k_first = _load_keys(cache_ptr, first_slot, first_ok, dims, dim_ok)  # [HEAD_DIM, TILE]
+        v_first = _load_values(cache_ptr, stride_c_kv, first_slot, first_ok, dims, dim_ok)  # [TILE, HEAD_DIM]
     if USE_PDL:
         # While the q|k|v GEMM runs: ask L2 for this split's first tile of pooled keys and values
-        # (earlier steps wrote them; the block table is the step's copy), LINE elements a line.
-        _prefetch_tile(cache_ptr, stride_c_kv, table_row, t_lo * TILE, kv_hi - 1, head_off, stride_c_block,
-                       stride_c_slot, BLOCK_SIZE, TILE, HEAD_DIM, LINE)  # fmt: skip
+        # not read above (earlier steps wrote them; the block table is the step's copy), LINE
+        # elements a line.
+        _prefetch_tile(cache_ptr, stride_c_kv, table_row, t_loop * TILE,
+                       tl.minimum(cached_hi, t_hi * TILE), head_off, stride_c_block, stride_c_slot,
+                       BLOCK_SIZE, TILE, HEAD_DIM, LINE)  # fmt: skip
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
 
@@ -184,12 +218,13 @@ def _decode_attention_kernel(
     q_off = q_head[:, None] * HEAD_DIM  # [BLOCK_M, 1]
     xq = tl.load(row + q_off + dims[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     xq_p = tl.load(row + q_off + partner[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
     xk = tl.load(row + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
     xk_p = tl.load(row + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     c_ty = cache_ptr.dtype.element_ty
-    k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
+    # v_new with q and k: one load round for the whole row, before the norms' reductions.
     v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(c_ty)  # [HEAD_DIM]
+    q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
+    k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
 
     if split == 0:  # the one writer of this request's new K/V for this head
         pos = tl.where(slot < 0, scratch_slot, slot)
@@ -205,15 +240,18 @@ def _decode_attention_kernel(
     zeros = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc = tl.where(has_new, zeros + v_new.to(tl.float32)[None, :], zeros)  # unnormalised output
 
-    # Then the pool's keys before it, this split's tiles of them.
-    cached_hi = kv_hi - 1
+    # Then the pool's keys before it, this split's tiles of them (the first from registers).
     new_pos = seq_len - 1
-    dim_ok = dims < HEAD_DIM
-    for t in range(t_lo, t_hi):
+    if PRELOAD:
+        visible = first_ok[None, :]
+        if USE_WINDOW:
+            visible = visible & (first_pos[None, :] > new_pos - window)
+        m_i, l_i, p, alpha = _score_tile(q, k_first, visible, m_i, l_i, scale_log2, DOT_FP32)
+        acc = _add_values(acc, alpha, p, v_first, DOT_FP32)
+    for t in range(t_loop, t_hi):
         kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
         kv_ok = kv_pos < cached_hi  # [TILE]
-        block = tl.load(table_row + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)  # [TILE]
-        kv_slot = block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
+        kv_slot = _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE)
         visible = kv_ok[None, :]
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > new_pos - window)
@@ -237,6 +275,61 @@ def _decode_attention_kernel(
         out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits,
         stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, IS_SPLIT,
     )  # fmt: skip
+
+
+DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
+_OVERRIDE_KEYS = ("tile", "splits", "warps", "stages", "preload", "max_rows")
+
+
+def decode_config(
+    num_reqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    device: torch.device,
+    itemsize: int = 2,
+) -> pa.LaunchConfig:
+    """The launch config of a decode-only batch of num_reqs rows: paged_attention's
+    choose_config, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
+    key=value pairs of tile, splits, warps, stages, preload (0/1) and max_rows (the override
+    applies to batches of at most that many rows; default every batch), e.g.
+    "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
+    cfg = pa.choose_config(
+        num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, 1, max_seq_len, device, itemsize
+    )
+    override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
+    if not override or num_reqs > override.get("max_rows", num_reqs):
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        tile=override.get("tile", cfg.tile),
+        num_splits=override.get("splits", cfg.num_splits),
+        num_warps=override.get("warps", cfg.num_warps),
+        num_stages=override.get("stages", cfg.num_stages),
+        preload=bool(override.get("preload", cfg.preload)),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _env_override(raw: str) -> dict:
+    """ENGINESPEC_DECODE_ATTN parsed: {key: int}; ValueError naming the variable otherwise."""
+    out: dict = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, _, value = item.partition("=")
+        if key not in _OVERRIDE_KEYS or not value.strip().isdigit():
+            raise ValueError(
+                f"{DECODE_ATTN_ENV} takes key=int pairs of {', '.join(_OVERRIDE_KEYS)}; got {item!r} in {raw!r}"
+            )
+        out[key] = int(value)
+    splits = out.get("splits", 1)
+    if splits < 1 or splits & (splits - 1) or out.get("warps", 4) not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"{DECODE_ATTN_ENV}: splits must be a power of two >= 1 and warps one of 1-16, got {raw!r}"
+        )
+    if out.get("stages", 1) < 1 or out.get("max_rows", 1) < 1:
+        raise ValueError(f"{DECODE_ATTN_ENV}: stages and max_rows must be >= 1, got {raw!r}")
+    return out
 
 
 def supported(head_dim: int) -> bool:
@@ -279,16 +372,8 @@ def decode_attention(
     out = torch.empty(num_reqs, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if num_reqs == 0:
         return out
-    cfg = config or pa.choose_config(
-        num_reqs,
-        num_reqs,
-        num_q_heads,
-        num_kv_heads,
-        head_dim,
-        1,
-        max_seq_len,
-        qkv.device,
-        cache.element_size(),
+    cfg = config or decode_config(
+        num_reqs, num_q_heads, num_kv_heads, head_dim, max_seq_len, qkv.device, cache.element_size()
     )
     group = num_q_heads // num_kv_heads
     pa.check_config(cfg, group)
@@ -338,6 +423,7 @@ def decode_attention(
         DOT_FP32=qkv.dtype == torch.float32 or pa._interpreting(),
         USE_PDL=pdl,
         LINE=max(1, min(head_dim, 128 // cache.element_size())),
+        PRELOAD=cfg.preload,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

@@ -110,11 +110,35 @@ def _attend_tile(
     """One step of online softmax over a tile of keys: load K and V from the pool, score,
     mask, rescale the running (max, sum, acc) and add the tile's share. Rows that have seen
     nothing yet (max -inf) keep acc = 0 and sum 0. Returns (m_i, l_i, acc)."""
-    k = tl.load(
-        cache_ptr + slot[None, :] + dims[:, None],  # [HEAD_PAD, TILE]
-        mask=kv_ok[None, :] & dim_ok[:, None],
+    k = _load_keys(cache_ptr, slot, kv_ok, dims, dim_ok)
+    m_new, l_i, p, alpha = _score_tile(q, k, visible, m_i, l_i, scale_log2, DOT_FP32)
+    v = _load_values(cache_ptr, stride_c_kv, slot, kv_ok, dims, dim_ok)
+    return m_new, l_i, _add_values(acc, alpha, p, v, DOT_FP32)
+
+
+@triton.jit
+def _load_keys(cache_ptr, slot, kv_ok, dims, dim_ok):
+    """A tile's keys, transposed: [HEAD_PAD, TILE] (0 where a key or dim does not exist)."""
+    return tl.load(
+        cache_ptr + slot[None, :] + dims[:, None], mask=kv_ok[None, :] & dim_ok[:, None], other=0.0
+    )
+
+
+@triton.jit
+def _load_values(cache_ptr, stride_c_kv, slot, kv_ok, dims, dim_ok):
+    """A tile's values: [TILE, HEAD_PAD] (0 where a key or dim does not exist)."""
+    return tl.load(
+        cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],
+        mask=kv_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )
+
+
+@triton.jit
+def _score_tile(q, k, visible, m_i, l_i, scale_log2, DOT_FP32: tl.constexpr):
+    """q [BLOCK_M, HEAD_PAD] against k [HEAD_PAD, TILE]: the new running max and sum, the
+    tile's probabilities p [BLOCK_M, TILE] (unnormalised) and alpha [BLOCK_M], the factor that
+    rescales what was accumulated before. A row whose max is still -inf gets p = 0, alpha 1."""
     if DOT_FP32:
         s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
     else:
@@ -124,17 +148,15 @@ def _attend_tile(
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked rows stay 0
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])  # [BLOCK_M, TILE]
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(
-        cache_ptr + stride_c_kv + slot[:, None] + dims[None, :],  # [TILE, HEAD_PAD]
-        mask=kv_ok[:, None] & dim_ok[None, :],
-        other=0.0,
-    )
+    return m_new, l_i * alpha + tl.sum(p, 1), p, alpha
+
+
+@triton.jit
+def _add_values(acc, alpha, p, v, DOT_FP32: tl.constexpr):
+    """acc [BLOCK_M, HEAD_PAD] rescaled by alpha, plus p [BLOCK_M, TILE] @ v [TILE, HEAD_PAD]."""
     if DOT_FP32:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+        return acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
 
 @triton.jit
@@ -352,16 +374,28 @@ class LaunchConfig:
     num_splits: int
     num_warps: int
     num_stages: int
+    # Fused decode attention only (kernels/decode_attention.py): read the first key tile's K and
+    # V into registers before the PDL wait. Costs a [TILE, D] pair of registers a program, so
+    # only small tiles (at most MAX_PRELOAD_TILE keys) at small batch take it.
+    preload: bool = False
+
+
+MAX_PRELOAD_TILE = 64
 
 
 def check_config(cfg: LaunchConfig, group: int) -> None:
-    """A launch config's block holds at least one token's GROUP query heads, and its split
-    count is a power of two (the merge's range)."""
+    """A launch config's block holds at least one token's GROUP query heads, its split count
+    is a power of two (the merge's range), its tile a power of two of at least 16 keys
+    (tl.dot), and a preloading config's tile at most MAX_PRELOAD_TILE keys."""
     if cfg.block_m < group or cfg.num_splits & (cfg.num_splits - 1):
         raise ValueError(
             f"config: block_m {cfg.block_m} must be >= group {group} and "
             f"num_splits {cfg.num_splits} a power of two"
         )
+    if cfg.tile < 16 or cfg.tile & (cfg.tile - 1):
+        raise ValueError(f"config: tile {cfg.tile} must be a power of two >= 16")
+    if cfg.preload and cfg.tile > MAX_PRELOAD_TILE:
+        raise ValueError(f"config: a preloading config's tile {cfg.tile} must be <= {MAX_PRELOAD_TILE}")
 
 
 _SM_COUNT: dict = {}

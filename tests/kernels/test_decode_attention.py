@@ -122,15 +122,20 @@ def test_matches_the_reference(heads, norm, block_size, window):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("window", [0, 13])
-def test_split_kv_with_launch_order(num_splits, window):
+@pytest.mark.parametrize("preload", [False, True])
+def test_split_kv_with_launch_order(num_splits, window, preload):
     """Forced splits (each split's partials merged), requests launched in a shuffled order;
     only split 0 writes the new K/V and counts the new key. 16-key tiles, so one split (or
     split 0 of two) walks several tiles of one request: each tile's block-table entries must
-    be its own."""
+    be its own. preload: the first tile of each split comes from registers read before the
+    PDL wait, the loop starts one tile later (a request of 1 or 17 keys has no pooled key past
+    its first tile: the loop must not run it twice)."""
     seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17, 33]  # 1-3 tiles of 16: some splits own none
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 5 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(num_splits))
-    config = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)
+    config = LaunchConfig(
+        block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2, preload=preload
+    )
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
@@ -189,5 +194,33 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="num_splits 3 a power of two"):
         bad = LaunchConfig(block_m=16, tile=16, num_splits=3, num_warps=4, num_stages=2)
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
+    with pytest.raises(ValueError, match="tile 128 must be <= 64"):
+        bad = LaunchConfig(block_m=16, tile=128, num_splits=1, num_warps=4, num_stages=2, preload=True)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
+    with pytest.raises(ValueError, match="tile 24 must be a power of two"):
+        bad = LaunchConfig(block_m=16, tile=24, num_splits=1, num_warps=4, num_stages=2)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
     with pytest.raises(ValueError, match="qkv must be"):
         decode_attention(qkv[:, :-16], cos, sin, weight, 1e-6, batch.cache, *args, **kw)
+
+
+def test_env_override_reaches_small_batches_only(monkeypatch):
+    """ENGINESPEC_DECODE_ATTN replaces the config's named fields for batches of at most
+    max_rows rows; larger batches keep choose_config's."""
+    dev = torch.device("cpu")
+    base = da.decode_config(4, 16, 8, 128, 4096, dev)
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, "tile=32, splits=64,stages=1,preload=1,max_rows=2")
+    small = da.decode_config(2, 16, 8, 128, 4096, dev)
+    assert (small.tile, small.num_splits, small.num_stages, small.preload) == (32, 64, 1, True)
+    assert (small.block_m, small.num_warps) == (base.block_m, base.num_warps)
+    assert da.decode_config(4, 16, 8, 128, 4096, dev) == base
+
+
+@pytest.mark.parametrize(
+    "raw,match",
+    [("tile=32,bogus=1", "bogus=1"), ("splits=3", "splits must be a power of two"), ("tile=x", "tile=x")],
+)
+def test_env_override_rejects_bad_values(monkeypatch, raw, match):
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, raw)
+    with pytest.raises(ValueError, match=match):
+        da.decode_config(1, 16, 8, 128, 4096, torch.device("cpu"))

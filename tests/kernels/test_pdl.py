@@ -45,12 +45,14 @@ fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
-           LINE=64)
+           LINE=64, PRELOAD=False)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
+pre = dict(dec, TILE=32, PRELOAD=True)
+report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre, {"num_warps": 4, "num_stages": 1}))
 fn = pa._merge_splits_kernel
 for name, active in (("merge", False), ("merge_decode", True)):
     merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
@@ -98,8 +100,8 @@ def reports():
 
 @pytest.mark.parametrize(
     "kernel",
-    ["attention", "decode_attention", "merge", "merge_decode", "qkv_rope", "gemv", "tiled", "tiled_broadcast",
-     "rms_norm", "silu_mul"],
+    ["attention", "decode_attention", "decode_attention_preload", "merge", "merge_decode", "qkv_rope", "gemv",
+     "tiled", "tiled_broadcast", "rms_norm", "silu_mul"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel][:6]
@@ -113,6 +115,7 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     [
         ("attention", True),
         ("decode_attention", True),
+        ("decode_attention_preload", True),
         ("merge", False),
         ("merge_decode", True),
         ("qkv_rope", True),
@@ -157,11 +160,20 @@ def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "kernel", ["attention", "decode_attention", "merge", "qkv_rope", "gemv", "tiled", "rms_norm", "silu_mul"]
-)
+    "kernel",
+    ["attention", "decode_attention", "decode_attention_preload", "merge", "qkv_rope", "gemv", "tiled", "rms_norm",
+     "silu_mul"],
+)  # fmt: skip
 def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kernel):
     """decode_attention asks L2 for its first tile of pooled K/V while it waits (the pool's
-    keys before the new one were written by earlier steps); nothing prefetches after a wait."""
+    keys before the new one were written by earlier steps; with PRELOAD, for its second tile,
+    the first being read into registers); nothing prefetches after a wait."""
     before, after = reports[kernel][6:8]
     assert after == 0
-    assert (before > 0) == (kernel == "decode_attention")
+    assert (before > 0) == kernel.startswith("decode_attention")
+
+
+def test_preload_reads_the_pool_before_the_wait(reports):
+    """With PRELOAD the decode attention reads its first tile's K and V (two loads of a
+    [TILE, D] tile each) before the wait, beside what it read there without."""
+    assert reports["decode_attention_preload"][2] > reports["decode_attention"][2]
