@@ -139,6 +139,17 @@ def test_split_kv_with_launch_order(num_splits, window, preload):
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_preload_configs_in_the_serving_dtype(tile):
+    """The small-batch preloading configs (ENGINESPEC_DECODE_ATTN's A/B shapes: one stage,
+    many splits) on the serving dtype, contexts from 1 key to several tiles a split."""
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    seq_lens = [1, 2, tile, tile + 1, MAX_SEQ - 3, MAX_SEQ // 3]
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 40 + tile, seq_lens)
+    config = LaunchConfig(block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1, preload=True)
+    _check(batch, qkv, cos, sin, weight, config=config)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_dtypes_default_config(dtype):
     """The heuristic config (split-KV on a GPU for few long requests) in the serving dtypes."""
