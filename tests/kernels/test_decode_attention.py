@@ -144,7 +144,7 @@ def test_preload_configs_in_the_serving_dtype(tile):
     """The small-batch preloading configs (ENGINESPEC_DECODE_ATTN's A/B shapes: one stage,
     many splits) on the serving dtype, contexts from 1 key to several tiles a split."""
     dtype = torch.bfloat16 if CUDA else torch.float32
-    seq_lens = [1, 2, tile, tile + 1, MAX_SEQ - 3, MAX_SEQ // 3]
+    seq_lens = [1, 2, min(tile, MAX_SEQ), min(tile + 1, MAX_SEQ), MAX_SEQ - 3, MAX_SEQ // 3]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 40 + tile, seq_lens)
     config = LaunchConfig(block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1, preload=True)
     _check(batch, qkv, cos, sin, weight, config=config)
