@@ -69,7 +69,7 @@ for k in sorted(prof["top"], key=lambda k: -k.get("critical_us_per_step", 0))[:1
 PY
 }
 if [ "${PROFILE:-0}" = 1 ]; then  # this tree, then each of PROFILE_VARIANTS (names of variants)
-  use head; profile head "$sha"
+  use head; [ "${PROFILE_HEAD:-1}" = 0 ] || profile head "$sha"  # PROFILE_HEAD=0: the variants only
   for name in ${PROFILE_VARIANTS:-}; do use "$name"; profile "$name" "$(cat ".dev_carry/variants/$name/SHA")"; done
   use head
 fi
