@@ -61,9 +61,15 @@ WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise n
 # smaller per-thread tile wins a tie: at one row the gate|up GEMV with its norm and SiLU timed
 # block_n 8 1.5-6% faster than 4 in the tuning graph, while every decode graph that had taken 4
 # ran 0.676-0.693 ms against 0.697-0.723 with 8 (benchmarks/RESULTS.md, thirteenth and fourteenth
-# sessions: fourteen sweeps). The rule catches the closest of those; timing each candidate after
-# its neighbour in the step is the fuller fix, not built.
+# sessions: fourteen sweeps). The rule catches the closest of those; `refine` (below) then times
+# the close ones in the decode step's order, each after its real neighbours.
 TIE_MARGIN = 0.03
+# refine: the fused shapes within REFINE_MARGIN of a key's fastest (at most REFINE_TRIES of them)
+# are timed again inside a graph of every layer's four fused calls in decode order; another
+# shape replaces the pick only when that step graph runs REFINE_WIN faster with it.
+REFINE_MARGIN = 0.10
+REFINE_TRIES = 3
+REFINE_WIN = 0.005
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
 VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
@@ -162,6 +168,8 @@ class LinearTable:
         # (bucket, N, K) -> the plain variant's valid launch shapes, fastest first: the fused
         # variants of the same weight time only the best few of them (fewer Triton compiles).
         self.ranked: dict[tuple, list] = {}
+        # key -> the shapes `refine` may still choose between ((us, config), fastest first).
+        self.close: dict[tuple, list] = {}
 
     @staticmethod
     def key(
@@ -268,9 +276,13 @@ class LinearTable:
             self.measured.append({**where, "config": str(config), "us": us})
             if us is not None:
                 timed.append((us, config))
+        ranked = sorted(timed, key=lambda t: t[0])
         if variant == "plain":
-            self.ranked[(bucket, n, k)] = [c for _, c in sorted(timed, key=lambda t: t[0])]
-        self.choices[self.key(bucket, weight0, bias0, variant)] = pick(timed, baseline)
+            self.ranked[(bucket, n, k)] = [c for _, c in ranked]
+        key = self.key(bucket, weight0, bias0, variant)
+        self.choices[key] = choice = pick(timed, baseline)
+        if choice.config is not None:
+            self.close[key] = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
 
     def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
         """Every launch shape for "plain"; for a fused variant the plain variant's best
@@ -315,6 +327,67 @@ class LinearTable:
             self.rejected.append(f"{where}: differs from the baseline by up to {worst:.3g}")
             return None
         return us
+
+    @torch.inference_mode()
+    def refine(self, layer_calls: list[list[dict]], buckets: Optional[list[int]] = None) -> None:
+        """Time each fused key's close shapes (self.close) in a graph of the decode step's fused
+        calls in their order (layer_calls: per layer, MergedLayer.fused_calls()), attention left
+        out: under PDL a launch overlaps its neighbours, which the tuning graph (each shape after
+        itself) does not see. Keeps the pick unless another shape makes the step REFINE_WIN
+        faster. Runs after tune() of every fused variant; each key is refined once."""
+        top = row_bucket(self.max_rows)
+        buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
+        flat = [dict(c) for calls in layer_calls for c in calls]
+        for bucket in buckets:
+            step = self._step_fn(bucket, flat)
+            keys = dict.fromkeys(self.key(bucket, c["weight"], c["bias"], c["variant"]) for c in flat)
+            for key in keys:
+                options = self.close.pop(key, [])
+                if len(options) > 1 and key in self.choices:
+                    self.choices[key] = self._refine_key(
+                        key, options, lambda s=step: graph_us(s, len(flat))[0]
+                    )
+
+    def _step_fn(self, bucket: int, flat: list[dict]):
+        """A callable running every call of `flat` through run() on random rows of `bucket`."""
+        inputs = {}
+        for c in flat:
+            n, k = c["weight"].shape
+            inputs.setdefault(("x", k), torch.randn(bucket, k, device=self.device, dtype=c["weight"].dtype))
+            if c["variant"] == "residual":
+                inputs.setdefault(
+                    ("res", n), torch.randn(bucket, n, device=self.device, dtype=c["weight"].dtype)
+                )
+        args = [
+            dict(
+                _args(c),
+                residual=inputs[("res", c["weight"].shape[0])] if c["variant"] == "residual" else None,
+            )
+            for c in flat
+        ]
+        xs = [inputs[("x", c["weight"].shape[1])] for c in flat]
+        return lambda: [self.run(x, **a) for x, a in zip(xs, args)]
+
+    def _refine_key(self, key: tuple, options: list, time_step) -> Choice:
+        """The choice for `key` among options ((tuning us, config)) by time_step() (the step
+        graph's us per call with self.choices[key] set to each), two interleaved rounds, the
+        faster of each option's two; the current pick stays unless beaten by REFINE_WIN."""
+        current = self.choices[key]
+        if all(c != current.config for _, c in options):
+            options = [*options, (current.us, current.config)]
+        best: dict = {}
+        for _ in range(2):
+            for us, config in options:
+                self.choices[key] = Choice(config, us, current.baseline_us)
+                t = time_step()
+                best[config] = min(best.get(config, t), t)
+        where = {"rows": key[0], "n": key[1], "k": key[2], "variant": key[5]}
+        for _, config in options:
+            self.measured.append({**where, "config": str(config), "step_us": best[config]})
+        us, config = min(options, key=lambda o: best[o[1]])
+        won = best[config] < best[current.config] * (1 - REFINE_WIN)
+        self.choices[key] = Choice(config, us, current.baseline_us) if won else current
+        return self.choices[key]
 
     def report(self) -> list[dict]:
         """One row per key: rows bucket, N, K, variant, the choice, its time and the baseline's (us)."""

@@ -100,6 +100,9 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     for variant in VARIANTS:
         groups = tuning_groups(merged_decoder.layers, variant)
         table.tune({g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}, variant)
+    fused = [layer.fused_calls() for layer in merged_decoder.layers if layer.can_fuse()]
+    if fused and table.close:
+        table.refine(fused)
     merged_decoder.fused_max_rows = table.max_rows
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear

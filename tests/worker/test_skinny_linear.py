@@ -94,6 +94,39 @@ def test_pick_breaks_ties_toward_the_smaller_per_thread_tile():
     assert sl.pick([(9.6, big), (9.75, small)], 10.0).config == big
 
 
+def test_refine_takes_the_shape_the_step_graph_times_fastest():
+    """refine's choice for one key: each close shape timed in the step graph (here a fake
+    timer reading which shape the table holds), two rounds, the faster of each; the pick stays
+    unless beaten by REFINE_WIN, and a pick outside the options is timed too."""
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+
+    a, b, c = (SkinnyConfig(n, 1024, use_dot=False, gemv=True) for n in (4, 8, 16))
+    key = (1, 64, 1024, torch.bfloat16, False, "norm_silu")
+    table = sl.LinearTable("cpu", max_rows=1)
+    options = [(10.0, a), (10.5, b), (10.8, c)]
+
+    def refine(step_us, current=a, opts=options):
+        table.choices[key] = sl.Choice(current, 10.0, 20.0)
+        seen = []
+
+        def time_step():
+            seen.append(table.choices[key].config)
+            return step_us[table.choices[key].config] + 0.5 * (len(seen) <= 3)  # round 1 slower
+
+        got = table._refine_key(key, opts, time_step)
+        assert table.choices[key] == got
+        return got, seen
+
+    got, seen = refine({a: 100.0, b: 90.0, c: 99.9})
+    assert got == sl.Choice(b, 10.5, 20.0) and seen == [a, b, c, a, b, c]
+    assert refine({a: 100.0, b: 99.8, c: 100.2})[0].config == a  # within REFINE_WIN: kept
+    got, seen = refine({a: 100.0, b: 95.0, c: 80.0}, current=c, opts=options[:2])
+    assert got.config == c and seen == [a, b, c, a, b, c]
+    rows = [m for m in table.measured if "step_us" in m]
+    assert len(rows) == 9 and rows[-1] == {"rows": 1, "n": 64, "k": 1024, "variant": "norm_silu",
+                                           "config": str(c), "step_us": 80.0}  # fmt: skip
+
+
 def test_engine_max_rows_reads_its_variable_and_rejects_bad_values(monkeypatch):
     monkeypatch.delenv(sl.MAX_ROWS_ENV, raising=False)
     assert sl.engine_max_rows() == sl.ENGINE_MAX_ROWS
