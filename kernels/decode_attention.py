@@ -278,7 +278,7 @@ def _decode_attention_kernel(
 
 
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
-_OVERRIDE_KEYS = ("tile", "splits", "warps", "stages", "preload", "max_rows")
+_OVERRIDE_KEYS = ("tile", "splits", "warps", "stages", "preload", "merge_d", "merge_warps", "max_rows")
 
 
 def decode_config(
@@ -292,7 +292,8 @@ def decode_config(
 ) -> pa.LaunchConfig:
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
     choose_config, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
-    key=value pairs of tile, splits, warps, stages, preload (0/1) and max_rows (the override
+    key=value pairs of tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
+    split merge's dims and warps a program) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
     cfg = pa.choose_config(
@@ -308,6 +309,8 @@ def decode_config(
         num_warps=override.get("warps", cfg.num_warps),
         num_stages=override.get("stages", cfg.num_stages),
         preload=bool(override.get("preload", cfg.preload)),
+        merge_block_d=override.get("merge_d", cfg.merge_block_d),
+        merge_warps=override.get("merge_warps", cfg.merge_warps),
     )
 
 
@@ -429,7 +432,9 @@ def decode_attention(
         **launch_options(pdl),
     )
     if split:
-        pa.merge_splits(out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile)
+        pa.merge_splits(
+            out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile, cfg.merge_block_d, cfg.merge_warps
+        )
     return out
 
 

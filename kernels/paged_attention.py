@@ -329,8 +329,10 @@ def _merge_splits_kernel(
     USE_WINDOW: tl.constexpr = False,
     USE_ACTIVE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
+    BLOCK_D: tl.constexpr = 0,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
+    One program per (row, head, BLOCK_D dims of the head; BLOCK_D 0: all HEAD_PAD).
     USE_ACTIVE (decode rows): only the splits that own key tiles (_decode_active_splits) wrote
     partials, and only theirs are read. USE_PDL: seq_lens (no kernel of the chain writes it) is
     read before the wait, the partials (the attention launch wrote them) after it."""
@@ -344,7 +346,8 @@ def _merge_splits_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
-    dims = tl.arange(0, HEAD_PAD)  # [HEAD_PAD]
+    WIDTH: tl.constexpr = HEAD_PAD if BLOCK_D == 0 else BLOCK_D
+    dims = tl.program_id(2) * WIDTH + tl.arange(0, WIDTH)  # [WIDTH]
     part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
     base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
     m_s = tl.load(part_ptr + base + HEAD_PAD, mask=used, other=float("-inf"))
@@ -355,8 +358,8 @@ def _merge_splits_kernel(
     denom = tl.sum(w * l_s, 0)
     acc = tl.load(
         part_ptr + base[:, None] + dims[None, :], mask=used[:, None], other=0.0
-    )  # [NUM_SPLITS, HEAD_PAD]
-    o = tl.sum(acc * w[:, None], 0)  # [HEAD_PAD]
+    )  # [NUM_SPLITS, WIDTH]
+    o = tl.sum(acc * w[:, None], 0)  # [WIDTH]
     o = o / tl.where(denom > 0, denom, 1.0)  # nothing seen: o = 0
     tl.store(
         out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
@@ -378,6 +381,9 @@ class LaunchConfig:
     # V into registers before the PDL wait. Costs a [TILE, D] pair of registers a program, so
     # only small tiles (at most MAX_PRELOAD_TILE keys) at small batch take it.
     preload: bool = False
+    # The split merge's programs: merge_block_d dims of a head each (0: the whole head), warps.
+    merge_block_d: int = 0
+    merge_warps: int = 4
 
 
 MAX_PRELOAD_TILE = 64
@@ -661,13 +667,19 @@ def merge_splits(
     decode_seq_lens: Optional[torch.Tensor] = None,
     window: int = 0,
     tile: int = 64,
+    block_d: int = 0,
+    num_warps: int = 4,
 ) -> None:
     """Combine split-KV partials part [N, Hq, num_splits, HEAD_PAD + 2] (float32) into out
-    [N, Hq, D]: one program per (row, head). decode_seq_lens (int32 [N], row n a decode
-    request's query, `tile` the launch's): read only the partials of splits that own tiles."""
+    [N, Hq, D]: one program per (row, head, block_d dims; 0 = the whole head).
+    decode_seq_lens (int32 [N], row n a decode request's query, `tile` the launch's): read
+    only the partials of splits that own tiles."""
     num_tokens, num_q_heads, head_dim = out.shape
+    head_pad = part.shape[3] - 2
+    if block_d and (block_d & (block_d - 1) or head_pad % block_d):
+        raise ValueError(f"merge block_d {block_d} must be a power of two dividing {head_pad}")
     active = decode_seq_lens is not None
-    _merge_splits_kernel[(num_tokens, num_q_heads)](
+    _merge_splits_kernel[(num_tokens, num_q_heads, head_pad // block_d if block_d else 1)](
         out,
         part,
         decode_seq_lens if active else out,
@@ -676,12 +688,13 @@ def merge_splits(
         out.stride(1),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
-        HEAD_PAD=part.shape[3] - 2,
+        HEAD_PAD=head_pad,
         NUM_SPLITS=num_splits,
         TILE=tile,
         USE_WINDOW=window > 0,
         USE_ACTIVE=active,
         USE_PDL=pdl,
-        num_warps=4,
+        BLOCK_D=block_d,
+        num_warps=num_warps,
         **launch_options(pdl),
     )

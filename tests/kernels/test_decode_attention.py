@@ -139,14 +139,18 @@ def test_split_kv_with_launch_order(num_splits, window, preload):
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
-@pytest.mark.parametrize("tile", [16, 32, 64])
-def test_preload_configs_in_the_serving_dtype(tile):
+@pytest.mark.parametrize("tile,merge_block_d", [(16, 0), (32, 8), (64, 0)])
+def test_preload_configs_in_the_serving_dtype(tile, merge_block_d):
     """The small-batch preloading configs (ENGINESPEC_DECODE_ATTN's A/B shapes: one stage,
-    many splits) on the serving dtype, contexts from 1 key to several tiles a split."""
+    many splits; a merge of 8 dims a program, 1 warp) on the serving dtype, contexts from 1 key
+    to several tiles a split."""
     dtype = torch.bfloat16 if CUDA else torch.float32
     seq_lens = [1, 2, min(tile, MAX_SEQ), min(tile + 1, MAX_SEQ), MAX_SEQ - 3, MAX_SEQ // 3]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 40 + tile, seq_lens)
-    config = LaunchConfig(block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1, preload=True)
+    config = LaunchConfig(
+        block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1, preload=True,
+        merge_block_d=merge_block_d, merge_warps=1 if merge_block_d else 4,
+    )  # fmt: skip
     _check(batch, qkv, cos, sin, weight, config=config)
 
 
@@ -210,6 +214,9 @@ def test_bad_input_raises():
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
     with pytest.raises(ValueError, match="tile 24 must be a power of two"):
         bad = LaunchConfig(block_m=16, tile=24, num_splits=1, num_warps=4, num_stages=2)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
+    with pytest.raises(ValueError, match="merge block_d 6 must be a power of two"):
+        bad = LaunchConfig(block_m=16, tile=16, num_splits=2, num_warps=4, num_stages=2, merge_block_d=6)
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
     with pytest.raises(ValueError, match="qkv must be"):
         decode_attention(qkv[:, :-16], cos, sin, weight, 1e-6, batch.cache, *args, **kw)
