@@ -43,9 +43,10 @@ if [ "${TESTS:-1}" = all ]; then  # every tree's tests (the variants' kernels to
 fi
 sweep() {  # sweep NAME COMMIT ROUND
   # shellcheck disable=SC2046  # NAME/ENV: VAR=value words for this tree's sweep (none for head)
+  local tag="$1_r$3${PROMPT_LEN:+_p$PROMPT_LEN}"  # PROMPT_LEN: decode_sweep's --prompt-len (default 512)
   env $(cat ".dev_carry/variants/$1/ENV" 2>/dev/null) timeout "${SWEEP_TIMEOUT:-120}" python3 benchmarks/decode_sweep.py --git-commit "$2" --batches "${BATCHES:-1,4,16,64}" \
-    --out "$out/sweep_$1_r$3_h200_$2.json" > "$out/sweep_$1_r$3.log" 2>&1
-  echo "sweep $1 round $3 rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$1_r$3.log"
+    ${PROMPT_LEN:+--prompt-len "$PROMPT_LEN"} --out "$out/sweep_${tag}_h200_$2.json" > "$out/sweep_${tag}.log" 2>&1
+  echo "sweep $1 round $3${PROMPT_LEN:+ prompt $PROMPT_LEN} rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_${tag}.log"
 }
 for round in $(seq "${ROUNDS:-2}"); do  # ROUNDS=0: tests only
   use head; sweep head "$sha" "$round"

@@ -149,6 +149,7 @@ def _decode_attention_kernel(
     USE_PDL: tl.constexpr = False,
     LINE: tl.constexpr = 64,
     PRELOAD: tl.constexpr = False,
+    LOOP_TILE: tl.constexpr = 64,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -192,24 +193,23 @@ def _decode_attention_kernel(
     table_row = block_table_ptr + req * stride_bt
     cached_hi = kv_hi - 1  # the pool's keys: positions < seq_len - 1
     dim_ok = dims < HEAD_DIM
-    t_loop = t_lo  # the first tile the loop below reads from the pool
+    key_end = tl.minimum(cached_hi, t_hi * TILE)  # this split's pooled keys end here
+    loop_lo = t_lo * TILE  # the first key the loop below reads from the pool
     if PRELOAD:
-        t_loop = t_lo + 1
+        loop_lo += TILE
         # The split's first tile of pooled keys and values, into registers, before the wait.
         first_pos = t_lo * TILE + tl.arange(0, TILE)  # [TILE]
-        first_ok = first_pos < cached_hi  # [TILE]
+        first_ok = first_pos < key_end  # [TILE]
         first_slot = _pool_slots(
             table_row, first_pos, first_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE
         )
         k_first = _load_keys(cache_ptr, first_slot, first_ok, dims, dim_ok)  # [HEAD_DIM, TILE]
         v_first = _load_values(cache_ptr, stride_c_kv, first_slot, first_ok, dims, dim_ok)  # [TILE, HEAD_DIM]
     if USE_PDL:
-        # While the q|k|v GEMM runs: ask L2 for this split's first tile of pooled keys and values
-        # not read above (earlier steps wrote them; the block table is the step's copy), LINE
-        # elements a line.
-        _prefetch_tile(cache_ptr, stride_c_kv, table_row, t_loop * TILE,
-                       tl.minimum(cached_hi, t_hi * TILE), head_off, stride_c_block, stride_c_slot,
-                       BLOCK_SIZE, TILE, HEAD_DIM, LINE)  # fmt: skip
+        # While the q|k|v GEMM runs: ask L2 for the loop's first tile of pooled keys and values
+        # (earlier steps wrote them; the block table is the step's copy), LINE elements a line.
+        _prefetch_tile(cache_ptr, stride_c_kv, table_row, loop_lo, key_end, head_off, stride_c_block,
+                       stride_c_slot, BLOCK_SIZE, LOOP_TILE, HEAD_DIM, LINE)  # fmt: skip
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
 
@@ -243,14 +243,14 @@ def _decode_attention_kernel(
     # Then the pool's keys before it, this split's tiles of them (the first from registers).
     new_pos = seq_len - 1
     if PRELOAD:
-        visible = first_ok[None, :]
+        first_visible = first_ok[None, :]
         if USE_WINDOW:
-            visible = visible & (first_pos[None, :] > new_pos - window)
-        m_i, l_i, p, alpha = _score_tile(q, k_first, visible, m_i, l_i, scale_log2, DOT_FP32)
+            first_visible = first_visible & (first_pos[None, :] > new_pos - window)
+        m_i, l_i, p, alpha = _score_tile(q, k_first, first_visible, m_i, l_i, scale_log2, DOT_FP32)
         acc = _add_values(acc, alpha, p, v_first, DOT_FP32)
-    for t in range(t_loop, t_hi):
-        kv_pos = t * TILE + tl.arange(0, TILE)  # [TILE]
-        kv_ok = kv_pos < cached_hi  # [TILE]
+    for start in range(loop_lo, key_end, LOOP_TILE):
+        kv_pos = start + tl.arange(0, LOOP_TILE)  # [LOOP_TILE]
+        kv_ok = kv_pos < key_end  # [LOOP_TILE]
         kv_slot = _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE)
         visible = kv_ok[None, :]
         if USE_WINDOW:
@@ -277,8 +277,27 @@ def _decode_attention_kernel(
     )  # fmt: skip
 
 
+# Split decode at batch 1: each split's first 16 keys read into registers before the PDL wait
+# (the rest in choose_config's tiles), and a merge of 32 dims a program on one warp. H200,
+# Qwen3-0.6B, 517-token context, the step profiled with PDL on (benchmarks/RESULTS.md,
+# fifteenth session): attention + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy.
+# Larger batches keep choose_config's (2-8 rows measured no gain with 64 splits of small tiles).
+PRELOAD_MAX_ROWS = 1
+PRELOAD_TILE = 16
+MERGE_BLOCK_D = 32
+MERGE_WARPS = 1
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
-_OVERRIDE_KEYS = ("tile", "splits", "warps", "stages", "preload", "merge_d", "merge_warps", "max_rows")
+_OVERRIDE_KEYS = (
+    "tile",
+    "loop_tile",
+    "splits",
+    "warps",
+    "stages",
+    "preload",
+    "merge_d",
+    "merge_warps",
+    "max_rows",
+)
 
 
 def decode_config(
@@ -291,20 +310,31 @@ def decode_config(
     itemsize: int = 2,
 ) -> pa.LaunchConfig:
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
-    choose_config, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
-    key=value pairs of tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
+    choose_config, with a preloaded 16-key first tile and a narrow merge at split batch-1
+    launches (PRELOAD_MAX_ROWS), unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
+    key=value pairs of tile, loop_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
     cfg = pa.choose_config(
         num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, 1, max_seq_len, device, itemsize
     )
+    if num_reqs <= PRELOAD_MAX_ROWS and cfg.num_splits > 1:
+        cfg = dataclasses.replace(
+            cfg,
+            tile=PRELOAD_TILE,
+            loop_tile=cfg.tile,
+            preload=True,
+            merge_block_d=min(MERGE_BLOCK_D, head_dim),
+            merge_warps=MERGE_WARPS,
+        )
     override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
     if not override or num_reqs > override.get("max_rows", num_reqs):
         return cfg
     return dataclasses.replace(
         cfg,
         tile=override.get("tile", cfg.tile),
+        loop_tile=override.get("loop_tile", cfg.loop_tile),
         num_splits=override.get("splits", cfg.num_splits),
         num_warps=override.get("warps", cfg.num_warps),
         num_stages=override.get("stages", cfg.num_stages),
@@ -427,6 +457,7 @@ def decode_attention(
         USE_PDL=pdl,
         LINE=max(1, min(head_dim, 128 // cache.element_size())),
         PRELOAD=cfg.preload,
+        LOOP_TILE=cfg.loop_tile or cfg.tile,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

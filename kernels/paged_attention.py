@@ -329,10 +329,10 @@ def _merge_splits_kernel(
     USE_WINDOW: tl.constexpr = False,
     USE_ACTIVE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
-    BLOCK_D: tl.constexpr = 0,
+    BLOCK_D: tl.constexpr = 128,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
-    One program per (row, head, BLOCK_D dims of the head; BLOCK_D 0: all HEAD_PAD).
+    One program per (row, head, BLOCK_D dims of the head's HEAD_PAD).
     USE_ACTIVE (decode rows): only the splits that own key tiles (_decode_active_splits) wrote
     partials, and only theirs are read. USE_PDL: seq_lens (no kernel of the chain writes it) is
     read before the wait, the partials (the attention launch wrote them) after it."""
@@ -346,8 +346,7 @@ def _merge_splits_kernel(
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
-    WIDTH: tl.constexpr = HEAD_PAD if BLOCK_D == 0 else BLOCK_D
-    dims = tl.program_id(2) * WIDTH + tl.arange(0, WIDTH)  # [WIDTH]
+    dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
     part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
     base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
     m_s = tl.load(part_ptr + base + HEAD_PAD, mask=used, other=float("-inf"))
@@ -358,8 +357,8 @@ def _merge_splits_kernel(
     denom = tl.sum(w * l_s, 0)
     acc = tl.load(
         part_ptr + base[:, None] + dims[None, :], mask=used[:, None], other=0.0
-    )  # [NUM_SPLITS, WIDTH]
-    o = tl.sum(acc * w[:, None], 0)  # [WIDTH]
+    )  # [NUM_SPLITS, BLOCK_D]
+    o = tl.sum(acc * w[:, None], 0)  # [BLOCK_D]
     o = o / tl.where(denom > 0, denom, 1.0)  # nothing seen: o = 0
     tl.store(
         out_ptr + tok * stride_o_tok + head * stride_o_head + dims,
@@ -381,6 +380,10 @@ class LaunchConfig:
     # V into registers before the PDL wait. Costs a [TILE, D] pair of registers a program, so
     # only small tiles (at most MAX_PRELOAD_TILE keys) at small batch take it.
     preload: bool = False
+    # Fused decode attention only: keys a step of the tile loop (0: tile). A split owns whole
+    # `tile`-key tiles; with preload, the keys past its first tile go by loop_tile-key steps, so a
+    # small first tile (cheap to hold in registers) need not make long contexts take small steps.
+    loop_tile: int = 0
     # The split merge's programs: merge_block_d dims of a head each (0: the whole head), warps.
     merge_block_d: int = 0
     merge_warps: int = 4
@@ -398,8 +401,10 @@ def check_config(cfg: LaunchConfig, group: int) -> None:
             f"config: block_m {cfg.block_m} must be >= group {group} and "
             f"num_splits {cfg.num_splits} a power of two"
         )
-    if cfg.tile < 16 or cfg.tile & (cfg.tile - 1):
-        raise ValueError(f"config: tile {cfg.tile} must be a power of two >= 16")
+    for name in ("tile", "loop_tile"):
+        value = getattr(cfg, name)
+        if (value or name == "tile") and (value < 16 or value & (value - 1)):
+            raise ValueError(f"config: {name} {value} must be a power of two >= 16")
     if cfg.preload and cfg.tile > MAX_PRELOAD_TILE:
         raise ValueError(f"config: a preloading config's tile {cfg.tile} must be <= {MAX_PRELOAD_TILE}")
 
@@ -694,7 +699,7 @@ def merge_splits(
         USE_WINDOW=window > 0,
         USE_ACTIVE=active,
         USE_PDL=pdl,
-        BLOCK_D=block_d,
+        BLOCK_D=block_d or head_pad,
         num_warps=num_warps,
         **launch_options(pdl),
     )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from enginespec.kernels import decode_attention as da
+from enginespec.kernels import paged_attention as pa
 from enginespec.kernels.decode_attention import decode_attention
 from enginespec.kernels.paged_attention import LaunchConfig
 from enginespec.kernels.reference import (
@@ -122,25 +123,32 @@ def test_matches_the_reference(heads, norm, block_size, window):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("window", [0, 13])
-@pytest.mark.parametrize("preload", [False, True])
-def test_split_kv_with_launch_order(num_splits, window, preload):
+@pytest.mark.parametrize("preload,loop_tile", [(False, 0), (True, 0), (True, 32), (False, 64)])
+def test_split_kv_with_launch_order(num_splits, window, preload, loop_tile):
     """Forced splits (each split's partials merged), requests launched in a shuffled order;
     only split 0 writes the new K/V and counts the new key. 16-key tiles, so one split (or
     split 0 of two) walks several tiles of one request: each tile's block-table entries must
     be its own. preload: the first tile of each split comes from registers read before the
     PDL wait, the loop starts one tile later (a request of 1 or 17 keys has no pooled key past
-    its first tile: the loop must not run it twice)."""
+    its first tile: the loop must not run it twice). loop_tile: the loop steps over the split's
+    keys by more than a tile, masked at the split's end (not the request's)."""
     seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17, 33]  # 1-3 tiles of 16: some splits own none
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 5 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(num_splits))
     config = LaunchConfig(
-        block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2, preload=preload
+        block_m=16,
+        tile=16,
+        num_splits=num_splits,
+        num_warps=4,
+        num_stages=2,
+        preload=preload,
+        loop_tile=loop_tile,
     )
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
-@pytest.mark.parametrize("tile,merge_block_d", [(16, 0), (32, 8), (64, 0)])
-def test_preload_configs_in_the_serving_dtype(tile, merge_block_d):
+@pytest.mark.parametrize("tile,loop_tile,merge_block_d", [(16, 0, 0), (16, 64, 8), (32, 0, 8), (64, 0, 0)])
+def test_preload_configs_in_the_serving_dtype(tile, loop_tile, merge_block_d):
     """The small-batch preloading configs (ENGINESPEC_DECODE_ATTN's A/B shapes: one stage,
     many splits; a merge of 8 dims a program, 1 warp) on the serving dtype, contexts from 1 key
     to several tiles a split."""
@@ -148,8 +156,8 @@ def test_preload_configs_in_the_serving_dtype(tile, merge_block_d):
     seq_lens = [1, 2, min(tile, MAX_SEQ), min(tile + 1, MAX_SEQ), MAX_SEQ - 3, MAX_SEQ // 3]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 40 + tile, seq_lens)
     config = LaunchConfig(
-        block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1, preload=True,
-        merge_block_d=merge_block_d, merge_warps=1 if merge_block_d else 4,
+        block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1 if loop_tile else 2, preload=True,
+        loop_tile=loop_tile, merge_block_d=merge_block_d, merge_warps=1 if merge_block_d else 4,
     )  # fmt: skip
     _check(batch, qkv, cos, sin, weight, config=config)
 
@@ -212,6 +220,9 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="tile 128 must be <= 64"):
         bad = LaunchConfig(block_m=16, tile=128, num_splits=1, num_warps=4, num_stages=2, preload=True)
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
+    with pytest.raises(ValueError, match="loop_tile 8 must be a power of two >= 16"):
+        bad = LaunchConfig(block_m=16, tile=16, num_splits=1, num_warps=4, num_stages=2, loop_tile=8)
+        decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
     with pytest.raises(ValueError, match="tile 24 must be a power of two"):
         bad = LaunchConfig(block_m=16, tile=24, num_splits=1, num_warps=4, num_stages=2)
         decode_attention(qkv, cos, sin, weight, 1e-6, batch.cache, *args, config=bad, **kw)
@@ -242,3 +253,18 @@ def test_env_override_rejects_bad_values(monkeypatch, raw, match):
     monkeypatch.setenv(da.DECODE_ATTN_ENV, raw)
     with pytest.raises(ValueError, match=match):
         da.decode_config(1, 16, 8, 128, 4096, torch.device("cpu"))
+
+
+def test_batch_one_split_launches_preload(monkeypatch):
+    """decode_config: a split batch-1 launch takes the 16-key preloaded first tile, choose_config's
+    tile for the rest and the narrow merge; 2 rows and unsplit launches keep choose_config's."""
+    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    dev = torch.device("cpu")
+    one = da.decode_config(1, 16, 8, 128, 40960, dev)
+    assert one.num_splits > 1 and one.preload and one.tile == da.PRELOAD_TILE
+    base = pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
+    assert (one.loop_tile, one.num_splits, one.num_stages) == (base.tile, base.num_splits, base.num_stages)
+    assert (one.merge_block_d, one.merge_warps) == (da.MERGE_BLOCK_D, da.MERGE_WARPS)
+    assert not da.decode_config(2, 16, 8, 128, 40960, dev).preload
+    unsplit = da.decode_config(1, 16, 8, 128, 128, dev)  # one key tile's worth: no split
+    assert unsplit.num_splits == 1 and not unsplit.preload
