@@ -277,13 +277,17 @@ def _decode_attention_kernel(
     )  # fmt: skip
 
 
-# Split decode at batch 1: each split's first 16 keys read into registers before the PDL wait
-# (the rest in choose_config's tiles), and a merge of 32 dims a program on one warp. H200,
-# Qwen3-0.6B, 517-token context, the step profiled with PDL on (benchmarks/RESULTS.md,
-# fifteenth session): attention + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy.
-# Larger batches keep choose_config's (2-8 rows measured no gain with 64 splits of small tiles).
+# Split decode at batch 1: each split's first 16 keys read into registers before the PDL wait,
+# the rest in 64-key steps without pipelining, and a merge of 32 dims a program on one warp.
+# H200, Qwen3-0.6B, 517-token context, the step profiled with PDL on (benchmarks/RESULTS.md,
+# fifteenth session): attention + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy
+# (16-key steps there; 64-key ones keep long contexts from walking 16 keys at a time). Compiled
+# for sm_90: 128 registers, 18 KiB of shared memory (choose_config's 128-key, 2-stage tiles:
+# 177 and 72 KiB; 128-key steps behind a 16-key first tile: 222 registers). Larger batches keep
+# choose_config's (2-8 rows measured no gain with 64 splits of small tiles).
 PRELOAD_MAX_ROWS = 1
 PRELOAD_TILE = 16
+PRELOAD_LOOP_TILE = 64
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
@@ -323,7 +327,8 @@ def decode_config(
         cfg = dataclasses.replace(
             cfg,
             tile=PRELOAD_TILE,
-            loop_tile=cfg.tile,
+            loop_tile=min(PRELOAD_LOOP_TILE, cfg.tile),
+            num_stages=1,
             preload=True,
             merge_block_d=min(MERGE_BLOCK_D, head_dim),
             merge_warps=MERGE_WARPS,
