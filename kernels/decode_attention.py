@@ -277,15 +277,18 @@ def _decode_attention_kernel(
     )  # fmt: skip
 
 
-# Split decode at batch 1: each split's first 16 keys read into registers before the PDL wait,
-# the rest in 64-key steps without pipelining, and a merge of 32 dims a program on one warp.
-# H200, Qwen3-0.6B, 517-token context, the step profiled with PDL on (benchmarks/RESULTS.md,
-# fifteenth session): attention + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy
-# (16-key steps there; 64-key ones keep long contexts from walking 16 keys at a time). Compiled
-# for sm_90: 128 registers, 18 KiB of shared memory (choose_config's 128-key, 2-stage tiles:
-# 177 and 72 KiB; 128-key steps behind a 16-key first tile: 222 registers). Larger batches keep
-# choose_config's (2-8 rows measured no gain with 64 splits of small tiles).
-PRELOAD_MAX_ROWS = 1
+# The preloading config of split decode launches of at most ENGINESPEC_DECODE_PRELOAD_ROWS rows
+# (default 0: off): each split's first 16 keys read into registers before the PDL wait, the
+# rest in 64-key steps without pipelining, and a merge of 32 dims a program on one warp.
+# Measured (H200, Qwen3-0.6B, batch 1, 517-token context, the step profiled with PDL on;
+# benchmarks/RESULTS.md, fifteenth session), with 16-key steps after the first tile: attention
+# + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy. Not measured: the 64-key steps
+# (chosen so long contexts need not walk 16 keys at a time) and any context past 517 tokens,
+# where the unpipelined loop may lose to choose_config's 128-key, 2-stage tiles; hence off until
+# timed. Compiled for sm_90: 128 registers and 18 KiB of shared memory (choose_config's: 177
+# and 72 KiB; 128-key 2-stage steps behind a 16-key first tile: 222 and 68 KiB). 2-8 rows with
+# 64 splits of 16-64-key tiles measured slower than choose_config's.
+PRELOAD_ROWS_ENV = "ENGINESPEC_DECODE_PRELOAD_ROWS"
 PRELOAD_TILE = 16
 PRELOAD_LOOP_TILE = 64
 MERGE_BLOCK_D = 32
@@ -314,8 +317,8 @@ def decode_config(
     itemsize: int = 2,
 ) -> pa.LaunchConfig:
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
-    choose_config, with a preloaded 16-key first tile and a narrow merge at split batch-1
-    launches (PRELOAD_MAX_ROWS), unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
+    choose_config, with a preloaded 16-key first tile and a narrow merge at split launches of at
+    most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
@@ -323,7 +326,7 @@ def decode_config(
     cfg = pa.choose_config(
         num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, 1, max_seq_len, device, itemsize
     )
-    if num_reqs <= PRELOAD_MAX_ROWS and cfg.num_splits > 1:
+    if num_reqs <= preload_rows() and cfg.num_splits > 1:
         cfg = dataclasses.replace(
             cfg,
             tile=PRELOAD_TILE,
@@ -347,6 +350,15 @@ def decode_config(
         merge_block_d=override.get("merge_d", cfg.merge_block_d),
         merge_warps=override.get("merge_warps", cfg.merge_warps),
     )
+
+
+def preload_rows() -> int:
+    """ENGINESPEC_DECODE_PRELOAD_ROWS: the most rows a split decode launch takes the preloading
+    config at; 0 (the default) never. ValueError for anything but an int >= 0."""
+    raw = os.environ.get(PRELOAD_ROWS_ENV, "0").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"{PRELOAD_ROWS_ENV} must be an int >= 0, got {raw!r}")
+    return int(raw)
 
 
 @functools.lru_cache(maxsize=8)

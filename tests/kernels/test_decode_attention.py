@@ -255,16 +255,23 @@ def test_env_override_rejects_bad_values(monkeypatch, raw, match):
         da.decode_config(1, 16, 8, 128, 4096, torch.device("cpu"))
 
 
-def test_batch_one_split_launches_preload(monkeypatch):
-    """decode_config: a split batch-1 launch takes the 16-key preloaded first tile, 64-key steps
-    for the rest (one stage) and the narrow merge; 2 rows and unsplit launches keep choose_config's."""
+def test_preload_rows_switch(monkeypatch):
+    """decode_config: off by default; with ENGINESPEC_DECODE_PRELOAD_ROWS=1 a split batch-1
+    launch takes the 16-key preloaded first tile, 64-key steps for the rest (one stage) and the
+    narrow merge; 2 rows and unsplit launches keep choose_config's; a bad value raises."""
     monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
     dev = torch.device("cpu")
+    base = pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
+    assert da.decode_config(1, 16, 8, 128, 40960, dev) == base
+    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "1")
     one = da.decode_config(1, 16, 8, 128, 40960, dev)
     assert one.num_splits > 1 and one.preload and one.tile == da.PRELOAD_TILE
-    base = pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
     assert (one.loop_tile, one.num_splits, one.num_stages) == (min(64, base.tile), base.num_splits, 1)
     assert (one.merge_block_d, one.merge_warps) == (da.MERGE_BLOCK_D, da.MERGE_WARPS)
     assert not da.decode_config(2, 16, 8, 128, 40960, dev).preload
     unsplit = da.decode_config(1, 16, 8, 128, 128, dev)  # one key tile's worth: no split
     assert unsplit.num_splits == 1 and not unsplit.preload
+    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "-1")
+    with pytest.raises(ValueError, match="ENGINESPEC_DECODE_PRELOAD_ROWS must be an int >= 0"):
+        da.decode_config(1, 16, 8, 128, 40960, dev)
