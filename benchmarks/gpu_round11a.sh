@@ -5,7 +5,7 @@
 # each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64;
 # TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none; SWEEP_TIMEOUT,
 # default 120 s, bounds each sweep: more tuned row buckets compile longer in a tree's first round);
-# with PROFILE=1, then this tree's
+# WARM=1 runs one untimed batch-1 sweep before the timed ones; with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on), and each of PROFILE_VARIANTS' (names).
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
 # NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
@@ -48,6 +48,10 @@ sweep() {  # sweep NAME COMMIT ROUND
     ${PROMPT_LEN:+--prompt-len "$PROMPT_LEN"} --out "$out/sweep_${tag}_h200_$2.json" > "$out/sweep_${tag}.log" 2>&1
   echo "sweep $1 round $3${PROMPT_LEN:+ prompt $PROMPT_LEN} rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_${tag}.log"
 }
+if [ "${WARM:-0}" = 1 ]; then  # WARM=1: one untimed batch-1 sweep first, so no timed sweep compiles (a cold tree's first takes ~70 s)
+  timeout 240 python3 benchmarks/decode_sweep.py --batches 1 --out "$out/warm.json" > "$out/warm.log" 2>&1
+  echo "warm-up sweep rc=$?"; rm -f "$out/warm.json"
+fi
 for round in $(seq "${ROUNDS:-2}"); do  # ROUNDS=0: tests only
   use head; sweep head "$sha" "$round"
   for v in .dev_carry/variants/*/; do
