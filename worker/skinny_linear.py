@@ -70,6 +70,7 @@ TIE_MARGIN = 0.03
 REFINE_MARGIN = 0.10
 REFINE_TRIES = 3
 REFINE_WIN = 0.005
+STEP_VARIANTS = ("norm", "residual", "norm_silu")  # MergedLayer.fused_calls(): what refine re-times
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
 VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
@@ -281,7 +282,7 @@ class LinearTable:
             self.ranked[(bucket, n, k)] = [c for _, c in ranked]
         key = self.key(bucket, weight0, bias0, variant)
         self.choices[key] = choice = pick(timed, baseline)
-        if choice.config is not None:
+        if choice.config is not None and variant in STEP_VARIANTS:
             self.close[key] = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
 
     def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
