@@ -106,6 +106,56 @@ def _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slo
     return block.to(tl.int64) * stride_c_block + (kv_pos % BLOCK_SIZE) * stride_c_slot + head_off
 
 
+@triton.jit
+def _attend_keys(
+    q,  # [BLOCK_M, HEAD_DIM] the rows' normed, rotated queries
+    cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
+    stride_c_kv,
+    table_row,  # [max_blocks] int32: the request's block table row
+    lo,  # the first key position to attend to
+    hi,  # keys at positions >= hi are not attended to
+    new_pos,  # the new key's position (the window's anchor)
+    window,
+    head_off,
+    stride_c_block,
+    stride_c_slot,
+    dims,  # [HEAD_DIM]
+    dim_ok,  # [HEAD_DIM]
+    m_i,  # [BLOCK_M] running max (log2)
+    l_i,  # [BLOCK_M] running sum
+    acc,  # [BLOCK_M, HEAD_DIM] float32 unnormalised output
+    scale_log2,
+    BLOCK_SIZE: tl.constexpr,
+    STEP: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Online softmax over the pooled keys [lo, hi), STEP keys a step (the last one masked)."""
+    for start in range(lo, hi, STEP):
+        kv_pos = start + tl.arange(0, STEP)  # [STEP]
+        kv_ok = kv_pos < hi  # [STEP]
+        kv_slot = _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE)
+        visible = kv_ok[None, :]
+        if USE_WINDOW:
+            visible = visible & (kv_pos[None, :] > new_pos - window)
+        m_i, l_i, acc = _attend_tile(
+            q,
+            cache_ptr,
+            stride_c_kv,
+            kv_slot,
+            kv_ok,
+            dims,
+            dim_ok,
+            visible,
+            m_i,
+            l_i,
+            acc,
+            scale_log2,
+            DOT_FP32,
+        )
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=["num_splits", "window", "stride_bt"])
 def _decode_attention_kernel(
     out_ptr,  # [B, Hq, D] (written unless IS_SPLIT)
@@ -150,6 +200,7 @@ def _decode_attention_kernel(
     LINE: tl.constexpr = 64,
     PRELOAD: tl.constexpr = False,
     LOOP_TILE: tl.constexpr = 64,
+    LONG_TILE: tl.constexpr = 0,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -248,28 +299,22 @@ def _decode_attention_kernel(
             first_visible = first_visible & (first_pos[None, :] > new_pos - window)
         m_i, l_i, p, alpha = _score_tile(q, k_first, first_visible, m_i, l_i, scale_log2, DOT_FP32)
         acc = _add_values(acc, alpha, p, v_first, DOT_FP32)
-    for start in range(loop_lo, key_end, LOOP_TILE):
-        kv_pos = start + tl.arange(0, LOOP_TILE)  # [LOOP_TILE]
-        kv_ok = kv_pos < key_end  # [LOOP_TILE]
-        kv_slot = _pool_slots(table_row, kv_pos, kv_ok, head_off, stride_c_block, stride_c_slot, BLOCK_SIZE)
-        visible = kv_ok[None, :]
-        if USE_WINDOW:
-            visible = visible & (kv_pos[None, :] > new_pos - window)
-        m_i, l_i, acc = _attend_tile(
-            q,
-            cache_ptr,
-            stride_c_kv,
-            kv_slot,
-            kv_ok,
-            dims,
-            dim_ok,
-            visible,
-            m_i,
-            l_i,
-            acc,
-            scale_log2,
-            DOT_FP32,
-        )
+    # The rest of the split's keys: LOOP_TILE-key steps, or LONG_TILE-key ones (LONG_TILE > 0)
+    # when more than LOOP_TILE keys remain, a runtime choice, so the one config a graph captures
+    # takes few short steps at short contexts and few wide pipelined ones at long contexts.
+    step_long = False
+    if LONG_TILE > 0:
+        step_long = key_end - loop_lo > LOOP_TILE
+    if step_long:
+        m_i, l_i, acc = _attend_keys(
+            q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
+            stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LONG_TILE, USE_WINDOW, DOT_FP32,
+        )  # fmt: skip
+    else:
+        m_i, l_i, acc = _attend_keys(
+            q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
+            stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LOOP_TILE, USE_WINDOW, DOT_FP32,
+        )  # fmt: skip
 
     _store_rows(
         out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits,
@@ -278,25 +323,27 @@ def _decode_attention_kernel(
 
 
 # The preloading config of split decode launches of at most ENGINESPEC_DECODE_PRELOAD_ROWS rows
-# (default 0: off): each split's first 16 keys read into registers before the PDL wait, the
-# rest in 64-key steps without pipelining, and a merge of 32 dims a program on one warp.
-# Measured (H200, Qwen3-0.6B, batch 1, 517-token context, the step profiled with PDL on;
-# benchmarks/RESULTS.md, fifteenth session), with 16-key steps after the first tile: attention
-# + merge 246 -> 180 us a step, the step 0.685 -> 0.629 ms busy. Not measured: the 64-key steps
-# (chosen so long contexts need not walk 16 keys at a time) and any context past 517 tokens,
-# where the unpipelined loop may lose to choose_config's 128-key, 2-stage tiles; hence off until
-# timed. Compiled for sm_90: 128 registers and 18 KiB of shared memory (choose_config's: 177
-# and 72 KiB; 128-key 2-stage steps behind a 16-key first tile: 222 and 68 KiB). 2-8 rows with
-# 64 splits of 16-64-key tiles measured slower than choose_config's.
+# (default 0: off): each split's first 16 keys read into registers before the PDL wait, the rest
+# in 32-key steps, or in 128-key ones when more than 32 remain (a runtime branch: LONG_TILE),
+# two stages, and a merge of 32 dims a program on one warp.
+# Measured (H200, Qwen3-0.6B, batch 1, decode graph ms, benchmarks/RESULTS.md, sixteenth
+# session), choose_config's 128-key 2-stage tiles against the preloaded first tile and then:
+# 64-key 1-stage steps 0.670 -> 0.644 at 517 tokens but 0.935 -> 1.007 at 8192; 16-key steps
+# 0.621 and 1.376; 32-key 2-stage 0.615 and 0.984; 128-key 2-stage 0.704 and 0.901. Short
+# contexts want short steps and long ones wide steps, so the loop picks per split at run time.
+# 2-8 rows with 64 splits of 16-64-key tiles measured slower than choose_config's (fifteenth).
 PRELOAD_ROWS_ENV = "ENGINESPEC_DECODE_PRELOAD_ROWS"
 PRELOAD_TILE = 16
-PRELOAD_LOOP_TILE = 64
+PRELOAD_LOOP_TILE = 32
+PRELOAD_LONG_TILE = 128
+PRELOAD_STAGES = 2
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
 _OVERRIDE_KEYS = (
     "tile",
     "loop_tile",
+    "long_tile",
     "splits",
     "warps",
     "stages",
@@ -319,7 +366,7 @@ def decode_config(
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
     choose_config, with a preloaded 16-key first tile and a narrow merge at split launches of at
     most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
-    key=value pairs of tile, loop_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
+    key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
@@ -331,7 +378,8 @@ def decode_config(
             cfg,
             tile=PRELOAD_TILE,
             loop_tile=min(PRELOAD_LOOP_TILE, cfg.tile),
-            num_stages=1,
+            long_tile=PRELOAD_LONG_TILE,
+            num_stages=PRELOAD_STAGES,
             preload=True,
             merge_block_d=min(MERGE_BLOCK_D, head_dim),
             merge_warps=MERGE_WARPS,
@@ -343,6 +391,7 @@ def decode_config(
         cfg,
         tile=override.get("tile", cfg.tile),
         loop_tile=override.get("loop_tile", cfg.loop_tile),
+        long_tile=override.get("long_tile", cfg.long_tile),
         num_splits=override.get("splits", cfg.num_splits),
         num_warps=override.get("warps", cfg.num_warps),
         num_stages=override.get("stages", cfg.num_stages),
@@ -475,6 +524,7 @@ def decode_attention(
         LINE=max(1, min(head_dim, 128 // cache.element_size())),
         PRELOAD=cfg.preload,
         LOOP_TILE=cfg.loop_tile or cfg.tile,
+        LONG_TILE=cfg.long_tile,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

@@ -384,6 +384,10 @@ class LaunchConfig:
     # `tile`-key tiles; with preload, the keys past its first tile go by loop_tile-key steps, so a
     # small first tile (cheap to hold in registers) need not make long contexts take small steps.
     loop_tile: int = 0
+    # Fused decode attention only: a split with more than loop_tile keys left after its first
+    # tile steps long_tile keys instead (0: never). Chosen at run time, so the one config a graph
+    # captures serves short contexts with small steps and long ones with wide pipelined steps.
+    long_tile: int = 0
     # The split merge's programs: merge_block_d dims of a head each (0: the whole head), warps.
     merge_block_d: int = 0
     merge_warps: int = 4
@@ -401,7 +405,7 @@ def check_config(cfg: LaunchConfig, group: int) -> None:
             f"config: block_m {cfg.block_m} must be >= group {group} and "
             f"num_splits {cfg.num_splits} a power of two"
         )
-    for name in ("tile", "loop_tile"):
+    for name in ("tile", "loop_tile", "long_tile"):
         value = getattr(cfg, name)
         if (value or name == "tile") and (value < 16 or value & (value - 1)):
             raise ValueError(f"config: {name} {value} must be a power of two >= 16")

@@ -123,15 +123,20 @@ def test_matches_the_reference(heads, norm, block_size, window):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("window", [0, 13])
-@pytest.mark.parametrize("preload,loop_tile", [(False, 0), (True, 0), (True, 32), (False, 64)])
-def test_split_kv_with_launch_order(num_splits, window, preload, loop_tile):
+@pytest.mark.parametrize(
+    "preload,loop_tile,long_tile",
+    [(False, 0, 0), (True, 0, 0), (True, 32, 0), (False, 64, 0), (True, 16, 32)],
+)
+def test_split_kv_with_launch_order(num_splits, window, preload, loop_tile, long_tile):
     """Forced splits (each split's partials merged), requests launched in a shuffled order;
     only split 0 writes the new K/V and counts the new key. 16-key tiles, so one split (or
     split 0 of two) walks several tiles of one request: each tile's block-table entries must
     be its own. preload: the first tile of each split comes from registers read before the
     PDL wait, the loop starts one tile later (a request of 1 or 17 keys has no pooled key past
     its first tile: the loop must not run it twice). loop_tile: the loop steps over the split's
-    keys by more than a tile, masked at the split's end (not the request's)."""
+    keys by more than a tile, masked at the split's end (not the request's). long_tile: a split
+    with more than loop_tile keys past its first tile steps long_tile keys instead (the 33-key
+    request's split 0 of one or two has 16 left: short steps; the longest ones take long)."""
     seq_lens = [MAX_SEQ, 1, MAX_SEQ // 2 + 3, 17, 33]  # 1-3 tiles of 16: some splits own none
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 5 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(num_splits))
@@ -143,21 +148,26 @@ def test_split_kv_with_launch_order(num_splits, window, preload, loop_tile):
         num_stages=2,
         preload=preload,
         loop_tile=loop_tile,
+        long_tile=long_tile,
     )
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
-@pytest.mark.parametrize("tile,loop_tile,merge_block_d", [(16, 0, 0), (16, 64, 8), (32, 0, 8), (64, 0, 0)])
-def test_preload_configs_in_the_serving_dtype(tile, loop_tile, merge_block_d):
+@pytest.mark.parametrize(
+    "tile,loop_tile,long_tile,merge_block_d",
+    [(16, 0, 0, 0), (16, 64, 0, 8), (32, 0, 0, 8), (64, 0, 0, 0), (16, 32, 128, 8)],
+)
+def test_preload_configs_in_the_serving_dtype(tile, loop_tile, long_tile, merge_block_d):
     """The small-batch preloading configs (ENGINESPEC_DECODE_ATTN's A/B shapes: one stage,
-    many splits; a merge of 8 dims a program, 1 warp) on the serving dtype, contexts from 1 key
-    to several tiles a split."""
+    many splits; a merge of 8 dims a program, 1 warp; the default's 32-key short steps and
+    128-key long ones) on the serving dtype, contexts from 1 key to several tiles a split."""
     dtype = torch.bfloat16 if CUDA else torch.float32
     seq_lens = [1, 2, min(tile, MAX_SEQ), min(tile + 1, MAX_SEQ), MAX_SEQ - 3, MAX_SEQ // 3]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 40 + tile, seq_lens)
     config = LaunchConfig(
-        block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1 if loop_tile else 2, preload=True,
-        loop_tile=loop_tile, merge_block_d=merge_block_d, merge_warps=1 if merge_block_d else 4,
+        block_m=16, tile=tile, num_splits=4, num_warps=4, num_stages=1 if loop_tile and not long_tile else 2, preload=True,
+        loop_tile=loop_tile, long_tile=long_tile, merge_block_d=merge_block_d,
+        merge_warps=1 if merge_block_d else 4,
     )  # fmt: skip
     _check(batch, qkv, cos, sin, weight, config=config)
 
@@ -257,8 +267,8 @@ def test_env_override_rejects_bad_values(monkeypatch, raw, match):
 
 def test_preload_rows_switch(monkeypatch):
     """decode_config: off by default; with ENGINESPEC_DECODE_PRELOAD_ROWS=1 a split batch-1
-    launch takes the 16-key preloaded first tile, 64-key steps for the rest (one stage) and the
-    narrow merge; 2 rows and unsplit launches keep choose_config's; a bad value raises."""
+    launch takes the 16-key preloaded first tile, 32-key steps for the rest or 128-key ones where
+    more than 32 keys remain (two stages) and the narrow merge; 2 rows and unsplit launches keep choose_config's; a bad value raises."""
     monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
     monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
     dev = torch.device("cpu")
@@ -267,7 +277,8 @@ def test_preload_rows_switch(monkeypatch):
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "1")
     one = da.decode_config(1, 16, 8, 128, 40960, dev)
     assert one.num_splits > 1 and one.preload and one.tile == da.PRELOAD_TILE
-    assert (one.loop_tile, one.num_splits, one.num_stages) == (min(64, base.tile), base.num_splits, 1)
+    assert (one.loop_tile, one.long_tile, one.num_stages) == (min(32, base.tile), 128, 2)
+    assert one.num_splits == base.num_splits
     assert (one.merge_block_d, one.merge_warps) == (da.MERGE_BLOCK_D, da.MERGE_WARPS)
     assert not da.decode_config(2, 16, 8, 128, 40960, dev).preload
     unsplit = da.decode_config(1, 16, 8, 128, 128, dev)  # one key tile's worth: no split
