@@ -41,7 +41,8 @@ import triton  # noqa: E402
 
 # The Qwen3-0.6B decode shapes: 16 q / 8 kv heads of 128, bf16, 16-token blocks.
 # The fused decode attention's small-batch configs that read their first tile before the wait.
-DECODE_PRELOAD_CONFIGS = [(16, 16, 1), (16, 64, 2), (16, 128, 2), (32, 32, 1)]  # (tile, loop_tile, stages)
+# (tile, loop_tile, long_tile, stages): decode_config's first (sixteenth session), then A/B shapes
+DECODE_PRELOAD_CONFIGS = [(16, 32, 128, 2), (16, 64, 0, 1), (16, 16, 0, 1), (16, 128, 0, 2), (32, 32, 0, 1)]
 ATTENTION_CONFIGS = [  # (split, tile, warps): the split rows are what batch 1-32 runs
     (True, 128, 4),
     (True, 128, 8),
@@ -124,16 +125,16 @@ def kernels() -> list:
         dec.update(
             IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True
         )
-        dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile)
+        dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile, LONG_TILE=0)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16)
         ptrs.update(
             norm_ptr=BF16, slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32"
         )
         floats = ("scale_log2", "eps")
         cases.append((f"decode_attention {tag}", da._decode_attention_kernel, dec, ptrs, floats, opts))
-    for tile, loop_tile, stages in DECODE_PRELOAD_CONFIGS:
-        pre = dict(dec, TILE=tile, IS_SPLIT=True, PRELOAD=True, LOOP_TILE=loop_tile)
-        name = f"decode_attention preload split=1 tile={tile} loop_tile={loop_tile} warps=4 stages={stages}"
+    for tile, loop_tile, long_tile, stages in DECODE_PRELOAD_CONFIGS:
+        pre = dict(dec, TILE=tile, IS_SPLIT=True, PRELOAD=True, LOOP_TILE=loop_tile, LONG_TILE=long_tile)
+        name = f"decode_attention preload split=1 tile={tile} loop_tile={loop_tile} long_tile={long_tile} stages={stages}"
         cases.append(
             (name, da._decode_attention_kernel, pre, ptrs, floats, {"num_warps": 4, "num_stages": stages})
         )

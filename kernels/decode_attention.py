@@ -299,17 +299,21 @@ def _decode_attention_kernel(
             first_visible = first_visible & (first_pos[None, :] > new_pos - window)
         m_i, l_i, p, alpha = _score_tile(q, k_first, first_visible, m_i, l_i, scale_log2, DOT_FP32)
         acc = _add_values(acc, alpha, p, v_first, DOT_FP32)
-    # The rest of the split's keys: LOOP_TILE-key steps, or LONG_TILE-key ones (LONG_TILE > 0)
-    # when more than LOOP_TILE keys remain, a runtime choice, so the one config a graph captures
-    # takes few short steps at short contexts and few wide pipelined ones at long contexts.
-    step_long = False
-    if LONG_TILE > 0:
-        step_long = key_end - loop_lo > LOOP_TILE
-    if step_long:
-        m_i, l_i, acc = _attend_keys(
-            q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
-            stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LONG_TILE, USE_WINDOW, DOT_FP32,
-        )  # fmt: skip
+    # The rest of the split's keys: LOOP_TILE-key steps, or LONG_TILE-key ones (LONG_TILE > LOOP_TILE)
+    # when more than LONG_TILE - LOOP_TILE keys remain (one wide step then replaces at least
+    # LONG_TILE / LOOP_TILE short ones), a runtime choice, so the one config a graph captures takes
+    # few short steps at short contexts and few wide pipelined ones at long contexts.
+    if LONG_TILE > LOOP_TILE:  # constexpr: without it, the one loop (measured as such at 2-64 rows)
+        if key_end - loop_lo > LONG_TILE - LOOP_TILE:
+            m_i, l_i, acc = _attend_keys(
+                q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
+                stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LONG_TILE, USE_WINDOW, DOT_FP32,
+            )  # fmt: skip
+        else:
+            m_i, l_i, acc = _attend_keys(
+                q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
+                stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LOOP_TILE, USE_WINDOW, DOT_FP32,
+            )  # fmt: skip
     else:
         m_i, l_i, acc = _attend_keys(
             q, cache_ptr, stride_c_kv, table_row, loop_lo, key_end, new_pos, window, head_off, stride_c_block,
@@ -323,15 +327,18 @@ def _decode_attention_kernel(
 
 
 # The preloading config of split decode launches of at most ENGINESPEC_DECODE_PRELOAD_ROWS rows
-# (default 0: off): each split's first 16 keys read into registers before the PDL wait, the rest
-# in 32-key steps, or in 128-key ones when more than 32 remain (a runtime branch: LONG_TILE),
-# two stages, and a merge of 32 dims a program on one warp.
+# (default 1): each split's first 16 keys read into registers before the PDL wait, the rest in
+# 32-key steps, or in 128-key ones when more than 96 remain (a runtime branch: LONG_TILE), two
+# stages, and a merge of 32 dims a program on one warp.
 # Measured (H200, Qwen3-0.6B, batch 1, decode graph ms, benchmarks/RESULTS.md, sixteenth
 # session), choose_config's 128-key 2-stage tiles against the preloaded first tile and then:
 # 64-key 1-stage steps 0.670 -> 0.644 at 517 tokens but 0.935 -> 1.007 at 8192; 16-key steps
-# 0.621 and 1.376; 32-key 2-stage 0.615 and 0.984; 128-key 2-stage 0.704 and 0.901. Short
-# contexts want short steps and long ones wide steps, so the loop picks per split at run time.
-# 2-8 rows with 64 splits of 16-64-key tiles measured slower than choose_config's (fifteenth).
+# 0.621 and 1.376; 32-key 2-stage 0.615 and 0.984; 128-key 2-stage 0.704 and 0.901; this config
+# (with the switch at 32 keys left) 0.634 and 0.905. Short contexts want short steps and long ones
+# wide steps. Fitted to those: a 32-key step ~1.3 us a layer, a 128-key one ~3.8 us, so the switch
+# sits where 3 short steps cost one wide one (96 keys; not timed at the contexts it changes,
+# ~1.5-3.5K tokens at 32 splits). 2-8 rows with 64 splits of 16-64-key tiles measured slower than
+# choose_config's (fifteenth session). Compiled for sm_90: 222 registers, 92 KiB shared.
 PRELOAD_ROWS_ENV = "ENGINESPEC_DECODE_PRELOAD_ROWS"
 PRELOAD_TILE = 16
 PRELOAD_LOOP_TILE = 32
@@ -403,8 +410,8 @@ def decode_config(
 
 def preload_rows() -> int:
     """ENGINESPEC_DECODE_PRELOAD_ROWS: the most rows a split decode launch takes the preloading
-    config at; 0 (the default) never. ValueError for anything but an int >= 0."""
-    raw = os.environ.get(PRELOAD_ROWS_ENV, "0").strip() or "0"
+    config at (default 1); 0 never. ValueError for anything but an int >= 0."""
+    raw = os.environ.get(PRELOAD_ROWS_ENV, "1").strip() or "1"
     if not raw.isdigit():
         raise ValueError(f"{PRELOAD_ROWS_ENV} must be an int >= 0, got {raw!r}")
     return int(raw)

@@ -248,9 +248,10 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
     max_rows rows; larger batches keep choose_config's."""
     dev = torch.device("cpu")
     base = da.decode_config(4, 16, 8, 128, 4096, dev)
-    monkeypatch.setenv(da.DECODE_ATTN_ENV, "tile=32, splits=64,stages=1,preload=1,max_rows=2")
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, "tile=32, splits=64,stages=1,preload=1,long_tile=64,max_rows=2")
     small = da.decode_config(2, 16, 8, 128, 4096, dev)
     assert (small.tile, small.num_splits, small.num_stages, small.preload) == (32, 64, 1, True)
+    assert small.long_tile == 64
     assert (small.block_m, small.num_warps) == (base.block_m, base.num_warps)
     assert da.decode_config(4, 16, 8, 128, 4096, dev) == base
 
@@ -266,23 +267,26 @@ def test_env_override_rejects_bad_values(monkeypatch, raw, match):
 
 
 def test_preload_rows_switch(monkeypatch):
-    """decode_config: off by default; with ENGINESPEC_DECODE_PRELOAD_ROWS=1 a split batch-1
+    """decode_config: by default (ENGINESPEC_DECODE_PRELOAD_ROWS unset or 1) a split batch-1
     launch takes the 16-key preloaded first tile, 32-key steps for the rest or 128-key ones where
-    more than 32 keys remain (two stages) and the narrow merge; 2 rows and unsplit launches keep choose_config's; a bad value raises."""
+    more than 96 keys remain (two stages) and the narrow merge; 2 rows and unsplit launches keep
+    choose_config's; 0 turns it off; a bad value raises."""
     monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
     monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
     dev = torch.device("cpu")
     base = pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
-    assert da.decode_config(1, 16, 8, 128, 40960, dev) == base
-    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "1")
     one = da.decode_config(1, 16, 8, 128, 40960, dev)
     assert one.num_splits > 1 and one.preload and one.tile == da.PRELOAD_TILE
     assert (one.loop_tile, one.long_tile, one.num_stages) == (min(32, base.tile), 128, 2)
     assert one.num_splits == base.num_splits
     assert (one.merge_block_d, one.merge_warps) == (da.MERGE_BLOCK_D, da.MERGE_WARPS)
+    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "1")
+    assert da.decode_config(1, 16, 8, 128, 40960, dev) == one
     assert not da.decode_config(2, 16, 8, 128, 40960, dev).preload
     unsplit = da.decode_config(1, 16, 8, 128, 128, dev)  # one key tile's worth: no split
     assert unsplit.num_splits == 1 and not unsplit.preload
+    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "0")
+    assert da.decode_config(1, 16, 8, 128, 40960, dev) == base
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "-1")
     with pytest.raises(ValueError, match="ENGINESPEC_DECODE_PRELOAD_ROWS must be an int >= 0"):
         da.decode_config(1, 16, 8, 128, 40960, dev)

@@ -45,14 +45,14 @@ fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
-           LINE=64, PRELOAD=False, LOOP_TILE=128)
+           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
-pre = dict(dec, TILE=16, PRELOAD=True, LOOP_TILE=64)
-report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre, {"num_warps": 4, "num_stages": 1}))
+pre = dict(dec, TILE=16, PRELOAD=True, LOOP_TILE=32, LONG_TILE=128)  # decode_config's preloading config
+report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre, {"num_warps": 4, "num_stages": 2}))
 fn = pa._merge_splits_kernel
 for name, active in (("merge", False), ("merge_decode", True)):
     merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
