@@ -5,7 +5,8 @@
 # each variant, in ROUNDS interleaved rounds (default 2; batches BATCHES, default 1,4,16,64;
 # TEST_FILES replaces the test list; TESTS=all runs it on every tree, TESTS=0 on none; SWEEP_TIMEOUT,
 # default 120 s, bounds each sweep: more tuned row buckets compile longer in a tree's first round);
-# WARM=1 runs one untimed batch-1 sweep before the timed ones; with PROFILE=1, then this tree's
+# WARM=1 runs one untimed batch-1 sweep before the timed ones; PIN_TABLE=1 has every sweep take
+# the first one's skinny GEMM picks (ENGINESPEC_SKINNY_TABLE: no tuning noise between trees); with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on), and each of PROFILE_VARIANTS' (names).
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
 # NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
@@ -48,6 +49,9 @@ sweep() {  # sweep NAME COMMIT ROUND
     ${PROMPT_LEN:+--prompt-len "$PROMPT_LEN"} --out "$out/sweep_${tag}_h200_$2.json" > "$out/sweep_${tag}.log" 2>&1
   echo "sweep $1 round $3${PROMPT_LEN:+ prompt $PROMPT_LEN} rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_${tag}.log"
 }
+if [ "${PIN_TABLE:-0}" = 1 ]; then  # PIN_TABLE=1: every sweep loads the first one's GEMV picks (worker/skinny_table_file.py)
+  export ENGINESPEC_SKINNY_TABLE=/tmp/pinned_skinny_table.json; rm -f "$ENGINESPEC_SKINNY_TABLE"
+fi
 if [ "${WARM:-0}" = 1 ]; then  # WARM=1: one untimed batch-1 sweep first, so no timed sweep compiles (a cold tree's first takes ~70 s)
   timeout 240 python3 benchmarks/decode_sweep.py --batches 1 --out "$out/warm.json" > "$out/warm.log" 2>&1
   echo "warm-up sweep rc=$?"; rm -f "$out/warm.json"
@@ -78,4 +82,5 @@ if [ "${PROFILE:-0}" = 1 ]; then  # this tree, then each of PROFILE_VARIANTS (na
   for name in ${PROFILE_VARIANTS:-}; do use "$name"; profile "$name" "$(cat ".dev_carry/variants/$name/SHA")"; done
   use head
 fi
+[ "${PIN_TABLE:-0}" = 1 ] && cp "$ENGINESPEC_SKINNY_TABLE" "$out/" 2>/dev/null
 cd "$out" && tar czf logs.tgz *.log 2>/dev/null; rm -f *.log *.png; ls

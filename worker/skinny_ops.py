@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from enginespec.worker import skinny_table_file as table_file
 from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
 
 def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearTable:
     """Tune every variant the decoder uses (once per device and process: a later engine only
-    adds what is missing) and point every layer at the ops: `linear` always, `fused_linear`
+    adds what is missing; with ENGINESPEC_SKINNY_TABLE, the file's choices first and what it
+    lacks saved back: skinny_table_file.py) and point every layer at the ops: `linear` always, `fused_linear`
     where the layer can fuse. bf16/fp16 on CUDA only; the caller checks."""
     from enginespec.worker.skinny_linear import VARIANTS
 
@@ -97,12 +99,20 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     if table is None or table.max_rows < max_rows:
         table = LinearTable(device, max_rows)
     _TABLES[device] = table
+    path = table_file.path_from_env()
+    if path is not None and table_file.load(table, path):
+        log.info("skinny_gemm: choices from %s", path)
+    num_known = len(table.choices)
     for variant in VARIANTS:
         groups = tuning_groups(merged_decoder.layers, variant)
-        table.tune({g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}, variant)
+        missing = {g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}
+        if missing:
+            table.tune(missing, variant)
     fused = [layer.fused_calls() for layer in merged_decoder.layers if layer.can_fuse()]
     if fused and table.close:
         table.refine(fused)
+    if path is not None and len(table.choices) > num_known:
+        table_file.save(table, path)
     merged_decoder.fused_max_rows = table.max_rows
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear

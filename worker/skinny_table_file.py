@@ -1,0 +1,151 @@
+"""A LinearTable's choices on disk: ENGINESPEC_SKINNY_TABLE=path saves them after tuning and
+loads them at the next start, which then tunes only what the file lacks.
+
+Why: tuning times every launch shape at startup (seconds), and its picks vary from run to run
+where two shapes are within noise of each other, which confounds A/B runs of anything else in
+the step (benchmarks/RESULTS.md, fifteenth session: the gate|up GEMV took block_n 4 in one tree
+and 8 in the others). A file pins the picks across runs and trees, and skips the tuning.
+
+Invariant: a file is used only where it was measured for the same thing. Its fingerprint (the
+device's name, compute capability and SM count, the torch and triton versions, a hash of
+kernels/skinny_gemm.py's source) must equal this process's, and it must cover at least the
+table's max_rows; otherwise it is ignored with a warning naming the path and the difference,
+and the table is tuned as without it (then saved over it). A file that does not exist yet is
+the first run, not a warning. Writes are atomic (a temp file, then os.replace), so processes
+sharing a path (tensor-parallel ranks) never read half a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TABLE_ENV = "ENGINESPEC_SKINNY_TABLE"
+FORMAT = 1
+
+
+def path_from_env() -> Optional[Path]:
+    """ENGINESPEC_SKINNY_TABLE as a path, or None when unset or blank."""
+    raw = os.environ.get(TABLE_ENV, "").strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def fingerprint(device) -> dict:
+    """What the choices were measured on and with (module doc): equal fingerprints, same table."""
+    import triton
+
+    from enginespec.kernels import skinny_gemm
+
+    device = torch.device(device)
+    source = inspect.getsource(skinny_gemm).encode()
+    out = {
+        "format": FORMAT,
+        "device": device.type,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernel": hashlib.sha256(source).hexdigest()[:16],
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(device=props.name, capability=[props.major, props.minor], sms=props.multi_processor_count)
+    return out
+
+
+def save(table, path: Path) -> None:
+    """Write every choice of `table` (a LinearTable) to path, atomically."""
+    rows = [_row(key, choice) for key, choice in table.choices.items()]
+    doc = {"fingerprint": fingerprint(table.device), "max_rows": table.max_rows, "choices": rows}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def load(table, path: Path) -> int:
+    """Add the file's choices to `table` (those of at most table.max_rows rows); the number
+    added, 0 when the file is absent or does not apply (module doc: warned, then ignored)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    try:
+        doc = json.loads(path.read_text())
+        theirs, rows = doc["fingerprint"], doc["choices"]
+        entries = [_entry(row) for row in rows]
+        max_rows = int(doc["max_rows"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning(
+            "%s: ignoring %s (unreadable: %s: %s); tuning instead", TABLE_ENV, path, type(e).__name__, e
+        )
+        return 0
+    ours = fingerprint(table.device)
+    if theirs != ours:
+        diff = {
+            k: (theirs.get(k), ours.get(k))
+            for k in ours.keys() | theirs.keys()
+            if theirs.get(k) != ours.get(k)
+        }
+        log.warning(
+            "%s: ignoring %s (measured elsewhere: file vs this process %s); tuning instead",
+            TABLE_ENV,
+            path,
+            diff,
+        )
+        return 0
+    if max_rows < table.max_rows:
+        log.warning(
+            "%s: ignoring %s (tuned up to %d rows, %d needed); tuning instead",
+            TABLE_ENV,
+            path,
+            max_rows,
+            table.max_rows,
+        )
+        return 0
+    added = 0
+    for key, choice in entries:
+        if key[0] <= table.max_rows:
+            table.choices[key] = choice
+            added += 1
+    return added
+
+
+def _row(key: tuple, choice) -> dict:
+    """One choice as JSON: its key's fields, the launch shape (None: the baseline), the times."""
+    bucket, n, k, dtype, has_bias, variant = key
+    config = None if choice.config is None else dataclasses.asdict(choice.config)
+    return {
+        "rows": bucket,
+        "n": n,
+        "k": k,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bias": has_bias,
+        "variant": variant,
+        "config": config,
+        "us": choice.us,
+        "baseline_us": choice.baseline_us,
+    }
+
+
+def _entry(row: dict) -> tuple:
+    """_row's inverse: (LinearTable key, Choice); ValueError/KeyError/TypeError on a bad row."""
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+    from enginespec.worker.skinny_linear import VARIANTS, Choice
+
+    dtype = getattr(torch, str(row["dtype"]), None)
+    if not isinstance(dtype, torch.dtype) or row["variant"] not in VARIANTS:
+        raise ValueError(f"bad dtype or variant in {row}")
+    key = (int(row["rows"]), int(row["n"]), int(row["k"]), dtype, bool(row["bias"]), row["variant"])
+    config = None if row["config"] is None else SkinnyConfig(**row["config"])
+    return key, Choice(config, float(row["us"]), float(row["baseline_us"]))
