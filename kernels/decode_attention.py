@@ -328,8 +328,9 @@ def _decode_attention_kernel(
 
 # The preloading config of split decode launches of at most ENGINESPEC_DECODE_PRELOAD_ROWS rows
 # (default 1): each split's first 16 keys read into registers before the PDL wait, the rest in
-# 32-key steps, or in 128-key ones when more than 96 remain (a runtime branch: LONG_TILE), two
-# stages, and a merge of 32 dims a program on one warp.
+# 32-key steps, or in choose_config's tile (128 keys where two stages of them fit shared memory,
+# as on the H200) when more than tile - 32 remain (a runtime branch: LONG_TILE), two stages, and
+# a merge of 32 dims a program on one warp.
 # Measured (H200, Qwen3-0.6B, batch 1, decode graph ms, benchmarks/RESULTS.md, sixteenth
 # session), choose_config's 128-key 2-stage tiles against the preloaded first tile and then:
 # 64-key 1-stage steps 0.670 -> 0.644 at 517 tokens but 0.935 -> 1.007 at 8192; 16-key steps
@@ -342,7 +343,6 @@ def _decode_attention_kernel(
 PRELOAD_ROWS_ENV = "ENGINESPEC_DECODE_PRELOAD_ROWS"
 PRELOAD_TILE = 16
 PRELOAD_LOOP_TILE = 32
-PRELOAD_LONG_TILE = 128
 PRELOAD_STAGES = 2
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
@@ -385,7 +385,8 @@ def decode_config(
             cfg,
             tile=PRELOAD_TILE,
             loop_tile=min(PRELOAD_LOOP_TILE, cfg.tile),
-            long_tile=PRELOAD_LONG_TILE,
+            # the wide steps: choose_config's own tile (128 keys where 2 stages of them fit)
+            long_tile=cfg.tile if cfg.tile > PRELOAD_LOOP_TILE else 0,
             num_stages=PRELOAD_STAGES,
             preload=True,
             merge_block_d=min(MERGE_BLOCK_D, head_dim),

@@ -268,8 +268,8 @@ def test_env_override_rejects_bad_values(monkeypatch, raw, match):
 
 def test_preload_rows_switch(monkeypatch):
     """decode_config: by default (ENGINESPEC_DECODE_PRELOAD_ROWS unset or 1) a split batch-1
-    launch takes the 16-key preloaded first tile, 32-key steps for the rest or 128-key ones where
-    more than 96 keys remain (two stages) and the narrow merge; 2 rows and unsplit launches keep
+    launch takes the 16-key preloaded first tile, 32-key steps for the rest or choose_config's
+    128-key tiles where more than 96 keys remain (two stages) and the narrow merge; 2 rows and unsplit launches keep
     choose_config's; 0 turns it off; a bad value raises."""
     monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
     monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
@@ -277,7 +277,8 @@ def test_preload_rows_switch(monkeypatch):
     base = pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
     one = da.decode_config(1, 16, 8, 128, 40960, dev)
     assert one.num_splits > 1 and one.preload and one.tile == da.PRELOAD_TILE
-    assert (one.loop_tile, one.long_tile, one.num_stages) == (min(32, base.tile), 128, 2)
+    assert base.tile == 128  # (the CPU has no shared memory bound: choose_config's wide tiles)
+    assert (one.loop_tile, one.long_tile, one.num_stages) == (32, base.tile, 2)
     assert one.num_splits == base.num_splits
     assert (one.merge_block_d, one.merge_warps) == (da.MERGE_BLOCK_D, da.MERGE_WARPS)
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "1")
@@ -285,6 +286,11 @@ def test_preload_rows_switch(monkeypatch):
     assert not da.decode_config(2, 16, 8, 128, 40960, dev).preload
     unsplit = da.decode_config(1, 16, 8, 128, 128, dev)  # one key tile's worth: no split
     assert unsplit.num_splits == 1 and not unsplit.preload
+    wide_tiles_fit = pa._wide_tiles_fit
+    monkeypatch.setattr(pa, "_wide_tiles_fit", lambda *args: False)  # a GPU with less shared memory
+    narrow = da.decode_config(1, 16, 8, 128, 40960, dev)
+    assert narrow.preload and (narrow.loop_tile, narrow.long_tile) == (32, 64)
+    monkeypatch.setattr(pa, "_wide_tiles_fit", wide_tiles_fit)
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "0")
     assert da.decode_config(1, 16, 8, 128, 40960, dev) == base
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "-1")
