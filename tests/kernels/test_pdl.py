@@ -51,8 +51,12 @@ ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
-pre = dict(dec, TILE=16, PRELOAD=True, LOOP_TILE=32, LONG_TILE=128)  # decode_config's preloading config
-report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre, {"num_warps": 4, "num_stages": 2}))
+import torch  # the preloading config as decode_config hands it to a batch-1 launch (the default)
+cfg = da.decode_config(1, 16, 8, 128, 40960, torch.device("cpu"))
+assert cfg.preload and cfg.long_tile > cfg.loop_tile, cfg
+pre = dict(dec, TILE=cfg.tile, PRELOAD=True, LOOP_TILE=cfg.loop_tile, LONG_TILE=cfg.long_tile)
+report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre,
+                                          {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 fn = pa._merge_splits_kernel
 for name, active in (("merge", False), ("merge_decode", True)):
     merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
