@@ -51,7 +51,8 @@ ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
-import torch  # the preloading config as decode_config hands it to a batch-1 launch (the default)
+import os, torch  # the preloading config as decode_config hands it to a batch-1 launch by default
+os.environ.pop(da.PRELOAD_ROWS_ENV, None), os.environ.pop(da.DECODE_ATTN_ENV, None)
 cfg = da.decode_config(1, 16, 8, 128, 40960, torch.device("cpu"))
 assert cfg.preload and cfg.long_tile > cfg.loop_tile, cfg
 pre = dict(dec, TILE=cfg.tile, PRELOAD=True, LOOP_TILE=cfg.loop_tile, LONG_TILE=cfg.long_tile)
