@@ -62,16 +62,26 @@ def fingerprint(device) -> dict:
     return out
 
 
-def save(table, path: Path) -> None:
-    """Write every choice of `table` (a LinearTable) to path, atomically."""
+def save(table, path: Path) -> bool:
+    """Write every choice of `table` (a LinearTable) to path, atomically; False (warned, no
+    temp file left) when the path cannot be written: a cache that cannot be saved must not stop
+    an engine that has its table in memory."""
     rows = [_row(key, choice) for key, choice in table.choices.items()]
     doc = {"fingerprint": fingerprint(table.device), "max_rows": table.max_rows, "choices": rows}
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("%s: could not save the table to %s (%s: %s)", TABLE_ENV, path, type(e).__name__, e)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False
+    return True
 
 
 def load(table, path: Path) -> int:

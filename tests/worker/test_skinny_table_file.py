@@ -37,7 +37,7 @@ def _table(max_rows: int = 8) -> sl.LinearTable:
 def test_a_saved_table_loads_back_equal(tmp_path):
     path = tmp_path / "sub" / "table.json"
     table = _table()
-    tf.save(table, path)
+    assert tf.save(table, path)
     again = sl.LinearTable("cpu", max_rows=8)
     assert tf.load(again, path) == 3
     assert again.choices == table.choices
@@ -45,6 +45,18 @@ def test_a_saved_table_loads_back_equal(tmp_path):
     smaller = sl.LinearTable("cpu", max_rows=4)  # a file for more rows serves fewer: the rest left out
     assert tf.load(smaller, path) == 2
     assert all(key[0] <= 4 for key in smaller.choices)
+
+
+def test_a_path_that_cannot_be_written_warns_and_leaves_nothing(tmp_path, caplog):
+    """A directory where the file should be (os.replace fails after the temp file is written):
+    save warns naming the path and returns False, and removes its temp file."""
+    path = tmp_path / "table.json"
+    path.mkdir()
+    (path / "keep").write_text("")  # a non-empty directory: nothing may replace it
+    with caplog.at_level(logging.WARNING):
+        assert tf.save(_table(), path) is False
+    assert str(path) in caplog.text and "could not save" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
 
 
 def test_no_file_is_the_first_run(tmp_path, caplog):
