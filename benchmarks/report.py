@@ -36,8 +36,10 @@ def _git_commit(override: Optional[str]) -> dict:
 
 
 def environment(args) -> dict:
-    """Device, library versions, commit and date of this run."""
+    """Device, library versions, commit, date and the ENGINESPEC_* settings of this run (an A/B
+    variant may differ from its head by an environment variable alone)."""
     import datetime
+    import os
     import platform
 
     import transformers
@@ -63,6 +65,7 @@ def environment(args) -> dict:
         "versions": versions,
         "git": _git_commit(args.git_commit),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("ENGINESPEC_")},
     }
 
 

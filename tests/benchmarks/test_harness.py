@@ -306,3 +306,17 @@ def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thr
     for n, phases in table.values():
         assert n > 0 and {"schedule", "prepare", "execute", "update"} <= set(phases)
         assert all(ms >= 0 for ms in phases.values())
+
+
+def test_environment_records_the_enginespec_settings(monkeypatch):
+    """A run's JSON names the ENGINESPEC_* variables it ran under (an A/B variant may differ by
+    them alone), and nothing else from the environment."""
+    from types import SimpleNamespace
+
+    from benchmarks import report
+
+    monkeypatch.setenv("ENGINESPEC_DECODE_PRELOAD_ROWS", "0")
+    monkeypatch.setenv("NOT_OURS_SECRET", "x")
+    env = report.environment(SimpleNamespace(device="cpu", git_commit="abc1234"))
+    assert env["settings"]["ENGINESPEC_DECODE_PRELOAD_ROWS"] == "0"
+    assert all(k.startswith("ENGINESPEC_") for k in env["settings"])
