@@ -288,24 +288,36 @@ class MergedDecoder(nn.Module):
             MergedLayer(layer, i, config, fuse_qkv_rope)
             for i, layer in enumerate(hf_decoder.layers[:num_layers])
         )
+        # The final norm as one launch on the fused path (set by skinny_ops.install, like the
+        # layers' fused_linear): (x, weight, eps) -> RMSNorm(x). None: the checkpoint's module
+        # (eager, that is eight elementwise launches at the end of every batch-1 step).
+        self.fused_norm = None
         static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
-        cos, sin = self._rope_table(int(config.max_position_embeddings)) if static else (None, None)
-        self.register_buffer("cos_table", cos, persistent=False)  # [P, D] or None
-        self.register_buffer("sin_table", sin, persistent=False)
+        table = self._rope_table(int(config.max_position_embeddings)) if static else None
+        self.register_buffer("rope_table", table, persistent=False)  # [P, 2, D] (cos, sin) or None
 
     @torch.no_grad()
-    def _rope_table(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_table(self, num_positions: int) -> torch.Tensor:
+        """[P, 2, D]: cos and sin of each position side by side, so a step gathers both with one
+        index launch (two tables took two)."""
         weight = self.embed_tokens.weight
         positions = torch.arange(num_positions, device=weight.device)[None]
         cos, sin = self.rotary_emb(weight[:1], positions)  # [1, P, D] each
-        return cos[0].contiguous(), sin[0].contiguous()
+        return torch.stack([cos[0], sin[0]], dim=1).contiguous()
 
     def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [N, D] of the rows' positions."""
-        if self.cos_table is not None:
-            return self.cos_table[positions], self.sin_table[positions]
+        """cos, sin [N, D] of the rows' positions (with a table: views of one gathered [N, 2, D]
+        tensor, row stride 2 D, contiguous along D)."""
+        if self.rope_table is not None:
+            both = self.rope_table[positions]
+            return both[:, 0], both[:, 1]
         cos, sin = self.rotary_emb(hidden, positions[None])
         return cos[0], sin[0]
+
+    def final_norm_fusable(self) -> bool:
+        """Whether the final norm is the weight * normed RMSNorm that `fused_norm` computes."""
+        norm = self.norm
+        return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [N, hidden]
@@ -314,6 +326,8 @@ class MergedDecoder(nn.Module):
         fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, fused)
+        if fused and self.fused_norm is not None:
+            return self.fused_norm(hidden, self.norm.weight, float(self.norm.variance_epsilon))
         return self.norm(hidden)
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from enginespec.worker import skinny_table_file as table_file
-from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable
+from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable, _rms_norm
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,18 @@ def _(x, weight, bias, norm_weight, eps, residual, silu_mul):
     return x.new_empty((x.shape[0], weight.shape[0] // 2 if silu_mul else weight.shape[0]))
 
 
+@torch.library.custom_op("enginespec::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x [M, H]; weight [H], eps) in one launch (kernels/rms_norm.py) where Triton runs,
+    the reference elsewhere: the merged decoder's final norm on the fused path."""
+    return _rms_norm(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
 def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
     """(N, K, dtype, has_bias) -> per-layer LinearTable.run arguments of one variant: "plain"
     over every projection a layer routes through `linear` (MergedLayer.projections), the
@@ -114,6 +126,8 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     if path is not None and len(table.choices) > num_known:
         table_file.save(table, path)
     merged_decoder.fused_max_rows = table.max_rows
+    if merged_decoder.final_norm_fusable():
+        merged_decoder.fused_norm = torch.ops.enginespec.rms_norm
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear
         if layer.can_fuse():

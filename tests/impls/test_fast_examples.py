@@ -207,7 +207,8 @@ def test_one_builder_per_pool_released_with_it():
 
 def test_decode_batches_launch_longest_first_with_one_sort_per_step():
     """FastAttention's launch order: argsort of seq_lens (longest first) for decode-only
-    batches, made once per BatchMeta and reused by later layers; none for prefill rows."""
+    batches of several requests, made once per BatchMeta and reused by later layers; none for
+    prefill rows or a single request."""
     from enginespec.impls.fast.attention import FastAttention
     from enginespec.spec import BatchMeta
 
@@ -236,6 +237,8 @@ def test_decode_batches_launch_longest_first_with_one_sort_per_step():
     assert backend._launch_order(again, again.seq_lens) is not order  # a new step sorts again
     prefill = meta([5, 9], [1, 4])
     assert backend._launch_order(prefill, prefill.seq_lens) is None
+    single = meta([7], [1])  # one request: nothing to order, no sort launched
+    assert backend._launch_order(single, single.seq_lens) is None
 
 
 def test_request_made_directly_takes_the_spec_defaults():

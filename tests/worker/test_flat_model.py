@@ -239,11 +239,14 @@ def test_joint_qk_norm_and_rope_equal_the_family_modules(impl, family):
 
     model = FlatModel.from_pretrained(tiny_model_dir(family), attention=impl.attention_backend("cpu"))
     attn, layer = model._decoder.layers[0].self_attn, model._merged.layers[0]
-    assert model._merged.cos_table is not None  # default and llama3 rope are position-only: tabled
+    assert model._merged.rope_table is not None  # default and llama3 rope are position-only: tabled
     gen = torch.Generator().manual_seed(9)
     q = torch.randn(5, layer.num_q, layer.head_dim, generator=gen)
     k = torch.randn(5, layer.num_kv, layer.head_dim, generator=gen)
-    cos, sin = model._merged.rope(q, torch.tensor([0, 3, 17, 64, 200]))
+    positions = torch.tensor([0, 3, 17, 64, 200])
+    cos, sin = model._merged.rope(q, positions)  # views of one gathered [5, 2, D] table row each
+    want_cos, want_sin = model._merged.rotary_emb(q, positions[None])  # the family's own module
+    assert torch.equal(cos, want_cos[0]) and torch.equal(sin, want_sin[0])
     expected = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
     assert torch.equal(rotate_neox(torch.cat([q, k], 1), cos, sin), torch.cat(expected, 1))
     if family == "qwen3":
@@ -267,7 +270,7 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     )
     hf = _hf_model(path)
     model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
-    assert model.model_impl == "merged" and model._merged.cos_table is None
+    assert model.model_impl == "merged" and model._merged.rope_table is None
     ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))

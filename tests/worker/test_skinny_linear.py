@@ -219,15 +219,22 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
         calls.append(sl.variant_of(norm_weight, residual, silu_mul))
         return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul)
 
+    def final_norm(x, weight, eps):
+        calls.append("final_norm")
+        return torch.ops.enginespec.rms_norm(x, weight, eps)
+
     monkeypatch.setattr(table, "run", record)
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    monkeypatch.setattr(model.merged, "fused_norm", final_norm)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         if fused:
             monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
     got = _prefill(model, impl, 11)
     per_layer = ["norm", "residual", "norm_silu", "residual"] if fused else ["plain"] * 4
+    assert calls.count("final_norm") == 1 and calls[-1] == "final_norm"  # the final norm: one op
+    calls.pop()
     if chosen:
         assert calls == per_layer * len(layers)
     else:  # each baseline runs the plain (or silu) choice through run() again
@@ -264,6 +271,7 @@ def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_o
     monkeypatch.setattr(table, "run", record)
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    monkeypatch.setattr(model.merged, "fused_norm", torch.ops.enginespec.rms_norm)  # traced opaque too
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
@@ -292,7 +300,9 @@ def test_install_measures_every_projection_on_cuda(impl):
                 assert (bucket, *group, variant) in table.choices
     assert all(layer.linear is torch.ops.enginespec.linear for layer in layers)
     assert all(layer.fused_linear is torch.ops.enginespec.fused_linear for layer in layers)
+    assert model.merged.fused_norm is torch.ops.enginespec.rms_norm
     got = _prefill(model, impl, 7)
+    model.merged.fused_norm = None
     for layer in layers:
         layer.linear, layer.fused_linear = F.linear, None
     torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)
