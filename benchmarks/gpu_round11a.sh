@@ -9,7 +9,7 @@
 # the first one's skinny GEMM picks (ENGINESPEC_SKINNY_TABLE: no tuning noise between trees); with PROFILE=1, then this tree's
 # per-kernel profile at batch 1 with PDL off (PROFILE_PDL=1: on), and each of PROFILE_VARIANTS' (names).
 # A variant is a folder .dev_carry/variants/NAME/ of files to copy over the tree (its commit in
-# NAME/SHA; kernels/, impls/, worker/ and tests/ only: a branch's own tests of its kernels run
+# NAME/SHA; kernels/, impls/, worker/, sample/ and tests/ only: a branch's own tests of its kernels run
 # with TESTS=all; a variant may instead or also have NAME/ENV, VAR=value words set for its
 # sweep, e.g. ENGINESPEC_SKINNY_MAX_ROWS=32), sent beside the tree with carry [".dev_carry"].
 # Usage (device machine, repo root): bash benchmarks/gpu_round11a.sh SHA
@@ -18,14 +18,14 @@ shopt -s nullglob
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
-head_tree=$(mktemp -d); cp -r kernels impls worker tests "$head_tree"/  # every folder a variant may carry
+head_tree=$(mktemp -d); cp -r kernels impls worker sample tests "$head_tree"/  # every folder a variant may carry
 plugin=(-p enginespec.conformance.plugin --impl=fast)
 for v in .dev_carry/variants/*/files; do  # restored below between trees: nothing else may differ
-  other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker|tests")
-  [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/, worker/ and tests/ are restored"; exit 1; }
+  other=$(cd "$v" && ls -d * | grep -v -x -E "kernels|impls|worker|sample|tests")
+  [ -z "$other" ] || { echo "variant $v carries $other: only kernels/, impls/, worker/, sample/ and tests/ are restored"; exit 1; }
 done
 use() {  # use NAME: this tree's kernels/impls/worker/tests, then the variant's files over them
-  rm -rf kernels impls worker tests && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker "$head_tree"/tests .
+  rm -rf kernels impls worker sample tests && cp -r "$head_tree"/kernels "$head_tree"/impls "$head_tree"/worker "$head_tree"/sample "$head_tree"/tests .
   [ "$1" = head ] || [ ! -d ".dev_carry/variants/$1/files" ] || cp -r ".dev_carry/variants/$1/files/." .
   gpu_setup || exit 1
 }
