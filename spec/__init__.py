@@ -5,7 +5,7 @@ Nothing here imports an implementation; implementations are reached through `loa
 """
 
 from enginespec.spec.attention import AttentionBackend
-from enginespec.spec.batch import Batch, BatchMeta, slot_of
+from enginespec.spec.batch import PACKED_ALIGN, Batch, BatchMeta, packed_offsets, slot_of
 from enginespec.spec.batch_layout import build_batch
 from enginespec.spec.block_manager import BlockManager, PoolState
 from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
@@ -67,4 +67,6 @@ __all__ = [
     "hash_request_blocks",
     "load_impl",
     "slot_of",
+    "packed_offsets",
+    "PACKED_ALIGN",
 ]

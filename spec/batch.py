@@ -65,6 +65,24 @@ class Batch:
     prompt_logprob_rows: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
+PACKED_ALIGN = 16  # bytes: every packed section starts on such a boundary
+
+
+def packed_offsets(num_rows: int, num_reqs: int) -> tuple[int, int, int, int, int, int]:
+    """The packed layout of a batch's first five arrays, in bytes: input_ids, positions and
+    slot_mapping (int64 [num_rows]), query_start_loc (int32 [num_reqs + 1]) and seq_lens (int32
+    [num_reqs]), back to back in that order, each on a PACKED_ALIGN boundary; the sixth number
+    is where seq_lens ends. A builder that stages a step in one buffer this way (the fast
+    impl's) lets a decode graph, whose static inputs sit at the same offsets
+    (worker/cuda_graphs.py), load all five with one copy; any other batch loads them one by
+    one, with the same result."""
+    out, offset = [0], 0
+    for size in (8 * num_rows, 8 * num_rows, 8 * num_rows, 4 * (num_reqs + 1), 4 * num_reqs):
+        offset += -(-size // PACKED_ALIGN) * PACKED_ALIGN
+        out.append(offset)
+    return tuple(out)  # type: ignore[return-value]
+
+
 def slot_of(block_table_row: list[int], position: int, block_size: int) -> int:
     """Slot of a token position: table[p // bs] * bs + p % bs."""
     return block_table_row[position // block_size] * block_size + position % block_size

@@ -307,9 +307,10 @@ class MergedDecoder(nn.Module):
 
     def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [N, D] of the rows' positions (with a table: views of one gathered [N, 2, D]
-        tensor, row stride 2 D, contiguous along D)."""
+        tensor, row stride 2 D, contiguous along D). index_select, not table[positions]: on the
+        H200 its kernel took 1.8 us a step where advanced indexing's took 3.5."""
         if self.rope_table is not None:
-            both = self.rope_table[positions]
+            both = torch.index_select(self.rope_table, 0, positions)
             return both[:, 0], both[:, 1]
         cos, sin = self.rotary_emb(hidden, positions[None])
         return cos[0], sin[0]

@@ -22,7 +22,7 @@ import torch
 
 from enginespec.impls.fast.batch_buffers import ZERO_SLOT, Staging, TableRows
 from enginespec.impls.fast.block_manager import FastBlockManager
-from enginespec.spec import Batch, BatchMeta
+from enginespec.spec import PACKED_ALIGN, Batch, BatchMeta
 
 
 class _Rows:
@@ -116,7 +116,7 @@ class BatchBuilder:
         n_rows, n_reqs, width = num_tokens + num_pad, num_reqs + num_pad, acc.width
         layout = _Layout(n_rows, n_reqs, width, len(acc.logits))
         host = layout.views(self._staging.acquire(layout.num_bytes))
-        ids, pos, slot, logits, qsl, seq_lens, table = host
+        ids, pos, slot, qsl, seq_lens, logits, table = host
         table = table.reshape(n_reqs, width)
         _fill_table(self._tables.rows, acc, width, num_pad, bs, table)
         counts = np.asarray(acc.counts, dtype=np.int64)
@@ -139,12 +139,12 @@ class BatchBuilder:
             max_query_len = max(max_query_len, 1)
         dev = layout.views(self._staging.transfer(layout.num_bytes))
         if self.device.type == "cpu":
-            host_qsl, host_seq_lens = dev[4], dev[5]
+            host_qsl, host_seq_lens = dev[3], dev[4]
         else:  # copies: the staging buffer is rewritten next step
             host_qsl, host_seq_lens = torch.from_numpy(qsl.copy()), torch.from_numpy(seq_lens.copy())
         meta = BatchMeta(
-            query_start_loc=dev[4],
-            seq_lens=dev[5],
+            query_start_loc=dev[3],
+            seq_lens=dev[4],
             block_table=dev[6].view(n_reqs, width),
             slot_mapping=dev[2],
             block_size=bs,
@@ -157,7 +157,7 @@ class BatchBuilder:
             input_ids=dev[0],
             positions=dev[1],
             meta=meta,
-            logits_indices=dev[3],
+            logits_indices=dev[5],
             sample_request_ids=acc.sample_ids,
             num_scheduled_tokens=num_tokens,
             num_reqs=num_reqs,
@@ -167,21 +167,22 @@ class BatchBuilder:
 
 class _Layout:
     """Where each array of a step sits in the staging bytes: input_ids, positions,
-    slot_mapping, logits_indices (int64), query_start_loc, seq_lens, block_table (int32),
-    each section starting on a 16-byte boundary (aligned loads in kernels, and one Triton
-    pointer specialization whatever the batch shape)."""
+    slot_mapping (int64), query_start_loc, seq_lens (int32), logits_indices (int64),
+    block_table (int32), each section starting on a 16-byte boundary (aligned loads in kernels,
+    and one Triton pointer specialization whatever the batch shape). The first five are
+    spec.packed_offsets' layout, so a decode graph loads them with one copy."""
 
     __slots__ = ("sections", "num_bytes")
-    ALIGN = 16
+    ALIGN = PACKED_ALIGN
 
     def __init__(self, n_rows: int, n_reqs: int, width: int, n_logits: int):
         sizes = (
             (8, n_rows),
             (8, n_rows),
             (8, n_rows),
-            (8, n_logits),
             (4, n_reqs + 1),
             (4, n_reqs),
+            (8, n_logits),
             (4, n_reqs * width),
         )
         offset, sections = 0, []

@@ -321,3 +321,32 @@ def test_attend_qkv_equals_write_then_forward(decode, switch, monkeypatch):
     )
     assert not calls
     torch.testing.assert_close(cache_c, cache_b, atol=2e-5, rtol=2e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("num_reqs,pad_to", [(1, 1), (3, 4), (5, 8)])
+def test_decode_batches_are_packed_for_a_one_copy_graph_load(num_reqs, pad_to):
+    """The builder stages input_ids .. seq_lens at spec.packed_offsets: a decode graph finds the
+    span (worker/cuda_graphs.packed_span) and one copy of it fills a bucket's views with every
+    array; a batch whose arrays are separate tensors gives None (the graph loads them one by one)."""
+    import dataclasses
+
+    from enginespec.worker.cuda_graphs import _packed_views, packed_span
+
+    bm = FAST.new_block_manager(64, 4)
+    reqs = [FAST.new_request(f"d{i}", list(range(1, 7 + 3 * i))) for i in range(num_reqs)]
+    for r in reqs:
+        assert bm.allocate_slots(r, r.num_tokens)
+        r.num_computed_tokens = r.num_tokens - 1  # a decode step: one new token each
+    out = SchedulerOutput(scheduled=[(r, 1) for r in reqs])
+    batch = BatchBuilder("cpu").build(out, bm, pad_to=pad_to)
+    span = packed_span(batch)
+    assert span is not None and span.dtype == torch.uint8
+    buffer = torch.full((span.shape[0] + 64,), 0x55, dtype=torch.uint8)
+    buffer[: span.shape[0]].copy_(span)
+    meta = batch.meta
+    want = (batch.input_ids, batch.positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens)
+    for got, expected in zip(_packed_views(buffer, pad_to), want, strict=True):
+        assert torch.equal(got, expected)
+    assert meta.seq_lens[num_reqs:].eq(0).all() and meta.slot_mapping[num_reqs:].eq(-1).all()  # padding
+    apart = dataclasses.replace(batch, positions=batch.positions.clone())
+    assert packed_span(apart) is None

@@ -105,6 +105,7 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
     )
     decode, mixed = [], []
     for n, is_mixed in graphs._shapes():
+        graphs._pad(n, is_mixed)  # as capture() does before each bucket
         out = graphs._run(n, is_mixed)  # the "capture": every row a padding row
 
         def run(n=n, is_mixed=is_mixed):
@@ -150,11 +151,21 @@ def _interpreted_llm(**kwargs):
     reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
 )
 @pytest.mark.parametrize("spec", [False, True])
-def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
+def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec, monkeypatch):
     """Every step through the graphs' static buffers (decode buckets, and mixed buckets for
     prefill chunks beside decodes and for speculative verification rows) gives the greedy
     tokens of unpadded eager steps, over the Triton attention kernel that reads the buffers
-    (the interpreter on the CPU). Both kinds of bucket must actually serve steps."""
+    (the interpreter on the CPU). Both kinds of bucket must actually serve steps, and decode
+    steps load their packed inputs with one copy (cuda_graphs.packed_span)."""
+    from enginespec.worker import cuda_graphs
+
+    spans, real_span = [], cuda_graphs.packed_span
+
+    def span_of(batch):
+        spans.append(real_span(batch))
+        return spans[-1]
+
+    monkeypatch.setattr(cuda_graphs, "packed_span", span_of)
 
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 90 + 1 for j in range(3 + 9 * i)]} for i in range(5)]
     params = [SamplingParams(max_tokens=3 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(5)]
@@ -175,6 +186,7 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec):
     assert outs[True] == outs[False]
     assert decode and mixed, (decode, mixed)
     assert set(mixed) <= {8, 16, 40} and set(decode) <= {1, 2, 4}
+    assert spans and all(span is not None for span in spans)  # every decode load: one copy
 
 
 @pytest.mark.skipif(
