@@ -101,10 +101,19 @@ LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_dr
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
 
+# The most rows greedy_tokens takes kernels/argmax.py for: the row counts it was timed at end
+# to end on the H200 (decode steps of 1, 4 and 16 rows, seventeenth session); bigger batches
+# keep torch.argmax until they are timed.
+GREEDY_KERNEL_MAX_ROWS = 16
+
+
 def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=1) (the first max), on CUDA as one launch (kernels/argmax.py: 8.8 us of
-    torch's reduction at the Qwen vocabulary on the H200, the end of every greedy step)."""
-    return argmax_kernel.argmax(x) if x.is_cuda else x.argmax(dim=1)
+    """x.argmax(dim=1) (the first max); on CUDA, for up to GREEDY_KERNEL_MAX_ROWS rows, as one
+    launch (kernels/argmax.py: torch's reduction took 8.8 us at the Qwen vocabulary on the
+    H200, the end of every greedy batch-1 step; the kernel 4.2)."""
+    if x.is_cuda and x.shape[0] <= GREEDY_KERNEL_MAX_ROWS:
+        return argmax_kernel.argmax(x)
+    return x.argmax(dim=1)
 
 
 @dataclass
