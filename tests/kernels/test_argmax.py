@@ -37,7 +37,7 @@ def test_argmax_keeps_torchs_rules_for_nan_zeros_and_infinities(dtype):
     vocab = am.BLOCK + 300  # two programs a row
     x = _logits(6, vocab, dtype, seed=1)
     x[0, [9, am.BLOCK + 7]] = float("nan")  # the first NaN wins
-    x[1, am.BLOCK + 7] = float("nan")  # a NaN in the second program only
+    x[1, am.BLOCK + 7] = -float("nan")  # a NaN with its sign bit set, in the second program only
     x[2] = -0.0
     x[2, am.BLOCK + 1] = 0.0  # equal to -0.0: column 0 wins
     x[3] = float("-inf")  # every value -inf: column 0
