@@ -350,3 +350,26 @@ def test_decode_batches_are_packed_for_a_one_copy_graph_load(num_reqs, pad_to):
     assert meta.seq_lens[num_reqs:].eq(0).all() and meta.slot_mapping[num_reqs:].eq(-1).all()  # padding
     apart = dataclasses.replace(batch, positions=batch.positions.clone())
     assert packed_span(apart) is None
+
+
+def test_a_repeated_shape_after_the_staging_buffer_grew_is_laid_out_anew():
+    """The builder keeps each shape's layout and host views; a step big enough to reallocate
+    the staging buffer must retire them, or the next step of a kept shape would be written into
+    the old buffer and the copy would send the new one's stale bytes."""
+    bm = FAST.new_block_manager(4096, 4)
+    builder = BatchBuilder("cpu")
+    small = FAST.new_request("s", list(range(1, 10)))
+    assert bm.allocate_slots(small, 9)
+    small.num_computed_tokens = 8
+    decode = SchedulerOutput(scheduled=[(small, 1)])
+    same_batch(builder.build(decode, bm), plain_build_batch(decode, bm))
+    big = FAST.new_request("b", list(range(1, 3000)))  # ~50 KB of rows and table: past 64 KiB
+    assert bm.allocate_slots(big, 2999)
+    before = builder._staging.np
+    wide = SchedulerOutput(scheduled=[(big, 2999)])
+    same_batch(builder.build(wide, bm), plain_build_batch(wide, bm))
+    assert builder._staging.np is not before  # the step did reallocate
+    small.append(42)
+    assert bm.allocate_slots(small, 1)
+    small.num_computed_tokens = 9
+    same_batch(builder.build(decode, bm), plain_build_batch(decode, bm))
