@@ -15,7 +15,7 @@ one staging byte buffer whose sections are viewed as int64 / int32 tensors after
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -221,6 +221,7 @@ class _Layout:
         once per item size (num_bytes is a multiple of ALIGN), then each section is one slice
         of those (two views and seven slices a step, where a view per section took fourteen
         calls)."""
+        typed: dict[int, Any]
         if isinstance(buf, np.ndarray):
             typed = {8: buf[: self.num_bytes].view(np.int64), 4: buf[: self.num_bytes].view(np.int32)}
         else:
