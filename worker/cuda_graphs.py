@@ -171,7 +171,10 @@ class DecodeGraphs:
         if mixed:
             return
         ids, positions, slots, qsl, seq_lens = self.packed_inputs[n]
-        ids.zero_(), positions.zero_(), slots.fill_(-1), seq_lens.zero_()
+        ids.zero_()
+        positions.zero_()
+        slots.fill_(-1)
+        seq_lens.zero_()
         qsl.copy_(torch.arange(n + 1, dtype=torch.int32, device=qsl.device))
 
     def _meta(self, n: int, mixed: bool) -> BatchMeta:

@@ -82,6 +82,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def is_plain_rms_norm(module: nn.Module) -> bool:
+    """Whether a norm module is the weight * normed RMSNorm every supported family uses (its
+    weight and `variance_epsilon` are all a fused kernel needs)."""
+    return type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+
+
 def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D], cos/sin [N, D] -> the rotate-half rotary embedding of every supported family
     (`apply_rotary_pos_emb`: x * cos + rotate_half(x) * sin, in that order)."""
@@ -143,7 +149,7 @@ class MergedLayer(nn.Module):
         return (
             self.silu_mlp
             and all(type(m) is nn.Linear for m in (self.o_proj, self.down_proj))
-            and all(type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") for m in norms)
+            and all(is_plain_rms_norm(m) for m in norms)
         )
 
     def fused_calls(self) -> list[dict]:
@@ -317,8 +323,7 @@ class MergedDecoder(nn.Module):
 
     def final_norm_fusable(self) -> bool:
         """Whether the final norm is the weight * normed RMSNorm that `fused_norm` computes."""
-        norm = self.norm
-        return type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")
+        return is_plain_rms_norm(self.norm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [N, hidden]

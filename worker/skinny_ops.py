@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from enginespec.worker import skinny_table_file as table_file
-from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable, _rms_norm
+from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable, rms_norm_any
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def _(x, weight, bias, norm_weight, eps, residual, silu_mul):
 def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm(x [M, H]; weight [H], eps) in one launch (kernels/rms_norm.py) where Triton runs,
     the reference elsewhere: the merged decoder's final norm on the fused path."""
-    return _rms_norm(x, weight, eps)
+    return rms_norm_any(x, weight, eps)
 
 
 @rms_norm_op.register_fake

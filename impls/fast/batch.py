@@ -77,20 +77,16 @@ class BatchBuilder:
         buffer is reallocated."""
         key = (n_rows, n_reqs, width, n_logits)
         hit = self._layouts.get(key)
+        layout = hit[0] if hit is not None else _Layout(*key)
+        buf = self._staging.acquire(layout.num_bytes)  # (waits for the last copy out of it)
+        if buf is not self._layouts_of:  # reallocated: every kept view is of the old buffer
+            self._layouts.clear()
+            self._layouts_of = hit = None
         if hit is None:
-            layout = _Layout(*key)
-            buf = self._staging.acquire(layout.num_bytes)
-            if buf is not self._layouts_of:
-                self._layouts.clear()
-                self._layouts_of = buf
             if len(self._layouts) >= LAYOUT_CACHE:
                 self._layouts.pop(next(iter(self._layouts)))
             hit = self._layouts[key] = (layout, layout.views(buf))
-            return hit
-        buf = self._staging.acquire(hit[0].num_bytes)
-        if buf is not self._layouts_of:  # reallocated meanwhile (another shape grew it)
-            self._layouts.clear()
-            return self._layout(n_rows, n_reqs, width, n_logits)
+            self._layouts_of = buf
         return hit
 
     def _collect(self, scheduled, block_manager) -> _Rows:
