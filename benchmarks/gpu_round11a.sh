@@ -69,13 +69,7 @@ profile() {  # profile NAME COMMIT: the batch-1 per-kernel profile of the tree i
   env $(cat ".dev_carry/variants/$1/ENV" 2>/dev/null) ENGINESPEC_PDL=$pdl timeout 120 python3 benchmarks/decode_sweep.py \
     --git-commit "$2" --batches 1 --profile --out "$out/sweep_prof1_pdl${pdl}_$1_h200_$2.json" > "$out/prof_$1.log" 2>&1
   echo "profile $1 rc=$?"
-  python3 - "$out/sweep_prof1_pdl${pdl}_$1_h200_$2.json" <<'PY'
-import json, sys
-prof = json.load(open(sys.argv[1]))["profile"]
-print(f"busy {prof['gpu_busy_ms_per_step']:.3f} ms/step; us/step: own, critical (what it adds to the chain)")
-for k in sorted(prof["top"], key=lambda k: -k.get("critical_us_per_step", 0))[:12]:
-    print(f"{k['us_per_step']:9.1f} {k.get('critical_us_per_step', 0):9.1f} {k['launches_per_step']:6.1f} x {k['name'][:70]}")
-PY
+  python3 -m benchmarks.sweep_profile "$out/sweep_prof1_pdl${pdl}_$1_h200_$2.json"
 }
 if [ "${PROFILE:-0}" = 1 ]; then  # this tree, then each of PROFILE_VARIANTS (names of variants)
   use head; [ "${PROFILE_HEAD:-1}" = 0 ] || profile head "$sha"  # PROFILE_HEAD=0: the variants only

@@ -98,3 +98,25 @@ def profile_steps(core, shape, args) -> dict:
         "top": table[:25],
         "note": "wall includes the profiler's overhead; device times are the kernels' own",
     }
+
+
+def print_top(path: str, num: int = 14) -> None:
+    """Print a saved sweep JSON's profile: busy time, then its kernels by critical time."""
+    import json
+
+    prof = json.load(open(path))["profile"]
+    print(
+        f"batch {prof.get('batch', 1)}: busy {prof['gpu_busy_ms_per_step']:.3f} ms/step, "
+        f"{prof['kernels_per_step']:.0f} kernels; us/step: own, critical (what it adds to the chain), launches"
+    )
+    for k in sorted(prof["top"], key=lambda k: -k.get("critical_us_per_step", 0))[:num]:
+        print(
+            f"{k['us_per_step']:9.1f} {k.get('critical_us_per_step', 0):9.1f} {k['launches_per_step']:6.1f} x {k['name'][:90]}"
+        )
+
+
+if __name__ == "__main__":  # python3 -m benchmarks.sweep_profile SWEEP.json...: print each profile
+    import sys
+
+    for arg in sys.argv[1:]:
+        print_top(arg)
