@@ -19,7 +19,7 @@ best() {  # best BATCH: the probe's fastest 517-token config for BATCH as an ove
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["batch"] == int(sys.argv[2]) and r["context"] == 517]
 b = rows[0]["best"]
-print(f"tile={b['tile']},splits={b['num_splits']},stages={b['num_stages']},max_rows={sys.argv[2]}")
+print(f"tile={b['tile']},splits={b['num_splits']},stages={b['num_stages']},preload=0,max_rows={sys.argv[2]}")
 PY
 }
 sweep() {  # sweep NAME BATCHES [ENV...]
