@@ -341,14 +341,6 @@ def _decode_attention_kernel(
 # ~1.5-3.5K tokens at 32 splits). 2-8 rows with 64 splits of 16-64-key tiles measured slower than
 # choose_config's (fifteenth session). Compiled for sm_90: 222 registers, 92 KiB shared.
 PRELOAD_ROWS_ENV = "ENGINESPEC_DECODE_PRELOAD_ROWS"
-# Split launches of 2 rows and more (past the preloading rows): 64-key 2-stage tiles, three
-# programs an SM where choose_config's 128-key tiles fit one, and the splits that keep two waves
-# (twice choose_config's). Measured (H200, Qwen3-0.6B heads, this kernel alone in a graph of
-# rotating inputs, benchmarks/decode_attention_probe.py, eighteenth session), us a call at 517
-# and 2,048 tokens, choose_config's 128-key tiles -> these: 4 rows 9.0, 16.6 -> 8.8, 15.3;
-# 8 rows 13.6, 26.8 -> 12.4, 25.5; 16 rows 18.5, 46.7 -> 17.6, 44.7; 2 rows 7.4, 11.3 -> 7.5,
-# 11.1. Unsplit launches (32 rows and more at the H200's 132 SMs) keep choose_config's.
-SPLIT_TILE = 64
 PRELOAD_TILE = 16
 PRELOAD_LOOP_TILE = 32
 PRELOAD_STAGES = 2
@@ -379,9 +371,8 @@ def decode_config(
     itemsize: int = 2,
 ) -> pa.LaunchConfig:
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
-    choose_config, with SPLIT_TILE-key tiles and as many more splits as fit two waves at split
-    launches of 2 rows or more past preload_rows(), with a preloaded 16-key first tile and a narrow
-    merge at split launches of at most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
+    choose_config, with a preloaded 16-key first tile and a narrow merge at split launches of at
+    most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
@@ -389,14 +380,6 @@ def decode_config(
     cfg = pa.choose_config(
         num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, 1, max_seq_len, device, itemsize
     )
-    if num_reqs > max(1, preload_rows()) and cfg.num_splits > 1 and cfg.tile > SPLIT_TILE:
-        # 2-32 rows: choose_config's split launches take 128-key 2-stage tiles, one program an SM
-        # by shared memory; SPLIT_TILE-key tiles fit several, so twice the splits run in as many waves
-        per_sm = pa._programs_per_sm(device, SPLIT_TILE, head_dim, cfg.num_stages, itemsize)
-        splits = pa.split_count(
-            num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, max_seq_len, per_sm, device
-        )
-        cfg = dataclasses.replace(cfg, tile=SPLIT_TILE, num_splits=splits)
     if num_reqs <= preload_rows() and cfg.num_splits > 1:
         cfg = dataclasses.replace(
             cfg,

@@ -479,40 +479,21 @@ def choose_config(
     else:
         block_m, tile, warps, stages = min_m, 64, DECODE_WARPS, 2
     wide = rows < 64 and _wide_tiles_fit(device, head_pad, stages, itemsize)
-    per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
-    splits = split_count(
-        num_tokens, num_reqs, num_q_heads, num_kv_heads, head_pad, max_seq_len, per_sm, device
-    )
-    if splits > 1 and wide:
-        tile = 128  # split decode: 128-key tiles measured 6-24% faster at batch 4-32 (H200)
-    return LaunchConfig(block_m, tile, splits, warps, stages)
-
-
-def split_count(
-    num_tokens: int,
-    num_reqs: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_pad: int,
-    max_seq_len: int,
-    per_sm: int,
-    device: torch.device,
-) -> int:
-    """The most splits (a power of two, at most 64) that keep num_reqs x num_kv_heads programs
-    within two waves of `per_sm` programs an SM, each split at least MIN_KEYS_PER_SPLIT keys of
-    max_seq_len, and the float32 partials of num_tokens rows under 64 MiB."""
     programs = num_reqs * num_kv_heads
+    per_sm = _programs_per_sm(device, 128 if wide else tile, head_pad, stages, itemsize)
     max_programs = 2 * _num_sms(device) * per_sm  # two waves
+    splits = 1
     max_splits = max(1, max_seq_len // MIN_KEYS_PER_SPLIT)
     scratch = num_tokens * num_q_heads * (head_pad + 2) * 4
-    splits = 1
     while (
         splits * 2 <= min(max_splits, 64)
         and programs * splits * 2 <= max_programs
         and scratch * splits * 2 <= (64 << 20)
     ):
         splits *= 2
-    return splits
+    if splits > 1 and wide:
+        tile = 128  # split decode: 128-key tiles measured 6-24% faster at batch 4-32 (H200)
+    return LaunchConfig(block_m, tile, splits, warps, stages)
 
 
 def _smem_limit(device: torch.device) -> int:

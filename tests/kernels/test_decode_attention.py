@@ -296,31 +296,3 @@ def test_preload_rows_switch(monkeypatch):
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "-1")
     with pytest.raises(ValueError, match="ENGINESPEC_DECODE_PRELOAD_ROWS must be an int >= 0"):
         da.decode_config(1, 16, 8, 128, 40960, dev)
-
-
-def test_split_launches_past_the_preloading_rows_take_narrow_tiles(monkeypatch):
-    """On an H200-like device (132 SMs, 227 KiB of shared memory a block), 2-16 rows take
-    SPLIT_TILE-key tiles and the splits that three programs an SM allow in two waves (twice
-    choose_config's 128-key count); batch 1 keeps the preloading config, unsplit launches and
-    an ENGINESPEC_DECODE_PRELOAD_ROWS=0 batch 1 keep choose_config's."""
-    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
-    monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
-    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
-    smem = 227 << 10
-    monkeypatch.setattr(
-        pa,
-        "_programs_per_sm",
-        lambda d, tile, pad, st, size: max(1, min(3, smem // (2 * tile * pad * size * st + 8192))),
-    )
-    dev = torch.device("cpu")
-    got = {b: da.decode_config(b, 16, 8, 128, 40960, dev) for b in (1, 2, 4, 8, 16, 32, 64)}
-    for b, splits in ((2, 32), (4, 16), (8, 8), (16, 4)):
-        cfg = got[b]
-        assert (cfg.tile, cfg.num_splits, cfg.num_stages, cfg.preload) == (da.SPLIT_TILE, splits, 2, False), b
-        base = pa.choose_config(b, b, 16, 8, 128, 1, 40960, dev)
-        assert (base.tile, base.num_splits) == (128, splits // 2), b
-    assert got[1].preload and got[1].num_splits == 32
-    for b in (32, 64):
-        assert got[b] == pa.choose_config(b, b, 16, 8, 128, 1, 40960, dev)
-    monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "0")
-    assert da.decode_config(1, 16, 8, 128, 40960, dev) == pa.choose_config(1, 1, 16, 8, 128, 1, 40960, dev)
