@@ -15,7 +15,7 @@ sweep() {  # sweep NAME TIMEOUT ARGS...: one decode_sweep.py run, its table and 
   timeout "$limit" python3 benchmarks/decode_sweep.py --git-commit "$sha" "$@" \
     --out "$out/sweep_${name}_h200_$sha.json" > "$out/sweep_$name.log" 2>&1
   echo "$name rc=$? at ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep_$name.log"
-  grep -q '"profile"' "$out/sweep_${name}_h200_$sha.json" 2>/dev/null && python3 -m benchmarks.sweep_profile "$out/sweep_${name}_h200_$sha.json"
+  [ "${name#prof}" != "$name" ] || [ "$name" = all ] && python3 -m benchmarks.sweep_profile "$out/sweep_${name}_h200_$sha.json"
 }
 sweep all 300 --profile --profile-batch 4
 sweep prof16 120 --batches 16 --profile --profile-batch 16 --latency-tokens 0

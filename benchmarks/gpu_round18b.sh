@@ -7,6 +7,7 @@
 # Usage (device machine, repo root): bash benchmarks/gpu_round18b.sh SHA
 set -u
 sha=${1:?commit}
+ab=${AB_BATCHES:-4,16}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 export ENGINESPEC_SKINNY_TABLE=/tmp/skinny_table_18b.json
@@ -28,10 +29,10 @@ sweep() {  # sweep NAME BATCHES [ENV...]
     --out "$out/sweep_${name}_h200_$sha.json" > "$out/sweep_$name.log" 2>&1
   echo "sweep $name ($*) rc=$? at ${SECONDS}s"; grep -E "^\| [0-9]" "$out/sweep_$name.log"
 }
-sweep head "${AB_BATCHES:-4,16}"
-for b in ${AB_BATCHES//,/ }; do
+sweep head "$ab"
+for b in ${ab//,/ }; do
   cfg=$(best "$b") || continue
   sweep "best$b" "$b" ENGINESPEC_DECODE_ATTN="$cfg"
 done
-[ "${ROUND2:-1}" = 1 ] && sweep head_r2 "${AB_BATCHES:-4,16}"
+[ "${ROUND2:-1}" = 1 ] && sweep head_r2 "$ab"
 cd "$out" && tar czf s18b_h200_"$sha".tgz ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json; ls

@@ -104,7 +104,10 @@ def print_top(path: str, num: int = 14) -> None:
     """Print a saved sweep JSON's profile: busy time, then its kernels by critical time."""
     import json
 
-    prof = json.load(open(path))["profile"]
+    prof = json.load(open(path)).get("profile")
+    if not prof or "top" not in prof:
+        print(f"{path}: no profile")
+        return
     print(
         f"batch {prof.get('batch', 1)}: busy {prof['gpu_busy_ms_per_step']:.3f} ms/step, "
         f"{prof['kernels_per_step']:.0f} kernels; us/step: own, critical (what it adds to the chain), launches"

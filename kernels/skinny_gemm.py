@@ -31,7 +31,8 @@ The one-tile path (`_gemv_kernel`, SkinnyConfig(gemv=True), up to MAX_GEMV_ROWS 
 tile is a whole row (BLOCK_K >= K), BLOCK_N is 1-8 weight rows, the weight load is issued first
 and the kernel has no K loop, so every program's loads are in flight at once; after the wait
 all x rows in one round of loads, then each row in turn against the tile in registers; the same
-fusions, with each row's RMSNorm statistics taken from that row. At one row it took the 0.6B
+fusions, each row's RMSNorm statistics taken from that row (all rows' in one reduction before
+the row loop, when there are several). At one row it took the 0.6B
 decode step from 1.43 to 1.05 ms on the H200 (benchmarks/RESULTS.md, fifth session).
 
 Which (BLOCK_N, BLOCK_K, num_splits, USE_DOT) is fastest depends on the shape and the device;
@@ -103,15 +104,24 @@ def _residual(res_ptrs, mask, USE_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW_K: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) of each x row [BLOCK_M] over all K (float32): the RMSNorm
-    statistics, recomputed by every program (a row is a few KiB, read from L2)."""
-    rk = tl.arange(0, BLOCK_K)
+    statistics, recomputed by every program (a row is a few KiB, read from L2). ROW_K > 0 (a
+    power of two >= K): the rows in one load, one round of latency; 0: BLOCK_K steps, one round
+    each (for rows too long to hold in registers)."""
     sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
-        sum_sq += tl.sum(x * x, axis=1)
+    if ROW_K > 0:
+        cols = tl.arange(0, ROW_K)
+        rows = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & (cols < K)[None, :], other=0.0)
+        sum_sq = tl.sum(rows.to(tl.float32) * rows.to(tl.float32), axis=1)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & (kk < K)[None, :], other=0.0).to(
+                tl.float32
+            )
+            sum_sq += tl.sum(x * x, axis=1)
     return 1.0 / tl.sqrt(sum_sq / K + eps)
 
 
@@ -197,6 +207,7 @@ def _skinny_gemm_kernel(
     USE_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    ROW_K: tl.constexpr = 0,  # USE_NORM: _row_rstd's one-load width (0: its K loop)
 ):
     """USE_PDL (launched with launch_pdl): the slice's first weight tile (gate and up tiles with
     USE_SILU_MUL) is loaded before waiting for the previous kernel in the stream (gdc_wait);
@@ -224,7 +235,7 @@ def _skinny_gemm_kernel(
         gdc_wait()  # from here on, the previous kernel's writes (x, the residual) are visible
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_NORM:
-        rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)  # [BLOCK_M]
+        rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K)  # [BLOCK_M]
     x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
     acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
     if USE_SILU_MUL:
@@ -297,7 +308,8 @@ def _gemv_kernel(
     one load issued before anything else (no K loop, nothing to wait for first). After the
     wait it loads all its x rows (and residual rows) in one round, then takes them one at a
     time (a loop unrolled over BLOCK_M <= MAX_GEMV_ROWS): the row is taken out of the block by
-    a masked sum (exact), normed (its RMSNorm statistics from that row), multiplied with the
+    a masked sum (exact; with USE_NORM and several rows, every row was normed before the loop,
+    its statistics in one reduction), normed at one row, multiplied with the
     tile held in registers and stored. Registers (triton 3.6, sm_90): 39-62 a thread at one
     row, 87-156 at eight, no spills; a [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product would hold
     BLOCK_M times the tile. Its time grows with the rows (FMAs on CUDA cores and reductions per
@@ -334,6 +346,9 @@ def _gemv_kernel(
     )
     res_ptrs = res_ptr + rm[None, :] * stride_rm + rn[:, None]  # [BN, BM]
     res_all = _residual(res_ptrs, mask_n[:, None] & rows_ok[None, :], USE_RESIDUAL)  # [BN, BM]
+    if USE_NORM and BLOCK_M > 1:  # every row's statistics in one reduction, not one a row
+        xa = x_all.to(tl.float32)
+        x_all = _normed_by(x_all, 1.0 / tl.sqrt(tl.sum(xa * xa, axis=1) / K + eps), norm_w)  # [BM, BK]
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
         # row m of x_all (a sum over one nonzero: exact)
@@ -342,7 +357,7 @@ def _gemv_kernel(
         res = res_all
         if USE_RESIDUAL:  # column m of res_all: [BN, 1]
             res = tl.sum(tl.where(rm[None, :] == m, res_all.to(tl.float32), 0.0), axis=1, keep_dims=True)
-        if USE_NORM:
+        if USE_NORM and BLOCK_M == 1:
             xf = x.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
             x = _normed_by(x, rstd, norm_w)
@@ -409,6 +424,20 @@ MAX_BROADCAST_ROWS = 4
 # time grow with the rows, and the startup tuning offers it up to worker/gemm_tuning.GEMV_TUNE_ROWS
 # rows only.
 MAX_GEMV_ROWS = 8
+
+
+# The tiled kernel's fused RMSNorm reads its x rows whole (one load) for the statistics up to
+# rows of this many elements (16 rows of 2,048 bf16 are 64 KiB: 128 registers a thread at 4
+# warps); longer rows take BLOCK_K steps. Before, every K was stepped: at 16 rows and K 1,024
+# (four 256-wide steps, a round of latency each) the fused q|k|v measured 7.45 us against 5.35
+# for cuBLAS alone (tuning table, H200, eighteenth session), so the norm ran as its own launch.
+ROW_K_MAX = 2048
+
+
+def row_k(k: int) -> int:
+    """_row_rstd's one-load width for rows of k elements (0: too long, step them)."""
+    width = triton.next_power_of_2(k)
+    return width if width <= ROW_K_MAX else 0
 
 
 class SplitBuffers:
@@ -549,6 +578,7 @@ def skinny_linear(
         USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         USE_PDL=pdl,
+        ROW_K=row_k(k) if norm_weight is not None else 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

@@ -75,13 +75,17 @@ gemv = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=Tru
 ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
 fn = sg._gemv_kernel
 report("gemv", ptx_of(fn, sig_of(fn, gemv, ptrs, ("eps",)), gemv, {"num_warps": 4, "num_stages": 1}))
+gemv = dict(gemv, BLOCK_M=4, USE_SILU_MUL=False)  # several rows: their norms before the row loop
+report("gemv_rows", ptx_of(fn, sig_of(fn, gemv, ptrs, ("eps",)), gemv, {"num_warps": 4, "num_stages": 1}))
 ptrs = dict(ptrs, part_ptr="*fp32", count_ptr="*i32")
 fn = sg._skinny_gemm_kernel
 for name, tiled, warps in (
     ("tiled", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True, USE_SILU_MUL=True, USE_NORM=True,
-                   USE_RESIDUAL=False), 4),
+                   USE_RESIDUAL=False, ROW_K=1024), 4),
+    ("tiled_stepped_norm", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True, USE_SILU_MUL=False,
+                                USE_NORM=True, USE_RESIDUAL=False, ROW_K=0), 4),
     ("tiled_broadcast", dict(BLOCK_M=2, BLOCK_N=16, BLOCK_K=128, USE_DOT=False, USE_SILU_MUL=False,
-                             USE_NORM=False, USE_RESIDUAL=True), 4),
+                             USE_NORM=False, USE_RESIDUAL=True, ROW_K=0), 4),
 ):
     tiled = dict(tiled, USE_SPLIT=True, USE_BIAS=False, DOT_FP32=False, USE_PDL=True)
     report(name, ptx_of(fn, sig_of(fn, tiled, ptrs, ("eps",)), tiled, {"num_warps": warps, "num_stages": 3}))
@@ -106,7 +110,7 @@ def reports():
 @pytest.mark.parametrize(
     "kernel",
     ["attention", "decode_attention", "decode_attention_preload", "merge", "merge_decode", "qkv_rope", "gemv",
-     "tiled", "tiled_broadcast", "rms_norm", "silu_mul"],
+     "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel][:6]
@@ -125,7 +129,9 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("merge_decode", True),
         ("qkv_rope", True),
         ("gemv", True),
+        ("gemv_rows", True),
         ("tiled", True),
+        ("tiled_stepped_norm", True),
         ("tiled_broadcast", True),
         ("rms_norm", True),
         ("silu_mul", False),

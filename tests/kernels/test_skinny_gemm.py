@@ -268,3 +268,19 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
         got = skinny_linear(x, weight, None, config, buffers, silu_mul=True)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
     assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("config", FUSING[:2], ids=FUSING_IDS[:2])
+def test_norm_statistics_stepped_over_rows_too_long_for_one_load(monkeypatch, config):
+    """Rows longer than ROW_K_MAX take the statistics in BLOCK_K steps (the 8B shape's 4,096-wide
+    rows); shorter ones in one load. Both match rms_norm_ref's normed rows times the weight."""
+    import enginespec.kernels.skinny_gemm as sg
+
+    x, weight, bias = _operands(3, 24, 70, torch.float32, seed=3)
+    norm_weight = (1 + 0.1 * torch.randn(70, generator=torch.Generator().manual_seed(3))).to(DEVICE)
+    want = linear_ref(rms_norm_ref(x, norm_weight, 1e-6), weight, bias)
+    assert sg.row_k(70) == 128 and sg.row_k(sg.ROW_K_MAX + 1) == 0
+    for limit in (sg.ROW_K_MAX, 16):  # one load; then K steps (70 > 16)
+        monkeypatch.setattr(sg, "ROW_K_MAX", limit)
+        got = skinny_linear(x, weight, bias, config, SplitBuffers(DEVICE), norm_weight=norm_weight, eps=1e-6)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
