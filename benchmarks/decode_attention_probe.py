@@ -80,18 +80,18 @@ def calls_of(case, max_seq_len: int, config):
     ]
 
 
-def grid() -> list[pa.LaunchConfig]:
-    return [pa.LaunchConfig(16, t, s, 4, st) for t in TILES for s in SPLITS for st in STAGES]
+def grid(tiles=TILES, splits=SPLITS, stages=STAGES) -> list[pa.LaunchConfig]:
+    return [pa.LaunchConfig(16, t, s, 4, st) for t in tiles for s in splits for st in stages]
 
 
-def probe(batches, contexts, max_model_len: int, device, dtype, time_calls) -> list[dict]:
+def probe(batches, contexts, max_model_len: int, device, dtype, time_calls, configs) -> list[dict]:
     rows = []
     for b in batches:
         for ctx in contexts:
             case = make_case(b, ctx, device, dtype)
             graph_cfg = decode_config(b, HQ, HKV, HEAD, max_model_len, device)
             timed = {}
-            for cfg in [graph_cfg] + grid():
+            for cfg in [graph_cfg] + configs:
                 if cfg not in timed:
                     timed[cfg] = time_calls(calls_of(case, ctx, cfg)) * 1e3
             best = min(timed, key=timed.get)
@@ -131,21 +131,21 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     batches, contexts = ([int(v) for v in a.split(",")] for a in (args.batches, args.contexts))
     if args.dry_run:  # TRITON_INTERPRET=1 must be set by the caller
-        global TILES, SPLITS, STAGES
-        TILES, SPLITS, STAGES = (16,), (1, 2), (1,)
-        device, dtype = torch.device("cpu"), torch.float32
 
         def time_calls(calls):
             for call in calls[:2]:
                 call()
             return 0.0
 
-        rows = probe(batches, contexts, args.max_model_len, device, dtype, time_calls)
+        configs = grid((16,), (1, 2), (1,))
+        rows = probe(
+            batches, contexts, args.max_model_len, torch.device("cpu"), torch.float32, time_calls, configs
+        )
     else:
         import gpu_kernels as gk
 
         rows = probe(
-            batches, contexts, args.max_model_len, torch.device("cuda"), torch.bfloat16, gk.time_calls
+            batches, contexts, args.max_model_len, torch.device("cuda"), torch.bfloat16, gk.time_calls, grid()
         )
     with open(args.out, "w") as f:
         json.dump(dict(max_model_len=args.max_model_len, rows=rows), f, indent=1)

@@ -104,6 +104,12 @@ def _residual(res_ptrs, mask, USE_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def _rstd(sum_sq, K, eps):
+    """1 / sqrt(mean(x^2) + eps) from a row's float32 sum of squares over its K elements."""
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
 def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW_K: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) of each x row [BLOCK_M] over all K (float32): the RMSNorm
     statistics, recomputed by every program (a row is a few KiB, read from L2). ROW_K > 0 (a
@@ -112,8 +118,10 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
     sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ROW_K > 0:
         cols = tl.arange(0, ROW_K)
-        rows = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & (cols < K)[None, :], other=0.0)
-        sum_sq = tl.sum(rows.to(tl.float32) * rows.to(tl.float32), axis=1)
+        rows = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & (cols < K)[None, :], other=0.0).to(
+            tl.float32
+        )
+        sum_sq = tl.sum(rows * rows, axis=1)
     else:
         rk = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
@@ -122,7 +130,7 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
                 tl.float32
             )
             sum_sq += tl.sum(x * x, axis=1)
-    return 1.0 / tl.sqrt(sum_sq / K + eps)
+    return _rstd(sum_sq, K, eps)
 
 
 @triton.jit
@@ -348,7 +356,7 @@ def _gemv_kernel(
     res_all = _residual(res_ptrs, mask_n[:, None] & rows_ok[None, :], USE_RESIDUAL)  # [BN, BM]
     if USE_NORM and BLOCK_M > 1:  # every row's statistics in one reduction, not one a row
         xa = x_all.to(tl.float32)
-        x_all = _normed_by(x_all, 1.0 / tl.sqrt(tl.sum(xa * xa, axis=1) / K + eps), norm_w)  # [BM, BK]
+        x_all = _normed_by(x_all, _rstd(tl.sum(xa * xa, axis=1), K, eps), norm_w)  # [BM, BK]
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
         # row m of x_all (a sum over one nonzero: exact)
@@ -359,7 +367,7 @@ def _gemv_kernel(
             res = tl.sum(tl.where(rm[None, :] == m, res_all.to(tl.float32), 0.0), axis=1, keep_dims=True)
         if USE_NORM and BLOCK_M == 1:
             xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)  # [1]
+            rstd = _rstd(tl.sum(xf * xf, axis=1), K, eps)  # [1]
             x = _normed_by(x, rstd, norm_w)
         xf = x.to(tl.float32)  # [1, BK]
         acc = tl.sum(w.to(tl.float32) * xf, axis=1, keep_dims=True)  # [BN, 1]
@@ -426,18 +434,19 @@ MAX_BROADCAST_ROWS = 4
 MAX_GEMV_ROWS = 8
 
 
-# The tiled kernel's fused RMSNorm reads its x rows whole (one load) for the statistics up to
-# rows of this many elements (16 rows of 2,048 bf16 are 64 KiB: 128 registers a thread at 4
-# warps); longer rows take BLOCK_K steps. Before, every K was stepped: at 16 rows and K 1,024
-# (four 256-wide steps, a round of latency each) the fused q|k|v measured 7.45 us against 5.35
-# for cuBLAS alone (tuning table, H200, eighteenth session), so the norm ran as its own launch.
-ROW_K_MAX = 2048
+# The tiled kernel's fused RMSNorm reads its x rows whole (one load) for the statistics while
+# the block's rows hold at most this many elements (16 rows of 2,048, or 32 of 1,024: 64 KiB of
+# bf16, 128 registers a thread at 4 warps); longer rows or more of them take BLOCK_K steps.
+# Before, every K was stepped: at 16 rows and K 1,024 (four 256-wide steps, a round of latency
+# each) the fused q|k|v measured 7.45 us against 5.35 for cuBLAS alone (tuning table, H200,
+# eighteenth session), so the norm ran as its own launch.
+ROW_K_MAX_ELEMENTS = 16 * 2048
 
 
-def row_k(k: int) -> int:
-    """_row_rstd's one-load width for rows of k elements (0: too long, step them)."""
+def row_k(k: int, block_m: int) -> int:
+    """_row_rstd's one-load width for block_m rows of k elements (0: too many, step them)."""
     width = triton.next_power_of_2(k)
-    return width if width <= ROW_K_MAX else 0
+    return width if block_m * width <= ROW_K_MAX_ELEMENTS else 0
 
 
 class SplitBuffers:
@@ -578,7 +587,7 @@ def skinny_linear(
         USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         USE_PDL=pdl,
-        ROW_K=row_k(k) if norm_weight is not None else 0,
+        ROW_K=row_k(k, config.block_m(m)) if norm_weight is not None else 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

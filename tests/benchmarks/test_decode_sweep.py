@@ -103,3 +103,37 @@ def test_critical_time_charges_each_kernel_what_it_adds_to_the_chain():
     )
     assert charged == {"attn": 5 + 6, "gemv": 5 + 2, "tiny": 0}
     assert sum(charged.values()) == 18  # the union of [0, 10] and [12, 20]
+
+
+def test_print_top_orders_by_critical_time_and_skips_a_json_without_profile(tmp_path, capsys):
+    from benchmarks.sweep_profile import print_top
+
+    top = [
+        {"name": "a", "us_per_step": 9.0, "critical_us_per_step": 1.0, "launches_per_step": 2.0},
+        {"name": "b", "us_per_step": 3.0, "critical_us_per_step": 3.0, "launches_per_step": 1.0},
+    ]
+    prof = {"batch": 4, "gpu_busy_ms_per_step": 0.5, "kernels_per_step": 3, "top": top}
+    with_prof, without = tmp_path / "p.json", tmp_path / "n.json"
+    with_prof.write_text(json.dumps({"profile": prof}))
+    without.write_text(json.dumps({"rows": []}))
+    print_top(str(with_prof))
+    print_top(str(without))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("batch 4: busy 0.500 ms/step")
+    assert [line.split()[-1] for line in lines[1:3]] == ["b", "a"]  # the larger critical time first
+    assert lines[3].endswith("no profile")
+
+
+def test_decode_attention_probe_dry_run(tmp_path, monkeypatch):
+    """The probe's CPU dry run: every config of its tiny grid runs decode_attention under the
+    interpreter and the JSON names the graph's config and the best."""
+    from benchmarks import decode_attention_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "probe.json"
+    decode_attention_probe.main(["--dry-run", "--batches", "2", "--contexts", "40", "--max-model-len", "64",
+                                 "--out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["context"]) for r in rows] == [(2, 40)]
+    assert {(c["tile"], c["splits"]) for c in rows[0]["all"]} >= {(16, 1), (16, 2)}
+    assert rows[0]["graph"]["tile"] >= 16

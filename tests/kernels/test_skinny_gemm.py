@@ -272,15 +272,17 @@ def test_qwen3_gate_up_silu_on_cuda(rows):
 
 @pytest.mark.parametrize("config", FUSING[:2], ids=FUSING_IDS[:2])
 def test_norm_statistics_stepped_over_rows_too_long_for_one_load(monkeypatch, config):
-    """Rows longer than ROW_K_MAX take the statistics in BLOCK_K steps (the 8B shape's 4,096-wide
-    rows); shorter ones in one load. Both match rms_norm_ref's normed rows times the weight."""
+    """Blocks of rows holding more than ROW_K_MAX_ELEMENTS take the statistics in BLOCK_K steps
+    (the 8B shape's 4,096-wide rows); smaller ones in one load. Both match rms_norm_ref's normed
+    rows times the weight."""
     import enginespec.kernels.skinny_gemm as sg
 
     x, weight, bias = _operands(3, 24, 70, torch.float32, seed=3)
     norm_weight = (1 + 0.1 * torch.randn(70, generator=torch.Generator().manual_seed(3))).to(DEVICE)
     want = linear_ref(rms_norm_ref(x, norm_weight, 1e-6), weight, bias)
-    assert sg.row_k(70) == 128 and sg.row_k(sg.ROW_K_MAX + 1) == 0
-    for limit in (sg.ROW_K_MAX, 16):  # one load; then K steps (70 > 16)
-        monkeypatch.setattr(sg, "ROW_K_MAX", limit)
+    assert sg.row_k(70, 4) == 128 and sg.row_k(1024, 32) == 1024
+    assert sg.row_k(2048, 32) == 0 and sg.row_k(4096, 1) == 4096 and sg.row_k(4096, 16) == 0
+    for limit in (sg.ROW_K_MAX_ELEMENTS, 16):  # one load; then K steps (4 x 128 > 16)
+        monkeypatch.setattr(sg, "ROW_K_MAX_ELEMENTS", limit)
         got = skinny_linear(x, weight, bias, config, SplitBuffers(DEVICE), norm_weight=norm_weight, eps=1e-6)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
