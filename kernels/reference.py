@@ -213,3 +213,10 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     ct = _compute_dtype(gate_up.dtype)
     gate, up = gate_up.to(ct).chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+def gather_two_ref(
+    index_a: torch.Tensor, table_a: torch.Tensor, index_b: torch.Tensor, table_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table_a[index_a], table_b[index_b]): rows of two tables by two [R] index vectors."""
+    return torch.index_select(table_a, 0, index_a), torch.index_select(table_b, 0, index_b)

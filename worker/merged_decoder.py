@@ -298,6 +298,10 @@ class MergedDecoder(nn.Module):
         # layers' fused_linear): (x, weight, eps) -> RMSNorm(x). None: the checkpoint's module
         # (eager, that is eight elementwise launches at the end of every batch-1 step).
         self.fused_norm = None
+        # The step's two gathers (embedding rows, rope-table rows) as one launch on the fused
+        # path (set by skinny_ops.install): (input_ids, positions, embedding weight, rope table)
+        # -> (hidden [N, hidden], cos|sin [N, 2, D]). None: embed_tokens and rope().
+        self.fused_embed_rope = None
         static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
         table = self._rope_table(int(config.max_position_embeddings)) if static else None
         self.register_buffer("rope_table", table, persistent=False)  # [P, 2, D] (cos, sin) or None
@@ -325,11 +329,23 @@ class MergedDecoder(nn.Module):
         """Whether the final norm is the weight * normed RMSNorm that `fused_norm` computes."""
         return is_plain_rms_norm(self.norm)
 
+    def embed_rope_fusable(self) -> bool:
+        """Whether `fused_embed_rope` reproduces embed_tokens and rope(): a plain embedding
+        lookup (no max_norm, no scaling module) and a rope table."""
+        embed = self.embed_tokens
+        return type(embed) is nn.Embedding and embed.max_norm is None and self.rope_table is not None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [N, hidden]
-        cos, sin = self.rope(hidden, positions)
         # Off (0): no comparison on N at all; on: a guard on N under torch.compile (two graphs).
         fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
+        if fused and self.fused_embed_rope is not None:
+            hidden, both = self.fused_embed_rope(
+                input_ids, positions, self.embed_tokens.weight, self.rope_table
+            )
+            cos, sin = both[:, 0], both[:, 1]
+        else:
+            hidden = self.embed_tokens(input_ids)  # [N, hidden]
+            cos, sin = self.rope(hidden, positions)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, fused)
         if fused and self.fused_norm is not None:

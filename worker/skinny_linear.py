@@ -154,6 +154,20 @@ def rms_norm_any(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return rms_norm_ref(x, weight, eps)
 
 
+def gather_two_any(
+    index_a: torch.Tensor, table_a: torch.Tensor, index_b: torch.Tensor, table_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table_a[index_a], table_b[index_b]) in one Triton launch on CUDA (or under the
+    interpreter), two index_selects elsewhere."""
+    if _on_triton(index_a):
+        from enginespec.kernels.gather_rows import gather_two
+
+        return gather_two(index_a, table_a, index_b, table_b)
+    from enginespec.kernels.reference import gather_two_ref
+
+    return gather_two_ref(index_a, table_a, index_b, table_b)
+
+
 class LinearTable:
     """Measured choices for one device (module doc): `run` is what the custom ops call."""
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from enginespec.worker import skinny_table_file as table_file
-from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable, rms_norm_any
+from enginespec.worker.skinny_linear import DEFAULT_MAX_ROWS, LinearTable, gather_two_any, rms_norm_any
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,24 @@ def _(x, weight, eps):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("enginespec::embed_rope", mutates_args=())
+def embed_rope_op(
+    input_ids: torch.Tensor, positions: torch.Tensor, embed_weight: torch.Tensor, rope_table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed_weight[input_ids] [N, hidden], rope_table[positions] [N, 2, D]) in one launch
+    (kernels/gather_rows.py) where Triton runs: the merged decoder's first two gathers on the
+    fused path."""
+    return gather_two_any(input_ids, embed_weight, positions, rope_table)
+
+
+@embed_rope_op.register_fake
+def _(input_ids, positions, embed_weight, rope_table):
+    n = input_ids.shape[0]
+    return embed_weight.new_empty((n, *embed_weight.shape[1:])), rope_table.new_empty(
+        (n, *rope_table.shape[1:])
+    )
+
+
 def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
     """(N, K, dtype, has_bias) -> per-layer LinearTable.run arguments of one variant: "plain"
     over every projection a layer routes through `linear` (MergedLayer.projections), the
@@ -128,6 +146,8 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     merged_decoder.fused_max_rows = table.max_rows
     if merged_decoder.final_norm_fusable():
         merged_decoder.fused_norm = torch.ops.enginespec.rms_norm
+    if merged_decoder.embed_rope_fusable():
+        merged_decoder.fused_embed_rope = torch.ops.enginespec.embed_rope
     for layer in merged_decoder.layers:
         layer.linear = torch.ops.enginespec.linear
         if layer.can_fuse():

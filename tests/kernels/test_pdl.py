@@ -14,7 +14,7 @@ from .sm90 import compile_script
 
 SCRIPT = r"""
 from enginespec.kernels import decode_attention as da, paged_attention as pa, pdl, qkv_rope as qr
-from enginespec.kernels import rms_norm as rn, silu_mul as sm, skinny_gemm as sg
+from enginespec.kernels import gather_rows as gr, rms_norm as rn, silu_mul as sm, skinny_gemm as sg
 if pdl.gdc_wait is None:
     print("this triton has no gdc_wait"); sys.exit(3)
 
@@ -96,6 +96,11 @@ report("rms_norm", ptx_of(fn, sig_of(fn, norm, ptrs, ("eps",)), norm, {"num_warp
 silu = dict(BLOCK=1024, USE_PDL=True)
 fn = sm._silu_mul_kernel
 report("silu_mul", ptx_of(fn, sig_of(fn, silu, dict(out_ptr="*bf16", gate_up_ptr="*bf16")), silu, {"num_warps": 4}))
+gather = dict(BLOCK_A=1024, BLOCK_B=256, USE_PDL=True)
+ptrs = dict(out_a_ptr="*bf16", out_b_ptr="*bf16", index_a_ptr="*i64", index_b_ptr="*i64", table_a_ptr="*bf16",
+            table_b_ptr="*bf16")
+fn = gr._gather_two_kernel
+report("gather_two", ptx_of(fn, sig_of(fn, gather, ptrs), gather, {"num_warps": 4}))
 """
 
 
@@ -110,7 +115,7 @@ def reports():
 @pytest.mark.parametrize(
     "kernel",
     ["attention", "decode_attention", "decode_attention_preload", "merge", "merge_decode", "qkv_rope", "gemv",
-     "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul"],
+     "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul", "gather_two"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
     waits, triggers, loads_before, loads_after, stores_before, stores_after = reports[kernel][:6]
@@ -135,6 +140,7 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("tiled_broadcast", True),
         ("rms_norm", True),
         ("silu_mul", False),
+        ("gather_two", False),
     ],
 )
 def test_what_comes_before_the_wait(reports, kernel, reads_before):
@@ -143,7 +149,8 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     norm weights, qkv_rope reads its
     norm weights, cos/sin and slot, and the GEMV its weight and the norm's before waiting (x, the norm's input
     and the residual after), the tiled GEMM its slice's first weight tile, and the RMSNorm its weight; the decode merge its row's seq_len;
-    the other merge and the SiLU*up read only what the kernel before wrote."""
+    the other merge, the SiLU*up and the step's first gathers (their indices come from the input
+    copies) read only after it."""
     assert (reports[kernel][2] > 0) == reads_before
 
 

@@ -223,10 +223,16 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
         calls.append("final_norm")
         return torch.ops.enginespec.rms_norm(x, weight, eps)
 
+    def embed_rope(*args):
+        calls.append("embed_rope")
+        return torch.ops.enginespec.embed_rope(*args)
+
     monkeypatch.setattr(table, "run", record)
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
     monkeypatch.setattr(model.merged, "fused_norm", final_norm)
+    assert model.merged.embed_rope_fusable()
+    monkeypatch.setattr(model.merged, "fused_embed_rope", embed_rope)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         if fused:
@@ -234,7 +240,8 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
     got = _prefill(model, impl, 11)
     per_layer = ["norm", "residual", "norm_silu", "residual"] if fused else ["plain"] * 4
     assert calls.count("final_norm") == 1 and calls[-1] == "final_norm"  # the final norm: one op
-    calls.pop()
+    assert calls.count("embed_rope") == 1 and calls[0] == "embed_rope"  # both gathers: one op
+    calls = calls[1:-1]
     if chosen:
         assert calls == per_layer * len(layers)
     else:  # each baseline runs the plain (or silu) choice through run() again
@@ -272,6 +279,7 @@ def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_o
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
     monkeypatch.setattr(model.merged, "fused_norm", torch.ops.enginespec.rms_norm)  # traced opaque too
+    monkeypatch.setattr(model.merged, "fused_embed_rope", torch.ops.enginespec.embed_rope)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
@@ -301,8 +309,9 @@ def test_install_measures_every_projection_on_cuda(impl):
     assert all(layer.linear is torch.ops.enginespec.linear for layer in layers)
     assert all(layer.fused_linear is torch.ops.enginespec.fused_linear for layer in layers)
     assert model.merged.fused_norm is torch.ops.enginespec.rms_norm
+    assert model.merged.fused_embed_rope is torch.ops.enginespec.embed_rope
     got = _prefill(model, impl, 7)
-    model.merged.fused_norm = None
+    model.merged.fused_norm = model.merged.fused_embed_rope = None
     for layer in layers:
         layer.linear, layer.fused_linear = F.linear, None
     torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)
