@@ -118,8 +118,28 @@ def print_top(path: str, num: int = 14) -> None:
         )
 
 
-if __name__ == "__main__":  # python3 -m benchmarks.sweep_profile SWEEP.json...: print each profile
+def print_choices(path: str, variants: tuple[str, ...] = ("norm", "norm_silu")) -> None:
+    """Print a saved sweep JSON's skinny GEMM picks of `variants` (the fused norms by default):
+    per (rows, N, K, variant) the kind kept (gemv, tiled, or the baseline: separate launches),
+    its time and the baseline's, us."""
+    import json
+
+    choices = (json.load(open(path)).get("skinny_gemm") or {}).get("choices") or []
+    picked = [c for c in choices if c.get("variant") in variants]
+    print(f"{path}: {len(picked)} picks of {', '.join(variants)}")
+    for c in sorted(picked, key=lambda c: (c["rows"], c["variant"], c["n"])):
+        choice = c.get("choice")
+        kind = "baseline" if choice in (None, "None") else "gemv" if "gemv=True" in choice else "tiled"
+        print(
+            f"{c['rows']:4d} {c['n']:6d} {c['k']:6d} {c['variant']:10s} {kind:8s} {c['us']:7.2f} {c['baseline_us']:7.2f}"
+        )
+
+
+if (
+    __name__ == "__main__"
+):  # python3 -m benchmarks.sweep_profile [--choices] SWEEP.json...: each profile or its fused-norm picks
     import sys
 
-    for arg in sys.argv[1:]:
-        print_top(arg)
+    show = print_choices if sys.argv[1:2] == ["--choices"] else print_top
+    for arg in sys.argv[1 + (show is print_choices) :]:
+        show(arg)

@@ -137,3 +137,35 @@ def test_decode_attention_probe_dry_run(tmp_path, monkeypatch):
     assert [(r["batch"], r["context"]) for r in rows] == [(2, 40)]
     assert {(c["tile"], c["splits"]) for c in rows[0]["all"]} >= {(16, 1), (16, 2)}
     assert rows[0]["graph"]["tile"] >= 16
+
+
+def test_print_choices_names_the_kind_kept_per_fused_norm(tmp_path, capsys):
+    from benchmarks.sweep_profile import print_choices
+
+    def pick(rows, variant, choice):
+        return {
+            "rows": rows,
+            "n": 4096,
+            "k": 1024,
+            "variant": variant,
+            "choice": choice,
+            "us": 5.0,
+            "baseline_us": 6.0,
+        }
+
+    choices = [
+        pick(4, "norm", "SkinnyConfig(block_n=4, gemv=True)"),
+        pick(16, "norm_silu", "SkinnyConfig(block_n=64, gemv=False)"),
+        pick(2, "norm", None),
+        pick(2, "plain", "SkinnyConfig(block_n=1, gemv=True)"),  # not a fused norm: left out
+    ]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"skinny_gemm": {"choices": choices}}))
+    print_choices(str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert "3 picks" in lines[0]
+    assert [line.split()[3:5] for line in lines[1:]] == [
+        ["norm", "baseline"],
+        ["norm", "gemv"],
+        ["norm_silu", "tiled"],
+    ]
