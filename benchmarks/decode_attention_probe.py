@@ -14,7 +14,7 @@ head_dim 128, bf16, block 16, q|k norms on) at each batch x context:
         [--contexts 517,2048] [--max-model-len 40960]
 
 Each figure is the median of do_bench over a graph of rotating inputs (gpu_kernels.time_calls:
-L2 holds none of the K/V read), in us a call. CPU smoke: --dry-run (interpreter, tiny shapes).
+L2 holds none of the K/V read), in us a call. Smoke run: --dry-run (tiny shapes, untimed; the interpreter on a CPU-only machine).
 """
 
 from __future__ import annotations
@@ -127,10 +127,14 @@ def main(argv=None) -> None:
     parser.add_argument("--max-model-len", type=int, default=40960)
     parser.add_argument("--batches", default="2,4,8,16,32,64")
     parser.add_argument("--contexts", default="517,2048")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny grid")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny grid, untimed: on CUDA if present, else the CPU (interpreter)",
+    )
     args = parser.parse_args(argv)
     batches, contexts = ([int(v) for v in a.split(",")] for a in (args.batches, args.contexts))
-    if args.dry_run:  # TRITON_INTERPRET=1 must be set by the caller
+    if args.dry_run:  # on the CPU, TRITON_INTERPRET=1 must be set by the caller
 
         def time_calls(calls):
             for call in calls[:2]:
@@ -138,9 +142,8 @@ def main(argv=None) -> None:
             return 0.0
 
         configs = grid((16,), (1, 2), (1,))
-        rows = probe(
-            batches, contexts, args.max_model_len, torch.device("cpu"), torch.float32, time_calls, configs
-        )
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rows = probe(batches, contexts, args.max_model_len, device, torch.float32, time_calls, configs)
     else:
         import gpu_kernels as gk
 

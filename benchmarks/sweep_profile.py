@@ -129,7 +129,13 @@ def print_choices(path: str, variants: tuple[str, ...] = ("norm", "norm_silu")) 
     print(f"{path}: {len(picked)} picks of {', '.join(variants)}")
     for c in sorted(picked, key=lambda c: (c["rows"], c["variant"], c["n"])):
         choice = c.get("choice")
-        kind = "baseline" if choice in (None, "None") else "gemv" if "gemv=True" in choice else "tiled"
+        kind = (
+            "baseline"
+            if choice in (None, "None", "baseline")
+            else "gemv"
+            if "gemv=True" in choice
+            else "tiled"
+        )
         print(
             f"{c['rows']:4d} {c['n']:6d} {c['k']:6d} {c['variant']:10s} {kind:8s} {c['us']:7.2f} {c['baseline_us']:7.2f}"
         )
