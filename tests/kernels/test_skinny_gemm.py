@@ -29,9 +29,10 @@ CONFIGS = [
     SkinnyConfig(block_n=16, block_k=16, num_splits=4, use_dot=False),
     SkinnyConfig(block_n=1, block_k=128, use_dot=False, gemv=True),  # one tile: K <= 90 < 128
     SkinnyConfig(block_n=4, block_k=128, use_dot=False, gemv=True, num_warps=8),
+    SkinnyConfig(block_n=16, block_k=128, num_splits=1, num_stages=1),  # tensor cores, one K step
 ]
-FUSING = [CONFIGS[1], CONFIGS[2], CONFIGS[5]]
-FUSING_IDS = ["dot-split", "broadcast", "gemv"]
+FUSING = [CONFIGS[1], CONFIGS[2], CONFIGS[5], CONFIGS[6]]
+FUSING_IDS = ["dot-split", "broadcast", "gemv", "one-step"]
 
 
 def _shapes(seed: int, num: int) -> list[tuple[int, int, int]]:
@@ -221,6 +222,9 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
     for config in (
         SkinnyConfig(block_n=32, block_k=128, num_splits=1),
         SkinnyConfig(block_n=64, block_k=128, num_splits=4),
+        SkinnyConfig(
+            block_n=32, block_k=1024, num_splits=1, num_warps=8, num_stages=1
+        ),  # one step where K <= 1,024
         SkinnyConfig(block_n=16, block_k=256, num_splits=2, use_dot=False),
         SkinnyConfig(block_n=2, block_k=4096, use_dot=False, gemv=True),
         SkinnyConfig(block_n=4, block_k=4096, use_dot=False, gemv=True, num_warps=8),
