@@ -59,6 +59,13 @@ GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices 
     ("residual", 2, 4096, 8),  # down 1024 x 3072 plus the residual
 ]
 GEMV_ROWS = (1, 8)  # x rows (BLOCK_M): the one-tile kernel takes them one at a time
+TILED_CONFIGS = [  # (variant, block_n, block_k, warps, stages, split): the tiled kernel at 8-16 rows (BLOCK_M 16)
+    ("plain", 64, 256, 4, 3, True),  # o at 8 rows, as tuned at c0a6966 (8 splits)
+    ("plain", 16, 1024, 4, 1, False),  # 6f9ac85's one-step tiles for q|k|v and gate|up (K 1,024)
+    ("plain", 32, 1024, 8, 1, False),
+    ("norm", 16, 1024, 4, 1, False),
+    ("norm", 32, 1024, 8, 1, False),
+]
 BF16 = "*bf16"
 
 
@@ -162,6 +169,17 @@ def kernels() -> list:
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
         name = f"gemv {variant} rows={rows} block_n={block_n} block_k={block_k} warps={warps}"
         cases.append((name, sg._gemv_kernel, consts, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1}))
+    for variant, block_n, block_k, warps, stages, split in TILED_CONFIGS:
+        consts = dict(
+            BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=True, USE_SPLIT=split, USE_BIAS=False
+        )
+        consts.update(USE_SILU_MUL=False, USE_NORM=variant == "norm", USE_RESIDUAL=False, DOT_FP32=False)
+        consts.update(USE_PDL=True, ROW_K=block_k if variant == "norm" else 0)
+        ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
+        ptrs.update(part_ptr="*fp32", count_ptr="*i32")
+        name = f"tiled {variant} rows=16 block_n={block_n} block_k={block_k} warps={warps} stages={stages} split={int(split)}"
+        opts = {"num_warps": warps, "num_stages": stages}
+        cases.append((name, sg._skinny_gemm_kernel, consts, ptrs, ("eps",), opts))
     return cases
 
 

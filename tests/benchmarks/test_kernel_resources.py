@@ -3,7 +3,7 @@ back (registers, stack, SASS counts) with the cuobjdump triton ships; one GEMV a
 attention case are compiled here (all of them take a minute), and a case that leaves out a
 constexpr is refused."""
 
-from benchmarks.kernel_resources import DECODE_PRELOAD_CONFIGS, after_wait
+from benchmarks.kernel_resources import DECODE_PRELOAD_CONFIGS, TILED_CONFIGS, after_wait
 from tests.kernels.sm90 import compile_script
 
 SCRIPT = r"""
@@ -32,8 +32,8 @@ def test_cases_compile_and_read_back():
     assert 0 < reg <= 255 and stack >= 0 and instructions > 100 and ldg > 0 and mma == 0  # no tensor core
     reg, stack, instructions, ldg, mma = (int(v) for v in out["decode_attention"].split())
     assert 0 < reg <= 255 and instructions > 100 and ldg > 0 and mma > 0  # tl.dot on tensor cores
-    # attention x 2 kernels, the preloading decode attention, prefill, GEMVs at 1 and 8 rows
-    assert int(out["cases"]) == 2 * 6 + len(DECODE_PRELOAD_CONFIGS) + 3 + 4 * 2
+    # attention x 2 kernels, the preloading decode attention, prefill, GEMVs at 1 and 8 rows, tiled
+    assert int(out["cases"]) == 2 * 6 + len(DECODE_PRELOAD_CONFIGS) + 3 + 4 * 2 + len(TILED_CONFIGS)
     # a constexpr left out would be compiled as a runtime int: other code than what runs
     assert out["missing"] == "True"
 
