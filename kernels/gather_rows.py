@@ -29,6 +29,14 @@ MAX_BLOCK = 4096  # elements a program copies per loop trip (an 8B-shape embeddi
 
 
 @triton.jit
+def _copy_row(dst, src, width, BLOCK: tl.constexpr):
+    """dst[:width] = src[:width], BLOCK elements a trip."""
+    for start in range(0, width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)  # [BLOCK]
+        tl.store(dst + cols, tl.load(src + cols, mask=cols < width), mask=cols < width)
+
+
+@triton.jit
 def _gather_two_kernel(
     out_a_ptr,  # [R, A] rows of table_a
     out_b_ptr,  # [R, B] rows of table_b
@@ -46,30 +54,23 @@ def _gather_two_kernel(
     BLOCK_B: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    """Program (row, 0) copies table_a's row index_a[row], (row, 1) table_b's row index_b[row];
-    each in steps of BLOCK_A / BLOCK_B elements."""
+    """Program (row, 0) copies table_a's row index_a[row], (row, 1) table_b's row index_b[row]."""
     row = tl.program_id(0).to(tl.int64)
-    which = tl.program_id(1)
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # the indices come from the step's input copies
-    if which == 0:
+    if tl.program_id(1) == 0:
         src = table_a_ptr + tl.load(index_a_ptr + row).to(tl.int64) * stride_a
-        dst = out_a_ptr + row * stride_out_a
-        for start in range(0, width_a, BLOCK_A):
-            cols = start + tl.arange(0, BLOCK_A)  # [BLOCK_A]
-            tl.store(dst + cols, tl.load(src + cols, mask=cols < width_a), mask=cols < width_a)
+        _copy_row(out_a_ptr + row * stride_out_a, src, width_a, BLOCK_A)
     else:
         src = table_b_ptr + tl.load(index_b_ptr + row).to(tl.int64) * stride_b
-        dst = out_b_ptr + row * stride_out_b
-        for start in range(0, width_b, BLOCK_B):
-            cols = start + tl.arange(0, BLOCK_B)  # [BLOCK_B]
-            tl.store(dst + cols, tl.load(src + cols, mask=cols < width_b), mask=cols < width_b)
+        _copy_row(out_b_ptr + row * stride_out_b, src, width_b, BLOCK_B)
 
 
 def _check(name: str, index: torch.Tensor, table: torch.Tensor, rows: int) -> None:
-    if index.dim() != 1 or index.shape[0] != rows:
-        raise ValueError(f"gather_two: {name} index must be [{rows}], got shape {tuple(index.shape)}")
+    if tuple(index.shape) != (rows,):
+        want = f"[{rows}]" if rows >= 0 else "1-D"
+        raise ValueError(f"gather_two: {name} index must be {want}, got shape {tuple(index.shape)}")
     if index.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"gather_two: {name} index must be int32 or int64, got {index.dtype}")
     if table.dim() < 2 or index.device != table.device:

@@ -54,5 +54,7 @@ def test_no_rows_and_bad_indices():
     one = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ValueError, match="b index must be \\[1\\]"):
         gather_two(one, embed, torch.zeros(2, dtype=torch.int64, device=DEVICE), rope)
+    with pytest.raises(ValueError, match="a index must be 1-D"):
+        gather_two(one[None], embed, one, rope)
     with pytest.raises(ValueError, match="int32 or int64"):
         gather_two(one.float(), embed, one, rope)
