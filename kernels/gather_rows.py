@@ -8,7 +8,9 @@ us a step at 1, 4 and 16 rows; benchmarks/RESULTS.md, eighteenth session). Here 
 per (row, table) copies one row, so the launch's time does not grow with the rows.
 
 Invariants: every index is in range for its table (the engine checks token ids against the
-vocabulary and positions against max_model_len before a step is built; an index out of range
+vocabulary when a request is added, async scheduling's placeholder ids are replaced on the
+device before the forward (engine/async_scheduling.apply_patch), and positions stay below
+max_model_len <= max_position_embeddings, the rope table's length; an index out of range
 reads outside the table, as an unchecked CUDA gather would); out_a[i] == table_a[index_a[i]]
 and out_b[i] == table_b[index_b[i]] bit for bit (a copy, no arithmetic).
 
