@@ -74,6 +74,7 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
         for block_n in (8, 16):
             out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
     out += _gemv_candidates(bucket, k, silu_mul)
+    out += _one_step_candidates(bucket, k, silu_mul)
     if bucket <= 2:  # GEMV-like: longer K tiles over 8 warps keep more of the weight in flight per SM
         for block_n, block_k in ((8, 1024 // bucket), (16, 512 // bucket)):
             if block_k <= k:
@@ -95,6 +96,32 @@ GEMV_MAX_PER_THREAD = 64  # float32 weight elements a thread holds: beyond, regi
 # twelfth session: q|k|v 8.6 us against cuBLAS's 5.3), so the startup tuning, whose time grows
 # with every shape, offers them up to 4 rows.
 GEMV_TUNE_ROWS = 4
+
+
+# Tensor-core tiles of one K step for 8-16 rows: a program's whole [BLOCK_N, K] weight tile is
+# read before its PDL wait (as the one-tile GEMV's is), then x and one dot. At 8-16 rows the
+# 0.6B shape's q|k|v and gate|up ran on cuBLAS at 5.3 and 6.2 us for 1.9 and 3.0 us of weight
+# reads (benchmarks/RESULTS.md, nineteenth session), every tiled shape above slower. Compiled for
+# sm_90 (triton 3.9, block_m 16, K 1,024): 218-248 registers and no spills for block_n 16-32 at 4
+# or 8 warps with or without the norm; with SiLU * up (two weight tiles) 2-7 KB of spills, so
+# those are not offered; K 2,048 spills too.
+ONE_STEP_MAX_K = 1024
+ONE_STEP_ROWS = (8, 16)
+
+
+def _one_step_candidates(bucket: int, k: int, silu_mul: bool) -> list:
+    """One-step tensor-core shapes (block_k = K rounded up to a power of two, one split, one
+    stage) for row buckets in ONE_STEP_ROWS and K <= ONE_STEP_MAX_K, without SiLU * up."""
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+
+    block_k = 1 << max(3, (k - 1).bit_length())
+    if bucket not in ONE_STEP_ROWS or block_k > ONE_STEP_MAX_K or silu_mul:
+        return []
+    return [
+        SkinnyConfig(block_n, block_k, 1, num_warps=warps, num_stages=1)
+        for block_n in (16, 32)
+        for warps in (4, 8)
+    ]
 
 
 def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:

@@ -52,7 +52,17 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
     for c in found:
         if not c.gemv:
             most = max(s for s in (1, 2, 4, 8) if k // s >= c.block_k)
-            assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps) in found
+            assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps, c.num_stages) in found
+    # 8-16 rows, K <= 1,024: tensor-core tiles of one K step (the whole weight tile before the wait)
+    one_step = [c for c in found if c.use_dot and c.block_k >= k]
+    assert bool(one_step) == (bucket in gemm_tuning.ONE_STEP_ROWS and k <= gemm_tuning.ONE_STEP_MAX_K)
+    assert all(c.num_splits == 1 and c.num_stages == 1 for c in one_step)
+
+
+def test_no_one_step_tile_with_silu_mul():
+    """Two [BLOCK_N, K] weight tiles (gate and up) spill registers: not offered."""
+    found = gemm_tuning.candidates(8, 3072, 1024, num_sms=132, silu_mul=True)
+    assert found and not any(c.use_dot and c.block_k >= 1024 for c in found)
 
 
 def test_no_one_tile_candidate_past_its_row_bound():
