@@ -59,12 +59,20 @@ GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices 
     ("residual", 2, 4096, 8),  # down 1024 x 3072 plus the residual
 ]
 GEMV_ROWS = (1, 8)  # x rows (BLOCK_M): the one-tile kernel takes them one at a time
-TILED_CONFIGS = [  # (variant, block_n, block_k, warps, stages, split): the tiled kernel at 8-16 rows (BLOCK_M 16)
-    ("plain", 64, 256, 4, 3, True),  # o at 8 rows, as tuned at c0a6966 (8 splits)
-    ("plain", 16, 1024, 4, 1, False),  # 6f9ac85's one-step tiles for q|k|v and gate|up (K 1,024)
-    ("plain", 32, 1024, 8, 1, False),
-    ("norm", 16, 1024, 4, 1, False),
-    ("norm", 32, 1024, 8, 1, False),
+TILED_CONFIGS = [  # (variant, block_m, block_n, block_k, warps, stages, split): the tiled kernel at 4-32 rows
+    ("plain", 16, 64, 256, 4, 3, True),  # o at 8 rows, as tuned at c0a6966 (8 splits)
+    ("plain", 16, 16, 1024, 4, 1, False),  # one-step tiles for q|k|v and gate|up (K 1,024), 8-16 rows
+    ("plain", 16, 32, 1024, 8, 1, False),
+    ("norm", 16, 16, 1024, 4, 1, False),
+    ("norm", 16, 32, 1024, 8, 1, False),
+    ("silu", 16, 16, 1024, 4, 1, False),  # one-step gate|up with SiLU * up: two weight tiles
+    ("silu", 16, 16, 1024, 8, 1, False),
+    ("silu", 16, 32, 1024, 8, 1, False),
+    ("plain", 32, 16, 1024, 4, 1, False),  # one-step tiles at 32 rows
+    ("plain", 32, 32, 1024, 8, 1, False),
+    ("plain", 16, 16, 2048, 8, 1, False),  # one-step tiles for o (K 2,048)
+    ("residual", 16, 16, 2048, 8, 1, False),
+    ("residual", 16, 16, 2048, 8, 1, True),  # down (K 3,072) in two splits of 2,048
 ]
 BF16 = "*bf16"
 
@@ -169,15 +177,15 @@ def kernels() -> list:
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
         name = f"gemv {variant} rows={rows} block_n={block_n} block_k={block_k} warps={warps}"
         cases.append((name, sg._gemv_kernel, consts, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1}))
-    for variant, block_n, block_k, warps, stages, split in TILED_CONFIGS:
+    for variant, block_m, block_n, block_k, warps, stages, split in TILED_CONFIGS:
         consts = dict(
-            BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=True, USE_SPLIT=split, USE_BIAS=False
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=True, USE_SPLIT=split, USE_BIAS=False
         )
-        consts.update(USE_SILU_MUL=False, USE_NORM=variant == "norm", USE_RESIDUAL=False, DOT_FP32=False)
+        consts.update(USE_SILU_MUL=variant == "silu", USE_NORM=variant == "norm", USE_RESIDUAL=variant == "residual", DOT_FP32=False)
         consts.update(USE_PDL=True, ROW_K=block_k if variant == "norm" else 0)
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
         ptrs.update(part_ptr="*fp32", count_ptr="*i32")
-        name = f"tiled {variant} rows=16 block_n={block_n} block_k={block_k} warps={warps} stages={stages} split={int(split)}"
+        name = f"tiled {variant} rows={block_m} block_n={block_n} block_k={block_k} warps={warps} stages={stages} split={int(split)}"
         opts = {"num_warps": warps, "num_stages": stages}
         cases.append((name, sg._skinny_gemm_kernel, consts, ptrs, ("eps",), opts))
     return cases
@@ -237,6 +245,7 @@ def after_wait(ptx: str) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--match", default="", help="only the kernels whose name contains this")
     args = parser.parse_args(argv)
     from triton.backends.compiler import GPUTarget
 
@@ -247,6 +256,8 @@ def main(argv=None) -> None:
     print("| kernel, config | REG | STACK B | SASS | LDL | STL | LDG | MMA | BAR/W | RND/W |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, fn, consts, ptrs, floats, opts in kernels():
+        if args.match not in name:
+            continue
         src = source(fn, consts, ptrs, floats)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         row = dict(kernel=name, **resources(compiled.asm["cubin"]), **after_wait(compiled.asm["ptx"]))
