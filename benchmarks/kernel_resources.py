@@ -181,7 +181,12 @@ def kernels() -> list:
         consts = dict(
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=True, USE_SPLIT=split, USE_BIAS=False
         )
-        consts.update(USE_SILU_MUL=variant == "silu", USE_NORM=variant == "norm", USE_RESIDUAL=variant == "residual", DOT_FP32=False)
+        consts.update(
+            USE_SILU_MUL=variant == "silu",
+            USE_NORM=variant == "norm",
+            USE_RESIDUAL=variant == "residual",
+            DOT_FP32=False,
+        )
         consts.update(USE_PDL=True, ROW_K=block_k if variant == "norm" else 0)
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
         ptrs.update(part_ptr="*fp32", count_ptr="*i32")
