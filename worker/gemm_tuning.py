@@ -98,27 +98,33 @@ GEMV_MAX_PER_THREAD = 64  # float32 weight elements a thread holds: beyond, regi
 GEMV_TUNE_ROWS = 4
 
 
-# Tensor-core tiles of one K step for 8-16 rows: a program's whole [BLOCK_N, K] weight tile is
-# read before its PDL wait (as the one-tile GEMV's is), then x and one dot. At 8-16 rows the
-# 0.6B shape's q|k|v and gate|up ran on cuBLAS at 5.3 and 6.2 us for 1.9 and 3.0 us of weight
-# reads (benchmarks/RESULTS.md, nineteenth session), every tiled shape above slower. Compiled for
-# sm_90 (triton 3.9, block_m 16, K 1,024): 218-248 registers and no spills for block_n 16-32 at 4
-# or 8 warps with or without the norm; with SiLU * up (two weight tiles) 2-7 KB of spills, so
-# those are not offered; K 2,048 spills too.
+# Tensor-core tiles of one K step a split for 4-32 rows: a program's whole [BLOCK_N, BLOCK_K]
+# weight tile is read before its PDL wait (as the one-tile GEMV's is), then x and one dot; K
+# longer than ONE_STEP_MAX_K is cut into that many slices, one split each (the split-K partials
+# reduced by the last to arrive). H200, Qwen3-0.6B shape, picks at 4-32 rows (twentieth session,
+# benchmarks/RESULTS.md): q|k|v at 4-16 rows 4.7-4.8 us (cuBLAS 5.4, the GEMV 4.9 at 4 rows);
+# o and down at 8-32 rows in 2 and 3 slices 4.4-5.9 us (8-split 256-long tiles 5.1-6.8); the
+# decode step 2-6% faster at 4-32 rows. Compiled for sm_90 (block_m 16, K 1,024): 218-250
+# registers and no spills for block_n 16-32 at 4 or 8 warps, with or without the norm (triton 3.6
+# and 3.9); at block_m 32 56-288 B of spills. Not offered: SiLU * up (two weight tiles: 3-7 KB
+# of spills, never picked when offered) and one step of 2,048 (~400 B of spills, never picked).
 ONE_STEP_MAX_K = 1024
-ONE_STEP_ROWS = (8, 16)
+ONE_STEP_ROWS = (4, 8, 16, 32)
 
 
 def _one_step_candidates(bucket: int, k: int, silu_mul: bool) -> list:
-    """One-step tensor-core shapes (block_k = K rounded up to a power of two, one split, one
-    stage) for row buckets in ONE_STEP_ROWS and K <= ONE_STEP_MAX_K, without SiLU * up."""
+    """One-step tensor-core shapes for row buckets in ONE_STEP_ROWS, without SiLU * up: one
+    stage, block_n 16 or 32 at 4 or 8 warps, and either block_k = K rounded up to a power of two
+    in one split (K <= ONE_STEP_MAX_K) or block_k = ONE_STEP_MAX_K in ceil(K / ONE_STEP_MAX_K)
+    splits, so every split is exactly one BLOCK_K step."""
     from enginespec.kernels.skinny_gemm import SkinnyConfig
 
-    block_k = 1 << max(3, (k - 1).bit_length())
-    if bucket not in ONE_STEP_ROWS or block_k > ONE_STEP_MAX_K or silu_mul:
+    if bucket not in ONE_STEP_ROWS or silu_mul:
         return []
+    block_k = min(1 << max(3, (k - 1).bit_length()), ONE_STEP_MAX_K)
+    slices = -(-k // block_k)
     return [
-        SkinnyConfig(block_n, block_k, 1, num_warps=warps, num_stages=1)
+        SkinnyConfig(block_n, block_k, slices, num_warps=warps, num_stages=1)
         for block_n in (16, 32)
         for warps in (4, 8)
     ]

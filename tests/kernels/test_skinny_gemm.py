@@ -30,6 +30,7 @@ CONFIGS = [
     SkinnyConfig(block_n=1, block_k=128, use_dot=False, gemv=True),  # one tile: K <= 90 < 128
     SkinnyConfig(block_n=4, block_k=128, use_dot=False, gemv=True, num_warps=8),
     SkinnyConfig(block_n=16, block_k=128, num_splits=1, num_stages=1),  # tensor cores, one K step
+    SkinnyConfig(block_n=16, block_k=32, num_splits=3, num_stages=1),  # one step a split (K > 64)
 ]
 FUSING = [CONFIGS[1], CONFIGS[2], CONFIGS[5], CONFIGS[6]]
 FUSING_IDS = ["dot-split", "broadcast", "gemv", "one-step"]
@@ -225,6 +226,9 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         SkinnyConfig(
             block_n=32, block_k=1024, num_splits=1, num_warps=8, num_stages=1
         ),  # one step where K <= 1,024
+        SkinnyConfig(
+            block_n=32, block_k=1024, num_splits=k // 1024, num_warps=8, num_stages=1
+        ),  # one step a split: K in 1,024-long slices
         SkinnyConfig(block_n=16, block_k=256, num_splits=2, use_dot=False),
         SkinnyConfig(block_n=2, block_k=4096, use_dot=False, gemv=True),
         SkinnyConfig(block_n=4, block_k=4096, use_dot=False, gemv=True, num_warps=8),

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig
+from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig, launch_grid
 from enginespec.spec import SamplingParams, SchedulerOutput, build_batch
 from enginespec.testing.checkpoints import VOCAB_SIZE, tiny_model_dir
 from enginespec.worker import gemm_tuning, skinny_ops
@@ -31,17 +31,24 @@ interpreted = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("bucket", [1, 2, 4, 8, 16, 64])
+@pytest.mark.parametrize("bucket", [1, 2, 4, 8, 16, 32, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072)])
 def test_candidates_are_valid_launch_shapes(bucket, n, k):
     found = gemm_tuning.candidates(bucket, n, k, num_sms=132)
     assert found and all(isinstance(c, SkinnyConfig) for c in found)
     assert len(set(found)) == len(found)
+    # 4-32 rows: tensor-core tiles of one K step a split (the whole weight tile before the wait)
+    one_step = [c for c in found if c.use_dot and c.num_stages == 1]
+    assert bool(one_step) == (bucket in gemm_tuning.ONE_STEP_ROWS)
+    for c in one_step:  # K in slices of at most ONE_STEP_MAX_K, every split exactly one step
+        assert c.block_k <= gemm_tuning.ONE_STEP_MAX_K
+        assert launch_grid(c, n, k) == (-(-n // c.block_n), c.num_splits, c.block_k)
+        assert (c.num_splits - 1) * c.block_k < k <= c.num_splits * c.block_k
     for c in found:
         assert c.max_rows is None or bucket <= c.max_rows
         if c.gemv:  # one tile holds a whole row: the least power of two >= K
             assert c.num_splits == 1 and c.block_k >= k > c.block_k // 2
-        else:
+        elif c not in one_step:
             assert c.num_splits in (1, 2, 4, 8) and k // c.num_splits >= c.block_k
     # up to 4 rows (within the kernel's 8), the one-tile (gemv) shapes are among those timed
     assert gemm_tuning.GEMV_TUNE_ROWS <= MAX_GEMV_ROWS
@@ -50,19 +57,15 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
     # and each tiled shape with its most splits (<= 8): slices of one step where K allows
     for c in found:
-        if not c.gemv:
+        if not c.gemv and c not in one_step:
             most = max(s for s in (1, 2, 4, 8) if k // s >= c.block_k)
             assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps, c.num_stages) in found
-    # 8-16 rows, K <= 1,024: tensor-core tiles of one K step (the whole weight tile before the wait)
-    one_step = [c for c in found if c.use_dot and c.block_k >= k]
-    assert bool(one_step) == (bucket in gemm_tuning.ONE_STEP_ROWS and k <= gemm_tuning.ONE_STEP_MAX_K)
-    assert all(c.num_splits == 1 and c.num_stages == 1 for c in one_step)
 
 
 def test_no_one_step_tile_with_silu_mul():
-    """Two [BLOCK_N, K] weight tiles (gate and up) spill registers: not offered."""
+    """Two weight tiles (gate and up) a step spill registers (3-7 KB on sm_90): not offered."""
     found = gemm_tuning.candidates(8, 3072, 1024, num_sms=132, silu_mul=True)
-    assert found and not any(c.use_dot and c.block_k >= 1024 for c in found)
+    assert found and not any(c.use_dot and c.num_stages == 1 for c in found)
 
 
 def test_no_one_tile_candidate_past_its_row_bound():
