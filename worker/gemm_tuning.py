@@ -50,7 +50,8 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
     the fewest splits (a power of two, <= 8) that give every SM a program, and with the most
     (<= 8; slices of one or two BLOCK_K steps: the tiled kernel reads a slice's first step
     before its PDL wait, so a one-step slice has its whole weight in flight); for at most
-    GEMV_TUNE_ROWS rows, one-tile GEMV shapes. A list to measure,
+    GEMV_TUNE_ROWS rows, one-tile GEMV shapes; for ONE_STEP_ROWS, tiles of one 1,024-long K step
+    a split (_one_step_candidates). A list to measure,
     not a ranking."""
     from enginespec.kernels.skinny_gemm import MAX_BROADCAST_ROWS, SkinnyConfig
 
@@ -103,8 +104,8 @@ GEMV_TUNE_ROWS = 4
 # longer than ONE_STEP_MAX_K is cut into that many slices, one split each (the split-K partials
 # reduced by the last to arrive). H200, Qwen3-0.6B shape, picks at 4-32 rows (twentieth session,
 # benchmarks/RESULTS.md): q|k|v at 4-16 rows 4.7-4.8 us (cuBLAS 5.4, the GEMV 4.9 at 4 rows);
-# o and down at 8-32 rows in 2 and 3 slices 4.4-5.9 us (8-split 256-long tiles 5.1-6.8); the
-# decode step 2-6% faster at 4-32 rows. Compiled for sm_90 (block_m 16, K 1,024): 218-250
+# o and down at 8-32 rows in 2 and 3 slices 4.4-5.9 us (8-split 256-long tiles 5.1-6.8); decode
+# graphs 3%, 11%, 7% and 1% faster at 4, 8, 16 and 32 rows. Compiled for sm_90 (block_m 16, K 1,024): 218-250
 # registers and no spills for block_n 16-32 at 4 or 8 warps, with or without the norm (triton 3.6
 # and 3.9); at block_m 32 56-288 B of spills. Not offered: SiLU * up (two weight tiles: 3-7 KB
 # of spills, never picked when offered) and one step of 2,048 (~400 B of spills, never picked).
