@@ -61,7 +61,7 @@ GEMV_CONFIGS = [  # (variant, block_n, block_k, warps): batch 1's tuned choices 
 GEMV_ROWS = (1, 8)  # x rows (BLOCK_M): the one-tile kernel takes them one at a time
 TILED_CONFIGS = [  # (variant, block_m, block_n, block_k, warps, stages, split): the tiled kernel at 4-32 rows
     ("plain", 16, 64, 256, 4, 3, True),  # o at 8 rows, as tuned at c0a6966 (8 splits)
-    ("plain", 16, 16, 1024, 4, 1, False),  # one-step tiles for q|k|v and gate|up (K 1,024), 8-16 rows
+    ("plain", 16, 16, 1024, 4, 1, False),  # one-step tiles (K 1,024: q|k|v, gate|up), 4-32 rows
     ("plain", 16, 32, 1024, 8, 1, False),
     ("norm", 16, 16, 1024, 4, 1, False),
     ("norm", 16, 32, 1024, 8, 1, False),
@@ -73,6 +73,7 @@ TILED_CONFIGS = [  # (variant, block_m, block_n, block_k, warps, stages, split):
     ("plain", 16, 16, 2048, 8, 1, False),  # one-step tiles for o (K 2,048)
     ("residual", 16, 16, 2048, 8, 1, False),
     ("residual", 16, 16, 2048, 8, 1, True),  # down (K 3,072) in two splits of 2,048
+    ("residual", 16, 32, 1024, 8, 1, True),  # o and down in 1,024-long one-step slices: tuned at 8-32 rows
 ]
 BF16 = "*bf16"
 

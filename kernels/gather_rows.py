@@ -71,8 +71,7 @@ def _gather_two_kernel(
 
 def _check(name: str, index: torch.Tensor, table: torch.Tensor, rows: int) -> None:
     if tuple(index.shape) != (rows,):
-        want = f"[{rows}]" if rows >= 0 else "1-D"
-        raise ValueError(f"gather_two: {name} index must be {want}, got shape {tuple(index.shape)}")
+        raise ValueError(f"gather_two: {name} index must be [{rows}], got shape {tuple(index.shape)}")
     if index.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"gather_two: {name} index must be int32 or int64, got {index.dtype}")
     if table.dim() < 2 or index.device != table.device:
@@ -90,7 +89,9 @@ def gather_two(
     (trailing dims gathered whole, any dtype) -> [R, ...] each, contiguous.
 
     Semantics: torch.index_select(table, 0, index) for each (kernels.reference.gather_two_ref)."""
-    rows = index_a.shape[0] if index_a.dim() == 1 else -1
+    if index_a.dim() != 1:
+        raise ValueError(f"gather_two: a index must be 1-D, got shape {tuple(index_a.shape)}")
+    rows = index_a.shape[0]
     _check("a", index_a, table_a, rows)
     _check("b", index_b, table_b, rows)
     flat_a = table_a.reshape(table_a.shape[0], -1)
