@@ -8,7 +8,9 @@ and 8 in the others). A file pins the picks across runs and trees, and skips the
 
 Invariant: a file is used only where it was measured for the same thing. Its fingerprint (the
 device's name, compute capability and SM count, the torch and triton versions, a hash of
-kernels/skinny_gemm.py's source) must equal this process's, and it must cover at least the
+kernels/skinny_gemm.py's source, and one of worker/gemm_tuning.py's, which says which launch
+shapes were timed: a file tuned before new candidates were offered would keep the old picks)
+must equal this process's, and it must cover at least the
 table's max_rows; otherwise it is ignored with a warning naming the path and the difference,
 and the table is tuned as without it (then saved over it). A file that does not exist yet is
 the first run, not a warning. Writes are atomic (a temp file, then os.replace), so processes
@@ -46,20 +48,25 @@ def fingerprint(device) -> dict:
     import triton
 
     from enginespec.kernels import skinny_gemm
+    from enginespec.worker import gemm_tuning
 
     device = torch.device(device)
-    source = inspect.getsource(skinny_gemm).encode()
     out = {
         "format": FORMAT,
         "device": device.type,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "kernel": hashlib.sha256(source).hexdigest()[:16],
+        "kernel": _source_hash(skinny_gemm),
+        "candidates": _source_hash(gemm_tuning),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         out.update(device=props.name, capability=[props.major, props.minor], sms=props.multi_processor_count)
     return out
+
+
+def _source_hash(module) -> str:
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
 
 
 def save(table, path: Path) -> bool:

@@ -90,6 +90,21 @@ def test_a_file_that_does_not_apply_is_ignored_with_a_warning(tmp_path, caplog, 
     assert any(str(path) in r.getMessage() and reason in r.getMessage() for r in caplog.records)
 
 
+def test_a_file_tuned_with_other_candidates_is_ignored(tmp_path, caplog, monkeypatch):
+    """New launch shapes offered by worker/gemm_tuning.py (another source there) make a saved
+    table stale: it is ignored with a warning, so the next start times the new shapes."""
+    from enginespec.worker import gemm_tuning
+
+    path = tmp_path / "table.json"
+    tf.save(_table(), path)
+    source_hash = tf._source_hash
+    monkeypatch.setattr(tf, "_source_hash", lambda m: "f" * 16 if m is gemm_tuning else source_hash(m))
+    table = sl.LinearTable("cpu", max_rows=8)
+    with caplog.at_level(logging.WARNING):
+        assert tf.load(table, path) == 0
+    assert not table.choices and "measured elsewhere" in caplog.text
+
+
 def test_not_json_is_ignored(tmp_path, caplog):
     path = tmp_path / "table.json"
     path.write_text("{not json")
