@@ -54,9 +54,13 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--warps", default="4,8", help="num_warps values of the sweep")
+    parser.add_argument("--tiles", default="64,128", help="key tiles of the sweep")
+    parser.add_argument("--stages", default="2", help="num_stages values of the sweep")
+    parser.add_argument("--splits", default="1,2,4,8,16,32,64", help="split counts of the sweep")
     args = parser.parse_args(argv)
-    batches, contexts, warps = (
-        [int(v) for v in a.split(",")] for a in (args.batches, args.contexts, args.warps)
+    batches, contexts, warps, tiles, stages, split_counts = (
+        [int(v) for v in a.split(",")]
+        for a in (args.batches, args.contexts, args.warps, args.tiles, args.stages, args.splits)
     )
     import gpu_kernels as gk
 
@@ -70,24 +74,37 @@ def main(argv=None) -> None:
                 "graph": pa.choose_config(b, b, HQ, HKV, HEAD, 1, args.max_model_len, device),
                 "graph_before": previous_graph_config(b, args.max_model_len, device),
             }
-            splits = (1, 2, 4, 8, 16, 32, 64)
-            sweep = [pa.LaunchConfig(16, t, s, w, 2) for w in warps for t in (64, 128) for s in splits]
+            sweep = [
+                pa.LaunchConfig(16, t, s, w, st)
+                for w in warps
+                for t in tiles
+                for st in stages
+                for s in split_counts
+            ]
             timed = {}
             for cfg in list(named.values()) + sweep:
                 if cfg not in timed:
-                    timed[cfg] = gk.time_paged_decode(case, ctx, cfg) * 1e3
+                    try:
+                        timed[cfg] = gk.time_paged_decode(case, ctx, cfg) * 1e3
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip it
+                        print(f"  {cfg}: {type(e).__name__}", flush=True)
             best = min(timed, key=timed.get)
-            row = dict(batch=b, context=ctx, best_us=timed[best], best=dataclasses.asdict(best))
+            kv_bytes = case[5]
+            row = dict(
+                batch=b, context=ctx, kv_bytes=kv_bytes, best_us=timed[best], best=dataclasses.asdict(best),
+                best_tb_s=kv_bytes / timed[best] / 1e6,
+            )
             for name, cfg in named.items():
                 row[f"{name}_us"] = timed[cfg]
                 row[name] = f"tile {cfg.tile} x {cfg.num_splits} splits"
             row["all"] = [
-                dict(tile=c.tile, splits=c.num_splits, warps=c.num_warps, us=us) for c, us in timed.items()
+                dict(tile=c.tile, splits=c.num_splits, warps=c.num_warps, stages=c.num_stages, us=us)
+                for c, us in timed.items()
             ]
             rows.append(row)
             print(
-                f"b={b:3d} ctx={ctx:5d} best {timed[best]:6.1f} us (tile {best.tile} x {best.num_splits}, "
-                f"{best.num_warps} warps) | "
+                f"b={b:3d} ctx={ctx:5d} best {timed[best]:6.1f} us = {row['best_tb_s']:.2f} TB/s (tile "
+                f"{best.tile} x {best.num_splits}, {best.num_warps} warps, {best.num_stages} stages) | "
                 + " | ".join(f"{n} {row[n + '_us']:6.1f} us ({row[n]})" for n in named),
                 flush=True,
             )

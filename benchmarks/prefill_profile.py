@@ -1,0 +1,203 @@
+"""Where a prefill step's time goes: the workload's prompt-only steps, timed one by one and
+profiled by kernel (issue 16).
+
+In DESIGN's 256-request workload the 9 prefill steps (about 16,000 prompt tokens each) take
+0.48 s against a 0.18 s floor (2.7x), the largest excess of any step kind. This probe adds the
+workload's prompts with max_tokens 1 (so every step is prompt work, chunked at the engine's
+max_num_batched_tokens), runs them once to warm up, then:
+
+- times every step with a device sync on each side (its whole cost, no overlap with the next);
+- against the step's floor: its dense, logits-head and causal attention FLOPs at the measured
+  matmul rate (benchmarks/roofline.py's prefill_flops, per chunk);
+- profiles the first --profile-steps steps (torch.profiler) and writes the top kernels by
+  device time, grouped by name, to --out's .profile.txt, and the device-busy time per step.
+
+    python3 benchmarks/prefill_profile.py --out $OUT/prefill.json [--engine-arg KEY=VALUE]
+
+CPU smoke: --shape tiny --device cpu --num-requests 8 --max-input-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks import roofline as rl  # noqa: E402
+from benchmarks.decode_profile import device_busy_us, device_events  # noqa: E402
+from benchmarks.engine_runs import (  # noqa: E402
+    add_model_args,
+    checkpoint,
+    engine_core,
+    make_llm,
+    reset_prefix_cache,
+    shape_of,
+    sync,
+)
+from enginespec.spec import SamplingParams  # noqa: E402
+from enginespec.testing.workload import make_workload  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/prefill_profile.py", description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--min-input-len", type=int, default=100)
+    p.add_argument("--max-input-len", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size of the rate probe")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
+    p.add_argument("--git-commit")
+    p.add_argument("--out")
+    return p
+
+
+def run_prompts(core, prompts, temperature: float, tag: str, timed: bool = True) -> list[dict]:
+    """Add every prompt (max_tokens 1) and step until all finish; per step its prompt tokens
+    and, when timed, its wall time between two device syncs."""
+    params = SamplingParams(max_tokens=1, temperature=temperature, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"{tag}-{i}", prompt, params)
+    steps = []
+    while core.has_unfinished:
+        before = core.stats.num_scheduled_tokens
+        sync(core_device(core))
+        start = time.perf_counter()
+        core.step(final_only=True)
+        if timed:
+            sync(core_device(core))
+        steps.append({"tokens": core.stats.num_scheduled_tokens - before, "wall_s": time.perf_counter() - start})
+    return steps
+
+
+def core_device(core):
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def chunk_floors(prompt_lens, budget: int, shape, rate: float) -> list[float]:
+    """Each step's FLOP floor, the prompts cut into chunks of the step budget in order (as the
+    scheduler's FCFS chunked prefill does): a chunk of a prompt costs its dense FLOPs plus the
+    causal attention of its rows over the prompt's earlier keys."""
+    floors, left, flops = [], budget, 0.0
+    for p in prompt_lens:
+        done = 0
+        while done < p:
+            take = min(p - done, left)
+            lo, hi = done, done + take
+            attn = 2 * (hi * hi - lo * lo) * shape.num_q_heads * shape.head_dim * shape.num_layers
+            flops += 2 * shape.body_params * take + attn
+            if hi == p:
+                flops += 2 * shape.embedding_params
+            done, left = hi, left - take
+            if left == 0:
+                floors.append(flops / rate)
+                left, flops = budget, 0.0
+    if flops:
+        floors.append(flops / rate)
+    return floors
+
+
+def kernel_table(prof, num_steps: int, limit: int = 30) -> list[dict]:
+    """Device time per kernel name over the profiled steps, largest first (us a step)."""
+    by_name: dict[str, list] = {}
+    for e in device_events(prof.events()):
+        d = by_name.setdefault(e.name, [0.0, 0])
+        d[0] += e.time_range.end - e.time_range.start
+        d[1] += 1
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:limit]
+    return [{"kernel": n[:120], "us_per_step": t / num_steps, "launches_per_step": c / num_steps} for n, (t, c) in rows]
+
+
+def profile_steps(core, prompts, args) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(core_device(core)).type == "cuda"
+    params = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"prof-{i}", prompt, params)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        sync(core_device(core))
+        start = time.perf_counter()
+        for _ in range(args.profile_steps):
+            core.step(final_only=True)
+        sync(core_device(core))
+        wall_us = (time.perf_counter() - start) * 1e6
+    core.abort([f"prof-{i}" for i in range(len(prompts))])
+    while core.has_unfinished:
+        core.step()
+    busy_us = device_busy_us(prof.events())[0] if cuda else None
+    table = kernel_table(prof, args.profile_steps) if cuda else []
+    if args.out:
+        text = prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40)
+        Path(args.out).with_suffix(".profile.txt").write_text(text)
+    return {
+        "steps": args.profile_steps,
+        "wall_ms_per_step": wall_us / 1e3 / args.profile_steps,
+        "device_busy_ms_per_step": None if busy_us is None else busy_us / 1e3 / args.profile_steps,
+        "kernels": table,
+    }
+
+
+def main(argv=None) -> int:
+    from enginespec.engine_args import resolve_device
+
+    args = build_parser().parse_args(argv)
+    args.engine_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
+    args.device = str(resolve_device(args.device))
+    args.dtype = ("bfloat16" if args.device.startswith("cuda") else "float32") if args.dtype == "auto" else args.dtype
+    model_dir = checkpoint(args.shape, args)
+    llm = make_llm(model_dir, args)
+    core = engine_core(llm)
+    shape = shape_of(model_dir, args.dtype)
+    vocab = shape.vocab_size
+    work = make_workload(
+        args.num_requests, min_input_len=args.min_input_len, max_input_len=args.max_input_len,
+        min_output_len=1, max_output_len=1, id_bound=min(10000, vocab), seed=args.seed,
+    )  # fmt: skip
+    prompts = [list(p) for p in work.prompts]
+    prompt_lens = [len(p) for p in prompts]
+    run_prompts(core, prompts, args.temperature, "warm")
+    reset_prefix_cache(llm)
+    steps = run_prompts(core, prompts, args.temperature, "timed")
+    reset_prefix_cache(llm)
+    device = torch.device(args.device)
+    rate = rl.measure_matmul_rate(device, args.matmul_n) if device.type == "cuda" else 1e12
+    budget = core.scheduler_config.max_num_batched_tokens
+    floors = chunk_floors(prompt_lens, budget, shape, rate)
+    for s, f in zip(steps, floors):
+        s["floor_s"], s["wall_over_floor"] = f, s["wall_s"] / f
+    prof = profile_steps(core, prompts, args)
+    out = {
+        "config": {k: v for k, v in vars(args).items() if k != "engine_args"} | {"engine_args": args.engine_args},
+        "prompt_tokens": sum(prompt_lens),
+        "matmul_flops_per_s": rate,
+        "step_budget": budget,
+        "steps": steps,
+        "total_wall_s": sum(s["wall_s"] for s in steps),
+        "total_floor_s": sum(floors),
+        "median_wall_over_floor": statistics.median(s.get("wall_over_floor", 0) for s in steps),
+        "profile": prof,
+    }
+    for s in steps:
+        print(f"{s['tokens']:6d} tokens  {s['wall_s'] * 1e3:7.2f} ms  floor {s.get('floor_s', 0) * 1e3:6.2f} ms")
+    print(f"total {out['total_wall_s']:.3f} s over a floor of {out['total_floor_s']:.3f} s")
+    print(f"profiled: {prof['wall_ms_per_step']:.2f} ms a step, device busy {prof['device_busy_ms_per_step']}")
+    for k in prof["kernels"]:
+        print(f"  {k['us_per_step']:9.1f} us  x{k['launches_per_step']:5.1f}  {k['kernel']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
