@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_prompts(core, prompts, temperature: float, tag: str, timed: bool = True) -> list[dict]:
-    """Add every prompt (max_tokens 1) and step until all finish; per step its prompt tokens
-    and, when timed, its wall time between two device syncs."""
+    """Add every prompt (max_tokens 1) and step until all finish; per step its prompt tokens,
+    the host's time until step() returned (the GPU may still run: async scheduling) and, when
+    timed, the wall time between two device syncs."""
     params = SamplingParams(max_tokens=1, temperature=temperature, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         core.add_request(f"{tag}-{i}", prompt, params)
@@ -73,9 +74,11 @@ def run_prompts(core, prompts, temperature: float, tag: str, timed: bool = True)
         sync(core_device(core))
         start = time.perf_counter()
         core.step(final_only=True)
+        host = time.perf_counter() - start
         if timed:
             sync(core_device(core))
-        steps.append({"tokens": core.stats.num_scheduled_tokens - before, "wall_s": time.perf_counter() - start})
+        wall = time.perf_counter() - start
+        steps.append({"tokens": core.stats.num_scheduled_tokens - before, "host_s": host, "wall_s": wall})
     return steps
 
 
@@ -189,7 +192,10 @@ def main(argv=None) -> int:
         "profile": prof,
     }
     for s in steps:
-        print(f"{s['tokens']:6d} tokens  {s['wall_s'] * 1e3:7.2f} ms  floor {s.get('floor_s', 0) * 1e3:6.2f} ms")
+        print(
+            f"{s['tokens']:6d} tokens  {s['wall_s'] * 1e3:7.2f} ms (host {s['host_s'] * 1e3:6.2f})  "
+            f"floor {s.get('floor_s', 0) * 1e3:6.2f} ms"
+        )
     print(f"total {out['total_wall_s']:.3f} s over a floor of {out['total_floor_s']:.3f} s")
     print(f"profiled: {prof['wall_ms_per_step']:.2f} ms a step, device busy {prof['device_busy_ms_per_step']}")
     for k in prof["kernels"]:
