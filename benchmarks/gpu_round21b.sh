@@ -19,7 +19,7 @@ PY
 head -60 $out/t06_$S.profile.txt 2>/dev/null | cut -c1-60,100-200 | sed -n 40,60p
 timeout 150 python3 benchmarks/first_call_compiles.py --temperature 0.6 --out $out/first_call_$S.json > $out/first_call.log 2>&1
 echo "first_call rc=$?"; grep -v "^USDT" $out/first_call.log | tail -45
-timeout 150 python3 benchmarks/host_phases.py --temperature 0.6 > $out/host_phases.log 2>&1
+timeout 150 python3 -m benchmarks.host_phases --temperature 0.6 > $out/host_phases.log 2>&1
 echo "host_phases rc=$?"; grep -v "^USDT" $out/host_phases.log | tail -12
 timeout 120 python3 benchmarks/bench_sampler.py --profile --json $out/sampler_$S.json > $out/sampler.log 2>&1
 echo "sampler rc=$?"; tail -60 $out/sampler.log
