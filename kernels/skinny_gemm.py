@@ -192,7 +192,7 @@ def _skinny_gemm_kernel(
     w_ptr,  # [N, K] (USE_SILU_MUL: [2 N, K], gate rows then up rows), K contiguous (nn.Linear's layout)
     bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
     part_ptr,  # [num_splits, M, N] (USE_SILU_MUL: [num_splits, M, 2 N]) float32 partials (USE_SPLIT only)
-    count_ptr,  # [cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
+    count_ptr,  # [cdiv(N, BLOCK_N)] int32 arrivals per tile, zero between launches (USE_SPLIT only)
     norm_ptr,  # [K] RMSNorm weight applied to x rows first (USE_NORM only)
     res_ptr,  # [M, N] residual added to the result (USE_RESIDUAL only)
     M,
@@ -224,12 +224,10 @@ def _skinny_gemm_kernel(
     before the wait, as in the one-tile kernel."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)  # the row tile (one unless the config caps BLOCK_M below M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     mask_m, mask_n = rm < M, rn < N
-    tile = pid_m * tl.num_programs(0) + pid_n  # this output tile's arrival counter (USE_SPLIT)
     x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
     up_rows = w_rows + N * stride_wn  # [BLOCK_N, 1] (USE_SILU_MUL only)
@@ -271,7 +269,7 @@ def _skinny_gemm_kernel(
         if USE_SILU_MUL:
             tl.store(part + pid_k * M * part_n + N, acc_up, mask=mask)
         tl.debug_barrier()  # every thread's partial is stored before the arrival is published
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == tl.num_programs(1) - 1:  # the last to arrive reduces, in split order
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -279,7 +277,7 @@ def _skinny_gemm_kernel(
                 acc += tl.load(part + s * M * part_n, mask=mask, other=0.0, cache_modifier=".cg")
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + tile, 0)  # zero again for the next launch
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
             res = _residual(res_ptrs, mask, USE_RESIDUAL)
             _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
@@ -385,10 +383,7 @@ class SkinnyConfig:
     """One launch shape. block_m is derived from the row count (launch()); num_splits is an
     upper bound (the K slices are whole BLOCK_K multiples, so fewer may result).
     gemv: the one-tile kernel (_gemv_kernel): broadcast, one split, block_k >= K (checked at
-    launch), and block_n may go down to 1 (more programs, each one weight row or a few).
-    max_block_m (tensor cores only; 0: none): the most x rows one program takes; a launch of
-    more rows gets a third grid axis of row tiles (GEMM tiles for 64-256 rows, where one tile
-    of every row would not fit shared memory or would leave most SMs idle)."""
+    launch), and block_n may go down to 1 (more programs, each one weight row or a few)."""
 
     block_n: int
     block_k: int
@@ -397,7 +392,6 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     gemv: bool = False
-    max_block_m: int = 0
 
     def __post_init__(self) -> None:
         min_n = 1 if self.gemv else 8
@@ -411,12 +405,6 @@ class SkinnyConfig:
             raise ValueError(f"block_n must be >= 16 with use_dot (tl.dot's minimum), got {self.block_n}")
         if self.gemv and (self.use_dot or self.num_splits != 1):
             raise ValueError("gemv configs take use_dot=False and num_splits=1")
-        if self.max_block_m and (
-            not self.use_dot or self.max_block_m < 16 or self.max_block_m & (self.max_block_m - 1)
-        ):
-            raise ValueError(
-                f"max_block_m must be 0 or a power of two >= 16 with use_dot, got {self.max_block_m}"
-            )
 
     @property
     def max_rows(self) -> Optional[int]:
@@ -428,9 +416,7 @@ class SkinnyConfig:
     def block_m(self, num_rows: int) -> int:
         """Rows of the x tile: a power of two holding num_rows; at least 16 for tl.dot."""
         pow2 = triton.next_power_of_2(max(1, num_rows))
-        if not self.use_dot:
-            return pow2
-        return min(max(16, pow2), self.max_block_m) if self.max_block_m else max(16, pow2)
+        return max(16, pow2) if self.use_dot else pow2
 
 
 def interpreting() -> bool:
@@ -565,14 +551,12 @@ def skinny_linear(
         _launch_gemv(out, x, weight, bias, config, silu_mul, norm_weight, eps, residual, compile_only)
         return out
     tiles, splits, k_per_split = launch_grid(config, n, k)
-    block_m = config.block_m(m)
-    grid = (tiles, splits, triton.cdiv(m, block_m))
     part = counts = out  # unused pointers when there is one split
     if splits > 1:
         part_cols = 2 * n if silu_mul else n
-        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles * grid[2])
-    kernel = _skinny_gemm_kernel.warmup if compile_only else _skinny_gemm_kernel[grid]
-    extra = {"grid": grid} if compile_only else {}
+        part, counts = (buffers or SplitBuffers(x.device)).get(splits * m * part_cols, tiles)
+    kernel = _skinny_gemm_kernel.warmup if compile_only else _skinny_gemm_kernel[(tiles, splits)]
+    extra = {"grid": (tiles, splits)} if compile_only else {}
     pdl = pdl_enabled(x.device)
     kernel(
         out,
@@ -592,7 +576,7 @@ def skinny_linear(
         weight.stride(0),
         out.stride(0),
         residual.stride(0) if residual is not None else 0,
-        BLOCK_M=block_m,
+        BLOCK_M=config.block_m(m),
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         USE_DOT=config.use_dot,
@@ -603,7 +587,7 @@ def skinny_linear(
         USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         USE_PDL=pdl,
-        ROW_K=row_k(k, block_m) if norm_weight is not None else 0,
+        ROW_K=row_k(k, config.block_m(m)) if norm_weight is not None else 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

@@ -76,8 +76,6 @@ def candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool = False
             out += [SkinnyConfig(block_n, block_k, s, use_dot=False) for s in splits(block_n, block_k)]
     out += _gemv_candidates(bucket, k, silu_mul)
     out += _one_step_candidates(bucket, k, silu_mul)
-    out += _row_tiled_candidates(bucket, n, k, num_sms, silu_mul)
-    out = list(dict.fromkeys(out))  # (a row-tiled shape of one tile may repeat a tiled one)
     if bucket <= 2:  # GEMV-like: longer K tiles over 8 warps keep more of the weight in flight per SM
         for block_n, block_k in ((8, 1024 // bucket), (16, 512 // bucket)):
             if block_k <= k:
@@ -131,43 +129,6 @@ def _one_step_candidates(bucket: int, k: int, silu_mul: bool) -> list:
         for block_n in (16, 32)
         for warps in (4, 8)
     ]
-
-
-# GEMM tiles for ROW_TILE_MIN rows and more: a program takes max_block_m of the rows (a grid
-# axis of row tiles), so 128-256 rows need not fit one tile. At those rows cuBLAS's decode
-# GEMMs (Qwen3-0.6B, H200) ran 6.4-7.7 us each, 28 us a layer against 7.5 us of weight reads
-# (twenty-first session, the 256-row decode profile).
-ROW_TILE_MIN = 64
-ROW_TILES = ((64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8))  # block_m, block_n, warps
-ROW_TILE_STEPS = ((64, 4), (128, 3))  # block_k, stages
-ROW_TILE_SMEM = 200 * 1024
-
-
-def _row_tiled_candidates(bucket: int, n: int, k: int, num_sms: int, silu_mul: bool) -> list:
-    """Row-tiled tensor-core shapes for buckets of ROW_TILE_MIN rows and more: ROW_TILES x
-    ROW_TILE_STEPS within ROW_TILE_SMEM of pipelined shared memory (two weight tiles with SiLU
-    * up), block_m at most the bucket; each in one K split and in the fewest (a power of two up
-    to 4, every slice at least two BLOCK_K steps) that give every SM a program."""
-    from enginespec.kernels.skinny_gemm import SkinnyConfig
-
-    if bucket < ROW_TILE_MIN:
-        return []
-    tiles_w = 2 if silu_mul else 1
-    out = []
-    for block_m, block_n, warps in ROW_TILES:
-        for block_k, stages in ROW_TILE_STEPS:
-            smem = stages * (block_m + tiles_w * block_n) * block_k * 2
-            if block_m > bucket or smem > ROW_TILE_SMEM or block_k > k:
-                continue
-            programs, num = -(-bucket // block_m) * -(-n // block_n), 1
-            while programs * num < num_sms and num < 4 and k // (2 * num) >= 2 * block_k:
-                num *= 2
-            cap = block_m if block_m < bucket else 0  # a tile of every row needs no cap
-            out += [
-                SkinnyConfig(block_n, block_k, s, num_warps=warps, num_stages=stages, max_block_m=cap)
-                for s in sorted({1, num})
-            ]
-    return out
 
 
 def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:

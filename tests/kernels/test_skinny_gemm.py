@@ -148,35 +148,6 @@ def test_silu_mul_matches_reference(dtype):
         silu_mul(gate_up[:, :5])
 
 
-ROW_TILED = [
-    SkinnyConfig(block_n=16, block_k=16, num_splits=1, max_block_m=16),
-    SkinnyConfig(block_n=32, block_k=16, num_splits=3, max_block_m=16, num_stages=2),
-]
-
-
-@pytest.mark.parametrize("config", ROW_TILED, ids=["one-split", "three-splits"])
-def test_row_tiles_match_reference(config):
-    """max_block_m caps a program's rows: more rows take a third grid axis of row tiles (the
-    last one part-masked), each with its own split-K counters. Every fusion, at row counts of
-    one tile, a tile and one row, and several tiles with a ragged last one."""
-    buffers = SplitBuffers(DEVICE)
-    gen = torch.Generator().manual_seed(5)
-    for m in (5, 17, 40):
-        assert config.block_m(m) == 16
-        x, weight, bias = _operands(m, 2 * 24, 50, torch.bfloat16, seed=m)
-        norm_weight = (1 + 0.1 * torch.randn(50, generator=gen)).to(torch.bfloat16).to(DEVICE)
-        normed = rms_norm_ref(x, norm_weight, 1e-6)
-        tol = TOLERANCES[torch.bfloat16]
-        got = skinny_linear(x, weight, bias, config, buffers)
-        torch.testing.assert_close(got, linear_ref(x, weight, bias), **tol)
-        got = skinny_linear(x, weight, None, config, buffers, silu_mul=True, norm_weight=norm_weight, eps=1e-6)
-        torch.testing.assert_close(got, silu_mul_ref(linear_ref(normed, weight, None)), **tol)
-        residual = torch.randn(m, 2 * 24, generator=gen).to(torch.bfloat16).to(DEVICE)
-        got = skinny_linear(x, weight, None, config, buffers, residual=residual)
-        torch.testing.assert_close(got, linear_ref(x, weight, None) + residual, **tol)
-        assert not buffers.counts.any(), "every row tile's counters must be back at zero"
-
-
 def test_split_k_is_deterministic_and_equals_one_split():
     """float32, exact operands (small integers): every split count gives the same bits."""
     gen = torch.Generator().manual_seed(0)
@@ -236,10 +207,6 @@ def test_bad_operands_are_clear_errors():
         SkinnyConfig(block_n=4, block_k=16, use_dot=False)  # only the one-tile kernel takes < 8
     with pytest.raises(ValueError, match="gemv configs"):
         SkinnyConfig(block_n=4, block_k=16, num_splits=2, use_dot=False, gemv=True)
-    with pytest.raises(ValueError, match="max_block_m must be 0 or a power of two >= 16 with use_dot, got 24"):
-        SkinnyConfig(block_n=16, block_k=16, max_block_m=24)
-    with pytest.raises(ValueError, match="max_block_m"):
-        SkinnyConfig(block_n=16, block_k=16, use_dot=False, max_block_m=16)
     with pytest.raises(ValueError, match="K <= block_k = 8"):  # one tile must hold a whole row
         skinny_linear(torch.zeros(1, 9, device=DEVICE), torch.zeros(4, 9, device=DEVICE), None,
                       SkinnyConfig(block_n=1, block_k=8, use_dot=False, gemv=True))  # fmt: skip
@@ -247,7 +214,7 @@ def test_bad_operands_are_clear_errors():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64, 200])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)])
 def test_qwen3_projection_shapes_on_cuda(rows, n, k):
     x, weight, bias = _operands(rows, n, k, torch.bfloat16, seed=rows)
@@ -265,10 +232,9 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         SkinnyConfig(block_n=16, block_k=256, num_splits=2, use_dot=False),
         SkinnyConfig(block_n=2, block_k=4096, use_dot=False, gemv=True),
         SkinnyConfig(block_n=4, block_k=4096, use_dot=False, gemv=True, num_warps=8),
-        SkinnyConfig(block_n=64, block_k=64, num_splits=2, max_block_m=32, num_stages=4),  # row tiles
     ):
-        if rows > (config.max_rows or rows) or (rows > 64 and not config.max_block_m):
-            continue  # (one tile of every row: at most 64 rows fit shared memory)
+        if rows > (config.max_rows or rows):
+            continue
         got = skinny_linear(x, weight, None, config, buffers)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
         assert torch.equal(skinny_linear(x, weight, None, config, buffers), got)

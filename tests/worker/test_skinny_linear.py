@@ -31,7 +31,7 @@ interpreted = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("bucket", [1, 2, 4, 8, 16, 32, 64, 128, 256])
+@pytest.mark.parametrize("bucket", [1, 2, 4, 8, 16, 32, 64])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072)])
 def test_candidates_are_valid_launch_shapes(bucket, n, k):
     found = gemm_tuning.candidates(bucket, n, k, num_sms=132)
@@ -56,14 +56,8 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
     # Few output tiles (N = 1024) need K splits to give 132 SMs work; each shape also runs unsplit.
     assert {1} < {c.num_splits for c in found} if n == 1024 else 1 in {c.num_splits for c in found}
     # and each tiled shape with its most splits (<= 8): slices of one step where K allows
-    row_tiled = gemm_tuning._row_tiled_candidates(bucket, n, k, 132, False)
-    assert bool(row_tiled) == (bucket >= gemm_tuning.ROW_TILE_MIN)
-    for c in row_tiled:  # at most max_block_m rows a program, within the pipeline's shared memory
-        block_m = c.block_m(bucket)
-        assert c in found and block_m <= bucket and (c.max_block_m == 0) == (block_m == bucket)
-        assert c.num_stages * (block_m + c.block_n) * c.block_k * 2 <= gemm_tuning.ROW_TILE_SMEM
     for c in found:
-        if not c.gemv and c not in one_step and c not in row_tiled:
+        if not c.gemv and c not in one_step:
             most = max(s for s in (1, 2, 4, 8) if k // s >= c.block_k)
             assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps, c.num_stages) in found
 
