@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size of the rate probe")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
+    p.add_argument(
+        "--host-probe",
+        action="store_true",
+        help="also run one prefill step under CUDA's sync debug mode (every host sync reported with "
+        "its stack) and one under cProfile; both to --out's .host.txt",
+    )
     p.add_argument("--git-commit")
     p.add_argument("--out")
     return p
@@ -151,6 +157,52 @@ def profile_steps(core, prompts, args) -> dict:
     }
 
 
+def host_probe(core, prompts, args) -> str:
+    """One prefill step (the run's second) with torch.cuda's sync debug mode on, each reported
+    synchronisation's stack kept; then the next step under cProfile. Text for the report."""
+    import cProfile
+    import io
+    import pstats
+    import traceback
+    import warnings
+
+    params = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"host-{i}", prompt, params)
+    core.step(final_only=True)
+    syncs: list[str] = []
+    shown = warnings.showwarning
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        syncs.append(f"{message}\n" + "".join(traceback.format_stack(limit=14)[:-2]))
+
+    warnings.showwarning = keep
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = keep
+            cuda = torch.cuda.is_available()  # (on the CPU: no syncs to report; the step runs plain)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                core.step(final_only=True)
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = shown
+    prof = cProfile.Profile()
+    prof.enable()
+    core.step(final_only=True)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+    core.abort([f"host-{i}" for i in range(len(prompts))])
+    while core.has_unfinished:
+        core.step()
+    return f"# {len(syncs)} host syncs in one prefill step\n" + "\n".join(syncs[:20]) + "\n# cProfile\n" + text.getvalue()
+
+
 def main(argv=None) -> int:
     from enginespec.engine_args import resolve_device
 
@@ -179,6 +231,12 @@ def main(argv=None) -> int:
     floors = chunk_floors(prompt_lens, budget, shape, rate)
     for s, f in zip(steps, floors):
         s["floor_s"], s["wall_over_floor"] = f, s["wall_s"] / f
+    if args.host_probe:
+        report = host_probe(core, prompts, args)
+        reset_prefix_cache(llm)
+        print(report.split("\n# cProfile")[0][:6000])
+        if args.out:
+            Path(args.out).with_suffix(".host.txt").write_text(report)
     prof = profile_steps(core, prompts, args)
     out = {
         "config": {k: v for k, v in vars(args).items() if k != "engine_args"} | {"engine_args": args.engine_args},
