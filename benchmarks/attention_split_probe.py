@@ -91,7 +91,11 @@ def main(argv=None) -> None:
             best = min(timed, key=timed.get)
             kv_bytes = case[5]
             row = dict(
-                batch=b, context=ctx, kv_bytes=kv_bytes, best_us=timed[best], best=dataclasses.asdict(best),
+                batch=b,
+                context=ctx,
+                kv_bytes=kv_bytes,
+                best_us=timed[best],
+                best=dataclasses.asdict(best),
                 best_tb_s=kv_bytes / timed[best] / 1e6,
             )
             for name, cfg in named.items():

@@ -123,7 +123,10 @@ def kernel_table(prof, num_steps: int, limit: int = 30) -> list[dict]:
         d[0] += e.time_range.end - e.time_range.start
         d[1] += 1
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:limit]
-    return [{"kernel": n[:120], "us_per_step": t / num_steps, "launches_per_step": c / num_steps} for n, (t, c) in rows]
+    return [
+        {"kernel": n[:120], "us_per_step": t / num_steps, "launches_per_step": c / num_steps}
+        for n, (t, c) in rows
+    ]
 
 
 def profile_steps(core, prompts, args) -> dict:
@@ -147,7 +150,9 @@ def profile_steps(core, prompts, args) -> dict:
     busy_us = device_busy_us(prof.events())[0] if cuda else None
     table = kernel_table(prof, args.profile_steps) if cuda else []
     if args.out:
-        text = prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40)
+        text = prof.key_averages().table(
+            sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40
+        )
         Path(args.out).with_suffix(".profile.txt").write_text(text)
     return {
         "steps": args.profile_steps,
@@ -200,7 +205,12 @@ def host_probe(core, prompts, args) -> str:
     core.abort([f"host-{i}" for i in range(len(prompts))])
     while core.has_unfinished:
         core.step()
-    return f"# {len(syncs)} host syncs in one prefill step\n" + "\n".join(syncs[:20]) + "\n# cProfile\n" + text.getvalue()
+    return (
+        f"# {len(syncs)} host syncs in one prefill step\n"
+        + "\n".join(syncs[:20])
+        + "\n# cProfile\n"
+        + text.getvalue()
+    )
 
 
 def main(argv=None) -> int:
@@ -209,7 +219,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.engine_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     args.device = str(resolve_device(args.device))
-    args.dtype = ("bfloat16" if args.device.startswith("cuda") else "float32") if args.dtype == "auto" else args.dtype
+    args.dtype = (
+        ("bfloat16" if args.device.startswith("cuda") else "float32") if args.dtype == "auto" else args.dtype
+    )
     model_dir = checkpoint(args.shape, args)
     llm = make_llm(model_dir, args)
     core = engine_core(llm)
@@ -239,28 +251,37 @@ def main(argv=None) -> int:
             Path(args.out).with_suffix(".host.txt").write_text(report)
     prof = profile_steps(core, prompts, args)
     out = {
-        "config": {k: v for k, v in vars(args).items() if k != "engine_args"} | {"engine_args": args.engine_args},
+        "config": {k: v for k, v in vars(args).items() if k != "engine_args"}
+        | {"engine_args": args.engine_args},
         "prompt_tokens": sum(prompt_lens),
         "matmul_flops_per_s": rate,
         "step_budget": budget,
         "steps": steps,
         "total_wall_s": sum(s["wall_s"] for s in steps),
         "total_floor_s": sum(floors),
-        "median_wall_over_floor": statistics.median(s.get("wall_over_floor", 0) for s in steps),
+        "median_wall_over_floor": statistics.median(s["wall_over_floor"] for s in steps if "floor_s" in s),
         "profile": prof,
     }
-    for s in steps:
+    print_report(out)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def print_report(out: dict) -> None:
+    """Each step's tokens, synced wall, host part and floor; the totals; the profiled kernels."""
+    for s in out["steps"]:
         print(
             f"{s['tokens']:6d} tokens  {s['wall_s'] * 1e3:7.2f} ms (host {s['host_s'] * 1e3:6.2f})  "
             f"floor {s.get('floor_s', 0) * 1e3:6.2f} ms"
         )
+    prof = out["profile"]
     print(f"total {out['total_wall_s']:.3f} s over a floor of {out['total_floor_s']:.3f} s")
-    print(f"profiled: {prof['wall_ms_per_step']:.2f} ms a step, device busy {prof['device_busy_ms_per_step']}")
+    print(
+        f"profiled: {prof['wall_ms_per_step']:.2f} ms a step, device busy {prof['device_busy_ms_per_step']}"
+    )
     for k in prof["kernels"]:
         print(f"  {k['us_per_step']:9.1f} us  x{k['launches_per_step']:5.1f}  {k['kernel']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
