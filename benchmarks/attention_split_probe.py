@@ -99,7 +99,7 @@ def main(argv=None) -> None:
                 best_tb_s=kv_bytes / timed[best] / 1e6,
             )
             for name, cfg in named.items():
-                row[f"{name}_us"] = timed[cfg]
+                row[f"{name}_us"] = timed.get(cfg, float("nan"))  # (nan: it did not build)
                 row[name] = f"tile {cfg.tile} x {cfg.num_splits} splits"
             row["all"] = [
                 dict(tile=c.tile, splits=c.num_splits, warps=c.num_warps, stages=c.num_stages, us=us)
