@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks import roofline as rl  # noqa: E402
-from benchmarks.decode_profile import device_busy_us, device_events  # noqa: E402
+from benchmarks.decode_profile import device_busy_us  # noqa: E402
 from benchmarks.engine_runs import (  # noqa: E402
     add_model_args,
     checkpoint,
@@ -42,6 +42,7 @@ from benchmarks.engine_runs import (  # noqa: E402
     shape_of,
     sync,
 )
+from benchmarks.sweep_profile import kernel_table  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
 from enginespec.testing.workload import make_workload  # noqa: E402
 
@@ -67,29 +68,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_prompts(core, prompts, temperature: float, tag: str, timed: bool = True) -> list[dict]:
-    """Add every prompt (max_tokens 1) and step until all finish; per step its prompt tokens,
-    the host's time until step() returned (the GPU may still run: async scheduling) and, when
-    timed, the wall time between two device syncs."""
+def add_prompts(core, prompts, temperature: float, tag: str) -> list[str]:
+    """Every prompt as a request of one output token (so each step is prompt work); their ids."""
     params = SamplingParams(max_tokens=1, temperature=temperature, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"{tag}-{i}", prompt, params)
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts):
+        core.add_request(rid, prompt, params)
+    return ids
+
+
+def run_prompts(core, prompts, temperature: float, tag: str, device) -> list[dict]:
+    """Add every prompt and step until all finish; per step its prompt tokens, the host's time
+    until step() returned (the GPU may still run: async scheduling) and the wall time between
+    two device syncs."""
+    add_prompts(core, prompts, temperature, tag)
     steps = []
     while core.has_unfinished:
         before = core.stats.num_scheduled_tokens
-        sync(core_device(core))
+        sync(device)
         start = time.perf_counter()
         core.step(final_only=True)
         host = time.perf_counter() - start
-        if timed:
-            sync(core_device(core))
+        sync(device)
         wall = time.perf_counter() - start
         steps.append({"tokens": core.stats.num_scheduled_tokens - before, "host_s": host, "wall_s": wall})
     return steps
 
 
-def core_device(core):
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def finish(core, ids: list[str]) -> None:
+    """Abort what is left of a probe's requests and step until the engine is idle."""
+    core.abort(ids)
+    while core.has_unfinished:
+        core.step()
 
 
 def chunk_floors(prompt_lens, budget: int, shape, rate: float) -> list[float]:
@@ -115,40 +125,22 @@ def chunk_floors(prompt_lens, budget: int, shape, rate: float) -> list[float]:
     return floors
 
 
-def kernel_table(prof, num_steps: int, limit: int = 30) -> list[dict]:
-    """Device time per kernel name over the profiled steps, largest first (us a step)."""
-    by_name: dict[str, list] = {}
-    for e in device_events(prof.events()):
-        d = by_name.setdefault(e.name, [0.0, 0])
-        d[0] += e.time_range.end - e.time_range.start
-        d[1] += 1
-    rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:limit]
-    return [
-        {"kernel": n[:120], "us_per_step": t / num_steps, "launches_per_step": c / num_steps}
-        for n, (t, c) in rows
-    ]
-
-
 def profile_steps(core, prompts, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = torch.device(core_device(core)).type == "cuda"
-    params = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"prof-{i}", prompt, params)
+    cuda = torch.device(args.device).type == "cuda"
+    ids = add_prompts(core, prompts, args.temperature, "prof")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        sync(core_device(core))
+        sync(args.device)
         start = time.perf_counter()
         for _ in range(args.profile_steps):
             core.step(final_only=True)
-        sync(core_device(core))
+        sync(args.device)
         wall_us = (time.perf_counter() - start) * 1e6
-    core.abort([f"prof-{i}" for i in range(len(prompts))])
-    while core.has_unfinished:
-        core.step()
+    finish(core, ids)
     busy_us = device_busy_us(prof.events())[0] if cuda else None
-    table = kernel_table(prof, args.profile_steps) if cuda else []
+    table = kernel_table(prof.events(), args.profile_steps, top=30) if cuda else []
     if args.out:
         text = prof.key_averages().table(
             sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=40
@@ -171,9 +163,7 @@ def host_probe(core, prompts, args) -> str:
     import traceback
     import warnings
 
-    params = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"host-{i}", prompt, params)
+    ids = add_prompts(core, prompts, args.temperature, "host")
     core.step(final_only=True)
     syncs: list[str] = []
     shown = warnings.showwarning
@@ -186,7 +176,7 @@ def host_probe(core, prompts, args) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = keep
-            cuda = torch.cuda.is_available()  # (on the CPU: no syncs to report; the step runs plain)
+            cuda = torch.device(args.device).type == "cuda"  # (CPU: no syncs to report; a plain step)
             if cuda:
                 torch.cuda.set_sync_debug_mode("warn")
             try:
@@ -202,9 +192,7 @@ def host_probe(core, prompts, args) -> str:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
-    core.abort([f"host-{i}" for i in range(len(prompts))])
-    while core.has_unfinished:
-        core.step()
+    finish(core, ids)
     return (
         f"# {len(syncs)} host syncs in one prefill step\n"
         + "\n".join(syncs[:20])
@@ -233,9 +221,9 @@ def main(argv=None) -> int:
     )  # fmt: skip
     prompts = [list(p) for p in work.prompts]
     prompt_lens = [len(p) for p in prompts]
-    run_prompts(core, prompts, args.temperature, "warm")
+    run_prompts(core, prompts, args.temperature, "warm", args.device)
     reset_prefix_cache(llm)
-    steps = run_prompts(core, prompts, args.temperature, "timed")
+    steps = run_prompts(core, prompts, args.temperature, "timed", args.device)
     reset_prefix_cache(llm)
     device = torch.device(args.device)
     rate = rl.measure_matmul_rate(device, args.matmul_n) if device.type == "cuda" else 1e12
@@ -281,7 +269,7 @@ def print_report(out: dict) -> None:
         f"profiled: {prof['wall_ms_per_step']:.2f} ms a step, device busy {prof['device_busy_ms_per_step']}"
     )
     for k in prof["kernels"]:
-        print(f"  {k['us_per_step']:9.1f} us  x{k['launches_per_step']:5.1f}  {k['kernel']}")
+        print(f"  {k['us_per_step']:9.1f} us  x{k['launches_per_step']:5.1f}  {k['name']}")
 
 
 if __name__ == "__main__":
