@@ -52,6 +52,23 @@ def step_until_steady(core, num_live: int, limit: int) -> int:
     return limit
 
 
+def profiled_steps(core, device, num_steps: int):
+    """torch.profiler over `num_steps` engine steps (CPU activity, plus CUDA on a CUDA device),
+    synced on both sides as generate() steps them (final outputs only): (profile, wall us)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            core.step(final_only=True)
+        sync(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    return prof, wall_us
+
+
 def _write_profile_tables(prof, args, cuda: bool) -> None:
     """Beside --out: the profiler's top ops by host time and by device time (where a step's
     time goes is the first question when wall time is far above the floor)."""
@@ -71,7 +88,6 @@ def _write_profile_tables(prof, args, cuda: bool) -> None:
 
 def profile_decode(llm, workload: Workload, args) -> dict:
     """GPU-busy fraction over `profile_steps` steady decode steps of up to 256 running requests."""
-    from torch.profiler import ProfilerActivity, profile
 
     core = engine_core(llm)
     if core is None or not hasattr(core, "stats"):
@@ -91,14 +107,7 @@ def profile_decode(llm, workload: Workload, args) -> dict:
         core.step(final_only=True)  # as generate() steps: no cumulative outputs of running requests
     sync(args.device)
     plain_ms = (time.perf_counter() - start) * 1e3 / args.profile_steps
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(args.profile_steps):
-            core.step(final_only=True)
-        sync(args.device)
-        wall_us = (time.perf_counter() - start) * 1e6
+    prof, wall_us = profiled_steps(core, args.device, args.profile_steps)
     core.abort(ids)
     while core.has_unfinished:
         core.step()

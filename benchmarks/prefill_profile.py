@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks import roofline as rl  # noqa: E402
-from benchmarks.decode_profile import device_busy_us  # noqa: E402
+from benchmarks.decode_profile import device_busy_us, profiled_steps  # noqa: E402
 from benchmarks.engine_runs import (  # noqa: E402
     add_model_args,
     checkpoint,
@@ -126,18 +126,9 @@ def chunk_floors(prompt_lens, budget: int, shape, rate: float) -> list[float]:
 
 
 def profile_steps(core, prompts, args) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = torch.device(args.device).type == "cuda"
     ids = add_prompts(core, prompts, args.temperature, "prof")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(args.profile_steps):
-            core.step(final_only=True)
-        sync(args.device)
-        wall_us = (time.perf_counter() - start) * 1e6
+    prof, wall_us = profiled_steps(core, args.device, args.profile_steps)
     finish(core, ids)
     busy_us = device_busy_us(prof.events())[0] if cuda else None
     table = kernel_table(prof.events(), args.profile_steps, top=30) if cuda else []

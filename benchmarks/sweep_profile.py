@@ -9,13 +9,11 @@ to read first.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import torch
 
-from benchmarks.decode_profile import device_busy_us, device_events, step_until_steady
-from benchmarks.engine_runs import sync
+from benchmarks.decode_profile import device_busy_us, device_events, profiled_steps, step_until_steady
 from enginespec.spec import SamplingParams
 
 
@@ -59,8 +57,6 @@ def critical_us(events) -> dict[str, float]:
 def profile_steps(core, shape, args) -> dict:
     """Profile `args.profile_steps` steady decode steps of `args.profile_batch` requests (greedy;
     one by default: the batch-1 latency question; 256 asks where a full decode step goes)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if torch.device(args.device).type != "cuda":
         return {"skipped": "no CUDA device: nothing to profile"}
     batch = getattr(args, "profile_batch", 1)
@@ -71,13 +67,7 @@ def profile_steps(core, shape, args) -> dict:
     step_until_steady(core, batch, 64)
     for _ in range(args.profile_steps):  # untimed: settle, and the unprofiled time
         core.step(final_only=True)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(args.profile_steps):
-            core.step(final_only=True)
-        sync(args.device)
-        wall_us = (time.perf_counter() - start) * 1e6
+    prof, wall_us = profiled_steps(core, args.device, args.profile_steps)
     core.abort(ids)
     while core.has_unfinished:
         core.step()
