@@ -8,4 +8,4 @@ ENGINESPEC_BENCH_TOP_OPS=16 timeout 200 python3 benchmarks/bench_sampler.py --pr
   > $out/sampler.log 2>&1
 echo "sampler rc=$?"; grep -v -E "^USDT|warn" $out/sampler.log | cut -c1-700
 TESTS=0 ROUNDS=1 BATCHES=4,8,16,32 SWEEP_TIMEOUT=150 bash benchmarks/gpu_round11a.sh $S
-cd $out && tar czf s22a_$S.tgz *.json *.log 2>/dev/null; ls $out
+cd $out && tar czf s22a_$S.tgz *.json *.log 2>/dev/null && find . -maxdepth 1 -type f ! -name "*.tgz" -delete; ls $out
