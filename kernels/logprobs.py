@@ -4,17 +4,27 @@ For rows asking for logprobs the sampler reports log_softmax(raw logits) at the 
 and the top-K (id, logprob) pairs. In torch that is a copy of the rows, a log_softmax written
 out, a gather and a full-row topk: several passes over [R, V]. Here:
 
-1. `_chunk_kernel`, grid (R, num_chunks): per chunk of the row its max m_j, sum exp(x - m_j)
-   s_j, and its K largest (value, id), by K rounds of max-and-remove in registers (first id
-   on ties). One read of the rows. K is a runtime argument (storage padded to KP = MAX_K), so
-   a new logprobs count compiles nothing inside a user's request.
-2. `_merge_kernel`, grid (R,): the normaliser lse = M + log(sum_j s_j exp(m_j - M)), the
-   sampled token's logprob x[token] - lse, and the row's top-K from the chunks' (the row's K
-   largest are among them), written straight into the float64 layout of
-   `sample.deferred.DeviceLogprobs.packed`: [chosen, K values, K ids].
+1. `_chunk_kernel`, grid (R, num_chunks): one read of the rows. Per chunk of CHUNK tokens its
+   max m_j and sum exp(x - m_j) s_j, and (when K > 0) the max of each sub-block of SUB tokens.
+   No top-K work here: the whole launch streams at the read rate.
+2. `_merge_kernel`, grid (R,): the normaliser lse = M + log(sum_j s_j exp(m_j - M)), the sampled
+   token's logprob x[token] - lse, and the row's top-K, written straight into the float64
+   layout of `sample.deferred.DeviceLogprobs.packed`: [chosen, K values, K ids].
 
-Values equal torch's log_softmax up to float32 rounding (the normaliser is summed in another
-order); ids tied in value may come in another order than torch.topk's.
+Why the top-K needs only K sub-blocks. Rank tokens by (value descending, id ascending) and
+sub-blocks by (max descending, index ascending); take the K first sub-blocks. Each holds its
+own max token, so K tokens rank at or above each taken sub-block's key. A token in a sub-block
+that was not taken has a value at most that sub-block's max, which is at most every taken max
+(and on equal maxima the taken sub-blocks come first, so their max tokens have smaller ids):
+all K taken max tokens rank above it, so it is not in the top K. (A row of fewer than K
+sub-blocks takes them all.) The merge therefore ranks the
+row's V / SUB sub-block maxima, gathers those K sub-blocks ([KP, SUB] tokens, KP = MAX_K rows
+of which K are read), and takes K rounds of max-and-remove there. Ties go to the lower id, as
+torch.topk on these rows; a row with fewer than K finite values still yields K distinct ids.
+
+K is a runtime argument (storage and tiles padded to KP = MAX_K), so a new logprobs count
+compiles nothing inside a user's request. Values equal torch's log_softmax up to float32
+rounding (the normaliser is summed in another order).
 """
 
 from __future__ import annotations
@@ -27,53 +37,61 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-# tokens per program of the first pass (on the H200, 64 rows x 151,936 at K 5: 36 us at 4,096,
-# 41 us at 8,192, whose fewer programs each run K rounds over twice the tokens)
-CHUNK = 4096
+CHUNK = 4096  # tokens per program of the first pass
+SUB = 128  # tokens per sub-block whose max the first pass keeps (CHUNK's, if smaller)
 MAX_K = 32  # larger top-k requests take the torch path
 
 if triton is not None:
 
     @triton.jit(do_not_specialize=["k"])
     def _chunk_kernel(
-        x_ptr, x_stride, rows_ptr, stats_ptr, top_v_ptr, top_i_ptr, vocab, num_chunks, k,
-        CHUNK: tl.constexpr, KP: tl.constexpr,
+        x_ptr, x_stride, rows_ptr, stats_ptr, sub_ptr, vocab, num_chunks, k,
+        CHUNK: tl.constexpr, SUB: tl.constexpr,
     ):  # fmt: skip
         # x_ptr: [S, x_stride] (any float dtype, unit stride); rows_ptr: int64 [R];
-        # stats_ptr: float32 [R, num_chunks, 2] (max, sum exp); top_v_ptr / top_i_ptr: float32 /
-        # int32 [R, num_chunks, KP], the first k entries written (k <= KP, a runtime value, so
-        # one compiled variant serves every k up to KP).
+        # stats_ptr: float32 [R, num_chunks, 2] (max, sum exp); sub_ptr: float32
+        # [R, num_chunks * CHUNK // SUB], each sub-block's max (-inf past vocab), written when k > 0.
         i = tl.program_id(0)
         part = tl.program_id(1)
         row = tl.load(rows_ptr + i)
-        cols = part * CHUNK + tl.arange(0, CHUNK)
-        inside = cols < vocab
-        xv = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
-        top = tl.max(xv, axis=0)
+        NSUB: tl.constexpr = CHUNK // SUB
+        subs = tl.arange(0, NSUB)
+        cols = part * CHUNK + subs[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [NSUB, SUB]
+        xv = tl.load(x_ptr + row * x_stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        sub_max = tl.max(xv, axis=1)  # [NSUB]
+        top = tl.max(sub_max, axis=0)
         shift = tl.where(top > float("-inf"), top, 0.0)
         stats = stats_ptr + (i.to(tl.int64) * num_chunks + part) * 2
         tl.store(stats, top)
-        tl.store(stats + 1, tl.sum(tl.exp(xv - shift), axis=0))
+        tl.store(stats + 1, tl.sum(tl.sum(tl.exp(xv - shift), axis=1), axis=0))
         if k > 0:
-            lanes = tl.arange(0, KP)
-            vals = tl.full([KP], float("-inf"), tl.float32)
-            ids = tl.full([KP], 2147483647, tl.int32)
-            for j in range(k):
-                best = tl.max(xv, axis=0)
-                pick = tl.min(tl.where((xv == best) & inside, cols, 2147483647), axis=0)
-                vals = tl.where(lanes == j, best, vals)
-                ids = tl.where(lanes == j, pick, ids)
-                xv = tl.where(cols == pick, float("-inf"), xv)
-            out = (i.to(tl.int64) * num_chunks + part) * KP + lanes
-            tl.store(top_v_ptr + out, vals)
-            tl.store(top_i_ptr + out, ids)
+            tl.store(sub_ptr + (i.to(tl.int64) * num_chunks + part) * NSUB + subs, sub_max)
+
+    @triton.jit
+    def _top_sub_blocks(row_sub_ptr, vocab, k, NS_BLOCK: tl.constexpr, SUB: tl.constexpr, KP: tl.constexpr):
+        # int32 [KP]: the indices of the row's k first sub-blocks by (max descending, index
+        # ascending) in lanes 0..k-1, -1 in the others (and where the row has fewer than k). row_sub_ptr: float32 [>= cdiv(vocab, SUB)],
+        # the row's sub-block maxima.
+        idx = tl.arange(0, NS_BLOCK)
+        alive = idx < tl.cdiv(vocab, SUB)
+        maxima = tl.load(row_sub_ptr + idx, mask=alive, other=float("-inf"))
+        lanes = tl.arange(0, KP)
+        taken = tl.full([KP], -1, dtype=tl.int32)
+        for j in range(k):
+            best = tl.max(tl.where(alive, maxima, float("-inf")), axis=0)
+            pick = tl.min(tl.where(alive & (maxima == best), idx, 2147483647), axis=0)
+            taken = tl.where((lanes == j) & (pick < 2147483647), pick, taken)
+            alive = alive & (idx != pick)
+        return taken
 
     @triton.jit(do_not_specialize=["k"])
     def _merge_kernel(
-        x_ptr, x_stride, rows_ptr, tok_ptr, stats_ptr, top_v_ptr, top_i_ptr, out_ptr, num_chunks, k,
-        NC_BLOCK: tl.constexpr, KP: tl.constexpr,
+        x_ptr, x_stride, rows_ptr, tok_ptr, stats_ptr, sub_ptr, sub_stride, out_ptr, vocab, num_chunks, k,
+        NC_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr, KP: tl.constexpr,
     ):  # fmt: skip
-        # tok_ptr: int64 [S] sampled ids (indexed by batch row); out_ptr: float64 [R, 1 + 2k].
+        # tok_ptr: int64 [S] sampled ids (indexed by batch row); sub_ptr: as _chunk_kernel's,
+        # rows sub_stride apart (the first cdiv(vocab, SUB) entries a row are read);
+        # out_ptr: float64 [R, 1 + 2k].
         i = tl.program_id(0)
         row = tl.load(rows_ptr + i)
         parts = tl.arange(0, NC_BLOCK)
@@ -88,17 +106,17 @@ if triton is not None:
         out = out_ptr + i.to(tl.int64) * (1 + 2 * k)
         tl.store(out, (tl.load(x_ptr + row * x_stride + tok).to(tl.float32) - lse).to(tl.float64))
         if k > 0:
-            offs = tl.arange(0, NC_BLOCK * KP)
-            inside = (offs < num_chunks * KP) & (offs % KP < k)
-            base = i.to(tl.int64) * num_chunks * KP
-            cand = tl.load(top_v_ptr + base + offs, mask=inside, other=float("-inf"))
-            ids = tl.load(top_i_ptr + base + offs, mask=inside, other=2147483647)
+            taken = _top_sub_blocks(sub_ptr + i.to(tl.int64) * sub_stride, vocab, k, NS_BLOCK, SUB, KP)
+            cols = taken[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [KP, SUB] token ids
+            alive = (taken[:, None] >= 0) & (cols < vocab)
+            vals = tl.load(x_ptr + row * x_stride + cols, mask=alive, other=float("-inf")).to(tl.float32)
             for j in range(k):
-                best = tl.max(cand, axis=0)
-                pick = tl.min(tl.where(cand == best, ids, 2147483647), axis=0)
+                best = tl.max(tl.max(tl.where(alive, vals, float("-inf")), axis=1), axis=0)
+                hit = alive & (vals == best)
+                pick = tl.min(tl.min(tl.where(hit, cols, 2147483647), axis=1), axis=0)
                 tl.store(out + 1 + j, (best - lse).to(tl.float64))
                 tl.store(out + 1 + k + j, pick.to(tl.float64))
-                cand = tl.where(ids == pick, float("-inf"), cand)
+                alive = alive & (cols != pick)
 
 
 def available(device: torch.device) -> bool:
@@ -110,21 +128,21 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     any float dtype): log_softmax at tokens[row] (tokens int64 [S]), then the k largest
     logprobs, then their ids. 0 <= k <= MAX_K, k <= V. Two launches, no host sync."""
     assert raw.stride(1) == 1 and 0 <= k <= MAX_K and k <= raw.shape[1]
+    sub = min(SUB, CHUNK)  # both powers of two
     num_rows, vocab = rows.shape[0], raw.shape[1]
     num_chunks = triton.cdiv(vocab, CHUNK)
-    kp = MAX_K  # storage for any k: one compiled variant
     dev = raw.device
     stats = torch.empty((num_rows, num_chunks, 2), dtype=torch.float32, device=dev)
-    top_v = torch.empty((num_rows, num_chunks, kp), dtype=torch.float32, device=dev)
-    top_i = torch.empty((num_rows, num_chunks, kp), dtype=torch.int32, device=dev)
+    sub_max = torch.empty((num_rows, num_chunks * (CHUNK // sub)), dtype=torch.float32, device=dev)
     out = torch.empty((num_rows, 1 + 2 * k), dtype=torch.float64, device=dev)
     if num_rows == 0:
         return out
     _chunk_kernel[(num_rows, num_chunks)](
-        raw, raw.stride(0), rows, stats, top_v, top_i, vocab, num_chunks, k, CHUNK=CHUNK, KP=kp, num_warps=8
+        raw, raw.stride(0), rows, stats, sub_max, vocab, num_chunks, k, CHUNK=CHUNK, SUB=sub, num_warps=8
     )
     _merge_kernel[(num_rows,)](
-        raw, raw.stride(0), rows, tokens, stats, top_v, top_i, out, num_chunks, k,
-        NC_BLOCK=triton.next_power_of_2(num_chunks), KP=kp, num_warps=4,
+        raw, raw.stride(0), rows, tokens, stats, sub_max, sub_max.stride(0), out, vocab, num_chunks, k,
+        NC_BLOCK=triton.next_power_of_2(num_chunks), NS_BLOCK=triton.next_power_of_2(sub_max.shape[1]),
+        SUB=sub, KP=MAX_K, num_warps=8,
     )  # fmt: skip
     return out

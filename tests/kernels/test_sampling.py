@@ -62,12 +62,12 @@ KERNELS = {
                            has_edits=I, num_rounds=I, CHUNK=C, NC_BLOCK=C, BLOCK=C, NUM_PARAMS=C),
                       dict(CHUNK=8192, NC_BLOCK=32, BLOCK=2048, NUM_PARAMS=8)),
     "lp_chunk": (lp._chunk_kernel,
-                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", stats_ptr=F, top_v_ptr=F, top_i_ptr="*i32", vocab=I,
-                      num_chunks=I, k=I, CHUNK=C, KP=C), dict(CHUNK=4096, KP=8)),
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", stats_ptr=F, sub_ptr=F, vocab=I, num_chunks=I, k=I,
+                      CHUNK=C, SUB=C), dict(CHUNK=4096, SUB=128)),
     "lp_merge": (lp._merge_kernel,
-                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", tok_ptr="*i64", stats_ptr=F, top_v_ptr=F,
-                      top_i_ptr="*i32", out_ptr="*fp64", num_chunks=I, k=I, NC_BLOCK=C, KP=C),
-                 dict(NC_BLOCK=64, KP=8)),
+                 dict(x_ptr=F, x_stride=I, rows_ptr="*i64", tok_ptr="*i64", stats_ptr=F, sub_ptr=F, sub_stride=I,
+                      out_ptr="*fp64", vocab=I, num_chunks=I, k=I, NC_BLOCK=C, NS_BLOCK=C, SUB=C, KP=C),
+                 dict(NC_BLOCK=64, NS_BLOCK=2048, SUB=128, KP=32)),
 }
 for name, (fn, sig, consts) in KERNELS.items():
     ptx = ptx_of(fn, sig, consts, {"num_warps": 8})

@@ -200,10 +200,10 @@ def test_output_counts_rebuild_and_release(impl):
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_logprob_kernels_match_log_softmax(monkeypatch, k):
-    """kernels.logprobs (64-token chunks over 300; interpreted on the CPU) against torch's
-    log_softmax and topk: the sampled token's logprob and the top-k values to float32
-    rounding, the top-k ids exactly (no ties in random logits); then k + 1 tokens tied at the
-    top of one chunk (the lower ids are kept) and a whole chunk of -inf."""
+    """kernels.logprobs (64-token chunks of 16-token sub-blocks over 300; interpreted on the
+    CPU) against torch's log_softmax and topk: the sampled token's logprob and the top-k values
+    to float32 rounding, the top-k ids exactly (no ties in random logits); then k + 1 tokens
+    tied at the top across two sub-blocks (the lower ids are kept) and a whole chunk of -inf."""
     from enginespec.kernels import logprobs as logprob_kernels
     from enginespec.sample.deferred import device_logprobs
 
@@ -211,6 +211,7 @@ def test_logprob_kernels_match_log_softmax(monkeypatch, k):
         pytest.skip("needs triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
+    monkeypatch.setattr(logprob_kernels, "SUB", 16)
     raw = (torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3).to(device)
     rows, tokens, counts = [0, 2, 5], torch.tensor([5, 1, 7, 3, 9, 299], device=device), [k, 0, k]
     index = torch.tensor(rows, device=device)
@@ -221,12 +222,51 @@ def test_logprob_kernels_match_log_softmax(monkeypatch, k):
     assert got.shape == want.shape == (3, 1 + 2 * k)
     torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], rtol=0, atol=1e-5)
     assert torch.equal(got[:, 1 + k :], want[:, 1 + k :])
-    raw[0, [30, 20, 10, 3]] = 50.0  # k + 1 tied at the top of one chunk: the lower ids kept
+    raw[0, [30, 20, 10, 3]] = 50.0  # k + 1 tied at the top, in sub-blocks 0 and 1: the lower ids kept
     raw[5, :64] = float("-inf")  # a whole chunk of -inf
     got = device_logprobs(raw, tokens, rows, counts, index).packed
     if k:
         assert got[0, 1 + k :].tolist() == [3.0, 10.0, 20.0] and got[0, 1] == got[0, k]
     assert torch.isfinite(got[2]).all()
+
+
+@pytest.mark.parametrize("case", ["many_in_one_sub_block", "flat", "few_finite", "max_k"])
+def test_logprob_kernels_top_k_where_sub_blocks_hold_it(monkeypatch, case):
+    """The merge takes the top k from the k sub-blocks of largest maxima (kernels.logprobs'
+    docstring): rows built so a wrong choice shows. Every top token in one sub-block (its
+    neighbours' maxima rank next, but hold none of it); a flat row (every sub-block ties: the
+    lowest ids win); a row with fewer finite values than k (k distinct ids, the -inf ones the
+    lowest); k = MAX_K. Ids equal torch.topk's (ties to the lower id), values to float32."""
+    from enginespec.kernels import logprobs as logprob_kernels
+    from enginespec.sample.deferred import device_logprobs
+
+    if logprob_kernels.triton is None:
+        pytest.skip("needs triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
+    monkeypatch.setattr(logprob_kernels, "SUB", 16)
+    vocab, k = 300, 5
+    raw = torch.randn(2, vocab, generator=torch.Generator().manual_seed(3)).clamp(-3, 3)
+    if case == "many_in_one_sub_block":
+        raw[:, 100:105] = torch.tensor([9.0, 8.0, 7.5, 7.0, 6.5])  # all five in sub-block 6
+        raw[:, 40], raw[:, 200], raw[:, 290] = 6.0, 5.9, 5.8  # the next sub-block maxima
+    elif case == "flat":
+        raw[:] = 1.0
+    elif case == "few_finite":
+        raw[:] = float("-inf")
+        raw[:, [250, 17]] = torch.tensor([2.0, 1.0])
+    else:
+        k = logprob_kernels.MAX_K
+    want_ids = torch.topk(torch.log_softmax(raw, dim=1), k, dim=1).indices
+    if case in ("flat", "few_finite"):  # torch.topk orders ties arbitrarily; the kernel takes the lower ids
+        keep = 2 if case == "few_finite" else 0
+        want_ids = torch.cat([want_ids[:, :keep], torch.arange(k - keep).expand(2, -1)], dim=1)
+    raw, tokens, index = raw.to(device), torch.tensor([0, 1], device=device), torch.tensor([0, 1], device=device)
+    monkeypatch.setattr(logprob_kernels, "available", lambda device: True)
+    got = device_logprobs(raw, tokens, [0, 1], [k, k], index).packed.cpu()
+    assert got[:, 1 + k :].long().tolist() == want_ids.tolist()
+    want_values = torch.log_softmax(raw.cpu().double(), dim=1).gather(1, want_ids)
+    torch.testing.assert_close(got[:, 1 : 1 + k], want_values, rtol=0, atol=1e-5)
 
 
 def test_fused_draw_reads_bf16_logits_as_torch_does(impl, monkeypatch):
