@@ -261,7 +261,11 @@ def test_logprob_kernels_top_k_where_sub_blocks_hold_it(monkeypatch, case):
     if case in ("flat", "few_finite"):  # torch.topk orders ties arbitrarily; the kernel takes the lower ids
         keep = 2 if case == "few_finite" else 0
         want_ids = torch.cat([want_ids[:, :keep], torch.arange(k - keep).expand(2, -1)], dim=1)
-    raw, tokens, index = raw.to(device), torch.tensor([0, 1], device=device), torch.tensor([0, 1], device=device)
+    raw, tokens, index = (
+        raw.to(device),
+        torch.tensor([0, 1], device=device),
+        torch.tensor([0, 1], device=device),
+    )
     monkeypatch.setattr(logprob_kernels, "available", lambda device: True)
     got = device_logprobs(raw, tokens, [0, 1], [k, k], index).packed.cpu()
     assert got[:, 1 + k :].long().tolist() == want_ids.tolist()
