@@ -55,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=1,
+        help="each request's max_tokens (ignore_eos): above 1 the later prompt steps carry the decodes "
+        "of the prompts done before them, as in the workload",
+    )
+    p.add_argument(
+        "--unsynced",
+        action="store_true",
+        help="time the steps as generate() runs them (no device sync around a step: a step's wall "
+        "is the time between two step() returns, so host and GPU overlap as in the workload)",
+    )
     p.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size of the rate probe")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="JSON values")
     p.add_argument(
@@ -68,29 +81,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_prompts(core, prompts, temperature: float, tag: str) -> list[str]:
-    """Every prompt as a request of one output token (so each step is prompt work); their ids."""
-    params = SamplingParams(max_tokens=1, temperature=temperature, ignore_eos=True)
+def add_prompts(core, prompts, temperature: float, tag: str, output_len: int = 1) -> list[str]:
+    """Every prompt as a request of output_len tokens (1: each step is prompt work); their ids."""
+    params = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True)
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts):
         core.add_request(rid, prompt, params)
     return ids
 
 
-def run_prompts(core, prompts, temperature: float, tag: str, device) -> list[dict]:
-    """Add every prompt and step until all finish; per step its prompt tokens, the host's time
-    until step() returned (the GPU may still run: async scheduling) and the wall time between
-    two device syncs."""
-    add_prompts(core, prompts, temperature, tag)
-    steps = []
+def run_prompts(core, prompts, args, tag: str) -> list[dict]:
+    """Add every prompt and step until all finish; per step its scheduled tokens, the host's
+    time until step() returned (the GPU may still run: async scheduling) and its wall time:
+    between two device syncs, or with args.unsynced between two step() returns."""
+    add_prompts(core, prompts, args.temperature, tag, args.output_len)
+    steps, synced = [], not args.unsynced
+    sync(args.device)
+    last = time.perf_counter()
     while core.has_unfinished:
         before = core.stats.num_scheduled_tokens
-        sync(device)
+        if synced:
+            sync(args.device)
         start = time.perf_counter()
         core.step(final_only=True)
         host = time.perf_counter() - start
-        sync(device)
-        wall = time.perf_counter() - start
+        if synced:
+            sync(args.device)
+        end = time.perf_counter()
+        wall, last = end - (start if synced else last), end
         steps.append({"tokens": core.stats.num_scheduled_tokens - before, "host_s": host, "wall_s": wall})
     return steps
 
@@ -127,7 +145,7 @@ def chunk_floors(prompt_lens, budget: int, shape, rate: float) -> list[float]:
 
 def profile_steps(core, prompts, args) -> dict:
     cuda = torch.device(args.device).type == "cuda"
-    ids = add_prompts(core, prompts, args.temperature, "prof")
+    ids = add_prompts(core, prompts, args.temperature, "prof", args.output_len)
     prof, wall_us = profiled_steps(core, args.device, args.profile_steps)
     finish(core, ids)
     busy_us = device_busy_us(prof.events())[0] if cuda else None
@@ -212,9 +230,9 @@ def main(argv=None) -> int:
     )  # fmt: skip
     prompts = [list(p) for p in work.prompts]
     prompt_lens = [len(p) for p in prompts]
-    run_prompts(core, prompts, args.temperature, "warm", args.device)
+    run_prompts(core, prompts, args, "warm")
     reset_prefix_cache(llm)
-    steps = run_prompts(core, prompts, args.temperature, "timed", args.device)
+    steps = run_prompts(core, prompts, args, "timed")
     reset_prefix_cache(llm)
     device = torch.device(args.device)
     rate = rl.measure_matmul_rate(device, args.matmul_n) if device.type == "cuda" else 1e12

@@ -47,3 +47,21 @@ def test_a_tiny_run_times_every_prompt_token(tmp_path, monkeypatch, torch_one_th
     assert report["total_floor_s"] == pytest.approx(sum(s["floor_s"] for s in timed))
     host = out.with_suffix(".host.txt").read_text()
     assert host.startswith("# 0 host syncs") and "# cProfile" in host and "step" in host
+
+
+def test_an_unsynced_run_with_outputs_times_the_decodes_too(tmp_path, monkeypatch, torch_one_thread):
+    """--output-len 3 --unsynced: every prompt token and every request's two later tokens are
+    scheduled once, and each step's wall (between two step() returns) holds its host part."""
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(tmp_path / "synth"))
+    out = tmp_path / "prefill.json"
+    argv = [
+        "--shape", "tiny", "--device", "cpu", "--num-requests", "5", "--min-input-len", "20",
+        "--max-input-len", "40", "--engine-arg", "max_num_batched_tokens=48", "--engine-arg",
+        "max_num_seqs=8", "--output-len", "3",
+        "--unsynced", "--profile-steps", "1", "--out", str(out),
+    ]  # fmt: skip
+    assert prefill_profile.main(argv) == 0
+    report = json.loads(out.read_text())
+    steps = report["steps"]
+    assert sum(s["tokens"] for s in steps) == report["prompt_tokens"] + 2 * 5
+    assert all(0 < s["host_s"] <= s["wall_s"] for s in steps)
