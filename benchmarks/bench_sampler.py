@@ -195,7 +195,9 @@ def _time_ms(fn, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-TOP_OPS = int(os.environ.get("ENGINESPEC_BENCH_TOP_OPS", 8))  # device ops named per case in --profile's lines, longest first
+TOP_OPS = int(
+    os.environ.get("ENGINESPEC_BENCH_TOP_OPS", 8)
+)  # device ops named per case in --profile's lines, longest first
 
 
 def _device_profile(fn) -> tuple[int, float, str]:
