@@ -26,6 +26,7 @@ import datetime
 import multiprocessing.connection
 import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -37,6 +38,12 @@ import torch
 TIMEOUT_S = 300.0
 START_TIMEOUT_S = 300.0  # spawning a worker: importing torch and transformers, on a busy host
 STOP_WAIT_S = 10.0
+# After a step failed midway, how long rank 0 waits for a worker to finish dying, so the error
+# names the worker and its traceback rather than the broken connection it left. A worker that
+# raised sends its traceback and exits, but its interpreter's teardown (torch, the process group)
+# took over 0.5 s on a loaded 16-core host. The wait ends as soon as one worker has exited; it is
+# spent in full only where no worker dies (the engine is dead either way).
+DYING_WAIT_S = 5.0
 
 
 class EngineDeadError(RuntimeError):
@@ -144,8 +151,9 @@ class TensorParallel:
 
     def dead_error(self, cause: BaseException) -> EngineDeadError:
         """The error to raise when a step failed midway under TP: the ranks are out of step."""
-        for proc in self.processes:
-            proc.join(timeout=0.5 if proc.exitcode is None else 0)  # let a dying worker finish dying
+        deadline = time.monotonic() + DYING_WAIT_S  # let a dying worker finish dying
+        while self.processes and all(p.exitcode is None for p in self.processes) and time.monotonic() < deadline:
+            time.sleep(0.02)
         reason = self._exited() or f"a tensor-parallel step failed midway ({type(cause).__name__}: {cause})"
         self.dead = self.dead or reason
         return EngineDeadError(self.dead)

@@ -207,3 +207,29 @@ def test_cuda_all_reduce_op_compiles_and_is_captured(tmp_path):
             torch.testing.assert_close(out, linear(x))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_step_that_fails_midway_names_a_worker_that_is_slow_to_die():
+    """A collective broke because a worker raised; the worker has sent its traceback but its
+    exit takes a second (interpreter teardown on a loaded host). The engine's error still names
+    the worker, its exit code and its traceback, not the broken connection (the H200 suite run
+    of the twenty-second session saw 'failed midway' after a 0.5 s wait)."""
+    import multiprocessing
+    import threading
+
+    from enginespec.worker.tp_group import TensorParallel
+
+    class SlowDeath:
+        pid, exitcode = 4242, None
+
+        def join(self, timeout=None):
+            pass
+
+    proc = SlowDeath()
+    ours, theirs = multiprocessing.Pipe()
+    theirs.send(("error", "Traceback ...\nValueError: no-such-message"))
+    threading.Timer(1.0, lambda: setattr(proc, "exitcode", 1)).start()
+    tp = TensorParallel(world_size=2, device=torch.device("cpu"), processes=[proc], conns=[ours])
+    error = tp.dead_error(RuntimeError("Connection closed by peer"))
+    assert "worker rank 1 (pid 4242) exited with code 1" in str(error)
+    assert "no-such-message" in str(error)
