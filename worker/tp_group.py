@@ -152,7 +152,9 @@ class TensorParallel:
     def dead_error(self, cause: BaseException) -> EngineDeadError:
         """The error to raise when a step failed midway under TP: the ranks are out of step."""
         deadline = time.monotonic() + DYING_WAIT_S  # let a dying worker finish dying
-        while self.processes and all(p.exitcode is None for p in self.processes) and time.monotonic() < deadline:
+        while (
+            self.processes and all(p.exitcode is None for p in self.processes) and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         reason = self._exited() or f"a tensor-parallel step failed midway ({type(cause).__name__}: {cause})"
         self.dead = self.dead or reason
