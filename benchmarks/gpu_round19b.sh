@@ -4,7 +4,8 @@
 # --dist loadfile), the server's wheels from .whl/ when carried; then the failures again, alone
 # and serially (a test that sized its KV pool by free memory while other workers held some
 # could fail only in parallel: both runs are reported); then, in the time left, the Qwen3-8B
-# shape's batch-1 decode. One tar back.
+# shape's batch-1 decode (SWEEP_8B=0: not; RERUN_END, default 540 s, bounds the rerun). One tar back,
+# named TAG (default s19b).
 # Usage (device machine, repo root; carry [".whl"]): bash benchmarks/gpu_round19b.sh SHA
 set -u
 sha=${1:?commit}
@@ -16,15 +17,17 @@ timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest "${args[@]}" -n "${XDIST:-4}" 
   conformance tests > "$log" 2>&1
 echo "suite rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$log" | head -20; tail -1 "$log"
 if grep -qE "^(FAILED|ERROR)" "$log"; then  # the failures again, serially
-  timeout $((540 - SECONDS)) python3 -m pytest "${args[@]}" --lf conformance tests > "$out/pytest_rerun_$sha.log" 2>&1
+  timeout $((${RERUN_END:-540} - SECONDS)) python3 -m pytest "${args[@]}" --lf conformance tests > "$out/pytest_rerun_$sha.log" 2>&1
   echo "rerun rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$out/pytest_rerun_$sha.log" | head; tail -1 "$out/pytest_rerun_$sha.log"
 fi
 left=$((580 - SECONDS))
-if [ "$left" -gt 70 ]; then
+if [ "${SWEEP_8B:-1}" = 0 ]; then
+  echo "8B sweep not run: SWEEP_8B=0"
+elif [ "$left" -gt 70 ]; then
   timeout "$left" python3 benchmarks/decode_sweep.py --git-commit "$sha" --shape qwen3-8b --batches 1 \
     --out "$out/decode_sweep_8b_h200_$sha.json" > "$out/sweep8b.log" 2>&1
   echo "8B sweep rc=$?"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep8b.log"
 else
   echo "8B sweep not run: ${left}s left"
 fi
-cd "$out" && tar czf s19b_h200_"$sha".tgz ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json; ls
+cd "$out" && tar czf "${TAG:-s19b}"_h200_"$sha".tgz ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json; ls
