@@ -11,16 +11,15 @@ out, a gather and a full-row topk: several passes over [R, V]. Here:
    token's logprob x[token] - lse, and the row's top-K, written straight into the float64
    layout of `sample.deferred.DeviceLogprobs.packed`: [chosen, K values, K ids].
 
-Why the top-K needs only K sub-blocks. Rank tokens by (value descending, id ascending) and
-sub-blocks by (max descending, index ascending); take the K first sub-blocks. Each holds its
-own max token, so K tokens rank at or above each taken sub-block's key. A token in a sub-block
-that was not taken has a value at most that sub-block's max, which is at most every taken max
-(and on equal maxima the taken sub-blocks come first, so their max tokens have smaller ids):
-all K taken max tokens rank above it, so it is not in the top K. (A row of fewer than K
-sub-blocks takes them all.) The merge therefore ranks the
-row's V / SUB sub-block maxima, gathers those K sub-blocks ([KP, SUB] tokens, KP = MAX_K rows
-of which K are read), and takes K rounds of max-and-remove there. Ties go to the lower id, as
-torch.topk on these rows; a row with fewer than K finite values still yields K distinct ids.
+Why the top K lie in K sub-blocks. Rank tokens by (value descending, id ascending) and
+sub-blocks by (max descending, index ascending), and take the K first sub-blocks. Let t be a
+token of a sub-block b that was not taken. Every taken sub-block u has max_u >= max_b >= t, and
+where max_u equals t, u and b tie on their maxima, so u comes before b and its tokens have the
+smaller ids. Each of the K taken sub-blocks' max tokens therefore ranks above t, and t is not in
+the top K. (A row of fewer than K sub-blocks takes them all.) The merge ranks the row's V / SUB
+sub-block maxima, gathers those K sub-blocks ([KP, SUB] tokens, KP = MAX_K rows of which K are
+read) and takes K rounds of max-and-remove there. Ties go to the lower id, as torch.topk on
+these rows; a row with fewer than K finite values still yields K distinct ids.
 
 K is a runtime argument (storage and tiles padded to KP = MAX_K), so a new logprobs count
 compiles nothing inside a user's request. Values equal torch's log_softmax up to float32
