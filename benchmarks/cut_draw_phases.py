@@ -18,35 +18,19 @@ runs a little longer than the uninstrumented launch. Nothing asserts speed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import sampler_probe as probe  # noqa: E402
+from benchmarks import stamping  # noqa: E402
 from enginespec.sample.draw import CHUNK  # noqa: E402
 
-STAMP = '''
-    @triton.jit
-    def _stamp(times_ptr, row, i: tl.constexpr):
-        tl.debug_barrier()
-        t = tl.inline_asm_elementwise(
-            "mov.u64 $0, %globaltimer;", "=l,r", [row], dtype=tl.int64, is_pure=False, pack=1
-        )
-        tl.store(times_ptr + row.to(tl.int64) * 16 + i, t)
-
-    @triton.jit
-    def _smid(times_ptr, row):
-        t = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1)
-        tl.store(times_ptr + row.to(tl.int64) * 16 + 15, t.to(tl.int64))
-
-    @triton.jit
-    def _row_ptr('''
+STAMP = stamping.helpers("row", "    ") + "\n    @triton.jit\n    def _row_ptr("
 
 # (old, new) edits every layout needs: the buffer, the outer stamps, the launch
 OUTER = [
@@ -97,14 +81,7 @@ def stamped_source(src: str) -> str:
 
 def load_stamped(path: str):
     with open(path) as f:
-        src = stamped_source(f.read())
-    tmp = tempfile.NamedTemporaryFile("w", suffix="_cut_draw_stamped.py", delete=False)
-    tmp.write(src)
-    tmp.close()
-    spec = importlib.util.spec_from_file_location("cut_draw_stamped", tmp.name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+        return stamping.load_edited(stamped_source(f.read()), "cut_draw_stamped")
 
 
 def params(case: str) -> torch.Tensor:

@@ -25,36 +25,20 @@ asserts speed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import decode_attention_probe as probe  # noqa: E402
+from benchmarks import stamping  # noqa: E402
 
 NUM_STAMPS = 7
 
-STAMP = '''
-@triton.jit
-def _stamp(times_ptr, pid, i: tl.constexpr):
-    tl.debug_barrier()
-    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False, pack=1)
-    tl.store(times_ptr + pid.to(tl.int64) * 16 + i, t)
-
-
-@triton.jit
-def _smid(times_ptr, pid):
-    s = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    tl.store(times_ptr + pid.to(tl.int64) * 16 + 15, s.to(tl.int64))
-
-
-@triton.jit
-def _norm_rope('''
+STAMP = stamping.helpers("pid") + "\n\n@triton.jit\ndef _norm_rope("
 
 # (old, new) edits of kernels/decode_attention.py; each old text must occur once
 EDITS = [
@@ -90,14 +74,7 @@ def stamped_source(src: str) -> str:
 
 def load_stamped(path: str):
     with open(path) as f:
-        src = stamped_source(f.read())
-    tmp = tempfile.NamedTemporaryFile("w", suffix="_decode_attention_stamped.py", delete=False)
-    tmp.write(src)
-    tmp.close()
-    spec = importlib.util.spec_from_file_location("decode_attention_stamped", tmp.name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+        return stamping.load_edited(stamped_source(f.read()), "decode_attention_stamped")
 
 
 def summarize(t: torch.Tensor) -> dict:
@@ -129,23 +106,7 @@ def measure(mod, batch: int, ctx: int, max_model_len: int) -> dict:
     case = probe.make_case(batch, ctx, "cuda", torch.bfloat16)
     cfg = mod.decode_config(batch, probe.HQ, probe.HKV, probe.HEAD, max_model_len, torch.device("cuda"))
     mod.TIMES = torch.zeros(batch * probe.HKV * cfg.num_splits * 16, dtype=torch.int64, device="cuda")
-    calls = [
-        lambda i=i: mod.decode_attention(
-            case["qkv"][i],
-            case["cos"],
-            case["sin"],
-            case["norm"],
-            1e-6,
-            case["cache"],
-            case["slots"][i],
-            case["seq_lens"],
-            case["tables"][i],
-            probe.HQ,
-            max_seq_len=max_model_len,
-            config=cfg,
-        )  # fmt: skip
-        for i in range(case["tables"].shape[0])
-    ]
+    calls = probe.calls_of(case, max_model_len, cfg, attention=mod.decode_attention)
     for call in calls[:4] + calls[-1:]:  # the last set, L2 cold for it after the others
         mod.TIMES.zero_()
         call()

@@ -59,10 +59,12 @@ def make_case(num_reqs: int, ctx: int, device, dtype):
     )
 
 
-def calls_of(case, max_seq_len: int, config):
-    """One decode_attention call per input set."""
+def calls_of(case, max_seq_len: int, config, attention=None):
+    """One call per input set of `attention` (default kernels.decode_attention.decode_attention;
+    decode_attention_phases.py passes its stamped copy's)."""
+    attention = attention or decode_attention
     return [
-        lambda i=i: decode_attention(
+        lambda i=i: attention(
             case["qkv"][i],
             case["cos"],
             case["sin"],
