@@ -36,7 +36,9 @@ try:
 except ImportError:  # pragma: no cover - triton is optional on CPU
     triton = None
 
-CHUNK = 4096  # tokens per program of the first pass
+# tokens per program of the first pass (H200, 64 rows x 151,936 at K 5: the first pass 12 us,
+# the merge 9; benchmarks/RESULTS.md, twenty-second session)
+CHUNK = 4096
 SUB = 128  # tokens per sub-block whose max the first pass keeps (CHUNK's, if smaller)
 MAX_K = 32  # larger top-k requests take the torch path
 
@@ -69,8 +71,8 @@ if triton is not None:
     @triton.jit
     def _top_sub_blocks(row_sub_ptr, vocab, k, NS_BLOCK: tl.constexpr, SUB: tl.constexpr, KP: tl.constexpr):
         # int32 [KP]: the indices of the row's k first sub-blocks by (max descending, index
-        # ascending) in lanes 0..k-1, -1 in the others (and where the row has fewer than k). row_sub_ptr: float32 [>= cdiv(vocab, SUB)],
-        # the row's sub-block maxima.
+        # ascending) in lanes 0..k-1, -1 in the others (and where the row has fewer than k).
+        # row_sub_ptr: float32 [>= cdiv(vocab, SUB)], the row's sub-block maxima.
         idx = tl.arange(0, NS_BLOCK)
         alive = idx < tl.cdiv(vocab, SUB)
         maxima = tl.load(row_sub_ptr + idx, mask=alive, other=float("-inf"))
@@ -83,7 +85,7 @@ if triton is not None:
             alive = alive & (idx != pick)
         return taken
 
-    @triton.jit(do_not_specialize=["k"])
+    @triton.jit(do_not_specialize=["k", "sub_stride"])  # sub_stride 1 (k = 0) needs no variant of its own
     def _merge_kernel(
         x_ptr, x_stride, rows_ptr, tok_ptr, stats_ptr, sub_ptr, sub_stride, out_ptr, vocab, num_chunks, k,
         NC_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr, KP: tl.constexpr,
@@ -132,7 +134,11 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     num_chunks = triton.cdiv(vocab, CHUNK)
     dev = raw.device
     stats = torch.empty((num_rows, num_chunks, 2), dtype=torch.float32, device=dev)
-    sub_max = torch.empty((num_rows, num_chunks * (CHUNK // sub)), dtype=torch.float32, device=dev)
+    # the sub-block maxima only serve the top k: none kept (nor allocated) when k is 0; NS_BLOCK
+    # below does not follow k, so k = 0 and k > 0 share one compiled merge
+    sub_max = torch.empty(
+        (num_rows, num_chunks * (CHUNK // sub) if k else 1), dtype=torch.float32, device=dev
+    )
     out = torch.empty((num_rows, 1 + 2 * k), dtype=torch.float64, device=dev)
     if num_rows == 0:
         return out
@@ -141,7 +147,7 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     )
     _merge_kernel[(num_rows,)](
         raw, raw.stride(0), rows, tokens, stats, sub_max, sub_max.stride(0), out, vocab, num_chunks, k,
-        NC_BLOCK=triton.next_power_of_2(num_chunks), NS_BLOCK=triton.next_power_of_2(sub_max.shape[1]),
+        NC_BLOCK=triton.next_power_of_2(num_chunks), NS_BLOCK=triton.next_power_of_2(num_chunks * (CHUNK // sub)),
         SUB=sub, KP=MAX_K, num_warps=8,
     )  # fmt: skip
     return out
