@@ -141,7 +141,7 @@ def kernels() -> list:
         dec.update(
             IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True
         )
-        dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile, LONG_TILE=0)
+        dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile, LONG_TILE=0, PREFETCH_TILES=1)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16)
         ptrs.update(
             norm_ptr=BF16, slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32"

@@ -201,6 +201,7 @@ def _decode_attention_kernel(
     PRELOAD: tl.constexpr = False,
     LOOP_TILE: tl.constexpr = 64,
     LONG_TILE: tl.constexpr = 0,
+    PREFETCH_TILES: tl.constexpr = 1,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -257,10 +258,12 @@ def _decode_attention_kernel(
         k_first = _load_keys(cache_ptr, first_slot, first_ok, dims, dim_ok)  # [HEAD_DIM, TILE]
         v_first = _load_values(cache_ptr, stride_c_kv, first_slot, first_ok, dims, dim_ok)  # [TILE, HEAD_DIM]
     if USE_PDL:
-        # While the q|k|v GEMM runs: ask L2 for the loop's first tile of pooled keys and values
-        # (earlier steps wrote them; the block table is the step's copy), LINE elements a line.
-        _prefetch_tile(cache_ptr, stride_c_kv, table_row, loop_lo, key_end, head_off, stride_c_block,
-                       stride_c_slot, BLOCK_SIZE, LOOP_TILE, HEAD_DIM, LINE)  # fmt: skip
+        # While the q|k|v GEMM runs: ask L2 for the loop's first PREFETCH_TILES steps of pooled
+        # keys and values (earlier steps wrote them; the block table is the step's copy), LINE
+        # elements a line; keys past the split's end ask for the pool's first line.
+        for i in tl.static_range(PREFETCH_TILES):
+            _prefetch_tile(cache_ptr, stride_c_kv, table_row, loop_lo + i * LOOP_TILE, key_end, head_off,
+                           stride_c_block, stride_c_slot, BLOCK_SIZE, LOOP_TILE, HEAD_DIM, LINE)  # fmt: skip
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row and earlier layers' pool writes are visible
 
@@ -358,6 +361,7 @@ _OVERRIDE_KEYS = (
     "merge_d",
     "merge_warps",
     "max_rows",
+    "prefetch",
 )
 
 
@@ -374,7 +378,8 @@ def decode_config(
     choose_config, with a preloaded 16-key first tile and a narrow merge at split launches of at
     most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
-    split merge's dims and warps a program) and max_rows (the override
+    split merge's dims and warps a program), prefetch (loop steps asked of L2 before the PDL
+    wait, at least 1) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
     cfg = pa.choose_config(
@@ -406,6 +411,7 @@ def decode_config(
         preload=bool(override.get("preload", cfg.preload)),
         merge_block_d=override.get("merge_d", cfg.merge_block_d),
         merge_warps=override.get("merge_warps", cfg.merge_warps),
+        prefetch_tiles=override.get("prefetch", cfg.prefetch_tiles),
     )
 
 
@@ -434,8 +440,8 @@ def _env_override(raw: str) -> dict:
         raise ValueError(
             f"{DECODE_ATTN_ENV}: splits must be a power of two >= 1 and warps one of 1-16, got {raw!r}"
         )
-    if out.get("stages", 1) < 1 or out.get("max_rows", 1) < 1:
-        raise ValueError(f"{DECODE_ATTN_ENV}: stages and max_rows must be >= 1, got {raw!r}")
+    if min(out.get("stages", 1), out.get("max_rows", 1), out.get("prefetch", 1)) < 1:
+        raise ValueError(f"{DECODE_ATTN_ENV}: stages, max_rows and prefetch must be >= 1, got {raw!r}")
     return out
 
 
@@ -533,6 +539,7 @@ def decode_attention(
         PRELOAD=cfg.preload,
         LOOP_TILE=cfg.loop_tile or cfg.tile,
         LONG_TILE=cfg.long_tile,
+        PREFETCH_TILES=cfg.prefetch_tiles,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

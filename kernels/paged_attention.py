@@ -391,6 +391,10 @@ class LaunchConfig:
     # The split merge's programs: merge_block_d dims of a head each (0: the whole head), warps.
     merge_block_d: int = 0
     merge_warps: int = 4
+    # Fused decode attention only, with PDL: how many loop_tile-key steps of its keys a program
+    # asks L2 for before its wait (kernels/pdl.py: prefetch_l2), so DRAM streams them while the
+    # q|k|v GEMM before it and the program's own q|k|v prologue run.
+    prefetch_tiles: int = 1
 
 
 MAX_PRELOAD_TILE = 64

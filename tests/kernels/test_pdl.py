@@ -45,12 +45,15 @@ fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
-           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0)
+           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32")
 fn = da._decode_attention_kernel
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
+pf3 = dict(dec, PREFETCH_TILES=3)  # three loop steps asked of L2 before the wait
+report("decode_attention_prefetch3", ptx_of(fn, sig_of(fn, pf3, ptrs, ("scale_log2", "eps")), pf3,
+                                            {"num_warps": 4, "num_stages": 2}))
 import os, torch  # the preloading config as decode_config hands it to a batch-1 launch by default
 os.environ.pop(da.PRELOAD_ROWS_ENV, None), os.environ.pop(da.DECODE_ATTN_ENV, None)
 cfg = da.decode_config(1, 16, 8, 128, 40960, torch.device("cpu"))
@@ -114,7 +117,8 @@ def reports():
 
 @pytest.mark.parametrize(
     "kernel",
-    ["attention", "decode_attention", "decode_attention_preload", "merge", "merge_decode", "qkv_rope", "gemv",
+    ["attention", "decode_attention", "decode_attention_preload", "decode_attention_prefetch3", "merge", "merge_decode",
+     "qkv_rope", "gemv",
      "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul", "gather_two"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
@@ -179,8 +183,8 @@ def test_pdl_is_off_off_hopper_and_when_asked(monkeypatch):
 
 @pytest.mark.parametrize(
     "kernel",
-    ["attention", "decode_attention", "decode_attention_preload", "merge", "qkv_rope", "gemv", "tiled", "rms_norm",
-     "silu_mul"],
+    ["attention", "decode_attention", "decode_attention_preload", "decode_attention_prefetch3", "merge", "qkv_rope",
+     "gemv", "tiled", "rms_norm", "silu_mul"],
 )  # fmt: skip
 def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kernel):
     """decode_attention asks L2 for its first tile of pooled K/V while it waits (the pool's
@@ -189,6 +193,11 @@ def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kern
     before, after = reports[kernel][6:8]
     assert after == 0
     assert (before > 0) == kernel.startswith("decode_attention")
+
+
+def test_prefetch_tiles_asks_l2_for_that_many_steps(reports):
+    """PREFETCH_TILES=3: three times the default's L2 prefetches, all before the wait."""
+    assert reports["decode_attention_prefetch3"][6] == 3 * reports["decode_attention"][6]
 
 
 def test_preload_reads_the_pool_before_the_wait(reports):
