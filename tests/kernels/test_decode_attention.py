@@ -248,7 +248,9 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
     max_rows rows; larger batches keep choose_config's."""
     dev = torch.device("cpu")
     base = da.decode_config(4, 16, 8, 128, 4096, dev)
-    monkeypatch.setenv(da.DECODE_ATTN_ENV, "tile=32, splits=64,stages=1,preload=1,long_tile=64,prefetch=3,max_rows=2")
+    monkeypatch.setenv(
+        da.DECODE_ATTN_ENV, "tile=32, splits=64,stages=1,preload=1,long_tile=64,prefetch=3,max_rows=2"
+    )
     small = da.decode_config(2, 16, 8, 128, 4096, dev)
     assert (small.tile, small.num_splits, small.num_stages, small.preload) == (32, 64, 1, True)
     assert (small.long_tile, small.prefetch_tiles, base.prefetch_tiles) == (64, 3, 1)
@@ -258,8 +260,12 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
 
 @pytest.mark.parametrize(
     "raw,match",
-    [("tile=32,bogus=1", "bogus=1"), ("splits=3", "splits must be a power of two"), ("tile=x", "tile=x"),
-     ("prefetch=0", "prefetch must be >= 1")],
+    [
+        ("tile=32,bogus=1", "bogus=1"),
+        ("splits=3", "splits must be a power of two"),
+        ("tile=x", "tile=x"),
+        ("prefetch=0", "prefetch must be >= 1"),
+    ],
 )
 def test_env_override_rejects_bad_values(monkeypatch, raw, match):
     monkeypatch.setenv(da.DECODE_ATTN_ENV, raw)
