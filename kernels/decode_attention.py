@@ -379,7 +379,7 @@ def decode_config(
     most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program), prefetch (loop steps asked of L2 before the PDL
-    wait, at least 1) and max_rows (the override
+    wait; 0: none) and max_rows (the override
     applies to batches of at most that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
     cfg = pa.choose_config(
@@ -440,8 +440,8 @@ def _env_override(raw: str) -> dict:
         raise ValueError(
             f"{DECODE_ATTN_ENV}: splits must be a power of two >= 1 and warps one of 1-16, got {raw!r}"
         )
-    if min(out.get("stages", 1), out.get("max_rows", 1), out.get("prefetch", 1)) < 1:
-        raise ValueError(f"{DECODE_ATTN_ENV}: stages, max_rows and prefetch must be >= 1, got {raw!r}")
+    if min(out.get("stages", 1), out.get("max_rows", 1)) < 1:
+        raise ValueError(f"{DECODE_ATTN_ENV}: stages and max_rows must be >= 1, got {raw!r}")
     return out
 
 

@@ -393,7 +393,7 @@ class LaunchConfig:
     merge_warps: int = 4
     # Fused decode attention only, with PDL: how many loop_tile-key steps of its keys a program
     # asks L2 for before its wait (kernels/pdl.py: prefetch_l2), so DRAM streams them while the
-    # q|k|v GEMM before it and the program's own q|k|v prologue run.
+    # q|k|v GEMM before it and the program's own q|k|v prologue run (0: none).
     prefetch_tiles: int = 1
 
 

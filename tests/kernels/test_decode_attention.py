@@ -264,7 +264,7 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
         ("tile=32,bogus=1", "bogus=1"),
         ("splits=3", "splits must be a power of two"),
         ("tile=x", "tile=x"),
-        ("prefetch=0", "prefetch must be >= 1"),
+        ("stages=0", "stages and max_rows must be >= 1"),
     ],
 )
 def test_env_override_rejects_bad_values(monkeypatch, raw, match):
