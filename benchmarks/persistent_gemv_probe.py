@@ -37,6 +37,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: E402
+from enginespec.worker.gemm_tuning import graph_us  # noqa: E402
 
 HIDDEN, QKV, ATTN, INTER = 1024, 4096, 2048, 3072
 GRID = 128
@@ -230,23 +231,8 @@ def reference(w: dict, x: torch.Tensor, num_layers: int) -> torch.Tensor:
 
 
 def time_graph(fn, reps: int = 20) -> float:
-    """us per replay of a CUDA graph of fn (median of reps)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return sorted(times)[len(times) // 2]
+    """us per replay of a CUDA graph of fn (the median of reps; the engine's tuning timer)."""
+    return graph_us(lambda: fn() or [], 1, reps)[0]
 
 
 def main(argv=None) -> None:
