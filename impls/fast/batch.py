@@ -10,7 +10,11 @@ no output; pad_to adds one-row requests with seq_len 0, slot -1, id 0, position 
 
 Per step the Python loop does only per-request work (a slice of token ids, a table sync that
 is usually a no-op); positions, slots, query_start_loc and the table gather are numpy ops into
-one staging byte buffer whose sections are viewed as int64 / int32 tensors after the copy.
+one staging byte buffer, copied into the next of batch_buffers.RING_SLOTS device buffers, whose
+sections are viewed as int64 / int32 tensors once per (shape, buffer) and reused: a Batch's
+tensors stay valid while RING_SLOTS - 1 more batches are built (batch_buffers.Staging). On
+this CPU a 1-decode build took 45-65 us with nine new views a step and 26-38 with the ring
+(benchmarks/RESULTS.md, twenty-third session).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from enginespec.impls.fast.batch_buffers import ZERO_SLOT, Staging, TableRows
+from enginespec.impls.fast.batch_buffers import RING_SLOTS, ZERO_SLOT, Staging, TableRows
 from enginespec.impls.fast.block_manager import FastBlockManager
 from enginespec.spec import PACKED_ALIGN, Batch, BatchMeta
 
@@ -52,7 +56,8 @@ class BatchBuilder:
         self.device = torch.device(device)
         self._tables = TableRows()
         self._staging = Staging(self.device)
-        self._layouts: dict[tuple, tuple] = {}  # (rows, reqs, width, logits) -> (layout, host views)
+        # (rows, reqs, width, logits) -> (layout, host views, device views per ring slot or None)
+        self._layouts: dict[tuple, tuple] = {}
         self._layouts_of = None  # the staging array those views are of
 
     def build(self, output, block_manager, pad_to: Optional[int] = None) -> Batch:
@@ -71,10 +76,10 @@ class BatchBuilder:
             num_pad = pad_to - num_tokens
         return self._assemble(acc, block_manager.block_size, num_tokens, num_reqs, num_pad)
 
-    def _layout(self, n_rows: int, n_reqs: int, width: int, n_logits: int) -> tuple["_Layout", list]:
-        """The step's layout and its typed views of the staging buffer, ready to be written.
-        Both are kept per shape (a steady decode repeats one shape step after step) until the
-        buffer is reallocated."""
+    def _layout(self, n_rows: int, n_reqs: int, width: int, n_logits: int) -> tuple["_Layout", list, list]:
+        """The step's layout, its typed views of the staging buffer (ready to be written) and
+        its device views per ring slot (made at the slot's first use). All are kept per shape (a
+        steady decode repeats one shape step after step) until the buffers are reallocated."""
         key = (n_rows, n_reqs, width, n_logits)
         hit = self._layouts.get(key)
         layout = hit[0] if hit is not None else _Layout(*key)
@@ -85,7 +90,7 @@ class BatchBuilder:
         if hit is None:
             if len(self._layouts) >= LAYOUT_CACHE:
                 self._layouts.pop(next(iter(self._layouts)))
-            hit = self._layouts[key] = (layout, layout.views(buf))
+            hit = self._layouts[key] = (layout, layout.views(buf), [None] * RING_SLOTS)
             self._layouts_of = buf
         return hit
 
@@ -136,7 +141,7 @@ class BatchBuilder:
     def _assemble(self, acc: _Rows, bs: int, num_tokens: int, num_reqs: int, num_pad: int) -> Batch:
         """Vectorized layout into the staging buffer, one transfer, tensor views."""
         n_rows, n_reqs, width = num_tokens + num_pad, num_reqs + num_pad, acc.width
-        layout, host = self._layout(n_rows, n_reqs, width, len(acc.logits))
+        layout, host, dev_views = self._layout(n_rows, n_reqs, width, len(acc.logits))
         ids, pos, slot, qsl, seq_lens, logits, table = host
         table = table.reshape(n_reqs, width)
         _fill_table(self._tables.rows, acc, width, num_pad, bs, table)
@@ -158,7 +163,10 @@ class BatchBuilder:
         max_seq_len = int(seq_lens[:num_reqs].max()) if num_reqs else 0
         if num_pad:
             max_query_len = max(max_query_len, 1)
-        dev = layout.views(self._staging.transfer(layout.num_bytes))
+        slot, dst = self._staging.transfer(layout.num_bytes)
+        dev = dev_views[slot]
+        if dev is None:
+            dev = dev_views[slot] = layout.views(dst)
         if self.device.type == "cpu":
             host_qsl, host_seq_lens = dev[3], dev[4]
         else:  # copies: the staging buffer is rewritten next step

@@ -8,7 +8,9 @@
   whenever a table is rebuilt (free, trim, re-admission), so identity + length pins the content.
   The builder holds a reference to each table it mirrors, so an identity can never be reused.
 - `Staging`: one byte buffer (pinned on CUDA) that holds every array of a step back to back,
-  so the host-to-device transfer is a single copy; grown on demand.
+  so the host-to-device transfer is a single copy; grown on demand. The copy lands in one of
+  RING_SLOTS device buffers in turn, so a step's device tensors are views the builder made
+  once per (shape, slot), not nine new views of a fresh allocation every step.
 """
 
 from __future__ import annotations
@@ -91,12 +93,21 @@ class TableRows:
             self.len_of += [0] * extra
 
 
-class Staging:
-    """A growable host byte buffer (pinned for CUDA) and its transfer to the device.
+RING_SLOTS = 4  # device buffers a Staging copies into in turn: a Batch stays valid for 3 more builds
 
-    On CUDA the copy is non_blocking; before the buffer is written again the builder waits on
-    the event recorded after the last copy, so an in-flight copy never reads half-new data.
-    On the CPU the "transfer" is one clone, so a Batch never aliases the reused buffer.
+
+class Staging:
+    """A growable host byte buffer (pinned for CUDA) and its transfer to the device, into
+    RING_SLOTS device buffers in turn.
+
+    Invariants:
+    - the host buffer is rewritten only after its last copy finished: on CUDA the copy is
+      non_blocking, and acquire() waits on the event recorded after it;
+    - a device buffer is rewritten only by the copy RING_SLOTS transfers later, so a Batch's
+      tensors stay valid while RING_SLOTS - 1 more batches are built. On a GPU that copy is
+      enqueued on the stream behind every kernel launched before it, so a step's kernels never
+      see the next steps' inputs; on the host a Batch must not be kept (or must be cloned)
+      across more builds than that. The engine uses a batch within its step.
     """
 
     def __init__(self, device: torch.device, num_bytes: int = 1 << 16):
@@ -108,9 +119,14 @@ class Staging:
     def _alloc(self, num_bytes: int) -> None:
         self.host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=self.cuda)
         self.np = self.host.numpy()
+        self.ring = [torch.empty(num_bytes, dtype=torch.uint8, device=self.device) for _ in range(RING_SLOTS)]
+        self.next_slot = 0
+        self._spans: dict[tuple[int, int], tuple] = {}  # (slot, bytes) -> (dst, src) slices
 
     def acquire(self, num_bytes: int) -> np.ndarray:
-        """The buffer, ready to be written (previous copy finished), at least num_bytes long."""
+        """The buffer, ready to be written (previous copy finished), at least num_bytes long.
+        Growing it reallocates the device ring too (views of the old one stay valid: torch
+        keeps the storage of a live view)."""
         if self.event is not None:
             self.event.synchronize()
             self.event = None
@@ -118,16 +134,28 @@ class Staging:
             self._alloc(max(num_bytes, 2 * self.np.shape[0]))
         return self.np
 
-    def transfer(self, num_bytes: int) -> torch.Tensor:
-        """One copy of the first num_bytes to the device (a fresh tensor each step)."""
-        src = self.host[:num_bytes]
+    def transfer(self, num_bytes: int) -> tuple[int, torch.Tensor]:
+        """One copy of the first num_bytes into the next device buffer: (its slot, the buffer)."""
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % RING_SLOTS
+        span = self._spans.get((slot, num_bytes))
+        if span is None:  # the slices of a step size, kept (a steady decode repeats one)
+            if len(self._spans) >= 16 * RING_SLOTS:
+                self._spans.clear()
+            if self.device.type == "cpu":  # numpy's copy: torch's parallelizes past 32 KiB, slower here
+                span = (self.ring[slot].numpy()[:num_bytes], self.np[:num_bytes])
+            else:
+                span = (self.ring[slot][:num_bytes], self.host[:num_bytes])
+            self._spans[slot, num_bytes] = span
+        dst, src = span
         if not self.cuda:
-            if self.device.type == "cpu":  # a numpy copy: torch's uint8 clone is far slower here
-                return torch.from_numpy(self.np[:num_bytes].copy())
-            return src.to(self.device)
-        dst = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+            if isinstance(dst, np.ndarray):
+                dst[:] = src
+            else:
+                dst.copy_(src)
+            return slot, self.ring[slot]
         dst.copy_(src, non_blocking=True)
         self.event = torch.cuda.Event()
         # on the given device's stream: no lookup of the current device
         self.event.record(torch.cuda.current_stream(dst.device))
-        return dst
+        return slot, self.ring[slot]

@@ -373,3 +373,34 @@ def test_a_repeated_shape_after_the_staging_buffer_grew_is_laid_out_anew():
     assert bm.allocate_slots(small, 1)
     small.num_computed_tokens = 9
     same_batch(builder.build(decode, bm), plain_build_batch(decode, bm))
+
+
+def test_batches_stay_valid_for_the_ring_and_reuse_their_device_views():
+    """The builder copies each step into RING_SLOTS device buffers in turn: a batch keeps its
+    values while RING_SLOTS - 1 more are built (the Staging contract), the next build of its
+    slot reuses the storage, and a repeated shape in a slot gets the very views made there
+    before (no new views a step)."""
+    from enginespec.impls.fast.batch_buffers import RING_SLOTS
+
+    bm = FAST.new_block_manager(64, 4)
+    builder = BatchBuilder("cpu")
+    r = FAST.new_request("d", list(range(1, 9)))
+    assert bm.allocate_slots(r, 8)
+    r.num_computed_tokens = 7
+    out = SchedulerOutput(scheduled=[(r, 1)])
+    batches, saved = [], []
+    for step in range(RING_SLOTS):
+        r.append(100 + step)
+        r.num_computed_tokens += 1
+        assert bm.allocate_slots(r, 1)
+        batches.append(builder.build(out, bm))
+        saved.append((batches[-1].input_ids.clone(), batches[-1].positions.clone()))
+        same_batch(batches[-1], plain_build_batch(out, bm))
+    for batch, (ids, pos) in zip(batches, saved):  # every held batch still holds its own step
+        assert torch.equal(batch.input_ids, ids) and torch.equal(batch.positions, pos)
+    assert [b.positions.item() for b in batches] == list(range(8, 8 + RING_SLOTS))
+    again = builder.build(out, bm)  # the first batch's slot again, the same shape
+    assert again.input_ids is batches[0].input_ids and again.meta.seq_lens is batches[0].meta.seq_lens
+    assert again.input_ids.data_ptr() == batches[0].input_ids.data_ptr()
+    assert len({b.input_ids.data_ptr() for b in batches}) == RING_SLOTS
+    same_batch(again, plain_build_batch(out, bm))
