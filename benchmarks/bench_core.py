@@ -226,17 +226,18 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["decodes", "mixed"])
+@pytest.mark.parametrize("case", ["decodes", "one_decode", "mixed"])
 def test_build_batch(benchmark, impl, case, device):
-    if case == "decodes":
-        scheduler = decoding_scheduler(impl, 256, num_blocks=256 * 40)
-    else:
+    """build_batch of 256 decodes, of one (batch 1's host step) and of a mixed step."""
+    if case == "mixed":
         scheduler = mixed_template(impl).scheduler
+    else:
+        num = 256 if case == "decodes" else 1
+        scheduler = decoding_scheduler(impl, num, num_blocks=max(num * 40, 320))  # a request needs <= 296
     output = scheduler.schedule()
     build = builder_of(impl)
-    benchmark.group = ("build_256" if case == "decodes" else "build_mixed") + (
-        "" if device == "cpu" else "_cuda"
-    )
+    group = {"decodes": "build_256", "one_decode": "build_1", "mixed": "build_mixed"}[case]
+    benchmark.group = group + ("" if device == "cpu" else "_cuda")
     batch = benchmark(build, output, scheduler.block_manager, device)
     assert batch.num_reqs == len(output.scheduled) and batch.input_ids.device.type == device
     assert batch.num_scheduled_tokens == output.num_scheduled_tokens
