@@ -13,8 +13,8 @@ is usually a no-op); positions, slots, query_start_loc and the table gather are 
 one staging byte buffer, copied into the next of batch_buffers.RING_SLOTS device buffers, whose
 sections are viewed as int64 / int32 tensors once per (shape, buffer) and reused: a Batch's
 tensors stay valid while RING_SLOTS - 1 more batches are built (batch_buffers.Staging). On
-this CPU a 1-decode build took 45-65 us with nine new views a step and 26-38 with the ring
-(benchmarks/RESULTS.md, twenty-third session).
+a 2-core CPU a 1-decode build took 42 us with nine new views a step and 23 with the kept ones
+(benchmarks/bench_core.py, benchmarks/RESULTS.md, twenty-third session).
 """
 
 from __future__ import annotations
