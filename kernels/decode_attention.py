@@ -440,7 +440,7 @@ def _env_override(raw: str) -> dict:
         raise ValueError(
             f"{DECODE_ATTN_ENV}: splits must be a power of two >= 1 and warps one of 1-16, got {raw!r}"
         )
-    if min(out.get("stages", 1), out.get("max_rows", 1)) < 1:
+    if out.get("stages", 1) < 1 or out.get("max_rows", 1) < 1:
         raise ValueError(f"{DECODE_ATTN_ENV}: stages and max_rows must be >= 1, got {raw!r}")
     return out
 

@@ -121,7 +121,7 @@ class Staging:
         self.np = self.host.numpy()
         self.ring = [torch.empty(num_bytes, dtype=torch.uint8, device=self.device) for _ in range(RING_SLOTS)]
         self.next_slot = 0
-        self._spans: dict[tuple[int, int], tuple] = {}  # (slot, bytes) -> (dst, src) slices
+        self._spans: dict[tuple[int, int], tuple] = {}  # (slot, bytes) -> (dst, src): numpy on the CPU
 
     def acquire(self, num_bytes: int) -> np.ndarray:
         """The buffer, ready to be written (previous copy finished), at least num_bytes long.
@@ -142,20 +142,18 @@ class Staging:
         if span is None:  # the slices of a step size, kept (a steady decode repeats one)
             if len(self._spans) >= 16 * RING_SLOTS:
                 self._spans.clear()
-            if self.device.type == "cpu":  # numpy's copy: torch's parallelizes past 32 KiB, slower here
-                span = (self.ring[slot].numpy()[:num_bytes], self.np[:num_bytes])
-            else:
-                span = (self.ring[slot][:num_bytes], self.host[:num_bytes])
+            ring, host = self.ring[slot][:num_bytes], self.host[:num_bytes]
+            # numpy's copy on the CPU: torch's parallelizes past 32 KiB, slower here
+            span = (ring.numpy(), host.numpy()) if self.device.type == "cpu" else (ring, host)
             self._spans[slot, num_bytes] = span
         dst, src = span
-        if not self.cuda:
-            if isinstance(dst, np.ndarray):
-                dst[:] = src
-            else:
-                dst.copy_(src)
-            return slot, self.ring[slot]
-        dst.copy_(src, non_blocking=True)
-        self.event = torch.cuda.Event()
-        # on the given device's stream: no lookup of the current device
-        self.event.record(torch.cuda.current_stream(dst.device))
+        if self.device.type == "cpu":
+            dst[:] = src
+        elif not self.cuda:
+            dst.copy_(src)
+        else:
+            dst.copy_(src, non_blocking=True)
+            self.event = torch.cuda.Event()
+            # on the given device's stream: no lookup of the current device
+            self.event.record(torch.cuda.current_stream(dst.device))
         return slot, self.ring[slot]

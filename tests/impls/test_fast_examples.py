@@ -352,16 +352,21 @@ def test_decode_batches_are_packed_for_a_one_copy_graph_load(num_reqs, pad_to):
     assert packed_span(apart) is None
 
 
+def _one_decode(bm, request_id: str, num_tokens: int):
+    """A request of num_tokens tokens, all but the last computed, in bm: (it, its decode step)."""
+    r = FAST.new_request(request_id, list(range(1, num_tokens + 1)))
+    assert bm.allocate_slots(r, num_tokens)
+    r.num_computed_tokens = num_tokens - 1
+    return r, SchedulerOutput(scheduled=[(r, 1)])
+
+
 def test_a_repeated_shape_after_the_staging_buffer_grew_is_laid_out_anew():
     """The builder keeps each shape's layout and host views; a step big enough to reallocate
     the staging buffer must retire them, or the next step of a kept shape would be written into
     the old buffer and the copy would send the new one's stale bytes."""
     bm = FAST.new_block_manager(4096, 4)
     builder = BatchBuilder("cpu")
-    small = FAST.new_request("s", list(range(1, 10)))
-    assert bm.allocate_slots(small, 9)
-    small.num_computed_tokens = 8
-    decode = SchedulerOutput(scheduled=[(small, 1)])
+    small, decode = _one_decode(bm, "s", 9)
     same_batch(builder.build(decode, bm), plain_build_batch(decode, bm))
     big = FAST.new_request("b", list(range(1, 3000)))  # ~50 KB of rows and table: past 64 KiB
     assert bm.allocate_slots(big, 2999)
@@ -384,10 +389,7 @@ def test_batches_stay_valid_for_the_ring_and_reuse_their_device_views():
 
     bm = FAST.new_block_manager(64, 4)
     builder = BatchBuilder("cpu")
-    r = FAST.new_request("d", list(range(1, 9)))
-    assert bm.allocate_slots(r, 8)
-    r.num_computed_tokens = 7
-    out = SchedulerOutput(scheduled=[(r, 1)])
+    r, out = _one_decode(bm, "d", 8)
     batches, saved = [], []
     for step in range(RING_SLOTS):
         r.append(100 + step)
