@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The code it measured (b0a0f80: worker/l2_ahead.py, the merge's bulk prefetches) was measured slower and
+# removed in the next commit (benchmarks/RESULTS.md, twenty-fourth session); run it at b0a0f80.
 # Twenty-fourth session, call 2 (issue 19): the split merge asking L2 for the layer's later
 # weights while the decode attention runs (worker/l2_ahead.py, ENGINESPEC_L2_AHEAD; off by
 # default). First the CUDA tests with it on (o, gate|up, down at up to 4 rows): the kernels, the

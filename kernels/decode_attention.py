@@ -467,7 +467,6 @@ def decode_attention(
     window: int = 0,
     config: Optional[pa.LaunchConfig] = None,
     order: Optional[torch.Tensor] = None,
-    l2_ahead: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """A decode-only batch's q|k|v rows [B, (Hq + 2 Hkv) * D] -> attention output [B, Hq, D];
     writes each row's normed, rotated k and its v into `cache` at slot_mapping [B] (int64,
@@ -476,9 +475,7 @@ def decode_attention(
 
     Semantics: kernels.reference.decode_attention_ref (qkv_rope_ref, then paged_attention_ref
     with every query length 1). max_seq_len only steers the launch config. `order`: as
-    paged_attention's. l2_ahead (int64 [R, 2]: address, bytes): ranges the split merge asks L2
-    for while this launch runs (worker/l2_ahead.py; a hint: no value depends on it; PDL and
-    split launches only).
+    paged_attention's.
     """
     num_reqs = seq_lens.shape[0]
     _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window)
@@ -549,9 +546,8 @@ def decode_attention(
     )
     if split:
         pa.merge_splits(
-            out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile, cfg.merge_block_d, cfg.merge_warps,
-            ahead=l2_ahead,
-        )  # fmt: skip
+            out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile, cfg.merge_block_d, cfg.merge_warps
+        )
     return out
 
 

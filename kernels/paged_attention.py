@@ -32,15 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from enginespec.kernels.pdl import (
-    AHEAD_CHUNK,
-    AHEAD_LANES,
-    gdc_launch_dependents,
-    gdc_wait,
-    l2_ahead,
-    launch_options,
-    pdl_enabled,
-)
+from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -338,16 +330,12 @@ def _merge_splits_kernel(
     USE_ACTIVE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
     BLOCK_D: tl.constexpr = 128,
-    ahead_ptr=None,  # int64 [NUM_AHEAD, 2]: (address, bytes) ranges asked of L2 (NUM_AHEAD > 0 only)
-    NUM_AHEAD: tl.constexpr = 0,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
     One program per (row, head, BLOCK_D dims of the head's HEAD_PAD).
     USE_ACTIVE (decode rows): only the splits that own key tiles (_decode_active_splits) wrote
     partials, and only theirs are read. USE_PDL: seq_lens (no kernel of the chain writes it) is
-    read before the wait, the partials (the attention launch wrote them) after it; with
-    NUM_AHEAD, the programs first ask L2 for those ranges (later kernels' weights: pdl.l2_ahead),
-    which they do while the attention they wait for runs."""
+    read before the wait, the partials (the attention launch wrote them) after it."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
@@ -356,8 +344,6 @@ def _merge_splits_kernel(
         seq_len = tl.load(seq_lens_ptr + tok)
         used = splits < _decode_active_splits(seq_len, NUM_SPLITS, window, TILE, USE_WINDOW)
     if USE_PDL:
-        if NUM_AHEAD > 0:
-            l2_ahead(ahead_ptr, NUM_AHEAD, AHEAD_LANES, AHEAD_CHUNK)
         gdc_launch_dependents()
         gdc_wait()
     dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -696,30 +682,16 @@ def merge_splits(
     tile: int = 64,
     block_d: int = 0,
     num_warps: int = 4,
-    ahead: Optional[torch.Tensor] = None,
 ) -> None:
     """Combine split-KV partials part [N, Hq, num_splits, HEAD_PAD + 2] (float32) into out
     [N, Hq, D]: one program per (row, head, block_d dims; 0 = the whole head).
     decode_seq_lens (int32 [N], row n a decode request's query, `tile` the launch's): read
-    only the partials of splits that own tiles. ahead (int64 [R, 2] on out's device: address,
-    bytes; with pdl only, else ignored): byte ranges the programs ask L2 for before their wait."""
+    only the partials of splits that own tiles."""
     num_tokens, num_q_heads, head_dim = out.shape
     head_pad = part.shape[3] - 2
     if block_d and (block_d & (block_d - 1) or head_pad % block_d):
         raise ValueError(f"merge block_d {block_d} must be a power of two dividing {head_pad}")
     active = decode_seq_lens is not None
-    num_ahead = 0
-    if ahead is not None:
-        if (
-            ahead.dtype != torch.int64
-            or ahead.dim() != 2
-            or ahead.shape[1] != 2
-            or ahead.device != out.device
-        ):
-            raise ValueError(
-                f"ahead must be int64 [R, 2] on {out.device}, got {ahead.dtype} {tuple(ahead.shape)} on {ahead.device}"
-            )
-        num_ahead = ahead.shape[0] if pdl else 0  # a prefetch before the wait: PDL launches only
     _merge_splits_kernel[(num_tokens, num_q_heads, head_pad // block_d if block_d else 1)](
         out,
         part,
@@ -736,8 +708,6 @@ def merge_splits(
         USE_ACTIVE=active,
         USE_PDL=pdl,
         BLOCK_D=block_d or head_pad,
-        ahead_ptr=ahead if num_ahead else out,
-        NUM_AHEAD=num_ahead,
         num_warps=num_warps,
         **launch_options(pdl),
     )

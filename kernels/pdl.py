@@ -66,37 +66,3 @@ def prefetch_l2(ptrs):
     tl.inline_asm_elementwise(
         "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
     )
-
-
-AHEAD_LANES = tl.constexpr(32)  # prefetch lanes a program (one warp's threads)
-AHEAD_CHUNK = tl.constexpr(4096)  # bytes one lane asks for with one bulk prefetch
-
-
-@triton.jit
-def l2_ahead(table_ptr, NUM_RANGES: tl.constexpr, LANES: tl.constexpr, CHUNK: tl.constexpr):
-    """Ask L2 for NUM_RANGES byte ranges, spread over every program of the launch: table_ptr is
-    int64 [NUM_RANGES, 2] (address, bytes; 16-byte aligned starts, as torch allocates), written
-    once at setup, so it may be read before gdc_wait. Program p of P asks, for each range, for
-    the CHUNK-byte pieces p * LANES + lane, then (p + P) * LANES + lane, ..., each with one
-    `cp.async.bulk.prefetch.L2` (sm_90+): a hint that loads nothing into the program, legal
-    anywhere (module docstring). For weights a later kernel of the chain reads while this one
-    waits (worker/l2_ahead.py). CUDA only: callers gate it on USE_PDL."""
-    pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-    num_programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    lanes = tl.arange(0, LANES).to(tl.int64)  # [LANES]
-    for r in tl.static_range(NUM_RANGES):
-        address = tl.load(table_ptr + 2 * r)
-        num_bytes = tl.load(table_ptr + 2 * r + 1)
-        per_round = num_programs.to(tl.int64) * LANES * CHUNK
-        for first in range(0, tl.cdiv(num_bytes, per_round)):
-            start = ((first * num_programs + pid).to(tl.int64) * LANES + lanes) * CHUNK  # [LANES]
-            size = (tl.minimum(tl.maximum(num_bytes - start, 0), CHUNK) // 16 * 16).to(tl.int32)
-            # one bulk prefetch of `size` bytes where size > 0; the int32 result is a dummy
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r",
-                [address + start, size],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )

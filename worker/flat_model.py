@@ -28,7 +28,6 @@ import torch
 
 from enginespec.engine_args import MODEL_IMPLS
 from enginespec.spec import AttentionBackend, BatchMeta
-from enginespec.worker import l2_ahead
 from enginespec.worker.loader import build_model
 from enginespec.worker.merged_decoder import MergedDecoder, can_merge, layer_window
 from enginespec.worker.step_context import StepContext, active
@@ -92,8 +91,6 @@ class FlatModel:
         self._merged = (
             MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse) if self.model_impl == "merged" else None
         )
-        self._ahead_plan = l2_ahead.plan_from_env() if self._merged is not None and fuse else None
-        self._ahead: Optional[dict] = None  # l2_ahead.tables, made at the first forward on CUDA
 
     @property
     def merged(self) -> Optional[MergedDecoder]:
@@ -164,23 +161,8 @@ class FlatModel:
             raise ValueError(
                 f"forward: need one kv cache per layer ({self.num_layers}), got {len(kv_caches)}"
             )
-        ahead, rows = self._l2_ahead()
-        ctx = StepContext(
-            meta=meta, kv_caches=kv_caches, backend=self.attention, l2_ahead=ahead, l2_ahead_rows=rows
-        )
-        with active(ctx):
+        with active(StepContext(meta=meta, kv_caches=kv_caches, backend=self.attention)):
             return (body or self.body)(input_ids, positions)
-
-    def _l2_ahead(self) -> tuple[Optional[dict], int]:
-        """The merged layers' L2-ahead tables and row bound (worker/l2_ahead.py), (None, 0)
-        when off: no plan, not CUDA. Made once: the weights never move after loading."""
-        plan = self._ahead_plan
-        if plan is None or self.device.type != "cuda":
-            return None, 0
-        if self._ahead is None:
-            assert self._merged is not None  # a plan is only made for the merged decoder
-            self._ahead = l2_ahead.tables(self._merged.layers, plan, self.device)
-        return self._ahead, plan.max_rows
 
     def body(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The decoder alone: input_ids, positions [N] -> hidden [N, hidden]. Tensors in and out,

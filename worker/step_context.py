@@ -40,10 +40,6 @@ class StepContext:
     meta: BatchMeta
     kv_caches: list
     backend: AttentionBackend
-    # {layer_idx: int64 [R, 2] (address, bytes)}: weights a decode batch of at most
-    # l2_ahead_rows rows asks L2 for while it attends (worker/l2_ahead.py); None: off
-    l2_ahead: Optional[dict] = None
-    l2_ahead_rows: int = 0
 
 
 _ACTIVE: list[Optional[StepContext]] = [None]
@@ -108,11 +104,7 @@ def paged_attention_qkv_op(
     cache = ctx.kv_caches[layer_idx]
     attend_qkv = getattr(ctx.backend, "attend_qkv", None)
     if attend_qkv is not None:  # the backend may fuse the two (impls.fast: decode batches)
-        ahead = None
-        if ctx.l2_ahead is not None and qkv.shape[0] <= ctx.l2_ahead_rows:
-            ahead = ctx.l2_ahead.get(layer_idx)
-        hint = {} if ahead is None else {"l2_ahead": ahead}  # only backends that take it get it
-        out = attend_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, scale, window, **hint)
+        out = attend_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, scale, window)
         return out.contiguous()
     query = ctx.backend.write_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads)
     return ctx.backend.forward(query, cache, ctx.meta, scale=scale, window=window).contiguous()

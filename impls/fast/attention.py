@@ -110,13 +110,11 @@ class FastAttention:
         num_q_heads: int,
         scale: Optional[float] = None,
         window: int = 0,
-        l2_ahead: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """write_qkv then forward: a layer's q|k|v rows in, attention output [N, Hq, D] out.
         A decode-only batch on CUDA (one row per request) takes one launch for both
         (kernels/decode_attention.py: the new key comes from registers, the pool gives the
-        rest); any other batch takes write_qkv's launch, then forward's. l2_ahead: byte ranges
-        the one-launch path asks L2 for meanwhile (worker/l2_ahead.py); a hint, else ignored."""
+        rest); any other batch takes write_qkv's launch, then forward's."""
         if self._decode_fusable(cache, qkv, meta):
             from enginespec.kernels.decode_attention import decode_attention
 
@@ -136,7 +134,6 @@ class FastAttention:
                 scale=scale,
                 window=window,
                 order=self._launch_order(meta, seq_lens),
-                l2_ahead=l2_ahead,
             )
         q = self.write_qkv(cache, qkv, cos, sin, norm_weight, eps, meta, num_q_heads)
         return self.forward(q, cache, meta, scale=scale, window=window)

@@ -8,8 +8,6 @@ past it fails; so are the split partials, which splits that own no tile never wr
 the kernel runs under TRITON_INTERPRET=1 on tiny shapes; on CUDA on the Qwen3 shapes.
 """
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -70,7 +68,7 @@ def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
     return batch, qkv, cos, sin, weight
 
 
-def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None, l2_ahead=None):
+def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None):
     hq = batch.q.shape[1]
     want_cache = batch.cache.clone()
     want = decode_attention_ref(
@@ -96,7 +94,6 @@ def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, s
         window=window,
         config=config,
         order=order,
-        l2_ahead=l2_ahead,
     )
     assert got.shape == batch.q.shape and got.dtype == qkv.dtype
     assert not torch.isnan(got).any(), "a program read a poisoned slot"
@@ -173,24 +170,6 @@ def test_preload_configs_in_the_serving_dtype(tile, loop_tile, long_tile, merge_
         merge_warps=1 if merge_block_d else 4,
     )  # fmt: skip
     _check(batch, qkv, cos, sin, weight, config=config)
-
-
-def test_l2_ahead_changes_no_value():
-    """The split merge asking L2 for byte ranges (worker/l2_ahead.py: later kernels' weights;
-    on CUDA with PDL it issues the bulk prefetches, elsewhere it is ignored): the same output,
-    bit for bit, as without; a table of another dtype or shape is refused, naming `ahead`."""
-    dtype = torch.bfloat16 if CUDA else torch.float32
-    batch, qkv, cos, sin, weight = _case(HEADS[0], 16, dtype, 61, [MAX_SEQ, 3, MAX_SEQ // 2])
-    config = dataclasses.replace(
-        da.decode_config(3, HEADS[0][0], HEADS[0][1], HEADS[0][2], MAX_SEQ, torch.device(DEVICE)), num_splits=4
-    )
-    weights = [torch.randn(n, device=DEVICE).to(dtype) for n in (1 << 20, 3 * (1 << 19) + 8)]
-    table = torch.tensor([(w.data_ptr(), w.numel() * w.element_size()) for w in weights], device=DEVICE)
-    plain = _check(batch, qkv, cos, sin, weight, config=config)
-    ahead = _check(batch, qkv, cos, sin, weight, config=config, l2_ahead=table)
-    assert torch.equal(plain, ahead)
-    with pytest.raises(ValueError, match="ahead must be int64"):
-        _check(batch, qkv, cos, sin, weight, config=config, l2_ahead=table.to(torch.int32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -31,11 +31,10 @@ def report(name, ptx):
     loads = [i for i, line in enumerate(lines) if "ld.global" in line]
     stores = [i for i, line in enumerate(lines) if "st.global" in line]
     prefetches = [i for i, line in enumerate(lines) if "prefetch.global.L2" in line]
-    bulk = [i for i, line in enumerate(lines) if "cp.async.bulk.prefetch.L2" in line]
     w = wait[0] if wait else -1
     print(name, len(wait), len(trig), sum(i < w for i in loads), sum(i > w for i in loads),
           sum(i < w for i in stores), sum(i > w for i in stores), sum(i < w for i in prefetches),
-          sum(i > w for i in prefetches), sum(i < w for i in bulk), sum(i > w for i in bulk))
+          sum(i > w for i in prefetches))
 
 
 att = dict(NUM_Q_HEADS=16, GROUP=2, HEAD_DIM=128, HEAD_PAD=128, BLOCK_SIZE=16, BLOCK_Q=8, BLOCK_M=16,
@@ -65,12 +64,9 @@ report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2
 fn = pa._merge_splits_kernel
 for name, active in (("merge", False), ("merge_decode", True)):
     merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
-                 USE_ACTIVE=active, USE_PDL=True, BLOCK_D=128, NUM_AHEAD=0)
+                 USE_ACTIVE=active, USE_PDL=True, BLOCK_D=128)
     ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", seq_lens_ptr="*i32")
     report(name, ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 4}))
-merge = dict(merge, NUM_AHEAD=2, BLOCK_D=32)  # asking L2 for two weight ranges (worker/l2_ahead.py)
-ptrs = dict(ptrs, ahead_ptr="*i64")
-report("merge_ahead", ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 1}))
 rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
             USE_PDL=True)
 ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
@@ -202,14 +198,6 @@ def test_only_decode_attention_prefetches_and_only_before_its_wait(reports, kern
 def test_prefetch_tiles_asks_l2_for_that_many_steps(reports):
     """PREFETCH_TILES=3: three times the default's L2 prefetches, all before the wait."""
     assert reports["decode_attention_prefetch3"][6] == 3 * reports["decode_attention"][6]
-
-
-def test_only_the_merge_with_ranges_asks_for_them_and_only_before_its_wait(reports):
-    """NUM_AHEAD: the merge's bulk L2 prefetches (one instruction per range in its loop) all
-    come before its wait, where the attention it waits for still runs; nothing else issues one."""
-    assert reports["merge_ahead"][8:10] == (2, 0)
-    assert reports["merge_ahead"][:2] == (1, 1)
-    assert all(r[8:10] == (0, 0) for name, r in reports.items() if name != "merge_ahead")
 
 
 def test_preload_reads_the_pool_before_the_wait(reports):
