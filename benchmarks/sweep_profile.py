@@ -46,12 +46,55 @@ def critical_us(events) -> dict[str, float]:
     kernel starts while the one before it runs, so its own duration counts its wait; this counts
     what it costs the chain: its end minus the end before it."""
     charged: dict[str, float] = defaultdict(float)
+    for e, charge in _charges(events):
+        charged[e.name] += charge
+    return charged
+
+
+def _charges(events) -> list[tuple]:
+    """(event, its critical charge) in start order (critical_us)."""
+    out = []
     frontier = float("-inf")
     for e in sorted(events, key=lambda e: e.time_range.start):
         start, end = e.time_range.start, e.time_range.end
-        charged[e.name] += max(0.0, end - max(frontier, start))
+        out.append((e, max(0.0, end - max(frontier, start))))
         frontier = max(frontier, end)
-    return charged
+    return out
+
+
+def slot_table(events, num_steps: int, num_layers: int) -> list[dict]:
+    """The kernels launched k >= 2 times a layer (the GEMVs: q|k|v, o, gate|up, down), split by
+    their slot: the i-th launch of that name in a layer, in launch order (slot = the launch's
+    ordinal within the step mod k; every step launches the same sequence, and the profile holds
+    whole steps). Per (name, slot): us and critical us a step, so one projection's distance from
+    its floor is not averaged with the others'. Names launched another number of times: left out."""
+    device = device_events(events)
+    count: dict[str, int] = defaultdict(int)
+    for e in device:
+        count[e.name] += 1
+    own: dict[tuple, float] = defaultdict(float)
+    critical: dict[tuple, float] = defaultdict(float)
+    seen: dict[str, int] = defaultdict(int)
+    for e, charge in _charges(device):
+        per_step, remainder = divmod(count[e.name], num_steps)
+        k, off_layer = divmod(per_step, num_layers)
+        ordinal = seen[e.name]
+        seen[e.name] += 1
+        if remainder or off_layer or k < 2:
+            continue
+        key = (e.name, ordinal % per_step % k, k)
+        own[key] += e.time_range.end - e.time_range.start
+        critical[key] += charge
+    return [
+        {
+            "name": name[:120],
+            "slot": slot,
+            "per_layer": k,
+            "us_per_step": own[name, slot, k] / num_steps,
+            "critical_us_per_step": critical[name, slot, k] / num_steps,
+        }
+        for name, slot, k in sorted(own)
+    ]
 
 
 def profile_steps(core, shape, args) -> dict:
@@ -75,6 +118,7 @@ def profile_steps(core, shape, args) -> dict:
     busy_us, num_events = device_busy_us(events)
     steps = args.profile_steps
     table = kernel_table(events, steps, top=10**6)
+    slots = slot_table(events, steps, core.model.num_layers)
     copies = sum(r["launches_per_step"] for r in table if r["name"].startswith(("Memcpy", "Memset")))
     return {
         "batch": batch,
@@ -86,6 +130,7 @@ def profile_steps(core, shape, args) -> dict:
         "kernels_per_step": num_events / steps - copies,
         "copies_per_step": copies,
         "top": table[:25],
+        "slots": slots,
         "note": "wall includes the profiler's overhead; device times are the kernels' own",
     }
 
@@ -105,6 +150,10 @@ def print_top(path: str, num: int = 14) -> None:
     for k in sorted(prof["top"], key=lambda k: -k.get("critical_us_per_step", 0))[:num]:
         print(
             f"{k['us_per_step']:9.1f} {k.get('critical_us_per_step', 0):9.1f} {k['launches_per_step']:6.1f} x {k['name'][:90]}"
+        )
+    for k in prof.get("slots", []):  # older JSONs have none
+        print(
+            f"{k['us_per_step']:9.1f} {k['critical_us_per_step']:9.1f}  slot {k['slot']} of {k['per_layer']} a layer: {k['name'][:70]}"
         )
 
 

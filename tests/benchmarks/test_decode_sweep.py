@@ -106,6 +106,35 @@ def test_critical_time_charges_each_kernel_what_it_adds_to_the_chain():
     assert sum(charged.values()) == 18  # the union of [0, 10] and [12, 20]
 
 
+def test_slot_table_splits_a_layers_launches_of_one_name_by_their_order():
+    """Two steps of two layers, each layer: gemv (slot 0), attn, gemv (slot 1); a norm once a
+    step (not a per-layer name: left out), attn once a layer (k = 1: left out). Slot 1's
+    launches are charged what they add past the attention they overlap."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.sweep_profile import slot_table
+
+    def ev(name, start, end):
+        return SimpleNamespace(
+            device_type=DeviceType.CUDA, name=name, time_range=SimpleNamespace(start=start, end=end)
+        )
+
+    events, t = [], 0
+    for _step in range(2):
+        for _layer in range(2):
+            events += [ev("gemv", t, t + 3), ev("attn", t + 3, t + 8), ev("gemv", t + 6, t + 10)]
+            t += 10
+        events.append(ev("norm", t, t + 1))
+        t += 1
+    rows = slot_table(events, num_steps=2, num_layers=2)
+    assert rows == [
+        {"name": "gemv", "slot": 0, "per_layer": 2, "us_per_step": 6.0, "critical_us_per_step": 6.0},
+        {"name": "gemv", "slot": 1, "per_layer": 2, "us_per_step": 8.0, "critical_us_per_step": 4.0},
+    ]
+
+
 def test_print_top_orders_by_critical_time_and_skips_a_json_without_profile(tmp_path, capsys):
     from benchmarks.sweep_profile import print_top
 
@@ -113,7 +142,8 @@ def test_print_top_orders_by_critical_time_and_skips_a_json_without_profile(tmp_
         {"name": "a", "us_per_step": 9.0, "critical_us_per_step": 1.0, "launches_per_step": 2.0},
         {"name": "b", "us_per_step": 3.0, "critical_us_per_step": 3.0, "launches_per_step": 1.0},
     ]
-    prof = {"batch": 4, "gpu_busy_ms_per_step": 0.5, "kernels_per_step": 3, "top": top}
+    slots = [{"name": "a", "slot": 1, "per_layer": 4, "us_per_step": 2.0, "critical_us_per_step": 0.5}]
+    prof = {"batch": 4, "gpu_busy_ms_per_step": 0.5, "kernels_per_step": 3, "top": top, "slots": slots}
     with_prof, without = tmp_path / "p.json", tmp_path / "n.json"
     with_prof.write_text(json.dumps({"profile": prof}))
     without.write_text(json.dumps({"rows": []}))
@@ -122,7 +152,8 @@ def test_print_top_orders_by_critical_time_and_skips_a_json_without_profile(tmp_
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("batch 4: busy 0.500 ms/step")
     assert [line.split()[-1] for line in lines[1:3]] == ["b", "a"]  # the larger critical time first
-    assert lines[3].endswith("no profile")
+    assert "slot 1 of 4 a layer: a" in lines[3]
+    assert lines[4].endswith("no profile")
 
 
 def test_decode_attention_probe_dry_run(tmp_path, monkeypatch):
