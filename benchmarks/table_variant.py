@@ -20,7 +20,6 @@ not the new shape's); the changed entries are listed on stdout.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import sys
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     try:
-        doc = copy.deepcopy(json.loads(args.base.read_text()))
+        doc = json.loads(args.base.read_text())
         changed = [entry for text in args.sets for entry in apply(doc, *parse_set(text))]
     except (OSError, ValueError, KeyError) as e:
         print(f"table_variant: {e}", file=sys.stderr)
