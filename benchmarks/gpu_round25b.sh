@@ -2,7 +2,7 @@
 # Twenty-fifth session (issue 16's workload): can two half-batches on two streams hide a decode
 # step's projections under its attention? benchmarks/overlap_probe.py (its CUDA test first), at
 # the workload's large decode sizes.
-#   bash benchmarks/gpu_round25b.sh SHA    # ~4 min on a cold machine; nothing to carry
+#   bash benchmarks/gpu_round25b.sh SHA    # ~3 min on a cold machine; nothing to carry
 source benchmarks/gpu_common.sh; gpu_setup || exit 1
 S=${1:?commit}
 timeout 120 python3 -m pytest -q -p enginespec.conformance.plugin tests/benchmarks/test_overlap_probe.py \

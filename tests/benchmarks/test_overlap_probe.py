@@ -53,3 +53,13 @@ def test_the_attention_matters_to_the_chain(setup):
 def test_make_batch_refuses_a_pool_too_small():
     with pytest.raises(ValueError, match="num_blocks"):
         probe.make_batch(SHAPE, rows=4, context=64, num_blocks=8, device=DEVICE)
+
+
+def test_folded_runs_the_chain_less_its_norms(setup):
+    """The folded stand-in keeps the chain's shape and stays finite; it differs from serial (its
+    row scales are left out), so the probe does not compare it."""
+    model, b = setup
+    got = probe.ways(model, SHAPE, b)["folded"]().float()
+    want = probe.run_serial(model, SHAPE, b).float()
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    assert (got - want).abs().max() > 0
