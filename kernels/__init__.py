@@ -6,4 +6,41 @@ q|k|v rows), skinny_gemm (few-row GEMM with optional RMSNorm prologue, SiLU * up
 epilogue, single-launch split K), silu_mul (the MLP activation in one launch). Nothing here
 imports the rest of enginespec; modules import triton, so import them lazily where a GPU may be
 absent.
+
+This package installs as `enginespec.kernels` only. In a checkout, though, the repository's root
+is on sys.path (pytest, `python -m`, the benchmark scripts), and this folder would answer a
+top-level `import kernels` meant for Hugging Face's `kernels` package, which transformers (5.25
+and later: a required dependency) imports at import time: `from kernels import CUDAProperties`
+failed, and with it every model. So when this file runs under the name `kernels` and another
+`kernels` is installed, it puts that one in sys.modules in its place (the import statement
+returns sys.modules' entry). Under `enginespec.kernels`, or with none installed, nothing changes.
 """
+
+import sys
+
+
+def _defer_to_installed(name: str, root: str) -> bool:
+    """Load the `name` package found on sys.path outside `root` into sys.modules[name]; False
+    when there is none."""
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != root]
+    spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+    if spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return True
+
+
+if __name__ == "kernels":  # imported top-level from a checkout's root: not what the caller meant
+    import os as _os
+
+    _defer_to_installed(__name__, _os.path.dirname(_os.path.dirname(_os.path.realpath(__file__))))
