@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
@@ -52,6 +51,7 @@ from enginespec.kernels.paged_attention import paged_attention  # noqa: E402
 from enginespec.kernels.qkv_rope import qkv_rope  # noqa: E402
 from enginespec.kernels.rms_norm import rms_norm  # noqa: E402
 from enginespec.kernels.silu_mul import silu_mul  # noqa: E402
+from enginespec.worker.gemm_tuning import graph_us  # noqa: E402
 
 EPS = 1e-6
 WAYS = ("serial", "halves", "free", "lockstep", "attention", "projections", "folded")
@@ -244,27 +244,11 @@ def ways(model: list[dict], shape: Shape, b: Batch) -> dict[str, Callable[[], to
     return out
 
 
-def graph_ms(fn: Callable[[], torch.Tensor], reps: int = 7) -> tuple[float, torch.Tensor]:
-    """ms of one replay of fn captured in a CUDA graph (median of reps, after a warm-up run
-    and one replay), and fn's output as the graph left it."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+def graph_ms(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    """ms of one replay of fn captured in a CUDA graph (gemm_tuning.graph_us: the median of 7
+    replays after a warm-up run and one replay), and fn's output (float32) as the graph left it."""
+    us, outs = graph_us(lambda: [fn()], 1)
+    return us / 1e3, outs[0]
 
 
 def probe_point(model: list[dict], shape: Shape, rows: int, context: int, num_blocks: int) -> dict:
