@@ -48,6 +48,7 @@ from enginespec.kernels.paged_attention import (
     _tile_range,
 )
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled, prefetch_l2
+from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
 
 
 @triton.jit
@@ -169,11 +170,15 @@ def _decode_attention_kernel(
     block_table_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32, the new token included
     order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
+    h_ptr,  # [B, H] (USE_ROW_SCALE only): the rows the folded input norm would have normed
     num_splits,
     scale_log2,
     window,
     eps,
+    row_eps,
+    hidden,  # H
     scratch_slot,
+    stride_h,
     stride_qkv,
     stride_cos,
     stride_sin,
@@ -202,6 +207,8 @@ def _decode_attention_kernel(
     LOOP_TILE: tl.constexpr = 64,
     LONG_TILE: tl.constexpr = 0,
     PREFETCH_TILES: tl.constexpr = 1,
+    H_BLOCK: tl.constexpr = 16,
+    USE_ROW_SCALE: tl.constexpr = False,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -276,7 +283,15 @@ def _decode_attention_kernel(
     xk_p = tl.load(row + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     c_ty = cache_ptr.dtype.element_ty
     # v_new with q and k: one load round for the whole row, before the norms' reductions.
-    v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims).to(c_ty)  # [HEAD_DIM]
+    v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims)  # [HEAD_DIM]
+    if USE_ROW_SCALE:  # a folded input norm: scaled and rounded as the un-folded GEMM's output was
+        r = row_rms_scale(h_ptr, req, stride_h, hidden, row_eps, H_BLOCK)
+        xq = (xq * r).to(in_ty).to(tl.float32)
+        xq_p = (xq_p * r).to(in_ty).to(tl.float32)
+        xk = (xk * r).to(in_ty).to(tl.float32)
+        xk_p = (xk_p * r).to(in_ty).to(tl.float32)
+        v_new = (v_new.to(tl.float32) * r).to(in_ty)
+    v_new = v_new.to(c_ty)
     q = _norm_rope(xq, xq_p, wq, wq_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(in_ty)
     k_new = _norm_rope(xk, xk_p, wk, wk_p, cos, sin_signed, eps, in_ty, HEAD_DIM, USE_NORM).to(c_ty)
 
@@ -467,6 +482,8 @@ def decode_attention(
     window: int = 0,
     config: Optional[pa.LaunchConfig] = None,
     order: Optional[torch.Tensor] = None,
+    row_source: Optional[torch.Tensor] = None,
+    row_eps: float = 0.0,
 ) -> torch.Tensor:
     """A decode-only batch's q|k|v rows [B, (Hq + 2 Hkv) * D] -> attention output [B, Hq, D];
     writes each row's normed, rotated k and its v into `cache` at slot_mapping [B] (int64,
@@ -475,12 +492,15 @@ def decode_attention(
 
     Semantics: kernels.reference.decode_attention_ref (qkv_rope_ref, then paged_attention_ref
     with every query length 1). max_seq_len only steers the launch config. `order`: as
-    paged_attention's.
+    paged_attention's. row_source [B, H] or None: a folded input norm's rows (kernels/row_scale.py).
     """
     num_reqs = seq_lens.shape[0]
     _check(qkv, cos, sin, norm_weight, cache, slot_mapping, seq_lens, block_table, num_q_heads, eps, window)
     if order is not None and (order.dtype != torch.int32 or tuple(order.shape) != (num_reqs,)):
         raise ValueError(f"order must be int32 [{num_reqs}], got {order.dtype} {tuple(order.shape)}")
+    if row_source is not None:
+        check_row_source(row_source, num_reqs, row_eps)
+    h = row_source if row_source is not None else qkv
     num_kv_heads, block_size, head_dim = cache.shape[3], cache.shape[2], cache.shape[4]
     out = torch.empty(num_reqs, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if num_reqs == 0:
@@ -507,11 +527,15 @@ def decode_attention(
         block_table,
         seq_lens,
         order if order is not None else seq_lens,
+        h,
         cfg.num_splits,
         (head_dim**-0.5 if scale is None else scale) * pa.LOG2E,
         window,
         eps,
+        row_eps,
+        h.shape[1],
         (cache.shape[1] - 1) * block_size,
+        h.stride(0),
         qkv.stride(0),
         cos.stride(0),
         sin.stride(0),
@@ -540,6 +564,8 @@ def decode_attention(
         LOOP_TILE=cfg.loop_tile or cfg.tile,
         LONG_TILE=cfg.long_tile,
         PREFETCH_TILES=cfg.prefetch_tiles,
+        H_BLOCK=h_block(h.shape[1]),
+        USE_ROW_SCALE=row_source is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

@@ -10,6 +10,9 @@ Rounding follows the transformers modules (kernels.reference.qkv_rope_ref): the 
 statistics, its result rounded to the input dtype before the weight multiplies it, then the
 rotary in float32 and one rounding at the store.
 
+With `row_source` (a folded input norm: the rows that norm would have normed, kernels/row_scale.py)
+every q|k|v value is first scaled by its row's norm scale and rounded to the input dtype.
+
 Padding rows (slot -1) write their K/V to the scratch block, as kv_write does; their q rows are
 computed like any other and ignored downstream.
 """
@@ -23,6 +26,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
+from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
 
 
 @triton.jit
@@ -34,8 +38,12 @@ def _qkv_rope_kernel(
     sin_ptr,  # [N, D]
     norm_ptr,  # [Hq + Hkv, D] (USE_NORM only): per-head norm weights, q heads first
     slot_ptr,  # [N] int64; -1 = padding row (scratch block)
+    h_ptr,  # [N, H] (USE_ROW_SCALE only): the rows the folded input norm would have normed
     eps,
+    row_eps,
+    hidden,  # H
     scratch_slot,
+    stride_h,
     stride_qkv,
     stride_cos,
     stride_sin,
@@ -53,6 +61,8 @@ def _qkv_rope_kernel(
     HALF: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     USE_NORM: tl.constexpr,
+    H_BLOCK: tl.constexpr = 16,
+    USE_ROW_SCALE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """USE_PDL (kernels/pdl.py): the norm weights, cos/sin and the slot (none written by a
@@ -77,10 +87,15 @@ def _qkv_rope_kernel(
     row = qkv_ptr + tok * stride_qkv + heads * HEAD_DIM  # [QK_PAD, 1]
     x1 = tl.load(row + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
+    in_ty = qkv_ptr.dtype.element_ty
+    r = 1.0
+    if USE_ROW_SCALE:  # scaled and rounded as the un-folded GEMM's output was
+        r = row_rms_scale(h_ptr, tok, stride_h, hidden, row_eps, H_BLOCK)
+        x1 = (x1 * r).to(in_ty).to(tl.float32)
+        x2 = (x2 * r).to(in_ty).to(tl.float32)
     if USE_NORM:
         mean_sq = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [QK_PAD]
         rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]  # [QK_PAD, 1]
-        in_ty = qkv_ptr.dtype.element_ty
         x1 = w1 * (x1 * rstd).to(in_ty).to(tl.float32)
         x2 = w2 * (x2 * rstd).to(in_ty).to(tl.float32)
     o1 = x1 * cos1 - x2 * sin1  # [QK_PAD, HALF]
@@ -106,6 +121,8 @@ def _qkv_rope_kernel(
     v = tl.load(
         qkv_ptr + tok * stride_qkv + (NUM_Q + NUM_KV + v_heads) * HEAD_DIM + dims, mask=is_v, other=0.0
     )  # [KV_PAD, HEAD_DIM]
+    if USE_ROW_SCALE:
+        v = (v.to(tl.float32) * r).to(in_ty)
     tl.store(cache_ptr + stride_c_kv + base + v_heads * stride_c_head + dims, v.to(c_ty), mask=is_v)
 
 
@@ -123,16 +140,22 @@ def qkv_rope(
     cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     num_q_heads: int,
+    row_source: Optional[torch.Tensor] = None,
+    row_eps: float = 0.0,
 ) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D] normed and rotated; writes the normed, rotated
     k and the v of each row into `cache` [2, num_blocks + 1, block_size, Hkv, D] at
-    slot_mapping [N] (int64, -1 = scratch). cos/sin [N, D]; norm_weight [Hq + Hkv, D] or None.
+    slot_mapping [N] (int64, -1 = scratch). cos/sin [N, D]; norm_weight [Hq + Hkv, D] or None;
+    row_source [N, H] or None (a folded input norm's rows, kernels/row_scale.py).
 
     Semantics: kernels.reference.qkv_rope_ref. Slots are not range-checked on the device.
     """
     num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
     n = qkv.shape[0]
     _check(qkv, cos, sin, norm_weight, cache, slot_mapping, num_q_heads, eps)
+    if row_source is not None:
+        check_row_source(row_source, n, row_eps)
+    h = row_source if row_source is not None else qkv
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     cos, sin = (t if t.stride(1) == 1 else t.contiguous() for t in (cos, sin))
     q = torch.empty(n, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -148,8 +171,12 @@ def qkv_rope(
         sin,
         norm_weight if norm_weight is not None else qkv,
         slot_mapping,
+        h,
         eps,
+        row_eps,
+        h.shape[1],
         (cache.shape[1] - 1) * block_size,
+        h.stride(0),
         qkv.stride(0),
         cos.stride(0),
         sin.stride(0),
@@ -167,6 +194,8 @@ def qkv_rope(
         HALF=head_dim // 2,
         BLOCK_SIZE=block_size,
         USE_NORM=norm_weight is not None,
+        H_BLOCK=h_block(h.shape[1]),
+        USE_ROW_SCALE=row_source is not None,
         USE_PDL=pdl,
         num_warps=4,
         **launch_options(pdl),

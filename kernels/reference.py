@@ -142,6 +142,15 @@ def rotary_ref(
     return rotate(q), rotate(k)
 
 
+def scale_rows_ref(x: torch.Tensor, row_source: torch.Tensor, row_eps: float) -> torch.Tensor:
+    """x [N, C] times each row's folded-RMSNorm scale r = 1 / sqrt(mean(row_source^2) + row_eps)
+    (row_source [N, H], statistics in float32), rounded to x's dtype (kernels/row_scale.py)."""
+    ct = _compute_dtype(row_source.dtype)
+    h = row_source.to(ct)
+    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + row_eps)
+    return (x.to(ct) * r).to(x.dtype)
+
+
 def qkv_rope_ref(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -151,8 +160,12 @@ def qkv_rope_ref(
     cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     num_q_heads: int,
+    row_source: Optional[torch.Tensor] = None,
+    row_eps: float = 0.0,
 ) -> torch.Tensor:
     """qkv [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D]; k and v go into cache at slot_mapping.
+
+    With row_source [N, H] (a folded input norm), every row is first scale_rows_ref'd.
 
     q and k heads: RMSNorm per head when norm_weight [Hq + Hkv, D] is given (statistics in
     float32, the normed value rounded to qkv's dtype, then times the weight: the transformers
@@ -162,6 +175,8 @@ def qkv_rope_ref(
     num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
     n, num_qk = qkv.shape[0], num_q_heads + num_kv_heads
     ct = _compute_dtype(qkv.dtype)
+    if row_source is not None:
+        qkv = scale_rows_ref(qkv, row_source, row_eps)
     qk = qkv[:, : num_qk * head_dim].reshape(n, num_qk, head_dim)
     v = qkv[:, num_qk * head_dim :].reshape(n, num_kv_heads, head_dim)
     x = qk.to(ct)
@@ -188,11 +203,13 @@ def decode_attention_ref(
     num_q_heads: int,
     scale: Optional[float] = None,
     window: int = 0,
+    row_source: Optional[torch.Tensor] = None,
+    row_eps: float = 0.0,
 ) -> torch.Tensor:
     """kernels.decode_attention's semantics: a decode batch's q|k|v rows [B, (Hq + 2 Hkv) * D]
     (row r is request r's new token, counted in seq_lens[r]) through qkv_rope_ref (k and v
     written at slot_mapping), then paged_attention_ref with every query length 1 -> [B, Hq, D]."""
-    q = qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, slot_mapping, num_q_heads)
+    q = qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, slot_mapping, num_q_heads, row_source, row_eps)
     query_start_loc = torch.arange(qkv.shape[0] + 1, dtype=torch.int32, device=qkv.device)
     return paged_attention_ref(q, cache, query_start_loc, seq_lens, block_table, scale=scale, window=window)
 
@@ -207,9 +224,14 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return out.to(x.dtype)
 
 
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul_ref(
+    gate_up: torch.Tensor, row_source: Optional[torch.Tensor] = None, row_eps: float = 0.0
+) -> torch.Tensor:
     """gate_up [M, 2 I] (gate columns, then up) -> silu(gate) * up [M, I] in gate_up's dtype,
-    computed in float32 and rounded once (as the compiled decoder's fused elementwise kernel)."""
+    computed in float32 and rounded once (as the compiled decoder's fused elementwise kernel).
+    With row_source [M, H] (a folded post-attention norm), gate_up is scale_rows_ref'd first."""
+    if row_source is not None:
+        gate_up = scale_rows_ref(gate_up, row_source, row_eps)
     ct = _compute_dtype(gate_up.dtype)
     gate, up = gate_up.to(ct).chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)

@@ -91,6 +91,12 @@ class FlatModel:
         self._merged = (
             MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse) if self.model_impl == "merged" else None
         )
+        # The norms fold into the projections where the backend applies their row scales.
+        self.folded_norms = bool(
+            self._merged is not None
+            and getattr(attention, "folds_norms", False)
+            and self._merged.fold_norms()
+        )
 
     @property
     def merged(self) -> Optional[MergedDecoder]:

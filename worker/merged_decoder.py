@@ -28,6 +28,14 @@ option a step of few rows may run each layer as four fused calls (`fused_calls`:
 SiLU * up and the residual adds inside the GEMM launches), computed from the same modules'
 weights and epsilons with transformers' rounding order.
 
+With `fold_norms` (MergedDecoder.fold_norms: on CUDA where the backend `folds_norms`) each
+RMSNorm's weight g is folded into the projection after it (x g W^T = x (W diag g)^T) and the norm
+modules' weights become 1, so every path still computes the same function; steps that do not
+take the fused calls then run each layer without a norm launch (`_forward_folded`): the norm's
+row scale is applied by the kernels after the GEMMs (kernels/row_scale.py) and the residual adds
+run inside the o and down GEMMs (addmm). Measured on the H200 as two launches fewer a layer, 2-5%
+a step at 64-256 rows (benchmarks/RESULTS.md, twenty-fifth session's `folded` probe).
+
 Invariant (tested against transformers family by family, conformance/test_flat_model.py): the
 merged decoder computes what transformers' decoder computes over the same rows, up to the
 floating-point reassociation of one GEMM instead of several.
@@ -35,14 +43,20 @@ floating-point reassociation of one GEMM instead of several.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from enginespec.worker import folded_ops  # noqa: F401 - registers enginespec::silu_mul_rows
+
 # transformers model_type values whose decoder layers MergedDecoder reproduces.
 MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+# "0": never fold the norms into the projections; "1": fold wherever possible, the CPU included;
+# unset: fold on CUDA (MergedDecoder.fold_norms).
+FOLD_NORMS_ENV = "ENGINESPEC_FOLD_NORMS"
 
 
 def merge_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -128,6 +142,8 @@ class MergedLayer(nn.Module):
         # can_fuse(); (x, weight, bias, norm_weight, eps, residual, silu_mul) -> tensor.
         self.fused_linear = None
         self.silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
+        # Set by fold_norms: the norms' weights live in qkv_weight and gate_up_weight.
+        self.folded = False
 
     def projections(self) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """(weight, bias) of every GEMM this layer runs through `linear`: q|k|v, gate|up, and
@@ -151,6 +167,36 @@ class MergedLayer(nn.Module):
             and all(type(m) is nn.Linear for m in (self.o_proj, self.down_proj))
             and all(is_plain_rms_norm(m) for m in norms)
         )
+
+    def can_fold_norms(self) -> bool:
+        """Whether fold_norms may run: can_fuse's conditions, and no bias on any projection (a
+        bias would have to be added after the row scale, not before it) and q|k|v going through
+        the backend's fused op (it applies the input norm's scale)."""
+        linears = (self.o_proj, self.down_proj)
+        return (
+            self.can_fuse()
+            and self.fuse_qkv_rope
+            and self.qkv_bias is None
+            and self.gate_up_bias is None
+            and all(m.bias is None for m in linears)
+        )
+
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """q|k|v weight <- weight diag(input_layernorm.weight), gate|up weight <- weight
+        diag(post_attention_layernorm.weight) (in float32, rounded once, in place: the q/k/v and
+        gate/up Linear modules are views of them), and both norms' weights <- 1. Every path
+        computes the same function after it: transformers' modules, fused_calls (a norm of unit
+        weight) and _forward_folded (no norm launch). Only where can_fold_norms()."""
+        if not self.can_fold_norms():
+            raise ValueError(f"layer {self.layer_idx}: its norms cannot be folded (can_fold_norms)")
+        for weight, norm in (
+            (self.qkv_weight, self.input_layernorm),
+            (self.gate_up_weight, self.post_attention_layernorm),
+        ):
+            weight.copy_((weight.float() * norm.weight.float()[None, :]).to(weight.dtype))
+            norm.weight.fill_(1.0)
+        self.folded = True
 
     def fused_calls(self) -> list[dict]:
         """The four fused calls of a layer, in order, as their static arguments (the variant
@@ -196,10 +242,18 @@ class MergedLayer(nn.Module):
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2 Hkv) D]
         return self._project(self.o_proj, self._attend(qkv, cos, sin))
 
-    def _attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """q|k|v rows [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (K/V written)."""
+    def _attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        row_source: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """q|k|v rows [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (K/V written).
+        row_source (folded norms): the un-normed hidden rows whose norm scale the backend applies."""
         n, d, num_qk = qkv.shape[0], self.head_dim, self.num_q + self.num_kv
         if self.fuse_qkv_rope:  # the backend norms, rotates and writes K/V from the raw rows
+            extra = () if row_source is None else (row_source, float(self.input_layernorm.variance_epsilon))
             out = torch.ops.enginespec.paged_attention_qkv(
                 qkv,
                 cos,
@@ -210,6 +264,7 @@ class MergedLayer(nn.Module):
                 self.num_q,
                 self.scale,
                 self.window,
+                *extra,
             )
             return out.reshape(n, self.num_q * d)
         qk = qkv[:, : num_qk * d].view(n, num_qk, d)  # [N, Hq + Hkv, D]
@@ -231,8 +286,23 @@ class MergedLayer(nn.Module):
         """fused (the decoder decides by row count): run as fused_calls when fused_linear is set."""
         if fused and self.fused_linear is not None:
             return self._forward_fused(hidden, cos, sin)
+        if self.folded:
+            return self._forward_folded(hidden, cos, sin)
         hidden = hidden + self.attention(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def _forward_folded(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """forward after fold_norms, without a norm launch: the GEMMs read the un-normed rows,
+        the backend's q|k|v kernel and SiLU * up apply the norms' row scales, and the residual
+        adds run inside the o and down GEMMs (addmm: one rounding where forward has two)."""
+        n = hidden.shape[0]
+        qkv = self.linear(hidden, self.qkv_weight, None)  # [N, (Hq + 2 Hkv) D], un-normed rows
+        attn = self._attend(qkv, cos, sin, row_source=hidden).reshape(n, self.num_q * self.head_dim)
+        hidden = torch.addmm(hidden, attn, self.o_proj.weight.t())
+        gate_up = self.linear(hidden, self.gate_up_weight, None)  # [N, 2 I], un-normed rows
+        eps = float(self.post_attention_layernorm.variance_epsilon)
+        act = torch.ops.enginespec.silu_mul_rows(gate_up, hidden, eps)
+        return torch.addmm(hidden, act, self.down_proj.weight.t())
 
     def _forward_fused(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """forward as fused_calls: the same values up to where the roundings fall (the norms,
@@ -324,6 +394,23 @@ class MergedDecoder(nn.Module):
             return both[:, 0], both[:, 1]
         cos, sin = self.rotary_emb(hidden, positions[None])
         return cos[0], sin[0]
+
+    @torch.no_grad()
+    def fold_norms(self, setting: Optional[bool] = None) -> bool:
+        """Fold every layer's norms into its projections (MergedLayer.fold_norms) when all can
+        and `setting` (default: ENGINESPEC_FOLD_NORMS, unset = on for CUDA weights) allows.
+        Returns whether it folded. Call before any tuning or compilation: the weights change."""
+        if setting is None:
+            env = os.environ.get(FOLD_NORMS_ENV, "")
+            if env not in ("", "0", "1"):
+                raise ValueError(f"{FOLD_NORMS_ENV} must be 0 or 1, got {env!r}")
+            setting = env == "1" or (env == "" and self.embed_tokens.weight.is_cuda)
+        if not setting or not all(layer.can_fold_norms() for layer in self.layers):
+            return False
+        for layer in self.layers:
+            if not layer.folded:
+                layer.fold_norms()
+        return True
 
     def final_norm_fusable(self) -> bool:
         """Whether the final norm is the weight * normed RMSNorm that `fused_norm` computes."""

@@ -94,22 +94,29 @@ def paged_attention_qkv_op(
     num_q_heads: int,
     scale: float,
     window: int,
+    row_source: Optional[torch.Tensor] = None,
+    row_eps: float = 0.0,
 ) -> torch.Tensor:
     """The same attention from a layer's q|k|v GEMM output [N, (Hq + 2 Hkv) * D]: the backend's
     `write_qkv` norms q|k per head (when norm_weight [Hq + Hkv, D] is given), rotates them with
     cos/sin [N, D], writes k and v into the pool and returns q; then it attends -> [N, Hq, D].
     A backend that also has `attend_qkv` (same arguments, plus scale and window) does both in
-    one call. Only for backends that have write_qkv (the merged decoder checks first)."""
+    one call. Only for backends that have write_qkv (the merged decoder checks first).
+    row_source [N, H] (a folded input norm, only for backends with `folds_norms`): the q|k|v
+    rows are first scaled by that norm's row scales (kernels/row_scale.py)."""
     ctx = current()
     cache = ctx.kv_caches[layer_idx]
+    extra = {} if row_source is None else dict(row_source=row_source, row_eps=row_eps)
     attend_qkv = getattr(ctx.backend, "attend_qkv", None)
     if attend_qkv is not None:  # the backend may fuse the two (impls.fast: decode batches)
-        out = attend_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, scale, window)
+        out = attend_qkv(
+            cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, scale, window, **extra
+        )
         return out.contiguous()
-    query = ctx.backend.write_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads)
+    query = ctx.backend.write_qkv(cache, qkv, cos, sin, norm_weight, eps, ctx.meta, num_q_heads, **extra)
     return ctx.backend.forward(query, cache, ctx.meta, scale=scale, window=window).contiguous()
 
 
 @paged_attention_qkv_op.register_fake
-def _(qkv, cos, sin, norm_weight, eps, layer_idx, num_q_heads, scale, window):
+def _(qkv, cos, sin, norm_weight, eps, layer_idx, num_q_heads, scale, window, row_source=None, row_eps=0.0):
     return qkv.new_empty((qkv.shape[0], num_q_heads, cos.shape[1]))

@@ -35,6 +35,9 @@ class FastAttention:
     # where the step reads mostly KV, the decode graph was 5-9% slower than the two launches
     # had measured before it, and the one launch was not measured there on its own.
     fused_decode_max_rows = 64
+    # write_qkv and attend_qkv take row_source (a folded input norm): the merged decoder may fold
+    # the layers' norms into their projections (MergedDecoder.fold_norms).
+    folds_norms = True
 
     def __init__(self, device="cpu", use_triton: Optional[bool] = None) -> None:
         self.device = torch.device(device)
@@ -80,11 +83,15 @@ class FastAttention:
         eps: float,
         meta: BatchMeta,
         num_q_heads: int,
+        row_source: Optional[torch.Tensor] = None,
+        row_eps: float = 0.0,
     ) -> torch.Tensor:
         """A layer's q|k|v rows [N, (Hq + 2 Hkv) * D] -> q [N, Hq, D], normed per head (when
         norm_weight [Hq + Hkv, D] is given) and rotated with cos/sin [N, D]; k (normed and
         rotated alike) and v go into `cache` at meta.slot_mapping. One Triton launch on CUDA
-        (kernels/qkv_rope.py) where write() + the compiler's norm and rotary took three."""
+        (kernels/qkv_rope.py) where write() + the compiler's norm and rotary took three.
+        row_source [N, H]: a folded input norm's rows; every row is first scaled by its norm
+        scale (kernels/row_scale.py)."""
         if qkv.shape[0] != meta.slot_mapping.shape[0]:
             raise ValueError(
                 f"write_qkv: qkv has {qkv.shape[0]} rows but the batch has {meta.slot_mapping.shape[0]}"
@@ -93,10 +100,13 @@ class FastAttention:
             from enginespec.kernels import qkv_rope as kernel
 
             if kernel.supported(cache.shape[4]):
+                slots = meta.slot_mapping.to(torch.int64)
                 return kernel.qkv_rope(
-                    qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping.to(torch.int64), num_q_heads
+                    qkv, cos, sin, norm_weight, eps, cache, slots, num_q_heads, row_source, row_eps
                 )
-        return reference.qkv_rope_ref(qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping, num_q_heads)
+        return reference.qkv_rope_ref(
+            qkv, cos, sin, norm_weight, eps, cache, meta.slot_mapping, num_q_heads, row_source, row_eps
+        )
 
     def attend_qkv(
         self,
@@ -110,6 +120,8 @@ class FastAttention:
         num_q_heads: int,
         scale: Optional[float] = None,
         window: int = 0,
+        row_source: Optional[torch.Tensor] = None,
+        row_eps: float = 0.0,
     ) -> torch.Tensor:
         """write_qkv then forward: a layer's q|k|v rows in, attention output [N, Hq, D] out.
         A decode-only batch on CUDA (one row per request) takes one launch for both
@@ -134,8 +146,10 @@ class FastAttention:
                 scale=scale,
                 window=window,
                 order=self._launch_order(meta, seq_lens),
+                row_source=row_source,
+                row_eps=row_eps,
             )
-        q = self.write_qkv(cache, qkv, cos, sin, norm_weight, eps, meta, num_q_heads)
+        q = self.write_qkv(cache, qkv, cos, sin, norm_weight, eps, meta, num_q_heads, row_source, row_eps)
         return self.forward(q, cache, meta, scale=scale, window=window)
 
     def _decode_fusable(self, cache: torch.Tensor, qkv: torch.Tensor, meta: BatchMeta) -> bool:

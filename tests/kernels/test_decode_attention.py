@@ -68,12 +68,12 @@ def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
     return batch, qkv, cos, sin, weight
 
 
-def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None):
+def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None, row_source=None):
     hq = batch.q.shape[1]
     want_cache = batch.cache.clone()
     want = decode_attention_ref(
         qkv, cos, sin, weight, 1e-6, want_cache, batch.slot_mapping, batch.seq_lens, batch.block_table, hq,
-        scale=scale, window=window,
+        scale=scale, window=window, row_source=row_source, row_eps=1e-5,
     )  # fmt: skip
     cache = batch.cache.clone()
     real = batch.slot_mapping[batch.slot_mapping >= 0]
@@ -94,6 +94,8 @@ def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, s
         window=window,
         config=config,
         order=order,
+        row_source=row_source,
+        row_eps=1e-5,
     )
     assert got.shape == batch.q.shape and got.dtype == qkv.dtype
     assert not torch.isnan(got).any(), "a program read a poisoned slot"
@@ -119,6 +121,29 @@ def test_matches_the_reference(heads, norm, block_size, window):
     seq_lens = [1, 2, *torch.randint(3, MAX_SEQ, (5,), generator=gen).tolist()]
     dtype = torch.bfloat16 if CUDA else torch.float32
     _check(*_case(heads, block_size, dtype, seed, seq_lens, norm), window=window)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_folded_input_norm_row_scale(norm, num_splits):
+    """With row_source (a folded input norm, kernels/row_scale.py): q, k and v of each row are
+    scaled by that row's norm scale first; rows' scales spread over 100x, hidden not a power of
+    two and over one 1,024-element step on CUDA."""
+    heads = HEADS[0]
+    seq_lens = [1, 5, MAX_SEQ - 3, 17]
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    batch, qkv, cos, sin, weight = _case(heads, 5, dtype, 31 + num_splits, seq_lens, norm)
+    n, hidden = qkv.shape[0], 1100 if CUDA else 40
+    gen = torch.Generator().manual_seed(32)
+    mags = torch.logspace(-1, 1, n)[torch.randperm(n, generator=gen)]
+    h = (torch.randn(n, hidden, generator=gen) * mags[:, None]).to(dtype).to(DEVICE)
+    cfg = LaunchConfig(block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2)
+    got = _check(batch, qkv, cos, sin, weight, config=cfg, row_source=h)
+    plain = decode_attention_ref(
+        qkv, cos, sin, weight, 1e-6, batch.cache.clone(), batch.slot_mapping, batch.seq_lens, batch.block_table,
+        heads[0],
+    )  # fmt: skip
+    assert not torch.allclose(got.float(), plain.float(), **TOLERANCES[dtype]), "the scale changed nothing"
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 4])

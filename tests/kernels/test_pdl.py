@@ -45,21 +45,24 @@ fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
-           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1)
+           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, H_BLOCK=1024, USE_ROW_SCALE=False)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
-            order_ptr="*i32")
+            order_ptr="*i32", h_ptr="*bf16")
 fn = da._decode_attention_kernel
-report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, ("scale_log2", "eps")), dec, {"num_warps": 4, "num_stages": 2}))
+fl = ("scale_log2", "eps", "row_eps")
+report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, fl), dec, {"num_warps": 4, "num_stages": 2}))
+folded = dict(dec, USE_ROW_SCALE=True)  # a folded input norm: the hidden row is read after the wait
+report("decode_attention_folded", ptx_of(fn, sig_of(fn, folded, ptrs, fl), folded, {"num_warps": 4, "num_stages": 2}))
 pf3 = dict(dec, PREFETCH_TILES=3)  # three loop steps asked of L2 before the wait
-report("decode_attention_prefetch3", ptx_of(fn, sig_of(fn, pf3, ptrs, ("scale_log2", "eps")), pf3,
+report("decode_attention_prefetch3", ptx_of(fn, sig_of(fn, pf3, ptrs, fl), pf3,
                                             {"num_warps": 4, "num_stages": 2}))
 import os, torch  # the preloading config as decode_config hands it to a batch-1 launch by default
 os.environ.pop(da.PRELOAD_ROWS_ENV, None), os.environ.pop(da.DECODE_ATTN_ENV, None)
 cfg = da.decode_config(1, 16, 8, 128, 40960, torch.device("cpu"))
 assert cfg.preload and cfg.long_tile > cfg.loop_tile, cfg
 pre = dict(dec, TILE=cfg.tile, PRELOAD=True, LOOP_TILE=cfg.loop_tile, LONG_TILE=cfg.long_tile)
-report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, ("scale_log2", "eps")), pre,
+report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, fl), pre,
                                           {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 fn = pa._merge_splits_kernel
 for name, active in (("merge", False), ("merge_decode", True)):
@@ -68,11 +71,13 @@ for name, active in (("merge", False), ("merge_decode", True)):
     ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", seq_lens_ptr="*i32")
     report(name, ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 4}))
 rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
-            USE_PDL=True)
+            USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False)
 ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
-            norm_ptr="*bf16", slot_ptr="*i64")
+            norm_ptr="*bf16", slot_ptr="*i64", h_ptr="*bf16")
 fn = qr._qkv_rope_kernel
-report("qkv_rope", ptx_of(fn, sig_of(fn, rope, ptrs, ("eps",)), rope, {"num_warps": 4}))
+report("qkv_rope", ptx_of(fn, sig_of(fn, rope, ptrs, ("eps", "row_eps")), rope, {"num_warps": 4}))
+rope = dict(rope, USE_ROW_SCALE=True)
+report("qkv_rope_folded", ptx_of(fn, sig_of(fn, rope, ptrs, ("eps", "row_eps")), rope, {"num_warps": 4}))
 gemv = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, USE_BIAS=False, USE_SILU_MUL=True, USE_NORM=True,
             USE_RESIDUAL=False, USE_PDL=True)
 ptrs = {n: "*bf16" for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
@@ -96,9 +101,12 @@ norm = dict(BLOCK_H=4096, USE_RESIDUAL=True, USE_PDL=True)
 ptrs = {n: "*bf16" for n in ("out_ptr", "res_out_ptr", "x_ptr", "res_ptr", "weight_ptr")}
 fn = rn._rms_norm_kernel
 report("rms_norm", ptx_of(fn, sig_of(fn, norm, ptrs, ("eps",)), norm, {"num_warps": 8}))
-silu = dict(BLOCK=1024, USE_PDL=True)
+silu = dict(BLOCK=1024, USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False)
 fn = sm._silu_mul_kernel
-report("silu_mul", ptx_of(fn, sig_of(fn, silu, dict(out_ptr="*bf16", gate_up_ptr="*bf16")), silu, {"num_warps": 4}))
+ptrs = dict(out_ptr="*bf16", gate_up_ptr="*bf16", h_ptr="*bf16")
+report("silu_mul", ptx_of(fn, sig_of(fn, silu, ptrs, ("row_eps",)), silu, {"num_warps": 4}))
+silu = dict(silu, USE_ROW_SCALE=True)
+report("silu_mul_folded", ptx_of(fn, sig_of(fn, silu, ptrs, ("row_eps",)), silu, {"num_warps": 4}))
 gather = dict(BLOCK_A=1024, BLOCK_B=256, USE_PDL=True)
 ptrs = dict(out_a_ptr="*bf16", out_b_ptr="*bf16", index_a_ptr="*i64", index_b_ptr="*i64", table_a_ptr="*bf16",
             table_b_ptr="*bf16")
@@ -118,7 +126,7 @@ def reports():
 @pytest.mark.parametrize(
     "kernel",
     ["attention", "decode_attention", "decode_attention_preload", "decode_attention_prefetch3", "merge", "merge_decode",
-     "qkv_rope", "gemv",
+     "qkv_rope", "gemv", "decode_attention_folded", "qkv_rope_folded", "silu_mul_folded",
      "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul", "gather_two"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
@@ -156,6 +164,16 @@ def test_what_comes_before_the_wait(reports, kernel, reads_before):
     the other merge, the SiLU*up and the step's first gathers (their indices come from the input
     copies) read only after it."""
     assert (reports[kernel][2] > 0) == reads_before
+
+
+@pytest.mark.parametrize("kernel", ["decode_attention", "qkv_rope", "silu_mul"])
+def test_folded_norms_read_the_hidden_row_after_the_wait(reports, kernel):
+    """With USE_ROW_SCALE the kernel reads the hidden rows a folded norm would have normed (the
+    residual GEMM two launches back wrote them): after its wait, so it reads no more before the
+    wait than without, and more after it."""
+    plain, folded = reports[kernel], reports[kernel + "_folded"]
+    assert folded[2] == plain[2] and folded[3] > plain[3]
+    assert folded[4] == 0
 
 
 def test_pdl_is_off_under_the_interpreter_and_on_rocm(monkeypatch):

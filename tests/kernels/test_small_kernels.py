@@ -193,3 +193,86 @@ def test_qkv_rope_bad_input_raises():
             slots[:3],
             2,
         )
+
+
+# ---- folded norms: the row scale inside qkv_rope and silu_mul (kernels/row_scale.py) ----------
+
+
+def _row_source(n, hidden, dtype, seed):
+    """Rows of a residual stream: random, with per-row magnitudes spread over 100x (the scale
+    differs row to row, so a kernel that reads another row's scale fails)."""
+    mags = torch.logspace(-1, 1, n)[torch.randperm(n, generator=_gen(seed))]
+    return (torch.randn(n, hidden, generator=_gen(seed)) * mags[:, None]).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("hidden", [24, 1100])  # one H_BLOCK step; two (1,024 a step), ragged
+def test_qkv_rope_row_scale_matches_reference(dtype, norm, hidden):
+    from enginespec.kernels.qkv_rope import qkv_rope
+    from enginespec.kernels.reference import qkv_rope_ref
+
+    heads, dim = (3, 1), 32
+    qkv, cos, sin, slots, cache = _qkv_case(dtype, heads, dim, 5)
+    h = _row_source(qkv.shape[0], hidden, dtype, seed=hidden)
+    weight = (1 + 0.1 * _randn(sum(heads), dim, dtype=dtype, seed=12)) if norm else None
+    want_cache = cache.clone()
+    got = qkv_rope(qkv, cos, sin, weight, 1e-6, cache, slots, 3, row_source=h, row_eps=1e-5)
+    want = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, want_cache, slots, 3, h, 1e-5)
+    # The scaled value is rounded before the rotary (as the un-folded GEMM's output was); where
+    # kernel and reference sum h^2 in another order that rounding may fall one ulp apart, and the
+    # rotary's cancellation keeps that ulp of the largest value: so the half dtypes' tolerance is
+    # two ulps of the largest value (rows are scaled up to 10x here).
+    tol = dict(TOLERANCES[dtype])
+    if dtype != torch.float32:
+        tol["atol"] = 2 * torch.finfo(dtype).eps * want.abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    torch.testing.assert_close(cache[:, :-1].float(), want_cache[:, :-1].float(), equal_nan=True, **tol)
+    # The scale reached v too: the stored v is not the raw one (rows' scales are 0.1-10).
+    keep = slots >= 0
+    v = qkv[:, 4 * dim :].reshape(-1, 1, dim)
+    assert not torch.allclose(cache.view(2, -1, 1, dim)[1, slots[keep]].float(), v[keep].float())
+
+
+def test_row_scale_is_the_norm_it_replaces():
+    """The folding identity the merged decoder relies on, in float64: RMSNorm(h; g) @ W^T ==
+    scale_rows_ref(h @ (W diag g)^T, h, eps), and silu_mul_ref with the row source equals
+    silu_mul_ref of the normed GEMM."""
+    from enginespec.kernels.reference import scale_rows_ref, silu_mul_ref
+
+    h = _row_source(5, 24, torch.float64, seed=3).cpu()
+    g = 1 + 0.3 * torch.randn(24, generator=_gen(4), dtype=torch.float64)
+    w = torch.randn(16, 24, generator=_gen(5), dtype=torch.float64)
+    normed = rms_norm_ref(h, g, 1e-6)
+    folded = h @ (w * g[None, :]).T
+    torch.testing.assert_close(scale_rows_ref(folded, h, 1e-6), normed @ w.T, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        silu_mul_ref(folded, h, 1e-6), silu_mul_ref(normed @ w.T), rtol=1e-12, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [24, 1100])
+def test_silu_mul_row_scale_matches_reference(dtype, hidden):
+    from enginespec.kernels.reference import silu_mul_ref
+    from enginespec.kernels.silu_mul import silu_mul
+
+    gate_up = _randn(7, 2 * 40, dtype=dtype, seed=21)
+    h = _row_source(7, hidden, dtype, seed=22)
+    got = silu_mul(gate_up, row_source=h, row_eps=1e-6)
+    torch.testing.assert_close(got.float(), silu_mul_ref(gate_up, h, 1e-6).float(), **TOLERANCES[dtype])
+    assert not torch.allclose(got.float(), silu_mul_ref(gate_up).float(), **TOLERANCES[dtype])
+
+
+def test_row_source_bad_input_raises():
+    from enginespec.kernels.qkv_rope import qkv_rope
+    from enginespec.kernels.silu_mul import silu_mul
+
+    qkv, cos, sin, slots, cache = _qkv_case(torch.float32, (2, 1), 16, 4)
+    h = torch.ones(qkv.shape[0], 8, device=DEVICE)
+    with pytest.raises(ValueError, match="row_source must be"):
+        qkv_rope(qkv, cos, sin, None, 1e-6, cache, slots, 2, row_source=h[:-1], row_eps=1e-6)
+    with pytest.raises(ValueError, match="row_eps must be > 0"):
+        qkv_rope(qkv, cos, sin, None, 1e-6, cache, slots, 2, row_source=h, row_eps=0.0)
+    with pytest.raises(ValueError, match="row_source must be"):
+        silu_mul(torch.ones(3, 8, device=DEVICE), row_source=h.T, row_eps=1e-6)

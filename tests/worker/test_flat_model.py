@@ -9,6 +9,8 @@ Each case runs both decoders FlatModel offers (model_impl "merged" and "transfor
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -18,7 +20,9 @@ from enginespec.worker.flat_model import FlatModel
 
 ATOL = RTOL = 2e-5
 CASES = [(family, False) for family in FAMILIES] + [("qwen3", True), ("llama", True)]
-MODEL_IMPLS = ("merged", "transformers")
+# "merged-folded": the merged decoder with its norms folded into the projections (on where the
+# backend applies the row scales, `folds_norms`: impls.fast's; the CPU needs ENGINESPEC_FOLD_NORMS=1).
+MODEL_IMPLS = ("merged", "transformers", "merged-folded")
 
 
 def _hf_model(path):
@@ -32,6 +36,25 @@ def _hf_model(path):
 @torch.no_grad()
 def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return hf(torch.tensor([ids])).logits[0].float()
+
+
+def _load(path, attention, model_impl: str, **kwargs) -> FlatModel:
+    """FlatModel.from_pretrained for one of MODEL_IMPLS (folding norms exactly for "merged-folded")."""
+    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV
+
+    old = os.environ.get(FOLD_NORMS_ENV)
+    os.environ[FOLD_NORMS_ENV] = "1" if model_impl == "merged-folded" else "0"
+    try:
+        model = FlatModel.from_pretrained(
+            path, attention=attention, model_impl=model_impl.split("-")[0], **kwargs
+        )
+    finally:
+        if old is None:
+            del os.environ[FOLD_NORMS_ENV]
+        else:
+            os.environ[FOLD_NORMS_ENV] = old
+    assert model.model_impl == model_impl.split("-")[0]
+    return model
 
 
 class ShuffledTables:
@@ -56,8 +79,9 @@ def models():
             path = tiny_model_dir(family, tied)
             cache[family, tied] = (_hf_model(path), path)
         hf, path = cache[family, tied]
-        model = FlatModel.from_pretrained(path, attention=attention, model_impl=model_impl)
-        assert model.model_impl == model_impl
+        model = _load(path, attention, model_impl)
+        can = model_impl == "merged-folded" and getattr(attention, "folds_norms", False)
+        assert model.folded_norms == (can and family != "qwen2"), (model_impl, family)  # Qwen2: biases
         return hf, model
 
     return get
@@ -150,9 +174,7 @@ def test_float64_is_exact_to_transformers_float64(impl, model_impl):
 
     path = tiny_model_dir("mistral")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float64, attn_implementation="eager")
-    model = FlatModel.from_pretrained(
-        path, dtype=torch.float64, attention=impl.attention_backend("cpu"), model_impl=model_impl
-    )
+    model = _load(path, impl.attention_backend("cpu"), model_impl, dtype=torch.float64)
     ids = list(range(4, 4 + 21))
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
@@ -183,7 +205,7 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_imp
     )
     hf = _hf_model(path)
     assert hf.config.layer_types == ["full_attention", "sliding_attention"]
-    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"), model_impl=model_impl)
+    model = _load(path, impl.attention_backend("cpu"), model_impl)
     ids = torch.randint(0, VOCAB_SIZE, (16,), generator=torch.Generator().manual_seed(5)).tolist()
     req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
     manager = ShuffledTables(6, 3, ["r"], seed=6)
