@@ -1,9 +1,15 @@
-"""The one op folded norms add to the merged decoder: SiLU * up with the post-attention norm's
-row scale (merged_decoder.py's `fold_norms`, kernels/row_scale.py).
+"""The two ops folded norms add to the merged decoder (merged_decoder.py's `fold_norms`).
 
-An opaque custom op, as the attention and skinny-GEMM ops are, because the compiler would split
-it: the row scale is a reduction over the hidden rows and the product an elementwise pass over
-the gate|up rows, two kernels where kernels/silu_mul.py's one launch reads both.
+- `silu_mul_rows`: SiLU * up with the post-attention norm's row scale (kernels/row_scale.py).
+  Opaque, as the attention and skinny-GEMM ops are, because the compiler would split it: the
+  row scale is a reduction over the hidden rows and the product an elementwise pass over the
+  gate|up rows, two kernels where kernels/silu_mul.py's one launch reads both.
+- `add_linear_`: the residual add inside the o and down GEMMs, in place (hidden += x W^T: one
+  cuBLAS GEMM with the residual as its C and beta 1). Out of place, `torch.addmm(hidden, ...)`
+  first copies hidden into its output (a memcpy kernel for every GEMM: the H200 profile showed
+  59 a step, as many launches as the folded norms saved). Declared as mutating `hidden`, so the
+  compiler keeps it in place where the old rows are dead (they are: attention and the GEMMs
+  before have read them), and clones them first where they are not.
 """
 
 from __future__ import annotations
@@ -28,3 +34,9 @@ def silu_mul_rows(gate_up: torch.Tensor, row_source: torch.Tensor, row_eps: floa
 @silu_mul_rows.register_fake
 def _(gate_up, row_source, row_eps):
     return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+
+
+@torch.library.custom_op("enginespec::add_linear_", mutates_args=("hidden",))
+def add_linear_(hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """hidden [M, H] += x [M, K] @ weight [H, K].T, in place, rounded once (one GEMM)."""
+    hidden.addmm_(x, weight.t())

@@ -33,7 +33,7 @@ RMSNorm's weight g is folded into the projection after it (x g W^T = x (W diag g
 modules' weights become 1, so every path still computes the same function; steps that do not
 take the fused calls then run each layer without a norm launch (`_forward_folded`): the norm's
 row scale is applied by the kernels after the GEMMs (kernels/row_scale.py) and the residual adds
-run inside the o and down GEMMs (addmm). Measured on the H200 as two launches fewer a layer, 2-5%
+run inside the o and down GEMMs, in place (worker/folded_ops.py). Measured on the H200 as two launches fewer a layer, 2-5%
 a step at 64-256 rows (benchmarks/RESULTS.md, twenty-fifth session's `folded` probe).
 
 Invariant (tested against transformers family by family, conformance/test_flat_model.py): the
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from enginespec.worker import folded_ops  # noqa: F401 - registers enginespec::silu_mul_rows
+from enginespec.worker import folded_ops  # noqa: F401 - registers silu_mul_rows, add_linear_
 
 # transformers model_type values whose decoder layers MergedDecoder reproduces.
 MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
@@ -294,15 +294,17 @@ class MergedLayer(nn.Module):
     def _forward_folded(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """forward after fold_norms, without a norm launch: the GEMMs read the un-normed rows,
         the backend's q|k|v kernel and SiLU * up apply the norms' row scales, and the residual
-        adds run inside the o and down GEMMs (addmm: one rounding where forward has two)."""
+        adds run inside the o and down GEMMs, in place (folded_ops.add_linear_: one rounding
+        where forward has two). `hidden` is updated in place and returned."""
         n = hidden.shape[0]
         qkv = self.linear(hidden, self.qkv_weight, None)  # [N, (Hq + 2 Hkv) D], un-normed rows
         attn = self._attend(qkv, cos, sin, row_source=hidden).reshape(n, self.num_q * self.head_dim)
-        hidden = torch.addmm(hidden, attn, self.o_proj.weight.t())
+        torch.ops.enginespec.add_linear_(hidden, attn, self.o_proj.weight)
         gate_up = self.linear(hidden, self.gate_up_weight, None)  # [N, 2 I], un-normed rows
         eps = float(self.post_attention_layernorm.variance_epsilon)
         act = torch.ops.enginespec.silu_mul_rows(gate_up, hidden, eps)
-        return torch.addmm(hidden, act, self.down_proj.weight.t())
+        torch.ops.enginespec.add_linear_(hidden, act, self.down_proj.weight)
+        return hidden
 
     def _forward_fused(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """forward as fused_calls: the same values up to where the roundings fall (the norms,
