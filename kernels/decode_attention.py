@@ -48,7 +48,7 @@ from enginespec.kernels.paged_attention import (
     _tile_range,
 )
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled, prefetch_l2
-from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale, row_scale_early
+from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
 
 
 @triton.jit
@@ -209,7 +209,6 @@ def _decode_attention_kernel(
     PREFETCH_TILES: tl.constexpr = 1,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
-    ROW_SCALE_EARLY: tl.constexpr = False,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -265,10 +264,6 @@ def _decode_attention_kernel(
         )
         k_first = _load_keys(cache_ptr, first_slot, first_ok, dims, dim_ok)  # [HEAD_DIM, TILE]
         v_first = _load_values(cache_ptr, stride_c_kv, first_slot, first_ok, dims, dim_ok)  # [TILE, HEAD_DIM]
-    r = 1.0
-    if USE_ROW_SCALE:
-        if ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, req, stride_h, hidden, row_eps, H_BLOCK)
     if USE_PDL:
         # While the q|k|v GEMM runs: ask L2 for the loop's first PREFETCH_TILES steps of pooled
         # keys and values (earlier steps wrote them; the block table is the step's copy), LINE
@@ -290,8 +285,7 @@ def _decode_attention_kernel(
     # v_new with q and k: one load round for the whole row, before the norms' reductions.
     v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims)  # [HEAD_DIM]
     if USE_ROW_SCALE:  # a folded input norm: scaled and rounded as the un-folded GEMM's output was
-        if not ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, req, stride_h, hidden, row_eps, H_BLOCK)
+        r = row_rms_scale(h_ptr, req, stride_h, hidden, row_eps, H_BLOCK)
         xq = (xq * r).to(in_ty).to(tl.float32)
         xq_p = (xq_p * r).to(in_ty).to(tl.float32)
         xk = (xk * r).to(in_ty).to(tl.float32)
@@ -572,7 +566,6 @@ def decode_attention(
         PREFETCH_TILES=cfg.prefetch_tiles,
         H_BLOCK=h_block(h.shape[1]),
         USE_ROW_SCALE=row_source is not None,
-        ROW_SCALE_EARLY=row_scale_early(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

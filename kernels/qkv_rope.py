@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
-from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale, row_scale_early
+from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
 
 
 @triton.jit
@@ -63,7 +63,6 @@ def _qkv_rope_kernel(
     USE_NORM: tl.constexpr,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
-    ROW_SCALE_EARLY: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """USE_PDL (kernels/pdl.py): the norm weights, cos/sin and the slot (none written by a
@@ -82,10 +81,6 @@ def _qkv_rope_kernel(
     sin1 = tl.load(sin_ptr + tok * stride_sin + half).to(tl.float32)
     sin2 = tl.load(sin_ptr + tok * stride_sin + HALF + half).to(tl.float32)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
-    r = 1.0
-    if USE_ROW_SCALE:
-        if ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, tok, stride_h, hidden, row_eps, H_BLOCK)
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()  # from here on, the GEMM's q|k|v row is visible
@@ -94,8 +89,7 @@ def _qkv_rope_kernel(
     x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     in_ty = qkv_ptr.dtype.element_ty
     if USE_ROW_SCALE:  # scaled and rounded as the un-folded GEMM's output was
-        if not ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, tok, stride_h, hidden, row_eps, H_BLOCK)
+        r = row_rms_scale(h_ptr, tok, stride_h, hidden, row_eps, H_BLOCK)
         x1 = (x1 * r).to(in_ty).to(tl.float32)
         x2 = (x2 * r).to(in_ty).to(tl.float32)
     if USE_NORM:
@@ -201,7 +195,6 @@ def qkv_rope(
         USE_NORM=norm_weight is not None,
         H_BLOCK=h_block(h.shape[1]),
         USE_ROW_SCALE=row_source is not None,
-        ROW_SCALE_EARLY=row_scale_early(),
         USE_PDL=pdl,
         num_warps=4,
         **launch_options(pdl),

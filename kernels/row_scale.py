@@ -13,8 +13,6 @@ before anything else touches it: the rounding the un-folded GEMM's output had).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -30,18 +28,6 @@ def row_rms_scale(h_ptr, row, stride_h, hidden, eps, H_BLOCK: tl.constexpr):
         x = tl.load(h_ptr + row * stride_h + cols, mask=cols < hidden, other=0.0).to(tl.float32)
         acc += x * x
     return 1.0 / tl.sqrt(tl.sum(acc, 0) / hidden + eps)
-
-
-# "1": read the row (and compute r) before the PDL wait, overlapping the GEMM before (A/B runs).
-# Allowed by kernels/pdl.py's rule only where the kernel right before is no PDL kernel: the row
-# was written two launches back, by a launch that ended before that GEMM began (the merged
-# decoder's folded layers: cuBLAS GEMMs between); off by default.
-ROW_SCALE_EARLY_ENV = "ENGINESPEC_ROW_SCALE_EARLY"
-
-
-def row_scale_early() -> bool:
-    """Whether the row-scaled kernels read the row before their PDL wait (ROW_SCALE_EARLY_ENV)."""
-    return os.environ.get(ROW_SCALE_EARLY_ENV, "0") == "1"
 
 
 def h_block(hidden: int) -> int:

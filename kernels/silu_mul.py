@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
-from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale, row_scale_early
+from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -35,17 +35,11 @@ def _silu_mul_kernel(
     BLOCK: tl.constexpr,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
-    ROW_SCALE_EARLY: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """USE_PDL (kernels/pdl.py): everything it reads the GEMM before wrote, so it waits first; its
-    launch still overlaps that GEMM's tail. ROW_SCALE_EARLY: the row scale before the wait
-    (kernels/row_scale.py says when that is allowed)."""
+    launch still overlaps that GEMM's tail."""
     row = tl.program_id(0).to(tl.int64)
-    r = 1.0
-    if USE_ROW_SCALE:
-        if ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, row, stride_h, hidden, row_eps, H_BLOCK)
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -54,8 +48,7 @@ def _silu_mul_kernel(
     gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + row * stride_in + inter + cols, mask=mask, other=0.0).to(tl.float32)
     if USE_ROW_SCALE:  # scaled and rounded as the un-folded GEMM's output was
-        if not ROW_SCALE_EARLY:
-            r = row_rms_scale(h_ptr, row, stride_h, hidden, row_eps, H_BLOCK)
+        r = row_rms_scale(h_ptr, row, stride_h, hidden, row_eps, H_BLOCK)
         in_ty = gate_up_ptr.dtype.element_ty
         gate = (gate * r).to(in_ty).to(tl.float32)
         up = (up * r).to(in_ty).to(tl.float32)
@@ -82,6 +75,6 @@ def silu_mul(
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             out, gate_up, h, rows, inter, out.stride(0), gate_up.stride(0), h.stride(0), h.shape[1],
             row_eps, BLOCK=block, H_BLOCK=h_block(h.shape[1]), USE_ROW_SCALE=row_source is not None,
-            ROW_SCALE_EARLY=row_scale_early(), USE_PDL=(pdl := pdl_enabled(gate_up.device)), num_warps=4, **launch_options(pdl),
+            USE_PDL=(pdl := pdl_enabled(gate_up.device)), num_warps=4, **launch_options(pdl),
         )  # fmt: skip
     return out

@@ -45,8 +45,7 @@ fn = pa._paged_attention_kernel
 report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"num_warps": 4, "num_stages": 2}))
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
-           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, H_BLOCK=1024, USE_ROW_SCALE=False,
-           ROW_SCALE_EARLY=False)
+           LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, H_BLOCK=1024, USE_ROW_SCALE=False)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32", h_ptr="*bf16")
@@ -72,8 +71,7 @@ for name, active in (("merge", False), ("merge_decode", True)):
     ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", seq_lens_ptr="*i32")
     report(name, ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 4}))
 rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
-            USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False,
-           ROW_SCALE_EARLY=False)
+            USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False)
 ptrs = dict(q_out_ptr="*bf16", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
             norm_ptr="*bf16", slot_ptr="*i64", h_ptr="*bf16")
 fn = qr._qkv_rope_kernel
@@ -103,8 +101,7 @@ norm = dict(BLOCK_H=4096, USE_RESIDUAL=True, USE_PDL=True)
 ptrs = {n: "*bf16" for n in ("out_ptr", "res_out_ptr", "x_ptr", "res_ptr", "weight_ptr")}
 fn = rn._rms_norm_kernel
 report("rms_norm", ptx_of(fn, sig_of(fn, norm, ptrs, ("eps",)), norm, {"num_warps": 8}))
-silu = dict(BLOCK=1024, USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False,
-           ROW_SCALE_EARLY=False)
+silu = dict(BLOCK=1024, USE_PDL=True, H_BLOCK=1024, USE_ROW_SCALE=False)
 fn = sm._silu_mul_kernel
 ptrs = dict(out_ptr="*bf16", gate_up_ptr="*bf16", h_ptr="*bf16")
 report("silu_mul", ptx_of(fn, sig_of(fn, silu, ptrs, ("row_eps",)), silu, {"num_warps": 4}))

@@ -42,10 +42,15 @@ def _generate(impl, family, **engine_args):
     return llm, outs
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral"])
-def test_compiled_body_equals_eager(impl, family, torch_one_thread):
+@pytest.mark.parametrize("family,fold", [("qwen3", "0"), ("mistral", "0"), ("qwen3", "1")])
+def test_compiled_body_equals_eager(impl, family, fold, torch_one_thread, monkeypatch):
+    """fold "1": the norms folded into the projections (where the impl's backend folds_norms),
+    so the traced layers carry the in-place residual GEMMs (enginespec::add_linear_)."""
     from torch._dynamo.utils import counters
 
+    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV
+
+    monkeypatch.setenv(FOLD_NORMS_ENV, fold)
     torch._dynamo.reset()
     counters.clear()
     _, eager = _generate(impl, family)
