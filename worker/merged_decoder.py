@@ -169,13 +169,17 @@ class MergedLayer(nn.Module):
         )
 
     def can_fold_norms(self) -> bool:
-        """Whether fold_norms may run: can_fuse's conditions, and no bias on any projection (a
-        bias would have to be added after the row scale, not before it) and q|k|v going through
-        the backend's fused op (it applies the input norm's scale)."""
+        """Whether fold_norms may run: can_fuse's conditions, no bias on any projection (a bias
+        would have to be added after the row scale, not before it), q|k|v going through the
+        backend's fused op (it applies the input norm's scale), and not float16: the GEMMs then
+        read the un-normed residual rows, whose outputs can pass float16's 65,504 (models carry
+        residual values in the thousands) where the normed rows' never do; bfloat16 and the
+        float32 family have float32's range."""
         linears = (self.o_proj, self.down_proj)
         return (
             self.can_fuse()
             and self.fuse_qkv_rope
+            and self.qkv_weight.dtype != torch.float16
             and self.qkv_bias is None
             and self.gate_up_bias is None
             and all(m.bias is None for m in linears)

@@ -81,6 +81,17 @@ def test_folding_is_refused_where_it_cannot_hold(monkeypatch):
         FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
 
 
+def test_float16_is_never_folded(monkeypatch):
+    """Un-normed rows through a float16 GEMM can overflow where normed rows do not: a residual
+    row of 300s against weights of ~1 over 1,024 inputs already passes 65,504."""
+    monkeypatch.setenv(FOLD_NORMS_ENV, "1")
+    model = FlatModel.from_pretrained(
+        tiny_model_dir("qwen3"), dtype=torch.float16, attention=FastAttention("cpu")
+    )
+    assert not model.folded_norms
+    assert not any(layer.folded for layer in model.merged.layers)
+
+
 def test_folding_is_off_on_the_cpu_unless_asked(monkeypatch):
     monkeypatch.delenv(FOLD_NORMS_ENV, raising=False)
     assert not FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu")).folded_norms
