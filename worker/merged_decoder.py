@@ -28,17 +28,19 @@ option a step of few rows may run each layer as four fused calls (`fused_calls`:
 SiLU * up and the residual adds inside the GEMM launches), computed from the same modules'
 weights and epsilons with transformers' rounding order.
 
-With `fold_norms` (MergedDecoder.fold_norms: on CUDA where the backend `folds_norms`) each
-RMSNorm's weight g is folded into the projection after it (x g W^T = x (W diag g)^T) and the norm
-modules' weights become 1, so every path still computes the same function; steps that do not
-take the fused calls then run each layer without a norm launch (`_forward_folded`): the norm's
-row scale is applied by the kernels after the GEMMs (kernels/row_scale.py) and the residual adds
-run inside the o and down GEMMs, in place (worker/folded_ops.py). Measured on the H200 as two launches fewer a layer, 2-5%
-a step at 64-256 rows (benchmarks/RESULTS.md, twenty-fifth session's `folded` probe).
+With `fold_norms` (MergedDecoder.fold_norms: on CUDA where the backend `folds_norms`, never in
+float16) each RMSNorm's weight g is folded into the projection after it (x g W^T =
+x (W diag g)^T) and the norm modules' weights become 1, so every path still computes the same
+function; steps that do not take the fused calls then run each layer without a norm launch
+(`_forward_folded`): the norm's row scale is applied by the kernels after the GEMMs
+(kernels/row_scale.py) and the residual adds run inside the o and down GEMMs, in place
+(worker/folded_ops.py). On the H200 that is two launches fewer a layer: decode graphs of 64,
+128 and 256 rows 4.6%, 3.6% and 2.2% faster (benchmarks/RESULTS.md, twenty-sixth session).
 
-Invariant (tested against transformers family by family, conformance/test_flat_model.py): the
-merged decoder computes what transformers' decoder computes over the same rows, up to the
-floating-point reassociation of one GEMM instead of several.
+Invariant (tested against transformers family by family, tests/worker/test_flat_model.py, folded
+and not): the merged decoder computes what transformers' decoder computes over the same rows,
+up to the floating-point reassociation of one GEMM instead of several and, folded, the
+rounding of the folded weights.
 """
 
 from __future__ import annotations
