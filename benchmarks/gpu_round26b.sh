@@ -4,7 +4,8 @@
 # and 256 rows with a kernel profile of the 128-row step, the norms folded and not, and folded
 # with the row scale read before the PDL wait (ENGINESPEC_ROW_SCALE_EARLY=1); then the t 0.6
 # workload for the early variant and the unfolded one again.
-#   bash benchmarks/gpu_round26b.sh SHA    # ~8 min on a cold machine; nothing to carry
+#   bash benchmarks/gpu_round26b.sh ddf328e    # ~8 min on a cold machine; nothing to carry. The
+#   ENGINESPEC_ROW_SCALE_EARLY switch exists at ddf328e only (measured slower, removed after).
 source benchmarks/gpu_common.sh; gpu_setup || exit 1
 S=${1:?commit}
 run() {  # name fold early

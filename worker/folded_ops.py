@@ -20,15 +20,11 @@ import torch
 @torch.library.custom_op("enginespec::silu_mul_rows", mutates_args=())
 def silu_mul_rows(gate_up: torch.Tensor, row_source: torch.Tensor, row_eps: float) -> torch.Tensor:
     """gate_up [M, 2 I] (un-normed rows' GEMM), row_source [M, H] (those rows) -> silu(gate) * up
-    [M, I] of gate_up scaled by each row's norm scale: one Triton launch on CUDA, the reference
-    elsewhere (kernels.reference.silu_mul_ref)."""
-    if gate_up.is_cuda:
-        from enginespec.kernels.silu_mul import silu_mul
+    [M, I] of gate_up scaled by each row's norm scale (skinny_linear.silu_mul_any: one Triton
+    launch on CUDA or under the interpreter, kernels.reference.silu_mul_ref elsewhere)."""
+    from enginespec.worker.skinny_linear import silu_mul_any
 
-        return silu_mul(gate_up, row_source, row_eps)
-    from enginespec.kernels.reference import silu_mul_ref
-
-    return silu_mul_ref(gate_up, row_source, row_eps)
+    return silu_mul_any(gate_up, row_source, row_eps)
 
 
 @silu_mul_rows.register_fake

@@ -132,15 +132,18 @@ def _on_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or interpreting()
 
 
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in one Triton launch on CUDA (or under the interpreter), else in torch."""
+def silu_mul_any(
+    gate_up: torch.Tensor, row_source: Optional[torch.Tensor] = None, row_eps: float = 0.0
+) -> torch.Tensor:
+    """silu(gate) * up (of rows scaled by row_source's norm scales, when given: folded norms) in
+    one Triton launch on CUDA (or under the interpreter), else in torch."""
     if _on_triton(gate_up):
         from enginespec.kernels.silu_mul import silu_mul
 
-        return silu_mul(gate_up)
+        return silu_mul(gate_up, row_source, row_eps)
     from enginespec.kernels.reference import silu_mul_ref
 
-    return silu_mul_ref(gate_up)
+    return silu_mul_ref(gate_up, row_source, row_eps)
 
 
 def rms_norm_any(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -220,7 +223,7 @@ class LinearTable:
         if norm_weight is not None:  # rms_norm, then the measured plain/silu choice
             return self.run(rms_norm_any(x, norm_weight, eps), weight, bias, silu_mul=silu_mul)
         if silu_mul:
-            return _silu_mul(self.run(x, weight, bias))
+            return silu_mul_any(self.run(x, weight, bias))
         if residual is not None:
             return self.run(x, weight, bias) + residual
         return F.linear(x, weight, bias)
