@@ -29,12 +29,23 @@ print(json.dumps(s.get("steps", h.get("steps")), indent=1)[:1500])
 PY
 }
 
-# cold_first_call NAME [first_call_compiles.py args...]: a fresh LLM on empty inductor and
-# Triton caches (startup by phase, first call against the second); writes $out/NAME.json.
+# cold_first_call NAME [first_call_compiles.py args...]: a fresh LLM on empty inductor, Triton
+# and enginespec (the tuning table) caches (startup by phase, first call against the second);
+# writes $out/NAME.json. The caches stay in $cold_caches for second_start.
 cold_first_call() {
   local name=$1; shift
-  TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout 200 \
-    python3 benchmarks/first_call_compiles.py --temperature 0.6 --out "$out/$name.json" "$@" \
+  cold_caches=$(mktemp -d)
+  first_call_in "$cold_caches" "$name" "$@"
+}
+
+# second_start NAME [args...]: the same on the caches the last cold_first_call left (a second
+# start of the same engine in a new process).
+second_start() { first_call_in "${cold_caches:?run cold_first_call first}" "$@"; }
+
+first_call_in() {
+  local dir=$1 name=$2; shift 2
+  TRITON_CACHE_DIR=$dir/triton TORCHINDUCTOR_CACHE_DIR=$dir/inductor ENGINESPEC_CACHE_DIR=$dir/enginespec \
+    timeout 200 python3 benchmarks/first_call_compiles.py --temperature 0.6 --out "$out/$name.json" "$@" \
     > "$out/$name.log" 2>&1
   echo "$name rc=$?"
   grep -E "^startup|compile at|load " "$out/$name.log" | head -20

@@ -30,9 +30,25 @@ def torch_compile_cache(tmp_path_factory):
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
         return
-    path = str(tmp_path_factory.mktemp("torchinductor"))
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    yield from _env_folder(tmp_path_factory, "TORCHINDUCTOR_CACHE_DIR", "torchinductor")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def enginespec_cache(tmp_path_factory):
+    """enginespec's own cache folder (ENGINESPEC_CACHE_DIR: the skinny GEMM's tuning table,
+    worker/skinny_table_file.py) under the session temp dir too, unless the user chose one: a
+    test run neither writes ~/.cache nor reads a table an earlier run left there."""
+    yield from _env_folder(tmp_path_factory, "ENGINESPEC_CACHE_DIR", "enginespec_cache")
+
+
+def _env_folder(tmp_path_factory, name: str, folder: str):
+    """Yield os.environ[name], set to a new session temp folder for the session when unset."""
+    if os.environ.get(name):
+        yield os.environ[name]
+        return
+    path = str(tmp_path_factory.mktemp(folder))
+    os.environ[name] = path
     try:
         yield path
     finally:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        os.environ.pop(name, None)

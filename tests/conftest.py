@@ -1,3 +1,7 @@
 """Session fixtures shared with the other test tree (defined once, in enginespec.testing.fixtures)."""
 
-from enginespec.testing.fixtures import tiny_checkpoint_root, torch_compile_cache  # noqa: F401 - fixtures
+from enginespec.testing.fixtures import (  # noqa: F401 - fixtures
+    enginespec_cache,
+    tiny_checkpoint_root,
+    torch_compile_cache,
+)

@@ -19,12 +19,14 @@ warning (compilation is an optimisation, never a requirement).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
 
 log = logging.getLogger(__name__)
 
+COMPILE_ENV = "ENGINESPEC_COMPILE"  # "1"/"0": compile the decoder or not, whatever the default
 EAGER_FUSED_ENV = "ENGINESPEC_EAGER_FUSED"  # "0": compile the fused path's steps too (CompiledBody)
 
 
@@ -65,10 +67,24 @@ class CompiledBody:
             return self.model.body(input_ids, positions)
 
 
-def should_compile(setting: Optional[bool], device: torch.device, enforce_eager: bool) -> bool:
-    """EngineArgs.compile_model: None means on for CUDA unless enforce_eager; True/False force it."""
+def should_compile(
+    setting: Optional[bool], device: torch.device, enforce_eager: bool, folded: bool = False
+) -> bool:
+    """EngineArgs.compile_model: True/False force it; None means ENGINESPEC_COMPILE ("1" on,
+    "0" off) or, unset, on for CUDA unless enforce_eager or the decoder is `folded`.
+
+    Why not for a folded decoder (merged_decoder.py's fold_norms): every launch of its layers is
+    then already one of ours or a GEMM (the projections, `paged_attention_qkv`, `add_linear_`,
+    `silu_mul_rows`), and its gathers and final norm take one launch each at every row count,
+    so inductor has nothing left to fuse, while dynamo's trace and inductor's compile of 28
+    layers cost a cold start about 12 s (benchmarks/RESULTS.md, twenty-seventh session)."""
     if setting is None:
-        return device.type == "cuda" and not enforce_eager
+        env = os.environ.get(COMPILE_ENV, "")
+        if env not in ("", "0", "1"):
+            raise ValueError(f"{COMPILE_ENV} must be 0 or 1, got {env!r}")
+        if env:
+            return env == "1"
+        return device.type == "cuda" and not enforce_eager and not folded
     if not isinstance(setting, bool):
         raise ValueError(f"compile_model must be None, True or False, got {setting!r}")
     return setting

@@ -430,10 +430,18 @@ class MergedDecoder(nn.Module):
         embed = self.embed_tokens
         return type(embed) is nn.Embedding and embed.max_norm is None and self.rope_table is not None
 
+    @property
+    def folded(self) -> bool:
+        """Whether every layer's norms are folded (fold_norms): then the gathers and the final
+        norm take their one-launch forms at every row count (nothing else would fuse them: a
+        folded decoder runs uncompiled, worker/compiled.py's should_compile)."""
+        return all(layer.folded for layer in self.layers)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # Off (0): no comparison on N at all; on: a guard on N under torch.compile (two graphs).
         fused = self.fused_max_rows > 0 and input_ids.shape[0] <= self.fused_max_rows
-        if fused and self.fused_embed_rope is not None:
+        one_launch = fused or self.folded
+        if one_launch and self.fused_embed_rope is not None:
             hidden, both = self.fused_embed_rope(
                 input_ids, positions, self.embed_tokens.weight, self.rope_table
             )
@@ -443,7 +451,7 @@ class MergedDecoder(nn.Module):
             cos, sin = self.rope(hidden, positions)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, fused)
-        if fused and self.fused_norm is not None:
+        if one_launch and self.fused_norm is not None:
             return self.fused_norm(hidden, self.norm.weight, float(self.norm.variance_epsilon))
         return self.norm(hidden)
 

@@ -110,7 +110,8 @@ class ModelRunner:
         if self.linear_table is not None:
             self.startup_phases["gemm_tuning"] = time.perf_counter() - started
         self.body = None  # None: the model's own eager body
-        if should_compile(compile_model, self.device, enforce_eager):
+        folded = bool(getattr(model, "folded_norms", False))
+        if should_compile(compile_model, self.device, enforce_eager, folded):
             self.body = CompiledBody(model, compile_backend)
             if self.linear_table is not None and os.environ.get(EAGER_FUSED_ENV, "1") != "0":
                 self.body.eager_max_rows = model.merged.fused_max_rows  # compiled.py says why

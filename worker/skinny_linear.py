@@ -8,8 +8,9 @@ nothing here guesses: `LinearTable.tune` times the baseline and every candidate 
 the model's own weights, inside a CUDA graph over all layers' distinct matrices (a cold L2, no
 launch gaps: a decode step's conditions), and keeps the fastest per key (row bucket, N, K,
 dtype, bias, variant). A candidate must also reproduce the baseline's results within bf16
-tolerance, after back-to-back graph replays, to be kept. The table is per process and device;
-ENGINESPEC_SKINNY_TABLE saves it to a file and loads it at the next start (skinny_table_file.py).
+tolerance, after back-to-back graph replays, to be kept. The table is per process and device,
+saved to a file in enginespec's cache folder (or ENGINESPEC_SKINNY_TABLE's path) and loaded at
+the next start (skinny_table_file.py).
 
 Variants (what runs in the GEMM's launch) and their baselines (what runs without the kernel):
 - "plain": x @ W.T; baseline cuBLAS (F.linear).

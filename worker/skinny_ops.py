@@ -119,8 +119,9 @@ def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
 
 def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearTable:
     """Tune every variant the decoder uses (once per device and process: a later engine only
-    adds what is missing; with ENGINESPEC_SKINNY_TABLE, the file's choices first and what it
-    lacks saved back: skinny_table_file.py) and point every layer at the ops: `linear` always, `fused_linear`
+    adds what is missing; the table file's choices first and what it lacks saved back:
+    skinny_table_file.py, a file in enginespec's cache folder unless ENGINESPEC_SKINNY_TABLE
+    names one or is 0) and point every layer at the ops: `linear` always, `fused_linear`
     where the layer can fuse. bf16/fp16 on CUDA only; the caller checks."""
     from enginespec.worker.skinny_linear import VARIANTS
 
@@ -129,7 +130,7 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     if table is None or table.max_rows < max_rows:
         table = LinearTable(device, max_rows)
     _TABLES[device] = table
-    path = table_file.path_from_env()
+    path = table_file.table_path(device)
     if path is not None and table_file.load(table, path):
         log.info("skinny_gemm: choices from %s", path)
     num_known = len(table.choices)

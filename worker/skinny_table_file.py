@@ -1,5 +1,9 @@
-"""A LinearTable's choices on disk: ENGINESPEC_SKINNY_TABLE=path saves them after tuning and
-loads them at the next start, which then tunes only what the file lacks.
+"""A LinearTable's choices on disk: saved after tuning and loaded at the next start, which then
+tunes only what the file lacks. Where (`table_path`): ENGINESPEC_SKINNY_TABLE=path; unset, a
+file in the cache folder (ENGINESPEC_CACHE_DIR, else $XDG_CACHE_HOME/enginespec, else
+~/.cache/enginespec) named by a hash of the fingerprint below, so a second start skips the
+tuning as inductor's and Triton's caches skip their compiles; ENGINESPEC_SKINNY_TABLE=0 (or
+blank): no file, every start tunes.
 
 Why: tuning times every launch shape at startup (seconds), and its picks vary from run to run
 where two shapes are within noise of each other, which confounds A/B runs of anything else in
@@ -37,10 +41,32 @@ TABLE_ENV = "ENGINESPEC_SKINNY_TABLE"
 FORMAT = 1
 
 
+CACHE_ENV = "ENGINESPEC_CACHE_DIR"
+
+
 def path_from_env() -> Optional[Path]:
-    """ENGINESPEC_SKINNY_TABLE as a path, or None when unset or blank."""
+    """ENGINESPEC_SKINNY_TABLE as a path, or None when unset, blank or "0"."""
     raw = os.environ.get(TABLE_ENV, "").strip()
-    return Path(raw).expanduser() if raw else None
+    return Path(raw).expanduser() if raw and raw != "0" else None
+
+
+def cache_dir() -> Path:
+    """enginespec's cache folder: ENGINESPEC_CACHE_DIR, else $XDG_CACHE_HOME/enginespec, else
+    ~/.cache/enginespec (not created here)."""
+    raw = os.environ.get(CACHE_ENV, "").strip()
+    if raw:
+        return Path(raw).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "enginespec"
+
+
+def table_path(device) -> Optional[Path]:
+    """Where this process's table lives (module doc): the env's path, None when the env turns
+    the file off, else the cache folder's file for this device's fingerprint."""
+    if TABLE_ENV in os.environ:
+        return path_from_env()
+    digest = hashlib.sha256(json.dumps(fingerprint(device), sort_keys=True).encode()).hexdigest()
+    return cache_dir() / f"skinny_table-{digest[:16]}.json"
 
 
 def fingerprint(device) -> dict:

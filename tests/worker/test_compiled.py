@@ -145,6 +145,26 @@ def test_compile_setting():
         should_compile("yes", cpu, enforce_eager=False)
 
 
+def test_a_folded_decoder_is_not_compiled_unless_asked(monkeypatch):
+    """A folded decoder has nothing left for inductor (compiled.py's should_compile): off by
+    default; compile_model=True or ENGINESPEC_COMPILE=1 still compile it, =0 turns any off."""
+    from enginespec.worker.compiled import COMPILE_ENV
+
+    cuda = torch.device("cuda")
+    monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert not should_compile(None, cuda, enforce_eager=False, folded=True)
+    assert should_compile(True, cuda, enforce_eager=False, folded=True)
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    assert should_compile(None, cuda, enforce_eager=False, folded=True)
+    assert should_compile(None, torch.device("cpu"), enforce_eager=False)
+    monkeypatch.setenv(COMPILE_ENV, "0")
+    assert not should_compile(None, cuda, enforce_eager=False)
+    assert should_compile(True, cuda, enforce_eager=False)  # the argument wins over the env
+    monkeypatch.setenv(COMPILE_ENV, "yes")
+    with pytest.raises(ValueError, match=COMPILE_ENV):
+        should_compile(None, cuda, enforce_eager=False)
+
+
 def test_attention_op_needs_a_step_context():
     with pytest.raises(ValueError, match="StepContext"):
         current()

@@ -98,3 +98,36 @@ def test_float16_is_never_folded(monkeypatch):
 def test_folding_is_off_on_the_cpu_unless_asked(monkeypatch):
     monkeypatch.delenv(FOLD_NORMS_ENV, raising=False)
     assert not FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu")).folded_norms
+
+
+def test_a_folded_decoder_takes_the_one_launch_gathers_and_norm_at_every_row_count(impl, monkeypatch):
+    """Folded, the decoder runs uncompiled (worker/compiled.py), so its embedding + rope gathers
+    and final norm take their one-launch ops (set as skinny_ops.install sets them) at any row
+    count, not only on the fused path's rows; same values as the checkpoint's modules."""
+    from enginespec.worker import skinny_ops  # noqa: F401 - registers the ops
+    from tests.worker.test_skinny_linear import _prefill
+
+    monkeypatch.setenv(FOLD_NORMS_ENV, "1")
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
+    merged = model.merged
+    assert model.folded_norms and merged.folded and merged.fused_max_rows == 0
+    calls = []
+
+    def norm(x, weight, eps):
+        calls.append("norm")
+        return torch.ops.enginespec.rms_norm(x, weight, eps)
+
+    def embed_rope(*args):
+        calls.append("embed_rope")
+        return torch.ops.enginespec.embed_rope(*args)
+
+    want = _prefill(model, impl, 29)
+    merged.fused_norm, merged.fused_embed_rope = norm, embed_rope
+    got = _prefill(model, impl, 29)
+    assert calls == ["embed_rope", "norm"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    merged.layers[0].folded = False  # one layer unfolded: the decoder is not folded
+    assert not merged.folded
+    calls.clear()
+    _prefill(model, impl, 29)
+    assert calls == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,10 +117,30 @@ def test_not_json_is_ignored(tmp_path, caplog):
 def test_path_from_env(monkeypatch, tmp_path):
     monkeypatch.delenv(tf.TABLE_ENV, raising=False)
     assert tf.path_from_env() is None
-    monkeypatch.setenv(tf.TABLE_ENV, "  ")
-    assert tf.path_from_env() is None
+    for off in ("  ", "0"):
+        monkeypatch.setenv(tf.TABLE_ENV, off)
+        assert tf.path_from_env() is None
+        assert tf.table_path("cpu") is None
     monkeypatch.setenv(tf.TABLE_ENV, str(tmp_path / "t.json"))
     assert tf.path_from_env() == tmp_path / "t.json"
+    assert tf.table_path("cpu") == tmp_path / "t.json"
+
+
+def test_default_table_path_is_in_the_cache_folder_by_fingerprint(monkeypatch, tmp_path):
+    """Unset, the table lives in enginespec's cache folder under a name that changes with the
+    fingerprint (a second start finds it; another torch, triton or kernel source does not)."""
+    monkeypatch.delenv(tf.TABLE_ENV, raising=False)
+    monkeypatch.setenv(tf.CACHE_ENV, str(tmp_path / "cache"))
+    path = tf.table_path("cpu")
+    assert path.parent == tmp_path / "cache" and path.name.startswith("skinny_table-")
+    assert tf.table_path("cpu") == path
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert tf.table_path("cpu") != path
+    monkeypatch.delenv(tf.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tf.table_path("cpu").parent == tmp_path / "xdg" / "enginespec"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tf.cache_dir() == Path.home() / ".cache" / "enginespec"
 
 
 def _decoder_choices(layers, max_rows: int, skip: str = "") -> dict:
@@ -132,11 +153,22 @@ def _decoder_choices(layers, max_rows: int, skip: str = "") -> dict:
     return choices
 
 
-@pytest.mark.parametrize("skip", ["", "norm_silu"], ids=["covered", "one-variant-missing"])
-def test_install_tunes_only_what_the_file_lacks(impl, monkeypatch, tmp_path, skip):
+@pytest.mark.parametrize(
+    "skip, where",
+    [("", "env"), ("norm_silu", "env"), ("norm_silu", "cache")],
+    ids=["covered", "one-variant-missing", "default-file-one-variant-missing"],
+)
+def test_install_tunes_only_what_the_file_lacks(impl, monkeypatch, tmp_path, skip, where):
+    """where: the file named by ENGINESPEC_SKINNY_TABLE, or (env unset) the cache folder's."""
     model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=impl.attention_backend("cpu"))
     layers = model.merged.layers
-    path = tmp_path / "table.json"
+    monkeypatch.setenv(tf.CACHE_ENV, str(tmp_path / "cache"))
+    if where == "env":
+        path = tmp_path / "table.json"
+        monkeypatch.setenv(tf.TABLE_ENV, str(path))
+    else:
+        monkeypatch.delenv(tf.TABLE_ENV, raising=False)
+        path = tf.table_path("cpu")
     saved = sl.LinearTable("cpu", max_rows=8)
     saved.choices.update(_decoder_choices(layers, 8, skip))
     tf.save(saved, path)
@@ -149,7 +181,6 @@ def test_install_tunes_only_what_the_file_lacks(impl, monkeypatch, tmp_path, ski
                 self.choices[(bucket, *group, variant)] = sl.Choice(GEMV, 0.5, 2.0)
 
     monkeypatch.setattr(sl.LinearTable, "tune", fake_tune)
-    monkeypatch.setenv(tf.TABLE_ENV, str(path))
     monkeypatch.delitem(skinny_ops._TABLES, torch.device("cpu"), raising=False)
     for layer in layers:  # install() rewires them; monkeypatch puts them back afterwards
         monkeypatch.setattr(layer, "linear", layer.linear)
