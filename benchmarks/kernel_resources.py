@@ -142,7 +142,7 @@ def kernels() -> list:
             IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True
         )
         dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile, LONG_TILE=0, PREFETCH_TILES=1)
-        dec.update(H_BLOCK=1024, USE_ROW_SCALE=False)
+        dec.update(HIDDEN=1024, H_BLOCK=1024, USE_ROW_SCALE=False)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16)
         ptrs.update(
             norm_ptr=BF16, slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32"
@@ -196,6 +196,35 @@ def kernels() -> list:
         name = f"tiled {variant} rows={block_m} block_n={block_n} block_k={block_k} warps={warps} stages={stages} split={int(split)}"
         opts = {"num_warps": warps, "num_stages": stages}
         cases.append((name, sg._skinny_gemm_kernel, consts, ptrs, ("eps",), opts))
+    # The one-split decode attention (what a 64-row decode runs) with the folded input norm's row scale.
+    one_split = next(c for c in cases if c[0].startswith("decode_attention split=0"))
+    name, fn, consts, ptrs, floats, opts = one_split
+    name = name.replace("decode_attention", "decode_attention folded")
+    cases.append((name, fn, dict(consts, USE_ROW_SCALE=True), ptrs, floats, opts))
+    return cases + _row_scale_cases()
+
+
+def _row_scale_cases() -> list:
+    """q|k|v rotary and SiLU * up without and with the folded norms' row scale, at hidden 1,024
+    and intermediate 3,072 (silu_mul's launch config for it)."""
+    from enginespec.kernels import qkv_rope as qr
+    from enginespec.kernels import silu_mul as sm
+
+    rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16)
+    rope.update(USE_NORM=True, USE_PDL=True, HIDDEN=1024, H_BLOCK=1024)
+    rope_ptrs = dict(q_out_ptr=BF16, cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16, norm_ptr=BF16)
+    rope_ptrs.update(slot_ptr="*i64", h_ptr=BF16)
+    silu_ptrs = dict(out_ptr=BF16, gate_up_ptr=BF16, h_ptr=BF16)
+    cases = []
+    for scaled in (False, True):
+        tag = " folded" if scaled else ""
+        consts = dict(rope, USE_ROW_SCALE=scaled)
+        opts = {"num_warps": 4}
+        cases.append((f"qkv_rope{tag}", qr._qkv_rope_kernel, consts, rope_ptrs, ("eps", "row_eps"), opts))
+        block, warps = sm.launch_config(3072, scaled)
+        consts = dict(BLOCK=block, USE_PDL=True, HIDDEN=1024, H_BLOCK=1024, USE_ROW_SCALE=scaled)
+        name = f"silu_mul{tag} inter=3072 block={block} warps={warps}"
+        cases.append((name, sm._silu_mul_kernel, consts, silu_ptrs, ("row_eps",), {"num_warps": warps}))
     return cases
 
 

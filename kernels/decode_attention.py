@@ -48,7 +48,7 @@ from enginespec.kernels.paged_attention import (
     _tile_range,
 )
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled, prefetch_l2
-from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
+from enginespec.kernels.row_scale import check_row_source, row_rms_scale, row_scale_constexprs
 
 
 @triton.jit
@@ -170,13 +170,12 @@ def _decode_attention_kernel(
     block_table_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32, the new token included
     order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
-    h_ptr,  # [B, H] (USE_ROW_SCALE only): the rows the folded input norm would have normed
+    h_ptr,  # [B, HIDDEN] (USE_ROW_SCALE only): the rows the folded input norm would have normed
     num_splits,
     scale_log2,
     window,
     eps,
     row_eps,
-    hidden,  # H
     scratch_slot,
     stride_h,
     stride_qkv,
@@ -207,6 +206,7 @@ def _decode_attention_kernel(
     LOOP_TILE: tl.constexpr = 64,
     LONG_TILE: tl.constexpr = 0,
     PREFETCH_TILES: tl.constexpr = 1,
+    HIDDEN: tl.constexpr = 0,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
 ):
@@ -214,8 +214,9 @@ def _decode_attention_kernel(
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
     norm weights and the block-table entries of the split's first tile (none written by a
     kernel of the chain) are read before gdc_wait, and L2 is asked for that tile's K and V;
-    the q|k|v row (the GEMM before wrote it) and the pool are read after it, and every store
-    comes after it."""
+    the q|k|v row (the GEMM before wrote it), the hidden row (USE_ROW_SCALE) and the pool are
+    read after it, and every store comes after it; the q|k|v row and the hidden row in one load
+    round, before any reduction."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -282,10 +283,11 @@ def _decode_attention_kernel(
     xk = tl.load(row + k_head * HEAD_DIM + dims).to(tl.float32)[None, :]  # [1, HEAD_DIM]
     xk_p = tl.load(row + k_head * HEAD_DIM + partner).to(tl.float32)[None, :]
     c_ty = cache_ptr.dtype.element_ty
-    # v_new with q and k: one load round for the whole row, before the norms' reductions.
+    # v_new with q and k, and the hidden row (USE_ROW_SCALE) right after them: one load round
+    # for both rows, before the norms' reductions.
     v_new = tl.load(row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + dims)  # [HEAD_DIM]
     if USE_ROW_SCALE:  # a folded input norm: scaled and rounded as the un-folded GEMM's output was
-        r = row_rms_scale(h_ptr, req, stride_h, hidden, row_eps, H_BLOCK)
+        r = row_rms_scale(h_ptr, req, stride_h, row_eps, HIDDEN, H_BLOCK)
         xq = (xq * r).to(in_ty).to(tl.float32)
         xq_p = (xq_p * r).to(in_ty).to(tl.float32)
         xk = (xk * r).to(in_ty).to(tl.float32)
@@ -533,7 +535,6 @@ def decode_attention(
         window,
         eps,
         row_eps,
-        h.shape[1],
         (cache.shape[1] - 1) * block_size,
         h.stride(0),
         qkv.stride(0),
@@ -564,8 +565,7 @@ def decode_attention(
         LOOP_TILE=cfg.loop_tile or cfg.tile,
         LONG_TILE=cfg.long_tile,
         PREFETCH_TILES=cfg.prefetch_tiles,
-        H_BLOCK=h_block(h.shape[1]),
-        USE_ROW_SCALE=row_source is not None,
+        **row_scale_constexprs(row_source),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),

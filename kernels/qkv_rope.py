@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
-from enginespec.kernels.row_scale import check_row_source, h_block, row_rms_scale
+from enginespec.kernels.row_scale import check_row_source, row_rms_scale, row_scale_constexprs
 
 
 @triton.jit
@@ -38,10 +38,9 @@ def _qkv_rope_kernel(
     sin_ptr,  # [N, D]
     norm_ptr,  # [Hq + Hkv, D] (USE_NORM only): per-head norm weights, q heads first
     slot_ptr,  # [N] int64; -1 = padding row (scratch block)
-    h_ptr,  # [N, H] (USE_ROW_SCALE only): the rows the folded input norm would have normed
+    h_ptr,  # [N, HIDDEN] (USE_ROW_SCALE only): the rows the folded input norm would have normed
     eps,
     row_eps,
-    hidden,  # H
     scratch_slot,
     stride_h,
     stride_qkv,
@@ -61,13 +60,16 @@ def _qkv_rope_kernel(
     HALF: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     USE_NORM: tl.constexpr,
+    HIDDEN: tl.constexpr = 0,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """USE_PDL (kernels/pdl.py): the norm weights, cos/sin and the slot (none written by a
-    kernel of the chain) are read before gdc_wait; the q|k|v row (the GEMM before wrote it)
-    after it, and every store comes after it."""
+    kernel of the chain) are read before gdc_wait; the q|k|v row (the GEMM before wrote it) and
+    the hidden row (USE_ROW_SCALE) after it, and every store comes after it. With USE_ROW_SCALE
+    the whole q|k|v row (v included) and the hidden row are loaded before any store or
+    reduction: one load round."""
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, QK_PAD)[:, None]  # [QK_PAD, 1] q heads, then k heads
     half = tl.arange(0, HALF)[None, :]  # [1, HALF]
@@ -88,10 +90,17 @@ def _qkv_rope_kernel(
     x1 = tl.load(row + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     x2 = tl.load(row + HALF + half, mask=is_qk, other=0.0).to(tl.float32)  # [QK_PAD, HALF]
     in_ty = qkv_ptr.dtype.element_ty
+    v_heads = tl.arange(0, KV_PAD)[:, None]  # [KV_PAD, 1]
+    dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
+    is_v = v_heads < NUM_KV
     if USE_ROW_SCALE:  # scaled and rounded as the un-folded GEMM's output was
-        r = row_rms_scale(h_ptr, tok, stride_h, hidden, row_eps, H_BLOCK)
+        # v here, with q|k: the row scale's reduction has a barrier, which a load after it
+        # would wait for (a second round). Unscaled, v is loaded where it is stored.
+        v = _load_v(qkv_ptr, tok, stride_qkv, v_heads, dims, is_v, NUM_Q, NUM_KV, HEAD_DIM)
+        r = row_rms_scale(h_ptr, tok, stride_h, row_eps, HIDDEN, H_BLOCK)
         x1 = (x1 * r).to(in_ty).to(tl.float32)
         x2 = (x2 * r).to(in_ty).to(tl.float32)
+        v = (v.to(tl.float32) * r).to(in_ty)
     if USE_NORM:
         mean_sq = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM  # [QK_PAD]
         rstd = (1.0 / tl.sqrt(mean_sq + eps))[:, None]  # [QK_PAD, 1]
@@ -113,16 +122,18 @@ def _qkv_rope_kernel(
     k_row = cache_ptr + base + (heads - NUM_Q) * stride_c_head  # [QK_PAD, 1] (masked where q)
     tl.store(k_row + half, o1.to(c_ty), mask=is_k)
     tl.store(k_row + HALF + half, o2.to(c_ty), mask=is_k)
-
-    v_heads = tl.arange(0, KV_PAD)[:, None]  # [KV_PAD, 1]
-    dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
-    is_v = v_heads < NUM_KV
-    v = tl.load(
-        qkv_ptr + tok * stride_qkv + (NUM_Q + NUM_KV + v_heads) * HEAD_DIM + dims, mask=is_v, other=0.0
-    )  # [KV_PAD, HEAD_DIM]
-    if USE_ROW_SCALE:
-        v = (v.to(tl.float32) * r).to(in_ty)
+    if not USE_ROW_SCALE:
+        v = _load_v(qkv_ptr, tok, stride_qkv, v_heads, dims, is_v, NUM_Q, NUM_KV, HEAD_DIM)
     tl.store(cache_ptr + stride_c_kv + base + v_heads * stride_c_head + dims, v.to(c_ty), mask=is_v)
+
+
+@triton.jit
+def _load_v(qkv_ptr, tok, stride_qkv, v_heads, dims, is_v, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr,
+            HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Row tok's v heads [KV_PAD, HEAD_DIM] in qkv's dtype (rows past NUM_KV: 0). qkv_ptr:
+    [N, (NUM_Q + 2 NUM_KV) * HEAD_DIM]; v_heads [KV_PAD, 1], dims [1, HEAD_DIM], is_v [KV_PAD, 1]."""
+    v_cols = (NUM_Q + NUM_KV + v_heads) * HEAD_DIM + dims  # [KV_PAD, HEAD_DIM]
+    return tl.load(qkv_ptr + tok * stride_qkv + v_cols, mask=is_v, other=0.0)
 
 
 def supported(head_dim: int) -> bool:
@@ -173,7 +184,6 @@ def qkv_rope(
         h,
         eps,
         row_eps,
-        h.shape[1],
         (cache.shape[1] - 1) * block_size,
         h.stride(0),
         qkv.stride(0),
@@ -193,8 +203,7 @@ def qkv_rope(
         HALF=head_dim // 2,
         BLOCK_SIZE=block_size,
         USE_NORM=norm_weight is not None,
-        H_BLOCK=h_block(h.shape[1]),
-        USE_ROW_SCALE=row_source is not None,
+        **row_scale_constexprs(row_source),
         USE_PDL=pdl,
         num_warps=4,
         **launch_options(pdl),

@@ -146,6 +146,25 @@ def test_folded_input_norm_row_scale(norm, num_splits):
     assert not torch.allclose(got.float(), plain.float(), **TOLERANCES[dtype]), "the scale changed nothing"
 
 
+@pytest.mark.parametrize("requests", [1, 3, 17])
+@pytest.mark.parametrize("hidden,h_block_max", [(48, 16), (200, 16), (200, 1024)])
+def test_folded_row_scale_static_steps(monkeypatch, requests, hidden, h_block_max):
+    """The static read of h (kernels/row_scale.py): 48 in three whole 16-element steps, 200 in
+    twelve and a ragged tail, or in one masked step; 1, 3 and 17 requests (and a padding row),
+    two splits, h a strided slice of wider rows."""
+    from enginespec.kernels import row_scale
+
+    monkeypatch.setattr(row_scale, "H_BLOCK_MAX", h_block_max)
+    gen = torch.Generator().manual_seed(requests + hidden)
+    seq_lens = torch.randint(1, 24, (requests,), generator=gen).tolist()
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 40 + requests, seq_lens)
+    n = qkv.shape[0]
+    mags = torch.logspace(-1, 1, n)[torch.randperm(n, generator=gen)]
+    wide = (torch.randn(n, hidden + 24, generator=gen) * mags[:, None]).to(DEVICE)
+    cfg = LaunchConfig(block_m=16, tile=16, num_splits=2, num_warps=4, num_stages=2)
+    _check(batch, qkv, cos, sin, weight, config=cfg, row_source=wide[:, 5 : 5 + hidden])
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize(

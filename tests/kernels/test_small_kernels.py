@@ -264,6 +264,80 @@ def test_silu_mul_row_scale_matches_reference(dtype, hidden):
     assert not torch.allclose(got.float(), silu_mul_ref(gate_up).float(), **TOLERANCES[dtype])
 
 
+@pytest.fixture
+def h_block_max(request, monkeypatch):
+    """The widest step row_rms_scale reads h in (kernels/row_scale.py H_BLOCK_MAX), shrunk to 16
+    so hidden 48 takes three whole static steps and 200 twelve and a ragged 8-element tail; at
+    1,024, each is one masked step."""
+    from enginespec.kernels import row_scale
+
+    monkeypatch.setattr(row_scale, "H_BLOCK_MAX", request.param)
+    return request.param
+
+
+def _strided_row_source(n, hidden, dtype, seed):
+    """_row_source's rows as a slice of wider rows: the row stride is not hidden."""
+    wide = _row_source(n, hidden + 24, dtype, seed)
+    return wide[:, 7 : 7 + hidden]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("hidden", [48, 200])
+@pytest.mark.parametrize("h_block_max", [16, 1024], indirect=True)
+def test_qkv_rope_row_scale_static_steps(dtype, rows, hidden, h_block_max):
+    """The static read of h: whole steps only (48 in 16s), whole steps and a tail (200 in 16s),
+    one masked step (both at 1,024); row counts 1, 3 (a padding row) and 17; a strided h."""
+    from enginespec.kernels.qkv_rope import qkv_rope
+    from enginespec.kernels.reference import qkv_rope_ref
+
+    heads, dim = (3, 1), 16
+    qkv, cos, sin, slots, cache = _qkv_case(dtype, heads, dim, 4, num_tokens=17)
+    qkv, cos, sin, slots = qkv[:rows], cos[:rows], sin[:rows], slots[:rows]
+    h = _strided_row_source(rows, hidden, dtype, seed=rows + hidden)
+    weight = 1 + 0.1 * _randn(sum(heads), dim, dtype=dtype, seed=13)
+    want_cache = cache.clone()
+    got = qkv_rope(qkv, cos, sin, weight, 1e-6, cache, slots, 3, row_source=h, row_eps=1e-5)
+    want = qkv_rope_ref(qkv, cos, sin, weight, 1e-6, want_cache, slots, 3, h, 1e-5)
+    tol = dict(TOLERANCES[dtype])  # bfloat16: two ulps of the largest value (see above)
+    if dtype != torch.float32:
+        tol["atol"] = 2 * torch.finfo(dtype).eps * want.abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    torch.testing.assert_close(cache[:, :-1].float(), want_cache[:, :-1].float(), equal_nan=True, **tol)
+
+
+def test_silu_mul_launch_config():
+    """Unscaled: 1,024-column programs of 4 warps, as before. Row-scaled: one program a row up
+    to 4,096 columns, 8 columns a thread (4-16 warps)."""
+    from enginespec.kernels.silu_mul import launch_config
+
+    assert launch_config(3072, False) == (1024, 4) and launch_config(40, False) == (64, 4)
+    assert launch_config(3072, True) == (4096, 16) and launch_config(12288, True) == (4096, 16)
+    assert launch_config(2000, True) == (2048, 8) and launch_config(40, True) == (64, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("hidden", [48, 200])
+@pytest.mark.parametrize("inter", [40, 53])
+@pytest.mark.parametrize("row_block", [16, 4096])
+@pytest.mark.parametrize("h_block_max", [16], indirect=True)
+def test_silu_mul_row_scale_programs(monkeypatch, dtype, rows, hidden, inter, row_block, h_block_max):
+    """Row-scaled programs of at most `row_block` columns: with 16, three or four programs a
+    row (53: a ragged last one), each reading h; with 4,096 one a row (a masked 64-column
+    block). h in 16-element static steps (48: whole steps; 200: a tail too), strided."""
+    from enginespec.kernels import silu_mul as sm
+    from enginespec.kernels.reference import silu_mul_ref
+
+    monkeypatch.setattr(sm, "ROW_SCALE_BLOCK", row_block)
+    gate_up = _randn(rows, 2 * inter, dtype=dtype, seed=inter + rows)
+    h = _strided_row_source(rows, hidden, dtype, seed=hidden + rows)
+    got = sm.silu_mul(gate_up, row_source=h, row_eps=1e-6)
+    want = silu_mul_ref(gate_up, h, 1e-6)
+    assert got.shape == (rows, inter)
+    torch.testing.assert_close(got.float(), want.float(), **TOLERANCES[dtype])
+
+
 def test_row_source_bad_input_raises():
     from enginespec.kernels.qkv_rope import qkv_rope
     from enginespec.kernels.silu_mul import silu_mul
