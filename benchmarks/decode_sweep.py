@@ -12,7 +12,8 @@ and prints a markdown table.
 CPU smoke: --shape tiny --device cpu --batches 1,2 --steps 3 --prompt-len 16
 
 How a batch size is measured: b requests with distinct random prompts of --prompt-len tokens
-(no prefix-cache hit) are added to the LLM's EngineCore, stepped until one step schedules
+(with --max-prompt-len, of lengths uniform in [--prompt-len, --max-prompt-len]; no prefix-cache
+hit) are added to the LLM's EngineCore, stepped until one step schedules
 exactly b tokens (all in decode), stepped --settle more times, then --steps steps are traced
 (EngineStats.step_trace). A step's wall is the time between the ends of consecutive steps, so
 with async scheduling it is the pipelined step time a long generation sees. The requests are
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="comma-separated")
     p.add_argument("--prompt-len", type=int, default=512, help="context of every request at the start")
+    p.add_argument(
+        "--max-prompt-len",
+        type=int,
+        default=0,
+        help="if set: each request's context is uniform in [--prompt-len, this] (mixed contexts, as a "
+        "real batch has; seeded by the batch size), else every one is --prompt-len",
+    )
     p.add_argument("--steps", type=int, default=30, help="traced decode steps per batch size")
     p.add_argument("--settle", type=int, default=3, help="untimed decode steps before the trace")
     p.add_argument("--latency-tokens", type=int, default=128, help="LLM.generate batch-1 tokens (0 = skip)")
@@ -92,6 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("prompt_len", "steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_prompt_len and args.max_prompt_len < args.prompt_len:
+        raise ValueError(
+            f"--max-prompt-len must be >= --prompt-len ({args.prompt_len}), got {args.max_prompt_len}"
+        )
     if not args.batch_sizes or args.batch_sizes[0] < 1:
         raise ValueError(f"--batches must be positive ints, got {args.batches!r}")
     args.device = str(resolve_device(args.device))
@@ -106,12 +118,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _add_requests(core, tag: str, num: int, prompt_len: int, max_tokens: int, vocab: int, seed: int):
+def _add_requests(
+    core, tag: str, num: int, prompt_len: int, max_tokens: int, vocab: int, seed: int, max_prompt_len: int = 0
+):
+    """num requests of distinct random prompts: prompt_len tokens each, or with max_prompt_len a
+    length uniform in [prompt_len, max_prompt_len] each (drawn from the same seeded stream)."""
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [f"{tag}-{i}" for i in range(num)]
     for rid in ids:
-        core.add_request(rid, [rng.randrange(min(vocab, 10000)) for _ in range(prompt_len)], params)
+        n = rng.randint(prompt_len, max_prompt_len) if max_prompt_len else prompt_len
+        core.add_request(rid, [rng.randrange(min(vocab, 10000)) for _ in range(n)], params)
     return ids
 
 
@@ -124,7 +141,9 @@ def _drain(core, ids) -> None:
 def measure_batch(core, batch: int, shape, rates: dict, args) -> dict:
     """Median wall and floor of `args.steps` steady decode steps of `batch` requests (module doc)."""
     max_tokens = 64 + args.settle + args.steps + 4
-    ids = _add_requests(core, f"sweep{batch}", batch, args.prompt_len, max_tokens, shape.vocab_size, batch)
+    ids = _add_requests(
+        core, f"sweep{batch}", batch, args.prompt_len, max_tokens, shape.vocab_size, batch, args.max_prompt_len
+    )
     warm = step_until_steady(core, batch, 64)
     for _ in range(args.settle):
         core.step(final_only=True)

@@ -60,6 +60,34 @@ def test_bad_batches_is_a_clear_error(capsys):
     assert "--batches" in capsys.readouterr().err
 
 
+def test_mixed_contexts_draw_seeded_lengths_in_the_range():
+    """--max-prompt-len: each request's prompt length uniform in [--prompt-len, it], the same
+    for the same seed; without it every prompt is --prompt-len long."""
+
+    class Core:
+        def __init__(self):
+            self.lens = []
+
+        def add_request(self, rid, prompt, params):
+            self.lens.append(len(prompt))
+
+    def lens(max_prompt_len, seed=16):
+        core = Core()
+        decode_sweep._add_requests(core, "t", 16, 10, 4, 1000, seed, max_prompt_len)
+        return core.lens
+
+    mixed = lens(200)
+    assert all(10 <= n <= 200 for n in mixed) and len(set(mixed)) > 4
+    assert lens(200) == mixed and lens(200, seed=3) != mixed
+    assert lens(0) == [10] * 16
+
+
+def test_max_prompt_len_below_prompt_len_is_a_clear_error(capsys):
+    argv = ["--device", "cpu", "--prompt-len", "64", "--max-prompt-len", "32"]
+    assert decode_sweep.main(argv) == 2
+    assert "--max-prompt-len" in capsys.readouterr().err
+
+
 def test_kernel_table_sums_device_time_per_name_and_step():
     from types import SimpleNamespace
 
