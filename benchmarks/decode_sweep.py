@@ -142,7 +142,14 @@ def measure_batch(core, batch: int, shape, rates: dict, args) -> dict:
     """Median wall and floor of `args.steps` steady decode steps of `batch` requests (module doc)."""
     max_tokens = 64 + args.settle + args.steps + 4
     ids = _add_requests(
-        core, f"sweep{batch}", batch, args.prompt_len, max_tokens, shape.vocab_size, batch, args.max_prompt_len
+        core,
+        f"sweep{batch}",
+        batch,
+        args.prompt_len,
+        max_tokens,
+        shape.vocab_size,
+        batch,
+        args.max_prompt_len,
     )
     warm = step_until_steady(core, batch, 64)
     for _ in range(args.settle):
