@@ -3,9 +3,9 @@
 # whole-row SiLU * up (1981025) against the kernels before it (.dev_carry/variants/base, made
 # with `bash benchmarks/make_variant.sh base 8ee0f69 kernels/row_scale.py kernels/qkv_rope.py
 # kernels/decode_attention.py kernels/silu_mul.py`): decode steps of 64-256 rows, base first.
-# (2) Decode steps of 8-64 rows over mixed contexts (uniform in 100-2,048 tokens, as a real
+# First the CUDA tests of the changed kernels and paths. (2) Decode steps of 8-64 rows over mixed contexts (uniform in 100-2,048 tokens, as a real
 # batch's are) against one context of the same mean, then the decode attention's split count
-# forced to 2, 4 and 8 at up to 64 rows (ENGINESPEC_DECODE_ATTN); if one beats the default by
+# forced to 4 and 8 at up to 64 rows (ENGINESPEC_DECODE_ATTN); if one beats the default by
 # 3% over those rows, the t 0.6 workload with it and without.
 #   bash benchmarks/gpu_round27b.sh SHA    # carry [".dev_carry"]; ~8 min on a cold machine
 source benchmarks/gpu_common.sh; gpu_setup || exit 1
@@ -18,6 +18,11 @@ sweep() {  # sweep NAME [decode_sweep args...]: this tree
     --out $out/$name.json "$@" > $out/$name.log 2>&1
   echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" $out/$name.log
 }
+timeout 120 python3 -m pytest -q -rfEs -p enginespec.conformance.plugin --impl=fast \
+  tests/kernels/test_small_kernels.py tests/kernels/test_decode_attention.py tests/kernels/test_pdl.py \
+  tests/worker/test_folded_norms.py tests/worker/test_compiled.py conformance/test_parity.py \
+  -k "cuda or row or folded or qkv or silu or matches or compile" > $out/test.log 2>&1
+echo "tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" $out/test.log | head; tail -1 $out/test.log
 (cd "$base" && PYTHONPATH=$btree:$base:/tmp/site timeout 200 python3 benchmarks/decode_sweep.py \
   --git-commit "$S-base" --steps 20 --latency-tokens 0 --batches 64,128,256 --out $out/rs_base.json \
   > $out/rs_base.log 2>&1); echo "rs_base rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" $out/rs_base.log
@@ -32,13 +37,13 @@ PY
 B=8,16,32,64
 sweep mix_uniform --batches $B --prompt-len 1074
 sweep mix_default --batches $B --prompt-len 100 --max-prompt-len 2048
-for sp in 2 4 8; do
+for sp in 4 8; do
   ENGINESPEC_DECODE_ATTN=splits=$sp,max_rows=64 sweep mix_splits$sp --batches $B --prompt-len 100 --max-prompt-len 2048
 done
 best=$(python3 - $out <<'PY'
 import json, sys
 tot = lambda n: sum(r["ms_per_step"] for r in json.load(open(f"{sys.argv[1]}/{n}.json"))["rows"])
-base = tot("mix_default"); cands = {sp: tot(f"mix_splits{sp}") for sp in (2, 4, 8)}
+base = tot("mix_default"); cands = {sp: tot(f"mix_splits{sp}") for sp in (4, 8)}
 sp, t = min(cands.items(), key=lambda kv: kv[1])
 print(sp if t < 0.97 * base else "")
 PY
@@ -46,9 +51,9 @@ PY
 echo "best split override: '${best}'"
 if [ -n "$best" ]; then
   for v in "" "splits=$best,max_rows=64"; do
-    left=$((590 - SECONDS)); [ "$left" -lt 90 ] && { echo "t06 '$v' not run: ${left}s left"; continue; }
+    left=$((585 - SECONDS)); [ "$left" -lt 80 ] && { echo "t06 '$v' not run: ${left}s left"; continue; }
     tag=${v:+split$best}; tag=${tag:-default}
-    ENGINESPEC_DECODE_ATTN=$v timeout 150 python3 benchmarks/throughput.py --impl fast --git-commit $S \
+    ENGINESPEC_DECODE_ATTN=$v timeout "$left" python3 benchmarks/throughput.py --impl fast --git-commit $S \
       --repeat 3 --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 \
       --out $out/t06_$tag.json > $out/t06_$tag.log 2>&1
     echo "t06 $tag rc=$? after ${SECONDS}s"
