@@ -49,9 +49,10 @@ print(sp if t < 0.97 * base else "")
 PY
 )
 echo "best split override: '${best}'"
+left=$((585 - SECONDS)); [ "$left" -lt 170 ] && { echo "workload pair not run: ${left}s left"; best=; }
 if [ -n "$best" ]; then
   for v in "" "splits=$best,max_rows=64"; do
-    left=$((585 - SECONDS)); [ "$left" -lt 80 ] && { echo "t06 '$v' not run: ${left}s left"; continue; }
+    left=$((585 - SECONDS))
     tag=${v:+split$best}; tag=${tag:-default}
     ENGINESPEC_DECODE_ATTN=$v timeout "$left" python3 benchmarks/throughput.py --impl fast --git-commit $S \
       --repeat 3 --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 \
