@@ -50,3 +50,19 @@ first_call_in() {
   echo "$name rc=$?"
   grep -E "^startup|compile at|load " "$out/$name.log" | head -20
 }
+
+# t06_workload NAME SECONDS SHA [throughput.py args...]: the temperature-0.6 workload, 3 runs
+# (throughput.py --repeat 3, no HF/big/latency/profile phases), within SECONDS; writes
+# $out/NAME.json and .log and prints its summary (wall over floor, its runs, first call, startup).
+t06_workload() {
+  local name=$1 secs=$2 sha=$3; shift 3
+  timeout "$secs" python3 benchmarks/throughput.py --impl fast --git-commit "$sha" --repeat 3 \
+    --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 --out "$out/$name.json" "$@" \
+    > "$out/$name.log" 2>&1
+  echo "$name rc=$? after ${SECONDS}s"
+  python3 - "$out/$name.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+print({k: s.get(k) for k in ("wall_s", "floor_s", "wall_over_floor", "first_over_warm", "startup_s", "runs_wall_over_floor")})
+PY
+}

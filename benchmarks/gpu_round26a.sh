@@ -12,15 +12,7 @@ timeout 170 python3 -m pytest -q -rfEs -p enginespec.conformance.plugin --impl=f
   conformance/test_parity.py -k "cuda or row or folded or qkv or silu or matches" > $out/test.log 2>&1
 echo "tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" $out/test.log | head; tail -1 $out/test.log
 for fold in 1 0; do
-  ENGINESPEC_FOLD_NORMS=$fold timeout 170 python3 benchmarks/throughput.py --impl fast --git-commit $S \
-    --repeat 3 --first-call --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 \
-    --out $out/t06_fold$fold.json > $out/t06_fold$fold.log 2>&1
-  echo "t06 fold=$fold rc=$? after ${SECONDS}s"
-  python3 - $out/t06_fold$fold.json <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))["summary"]
-print({k: s.get(k) for k in ("wall_s", "floor_s", "wall_over_floor", "first_over_warm", "startup_s", "runs_wall_over_floor")})
-PY
+  ENGINESPEC_FOLD_NORMS=$fold t06_workload t06_fold$fold 170 $S --first-call
 done
 for fold in 1 0; do
   left=$((590 - SECONDS)); [ "$left" -lt 60 ] && { echo "sweep fold=$fold not run: ${left}s left"; continue; }

@@ -15,15 +15,7 @@ export TRITON_CACHE_DIR=$cold_caches/triton TORCHINDUCTOR_CACHE_DIR=$cold_caches
   ENGINESPEC_CACHE_DIR=$cold_caches/enginespec
 for c in 0 1; do
   left=$((560 - SECONDS)); [ "$left" -lt 90 ] && { echo "t06 compile=$c not run: ${left}s left"; continue; }
-  ENGINESPEC_COMPILE=$c timeout 150 python3 benchmarks/throughput.py --impl fast --git-commit $S \
-    --repeat 3 --first-call --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 \
-    --out $out/t06_compile$c.json > $out/t06_compile$c.log 2>&1
-  echo "t06 compile=$c rc=$? after ${SECONDS}s"
-  python3 - $out/t06_compile$c.json <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))["summary"]
-print({k: s.get(k) for k in ("wall_s", "floor_s", "wall_over_floor", "first_over_warm", "startup_s", "runs_wall_over_floor")})
-PY
+  ENGINESPEC_COMPILE=$c t06_workload t06_compile$c 150 $S --first-call
 done
 for c in 0 1; do
   left=$((590 - SECONDS)); [ "$left" -lt 50 ] && { echo "sweep compile=$c not run: ${left}s left"; continue; }

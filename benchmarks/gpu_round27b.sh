@@ -54,11 +54,7 @@ if [ -n "$best" ]; then
   for v in "" "splits=$best,max_rows=64"; do
     left=$((585 - SECONDS))
     tag=${v:+split$best}; tag=${tag:-default}
-    ENGINESPEC_DECODE_ATTN=$v timeout "$left" python3 benchmarks/throughput.py --impl fast --git-commit $S \
-      --repeat 3 --skip-hf --skip-big --skip-latency --skip-profile --temperature 0.6 \
-      --out $out/t06_$tag.json > $out/t06_$tag.log 2>&1
-    echo "t06 $tag rc=$? after ${SECONDS}s"
-    python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print({k: s.get(k) for k in ('wall_over_floor','runs_wall_over_floor')})" $out/t06_$tag.json
+    ENGINESPEC_DECODE_ATTN=$v t06_workload t06_$tag "$left" $S
   done
 fi
 cd $out && tar czf s27b_h200_$S.tgz *.json *.log 2>/dev/null && find . -maxdepth 1 -type f ! -name "s27b_*" -delete; ls $out

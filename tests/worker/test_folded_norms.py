@@ -105,7 +105,7 @@ def test_a_folded_decoder_takes_the_one_launch_gathers_and_norm_at_every_row_cou
     and final norm take their one-launch ops (set as skinny_ops.install sets them) at any row
     count, not only on the fused path's rows; same values as the checkpoint's modules."""
     from enginespec.worker import skinny_ops  # noqa: F401 - registers the ops
-    from tests.worker.test_skinny_linear import _prefill
+    from tests.worker.test_skinny_linear import _prefill, recording_norm_and_gathers
 
     monkeypatch.setenv(FOLD_NORMS_ENV, "1")
     # The fast backend applies the row scales (folds_norms) whichever impl the suite runs.
@@ -113,19 +113,10 @@ def test_a_folded_decoder_takes_the_one_launch_gathers_and_norm_at_every_row_cou
     merged = model.merged
     assert model.folded_norms and merged.folded and merged.fused_max_rows == 0
     calls = []
-
-    def norm(x, weight, eps):
-        calls.append("norm")
-        return torch.ops.enginespec.rms_norm(x, weight, eps)
-
-    def embed_rope(*args):
-        calls.append("embed_rope")
-        return torch.ops.enginespec.embed_rope(*args)
-
     want = _prefill(model, impl, 29)
-    merged.fused_norm, merged.fused_embed_rope = norm, embed_rope
+    merged.fused_norm, merged.fused_embed_rope = recording_norm_and_gathers(calls)
     got = _prefill(model, impl, 29)
-    assert calls == ["embed_rope", "norm"]
+    assert calls == ["embed_rope", "final_norm"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     merged.layers[0].folded = False  # one layer unfolded: the decoder is not folded
     assert not merged.folded

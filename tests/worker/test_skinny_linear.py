@@ -169,6 +169,21 @@ def test_row_bucket_and_switch(monkeypatch):
         sl.resolve_switch("yes")
 
 
+def recording_norm_and_gathers(calls: list) -> tuple:
+    """(final norm, embed + rope) one-launch ops, as skinny_ops.install sets them on the merged
+    decoder, that append "final_norm" / "embed_rope" to `calls` when they run."""
+
+    def final_norm(x, weight, eps):
+        calls.append("final_norm")
+        return torch.ops.enginespec.rms_norm(x, weight, eps)
+
+    def embed_rope(*args):
+        calls.append("embed_rope")
+        return torch.ops.enginespec.embed_rope(*args)
+
+    return final_norm, embed_rope
+
+
 def _prefill(model, impl, num_tokens: int, body=None):
     from tests.worker.test_flat_model import ShuffledTables
 
@@ -232,14 +247,7 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
         calls.append(sl.variant_of(norm_weight, residual, silu_mul))
         return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul)
 
-    def final_norm(x, weight, eps):
-        calls.append("final_norm")
-        return torch.ops.enginespec.rms_norm(x, weight, eps)
-
-    def embed_rope(*args):
-        calls.append("embed_rope")
-        return torch.ops.enginespec.embed_rope(*args)
-
+    final_norm, embed_rope = recording_norm_and_gathers(calls)
     monkeypatch.setattr(table, "run", record)
     monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
