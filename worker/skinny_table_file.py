@@ -52,12 +52,18 @@ def path_from_env() -> Optional[Path]:
 
 def cache_dir() -> Path:
     """enginespec's cache folder: ENGINESPEC_CACHE_DIR, else $XDG_CACHE_HOME/enginespec, else
-    ~/.cache/enginespec (not created here)."""
+    ~/.cache/enginespec, else (no home directory) the temp dir's enginespec-cache; not created
+    here."""
     raw = os.environ.get(CACHE_ENV, "").strip()
     if raw:
         return Path(raw).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "enginespec"
+    if xdg:
+        return Path(xdg) / "enginespec"
+    try:
+        return Path.home() / ".cache" / "enginespec"
+    except RuntimeError:  # no home to resolve (HOME unset, no passwd entry): a cache, not a need
+        return Path(tempfile.gettempdir()) / "enginespec-cache"
 
 
 def table_path(device) -> Optional[Path]:
@@ -121,9 +127,9 @@ def load(table, path: Path) -> int:
     """Add the file's choices to `table` (those of at most table.max_rows rows); the number
     added, 0 when the file is absent or does not apply (module doc: warned, then ignored)."""
     path = Path(path)
-    if not path.exists():
-        return 0
     try:
+        if not path.exists():
+            return 0
         doc = json.loads(path.read_text())
         theirs, rows = doc["fingerprint"], doc["choices"]
         entries = [_entry(row) for row in rows]

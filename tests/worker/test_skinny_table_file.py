@@ -143,6 +143,34 @@ def test_default_table_path_is_in_the_cache_folder_by_fingerprint(monkeypatch, t
     assert tf.cache_dir() == Path.home() / ".cache" / "enginespec"
 
 
+def test_no_home_directory_falls_back_to_the_temp_dir(monkeypatch):
+    """A process with no home to resolve still gets a cache folder (the temp dir's), rather than
+    an error that would turn the whole skinny GEMM off."""
+    import tempfile
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    for name in (tf.CACHE_ENV, "XDG_CACHE_HOME", tf.TABLE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert tf.cache_dir() == Path(tempfile.gettempdir()) / "enginespec-cache"
+    assert tf.table_path("cpu").parent == tf.cache_dir()
+
+
+def test_an_unreadable_folder_is_no_table(tmp_path, monkeypatch, caplog):
+    """load() of a path whose existence cannot even be checked (a permission error) tunes as
+    without a file, with a warning naming the path."""
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "exists", denied)
+    with caplog.at_level(logging.WARNING):
+        assert tf.load(sl.LinearTable("cpu"), tmp_path / "t.json") == 0
+    assert "t.json" in caplog.text
+
+
 def _decoder_choices(layers, max_rows: int, skip: str = "") -> dict:
     """A choice for every (bucket, group, variant) install() would tune, but `skip`'s."""
     choices = {}
