@@ -157,7 +157,7 @@ def _attend_keys(
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_splits", "window", "stride_bt"])
+@triton.jit(do_not_specialize=["num_splits", "window", "stride_bt", "num_rows", "fill_splits"])
 def _decode_attention_kernel(
     out_ptr,  # [B, Hq, D] (written unless IS_SPLIT)
     part_ptr,  # [B, Hq, num_splits, D + 2] float32 (IS_SPLIT only): acc, max (log2), sum
@@ -172,6 +172,8 @@ def _decode_attention_kernel(
     order_ptr,  # [B] int32 (USE_ORDER only): a permutation of range(B), launch order
     h_ptr,  # [B, HIDDEN] (USE_ROW_SCALE only): the rows the folded input norm would have normed
     num_splits,
+    num_rows,  # B (BALANCE only)
+    fill_splits,  # LaunchConfig.balance_splits (BALANCE only)
     scale_log2,
     window,
     eps,
@@ -209,11 +211,14 @@ def _decode_attention_kernel(
     HIDDEN: tl.constexpr = 0,
     H_BLOCK: tl.constexpr = 16,
     USE_ROW_SCALE: tl.constexpr = False,
+    BALANCE: tl.constexpr = False,
+    MAX_ROWS: tl.constexpr = 16,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
     norm weights and the block-table entries of the split's first tile (none written by a
-    kernel of the chain) are read before gdc_wait, and L2 is asked for that tile's K and V;
+    kernel of the chain; BALANCE: every row's length too, for the batch's tiles a split) are
+    read before gdc_wait, and L2 is asked for that tile's K and V;
     the q|k|v row (the GEMM before wrote it), the hidden row (USE_ROW_SCALE) and the pool are
     read after it, and every store comes after it; the q|k|v row and the hidden row in one load
     round, before any reduction."""
@@ -225,7 +230,19 @@ def _decode_attention_kernel(
     req = req.to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + req)
     # This split's tiles of the pool's keys [kv_lo, seq_len - 1) (and the new key's position).
-    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW)
+    if BALANCE:  # the batch's tiles a split: a row takes as many splits as its length needs
+        per_split = pa._balanced_tiles_per_split(
+            seq_lens_ptr, num_rows, fill_splits, num_splits, window, TILE, USE_WINDOW, MAX_ROWS
+        )
+        r_lo, r_hi = pa._decode_tiles(seq_len, window, TILE, USE_WINDOW)
+        t_lo = r_lo + split * per_split
+        t_hi = tl.minimum(t_lo + per_split, r_hi)
+        kv_hi = tl.maximum(seq_len, 0)
+        alone = r_hi - r_lo <= per_split  # split 0 owns every tile: its output is the row's
+    else:
+        t_lo, t_hi, kv_hi = _tile_range(
+            seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW
+        )
     if (split > 0) & (t_lo >= t_hi):
         return  # owns no tile: writes nothing (the merge reads only splits that own tiles)
     slot = tl.load(slot_ptr + req).to(tl.int64)
@@ -340,6 +357,10 @@ def _decode_attention_kernel(
             stride_c_slot, dims, dim_ok, m_i, l_i, acc, scale_log2, BLOCK_SIZE, LOOP_TILE, USE_WINDOW, DOT_FP32,
         )  # fmt: skip
 
+    if BALANCE:
+        if alone:  # the merge skips this row: the normalised output goes to out now
+            _store_rows(out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits, stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, False)  # fmt: skip  # noqa: E501
+            return
     _store_rows(
         out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits,
         stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, IS_SPLIT,
@@ -367,6 +388,7 @@ PRELOAD_STAGES = 2
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
+MAX_BALANCED_SPLITS = 64  # choose_config's own bound on splits
 _OVERRIDE_KEYS = (
     "tile",
     "loop_tile",
@@ -378,7 +400,9 @@ _OVERRIDE_KEYS = (
     "merge_d",
     "merge_warps",
     "max_rows",
+    "min_rows",
     "prefetch",
+    "balance",
 )
 
 
@@ -396,9 +420,11 @@ def decode_config(
     most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program), prefetch (loop steps asked of L2 before the PDL
-    wait; 0: none) and max_rows (the override
-    applies to batches of at most that many rows; default every batch), e.g.
-    "tile=32,splits=64,stages=1,preload=1,max_rows=4"."""
+    wait; 0: none), balance (R: the splits share the batch's tiles, LaunchConfig.balance_splits,
+    filling as choose_config's split count F would, over R x F splits, balanced_splits; 0: off)
+    and min_rows/max_rows (the override
+    applies to batches of that many rows; default every batch), e.g.
+    "tile=32,splits=64,stages=1,preload=1,max_rows=4" or "balance=4,min_rows=2"."""
     cfg = pa.choose_config(
         num_reqs, num_reqs, num_q_heads, num_kv_heads, head_dim, 1, max_seq_len, device, itemsize
     )
@@ -415,21 +441,35 @@ def decode_config(
             merge_warps=MERGE_WARPS,
         )
     override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
-    if not override or num_reqs > override.get("max_rows", num_reqs):
+    if not override or not override.get("min_rows", 1) <= num_reqs <= override.get("max_rows", num_reqs):
         return cfg
+    splits, balance = cfg.num_splits, cfg.balance_splits
+    if "balance" in override:  # R: fill as choose_config's split count would, over R times as many
+        splits, balance = balanced_splits(cfg.num_splits, override["balance"])
     return dataclasses.replace(
         cfg,
         tile=override.get("tile", cfg.tile),
         loop_tile=override.get("loop_tile", cfg.loop_tile),
         long_tile=override.get("long_tile", cfg.long_tile),
-        num_splits=override.get("splits", cfg.num_splits),
+        num_splits=override.get("splits", splits),
         num_warps=override.get("warps", cfg.num_warps),
         num_stages=override.get("stages", cfg.num_stages),
         preload=bool(override.get("preload", cfg.preload)),
         merge_block_d=override.get("merge_d", cfg.merge_block_d),
         merge_warps=override.get("merge_warps", cfg.merge_warps),
         prefetch_tiles=override.get("prefetch", cfg.prefetch_tiles),
+        balance_splits=balance,
     )
+
+
+def balanced_splits(fill_splits: int, ratio: int) -> tuple:
+    """(num_splits, balance_splits) of a balanced launch whose batch would fill the chip at
+    fill_splits splits a row (choose_config's count): ratio times as many splits in the grid, at
+    most MAX_BALANCED_SPLITS, so a long row can take that many while short ones take one;
+    ratio 0: (fill_splits, 0), not balanced."""
+    if not ratio:
+        return fill_splits, 0
+    return min(fill_splits * ratio, MAX_BALANCED_SPLITS), fill_splits
 
 
 def preload_rows() -> int:
@@ -457,8 +497,8 @@ def _env_override(raw: str) -> dict:
         raise ValueError(
             f"{DECODE_ATTN_ENV}: splits must be a power of two >= 1 and warps one of 1-16, got {raw!r}"
         )
-    if out.get("stages", 1) < 1 or out.get("max_rows", 1) < 1:
-        raise ValueError(f"{DECODE_ATTN_ENV}: stages and max_rows must be >= 1, got {raw!r}")
+    if min(out.get("stages", 1), out.get("max_rows", 1), out.get("min_rows", 1)) < 1:
+        raise ValueError(f"{DECODE_ATTN_ENV}: stages, min_rows and max_rows must be >= 1, got {raw!r}")
     return out
 
 
@@ -504,7 +544,7 @@ def decode_attention(
         check_row_source(row_source, num_reqs, row_eps)
     h = row_source if row_source is not None else qkv
     num_kv_heads, block_size, head_dim = cache.shape[3], cache.shape[2], cache.shape[4]
-    out = torch.empty(num_reqs, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    out = _output((num_reqs, num_q_heads, head_dim), qkv.dtype, qkv.device)
     if num_reqs == 0:
         return out
     cfg = config or decode_config(
@@ -513,6 +553,7 @@ def decode_attention(
     group = num_q_heads // num_kv_heads
     pa.check_config(cfg, group)
     split = cfg.num_splits > 1
+    balance = cfg.balance_splits if split else 0
     pdl = pdl_enabled(qkv.device)
     part = out
     if split:
@@ -531,6 +572,8 @@ def decode_attention(
         order if order is not None else seq_lens,
         h,
         cfg.num_splits,
+        num_reqs,
+        max(balance, 1),
         (head_dim**-0.5 if scale is None else scale) * pa.LOG2E,
         window,
         eps,
@@ -566,15 +609,31 @@ def decode_attention(
         LONG_TILE=cfg.long_tile,
         PREFETCH_TILES=cfg.prefetch_tiles,
         **row_scale_constexprs(row_source),
+        BALANCE=balance > 0,
+        MAX_ROWS=pa.balance_max_rows(num_reqs) if balance else 16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),
     )
     if split:
         pa.merge_splits(
-            out, part, cfg.num_splits, pdl, seq_lens, window, cfg.tile, cfg.merge_block_d, cfg.merge_warps
+            out,
+            part,
+            cfg.num_splits,
+            pdl,
+            seq_lens,
+            window,
+            cfg.tile,
+            cfg.merge_block_d,
+            cfg.merge_warps,
+            balance,
         )
     return out
+
+
+def _output(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The attention output (uninitialised: every row is written by the launch or its merge)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _scratch(shape: tuple, device: torch.device) -> torch.Tensor:

@@ -303,22 +303,68 @@ def _paged_attention_kernel(
 
 
 @triton.jit
+def _decode_tiles(seq_len, window, TILE: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """[t_lo, t_hi): the key tiles of decode rows (one query each, at position seq_len - 1),
+    elementwise over seq_len (a scalar or a vector): _tile_range's unsplit range at q_len 1."""
+    t_lo = seq_len * 0
+    if USE_WINDOW:
+        t_lo = tl.maximum(seq_len - window, 0) // TILE
+    return t_lo, (tl.maximum(seq_len, 0) + TILE - 1) // TILE
+
+
+@triton.jit
+def _balanced_tiles_per_split(
+    seq_lens_ptr,  # [num_rows] int32: the decode batch's rows
+    num_rows,
+    fill_splits,
+    num_splits,
+    window,
+    TILE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    MAX_ROWS: tl.constexpr,
+):
+    """Tiles a split owns in a balanced decode launch (LaunchConfig.balance_splits): the batch's
+    tiles spread evenly over fill_splits splits of each live row (seq_len > 0), but never so few
+    that a row would need more than num_splits splits. Every program of the launch and of its
+    merge computes the same value from the same seq_lens, so they agree on which splits own
+    tiles. num_rows <= MAX_ROWS."""
+    rows = tl.arange(0, MAX_ROWS)  # [MAX_ROWS]
+    lens = tl.load(seq_lens_ptr + rows, mask=rows < num_rows, other=0)  # [MAX_ROWS]
+    t_lo, t_hi = _decode_tiles(lens, window, TILE, USE_WINDOW)
+    tiles = t_hi - t_lo  # [MAX_ROWS]
+    slots = tl.maximum(tl.sum((lens > 0).to(tl.int32), 0), 1) * fill_splits
+    even = (tl.sum(tiles, 0) + slots - 1) // slots
+    longest = (tl.max(tiles, 0) + num_splits - 1) // num_splits
+    return tl.maximum(tl.maximum(even, longest), 1)
+
+
+@triton.jit
 def _decode_active_splits(seq_len, num_splits, window, TILE: tl.constexpr, USE_WINDOW: tl.constexpr):
     """How many splits of a decode row (one query, at position seq_len - 1) own key tiles.
     _tile_range hands split s the tiles [t_lo + s * per_split, ...) of the row's range, so
     exactly the first ceil(tiles / per_split) do (none when seq_len is 0)."""
-    t_lo, t_hi, kv_hi = _tile_range(seq_len, 1, 0, 0, num_splits, window, 1, TILE, False, USE_WINDOW)
+    t_lo, t_hi = _decode_tiles(seq_len, window, TILE, USE_WINDOW)
     tiles = t_hi - t_lo
     per_split = tl.maximum((tiles + num_splits - 1) // num_splits, 1)
     return (tiles + per_split - 1) // per_split
 
 
-@triton.jit(do_not_specialize=["window"])
+@triton.jit
+def _balanced_active_splits(seq_len, per_split, window, TILE: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """How many splits of a decode row own key tiles when every split owns per_split of them
+    (_balanced_tiles_per_split): ceil(tiles / per_split), 0 when seq_len is 0."""
+    t_lo, t_hi = _decode_tiles(seq_len, window, TILE, USE_WINDOW)
+    return (t_hi - t_lo + per_split - 1) // per_split
+
+
+@triton.jit(do_not_specialize=["window", "num_rows", "fill_splits"])
 def _merge_splits_kernel(
     out_ptr,  # [N, Hq, D]
     part_ptr,  # [N, Hq, NUM_SPLITS, HEAD_PAD + 2] float32: acc, max (log2), sum
     seq_lens_ptr,  # [N] int32 (USE_ACTIVE only): row n is a decode request's query
     window,
+    num_rows,  # N (BALANCE only)
+    fill_splits,  # LaunchConfig.balance_splits (BALANCE only)
     stride_o_tok,
     stride_o_head,
     NUM_Q_HEADS: tl.constexpr,
@@ -330,22 +376,39 @@ def _merge_splits_kernel(
     USE_ACTIVE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
     BLOCK_D: tl.constexpr = 128,
+    BALANCE: tl.constexpr = False,
+    MAX_ROWS: tl.constexpr = 16,
 ):
     """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; zero where nothing was seen.
     One program per (row, head, BLOCK_D dims of the head's HEAD_PAD).
     USE_ACTIVE (decode rows): only the splits that own key tiles (_decode_active_splits) wrote
-    partials, and only theirs are read. USE_PDL: seq_lens (no kernel of the chain writes it) is
-    read before the wait, the partials (the attention launch wrote them) after it."""
+    partials, and only theirs are read. BALANCE (with USE_ACTIVE: a balanced decode launch,
+    LaunchConfig.balance_splits): splits own the batch's share of tiles, and a row that at most
+    one split owns was written to out by the attention launch, so its programs store nothing.
+    USE_PDL: seq_lens (no kernel of the chain writes it) is read before the wait, the partials
+    (the attention launch wrote them) after it; every program waits, even one that then stores
+    nothing, so the launch after this one still sees the attention launch's output."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
     used = splits < NUM_SPLITS  # [NUM_SPLITS]
+    num_active = NUM_SPLITS
     if USE_ACTIVE:
         seq_len = tl.load(seq_lens_ptr + tok)
-        used = splits < _decode_active_splits(seq_len, NUM_SPLITS, window, TILE, USE_WINDOW)
+        if BALANCE:
+            per_split = _balanced_tiles_per_split(
+                seq_lens_ptr, num_rows, fill_splits, NUM_SPLITS, window, TILE, USE_WINDOW, MAX_ROWS
+            )
+            num_active = _balanced_active_splits(seq_len, per_split, window, TILE, USE_WINDOW)
+        else:
+            num_active = _decode_active_splits(seq_len, NUM_SPLITS, window, TILE, USE_WINDOW)
+        used = splits < num_active
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
+    if BALANCE:
+        if num_active <= 1:
+            return  # the attention launch stored this row's output itself
     dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
     part = (tok * NUM_Q_HEADS + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
     base = part * (HEAD_PAD + 2)  # [NUM_SPLITS]
@@ -395,6 +458,13 @@ class LaunchConfig:
     # asks L2 for before its wait (kernels/pdl.py: prefetch_l2), so DRAM streams them while the
     # q|k|v GEMM before it and the program's own q|k|v prologue run (0: none).
     prefetch_tiles: int = 1
+    # Fused decode attention only, split launches: > 0 balances the splits over the batch rather
+    # than over each row. A split owns max(ceil(the batch's tiles / (live rows x balance_splits)),
+    # ceil(the longest row's tiles / num_splits)) tiles, so a row takes as many of its num_splits
+    # splits as its own length needs: at mixed contexts the long rows spread over several splits
+    # while short ones take one, and a row that one split owns is stored without the merge.
+    # 0: every row's tiles are split num_splits ways, whatever the other rows' lengths.
+    balance_splits: int = 0
 
 
 MAX_PRELOAD_TILE = 64
@@ -682,21 +752,28 @@ def merge_splits(
     tile: int = 64,
     block_d: int = 0,
     num_warps: int = 4,
+    balance_splits: int = 0,
 ) -> None:
     """Combine split-KV partials part [N, Hq, num_splits, HEAD_PAD + 2] (float32) into out
     [N, Hq, D]: one program per (row, head, block_d dims; 0 = the whole head).
     decode_seq_lens (int32 [N], row n a decode request's query, `tile` the launch's): read
-    only the partials of splits that own tiles."""
+    only the partials of splits that own tiles. balance_splits > 0 (with decode_seq_lens): the
+    attention launch was a balanced one (LaunchConfig.balance_splits) and wrote the rows that
+    one split owns to out itself; those rows are left as they are."""
     num_tokens, num_q_heads, head_dim = out.shape
     head_pad = part.shape[3] - 2
     if block_d and (block_d & (block_d - 1) or head_pad % block_d):
         raise ValueError(f"merge block_d {block_d} must be a power of two dividing {head_pad}")
     active = decode_seq_lens is not None
+    if balance_splits and not active:
+        raise ValueError("merge_splits: balance_splits needs decode_seq_lens (a decode batch's rows)")
     _merge_splits_kernel[(num_tokens, num_q_heads, head_pad // block_d if block_d else 1)](
         out,
         part,
         decode_seq_lens if active else out,
         window,
+        num_tokens,
+        max(balance_splits, 1),
         out.stride(0),
         out.stride(1),
         NUM_Q_HEADS=num_q_heads,
@@ -708,6 +785,14 @@ def merge_splits(
         USE_ACTIVE=active,
         USE_PDL=pdl,
         BLOCK_D=block_d or head_pad,
+        BALANCE=balance_splits > 0,
+        MAX_ROWS=balance_max_rows(num_tokens) if balance_splits else 16,
         num_warps=num_warps,
         **launch_options(pdl),
     )
+
+
+def balance_max_rows(num_rows: int) -> int:
+    """The MAX_ROWS constexpr of a balanced launch of num_rows rows: a power of two >= 16, so
+    graph sizes 1-64 compile at most three variants."""
+    return max(16, triton.next_power_of_2(num_rows))

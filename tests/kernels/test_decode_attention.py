@@ -10,6 +10,8 @@ the kernel runs under TRITON_INTERPRET=1 on tiny shapes; on CUDA on the Qwen3 sh
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from enginespec.kernels import decode_attention as da
 from enginespec.kernels import paged_attention as pa
@@ -34,9 +36,14 @@ MAX_SEQ = 900 if CUDA else 40
 
 @pytest.fixture(autouse=True)
 def poisoned_partials(monkeypatch):
-    """Split partials start as NaN: a merge that reads a split which owns no tile (and so
-    wrote nothing) fails."""
+    """Split partials and the output start as NaN: a merge that reads a split which owns no
+    tile (and so wrote nothing) fails, and so does a row nothing stores."""
     monkeypatch.setattr(da, "_scratch", lambda shape, device: torch.full(shape, float("nan"), device=device))
+    monkeypatch.setattr(
+        da,
+        "_output",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
 
 
 def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
@@ -197,6 +204,78 @@ def test_split_kv_with_launch_order(num_splits, window, preload, loop_tile, long
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
 
 
+def balanced_tiles_per_split(seq_lens, tile, fill_splits, num_splits, window=0):
+    """Plain-Python statement of paged_attention._balanced_tiles_per_split: the batch's tiles
+    over fill_splits splits of each live row, at least the longest row's over num_splits."""
+    spans = [(-(-n // tile)) - (max(n - window, 0) // tile if window else 0) for n in seq_lens]
+    live = max(sum(n > 0 for n in seq_lens), 1)
+    even = -(-sum(spans) // (live * fill_splits))
+    return max(even, -(-max(spans) // num_splits), 1), spans
+
+
+@triton.jit
+def _per_split_probe(seq_lens_ptr, out_ptr, num_rows, fill_splits, num_splits, window,
+                     TILE: tl.constexpr, USE_WINDOW: tl.constexpr, MAX_ROWS: tl.constexpr):  # fmt: skip
+    """Row r's program stores the launch's tiles a split and row r's splits that own tiles."""
+    row = tl.program_id(0)
+    per = pa._balanced_tiles_per_split(
+        seq_lens_ptr, num_rows, fill_splits, num_splits, window, TILE, USE_WINDOW, MAX_ROWS
+    )
+    seq_len = tl.load(seq_lens_ptr + row)
+    tl.store(out_ptr + 2 * row, per)
+    tl.store(out_ptr + 2 * row + 1, pa._balanced_active_splits(seq_len, per, window, TILE, USE_WINDOW))
+
+
+@pytest.mark.parametrize(
+    "seq_lens,fill_splits,num_splits,window",
+    [
+        ([517] * 8, 1, 4, 0),  # one context: one split a row
+        ([517] * 8, 2, 4, 0),  # ... or the fill count's share of it
+        ([100, 2048, 900, 1500, 300, 0], 1, 4, 0),  # mixed, a padding row
+        ([8192] + [100] * 20, 1, 4, 0),  # one long row: its share is capped by num_splits
+        ([0, 0, 1], 1, 2, 0),
+        ([40, 700, 300], 2, 8, 100),  # a window narrows the long rows' ranges
+    ],
+)
+def test_balanced_tiles_per_split(seq_lens, fill_splits, num_splits, window):
+    """The kernel-side share and each row's owning splits equal the plain statement; no row
+    needs more than num_splits splits, every live row at least one, padding rows none."""
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    got = torch.full((len(seq_lens), 2), -1, dtype=torch.int32, device=DEVICE)
+    _per_split_probe[(len(seq_lens),)](
+        lens, got, len(seq_lens), fill_splits, num_splits, window, TILE=128, USE_WINDOW=window > 0,
+        MAX_ROWS=pa.balance_max_rows(len(seq_lens)),
+    )  # fmt: skip
+    per, spans = balanced_tiles_per_split(seq_lens, 128, fill_splits, num_splits, window)
+    assert got[:, 0].tolist() == [per] * len(seq_lens)
+    active = got[:, 1].tolist()
+    assert active == [-(-t // per) for t in spans]
+    assert all((a >= 1) == (n > 0) and a <= num_splits for a, n in zip(active, seq_lens))
+    if len(set(seq_lens)) == 1:
+        assert set(active) == {-(-spans[0] // -(-spans[0] // fill_splits))}
+
+
+@pytest.mark.parametrize("num_splits,fill_splits", [(2, 1), (4, 1), (4, 2), (8, 4)])
+@pytest.mark.parametrize("window", [0, 13])
+@pytest.mark.parametrize("preload,loop_tile", [(False, 0), (True, 32)])
+def test_balanced_splits_match_the_reference(num_splits, fill_splits, window, preload, loop_tile):
+    """Balanced split launches (LaunchConfig.balance_splits) over mixed contexts and a padding
+    row, launched in a shuffled order: rows that one split owns are stored by the attention
+    launch (the output starts as NaN), the others merged from the splits that own tiles (the
+    partials start as NaN), and the pool is written once."""
+    seq_lens = [MAX_SEQ, 1, 2, 3, 17, MAX_SEQ - 5, 5]
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 70 + num_splits, seq_lens)
+    order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(fill_splits))
+    config = LaunchConfig(
+        block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2, preload=preload,
+        loop_tile=loop_tile, balance_splits=fill_splits,
+    )  # fmt: skip
+    per, spans = balanced_tiles_per_split(batch.seq_lens.tolist(), 16, fill_splits, num_splits, window)
+    if window == 0 or fill_splits > 1:  # (a 13-key window leaves every row <= 2 tiles, the share 2)
+        assert any(t <= per for t in spans) and any(t > per for t in spans), "both kinds of row"
+    _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
+
+
 @pytest.mark.parametrize(
     "tile,loop_tile,long_tile,merge_block_d",
     [(16, 0, 0, 0), (16, 64, 0, 8), (32, 0, 0, 8), (64, 0, 0, 0), (16, 32, 128, 8)],
@@ -302,13 +381,37 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
     assert da.decode_config(4, 16, 8, 128, 4096, dev) == base
 
 
+def test_env_override_balance_over_a_row_range(monkeypatch):
+    """balance=R balances the batch's splits, filling as choose_config's split count F would
+    (LaunchConfig.balance_splits = F) over R x F splits (at most 64; `splits` still wins);
+    min_rows and max_rows bound the batches it reaches; balance=0 turns it off."""
+    dev = torch.device("cpu")
+    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    base = {n: da.decode_config(n, 16, 8, 128, 4096, dev) for n in (1, 8, 32, 64)}
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, "balance=4,min_rows=2,max_rows=32")
+    for n in (8, 32):
+        got = da.decode_config(n, 16, 8, 128, 4096, dev)
+        fill = base[n].num_splits
+        assert (got.num_splits, got.balance_splits) == (min(4 * fill, 64), fill)
+    assert da.decode_config(1, 16, 8, 128, 4096, dev) == base[1]
+    assert da.decode_config(64, 16, 8, 128, 4096, dev) == base[64]
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, "balance=4,splits=2")
+    assert (da.decode_config(32, 16, 8, 128, 4096, dev).num_splits, da.balanced_splits(16, 8)) == (
+        2,
+        (64, 16),
+    )
+    monkeypatch.setenv(da.DECODE_ATTN_ENV, "balance=0")
+    assert da.decode_config(32, 16, 8, 128, 4096, dev).balance_splits == 0
+
+
 @pytest.mark.parametrize(
     "raw,match",
     [
         ("tile=32,bogus=1", "bogus=1"),
         ("splits=3", "splits must be a power of two"),
         ("tile=x", "tile=x"),
-        ("stages=0", "stages and max_rows must be >= 1"),
+        ("stages=0", "stages, min_rows and max_rows must be >= 1"),
+        ("min_rows=0", "stages, min_rows and max_rows must be >= 1"),
     ],
 )
 def test_env_override_rejects_bad_values(monkeypatch, raw, match):

@@ -48,7 +48,7 @@ report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"nu
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
            LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, HIDDEN=1024, H_BLOCK=1024,
-           USE_ROW_SCALE=False)
+           USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
             order_ptr="*i32", h_ptr="*bf16")
@@ -57,6 +57,8 @@ fl = ("scale_log2", "eps", "row_eps")
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, fl), dec, {"num_warps": 4, "num_stages": 2}))
 folded = dict(dec, USE_ROW_SCALE=True)  # a folded input norm: the hidden row is read after the wait
 report("decode_attention_folded", ptx_of(fn, sig_of(fn, folded, ptrs, fl), folded, {"num_warps": 4, "num_stages": 2}))
+bal = dict(dec, BALANCE=True, MAX_ROWS=32)  # the batch's lengths read before the wait; rows one split owns stored
+report("decode_attention_balanced", ptx_of(fn, sig_of(fn, bal, ptrs, fl), bal, {"num_warps": 4, "num_stages": 2}))
 pf3 = dict(dec, PREFETCH_TILES=3)  # three loop steps asked of L2 before the wait
 report("decode_attention_prefetch3", ptx_of(fn, sig_of(fn, pf3, ptrs, fl), pf3,
                                             {"num_warps": 4, "num_stages": 2}))
@@ -68,9 +70,9 @@ pre = dict(dec, TILE=cfg.tile, PRELOAD=True, LOOP_TILE=cfg.loop_tile, LONG_TILE=
 report("decode_attention_preload", ptx_of(fn, sig_of(fn, pre, ptrs, fl), pre,
                                           {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 fn = pa._merge_splits_kernel
-for name, active in (("merge", False), ("merge_decode", True)):
+for name, active, balance in (("merge", False, False), ("merge_decode", True, False), ("merge_balanced", True, True)):
     merge = dict(NUM_Q_HEADS=16, HEAD_DIM=128, HEAD_PAD=128, NUM_SPLITS=16, TILE=128, USE_WINDOW=False,
-                 USE_ACTIVE=active, USE_PDL=True, BLOCK_D=128)
+                 USE_ACTIVE=active, USE_PDL=True, BLOCK_D=128, BALANCE=balance, MAX_ROWS=32)
     ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", seq_lens_ptr="*i32")
     report(name, ptx_of(fn, sig_of(fn, merge, ptrs), merge, {"num_warps": 4}))
 rope = dict(NUM_Q=16, NUM_KV=8, QK_PAD=32, KV_PAD=8, HEAD_DIM=128, HALF=64, BLOCK_SIZE=16, USE_NORM=True,
@@ -131,7 +133,7 @@ def reports():
 @pytest.mark.parametrize(
     "kernel",
     ["attention", "decode_attention", "decode_attention_preload", "decode_attention_prefetch3", "merge", "merge_decode",
-     "qkv_rope", "gemv", "decode_attention_folded", "qkv_rope_folded", "silu_mul_folded",
+     "decode_attention_balanced", "merge_balanced", "qkv_rope", "gemv", "decode_attention_folded", "qkv_rope_folded", "silu_mul_folded",
      "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul", "gather_two"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
@@ -149,6 +151,8 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("decode_attention_preload", True),
         ("merge", False),
         ("merge_decode", True),
+        ("decode_attention_balanced", True),
+        ("merge_balanced", True),
         ("qkv_rope", True),
         ("gemv", True),
         ("gemv_rows", True),
