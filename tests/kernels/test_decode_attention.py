@@ -258,22 +258,36 @@ def test_balanced_tiles_per_split(seq_lens, fill_splits, num_splits, window):
 @pytest.mark.parametrize("num_splits,fill_splits", [(2, 1), (4, 1), (4, 2), (8, 4)])
 @pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize("preload,loop_tile", [(False, 0), (True, 32)])
-def test_balanced_splits_match_the_reference(num_splits, fill_splits, window, preload, loop_tile):
+@pytest.mark.parametrize("in_launch", [False, True])
+def test_balanced_splits_match_the_reference(
+    monkeypatch, num_splits, fill_splits, window, preload, loop_tile, in_launch
+):
     """Balanced split launches (LaunchConfig.balance_splits) over mixed contexts and a padding
     row, launched in a shuffled order: rows that one split owns are stored by the attention
     launch (the output starts as NaN), the others merged from the splits that own tiles (the
-    partials start as NaN), and the pool is written once."""
+    partials start as NaN), by the merge launch or by the row's last split (in_launch), whose
+    arrival counts are all zero again after the launch; the pool is written once."""
     seq_lens = [MAX_SEQ, 1, 2, 3, 17, MAX_SEQ - 5, 5]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 70 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(fill_splits))
     config = LaunchConfig(
         block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2, preload=preload,
-        loop_tile=loop_tile, balance_splits=fill_splits,
+        loop_tile=loop_tile, balance_splits=fill_splits, merge_in_launch=in_launch,
     )  # fmt: skip
     per, spans = balanced_tiles_per_split(batch.seq_lens.tolist(), 16, fill_splits, num_splits, window)
     if window == 0 or fill_splits > 1:  # (a 13-key window leaves every row <= 2 tiles, the share 2)
         assert any(t <= per for t in spans) and any(t > per for t in spans), "both kinds of row"
+    counts = da.arrival_counts(DEVICE, 64)
+    counts.fill_(0)
+    merges = []
+    merge = pa.merge_splits
+    monkeypatch.setattr(pa, "merge_splits", lambda *a, **k: merges.append(1) or merge(*a, **k))
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
+    assert not counts.any(), "every arrival count is zero between launches"
+    assert merges == ([] if in_launch else [1]), "a merge launch exactly when the splits do not merge"
+    if in_launch:  # and a second launch on the same counts
+        _check(batch, qkv, cos, sin, weight, window=window, config=config)
+        assert not counts.any()
 
 
 @pytest.mark.parametrize(
