@@ -142,20 +142,18 @@ def kernels() -> list:
             IS_SPLIT=split, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True
         )
         dec.update(LINE=64, PRELOAD=False, LOOP_TILE=tile, LONG_TILE=0, PREFETCH_TILES=1)
-        dec.update(HIDDEN=1024, H_BLOCK=1024, USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16, IN_MERGE=False)
+        dec.update(HIDDEN=1024, H_BLOCK=1024, USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16)
         ptrs = dict(out_ptr=BF16, part_ptr="*fp32", cache_ptr=BF16, qkv_ptr=BF16, cos_ptr=BF16, sin_ptr=BF16)
         ptrs.update(
             norm_ptr=BF16, slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32"
         )
-        ptrs.update(h_ptr=BF16, count_ptr="*i32")
+        ptrs.update(h_ptr=BF16)
         floats = ("scale_log2", "eps", "row_eps")
         cases.append((f"decode_attention {tag}", da._decode_attention_kernel, dec, ptrs, floats, opts))
     balanced = dict(dec, TILE=128, IS_SPLIT=True, LOOP_TILE=128, BALANCE=True, MAX_ROWS=64)
-    for name, in_merge in (("balanced", False), ("balanced inmerge", True)):
-        consts = dict(balanced, IN_MERGE=in_merge)
-        cases.append(
-            (f"decode_attention {name} tile=128", da._decode_attention_kernel, consts, ptrs, floats, opts)
-        )
+    cases.append(
+        ("decode_attention balanced tile=128", da._decode_attention_kernel, balanced, ptrs, floats, opts)
+    )
     for tile, loop_tile, long_tile, stages in DECODE_PRELOAD_CONFIGS:
         pre = dict(dec, TILE=tile, IS_SPLIT=True, PRELOAD=True, LOOP_TILE=loop_tile, LONG_TILE=long_tile)
         name = f"decode_attention preload split=1 tile={tile} loop_tile={loop_tile} long_tile={long_tile} stages={stages}"

@@ -161,7 +161,6 @@ def _attend_keys(
 def _decode_attention_kernel(
     out_ptr,  # [B, Hq, D] (written unless IS_SPLIT)
     part_ptr,  # [B, Hq, num_splits, D + 2] float32 (IS_SPLIT only): acc, max (log2), sum
-    count_ptr,  # [B, Hkv] int32 arrivals, zero between launches (IN_MERGE only)
     cache_ptr,  # [2, num_blocks + 1, block_size, Hkv, D]; K at 0, V at 1
     qkv_ptr,  # [B, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads
     cos_ptr,  # [B, D]
@@ -214,7 +213,6 @@ def _decode_attention_kernel(
     USE_ROW_SCALE: tl.constexpr = False,
     BALANCE: tl.constexpr = False,
     MAX_ROWS: tl.constexpr = 16,
-    IN_MERGE: tl.constexpr = False,
 ):
     """One program per (request, KV head, split); row m < GROUP of it is query head
     kv_head * GROUP + m. USE_PDL (kernels/pdl.py): the request's length, slot, cos/sin, the
@@ -241,7 +239,6 @@ def _decode_attention_kernel(
         t_hi = tl.minimum(t_lo + per_split, r_hi)
         kv_hi = tl.maximum(seq_len, 0)
         alone = r_hi - r_lo <= per_split  # split 0 owns every tile: its output is the row's
-        num_active = (r_hi - r_lo + per_split - 1) // per_split  # the row's splits that own tiles
     else:
         t_lo, t_hi, kv_hi = _tile_range(
             seq_len, 1, 0, split, num_splits, window, 1, TILE, IS_SPLIT, USE_WINDOW
@@ -368,64 +365,6 @@ def _decode_attention_kernel(
         out_ptr, part_ptr, acc, m_i, l_i, req, q_head, row_ok, dims, dim_ok, split, num_splits,
         stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, IS_SPLIT,
     )  # fmt: skip
-    if IN_MERGE:  # (BALANCE only) the row's last split to arrive merges: no merge launch
-        _merge_if_last(
-            out_ptr, part_ptr, count_ptr + req * NUM_KV_HEADS + kv_head, req, q_head, row_ok, dims, dim_ok,
-            num_active, num_splits, stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, BLOCK_M,
-        )  # fmt: skip
-
-
-@triton.jit
-def _merge_if_last(
-    out_ptr,  # [B, Hq, D]
-    part_ptr,  # [B, Hq, num_splits, D + 2] float32: acc, max (log2), sum
-    count_ptr,  # the (request, KV head)'s int32 arrival count, zero between launches
-    req,
-    q_head,  # [BLOCK_M] the program's query heads
-    row_ok,  # [BLOCK_M]
-    dims,  # [HEAD_DIM]
-    dim_ok,  # [HEAD_DIM]
-    num_active,  # the row's splits that own tiles (and store partials)
-    num_splits,
-    stride_o_tok,
-    stride_o_head,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """Called by each split of a row after its partial is stored: counts its arrival (acq_rel,
-    GPU scope, after a CTA barrier, so every thread's partial is visible first); the last of
-    the row's num_active splits to arrive combines their partials in split order (as
-    paged_attention's merge: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), stores
-    out and zeroes the count for the next launch. Invariant: every count is zero between
-    launches, so one buffer serves every layer and step on a stream."""
-    tl.debug_barrier()  # every thread's partial is stored before the arrival is published
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_active - 1:
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        rows = (req * NUM_Q_HEADS + q_head) * num_splits  # [BLOCK_M] each head's split 0
-        for s in range(0, num_active):
-            base = (rows + s) * (HEAD_DIM + 2)  # [BLOCK_M]
-            m_s = tl.load(part_ptr + base + HEAD_DIM, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(part_ptr + base + HEAD_DIM + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-            acc_s = tl.load(
-                part_ptr + base[:, None] + dims[None, :],
-                mask=row_ok[:, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )  # [BLOCK_M, HEAD_DIM]
-            m_new = tl.maximum(m, m_s)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_safe)
-            beta = tl.math.exp2(m_s - m_safe)
-            total = total * alpha + l_s * beta
-            acc = acc * alpha[:, None] + acc_s * beta[:, None]
-            m = m_new
-        tl.atomic_xchg(count_ptr, 0)  # zero again for the next launch
-        _store_rows(out_ptr, part_ptr, acc, m, total, req, q_head, row_ok, dims, dim_ok, 0, num_splits,
-                    stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, False)  # fmt: skip
 
 
 # The preloading config of split decode launches of at most ENGINESPEC_DECODE_PRELOAD_ROWS rows
@@ -450,6 +389,15 @@ MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
 DECODE_ATTN_ENV = "ENGINESPEC_DECODE_ATTN"
 MAX_BALANCED_SPLITS = 64  # choose_config's own bound on splits
+# Balanced splits (LaunchConfig.balance_splits) at split launches (choose_config's F >= 2) of at
+# least 8 rows, twice F splits in the grid. H200, Qwen3-0.6B, decode graph ms (benchmarks/
+# RESULTS.md, twenty-eighth session), default -> balanced at R = 2: contexts uniform in
+# 100-2,048 at 8 rows 1.353 -> 1.288 and 16 rows 1.749 -> 1.577 (-5%, -10%); one 517-token
+# context 1.089 -> 1.103 and 1.287 -> 1.318 (+1%, +2%); 4 rows lost both ways (+3%, +8%). At
+# 32-64 rows (F = 1: unsplit, no merge launch) mixed contexts gained 7-17% but one context lost
+# 5-13% (the merge launch balancing adds), so they stay unsplit; R = 4 measured as R = 2.
+BALANCED_MIN_ROWS = 8
+BALANCE_RATIO = 2
 _OVERRIDE_KEYS = (
     "tile",
     "loop_tile",
@@ -464,7 +412,6 @@ _OVERRIDE_KEYS = (
     "min_rows",
     "prefetch",
     "balance",
-    "inmerge",
 )
 
 
@@ -479,12 +426,13 @@ def decode_config(
 ) -> pa.LaunchConfig:
     """The launch config of a decode-only batch of num_reqs rows: paged_attention's
     choose_config, with a preloaded 16-key first tile and a narrow merge at split launches of at
-    most preload_rows() rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
+    most preload_rows() rows, and splits balanced over the batch (BALANCE_RATIO times
+    choose_config's count F in the grid, filled as F would: balanced_splits) at split launches of
+    at least BALANCED_MIN_ROWS rows, unless ENGINESPEC_DECODE_ATTN overrides it (for A/B runs): comma-separated
     key=value pairs of tile, loop_tile, long_tile, splits, warps, stages, preload (0/1), merge_d and merge_warps (the
     split merge's dims and warps a program), prefetch (loop steps asked of L2 before the PDL
     wait; 0: none), balance (R: the splits share the batch's tiles, LaunchConfig.balance_splits,
-    filling as choose_config's split count F would, over R x F splits, balanced_splits; 0: off),
-    inmerge (1: a balanced launch merges a row's splits in the launch, LaunchConfig.merge_in_launch)
+    filling as choose_config's split count F would, over R x F splits, balanced_splits; 0: off)
     and min_rows/max_rows (the override
     applies to batches of that many rows; default every batch), e.g.
     "tile=32,splits=64,stages=1,preload=1,max_rows=4" or "balance=4,min_rows=2"."""
@@ -503,12 +451,15 @@ def decode_config(
             merge_block_d=min(MERGE_BLOCK_D, head_dim),
             merge_warps=MERGE_WARPS,
         )
+    elif num_reqs >= BALANCED_MIN_ROWS and cfg.num_splits > 1:
+        splits, balance = balanced_splits(cfg.num_splits, BALANCE_RATIO)
+        cfg = dataclasses.replace(cfg, num_splits=splits, balance_splits=balance)
     override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
     if not override or not override.get("min_rows", 1) <= num_reqs <= override.get("max_rows", num_reqs):
         return cfg
     splits, balance = cfg.num_splits, cfg.balance_splits
     if "balance" in override:  # R: fill as choose_config's split count would, over R times as many
-        splits, balance = balanced_splits(cfg.num_splits, override["balance"])
+        splits, balance = balanced_splits(cfg.balance_splits or cfg.num_splits, override["balance"])
     return dataclasses.replace(
         cfg,
         tile=override.get("tile", cfg.tile),
@@ -522,7 +473,6 @@ def decode_config(
         merge_warps=override.get("merge_warps", cfg.merge_warps),
         prefetch_tiles=override.get("prefetch", cfg.prefetch_tiles),
         balance_splits=balance,
-        merge_in_launch=bool(override.get("inmerge", cfg.merge_in_launch)),
     )
 
 
@@ -619,16 +569,12 @@ def decode_attention(
     split = cfg.num_splits > 1
     balance = cfg.balance_splits if split else 0
     pdl = pdl_enabled(qkv.device)
-    part = counts = out
+    part = out
     if split:
         part = _scratch((num_reqs, num_q_heads, cfg.num_splits, head_dim + 2), qkv.device)
-    in_merge = bool(balance) and cfg.merge_in_launch
-    if in_merge:
-        counts = arrival_counts(qkv.device, num_reqs * num_kv_heads)
     _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)](
         out,
         part,
-        counts,
         cache,
         qkv,
         cos,
@@ -679,12 +625,11 @@ def decode_attention(
         **row_scale_constexprs(row_source),
         BALANCE=balance > 0,
         MAX_ROWS=pa.balance_max_rows(num_reqs) if balance else 16,
-        IN_MERGE=in_merge,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),
     )
-    if split and not in_merge:
+    if split:
         pa.merge_splits(
             out,
             part,
@@ -698,24 +643,6 @@ def decode_attention(
             balance,
         )
     return out
-
-
-_ARRIVAL_COUNTS: dict = {}
-
-
-def arrival_counts(device: torch.device, num: int) -> torch.Tensor:
-    """The in-launch merge's int32 arrival counts (LaunchConfig.merge_in_launch) on `device`, at
-    least `num` of them: one buffer a device, grown (zeroed) on demand, never shrunk.
-    Invariant: every count is zero between launches (the last split of a row zeroes its
-    own), so every launch on a stream shares it. A backend reserves its size before any graph
-    capture (FastAttention.allocate), so no capture allocates it."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    have = _ARRIVAL_COUNTS.get(device)
-    if have is None or have.numel() < num:
-        have = _ARRIVAL_COUNTS[device] = torch.zeros(max(num, 1), dtype=torch.int32, device=device)
-    return have
 
 
 def _output(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

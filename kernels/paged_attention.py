@@ -465,9 +465,6 @@ class LaunchConfig:
     # while short ones take one, and a row that one split owns is stored without the merge.
     # 0: every row's tiles are split num_splits ways, whatever the other rows' lengths.
     balance_splits: int = 0
-    # Fused decode attention only, balanced launches: the last split of a row to finish merges
-    # the row's partials (an arrival count a (row, KV head)), so no merge launch follows.
-    merge_in_launch: bool = False
 
 
 MAX_PRELOAD_TILE = 64

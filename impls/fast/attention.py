@@ -54,10 +54,6 @@ class FastAttention:
                 f"allocate: shape must be (num_blocks + 1, block_size, kv_heads, "
                 f"head_dim) with every entry >= 1, got {tuple(shape)}"
             )
-        if self.use_triton and dtype in _TRITON_DTYPES:  # the fused decode's in-launch merge counts
-            from enginespec.kernels.decode_attention import arrival_counts
-
-            arrival_counts(device, self.fused_decode_max_rows * shape[2])
         return torch.zeros((2, *shape), dtype=dtype, device=device)
 
     def _triton_for(self, cache: torch.Tensor) -> bool:

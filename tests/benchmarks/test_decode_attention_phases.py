@@ -39,10 +39,10 @@ fn = mod._decode_attention_kernel
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=False, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
            LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, HIDDEN=1024,
-           H_BLOCK=1024, USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16, IN_MERGE=False)
+           H_BLOCK=1024, USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
-            order_ptr="*i32", times_ptr="*i64", h_ptr="*bf16", count_ptr="*i32")
+            order_ptr="*i32", times_ptr="*i64", h_ptr="*bf16")
 for name, extra in (("plain", {}), ("preload", dict(TILE=16, PRELOAD=True, LOOP_TILE=32, LONG_TILE=128))):
     consts = dict(dec, **extra)
     sig = {n: "constexpr" if n in consts else ptrs.get(n) or ("fp32" if n in ("scale_log2", "eps", "row_eps") else "i32")

@@ -406,21 +406,3 @@ def test_batches_stay_valid_for_the_ring_and_reuse_their_device_views():
     assert again.input_ids.data_ptr() == batches[0].input_ids.data_ptr()
     assert len({b.input_ids.data_ptr() for b in batches}) == RING_SLOTS
     same_batch(again, plain_build_batch(out, bm))
-
-
-def test_allocate_reserves_the_fused_decode_arrival_counts():
-    """The fused decode's in-launch merge (LaunchConfig.merge_in_launch) counts arrivals in one
-    zeroed int32 buffer a device: a Triton backend sizes it for fused_decode_max_rows rows of
-    the pool's KV heads when the pool is allocated, so no launch inside a graph capture has to
-    grow it; a backend without Triton reserves nothing."""
-    from enginespec.impls.fast.attention import FastAttention
-    from enginespec.kernels import decode_attention as da
-
-    da._ARRIVAL_COUNTS.pop(torch.device("cpu"), None)
-    FastAttention("cpu", use_triton=False).allocate((5, 4, 3, 16), torch.float32, "cpu")
-    assert torch.device("cpu") not in da._ARRIVAL_COUNTS
-    backend = FastAttention("cpu", use_triton=True)
-    backend.allocate((5, 4, 3, 16), torch.float32, "cpu")
-    counts = da._ARRIVAL_COUNTS[torch.device("cpu")]
-    assert counts.numel() >= backend.fused_decode_max_rows * 3 and not counts.any()
-    assert da.arrival_counts("cpu", 10) is counts  # reused, not regrown

@@ -258,36 +258,22 @@ def test_balanced_tiles_per_split(seq_lens, fill_splits, num_splits, window):
 @pytest.mark.parametrize("num_splits,fill_splits", [(2, 1), (4, 1), (4, 2), (8, 4)])
 @pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize("preload,loop_tile", [(False, 0), (True, 32)])
-@pytest.mark.parametrize("in_launch", [False, True])
-def test_balanced_splits_match_the_reference(
-    monkeypatch, num_splits, fill_splits, window, preload, loop_tile, in_launch
-):
+def test_balanced_splits_match_the_reference(num_splits, fill_splits, window, preload, loop_tile):
     """Balanced split launches (LaunchConfig.balance_splits) over mixed contexts and a padding
     row, launched in a shuffled order: rows that one split owns are stored by the attention
     launch (the output starts as NaN), the others merged from the splits that own tiles (the
-    partials start as NaN), by the merge launch or by the row's last split (in_launch), whose
-    arrival counts are all zero again after the launch; the pool is written once."""
+    partials start as NaN), and the pool is written once."""
     seq_lens = [MAX_SEQ, 1, 2, 3, 17, MAX_SEQ - 5, 5]
     batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 70 + num_splits, seq_lens)
     order = torch.randperm(batch.seq_lens.shape[0], generator=torch.Generator().manual_seed(fill_splits))
     config = LaunchConfig(
         block_m=16, tile=16, num_splits=num_splits, num_warps=4, num_stages=2, preload=preload,
-        loop_tile=loop_tile, balance_splits=fill_splits, merge_in_launch=in_launch,
+        loop_tile=loop_tile, balance_splits=fill_splits,
     )  # fmt: skip
     per, spans = balanced_tiles_per_split(batch.seq_lens.tolist(), 16, fill_splits, num_splits, window)
     if window == 0 or fill_splits > 1:  # (a 13-key window leaves every row <= 2 tiles, the share 2)
         assert any(t <= per for t in spans) and any(t > per for t in spans), "both kinds of row"
-    counts = da.arrival_counts(DEVICE, 64)
-    counts.fill_(0)
-    merges = []
-    merge = pa.merge_splits
-    monkeypatch.setattr(pa, "merge_splits", lambda *a, **k: merges.append(1) or merge(*a, **k))
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
-    assert not counts.any(), "every arrival count is zero between launches"
-    assert merges == ([] if in_launch else [1]), "a merge launch exactly when the splits do not merge"
-    if in_launch:  # and a second launch on the same counts
-        _check(batch, qkv, cos, sin, weight, window=window, config=config)
-        assert not counts.any()
 
 
 @pytest.mark.parametrize(
@@ -393,6 +379,30 @@ def test_env_override_reaches_small_batches_only(monkeypatch):
     assert (small.long_tile, small.prefetch_tiles, base.prefetch_tiles) == (64, 3, 1)
     assert (small.block_m, small.num_warps) == (base.block_m, base.num_warps)
     assert da.decode_config(4, 16, 8, 128, 4096, dev) == base
+
+
+def test_balanced_by_default_at_split_launches_of_8_rows_or_more(monkeypatch):
+    """With the H200's 132 SMs and one 128-key program an SM, choose_config splits 4-16-row
+    launches (8, 4 and 2 ways); decode_config balances those of at least BALANCED_MIN_ROWS rows
+    over BALANCE_RATIO times as many splits, filled as choose_config's count would. Batch 1
+    keeps its preloading config, 4 rows and unsplit launches (24+ rows) their plain one, and
+    ENGINESPEC_DECODE_ATTN=balance=0 turns balancing off."""
+    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    monkeypatch.delenv(da.PRELOAD_ROWS_ENV, raising=False)
+    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(pa, "_programs_per_sm", lambda *args: 1)
+    dev = torch.device("cpu")
+    got = {n: da.decode_config(n, 16, 8, 128, 40960, dev) for n in (1, 4, 8, 16, 24, 64)}
+    assert got[1].preload and got[1].balance_splits == 0
+    assert (got[4].num_splits, got[4].balance_splits) == (8, 0)
+    assert (got[8].num_splits, got[8].balance_splits) == (4 * da.BALANCE_RATIO, 4)
+    assert (got[16].num_splits, got[16].balance_splits) == (2 * da.BALANCE_RATIO, 2)
+    assert all((got[n].num_splits, got[n].balance_splits) == (1, 0) for n in (24, 64))
+    assert got[16].tile == 128 and not got[16].preload
+    for raw, want in (("balance=0", (2, 0)), ("balance=4", (8, 2))):
+        monkeypatch.setenv(da.DECODE_ATTN_ENV, raw)
+        cfg = da.decode_config(16, 16, 8, 128, 40960, dev)
+        assert (cfg.num_splits, cfg.balance_splits) == want
 
 
 def test_env_override_balance_over_a_row_range(monkeypatch):

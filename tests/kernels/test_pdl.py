@@ -48,10 +48,10 @@ report("attention", ptx_of(fn, sig_of(fn, att, ptrs, ("scale_log2",)), att, {"nu
 dec = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, GROUP=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=16, TILE=128,
            IS_SPLIT=True, USE_WINDOW=False, USE_ORDER=True, USE_NORM=True, DOT_FP32=False, USE_PDL=True,
            LINE=64, PRELOAD=False, LOOP_TILE=128, LONG_TILE=0, PREFETCH_TILES=1, HIDDEN=1024, H_BLOCK=1024,
-           USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16, IN_MERGE=False)
+           USE_ROW_SCALE=False, BALANCE=False, MAX_ROWS=16)
 ptrs = dict(out_ptr="*bf16", part_ptr="*fp32", cache_ptr="*bf16", qkv_ptr="*bf16", cos_ptr="*bf16",
             sin_ptr="*bf16", norm_ptr="*bf16", slot_ptr="*i64", block_table_ptr="*i32", seq_lens_ptr="*i32",
-            order_ptr="*i32", h_ptr="*bf16", count_ptr="*i32")
+            order_ptr="*i32", h_ptr="*bf16")
 fn = da._decode_attention_kernel
 fl = ("scale_log2", "eps", "row_eps")
 report("decode_attention", ptx_of(fn, sig_of(fn, dec, ptrs, fl), dec, {"num_warps": 4, "num_stages": 2}))
@@ -59,8 +59,6 @@ folded = dict(dec, USE_ROW_SCALE=True)  # a folded input norm: the hidden row is
 report("decode_attention_folded", ptx_of(fn, sig_of(fn, folded, ptrs, fl), folded, {"num_warps": 4, "num_stages": 2}))
 bal = dict(dec, BALANCE=True, MAX_ROWS=32)  # the batch's lengths read before the wait; rows one split owns stored
 report("decode_attention_balanced", ptx_of(fn, sig_of(fn, bal, ptrs, fl), bal, {"num_warps": 4, "num_stages": 2}))
-bal = dict(bal, IN_MERGE=True)  # ... and the row's last split merges: its arrival and merge after the wait too
-report("decode_attention_inmerge", ptx_of(fn, sig_of(fn, bal, ptrs, fl), bal, {"num_warps": 4, "num_stages": 2}))
 pf3 = dict(dec, PREFETCH_TILES=3)  # three loop steps asked of L2 before the wait
 report("decode_attention_prefetch3", ptx_of(fn, sig_of(fn, pf3, ptrs, fl), pf3,
                                             {"num_warps": 4, "num_stages": 2}))
@@ -135,8 +133,7 @@ def reports():
 @pytest.mark.parametrize(
     "kernel",
     ["attention", "decode_attention", "decode_attention_preload", "decode_attention_prefetch3", "merge", "merge_decode",
-     "decode_attention_balanced", "decode_attention_inmerge", "merge_balanced", "qkv_rope", "gemv",
-     "decode_attention_folded", "qkv_rope_folded", "silu_mul_folded",
+     "decode_attention_balanced", "merge_balanced", "qkv_rope", "gemv", "decode_attention_folded", "qkv_rope_folded", "silu_mul_folded",
      "gemv_rows", "tiled", "tiled_stepped_norm", "tiled_broadcast", "rms_norm", "silu_mul", "gather_two"],
 )  # fmt: skip
 def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
@@ -155,7 +152,6 @@ def test_kernel_waits_once_and_stores_only_after_the_wait(reports, kernel):
         ("merge", False),
         ("merge_decode", True),
         ("decode_attention_balanced", True),
-        ("decode_attention_inmerge", True),
         ("merge_balanced", True),
         ("qkv_rope", True),
         ("gemv", True),
