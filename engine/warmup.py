@@ -11,7 +11,9 @@ token dimension settles), mixed prefill + decode steps, graph-replayed decodes, 
 of each sampler setting (greedy, temperature, top-k/top-p, top-p alone, min-p, penalties,
 bias, allowed ids, min_tokens, logprobs), through the async path as real steps take it, and
 last batches with no edited row (the fused draw's model-dtype variant) and with a loose top-p
-(the wide cut), edited and not (`LATER_BATCHES`).
+(the wide cut), edited and not (`LATER_BATCHES`). Before the first request, every sampler
+kernel variant those batches meet is compiled side by side (compile-only launches on a thread
+pool, sample/precompile.py), not one after another as the batches meet them.
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -31,6 +33,8 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+
+import torch
 
 from enginespec.spec import SamplingParams
 
@@ -98,12 +102,39 @@ def _prompt_lengths(engine, tiny: bool) -> list[int]:
     return sorted({max(2, min(n, room)) for n in sizes}, reverse=True)
 
 
+def logits_like(engine) -> torch.Tensor:
+    """A [1, W] tensor laid out as the logits the sampler will get (their dtype, row stride and
+    alignment: what its kernels' variants depend on): a row of the decode graphs' logits buffer
+    where graphs were captured, else a fresh row in the model's dtype, vocab_size wide."""
+    graphs = getattr(engine.runner, "graphs", None)
+    for buffer in getattr(graphs, "logits", {}).values():
+        return buffer[:1]
+    model = engine.model
+    return torch.empty((1, model.vocab_size), dtype=model.dtype, device=engine.sampler.device)
+
+
+def _precompile_sampler(engine) -> None:
+    """sample/precompile.py's compile-only launches for this engine's sampler and logits (CUDA
+    only). Never raises: what is not compiled here compiles when the warm-up meets it."""
+    from enginespec.sample.precompile import precompile_sampler
+
+    try:
+        logits = logits_like(engine)
+    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
+        log.info("sampler precompile skipped: %s: %s", type(e).__name__, e)
+        return
+    precompile_sampler(engine.sampler, logits)
+
+
 def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupReport:
     """Run the warm-up requests to completion through engine.step(), then reset what they left
-    (see the module docstring). `tiny`: short prompts, two output tokens (the CPU)."""
+    (see the module docstring). `tiny`: short prompts, two output tokens (the CPU). First, on
+    CUDA, every sampler kernel variant compiles side by side (sample/precompile.py) rather than
+    one after another as the requests meet them."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
+    _precompile_sampler(engine)
     rng = random.Random(0)
     lengths = _prompt_lengths(engine, tiny)
     vocab = min(engine.vocab_size, 10_000)

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
+
 BLOCK = 2048  # columns a program (151,936-column rows: 75 programs a row)
 EMPTY = -(2**63)  # the running best of a row no program has reached
 
@@ -77,10 +79,11 @@ def _state(device: torch.device, stream_id: int, rows: int) -> tuple[torch.Tenso
     return state
 
 
-def argmax(x: torch.Tensor) -> torch.Tensor:
+def argmax(x: torch.Tensor, compile_only: bool = False) -> torch.Tensor:
     """x [S, V] logits -> int64 [S], torch.argmax(x, dim=1)'s answer (first max; NaN counts as
     the max). One Triton launch on CUDA or under the interpreter (module doc), torch.argmax
-    elsewhere and for an empty batch."""
+    elsewhere and for an empty batch. compile_only: compile the launch's variant (Triton's
+    warmup, kernels/compile_pool.py) and launch nothing; the result is then uninitialised."""
     from enginespec.kernels.skinny_gemm import interpreting
 
     if x.dim() != 2:
@@ -95,5 +98,6 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
     best, count = _state(x.device, stream, rows)
     tokens = torch.empty(rows, dtype=torch.int64, device=x.device)
-    _argmax_kernel[(rows, triton.cdiv(vocab, BLOCK))](tokens, best, count, x, vocab, x.stride(0), BLOCK=BLOCK)
+    grid = (rows, triton.cdiv(vocab, BLOCK))
+    launcher(_argmax_kernel, grid, compile_only)(tokens, best, count, x, vocab, x.stride(0), BLOCK=BLOCK)
     return tokens

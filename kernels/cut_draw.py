@@ -59,6 +59,7 @@ from typing import Optional
 import torch
 
 from enginespec.kernels import sampling as sampling_kernels
+from enginespec.kernels.compile_pool import launcher
 
 try:
     import triton
@@ -695,6 +696,7 @@ def draw(
     edit_map: Optional[torch.Tensor] = None,
     num_warps: int = 0,
     spread: bool = False,
+    compile_only: bool = False,
 ) -> torch.Tensor:
     """Token per row of x [S, V] (float32, or the model's bfloat16 / float16 read as float32:
     no conversion pass; unit stride along V). prm [S, NUM_PARAMS] float32,
@@ -710,8 +712,9 @@ def draw(
     a flat row) are cut by NUM_ROUNDS multi-program rounds (`_spread_round_kernel`, grid
     (S, num_chunks)) instead of one program reading the row ~17 times; the cut is the same
     bisection (`_bisect`), summed in another order. Returns int64 [S]; two launches, or
-    NUM_ROUNDS + 4 with spread."""
-    return _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick=True)[0]
+    NUM_ROUNDS + 4 with spread. compile_only: compile those launches' variants (Triton's
+    warmup, kernels/compile_pool.py) and launch nothing; the result is then uninitialised."""
+    return _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, True, compile_only)[0]
 
 
 def spread_cuts(x: torch.Tensor, prm: torch.Tensor, *, chunk: int) -> torch.Tensor:
@@ -722,8 +725,9 @@ def spread_cuts(x: torch.Tensor, prm: torch.Tensor, *, chunk: int) -> torch.Tens
     return _launch(x, prm, keys, (0, 0), chunk, None, None, 0, True, pick=False)[1][:, 0].clone()
 
 
-def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick):
-    """(ids, cuts [S, 4 + NC_BLOCK] or a dummy) of `draw`; pick False stops before the pick."""
+def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick, compile_only=False):
+    """(ids, cuts [S, 4 + NC_BLOCK] or a dummy) of `draw`; pick False stops before the pick;
+    compile_only: each launch only compiles (`compile_pool.launcher`)."""
     assert x.dtype in FLOAT_TYPES and x.stride(1) == 1 and x.shape[1] < (1 << 24)
     assert prm.is_contiguous() and prm.shape == (x.shape[0], NUM_PARAMS) and chunk & (chunk - 1) == 0
     num_rows, vocab = x.shape
@@ -740,7 +744,7 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
     warps = num_warps or (8 if chunk >= 2048 else 4)
     pick_warps = num_warps or PICK_WARPS
     rows = (x, x.stride(0), e, e_stride, e_map, prm)
-    _scan_kernel[(num_rows, num_chunks)](
+    launcher(_scan_kernel, (num_rows, num_chunks), compile_only)(
         *rows, stats, bmax, vocab, num_chunks, int(has_edits),
         CHUNK=chunk, NB=nb, NUM_PARAMS=NUM_PARAMS, num_warps=warps,
     )  # fmt: skip
@@ -751,21 +755,22 @@ def _launch(x, prm, keys, base, chunk, edited, edit_map, num_warps, spread, pick
         NUM_PARAMS=NUM_PARAMS, num_warps=pick_warps, SPLIT=CUT_SPLIT, STEPS=split_steps(CUT_SPLIT),
     )  # fmt: skip
     args = (*rows, keys, stats, bmax, work, out, cut, vocab, num_chunks, int(has_edits), base[0], base[1])
+    cut_pick = launcher(_cut_pick_kernel, (num_rows,), compile_only)
     if not spread:
-        _cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)
+        cut_pick(*args, MODE=0, **launch)
         return out, cut
-    _cut_pick_kernel[(num_rows,)](*args, MODE=1, **launch)
+    cut_pick(*args, MODE=1, **launch)
     common = (vocab, num_chunks, num_rows, int(has_edits))
     sizes = dict(CHUNK=chunk, NC_BLOCK=nc_block, NUM_PARAMS=NUM_PARAMS, num_warps=warps)
     for r in range(NUM_ROUNDS):
-        _spread_round_kernel[(num_rows, num_chunks)](
+        launcher(_spread_round_kernel, (num_rows, num_chunks), compile_only)(
             *rows, cut, rounds, totals, *common, r, WIDE_BLOCK=min(WIDE_BLOCK, chunk), **sizes
         )
-    _spread_finish_kernel[(num_rows, num_chunks)](
+    launcher(_spread_finish_kernel, (num_rows, num_chunks), compile_only)(
         *rows, stats, cut, rounds, totals, *common, NUM_ROUNDS, BLOCK=min(BLOCK, chunk), **sizes
     )
     if pick:
-        _cut_pick_kernel[(num_rows,)](*args, MODE=2, **launch)
+        cut_pick(*args, MODE=2, **launch)
     return out, cut
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from enginespec.kernels.compile_pool import launcher
+
 try:
     import triton
     import triton.language as tl
@@ -124,10 +126,14 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+def logprobs(
+    raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int, compile_only: bool = False
+) -> torch.Tensor:
     """float64 [R, 1 + 2k] for the rows `rows` (int64 [R]) of raw [S, V] (unit stride along V,
     any float dtype): log_softmax at tokens[row] (tokens int64 [S]), then the k largest
-    logprobs, then their ids. 0 <= k <= MAX_K, k <= V. Two launches, no host sync."""
+    logprobs, then their ids. 0 <= k <= MAX_K, k <= V. Two launches, no host sync.
+    compile_only: compile their variants (Triton's warmup, kernels/compile_pool.py) and launch
+    nothing; the result is then uninitialised."""
     assert raw.stride(1) == 1 and 0 <= k <= MAX_K and k <= raw.shape[1]
     sub = min(SUB, CHUNK)  # both powers of two
     num_rows, vocab = rows.shape[0], raw.shape[1]
@@ -142,10 +148,10 @@ def logprobs(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, k: int
     out = torch.empty((num_rows, 1 + 2 * k), dtype=torch.float64, device=dev)
     if num_rows == 0:
         return out
-    _chunk_kernel[(num_rows, num_chunks)](
+    launcher(_chunk_kernel, (num_rows, num_chunks), compile_only)(
         raw, raw.stride(0), rows, stats, sub_max, vocab, num_chunks, k, CHUNK=CHUNK, SUB=sub, num_warps=8
     )
-    _merge_kernel[(num_rows,)](
+    launcher(_merge_kernel, (num_rows,), compile_only)(
         raw, raw.stride(0), rows, tokens, stats, sub_max, sub_max.stride(0), out, vocab, num_chunks, k,
         NC_BLOCK=triton.next_power_of_2(num_chunks), NS_BLOCK=triton.next_power_of_2(num_chunks * (CHUNK // sub)),
         SUB=sub, KP=MAX_K, num_warps=8,

@@ -23,6 +23,7 @@ import torch
 
 from enginespec.kernels import cut_draw
 from enginespec.kernels import sampling as sampling_kernels
+from enginespec.kernels.compile_pool import launcher
 
 try:
     import triton
@@ -200,12 +201,14 @@ def refine(
     chunk: int,
     edited=None,
     edit_map=None,
+    compile_only: bool = False,
 ) -> torch.Tensor:
     """Rounds 1.. of sample/reject.py on the device, in place on tokens [S] int64 (round 0's
     draw), for the loose rows `rows` [L] int64 of x [S, V] (read as `cut_draw.draw` reads it:
     edited / edit_map the same). x_scale [S] float32, top_p [L] float32, keys [S] int64 as the
     draw's, base its (lo, hi). Returns tokens. 2 * GRID_ROUNDS + 1 launches, no host sync and
-    no fill (the first round's pick writes every row's done flag)."""
+    no fill (the first round's pick writes every row's done flag). compile_only: compile those
+    launches' variants (Triton's warmup, kernels/compile_pool.py) and launch nothing."""
     num_loose, vocab = rows.shape[0], x.shape[1]
     if num_loose == 0:
         return tokens
@@ -220,15 +223,15 @@ def refine(
     block = min(BLOCK, chunk)
     warps = 8 if chunk >= 2048 else 4
     for r in range(1, GRID_ROUNDS + 1):
-        _above_kernel[(num_loose, num_chunks)](
+        launcher(_above_kernel, (num_loose, num_chunks), compile_only)(
             *src, tokens, done, stats, vocab, num_chunks, int(has_edits), CHUNK=chunk, FIRST=r == 1,
             num_warps=warps,
         )  # fmt: skip
-        _pick_kernel[(num_loose,)](
+        launcher(_pick_kernel, (num_loose,), compile_only)(
             *src, top_p, keys, tokens, done, stats, vocab, num_chunks, int(has_edits), base[0], base[1], r,
             CHUNK=chunk, BLOCK=block, NC_BLOCK=nc_block, FIRST=r == 1, num_warps=warps,
         )  # fmt: skip
-    _finish_kernel[(num_loose,)](
+    launcher(_finish_kernel, (num_loose,), compile_only)(
         *src, top_p, keys, tokens, done, vocab, num_chunks, int(has_edits), base[0], base[1], GRID_ROUNDS + 1,
         CHUNK=chunk, BLOCK=block, NC_BLOCK=nc_block, MAX_ROUNDS=MAX_ROUNDS, FIRST=GRID_ROUNDS == 0,
         num_warps=warps,

@@ -30,6 +30,8 @@ from typing import Optional
 
 import torch
 
+from enginespec.kernels.compile_pool import launcher
+
 try:
     import triton
     import triton.language as tl
@@ -314,6 +316,7 @@ def apply_penalties(
     pres: torch.Tensor,
     slots: torch.Tensor,
     source: Optional[tuple] = None,
+    compile_only: bool = False,
 ) -> None:
     """`sampling_penalties.apply_penalties`' arithmetic in one launch, in place on x [S, V]
     (unit stride along V): rows int64 [R] of x; slots int64 [R], each row's row of the tables
@@ -321,12 +324,13 @@ def apply_penalties(
     rep, freq, pres float32 [R]. Same operations in the same order as the torch version, with
     IEEE-rounded division (div_rn), so results match it up to FMA contraction. source = (src,
     src_map): row r of x is written from row src_map[r] (int64) of src (unit stride) instead
-    of edited in place, so a copy of the rows need not be made first."""
+    of edited in place, so a copy of the rows need not be made first. compile_only: compile the
+    launch's variant (Triton's warmup, kernels/compile_pool.py) and launch nothing."""
     assert x.stride(1) == 1 and prompt.is_contiguous() and counts.is_contiguous()
     vocab = counts.shape[1]
     src, src_map = source if source is not None else (x, rows)
     assert src.stride(1) == 1
-    _penalty_kernel[(rows.shape[0], triton.cdiv(vocab, BLOCK))](
+    launcher(_penalty_kernel, (rows.shape[0], triton.cdiv(vocab, BLOCK)), compile_only)(
         x,
         x.stride(0),
         src,

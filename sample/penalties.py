@@ -101,16 +101,24 @@ _TORCH_DTYPES = {
 }
 
 
+# Every segment of `upload_packed` starts 16-byte aligned whatever the row counts before it:
+# Triton specialises pointer arguments on 16-byte alignment, so a view at an offset that
+# followed the batch's row counts (8-byte segments did) made the sampler's kernels compile
+# another variant whenever a batch moved it, in the warm-up and in the middle of traffic, and
+# the startup's compile-only launches (sample/precompile.py) could not know which to compile.
+SEGMENT_ALIGN = 16
+
+
 def upload_packed(arrays: Sequence[np.ndarray], device) -> list[torch.Tensor]:
     """Several host arrays on `device` in ONE host-to-device copy (`upload`): their bytes laid
-    end to end in one uint8 buffer, each segment starting at a multiple of 8 bytes, so that
-    every device view can take its array's dtype and shape back. Returns one device tensor per
-    array (views of one device buffer: writing one never touches another's bytes)."""
+    end to end in one uint8 buffer, each segment starting at a multiple of SEGMENT_ALIGN bytes,
+    so that every device view can take its array's dtype and shape back. Returns one device
+    tensor per array (views of one device buffer: writing one never touches another's bytes)."""
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
-        total += -(-a.nbytes // 8) * 8
-    host = np.zeros(max(total, 8), dtype=np.uint8)
+        total += -(-a.nbytes // SEGMENT_ALIGN) * SEGMENT_ALIGN
+    host = np.zeros(max(total, SEGMENT_ALIGN), dtype=np.uint8)
     for a, start in zip(arrays, offsets):
         host[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = upload(torch.from_numpy(host), device)
@@ -119,6 +127,14 @@ def upload_packed(arrays: Sequence[np.ndarray], device) -> list[torch.Tensor]:
         view = buf[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype])
         out.append(view if a.ndim == 1 else view.view(a.shape))
     return out
+
+
+def aligned_rows(a: np.ndarray) -> np.ndarray:
+    """A 2-D array with its rows padded (zeros) to a multiple of SEGMENT_ALIGN bytes, so that
+    each row of its `upload_packed` view starts 16-byte aligned whatever the row length (see
+    SEGMENT_ALIGN); the caller slices each device row back to a.shape[1]."""
+    width = -(-a.shape[1] * a.itemsize // SEGMENT_ALIGN) * SEGMENT_ALIGN // a.itemsize
+    return np.pad(a, ((0, 0), (0, width - a.shape[1])))
 
 
 def to_device(columns: Sequence[Sequence[float]], dtype: torch.dtype, device) -> list[torch.Tensor]:

@@ -74,6 +74,7 @@ from enginespec.sample.draw import draw_torch
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
     PenaltyColumns,
+    aligned_rows,
     apply_allowed_tokens,
     apply_logit_bias,
     apply_min_tokens,
@@ -307,7 +308,9 @@ class BatchPlan:
         edit_map = np.full(num_rows, -1, dtype=np.int64)
         edit_map[self.edit_rows] = np.arange(len(self.edit_rows), dtype=np.int64)
         pen_rows = np.flatnonzero(m[:, PENALTY])
-        columns = np.stack([m[:, 0], m[:, 1], np.full(num_rows, float("-inf"))]).astype(np.float32)
+        columns = aligned_rows(
+            np.stack([m[:, 0], m[:, 1], np.full(num_rows, float("-inf"))]).astype(np.float32)
+        )
         table = m[:, : cut_draw.NUM_PARAMS].astype(np.float32)  # rounded as draw_params was
         any_min_p = bool((table[:, 3] > 0).any())
         # a loose top-p (no top-k, no min-p): its nucleus often lies beyond the draw's
@@ -329,18 +332,18 @@ class BatchPlan:
             [
                 table, self.keys, columns, np.array(self.edit_rows, dtype=np.int64), edit_map,
                 np.array(self.logprob_rows, dtype=np.int64), np.array(self.cut_rows, dtype=np.int64),
-                pen_rows, edit_map[pen_rows], m[pen_rows][:, REP : PRES + 1].T.astype(np.float32),
+                pen_rows, edit_map[pen_rows], aligned_rows(m[pen_rows][:, REP : PRES + 1].T.astype(np.float32)),
                 np.array(self.reject_rows, dtype=np.int64), reject_p,
             ],
             self.device,
         )  # fmt: skip
         if any_min_p:
             self.draw_params[:, 3].log_().div_(self.draw_params[:, 6])
-        self.x_scale, self.noise, self.no_cut = columns_t.unbind(0)
+        self.x_scale, self.noise, self.no_cut = (c[:num_rows] for c in columns_t.unbind(0))
         # the penalty rows as batch rows, and as rows of the edited rows (the EditPlan's)
         self.penalties = self._edit_penalties = None
         if len(pen_rows):
-            rep, freq, pres = pen_t.unbind(0)
+            rep, freq, pres = (c[: len(pen_rows)] for c in pen_t.unbind(0))
             self.penalties = PenaltyColumns(pen_rows.tolist(), pen_index, rep, freq, pres)
             self._edit_penalties = PenaltyColumns(edit_map[pen_rows].tolist(), pen_local, rep, freq, pres)
 

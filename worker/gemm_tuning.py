@@ -8,14 +8,10 @@ of several replays, each timed with CUDA events.
 
 from __future__ import annotations
 
-import logging
-import os
 import statistics
 from typing import Callable
 
 import torch
-
-log = logging.getLogger(__name__)
 
 
 def graph_us(fn: Callable[[], list], num_calls: int, reps: int = 7) -> tuple[float, list]:
@@ -149,26 +145,3 @@ def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
         for warps in (4, 8)
         if 8 * 32 * warps <= block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
     ]
-
-
-def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> None:
-    """Run compile-only launches (skinny_linear(..., compile_only=True)) on a thread pool under
-    Triton's AsyncCompileMode where this Triton has it, so the startup tuning's few dozen kernel
-    variants compile side by side instead of one after another. Anything that goes wrong only
-    costs the speed-up: the timing loop compiles whatever is missing as usual."""
-    try:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return
-    workers = max(1, min(max_workers, os.cpu_count() or 1))
-    try:
-        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
-            for job in jobs:
-                try:
-                    job()
-                except Exception:  # noqa: BLE001 - a variant that does not build is rejected when timed
-                    continue
-    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
-        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)

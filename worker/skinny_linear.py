@@ -44,7 +44,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from enginespec.worker.gemm_tuning import candidates, graph_us, precompile
+from enginespec.kernels.compile_pool import precompile
+from enginespec.worker.gemm_tuning import candidates, graph_us
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,56 @@
+"""Compile-only launches of Triton kernels, side by side on a thread pool.
+
+A Triton kernel compiles the first time a launch meets a new variant (constexprs, argument
+dtypes, the specialisation of its ints and pointers), on the launching thread, so a startup that
+meets its variants one after another pays their compile times one after another. Under Triton's
+AsyncCompileMode a launch that misses the cache hands its compile to an executor and returns,
+and a compile-only launch (`JITFunction.warmup(..., grid=...)`, which every kernel wrapper here
+offers as `compile_only=True`) runs nothing on the device: so a list of such launches issued on
+one thread compiles on all the pool's threads at once, and the real launches later find their
+variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py) and the sampler's
+kernels before the warm-up (sample/precompile.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
+    """Run compile-only launches (each job one, e.g. skinny_linear(..., compile_only=True)) on a
+    thread pool under Triton's AsyncCompileMode where this Triton has it, so the variants compile
+    side by side instead of one after another. Returns how many jobs raised (0 where this Triton
+    has no AsyncCompileMode: then nothing runs). Anything that goes wrong only costs the
+    speed-up: a job that raises is skipped, a compile that fails is dropped (ignore_errors), and
+    the real launch later compiles whatever is missing as usual."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return 0
+    workers = max(1, min(max_workers, os.cpu_count() or 1))
+    num_failed = 0
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for job in jobs:
+                try:
+                    job()
+                except Exception as e:  # noqa: BLE001 - that variant compiles when first launched
+                    num_failed += 1
+                    log.debug("compile-only launch failed: %s: %s", type(e).__name__, e)
+    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
+        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)
+    return num_failed
+
+
+def launcher(kernel, grid, compile_only: bool = False) -> Callable:
+    """What a wrapper calls with the launch's arguments: kernel[grid], or with compile_only its
+    compile-only launch (Triton's `warmup` with the same grid): the same arguments then compile
+    the same variant (the same cache key) and nothing runs on the device."""
+    return functools.partial(kernel.warmup, grid=grid) if compile_only else kernel[grid]
