@@ -12,7 +12,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 print({k: round(v, 1) for k, v in d.get("startup_phases", {}).items()}, "startup", round(d.get("startup_s", 0), 1))
 c = d.get("compiles_in_startup", [])
-print(len(c), "compiles in startup; last 30:"); [print(round(x["t"], 2), x["kernel"][:50]) for x in c[-30:]]
+print(len(c), "compiles in startup,", len(d.get("compiles_in_first_call", [])), "in the first call; last 30:"); [print(round(x["t"], 2), x["kernel"][:50]) for x in c[-30:]]
 PY
 second_start second_start
 export TRITON_CACHE_DIR=$cold_caches/triton TORCHINDUCTOR_CACHE_DIR=$cold_caches/inductor ENGINESPEC_CACHE_DIR=$cold_caches/enginespec
