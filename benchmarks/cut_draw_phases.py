@@ -47,6 +47,9 @@ OUTER = [
     ("            tl.store(out_ptr + row, tok.to(tl.int64))\n",
      "            tl.store(out_ptr + row, tok.to(tl.int64))\n        _stamp(times_ptr, row, 6)\n"),
     ("    args = (*rows, keys, stats, bmax, work, out, cut,", "    args = (*rows, keys, stats, bmax, work, out, TIMES, cut,"),
+    ("        cut_pick(*args, MODE=0, **launch)\n        return out, cut",
+     "        LAST[:] = [cut_pick(*args, MODE=0, **launch)]\n        return out, cut"),
+    # (sources before the compile-only launcher, 2026-12-04, launched the kernel by name)
     ("        _cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)\n        return out, cut",
      "        LAST[:] = [_cut_pick_kernel[(num_rows,)](*args, MODE=0, **launch)]\n        return out, cut"),
     ("\nFLOAT_TYPES =", "\nTIMES = None\nLAST = []\nFLOAT_TYPES ="),
@@ -69,8 +72,13 @@ INNER = [
 
 
 def stamped_source(src: str) -> str:
-    """src with the stamps; every OUTER edit must apply once, INNER ones all or none."""
-    for old, new in OUTER:
+    """src with the stamps; every OUTER edit must apply once (of the pick launch's two layouts,
+    one), INNER ones all or none."""
+    launch = [i for i, (old, _) in enumerate(OUTER) if "MODE=0" in old]
+    skip = [i for i in launch if src.count(OUTER[i][0]) == 0][: len(launch) - 1]
+    for i, (old, new) in enumerate(OUTER):
+        if i in skip:
+            continue
         assert src.count(old) == 1, f"anchor not found once: {old[:60]!r}"
         src = src.replace(old, new)
     if all(src.count(old) == 1 for old, _ in INNER):

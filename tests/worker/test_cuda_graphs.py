@@ -38,7 +38,10 @@ def test_graph_replay_equals_eager(impl, family):
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 90 + 1 for j in range(5 + 3 * i)]} for i in range(11)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     outs = {}
-    for eager in (True, False):
+    # eager; graphs over the default body (the model's own where its norms are folded:
+    # compiled.should_compile); graphs over an inductor-compiled body (compile_model=True)
+    runs = {"eager": dict(enforce_eager=True), "graphs": {}, "graphs_compiled": dict(compile_model=True)}
+    for name, kwargs in runs.items():
         llm = LLM(
             tiny_model_dir(family),
             impl=impl,
@@ -47,14 +50,16 @@ def test_graph_replay_equals_eager(impl, family):
             block_size=4,
             max_num_seqs=16,
             num_gpu_blocks_override=64,
-            enforce_eager=eager,
+            **kwargs,
         )
-        assert (llm.engine.runner.graphs is None) == eager
-        body = llm.engine.runner.body  # default on CUDA: graphs replay an inductor-compiled body
-        assert (body is None) == eager and (eager or body.error is None), getattr(body, "error", None)
-        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        runner = llm.engine.runner
+        assert (runner.graphs is None) == (name == "eager")
+        body = runner.body
+        assert (body is None) if name == "eager" else (body is None or body.error is None)
+        assert name != "graphs_compiled" or body is not None
+        outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
-    assert outs[False] == outs[True]
+    assert outs["graphs"] == outs["eager"] and outs["graphs_compiled"] == outs["eager"]
 
 
 @pytest.mark.parametrize("max_tokens", [0, 7, 8, 16, 100, 512, 1024, 2000, 2048, 4096])
