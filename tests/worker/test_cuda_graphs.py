@@ -257,3 +257,40 @@ def test_the_head_rides_in_single_gpu_decode_graphs_only():
 
     assert ModelRunner.GRAPH_LOGITS_MAX_ROWS >= 1
     assert TPModelRunner.GRAPH_LOGITS_MAX_ROWS == 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="compile-only launches are told apart by the interpreter's warmup flag",
+)
+def test_precompile_compiles_every_variant_the_capture_meets_and_runs_none(monkeypatch):
+    """DecodeGraphs.precompile (before capture) runs one forward a bucket, decode and mixed,
+    with our kernels' launches compile-only: it launches none of them for real and leaves the
+    KV pools as they were; then the forwards the capture runs (every row a padding row) meet
+    no variant it did not compile."""
+    from enginespec.testing.triton_keys import record_launches
+
+    llm = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(
+        runner.model,
+        runner.kv_caches,
+        block_size=runner.block_size,
+        max_model_len=runner.max_model_len,
+        max_num_seqs=runner.max_num_seqs,
+        buckets=[1, 2, 4],
+        mixed_buckets=[8, 40],
+    )
+    pools = [cache.clone() for cache in runner.kv_caches]
+    seen = record_launches(monkeypatch)
+    assert graphs.precompile() == 0
+    compiled = set(seen["compile_only"])
+    assert compiled and not seen["real"]
+    assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(pools, runner.kv_caches))
+    names = {key[0] for key in compiled}
+    assert {"_decode_attention_kernel", "_paged_attention_kernel"} <= names, names
+    for n, mixed in graphs._shapes():
+        graphs._pad(n, mixed)
+        graphs._run(n, mixed)
+    missing = [key for key in seen["real"] if key not in compiled]
+    assert seen["real"] and not missing, missing[:2]
