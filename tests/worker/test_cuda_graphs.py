@@ -294,3 +294,28 @@ def test_precompile_compiles_every_variant_the_capture_meets_and_runs_none(monke
         graphs._run(n, mixed)
     missing = [key for key in seen["real"] if key not in compiled]
     assert seen["real"] and not missing, missing[:2]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="compile-only launches are told apart by the interpreter's warmup flag",
+)
+def test_the_profile_run_compiles_its_variants_before_it_runs_them(monkeypatch):
+    """ModelRunner.profile_run first runs the largest step's forward with our kernels'
+    launches compile-only (side by side on the pool), then for real: every real launch's
+    variant was compiled by that pass, and the pass itself ran none."""
+    from enginespec.testing.triton_keys import record_launches
+
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    seen = record_launches(monkeypatch)
+    real_forward, order = runner.model.forward, []
+
+    def forward(*args, **kwargs):
+        order.append((len(seen["compile_only"]), len(seen["real"])))
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward", forward)
+    runner.profile_run()
+    assert len(order) == 2 and order[1] == (len(seen["compile_only"]), 0), "compile-only first, alone"
+    missing = [key for key in seen["real"] if key not in set(seen["compile_only"])]
+    assert seen["real"] and not missing, missing[:2]
