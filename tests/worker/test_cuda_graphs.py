@@ -93,12 +93,9 @@ class _EagerGraph:
         self.replays.append(outs[0].shape[0])
 
 
-def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> tuple:
-    """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
-    static buffers: everything but the capture itself (padding, empty request slots, stale rows
-    and columns, the static query_start_loc) is what a CUDA replay sees. Decode graphs of up to
-    logits_max_rows rows run the head too, as DecodeGraphs captures them."""
-    graphs = DecodeGraphs(
+def _graphs_over(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> DecodeGraphs:
+    """DecodeGraphs (not captured) over the runner's model and pools, with these buckets."""
+    return DecodeGraphs(
         runner.model,
         runner.kv_caches,
         block_size=runner.block_size,
@@ -108,6 +105,14 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
         mixed_buckets=mixed_buckets,
         logits_max_rows=logits_max_rows,
     )
+
+
+def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> tuple:
+    """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
+    static buffers: everything but the capture itself (padding, empty request slots, stale rows
+    and columns, the static query_start_loc) is what a CUDA replay sees. Decode graphs of up to
+    logits_max_rows rows run the head too, as DecodeGraphs captures them."""
+    graphs = _graphs_over(runner, buckets, mixed_buckets, logits_max_rows)
     decode, mixed = [], []
     for n, is_mixed in graphs._shapes():
         graphs._pad(n, is_mixed)  # as capture() does before each bucket
@@ -272,15 +277,7 @@ def test_precompile_compiles_every_variant_the_capture_meets_and_runs_none(monke
 
     llm = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40)
     runner = llm.engine.runner
-    graphs = DecodeGraphs(
-        runner.model,
-        runner.kv_caches,
-        block_size=runner.block_size,
-        max_model_len=runner.max_model_len,
-        max_num_seqs=runner.max_num_seqs,
-        buckets=[1, 2, 4],
-        mixed_buckets=[8, 40],
-    )
+    graphs = _graphs_over(runner, [1, 2, 4], [8, 40])
     pools = [cache.clone() for cache in runner.kv_caches]
     seen = record_launches(monkeypatch)
     assert graphs.precompile() == 0
