@@ -58,8 +58,8 @@ EDITS = [
      "        stride_o_tok, stride_o_head, NUM_Q_HEADS, HEAD_DIM, IS_SPLIT,\n    )  # fmt: skip\n"
      "    _stamp(times_ptr, pid, 6)\n"),
     ("        order if order is not None else seq_lens,\n", "        order if order is not None else seq_lens,\n        TIMES,\n"),
-    ("    _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)](",
-     "    LAST[:] = [None]\n    LAST[0] = _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)]("),
+    ("    launcher(_decode_attention_kernel, (num_reqs, num_kv_heads, cfg.num_splits))(",
+     "    LAST[:] = [None]\n    LAST[0] = launcher(_decode_attention_kernel, (num_reqs, num_kv_heads, cfg.num_splits))("),
     ("\nPRELOAD_ROWS_ENV =", "\nTIMES = None\nLAST = []\nPRELOAD_ROWS_ENV ="),
 ]  # fmt: skip
 

@@ -66,3 +66,12 @@ s = json.load(open(sys.argv[1]))["summary"]
 print({k: s.get(k) for k in ("wall_s", "floor_s", "wall_over_floor", "first_over_warm", "startup_s", "runs_wall_over_floor")})
 PY
 }
+
+# sweep_rows NAME SHA BATCHES [decode_sweep.py args...]: decode steps at BATCHES (20 steps, no
+# latency run) within 90 s; writes $out/NAME.json and .log and prints its table's rows.
+sweep_rows() {
+  local name=$1 sha=$2 batches=$3; shift 3
+  timeout 90 python3 benchmarks/decode_sweep.py --git-commit "$sha" --steps 20 --latency-tokens 0 \
+    --batches "$batches" --out "$out/$name.json" "$@" > "$out/$name.log" 2>&1
+  echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" "$out/$name.log"
+}

@@ -10,12 +10,7 @@ S=${1:?commit}
 timeout 90 python3 -m pytest -q -rfEs -p enginespec.conformance.plugin --impl=fast \
   tests/kernels/test_decode_attention.py -k "balanced" > $out/test_balanced.log 2>&1
 echo "balanced tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" $out/test_balanced.log | head; tail -1 $out/test_balanced.log
-sweep() {
-  local name=$1; shift
-  timeout 90 python3 benchmarks/decode_sweep.py --git-commit $S --steps 20 --latency-tokens 0 \
-    --batches 4,8,16,32,64 --out $out/$name.json "$@" > $out/$name.log 2>&1
-  echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" $out/$name.log
-}
+sweep() { sweep_rows "$1" "$S" 4,8,16,32,64 "${@:2}"; }
 for round in 1; do
   sweep uni_base --prompt-len 517
   ENGINESPEC_DECODE_ATTN=balance=4,min_rows=2 sweep uni_bal4 --prompt-len 517

@@ -11,12 +11,7 @@ timeout 90 python3 -m pytest -q -rfEs -p enginespec.conformance.plugin --impl=fa
   tests/kernels/test_decode_attention.py tests/impls/test_fast_examples.py -k "balanced or arrival or attend_qkv" \
   > $out/test_balanced.log 2>&1
 echo "balanced tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" $out/test_balanced.log | head; tail -1 $out/test_balanced.log
-sweep() {
-  local name=$1; shift
-  timeout 90 python3 benchmarks/decode_sweep.py --git-commit $S --steps 20 --latency-tokens 0 \
-    --batches 4,8,16,32,64 --out $out/$name.json "$@" > $out/$name.log 2>&1
-  echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" $out/$name.log
-}
+sweep() { sweep_rows "$1" "$S" 4,8,16,32,64 "${@:2}"; }
 B2=balance=2,inmerge=1,min_rows=4; B4=balance=4,inmerge=1,min_rows=4
 sweep uni_base --prompt-len 517
 ENGINESPEC_DECODE_ATTN=$B2 sweep uni_bal2m --prompt-len 517

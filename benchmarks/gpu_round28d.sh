@@ -16,12 +16,7 @@ print(len(c), "compiles in startup,", len(d.get("compiles_in_first_call", [])), 
 PY
 second_start second_start
 export TRITON_CACHE_DIR=$cold_caches/triton TORCHINDUCTOR_CACHE_DIR=$cold_caches/inductor ENGINESPEC_CACHE_DIR=$cold_caches/enginespec
-sweep() {
-  local name=$1; shift
-  timeout 90 python3 benchmarks/decode_sweep.py --git-commit $S --steps 20 --latency-tokens 0 \
-    --batches 8,16 --out $out/$name.json "$@" > $out/$name.log 2>&1
-  echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" $out/$name.log
-}
+sweep() { sweep_rows "$1" "$S" 8,16 "${@:2}"; }
 sweep uni_default --prompt-len 517
 sweep mix_default --prompt-len 100 --max-prompt-len 2048
 ENGINESPEC_DECODE_ATTN=balance=0 sweep mix_unbalanced --prompt-len 100 --max-prompt-len 2048

@@ -7,25 +7,30 @@ AsyncCompileMode a launch that misses the cache hands its compile to an executor
 and a compile-only launch (`JITFunction.warmup(..., grid=...)`, which every kernel wrapper here
 offers as `compile_only=True`) runs nothing on the device: so a list of such launches issued on
 one thread compiles on all the pool's threads at once, and the real launches later find their
-variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py) and the sampler's
-kernels before the warm-up (sample/precompile.py).
+variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py), the decode
+graphs' kernels before their capture (worker/cuda_graphs.py, through compile_only_launches) and
+the sampler's kernels before the warm-up (sample/precompile.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 from typing import Callable
 
 log = logging.getLogger(__name__)
+# "0": precompile() runs no job, so every variant compiles when first launched, one after another
+# (the startup before these passes existed, for A/B runs of the cold start)
+PRECOMPILE_ENV = "ENGINESPEC_PRECOMPILE"
 
 
 def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
     """Run compile-only launches (each job one, e.g. skinny_linear(..., compile_only=True)) on a
     thread pool under Triton's AsyncCompileMode where this Triton has it, so the variants compile
     side by side instead of one after another. Returns how many jobs raised (0 where this Triton
-    has no AsyncCompileMode: then nothing runs). Anything that goes wrong only costs the
+    has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then nothing runs). Anything that goes wrong only costs the
     speed-up: a job that raises is skipped, a compile that fails is dropped (ignore_errors), and
     the real launch later compiles whatever is missing as usual."""
     try:
@@ -33,6 +38,8 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
 
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
+        return 0
+    if os.environ.get(PRECOMPILE_ENV, "1").strip() == "0":
         return 0
     workers = max(1, min(max_workers, os.cpu_count() or 1))
     num_failed = 0
@@ -49,8 +56,29 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
     return num_failed
 
 
+_COMPILE_ONLY_DEPTH = [0]  # how many compile_only_launches() contexts are open
+
+
+@contextlib.contextmanager
+def compile_only_launches():
+    """Inside, every launch made through launcher() compiles its variant and runs nothing, as
+    compile_only=True would, and its outputs stay uninitialised: so a whole forward pass of a
+    model (worker/cuda_graphs.py, before its capture), issued under precompile's
+    AsyncCompileMode, hands every variant of ours it meets to the pool at once. Kernels launched
+    otherwise (torch's, cuBLAS) run as usual, on whatever those outputs hold. Not thread-safe:
+    for startup, while nothing else launches."""
+    _COMPILE_ONLY_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY_DEPTH[0] -= 1
+
+
 def launcher(kernel, grid, compile_only: bool = False) -> Callable:
-    """What a wrapper calls with the launch's arguments: kernel[grid], or with compile_only its
-    compile-only launch (Triton's `warmup` with the same grid): the same arguments then compile
-    the same variant (the same cache key) and nothing runs on the device."""
-    return functools.partial(kernel.warmup, grid=grid) if compile_only else kernel[grid]
+    """What a wrapper calls with the launch's arguments: kernel[grid], or with compile_only (or
+    inside compile_only_launches()) its compile-only launch (Triton's `warmup` with the same
+    grid): the same arguments then compile the same variant (the same cache key) and nothing
+    runs on the device."""
+    if compile_only or _COMPILE_ONLY_DEPTH[0]:
+        return functools.partial(kernel.warmup, grid=grid)
+    return kernel[grid]

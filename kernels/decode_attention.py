@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels import paged_attention as pa
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.paged_attention import (
     _add_values,
     _attend_tile,
@@ -572,7 +573,7 @@ def decode_attention(
     part = out
     if split:
         part = _scratch((num_reqs, num_q_heads, cfg.num_splits, head_dim + 2), qkv.device)
-    _decode_attention_kernel[(num_reqs, num_kv_heads, cfg.num_splits)](
+    launcher(_decode_attention_kernel, (num_reqs, num_kv_heads, cfg.num_splits))(
         out,
         part,
         cache,

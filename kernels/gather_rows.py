@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 MAX_BLOCK = 4096  # elements a program copies per loop trip (an 8B-shape embedding row in one)
@@ -101,7 +102,7 @@ def gather_two(
     out_a = flat_a.new_empty((rows, flat_a.shape[1]))
     out_b = flat_b.new_empty((rows, flat_b.shape[1]))
     if rows > 0:
-        _gather_two_kernel[(rows, 2)](
+        launcher(_gather_two_kernel, (rows, 2))(
             out_a,
             out_b,
             index_a,

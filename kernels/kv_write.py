@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -76,7 +78,7 @@ def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping
     if num_tokens == 0:
         return
     block_size = cache.shape[2]
-    _write_kv_kernel[(num_tokens,)](
+    launcher(_write_kv_kernel, (num_tokens,))(
         cache,
         k,
         v,

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 LOG2E = 1.4426950408889634
@@ -698,7 +699,7 @@ def paged_attention(
         part = out
     axis0 = num_reqs if order is not None else num_tokens // block_q + num_reqs
     grid = (axis0, num_kv_heads, cfg.num_splits)
-    _paged_attention_kernel[grid](
+    launcher(_paged_attention_kernel, grid)(
         out,
         part,
         q,
@@ -767,7 +768,7 @@ def merge_splits(
     active = decode_seq_lens is not None
     if balance_splits and not active:
         raise ValueError("merge_splits: balance_splits needs decode_seq_lens (a decode batch's rows)")
-    _merge_splits_kernel[(num_tokens, num_q_heads, head_pad // block_d if block_d else 1)](
+    launcher(_merge_splits_kernel, (num_tokens, num_q_heads, head_pad // block_d if block_d else 1))(
         out,
         part,
         decode_seq_lens if active else out,

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 from enginespec.kernels.row_scale import check_row_source, row_rms_scale, row_scale_constexprs
 
@@ -173,7 +174,7 @@ def qkv_rope(
         return q
     block_size = cache.shape[2]
     pdl = pdl_enabled(qkv.device)
-    _qkv_rope_kernel[(n,)](
+    launcher(_qkv_rope_kernel, (n,))(
         q,
         cache,
         qkv,

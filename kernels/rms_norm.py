@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 
 
@@ -77,7 +78,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Option
     out = torch.empty_like(x2)
     res_out = torch.empty_like(x2) if residual is not None else out
     if x2.shape[0] > 0:
-        _rms_norm_kernel[(x2.shape[0],)](
+        launcher(_rms_norm_kernel, (x2.shape[0],))(
             out,
             res_out,
             x2,

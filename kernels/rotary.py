@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
+
 
 @triton.jit
 def _rotate_heads(
@@ -139,7 +141,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
     head_dim = q.shape[2]
     tail = head_dim - 2 * half
     if q.shape[0] > 0:
-        _rotary_kernel[(q.shape[0],)](
+        launcher(_rotary_kernel, (q.shape[0],))(
             q_out,
             k_out,
             q,

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.compile_pool import launcher
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
 from enginespec.kernels.row_scale import check_row_source, row_rms_scale, row_scale_constexprs
 
@@ -96,7 +97,7 @@ def silu_mul(
     h = gate_up if row_source is None else row_source
     if rows:
         block, warps = launch_config(inter, row_source is not None)
-        _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
+        launcher(_silu_mul_kernel, (rows, triton.cdiv(inter, block)))(
             out, gate_up, h, rows, inter, out.stride(0), gate_up.stride(0), h.stride(0), row_eps,
             BLOCK=block, **row_scale_constexprs(row_source), USE_PDL=(pdl := pdl_enabled(gate_up.device)),
             num_warps=warps, **launch_options(pdl),

@@ -44,6 +44,7 @@ Invariants that keep graphs from changing outputs:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Optional
@@ -206,6 +207,7 @@ class DecodeGraphs:
     def capture(self) -> "DecodeGraphs":
         """Capture every bucket. All rows are padding rows while capturing (seq_len 0, slot -1),
         so the pools' real blocks are never written."""
+        self.precompile()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
@@ -231,6 +233,23 @@ class DecodeGraphs:
             (self.mixed_graphs if mixed else self.graphs)[n] = graph
         torch.cuda.synchronize(self.model.device)
         return self
+
+    def precompile(self) -> int:
+        """Compile the Triton variants every bucket's forward meets side by side, before the
+        warm-up runs meet them one after another (kernels/compile_pool.py): one forward a
+        bucket over its padding rows with our kernels' launches compile-only, through the
+        model's own body (a compiled body's graphs compile in the warm-up as before). What is
+        not compiled here compiles when first launched; returns how many passes raised."""
+        from enginespec.kernels.compile_pool import compile_only_launches, precompile
+
+        def compile_pass(n: int, mixed: bool) -> None:
+            with compile_only_launches():
+                self._pad(n, mixed)
+                ids, positions = self._inputs(n, mixed)[:2]
+                self.model.forward(ids, positions, self._meta(n, mixed), self.kv_caches)
+
+        with torch.inference_mode():
+            return precompile([functools.partial(compile_pass, n, mixed) for n, mixed in self._shapes()])
 
     def can_run(self, batch: Batch) -> bool:
         """A batch built with pad_to = a captured bucket and no prompt logprobs: one row per

@@ -254,11 +254,25 @@ class ModelRunner:
         batch = self.build_batch(output, block_manager, self.device)
         with torch.inference_mode():
             kv = self.model.allocate_kv(tmp_blocks, self.block_size)
+            self._precompile_forward(batch, kv)
             hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, kv, body=self.body)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
             if sample_fn is not None:
                 sample_fn(logits, requests)
             del kv, hidden, logits
+
+    def _precompile_forward(self, batch, kv: list[torch.Tensor]) -> None:
+        """The profile batch's forward once with our kernels' launches compile-only, on the
+        compile pool (kernels/compile_pool.py), so its Triton variants compile side by side
+        rather than one after another in the real forward. Through the model's own body (a
+        compiled body compiles in the real forward, as before); never raises."""
+        from enginespec.kernels.compile_pool import compile_only_launches, precompile
+
+        def compile_pass() -> None:
+            with compile_only_launches():
+                self.model.forward(batch.input_ids, batch.positions, batch.meta, kv)
+
+        precompile([compile_pass])
 
     # ---- swaps --------------------------------------------------------------------------------
 

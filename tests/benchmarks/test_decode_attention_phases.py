@@ -14,7 +14,7 @@ def test_every_phase_is_stamped_and_the_launch_passes_the_buffer():
     with open(os.path.join(ROOT, "kernels/decode_attention.py")) as f:
         src = phases.stamped_source(f.read())
     assert [i for i in range(8) if f"_stamp(times_ptr, pid, {i})" in src] == list(range(phases.NUM_STAMPS))
-    assert "        TIMES,\n" in src and "LAST[0] = _decode_attention_kernel" in src
+    assert "        TIMES,\n" in src and "LAST[0] = launcher(_decode_attention_kernel" in src
     compile(src, "stamped", "exec")
 
 

@@ -7,8 +7,6 @@ of pointers, ==1 / multiple-of-16 of ints, constexpr values), as a GPU's cache k
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -20,6 +18,7 @@ from enginespec.kernels.skinny_gemm import interpreting
 from enginespec.sample import precompile as sp
 from enginespec.sample import sampler as sampler_mod
 from enginespec.testing.checkpoints import tiny_model_dir
+from enginespec.testing.triton_keys import record_launches
 
 pytestmark = pytest.mark.skipif(
     sampling_triton.triton is None or torch.cuda.is_available() or not interpreting(),
@@ -27,36 +26,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _specialize(fn, args: tuple, kwargs: dict) -> tuple:
-    """(kernel name, per-argument specialisation, launch options) of one launch: the parts of
-    Triton's cache key that the arguments decide."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-
-    sig = inspect.signature(fn.fn)
-    bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
-    no_value = set(fn.kwargs.get("do_not_specialize") or ())
-    no_align = set(fn.kwargs.get("do_not_specialize_on_alignment") or ())
-    parts = []
-    for name, param in sig.parameters.items():
-        value = bound.arguments.get(name, param.default)
-        if "constexpr" in str(param.annotation):
-            parts.append((name, value))
-        else:
-            spec = native_specialize_impl(
-                BaseBackend, value, False, name not in no_value, name not in no_align
-            )
-            parts.append((name, tuple(spec)))
-    options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in sig.parameters))
-    return fn.fn.__name__, tuple(parts), options
-
-
 @pytest.fixture
 def launches(monkeypatch):
     """The sampler's kernels on CPU tensors (as on CUDA: argmax for small greedy batches too),
     and every launch recorded: {"real": [keys], "compile_only": [keys]}."""
-    from triton.runtime.interpreter import InterpretedFunction
-
     for module in (sampling_triton, cut_draw, logprob_kernels):
         monkeypatch.setattr(module, "available", lambda device: True)
 
@@ -64,15 +37,7 @@ def launches(monkeypatch):
         return argmax_kernel.argmax(x) if x.shape[0] <= sampler_mod.GREEDY_KERNEL_MAX_ROWS else x.argmax(1)
 
     monkeypatch.setattr(sampler_mod, "greedy_tokens", greedy)
-    seen = {"real": [], "compile_only": []}
-    run = InterpretedFunction.run
-
-    def recording(self, *args, grid, warmup, **kwargs):
-        seen["compile_only" if warmup else "real"].append(_specialize(self, args, kwargs))
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    monkeypatch.setattr(InterpretedFunction, "run", recording)
-    return seen
+    return record_launches(monkeypatch)
 
 
 def _engine(dtype: str, **kwargs):

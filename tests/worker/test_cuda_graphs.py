@@ -93,12 +93,9 @@ class _EagerGraph:
         self.replays.append(outs[0].shape[0])
 
 
-def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> tuple:
-    """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
-    static buffers: everything but the capture itself (padding, empty request slots, stale rows
-    and columns, the static query_start_loc) is what a CUDA replay sees. Decode graphs of up to
-    logits_max_rows rows run the head too, as DecodeGraphs captures them."""
-    graphs = DecodeGraphs(
+def _graphs_over(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> DecodeGraphs:
+    """DecodeGraphs (not captured) over the runner's model and pools, with these buckets."""
+    return DecodeGraphs(
         runner.model,
         runner.kv_caches,
         block_size=runner.block_size,
@@ -108,6 +105,14 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
         mixed_buckets=mixed_buckets,
         logits_max_rows=logits_max_rows,
     )
+
+
+def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> tuple:
+    """DecodeGraphs over the runner's model and pools whose "graphs" re-run the forward on the
+    static buffers: everything but the capture itself (padding, empty request slots, stale rows
+    and columns, the static query_start_loc) is what a CUDA replay sees. Decode graphs of up to
+    logits_max_rows rows run the head too, as DecodeGraphs captures them."""
+    graphs = _graphs_over(runner, buckets, mixed_buckets, logits_max_rows)
     decode, mixed = [], []
     for n, is_mixed in graphs._shapes():
         graphs._pad(n, is_mixed)  # as capture() does before each bucket
@@ -257,3 +262,57 @@ def test_the_head_rides_in_single_gpu_decode_graphs_only():
 
     assert ModelRunner.GRAPH_LOGITS_MAX_ROWS >= 1
     assert TPModelRunner.GRAPH_LOGITS_MAX_ROWS == 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="compile-only launches are told apart by the interpreter's warmup flag",
+)
+def test_precompile_compiles_every_variant_the_capture_meets_and_runs_none(monkeypatch):
+    """DecodeGraphs.precompile (before capture) runs one forward a bucket, decode and mixed,
+    with our kernels' launches compile-only: it launches none of them for real and leaves the
+    KV pools as they were; then the forwards the capture runs (every row a padding row) meet
+    no variant it did not compile."""
+    from enginespec.testing.triton_keys import record_launches
+
+    llm = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40)
+    runner = llm.engine.runner
+    graphs = _graphs_over(runner, [1, 2, 4], [8, 40])
+    pools = [cache.clone() for cache in runner.kv_caches]
+    seen = record_launches(monkeypatch)
+    assert graphs.precompile() == 0
+    compiled = set(seen["compile_only"])
+    assert compiled and not seen["real"]
+    assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(pools, runner.kv_caches))
+    names = {key[0] for key in compiled}
+    assert {"_decode_attention_kernel", "_paged_attention_kernel"} <= names, names
+    for n, mixed in graphs._shapes():
+        graphs._pad(n, mixed)
+        graphs._run(n, mixed)
+    missing = [key for key in seen["real"] if key not in compiled]
+    assert seen["real"] and not missing, missing[:2]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="compile-only launches are told apart by the interpreter's warmup flag",
+)
+def test_the_profile_run_compiles_its_variants_before_it_runs_them(monkeypatch):
+    """ModelRunner.profile_run first runs the largest step's forward with our kernels'
+    launches compile-only (side by side on the pool), then for real: every real launch's
+    variant was compiled by that pass, and the pass itself ran none."""
+    from enginespec.testing.triton_keys import record_launches
+
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    seen = record_launches(monkeypatch)
+    real_forward, order = runner.model.forward, []
+
+    def forward(*args, **kwargs):
+        order.append((len(seen["compile_only"]), len(seen["real"])))
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward", forward)
+    runner.profile_run()
+    assert len(order) == 2 and order[1] == (len(seen["compile_only"]), 0), "compile-only first, alone"
+    missing = [key for key in seen["real"] if key not in set(seen["compile_only"])]
+    assert seen["real"] and not missing, missing[:2]
