@@ -40,10 +40,16 @@ Invariants that keep graphs from changing outputs:
   allocated as long as the graph (they are read after each replay), so the bound keeps the
   logits buffers small: 31 rows for buckets 1-16 (9.4 MB at a 151,936 vocabulary in bf16),
   where all decode buckets up to 256 would hold 4,231 rows (1.3 GB).
+- Balanced graphs (ENGINESPEC_BALANCED_GRAPHS=1; off by default until measured): decode buckets
+  of 17-64 rows are captured a second time with the decode attention's splits balanced over
+  the batch (kernels/decode_attention.py's balanced_launches), and a batch whose host-side
+  lengths spread (`lengths_spread`) replays that one. Both read the same static inputs; the
+  choice changes speed, never results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -148,6 +154,10 @@ class DecodeGraphs:
         self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.mixed_hidden: dict[int, torch.Tensor] = {}
         self.logits: dict[int, torch.Tensor] = {}  # decode bucket <= logits_max_rows -> [n, vocab]
+        # decode buckets captured a second time with balanced decode attention (module doc)
+        self.balanced_buckets = balanced_graph_buckets(self.buckets, logits_max_rows)
+        self.balanced_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.balanced_hidden: dict[int, torch.Tensor] = {}
 
     def bucket_for(self, num_rows: int) -> Optional[int]:
         """Smallest captured decode bucket holding num_rows rows, or None."""
@@ -203,6 +213,12 @@ class DecodeGraphs:
         shapes = [(b, False) for b in self.buckets] + [(n, True) for n in self.mixed_buckets]
         return sorted(shapes, reverse=True)
 
+    def _variants(self) -> list[tuple[int, bool, bool]]:
+        """Every (rows, mixed, balanced) graph: _shapes', then the balanced decode buckets'."""
+        return [(n, mixed, False) for n, mixed in self._shapes()] + [
+            (n, False, True) for n in sorted(self.balanced_buckets, reverse=True)
+        ]
+
     @torch.inference_mode()
     def capture(self) -> "DecodeGraphs":
         """Capture every bucket. All rows are padding rows while capturing (seq_len 0, slot -1),
@@ -216,19 +232,23 @@ class DecodeGraphs:
             # runs, because a compiled body may hold several graphs by row count (one for one
             # row; with skinny_gemm, one up to its fused rows) and none may compile mid-capture.
             for _ in range(2):
-                for n, mixed in self._shapes():
+                for n, mixed, balanced in self._variants():
                     self._pad(n, mixed)
-                    hidden = self._run(n, mixed)
+                    with _launches(balanced):
+                        hidden = self._run(n, mixed)
                     if self._with_head(n, mixed):  # cuBLAS picks the head's algorithm here
                         self.model.compute_logits(hidden)
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        for n, mixed in self._shapes():
+        for n, mixed, balanced in self._variants():
             graph = torch.cuda.CUDAGraph()
             self._pad(n, mixed)
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool), _launches(balanced):
                 hidden = self._run(n, mixed)
                 if self._with_head(n, mixed):
                     self.logits[n] = self.model.compute_logits(hidden)
+            if balanced:
+                self.balanced_hidden[n], self.balanced_graphs[n] = hidden, graph
+                continue
             (self.mixed_hidden if mixed else self.hidden)[n] = hidden
             (self.mixed_graphs if mixed else self.graphs)[n] = graph
         torch.cuda.synchronize(self.model.device)
@@ -242,14 +262,14 @@ class DecodeGraphs:
         not compiled here compiles when first launched; returns how many passes raised."""
         from enginespec.kernels.compile_pool import compile_only_launches, precompile
 
-        def compile_pass(n: int, mixed: bool) -> None:
-            with compile_only_launches():
+        def compile_pass(n: int, mixed: bool, balanced: bool) -> None:
+            with compile_only_launches(), _launches(balanced):
                 self._pad(n, mixed)
                 ids, positions = self._inputs(n, mixed)[:2]
                 self.model.forward(ids, positions, self._meta(n, mixed), self.kv_caches)
 
         with torch.inference_mode():
-            return precompile([functools.partial(compile_pass, n, mixed) for n, mixed in self._shapes()])
+            return precompile([functools.partial(compile_pass, *variant) for variant in self._variants()])
 
     def can_run(self, batch: Batch) -> bool:
         """A batch built with pad_to = a captured bucket and no prompt logprobs: one row per
@@ -263,6 +283,9 @@ class DecodeGraphs:
         """Replay the batch's graph; returns hidden [n, hidden] (padding rows too)."""
         n, mixed = batch.meta.num_tokens, _is_mixed(batch.meta)
         self._load(batch, mixed)
+        if n in self.balanced_graphs and lengths_spread(batch.meta.seq_lens_cpu):
+            self.balanced_graphs[n].replay()
+            return self.balanced_hidden[n]
         (self.mixed_graphs if mixed else self.graphs)[n].replay()
         return (self.mixed_hidden if mixed else self.hidden)[n]
 
@@ -335,6 +358,47 @@ def static_token_inputs(size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     steps compiled and compile the decoder once more at capture (18.7 s of a cold H200 start)."""
     both = torch.zeros(2 * size + 2, dtype=torch.int64, device=device)
     return both[:size], both[size + 2 :]
+
+
+BALANCED_GRAPHS_ENV = "ENGINESPEC_BALANCED_GRAPHS"
+# The balanced graphs' buckets end where the one-launch decode attention does (FastAttention's
+# fused_decode_max_rows); a batch's lengths spread when the longest is at least SPREAD times the
+# mean (one context: 1.0, lost 5-13% balanced; contexts uniform in 100-2,048: about 1.9, gained
+# 7-17%; benchmarks/RESULTS.md, twenty-eighth session; the threshold itself is not measured).
+BALANCED_GRAPHS_MAX_ROWS = 64
+BALANCED_GRAPHS_SPREAD = 1.5
+
+
+def balanced_graph_buckets(buckets: list[int], logits_max_rows: int) -> list[int]:
+    """The decode buckets captured a second time with balanced decode attention when
+    ENGINESPEC_BALANCED_GRAPHS=1 (default off: not yet measured): those past the head's rows and
+    the default's balanced ones (kernels/decode_attention.py: 8-16 rows), up to
+    BALANCED_GRAPHS_MAX_ROWS. ValueError for a value other than 0 or 1."""
+    from enginespec.kernels.decode_attention import BALANCED_MIN_ROWS
+
+    raw = os.environ.get(BALANCED_GRAPHS_ENV, "0").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{BALANCED_GRAPHS_ENV} must be 0 or 1, got {raw!r}")
+    if raw == "0":
+        return []
+    low = max(logits_max_rows, 2 * BALANCED_MIN_ROWS)
+    return [b for b in buckets if low < b <= BALANCED_GRAPHS_MAX_ROWS]
+
+
+def lengths_spread(seq_lens_cpu: torch.Tensor) -> bool:
+    """Whether a decode batch's live rows (seq_len > 0) spread: the longest is at least
+    BALANCED_GRAPHS_SPREAD times their mean (host ints: no device sync)."""
+    live = seq_lens_cpu[seq_lens_cpu > 0]
+    if live.numel() < 2:
+        return False
+    return int(live.max()) * live.numel() >= BALANCED_GRAPHS_SPREAD * int(live.sum())
+
+
+def _launches(balanced: bool):
+    """The context a graph variant runs its forward in: balanced decode launches, or none."""
+    from enginespec.kernels.decode_attention import balanced_launches
+
+    return balanced_launches() if balanced else contextlib.nullcontext()
 
 
 def _is_mixed(meta: BatchMeta) -> bool:

@@ -474,3 +474,26 @@ def test_preload_rows_switch(monkeypatch):
     monkeypatch.setenv(da.PRELOAD_ROWS_ENV, "-1")
     with pytest.raises(ValueError, match="ENGINESPEC_DECODE_PRELOAD_ROWS must be an int >= 0"):
         da.decode_config(1, 16, 8, 128, 40960, dev)
+
+
+def test_balanced_launches_balance_the_unsplit_sizes_too(monkeypatch):
+    """Inside balanced_launches(R) decode_config balances every launch of at least
+    BALANCED_MIN_ROWS rows, the unsplit ones too (F = 1: R splits, each owning the batch's
+    share); outside, and after a body that raised, the default again; R < 1 is refused."""
+    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(pa, "_programs_per_sm", lambda *args: 1)
+    dev = torch.device("cpu")
+
+    def splits(n):
+        cfg = da.decode_config(n, 16, 8, 128, 40960, dev)
+        return cfg.num_splits, cfg.balance_splits
+
+    default = {n: splits(n) for n in (4, 16, 32, 64)}
+    assert default[32] == default[64] == (1, 0)
+    with pytest.raises(ZeroDivisionError), da.balanced_launches(2):
+        assert (splits(32), splits(64), splits(16), splits(4)) == ((2, 1), (2, 1), default[16], default[4])
+        raise ZeroDivisionError
+    assert {n: splits(n) for n in default} == default
+    with pytest.raises(ValueError, match="ratio must be >= 1"), da.balanced_launches(0):
+        pass

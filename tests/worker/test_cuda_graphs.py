@@ -316,3 +316,91 @@ def test_the_profile_run_compiles_its_variants_before_it_runs_them(monkeypatch):
     assert len(order) == 2 and order[1] == (len(seen["compile_only"]), 0), "compile-only first, alone"
     missing = [key for key in seen["real"] if key not in set(seen["compile_only"])]
     assert seen["real"] and not missing, missing[:2]
+
+
+def test_balanced_graph_buckets_and_the_spread_rule(monkeypatch):
+    """ENGINESPEC_BALANCED_GRAPHS=1 names the decode buckets past the head's rows and the
+    default's balanced sizes, up to 64 (0, the default: none; anything else: ValueError); a
+    batch's live lengths spread when the longest is at least 1.5 times their mean."""
+    from enginespec.worker import cuda_graphs as cg
+
+    buckets = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 128]
+    monkeypatch.delenv(cg.BALANCED_GRAPHS_ENV, raising=False)
+    assert cg.balanced_graph_buckets(buckets, 16) == []
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    assert cg.balanced_graph_buckets(buckets, 16) == [24, 32, 40, 48, 56, 64]
+    assert cg.balanced_graph_buckets(buckets, 40) == [48, 56, 64]
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "yes")
+    with pytest.raises(ValueError, match="ENGINESPEC_BALANCED_GRAPHS must be 0 or 1"):
+        cg.balanced_graph_buckets(buckets, 16)
+    spread = [([517] * 31 + [0], False), ([100, 2048, 1000, 900] + [0] * 4, True), ([300, 450, 0], False),
+              ([30, 90], True), ([2048], False)]  # fmt: skip
+    for lens, want in spread:
+        assert cg.lengths_spread(torch.tensor(lens, dtype=torch.int32)) == want, lens
+
+
+class _Replay:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def replay(self):
+        self.log.append(self.name)
+
+
+def test_a_spread_batch_replays_the_balanced_graph(monkeypatch):
+    """DecodeGraphs.forward replays a bucket's balanced graph for a batch whose lengths spread
+    and its plain graph otherwise, returning that graph's output; buckets without a balanced
+    graph always replay the plain one."""
+    from types import SimpleNamespace
+
+    from enginespec.worker import cuda_graphs as cg
+
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    graphs = _graphs_over(runner, [8, 24], [])
+    assert graphs.balanced_buckets == [24]
+    log = []
+    for n in (8, 24):
+        graphs.graphs[n], graphs.hidden[n] = _Replay(f"plain{n}", log), f"hidden{n}"
+    graphs.balanced_graphs[24], graphs.balanced_hidden[24] = _Replay("balanced24", log), "balanced_hidden24"
+    monkeypatch.setattr(graphs, "_load", lambda batch, mixed: None)
+
+    def batch(lens):
+        lens = torch.tensor(lens + [0] * (len(lens) < 8 and 8 - len(lens) or 0), dtype=torch.int32)
+        meta = SimpleNamespace(
+            num_tokens=lens.numel(), num_reqs=lens.numel(), max_query_len=1, seq_lens_cpu=lens
+        )
+        return SimpleNamespace(meta=meta)
+
+    assert graphs.forward(batch([517] * 24)) == "hidden24"
+    assert graphs.forward(batch([100 + 80 * i for i in range(24)])) == "balanced_hidden24"
+    assert graphs.forward(batch([100, 2000, 3000])) == "hidden8"
+    assert log == ["plain24", "balanced24", "plain8"]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="compile-only launches are told apart by the interpreter's warmup flag",
+)
+def test_precompile_covers_the_balanced_graphs_variants(monkeypatch):
+    """With ENGINESPEC_BALANCED_GRAPHS=1 the precompile pass runs the balanced buckets' forwards
+    too (under balanced_launches): the balanced decode attention and merge are among its
+    variants, and the capture's forwards of both kinds meet none it did not compile."""
+    from enginespec.testing.triton_keys import record_launches
+    from enginespec.worker import cuda_graphs as cg
+
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    graphs = _graphs_over(runner, [2, 24], [])
+    assert graphs._variants() == [(24, False, False), (2, False, False), (24, False, True)]
+    seen = record_launches(monkeypatch)
+    assert graphs.precompile() == 0 and not seen["real"]
+    compiled = set(seen["compile_only"])
+    balanced = [key for key in compiled if dict(key[1]).get("BALANCE")]
+    assert {key[0] for key in balanced} == {"_decode_attention_kernel", "_merge_splits_kernel"}
+    for n, mixed, is_balanced in graphs._variants():
+        graphs._pad(n, mixed)
+        with cg._launches(is_balanced):
+            graphs._run(n, mixed)
+    missing = [key for key in seen["real"] if key not in compiled]
+    assert seen["real"] and not missing, missing[:2]
