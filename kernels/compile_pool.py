@@ -7,14 +7,16 @@ AsyncCompileMode a launch that misses the cache hands its compile to an executor
 and a compile-only launch (`JITFunction.warmup(..., grid=...)`, which every kernel wrapper here
 offers as `compile_only=True`) runs nothing on the device: so a list of such launches issued on
 one thread compiles on all the pool's threads at once, and the real launches later find their
-variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py), the decode
-graphs' kernels before their capture (worker/cuda_graphs.py, through compile_only_launches) and
-the sampler's kernels before the warm-up (sample/precompile.py).
+variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py), the profile
+run's and the decode graphs' kernels before they run (worker/runner.py, worker/cuda_graphs.py,
+through compile_only_launches) and the sampler's kernels before the warm-up
+(sample/precompile.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -30,8 +32,8 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
     """Run compile-only launches (each job one, e.g. skinny_linear(..., compile_only=True)) on a
     thread pool under Triton's AsyncCompileMode where this Triton has it, so the variants compile
     side by side instead of one after another. Returns how many jobs raised (0 where this Triton
-    has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then nothing runs). Anything that goes wrong only costs the
-    speed-up: a job that raises is skipped, a compile that fails is dropped (ignore_errors), and
+    has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then nothing runs). Anything that goes
+    wrong only costs the speed-up: a job that raises is skipped, a compile that fails is dropped (ignore_errors), and
     the real launch later compiles whatever is missing as usual."""
     try:
         from concurrent.futures import ThreadPoolExecutor
@@ -56,22 +58,24 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int = 8) -> int:
     return num_failed
 
 
-_COMPILE_ONLY_DEPTH = [0]  # how many compile_only_launches() contexts are open
+# Whether launcher() compiles only, in this thread (a ContextVar, as Triton's AsyncCompileMode is):
+# another thread's engine that steps meanwhile keeps launching for real.
+_COMPILE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("enginespec_compile_only", default=False)
 
 
 @contextlib.contextmanager
 def compile_only_launches():
-    """Inside, every launch made through launcher() compiles its variant and runs nothing, as
-    compile_only=True would, and its outputs stay uninitialised: so a whole forward pass of a
-    model (worker/cuda_graphs.py, before its capture), issued under precompile's
-    AsyncCompileMode, hands every variant of ours it meets to the pool at once. Kernels launched
-    otherwise (torch's, cuBLAS) run as usual, on whatever those outputs hold. Not thread-safe:
-    for startup, while nothing else launches."""
-    _COMPILE_ONLY_DEPTH[0] += 1
+    """Inside, every launch this thread makes through launcher() compiles its variant and runs
+    nothing, as compile_only=True would, and its outputs stay uninitialised: so a whole forward
+    pass of a model (the profile run's and each graph bucket's: worker/runner.py,
+    worker/cuda_graphs.py), issued under precompile's AsyncCompileMode, hands every variant of
+    ours it meets to the pool at once. Kernels launched otherwise (torch's, cuBLAS) run as
+    usual, on whatever those outputs hold; other threads' launches are untouched."""
+    token = _COMPILE_ONLY.set(True)
     try:
         yield
     finally:
-        _COMPILE_ONLY_DEPTH[0] -= 1
+        _COMPILE_ONLY.reset(token)
 
 
 def launcher(kernel, grid, compile_only: bool = False) -> Callable:
@@ -79,6 +83,6 @@ def launcher(kernel, grid, compile_only: bool = False) -> Callable:
     inside compile_only_launches()) its compile-only launch (Triton's `warmup` with the same
     grid): the same arguments then compile the same variant (the same cache key) and nothing
     runs on the device."""
-    if compile_only or _COMPILE_ONLY_DEPTH[0]:
+    if compile_only or _COMPILE_ONLY.get():
         return functools.partial(kernel.warmup, grid=grid)
     return kernel[grid]

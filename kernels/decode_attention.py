@@ -29,6 +29,7 @@ still writes its K/V to the scratch block.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -400,7 +401,9 @@ MAX_BALANCED_SPLITS = 64  # choose_config's own bound on splits
 # 5-13% (the merge launch balancing adds), so they stay unsplit; R = 4 measured as R = 2.
 BALANCED_MIN_ROWS = 8
 BALANCE_RATIO = 2
-_FORCED_RATIO = [0]  # balanced_launches' ratio while one is open
+# balanced_launches' ratio while one is open in this thread (0: none); other threads' configs
+# are untouched
+_FORCED_RATIO: contextvars.ContextVar[int] = contextvars.ContextVar("enginespec_balanced_ratio", default=0)
 
 
 @contextlib.contextmanager
@@ -411,11 +414,11 @@ def balanced_launches(ratio: int = BALANCE_RATIO):
     it and replays that graph for batches whose lengths spread (ENGINESPEC_BALANCED_GRAPHS)."""
     if ratio < 1:
         raise ValueError(f"balanced_launches: ratio must be >= 1, got {ratio}")
-    before, _FORCED_RATIO[0] = _FORCED_RATIO[0], ratio
+    token = _FORCED_RATIO.set(ratio)
     try:
         yield
     finally:
-        _FORCED_RATIO[0] = before
+        _FORCED_RATIO.reset(token)
 
 
 _OVERRIDE_KEYS = (
@@ -471,8 +474,8 @@ def decode_config(
             merge_block_d=min(MERGE_BLOCK_D, head_dim),
             merge_warps=MERGE_WARPS,
         )
-    elif num_reqs >= BALANCED_MIN_ROWS and (cfg.num_splits > 1 or _FORCED_RATIO[0]):
-        splits, balance = balanced_splits(cfg.num_splits, _FORCED_RATIO[0] or BALANCE_RATIO)
+    elif num_reqs >= BALANCED_MIN_ROWS and (cfg.num_splits > 1 or _FORCED_RATIO.get()):
+        splits, balance = balanced_splits(cfg.num_splits, _FORCED_RATIO.get() or BALANCE_RATIO)
         cfg = dataclasses.replace(cfg, num_splits=splits, balance_splits=balance)
     override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
     if not override or not override.get("min_rows", 1) <= num_reqs <= override.get("max_rows", num_reqs):

@@ -124,3 +124,25 @@ def test_precompile_runs_no_job_when_switched_off(monkeypatch):
         [1],
         [],
     )  # [] without AsyncCompileMode
+
+
+def test_compile_only_is_this_threads_alone():
+    """Another thread's launches stay real while one thread runs a compile-only pass (two
+    engines in one process: one starting, one serving), and that thread's pass stays
+    compile-only whatever the other does."""
+    import threading
+
+    fake = type("K", (), {"warmup": lambda *a, **k: "warmup", "__getitem__": lambda self, grid: "real"})()
+    inside, seen = threading.Event(), {}
+
+    def other():
+        inside.wait(5)
+        seen["other"] = compile_pool.launcher(fake, (1,))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with compile_pool.compile_only_launches():
+        inside.set()
+        thread.join(5)
+        seen["self"] = compile_pool.launcher(fake, (1,))()
+    assert seen == {"other": "real", "self": "warmup"}
