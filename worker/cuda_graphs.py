@@ -40,7 +40,7 @@ Invariants that keep graphs from changing outputs:
   allocated as long as the graph (they are read after each replay), so the bound keeps the
   logits buffers small: 31 rows for buckets 1-16 (9.4 MB at a 151,936 vocabulary in bf16),
   where all decode buckets up to 256 would hold 4,231 rows (1.3 GB).
-- Balanced graphs (ENGINESPEC_BALANCED_GRAPHS=1; off by default until measured): decode buckets
+- Balanced graphs (ENGINESPEC_BALANCED_GRAPHS, default 1; 0 turns them off): decode buckets
   of 17-64 rows are captured a second time with the decode attention's splits balanced over
   the batch (kernels/decode_attention.py's balanced_launches), and a batch whose host-side
   lengths spread (`lengths_spread`) replays that one. Both read the same static inputs; the
@@ -364,19 +364,21 @@ BALANCED_GRAPHS_ENV = "ENGINESPEC_BALANCED_GRAPHS"
 # The balanced graphs' buckets end where the one-launch decode attention does (FastAttention's
 # fused_decode_max_rows); a batch's lengths spread when the longest is at least SPREAD times the
 # mean (one context: 1.0, lost 5-13% balanced; contexts uniform in 100-2,048: about 1.9, gained
-# 7-17%; benchmarks/RESULTS.md, twenty-eighth session; the threshold itself is not measured).
+# 7-17%; benchmarks/RESULTS.md, twenty-eighth session). Through the engine's decode steps
+# (twenty-ninth session): mixed contexts 7-17% faster at 24-64 rows, one context unchanged
+# (plain graphs replayed), so it is on by default; the 1.5 threshold itself is not swept.
 BALANCED_GRAPHS_MAX_ROWS = 64
 BALANCED_GRAPHS_SPREAD = 1.5
 
 
 def balanced_graph_buckets(buckets: list[int], logits_max_rows: int) -> list[int]:
     """The decode buckets captured a second time with balanced decode attention when
-    ENGINESPEC_BALANCED_GRAPHS=1 (default off: not yet measured): those past the head's rows and
+    ENGINESPEC_BALANCED_GRAPHS=1 (the default; 0: none): those past the head's rows and
     the default's balanced ones (kernels/decode_attention.py: 8-16 rows), up to
     BALANCED_GRAPHS_MAX_ROWS. ValueError for a value other than 0 or 1."""
     from enginespec.kernels.decode_attention import BALANCED_MIN_ROWS
 
-    raw = os.environ.get(BALANCED_GRAPHS_ENV, "0").strip() or "0"
+    raw = os.environ.get(BALANCED_GRAPHS_ENV, "1").strip() or "1"
     if raw not in ("0", "1"):
         raise ValueError(f"{BALANCED_GRAPHS_ENV} must be 0 or 1, got {raw!r}")
     if raw == "0":

@@ -319,15 +319,15 @@ def test_the_profile_run_compiles_its_variants_before_it_runs_them(monkeypatch):
 
 
 def test_balanced_graph_buckets_and_the_spread_rule(monkeypatch):
-    """ENGINESPEC_BALANCED_GRAPHS=1 names the decode buckets past the head's rows and the
-    default's balanced sizes, up to 64 (0, the default: none; anything else: ValueError); a
+    """ENGINESPEC_BALANCED_GRAPHS=1 (the default) names the decode buckets past the head's rows
+    and the default's balanced sizes, up to 64 (0: none; anything else: ValueError); a
     batch's live lengths spread when the longest is at least 1.5 times their mean."""
     from enginespec.worker import cuda_graphs as cg
 
     buckets = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 128]
-    monkeypatch.delenv(cg.BALANCED_GRAPHS_ENV, raising=False)
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "0")
     assert cg.balanced_graph_buckets(buckets, 16) == []
-    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    monkeypatch.delenv(cg.BALANCED_GRAPHS_ENV, raising=False)
     assert cg.balanced_graph_buckets(buckets, 16) == [24, 32, 40, 48, 56, 64]
     assert cg.balanced_graph_buckets(buckets, 40) == [48, 56, 64]
     monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "yes")
