@@ -72,6 +72,7 @@ def main() -> None:
     import torch
     import torch._dynamo.utils as dynamo_utils
 
+    from enginespec.kernels import compile_pool
     from enginespec.llm import LLM
 
     model_dir = checkpoints.make_checkpoint(
@@ -107,6 +108,8 @@ def main() -> None:
         "hook": where,
         "startup_s": startup,
         "startup_phases": dict(llm.engine.stats.startup_phases),
+        "warm_up": llm.engine.warmup_report.line() if llm.engine.warmup_report else None,
+        "precompile_workers": compile_pool.num_workers(),
         "compiles_in_startup": startup_events,
         "dynamo_compile_times": _compile_times(dynamo_utils),
         "first_wall_s": first["wall_s"],
@@ -124,6 +127,7 @@ def main() -> None:
         f"dynamo graphs compiled during the calls: {result['dynamo_graphs_in_calls']}"
     )
     print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
+    print(f"  {result['warm_up']}; precompile workers {result['precompile_workers']}")
     for e in startup_events:
         print(f"  startup compile at {e['t']:.2f} s: {e['kernel'][:160]}")
     for e in first_events:

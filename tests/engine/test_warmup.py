@@ -68,6 +68,8 @@ def test_warm_up_fits_a_tiny_pool():
     engine = EngineCore(args)
     report = engine.warmup_report
     assert report.num_requests > 0 and report.num_steps > 0
+    assert 0 <= report.precompile_seconds <= report.seconds  # on the CPU: no sampler precompile
+    assert f"{report.precompile_seconds:.1f} s compiling the sampler" in report.line()
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
 
 

@@ -7,6 +7,8 @@ interpreter, whose launches carry the `warmup` flag (enginespec.testing.triton_k
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -146,3 +148,17 @@ def test_compile_only_is_this_threads_alone():
         thread.join(5)
         seen["self"] = compile_pool.launcher(fake, (1,))()
     assert seen == {"other": "real", "self": "warmup"}
+
+
+def test_num_workers_reads_the_variable_else_the_usable_cpus(monkeypatch):
+    """ENGINESPEC_PRECOMPILE_WORKERS sets the pool's threads; unset, every CPU this process may
+    run on; anything but a positive int is a ValueError naming the variable."""
+    monkeypatch.delenv(compile_pool.WORKERS_ENV, raising=False)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert compile_pool.num_workers() == usable
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "3")
+    assert compile_pool.num_workers() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv(compile_pool.WORKERS_ENV, bad)
+        with pytest.raises(ValueError, match="ENGINESPEC_PRECOMPILE_WORKERS must be a positive int"):
+            compile_pool.num_workers()
