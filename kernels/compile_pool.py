@@ -26,22 +26,26 @@ log = logging.getLogger(__name__)
 # "0": precompile() runs no job, so every variant compiles when first launched, one after another
 # (the startup before these passes existed, for A/B runs of the cold start)
 PRECOMPILE_ENV = "ENGINESPEC_PRECOMPILE"
-# The pool's threads: a positive int, default every CPU this process may run on. Triton's
-# compile spends most of its time outside the GIL (its MLIR passes and ptxas): 8 sm_90 compiles
-# took 2.54 s on one thread and 1.43 s on two of a 2-core machine.
+# The pool's threads: a positive int, default DEFAULT_WORKERS (or fewer CPUs). Triton's compile
+# spends much of its time outside the GIL (8 sm_90 compiles: 2.54 s on one thread, 1.43 s on two
+# of a 2-core machine, triton 3.9), but on the H200 machine (16 CPUs, triton 3.6) 16 threads
+# started no faster than 8: GEMM tuning 39.0 against 41.4 s, startup 72.2 against 73.4 s, one
+# cold start each (benchmarks/RESULTS.md, twenty-ninth session).
 WORKERS_ENV = "ENGINESPEC_PRECOMPILE_WORKERS"
+DEFAULT_WORKERS = 8
 
 
 def num_workers() -> int:
-    """The pool's thread count: ENGINESPEC_PRECOMPILE_WORKERS, else the CPUs this process may
-    run on (its affinity mask, not the machine's count). ValueError naming the variable for a
-    value that is not a positive int."""
+    """The pool's thread count: ENGINESPEC_PRECOMPILE_WORKERS, else DEFAULT_WORKERS or the CPUs
+    this process may run on (its affinity mask), whichever is fewer. ValueError naming the
+    variable for a value that is not a positive int."""
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if not raw:
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            usable = len(os.sched_getaffinity(0))
         except AttributeError:  # no affinity API (macOS, Windows)
-            return max(1, os.cpu_count() or 1)
+            usable = os.cpu_count() or 1
+        return max(1, min(DEFAULT_WORKERS, usable))
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{WORKERS_ENV} must be a positive int, got {raw!r}")
     return int(raw)

@@ -151,11 +151,11 @@ def test_compile_only_is_this_threads_alone():
 
 
 def test_num_workers_reads_the_variable_else_the_usable_cpus(monkeypatch):
-    """ENGINESPEC_PRECOMPILE_WORKERS sets the pool's threads; unset, every CPU this process may
-    run on; anything but a positive int is a ValueError naming the variable."""
+    """ENGINESPEC_PRECOMPILE_WORKERS sets the pool's threads; unset, 8 or the CPUs this process
+    may run on, whichever is fewer; anything but a positive int is a ValueError naming it."""
     monkeypatch.delenv(compile_pool.WORKERS_ENV, raising=False)
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert compile_pool.num_workers() == usable
+    assert compile_pool.num_workers() == min(compile_pool.DEFAULT_WORKERS, usable) >= 1
     monkeypatch.setenv(compile_pool.WORKERS_ENV, "3")
     assert compile_pool.num_workers() == 3
     for bad in ("0", "-2", "two", "1.5"):
