@@ -365,7 +365,7 @@ BALANCED_GRAPHS_ENV = "ENGINESPEC_BALANCED_GRAPHS"
 # fused_decode_max_rows); a batch's lengths spread when the longest is at least SPREAD times the
 # mean (one context: 1.0, lost 5-13% balanced; contexts uniform in 100-2,048: about 1.9, gained
 # 7-17%; benchmarks/RESULTS.md, twenty-eighth session). Through the engine's decode steps
-# (twenty-ninth session): mixed contexts 7-17% faster at 24-64 rows, one context unchanged
+# (twenty-ninth session): mixed contexts 6.5-17% faster at 24-64 rows, one context unchanged
 # (plain graphs replayed), so it is on by default; the 1.5 threshold itself is not swept.
 BALANCED_GRAPHS_MAX_ROWS = 64
 BALANCED_GRAPHS_SPREAD = 1.5
