@@ -110,6 +110,7 @@ def main() -> None:
         "startup_phases": dict(llm.engine.stats.startup_phases),
         "warm_up": llm.engine.warmup_report.line() if llm.engine.warmup_report else None,
         "precompile_workers": compile_pool.num_workers(),
+        "gemm_tuning_seconds": getattr(llm.engine.runner.linear_table, "seconds", None),
         "compiles_in_startup": startup_events,
         "dynamo_compile_times": _compile_times(dynamo_utils),
         "first_wall_s": first["wall_s"],
@@ -128,6 +129,7 @@ def main() -> None:
     )
     print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
     print(f"  {result['warm_up']}; precompile workers {result['precompile_workers']}")
+    print(f"  GEMM tuning by part (s): {result['gemm_tuning_seconds']}")
     for e in startup_events:
         print(f"  startup compile at {e['t']:.2f} s: {e['kernel'][:160]}")
     for e in first_events:
