@@ -110,6 +110,13 @@ def main() -> None:
         "startup_phases": dict(llm.engine.stats.startup_phases),
         "warm_up": llm.engine.warmup_report.line() if llm.engine.warmup_report else None,
         "precompile_workers": compile_pool.num_workers(),
+        "gemm_tuning_seconds": getattr(llm.engine.runner.linear_table, "seconds", None),
+        # candidates that failed to build or time, and keys left on the baseline: a graph capture
+        # broken by another thread (ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1) would raise both
+        "gemm_tuning_rejected": len(getattr(llm.engine.runner.linear_table, "rejected", [])),
+        "gemm_tuning_on_baseline": sum(
+            c.config is None for c in getattr(llm.engine.runner.linear_table, "choices", {}).values()
+        ),
         "compiles_in_startup": startup_events,
         "dynamo_compile_times": _compile_times(dynamo_utils),
         "first_wall_s": first["wall_s"],
@@ -128,6 +135,10 @@ def main() -> None:
     )
     print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
     print(f"  {result['warm_up']}; precompile workers {result['precompile_workers']}")
+    print(
+        f"  GEMM tuning by part (s): {result['gemm_tuning_seconds']}; rejected candidates "
+        f"{result['gemm_tuning_rejected']}, keys on the baseline {result['gemm_tuning_on_baseline']}"
+    )
     for e in startup_events:
         print(f"  startup compile at {e['t']:.2f} s: {e['kernel'][:160]}")
     for e in first_events:

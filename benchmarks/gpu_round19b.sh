@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call 2 of the nineteenth session: the whole suite (conformance and tests) with the fast
-# impl on one H200 in one call, in XDIST (default 4) pytest-xdist workers (whole files a worker:
+# impl on one H200 in one call, in XDIST (default 6; 4 took 330+ s by the twenty-ninth session) pytest-xdist workers (whole files a worker:
 # --dist loadfile), the server's wheels from .whl/ when carried; then the failures again, alone
 # and serially (a test that sized its KV pool by free memory while other workers held some
 # could fail only in parallel: both runs are reported); then, in the time left, the Qwen3-8B
@@ -13,7 +13,7 @@ source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 args=(-p enginespec.conformance.plugin --impl=fast -q -rfEs -o cache_dir=/tmp/pytest_cache)
 log="$out/pytest_fast_xdist_h200_$sha.log"
-timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest "${args[@]}" -n "${XDIST:-4}" --dist loadfile --durations=15 \
+timeout "${SUITE_TIMEOUT:-450}" python3 -m pytest "${args[@]}" -n "${XDIST:-6}" --dist loadfile --durations=15 \
   conformance tests > "$log" 2>&1
 echo "suite rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$log" | head -20; tail -1 "$log"
 if grep -qE "^(FAILED|ERROR)" "$log"; then  # the failures again, serially

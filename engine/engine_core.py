@@ -121,6 +121,7 @@ class EngineCore:
         loaded = time.perf_counter()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
+        self.sampler_compiles = self._start_sampler_compiles()
         self.runner = self._runner_class()(
             self.model,
             self.impl,
@@ -132,7 +133,7 @@ class EngineCore:
             kv_cache_bytes=args.kv_cache_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
-            sample_fn=self.sampler,
+            sample_fn=self._profile_sample,
             enforce_eager=args.enforce_eager,
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
@@ -158,6 +159,8 @@ class EngineCore:
         # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
         self.fault_hook: Optional[Callable[[str], None]] = None
         self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
+        if self.sampler_compiles is not None:  # before anything samples for real
+            self.sampler_compiles.join()
         self.warmup_report = self._warm_up()
         self.stats.startup_seconds = time.perf_counter() - started
         self.stats.startup_phases = self._startup_phases(loaded - started)
@@ -169,6 +172,25 @@ class EngineCore:
         phases["warm_up"] = self.stats.warmup_seconds
         phases["other"] = max(0.0, self.stats.startup_seconds - sum(phases.values()))
         return phases
+
+    def _start_sampler_compiles(self):
+        """With ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1, the sampler's compile-only
+        launches issued now, before the runner's GEMM tuning, so they compile during it
+        (sample/precompile.py); joined when the profile run first samples, else before the
+        warm-up. None otherwise: the warm-up compiles them (engine/warmup.py)."""
+        from enginespec.engine.warmup import logits_like
+        from enginespec.sample import precompile as sampler_precompile
+
+        if not sampler_precompile.early_precompile():
+            return None  # (where the sampler's kernels do not run, nothing is pending either)
+        return sampler_precompile.start_sampler_precompile(self.sampler, logits_like(self))
+
+    def _profile_sample(self, logits, requests):
+        """The runner's profile run samples through this: the sampler, once the early
+        compile-only launches (if any) are joined (their kernels may not launch before)."""
+        if self.sampler_compiles is not None:
+            self.sampler_compiles.join()
+        return self.sampler(logits, requests)
 
     def _warm_up(self):
         """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""

@@ -13,7 +13,9 @@ bias, allowed ids, min_tokens, logprobs), through the async path as real steps t
 last batches with no edited row (the fused draw's model-dtype variant) and with a loose top-p
 (the wide cut), edited and not (`LATER_BATCHES`). Before the first request, every sampler
 kernel variant those batches meet is compiled side by side (compile-only launches on a thread
-pool, sample/precompile.py), not one after another as the batches meet them.
+pool, sample/precompile.py), not one after another as the batches meet them; with
+ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1 the engine issued them before its GEMM tuning instead
+(engine_core.py), and the warm-up finds them compiled.
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -108,7 +110,7 @@ def logits_like(engine) -> torch.Tensor:
     """A [1, W] tensor laid out as the logits the sampler will get (their dtype, row stride and
     alignment: what its kernels' variants depend on): a row of the decode graphs' logits buffer
     where graphs were captured, else a fresh row in the model's dtype, vocab_size wide."""
-    graphs = getattr(engine.runner, "graphs", None)
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)  # no runner yet: a fresh row
     for buffer in getattr(graphs, "logits", {}).values():
         return buffer[:1]
     model = engine.model
@@ -136,7 +138,8 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
-    _precompile_sampler(engine)
+    if getattr(engine, "sampler_compiles", None) is None:  # not compiled early (engine_core.py)
+        _precompile_sampler(engine)
     precompiled = time.perf_counter() - start
     rng = random.Random(0)
     lengths = _prompt_lengths(engine, tiny)

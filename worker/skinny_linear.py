@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -192,6 +193,9 @@ class LinearTable:
         self.ranked: dict[tuple, list] = {}
         # key -> the shapes `refine` may still choose between ((us, config), fastest first).
         self.close: dict[tuple, list] = {}
+        # Wall seconds of the tuning by part, summed over calls: "compile" (the candidates'
+        # compile-only pool, tune's first part), "time" (timing them, _tune_one), "refine".
+        self.seconds: dict[str, float] = {"compile": 0.0, "time": 0.0, "refine": 0.0}
 
     @staticmethod
     def key(
@@ -243,6 +247,7 @@ class LinearTable:
         top = row_bucket(self.max_rows)
         buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        started = time.perf_counter()
         precompile(
             [
                 lambda b=bucket, c=config, a=layers[0]: self._compile(b, a, c, variant)
@@ -251,9 +256,12 @@ class LinearTable:
                 for config in self._candidates(bucket, *layers[0]["weight"].shape, num_sms, variant)
             ]
         )
+        compiled = time.perf_counter()
         for layers in groups.values():
             for bucket in buckets:
                 self._tune_one(bucket, layers, num_sms, variant)
+        self.seconds["compile"] += compiled - started
+        self.seconds["time"] += time.perf_counter() - compiled
 
     def _compile(self, bucket: int, call: dict, config, variant: str) -> None:
         """Compile (not launch) the kernel variant one candidate of _tune_one will run."""
@@ -357,6 +365,7 @@ class LinearTable:
         out: under PDL a launch overlaps its neighbours, which the tuning graph (each shape after
         itself) does not see. Keeps the pick unless another shape makes the step REFINE_WIN
         faster. Runs after tune() of every fused variant; each key is refined once."""
+        started = time.perf_counter()
         top = row_bucket(self.max_rows)
         buckets = buckets or [1 << i for i in range(top.bit_length()) if 1 << i <= top]
         flat = [dict(c) for calls in layer_calls for c in calls]
@@ -369,6 +378,7 @@ class LinearTable:
                     self.choices[key] = self._refine_key(
                         key, options, lambda s=step: graph_us(s, len(flat))[0]
                     )
+        self.seconds["refine"] += time.perf_counter() - started
 
     def _step_fn(self, bucket: int, flat: list[dict]):
         """A callable running every call of `flat` through run() on random rows of `bucket`."""

@@ -155,4 +155,5 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
             layer.fused_linear = torch.ops.enginespec.fused_linear
     for row in table.report():
         log.info("skinny_gemm %s", row)
+    log.info("skinny_gemm tuning seconds: %s", {k: round(v, 2) for k, v in table.seconds.items()})
     return table

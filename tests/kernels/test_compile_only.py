@@ -7,7 +7,9 @@ interpreter, whose launches carry the `warmup` flag (enginespec.testing.triton_k
 
 from __future__ import annotations
 
+import inspect
 import os
+import threading
 
 import pytest
 import torch
@@ -162,3 +164,42 @@ def test_num_workers_reads_the_variable_else_the_usable_cpus(monkeypatch):
         monkeypatch.setenv(compile_pool.WORKERS_ENV, bad)
         with pytest.raises(ValueError, match="ENGINESPEC_PRECOMPILE_WORKERS must be a positive int"):
             compile_pool.num_workers()
+
+
+def test_start_precompile_returns_before_the_compiles_and_join_installs_them(monkeypatch):
+    """start_precompile runs its jobs on the calling thread and returns while their compiles
+    still run on the pool; no mode stays active for the caller (a second precompile may run
+    meanwhile, as the GEMM tuning's does); join() waits for every compile and finalizes it (a
+    kernel cache entry, here a dict), and a second join() waits for nothing. A fake compile
+    that blocks on an event stands in for Triton's."""
+    _async = pytest.importorskip("triton.runtime._async_compile")
+    monkeypatch.setenv(compile_pool.PRECOMPILE_ENV, "1")
+    release, cache, ran = threading.Event(), {}, []
+
+    def job(key):
+        def submit():
+            ran.append((key, threading.current_thread() is threading.main_thread()))
+            finalize = lambda kernel: cache.__setitem__(key, kernel)  # noqa: E731
+            cleanup = (
+                (lambda fk: None,)
+                if len(inspect.signature(_async.AsyncCompileMode.submit).parameters) > 4
+                else ()
+            )
+            _async.active_mode.get().submit(key, lambda: release.wait(5) and key, finalize, *cleanup)
+
+        return submit
+
+    pending = compile_pool.start_precompile([job("a"), job("b"), lambda: 1 / 0])
+    assert ran == [("a", True), ("b", True)] and cache == {} and pending.pending
+    assert _async.active_mode.get() is None
+    assert compile_pool.precompile([lambda: ran.append("between")]) == 0 and ran[-1] == "between"
+    release.set()
+    assert pending.join() == 1 and cache == {"a": "a", "b": "b"} and not pending.pending
+    assert pending.join() == 1
+
+
+def test_start_precompile_is_a_no_op_when_switched_off(monkeypatch):
+    monkeypatch.setenv(compile_pool.PRECOMPILE_ENV, "0")
+    ran = []
+    pending = compile_pool.start_precompile([lambda: ran.append(1)])
+    assert ran == [] and not pending.pending and pending.join() == 0

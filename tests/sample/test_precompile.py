@@ -123,3 +123,58 @@ def test_a_job_that_raises_stops_neither_the_others_nor_startup(monkeypatch):
     monkeypatch.setattr(sp, "sampler_jobs", lambda *a: jobs)
     assert sp.precompile_sampler(sampler_mod.Sampler(300, "cpu"), torch.zeros(1, 300)) in (0, 1)
     assert ran[-1] == 5 or ran == []
+
+
+def test_early_precompile_issues_before_the_runner_and_joins_before_anything_samples(launches, monkeypatch):
+    """ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1: the engine issues the sampler's jobs before its
+    runner is built (so they compile during the GEMM tuning) and joins them before the first
+    real sampler launch (the warm-up's here: the CPU has no profile run); the warm-up then
+    compiles nothing again, and meets no variant the early jobs did not compile."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    monkeypatch.setenv(sp.EARLY_ENV, "1")
+    events, start = [], sp.start_sampler_precompile
+
+    def spy_start(*a):
+        pending, join = start(*a), None
+        events.append(("start", len(launches["compile_only"]), len(launches["real"])))
+        join = pending.join
+        pending.join = lambda: (events.append(("join", len(launches["real"]))), join())[1]
+        return pending
+
+    monkeypatch.setattr(sp, "start_sampler_precompile", spy_start)
+    runner_class = EngineCore._runner_class
+
+    def spy_runner(self):
+        cls = runner_class(self)
+
+        def build(*a, **k):
+            events.append(("runner",))
+            return cls(*a, **k)
+
+        return build
+
+    monkeypatch.setattr(EngineCore, "_runner_class", spy_runner)
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")), dtype="bfloat16", device="cpu", block_size=4, num_blocks=64, seed=0,
+        warmup=True,
+    )  # fmt: skip
+    engine = EngineCore(args)
+    (_, num_early, num_real), runner, (_, real_at_join) = events[:3]
+    assert [e[0] for e in events] == ["start", "runner", "join"]
+    assert num_early > 0 and num_real == 0 and real_at_join == 0
+    assert len(launches["compile_only"]) == num_early  # the warm-up compiled nothing more
+    missing = [key for key in set(launches["real"]) if key not in set(launches["compile_only"])]
+    assert launches["real"] and not missing, missing[:3]
+    assert not engine.sampler_compiles.pending and engine.warmup_report.precompile_seconds < 1.0
+
+
+def test_early_precompile_switch(monkeypatch):
+    monkeypatch.delenv(sp.EARLY_ENV, raising=False)
+    assert not sp.early_precompile()
+    monkeypatch.setenv(sp.EARLY_ENV, "1")
+    assert sp.early_precompile()
+    monkeypatch.setenv(sp.EARLY_ENV, "yes")
+    with pytest.raises(ValueError, match="ENGINESPEC_EARLY_SAMPLER_PRECOMPILE must be 0 or 1"):
+        sp.early_precompile()

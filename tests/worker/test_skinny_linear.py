@@ -315,6 +315,29 @@ def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_o
         assert seen == [(n, v) for v in route] * len(layers)
 
 
+def test_tuning_seconds_split_compile_from_timing(monkeypatch):
+    """LinearTable.seconds sums, over tune() calls, the candidates' compile pool's wall time
+    ("compile") and the timing loop's ("time"); refine's goes to "refine". A fake clock: the
+    pool takes 2 s, each (group, bucket) timing 0.5 s."""
+    clock = [0.0]
+    monkeypatch.setattr(sl.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(sl, "precompile", lambda jobs: clock.__setitem__(0, clock[0] + 2.0))
+    monkeypatch.setattr(sl.LinearTable, "_tune_one", lambda self, *a: clock.__setitem__(0, clock[0] + 0.5))
+    monkeypatch.setattr(
+        sl.torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 132})
+    )
+    table = sl.LinearTable("cpu", max_rows=2)
+    assert table.seconds == {"compile": 0.0, "time": 0.0, "refine": 0.0}
+    weight = torch.zeros(8, 16)
+    groups = {(8, 16, torch.float32, False): [{"weight": weight, "bias": None}]}
+    table.tune(groups)  # buckets 1 and 2
+    assert table.seconds == {"compile": 2.0, "time": 1.0, "refine": 0.0}
+    table.tune(groups, "residual", buckets=[1])
+    assert table.seconds == {"compile": 4.0, "time": 1.5, "refine": 0.0}
+    table.refine([], buckets=[])  # nothing to refine: no time passes on the fake clock
+    assert table.seconds["refine"] == 0.0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_install_measures_every_projection_on_cuda(impl):
