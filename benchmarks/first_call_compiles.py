@@ -104,19 +104,18 @@ def main() -> None:
         llm, workload, torch.device("cuda"), args.temperature, use_tqdm=False, sampling=sampling
     )
     sync(torch.device("cuda"))
+    table = llm.engine.runner.linear_table  # None where the skinny GEMMs are off
     result = {
         "hook": where,
         "startup_s": startup,
         "startup_phases": dict(llm.engine.stats.startup_phases),
         "warm_up": llm.engine.warmup_report.line() if llm.engine.warmup_report else None,
         "precompile_workers": compile_pool.num_workers(),
-        "gemm_tuning_seconds": getattr(llm.engine.runner.linear_table, "seconds", None),
+        "gemm_tuning_seconds": table.seconds if table else None,
         # candidates that failed to build or time, and keys left on the baseline: a graph capture
         # broken by another thread (ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1) would raise both
-        "gemm_tuning_rejected": len(getattr(llm.engine.runner.linear_table, "rejected", [])),
-        "gemm_tuning_on_baseline": sum(
-            c.config is None for c in getattr(llm.engine.runner.linear_table, "choices", {}).values()
-        ),
+        "gemm_tuning_rejected": len(table.rejected) if table else None,
+        "gemm_tuning_on_baseline": sum(c.config is None for c in table.choices.values()) if table else None,
         "compiles_in_startup": startup_events,
         "dynamo_compile_times": _compile_times(dynamo_utils),
         "first_wall_s": first["wall_s"],

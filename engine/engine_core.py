@@ -122,25 +122,11 @@ class EngineCore:
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
         self.sampler_compiles = self._start_sampler_compiles()
-        self.runner = self._runner_class()(
-            self.model,
-            self.impl,
-            block_size=args.block_size,
-            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=self.max_model_len,
-            num_blocks=args.num_blocks,
-            kv_cache_bytes=args.kv_cache_bytes,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            num_gpu_blocks_override=args.num_gpu_blocks_override,
-            sample_fn=self._profile_sample,
-            enforce_eager=args.enforce_eager,
-            compile_model=args.compile_model,
-            compile_backend=args.compile_backend,
-            kv_bytes_reserved_per_block=self._draft_bytes_per_block(),
-            skinny_gemm=args.skinny_gemm,
-            mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
-        )
+        try:
+            self.runner = self._make_runner(args)
+        finally:  # nothing samples for real before this (the profile run joined them already)
+            if self.sampler_compiles is not None:
+                self.sampler_compiles.join()
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
         )
@@ -159,8 +145,6 @@ class EngineCore:
         # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
         self.fault_hook: Optional[Callable[[str], None]] = None
         self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
-        if self.sampler_compiles is not None:  # before anything samples for real
-            self.sampler_compiles.join()
         self.warmup_report = self._warm_up()
         self.stats.startup_seconds = time.perf_counter() - started
         self.stats.startup_phases = self._startup_phases(loaded - started)
@@ -173,11 +157,35 @@ class EngineCore:
         phases["other"] = max(0.0, self.stats.startup_seconds - sum(phases.values()))
         return phases
 
+    def _make_runner(self, args: EngineArgs):
+        """The model runner (worker/runner.py, or the tensor-parallel one): its construction
+        tunes the GEMMs, sizes the pool by a profile run and captures the decode graphs."""
+        return self._runner_class()(
+            self.model,
+            self.impl,
+            block_size=args.block_size,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=self.max_model_len,
+            num_blocks=args.num_blocks,
+            kv_cache_bytes=args.kv_cache_bytes,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            sample_fn=self._profile_sample,
+            enforce_eager=args.enforce_eager,
+            compile_model=args.compile_model,
+            compile_backend=args.compile_backend,
+            kv_bytes_reserved_per_block=self._draft_bytes_per_block(),
+            skinny_gemm=args.skinny_gemm,
+            mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
+        )
+
     def _start_sampler_compiles(self):
         """With ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1, the sampler's compile-only
         launches issued now, before the runner's GEMM tuning, so they compile during it
-        (sample/precompile.py); joined when the profile run first samples, else before the
-        warm-up. None otherwise: the warm-up compiles them (engine/warmup.py)."""
+        (sample/precompile.py); joined when the profile run first samples, else once the runner
+        is built or its construction failed. None otherwise: the warm-up compiles them
+        (engine/warmup.py)."""
         from enginespec.engine.warmup import logits_like
         from enginespec.sample import precompile as sampler_precompile
 

@@ -25,7 +25,6 @@ the list does not compile.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -39,6 +38,7 @@ from enginespec.kernels.compile_pool import PendingCompiles, start_precompile
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample import sampler as sampler_mod
 from enginespec.spec import SamplingParams
+from enginespec.worker.switches import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,4 @@ EARLY_ENV = "ENGINESPEC_EARLY_SAMPLER_PRECOMPILE"
 
 def early_precompile() -> bool:
     """ENGINESPEC_EARLY_SAMPLER_PRECOMPILE: "1" on, "0" or unset off; ValueError otherwise."""
-    raw = os.environ.get(EARLY_ENV, "0").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{EARLY_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch(EARLY_ENV) is True

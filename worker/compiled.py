@@ -19,10 +19,11 @@ warning (compilation is an optimisation, never a requirement).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
+
+from enginespec.worker.switches import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,9 @@ def should_compile(
     so inductor has nothing left to fuse, while dynamo's trace and inductor's compile of 28
     layers cost a cold start about 12 s (benchmarks/RESULTS.md, twenty-seventh session)."""
     if setting is None:
-        env = os.environ.get(COMPILE_ENV, "")
-        if env not in ("", "0", "1"):
-            raise ValueError(f"{COMPILE_ENV} must be 0 or 1, got {env!r}")
-        if env:
-            return env == "1"
+        env = env_switch(COMPILE_ENV)
+        if env is not None:
+            return env
         return device.type == "cuda" and not enforce_eager and not folded
     if not isinstance(setting, bool):
         raise ValueError(f"compile_model must be None, True or False, got {setting!r}")

@@ -58,6 +58,7 @@ from typing import Optional
 import torch
 
 from enginespec.spec import Batch, BatchMeta, packed_offsets
+from enginespec.worker.switches import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -378,10 +379,7 @@ def balanced_graph_buckets(buckets: list[int], logits_max_rows: int) -> list[int
     BALANCED_GRAPHS_MAX_ROWS. ValueError for a value other than 0 or 1."""
     from enginespec.kernels.decode_attention import BALANCED_MIN_ROWS
 
-    raw = os.environ.get(BALANCED_GRAPHS_ENV, "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{BALANCED_GRAPHS_ENV} must be 0 or 1, got {raw!r}")
-    if raw == "0":
+    if env_switch(BALANCED_GRAPHS_ENV) is False:
         return []
     low = max(logits_max_rows, 2 * BALANCED_MIN_ROWS)
     return [b for b in buckets if low < b <= BALANCED_GRAPHS_MAX_ROWS]

@@ -45,7 +45,6 @@ rounding of the folded weights.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from enginespec.worker import folded_ops  # noqa: F401 - registers silu_mul_rows, add_linear_
+from enginespec.worker.switches import env_switch
 
 # transformers model_type values whose decoder layers MergedDecoder reproduces.
 MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
@@ -409,10 +409,8 @@ class MergedDecoder(nn.Module):
         and `setting` (default: ENGINESPEC_FOLD_NORMS, unset = on for CUDA weights) allows.
         Returns whether it folded. Call before any tuning or compilation: the weights change."""
         if setting is None:
-            env = os.environ.get(FOLD_NORMS_ENV, "")
-            if env not in ("", "0", "1"):
-                raise ValueError(f"{FOLD_NORMS_ENV} must be 0 or 1, got {env!r}")
-            setting = env == "1" or (env == "" and self.embed_tokens.weight.is_cuda)
+            env = env_switch(FOLD_NORMS_ENV)
+            setting = env if env is not None else self.embed_tokens.weight.is_cuda
         if not setting or not all(layer.can_fold_norms() for layer in self.layers):
             return False
         for layer in self.layers:

@@ -170,6 +170,36 @@ def test_early_precompile_issues_before_the_runner_and_joins_before_anything_sam
     assert not engine.sampler_compiles.pending and engine.warmup_report.precompile_seconds < 1.0
 
 
+def test_early_precompile_is_joined_when_the_runner_fails(launches, monkeypatch):
+    """A runner whose construction raises (an OOM in the profile run, say) still leaves the
+    early compiles joined, so no kernel cache keeps Triton's placeholders for a later engine."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    monkeypatch.setenv(sp.EARLY_ENV, "1")
+    started, start = [], sp.start_sampler_precompile
+    monkeypatch.setattr(sp, "start_sampler_precompile", lambda *a: started.append(start(*a)) or started[-1])
+
+    def failing_runner(self):
+        def build(*a, **k):
+            raise MemoryError("profile run: out of memory")
+
+        return build
+
+    monkeypatch.setattr(EngineCore, "_runner_class", failing_runner)
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")),
+        dtype="bfloat16",
+        device="cpu",
+        block_size=4,
+        num_blocks=64,
+        warmup=False,
+    )
+    with pytest.raises(MemoryError, match="out of memory"):
+        EngineCore(args)
+    assert len(started) == 1 and launches["compile_only"] and not started[0].pending
+
+
 def test_early_precompile_switch(monkeypatch):
     monkeypatch.delenv(sp.EARLY_ENV, raising=False)
     assert not sp.early_precompile()
