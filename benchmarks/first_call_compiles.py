@@ -72,7 +72,7 @@ def main() -> None:
     import torch
     import torch._dynamo.utils as dynamo_utils
 
-    from enginespec.kernels import compile_pool
+    from enginespec.kernels import compile_pool, compile_procs
     from enginespec.llm import LLM
 
     model_dir = checkpoints.make_checkpoint(
@@ -111,9 +111,10 @@ def main() -> None:
         "startup_phases": dict(llm.engine.stats.startup_phases),
         "warm_up": llm.engine.warmup_report.line() if llm.engine.warmup_report else None,
         "precompile_workers": compile_pool.num_workers(),
+        "compile_processes": {"processes": compile_procs.num_processes(), **compile_procs.totals},
         "gemm_tuning_seconds": table.seconds if table else None,
-        # candidates that failed to build or time, and keys left on the baseline: a graph capture
-        # broken by another thread (ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1) would raise both
+        # candidates that failed to build or time, and keys left on the baseline (a broken
+        # tuning capture would raise both)
         "gemm_tuning_rejected": len(table.rejected) if table else None,
         "gemm_tuning_on_baseline": sum(c.config is None for c in table.choices.values()) if table else None,
         "compiles_in_startup": startup_events,
@@ -134,6 +135,7 @@ def main() -> None:
     )
     print("  " + " ".join(f"{k} {v:.1f} s" for k, v in result["startup_phases"].items()))
     print(f"  {result['warm_up']}; precompile workers {result['precompile_workers']}")
+    print(f"  compile processes: {result['compile_processes']}")
     print(
         f"  GEMM tuning by part (s): {result['gemm_tuning_seconds']}; rejected candidates "
         f"{result['gemm_tuning_rejected']}, keys on the baseline {result['gemm_tuning_on_baseline']}"

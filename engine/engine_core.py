@@ -98,6 +98,17 @@ class EngineCore:
     def __init__(self, args: EngineArgs, *, model=None, tokenizer=None, draft_model=None):
         """model / tokenizer / draft_model: already loaded ones instead of EngineArgs.model's
         and speculative_config's "model" (tests share them between engines)."""
+        from enginespec.kernels import compile_procs
+
+        if torch.cuda.is_available():  # ENGINESPEC_COMPILE_PROCESSES workers, importing while it loads
+            compile_procs.start_workers()
+        try:
+            self._build(args, model, tokenizer, draft_model)
+        finally:  # the startup's compiles are done (or failed): the workers go
+            compile_procs.close_workers()
+
+    def _build(self, args: EngineArgs, model, tokenizer, draft_model) -> None:
+        """__init__'s body: load, tune, profile, capture, warm up (startup_phases times each)."""
         started = time.perf_counter()
         self.args = args
         self.impl = load_impl(args.impl)
@@ -121,12 +132,7 @@ class EngineCore:
         loaded = time.perf_counter()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
-        self.sampler_compiles = self._start_sampler_compiles()
-        try:
-            self.runner = self._make_runner(args)
-        finally:  # nothing samples for real before this (the profile run joined them already)
-            if self.sampler_compiles is not None:
-                self.sampler_compiles.join()
+        self.runner = self._make_runner(args)
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
         )
@@ -171,7 +177,7 @@ class EngineCore:
             kv_cache_bytes=args.kv_cache_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
-            sample_fn=self._profile_sample,
+            sample_fn=self.sampler,
             enforce_eager=args.enforce_eager,
             compile_model=args.compile_model,
             compile_backend=args.compile_backend,
@@ -179,26 +185,6 @@ class EngineCore:
             skinny_gemm=args.skinny_gemm,
             mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
         )
-
-    def _start_sampler_compiles(self):
-        """With ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1, the sampler's compile-only
-        launches issued now, before the runner's GEMM tuning, so they compile during it
-        (sample/precompile.py); joined when the profile run first samples, else once the runner
-        is built or its construction failed. None otherwise: the warm-up compiles them
-        (engine/warmup.py)."""
-        from enginespec.engine.warmup import logits_like
-        from enginespec.sample import precompile as sampler_precompile
-
-        if not sampler_precompile.early_precompile():
-            return None  # (where the sampler's kernels do not run, nothing is pending either)
-        return sampler_precompile.start_sampler_precompile(self.sampler, logits_like(self))
-
-    def _profile_sample(self, logits, requests):
-        """The runner's profile run samples through this: the sampler, once the early
-        compile-only launches (if any) are joined (their kernels may not launch before)."""
-        if self.sampler_compiles is not None:
-            self.sampler_compiles.join()
-        return self.sampler(logits, requests)
 
     def _warm_up(self):
         """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""

@@ -13,9 +13,7 @@ bias, allowed ids, min_tokens, logprobs), through the async path as real steps t
 last batches with no edited row (the fused draw's model-dtype variant) and with a loose top-p
 (the wide cut), edited and not (`LATER_BATCHES`). Before the first request, every sampler
 kernel variant those batches meet is compiled side by side (compile-only launches on a thread
-pool, sample/precompile.py), not one after another as the batches meet them; with
-ENGINESPEC_EARLY_SAMPLER_PRECOMPILE=1 the engine issued them before its GEMM tuning instead
-(engine_core.py), and the warm-up finds them compiled.
+pool, sample/precompile.py), not one after another as the batches meet them.
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
@@ -138,8 +136,7 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
-    if getattr(engine, "sampler_compiles", None) is None:  # not compiled early (engine_core.py)
-        _precompile_sampler(engine)
+    _precompile_sampler(engine)
     precompiled = time.perf_counter() - start
     rng = random.Random(0)
     lengths = _prompt_lengths(engine, tiny)

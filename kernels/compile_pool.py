@@ -10,8 +10,8 @@ one thread compiles on all the pool's threads at once, and the real launches lat
 variants in the cache. Users: the startup GEMM tuning (worker/gemm_tuning.py), the profile
 run's and the decode graphs' kernels before they run (worker/runner.py, worker/cuda_graphs.py,
 through compile_only_launches) and the sampler's kernels before the warm-up
-(sample/precompile.py), or, issued with start_precompile, during the GEMM tuning (their
-compiles run on while the engine goes on, joined before anything samples).
+(sample/precompile.py). Before the threads, the variants go to worker processes where those are
+on (kernels/compile_procs.py): the threads' compiles then hit Triton's on-disk cache.
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ class PendingCompiles:
 
 def start_precompile(jobs: list[Callable[[], object]], max_workers: int | None = None) -> PendingCompiles:
     """precompile's launches, returning as soon as they are issued: the compiles run on the
-    pool while the caller goes on, until PendingCompiles.join(). The jobs run on the calling
-    thread (their tensors are made there); the pool's threads only compile, which needs no CUDA
-    call (Triton loads a compiled module at its first real launch, after join()), so another
-    thread may capture a CUDA graph meanwhile. Nothing pending where precompile would run
-    nothing."""
+    pool while the caller goes on, until PendingCompiles.join() (the worker processes' stage,
+    where on, is done before it returns). The jobs run on the calling thread (their tensors are
+    made there); the pool's threads only compile, which needs no CUDA call (Triton loads a
+    compiled module at its first real launch, after join()). Nothing pending where precompile
+    would run nothing."""
     try:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -110,6 +110,9 @@ def start_precompile(jobs: list[Callable[[], object]], max_workers: int | None =
         return PendingCompiles()
     if os.environ.get(PRECOMPILE_ENV, "1").strip() == "0":
         return PendingCompiles()
+    from enginespec.kernels.compile_procs import compile_in_processes
+
+    compile_in_processes(jobs)  # with ENGINESPEC_COMPILE_PROCESSES > 0: the compiles below hit the cache
     pool = ThreadPoolExecutor(max_workers=max_workers or num_workers())
     mode, context = AsyncCompileMode(pool, ignore_errors=True), contextvars.copy_context()
     try:  # in a copy of this thread's context: the mode stays active there, not here

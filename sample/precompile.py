@@ -34,11 +34,10 @@ from enginespec.kernels import argmax as argmax_kernel
 from enginespec.kernels import cut_draw, reject_top_p
 from enginespec.kernels import logprobs as logprob_kernels
 from enginespec.kernels import sampling as sampling_triton
-from enginespec.kernels.compile_pool import PendingCompiles, start_precompile
+from enginespec.kernels.compile_pool import precompile
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample import sampler as sampler_mod
 from enginespec.spec import SamplingParams
-from enginespec.worker.switches import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -134,30 +133,11 @@ def precompile_sampler(sampler: sampler_mod.Sampler, logits: torch.Tensor) -> in
     """Compile every sampler kernel variant side by side (`sampler_jobs` on the compile pool)
     where the sampler's kernels run (CUDA); returns how many jobs raised. Never raises: a
     variant that was not compiled here compiles when first launched, as before."""
-    return start_sampler_precompile(sampler, logits).join()
-
-
-def start_sampler_precompile(sampler: sampler_mod.Sampler, logits: torch.Tensor) -> PendingCompiles:
-    """precompile_sampler's launches, issued now and compiled while the caller goes on
-    (compile_pool.start_precompile): no sampler kernel may launch until the result's join().
-    The jobs' tensors are made here, on the calling thread. Never raises."""
     if not cut_draw.available(sampler.device):
-        return PendingCompiles()
+        return 0
     try:
         jobs = sampler_jobs(sampler, logits)
     except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
         log.info("sampler precompile skipped: %s: %s", type(e).__name__, e)
-        return PendingCompiles()
-    return start_precompile([job.run for job in jobs])
-
-
-# "1": the engine issues the sampler's compile-only launches before its GEMM tuning and joins
-# them when its profile run first samples, so they compile during the tuning (about 8 s of the
-# H200's warm-up, twenty-ninth session); "0", the default until a cold start on the device
-# shows it faster and its tuning's rejected candidates unchanged (engine/engine_core.py).
-EARLY_ENV = "ENGINESPEC_EARLY_SAMPLER_PRECOMPILE"
-
-
-def early_precompile() -> bool:
-    """ENGINESPEC_EARLY_SAMPLER_PRECOMPILE: "1" on, "0" or unset off; ValueError otherwise."""
-    return env_switch(EARLY_ENV) is True
+        return 0
+    return precompile([job.run for job in jobs])

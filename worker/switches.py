@@ -1,5 +1,5 @@
 """Environment switches of one bit (ENGINESPEC_COMPILE, ENGINESPEC_FOLD_NORMS,
-ENGINESPEC_BALANCED_GRAPHS, ENGINESPEC_EARLY_SAMPLER_PRECOMPILE, ...): one parser, so every such
+ENGINESPEC_BALANCED_GRAPHS, ...): one parser, so every such
 variable reads the same way and fails with the same message."""
 
 from __future__ import annotations
