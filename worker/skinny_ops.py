@@ -134,11 +134,14 @@ def install(merged_decoder, device, max_rows: int = DEFAULT_MAX_ROWS) -> LinearT
     if path is not None and table_file.load(table, path):
         log.info("skinny_gemm: choices from %s", path)
     num_known = len(table.choices)
+    work = []  # (the groups a variant lacks, the variant), in VARIANTS' order
     for variant in VARIANTS:
         groups = tuning_groups(merged_decoder.layers, variant)
         missing = {g: c for g, c in groups.items() if (1, *g, variant) not in table.choices}
         if missing:
-            table.tune(missing, variant)
+            work.append((missing, variant))
+    if work:
+        table.tune_variants(work)
     fused = [layer.fused_calls() for layer in merged_decoder.layers if layer.can_fuse()]
     if fused and table.close:
         table.refine(fused)

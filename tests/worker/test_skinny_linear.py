@@ -361,3 +361,40 @@ def test_install_measures_every_projection_on_cuda(impl):
     for layer in layers:
         layer.linear, layer.fused_linear = F.linear, None
     torch.testing.assert_close(got, _prefill(model, impl, 7), atol=5e-2, rtol=5e-2)
+
+
+def test_tune_variants_compiles_the_fused_variants_in_one_call_after_the_plain_timing(monkeypatch):
+    """tune_variants: one precompile call for the plain variant, then one for every fused
+    variant together, whose candidates are the plain variant's fastest shapes (so the plain
+    timing comes before that call); the timings run in the work's order, every variant's
+    (group, bucket) once."""
+    events = []
+    monkeypatch.setattr(sl, "precompile", lambda jobs: events.append(("compile", [job() for job in jobs])))
+    monkeypatch.setattr(sl.LinearTable, "_compile", lambda self, b, call, config, v: (b, config, v))
+
+    def fake_tune_one(self, bucket, layers, num_sms, variant):
+        events.append(("time", bucket, variant))
+        if variant == "plain":  # ranked as the real timing leaves it: fastest first
+            self.ranked[(bucket, *layers[0]["weight"].shape)] = [f"shape{i}" for i in range(5)]
+
+    monkeypatch.setattr(sl.LinearTable, "_tune_one", fake_tune_one)
+    monkeypatch.setattr(
+        sl.torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 132})
+    )
+    table = sl.LinearTable("cpu", max_rows=2)
+    groups = {(8, 16, torch.float32, False): [{"weight": torch.zeros(8, 16), "bias": None}]}
+    table.tune_variants([(groups, "plain"), (groups, "norm"), (groups, "residual")])
+    kinds = [e[0] for e in events]
+    assert kinds == ["compile", "time", "time", "compile", "time", "time", "time", "time"]
+    plain_jobs, fused_jobs = events[0][1], events[3][1]
+    assert sorted(map(str, plain_jobs)) == sorted(
+        str((b, c, "plain")) for b in (1, 2) for c in sl.candidates(b, 8, 16, 132)
+    )  # every launch shape of the plain variant
+    shapes = [f"shape{i}" for i in range(sl.FUSED_TRIES)]
+    assert sorted(fused_jobs) == sorted(
+        (b, c, v) for v in ("norm", "residual") for b in (1, 2) for c in shapes
+    )
+    assert [e[1:] for e in events if e[0] == "time"] == [
+        (1, "plain"), (2, "plain"), (1, "norm"), (2, "norm"), (1, "residual"), (2, "residual")
+    ]  # fmt: skip
+    assert table.seconds["compile"] >= 0.0  # both calls' walls summed (a real clock here)

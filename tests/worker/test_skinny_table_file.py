@@ -3,7 +3,7 @@
 On CPU: a saved table loads back equal; a file measured elsewhere (another fingerprint), for
 fewer rows, or unreadable is ignored with a warning naming it; and install() with a file that
 covers the decoder tunes nothing, wires the layers, and tunes (then saves) only what a file
-lacks. Timing needs a GPU, so `LinearTable.tune` is replaced by a recorder here; the CUDA test
+lacks. Timing needs a GPU, so `LinearTable.tune_variants` is replaced by a recorder here; the CUDA test
 in test_skinny_linear.py runs the real tuning.
 """
 
@@ -202,13 +202,14 @@ def test_install_tunes_only_what_the_file_lacks(impl, monkeypatch, tmp_path, ski
     tf.save(saved, path)
     tuned = []
 
-    def fake_tune(self, groups, variant="plain", buckets=None):
-        tuned.append(variant)
-        for group in groups:
-            for bucket in (1, 2, 4, 8):
-                self.choices[(bucket, *group, variant)] = sl.Choice(GEMV, 0.5, 2.0)
+    def fake_tune_variants(self, work, buckets=None):
+        for groups, variant in work:
+            tuned.append(variant)
+            for group in groups:
+                for bucket in (1, 2, 4, 8):
+                    self.choices[(bucket, *group, variant)] = sl.Choice(GEMV, 0.5, 2.0)
 
-    monkeypatch.setattr(sl.LinearTable, "tune", fake_tune)
+    monkeypatch.setattr(sl.LinearTable, "tune_variants", fake_tune_variants)
     monkeypatch.delitem(skinny_ops._TABLES, torch.device("cpu"), raising=False)
     for layer in layers:  # install() rewires them; monkeypatch puts them back afterwards
         monkeypatch.setattr(layer, "linear", layer.linear)
@@ -244,7 +245,7 @@ def test_a_second_start_on_cuda_loads_what_the_first_tuned(impl, monkeypatch, tm
     def no_tuning(*args, **kwargs):
         raise AssertionError("a covered decoder must not be tuned again")
 
-    monkeypatch.setattr(sl.LinearTable, "tune", no_tuning)
+    monkeypatch.setattr(sl.LinearTable, "tune_variants", no_tuning)
     try:
         second = skinny_ops.install(model.merged, "cuda", max_rows=4)
         assert second.choices == first.choices
