@@ -22,10 +22,12 @@ spawn would re-run a user's unguarded main script in every child.
 
 ENGINESPEC_COMPILE_PROCESSES: how many workers; 0 turns them off (precompile then compiles on its
 threads alone, as before); unset: DEFAULT_PROCESSES or the usable CPUs, whichever is fewer. On
-the H200 machine (16 CPUs) two cold starts with 16 against 0 on two machine starts: 56.7 against
-58.0 s and 57.9 against 78.6 s (the GEMM tuning's compiles 21.7 -> 16.7 and 28.3 -> 18.7 s;
-benchmarks/RESULTS.md, thirtieth session). What is left is stragglers: a precompile call waits
-for its slowest variant (the sampler's cut-pick kernel alone compiles for 5 s).
+the H200 machine (16 CPUs), cold starts with 16 against 0 on two machine starts: 57.8 against
+58.0 s and 59.1 against 78.9 s (the GEMM tuning's compiles 21.7 -> 16.7 and 28.3 -> 18.7 s), and
+53.6 s with the default on a third (benchmarks/RESULTS.md, thirtieth session). What is left is
+stragglers: a precompile call waits for its slowest variant (the sampler's cut-pick kernel alone
+compiles for 4.5-5 s). A worker holds about 0.3 GB of host memory idle (torch and triton
+imported), more while it compiles; they end when the engine is built.
 """
 
 from __future__ import annotations
@@ -153,10 +155,15 @@ class Workers:
         self.lock = threading.Lock()
 
     def start(self) -> None:
-        """Start every worker now (their imports then overlap whatever the caller does next)."""
+        """Start every worker now (their imports then overlap whatever the caller does next).
+        Never raises: a worker that cannot start is started on demand (or its spec compiled by
+        the parent)."""
         with self.lock:
-            while len(self.procs) < self.size:
-                self.idle.put(self._spawn())
+            try:
+                while len(self.procs) < self.size:
+                    self.idle.put(self._spawn())
+            except Exception as e:  # noqa: BLE001 - e.g. no python executable to run
+                log.info("compile workers not started: %s: %s", type(e).__name__, e)
 
     def _spawn(self) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -187,8 +194,11 @@ class Workers:
     def compile_one(self, spec: Spec) -> dict:
         """One spec compiled by a worker: its reply ({"ok": True, "hash": ...} or {"ok": False,
         "error": ...}); never raises."""
-        proc = self._take()
         module, qualname, data = spec
+        try:
+            proc = self._take()
+        except Exception as e:  # noqa: BLE001 - no worker could start: the parent compiles it
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
         try:
             proc.stdin.write(json.dumps({"module": module, "qualname": qualname, "spec": data}) + "\n")
             proc.stdin.flush()

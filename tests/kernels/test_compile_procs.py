@@ -199,3 +199,17 @@ def test_the_interpreter_records_nothing_and_starts_no_worker(monkeypatch):
     ran = []
     assert compile_procs.compile_in_processes([lambda: ran.append(1)]) == (0, 0)
     assert ran == [] and (compile_procs._WORKERS is None or compile_procs._WORKERS.procs == [])
+
+
+def test_a_worker_that_cannot_start_costs_only_the_speed_up(monkeypatch):
+    workers = compile_procs.Workers(2)
+
+    def no_python(*args, **kwargs):
+        raise FileNotFoundError("no such interpreter")
+
+    monkeypatch.setattr(compile_procs.subprocess, "Popen", no_python)
+    workers.start()  # logged, not raised
+    replies = workers.compile_all([("m", "k", "{}"), ("m", "k2", "{}")])
+    assert [r["ok"] for r in replies] == [False, False] and "no such interpreter" in replies[0]["error"]
+    assert workers.procs == []
+
