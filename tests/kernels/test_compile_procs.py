@@ -212,4 +212,3 @@ def test_a_worker_that_cannot_start_costs_only_the_speed_up(monkeypatch):
     replies = workers.compile_all([("m", "k", "{}"), ("m", "k2", "{}")])
     assert [r["ok"] for r in replies] == [False, False] and "no such interpreter" in replies[0]["error"]
     assert workers.procs == []
-
