@@ -55,6 +55,7 @@ def worker_main(info, conn) -> None:
 
 
 def _serve(info, conn) -> None:
+    from enginespec.kernels.compile_procs import close_workers as close_compile_workers
     from enginespec.spec import load_impl
     from enginespec.worker.tp_group import init_group
     from enginespec.worker.tp_runner import TPModelRunner, WorkerLink
@@ -76,7 +77,10 @@ def _serve(info, conn) -> None:
         if kind == "stop":
             return
         if kind == "runner":
-            runner = TPModelRunner(model, impl, tp=link, **message[1])
+            try:
+                runner = TPModelRunner(model, impl, tp=link, **message[1])
+            finally:  # its compiles are done: the compile workers it started (compile_procs) go
+                close_compile_workers()
         elif kind == "step":
             runner.run_step(message[1], message[2])
         else:
