@@ -36,17 +36,22 @@ WORKERS_ENV = "ENGINESPEC_PRECOMPILE_WORKERS"
 DEFAULT_WORKERS = 8
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; all of them where there is no
+    affinity API, as on macOS and Windows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def num_workers() -> int:
     """The pool's thread count: ENGINESPEC_PRECOMPILE_WORKERS, else DEFAULT_WORKERS or the CPUs
     this process may run on (its affinity mask), whichever is fewer. ValueError naming the
     variable for a value that is not a positive int."""
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if not raw:
-        try:
-            usable = len(os.sched_getaffinity(0))
-        except AttributeError:  # no affinity API (macOS, Windows)
-            usable = os.cpu_count() or 1
-        return max(1, min(DEFAULT_WORKERS, usable))
+        return max(1, min(DEFAULT_WORKERS, usable_cpus()))
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{WORKERS_ENV} must be a positive int, got {raw!r}")
     return int(raw)

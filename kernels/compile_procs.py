@@ -64,11 +64,9 @@ def num_processes() -> int:
     process may run on, whichever is fewer); ValueError naming the variable for anything else."""
     raw = os.environ.get(PROCESSES_ENV, "").strip()
     if not raw:
-        try:
-            usable = len(os.sched_getaffinity(0))
-        except AttributeError:  # no affinity API (macOS, Windows)
-            usable = os.cpu_count() or 1
-        return min(DEFAULT_PROCESSES, usable)
+        from enginespec.kernels.compile_pool import usable_cpus
+
+        return min(DEFAULT_PROCESSES, usable_cpus())
     if not raw.isdigit():
         raise ValueError(f"{PROCESSES_ENV} must be an int >= 0, got {raw!r}")
     return int(raw)
