@@ -100,11 +100,9 @@ class EngineCore:
         and speculative_config's "model" (tests share them between engines)."""
         from enginespec.kernels import compile_procs
 
-        if torch.cuda.is_available():  # ENGINESPEC_COMPILE_PROCESSES workers, importing while it loads
-            compile_procs.start_workers()
         try:
             self._build(args, model, tokenizer, draft_model)
-        finally:  # the startup's compiles are done (or failed): the workers go
+        finally:  # the startup's compiles are done (or failed): the compile workers go
             compile_procs.close_workers()
 
     def _build(self, args: EngineArgs, model, tokenizer, draft_model) -> None:

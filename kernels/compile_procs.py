@@ -8,7 +8,8 @@ Processes share no GIL. This module lets precompile hand the compiles to them fi
 1. record(jobs): run the compile-only launches with a Triton jit_cache_hook that, on this thread
    only, notes each variant's specialization data (the JSON Triton's own `preload` reads) and
    tells Triton to skip the compile. Nothing compiles, nothing runs on the device.
-2. Workers.compile_all(specs): each spec goes to a worker process (`python -m
+2. Workers.compile_all(specs): each spec the on-disk cache lacks (in_disk_cache: a start on warm
+   caches sends none and starts no worker) goes to a worker process (`python -m
    enginespec.kernels.compile_procs`, one JSON line in, one out), which rebuilds the same
    ASTSource and calls triton.compile for the spec's target: the result lands in the on-disk
    cache (TRITON_CACHE_DIR), which the parent shares.
@@ -238,8 +239,8 @@ class Workers:
 
 _WORKERS: Optional[Workers] = None
 # Summed over compile_in_processes calls in this process (the startup report reads them):
-# variants recorded, variants the workers compiled, wall seconds of the stage.
-totals: dict = {"recorded": 0, "compiled": 0, "seconds": 0.0}
+# variants recorded, those already in the on-disk cache, those the workers compiled, wall seconds.
+totals: dict = {"recorded": 0, "cached": 0, "compiled": 0, "seconds": 0.0}
 
 
 def workers() -> Optional[Workers]:
@@ -255,14 +256,6 @@ def workers() -> Optional[Workers]:
     return _WORKERS
 
 
-def start_workers() -> None:
-    """Start the shared workers now, where there are to be any (an engine's construction calls
-    this first, so their imports overlap the model's load)."""
-    shared = workers()
-    if shared is not None:
-        shared.start()
-
-
 def close_workers() -> None:
     """End the shared workers (an engine's construction calls this once it is warm)."""
     global _WORKERS
@@ -275,8 +268,9 @@ atexit.register(close_workers)
 
 
 def compile_in_processes(jobs: list[Callable[[], object]]) -> tuple[int, int]:
-    """record(jobs), then their variants compiled by the shared workers into the on-disk cache:
-    (variants recorded, variants the workers compiled). (0, 0) with no workers. Never raises
+    """record(jobs); of their variants, those the on-disk cache lacks compiled by the shared
+    workers (started by the first such variant: a start on warm caches spawns none). Returns
+    (variants recorded, variants the workers compiled); (0, 0) with no workers. Never raises
     but for a bad ENGINESPEC_COMPILE_PROCESSES."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return 0, 0  # the interpreter compiles nothing (and the jobs must run once only there)
@@ -285,27 +279,54 @@ def compile_in_processes(jobs: list[Callable[[], object]]) -> tuple[int, int]:
         return 0, 0
     started = time.perf_counter()
     specs = record(jobs)
-    replies = shared.compile_all(specs)
+    missing = [spec for spec in specs if not in_disk_cache(spec)]
+    replies = shared.compile_all(missing)
+    _tally(shared.size, len(specs), missing, replies, time.perf_counter() - started)
+    return len(specs), sum(bool(r.get("ok")) for r in replies)
+
+
+def _tally(size: int, num_recorded: int, missing: list[Spec], replies: list[dict], seconds: float) -> None:
+    """compile_in_processes' call into `totals` and the log."""
     failed = [r.get("error", "?") for r in replies if not r.get("ok")]
-    totals["recorded"] += len(specs)
-    totals["compiled"] += len(specs) - len(failed)
+    totals["recorded"] += num_recorded
+    totals["cached"] = totals.get("cached", 0) + num_recorded - len(missing)
+    totals["compiled"] += len(missing) - len(failed)
+    totals["seconds"] += seconds
     if failed and "first_failure" not in totals:
         totals["first_failure"] = failed[0]
-    calls = totals.setdefault("calls", [])  # per call: variants, wall s, the slowest one's s and name
-    slowest = max(zip(replies, specs), key=lambda rs: rs[0].get("seconds", 0.0), default=({}, ("", "", "")))
-    calls.append(
-        (len(specs), round(time.perf_counter() - started, 2), slowest[0].get("seconds"), slowest[1][1])
+    slowest = max(zip(replies, missing), key=lambda rs: rs[0].get("seconds", 0.0), default=({}, ("", "", "")))
+    # per call: variants sent, wall s, the slowest one's s and its kernel
+    totals.setdefault("calls", []).append(
+        (len(missing), round(seconds, 2), slowest[0].get("seconds"), slowest[1][1])
     )
-    totals["seconds"] += time.perf_counter() - started
     log.info(
-        "%d compile workers: %d variants recorded, %d compiled, in %.2f s%s",
-        shared.size,
-        len(specs),
-        len(specs) - len(failed),
-        time.perf_counter() - started,
+        "%d compile workers: %d variants recorded, %d already cached, %d compiled, in %.2f s%s",
+        size, num_recorded, num_recorded - len(missing), len(missing) - len(failed), seconds,
         f" (first failure: {failed[0]})" if failed else "",
-    )
-    return len(specs), len(specs) - len(failed)
+    )  # fmt: skip
+
+
+def in_disk_cache(spec: Spec) -> bool:
+    """Whether Triton's on-disk cache holds the spec's variant already (the key triton.compile
+    would look up, from the same decoded source). False where that cannot be told: a worker
+    then compiles it (a cache hit there too)."""
+    try:
+        import hashlib
+
+        from triton import knobs
+        from triton.compiler import compiler as tc
+
+        if knobs.runtime.add_stages_inspection_hook is not None or knobs.compilation.always_compile:
+            return False
+        src, target, options = _source(*spec)
+        backend = tc.make_backend(target)
+        parsed = backend.parse_options(dict(options, **src.parse_options()))
+        key = tc.get_cache_key(src, backend, parsed, env_vars=tc.get_cache_invalidating_env_vars())
+        name = f"{src.name[:150]}.json"
+        group = tc.get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
+        return bool(group and group.get(name))
+    except Exception:  # noqa: BLE001 - another Triton's internals: let a worker find out
+        return False
 
 
 # ---- the worker process ----------------------------------------------------------------------
@@ -350,6 +371,14 @@ def _constant(value):
 def compile_spec(module: str, qualname: str, data: str) -> str:
     """Compile one recorded variant for its spec's target (into the on-disk cache); its hash."""
     import triton
+
+    src, target, options = _source(module, qualname, data)
+    return triton.compile(src, target=target, options=options).hash
+
+
+def _source(module: str, qualname: str, data: str):
+    """The recorded variant's (ASTSource, GPUTarget, options dict), decoded as Triton's preload
+    decodes its specialization data."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -360,8 +389,7 @@ def compile_spec(module: str, qualname: str, data: str) -> str:
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
     signature = {k: _tuples(v) for k, v in spec["signature"].items()}
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
-    src = ASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget(**spec["target"]), options=options).hash
+    return ASTSource(fn, signature, constexprs, attrs), GPUTarget(**spec["target"]), options
 
 
 def serve(requests, replies) -> None:

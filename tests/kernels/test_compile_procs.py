@@ -123,13 +123,16 @@ def variant(block):
 
 sent, sent_src = variant(256)
 kept, kept_src = variant(512)  # never sent: the parent compiles it itself
+cached_before = compile_procs.in_disk_cache(sent)
 workers = compile_procs.Workers(2)
 replies = workers.compile_all([("no.such.module", "k", sent[2]), sent])
 workers.close()
+cached = [compile_procs.in_disk_cache(sent), compile_procs.in_disk_cache(kept)]
 hits = []
 knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
 hashes = [triton.compile(s, target=target, options=options.__dict__).hash for s in (sent_src, kept_src)]
-print(json.dumps({"replies": replies, "hits": hits, "hashes": hashes, "procs": len(workers.procs)}))
+print(json.dumps({"replies": replies, "hits": hits, "hashes": hashes, "procs": len(workers.procs),
+                  "cached_before": cached_before, "cached": cached}))
 """
 
 
@@ -140,6 +143,7 @@ def test_a_worker_compiles_into_the_cache_the_parent_then_hits():
     assert good["ok"] is True and good["hash"] == out["hashes"][0]  # the same variant as the parent's
     assert out["hits"] == [True, False]  # the worker's variant is a hit; the one never sent is not
     assert out["procs"] == 0  # close() ended them
+    assert out["cached_before"] is False and out["cached"] == [True, False]  # what in_disk_cache tells
 
 
 def test_workers_report_a_dead_worker_and_start_another():
@@ -212,3 +216,18 @@ def test_a_worker_that_cannot_start_costs_only_the_speed_up(monkeypatch):
     replies = workers.compile_all([("m", "k", "{}"), ("m", "k2", "{}")])
     assert [r["ok"] for r in replies] == [False, False] and "no such interpreter" in replies[0]["error"]
     assert workers.procs == []
+
+
+def test_a_start_on_warm_caches_starts_no_worker(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(compile_procs.PROCESSES_ENV, "2")
+    monkeypatch.setattr(compile_procs, "record", lambda jobs: [("m", "k", "{}"), ("m", "k2", "{}")])
+    monkeypatch.setattr(compile_procs, "in_disk_cache", lambda spec: True)
+    before = dict(compile_procs.totals)
+    try:
+        assert compile_procs.compile_in_processes([lambda: None]) == (2, 0)
+        assert compile_procs._WORKERS is not None and compile_procs._WORKERS.procs == []
+    finally:
+        compile_procs.close_workers()
+    assert compile_procs.totals["cached"] - before.get("cached", 0) == 2
