@@ -145,13 +145,17 @@ class Workers:
     until close(), so the imports (torch, triton: seconds) are paid once per engine start.
 
     Invariant: a worker is used by one thread at a time (taken from `idle`, put back after its
-    reply); a worker whose pipe broke is dropped, never put back."""
+    reply); a worker whose pipe broke is dropped, never put back. Once `size` workers have died
+    before their first reply (a broken interpreter, an import that fails), no more are started:
+    every spec is then answered with an error at once, and the parent compiles it."""
 
     def __init__(self, size: int):
         self.size = size
         self.idle: queue.SimpleQueue = queue.SimpleQueue()
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
+        self.answered: set[int] = set()  # pids of workers that replied at least once
+        self.num_failed_starts = 0
 
     def start(self) -> None:
         """Start every worker now (their imports then overlap whatever the caller does next).
@@ -181,14 +185,24 @@ class Workers:
         return proc
 
     def _take(self) -> subprocess.Popen:
-        try:
-            return self.idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self.lock:
-            if len(self.procs) < self.size:
-                return self._spawn()
-        return self.idle.get()
+        """An idle worker, else a new one while fewer than `size` live, else the next one put
+        back (re-checking every half second: a dropped worker frees a place too)."""
+        while True:
+            try:
+                return self.idle.get_nowait()
+            except queue.Empty:
+                pass
+            with self.lock:
+                if self.num_failed_starts >= self.size:
+                    raise RuntimeError(
+                        f"{self.num_failed_starts} compile workers exited before their first reply"
+                    )
+                if len(self.procs) < self.size:
+                    return self._spawn()
+            try:
+                return self.idle.get(timeout=0.5)
+            except queue.Empty:
+                continue
 
     def compile_one(self, spec: Spec) -> dict:
         """One spec compiled by a worker: its reply ({"ok": True, "hash": ...} or {"ok": False,
@@ -206,14 +220,21 @@ class Workers:
                 raise EOFError(f"compile worker exited ({proc.poll()})")
             reply = json.loads(line)
         except Exception as e:  # noqa: BLE001 - that worker is dropped; the parent compiles the spec
-            with self.lock:  # its place frees up: a later spec starts another
-                if proc in self.procs:
-                    self.procs.remove(proc)
-            with contextlib.suppress(Exception):
-                proc.kill()
+            self._drop(proc)
             return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        self.answered.add(proc.pid)
         self.idle.put(proc)
         return reply
+
+    def _drop(self, proc: subprocess.Popen) -> None:
+        """End a worker whose pipe broke; its place frees up for another (module doc's limit)."""
+        with self.lock:
+            if proc in self.procs:
+                self.procs.remove(proc)
+            if proc.pid not in self.answered:
+                self.num_failed_starts += 1
+        with contextlib.suppress(Exception):
+            proc.kill()
 
     def compile_all(self, specs: list[Spec]) -> list[dict]:
         """Every spec compiled, up to `size` at once; the replies in the specs' order."""

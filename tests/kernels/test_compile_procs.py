@@ -7,6 +7,7 @@ whole path through real compile-only launches needs CUDA."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import pytest
@@ -152,6 +153,7 @@ def test_workers_report_a_dead_worker_and_start_another():
     try:
         workers.start()
         (proc,) = workers.procs
+        assert workers.compile_one(("no.such.module", "k", "{}"))["ok"] is False  # it answered once
         proc.kill()
         proc.wait()
         reply = workers.compile_one(("m", "k", "{}"))
@@ -231,3 +233,25 @@ def test_a_start_on_warm_caches_starts_no_worker(monkeypatch):
     finally:
         compile_procs.close_workers()
     assert compile_procs.totals["cached"] - before.get("cached", 0) == 2
+
+
+def test_workers_that_die_before_answering_stop_being_started(monkeypatch):
+    """An interpreter that exits at once (a broken install): `size` failed starts, then every
+    spec answered with an error without another start (not one start a spec)."""
+    spawned = []
+    popen = compile_procs.subprocess.Popen
+
+    def exits_at_once(args, **kwargs):
+        spawned.append(args)
+        return popen([sys.executable, "-c", "import sys; sys.exit(3)"], **kwargs)
+
+    monkeypatch.setattr(compile_procs.subprocess, "Popen", exits_at_once)
+    workers = compile_procs.Workers(2)
+    try:
+        replies = workers.compile_all([("m", f"k{i}", "{}") for i in range(12)])
+    finally:
+        workers.close()
+    assert [r["ok"] for r in replies] == [False] * 12
+    # each of the 2 threads may start one more before the other's failure is counted
+    assert 2 <= len(spawned) <= 3 and workers.num_failed_starts == len(spawned)
+    assert "before their first reply" in replies[-1]["error"]
