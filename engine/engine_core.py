@@ -100,10 +100,8 @@ class EngineCore:
         and speculative_config's "model" (tests share them between engines)."""
         from enginespec.kernels import compile_procs
 
-        try:
+        with compile_procs.lease():  # the startup's compile workers end with it (the last lease)
             self._build(args, model, tokenizer, draft_model)
-        finally:  # the startup's compiles are done (or failed): the compile workers go
-            compile_procs.close_workers()
 
     def _build(self, args: EngineArgs, model, tokenizer, draft_model) -> None:
         """__init__'s body: load, tune, profile, capture, warm up (startup_phases times each)."""

@@ -61,84 +61,38 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int | None = None)
     """Run compile-only launches (each job one, e.g. skinny_linear(..., compile_only=True)) on a
     thread pool (max_workers threads, default num_workers()) under Triton's AsyncCompileMode
     where this Triton has it, so the variants compile side by side instead of one after
-    another, and wait for them. Returns how many jobs raised (0 where this Triton has no
-    AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then nothing runs). Anything that goes wrong
-    only costs the speed-up: a job that raises is skipped, a compile that fails is dropped
-    (ignore_errors), and the real launch later compiles whatever is missing as usual. A bad
-    ENGINESPEC_PRECOMPILE_WORKERS is the one error raised (num_workers)."""
-    return start_precompile(jobs, max_workers).join()
-
-
-class PendingCompiles:
-    """Compiles start_precompile handed to its pool and has not waited for. Until join(), each
-    variant's kernel cache holds Triton's placeholder (a FutureKernel), so nothing may launch
-    those variants for real before join() (start_precompile says why).
-
-    Invariant: join() runs once; later calls return the same count and wait for nothing."""
-
-    def __init__(self, pool=None, mode=None, context=None, num_failed: int = 0):
-        # the mode is active in `context` only (a copy of the starter's): never in a caller's
-        self._pool, self._mode, self._context, self.num_failed = pool, mode, context, num_failed
-
-    @property
-    def pending(self) -> bool:
-        return self._mode is not None
-
-    def join(self) -> int:
-        """Wait for every compile and put each compiled kernel in its cache (what leaving
-        AsyncCompileMode does), on the calling thread; never raises. How many jobs raised."""
-        if self._mode is None:
-            return self.num_failed
-        mode, pool, context = self._mode, self._pool, self._context
-        self._mode = self._pool = self._context = None
-        try:
-            context.run(mode.__exit__, None, None, None)
-        except Exception as e:  # noqa: BLE001 - those variants compile when first launched
-            log.info("parallel precompile's compiles dropped: %s: %s", type(e).__name__, e)
-        finally:
-            pool.shutdown(wait=False)
-        return self.num_failed
-
-
-def start_precompile(jobs: list[Callable[[], object]], max_workers: int | None = None) -> PendingCompiles:
-    """precompile's launches, returning as soon as they are issued: the compiles run on the
-    pool while the caller goes on, until PendingCompiles.join() (the worker processes' stage,
-    where on, is done before it returns). The jobs run on the calling thread (their tensors are
-    made there); the pool's threads only compile, which needs no CUDA call (Triton loads a
-    compiled module at its first real launch, after join()). Nothing pending where precompile
-    would run nothing."""
+    another, and wait for them; first, where worker processes are on, their variants compile
+    there (kernels/compile_procs.py) and the threads' compiles are cache hits. Returns how many
+    jobs raised (0 where this Triton has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then
+    nothing runs). Anything that goes wrong only costs the speed-up: a job that raises is
+    skipped, a compile that fails is dropped (ignore_errors), and the real launch later
+    compiles whatever is missing as usual. A bad ENGINESPEC_PRECOMPILE_WORKERS or
+    ENGINESPEC_COMPILE_PROCESSES is the one error raised."""
     try:
         from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
-        return PendingCompiles()
+        return 0
     if os.environ.get(PRECOMPILE_ENV, "1").strip() == "0":
-        return PendingCompiles()
+        return 0
     from enginespec.kernels.compile_procs import compile_in_processes
 
-    compile_in_processes(jobs)  # with ENGINESPEC_COMPILE_PROCESSES > 0: the compiles below hit the cache
-    pool = ThreadPoolExecutor(max_workers=max_workers or num_workers())
-    mode, context = AsyncCompileMode(pool, ignore_errors=True), contextvars.copy_context()
-    try:  # in a copy of this thread's context: the mode stays active there, not here
-        num_failed = context.run(_issue, mode, jobs)
-    except Exception as e:  # noqa: BLE001 - e.g. another mode active here: an optimisation skipped
-        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)
-        pool.shutdown(wait=False)
-        return PendingCompiles()
-    return PendingCompiles(pool, mode, context, num_failed)
-
-
-def _issue(mode, jobs: list[Callable[[], object]]) -> int:
-    """Enter `mode` and run the jobs (compile-only launches) under it; how many raised."""
-    mode.__enter__()
+    compile_in_processes(jobs)
     num_failed = 0
-    for job in jobs:
-        try:
-            job()
-        except Exception as e:  # noqa: BLE001 - that variant compiles when first launched
-            num_failed += 1
-            log.debug("compile-only launch failed: %s: %s", type(e).__name__, e)
+    try:
+        with (
+            ThreadPoolExecutor(max_workers=max_workers or num_workers()) as pool,
+            AsyncCompileMode(pool, ignore_errors=True),
+        ):
+            for job in jobs:
+                try:
+                    job()
+                except Exception as e:  # noqa: BLE001 - that variant compiles when first launched
+                    num_failed += 1
+                    log.debug("compile-only launch failed: %s: %s", type(e).__name__, e)
+    except Exception as e:  # noqa: BLE001 - an optimisation of startup, never a requirement
+        log.info("parallel precompile skipped: %s: %s", type(e).__name__, e)
     return num_failed
 
 

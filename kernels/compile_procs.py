@@ -141,8 +141,8 @@ def _with_target(data: str, target: Optional[dict]) -> str:
 
 
 class Workers:
-    """Up to `size` worker processes, started on demand (or all at once by start()) and kept
-    until close(), so the imports (torch, triton: seconds) are paid once per engine start.
+    """Up to `size` worker processes, started on demand and kept until close(), so the imports
+    (torch, triton: seconds) are paid once per engine start.
 
     Invariant: a worker is used by one thread at a time (taken from `idle`, put back after its
     reply); a worker whose pipe broke is dropped, never put back. Once `size` workers have died
@@ -156,17 +156,6 @@ class Workers:
         self.lock = threading.Lock()
         self.answered: set[int] = set()  # pids of workers that replied at least once
         self.num_failed_starts = 0
-
-    def start(self) -> None:
-        """Start every worker now (their imports then overlap whatever the caller does next).
-        Never raises: a worker that cannot start is started on demand (or its spec compiled by
-        the parent)."""
-        with self.lock:
-            try:
-                while len(self.procs) < self.size:
-                    self.idle.put(self._spawn())
-            except Exception as e:  # noqa: BLE001 - e.g. no python executable to run
-                log.info("compile workers not started: %s: %s", type(e).__name__, e)
 
     def _spawn(self) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -259,6 +248,8 @@ class Workers:
 
 
 _WORKERS: Optional[Workers] = None
+_SHARED_LOCK = threading.Lock()  # guards _WORKERS and _NUM_LEASES
+_NUM_LEASES = 0
 # Summed over compile_in_processes calls in this process (the startup report reads them):
 # variants recorded, those already in the on-disk cache, those the workers compiled, wall seconds.
 totals: dict = {"recorded": 0, "cached": 0, "compiled": 0, "seconds": 0.0}
@@ -270,19 +261,39 @@ def workers() -> Optional[Workers]:
     size = num_processes()
     if size == 0:
         return None
-    if _WORKERS is None or _WORKERS.size != size:
-        if _WORKERS is not None:
-            _WORKERS.close()
-        _WORKERS = Workers(size)
-    return _WORKERS
+    with _SHARED_LOCK:
+        if _WORKERS is None or _WORKERS.size != size:
+            if _WORKERS is not None:
+                _WORKERS.close()
+            _WORKERS = Workers(size)
+        return _WORKERS
 
 
 def close_workers() -> None:
-    """End the shared workers (an engine's construction calls this once it is warm)."""
+    """End the shared workers now."""
     global _WORKERS
-    if _WORKERS is not None:
-        _WORKERS.close()
-        _WORKERS = None
+    with _SHARED_LOCK:
+        shared, _WORKERS = _WORKERS, None
+    if shared is not None:
+        shared.close()
+
+
+@contextlib.contextmanager
+def lease():
+    """Workers started inside live until the last lease ends: an engine's construction holds
+    one (engine_core.py, a tensor-parallel rank's runner), so two engines built in two threads
+    share the workers and the first to finish does not end them under the other."""
+    global _NUM_LEASES
+    with _SHARED_LOCK:
+        _NUM_LEASES += 1
+    try:
+        yield
+    finally:
+        with _SHARED_LOCK:
+            _NUM_LEASES -= 1
+            last = _NUM_LEASES == 0
+        if last:
+            close_workers()
 
 
 atexit.register(close_workers)

@@ -55,7 +55,7 @@ def worker_main(info, conn) -> None:
 
 
 def _serve(info, conn) -> None:
-    from enginespec.kernels.compile_procs import close_workers as close_compile_workers
+    from enginespec.kernels.compile_procs import lease as compile_lease
     from enginespec.spec import load_impl
     from enginespec.worker.tp_group import init_group
     from enginespec.worker.tp_runner import TPModelRunner, WorkerLink
@@ -77,10 +77,8 @@ def _serve(info, conn) -> None:
         if kind == "stop":
             return
         if kind == "runner":
-            try:
+            with compile_lease():  # the compile workers its construction starts end with it
                 runner = TPModelRunner(model, impl, tp=link, **message[1])
-            finally:  # its compiles are done: the compile workers it started (compile_procs) go
-                close_compile_workers()
         elif kind == "step":
             runner.run_step(message[1], message[2])
         else:

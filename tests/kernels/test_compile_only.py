@@ -166,15 +166,13 @@ def test_num_workers_reads_the_variable_else_the_usable_cpus(monkeypatch):
             compile_pool.num_workers()
 
 
-def test_start_precompile_returns_before_the_compiles_and_join_installs_them(monkeypatch):
-    """start_precompile runs its jobs on the calling thread and returns while their compiles
-    still run on the pool; no mode stays active for the caller (a second precompile may run
-    meanwhile, as the GEMM tuning's does); join() waits for every compile and finalizes it (a
-    kernel cache entry, here a dict), and a second join() waits for nothing. A fake compile
-    that blocks on an event stands in for Triton's."""
+def test_precompile_issues_on_the_calling_thread_and_waits_for_every_compile(monkeypatch):
+    """precompile runs its jobs on the calling thread, counts the ones that raise, and returns
+    only once every compile the pool ran is finalized (a kernel cache entry, here a dict); no
+    mode stays active after. A fake compile that waits a little stands in for Triton's."""
     _async = pytest.importorskip("triton.runtime._async_compile")
     monkeypatch.setenv(compile_pool.PRECOMPILE_ENV, "1")
-    release, cache, ran = threading.Event(), {}, []
+    cache, ran = {}, []
 
     def job(key):
         def submit():
@@ -185,21 +183,18 @@ def test_start_precompile_returns_before_the_compiles_and_join_installs_them(mon
                 if len(inspect.signature(_async.AsyncCompileMode.submit).parameters) > 4
                 else ()
             )
-            _async.active_mode.get().submit(key, lambda: release.wait(5) and key, finalize, *cleanup)
+            _async.active_mode.get().submit(
+                key, lambda: threading.Event().wait(0.05) or key, finalize, *cleanup
+            )
 
         return submit
 
-    pending = compile_pool.start_precompile([job("a"), job("b"), lambda: 1 / 0])
-    assert ran == [("a", True), ("b", True)] and cache == {} and pending.pending
+    assert compile_pool.precompile([job("a"), job("b"), lambda: 1 / 0]) == 1
+    assert ran == [("a", True), ("b", True)] and cache == {"a": "a", "b": "b"}
     assert _async.active_mode.get() is None
-    assert compile_pool.precompile([lambda: ran.append("between")]) == 0 and ran[-1] == "between"
-    release.set()
-    assert pending.join() == 1 and cache == {"a": "a", "b": "b"} and not pending.pending
-    assert pending.join() == 1
 
 
-def test_start_precompile_is_a_no_op_when_switched_off(monkeypatch):
+def test_precompile_is_a_no_op_when_switched_off(monkeypatch):
     monkeypatch.setenv(compile_pool.PRECOMPILE_ENV, "0")
     ran = []
-    pending = compile_pool.start_precompile([lambda: ran.append(1)])
-    assert ran == [] and not pending.pending and pending.join() == 0
+    assert compile_pool.precompile([lambda: ran.append(1)]) == 0 and ran == []

@@ -151,9 +151,8 @@ def test_workers_report_a_dead_worker_and_start_another():
     pytest.importorskip("triton")
     workers = compile_procs.Workers(1)
     try:
-        workers.start()
+        assert workers.compile_one(("no.such.module", "k", "{}"))["ok"] is False  # started; it answered
         (proc,) = workers.procs
-        assert workers.compile_one(("no.such.module", "k", "{}"))["ok"] is False  # it answered once
         proc.kill()
         proc.wait()
         reply = workers.compile_one(("m", "k", "{}"))
@@ -214,7 +213,6 @@ def test_a_worker_that_cannot_start_costs_only_the_speed_up(monkeypatch):
         raise FileNotFoundError("no such interpreter")
 
     monkeypatch.setattr(compile_procs.subprocess, "Popen", no_python)
-    workers.start()  # logged, not raised
     replies = workers.compile_all([("m", "k", "{}"), ("m", "k2", "{}")])
     assert [r["ok"] for r in replies] == [False, False] and "no such interpreter" in replies[0]["error"]
     assert workers.procs == []
@@ -255,3 +253,31 @@ def test_workers_that_die_before_answering_stop_being_started(monkeypatch):
     # each of the 2 threads may start one more before the other's failure is counted
     assert 2 <= len(spawned) <= 3 and workers.num_failed_starts == len(spawned)
     assert "before their first reply" in replies[-1]["error"]
+
+
+def test_workers_live_until_the_last_lease_ends(monkeypatch):
+    """Two engines built in two threads: the first to finish leaves the shared workers to the
+    other; the last lease ends them."""
+    monkeypatch.setenv(compile_procs.PROCESSES_ENV, "2")
+    compile_procs.close_workers()
+    closed = []
+    monkeypatch.setattr(compile_procs.Workers, "close", lambda self: closed.append(self))
+    first_in, second_done = threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with compile_procs.lease():
+            seen.append(compile_procs.workers())
+            first_in.set()
+            second_done.wait(5)
+            seen.append(compile_procs._WORKERS)  # still there after the other's lease ended
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_in.wait(5)
+    with compile_procs.lease():
+        seen.append(compile_procs.workers())
+    assert closed == []  # the first lease still holds them
+    second_done.set()
+    thread.join()
+    assert seen[0] is seen[1] is seen[2] and closed == [seen[0]] and compile_procs._WORKERS is None
