@@ -62,7 +62,8 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int | None = None)
     thread pool (max_workers threads, default num_workers()) under Triton's AsyncCompileMode
     where this Triton has it, so the variants compile side by side instead of one after
     another, and wait for them; first, where worker processes are on, their variants compile
-    there (kernels/compile_procs.py) and the threads' compiles are cache hits. Returns how many
+    there (kernels/compile_procs.py: each job is called once more, before, to record its
+    variants) and the threads' compiles are cache hits. Returns how many
     jobs raised (0 where this Triton has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then
     nothing runs). Anything that goes wrong only costs the speed-up: a job that raises is
     skipped, a compile that fails is dropped (ignore_errors), and the real launch later
