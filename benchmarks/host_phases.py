@@ -11,6 +11,13 @@ large the step was bound by the GPU, where it is small by the host.
 
 On the H200 (02c85ed, default workload) it showed the prefill steps bound by the host at
 8,192-token chunks and decode steps waiting on the GPU (benchmarks/RESULTS.md, issue 6).
+
+--tail N also prints the run's last N steps one by one (rows; each phase's ms from its prepare to
+the next step's schedule), where requests
+finish. --sync-debug runs the timed generate() under torch's CUDA sync debug mode ("warn") and
+prints each place in our code that made the host wait on the device (a D2H copy, .item(), a copy
+from pageable memory), with its count: the async engine should make none but its one wait a step
+for the previous step's ids (an event wait, which the mode does not report).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import collections
 import contextlib
 import sys
 import time
+import traceback
+import warnings
 
 from benchmarks import engine_runs as runs
 from benchmarks.step_bins import BATCH_BINS
@@ -35,7 +44,9 @@ def _instrument(core, acc: dict, state: dict) -> None:
         try:
             yield
         finally:
-            acc[(state["bin"], name)] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            acc[(state["bin"], name)] += seconds
+            state["step"][name] = state["step"].get(name, 0.0) + seconds
 
     core_module._span = span
     prepare = core.runner.prepare
@@ -48,6 +59,8 @@ def _instrument(core, acc: dict, state: dict) -> None:
             else next((f"<={b}" for b in BINS if n <= b), f">{BINS[-1]}")
         )
         acc[(state["bin"], "steps")] += 1
+        state["step"] = {"rows": n}  # its phases from prepare to the next step's schedule
+        state["steps"].append(state["step"])
         return prepare(output, block_manager)
 
     core.runner.prepare = binned_prepare
@@ -59,23 +72,28 @@ def _instrument(core, acc: dict, state: dict) -> None:
             start = time.perf_counter()
             out = replay(batch)
             acc[(state["bin"], "graph_forward")] += time.perf_counter() - start
+            state["step"]["graph_forward"] = time.perf_counter() - start
             return out
 
         graphs.forward = timed_replay
 
 
 def main(argv=None) -> dict:
-    args = parse_args(["--skip-hf", "--skip-big"] + list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail, sync_debug = _pop_int(argv, "--tail"), _pop_flag(argv, "--sync-debug")
+    args = parse_args(["--skip-hf", "--skip-big"] + argv)
     model_dir = runs.checkpoint(args.shape, args)
     shape = runs.shape_of(model_dir, args.dtype)
     workload = runs.workload_for(args, args.num_requests, shape.vocab_size)
     llm = runs.make_llm(model_dir, args)
     runs.warm_up(llm, workload, args.device, args.temperature)
     acc: dict = collections.defaultdict(float)
+    state: dict = {"bin": "none", "step": {}, "steps": []}
     plain_span = core_module._span
     try:
-        _instrument(runs.engine_core(llm), acc, {"bin": "none"})
-        run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+        _instrument(runs.engine_core(llm), acc, state)
+        with _host_waits(sync_debug) as waits:
+            run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
     finally:
         core_module._span = plain_span  # the engine module is shared with whoever imported it
     print(f"wall {run['wall_s']:.3f} s, {run['num_steps']} steps, {run['output_tok_s']:.0f} output tok/s")
@@ -83,7 +101,58 @@ def main(argv=None) -> dict:
     for kind, (steps, phases) in table.items():
         cells = ", ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items()))
         print(f"  {kind:>8} {steps:4d} steps, host ms/step: {cells}")
+    for step in state["steps"][len(state["steps"]) - (tail or 0) :]:
+        cells = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(step.items()) if k != "rows")
+        print(f"  step of {step['rows']:3d} rows, host ms: {cells}")
+    if sync_debug:
+        print(f"  host waits on the device in generate(): {sum(waits.values())}")
+        for where, count in waits.most_common(12):
+            print(f"    {count:6d} x {where}")
     return table
+
+
+def _pop_int(argv: list, name: str):
+    """The int after `name` in argv (both removed), or None."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    value = int(argv[i + 1])
+    del argv[i : i + 2]
+    return value
+
+
+def _pop_flag(argv: list, name: str) -> bool:
+    if name in argv:
+        argv.remove(name)
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _host_waits(on: bool):
+    """With `on`: torch's CUDA sync debug mode set to warn, and each warning counted by the
+    innermost frame of ours (enginespec or benchmarks) that made it. Yields the Counter."""
+    counts: collections.Counter = collections.Counter()
+    if not on:
+        yield counts
+        return
+    import torch
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        stack = traceback.extract_stack()[:-1]  # without this function's own frame
+        ours = [f for f in stack if "enginespec" in f.filename or "/benchmarks/" in f.filename]
+        where = f"{ours[-1].filename}:{ours[-1].lineno}" if ours else f"{filename}:{lineno}"
+        counts[f"{where}: {str(message)[:60]}"] += 1
+
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield counts
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
 
 
 def per_step_ms(acc: dict) -> dict:
