@@ -187,6 +187,42 @@ def test_special_tokens_skipped_by_default_and_kept_on_request():
     assert detok.text == tok.decode(ids) == "ab<eos>"
 
 
+@given(st.lists(st.integers(0, 319), min_size=1, max_size=60), st.integers(0, 60))
+def test_a_whole_output_in_one_update_decodes_like_full_decode(ids, split):
+    """generate() feeds a request's whole output at its end (or in two pieces, a dangling
+    partial character at the cut included): the text and the deltas are a full decode's."""
+    tok = byte_bpe()
+    for chunks in ([len(ids)], [split, len(ids) - split]):
+        deltas, stop, detok = run(tok, ids, SamplingParams(), chunks)
+        want = tok.decode(ids, skip_special_tokens=True)
+        assert stop is None and detok.text == want == "".join(deltas)
+
+
+class CountingTokenizer:
+    """A tokenizer without a plain backend whose decode counts its calls."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.calls += 1
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_an_update_without_stop_strings_decodes_twice_whatever_its_length():
+    """The cost a finished request pays at generate()'s end: two window decodes for 1,000 ids,
+    not two per id (with stop strings every id is still checked as it arrives)."""
+    text = "hello world, abc. " * 60
+    ids = byte_bpe().encode(text)
+    tok = CountingTokenizer(byte_bpe())
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams())
+    assert detok.update(ids) == (text, None) and tok.calls <= 2
+    watched = CountingTokenizer(byte_bpe())
+    detok = IncrementalDetokenizer(watched, [1], SamplingParams(stop=("never",)))
+    assert detok.update(ids)[0] == text[: len(text) - detok._held_back()]
+    assert watched.calls >= len(ids)
+
+
 # ---------------------------------------------------------------- stop strings
 
 
