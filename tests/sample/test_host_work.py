@@ -231,3 +231,107 @@ def test_plan_adopts_equal_params_for_identity_checks(impl):
     plan = sampler._plan(first, torch.device("cpu"))
     assert sampler._plan(again, torch.device("cpu")) is plan
     assert all(p is r.params for p, r in zip(plan.params, again))
+
+
+# ------------------------------------------------ a uniform batch that shrinks (requests finish)
+
+UNIFORM = {
+    # one setting for every row, each request with its own params object (its own max_tokens)
+    "greedy": lambda i: SamplingParams(temperature=0.0, max_tokens=10 + i),
+    "temperature": lambda i: SamplingParams(temperature=0.6, max_tokens=10 + i),
+    "chat": lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_tokens=10 + i),
+    "top_p_min_p": lambda i: SamplingParams(temperature=1.0, top_p=0.95, min_p=0.05, max_tokens=10 + i),
+}
+NOT_UNIFORM = {
+    "seeded": lambda i: SamplingParams(temperature=0.7, seed=i),
+    "logprobs": lambda i: SamplingParams(temperature=0.7, logprobs=2),
+    "penalty": lambda i: SamplingParams(temperature=0.7, presence_penalty=0.5),
+    "two_temperatures": lambda i: SamplingParams(temperature=0.6 if i < 4 else 0.7),
+}
+KEPT = [0, 2, 3, 6]  # the rows left after four requests finished
+
+
+def _plan_fields(plan) -> dict:
+    """Everything a BatchPlan holds for the draws, host values as lists and device columns as
+    host tensors (the lazily built CutPlan included)."""
+    out = {}
+    for name, value in vars(plan).items():
+        if name in ("params", "_specs", "_cut_plan", "_draw_cut_plan", "_edit_plan"):
+            continue
+        if isinstance(value, torch.Tensor):
+            out[name] = value.cpu()
+        elif hasattr(value, "tolist"):
+            out[name] = value.tolist()
+        else:
+            out[name] = value
+    if plan.any_cut:
+        cuts = plan.cut_plan
+        out["cut_plan"] = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(cuts).items()}
+    return out
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        elif isinstance(a[k], dict):
+            _same(a[k], b[k])
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("case", sorted(UNIFORM))
+def test_a_uniform_batch_that_shrinks_slices_its_plan(impl, case):
+    """When requests finish from a batch whose rows all ask the same, the smaller batch's plan
+    is the first rows of the last one (no rebuild, no upload), and it holds exactly what a plan
+    built afresh for those requests holds; the draws from it are the fresh plan's, bit for bit."""
+    reqs = _requests(impl, UNIFORM[case])
+    sliced, fresh = Sampler(VOCAB, seed=1), Sampler(VOCAB, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(NUM_ROWS, VOCAB, generator=gen) * 3
+    full = sliced._plan(reqs, torch.device("cpu"))
+    assert full.uniform_key is not None
+    assert sliced(logits, reqs).token_ids == fresh(logits, reqs).token_ids
+    left = [reqs[i] for i in KEPT]
+    built = []
+    monkey_built = sampler_module.BatchPlan
+
+    class Recording(monkey_built):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    sampler_module.BatchPlan = Recording
+    try:
+        plan = sliced._plan(left, torch.device("cpu"))
+    finally:
+        sampler_module.BatchPlan = monkey_built
+    assert built == [] and plan is not full and plan.num_rows == len(KEPT)
+    fresh._last_plan = None  # the fresh sampler builds its plan for the smaller batch
+    _same(_plan_fields(plan), _plan_fields(fresh._plan(left, torch.device("cpu"))))
+    small = logits[KEPT]
+    assert sliced(small, left).token_ids == fresh(small, left).token_ids
+
+
+@pytest.mark.parametrize("case", sorted(NOT_UNIFORM))
+def test_a_batch_whose_rows_differ_rebuilds_its_plan(impl, case):
+    """Seeds, logprobs, edits or two settings in one batch: no slicing, a plan built afresh."""
+    reqs = _requests(impl, NOT_UNIFORM[case])
+    sampler = Sampler(VOCAB, seed=1)
+    full = sampler._plan(reqs, torch.device("cpu"))
+    assert full.uniform_key is None
+    plan = sampler._plan([reqs[i] for i in KEPT], torch.device("cpu"))
+    assert plan is not full and plan.num_rows == len(KEPT) and plan.uniform_key is None
+
+
+def test_a_uniform_batch_that_grows_or_changes_setting_rebuilds(impl):
+    """A plan is sliced only to fewer rows of the same setting."""
+    reqs = _requests(impl, UNIFORM["temperature"])
+    sampler = Sampler(VOCAB, seed=1)
+    small = sampler._plan(reqs[:3], torch.device("cpu"))
+    grown = sampler._plan(reqs, torch.device("cpu"))
+    assert grown.num_rows == NUM_ROWS and grown.x_scale.shape[0] == NUM_ROWS and small.num_rows == 3
+    other = _requests(impl, UNIFORM["chat"])[:3]
+    changed = sampler._plan(other, torch.device("cpu"))
+    assert changed.any_cut and changed.uniform_key != grown.uniform_key
