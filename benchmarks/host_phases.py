@@ -13,8 +13,7 @@ On the H200 (02c85ed, default workload) it showed the prefill steps bound by the
 8,192-token chunks and decode steps waiting on the GPU (benchmarks/RESULTS.md, issue 6).
 
 --tail N also prints the run's last N steps one by one (rows; each phase's ms from its prepare to
-the next step's schedule), where requests
-finish. --sync-debug runs the timed generate() under torch's CUDA sync debug mode ("warn") and
+the next step's schedule), where requests finish. --sync-debug runs the timed generate() under torch's CUDA sync debug mode ("warn") and
 prints each place in our code that made the host wait on the device (a D2H copy, .item(), a copy
 from pageable memory), with its count: the async engine should make none but its one wait a step
 for the previous step's ids (an event wait, which the mode does not report).
@@ -22,6 +21,7 @@ for the previous step's ids (an event wait, which the mode does not report).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import sys
@@ -71,17 +71,23 @@ def _instrument(core, acc: dict, state: dict) -> None:
         def timed_replay(batch):
             start = time.perf_counter()
             out = replay(batch)
-            acc[(state["bin"], "graph_forward")] += time.perf_counter() - start
-            state["step"]["graph_forward"] = time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            acc[(state["bin"], "graph_forward")] += seconds
+            state["step"]["graph_forward"] = seconds
             return out
 
         graphs.forward = timed_replay
 
 
 def main(argv=None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    tail, sync_debug = _pop_int(argv, "--tail"), _pop_flag(argv, "--sync-debug")
-    args = parse_args(["--skip-hf", "--skip-big"] + argv)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--tail", type=int, default=0, help="print the run's last N steps one by one")
+    own.add_argument("--sync-debug", action="store_true", help="count host waits on the device")
+    mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
+    tail, sync_debug = mine.tail, mine.sync_debug
+    if sync_debug and not _cuda_available():
+        own.error("--sync-debug needs a CUDA device (torch's sync debug mode watches CUDA calls)")
+    args = parse_args(["--skip-hf", "--skip-big"] + rest)
     model_dir = runs.checkpoint(args.shape, args)
     shape = runs.shape_of(model_dir, args.dtype)
     workload = runs.workload_for(args, args.num_requests, shape.vocab_size)
@@ -101,7 +107,7 @@ def main(argv=None) -> dict:
     for kind, (steps, phases) in table.items():
         cells = ", ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items()))
         print(f"  {kind:>8} {steps:4d} steps, host ms/step: {cells}")
-    for step in state["steps"][len(state["steps"]) - (tail or 0) :]:
+    for step in state["steps"][-tail:] if tail > 0 else []:
         cells = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(step.items()) if k != "rows")
         print(f"  step of {step['rows']:3d} rows, host ms: {cells}")
     if sync_debug:
@@ -111,21 +117,10 @@ def main(argv=None) -> dict:
     return table
 
 
-def _pop_int(argv: list, name: str):
-    """The int after `name` in argv (both removed), or None."""
-    if name not in argv:
-        return None
-    i = argv.index(name)
-    value = int(argv[i + 1])
-    del argv[i : i + 2]
-    return value
+def _cuda_available() -> bool:
+    import torch
 
-
-def _pop_flag(argv: list, name: str) -> bool:
-    if name in argv:
-        argv.remove(name)
-        return True
-    return False
+    return torch.cuda.is_available()
 
 
 @contextlib.contextmanager

@@ -308,6 +308,27 @@ def test_host_phases_probe_bins_every_step(synth_dir, monkeypatch, torch_one_thr
         assert all(ms >= 0 for ms in phases.values())
 
 
+def test_host_phases_tail_prints_the_last_steps(synth_dir, monkeypatch, torch_one_thread, capsys):
+    """--tail N prints the run's last N steps one by one, each with its rows and phases."""
+    from benchmarks import host_phases
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    args = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32"]
+    host_phases.main(args + ["--max-output-len", "16", "--impl", "fast", "--tail", "3"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("step of")]
+    assert len(lines) == 3
+    assert all("prepare" in line and "execute" in line for line in lines)
+    assert all(1 <= int(line.split()[2]) <= 4 for line in lines)  # "step of   4 rows, ..."
+
+
+def test_host_phases_sync_debug_without_cuda_names_the_need(monkeypatch):
+    from benchmarks import host_phases
+
+    monkeypatch.setattr(host_phases, "_cuda_available", lambda: False)
+    with pytest.raises(SystemExit):
+        host_phases.main(["--sync-debug", "--device", "cpu"])
+
+
 def test_environment_records_the_enginespec_settings(monkeypatch):
     """A run's JSON names the ENGINESPEC_* variables it ran under (an A/B variant may differ by
     them alone), and nothing else from the environment."""

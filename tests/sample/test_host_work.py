@@ -282,7 +282,7 @@ def _same(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("case", sorted(UNIFORM))
-def test_a_uniform_batch_that_shrinks_slices_its_plan(impl, case):
+def test_a_uniform_batch_that_shrinks_slices_its_plan(impl, case, monkeypatch):
     """When requests finish from a batch whose rows all ask the same, the smaller batch's plan
     is the first rows of the last one (no rebuild, no upload), and it holds exactly what a plan
     built afresh for those requests holds; the draws from it are the fresh plan's, bit for bit."""
@@ -295,18 +295,16 @@ def test_a_uniform_batch_that_shrinks_slices_its_plan(impl, case):
     assert sliced(logits, reqs).token_ids == fresh(logits, reqs).token_ids
     left = [reqs[i] for i in KEPT]
     built = []
-    monkey_built = sampler_module.BatchPlan
+    real_plan = sampler_module.BatchPlan
 
-    class Recording(monkey_built):
+    class Recording(real_plan):
         def __init__(self, *args, **kwargs):
             built.append(1)
             super().__init__(*args, **kwargs)
 
-    sampler_module.BatchPlan = Recording
-    try:
-        plan = sliced._plan(left, torch.device("cpu"))
-    finally:
-        sampler_module.BatchPlan = monkey_built
+    monkeypatch.setattr(sampler_module, "BatchPlan", Recording)
+    plan = sliced._plan(left, torch.device("cpu"))
+    monkeypatch.setattr(sampler_module, "BatchPlan", real_plan)
     assert built == [] and plan is not full and plan.num_rows == len(KEPT)
     fresh._last_plan = None  # the fresh sampler builds its plan for the smaller batch
     _same(_plan_fields(plan), _plan_fields(fresh._plan(left, torch.device("cpu"))))

@@ -154,14 +154,18 @@ def test_engine_max_rows_reads_its_variable_and_rejects_bad_values(monkeypatch):
 
 @pytest.mark.parametrize("processes", ["0", "2"])
 def test_precompile_runs_every_job_and_swallows_failures(monkeypatch, processes):
-    # with compile workers on (a real GPU), each job runs once more first, in the recording pass
+    """Every job runs and a failing one is counted; with compile workers on (not under the
+    interpreter, which compiles nothing) each job runs once more first, in the recording pass."""
     monkeypatch.setenv("ENGINESPEC_COMPILE_PROCESSES", processes)
     ran = []
     failed = compile_pool.precompile([lambda: ran.append(1), lambda: 1 / 0, lambda: ran.append(3)])
-    # ([], 0) where Triton has no AsyncCompileMode
-    assert (ran, failed) in (([1, 3], 1), ([1, 3, 1, 3], 1), ([], 0))
-    if processes == "0":
-        assert (ran, failed) in (([1, 3], 1), ([], 0))
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
+    except ImportError:  # this Triton has no AsyncCompileMode: precompile runs nothing
+        assert (ran, failed) == ([], 0)
+        return
+    recorded = processes != "0" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    assert (ran, failed) == ([1, 3, 1, 3] if recorded else [1, 3], 1)
     assert sl.precompile is compile_pool.precompile  # the tuning's pool is the shared one
 
 
