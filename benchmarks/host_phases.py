@@ -17,6 +17,12 @@ the next step's schedule), where requests finish. --sync-debug runs the timed ge
 prints each place in our code that made the host wait on the device (a D2H copy, .item(), a copy
 from pageable memory), with its count: the async engine should make none but its one wait a step
 for the previous step's ids (an event wait, which the mode does not report).
+
+--gc counts the cyclic garbage collector's pauses inside the timed generate() (per generation,
+and by kind of step), --gc-freeze runs gc.collect() and gc.freeze() before it (vLLM freezes its
+startup heap; on the H200 the timed run's pauses were 14.6 ms in all with or without it, thirty-
+second session), --profile-finishes PATH writes a cProfile of the `_resolve` calls that settle a
+finished request (the tail's slow steps).
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import cProfile
+import gc
+import io
+import pstats
 import sys
 import time
 import traceback
@@ -83,6 +93,13 @@ def main(argv=None) -> dict:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--tail", type=int, default=0, help="print the run's last N steps one by one")
     own.add_argument("--sync-debug", action="store_true", help="count host waits on the device")
+    own.add_argument("--gc", action="store_true", help="count the cyclic GC's pauses by kind of step")
+    own.add_argument(
+        "--gc-freeze", action="store_true", help="gc.collect() then gc.freeze() before the timed run"
+    )
+    own.add_argument(
+        "--profile-finishes", metavar="PATH", help="cProfile of the resolves that finish a request"
+    )
     mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
     tail, sync_debug = mine.tail, mine.sync_debug
     if sync_debug and not _cuda_available():
@@ -93,12 +110,16 @@ def main(argv=None) -> dict:
     workload = runs.workload_for(args, args.num_requests, shape.vocab_size)
     llm = runs.make_llm(model_dir, args)
     runs.warm_up(llm, workload, args.device, args.temperature)
+    if mine.gc_freeze:
+        gc.collect()
+        gc.freeze()
     acc: dict = collections.defaultdict(float)
     state: dict = {"bin": "none", "step": {}, "steps": []}
     plain_span = core_module._span
     try:
         _instrument(runs.engine_core(llm), acc, state)
-        with _host_waits(sync_debug) as waits:
+        finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
+        with _host_waits(sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
             run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
     finally:
         core_module._span = plain_span  # the engine module is shared with whoever imported it
@@ -110,6 +131,10 @@ def main(argv=None) -> dict:
     for step in state["steps"][-tail:] if tail > 0 else []:
         cells = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(step.items()) if k != "rows")
         print(f"  step of {step['rows']:3d} rows, host ms: {cells}")
+    if finishes is not None:
+        finishes.dump(mine.profile_finishes)
+    if mine.gc:
+        print(f"  cyclic GC in generate(), {gc.get_freeze_count()} objects frozen: " + gc_summary(pauses))
     if sync_debug:
         print(f"  host waits on the device in generate(): {sum(waits.values())}")
         for where, count in waits.most_common(12):
@@ -148,6 +173,82 @@ def _host_waits(on: bool):
             yield counts
         finally:
             torch.cuda.set_sync_debug_mode(previous_mode)
+
+
+class _Finishes:
+    """cProfile over the `_resolve` calls that settle a finished request (their steps' outliers
+    in --tail), with their count and wall time."""
+
+    def __init__(self):
+        self.profile = cProfile.Profile()
+        self.calls, self.seconds = 0, 0.0
+
+    def dump(self, path: str) -> None:
+        text = io.StringIO()
+        text.write(f"{self.calls} resolves with a finish, {self.seconds * 1e3:.1f} ms in all (profiled)\n")
+        pstats.Stats(self.profile, stream=text).sort_stats("cumulative").print_stats(50)
+        pstats.Stats(self.profile, stream=text).sort_stats("tottime").print_stats(30)
+        with open(path, "w") as f:
+            f.write(text.getvalue())
+        print(f"  {self.calls} resolves with a finish profiled into {path}")
+
+
+def _profile_finishes(core, path):
+    """Wrap core._resolve (an instance attribute shadows the method) when `path` is given."""
+    if not path:
+        return None
+    finishes, resolve = _Finishes(), core._resolve
+
+    def profiled(inflight, changed):
+        if inflight is None or inflight.resolved or not inflight.finished:
+            return resolve(inflight, changed)
+        start = time.perf_counter()
+        try:
+            return finishes.profile.runcall(resolve, inflight, changed)
+        finally:
+            finishes.calls += 1
+            finishes.seconds += time.perf_counter() - start
+
+    core._resolve = profiled
+    return finishes
+
+
+@contextlib.contextmanager
+def _gc_pauses(on: bool, state: dict):
+    """With `on`: every cyclic-GC collection while the block runs, as (generation, seconds, the
+    kind of step it fell in) through gc.callbacks. Yields the list."""
+    pauses: list = []
+    if not on:
+        yield pauses
+        return
+    started: list = []
+
+    def record(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop(), state["bin"]))
+
+    gc.callbacks.append(record)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(record)
+
+
+def gc_summary(pauses: list) -> str:
+    """'gen0 N x, T ms (max M); ...' per generation, then the bins that held pauses."""
+    by_gen: dict = collections.defaultdict(list)
+    by_bin: dict = collections.defaultdict(float)
+    for generation, seconds, kind in pauses:
+        by_gen[generation].append(seconds)
+        by_bin[kind] += seconds
+    gens = "; ".join(
+        f"gen{g} {len(v)} x, {sum(v) * 1e3:.1f} ms (max {max(v) * 1e3:.2f})"
+        for g, v in sorted(by_gen.items())
+    )
+    bins = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(by_bin.items(), key=lambda kv: -kv[1]))
+    return f"{gens or 'none'}; ms by kind of step: {bins or '-'}"
 
 
 def per_step_ms(acc: dict) -> dict:

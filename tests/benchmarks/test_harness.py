@@ -321,6 +321,47 @@ def test_host_phases_tail_prints_the_last_steps(synth_dir, monkeypatch, torch_on
     assert all(1 <= int(line.split()[2]) <= 4 for line in lines)  # "step of   4 rows, ..."
 
 
+def test_host_phases_gc_and_finish_profile(synth_dir, monkeypatch, torch_one_thread, capsys, tmp_path):
+    """--gc prints the cyclic GC's pauses in generate() and removes its callback; --gc-freeze
+    freezes the heap first (undone here); --profile-finishes profiles only the resolves that
+    finish a request: every request finishes, so there is at least one, and the file says how
+    many."""
+    import gc
+
+    from benchmarks import host_phases
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    callbacks = list(gc.callbacks)
+    path = tmp_path / "finishes.txt"
+    args = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32"]
+    try:
+        host_phases.main(
+            args
+            + ["--max-output-len", "16", "--impl", "fast", "--gc", "--gc-freeze"]
+            + ["--profile-finishes", str(path)]
+        )
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert gc.callbacks == callbacks
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "cyclic GC in generate()" in line)
+    assert "objects frozen" in line and "ms by kind of step" in line
+    head = path.read_text().splitlines()[0]
+    count = int(head.split()[0])
+    assert 1 <= count <= 4 and head.endswith("(profiled)")
+    assert "_resolve" in path.read_text()
+
+
+def test_gc_summary_sums_by_generation_and_kind_of_step():
+    from benchmarks.host_phases import gc_summary
+
+    text = gc_summary([(0, 0.001, "<=8"), (0, 0.003, "<=8"), (2, 0.010, "prefill")])
+    assert text.startswith("gen0 2 x, 4.0 ms (max 3.00); gen2 1 x, 10.0 ms (max 10.00)")
+    assert text.endswith("ms by kind of step: prefill 10.0, <=8 4.0")
+    assert gc_summary([]) == "none; ms by kind of step: -"
+
+
 def test_host_phases_sync_debug_without_cuda_names_the_need(monkeypatch):
     from benchmarks import host_phases
 
