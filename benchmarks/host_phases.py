@@ -22,7 +22,9 @@ for the previous step's ids (an event wait, which the mode does not report).
 and by kind of step), --gc-freeze runs gc.collect() and gc.freeze() before it (vLLM freezes its
 startup heap; on the H200 the timed run's pauses were 14.6 ms in all with or without it, thirty-
 second session), --profile-finishes PATH writes a cProfile of the `_resolve` calls that settle a
-finished request (the tail's slow steps).
+finished request (the tail's slow steps). --alloc-stats prints the CUDA caching allocator's event
+counters over the timed run (a retry frees cached blocks through cudaFree, which waits for the
+device and which the sync debug mode does not see).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def main(argv=None) -> dict:
     own.add_argument(
         "--profile-finishes", metavar="PATH", help="cProfile of the resolves that finish a request"
     )
+    own.add_argument("--alloc-stats", action="store_true", help="the CUDA caching allocator's counters")
     mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
     tail, sync_debug = mine.tail, mine.sync_debug
     if sync_debug and not _cuda_available():
@@ -119,8 +122,10 @@ def main(argv=None) -> dict:
     try:
         _instrument(runs.engine_core(llm), acc, state)
         finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
+        allocs_before = _alloc_counters() if mine.alloc_stats else {}
         with _host_waits(sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
             run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+        allocs_after = _alloc_counters() if mine.alloc_stats else {}
     finally:
         core_module._span = plain_span  # the engine module is shared with whoever imported it
     print(f"wall {run['wall_s']:.3f} s, {run['num_steps']} steps, {run['output_tok_s']:.0f} output tok/s")
@@ -131,6 +136,12 @@ def main(argv=None) -> dict:
     for step in state["steps"][-tail:] if tail > 0 else []:
         cells = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(step.items()) if k != "rows")
         print(f"  step of {step['rows']:3d} rows, host ms: {cells}")
+    if mine.alloc_stats:
+        deltas = {k: allocs_after[k] - allocs_before.get(k, 0) for k in allocs_after}
+        print(
+            "  CUDA allocator in generate(): "
+            + (", ".join(f"{k} {v}" for k, v in deltas.items()) or "no CUDA")
+        )
     if finishes is not None:
         finishes.dump(mine.profile_finishes)
     if mine.gc:
@@ -173,6 +184,27 @@ def _host_waits(on: bool):
             yield counts
         finally:
             torch.cuda.set_sync_debug_mode(previous_mode)
+
+
+ALLOC_COUNTERS = (
+    "num_alloc_retries",
+    "num_device_alloc",
+    "num_device_free",
+    "num_sync_all_streams",
+    "num_ooms",
+)
+
+
+def _alloc_counters() -> dict:
+    """The caching allocator's event counters (torch.cuda.memory_stats), {} without CUDA. A
+    retry frees cached blocks and calls cudaMalloc again; cudaFree synchronizes the device,
+    which torch's sync debug mode does not report."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {name: int(stats.get(name, 0)) for name in ALLOC_COUNTERS}
 
 
 class _Finishes:

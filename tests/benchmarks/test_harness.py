@@ -337,7 +337,7 @@ def test_host_phases_gc_and_finish_profile(synth_dir, monkeypatch, torch_one_thr
     try:
         host_phases.main(
             args
-            + ["--max-output-len", "16", "--impl", "fast", "--gc", "--gc-freeze"]
+            + ["--max-output-len", "16", "--impl", "fast", "--gc", "--gc-freeze", "--alloc-stats"]
             + ["--profile-finishes", str(path)]
         )
         assert gc.get_freeze_count() > 0
@@ -347,10 +347,28 @@ def test_host_phases_gc_and_finish_profile(synth_dir, monkeypatch, torch_one_thr
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "cyclic GC in generate()" in line)
     assert "objects frozen" in line and "ms by kind of step" in line
+    assert "CUDA allocator in generate(): no CUDA" in out
     head = path.read_text().splitlines()[0]
     count = int(head.split()[0])
     assert 1 <= count <= 4 and head.endswith("(profiled)")
     assert "_resolve" in path.read_text()
+
+
+def test_alloc_counters_read_the_allocator_events_and_nothing_without_cuda(monkeypatch):
+    """--alloc-stats reads the caching allocator's event counters (a retry means a cudaFree,
+    which synchronizes the device unseen by the sync debug mode); no CUDA: nothing."""
+    import torch
+
+    from benchmarks import host_phases
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert host_phases._alloc_counters() == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {"num_alloc_retries": 3, "num_device_free": 7})
+    counters = host_phases._alloc_counters()
+    assert set(counters) == set(host_phases.ALLOC_COUNTERS)
+    assert counters["num_alloc_retries"] == 3 and counters["num_device_free"] == 7
+    assert counters["num_device_alloc"] == 0
 
 
 def test_gc_summary_sums_by_generation_and_kind_of_step():
