@@ -91,7 +91,8 @@ def _instrument(core, acc: dict, state: dict) -> None:
         graphs.forward = timed_replay
 
 
-def main(argv=None) -> dict:
+def _own_parser() -> argparse.ArgumentParser:
+    """This probe's options; everything else goes to throughput.py's parser."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--tail", type=int, default=0, help="print the run's last N steps one by one")
     own.add_argument("--sync-debug", action="store_true", help="count host waits on the device")
@@ -103,9 +104,13 @@ def main(argv=None) -> dict:
         "--profile-finishes", metavar="PATH", help="cProfile of the resolves that finish a request"
     )
     own.add_argument("--alloc-stats", action="store_true", help="the CUDA caching allocator's counters")
+    return own
+
+
+def main(argv=None) -> dict:
+    own = _own_parser()
     mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
-    tail, sync_debug = mine.tail, mine.sync_debug
-    if sync_debug and not _cuda_available():
+    if mine.sync_debug and not _cuda_available():
         own.error("--sync-debug needs a CUDA device (torch's sync debug mode watches CUDA calls)")
     args = parse_args(["--skip-hf", "--skip-big"] + rest)
     model_dir = runs.checkpoint(args.shape, args)
@@ -118,39 +123,51 @@ def main(argv=None) -> dict:
         gc.freeze()
     acc: dict = collections.defaultdict(float)
     state: dict = {"bin": "none", "step": {}, "steps": []}
-    plain_span = core_module._span
-    try:
-        _instrument(runs.engine_core(llm), acc, state)
-        finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
-        allocs_before = _alloc_counters() if mine.alloc_stats else {}
-        with _host_waits(sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
-            run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
-        allocs_after = _alloc_counters() if mine.alloc_stats else {}
-    finally:
-        core_module._span = plain_span  # the engine module is shared with whoever imported it
+    run, extras = _timed_run(llm, workload, args, mine, acc, state)
     print(f"wall {run['wall_s']:.3f} s, {run['num_steps']} steps, {run['output_tok_s']:.0f} output tok/s")
     table = per_step_ms(acc)
     for kind, (steps, phases) in table.items():
         cells = ", ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items()))
         print(f"  {kind:>8} {steps:4d} steps, host ms/step: {cells}")
-    for step in state["steps"][-tail:] if tail > 0 else []:
+    for step in state["steps"][-mine.tail :] if mine.tail > 0 else []:
         cells = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(step.items()) if k != "rows")
         print(f"  step of {step['rows']:3d} rows, host ms: {cells}")
+    _print_extras(mine, extras)
+    return table
+
+
+def _timed_run(llm, workload, args, mine, acc: dict, state: dict) -> tuple[dict, dict]:
+    """The timed generate() with the engine's spans binned into `acc`/`state` and what the
+    options ask for watched around it: (the run, {"waits", "pauses", "allocs", "finishes"})."""
+    plain_span = core_module._span
+    try:
+        _instrument(runs.engine_core(llm), acc, state)
+        finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
+        before = _alloc_counters() if mine.alloc_stats else {}
+        with _host_waits(mine.sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
+            run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
+        after = _alloc_counters() if mine.alloc_stats else {}
+    finally:
+        core_module._span = plain_span  # the engine module is shared with whoever imported it
+    allocs = {k: after[k] - before.get(k, 0) for k in after}
+    return run, {"waits": waits, "pauses": pauses, "allocs": allocs, "finishes": finishes}
+
+
+def _print_extras(mine, extras: dict) -> None:
+    """What --alloc-stats, --profile-finishes, --gc and --sync-debug found, each if asked."""
     if mine.alloc_stats:
-        deltas = {k: allocs_after[k] - allocs_before.get(k, 0) for k in allocs_after}
-        print(
-            "  CUDA allocator in generate(): "
-            + (", ".join(f"{k} {v}" for k, v in deltas.items()) or "no CUDA")
-        )
-    if finishes is not None:
-        finishes.dump(mine.profile_finishes)
+        counts = ", ".join(f"{k} {v}" for k, v in extras["allocs"].items())
+        print("  CUDA allocator in generate(): " + (counts or "no CUDA"))
+    if extras["finishes"] is not None:
+        extras["finishes"].dump(mine.profile_finishes)
     if mine.gc:
-        print(f"  cyclic GC in generate(), {gc.get_freeze_count()} objects frozen: " + gc_summary(pauses))
-    if sync_debug:
+        frozen = gc.get_freeze_count()
+        print(f"  cyclic GC in generate(), {frozen} objects frozen: " + gc_summary(extras["pauses"]))
+    if mine.sync_debug:
+        waits = extras["waits"]
         print(f"  host waits on the device in generate(): {sum(waits.values())}")
         for where, count in waits.most_common(12):
             print(f"    {count:6d} x {where}")
-    return table
 
 
 def _cuda_available() -> bool:
