@@ -20,6 +20,8 @@ fi
 timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/decode_sweep.py --git-commit "$sha" --profile \
   --profile-batch "${PROFILE_BATCH:-1}" --out "$out/decode_sweep_h200_$sha.json" > "$out/sweep.log" 2>&1
 echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate" "$out/sweep.log"
+python3 -c 'import json, sys; print("host:", json.load(open(sys.argv[1]))["env"].get("host"))' \
+  "$out/decode_sweep_h200_$sha.json" 2>/dev/null  # load average and Python speed of this start
 python3 -m benchmarks.sweep_profile "$out/decode_sweep_h200_$sha.json" 2>&1 | head -40
 t06_workload t06_$sha "${WORKLOAD_TIMEOUT:-240}" "$sha" --repeat "${RUNS:-3}" --first-call
 cd "$out" && tar czf "state_h200_$sha.tgz" ./*.log ./*.json ./*.png 2>/dev/null && rm -f ./*.log ./*.json ./*.png; ls

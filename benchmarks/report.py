@@ -35,9 +35,41 @@ def _git_commit(override: Optional[str]) -> dict:
         return {"commit": None, "source": "unavailable (no git checkout here; pass --git-commit)"}
 
 
+def host_fingerprint(reps: int = 5) -> dict:
+    """What says how fast and how busy this host was: CPUs, the load average at the start (a
+    leftover process from an earlier call shows here) and the median microseconds of a fixed
+    pure-Python loop (a slower host runs the engine's per-step work slower in proportion), so
+    figures from two machine starts can be told apart by their host."""
+    import os
+    import statistics
+    import time
+
+    def loop() -> int:
+        total = 0
+        for i in range(20_000):
+            total += i * i
+        return total
+
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        loop()
+        times.append((time.perf_counter() - start) * 1e6)
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every platform
+        load = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "load_avg": load,
+        "python_loop_us": round(statistics.median(times), 1),
+    }
+
+
 def environment(args) -> dict:
-    """Device, library versions, commit, date and the ENGINESPEC_* settings of this run (an A/B
-    variant may differ from its head by an environment variable alone)."""
+    """Device, library versions, commit, date, the host's fingerprint and the ENGINESPEC_*
+    settings of this run (an A/B variant may differ from its head by an environment variable
+    alone)."""
     import datetime
     import os
     import platform
@@ -62,6 +94,7 @@ def environment(args) -> dict:
         "device": str(dev),
         "gpu": gpu,
         "cpu": platform.processor() or platform.machine(),
+        "host": host_fingerprint(),
         "versions": versions,
         "git": _git_commit(args.git_commit),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -388,6 +388,23 @@ def test_host_phases_sync_debug_without_cuda_names_the_need(monkeypatch):
         host_phases.main(["--sync-debug", "--device", "cpu"])
 
 
+def test_environment_records_the_hosts_fingerprint(monkeypatch):
+    """A run's JSON says how fast and how busy its host was: CPUs, the load average, a fixed
+    Python loop's median microseconds (positive; a host slowed in the test reads slower)."""
+    import time
+    from types import SimpleNamespace
+
+    from benchmarks import report
+
+    env = report.environment(SimpleNamespace(device="cpu", git_commit="abc1234"))
+    host = env["host"]
+    assert host["cpu_count"] >= 1 and host["python_loop_us"] > 0
+    assert host["load_avg"] is None or len(host["load_avg"]) == 3
+    clock = iter(range(0, 10**9, 1000))  # every perf_counter reading 1 ms after the last
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock) / 1e6)
+    assert report.host_fingerprint(reps=3)["python_loop_us"] == 1000.0
+
+
 def test_environment_records_the_enginespec_settings(monkeypatch):
     """A run's JSON names the ENGINESPEC_* variables it ran under (an A/B variant may differ by
     them alone), and nothing else from the environment."""
