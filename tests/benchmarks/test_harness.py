@@ -388,6 +388,15 @@ def test_host_phases_sync_debug_without_cuda_names_the_need(monkeypatch):
         host_phases.main(["--sync-debug", "--device", "cpu"])
 
 
+def test_detokenizer_probe_settles_a_whole_output(capsys):
+    """benchmarks/detokenizer_probe.py runs the update + flush it times and says for how many ids."""
+    from benchmarks import detokenizer_probe
+
+    ms = detokenizer_probe.main(["--ids", "10", "--number", "1", "--repeat", "1"])
+    assert ms > 0
+    assert capsys.readouterr().out.startswith("10 ids: ")
+
+
 def test_environment_records_the_hosts_fingerprint(monkeypatch):
     """A run's JSON says how fast and how busy its host was: CPUs, the load average, a fixed
     Python loop's median microseconds (positive; a host slowed in the test reads slower)."""
