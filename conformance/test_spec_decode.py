@@ -244,3 +244,57 @@ def test_drafts_always_rejected_are_proposed_less_and_output_stays_greedy(impl):
         assert steps and all(s & (s - 1) == 0 for s in steps[1:]), (r.request_id, steps, log)
         assert len(steps) <= 4 < r.max_tokens - 1, (r.request_id, steps)
     assert stats.num_draft_tokens <= 3 * 3 + (stats.num_drafts - 3), "a probe carries one draft"
+
+
+class ReplayDrafter(Drafter):
+    """Drafts = a plain run's own greedy output from the request's position on: every draft is
+    accepted, so a stop string can complete in the middle of an accepted run."""
+
+    def __init__(self, outputs: dict):
+        self.outputs = outputs  # prompt ids (tuple) -> that prompt's greedy output ids
+
+    def propose(self, request, num_real: int, max_drafts: int) -> list[int]:
+        done = num_real - request.num_prompt_tokens
+        return list(self.outputs[tuple(request.prompt_token_ids)][done : done + max_drafts])
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_does(impl, async_scheduling):
+    """A stop string completed by an accepted draft (not the step's last id): the output's
+    text, ids, finish and stop reasons equal a plain run's (the ids after the one that
+    completed it were appended by the scheduler but are not shown), and the pool ends idle."""
+    from enginespec.llm import LLM
+    from enginespec.spec import SamplingParams
+    from enginespec.testing.checkpoints import tiny_model_dir
+
+    prompts = [[(7 * i + 3 * j) % 90 + 4 for j in range(6 + 3 * i)] for i in range(4)]
+    base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    kwargs = dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64)
+    plain = LLM(str(tiny_model_dir("qwen3")), **kwargs)
+    free = plain.generate([{"prompt_token_ids": p} for p in prompts], base, use_tqdm=False)
+    # stops end inside the output (chars 1-2, 3-4, ...): with 4 drafts a step, most are
+    # completed by a draft that has accepted ids after it
+    params = [
+        dataclasses.replace(base, stop=(o.outputs[0].text[1 + 2 * i : 3 + 2 * i],))
+        for i, o in enumerate(free)
+    ]
+    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    spec = LLM(
+        str(tiny_model_dir("qwen3")), speculative_config=config, async_scheduling=async_scheduling, **kwargs
+    )
+    spec.engine.spec.drafter = ReplayDrafter(
+        {tuple(p): o.outputs[0].token_ids for p, o in zip(prompts, free)}
+    )
+    want = plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    got = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    def seen(outs):
+        return [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
+
+    assert seen(got) == seen(want)
+    assert all(o.outputs[0].finish_reason == "stop" for o in want)
+    assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
+    check_idle(spec.engine.block_manager.state(), spec.engine.runner.num_blocks)

@@ -41,6 +41,10 @@ class Sample:
     logprobs: Optional[list] = None
     error: Optional[str] = None
     spec_decode: object = None  # this sample's SpecDecodeStats when the engine speculates
+    # Output ids shown to the user: None = all of the request's; after a stop string, those up
+    # to the one that completed it (a speculative step appends several ids at once, and the
+    # ones after the stop's must not show, as they would not have been sampled one at a time).
+    num_visible: Optional[int] = None
 
 
 @dataclass
@@ -115,8 +119,11 @@ class OutputProcessor:
 
     def _finish_on_stop_string(self, sample: Sample, stop: str) -> None:
         """A stop string ends the sample as "stop" even if the scheduler just finished it for
-        length in the same update (the text was cut at the stop string either way)."""
+        length in the same update (the text was cut at the stop string either way). Its
+        visible ids end at the id that completed the stop string (the detokenizer has read
+        every id before it, placeholders excepted, and ignores the rest)."""
         request = sample.request
+        sample.num_visible = len(sample.detokenizer.output_token_ids)
         if not request.status.is_finished:
             self._finish(request, Status.FINISHED_STOPPED)
         sample.finish_reason = Status.FINISHED_STOPPED.finish_reason
@@ -129,7 +136,7 @@ class OutputProcessor:
             CompletionOutput(
                 index=s.index,
                 text=s.detokenizer.text if s.detokenizer is not None else "",
-                token_ids=self.visible_ids(s.request),
+                token_ids=self.visible_ids(s),
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_reason,
                 logprobs=list(s.logprobs) if s.logprobs is not None else None,
@@ -151,9 +158,12 @@ class OutputProcessor:
             prompt_logprobs=prompt_lp,
         )
 
-    def visible_ids(self, request) -> list[int]:
-        """The request's output ids without trailing async placeholders."""
-        ids = list(request.output_token_ids)
+    def visible_ids(self, sample: Sample) -> list[int]:
+        """The sample's output ids: its request's, without trailing async placeholders, and
+        none past the id that completed a stop string (Sample.num_visible)."""
+        ids = list(sample.request.output_token_ids)
+        if sample.num_visible is not None:
+            del ids[sample.num_visible :]
         while ids and ids[-1] == self.placeholder_id:
             ids.pop()
         return ids
