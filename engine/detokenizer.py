@@ -12,7 +12,9 @@ Stop strings: after each token the newly settled text is searched for matches th
 (earlier matches would have fired earlier). Of those, the one that ends first wins, then the
 one that starts first: the stop that a character-by-character stream would see first, so the
 outcome does not depend on how the text was split into tokens. The stop string and everything
-after it are dropped from `text`. No stop string fires before `min_tokens` outputs.
+after it are dropped from `text`. A stop string fires only once there are more than
+`min_tokens` outputs (vLLM's rule, and spec.stops' for stop tokens): the ids up to the
+`min_tokens`-th are not searched.
 
 Cost: two decodes of a short window per id while stop strings are watched (each id must be
 checked as it arrives); without stop strings an update settles all its ids with two decodes,
@@ -97,7 +99,7 @@ class IncrementalDetokenizer:
             self.output_token_ids.append(int(tok))
             start = len(self.text)
             self.text += self._settle()
-            if self.stops and len(self.output_token_ids) >= self.min_tokens:
+            if len(self.output_token_ids) > self.min_tokens:
                 stop = self._find_stop(start)
                 if stop is not None:
                     return self._take(stop[0]), stop[1]

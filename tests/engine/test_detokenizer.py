@@ -288,6 +288,17 @@ def test_stop_strings_do_not_fire_before_min_tokens():
     assert stop == "STOP" and detok.text == "STOP.."
 
 
+@pytest.mark.parametrize("min_tokens, fires", [(3, True), (4, False)])
+def test_a_stop_string_fires_only_past_min_tokens_outputs(min_tokens, fires):
+    """The 4th id completes "STOP": with min_tokens 3 that output is past the minimum and the
+    stop fires; with min_tokens 4 it is the 4th of the 4 required and nothing fires (vLLM's
+    rule, and spec.stops' for a stop token: num_output_tokens > min_tokens)."""
+    tok = byte_bpe()
+    params = SamplingParams(stop=("STOP",), min_tokens=min_tokens, max_tokens=20)
+    _, stop, detok = run(tok, byte_ids("STOP.."), params, [1] * 6)
+    assert (stop, detok.text) == (("STOP", "") if fires else (None, "STOP.."))
+
+
 @given(
     st.text(alphabet=ALPHABET, min_size=1, max_size=24),
     st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=3), min_size=1, max_size=3),
