@@ -60,6 +60,12 @@ class LLM:
         llm._setup(engine)
         return llm
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given no sampling_params: SamplingParams() with the
+        checkpoint's generation_config.json sampling defaults (temperature, top_p, top_k, min_p,
+        repetition_penalty, max_new_tokens as max_tokens), as vLLM's LLM does."""
+        return self.engine.default_sampling_params()
+
     def close(self) -> None:
         """Release the engine's processes (tensor-parallel workers; nothing for one rank). The
         LLM cannot generate afterwards under TP. Also `with LLM(...) as llm:`."""

@@ -40,6 +40,7 @@ from enginespec.engine.async_scheduling import (
     input_patch,
     start_copy,
 )
+from enginespec.engine.generation_config import GenerationDefaults, further_eos_ids
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine.spec_decode import DraftModelDrafter, SpecDecoder, SpecDecodeStats, SpeculativeConfig
@@ -123,6 +124,8 @@ class EngineCore:
         self.tensor_parallel = None  # rank 0's handle on the TP workers (tensor_parallel_size > 1)
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
+        self.generation = GenerationDefaults.from_dir(args.model)  # generation_config.json
+        self._eos = self._eos_ids()
         self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         loaded = time.perf_counter()
@@ -332,9 +335,9 @@ class EngineCore:
     ) -> None:
         """Validate and queue one user request (n samples). Any exception (a ValueError for a
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
-        params = SamplingParams() if params is None else params
+        params = self.default_sampling_params() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        eos, extra_stops = self._eos_ids()
+        eos, extra_stops = self._eos
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
             child_params = _child_params(params, index, extra_stops)
@@ -407,14 +410,17 @@ class EngineCore:
             )
         return ids
 
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the checkpoint's generation_config.json sampling defaults
+        (engine/generation_config.py): what a request added without params gets."""
+        return self.generation.params()
+
     def _eos_ids(self) -> tuple[Optional[int], tuple[int, ...]]:
-        """The model's EOS id, and any further EOS ids (a list in the config) as stop tokens."""
+        """The model's EOS id, and the further EOS ids of config.json (a list) and of
+        generation_config.json, which stop requests as stop tokens."""
         eos = getattr(self.model, "eos_token_id", None)
         config_eos = getattr(getattr(self.model, "config", None), "eos_token_id", None)
-        extra = ()
-        if isinstance(config_eos, (list, tuple)):
-            extra = tuple(int(t) for t in config_eos if t is not None and int(t) != eos)
-        return eos, extra
+        return eos, further_eos_ids(eos, config_eos, self.generation.eos_token_ids)
 
     def abort(self, request_ids: Union[str, Iterable[str]], report: bool = True) -> bool:
         """Abort user requests (all their samples). Their final outputs (finish_reason "abort")

@@ -1,0 +1,127 @@
+"""generation_config.json: its further EOS ids stop requests, its sampling defaults apply only
+where the user did not choose (engine/generation_config.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+
+from enginespec.engine.generation_config import GenerationDefaults, further_eos_ids
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _dir_with(tmp_path, content) -> str:
+    (tmp_path / "generation_config.json").write_text(
+        content if isinstance(content, str) else json.dumps(content)
+    )
+    return str(tmp_path)
+
+
+def test_sampling_defaults_are_the_file_diff_against_transformers_defaults(tmp_path):
+    path = _dir_with(
+        tmp_path,
+        {
+            "temperature": 0.6,
+            "top_p": 0.95,
+            "top_k": 20,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "max_new_tokens": 7,
+            "do_sample": True,
+            "eos_token_id": [5, 9],
+        },
+    )
+    got = GenerationDefaults.from_dir(path)
+    # min_p 0.0 differs from transformers' None and is applied (it equals ours); 1.0 is the default
+    assert got.sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_tokens": 7}
+    assert got.eos_token_ids == (5, 9)
+    params = got.params()
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.95, 20, 7)
+    assert got.params(SamplingParams(seed=3)).seed == 3
+
+
+def test_transformers_defaults_stated_in_the_file_change_nothing(tmp_path):
+    got = GenerationDefaults.from_dir(_dir_with(tmp_path, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}))
+    assert got.sampling == {} and got.params() == SamplingParams()
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", json.dumps({"eos_token_id": "x"})])
+def test_an_unreadable_file_means_no_defaults(tmp_path, content):
+    got = GenerationDefaults.from_dir(_dir_with(tmp_path, content))
+    assert got == GenerationDefaults()
+
+
+def test_no_file_or_no_path_means_no_defaults(tmp_path):
+    assert GenerationDefaults.from_dir(str(tmp_path)) == GenerationDefaults()
+    assert GenerationDefaults.from_dir(None) == GenerationDefaults()
+
+
+def test_a_value_the_spec_refuses_is_dropped_with_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="enginespec.engine.generation_config"):
+        got = GenerationDefaults.from_dir(_dir_with(tmp_path, {"temperature": -1.0, "top_p": 0.5}))
+    assert got.sampling == {"top_p": 0.5}
+    assert "temperature" in caplog.text
+
+
+def test_further_eos_ids_skip_the_model_eos_and_repeats():
+    assert further_eos_ids(3, [3, 7], 7, (8, 3), None) == (7, 8)
+    assert further_eos_ids(None, 4) == (4,)
+
+
+def _checkpoint_with(tmp_path, **fields) -> str:
+    """A copy of the tiny qwen3 checkpoint whose generation_config.json gains `fields`."""
+    dest = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir("qwen3"), dest)
+    file = dest / "generation_config.json"
+    raw = json.loads(file.read_text()) if file.is_file() else {}
+    file.write_text(json.dumps({**raw, **fields}))
+    return str(dest)
+
+
+def _llm(path, impl):
+    from enginespec.llm import LLM
+
+    return LLM(path, impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_a_further_eos_id_of_the_file_stops_greedy_output_unless_ignore_eos(tmp_path, impl):
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    plain = _llm(str(tiny_model_dir("qwen3")), impl).generate("abc", greedy, use_tqdm=False)[0].outputs[0]
+    ids = plain.token_ids
+    cut = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # first repeat-free id after 0
+    llm = _llm(_checkpoint_with(tmp_path, eos_token_id=[llm_eos(), ids[cut]]), impl)
+    out = llm.generate("abc", greedy, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ids[: cut + 1]
+    assert (out.finish_reason, out.stop_reason) == ("stop", ids[cut])
+    free = llm.generate(
+        "abc", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    assert free[0].outputs[0].token_ids[: cut + 1] == ids[: cut + 1]
+    assert len(free[0].outputs[0].token_ids) == 10
+
+
+def llm_eos() -> int:
+    """The tiny checkpoint's own eos_token_id (config.json)."""
+    return json.loads((tiny_model_dir("qwen3") / "config.json").read_text())["eos_token_id"]
+
+
+def test_generate_without_params_uses_the_file_defaults_and_given_params_are_kept(tmp_path):
+    llm = _llm(_checkpoint_with(tmp_path, temperature=0.0, max_new_tokens=5), "fast")
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens) == (0.0, 5)
+    implicit = llm.generate("abc", use_tqdm=False)[0].outputs[0]
+    explicit = llm.generate("abc", SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0].outputs[
+        0
+    ]
+    assert implicit.token_ids == explicit.token_ids and len(implicit.token_ids) <= 5
+    given = llm.generate(
+        "abc", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    assert len(given[0].outputs[0].token_ids) == 8  # a user's params are not overridden
