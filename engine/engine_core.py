@@ -132,6 +132,7 @@ class EngineCore:
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.sampler = self._make_sampler()
         self.runner = self._make_runner(args)
+        self._fit_max_model_len()
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
         )
@@ -184,6 +185,26 @@ class EngineCore:
             skinny_gemm=args.skinny_gemm,
             mixed_graph_tokens=args.mixed_graph_tokens(self.scheduler_config.max_num_batched_tokens),
         )
+
+    def _fit_max_model_len(self) -> None:
+        """A max_model_len the user did not choose (the model's) is lowered to the most tokens
+        the KV pool holds, with a warning: otherwise every request of that length is refused
+        on add, and the server advertises, and defaults chat max_tokens to, a length no request
+        can reach. A chosen one stays (requests over the pool are refused on add, naming it)."""
+        capacity = self.runner.num_blocks * self.args.block_size
+        if self.args.max_model_len is not None or capacity >= self.max_model_len:
+            return
+        log.warning(
+            "max_model_len lowered from the model's %d to %d, the most tokens the KV pool holds "
+            "(%d blocks of %d); a larger pool (num_blocks, kv_cache_bytes, gpu_memory_utilization) "
+            "raises it, and max_model_len= sets it",
+            self.max_model_len,
+            capacity,
+            self.runner.num_blocks,
+            self.args.block_size,
+        )
+        self.max_model_len = capacity
+        self.scheduler_config = dataclasses.replace(self.scheduler_config, max_model_len=capacity)
 
     def _warm_up(self):
         """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""

@@ -1,0 +1,44 @@
+"""A max_model_len the user did not choose is fitted to the KV pool (EngineCore._fit_max_model_len)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _llm(**kwargs):
+    from enginespec.llm import LLM
+
+    return LLM(
+        str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", block_size=4, **kwargs
+    )
+
+
+def test_the_models_length_is_lowered_to_what_the_pool_holds(caplog):
+    with caplog.at_level(logging.WARNING, logger="enginespec.engine.engine_core"):
+        llm = _llm(num_blocks=8)  # 32 tokens, under the tiny model's 256 positions
+    assert llm.engine.max_model_len == 32 == llm.engine.scheduler_config.max_model_len
+    assert "max_model_len lowered" in caplog.text
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13), use_tqdm=False)
+    out = llm.generate(
+        {"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 12  # a request of the fitted length runs
+
+
+def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold():
+    llm = _llm(num_blocks=8, max_model_len=64)
+    assert llm.engine.max_model_len == 64
+    with pytest.raises(ValueError, match="num_blocks"):
+        llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13), use_tqdm=False)
+
+
+def test_a_pool_that_holds_the_models_length_changes_nothing():
+    assert _llm(num_blocks=64).engine.max_model_len == 256
