@@ -4,6 +4,8 @@ runner's pool sizing and swaps. Tiny float32 models on CPU, through the `impl` f
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -157,6 +159,28 @@ def test_stop_string_cuts_text_and_finishes(impl):
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
     assert len(stopped.token_ids) < len(free.token_ids)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stop_tokens_text_is_not_shown_unless_asked(impl, async_scheduling):
+    """A request ended by a stop token keeps its id but not its text (vLLM's rule);
+    include_stop_str_in_output shows it, and keeps a stop string in the text too."""
+    llm = make_llm(impl, async_scheduling=async_scheduling)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ids = llm.generate("abc", greedy, use_tqdm=False)[0].outputs[0].token_ids
+    cut = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    text = llm.engine.tokenizer.decode(ids[: cut + 1], skip_special_tokens=True)
+    shown = text[: len(llm.engine.tokenizer.decode(ids[:cut], skip_special_tokens=True))]
+    assert shown != text, "the chosen stop token renders no text"
+    for include, want in ((False, shown), (True, text)):
+        params = dataclasses.replace(greedy, stop_token_ids=(ids[cut],), include_stop_str_in_output=include)
+        out = llm.generate("abc", params, use_tqdm=False)[0].outputs[0]
+        assert (out.token_ids, out.text, out.stop_reason) == (ids[: cut + 1], want, ids[cut])
+    stop = text[-2:]
+    kept = dataclasses.replace(greedy, stop=(stop,), include_stop_str_in_output=True)
+    out = llm.generate("abc", kept, use_tqdm=False)[0].outputs[0]
+    assert out.text.endswith(stop) and out.stop_reason == stop
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 
 

@@ -11,10 +11,12 @@ such windows (byte-level BPE, WordLevel, SentencePiece metaspace) the accumulate
 Stop strings: after each token the newly settled text is searched for matches that END in it
 (earlier matches would have fired earlier). Of those, the one that ends first wins, then the
 one that starts first: the stop that a character-by-character stream would see first, so the
-outcome does not depend on how the text was split into tokens. The stop string and everything
-after it are dropped from `text`. A stop string fires only once there are more than
-`min_tokens` outputs (vLLM's rule, and spec.stops' for stop tokens): the ids up to the
-`min_tokens`-th are not searched.
+outcome does not depend on how the text was split into tokens. Everything after the stop string
+is dropped from `text`, and the stop string too unless `params.include_stop_str_in_output`.
+A stop string fires only once there are more than `min_tokens` outputs (vLLM's rule, and
+spec.stops' for stop tokens): the ids up to the `min_tokens`-th are not searched. (A stop
+token's own text never reaches this class unless that flag is set: the output processor
+leaves it out.)
 
 Cost: two decodes of a short window per id while stop strings are watched (each id must be
 checked as it arrives); without stop strings an update settles all its ids with two decodes,
@@ -59,6 +61,7 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
         self.min_tokens: int = params.min_tokens if params is not None else 0
+        self.include_stop: bool = bool(getattr(params, "include_stop_str_in_output", False))
         self.output_token_ids: list[int] = []
         self.text = ""
         self.stop_reason: Optional[str] = None
@@ -106,8 +109,9 @@ class IncrementalDetokenizer:
         return self._take(len(self.text) - self._held_back()), None
 
     def _find_stop(self, new_start: int) -> Optional[tuple[int, str]]:
-        """(start, stop) of the match ending first (ties: starting first) among matches that
-        end after `new_start`; truncates `text` at its start and records `stop_reason`."""
+        """(cut, stop) of the match ending first (ties: starting first) among matches that
+        end after `new_start`; truncates `text` at `cut`, the match's start (its end when the
+        stop string is kept), and records `stop_reason`."""
         best: Optional[tuple[int, int, str]] = None
         for stop in self.stops:
             pos = self.text.find(stop, max(0, new_start - len(stop) + 1))
@@ -117,9 +121,10 @@ class IncrementalDetokenizer:
                     best = cand
         if best is None:
             return None
-        self.text = self.text[: best[1]]
+        cut = best[0] if self.include_stop else best[1]
+        self.text = self.text[:cut]
         self.stop_reason = best[2]
-        return best[1], best[2]
+        return cut, best[2]
 
     def _held_back(self) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

@@ -125,7 +125,6 @@ class EngineCore:
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.generation = GenerationDefaults.from_dir(args.model)  # generation_config.json
-        self._eos = self._eos_ids()
         self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         loaded = time.perf_counter()
@@ -358,7 +357,7 @@ class EngineCore:
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        eos, extra_stops = self._eos
+        eos, extra_stops = self._eos_ids()
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
             child_params = _child_params(params, index, extra_stops)

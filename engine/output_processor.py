@@ -81,6 +81,7 @@ class OutputProcessor:
         `late_stops` maps internal ids to the (status, stop_reason) of a stop the async path
         found one step late: it wins over the length finish the placeholder's count decided
         (the serial order of checks), as a stop string matched here wins over both."""
+        token_stopped = _token_stopped(update, late_stops)
         for request_id, tokens in update.new_token_ids.items():
             found = lookup(request_id)
             if found is None:
@@ -91,6 +92,8 @@ class OutputProcessor:
             if sample.logprobs is not None:
                 sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
             if sample.detokenizer is not None:
+                if request_id in token_stopped and not sample.request.params.include_stop_str_in_output:
+                    tokens = tokens[:-1]  # the stop token's (or EOS's) text is not shown
                 sample.unread.extend(tokens)
                 if sample.request.params.stop:
                     _, stop = read(sample)
@@ -167,6 +170,14 @@ class OutputProcessor:
         while ids and ids[-1] == self.placeholder_id:
             ids.pop()
         return ids
+
+
+def _token_stopped(update: UpdateOutput, late_stops) -> set:
+    """Ids of the requests this update ends by a token (a stop token or EOS, decided by the
+    scheduler or found late by the async path): the last of their new ids is that token."""
+    stopped = set(late_stops or ())
+    stopped.update(r.request_id for r in update.finished if r.status is Status.FINISHED_STOPPED)
+    return stopped
 
 
 def flush(sample: Sample) -> None:

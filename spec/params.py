@@ -12,11 +12,14 @@ from typing import Iterable, Mapping, Optional
 from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
 
 
-def _real(name: str, value: object, low: Optional[float], high: Optional[float]) -> float:
-    """A finite float in [low, high] (None: unbounded on that side)."""
+def _real(
+    name: str, value: object, low: Optional[float], high: Optional[float], bound: Optional[str] = None
+) -> float:
+    """A finite float in [low, high] (None: unbounded on that side). `bound`: the whole bound
+    as the message states it, when the field's is stricter than [low, high] (an open end)."""
     value = check_real("SamplingParams", name, value)
-    _check(low is None or value >= low, name, f">= {low}", value)
-    _check(high is None or value <= high, name, f"<= {high}", value)
+    _check(low is None or value >= low, name, bound or f">= {low}", value)
+    _check(high is None or value <= high, name, bound or f"<= {high}", value)
     return value
 
 
@@ -43,8 +46,10 @@ class SamplingParams:
 
     temperature 0 means greedy (argmax); top_k 0 or -1 means no top-k cut; top_p 1 and min_p 0
     mean no cut. `max_tokens` counts output tokens. Stops: a token of `stop_token_ids`, the EOS
-    token unless `ignore_eos`, a string of `stop` (the engine's detokenizer checks those, and the
-    stop string is not part of the text), `max_tokens`, or the model's max length. No stop by
+    token unless `ignore_eos`, a string of `stop` (the engine's detokenizer checks those),
+    `max_tokens`, or the model's max length. The text ends before the stop string, and before
+    the text of the stop token or EOS that ended it (its id stays in the output's ids), unless
+    `include_stop_str_in_output` (vLLM's rules). No stop by
     token or string fires before `min_tokens` outputs. `n` > 1 makes sibling requests that
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
     position; `prompt_logprobs` = k does so for prompt positions and turns prefix-cache hits off
@@ -79,6 +84,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: Optional[Mapping[int, float]] = None
     allowed_token_ids: Optional[tuple[int, ...]] = None
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         # Normalise sequences to tuples (and numbers to plain int/float) so the dataclass stays
@@ -96,7 +102,7 @@ class SamplingParams:
         self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
         self._set("temperature", real("temperature", self.temperature, 0.0, None))
         self._set("top_k", whole("top_k", self.top_k, -1, None))
-        self._set("top_p", real("top_p", self.top_p, 0.0, 1.0))
+        self._set("top_p", real("top_p", self.top_p, 0.0, 1.0, "in (0, 1]"))
         _check(self.top_p > 0.0, "top_p", "in (0, 1]", self.top_p)
         self._set("min_p", real("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
@@ -111,6 +117,12 @@ class SamplingParams:
         self._set("stop", tuple(self.stop or ()))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "a bool", self.ignore_eos)
+        _check(
+            isinstance(self.include_stop_str_in_output, bool),
+            "include_stop_str_in_output",
+            "a bool",
+            self.include_stop_str_in_output,
+        )
         self._set("min_tokens", whole("min_tokens", self.min_tokens, 0, None))
         _check(
             self.min_tokens <= self.max_tokens,
@@ -124,7 +136,7 @@ class SamplingParams:
                 self._set(name, whole(name, getattr(self, name), 0, None))
         self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
         self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
-        self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None))
+        self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None, "> 0"))
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, Mapping), "logit_bias", "a dict", self.logit_bias)

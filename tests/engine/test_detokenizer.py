@@ -312,3 +312,10 @@ def test_stops_match_reference_for_any_split(text, stops, per_byte, rng):
     want_text, want_stop = first_stop(text, stops)
     assert (detok.text, stop) == (want_text, want_stop)
     assert "".join(deltas) == want_text
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_cuts_after_it():
+    tok = byte_bpe()
+    params = SamplingParams(stop=("ST",), include_stop_str_in_output=True, max_tokens=20)
+    _, stop, detok = run(tok, byte_ids("abSTxy"), params, [1] * 6)
+    assert (stop, detok.text) == ("ST", "abST")
