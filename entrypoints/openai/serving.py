@@ -44,10 +44,15 @@ class ServerContext:
 
 @dataclass
 class _Choice:
-    """Streaming progress of one choice: what has been sent."""
+    """Streaming progress of one choice: what has been sent.
+
+    num_chars counts the text sent; lp_offset the characters of the token texts whose logprobs
+    were sent (the text_offset of the next one, as the full body numbers it). They differ while
+    text is held back for a stop string: a token's logprobs go out with its id, its text later."""
 
     num_chars: int = 0
     num_tokens: int = 0
+    lp_offset: int = 0
     started: bool = False
     finished: bool = False
 
@@ -407,6 +412,15 @@ def _plain_choice_json(kind: str, index: int, delta_text: str) -> str:
     )
 
 
+def _delta_logprobs(ctx, call: _Call, state: _Choice, token_ids, logprobs) -> Optional[dict]:
+    """The logprobs of a choice's new tokens; completions' text_offset continues from
+    state.lp_offset (not from the text sent: held-back text has had its logprobs sent)."""
+    lps = _logprobs(ctx, call, token_ids, logprobs, state.lp_offset)
+    if call.kind == "completion" and lps is not None and lps["tokens"]:
+        state.lp_offset = lps["text_offset"][-1] + len(lps["tokens"][-1])
+    return lps
+
+
 def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     """The choice's new text and ids since its last frame (a dict, or its JSON text on the hot
     path: see _plain_choice_json), or None when there is nothing new."""
@@ -437,7 +451,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         return _plain_choice_json(call.kind, index, delta_text)
     lps = None
     if completion.logprobs is not None:
-        lps = _logprobs(ctx, call, token_ids[num_tokens:], completion.logprobs[num_tokens:], num_chars)
+        lps = _delta_logprobs(ctx, call, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
     choice: dict = {"index": index}
     if call.kind == "completion":
         choice["text"] = delta_text

@@ -6,6 +6,7 @@ settings. One server for the module (its start-up dominates the cost)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import httpx
@@ -301,6 +302,43 @@ def test_cache_salt_separates_tenants_in_the_prefix_cache(server, client):
     assert hits_of(cache_salt="tenant-a") == 0
     assert hits_of(cache_salt="tenant-a") > 0
     assert hits_of(cache_salt="tenant-b") == 0
+
+
+def _stream_frames(server, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed /v1/completions answer, [DONE] left out."""
+    frames = []
+    with httpx.stream(
+        "POST",
+        server.url("/v1/completions"),
+        json={**body, "stream": True},
+        headers=server.headers,
+        timeout=60,
+    ) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                frames.append(json.loads(line[6:]))
+    return frames
+
+
+def test_streamed_text_offsets_equal_the_full_ones_when_text_is_held_back(server, client):
+    """Every character of the greedy text could start a stop string that never matches, so each
+    frame holds its last character back: the logprobs of held-back tokens go out before their
+    text, and the offsets must still count their characters."""
+    prompt = prompts(1, seed=15)[0]
+    text = greedy(client, prompt, max_tokens=12, ignore_eos=True).choices[0].text
+    stops = sorted({c + "\u2603" for c in text})
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 0}
+    body.update(stop=stops, ignore_eos=True)
+    full = server.post("/v1/completions", body).json()["choices"][0]
+    frames = [f["choices"][0] for f in _stream_frames(server, body)]
+    assert sum(1 for f in frames if f["logprobs"]) > 1  # the offsets of a later frame are checked
+    streamed = {
+        k: [x for f in frames if f["logprobs"] for x in f["logprobs"][k]] for k in ("tokens", "text_offset")
+    }
+    assert "".join(f["text"] for f in frames) == full["text"] == text
+    assert streamed["tokens"] == full["logprobs"]["tokens"]
+    assert streamed["text_offset"] == full["logprobs"]["text_offset"]
 
 
 # ---- errors ---------------------------------------------------------------------------------------
