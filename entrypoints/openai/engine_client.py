@@ -12,7 +12,8 @@ held across a step.
 
 Invariants:
 - Admission is bounded: at most max_num_seqs + max_waiting samples are pending (submitted and
-  not yet finished, failed or aborted) at once; one more is refused with QueueFull (503).
+  not yet finished, failed or aborted) at once; one more is refused with QueueFull (503). A
+  request of more samples than that bound could never be admitted: RequestTooLarge (400).
 - Every pending request gets exactly one terminal item on its queue: its finished output or an
   error; an aborted one gets nothing (nobody listens) but is released all the same.
 - If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
@@ -40,6 +41,18 @@ _MAX_MESSAGES_PER_WAKE = 16
 
 class QueueFull(Exception):
     """The bounded waiting queue is full (answered 503 with Retry-After)."""
+
+
+class RequestTooLarge(ValueError):
+    """One request asks for more samples than the admission capacity (answered 400: it would
+    never fit, even on an idle server, so a 503 would only be retried forever)."""
+
+    def __init__(self, num_samples: int, capacity: int):
+        super().__init__(
+            f"the request asks for {num_samples} samples at once; at most {capacity} are admitted"
+        )
+        self.num_samples = num_samples
+        self.capacity = capacity
 
 
 class EngineDead(RuntimeError):
@@ -277,10 +290,13 @@ class EngineClient:
 
     async def submit(self, requests: list[NewRequest]) -> Generation:
         """Queue the requests (all or none); returns once the engine accepted them. ValueError
-        (the engine's validation), QueueFull (bounded queue, or shutting down), EngineDead."""
+        (the engine's validation; RequestTooLarge, more samples than the capacity), QueueFull
+        (bounded queue, or shutting down), EngineDead."""
         if self.fatal is not None:
             raise self.fatal
         num = sum(r.params.n for r in requests)
+        if num > self.capacity:
+            raise RequestTooLarge(num, self.capacity)
         if not self._accepting:
             raise QueueFull("the server is shutting down")
         if self._num_pending + num > self.capacity:

@@ -18,7 +18,7 @@ from json.encoder import encode_basestring_ascii as _escape  # what JSONEncoder(
 from typing import AsyncIterator, Optional, Union
 
 from enginespec.engine.core_messages import NewRequest
-from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull
+from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull, RequestTooLarge
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from enginespec.entrypoints.openai.sampling import to_sampling_params
@@ -139,8 +139,21 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
         return await ctx.engine.submit(subs)
     except QueueFull as exc:
         raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
+    except RequestTooLarge as exc:
+        raise _too_large(call, exc) from None
     except ValueError as exc:
         raise bad_request(exc) from None
+
+
+def _too_large(call: _Call, exc: RequestTooLarge) -> APIError:
+    """400 naming n (or, with n=1, the prompt count) and the capacity the request exceeds."""
+    n, num_prompts = call.body.n, len(call.prompts)
+    return APIError(
+        400,
+        f"{num_prompts} prompt(s) x n={n} = {exc.num_samples} samples, more than this server admits "
+        f"at once ({exc.capacity} = --max-num-seqs + --max-waiting-requests)",
+        "n" if n > 1 else "prompt",
+    )
 
 
 def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):

@@ -366,6 +366,19 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
 
 
+def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
+    """Capacity is 16 running + 512 waiting samples: a request of more samples never fits, even
+    on an idle server, so it is the client's error, not a busy server's (503 is retried)."""
+    err = _error(
+        server.post("/v1/completions", {"model": MODEL, "prompt": ["ab"] * 5, "n": 256, "max_tokens": 1}), 400
+    )
+    assert err["param"] == "n" and "1280" in err["message"] and "528" in err["message"]
+    many = [[5, 6, 7]] * 529
+    err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": many, "max_tokens": 1}), 400)
+    assert err["param"] == "prompt" and "529" in err["message"] and "528" in err["message"]
+    assert server.state()["num_pending"] == 0
+
+
 def test_unknown_model_is_404_and_bad_key_is_401(server, client):
     _error(server.post("/v1/completions", {"model": "nope", "prompt": "a"}), 404)
     with pytest.raises(openai.NotFoundError):
