@@ -325,9 +325,7 @@ class EngineClient:
         """Forget the requests here and have the engine free them before its next step."""
         live = [rid for rid in request_ids if rid in self._streams]
         for rid in live:
-            self._release(rid)
-            if self.metrics is not None:
-                self.metrics.request_success("abort")
+            self._count_samples(self._release(rid))
         if live and self.fatal is None and not self._stopping:
             try:
                 self._send(("abort", live))
@@ -468,8 +466,15 @@ class EngineClient:
         if m is None:
             return
         m.e2e_request_latency.observe(now - stream.arrival)
-        for completion in stream.output.outputs:
-            m.request_success(completion.finish_reason or "abort")
+        self._count_samples(stream)
+
+    def _count_samples(self, stream: Optional[RequestStream]) -> None:
+        """request_success once per sample, as vLLM V1 counts the child requests of n > 1: a
+        finished sample under its finish reason, one cut off by an abort under "abort". Runs
+        once per request, when it is released (finished or aborted)."""
+        if self.metrics is not None and stream is not None:
+            for completion in stream.output.outputs:
+                self.metrics.request_success(completion.finish_reason or "abort")
 
     def _observe_state(self, state: EngineState) -> None:
         self.state = state

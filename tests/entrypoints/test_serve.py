@@ -443,6 +443,38 @@ def test_a_client_leaving_a_queued_non_streaming_request_aborts_it(server):
         httpx.post(server.url("/dev/resume"))
 
 
+def _successes(server, reason: str) -> float:
+    return sum(
+        v
+        for k, v in server.metrics().items()
+        if k.startswith("vllm:request_success_total") and f'finished_reason="{reason}"' in k
+    )
+
+
+def test_request_success_counts_an_abort_per_sample_like_a_finish(server):
+    """vllm:request_success_total counts samples (vLLM V1 fans n > 1 out into child requests):
+    n=4 adds 4 under its finish reason, and 4 under "abort" when the client leaves."""
+    body = {"model": MODEL, "prompt": "abc", "n": 4, "ignore_eos": True}
+    length = _successes(server, "length")
+    assert server.post("/v1/completions", {**body, "max_tokens": 3}).status_code == 200
+    assert _successes(server, "length") - length == 4
+    aborted = _successes(server, "abort")
+    with httpx.stream(
+        "POST",
+        server.url("/v1/completions"),
+        json={**body, "max_tokens": 200, "stream": True},
+        headers=server.headers,
+        timeout=60,
+    ) as resp:
+        next(line for line in resp.iter_lines() if line.startswith("data:"))
+        httpx.post(server.url("/dev/pause"))  # no sample can finish before the abort
+    try:
+        assert server.wait_idle()["num_pending"] == 0
+        assert _successes(server, "abort") - aborted == 4
+    finally:
+        httpx.post(server.url("/dev/resume"))
+
+
 async def _load_client(server, rng: random.Random, prompt: list[int]):
     """One streaming client: a bad request, a disconnect after a few chunks, or a full greedy run."""
     kind = rng.choice(["full", "full", "disconnect", "bad"])
