@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI API plus vLLM's extra sampling fields.
 
-Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default).
+Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default);
+bounds declared here (seed in int64) are 400s naming the field too (api_server._parse).
 Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
 """
 
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+# vLLM's seed bound (torch.long's range); outside it a seed would wrap modulo 2**64.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 class _Strict(BaseModel):
@@ -34,7 +38,7 @@ class _Sampling(_Strict):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None

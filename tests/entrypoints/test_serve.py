@@ -366,6 +366,15 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
 
 
+def test_seed_outside_int64_is_400_naming_seed_and_the_bound(server):
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2, "temperature": 1.0}
+    for seed in (2**63, 2**64, -(2**63) - 1):
+        err = _error(server.post("/v1/completions", {**body, "seed": seed}), 400)
+        assert err["param"] == "seed" and "922337203685477580" in err["message"]
+    for seed in (2**63 - 1, -(2**63)):
+        assert server.post("/v1/completions", {**body, "seed": seed}).status_code == 200
+
+
 def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     """Capacity is 16 running + 512 waiting samples: a request of more samples never fits, even
     on an idle server, so it is the client's error, not a busy server's (503 is retried)."""
