@@ -129,6 +129,13 @@ def render_chat(ctx: ServerContext, messages: list[dict], add_generation_prompt:
 # ---- submitting ---------------------------------------------------------------------------------
 
 
+def _check_request(ctx: ServerContext, body: _Sampling) -> None:
+    """The checks of a body as a whole (SamplingParams checks the sampling fields), as vLLM
+    makes them: stream_options that set anything need stream=true ({} and null set nothing)."""
+    if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
+        raise APIError(400, "stream_options can only be set when stream is true", "stream_options")
+
+
 async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
     subs = []
     for i, (text, ids) in enumerate(call.prompts):
@@ -168,6 +175,7 @@ def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx
 async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_disconnect):
     """A full completion body (dict), or an async iterator of SSE frames when streaming."""
     ctx.check_model(body.model)
+    _check_request(ctx, body)
     prompts = completion_prompts(ctx, body.prompt)
     call = _Call(
         "completion",
@@ -184,6 +192,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_di
 
 async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect):
     ctx.check_model(body.model)
+    _check_request(ctx, body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     text = render_chat(ctx, body.messages, body.add_generation_prompt)

@@ -375,6 +375,22 @@ def test_seed_outside_int64_is_400_naming_seed_and_the_bound(server):
         assert server.post("/v1/completions", {**body, "seed": seed}).status_code == 200
 
 
+def test_stream_options_without_stream_is_400(server):
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    for options in ({"include_usage": True}, {"include_usage": False}, {"continuous_usage_stats": True}):
+        for stream in ({}, {"stream": False}):
+            err = _error(server.post("/v1/completions", {**body, **stream, "stream_options": options}), 400)
+            assert err["param"] == "stream_options" and "stream" in err["message"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    err = _error(
+        server.post("/v1/chat/completions", {**chat, "stream_options": {"include_usage": True}}), 400
+    )
+    assert err["param"] == "stream_options"
+    # as vLLM: an empty or null stream_options sets nothing, so it is no error
+    for options in ({}, None):
+        assert server.post("/v1/completions", {**body, "stream_options": options}).status_code == 200
+
+
 def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     """Capacity is 16 running + 512 waiting samples: a request of more samples never fits, even
     on an idle server, so it is the client's error, not a busy server's (503 is retried)."""
