@@ -240,6 +240,12 @@ class EngineClient:
         return self.info is not None and self.fatal is None and not self._stopping
 
     @property
+    def priority_scheduling(self) -> bool:
+        """Whether the scheduler orders by request priority (--scheduling-policy priority);
+        under fcfs, the default, a request's priority is ignored."""
+        return self.args.scheduling_policy == "priority"
+
+    @property
     def vocab_size(self) -> int:
         return self.info.vocab_size
 

@@ -131,9 +131,17 @@ def render_chat(ctx: ServerContext, messages: list[dict], add_generation_prompt:
 
 def _check_request(ctx: ServerContext, body: _Sampling) -> None:
     """The checks of a body as a whole (SamplingParams checks the sampling fields), as vLLM
-    makes them: stream_options that set anything need stream=true ({} and null set nothing)."""
+    makes them: stream_options that set anything need stream=true ({} and null set nothing);
+    a priority other than 0 needs the priority policy (fcfs would ignore it)."""
     if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
         raise APIError(400, "stream_options can only be set when stream is true", "stream_options")
+    if body.priority != 0 and not ctx.engine.priority_scheduling:
+        raise APIError(
+            400,
+            f"priority must be 0 unless the server runs --scheduling-policy priority (this one runs "
+            f"fcfs), got {body.priority}",
+            "priority",
+        )
 
 
 async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:

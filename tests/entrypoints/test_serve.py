@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
+from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.protocol import CompletionRequest
+from enginespec.entrypoints.openai.serving import _check_request
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import EOS_ID, make_checkpoint
@@ -389,6 +393,25 @@ def test_stream_options_without_stream_is_400(server):
     # as vLLM: an empty or null stream_options sets nothing, so it is no error
     for options in ({}, None):
         assert server.post("/v1/completions", {**body, "stream_options": options}).status_code == 200
+
+
+def test_priority_needs_priority_scheduling(server):
+    """The server runs the default fcfs policy: a priority other than 0 would be ignored."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    for priority in (5, -1):
+        err = _error(server.post("/v1/completions", {**body, "priority": priority}), 400)
+        assert err["param"] == "priority" and "--scheduling-policy priority" in err["message"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2, "priority": 1}
+    assert _error(server.post("/v1/chat/completions", chat), 400)["param"] == "priority"
+    assert server.post("/v1/completions", {**body, "priority": 0}).status_code == 200
+
+
+def test_priority_is_taken_under_priority_scheduling():
+    body = CompletionRequest(prompt="a", priority=5)
+    _check_request(SimpleNamespace(engine=SimpleNamespace(priority_scheduling=True)), body)
+    with pytest.raises(APIError) as info:
+        _check_request(SimpleNamespace(engine=SimpleNamespace(priority_scheduling=False)), body)
+    assert info.value.param == "priority"
 
 
 def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
