@@ -20,7 +20,8 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    """`{}` is valid and means the defaults (no usage chunk)."""
+    """`{}` is valid and means the defaults (no usage chunk). continuous_usage_stats, with
+    include_usage, puts the usage so far in every chunk that has a choice."""
 
     include_usage: Optional[bool] = False
     continuous_usage_stats: Optional[bool] = False
@@ -59,6 +60,12 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options is not None and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: continuous_usage_stats counts only with include_usage (vLLM's rule)."""
+        options = self.stream_options
+        return bool(options is not None and options.include_usage and options.continuous_usage_stats)
 
 
 class CompletionRequest(_Sampling):

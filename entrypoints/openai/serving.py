@@ -430,6 +430,26 @@ def _frame_choices(head: str, choices: list) -> str:
     return f"{head}[{items}]}}\n\n"
 
 
+def _frame_choice_usage(head: str, choice, usage: dict) -> str:
+    """frame(_chunk(call, [choice], usage)), byte for byte, for a choice dict or its JSON text."""
+    item = choice if type(choice) is str else encode_json(choice)
+    return f'{head}[{item}],"usage":{encode_json(usage)}}}\n\n'
+
+
+def _usage_frames(ctx, call: _Call, head: str, out) -> list[str]:
+    """continuous_usage_stats: one frame per choice with news, each carrying that choice's usage
+    so far (its prompt's tokens, its own tokens), as vLLM sends them (one choice a chunk)."""
+    prompt = len(out.prompt_token_ids)
+    frames = []
+    for completion in out.outputs:
+        choice = _delta_choice(ctx, call, out, completion)
+        if choice is not None:
+            done = len(completion.token_ids)
+            usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+            frames.append(_frame_choice_usage(head, choice, usage))
+    return frames
+
+
 def _plain_choice_json(kind: str, index: int, delta_text: str) -> str:
     """encode_json of the choice dict _delta_choice builds for a started, unfinished choice with
     no logprobs and no token ids (every frame of a plain stream but its first and last), written
@@ -506,8 +526,10 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
 
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
-    error after the stream started goes out as one error frame, then [DONE]."""
+    error after the stream started goes out as one error frame, then [DONE]. A frame has the
+    news of one output's choices; with continuous usage, of one choice (see _usage_frames)."""
     head = _chunk_head(call)
+    continuous = call.body.continuous_usage
     try:
         while not gen.done:
             items = await gen.next()
@@ -519,6 +541,10 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
             for _, out in items:
                 if out.finished:
                     call.finals[out.request_id] = out
+                if continuous:
+                    for usage_frame in _usage_frames(ctx, call, head, out):
+                        yield usage_frame
+                    continue
                 choices = []
                 for completion in out.outputs:
                     choice = _delta_choice(ctx, call, out, completion)

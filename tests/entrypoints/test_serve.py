@@ -345,6 +345,55 @@ def test_streamed_text_offsets_equal_the_full_ones_when_text_is_held_back(server
     assert streamed["text_offset"] == full["logprobs"]["text_offset"]
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client):
+    """As vLLM: with include_usage and continuous_usage_stats every chunk carries one choice and
+    the usage of that choice so far (its prompt, its tokens); the usage chunk still ends it."""
+    prompt = prompts(1, seed=16)[0]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=6,
+            n=2,
+            temperature=0,
+            stream=True,
+            stream_options=options,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+    )
+    *deltas, last = chunks
+    sent = {0: 0, 1: 0}
+    for chunk in deltas:
+        assert len(chunk.choices) == 1
+        choice = chunk.choices[0]
+        sent[choice.index] += len(choice.token_ids)
+        usage = chunk.usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), sent[choice.index])
+        assert usage.total_tokens == len(prompt) + sent[choice.index]
+    assert sent == {0: 6, 1: 6}
+    assert last.choices == [] and last.usage.completion_tokens == 12
+    chat = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options=options,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    *deltas, last = chat
+    assert all(c.usage.prompt_tokens == last.usage.prompt_tokens for c in deltas)
+    assert deltas[-1].usage.completion_tokens == last.usage.completion_tokens == 4
+    # continuous_usage_stats alone asks for nothing (vLLM needs include_usage too)
+    plain = client.completions.create(
+        model=MODEL, prompt="abc", max_tokens=3, stream=True, stream_options={"continuous_usage_stats": True}
+    )
+    assert all(c.usage is None for c in plain)
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 

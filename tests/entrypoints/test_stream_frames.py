@@ -11,7 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from enginespec.entrypoints.openai.engine_client import Inbox
-from enginespec.entrypoints.openai.serving import _chunk, _chunk_head, _frame_choices, _plain_choice_json
+from enginespec.entrypoints.openai.serving import (
+    _chunk,
+    _chunk_head,
+    _frame_choice_usage,
+    _frame_choices,
+    _plain_choice_json,
+)
 from enginespec.entrypoints.openai.sse import encode_json, frame
 
 TEXTS = [
@@ -46,6 +52,9 @@ def test_frame_choices_equals_frame_of_chunk(kind):
     head = _chunk_head(call)
     assert _frame_choices(head, mixed) == frame(_chunk(call, dicts))
     assert _frame_choices(head, dicts[:1]) == frame(_chunk(call, dicts[:1]))
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    for choice in (dicts[1], encode_json(dicts[1])):  # continuous usage: one choice, then the usage
+        assert _frame_choice_usage(head, choice, usage) == frame(_chunk(call, [dicts[1]], usage))
 
 
 def test_inbox_order_waits_and_cancellation():
