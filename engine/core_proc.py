@@ -109,6 +109,8 @@ class DeltaTracker:
         request = sample.request
         ids = request.token_ids
         start, end = request.num_prompt_tokens + s[0], len(ids)
+        if sample.num_visible is not None:  # none past the id that completed a stop string
+            end = max(start, min(end, request.num_prompt_tokens + sample.num_visible))
         while end > start and ids[end - 1] == self.placeholder:
             end -= 1
         finish = sample.finish_reason

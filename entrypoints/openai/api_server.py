@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 from contextlib import asynccontextmanager
@@ -48,6 +49,8 @@ from enginespec.entrypoints.openai.serving import (
     render_chat,
 )
 from enginespec.entrypoints.openai.sse import SSEResponse
+
+log = logging.getLogger(__name__)
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -260,6 +263,7 @@ def run_server(ns) -> int:
     when the engine process died."""
     import uvicorn
 
+    from enginespec.engine.generation_config import GenerationDefaults
     from enginespec.engine_args import EngineArgs
     from enginespec.entrypoints.cli import _engine_kwargs
     from enginespec.worker.loader import load_tokenizer
@@ -276,7 +280,10 @@ def run_server(ns) -> int:
     )
     info = client.launch()
     try:
-        ctx = ServerContext(client, tokenizer, list(names), info.max_model_len, template)
+        defaults = GenerationDefaults.from_dir(args.model).sampling
+        if defaults:
+            log.info("default sampling parameters from the checkpoint's generation_config.json: %s", defaults)
+        ctx = ServerContext(client, tokenizer, list(names), info.max_model_len, template, defaults)
         app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
         config = uvicorn.Config(
             app,

@@ -6,6 +6,10 @@ outputs exactly as LLM.generate returns them. Samples the engine does not detoke
 strings) are decoded here, with the engine's own IncrementalDetokenizer, so the text equals
 what the engine would have produced.
 
+A sample ended by a stop token (or EOS) gets that token's id but not its text, unless it asked
+include_stop_str_in_output (the engine's rule, engine/output_processor.py): the token arrives in
+the delta that carries the finish, so its text is never emitted first.
+
 Invariants: a sample's text only grows; finish_reason is set once, by the sample's last delta;
 `output.finished` is True exactly when every sample has its finish_reason.
 """
@@ -43,6 +47,7 @@ class RequestStream:
             for _ in range(n)
         ]
         self._num_finished = 0
+        self._stop_text = req.params.include_stop_str_in_output
 
     def apply(self, delta: tuple) -> int:
         """Fold one SampleDelta-shaped tuple in; returns how many new token ids it carried."""
@@ -52,7 +57,8 @@ class RequestStream:
         if new_ids:
             c.token_ids.extend(new_ids)
             if det is not None:
-                c.text += det.update(new_ids)[0]
+                shown = new_ids[:-1] if _token_stop(finish, stop) and not self._stop_text else new_ids
+                c.text += det.update(shown)[0]
         if new_lps:
             c.logprobs.extend(new_lps)
         if new_text:
@@ -66,3 +72,8 @@ class RequestStream:
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
+
+
+def _token_stop(finish: Optional[str], stop) -> bool:
+    """A "stop" finish by a token id (stop_reason an int) or EOS (None), not a stop string."""
+    return finish == "stop" and not isinstance(stop, str)

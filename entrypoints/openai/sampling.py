@@ -1,8 +1,9 @@
 """A request body -> spec.SamplingParams. Every bad value is a ValueError naming the field.
 
-OpenAI defaults: temperature 1, top_p 1, no penalties. What SamplingParams lacks:
-- include_stop_str_in_output: applied by the server (serving.py appends the matched stop
-  string, which the engine's detokenizer cut from the text).
+Defaults of the fields a request leaves unset: the checkpoint's generation_config.json
+sampling defaults where it has them (engine/generation_config.py, as vLLM's server applies
+them), else OpenAI's: temperature 1, top_p 1, no top-k, min-p or penalties. What SamplingParams
+lacks:
 - skip_special_tokens=false: refused (400). The engine's detokenizer always skips special
   tokens and the engine gives no way to ask otherwise.
 - cache_salt, priority: not sampling settings; passed beside the params to the engine.
@@ -16,6 +17,7 @@ from enginespec.entrypoints.openai.protocol import _Sampling
 from enginespec.spec import SamplingParams
 
 LOGIT_BIAS_BOUND = 100.0
+_OPENAI_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
@@ -33,9 +35,18 @@ def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
     return out
 
 
-def to_sampling_params(req: _Sampling, *, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
+def to_sampling_params(
+    req: _Sampling, *, max_tokens: int, logprobs: Optional[int], defaults: Optional[dict] = None
+) -> SamplingParams:
     """The engine's params for one request body (max_tokens and logprobs already resolved by
-    the endpoint, since completions and chat name them differently)."""
+    the endpoint, since completions and chat name them differently). `defaults`: SamplingParams
+    field -> value for the fields the body leaves unset (None)."""
+    chosen = {**_OPENAI_DEFAULTS, **(defaults or {})}
+
+    def pick(name: str):
+        value = getattr(req, name)
+        return chosen[name] if value is None else value
+
     if not req.skip_special_tokens:
         raise ValueError(
             "skip_special_tokens=false is not supported: the engine's detokenizer always skips special tokens"
@@ -46,10 +57,10 @@ def to_sampling_params(req: _Sampling, *, max_tokens: int, logprobs: Optional[in
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_k=0 if req.top_k is None else req.top_k,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        min_p=0.0 if req.min_p is None else req.min_p,
+        temperature=pick("temperature"),
+        top_k=pick("top_k"),
+        top_p=pick("top_p"),
+        min_p=pick("min_p"),
         seed=req.seed,
         stop_token_ids=tuple(req.stop_token_ids or ()),
         stop=stop,
@@ -60,6 +71,7 @@ def to_sampling_params(req: _Sampling, *, max_tokens: int, logprobs: Optional[in
         prompt_logprobs=req.prompt_logprobs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=pick("repetition_penalty"),
         logit_bias=_logit_bias(req.logit_bias),
+        include_stop_str_in_output=req.include_stop_str_in_output,
     )

@@ -36,6 +36,8 @@ class ServerContext:
     model_names: list[str]
     max_model_len: int
     chat_template: Optional[str] = None
+    # generation_config.json's sampling defaults (SamplingParams names) for unset fields
+    sampling_defaults: dict = field(default_factory=dict)
 
     def check_model(self, name: Optional[str]) -> None:
         if name is not None and name not in self.model_names:
@@ -172,10 +174,16 @@ def _too_large(call: _Call, exc: RequestTooLarge) -> APIError:
 
 
 def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
-    if max_tokens is None:
-        max_tokens = 16 if call.kind == "completion" else max(1, ctx.max_model_len - len(call.prompts[0][1]))
+    """An unset max_tokens: 16 for a completion; for chat what the context leaves after the
+    prompt, capped by generation_config.json's max_new_tokens (vLLM's rule)."""
+    defaults = ctx.sampling_defaults
+    if max_tokens is None and call.kind == "completion":
+        max_tokens = 16
+    elif max_tokens is None:
+        max_tokens = max(1, ctx.max_model_len - len(call.prompts[0][1]))
+        max_tokens = min(max_tokens, defaults.get("max_tokens", max_tokens))
     try:
-        return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs)
+        return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs, defaults=defaults)
     except ValueError as exc:
         raise bad_request(exc) from None
 
@@ -273,17 +281,6 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
-def _final_text(call: _Call, completion) -> str:
-    text = completion.text
-    if (
-        call.body.include_stop_str_in_output
-        and completion.finish_reason == "stop"
-        and isinstance(completion.stop_reason, str)
-    ):
-        text += completion.stop_reason
-    return text
-
-
 def _finite(logprob: Optional[float]) -> Optional[float]:
     """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it."""
     return max(logprob, -9999.0) if logprob is not None else None
@@ -364,7 +361,7 @@ def _usage(call: _Call, outputs) -> dict:
 def _full_choice(ctx, call: _Call, out, completion) -> dict:
     index = call.index_of[out.request_id] * call.body.n + completion.index
     choice = {"index": index}
-    text = _final_text(call, completion)
+    text = completion.text
     logprobs = _logprobs(ctx, call, completion.token_ids, completion.logprobs)
     if call.kind == "completion":
         choice.update(text=text, logprobs=logprobs)
@@ -482,7 +479,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         return None
     finished = completion.finish_reason is not None
     if finished:
-        text = _final_text(call, completion)
+        text = completion.text
         end = len(text)
     else:
         text = completion.text

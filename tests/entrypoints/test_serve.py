@@ -20,6 +20,7 @@ from enginespec.entrypoints.openai.serving import _check_request
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import EOS_ID, make_checkpoint
+from enginespec.worker.loader import load_tokenizer
 from tests.entrypoints.remote_server import CHAT_TEMPLATE, RemoteServer
 
 MODEL = "tiny"
@@ -252,6 +253,47 @@ def test_eos_ignore_eos_stop_token_ids_and_min_tokens(client):
     assert cut.token_ids == ids[: first + 1] and cut.finish_reason == "stop" and cut.stop_reason == stop_id
     late = greedy(client, prompt, stop_token_ids=[ids[0]], min_tokens=4).choices[0]
     assert len(late.token_ids) >= 4
+
+
+def test_a_stop_tokens_text_shows_only_with_include_stop_str_in_output(client, model_dir):
+    tokenizer = load_tokenizer(model_dir)
+    prompt = prompts(1, seed=9)[0]
+    full = greedy(client, prompt).choices[0]
+    ids = full.token_ids
+    at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i] and tokenizer.decode([ids[i]]))
+    upto = greedy(client, prompt, max_tokens=at + 1).choices[0].text  # the stop token's text included
+    hidden = greedy(client, prompt, stop_token_ids=[full.token_ids[at]]).choices[0]
+    shown = greedy(
+        client, prompt, stop_token_ids=[full.token_ids[at]], include_stop_str_in_output=True
+    ).choices[0]
+    assert hidden.token_ids == shown.token_ids == full.token_ids[: at + 1]
+    assert shown.text == upto and upto.startswith(hidden.text) and len(hidden.text) < len(upto)
+
+
+def test_generation_config_defaults_fill_the_unset_fields_only(tmp_path_factory):
+    """A checkpoint whose generation_config.json says temperature 0 and max_new_tokens 5: a chat
+    request that sets neither is greedy and at most 5 tokens long; set fields are kept."""
+    root = tmp_path_factory.mktemp("gencfg")
+    ckpt = make_checkpoint("qwen3", root / "qwen3")
+    cfg_file = ckpt / "generation_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    cfg_file.write_text(json.dumps({**cfg, "temperature": 0.0, "max_new_tokens": 5}))
+    srv = RemoteServer(
+        ckpt, ["--served-model-name", MODEL, "--chat-template", CHAT_TEMPLATE, "--num-blocks", "64"]
+    )
+    try:
+        client = srv.client()
+        messages = [{"role": "user", "content": "abc"}]
+        implicit = [client.chat.completions.create(model=MODEL, messages=messages) for _ in range(2)]
+        explicit = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=5)
+        texts = {r.choices[0].message.content for r in implicit + [explicit]}
+        assert len(texts) == 1 and implicit[0].usage.completion_tokens <= 5
+        longer = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=9, extra_body={"ignore_eos": True}
+        )
+        assert longer.usage.completion_tokens == 9
+    finally:
+        assert srv.terminate() == 0
 
 
 def test_stop_strings_with_and_without_the_stop_in_the_output(client):
