@@ -99,10 +99,17 @@ def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], 
 
 
 def _message_text(content) -> str:
+    """A message's text: a string, or the text parts of a list (OpenAI's content parts, joined).
+    Any other part (an image, audio) is a 400: the engine serves text-only models, and dropping
+    the part would answer a different question than the one asked."""
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        for part in content:
+            if not isinstance(part, dict) or part.get("type", "text") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(400, f"only text content parts are supported, got a {kind!r} part", "messages")
+        return "".join(part.get("text", "") for part in content)
     raise APIError(
         400, f"message content must be a string or a list of parts, got {type(content).__name__}", "messages"
     )

@@ -461,6 +461,18 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
 
 
+def test_chat_content_parts_text_joined_other_parts_refused(server, client):
+    plain = [{"role": "user", "content": "hello"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+    kw = dict(model=MODEL, max_tokens=6, temperature=0)
+    want = client.chat.completions.create(messages=plain, **kw).choices[0].message.content
+    assert client.chat.completions.create(messages=parts, **kw).choices[0].message.content == want
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [image]}]}
+    err = _error(server.post("/v1/chat/completions", body), 400)
+    assert err["param"] == "messages" and "image_url" in err["message"]
+
+
 def test_seed_outside_int64_is_400_naming_seed_and_the_bound(server):
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 2, "temperature": 1.0}
     for seed in (2**63, 2**64, -(2**63) - 1):
