@@ -53,6 +53,10 @@ from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
 log = logging.getLogger(__name__)
 
+# Empty schedules in a row, with requests unfinished and no step in flight, that fail them (a
+# correct scheduler needs at most one: a step that only preempted)
+MAX_EMPTY_STEPS = 3
+
 
 @dataclass
 class EngineStats:
@@ -150,6 +154,7 @@ class EngineCore:
         # "sample", "update", "detokenize"); whatever it raises is handled like a real fault.
         self.fault_hook: Optional[Callable[[str], None]] = None
         self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
+        self._empty_steps = 0  # empty schedules in a row with nothing in flight (_check_progress)
         self.warmup_report = self._warm_up()
         self.stats.startup_seconds = time.perf_counter() - started
         self.stats.startup_phases = self._startup_phases(loaded - started)
@@ -518,9 +523,11 @@ class EngineCore:
             len(blocks) for _, blocks in (*output.swap_out, *output.swap_in)
         )
         if not output.is_empty:
+            self._empty_steps = 0
             self._run_step(state, changed)
         else:
             self._resolve(state.previous, changed)
+            self._check_progress(state.previous is None, changed)
         with self._phase("detokenize"):
             outputs = self._build_outputs(changed, final_only)
         return outputs
@@ -739,6 +746,13 @@ class EngineCore:
                     for rid, _ in state.output.swap_out
                     if rid in self._samples
                 )
+        if state.output is None and isinstance(exc, Exception):
+            # the step failed before schedule() returned (schedule or drafting raised, an impl
+            # bug): nothing says which requests it touched, and it would raise again at every
+            # step, so every unfinished request fails (the engine never loops on a raising step)
+            message = f"the step failed before it was scheduled: {message}"
+            for request in [*self.scheduler.running, *self.scheduler.waiting]:
+                failed.setdefault(request.request_id, request)
         for rid, request in failed.items():
             self._fail_request(rid, request, state.computed.get(rid), message, changed)
         if not isinstance(exc, Exception):
@@ -751,6 +765,32 @@ class EngineCore:
                 for sample in parent.samples:
                     sample.detokenizer = None
             return self._build_outputs(changed, final_only)
+
+    def _check_progress(self, idle: bool, changed: dict) -> None:
+        """After an empty schedule. A correct scheduler schedules something whenever a request
+        is unfinished and no step is in flight (spec/scheduler.py's liveness: every request that
+        fits the pool alone finishes, and add() refused any that does not); one step may only
+        preempt (its victims are admitted next step). MAX_EMPTY_STEPS such steps in a row are a
+        liveness bug of the impl, most often blocks its block manager lost: stepping on would
+        change nothing, so every unfinished request fails now with the pool's state in its
+        error, instead of the engine spinning on empty steps forever."""
+        if not idle or not self.scheduler.has_unfinished:
+            self._empty_steps = 0
+            return
+        self._empty_steps += 1
+        if self._empty_steps < MAX_EMPTY_STEPS:
+            return
+        stuck = [*self.scheduler.running, *self.scheduler.waiting]
+        message = (
+            f"impl {self.impl.name!r} scheduled nothing in {self._empty_steps} steps in a row with "
+            f"{len(self.scheduler.running)} request(s) running and {len(self.scheduler.waiting)} waiting "
+            f"(a liveness bug: a request that fits the pool alone must be scheduled); its block manager "
+            f"has {self.block_manager.num_free} of {self.runner.num_blocks} blocks free"
+        )
+        log.error(message)
+        self._empty_steps = 0
+        for request in stuck:
+            self._fail_request(request.request_id, request, None, message, changed)
 
     def _fail_request(self, rid: str, request, computed: Optional[int], message: str, changed: dict) -> None:
         """Unpublish what the failed forward may not have written, finish through the
