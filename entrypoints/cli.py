@@ -243,7 +243,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "simulate":
         from enginespec.entrypoints.simulate import main as simulate_main
 
-        return simulate_main(argv[1:]) or 0
+        try:
+            return simulate_main(argv[1:]) or 0
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            print(f"enginespec simulate: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     ns = _parser().parse_args(argv)
     try:
         run = {"generate": _generate, "demo": _demo, "serve": _serve}[ns.command]

@@ -241,6 +241,16 @@ def test_simulate_forwards(capsys):
     assert out.strip()
 
 
+@pytest.mark.parametrize(
+    "flags, named", [(["--block-size", "0"], "block_size"), (["--impl", "nope"], "nope")]
+)
+def test_simulate_bad_input_is_a_one_line_usage_error(capsys, flags, named):
+    rc, _, err = run_cli(["simulate", "--quiet", *flags], capsys)
+    assert (
+        rc == 2 and named in err and "Traceback" not in err and err.startswith("enginespec simulate: error:")
+    )
+
+
 def test_bench_points_to_the_benchmark_script(capsys):
     """The product never imports benchmarks/: `enginespec bench` names the script instead."""
     rc, out, err = run_cli(["bench", "--shape", "tiny"], capsys)
