@@ -182,6 +182,7 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         module.__file__ = module.__spec__.origin
         exec(compile(SOURCE, module.__file__, "exec"), module.__dict__)
+        open(os.environ["MUTANT_SERVED"], "w").close()  # run_suite checks the mutant ran
 
 sys.meta_path.insert(0, Finder())
 import pytest
@@ -193,6 +194,11 @@ PROFILE = ["--hypothesis-profile=enginespec-ci"]
 
 
 def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
+    """One pytest run of SUITE (and the impl's own tests) with BOOT's import hook serving the
+    mutant. --assert=plain: pytest's assertion rewriter loads the modules of a plugin
+    distribution itself (enginespec is one, when installed non-editable), ahead of the hook,
+    and would run the unmutated code. A run in which the mutant never executed is an error,
+    never "survived"."""
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
     env.update(env_extra)
     cmd = [
@@ -201,6 +207,7 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
         BOOT,
         "-x",
         "-q",
+        "--assert=plain",
         "-p",
         "no:cacheprovider",
         *SUITE,
@@ -208,10 +215,16 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
         f"--impl={impl}",
         *PROFILE,
     ]
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "killed (timeout)"
+    with tempfile.TemporaryDirectory() as tmp:
+        served = Path(tmp) / "served"
+        env["MUTANT_SERVED"] = str(served)
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "killed (timeout)"
+        ran = served.exists() or env["MUTANT_MODULE"] == "-"
+    if not ran:
+        return f"error (the mutant of {env['MUTANT_MODULE']} was never imported by the run)"
     if proc.returncode == 0:
         return "survived"
     if proc.returncode == 1:

@@ -1,0 +1,46 @@
+"""tools/mutation.py judges a mutant only when the mutant actually ran: a run that never imported
+it is an error, not a survivor (an outsider's non-editable install reported every mutant as
+survived: pytest's assertion rewriter loaded the real modules first)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def mutation():
+    spec = importlib.util.spec_from_file_location("mutation_tool", ROOT / "tools" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutation_tool"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["mutation_tool"]
+
+
+def _one_file_suite(mutation, monkeypatch):
+    """The impl's own example tests alone (seconds), in place of the conformance selection."""
+    monkeypatch.setattr(mutation, "SUITE", [])
+
+
+def test_a_mutant_no_test_imports_is_an_error_not_a_survivor(mutation, monkeypatch, tmp_path):
+    _one_file_suite(mutation, monkeypatch)
+    source = tmp_path / "m.py"
+    source.write_text("X = 1\n")
+    env = {"MUTANT_MODULE": "enginespec.impls.fast.no_such_module", "MUTANT_SOURCE": str(source)}
+    result = mutation.run_suite("fast", env, timeout=300)
+    assert result.startswith("error") and "never imported" in result
+
+
+def test_a_crashing_mutant_of_an_imported_module_is_killed(mutation, monkeypatch, tmp_path):
+    _one_file_suite(mutation, monkeypatch)
+    mutants = mutation.mutants_of("impls/fast/hashing.py")
+    arithmetic = [m for m in mutants if "Add" in m.what or "Sub" in m.what]
+    assert arithmetic, [m.what for m in mutants]
+    _, result = mutation.judge(arithmetic[0], "fast", 300, tmp_path)
+    assert result == "killed", result
