@@ -26,9 +26,11 @@ IN_REPO = (REPO / "pyproject.toml").is_file()
 BM = "conformance/test_block_manager.py"
 
 
-def pytest_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def pytest_run(args: list[str], cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
     env.pop("ENGINESPEC_HYPOTHESIS_PROFILE", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -122,6 +124,57 @@ def test_report_records_a_failure_and_an_xfail(tmp_path):
     )
     assert known.returncode == 0, describe(known)
     assert json.loads((tmp_path / "x.json").read_text())["points"][3]["status"] == "xfail"
+
+
+NO_REPLACE_MODULE = '''
+"""A backend whose requests lack the OPTIONAL replace_last_token (SupportsAsyncScheduling):
+the reference's parts otherwise, and no swap capability."""
+from enginespec.spec import load_impl
+
+_reference = load_impl("reference")
+_SKIP = ("replace_last_token", "__dict__", "__weakref__")
+Request = type("Request", (), {k: v for k, v in vars(_reference.request_cls).items() if k not in _SKIP})
+
+
+class NoReplaceImpl(type(_reference)):
+    name = "no-replace-last-token"
+    capabilities = frozenset()
+    request_cls = Request
+
+
+IMPL = NoReplaceImpl()
+'''
+
+
+def write_no_replace_impl(directory: Path) -> str:
+    """Write the module above into `directory` (to put on PYTHONPATH); returns its --impl value."""
+    (directory / "no_replace_backend.py").write_text(NO_REPLACE_MODULE)
+    return "--impl=no_replace_backend:IMPL"
+
+
+@needs_installed_plugin
+def test_async_suite_without_the_optional_replace_last_token(tmp_path):
+    """Requests without replace_last_token make the engine run serially: the async-scheduling
+    tests check that (0 async steps, outputs of the serial run) and pass; only the test whose
+    subject is a pending placeholder skips, naming the missing method."""
+    impl = write_no_replace_impl(tmp_path)
+    proc = pytest_run(
+        ["--pyargs", "enginespec.conformance.test_async_scheduling", impl, "--backend-only"],
+        tmp_path,
+        pythonpath=tmp_path,
+    )
+    assert proc.returncode == 0, describe(proc)
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    reasons = ("requests have no replace_last_token", "has no swap capability", "needs a CUDA device")
+    assert sum(reasons[0] in line for line in skipped) == 1, describe(proc)
+    assert all(any(r in line for r in reasons) for line in skipped), describe(proc)
+    passed = " ".join(line for line in proc.stdout.splitlines() if line.startswith("PASSED"))
+    for name in (
+        "with_stops_and_preemption[recompute]",
+        "when_sampling[True]",
+        "for_every_setting[recompute]",
+    ):
+        assert f"test_async_equals_serial_{name}" in passed, describe(proc)
 
 
 def hypothesis_baseline() -> tuple[str, int, bool]:
