@@ -11,7 +11,8 @@ Run the suite against a backend (from anywhere): `pytest --pyargs enginespec.con
 
 Options:
 - `--impl NAME` (env fallback ENGINESPEC_IMPL, default "reference"): anything `spec.load_impl`
-  accepts: "reference", "fast", an `enginespec.impls` entry point, or "pkg.module:attr".
+  accepts: "reference", "fast", an `enginespec.impls` entry point, "pkg.module" or a top-level
+  "module" (its IMPL), or "pkg.module:attr".
 - `--backend-only`: deselect every test that does not call the backend (see `backend` marker).
 - `--xfails-file PATH`: known gaps of the impl, one canonical test id (or a substring of one)
   per line, text after `#` is the reason. Canonical ids read
@@ -102,7 +103,8 @@ def pytest_addoption(parser):
     group.addoption(
         "--impl",
         default=None,
-        help=f"implementation under test: reference, fast, an entry point or pkg.module:attr "
+        help=f"implementation under test: reference, fast, an entry point, pkg.module (its IMPL) or "
+        f"pkg.module:attr "
         f"(default: ${ENV_IMPL} or reference)",
     )
     group.addoption(

@@ -95,19 +95,46 @@ class PartsImpl:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def _resolve(target: str):
-    module_name, _, attr = target.partition(":")
+#: What `load_impl` (and so `--impl`) accepts, for error messages.
+ACCEPTED_FORMS = (
+    "a registered name (built-in or an `enginespec.impls` entry point), 'pkg.module' or a top-level "
+    "'module' (its IMPL attribute), or 'pkg.module:attr'"
+)
+
+
+def _unknown(target: str, known: list[str]) -> ValueError:
+    """The error for a name that is neither registered nor an importable module."""
+    return ValueError(
+        f"unknown impl {target!r}: not a registered name (registered: {known}) and no importable "
+        f"module of that name; --impl / load_impl accept {ACCEPTED_FORMS}"
+    )
+
+
+def _import(module_name: str, target: str, known: list[str]):
+    """Import the module part of `target`. A module that does not exist at all is an unknown impl
+    (the message lists the registered names); one that exists but fails to import (a missing
+    dependency inside it) keeps its own error, so a backend's import bug is not reported as a typo."""
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise _unknown(target, known) from e
+        raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e
     except ImportError as e:
         raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e
-    obj = module
+
+
+def _resolve(target: str, known: list[str]):
+    """The object `target` names: 'module:attr' (attr may be dotted) or 'module' (its IMPL)."""
+    module_name, _, attr = target.partition(":")
+    obj = _import(module_name, target, known)
     for part in (attr or "IMPL").split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(
-                f"impl {target!r}: module {module_name!r} has no attribute {attr or 'IMPL'!r}"
+                f"impl {target!r}: module {module_name!r} has no attribute {attr or 'IMPL'!r} "
+                f"(registered names: {known}; accepted forms: {ACCEPTED_FORMS})"
             ) from None
     return obj
 
@@ -115,24 +142,19 @@ def _resolve(target: str):
 def load_impl(name: Optional[str] = None) -> Implementation:
     """Return the Implementation named by `name` (default: $ENGINESPEC_IMPL, else "reference").
 
-    Accepts "reference", "fast", "pkg.module:attr" (attr may be dotted; a class is instantiated
-    with no arguments), "pkg.module" (its IMPL attribute), or the name of an entry point in the
-    `enginespec.impls` group.
+    Accepts "reference", "fast", the name of an entry point in the `enginespec.impls` group,
+    "pkg.module:attr" (attr may be dotted; a class is instantiated with no arguments), or
+    "pkg.module" / a top-level "module" (its IMPL attribute). A registered name wins over a module
+    of the same name; any other name is tried as an importable module.
     """
     name = name or os.environ.get(ENV_VAR) or "reference"
     if not isinstance(name, str):
         return name  # already an Implementation object
     if name in BUILTIN:
-        obj = _resolve(BUILTIN[name])
+        obj = _resolve(BUILTIN[name], sorted(BUILTIN))
     else:
         eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        if name in eps:
-            obj = eps[name].load()
-        elif ":" in name or "." in name:
-            obj = _resolve(name)
-        else:
-            known = sorted(set(BUILTIN) | set(eps))
-            raise ValueError(f"unknown impl {name!r}: expected one of {known} or 'pkg.module:attr'")
+        obj = eps[name].load() if name in eps else _resolve(name, sorted(set(BUILTIN) | set(eps)))
     if isinstance(obj, type):
         obj = obj()
     missing = [

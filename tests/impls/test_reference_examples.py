@@ -377,6 +377,46 @@ def test_reference_impl_builds_its_parts():
     )
 
 
+BACKEND_MODULE = """
+from enginespec.impls.reference import ReferenceImpl
+
+
+class Impl(ReferenceImpl):
+    name = "{name}"
+
+
+IMPL = Impl()
+"""
+
+
+def test_load_impl_accepts_every_documented_form(tmp_path, monkeypatch):
+    """docs/writing-a-backend.md: `--impl` takes a registered name, `pkg.module` (its IMPL) or
+    `pkg.module:attr`, and its skeleton is a top-level `my_backend` package: a name with no dot
+    that is not registered is tried as a module too. A name that is neither lists the registered
+    names and the accepted forms; a module that fails inside keeps its own import error."""
+    (tmp_path / "es_top_module.py").write_text(BACKEND_MODULE.format(name="top-module"))
+    (tmp_path / "es_top_pkg").mkdir()
+    (tmp_path / "es_top_pkg" / "__init__.py").write_text(BACKEND_MODULE.format(name="top-pkg"))
+    (tmp_path / "es_top_pkg" / "backend.py").write_text(BACKEND_MODULE.format(name="sub-module"))
+    (tmp_path / "es_broken_backend.py").write_text("import es_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert spec.load_impl("es_top_module").name == "top-module"
+    assert spec.load_impl("es_top_pkg").name == "top-pkg"
+    assert spec.load_impl("es_top_pkg.backend").name == "sub-module"
+    assert spec.load_impl("es_top_pkg:Impl").name == "top-pkg"  # a class is instantiated
+    assert spec.load_impl("reference").name == "reference"
+    with pytest.raises(
+        ValueError, match=r"unknown impl 'es_no_such_backend'.*'fast'.*'reference'.*pkg\.module:attr"
+    ):
+        spec.load_impl("es_no_such_backend")
+    with pytest.raises(ValueError, match=r"unknown impl 'es_top_pkg.nope'.*registered"):
+        spec.load_impl("es_top_pkg.nope")
+    with pytest.raises(ValueError, match="cannot import module 'es_broken_backend'.*es_no_such_dependency"):
+        spec.load_impl("es_broken_backend")
+    with pytest.raises(ValueError, match="has no attribute 'IMPL'.*accepted forms"):
+        spec.load_impl("dataclasses")
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_simulation_runs_to_an_empty_pool(mode, capsys):
     argv = ["--num-requests", "10", "--num-blocks", "32", "--seed", "1", "--preemption-mode", mode]
