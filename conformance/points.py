@@ -1,15 +1,19 @@
 """The spec points a conformance report is made of, and which tests prove each one.
 
-The eight points are DESIGN.md's "Conformance" section (docs/DESIGN.md); the capability and
-optional-method entries say whether the parts of the suite that a capability switches on passed
-(or were skipped because the impl does not declare it). A test proves a point when its
-canonical id (plugin.canonical_id) starts with one of the point's prefixes, or, for
-capabilities, contains one of its fragments. A test may count for several points.
+The eight points are DESIGN.md's "Conformance" section (docs/DESIGN.md); every impl must meet
+them. The capability and optional-method entries say whether the parts of the suite that a
+capability switches on passed; they are judged only for an impl that declares the capability
+(or has the optional method): for any other the report says "not-declared", never "pass". So
+their tests are only those that exercise the impl's capability and skip without it, never tests
+of the engine's own machinery (the runner's swap copies run for every impl). A test proves a
+point when its canonical id (plugin.canonical_id) starts with one of the point's prefixes, or
+contains one of its fragments. A test may count for several points.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,8 @@ class Point:
     title: str
     prefixes: tuple[str, ...] = ()
     fragments: tuple[str, ...] = ()  # substrings of the canonical id (parametrized variants)
+    #: impl -> whether it declares what the point is about; None: every impl must meet the point.
+    declared_by: Optional[Callable[[object], bool]] = None
 
     def covers(self, canonical_id: str) -> bool:
         return canonical_id.startswith(self.prefixes) or any(f in canonical_id for f in self.fragments)
@@ -103,28 +109,56 @@ POINTS = (
     ),
 )
 
-#: What each capability / optional method switches on, by the tests it enables.
+
+def has_capability(name: str) -> Callable[[object], bool]:
+    """An impl declares capability `name` by listing it in its `capabilities`."""
+
+    def declares(impl) -> bool:
+        return name in getattr(impl, "capabilities", ())
+
+    return declares
+
+
+def has_build_batch(impl) -> bool:
+    return callable(getattr(impl, "build_batch", None))
+
+
+def requests_replace_last_token(impl) -> bool:
+    """The impl's requests satisfy the optional SupportsAsyncScheduling Protocol, the engine's
+    own test for overlapping steps (engine/async_scheduling.py `deferrable`)."""
+    from enginespec.spec import SamplingParams, SupportsAsyncScheduling
+
+    request = impl.new_request("probe", [1], SamplingParams(), arrival_time=0.0)
+    return isinstance(request, SupportsAsyncScheduling)
+
+
+#: What each capability / optional method switches on, by the tests that exercise it in the impl
+#: (each skips where the impl does not declare it).
 CAPABILITIES = (
     Point(
         "capability:swap",
         "preemption_mode='swap' (runner copies blocks out and in)",
-        (),
-        ("[swap]", "test_runner_swap_round_trip"),
+        ("conformance/test_schedule_edges.py::test_swap_in_", f"{_SCHED}test_swapped_request_"),
+        ("[swap]", "[swap-", "-swap]", "::test_forced_swap_on_cuda"),
+        has_capability("swap"),
     ),
     Point(
         "capability:cuda_graphs",
         "decode steps captured as CUDA graphs (needs a GPU)",
         (),
         ("on_cuda", "test_cuda_pool"),
+        has_capability("cuda_graphs"),
     ),
     Point(
         "optional:build_batch",
         "the impl's own batch builder, checked against the plain one",
         ("conformance/test_batch_parity.py::",),
+        declared_by=has_build_batch,
     ),
     Point(
         "optional:replace_last_token",
         "async scheduling (placeholder tokens)",
         ("conformance/test_async_scheduling.py::",),
+        declared_by=requests_replace_last_token,
     ),
 )

@@ -2,9 +2,11 @@
 
 Each test's outcome is one of pass / fail / xfail / skip (an unexpected pass of an xfail counts
 as pass; an error in setup or teardown as fail). A point's status is the worst over its tests,
-in the order fail > xfail > pass > skip; a point no collected test covers is "not-run". The file
-also names the impl (name, version, declared capabilities) and the enginespec version, so a
-backend can publish it as it is.
+in the order fail > xfail > pass > skip; a point no collected test covers is "not-run". A
+capability or optional-method point of something the impl does not declare is "not-declared"
+whatever its tests did (its counts are kept): a point says "pass" only for what the impl claims.
+The file also names the impl (name, version, declared capabilities) and the enginespec version,
+so a backend can publish it as it is.
 """
 
 from __future__ import annotations
@@ -31,21 +33,49 @@ def outcome(report) -> str | None:
     return "pass" if report.when == "call" else None
 
 
-def point_status(outcomes: dict[str, str], point) -> dict:
+def declares(point, impl) -> bool | None:
+    """Whether `impl` declares what `point` is about: True for the points every impl must meet;
+    None where that cannot be told (no impl loaded, or its check raised), so the tests decide."""
+    if point.declared_by is None:
+        return True
+    if impl is None:
+        return None
+    try:
+        return bool(point.declared_by(impl))
+    except Exception:  # a broken factory fails its own tests; the report must still be written
+        return None
+
+
+def point_status(outcomes: dict[str, str], point, impl=None) -> dict:
+    """The point's entry: the worst outcome of its tests, or "not-declared" for a capability /
+    optional method the impl does not declare (never "pass" for what it does not claim)."""
     mine = {tid: o for tid, o in outcomes.items() if point.covers(tid)}
     counts = {k: sum(o == k for o in mine.values()) for k in RANK}
     status = max(mine.values(), key=RANK.__getitem__) if mine else "not-run"
+    declared = declares(point, impl)
+    if declared is False:
+        status = "not-declared"
     failing = sorted(tid for tid, o in mine.items() if o == "fail")
-    return {"key": point.key, "title": point.title, "status": status, "counts": counts, "failing": failing}
+    entry = {"key": point.key, "title": point.title, "status": status, "counts": counts, "failing": failing}
+    if point.declared_by is not None:
+        entry["declared"] = declared
+    return entry
 
 
-def impl_info(target: str) -> dict:
+def try_load(target: str):
+    """(impl, None), or (None, the error) when `target` does not load."""
     from enginespec.spec import load_impl
 
     try:
-        impl = load_impl(target)
+        return load_impl(target), None
     except Exception as e:  # the report still says what was asked for
-        return {"target": target, "name": None, "version": None, "error": str(e)}
+        return None, e
+
+
+def impl_info(target: str, impl, error: Exception | None) -> dict:
+    """What the report says about the impl under test (try_load's result for `target`)."""
+    if impl is None:
+        return {"target": target, "name": None, "version": None, "error": str(error)}
     module = sys.modules.get(type(impl).__module__.partition(".")[0])
     version = getattr(impl, "version", None) or getattr(module, "__version__", None)
     return {
@@ -83,15 +113,17 @@ class ReportPlugin:
         import enginespec
         from enginespec.conformance.plugin import impl_target
 
+        target = impl_target(self.config)
+        impl, error = try_load(target)
         data = {
             "enginespec_version": enginespec.__version__,
-            "impl": impl_info(impl_target(self.config)),
+            "impl": impl_info(target, impl, error),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(),
             "platform": platform.platform(),
             "exit_status": int(exitstatus),
             "points": [point_status(self.outcomes, p) for p in POINTS],
-            "capabilities": [point_status(self.outcomes, p) for p in CAPABILITIES],
+            "capabilities": [point_status(self.outcomes, p, impl) for p in CAPABILITIES],
             "tests": dict(sorted(self.outcomes.items())),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)

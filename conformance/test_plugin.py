@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -20,6 +21,7 @@ from hypothesis import settings
 import enginespec
 from enginespec.conformance.plugin import _PROFILE_KEY, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
+from enginespec.conformance.report import point_status
 
 REPO = Path(__file__).resolve().parents[1]
 IN_REPO = (REPO / "pyproject.toml").is_file()
@@ -156,14 +158,30 @@ def write_no_replace_impl(directory: Path) -> str:
 def test_async_suite_without_the_optional_replace_last_token(tmp_path):
     """Requests without replace_last_token make the engine run serially: the async-scheduling
     tests check that (0 async steps, outputs of the serial run) and pass; only the test whose
-    subject is a pending placeholder skips, naming the missing method."""
+    subject is a pending placeholder skips, naming the missing method. The report says the
+    optional method and the swap capability are not declared (the engine runner's own swap
+    test passing does not make swap "pass")."""
     impl = write_no_replace_impl(tmp_path)
+    report = tmp_path / "report.json"
+    modules = ["enginespec.conformance.test_async_scheduling", "enginespec.conformance.test_engine"]
     proc = pytest_run(
-        ["--pyargs", "enginespec.conformance.test_async_scheduling", impl, "--backend-only"],
+        ["--pyargs", *modules, "-k", "test_async_scheduling or runner_swap", impl, "--backend-only"]
+        + [f"--conformance-report={report}"],
         tmp_path,
         pythonpath=tmp_path,
     )
     assert proc.returncode == 0, describe(proc)
+    data = json.loads(report.read_text())
+    assert data["tests"]["conformance/test_engine.py::test_runner_swap_round_trip_and_drop"] == "pass"
+    caps = {c["key"]: c for c in data["capabilities"]}
+    assert {k: (c["status"], c["declared"]) for k, c in caps.items()} == {
+        "capability:swap": ("not-declared", False),
+        "capability:cuda_graphs": ("not-declared", False),
+        "optional:build_batch": ("not-declared", False),
+        "optional:replace_last_token": ("not-declared", False),
+    }, caps
+    assert caps["capability:swap"]["counts"]["pass"] == 0, "the runner's swap test is not the impl's"
+    assert {p["key"]: p["status"] for p in data["points"]}["8-greedy-parity-and-engine"] == "pass"
     skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
     reasons = ("requests have no replace_last_token", "has no swap capability", "needs a CUDA device")
     assert sum(reasons[0] in line for line in skipped) == 1, describe(proc)
@@ -175,6 +193,43 @@ def test_async_suite_without_the_optional_replace_last_token(tmp_path):
         "for_every_setting[recompute]",
     ):
         assert f"test_async_equals_serial_{name}" in passed, describe(proc)
+
+
+def test_capability_points_count_only_for_what_the_impl_declares():
+    """capability:swap is judged by the tests that exercise the impl's swap (they skip without
+    it), not by the engine runner's own swap test, and an impl that does not declare swap gets
+    "not-declared", never "pass"; the optional methods likewise, by what the impl (or its
+    requests) has."""
+    points = {p.key: p for p in CAPABILITIES}
+    swap = points["capability:swap"]
+    runner = "conformance/test_engine.py::test_runner_swap_round_trip_and_drop"
+    lockstep = "conformance/test_stateful.py::test_lockstep_with_reference[swap]"
+    faults = "conformance/test_faults.py::test_faults_under_preemption[async-swap]"
+    edge = "conformance/test_schedule_edges.py::test_swap_in_stops_when_the_seats_are_taken"
+    no_swap, has_swap = (SimpleNamespace(capabilities=frozenset(c)) for c in ((), {"swap"}))
+
+    entry = point_status({runner: "pass", lockstep: "skip", faults: "skip", edge: "skip"}, swap, no_swap)
+    assert (entry["status"], entry["declared"]) == ("not-declared", False)
+    assert entry["counts"] == {"fail": 0, "xfail": 0, "pass": 0, "skip": 3}
+    failed = point_status({runner: "pass", lockstep: "pass", faults: "fail", edge: "pass"}, swap, has_swap)
+    assert (failed["status"], failed["failing"], failed["declared"]) == ("fail", [faults], True)
+    assert point_status({runner: "pass", lockstep: "pass"}, swap, has_swap)["status"] == "pass"
+    assert point_status({runner: "pass"}, swap, has_swap)["status"] == "not-run"
+
+    rlt = points["optional:replace_last_token"]
+    tid = "conformance/test_async_scheduling.py::test_stream_never_shows_a_placeholder"
+
+    def impl_whose_requests(**methods):
+        return SimpleNamespace(new_request=lambda *a, **k: SimpleNamespace(**methods))
+
+    assert point_status({tid: "pass"}, rlt, impl_whose_requests())["status"] == "not-declared"
+    assert point_status({tid: "pass"}, rlt, impl_whose_requests(replace_last_token=print))["status"] == "pass"
+    batch = points["optional:build_batch"]
+    tid = "conformance/test_batch_parity.py::test_build_batch_matches_plain_builder[cpu]"
+    assert point_status({tid: "skip"}, batch, SimpleNamespace())["status"] == "not-declared"
+    assert point_status({tid: "pass"}, batch, SimpleNamespace(build_batch=print))["status"] == "pass"
+    # no impl to ask (it did not load): the tests decide, as for the eight points
+    assert point_status({tid: "pass"}, batch, None)["status"] == "pass"
 
 
 def hypothesis_baseline() -> tuple[str, int, bool]:
