@@ -275,9 +275,53 @@ def mark_xfails(config, items) -> None:
             )
 
 
+#: The conformance modules that run first, in this order, cheapest-to-read failure first (so
+#: `-x` stops at a "[spec rule ...]" failure, not an engine-level output diff): the block
+#: manager's and scheduler's directed rule tests, then the stateful lockstep against the
+#: reference, then attention and batch layout. Every other module (engine level: outputs through
+#: the engine and a model) runs after them, in collection order.
+RUN_FIRST = (
+    "test_block_manager",
+    "test_scheduler",
+    "test_schedule_edges",
+    "test_errors",
+    "test_numeric_args",
+    "test_stateful",
+    "test_attention",
+    "test_batch",
+    "test_batch_parity",
+)
+_RANK = {module: rank for rank, module in enumerate(RUN_FIRST)}
+
+
+def conformance_layer(item) -> int | None:
+    """The item's rank (its module's index in RUN_FIRST, len(RUN_FIRST) for any other conformance
+    module), or None for an item outside the shipped conformance package."""
+    path = getattr(item, "path", None)
+    if path is None:
+        return None
+    try:
+        rel = Path(os.path.realpath(path)).relative_to(CONFORMANCE_DIR)
+    except ValueError:
+        return None
+    return _RANK.get(rel.stem, len(RUN_FIRST)) if len(rel.parts) == 1 else len(RUN_FIRST)
+
+
+def order_by_layer(items: list) -> None:
+    """Reorder, in place, only the conformance package's items by rank: they are sorted among
+    the positions they already hold (by rank, then collection index, so a module's tests keep
+    their order and the engine-level modules keep collection order); every other item keeps its
+    exact position."""
+    ranked = sorted((rank, i) for i, rank in enumerate(map(conformance_layer, items)) if rank is not None)
+    ours = [items[i] for _, i in ranked]
+    for slot, item in zip(sorted(i for _, i in ranked), ours):
+        items[slot] = item
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Runs before -k/-m deselection, so xfail lines are matched against the whole suite."""
+    order_by_layer(items)
     for item in items:
         if calls_backend(item) and item.get_closest_marker("backend") is None:
             item.add_marker(pytest.mark.backend)

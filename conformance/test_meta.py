@@ -21,7 +21,13 @@ from types import SimpleNamespace
 import pytest
 
 from enginespec.conformance.planted.bugs import BUGS
-from enginespec.conformance.plugin import impl_target, mark_xfails, read_xfails
+from enginespec.conformance.plugin import (
+    CONFORMANCE_DIR,
+    impl_target,
+    mark_xfails,
+    order_by_layer,
+    read_xfails,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BM, SCHED = "conformance/test_block_manager.py", "conformance/test_scheduler.py"
@@ -217,6 +223,39 @@ def test_read_xfails(tmp_path):
     path = tmp_path / "x.txt"
     path.write_text("# header\n\n  test_a.py::test_one  # reason one\ntest_b\n")
     assert read_xfails(str(path)) == [("test_a.py::test_one", "reason one"), ("test_b", f"listed in {path}")]
+
+
+def test_conformance_modules_run_in_layers(tmp_path):
+    """With -x the first failure should be a readable rule-tagged one: the block manager and
+    scheduler rule tests, then the stateful lockstep, then attention and batch, then the engine-
+    level modules. Within a module the order is kept; another project's items keep their exact
+    positions, and only the shipped conformance package is reordered (not the repo's tests/)."""
+
+    def item(path, name):
+        return SimpleNamespace(path=path, nodeid=f"{path.name}::{name}")
+
+    def ours(module, name):
+        return item(CONFORMANCE_DIR / f"{module}.py", name)
+
+    items = [
+        ours("test_async_scheduling", "a1"),
+        ours("test_async_scheduling", "a2"),
+        item(tmp_path / "test_theirs.py", "t1"),
+        ours("test_engine", "e1"),
+        item(CONFORMANCE_DIR.parent / "tests" / "test_layout.py", "repo"),
+        ours("test_stateful", "s1"),
+        ours("test_attention", "att"),
+        ours("test_scheduler", "sc1"),
+        ours("test_scheduler", "sc2"),
+        ours("test_block_manager", "b1"),
+        item(tmp_path / "test_theirs.py", "t2"),
+        ours("test_block_manager", "b2"),
+    ]
+    order_by_layer(items)
+    assert [i.nodeid.partition("::")[2] for i in items] == [
+        *("b1", "b2", "t1", "sc1", "repo", "sc2"),
+        *("s1", "att", "a1", "a2", "t2", "e1"),
+    ]
 
 
 def test_xfails_marking(tmp_path):

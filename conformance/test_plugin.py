@@ -19,6 +19,7 @@ import pytest
 from hypothesis import settings
 
 import enginespec
+from enginespec.conformance import test_block_manager
 from enginespec.conformance.plugin import _PROFILE_KEY, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
 from enginespec.conformance.report import point_status
@@ -193,6 +194,23 @@ def test_async_suite_without_the_optional_replace_last_token(tmp_path):
         "for_every_setting[recompute]",
     ):
         assert f"test_async_equals_serial_{name}" in passed, describe(proc)
+
+
+@needs_installed_plugin
+def test_rule_tests_are_collected_before_engine_level_ones(tmp_path):
+    """The hook's order as a user sees it (unit test: test_meta.py's layers test): with an
+    engine-level module first on the command line, the block manager's rule tests still come
+    first; an unrelated test file given between them keeps its place in the session."""
+    (tmp_path / "test_theirs.py").write_text("def test_mine():\n    pass\n")
+    args = ["--pyargs", "enginespec.conformance.test_async_scheduling", "test_theirs.py"]
+    proc = pytest_run([*args, "enginespec.conformance.test_block_manager", "--collect-only"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    names = [line.partition("::")[2] for line in proc.stdout.splitlines() if "::" in line]
+    rules = {n for n in dir(test_block_manager) if n.startswith("test_")}
+    num_rules = sum(n in rules for n in names)
+    num_engine = len(names) - num_rules - 1
+    assert num_rules and num_engine and names.index("test_mine") == num_engine, describe(proc)
+    assert set(names[:num_rules]) <= rules and not rules & set(names[num_rules:]), describe(proc)
 
 
 def test_capability_points_count_only_for_what_the_impl_declares():
