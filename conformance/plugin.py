@@ -27,7 +27,8 @@ every machine, and no shrinking: shrinking a failing stateful trace can take min
 `enginespec-thorough` (many examples, long stateful runs). `--hypothesis-profile NAME` (or
 $ENGINESPEC_HYPOTHESIS_PROFILE) picks another for our tests. Our profile is loaded around the
 collection of our modules (so `@settings` decorators there inherit it) and around each of our
-items, and the previous profile is restored after.
+items, and the previous profile is restored after. An unknown name in the variable is a usage
+error once our tests are collected, so a run that collects none of them never sees it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import pytest
 ENV_IMPL = "ENGINESPEC_IMPL"
 ENV_PROFILE = "ENGINESPEC_HYPOTHESIS_PROFILE"
 DEFAULT_PROFILE = "enginespec-ci"
+PROFILES = (DEFAULT_PROFILE, "enginespec-dev", "enginespec-thorough")
 PROFILE_OPTION = "--hypothesis-profile"
 
 #: enginespec's package directory of tests (installed or in the repo) and the tree around it
@@ -139,12 +141,13 @@ def pytest_configure(config):
         from hypothesis import settings
 
         # After hypothesis' own configure: an explicit --hypothesis-profile (with any verbosity
-        # derived from it) is the user's choice for our tests too.
+        # derived from it, and checked by hypothesis) is the user's choice for our tests too.
+        # $ENGINESPEC_HYPOTHESIS_PROFILE is checked once our tests are collected
+        # (check_profile): an unrelated project's run must not fail on it.
         asked = config.getoption(PROFILE_OPTION, default=None)
         name = (
             settings.get_current_profile_name() if asked else os.environ.get(ENV_PROFILE) or DEFAULT_PROFILE
         )
-        settings.get_profile(name)  # an unknown name is a usage error now, not mid-run
         config.stash[_PROFILE_KEY] = name
     path = config.getoption("--conformance-report")
     if path:
@@ -164,12 +167,42 @@ def is_ours(path) -> bool:
     return True
 
 
+def profile_is_registered(name: str) -> bool:
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        settings.get_profile(name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def check_profile(config, items) -> None:
+    """Our profile must be registered once any of our tests is collected. Its name comes from
+    $ENGINESPEC_HYPOTHESIS_PROFILE (an explicit --hypothesis-profile is checked by hypothesis),
+    so an unknown one is a usage error naming the variable and the valid profiles. It is raised
+    here, after collection (collection itself runs without the profile, see our_profile),
+    because pytest reports a UsageError from this hook as "ERROR: ..." (exit code 4) and one
+    from configure or collection as INTERNALERROR or a collection error; and only when our tests
+    are collected, so another project's run never fails on our variable."""
+    name = config.stash.get(_PROFILE_KEY, None)
+    if name is None or profile_is_registered(name):
+        return
+    if any(is_ours(getattr(item, "path", None)) for item in items):
+        raise pytest.UsageError(
+            f"${ENV_PROFILE}={name!r} is not a registered Hypothesis profile: enginespec's profiles "
+            f"are {', '.join(PROFILES)} (any other registered profile, e.g. hypothesis' 'default', "
+            f"also works); unset the variable for the default {DEFAULT_PROFILE!r}"
+        )
+
+
 @contextmanager
 def our_profile(config, path):
     """Load enginespec's profile for the duration, when `path` is ours; restore the previous."""
     name = config.stash.get(_PROFILE_KEY, None)
-    if name is None or not is_ours(path):
-        yield
+    if name is None or not is_ours(path) or not profile_is_registered(name):
+        yield  # an unknown name: collected without it, then refused by check_profile
         return
     from hypothesis import settings
 
@@ -321,6 +354,7 @@ def order_by_layer(items: list) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Runs before -k/-m deselection, so xfail lines are matched against the whole suite."""
+    check_profile(config, items)
     order_by_layer(items)
     for item in items:
         if calls_backend(item) and item.get_closest_marker("backend") is None:

@@ -20,7 +20,7 @@ from hypothesis import settings
 
 import enginespec
 from enginespec.conformance import test_block_manager
-from enginespec.conformance.plugin import _PROFILE_KEY, needs_installed_plugin
+from enginespec.conformance.plugin import _PROFILE_KEY, ENV_PROFILE, PROFILES, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
 from enginespec.conformance.report import point_status
 
@@ -29,9 +29,12 @@ IN_REPO = (REPO / "pyproject.toml").is_file()
 BM = "conformance/test_block_manager.py"
 
 
-def pytest_run(args: list[str], cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+def pytest_run(
+    args: list[str], cwd: Path, pythonpath: Path | None = None, extra_env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
     env.pop("ENGINESPEC_HYPOTHESIS_PROFILE", None)
+    env.update(extra_env or {})
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", *args]
@@ -248,6 +251,28 @@ def test_capability_points_count_only_for_what_the_impl_declares():
     assert point_status({tid: "pass"}, batch, SimpleNamespace(build_batch=print))["status"] == "pass"
     # no impl to ask (it did not load): the tests decide, as for the eight points
     assert point_status({tid: "pass"}, batch, None)["status"] == "pass"
+
+
+@needs_installed_plugin
+def test_a_mistyped_profile_variable_is_a_usage_error_only_where_our_tests_run(tmp_path):
+    """$ENGINESPEC_HYPOTHESIS_PROFILE naming no profile: an unrelated project's run (the plugin
+    is loaded there too) is unaffected; a run that collects our tests stops with a usage error
+    naming the variable and the valid profiles (exit 4), not an INTERNALERROR."""
+    bogus = {ENV_PROFILE: "enginespec-bogus"}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    theirs = pytest_run(["test_plain.py"], other, extra_env=bogus)
+    assert theirs.returncode == 0 and "1 passed" in theirs.stdout, describe(theirs)
+    ours = pytest_run(
+        ["--pyargs", "enginespec.conformance.test_block_manager", "-k", "lru_order"],
+        tmp_path,
+        extra_env=bogus,
+    )
+    out = ours.stdout + ours.stderr
+    assert ours.returncode == pytest.ExitCode.USAGE_ERROR and "INTERNALERROR" not in out, describe(ours)
+    assert f"ERROR: ${ENV_PROFILE}='enginespec-bogus' is not a registered Hypothesis profile" in out
+    assert all(name in out for name in PROFILES), describe(ours)
 
 
 def hypothesis_baseline() -> tuple[str, int, bool]:
