@@ -200,6 +200,18 @@ def test_async_suite_without_the_optional_replace_last_token(tmp_path):
 
 
 @needs_installed_plugin
+def test_hostile_input_without_the_optional_replace_last_token(tmp_path):
+    """The token-id tests check replace_last_token only where the requests have it."""
+    impl = write_no_replace_impl(tmp_path)
+    proc = pytest_run(
+        ["--pyargs", "enginespec.conformance.test_hostile_input", "-k", "token_id or non_token", impl],
+        tmp_path,
+        pythonpath=tmp_path,
+    )
+    assert proc.returncode == 0, describe(proc)
+
+
+@needs_installed_plugin
 def test_rule_tests_are_collected_before_engine_level_ones(tmp_path):
     """The hook's order as a user sees it (unit test: test_meta.py's layers test): with an
     engine-level module first on the command line, the block manager's rule tests still come
