@@ -155,6 +155,7 @@ class EngineCore:
         self.fault_hook: Optional[Callable[[str], None]] = None
         self._high_water: dict[str, int] = {}  # request id -> most tokens ever computed
         self._empty_steps = 0  # empty schedules in a row with nothing in flight (_check_progress)
+        self._unscheduled_failures = 0  # steps in a row that failed before schedule() returned
         self.warmup_report = self._warm_up()
         self.stats.startup_seconds = time.perf_counter() - started
         self.stats.startup_phases = self._startup_phases(loaded - started)
@@ -510,6 +511,7 @@ class EngineCore:
         with _span("schedule"):
             if self.spec is not None:
                 self._propose(state, changed)
+            state.scheduling = True
             output = self.scheduler.schedule()
             state.output = output
             state.computed = {r.request_id: r.num_computed_tokens for r, _ in output.scheduled}
@@ -522,6 +524,7 @@ class EngineCore:
         self.stats.num_swapped_bytes += self.runner.bytes_per_block * sum(
             len(blocks) for _, blocks in (*output.swap_out, *output.swap_in)
         )
+        self._unscheduled_failures = 0
         if not output.is_empty:
             self._empty_steps = 0
             self._run_step(state, changed)
@@ -747,12 +750,10 @@ class EngineCore:
                     if rid in self._samples
                 )
         if state.output is None and isinstance(exc, Exception):
-            # the step failed before schedule() returned (schedule or drafting raised, an impl
-            # bug): nothing says which requests it touched, and it would raise again at every
-            # step, so every unfinished request fails (the engine never loops on a raising step)
-            message = f"the step failed before it was scheduled: {message}"
-            for request in [*self.scheduler.running, *self.scheduler.waiting]:
-                failed.setdefault(request.request_id, request)
+            self._unscheduled_failures += 1
+            if state.scheduling or self._unscheduled_failures >= MAX_EMPTY_STEPS:
+                message = f"the step failed before it was scheduled: {message}"
+                failed.update(self._unscheduled_victims())
         for rid, request in failed.items():
             self._fail_request(rid, request, state.computed.get(rid), message, changed)
         if not isinstance(exc, Exception):
@@ -765,6 +766,15 @@ class EngineCore:
                 for sample in parent.samples:
                     sample.detokenizer = None
             return self._build_outputs(changed, final_only)
+
+    def _unscheduled_victims(self) -> dict:
+        """The requests a step that failed before schedule() returned fails: every unfinished
+        one. Such a step touched no request the engine can name, so one drafting fault fails
+        nothing (the next step drafts again); but schedule() itself raising is an impl bug, and
+        drafting that fails MAX_EMPTY_STEPS steps in a row a persistent fault: either would
+        raise again at every step, and the engine must not loop on it."""
+        self._unscheduled_failures = 0
+        return {r.request_id: r for r in [*self.scheduler.running, *self.scheduler.waiting]}
 
     def _check_progress(self, idle: bool, changed: dict) -> None:
         """After an empty schedule. A correct scheduler schedules something whenever a request
@@ -832,6 +842,7 @@ class _StepState:
     output: object = None  # this step's SchedulerOutput once schedule() returned
     computed: dict = None  # request id -> num_computed_tokens at schedule time
     swapped: bool = False  # runner.apply_swaps completed
+    scheduling: bool = False  # drafting is done and Scheduler.schedule() was called
 
     def __post_init__(self):
         self.computed = {} if self.computed is None else self.computed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from enginespec.engine.spec_decode import Drafter
 from enginespec.spec import SamplingParams, load_impl
 from enginespec.testing.checkpoints import tiny_model_dir
 
@@ -58,3 +59,42 @@ def test_a_schedule_that_raises_fails_every_unfinished_request():
     finals = _run("enginespec.conformance.planted.bugs:HALF_DONE_ALLOCATION", num_requests=6)
     errors = [c for c in finals.values() if c.finish_reason == "error"]
     assert errors and all("before it was scheduled" in c.error for c in errors)
+
+
+class _BrokenDrafter(Drafter):
+    """A drafter whose every proposal raises (a persistent fault, unlike a one-off)."""
+
+    def propose(self, request, num_real, max_drafts):
+        raise RuntimeError("drafter is broken")
+
+    def forget(self, request_id):
+        pass
+
+
+def test_drafting_that_fails_at_every_step_fails_the_requests_after_a_few_steps():
+    from enginespec.llm import LLM
+
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    llm = LLM(
+        str(tiny_model_dir("qwen3")),
+        impl="reference",
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=32,
+        speculative_config=config,
+    )
+    engine = llm.engine
+    engine.add_request(
+        "a", [5, 6, 5, 6, 5, 6], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    )
+    finals = {}
+    for _ in range(40):
+        if finals.get("a") is None and engine.stats.num_scheduled_tokens > 0:
+            engine.spec.drafter = _BrokenDrafter()  # after the prefill: decodes draft from now on
+        finals.update((o.request_id, o.outputs[0]) for o in engine.step() if o.finished)
+        if not engine.has_unfinished:
+            break
+    assert not engine.has_unfinished, "the engine kept stepping a drafter that always raises"
+    assert finals["a"].finish_reason == "error" and "drafter is broken" in finals["a"].error
+    assert engine.stats.num_failed_steps == 3
