@@ -20,9 +20,12 @@ class CompletionOutput:
     """One sample (of n) of one request.
 
     - index: which of the request's n samples this is (0-based).
-    - text: the detokenized output so far (a matched stop string is not part of it; "" without a
-      tokenizer).
-    - token_ids: every sampled token so far, including those that spell a stop string.
+    - text: the detokenized output so far; "" without a tokenizer. A matched stop string is not
+      part of it, nor the text of the stop token or EOS that ended the sample, unless the
+      request asked include_stop_str_in_output (vLLM's rules).
+    - token_ids: every sampled token so far, including those that spell a stop string and the
+      stop token itself; none after the token that completed a stop string (speculative
+      decoding may have accepted more in that step).
     - finish_reason: None while running, then "stop" (stop token, EOS, stop string), "length"
       (max_tokens or max_model_len), "abort", or "error" (a step it was part of failed; the
       engine served on).
