@@ -295,3 +295,37 @@ def test_stop_after_follows_the_serial_rules():
     assert stop_after(_R(2, stop_token_ids=(7,), min_tokens=2), 7) is None  # output 2 is not > 2
     assert stop_after(_R(3, stop_token_ids=(EOS_ID,)), EOS_ID) == (Status.FINISHED_STOPPED, EOS_ID)
     assert stop_after(_R(5), 9) is None
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_a_placeholder_that_fills_a_block_is_never_shared_by_prefix_caching(impl, family):
+    """Requests with one history up to a placeholder that fills a block hash that block alike
+    (a 3-token prompt, block_size 4: the first sampled token fills block 0). The engine re-hashes
+    the block once the real token replaces the placeholder, so a request recomputed after
+    preemption adopts only a block of its own real tokens: greedy and seeded outputs equal the
+    serial run's, with prefix caching on and preemptions."""
+    from enginespec.llm import LLM
+
+    prompt = {"prompt_token_ids": [11, 12, 13]}
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    params = [SamplingParams(temperature=1.0, seed=2, max_tokens=12, ignore_eos=True), greedy, greedy, greedy]
+    runs = {}
+    for mode in (False, True):
+        llm = LLM(
+            str(tiny_model_dir(family)),
+            impl=impl,
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            num_blocks=6,
+            max_num_seqs=4,
+            async_scheduling=mode,
+            enable_prefix_caching=True,
+            preemption_mode="recompute",
+        )
+        outs = llm.generate([prompt] * 4, params, use_tqdm=False)
+        runs[mode] = [o.outputs[0].token_ids for o in outs]
+        assert llm.engine.stats.num_preemptions > 0, "the pool was meant to force preemptions"
+        assert (llm.engine.stats.num_async_steps > 0) == (mode and overlaps(impl))
+        check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    assert runs[True] == runs[False]

@@ -27,10 +27,12 @@ stop string ever sees a placeholder (an output built while a sample awaits its t
 placeholder out, and a sample finishes only once its last token is real); greedy and seeded
 outputs equal the serial engine's. Unseeded rows draw from the same distribution but not the
 same numbers once a stop has left a wasted row in a step (an unseeded key derives from the row
-index). And a block that fills while holding a placeholder is published under the
-placeholder's hash, which no prompt can produce, so that block is never shared by prefix
-caching (its contents are the real token's K/V, so the request's own reuse after a recompute
-stays correct).
+index). And a block that fills while holding a placeholder may be hashed and published
+with it before the real token is known; that hash is not unique (requests with the same
+history up to the placeholder hash alike), so once the real token replaces the placeholder the
+engine withdraws the hash and drops it from the request's block_hashes
+(EngineCore._rehash_last_block), and the block is published again under the hash of its real
+tokens. While the placeholder is a request's newest token no look-up can match that block.
 """
 
 from __future__ import annotations

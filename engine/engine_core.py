@@ -673,12 +673,15 @@ class EngineCore:
         with _span("resolve"):
             ids = inflight.token_ids()
             new_tokens, late_stops = {}, {}
+            block_size = self.args.block_size
             finished = [r for r in inflight.finished if r.request_id in self._samples]
             for rid, request in inflight.awaiting.items():
                 if rid not in self._samples:
                     continue  # aborted without a report: forgotten
                 token = ids[inflight.rows[rid]]
                 request.replace_last_token(token)
+                if request.num_tokens % block_size == 0:  # the placeholder filled a block
+                    self._rehash_last_block(request)
                 new_tokens[rid] = [token]
                 stop = token_stop(request, token)
                 if stop is None or request.status not in _STOPPABLE:
@@ -693,6 +696,21 @@ class EngineCore:
                 UpdateOutput(new_tokens, finished), inflight.logprob_map(), changed, late_stops
             )
         return inflight.wait_s
+
+    def _rehash_last_block(self, request) -> None:
+        """After replace_last_token, when the placeholder was the last slot of a block: if that
+        block was hashed while it held the placeholder, withdraw the hash (unpublish; the
+        request's publish cursor drops back to it) and drop it from request.block_hashes, so the
+        block is hashed again over its real tokens and published under that hash at the next
+        schedule(). A placeholder hash is not unique: requests with the same history up to the
+        placeholder (n > 1 siblings, a repeated prompt) hash to the same value, and a request
+        recomputed after preemption would adopt another's block, whose KV holds another token.
+        While the placeholder is the newest token the hash cannot be matched (find_cached_prefix
+        never matches the block holding a request's last token), so this closes the window."""
+        index = request.num_tokens // self.args.block_size - 1
+        if len(request.block_hashes) > index:
+            self.block_manager.unpublish(request, index * self.args.block_size)
+            del request.block_hashes[index:]
 
     def _prompt_logprob_ks(self, prompt_logits) -> dict:
         """request id -> k for the prompt logprobs to record (the first sample of a parent

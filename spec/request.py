@@ -48,8 +48,8 @@ class Request(Protocol):
       `num_tokens == num_computed_tokens + 1` (the sampled token is the next step's input).
     - `block_hashes[i]` is `spec.hash_block` of full block i chained on block i-1, with
       `cache_key` as extra; it only grows (tokens are never removed). Exception: under the
-      engine's async scheduling a block hashed while holding a placeholder keeps that hash
-      (spec/SCHEDULING.md, last point).
+      engine's async scheduling, the hash of a block hashed while holding a placeholder is
+      dropped once the real token replaces it, and computed again (spec/SCHEDULING.md).
     - An empty prompt is a ValueError at construction.
     """
 

@@ -5,7 +5,7 @@ State is kept in flat per-block lists (ref counts, published hash) plus an intru
 per-call allocation beyond the request's own table growing. Each request has a publish cursor:
 the number of its table's blocks already considered for publishing, so a decode step that fills
 no block does no hashing and no loop. Hashes are computed once per full block per request
-(request.block_hashes only grows).
+(request.block_hashes only grows, but for the engine's async placeholder: spec/SCHEDULING.md).
 
 Mirrors on the request (for the scheduler's inline no-op checks; the dicts stay the truth):
 `request._capacity` = tokens its table covers, `request._publish_at` = the smallest token count

@@ -2,7 +2,8 @@
 
 Invariants (spec.Request): token_ids == prompt_token_ids + output_token_ids; the newest token is
 never computed while running. `block_hashes` is extended lazily (only by the block manager, and
-only for full blocks it has not hashed yet), so a request never rehashes a block.
+only for full blocks it has not hashed yet), so a request never rehashes a block (but for the
+engine's async placeholder, whose block's hash the engine drops: spec/SCHEDULING.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The reference Request: a token list, a compute cursor, and bookkeeping. Plain Python.
 
 Invariants (spec.Request): `token_ids == prompt_token_ids + output_token_ids`;
-`0 <= num_cached_tokens <= num_computed_tokens <= num_tokens`; `block_hashes` only grows.
+`0 <= num_cached_tokens <= num_computed_tokens <= num_tokens`; `block_hashes` only grows (but
+for the engine's async placeholder, spec/SCHEDULING.md).
 `block_hashes` is extended by the block manager, which knows the block size.
 """
 
