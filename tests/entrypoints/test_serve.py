@@ -310,6 +310,16 @@ def test_stop_strings_with_and_without_the_stop_in_the_output(client):
         model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stop=[stop], stream=True
     )
     assert "".join(c.choices[0].text for c in chunks) == plain.text
+    kept_chunks = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        stream=True,
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert "".join(c.choices[0].text for c in kept_chunks) == kept.text
 
 
 def test_logprobs_and_prompt_logprobs(client):
