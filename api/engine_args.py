@@ -67,6 +67,33 @@ _DTYPES = {
 }
 
 
+# torch.manual_seed's range
+SEED_RANGE = (-(2**63), 2**64 - 1)
+_BOOL_FIELDS = (
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "skip_tokenizer",
+    "enforce_eager",
+    "async_scheduling",
+    "compile_model",
+    "warmup",
+    "skinny_gemm",
+)
+_OPTIONAL_BOOLS = ("compile_model", "warmup", "skinny_gemm")  # None: derive it
+
+
+def _check_int(name: str, value, low: int, high: Optional[int]) -> None:
+    """An int (not a bool) in [low, high] (high None: unbounded), or a ValueError naming it."""
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+
+
 @dataclass
 class EngineArgs:
     """Engine settings. None means "derive it": max_model_len from the model's
@@ -104,13 +131,22 @@ class EngineArgs:
     max_cudagraph_capture_size: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
-        tp = self.tensor_parallel_size
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        """Types and ranges of the fields checked here (a ValueError naming the field and its
+        bound); those that need the model (max_model_len) or the scheduler's rules
+        (max_num_batched_tokens) are checked where they are resolved."""
+        for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
+            _check_int(name, getattr(self, name), 1, None)
+        if self.num_gpu_blocks_override is not None:
+            _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)
+        if self.seed is not None:
+            _check_int("seed", self.seed, *SEED_RANGE)
+        for name in _BOOL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name in _OPTIONAL_BOOLS):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
         size = self.max_cudagraph_capture_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
             raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 0, got {size!r}")

@@ -111,6 +111,29 @@ def test_unknown_engine_args_are_a_type_error_naming_them(impl):
         make_llm(impl, max_num_seq_s=4, tensor_parallel=2)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", 2**70),
+        ("seed", 1.5),
+        ("enable_chunked_prefill", "no"),
+        ("enable_prefix_caching", "no"),
+        ("async_scheduling", None),
+        ("max_num_seqs", True),
+        ("gpu_memory_utilization", 5.0),
+        ("gpu_memory_utilization", 0.0),
+        ("num_gpu_blocks_override", 0),
+    ],
+)
+def test_engine_args_refuse_a_bad_type_or_range_naming_the_field(field, value):
+    """Checked on construction (no model needed): a string "no" for a flag used to be truthy,
+    a seed of 2**70 failed inside torch naming no field, 5.0 of the GPU memory passed on CPU."""
+    from enginespec.engine_args import EngineArgs
+
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(**{field: value})
+
+
 def test_bad_engine_args_are_value_errors(impl):
     with pytest.raises(ValueError, match="max_model_len"):
         make_llm(impl, max_model_len=10_000)
