@@ -361,7 +361,8 @@ def run_engine_core(args, inbox, outbox) -> None:
     try:
         engine = EngineCore(args)
     except BaseException as exc:  # the front end re-raises it (a bad checkpoint: a CLI error)
-        traceback.print_exc()
+        if not isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
+            traceback.print_exc()  # a bad setting is the CLI's one line; anything else, all of it
         outbox.send(("failed", ErrorInfo.of(exc)))
         return
     serve_engine(engine, inbox, outbox)

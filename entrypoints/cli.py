@@ -43,8 +43,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes (CPU)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    p.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    for name in ("prefix-caching", "chunked-prefill"):  # vLLM's names and our older short ones
+        dest = "enable_" + name.replace("-", "_")
+        p.add_argument(f"--enable-{name}", dest=dest, action="store_true", default=True)
+        p.add_argument(f"--no-enable-{name}", f"--no-{name}", dest=dest, action="store_false")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
@@ -156,12 +158,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    """A TCP port in [0, 65535] (an ArgumentTypeError: argparse's usage error, exit 2)."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in [0, 65535], got {text!r}")
+    return int(text)
+
+
 def _add_serve_parser(sub) -> None:
     """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
     serve.add_argument("model", help="local Hugging Face checkpoint directory")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     serve.add_argument("--served-model-name", nargs="+", default=None, help="model name(s) in the API")
     serve.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the text)")

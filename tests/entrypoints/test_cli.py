@@ -270,6 +270,38 @@ def test_engine_flags_reach_engine_args():
     assert (flags["enforce_eager"], flags["async_scheduling"], flags["compile_model"]) == (True, False, False)
 
 
+@pytest.mark.parametrize(
+    "flags, prefix, chunked",
+    [
+        ([], True, True),
+        (["--no-enable-prefix-caching"], False, True),  # vLLM's names
+        (["--no-enable-chunked-prefill", "--enable-prefix-caching"], True, False),
+        (["--no-prefix-caching", "--no-chunked-prefill"], False, False),  # the short ones
+    ],
+)
+def test_caching_and_chunking_flags_take_vllms_names(flags, prefix, chunked):
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    kw = _engine_kwargs(_parser().parse_args(["demo", *flags]))
+    assert (kw["enable_prefix_caching"], kw["enable_chunked_prefill"]) == (prefix, chunked)
+
+
+def test_a_port_out_of_range_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        run_cli(["serve", "/nowhere", "--port", "70000"], capsys)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--port" in err and "65535" in err
+
+
+def test_serve_with_a_setting_the_engine_refuses_prints_one_line(sharded_dir):
+    """The engine process refuses the pool; the front end prints one line, no traceback."""
+    argv = ["serve", str(sharded_dir), "--device", "cpu", "--num-blocks", "0", "--port", "0"]
+    code = "import sys; from enginespec.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "num_blocks" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_tensor_parallel_size_flag_reaches_engine_args(capsys, sharded_dir):
     from enginespec.engine_args import EngineArgs
     from enginespec.entrypoints.cli import _engine_kwargs, _parser
