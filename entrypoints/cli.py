@@ -31,7 +31,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
     from enginespec.engine_args import MODEL_IMPLS
 
-    p.add_argument("--impl", default="reference", help="reference, fast, or pkg.module:attr")
+    p.add_argument(
+        "--impl", default="fast", help="fast (the default, as LLM()), reference, or pkg.module[:attr]"
+    )
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0)

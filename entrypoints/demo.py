@@ -67,7 +67,7 @@ def _tiny_checkpoint(family: str, path: Path, seed: int, max_len: int) -> str:
 def run_demo(
     *,
     family: str = "qwen3",
-    impl: str = "reference",
+    impl: str = "fast",
     num_requests: int = 16,
     min_input_len: int = 8,
     max_input_len: int = 64,
