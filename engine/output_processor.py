@@ -92,9 +92,7 @@ class OutputProcessor:
             if sample.logprobs is not None:
                 sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
             if sample.detokenizer is not None:
-                if request_id in token_stopped and not sample.request.params.include_stop_str_in_output:
-                    tokens = tokens[:-1]  # the stop token's (or EOS's) text is not shown
-                sample.unread.extend(tokens)
+                sample.unread.extend(shown_ids(tokens, request_id in token_stopped, sample.request.params))
                 if sample.request.params.stop:
                     _, stop = read(sample)
                     if stop is not None:
@@ -170,6 +168,15 @@ class OutputProcessor:
         while ids and ids[-1] == self.placeholder_id:
             ids.pop()
         return ids
+
+
+def shown_ids(new_ids: list, token_stopped: bool, params) -> list:
+    """The new ids whose text a sample shows: all, but the last when it is the stop token (or
+    EOS) that ended the sample, unless it asked include_stop_str_in_output (vLLM's rule). The
+    engine and the server's front end (which decodes samples without stop strings) both use it."""
+    if token_stopped and not params.include_stop_str_in_output:
+        return new_ids[:-1]
+    return new_ids
 
 
 def _token_stopped(update: UpdateOutput, late_stops) -> set:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.detokenizer import IncrementalDetokenizer
+from enginespec.engine.output_processor import shown_ids
 from enginespec.outputs import CompletionOutput, RequestOutput
 
 
@@ -47,7 +48,7 @@ class RequestStream:
             for _ in range(n)
         ]
         self._num_finished = 0
-        self._stop_text = req.params.include_stop_str_in_output
+        self._params = req.params
 
     def apply(self, delta: tuple) -> int:
         """Fold one SampleDelta-shaped tuple in; returns how many new token ids it carried."""
@@ -57,8 +58,8 @@ class RequestStream:
         if new_ids:
             c.token_ids.extend(new_ids)
             if det is not None:
-                shown = new_ids[:-1] if _token_stop(finish, stop) and not self._stop_text else new_ids
-                c.text += det.update(shown)[0]
+                token_stop = finish == "stop" and not isinstance(stop, str)  # a token id, or EOS
+                c.text += det.update(shown_ids(new_ids, token_stop, self._params))[0]
         if new_lps:
             c.logprobs.extend(new_lps)
         if new_text:
@@ -72,8 +73,3 @@ class RequestStream:
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
-
-
-def _token_stop(finish: Optional[str], stop) -> bool:
-    """A "stop" finish by a token id (stop_reason an int) or EOS (None), not a stop string."""
-    return finish == "stop" and not isinstance(stop, str)
