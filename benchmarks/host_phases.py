@@ -25,6 +25,13 @@ second session), --profile-finishes PATH writes a cProfile of the `_resolve` cal
 finished request (the tail's slow steps). --alloc-stats prints the CUDA caching allocator's event
 counters over the timed run (a retry frees cached blocks through cudaFree, which waits for the
 device and which the sync debug mode does not see).
+
+Prefill steps in the workload take about twice the host time of the same step run synced
+(twenty-first session: `execute` 35 ms against 18.5-23.5). --prefill-sync waits for the device
+before each prefill step's execute (timed apart, as `presync`), so `execute` is timed with an
+idle device: if it falls to the synced figure, launching behind a busy device is what costs.
+--profile-prefill PATH writes a cProfile of the prefill steps' executes (which calls hold the
+time: the launches, the allocator, the compiled body's Python).
 """
 
 from __future__ import annotations
@@ -104,6 +111,10 @@ def _own_parser() -> argparse.ArgumentParser:
         "--profile-finishes", metavar="PATH", help="cProfile of the resolves that finish a request"
     )
     own.add_argument("--alloc-stats", action="store_true", help="the CUDA caching allocator's counters")
+    own.add_argument(
+        "--prefill-sync", action="store_true", help="wait for the device before each prefill execute"
+    )
+    own.add_argument("--profile-prefill", metavar="PATH", help="cProfile of the prefill steps' executes")
     return own
 
 
@@ -143,6 +154,7 @@ def _timed_run(llm, workload, args, mine, acc: dict, state: dict) -> tuple[dict,
     try:
         _instrument(runs.engine_core(llm), acc, state)
         finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
+        prefills = _watch_prefill(runs.engine_core(llm), mine, acc, state)
         before = _alloc_counters() if mine.alloc_stats else {}
         with _host_waits(mine.sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
             run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
@@ -150,7 +162,13 @@ def _timed_run(llm, workload, args, mine, acc: dict, state: dict) -> tuple[dict,
     finally:
         core_module._span = plain_span  # the engine module is shared with whoever imported it
     allocs = {k: after[k] - before.get(k, 0) for k in after}
-    return run, {"waits": waits, "pauses": pauses, "allocs": allocs, "finishes": finishes}
+    return run, {
+        "waits": waits,
+        "pauses": pauses,
+        "allocs": allocs,
+        "finishes": finishes,
+        "prefills": prefills,
+    }
 
 
 def _print_extras(mine, extras: dict) -> None:
@@ -160,6 +178,8 @@ def _print_extras(mine, extras: dict) -> None:
         print("  CUDA allocator in generate(): " + (counts or "no CUDA"))
     if extras["finishes"] is not None:
         extras["finishes"].dump(mine.profile_finishes)
+    if extras["prefills"] is not None:
+        extras["prefills"].dump(mine.profile_prefill, "prefill executes")
     if mine.gc:
         frozen = gc.get_freeze_count()
         print(f"  cyclic GC in generate(), {frozen} objects frozen: " + gc_summary(extras["pauses"]))
@@ -224,29 +244,29 @@ def _alloc_counters() -> dict:
     return {name: int(stats.get(name, 0)) for name in ALLOC_COUNTERS}
 
 
-class _Finishes:
-    """cProfile over the `_resolve` calls that settle a finished request (their steps' outliers
-    in --tail), with their count and wall time."""
+class _Profiled:
+    """cProfile over chosen calls (the `_resolve` calls that settle a finished request, the
+    tail's outliers; the prefill steps' executes), with their count and wall time."""
 
     def __init__(self):
         self.profile = cProfile.Profile()
         self.calls, self.seconds = 0, 0.0
 
-    def dump(self, path: str) -> None:
+    def dump(self, path: str, what: str = "resolves with a finish") -> None:
         text = io.StringIO()
-        text.write(f"{self.calls} resolves with a finish, {self.seconds * 1e3:.1f} ms in all (profiled)\n")
+        text.write(f"{self.calls} {what}, {self.seconds * 1e3:.1f} ms in all (profiled)\n")
         pstats.Stats(self.profile, stream=text).sort_stats("cumulative").print_stats(50)
         pstats.Stats(self.profile, stream=text).sort_stats("tottime").print_stats(30)
         with open(path, "w") as f:
             f.write(text.getvalue())
-        print(f"  {self.calls} resolves with a finish profiled into {path}")
+        print(f"  {self.calls} {what} profiled into {path}")
 
 
 def _profile_finishes(core, path):
     """Wrap core._resolve (an instance attribute shadows the method) when `path` is given."""
     if not path:
         return None
-    finishes, resolve = _Finishes(), core._resolve
+    finishes, resolve = _Profiled(), core._resolve
 
     def profiled(inflight, changed):
         if inflight is None or inflight.resolved or not inflight.finished:
@@ -260,6 +280,42 @@ def _profile_finishes(core, path):
 
     core._resolve = profiled
     return finishes
+
+
+def _watch_prefill(core, mine, acc: dict, state: dict):
+    """Wrap core.runner.execute (an instance attribute shadows the method) for prefill steps
+    when --prefill-sync or --profile-prefill asks: the device synced first (its wait timed as
+    `presync`, outside `execute`), the call profiled. Returns the profile holder or None."""
+    if not (mine.prefill_sync or mine.profile_prefill):
+        return None
+    sync = _device_sync() if mine.prefill_sync else None
+    held, execute = _Profiled(), core.runner.execute
+
+    def watched(batch):
+        if state["bin"] != "prefill":
+            return execute(batch)
+        if sync is not None:
+            start = time.perf_counter()
+            sync()
+            seconds = time.perf_counter() - start
+            acc[("prefill", "presync")] += seconds
+            state["step"]["presync"] = seconds
+        start = time.perf_counter()
+        try:
+            return held.profile.runcall(execute, batch) if mine.profile_prefill else execute(batch)
+        finally:
+            held.calls += 1
+            held.seconds += time.perf_counter() - start
+
+    core.runner.execute = watched
+    return held if mine.profile_prefill else None
+
+
+def _device_sync():
+    """torch.cuda.synchronize where there is CUDA, else None (nothing runs ahead on the CPU)."""
+    import torch
+
+    return torch.cuda.synchronize if torch.cuda.is_available() else None
 
 
 @contextlib.contextmanager
@@ -308,6 +364,8 @@ def per_step_ms(acc: dict) -> dict:
     table = {}
     for kind in ["prefill"] + [f"<={b}" for b in BINS] + [f">{BINS[-1]}"]:
         if kind in rows:
+            if "presync" in rows[kind]:  # --prefill-sync's wait ran inside the execute span
+                rows[kind]["execute"] -= rows[kind]["presync"]
             steps = int(rows[kind].pop("steps"))
             table[kind] = (steps, {k: v / steps * 1e3 for k, v in rows[kind].items()})
     return table

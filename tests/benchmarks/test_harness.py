@@ -354,6 +354,29 @@ def test_host_phases_gc_and_finish_profile(synth_dir, monkeypatch, torch_one_thr
     assert "_resolve" in path.read_text()
 
 
+def test_host_phases_prefill_profile_and_sync(synth_dir, monkeypatch, torch_one_thread, capsys, tmp_path):
+    """--profile-prefill profiles only the prefill steps' executes (at least one: every prompt
+    is prefilled; no decode step's), --prefill-sync times a `presync` phase in the prefill bin
+    only (the device's sync stood in for on the CPU) and takes it out of that bin's `execute`."""
+    from benchmarks import host_phases
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    synced = []
+    monkeypatch.setattr(host_phases, "_device_sync", lambda: lambda: synced.append(1))
+    path = tmp_path / "prefill.txt"
+    args = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32"]
+    table = host_phases.main(
+        args + ["--max-output-len", "8", "--impl", "fast", "--prefill-sync", "--profile-prefill", str(path)]
+    )
+    steps, phases = table["prefill"]
+    assert steps >= 1 and "presync" in phases and phases["execute"] >= 0.0 and len(synced) == steps
+    assert all("presync" not in p for kind, (_, p) in table.items() if kind != "prefill")
+    head = path.read_text().splitlines()[0]
+    assert int(head.split()[0]) == steps and "prefill executes" in head
+    assert "execute" in path.read_text()
+    assert "prefill executes profiled into" in capsys.readouterr().out
+
+
 def test_alloc_counters_read_the_allocator_events_and_nothing_without_cuda(monkeypatch):
     """--alloc-stats reads the caching allocator's event counters (a retry means a cudaFree,
     which synchronizes the device unseen by the sync debug mode); no CUDA: nothing."""
