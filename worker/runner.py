@@ -6,10 +6,12 @@ compile_model=False) the decoder body is torch.compile'd (compiled.py) for every
 decode steps replay CUDA graphs captured over that compiled body (cuda_graphs.py).
 
 Sizing the pool:
-- CPU: `num_blocks` if given, else `kv_cache_bytes` (default DEFAULT_CPU_KV_BYTES) divided by
+- Either device: `num_gpu_blocks_override` (vLLM's name, so on the CPU too: tests force
+  preemption with it) or `num_blocks`, if given, in that order.
+- CPU: else `kv_cache_bytes` (default DEFAULT_CPU_KV_BYTES) divided by
   the bytes of one block over all layers, capped at what max_num_seqs requests of
   max_model_len tokens could ever hold (a bigger pool would only waste host memory).
-- CUDA: `num_gpu_blocks_override` if given, else a profile run of the largest step
+- CUDA: else a profile run of the largest step
   (max_num_batched_tokens tokens over min(max_num_seqs, tokens) requests, logits and the
   sampler included) measures the activation peak; the pool gets
   total * gpu_memory_utilization - (memory in use before the run) - (activation peak).
@@ -179,12 +181,15 @@ class ModelRunner:
         """The pool's num_blocks (module doc: "Sizing the pool")."""
         if self.device.type == "cuda":
             return self._cuda_num_blocks(utilization, override, num_blocks, sample_fn)
-        return self._cpu_num_blocks(num_blocks, kv_cache_bytes)
+        return self._cpu_num_blocks(override, num_blocks, kv_cache_bytes)
 
-    def _cpu_num_blocks(self, num_blocks: Optional[int], kv_cache_bytes: Optional[int]) -> int:
-        if num_blocks is not None:
-            _check_positive("num_blocks", num_blocks)
-            return num_blocks
+    def _cpu_num_blocks(
+        self, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
+    ) -> int:
+        for name, value in (("num_gpu_blocks_override", override), ("num_blocks", num_blocks)):
+            if value is not None:
+                _check_positive(name, value)
+                return value
         if kv_cache_bytes is not None:
             _check_positive("kv_cache_bytes", kv_cache_bytes)
         budget = DEFAULT_CPU_KV_BYTES if kv_cache_bytes is None else kv_cache_bytes

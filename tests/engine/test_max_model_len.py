@@ -42,3 +42,12 @@ def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold():
 
 def test_a_pool_that_holds_the_models_length_changes_nothing():
     assert _llm(num_blocks=64).engine.max_model_len == 256
+
+
+def test_num_gpu_blocks_override_sizes_the_cpu_pool_too():
+    """vLLM's name for a fixed pool (its tests force preemption with it) is honoured on the CPU
+    as on CUDA, ahead of num_blocks; it was ignored there (a 32-block pool for an asked 5)."""
+    llm = _llm(num_gpu_blocks_override=6, num_blocks=40)
+    assert llm.engine.runner.num_blocks == 6
+    with pytest.raises(ValueError, match="num_gpu_blocks_override"):
+        _llm(num_gpu_blocks_override=0)
