@@ -31,6 +31,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
+from enginespec.chat_utils import render_chat
 from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
 from enginespec.outputs import RequestOutput
@@ -223,16 +224,15 @@ class LLM:
         self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a
-        list of conversations, rendered with the tokenizer's chat template."""
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("chat() needs a tokenizer with a chat template; this checkpoint has none")
+        list of conversations, each rendered by chat_utils.render_chat (the server's renderer):
+        content parts are flattened to text (a non-text part is a ValueError). Every
+        conversation is rendered before any is generated, so a bad one fails the call."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        options = dict(add_generation_prompt=add_generation_prompt)
+        tokenizer = self.engine.tokenizer
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+            text = render_chat(tokenizer, conversation, **options)
             prompts.append(
                 {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
             )

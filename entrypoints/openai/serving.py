@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _escape  # what JSONEncoder(ensure_ascii) uses
 from typing import AsyncIterator, Optional, Union
 
+from enginespec import chat_utils
+from enginespec.chat_utils import ChatTemplateError, resolve_chat_template
 from enginespec.engine.core_messages import NewRequest
 from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull, RequestTooLarge
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
@@ -98,41 +100,24 @@ def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], 
     return out
 
 
-def _message_text(content) -> str:
-    """A message's text: a string, or the text parts of a list (OpenAI's content parts, joined).
-    Any other part (an image, audio) is a 400: the engine serves text-only models, and dropping
-    the part would answer a different question than the one asked."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict) or part.get("type", "text") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise APIError(400, f"only text content parts are supported, got a {kind!r} part", "messages")
-        return "".join(part.get("text", "") for part in content)
-    raise APIError(
-        400, f"message content must be a string or a list of parts, got {type(content).__name__}", "messages"
-    )
-
-
 def render_chat(ctx: ServerContext, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The conversation as prompt text: --chat-template, else the tokenizer's; 400 without one."""
-    tokenizer = ctx.tokenizer
-    template = ctx.chat_template or getattr(tokenizer, "chat_template", None)
-    if tokenizer is None or not template:
-        raise APIError(
-            400,
-            "this model's tokenizer has no chat template and none was given; start the server with "
-            "--chat-template FILE (or use /v1/completions)",
-            "messages",
-        )
-    clean = [{**m, "content": _message_text(m.get("content"))} for m in messages]
+    """The conversation as prompt text by chat_utils.render_chat (the rules LLM.chat follows
+    too); each of its errors is a 400 naming its field. The template: --chat-template, else the
+    tokenizer's; a 400 without one."""
     try:
-        return tokenizer.apply_chat_template(
-            clean, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+        if ctx.tokenizer is None or resolve_chat_template(ctx.tokenizer, ctx.chat_template) is None:
+            raise ChatTemplateError(
+                "this model's tokenizer has no chat template and none was given; start the server "
+                "with --chat-template FILE (or use /v1/completions)"
+            )
+        return chat_utils.render_chat(
+            ctx.tokenizer,
+            messages,
+            chat_template=ctx.chat_template,
+            add_generation_prompt=add_generation_prompt,
         )
-    except Exception as exc:  # a template error names the template's problem
-        raise APIError(400, f"the chat template failed on these messages: {exc}", "messages") from None
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), exc.param) from None
 
 
 # ---- submitting ---------------------------------------------------------------------------------

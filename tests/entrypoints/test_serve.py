@@ -472,8 +472,14 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
 
 
 def test_chat_content_parts_text_joined_other_parts_refused(server, client):
-    plain = [{"role": "user", "content": "hello"}]
+    """Text parts are joined with "\n" (vLLM's separator; chat_utils, which LLM.chat uses too)."""
+    plain = [{"role": "user", "content": "hel\nlo"}]
     parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+
+    def tokens(messages):
+        return server.post("/tokenize", {"messages": messages}).json()["tokens"]
+
+    assert tokens(parts) == tokens(plain) != tokens([{"role": "user", "content": "hello"}])
     kw = dict(model=MODEL, max_tokens=6, temperature=0)
     want = client.chat.completions.create(messages=plain, **kw).choices[0].message.content
     assert client.chat.completions.create(messages=parts, **kw).choices[0].message.content == want

@@ -1,0 +1,119 @@
+"""Chat prompts: a conversation of OpenAI-style messages rendered with a Jinja chat template.
+
+One implementation for LLM.chat and for the server's /v1/chat/completions and /tokenize, so a
+conversation becomes the same prompt on both (vLLM keeps the same rules in its chat_utils).
+Light on purpose: the offline API imports it, and it imports nothing of the server's.
+
+Errors are ChatTemplateError, a ValueError carrying `param`, the request field it is about:
+LLM.chat raises it as it is, the server answers 400 naming that field.
+
+The rules (vLLM's, for templates that take string content):
+- content: a str; None is ""; a list of content parts is flattened to one string: plain str
+  parts and {"type": "text", "text": ...} parts (a part without "type" counts as text, one whose
+  text is None is skipped), joined with "\\n" as vLLM joins them. Any other part (image_url,
+  input_audio, ...) is an error: the engine serves text-only models, and dropping the part would
+  answer a different question than the one asked.
+- chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
+  neither: an error).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+TEXT_PART_SEPARATOR = "\n"  # vLLM's, between the text parts of one message
+
+
+class ChatTemplateError(ValueError):
+    """A conversation or a chat option that cannot be rendered; `param` names the field."""
+
+    def __init__(self, message: str, param: str = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+def message_text(content) -> str:
+    """A message's content as one string (the module docstring's rules); ChatTemplateError
+    (param "messages") for a non-text part or a content that is neither a str nor a list."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, (list, tuple)):
+        raise ChatTemplateError(
+            f"message content must be a string or a list of parts, got {type(content).__name__}"
+        )
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict) or part.get("type", "text") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ChatTemplateError(f"only text content parts are supported, got a {kind!r} part")
+        text = part.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ChatTemplateError(f"a text part's text must be a string, got {type(text).__name__}")
+        if text is not None:
+            texts.append(text)
+    return TEXT_PART_SEPARATOR.join(texts)
+
+
+def chat_messages(messages) -> list[dict]:
+    """The messages with their content flattened to strings (message_text); each message must
+    be a dict."""
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ChatTemplateError(f"messages[{i}] must be a dict with role and content, got {message!r}")
+        out.append({**message, "content": message_text(message.get("content"))})
+    return out
+
+
+def resolve_chat_template(tokenizer, chat_template: Optional[str] = None) -> Optional[str]:
+    """chat_template when given (it must be a non-empty str), else the tokenizer's (None if it
+    has none)."""
+    if chat_template is None:
+        return getattr(tokenizer, "chat_template", None) or None
+    if not isinstance(chat_template, str) or not chat_template.strip():
+        raise ChatTemplateError(
+            f"chat_template must be a non-empty Jinja template string, got {chat_template!r}", "chat_template"
+        )
+    return chat_template
+
+
+def render_chat(
+    tokenizer,
+    messages: list,
+    *,
+    chat_template: Optional[str] = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """One conversation as prompt text, by the module docstring's rules. A failure of the
+    template itself (a Jinja error) is a ChatTemplateError too."""
+    template = resolve_chat_template(tokenizer, chat_template)
+    if template is None or tokenizer is None:
+        raise ChatTemplateError(
+            "this model's tokenizer has no chat template and none was given",
+            "chat_template",
+        )
+    clean = chat_messages(messages)
+    try:
+        return tokenizer.apply_chat_template(
+            clean,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=template,
+        )
+    except Exception as exc:  # a template error names the template's problem
+        raise _template_failure(exc) from exc
+
+
+def _template_failure(exc: Exception) -> ChatTemplateError:
+    """A Jinja syntax error is the template's fault (param chat_template); any other failure is
+    the template's answer to these messages (param messages)."""
+    try:
+        from jinja2 import TemplateSyntaxError
+    except ImportError:  # transformers then failed for want of jinja2: the message says so
+        TemplateSyntaxError = ()
+    if isinstance(exc, TemplateSyntaxError):
+        return ChatTemplateError(f"chat_template is not a valid Jinja template: {exc}", "chat_template")
+    return ChatTemplateError(f"the chat template failed on these messages: {exc}")
