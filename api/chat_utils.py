@@ -15,12 +15,24 @@ The rules (vLLM's, for templates that take string content):
   answer a different question than the one asked.
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
+- add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
+  continue_final_message needs a last message of role "assistant": the prompt then ends inside
+  that message (transformers cuts the rendering after its text), so generation continues it.
+- chat_template_kwargs: extra variables for the template (e.g. {"enable_thinking": False} for
+  Qwen3). The names the chat call sets itself (RESERVED_KWARGS) are refused; add_generation_prompt
+  and continue_final_message given there lose to the arguments of those names (vLLM merges the
+  request's own fields over chat_template_kwargs).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
+# set by the chat call itself: vLLM refuses chat_template and tokenize ("unexpected chat template
+# kwargs"), and fails on the others, which it passes explicitly (a duplicate keyword)
+RESERVED_KWARGS = ("chat_template", "tokenize", "conversation", "messages", "tools", "documents")
+# the arguments of these names win over chat_template_kwargs' entries
+_OVERRIDDEN_KWARGS = ("add_generation_prompt", "continue_final_message")
 TEXT_PART_SEPARATOR = "\n"  # vLLM's, between the text parts of one message
 
 
@@ -80,28 +92,81 @@ def resolve_chat_template(tokenizer, chat_template: Optional[str] = None) -> Opt
     return chat_template
 
 
+def check_chat_options(messages: list, add_generation_prompt: bool, continue_final_message: bool) -> None:
+    """vLLM's rules for the two prompt-end options (see the module docstring); both are bools
+    (a str continue_final_message means a field name to some transformers versions only)."""
+    for name, value in (
+        ("add_generation_prompt", add_generation_prompt),
+        ("continue_final_message", continue_final_message),
+    ):
+        if not isinstance(value, bool):
+            raise ChatTemplateError(f"{name} must be a bool, got {value!r}", name)
+    if continue_final_message and add_generation_prompt:
+        raise ChatTemplateError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
+    if continue_final_message and (not messages or messages[-1].get("role") != "assistant"):
+        role = messages[-1].get("role") if messages else None
+        raise ChatTemplateError(
+            f"continue_final_message needs the last message to be the assistant's, got role {role!r}",
+            "continue_final_message",
+        )
+
+
+def template_kwargs(chat_template_kwargs: Optional[dict]) -> dict[str, Any]:
+    """chat_template_kwargs as they go to the template: a dict with str keys; RESERVED_KWARGS
+    refused, the overridden names dropped (the module docstring says why)."""
+    if chat_template_kwargs is None:
+        return {}
+    if not isinstance(chat_template_kwargs, dict) or not all(
+        isinstance(k, str) for k in chat_template_kwargs
+    ):
+        raise ChatTemplateError(
+            f"chat_template_kwargs must be a dict with str keys, got {chat_template_kwargs!r}",
+            "chat_template_kwargs",
+        )
+    reserved = sorted(k for k in chat_template_kwargs if k in RESERVED_KWARGS)
+    if reserved:
+        raise ChatTemplateError(
+            f"Found unexpected chat template kwargs from request: {reserved} (set by the chat call itself, "
+            f"or not supported: {', '.join(RESERVED_KWARGS)})",
+            "chat_template_kwargs",
+        )
+    return {k: v for k, v in chat_template_kwargs.items() if k not in _OVERRIDDEN_KWARGS}
+
+
 def render_chat(
     tokenizer,
     messages: list,
     *,
     chat_template: Optional[str] = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Optional[dict] = None,
 ) -> str:
-    """One conversation as prompt text, by the module docstring's rules. A failure of the
-    template itself (a Jinja error) is a ChatTemplateError too."""
+    """One conversation as prompt text, by the module docstring's rules. Only arguments that
+    every supported transformers version's apply_chat_template has are passed (conversation,
+    tokenize, add_generation_prompt, continue_final_message, chat_template; the template's
+    variables go through its **kwargs). A failure of the template itself (a Jinja error, a
+    final message the template drops) is a ChatTemplateError too."""
     template = resolve_chat_template(tokenizer, chat_template)
     if template is None or tokenizer is None:
         raise ChatTemplateError(
-            "this model's tokenizer has no chat template and none was given",
+            "this model's tokenizer has no chat template and none was given (pass chat_template)",
             "chat_template",
         )
     clean = chat_messages(messages)
+    check_chat_options(clean, add_generation_prompt, continue_final_message)
+    extra = template_kwargs(chat_template_kwargs)
     try:
         return tokenizer.apply_chat_template(
             clean,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             chat_template=template,
+            **extra,
         )
     except Exception as exc:  # a template error names the template's problem
         raise _template_failure(exc) from exc

@@ -177,6 +177,11 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--served-model-name", nargs="+", default=None, help="model name(s) in the API")
     serve.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the text)")
     serve.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="use a request's own chat_template (vLLM's flag; without it such a request is a 400)",
+    )
+    serve.add_argument(
         "--max-waiting-requests",
         type=int,
         default=1024,

@@ -184,7 +184,7 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if body.messages is not None:
-            text = render_chat(ctx, body.messages, body.add_generation_prompt)
+            text = render_chat(ctx, body)
             tokens = list(ctx.tokenizer.encode(text, add_special_tokens=False))
         else:
             tokens = list(ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
@@ -283,7 +283,15 @@ def run_server(ns) -> int:
         defaults = GenerationDefaults.from_dir(args.model).sampling
         if defaults:
             log.info("default sampling parameters from the checkpoint's generation_config.json: %s", defaults)
-        ctx = ServerContext(client, tokenizer, list(names), info.max_model_len, template, defaults)
+        ctx = ServerContext(
+            client,
+            tokenizer,
+            list(names),
+            info.max_model_len,
+            template,
+            defaults,
+            trust_request_chat_template=ns.trust_request_chat_template,
+        )
         app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
         config = uvicorn.Config(
             app,

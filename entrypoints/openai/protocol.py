@@ -75,24 +75,32 @@ class CompletionRequest(_Sampling):
     logprobs: Optional[int] = None
 
 
-class ChatCompletionRequest(_Sampling):
-    """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
+class _ChatTemplateFields(_Strict):
+    """vLLM's extra fields for rendering `messages` (chat_utils.render_chat states their rules;
+    a request's chat_template needs --trust-request-chat-template)."""
 
     messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
+    """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
+
     max_completion_tokens: Optional[int] = None
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
-    add_generation_prompt: bool = True
 
 
-class TokenizeRequest(_Strict):
-    """POST /tokenize: either `prompt` or chat `messages`."""
+class TokenizeRequest(_ChatTemplateFields):
+    """POST /tokenize: either `prompt` or chat `messages` (rendered as chat renders them)."""
 
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Strict):

@@ -22,7 +22,12 @@ from enginespec.chat_utils import ChatTemplateError, resolve_chat_template
 from enginespec.engine.core_messages import NewRequest
 from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull, RequestTooLarge
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
-from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from enginespec.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    _Sampling,
+)
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 
@@ -40,6 +45,8 @@ class ServerContext:
     chat_template: Optional[str] = None
     # generation_config.json's sampling defaults (SamplingParams names) for unset fields
     sampling_defaults: dict = field(default_factory=dict)
+    # --trust-request-chat-template: a request's own chat_template is used (else a 400, as vLLM)
+    trust_request_chat_template: bool = False
 
     def check_model(self, name: Optional[str]) -> None:
         if name is not None and name not in self.model_names:
@@ -100,21 +107,32 @@ def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], 
     return out
 
 
-def render_chat(ctx: ServerContext, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The conversation as prompt text by chat_utils.render_chat (the rules LLM.chat follows
-    too); each of its errors is a 400 naming its field. The template: --chat-template, else the
-    tokenizer's; a 400 without one."""
+def render_chat(ctx: ServerContext, body: Union[ChatCompletionRequest, TokenizeRequest]) -> str:
+    """The body's conversation as prompt text, by chat_utils.render_chat (the rules LLM.chat
+    follows too); each of its errors is a 400 naming its field. The template: the body's
+    chat_template (only with --trust-request-chat-template, as vLLM), else --chat-template, else
+    the tokenizer's; a 400 without one."""
+    if body.chat_template is not None and not ctx.trust_request_chat_template:
+        raise APIError(
+            400,
+            "Chat template is passed with request, but --trust-request-chat-template is not set. "
+            "Refused request with untrusted chat template.",
+            "chat_template",
+        )
+    template = body.chat_template if body.chat_template is not None else ctx.chat_template
     try:
-        if ctx.tokenizer is None or resolve_chat_template(ctx.tokenizer, ctx.chat_template) is None:
+        if ctx.tokenizer is None or resolve_chat_template(ctx.tokenizer, template) is None:
             raise ChatTemplateError(
                 "this model's tokenizer has no chat template and none was given; start the server "
                 "with --chat-template FILE (or use /v1/completions)"
             )
         return chat_utils.render_chat(
             ctx.tokenizer,
-            messages,
-            chat_template=ctx.chat_template,
-            add_generation_prompt=add_generation_prompt,
+            body.messages,
+            chat_template=template,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            chat_template_kwargs=body.chat_template_kwargs,
         )
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), exc.param) from None
@@ -203,7 +221,7 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     _check_request(ctx, body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-    text = render_chat(ctx, body.messages, body.add_generation_prompt)
+    text = render_chat(ctx, body)
     prompts = [(text, _encode(ctx, text, add_special_tokens=False))]
     call = _Call(
         "chat", f"chatcmpl-{uuid.uuid4().hex}", body.model or ctx.model_names[0], body, prompts, _stops(body)

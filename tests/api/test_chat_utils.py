@@ -1,5 +1,6 @@
-"""chat_utils.render_chat, the one renderer of LLM.chat and the server: content parts,
-chat_template, and their errors; then LLM.chat over it (one tiny engine for the module)."""
+"""chat_utils.render_chat, the one renderer of LLM.chat and the server: content parts, vLLM's
+chat_template / add_generation_prompt / continue_final_message / chat_template_kwargs, and
+their errors; then LLM.chat over it (one tiny engine for the module)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,83 @@ def test_chat_template_replaces_the_tokenizers_and_one_is_needed(tokenizer):
     )
 
 
+# ---- add_generation_prompt / continue_final_message ---------------------------------------------
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_assistants_message(tokenizer):
+    kw = dict(chat_template=TEMPLATE, add_generation_prompt=False)
+    assert render_chat(tokenizer, CONVERSATION, **kw) == "u:hi;a:Yo;"
+    assert render_chat(tokenizer, CONVERSATION, continue_final_message=True, **kw) == "u:hi;a:Yo"
+    assert render_chat(tokenizer, CONVERSATION, chat_template=TEMPLATE) == "u:hi;a:Yo;A:"
+
+
+def test_continue_final_message_errors_are_vllms(tokenizer):
+    both = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+    kw = dict(chat_template=TEMPLATE, continue_final_message=True)
+    _raises("continue_final_message", both.replace("`", "."), render_chat, tokenizer, CONVERSATION, **kw)
+    user_last = CONVERSATION + [{"role": "user", "content": "q"}]
+    _raises(
+        "continue_final_message",
+        "last message to be the assistant's, got role 'user'",
+        render_chat,
+        tokenizer,
+        user_last,
+        add_generation_prompt=False,
+        **kw,
+    )
+    for name in ("continue_final_message", "add_generation_prompt"):
+        _raises(
+            name,
+            "must be a bool",
+            render_chat,
+            tokenizer,
+            CONVERSATION,
+            chat_template=TEMPLATE,
+            **{name: "content"},
+        )
+
+
+# ---- chat_template_kwargs -----------------------------------------------------------------------
+
+
+def test_chat_template_kwargs_reach_the_template(tokenizer):
+    template = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}" + TEMPLATE
+    assert render_chat(tokenizer, CONVERSATION, chat_template=template).startswith("u:")
+    off = render_chat(
+        tokenizer, CONVERSATION, chat_template=template, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert off == "/no_think u:hi;a:Yo;A:"
+    # the arguments of these names win over chat_template_kwargs (vLLM merges them so)
+    kwargs = {"add_generation_prompt": False, "continue_final_message": True}
+    assert render_chat(tokenizer, CONVERSATION, chat_template=TEMPLATE, chat_template_kwargs=kwargs).endswith(
+        "A:"
+    )
+
+
+def test_chat_template_kwargs_the_call_sets_itself_are_refused(tokenizer):
+    kw = dict(chat_template=TEMPLATE)
+    for name in ("chat_template", "tokenize", "messages", "conversation", "tools", "documents"):
+        _raises(
+            "chat_template_kwargs",
+            f"unexpected chat template kwargs.*'{name}'",
+            render_chat,
+            tokenizer,
+            CONVERSATION,
+            chat_template_kwargs={name: 1},
+            **kw,
+        )
+    for bad in ([("x", 1)], {1: 2}):
+        _raises(
+            "chat_template_kwargs",
+            "dict with str keys",
+            render_chat,
+            tokenizer,
+            CONVERSATION,
+            chat_template_kwargs=bad,
+            **kw,
+        )
+
+
 # ---- LLM.chat -----------------------------------------------------------------------------------
 
 
@@ -88,9 +166,8 @@ def llm():
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
-def _chat(llm, messages):
-    llm.get_tokenizer().chat_template = TEMPLATE
-    return llm.chat(messages, GREEDY, use_tqdm=False)
+def _chat(llm, messages, **kwargs):
+    return llm.chat(messages, GREEDY, use_tqdm=False, chat_template=TEMPLATE, **kwargs)
 
 
 def test_llm_chat_flattens_content_parts_like_the_server(llm):
@@ -105,3 +182,22 @@ def test_llm_chat_flattens_content_parts_like_the_server(llm):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(ValueError, match="only text content parts"):
         _chat(llm, [{"role": "user", "content": [image]}])
+
+
+def test_llm_chat_takes_vllms_chat_keywords(llm):
+    out = _chat(llm, CONVERSATION, add_generation_prompt=False, continue_final_message=True)[0]
+    tok = llm.get_tokenizer()
+    assert out.prompt == "u:hi;a:Yo" and out.prompt_token_ids == tok.encode(
+        "u:hi;a:Yo", add_special_tokens=False
+    )
+    template = "{{ greeting }}" + TEMPLATE
+    out = llm.chat(
+        CONVERSATION, GREEDY, use_tqdm=False, chat_template=template, chat_template_kwargs={"greeting": "G"}
+    )
+    assert out[0].prompt == "Gu:hi;a:Yo;A:"
+    with pytest.raises(ValueError, match="Cannot set both"):
+        _chat(llm, CONVERSATION, continue_final_message=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat(CONVERSATION, GREEDY, use_tqdm=False)
+    with pytest.raises(TypeError):  # keyword-only: vLLM's fourth positional is lora_request
+        llm.chat(CONVERSATION, GREEDY, False, TEMPLATE)

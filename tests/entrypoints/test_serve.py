@@ -489,6 +489,31 @@ def test_chat_content_parts_text_joined_other_parts_refused(server, client):
     assert err["param"] == "messages" and "image_url" in err["message"]
 
 
+def test_vllms_chat_template_fields_render_as_llm_chat(server, client, llm):
+    """continue_final_message, add_generation_prompt and chat_template_kwargs (vLLM's extra
+    fields) give the prompt and the greedy reply LLM.chat gives with the same keywords."""
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Yo"}]
+    fields = {"add_generation_prompt": False, "continue_final_message": True}
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=conv,
+        max_tokens=6,
+        temperature=0,
+        extra_body={**fields, "chat_template_kwargs": {"unused": 1}, "return_token_ids": True},
+    )
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    want = llm.chat(conv, params, use_tqdm=False, chat_template=CHAT_TEMPLATE, **fields)[0]
+    assert want.prompt == "u:hi;a:Yo"
+    assert resp.prompt_token_ids == want.prompt_token_ids
+    assert resp.choices[0].token_ids == want.outputs[0].token_ids
+    assert server.post("/tokenize", {"messages": conv, **fields}).json()["tokens"] == want.prompt_token_ids
+    body = {"model": MODEL, "max_tokens": 2, "messages": conv}
+    err = _error(server.post("/v1/chat/completions", {**body, "continue_final_message": True}), 400)
+    assert err["param"] == "continue_final_message" and "add_generation_prompt" in err["message"]
+    err = _error(server.post("/v1/chat/completions", {**body, "chat_template": "{{ 1 }}"}), 400)
+    assert err["param"] == "chat_template" and "--trust-request-chat-template" in err["message"]
+
+
 def test_seed_outside_int64_is_400_naming_seed_and_the_bound(server):
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 2, "temperature": 1.0}
     for seed in (2**63, 2**64, -(2**63) - 1):
