@@ -28,6 +28,9 @@ ENGINESPEC_SKINNY_GEMM (0 = off), default on; ENGINESPEC_SKINNY_MAX_ROWS sets th
 than one token (prefill chunks beside decodes, speculative verification) replay a CUDA graph when
 their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py); None = 2048
 (capped at max_num_batched_tokens), 0 = only decode steps replay graphs.
+`max_logprobs` (vLLM's name, default 20): the most logprobs / prompt_logprobs a request may
+ask; more is refused on add (a ValueError; the server's 400). -1 lifts the cap (the vocabulary
+size is then the bound, as in vLLM).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048
 # this many tokens keeps the GPU busier than the host that launches it, where 8192 did not
 # (benchmarks/RESULTS.md: the prefill phase was host-bound at 8192 on the H200).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
-MODEL_IMPLS = ("auto", "merged", "transformers")  # EngineArgs.model_impl, FlatModel's model_impl
+MODEL_IMPLS = ("auto", "merged", "transformers")
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's: the most logprobs a request may ask (-1: no cap)  # EngineArgs.model_impl, FlatModel's model_impl
 
 _DTYPES = {
     "float32": torch.float32,
@@ -129,6 +133,7 @@ class EngineArgs:
     speculative_config: Optional[dict] = None
     skinny_gemm: Optional[bool] = None
     max_cudagraph_capture_size: Optional[int] = None
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
@@ -136,6 +141,7 @@ class EngineArgs:
         (max_num_batched_tokens) are checked where they are resolved."""
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
+        _check_int("max_logprobs", self.max_logprobs, -1, None)
         if self.num_gpu_blocks_override is not None:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)
         if self.seed is not None:

@@ -420,6 +420,7 @@ class EngineCore:
         if not ids:
             raise ValueError("prompt_token_ids must not be empty")
         params.validate_vocab(self.vocab_size)
+        self._check_logprobs(params)
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
         if len(ids) + params.max_tokens > self.max_model_len:
@@ -435,6 +436,24 @@ class EngineCore:
                 f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})"
             )
         return ids
+
+    @property
+    def max_logprobs(self) -> int:
+        """EngineArgs.max_logprobs, with -1 (no cap) as the vocabulary size (vLLM's rule)."""
+        cap = self.args.max_logprobs
+        return self.vocab_size if cap == -1 else cap
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """logprobs and prompt_logprobs within max_logprobs, in vLLM's words; the message starts
+        with the field's name, as the server's 400 reads its param from it."""
+        cap = self.max_logprobs
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(params, name)
+            if k is not None and k > cap:
+                raise ValueError(
+                    f"SamplingParams.{name}: requested {kind} logprobs of {k}, which is greater than "
+                    f"max allowed: {cap} (the engine's max_logprobs, --max-logprobs; -1 lifts the cap)"
+                )
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the checkpoint's generation_config.json sampling defaults

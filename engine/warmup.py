@@ -41,8 +41,9 @@ from enginespec.spec import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def sampler_settings(vocab: int) -> tuple:
-    """One SamplingParams setting per sampler path (ids kept below the vocabulary)."""
+def sampler_settings(vocab: int, max_logprobs: int = 5) -> tuple:
+    """One SamplingParams setting per sampler path (ids kept below the vocabulary, logprobs
+    within the engine's max_logprobs)."""
     return (
         dict(temperature=0.0),
         dict(temperature=0.6),
@@ -55,7 +56,7 @@ def sampler_settings(vocab: int) -> tuple:
             allowed_token_ids=tuple(range(1, min(64, vocab))),
             min_tokens=2,
         ),
-        dict(temperature=0.7, logprobs=min(5, vocab)),
+        dict(temperature=0.7, logprobs=min(5, vocab, max_logprobs)),
     )
 
 
@@ -141,7 +142,7 @@ def warm_up(engine, *, tiny: bool = False, progress: bool = True) -> WarmupRepor
     rng = random.Random(0)
     lengths = _prompt_lengths(engine, tiny)
     vocab = min(engine.vocab_size, 10_000)
-    settings, num = sampler_settings(engine.vocab_size), 0
+    settings, num = sampler_settings(engine.vocab_size, engine.max_logprobs), 0
     max_tokens = 2 if tiny else 4
     # Every request must fit alone: a tiny pool (a test's num_gpu_blocks_override), a short
     # max_model_len or, with chunked prefill off, a small budget shrinks its prompt, and one with

@@ -96,6 +96,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="mixed steps (prefill chunks, verification) of up to this many tokens replay CUDA "
         "graphs (default 2048; 0: decode steps only)",
     )
+    p.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=None,
+        help="the most logprobs / prompt_logprobs a request may ask (default 20; -1: no cap)",
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -122,6 +128,7 @@ _ENGINE_KEYS = (
     "tensor_parallel_size",
     "speculative_config",
     "max_cudagraph_capture_size",
+    "max_logprobs",
 )
 
 

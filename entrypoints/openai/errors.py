@@ -44,5 +44,5 @@ def bad_request(exc: Exception) -> APIError:
     message = str(exc)
     param = None
     if message.startswith("SamplingParams."):
-        param = message.split(" ", 1)[0].split(".", 1)[1]
+        param = message.split(" ", 1)[0].split(".", 1)[1].rstrip(":")
     return APIError(400, message, param)

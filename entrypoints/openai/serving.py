@@ -169,7 +169,16 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
     except RequestTooLarge as exc:
         raise _too_large(call, exc) from None
     except ValueError as exc:
-        raise bad_request(exc) from None
+        raise _bad_field(call, exc) from None
+
+
+def _bad_field(call: _Call, exc: ValueError) -> APIError:
+    """bad_request under the body's name of the field: chat asks SamplingParams.logprobs as
+    top_logprobs."""
+    err = bad_request(exc)
+    if call.kind == "chat" and err.param == "logprobs":
+        err.param = "top_logprobs"
+    return err
 
 
 def _too_large(call: _Call, exc: RequestTooLarge) -> APIError:
@@ -195,7 +204,7 @@ def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx
     try:
         return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs, defaults=defaults)
     except ValueError as exc:
-        raise bad_request(exc) from None
+        raise _bad_field(call, exc) from None
 
 
 async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_disconnect):

@@ -312,3 +312,14 @@ def test_tensor_parallel_size_flag_reaches_engine_args(capsys, sharded_dir):
     argv = ["generate", "--model", str(sharded_dir), "--prompt", "x", "--no-tqdm"]
     rc, _, err = run_cli(argv + ["--tensor-parallel-size", "0"], capsys)
     assert rc == 2 and "tensor_parallel_size" in err
+
+
+def test_max_logprobs_flag_reaches_engine_args(sharded_dir):
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    assert "max_logprobs" not in _engine_kwargs(_parser().parse_args(["demo"]))  # the engine's 20
+    assert EngineArgs().max_logprobs == 20
+    for value in ("5", "-1"):
+        ns = _parser().parse_args(["serve", str(sharded_dir), "--max-logprobs", value])
+        assert EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns)).max_logprobs == int(value)

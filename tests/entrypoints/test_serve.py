@@ -343,6 +343,26 @@ def test_logprobs_and_prompt_logprobs(client):
     assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
 
 
+def test_logprobs_above_max_logprobs_are_400_naming_the_field(server):
+    """The server runs the default max_logprobs (20), as vLLM: more is a 400 in vLLM's words,
+    for completions logprobs, chat top_logprobs and prompt_logprobs alike; 20 is served."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    for path, extra, param, kind in [
+        ("/v1/completions", {"logprobs": 21}, "logprobs", "sample"),
+        ("/v1/completions", {"prompt_logprobs": 21}, "prompt_logprobs", "prompt"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "sample"),
+        ("/v1/chat/completions", {"prompt_logprobs": 96}, "prompt_logprobs", "prompt"),
+    ]:
+        err = _error(server.post(path, {**(chat if "chat" in path else body), **extra}), 400)
+        assert err["param"] == param, err
+        assert f"requested {kind} logprobs of" in err["message"] and "max allowed: 20" in err["message"]
+    assert server.post("/v1/completions", {**body, "logprobs": 20, "prompt_logprobs": 20}).status_code == 200
+    ok = server.post("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 20})
+    assert ok.status_code == 200
+    assert server.state()["num_pending"] == 0
+
+
 def test_cache_salt_separates_tenants_in_the_prefix_cache(server, client):
     """Same prompt: a second unsalted request hits the cache; a new salt misses it (its blocks
     hash apart) and hits only its own blocks on the next request; outputs are unchanged."""
