@@ -1,6 +1,6 @@
 """The FastAPI app and the server process (`enginespec serve`).
 
-Routes: /health, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+Routes: /health, /version, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
 /metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them). --api-key guards /v1/* (a Bearer token), as vLLM does.
@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from enginespec import __version__
 from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.metrics import ServerMetrics
@@ -170,6 +171,10 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
         if not ctx.engine.alive:
             raise APIError(500, f"the engine is not running: {ctx.engine.fatal!r}")
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics_route():

@@ -591,6 +591,13 @@ def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     assert server.state()["num_pending"] == 0
 
 
+def test_version_route(server):
+    from enginespec import __version__
+
+    resp = httpx.get(server.url("/version"))  # no key needed, as /health
+    assert resp.status_code == 200 and resp.json() == {"version": __version__}
+
+
 def test_unknown_model_is_404_and_bad_key_is_401(server, client):
     _error(server.post("/v1/completions", {"model": "nope", "prompt": "a"}), 404)
     with pytest.raises(openai.NotFoundError):
