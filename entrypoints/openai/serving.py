@@ -49,7 +49,7 @@ class ServerContext:
     trust_request_chat_template: bool = False
 
     def check_model(self, name: Optional[str]) -> None:
-        if name is not None and name not in self.model_names:
+        if name and name not in self.model_names:  # "" or null: the served model, as vLLM
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
 

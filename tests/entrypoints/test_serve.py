@@ -591,6 +591,15 @@ def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     assert server.state()["num_pending"] == 0
 
 
+def test_an_empty_model_name_is_the_served_model(server):
+    """As vLLM: "" (like an absent model) names the served model; an unknown name is a 404."""
+    resp = server.post("/v1/completions", {"model": "", "prompt": "abc", "max_tokens": 2})
+    assert resp.status_code == 200 and resp.json()["model"] == MODEL, resp.text
+    chat = {"model": "", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    assert server.post("/v1/chat/completions", chat).json()["model"] == MODEL
+    assert server.post("/tokenize", {"model": "", "prompt": "ab"}).status_code == 200
+
+
 def test_version_route(server):
     from enginespec import __version__
 
