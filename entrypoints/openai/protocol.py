@@ -1,13 +1,15 @@
 """Request bodies of the OpenAI API plus vLLM's extra sampling fields.
 
 Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default);
-bounds declared here (seed in int64) are 400s naming the field too (api_server._parse).
+bounds declared here (seed in int64) are 400s naming the field too (api_server._parse). OpenAI
+fields the server does not implement (echo, tools, response_format, ...) are declared, then
+refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UNSUPPORTED).
 Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +19,29 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _no_tools(body) -> bool:
+    return not getattr(body, "tools", None) and not getattr(body, "functions", None)
+
+
+# OpenAI fields this server does not implement: each is taken (so that it is not "an extra
+# input", which reads like a typo) and then refused by name (serving._check_request) unless its
+# value asks for nothing: null, or the no-op value the test names.
+_COMPLETION_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
+    "echo": lambda value, body: value is False,
+    "suffix": lambda value, body: value == "",
+    "best_of": lambda value, body: value == body.n,
+}
+_CHAT_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
+    "response_format": lambda value, body: value == {"type": "text"},
+    "tools": lambda value, body: value == [],
+    "tool_choice": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
+    "functions": lambda value, body: value == [],
+    "function_call": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
+    "parallel_tool_calls": lambda value, body: isinstance(value, bool) and _no_tools(body),
+    "store": lambda value, body: value is False,
+}
 
 
 class StreamOptions(_Strict):
@@ -57,6 +82,16 @@ class _Sampling(_Strict):
     prompt_logprobs: Optional[int] = None
     return_token_ids: Optional[bool] = False
 
+    _UNSUPPORTED: ClassVar[dict] = {}
+
+    def unsupported_field(self) -> Optional[str]:
+        """The first OpenAI field set to something this server does not do (None: none is)."""
+        for name, no_op in self._UNSUPPORTED.items():
+            value = getattr(self, name)
+            if value is not None and not no_op(value, self):
+                return name
+        return None
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options is not None and self.stream_options.include_usage)
@@ -73,6 +108,12 @@ class CompletionRequest(_Sampling):
 
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: Optional[int] = None
+    # not supported: refused unless a no-op (_COMPLETION_UNSUPPORTED)
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+
+    _UNSUPPORTED: ClassVar[dict] = _COMPLETION_UNSUPPORTED
 
 
 class _ChatTemplateFields(_Strict):
@@ -92,6 +133,16 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     max_completion_tokens: Optional[int] = None
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
+    # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    store: Any = None
+
+    _UNSUPPORTED: ClassVar[dict] = _CHAT_UNSUPPORTED
 
 
 class TokenizeRequest(_ChatTemplateFields):

@@ -607,6 +607,50 @@ def test_version_route(server):
     assert resp.status_code == 200 and resp.json() == {"version": __version__}
 
 
+def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(server, client):
+    """Named ("`tools` is not supported by this server"), not "Extra inputs are not permitted",
+    which reads like a typo; a value that asks nothing is served; an unknown field stays refused."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    refused = [
+        (body, "echo", True),
+        (body, "suffix", "x"),
+        (body, "best_of", 2),
+        (chat, "response_format", {"type": "json_object"}),
+        (chat, "tools", tools),
+        (chat, "tool_choice", "required"),
+        (chat, "functions", [{"name": "f"}]),
+        (chat, "function_call", {"name": "f"}),
+        (chat, "store", True),
+    ]
+    for base, name, value in refused:
+        path = "/v1/chat/completions" if base is chat else "/v1/completions"
+        err = _error(server.post(path, {**base, name: value}), 400)
+        assert err["param"] == name and err["message"] == f"`{name}` is not supported by this server"
+    err = _error(server.post("/v1/chat/completions", {**chat, "tools": tools, "tool_choice": "none"}), 400)
+    assert err["param"] == "tools"  # the template would have to show them: not a no-op
+    for extra in ({"echo": False}, {"suffix": ""}, {"best_of": 1}, {"best_of": 2, "n": 2}):
+        assert server.post("/v1/completions", {**body, **extra}).status_code == 200, extra
+    no_ops = [
+        {"response_format": {"type": "text"}},
+        {"tool_choice": "none"},
+        {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False},
+        {"store": False},
+    ]
+    for extra in no_ops:
+        assert server.post("/v1/chat/completions", {**chat, **extra}).status_code == 200, extra
+    messages = [{"role": "user", "content": "hi"}]
+    resp = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, response_format={"type": "text"}, tool_choice="none"
+    )
+    assert resp.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError, match="`echo` is not supported"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, echo=True)
+    err = _error(server.post("/v1/chat/completions", {**chat, "echo": True}), 400)  # not OpenAI chat's
+    assert "Extra inputs" in err["message"] and err["param"] == "echo"
+
+
 def test_unknown_model_is_404_and_bad_key_is_401(server, client):
     _error(server.post("/v1/completions", {"model": "nope", "prompt": "a"}), 404)
     with pytest.raises(openai.NotFoundError):
