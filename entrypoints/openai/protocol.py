@@ -4,6 +4,7 @@ Every model forbids unknown fields (a typo in a parameter name is a 400, not a s
 bounds declared here (seed in int64) are 400s naming the field too (api_server._parse). OpenAI
 fields the server does not implement (echo, tools, response_format, ...) are declared, then
 refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UNSUPPORTED).
+Null is "unset" for every OpenAI field, as OpenAI's schema marks them nullable (n included).
 Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # vLLM's seed bound (torch.long's range); outside it a seed would wrap modulo 2**64.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -83,6 +84,12 @@ class _Sampling(_Strict):
     return_token_ids: Optional[bool] = False
 
     _UNSUPPORTED: ClassVar[dict] = {}
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_unset(cls, value):
+        """OpenAI's schema marks n nullable (as every OpenAI field here): null means the default."""
+        return 1 if value is None else value
 
     def unsupported_field(self) -> Optional[str]:
         """The first OpenAI field set to something this server does not do (None: none is)."""

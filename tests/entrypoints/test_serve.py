@@ -591,6 +591,24 @@ def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     assert server.state()["num_pending"] == 0
 
 
+def test_null_is_unset_for_the_openai_fields(server):
+    """OpenAI's schema marks these nullable: null means "unset" (n was a 400 'valid integer')."""
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    want = server.post("/v1/completions", body).json()["choices"][0]["token_ids"]
+    nulls = ["n", "top_p", "stop", "logprobs", "seed", "presence_penalty", "frequency_penalty"]
+    nulls += ["logit_bias", "user", "stream", "stream_options", "echo", "suffix", "best_of"]
+    resp = server.post("/v1/completions", {**body, **dict.fromkeys(nulls)})
+    assert resp.status_code == 200, resp.text
+    assert [c["token_ids"] for c in resp.json()["choices"]] == [want]  # n null: one choice
+    loose = server.post("/v1/completions", {**body, "temperature": None, "max_tokens": None})
+    assert loose.status_code == 200 and len(loose.json()["choices"][0]["token_ids"]) <= 16
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "temperature": 0}
+    nulls = ["n", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"]
+    nulls += ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "store", "seed"]
+    resp = server.post("/v1/chat/completions", {**chat, "max_tokens": 3, **dict.fromkeys(nulls)})
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 1, resp.text
+
+
 def test_an_empty_model_name_is_the_served_model(server):
     """As vLLM: "" (like an absent model) names the served model; an unknown name is a 404."""
     resp = server.post("/v1/completions", {"model": "", "prompt": "abc", "max_tokens": 2})
