@@ -9,7 +9,8 @@ Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_draft
 _num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
 engine's cumulative `EngineStats.spec_decode`.
 
-Prefix-cache counters are in tokens (blocks looked up / found times block_size), like vLLM's.
+Prefix-cache counters are in tokens, like vLLM's: queries every token of each looked-up request,
+hits the tokens of the cached blocks found (core_proc._prefix_counters).
 Queue time is from arrival to the start of the step whose outputs first carry the request's
 tokens (the engine reports no admission time; with chunked prefill of a long prompt, or with
 async scheduling's one-step lag, this overstates the queue time by the earlier steps).

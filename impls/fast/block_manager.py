@@ -46,6 +46,7 @@ class FastBlockManager:
         self._cursor: dict[str, int] = {}
         self._queries = 0
         self._hits = 0
+        self._query_tokens = 0  # the looked-up requests' tokens (vLLM's prefix_cache_queries)
 
     # -- prefix cache lookup -------------------------------------------------------------------
 
@@ -66,6 +67,7 @@ class FastBlockManager:
             out.append(block)
         self._queries += max_blocks
         self._hits += len(out)
+        self._query_tokens += len(token_ids)
         return out
 
     # -- allocation ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class BlockManager:
         self.cursors: dict[str, int] = {}
         self.num_queries = 0
         self.num_hits = 0
+        self.num_query_tokens = 0  # the looked-up requests' tokens (vLLM's prefix_cache_queries)
 
     # ---- hashing -------------------------------------------------------------------------
 
@@ -74,6 +75,7 @@ class BlockManager:
             found.append(block)
         self.num_queries += max_blocks
         self.num_hits += len(found)
+        self.num_query_tokens += request.num_tokens
         return found
 
     # ---- allocation ------------------------------------------------------------------------
