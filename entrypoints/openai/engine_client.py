@@ -393,18 +393,22 @@ class EngineClient:
             stream = streams.get(delta[0])
             if stream is None:
                 continue  # aborted here meanwhile
+            sample = stream.output.outputs[delta[1]]
+            was_finished = sample.finish_reason is not None
             num_new = stream.apply(delta)
             touched[delta[0]] = stream
             if num_new:
                 num_tokens += num_new
-                self._observe_tokens(stream, now, step_start)
+                self._observe_tokens(stream, delta[1], now, step_start)
+            if not was_finished and sample.finish_reason is not None and self.metrics is not None:
+                self.metrics.e2e_request_latency.observe(now - stream.arrival)
         if num_tokens and self.metrics is not None:
             self.metrics.generation_tokens.inc(num_tokens)
         for rid, stream in touched.items():
             stream.sink.put_nowait(("output", stream.output))
             if stream.output.finished:
                 self._release(rid)
-                self._observe_finish(stream, now)
+                self._count_samples(stream)
         for rid, error in failed:
             stream = self._release(rid)
             if stream is not None:
@@ -454,25 +458,22 @@ class EngineClient:
 
     # ---- metrics --------------------------------------------------------------------------------
 
-    def _observe_tokens(self, stream: RequestStream, now: float, step_start) -> None:
+    def _observe_tokens(self, stream: RequestStream, index: int, now: float, step_start) -> None:
+        """TTFT and queue time at a sample's first tokens, inter-token latency at its later ones:
+        per sample, as vLLM observes each child request of n > 1 (e2e too, at each sample's
+        finish; request_success counts samples, _count_samples)."""
         m = self.metrics
+        first = stream.first[index]
         if m is not None:
-            if stream.first is None:
+            if first is None:
                 m.time_to_first_token.observe(now - stream.arrival)
                 start = step_start if step_start is not None else now
                 m.request_queue_time.observe(max(0.0, start - stream.arrival))
             else:
-                m.inter_token_latency.observe(now - stream.last)
-        if stream.first is None:
-            stream.first = now
-        stream.last = now
-
-    def _observe_finish(self, stream: RequestStream, now: float) -> None:
-        m = self.metrics
-        if m is None:
-            return
-        m.e2e_request_latency.observe(now - stream.arrival)
-        self._count_samples(stream)
+                m.inter_token_latency.observe(now - stream.last[index])
+        if first is None:
+            stream.first[index] = now
+        stream.last[index] = now
 
     def _count_samples(self, stream: Optional[RequestStream]) -> None:
         """request_success once per sample, as vLLM V1 counts the child requests of n > 1: a

@@ -9,6 +9,8 @@ Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_draft
 _num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
 engine's cumulative `EngineStats.spec_decode`.
 
+A request of n > 1 counts as n in request_success and in the latency histograms (TTFT, queue
+time, inter-token latency, e2e: each sample's own), as vLLM V1 counts its child requests.
 Prefix-cache counters are in tokens, like vLLM's: queries every token of each looked-up request,
 hits the tokens of the cached blocks found (core_proc._prefix_counters).
 Queue time is from arrival to the start of the step whose outputs first carry the request's

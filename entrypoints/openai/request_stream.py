@@ -33,8 +33,10 @@ class RequestStream:
         self.num_samples = n
         self.num_prompt_tokens = len(req.prompt_token_ids)
         self.arrival = arrival
-        self.first: Optional[float] = None
-        self.last: Optional[float] = None
+        # per sample: when its first and its latest token arrived (the latency metrics are per
+        # sample, as vLLM's are per child request of n > 1)
+        self.first: list[Optional[float]] = [None] * n
+        self.last: list[Optional[float]] = [None] * n
         with_lps = req.params.logprobs is not None
         self.output = RequestOutput(
             req.request_id,

@@ -765,6 +765,22 @@ def test_request_success_counts_an_abort_per_sample_like_a_finish(server):
         httpx.post(server.url("/dev/resume"))
 
 
+def test_latency_histograms_count_samples_like_request_success(server):
+    """vLLM V1 observes each child request of n > 1: n=3 adds 3 to request_success and 3 to the
+    e2e, TTFT and queue-time histograms (they added 1), and a sample's inter-token latency is its
+    own (the siblings' tokens of one step added zero-latency observations)."""
+    names = ["e2e_request_latency", "time_to_first_token", "request_queue_time", "inter_token_latency"]
+    keys = [f"vllm:{name}_seconds_count" for name in names]
+    before, length = server.metrics(), _successes(server, "length")
+    body = {"model": MODEL, "prompt": "abc", "n": 3, "max_tokens": 4, "ignore_eos": True, "temperature": 1}
+    assert server.post("/v1/completions", body).status_code == 200
+    after = server.metrics()
+    e2e, ttft, queue, itl = (after[k] - before[k] for k in keys)
+    assert _successes(server, "length") - length == 3
+    assert (e2e, ttft, queue) == (3, 3, 3)
+    assert itl <= 3 * 3  # at most one per later token of each sample
+
+
 async def _load_client(server, rng: random.Random, prompt: list[int]):
     """One streaming client: a bad request, a disconnect after a few chunks, or a full greedy run."""
     kind = rng.choice(["full", "full", "disconnect", "bad"])
