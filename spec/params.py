@@ -35,6 +35,13 @@ def _ids(name: str, ids: object) -> list[int]:
     return check_token_ids(f"SamplingParams.{name}", ids)
 
 
+#: The bool fields.
+_FLAGS = (
+    "ignore_eos",
+    "include_stop_str_in_output",
+)
+
+
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
     if not cond:
         raise ValueError(f"SamplingParams.{name} must be {bound}, got {value!r}")
@@ -62,8 +69,9 @@ class SamplingParams:
     prompt_logprobs None or >= 0 (and <= vocab_size, checked by `validate_vocab`);
     presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
     logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
-    keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size
-    per `validate_vocab`. Integral fields accept numpy integers and store plain ints.
+    keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size per
+    `validate_vocab`; ignore_eos and include_stop_str_in_output bools. Integral fields accept
+    numpy integers and store plain ints.
     """
 
     max_tokens: int = 16
@@ -98,8 +106,13 @@ class SamplingParams:
 
     def _validate(self) -> None:
         """Every field: type, finiteness, range; ValueError naming the field and the bound."""
+        self._validate_sampling()
+        self._validate_stops()
+        self._validate_counts()
+        self._validate_biases()
+
+    def _validate_sampling(self) -> None:
         real, whole = _real, _int
-        self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
         self._set("temperature", real("temperature", self.temperature, 0.0, None))
         self._set("top_k", whole("top_k", self.top_k, -1, None))
         self._set("top_p", real("top_p", self.top_p, 0.0, 1.0, "in (0, 1]"))
@@ -107,6 +120,15 @@ class SamplingParams:
         self._set("min_p", real("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
             self._set("seed", whole("seed", self.seed, None, None))
+        self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
+        self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
+        self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None, "> 0"))
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
+
+    def _validate_stops(self) -> None:
+        """Stop ids and strings, and the bool flags."""
+        for name in _FLAGS:
+            _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         self._set("stop_token_ids", tuple(_ids("stop_token_ids", self.stop_token_ids or ())))
         _check(
             not isinstance(self.stop, (bytes, dict)) and isinstance(self.stop, Iterable),
@@ -116,13 +138,10 @@ class SamplingParams:
         )
         self._set("stop", tuple(self.stop or ()))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
-        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "a bool", self.ignore_eos)
-        _check(
-            isinstance(self.include_stop_str_in_output, bool),
-            "include_stop_str_in_output",
-            "a bool",
-            self.include_stop_str_in_output,
-        )
+
+    def _validate_counts(self) -> None:
+        whole = _int
+        self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
         self._set("min_tokens", whole("min_tokens", self.min_tokens, 0, None))
         _check(
             self.min_tokens <= self.max_tokens,
@@ -134,16 +153,14 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 self._set(name, whole(name, getattr(self, name), 0, None))
-        self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
-        self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
-        self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None, "> 0"))
-        _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
+
+    def _validate_biases(self) -> None:
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, Mapping), "logit_bias", "a dict", self.logit_bias)
             self._set(
                 "logit_bias",
                 {
-                    _ids("logit_bias", [k])[0]: real("logit_bias", v, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+                    _ids("logit_bias", [k])[0]: _real("logit_bias", v, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
                     for k, v in self.logit_bias.items()
                 },
             )
