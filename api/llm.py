@@ -156,7 +156,8 @@ class LLM:
         use_tqdm: bool = True,
         priority: Union[int, Sequence[int], None] = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns the final RequestOutputs in prompt order."""
+        """Generate for every prompt; returns the final RequestOutputs in prompt order. A
+        `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise)."""
         ids = self._add(prompts, sampling_params, priority)
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0

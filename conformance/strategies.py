@@ -11,7 +11,7 @@ Engine and parity strategies are appended at the end by their owners.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -541,6 +541,7 @@ def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 
     # or one block short of the peak of all requests running in lockstep from the first step.
     prompts = max(need, sum(r.n * -(-(len(r.prompt_token_ids) + 1) // block_size) for r in requests))
     tight = max(need, _lockstep_peak(requests, block_size) - 1)
+    policy = draw(st.sampled_from(["fcfs", "priority"]))  # fcfs: priorities 0 (others are refused)
     return EngineWorkload(
         block_size=block_size,
         num_blocks=draw(st.sampled_from([tight, tight, tight, prompts, need, 2 * need + 2])),
@@ -549,9 +550,9 @@ def engine_workloads(draw, vocab: int, max_requests: int = 4, max_tokens: int = 
         enable_prefix_caching=draw(st.booleans()),
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        scheduling_policy=policy,
         preemption_mode=draw(st.sampled_from(["recompute", "swap"] if swap else ["recompute"])),
-        requests=requests,
+        requests=requests if policy == "priority" else tuple(replace(r, priority=0) for r in requests),
     )
 
 

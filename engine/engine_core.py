@@ -416,6 +416,12 @@ class EngineCore:
             raise ValueError(f"sampling params must be a spec.SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        policy = self.scheduler_config.policy
+        if priority != 0 and policy != "priority":
+            raise ValueError(
+                f"priority must be 0 unless scheduling_policy='priority' (priority scheduling is not "
+                f"enabled: this engine runs {policy!r}, which would ignore it), got {priority}"
+            )
         ids = check_token_ids("prompt_token_ids", prompt_token_ids, self.vocab_size)
         if not ids:
             raise ValueError("prompt_token_ids must not be empty")
