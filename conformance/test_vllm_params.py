@@ -30,3 +30,12 @@ def test_priority_needs_the_priority_policy(impl):
     assert len(llm.generate(prompts, greedy, use_tqdm=False, priority=[0, 0])) == 2
     ranked = make_llm(impl, scheduling_policy="priority")
     assert len(ranked.generate(prompts, greedy, use_tqdm=False, priority=[0, 1])) == 2
+
+
+@pytest.mark.parametrize("best_of", [2, 4])
+def test_best_of_is_refused_pointing_to_n(best_of):
+    """vLLM V1 dropped best_of; a ported call gets a ValueError naming it and n (it was a
+    TypeError about an unexpected keyword). None and 1, which change nothing, are accepted."""
+    with pytest.raises(ValueError, match=r"best_of.*\bn\b"):
+        SamplingParams(best_of=best_of)
+    assert SamplingParams(best_of=1) == SamplingParams(best_of=None) == SamplingParams()

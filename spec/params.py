@@ -6,7 +6,7 @@ value raises a ValueError that names the field and the bound it broke.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Iterable, Mapping, Optional
 
 from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
@@ -61,6 +61,8 @@ class SamplingParams:
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
     position; `prompt_logprobs` = k does so for prompt positions and turns prefix-cache hits off
     for that request (cached positions have no logits).
+    `best_of` is not a field: vLLM V1 dropped it, so any value but None or 1 is a ValueError
+    pointing to `n`.
 
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
@@ -93,8 +95,15 @@ class SamplingParams:
     logit_bias: Optional[Mapping[int, float]] = None
     allowed_token_ids: Optional[tuple[int, ...]] = None
     include_stop_str_in_output: bool = False
+    best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, best_of: Optional[int]) -> None:
+        _check(
+            best_of is None or best_of == 1,
+            "best_of",
+            "None or 1 (best_of is not supported, as in vLLM V1: use n for several samples)",
+            best_of,
+        )
         # Normalise sequences to tuples (and numbers to plain int/float) so the dataclass stays
         # immutable and every backend sees the same types.
         if isinstance(self.stop, str):
