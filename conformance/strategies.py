@@ -95,6 +95,10 @@ _BAD_PARAMS = {
         st.sampled_from([True, 1.0, "1", None]).map(lambda v: {"stop_token_ids": (1, v)}),
     ),
     "stop": st.just({"stop": ("ok", "")}),
+    **{
+        name: _bad(name, st.sampled_from([1, 0, "yes", None, 1.0]))
+        for name in ("skip_special_tokens", "spaces_between_special_tokens")
+    },
     "allowed_token_ids": st.one_of(
         st.just({"allowed_token_ids": ()}),
         st.sampled_from([-1, True, 2.5]).map(lambda v: {"allowed_token_ids": (v,)}),

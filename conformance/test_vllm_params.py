@@ -3,6 +3,8 @@ vLLM answers it. Tiny float32 models on CPU, through the `impl` fixture."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from enginespec.spec import SamplingParams
@@ -39,3 +41,36 @@ def test_best_of_is_refused_pointing_to_n(best_of):
     with pytest.raises(ValueError, match=r"best_of.*\bn\b"):
         SamplingParams(best_of=best_of)
     assert SamplingParams(best_of=1) == SamplingParams(best_of=None) == SamplingParams()
+
+
+BOS = 2  # "<s>" in the tiny checkpoint's tokenizer: a special token
+CHAR = 40  # "E": a plain one
+#: Draws a mix of the special and the plain token (seeded, so every impl sees the same ids).
+MIXED = SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True, allowed_token_ids=[BOS, CHAR])
+
+
+def _one(llm, params, prompt=(5, 6, 7)):
+    return llm.generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0]
+
+
+def test_text_settings_have_vllms_names_and_defaults():
+    params = SamplingParams()
+    assert (params.skip_special_tokens, params.spaces_between_special_tokens) == (True, True)
+
+
+def test_skip_special_tokens_decides_whether_special_tokens_show(impl):
+    llm = make_llm(impl)
+    tok = llm.get_tokenizer()
+    skipped = _one(llm, MIXED)
+    assert {BOS, CHAR} <= set(skipped.token_ids), "the seed must draw both tokens for this test to bite"
+    assert (
+        skipped.text == tok.decode(skipped.token_ids, skip_special_tokens=True) and "<s>" not in skipped.text
+    )
+    for extra in ({}, {"stop": ["never"]}):  # decoded at the end, or id by id watching a stop string
+        kept = _one(llm, dataclasses.replace(MIXED, skip_special_tokens=False, **extra))
+        assert kept.token_ids == skipped.token_ids
+        assert kept.text == tok.decode(kept.token_ids, skip_special_tokens=False) and "<s>" in kept.text
+        spaced = dataclasses.replace(MIXED, skip_special_tokens=False, spaces_between_special_tokens=False)
+        assert (
+            _one(llm, dataclasses.replace(spaced, **extra)).text == kept.text
+        )  # a fast tokenizer ignores it

@@ -6,7 +6,12 @@ add (the prefix gives tokenizers that render a leading space or merge bytes thei
 While that difference ends in U+FFFD the newest ids end inside a multi-byte UTF-8 character, so
 nothing is emitted until a later id completes it. For tokenizers whose decode is additive over
 such windows (byte-level BPE, WordLevel, SentencePiece metaspace) the accumulated `text` equals
-`tokenizer.decode(output_ids, skip_special_tokens=...)` once `flush()` has run.
+`tokenizer.decode(output_ids, skip_special_tokens=..., spaces_between_special_tokens=...)` once
+`flush()` has run, with both settings taken from the request's SamplingParams (vLLM's names and
+defaults: True, True; no params means the defaults). spaces_between_special_tokens goes to the
+tokenizer's decode only when False (the default is every tokenizer's own, and duck-typed ones
+need not know the keyword); Hugging Face's fast tokenizers ignore it, as vLLM's fast
+detokenizer does, so their bare backend may still decode.
 
 Stop strings: after each token the newly settled text is searched for matches that END in it
 (earlier matches would have fired earlier). Of those, the one that ends first wins, then the
@@ -52,13 +57,13 @@ def _plain_backend(tokenizer):
 class IncrementalDetokenizer:
     """Turns one request's output ids into text, step by step. See the module docstring."""
 
-    def __init__(
-        self, tokenizer, prompt_token_ids: Sequence[int], params, *, skip_special_tokens: bool = True
-    ):
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], params):
         self.tokenizer = tokenizer
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
-        self.skip_special_tokens = skip_special_tokens
+        self.skip_special_tokens: bool = getattr(params, "skip_special_tokens", True)
+        spaces: bool = getattr(params, "spaces_between_special_tokens", True)
+        self._decode_kwargs = {} if spaces else {"spaces_between_special_tokens": False}
         self.stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
         self.min_tokens: int = params.min_tokens if params is not None else 0
         self.include_stop: bool = bool(getattr(params, "include_stop_str_in_output", False))
@@ -75,7 +80,9 @@ class IncrementalDetokenizer:
             return ""
         if self._backend is not None:
             return self._backend.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=self.skip_special_tokens, **self._decode_kwargs
+        )
 
     def _settle(self, force: bool = False) -> str:
         """Text the unsettled ids add; empty (and nothing settled) while it ends mid-character."""

@@ -39,6 +39,8 @@ def _ids(name: str, ids: object) -> list[int]:
 _FLAGS = (
     "ignore_eos",
     "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
 )
 
 
@@ -64,6 +66,10 @@ class SamplingParams:
     `best_of` is not a field: vLLM V1 dropped it, so any value but None or 1 is a ValueError
     pointing to `n`.
 
+    Text (vLLM's names and defaults): `skip_special_tokens` leaves special tokens (EOS,
+    pad, ...) out of the text; `spaces_between_special_tokens` is passed to the tokenizer's
+    decode (fast tokenizers ignore it, as vLLM's fast detokenizer does).
+
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
     max_tokens >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1]; min_p in [0, 1];
@@ -72,8 +78,9 @@ class SamplingParams:
     presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
     logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
     keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size per
-    `validate_vocab`; ignore_eos and include_stop_str_in_output bools. Integral fields accept
-    numpy integers and store plain ints.
+    `validate_vocab`; ignore_eos, include_stop_str_in_output, skip_special_tokens and
+    spaces_between_special_tokens bools. Integral fields accept numpy integers and store plain
+    ints.
     """
 
     max_tokens: int = 16
@@ -95,6 +102,8 @@ class SamplingParams:
     logit_bias: Optional[Mapping[int, float]] = None
     allowed_token_ids: Optional[tuple[int, ...]] = None
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
     def __post_init__(self, best_of: Optional[int]) -> None:

@@ -78,6 +78,7 @@ class _Sampling(_Strict):
     stop_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     priority: int = 0
     cache_salt: Optional[str] = None
     prompt_logprobs: Optional[int] = None

@@ -2,10 +2,9 @@
 
 Defaults of the fields a request leaves unset: the checkpoint's generation_config.json
 sampling defaults where it has them (engine/generation_config.py, as vLLM's server applies
-them), else OpenAI's: temperature 1, top_p 1, no top-k, min-p or penalties. What SamplingParams
-lacks:
-- skip_special_tokens=false: refused (400). The engine's detokenizer always skips special
-  tokens and the engine gives no way to ask otherwise.
+them), else OpenAI's: temperature 1, top_p 1, no top-k, min-p or penalties. vLLM's extras
+skip_special_tokens and spaces_between_special_tokens (default true) go to SamplingParams as
+they are. What SamplingParams lacks:
 - cache_salt, priority: not sampling settings; passed beside the params to the engine.
 """
 
@@ -47,10 +46,6 @@ def to_sampling_params(
         value = getattr(req, name)
         return chosen[name] if value is None else value
 
-    if not req.skip_special_tokens:
-        raise ValueError(
-            "skip_special_tokens=false is not supported: the engine's detokenizer always skips special tokens"
-        )
     if req.stop is None:
         stop: tuple[str, ...] = ()
     else:
@@ -74,4 +69,6 @@ def to_sampling_params(
         repetition_penalty=pick("repetition_penalty"),
         logit_bias=_logit_bias(req.logit_bias),
         include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
     )

@@ -181,10 +181,38 @@ def test_special_tokens_skipped_by_default_and_kept_on_request():
     tok = byte_bpe()
     ids = tok.encode("ab") + [tok.eos_token_id]
     assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == "ab"
-    detok = IncrementalDetokenizer(tok, [1], SamplingParams(), skip_special_tokens=False)
-    detok.update(ids)
-    detok.flush()
-    assert detok.text == tok.decode(ids) == "ab<eos>"
+    assert run(tok, ids, None, [len(ids)])[2].text == "ab"  # no params: vLLM's defaults
+    kept = SamplingParams(skip_special_tokens=False)
+    for params in (kept, SamplingParams(skip_special_tokens=False, stop=("never",))):
+        assert run(tok, ids, params, [1] * len(ids))[2].text == tok.decode(ids) == "ab<eos>"
+
+
+class RecordingTokenizer:
+    """A tokenizer without a plain backend that records the keywords of its decodes."""
+
+    def __init__(self, inner):
+        self.inner, self.kwargs = inner, []
+
+    def decode(self, ids, **kwargs):
+        self.kwargs.append(kwargs)
+        return self.inner.decode(ids, **kwargs)
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_spaces_between_special_tokens_reaches_the_tokenizers_decode(spaces):
+    """Passed only when False (the default is every tokenizer's own); a fast tokenizer ignores
+    it, so the text is its decode's either way."""
+    tok = RecordingTokenizer(byte_bpe())
+    ids = [tok.inner.eos_token_id] + tok.inner.encode("ab") + [tok.inner.eos_token_id]
+    params = SamplingParams(skip_special_tokens=False, spaces_between_special_tokens=spaces)
+    detok = run(tok, ids, params, [1] * len(ids))[2]
+    want = (
+        {"skip_special_tokens": False}
+        if spaces
+        else {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    )
+    assert tok.kwargs and all(kw == want for kw in tok.kwargs)
+    assert detok.text == tok.inner.decode(ids, **want) == "<eos>ab<eos>"
 
 
 @given(st.lists(st.integers(0, 319), min_size=1, max_size=60), st.integers(0, 60))

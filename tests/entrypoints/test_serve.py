@@ -483,12 +483,22 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
     assert "bogus_field" in err["message"]
     err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": [5] * 250, "max_tokens": 50}), 400)
     assert "max_model_len" in err["message"]
-    err = _error(
-        server.post("/v1/completions", {"model": MODEL, "prompt": "a", "skip_special_tokens": False}), 400
-    )
-    assert "skip_special_tokens" in err["message"]
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
+
+
+def test_skip_special_tokens_is_honoured(server, llm):
+    """vLLM's extra field: false shows special tokens in the text, decoded in the front end (no
+    stop strings) or in the engine (stop strings); true, the default, leaves them out."""
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "temperature": 0, "logit_bias": {"2": 100}}
+    for extra in ({}, {"stop": ["never"]}):
+        texts = [
+            server.post("/v1/completions", {**body, **extra, **flag}).json()["choices"][0]["text"]
+            for flag in ({}, {"skip_special_tokens": False, "spaces_between_special_tokens": False})
+        ]
+        assert texts == ["", "<s><s><s>"], extra
+    ids = offline(llm, [4], max_tokens=3, temperature=0.0, logit_bias={2: 100.0})
+    assert ids == [2, 2, 2] and llm.get_tokenizer().convert_ids_to_tokens(2) == "<s>"
 
 
 def test_chat_content_parts_text_joined_other_parts_refused(server, client):
