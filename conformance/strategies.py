@@ -94,10 +94,10 @@ _BAD_PARAMS = {
         st.integers(-9, -1).map(lambda v: {"stop_token_ids": (1, v)}),
         st.sampled_from([True, 1.0, "1", None]).map(lambda v: {"stop_token_ids": (1, v)}),
     ),
-    "stop": st.just({"stop": ("ok", "")}),
+    "stop": st.sampled_from([{"stop": ("ok", "")}, {"stop": ("ok",), "detokenize": False}]),
     **{
         name: _bad(name, st.sampled_from([1, 0, "yes", None, 1.0]))
-        for name in ("skip_special_tokens", "spaces_between_special_tokens")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "detokenize")
     },
     "allowed_token_ids": st.one_of(
         st.just({"allowed_token_ids": ()}),

@@ -74,3 +74,14 @@ def test_skip_special_tokens_decides_whether_special_tokens_show(impl):
         assert (
             _one(llm, dataclasses.replace(spaced, **extra)).text == kept.text
         )  # a fast tokenizer ignores it
+
+
+def test_detokenize_false_returns_ids_and_empty_text(impl):
+    assert SamplingParams().detokenize is True
+    llm = make_llm(impl)
+    with_text = _one(llm, MIXED)
+    without = _one(llm, dataclasses.replace(MIXED, detokenize=False))
+    assert without.token_ids == with_text.token_ids and with_text.text
+    assert without.text == "" and without.finish_reason == "length"
+    with pytest.raises(ValueError, match="stop.*detokenize"):  # vLLM refuses the pair too
+        SamplingParams(stop=["x"], detokenize=False)

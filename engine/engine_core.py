@@ -398,7 +398,7 @@ class EngineCore:
 
     def _new_sample(self, index, request, prompt_token_ids) -> Sample:
         detok = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and request.params.detokenize:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, request.params)

@@ -41,6 +41,7 @@ _FLAGS = (
     "include_stop_str_in_output",
     "skip_special_tokens",
     "spaces_between_special_tokens",
+    "detokenize",
 )
 
 
@@ -68,7 +69,9 @@ class SamplingParams:
 
     Text (vLLM's names and defaults): `skip_special_tokens` leaves special tokens (EOS,
     pad, ...) out of the text; `spaces_between_special_tokens` is passed to the tokenizer's
-    decode (fast tokenizers ignore it, as vLLM's fast detokenizer does).
+    decode (fast tokenizers ignore it, as vLLM's fast detokenizer does). `detokenize` False
+    leaves the output's `text` "" (its token ids are returned as ever), and then `stop` must be
+    empty (stop strings are matched in the text).
 
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
@@ -78,9 +81,9 @@ class SamplingParams:
     presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
     logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
     keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size per
-    `validate_vocab`; ignore_eos, include_stop_str_in_output, skip_special_tokens and
-    spaces_between_special_tokens bools. Integral fields accept numpy integers and store plain
-    ints.
+    `validate_vocab`; ignore_eos, include_stop_str_in_output, skip_special_tokens,
+    spaces_between_special_tokens and detokenize bools. Integral fields accept numpy integers and
+    store plain ints.
     """
 
     max_tokens: int = 16
@@ -104,6 +107,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    detokenize: bool = True
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
     def __post_init__(self, best_of: Optional[int]) -> None:
@@ -144,7 +148,8 @@ class SamplingParams:
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
 
     def _validate_stops(self) -> None:
-        """Stop ids and strings, and the bool flags."""
+        """Stop ids and strings, and the bool flags (detokenize decides whether stop strings can
+        be matched at all)."""
         for name in _FLAGS:
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         self._set("stop_token_ids", tuple(_ids("stop_token_ids", self.stop_token_ids or ())))
@@ -156,6 +161,12 @@ class SamplingParams:
         )
         self._set("stop", tuple(self.stop or ()))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
+        _check(
+            self.detokenize or not self.stop,
+            "stop",
+            "empty when detokenize=False (stop strings are matched in the detokenized text)",
+            self.stop,
+        )
 
     def _validate_counts(self) -> None:
         whole = _int

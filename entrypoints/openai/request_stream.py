@@ -4,8 +4,8 @@ The engine sends per-sample deltas (engine/core_messages.py); this folds them in
 RequestOutput that grows in place (token ids, logprobs, text), so the handlers read cumulative
 outputs exactly as LLM.generate returns them. Samples the engine does not detokenize (no stop
 strings) are decoded here, with the engine's own IncrementalDetokenizer and the request's
-params (skip_special_tokens, spaces_between_special_tokens), so the text equals what the
-engine would have produced.
+params (skip_special_tokens, spaces_between_special_tokens; none with detokenize=False), so the
+text equals what the engine would have produced.
 
 A sample ended by a stop token (or EOS) gets that token's id but not its text, unless it asked
 include_stop_str_in_output (the engine's rule, engine/output_processor.py): the token arrives in
@@ -45,7 +45,7 @@ class RequestStream:
             list(req.prompt_token_ids),
             [CompletionOutput(i, logprobs=[] if with_lps else None) for i in range(n)],
         )
-        decode_here = tokenizer is not None and not req.params.stop
+        decode_here = tokenizer is not None and req.params.detokenize and not req.params.stop
         self._detoks = [
             IncrementalDetokenizer(tokenizer, req.prompt_token_ids, req.params) if decode_here else None
             for _ in range(n)
