@@ -74,7 +74,7 @@ def _bad(name: str, *values):
 #: (field, kwargs) that SamplingParams must refuse with a ValueError naming the field: for each
 #: field the out-of-range values, the non-finite ones, and the wrong types.
 _BAD_PARAMS = {
-    "max_tokens": _bad("max_tokens", st.integers(-5, 0), not_ints),
+    "max_tokens": _bad("max_tokens", st.integers(-5, 0), not_ints.filter(lambda v: v is not None)),
     "temperature": _bad("temperature", st.floats(-10, -0.01), not_reals),
     "top_k": _bad("top_k", st.integers(-9, -2), not_ints),
     "top_p": _bad("top_p", st.floats(-1, 0), st.floats(1.01, 5), not_reals),

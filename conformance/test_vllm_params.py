@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from enginespec.conformance.invariants import check_idle
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 
@@ -85,3 +86,33 @@ def test_detokenize_false_returns_ids_and_empty_text(impl):
     assert without.text == "" and without.finish_reason == "length"
     with pytest.raises(ValueError, match="stop.*detokenize"):  # vLLM refuses the pair too
         SamplingParams(stop=["x"], detokenize=False)
+
+
+def test_max_tokens_none_runs_up_to_max_model_len(impl):
+    """vLLM's meaning of None: the engine sets max_model_len - prompt length on add (the
+    default stays 16); min_tokens is then checked against that."""
+    assert SamplingParams().max_tokens == 16
+    llm = make_llm(impl)
+    greedy = SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True, min_tokens=50)
+    out = _one(llm, greedy, prompt=range(5, 10))
+    assert len(out.token_ids) == 64 - 5 and out.finish_reason == "length"
+    with pytest.raises(ValueError, match="min_tokens"):  # 50 > the 4 outputs a 60-token prompt leaves
+        _one(llm, greedy, prompt=range(4, 64))
+    with pytest.raises(ValueError, match="max_model_len"):
+        _one(llm, greedy, prompt=[5] * 64)
+    assert not llm.engine.has_unfinished
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_max_tokens_none_keeps_the_pool_bound(impl):
+    """The resolved max_tokens meets the same checks as a chosen one (here: the pool's)."""
+    llm = make_llm(impl, num_blocks=8)  # 32 tokens of KV, under the chosen max_model_len of 64
+    with pytest.raises(ValueError, match="num_blocks"):
+        _one(llm, SamplingParams(max_tokens=None), prompt=[5, 6])
+    assert not llm.engine.has_unfinished
+
+
+def test_an_unresolved_max_tokens_never_reaches_a_request(impl):
+    """Only the engine knows the model's length: an impl's Request refuses None, naming it."""
+    with pytest.raises(ValueError, match="max_tokens"):
+        impl.new_request("r", [1, 2], SamplingParams(max_tokens=None))

@@ -363,6 +363,8 @@ class EngineCore:
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
+        params = self._resolve_max_tokens(params, len(prompt_token_ids))
+        self._check_fits(len(prompt_token_ids), params.max_tokens)
         eos, extra_stops = self._eos_ids()
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
@@ -429,19 +431,35 @@ class EngineCore:
         self._check_logprobs(params)
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
-        if len(ids) + params.max_tokens > self.max_model_len:
+        return ids
+
+    def _resolve_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
+        """max_tokens None means up to max_model_len (vLLM's rule): the room the prompt leaves,
+        fixed here so the impl's request has an int (min_tokens is checked against it)."""
+        if params.max_tokens is not None:
+            return params
+        room = self.max_model_len - num_prompt
+        if room < 1:
             raise ValueError(
-                f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) must be <= "
+                f"prompt length ({num_prompt}) must be < max_model_len ({self.max_model_len}) to "
+                f"leave room for one output token (max_tokens=None: up to max_model_len)"
+            )
+        return dataclasses.replace(params, max_tokens=room)
+
+    def _check_fits(self, num_prompt: int, max_tokens: int) -> None:
+        """Prompt + max_tokens within max_model_len and the KV pool, or a ValueError naming it."""
+        if num_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt length ({num_prompt}) + max_tokens ({max_tokens}) must be <= "
                 f"max_model_len ({self.max_model_len})"
             )
         bs, num_blocks = self.args.block_size, self.runner.num_blocks
-        need = -(-(len(ids) + params.max_tokens) // bs)
+        need = -(-(num_prompt + max_tokens) // bs)
         if need > num_blocks:
             raise ValueError(
-                f"prompt length ({len(ids)}) + max_tokens ({params.max_tokens}) needs {need} KV "
+                f"prompt length ({num_prompt}) + max_tokens ({max_tokens}) needs {need} KV "
                 f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})"
             )
-        return ids
 
     @property
     def max_logprobs(self) -> int:

@@ -55,11 +55,13 @@ class SamplingParams:
     """Sampling and stopping settings of one request.
 
     temperature 0 means greedy (argmax); top_k 0 or -1 means no top-k cut; top_p 1 and min_p 0
-    mean no cut. `max_tokens` counts output tokens. Stops: a token of `stop_token_ids`, the EOS
-    token unless `ignore_eos`, a string of `stop` (the engine's detokenizer checks those),
-    `max_tokens`, or the model's max length. The text ends before the stop string, and before
-    the text of the stop token or EOS that ended it (its id stays in the output's ids), unless
-    `include_stop_str_in_output` (vLLM's rules). No stop by
+    mean no cut. `max_tokens` counts output tokens; None means up to the model's max length
+    (vLLM's rule): the engine sets it to max_model_len - prompt length on add, so a Request an
+    impl sees always carries an int (spec.request.check_request_args refuses None). Stops: a
+    token of `stop_token_ids`, the EOS token unless `ignore_eos`, a string of `stop` (the
+    engine's detokenizer checks those), `max_tokens`, or the model's max length. The text ends
+    before the stop string, and before the text of the stop token or EOS that ended it (its id
+    stays in the output's ids), unless `include_stop_str_in_output` (vLLM's rules). No stop by
     token or string fires before `min_tokens` outputs. `n` > 1 makes sibling requests that
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
     position; `prompt_logprobs` = k does so for prompt positions and turns prefix-cache hits off
@@ -75,8 +77,9 @@ class SamplingParams:
 
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
-    max_tokens >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1]; min_p in [0, 1];
-    seed an int; min_tokens in [0, max_tokens]; n in [1, MAX_N = 256]; logprobs and
+    max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
+    min_p in [0, 1]; seed an int; min_tokens in [0, max_tokens] (with max_tokens None, checked
+    against the value the engine sets on add); n in [1, MAX_N = 256]; logprobs and
     prompt_logprobs None or >= 0 (and <= vocab_size, checked by `validate_vocab`);
     presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
     logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
@@ -86,7 +89,7 @@ class SamplingParams:
     store plain ints.
     """
 
-    max_tokens: int = 16
+    max_tokens: Optional[int] = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -170,10 +173,11 @@ class SamplingParams:
 
     def _validate_counts(self) -> None:
         whole = _int
-        self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
+        if self.max_tokens is not None:
+            self._set("max_tokens", whole("max_tokens", self.max_tokens, 1, None))
         self._set("min_tokens", whole("min_tokens", self.min_tokens, 0, None))
         _check(
-            self.min_tokens <= self.max_tokens,
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"<= max_tokens ({self.max_tokens})",
             self.min_tokens,

@@ -121,8 +121,10 @@ def check_request_args(
     """The input contract every Request class enforces, shared so that all impls refuse the
     same things with the same ValueErrors: a non-empty str id; a non-empty prompt of token ids
     (spec.validation.check_token_id; copied to a fresh list of plain ints); a SamplingParams or
-    None (the defaults); an int priority; a cache_key as spec.validation.check_cache_key says;
-    a finite real arrival_time (default time.monotonic())."""
+    None (the defaults) whose max_tokens is an int (None, "up to max_model_len", is resolved
+    by the engine on add, which knows the model's length); an int priority; a cache_key as
+    spec.validation.check_cache_key says; a finite real arrival_time (default
+    time.monotonic())."""
     if not isinstance(request_id, str) or not request_id:
         raise ValueError(f"Request.request_id must be a non-empty str, got {request_id!r}")
     prompt = check_token_ids("Request.prompt_token_ids", prompt_token_ids)
@@ -131,6 +133,11 @@ def check_request_args(
     params = _DEFAULT_PARAMS if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"Request.params must be a SamplingParams or None, got {type(params).__name__}")
+    if params.max_tokens is None:
+        raise ValueError(
+            "Request.params.max_tokens must be an int: None (up to max_model_len) is resolved by "
+            "the engine on add (EngineCore.add_request), got None"
+        )
     if eos_token_id is not None:
         eos_token_id = check_token_id("Request.eos_token_id", eos_token_id)
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):

@@ -34,7 +34,9 @@ def token_stop(request: Request, token: int) -> Optional[Stop]:
 
 def length_stop(request: Request, max_model_len: Optional[int]) -> Optional[Stop]:
     """Rule 3; None when it does not fire."""
-    if request.num_output_tokens >= request.params.max_tokens or (
+    max_tokens = request.params.max_tokens
+    assert max_tokens is not None  # a Request's is an int (spec.request.check_request_args)
+    if request.num_output_tokens >= max_tokens or (
         max_model_len is not None and request.num_tokens >= max_model_len
     ):
         return Status.FINISHED_LENGTH, None

@@ -85,6 +85,7 @@ class FastRequest:
         eos = None if params.ignore_eos else eos_token_id
         self._stoppers = self._stop_ids if eos is None else self._stop_ids | {eos}  # ids that may stop
         self._min_tokens = params.min_tokens
+        assert params.max_tokens is not None  # check_request_args refuses None
         self._out_limit = params.max_tokens  # outputs that finish it by length (the scheduler
         self._key = None  # lowers it to max_model_len - prompt; sets the key)
         self._capacity = self._publish_at = 0  # block manager mirrors (0 = "ask it")

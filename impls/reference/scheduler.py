@@ -64,6 +64,7 @@ class Scheduler:
     def add(self, request: Request) -> None:
         """Queue a request as WAITING; ValueError, with nothing changed, if it can never run."""
         cfg, bm = self.config, self.block_manager
+        assert request.params.max_tokens is not None  # a Request's is an int (check_request_args)
         total = request.num_prompt_tokens + request.params.max_tokens
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
