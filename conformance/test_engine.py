@@ -48,7 +48,7 @@ BAD_ADDS = [
     ("id over the vocab", "x", [1, VOCAB_SIZE], GREEDY, "vocab_size"),
     ("negative id", "x", [1, -1], GREEDY, "vocab_size"),
     ("non-int id", "x", [1, 2.5], GREEDY, "ints"),
-    ("over max_model_len", "x", [1] * 60, SamplingParams(max_tokens=8), "max_model_len"),
+    ("prompt fills max_model_len", "x", [1] * 64, SamplingParams(max_tokens=8), "max_model_len"),
     (
         "stop id over the vocab",
         "x",

@@ -90,16 +90,32 @@ def test_detokenize_false_returns_ids_and_empty_text(impl):
 
 def test_max_tokens_none_runs_up_to_max_model_len(impl):
     """vLLM's meaning of None: the engine sets max_model_len - prompt length on add (the
-    default stays 16); min_tokens is then checked against that."""
+    default stays 16); a min_tokens beyond that room is lowered with it."""
     assert SamplingParams().max_tokens == 16
     llm = make_llm(impl)
     greedy = SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True, min_tokens=50)
     out = _one(llm, greedy, prompt=range(5, 10))
     assert len(out.token_ids) == 64 - 5 and out.finish_reason == "length"
-    with pytest.raises(ValueError, match="min_tokens"):  # 50 > the 4 outputs a 60-token prompt leaves
-        _one(llm, greedy, prompt=range(4, 64))
+    out = _one(llm, greedy, prompt=range(4, 64))  # 60 tokens leave 4 outputs, under min_tokens
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
     with pytest.raises(ValueError, match="max_model_len"):
         _one(llm, greedy, prompt=[5] * 64)
+    assert not llm.engine.has_unfinished
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_max_tokens_past_max_model_len_ends_there(impl):
+    """vLLM's engine ends a request at max_model_len with finish_reason "length" rather than
+    refusing prompt + max_tokens > max_model_len (it was a ValueError: a 63-token prompt at
+    max_model_len 64 was refused even at the default max_tokens of 16); min_tokens is lowered
+    with it. Greedy ids equal a run asked for exactly the room."""
+    llm = make_llm(impl)
+    prompt = list(range(4, 54))  # 50 tokens: 14 outputs of room
+    asked = _one(llm, SamplingParams(max_tokens=100, min_tokens=30, temperature=0.0, ignore_eos=True), prompt)
+    exact = _one(llm, SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True), prompt)
+    assert asked.finish_reason == "length" and asked.token_ids == exact.token_ids
+    assert len(asked.token_ids) == 14
+    assert len(_one(llm, SamplingParams(ignore_eos=True), list(range(4, 67))).token_ids) == 1  # 63 + 16 > 64
     assert not llm.engine.has_unfinished
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 

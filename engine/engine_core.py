@@ -363,7 +363,7 @@ class EngineCore:
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        params = self._resolve_max_tokens(params, len(prompt_token_ids))
+        params = self._fit_max_tokens(params, len(prompt_token_ids))
         self._check_fits(len(prompt_token_ids), params.max_tokens)
         eos, extra_stops = self._eos_ids()
         requests = []
@@ -433,26 +433,26 @@ class EngineCore:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
         return ids
 
-    def _resolve_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
-        """max_tokens None means up to max_model_len (vLLM's rule): the room the prompt leaves,
-        fixed here so the impl's request has an int (min_tokens is checked against it)."""
-        if params.max_tokens is not None:
-            return params
+    def _fit_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
+        """max_tokens (and min_tokens) within the room the prompt leaves under max_model_len, as
+        vLLM's engine ends a request at max_model_len (finish_reason "length") instead of
+        refusing it; None means all of that room. So the impl's request always satisfies
+        Scheduler.add's `prompt + max_tokens <= max_model_len`. A prompt that leaves no room
+        for one output token is refused. (The OpenAI server refuses an explicit max_tokens
+        that does not fit, as vLLM's and OpenAI's do: entrypoints/openai/serving.py.)"""
         room = self.max_model_len - num_prompt
         if room < 1:
             raise ValueError(
                 f"prompt length ({num_prompt}) must be < max_model_len ({self.max_model_len}) to "
-                f"leave room for one output token (max_tokens=None: up to max_model_len)"
+                f"leave room for one output token"
             )
-        return dataclasses.replace(params, max_tokens=room)
+        if params.max_tokens is not None and params.max_tokens <= room:
+            return params
+        return dataclasses.replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
     def _check_fits(self, num_prompt: int, max_tokens: int) -> None:
-        """Prompt + max_tokens within max_model_len and the KV pool, or a ValueError naming it."""
-        if num_prompt + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt length ({num_prompt}) + max_tokens ({max_tokens}) must be <= "
-                f"max_model_len ({self.max_model_len})"
-            )
+        """Prompt + max_tokens (already within max_model_len) within the KV pool, or a
+        ValueError naming num_blocks."""
         bs, num_blocks = self.args.block_size, self.runner.num_blocks
         need = -(-(num_prompt + max_tokens) // bs)
         if need > num_blocks:

@@ -56,8 +56,10 @@ class SamplingParams:
 
     temperature 0 means greedy (argmax); top_k 0 or -1 means no top-k cut; top_p 1 and min_p 0
     mean no cut. `max_tokens` counts output tokens; None means up to the model's max length
-    (vLLM's rule): the engine sets it to max_model_len - prompt length on add, so a Request an
-    impl sees always carries an int (spec.request.check_request_args refuses None). Stops: a
+    (vLLM's rule): the engine sets it to max_model_len - prompt length on add, and lowers a
+    larger one (and min_tokens) to that, so a request ends at the model's max length with
+    finish_reason "length" as in vLLM; a Request an impl sees always carries an int that fits
+    (spec.request.check_request_args refuses None). Stops: a
     token of `stop_token_ids`, the EOS token unless `ignore_eos`, a string of `stop` (the
     engine's detokenizer checks those), `max_tokens`, or the model's max length. The text ends
     before the stop string, and before the text of the stop token or EOS that ended it (its id

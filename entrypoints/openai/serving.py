@@ -196,9 +196,35 @@ def _too_large(call: _Call, exc: RequestTooLarge) -> APIError:
     )
 
 
+def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> None:
+    """The front end's context rule (vLLM's and OpenAI's): each prompt must leave room for one
+    output token, and a max_tokens the client set must fit beside it in max_model_len; else a
+    400 naming the field. (The engine would lower it silently, as vLLM's engine does offline.)"""
+    limit = ctx.max_model_len
+    name = "max_completion_tokens" if getattr(call.body, "max_completion_tokens", None) else "max_tokens"
+    for _, ids in call.prompts:
+        n = len(ids)
+        if n >= limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{n} input tokens, which leaves no room for output.",
+                "messages" if call.kind == "chat" else "prompt",
+            )
+        if max_tokens is not None and n + max_tokens > limit:
+            raise APIError(
+                400,
+                f"'{name}' is too large: {max_tokens}. This model's maximum context length is {limit} "
+                f"tokens and your request has {n} input tokens ({max_tokens} > {limit} - {n}).",
+                name,
+            )
+
+
 def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
-    """An unset max_tokens: 16 for a completion; for chat what the context leaves after the
-    prompt, capped by generation_config.json's max_new_tokens (vLLM's rule)."""
+    """An unset max_tokens: 16 for a completion (lowered by the engine where the context has less
+    room); for chat what the context leaves after the prompt, capped by generation_config.json's
+    max_new_tokens (vLLM's rule). A set one must fit (_check_context)."""
+    _check_context(call, ctx, max_tokens)
     defaults = ctx.sampling_defaults
     if max_tokens is None and call.kind == "completion":
         max_tokens = 16

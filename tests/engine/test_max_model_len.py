@@ -25,8 +25,10 @@ def test_the_models_length_is_lowered_to_what_the_pool_holds(caplog):
         llm = _llm(num_blocks=8)  # 32 tokens, under the tiny model's 256 positions
     assert llm.engine.max_model_len == 32 == llm.engine.scheduler_config.max_model_len
     assert "max_model_len lowered" in caplog.text
-    with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13), use_tqdm=False)
+    capped = llm.generate(  # past the fitted length: ends there ("length"), as vLLM's engine does
+        {"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13, ignore_eos=True), use_tqdm=False
+    )
+    assert len(capped[0].outputs[0].token_ids) == 12 and capped[0].outputs[0].finish_reason == "length"
     out = llm.generate(
         {"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False
     )

@@ -482,9 +482,26 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
     err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": "a", "bogus_field": 1}), 400)
     assert "bogus_field" in err["message"]
     err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": [5] * 250, "max_tokens": 50}), 400)
-    assert "max_model_len" in err["message"]
+    assert "maximum context length is 256" in err["message"] and err["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
+
+
+def test_the_context_rule_at_the_front_end(server):
+    """A set max_tokens that does not fit beside the prompt is a 400 naming it (vLLM's and
+    OpenAI's rule; max_completion_tokens by its own name), a prompt that fills the context a 400
+    naming it; an unset one is lowered to the room left (a completion's default 16 here, where
+    the engine would have refused prompt + 16 > max_model_len before)."""
+    post = server.post
+    err = _error(post("/v1/completions", {"model": MODEL, "prompt": [5] * 256, "max_tokens": 1}), 400)
+    assert err["param"] == "prompt" and "256 input tokens" in err["message"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 10_000}
+    err = _error(post("/v1/chat/completions", body), 400)
+    assert err["param"] == "max_completion_tokens" and "too large: 10000" in err["message"]
+    resp = post("/v1/completions", {"model": MODEL, "prompt": [5] * 250, "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert resp.json()["usage"]["completion_tokens"] == 6 and choice["finish_reason"] == "length"
 
 
 def test_skip_special_tokens_is_honoured(server, llm):
