@@ -31,12 +31,32 @@ their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py
 `max_logprobs` (vLLM's name, default 20): the most logprobs / prompt_logprobs a request may
 ask; more is refused on add (a ValueError; the server's 400). -1 lifts the cap (the vocabulary
 size is then the bound, as in vLLM).
+
+vLLM's arguments a ported `LLM(...)` passes every day, under vLLM's names and defaults:
+`tokenizer` (a local directory to load the tokenizer from instead of the model's; None: the
+model's), `tokenizer_mode` ("auto" and "hf": transformers' AutoTokenizer; "slow": the same with
+use_fast=False, which transformers 5 ignores: it has only its fast backend), `trust_remote_code`
+(False; passed to transformers' AutoConfig and AutoTokenizer, so a checkpoint's own
+configuration_*.py / tokenization_*.py may run; the decoder itself is always transformers' own
+class for a supported architecture, never a checkpoint's modeling_*.py). Accepted, and no bound
+here: `disable_log_stats` (the engine logs no periodic stats to disable; EngineStats and the
+server's /metrics are kept either way), `swap_space` (GiB, default 4: preemption_mode="swap"
+copies a preempted request's blocks to host memory as they are, with no cap to map it to),
+`max_seq_len_to_capture` (default 8192: the decode CUDA graphs are captured for contexts up to
+max_model_len, so no context length falls back to eager; max_cudagraph_capture_size bounds the
+tokens of a step, another thing). Accepted only at vLLM's default (the table UNSUPPORTED_VALUES),
+any other value a ValueError "not supported by enginespec" naming the argument and what is
+accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size` (1),
+`kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
+`download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
+("auto" or "safetensors", the one format the loader reads).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -82,8 +102,25 @@ _BOOL_FIELDS = (
     "compile_model",
     "warmup",
     "skinny_gemm",
+    "trust_remote_code",
+    "disable_log_stats",
+    "enable_lora",
 )
 _OPTIONAL_BOOLS = ("compile_model", "warmup", "skinny_gemm")  # None: derive it
+
+# vLLM arguments accepted only at these values (vLLM's defaults, and what the loader reads):
+# name -> (the values accepted, why no other is)
+UNSUPPORTED_VALUES = {
+    "quantization": ((None,), "weights load unquantized, in dtype="),
+    "enable_lora": ((False,), "no LoRA adapters"),
+    "pipeline_parallel_size": ((1,), "one pipeline stage; tensor_parallel_size shards the model"),
+    "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
+    "cpu_offload_gb": ((0,), "weights stay on the device"),
+    "revision": ((None,), "checkpoints are local directories, nothing is downloaded"),
+    "download_dir": ((None,), "checkpoints are local directories, nothing is downloaded"),
+    "load_format": (("auto", "safetensors"), "the loader reads *.safetensors only"),
+    "tokenizer_mode": (("auto", "hf", "slow"), "tokenizers load through transformers' AutoTokenizer"),
+}
 
 
 def _check_int(name: str, value, low: int, high: Optional[int]) -> None:
@@ -96,6 +133,24 @@ def _check_int(name: str, value, low: int, high: Optional[int]) -> None:
         or (high is not None and value > high)
     ):
         raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+
+
+def _check_vllm_args(args: "EngineArgs") -> None:
+    """The vLLM arguments of the module docstring: types and ranges, then UNSUPPORTED_VALUES."""
+    _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1, None)
+    _check_int("max_seq_len_to_capture", args.max_seq_len_to_capture, 1, None)
+    for name in ("swap_space", "cpu_offload_gb"):  # GiB
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a number of GiB >= 0, got {value!r}")
+    if args.tokenizer is not None and not isinstance(args.tokenizer, (str, os.PathLike)):
+        raise ValueError(f"tokenizer must be None or a directory path, got {args.tokenizer!r}")
+    for name, (accepted, why) in UNSUPPORTED_VALUES.items():  # bools and numbers checked above
+        value = getattr(args, name)
+        if value not in accepted:
+            raise ValueError(
+                f"{name}={value!r} is not supported by enginespec ({why}); accepted: {list(accepted)}"
+            )
 
 
 @dataclass
@@ -134,6 +189,21 @@ class EngineArgs:
     skinny_gemm: Optional[bool] = None
     max_cudagraph_capture_size: Optional[int] = None
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    # vLLM's names and defaults (the module docstring: implemented, accepted, or refused)
+    tokenizer: Optional[str] = None
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
+    disable_log_stats: bool = False
+    swap_space: float = 4
+    max_seq_len_to_capture: int = 8192
+    quantization: Optional[str] = None
+    enable_lora: bool = False
+    pipeline_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    cpu_offload_gb: float = 0
+    revision: Optional[str] = None
+    download_dir: Optional[str] = None
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
@@ -158,6 +228,7 @@ class EngineArgs:
             raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 0, got {size!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
+        _check_vllm_args(self)
 
     @classmethod
     def from_kwargs(cls, model: Optional[str], **kwargs) -> "EngineArgs":

@@ -4,8 +4,9 @@
     outs = llm.generate(["Hello", {"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=8))
     outs[0].outputs[0].text
 
-Engine arguments are vLLM's EngineArgs names plus ours (see engine_args.EngineArgs); an unknown
-name is a TypeError naming it. generate() adds every prompt first (all or nothing: a bad prompt
+Engine arguments are vLLM's EngineArgs names plus ours (see engine_args.EngineArgs); vLLM's
+everyday ones we do not implement are accepted at vLLM's defaults and any other value is a
+ValueError naming them; an unknown name is a TypeError naming it. generate() adds every prompt first (all or nothing: a bad prompt
 aborts the ones this call already added and re-raises), then steps the engine until they are
 all finished, and returns them in prompt order.
 

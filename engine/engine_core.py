@@ -91,6 +91,21 @@ class EngineStats:
     spec_decode: Optional[SpecDecodeStats] = None
 
 
+def load_engine_tokenizer(args: EngineArgs):
+    """The engine's tokenizer (the server's too): None with skip_tokenizer or no model; else
+    the one in args.tokenizer's directory (which must hold one) or the model's (None if it has
+    none), through AutoTokenizer with args.trust_remote_code, use_fast=False for
+    tokenizer_mode "slow"."""
+    if args.model is None or args.skip_tokenizer:
+        return None
+    from enginespec.worker.loader import load_tokenizer, load_tokenizer_dir
+
+    options = {"trust_remote_code": args.trust_remote_code, "use_fast": args.tokenizer_mode != "slow"}
+    if args.tokenizer is not None:
+        return load_tokenizer_dir(args.tokenizer, **options)
+    return load_tokenizer(args.model, **options)
+
+
 def startup_line(stats: EngineStats) -> str:
     """One line: how long construction took and where it went (EngineStats.startup_phases)."""
     parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in stats.startup_phases.items())
@@ -239,6 +254,7 @@ class EngineCore:
             device=device,
             attention=self.impl.attention_backend(device),
             model_impl=self.args.model_impl,
+            trust_remote_code=self.args.trust_remote_code,
         )
 
     def _load_tensor_parallel(self, device, dtype):
@@ -264,11 +280,7 @@ class EngineCore:
             self.tensor_parallel.shutdown()
 
     def _load_tokenizer(self):
-        if self.args.model is None or self.args.skip_tokenizer:
-            return None
-        from enginespec.worker.loader import load_tokenizer
-
-        return load_tokenizer(self.args.model)
+        return load_engine_tokenizer(self.args)
 
     def _make_sampler(self):
         from enginespec.sample.sampler import Sampler
@@ -295,6 +307,7 @@ class EngineCore:
                 device=self.model.device,
                 attention=self.impl.attention_backend(self.model.device),
                 model_impl=self.args.model_impl,
+                trust_remote_code=self.args.trust_remote_code,
             )
         check_draft_model(draft, self.model, self.max_model_len)
         return draft

@@ -133,9 +133,12 @@ class FlatModel:
         device="cpu",
         attention: AttentionBackend,
         model_impl: str = "auto",
+        trust_remote_code: bool = False,
     ) -> "FlatModel":
-        """Load a local checkpoint directory with our loader onto `device` in `dtype`."""
-        return cls(build_model(path, device=device, dtype=dtype), attention, model_impl)
+        """Load a local checkpoint directory with our loader onto `device` in `dtype`
+        (trust_remote_code: for its config only; loader.py)."""
+        model = build_model(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        return cls(model, attention, model_impl)
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """One pool per layer, [2, num_blocks + 1, block_size, kv_heads, head_dim] (+1 = scratch)."""

@@ -5,6 +5,11 @@ Never downloads: the path must be a directory on disk. Tensors are read with saf
 module tree built on the meta device (so no weight is ever allocated twice). Every failure is a
 CheckpointError (a ValueError) naming the file or tensor at fault; a missing directory or file
 is also a FileNotFoundError.
+
+`trust_remote_code` (EngineArgs', vLLM's name) is passed to transformers' AutoConfig and
+AutoTokenizer, so a checkpoint's own configuration / tokenization code may run when it is True;
+the module tree is always transformers' own class for a SUPPORTED_ARCHITECTURES entry, never a
+checkpoint's modeling code.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCaus
 # Checkpoint tensors some exporters write that are recomputed buffers, not weights.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 @dataclass(frozen=True)
@@ -81,12 +87,14 @@ def architecture_of(path) -> str:
     )
 
 
-def load_config(path):
+def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub)."""
     from transformers import AutoConfig
 
     architecture_of(path)
-    return AutoConfig.from_pretrained(str(Path(path)), local_files_only=True)
+    return AutoConfig.from_pretrained(
+        str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
+    )
 
 
 def checkpoint_files(path) -> list[Path]:
@@ -245,13 +253,20 @@ def materialize_buffers(model: nn.Module, device) -> None:
         raise CheckpointError(f"tensors still unmaterialized after loading: {left[:8]}")
 
 
-def build_model(path, *, device="cpu", dtype: torch.dtype = torch.float32, slicer: Optional[Slicer] = None):
+def build_model(
+    path,
+    *,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    slicer: Optional[Slicer] = None,
+    trust_remote_code: bool = False,
+):
     """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights` (in
     part where `slicer` says so)."""
     import transformers
 
     arch = architecture_of(path)
-    config = load_config(path)
+    config = load_config(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = getattr(transformers, arch)(config)
     load_weights(model, path, device=device, dtype=dtype, slicer=slicer)
@@ -259,11 +274,37 @@ def build_model(path, *, device="cpu", dtype: torch.dtype = torch.float32, slice
     return model.eval()
 
 
-def load_tokenizer(path):
-    """The tokenizer saved beside the checkpoint, or None when the directory has none."""
-    root = check_checkpoint_dir(path)
-    if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
+def _has_tokenizer(root: Path) -> bool:
+    return any((root / f).is_file() for f in TOKENIZER_FILES)
+
+
+def _auto_tokenizer(root: Path, trust_remote_code: bool, use_fast: bool):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(root), local_files_only=True, trust_remote_code=trust_remote_code, use_fast=use_fast
+    )
+
+
+def load_tokenizer(path, *, trust_remote_code: bool = False, use_fast: bool = True):
+    """The tokenizer saved beside the checkpoint, or None when the directory has none.
+    use_fast=False asks transformers for the slow tokenizer (transformers 5 ignores it)."""
+    root = check_checkpoint_dir(path)
+    if not _has_tokenizer(root):
+        return None
+    return _auto_tokenizer(root, trust_remote_code, use_fast)
+
+
+def load_tokenizer_dir(path, *, trust_remote_code: bool = False, use_fast: bool = True):
+    """The tokenizer of a directory named for it alone (EngineArgs.tokenizer): it need not be a
+    checkpoint, but it must be a local directory holding tokenizer files (CheckpointNotFound,
+    naming it, otherwise: a hub name is not downloaded)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointNotFound(
+            f"tokenizer directory {root} does not exist (only local directories are loaded; "
+            f"nothing is downloaded)"
+        )
+    if not _has_tokenizer(root):
+        raise CheckpointNotFound(f"tokenizer directory {root} has none of {list(TOKENIZER_FILES)}")
+    return _auto_tokenizer(root, trust_remote_code, use_fast)

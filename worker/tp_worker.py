@@ -27,8 +27,13 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
     from enginespec.worker.tp_layers import parallelize
     from enginespec.worker.tp_shard import ShardPlan
 
-    plan = ShardPlan.from_config(_text_config(load_config(args.model)), rank, world_size)
-    hf_model = build_model(args.model, device=device, dtype=dtype, slicer=plan.slice_for)
+    trust = args.trust_remote_code
+    plan = ShardPlan.from_config(
+        _text_config(load_config(args.model, trust_remote_code=trust)), rank, world_size
+    )
+    hf_model = build_model(
+        args.model, device=device, dtype=dtype, slicer=plan.slice_for, trust_remote_code=trust
+    )
     parallelize(hf_model, plan)
     model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)
     model.num_q_heads, model.num_kv_heads = plan.local_q_heads, plan.local_kv_heads

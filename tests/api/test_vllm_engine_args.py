@@ -1,0 +1,169 @@
+"""vLLM's everyday constructor arguments: a ported `LLM(model=..., trust_remote_code=True,
+tokenizer=..., swap_space=4, ...)` runs; `tokenizer`, `tokenizer_mode` and `trust_remote_code`
+reach the loader; what enginespec does not do (quantization, LoRA, pipeline parallelism, ...) is
+a ValueError naming the argument and what is accepted, never a TypeError for an unknown name."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.engine_args import EngineArgs
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, tiny_model_dir, write_tokenizer
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+SMALL = dict(dtype="float32", device="cpu", block_size=4, num_blocks=32, max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer_dir(tmp_path_factory):
+    """A tokenizer alone (no config.json): word-level, "w5 w6" -> [5, 6], unlike the model's
+    own character tokenizer."""
+    path = tmp_path_factory.mktemp("word_tokenizer")
+    write_tokenizer(path, VOCAB_SIZE, EOS_ID)
+    return path
+
+
+def test_a_ported_vllm_llm_call_runs(impl, word_tokenizer_dir):
+    """The call of the issue: every argument was a TypeError ("unknown engine argument(s)")."""
+    from enginespec.llm import LLM
+
+    llm = LLM(
+        model=str(tiny_model_dir("qwen3")),
+        impl=impl,
+        trust_remote_code=True,
+        tokenizer=str(word_tokenizer_dir),
+        disable_log_stats=True,
+        swap_space=4,
+        quantization=None,
+        revision=None,
+        download_dir=None,
+        tokenizer_mode="auto",
+        max_seq_len_to_capture=8192,
+        enable_lora=False,
+        **SMALL,
+    )
+    assert llm.get_tokenizer().encode("w5 w6") == [5, 6]  # the tokenizer= directory's
+    out = llm.generate(
+        ["w5 w6 w7"], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False
+    )
+    assert out[0].prompt_token_ids == [5, 6, 7] and len(out[0].outputs[0].token_ids) == 3
+
+
+def test_vllm_defaults_are_accepted_silently():
+    args = EngineArgs.from_kwargs(
+        None,
+        quantization=None,
+        enable_lora=False,
+        pipeline_parallel_size=1,
+        kv_cache_dtype="auto",
+        cpu_offload_gb=0,
+        revision=None,
+        download_dir=None,
+        load_format="safetensors",
+        tokenizer_mode="slow",
+        swap_space=0.5,
+        max_seq_len_to_capture=32768,
+        disable_log_stats=True,
+    )
+    assert EngineArgs() == EngineArgs(load_format="auto", tokenizer_mode="auto", swap_space=4)
+    assert (args.tokenizer, args.trust_remote_code, args.load_format) == (None, False, "safetensors")
+
+
+@pytest.mark.parametrize(
+    "name, value, accepted",
+    [
+        ("quantization", "awq", "None"),
+        ("enable_lora", True, "False"),
+        ("pipeline_parallel_size", 2, "1"),
+        ("kv_cache_dtype", "fp8", "'auto'"),
+        ("cpu_offload_gb", 4, "0"),
+        ("revision", "main", "None"),
+        ("download_dir", "/tmp/hf", "None"),
+        ("load_format", "pt", "'auto', 'safetensors'"),
+        ("tokenizer_mode", "mistral", "'auto', 'hf', 'slow'"),
+    ],
+)
+def test_what_enginespec_does_not_do_is_a_value_error_naming_it(name, value, accepted):
+    from enginespec.llm import LLM
+
+    message = rf"{name}={value!r} is not supported by enginespec \(.+\); accepted: \[{accepted}\]"
+    with pytest.raises(ValueError, match=message):
+        EngineArgs.from_kwargs(None, **{name: value})
+    with pytest.raises(ValueError, match=message):  # refused before anything loads
+        LLM("/nowhere", **{name: value})
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("swap_space", -1),
+        ("swap_space", True),
+        ("swap_space", float("inf")),
+        ("cpu_offload_gb", "0"),
+        ("max_seq_len_to_capture", 0),
+        ("pipeline_parallel_size", 0),
+        ("trust_remote_code", "yes"),
+        ("disable_log_stats", None),
+        ("enable_lora", 0),
+        ("tokenizer", 3),
+    ],
+)
+def test_vllm_args_refuse_a_bad_type_or_range_naming_the_field(name, value):
+    with pytest.raises(ValueError, match=name):
+        EngineArgs(**{name: value})
+
+
+@pytest.fixture
+def hf_calls(monkeypatch):
+    """Every AutoConfig / AutoTokenizer.from_pretrained call's (class name, path, kwargs)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    calls = []
+    for cls in (AutoConfig, AutoTokenizer):
+        original = cls.from_pretrained
+
+        def record(path, *args, _cls=cls, _original=original, **kwargs):
+            calls.append((_cls.__name__, str(path), kwargs))
+            return _original(path, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", record)
+    return calls
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_trust_remote_code_reaches_autoconfig_and_autotokenizer(impl, hf_calls, trust):
+    from enginespec.llm import LLM
+
+    model_dir = str(tiny_model_dir("qwen3"))
+    LLM(model_dir, impl=impl, trust_remote_code=trust, **SMALL)
+    ours = {name: kw.get("trust_remote_code") for name, path, kw in hf_calls if path == model_dir}
+    assert ours == {"AutoConfig": trust, "AutoTokenizer": trust}, hf_calls
+
+
+@pytest.mark.parametrize("mode, use_fast", [("auto", True), ("hf", True), ("slow", False)])
+def test_tokenizer_mode_slow_asks_for_the_slow_tokenizer(hf_calls, mode, use_fast):
+    from enginespec.engine.engine_core import load_engine_tokenizer
+
+    model_dir = str(tiny_model_dir("qwen3"))
+    tokenizer = load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer_mode=mode))
+    assert tokenizer is not None
+    (kwargs,) = [kw for name, _, kw in hf_calls if name == "AutoTokenizer"]
+    assert kwargs["use_fast"] is use_fast and kwargs["local_files_only"] is True
+
+
+def test_tokenizer_directory_must_be_local_and_hold_one(tmp_path, word_tokenizer_dir):
+    """vLLM's tokenizer= may be a hub name; ours must be a local directory, with tokenizer
+    files but no config.json needed (the engine and the server load it the same way)."""
+    from enginespec.engine.engine_core import load_engine_tokenizer
+
+    model_dir = str(tiny_model_dir("qwen3"))
+    assert load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=word_tokenizer_dir)).encode("w9") == [
+        9
+    ]
+    assert load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer="x", skip_tokenizer=True)) is None
+    for name in ("Qwen/Qwen3-0.6B", str(tmp_path / "missing")):
+        with pytest.raises(ValueError, match="tokenizer directory .* does not exist .*nothing is downloaded"):
+            load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=name))
+    with pytest.raises(ValueError, match="tokenizer directory .* has none of"):
+        load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=str(tmp_path)))
