@@ -102,6 +102,27 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the most logprobs / prompt_logprobs a request may ask (default 20; -1: no cap)",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a local directory to load the tokenizer from (default: the model's)",
+    )
+    p.add_argument(
+        "--tokenizer-mode",
+        choices=("auto", "hf", "slow"),
+        default=None,
+        help="auto/hf: transformers' AutoTokenizer; slow: use_fast=False (transformers 5 ignores it)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run the checkpoint's own config / tokenizer code (never its model code)",
+    )
+    p.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="accepted for vLLM's command lines; the engine logs no periodic stats (/metrics stays)",
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -129,6 +150,10 @@ _ENGINE_KEYS = (
     "speculative_config",
     "max_cudagraph_capture_size",
     "max_logprobs",
+    "tokenizer",
+    "tokenizer_mode",
+    "trust_remote_code",
+    "disable_log_stats",
 )
 
 

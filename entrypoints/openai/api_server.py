@@ -268,16 +268,16 @@ def run_server(ns) -> int:
     when the engine process died."""
     import uvicorn
 
+    from enginespec.engine.engine_core import load_engine_tokenizer
     from enginespec.engine.generation_config import GenerationDefaults
     from enginespec.engine_args import EngineArgs
     from enginespec.entrypoints.cli import _engine_kwargs
-    from enginespec.worker.loader import load_tokenizer
 
     template = load_chat_template(ns.chat_template)
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     args = EngineArgs.from_kwargs(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
-    tokenizer = None if args.skip_tokenizer else load_tokenizer(args.model)
+    tokenizer = load_engine_tokenizer(args)
     names = ns.served_model_name or [ns.model]
     metrics = ServerMetrics(names[0])
     client = EngineClient(

@@ -323,3 +323,54 @@ def test_max_logprobs_flag_reaches_engine_args(sharded_dir):
     for value in ("5", "-1"):
         ns = _parser().parse_args(["serve", str(sharded_dir), "--max-logprobs", value])
         assert EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns)).max_logprobs == int(value)
+
+
+def test_vllm_loading_flags_reach_engine_args(tmp_path):
+    """vLLM's --tokenizer, --tokenizer-mode, --trust-remote-code and --disable-log-stats (an
+    argparse usage error before)."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    ns = _parser().parse_args(["serve", "/m"])
+    args = EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns))
+    assert (args.tokenizer, args.tokenizer_mode, args.trust_remote_code, args.disable_log_stats) == (
+        None,
+        "auto",
+        False,
+        False,
+    )
+    flags = [
+        "--tokenizer",
+        str(tmp_path),
+        "--tokenizer-mode",
+        "slow",
+        "--trust-remote-code",
+        "--disable-log-stats",
+    ]
+    for command in (["serve", "/m"], ["generate", "--model", "/m", "--prompt", "x"], ["demo"]):
+        ns = _parser().parse_args(command + flags)
+        args = EngineArgs.from_kwargs(ns.model if command[0] != "demo" else None, **_engine_kwargs(ns))
+        assert (args.tokenizer, args.tokenizer_mode, args.trust_remote_code, args.disable_log_stats) == (
+            str(tmp_path),
+            "slow",
+            True,
+            True,
+        )
+
+
+def test_serve_uses_the_tokenizer_flags_directory(tmp_path):
+    """The server process loads its own tokenizer (for /tokenize, prompts and streaming): from
+    --tokenizer's directory, not the model's."""
+    import httpx
+
+    from enginespec.testing.checkpoints import EOS_ID, VOCAB_SIZE, write_tokenizer
+    from tests.entrypoints.remote_server import RemoteServer
+
+    write_tokenizer(tmp_path, VOCAB_SIZE, EOS_ID)  # word level: "w5 w6" -> [5, 6]
+    flags = ["--tokenizer", str(tmp_path), "--trust-remote-code", "--disable-log-stats"]
+    server = RemoteServer(tiny_model_dir("qwen3"), flags + ["--num-blocks", "16", "--dtype", "float32"])
+    try:
+        reply = httpx.post(server.url("/tokenize"), json={"prompt": "w5 w6"}, timeout=30)
+        assert reply.status_code == 200 and reply.json()["tokens"] == [5, 6], reply.text
+    finally:
+        assert server.terminate() == 0
