@@ -28,8 +28,10 @@ device and which the sync debug mode does not see).
 
 Prefill steps in the workload take about twice the host time of the same step run synced
 (twenty-first session: `execute` 35 ms against 18.5-23.5). --prefill-sync waits for the device
-before each prefill step's execute (timed apart, as `presync`), so `execute` is timed with an
-idle device: if it falls to the synced figure, launching behind a busy device is what costs.
+before each prefill step's execute (timed apart, as `presync`) and after it (`postsync`: the
+device's work still queued once the host has launched the step), so `execute` is timed from an
+idle device: a large postsync means the host ran ahead of the device; none, that the host's
+launches waited for the device (or that the device was faster).
 --profile-prefill PATH writes a cProfile of the prefill steps' executes (which calls hold the
 time: the launches, the allocator, the compiled body's Python).
 """
@@ -306,6 +308,12 @@ def _watch_prefill(core, mine, acc: dict, state: dict):
         finally:
             held.calls += 1
             held.seconds += time.perf_counter() - start
+            if sync is not None:  # the device's work left once the host has launched it all
+                start = time.perf_counter()
+                sync()
+                seconds = time.perf_counter() - start
+                acc[("prefill", "postsync")] += seconds
+                state["step"]["postsync"] = seconds
 
     core.runner.execute = watched
     return held if mine.profile_prefill else None
@@ -364,8 +372,8 @@ def per_step_ms(acc: dict) -> dict:
     table = {}
     for kind in ["prefill"] + [f"<={b}" for b in BINS] + [f">{BINS[-1]}"]:
         if kind in rows:
-            if "presync" in rows[kind]:  # --prefill-sync's wait ran inside the execute span
-                rows[kind]["execute"] -= rows[kind]["presync"]
+            for wait in ("presync", "postsync"):  # --prefill-sync's waits ran inside execute's span
+                rows[kind]["execute"] -= rows[kind].get(wait, 0.0)
             steps = int(rows[kind].pop("steps"))
             table[kind] = (steps, {k: v / steps * 1e3 for k, v in rows[kind].items()})
     return table
