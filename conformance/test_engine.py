@@ -276,6 +276,58 @@ def test_logprobs_and_prompt_logprobs_match_transformers(impl):
         assert len(entry) <= 3
 
 
+def _rank_bounds(row: torch.Tensor, token: int, tol: float = 1e-4) -> tuple[int, int]:
+    """The ranks vLLM's rule (1 + the entries strictly above) allows `token` in a reference row
+    whose values differ from the engine's by float rounding (up to `tol`)."""
+    value = float(row[token])
+    return 1 + int((row > value + tol).sum()), 1 + int((row > value - tol).sum())
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_logprobs_are_vllm_logprob_objects(impl, async_scheduling):
+    """vLLM's reads of logprobs work: `logprobs[i][token].logprob / .rank / .decoded_token`, and
+    the same for prompt_logprobs, while each value is still the float (arithmetic, comparisons).
+    Against transformers: the value, and the rank of the sampled (or actual prompt) token, 1 +
+    the entries above it in the raw distribution (sampled hot, so far outside the top k); the
+    top k ranked 1..k; decoded_token is tokenizer.decode([id]), None with detokenize=False."""
+    llm = make_llm(impl, async_scheduling=async_scheduling)
+    tokenizer = llm.get_tokenizer()
+    prompt = [5, 9, 14, 20, 33, 41, 2, 7, 11]
+    params = SamplingParams(
+        max_tokens=5, temperature=3.0, seed=3, ignore_eos=True, logprobs=2, prompt_logprobs=2
+    )
+    plain = dataclasses.replace(params, detokenize=False)
+    out, raw = llm.generate([{"prompt_token_ids": prompt}] * 2, [params, plain], use_tqdm=False)
+    completion = out.outputs[0]
+    assert raw.outputs[0].token_ids == completion.token_ids, "detokenize changes no token"
+    ref = _hf_log_softmax(prompt + completion.token_ids)
+    positions = [(p - 1, prompt[p], out.prompt_logprobs[p]) for p in range(1, len(prompt))]
+    positions += [
+        (len(prompt) - 1 + t, tok, e)
+        for t, (tok, e) in enumerate(zip(completion.token_ids, completion.logprobs))
+    ]
+    chosen_ranks = []
+    for row, token, entry in positions:
+        chosen = entry[token]
+        assert (
+            chosen.logprob == pytest.approx(float(ref[row, token]), abs=1e-4)
+            and chosen + 0.0 == chosen.logprob
+        )
+        low, high = _rank_bounds(ref[row], token)
+        assert low <= chosen.rank <= high
+        chosen_ranks.append(chosen.rank)
+        top = sorted((v for t, v in entry.items() if t != token or chosen.rank <= 2), reverse=True)
+        assert [v.rank for v in top] == [1, 2]
+        for t, v in entry.items():
+            assert v.decoded_token == tokenizer.decode([t])
+    assert max(chosen_ranks) > 2, "some sampled token lies outside the top 2"
+    assert all(v.decoded_token is None for e in raw.outputs[0].logprobs for v in e.values())
+    assert all(v.decoded_token is None for e in raw.prompt_logprobs[1:] for v in e.values())
+    assert [[(t, v.rank) for t, v in e.items()] for e in raw.outputs[0].logprobs] == [
+        [(t, v.rank) for t, v in e.items()] for e in completion.logprobs
+    ]
+
+
 def test_chat_needs_a_template_and_uses_it(impl):
     llm = make_llm(impl)
     with pytest.raises(ValueError, match="chat template"):

@@ -91,7 +91,7 @@ class InFlight:
         """request id -> (positions, prompt logprob entries) of the step's prompt logprobs."""
         if self.prompt is None:
             return {}
-        start = self.ids.shape[0] + (0 if self.logprobs is None else self.logprobs.packed.numel())
+        start = self.ids.shape[0] + (0 if self.logprobs is None else self.logprobs.numel)
         return self.prompt.unpack(self._read()[start:])
 
 

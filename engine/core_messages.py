@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
+from enginespec.outputs import Logprob
 from enginespec.spec import SamplingParams
 
 #: the names of ("call", token, name): stop stepping, step again, fail the next step's requests
@@ -59,7 +60,7 @@ class SampleDelta(NamedTuple):
     request_id: str
     index: int
     new_token_ids: list[int]
-    new_logprobs: Optional[list[dict[int, float]]]
+    new_logprobs: Optional[list[dict[int, Logprob]]]
     new_text: Optional[str]
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None]

@@ -788,7 +788,10 @@ class EngineCore:
     def _store_prompt_logprobs(self, request_id: str, positions, entries) -> None:
         found = self._samples.get(request_id)
         if found is not None and found[0].prompt_logprobs is not None:
+            detokenizer = found[1].detokenizer  # sample 0's: the request detokenizes
             for pos, entry in zip(positions, entries):
+                if detokenizer is not None:
+                    self.outputs.name_tokens(entry, detokenizer.tokenizer)
                 found[0].prompt_logprobs[pos] = entry
 
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:

@@ -2,7 +2,8 @@
 
 The engine loop is schedule -> execute -> sample -> update (Scheduler.update_from_output, which
 applies the token stop rules of spec.stops) -> process outputs (this module): attach tokens and
-logprobs to samples, detokenize, match stop strings, and build the cumulative RequestOutputs.
+logprobs to samples (the sampler's `Logprob`s, given their decoded_token here when the sample
+detokenizes), detokenize, match stop strings, and build the cumulative RequestOutputs.
 
 A sample's final reason lives here, on the engine's side (`Sample.finish_reason`,
 `Sample.stop_reason`, `Sample.error`); the impl's Request is changed only through the
@@ -21,7 +22,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
-from enginespec.outputs import CompletionOutput, RequestOutput
+from enginespec.outputs import CompletionOutput, Logprob, RequestOutput
 from enginespec.spec import Status, UpdateOutput
 
 #: finish_reason of a sample whose step failed (the message is in CompletionOutput.error).
@@ -55,7 +56,7 @@ class Parent:
     prompt: Optional[str]
     prompt_token_ids: list[int]
     samples: list[Sample]
-    prompt_logprobs: Optional[dict[int, dict[int, float]]] = None
+    prompt_logprobs: Optional[dict[int, dict[int, Logprob]]] = None
 
     @property
     def finished(self) -> bool:
@@ -72,6 +73,8 @@ class OutputProcessor:
         self._finish = finish
         self.placeholder_id = placeholder_id
         self.num_generated_tokens = 0
+        self._texts: dict[int, str] = {}  # token id -> its text under _texts_of (name_tokens)
+        self._texts_of: object = None
 
     def apply_update(
         self, update: UpdateOutput, lookup: Callable, logprob_map: dict, changed: dict, late_stops=None
@@ -90,7 +93,10 @@ class OutputProcessor:
             changed[parent.request_id] = parent
             self.num_generated_tokens += len(tokens)
             if sample.logprobs is not None:
-                sample.logprobs.append(dict(logprob_map.get(request_id) or ()))
+                entry = dict(logprob_map.get(request_id) or ())
+                if sample.detokenizer is not None:
+                    self.name_tokens(entry, sample.detokenizer.tokenizer)
+                sample.logprobs.append(entry)
             if sample.detokenizer is not None:
                 sample.unread.extend(shown_ids(tokens, request_id in token_stopped, sample.request.params))
                 if sample.request.params.stop:
@@ -108,6 +114,19 @@ class OutputProcessor:
                 self.settle(sample, late[0].finish_reason, late[1])
             else:
                 self.settle(sample, request.status.finish_reason, request.stop_reason)
+
+    def name_tokens(self, entry: dict, tokenizer) -> None:
+        """Give each Logprob of `entry` ({token id: Logprob}) its decoded_token:
+        tokenizer.decode([id]), the one token's text as vLLM (and our server) decode it. A
+        token's text depends on nothing else, so it is decoded once per id and tokenizer."""
+        if tokenizer is not self._texts_of:
+            self._texts, self._texts_of = {}, tokenizer
+        texts = self._texts
+        for token, logprob in entry.items():
+            text = texts.get(token)
+            if text is None:
+                text = texts[token] = tokenizer.decode([token]) or ""
+            logprob.decoded_token = text
 
     def settle(
         self, sample: Sample, finish_reason: str, stop_reason=None, error: Optional[str] = None

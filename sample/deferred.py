@@ -3,7 +3,9 @@
 Async scheduling reads a step's results a step late, in ONE device-to-host copy: `pack` puts
 the int64 ids and the requested logprobs in one float64 buffer (ids below 2**53 are exact in
 float64), `DeviceLogprobs.unpack` rebuilds the per-row entries from the host copy. Logprobs
-follow the Sampler's definition (raw log_softmax; [(sampled id, its logprob)] then the top-k).
+follow the Sampler's definition (raw log_softmax; [(sampled id, its logprob)] then the top-k, as
+`Logprob`s with their ranks: the chosen token's from `logprob_ranks.num_above`, a torch pass
+beside the Triton kernels on CUDA, whose layout stays as it is).
 """
 
 from __future__ import annotations
@@ -14,28 +16,40 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from enginespec.kernels import logprobs as logprob_kernels
+from enginespec.outputs import Logprob
+from enginespec.sample.logprob_ranks import num_above
 from enginespec.sample.penalties import upload
 
 
 @dataclass
 class DeviceLogprobs:
     """rows: the batch rows asking for logprobs; counts: their k; packed: float64 [R, 1 + 2K]
-    on the device (chosen logprob, the top-K values, the top-K ids; K = max(counts))."""
+    on the device (chosen logprob, the top-K values, the top-K ids; K = max(counts)); above:
+    float64 [R] on the device, per row the entries above the chosen token (its rank - 1,
+    `logprob_ranks.num_above`), packed after `packed`."""
 
     rows: list
     counts: list
     packed: torch.Tensor
+    above: torch.Tensor
+
+    @property
+    def numel(self) -> int:
+        """How many floats of the packed buffer are these logprobs'."""
+        return self.packed.numel() + self.above.numel()
 
     def unpack(self, flat: Sequence[float], token_ids: Sequence[int]) -> list:
-        """Per batch row: None, or [(sampled id, logprob)] + its top k (id, logprob), best first.
-        flat: the host copy of `packed`, flattened."""
+        """Per batch row: None, or [(sampled id, Logprob)] + its top k (id, Logprob of rank 1..k),
+        best first. flat: the host copy of `packed` then `above`, flattened."""
         out: list = [None] * len(token_ids)
         width = self.packed.shape[1]
         top = (width - 1) // 2
+        above = flat[self.packed.numel() :]
         for j, (i, n) in enumerate(zip(self.rows, self.counts)):
             row = flat[j * width : (j + 1) * width]
             ids = [int(t) for t in row[1 + top : 1 + top + n]]
-            out[i] = [(token_ids[i], row[0])] + list(zip(ids, row[1 : 1 + n]))
+            values = [Logprob(v, r) for r, v in enumerate(row[1 : 1 + n], 1)]
+            out[i] = [(token_ids[i], Logprob(row[0], int(above[j]) + 1))] + list(zip(ids, values))
         return out
 
 
@@ -43,24 +57,27 @@ class DeviceLogprobs:
 class DevicePromptLogprobs:
     """Prompt logprobs of one step, on the device: per request (request id, positions, target
     ids, k) in `requests`, and packed: float64, each request's [P, 1 + 2k] rows (the target's
-    logprob, the top-k values, the top-k ids) flattened one after the other."""
+    logprob, the top-k values, the top-k ids) then, per target, the entries above it (its rank
+    - 1), one request after the other."""
 
     requests: list
     packed: torch.Tensor
 
     def unpack(self, flat: Sequence[float]) -> dict:
-        """request id -> (positions, entries): entry p is {target: logprob} then the top-k
-        (id, logprob) pairs not already in it, as `sampler.prompt_logprobs` returns them."""
+        """request id -> (positions, entries): entry p is {target: Logprob} then the top-k
+        (id, Logprob) pairs not already in it, as `sampler.prompt_logprobs` returns them."""
         out, offset = {}, 0
         for rid, positions, targets, k in self.requests:
             entries = []
-            for target in targets:
+            above = flat[offset + len(targets) * (1 + 2 * k) : offset + len(targets) * (2 + 2 * k)]
+            for target, num in zip(targets, above):
                 row = flat[offset : offset + 1 + 2 * k]
                 offset += 1 + 2 * k
-                entry = {int(target): row[0]}
-                for i, v in zip(row[1 + k :], row[1 : 1 + k]):
-                    entry.setdefault(int(i), v)
+                entry = {int(target): Logprob(row[0], int(num) + 1)}
+                for r, (i, v) in enumerate(zip(row[1 + k :], row[1 : 1 + k]), 1):
+                    entry.setdefault(int(i), Logprob(v, r))
                 entries.append(entry)
+            offset += len(targets)
             out[rid] = (positions, entries)
         return out
 
@@ -74,6 +91,7 @@ def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optiona
         positions, logits, targets = prompt_logits[rid]
         index = upload(torch.tensor(list(targets), dtype=torch.int64), logits.device)
         raw = logits[:, :vocab]
+        requests.append((rid, list(positions), list(targets), min(k, vocab)))
         if (
             logprob_kernels.available(raw.device)
             and raw.stride(1) == 1
@@ -81,13 +99,13 @@ def device_prompt_logprobs(prompt_logits: dict, ks: dict, vocab: int) -> Optiona
         ):
             rows = torch.arange(raw.shape[0], dtype=torch.int64, device=raw.device)
             parts.append(logprob_kernels.logprobs(raw, rows, index, min(k, vocab)).flatten())
-            requests.append((rid, list(positions), list(targets), min(k, vocab)))
+            parts.append(num_above(raw, index, torch.float64))
             continue
         lp = torch.log_softmax(raw.float(), dim=1)
         chosen = lp.gather(1, index.view(-1, 1))
         values, ids = torch.topk(lp, min(k, vocab), dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
         parts.append(torch.cat([chosen.double(), values.double(), ids.double()], dim=1).flatten())
-        requests.append((rid, list(positions), list(targets), min(k, vocab)))
+        parts.append(num_above(raw, index, torch.float64))
     if not requests:
         return None
     return DevicePromptLogprobs(requests, torch.cat(parts))
@@ -106,16 +124,20 @@ def device_logprobs(
     raw: torch.Tensor, tokens: torch.Tensor, rows: list, counts: list, index
 ) -> DeviceLogprobs:
     """Logprobs of the rows `index` (int64 device tensor of `rows`) of raw logits [S, V]. On
-    CUDA two launches (`kernels.logprobs`: no log_softmax written out, no full-row topk)."""
+    CUDA two launches (`kernels.logprobs`: no log_softmax written out, no full-row topk), plus
+    the chosen tokens' ranks in torch over those rows (`num_above`)."""
     k = min(max(counts), raw.shape[1])
+    selected, chosen_ids = raw.index_select(0, index), tokens.index_select(0, index)
+    above = num_above(selected, chosen_ids, torch.float64)
     if logprob_kernels.available(raw.device) and raw.stride(1) == 1 and k <= logprob_kernels.MAX_K:
-        return DeviceLogprobs(list(rows), list(counts), logprob_kernels.logprobs(raw, index, tokens, k))
-    lp = torch.log_softmax(raw.index_select(0, index).float(), dim=1)
-    chosen = lp.gather(1, tokens.index_select(0, index).view(-1, 1))
-    k = min(max(counts), lp.shape[1])
+        return DeviceLogprobs(
+            list(rows), list(counts), logprob_kernels.logprobs(raw, index, tokens, k), above
+        )
+    lp = torch.log_softmax(selected.float(), dim=1)
+    chosen = lp.gather(1, chosen_ids.view(-1, 1))
     values, ids = torch.topk(lp, k, dim=1) if k > 0 else (lp[:, :0], lp[:, :0].long())
     packed = torch.cat([chosen.double(), values.double(), ids.double()], dim=1)
-    return DeviceLogprobs(list(rows), list(counts), packed)
+    return DeviceLogprobs(list(rows), list(counts), packed, above)
 
 
 def pack(sample: DeviceSample) -> torch.Tensor:
@@ -125,7 +147,7 @@ def pack(sample: DeviceSample) -> torch.Tensor:
         return sample.token_ids
     parts = [sample.token_ids.double()]
     if sample.logprobs is not None:
-        parts.append(sample.logprobs.packed.flatten())
+        parts.extend((sample.logprobs.packed.flatten(), sample.logprobs.above))
     if sample.prompt is not None:
         parts.append(sample.prompt.packed)
     return torch.cat(parts)

@@ -41,8 +41,10 @@ top-p, min-p in any mix 3; all seeded 4 (the step's keys); a batch with a loose 
 top-k, no min-p) 3 + 2 * reject_top_p.GRID_ROUNDS + 1 (REJECT_TOP_P: those rows draw uncut,
 then by rejection, `sample/reject.py`: no cut is searched for), or with REJECT_TOP_P off 3,
 or 3 + 2 + cut_draw.NUM_ROUNDS with SPREAD_CUT (off: see there);
-quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13. Seeded rows give the same tokens on
-both paths; unseeded rows too, as both advance the generator once per call with a random row.
+quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13, plus 5
+small torch launches for the sampled tokens' ranks when rows ask for logprobs (`num_above`;
+tests/sample/test_host_work.py counts them). Seeded rows give the same tokens on both paths;
+unseeded rows too, as both advance the generator once per call with a random row.
 
 Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
 stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
@@ -51,7 +53,9 @@ tied with a top-k / top-p / min-p threshold are all kept.
 Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
 temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not
 change with sampling settings. Each row asking for logprobs = k gets [(sampled id, its logprob)]
-followed by the k most likely (id, logprob) pairs, best first.
+followed by the k most likely (id, logprob) pairs, best first; each logprob is an
+`enginespec.outputs.Logprob` (a float) whose rank is 1..k for the top k and, for the sampled id,
+1 + the number of larger entries of its row (`logprob_ranks.token_ranks`, on every path).
 """
 
 from __future__ import annotations
@@ -68,10 +72,12 @@ import torch
 from enginespec.kernels import argmax as argmax_kernel
 from enginespec.kernels import cut_draw, reject_top_p
 from enginespec.kernels import sampling as sampling_triton
+from enginespec.outputs import Logprob
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
 from enginespec.sample.device_edits import EditPlan
 from enginespec.sample.draw import draw_torch
+from enginespec.sample.logprob_ranks import token_ranks
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.penalties import (
     PenaltyColumns,
@@ -123,7 +129,7 @@ class SamplerOutput:
     """token_ids[i] is row i's token; logprobs[i] is None unless its params ask for logprobs."""
 
     token_ids: list[int]
-    logprobs: list[Optional[list[tuple[int, float]]]]
+    logprobs: list[Optional[list[tuple[int, Logprob]]]]
 
 
 def _needs_edits(params) -> bool:
@@ -172,25 +178,32 @@ def edit_logits(
     return x
 
 
-def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[float], list, list]:
-    """log_softmax of float32 `logits`: the logprob of token_ids[r] in row r, and the top-k
-    (ids, logprobs) per row as nested lists (empty when k == 0). One host copy: ids travel as
-    floats (exact: vocabularies are below 2**24 ids, float64 beyond)."""
-    lp = torch.log_softmax(logits.float(), dim=1)
+def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[Logprob], list, list]:
+    """log_softmax of float32 `logits`: the Logprob of token_ids[r] in row r (its rank from
+    `token_ranks`), and the top-k (ids, Logprobs of ranks 1..k) per row as nested lists (empty
+    when k == 0). One host copy: ids and ranks travel as floats (exact: vocabularies are below
+    2**24 ids, float64 beyond)."""
+    x = logits.float()
+    lp = torch.log_softmax(x, dim=1)
     chosen = lp.gather(1, token_ids.view(-1, 1))
-    if k <= 0:
-        return chosen.squeeze(1).tolist(), [[] for _ in range(lp.shape[0])], [[] for _ in range(lp.shape[0])]
-    values, ids = torch.topk(lp, min(k, lp.shape[1]), dim=1)
-    if lp.shape[1] >= 1 << 24:
-        chosen, values = chosen.double(), values.double()
-    rows = torch.cat([chosen, values, ids.to(values.dtype)], dim=1).tolist()
-    n = values.shape[1]
-    return ([r[0] for r in rows], [[int(t) for t in r[1 + n :]] for r in rows], [r[1 : 1 + n] for r in rows])
+    wide = lp.shape[1] >= 1 << 24
+    if wide:
+        chosen = chosen.double()
+    ranks = token_ranks(x, token_ids, chosen.dtype).view(-1, 1)
+    n = min(max(k, 0), lp.shape[1])
+    values, ids = torch.topk(lp, n, dim=1) if n > 0 else (lp[:, :0], lp[:, :0].long())
+    rows = torch.cat([chosen, ranks, values.to(chosen.dtype), ids.to(chosen.dtype)], dim=1).tolist()
+    return (
+        [Logprob(r[0], int(r[1])) for r in rows],
+        [[int(t) for t in r[2 + n :]] for r in rows],
+        [[Logprob(v, j) for j, v in enumerate(r[2 : 2 + n], 1)] for r in rows],
+    )
 
 
-def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, float]]:
-    """Row p of `logits` predicts target_ids[p]: {target: logprob} then the top-k entries
-    (a dict, so a target that is also in the top-k appears once). Raw distribution."""
+def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, Logprob]]:
+    """Row p of `logits` predicts target_ids[p]: {target: Logprob} then the top-k entries
+    (a dict, so a target that is also in the top-k appears once, with its own rank). Raw
+    distribution; ranks as `top_logprobs`."""
     if logits.shape[0] != len(target_ids):
         raise ValueError(f"prompt_logprobs: target_ids has {len(target_ids)} ids for {logits.shape[0]} rows")
     if k < 0:
@@ -784,6 +797,6 @@ class Sampler:
 
     def prompt_logprobs(
         self, logits: torch.Tensor, target_ids: Sequence[int], k: int
-    ) -> list[dict[int, float]]:
+    ) -> list[dict[int, Logprob]]:
         """See the module-level `prompt_logprobs`."""
         return prompt_logprobs(logits[:, : self.vocab_size], target_ids, k)

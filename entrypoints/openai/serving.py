@@ -331,8 +331,9 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 def _finite(logprob: Optional[float]) -> Optional[float]:
-    """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it."""
-    return max(logprob, -9999.0) if logprob is not None else None
+    """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it. A
+    plain float (the engine's values are `Logprob`s, floats with a rank and a decoded token)."""
+    return max(float(logprob), -9999.0) if logprob is not None else None
 
 
 def _token_text(ctx: ServerContext, token: int) -> str:

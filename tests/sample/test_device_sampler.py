@@ -89,6 +89,60 @@ def test_device_path_equals_serial_over_steps_with_placeholders(impl, seeded):
     assert _run_steps(impl, 700, 5, _deferred, seeded) == _run_steps(impl, 700, 5, _serial, seeded)
 
 
+def _ranked(steps: list) -> list:
+    """Steps with each logprob value's rank beside it (a Logprob compares as its float)."""
+    return [
+        (ids, [None if e is None else [(t, float(v), v.rank) for t, v in e] for e in lps])
+        for ids, lps in steps
+    ]
+
+
+def test_device_path_ranks_equal_serial(impl):
+    """The device path's Logprobs carry the serial sampler's ranks (the sampled token's, 1..k
+    for the top k) over steps with placeholders."""
+    assert _ranked(_run_steps(impl, 700, 5, _deferred)) == _ranked(_run_steps(impl, 700, 5, _serial))
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
+def test_device_logprob_ranks_count_the_larger_entries(monkeypatch, kernel):
+    """device_logprobs and device_prompt_logprobs, in torch and beside the Triton logprob
+    kernels (interpreted on the CPU): the chosen token's rank is 1 + the entries strictly above
+    it (a tie is not above), the top k's are 1..k; the prompt entries equal the serial
+    prompt_logprobs' with their ranks."""
+    from enginespec.kernels import logprobs as logprob_kernels
+    from enginespec.sample.deferred import device_logprobs, device_prompt_logprobs
+    from enginespec.sample.sampler import prompt_logprobs
+
+    if kernel and logprob_kernels.triton is None:
+        pytest.skip("needs triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(logprob_kernels, "CHUNK", 64)
+    monkeypatch.setattr(logprob_kernels, "SUB", 16)
+    monkeypatch.setattr(logprob_kernels, "available", lambda device: kernel)
+    raw = torch.randn(4, 300, generator=torch.Generator().manual_seed(5)) * 3
+    raw[1] = 0.0
+    raw[1, [7, 8, 9]] = torch.tensor([4.0, 3.5, 3.0])  # above token 5, with no tie (topk's order)
+    raw[1, [5, 6]] = 2.0  # token 5: three above, one tie (not above): rank 4
+    chosen = [int(raw[0].argmin()), 5, 0, int(raw[3].argmax())]
+    want = [1 + int((raw[i] > raw[i, t]).sum()) for i, t in enumerate(chosen)]
+    assert want[:2] == [300, 4] and want[3] == 1
+    raw, rows, counts = raw.to(device), [0, 1, 3], [2, 2, 0]
+    lps = device_logprobs(
+        raw, torch.tensor(chosen, device=device), rows, counts, torch.tensor(rows, device=device)
+    )
+    got = lps.unpack(torch.cat([lps.packed.flatten(), lps.above]).tolist(), chosen)
+    assert got[2] is None
+    assert [(got[i][0][0], got[i][0][1].rank) for i in rows] == [(chosen[i], want[i]) for i in rows]
+    assert [[v.rank for _, v in got[i][1:]] for i in rows] == [[1, 2], [1, 2], []]
+    prompt = device_prompt_logprobs({"a": ([3, 4, 5, 6], raw, chosen)}, {"a": 2}, 300)
+    positions, entries = prompt.unpack(prompt.packed.tolist())["a"]
+    serial = prompt_logprobs(raw.cpu(), chosen, 2)
+    assert positions == [3, 4, 5, 6] and [entry[t].rank for entry, t in zip(entries, chosen)] == want
+    assert [[(t, v.rank) for t, v in e.items()] for e in entries] == [
+        [(t, v.rank) for t, v in e.items()] for e in serial
+    ]
+
+
 @pytest.mark.parametrize("chunk", [64, 8192])
 def test_device_path_triton_equals_torch(impl, monkeypatch, chunk):
     """The device path with the Triton kernels (the fused cut and draw, penalties;

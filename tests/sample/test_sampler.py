@@ -433,6 +433,65 @@ def test_prompt_logprobs(impl):
     assert [list(e) for e in prompt_logprobs(logits, targets, 0)] == [[t] for t in targets]
 
 
+def _rank(row: torch.Tensor, token: int) -> int:
+    """vLLM's rank of `token` in a row: 1 + the entries strictly above it (ties not counted)."""
+    return 1 + int((row > row[token]).sum())
+
+
+def _rank_logits() -> torch.Tensor:
+    torch.manual_seed(4)
+    logits = torch.randn(4, 40) * 4
+    logits[2] = 0.0
+    logits[2, [1, 2, 3]] = 10.0  # three tied at the top, all above row 2's forced token 9
+    logits[2, [9, 12]] = 5.0  # a tie with token 9 is not above it: rank 4
+    return logits
+
+
+def test_logprobs_are_logprob_objects_with_vllm_ranks(impl):
+    """Every value is a Logprob: the float itself (arithmetic, comparisons and isclose as on a
+    plain float) with vLLM's attributes: .logprob, .rank (the top k: 1..k in order; the sampled
+    token: 1 + the entries strictly above it in its row, here far outside the top k) and
+    .decoded_token (None from the sampler: the engine names tokens)."""
+    logits = _rank_logits()
+    lowest = int(logits[0].argmin())
+    params = [
+        SamplingParams(logprobs=2, allowed_token_ids=(lowest,)),  # sampled: the row's last
+        SamplingParams(logprobs=3, temperature=0.0),
+        SamplingParams(logprobs=1, allowed_token_ids=(9,)),
+        SamplingParams(logprobs=0, temperature=1.0, seed=1),
+    ]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    out = Sampler(40, seed=0)(logits, reqs)
+    lp = torch.log_softmax(logits, dim=1)
+    assert (
+        out.token_ids[0] == lowest and out.token_ids[1] == int(logits[1].argmax()) and out.token_ids[2] == 9
+    )
+    for i, p in enumerate(params):
+        (tok, chosen), *top = out.logprobs[i]
+        assert tok == out.token_ids[i] and chosen.rank == _rank(logits[i], tok)
+        assert type(chosen.logprob) is float and chosen.logprob == chosen and chosen.decoded_token is None
+        assert [v.rank for _, v in top] == list(range(1, p.logprobs + 1))
+        for t, v in top:
+            assert math.isclose(v, lp[i, t].item(), abs_tol=1e-5) and v + 1 == v.logprob + 1
+    assert out.logprobs[0][0][1].rank == 40 and out.logprobs[1][0][1].rank == 1
+    assert out.logprobs[2][0][1].rank == 4 and out.logprobs[2][1][1].rank == 1
+
+
+def test_prompt_logprobs_rank_the_actual_token(impl):
+    """Prompt logprobs: the target's rank counts the entries strictly above it; the top-k
+    entries not already in the dict have ranks 1..k in order."""
+    logits = _rank_logits()
+    targets = [int(logits[0].argmin()), int(logits[1].argmax()), 12, int(logits[3].argmin())]
+    got = prompt_logprobs(logits, targets, 2)
+    for p, entry in enumerate(got):
+        assert entry[targets[p]].rank == _rank(logits[p], targets[p])
+        top = logits[p].topk(2).indices.tolist()
+        assert [entry[t].rank for t in top if t != targets[p]] == [
+            r for r, t in enumerate(top, 1) if t != targets[p]
+        ]
+    assert [entry[t].rank for entry, t in zip(got, targets)] == [40, 1, 4, 40]
+
+
 def test_bad_shapes_raise_value_errors(impl):
     req = make_request(impl, SamplingParams())
     with pytest.raises(ValueError, match="len\\(requests\\)"):
