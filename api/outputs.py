@@ -77,6 +77,8 @@ class CompletionOutput:
     - stop_reason: the stop token id or stop string that ended it, else None.
     - logprobs: per output position a dict {token id: Logprob} (sampled token + top-k) when the
       request asked for logprobs, else None.
+    - cumulative_logprob: the sum of the sampled tokens' logprobs (those of token_ids, raw
+      distribution) when the request asked for logprobs (any k, 0 included), else None (vLLM's).
     """
 
     index: int
@@ -87,6 +89,7 @@ class CompletionOutput:
     logprobs: Optional[list[Logprobs]] = None
     error: Optional[str] = None
     spec_decode: Optional[Any] = None  # engine.spec_decode.SpecDecodeStats of this sample, or None
+    cumulative_logprob: Optional[float] = None
 
     @property
     def finished(self) -> bool:

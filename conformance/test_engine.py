@@ -328,6 +328,28 @@ def test_logprobs_are_vllm_logprob_objects(impl, async_scheduling):
     ]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_cumulative_logprob_sums_the_sampled_tokens(impl, async_scheduling):
+    """CompletionOutput.cumulative_logprob (vLLM's): the sum of the sampled tokens' logprobs,
+    per sample of n > 1, for any logprobs k (0 too), matching transformers; None when the
+    request did not ask for logprobs."""
+    llm = make_llm(impl, async_scheduling=async_scheduling)
+    prompt = [5, 9, 14, 20, 33, 41, 2, 7, 11]
+    base = SamplingParams(max_tokens=5, temperature=1.0, seed=7, ignore_eos=True)
+    params = [dataclasses.replace(base, n=2, logprobs=2), dataclasses.replace(base, logprobs=0), base]
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 3, params, use_tqdm=False)
+    for out in outs[:2]:
+        for c in out.outputs:
+            assert type(c.cumulative_logprob) is float
+            sampled = [e[t] for t, e in zip(c.token_ids, c.logprobs)]
+            assert len(sampled) == 5 and c.cumulative_logprob == pytest.approx(sum(sampled), abs=1e-9)
+            ref = _hf_log_softmax(prompt + c.token_ids)
+            want = sum(float(ref[len(prompt) - 1 + t, tok]) for t, tok in enumerate(c.token_ids))
+            assert c.cumulative_logprob == pytest.approx(want, abs=1e-3)
+    assert outs[0].outputs[0].token_ids != outs[0].outputs[1].token_ids
+    assert outs[2].outputs[0].cumulative_logprob is None and outs[2].outputs[0].logprobs is None
+
+
 def test_chat_needs_a_template_and_uses_it(impl):
     llm = make_llm(impl)
     with pytest.raises(ValueError, match="chat template"):

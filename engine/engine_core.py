@@ -417,7 +417,14 @@ class EngineCore:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, request.params)
-        sample = Sample(index, request, detok, logprobs=[] if request.params.logprobs is not None else None)
+        with_logprobs = request.params.logprobs is not None
+        sample = Sample(
+            index,
+            request,
+            detok,
+            logprobs=[] if with_logprobs else None,
+            cumulative_logprob=0.0 if with_logprobs else None,
+        )
         if self.spec is not None:
             sample.spec_decode = self.spec.track(request.request_id)
         return sample

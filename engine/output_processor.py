@@ -40,6 +40,7 @@ class Sample:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[list] = None
+    cumulative_logprob: Optional[float] = None  # 0.0 to start with when logprobs are asked for
     error: Optional[str] = None
     spec_decode: object = None  # this sample's SpecDecodeStats when the engine speculates
     # Output ids shown to the user: None = all of the request's; after a stop string, those up
@@ -93,7 +94,10 @@ class OutputProcessor:
             changed[parent.request_id] = parent
             self.num_generated_tokens += len(tokens)
             if sample.logprobs is not None:
-                entry = dict(logprob_map.get(request_id) or ())
+                pairs = logprob_map.get(request_id) or ()
+                if pairs and sample.cumulative_logprob is not None:
+                    sample.cumulative_logprob += float(pairs[0][1])  # the sampled token's, first
+                entry = dict(pairs)
                 if sample.detokenizer is not None:
                     self.name_tokens(entry, sample.detokenizer.tokenizer)
                 sample.logprobs.append(entry)
@@ -162,6 +166,7 @@ class OutputProcessor:
                 logprobs=list(s.logprobs) if s.logprobs is not None else None,
                 error=s.error,
                 spec_decode=None if s.spec_decode is None else copy.deepcopy(s.spec_decode),
+                cumulative_logprob=s.cumulative_logprob,
             )
             for s in parent.samples
         ]
