@@ -104,6 +104,10 @@ class RequestOutput:
     - prompt_logprobs: when asked for, one entry per prompt position: None for the first token
       (nothing predicts it), then {token id: Logprob} with the actual prompt token a key.
     - finished: True once every completion has a finish_reason.
+    - num_cached_tokens: how many prompt tokens the prefix cache served (vLLM's): the first
+      sample's request.num_cached_tokens at its first admission (a later preemption and
+      re-admission does not change it); 0 until it is first scheduled, or with prefix caching
+      off or prompt_logprobs asked. None where no engine filled it in (the server's outputs).
     """
 
     request_id: str
@@ -112,6 +116,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     prompt_logprobs: Optional[list[Optional[Logprobs]]] = None
+    num_cached_tokens: Optional[int] = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -350,6 +350,59 @@ def test_cumulative_logprob_sums_the_sampled_tokens(impl, async_scheduling):
     assert outs[2].outputs[0].cumulative_logprob is None and outs[2].outputs[0].logprobs is None
 
 
+def _admissions(llm) -> tuple[dict, dict]:
+    """request id -> request.num_cached_tokens when the scheduler first scheduled it, and when
+    it last did (a spy on Scheduler.schedule)."""
+    first: dict = {}
+    last: dict = {}
+    schedule = llm.engine.scheduler.schedule
+
+    def spy():
+        output = schedule()
+        for request, _ in output.scheduled:
+            first.setdefault(request.request_id, request.num_cached_tokens)
+            last[request.request_id] = request.num_cached_tokens
+        return output
+
+    llm.engine.scheduler.schedule = spy
+    return first, last
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_num_cached_tokens_counts_the_prompts_prefix_cache_hit(impl, async_scheduling):
+    """RequestOutput.num_cached_tokens (vLLM's): the prompt tokens the prefix cache served at
+    the request's first admission: 0 for a first prompt, its full blocks but the one holding
+    the last token (8 of 9 with blocks of 4) for a repeat, 0 with prompt_logprobs (no cache
+    for those); for n > 1 the first sample's."""
+    llm = make_llm(impl, enable_prefix_caching=True, async_scheduling=async_scheduling)
+    prompt = {"prompt_token_ids": [5, 9, 14, 20, 33, 41, 2, 7, 11]}
+    first = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    again, with_prompt_lps = llm.generate(
+        [prompt, prompt], [GREEDY, dataclasses.replace(GREEDY, prompt_logprobs=1)], use_tqdm=False
+    )
+    assert (first.num_cached_tokens, again.num_cached_tokens, with_prompt_lps.num_cached_tokens) == (0, 8, 0)
+    siblings = llm.generate(
+        {"prompt_token_ids": [7, 7, 3, 8, 1, 2, 6]}, dataclasses.replace(GREEDY, n=2), use_tqdm=False
+    )
+    assert siblings[0].num_cached_tokens == 0, "sample 0 came first; sample 1's hit is not reported"
+
+
+def test_num_cached_tokens_is_the_first_admissions_under_preemption(impl):
+    """Preempted requests re-admitted later (request.num_cached_tokens set again, then counting
+    their own cached blocks) report the hit of their first admission, as vLLM does."""
+    llm = make_llm(impl, enable_prefix_caching=True, num_blocks=12, max_num_seqs=8)
+    first_seen, last_seen = _admissions(llm)
+    shared = [5, 9, 14, 20, 33, 41, 2, 7]
+    prompts = [{"prompt_token_ids": shared + [i + 1, i + 2]} for i in range(6)]
+    params = dataclasses.replace(GREEDY, max_tokens=12)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.stats.num_preemptions > 0, "the pool was meant to force preemptions"
+    got = [o.num_cached_tokens for o in outs]
+    assert got == [first_seen[o.request_id] for o in outs]
+    assert got != [last_seen[o.request_id] for o in outs], "a re-admission found more cached blocks"
+    assert got[0] == 0 and 8 in got, "later requests found the shared prefix"
+
+
 def test_chat_needs_a_template_and_uses_it(impl):
     llm = make_llm(impl)
     with pytest.raises(ValueError, match="chat template"):

@@ -696,12 +696,20 @@ class EngineCore:
 
     def _count_step(self, output, batch, wait: float, computed: dict, kept=None) -> None:
         """Step counters. `kept` (a speculative step's output cut back to its accepted tokens)
-        sets the high-water mark, so re-running a rejected draft's position is not a recompute."""
+        sets the high-water mark, so re-running a rejected draft's position is not a recompute.
+        A request's first step (no high-water mark yet) also records the prefix-cache hit of its
+        first admission on its sample (RequestOutput.num_cached_tokens, vLLM's: a preemption and
+        re-admission, which sets request.num_cached_tokens again, does not change it)."""
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         for request, num in (kept or output).scheduled:  # recompute: positions below the high-water mark
             rid, start = request.request_id, computed[request.request_id]
-            seen = self._high_water.get(rid, 0)
+            seen = self._high_water.get(rid)
+            if seen is None:
+                seen = 0
+                found = self._samples.get(rid)
+                if found is not None:
+                    found[1].num_cached_tokens = request.num_cached_tokens
             self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
             self._high_water[rid] = max(seen, start + num)
         if self.stats.step_trace is not None:

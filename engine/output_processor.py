@@ -43,6 +43,8 @@ class Sample:
     cumulative_logprob: Optional[float] = None  # 0.0 to start with when logprobs are asked for
     error: Optional[str] = None
     spec_decode: object = None  # this sample's SpecDecodeStats when the engine speculates
+    # prompt tokens its first admission found in the prefix cache (None until its first step)
+    num_cached_tokens: Optional[int] = None
     # Output ids shown to the user: None = all of the request's; after a stop string, those up
     # to the one that completed it (a speculative step appends several ids at once, and the
     # ones after the stop's must not show, as they would not have been sampled one at a time).
@@ -181,6 +183,7 @@ class OutputProcessor:
             completions,
             finished=parent.finished,
             prompt_logprobs=prompt_lp,
+            num_cached_tokens=parent.samples[0].num_cached_tokens or 0,
         )
 
     def visible_ids(self, sample: Sample) -> list[int]:
