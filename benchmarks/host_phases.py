@@ -117,6 +117,11 @@ def _own_parser() -> argparse.ArgumentParser:
         "--prefill-sync", action="store_true", help="wait for the device before each prefill execute"
     )
     own.add_argument("--profile-prefill", metavar="PATH", help="cProfile of the prefill steps' executes")
+    own.add_argument(
+        "--torch-profile-prefill",
+        metavar="PATH",
+        help="torch.profiler table (self CPU) over the run's prefill steps, their first to the first decode's execute",
+    )
     return own
 
 
@@ -157,6 +162,7 @@ def _timed_run(llm, workload, args, mine, acc: dict, state: dict) -> tuple[dict,
         _instrument(runs.engine_core(llm), acc, state)
         finishes = _profile_finishes(runs.engine_core(llm), mine.profile_finishes)
         prefills = _watch_prefill(runs.engine_core(llm), mine, acc, state)
+        _torch_profile_prefill(runs.engine_core(llm), mine.torch_profile_prefill, state)
         before = _alloc_counters() if mine.alloc_stats else {}
         with _host_waits(mine.sync_debug) as waits, _gc_pauses(mine.gc, state) as pauses:
             run = runs.timed_generate(llm, workload, args.device, args.temperature, use_tqdm=False)
@@ -317,6 +323,36 @@ def _watch_prefill(core, mine, acc: dict, state: dict):
 
     core.runner.execute = watched
     return held if mine.profile_prefill else None
+
+
+def _torch_profile_prefill(core, path, state: dict) -> None:
+    """With `path`: torch.profiler (CPU, and CUDA where there is) from the first prefill step's
+    execute to the first decode step's execute, so every phase of the prefill steps in the
+    workload's own context is in it (an isolated step is prefill_profile.py's); its ops by self
+    CPU time are written to `path` when it stops."""
+    if not path:
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof, execute = profile(activities=activities), core.runner.execute
+    phase = {"on": False, "done": False}
+
+    def watched(batch):
+        if state["bin"] == "prefill" and not phase["done"] and not phase["on"]:
+            prof.start()
+            phase["on"] = True
+        elif state["bin"] != "prefill" and phase["on"]:
+            prof.stop()
+            phase["on"], phase["done"] = False, True
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=45)
+            with open(path, "w") as f:
+                f.write(table)
+            print(f"  prefill steps torch-profiled into {path}")
+        return execute(batch)
+
+    core.runner.execute = watched
 
 
 def _device_sync():

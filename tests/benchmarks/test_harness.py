@@ -378,6 +378,21 @@ def test_host_phases_prefill_profile_and_sync(synth_dir, monkeypatch, torch_one_
     assert "prefill executes profiled into" in capsys.readouterr().out
 
 
+def test_host_phases_torch_profile_of_the_prefill_steps(
+    synth_dir, monkeypatch, torch_one_thread, capsys, tmp_path
+):
+    """--torch-profile-prefill writes the profiler's table once the first decode step starts,
+    with the engine's execute span in it."""
+    from benchmarks import host_phases
+
+    monkeypatch.setenv("ENGINESPEC_SYNTH_DIR", str(synth_dir))
+    path = tmp_path / "prefill_torch.txt"
+    args = ["--shape", "tiny", "--device", "cpu", "--num-requests", "4", "--max-input-len", "32"]
+    host_phases.main(args + ["--max-output-len", "8", "--impl", "fast", "--torch-profile-prefill", str(path)])
+    assert "Self CPU" in path.read_text()
+    assert "torch-profiled into" in capsys.readouterr().out
+
+
 def test_alloc_counters_read_the_allocator_events_and_nothing_without_cuda(monkeypatch):
     """--alloc-stats reads the caching allocator's event counters (a retry means a cudaFree,
     which synchronizes the device unseen by the sync debug mode); no CUDA: nothing."""
