@@ -44,3 +44,18 @@ def test_a_crashing_mutant_of_an_imported_module_is_killed(mutation, monkeypatch
     assert arithmetic, [m.what for m in mutants]
     _, result = mutation.judge(arithmetic[0], "fast", 300, tmp_path)
     assert result == "killed", result
+
+
+def test_the_plugin_is_named_only_where_it_is_not_installed(mutation, monkeypatch):
+    """Under a PYTHONPATH tree (the device machine) the plugin is no entry point, and a mutant
+    run without `-p enginespec.conformance.plugin` failed on --impl before any mutant ran (the
+    thirty-fourth session's CUDA suite); installed, naming it again is an error."""
+    import importlib.metadata as md
+
+    class Point:
+        value = "enginespec.conformance.plugin"
+
+    monkeypatch.setattr(md, "entry_points", lambda group: [Point()])
+    assert mutation._plugin_args() == []
+    monkeypatch.setattr(md, "entry_points", lambda group: [])
+    assert mutation._plugin_args() == ["-p", "enginespec.conformance.plugin"]

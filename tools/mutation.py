@@ -210,6 +210,7 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
         "--assert=plain",
         "-p",
         "no:cacheprovider",
+        *_plugin_args(),
         *SUITE,
         *OWN_TESTS.get(impl, []),
         f"--impl={impl}",
@@ -224,12 +225,24 @@ def run_suite(impl: str, env_extra: dict, timeout: float) -> str:
             return "killed (timeout)"
         ran = served.exists() or env["MUTANT_MODULE"] == "-"
     if not ran:
-        return f"error (the mutant of {env['MUTANT_MODULE']} was never imported by the run)"
+        tail = (proc.stdout[-200:] + proc.stderr[-200:]).strip()
+        return f"error (the mutant of {env['MUTANT_MODULE']} was never imported by the run; exit {proc.returncode}: {tail})"
     if proc.returncode == 0:
         return "survived"
     if proc.returncode == 1:
         return "killed"
     return f"error (exit {proc.returncode}): {proc.stdout[-300:]}{proc.stderr[-300:]}"
+
+
+def _plugin_args() -> list[str]:
+    """`-p enginespec.conformance.plugin` where the plugin is not an installed pytest11 entry
+    point (the package imported from a tree on PYTHONPATH, as on the device machine: pytest then
+    did not know --impl and exited 4 before any mutant ran), else nothing (pytest refuses a
+    plugin registered twice)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value.startswith("enginespec.conformance") for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "enginespec.conformance.plugin"]
 
 
 def judge(mutant: Mutant, impl: str, timeout: float, tmp: Path) -> tuple[Mutant, str]:

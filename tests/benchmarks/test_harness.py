@@ -347,7 +347,10 @@ def test_host_phases_gc_and_finish_profile(synth_dir, monkeypatch, torch_one_thr
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "cyclic GC in generate()" in line)
     assert "objects frozen" in line and "ms by kind of step" in line
-    assert "CUDA allocator in generate(): no CUDA" in out
+    import torch
+
+    counters = "num_alloc_retries" if torch.cuda.is_available() else "no CUDA"  # (the H200 suite)
+    assert f"CUDA allocator in generate(): {counters}" in out
     head = path.read_text().splitlines()[0]
     count = int(head.split()[0])
     assert 1 <= count <= 4 and head.endswith("(profiled)")
