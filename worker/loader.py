@@ -75,9 +75,20 @@ def check_checkpoint_dir(path) -> Path:
 
 
 def architecture_of(path) -> str:
-    """The architecture named by config.json; CheckpointError unless it is supported."""
+    """The architecture named by config.json; CheckpointError unless it is supported and its
+    weights are unquantized (a quantization_config means packed or scaled tensors this loader
+    would only meet as "unexpected tensor" errors)."""
     config_path = check_checkpoint_dir(path) / "config.json"
-    archs = _read_json(config_path).get("architectures") or []
+    config = _read_json(config_path)
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else quant
+        raise CheckpointError(
+            f"{config_path}: the checkpoint is quantized (quant_method {method!r}); enginespec loads "
+            f"unquantized weights only (float32, float16 or bfloat16 safetensors), as "
+            f"EngineArgs.quantization=None says"
+        )
+    archs = config.get("architectures") or []
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch

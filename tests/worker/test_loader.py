@@ -109,6 +109,20 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     assert all(arch in str(info.value) for arch in SUPPORTED_ARCHITECTURES)
 
 
+@pytest.mark.parametrize(
+    "quant", [{"quant_method": "fp8", "weight_block_size": [128, 128]}, {"quant_method": "awq"}]
+)
+def test_a_quantized_checkpoint_is_refused_by_name(tmp_path, quant):
+    """An FP8 or AWQ export (config.json's quantization_config) is refused before any tensor is
+    read, naming its method; it failed on its first scale tensor as an "unexpected tensor"."""
+    path = _copy("qwen3", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = quant
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"quantized.*{quant['quant_method']}"):
+        build_model(path)
+
+
 def test_no_weight_files(tmp_path):
     path = _copy("qwen3", tmp_path)
     (path / "model.safetensors").unlink()
