@@ -57,13 +57,13 @@ def draft_model(impl, kind: str):
     return _DRAFTS[key]
 
 
-def draft_engine(impl, workload, kind: str, disable_by_batch_size=None, **engine_args):
-    """An engine over the shared tiny qwen3 with a draft model of `kind`; its drafter's pool is
-    checked after every step (the step is wrapped)."""
+def draft_engine(impl, workload, kind: str, disable_by_batch_size=None, k: int = K, **engine_args):
+    """An engine over the shared tiny qwen3 with a draft model of `kind` proposing up to k
+    drafts; its drafter's pool is checked after every step (the step is wrapped)."""
     from enginespec.engine.engine_core import EngineCore
 
     model, path = draft_model(impl, kind)
-    config = {"method": "draft_model", "model": str(path), "num_speculative_tokens": K}
+    config = {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}
     config["disable_by_batch_size"] = disable_by_batch_size
     base = engine_for(impl, "qwen3", workload, speculative_config=None, **engine_args)
     args = dataclasses.replace(base.args, speculative_config=config)
@@ -155,6 +155,21 @@ def test_a_full_draft_pool_drafts_nothing_and_output_is_unchanged(impl):
     drafter.block_manager = impl.new_block_manager(1, workload.block_size, False)
     check_run(engine, workload)
     assert engine.stats.spec_decode.num_draft_tokens == 0
+
+
+def test_num_speculative_tokens_past_max_model_len_sizes_the_draft_pool_as_max_model_len_does(impl):
+    """No request can take more drafts than max_model_len allows, so a larger
+    num_speculative_tokens gets the draft pool of max_model_len + 1 (not k - 1 fed-back
+    drafts' blocks per request: k = 10**9 was a failed multi-terabyte allocation) and greedy
+    parity with every draft accepted."""
+    workload = _forced("recompute", True)
+    engine = draft_engine(impl, workload, "same", k=1000, max_model_len=12)
+    bounded = draft_engine(impl, workload, "same", k=13, max_model_len=12)
+    pool = engine.spec.drafter.block_manager.num_blocks
+    assert pool == bounded.spec.drafter.block_manager.num_blocks, pool
+    check_run(engine, workload)
+    stats = engine.stats.spec_decode
+    assert 0 < stats.num_accepted_tokens == stats.num_draft_tokens
 
 
 def test_acceptance_follows_how_close_the_draft_is(impl):

@@ -323,7 +323,9 @@ class EngineCore:
         if self.draft_model is None:
             return None
         args, k = self.args, config.num_speculative_tokens
-        num_blocks = draft_pool_blocks(self.runner.num_blocks, args.max_num_seqs, k, args.block_size)
+        num_blocks = draft_pool_blocks(
+            self.runner.num_blocks, args.max_num_seqs, k, args.block_size, self.max_model_len
+        )
         runner = ModelRunner(
             self.draft_model,
             self.impl,

@@ -176,7 +176,13 @@ def check_draft_model(draft, target, max_model_len: int) -> None:
         )
 
 
-def draft_pool_blocks(num_target_blocks: int, max_num_seqs: int, k: int, block_size: int) -> int:
+def draft_pool_blocks(
+    num_target_blocks: int, max_num_seqs: int, k: int, block_size: int, max_model_len: int
+) -> int:
     """Blocks of the draft pool: the target's (the draft holds at most the target's tokens per
-    request) plus room for each request's k - 1 fed-back drafts."""
-    return num_target_blocks + max_num_seqs * -(-max(k - 1, 1) // block_size)
+    request) plus room for each request's fed-back drafts: k - 1, and never more than
+    max_model_len, since a request's drafts keep it within max_model_len (decoder.py's
+    `_limit`). So a num_speculative_tokens far above max_model_len sizes no block that can
+    never be used (k - 1 blocks per request made k = 10**9 a multi-terabyte allocation)."""
+    fed_back = min(k - 1, max_model_len)
+    return num_target_blocks + max_num_seqs * -(-max(fed_back, 1) // block_size)
