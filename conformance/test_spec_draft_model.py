@@ -223,6 +223,34 @@ def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
         EngineCore(args)
 
 
+def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tmp_path):
+    """A target of 128 positions whose pool holds 48 tokens serves at max_model_len 48 (lowered,
+    as without a draft), so a draft reaching 64 positions is accepted; with a pool of the
+    target's 128 positions the same draft is refused, naming both bounds."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    target = make_checkpoint("qwen3", tmp_path / "target", max_position_embeddings=128)
+    draft = make_checkpoint("qwen3", tmp_path / "draft", max_position_embeddings=64, seed=1)
+    config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
+
+    def engine(num_blocks):
+        args = EngineArgs(
+            model=str(target),
+            impl=impl,
+            dtype="float32",
+            device="cpu",
+            block_size=16,
+            num_blocks=num_blocks,
+            speculative_config=config,
+        )
+        return EngineCore(args)
+
+    assert engine(3).max_model_len == 48
+    with pytest.raises(ValueError, match=r"max_position_embeddings \(64\) must be >= max_model_len \(128\)"):
+        engine(8)
+
+
 def test_the_warm_up_leaves_the_spec_counters_zero_and_linked(impl):
     """The warm-up's drafts are not counted, and the engine's counters stay the decoder's (the
     metrics and benchmarks read engine.stats.spec_decode after a CUDA engine's warm-up)."""

@@ -44,7 +44,7 @@ from enginespec.engine.generation_config import GenerationDefaults, further_eos_
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine.spec_decode import DraftModelDrafter, SpecDecoder, SpecDecodeStats, SpeculativeConfig
-from enginespec.engine.spec_decode.draft_model import check_draft_model, draft_pool_blocks
+from enginespec.engine.spec_decode.draft_model import check_draft_model, check_draft_reach, draft_pool_blocks
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
@@ -151,6 +151,8 @@ class EngineCore:
         self.sampler = self._make_sampler()
         self.runner = self._make_runner(args)
         self._fit_max_model_len()
+        if self.draft_model is not None:
+            check_draft_reach(self.draft_model, self.max_model_len)
         self.block_manager = self.impl.new_block_manager(
             self.runner.num_blocks, args.block_size, args.enable_prefix_caching
         )
@@ -289,7 +291,8 @@ class EngineCore:
 
     def _draft_model(self, given):
         """The draft model of speculative_config method "draft_model" (None otherwise), loaded
-        like the target (same dtype, device, attention) and checked against it."""
+        like the target (same dtype, device, attention), its vocabulary checked against the
+        target's (its reach is checked in _build, once the pool has settled max_model_len)."""
         config = self.speculative_config
         if config is None or config.method != "draft_model":
             if given is not None:
@@ -309,7 +312,7 @@ class EngineCore:
                 model_impl=self.args.model_impl,
                 trust_remote_code=self.args.trust_remote_code,
             )
-        check_draft_model(draft, self.model, self.max_model_len)
+        check_draft_model(draft, self.model)
         return draft
 
     def _draft_bytes_per_block(self) -> int:

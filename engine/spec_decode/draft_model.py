@@ -162,17 +162,24 @@ class DraftModelDrafter(Drafter):
         return dict(zip(batch.sample_request_ids, tokens))
 
 
-def check_draft_model(draft, target, max_model_len: int) -> None:
-    """The draft must share the target's vocabulary and reach max_model_len positions."""
+def check_draft_model(draft, target) -> None:
+    """The draft must share the target's vocabulary."""
     if draft.vocab_size != target.vocab_size:
         raise ValueError(
             f"speculative_config.model: the draft's vocab_size ({draft.vocab_size}) must equal the "
             f"target's ({target.vocab_size}); a draft model needs the same tokenizer and vocabulary"
         )
+
+
+def check_draft_reach(draft, max_model_len: int) -> None:
+    """The draft must reach the engine's final max_model_len positions (checked once the pool
+    has lowered a max_model_len the user did not choose, so the bound named is the one the
+    engine would serve with)."""
     if draft.max_position_embeddings < max_model_len:
         raise ValueError(
             f"speculative_config.model: the draft's max_position_embeddings "
-            f"({draft.max_position_embeddings}) must be >= max_model_len ({max_model_len})"
+            f"({draft.max_position_embeddings}) must be >= max_model_len ({max_model_len}); "
+            f"max_model_len={draft.max_position_embeddings} serves with this draft"
         )
 
 
