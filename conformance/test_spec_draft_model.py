@@ -223,6 +223,28 @@ def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
         EngineCore(args)
 
 
+def test_a_missing_draft_checkpoint_names_speculative_config_model(impl, tmp_path):
+    """The draft's path is the user's speculative_config.model: the error says so (it named only
+    the directory), and stays a CheckpointNotFound (a ValueError and a FileNotFoundError)."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+    from enginespec.worker.loader import CheckpointNotFound
+
+    missing = tmp_path / "no-such-draft"
+    args = EngineArgs(
+        model=str(tiny_model_dir("qwen3")),
+        impl=impl,
+        dtype="float32",
+        device="cpu",
+        num_blocks=16,
+        speculative_config={"model": str(missing), "num_speculative_tokens": 2},
+    )
+    with pytest.raises(
+        CheckpointNotFound, match=r"speculative_config\.model: .*no-such-draft.*does not exist"
+    ):
+        EngineCore(args)
+
+
 def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tmp_path):
     """A target of 128 positions whose pool holds 48 tokens serves at max_model_len 48 (lowered,
     as without a draft), so a draft reaching 64 positions is accepted; with a pool of the

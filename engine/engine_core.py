@@ -300,20 +300,27 @@ class EngineCore:
             return None
         if self.tensor_parallel is not None:
             raise ValueError("speculative_config method 'draft_model' needs tensor_parallel_size == 1")
-        draft = given
-        if draft is None:
-            from enginespec.worker.flat_model import FlatModel
+        draft = given if given is not None else self._load_draft(config.model)
+        check_draft_model(draft, self.model)
+        return draft
 
-            draft = FlatModel.from_pretrained(
-                config.model,
+    def _load_draft(self, path: str):
+        """The draft checkpoint at speculative_config.model; a checkpoint error names that field
+        (the same exception type, so callers catching CheckpointNotFound still do)."""
+        from enginespec.worker.flat_model import FlatModel
+        from enginespec.worker.loader import CheckpointError
+
+        try:
+            return FlatModel.from_pretrained(
+                path,
                 dtype=self.model.dtype,
                 device=self.model.device,
                 attention=self.impl.attention_backend(self.model.device),
                 model_impl=self.args.model_impl,
                 trust_remote_code=self.args.trust_remote_code,
             )
-        check_draft_model(draft, self.model)
-        return draft
+        except CheckpointError as e:
+            raise type(e)(f"speculative_config.model: {e}") from e
 
     def _draft_bytes_per_block(self) -> int:
         if self.draft_model is None:

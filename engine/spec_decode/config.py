@@ -3,9 +3,10 @@
 `LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
 "prompt_lookup_min": 2, "prompt_lookup_max": 5})` or `{"method": "draft_model", "model":
 DRAFT_DIR, "num_speculative_tokens": 4}` as in vLLM; either takes vLLM's
-`disable_by_batch_size`. Without "method", a config naming a
-"model" is "draft_model" and one without is "ngram" (vLLM infers the method from the model
-too). The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
+`disable_by_batch_size`, and vLLM's other keys where their value changes nothing here
+(ACCEPTED_VLLM_KEYS: `draft_tensor_parallel_size` 1, `disable_logprobs`, ...). Without
+"method", a config naming a "model" is "draft_model" and one without is "ngram" (vLLM infers
+the method from the model too). The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
 other method is a ValueError rather than silently ignored.
 """
 
@@ -25,6 +26,30 @@ def _check_int(name: str, value, low: int) -> None:
 
 # No drafts in a step that starts with this many running requests (SpeculativeConfig's doc).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 64
+
+# vLLM speculative_config keys that deployments pass at values that change nothing here:
+# name -> (the values accepted, why no other is). Accepted and dropped; any other value is a
+# ValueError naming the key (as EngineArgs treats vLLM's engine arguments).
+ACCEPTED_VLLM_KEYS = {
+    "draft_tensor_parallel_size": ((None, 1), "the draft model runs unsharded, on one device"),
+    "quantization": ((None,), "the draft loads unquantized, in the target's dtype"),
+    "revision": ((None,), "the draft is a local directory, nothing is downloaded"),
+    "code_revision": ((None,), "the draft is a local directory, nothing is downloaded"),
+    "max_model_len": ((None,), "drafts stop where the engine's max_model_len does"),
+    "disable_logprobs": ((None, True, False), ""),  # requests asking for logprobs get no drafts
+    "disable_log_stats": ((None, True, False), ""),  # the counters are kept either way
+}
+
+
+def _check_accepted(name: str, value) -> None:
+    accepted, why = ACCEPTED_VLLM_KEYS[name]
+    # 1 == True in Python: a bool is only accepted where the list holds bools
+    if not any(value == a and type(value) is type(a) for a in accepted):
+        reason = f" ({why})" if why else ""
+        raise ValueError(
+            f"speculative_config.{name}={value!r} is not supported by enginespec{reason}; "
+            f"accepted: {list(accepted)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,13 +126,17 @@ class SpeculativeConfig:
 
     @classmethod
     def of(cls, value: Union[None, "SpeculativeConfig", Mapping[str, Any]]) -> Optional["SpeculativeConfig"]:
-        """None, a SpeculativeConfig, or a dict of vLLM's names (unknown names: ValueError)."""
+        """None, a SpeculativeConfig, or a dict of vLLM's names: the fields, plus the keys of
+        ACCEPTED_VLLM_KEYS at the values it accepts (dropped); anything else is a ValueError."""
         if value is None or isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
             raise ValueError(f"speculative_config must be a dict or None, got {type(value).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - fields - set(ACCEPTED_VLLM_KEYS))
         if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
-        return cls(**dict(value))
+            known = sorted(fields | set(ACCEPTED_VLLM_KEYS))
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {known}")
+        for name in sorted(set(value) & set(ACCEPTED_VLLM_KEYS)):
+            _check_accepted(name, value[name])
+        return cls(**{name: v for name, v in value.items() if name in fields})

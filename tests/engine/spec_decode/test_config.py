@@ -48,3 +48,43 @@ def test_disable_by_batch_size_is_vllms_name_for_either_method_64_by_default_non
     assert SpeculativeConfig.of({"disable_by_batch_size": 2}).disable_by_batch_size == 2
     cfg = SpeculativeConfig.of({"model": "d", "disable_by_batch_size": 8})
     assert (cfg.method, cfg.disable_by_batch_size) == ("draft_model", 8)
+
+
+def test_vllms_other_keys_are_accepted_at_values_that_change_nothing():
+    """Deployments copy vLLM configs with draft_tensor_parallel_size 1, disable_logprobs and
+    disable_log_stats: accepted and dropped, as EngineArgs accepts vLLM's engine arguments at
+    their defaults."""
+    cfg = SpeculativeConfig.of(
+        {
+            "model": "d",
+            "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": 1,
+            "disable_logprobs": False,
+            "disable_log_stats": False,
+            "quantization": None,
+            "revision": None,
+            "max_model_len": None,
+        }
+    )
+    assert cfg == SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("draft_tensor_parallel_size", 2),
+        ("draft_tensor_parallel_size", True),
+        ("quantization", "fp8"),
+        ("revision", "main"),
+        ("max_model_len", 512),
+        ("disable_logprobs", "no"),
+    ],
+)
+def test_vllms_other_keys_at_other_values_are_refused_by_name(key, value):
+    with pytest.raises(ValueError, match=rf"speculative_config\.{key}=.*accepted"):
+        SpeculativeConfig.of({"model": "d", key: value})
+
+
+def test_an_unknown_key_lists_the_accepted_vllm_keys_too():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['lookahead'\].*draft_tensor_parallel_size"):
+        SpeculativeConfig.of({"lookahead": 2})
