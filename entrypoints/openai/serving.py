@@ -20,7 +20,14 @@ from typing import AsyncIterator, Optional, Union
 from enginespec import chat_utils
 from enginespec.chat_utils import ChatTemplateError, resolve_chat_template
 from enginespec.engine.core_messages import NewRequest
-from enginespec.entrypoints.openai.engine_client import EngineClient, Generation, QueueFull, RequestTooLarge
+from enginespec.engine.output_processor import ERROR
+from enginespec.entrypoints.openai.engine_client import (
+    EngineClient,
+    EngineRequestError,
+    Generation,
+    QueueFull,
+    RequestTooLarge,
+)
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
 from enginespec.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -302,10 +309,22 @@ async def _collect(call: _Call, gen: Generation, wait_disconnect) -> None:
             for kind, payload in news.result():
                 if kind == "error":
                     raise _as_api_error(payload)
+                _raise_if_failed(payload)
                 if payload.finished:
                     call.finals[payload.request_id] = payload
     finally:
         gone.cancel()
+
+
+def _raise_if_failed(out) -> None:
+    """A sample the engine finished with finish_reason "error" (its step raised: EngineCore
+    fails that step's requests and serves on) fails the HTTP request with a 500, as a request the
+    engine loop drops (`failed`) does and as vLLM answers one whose finish reason is "error":
+    "error" is no OpenAI finish_reason, and its partial text is no answer. The caller's finally
+    aborts the request's other samples and prompts."""
+    for completion in out.outputs:
+        if completion.finish_reason == ERROR:
+            raise _as_api_error(EngineRequestError(completion.error or "the engine failed the request"))
 
 
 def _as_api_error(exc: BaseException) -> APIError:
@@ -580,8 +599,12 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     try:
         while not gen.done:
             items = await gen.next()
-            if items[0][0] == "error":
-                err = _as_api_error(items[0][1])
+            try:
+                if items[0][0] == "error":
+                    raise _as_api_error(items[0][1])
+                for _, out in items:
+                    _raise_if_failed(out)
+            except APIError as err:
                 yield frame(error_body(err.status, err.message, err.param))
                 yield DONE
                 return
