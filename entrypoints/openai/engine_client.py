@@ -15,7 +15,10 @@ Invariants:
   not yet finished, failed or aborted) at once; one more is refused with QueueFull (503). A
   request of more samples than that bound could never be admitted: RequestTooLarge (400).
 - Every pending request gets exactly one terminal item on its queue: its finished output or an
-  error; an aborted one gets nothing (nobody listens) but is released all the same.
+  error (stop() too ends the pending ones with EngineDead); an aborted one gets nothing (nobody
+  listens) but is released all the same.
+- A request id names one pending request: submitting an id that is pending (or twice in one
+  batch) is a ValueError that changes nothing, as the engine refuses an id in use.
 - If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
   an error frame in a stream that started), new ones are refused, /health fails, and on_death
   runs (the server then shuts down); stop() reaps the process, so nothing is orphaned.
@@ -258,10 +261,13 @@ class EngineClient:
         self._accepting = False
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if
-        it does not go in time). Idempotent."""
+        """Refuse new requests, end the pending ones with EngineDead (nothing more comes for
+        them), ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if it does not go in
+        time). Idempotent."""
         self._accepting = False
         self._stopping = True
+        if self._streams:
+            self._on_loop(self._fail_pending, EngineDead("the engine was stopped"))
         if self._loop is not None and self._from_engine is not None:
             try:
                 self._loop.remove_reader(self._from_engine.fileno())
@@ -275,6 +281,24 @@ class EngineClient:
                     pass
             self._to_engine.close(timeout)
         self._reap(timeout)
+
+    def _on_loop(self, fn, *args) -> None:
+        """fn(*args) on the event loop that reads the engine (the Inboxes' futures belong to
+        it): at once when called on it (or with no loop running), else scheduled there."""
+        loop = self._loop
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if loop is None or current is loop or loop.is_closed() or not loop.is_running():
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        """Release every pending request with `error` as its terminal item."""
+        for rid in list(self._streams):
+            self._release(rid).sink.put_nowait(("error", error))
 
     def _reap(self, timeout: float) -> None:
         worker = self._worker
@@ -296,10 +320,12 @@ class EngineClient:
 
     async def submit(self, requests: list[NewRequest]) -> Generation:
         """Queue the requests (all or none); returns once the engine accepted them. ValueError
-        (the engine's validation; RequestTooLarge, more samples than the capacity), QueueFull
-        (bounded queue, or shutting down), EngineDead."""
+        (the engine's validation; a request id that is pending or repeated; RequestTooLarge,
+        more samples than the capacity), QueueFull (bounded queue, or shutting down),
+        EngineDead."""
         if self.fatal is not None:
             raise self.fatal
+        self._check_ids([r.request_id for r in requests])
         num = sum(r.params.n for r in requests)
         if num > self.capacity:
             raise RequestTooLarge(num, self.capacity)
@@ -326,6 +352,16 @@ class EngineClient:
             raise payload
         gen.live = set(gen.request_ids)
         return gen
+
+    def _check_ids(self, request_ids: list[str]) -> None:
+        """A ValueError naming the first id that is pending here or repeated in the batch: its
+        stream would replace the pending one's (which would then never end) and the engine's
+        refusal would release the pending one's."""
+        seen: set[str] = set()
+        for rid in request_ids:
+            if rid in self._streams or rid in seen:
+                raise ValueError(f"request_id {rid!r} is already in use by a pending request")
+            seen.add(rid)
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget the requests here and have the engine free them before its next step."""
@@ -447,8 +483,7 @@ class EngineClient:
             self._worker.join(1.0)
         self.fatal = EngineDead(f"the engine process died ({self._exitcode()})")
         self._accepting = False
-        for rid in list(self._streams):
-            self._release(rid).sink.put_nowait(("error", self.fatal))
+        self._fail_pending(self.fatal)
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(self.fatal)

@@ -1,6 +1,6 @@
 """The OpenAI handlers (entrypoints/openai/serving.py) over a step that raises inside the
 EngineCore (its fault_hook; the real fault path, which EngineCore contains by finishing the
-step's requests with finish_reason "error").
+step's requests with finish_reason "error"), and the engine client's own request bookkeeping.
 
 A failed request is answered as /dev/fail_next_step's is (and as vLLM answers a request whose
 finish reason is "error"): a 500 before the stream starts, one error frame and [DONE] after; the
@@ -16,9 +16,10 @@ import threading
 import pytest
 
 import enginespec.engine.core_proc as core_proc
+from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer
 from enginespec.engine_args import EngineArgs
-from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from enginespec.entrypoints.openai.serving import (
@@ -26,6 +27,7 @@ from enginespec.entrypoints.openai.serving import (
     create_chat_completion,
     create_completion,
 )
+from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -122,3 +124,59 @@ def test_a_failed_step_is_a_500_then_an_error_frame_mid_stream(served, kind):
     assert all('"finish_reason":"error"' not in f for f in frames)
     assert [c["finish_reason"] for c in after["choices"]] == ["length", "length"]
     assert ctx.engine.state.num_free_blocks == ctx.engine.state.num_blocks
+
+
+# ---- the engine client's bookkeeping ---------------------------------------------------------------
+
+LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+
+async def _final(gen):
+    last = None
+    while not gen.done:
+        for kind, payload in await gen.next():
+            if kind == "error":
+                raise payload
+            last = payload
+    return last
+
+
+def test_a_request_id_in_use_is_refused_and_the_first_request_runs_on(served):
+    ctx, _ = served
+    client = ctx.engine
+    short = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        await client.pause()  # the first request cannot finish before the second arrives
+        first = await client.submit([NewRequest("same", None, [5, 6, 7], short)])
+        with pytest.raises(ValueError, match="request_id 'same'"):
+            await client.submit([NewRequest("same", None, [8, 9, 10], short)])
+        with pytest.raises(ValueError, match="request_id 'twice'"):
+            await client.submit(
+                [NewRequest("twice", None, [8], short), NewRequest("twice", None, [9], short)]
+            )
+        await client.resume()
+        return await asyncio.wait_for(_final(first), 60)
+
+    out = asyncio.run(run())
+    assert out.finished and out.prompt_token_ids == [5, 6, 7] and len(out.outputs[0].token_ids) == 6
+    assert client._num_pending == 0 and not client._streams
+
+
+def test_stop_ends_every_pending_request_with_an_error(served):
+    ctx, _ = served
+    client = ctx.engine
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        gen = await client.submit([NewRequest("long", None, [5, 6, 7], LONG)])
+        await gen.next()  # running
+        waiter = asyncio.ensure_future(_final(gen))
+        await asyncio.sleep(0)  # the consumer waits on its inbox
+        client.stop()
+        with pytest.raises(EngineDead):
+            await asyncio.wait_for(waiter, 30)
+
+    asyncio.run(run())
+    assert client._num_pending == 0 and not client._streams
