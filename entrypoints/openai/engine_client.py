@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
+from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai.request_stream import RequestStream
 
 # Messages taken per reader callback at most (then other tasks run; the reader fires again).
@@ -448,6 +449,7 @@ class EngineClient:
         for rid, error in failed:
             stream = self._release(rid)
             if stream is not None:
+                self._count_samples(stream, unfinished=ERROR)
                 stream.sink.put_nowait(("error", _as_exception(error)))
         self._observe_state(state)
 
@@ -510,13 +512,14 @@ class EngineClient:
             stream.first[index] = now
         stream.last[index] = now
 
-    def _count_samples(self, stream: Optional[RequestStream]) -> None:
+    def _count_samples(self, stream: Optional[RequestStream], unfinished: str = "abort") -> None:
         """request_success once per sample, as vLLM V1 counts the child requests of n > 1: a
-        finished sample under its finish reason, one cut off by an abort under "abort". Runs
-        once per request, when it is released (finished or aborted)."""
+        finished sample under its finish reason, one cut off under `unfinished` ("abort"; "error"
+        when the engine loop dropped the request, as EngineCore's own faults finish samples with
+        "error"). Runs once per request, when it is released (finished, aborted or failed)."""
         if self.metrics is not None and stream is not None:
             for completion in stream.output.outputs:
-                self.metrics.request_success(completion.finish_reason or "abort")
+                self.metrics.request_success(completion.finish_reason or unfinished)
 
     def _observe_state(self, state: EngineState) -> None:
         self.state = state

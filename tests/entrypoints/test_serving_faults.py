@@ -19,8 +19,9 @@ import enginespec.engine.core_proc as core_proc
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer
 from enginespec.engine_args import EngineArgs
-from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
 from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
@@ -64,7 +65,7 @@ def served(monkeypatch):
     monkeypatch.setattr(core_proc, "serve_engine", serve_with_fault)
     args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
     tokenizer = load_engine_tokenizer(args)
-    client = EngineClient(args, tokenizer, in_process=True, max_waiting=16)
+    client = EngineClient(args, tokenizer, ServerMetrics("tiny"), in_process=True, max_waiting=16)
     info = client.launch(timeout=120)
     try:
         yield ServerContext(client, tokenizer, ["tiny"], info.max_model_len, TEMPLATE), fault
@@ -180,3 +181,26 @@ def test_stop_ends_every_pending_request_with_an_error(served):
 
     asyncio.run(run())
     assert client._num_pending == 0 and not client._streams
+
+
+def test_a_failed_request_counts_each_sample_under_error_either_way(served):
+    """request_success counts the samples of a request the engine loop dropped (a step that
+    raised out of EngineCore.step: `failed`) under "error", as it counts those EngineCore
+    finished with finish_reason "error": /metrics tells a fault from an abort both ways."""
+    ctx, fault = served
+    client = ctx.engine
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=0, n=2, ignore_eos=True)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        fault.arm()  # inside EngineCore.step: contained, the samples finish with "error"
+        contained = await _final(await client.submit([NewRequest("contained", None, [5, 6, 7], params)]))
+        await client.fail_next_step()  # out of EngineCore.step: the engine loop drops the request
+        with pytest.raises(EngineRequestError):
+            await _final(await client.submit([NewRequest("dropped", None, [5, 6, 7], params)]))
+        return contained
+
+    contained = asyncio.run(run())
+    assert [c.finish_reason for c in contained.outputs] == ["error", "error"]
+    labels = {"model_name": "tiny", "finished_reason": "error"}
+    assert client.metrics.registry.get_sample_value("vllm:request_success_total", labels) == 4
