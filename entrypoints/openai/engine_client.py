@@ -177,7 +177,9 @@ class EngineClient:
         self._accepting = True
         self._stopping = False
         self._streams: dict[str, RequestStream] = {}
-        self._adds: dict[int, list[str]] = {}  # token -> request ids awaiting "added"
+        # token -> the streams awaiting that add's "added" reply (the objects, not their ids: an
+        # id freed by a cancelled submit may be pending again, for another stream, by then)
+        self._adds: dict[int, list[RequestStream]] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._tokens = itertools.count()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -338,11 +340,12 @@ class EngineClient:
             )
         gen = Generation(self, [r.request_id for r in requests], Inbox(), set())
         now = time.monotonic()
-        for req in requests:
-            self._streams[req.request_id] = RequestStream(req, gen.queue, self.tokenizer, now)
+        streams = [RequestStream(req, gen.queue, self.tokenizer, now) for req in requests]
+        for req, stream in zip(requests, streams):
+            self._streams[req.request_id] = stream
         self._num_pending += num
         token = next(self._tokens)
-        self._adds[token] = gen.request_ids
+        self._adds[token] = streams
         self._send(("add", token, requests))
         try:
             kind, payload = await gen.queue.get()  # the first item: "accepted" or "error"
@@ -459,11 +462,10 @@ class EngineClient:
             if fut is not None and not fut.done():
                 fut.set_result(None)
             return
-        ids = self._adds.pop(token, [])
-        streams = [self._streams[rid] for rid in ids if rid in self._streams]
+        streams = [s for s in self._adds.pop(token, []) if self._streams.get(s.request_id) is s]
         if error is not None:
-            for rid in ids:
-                self._release(rid)
+            for stream in streams:
+                self._release(stream.request_id)
             if streams:
                 streams[0].sink.put_nowait(("error", _as_exception(error)))
             return

@@ -30,6 +30,7 @@ class RequestStream:
 
     def __init__(self, req: NewRequest, sink, tokenizer, arrival: float):
         n = req.params.n
+        self.request_id = req.request_id
         self.sink = sink
         self.num_samples = n
         self.num_prompt_tokens = len(req.prompt_token_ids)

@@ -38,15 +38,19 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }};{% endfor %}"
 
 
 class _Fault:
-    """EngineCore.fault_hook that raises once in "execute" after arm()."""
+    """EngineCore.fault_hook that raises once in "execute" after arm(), and calls `also` (when
+    set) with every phase first."""
 
     def __init__(self):
         self.armed = threading.Event()
+        self.also = None
 
     def arm(self) -> None:
         self.armed.set()
 
     def __call__(self, phase: str) -> None:
+        if self.also is not None:
+            self.also(phase)
         if phase == "execute" and self.armed.is_set():
             self.armed.clear()
             raise RuntimeError("planted forward fault")
@@ -204,3 +208,41 @@ def test_a_failed_request_counts_each_sample_under_error_either_way(served):
     assert [c.finish_reason for c in contained.outputs] == ["error", "error"]
     labels = {"model_name": "tiny", "finished_reason": "error"}
     assert client.metrics.registry.get_sample_value("vllm:request_success_total", labels) == 4
+
+
+def test_an_id_reused_after_a_cancelled_submit_gets_only_its_own_replies(served):
+    """A submit cancelled before the engine answered its add frees the id at once; a submit that
+    reuses it gets its own "added" reply, never the cancelled one's (a client retrying under
+    its own request id)."""
+    ctx, fault = served
+    client = ctx.engine
+    holding, busy, release = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(phase: str) -> None:  # the engine loop sits in a step: commands wait
+        if phase == "execute" and holding.is_set() and not release.is_set():
+            busy.set()
+            release.wait(60)
+
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        blocker = await client.submit([NewRequest("blocker", None, [4, 5], LONG)])
+        holding.set()
+        assert await asyncio.get_running_loop().run_in_executor(None, busy.wait, 60)
+        first = asyncio.ensure_future(client.submit([NewRequest("x", None, [5, 6, 7], params)]))
+        await asyncio.sleep(0)  # its add is on the way
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.ensure_future(client.submit([NewRequest("x", None, [8, 9, 10], params)]))
+        await asyncio.sleep(0)
+        release.set()
+        gen = await asyncio.wait_for(second, 60)
+        blocker.abort()
+        return await asyncio.wait_for(_final(gen), 60)
+
+    fault.also = hold
+    out = asyncio.run(run())
+    assert out.finished and out.prompt_token_ids == [8, 9, 10] and len(out.outputs[0].token_ids) == 5
+    assert client._num_pending == 0 and not client._streams
