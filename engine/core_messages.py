@@ -55,7 +55,9 @@ class SampleDelta(NamedTuple):
 
     new_text is the engine's text, sent only for samples whose stop strings the engine matches
     (and then only text no later token can cut); None means the front end decodes the ids
-    itself. prompt_logprobs rides on the final delta of sample 0."""
+    itself. prompt_logprobs rides on the final delta of sample 0; num_cached_tokens (the prompt
+    tokens the prefix cache served, RequestOutput.num_cached_tokens) on every delta of sample 0
+    once its first step has run (None before, and on other samples' deltas)."""
 
     request_id: str
     index: int
@@ -66,6 +68,7 @@ class SampleDelta(NamedTuple):
     stop_reason: Union[int, str, None]
     error: Optional[str]
     prompt_logprobs: Optional[list]
+    num_cached_tokens: Optional[int]
 
 
 @dataclass(frozen=True)

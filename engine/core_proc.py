@@ -95,14 +95,15 @@ class DeltaTracker:
             prompt_lp = final.prompt_logprobs if c.index == 0 else None
             if s is None and prompt_lp is None:
                 continue
+            cached = final.num_cached_tokens if c.index == 0 else None
             if s is None:  # finish already sent (n > 1): only the prompt logprobs are news
-                out.append((final.request_id, c.index, [], None, None, None, None, None, prompt_lp))
+                out.append((final.request_id, c.index, [], None, None, None, None, None, prompt_lp, cached))
                 continue
             new = c.token_ids[s[0] :]
             lps = c.logprobs[s[0] :] if c.logprobs is not None else None
             text = c.text[s[1] :] if s[2] else None
             row = (final.request_id, c.index, new, lps, text, c.finish_reason, c.stop_reason, c.error)
-            out.append((*row, prompt_lp))
+            out.append((*row, prompt_lp, cached))
 
     def _live_delta(self, request_id: str, sample, sent: list) -> Optional[tuple]:
         s = sent[sample.index]
@@ -128,7 +129,8 @@ class DeltaTracker:
         if finish is not None:
             sent[sample.index] = None
             stop = sample.stop_reason
-        return (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error, None)
+        cached = sample.num_cached_tokens if sample.index == 0 else None
+        return (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error, None, cached)
 
 
 def _prefix_counters(block_manager, block_size: int) -> tuple[int, int]:

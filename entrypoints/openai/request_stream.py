@@ -44,7 +44,12 @@ class RequestStream:
             req.request_id,
             req.prompt,
             list(req.prompt_token_ids),
-            [CompletionOutput(i, logprobs=[] if with_lps else None) for i in range(n)],
+            [
+                CompletionOutput(
+                    i, logprobs=[] if with_lps else None, cumulative_logprob=0.0 if with_lps else None
+                )
+                for i in range(n)
+            ],
         )
         decode_here = tokenizer is not None and req.params.detokenize and not req.params.stop
         self._detoks = [
@@ -56,8 +61,10 @@ class RequestStream:
 
     def apply(self, delta: tuple) -> int:
         """Fold one SampleDelta-shaped tuple in; returns how many new token ids it carried."""
-        _, index, new_ids, new_lps, new_text, finish, stop, error, prompt_lps = delta
+        _, index, new_ids, new_lps, new_text, finish, stop, error, prompt_lps, cached = delta
         c = self.output.outputs[index]
+        if cached is not None:
+            self.output.num_cached_tokens = cached
         det = self._detoks[index]
         if new_ids:
             c.token_ids.extend(new_ids)
@@ -66,6 +73,7 @@ class RequestStream:
                 c.text += det.update(shown_ids(new_ids, token_stop, self._params))[0]
         if new_lps:
             c.logprobs.extend(new_lps)
+            _add_sampled_logprobs(c, new_lps)
         if new_text:
             c.text += new_text
         if prompt_lps is not None:
@@ -77,3 +85,23 @@ class RequestStream:
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
+
+    def finish_aborted(self) -> None:
+        """End every unfinished sample with finish_reason "abort" (the output is then final):
+        what an aborted request's consumer gets where one still listens (AsyncLLM.abort)."""
+        for c, det in zip(self.output.outputs, self._detoks):
+            if c.finish_reason is None:
+                if det is not None:
+                    c.text += det.flush()
+                c.finish_reason = "abort"
+        self._num_finished = self.num_samples
+        self.output.finished = True
+
+
+def _add_sampled_logprobs(sample: CompletionOutput, logprobs: list[dict]) -> None:
+    """Add each position's sampled-token logprob (its dict's first entry, as the engine put it
+    there) to sample.cumulative_logprob, one at a time in order: the engine's own sum, bit for
+    bit."""
+    for entry in logprobs:
+        if entry:
+            sample.cumulative_logprob += float(next(iter(entry.values())))

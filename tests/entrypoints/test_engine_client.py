@@ -104,6 +104,11 @@ def test_deltas_rebuild_the_offline_outputs(model_dir, llm):
             assert (g.logprobs is None, len(g.logprobs or ())) == (w.logprobs is None, len(w.logprobs or ()))
             for got_lp, want_lp in zip(g.logprobs or (), w.logprobs or ()):  # batch-dependent rounding
                 assert got_lp == pytest.approx(want_lp, abs=1e-4)
+            if w.cumulative_logprob is None:
+                assert g.cumulative_logprob is None
+            else:
+                assert g.cumulative_logprob == pytest.approx(w.cumulative_logprob, abs=1e-3)
+        assert out.num_cached_tokens == want.num_cached_tokens
     assert got[1].outputs[0].finish_reason == "stop" and isinstance(got[1].outputs[0].stop_reason, str)
     assert client.state.num_free_blocks == client.state.num_blocks
 

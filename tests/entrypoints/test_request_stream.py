@@ -24,6 +24,6 @@ def test_front_end_text_follows_the_requests_settings(params, want):
     tok = byte_bpe()
     ids = tok.encode("ab") + [tok.eos_token_id]
     stream = RequestStream(NewRequest("r", None, [1], params), sink=None, tokenizer=tok, arrival=0.0)
-    stream.apply(("r", 0, ids, None, None, "length", None, None, None))
+    stream.apply(("r", 0, ids, None, None, "length", None, None, None, None))
     out = stream.output.outputs[0]
     assert (out.token_ids, out.text, out.finish_reason) == (ids, want, "length")
