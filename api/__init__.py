@@ -3,6 +3,7 @@
 The one public import for users:
 
     from enginespec import LLM, SamplingParams, load_impl
+    from enginespec import AsyncLLM          # vLLM's asyncio API (enginespec.async_llm)
 
 The source tree maps onto this package by role (pyproject.toml's package-dir):
 
@@ -20,7 +21,7 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
 
 from enginespec.spec import SamplingParams, load_impl
 
-__all__ = ["LLM", "SamplingParams", "load_impl"]
+__all__ = ["AsyncLLM", "LLM", "SamplingParams", "load_impl"]
 __version__ = "0.2.0"
 
 
@@ -31,4 +32,8 @@ def __getattr__(name: str):
         from enginespec.llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from enginespec.async_llm import AsyncLLM
+
+        return AsyncLLM
     raise AttributeError(f"module 'enginespec' has no attribute {name!r}")

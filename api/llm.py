@@ -92,29 +92,7 @@ class LLM:
 
     def _to_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, token ids) of one prompt."""
-        if isinstance(prompt, dict):
-            unknown = set(prompt) - _PROMPT_KEYS
-            if unknown:
-                raise ValueError(f"unknown prompt keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self._to_ids(prompt["prompt"])
-            raise ValueError(f"a dict prompt needs 'prompt_token_ids' or 'prompt', got keys {sorted(prompt)}")
-        if isinstance(prompt, str):
-            tokenizer = self.engine.tokenizer
-            if tokenizer is None:
-                raise ValueError(
-                    "text prompts need a tokenizer; this checkpoint has none "
-                    "(pass {'prompt_token_ids': [...]})"
-                )
-            return prompt, list(tokenizer.encode(prompt))
-        if isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
-            return None, list(prompt)
-        raise ValueError(
-            f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
-            f"got {type(prompt).__name__}"
-        )
+        return prompt_to_ids(prompt, self.engine.tokenizer)
 
     def _add(self, prompts, sampling_params, priority) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
@@ -259,6 +237,33 @@ class LLM:
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
+
+
+def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[int]]:
+    """(prompt text or None, token ids) of one prompt as vLLM takes it: a str (encoded with
+    `tokenizer`, which must exist), a list of token ids, or a dict with "prompt_token_ids" or
+    "prompt" (and optionally "cache_salt"). Anything else is a ValueError naming what it got."""
+    if isinstance(prompt, dict):
+        unknown = set(prompt) - _PROMPT_KEYS
+        if unknown:
+            raise ValueError(f"unknown prompt keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt_to_ids(prompt["prompt"], tokenizer)
+        raise ValueError(f"a dict prompt needs 'prompt_token_ids' or 'prompt', got keys {sorted(prompt)}")
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(
+                "text prompts need a tokenizer; this checkpoint has none (pass {'prompt_token_ids': [...]})"
+            )
+        return prompt, list(tokenizer.encode(prompt))
+    if isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
+        return None, list(prompt)
+    raise ValueError(
+        f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
+        f"got {type(prompt).__name__}"
+    )
 
 
 def _is_token(t) -> bool:

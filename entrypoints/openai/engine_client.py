@@ -226,7 +226,12 @@ class EngineClient:
             msg = self._from_engine.recv()
         except EOFError:
             self._reap(5.0)
-            raise RuntimeError(f"the engine process exited while starting ({self._exitcode()})") from None
+            raise RuntimeError(
+                f"the engine process exited while starting ({self._exitcode()}); if this script "
+                "builds the engine (AsyncLLM, the server) at its top level, put that under "
+                "`if __name__ == '__main__':`, since the engine process is spawned and imports "
+                "the script again"
+            ) from None
         if msg[0] == "failed":
             self._reap(5.0)
             err = msg[1]
@@ -237,9 +242,23 @@ class EngineClient:
         return self.info
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Begin reading the engine's messages on this event loop."""
+        """Begin reading the engine's messages on this event loop (taking the reader off the
+        loop that had it, if that one is still open: AsyncLLM moves to a caller's new loop)."""
+        old = self._loop
+        if old is not None and old is not loop and not old.is_closed():
+            old.remove_reader(self._from_engine.fileno())
         self._loop = loop
         loop.add_reader(self._from_engine.fileno(), self._on_readable)
+
+    @property
+    def loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """The event loop that reads the engine's messages (None before start)."""
+        return self._loop
+
+    @property
+    def num_pending_requests(self) -> int:
+        """Requests submitted and not yet finished, failed or aborted."""
+        return len(self._streams)
 
     @property
     def alive(self) -> bool:
@@ -367,11 +386,17 @@ class EngineClient:
                 raise ValueError(f"request_id {rid!r} is already in use by a pending request")
             seen.add(rid)
 
-    def abort(self, request_ids: list[str]) -> None:
-        """Forget the requests here and have the engine free them before its next step."""
+    def abort(self, request_ids: list[str], notify: bool = False) -> None:
+        """Forget the requests here and have the engine free them before its next step. With
+        notify, each one's consumer gets a last output (its unfinished samples ended with
+        finish_reason "abort"); without it, nothing more (the HTTP client that left)."""
         live = [rid for rid in request_ids if rid in self._streams]
         for rid in live:
-            self._count_samples(self._release(rid))
+            stream = self._release(rid)
+            self._count_samples(stream)
+            if notify:
+                stream.finish_aborted()
+                stream.sink.put_nowait(("output", stream.output))
         if live and self.fatal is None and not self._stopping:
             try:
                 self._send(("abort", live))

@@ -1,0 +1,189 @@
+"""AsyncLLM: the asyncio API for services, shaped like vLLM's (`vllm.v1.engine.async_llm`).
+
+    llm = AsyncLLM("/path/to/checkpoint", max_num_seqs=64)   # the engine core starts here
+    async for out in llm.generate("Hello", SamplingParams(max_tokens=32), request_id="r1"):
+        print(out.outputs[0].text)                            # cumulative, as vLLM's default
+    llm.shutdown()
+
+The engine core runs in a process of its own (in_process=True: on a thread of this one, over
+the same pipes), stepping for every caller at once; this side is the OpenAI server's engine
+client (entrypoints/openai/engine_client.py) without HTTP: prompts are tokenized here, outputs
+are built here from the engine's per-step deltas (text decoded as the engine would, logprobs,
+cumulative_logprob, num_cached_tokens), and every `generate` is one engine request of n samples.
+
+Invariants:
+- `generate` yields the request's cumulative RequestOutput after each step that changed it,
+  and only its last yield has `finished` True. Each yield is a new RequestOutput with new
+  CompletionOutputs (their text, finish reasons and cumulative_logprob as of that step), whose
+  token_ids and logprobs lists are shared with later yields and keep growing, as vLLM's
+  cumulative outputs do: copy those lists to keep a step's view. A consumer that fell behind
+  gets the latest output only, never loses the final one.
+- Leaving `generate` early (break, aclose, a cancelled task) aborts the request: the engine
+  frees its blocks before its next step. `abort(request_id)` ends a live `generate` with one last
+  output whose unfinished samples have finish_reason "abort".
+- Errors: a bad prompt or params is a ValueError raised by `generate` before anything is
+  queued; a request id still in use is a ValueError; a step that fails the request raises
+  EngineRequestError; after `shutdown` (or the engine's death) every live and new `generate`
+  raises EngineDead.
+- The reader of the engine's messages runs on the event loop that first calls `generate`; a
+  later loop may take over only once nothing is pending (asyncio.run per call works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import AsyncIterator, Iterable, Optional, Union
+
+from enginespec.engine.core_messages import NewRequest
+from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine.generation_config import GenerationDefaults
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
+from enginespec.llm import PromptType, _cache_key, prompt_to_ids
+from enginespec.outputs import RequestOutput
+from enginespec.spec import SamplingParams
+
+__all__ = ["AsyncLLM", "EngineDead", "EngineRequestError"]
+
+# Samples pending at once beyond max_num_seqs before generate() refuses more (QueueFull): none
+# in practice, as vLLM's AsyncLLM has no such bound; the server sets its own.
+UNBOUNDED_WAITING = 1 << 40
+
+
+class AsyncLLM:
+    """An engine core in its own process, and an asyncio front end to it (module doc)."""
+
+    def __init__(
+        self,
+        model,
+        impl="fast",
+        *,
+        in_process: bool = False,
+        start_timeout: Optional[float] = None,
+        **engine_args,
+    ):
+        self._start(EngineArgs.from_kwargs(model, impl=impl, **engine_args), in_process, start_timeout)
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, *, in_process: bool = False, start_timeout: Optional[float] = None
+    ) -> "AsyncLLM":
+        """vLLM's constructor of choice: an AsyncLLM over already built EngineArgs."""
+        self = cls.__new__(cls)
+        self._start(engine_args, in_process, start_timeout)
+        return self
+
+    def _start(self, args: EngineArgs, in_process: bool, start_timeout: Optional[float]) -> None:
+        self.engine_args = args
+        self.tokenizer = load_engine_tokenizer(args)
+        self._defaults = GenerationDefaults.from_dir(args.model)
+        self._client = EngineClient(
+            args, self.tokenizer, max_waiting=UNBOUNDED_WAITING, in_process=in_process
+        )
+        self.info = self._client.launch(start_timeout)  # a ValueError for a bad checkpoint
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: Optional[SamplingParams] = None,
+        request_id: Optional[str] = None,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Run one request; yields its cumulative RequestOutput after each step that changed
+        it, the last one finished (module doc). sampling_params None: the checkpoint's
+        generation_config.json defaults, as LLM.generate. request_id: a non-empty str not in
+        use by a live request (vLLM requires it; pass your own to abort() by it)."""
+        request = self._new_request(prompt, sampling_params, request_id, priority)
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        gen = await self._client.submit([request])
+        try:
+            while not gen.done:
+                for kind, payload in await gen.next():
+                    if kind == "error":
+                        raise payload
+                    yield _snapshot(payload)
+        finally:
+            gen.abort()  # a no-op once finished; frees the engine's blocks when left early
+
+    def _new_request(self, prompt, params, request_id, priority: int) -> NewRequest:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if params is None:
+            params = self._defaults.params()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams or None, got {type(params).__name__}")
+        text, ids = prompt_to_ids(prompt, self.tokenizer)
+        salt = _cache_key(prompt)
+        return NewRequest(request_id, text, ids, params, priority, salt[1] if salt else None)
+
+    async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Abort live requests by id (unknown or finished ids are ignored): the engine frees
+        their blocks before its next step, and each one's `generate` yields a last output
+        with finish_reason "abort" on its unfinished samples, then ends."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._client.abort(ids, notify=True)
+
+    def _bind_loop(self) -> None:
+        """Read the engine's messages on the running loop: the first caller's, or a new one
+        once the old loop is closed or stopped and nothing is pending."""
+        loop, old = asyncio.get_running_loop(), self._client.loop
+        if loop is old:
+            return
+        if old is not None and old.is_running() and not old.is_closed():
+            raise RuntimeError("AsyncLLM is bound to another running event loop; call it from that loop")
+        if old is not None and self._client.num_pending_requests:
+            raise RuntimeError("AsyncLLM has requests pending on a stopped event loop")
+        self._client.start(loop)
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    async def get_tokenizer(self):
+        return self.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        """The engine is up and taking requests."""
+        return self._client.alive
+
+    @property
+    def errored(self) -> bool:
+        """The engine died (every pending and new request raises EngineDead)."""
+        return self._client.fatal is not None
+
+    @property
+    def dead_error(self) -> BaseException:
+        return self._client.fatal or EngineDead("the engine is stopped")
+
+    async def check_health(self) -> None:
+        """Raise EngineDead when the engine is not running, else nothing (vLLM's name)."""
+        if not self.is_running:
+            raise self.dead_error
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests submitted here and not yet finished, failed or aborted."""
+        return self._client.num_pending_requests
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """End every live `generate` with EngineDead, stop the engine and reap its process.
+        Idempotent."""
+        self._client.stop(timeout)
+
+    def __enter__(self) -> "AsyncLLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A new RequestOutput (and CompletionOutputs) over `out`'s current fields; the token id and
+    logprob lists are shared, not copied (module doc)."""
+    samples = [dataclasses.replace(c) for c in out.outputs]
+    return dataclasses.replace(out, outputs=samples)

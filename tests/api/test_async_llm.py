@@ -1,0 +1,214 @@
+"""AsyncLLM, the asyncio API: its outputs equal LLM.generate's (ids, text, logprobs,
+cumulative_logprob, num_cached_tokens, finish reasons) alone and under concurrency; leaving a
+generate early or abort() frees the request in the engine; bad input is a ValueError before
+anything is queued; shutdown ends live requests with EngineDead; the engine core runs in a
+process of its own by default. The engine runs on a thread (in_process=True) except in the last
+test; each test drives its own event loop (asyncio.run), so the reader moves between loops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from enginespec import AsyncLLM
+from enginespec.async_llm import EngineDead
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=128, max_num_seqs=8, block_size=16)
+PROMPT = list(range(5, 45))  # 40 ids: two full blocks the prefix cache serves the second time
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_checkpoint("qwen3", tmp_path_factory.mktemp("async_llm") / "qwen3")
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return LLM(str(model_dir), **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def async_llm(model_dir):
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+    yield engine
+    engine.shutdown()
+
+
+async def _collect(engine, prompt, params, request_id) -> list:
+    return [out async for out in engine.generate(prompt, params, request_id)]
+
+
+def _summary(out) -> tuple:
+    return (
+        out.prompt_token_ids,
+        out.num_cached_tokens,
+        [
+            (c.token_ids, c.text, c.finish_reason, c.stop_reason, c.cumulative_logprob, c.logprobs)
+            for c in out.outputs
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=12, temperature=0, logprobs=2),
+        SamplingParams(max_tokens=10, temperature=0.8, n=2, seed=7, logprobs=0),
+        SamplingParams(max_tokens=30, temperature=0, stop=["a"]),
+    ],
+    ids=["greedy-logprobs", "seeded-n2", "stop-string"],
+)
+def test_outputs_equal_llm_generate(async_llm, llm, params):
+    """Twice each (the second finds the prompt's two blocks cached): the last output equals
+    LLM.generate's field for field, and only the last one is finished."""
+    for attempt in range(2):
+        want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
+        outs = asyncio.run(_collect(async_llm, {"prompt_token_ids": PROMPT}, params, f"eq-{attempt}"))
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert _summary(outs[-1]) == _summary(want)
+    assert outs[-1].num_cached_tokens == 32
+
+
+def test_concurrent_generates_each_equal_their_own_run(async_llm, llm):
+    prompts = [list(range(3 + i, 20 + 3 * i)) for i in range(6)]
+    params = SamplingParams(max_tokens=9, temperature=0)
+    want = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    async def run_all():
+        runs = [_collect(async_llm, p, params, f"c-{i}") for i, p in enumerate(prompts)]
+        return await asyncio.gather(*runs)
+
+    got = asyncio.run(run_all())
+    assert [_summary(outs[-1]) for outs in got] == [_summary(w) for w in want]
+    assert async_llm.num_unfinished_requests == 0
+
+
+def test_text_prompts_are_tokenized_here(async_llm, llm):
+    params = SamplingParams(max_tokens=6, temperature=0)
+    want = llm.generate(["Hello there"], params, use_tqdm=False)[0]
+    outs = asyncio.run(_collect(async_llm, "Hello there", params, "text"))
+    assert outs[-1].prompt == "Hello there" and _summary(outs[-1]) == _summary(want)
+
+
+async def _wait_engine_idle(engine, timeout: float = 30.0) -> None:
+    """The engine's own count of unfinished requests (sent with every step message) reaches 0:
+    a second request runs to the end meanwhile, so messages keep coming."""
+    await _collect(engine, [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), "after")
+    deadline = asyncio.get_running_loop().time() + timeout
+    while engine._client.state.num_unfinished:
+        assert asyncio.get_running_loop().time() < deadline, engine._client.state
+        await asyncio.sleep(0.01)
+
+
+def test_leaving_generate_early_aborts_the_request(async_llm):
+    async def leave_after_first():
+        gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "early")
+        first = await gen.__anext__()
+        await gen.aclose()
+        assert async_llm.num_unfinished_requests == 0
+        await _wait_engine_idle(async_llm)
+        return first
+
+    first = asyncio.run(leave_after_first())
+    assert not first.finished and len(first.outputs[0].token_ids) < 200
+
+
+def test_abort_ends_generate_with_an_abort_output(async_llm):
+    async def abort_midway():
+        outs = []
+        async for out in async_llm.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "ab"):
+            outs.append(out)
+            if len(outs) == 2:
+                await async_llm.abort("ab")
+                await async_llm.abort(["ab", "never-seen"])  # finished and unknown ids: ignored
+        await _wait_engine_idle(async_llm)
+        return outs
+
+    outs = asyncio.run(abort_midway())
+    last = outs[-1]
+    assert last.finished and last.outputs[0].finish_reason == "abort"
+    assert len(outs) == 3 and len(last.outputs[0].token_ids) < 200
+
+
+def test_bad_input_is_a_value_error_and_queues_nothing(async_llm, llm):
+    vocab = llm.engine.model.vocab_size
+
+    async def bad(prompt, params, request_id):
+        async for _ in async_llm.generate(prompt, params, request_id):
+            pass
+
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    for prompt, params, request_id, match in [
+        ([1, 2], greedy, None, "request_id"),
+        ([1, 2], greedy, "", "request_id"),
+        (3.5, greedy, "x", "prompt"),
+        ([1, 2], {"max_tokens": 4}, "x", "sampling_params"),
+        ([1, vocab], greedy, "x", str(vocab)),  # the engine's own check, sent back
+        ({"prompt_token_ids": [1, 2], "cache_salt": ""}, greedy, "x", "cache_salt"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            asyncio.run(bad(prompt, params, request_id))
+        assert async_llm.num_unfinished_requests == 0
+
+    async def same_id_twice():
+        first = async_llm.generate(PROMPT, SamplingParams(max_tokens=50, temperature=0), "dup")
+        await first.__anext__()
+        with pytest.raises(ValueError, match="dup"):
+            await bad([1, 2], greedy, "dup")
+        await first.aclose()
+
+    asyncio.run(same_id_twice())
+
+
+def test_shutdown_ends_live_requests_with_engine_dead(model_dir):
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+
+    async def shut_down_midway():
+        gen = engine.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "live")
+        await gen.__anext__()
+        engine.shutdown()
+        with pytest.raises(EngineDead):
+            await gen.__anext__()
+        with pytest.raises(EngineDead):
+            await _collect(engine, [1, 2], SamplingParams(max_tokens=2), "new")
+        with pytest.raises(EngineDead):
+            await engine.check_health()
+
+    asyncio.run(shut_down_midway())
+    assert not engine.is_running
+    engine.shutdown()  # idempotent
+
+
+def test_the_engine_core_runs_in_its_own_process(model_dir, llm):
+    params = SamplingParams(max_tokens=5, temperature=0)
+    with AsyncLLM(str(model_dir), start_timeout=300, **ENGINE) as engine:
+        assert engine.info.pid != os.getpid()
+        outs = asyncio.run(_collect(engine, PROMPT, params, "proc"))
+        want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
+        assert _summary(outs[-1])[2] == _summary(want)[2]
+        worker = engine._client._worker
+    assert not worker.is_alive()
+
+
+def test_an_unguarded_script_is_told_to_guard_itself(model_dir, tmp_path):
+    """The engine process is spawned, so it imports the user's script again: built at the
+    script's top level, the engine would start itself again and the child fails while starting.
+    The parent's error says what to do (it said only 'exited while starting')."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from enginespec import AsyncLLM\n"
+        f"AsyncLLM({str(model_dir)!r}, device='cpu', dtype='float32', num_blocks=64, start_timeout=300)\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    assert "if __name__ == '__main__':" in run.stderr.splitlines()[-1]
