@@ -12,12 +12,12 @@ are built here from the engine's per-step deltas (text decoded as the engine wou
 cumulative_logprob, num_cached_tokens), and every `generate` is one engine request of n samples.
 
 Invariants:
-- `generate` yields the request's cumulative RequestOutput after each step that changed it,
-  and only its last yield has `finished` True. Each yield is a new RequestOutput with new
-  CompletionOutputs (their text, finish reasons and cumulative_logprob as of that step), whose
-  token_ids and logprobs lists are shared with later yields and keep growing, as vLLM's
-  cumulative outputs do: copy those lists to keep a step's view. A consumer that fell behind
-  gets the latest output only, never loses the final one.
+- `generate` yields the request's output after each step that changed it, as its params'
+  output_kind asks (outputs.OutputView: CUMULATIVE by default, DELTA, FINAL_ONLY), and only its
+  last yield has `finished` True. Each yield is a new RequestOutput with new CompletionOutputs;
+  CUMULATIVE ones share their token_ids and logprobs lists with later yields (they keep
+  growing, as vLLM's do: copy them to keep a step's view). A consumer that fell behind gets the
+  news of several steps at once, never loses the final output.
 - Leaving `generate` early (break, aclose, a cancelled task) aborts the request: the engine
   frees its blocks before its next step. `abort(request_id)` ends a live `generate` with one last
   output whose unfinished samples have finish_reason "abort".
@@ -32,7 +32,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import AsyncIterator, Iterable, Optional, Union
 
 from enginespec.engine.core_messages import NewRequest
@@ -41,7 +40,7 @@ from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
 from enginespec.llm import PromptType, _cache_key, prompt_to_ids
-from enginespec.outputs import RequestOutput
+from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import SamplingParams
 
 __all__ = ["AsyncLLM", "EngineDead", "EngineRequestError"]
@@ -102,12 +101,15 @@ class AsyncLLM:
             raise self.dead_error
         self._bind_loop()
         gen = await self._client.submit([request])
+        view = OutputView(request.params.output_kind)
         try:
             while not gen.done:
                 for kind, payload in await gen.next():
                     if kind == "error":
                         raise payload
-                    yield _snapshot(payload)
+                    shown = view.view(payload)
+                    if shown is not None:
+                        yield shown
         finally:
             gen.abort()  # a no-op once finished; frees the engine's blocks when left early
 
@@ -180,10 +182,3 @@ class AsyncLLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    """A new RequestOutput (and CompletionOutputs) over `out`'s current fields; the token id and
-    logprob lists are shared, not copied (module doc)."""
-    samples = [dataclasses.replace(c) for c in out.outputs]
-    return dataclasses.replace(out, outputs=samples)

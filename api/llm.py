@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 from enginespec.chat_utils import render_chat
 from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
-from enginespec.outputs import RequestOutput
-from enginespec.spec import SamplingParams
+from enginespec.outputs import OutputView, RequestOutput
+from enginespec.spec import RequestOutputKind, SamplingParams
 
 PromptType = Union[str, dict, Sequence[int]]
 
@@ -162,11 +162,21 @@ class LLM:
     def stream(
         self, prompts, sampling_params=None, priority: Union[int, Sequence[int], None] = None
     ) -> Iterator[list[RequestOutput]]:
-        """Yield, after every engine step, the (cumulative) outputs of this call's requests that
-        changed in it. Closing the generator early aborts the requests still running."""
+        """Yield, after every engine step, the outputs of this call's requests that changed in
+        it, as each request's params' output_kind asks (outputs.OutputView: cumulative by
+        default, DELTA, FINAL_ONLY; a step none of them shows yields nothing). Closing the
+        generator early aborts the requests still running."""
         ids = self._add(prompts, sampling_params, priority)
+        params = _per_prompt(sampling_params, len(ids), "sampling_params")
+        views = {
+            rid: OutputView(p.output_kind if p is not None else RequestOutputKind.CUMULATIVE)
+            for rid, p in zip(ids, params)
+        }
         try:
-            yield from self._run(ids)
+            for outs in self._run(ids):
+                shown = [v for v in (views[o.request_id].view(o) for o in outs) if v is not None]
+                if shown:
+                    yield shown
         finally:
             self._release(ids)
 

@@ -8,8 +8,11 @@ so a consumer may drop any of them and still see the whole result in the last on
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
+
+from enginespec.spec import RequestOutputKind
 
 
 class Logprob(float):
@@ -107,7 +110,8 @@ class RequestOutput:
     - num_cached_tokens: how many prompt tokens the prefix cache served (vLLM's): the first
       sample's request.num_cached_tokens at its first admission (a later preemption and
       re-admission does not change it); 0 until it is first scheduled, or with prefix caching
-      off or prompt_logprobs asked. None where no engine filled it in (the server's outputs).
+      off or prompt_logprobs asked. None where nothing filled it in yet (a front end's output
+      before the request's first step).
     """
 
     request_id: str
@@ -121,3 +125,58 @@ class RequestOutput:
     @property
     def num_output_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+
+class OutputView:
+    """One streaming consumer's view of one request's cumulative outputs, by output kind
+    (spec.RequestOutputKind): `view(out)` is what to hand over after a step, or None.
+
+    - CUMULATIVE: a new RequestOutput and new CompletionOutputs over `out`'s fields as of now
+      (text, finish reasons, cumulative_logprob); the token id and logprob lists are shared
+      with `out` and keep growing, as vLLM's cumulative outputs do.
+    - DELTA: only the samples with news since this view's previous output, each with only its
+      new token ids, text and logprobs (cumulative_logprob stays the running sum, as vLLM's);
+      a sample appears one last time with its finish_reason. Concatenating a sample's deltas
+      gives its cumulative output.
+    - FINAL_ONLY: None until the request is finished, then the final output.
+
+    Invariant: the last output a request produces is never None under any kind (it is finished,
+    and under DELTA it carries every sample that finished in that step)."""
+
+    def __init__(self, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE):
+        self.kind = kind
+        self._sent: dict[int, tuple[int, int, int]] = {}  # sample index -> (ids, text chars, logprobs)
+
+    def view(self, out: RequestOutput) -> Optional[RequestOutput]:
+        if self.kind == RequestOutputKind.FINAL_ONLY:
+            return _snapshot(out) if out.finished else None
+        if self.kind == RequestOutputKind.CUMULATIVE:
+            return _snapshot(out)
+        samples = [d for d in (self._delta(c) for c in out.outputs) if d is not None]
+        if not samples and not out.finished:
+            return None
+        return dataclasses.replace(out, outputs=samples)
+
+    def _delta(self, c: CompletionOutput) -> Optional[CompletionOutput]:
+        sent = self._sent.get(c.index, (0, 0, 0))
+        if sent is _DONE:
+            return None
+        num_ids, num_chars, num_lps = sent
+        if len(c.token_ids) == num_ids and len(c.text) == num_chars and c.finish_reason is None:
+            return None
+        self._sent[c.index] = _DONE if c.finished else (len(c.token_ids), len(c.text), len(c.logprobs or ()))
+        return dataclasses.replace(
+            c,
+            token_ids=c.token_ids[num_ids:],
+            text=c.text[num_chars:],
+            logprobs=None if c.logprobs is None else c.logprobs[num_lps:],
+        )
+
+
+_DONE = (-1, -1, -1)  # a sample whose finished delta was handed over
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A new RequestOutput (and CompletionOutputs) over `out`'s current fields; the token id and
+    logprob lists are shared, not copied."""
+    return dataclasses.replace(out, outputs=[dataclasses.replace(c) for c in out.outputs])

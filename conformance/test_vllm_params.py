@@ -132,3 +132,54 @@ def test_an_unresolved_max_tokens_never_reaches_a_request(impl):
     """Only the engine knows the model's length: an impl's Request refuses None, naming it."""
     with pytest.raises(ValueError, match="max_tokens"):
         impl.new_request("r", [1, 2], SamplingParams(max_tokens=None))
+
+
+@pytest.mark.parametrize("bad", [True, 3, -1, "DELTA", None, 1.0])
+def test_output_kind_takes_vllms_request_output_kind(bad):
+    from enginespec.spec import RequestOutputKind
+
+    assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
+    assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+    with pytest.raises(ValueError, match="SamplingParams.output_kind must be a RequestOutputKind"):
+        SamplingParams(output_kind=bad)
+
+
+def test_stream_honours_output_kind(impl):
+    """LLM.stream under each output kind: DELTA outputs concatenate (per sample) to generate()'s
+    output, the sample's last delta alone carries its finish_reason; FINAL_ONLY yields each
+    request once, finished; CUMULATIVE's last output is generate()'s. n = 2 samples of different
+    lengths (a stop token) and two prompts, so samples and requests finish at different steps."""
+    from enginespec.spec import RequestOutputKind
+
+    llm = make_llm(impl)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 4]}]
+    base = SamplingParams(max_tokens=12, temperature=1.0, seed=3, n=2, logprobs=1, ignore_eos=True)
+    want = llm.generate(prompts, base, use_tqdm=False)
+    stop = want[0].outputs[1].token_ids[4]  # sample 1 of prompt 0 stops early
+    base = dataclasses.replace(base, stop_token_ids=(stop,))
+    want = llm.generate(prompts, base, use_tqdm=False)
+
+    def run(kind):
+        params = dataclasses.replace(base, output_kind=kind)
+        return [out for step in llm.stream(prompts, params) for out in step]
+
+    by_id = {}
+    for out in run(RequestOutputKind.DELTA):
+        by_id.setdefault(out.request_id, []).append(out)
+    assert len(by_id) == 2
+    for outs, final in zip(by_id.values(), want):
+        for c in final.outputs:
+            parts = [s for o in outs for s in o.outputs if s.index == c.index]
+            assert sum((s.token_ids for s in parts), []) == c.token_ids
+            assert "".join(s.text for s in parts) == c.text
+            assert sum((s.logprobs for s in parts), []) == c.logprobs
+            assert [s.finish_reason for s in parts] == [None] * (len(parts) - 1) + [c.finish_reason]
+            assert parts[-1].cumulative_logprob == pytest.approx(c.cumulative_logprob)
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    finals = run(RequestOutputKind.FINAL_ONLY)
+    assert [o.finished for o in finals] == [True, True]
+    summary = lambda o: [(c.token_ids, c.text, c.finish_reason) for c in o.outputs]  # noqa: E731
+    assert sorted(map(summary, finals)) == sorted(map(summary, want))
+    cumulative = run(RequestOutputKind.CUMULATIVE)
+    assert sorted(summary(o) for o in cumulative if o.finished) == sorted(map(summary, want))
+    check_idle(llm.engine.block_manager.state(), llm.engine.block_manager.num_blocks)

@@ -11,7 +11,7 @@ from enginespec.spec.block_manager import BlockManager, PoolState
 from enginespec.spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.hashing import ROOT, encode_extra, hash_block, hash_request_blocks
 from enginespec.spec.impl import ENTRY_POINT_GROUP, Implementation, PartsImpl, load_impl
-from enginespec.spec.params import SamplingParams
+from enginespec.spec.params import RequestOutputKind, SamplingParams
 from enginespec.spec.request import (
     Request,
     RequestArgs,
@@ -43,6 +43,7 @@ __all__ = [
     "PoolState",
     "ROOT",
     "Request",
+    "RequestOutputKind",
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",

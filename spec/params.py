@@ -6,6 +6,7 @@ value raises a ValueError that names the field and the bound it broke.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import InitVar, dataclass
 from typing import Iterable, Mapping, Optional
 
@@ -43,6 +44,26 @@ _FLAGS = (
     "spaces_between_special_tokens",
     "detokenize",
 )
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What a streaming consumer (AsyncLLM.generate, LLM.stream) gets after each engine step,
+    under vLLM's names and values: CUMULATIVE everything so far (the default), DELTA only what
+    is new since its previous output, FINAL_ONLY nothing but the finished output. The engine's
+    decisions never depend on it; LLM.generate returns finished outputs whatever it is."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+def _output_kind(value: object) -> RequestOutputKind:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2):
+        raise ValueError(
+            f"SamplingParams.output_kind must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY), "
+            f"got {value!r}"
+        )
+    return RequestOutputKind(value)
 
 
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
@@ -87,8 +108,8 @@ class SamplingParams:
     logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
     keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size per
     `validate_vocab`; ignore_eos, include_stop_str_in_output, skip_special_tokens,
-    spaces_between_special_tokens and detokenize bools. Integral fields accept numpy integers and
-    store plain ints.
+    spaces_between_special_tokens and detokenize bools; output_kind a RequestOutputKind (or its
+    int value). Integral fields accept numpy integers and store plain ints.
     """
 
     max_tokens: Optional[int] = 16
@@ -113,6 +134,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
     def __post_init__(self, best_of: Optional[int]) -> None:
@@ -137,6 +159,7 @@ class SamplingParams:
         self._validate_stops()
         self._validate_counts()
         self._validate_biases()
+        self._set("output_kind", _output_kind(self.output_kind))
 
     def _validate_sampling(self) -> None:
         real, whole = _real, _int

@@ -212,3 +212,22 @@ def test_an_unguarded_script_is_told_to_guard_itself(model_dir, tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert run.returncode != 0
     assert "if __name__ == '__main__':" in run.stderr.splitlines()[-1]
+
+
+def test_output_kinds(async_llm, llm):
+    """DELTA: the yields concatenate to LLM.generate's output (ids, text, logprobs), the last
+    alone finished; FINAL_ONLY: one yield, the finished output."""
+    from enginespec import RequestOutputKind
+
+    base = SamplingParams(max_tokens=12, temperature=0, logprobs=1)
+    want = llm.generate([{"prompt_token_ids": PROMPT}], base, use_tqdm=False)[0].outputs[0]
+    delta = SamplingParams(max_tokens=12, temperature=0, logprobs=1, output_kind=RequestOutputKind.DELTA)
+    outs = asyncio.run(_collect(async_llm, PROMPT, delta, "delta"))
+    parts = [o.outputs[0] for o in outs]
+    assert len(parts) > 1 and [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert sum((p.token_ids for p in parts), []) == want.token_ids
+    assert "".join(p.text for p in parts) == want.text
+    assert sum((p.logprobs for p in parts), []) == want.logprobs
+    final_only = SamplingParams(max_tokens=12, temperature=0, output_kind=RequestOutputKind.FINAL_ONLY)
+    outs = asyncio.run(_collect(async_llm, PROMPT, final_only, "final"))
+    assert len(outs) == 1 and outs[0].finished and outs[0].outputs[0].token_ids == want.token_ids
