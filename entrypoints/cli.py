@@ -214,6 +214,11 @@ def _add_serve_parser(sub) -> None:
         help="use a request's own chat_template (vLLM's flag; without it such a request is a 400)",
     )
     serve.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM's flag)",
+    )
+    serve.add_argument(
         "--max-waiting-requests",
         type=int,
         default=1024,

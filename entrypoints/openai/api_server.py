@@ -296,6 +296,7 @@ def run_server(ns) -> int:
             template,
             defaults,
             trust_request_chat_template=ns.trust_request_chat_template,
+            enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         )
         app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
         config = uvicorn.Config(

@@ -54,6 +54,8 @@ class ServerContext:
     sampling_defaults: dict = field(default_factory=dict)
     # --trust-request-chat-template: a request's own chat_template is used (else a 400, as vLLM)
     trust_request_chat_template: bool = False
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (vLLM's flag)
+    enable_prompt_tokens_details: bool = False
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -418,10 +420,17 @@ def _logprobs(ctx, call: _Call, token_ids, logprobs, offset: int = 0):
     return _chat_logprobs(ctx, token_ids, logprobs, call.body.top_logprobs or 0)
 
 
-def _usage(call: _Call, outputs) -> dict:
+def _usage(ctx, call: _Call, outputs) -> dict:
+    """OpenAI's usage of a finished call; with --enable-prompt-tokens-details also
+    prompt_tokens_details.cached_tokens, the prompt tokens the prefix cache served (over every
+    prompt of the call), as vLLM reports it."""
     prompt = sum(len(ids) for _, ids in call.prompts)
     completion = sum(len(c.token_ids) for out in outputs for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if ctx.enable_prompt_tokens_details:
+        cached = sum(out.num_cached_tokens or 0 for out in outputs)
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 # ---- full bodies --------------------------------------------------------------------------------
@@ -455,7 +464,7 @@ def _full_body(ctx, call: _Call) -> dict:
         "created": call.created,
         "model": call.model,
         "choices": sorted(choices, key=lambda c: c["index"]),
-        "usage": _usage(call, outputs),
+        "usage": _usage(ctx, call, outputs),
     }
     if call.kind == "chat":
         if call.body.prompt_logprobs is not None:
@@ -624,7 +633,7 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                     yield _frame_choices(head, choices)
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
-            yield frame(_chunk(call, [], _usage(call, outputs)))
+            yield frame(_chunk(call, [], _usage(ctx, call, outputs)))
         yield DONE
     finally:
         gen.abort()  # the client left (or the server is stopping): free the blocks now
