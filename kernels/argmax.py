@@ -23,43 +23,49 @@ Torch's rules kept: NaN is larger than everything (torch.argmax returns the firs
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from enginespec.kernels.compile_pool import launcher
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is optional on CPU (argmax falls back to torch)
+    triton = None
 
 BLOCK = 2048  # columns a program (151,936-column rows: 75 programs a row)
 EMPTY = -(2**63)  # the running best of a row no program has reached
 
 
-@triton.jit
-def _argmax_kernel(
-    tokens_ptr,  # [S] int64 out: each row's argmax
-    best_ptr,  # [>= S] int64: running packed best per row (EMPTY between launches)
-    count_ptr,  # [>= S] int32: programs of the row done (0 between launches)
-    x_ptr,  # [S, V] logits (float32, bf16 or fp16), unit column stride
-    vocab,
-    stride_x,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
-    mask = cols < vocab
-    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=float("-inf"))
-    x = x.to(tl.float32)
-    x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties +0.0 (torch compares them equal)
-    bits = x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed int order = float order
-    key = tl.where(x != x, 0x7FFFFFFF, key)  # NaN above +inf
-    packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - cols.to(tl.int64))  # [BLOCK]
-    empty = tl.full([BLOCK], -9223372036854775807 - 1, tl.int64)
-    best = tl.max(tl.where(mask, packed, empty), 0)
-    tl.atomic_max(best_ptr + row, best)
-    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-    if done == tl.num_programs(1) - 1:  # the row's last program: every best is folded in
-        final = tl.atomic_xchg(best_ptr + row, -9223372036854775807 - 1)
-        tl.atomic_xchg(count_ptr + row, 0)
-        tl.store(tokens_ptr + row, 0xFFFFFFFF - (final & 0xFFFFFFFF))
+if triton is not None:
+
+    @triton.jit
+    def _argmax_kernel(
+        tokens_ptr,  # [S] int64 out: each row's argmax
+        best_ptr,  # [>= S] int64: running packed best per row (EMPTY between launches)
+        count_ptr,  # [>= S] int32: programs of the row done (0 between launches)
+        x_ptr,  # [S, V] logits (float32, bf16 or fp16), unit column stride
+        vocab,
+        stride_x,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+        mask = cols < vocab
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=float("-inf"))
+        x = x.to(tl.float32)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties +0.0 (torch compares them equal)
+        bits = x.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed int order = float order
+        key = tl.where(x != x, 0x7FFFFFFF, key)  # NaN above +inf
+        packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - cols.to(tl.int64))  # [BLOCK]
+        empty = tl.full([BLOCK], -9223372036854775807 - 1, tl.int64)
+        best = tl.max(tl.where(mask, packed, empty), 0)
+        tl.atomic_max(best_ptr + row, best)
+        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if done == tl.num_programs(1) - 1:  # the row's last program: every best is folded in
+            final = tl.atomic_xchg(best_ptr + row, -9223372036854775807 - 1)
+            tl.atomic_xchg(count_ptr + row, 0)
+            tl.store(tokens_ptr + row, 0xFFFFFFFF - (final & 0xFFFFFFFF))
 
 
 _STATES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -82,15 +88,17 @@ def _state(device: torch.device, stream_id: int, rows: int) -> tuple[torch.Tenso
 def argmax(x: torch.Tensor, compile_only: bool = False) -> torch.Tensor:
     """x [S, V] logits -> int64 [S], torch.argmax(x, dim=1)'s answer (first max; NaN counts as
     the max). One Triton launch on CUDA or under the interpreter (module doc), torch.argmax
-    elsewhere and for an empty batch. compile_only: compile the launch's variant (Triton's
+    elsewhere, for an empty batch and where triton is not installed. compile_only: compile the launch's variant (Triton's
     warmup, kernels/compile_pool.py) and launch nothing; the result is then uninitialised."""
-    from enginespec.kernels.skinny_gemm import interpreting
-
     if x.dim() != 2:
         raise ValueError(f"argmax: x must be [S, V], got shape {tuple(x.shape)}")
     if x.shape[1] == 0:
         raise ValueError("argmax: x has no columns (V = 0)")
-    if not (x.is_cuda or interpreting()) or x.shape[0] == 0:
+    if triton is None or x.shape[0] == 0:
+        return x.argmax(dim=1)
+    from enginespec.kernels.skinny_gemm import interpreting
+
+    if not (x.is_cuda or interpreting()):
         return x.argmax(dim=1)
     if x.stride(1) != 1:
         x = x.contiguous()
