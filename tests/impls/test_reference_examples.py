@@ -4,7 +4,10 @@ out by hand from SCHEDULING.md (the comments show the working)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -425,3 +428,25 @@ def test_simulation_runs_to_an_empty_pool(mode, capsys):
     assert "preempted 1" in first or "preempted 2" in first  # the small pool forces preemption
     assert first.rstrip().endswith("free 32/32 at the end")
     assert simulate.main(argv) == 0 and capsys.readouterr().out == first
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "writing-a-backend.md"
+
+
+def guide_imports(text: str) -> list[tuple[str, str]]:
+    """(module, name) for every "`enginespec.<module>` (`Name`, `Name`, ...)" of the backend
+    author's guide: the names it tells an outsider to import from that module."""
+    pairs = []
+    for module, names in re.findall(r"`(enginespec\.[\w.]+)` \(([^)]*)\)", " ".join(text.split())):
+        pairs += [(module, name) for name in re.findall(r"`(\w+)`", names)]
+    return pairs
+
+
+def test_backend_guide_names_what_its_modules_export():
+    """docs/writing-a-backend.md lists what an outside backend may compose from the reference;
+    each name it gives after a module must import from that module as written (it named
+    ReferenceAttention under enginespec.impls.reference, which does not export it)."""
+    pairs = guide_imports(GUIDE.read_text())
+    assert ("enginespec.impls.reference", "Scheduler") in pairs, pairs
+    missing = [f"{m}.{n}" for m, n in pairs if not hasattr(importlib.import_module(m), n)]
+    assert not missing, f"docs/writing-a-backend.md names imports that fail: {missing}"
