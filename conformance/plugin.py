@@ -12,7 +12,8 @@ Run the suite against a backend (from anywhere): `pytest --pyargs enginespec.con
 Options:
 - `--impl NAME` (env fallback ENGINESPEC_IMPL, default "reference"): anything `spec.load_impl`
   accepts: "reference", "fast", an `enginespec.impls` entry point, "pkg.module" or a top-level
-  "module" (its IMPL), or "pkg.module:attr".
+  "module" (its IMPL), or "pkg.module:attr". A target that does not load, or an empty
+  `--impl=`, is a usage error once a test that calls the backend is collected (check_impl).
 - `--backend-only`: deselect every test that does not call the backend (see `backend` marker).
 - `--xfails-file PATH`: known gaps of the impl, one canonical test id (or a substring of one)
   per line, text after `#` is the reason. Canonical ids read
@@ -197,6 +198,34 @@ def check_profile(config, items) -> None:
         )
 
 
+def check_impl(config, items) -> None:
+    """The impl under test must load once any collected test calls it: a target that does not
+    (an unknown name, a module without the attribute, an object missing a factory: the
+    ValueErrors of `spec.load_impl`), or an explicitly empty `--impl=` (`--impl=$UNSET`, which
+    would otherwise fall back to the reference and pass), is one usage error naming the target
+    and its source, instead of the same error at the setup of every test. Anything else a
+    backend raises while loading is left to the `impl` fixture, which reports it with its
+    traceback. Like check_profile, it runs only when such tests are collected."""
+    if not any(calls_backend(item) for item in items):
+        return
+    given = config.getoption("--impl")
+    if given is not None and not given.strip():
+        raise pytest.UsageError(
+            f"--impl is empty ({given!r}): name the implementation under test "
+            f"(reference, fast, an entry point, pkg.module or pkg.module:attr)"
+        )
+    from enginespec.spec import load_impl
+
+    target = impl_target(config)
+    try:
+        load_impl(target)
+    except ValueError as e:
+        source = "--impl" if given else f"${ENV_IMPL}" if os.environ.get(ENV_IMPL) else "the default"
+        raise pytest.UsageError(f"cannot load the impl under test ({source}={target!r}): {e}") from None
+    except Exception:  # noqa: BLE001 - the backend's own crash: the fixture shows its traceback
+        return
+
+
 @contextmanager
 def our_profile(config, path):
     """Load enginespec's profile for the duration, when `path` is ours; restore the previous."""
@@ -355,6 +384,7 @@ def order_by_layer(items: list) -> None:
 def pytest_collection_modifyitems(config, items):
     """Runs before -k/-m deselection, so xfail lines are matched against the whole suite."""
     check_profile(config, items)
+    check_impl(config, items)
     order_by_layer(items)
     for item in items:
         if calls_backend(item) and item.get_closest_marker("backend") is None:

@@ -287,6 +287,40 @@ def test_a_mistyped_profile_variable_is_a_usage_error_only_where_our_tests_run(t
     assert all(name in out for name in PROFILES), describe(ours)
 
 
+@needs_installed_plugin
+@pytest.mark.parametrize(
+    "args, env, says",
+    [
+        (
+            ["--impl=es_no_such_backend"],
+            {},
+            "(--impl='es_no_such_backend'): unknown impl 'es_no_such_backend'",
+        ),
+        (["--impl=enginespec.impls.reference:NOPE"], {}, "has no attribute 'NOPE'"),
+        (
+            [],
+            {"ENGINESPEC_IMPL": "es_no_such_backend"},
+            "($ENGINESPEC_IMPL='es_no_such_backend'): unknown impl",
+        ),
+        (["--impl="], {}, "--impl is empty"),
+    ],
+    ids=["unknown-name", "missing-attr", "env-var", "empty"],
+)
+def test_an_impl_that_does_not_load_is_one_usage_error(tmp_path, args, env, says):
+    """A bad --impl / $ENGINESPEC_IMPL stops the run before any test with one usage error naming
+    the target (exit 4), not the same ValueError at the setup of every test; an empty `--impl=`
+    (an unset shell variable) is refused, not run as the reference. A run that collects no
+    test calling the backend is unaffected."""
+    selection = ["--pyargs", "enginespec.conformance.test_block_manager", "-k", "lru_order or first_miss"]
+    proc = pytest_run([*selection, *args], tmp_path, extra_env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, describe(proc)
+    assert "ERROR: " in out and says in out and "INTERNALERROR" not in out, describe(proc)
+    assert "passed" not in out and "ERROR at setup" not in out, describe(proc)
+    no_backend = pytest_run(["--pyargs", "enginespec.conformance.test_rules", *args], tmp_path, extra_env=env)
+    assert no_backend.returncode == 0 and "passed" in no_backend.stdout, describe(no_backend)
+
+
 def hypothesis_baseline() -> tuple[str, int, bool]:
     """Hypothesis' own choice in this environment, with no plugin loaded: profile name,
     max_examples, derandomize. (Hypothesis picks its built-in `ci` profile where `CI` is set.)"""
