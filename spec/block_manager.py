@@ -67,8 +67,10 @@ class BlockManager(Protocol):
 
     def cache_full_blocks(self, request: Request, num_tokens: Optional[int] = None) -> None:
         """Publish the request's full blocks among its first `num_tokens` tokens (default:
-        num_computed_tokens). A hash already published by another block stays with that block
-        (first writer wins); a block publishes at most one hash."""
+        num_computed_tokens; capped at request.num_tokens: a step's draft tokens are never
+        hashed, so num_tokens may reach past the request's known tokens). A hash already
+        published by another block stays with that block (first writer wins); a block publishes
+        at most one hash."""
         ...
 
     def unpublish(self, request: Request, num_tokens: int) -> None:
