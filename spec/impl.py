@@ -139,6 +139,30 @@ def _resolve(target: str, known: list[str]):
     return obj
 
 
+#: The methods every Implementation has (a class lacking one is not an Implementation class).
+FACTORIES = ("new_request", "new_block_manager", "new_scheduler", "attention_backend")
+
+
+def _instantiate(target: str, cls: type):
+    """An instance of the Implementation class `cls`, made with no arguments. A class without
+    the factory methods (a block manager or scheduler class named by mistake) is a ValueError
+    naming what it lacks, before it is called; one whose constructor needs arguments is a
+    ValueError saying so, not a bare TypeError."""
+    missing = [a for a in FACTORIES if not hasattr(cls, a)]
+    if missing:
+        raise ValueError(
+            f"impl {target!r}: class {cls.__qualname__} is not an Implementation (missing {missing}); "
+            f"name an Implementation, the object whose new_block_manager / new_scheduler build the parts"
+        )
+    try:
+        return cls()
+    except TypeError as e:
+        raise ValueError(
+            f"impl {target!r}: class {cls.__qualname__} cannot be made with no arguments ({e}); "
+            f"name an instance instead (e.g. its module's IMPL)"
+        ) from e
+
+
 def load_impl(name: Optional[str] = None) -> Implementation:
     """Return the Implementation named by `name` (default: $ENGINESPEC_IMPL, else "reference").
 
@@ -156,12 +180,8 @@ def load_impl(name: Optional[str] = None) -> Implementation:
         eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
         obj = eps[name].load() if name in eps else _resolve(name, sorted(set(BUILTIN) | set(eps)))
     if isinstance(obj, type):
-        obj = obj()
-    missing = [
-        a
-        for a in ("name", "new_request", "new_block_manager", "new_scheduler", "attention_backend")
-        if not hasattr(obj, a)
-    ]
+        obj = _instantiate(name, obj)
+    missing = [a for a in ("name", *FACTORIES) if not hasattr(obj, a)]
     if missing:
         raise ValueError(f"impl {name!r} is not an Implementation: missing {missing}")
     return obj

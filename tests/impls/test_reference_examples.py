@@ -420,6 +420,29 @@ def test_load_impl_accepts_every_documented_form(tmp_path, monkeypatch):
         spec.load_impl("dataclasses")
 
 
+class ImplWithArgs(ReferenceImpl):
+    """An Implementation class whose constructor needs an argument."""
+
+    name = "with-args"
+
+    def __init__(self, num_gpus):
+        self.num_gpus = num_gpus
+
+
+def test_load_impl_names_a_class_that_is_no_implementation_or_needs_arguments():
+    """`pkg.module:Class` instantiates the class with no arguments. A part's class named by
+    mistake (the block manager: its constructor needs num_blocks, block_size) and an impl class
+    that needs arguments are ValueErrors saying so (the --impl usage error), not a TypeError
+    from inside the call."""
+    with pytest.raises(
+        ValueError, match=r"class BlockManager is not an Implementation \(missing \['new_request'"
+    ):
+        spec.load_impl("enginespec.impls.reference:BlockManager")
+    with pytest.raises(ValueError, match=r"class ImplWithArgs cannot be made with no arguments.*num_gpus"):
+        spec.load_impl(f"{__name__}:ImplWithArgs")
+    assert spec.load_impl("enginespec.impls.reference:ReferenceImpl").name == "reference"
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_simulation_runs_to_an_empty_pool(mode, capsys):
     argv = ["--num-requests", "10", "--num-blocks", "32", "--seed", "1", "--preemption-mode", mode]
