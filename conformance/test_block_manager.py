@@ -22,6 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from enginespec.conformance.diff import divergence_report
 from enginespec.conformance.invariants import (
     cdiv,
     check_allocate,
@@ -104,6 +105,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.num_added = 0
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def context(self) -> list[str]:
+        """The lines after a divergence's diff: the pool, and where the trace is."""
+        return [
+            f"pool: {self.num_blocks} blocks of {self.block_size}, prefix caching {self.caching}; "
+            "Hypothesis prints the operations below"
+        ]
 
     def each(self, fn):
         """Run fn(side) on every side; the results must agree (differential)."""
@@ -253,8 +261,9 @@ class PoolMachine(RuleBasedStateMachine):
                 check_table_hashes(state, r, self.block_size)
                 assert side.bm.block_table(rid) == state.tables.get(rid, [])
                 assert len(state.tables.get(rid, [])) >= cdiv(r.num_computed_tokens, self.block_size)
-        states = [side.bm.state() for side in self.sides]
-        assert all(s == states[0] for s in states), "impl pool state differs from the reference"
+        impl_state, reference_state = (side.bm.state() for side in self.sides)
+        if impl_state != reference_state:  # raised, not asserted: the field diff, not all(<generator>)
+            raise AssertionError(divergence_report("PoolState", impl_state, reference_state, self.context()))
         rates = [side.bm.hit_rate for side in self.sides]
         assert all(rate == pytest.approx(rates[0]) for rate in rates), f"hit_rate differs: {rates}"
 

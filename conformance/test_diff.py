@@ -6,10 +6,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import deque
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from enginespec.conformance.diff import differences, divergence_report, short
 from enginespec.conformance.plugin import needs_installed_plugin
-from enginespec.spec import PoolState
+from enginespec.conformance.test_block_manager import PoolMachine
+from enginespec.impls.reference import BlockManager as ReferenceBlockManager
+from enginespec.impls.reference import ReferenceImpl
+from enginespec.spec import PoolState, load_impl
 
 H1, H2 = bytes(range(16)), bytes(range(1, 17))
 
@@ -92,3 +100,31 @@ def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
     assert (
         "b'\\x" not in out.split("impl under test and reference diverged:")[1].split("Hypothesis prints")[0]
     )
+
+
+class DequeStateBlockManager(ReferenceBlockManager):
+    """The reference pool, but state() hands its free queue out as a deque: PoolState's fields
+    must be plain lists (docs/writing-a-backend.md), and only the lockstep's equality sees it."""
+
+    def state(self):
+        snapshot = super().state()
+        snapshot.free_queue = deque(snapshot.free_queue)
+        return snapshot
+
+
+class DequeStateImpl(ReferenceImpl):
+    name = "deque-state"
+    block_manager_cls = DequeStateBlockManager
+
+
+def test_pool_lockstep_divergence_reads_as_a_field_diff():
+    """test_pool_lockstep, the first test an outsider's `-x` run meets, reports a PoolState that
+    differs from the reference's field by field, as test_stateful does (it said only "impl pool
+    state differs from the reference" over `assert all(<generator>)`)."""
+    machine = type("PoolLockstep", (PoolMachine,), {"impls": (DequeStateImpl(), load_impl("reference"))})
+    with pytest.raises(AssertionError) as failure:
+        run_state_machine_as_test(machine, settings=settings(max_examples=5, database=None, derandomize=True))
+    text = str(failure.value)
+    assert text.startswith("impl under test and reference diverged:"), text
+    assert "PoolState.free_queue: impl deque([" in text and "!= reference [" in text, text
+    assert "blocks of" in text and "prefix caching" in text, text
