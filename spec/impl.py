@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from importlib import metadata
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
@@ -102,11 +103,25 @@ ACCEPTED_FORMS = (
 )
 
 
-def _unknown(target: str, known: list[str]) -> ValueError:
-    """The error for a name that is neither registered nor an importable module."""
+def _unknown(target: str, known: list[str], module_name: str = "") -> ValueError:
+    """The error for a name that is neither registered nor an importable module; with a hint
+    when the module sits in the current directory, which is not on sys.path (plain `pytest`
+    leaves it off, `python -m pytest` puts it on)."""
     return ValueError(
         f"unknown impl {target!r}: not a registered name (registered: {known}) and no importable "
-        f"module of that name; --impl / load_impl accept {ACCEPTED_FORMS}"
+        f"module of that name; --impl / load_impl accept {ACCEPTED_FORMS}{_cwd_hint(module_name)}"
+    )
+
+
+def _cwd_hint(module_name: str) -> str:
+    top = module_name.split(".")[0]
+    if not top or any(os.path.abspath(entry or ".") == os.getcwd() for entry in sys.path):
+        return ""
+    if not (os.path.isfile(f"{top}.py") or os.path.isfile(os.path.join(top, "__init__.py"))):
+        return ""
+    return (
+        f" (module {top!r} is in the current directory, which is not on sys.path: run "
+        f"`python -m pytest`, or set PYTHONPATH=.)"
     )
 
 
@@ -118,7 +133,7 @@ def _import(module_name: str, target: str, known: list[str]):
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise _unknown(target, known) from e
+            raise _unknown(target, known, module_name) from e
         raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e
     except ImportError as e:
         raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e

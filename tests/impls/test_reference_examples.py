@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -473,3 +474,19 @@ def test_backend_guide_names_what_its_modules_export():
     assert ("enginespec.impls.reference", "Scheduler") in pairs, pairs
     missing = [f"{m}.{n}" for m, n in pairs if not hasattr(importlib.import_module(m), n)]
     assert not missing, f"docs/writing-a-backend.md names imports that fail: {missing}"
+
+
+def test_an_unknown_impl_in_the_current_directory_says_how_to_import_it(tmp_path, monkeypatch):
+    """Plain `pytest` leaves the current directory off sys.path, so --impl=mybackend:IMPL with
+    mybackend.py right there is 'unknown' under pytest and fine under `python -m pytest`: the
+    error says so (an outsider's report)."""
+    from enginespec.spec import load_impl
+
+    (tmp_path / "es_here_backend.py").write_text("IMPL = None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(ValueError, match=r"'es_here_backend' is in the current directory.*python -m pytest"):
+        load_impl("es_here_backend:IMPL")
+    with pytest.raises(ValueError) as elsewhere:
+        load_impl("es_not_here_backend:IMPL")
+    assert "current directory" not in str(elsewhere.value)
