@@ -73,18 +73,25 @@ class SampleDelta(NamedTuple):
 
 @dataclass(frozen=True)
 class ErrorInfo:
-    """A picklable exception: its type name and text (a ValueError becomes a 400)."""
+    """A picklable exception: its type name and text (a ValueError becomes a 400), and the
+    names of every class it is an instance of (`kinds`, its type's MRO), so that a subclass
+    such as the loader's CheckpointError still counts as the ValueError it is."""
 
     type_name: str
     message: str
+    kinds: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, exc: BaseException) -> "ErrorInfo":
-        return cls(type(exc).__name__, str(exc))
+        return cls(type(exc).__name__, str(exc), tuple(k.__name__ for k in type(exc).__mro__))
+
+    def is_a(self, *names: str) -> bool:
+        """Whether the exception was an instance of a class of one of these names."""
+        return any(name == self.type_name or name in self.kinds for name in names)
 
     @property
     def is_value_error(self) -> bool:
-        return self.type_name == "ValueError"
+        return self.is_a("ValueError")
 
 
 @dataclass(frozen=True)

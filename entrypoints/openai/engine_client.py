@@ -235,7 +235,7 @@ class EngineClient:
         if msg[0] == "failed":
             self._reap(5.0)
             err = msg[1]
-            if err.type_name in ("ValueError", "FileNotFoundError", "TypeError"):
+            if err.is_a("ValueError", "FileNotFoundError", "TypeError"):  # the CLI's usage errors
                 raise ValueError(err.message)
             raise RuntimeError(f"the engine failed to start: {err.type_name}: {err.message}")
         _, self.info, self.state = msg

@@ -302,6 +302,34 @@ def test_serve_with_a_setting_the_engine_refuses_prints_one_line(sharded_dir):
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("name", ["unsupported architecture", "truncated shard"])
+def test_serve_with_a_checkpoint_the_engine_refuses_prints_one_line(sharded_dir, tmp_path, name):
+    """The front end loads the tokenizer fine; the engine process refuses the checkpoint with
+    the loader's CheckpointError, a ValueError subclass: one line naming the fault, exit 2 (a
+    RuntimeError and a traceback, exit 1, before: the refusal was matched by its type's name)."""
+    d = _copy(sharded_dir, tmp_path / "ckpt")
+    needle = CORRUPTIONS[name](d)
+    argv = ["serve", str(d), "--device", "cpu", "--num-blocks", "16", "--port", "0"]
+    code = "import sys; from enginespec.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_engine_refusal_of_a_value_error_subclass_is_a_value_error():
+    """A request the engine process refuses with a ValueError subclass is the client's
+    ValueError (the server's 400), as a plain ValueError is."""
+    from enginespec.engine.core_messages import ErrorInfo
+    from enginespec.entrypoints.openai.engine_client import _as_exception
+    from enginespec.worker.loader import CheckpointError, CheckpointNotFound
+
+    for exc in (ValueError("v"), CheckpointError("c"), CheckpointNotFound("n")):
+        info = ErrorInfo.of(exc)
+        assert info.is_value_error and type(_as_exception(info)) is ValueError, exc
+    assert not ErrorInfo.of(RuntimeError("r")).is_value_error
+    assert ErrorInfo.of(CheckpointNotFound("n")).is_a("FileNotFoundError")
+
+
 def test_tensor_parallel_size_flag_reaches_engine_args(capsys, sharded_dir):
     from enginespec.engine_args import EngineArgs
     from enginespec.entrypoints.cli import _engine_kwargs, _parser
