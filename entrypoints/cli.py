@@ -280,6 +280,7 @@ def _demo(ns: argparse.Namespace) -> int:
         max_input_len=ns.max_input_len,
         max_output_len=ns.max_output_len,
         shared_prefix_len=ns.shared_prefix_len,
+        seed=ns.seed,
         use_tqdm=ns.use_tqdm,
         **_engine_kwargs(ns),
     )

@@ -235,6 +235,23 @@ def test_demo_result_counts(impl):
     assert result.num_steps > 0 and result.num_blocks == 3
 
 
+def test_demo_seed_flag_reaches_the_demo(capsys, monkeypatch):
+    """`enginespec demo --seed N` seeds the demo's checkpoint, workload and engine (the flag
+    was parsed and then dropped: every seed ran seed 0)."""
+    from enginespec.entrypoints import demo
+
+    seen = {}
+
+    def fake_run_demo(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(demo, "run_demo", fake_run_demo)
+    rc, _, err = run_cli(["demo", "--seed", "7", "--no-tqdm"], capsys)
+    assert rc == 2 and "stop here" in err
+    assert seen["seed"] == 7
+
+
 def test_simulate_forwards(capsys):
     rc, out, err = run_cli(["simulate", "--num-requests", "3", "--quiet"], capsys)
     assert rc == 0, err
