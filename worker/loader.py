@@ -61,14 +61,29 @@ def _read_json(path: Path) -> dict:
         raise CheckpointError(f"cannot read {path}: {e}") from e
 
 
-def check_checkpoint_dir(path) -> Path:
-    """The checkpoint directory as a Path, after checking it holds a config.json."""
+def _local_dir(path, what: str, holds: str) -> Path:
+    """`path` as the Path of an existing directory, else a CheckpointError naming it: an empty
+    path (which Path reads as the current directory) and a file (config.json or a shard, given
+    for its directory) are refused as such, anything else missing is CheckpointNotFound.
+    `what` names the directory ("checkpoint"), `holds` what it should hold."""
+    if not str(path).strip():
+        raise CheckpointNotFound(f"{what} directory must be a non-empty path, got {str(path)!r}")
     root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(
+            f"{what} path {root} is a file, not a directory (give the directory holding {holds})"
+        )
     if not root.is_dir():
         raise CheckpointNotFound(
-            f"checkpoint directory {root} does not exist (only local directories "
+            f"{what} directory {root} does not exist (only local directories "
             f"are loaded; nothing is downloaded)"
         )
+    return root
+
+
+def check_checkpoint_dir(path) -> Path:
+    """The checkpoint directory as a Path, after checking it holds a config.json."""
+    root = _local_dir(path, "checkpoint", "config.json")
     if not (root / "config.json").is_file():
         raise CheckpointNotFound(f"checkpoint directory {root} has no config.json")
     return root
@@ -310,12 +325,7 @@ def load_tokenizer_dir(path, *, trust_remote_code: bool = False, use_fast: bool 
     """The tokenizer of a directory named for it alone (EngineArgs.tokenizer): it need not be a
     checkpoint, but it must be a local directory holding tokenizer files (CheckpointNotFound,
     naming it, otherwise: a hub name is not downloaded)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointNotFound(
-            f"tokenizer directory {root} does not exist (only local directories are loaded; "
-            f"nothing is downloaded)"
-        )
+    root = _local_dir(path, "tokenizer", "the tokenizer files")
     if not _has_tokenizer(root):
         raise CheckpointNotFound(f"tokenizer directory {root} has none of {list(TOKENIZER_FILES)}")
     return _auto_tokenizer(root, trust_remote_code, use_fast)

@@ -19,6 +19,7 @@ from enginespec.worker.loader import (
     build_model,
     checkpoint_files,
     load_tokenizer,
+    load_tokenizer_dir,
 )
 
 
@@ -92,6 +93,27 @@ def test_missing_directory_never_downloads():
     with pytest.raises(CheckpointNotFound, match="does not exist") as info:
         build_model("Qwen/Qwen3-0.6B")
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("given", ["config.json", "model.safetensors"])
+def test_a_file_given_for_the_directory_is_named_as_a_file(tmp_path, given):
+    """A file of the checkpoint given for its directory: said to be a file (it was "does not
+    exist", though it does)."""
+    path = _copy("qwen3", tmp_path) / given
+    with pytest.raises(CheckpointError, match="is a file, not a directory") as info:
+        build_model(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_empty_path_is_not_the_current_directory(tmp_path, monkeypatch):
+    """ "" is refused by name: Path("") is ".", so it loaded whatever checkpoint the current
+    directory held (and otherwise said ". has no config.json")."""
+    monkeypatch.chdir(_copy("qwen3", tmp_path))
+    for given in ("", " "):
+        with pytest.raises(CheckpointNotFound, match="non-empty path"):
+            build_model(given)
+        with pytest.raises(CheckpointNotFound, match="non-empty path"):
+            load_tokenizer_dir(given)
 
 
 def test_missing_config(tmp_path):
