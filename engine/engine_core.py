@@ -517,11 +517,14 @@ class EngineCore:
         return self.generation.params()
 
     def _eos_ids(self) -> tuple[Optional[int], tuple[int, ...]]:
-        """The model's EOS id, and the further EOS ids of config.json (a list) and of
-        generation_config.json, which stop requests as stop tokens."""
+        """The model's EOS id, and the further EOS ids of config.json (a list), of
+        generation_config.json and of the tokenizer (its eos_token_id: the one vLLM gives every
+        request, which a fine-tune's tokenizer may set apart from both files), which stop
+        requests as stop tokens."""
         eos = getattr(self.model, "eos_token_id", None)
         config_eos = getattr(getattr(self.model, "config", None), "eos_token_id", None)
-        return eos, further_eos_ids(eos, config_eos, self.generation.eos_token_ids)
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        return eos, further_eos_ids(eos, config_eos, self.generation.eos_token_ids, tokenizer_eos)
 
     def abort(self, request_ids: Union[str, Iterable[str]], report: bool = True) -> bool:
         """Abort user requests (all their samples). Their final outputs (finish_reason "abort")

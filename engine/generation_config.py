@@ -3,8 +3,8 @@ them (its default `--generation-config auto`).
 
 - EOS ids: generation_config.json may list more end-of-sequence ids than config.json (Llama 3
   Instruct's `<|eot_id|>`, Qwen's `<|endoftext|>` beside `<|im_end|>`). Every id of either file
-  past the model's one `eos_token_id` stops a request as a stop token, unless it asks
-  `ignore_eos`.
+  past the model's one `eos_token_id`, and the tokenizer's `eos_token_id` (the EOS vLLM gives
+  every request), stops a request as a stop token, unless it asks `ignore_eos`.
 - Sampling defaults: the file's temperature, top_p, top_k, min_p and repetition_penalty, where
   they differ from transformers' GenerationConfig defaults (vLLM applies the file's diff against
   those defaults, so a stated `top_k: 50` changes nothing there and nothing here), and

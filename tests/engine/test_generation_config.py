@@ -107,6 +107,33 @@ def test_a_further_eos_id_of_the_file_stops_greedy_output_unless_ignore_eos(tmp_
     assert len(free[0].outputs[0].token_ids) == 10
 
 
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_the_tokenizers_own_eos_id_stops_greedy_output_unless_ignore_eos(tmp_path, impl):
+    """A tokenizer whose eos_token is neither config.json's nor generation_config.json's (a
+    fine-tune's chat EOS) stops requests, as vLLM's requests carry the tokenizer's EOS id; it
+    ran on to max_tokens before."""
+    from enginespec.testing.checkpoints import SPECIAL_TOKENS
+
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    plain = _llm(str(tiny_model_dir("qwen3")), impl).generate("abc", greedy, use_tqdm=False)[0].outputs[0]
+    ids = plain.token_ids
+    cut = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # first repeat-free id after 0
+    assert ids[cut] >= len(SPECIAL_TOKENS), "the tokenizer's char ids start after its special tokens"
+    dest = _checkpoint_with(tmp_path)
+    config_file = tmp_path / "ckpt" / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["eos_token"] = chr(33 + ids[cut] - len(SPECIAL_TOKENS))  # the char tokenizer's id ids[cut]
+    config_file.write_text(json.dumps(config))
+    llm = _llm(dest, impl)
+    assert llm.get_tokenizer().eos_token_id == ids[cut] != llm_eos()
+    out = llm.generate("abc", greedy, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ids[: cut + 1] and out.finish_reason == "stop"
+    free = llm.generate(
+        "abc", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    assert free[0].outputs[0].token_ids == ids
+
+
 def llm_eos() -> int:
     """The tiny checkpoint's own eos_token_id (config.json)."""
     return json.loads((tiny_model_dir("qwen3") / "config.json").read_text())["eos_token_id"]
