@@ -27,6 +27,15 @@ BENCH_MOVED = (
 )
 
 
+def _json_value(text: str):
+    """A flag's JSON value (an ArgumentTypeError, argparse's usage error naming the flag, when
+    the text is not JSON; json.loads as the type said "invalid loads value")."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be JSON, got {text!r} ({e})") from e
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
     from enginespec.engine_args import MODEL_IMPLS
@@ -82,7 +91,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--speculative-config",
-        type=json.loads,
+        type=_json_value,
         default=None,
         help='speculative decoding, as JSON with vLLM\'s names: \'{"method": "ngram", '
         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "draft_model", '

@@ -303,6 +303,13 @@ def test_caching_and_chunking_flags_take_vllms_names(flags, prefix, chunked):
     assert (kw["enable_prefix_caching"], kw["enable_chunked_prefill"]) == (prefix, chunked)
 
 
+def test_speculative_config_that_is_not_json_is_a_usage_error_saying_so(capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        run_cli(["generate", "--model", "/m", "--prompt", "x", "--speculative-config", "{bad"], capsys)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--speculative-config: must be JSON" in err and "{bad" in err
+
+
 def test_a_port_out_of_range_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's usage error
         run_cli(["serve", "/nowhere", "--port", "70000"], capsys)
