@@ -305,11 +305,16 @@ def _has_tokenizer(root: Path) -> bool:
 
 
 def _auto_tokenizer(root: Path, trust_remote_code: bool, use_fast: bool):
+    """AutoTokenizer over `root`; whatever it raises for broken tokenizer files (a JSON error,
+    a missing converter) becomes a one-line CheckpointError naming the directory."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        str(root), local_files_only=True, trust_remote_code=trust_remote_code, use_fast=use_fast
-    )
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(root), local_files_only=True, trust_remote_code=trust_remote_code, use_fast=use_fast
+        )
+    except Exception as e:  # transformers and tokenizers raise many types for a broken file
+        raise CheckpointError(f"cannot load the tokenizer in {root}: {' '.join(str(e).split())}") from e
 
 
 def load_tokenizer(path, *, trust_remote_code: bool = False, use_fast: bool = True):

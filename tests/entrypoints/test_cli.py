@@ -146,12 +146,18 @@ def _garbled_config(d: Path) -> str:
     return "config.json"
 
 
+def _garbled_tokenizer(d: Path) -> str:
+    (d / "tokenizer.json").write_text("{not json")
+    return f"tokenizer in {d}"
+
+
 CORRUPTIONS = {
     "truncated shard": _truncate_a_shard,
     "missing shard": _drop_a_shard,
     "missing config": _drop_config,
     "unsupported architecture": _bad_architecture,
     "garbled config": _garbled_config,
+    "garbled tokenizer": _garbled_tokenizer,
 }
 
 

@@ -116,6 +116,23 @@ def test_an_empty_path_is_not_the_current_directory(tmp_path, monkeypatch):
             load_tokenizer_dir(given)
 
 
+def test_a_tokenizer_that_fails_to_load_is_one_line_naming_its_directory(tmp_path, monkeypatch):
+    """Whatever transformers raises for broken tokenizer files (its converter's error is several
+    lines; a JSON error names no file) is a one-line CheckpointError naming the directory."""
+    import transformers
+
+    path = _copy("qwen3", tmp_path)
+
+    def broken(*args, **kwargs):
+        raise OSError("Couldn't instantiate the backend tokenizer from one of:\n(1) a file,\n(2) ...")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", broken)
+    for load in (load_tokenizer, load_tokenizer_dir):
+        with pytest.raises(CheckpointError, match=f"cannot load the tokenizer in {path}: Couldn't") as info:
+            load(path)
+        assert "\n" not in str(info.value)
+
+
 def test_missing_config(tmp_path):
     with pytest.raises(CheckpointNotFound, match="config.json"):
         build_model(tmp_path)
