@@ -245,13 +245,16 @@ class EngineArgs:
         size = DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE if size is None else size
         return min(size, max_num_batched_tokens)
 
-    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+    def resolve_max_model_len(self, max_positions: int) -> int:
+        """max_model_len, or the model's max_positions (worker.flat_model.max_positions: its
+        max_position_embeddings, stretched by a linear, dynamic or yarn rope scaling) when None;
+        a ValueError outside [2, max_positions]."""
         if self.max_model_len is None:
-            return max_position_embeddings
-        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_position_embeddings:
+            return max_positions
+        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_positions:
             raise ValueError(
-                f"max_model_len must be an int in [2, max_position_embeddings="
-                f"{max_position_embeddings}], got {self.max_model_len!r}"
+                f"max_model_len must be an int in [2, {max_positions}] (the model's max_position_embeddings, "
+                f"times a linear, dynamic or yarn rope scaling's factor), got {self.max_model_len!r}"
             )
         return self.max_model_len
 

@@ -144,7 +144,7 @@ class EngineCore:
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.generation = GenerationDefaults.from_dir(args.model)  # generation_config.json
-        self.max_model_len = args.resolve_max_model_len(self.model.max_position_embeddings)
+        self.max_model_len = args.resolve_max_model_len(self.model.max_positions)
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         loaded = time.perf_counter()
         self.scheduler_config = args.scheduler_config(self.max_model_len)

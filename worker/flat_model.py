@@ -29,7 +29,7 @@ import torch
 from enginespec.engine_args import MODEL_IMPLS
 from enginespec.spec import AttentionBackend, BatchMeta
 from enginespec.worker.loader import build_model
-from enginespec.worker.merged_decoder import MergedDecoder, can_merge, layer_window
+from enginespec.worker.merged_decoder import MergedDecoder, can_merge, layer_window, max_positions
 from enginespec.worker.step_context import StepContext, active
 
 ATTN_NAME = "enginespec"
@@ -80,6 +80,7 @@ class FlatModel:
         self.hidden_size = int(text.hidden_size)
         self.vocab_size = int(text.vocab_size)
         self.max_position_embeddings = int(text.max_position_embeddings)
+        self.max_positions = max_positions(text)  # the bound of max_model_len (rope scaling included)
         self.eos_token_id = self._eos_token_id(text)
         param = next(hf_model.parameters())
         self.dtype = param.dtype

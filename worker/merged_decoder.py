@@ -343,6 +343,29 @@ class MergedLayer(nn.Module):
 # NTK, longrope) rescale with the longest position seen, so they are computed every forward.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
+# Rope scalings that stretch the positions a model was trained on by their factor (vLLM's rule:
+# llama3 and longrope checkpoints state their extended length in max_position_embeddings already).
+_STRETCHING_ROPE_TYPES = ("linear", "dynamic", "yarn")
+
+
+def max_positions(text_config) -> int:
+    """The longest context the checkpoint serves, as vLLM derives it: max_position_embeddings,
+    or for a linear, dynamic or yarn rope scaling (config.rope_parameters, or rope_scaling in
+    older configs) the factor times the positions it stretches (yarn: its
+    original_max_position_embeddings when given). Qwen's documented yarn factor 4 over 32,768
+    positions serves 131,072."""
+    base = int(text_config.max_position_embeddings)
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
+    if not isinstance(rope, dict):
+        return base
+    kind = rope.get("rope_type", rope.get("type"))
+    factor = rope.get("factor")
+    if kind not in _STRETCHING_ROPE_TYPES or not isinstance(factor, (int, float)) or factor <= 1:
+        return base
+    if kind == "yarn" and rope.get("original_max_position_embeddings"):
+        base = int(rope["original_max_position_embeddings"])
+    return int(base * factor)
+
 
 class MergedDecoder(nn.Module):
     """input_ids, positions [N] -> final-norm hidden [N, hidden], built over a transformers
@@ -381,7 +404,7 @@ class MergedDecoder(nn.Module):
         # -> (hidden [N, hidden], cos|sin [N, 2, D]). None: embed_tokens and rope().
         self.fused_embed_rope = None
         static = getattr(self.rotary_emb, "rope_type", "default") in STATIC_ROPE_TYPES
-        table = self._rope_table(int(config.max_position_embeddings)) if static else None
+        table = self._rope_table(max_positions(config)) if static else None
         self.register_buffer("rope_table", table, persistent=False)  # [P, 2, D] (cos, sin) or None
 
     @torch.no_grad()

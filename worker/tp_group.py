@@ -285,11 +285,12 @@ def check_plan(args, world_size: int) -> None:
     scheduler config): decided here, before any worker exists to be cleaned up."""
     from enginespec.worker.flat_model import _text_config
     from enginespec.worker.loader import load_config
+    from enginespec.worker.merged_decoder import max_positions
     from enginespec.worker.tp_shard import ShardPlan
 
     text = _text_config(load_config(args.model, trust_remote_code=args.trust_remote_code))
     ShardPlan.from_config(text, 0, world_size)
-    args.scheduler_config(args.resolve_max_model_len(int(text.max_position_embeddings)))
+    args.scheduler_config(args.resolve_max_model_len(max_positions(text)))
 
 
 def _wait_ready(tp: TensorParallel) -> None:

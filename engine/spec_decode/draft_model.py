@@ -175,11 +175,12 @@ def check_draft_reach(draft, max_model_len: int) -> None:
     """The draft must reach the engine's final max_model_len positions (checked once the pool
     has lowered a max_model_len the user did not choose, so the bound named is the one the
     engine would serve with)."""
-    if draft.max_position_embeddings < max_model_len:
+    reach = getattr(draft, "max_positions", draft.max_position_embeddings)
+    if reach < max_model_len:
         raise ValueError(
             f"speculative_config.model: the draft's max_position_embeddings "
-            f"({draft.max_position_embeddings}) must be >= max_model_len ({max_model_len}); "
-            f"max_model_len={draft.max_position_embeddings} serves with this draft"
+            f"({reach}, rope scaling included) must be >= max_model_len ({max_model_len}); "
+            f"max_model_len={reach} serves with this draft"
         )
 
 

@@ -302,6 +302,57 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize(
+    "rope, reach",
+    [
+        (dict(rope_type="linear", rope_theta=10000.0, factor=2.0), 24),
+        (dict(rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=10), 20),
+    ],
+    ids=["linear", "yarn"],
+)
+def test_stretching_rope_scalings_serve_past_max_position_embeddings(impl, tmp_path, rope, reach):
+    """A linear or yarn rope scaling serves factor x the positions it stretches, as vLLM derives
+    the context (Qwen's yarn x4 over 32,768 positions: 131,072): the cos/sin table covers them
+    and the logits match transformers past max_position_embeddings (they used to index past the
+    table's 12 rows); the engine's default max_model_len is that reach, and one more is refused."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.testing.checkpoints import make_checkpoint
+
+    path = make_checkpoint(
+        "llama", tmp_path / "stretched", max_position_embeddings=12, seed=3, rope_parameters=rope
+    )
+    hf = _hf_model(path)
+    model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
+    assert model.max_positions == reach and model._merged.rope_table.shape[0] == reach
+    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    )
+    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+    assert EngineArgs(model=str(path)).resolve_max_model_len(model.max_positions) == reach
+    with pytest.raises(ValueError, match=rf"max_model_len must be an int in \[2, {reach}\]"):
+        EngineArgs(model=str(path), max_model_len=reach + 1).resolve_max_model_len(model.max_positions)
+
+
+def test_rope_scalings_that_state_their_length_are_not_stretched():
+    """llama3 (and longrope) checkpoints give their extended length in max_position_embeddings
+    already; an unscaled rope, or a factor of 1, changes nothing."""
+    from types import SimpleNamespace
+
+    from enginespec.worker.merged_decoder import max_positions
+
+    def config(rope, key="rope_parameters"):
+        return SimpleNamespace(max_position_embeddings=100, **{key: rope})
+
+    assert max_positions(config(dict(rope_type="llama3", factor=8.0))) == 100
+    assert max_positions(config(dict(rope_type="default"))) == 100
+    assert max_positions(config(dict(rope_type="linear", factor=1.0))) == 100
+    assert max_positions(config(None)) == 100
+    assert max_positions(config(dict(type="dynamic", factor=4), key="rope_scaling")) == 400  # older configs
+
+
 def test_fused_qkv_route_equals_the_composed_one(impl):
     """A backend with write_qkv gets each layer's raw q|k|v rows (enginespec::paged_attention_qkv:
     norm, rotary and K/V write in the backend); the result, pool included, is what the decoder's
