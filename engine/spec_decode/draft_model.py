@@ -178,8 +178,8 @@ def check_draft_reach(draft, max_model_len: int) -> None:
     reach = getattr(draft, "max_positions", draft.max_position_embeddings)
     if reach < max_model_len:
         raise ValueError(
-            f"speculative_config.model: the draft's max_position_embeddings "
-            f"({reach}, rope scaling included) must be >= max_model_len ({max_model_len}); "
+            f"speculative_config.model: the draft's max_position_embeddings ({reach}, its rope "
+            f"scaling's stretch included) must be >= max_model_len ({max_model_len}); "
             f"max_model_len={reach} serves with this draft"
         )
 
