@@ -27,11 +27,13 @@ Invariants:
   raises EngineDead.
 - The reader of the engine's messages runs on the event loop that first calls `generate`; a
   later loop may take over only once nothing is pending (asyncio.run per call works).
+- A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 from typing import AsyncIterator, Iterable, Optional, Union
 
 from enginespec.engine.core_messages import NewRequest
@@ -81,6 +83,9 @@ class AsyncLLM:
             args, self.tokenizer, max_waiting=UNBOUNDED_WAITING, in_process=in_process
         )
         self.info = self._client.launch(start_timeout)  # a ValueError for a bad checkpoint
+        # A script that never calls shutdown() must still exit: multiprocessing joins the engine
+        # process at exit, and it only ends once told (atexit runs this hook before that join).
+        atexit.register(self._client.stop)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -176,6 +181,7 @@ class AsyncLLM:
         """End every live `generate` with EngineDead, stop the engine and reap its process.
         Idempotent."""
         self._client.stop(timeout)
+        atexit.unregister(self._client.stop)
 
     def __enter__(self) -> "AsyncLLM":
         return self

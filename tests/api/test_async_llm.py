@@ -231,3 +231,29 @@ def test_output_kinds(async_llm, llm):
     final_only = SamplingParams(max_tokens=12, temperature=0, output_kind=RequestOutputKind.FINAL_ONLY)
     outs = asyncio.run(_collect(async_llm, PROMPT, final_only, "final"))
     assert len(outs) == 1 and outs[0].finished and outs[0].outputs[0].token_ids == want.token_ids
+
+
+def test_a_script_that_never_shuts_down_still_exits(model_dir, tmp_path):
+    """multiprocessing joins the engine process at interpreter exit, and the engine only ends
+    when told: without AsyncLLM's exit hook such a script hung forever after its last line."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_shutdown.py"
+    script.write_text(
+        "import asyncio\n"
+        "from enginespec import AsyncLLM, SamplingParams\n"
+        "async def main(llm):\n"
+        "    async for out in llm.generate([1, 2, 3], SamplingParams(max_tokens=2), 'a'):\n"
+        "        pass\n"
+        "    print('done', len(out.outputs[0].token_ids))\n"
+        "if __name__ == '__main__':\n"
+        f"    llm = AsyncLLM({str(model_dir)!r}, device='cpu', dtype='float32', num_blocks=64, start_timeout=300)\n"
+        "    asyncio.run(main(llm))\n"
+    )
+    try:
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:  # a hang, not slowness: the script takes ~10 s here
+        raise AssertionError("the script never exited (the engine process was never stopped)") from e
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "done 2" in run.stdout
