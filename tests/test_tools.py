@@ -1,0 +1,33 @@
+"""The scripts of tools/ that tools/check.sh runs import on every Python the package supports
+(requires-python >= 3.10): link_tree.py and typecheck.py read pyproject.toml, with tomllib from
+3.11 and tomli (the same parser) on 3.10, where `import tomllib` was a ModuleNotFoundError."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, monkeypatch):
+    """tools/<name>.py as a module (tools/ is a folder of scripts, not a package)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # typecheck.py puts tools/ on sys.path
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_link_tree_lays_out_the_installed_names(tmp_path, monkeypatch):
+    link_tree = _load("link_tree", monkeypatch)
+    package_dir = link_tree.package_dirs()
+    assert package_dir["enginespec"] == "api" and package_dir["enginespec.spec"] == "spec"
+    link_tree.link_tree(tmp_path, package_dir)
+    assert (tmp_path / "enginespec" / "__init__.py").resolve() == (ROOT / "api" / "__init__.py").resolve()
+    assert (tmp_path / "enginespec" / "spec").resolve() == (ROOT / "spec").resolve()
+
+
+def test_typecheck_imports(monkeypatch):
+    assert callable(_load("typecheck", monkeypatch).main)
