@@ -1,12 +1,16 @@
 """The scripts of tools/ that tools/check.sh runs import on every Python the package supports
 (requires-python >= 3.10): link_tree.py and typecheck.py read pyproject.toml, with tomllib from
-3.11 and tomli (the same parser) on 3.10, where `import tomllib` was a ModuleNotFoundError."""
+3.11 and tomli (the same parser) on 3.10, where `import tomllib` was a ModuleNotFoundError;
+and the mypy settings typecheck.py uses accept the numpy that pip installs for this Python."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,3 +35,21 @@ def test_link_tree_lays_out_the_installed_names(tmp_path, monkeypatch):
 
 def test_typecheck_imports(monkeypatch):
     assert callable(_load("typecheck", monkeypatch).main)
+
+
+def test_mypy_config_reads_this_interpreters_numpy_stubs(tmp_path):
+    """typecheck.py runs mypy with pyproject.toml's [tool.mypy]. Under Python 3.13 pip installs
+    numpy 2.5 (Python >= 3.12 only), whose stubs read as the "3.11" the config once pinned had no
+    `ndarray.max()` without arguments: impls/fast/batch.py's `counts.max()` failed the check."""
+    pytest.importorskip("mypy")
+    (tmp_path / "snippet.py").write_text(
+        "import numpy as np\n\nmax_len = int(np.asarray([1, 2], dtype=np.int64).max())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "snippet.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
