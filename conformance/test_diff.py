@@ -15,8 +15,6 @@ from hypothesis.stateful import run_state_machine_as_test
 from enginespec.conformance.diff import differences, divergence_report, short
 from enginespec.conformance.plugin import needs_installed_plugin
 from enginespec.conformance.test_block_manager import PoolMachine
-from enginespec.impls.reference import BlockManager as ReferenceBlockManager
-from enginespec.impls.reference import ReferenceImpl
 from enginespec.spec import PoolState, load_impl
 
 H1, H2 = bytes(range(16)), bytes(range(1, 17))
@@ -102,7 +100,12 @@ def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
     )
 
 
-class DequeStateBlockManager(ReferenceBlockManager):
+# The reference reached through load_impl, as everything in conformance reaches implementations
+# (tools/check_imports.py: the suite ships and must not import an impl by name).
+_REFERENCE = load_impl("reference")
+
+
+class DequeStateBlockManager(_REFERENCE.block_manager_cls):
     """The reference pool, but state() hands its free queue out as a deque: PoolState's fields
     must be plain lists (docs/writing-a-backend.md), and only the lockstep's equality sees it."""
 
@@ -112,7 +115,7 @@ class DequeStateBlockManager(ReferenceBlockManager):
         return snapshot
 
 
-class DequeStateImpl(ReferenceImpl):
+class DequeStateImpl(type(_REFERENCE)):
     name = "deque-state"
     block_manager_cls = DequeStateBlockManager
 
@@ -121,7 +124,7 @@ def test_pool_lockstep_divergence_reads_as_a_field_diff():
     """test_pool_lockstep, the first test an outsider's `-x` run meets, reports a PoolState that
     differs from the reference's field by field, as test_stateful does (it said only "impl pool
     state differs from the reference" over `assert all(<generator>)`)."""
-    machine = type("PoolLockstep", (PoolMachine,), {"impls": (DequeStateImpl(), load_impl("reference"))})
+    machine = type("PoolLockstep", (PoolMachine,), {"impls": (DequeStateImpl(), _REFERENCE)})
     with pytest.raises(AssertionError) as failure:
         run_state_machine_as_test(machine, settings=settings(max_examples=5, database=None, derandomize=True))
     text = str(failure.value)

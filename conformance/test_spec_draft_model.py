@@ -269,7 +269,9 @@ def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tm
         return EngineCore(args)
 
     assert engine(3).max_model_len == 48
-    with pytest.raises(ValueError, match=r"max_position_embeddings \(64, .*\) must be >= max_model_len \(128\)"):
+    with pytest.raises(
+        ValueError, match=r"max_position_embeddings \(64, .*\) must be >= max_model_len \(128\)"
+    ):
         engine(8)
 
 
