@@ -206,43 +206,38 @@ def test_sampled_requests_with_a_draft_model_under_preemption(impl):
     assert engine.stats.num_preemptions > 0 and engine.stats.spec_decode.num_accepted_tokens > 0
 
 
-def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
+def _tiny_engine_with_draft(impl, draft_path):
+    """An EngineCore over the tiny qwen3 with draft_path as its draft (k = 2)."""
     from enginespec.engine.engine_core import EngineCore
     from enginespec.engine_args import EngineArgs
 
-    path = make_checkpoint("qwen3", tmp_path / "wide", vocab_size=tiny_vocab("qwen3") + 32)
+    config = {"method": "draft_model", "model": str(draft_path), "num_speculative_tokens": 2}
     args = EngineArgs(
         model=str(tiny_model_dir("qwen3")),
         impl=impl,
         dtype="float32",
         device="cpu",
         num_blocks=16,
-        speculative_config={"method": "draft_model", "model": str(path), "num_speculative_tokens": 2},
+        speculative_config=config,
     )
+    return EngineCore(args)
+
+
+def test_a_draft_of_another_vocabulary_is_refused(impl, tmp_path):
+    path = make_checkpoint("qwen3", tmp_path / "wide", vocab_size=tiny_vocab("qwen3") + 32)
     with pytest.raises(ValueError, match=r"speculative_config\.model.*vocab_size"):
-        EngineCore(args)
+        _tiny_engine_with_draft(impl, path)
 
 
 def test_a_missing_draft_checkpoint_names_speculative_config_model(impl, tmp_path):
     """The draft's path is the user's speculative_config.model: the error says so (it named only
     the directory), and stays a CheckpointNotFound (a ValueError and a FileNotFoundError)."""
-    from enginespec.engine.engine_core import EngineCore
-    from enginespec.engine_args import EngineArgs
     from enginespec.worker.loader import CheckpointNotFound
 
-    missing = tmp_path / "no-such-draft"
-    args = EngineArgs(
-        model=str(tiny_model_dir("qwen3")),
-        impl=impl,
-        dtype="float32",
-        device="cpu",
-        num_blocks=16,
-        speculative_config={"model": str(missing), "num_speculative_tokens": 2},
-    )
     with pytest.raises(
         CheckpointNotFound, match=r"speculative_config\.model: .*no-such-draft.*does not exist"
     ):
-        EngineCore(args)
+        _tiny_engine_with_draft(impl, tmp_path / "no-such-draft")
 
 
 def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tmp_path):

@@ -97,44 +97,74 @@ def test_text_prompts_are_tokenized_here(async_llm, llm):
     assert outs[-1].prompt == "Hello there" and _summary(outs[-1]) == _summary(want)
 
 
-async def _wait_engine_idle(engine, timeout: float = 30.0) -> None:
-    """The engine's own count of unfinished requests (sent with every step message) reaches 0:
-    a second request runs to the end meanwhile, so messages keep coming."""
-    await _collect(engine, [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), "after")
+async def _wait(predicate, what: str, timeout: float = 60.0) -> None:
+    """Wait (bounded, not timed) until predicate() holds."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while engine._client.state.num_unfinished:
-        assert asyncio.get_running_loop().time() < deadline, engine._client.state
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, what
         await asyncio.sleep(0.01)
 
 
-def test_leaving_generate_early_aborts_the_request(async_llm):
-    async def leave_after_first():
-        gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "early")
-        first = await gen.__anext__()
-        await gen.aclose()
+async def _live_request(engine, request_id: str, consume) -> asyncio.Task:
+    """A task running consume(generate(...)) over a request that is pending in the engine and
+    cannot finish: the engine is paused (it takes commands, runs no step) until resumed. On a
+    tiny model the request would otherwise finish before the test could act on it."""
+    await _collect(engine, [1, 2, 3], SamplingParams(max_tokens=1), f"{request_id}-bind")  # bind the loop
+    await engine._client.pause()
+    gen = engine.generate(PROMPT, SamplingParams(max_tokens=50, temperature=0), request_id)
+    task = asyncio.ensure_future(consume(gen))
+    await _wait(lambda: engine.num_unfinished_requests == 1, "the request never became pending")
+    return task
+
+
+async def _resume_and_wait_idle(engine) -> None:
+    """Resume, then wait for the engine's own count of unfinished requests (sent with every
+    message) to reach 0, with a second request keeping messages coming."""
+    await engine._client.resume()
+    await _collect(engine, [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), "after")
+    await _wait(lambda: engine._client.state.num_unfinished == 0, "the engine kept a request")
+
+
+def test_a_cancelled_generate_aborts_its_request(async_llm):
+    async def cancel_midway():
+        task = await _live_request(async_llm, "cancelled", lambda gen: gen.__anext__())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         assert async_llm.num_unfinished_requests == 0
-        await _wait_engine_idle(async_llm)
+        await _resume_and_wait_idle(async_llm)
+
+    asyncio.run(cancel_midway())
+
+
+def test_leaving_generate_after_an_output_aborts_its_request(async_llm):
+    async def leave_after_first():
+        gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=50, temperature=0), "early")
+        first = await gen.__anext__()
+        await gen.aclose()  # whether the request had finished by then or not
+        assert async_llm.num_unfinished_requests == 0
+        await _resume_and_wait_idle(async_llm)
         return first
 
-    first = asyncio.run(leave_after_first())
-    assert not first.finished and len(first.outputs[0].token_ids) < 200
+    assert asyncio.run(leave_after_first()).request_id == "early"
 
 
 def test_abort_ends_generate_with_an_abort_output(async_llm):
     async def abort_midway():
-        outs = []
-        async for out in async_llm.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "ab"):
-            outs.append(out)
-            if len(outs) == 2:
-                await async_llm.abort("ab")
-                await async_llm.abort(["ab", "never-seen"])  # finished and unknown ids: ignored
-        await _wait_engine_idle(async_llm)
+        task = await _live_request(async_llm, "ab", lambda gen: _outputs(gen))
+        await async_llm.abort("ab")
+        await async_llm.abort(["ab", "never-seen"])  # finished and unknown ids: ignored
+        outs = await task
+        await _resume_and_wait_idle(async_llm)
         return outs
 
     outs = asyncio.run(abort_midway())
-    last = outs[-1]
-    assert last.finished and last.outputs[0].finish_reason == "abort"
-    assert len(outs) == 3 and len(last.outputs[0].token_ids) < 200
+    assert len(outs) == 1 and outs[0].finished
+    assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].token_ids == []
+
+
+async def _outputs(gen) -> list:
+    return [out async for out in gen]
 
 
 def test_bad_input_is_a_value_error_and_queues_nothing(async_llm, llm):
@@ -158,11 +188,13 @@ def test_bad_input_is_a_value_error_and_queues_nothing(async_llm, llm):
         assert async_llm.num_unfinished_requests == 0
 
     async def same_id_twice():
-        first = async_llm.generate(PROMPT, SamplingParams(max_tokens=50, temperature=0), "dup")
-        await first.__anext__()
+        task = await _live_request(async_llm, "dup", _outputs)
         with pytest.raises(ValueError, match="dup"):
             await bad([1, 2], greedy, "dup")
-        await first.aclose()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _resume_and_wait_idle(async_llm)
 
     asyncio.run(same_id_twice())
 
@@ -171,11 +203,10 @@ def test_shutdown_ends_live_requests_with_engine_dead(model_dir):
     engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
 
     async def shut_down_midway():
-        gen = engine.generate(PROMPT, SamplingParams(max_tokens=200, temperature=0), "live")
-        await gen.__anext__()
+        task = await _live_request(engine, "live", _outputs)
         engine.shutdown()
         with pytest.raises(EngineDead):
-            await gen.__anext__()
+            await task
         with pytest.raises(EngineDead):
             await _collect(engine, [1, 2], SamplingParams(max_tokens=2), "new")
         with pytest.raises(EngineDead):
@@ -224,7 +255,7 @@ def test_output_kinds(async_llm, llm):
     delta = SamplingParams(max_tokens=12, temperature=0, logprobs=1, output_kind=RequestOutputKind.DELTA)
     outs = asyncio.run(_collect(async_llm, PROMPT, delta, "delta"))
     parts = [o.outputs[0] for o in outs]
-    assert len(parts) > 1 and [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
     assert sum((p.token_ids for p in parts), []) == want.token_ids
     assert "".join(p.text for p in parts) == want.text
     assert sum((p.logprobs for p in parts), []) == want.logprobs

@@ -17,6 +17,7 @@ from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint
+from tests.entrypoints.client_helpers import final_output
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -38,16 +39,6 @@ def _client(model_dir, llm) -> EngineClient:
     client = EngineClient(args, llm.get_tokenizer(), in_process=True, max_waiting=16)
     client.launch(timeout=120)
     return client
-
-
-async def _final(gen):
-    last = None
-    while not gen.done:
-        for kind, payload in await gen.next():
-            if kind == "error":
-                raise payload
-            last = payload
-    return last
 
 
 async def _wait_state(client, predicate, timeout: float = 30.0):
@@ -83,7 +74,7 @@ def test_deltas_rebuild_the_offline_outputs(model_dir, llm):
             await client.submit([NewRequest(f"r{i}", None, prompt, params)])
             for i, (prompt, params) in enumerate(cases)
         ]
-        return await asyncio.gather(*(_final(g) for g in gens))
+        return await asyncio.gather(*(final_output(g) for g in gens))
 
     try:
         got = asyncio.run(run())

@@ -30,6 +30,7 @@ from enginespec.entrypoints.openai.serving import (
 )
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
+from tests.entrypoints.client_helpers import final_output
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -136,16 +137,6 @@ def test_a_failed_step_is_a_500_then_an_error_frame_mid_stream(served, kind):
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
 
-async def _final(gen):
-    last = None
-    while not gen.done:
-        for kind, payload in await gen.next():
-            if kind == "error":
-                raise payload
-            last = payload
-    return last
-
-
 def test_a_request_id_in_use_is_refused_and_the_first_request_runs_on(served):
     ctx, _ = served
     client = ctx.engine
@@ -162,7 +153,7 @@ def test_a_request_id_in_use_is_refused_and_the_first_request_runs_on(served):
                 [NewRequest("twice", None, [8], short), NewRequest("twice", None, [9], short)]
             )
         await client.resume()
-        return await asyncio.wait_for(_final(first), 60)
+        return await asyncio.wait_for(final_output(first), 60)
 
     out = asyncio.run(run())
     assert out.finished and out.prompt_token_ids == [5, 6, 7] and len(out.outputs[0].token_ids) == 6
@@ -177,7 +168,7 @@ def test_stop_ends_every_pending_request_with_an_error(served):
         client.start(asyncio.get_running_loop())
         gen = await client.submit([NewRequest("long", None, [5, 6, 7], LONG)])
         await gen.next()  # running
-        waiter = asyncio.ensure_future(_final(gen))
+        waiter = asyncio.ensure_future(final_output(gen))
         await asyncio.sleep(0)  # the consumer waits on its inbox
         client.stop()
         with pytest.raises(EngineDead):
@@ -198,10 +189,12 @@ def test_a_failed_request_counts_each_sample_under_error_either_way(served):
     async def run():
         client.start(asyncio.get_running_loop())
         fault.arm()  # inside EngineCore.step: contained, the samples finish with "error"
-        contained = await _final(await client.submit([NewRequest("contained", None, [5, 6, 7], params)]))
+        contained = await final_output(
+            await client.submit([NewRequest("contained", None, [5, 6, 7], params)])
+        )
         await client.fail_next_step()  # out of EngineCore.step: the engine loop drops the request
         with pytest.raises(EngineRequestError):
-            await _final(await client.submit([NewRequest("dropped", None, [5, 6, 7], params)]))
+            await final_output(await client.submit([NewRequest("dropped", None, [5, 6, 7], params)]))
         return contained
 
     contained = asyncio.run(run())
@@ -240,7 +233,7 @@ def test_an_id_reused_after_a_cancelled_submit_gets_only_its_own_replies(served)
         release.set()
         gen = await asyncio.wait_for(second, 60)
         blocker.abort()
-        return await asyncio.wait_for(_final(gen), 60)
+        return await asyncio.wait_for(final_output(gen), 60)
 
     fault.also = hold
     out = asyncio.run(run())

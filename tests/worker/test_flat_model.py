@@ -278,6 +278,18 @@ def test_joint_qk_norm_and_rope_equal_the_family_modules(impl, family):
         assert layer.qk_norm_weight is None
 
 
+def _check_19_positions(impl, model, hf) -> None:
+    """One prefill of 19 random ids through `model` (past the 12 positions the rope tests'
+    checkpoints state) gives transformers' logits."""
+    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
+    )
+    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+
+
 def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     """A rope type that rescales with the longest position (dynamic NTK) gets no cos/sin table,
     and still matches transformers past the original context (where the rescaling starts)."""
@@ -293,13 +305,7 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     hf = _hf_model(path)
     model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
     assert model.model_impl == "merged" and model._merged.rope_table is None
-    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
-    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
-    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
-    logits = model.compute_logits(
-        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
-    )
-    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+    _check_19_positions(impl, model, hf)
 
 
 @pytest.mark.parametrize(
@@ -324,13 +330,7 @@ def test_stretching_rope_scalings_serve_past_max_position_embeddings(impl, tmp_p
     hf = _hf_model(path)
     model = FlatModel.from_pretrained(path, attention=impl.attention_backend("cpu"))
     assert model.max_positions == reach and model._merged.rope_table.shape[0] == reach
-    ids = torch.randint(0, VOCAB_SIZE, (19,), generator=torch.Generator().manual_seed(4)).tolist()
-    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
-    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(8, 4, ["r"]))
-    logits = model.compute_logits(
-        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(8, 4))
-    )
-    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+    _check_19_positions(impl, model, hf)
     assert EngineArgs(model=str(path)).resolve_max_model_len(model.max_positions) == reach
     with pytest.raises(ValueError, match=rf"max_model_len must be an int in \[2, {reach}\]"):
         EngineArgs(model=str(path), max_model_len=reach + 1).resolve_max_model_len(model.max_positions)
