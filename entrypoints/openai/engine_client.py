@@ -104,6 +104,10 @@ class Inbox:
         await self._wait()
         return self._items.pop(0)
 
+    def put_back(self, item) -> None:
+        """Return an item just taken to the front (the next get or take_all has it first)."""
+        self._items.insert(0, item)
+
     async def take_all(self) -> list:
         """Every queued item, oldest first (waiting for at least one)."""
         await self._wait()
@@ -367,13 +371,18 @@ class EngineClient:
         self._adds[token] = streams
         self._send(("add", token, requests))
         try:
-            kind, payload = await gen.queue.get()  # the first item: "accepted" or "error"
+            # the first item: "accepted", "error", or the last output of a request that
+            # abort(notify=True) ended before the engine's reply came (the reply then brings
+            # nothing for it: the abort released its stream)
+            kind, payload = await gen.queue.get()
         except asyncio.CancelledError:
             self.abort(gen.request_ids)
             raise
         if kind == "error":
             raise payload
         gen.live = set(gen.request_ids)
+        if kind == "output":
+            gen.queue.put_back((kind, payload))  # next() hands it over, ending that request
         return gen
 
     def _check_ids(self, request_ids: list[str]) -> None:
@@ -389,7 +398,10 @@ class EngineClient:
     def abort(self, request_ids: list[str], notify: bool = False) -> None:
         """Forget the requests here and have the engine free them before its next step. With
         notify, each one's consumer gets a last output (its unfinished samples ended with
-        finish_reason "abort"); without it, nothing more (the HTTP client that left)."""
+        finish_reason "abort"), also while its submit awaits the engine's acceptance; without
+        it, nothing more (the HTTP client that left). notify is for generations of one request
+        (AsyncLLM): another request of the same batch would still get its "accepted" later, on
+        the queue that next() reads."""
         live = [rid for rid in request_ids if rid in self._streams]
         for rid in live:
             stream = self._release(rid)

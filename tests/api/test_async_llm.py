@@ -167,6 +167,27 @@ async def _outputs(gen) -> list:
     return [out async for out in gen]
 
 
+def test_abort_before_the_engine_accepted_ends_generate(async_llm):
+    """abort() from another task while generate still awaits the engine's acceptance of the
+    add: generate ends with the abort output (it hung forever: the abort output was taken as
+    the acceptance, and nothing more ever came). Deterministic: both tasks run in one turn of
+    the loop, before the reader can see the engine's reply."""
+
+    async def abort_at_once():
+        await _collect(async_llm, [1, 2, 3], SamplingParams(max_tokens=1), "bind-early")
+        task = asyncio.ensure_future(_collect(async_llm, PROMPT, SamplingParams(max_tokens=50), "early-ab"))
+        await asyncio.sleep(0)  # the task sends its add and waits for the reply
+        assert async_llm.num_unfinished_requests == 1
+        await async_llm.abort("early-ab")
+        outs = await asyncio.wait_for(task, 60)  # bounded: the old code never returned
+        await _resume_and_wait_idle(async_llm)
+        return outs
+
+    outs = asyncio.run(abort_at_once())
+    assert len(outs) == 1 and outs[0].finished
+    assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].token_ids == []
+
+
 def test_bad_input_is_a_value_error_and_queues_nothing(async_llm, llm):
     vocab = llm.engine.model.vocab_size
 
