@@ -190,6 +190,7 @@ class EngineClient:
         self._worker = None  # the engine's Process or Thread
         self._to_engine = self._from_engine = None
         self._last_counts = (0, 0, 0)
+        self._token_texts: dict[int, str] = {}  # token id -> decode([id]), for the streams' Logprobs
 
     # ---- life cycle -----------------------------------------------------------------------------
 
@@ -363,7 +364,7 @@ class EngineClient:
             )
         gen = Generation(self, [r.request_id for r in requests], Inbox(), set())
         now = time.monotonic()
-        streams = [RequestStream(req, gen.queue, self.tokenizer, now) for req in requests]
+        streams = [RequestStream(req, gen.queue, self.tokenizer, now, self._token_texts) for req in requests]
         for req, stream in zip(requests, streams):
             self._streams[req.request_id] = stream
         self._num_pending += num

@@ -7,6 +7,10 @@ strings) are decoded here, with the engine's own IncrementalDetokenizer and the 
 params (skip_special_tokens, spaces_between_special_tokens; none with detokenize=False), so the
 text equals what the engine would have produced.
 
+The Logprobs of a sample decoded here (and its prompt logprobs) get their decoded_token here,
+`tokenizer.decode([id])` as the engine names those of the samples it detokenizes, so they equal
+LLM.generate's with or without stop strings.
+
 A sample ended by a stop token (or EOS) gets that token's id but not its text, unless it asked
 include_stop_str_in_output (the engine's rule, engine/output_processor.py): the token arrives in
 the delta that carries the finish, so its text is never emitted first.
@@ -28,7 +32,7 @@ from enginespec.outputs import CompletionOutput, RequestOutput
 class RequestStream:
     """Per-request front-end state: where its news goes, its output, its latency marks."""
 
-    def __init__(self, req: NewRequest, sink, tokenizer, arrival: float):
+    def __init__(self, req: NewRequest, sink, tokenizer, arrival: float, token_texts: Optional[dict] = None):
         n = req.params.n
         self.request_id = req.request_id
         self.sink = sink
@@ -58,6 +62,9 @@ class RequestStream:
         ]
         self._num_finished = 0
         self._params = req.params
+        # token id -> its text (shared by the client's streams) where Logprobs are named here
+        self._tokenizer = tokenizer if decode_here else None
+        self._token_texts = token_texts if token_texts is not None else {}
 
     def apply(self, delta: tuple) -> int:
         """Fold one SampleDelta-shaped tuple in; returns how many new token ids it carried."""
@@ -72,11 +79,13 @@ class RequestStream:
                 token_stop = finish == "stop" and not isinstance(stop, str)  # a token id, or EOS
                 c.text += det.update(shown_ids(new_ids, token_stop, self._params))[0]
         if new_lps:
+            self._name_tokens(new_lps)
             c.logprobs.extend(new_lps)
             _add_sampled_logprobs(c, new_lps)
         if new_text:
             c.text += new_text
         if prompt_lps is not None:
+            self._name_tokens(prompt_lps)
             self.output.prompt_logprobs = prompt_lps
         if finish is not None and c.finish_reason is None:
             if det is not None:
@@ -85,6 +94,19 @@ class RequestStream:
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
+
+    def _name_tokens(self, entries: list) -> None:
+        """Give the Logprobs of `entries` (dicts {token id: Logprob}, or None) their
+        decoded_token when this request's text is decoded here (the engine named the others)."""
+        if self._tokenizer is None:
+            return
+        texts = self._token_texts
+        for entry in entries:
+            for token, logprob in (entry or {}).items():
+                text = texts.get(token)
+                if text is None:
+                    text = texts[token] = self._tokenizer.decode([token]) or ""
+                logprob.decoded_token = text
 
     def finish_aborted(self) -> None:
         """End every unfinished sample with finish_reason "abort" (the output is then final):

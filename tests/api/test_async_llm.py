@@ -45,12 +45,22 @@ async def _collect(engine, prompt, params, request_id) -> list:
     return [out async for out in engine.generate(prompt, params, request_id)]
 
 
+def _named(logprobs):
+    """Per position [(token id, rank, decoded_token)]: what Logprob equality (the float's)
+    leaves out."""
+    if logprobs is None:
+        return None
+    return [None if d is None else [(t, lp.rank, lp.decoded_token) for t, lp in d.items()] for d in logprobs]
+
+
 def _summary(out) -> tuple:
     return (
         out.prompt_token_ids,
         out.num_cached_tokens,
+        _named(out.prompt_logprobs),
         [
             (c.token_ids, c.text, c.finish_reason, c.stop_reason, c.cumulative_logprob, c.logprobs)
+            + (_named(c.logprobs),)
             for c in out.outputs
         ],
     )
@@ -74,6 +84,17 @@ def test_outputs_equal_llm_generate(async_llm, llm, params):
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
         assert _summary(outs[-1]) == _summary(want)
     assert outs[-1].num_cached_tokens == 32
+
+
+def test_prompt_logprobs_equal_llm_generate(async_llm, llm):
+    """Prompt and sample logprobs, decoded_token and rank included: the samples without stop
+    strings are decoded on the client's side, which left every decoded_token None."""
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=2, prompt_logprobs=2)
+    want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
+    out = asyncio.run(_collect(async_llm, {"prompt_token_ids": PROMPT}, params, "plp"))[-1]
+    assert out.prompt_logprobs == want.prompt_logprobs
+    assert _summary(out) == _summary(want)
+    assert out.outputs[0].logprobs[0][out.outputs[0].token_ids[0]].decoded_token is not None
 
 
 def test_concurrent_generates_each_equal_their_own_run(async_llm, llm):
