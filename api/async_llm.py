@@ -26,7 +26,8 @@ Invariants:
   EngineRequestError; after `shutdown` (or the engine's death) every live and new `generate`
   raises EngineDead.
 - The reader of the engine's messages runs on the event loop that first calls `generate`; a
-  later loop may take over only once nothing is pending (asyncio.run per call works).
+  later loop may take over only once nothing is pending (asyncio.run per call works);
+  `generate` or `abort` on another loop while that one runs is a RuntimeError.
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
 """
 
@@ -132,8 +133,11 @@ class AsyncLLM:
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         """Abort live requests by id (unknown or finished ids are ignored): the engine frees
         their blocks before its next step, and each one's `generate` yields a last output
-        with finish_reason "abort" on its unfinished samples, then ends."""
+        with finish_reason "abort" on its unfinished samples, then ends. Called from a loop
+        other than the one reading the engine while that one runs: a RuntimeError, as
+        generate (their inboxes and futures belong to that loop)."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._bind_loop()
         self._client.abort(ids, notify=True)
 
     def _bind_loop(self) -> None:

@@ -209,6 +209,43 @@ def test_abort_before_the_engine_accepted_ends_generate(async_llm):
     assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].token_ids == []
 
 
+def test_another_event_loop_is_refused_while_a_request_is_pending(async_llm):
+    """generate and abort from a loop other than the one reading the engine (here: another
+    thread's asyncio.run) are a RuntimeError while that loop runs: abort touched the pending
+    request's inbox and futures from the wrong thread."""
+    import threading
+
+    async def from_another_loop():
+        task = await _live_request(async_llm, "bound", _outputs)
+        errors = []
+
+        def other_thread():
+            async def use():
+                for call in (
+                    lambda: _collect(async_llm, [1, 2], SamplingParams(max_tokens=2), "o"),
+                    lambda: async_llm.abort("bound"),
+                ):
+                    try:
+                        await call()
+                    except RuntimeError as e:
+                        errors.append(str(e))
+
+            asyncio.run(use())
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        await _wait(lambda: not thread.is_alive(), "the other thread never ended")
+        assert async_llm.num_unfinished_requests == 1  # the abort did not take
+        await async_llm._client.resume()
+        outs = await task
+        await _resume_and_wait_idle(async_llm)
+        return errors, outs
+
+    errors, outs = asyncio.run(from_another_loop())
+    assert len(errors) == 2 and all("another running event loop" in e for e in errors)
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason != "abort"
+
+
 def test_bad_input_is_a_value_error_and_queues_nothing(async_llm, llm):
     vocab = llm.engine.model.vocab_size
 
