@@ -168,13 +168,16 @@ class LLM:
         generator early aborts the requests still running."""
         ids = self._add(prompts, sampling_params, priority)
         params = _per_prompt(sampling_params, len(ids), "sampling_params")
+        # the engine builds new outputs every step: a cumulative one goes out as it is
         views = {
-            rid: OutputView(p.output_kind if p is not None else RequestOutputKind.CUMULATIVE)
+            rid: OutputView(p.output_kind)
             for rid, p in zip(ids, params)
+            if p is not None and p.output_kind != RequestOutputKind.CUMULATIVE
         }
         try:
             for outs in self._run(ids):
-                shown = [v for v in (views[o.request_id].view(o) for o in outs) if v is not None]
+                shown = [o if o.request_id not in views else views[o.request_id].view(o) for o in outs]
+                shown = [o for o in shown if o is not None]
                 if shown:
                     yield shown
         finally:

@@ -357,7 +357,12 @@ def _finite(logprob: Optional[float]) -> Optional[float]:
     return max(float(logprob), -9999.0) if logprob is not None else None
 
 
-def _token_text(ctx: ServerContext, token: int) -> str:
+def _token_text(ctx: ServerContext, token: int, logprob=None) -> str:
+    """A token's text: the decoded_token its Logprob already carries (the engine's output
+    processor or the request stream named it, `decode([id])` as here), else decoded now."""
+    named = getattr(logprob, "decoded_token", None)
+    if named is not None:
+        return named
     return ctx.tokenizer.decode([token]) if ctx.tokenizer is not None else f"token_id:{token}"
 
 
@@ -366,10 +371,10 @@ def _completion_logprobs(ctx, token_ids, logprobs, offset: int) -> Optional[dict
         return None
     tokens, token_lps, tops, offsets = [], [], [], []
     for tok, entry in zip(token_ids, logprobs):
-        tokens.append(_token_text(ctx, tok))
+        tokens.append(_token_text(ctx, tok, entry.get(tok)))
         token_lps.append(_finite(entry.get(tok)))
         tops.append(
-            {_token_text(ctx, t): _finite(lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
+            {_token_text(ctx, t, lp): _finite(lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
         )
         offsets.append(offset)
         offset += len(tokens[-1])
@@ -381,20 +386,16 @@ def _chat_logprobs(ctx, token_ids, logprobs, k: int) -> Optional[dict]:
         return None
     content = []
     for tok, entry in zip(token_ids, logprobs):
-        text = _token_text(ctx, tok)
-        top = sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+        text = _token_text(ctx, tok, entry.get(tok))
+        top = [(_token_text(ctx, t, lp), lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:k]]
         content.append(
             {
                 "token": text,
                 "logprob": _finite(entry.get(tok)),
                 "bytes": list(text.encode()),
                 "top_logprobs": [
-                    {
-                        "token": _token_text(ctx, t),
-                        "logprob": _finite(lp),
-                        "bytes": list(_token_text(ctx, t).encode()),
-                    }
-                    for t, lp in top
+                    {"token": top_text, "logprob": _finite(lp), "bytes": list(top_text.encode())}
+                    for top_text, lp in top
                 ],
             }
         )
@@ -408,7 +409,8 @@ def _prompt_logprobs(ctx, out) -> Optional[list]:
         None
         if entry is None
         else {
-            str(t): {"logprob": _finite(lp), "decoded_token": _token_text(ctx, t)} for t, lp in entry.items()
+            str(t): {"logprob": _finite(lp), "decoded_token": _token_text(ctx, t, lp)}
+            for t, lp in entry.items()
         }
         for entry in out.prompt_logprobs
     ]
