@@ -20,6 +20,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from enginespec.entrypoints.openai.reasoning import PARSERS
+
 EXIT_USAGE = 2
 BENCH_MOVED = (
     "the throughput benchmark lives in the repository, not the package: "
@@ -226,6 +228,12 @@ def _add_serve_parser(sub) -> None:
         "--enable-prompt-tokens-details",
         action="store_true",
         help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="chat replies' <think>...</think> part as message.reasoning, the rest as content (vLLM's flag)",
     )
     serve.add_argument(
         "--max-waiting-requests",

@@ -43,6 +43,7 @@ from enginespec.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
     create_chat_completion,
@@ -297,6 +298,7 @@ def run_server(ns) -> int:
             defaults,
             trust_request_chat_template=ns.trust_request_chat_template,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+            reasoning_parser=get_parser(ns.reasoning_parser),
         )
         app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
         config = uvicorn.Config(

@@ -139,6 +139,8 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
 
     max_completion_tokens: Optional[int] = None
+    # vLLM's: with --reasoning-parser, false leaves the reasoning out (the content stays as split)
+    include_reasoning: bool = True
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)

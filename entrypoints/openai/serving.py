@@ -35,6 +35,7 @@ from enginespec.entrypoints.openai.protocol import (
     TokenizeRequest,
     _Sampling,
 )
+from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 
@@ -56,6 +57,8 @@ class ServerContext:
     trust_request_chat_template: bool = False
     # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (vLLM's flag)
     enable_prompt_tokens_details: bool = False
+    # --reasoning-parser: chat replies split into reasoning and content (openai/reasoning.py)
+    reasoning_parser: Optional[ReasoningParser] = None
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -75,6 +78,7 @@ class _Choice:
     lp_offset: int = 0
     started: bool = False
     finished: bool = False
+    reasoning: Optional[ReasoningStream] = None  # a chat reply's split so far (--reasoning-parser)
 
 
 @dataclass
@@ -91,6 +95,9 @@ class _Call:
     index_of: dict = field(default_factory=dict)  # engine request id -> prompt index
     choices: dict = field(default_factory=dict)  # choice index -> _Choice
     finals: dict = field(default_factory=dict)  # engine request id -> final RequestOutput
+    # a chat call under --reasoning-parser: the parser, and whether replies begin in their thinking
+    reasoning: Optional[ReasoningParser] = None
+    starts_in_reasoning: bool = False
 
 
 # ---- prompts ------------------------------------------------------------------------------------
@@ -274,6 +281,9 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     call = _Call(
         "chat", f"chatcmpl-{uuid.uuid4().hex}", body.model or ctx.model_names[0], body, prompts, _stops(body)
     )
+    if ctx.reasoning_parser is not None:
+        call.reasoning = ctx.reasoning_parser
+        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.chat_template_kwargs)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(call, max_tokens, logprobs, ctx)
@@ -450,11 +460,22 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
         if call.body.return_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
     else:
-        choice.update(message={"role": "assistant", "content": text}, logprobs=logprobs)
+        choice.update(message=_message(call, text), logprobs=logprobs)
     choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
     if call.body.return_token_ids:
         choice["token_ids"] = list(completion.token_ids)
     return choice
+
+
+def _message(call: _Call, text: str) -> dict:
+    """A chat choice's message; under --reasoning-parser with the reply split (null where empty)
+    and `reasoning` left null where the request set include_reasoning false."""
+    if call.reasoning is None:
+        return {"role": "assistant", "content": text}
+    reasoning, content = call.reasoning.split(text, call.starts_in_reasoning)
+    if not call.body.include_reasoning:
+        reasoning = None
+    return {"role": "assistant", "content": content, "reasoning": reasoning}
 
 
 def _full_body(ctx, call: _Call) -> dict:
@@ -573,9 +594,17 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     if not delta_text and len(token_ids) <= num_tokens and not finished and state.started:
         return None
     body = call.body
-    if state.started and not finished and completion.logprobs is None and not body.return_token_ids:
+    plain = completion.logprobs is None and not body.return_token_ids
+    if call.reasoning is not None:
+        delta = _reasoning_delta(call, state, delta_text, finished)
+        if not delta and plain and state.started and not finished:  # all held back: nothing new
+            state.num_chars, state.num_tokens = end, len(token_ids)
+            return None
+    elif state.started and not finished and plain:
         state.num_chars, state.num_tokens = end, len(token_ids)
         return _plain_choice_json(call.kind, index, delta_text)
+    else:
+        delta = {"content": delta_text}
     lps = None
     if completion.logprobs is not None:
         lps = _delta_logprobs(ctx, call, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
@@ -586,9 +615,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         if not state.started and body.return_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
     else:
-        delta = {"content": delta_text}
         if not state.started:
-            delta["role"] = "assistant"
+            delta = {"role": "assistant", **(delta or {"content": ""})}
         choice["delta"] = delta
         choice["logprobs"] = lps
     choice["finish_reason"] = completion.finish_reason
@@ -599,6 +627,20 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     state.num_tokens = len(token_ids)
     state.started, state.finished = True, finished
     return choice
+
+
+def _reasoning_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) -> dict:
+    """A chat delta under --reasoning-parser: the new text's reasoning and content parts, each
+    only where non-empty (a tag arriving in pieces is held back by the choice's stream)."""
+    if state.reasoning is None:
+        state.reasoning = ReasoningStream(call.starts_in_reasoning)
+    reasoning, content = state.reasoning.feed(delta_text, final=finished)
+    delta = {}
+    if reasoning and call.body.include_reasoning:
+        delta["reasoning"] = reasoning
+    if content:
+        delta["content"] = content
+    return delta
 
 
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:

@@ -1,0 +1,184 @@
+"""`enginespec serve --reasoning-parser`: chat replies carry `reasoning` and `content` (vLLM's
+fields), in the full body and in the stream, and the streamed parts concatenate to the full
+body's. First the handlers' choice builders over scripted outputs (the tags in the text, arriving
+a character a step as the tiny character tokenizer streams them), then the handlers over a real
+in-process engine (a random model never writes the tags: there the prompt's template decides)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.cli import _parser
+from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
+from enginespec.entrypoints.openai.reasoning import END, START, get_parser
+from enginespec.entrypoints.openai.serving import (
+    ServerContext,
+    _Call,
+    _delta_choice,
+    _full_choice,
+    create_chat_completion,
+)
+from enginespec.testing.checkpoints import tiny_model_dir
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _call(include_reasoning: bool = True, in_reasoning: bool = True, stop=None) -> _Call:
+    body = ChatCompletionRequest(messages=MESSAGES, include_reasoning=include_reasoning, stop=stop)
+    call = _Call("chat", "chatcmpl-1", "m", body, [("p", [1])], tuple([stop] if stop else []))
+    call.reasoning, call.starts_in_reasoning = get_parser("qwen3"), in_reasoning
+    call.index_of["r"] = 0
+    return call
+
+
+def _output(text: str, finish_reason=None):
+    completion = SimpleNamespace(
+        index=0, text=text, token_ids=list(range(len(text))), logprobs=None,
+        finish_reason=finish_reason, stop_reason=None,
+    )  # fmt: skip
+    return SimpleNamespace(request_id="r", outputs=[completion], prompt_token_ids=[1])
+
+
+def _stream_then_full(call: _Call, text: str) -> tuple[list[dict], dict]:
+    """The deltas of text growing a character a step (the last step finishes it), and the full
+    body's message of the finished text."""
+    deltas = []
+    for i in range(1, len(text) + 1):
+        out = _output(text[:i], "stop" if i == len(text) else None)
+        choice = _delta_choice(None, call, out, out.outputs[0])
+        if choice is not None:
+            deltas.append(choice["delta"])
+    final = _output(text, "stop")
+    return deltas, _full_choice(None, call, final, final.outputs[0])["message"]
+
+
+def _joined(deltas: list[dict], key: str):
+    return "".join(d.get(key, "") for d in deltas) or None
+
+
+_TEXTS = st.lists(st.sampled_from([START, END, "<", "</th", "ink>", "a", " b\n"]), min_size=1, max_size=10)
+
+
+@settings(max_examples=200)
+@given(pieces=_TEXTS, in_reasoning=st.booleans())
+def test_streamed_parts_concatenate_to_the_full_message(pieces, in_reasoning):
+    text = "".join(pieces)
+    deltas, message = _stream_then_full(_call(in_reasoning=in_reasoning), text)
+    assert deltas[0]["role"] == "assistant" and all("role" not in d for d in deltas[1:])
+    assert _joined(deltas, "reasoning") == message["reasoning"]
+    assert _joined(deltas, "content") == message["content"]
+    assert message == {"role": "assistant", **dict(zip(("reasoning", "content"), _split(text, in_reasoning)))}
+
+
+def _split(text: str, in_reasoning: bool):
+    return get_parser("qwen3").split(text, in_reasoning)
+
+
+def test_a_think_block_goes_to_reasoning_and_the_tags_never_reach_the_client():
+    deltas, message = _stream_then_full(_call(), "<think>\nplan</think>\n\nanswer")
+    assert message == {"role": "assistant", "content": "\n\nanswer", "reasoning": "\nplan"}
+    assert not any(t in json.dumps(deltas) for t in ("<th", "</", "k>"))
+    assert all(set(d) - {"role"} for d in deltas)  # no frame without news (held-back steps are skipped)
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out():
+    deltas, message = _stream_then_full(_call(include_reasoning=False), "<think>plan</think>answer")
+    assert message == {"role": "assistant", "content": "answer", "reasoning": None}
+    assert _joined(deltas, "reasoning") is None and _joined(deltas, "content") == "answer"
+
+
+def test_a_stop_string_cuts_before_the_split():
+    """The engine's text is already cut at the stop string; held-back stop text and held-back
+    tag text do not lose each other's characters."""
+    call = _call(stop="STOP")
+    deltas, message = _stream_then_full(call, "<think>a</thi")
+    assert message == {"role": "assistant", "content": None, "reasoning": "a</thi"}
+    assert _joined(deltas, "reasoning") == "a</thi"
+
+
+# ---- over a real engine ---------------------------------------------------------------------
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4, block_size=4)
+OPEN = "{% for m in messages %}{{ m['content'] }};{% endfor %}A:<think>\n"  # the template opens it
+CLOSED = "{% for m in messages %}{{ m['content'] }};{% endfor %}A:<think>\n\n</think>\n\n"
+PLAIN = "{% for m in messages %}{{ m['content'] }};{% endfor %}A:"
+
+
+@pytest.fixture(scope="module")
+def engine(torch_one_thread):
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    yield client
+    client.stop()
+
+
+async def _never() -> None:
+    await asyncio.Event().wait()
+
+
+def _chat(engine, parser, template: str, stream: bool = False, **fields):
+    """The message (or the streamed deltas) of one greedy chat request under `template`."""
+    ctx = ServerContext(
+        engine,
+        engine.tokenizer,
+        ["tiny"],
+        64,
+        reasoning_parser=get_parser(parser),
+        trust_request_chat_template=True,
+    )
+    body = ChatCompletionRequest(
+        messages=MESSAGES, chat_template=template, max_tokens=8, temperature=0, stream=stream, **fields
+    )
+
+    async def run():
+        engine.start(asyncio.get_running_loop())
+        result = await create_chat_completion(ctx, body, _never)
+        if not stream:
+            return result["choices"][0]["message"]
+        frames = [f async for f in result][:-1]  # [DONE] last
+        return [json.loads(f[len("data: ") :])["choices"][0]["delta"] for f in frames]
+
+    return asyncio.run(run())
+
+
+def test_with_the_template_opening_the_thinking_the_whole_reply_is_reasoning(engine):
+    text = _chat(engine, None, OPEN)["content"]
+    assert END not in text  # a random model: the reply never closes its thinking
+    assert _chat(engine, "qwen3", OPEN) == {"role": "assistant", "content": None, "reasoning": text}
+    streamed = _chat(engine, "qwen3", OPEN, stream=True)
+    assert _joined(streamed, "reasoning") == text and _joined(streamed, "content") is None
+
+
+def test_with_the_template_closing_the_thinking_the_whole_reply_is_content(engine):
+    text = _chat(engine, None, CLOSED)["content"]
+    assert _chat(engine, "qwen3", CLOSED) == {"role": "assistant", "content": text, "reasoning": None}
+    assert _joined(_chat(engine, "deepseek_r1", CLOSED, stream=True), "content") == text
+
+
+def test_enable_thinking_false_makes_qwen3_replies_content(engine):
+    text = _chat(engine, None, PLAIN)["content"]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert _chat(engine, "qwen3", PLAIN, **off) == {"role": "assistant", "content": text, "reasoning": None}
+    assert _chat(engine, "qwen3", PLAIN)["reasoning"] == text  # thinking on: the model's own <think> to come
+    assert _chat(engine, "deepseek_r1", PLAIN, **off)["reasoning"] == text  # its parser ignores the key
+
+
+def test_without_the_flag_messages_have_no_reasoning_field(engine):
+    assert "reasoning" not in _chat(engine, None, OPEN, include_reasoning=False)
+
+
+def test_the_serve_flag_is_vllms():
+    assert _parser().parse_args(["serve", "m", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+    assert _parser().parse_args(["serve", "m"]).reasoning_parser is None
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "m", "--reasoning-parser", "qwen"])
