@@ -11,7 +11,8 @@ whole reply's):
 - A reply starts in its thinking unless the prompt already closed it: the prompt's last end tag
   comes after its last start tag (Qwen3's template with enable_thinking off ends the prompt with
   an empty `<think>\\n\\n</think>\\n\\n`), or, for qwen3, the request's chat_template_kwargs set
-  enable_thinking to false. A reply that starts closed is all content.
+  enable_thinking to false. A reply that starts closed is all content. (vLLM's test too: it
+  also holds for continue_final_message, whose prompt ends inside an answer after the thinking.)
 - Otherwise the text before the reply's first end tag is the reasoning, with the first start tag
   in it removed (older templates leave `<think>` for the model to write; newer ones put it in the
   prompt); the text after that end tag is the content, as it is. A reply with no end tag is all

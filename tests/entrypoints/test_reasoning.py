@@ -82,6 +82,7 @@ def test_only_the_first_start_tag_of_the_reasoning_is_dropped():
         ("<|im_start|>assistant\n<think>\n", None, True),  # the template opened it
         ("<|im_start|>assistant\n<think>\n\n</think>\n\n", None, False),  # enable_thinking off
         ("earlier <think>x</think> turn, now <think>\n", None, True),
+        ("A:<think>plan</think>The answer is", None, False),  # continue_final_message after thinking
         ("<|im_start|>assistant\n", {"enable_thinking": False}, False),
         ("<|im_start|>assistant\n", {"enable_thinking": True}, True),
         (None, None, True),
