@@ -18,6 +18,10 @@ The rules (vLLM's, for templates that take string content):
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
   continue_final_message needs a last message of role "assistant": the prompt then ends inside
   that message (transformers cuts the rendering after its text), so generation continues it.
+- tools: OpenAI's function tools, [{"type": "function", "function": {"name": ..., ...}}], go
+  to the template (which lists them for the model, as Qwen's do); an assistant message's
+  tool_calls carry their function.arguments as a JSON string (OpenAI's form), which is parsed to
+  an object for the template, as vLLM does (templates write it out with `tojson`).
 - chat_template_kwargs: extra variables for the template (e.g. {"enable_thinking": False} for
   Qwen3). The names the chat call sets itself (RESERVED_KWARGS) are refused; add_generation_prompt
   and continue_final_message given there lose to the arguments of those names (vLLM merges the
@@ -26,6 +30,7 @@ The rules (vLLM's, for templates that take string content):
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 # set by the chat call itself: vLLM refuses chat_template and tokenize ("unexpected chat template
@@ -76,8 +81,54 @@ def chat_messages(messages) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ChatTemplateError(f"messages[{i}] must be a dict with role and content, got {message!r}")
-        out.append({**message, "content": message_text(message.get("content"))})
+        clean = {**message, "content": message_text(message.get("content"))}
+        if message.get("tool_calls"):
+            clean["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                                   for j, call in enumerate(message["tool_calls"])]  # fmt: skip
+        out.append(clean)
     return out
+
+
+def _template_tool_call(call, where: str) -> dict:
+    """An assistant message's tool call with its function.arguments as an object (a JSON string
+    in OpenAI's form is parsed; an object is kept)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ChatTemplateError(
+            f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}"
+        )
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise ChatTemplateError(
+                f"{where}.function.arguments must be a JSON object, got {arguments!r}"
+            ) from None
+    if not isinstance(arguments, dict):
+        raise ChatTemplateError(f"{where}.function.arguments must be a JSON object, got {arguments!r}")
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def check_tools(tools) -> Optional[list]:
+    """tools as the template takes them: None, or a list of {"type": "function", "function":
+    {"name": str, ...}} (OpenAI's function tools); ChatTemplateError (param "tools") otherwise."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ChatTemplateError(
+            f"tools must be a list of function tools, got {type(tools).__name__}", "tools"
+        )
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not (isinstance(name, str) and name) or tool.get("type", "function") != "function":
+            raise ChatTemplateError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}, "
+                f"got {tool!r}",
+                "tools",
+            )
+    return tools
 
 
 def resolve_chat_template(tokenizer, chat_template: Optional[str] = None) -> Optional[str]:
@@ -144,11 +195,12 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: Optional[dict] = None,
+    tools: Optional[list] = None,
 ) -> str:
     """One conversation as prompt text, by the module docstring's rules. Only arguments that
     every supported transformers version's apply_chat_template has are passed (conversation,
-    tokenize, add_generation_prompt, continue_final_message, chat_template; the template's
-    variables go through its **kwargs). A failure of the template itself (a Jinja error, a
+    tokenize, add_generation_prompt, continue_final_message, chat_template, tools when given; the
+    template's variables go through its **kwargs). A failure of the template itself (a Jinja error, a
     final message the template drops) is a ChatTemplateError too."""
     template = resolve_chat_template(tokenizer, chat_template)
     if template is None or tokenizer is None:
@@ -159,6 +211,8 @@ def render_chat(
     clean = chat_messages(messages)
     check_chat_options(clean, add_generation_prompt, continue_final_message)
     extra = template_kwargs(chat_template_kwargs)
+    if check_tools(tools) is not None:
+        extra["tools"] = tools
     try:
         return tokenizer.apply_chat_template(
             clean,

@@ -223,14 +223,17 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[dict] = None,
+        tools: Optional[list] = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a
         list of conversations, each rendered by chat_utils.render_chat (vLLM's names and rules):
         content parts are flattened to text (a non-text part is a ValueError); chat_template, a
         Jinja string, replaces the tokenizer's; continue_final_message=True (with
         add_generation_prompt=False) ends the prompt inside the last, assistant, message so the
-        reply continues it; chat_template_kwargs are extra template variables. These four are
-        keyword-only (vLLM's fourth positional is lora_request). Every conversation is rendered
+        reply continues it; chat_template_kwargs are extra template variables; tools (OpenAI's
+        function tools) go to the template, the reply comes back as text (vLLM's LLM.chat parses
+        no tool calls either). These five are keyword-only (vLLM's fourth positional is
+        lora_request). Every conversation is rendered
         before any is generated, so a bad one fails the call."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         options = dict(
@@ -238,6 +241,7 @@ class LLM:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
+            tools=tools,
         )
         tokenizer = self.engine.tokenizer
         prompts = []

@@ -21,6 +21,7 @@ import sys
 from typing import Optional, Sequence
 
 from enginespec.entrypoints.openai.reasoning import PARSERS
+from enginespec.entrypoints.openai.tool_calls import PARSERS as TOOL_PARSERS
 
 EXIT_USAGE = 2
 BENCH_MOVED = (
@@ -234,6 +235,17 @@ def _add_serve_parser(sub) -> None:
         choices=sorted(PARSERS),
         default=None,
         help="chat replies' <think>...</think> part as message.reasoning, the rest as content (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='tool_choice "auto": parse the tool calls of chat replies (needs --tool-call-parser; vLLM\'s flag)',
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_PARSERS,
+        default=None,
+        help="the tool-call format of the model's replies: hermes (Qwen2.5, Qwen3; vLLM's name)",
     )
     serve.add_argument(
         "--max-waiting-requests",

@@ -277,6 +277,10 @@ def run_server(ns) -> int:
     template = load_chat_template(ns.chat_template)
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
+    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
+        )
     args = EngineArgs.from_kwargs(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
     tokenizer = load_engine_tokenizer(args)
     names = ns.served_model_name or [ns.model]
@@ -299,6 +303,8 @@ def run_server(ns) -> int:
             trust_request_chat_template=ns.trust_request_chat_template,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
             reasoning_parser=get_parser(ns.reasoning_parser),
+            enable_auto_tool_choice=ns.enable_auto_tool_choice,
+            tool_call_parser=ns.tool_call_parser,
         )
         app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
         config = uvicorn.Config(

@@ -2,7 +2,7 @@
 
 Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default);
 bounds declared here (seed in int64) are 400s naming the field too (api_server._parse). OpenAI
-fields the server does not implement (echo, tools, response_format, ...) are declared, then
+fields the server does not implement (echo, response_format, functions, ...) are declared, then
 refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UNSUPPORTED).
 Null is "unset" for every OpenAI field, as OpenAI's schema marks them nullable (n included).
 Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
@@ -36,11 +36,8 @@ _COMPLETION_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
 }
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
     "response_format": lambda value, body: value == {"type": "text"},
-    "tools": lambda value, body: value == [],
-    "tool_choice": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
     "functions": lambda value, body: value == [],
     "function_call": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
-    "parallel_tool_calls": lambda value, body: isinstance(value, bool) and _no_tools(body),
     "store": lambda value, body: value is False,
 }
 
@@ -143,13 +140,14 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     include_reasoning: bool = True
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
-    # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)
-    response_format: Any = None
+    # function tools: checked by serving._tool_options (vLLM's rules)
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)
+    response_format: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     store: Any = None
 
     _UNSUPPORTED: ClassVar[dict] = _CHAT_UNSUPPORTED

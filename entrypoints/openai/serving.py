@@ -38,6 +38,7 @@ from enginespec.entrypoints.openai.protocol import (
 from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
+from enginespec.entrypoints.openai.tool_calls import ToolCall, ToolCallStream, split_calls
 
 RETRY_AFTER_S = 1
 
@@ -59,6 +60,10 @@ class ServerContext:
     enable_prompt_tokens_details: bool = False
     # --reasoning-parser: chat replies split into reasoning and content (openai/reasoning.py)
     reasoning_parser: Optional[ReasoningParser] = None
+    # --enable-auto-tool-choice with --tool-call-parser: tool_choice "auto" parses replies' tool
+    # calls (openai/tool_calls.py)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: Optional[str] = None
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -79,6 +84,8 @@ class _Choice:
     started: bool = False
     finished: bool = False
     reasoning: Optional[ReasoningStream] = None  # a chat reply's split so far (--reasoning-parser)
+    tools: Optional[ToolCallStream] = None  # its tool calls so far (tool_choice "auto")
+    num_calls: int = 0  # tool calls sent
 
 
 @dataclass
@@ -98,6 +105,13 @@ class _Call:
     # a chat call under --reasoning-parser: the parser, and whether replies begin in their thinking
     reasoning: Optional[ReasoningParser] = None
     starts_in_reasoning: bool = False
+    tool_parsing: bool = False  # replies are parsed for tool calls (tool_choice "auto")
+    single_tool_call: bool = False  # parallel_tool_calls false: the first call only
+
+    @property
+    def parsed(self) -> bool:
+        """Whether chat replies go through a parser (no shortcut for their stream frames)."""
+        return self.reasoning is not None or self.tool_parsing
 
 
 # ---- prompts ------------------------------------------------------------------------------------
@@ -123,7 +137,9 @@ def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], 
     return out
 
 
-def render_chat(ctx: ServerContext, body: Union[ChatCompletionRequest, TokenizeRequest]) -> str:
+def render_chat(
+    ctx: ServerContext, body: Union[ChatCompletionRequest, TokenizeRequest], tools: Optional[list] = None
+) -> str:
     """The body's conversation as prompt text, by chat_utils.render_chat (the rules LLM.chat
     follows too); each of its errors is a 400 naming its field. The template: the body's
     chat_template (only with --trust-request-chat-template, as vLLM), else --chat-template, else
@@ -149,6 +165,7 @@ def render_chat(ctx: ServerContext, body: Union[ChatCompletionRequest, TokenizeR
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             chat_template_kwargs=body.chat_template_kwargs,
+            tools=tools,
         )
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), exc.param) from None
@@ -276,7 +293,8 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     _check_request(ctx, body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-    text = render_chat(ctx, body)
+    tools, tool_parsing = _tool_options(ctx, body)
+    text = render_chat(ctx, body, tools)
     prompts = [(text, _encode(ctx, text, add_special_tokens=False))]
     call = _Call(
         "chat", f"chatcmpl-{uuid.uuid4().hex}", body.model or ctx.model_names[0], body, prompts, _stops(body)
@@ -284,11 +302,45 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
         call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.chat_template_kwargs)
+    call.tool_parsing, call.single_tool_call = tool_parsing, body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(call, max_tokens, logprobs, ctx)
     gen = await _submit(ctx, call, params)
     return await _respond(ctx, call, gen, wait_disconnect)
+
+
+def _tool_options(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[Optional[list], bool]:
+    """(the tools for the template, whether replies are parsed for calls), by vLLM's rules:
+    tool_choice defaults to "auto" when tools are given; "auto" needs --enable-auto-tool-choice
+    and --tool-call-parser; "none" still shows the tools to the template but parses nothing;
+    "required" and a named function need guided decoding, which this server does not do."""
+    tools = body.tools or None  # [] is none
+    choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+    if choice == "required" or isinstance(choice, dict):
+        raise APIError(
+            400,
+            'tool_choice "required" or a named function needs guided decoding, which this server '
+            'does not do; use "auto" (with --enable-auto-tool-choice) or "none"',
+            "tool_choice",
+        )
+    if choice not in ("auto", "none"):
+        raise APIError(400, f'tool_choice must be "none", "auto", "required" or a named function, got {choice!r}', "tool_choice")  # fmt: skip  # noqa: E501
+    if body.parallel_tool_calls is not None and not isinstance(body.parallel_tool_calls, bool):
+        raise APIError(400, f"parallel_tool_calls must be a bool, got {body.parallel_tool_calls!r}", "parallel_tool_calls")  # fmt: skip  # noqa: E501
+    try:
+        chat_utils.check_tools(tools)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), exc.param) from None
+    if tools is None or choice == "none":
+        return tools, False
+    if not (ctx.enable_auto_tool_choice and ctx.tool_call_parser):
+        raise APIError(
+            400,
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            "tool_choice",
+        )
+    return tools, True
 
 
 def _stops(body: _Sampling) -> tuple[str, ...]:
@@ -459,23 +511,39 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
             choice["prompt_logprobs"] = _prompt_logprobs(ctx, out)
         if call.body.return_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
+        choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
     else:
-        choice.update(message=_message(call, text), logprobs=logprobs)
-    choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+        message = _message(call, text)
+        finish = "tool_calls" if message.get("tool_calls") else completion.finish_reason
+        choice.update(
+            message=message, logprobs=logprobs, finish_reason=finish, stop_reason=completion.stop_reason
+        )
     if call.body.return_token_ids:
         choice["token_ids"] = list(completion.token_ids)
     return choice
 
 
 def _message(call: _Call, text: str) -> dict:
-    """A chat choice's message; under --reasoning-parser with the reply split (null where empty)
-    and `reasoning` left null where the request set include_reasoning false."""
-    if call.reasoning is None:
+    """A chat choice's message. Under --reasoning-parser the reply is split (null where empty;
+    `reasoning` null where the request set include_reasoning false); with tool parsing its
+    content's tool calls go to `tool_calls` (the first only with parallel_tool_calls false)."""
+    if not call.parsed:
         return {"role": "assistant", "content": text}
-    reasoning, content = call.reasoning.split(text, call.starts_in_reasoning)
-    if not call.body.include_reasoning:
-        reasoning = None
-    return {"role": "assistant", "content": content, "reasoning": reasoning}
+    message: dict = {"role": "assistant", "content": text or None}
+    if call.reasoning is not None:
+        reasoning, message["content"] = call.reasoning.split(text, call.starts_in_reasoning)
+        message["reasoning"] = reasoning if call.body.include_reasoning else None
+    if call.tool_parsing:
+        content, calls = split_calls(message["content"] or "")
+        message["content"] = content or None
+        message["tool_calls"] = [_tool_call_json(c) for c in calls[: 1 if call.single_tool_call else None]]
+    return message
+
+
+def _tool_call_json(call: ToolCall) -> dict:
+    """OpenAI's tool call object, with a fresh id in vLLM's form."""
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function", "function": function}
 
 
 def _full_body(ctx, call: _Call) -> dict:
@@ -595,8 +663,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         return None
     body = call.body
     plain = completion.logprobs is None and not body.return_token_ids
-    if call.reasoning is not None:
-        delta = _reasoning_delta(call, state, delta_text, finished)
+    if call.parsed:
+        delta = _parsed_delta(call, state, delta_text, finished)
         if not delta and plain and state.started and not finished:  # all held back: nothing new
             state.num_chars, state.num_tokens = end, len(token_ids)
             return None
@@ -620,6 +688,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         choice["delta"] = delta
         choice["logprobs"] = lps
     choice["finish_reason"] = completion.finish_reason
+    if finished and state.num_calls:
+        choice["finish_reason"] = "tool_calls"
     choice["stop_reason"] = completion.stop_reason if finished else None
     if body.return_token_ids:
         choice["token_ids"] = token_ids[num_tokens:]
@@ -629,17 +699,32 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     return choice
 
 
-def _reasoning_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) -> dict:
-    """A chat delta under --reasoning-parser: the new text's reasoning and content parts, each
-    only where non-empty (a tag arriving in pieces is held back by the choice's stream)."""
-    if state.reasoning is None:
-        state.reasoning = ReasoningStream(call.starts_in_reasoning)
-    reasoning, content = state.reasoning.feed(delta_text, final=finished)
-    delta = {}
+def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) -> dict:
+    """A chat delta through the call's parsers, as _message splits the whole reply: the new
+    text's reasoning, content and tool calls, each only where there are some (text that may
+    begin a tag is held back by the choice's streams until a later delta settles it)."""
+    reasoning, content = "", delta_text
+    if call.reasoning is not None:
+        if state.reasoning is None:
+            state.reasoning = ReasoningStream(call.starts_in_reasoning)
+        reasoning, content = state.reasoning.feed(delta_text, final=finished)
+    calls: list[ToolCall] = []
+    if call.tool_parsing:
+        if state.tools is None:
+            state.tools = ToolCallStream()
+        content, calls = state.tools.feed(content, final=finished)
+        if call.single_tool_call:
+            calls = calls[: max(0, 1 - state.num_calls)]
+    delta: dict = {}
     if reasoning and call.body.include_reasoning:
         delta["reasoning"] = reasoning
     if content:
         delta["content"] = content
+    if calls:
+        delta["tool_calls"] = [
+            {"index": state.num_calls + i, **_tool_call_json(c)} for i, c in enumerate(calls)
+        ]
+        state.num_calls += len(calls)
     return delta
 
 

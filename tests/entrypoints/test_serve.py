@@ -663,8 +663,6 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
         (body, "suffix", "x"),
         (body, "best_of", 2),
         (chat, "response_format", {"type": "json_object"}),
-        (chat, "tools", tools),
-        (chat, "tool_choice", "required"),
         (chat, "functions", [{"name": "f"}]),
         (chat, "function_call", {"name": "f"}),
         (chat, "store", True),
@@ -673,13 +671,19 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
         path = "/v1/chat/completions" if base is chat else "/v1/completions"
         err = _error(server.post(path, {**base, name: value}), 400)
         assert err["param"] == name and err["message"] == f"`{name}` is not supported by this server"
-    err = _error(server.post("/v1/chat/completions", {**chat, "tools": tools, "tool_choice": "none"}), 400)
-    assert err["param"] == "tools"  # the template would have to show them: not a no-op
+    # tools: "auto" (their default) needs the server's tool flags; "required" needs guided decoding
+    err = _error(server.post("/v1/chat/completions", {**chat, "tools": tools}), 400)
+    assert (
+        err["param"] == "tool_choice" and "--enable-auto-tool-choice and --tool-call-parser" in err["message"]
+    )
+    err = _error(server.post("/v1/chat/completions", {**chat, "tool_choice": "required"}), 400)
+    assert err["param"] == "tool_choice" and "guided decoding" in err["message"]
     for extra in ({"echo": False}, {"suffix": ""}, {"best_of": 1}, {"best_of": 2, "n": 2}):
         assert server.post("/v1/completions", {**body, **extra}).status_code == 200, extra
     no_ops = [
         {"response_format": {"type": "text"}},
         {"tool_choice": "none"},
+        {"tools": tools, "tool_choice": "none"},  # shown to the template, no calls parsed (vLLM's default)
         {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False},
         {"store": False},
     ]

@@ -1,0 +1,134 @@
+"""Tool-call parsers: a chat reply's `<tool_call>{json}</tool_call>` blocks as OpenAI tool calls.
+
+`enginespec serve --enable-auto-tool-choice --tool-call-parser hermes` reads the calls that
+Qwen2.5, Qwen3 and other Hermes-format models write (vLLM's parser of that name): each block's
+body is a JSON object {"name": ..., "arguments": {...}}, and goes out as a tool call whose
+`arguments` is that object as a JSON string (json.dumps, non-ASCII kept), as vLLM sends it.
+
+The rule (one for the whole reply and for its stream, so the streamed parts add up to the whole
+reply's; under --reasoning-parser it applies to the content part):
+
+- A block runs from `<tool_call>` to the next `</tool_call>`, or to the end of the reply (a model
+  that stopped after the JSON). Its body, whitespace aside, is a call when it is a JSON object
+  with a string "name" and an object "arguments" (absent: {}).
+- Any other block (bad JSON, no name) stays in the content as written, tags and the whitespace
+  around it included: vLLM answers all of such a reply as content; a stream cannot take back
+  calls it has sent, so here only the bad block is.
+- Text outside blocks is content, except whitespace right before a call's `<tool_call>` or
+  right after its end (the newlines a model puts between calls), which is dropped. vLLM keeps
+  only the text before the first block; here text between and after blocks is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+START, END = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: the function's name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+PARSERS = ("hermes",)
+
+
+def check_parser(name: Optional[str]) -> None:
+    """ValueError naming the choices for a `--tool-call-parser` this server does not have."""
+    if name is not None and name not in PARSERS:
+        raise ValueError(f"--tool-call-parser must be one of {', '.join(PARSERS)}, got {name!r}")
+
+
+def parse_block(body: str) -> Optional[ToolCall]:
+    """The call a block's body names (the module docstring's rule), or None."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", {})
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def split_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole reply."""
+    return ToolCallStream().feed(text, final=True)
+
+
+class ToolCallStream:
+    """Splits a reply's text into content and calls as it grows: feed() returns the content text
+    and the calls this delta settles. Held back until the next delta settles them: text that may
+    begin `<tool_call>`, whitespace that may precede one, and an open block's body.
+
+    Invariant: for any cut of a text into deltas (final=True on the last), the concatenated
+    content and the calls in order equal split_calls of the whole text."""
+
+    def __init__(self) -> None:
+        self._pending = ""  # text not yet settled
+        self._in_block = False  # _pending is an open block's body
+        self._after_block = False  # the outside text so far follows a call: its leading whitespace goes
+        self._gap = ""  # the whitespace before the open block's tag: dropped if it is a call
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        text: Optional[str] = self._pending + delta
+        self._pending = ""
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        while text is not None:  # each step takes text up to a tag and returns what follows it
+            step = self._block if self._in_block else self._outside
+            text = step(text, final, content, calls)
+        return "".join(content), calls
+
+    def _outside(self, text: str, final: bool, content: list[str], calls: list[ToolCall]) -> Optional[str]:
+        """Content up to the next block's start (returning the text after the tag), or all of it
+        but what may begin a tag or precede one (held; returns None)."""
+        if self._after_block:
+            text = text.lstrip()
+            self._after_block = not text  # only whitespace so far: the next delta strips on
+        at = text.find(START)
+        if at >= 0:
+            before = text[:at].rstrip()
+            content.append(before)
+            self._gap, self._in_block = text[len(before) : at], True
+            return text[at + len(START) :]
+        keep = 0 if final else _held_tail(text)
+        content.append(text[: len(text) - keep])
+        self._pending = text[len(text) - keep :]
+        return None
+
+    def _block(self, text: str, final: bool, content: list[str], calls: list[ToolCall]) -> Optional[str]:
+        """A block's body up to its end tag (returning the text after it), or all of it when the
+        reply ended; held (returning None) while the end tag may still come."""
+        at = text.find(END)
+        if at < 0 and not final:
+            self._pending = text
+            return None
+        body = text if at < 0 else text[:at]
+        call = parse_block(body)
+        if call is not None:
+            calls.append(call)
+        else:  # as written, with the whitespace before it
+            content.append(self._gap + START + body + ("" if at < 0 else END))
+        self._in_block, self._after_block = False, call is not None
+        return None if at < 0 else text[at + len(END) :]
+
+
+def _held_tail(text: str) -> int:
+    """How much of text's end to hold: a proper prefix of START it ends with, and the whitespace
+    before that (either may turn out to precede a block)."""
+    keep = 0
+    for n in range(min(len(START) - 1, len(text)), 0, -1):
+        if text.endswith(START[:n]):
+            keep = n
+            break
+    body = text[: len(text) - keep]
+    return keep + len(body) - len(body.rstrip())

@@ -1,0 +1,120 @@
+"""The hermes tool-call split (entrypoints/openai/tool_calls.py): the whole reply against a
+regex reference of the rule, and any cut of it into stream deltas against the whole."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enginespec.entrypoints.openai.tool_calls import (
+    END,
+    START,
+    ToolCall,
+    ToolCallStream,
+    check_parser,
+    parse_block,
+    split_calls,
+)
+
+_CALL = '{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}'
+_PIECES = st.sampled_from(
+    [
+        START,
+        END,
+        "\n",
+        "  ",
+        "<tool",
+        "_call>",
+        "</tool_",
+        "Hi",
+        _CALL,
+        '{"name": "f"}',
+        "{bad",
+        '{"name": 3}',
+    ]
+)
+_TEXTS = st.lists(_PIECES, max_size=12).map("".join)
+_MANY = settings(max_examples=500)  # plain string work: far more examples than the CI profile's
+
+_BLOCK = re.compile(r"(\s*)<tool_call>(.*?)(</tool_call>|\Z)", re.S)
+
+
+def _reference(text: str) -> tuple[str, list[ToolCall]]:
+    """The module docstring's rule by regex: blocks, calls, and whitespace dropped around calls."""
+    content, calls, pos, after_call = [], [], 0, False
+    for match in _BLOCK.finditer(text):
+        outside = text[pos : match.start()]
+        content.append(outside.lstrip() if after_call else outside)
+        gap = "" if after_call else match.group(1)
+        call = parse_block(match.group(2))
+        if call is not None:
+            calls.append(call)
+        else:
+            content.append(gap + match.group(0)[len(match.group(1)) :])
+        after_call, pos = call is not None, match.end()
+    tail = text[pos:]
+    content.append(tail.lstrip() if after_call else tail)
+    return "".join(content), calls
+
+
+def _streamed(text: str, cuts: list[int]) -> tuple[str, list[ToolCall]]:
+    stream = ToolCallStream()
+    bounds = [0, *sorted(min(c, len(text)) for c in cuts), len(text)]
+    parts = [stream.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])]
+    parts.append(stream.feed("", final=True))
+    return "".join(p[0] for p in parts), [call for p in parts for call in p[1]]
+
+
+@_MANY
+@given(text=_TEXTS)
+def test_whole_split_follows_the_rule(text):
+    assert split_calls(text) == _reference(text)
+
+
+@_MANY
+@given(text=_TEXTS, cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_any_cut_into_deltas_gives_the_whole_split(text, cuts):
+    assert _streamed(text, cuts) == split_calls(text)
+
+
+def test_qwen3_style_calls_after_a_sentence():
+    text = f"Let me check.\n\n{START}\n{_CALL}\n{END}\n{START}\n" + '{"name": "now"}\n' + f"{END}\n"
+    content, calls = split_calls(text)
+    assert content == "Let me check."
+    assert calls == [ToolCall("get_weather", '{"city": "Zürich", "days": 2}'), ToolCall("now", "{}")]
+    assert json.loads(calls[0].arguments) == {"city": "Zürich", "days": 2}
+
+
+def test_a_bad_block_stays_in_the_content_as_written():
+    assert split_calls(f"a {START}{{bad{END} b") == (f"a {START}{{bad{END} b", [])
+    assert split_calls(f'{START}{{"name": "f", "arguments": [1]}}{END}') == (
+        f'{START}{{"name": "f", "arguments": [1]}}{END}',
+        [],
+    )  # arguments must be an object
+
+
+def test_a_call_cut_off_after_its_json_is_still_a_call():
+    assert split_calls(f"{START}\n{_CALL}\n") == (
+        "",
+        [ToolCall("get_weather", '{"city": "Zürich", "days": 2}')],
+    )
+    assert split_calls(f'{START}\n{{"name": "get_wea') == (f'{START}\n{{"name": "get_wea', [])
+
+
+def test_the_stream_holds_back_only_what_may_begin_or_precede_a_block():
+    stream = ToolCallStream()
+    assert stream.feed("Hello <tool") == ("Hello", [])
+    assert stream.feed("box> x\n") == (" <toolbox> x", [])
+    assert stream.feed(START + '{"name": "f"') == ("", [])
+    assert stream.feed("}" + END + "\n\nDone") == ("Done", [ToolCall("f", "{}")])
+
+
+def test_parser_names():
+    check_parser("hermes")
+    check_parser(None)
+    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, got 'llama3_json'"):
+        check_parser("llama3_json")

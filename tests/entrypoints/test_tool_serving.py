@@ -1,0 +1,239 @@
+"""Tool calls in `enginespec serve` (`--enable-auto-tool-choice --tool-call-parser hermes`, vLLM's
+flags): the request rules, the tools reaching the template, and replies' calls in the full body
+and the stream alike. The choice builders run over scripted outputs (a random model writes no
+calls), a character a step as the tiny character tokenizer streams; the rules and the template
+over a real in-process engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enginespec import LLM, SamplingParams
+from enginespec.chat_utils import render_chat
+from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.cli import _parser
+from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
+from enginespec.entrypoints.openai.reasoning import get_parser
+from enginespec.entrypoints.openai.serving import (
+    ServerContext,
+    _Call,
+    _delta_choice,
+    _full_choice,
+    create_chat_completion,
+)
+from enginespec.testing.checkpoints import tiny_model_dir
+
+MESSAGES = [{"role": "user", "content": "weather?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
+
+
+def _call(reasoning: bool = False, parallel=None) -> _Call:
+    body = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, parallel_tool_calls=parallel)
+    call = _Call("chat", "chatcmpl-1", "m", body, [("p", [1])], ())
+    call.reasoning = get_parser("qwen3") if reasoning else None
+    call.starts_in_reasoning = reasoning
+    call.tool_parsing, call.single_tool_call = True, parallel is False
+    call.index_of["r"] = 0
+    return call
+
+
+def _output(text: str, finish_reason=None):
+    completion = SimpleNamespace(
+        index=0, text=text, token_ids=list(range(len(text))), logprobs=None,
+        finish_reason=finish_reason, stop_reason=None,
+    )  # fmt: skip
+    return SimpleNamespace(request_id="r", outputs=[completion], prompt_token_ids=[1])
+
+
+def _stream_then_full(call: _Call, text: str) -> tuple[list[dict], dict]:
+    """The streamed choices of text growing a character a step, and the full body's choice."""
+    choices = []
+    for i in range(1, len(text) + 1):
+        out = _output(text[:i], "stop" if i == len(text) else None)
+        choice = _delta_choice(None, call, out, out.outputs[0])
+        if choice is not None:
+            choices.append(choice)
+    final = _output(text, "stop")
+    return choices, _full_choice(None, call, final, final.outputs[0])
+
+
+def _streamed_calls(choices: list[dict]) -> list[dict]:
+    calls = [c for choice in choices for c in choice["delta"].get("tool_calls", [])]
+    assert [c["index"] for c in calls] == list(range(len(calls)))
+    return [c["function"] for c in calls]
+
+
+def test_calls_after_thinking_and_a_sentence_in_the_body_and_the_stream():
+    text = f"<think>need weather</think>\n\nChecking.\n{CALL}\n{CALL}"
+    choices, full = _stream_then_full(_call(reasoning=True), text)
+    message = full["message"]
+    assert message["reasoning"] == "need weather" and message["content"] == "\n\nChecking."
+    assert [c["function"] for c in message["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city": "Zürich"}'}
+    ] * 2
+    ids = [c["id"] for c in message["tool_calls"]]
+    assert all(i.startswith("chatcmpl-tool-") for i in ids) and len(set(ids)) == 2
+    assert full["finish_reason"] == choices[-1]["finish_reason"] == "tool_calls"
+    assert _streamed_calls(choices) == [c["function"] for c in message["tool_calls"]]
+    assert "".join(c["delta"].get("content", "") for c in choices) == message["content"]
+    assert "<tool_call>" not in json.dumps(choices)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    choices, full = _stream_then_full(_call(parallel=False), CALL + CALL)
+    assert len(full["message"]["tool_calls"]) == 1 and len(_streamed_calls(choices)) == 1
+
+
+def test_a_reply_without_calls_keeps_its_finish_reason_and_an_empty_list():
+    choices, full = _stream_then_full(_call(), "no tools needed")
+    assert full["message"] == {"role": "assistant", "content": "no tools needed", "tool_calls": []}
+    assert full["finish_reason"] == choices[-1]["finish_reason"] == "stop"
+
+
+_PIECES = st.sampled_from([CALL, "<tool_call>{bad}</tool_call>", "\n", " hi", "<think>", "</think>", "<tool"])
+
+
+@settings(max_examples=100)
+@given(pieces=st.lists(_PIECES, min_size=1, max_size=6), reasoning=st.booleans())
+def test_the_stream_carries_the_full_bodys_content_and_calls(pieces, reasoning):
+    choices, full = _stream_then_full(_call(reasoning=reasoning), "".join(pieces))
+    message = full["message"]
+    assert _streamed_calls(choices) == [c["function"] for c in message["tool_calls"]]
+    assert ("".join(c["delta"].get("content", "") for c in choices) or None) == message["content"]
+    assert choices[-1]["finish_reason"] == full["finish_reason"]
+
+
+# ---- over a real engine ---------------------------------------------------------------------
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4, block_size=4)
+# lists the tools and writes an assistant's calls with their arguments through tojson, as Qwen's do
+TEMPLATE = (
+    "{% if tools %}T:{% for t in tools %}{{ t.function.name }},{% endfor %};{% endif %}"
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}"
+    "{% for c in m.tool_calls or [] %}C:{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %};"
+    "{% endfor %}A:"
+)
+
+
+@pytest.fixture(scope="module")
+def engine(torch_one_thread):
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    yield client
+    client.stop()
+
+
+async def _never() -> None:
+    await asyncio.Event().wait()
+
+
+def _chat(engine, auto: bool = True, **fields) -> dict:
+    """The body of one greedy chat request to a server with (auto) or without the tool flags."""
+    ctx = ServerContext(
+        engine, engine.tokenizer, ["tiny"], 200, chat_template=TEMPLATE,
+        enable_auto_tool_choice=auto, tool_call_parser="hermes" if auto else None,
+    )  # fmt: skip
+    body = ChatCompletionRequest(
+        **{"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "return_token_ids": True, **fields}
+    )
+
+    async def run():
+        engine.start(asyncio.get_running_loop())
+        return await create_chat_completion(ctx, body, _never)
+
+    return asyncio.run(run())
+
+
+def _prompt(engine, body: dict) -> str:
+    return engine.tokenizer.decode(body["prompt_token_ids"])
+
+
+def test_the_tools_reach_the_template_and_auto_parses_the_reply(engine):
+    sampled = dict(temperature=1.0, seed=3)  # greedy, the tiny model writes only an empty special token
+    body = _chat(engine, tools=TOOLS, **sampled)
+    assert _prompt(engine, body).startswith("T:get_weather,;")
+    message = body["choices"][0]["message"]
+    assert message["tool_calls"] == [] and message["content"]  # a random model calls nothing
+    plain = _chat(engine, tools=TOOLS, tool_choice="none", **sampled)["choices"][0]["message"]
+    assert plain == {"role": "assistant", "content": message["content"]}  # shown, not parsed
+
+
+def test_an_assistant_calls_arguments_reach_the_template_as_an_object(engine):
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'},
+    }
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]  # fmt: skip
+    prompt = render_chat(engine.tokenizer, history, chat_template=TEMPLATE, tools=TOOLS)
+    assert prompt.endswith('u:weather?;a:C:get_weather{"city": "Bern"};t:sunny;A:')
+    assert _chat(engine, messages=history, tools=TOOLS)["prompt_token_ids"] == engine.tokenizer.encode(
+        prompt, add_special_tokens=False
+    )
+    bad = [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [{**call, "function": {"name": "f", "arguments": "{x"}}]},
+    ]
+    with pytest.raises(
+        APIError, match=r"messages\[1\].tool_calls\[0\].function.arguments must be a JSON object"
+    ):
+        _chat(engine, messages=bad)
+
+
+@pytest.mark.parametrize(
+    "fields, param, message",
+    [
+        (dict(tools=TOOLS, tool_choice="required"), "tool_choice", "guided decoding"),
+        (
+            dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+            "tool_choice",
+            "guided decoding",
+        ),
+        (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice", "must be"),
+        (dict(tools=[{"type": "function", "function": {}}]), "tools", r"tools\[0\] must be"),
+        (dict(tools=TOOLS, parallel_tool_calls="yes"), "parallel_tool_calls", "must be a bool"),
+    ],
+)
+def test_bad_tool_requests_are_400s_naming_the_field(engine, fields, param, message):
+    with pytest.raises(APIError, match=message) as err:
+        _chat(engine, **fields)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_auto_without_the_server_flags_is_vllms_400(engine):
+    with pytest.raises(APIError, match="--enable-auto-tool-choice and --tool-call-parser") as err:
+        _chat(engine, auto=False, tools=TOOLS)
+    assert err.value.param == "tool_choice"
+    assert (
+        "tool_calls"
+        not in _chat(engine, auto=False, tools=TOOLS, tool_choice="none")["choices"][0]["message"]
+    )
+
+
+def test_offline_chat_takes_tools_for_the_template():
+    llm = LLM(
+        str(tiny_model_dir("qwen3")), impl="fast", device="cpu", dtype="float32", num_blocks=32, block_size=4
+    )
+    out = llm.chat(
+        MESSAGES, SamplingParams(max_tokens=1), chat_template=TEMPLATE, tools=TOOLS, use_tqdm=False
+    )
+    assert out[0].prompt.startswith("T:get_weather,;")
+
+
+def test_the_serve_flags_are_vllms():
+    ns = _parser().parse_args(["serve", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert ns.enable_auto_tool_choice and ns.tool_call_parser == "hermes"
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "m", "--tool-call-parser", "mistral"])
