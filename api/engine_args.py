@@ -259,11 +259,24 @@ class EngineArgs:
         return self.max_model_len
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's config for the resolved max_model_len. With chunked prefill off a
+        chosen max_model_len must prefill in one step (vLLM's check; the bound here is the
+        scheduler's add() rule, prompt + max_tokens - 1 <= max_num_batched_tokens): a ValueError
+        otherwise. A length the user did not choose is fitted instead (EngineCore)."""
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
             if not self.enable_chunked_prefill:
                 budget = max(budget, max_model_len)
+        elif (
+            not self.enable_chunked_prefill and self.max_model_len is not None and budget < max_model_len - 1
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}) - 1 "
+                f"with enable_chunked_prefill=False: a request of max_model_len tokens could never "
+                f"prefill in one step; raise max_num_batched_tokens, lower max_model_len or enable "
+                f"chunked prefill"
+            )
         return SchedulerConfig(
             max_num_batched_tokens=budget,
             max_num_seqs=self.max_num_seqs,

@@ -210,23 +210,38 @@ class EngineCore:
 
     def _fit_max_model_len(self) -> None:
         """A max_model_len the user did not choose (the model's) is lowered to the most tokens
-        the KV pool holds, with a warning: otherwise every request of that length is refused
-        on add, and the server advertises, and defaults chat max_tokens to, a length no request
-        can reach. A chosen one stays (requests over the pool are refused on add, naming it)."""
+        the KV pool holds and, with chunked prefill off, to the most one request may have
+        (max_num_batched_tokens + 1: add() wants prompt + max_tokens - 1 within one step), with
+        a warning: otherwise every request of that length is refused on add, and the server
+        advertises, and defaults chat max_tokens to, a length no request can reach. A chosen one
+        stays (requests over the pool are refused on add, naming it; one over the budget was
+        refused in EngineArgs.scheduler_config)."""
+        config = self.scheduler_config
         capacity = self.runner.num_blocks * self.args.block_size
-        if self.args.max_model_len is not None or capacity >= self.max_model_len:
+        one_step = None if config.enable_chunked_prefill else config.max_num_batched_tokens + 1
+        reach = capacity if one_step is None else min(capacity, one_step)
+        if self.args.max_model_len is not None or reach >= self.max_model_len:
             return
+        if reach == capacity:
+            why = (
+                f"the most tokens the KV pool holds ({self.runner.num_blocks} blocks of "
+                f"{self.args.block_size}); a larger pool (num_blocks, kv_cache_bytes, "
+                f"gpu_memory_utilization) raises it"
+            )
+        else:
+            why = (
+                f"the most one request may have with enable_chunked_prefill=False (max_num_batched_tokens "
+                f"{config.max_num_batched_tokens} + 1: its prompt prefills in one step); a larger "
+                f"budget or chunked prefill raises it"
+            )
         log.warning(
-            "max_model_len lowered from the model's %d to %d, the most tokens the KV pool holds "
-            "(%d blocks of %d); a larger pool (num_blocks, kv_cache_bytes, gpu_memory_utilization) "
-            "raises it, and max_model_len= sets it",
+            "max_model_len lowered from the model's %d to %d, %s, and max_model_len= sets it",
             self.max_model_len,
-            capacity,
-            self.runner.num_blocks,
-            self.args.block_size,
+            reach,
+            why,
         )
-        self.max_model_len = capacity
-        self.scheduler_config = dataclasses.replace(self.scheduler_config, max_model_len=capacity)
+        self.max_model_len = reach
+        self.scheduler_config = dataclasses.replace(config, max_model_len=reach)
 
     def _warm_up(self):
         """engine/warmup.py, when EngineArgs.warmup says so (None: on for CUDA)."""

@@ -53,3 +53,40 @@ def test_num_gpu_blocks_override_sizes_the_cpu_pool_too():
     assert llm.engine.runner.num_blocks == 6
     with pytest.raises(ValueError, match="num_gpu_blocks_override"):
         _llm(num_gpu_blocks_override=0)
+
+
+def test_without_chunked_prefill_the_models_length_is_lowered_to_one_step(caplog):
+    """With chunked prefill off a request must prefill in one step (prompt + max_tokens - 1 <=
+    max_num_batched_tokens), so a length the user did not choose is lowered to budget + 1 as it
+    is to the pool: a max_tokens=None request (all the room up to max_model_len) was refused on
+    every prompt, the model's 256 needing a step of 255 tokens."""
+    with caplog.at_level(logging.WARNING, logger="enginespec.engine.engine_core"):
+        llm = _llm(num_blocks=64, enable_chunked_prefill=False, max_num_batched_tokens=16, max_num_seqs=4)
+    assert llm.engine.max_model_len == 17 == llm.engine.scheduler_config.max_model_len
+    assert "max_num_batched_tokens" in caplog.text
+    out = llm.generate(
+        {"prompt_token_ids": [5] * 10}, SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 7 and out[0].outputs[0].finish_reason == "length"
+
+
+def test_a_chosen_length_one_step_cannot_prefill_is_refused_without_chunked_prefill():
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens < max_model_len with chunked prefill
+    off; here the bound is the add() rule's (a request of max_model_len tokens computes all but
+    its last token in one step), so 17 tokens take a budget of 16."""
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(16\).*max_model_len \(18\)"):
+        _llm(
+            num_blocks=64,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=16,
+            max_num_seqs=4,
+            max_model_len=18,
+        )
+    llm = _llm(
+        num_blocks=64,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        max_model_len=17,
+    )
+    assert llm.engine.max_model_len == 17
