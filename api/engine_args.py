@@ -135,6 +135,20 @@ def _check_int(name: str, value, low: int, high: Optional[int]) -> None:
         raise ValueError(f"{name} must be an int {bound}, got {value!r}")
 
 
+def _check_dtype(dtype) -> None:
+    """ "auto", a name of _DTYPES, or one of their torch dtypes; a ValueError naming dtype
+    otherwise (a torch.int8 or torch.bool model loads and then generates nothing)."""
+    if isinstance(dtype, torch.dtype):
+        ok = dtype in _DTYPES.values()
+    else:
+        ok = isinstance(dtype, str) and (dtype == "auto" or dtype in _DTYPES)
+    if not ok:
+        raise ValueError(
+            f"dtype must be 'auto', one of {sorted(_DTYPES)} or their torch dtype "
+            f"({sorted({str(d) for d in _DTYPES.values()})}), got {dtype!r}"
+        )
+
+
 def _check_vllm_args(args: "EngineArgs") -> None:
     """The vLLM arguments of the module docstring: types and ranges, then UNSUPPORTED_VALUES."""
     _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1, None)
@@ -212,6 +226,7 @@ class EngineArgs:
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
         _check_int("max_logprobs", self.max_logprobs, -1, None)
+        _check_dtype(self.dtype)
         if self.num_gpu_blocks_override is not None:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)
         if self.seed is not None:
@@ -303,11 +318,10 @@ def resolve_device(device) -> torch.device:
 
 def resolve_dtype(dtype, model_dir: Optional[str], device: torch.device) -> torch.dtype:
     """ "auto": float32 on CPU; on CUDA the checkpoint's dtype, bfloat16 if that is float32."""
+    _check_dtype(dtype)
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
         return _DTYPES[dtype]
     if device.type != "cuda":
         return torch.float32

@@ -6,6 +6,7 @@ a ValueError naming the argument and what is accepted, never a TypeError for an 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from enginespec.engine_args import EngineArgs
 from enginespec.spec import SamplingParams
@@ -112,6 +113,26 @@ def test_what_enginespec_does_not_do_is_a_value_error_naming_it(name, value, acc
 def test_vllm_args_refuse_a_bad_type_or_range_naming_the_field(name, value):
     with pytest.raises(ValueError, match=name):
         EngineArgs(**{name: value})
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.complex64, "int8", ["float32"]])
+def test_dtype_must_name_a_float_type(dtype):
+    """vLLM's dtype names ("auto", "half", "float16", "bfloat16", "float", "float32") and the
+    torch dtypes they stand for. A torch.int8 or torch.bool was taken as it was: the model
+    loaded in it and generate() returned empty outputs, no error; a list was a TypeError."""
+    with pytest.raises(ValueError, match="dtype"):
+        EngineArgs(dtype=dtype)
+
+
+def test_dtype_takes_vllms_names_and_their_torch_dtypes():
+    from enginespec.engine_args import resolve_dtype
+
+    cpu = torch.device("cpu")
+    for name, want in [("half", torch.float16), ("float16", torch.float16), ("bfloat16", torch.bfloat16)]:
+        assert resolve_dtype(EngineArgs(dtype=name).dtype, None, cpu) is want
+    assert resolve_dtype(EngineArgs(dtype="float").dtype, None, cpu) is torch.float32
+    assert resolve_dtype(EngineArgs(dtype=torch.bfloat16).dtype, None, cpu) is torch.bfloat16
+    assert resolve_dtype(EngineArgs(dtype="auto").dtype, None, cpu) is torch.float32  # on the CPU
 
 
 @pytest.fixture
