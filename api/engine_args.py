@@ -170,7 +170,8 @@ def _check_vllm_args(args: "EngineArgs") -> None:
 @dataclass
 class EngineArgs:
     """Engine settings. None means "derive it": max_model_len from the model's
-    max_position_embeddings; max_num_batched_tokens 16384 with chunked prefill (at least
+    max_position_embeddings, lowered to what the engine holds (-1, vLLM's "auto", the same);
+    max_num_batched_tokens 16384 with chunked prefill (at least
     max_num_seqs), else at least max_model_len so every prompt fits one step."""
 
     model: Optional[str] = None
@@ -260,16 +261,23 @@ class EngineArgs:
         size = DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE if size is None else size
         return min(size, max_num_batched_tokens)
 
+    @property
+    def chosen_max_model_len(self) -> bool:
+        """Whether the user chose max_model_len: None and -1 (vLLM's "auto") ask for the model's
+        length, lowered to what the engine can hold (EngineCore._fit_max_model_len)."""
+        return self.max_model_len not in (None, -1)
+
     def resolve_max_model_len(self, max_positions: int) -> int:
         """max_model_len, or the model's max_positions (worker.flat_model.max_positions: its
-        max_position_embeddings, stretched by a linear, dynamic or yarn rope scaling) when None;
-        a ValueError outside [2, max_positions]."""
-        if self.max_model_len is None:
+        max_position_embeddings, stretched by a linear, dynamic or yarn rope scaling) when None
+        or -1; a ValueError outside [2, max_positions]."""
+        if not self.chosen_max_model_len:
             return max_positions
         if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_positions:
             raise ValueError(
-                f"max_model_len must be an int in [2, {max_positions}] (the model's max_position_embeddings, "
-                f"times a linear, dynamic or yarn rope scaling's factor), got {self.max_model_len!r}"
+                f"max_model_len must be None, -1 (both: the model's, fitted to the KV pool) or an int in "
+                f"[2, {max_positions}] (the model's max_position_embeddings, times a linear, dynamic or "
+                f"yarn rope scaling's factor), got {self.max_model_len!r}"
             )
         return self.max_model_len
 
@@ -283,9 +291,7 @@ class EngineArgs:
             budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
             if not self.enable_chunked_prefill:
                 budget = max(budget, max_model_len)
-        elif (
-            not self.enable_chunked_prefill and self.max_model_len is not None and budget < max_model_len - 1
-        ):
+        elif not self.enable_chunked_prefill and self.chosen_max_model_len and budget < max_model_len - 1:
             raise ValueError(
                 f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}) - 1 "
                 f"with enable_chunked_prefill=False: a request of max_model_len tokens could never "

@@ -220,7 +220,7 @@ class EngineCore:
         capacity = self.runner.num_blocks * self.args.block_size
         one_step = None if config.enable_chunked_prefill else config.max_num_batched_tokens + 1
         reach = capacity if one_step is None else min(capacity, one_step)
-        if self.args.max_model_len is not None or reach >= self.max_model_len:
+        if self.args.chosen_max_model_len or reach >= self.max_model_len:
             return
         if reach == capacity:
             why = (

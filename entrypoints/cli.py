@@ -39,6 +39,34 @@ def _json_value(text: str):
         raise argparse.ArgumentTypeError(f"must be JSON, got {text!r} ({e})") from e
 
 
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _token_count(text: str) -> int:
+    """A count as vLLM's CLI reads one: "2048", "4k" / "25.6k" (k, m, g, t: powers of 1000,
+    decimals allowed), "1K" (K, M, G, T: powers of 1024, whole numbers only). Anything else is
+    an ArgumentTypeError (argparse's usage error naming the flag)."""
+    text = text.strip()
+    number, suffix = (text[:-1], text[-1]) if text[-1:] in _DECIMAL.keys() | _BINARY.keys() else (text, "")
+    try:
+        if suffix in _BINARY:
+            return int(number) * _BINARY[suffix]
+        if suffix:
+            return int(float(number) * _DECIMAL[suffix])
+        return int(number)
+    except (ValueError, OverflowError):  # OverflowError: "infk"
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number, optionally with a suffix k/m/g/t (x1000) or K/M/G/T (x1024; "
+            f"whole numbers only), got {text!r}"
+        ) from None
+
+
+def _token_count_or_auto(text: str) -> int:
+    """--max-model-len: a _token_count, or "auto" / "-1" (-1: fit the length to the KV pool)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else _token_count(text)
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
     from enginespec.engine_args import MODEL_IMPLS
@@ -50,8 +78,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument(
+        "--max-model-len", type=_token_count_or_auto, default=None, help="tokens: 4096, 4k, 4K, or auto (-1)"
+    )
+    p.add_argument("--max-num-batched-tokens", type=_token_count, default=None, help="tokens: 8192, 8k, 8K")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks of the pool (CPU)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes (CPU)")

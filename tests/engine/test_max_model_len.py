@@ -90,3 +90,10 @@ def test_a_chosen_length_one_step_cannot_prefill_is_refused_without_chunked_pref
         max_model_len=17,
     )
     assert llm.engine.max_model_len == 17
+
+
+@pytest.mark.parametrize("num_blocks, fitted", [(8, 32), (64, 256)])
+def test_minus_one_asks_for_the_fitted_length_as_vllms_auto_does(num_blocks, fitted):
+    """vLLM's max_model_len=-1 (the CLI's "auto") fits the length to the KV pool: here what a
+    max_model_len left unset gets. It was a ValueError."""
+    assert _llm(num_blocks=num_blocks, max_model_len=-1).engine.max_model_len == fitted

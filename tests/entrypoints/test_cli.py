@@ -432,3 +432,40 @@ def test_serve_uses_the_tokenizer_flags_directory(tmp_path):
         assert reply.status_code == 200 and reply.json()["tokens"] == [5, 6], reply.text
     finally:
         assert server.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    "flags, want",
+    [
+        (["--max-model-len", "4k"], {"max_model_len": 4000}),  # vLLM's: k, m, g decimal
+        (["--max-model-len", "1K"], {"max_model_len": 1024}),  # K, M, G binary
+        (["--max-model-len", "25.6k"], {"max_model_len": 25600}),
+        (["--max-model-len", "auto"], {"max_model_len": -1}),  # fit to the pool
+        (["--max-model-len", "-1"], {"max_model_len": -1}),
+        (["--max-model-len", "2048"], {"max_model_len": 2048}),
+        (["--max-num-batched-tokens", "8k"], {"max_num_batched_tokens": 8000}),
+        (["--max-num-batched-tokens", "2M"], {"max_num_batched_tokens": 2 * 2**20}),
+    ],
+)
+def test_token_counts_take_vllms_human_readable_forms(flags, want):
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    kw = _engine_kwargs(_parser().parse_args(["demo", *flags]))
+    assert {k: kw[k] for k in want} == want
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-model-len", "1.5K"],
+        ["--max-model-len", "4q"],
+        ["--max-model-len", "infk"],
+        ["--max-num-batched-tokens", "auto"],
+    ],
+)
+def test_a_token_count_it_cannot_read_is_a_usage_error(flags, capsys):
+    from enginespec.entrypoints.cli import _parser
+
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["demo", *flags])
+    assert exited.value.code == 2 and flags[0] in capsys.readouterr().err
