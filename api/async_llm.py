@@ -79,7 +79,9 @@ class AsyncLLM:
     def _start(self, args: EngineArgs, in_process: bool, start_timeout: Optional[float]) -> None:
         self.engine_args = args
         self.tokenizer = load_engine_tokenizer(args)
-        self._defaults = GenerationDefaults.from_dir(args.model)
+        self._defaults = GenerationDefaults.load(
+            args.model, args.generation_config, args.override_generation_config
+        )
         self._client = EngineClient(
             args, self.tokenizer, max_waiting=UNBOUNDED_WAITING, in_process=in_process
         )

@@ -49,7 +49,10 @@ any other value a ValueError "not supported by enginespec" naming the argument a
 accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size` (1),
 `kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
 `download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
-("auto" or "safetensors", the one format the loader reads).
+("auto" or "safetensors", the one format the loader reads). `generation_config` ("auto": the
+model directory's generation_config.json; "vllm": its EOS ids but none of its sampling
+defaults; or another local directory) and `override_generation_config` (a dict of that file's
+sampling keys over its defaults) work as vLLM's (engine/generation_config.py).
 """
 
 from __future__ import annotations
@@ -159,6 +162,17 @@ def _check_vllm_args(args: "EngineArgs") -> None:
             raise ValueError(f"{name} must be a number of GiB >= 0, got {value!r}")
     if args.tokenizer is not None and not isinstance(args.tokenizer, (str, os.PathLike)):
         raise ValueError(f"tokenizer must be None or a directory path, got {args.tokenizer!r}")
+    source = args.generation_config
+    if source not in ("auto", "vllm") and not (
+        isinstance(source, (str, os.PathLike)) and Path(source).is_dir()
+    ):
+        raise ValueError(
+            f"generation_config must be 'auto', 'vllm' or a directory (holding a generation_config.json), "
+            f"got {source!r}"
+        )
+    override = args.override_generation_config
+    if override is not None and not isinstance(override, dict):
+        raise ValueError(f"override_generation_config must be None or a dict, got {override!r}")
     for name, (accepted, why) in UNSUPPORTED_VALUES.items():  # bools and numbers checked above
         value = getattr(args, name)
         if value not in accepted:
@@ -219,6 +233,8 @@ class EngineArgs:
     revision: Optional[str] = None
     download_dir: Optional[str] = None
     load_format: str = "auto"
+    generation_config: str = "auto"
+    override_generation_config: Optional[dict] = None
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its

@@ -143,7 +143,9 @@ class EngineCore:
         self.tensor_parallel = None  # rank 0's handle on the TP workers (tensor_parallel_size > 1)
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
-        self.generation = GenerationDefaults.from_dir(args.model)  # generation_config.json
+        self.generation = GenerationDefaults.load(
+            args.model, args.generation_config, args.override_generation_config
+        )  # generation_config.json
         self.max_model_len = args.resolve_max_model_len(self.model.max_positions)
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         loaded = time.perf_counter()

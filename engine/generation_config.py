@@ -12,6 +12,15 @@ them (its default `--generation-config auto`).
   built by `default_sampling_params()` (LLM.generate without params), and an OpenAI request's
   unset fields. A SamplingParams the user built is never changed.
 
+Which file, and overrides (vLLM's `generation_config` and `override_generation_config` engine
+arguments, `GenerationDefaults.load`): "auto" (the default) reads the model directory's file;
+"vllm" keeps its EOS ids but none of its sampling defaults (vLLM's neutral ones); a directory
+reads that directory's file for both. `override_generation_config` (a dict of the file's keys:
+temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) then sets sampling
+defaults over any of them, as given (a value equal to transformers' default included); a key
+outside those is ignored with a warning, as vLLM takes only those, and a value the spec refuses
+is a ValueError naming it (the user wrote it, not a checkpoint).
+
 Invariant: a missing, unreadable or non-object file means no defaults and no further EOS ids
 (the engine behaves as it did without the file), and a value the spec would refuse (a
 temperature below 0, say) is dropped with a warning rather than failing every request.
@@ -47,6 +56,25 @@ class GenerationDefaults:
     def from_dir(cls, path: Union[str, Path, None]) -> "GenerationDefaults":
         raw = _read(path)
         return cls(_ids(raw.get("eos_token_id")), _sampling(raw))
+
+    @classmethod
+    def load(
+        cls, model_dir: Union[str, Path, None], generation_config="auto", override: Optional[dict] = None
+    ) -> "GenerationDefaults":
+        """The defaults an engine over `model_dir` uses under vLLM's generation_config ("auto",
+        "vllm" or a directory) and override_generation_config (see the module docstring)."""
+        if generation_config in ("auto", "vllm"):
+            got = cls.from_dir(model_dir)
+        elif isinstance(generation_config, (str, Path)) and Path(generation_config).is_dir():
+            got = cls.from_dir(generation_config)
+        else:
+            raise ValueError(
+                f"generation_config must be 'auto', 'vllm' or a directory (holding a {FILE_NAME}), "
+                f"got {generation_config!r}"
+            )
+        sampling = {} if generation_config == "vllm" else dict(got.sampling)
+        sampling.update(_overrides(override))
+        return cls(got.eos_token_ids, sampling)
 
     def params(self, base: Optional[SamplingParams] = None) -> SamplingParams:
         """`base` (default: SamplingParams()) with the file's sampling defaults applied."""
@@ -100,4 +128,28 @@ def _sampling(raw: dict) -> dict:
             log.warning("ignoring %s's %s: %s", FILE_NAME, key, exc)
             continue
         chosen[name] = raw[key]
+    return chosen
+
+
+def _overrides(override: Optional[dict]) -> dict:
+    """override_generation_config's sampling fields under SamplingParams' names, each checked."""
+    if override is None:
+        return {}
+    if not isinstance(override, dict):
+        raise ValueError(f"override_generation_config must be None or a dict, got {override!r}")
+    chosen = {}
+    for key, value in override.items():
+        if key not in _HF_DEFAULTS and key not in _RENAMED:
+            log.warning(
+                "override_generation_config: ignoring %r (sampling keys: %s)", key, [*_HF_DEFAULTS, *_RENAMED]
+            )
+            continue
+        if value is None:
+            continue
+        name = _RENAMED.get(key, key)
+        try:
+            SamplingParams(**{name: value})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"override_generation_config[{key!r}]: {exc}") from exc
+        chosen[name] = value
     return chosen

@@ -165,6 +165,17 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accepted for vLLM's command lines; the engine logs no periodic stats (/metrics stays)",
     )
+    p.add_argument(
+        "--generation-config",
+        default=None,
+        help="auto (the model's generation_config.json), vllm (none of its sampling defaults) or a directory",
+    )
+    p.add_argument(
+        "--override-generation-config",
+        type=_json_value,
+        default=None,
+        help='JSON sampling defaults over generation_config\'s, e.g. \'{"temperature": 0.5}\'',
+    )
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
@@ -196,6 +207,8 @@ _ENGINE_KEYS = (
     "tokenizer_mode",
     "trust_remote_code",
     "disable_log_stats",
+    "generation_config",
+    "override_generation_config",
 )
 
 

@@ -290,7 +290,9 @@ def run_server(ns) -> int:
     )
     info = client.launch()
     try:
-        defaults = GenerationDefaults.from_dir(args.model).sampling
+        defaults = GenerationDefaults.load(
+            args.model, args.generation_config, args.override_generation_config
+        ).sampling
         if defaults:
             log.info("default sampling parameters from the checkpoint's generation_config.json: %s", defaults)
         ctx = ServerContext(

@@ -152,3 +152,55 @@ def test_generate_without_params_uses_the_file_defaults_and_given_params_are_kep
         "abc", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False
     )
     assert len(given[0].outputs[0].token_ids) == 8  # a user's params are not overridden
+
+
+def test_vllm_generation_config_keeps_the_eos_ids_and_drops_the_sampling_defaults(tmp_path):
+    """vLLM's generation_config="vllm": its neutral sampling defaults, the file's EOS ids still."""
+    path = _dir_with(tmp_path, {"temperature": 0.6, "max_new_tokens": 7, "eos_token_id": [5, 9]})
+    got = GenerationDefaults.load(path, "vllm")
+    assert got.sampling == {} and got.eos_token_ids == (5, 9)
+    assert GenerationDefaults.load(path, "auto") == GenerationDefaults.from_dir(path)
+
+
+def test_a_generation_config_directory_is_read_instead_of_the_models(tmp_path):
+    model, other = tmp_path / "model", tmp_path / "other"
+    model.mkdir(), other.mkdir()
+    _dir_with(model, {"temperature": 0.6, "eos_token_id": 5})
+    _dir_with(other, {"top_p": 0.5, "eos_token_id": 7})
+    got = GenerationDefaults.load(str(model), str(other))
+    assert got.sampling == {"top_p": 0.5} and got.eos_token_ids == (7,)
+    with pytest.raises(ValueError, match="generation_config"):
+        GenerationDefaults.load(str(model), str(tmp_path / "missing"))
+
+
+def test_override_generation_config_sets_defaults_over_any_source(tmp_path, caplog):
+    path = _dir_with(tmp_path, {"temperature": 0.6, "top_p": 0.9})
+    override = {"temperature": 0.2, "top_k": 50, "max_new_tokens": 4, "do_sample": True}
+    with caplog.at_level(logging.WARNING, logger="enginespec.engine.generation_config"):
+        got = GenerationDefaults.load(path, "auto", override)
+    # as given, transformers' default top_k 50 included; do_sample is no sampling key
+    assert got.sampling == {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "max_tokens": 4}
+    assert "do_sample" in caplog.text
+    assert GenerationDefaults.load(path, "vllm", {"top_p": 0.5}).sampling == {"top_p": 0.5}
+    with pytest.raises(ValueError, match=r"override_generation_config\['temperature'\]"):
+        GenerationDefaults.load(path, "auto", {"temperature": -1.0})
+
+
+def test_llm_takes_vllms_generation_config_arguments(tmp_path):
+    """A ported LLM(..., generation_config="vllm", override_generation_config={...}) was a
+    TypeError (unknown engine arguments)."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.llm import LLM
+
+    path = _checkpoint_with(tmp_path, temperature=0.0, max_new_tokens=5)
+    small = dict(impl="fast", dtype="float32", device="cpu", block_size=4, num_blocks=64)
+    neutral = LLM(path, generation_config="vllm", **small)
+    assert neutral.get_default_sampling_params() == SamplingParams()
+    overridden = LLM(path, override_generation_config={"max_new_tokens": 3}, **small)
+    defaults = overridden.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens) == (0.0, 3)
+    assert len(overridden.generate("abc", use_tqdm=False)[0].outputs[0].token_ids) <= 3
+    with pytest.raises(ValueError, match="generation_config"):
+        EngineArgs(generation_config=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="override_generation_config"):
+        EngineArgs(override_generation_config=[("temperature", 0.5)])

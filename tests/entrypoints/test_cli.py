@@ -469,3 +469,11 @@ def test_a_token_count_it_cannot_read_is_a_usage_error(flags, capsys):
     with pytest.raises(SystemExit) as exited:
         _parser().parse_args(["demo", *flags])
     assert exited.value.code == 2 and flags[0] in capsys.readouterr().err
+
+
+def test_generation_config_flags_take_vllms_names():
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    flags = ["--generation-config", "vllm", "--override-generation-config", '{"temperature": 0.5}']
+    kw = _engine_kwargs(_parser().parse_args(["demo", *flags]))
+    assert (kw["generation_config"], kw["override_generation_config"]) == ("vllm", {"temperature": 0.5})
