@@ -161,3 +161,12 @@ def test_refusal_states_the_count_and_the_bound(impl, bound, value, config, num_
         sched.add(impl.new_request("r", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=5)))
     numbers = re.findall(r"\d+", str(refused.value))
     assert str(count) in numbers and str(value) in numbers, str(refused.value)
+
+
+@pytest.mark.parametrize("field", ["max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"])
+def test_scheduler_config_refuses_a_bool_for_a_count(field):
+    """True is an int to isinstance: max_num_batched_tokens=True was a budget of one token, and
+    LLM(..., long_prefill_token_threshold=True) a threshold of one (EngineArgs refuses bools for
+    its own counts, SchedulerConfig let these through)."""
+    with pytest.raises(ValueError, match=field):
+        SchedulerConfig(**{"max_num_seqs": 1, field: True})

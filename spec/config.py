@@ -14,6 +14,11 @@ def _check(cond: bool, name: str, bound: str, value: object) -> None:
         raise ValueError(f"SchedulerConfig.{name} must be {bound}, got {value!r}")
 
 
+def _is_count(value: object, low: int) -> bool:
+    """An int (not a bool: True is an int to isinstance) >= low."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits of one scheduling step (names as vLLM's).
@@ -40,13 +45,13 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _check(
-            isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+            _is_count(self.max_num_batched_tokens, 1),
             "max_num_batched_tokens",
             ">= 1",
             self.max_num_batched_tokens,
         )
         _check(
-            isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+            _is_count(self.max_num_seqs, 1),
             "max_num_seqs",
             ">= 1",
             self.max_num_seqs,
@@ -58,7 +63,7 @@ class SchedulerConfig:
             self.max_num_batched_tokens,
         )
         _check(
-            isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
+            _is_count(self.long_prefill_token_threshold, 0),
             "long_prefill_token_threshold",
             ">= 0 (0 = off)",
             self.long_prefill_token_threshold,
@@ -71,7 +76,7 @@ class SchedulerConfig:
             self.preemption_mode,
         )
         _check(
-            self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+            self.max_model_len is None or _is_count(self.max_model_len, 2),
             "max_model_len",
             "None or >= 2",
             self.max_model_len,
