@@ -23,10 +23,11 @@ class Logprob(float):
     - logprob: the value, as a plain float (of the RAW distribution: log_softmax of the model's
       logits before any penalty, bias, temperature or cut; see sample/sampler.py).
     - rank: its 1-based rank in the position's distribution: the k top entries of a position have
-      ranks 1..k (best first); the sampled (or, for prompt logprobs, the actual) token has 1 + the
-      number of vocabulary entries with a strictly larger logprob (counted on the raw logits,
-      which order the tokens as their logprobs do, so every sampling path and device agrees). A
-      token that is both sampled and in the top k shows its top-k entry (vLLM's rule).
+      ranks 1..k (best first); the sampled (or, for prompt logprobs, the actual) token has the
+      number of vocabulary entries whose logprob is >= its own, itself included, so ties rank
+      it after every token it ties with (vLLM V1's count; counted on the raw logits, which order
+      the tokens as their logprobs do, so every sampling path and device agrees). A token that
+      is both sampled (or actual) and in the top k shows its top-k entry (vLLM's rule).
     - decoded_token: the token's text (`tokenizer.decode([token_id])`, as vLLM and the server
       decode it) when the engine has a tokenizer and the request detokenizes; else None.
 

@@ -42,7 +42,7 @@ top-k, no min-p) 3 + 2 * reject_top_p.GRID_ROUNDS + 1 (REJECT_TOP_P: those rows 
 then by rejection, `sample/reject.py`: no cut is searched for), or with REJECT_TOP_P off 3,
 or 3 + 2 + cut_draw.NUM_ROUNDS with SPREAD_CUT (off: see there);
 quarters of greedy / temperature / top-k+top-p / top-p+min-p+penalties+logprobs about 13, plus 5
-small torch launches for the sampled tokens' ranks when rows ask for logprobs (`num_above`;
+small torch launches for the sampled tokens' ranks when rows ask for logprobs (`token_ranks`;
 tests/sample/test_host_work.py counts them). Seeded rows give the same tokens on both paths;
 unseeded rows too, as both advance the generator once per call with a random row.
 
@@ -55,7 +55,8 @@ temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported log
 change with sampling settings. Each row asking for logprobs = k gets [(sampled id, its logprob)]
 followed by the k most likely (id, logprob) pairs, best first; each logprob is an
 `enginespec.outputs.Logprob` (a float) whose rank is 1..k for the top k and, for the sampled id,
-1 + the number of larger entries of its row (`logprob_ranks.token_ranks`, on every path).
+the number of entries of its row at or above it, itself and ties included (vLLM V1's count,
+`logprob_ranks.token_ranks`, on every path).
 """
 
 from __future__ import annotations
@@ -202,8 +203,8 @@ def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple
 
 def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> list[dict[int, Logprob]]:
     """Row p of `logits` predicts target_ids[p]: {target: Logprob} then the top-k entries
-    (a dict, so a target that is also in the top-k appears once, with its own rank). Raw
-    distribution; ranks as `top_logprobs`."""
+    (a dict, so a target that is also in the top-k appears once, first, with its top-k rank:
+    vLLM's dict, as for sampled tokens). Raw distribution; ranks as `top_logprobs`."""
     if logits.shape[0] != len(target_ids):
         raise ValueError(f"prompt_logprobs: target_ids has {len(target_ids)} ids for {logits.shape[0]} rows")
     if k < 0:
@@ -215,8 +216,7 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
     out = []
     for t, lp, row_ids, row_vals in zip(target_ids, chosen, ids, values):
         entry = {int(t): lp}
-        for i, v in zip(row_ids, row_vals):
-            entry.setdefault(i, v)
+        entry.update(zip(row_ids, row_vals))
         out.append(entry)
     return out
 

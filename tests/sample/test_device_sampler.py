@@ -106,9 +106,9 @@ def test_device_path_ranks_equal_serial(impl):
 @pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
 def test_device_logprob_ranks_count_the_larger_entries(monkeypatch, kernel):
     """device_logprobs and device_prompt_logprobs, in torch and beside the Triton logprob
-    kernels (interpreted on the CPU): the chosen token's rank is 1 + the entries strictly above
-    it (a tie is not above), the top k's are 1..k; the prompt entries equal the serial
-    prompt_logprobs' with their ranks."""
+    kernels (interpreted on the CPU): the chosen token's rank is the number of entries at or
+    above it (itself and a tie included, vLLM V1's count), the top k's are 1..k; the prompt
+    entries equal the serial prompt_logprobs' with their ranks."""
     from enginespec.kernels import logprobs as logprob_kernels
     from enginespec.sample.deferred import device_logprobs, device_prompt_logprobs
     from enginespec.sample.sampler import prompt_logprobs
@@ -122,15 +122,15 @@ def test_device_logprob_ranks_count_the_larger_entries(monkeypatch, kernel):
     raw = torch.randn(4, 300, generator=torch.Generator().manual_seed(5)) * 3
     raw[1] = 0.0
     raw[1, [7, 8, 9]] = torch.tensor([4.0, 3.5, 3.0])  # above token 5, with no tie (topk's order)
-    raw[1, [5, 6]] = 2.0  # token 5: three above, one tie (not above): rank 4
+    raw[1, [5, 6]] = 2.0  # token 5: three above, one tie (counted): rank 5
     chosen = [int(raw[0].argmin()), 5, 0, int(raw[3].argmax())]
-    want = [1 + int((raw[i] > raw[i, t]).sum()) for i, t in enumerate(chosen)]
-    assert want[:2] == [300, 4] and want[3] == 1
+    want = [int((raw[i] >= raw[i, t]).sum()) for i, t in enumerate(chosen)]
+    assert want[:2] == [300, 5] and want[3] == 1
     raw, rows, counts = raw.to(device), [0, 1, 3], [2, 2, 0]
     lps = device_logprobs(
         raw, torch.tensor(chosen, device=device), rows, counts, torch.tensor(rows, device=device)
     )
-    got = lps.unpack(torch.cat([lps.packed.flatten(), lps.above]).tolist(), chosen)
+    got = lps.unpack(torch.cat([lps.packed.flatten(), lps.ranks]).tolist(), chosen)
     assert got[2] is None
     assert [(got[i][0][0], got[i][0][1].rank) for i in rows] == [(chosen[i], want[i]) for i in rows]
     assert [[v.rank for _, v in got[i][1:]] for i in rows] == [[1, 2], [1, 2], []]

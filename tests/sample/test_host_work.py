@@ -169,8 +169,8 @@ CASES = {
     "chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20), 0, 2, 0, 1),
     "seeded_chat": (lambda i: SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=i), 0, 2, 1, 2),
     # mixed: the logprob rows' ranks of their sampled tokens take five aten launches beside the
-    # two logprob kernels (logprob_ranks.num_above over those rows: two index_selects, gather,
-    # gt, sum)
+    # two logprob kernels (logprob_ranks.token_ranks over those rows: two index_selects, gather,
+    # ge, sum)
     "mixed": (_mixed, 10, 5, 1, 4),
     # a loose top-p: the uncut draw (scan, pick), then rejection (reject_top_p: two launches per
     # grid round and the finish); with SPREAD_CUT (and REJECT_TOP_P off) the spread cut (cut,

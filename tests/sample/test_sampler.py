@@ -434,8 +434,9 @@ def test_prompt_logprobs(impl):
 
 
 def _rank(row: torch.Tensor, token: int) -> int:
-    """vLLM's rank of `token` in a row: 1 + the entries strictly above it (ties not counted)."""
-    return 1 + int((row > row[token]).sum())
+    """vLLM V1's rank of `token` in a row: the entries >= it, itself and ties included
+    (vllm/v1/sample/ops/logprobs.py, batched_count_greater_than)."""
+    return int((row >= row[token]).sum())
 
 
 def _rank_logits() -> torch.Tensor:
@@ -443,14 +444,14 @@ def _rank_logits() -> torch.Tensor:
     logits = torch.randn(4, 40) * 4
     logits[2] = 0.0
     logits[2, [1, 2, 3]] = 10.0  # three tied at the top, all above row 2's forced token 9
-    logits[2, [9, 12]] = 5.0  # a tie with token 9 is not above it: rank 4
+    logits[2, [9, 12]] = 5.0  # token 9 ties with token 12: both count, rank 5
     return logits
 
 
 def test_logprobs_are_logprob_objects_with_vllm_ranks(impl):
     """Every value is a Logprob: the float itself (arithmetic, comparisons and isclose as on a
     plain float) with vLLM's attributes: .logprob, .rank (the top k: 1..k in order; the sampled
-    token: 1 + the entries strictly above it in its row, here far outside the top k) and
+    token: the entries at or above it in its row, ties included, here far outside the top k) and
     .decoded_token (None from the sampler: the engine names tokens)."""
     logits = _rank_logits()
     lowest = int(logits[0].argmin())
@@ -474,12 +475,12 @@ def test_logprobs_are_logprob_objects_with_vllm_ranks(impl):
         for t, v in top:
             assert math.isclose(v, lp[i, t].item(), abs_tol=1e-5) and v + 1 == v.logprob + 1
     assert out.logprobs[0][0][1].rank == 40 and out.logprobs[1][0][1].rank == 1
-    assert out.logprobs[2][0][1].rank == 4 and out.logprobs[2][1][1].rank == 1
+    assert out.logprobs[2][0][1].rank == 5 and out.logprobs[2][1][1].rank == 1
 
 
 def test_prompt_logprobs_rank_the_actual_token(impl):
-    """Prompt logprobs: the target's rank counts the entries strictly above it; the top-k
-    entries not already in the dict have ranks 1..k in order."""
+    """Prompt logprobs: the target's rank counts the entries at or above it (ties included);
+    the top-k entries not already in the dict have ranks 1..k in order."""
     logits = _rank_logits()
     targets = [int(logits[0].argmin()), int(logits[1].argmax()), 12, int(logits[3].argmin())]
     got = prompt_logprobs(logits, targets, 2)
@@ -489,7 +490,27 @@ def test_prompt_logprobs_rank_the_actual_token(impl):
         assert [entry[t].rank for t in top if t != targets[p]] == [
             r for r, t in enumerate(top, 1) if t != targets[p]
         ]
-    assert [entry[t].rank for entry, t in zip(got, targets)] == [40, 1, 4, 40]
+    assert [entry[t].rank for entry, t in zip(got, targets)] == [40, 1, 5, 40]
+
+
+def test_tied_tokens_rank_after_all_their_ties(impl):
+    """vLLM V1 ranks a chosen token by the entries >= it, itself included
+    (batched_count_greater_than), so every token it ties with counts; a target that is also in
+    the top k shows its top-k entry (vLLM builds the dict target first, then the top k), so the
+    top k's ranks stay 1..k whichever tied token the target is. Rows 0-4: five tokens tied at
+    the top, each the target of one row; row 5's target ties with a token and five zeros."""
+    logits = torch.zeros(6, 12)
+    logits[:, :5] = 3.0
+    logits[:, [7, 8]] = -1.0
+    targets = [0, 1, 2, 3, 4, 8]
+    got = prompt_logprobs(logits, targets, 5)
+    for entry, target in zip(got, targets):
+        assert next(iter(entry)) == target
+        assert sorted(entry[t].rank for t in range(5)) == [1, 2, 3, 4, 5]
+    assert got[5][8].rank == 12
+    sampled = make_request(impl, SamplingParams(logprobs=0, allowed_token_ids=(8,)))
+    (token, chosen), *_ = Sampler(12, seed=0)(logits[5:], [sampled]).logprobs[0]
+    assert (token, chosen.rank) == (8, 12)
 
 
 def test_bad_shapes_raise_value_errors(impl):
