@@ -54,6 +54,19 @@ def _one(llm, params, prompt=(5, 6, 7)):
     return llm.generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0]
 
 
+def test_seed_minus_one_means_unseeded(impl):
+    """vLLM (since its PR 4531, after OpenAI) reads seed=-1 as no seed: SamplingParams stores
+    None. It was kept as the seed -1, so every such request repeated one fixed stream: the
+    two requests here drew the same tokens. Other negative seeds stay seeds."""
+    assert SamplingParams(seed=-1).seed is None
+    assert SamplingParams(seed=-1, temperature=0.7) == SamplingParams(temperature=0.7)
+    assert SamplingParams(seed=-2).seed == -2
+    llm = make_llm(impl)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=-1, ignore_eos=True)
+    a, b = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * 2, params, use_tqdm=False)
+    assert a.outputs[0].token_ids != b.outputs[0].token_ids
+
+
 def test_text_settings_have_vllms_names_and_defaults():
     params = SamplingParams()
     assert (params.skip_special_tokens, params.spaces_between_special_tokens) == (True, True)

@@ -66,6 +66,11 @@ def _output_kind(value: object) -> RequestOutputKind:
     return RequestOutputKind(value)
 
 
+#: The seed that means "no seed" (vLLM's and OpenAI's rule): stored as None, so the request
+#: draws from the engine's generator like any unseeded one instead of repeating one fixed draw.
+UNSEEDED = -1
+
+
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
     if not cond:
         raise ValueError(f"SamplingParams.{name} must be {bound}, got {value!r}")
@@ -101,15 +106,16 @@ class SamplingParams:
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
     max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
-    min_p in [0, 1]; seed an int; min_tokens in [0, max_tokens] (with max_tokens None, checked
-    against the value the engine sets on add); n in [1, MAX_N = 256]; logprobs and
-    prompt_logprobs None or >= 0 (and <= vocab_size, checked by `validate_vocab`);
-    presence_penalty and frequency_penalty in [-2, 2]; repetition_penalty finite > 0;
-    logit_bias values in [-100, 100]; token ids (stop_token_ids, allowed_token_ids, logit_bias
-    keys) as spec.validation.check_token_id says (any integral type, not bool), < vocab_size per
-    `validate_vocab`; ignore_eos, include_stop_str_in_output, skip_special_tokens,
-    spaces_between_special_tokens and detokenize bools; output_kind a RequestOutputKind (or its
-    int value). Integral fields accept numpy integers and store plain ints.
+    min_p in [0, 1]; seed an int (-1 is stored as None, unseeded, as in vLLM); min_tokens in
+    [0, max_tokens] (with max_tokens None, checked against the value the engine sets on add);
+    n in [1, MAX_N = 256]; logprobs and prompt_logprobs None or >= 0 (and <= vocab_size,
+    checked by `validate_vocab`); presence_penalty and frequency_penalty in [-2, 2];
+    repetition_penalty finite > 0; logit_bias values in [-100, 100]; token ids (stop_token_ids,
+    allowed_token_ids, logit_bias keys) as spec.validation.check_token_id says (any integral
+    type, not bool), < vocab_size per `validate_vocab`; ignore_eos, include_stop_str_in_output,
+    skip_special_tokens, spaces_between_special_tokens and detokenize bools; output_kind a
+    RequestOutputKind (or its int value). Integral fields accept numpy integers and store plain
+    ints.
     """
 
     max_tokens: Optional[int] = 16
@@ -169,7 +175,8 @@ class SamplingParams:
         _check(self.top_p > 0.0, "top_p", "in (0, 1]", self.top_p)
         self._set("min_p", real("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
-            self._set("seed", whole("seed", self.seed, None, None))
+            seed = whole("seed", self.seed, None, None)
+            self._set("seed", None if seed == UNSEEDED else seed)
         self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
         self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
         self._set("repetition_penalty", real("repetition_penalty", self.repetition_penalty, 0.0, None, "> 0"))
