@@ -67,6 +67,26 @@ def test_seed_minus_one_means_unseeded(impl):
     assert a.outputs[0].token_ids != b.outputs[0].token_ids
 
 
+def test_logprobs_minus_one_is_the_whole_vocabulary(impl):
+    """vLLM's logprobs=-1 / prompt_logprobs=-1: every token's logprob at each position (it was
+    a ValueError). The engine sets vocab_size on add, so the max_logprobs cap applies to that
+    (the default cap of 20 refuses it, as vLLM's does) and an impl's Request never sees -1."""
+    everything = SamplingParams(max_tokens=3, temperature=0.0, logprobs=-1, prompt_logprobs=-1)
+    with pytest.raises(ValueError, match=r"logprobs.*greater than max allowed: 20"):
+        _one(make_llm(impl), everything)
+    llm = make_llm(impl, max_logprobs=-1)
+    vocab = llm.engine.vocab_size
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, everything, use_tqdm=False)[0]
+    same = dataclasses.replace(everything, logprobs=vocab, prompt_logprobs=vocab)
+    want = llm.generate({"prompt_token_ids": [5, 6, 7]}, same, use_tqdm=False)[0]
+    assert [len(e) for e in out.outputs[0].logprobs] == [vocab] * 3
+    assert out.outputs[0].logprobs == want.outputs[0].logprobs
+    assert out.prompt_logprobs[1:] == want.prompt_logprobs[1:] and len(out.prompt_logprobs[1]) == vocab
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{name}.*resolved by the engine"):
+            impl.new_request("r", [1, 2], SamplingParams(**{name: -1}))
+
+
 def test_text_settings_have_vllms_names_and_defaults():
     params = SamplingParams()
     assert (params.skip_special_tokens, params.spaces_between_special_tokens) == (True, True)

@@ -405,7 +405,7 @@ class EngineCore:
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
-        params = self._fit_max_tokens(params, len(prompt_token_ids))
+        params = self._fit_max_tokens(params.with_vocab(self.vocab_size), len(prompt_token_ids))
         self._check_fits(len(prompt_token_ids), params.max_tokens)
         eos, extra_stops = self._eos_ids()
         requests = []
@@ -477,7 +477,7 @@ class EngineCore:
         if not ids:
             raise ValueError("prompt_token_ids must not be empty")
         params.validate_vocab(self.vocab_size)
-        self._check_logprobs(params)
+        self._check_logprobs(params.with_vocab(self.vocab_size))
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
         return ids

@@ -6,6 +6,7 @@ value raises a ValueError that names the field and the bound it broke.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import InitVar, dataclass
 from typing import Iterable, Mapping, Optional
@@ -66,6 +67,8 @@ def _output_kind(value: object) -> RequestOutputKind:
     return RequestOutputKind(value)
 
 
+#: logprobs / prompt_logprobs that ask for the whole vocabulary (vLLM's rule).
+ALL_LOGPROBS = -1
 #: The seed that means "no seed" (vLLM's and OpenAI's rule): stored as None, so the request
 #: draws from the engine's generator like any unseeded one instead of repeating one fixed draw.
 UNSEEDED = -1
@@ -92,8 +95,9 @@ class SamplingParams:
     stays in the output's ids), unless `include_stop_str_in_output` (vLLM's rules). No stop by
     token or string fires before `min_tokens` outputs. `n` > 1 makes sibling requests that
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
-    position; `prompt_logprobs` = k does so for prompt positions and turns prefix-cache hits off
-    for that request (cached positions have no logits).
+    position (k = -1: the whole vocabulary, vLLM's rule; the engine sets vocab_size on add, so a
+    Request never carries -1); `prompt_logprobs` = k does so for prompt positions and turns
+    prefix-cache hits off for that request (cached positions have no logits).
     `best_of` is not a field: vLLM V1 dropped it, so any value but None or 1 is a ValueError
     pointing to `n`.
 
@@ -108,8 +112,8 @@ class SamplingParams:
     max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
     min_p in [0, 1]; seed an int (-1 is stored as None, unseeded, as in vLLM); min_tokens in
     [0, max_tokens] (with max_tokens None, checked against the value the engine sets on add);
-    n in [1, MAX_N = 256]; logprobs and prompt_logprobs None or >= 0 (and <= vocab_size,
-    checked by `validate_vocab`); presence_penalty and frequency_penalty in [-2, 2];
+    n in [1, MAX_N = 256]; logprobs and prompt_logprobs None, ALL_LOGPROBS (-1) or >= 0 (and
+    <= vocab_size, checked by `validate_vocab`); presence_penalty and frequency_penalty in [-2, 2];
     repetition_penalty finite > 0; logit_bias values in [-100, 100]; token ids (stop_token_ids,
     allowed_token_ids, logit_bias keys) as spec.validation.check_token_id says (any integral
     type, not bool), < vocab_size per `validate_vocab`; ignore_eos, include_stop_str_in_output,
@@ -217,7 +221,9 @@ class SamplingParams:
         self._set("n", whole("n", self.n, 1, MAX_N))
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                self._set(name, whole(name, getattr(self, name), 0, None))
+                k = check_int("SamplingParams", name, getattr(self, name))
+                _check(k >= ALL_LOGPROBS, name, f"None, {ALL_LOGPROBS} (the whole vocabulary) or >= 0", k)
+                self._set(name, k)
 
     def _validate_biases(self) -> None:
         if self.logit_bias is not None:
@@ -252,3 +258,14 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             _check(k is None or k <= vocab_size, name, f"<= vocab_size ({vocab_size})", k)
+
+    def with_vocab(self, vocab_size: int) -> "SamplingParams":
+        """These params with logprobs / prompt_logprobs of ALL_LOGPROBS (-1) set to vocab_size
+        (the engine calls this on add); self when neither is -1."""
+        if ALL_LOGPROBS not in (self.logprobs, self.prompt_logprobs):
+            return self
+        return dataclasses.replace(
+            self,
+            logprobs=vocab_size if self.logprobs == ALL_LOGPROBS else self.logprobs,
+            prompt_logprobs=vocab_size if self.prompt_logprobs == ALL_LOGPROBS else self.prompt_logprobs,
+        )

@@ -7,7 +7,7 @@ import numbers
 import time
 from typing import NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
-from enginespec.spec.params import SamplingParams
+from enginespec.spec.params import ALL_LOGPROBS, SamplingParams
 from enginespec.spec.validation import check_cache_key, check_real, check_token_id, check_token_ids
 
 
@@ -122,7 +122,8 @@ def check_request_args(
     same things with the same ValueErrors: a non-empty str id; a non-empty prompt of token ids
     (spec.validation.check_token_id; copied to a fresh list of plain ints); a SamplingParams or
     None (the defaults) whose max_tokens is an int (None, "up to max_model_len", is resolved
-    by the engine on add, which knows the model's length); an int priority; a cache_key as
+    by the engine on add, which knows the model's length) and whose logprobs and
+    prompt_logprobs are not ALL_LOGPROBS (-1, "the whole vocabulary", resolved there too); an int priority; a cache_key as
     spec.validation.check_cache_key says; a finite real arrival_time (default
     time.monotonic())."""
     if not isinstance(request_id, str) or not request_id:
@@ -138,6 +139,12 @@ def check_request_args(
             "Request.params.max_tokens must be an int: None (up to max_model_len) is resolved by "
             "the engine on add (EngineCore.add_request), got None"
         )
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(params, name) == ALL_LOGPROBS:
+            raise ValueError(
+                f"Request.params.{name} must be None or >= 0: {ALL_LOGPROBS} (the whole vocabulary) "
+                "is resolved by the engine on add (EngineCore.add_request), got -1"
+            )
     if eos_token_id is not None:
         eos_token_id = check_token_id("Request.eos_token_id", eos_token_id)
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):

@@ -39,6 +39,7 @@ from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningSt
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 from enginespec.entrypoints.openai.tool_calls import ToolCall, ToolCallStream, split_calls
+from enginespec.spec.params import ALL_LOGPROBS
 
 RETRY_AFTER_S = 1
 
@@ -444,12 +445,14 @@ def _completion_logprobs(ctx, token_ids, logprobs, offset: int) -> Optional[dict
 
 
 def _chat_logprobs(ctx, token_ids, logprobs, k: int) -> Optional[dict]:
+    """The chat choice's logprobs: per token its own and the k best (k = -1: all the engine
+    returned, the whole vocabulary, as SamplingParams.logprobs = -1 asks)."""
     if logprobs is None:
         return None
-    content = []
+    content, end = [], None if k == ALL_LOGPROBS else k
     for tok, entry in zip(token_ids, logprobs):
         text = _token_text(ctx, tok, entry.get(tok))
-        top = [(_token_text(ctx, t, lp), lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:k]]
+        top = [(_token_text(ctx, t, lp), lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:end]]
         content.append(
             {
                 "token": text,
