@@ -179,12 +179,16 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
     """The checks of a body as a whole (SamplingParams checks the sampling fields), as vLLM
     makes them: stream_options that set anything need stream=true ({} and null set nothing);
     a priority other than 0 needs the priority policy (fcfs would ignore it); an OpenAI field
-    this server does not implement is refused by name unless its value is a no-op."""
+    this server does not implement is refused by name unless its value is a no-op; a stream
+    has no frame for prompt logprobs, so prompt_logprobs > 0 with stream=true is refused rather
+    than computed and dropped (vLLM's rule, which lets 0 pass)."""
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise APIError(400, f"`{unsupported}` is not supported by this server", unsupported)
     if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
         raise APIError(400, "stream_options can only be set when stream is true", "stream_options")
+    if body.stream and body.prompt_logprobs:
+        raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     if body.priority != 0 and not ctx.engine.priority_scheduling:
         raise APIError(
             400,

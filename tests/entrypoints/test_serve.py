@@ -586,6 +586,18 @@ def test_stream_options_without_stream_is_400(server):
         assert server.post("/v1/completions", {**body, "stream_options": options}).status_code == 200
 
 
+def test_prompt_logprobs_with_stream_is_400(server):
+    """As vLLM: a stream has no place for prompt logprobs, so asking for them is refused (they
+    were computed, the prefix cache skipped for them, and then dropped); 0 passes, as in vLLM."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2, "stream": True}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2, "stream": True}
+    for path, base in (("/v1/completions", body), ("/v1/chat/completions", chat)):
+        err = _error(server.post(path, {**base, "prompt_logprobs": 1}), 400)
+        assert err["param"] == "prompt_logprobs" and "stream" in err["message"]
+        assert server.post(path, {**base, "prompt_logprobs": 0}).status_code == 200
+    assert server.state()["num_pending"] == 0
+
+
 def test_priority_needs_priority_scheduling(server):
     """The server runs the default fcfs policy: a priority other than 0 would be ignored."""
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
