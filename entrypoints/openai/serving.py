@@ -296,7 +296,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_di
 async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect):
     ctx.check_model(body.model)
     _check_request(ctx, body)
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs and not body.logprobs:  # 0 asks for nothing: served, as vLLM does
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     tools, tool_parsing = _tool_options(ctx, body)
     text = render_chat(ctx, body, tools)

@@ -343,6 +343,19 @@ def test_logprobs_and_prompt_logprobs(client):
     assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
 
 
+def test_top_logprobs_needs_logprobs_unless_it_is_zero(server):
+    """As vLLM: top_logprobs > 0 without logprobs=true is a 400 naming it; 0 (or null) without
+    it asks for nothing and is served without logprobs."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    for logprobs in ({}, {"logprobs": False}):
+        err = _error(server.post("/v1/chat/completions", {**chat, **logprobs, "top_logprobs": 2}), 400)
+        assert err["param"] == "top_logprobs" and "logprobs" in err["message"]
+        for top in (0, None):
+            resp = server.post("/v1/chat/completions", {**chat, **logprobs, "top_logprobs": top})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["logprobs"] is None
+
+
 def test_logprobs_above_max_logprobs_are_400_naming_the_field(server):
     """The server runs the default max_logprobs (20), as vLLM: more is a 400 in vLLM's words,
     for completions logprobs, chat top_logprobs and prompt_logprobs alike; 20 is served."""
