@@ -216,10 +216,13 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
 
 def _bad_field(call: _Call, exc: ValueError) -> APIError:
     """bad_request under the body's name of the field: chat asks SamplingParams.logprobs as
-    top_logprobs."""
+    top_logprobs, and max_tokens as max_completion_tokens where the body set that one (it wins
+    over max_tokens)."""
     err = bad_request(exc)
     if call.kind == "chat" and err.param == "logprobs":
         err.param = "top_logprobs"
+    elif err.param == "max_tokens" and getattr(call.body, "max_completion_tokens", None) is not None:
+        err.param = "max_completion_tokens"
     return err
 
 

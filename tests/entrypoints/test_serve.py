@@ -511,6 +511,9 @@ def test_the_context_rule_at_the_front_end(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 10_000}
     err = _error(post("/v1/chat/completions", body), 400)
     assert err["param"] == "max_completion_tokens" and "too large: 10000" in err["message"]
+    for value in (0, -3):  # below the bound: named as the client named it, too
+        err = _error(post("/v1/chat/completions", {**body, "max_completion_tokens": value}), 400)
+        assert err["param"] == "max_completion_tokens" and f"got {value}" in err["message"]
     resp = post("/v1/completions", {"model": MODEL, "prompt": [5] * 250, "ignore_eos": True})
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
