@@ -69,11 +69,24 @@ async def _parse(request: Request, model: type[BaseModel]):
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ()))
-        raise APIError(
-            400, f"{param}: {first.get('msg')} ({exc.error_count()} error(s))", param or None
-        ) from None
+        param, error = _field_error(exc)
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        raise APIError(400, f"{where}: {error.get('msg')} ({exc.error_count()} error(s))", param) from None
+
+
+def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:
+    """(the body field at fault, the error to report) of a failed validation. A union field
+    (prompt, stop) fails once per member type, each located under pydantic's member label
+    ("prompt.str", "stop.list[str].0"), which names no field: the param is the body's own
+    field, and the error reported is the one of the member that matched furthest (the deepest
+    location; the first of those), so that `stop: [1]` is told a list item is not a string,
+    not that the list is not a string."""
+    errors = exc.errors()
+    loc = errors[0].get("loc", ())
+    if not loc:
+        return None, errors[0]
+    same_field = [e for e in errors if e.get("loc", ())[:1] == loc[:1]]
+    return str(loc[0]), max(same_field, key=lambda e: len(e["loc"]))
 
 
 class _ApiKeyGuard:

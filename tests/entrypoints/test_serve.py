@@ -500,6 +500,30 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
 
 
+def test_a_wrong_type_is_a_400_naming_the_field_as_the_body_does(server):
+    """param is the body's field, also for the union fields (prompt, stop), whose member types
+    pydantic reports under labels that name no field ("prompt.str"); the message is that of the
+    member the value matched furthest (a list whose item is wrong: that item)."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    cases = [
+        ({"max_tokens": "x"}, "max_tokens", "max_tokens: Input should be a valid integer"),
+        ({"stop": [1]}, "stop", "stop.list[str].0: Input should be a valid string"),
+        ({"prompt": [[5, "a"]]}, "prompt", "prompt.list[list[int]].0.1: Input should be a valid integer"),
+        ({"prompt": 5}, "prompt", "prompt.str: Input should be a valid string"),
+        ({"logit_bias": {"5": "x"}}, "logit_bias", "logit_bias.5: Input should be a valid number"),
+        (
+            {"stream": True, "stream_options": {"include_usage": 2}},
+            "stream_options",
+            "stream_options.include",
+        ),
+    ]
+    for extra, param, message in cases:
+        err = _error(server.post("/v1/completions", {**body, **extra}), 400)
+        assert err["param"] == param and err["message"].startswith(message), (extra, err)
+    chat = {"model": MODEL, "messages": [1], "max_tokens": 2}
+    assert _error(server.post("/v1/chat/completions", chat), 400)["param"] == "messages"
+
+
 def test_the_context_rule_at_the_front_end(server):
     """A set max_tokens that does not fit beside the prompt is a 400 naming it (vLLM's and
     OpenAI's rule; max_completion_tokens by its own name), a prompt that fills the context a 400
