@@ -171,12 +171,14 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _parse(request, CompletionRequest)
-        return _result(await create_completion(ctx, body, _disconnect_waiter(request)))
+        header_id = request.headers.get("x-request-id")
+        return _result(await create_completion(ctx, body, _disconnect_waiter(request), header_id))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _parse(request, ChatCompletionRequest)
-        return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request)))
+        header_id = request.headers.get("x-request-id")
+        return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request), header_id))
 
 
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:

@@ -80,6 +80,8 @@ class _Sampling(_Strict):
     cache_salt: Optional[str] = None
     prompt_logprobs: Optional[int] = None
     return_token_ids: Optional[bool] = False
+    # the response's id ("cmpl-" / "chatcmpl-" + it); the X-Request-Id header wins (vLLM's rule)
+    request_id: Optional[str] = None
 
     _UNSUPPORTED: ClassVar[dict] = {}
 

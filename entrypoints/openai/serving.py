@@ -94,7 +94,7 @@ class _Call:
     """One HTTP request in flight: ids, prompts, params and its streaming progress."""
 
     kind: str  # "completion" or "chat"
-    response_id: str
+    response_id: str  # the id the client sees (its own, if it named one)
     model: str
     body: _Sampling
     prompts: list[tuple[Optional[str], list[int]]]
@@ -103,6 +103,8 @@ class _Call:
     index_of: dict = field(default_factory=dict)  # engine request id -> prompt index
     choices: dict = field(default_factory=dict)  # choice index -> _Choice
     finals: dict = field(default_factory=dict)  # engine request id -> final RequestOutput
+    # base of the engine's request ids: unique per call even where clients reuse an id
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # a chat call under --reasoning-parser: the parser, and whether replies begin in their thinking
     reasoning: Optional[ReasoningParser] = None
     starts_in_reasoning: bool = False
@@ -201,7 +203,7 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
 async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
     subs = []
     for i, (text, ids) in enumerate(call.prompts):
-        rid = call.response_id if len(call.prompts) == 1 else f"{call.response_id}-{i}"
+        rid = call.engine_id if len(call.prompts) == 1 else f"{call.engine_id}-{i}"
         call.index_of[rid] = i
         subs.append(NewRequest(rid, text, ids, params, call.body.priority, call.body.cache_salt))
     try:
@@ -278,14 +280,23 @@ def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx
         raise _bad_field(call, exc) from None
 
 
-async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_disconnect):
+def _base_id(body: _Sampling, header_id: Optional[str]) -> str:
+    """What follows the response id's prefix (vLLM's rule): the X-Request-Id header, else the
+    body's request_id, else a fresh uuid. Only the client sees it: the engine's request ids are
+    the call's own (_Call.engine_id), so concurrent requests may share one."""
+    return header_id or body.request_id or uuid.uuid4().hex
+
+
+async def create_completion(
+    ctx: ServerContext, body: CompletionRequest, wait_disconnect, header_id: Optional[str] = None
+):
     """A full completion body (dict), or an async iterator of SSE frames when streaming."""
     ctx.check_model(body.model)
     _check_request(ctx, body)
     prompts = completion_prompts(ctx, body.prompt)
     call = _Call(
         "completion",
-        f"cmpl-{uuid.uuid4().hex}",
+        f"cmpl-{_base_id(body, header_id)}",
         body.model or ctx.model_names[0],
         body,
         prompts,
@@ -296,7 +307,9 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, wait_di
     return await _respond(ctx, call, gen, wait_disconnect)
 
 
-async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect):
+async def create_chat_completion(
+    ctx: ServerContext, body: ChatCompletionRequest, wait_disconnect, header_id: Optional[str] = None
+):
     ctx.check_model(body.model)
     _check_request(ctx, body)
     if body.top_logprobs and not body.logprobs:  # 0 asks for nothing: served, as vLLM does
@@ -305,7 +318,12 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     text = render_chat(ctx, body, tools)
     prompts = [(text, _encode(ctx, text, add_special_tokens=False))]
     call = _Call(
-        "chat", f"chatcmpl-{uuid.uuid4().hex}", body.model or ctx.model_names[0], body, prompts, _stops(body)
+        "chat",
+        f"chatcmpl-{_base_id(body, header_id)}",
+        body.model or ctx.model_names[0],
+        body,
+        prompts,
+        _stops(body),
     )
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -695,6 +697,40 @@ def test_an_empty_model_name_is_the_served_model(server):
     chat = {"model": "", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
     assert server.post("/v1/chat/completions", chat).json()["model"] == MODEL
     assert server.post("/tokenize", {"model": "", "prompt": "ab"}).status_code == 200
+
+
+def test_a_clients_request_id_names_the_response_and_may_be_shared(server):
+    """As vLLM: the response id is "cmpl-" / "chatcmpl-" + the X-Request-Id header, else the
+    body's request_id (vLLM's extra field), else a fresh uuid. The engine's request ids stay the
+    server's own, so two requests in flight under one client id both run (none is refused as
+    an id in use)."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 3}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 3}
+    named = {**server.headers, "X-Request-Id": "trace-1"}
+    assert server.post("/v1/completions", {**body, "request_id": "mine"}).json()["id"] == "cmpl-mine"
+    resp = httpx.post(server.url("/v1/completions"), json={**body, "request_id": "mine"}, headers=named)
+    assert resp.json()["id"] == "cmpl-trace-1"
+    resp = httpx.post(server.url("/v1/chat/completions"), json=chat, headers=named)
+    assert resp.json()["id"] == "chatcmpl-trace-1"
+    streamed = _stream_frames(server, {**body, "request_id": "mine"})
+    assert streamed and {f["id"] for f in streamed} == {"cmpl-mine"}
+    httpx.post(server.url("/dev/pause"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            calls = [
+                pool.submit(httpx.post, server.url("/v1/completions"), json=body, headers=named, timeout=60)
+                for _ in range(2)
+            ]
+            deadline = time.monotonic() + 30
+            while server.state()["num_pending"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # both accepted: in flight together (the engine is paused)
+            assert server.state()["num_pending"] == 2
+            httpx.post(server.url("/dev/resume"))
+            replies = [call.result() for call in calls]
+    finally:
+        httpx.post(server.url("/dev/resume"))
+    assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
+    assert [r.json()["id"] for r in replies] == ["cmpl-trace-1"] * 2
 
 
 def test_version_route(server):
