@@ -554,7 +554,9 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
 def _message(call: _Call, text: str) -> dict:
     """A chat choice's message. Under --reasoning-parser the reply is split (null where empty;
     `reasoning` null where the request set include_reasoning false); with tool parsing its
-    content's tool calls go to `tool_calls` (the first only with parallel_tool_calls false)."""
+    content's tool calls go to `tool_calls` (the first only with parallel_tool_calls false),
+    which a reply without calls leaves out, as vLLM does: the SDK reads a `[]` as "not None",
+    and agent loops that test that take the answer for a call."""
     if not call.parsed:
         return {"role": "assistant", "content": text}
     message: dict = {"role": "assistant", "content": text or None}
@@ -564,7 +566,10 @@ def _message(call: _Call, text: str) -> dict:
     if call.tool_parsing:
         content, calls = split_calls(message["content"] or "")
         message["content"] = content or None
-        message["tool_calls"] = [_tool_call_json(c) for c in calls[: 1 if call.single_tool_call else None]]
+        if calls:
+            message["tool_calls"] = [
+                _tool_call_json(c) for c in calls[: 1 if call.single_tool_call else None]
+            ]
     return message
 
 
