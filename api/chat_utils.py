@@ -21,7 +21,12 @@ The rules (vLLM's, for templates that take string content):
 - tools: OpenAI's function tools, [{"type": "function", "function": {"name": ..., ...}}], go
   to the template (which lists them for the model, as Qwen's do); an assistant message's
   tool_calls carry their function.arguments as a JSON string (OpenAI's form), which is parsed to
-  an object for the template, as vLLM does (templates write it out with `tojson`).
+  an object for the template, as vLLM does (templates write it out with `tojson`). A null or
+  empty tool_calls is dropped (vLLM's rule: a template that tests `'tool_calls' in message`
+  would drop the message's content).
+- an assistant message's `reasoning` (the field the server answers with) also goes to the
+  template as `reasoning_content`, the name Qwen3's template reads, as vLLM passes it on: an
+  agent loop that sends the replies back keeps their thinking in the prompt.
 - chat_template_kwargs: extra variables for the template (e.g. {"enable_thinking": False} for
   Qwen3). The names the chat call sets itself (RESERVED_KWARGS) are refused; add_generation_prompt
   and continue_final_message given there lose to the arguments of those names (vLLM merges the
@@ -85,6 +90,10 @@ def chat_messages(messages) -> list[dict]:
         if message.get("tool_calls"):
             clean["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
                                    for j, call in enumerate(message["tool_calls"])]  # fmt: skip
+        elif "tool_calls" in message:  # null or []: no calls (templates test `'tool_calls' in m`)
+            del clean["tool_calls"]
+        if message.get("role") == "assistant" and isinstance(message.get("reasoning"), str):
+            clean["reasoning_content"] = message["reasoning"]
         out.append(clean)
     return out
 

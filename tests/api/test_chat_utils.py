@@ -129,6 +129,24 @@ def test_chat_template_kwargs_reach_the_template(tokenizer):
     )
 
 
+def test_an_assistants_reasoning_and_empty_tool_calls_reach_the_template_as_vllm_passes_them(tokenizer):
+    """A reply sent back as the server answered it: its `reasoning` is the template's
+    `reasoning_content` too (Qwen3's template reads that name), and a null or empty tool_calls
+    is no tool_calls (a template testing `'tool_calls' in m` would drop the content)."""
+    template = (
+        "{% for m in messages %}{{ m['role'][0] }}:"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{% if 'tool_calls' in m %}C{% else %}{{ m['content'] }}{% endif %};{% endfor %}"
+    )
+    replies = [
+        {"role": "assistant", "content": "Yo", "reasoning": "r", "tool_calls": calls} for calls in (None, [])
+    ]
+    prompt = render_chat(
+        tokenizer, [CONVERSATION[0], *replies], chat_template=template, add_generation_prompt=False
+    )
+    assert prompt == "u:hi;a:<think>r</think>Yo;a:<think>r</think>Yo;"
+
+
 def test_chat_template_kwargs_the_call_sets_itself_are_refused(tokenizer):
     kw = dict(chat_template=TEMPLATE)
     for name in ("chat_template", "tokenize", "messages", "conversation", "tools", "documents"):
