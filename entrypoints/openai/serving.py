@@ -338,11 +338,19 @@ async def create_chat_completion(
 
 def _tool_options(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[Optional[list], bool]:
     """(the tools for the template, whether replies are parsed for calls), by vLLM's rules:
-    tool_choice defaults to "auto" when tools are given; "auto" needs --enable-auto-tool-choice
-    and --tool-call-parser; "none" still shows the tools to the template but parses nothing;
-    "required" and a named function need guided decoding, which this server does not do."""
-    tools = body.tools or None  # [] is none
+    tools, when given, is a non-empty list (OpenAI's rule too); tool_choice defaults to "auto"
+    when tools are given, and any other than "none" needs tools; "auto" needs
+    --enable-auto-tool-choice and --tool-call-parser; "none" still shows the tools to the
+    template but parses nothing; "required" and a named function need guided decoding, which
+    this server does not do."""
+    tools = body.tools
+    if tools == []:
+        raise APIError(
+            400, "`tools` must not be an empty array: give at least one tool or leave the field out", "tools"
+        )
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+    if choice != "none" and tools is None:
+        raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice == "required" or isinstance(choice, dict):
         raise APIError(
             400,

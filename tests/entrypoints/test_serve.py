@@ -764,15 +764,19 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
     assert (
         err["param"] == "tool_choice" and "--enable-auto-tool-choice and --tool-call-parser" in err["message"]
     )
-    err = _error(server.post("/v1/chat/completions", {**chat, "tool_choice": "required"}), 400)
+    err = _error(
+        server.post("/v1/chat/completions", {**chat, "tools": tools, "tool_choice": "required"}), 400
+    )
     assert err["param"] == "tool_choice" and "guided decoding" in err["message"]
+    err = _error(server.post("/v1/chat/completions", {**chat, "tools": [], "tool_choice": "auto"}), 400)
+    assert err["param"] == "tools" and "must not be an empty array" in err["message"]  # vLLM's, OpenAI's
     for extra in ({"echo": False}, {"suffix": ""}, {"best_of": 1}, {"best_of": 2, "n": 2}):
         assert server.post("/v1/completions", {**body, **extra}).status_code == 200, extra
     no_ops = [
         {"response_format": {"type": "text"}},
         {"tool_choice": "none"},
         {"tools": tools, "tool_choice": "none"},  # shown to the template, no calls parsed (vLLM's default)
-        {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False},
+        {"tools": tools, "tool_choice": "none", "parallel_tool_calls": False},
         {"store": False},
     ]
     for extra in no_ops:

@@ -206,6 +206,11 @@ def test_an_assistant_calls_arguments_reach_the_template_as_an_object(engine):
         (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice", "must be"),
         (dict(tools=[{"type": "function", "function": {}}]), "tools", r"tools\[0\] must be"),
         (dict(tools=TOOLS, parallel_tool_calls="yes"), "parallel_tool_calls", "must be a bool"),
+        # vLLM's (and OpenAI's): no empty tools, no tool_choice but "none" without tools
+        (dict(tools=[]), "tools", "must not be an empty array"),
+        (dict(tools=[], tool_choice="none"), "tools", "must not be an empty array"),
+        (dict(tool_choice="auto"), "tool_choice", "`tools` must be set"),
+        (dict(tool_choice="required"), "tool_choice", "`tools` must be set"),
     ],
 )
 def test_bad_tool_requests_are_400s_naming_the_field(engine, fields, param, message):
