@@ -653,8 +653,24 @@ def _usage_frames(ctx, call: _Call, head: str, out) -> list[str]:
         if choice is not None:
             done = len(completion.token_ids)
             usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
-            frames.append(_frame_choice_usage(head, choice, usage))
+            frames.extend(_frame_choice_usage(head, part, usage) for part in _finish_apart(choice))
     return frames
+
+
+def _finish_apart(choice: Union[dict, str]) -> list:
+    """[choice]; or, for a finishing chat choice that brings tool calls, that choice without its
+    finish and then one with only the finish (an empty delta), for two frames. The openai SDK's
+    stream helper closes a call (its `tool_calls.function.arguments.done` event) when a later
+    chunk moves past it, or at a finish_reason, which it handles before the chunk's calls: a
+    call arriving with the finish would never be closed. (vLLM sends a call's name before its
+    end, so its calls never arrive with the finish.)"""
+    if type(choice) is str or choice["finish_reason"] is None or "tool_calls" not in choice.get("delta", {}):
+        return [choice]
+    finish = {"index": choice["index"], "delta": {}, "logprobs": None}
+    finish.update(finish_reason=choice["finish_reason"], stop_reason=choice["stop_reason"])
+    if "token_ids" in choice:
+        finish["token_ids"] = []
+    return [{**choice, "finish_reason": None, "stop_reason": None}, finish]
 
 
 def _plain_choice_json(kind: str, index: int, delta_text: str) -> str:
@@ -772,7 +788,8 @@ def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) 
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
     error after the stream started goes out as one error frame, then [DONE]. A frame has the
-    news of one output's choices; with continuous usage, of one choice (see _usage_frames)."""
+    news of one output's choices; with continuous usage, of one choice (see _usage_frames). A
+    finish that comes with tool calls follows them in a frame of its own (_finish_apart)."""
     head = _chunk_head(call)
     continuous = call.body.continuous_usage
     try:
@@ -794,13 +811,17 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                     for usage_frame in _usage_frames(ctx, call, head, out):
                         yield usage_frame
                     continue
-                choices = []
+                choices, finishes = [], []
                 for completion in out.outputs:
                     choice = _delta_choice(ctx, call, out, completion)
                     if choice is not None:
-                        choices.append(choice)
+                        first, *finish = _finish_apart(choice) if call.tool_parsing else (choice,)
+                        choices.append(first)
+                        finishes.extend(finish)
                 if choices:
                     yield _frame_choices(head, choices)
+                if finishes:
+                    yield _frame_choices(head, finishes)
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(ctx, call, outputs)))

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
 
 from enginespec import LLM, SamplingParams
 from enginespec.chat_utils import render_chat
@@ -28,6 +30,7 @@ from enginespec.entrypoints.openai.serving import (
     _Call,
     _delta_choice,
     _full_choice,
+    _stream,
     create_chat_completion,
 )
 from enginespec.testing.checkpoints import tiny_model_dir
@@ -113,6 +116,48 @@ def test_the_stream_carries_the_full_bodys_content_and_calls(pieces, reasoning):
     assert _streamed_calls(choices) == [c["function"] for c in message.get("tool_calls", [])]
     assert ("".join(c["delta"].get("content", "") for c in choices) or None) == message["content"]
     assert choices[-1]["finish_reason"] == full["finish_reason"]
+
+
+class _Scripted:
+    """A Generation that yields these outputs, one a step (the engine's steps, or outputs
+    coalesced while the event loop was busy)."""
+
+    def __init__(self, outputs):
+        self.outputs, self.done = list(outputs), False
+
+    async def next(self):
+        out = self.outputs.pop(0)
+        self.done = out.finished
+        return [("output", out)]
+
+    def abort(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_the_sdks_stream_helper_closes_a_call_that_comes_with_the_finish(continuous):
+    """The openai SDK's ChatCompletionStreamState (what client.chat.completions.stream runs)
+    fires `tool_calls.function.arguments.done` for every call, the last one included, when that
+    call arrives in the same engine output as the finish (here the whole second call)."""
+    options = {"include_usage": True, "continuous_usage_stats": continuous}
+    call = _call()
+    call.body = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stream=True, stream_options=options)
+    outputs = [_output(CALL), _output(CALL + CALL, "stop")]
+    for out in outputs:
+        out.finished = out.outputs[0].finish_reason is not None
+
+    async def frames():
+        return [f async for f in _stream(ServerContext(None, None, ["m"], 64), call, _Scripted(outputs))]
+
+    state = ChatCompletionStreamState(input_tools=TOOLS)
+    done = []
+    for raw in asyncio.run(frames())[:-1]:  # the last is [DONE]
+        for event in state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(raw[len("data: ") :]))):
+            if event.type == "tool_calls.function.arguments.done":
+                done.append((event.index, event.name))
+    assert done == [(0, "get_weather"), (1, "get_weather")]
+    choice = state.get_final_completion().choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 2
 
 
 # ---- over a real engine ---------------------------------------------------------------------
