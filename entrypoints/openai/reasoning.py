@@ -19,8 +19,11 @@ whole reply's):
   reasoning (a model cut off mid-thought), as vLLM's qwen3 and deepseek_r1 parsers return it.
 - An empty part is None (null), as vLLM returns it.
 
-Not done here: vLLM's qwen3 parser also ends the reasoning at a `<tool_call>` tag; this server
-has no tool calling, so that case cannot arise from its own requests.
+With tool calls (openai/tool_calls.py) only the content part is parsed for them: a
+`<tool_call>` block inside unclosed thinking is reasoning. vLLM's qwen3 parser ends the
+reasoning at a `<tool_call>` only when `<function=` follows it (the XML call format of
+Qwen3-Coder and Qwen3.5, not the hermes JSON this server parses), so for hermes calls it
+splits as this does.
 """
 
 from __future__ import annotations
