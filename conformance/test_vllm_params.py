@@ -216,3 +216,104 @@ def test_stream_honours_output_kind(impl):
     cumulative = run(RequestOutputKind.CUMULATIVE)
     assert sorted(summary(o) for o in cumulative if o.finished) == sorted(map(summary, want))
     check_idle(llm.engine.block_manager.state(), llm.engine.block_manager.num_blocks)
+
+
+# ---- vLLM's request extras: bad_words, truncate_prompt_tokens, logprobs=True, extra_args
+
+#: plain characters of the tiny tokenizer ("E" .. "J"): one token each, so a word's text is its ids
+PLAIN = tuple(range(CHAR, CHAR + 6))
+
+
+def _pairs(ids) -> set:
+    return set(zip(ids, ids[1:]))
+
+
+def test_bad_words_are_never_generated(impl):
+    """vLLM's bad_words (it was a TypeError): a one-token word is never drawn, a two-token word
+    never completed, with or without async scheduling (whose device path leaves such a batch to
+    the serial sampler: the ban reads the newest output token). Seeded draws over six plain
+    characters, so the free run holds both words and the banned run must avoid them."""
+    llm = make_llm(impl)
+    tok = llm.get_tokenizer()
+    base = SamplingParams(max_tokens=16, temperature=1.0, seed=11, ignore_eos=True, allowed_token_ids=PLAIN)
+    free = _one(llm, base).token_ids
+    single = free[0]
+    pair = next(p for p in zip(free, free[1:]) if single not in p)
+    banned = dataclasses.replace(base, bad_words=[tok.decode([single]), " " + tok.decode(list(pair))])
+    assert banned.bad_words_token_ids == ()  # tokenized by the engine, on add
+    out = _one(llm, banned).token_ids
+    assert single not in out and pair not in _pairs(out) and len(out) == 16
+    assert _one(make_llm(impl, async_scheduling=False), banned).token_ids == out
+    ids = dataclasses.replace(base, bad_words_token_ids=[[single], list(pair)])  # the same, as ids
+    assert _one(llm, ids).token_ids == out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bad_words": ["ok", ""]}, "bad_words must be non-empty strings"),
+        ({"bad_words": [b"x"]}, "bad_words must be non-empty strings"),
+        ({"bad_words_token_ids": [[1], []]}, "bad_words_token_ids must be non-empty"),
+        ({"bad_words_token_ids": [[1, -2]]}, "bad_words_token_ids must hold token ids"),
+        ({"bad_words_token_ids": [[t] for t in range(129)]}, "at most 128 token sequences"),
+    ],
+)
+def test_bad_words_bounds(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_words_are_checked_on_add(impl):
+    """Against the vocabulary and vLLM's bound of 128 sequences once tokenized; one bad
+    request leaves nothing queued."""
+    llm = make_llm(impl)
+    assert SamplingParams(bad_words=["a", "a", "b"]).bad_words == ("a", "b")  # repeats dropped
+    with pytest.raises(ValueError, match=r"bad_words_token_ids must be token ids < vocab_size \(96\)"):
+        _one(llm, SamplingParams(bad_words_token_ids=[[96]]))
+    words = [chr(0x4E00 + i) * 2 for i in range(129)]  # 129 words, one sequence each here
+    with pytest.raises(ValueError, match="bad_words must be at most 128 token sequences"):
+        _one(llm, SamplingParams(bad_words=words))
+    assert not llm.engine.has_unfinished
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(impl):
+    """vLLM's truncate_prompt_tokens (it was a TypeError): k keeps the prompt's last k tokens,
+    -1 up to max_model_len; k above max_model_len, 0 and below -1 are ValueErrors naming it."""
+    llm = make_llm(impl)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompt = list(range(5, 25))
+    cut = llm.generate({"prompt_token_ids": prompt}, dataclasses.replace(greedy, truncate_prompt_tokens=6))[0]
+    assert cut.prompt_token_ids == prompt[-6:]
+    assert cut.outputs[0].token_ids == _one(llm, greedy, prompt[-6:]).token_ids
+    whole = dataclasses.replace(greedy, truncate_prompt_tokens=-1)
+    assert llm.generate({"prompt_token_ids": prompt}, whole)[0].prompt_token_ids == prompt
+    assert dataclasses.replace(greedy, truncate_prompt_tokens=64).truncate_prompt_tokens == 64
+    with pytest.raises(ValueError, match=r"truncate_prompt_tokens must be <= max_model_len \(64\)"):
+        _one(llm, dataclasses.replace(greedy, truncate_prompt_tokens=65))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match=r"truncate_prompt_tokens must be (an int|None, -1)"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    assert not llm.engine.has_unfinished
+
+
+def test_logprobs_true_means_one(impl):
+    """vLLM reads logprobs=True (and prompt_logprobs=True) as 1; they were ValueErrors."""
+    assert SamplingParams(logprobs=True, prompt_logprobs=True) == SamplingParams(
+        logprobs=1, prompt_logprobs=1
+    )
+    assert SamplingParams(logprobs=False).logprobs == 0
+    llm = make_llm(impl)
+    one = _one(llm, SamplingParams(max_tokens=3, temperature=0.0, logprobs=1))
+    assert _one(llm, SamplingParams(max_tokens=3, temperature=0.0, logprobs=True)).logprobs == one.logprobs
+
+
+def test_extra_args_pass_through(impl):
+    """vLLM's extra_args (it was a TypeError): a dict kept as given, read by nothing in the
+    engine, so the output is the one without it; anything but a dict is refused."""
+    params = SamplingParams(max_tokens=3, temperature=0.0, extra_args={"plugin": [1, 2]})
+    assert params.extra_args == {"plugin": [1, 2]}
+    llm = make_llm(impl)
+    plain = dataclasses.replace(params, extra_args=None)
+    assert _one(llm, params).token_ids == _one(llm, plain).token_ids
+    with pytest.raises(ValueError, match="extra_args must be None or a dict"):
+        SamplingParams(extra_args=[("plugin", 1)])

@@ -404,7 +404,7 @@ class EngineCore:
         """Validate and queue one user request (n samples). Any exception (a ValueError for a
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
-        prompt_token_ids = self._validate(request_id, prompt_token_ids, params, priority)
+        prompt_token_ids, params = self._validate(request_id, prompt_token_ids, params, priority)
         params = self._fit_max_tokens(params.with_vocab(self.vocab_size), len(prompt_token_ids))
         self._check_fits(len(prompt_token_ids), params.max_tokens)
         eos, extra_stops = self._eos_ids()
@@ -458,7 +458,9 @@ class EngineCore:
             sample.spec_decode = self.spec.track(request.request_id)
         return sample
 
-    def _validate(self, request_id, prompt_token_ids, params, priority) -> list[int]:
+    def _validate(self, request_id, prompt_token_ids, params, priority) -> tuple[list[int], SamplingParams]:
+        """(the prompt's ids, cut to truncate_prompt_tokens; the params, bad_words tokenized),
+        or a ValueError naming what is wrong."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self.parents or request_id in self._pending:
@@ -476,11 +478,31 @@ class EngineCore:
         ids = check_token_ids("prompt_token_ids", prompt_token_ids, self.vocab_size)
         if not ids:
             raise ValueError("prompt_token_ids must not be empty")
-        params.validate_vocab(self.vocab_size)
-        self._check_logprobs(params.with_vocab(self.vocab_size))
+        ids = self._truncate(ids, params.truncate_prompt_tokens)
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop (stop strings) needs a tokenizer; this engine has none")
-        return ids
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError(
+                "SamplingParams.bad_words needs a tokenizer; this engine has none (give "
+                "bad_words_token_ids instead)"
+            )
+        params = params.with_bad_words_tokens(self.tokenizer)
+        params.validate_vocab(self.vocab_size)
+        self._check_logprobs(params.with_vocab(self.vocab_size))
+        return ids, params
+
+    def _truncate(self, ids: list[int], keep: Optional[int]) -> list[int]:
+        """The last `keep` prompt tokens (vLLM's truncate_prompt_tokens: None keeps all, -1 up
+        to max_model_len); a keep above max_model_len is a ValueError naming it, as in vLLM."""
+        if keep is None:
+            return ids
+        if keep > self.max_model_len:
+            raise ValueError(
+                f"SamplingParams.truncate_prompt_tokens must be <= max_model_len "
+                f"({self.max_model_len}), got {keep}"
+            )
+        keep = self.max_model_len if keep == -1 else keep
+        return ids[-keep:]
 
     def _fit_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
         """max_tokens (and min_tokens) within the room the prompt leaves under max_model_len, as

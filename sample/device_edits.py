@@ -1,6 +1,8 @@
 """The logit edits of `sampling_penalties` with every index uploaded once per batch of params.
 
 Same order and semantics (vLLM's): allowed_token_ids -> min_tokens -> logit_bias -> penalties.
+Bad words are not here: they ban by the newest output tokens, which may still be a placeholder
+on this path, so Sampler.sample_deferred leaves a batch that has them to the serial sampler.
 The host functions of `sampling_penalties` build their index tensors from Python lists each
 call with a synchronous copy; here those tensors are built once per distinct params list (the
 Sampler's BatchPlan keeps the EditPlan) through pinned, non-blocking uploads, so a step of the

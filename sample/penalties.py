@@ -1,7 +1,8 @@
 """Logit edits that depend on a request's history or its explicit token lists.
 
 Applied to the raw float32 logits before temperature, in this order (vLLM's):
-allowed_token_ids -> min_tokens -> logit_bias -> repetition / frequency / presence penalties.
+allowed_token_ids -> bad words -> min_tokens -> logit_bias -> repetition / frequency / presence
+penalties.
 Every function edits the rows it is given in place and is a no-op for rows that ask for nothing.
 Row work is vectorised: per-row Python only builds small index tensors once per call.
 """
@@ -34,6 +35,33 @@ def apply_allowed_tokens(logits: torch.Tensor, requests: Sequence) -> None:
     keep[torch.tensor(sorted(set(rows)), dtype=torch.long, device=dev)] = False
     keep[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = True
     logits.masked_fill_(~keep, NEG_INF)
+
+
+def banned_tokens(sequences: Sequence[Sequence[int]], past: Sequence[int]) -> list[int]:
+    """vLLM's bad-words rule: the last token of each sequence whose other tokens are the last
+    tokens of `past` (a one-token sequence: always; a sequence longer than past + 1: never)."""
+    out = []
+    for seq in sequences:
+        k = len(seq) - 1
+        if k == 0 or (k <= len(past) and tuple(past[-k:]) == tuple(seq[:k])):
+            out.append(seq[-1])
+    return out
+
+
+def apply_bad_words(logits: torch.Tensor, requests: Sequence) -> None:
+    """Rows with `bad_words_token_ids` get -inf on the tokens that would complete one of them
+    after the request's output so far (`banned_tokens`; the prompt does not count, as in vLLM
+    V1). Reads the host's output lists, so the newest token must be real (no placeholder)."""
+    rows, cols = [], []
+    for i, r in enumerate(requests):
+        sequences = r.params.bad_words_token_ids
+        if sequences:
+            banned = banned_tokens(sequences, r.output_token_ids)
+            rows.extend([i] * len(banned))
+            cols.extend(banned)
+    if rows:
+        dev = logits.device
+        logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = NEG_INF
 
 
 def stop_ids_to_mask(request) -> list[int]:

@@ -3,8 +3,8 @@
 Pipeline per call (row i belongs to requests[i]), all on [S, V] tensors, no per-row loop over
 the vocabulary:
 
-1. raw logits (upcast to float32) -> allowed_token_ids -> min_tokens -> logit_bias -> penalties
-   (`sampling_penalties`, vLLM's order and semantics);
+1. raw logits (upcast to float32) -> allowed_token_ids -> bad words -> min_tokens -> logit_bias
+   -> penalties (`sampling_penalties`, vLLM's order and semantics);
 2. random rows (temperature >= GREEDY_EPS) get one raw-space threshold each from min-p, top-k
    and top-p (`sampling_truncation`; no full sort in the common case);
 3. one draw over all rows (`sampling_draw`): inverse-CDF sampling of the cut softmax(x / T),
@@ -84,6 +84,7 @@ from enginespec.sample.penalties import (
     PenaltyColumns,
     aligned_rows,
     apply_allowed_tokens,
+    apply_bad_words,
     apply_logit_bias,
     apply_min_tokens,
     apply_penalties,
@@ -136,6 +137,7 @@ class SamplerOutput:
 def _needs_edits(params) -> bool:
     return (
         params.allowed_token_ids is not None
+        or bool(params.bad_words_token_ids)
         or params.min_tokens > 0
         or bool(params.logit_bias)
         or params.repetition_penalty != 1.0
@@ -144,10 +146,12 @@ def _needs_edits(params) -> bool:
     )
 
 
-def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool]:
-    """Which edits any row asks for: (allowed ids, min_tokens, logit_bias, penalties)."""
+def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool, bool]:
+    """Which edits any row asks for: (allowed ids, bad words, min_tokens, logit_bias,
+    penalties)."""
     return (
         any(p.allowed_token_ids is not None for p in params),
+        any(p.bad_words_token_ids for p in params),
         any(p.min_tokens > 0 for p in params),
         any(bool(p.logit_bias) for p in params),
         any(
@@ -160,16 +164,19 @@ def edit_kinds(params: Sequence) -> tuple[bool, bool, bool, bool]:
 def edit_logits(
     logits: torch.Tensor, requests: Sequence, seen_in_prompt=prompt_seen, kinds=None, **penalty
 ) -> torch.Tensor:
-    """Float32 logits with allowed-ids, min_tokens, bias and penalties applied (a copy when
-    anything changes; the caller's tensor is never modified). `kinds`: the batch's `edit_kinds`
-    when the caller keeps them (edits no row asks for are skipped without a pass over the rows);
-    `penalty` may carry the batch's cached `columns` (see `sampling_penalties.apply_penalties`)."""
-    allowed, min_tokens, bias, penalties = kinds or edit_kinds([r.params for r in requests])
-    if not (allowed or min_tokens or bias or penalties):
+    """Float32 logits with allowed-ids, bad words, min_tokens, bias and penalties applied (a
+    copy when anything changes; the caller's tensor is never modified). `kinds`: the batch's
+    `edit_kinds` when the caller keeps them (edits no row asks for are skipped without a pass
+    over the rows); `penalty` may carry the batch's cached `columns` (see
+    `sampling_penalties.apply_penalties`)."""
+    allowed, bans, min_tokens, bias, penalties = kinds or edit_kinds([r.params for r in requests])
+    if not (allowed or bans or min_tokens or bias or penalties):
         return logits.float()
     x = logits.to(torch.float32, copy=True)
     if allowed:
         apply_allowed_tokens(x, requests)
+    if bans:
+        apply_bad_words(x, requests)
     if min_tokens:
         apply_min_tokens(x, requests)
     if bias:
@@ -223,7 +230,8 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
 
 # Columns of a row's vector (RowSpec.vector): cut_draw's table first (NUM_PARAMS columns, min_p
 # in place of base_off), then what the plan's row lists are read from.
-EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES = range(8, 18)
+EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES, BANS = range(8, 19)
+WIDTH = BANS + 1  # a row vector's length
 
 
 class RowSpec(NamedTuple):
@@ -232,8 +240,8 @@ class RowSpec(NamedTuple):
     noisy: bool  # random (temperature >= GREEDY_EPS) rather than greedy
     temperature: float  # 1.0 for greedy rows
     seed: Optional[int]
-    # float64 [PRES + 1]: x_scale (log2(e) / T; 1 greedy), noisy, cut (a random row with a
-    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..PRES
+    # float64 [WIDTH]: x_scale (log2(e) / T; 1 greedy), noisy, cut (a random row with a
+    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..BANS
     vector: np.ndarray
     key: bytes  # the vector's bytes: rows that ask the same compare equal in one step
 
@@ -262,6 +270,7 @@ class RowSpec(NamedTuple):
                 p.repetition_penalty,
                 p.frequency_penalty,
                 p.presence_penalty,
+                float(bool(p.bad_words_token_ids)),
             ],
             dtype=np.float64,
         )
@@ -269,10 +278,10 @@ class RowSpec(NamedTuple):
 
 
 def row_matrix(specs: Sequence[RowSpec]) -> np.ndarray:
-    """float64 [S, PRES + 1]: the rows' vectors (each RowSpec's, converted to numpy once)."""
+    """float64 [S, WIDTH]: the rows' vectors (each RowSpec's, converted to numpy once)."""
     if not specs:
-        return np.zeros((0, PRES + 1))
-    return np.concatenate([s.vector for s in specs]).reshape(-1, PRES + 1)
+        return np.zeros((0, WIDTH))
+    return np.concatenate([s.vector for s in specs]).reshape(-1, WIDTH)
 
 
 def _rows(flags: np.ndarray) -> list[int]:
@@ -324,7 +333,9 @@ class BatchPlan:
             [params[i].seed & 0xFFFFFFFFFFFFFFFF for i in self.seeded_rows.tolist()], np.uint64
         )
         self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
-        kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, MIN_TOKENS, BIAS, PENALTY))
+        kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, BANS, MIN_TOKENS, BIAS, PENALTY))
+        # bad words read the newest output tokens, which the device path may not know yet
+        self.host_only = bool(m[:, BANS].any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
         self.edit_rows = _rows(m[:, EDITS])
@@ -556,7 +567,10 @@ class Sampler:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
         logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
-        buffer to copy). None for an empty batch. Edits use the batch's EditPlan (indices
+        buffer to copy). None for an empty batch, and for a batch with a row of bad words
+        (`BatchPlan.host_only`: they ban by the newest output tokens, which may still be a
+        placeholder here): the caller samples that step serially (__call__), after the
+        previous step's tokens are in. Edits use the batch's EditPlan (indices
         uploaded once) and the device-side output counts (`OutputCounts`, which this call
         updates with the drawn ids: the caller must append them, placeholder or real);
         top-p rows without a top-k settle their threshold on the device (`exact_thresholds`).
@@ -566,6 +580,8 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
+        if plan.host_only:
+            return None
         # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
         # are edited (edits work in float32, and both row sources must share a dtype)
         keep_dtype = self._fused(raw) and not plan.any_edits and raw.dtype in cut_draw.FLOAT_TYPES

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import InitVar, dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
 
@@ -69,6 +69,11 @@ def _output_kind(value: object) -> RequestOutputKind:
 
 #: logprobs / prompt_logprobs that ask for the whole vocabulary (vLLM's rule).
 ALL_LOGPROBS = -1
+#: truncate_prompt_tokens that keeps up to max_model_len prompt tokens (vLLM's rule).
+TRUNCATE_TO_MAX_MODEL_LEN = -1
+#: The most token sequences bad_words may ban once tokenized (vLLM's VLLM_MAX_NUM_BAD_WORDS
+#: default): each word can give two (with and without a leading space).
+MAX_NUM_BAD_WORDS = 128
 #: The seed that means "no seed" (vLLM's and OpenAI's rule): stored as None, so the request
 #: draws from the engine's generator like any unseeded one instead of repeating one fixed draw.
 UNSEEDED = -1
@@ -107,6 +112,18 @@ class SamplingParams:
     leaves the output's `text` "" (its token ids are returned as ever), and then `stop` must be
     empty (stop strings are matched in the text).
 
+    Request extras (vLLM's): `bad_words` bans words. The engine tokenizes each on add
+    (`with_bad_words_tokens`, vLLM's rule: the word with its leading spaces stripped, and again
+    after one space where that gives as many tokens with another first one) into
+    `bad_words_token_ids`, which may also be given directly (an engine without a tokenizer);
+    the sampler sets a sequence's last token to -inf whenever the output so far ends with the
+    rest of it, so a one-token word is never drawn and a longer one is never completed. Only
+    output tokens count, as in vLLM V1 (a prompt that ends with a word's prefix bans nothing).
+    `truncate_prompt_tokens` = k keeps the last k prompt tokens (-1: the last max_model_len),
+    applied by the engine on add. `extra_args` is a dict passed through untouched (vLLM's hook
+    for custom samplers and plugins; nothing in the engine reads it). `logprobs` and
+    `prompt_logprobs` take True as 1 (and False as 0: vLLM's rule, a bool being its int).
+
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
     max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
@@ -118,8 +135,12 @@ class SamplingParams:
     allowed_token_ids, logit_bias keys) as spec.validation.check_token_id says (any integral
     type, not bool), < vocab_size per `validate_vocab`; ignore_eos, include_stop_str_in_output,
     skip_special_tokens, spaces_between_special_tokens and detokenize bools; output_kind a
-    RequestOutputKind (or its int value). Integral fields accept numpy integers and store plain
-    ints.
+    RequestOutputKind (or its int value); bad_words non-empty strings (a str is one word, as
+    for stop; at most
+    MAX_NUM_BAD_WORDS = 128 token sequences once tokenized, vLLM's bound), bad_words_token_ids
+    non-empty sequences of token ids (as many at most); truncate_prompt_tokens None, -1 or >= 1
+    (<= max_model_len, checked by the engine); extra_args None or a dict. Integral fields accept
+    numpy integers and store plain ints.
     """
 
     max_tokens: Optional[int] = 16
@@ -145,6 +166,10 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    truncate_prompt_tokens: Optional[int] = None
+    extra_args: Optional[Mapping[str, Any]] = None
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
     def __post_init__(self, best_of: Optional[int]) -> None:
@@ -169,6 +194,7 @@ class SamplingParams:
         self._validate_stops()
         self._validate_counts()
         self._validate_biases()
+        self._validate_extras()
         self._set("output_kind", _output_kind(self.output_kind))
 
     def _validate_sampling(self) -> None:
@@ -221,7 +247,8 @@ class SamplingParams:
         self._set("n", whole("n", self.n, 1, MAX_N))
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                k = check_int("SamplingParams", name, getattr(self, name))
+                k = getattr(self, name)
+                k = int(k) if isinstance(k, bool) else check_int("SamplingParams", name, k)
                 _check(k >= ALL_LOGPROBS, name, f"None, {ALL_LOGPROBS} (the whole vocabulary) or >= 0", k)
                 self._set(name, k)
 
@@ -240,6 +267,75 @@ class SamplingParams:
             _check(len(ids) > 0, "allowed_token_ids", "a non-empty list of non-negative ints", ids)
             self._set("allowed_token_ids", ids)
 
+    def _validate_extras(self) -> None:
+        """bad_words (and their token sequences), truncate_prompt_tokens, extra_args."""
+        words = self.bad_words
+        if isinstance(words, str):
+            words = (words,)
+        _check(
+            not isinstance(words, (bytes, dict)) and isinstance(words, Iterable),
+            "bad_words",
+            "a list of non-empty strings",
+            words,
+        )
+        words = tuple(dict.fromkeys(words))  # vLLM drops repeats
+        _check(all(isinstance(w, str) and w for w in words), "bad_words", "non-empty strings", words)
+        self._set("bad_words", words)
+        seqs = self.bad_words_token_ids
+        _check(
+            not isinstance(seqs, (str, bytes, dict)) and isinstance(seqs, Iterable),
+            "bad_words_token_ids",
+            "a list of token id lists",
+            seqs,
+        )
+        seqs = tuple(dict.fromkeys(tuple(_ids("bad_words_token_ids", s)) for s in seqs))
+        _check(all(seqs), "bad_words_token_ids", "non-empty token id lists", seqs)
+        _check(
+            len(seqs) <= MAX_NUM_BAD_WORDS,
+            "bad_words_token_ids",
+            f"at most {MAX_NUM_BAD_WORDS} token sequences",
+            len(seqs),
+        )
+        self._set("bad_words_token_ids", seqs)
+        if self.truncate_prompt_tokens is not None:
+            k = check_int("SamplingParams", "truncate_prompt_tokens", self.truncate_prompt_tokens)
+            _check(
+                k >= 1 or k == TRUNCATE_TO_MAX_MODEL_LEN,
+                "truncate_prompt_tokens",
+                f"None, {TRUNCATE_TO_MAX_MODEL_LEN} (up to max_model_len) or >= 1",
+                k,
+            )
+            self._set("truncate_prompt_tokens", k)
+        if self.extra_args is not None:
+            _check(isinstance(self.extra_args, Mapping), "extra_args", "None or a dict", self.extra_args)
+            self._set("extra_args", dict(self.extra_args))
+
+    def with_bad_words_tokens(self, tokenizer) -> "SamplingParams":
+        """These params with bad_words tokenized into bad_words_token_ids (after those given),
+        vLLM's way (`SamplingParams.update_from_tokenizer`): each word with its leading spaces
+        stripped, then " " + that, which counts only where it gives as many tokens as the first
+        with another first token (a tokenizer that marks a word's start in its first token);
+        `tokenizer.encode(text, add_special_tokens=False)`. self when bad_words is empty. A
+        word that gives no token, or more than MAX_NUM_BAD_WORDS sequences in all, is a
+        ValueError naming bad_words."""
+        if not self.bad_words:
+            return self
+        seqs = list(self.bad_words_token_ids)
+        for word in self.bad_words:
+            plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            _check(bool(plain), "bad_words", "words that give at least one token", word)
+            spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            seqs.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                seqs.append(spaced)
+            _check(
+                len(seqs) <= MAX_NUM_BAD_WORDS,
+                "bad_words",
+                f"at most {MAX_NUM_BAD_WORDS} token sequences once tokenized",
+                self.bad_words,
+            )
+        return dataclasses.replace(self, bad_words_token_ids=tuple(seqs))
+
     @property
     def greedy(self) -> bool:
         """True when sampling is argmax (temperature 0)."""
@@ -252,6 +348,7 @@ class SamplingParams:
             ("stop_token_ids", self.stop_token_ids),
             ("allowed_token_ids", self.allowed_token_ids or ()),
             ("logit_bias", tuple(self.logit_bias or ())),
+            ("bad_words_token_ids", tuple(t for s in self.bad_words_token_ids for t in s)),
         ):
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, name, f"token ids < vocab_size ({vocab_size})", bad)

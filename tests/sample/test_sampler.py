@@ -9,6 +9,7 @@ Requests come from the implementation under test (`impl.new_request`), as in the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -127,11 +128,16 @@ def test_chi2_check_rejects_a_wrong_distribution():
 
 
 def reference_edit(logits: torch.Tensor, req) -> torch.Tensor:
-    """allowed ids -> min_tokens -> bias -> penalties, one token at a time, float64."""
+    """allowed ids -> bad words -> min_tokens -> bias -> penalties, one token at a time, float64."""
     p = req.params
     x = [float(v) for v in logits.double()]
     if p.allowed_token_ids is not None:
         x = [v if t in p.allowed_token_ids else -math.inf for t, v in enumerate(x)]
+    history = list(req.output_token_ids)
+    for word in p.bad_words_token_ids:  # banned where the output ends with the word's other tokens
+        *head, last = word
+        if len(head) <= len(history) and history[len(history) - len(head) :] == head:
+            x[last] = -math.inf
     if req.num_output_tokens < p.min_tokens:
         stops = set(p.stop_token_ids) | ({req.eos_token_id} if not p.ignore_eos else set())
         x = [-math.inf if t in stops else v for t, v in enumerate(x)]
@@ -331,8 +337,20 @@ def _random_requests(impl, rng, vocab: int, count: int, *, max_prompt: int, max_
     for i in range(count):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))]
         outputs = [rng.randrange(vocab) for _ in range(rng.randint(0, max_output))]
-        reqs.append(make_request(impl, _random_params(rng, vocab), prompt, outputs, rid=f"r{i}"))
+        params = dataclasses.replace(
+            _random_params(rng, vocab), bad_words_token_ids=_random_bans(rng, outputs, vocab)
+        )
+        reqs.append(make_request(impl, params, prompt, outputs, rid=f"r{i}"))
     return reqs
+
+
+def _random_bans(rng: random.Random, outputs: list, vocab: int) -> list:
+    """None, or bad-word sequences: a one-token word, a word that completes the output's last
+    two tokens, one that follows a prefix the output does not end with."""
+    if rng.random() < 0.4:
+        return []
+    tail = outputs[-2:]
+    return [[rng.randrange(vocab)], tail + [rng.randrange(vocab)], [rng.randrange(vocab) for _ in range(3)]]
 
 
 @pytest.mark.parametrize("case", range(4))
@@ -387,6 +405,31 @@ def test_allowed_token_ids_restrict_random_and_greedy(impl):
     greedy = make_request(impl, SamplingParams(temperature=0.0, allowed_token_ids=allowed))
     best = max(allowed, key=lambda t: logits[0, t].item())
     assert Sampler(32)(logits, [greedy]).token_ids == [best]
+
+
+def test_bad_words_ban_a_word_s_last_token_after_its_prefix(impl):
+    """vLLM's rule: a one-token word is banned always; a longer word's last token only where
+    the output (never the prompt) ends with the rest of it."""
+    logits = torch.arange(8, dtype=torch.float32).view(1, 8)  # token 7 best, then 6, 5, ...
+    params = SamplingParams(temperature=0.0, bad_words_token_ids=[[7], [2, 3, 6], [4, 5]])
+    sampler = Sampler(8)
+    for outputs, want in (((), 6), ((2,), 6), ((2, 3), 5), ((1, 2, 3), 5), ((4,), 6), ((2, 3, 1), 6)):
+        req = make_request(impl, params, prompt=(2, 3), outputs=outputs)
+        assert sampler(logits, [req]).token_ids == [want], outputs
+    free = make_request(impl, SamplingParams(temperature=0.0), outputs=(2, 3))
+    banned = make_request(impl, params, outputs=(2, 3), rid="b")
+    assert sampler(logits.expand(2, -1), [free, banned]).token_ids == [7, 5]  # per row
+
+
+def test_bad_words_leave_the_device_path(impl):
+    """sample_deferred declines a batch with bad words (None: the engine samples that step
+    serially, once the previous step's tokens are real), and takes one without."""
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    sampler = Sampler(8)
+    plain = [make_request(impl, SamplingParams(temperature=0.0), rid=f"p{i}") for i in range(2)]
+    banned = make_request(impl, SamplingParams(temperature=0.0, bad_words_token_ids=[[1]]), rid="b")
+    assert sampler.sample_deferred(logits, plain) is not None
+    assert sampler.sample_deferred(logits, [plain[0], banned]) is None
 
 
 # ---------------------------------------------------------------- logprobs
