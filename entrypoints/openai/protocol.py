@@ -80,6 +80,14 @@ class _Sampling(_Strict):
     cache_salt: Optional[str] = None
     prompt_logprobs: Optional[int] = None
     return_token_ids: Optional[bool] = False
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    # keep the prompt's last k tokens; -1: what max_tokens leaves of the context (serving._truncate)
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1, le=SEED_MAX)
+    # logprob tokens as "token_id:N" (text that is not valid UTF-8 stays identifiable)
+    return_tokens_as_token_ids: Optional[bool] = None
+    # vLLM's name of SamplingParams.extra_args over HTTP: passed through, read by nothing here
+    vllm_xargs: Optional[dict[str, Union[str, int, float, list[Union[str, int, float]]]]] = None
     # the response's id ("cmpl-" / "chatcmpl-" + it); the X-Request-Id header wins (vLLM's rule)
     request_id: Optional[str] = None
 
@@ -115,6 +123,7 @@ class CompletionRequest(_Sampling):
 
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: Optional[int] = None
+    add_special_tokens: bool = True  # a text prompt's BOS etc. (vLLM's default for completions)
     # not supported: refused unless a no-op (_COMPLETION_UNSUPPORTED)
     echo: Any = None
     suffix: Any = None
@@ -138,6 +147,8 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
 
     max_completion_tokens: Optional[int] = None
+    # off by default: the chat template writes the special tokens itself (vLLM's default)
+    add_special_tokens: bool = False
     # vLLM's: with --reasoning-parser, false leaves the reasoning out (the content stays as split)
     include_reasoning: bool = True
     logprobs: Optional[bool] = False

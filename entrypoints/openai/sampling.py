@@ -4,8 +4,11 @@ Defaults of the fields a request leaves unset: the checkpoint's generation_confi
 sampling defaults where it has them (engine/generation_config.py, as vLLM's server applies
 them), else OpenAI's: temperature 1, top_p 1, no top-k, min-p or penalties. vLLM's extras
 skip_special_tokens and spaces_between_special_tokens (default true) go to SamplingParams as
-they are. What SamplingParams lacks:
+they are, as do allowed_token_ids and bad_words; vllm_xargs becomes extra_args (vLLM's
+mapping). What SamplingParams lacks:
 - cache_salt, priority: not sampling settings; passed beside the params to the engine.
+- truncate_prompt_tokens, add_special_tokens, return_tokens_as_token_ids: the server applies
+  them to the prompt and the response itself (serving.py).
 """
 
 from __future__ import annotations
@@ -71,4 +74,7 @@ def to_sampling_params(
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=tuple(req.bad_words or ()),
+        extra_args=req.vllm_xargs,
     )

@@ -126,18 +126,42 @@ def _encode(ctx: ServerContext, text: str, add_special_tokens: bool = True) -> l
     return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def completion_prompts(ctx: ServerContext, prompt) -> list[tuple[Optional[str], list[int]]]:
-    """(text or None, ids) per prompt of a completions body (a string, ids, or a batch)."""
+def completion_prompts(
+    ctx: ServerContext, prompt, add_special_tokens: bool = True
+) -> list[tuple[Optional[str], list[int]]]:
+    """(text or None, ids) per prompt of a completions body (a string, ids, or a batch); text
+    is encoded with or without the tokenizer's special tokens (BOS, ...) as the body asks."""
     if isinstance(prompt, str):
-        return [(prompt, _encode(ctx, prompt))]
+        return [(prompt, _encode(ctx, prompt, add_special_tokens))]
     if not prompt:
         raise APIError(400, "prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         return [(None, list(prompt))]
     out = []
     for p in prompt:
-        out.extend(completion_prompts(ctx, p))
+        out.extend(completion_prompts(ctx, p, add_special_tokens))
     return out
+
+
+def _truncate(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> None:
+    """The body's truncate_prompt_tokens k applied to every prompt (vLLM's rule): the last k
+    tokens kept, k = -1 meaning all that max_tokens leaves of the context (max_model_len -
+    max_tokens, 16 for an unset completion max_tokens, 0 for chat's); a k above that, or 0, is a
+    400 naming it."""
+    k = call.body.truncate_prompt_tokens
+    if k is None:
+        return
+    asked = max_tokens if max_tokens is not None else (16 if call.kind == "completion" else 0)
+    room = ctx.max_model_len - asked
+    if k == 0 or k > room:
+        raise APIError(
+            400,
+            f"truncate_prompt_tokens={k} must be -1 or in [1, max_model_len - max_tokens = {room}]. "
+            f"Please request a smaller truncation size.",
+            "truncate_prompt_tokens",
+        )
+    keep = room if k == -1 else k
+    call.prompts = [(text, ids[-keep:]) for text, ids in call.prompts]
 
 
 def render_chat(
@@ -266,7 +290,9 @@ def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -
 def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
     """An unset max_tokens: 16 for a completion (lowered by the engine where the context has less
     room); for chat what the context leaves after the prompt, capped by generation_config.json's
-    max_new_tokens (vLLM's rule). A set one must fit (_check_context)."""
+    max_new_tokens (vLLM's rule). A set one must fit (_check_context) the prompts as
+    truncate_prompt_tokens leaves them (_truncate)."""
+    _truncate(call, ctx, max_tokens)
     _check_context(call, ctx, max_tokens)
     defaults = ctx.sampling_defaults
     if max_tokens is None and call.kind == "completion":
@@ -293,7 +319,7 @@ async def create_completion(
     """A full completion body (dict), or an async iterator of SSE frames when streaming."""
     ctx.check_model(body.model)
     _check_request(ctx, body)
-    prompts = completion_prompts(ctx, body.prompt)
+    prompts = completion_prompts(ctx, body.prompt, body.add_special_tokens)
     call = _Call(
         "completion",
         f"cmpl-{_base_id(body, header_id)}",
@@ -316,7 +342,7 @@ async def create_chat_completion(
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     tools, tool_parsing = _tool_options(ctx, body)
     text = render_chat(ctx, body, tools)
-    prompts = [(text, _encode(ctx, text, add_special_tokens=False))]
+    prompts = [(text, _encode(ctx, text, add_special_tokens=body.add_special_tokens))]
     call = _Call(
         "chat",
         f"chatcmpl-{_base_id(body, header_id)}",
@@ -453,42 +479,55 @@ def _finite(logprob: Optional[float]) -> Optional[float]:
     return max(float(logprob), -9999.0) if logprob is not None else None
 
 
-def _token_text(ctx: ServerContext, token: int, logprob=None) -> str:
+def _token_text(ctx: ServerContext, token: int, logprob=None, as_id: bool = False) -> str:
     """A token's text: the decoded_token its Logprob already carries (the engine's output
-    processor or the request stream named it, `decode([id])` as here), else decoded now."""
+    processor or the request stream named it, `decode([id])` as here), else decoded now;
+    "token_id:N" when `as_id` (vLLM's return_tokens_as_token_ids)."""
+    if as_id:
+        return f"token_id:{token}"
     named = getattr(logprob, "decoded_token", None)
     if named is not None:
         return named
     return ctx.tokenizer.decode([token]) if ctx.tokenizer is not None else f"token_id:{token}"
 
 
-def _completion_logprobs(ctx, token_ids, logprobs, offset: int) -> Optional[dict]:
+def _completion_logprobs(ctx, token_ids, logprobs, offset: int, as_ids: bool = False) -> Optional[dict]:
+    """The completion choice's logprobs; `as_ids`: tokens named "token_id:N" (text offsets
+    advance by those names' lengths, as vLLM's do)."""
     if logprobs is None:
         return None
     tokens, token_lps, tops, offsets = [], [], [], []
     for tok, entry in zip(token_ids, logprobs):
-        tokens.append(_token_text(ctx, tok, entry.get(tok)))
+        tokens.append(_token_text(ctx, tok, entry.get(tok), as_ids))
         token_lps.append(_finite(entry.get(tok)))
         tops.append(
-            {_token_text(ctx, t, lp): _finite(lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
+            {
+                _token_text(ctx, t, lp, as_ids): _finite(lp)
+                for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])
+            }
         )
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_logprobs(ctx, token_ids, logprobs, k: int) -> Optional[dict]:
+def _chat_logprobs(ctx, token_ids, logprobs, k: int, as_ids: bool = False) -> Optional[dict]:
     """The chat choice's logprobs: per token its own and the k best (k = -1: all the engine
-    returned, the whole vocabulary, as SamplingParams.logprobs = -1 asks)."""
+    returned, the whole vocabulary, as SamplingParams.logprobs = -1 asks). `as_ids`: tokens
+    named "token_id:N"; as in vLLM a sampled token's bytes stay its text's, a top entry's are
+    its name's."""
     if logprobs is None:
         return None
     content, end = [], None if k == ALL_LOGPROBS else k
     for tok, entry in zip(token_ids, logprobs):
         text = _token_text(ctx, tok, entry.get(tok))
-        top = [(_token_text(ctx, t, lp), lp) for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:end]]
+        top = [
+            (_token_text(ctx, t, lp, as_ids), lp)
+            for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])[:end]
+        ]
         content.append(
             {
-                "token": text,
+                "token": _token_text(ctx, tok, entry.get(tok), as_ids),
                 "logprob": _finite(entry.get(tok)),
                 "bytes": list(text.encode()),
                 "top_logprobs": [
@@ -515,9 +554,10 @@ def _prompt_logprobs(ctx, out) -> Optional[list]:
 
 
 def _logprobs(ctx, call: _Call, token_ids, logprobs, offset: int = 0):
+    as_ids = bool(call.body.return_tokens_as_token_ids)
     if call.kind == "completion":
-        return _completion_logprobs(ctx, token_ids, logprobs, offset)
-    return _chat_logprobs(ctx, token_ids, logprobs, call.body.top_logprobs or 0)
+        return _completion_logprobs(ctx, token_ids, logprobs, offset, as_ids)
+    return _chat_logprobs(ctx, token_ids, logprobs, call.body.top_logprobs or 0, as_ids)
 
 
 def _usage(ctx, call: _Call, outputs) -> dict:

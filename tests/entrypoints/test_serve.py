@@ -690,6 +690,65 @@ def test_null_is_unset_for_the_openai_fields(server):
     assert resp.status_code == 200 and len(resp.json()["choices"]) == 1, resp.text
 
 
+def test_vllms_sampling_extras_allowed_ids_bad_words_and_xargs(server, llm):
+    """vLLM's extra fields (they were 400s "Extra inputs are not permitted"): allowed_token_ids
+    and bad_words act as offline, vllm_xargs (SamplingParams.extra_args) is taken."""
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    free = server.post("/v1/completions", body).json()["choices"][0]["token_ids"]
+    word = llm.get_tokenizer().decode(free[:1])
+    for extra, params in (
+        ({"allowed_token_ids": [40, 41]}, {"allowed_token_ids": [40, 41]}),
+        ({"bad_words": [word]}, {"bad_words": [word]}),
+    ):
+        resp = server.post("/v1/completions", {**body, **extra, "vllm_xargs": {"plugin": [1, "a"]}})
+        assert resp.status_code == 200, resp.text
+        got = resp.json()["choices"][0]["token_ids"]
+        assert got == offline(llm, [5, 6, 7], max_tokens=8, temperature=0.0, **params) != free
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 4}
+    resp = server.post("/v1/chat/completions", {**chat, "bad_words": ["x"], "allowed_token_ids": [40]})
+    assert resp.json()["choices"][0]["message"]["content"] == "EEEE", resp.text
+    err = _error(server.post("/v1/completions", {**body, "bad_words": ["ok", ""]}), 400)
+    assert err["param"] == "bad_words" and "non-empty" in err["message"]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server):
+    """vLLM's truncate_prompt_tokens: k keeps the last k prompt tokens, -1 what max_tokens
+    leaves of the context (256 here); k above that, 0 and below -1 are 400s naming it."""
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    prompt = list(range(4, 94)) * 4  # 360 tokens: more than the context
+    cut = server.post("/v1/completions", {**body, "prompt": prompt, "truncate_prompt_tokens": 9}).json()
+    tail = server.post("/v1/completions", {**body, "prompt": prompt[-9:]}).json()
+    assert cut["usage"]["prompt_tokens"] == 9
+    assert cut["choices"][0]["token_ids"] == tail["choices"][0]["token_ids"]
+    most = server.post("/v1/completions", {**body, "prompt": prompt, "truncate_prompt_tokens": -1})
+    assert most.json()["usage"]["prompt_tokens"] == 250, most.text
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "abcdef"}], "max_tokens": 2}
+    resp = server.post("/v1/chat/completions", {**chat, "truncate_prompt_tokens": 3})
+    assert resp.json()["usage"]["prompt_tokens"] == 3, resp.text
+    for k in (251, 0, -2):
+        err = _error(
+            server.post("/v1/completions", {**body, "prompt": prompt, "truncate_prompt_tokens": k}), 400
+        )
+        assert err["param"] == "truncate_prompt_tokens", err
+
+
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server):
+    """vLLM's return_tokens_as_token_ids: logprob tokens read "token_id:N" (completions'
+    tokens and top_logprobs keys, chat's token fields); the text is unchanged."""
+    body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 3, "temperature": 0, "logprobs": 2}
+    plain = server.post("/v1/completions", {**body, "return_token_ids": True}).json()["choices"][0]
+    named = server.post("/v1/completions", {**body, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    assert named["logprobs"]["tokens"] == [f"token_id:{t}" for t in plain["token_ids"]]
+    assert all(key.startswith("token_id:") for top in named["logprobs"]["top_logprobs"] for key in top)
+    assert named["text"] == plain["text"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2, "temperature": 0}
+    chat.update(logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True, return_token_ids=True)
+    choice = server.post("/v1/chat/completions", chat).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert [e["token"] for e in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(e["top_logprobs"][0]["token"].startswith("token_id:") for e in content)
+
+
 def test_an_empty_model_name_is_the_served_model(server):
     """As vLLM: "" (like an absent model) names the served model; an unknown name is a 404."""
     resp = server.post("/v1/completions", {"model": "", "prompt": "abc", "max_tokens": 2})
