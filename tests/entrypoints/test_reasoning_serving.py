@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enginespec.engine.engine_core import load_engine_tokenizer
-from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.cli import _parser
-from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
 from enginespec.entrypoints.openai.reasoning import END, START, get_parser
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
     _Call,
-    _delta_choice,
-    _full_choice,
     create_chat_completion,
 )
-from enginespec.testing.checkpoints import tiny_model_dir
+from tests.entrypoints.client_helpers import in_process_client, never, stream_then_full
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -40,25 +34,10 @@ def _call(include_reasoning: bool = True, in_reasoning: bool = True, stop=None) 
     return call
 
 
-def _output(text: str, finish_reason=None):
-    completion = SimpleNamespace(
-        index=0, text=text, token_ids=list(range(len(text))), logprobs=None,
-        finish_reason=finish_reason, stop_reason=None,
-    )  # fmt: skip
-    return SimpleNamespace(request_id="r", outputs=[completion], prompt_token_ids=[1])
-
-
 def _stream_then_full(call: _Call, text: str) -> tuple[list[dict], dict]:
-    """The deltas of text growing a character a step (the last step finishes it), and the full
-    body's message of the finished text."""
-    deltas = []
-    for i in range(1, len(text) + 1):
-        out = _output(text[:i], "stop" if i == len(text) else None)
-        choice = _delta_choice(None, call, out, out.outputs[0])
-        if choice is not None:
-            deltas.append(choice["delta"])
-    final = _output(text, "stop")
-    return deltas, _full_choice(None, call, final, final.outputs[0])["message"]
+    """The deltas of text growing a character a step, and the full body's message."""
+    choices, full = stream_then_full(call, text)
+    return [c["delta"] for c in choices], full["message"]
 
 
 def _joined(deltas: list[dict], key: str):
@@ -115,15 +94,8 @@ PLAIN = "{% for m in messages %}{{ m['content'] }};{% endfor %}A:"
 
 @pytest.fixture(scope="module")
 def engine(torch_one_thread):
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
-    client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
-    client.launch(timeout=120)
-    yield client
-    client.stop()
-
-
-async def _never() -> None:
-    await asyncio.Event().wait()
+    with in_process_client(**ENGINE) as client:
+        yield client
 
 
 def _chat(engine, parser, template: str, stream: bool = False, **fields):
@@ -142,7 +114,7 @@ def _chat(engine, parser, template: str, stream: bool = False, **fields):
 
     async def run():
         engine.start(asyncio.get_running_loop())
-        result = await create_chat_completion(ctx, body, _never)
+        result = await create_chat_completion(ctx, body, never)
         if not stream:
             return result["choices"][0]["message"]
         frames = [f async for f in result][:-1]  # [DONE] last

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -18,22 +17,18 @@ from openai.types.chat import ChatCompletionChunk
 
 from enginespec import LLM, SamplingParams
 from enginespec.chat_utils import render_chat
-from enginespec.engine.engine_core import load_engine_tokenizer
-from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.cli import _parser
-from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
 from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
     _Call,
-    _delta_choice,
-    _full_choice,
     _stream,
     create_chat_completion,
 )
 from enginespec.testing.checkpoints import tiny_model_dir
+from tests.entrypoints.client_helpers import in_process_client, never, scripted_output, stream_then_full
 
 MESSAGES = [{"role": "user", "content": "weather?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -50,26 +45,6 @@ def _call(reasoning: bool = False, parallel=None) -> _Call:
     return call
 
 
-def _output(text: str, finish_reason=None):
-    completion = SimpleNamespace(
-        index=0, text=text, token_ids=list(range(len(text))), logprobs=None,
-        finish_reason=finish_reason, stop_reason=None,
-    )  # fmt: skip
-    return SimpleNamespace(request_id="r", outputs=[completion], prompt_token_ids=[1])
-
-
-def _stream_then_full(call: _Call, text: str) -> tuple[list[dict], dict]:
-    """The streamed choices of text growing a character a step, and the full body's choice."""
-    choices = []
-    for i in range(1, len(text) + 1):
-        out = _output(text[:i], "stop" if i == len(text) else None)
-        choice = _delta_choice(None, call, out, out.outputs[0])
-        if choice is not None:
-            choices.append(choice)
-    final = _output(text, "stop")
-    return choices, _full_choice(None, call, final, final.outputs[0])
-
-
 def _streamed_calls(choices: list[dict]) -> list[dict]:
     calls = [c for choice in choices for c in choice["delta"].get("tool_calls", [])]
     assert [c["index"] for c in calls] == list(range(len(calls)))
@@ -78,7 +53,7 @@ def _streamed_calls(choices: list[dict]) -> list[dict]:
 
 def test_calls_after_thinking_and_a_sentence_in_the_body_and_the_stream():
     text = f"<think>need weather</think>\n\nChecking.\n{CALL}\n{CALL}"
-    choices, full = _stream_then_full(_call(reasoning=True), text)
+    choices, full = stream_then_full(_call(reasoning=True), text)
     message = full["message"]
     assert message["reasoning"] == "need weather" and message["content"] == "\n\nChecking."
     assert [c["function"] for c in message["tool_calls"]] == [
@@ -93,14 +68,14 @@ def test_calls_after_thinking_and_a_sentence_in_the_body_and_the_stream():
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    choices, full = _stream_then_full(_call(parallel=False), CALL + CALL)
+    choices, full = stream_then_full(_call(parallel=False), CALL + CALL)
     assert len(full["message"]["tool_calls"]) == 1 and len(_streamed_calls(choices)) == 1
 
 
 def test_a_reply_without_calls_keeps_its_finish_reason_and_has_no_tool_calls():
     """No `tool_calls: []` (vLLM leaves it out too): the SDK's message.tool_calls is then None,
     which agent loops read as "answered"."""
-    choices, full = _stream_then_full(_call(), "no tools needed")
+    choices, full = stream_then_full(_call(), "no tools needed")
     assert full["message"] == {"role": "assistant", "content": "no tools needed"}
     assert full["finish_reason"] == choices[-1]["finish_reason"] == "stop"
 
@@ -111,7 +86,7 @@ _PIECES = st.sampled_from([CALL, "<tool_call>{bad}</tool_call>", "\n", " hi", "<
 @settings(max_examples=100)
 @given(pieces=st.lists(_PIECES, min_size=1, max_size=6), reasoning=st.booleans())
 def test_the_stream_carries_the_full_bodys_content_and_calls(pieces, reasoning):
-    choices, full = _stream_then_full(_call(reasoning=reasoning), "".join(pieces))
+    choices, full = stream_then_full(_call(reasoning=reasoning), "".join(pieces))
     message = full["message"]
     assert _streamed_calls(choices) == [c["function"] for c in message.get("tool_calls", [])]
     assert ("".join(c["delta"].get("content", "") for c in choices) or None) == message["content"]
@@ -142,7 +117,7 @@ def test_the_sdks_stream_helper_closes_a_call_that_comes_with_the_finish(continu
     options = {"include_usage": True, "continuous_usage_stats": continuous}
     call = _call()
     call.body = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stream=True, stream_options=options)
-    outputs = [_output(CALL), _output(CALL + CALL, "stop")]
+    outputs = [scripted_output(CALL), scripted_output(CALL + CALL, "stop")]
     for out in outputs:
         out.finished = out.outputs[0].finish_reason is not None
 
@@ -174,15 +149,8 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def engine(torch_one_thread):
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
-    client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
-    client.launch(timeout=120)
-    yield client
-    client.stop()
-
-
-async def _never() -> None:
-    await asyncio.Event().wait()
+    with in_process_client(**ENGINE) as client:
+        yield client
 
 
 def _chat(engine, auto: bool = True, **fields) -> dict:
@@ -197,7 +165,7 @@ def _chat(engine, auto: bool = True, **fields) -> dict:
 
     async def run():
         engine.start(asyncio.get_running_loop())
-        return await create_chat_completion(ctx, body, _never)
+        return await create_chat_completion(ctx, body, never)
 
     return asyncio.run(run())
 

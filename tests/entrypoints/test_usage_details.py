@@ -10,13 +10,10 @@ import json
 
 import pytest
 
-from enginespec.engine.engine_core import load_engine_tokenizer
-from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.cli import _parser
-from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.protocol import CompletionRequest
 from enginespec.entrypoints.openai.serving import ServerContext, create_completion
-from enginespec.testing.checkpoints import tiny_model_dir
+from tests.entrypoints.client_helpers import in_process_client, never
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -26,15 +23,8 @@ PROMPT = list(range(5, 23))  # 18 ids: four full blocks of 4 (16 tokens) cached 
 
 @pytest.fixture(scope="module")
 def client():
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
-    engine = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
-    engine.launch(timeout=120)
-    yield engine
-    engine.stop()
-
-
-async def _never() -> None:
-    await asyncio.Event().wait()
+    with in_process_client(**ENGINE) as engine:
+        yield engine
 
 
 def _usages(client, details: bool) -> list[dict]:
@@ -43,7 +33,7 @@ def _usages(client, details: bool) -> list[dict]:
 
     def request(**extra):
         body = CompletionRequest(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, **extra)
-        return create_completion(ctx, body, _never)
+        return create_completion(ctx, body, never)
 
     async def run():
         client.start(asyncio.get_running_loop())
