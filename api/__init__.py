@@ -19,9 +19,9 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
     enginespec.conformance  conformance/  the pytest plugin and the suite that depends on --impl
 """
 
-from enginespec.spec import RequestOutputKind, SamplingParams, load_impl
+from enginespec.spec import RequestOutputKind, SamplingParams, StructuredOutputsParams, load_impl
 
-__all__ = ["AsyncLLM", "LLM", "RequestOutputKind", "SamplingParams", "load_impl"]
+__all__ = ["AsyncLLM", "LLM", "RequestOutputKind", "SamplingParams", "StructuredOutputsParams", "load_impl"]
 __version__ = "0.2.0"
 
 

@@ -48,6 +48,8 @@ from enginespec.engine.spec_decode.draft_model import check_draft_model, check_d
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
+from enginespec.sample.grammar_mask import apply_token_bitmask
+from enginespec.sample.penalties import stop_ids_to_mask
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
@@ -167,6 +169,8 @@ class EngineCore:
         self._samples: dict[str, tuple[Parent, Sample]] = {}
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
         self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
+        self._structured = None  # StructuredOutputManager, built on the first constrained request
+        self._constrained: set[str] = set()  # internal ids of the samples with a grammar
         self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
         # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
         # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
@@ -407,6 +411,7 @@ class EngineCore:
         prompt_token_ids, params = self._validate(request_id, prompt_token_ids, params, priority)
         params = self._fit_max_tokens(params.with_vocab(self.vocab_size), len(prompt_token_ids))
         self._check_fits(len(prompt_token_ids), params.max_tokens)
+        grammar = self._compile_grammar(params)
         eos, extra_stops = self._eos_ids()
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
@@ -427,20 +432,39 @@ class EngineCore:
         )
         try:
             for index, request in enumerate(requests):
-                parent.samples.append(self._new_sample(index, request, prompt_token_ids))
+                parent.samples.append(self._new_sample(index, request, prompt_token_ids, grammar))
                 self.scheduler.add(request)
             self.parents[request_id] = parent
             for sample in parent.samples:
                 self._samples[sample.request.request_id] = (parent, sample)
+                if sample.grammar is not None:
+                    self._constrained.add(sample.request.request_id)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
             for request in requests:
                 self.scheduler.abort(request.request_id)
             self.parents.pop(request_id, None)
             for request in requests:
                 self._samples.pop(request.request_id, None)
+                self._constrained.discard(request.request_id)
             raise
 
-    def _new_sample(self, index, request, prompt_token_ids) -> Sample:
+    def _compile_grammar(self, params: SamplingParams):
+        """The compiled grammar of params.structured_outputs (None when it has none): a
+        ValueError when the engine has no tokenizer, xgrammar is not installed, or the
+        constraint does not compile (engine/structured_output.py)."""
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("SamplingParams.structured_outputs needs a tokenizer; this engine has none")
+        if self._structured is None:
+            from enginespec.engine.structured_output import StructuredOutputManager
+
+            eos, extra_stops = self._eos_ids()
+            stops = ([] if eos is None else [eos]) + list(extra_stops)
+            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, stops)
+        return self._structured.compile(params.structured_outputs)
+
+    def _new_sample(self, index, request, prompt_token_ids, grammar=None) -> Sample:
         detok = None
         if self.tokenizer is not None and request.params.detokenize:
             from enginespec.engine.detokenizer import IncrementalDetokenizer
@@ -456,6 +480,8 @@ class EngineCore:
         )
         if self.spec is not None:
             sample.spec_decode = self.spec.track(request.request_id)
+        if grammar is not None:  # its own matcher per sample (n > 1)
+            sample.grammar = self._structured.new_state(grammar, stop_ids_to_mask(request))
         return sample
 
     def _validate(self, request_id, prompt_token_ids, params, priority) -> tuple[list[int], SamplingParams]:
@@ -719,7 +745,8 @@ class EngineCore:
         else:
             wait = self._resolve(previous, changed)
             with self._phase("sample"):
-                sampled = self.sampler(result.logits, requests)
+                logits = self._mask_grammars(result.logits, batch.sample_request_ids)
+                sampled = self.sampler(logits, requests)
                 self._record_prompt_logprobs(result.prompt_logits)
             with self._phase("update"):
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
@@ -734,10 +761,11 @@ class EngineCore:
         assert spec is not None
         wait = self._resolve(previous, changed)
         with self._phase("sample"):
+            logits = self._mask_grammars(result.logits, batch.sample_request_ids, drafts)
             cut, tokens, logprobs = spec.sample(
                 output,
                 batch.sample_request_ids,
-                result.logits,
+                logits,
                 lambda rid: self._samples[rid][1].request,
                 drafts,
             )
@@ -863,7 +891,45 @@ class EngineCore:
                     self.outputs.name_tokens(entry, detokenizer.tokenizer)
                 found[0].prompt_logprobs[pos] = entry
 
+    def _mask_grammars(self, logits: torch.Tensor, sample_ids, drafts=None) -> torch.Tensor:
+        """logits with the row of each constrained sample masked by its grammar's next tokens
+        (structured_output.py; before the sampler, as vLLM's model runner does; logits itself
+        when no row is constrained). Row of
+        sample_ids[i]: i, or with drafts the first of each request's d + 1 rows (a constrained
+        request has no drafts). Call only once the previous step's tokens are accepted."""
+        if not self._constrained:
+            return logits
+        from enginespec.engine.structured_output import fill_bitmask
+
+        rows, states, row = [], [], 0
+        for rid in sample_ids:
+            if rid in self._constrained:
+                rows.append(row)
+                states.append(self._samples[rid][1].grammar)
+            row += 1 + (len(drafts.get(rid, ())) if drafts else 0)
+        return apply_token_bitmask(logits, rows, fill_bitmask(states)) if states else logits
+
+    def _advance_grammars(self, update: UpdateOutput) -> UpdateOutput:
+        """Each constrained sample's grammar accepts its new real tokens; one that has
+        terminated (it took a stop token where it may end) finishes its request ("stop") if
+        nothing else did, so no mask is asked of it again. Returns the update with those
+        finishes added."""
+        ended = []
+        for rid, tokens in update.new_token_ids.items():
+            if rid not in self._constrained:
+                continue
+            state, request = self._samples[rid][1].grammar, self._samples[rid][1].request
+            state.accept([t for t in tokens if t != self.vocab_size])
+            if state.terminated and not request.status.is_finished:
+                self.scheduler.finish(request, Status.FINISHED_STOPPED)
+                ended.append(request)
+        if not ended:
+            return update
+        return UpdateOutput(update.new_token_ids, [*update.finished, *ended])
+
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
+        if self._constrained:
+            update = self._advance_grammars(update)
         before = self.outputs.num_generated_tokens
         self.outputs.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
         self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before
@@ -975,6 +1041,7 @@ class EngineCore:
             return
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
+            self._constrained.discard(sample.request.request_id)
             self._high_water.pop(sample.request.request_id, None)
             if self.spec is not None:
                 self.spec.forget(sample.request.request_id)

@@ -49,6 +49,9 @@ class Sample:
     # to the one that completed it (a speculative step appends several ids at once, and the
     # ones after the stop's must not show, as they would not have been sampled one at a time).
     num_visible: Optional[int] = None
+    # structured outputs: this sample's GrammarState (engine/structured_output.py), advanced
+    # with each of its real output tokens; None for an unconstrained sample
+    grammar: object = None
 
 
 @dataclass

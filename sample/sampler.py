@@ -230,8 +230,8 @@ def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], k: int) -> 
 
 # Columns of a row's vector (RowSpec.vector): cut_draw's table first (NUM_PARAMS columns, min_p
 # in place of base_off), then what the plan's row lists are read from.
-EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES, BANS = range(8, 19)
-WIDTH = BANS + 1  # a row vector's length
+EDITS, LOGPROBS, PENALTY, MIN_TOKENS, SEEDED, ALLOWED, BIAS, REP, FREQ, PRES, BANS, GRAMMAR = range(8, 20)
+WIDTH = GRAMMAR + 1  # a row vector's length
 
 
 class RowSpec(NamedTuple):
@@ -241,7 +241,7 @@ class RowSpec(NamedTuple):
     temperature: float  # 1.0 for greedy rows
     seed: Optional[int]
     # float64 [WIDTH]: x_scale (log2(e) / T; 1 greedy), noisy, cut (a random row with a
-    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..BANS
+    # min-p, top-k or top-p cut), min_p, top_k (0 = off), top_p, 1 / T, 0, then EDITS..GRAMMAR
     vector: np.ndarray
     key: bytes  # the vector's bytes: rows that ask the same compare equal in one step
 
@@ -271,6 +271,7 @@ class RowSpec(NamedTuple):
                 p.frequency_penalty,
                 p.presence_penalty,
                 float(bool(p.bad_words_token_ids)),
+                float(p.structured_outputs is not None),
             ],
             dtype=np.float64,
         )
@@ -334,8 +335,9 @@ class BatchPlan:
         )
         self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
         kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, BANS, MIN_TOKENS, BIAS, PENALTY))
-        # bad words read the newest output tokens, which the device path may not know yet
-        self.host_only = bool(m[:, BANS].any())
+        # bad words and a structured-outputs mask (applied by the engine before the sampler)
+        # read the newest output tokens, which the device path may not know yet
+        self.host_only = bool(m[:, BANS].any() or m[:, GRAMMAR].any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
         self.edit_rows = _rows(m[:, EDITS])
@@ -567,9 +569,10 @@ class Sampler:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
         logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
-        buffer to copy). None for an empty batch, and for a batch with a row of bad words
-        (`BatchPlan.host_only`: they ban by the newest output tokens, which may still be a
-        placeholder here): the caller samples that step serially (__call__), after the
+        buffer to copy). None for an empty batch, and for a batch with a row of bad words or
+        of structured outputs (`BatchPlan.host_only`: they ban by the newest output tokens,
+        which may still be a placeholder here; the grammar's mask, which the engine applies to
+        the logits before sampling, needs the previous token accepted): the caller samples that step serially (__call__), after the
         previous step's tokens are in. Edits use the batch's EditPlan (indices
         uploaded once) and the device-side output counts (`OutputCounts`, which this call
         updates with the drawn ids: the caller must append them, placeholder or real);

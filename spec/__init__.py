@@ -21,6 +21,7 @@ from enginespec.spec.request import (
 )
 from enginespec.spec.scheduler import Scheduler, SchedulerOutput, UpdateOutput
 from enginespec.spec.stops import length_stop, stop_after_token, token_stop
+from enginespec.spec.structured_outputs import StructuredOutputsParams
 from enginespec.spec.validation import (
     MAX_LOGIT_BIAS,
     MAX_N,
@@ -45,6 +46,7 @@ __all__ = [
     "Request",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",

@@ -11,6 +11,7 @@ import enum
 from dataclasses import InitVar, dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from enginespec.spec.structured_outputs import StructuredOutputsParams
 from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
 
 
@@ -124,6 +125,13 @@ class SamplingParams:
     for custom samplers and plugins; nothing in the engine reads it). `logprobs` and
     `prompt_logprobs` take True as 1 (and False as 0: vLLM's rule, a bool being its int).
 
+    Structured outputs (vLLM's): `structured_outputs` = StructuredOutputsParams(json=... |
+    regex=... | choice=[...] | grammar=... | json_object=True) constrains the output to it
+    (spec/structured_outputs.py; a dict of its fields is taken too). The engine compiles it
+    on add with xgrammar (an optional dependency: without it, a ValueError says what to
+    install) and masks, before every sample, the tokens the constraint cannot take next (EOS
+    and stop tokens only where it may end); once it is complete the request finishes ("stop").
+
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
     max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
@@ -170,6 +178,7 @@ class SamplingParams:
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     truncate_prompt_tokens: Optional[int] = None
     extra_args: Optional[Mapping[str, Any]] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
 
     def __post_init__(self, best_of: Optional[int]) -> None:
@@ -309,6 +318,8 @@ class SamplingParams:
         if self.extra_args is not None:
             _check(isinstance(self.extra_args, Mapping), "extra_args", "None or a dict", self.extra_args)
             self._set("extra_args", dict(self.extra_args))
+        if self.structured_outputs is not None:
+            self._set("structured_outputs", StructuredOutputsParams.of(self.structured_outputs))
 
     def with_bad_words_tokens(self, tokenizer) -> "SamplingParams":
         """These params with bad_words tokenized into bad_words_token_ids (after those given),

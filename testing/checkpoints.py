@@ -131,6 +131,7 @@ def use_cache_root(root) -> None:
     if root != _cache_root:
         _cache_root = root
         tiny_model_dir.cache_clear()
+        json_model_dir.cache_clear()
 
 
 def cache_root() -> Optional[Path]:
@@ -145,6 +146,30 @@ def tiny_model_dir(family: str, tie_word_embeddings: bool = False) -> Path:
         raise RuntimeError("tiny_model_dir needs a cache root: call use_cache_root(directory) first")
     name = f"{family}-tied" if tie_word_embeddings else family
     return make_checkpoint(family, _cache_root / name, tie_word_embeddings=tie_word_embeddings)
+
+
+#: The characters of `json_model_dir`'s tokenizer: printable ASCII but " ", "`" and "~", 92 of
+#: them as in the tiny one, so with its 4 special tokens it fills the same 96-entry vocabulary.
+JSON_CHARS = tuple(chr(c) for c in range(33, 127) if chr(c) not in "`~")
+
+
+@functools.lru_cache(maxsize=None)
+def json_model_dir(family: str = "qwen3") -> Path:
+    """tiny_model_dir(family)'s weights and config with a character tokenizer that can write
+    any compact JSON (the tiny one stops at "|", so it has no "}"): for structured outputs'
+    tests. No space, so JSON constrained by a grammar stays compact whatever the weights."""
+    import shutil
+
+    src = tiny_model_dir(family)
+    assert _cache_root is not None
+    dest = _cache_root / f"{family}-json"
+    if not (dest / "tokenizer.json").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
+                shutil.copy2(f, dest / f.name)
+        _tokenizer(JSON_CHARS).save_pretrained(str(dest))
+    return dest
 
 
 # ---- tiny family members (save_pretrained) ---------------------------------------------------------
@@ -178,13 +203,13 @@ def _config(family: str, tie_word_embeddings: bool, overrides: dict):
     return cls(**kwargs)
 
 
-def _tokenizer():
-    """A WordLevel tokenizer over single characters: ids 4.. are printable chars, whitespace
-    split, so any text made of those chars round-trips."""
+def _tokenizer(chars=None):
+    """A WordLevel tokenizer over single characters: ids 4.. are printable chars (`chars`,
+    default "!" to "|"), whitespace split, so any text made of those chars round-trips."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    chars = [chr(c) for c in range(33, 33 + VOCAB_SIZE - len(SPECIAL_TOKENS))]
+    chars = chars or [chr(c) for c in range(33, 33 + VOCAB_SIZE - len(SPECIAL_TOKENS))]
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(chars))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")

@@ -3,8 +3,9 @@
 Per step, around an unchanged scheduler:
 1. `propose` (before schedule()): drafts from the previous step are dropped (drafts are valid
    for the next step only); each running decode (only its newest token uncomputed, no
-   logprobs asked, not a seeded sampled request, whose draws must not depend on the batch;
-   newest token real) gets up to min(k, max_tokens - num_output - 1,
+   logprobs asked, not a seeded sampled request, whose draws must not depend on the batch,
+   no structured outputs, whose grammar would have to accept and roll back drafts (vLLM V1
+   does; not needed here yet); newest token real) gets up to min(k, max_tokens - num_output - 1,
    max_model_len - num_tokens - 1) drafts in `spec_token_ids`, so that accepting them all
    plus the bonus token never passes a length limit.
 2. schedule() counts them against the budget: a request's scheduled n may cut them short.
@@ -106,6 +107,8 @@ class SpecDecoder:
         p = r.params
         if p.logprobs is not None or (p.seed is not None and p.temperature >= GREEDY_EPS):
             return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
+        if p.structured_outputs is not None:
+            return 0  # the grammar masks one position at a time (structured_output.py)
         return min(p.max_tokens - (num - r.num_prompt_tokens) - 1, self.max_model_len - num - 1)
 
     def clear(self) -> None:

@@ -1,0 +1,233 @@
+"""Structured outputs (vLLM's StructuredOutputsParams, with xgrammar) through LLM.generate on
+the impl under test: the output follows its constraint, finishes "stop" once the constraint is
+complete, and a constrained request changes nothing for its batch mates; async scheduling on
+and off give the same tokens. Tiny float32 model on CPU whose tokenizer can write JSON
+(testing.checkpoints.json_model_dir); engines are built once per module."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from enginespec.spec import SamplingParams, StructuredOutputsParams
+from enginespec.testing.checkpoints import JSON_CHARS, json_model_dir
+
+pytest.importorskip("xgrammar")
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 4},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "color": {"enum": ["red", "blue"]},
+    },
+    "required": ["name", "age", "color"],
+    "additionalProperties": False,
+}
+CHOICES = ["yes", "no", "maybe"]
+REGEX = r"[a-c]{2}\d{3}"
+PROMPT = [5, 6, 7]
+#: Free-form JSON from random weights rarely closes its strings: a bias towards '"' and '}'
+#: (applied after the grammar's mask, so it can only choose among allowed tokens) ends it.
+CLOSING = {"logit_bias": {4 + JSON_CHARS.index(c): 4.0 for c in '"}'}}
+
+
+def _valid(value: object) -> bool:
+    """SCHEMA checked by hand (jsonschema is not a test dependency)."""
+    return (
+        isinstance(value, dict)
+        and list(value) == ["name", "age", "color"]
+        and isinstance(value["name"], str)
+        and len(value["name"]) <= 4
+        and isinstance(value["age"], int)
+        and 0 <= value["age"] <= 99
+        and value["color"] in ("red", "blue")
+    )
+
+
+@pytest.fixture(scope="module")
+def llms(impl):
+    """One engine per async_scheduling setting, built on first use."""
+    from enginespec.llm import LLM
+
+    built: dict = {}
+
+    def get(async_scheduling: bool):
+        if async_scheduling not in built:
+            built[async_scheduling] = LLM(
+                str(json_model_dir()),
+                impl=impl,
+                dtype="float32",
+                device="cpu",
+                block_size=4,
+                num_blocks=64,
+                max_model_len=128,
+                async_scheduling=async_scheduling,
+            )
+        return built[async_scheduling]
+
+    return get
+
+
+def _generate(llm, params, prompts=(PROMPT,)):
+    return llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+
+
+def _params(so, **kwargs):
+    return SamplingParams(
+        **{"max_tokens": 80, "temperature": 1.0, "seed": 11, **kwargs}, structured_outputs=so
+    )
+
+
+def test_a_json_schema_s_output_validates_with_async_on_and_off(llms):
+    """n=2 seeded samples, each with its own matcher: both parse and validate, end "stop" on
+    EOS once the object is closed, and async scheduling (which samples a constrained step
+    serially) gives exactly the serial engine's tokens."""
+    params = _params(StructuredOutputsParams(json=SCHEMA), n=2)
+    got = {flag: _generate(llms(flag), params)[0].outputs for flag in (False, True)}
+    assert [o.token_ids for o in got[True]] == [o.token_ids for o in got[False]]
+    for out in got[False]:
+        assert _valid(json.loads(out.text)), out.text
+        assert out.finish_reason == "stop" and out.stop_reason is None
+    assert got[False][0].token_ids != got[False][1].token_ids  # two samples, two matchers
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize(
+    "so, check, extra",
+    [
+        (StructuredOutputsParams(choice=CHOICES), lambda text: text in CHOICES, {}),
+        (StructuredOutputsParams(regex=REGEX), lambda text: re.fullmatch(REGEX, text) is not None, {}),
+        (StructuredOutputsParams(json_object=True), lambda text: isinstance(json.loads(text), dict), CLOSING),
+        (StructuredOutputsParams(json=json.dumps(SCHEMA)), lambda text: _valid(json.loads(text)), {}),
+        (
+            StructuredOutputsParams(grammar='root ::= "(" [0-9]+ ")" | "none"'),
+            lambda text: re.fullmatch(r"\(\d+\)|none", text) is not None,
+            {},
+        ),
+    ],
+    ids=["choice", "regex", "json_object", "json_text", "grammar"],
+)
+def test_each_constraint_is_followed(llms, so, check, extra, async_scheduling):
+    params = [_params(so, seed=s, **extra) for s in (1, 2)]
+    outs = _generate(llms(async_scheduling), params, [PROMPT, PROMPT])
+    for out in (o.outputs[0] for o in outs):
+        assert check(out.text), out.text
+        assert out.finish_reason == "stop"
+
+
+def test_a_short_max_tokens_ends_for_length_on_a_valid_prefix(llms):
+    params = _params(StructuredOutputsParams(regex=r"[a-c]{2}\d{20}"), max_tokens=5)
+    out = _generate(llms(False), params)[0].outputs[0]
+    assert out.finish_reason == "length"
+    assert re.fullmatch(r"[a-c]{2}\d{3}", out.text), out.text
+
+
+def test_the_grammar_s_end_finishes_even_with_ignore_eos(llms):
+    """Once the matcher has taken its stop token the grammar is complete: the request ends
+    "stop" there rather than running on to max_tokens with nothing left to allow."""
+    out = _generate(llms(False), _params(StructuredOutputsParams(choice=CHOICES), ignore_eos=True))[0]
+    assert out.outputs[0].text in CHOICES
+    assert out.outputs[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_constrained_request_leaves_its_batch_mates_alone(llms, async_scheduling):
+    """A free request next to a constrained one draws the tokens it draws alone (seeded)."""
+    llm = llms(async_scheduling)
+    free = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+    alone = _generate(llm, free, [[9, 10, 11]])[0].outputs[0].token_ids
+    both = _generate(llm, [free, _params(StructuredOutputsParams(json=SCHEMA))], [[9, 10, 11], PROMPT])
+    assert both[0].outputs[0].token_ids == alone
+    assert _valid(json.loads(both[1].outputs[0].text))
+
+
+def test_masked_tokens_have_minus_infinite_logprobs(llms):
+    """The mask is applied to the raw logits before the sampler (vLLM's model runner), so
+    the logprobs see it: at the first position only the choices' first letters are finite."""
+    params = _params(StructuredOutputsParams(choice=CHOICES), logprobs=5, temperature=0.0)
+    first = _generate(llms(False), params)[0].outputs[0].logprobs[0]
+    finite = {lp.decoded_token for lp in first.values() if lp != float("-inf")}
+    assert finite == {"y", "n", "m"}
+
+
+def test_preemption_keeps_the_matcher_valid(impl):
+    """A pool too small for every request at once preempts (recompute keeps output tokens),
+    and every preempted request's output still validates."""
+    from enginespec.llm import LLM
+
+    llm = LLM(
+        str(json_model_dir()), impl=impl, dtype="float32", device="cpu", block_size=4,
+        num_blocks=24, max_model_len=96, max_num_seqs=8,
+    )  # fmt: skip
+    params = [_params(StructuredOutputsParams(json=SCHEMA), seed=s) for s in range(6)]
+    outs = _generate(llm, params, [PROMPT] * 6)
+    assert llm.engine.stats.num_preemptions > 0
+    for out in (o.outputs[0] for o in outs):
+        assert _valid(json.loads(out.text)), out.text
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_exactly_one_constraint_is_required():
+    with pytest.raises(
+        ValueError, match=r"exactly one of json, regex, choice, grammar, json_object.*got json, regex"
+    ):
+        StructuredOutputsParams(json=SCHEMA, regex="a")
+    with pytest.raises(ValueError, match="got none"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match="choice must be a non-empty list"):
+        StructuredOutputsParams(choice=[])
+    with pytest.raises(ValueError, match="structured_outputs must be None or a StructuredOutputsParams"):
+        SamplingParams(structured_outputs="json")
+    assert SamplingParams(structured_outputs={"choice": ["a"]}).structured_outputs.choice == ("a",)
+
+
+@pytest.mark.parametrize(
+    "so, field",
+    [
+        (StructuredOutputsParams(json='{"type": "object"'), "json"),
+        (StructuredOutputsParams(json={"type": "nosuch"}), "json"),
+        (StructuredOutputsParams(regex="[a-z]+("), "regex"),
+        (StructuredOutputsParams(grammar="rule ::= 'x'"), "grammar"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_is_refused_on_add(llms, so, field):
+    llm = llms(False)
+    with pytest.raises(ValueError, match=rf"StructuredOutputsParams\.{field} is invalid"):
+        _generate(llm, _params(so))
+    assert not llm.engine.has_unfinished
+
+
+def test_without_xgrammar_the_error_says_what_to_install(llms, monkeypatch):
+    llm = llms(False)
+    monkeypatch.setattr(llm.engine, "_structured", None)  # as if no request had compiled yet
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar raises ImportError
+    with pytest.raises(ValueError, match=r"structured_outputs: .*pip install xgrammar"):
+        _generate(llm, _params(StructuredOutputsParams(choice=CHOICES)))
+    assert not llm.engine.has_unfinished
+
+
+def test_constrained_requests_are_not_drafted_for(impl):
+    """Speculative decoding (n-gram) drafts for the free request only: a grammar masks one
+    position at a time, so a constrained request is never given drafts (and its output is
+    valid); vLLM V1 drafts for it with rollback, which is not needed here yet."""
+    from enginespec.llm import LLM
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    llm = LLM(
+        str(json_model_dir()), impl=impl, dtype="float32", device="cpu", block_size=4,
+        num_blocks=64, max_model_len=128, speculative_config=ngram,
+    )  # fmt: skip
+    loop = [5, 6, 7, 8] * 4
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    constrained = _params(StructuredOutputsParams(json=SCHEMA), temperature=0.0)
+    outs = _generate(llm, [free, constrained], [loop, loop])
+    assert outs[0].outputs[0].spec_decode.num_draft_tokens > 0
+    assert outs[1].outputs[0].spec_decode.num_draft_tokens == 0
+    assert _valid(json.loads(outs[1].outputs[0].text))

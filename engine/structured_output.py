@@ -1,0 +1,151 @@
+"""Structured outputs (vLLM's guided decoding) with xgrammar: the one module that imports it.
+
+vLLM V1's design (vllm/v1/structured_output), on this engine's step:
+- on add, the request's StructuredOutputsParams is compiled once (`StructuredOutputManager.
+  compile`, through xgrammar's GrammarCompiler and its cache: equal constraints compile once
+  per engine), and each of its n samples gets its own matcher (`GrammarState`, kept on the
+  engine's Sample, never on the impl's Request, whose only state is its tokens);
+- before a step's sample, the engine fills each constrained row's bitmask on the host from its
+  matcher and masks the raw logits with it in place (sample/grammar_mask.py), as vLLM's model
+  runner does before its sampler: allowed_token_ids, bad words, min_tokens, logit_bias and
+  penalties come after, and logprobs see the mask (a masked token's logprob is -inf);
+- every real output token the scheduler appends is accepted by the matcher; once the matcher
+  has terminated (it accepted a stop token where the grammar may end) the request is finished
+  ("stop"), so no mask is ever asked of a terminated matcher.
+
+Invariants: a matcher has accepted exactly the sample's real output tokens, in order. That
+holds because a constrained row is always sampled serially (the device sampler declines it,
+Sampler.sample_deferred, so its mask is filled after the previous token is real), is never
+drafted for (spec_decode/decoder.py), and preemption keeps output tokens (recompute and swap
+alike), so the matcher stays valid across it.
+
+xgrammar is optional (`pip install 'enginespec[structured]'`): it is imported on the first
+request that asks for structured outputs, and its absence is a ValueError naming the package.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import torch
+
+from enginespec.spec.structured_outputs import StructuredOutputsParams
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "structured outputs need the xgrammar package: pip install xgrammar "
+    "(or pip install 'enginespec[structured]')"
+)
+
+
+def import_xgrammar():
+    """The xgrammar module, or a ValueError with the install hint (a request asked for
+    structured outputs on an install without it: the caller's error, 400 over HTTP)."""
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise ValueError(f"SamplingParams.structured_outputs: {INSTALL_HINT}") from exc
+    return xgrammar
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """An EBNF grammar whose sentences are exactly `choices` (vLLM's choice_as_grammar): each
+    one a quoted literal, backslashes and quotes escaped."""
+
+    def literal(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "root ::= " + " | ".join(literal(c) for c in choices)
+
+
+class StructuredOutputManager:
+    """One engine's grammar compiler over its tokenizer and vocabulary (the model's, so the
+    bitmask covers every logits column a token can take; ids the tokenizer lacks are never
+    allowed). Built on the first constrained request, so an engine that never sees one never
+    imports xgrammar."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
+        xgr = import_xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        self._xgr = xgr
+        self.vocab_size = vocab_size
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+
+    def compile(self, params: StructuredOutputsParams):
+        """The compiled grammar of `params` (xgrammar's cache makes a repeat free); a constraint
+        that does not compile is a ValueError naming its field and xgrammar's reason."""
+        kind = params.kind
+        try:
+            return self._compile(params, kind)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"StructuredOutputsParams.{kind} is invalid: {reason}") from exc
+
+    def _compile(self, params: StructuredOutputsParams, kind: str):
+        compiler, any_ws = self.compiler, not params.disable_any_whitespace
+        if kind == "json":  # strict (xgrammar's default, vLLM's): no unlisted properties
+            return compiler.compile_json_schema(params.json_text(), any_whitespace=any_ws)
+        if kind == "json_object":  # any object, not any JSON value (vLLM's, OpenAI's meaning)
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_ws)
+        if kind == "regex":
+            return compiler.compile_regex(params.regex)
+        if kind == "choice":
+            return compiler.compile_grammar(choice_grammar(params.choice))
+        return compiler.compile_grammar(params.grammar)
+
+    def new_state(self, compiled, stop_token_ids: Sequence[int]) -> "GrammarState":
+        """A fresh matcher over `compiled` for one sample; `stop_token_ids` (its EOS unless
+        ignore_eos, and its stop_token_ids) are the tokens that may end the grammar (none:
+        the tokenizer's EOS ids given at construction)."""
+        matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+        return GrammarState(matcher, self.vocab_size, self._xgr)
+
+
+class GrammarState:
+    """One sample's matcher. `accept` advances it with each real output token; `fill` writes
+    the mask of the tokens it may take next into one bitmask row. Never asked for a mask once
+    `terminated` (the engine finishes the request first)."""
+
+    def __init__(self, matcher, vocab_size: int, xgr):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self._xgr = xgr
+        self.num_rejected = 0
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Advance over `tokens` (the sample's newest output tokens, real ones). A token the
+        grammar refuses (only possible when every allowed token was masked by another edit, e.g.
+        min_tokens masking the EOS the grammar needs) leaves the matcher where it was and is
+        logged, as vLLM does."""
+        for token in tokens:
+            if self.terminated:
+                return
+            if not self.matcher.accept_token(int(token)):
+                self.num_rejected += 1
+                log.warning("structured outputs: the grammar refused sampled token %d", token)
+
+    def allocate(self, num_rows: int) -> torch.Tensor:
+        """An int32 [num_rows, ceil(vocab / 32)] host bitmask, every token allowed."""
+        return self._xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of `bitmask`: bit t set iff the grammar may take token t next."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def fill_bitmask(states: Sequence[GrammarState]) -> Optional[torch.Tensor]:
+    """The int32 bitmask of `states`, one row each in order (None for no state)."""
+    if not states:
+        return None
+    bitmask = states[0].allocate(len(states))
+    for row, state in enumerate(states):
+        state.fill(bitmask, row)
+    return bitmask
