@@ -2,15 +2,17 @@
 
 Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default);
 bounds declared here (seed in int64) are 400s naming the field too (api_server._parse). OpenAI
-fields the server does not implement (echo, response_format, functions, ...) are declared, then
+fields the server does not implement (echo, functions, ...) are declared, then
 refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UNSUPPORTED).
+response_format (text, json_object, json_schema) and vLLM's structured_outputs become
+SamplingParams.structured_outputs (sampling.py).
 Null is "unset" for every OpenAI field, as OpenAI's schema marks them nullable (n included).
 Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -35,7 +37,6 @@ _COMPLETION_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
     "best_of": lambda value, body: value == body.n,
 }
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
-    "response_format": lambda value, body: value == {"type": "text"},
     "functions": lambda value, body: value == [],
     "function_call": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
     "store": lambda value, body: value is False,
@@ -48,6 +49,27 @@ class StreamOptions(_Strict):
 
     include_usage: Optional[bool] = False
     continuous_usage_stats: Optional[bool] = False
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format's json_schema (OpenAI's shape): the output is JSON that validates
+    against `schema` (`name`, `description` and `strict` are taken; the schema is always
+    enforced, strict or not, as in vLLM)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str
+    description: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or
+    json_schema (that schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
 
 
 class _Sampling(_Strict):
@@ -86,6 +108,9 @@ class _Sampling(_Strict):
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1, le=SEED_MAX)
     # logprob tokens as "token_id:N" (text that is not valid UTF-8 stays identifiable)
     return_tokens_as_token_ids: Optional[bool] = None
+    # OpenAI's output format and vLLM's structured outputs (StructuredOutputsParams' fields)
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
     # vLLM's name of SamplingParams.extra_args over HTTP: passed through, read by nothing here
     vllm_xargs: Optional[dict[str, Union[str, int, float, list[Union[str, int, float]]]]] = None
     # the response's id ("cmpl-" / "chatcmpl-" + it); the X-Request-Id header wins (vLLM's rule)
@@ -158,7 +183,6 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     tool_choice: Any = None
     parallel_tool_calls: Any = None
     # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)
-    response_format: Any = None
     functions: Any = None
     function_call: Any = None
     store: Any = None

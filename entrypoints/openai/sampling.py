@@ -5,7 +5,10 @@ sampling defaults where it has them (engine/generation_config.py, as vLLM's serv
 them), else OpenAI's: temperature 1, top_p 1, no top-k, min-p or penalties. vLLM's extras
 skip_special_tokens and spaces_between_special_tokens (default true) go to SamplingParams as
 they are, as do allowed_token_ids and bad_words; vllm_xargs becomes extra_args (vLLM's
-mapping). What SamplingParams lacks:
+mapping). response_format json_object / json_schema and vLLM's structured_outputs (a dict of
+StructuredOutputsParams' fields) become SamplingParams.structured_outputs (one of them at most;
+the engine compiles it on add: a constraint that does not compile is a 400 naming its field).
+What SamplingParams lacks:
 - cache_salt, priority: not sampling settings; passed beside the params to the engine.
 - truncate_prompt_tokens, add_special_tokens, return_tokens_as_token_ids: the server applies
   them to the prompt and the response itself (serving.py).
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from enginespec.entrypoints.openai.protocol import _Sampling
-from enginespec.spec import SamplingParams
+from enginespec.spec import SamplingParams, StructuredOutputsParams
 
 LOGIT_BIAS_BOUND = 100.0
 _OPENAI_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -35,6 +38,27 @@ def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
             raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
         out[token] = float(value)
     return out
+
+
+def structured_outputs(req: _Sampling) -> Optional[StructuredOutputsParams]:
+    """The body's constraint: from response_format (json_object: any object; json_schema: its
+    schema; text: none) or structured_outputs; both at once is a ValueError naming them."""
+    fmt, raw = req.response_format, req.structured_outputs
+    from_format = None
+    if fmt is not None and fmt.type == "json_object":
+        from_format = StructuredOutputsParams(json_object=True)
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise ValueError("SamplingParams.response_format: json_schema needs json_schema.schema")
+        from_format = StructuredOutputsParams(json=fmt.json_schema.json_schema)
+    if raw is None:
+        return from_format
+    if from_format is not None:
+        raise ValueError("SamplingParams.structured_outputs: give it or a JSON response_format, not both")
+    try:
+        return StructuredOutputsParams.of(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"SamplingParams.structured_outputs: {exc}") from None
 
 
 def to_sampling_params(
@@ -77,4 +101,5 @@ def to_sampling_params(
         allowed_token_ids=req.allowed_token_ids,
         bad_words=tuple(req.bad_words or ()),
         extra_args=req.vllm_xargs,
+        structured_outputs=structured_outputs(req),
     )

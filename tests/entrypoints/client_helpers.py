@@ -15,11 +15,11 @@ from enginespec.testing.checkpoints import tiny_model_dir
 
 
 @contextmanager
-def in_process_client(**engine):
-    """A launched EngineClient on a thread of this process over the tiny qwen3 checkpoint with
-    these engine arguments (the same loop and pipes as the spawned engine process); stopped on
-    exit."""
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **engine)
+def in_process_client(model=None, **engine):
+    """A launched EngineClient on a thread of this process over `model` (default: the tiny
+    qwen3 checkpoint) with these engine arguments (the same loop and pipes as the spawned
+    engine process); stopped on exit."""
+    args = EngineArgs.from_kwargs(str(model or tiny_model_dir("qwen3")), **engine)
     client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
     client.launch(timeout=120)
     try:
