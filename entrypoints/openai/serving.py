@@ -11,6 +11,7 @@ retracted and the concatenated deltas equal the final text.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,7 +39,13 @@ from enginespec.entrypoints.openai.protocol import (
 from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
-from enginespec.entrypoints.openai.tool_calls import ToolCall, ToolCallStream, split_calls
+from enginespec.entrypoints.openai.tool_calls import (
+    ForcedCallStream,
+    ToolCall,
+    ToolCallStream,
+    forced_schema,
+)
+from enginespec.spec import SamplingParams, StructuredOutputsParams
 from enginespec.spec.params import ALL_LOGPROBS
 
 RETRY_AFTER_S = 1
@@ -85,7 +92,7 @@ class _Choice:
     started: bool = False
     finished: bool = False
     reasoning: Optional[ReasoningStream] = None  # a chat reply's split so far (--reasoning-parser)
-    tools: Optional[ToolCallStream] = None  # its tool calls so far (tool_choice "auto")
+    tools: Union[ToolCallStream, ForcedCallStream, None] = None  # its tool calls so far
     num_calls: int = 0  # tool calls sent
 
 
@@ -108,13 +115,34 @@ class _Call:
     # a chat call under --reasoning-parser: the parser, and whether replies begin in their thinking
     reasoning: Optional[ReasoningParser] = None
     starts_in_reasoning: bool = False
-    tool_parsing: bool = False  # replies are parsed for tool calls (tool_choice "auto")
+    # how replies are read for tool calls (_tool_options): "none"; "auto" (the tool-call
+    # parser's blocks); "required" or "named" (the reply follows tool_calls.forced_schema)
+    tool_mode: str = "none"
+    forced_name: Optional[str] = None  # the function tool_choice names ("named")
     single_tool_call: bool = False  # parallel_tool_calls false: the first call only
+
+    @property
+    def tool_parsing(self) -> bool:
+        return self.tool_mode != "none"
 
     @property
     def parsed(self) -> bool:
         """Whether chat replies go through a parser (no shortcut for their stream frames)."""
         return self.reasoning is not None or self.tool_parsing
+
+    def tool_stream(self) -> Union[ToolCallStream, ForcedCallStream]:
+        """A new reader of one reply's tool calls (the whole reply: one final feed)."""
+        return ToolCallStream() if self.tool_mode == "auto" else ForcedCallStream(self.forced_name)
+
+    def finish_reason(self, engine_reason: Optional[str], num_calls: int) -> Optional[str]:
+        """A finished chat choice's finish_reason, as vLLM gives it: "tool_calls" where "auto"
+        parsed calls, or "required" ones came with a normal stop; a named function's reply
+        keeps the engine's (OpenAI's "stop")."""
+        if num_calls and (
+            self.tool_mode == "auto" or self.tool_mode == "required" and engine_reason == "stop"
+        ):
+            return "tool_calls"
+        return engine_reason
 
 
 # ---- prompts ------------------------------------------------------------------------------------
@@ -340,7 +368,7 @@ async def create_chat_completion(
     _check_request(ctx, body)
     if body.top_logprobs and not body.logprobs:  # 0 asks for nothing: served, as vLLM does
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-    tools, tool_parsing = _tool_options(ctx, body)
+    tools, tool_mode, forced_name = _tool_options(ctx, body)
     text = render_chat(ctx, body, tools)
     prompts = [(text, _encode(ctx, text, add_special_tokens=body.add_special_tokens))]
     call = _Call(
@@ -354,21 +382,29 @@ async def create_chat_completion(
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
         call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.chat_template_kwargs)
-    call.tool_parsing, call.single_tool_call = tool_parsing, body.parallel_tool_calls is False
+    call.tool_mode, call.forced_name = tool_mode, forced_name
+    call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(call, max_tokens, logprobs, ctx)
+    if tool_mode in ("required", "named"):
+        params = _forced_params(params, tools, forced_name)
+    if params.structured_outputs is not None:
+        call.reasoning = None  # the grammar governs the whole reply: it has no thinking to split
     gen = await _submit(ctx, call, params)
     return await _respond(ctx, call, gen, wait_disconnect)
 
 
-def _tool_options(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[Optional[list], bool]:
-    """(the tools for the template, whether replies are parsed for calls), by vLLM's rules:
+def _tool_options(
+    ctx: ServerContext, body: ChatCompletionRequest
+) -> tuple[Optional[list], str, Optional[str]]:
+    """(the tools for the template, _Call.tool_mode, the named function), by vLLM's rules:
     tools, when given, is a non-empty list (OpenAI's rule too); tool_choice defaults to "auto"
     when tools are given, and any other than "none" needs tools; "auto" needs
     --enable-auto-tool-choice and --tool-call-parser; "none" still shows the tools to the
-    template but parses nothing; "required" and a named function need guided decoding, which
-    this server does not do."""
+    template but parses nothing; "required" and a named function ({"type": "function",
+    "function": {"name": ...}}) force the reply by structured outputs (_forced_params), with no
+    flag needed, as in vLLM."""
     tools = body.tools
     if tools == []:
         raise APIError(
@@ -377,14 +413,8 @@ def _tool_options(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[Opti
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
     if choice != "none" and tools is None:
         raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        raise APIError(
-            400,
-            'tool_choice "required" or a named function needs guided decoding, which this server '
-            'does not do; use "auto" (with --enable-auto-tool-choice) or "none"',
-            "tool_choice",
-        )
-    if choice not in ("auto", "none"):
+    name = _named_function(choice) if isinstance(choice, dict) else None
+    if choice not in ("auto", "none", "required") and name is None:
         raise APIError(400, f'tool_choice must be "none", "auto", "required" or a named function, got {choice!r}', "tool_choice")  # fmt: skip  # noqa: E501
     if body.parallel_tool_calls is not None and not isinstance(body.parallel_tool_calls, bool):
         raise APIError(400, f"parallel_tool_calls must be a bool, got {body.parallel_tool_calls!r}", "parallel_tool_calls")  # fmt: skip  # noqa: E501
@@ -393,14 +423,38 @@ def _tool_options(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[Opti
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), exc.param) from None
     if tools is None or choice == "none":
-        return tools, False
+        return tools, "none", None
+    if name is not None or choice == "required":
+        return tools, "named" if name is not None else "required", name
     if not (ctx.enable_auto_tool_choice and ctx.tool_call_parser):
         raise APIError(
             400,
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
             "tool_choice",
         )
-    return tools, True
+    return tools, "auto", None
+
+
+def _named_function(choice: dict) -> str:
+    """The name in a tool_choice of OpenAI's {"type": "function", "function": {"name": ...}}."""
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
+        raise APIError(400, f'a named tool_choice is {{"type": "function", "function": {{"name": ...}}}}, got {choice!r}', "tool_choice")  # fmt: skip  # noqa: E501
+    return name
+
+
+def _forced_params(params: SamplingParams, tools: list, name: Optional[str]) -> SamplingParams:
+    """params with the structured output that forces the reply's calls (forced_schema: a named
+    function's arguments, or a "required" array of calls); a 400 naming tool_choice when the
+    request constrains its output already or names a function it does not list."""
+    if params.structured_outputs is not None:
+        raise APIError(400, "tool_choice \"required\" or a named function cannot be combined with response_format or structured_outputs", "tool_choice")  # fmt: skip  # noqa: E501
+    try:
+        schema = forced_schema(tools, name)
+    except ValueError as exc:
+        raise APIError(400, str(exc), "tool_choice") from None
+    return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
 
 
 def _stops(body: _Sampling) -> tuple[str, ...]:
@@ -590,7 +644,7 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
         choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
     else:
         message = _message(call, text)
-        finish = "tool_calls" if message.get("tool_calls") else completion.finish_reason
+        finish = call.finish_reason(completion.finish_reason, len(message.get("tool_calls", ())))
         choice.update(
             message=message, logprobs=logprobs, finish_reason=finish, stop_reason=completion.stop_reason
         )
@@ -612,7 +666,7 @@ def _message(call: _Call, text: str) -> dict:
         reasoning, message["content"] = call.reasoning.split(text, call.starts_in_reasoning)
         message["reasoning"] = reasoning if call.body.include_reasoning else None
     if call.tool_parsing:
-        content, calls = split_calls(message["content"] or "")
+        content, calls = call.tool_stream().feed(message["content"] or "", final=True)
         message["content"] = content or None
         if calls:
             message["tool_calls"] = [
@@ -785,8 +839,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         choice["delta"] = delta
         choice["logprobs"] = lps
     choice["finish_reason"] = completion.finish_reason
-    if finished and state.num_calls:
-        choice["finish_reason"] = "tool_calls"
+    if finished and call.kind == "chat":
+        choice["finish_reason"] = call.finish_reason(completion.finish_reason, state.num_calls)
     choice["stop_reason"] = completion.stop_reason if finished else None
     if body.return_token_ids:
         choice["token_ids"] = token_ids[num_tokens:]
@@ -808,7 +862,7 @@ def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) 
     calls: list[ToolCall] = []
     if call.tool_parsing:
         if state.tools is None:
-            state.tools = ToolCallStream()
+            state.tools = call.tool_stream()
         content, calls = state.tools.feed(content, final=finished)
         if call.single_tool_call:
             calls = calls[: max(0, 1 - state.num_calls)]

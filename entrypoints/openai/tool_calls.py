@@ -1,4 +1,6 @@
-"""Tool-call parsers: a chat reply's `<tool_call>{json}</tool_call>` blocks as OpenAI tool calls.
+"""Tool-call parsers: a chat reply's `<tool_call>{json}</tool_call>` blocks as OpenAI tool calls;
+and, at the end, the calls of a reply that tool_choice "required" or a named function forced
+(forced_schema, ForcedCallStream).
 
 `enginespec serve --enable-auto-tool-choice --tool-call-parser hermes` reads the calls that
 Qwen2.5, Qwen3 and other Hermes-format models write (vLLM's parser of that name): each block's
@@ -132,3 +134,65 @@ def _held_tail(text: str) -> int:
             break
     body = text[: len(text) - keep]
     return keep + len(body) - len(body.rstrip())
+
+
+# ---- forced calls: tool_choice "required" or a named function ---------------------------------
+
+
+def forced_schema(tools: list, name: Optional[str]) -> dict:
+    """The JSON schema a reply must follow when tool_choice forces calls (vLLM's): for a named
+    function, its parameters (an empty object where it gives none): the reply is the arguments;
+    for "required", a non-empty array of {"name": one of the tools, "parameters": its
+    parameters}. ValueError when the named function is not among the tools."""
+    params = {t["function"]["name"]: t["function"].get("parameters") or _EMPTY_OBJECT for t in tools}
+    if name is not None:
+        if name not in params:
+            raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
+        return params[name]
+    options = [
+        {
+            "properties": {"name": {"type": "string", "enum": [n]}, "parameters": p},
+            "required": ["name", "parameters"],
+        }
+        for n, p in params.items()
+    ]
+    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": options}}
+
+
+_EMPTY_OBJECT = {"type": "object", "properties": {}}
+
+
+class ForcedCallStream:
+    """ToolCallStream's counterpart for a reply forced by forced_schema: nothing settles until
+    the reply ends; then its calls (forced_calls), or, when it is no such JSON (cut off), its
+    whole text as content. Same feed() contract, so the whole reply is one final feed."""
+
+    def __init__(self, name: Optional[str]) -> None:
+        self.name = name
+        self._text: list[str] = []
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        self._text.append(delta)
+        if not final:
+            return "", []
+        text = "".join(self._text)
+        calls = forced_calls(text, self.name)
+        return (text, []) if calls is None else ("", calls)
+
+
+def forced_calls(text: str, name: Optional[str]) -> Optional[list[ToolCall]]:
+    """The calls of a reply written under forced_schema: for a named function, one call whose
+    arguments are the reply as written; for "required", the array's items (arguments as JSON
+    text, non-ASCII kept). None when the reply is not such an array (cut off by max_tokens)."""
+    if name is not None:
+        return [ToolCall(name, text)]
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(
+        isinstance(i, dict) and isinstance(i.get("name"), str) and isinstance(i.get("parameters"), dict)
+        for i in items
+    ):
+        return None
+    return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]

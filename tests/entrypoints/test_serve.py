@@ -817,15 +817,14 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
         path = "/v1/chat/completions" if base is chat else "/v1/completions"
         err = _error(server.post(path, {**base, name: value}), 400)
         assert err["param"] == name and err["message"] == f"`{name}` is not supported by this server"
-    # tools: "auto" (their default) needs the server's tool flags; "required" needs guided decoding
+    # tools: "auto" (their default) needs the server's tool flags; a named function must be listed
     err = _error(server.post("/v1/chat/completions", {**chat, "tools": tools}), 400)
     assert (
         err["param"] == "tool_choice" and "--enable-auto-tool-choice and --tool-call-parser" in err["message"]
     )
-    err = _error(
-        server.post("/v1/chat/completions", {**chat, "tools": tools, "tool_choice": "required"}), 400
-    )
-    assert err["param"] == "tool_choice" and "guided decoding" in err["message"]
+    named = {"type": "function", "function": {"name": "g"}}
+    err = _error(server.post("/v1/chat/completions", {**chat, "tools": tools, "tool_choice": named}), 400)
+    assert err["param"] == "tool_choice" and "'g', which is not among the tools" in err["message"]
     err = _error(server.post("/v1/chat/completions", {**chat, "tools": [], "tool_choice": "auto"}), 400)
     assert err["param"] == "tools" and "must not be an empty array" in err["message"]  # vLLM's, OpenAI's
     for extra in ({"echo": False}, {"suffix": ""}, {"best_of": 1}, {"best_of": 2, "n": 2}):

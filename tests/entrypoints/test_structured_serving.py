@@ -11,6 +11,7 @@ import pytest
 
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import ServerContext, create_chat_completion, create_completion
 from enginespec.testing.checkpoints import JSON_CHARS, json_model_dir
 from tests.entrypoints.client_helpers import in_process_client, never
@@ -37,8 +38,10 @@ def engine(torch_one_thread):
         yield client
 
 
-def _call(engine, kind: str, **fields) -> dict:
-    ctx = ServerContext(engine, engine.tokenizer, ["tiny"], 128, chat_template=TEMPLATE)
+def _call(engine, kind: str, reasoning_parser=None, **fields) -> dict:
+    ctx = ServerContext(
+        engine, engine.tokenizer, ["tiny"], 128, chat_template=TEMPLATE, reasoning_parser=reasoning_parser
+    )
     base = {"model": "tiny", "max_tokens": 60, "temperature": 1.0, "seed": 3, **fields}
     if kind == "chat":
         body, handler = (
@@ -106,3 +109,35 @@ def test_response_format_text_asks_for_nothing(engine):
     plain = _call(engine, "completion", max_tokens=8, ignore_eos=True)
     text = _call(engine, "completion", max_tokens=8, ignore_eos=True, response_format={"type": "text"})
     assert _text(text) == _text(plain)
+
+
+# tool_choice "required" or a named function: the reply is forced into calls (tool_calls.forced_schema)
+TOOLS = [
+    {"type": "function", "function": {"name": "person", "parameters": SCHEMA}},
+    {"type": "function", "function": {"name": "now"}},
+]
+CLOSE_ARRAY = {**CLOSING, str(4 + JSON_CHARS.index("]")): 4.0}
+
+
+def test_a_named_tool_choice_forces_that_functions_arguments(engine):
+    named = {"type": "function", "function": {"name": "person"}}
+    choice = _call(engine, "chat", tools=TOOLS, tool_choice=named)["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "person" and _person(call["function"]["arguments"])
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "stop"
+
+
+def test_required_forces_a_list_of_listed_calls(engine):
+    body = _call(engine, "chat", tools=TOOLS, tool_choice="required", max_tokens=120, logit_bias=CLOSE_ARRAY)
+    choice = body["choices"][0]
+    calls = [c["function"] for c in choice["message"]["tool_calls"]]
+    assert calls and choice["finish_reason"] == "tool_calls"
+    for call in calls:
+        assert call["name"] == "now" and json.loads(call["arguments"]) == {} or _person(call["arguments"])
+
+
+def test_a_constrained_reply_is_not_split_for_reasoning(engine):
+    """The grammar governs the whole reply (vLLM would start it after the thinking; here it has
+    none): under --reasoning-parser the JSON is the content, not taken for unclosed thinking."""
+    body = _call(engine, "chat", reasoning_parser=get_parser("qwen3"), response_format=JSON_SCHEMA)
+    assert _person(body["choices"][0]["message"]["content"])

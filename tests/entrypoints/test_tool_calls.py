@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 from enginespec.entrypoints.openai.tool_calls import (
     END,
     START,
+    ForcedCallStream,
     ToolCall,
     ToolCallStream,
     check_parser,
+    forced_calls,
+    forced_schema,
     parse_block,
     split_calls,
 )
@@ -118,3 +121,30 @@ def test_parser_names():
     check_parser(None)
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, got 'llama3_json'"):
         check_parser("llama3_json")
+
+
+def test_forced_schemas_are_vllms():
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {}}}},
+        },
+        {"type": "function", "function": {"name": "g"}},
+    ]
+    assert forced_schema(tools, "f") == {"type": "object", "properties": {"x": {}}}
+    assert forced_schema(tools, "g") == {"type": "object", "properties": {}}
+    required = forced_schema(tools, None)
+    assert required["type"] == "array" and required["minItems"] == 1
+    assert [o["properties"]["name"]["enum"] for o in required["items"]["anyOf"]] == [["f"], ["g"]]
+    with pytest.raises(ValueError, match="'h', which is not among the tools"):
+        forced_schema(tools, "h")
+
+
+def test_forced_calls_read_the_reply_whole():
+    assert forced_calls('{"x": 1}', "f") == [ToolCall("f", '{"x": 1}')]
+    assert forced_calls('[{"name": "g", "parameters": {"é": 2}}]', None) == [ToolCall("g", '{"é": 2}')]
+    assert forced_calls('[{"name": "g"}]', None) is None  # no parameters
+    assert forced_calls("[{", None) is None
+    stream = ForcedCallStream(None)
+    assert stream.feed('[{"name": "g", ') == ("", [])
+    assert stream.feed('"parameters": {}}]', final=True) == ("", [ToolCall("g", "{}")])

@@ -40,7 +40,7 @@ def _call(reasoning: bool = False, parallel=None) -> _Call:
     call = _Call("chat", "chatcmpl-1", "m", body, [("p", [1])], ())
     call.reasoning = get_parser("qwen3") if reasoning else None
     call.starts_in_reasoning = reasoning
-    call.tool_parsing, call.single_tool_call = True, parallel is False
+    call.tool_mode, call.single_tool_call = "auto", parallel is False
     call.index_of["r"] = 0
     return call
 
@@ -78,6 +78,38 @@ def test_a_reply_without_calls_keeps_its_finish_reason_and_has_no_tool_calls():
     choices, full = stream_then_full(_call(), "no tools needed")
     assert full["message"] == {"role": "assistant", "content": "no tools needed"}
     assert full["finish_reason"] == choices[-1]["finish_reason"] == "stop"
+
+
+def _forced(name=None) -> _Call:
+    call = _call()
+    call.tool_mode, call.forced_name = ("named", name) if name else ("required", None)
+    return call
+
+
+def test_a_named_functions_reply_is_its_arguments():
+    choices, full = stream_then_full(_forced("get_weather"), '{"city": "Bern"}')
+    (call,) = full["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Bern"}'}
+    assert full["message"]["content"] is None and full["finish_reason"] == "stop"  # OpenAI's, vLLM's
+    assert _streamed_calls(choices) == [call["function"]] and choices[-1]["finish_reason"] == "stop"
+
+
+def test_a_required_reply_is_an_array_of_calls():
+    text = '[{"name": "get_weather", "parameters": {"city": "Zürich"}}, {"name": "now", "parameters": {}}]'
+    choices, full = stream_then_full(_forced(), text)
+    functions = [c["function"] for c in full["message"]["tool_calls"]]
+    assert functions == [
+        {"name": "get_weather", "arguments": '{"city": "Zürich"}'},
+        {"name": "now", "arguments": "{}"},
+    ]
+    assert full["finish_reason"] == choices[-1]["finish_reason"] == "tool_calls"
+    assert _streamed_calls(choices) == functions
+
+
+def test_a_required_reply_cut_off_is_content():
+    choices, full = stream_then_full(_forced(), '[{"name": "now", "param')
+    assert full["message"] == {"role": "assistant", "content": '[{"name": "now", "param'}
+    assert "".join(c["delta"].get("content", "") for c in choices) == '[{"name": "now", "param'
 
 
 _PIECES = st.sampled_from([CALL, "<tool_call>{bad}</tool_call>", "\n", " hi", "<think>", "</think>", "<tool"])
@@ -210,11 +242,16 @@ def test_an_assistant_calls_arguments_reach_the_template_as_an_object(engine):
 @pytest.mark.parametrize(
     "fields, param, message",
     [
-        (dict(tools=TOOLS, tool_choice="required"), "tool_choice", "guided decoding"),
         (
-            dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+            dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
             "tool_choice",
-            "guided decoding",
+            "'nope', which is not among the tools",
+        ),  # noqa: E501
+        (dict(tools=TOOLS, tool_choice={"type": "function"}), "tool_choice", "a named tool_choice is"),
+        (
+            dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
+            "tool_choice",
+            "cannot be combined with response_format",
         ),
         (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice", "must be"),
         (dict(tools=[{"type": "function", "function": {}}]), "tools", r"tools\[0\] must be"),
