@@ -24,6 +24,10 @@ With tool calls (openai/tool_calls.py) only the content part is parsed for them:
 reasoning at a `<tool_call>` only when `<function=` follows it (the XML call format of
 Qwen3-Coder and Qwen3.5, not the hermes JSON this server parses), so for hermes calls it
 splits as this does.
+
+A request with structured outputs (response_format, structured_outputs, or a tool_choice that
+forces calls) is not split: its grammar governs the whole reply from the first token, so the
+reply has no thinking (vLLM starts the grammar after the thinking ends; this server does not).
 """
 
 from __future__ import annotations
