@@ -171,6 +171,27 @@ def test_preemption_keeps_the_matcher_valid(impl):
         assert _valid(json.loads(out.text)), out.text
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_min_tokens_yields_to_a_complete_grammar(llms, async_scheduling):
+    """Once a choice is written the grammar allows only EOS, which min_tokens masks: the
+    grammar wins (vLLM's rule) and the request ends "stop" on EOS below min_tokens, instead of
+    drawing from an all -inf row a token the grammar refuses. Its batch mate is untouched."""
+    llm = llms(async_scheduling)
+    free = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
+    alone = _generate(llm, free, [[9, 10, 11]])[0].outputs[0].token_ids
+    tight = _params(StructuredOutputsParams(choice=CHOICES), min_tokens=20, max_tokens=30)
+    outs = _generate(llm, [free, tight, _params(StructuredOutputsParams(regex=REGEX), min_tokens=9)],
+                     [[9, 10, 11], PROMPT, PROMPT])  # fmt: skip
+    assert outs[0].outputs[0].token_ids == alone
+    eos = llm.engine.tokenizer.eos_token_id
+    for out, check in (
+        (outs[1].outputs[0], CHOICES.__contains__),
+        (outs[2].outputs[0], re.compile(REGEX).fullmatch),
+    ):
+        assert check(out.text) and out.finish_reason == "stop", (out.text, out.token_ids)
+        assert out.token_ids == [*llm.engine.tokenizer.encode(out.text, add_special_tokens=False), eos]
+
+
 # ---------------------------------------------------------------- bad input
 
 

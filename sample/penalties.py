@@ -73,17 +73,32 @@ def stop_ids_to_mask(request) -> list[int]:
 
 
 def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
-    """While num_output_tokens < min_tokens, stop tokens (and EOS unless ignore_eos) are -inf."""
-    rows, cols = [], []
+    """While num_output_tokens < min_tokens, stop tokens (and EOS unless ignore_eos) are -inf.
+
+    Except on a structured-outputs row whose grammar allows nothing but a stop token (its
+    value is complete: the grammar's mask, applied before, left only stop tokens finite): there
+    the grammar wins and the row keeps them, so the request ends "stop" below min_tokens
+    (vLLM's rule) instead of drawing a token the grammar refuses from an all -inf row. Decided
+    on the device (no host sync): such a row is left as it was when masking would empty it."""
+    rows, cols, guarded = [], [], []
     vocab = logits.shape[1]
     for i, r in enumerate(requests):
         if r.num_output_tokens < r.params.min_tokens:
             ids = [t for t in stop_ids_to_mask(r) if t < vocab]
             rows.extend([i] * len(ids))
             cols.extend(ids)
-    if rows:
-        dev = logits.device
-        logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = NEG_INF
+            if ids and getattr(r.params, "structured_outputs", None) is not None:
+                guarded.append(i)
+    if not rows:
+        return
+    dev = logits.device
+    index = torch.tensor(guarded, dtype=torch.long, device=dev)
+    before = logits.index_select(0, index) if guarded else None
+    logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = NEG_INF
+    if before is not None:
+        after = logits.index_select(0, index)
+        alive = (after > NEG_INF).any(dim=1, keepdim=True)
+        logits.index_copy_(0, index, torch.where(alive, after, before))
 
 
 def apply_logit_bias(logits: torch.Tensor, requests: Sequence) -> None:
