@@ -192,6 +192,27 @@ def test_min_tokens_yields_to_a_complete_grammar(llms, async_scheduling):
         assert out.token_ids == [*llm.engine.tokenizer.encode(out.text, add_special_tokens=False), eos]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_row_left_no_token_the_grammar_allows_ends_as_an_error(llms, async_scheduling):
+    """allowed_token_ids or bad_words that exclude every token the grammar allows, or a choice
+    the vocabulary cannot write (no "é" in it), leave an all -inf row: the grammar refuses
+    what is drawn there and the request ends at once with finish_reason "error" (vLLM finishes
+    it as an error) rather than running to max_tokens on refused tokens. Batch mates finish."""
+    llm = llms(async_scheduling)
+    z = 4 + JSON_CHARS.index("z")
+    bad = [
+        _params(StructuredOutputsParams(choice=CHOICES), allowed_token_ids=[z]),
+        _params(StructuredOutputsParams(choice=CHOICES), bad_words=["y", "n", "m"]),
+        _params(StructuredOutputsParams(choice=["héllo"])),
+    ]
+    outs = _generate(llm, [*bad, _params(StructuredOutputsParams(choice=CHOICES))], [PROMPT] * 4)
+    for out in (o.outputs[0] for o in outs[:3]):
+        assert out.finish_reason == "error" and "no token the grammar allows" in out.error
+        assert len(out.token_ids) <= 2, out.token_ids  # "h" of "héllo", then the refused token
+    assert outs[3].outputs[0].text in CHOICES
+    assert not llm.engine.has_unfinished and not llm.engine._constrained
+
+
 # ---------------------------------------------------------------- bad input
 
 

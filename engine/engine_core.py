@@ -909,30 +909,46 @@ class EngineCore:
             row += 1 + (len(drafts.get(rid, ())) if drafts else 0)
         return apply_token_bitmask(logits, rows, fill_bitmask(states)) if states else logits
 
-    def _advance_grammars(self, update: UpdateOutput) -> UpdateOutput:
+    def _advance_grammars(self, update: UpdateOutput) -> tuple[UpdateOutput, dict]:
         """Each constrained sample's grammar accepts its new real tokens; one that has
         terminated (it took a stop token where it may end) finishes its request ("stop") if
-        nothing else did, so no mask is asked of it again. Returns the update with those
-        finishes added."""
-        ended = []
+        nothing else did, so no mask is asked of it again. A sample whose grammar refused a
+        token (its row had no token left that the grammar allows, see GrammarState.accept)
+        is finished too, as an error: its output could not follow the grammar any more, and
+        running on would only draw from all -inf rows up to max_tokens. Returns the update
+        with the "stop" finishes added, and {request id: message} of the refused."""
+        ended, refused = [], {}
         for rid, tokens in update.new_token_ids.items():
             if rid not in self._constrained:
                 continue
             state, request = self._samples[rid][1].grammar, self._samples[rid][1].request
-            state.accept([t for t in tokens if t != self.vocab_size])
-            if state.terminated and not request.status.is_finished:
+            bad = state.accept([t for t in tokens if t != self.vocab_size])
+            if request.status.is_finished:
+                continue
+            if bad is not None:
+                self.scheduler.finish(request, Status.FINISHED_ABORTED)
+                refused[rid] = (
+                    f"structured outputs: no token the grammar allows was left to sample (sampled "
+                    f"{bad}); allowed_token_ids, bad_words or the vocabulary excluded them all"
+                )
+            elif state.terminated:
                 self.scheduler.finish(request, Status.FINISHED_STOPPED)
                 ended.append(request)
-        if not ended:
-            return update
-        return UpdateOutput(update.new_token_ids, [*update.finished, *ended])
+        if ended:
+            update = UpdateOutput(update.new_token_ids, [*update.finished, *ended])
+        return update, refused
 
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
+        refused: dict = {}
         if self._constrained:
-            update = self._advance_grammars(update)
+            update, refused = self._advance_grammars(update)
         before = self.outputs.num_generated_tokens
         self.outputs.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
         self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before
+        for rid, message in refused.items():
+            parent, sample = self._samples[rid]
+            self.outputs.settle(sample, ERROR, None, message)
+            changed[parent.request_id] = parent
 
     # ---- a failed step ------------------------------------------------------------------------
 

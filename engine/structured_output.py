@@ -11,7 +11,8 @@ vLLM V1's design (vllm/v1/structured_output), on this engine's step:
   penalties come after, and logprobs see the mask (a masked token's logprob is -inf);
 - every real output token the scheduler appends is accepted by the matcher; once the matcher
   has terminated (it accepted a stop token where the grammar may end) the request is finished
-  ("stop"), so no mask is ever asked of a terminated matcher.
+  ("stop"), so no mask is ever asked of a terminated matcher; one that refuses a token (the
+  sampler's other edits left its row no token the grammar allows) finishes it as an error.
 
 Invariants: a matcher has accepted exactly the sample's real output tokens, in order. That
 holds because a constrained row is always sampled serially (the device sampler declines it,
@@ -120,17 +121,21 @@ class GrammarState:
     def terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
 
-    def accept(self, tokens: Sequence[int]) -> None:
-        """Advance over `tokens` (the sample's newest output tokens, real ones). A token the
-        grammar refuses (only possible when every allowed token was masked by another edit, e.g.
-        min_tokens masking the EOS the grammar needs) leaves the matcher where it was and is
-        logged, as vLLM does."""
+    def accept(self, tokens: Sequence[int]) -> Optional[int]:
+        """Advance over `tokens` (the sample's newest output tokens, real ones). Returns None,
+        or the first token the grammar refused (the matcher stays where it was before it): only
+        possible when the sampler's other edits left the row no token the grammar allows (an
+        allowed_token_ids or bad_words that excludes them all, or a grammar that needs text
+        the vocabulary cannot write), so the row was all -inf. The engine ends the request
+        there (vLLM finishes it as an error)."""
         for token in tokens:
             if self.terminated:
-                return
+                return None
             if not self.matcher.accept_token(int(token)):
                 self.num_rejected += 1
                 log.warning("structured outputs: the grammar refused sampled token %d", token)
+                return int(token)
+        return None
 
     def allocate(self, num_rows: int) -> torch.Tensor:
         """An int32 [num_rows, ceil(vocab / 32)] host bitmask, every token allowed."""
