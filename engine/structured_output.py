@@ -2,8 +2,8 @@
 
 vLLM V1's design (vllm/v1/structured_output), on this engine's step:
 - on add, the request's StructuredOutputsParams is compiled once (`StructuredOutputManager.
-  compile`, through xgrammar's GrammarCompiler and its cache: equal constraints compile once
-  per engine), and each of its n samples gets its own matcher (`GrammarState`, kept on the
+  compile`, through xgrammar's GrammarCompiler and its cache, bounded by CACHE_LIMIT_BYTES:
+  equal constraints compile once per engine), and each of its n samples gets its own matcher (`GrammarState`, kept on the
   engine's Sample, never on the impl's Request, whose only state is its tokens);
 - before a step's sample, the engine fills each constrained row's bitmask on the host from its
   matcher and masks the raw logits with it in place (sample/grammar_mask.py), as vLLM's model
@@ -34,6 +34,11 @@ import torch
 from enginespec.spec.structured_outputs import StructuredOutputsParams
 
 log = logging.getLogger(__name__)
+
+#: The most memory xgrammar's cache of compiled grammars may hold (vLLM's default,
+#: VLLM_XGRAMMAR_CACHE_MB=512): past it the least recently used are evicted, so a server that
+#: sees a new schema per request (tool calls, response_format) does not grow without bound.
+CACHE_LIMIT_BYTES = 512 << 20
 
 INSTALL_HINT = (
     "structured outputs need the xgrammar package: pip install xgrammar "
@@ -67,14 +72,20 @@ class StructuredOutputManager:
     allowed). Built on the first constrained request, so an engine that never sees one never
     imports xgrammar."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        cache_limit_bytes: int = CACHE_LIMIT_BYTES,
+    ):
         xgr = import_xgrammar()
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
         self._xgr = xgr
         self.vocab_size = vocab_size
-        self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=True, cache_limit_bytes=cache_limit_bytes)
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar of `params` (xgrammar's cache makes a repeat free); a constraint

@@ -31,6 +31,22 @@ def _takes(manager, params: StructuredOutputsParams, text: str) -> bool:
     return state.num_rejected == 0 and state.terminated
 
 
+def test_the_compiled_grammar_cache_is_bounded():
+    """A new schema per request (tool calls, response_format) must not grow the compiler's
+    cache without bound: it is capped (vLLM's 512 MiB by default) and evicts past the cap."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(json_model_dir()))
+    assert so_mod.StructuredOutputManager(tokenizer, 96, [EOS]).compiler.cache_limit_bytes == 512 << 20
+    small = so_mod.StructuredOutputManager(tokenizer, 96, [EOS], cache_limit_bytes=50_000)
+    for i in range(200):
+        small.compile(
+            StructuredOutputsParams(json={"type": "object", "properties": {f"k{i}": {"type": "integer"}}})
+        )
+    # xgrammar's size is approximate: within twice the cap (unbounded, 200 schemas take ~1 MB)
+    assert 0 < small.compiler.get_cache_size_bytes() <= 100_000
+
+
 def test_choices_are_matched_literally_quotes_and_backslashes_included(manager):
     params = StructuredOutputsParams(choice=['say"hi"', "a\\b", "x|y"])
     for text in params.choice:
