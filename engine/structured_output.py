@@ -27,6 +27,7 @@ request that asks for structured outputs, and its absence is a ValueError naming
 from __future__ import annotations
 
 import logging
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -66,6 +67,17 @@ def choice_grammar(choices: Sequence[str]) -> str:
     return "root ::= " + " | ".join(literal(c) for c in choices)
 
 
+# xgrammar's C++ log prefix on an error's last line: "[10:01:02] /project/cpp/regex_converter.cc:94: "
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
+
+
+def _reason(exc: BaseException) -> str:
+    """The last line of xgrammar's error without its log prefix (a timestamp and a C++ source
+    path: noise to the user, and the timestamp made equal requests' 400s differ)."""
+    text = str(exc).strip()
+    return _LOG_PREFIX.sub("", text.splitlines()[-1]) if text else type(exc).__name__
+
+
 class StructuredOutputManager:
     """One engine's grammar compiler over its tokenizer and vocabulary (the model's, so the
     bitmask covers every logits column a token can take; ids the tokenizer lacks are never
@@ -94,8 +106,7 @@ class StructuredOutputManager:
         try:
             return self._compile(params, kind)
         except (RuntimeError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"StructuredOutputsParams.{kind} is invalid: {reason}") from exc
+            raise ValueError(f"StructuredOutputsParams.{kind} is invalid: {_reason(exc)}") from exc
 
     def _compile(self, params: StructuredOutputsParams, kind: str):
         compiler, any_ws = self.compiler, not params.disable_any_whitespace
