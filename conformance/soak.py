@@ -289,8 +289,13 @@ def _prompt_logprob_violations(out, reference) -> int:
 
 
 def _leftovers(engine) -> int:
-    """Requests, samples and grammar matchers the engine still holds (0 once all finished)."""
-    return len(engine.parents) + len(engine._samples) + len(engine._constrained) + len(engine._pending)
+    """Per-request state the engine still holds once every request finished (0 expected):
+    requests, samples, grammar matchers, high-water marks, swapped-out KV copies, and the
+    speculative decoder's indexes and counters."""
+    held = [engine.parents, engine._samples, engine._constrained, engine._pending, engine._high_water]
+    if engine.spec is not None:
+        held += [engine.spec.request_stats, engine.spec.adaptive, engine.spec.drafter]
+    return sum(map(len, held)) + engine.runner.num_swapped
 
 
 def soak_config(
