@@ -247,6 +247,24 @@ def test_a_constraint_that_does_not_compile_is_refused_on_add(llms, so, field):
     assert not llm.engine.has_unfinished
 
 
+@pytest.mark.parametrize(
+    "so", [StructuredOutputsParams(regex="é+"), StructuredOutputsParams(choice=["élan", "été"])]
+)
+def test_a_constraint_no_token_can_begin_is_refused_on_add(llms, so):
+    """The vocabulary (ASCII) cannot write its first character: a ValueError on add (a 400 over
+    HTTP), not a request that fails on its first step."""
+    llm = llms(False)
+    with pytest.raises(
+        ValueError, match=rf"StructuredOutputsParams\.{so.kind}: no token of this model's vocabulary"
+    ):
+        _generate(llm, _params(so))
+    assert not llm.engine.has_unfinished
+    assert (
+        llm.generate(["ab"], _params(StructuredOutputsParams(regex="é*")), use_tqdm=False)[0].outputs[0].text
+        == ""
+    )
+
+
 def test_without_xgrammar_the_error_says_what_to_install(llms, monkeypatch):
     llm = llms(False)
     monkeypatch.setattr(llm.engine, "_structured", None)  # as if no request had compiled yet

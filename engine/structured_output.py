@@ -104,9 +104,23 @@ class StructuredOutputManager:
         that does not compile is a ValueError naming its field and xgrammar's reason."""
         kind = params.kind
         try:
-            return self._compile(params, kind)
+            compiled = self._compile(params, kind)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ValueError(f"StructuredOutputsParams.{kind} is invalid: {_reason(exc)}") from exc
+        if not self._startable(compiled):
+            raise ValueError(
+                f"StructuredOutputsParams.{kind}: no token of this model's vocabulary can begin it"
+            )
+        return compiled
+
+    def _startable(self, compiled) -> bool:
+        """Whether a fresh matcher allows some first token (a stop token counts: the grammar
+        may be empty). Not so when the vocabulary cannot write the constraint's first character
+        (a regex of "é+" over an ASCII vocabulary): refused on add, where the request's own
+        fault is a ValueError (400), rather than as a failed first step (a 500)."""
+        bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)
+        self._xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.any())
 
     def _compile(self, params: StructuredOutputsParams, kind: str):
         compiler, any_ws = self.compiler, not params.disable_any_whitespace
