@@ -291,6 +291,16 @@ def _add_serve_parser(sub) -> None:
         help="the tool-call format of the model's replies: hermes (Qwen2.5, Qwen3; vLLM's name)",
     )
     serve.add_argument(
+        "--allowed-origins",
+        type=_json_value,
+        default=None,
+        help='CORS: a JSON list of origins browsers may call from, e.g. \'["http://localhost:3000"]\' or \'["*"]\' '
+        "(vLLM's flag; default none: no CORS headers)",
+    )
+    serve.add_argument("--allowed-methods", type=_json_value, default=["*"], help="CORS methods (JSON list)")
+    serve.add_argument("--allowed-headers", type=_json_value, default=["*"], help="CORS headers (JSON list)")
+    serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    serve.add_argument(
         "--max-waiting-requests",
         type=int,
         default=1024,

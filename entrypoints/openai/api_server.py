@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.middleware.cors import CORSMiddleware
 
 from enginespec import __version__
 from enginespec.entrypoints.openai.engine_client import EngineClient
@@ -118,8 +119,16 @@ def _disconnect_waiter(request: Request):
 
 
 def build_app(
-    ctx: ServerContext, metrics: ServerMetrics, api_key: Optional[str] = None, dev: bool = False
+    ctx: ServerContext,
+    metrics: ServerMetrics,
+    api_key: Optional[str] = None,
+    dev: bool = False,
+    cors: Optional[dict] = None,
 ) -> FastAPI:
+    """The app over ctx. `cors` (cors_options): starlette's CORSMiddleware with those options,
+    outermost, so a browser's preflight (OPTIONS, which carries no API key) is answered before
+    the key guard, as vLLM's server answers it; None: no CORS headers, preflights are 405s."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx.engine.start(asyncio.get_running_loop())
@@ -140,12 +149,33 @@ def build_app(
 
     if api_key is not None:
         app.add_middleware(_ApiKeyGuard, api_key=api_key)
+    if cors is not None:  # added last: the outermost layer
+        app.add_middleware(CORSMiddleware, **cors)
 
     _add_openai_routes(app, ctx)
     _add_utility_routes(app, ctx, metrics)
     if dev:
         _add_dev_routes(app, ctx)
     return app
+
+
+def cors_options(ns) -> Optional[dict]:
+    """CORSMiddleware's options from vLLM's flags, or None (no CORS) unless --allowed-origins is
+    given: vLLM allows every origin by default, but a server on this machine's loopback that any
+    web page the user opens may call is a choice to make, not a default. Methods and headers
+    default to every one, as vLLM's."""
+    if ns.allowed_origins is None:
+        return None
+    for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        value = getattr(ns, name)
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"--{name.replace('_', '-')} must be a JSON list of strings, got {value!r}")
+    return dict(
+        allow_origins=ns.allowed_origins,
+        allow_methods=ns.allowed_methods,
+        allow_headers=ns.allowed_headers,
+        allow_credentials=ns.allow_credentials,
+    )
 
 
 def _result(result):
@@ -292,6 +322,7 @@ def run_server(ns) -> int:
     template = load_chat_template(ns.chat_template)
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
+    cors = cors_options(ns)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
@@ -323,7 +354,7 @@ def run_server(ns) -> int:
             enable_auto_tool_choice=ns.enable_auto_tool_choice,
             tool_call_parser=ns.tool_call_parser,
         )
-        app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints)
+        app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints, cors=cors)
         config = uvicorn.Config(
             app,
             host=ns.host,
