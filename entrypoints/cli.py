@@ -274,6 +274,30 @@ def _add_serve_parser(sub) -> None:
         help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM's flag)",
     )
     serve.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
+    serve.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine on a thread of the server process, not a process of its own (debugging)",
+    )
+    serve.add_argument("--uvicorn-log-level", default="warning")
+    _add_chat_reply_args(serve)
+    _add_cors_args(serve)
+    _add_engine_args(serve)
+    serve.set_defaults(impl="fast")
+
+
+def _add_chat_reply_args(serve) -> None:
+    """How chat replies are read: the reasoning parser and tool calls (vLLM's flags)."""
+    serve.add_argument(
         "--reasoning-parser",
         choices=sorted(PARSERS),
         default=None,
@@ -290,6 +314,10 @@ def _add_serve_parser(sub) -> None:
         default=None,
         help="the tool-call format of the model's replies: hermes (Qwen2.5, Qwen3; vLLM's name)",
     )
+
+
+def _add_cors_args(serve) -> None:
+    """vLLM's CORS flags (api_server.cors_options says why none is the default)."""
     serve.add_argument(
         "--allowed-origins",
         type=_json_value,
@@ -300,24 +328,6 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--allowed-methods", type=_json_value, default=["*"], help="CORS methods (JSON list)")
     serve.add_argument("--allowed-headers", type=_json_value, default=["*"], help="CORS headers (JSON list)")
     serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    serve.add_argument(
-        "--max-waiting-requests",
-        type=int,
-        default=1024,
-        help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue)",
-    )
-    serve.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
-    )
-    serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
-    serve.add_argument(
-        "--engine-in-process",
-        action="store_true",
-        help="run the engine on a thread of the server process, not a process of its own (debugging)",
-    )
-    serve.add_argument("--uvicorn-log-level", default="warning")
-    _add_engine_args(serve)
-    serve.set_defaults(impl="fast")
 
 
 def _serve(ns: argparse.Namespace) -> int:
