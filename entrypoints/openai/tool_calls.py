@@ -41,12 +41,6 @@ class ToolCall:
 PARSERS = ("hermes",)
 
 
-def check_parser(name: Optional[str]) -> None:
-    """ValueError naming the choices for a `--tool-call-parser` this server does not have."""
-    if name is not None and name not in PARSERS:
-        raise ValueError(f"--tool-call-parser must be one of {', '.join(PARSERS)}, got {name!r}")
-
-
 def parse_block(body: str) -> Optional[ToolCall]:
     """The call a block's body names (the module docstring's rule), or None."""
     try:
@@ -61,18 +55,13 @@ def parse_block(body: str) -> Optional[ToolCall]:
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-def split_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a whole reply."""
-    return ToolCallStream().feed(text, final=True)
-
-
 class ToolCallStream:
     """Splits a reply's text into content and calls as it grows: feed() returns the content text
     and the calls this delta settles. Held back until the next delta settles them: text that may
     begin `<tool_call>`, whitespace that may precede one, and an open block's body.
 
     Invariant: for any cut of a text into deltas (final=True on the last), the concatenated
-    content and the calls in order equal split_calls of the whole text."""
+    content and the calls in order equal one final feed of the whole text."""
 
     def __init__(self) -> None:
         self._pending = ""  # text not yet settled

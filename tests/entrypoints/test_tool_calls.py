@@ -16,11 +16,9 @@ from enginespec.entrypoints.openai.tool_calls import (
     ForcedCallStream,
     ToolCall,
     ToolCallStream,
-    check_parser,
     forced_calls,
     forced_schema,
     parse_block,
-    split_calls,
 )
 
 _CALL = '{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}'
@@ -62,6 +60,11 @@ def _reference(text: str) -> tuple[str, list[ToolCall]]:
     tail = text[pos:]
     content.append(tail.lstrip() if after_call else tail)
     return "".join(content), calls
+
+
+def split_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole reply: one final feed, as serving._message reads it."""
+    return ToolCallStream().feed(text, final=True)
 
 
 def _streamed(text: str, cuts: list[int]) -> tuple[str, list[ToolCall]]:
@@ -114,13 +117,6 @@ def test_the_stream_holds_back_only_what_may_begin_or_precede_a_block():
     assert stream.feed("box> x\n") == (" <toolbox> x", [])
     assert stream.feed(START + '{"name": "f"') == ("", [])
     assert stream.feed("}" + END + "\n\nDone") == ("Done", [ToolCall("f", "{}")])
-
-
-def test_parser_names():
-    check_parser("hermes")
-    check_parser(None)
-    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, got 'llama3_json'"):
-        check_parser("llama3_json")
 
 
 def test_forced_schemas_are_vllms():
