@@ -1,0 +1,109 @@
+"""What a constrained request costs a decode step: ms per step of B equal requests (B in
+--batches), each run once plain and once per kind of constraint, on one engine.
+
+    python3 benchmarks/constrained_cost.py [--shape qwen3-0.6b] [--batches 1,8,32] [--tokens 128]
+
+Cases (every request of a run alike; ignore_eos, so each run is exactly --tokens steps of B
+rows after its prefill):
+- `greedy` and `t0.6`: no constraint (the device sampler's batches, the baselines);
+- `bad_words`: two banned one-token words (the host sampler: BatchPlan.host_only);
+- `regex`: StructuredOutputsParams(regex=...) that about half the vocabulary can follow
+  (xgrammar's bitmask filled on the host each step, applied before the draw).
+
+A synthetic shape's tokenizer spells token i "w{i}", so the regex `(w[1-4][0-9]*)+` allows the
+ids whose first digit is 1-4 and every output stays in it. The ratio column is each case's step
+over the greedy one at the same B. Writes --out JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.engine_runs import add_model_args, checkpoint, make_llm, sync  # noqa: E402
+from enginespec.spec import SamplingParams  # noqa: E402
+from enginespec.spec.structured_outputs import StructuredOutputsParams  # noqa: E402
+
+REGEX = "(w[1-4][0-9]*)+"
+
+
+def case_params(case: str, tokens: int) -> SamplingParams:
+    """The SamplingParams of one case: `tokens` outputs exactly (ignore_eos)."""
+    base = dict(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+    if case == "t0.6":
+        base["temperature"] = 0.6
+    elif case == "bad_words":
+        base["bad_words"] = ["w7", "w8"]
+    elif case == "regex":
+        base["structured_outputs"] = StructuredOutputsParams(regex=REGEX)
+    elif case != "greedy":
+        raise ValueError(f"case must be greedy, t0.6, bad_words or regex, got {case!r}")
+    return SamplingParams(**base)
+
+
+def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int) -> dict:
+    """One warm-up generate of the case, then one timed: ms per decode step (prefill excluded
+    by timing a one-token run of the same requests and subtracting it)."""
+    prompts = [[100 + (7 * i + j) % 900 for j in range(prompt_len)] for i in range(batch)]
+
+    def run(n: int) -> tuple[float, list]:
+        sync(device)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, [case_params(case, n)] * batch, use_tqdm=False)
+        sync(device)
+        return time.perf_counter() - start, outs
+
+    run(tokens)  # compiles, captures, fills the grammar cache
+    one, _ = run(1)
+    wall, outs = run(tokens)
+    lengths = {len(o.outputs[0].token_ids) for o in outs}
+    reasons = {o.outputs[0].finish_reason for o in outs}
+    return {
+        "batch": batch,
+        "case": case,
+        "wall_s": wall,
+        "ms_per_step": (wall - one) * 1e3 / (tokens - 1),
+        "output_lens": sorted(lengths),
+        "finish_reasons": sorted(str(r) for r in reasons),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p)
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--cases", default="greedy,t0.6,bad_words,regex")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--out", default="constrained_cost.json")
+    args = p.parse_args(argv)
+    args.engine_args = {}
+    from enginespec.engine_args import resolve_device
+
+    args.device = resolve_device(args.device)
+    llm = make_llm(checkpoint(args.shape, args), args)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        base = None
+        for case in args.cases.split(","):
+            row = time_case(llm, args.device, batch, case, args.tokens, args.prompt_len)
+            base = row["ms_per_step"] if case == "greedy" else base
+            row["over_greedy"] = row["ms_per_step"] / base if base else None
+            rows.append(row)
+            ratio = "n/a" if row["over_greedy"] is None else f"{row['over_greedy']:.2f}"
+            print(
+                f"| {batch} | {case} | {row['ms_per_step']:.3f} | {ratio} | {row['output_lens']} {row['finish_reasons']} |"
+            )
+    Path(args.out).write_text(
+        json.dumps({"shape": args.shape, "device": str(args.device), "rows": rows}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
