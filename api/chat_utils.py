@@ -121,7 +121,9 @@ def _template_tool_call(call, where: str) -> dict:
 
 def check_tools(tools) -> Optional[list]:
     """tools as the template takes them: None, or a list of {"type": "function", "function":
-    {"name": str, ...}} (OpenAI's function tools); ChatTemplateError (param "tools") otherwise."""
+    {"name": str, ...}} (OpenAI's function tools) whose `parameters`, where given and not null,
+    are a JSON schema object (a dict, as vLLM's FunctionDefinition types them: a forced
+    tool_choice compiles them); ChatTemplateError (param "tools") otherwise."""
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -136,6 +138,11 @@ def check_tools(tools) -> Optional[list]:
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}, "
                 f"got {tool!r}",
                 "tools",
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ChatTemplateError(
+                f"tools[{i}].function.parameters must be a JSON schema object, got {parameters!r}", "tools"
             )
     return tools
 

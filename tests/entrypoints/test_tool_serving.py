@@ -239,6 +239,10 @@ def test_an_assistant_calls_arguments_reach_the_template_as_an_object(engine):
         _chat(engine, messages=bad)
 
 
+def _tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
 @pytest.mark.parametrize(
     "fields, param, message",
     [
@@ -256,6 +260,17 @@ def test_an_assistant_calls_arguments_reach_the_template_as_an_object(engine):
         (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice", "must be"),
         (dict(tools=[{"type": "function", "function": {}}]), "tools", r"tools\[0\] must be"),
         (dict(tools=TOOLS, parallel_tool_calls="yes"), "parallel_tool_calls", "must be a bool"),
+        # a function's parameters, when given, are a JSON schema object (vLLM's FunctionDefinition);
+        # a forced choice compiles them (a number was a 500, a JSON text string taken as a schema)
+        *[
+            (
+                dict(tools=[_tool(params)], tool_choice=choice),
+                "tools",
+                r"tools\[0\].function.parameters must be",
+            )
+            for params in (5, "{}", [])
+            for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}})
+        ],
         # vLLM's (and OpenAI's): no empty tools, no tool_choice but "none" without tools
         (dict(tools=[]), "tools", "must not be an empty array"),
         (dict(tools=[], tool_choice="none"), "tools", "must not be an empty array"),
