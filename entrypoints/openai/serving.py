@@ -386,9 +386,7 @@ async def create_chat_completion(
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = _params(call, max_tokens, logprobs, ctx)
-    if tool_mode in ("required", "named"):
-        params = _forced_params(params, tools, forced_name)
+    params = _tool_params(ctx, call, _params(call, max_tokens, logprobs, ctx), tools)
     if params.structured_outputs is not None:
         call.reasoning = None  # the grammar governs the whole reply: it has no thinking to split
     gen = await _submit(ctx, call, params)
@@ -442,6 +440,19 @@ def _named_function(choice: dict) -> str:
     if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
         raise APIError(400, f'a named tool_choice is {{"type": "function", "function": {{"name": ...}}}}, got {choice!r}', "tool_choice")  # fmt: skip  # noqa: E501
     return name
+
+
+def _tool_params(ctx: ServerContext, call: _Call, params: SamplingParams, tools) -> SamplingParams:
+    """params as the call's tool choice needs them: "required" or a named function forces the
+    reply (_forced_params); and where the server's tool-call parser reads the reply (tools
+    given, tool_choice not "none"), special tokens are decoded, as vLLM's hermes parser asks:
+    some checkpoints (Hermes-2-Pro, Hermes-3) mark `<tool_call>` special, and a reply decoded
+    without them loses its tags and its calls."""
+    if call.tool_mode in ("required", "named"):
+        params = _forced_params(params, tools, call.forced_name)
+    if call.tool_mode != "none" and ctx.enable_auto_tool_choice and ctx.tool_call_parser:
+        params = dataclasses.replace(params, skip_special_tokens=False)
+    return params
 
 
 def _forced_params(params: SamplingParams, tools: list, name: Optional[str]) -> SamplingParams:

@@ -6,6 +6,8 @@ and, at the end, the calls of a reply that tool_choice "required" or a named fun
 Qwen2.5, Qwen3 and other Hermes-format models write (vLLM's parser of that name): each block's
 body is a JSON object {"name": ..., "arguments": {...}}, and goes out as a tool call whose
 `arguments` is that object as a JSON string (json.dumps, non-ASCII kept), as vLLM sends it.
+The replies it reads are decoded with their special tokens (skip_special_tokens off, as vLLM's
+parser sets it), since some checkpoints mark the tags special (serving._tool_params).
 
 The rule (one for the whole reply and for its stream, so the streamed parts add up to the whole
 reply's; under --reasoning-parser it applies to the content part):

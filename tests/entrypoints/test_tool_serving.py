@@ -21,6 +21,7 @@ from enginespec.entrypoints.cli import _parser
 from enginespec.entrypoints.openai.errors import APIError
 from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
 from enginespec.entrypoints.openai.reasoning import get_parser
+from enginespec.entrypoints.openai.request_stream import RequestStream
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
     _Call,
@@ -309,3 +310,65 @@ def test_the_serve_flags_are_vllms():
     assert ns.enable_auto_tool_choice and ns.tool_call_parser == "hermes"
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "m", "--tool-call-parser", "mistral"])
+
+
+# ---- tags the tokenizer marks special (Hermes-2-Pro's and Hermes-3's <tool_call>) ----------------
+
+
+def _tag_tokenizer():
+    """A character tokenizer for MESSAGES' and CALL's text whose `<tool_call>` and `</tool_call>`
+    are special tokens, one id each, as in the Hermes checkpoints vLLM's parser names."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(CALL + TEMPLATE + "weather?ut;:AT,get_"))
+    vocab = {t: i for i, t in enumerate(["<unk>", "</s>", *chars])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    return tok
+
+
+class _Replying:
+    """An engine client that answers every request with `reply` (token ids, then EOS), decoded
+    as the real client decodes it (RequestStream, with the request's params)."""
+
+    def __init__(self, tokenizer, reply: list[int]):
+        self.tokenizer, self.reply = tokenizer, reply
+
+    async def submit(self, subs):
+        (sub,) = subs
+        stream = RequestStream(sub, None, self.tokenizer, 0.0)
+        ids = [*self.reply, self.tokenizer.eos_token_id]
+        stream.apply((sub.request_id, 0, ids, None, None, "stop", None, None, None, None))
+        return _Scripted([stream.output])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_reads_tags_the_tokenizer_marks_special(stream):
+    """vLLM's hermes parser decodes special tokens for requests with tools (unless tool_choice
+    is "none"): with skip_special_tokens the tags vanished and the call came out as content."""
+    tok = _tag_tokenizer()
+    ctx = ServerContext(
+        _Replying(tok, tok.encode(CALL, add_special_tokens=False)), tok, ["m"], 200,
+        chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="hermes",
+    )  # fmt: skip
+
+    async def run(**fields):
+        body = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stream=stream, **fields)
+        out = await create_chat_completion(ctx, body, never)
+        if not stream:
+            return out["choices"][0]
+        return [json.loads(f[len("data: ") :])["choices"][0] async for f in out if f != "data: [DONE]\n\n"]
+
+    calls = asyncio.run(run())
+    if stream:
+        calls = [c for choice in calls for c in choice["delta"].get("tool_calls", [])]
+    else:
+        calls = calls["message"]["tool_calls"]
+    assert [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Zürich"}'}]
+    none = asyncio.run(run(tool_choice="none"))  # the request's skip_special_tokens stands
+    text = none["message"]["content"] if not stream else "".join(c["delta"].get("content", "") for c in none)
+    assert "tool_call" not in text and "get_weather" in text
