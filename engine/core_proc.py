@@ -15,6 +15,9 @@ Invariants:
   while paused or idle too).
 - Every added request gets exactly one final delta per sample, or one entry in `failed`, or
   (aborted) nothing.
+- An add with a structured-output request is parked until its grammars compile on the
+  engine's grammar thread (EngineCore.prepare_grammar): the other requests step meanwhile. It is
+  then added whole, or refused whole with the compile's error; an abort drops its requests.
 - A step that raises (a bug: EngineCore contains its own faults) fails every live request and
   the loop goes on; the loop itself ends on "shutdown" or when the front end is gone (EOF on
   the input, a broken output pipe), so the engine never outlives its server.
@@ -224,6 +227,30 @@ class PipeSender:
                 return
 
 
+#: How long the loop sleeps on its input, when it has nothing to step, between looks at the
+#: parked adds' compiles.
+PARKED_POLL_S = 0.002
+
+
+@dataclasses.dataclass(eq=False)
+class ParkedAdd:
+    """An add command whose requests wait for their grammars (Futures of prepare_grammar)."""
+
+    token: int
+    requests: list
+    futures: list
+
+    def ready(self) -> bool:
+        return not self.requests or all(f.done() for f in self.futures)
+
+    def error(self) -> Optional[BaseException]:
+        """The first compile's exception (the add is refused with it), or None."""
+        for future in self.futures:
+            if future.exception() is not None:
+                return future.exception()
+        return None
+
+
 class EngineCoreProc:
     """The busy loop over one EngineCore; see the module docstring."""
 
@@ -238,14 +265,17 @@ class EngineCoreProc:
         self._stop = False
         self._failed: list[tuple] = []
         self._replies: list[tuple] = []
+        self._parked: list[ParkedAdd] = []
 
     def run(self) -> None:
         """Until ("shutdown",) or until the front end is gone (EOF, broken pipe)."""
         try:
             while not self._stop:
                 if self._paused or not self.engine.has_unfinished:
-                    self.inbox.poll(None)  # idle: sleep until a command (or EOF) arrives
+                    # idle: sleep until a command (or EOF) arrives, or look at the compiles again
+                    self.inbox.poll(PARKED_POLL_S if self._parked else None)
                 took = self._take_commands()
+                took = self._release_parked() or took
                 if self._stop:
                     break
                 step_start = deltas = None
@@ -271,6 +301,8 @@ class EngineCoreProc:
         if kind == "add":
             self._add(command[1], command[2])
         elif kind == "abort":
+            for parked in self._parked:
+                parked.requests = [r for r in parked.requests if r.request_id not in command[1]]
             live = [rid for rid in command[1] if rid in self.engine.parents]
             self.engine.abort(live, report=False)
             for rid in live:
@@ -290,6 +322,42 @@ class EngineCoreProc:
             raise ValueError(f"unknown engine command {kind!r}")
 
     def _add(self, token: int, requests: list[NewRequest]) -> None:
+        """Add the requests now, or park them while their grammars compile."""
+        futures = self._grammar_futures(requests)
+        if futures:
+            self._parked.append(ParkedAdd(token, list(requests), futures))
+        else:
+            self._add_now(token, requests)
+
+    def _grammar_futures(self, requests: list[NewRequest]) -> list:
+        """The compiles still under way of the requests' grammars ([] when none is, or the
+        engine cannot compile apart: add_request then compiles, or reports why it cannot)."""
+        prepare = getattr(self.engine, "prepare_grammar", None)
+        futures = []
+        for req in requests if prepare is not None else ():
+            try:
+                future = prepare(req.params)
+            except ValueError:  # no xgrammar: the add reports it
+                return []
+            if future is not None and not future.done():
+                futures.append(future)
+        return futures
+
+    def _release_parked(self) -> bool:
+        """Add (or refuse) every parked add whose compiles are done; whether any was."""
+        ready = [p for p in self._parked if p.ready()]
+        if not ready:
+            return False
+        self._parked = [p for p in self._parked if p not in ready]
+        for parked in ready:
+            error = parked.error()
+            if error is not None:
+                self._replies.append(("added", parked.token, ErrorInfo.of(error)))
+            else:
+                self._add_now(parked.token, parked.requests)
+        return True
+
+    def _add_now(self, token: int, requests: list[NewRequest]) -> None:
         added: list[str] = []
         try:
             for req in requests:

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Union
 
@@ -170,6 +171,7 @@ class EngineCore:
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
         self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
         self._structured = None  # StructuredOutputManager, built on the first constrained request
+        self._grammar_pool: Optional[ThreadPoolExecutor] = None  # prepare_grammar's thread
         self._constrained: set[str] = set()  # internal ids of the samples with a grammar
         self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
         # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
@@ -298,7 +300,10 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Release what outlives a Python reference: the tensor-parallel workers and process
-        group (a no-op for one rank). Idempotent; the engine cannot step afterwards under TP."""
+        group (a no-op for one rank), and the grammar thread (a compile under way is not waited for).
+        Idempotent; the engine cannot step afterwards under TP."""
+        if self._grammar_pool is not None:
+            self._grammar_pool.shutdown(wait=False, cancel_futures=True)
         if self.tensor_parallel is not None:
             self.tensor_parallel.shutdown()
 
@@ -456,13 +461,33 @@ class EngineCore:
             return None
         if self.tokenizer is None:
             raise ValueError("SamplingParams.structured_outputs needs a tokenizer; this engine has none")
+        return self._grammar_manager().compile(params.structured_outputs)
+
+    def _grammar_manager(self):
+        """The engine's StructuredOutputManager, built on first use (on the caller's thread: it
+        reads the tokenizer, which the engine's own thread also uses)."""
         if self._structured is None:
             from enginespec.engine.structured_output import StructuredOutputManager
 
             eos, extra_stops = self._eos_ids()
             stops = ([] if eos is None else [eos]) + list(extra_stops)
             self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, stops)
-        return self._structured.compile(params.structured_outputs)
+        return self._structured
+
+    def prepare_grammar(self, params: SamplingParams) -> Optional[Future]:
+        """Start compiling params' constraint on the engine's grammar thread, and return its
+        Future (None when params has no constraint or the engine no tokenizer). An engine loop
+        that parks the request's add until the Future is done (engine/core_proc.py) keeps
+        stepping the other requests meanwhile, where a compile inside add_request would stall
+        them all (vLLM compiles off its step loop too); add_request then finds the grammar in
+        xgrammar's cache. The Future raises what add_request would (a ValueError naming the
+        field). A ValueError here: xgrammar is not installed."""
+        if params.structured_outputs is None or self.tokenizer is None:
+            return None
+        manager = self._grammar_manager()
+        if self._grammar_pool is None:  # one thread: xgrammar spreads a compile over its own
+            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="enginespec-grammar")
+        return self._grammar_pool.submit(manager.compile, params.structured_outputs)
 
     def _new_sample(self, index, request, prompt_token_ids, grammar=None) -> Sample:
         detok = None

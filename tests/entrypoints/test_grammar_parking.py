@@ -1,0 +1,109 @@
+"""A structured-output request's grammar compiles off the engine loop (engine/core_proc.py parks
+its add; EngineCore.prepare_grammar compiles on the grammar thread): the other requests step
+meanwhile, an abort drops the parked request, and a constraint that does not compile is still
+the submit's ValueError (a 400 over HTTP).
+
+A compile is held open by a gate (StructuredOutputManager._compile waits on it for one regex),
+so "meanwhile" is a fact of the test, not a race."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+
+import pytest
+
+from enginespec.engine.core_messages import NewRequest
+from enginespec.engine.structured_output import StructuredOutputManager
+from enginespec.spec import SamplingParams
+from enginespec.spec.structured_outputs import StructuredOutputsParams
+from enginespec.testing.checkpoints import json_model_dir
+from tests.entrypoints.client_helpers import final_output, in_process_client
+
+pytest.importorskip("xgrammar")
+
+HELD = "[a-c]+"  # the regex whose compile waits on the gate
+LIVENESS_S = 60  # how long a request that should run may take (a hang, not a speed, fails)
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """A threading.Event that the compile of HELD waits on (set at teardown, so a failing test
+    never leaves the grammar thread waiting)."""
+    event = threading.Event()
+    real = StructuredOutputManager._compile
+
+    def held(self, params, kind):
+        if params.regex == HELD:
+            event.wait(LIVENESS_S)
+        return real(self, params, kind)
+
+    monkeypatch.setattr(StructuredOutputManager, "_compile", held)
+    yield event
+    event.set()
+
+
+def _request(rid: str, regex=None, max_tokens: int = 8, ignore_eos: bool = False) -> NewRequest:
+    constraint = None if regex is None else StructuredOutputsParams(regex=regex)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0, structured_outputs=constraint, ignore_eos=ignore_eos
+    )
+    return NewRequest(rid, None, [5, 6, 7], params)
+
+
+def test_other_requests_step_while_a_grammar_compiles(gate):
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            held = asyncio.create_task(client.submit([_request("held", HELD, max_tokens=4)]))
+            await asyncio.sleep(0)  # its add goes to the engine first
+            plain = await asyncio.wait_for(client.submit([_request("plain", max_tokens=8)]), LIVENESS_S)
+            plain_out = await asyncio.wait_for(final_output(plain), LIVENESS_S)
+            still_compiling = not held.done()
+            gate.set()
+            held_out = await asyncio.wait_for(final_output(await held), LIVENESS_S)
+            return plain_out, still_compiling, held_out
+
+        plain_out, still_compiling, held_out = asyncio.run(run())
+    assert len(plain_out.outputs[0].token_ids) == 8 and plain_out.finished
+    assert still_compiling  # accepted only once its grammar had compiled
+    text = held_out.outputs[0].text
+    assert held_out.finished and re.fullmatch(HELD, text), text
+
+
+def test_an_abort_while_compiling_drops_the_request(gate):
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            # were it added after all, its 200 tokens would outlast the next request's 8
+            parked = asyncio.create_task(client.submit([_request("held", HELD, 200, ignore_eos=True)]))
+            await asyncio.sleep(0.2)
+            client.abort(["held"])
+            gate.set()
+            after = await asyncio.wait_for(client.submit([_request("next", "[a-c]+x?")]), LIVENESS_S)
+            out = await asyncio.wait_for(final_output(after), LIVENESS_S)
+            await asyncio.sleep(0.2)  # the engine's news after that request's last step
+            return parked.done(), out
+
+        parked_done, out = asyncio.run(run())
+        state = client.state
+    assert not parked_done  # no "accepted" ever came for it (nor an error)
+    assert out.finished and state.num_unfinished == 0
+    assert state.num_free_blocks == state.num_blocks
+
+
+def test_a_constraint_that_does_not_compile_is_still_the_submits_error():
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            with pytest.raises(ValueError, match="StructuredOutputsParams.regex is invalid"):
+                await asyncio.wait_for(client.submit([_request("bad", "(unclosed")]), LIVENESS_S)
+            ok = await client.submit([_request("ok", max_tokens=3)])
+            return await asyncio.wait_for(final_output(ok), LIVENESS_S)
+
+        out = asyncio.run(run())
+    assert len(out.outputs[0].token_ids) == 3
