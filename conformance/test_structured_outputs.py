@@ -237,9 +237,15 @@ def test_exactly_one_constraint_is_required():
         (StructuredOutputsParams(json={"type": "nosuch"}), "json"),
         (StructuredOutputsParams(regex="[a-z]+("), "regex"),
         (StructuredOutputsParams(grammar="rule ::= 'x'"), "grammar"),
+        # not JSON text: a brace too many closes the schema early (xgrammar's parser would read
+        # the first object and drop "required" unseen); text after the schema
+        (StructuredOutputsParams(json='{"type": "object", "properties": {}}, "required": ["a"]}'), "json"),
+        (StructuredOutputsParams(json='{"type": "object"} {"type": "string"}'), "json"),
     ],
 )
 def test_a_constraint_that_does_not_compile_is_refused_on_add(llms, so, field):
+    """A schema, regex or grammar that does not compile, or a schema given as text that is not
+    JSON text (vLLM parses it as JSON first), is a ValueError on add naming the field."""
     llm = llms(False)
     with pytest.raises(ValueError, match=rf"StructuredOutputsParams\.{field} is invalid: (?!\[)") as info:
         _generate(llm, _params(so))

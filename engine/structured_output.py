@@ -26,6 +26,7 @@ request that asks for structured outputs, and its absence is a ValueError naming
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Optional, Sequence
@@ -101,7 +102,10 @@ class StructuredOutputManager:
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar of `params` (xgrammar's cache makes a repeat free); a constraint
-        that does not compile is a ValueError naming its field and xgrammar's reason."""
+        that does not compile is a ValueError naming its field and xgrammar's reason. A schema
+        given as text must be JSON text in full, as vLLM parses it before compiling: xgrammar's
+        parser reads the first JSON value and ignores what follows, so a brace too many would
+        drop the rest of the schema ("required", say) unseen."""
         kind = params.kind
         try:
             compiled = self._compile(params, kind)
@@ -125,6 +129,8 @@ class StructuredOutputManager:
     def _compile(self, params: StructuredOutputsParams, kind: str):
         compiler, any_ws = self.compiler, not params.disable_any_whitespace
         if kind == "json":  # strict (xgrammar's default, vLLM's): no unlisted properties
+            if isinstance(params.json, str):  # JSON text in full (json.JSONDecodeError: a ValueError)
+                json.loads(params.json)
             return compiler.compile_json_schema(params.json_text(), any_whitespace=any_ws)
         if kind == "json_object":  # any object, not any JSON value (vLLM's, OpenAI's meaning)
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_ws)
