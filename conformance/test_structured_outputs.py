@@ -197,19 +197,22 @@ def test_a_row_left_no_token_the_grammar_allows_ends_as_an_error(llms, async_sch
     """allowed_token_ids or bad_words that exclude every token the grammar allows, or a choice
     the vocabulary cannot write (no "é" in it), leave an all -inf row: the grammar refuses
     what is drawn there and the request ends at once with finish_reason "error" (vLLM finishes
-    it as an error) rather than running to max_tokens on refused tokens. Batch mates finish."""
+    it as an error) rather than running to max_tokens on refused tokens; also when the refused
+    token is the last max_tokens allows (it was "length", as if the output were a valid
+    prefix). Batch mates finish."""
     llm = llms(async_scheduling)
     z = 4 + JSON_CHARS.index("z")
     bad = [
         _params(StructuredOutputsParams(choice=CHOICES), allowed_token_ids=[z]),
         _params(StructuredOutputsParams(choice=CHOICES), bad_words=["y", "n", "m"]),
         _params(StructuredOutputsParams(choice=["héllo"])),
+        _params(StructuredOutputsParams(choice=["yes"]), bad_words=["e"], max_tokens=2),
     ]
-    outs = _generate(llm, [*bad, _params(StructuredOutputsParams(choice=CHOICES))], [PROMPT] * 4)
-    for out in (o.outputs[0] for o in outs[:3]):
+    outs = _generate(llm, [*bad, _params(StructuredOutputsParams(choice=CHOICES))], [PROMPT] * 5)
+    for out in (o.outputs[0] for o in outs[:4]):
         assert out.finish_reason == "error" and "no token the grammar allows" in out.error
         assert len(out.token_ids) <= 2, out.token_ids  # "h" of "héllo", then the refused token
-    assert outs[3].outputs[0].text in CHOICES
+    assert outs[4].outputs[0].text in CHOICES
     assert not llm.engine.has_unfinished and not llm.engine._constrained
 
 

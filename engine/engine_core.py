@@ -940,27 +940,30 @@ class EngineCore:
         nothing else did, so no mask is asked of it again. A sample whose grammar refused a
         token (its row had no token left that the grammar allows, see GrammarState.accept)
         is finished too, as an error: its output could not follow the grammar any more, and
-        running on would only draw from all -inf rows up to max_tokens. Returns the update
-        with the "stop" finishes added, and {request id: message} of the refused."""
+        running on would only draw from all -inf rows up to max_tokens. Also when the scheduler
+        finished it on that very token (its max_tokens-th, or a stop id): it leaves the update's
+        finishes, so its reason is "error", never "length" on an output the grammar refused.
+        Returns the update with the "stop" finishes added and the refused ones taken out, and
+        {request id: message} of the refused."""
         ended, refused = [], {}
         for rid, tokens in update.new_token_ids.items():
             if rid not in self._constrained:
                 continue
             state, request = self._samples[rid][1].grammar, self._samples[rid][1].request
             bad = state.accept([t for t in tokens if t != self.vocab_size])
-            if request.status.is_finished:
-                continue
             if bad is not None:
-                self.scheduler.finish(request, Status.FINISHED_ABORTED)
+                if not request.status.is_finished:
+                    self.scheduler.finish(request, Status.FINISHED_ABORTED)
                 refused[rid] = (
                     f"structured outputs: no token the grammar allows was left to sample (sampled "
                     f"{bad}); allowed_token_ids, bad_words or the vocabulary excluded them all"
                 )
-            elif state.terminated:
+            elif state.terminated and not request.status.is_finished:
                 self.scheduler.finish(request, Status.FINISHED_STOPPED)
                 ended.append(request)
-        if ended:
-            update = UpdateOutput(update.new_token_ids, [*update.finished, *ended])
+        if ended or refused:
+            kept = [r for r in update.finished if r.request_id not in refused]
+            update = UpdateOutput(update.new_token_ids, [*kept, *ended])
         return update, refused
 
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
