@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from enginespec.engine.schema_limits import unenforced_keyword
 from enginespec.spec.structured_outputs import StructuredOutputsParams
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ class StructuredOutputManager:
         that does not compile is a ValueError naming its field and xgrammar's reason. A schema
         given as text must be JSON text in full, as vLLM parses it before compiling: xgrammar's
         parser reads the first JSON value and ignores what follows, so a brace too many would
-        drop the rest of the schema ("required", say) unseen."""
+        drop the rest of the schema ("required", say) unseen. So is a schema with a keyword
+        xgrammar compiles but does not enforce (engine/schema_limits.py), as vLLM refuses it
+        with xgrammar as its backend."""
         kind = params.kind
         try:
             compiled = self._compile(params, kind)
@@ -129,8 +132,11 @@ class StructuredOutputManager:
     def _compile(self, params: StructuredOutputsParams, kind: str):
         compiler, any_ws = self.compiler, not params.disable_any_whitespace
         if kind == "json":  # strict (xgrammar's default, vLLM's): no unlisted properties
-            if isinstance(params.json, str):  # JSON text in full (json.JSONDecodeError: a ValueError)
-                json.loads(params.json)
+            # JSON text in full (json.JSONDecodeError: a ValueError), then what xgrammar drops
+            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            where = unenforced_keyword(schema)
+            if where is not None:
+                raise ValueError(f"the schema uses {where}, which the xgrammar backend does not enforce")
             return compiler.compile_json_schema(params.json_text(), any_whitespace=any_ws)
         if kind == "json_object":  # any object, not any JSON value (vLLM's, OpenAI's meaning)
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_ws)
