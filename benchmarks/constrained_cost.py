@@ -9,6 +9,8 @@ rows after its prefill):
 - `bad_words`: two banned one-token words (the host sampler: BatchPlan.host_only);
 - `regex`: StructuredOutputsParams(regex=...) that about half the vocabulary can follow
   (xgrammar's bitmask filled on the host each step, applied before the draw).
+- `one_regex`: the first request as in `regex`, the others greedy: what one constrained
+  request costs the batch it rides in (such a step is sampled serially, every row of it).
 
 A synthetic shape's tokenizer spells token i "w{i}", so the regex `(w[1-4][0-9]*)+` allows the
 ids whose first digit is 1-4 and every output stays in it. The ratio column is each case's step
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +33,13 @@ from enginespec.spec import SamplingParams  # noqa: E402
 from enginespec.spec.structured_outputs import StructuredOutputsParams  # noqa: E402
 
 REGEX = "(w[1-4][0-9]*)+"
+
+
+def batch_params(case: str, tokens: int, batch: int) -> list[SamplingParams]:
+    """Each request's SamplingParams in a run of `case`."""
+    if case == "one_regex":
+        return [case_params("regex", tokens)] + [case_params("greedy", tokens)] * (batch - 1)
+    return [case_params(case, tokens)] * batch
 
 
 def case_params(case: str, tokens: int) -> SamplingParams:
@@ -54,7 +64,7 @@ def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int) 
     def run(n: int) -> tuple[float, list]:
         sync(device)
         start = time.perf_counter()
-        outs = llm.generate(prompts, [case_params(case, n)] * batch, use_tqdm=False)
+        outs = llm.generate(prompts, batch_params(case, n, batch), use_tqdm=False)
         sync(device)
         return time.perf_counter() - start, outs
 
@@ -62,6 +72,9 @@ def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int) 
     one, _ = run(1)
     wall, outs = run(tokens)
     lengths = {len(o.outputs[0].token_ids) for o in outs}
+    constrained = outs if case == "regex" else outs[:1] if case == "one_regex" else []
+    # the text is the words spaced; the grammar saw them joined
+    held = [re.fullmatch(REGEX, "".join(o.outputs[0].text.split())) is not None for o in constrained]
     reasons = {o.outputs[0].finish_reason for o in outs}
     return {
         "batch": batch,
@@ -70,6 +83,7 @@ def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int) 
         "ms_per_step": (wall - one) * 1e3 / (tokens - 1),
         "output_lens": sorted(lengths),
         "finish_reasons": sorted(str(r) for r in reasons),
+        "regex_held": all(held) if held else None,
     }
 
 
@@ -77,7 +91,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
     p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--cases", default="greedy,t0.6,bad_words,regex")
+    p.add_argument("--cases", default="greedy,t0.6,bad_words,regex,one_regex")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--out", default="constrained_cost.json")
