@@ -85,11 +85,16 @@ def _params(so, **kwargs):
 
 def test_a_json_schema_s_output_validates_with_async_on_and_off(llms):
     """n=2 seeded samples, each with its own matcher: both parse and validate, end "stop" on
-    EOS once the object is closed, and async scheduling (which samples a constrained step
-    serially) gives exactly the serial engine's tokens."""
+    EOS once the object is closed, and async scheduling gives exactly the serial engine's
+    tokens, with its steps still async (the draw left on the device: the masks only wait for
+    the step before)."""
     params = _params(StructuredOutputsParams(json=SCHEMA), n=2)
+    stats = llms(True).engine.stats
+    steps, async_steps = stats.num_steps, stats.num_async_steps
     got = {flag: _generate(llms(flag), params)[0].outputs for flag in (False, True)}
     assert [o.token_ids for o in got[True]] == [o.token_ids for o in got[False]]
+    num_steps, num_async = stats.num_steps - steps, stats.num_async_steps - async_steps
+    assert num_async >= max(len(o.token_ids) for o in got[True]) - 1 and num_async <= num_steps
     for out in got[False]:
         assert _valid(json.loads(out.text)), out.text
         assert out.finish_reason == "stop" and out.stop_reason is None

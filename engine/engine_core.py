@@ -752,10 +752,11 @@ class EngineCore:
             self._verify_step(state, batch, result, drafts, changed)
             return
         requests = [self._samples[rid][1].request for rid in batch.sample_request_ids]
+        logits, wait = self._masked_logits(result.logits, batch.sample_request_ids, previous, changed)
         drawn = None
         if self.args.async_scheduling and deferrable(requests):
             with self._phase("sample"):
-                drawn = self.sampler.sample_deferred(result.logits, requests)
+                drawn = self.sampler.sample_deferred(logits, requests)
                 if drawn is not None and result.prompt_logits:
                     ks = self._prompt_logprob_ks(result.prompt_logits)
                     drawn = drawn._replace(
@@ -764,13 +765,12 @@ class EngineCore:
         if drawn is not None:
             self.stats.num_async_steps += 1
             launched = start_copy(drawn, batch.sample_request_ids)
-            wait = self._resolve(previous, changed)
+            wait = self._resolve(previous, changed) if wait is None else wait
             with self._phase("update"):
                 self._update_with_placeholders(output, launched)
         else:
-            wait = self._resolve(previous, changed)
+            wait = self._resolve(previous, changed) if wait is None else wait
             with self._phase("sample"):
-                logits = self._mask_grammars(result.logits, batch.sample_request_ids)
                 sampled = self.sampler(logits, requests)
                 self._record_prompt_logprobs(result.prompt_logits)
             with self._phase("update"):
@@ -916,6 +916,19 @@ class EngineCore:
                     self.outputs.name_tokens(entry, detokenizer.tokenizer)
                 found[0].prompt_logprobs[pos] = entry
 
+    def _masked_logits(self, logits: torch.Tensor, sample_ids, previous, changed: dict):
+        """(logits, None) for a step without a constrained row. With one, the grammars' masks
+        need the previous step's tokens accepted, so that step is resolved first (its tokens
+        are read: the host waits for the device, while this step's forward, already launched,
+        keeps it busy) and the rows are masked: (masked logits, the seconds waited). The draw
+        itself may then stay on the device (async scheduling, Sampler.sample_deferred), so
+        the step after is launched before this one's tokens are read, as for any other step."""
+        if not self._constrained or not any(rid in self._constrained for rid in sample_ids):
+            return logits, None
+        wait = self._resolve(previous, changed)
+        with _span("grammar"):
+            return self._mask_grammars(logits, sample_ids), wait
+
     def _mask_grammars(self, logits: torch.Tensor, sample_ids, drafts=None) -> torch.Tensor:
         """logits with the row of each constrained sample masked by its grammar's next tokens
         (structured_output.py; before the sampler, as vLLM's model runner does; logits itself
@@ -928,9 +941,12 @@ class EngineCore:
 
         rows, states, row = [], [], 0
         for rid in sample_ids:
-            if rid in self._constrained:
+            sample = self._samples[rid][1] if rid in self._constrained else None
+            # a request finished since it was scheduled (its grammar may have terminated at the
+            # resolve just before) draws a token nobody keeps: it is not masked
+            if sample is not None and not sample.request.status.is_finished:
                 rows.append(row)
-                states.append(self._samples[rid][1].grammar)
+                states.append(sample.grammar)
             row += 1 + (len(drafts.get(rid, ())) if drafts else 0)
         return apply_token_bitmask(logits, rows, fill_bitmask(states)) if states else logits
 

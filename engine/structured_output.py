@@ -14,11 +14,14 @@ vLLM V1's design (vllm/v1/structured_output), on this engine's step:
   ("stop"), so no mask is ever asked of a terminated matcher; one that refuses a token (the
   sampler's other edits left its row no token the grammar allows) finishes it as an error.
 
-Invariants: a matcher has accepted exactly the sample's real output tokens, in order. That
-holds because a constrained row is always sampled serially (the device sampler declines it,
-Sampler.sample_deferred, so its mask is filled after the previous token is real), is never
-drafted for (spec_decode/decoder.py), and preemption keeps output tokens (recompute and swap
-alike), so the matcher stays valid across it.
+Invariants: a matcher has accepted exactly the sample's real output tokens, in order, before
+its mask is filled. That holds because a step with a constrained row resolves the step before
+it first (EngineCore._masked_logits: under async scheduling the previous tokens are read and
+accepted, then the mask is filled; the draw may stay on the device, so the step after still
+launches before this one's tokens are read), a constrained request is never drafted for
+(spec_decode/decoder.py), and preemption keeps output tokens (recompute and swap alike), so
+the matcher stays valid across it. A row whose request finished since it was scheduled (at
+that resolve) is not masked: its token is dropped.
 
 xgrammar is optional (`pip install 'enginespec[structured]'`): it is imported on the first
 request that asks for structured outputs, and its absence is a ValueError naming the package.

@@ -335,9 +335,11 @@ class BatchPlan:
         )
         self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
         kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, BANS, MIN_TOKENS, BIAS, PENALTY))
-        # bad words and a structured-outputs mask (applied by the engine before the sampler)
-        # read the newest output tokens, which the device path may not know yet
-        self.host_only = bool(m[:, BANS].any() or m[:, GRAMMAR].any())
+        # bad words read the newest output tokens, which the device path may not know yet (a
+        # grammar's mask does too, but the engine resolves the previous step before applying
+        # it); min_tokens on a constrained row yields to a complete grammar only on the host
+        # (penalties.apply_min_tokens), the device edits have no such guard
+        self.host_only = bool(m[:, BANS].any() or (m[:, GRAMMAR] * m[:, MIN_TOKENS]).any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
         self.edit_rows = _rows(m[:, EDITS])
@@ -569,11 +571,13 @@ class Sampler:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
         logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
-        buffer to copy). None for an empty batch, and for a batch with a row of bad words or
-        of structured outputs (`BatchPlan.host_only`: they ban by the newest output tokens,
-        which may still be a placeholder here; the grammar's mask, which the engine applies to
-        the logits before sampling, needs the previous token accepted): the caller samples that step serially (__call__), after the
-        previous step's tokens are in. Edits use the batch's EditPlan (indices
+        buffer to copy). None for an empty batch, and for a batch with a row of bad words
+        (`BatchPlan.host_only`: they ban by the newest output tokens, which may still be a
+        placeholder here) or a constrained row with min_tokens (its mask yields to a complete
+        grammar on the host only): the caller samples that step serially (__call__), after the
+        previous step's tokens are in. Rows of structured outputs come masked (the engine
+        resolves the previous step first, so each grammar has accepted its real tokens, then
+        masks the logits): they draw here like any other. Edits use the batch's EditPlan (indices
         uploaded once) and the device-side output counts (`OutputCounts`, which this call
         updates with the drawn ids: the caller must append them, placeholder or real);
         top-p rows without a top-k settle their threshold on the device (`exact_thresholds`).

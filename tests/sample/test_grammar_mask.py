@@ -1,5 +1,5 @@
 """The structured-outputs bitmask on the logits (sample/grammar_mask.py), and the device
-sampler declining a constrained batch (its mask needs the previous token accepted)."""
+sampler drawing a masked constrained row as any other."""
 
 from __future__ import annotations
 
@@ -52,13 +52,18 @@ def make_request(impl, params, rid):
     return impl.new_request(rid, [1, 2, 3], params, eos_token_id=5)
 
 
-def test_structured_outputs_leave_the_device_path(impl):
-    """sample_deferred declines a batch with a constrained row (None: the engine samples that
-    step serially, after the previous token is accepted by the grammar), as for bad words."""
+def test_a_masked_constrained_row_draws_on_the_device_path(impl):
+    """sample_deferred draws a constrained row like any other (the engine masks the logits
+    first, once the previous step's tokens are accepted): the row takes the best token its mask
+    allows, not the row's argmax."""
     logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     sampler = Sampler(8)
-    plain = [make_request(impl, SamplingParams(temperature=0.0), rid=f"p{i}") for i in range(2)]
+    plain = make_request(impl, SamplingParams(temperature=0.0), rid="p")
     so = StructuredOutputsParams(choice=["a"])
     constrained = make_request(impl, SamplingParams(temperature=0.0, structured_outputs=so), rid="c")
-    assert sampler.sample_deferred(logits, plain) is not None
-    assert sampler.sample_deferred(logits, [plain[0], constrained]) is None
+    allowed = [t for t in range(8) if t != int(logits[1].argmax())][:2]
+    masked = apply_token_bitmask(logits, [1], _bitmask([allowed], 8))
+    drawn = sampler.sample_deferred(masked, [plain, constrained])
+    assert drawn is not None
+    best = max(allowed, key=lambda t: float(logits[1, t]))
+    assert drawn.token_ids.tolist() == [int(logits[0].argmax()), best]
