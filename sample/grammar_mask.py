@@ -13,16 +13,25 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
+from enginespec.sample.penalties import upload_packed
+
+_BITS: dict[torch.device, torch.Tensor] = {}  # 0..31 on each device, made once
+
+
+def _bits(device: torch.device) -> torch.Tensor:
+    if device not in _BITS:
+        _BITS[device] = torch.arange(32, dtype=torch.int32, device=device)
+    return _BITS[device]
 
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     """bool [R, width]: which tokens each row allows (tokens past the bitmask's 32 * words,
     e.g. a padded logits column, are not)."""
     words = bitmask.to(torch.int32)
-    bits = (words.unsqueeze(-1) >> _BITS.to(words.device)) & 1
+    bits = (words.unsqueeze(-1) >> _bits(words.device)) & 1
     allowed = bits.bool().reshape(words.shape[0], -1)
     if allowed.shape[1] >= width:
         return allowed[:, :width]
@@ -32,11 +41,20 @@ def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
 
 def apply_token_bitmask(logits: torch.Tensor, rows: Sequence[int], bitmask: torch.Tensor) -> torch.Tensor:
     """logits with row rows[i] at -inf wherever bitmask row i does not allow a token (a new
-    tensor; logits itself when `rows` is empty). Rows not listed are unchanged."""
+    tensor; logits itself when `rows` is empty). Rows not listed are unchanged.
+
+    The host never waits for the device here: the rows and a host bitmask go up in one copy
+    through pinned memory (penalties.upload_packed). A plain copy from pageable memory waits for
+    the stream first, i.e. for the step's forward, which undid async scheduling's overlap on
+    every constrained step."""
     if not len(rows):
         return logits
     dev = logits.device
-    index = torch.tensor(list(rows), dtype=torch.long, device=dev)
-    allowed = unpack_bitmask(bitmask.to(dev), logits.shape[1])
+    host_rows = np.asarray(list(rows), dtype=np.int64)
+    if bitmask.device.type == "cpu":
+        index, words = upload_packed([host_rows, bitmask.to(torch.int32).numpy()], dev)
+    else:
+        (index,), words = upload_packed([host_rows], dev), bitmask
+    allowed = unpack_bitmask(words, logits.shape[1])
     sub = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
     return logits.index_copy(0, index, sub)

@@ -67,3 +67,19 @@ def test_a_masked_constrained_row_draws_on_the_device_path(impl):
     assert drawn is not None
     best = max(allowed, key=lambda t: float(logits[1, t]))
     assert drawn.token_ids.tolist() == [int(logits[0].argmax()), best]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_mask_never_makes_the_host_wait_for_the_device():
+    """Under async scheduling the mask is applied while the step's forward runs: a copy that
+    synchronises (a pageable upload, a host read) would make the host wait for it."""
+    logits = torch.randn(4, 100, device="cuda")
+    for _ in range(2):  # the second call too (cached tensors must stay on the device)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = apply_token_bitmask(logits, [3, 0], _bitmask([[1, 99], [50]], 100))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(out[3]).nonzero().flatten().tolist() == [1, 99]
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [50]
+    assert torch.equal(out[1:3], logits[1:3])
