@@ -38,7 +38,7 @@ import atexit
 from typing import AsyncIterator, Iterable, Optional, Union
 
 from enginespec.engine.core_messages import NewRequest
-from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine.engine_core import load_engine_tokenizer, truncate_prompt
 from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
@@ -129,6 +129,9 @@ class AsyncLLM:
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams or None, got {type(params).__name__}")
         text, ids = prompt_to_ids(prompt, self.tokenizer)
+        # truncated here, as the engine would: the output's prompt_token_ids (and the prompt the
+        # detokenizer continues) are the ids the engine runs, as LLM.generate's
+        ids = truncate_prompt(ids, params.truncate_prompt_tokens, self.info.max_model_len)
         salt = _cache_key(prompt)
         return NewRequest(request_id, text, ids, params, priority, salt[1] if salt else None)
 

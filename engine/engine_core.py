@@ -115,6 +115,20 @@ def startup_line(stats: EngineStats) -> str:
     return f"engine ready in {stats.startup_seconds:.1f} s ({parts})"
 
 
+def truncate_prompt(ids: list[int], keep: Optional[int], max_model_len: int) -> list[int]:
+    """The last `keep` prompt tokens (vLLM's truncate_prompt_tokens: None keeps all, -1 up to
+    max_model_len); a keep above max_model_len is a ValueError naming it, as in vLLM.
+    Idempotent, so a front end that applies it before the engine does changes nothing there."""
+    if keep is None:
+        return ids
+    if keep > max_model_len:
+        raise ValueError(
+            f"SamplingParams.truncate_prompt_tokens must be <= max_model_len ({max_model_len}), got {keep}"
+        )
+    keep = max_model_len if keep == -1 else keep
+    return ids[-keep:]
+
+
 class EngineCore:
     """Composes an Implementation with a FlatModel, a ModelRunner and the Sampler."""
 
@@ -543,17 +557,7 @@ class EngineCore:
         return ids, params
 
     def _truncate(self, ids: list[int], keep: Optional[int]) -> list[int]:
-        """The last `keep` prompt tokens (vLLM's truncate_prompt_tokens: None keeps all, -1 up
-        to max_model_len); a keep above max_model_len is a ValueError naming it, as in vLLM."""
-        if keep is None:
-            return ids
-        if keep > self.max_model_len:
-            raise ValueError(
-                f"SamplingParams.truncate_prompt_tokens must be <= max_model_len "
-                f"({self.max_model_len}), got {keep}"
-            )
-        keep = self.max_model_len if keep == -1 else keep
-        return ids[-keep:]
+        return truncate_prompt(ids, keep, self.max_model_len)
 
     def _fit_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
         """max_tokens (and min_tokens) within the room the prompt leaves under max_model_len, as

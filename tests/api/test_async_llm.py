@@ -86,6 +86,16 @@ def test_outputs_equal_llm_generate(async_llm, llm, params):
     assert outs[-1].num_cached_tokens == 32
 
 
+def test_truncated_prompt_is_reported_as_llm_generate_reports_it(async_llm, llm):
+    """truncate_prompt_tokens=k: the output's prompt_token_ids are the k ids the engine ran, as
+    LLM.generate's (they were the whole prompt given: the engine truncated, the client did not)."""
+    params = SamplingParams(max_tokens=6, temperature=0, truncate_prompt_tokens=20, prompt_logprobs=1)
+    want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
+    out = asyncio.run(_collect(async_llm, {"prompt_token_ids": PROMPT}, params, "trunc"))[-1]
+    assert want.prompt_token_ids == PROMPT[-20:]
+    assert _summary(out) == _summary(want)
+
+
 def test_prompt_logprobs_equal_llm_generate(async_llm, llm):
     """Prompt and sample logprobs, decoded_token and rank included: the samples without stop
     strings are decoded on the client's side, which left every decoded_token None."""
