@@ -176,7 +176,28 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help='JSON sampling defaults over generation_config\'s, e.g. \'{"temperature": 0.5}\'',
     )
+    _add_vllm_default_args(p)
     p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
+
+
+def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags that EngineArgs takes only at vLLM's defaults or with nothing to
+    bound here (engine_args.py): a vLLM command line runs, and any other value is EngineArgs'
+    one-line "not supported by enginespec" error naming it. Default None: not given."""
+    p.add_argument(
+        "--swap-space", type=float, default=None, help="accepted (GiB); swap copies blocks as they are"
+    )
+    p.add_argument(
+        "--max-seq-len-to-capture", type=int, default=None, help="accepted; graphs cover max_model_len"
+    )
+    p.add_argument("--quantization", "-q", default=None, help="not supported (weights load unquantized)")
+    p.add_argument("--kv-cache-dtype", default=None, help="auto only (the KV cache takes the model's dtype)")
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, help="1 only")
+    p.add_argument("--enable-lora", action="store_true", default=None, help="not supported")
+    p.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only")
+    p.add_argument("--revision", default=None, help="not supported (checkpoints are local directories)")
+    p.add_argument("--download-dir", default=None, help="not supported (nothing is downloaded)")
+    p.add_argument("--load-format", default=None, help="auto or safetensors")
 
 
 _ENGINE_KEYS = (
@@ -209,6 +230,16 @@ _ENGINE_KEYS = (
     "disable_log_stats",
     "generation_config",
     "override_generation_config",
+    "swap_space",
+    "max_seq_len_to_capture",
+    "quantization",
+    "kv_cache_dtype",
+    "pipeline_parallel_size",
+    "enable_lora",
+    "cpu_offload_gb",
+    "revision",
+    "download_dir",
+    "load_format",
 )
 
 
@@ -288,7 +319,12 @@ def _add_serve_parser(sub) -> None:
         action="store_true",
         help="run the engine on a thread of the server process, not a process of its own (debugging)",
     )
-    serve.add_argument("--uvicorn-log-level", default="warning")
+    serve.add_argument(
+        "--uvicorn-log-level",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        default="warning",
+        help="uvicorn's log level (vLLM's flag; default warning)",
+    )
     _add_chat_reply_args(serve)
     _add_cors_args(serve)
     _add_engine_args(serve)

@@ -477,3 +477,67 @@ def test_generation_config_flags_take_vllms_names():
     flags = ["--generation-config", "vllm", "--override-generation-config", '{"temperature": 0.5}']
     kw = _engine_kwargs(_parser().parse_args(["demo", *flags]))
     assert (kw["generation_config"], kw["override_generation_config"]) == ("vllm", {"temperature": 0.5})
+
+
+def test_an_unknown_uvicorn_log_level_is_a_usage_error(capsys):
+    """--uvicorn-log-level takes uvicorn's levels (vLLM's choices): any other word was a
+    KeyError traceback from uvicorn's config, after the engine had loaded the model."""
+    from enginespec.entrypoints.cli import _parser
+
+    assert _parser().parse_args(["serve", "/m", "--uvicorn-log-level", "info"]).uvicorn_log_level == "info"
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["serve", "/m", "--uvicorn-log-level", "bogus"])
+    assert exited.value.code == 2 and "--uvicorn-log-level" in capsys.readouterr().err
+
+
+VLLM_DEFAULT_FLAGS = {  # vLLM's flags that EngineArgs takes at vLLM's defaults (engine_args.py)
+    "--swap-space": ("8", "swap_space", 8.0),
+    "--max-seq-len-to-capture": ("4096", "max_seq_len_to_capture", 4096),
+    "--kv-cache-dtype": ("auto", "kv_cache_dtype", "auto"),
+    "--pipeline-parallel-size": ("1", "pipeline_parallel_size", 1),
+    "--cpu-offload-gb": ("0", "cpu_offload_gb", 0),
+    "--load-format": ("safetensors", "load_format", "safetensors"),
+}
+
+
+@pytest.mark.parametrize(
+    "command", [["serve", "/m"], ["generate", "--model", "/m", "--prompt", "x"], ["demo"]]
+)
+def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
+    """A vLLM command line with its engine flags at vLLM's defaults (--swap-space 8,
+    --kv-cache-dtype auto, ...) runs: they were "unrecognized arguments", though EngineArgs
+    takes them; not given, EngineArgs keeps its own defaults."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    argv = command + [part for flag, (value, _, _) in VLLM_DEFAULT_FLAGS.items() for part in (flag, value)]
+    ns = _parser().parse_args(argv + ["-pp", "1"])
+    args = EngineArgs.from_kwargs(getattr(ns, "model", None), **_engine_kwargs(ns))
+    assert {name: getattr(args, name) for _, name, _ in VLLM_DEFAULT_FLAGS.values()} == {
+        name: want for _, name, want in VLLM_DEFAULT_FLAGS.values()
+    }
+    default = EngineArgs.from_kwargs(None, **_engine_kwargs(_parser().parse_args(command)))
+    assert (default.swap_space, default.quantization, default.enable_lora) == (4, None, False)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--quantization", "awq"], "quantization"),
+        (["-q", "fp8"], "quantization"),
+        (["-pp", "2"], "pipeline_parallel_size"),
+        (["--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
+        (["--enable-lora"], "enable_lora"),
+        (["--revision", "main"], "revision"),
+        (["--download-dir", "/tmp/x"], "download_dir"),
+    ],
+)
+def test_vllms_engine_flags_the_engine_cannot_honour_are_its_one_line_error(flags, named):
+    """Such a flag at another value is EngineArgs' ValueError naming it ("not supported by
+    enginespec"), which main() prints in one line: not argparse's "unrecognized arguments"."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    ns = _parser().parse_args(["serve", "/m", *flags])
+    with pytest.raises(ValueError, match=f"{named}.*not supported by enginespec"):
+        EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns))
