@@ -239,7 +239,13 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
             tokens = list(ctx.tokenizer.encode(text, add_special_tokens=False))
         else:
             tokens = list(ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-        return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+        strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return {
+            "count": len(tokens),
+            "max_model_len": ctx.max_model_len,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
 
     @app.post("/detokenize")
     async def detokenize(request: Request):

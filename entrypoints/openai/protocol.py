@@ -197,6 +197,7 @@ class TokenizeRequest(_ChatTemplateFields):
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
     add_special_tokens: bool = True
+    return_token_strs: bool = False  # vLLM's: token_strs in the reply
 
 
 class DetokenizeRequest(_Strict):

@@ -1,0 +1,38 @@
+"""/tokenize's vLLM fields: return_token_strs (the tokens as the tokenizer's own strings, in
+token_strs; null when not asked). Only the ASGI app runs (no engine: /tokenize needs only the
+tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from enginespec.entrypoints.openai.api_server import build_app
+from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.serving import ServerContext
+from enginespec.testing.checkpoints import tiny_model_dir
+from enginespec.worker.loader import load_tokenizer
+
+
+def _tokenize(tokenizer, body: dict) -> httpx.Response:
+    app = build_app(ServerContext(None, tokenizer, ["m"], 16), ServerMetrics("m"))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/tokenize", json=body)
+
+    return asyncio.run(run())
+
+
+def test_return_token_strs_gives_the_tokens_strings():
+    """vLLM's return_token_strs was a 400 ("extra inputs are not permitted")."""
+    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
+    asked = _tokenize(tokenizer, {"prompt": "abc", "return_token_strs": True})
+    assert asked.status_code == 200, asked.text
+    body = asked.json()
+    assert body["tokens"] == list(tokenizer.encode("abc"))
+    assert body["token_strs"] == tokenizer.convert_ids_to_tokens(body["tokens"])
+    plain = _tokenize(tokenizer, {"prompt": "abc"}).json()
+    assert plain["tokens"] == body["tokens"] and plain["token_strs"] is None
