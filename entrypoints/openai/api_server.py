@@ -234,9 +234,10 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
             raise APIError(400, "this server has no tokenizer")
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
-        if body.messages is not None:
+        if body.messages is not None:  # vLLM's chat default: no special tokens beyond the template's
             text = render_chat(ctx, body)
-            tokens = list(ctx.tokenizer.encode(text, add_special_tokens=False))
+            special = body.add_special_tokens if "add_special_tokens" in body.model_fields_set else False
+            tokens = list(ctx.tokenizer.encode(text, add_special_tokens=special))
         else:
             tokens = list(ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None

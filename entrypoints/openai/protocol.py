@@ -196,6 +196,8 @@ class TokenizeRequest(_ChatTemplateFields):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
+    # vLLM's defaults: True for a prompt, False for messages (the template adds them); a
+    # value given applies to either
     add_special_tokens: bool = True
     return_token_strs: bool = False  # vLLM's: token_strs in the reply
 

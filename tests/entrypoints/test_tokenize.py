@@ -14,9 +14,11 @@ from enginespec.entrypoints.openai.serving import ServerContext
 from enginespec.testing.checkpoints import tiny_model_dir
 from enginespec.worker.loader import load_tokenizer
 
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
 
 def _tokenize(tokenizer, body: dict) -> httpx.Response:
-    app = build_app(ServerContext(None, tokenizer, ["m"], 16), ServerMetrics("m"))
+    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -36,3 +38,34 @@ def test_return_token_strs_gives_the_tokens_strings():
     assert body["token_strs"] == tokenizer.convert_ids_to_tokens(body["tokens"])
     plain = _tokenize(tokenizer, {"prompt": "abc"}).json()
     assert plain["tokens"] == body["tokens"] and plain["token_strs"] is None
+
+
+class _Spy:
+    """A tokenizer that records each encode's add_special_tokens (the tiny tokenizer adds no
+    special token, so the ids alone could not tell)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.special: list[bool] = []
+
+    def encode(self, text, add_special_tokens=True):
+        self.special.append(add_special_tokens)
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_add_special_tokens_takes_vllms_default_per_kind_and_a_given_value():
+    """vLLM's defaults: True for a prompt, False for messages (the chat template adds what the
+    model wants); a value the body gives is honoured for messages too (it was ignored)."""
+    spy = _Spy(load_tokenizer(tiny_model_dir("qwen3")))
+    chat = [{"role": "user", "content": "hi"}]
+    for body in (
+        {"prompt": "abc"},
+        {"prompt": "abc", "add_special_tokens": False},
+        {"messages": chat},
+        {"messages": chat, "add_special_tokens": True},
+    ):
+        assert _tokenize(spy, body).status_code == 200
+    assert spy.special == [True, False, False, True]
