@@ -249,7 +249,10 @@ def _engine_kwargs(ns: argparse.Namespace) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from enginespec import __version__
+
     parser = argparse.ArgumentParser(prog="enginespec", description="enginespec: a specified LLM engine core")
+    parser.add_argument("--version", action="version", version=f"enginespec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
     gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
@@ -285,6 +288,17 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (an ArgumentTypeError: argparse's usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _add_serve_parser(sub) -> None:
     """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
@@ -311,7 +325,10 @@ def _add_serve_parser(sub) -> None:
         help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue)",
     )
     serve.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+        "--shutdown-timeout",
+        type=_seconds,
+        default=30.0,
+        help="seconds in-flight requests get on SIGTERM",
     )
     serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
     serve.add_argument(

@@ -541,3 +541,19 @@ def test_vllms_engine_flags_the_engine_cannot_honour_are_its_one_line_error(flag
     ns = _parser().parse_args(["serve", "/m", *flags])
     with pytest.raises(ValueError, match=f"{named}.*not supported by enginespec"):
         EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns))
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_a_shutdown_timeout_that_is_not_seconds_is_a_usage_error(capsys, value):
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        run_cli(["serve", "/nowhere", "--shutdown-timeout", value], capsys)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--shutdown-timeout" in err and repr(value) in err
+
+
+def test_version_prints_the_package_version(capsys):
+    from enginespec import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        run_cli(["--version"], capsys)
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"enginespec {__version__}"
