@@ -1,7 +1,8 @@
 """The JSON Schema keywords xgrammar compiles but does not enforce, refused before compiling.
 
-xgrammar (0.2.9, the version `enginespec[structured]` pins) accepts every schema below and
-then generates JSON that may break it: the keyword is dropped without a word, and the reply
+xgrammar (measured on 0.2.9, the newest release; `enginespec[structured]` asks for >= 0.1.25,
+so an older one may drop more) accepts every schema below and then generates JSON that may
+break it: the keyword is dropped without a word, and the reply
 finishes "stop" as if it had validated. vLLM refuses such schemas when xgrammar is its backend
 (its "auto" backend falls back to another library instead; we have no other), and so do we:
 a ValueError naming StructuredOutputsParams.json, the keyword and where it sits (a 400).
