@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The thirty-eighth session's first device call (about 5 min): the CUDA tests the thirty-seventh
+# session could not run (the grammar mask's pinned upload under torch's sync debug mode, the
+# compile workers' test isolated by knobs.cache.scope()), the structured-output and sampler
+# tests beside them, then what a constrained request costs a decode step after 52a0ec2
+# (benchmarks/constrained_cost.py at 1, 8 and 32 rows). One tar back: s38a_h200_SHA.tgz.
+#   bash benchmarks/gpu_round38a.sh SHA
+set -u
+sha=${1:?commit}
+source benchmarks/gpu_common.sh
+gpu_setup || exit 1
+timeout 200 python3 -m pytest -p enginespec.conformance.plugin -p no:cacheprovider --impl=fast -q -rfEs \
+  tests/kernels/test_compile_procs.py tests/sample \
+  > "$out/pytest_$sha.log" 2>&1
+echo "tests rc=$? after ${SECONDS}s"; grep -E "passed|failed|FAILED|ERROR" "$out/pytest_$sha.log" | tail -8
+timeout 200 python3 benchmarks/constrained_cost.py --batches 1,8,32 --tokens 128 \
+  --out "$out/constrained_cost_h200_$sha.json" > "$out/constrained.log" 2>&1
+echo "constrained rc=$? after ${SECONDS}s"; grep -E "^\| " "$out/constrained.log"; tail -3 "$out/constrained.log"
+cd "$out" && tar czf "s38a_h200_$sha.tgz" ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json; ls
