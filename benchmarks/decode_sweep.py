@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
 from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
-from benchmarks.phases import decode_latency, phase_device  # noqa: E402
+from benchmarks.phases import decode_latency, decode_latency_steps, phase_device  # noqa: E402
 from benchmarks.step_anatomy import graph_replay_ms  # noqa: E402
 from benchmarks.step_bins import timed_steps  # noqa: E402
 from benchmarks.sweep_profile import profile_steps  # noqa: E402
@@ -211,6 +211,7 @@ def run(args) -> dict:
             "weight_floor_ms": results["weight_floor_ms"],
             "ratio": ms / results["weight_floor_ms"],
             "num_tokens": args.latency_tokens,
+            "steps": decode_latency_steps(llm, prompt, args.latency_tokens, args.device),
         }
     table = getattr(getattr(core, "runner", None), "linear_table", None)
     if table is not None:  # EngineArgs.skinny_gemm: what the startup tuning chose
@@ -265,6 +266,14 @@ def markdown(results: dict) -> str:
             f"batch-1 via LLM.generate: {gen['ms_per_token']:.3f} ms/token, weight floor "
             f"{gen['weight_floor_ms']:.3f} ms, ratio {gen['ratio']:.2f}"
         )
+        steps = gen.get("steps") or {}
+        if steps:
+            wall, wait = steps["wall_ms"], steps["wait_ms"]
+            lines.append(
+                f"its {steps['num_decode_steps']} decode steps, ms: wall median {wall['median']:.3f}, "
+                f"mean {wall['mean']:.3f}, p90 {wall['p90']:.3f}, max {wall['max']:.3f}; "
+                f"host wait median {wait['median']:.3f}, mean {wait['mean']:.3f}"
+            )
     return "\n".join(lines)
 
 

@@ -6,6 +6,8 @@ engine on the big shape. Each returns the dict recorded under its name in the JS
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 from pathlib import Path
 
 from benchmarks import roofline as rl
@@ -97,6 +99,40 @@ def decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
     t_one = min(timed_generate(llm, one, device, use_tqdm=False)["wall_s"] for _ in range(2))
     t_many = timed_generate(llm, many, device, use_tqdm=False)["wall_s"]
     return (t_many - t_one) / num_tokens * 1e3
+
+
+def decode_latency_steps(llm, prompt: list[int], num_tokens: int, device) -> dict:
+    """Where batch-1 `LLM.generate`'s ms/token goes: one more generate of num_tokens + 1 tokens
+    with the engine's step trace on, its decode steps' walls (time since the previous step
+    ended) and host waits as median, mean, p90 and max, in ms. A mean well above the median
+    says a few slow steps (outliers) carry the gap to the sweep's median step; a wait near zero
+    says the host, not the GPU, set the pace."""
+    core = engine_core(llm)
+    if core is None or not hasattr(core, "stats"):
+        return {}
+    core.stats.step_trace = []
+    start = time.perf_counter()
+    timed_generate(llm, Workload([prompt], [num_tokens + 1]), device, use_tqdm=False)
+    steps, core.stats.step_trace = core.stats.step_trace, None
+    walls, waits, previous = [], [], start
+    for num_reqs, num_tokens_step, _kv, end, wait in steps:
+        if num_tokens_step == num_reqs:  # decode steps only (the prefill is the first)
+            walls.append((end - previous) * 1e3)
+            waits.append(wait * 1e3)
+        previous = end
+    if not walls:
+        return {}
+
+    def stats(xs: list[float]) -> dict:
+        xs = sorted(xs)
+        return {
+            "median": statistics.median(xs),
+            "mean": statistics.fmean(xs),
+            "p90": xs[int(0.9 * (len(xs) - 1))],
+            "max": xs[-1],
+        }
+
+    return {"num_decode_steps": len(walls), "wall_ms": stats(walls), "wait_ms": stats(waits)}
 
 
 def phase_latency(args, model_dir, workload: Workload) -> dict:

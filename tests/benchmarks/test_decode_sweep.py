@@ -44,6 +44,12 @@ def test_sweep_rows_are_pure_decode_steps(sweep):
     assert res["rows"][1]["floor_ms"] > res["rows"][0]["floor_ms"]
     gen = res["generate_batch1"]
     assert gen["ratio"] == pytest.approx(gen["ms_per_token"] / res["weight_floor_ms"])
+    # The traced generate: every one of its 3 decode steps after the prefill, ordered stats.
+    steps = gen["steps"]
+    assert steps["num_decode_steps"] == 3
+    for name in ("wall_ms", "wait_ms"):
+        s = steps[name]
+        assert 0 <= s["median"] <= s["max"] and s["p90"] <= s["max"] and 0 <= s["mean"] <= s["max"], s
 
 
 def test_plot_from_json_prints_the_table(sweep, tmp_path, capsys):
@@ -51,7 +57,7 @@ def test_plot_from_json_prints_the_table(sweep, tmp_path, capsys):
     png = tmp_path / "redrawn.png"
     assert decode_sweep.main(["--plot-from", str(out), "--png", str(png)]) == 0
     text = capsys.readouterr().out
-    assert "| 1 |" in text and "| 2 |" in text and "LLM.generate" in text
+    assert "| 1 |" in text and "| 2 |" in text and "LLM.generate" in text and "decode steps, ms" in text
     assert png.exists() or "matplotlib is not installed" in text
 
 
