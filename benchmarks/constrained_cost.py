@@ -6,11 +6,13 @@
 Cases (every request of a run alike; ignore_eos, so each run is exactly --tokens steps of B
 rows after its prefill):
 - `greedy` and `t0.6`: no constraint (the device sampler's batches, the baselines);
-- `bad_words`: two banned one-token words (the host sampler: BatchPlan.host_only);
+- `bad_words`: two banned one-token words (until 2026-12-05 the host sampler; since, the step
+  before is resolved first and the bans are applied on the device, as for a grammar's mask);
 - `regex`: StructuredOutputsParams(regex=...) that about half the vocabulary can follow
   (xgrammar's bitmask filled on the host each step, applied before the draw).
 - `one_regex`: the first request as in `regex`, the others greedy: what one constrained
-  request costs the batch it rides in (such a step is sampled serially, every row of it).
+  request costs the batch it rides in (until 0c70056 such a step was sampled serially, every
+  row of it; since, it resolves the step before, masks, and draws on the device).
 
 A synthetic shape's tokenizer spells token i "w{i}", so the regex `(w[1-4][0-9]*)+` allows the
 ids whose first digit is 1-4 and every output stays in it. The ratio column is each case's step

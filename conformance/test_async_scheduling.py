@@ -178,6 +178,7 @@ SETTINGS = [
     dict(logit_bias={7: 2.0, 11: -3.0}, allowed_token_ids=tuple(range(4, 40)), logprobs=0),
     dict(min_tokens=4, temperature=0.0, repetition_penalty=1.2, n=2),
     dict(temperature=0.8, presence_penalty=1.0, n=3, logprobs=3),
+    dict(temperature=0.9, bad_words_token_ids=((9,), (40, 41), (12, 13, 14)), logprobs=1),
 ]
 
 
@@ -193,9 +194,9 @@ def _ranked(logprobs):
 def test_async_equals_serial_for_every_setting(impl, mode):
     """Every row type draws on the device (Sampler.sample_deferred) and overlaps: top-k/top-p/
     min-p cuts, penalties (device-side output counts that count the in-flight placeholder with
-    its real id), bias, allowed ids, min_tokens, logprobs and prompt logprobs (read in the same
-    copy as the ids),
-    n > 1 siblings, under preemption. Seeded rows: the async run equals the serial one."""
+    its real id), bias, allowed ids, bad words (the engine resolves the step before: their bans
+    read the real newest token), min_tokens, logprobs and prompt logprobs (read in the same
+    copy as the ids), n > 1 siblings, under preemption. Seeded rows: the async run equals the serial one."""
     if mode == "swap" and "swap" not in getattr(impl, "capabilities", ()):
         pytest.skip(f"impl {impl.name!r} has no swap capability")
     params = [

@@ -230,9 +230,13 @@ def _pairs(ids) -> set:
 
 def test_bad_words_are_never_generated(impl):
     """vLLM's bad_words (it was a TypeError): a one-token word is never drawn, a two-token word
-    never completed, with or without async scheduling (whose device path leaves such a batch to
-    the serial sampler: the ban reads the newest output token). Seeded draws over six plain
-    characters, so the free run holds both words and the banned run must avoid them."""
+    never completed, with or without async scheduling. The ban reads the newest output token,
+    so with async scheduling the engine resolves the step before (as for a grammar) and the
+    draw stays on the device: every decode step of the banned run is still async. Seeded draws
+    over six plain characters, so the free run holds both words and the banned run must avoid
+    them."""
+    from enginespec.engine.async_scheduling import deferrable
+
     llm = make_llm(impl)
     tok = llm.get_tokenizer()
     base = SamplingParams(max_tokens=16, temperature=1.0, seed=11, ignore_eos=True, allowed_token_ids=PLAIN)
@@ -241,8 +245,12 @@ def test_bad_words_are_never_generated(impl):
     pair = next(p for p in zip(free, free[1:]) if single not in p)
     banned = dataclasses.replace(base, bad_words=[tok.decode([single]), " " + tok.decode(list(pair))])
     assert banned.bad_words_token_ids == ()  # tokenized by the engine, on add
+    stats = llm.engine.stats
+    steps, async_steps = stats.num_steps, stats.num_async_steps
     out = _one(llm, banned).token_ids
     assert single not in out and pair not in _pairs(out) and len(out) == 16
+    if deferrable([impl.new_request("probe", [1], base, arrival_time=0.0)]):
+        assert stats.num_async_steps - async_steps == stats.num_steps - steps  # none serial
     assert _one(make_llm(impl, async_scheduling=False), banned).token_ids == out
     ids = dataclasses.replace(base, bad_words_token_ids=[[single], list(pair)])  # the same, as ids
     assert _one(llm, ids).token_ids == out

@@ -187,6 +187,9 @@ class EngineCore:
         self._structured = None  # StructuredOutputManager, built on the first constrained request
         self._grammar_pool: Optional[ThreadPoolExecutor] = None  # prepare_grammar's thread
         self._constrained: set[str] = set()  # internal ids of the samples with a grammar
+        # internal ids of the samples with bad words: like a grammar, their bans read the newest
+        # tokens, so a step with one resolves the previous step before it samples
+        self._banning: set[str] = set()
         self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
         # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
         # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
@@ -458,6 +461,8 @@ class EngineCore:
                 self._samples[sample.request.request_id] = (parent, sample)
                 if sample.grammar is not None:
                     self._constrained.add(sample.request.request_id)
+                if params.bad_words_token_ids:
+                    self._banning.add(sample.request.request_id)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
             for request in requests:
                 self.scheduler.abort(request.request_id)
@@ -465,6 +470,7 @@ class EngineCore:
             for request in requests:
                 self._samples.pop(request.request_id, None)
                 self._constrained.discard(request.request_id)
+                self._banning.discard(request.request_id)
             raise
 
     def _compile_grammar(self, params: SamplingParams):
@@ -760,7 +766,8 @@ class EngineCore:
         drawn = None
         if self.args.async_scheduling and deferrable(requests):
             with self._phase("sample"):
-                drawn = self.sampler.sample_deferred(logits, requests)
+                resolved = wait is not None or previous is None or previous.resolved
+                drawn = self.sampler.sample_deferred(logits, requests, resolved=resolved)
                 if drawn is not None and result.prompt_logits:
                     ks = self._prompt_logprob_ks(result.prompt_logits)
                     drawn = drawn._replace(
@@ -921,17 +928,27 @@ class EngineCore:
                 found[0].prompt_logprobs[pos] = entry
 
     def _masked_logits(self, logits: torch.Tensor, sample_ids, previous, changed: dict):
-        """(logits, None) for a step without a constrained row. With one, the grammars' masks
-        need the previous step's tokens accepted, so that step is resolved first (its tokens
-        are read: the host waits for the device, while this step's forward, already launched,
-        keeps it busy) and the rows are masked: (masked logits, the seconds waited). The draw
-        itself may then stay on the device (async scheduling, Sampler.sample_deferred), so
-        the step after is launched before this one's tokens are read, as for any other step."""
-        if not self._constrained or not any(rid in self._constrained for rid in sample_ids):
+        """(logits, None) for a step without a constrained row or a row of bad words. With
+        one, the grammars' masks need the previous step's tokens accepted and the bans need
+        them real, so that step is resolved first (its tokens are read: the host waits for the
+        device, while this step's forward, already launched, keeps it busy) and the constrained
+        rows are masked: (masked logits, the seconds waited). The draw itself may then stay on
+        the device (async scheduling, Sampler.sample_deferred, told the tokens are resolved),
+        so the step after is launched before this one's tokens are read, as for any other step."""
+        if not self._needs_real_tokens(sample_ids):
             return logits, None
         wait = self._resolve(previous, changed)
+        if not self._constrained:
+            return logits, wait
         with _span("grammar"):
             return self._mask_grammars(logits, sample_ids), wait
+
+    def _needs_real_tokens(self, sample_ids) -> bool:
+        """Whether a row of this step has a grammar or bad words (free when none is live)."""
+        constrained, banning = self._constrained, self._banning
+        if not constrained and not banning:
+            return False
+        return any(rid in constrained or rid in banning for rid in sample_ids)
 
     def _mask_grammars(self, logits: torch.Tensor, sample_ids, drafts=None) -> torch.Tensor:
         """logits with the row of each constrained sample masked by its grammar's next tokens
@@ -1106,6 +1123,7 @@ class EngineCore:
         for sample in parent.samples:
             self._samples.pop(sample.request.request_id, None)
             self._constrained.discard(sample.request.request_id)
+            self._banning.discard(sample.request.request_id)
             self._high_water.pop(sample.request.request_id, None)
             if self.spec is not None:
                 self.spec.forget(sample.request.request_id)

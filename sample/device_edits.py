@@ -1,8 +1,10 @@
 """The logit edits of `sampling_penalties` with every index uploaded once per batch of params.
 
-Same order and semantics (vLLM's): allowed_token_ids -> min_tokens -> logit_bias -> penalties.
-Bad words are not here: they ban by the newest output tokens, which may still be a placeholder
-on this path, so Sampler.sample_deferred leaves a batch that has them to the serial sampler.
+Same order and semantics as the host's `edit_logits` (vLLM's): allowed_token_ids -> bad words
+-> min_tokens -> logit_bias -> penalties. Bad words ban by the newest output tokens, so they are
+applied only where the caller has resolved the previous step (its placeholders replaced by the
+real tokens: `Sampler.sample_deferred(..., resolved=True)`); their banned ids are worked out
+on the host each step (`banned_tokens`, the host path's rule) and uploaded with the others.
 The host functions of `sampling_penalties` build their index tensors from Python lists each
 call with a synchronous copy; here those tensors are built once per distinct params list (the
 Sampler's BatchPlan keeps the EditPlan) through pinned, non-blocking uploads, so a step of the
@@ -20,6 +22,7 @@ import torch
 
 from enginespec.sample.penalties import (
     _UNSET,
+    banned_tokens,
     penalize_rows,
     penalty_columns,
     stop_ids_to_mask,
@@ -74,7 +77,11 @@ class EditPlan:
         # (index into min_rows, batch row, stop id) of every stop id to mask
         self.min_index: Optional[tuple] = tuple(stops_ijt.unbind(0)) if stops else None
         self.penalties = penalty_columns(params, device) if penalties is _UNSET else penalties
-        self.any = bool(self.allowed or self.bias or self.min_index is not None or self.penalties)
+        # rows with bad words: their bans depend on each step's newest output tokens (`_apply_bans`)
+        self.ban_rows = [i for i, p in enumerate(params) if p.bad_words_token_ids]
+        self.any = bool(
+            self.allowed or self.ban_rows or self.bias or self.min_index is not None or self.penalties
+        )
 
     def apply(self, x: torch.Tensor, requests: Sequence, counts) -> Optional[torch.Tensor]:
         """Edit float32 x [S, V] in place. counts: the Sampler's OutputCounts (output counts and
@@ -84,6 +91,8 @@ class EditPlan:
         if self.allowed is not None:
             rows, keep = self.allowed
             x.index_copy_(0, rows, x.index_select(0, rows).masked_fill(~keep, NEG_INF))
+        if self.ban_rows:
+            self._apply_bans(x, requests)
         if self.min_index is not None:
             self._apply_min_tokens(x, requests)
         if self.bias is not None:
@@ -92,6 +101,22 @@ class EditPlan:
         if self.penalties is not None:
             return self._apply_penalties(x, requests, counts)
         return None
+
+    def _apply_bans(self, x: torch.Tensor, requests: Sequence) -> None:
+        """-inf on each ban row's tokens that would complete one of its bad words after its
+        output so far (the host's rule, `banned_tokens`): one small upload a step. The requests'
+        newest output tokens must be real, not placeholders (the caller resolved the previous
+        step), or the bans would be a step late."""
+        pairs = [
+            (row, token)
+            for row in self.ban_rows
+            for token in banned_tokens(
+                requests[row].params.bad_words_token_ids, requests[row].output_token_ids
+            )
+        ]
+        if pairs:
+            index = upload(torch.tensor(pairs, dtype=torch.int64).T.contiguous(), x.device)
+            x[index[0], index[1]] = NEG_INF  # a scalar fill: no copy to the device
 
     def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
         """Stop ids (and EOS unless ignore_eos) at -inf on rows still below min_tokens; which
@@ -110,7 +135,9 @@ class EditPlan:
         penalties are the only edit, the copy is the penalty pass itself, which reads x's rows
         and writes the edited ones: one pass over the rows instead of two (on the H200 the
         separate copy of 64 rows of 151,936 took 18 us)."""
-        only_penalties = self.allowed is None and self.bias is None and self.min_index is None
+        only_penalties = (
+            self.allowed is None and not self.ban_rows and self.bias is None and self.min_index is None
+        )
         cols = self.penalties
         if only_penalties and cols is not None and len(cols.rows) == index.shape[0]:
             edited = torch.empty((index.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)

@@ -335,11 +335,12 @@ class BatchPlan:
         )
         self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
         kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, BANS, MIN_TOKENS, BIAS, PENALTY))
-        # bad words read the newest output tokens, which the device path may not know yet (a
-        # grammar's mask does too, but the engine resolves the previous step before applying
-        # it); min_tokens on a constrained row yields to a complete grammar only on the host
+        # bad words read the newest output tokens, which the device path knows only once the
+        # caller has resolved the previous step (as the engine does for a grammar's mask);
+        # min_tokens on a constrained row yields to a complete grammar only on the host
         # (penalties.apply_min_tokens), the device edits have no such guard
-        self.host_only = bool(m[:, BANS].any() or (m[:, GRAMMAR] * m[:, MIN_TOKENS]).any())
+        self.any_bans = bool(m[:, BANS].any())
+        self.host_only = bool((m[:, GRAMMAR] * m[:, MIN_TOKENS]).any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
         self.edit_rows = _rows(m[:, EDITS])
@@ -567,15 +568,19 @@ class Sampler:
                 f"Sampler: logits have {logits.shape[1]} columns, fewer than vocab_size {self.vocab_size}"
             )
 
-    def sample_deferred(self, logits: torch.Tensor, requests: Sequence) -> Optional[DeviceSample]:
+    def sample_deferred(
+        self, logits: torch.Tensor, requests: Sequence, resolved: bool = False
+    ) -> Optional[DeviceSample]:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
         logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
-        buffer to copy). None for an empty batch, and for a batch with a row of bad words
-        (`BatchPlan.host_only`: they ban by the newest output tokens, which may still be a
-        placeholder here) or a constrained row with min_tokens (its mask yields to a complete
-        grammar on the host only): the caller samples that step serially (__call__), after the
-        previous step's tokens are in. Rows of structured outputs come masked (the engine
+        buffer to copy). None for an empty batch; for a batch with a row of bad words unless
+        `resolved` (they ban by the newest output tokens: the caller says with resolved=True
+        that the requests' tokens are all real, no placeholder of a step still in flight; their
+        bans are then one small upload); and for a constrained row with min_tokens
+        (`BatchPlan.host_only`: its mask yields to a complete grammar on the host only): the
+        caller samples such a step serially (__call__), after the previous step's tokens are
+        in. Rows of structured outputs come masked (the engine
         resolves the previous step first, so each grammar has accepted its real tokens, then
         masks the logits): they draw here like any other. Edits use the batch's EditPlan (indices
         uploaded once) and the device-side output counts (`OutputCounts`, which this call
@@ -587,7 +592,7 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        if plan.host_only:
+        if plan.host_only or (plan.any_bans and not resolved):
             return None
         # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
         # are edited (edits work in float32, and both row sources must share a dtype)

@@ -421,15 +421,35 @@ def test_bad_words_ban_a_word_s_last_token_after_its_prefix(impl):
     assert sampler(logits.expand(2, -1), [free, banned]).token_ids == [7, 5]  # per row
 
 
-def test_bad_words_leave_the_device_path(impl):
-    """sample_deferred declines a batch with bad words (None: the engine samples that step
-    serially, once the previous step's tokens are real), and takes one without."""
-    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
-    sampler = Sampler(8)
+def test_bad_words_take_the_device_path_once_resolved(impl):
+    """sample_deferred declines a batch with bad words unless the caller says the requests'
+    tokens are resolved (their bans read the newest output token, which may be a placeholder
+    of a step still in flight); resolved, it draws what the serial sampler draws: the bans of
+    the host's rule (the table of test_bad_words_ban_a_word_s_last_token_after_its_prefix),
+    greedy and seeded rows, beside rows without bans."""
+    logits = torch.arange(8, dtype=torch.float32).view(1, 8)  # token 7 best, then 6, 5, ...
+    words = [[7], [2, 3, 6], [4, 5]]
+    cases = [(), (2,), (2, 3), (1, 2, 3), (4,), (2, 3, 1)]
+    reqs = [
+        make_request(impl, SamplingParams(temperature=0.0, bad_words_token_ids=words), outputs=o, rid=f"g{i}")
+        for i, o in enumerate(cases)
+    ]
+    reqs += [make_request(impl, SamplingParams(temperature=0.0), outputs=(2, 3), rid="free")]
+    reqs += [
+        make_request(
+            impl, SamplingParams(temperature=1.5, seed=i, bad_words_token_ids=words), outputs=o, rid=f"s{i}"
+        )
+        for i, o in enumerate(cases)
+    ]
+    x = logits.expand(len(reqs), -1).contiguous()
+    assert Sampler(8).sample_deferred(x, reqs) is None
+    drawn = Sampler(8, seed=0).sample_deferred(x, reqs, resolved=True)
+    assert drawn is not None
+    serial = Sampler(8, seed=0)(x, reqs).token_ids
+    assert drawn.token_ids.tolist() == serial
+    assert serial[: len(cases) + 1] == [6, 6, 5, 5, 6, 6, 7]
     plain = [make_request(impl, SamplingParams(temperature=0.0), rid=f"p{i}") for i in range(2)]
-    banned = make_request(impl, SamplingParams(temperature=0.0, bad_words_token_ids=[[1]]), rid="b")
-    assert sampler.sample_deferred(logits, plain) is not None
-    assert sampler.sample_deferred(logits, [plain[0], banned]) is None
+    assert Sampler(8).sample_deferred(logits.expand(2, -1), plain) is not None
 
 
 # ---------------------------------------------------------------- logprobs
