@@ -37,6 +37,7 @@ from typing import Callable, Optional
 
 from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
 from enginespec.engine.output_processor import ERROR
+from enginespec.entrypoints.openai.metrics import cache_config_info
 from enginespec.entrypoints.openai.request_stream import RequestStream
 
 # Messages taken per reader callback at most (then other tasks run; the reader fires again).
@@ -244,6 +245,8 @@ class EngineClient:
                 raise ValueError(err.message)
             raise RuntimeError(f"the engine failed to start: {err.type_name}: {err.message}")
         _, self.info, self.state = msg
+        if self.metrics is not None:
+            self.metrics.engine_ready(self.info.max_model_len, cache_config_info(self.info, self.args))
         return self.info
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -466,27 +469,32 @@ class EngineClient:
             self._on_reply(*reply)
         touched: dict[str, RequestStream] = {}
         streams = self._streams
-        num_tokens = 0
+        num_tokens = num_prompt_tokens = 0
         for delta in deltas:
             stream = streams.get(delta[0])
             if stream is None:
                 continue  # aborted here meanwhile
-            sample = stream.output.outputs[delta[1]]
+            index = delta[1]
+            sample = stream.output.outputs[index]
             was_finished = sample.finish_reason is not None
             num_new = stream.apply(delta)
             touched[delta[0]] = stream
             if num_new:
                 num_tokens += num_new
-                self._observe_tokens(stream, delta[1], now, step_start)
-            if not was_finished and sample.finish_reason is not None and self.metrics is not None:
-                self.metrics.e2e_request_latency.observe(now - stream.arrival)
-        if num_tokens and self.metrics is not None:
+                if stream.first[index] is None:
+                    num_prompt_tokens += stream.num_prompt_tokens
+                self._observe_tokens(stream, index, now, step_start)
+            if not was_finished and sample.finish_reason is not None:
+                self._observe_finished_sample(stream, index, now)
+        if touched and self.metrics is not None:
             self.metrics.generation_tokens.inc(num_tokens)
+            self.metrics.iteration_tokens.observe(num_prompt_tokens + num_tokens)
         for rid, stream in touched.items():
             stream.sink.put_nowait(("output", stream.output))
             if stream.output.finished:
                 self._release(rid)
                 self._count_samples(stream)
+                self._observe_finished_request(stream)
         for rid, error in failed:
             stream = self._release(rid)
             if stream is not None:
@@ -538,19 +546,41 @@ class EngineClient:
     def _observe_tokens(self, stream: RequestStream, index: int, now: float, step_start) -> None:
         """TTFT and queue time at a sample's first tokens, inter-token latency at its later ones:
         per sample, as vLLM observes each child request of n > 1 (e2e too, at each sample's
-        finish; request_success counts samples, _count_samples)."""
+        finish; request_success counts samples, _count_samples). Marks the sample's scheduled
+        time (the start of this step, never before its arrival: arrival <= scheduled <= first),
+        first and last token times."""
         m = self.metrics
         first = stream.first[index]
-        if m is not None:
-            if first is None:
-                m.time_to_first_token.observe(now - stream.arrival)
-                start = step_start if step_start is not None else now
-                m.request_queue_time.observe(max(0.0, start - stream.arrival))
-            else:
-                m.inter_token_latency.observe(now - stream.last[index])
         if first is None:
+            start = step_start if step_start is not None else now
+            stream.scheduled[index] = scheduled = min(now, max(stream.arrival, start))
             stream.first[index] = now
+            if m is not None:
+                m.time_to_first_token.observe(now - stream.arrival)
+                m.request_queue_time.observe(scheduled - stream.arrival)
+        elif m is not None:
+            m.inter_token_latency.observe(now - stream.last[index])
         stream.last[index] = now
+
+    def _observe_finished_sample(self, stream: RequestStream, index: int, now: float) -> None:
+        """A sample's finish (its finish reason arrived): e2e latency, its tokens, and its
+        prefill / decode / inference time when it got tokens (metrics.py)."""
+        m = self.metrics
+        if m is None:
+            return
+        num_generated = len(stream.output.outputs[index].token_ids)
+        m.e2e_request_latency.observe(now - stream.arrival)
+        m.observe_finished_sample(stream.num_prompt_tokens, num_generated, stream.max_tokens)
+        first, last, scheduled = stream.first[index], stream.last[index], stream.scheduled[index]
+        if first is not None and last is not None and scheduled is not None:
+            m.observe_phases(scheduled, first, last, num_generated)
+
+    def _observe_finished_request(self, stream: RequestStream) -> None:
+        """A request whose every sample finished through the engine: its n and the most tokens
+        one of its samples got (vLLM V1 observes these once per parent request)."""
+        if self.metrics is not None:
+            num_generated = max(len(c.token_ids) for c in stream.output.outputs)
+            self.metrics.observe_finished_request(stream.num_samples, num_generated)
 
     def _count_samples(self, stream: Optional[RequestStream], unfinished: str = "abort") -> None:
         """request_success once per sample, as vLLM V1 counts the child requests of n > 1: a

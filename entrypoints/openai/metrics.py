@@ -16,9 +16,33 @@ hits the tokens of the cached blocks found (core_proc._prefix_counters).
 Queue time is from arrival to the start of the step whose outputs first carry the request's
 tokens (the engine reports no admission time; with chunked prefill of a long prompt, or with
 async scheduling's one-step lag, this overstates the queue time by the earlier steps).
+
+Request-level histograms (vLLM V1's PrometheusStatLogger, vllm/v1/metrics/loggers.py, with the
+intervals of vllm/v1/metrics/stats.py), observed once per sample that finishes through the
+engine (a finish reason; not a client's abort, not a failed step), so their _count is e2e's:
+- request_prompt_tokens, request_generation_tokens: the sample's prompt length and the tokens it
+  carries; request_params_max_tokens: its max_tokens as sent (none observed when unset).
+- request_prefill_time = first token - scheduled, request_decode_time = last token - first token,
+  request_inference_time = last token - scheduled (= prefill + decode), where "scheduled" is the
+  queue time's end above (so queue + prefill = TTFT) and the token times are those TTFT and the
+  inter-token latency use: when this process received them (V1 uses the engine's output time,
+  so our prefill also holds the hop from the engine process). A sample that finished without a
+  token has none of these; request_time_per_output_token = decode / (tokens - 1), only for
+  samples of two or more tokens (current V1 observes none for one token).
+- request_params_n and request_max_num_generation_tokens (the most tokens of its samples): once
+  per request, when its last sample finishes, as V1 observes a parent request.
+The token histograms use V1's 1-2-5 buckets up to max_model_len, so they exist once the engine
+is built (engine_ready), as does vllm:cache_config_info (a gauge at 1 whose labels are the KV
+cache settings this engine has, under V1's CacheConfig field names, plus V1's engine="0").
+iteration_tokens_total: once per engine step whose message carries news of a live request, the
+prompt tokens of each sample whose first tokens it carries plus the tokens it carries (V1's
+IterationStats: a prompt counts in the output that ends its prefill, not as its chunks run), so
+its _sum is prompt_tokens + generation_tokens once every admitted sample has started.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -62,6 +86,68 @@ _E2E_BUCKETS = (
     240.0,
     480.0,
 )
+# V1's request_latency_buckets (prefill, decode, inference time), and its buckets for the time per
+# output token and for the tokens of one engine step
+_REQUEST_TIME_BUCKETS = _E2E_BUCKETS + (960.0, 1920.0, 7680.0)
+_TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... while <= max_value (V1's buckets for token counts up to
+    max_model_len): [1, 2, 5, 10, 20, 50, 100] for 100; [] below 1."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+def cache_config_info(info, args) -> dict[str, str]:
+    """vllm:cache_config_info's labels, under V1's CacheConfig field names, str() of each value
+    as V1's CacheConfig.metrics_info renders them: only the fields this engine has (info: the
+    EngineInfo of the built engine; args: its EngineArgs). num_gpu_blocks is the KV pool's
+    block count, on the device or (device cpu) in host memory."""
+    return {
+        "block_size": str(info.block_size),
+        "num_gpu_blocks": str(info.num_blocks),
+        "num_gpu_blocks_override": str(args.num_gpu_blocks_override),
+        "enable_prefix_caching": str(args.enable_prefix_caching),
+        "cache_dtype": str(args.kv_cache_dtype),
+    }
+
+
+class _TokenHistograms(NamedTuple):
+    """The histograms of token counts, whose 1-2-5 buckets reach max_model_len."""
+
+    prompt: Histogram
+    generation: Histogram
+    max_num_generation: Histogram
+    max_tokens: Histogram
 
 
 class ServerMetrics:
@@ -129,6 +215,86 @@ class ServerMetrics:
             registry=r,
         )
         self._spec_seen = (0, 0, 0, [])  # the cumulative stats already counted
+
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Prompt tokens of samples whose first tokens a step carries, plus its generated tokens",
+            _ITERATION_TOKEN_BUCKETS,
+        )
+        self.request_params_n = histogram("vllm:request_params_n", "The n of finished requests", _N_BUCKETS)
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "Scheduled to first token, per sample", _REQUEST_TIME_BUCKETS
+        )
+        self.request_decode_time = histogram(
+            "vllm:request_decode_time_seconds", "First token to last token, per sample", _REQUEST_TIME_BUCKETS
+        )
+        self.request_inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Scheduled to last token, per sample",
+            _REQUEST_TIME_BUCKETS,
+        )
+        self.request_time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Decode time over the tokens after the first, per sample of two or more tokens",
+            _TPOT_BUCKETS,
+        )
+        self.token_histograms: Optional[_TokenHistograms] = None  # engine_ready makes them
+
+    def engine_ready(self, max_model_len: int, cache_config: dict[str, str]) -> None:
+        """Make what needs the built engine: the token histograms (1-2-5 buckets up to
+        max_model_len) and vllm:cache_config_info, a gauge at 1 labelled with cache_config (V1's
+        CacheConfig field names -> str(value)) and engine="0". Once per ServerMetrics (a second
+        call is a ValueError: the names are registered)."""
+        buckets = build_1_2_5_buckets(max_model_len)
+
+        def tokens(name, doc):
+            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(
+                self._model_name
+            )
+
+        self.token_histograms = _TokenHistograms(
+            tokens("vllm:request_prompt_tokens", "Prompt tokens, per finished sample"),
+            tokens("vllm:request_generation_tokens", "Generated tokens, per finished sample"),
+            tokens(
+                "vllm:request_max_num_generation_tokens",
+                "The most generated tokens of a finished request's samples",
+            ),
+            tokens("vllm:request_params_max_tokens", "The max_tokens of finished samples (where set)"),
+        )
+        labels = {**cache_config, "engine": "0"}
+        info = Gauge(
+            "vllm:cache_config_info", "The engine's KV cache settings", list(labels), registry=self.registry
+        )
+        info.labels(**labels).set(1)
+
+    def observe_finished_sample(
+        self, num_prompt_tokens: int, num_generation_tokens: int, max_tokens: Optional[int]
+    ) -> None:
+        """The token histograms of one finished sample (nothing before engine_ready); max_tokens
+        None or 0 is not observed (V1 observes a set max_tokens only)."""
+        h = self.token_histograms
+        if h is None:
+            return
+        h.prompt.observe(num_prompt_tokens)
+        h.generation.observe(num_generation_tokens)
+        if max_tokens:
+            h.max_tokens.observe(max_tokens)
+
+    def observe_phases(self, scheduled: float, first: float, last: float, num_generation_tokens: int) -> None:
+        """Prefill, decode and inference time of one finished sample that got tokens (scheduled <=
+        first <= last, monotonic seconds), and its time per output token when it got >= 2."""
+        decode = last - first
+        self.request_prefill_time.observe(first - scheduled)
+        self.request_decode_time.observe(decode)
+        self.request_inference_time.observe(last - scheduled)
+        if num_generation_tokens > 1:
+            self.request_time_per_output_token.observe(decode / (num_generation_tokens - 1))
+
+    def observe_finished_request(self, n: int, max_num_generation_tokens: int) -> None:
+        """A request whose samples all finished: its n, and the most tokens one sample got."""
+        self.request_params_n.observe(n)
+        if self.token_histograms is not None:
+            self.token_histograms.max_num_generation.observe(max_num_generation_tokens)
 
     def observe_spec_decode(self, stats) -> None:
         """Advance the spec-decode counters to an engine's cumulative SpecDecodeStats

@@ -39,10 +39,13 @@ class RequestStream:
         self.num_samples = n
         self.num_prompt_tokens = len(req.prompt_token_ids)
         self.arrival = arrival
-        # per sample: when its first and its latest token arrived (the latency metrics are per
-        # sample, as vLLM's are per child request of n > 1)
+        self.max_tokens = req.params.max_tokens
+        # per sample: when its first and its latest token arrived, and when the step that carried
+        # its first tokens started (the latency metrics are per sample, as vLLM's are per child
+        # request of n > 1)
         self.first: list[Optional[float]] = [None] * n
         self.last: list[Optional[float]] = [None] * n
+        self.scheduled: list[Optional[float]] = [None] * n
         with_lps = req.params.logprobs is not None
         self.output = RequestOutput(
             req.request_id,

@@ -1,0 +1,155 @@
+"""vLLM V1's request-level histograms in /metrics (entrypoints/openai/metrics.py): token counts and
+request parameters per finished sample or request, tokens per engine step, the prefill / decode /
+inference intervals, and vllm:cache_config_info. The app runs over an in-process engine (the
+spawned one's loop and pipes, on a thread) and is scraped through its own /metrics route. Timings
+are checked only for their relations (queue + prefill = TTFT, prefill + decode = inference, none
+negative)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.openai import metrics as metrics_module
+from enginespec.entrypoints.openai.api_server import build_app
+from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.serving import ServerContext
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4, block_size=4)
+
+# (prompt ids, n, max_tokens), run one after another; every sample runs to max_tokens (ignore_eos)
+REQUESTS = [([5, 6, 7, 8, 9, 10, 11], 1, 5), ([12, 13, 14, 15], 2, 3), ([16, 17, 18], 1, 1)]
+SAMPLES = [(len(prompt), max_tokens) for prompt, n, max_tokens in REQUESTS for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def scraped():
+    """(samples of /metrics before REQUESTS, after them, the engine's EngineInfo)."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    tokenizer = load_engine_tokenizer(args)
+    metrics = ServerMetrics("tiny")
+    client = EngineClient(args, tokenizer, metrics, in_process=True, max_waiting=16)
+    info = client.launch(timeout=120)
+    try:
+        app = build_app(ServerContext(client, tokenizer, ["tiny"], info.max_model_len), metrics)
+        before, after = asyncio.run(_run(client, app))
+    finally:
+        client.stop()
+    return SimpleNamespace(before=before, after=after, info=info)
+
+
+async def _run(client: EngineClient, app) -> tuple[dict, dict]:
+    client.start(asyncio.get_running_loop())  # the lifespan's job (ASGITransport runs none)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
+        before = _samples((await http.get("/metrics")).text)
+        for prompt, n, max_tokens in REQUESTS:
+            body = dict(prompt=prompt, n=n, max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0)
+            resp = await http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == n * max_tokens
+        after = _samples((await http.get("/metrics")).text)
+    return before, after
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    """{(sample name, its labels but model_name, sorted): value} of a /metrics text."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def _grew(scraped, name: str, **labels) -> float:
+    """How much a sample grew over REQUESTS (a sample not yet shown before counts from 0)."""
+    key = (name, tuple(sorted(labels.items())))
+    return scraped.after[key] - scraped.before.get(key, 0.0)
+
+
+def _bounds(scraped, name: str) -> list[str]:
+    return [dict(labels)["le"] for n, labels in scraped.after if n == f"{name}_bucket"]
+
+
+def test_token_histograms_observe_each_finished_sample(scraped):
+    assert _grew(scraped, "vllm:request_prompt_tokens_count") == len(SAMPLES) == 4
+    assert _grew(scraped, "vllm:request_prompt_tokens_sum") == sum(p for p, _ in SAMPLES) == 7 + 4 + 4 + 3
+    assert _grew(scraped, "vllm:request_generation_tokens_count") == 4
+    assert _grew(scraped, "vllm:request_generation_tokens_sum") == sum(g for _, g in SAMPLES) == 12
+    assert _grew(scraped, "vllm:generation_tokens_total") == 12
+    assert _grew(scraped, "vllm:request_params_max_tokens_count") == 4
+    assert _grew(scraped, "vllm:request_params_max_tokens_sum") == 5 + 3 + 3 + 1
+    assert _grew(scraped, "vllm:request_params_max_tokens_bucket", le="2.0") == 1  # max_tokens=1
+    assert _grew(scraped, "vllm:request_params_max_tokens_bucket", le="5.0") == 4
+
+
+def test_request_histograms_observe_each_finished_request(scraped):
+    assert _grew(scraped, "vllm:request_params_n_count") == len(REQUESTS) == 3
+    assert _grew(scraped, "vllm:request_params_n_sum") == 1 + 2 + 1
+    assert _grew(scraped, "vllm:request_params_n_bucket", le="1.0") == 2
+    assert _grew(scraped, "vllm:request_params_n_bucket", le="2.0") == 3
+    assert _grew(scraped, "vllm:request_max_num_generation_tokens_count") == 3
+    assert _grew(scraped, "vllm:request_max_num_generation_tokens_sum") == 5 + 3 + 1
+
+
+def test_iteration_tokens_are_each_steps_started_prompts_and_generated_tokens(scraped):
+    prompts = sum(p for p, _ in SAMPLES)
+    assert _grew(scraped, "vllm:iteration_tokens_total_sum") == prompts + 12
+    assert _grew(scraped, "vllm:prompt_tokens_total") == prompts
+    assert _grew(scraped, "vllm:iteration_tokens_total_count") >= 5 + 3 + 1  # one step per token at least
+    want = [str(float(b)) for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    assert _bounds(scraped, "vllm:iteration_tokens_total") == [*want, "+Inf"]
+
+
+def test_token_buckets_are_1_2_5_up_to_max_model_len(scraped):
+    build = metrics_module.build_1_2_5_buckets
+    assert build(100) == [1, 2, 5, 10, 20, 50, 100] and build(99) == [1, 2, 5, 10, 20, 50] and build(0) == []
+    max_model_len = scraped.info.max_model_len
+    want = [b for b in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if b <= max_model_len]
+    assert max_model_len < 20000 and len(want) >= 4
+    for name in ("prompt_tokens", "generation_tokens", "max_num_generation_tokens", "params_max_tokens"):
+        assert _bounds(scraped, f"vllm:request_{name}") == [*(str(float(b)) for b in want), "+Inf"]
+
+
+def test_phases_sum_up_and_none_is_negative(scraped):
+    """Prefill, decode and inference per finished sample with tokens (all 4); the time per output
+    token only for samples of two or more (3: not the max_tokens=1 one)."""
+    phases = ("prefill", "decode", "inference")
+    counts = [_grew(scraped, f"vllm:request_{p}_time_seconds_count") for p in phases]
+    assert counts == [4, 4, 4]
+    assert _grew(scraped, "vllm:request_time_per_output_token_seconds_count") == 3
+    prefill, decode, inference = (_grew(scraped, f"vllm:request_{p}_time_seconds_sum") for p in phases)
+    assert (
+        min(prefill, decode, inference, _grew(scraped, "vllm:request_time_per_output_token_seconds_sum")) >= 0
+    )
+    assert prefill + decode == pytest.approx(inference, rel=1e-9, abs=1e-9)
+    queue = _grew(scraped, "vllm:request_queue_time_seconds_sum")
+    ttft = _grew(scraped, "vllm:time_to_first_token_seconds_sum")
+    assert queue >= 0 and queue + prefill == pytest.approx(ttft, rel=1e-9, abs=1e-9)
+    assert inference <= _grew(scraped, "vllm:e2e_request_latency_seconds_sum") + 1e-9
+    assert _bounds(scraped, "vllm:request_inference_time_seconds")[-4:] == [
+        "960.0",
+        "1920.0",
+        "7680.0",
+        "+Inf",
+    ]
+
+
+def test_cache_config_info_names_the_kv_pool(scraped):
+    info = [labels for name, labels in scraped.after if name == "vllm:cache_config_info"]
+    assert len(info) == 1
+    labels = dict(info[0])
+    assert labels["block_size"] == "4" and labels["num_gpu_blocks"] == str(scraped.info.num_blocks)
+    assert labels["enable_prefix_caching"] == "True" and labels["engine"] == "0"
+    assert scraped.after[("vllm:cache_config_info", info[0])] == 1.0
