@@ -46,7 +46,8 @@ from typing import NamedTuple, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_LATENCY_BUCKETS = (
+# vLLM V1's bucket choices (vllm/v1/metrics/loggers.py), so quantiles read as a V1 server's do
+_TTFT_BUCKETS = (
     0.001,
     0.005,
     0.01,
@@ -61,35 +62,17 @@ _LATENCY_BUCKETS = (
     1.0,
     2.5,
     5.0,
+    7.5,
     10.0,
     20.0,
     40.0,
     80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
-_E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-)
-# V1's request_latency_buckets (prefill, decode, inference time), and its buckets for the time per
-# output token and for the tokens of one engine step
-_REQUEST_TIME_BUCKETS = _E2E_BUCKETS + (960.0, 1920.0, 7680.0)
-_TPOT_BUCKETS = (
+# inter-token latency and the time per output token
+_TOKEN_LATENCY_BUCKETS = (
     0.01,
     0.025,
     0.05,
@@ -110,6 +93,31 @@ _TPOT_BUCKETS = (
     40.0,
     80.0,
 )
+# e2e latency, queue, prefill, decode and inference time (V1's request_latency_buckets)
+_REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+# the tokens of one engine step
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _N_BUCKETS = (1, 2, 5, 10, 20)
 
@@ -187,16 +195,18 @@ class ServerMetrics:
         )
         self._model_name = model_name
         self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Arrival to first token", _LATENCY_BUCKETS
+            "vllm:time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
         self.inter_token_latency = histogram(
-            "vllm:inter_token_latency_seconds", "Time between token-carrying outputs", _LATENCY_BUCKETS
+            "vllm:inter_token_latency_seconds", "Time between token-carrying outputs", _TOKEN_LATENCY_BUCKETS
         )
         self.e2e_request_latency = histogram(
-            "vllm:e2e_request_latency_seconds", "Arrival to final output", _E2E_BUCKETS
+            "vllm:e2e_request_latency_seconds", "Arrival to final output", _REQUEST_LATENCY_BUCKETS
         )
         self.request_queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Arrival to the first step that produced output", _E2E_BUCKETS
+            "vllm:request_queue_time_seconds",
+            "Arrival to the first step that produced output",
+            _REQUEST_LATENCY_BUCKETS,
         )
 
         self.spec_decode_num_drafts = counter(
@@ -223,20 +233,24 @@ class ServerMetrics:
         )
         self.request_params_n = histogram("vllm:request_params_n", "The n of finished requests", _N_BUCKETS)
         self.request_prefill_time = histogram(
-            "vllm:request_prefill_time_seconds", "Scheduled to first token, per sample", _REQUEST_TIME_BUCKETS
+            "vllm:request_prefill_time_seconds",
+            "Scheduled to first token, per sample",
+            _REQUEST_LATENCY_BUCKETS,
         )
         self.request_decode_time = histogram(
-            "vllm:request_decode_time_seconds", "First token to last token, per sample", _REQUEST_TIME_BUCKETS
+            "vllm:request_decode_time_seconds",
+            "First token to last token, per sample",
+            _REQUEST_LATENCY_BUCKETS,
         )
         self.request_inference_time = histogram(
             "vllm:request_inference_time_seconds",
             "Scheduled to last token, per sample",
-            _REQUEST_TIME_BUCKETS,
+            _REQUEST_LATENCY_BUCKETS,
         )
         self.request_time_per_output_token = histogram(
             "vllm:request_time_per_output_token_seconds",
             "Decode time over the tokens after the first, per sample of two or more tokens",
-            _TPOT_BUCKETS,
+            _TOKEN_LATENCY_BUCKETS,
         )
         self.token_histograms: Optional[_TokenHistograms] = None  # engine_ready makes them
 

@@ -153,3 +153,29 @@ def test_cache_config_info_names_the_kv_pool(scraped):
     assert labels["block_size"] == "4" and labels["num_gpu_blocks"] == str(scraped.info.num_blocks)
     assert labels["enable_prefix_caching"] == "True" and labels["engine"] == "0"
     assert scraped.after[("vllm:cache_config_info", info[0])] == 1.0
+
+
+def test_latency_buckets_are_v1s(scraped):
+    """The latency histograms' buckets are vLLM V1's, so quantiles over them read the same."""
+    ttft = _bounds(scraped, "vllm:time_to_first_token_seconds")
+    assert ttft[:2] == ["0.001", "0.005"] and ttft[-6:] == [
+        "40.0",
+        "80.0",
+        "160.0",
+        "640.0",
+        "2560.0",
+        "+Inf",
+    ]
+    assert "7.5" in ttft and len(ttft) == 22 + 1
+    itl = _bounds(scraped, "vllm:inter_token_latency_seconds")
+    assert itl == _bounds(scraped, "vllm:request_time_per_output_token_seconds")
+    assert (
+        itl[:4] == ["0.01", "0.025", "0.05", "0.075"] and itl[-2:] == ["80.0", "+Inf"] and len(itl) == 19 + 1
+    )
+    for name in ("e2e_request_latency", "request_queue_time", "request_prefill_time", "request_decode_time"):
+        bounds = _bounds(scraped, f"vllm:{name}_seconds")
+        assert (
+            bounds[0] == "0.3"
+            and bounds[-4:] == ["960.0", "1920.0", "7680.0", "+Inf"]
+            and len(bounds) == 21 + 1
+        )
