@@ -88,6 +88,15 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, so the next prompts are prefilled in full (vLLM's
+        name and return): call it between benchmark runs to time cold prefills. True when the
+        cache was emptied. False, with the cache and every block unchanged, while some request
+        holds blocks (another thread's generate(), a stream() not yet read to its end): finish
+        or close those first. Under the engine lock, so never in the middle of a step."""
+        with self._lock:
+            return self.engine.reset_prefix_cache()
+
     # ---- adding -------------------------------------------------------------------------------
 
     def _to_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:

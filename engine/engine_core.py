@@ -658,6 +658,15 @@ class EngineCore:
     def num_unfinished(self) -> int:
         return len(self.parents)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name and return), so that later prompts are
+        computed in full: what a benchmark calls between runs to time cold prefills. True once
+        done (also with prefix caching off: nothing to forget); False, with nothing changed,
+        while any block is in use (a request running, or preempted but still holding blocks):
+        the block manager's rule (spec/block_manager.py). The draft model's pool caches no
+        prefixes, so it has nothing to forget."""
+        return bool(self.block_manager.reset_prefix_cache())
+
     # ---- one step -----------------------------------------------------------------------------
 
     def step(self, final_only: bool = False) -> list[RequestOutput]:
