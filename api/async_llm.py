@@ -162,6 +162,16 @@ class AsyncLLM:
     async def get_tokenizer(self):
         return self.tokenizer
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the engine's cached prefix blocks (vLLM's name and return; LLM.reset_prefix_cache
+        is the same in-process): the engine takes it between two steps, in its own process. True
+        when done; False, with nothing changed, while a request holds blocks (one still
+        generating: finish or abort it first). EngineDead when the engine is not running."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        return await self._client.reset_prefix_cache()
+
     @property
     def is_running(self) -> bool:
         """The engine is up and taking requests."""

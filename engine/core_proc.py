@@ -308,18 +308,23 @@ class EngineCoreProc:
             for rid in live:
                 self.tracker.drop(rid)
         elif kind == "call":
-            name = command[2]
-            if name == "pause":
-                self._paused = True
-            elif name == "resume":
-                self._paused = False
-            elif name == "fail_next":
-                self._fail_next = True
-            self._replies.append(("done", command[1], None))
+            self._replies.append(("done", command[1], self._call(command[2])))
         elif kind == "shutdown":
             self._stop = True
         else:
             raise ValueError(f"unknown engine command {kind!r}")
+
+    def _call(self, name: str) -> Optional[bool]:
+        """Run one of core_messages.CALLS between two steps; its result goes back in "done"."""
+        if name == "pause":
+            self._paused = True
+        elif name == "resume":
+            self._paused = False
+        elif name == "fail_next":
+            self._fail_next = True
+        elif name == "reset_prefix_cache":  # refused (False) while a request holds blocks
+            return bool(self.engine.reset_prefix_cache())
+        return None
 
     def _add(self, token: int, requests: list[NewRequest]) -> None:
         """Add the requests now, or park them while their grammars compile."""

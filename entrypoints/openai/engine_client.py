@@ -432,14 +432,15 @@ class EngineClient:
             self._on_death()
             raise (self.fatal or EngineDead("the engine is stopping")) from None
 
-    async def _call(self, name: str) -> None:
+    async def _call(self, name: str):
+        """Run core_messages.CALLS' `name` in the engine between two steps; its result."""
         if self.fatal is not None:
             raise self.fatal
         token = next(self._tokens)
         fut = self._loop.create_future()
         self._calls[token] = fut
         self._send(("call", token, name))
-        await fut
+        return await fut
 
     async def pause(self) -> None:
         """Stop stepping (commands are still taken: adds queue up, aborts free blocks)."""
@@ -450,6 +451,11 @@ class EngineClient:
 
     async def fail_next_step(self) -> None:
         await self._call("fail_next")
+
+    async def reset_prefix_cache(self) -> bool:
+        """EngineCore.reset_prefix_cache between two steps: False (nothing changed) while a
+        request holds blocks."""
+        return bool(await self._call("reset_prefix_cache"))
 
     # ---- the engine's messages ------------------------------------------------------------------
 
@@ -502,11 +508,12 @@ class EngineClient:
                 stream.sink.put_nowait(("error", _as_exception(error)))
         self._observe_state(state)
 
-    def _on_reply(self, kind: str, token: int, error: Optional[ErrorInfo]) -> None:
+    def _on_reply(self, kind: str, token: int, error) -> None:
+        """An add's answer (error: ErrorInfo or None), or a call's ("done"; error is its result)."""
         if kind == "done":
             fut = self._calls.pop(token, None)
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_result(error)
             return
         streams = [s for s in self._adds.pop(token, []) if self._streams.get(s.request_id) is s]
         if error is not None:
