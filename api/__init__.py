@@ -4,10 +4,12 @@ The one public import for users:
 
     from enginespec import LLM, SamplingParams, load_impl
     from enginespec import AsyncLLM          # vLLM's asyncio API (enginespec.async_llm)
+    from enginespec import BeamSearchParams  # LLM.beam_search's params (enginespec.beam_search,
+                                             # with BeamSearchOutput and BeamSearchSequence)
 
 The source tree maps onto this package by role (pyproject.toml's package-dir):
 
-    enginespec              api/          LLM, EngineArgs, outputs (this package)
+    enginespec              api/          LLM, EngineArgs, outputs, beam search (this package)
     enginespec.spec         spec/         the contract: Protocols, value types, hash, batch layout
     enginespec.impls        impls/        implementations of the spec (reference, fast), nothing else
     enginespec.engine       engine/       engine loop and output processing
@@ -21,7 +23,15 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
 
 from enginespec.spec import RequestOutputKind, SamplingParams, StructuredOutputsParams, load_impl
 
-__all__ = ["AsyncLLM", "LLM", "RequestOutputKind", "SamplingParams", "StructuredOutputsParams", "load_impl"]
+__all__ = [
+    "AsyncLLM",
+    "BeamSearchParams",
+    "LLM",
+    "RequestOutputKind",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "load_impl",
+]
 __version__ = "0.2.0"
 
 
@@ -36,4 +46,8 @@ def __getattr__(name: str):
         from enginespec.async_llm import AsyncLLM
 
         return AsyncLLM
+    if name == "BeamSearchParams":  # light, but its module imports tqdm
+        from enginespec.beam_search import BeamSearchParams
+
+        return BeamSearchParams
     raise AttributeError(f"module 'enginespec' has no attribute {name!r}")

@@ -13,6 +13,11 @@ all finished, and returns them in prompt order.
 A dict prompt may carry "cache_salt" (a str, vLLM's name): it becomes the request's cache key
 (("cache_salt", salt)), so requests of different salts never share prefix-cache blocks.
 
+vLLM's other offline calls: beam_search(prompts, BeamSearchParams(...)) runs vLLM's beam search
+as a loop of one-token generate() calls (beam_search.py states the rules), and
+reset_prefix_cache() empties the prefix cache between benchmark runs (False, changing nothing,
+while a request holds blocks).
+
 Threads and interleaving: one lock serialises every call into the engine (adding, one step,
 aborting), and outputs a step produces for another call's requests go to that call's mailbox
 (`_mail`), to be delivered when it next asks. So several threads may call generate() and
@@ -32,6 +37,14 @@ from typing import Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
+from enginespec.beam_search import (
+    BeamSearchInstance,
+    BeamSearchOutput,
+    BeamSearchParams,
+    StepFn,
+    finish,
+    run_beam_search,
+)
 from enginespec.chat_utils import render_chat
 from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
@@ -105,11 +118,7 @@ class LLM:
 
     def _add(self, prompts, sampling_params, priority) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and prompts and all(_is_token(t) for t in prompts)
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
         priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
         added: list[str] = []
@@ -222,6 +231,77 @@ class LLM:
                     self._mail[out.request_id] = out
             return outs
 
+    def beam_search(
+        self,
+        prompts,
+        params: BeamSearchParams,
+        *,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search of every prompt (a list of prompts as generate() takes them, or one),
+        by vLLM's rules (beam_search.py's module doc): one BeamSearchOutput per prompt, in
+        prompt order, each with its best params.beam_width sequences, best first. Each step is
+        one generate() of every live beam for one token with 2 * beam_width logprobs, so the
+        beams' shared prefixes come from the prefix cache. A dict prompt's cache_salt carries to
+        every step. use_tqdm shows token steps (vLLM's default: off); concurrency_limit searches
+        that many prompts at a time (None: all). Keyword-only, as vLLM's third positional is
+        lora_request. A ValueError, before any step, for params that are not BeamSearchParams,
+        a beam_width over the engine's max_logprobs // 2, or a bad concurrency_limit; a bad
+        prompt fails the first step's generate() as it would fail generate()."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        cap = self.engine.max_logprobs
+        if 2 * params.beam_width > cap:
+            raise ValueError(
+                f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
+                f"logprobs, within the engine's max_logprobs of {cap}; -1 lifts it), got {params.beam_width}"
+            )
+        instances = [self._beam_instance(p, params.max_tokens) for p in _prompt_list(prompts)]
+        eos = self._beam_eos_id()
+        step = self._beam_step_fn(params)
+        run_beam_search(instances, step, params, eos, use_tqdm=use_tqdm, concurrency_limit=concurrency_limit)
+        tokenizer = self.engine.tokenizer
+        decode = tokenizer.decode if tokenizer is not None else None
+        return [finish(instance, params, eos, decode) for instance in instances]
+
+    def _beam_instance(self, prompt: PromptType, max_tokens: int) -> BeamSearchInstance:
+        """A prompt's search: its ids, its cache salt, and at most max_tokens steps, fewer where
+        max_model_len leaves less room (a prompt that leaves none fails the first step's
+        generate() with the engine's own error)."""
+        _, ids = self._to_ids(prompt)
+        salt = _cache_key(prompt)
+        room = max(self.engine.max_model_len - len(ids), 1)
+        return BeamSearchInstance(ids, min(max_tokens, room), salt[1] if salt else None)
+
+    def _beam_eos_id(self) -> Optional[int]:
+        """The id that ends a beam: the tokenizer's eos_token_id (vLLM's choice: the further EOS
+        ids of generation_config.json do not end a beam), or the model's without a tokenizer."""
+        eos = getattr(self.engine.tokenizer, "eos_token_id", None)
+        return eos if eos is not None else getattr(self.engine.model, "eos_token_id", None)
+
+    def _beam_step_fn(self, params: BeamSearchParams) -> StepFn:
+        """beam_search.StepFn over generate(): one token of every beam, its logprob dict the
+        candidates. A step the engine failed (finish_reason "error") is a RuntimeError."""
+        sampling = SamplingParams(
+            max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature
+        )
+
+        def step(batch):
+            prompts = [
+                {"prompt_token_ids": ids, **({"cache_salt": salt} if salt is not None else {})}
+                for ids, salt in batch
+            ]
+            results = []
+            for out in self.generate(prompts, sampling, use_tqdm=False):
+                sample = out.outputs[0]
+                if sample.finish_reason == "error":
+                    raise RuntimeError(f"beam search: the engine failed a step: {sample.error}")
+                results.append(sample.logprobs[0] if sample.logprobs else None)
+            return results
+
+        return step
+
     def chat(
         self,
         messages,
@@ -290,6 +370,16 @@ def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[in
         f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
         f"got {type(prompt).__name__}"
     )
+
+
+def _prompt_list(prompts) -> list:
+    """The prompts of a call: one prompt (a str, a dict, a list of token ids) as a list of one,
+    any other iterable as a list."""
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, (list, tuple)) and prompts and all(_is_token(t) for t in prompts)
+    ):
+        return [prompts]
+    return list(prompts)
 
 
 def _is_token(t) -> bool:
