@@ -31,9 +31,16 @@ Each returned BeamSearchSequence holds the prompt and generated token ids (an en
 included), one logprob dict per generated token (that step's candidates), cum_logprob, and the
 text: the tokenizer's decode of every token, the prompt's included, as vLLM's LLM.beam_search
 decodes them (special tokens kept), but without the ending EOS unless
-include_stop_str_in_output (the rule of vLLM's server, the one place vLLM reads that field; its
-LLM always decodes the EOS). finish_reason is "stop" (with stop_reason the EOS id) for a
-sequence EOS ended, else "length": vLLM's server sets both this way, its LLM leaves them None.
+include_stop_str_in_output (this module's reading of that field; vLLM's LLM always decodes the
+EOS, and vLLM's server, the one place vLLM reads the field, keeps the EOS in a choice's token
+ids with it but never in its text, as entrypoints/openai/serving_beam.py does). finish_reason is
+"stop" (with stop_reason the EOS id) for a sequence EOS ended, else "length": vLLM's server sets
+both this way, its LLM leaves them None.
+
+run_beam_search drives the steps through a plain function (LLM.beam_search);
+run_beam_search_async through a coroutine function (the OpenAI server's use_beam_search, one
+batch of engine requests per step); both share the batching, expansion and ranking code, and
+best_sequences is the ranking that finish (the text) and the server build on.
 
 Cost: a step re-submits every beam whole, but the engine's prefix cache serves the full blocks
 the beam shares with the earlier steps, so a step computes little more than its last block.
@@ -42,7 +49,7 @@ the beam shares with the earlier steps, so a step computes little more than its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
@@ -54,9 +61,11 @@ __all__ = [
     "BeamSearchOutput",
     "BeamSearchParams",
     "BeamSearchSequence",
+    "best_sequences",
     "create_sort_beams_key_function",
     "get_beam_search_score",
     "run_beam_search",
+    "run_beam_search_async",
 ]
 
 
@@ -165,6 +174,8 @@ def create_sort_beams_key_function(
 #: One step of the engine: for each (token ids, cache salt) to extend, the logprob dict of its
 #: next token (the candidates), or None when the engine gave none.
 StepFn = Callable[[list[tuple[list[int], Optional[str]]]], list[Optional[dict[int, Logprob]]]]
+#: The same step for run_beam_search_async: a coroutine function.
+AsyncStepFn = Callable[[list[tuple[list[int], Optional[str]]]], Awaitable[list[Optional[dict[int, Logprob]]]]]
 
 
 def expand(
@@ -195,6 +206,31 @@ def expand(
     instance.steps_left -= 1
 
 
+def _step_batch(
+    instances: Sequence[BeamSearchInstance],
+) -> tuple[list[BeamSearchInstance], list[tuple[list[int], Optional[str]]]]:
+    """The live instances and one step's batch: (tokens, cache salt) of each of their beams."""
+    live = [inst for inst in instances if inst.live]
+    return live, [(beam.tokens, inst.cache_salt) for inst in live for beam in inst.beams]
+
+
+def _grow(
+    live: Sequence[BeamSearchInstance],
+    num_beams: int,
+    results: Sequence[Optional[dict[int, Logprob]]],
+    params: BeamSearchParams,
+    eos_token_id: Optional[int],
+) -> None:
+    """Expand each live instance by its beams' slice of one step's results (batch order)."""
+    if len(results) != num_beams:
+        raise RuntimeError(f"a beam search step returned {len(results)} results for {num_beams} beams")
+    start = 0
+    for inst in live:
+        end = start + len(inst.beams)
+        expand(inst, results[start:end], params, eos_token_id)
+        start = end
+
+
 def search_step(
     instances: Sequence[BeamSearchInstance],
     step: StepFn,
@@ -203,19 +239,26 @@ def search_step(
 ) -> bool:
     """Grow every live instance by one token with one call of `step` over all their beams.
     Returns whether any instance was live."""
-    live = [inst for inst in instances if inst.live]
+    live, batch = _step_batch(instances)
     if not live:
         return False
-    batch = [(beam.tokens, inst.cache_salt) for inst in live for beam in inst.beams]
-    results = step(batch)
-    if len(results) != len(batch):
-        raise RuntimeError(f"a beam search step returned {len(results)} results for {len(batch)} beams")
-    start = 0
-    for inst in live:
-        end = start + len(inst.beams)
-        expand(inst, results[start:end], params, eos_token_id)
-        start = end
+    _grow(live, len(batch), step(batch), params, eos_token_id)
     return True
+
+
+async def run_beam_search_async(
+    instances: Sequence[BeamSearchInstance],
+    step: AsyncStepFn,
+    params: BeamSearchParams,
+    eos_token_id: Optional[int],
+) -> None:
+    """run_beam_search for asyncio callers (the OpenAI server): the same steps over an awaited
+    `step`, every instance at once, until none is live (each stops after its max_steps)."""
+    while True:
+        live, batch = _step_batch(instances)
+        if not live:
+            return
+        _grow(live, len(batch), await step(batch), params, eos_token_id)
 
 
 def run_beam_search(
@@ -251,20 +294,29 @@ def _group_size(concurrency_limit: object) -> int:
     return limit
 
 
+def best_sequences(
+    instance: BeamSearchInstance, params: BeamSearchParams, eos_token_id: Optional[int]
+) -> list[BeamSearchSequence]:
+    """The instance's result without text: completed and live beams ranked by score, the best
+    beam_width, each with its finish_reason ("length" where EOS did not end it)."""
+    key = create_sort_beams_key_function(eos_token_id, params.length_penalty)
+    best = sorted(instance.completed + instance.beams, key=key, reverse=True)[: params.beam_width]
+    for seq in best:
+        if seq.finish_reason is None:
+            seq.finish_reason = "length"
+    return best
+
+
 def finish(
     instance: BeamSearchInstance,
     params: BeamSearchParams,
     eos_token_id: Optional[int],
     decode: Optional[Callable[[list[int]], str]],
 ) -> BeamSearchOutput:
-    """The instance's result: completed and live beams ranked by score, the best beam_width,
-    each with its text (decode of its tokens; "" without `decode`; an ending EOS left out unless
-    include_stop_str_in_output) and finish_reason ("length" where EOS did not end it)."""
-    key = create_sort_beams_key_function(eos_token_id, params.length_penalty)
-    best = sorted(instance.completed + instance.beams, key=key, reverse=True)[: params.beam_width]
+    """best_sequences, each with its text (decode of its tokens, the prompt's included; "" without
+    `decode`; an ending EOS left out unless include_stop_str_in_output)."""
+    best = best_sequences(instance, params, eos_token_id)
     for seq in best:
-        if seq.finish_reason is None:
-            seq.finish_reason = "length"
         ids = seq.tokens
         if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
             ids = ids[:-1]
