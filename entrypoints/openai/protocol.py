@@ -115,6 +115,9 @@ class _Sampling(_Strict):
     vllm_xargs: Optional[dict[str, Union[str, int, float, list[Union[str, int, float]]]]] = None
     # the response's id ("cmpl-" / "chatcmpl-" + it); the X-Request-Id header wins (vLLM's rule)
     request_id: Optional[str] = None
+    # vLLM's beam search: n is the beam width, the best n beams the choices (serving_beam.py)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # the score's exponent; other than 1 only with use_beam_search
 
     _UNSUPPORTED: ClassVar[dict] = {}
 

@@ -6,12 +6,16 @@ the text and token ids that are new since its last frame. The engine's cumulativ
 sample with stop strings may end in a tail that a later token turns into a stop string (and so
 cuts away); that tail is held back until it can no longer become one, so streamed text is never
 retracted and the concatenated deltas equal the final text.
+
+A body with use_beam_search runs vLLM's beam search instead (_beam_search; serving_beam.py states
+the rules): one batch of one-token engine requests a step, its best beams the choices.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,9 +23,11 @@ from json.encoder import encode_basestring_ascii as _escape  # what JSONEncoder(
 from typing import AsyncIterator, Optional, Union
 
 from enginespec import chat_utils
+from enginespec.beam_search import run_beam_search_async
 from enginespec.chat_utils import ChatTemplateError, resolve_chat_template
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.output_processor import ERROR
+from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import (
     EngineClient,
     EngineRequestError,
@@ -235,7 +241,8 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
     a priority other than 0 needs the priority policy (fcfs would ignore it); an OpenAI field
     this server does not implement is refused by name unless its value is a no-op; a stream
     has no frame for prompt logprobs, so prompt_logprobs > 0 with stream=true is refused rather
-    than computed and dropped (vLLM's rule, which lets 0 pass)."""
+    than computed and dropped (vLLM's rule, which lets 0 pass); length_penalty, which only the
+    beam search reads, is refused without use_beam_search unless 1 (vLLM ignores it there)."""
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise APIError(400, f"`{unsupported}` is not supported by this server", unsupported)
@@ -243,6 +250,8 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
         raise APIError(400, "stream_options can only be set when stream is true", "stream_options")
     if body.stream and body.prompt_logprobs:
         raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    if body.length_penalty != 1.0 and not body.use_beam_search:
+        raise APIError(400, "length_penalty applies only with use_beam_search", "length_penalty")
     if body.priority != 0 and not ctx.engine.priority_scheduling:
         raise APIError(
             400,
@@ -258,6 +267,11 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
         rid = call.engine_id if len(call.prompts) == 1 else f"{call.engine_id}-{i}"
         call.index_of[rid] = i
         subs.append(NewRequest(rid, text, ids, params, call.body.priority, call.body.cache_salt))
+    return await _engine_submit(ctx, call, subs)
+
+
+async def _engine_submit(ctx: ServerContext, call: _Call, subs: list[NewRequest]) -> Generation:
+    """ctx.engine.submit, its refusals as APIErrors (503 with Retry-After, or 400 naming the field)."""
     try:
         return await ctx.engine.submit(subs)
     except QueueFull as exc:
@@ -315,19 +329,25 @@ def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -
             )
 
 
-def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
+def _max_tokens(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> int:
     """An unset max_tokens: 16 for a completion (lowered by the engine where the context has less
     room); for chat what the context leaves after the prompt, capped by generation_config.json's
     max_new_tokens (vLLM's rule). A set one must fit (_check_context) the prompts as
     truncate_prompt_tokens leaves them (_truncate)."""
     _truncate(call, ctx, max_tokens)
     _check_context(call, ctx, max_tokens)
-    defaults = ctx.sampling_defaults
     if max_tokens is None and call.kind == "completion":
-        max_tokens = 16
-    elif max_tokens is None:
-        max_tokens = max(1, ctx.max_model_len - len(call.prompts[0][1]))
-        max_tokens = min(max_tokens, defaults.get("max_tokens", max_tokens))
+        return 16
+    if max_tokens is None:
+        room = max(1, ctx.max_model_len - len(call.prompts[0][1]))
+        return min(room, ctx.sampling_defaults.get("max_tokens", room))
+    return max_tokens
+
+
+def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx: ServerContext):
+    """The engine's params of the call (max_tokens resolved by _max_tokens)."""
+    max_tokens = _max_tokens(call, ctx, max_tokens)
+    defaults = ctx.sampling_defaults
     try:
         return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs, defaults=defaults)
     except ValueError as exc:
@@ -356,6 +376,8 @@ async def create_completion(
         prompts,
         _stops(body),
     )
+    if body.use_beam_search:
+        return await _beam_search(ctx, call, body.max_tokens, body.logprobs, wait_disconnect)
     params = _params(call, body.max_tokens, body.logprobs, ctx)
     gen = await _submit(ctx, call, params)
     return await _respond(ctx, call, gen, wait_disconnect)
@@ -386,6 +408,8 @@ async def create_chat_completion(
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if body.use_beam_search:
+        return await _beam_search(ctx, call, max_tokens, logprobs, wait_disconnect)
     params = _tool_params(ctx, call, _params(call, max_tokens, logprobs, ctx), tools)
     if params.structured_outputs is not None:
         call.reasoning = None  # the grammar governs the whole reply: it has no thinking to split
@@ -478,14 +502,15 @@ async def _respond(ctx, call: _Call, gen: Generation, wait_disconnect):
     if call.body.stream:
         return _stream(ctx, call, gen)
     try:
-        await _collect(call, gen, wait_disconnect)
+        await _collect(call.finals, gen, wait_disconnect)
     finally:
         gen.abort()
     return _full_body(ctx, call)
 
 
-async def _collect(call: _Call, gen: Generation, wait_disconnect) -> None:
-    """Wait for every final output; a client that leaves first aborts the request at once."""
+async def _collect(finals: dict, gen: Generation, wait_disconnect) -> None:
+    """Wait for every final output (into finals, by request id); a client that leaves first
+    aborts the request at once."""
     gone = asyncio.ensure_future(wait_disconnect())
     try:
         while not gen.done:
@@ -500,7 +525,7 @@ async def _collect(call: _Call, gen: Generation, wait_disconnect) -> None:
                     raise _as_api_error(payload)
                 _raise_if_failed(payload)
                 if payload.finished:
-                    call.finals[payload.request_id] = payload
+                    finals[payload.request_id] = payload
     finally:
         gone.cancel()
 
@@ -522,6 +547,105 @@ def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ValueError):
         return bad_request(exc)
     return APIError(500, f"{type(exc).__name__}: {exc}")
+
+
+# ---- beam search --------------------------------------------------------------------------------
+
+
+async def _beam_search(
+    ctx: ServerContext, call: _Call, max_tokens: Optional[int], logprobs: Optional[int], wait_disconnect
+):
+    """use_beam_search (serving_beam.py states the rules): every prompt's search at once, one
+    batch of engine requests a step (_beam_step); then each prompt's best beams as its finished
+    output, answered as any full body, or with stream=true as a stream of one frame of whole
+    choices (a beam's text is known only at the end), the usage chunk if asked, and [DONE]."""
+    body = call.body
+    _check_beam_request(call)
+    name = (
+        "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    )
+    params = serving_beam.beam_params(body, _max_tokens(call, ctx, max_tokens), ctx.sampling_defaults, name)
+    lp_name = "logprobs" if call.kind == "completion" else "top_logprobs"
+    serving_beam.check_logprobs(params, logprobs, lp_name, _max_logprobs(ctx))
+    num_beams = len(call.prompts) * params.beam_width
+    if num_beams > ctx.engine.capacity:
+        raise _too_large(call, RequestTooLarge(num_beams, ctx.engine.capacity))
+    instances = serving_beam.instances(call.prompts, params.max_tokens, ctx.max_model_len, body.cache_salt)
+    eos = getattr(ctx.tokenizer, "eos_token_id", None)
+    cached: list = []
+    step = _beam_step(ctx, call, serving_beam.step_params(params, body.seed), wait_disconnect, cached)
+    await run_beam_search_async(instances, step, params, eos)
+    decode = serving_beam.decoder(ctx.tokenizer, body)
+    for i, (prompt, instance) in enumerate(zip(call.prompts, instances)):
+        rid = f"{call.engine_id}-{i}"
+        call.index_of[rid] = i
+        call.finals[rid] = serving_beam.request_output(
+            rid, prompt, instance, params, eos, decode, logprobs, cached[i]
+        )
+    if body.stream:
+        return _stream(ctx, call, _Ready(list(call.finals.values())))
+    return _full_body(ctx, call)
+
+
+def _check_beam_request(call: _Call) -> None:
+    """A 400 naming the first field a beam search cannot honour (serving_beam.REFUSED), or chat's
+    tool_choice where it forces the reply (by structured outputs, which no step follows)."""
+    refused = serving_beam.refused_field(call.body)
+    if refused is not None:
+        raise APIError(400, f"`{refused}` is not supported with use_beam_search", refused)
+    if call.tool_mode in ("required", "named"):
+        raise APIError(400, 'tool_choice "required" or a named function is not supported with use_beam_search (it forces the reply by structured outputs)', "tool_choice")  # fmt: skip  # noqa: E501
+
+
+def _max_logprobs(ctx: ServerContext) -> int:
+    """The engine's max_logprobs (--max-logprobs), -1 (no cap) as the vocabulary size."""
+    cap = ctx.engine.args.max_logprobs
+    return ctx.engine.vocab_size if cap == -1 else cap
+
+
+def _beam_step(ctx: ServerContext, call: _Call, params: SamplingParams, wait_disconnect, cached: list):
+    """beam_search.AsyncStepFn over the engine: a step's beams as engine requests of one token
+    each, submitted together (admitted as one batch, all or none) and awaited together; a client
+    that leaves aborts them. The first step's num_cached_tokens (one beam a prompt, in prompt
+    order) go to `cached`: what the prefix cache served of each prompt."""
+    steps = itertools.count()
+
+    async def step(batch):
+        base = f"{call.engine_id}-step{next(steps)}"
+        subs = [
+            NewRequest(f"{base}-{i}", None, ids, params, call.body.priority, salt)
+            for i, (ids, salt) in enumerate(batch)
+        ]
+        gen = await _engine_submit(ctx, call, subs)
+        finals: dict = {}
+        try:
+            await _collect(finals, gen, wait_disconnect)
+        finally:
+            gen.abort()
+        outs = [finals[sub.request_id] for sub in subs]
+        if not cached:
+            cached.extend(out.num_cached_tokens for out in outs)
+        return [out.outputs[0].logprobs[0] if out.outputs[0].logprobs else None for out in outs]
+
+    return step
+
+
+class _Ready:
+    """A Generation whose outputs are all in (a beam search's): next() hands them over at once."""
+
+    def __init__(self, outputs: list) -> None:
+        self._items = [("output", out) for out in outputs]
+
+    @property
+    def done(self) -> bool:
+        return not self._items
+
+    async def next(self) -> list:
+        items, self._items = self._items, []
+        return items
+
+    def abort(self) -> None:
+        pass
 
 
 # ---- text and logprobs --------------------------------------------------------------------------

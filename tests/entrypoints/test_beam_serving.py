@@ -1,0 +1,266 @@
+"""use_beam_search on /v1/completions and /v1/chat/completions (entrypoints/openai/serving_beam.py
+states the rules, vLLM's server's): the app over an in-process engine, driven by the official
+openai client (and httpx for the error bodies), against LLM.beam_search on the same checkpoint
+and engine settings. n=1 is greedy decoding; n=3 gives the offline search's best 3 sequences as
+the choices, in order, with their finish_reason (EOS in play); chat searches from the rendered
+prompt; logprobs come from the step that chose each token; a stream is one frame of whole
+choices; fields a beam search cannot honour are 400s naming them; a client that leaves ends the
+search."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from enginespec.beam_search import BeamSearchParams
+from enginespec.entrypoints.openai.api_server import build_app
+from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.protocol import CompletionRequest
+from enginespec.entrypoints.openai.serving import ServerContext, create_completion
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import EOS_ID, tiny_model_dir
+from tests.entrypoints.client_helpers import in_process_client
+from tests.entrypoints.remote_server import CHAT_TEMPLATE
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=256, max_num_seqs=16)
+# EOS is among the two likeliest first tokens after [76, 25] (tests/api/test_beam_search.py): a
+# beam of 3 sets an EOS-ended sequence aside at the first step
+EOS_PROMPT = [76, 25]
+PROMPTS = [[5, 6, 7], [40, 41, 42, 43], EOS_PROMPT]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(str(tiny_model_dir("qwen3")), **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def app():
+    with in_process_client(**ENGINE) as engine:
+        ctx = ServerContext(
+            engine, engine.tokenizer, ["tiny"], engine.info.max_model_len, chat_template=CHAT_TEMPLATE
+        )
+        yield build_app(ctx, ServerMetrics("tiny")), engine, ctx
+
+
+def serve(app, fn):
+    """fn(openai client, httpx client) run against the app (the engine read on this loop)."""
+    app, engine, _ = app
+
+    async def run():
+        engine.start(asyncio.get_running_loop())  # the lifespan's job (ASGITransport runs none)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
+            client = openai.AsyncOpenAI(
+                base_url="http://test/v1", api_key="k", http_client=http, max_retries=0
+            )
+            result = await fn(client, http)
+        assert engine.num_pending_requests == 0  # every step's requests finished or aborted
+        return result
+
+    return asyncio.run(run())
+
+
+def beam_completions(app, prompt, **extra):
+    async def fn(client, http):
+        return await client.completions.create(model="tiny", prompt=prompt, extra_body=extra)
+
+    return serve(app, fn)
+
+
+def expected(llm, prompt, seq, include_stop: bool = False):
+    """(text, token_ids) of an offline sequence as the server answers it: generated ids only, the
+    ending EOS in the ids with include_stop_str_in_output, never in the text."""
+    generated = seq.tokens[len(prompt) :]
+    shown = generated[:-1] if seq.finish_reason == "stop" else generated
+    return llm.get_tokenizer().decode(shown, skip_special_tokens=True), generated if include_stop else shown
+
+
+def test_n_1_is_greedy_decoding(app, llm):
+    for prompt in PROMPTS[:2]:
+        greedy = llm.generate(
+            [{"prompt_token_ids": prompt}], SamplingParams(max_tokens=6, temperature=0), use_tqdm=False
+        )
+        assert EOS_ID not in greedy[0].outputs[0].token_ids  # an EOS would end greedy, not the beam
+        body = dict(use_beam_search=True, n=1, max_tokens=6, temperature=0, return_token_ids=True)
+        resp = beam_completions(app, prompt, **body)
+        (choice,) = resp.choices
+        assert choice.text == greedy[0].outputs[0].text
+        assert choice.token_ids == greedy[0].outputs[0].token_ids
+        assert choice.finish_reason == "length"
+
+
+@pytest.mark.parametrize("length_penalty, include_stop", [(1.0, False), (0.0, True)])
+def test_n_3_choices_are_the_offline_search_in_order(app, llm, length_penalty, include_stop):
+    params = BeamSearchParams(
+        beam_width=3, max_tokens=4, length_penalty=length_penalty, include_stop_str_in_output=include_stop
+    )
+    want = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS], params)
+    resp = beam_completions(
+        app,
+        PROMPTS,
+        use_beam_search=True,
+        n=3,
+        max_tokens=4,
+        temperature=0,
+        length_penalty=length_penalty,
+        include_stop_str_in_output=include_stop,
+        return_token_ids=True,
+    )
+    assert [c.index for c in resp.choices] == list(range(9))
+    for i, (prompt, out) in enumerate(zip(PROMPTS, want)):
+        for choice, seq in zip(resp.choices[3 * i : 3 * i + 3], out.sequences, strict=True):
+            assert (choice.text, choice.token_ids) == expected(llm, prompt, seq, include_stop)
+            assert (choice.finish_reason, choice.stop_reason) == (seq.finish_reason, seq.stop_reason)
+            assert choice.prompt_token_ids == prompt
+    ended = [c for c in resp.choices[6:] if c.finish_reason == "stop"]
+    assert ended and all(c.stop_reason == EOS_ID for c in ended)
+    assert all((c.token_ids[-1:] == [EOS_ID]) == include_stop for c in ended)
+    assert resp.usage.prompt_tokens == sum(len(p) for p in PROMPTS)  # once each, not once a step
+    assert resp.usage.completion_tokens == sum(len(c.token_ids) for c in resp.choices)
+
+
+def test_chat_searches_from_the_rendered_prompt(app, llm):
+    messages = [{"role": "user", "content": "hello"}]
+
+    async def fn(client, http):
+        rendered = (await http.post("/tokenize", json={"messages": messages})).json()["tokens"]
+        resp = await client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            n=3,
+            max_completion_tokens=5,
+            temperature=0,
+            extra_body={"use_beam_search": True, "return_token_ids": True},
+        )
+        return rendered, resp
+
+    rendered, resp = serve(app, fn)
+    want = llm.beam_search([rendered], BeamSearchParams(beam_width=3, max_tokens=5))[0]
+    for choice, seq in zip(resp.choices, want.sequences, strict=True):
+        text, ids = expected(llm, rendered, seq)
+        assert choice.message.role == "assistant" and choice.message.content == text
+        assert choice.token_ids == ids and choice.finish_reason == seq.finish_reason
+    assert resp.usage.prompt_tokens == len(rendered)
+
+
+def test_logprobs_come_from_the_step_that_chose_each_token(app, llm):
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    want = llm.beam_search([{"prompt_token_ids": PROMPTS[1]}], params)[0]
+    body = dict(use_beam_search=True, n=2, max_tokens=3, temperature=0, ignore_eos=True, logprobs=2)
+    resp = beam_completions(app, PROMPTS[1], **body)
+    tokenizer = llm.get_tokenizer()
+    for choice, seq in zip(resp.choices, want.sequences, strict=True):
+        lps = choice.logprobs
+        chosen = seq.tokens[len(PROMPTS[1]) :]
+        assert lps.tokens == [tokenizer.decode([t]) for t in chosen]
+        assert lps.token_logprobs == pytest.approx(
+            [seq.logprobs[i][t] for i, t in enumerate(chosen)], abs=1e-4
+        )
+        assert sum(lps.token_logprobs) == pytest.approx(seq.cum_logprob, abs=1e-4)
+        for top, step in zip(lps.top_logprobs, seq.logprobs):
+            best2 = sorted(step.values(), reverse=True)[:2]
+            assert len(top) in (2, 3) and sorted(top.values(), reverse=True)[:2] == pytest.approx(
+                best2, abs=1e-4
+            )
+
+
+def test_a_stream_is_one_frame_of_whole_choices_then_usage(app):
+    base = dict(n=2, max_tokens=4, temperature=0, extra_body={"use_beam_search": True})
+
+    async def fn(client, http):
+        full = await client.completions.create(model="tiny", prompt=EOS_PROMPT, **base)
+        stream = await client.completions.create(
+            model="tiny", prompt=EOS_PROMPT, stream=True, stream_options={"include_usage": True}, **base
+        )
+        chunks = [c async for c in stream]
+        messages = [{"role": "user", "content": "hi"}]
+        chat_full = await client.chat.completions.create(model="tiny", messages=messages, **base)
+        chat = await client.chat.completions.create(model="tiny", messages=messages, stream=True, **base)
+        return full, chunks, chat_full, [c async for c in chat]
+
+    full, chunks, chat_full, chat_chunks = serve(app, fn)
+    assert len(chunks) == 2 and chunks[1].choices == [] and chunks[1].usage == full.usage
+    got = [(c.index, c.text, c.finish_reason) for c in chunks[0].choices]
+    assert got == [(c.index, c.text, c.finish_reason) for c in full.choices]
+    (frame,) = chat_chunks
+    assert [c.delta.role for c in frame.choices] == ["assistant"] * 2
+    got = [(c.delta.content, c.finish_reason) for c in frame.choices]
+    assert got == [(c.message.content, c.finish_reason) for c in chat_full.choices]
+
+
+REFUSALS = [
+    ("top_p", 0.5),
+    ("top_k", 5),
+    ("min_p", 0.1),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", 0.5),
+    ("repetition_penalty", 1.2),
+    ("logit_bias", {"5": 1.0}),
+    ("bad_words", ["a"]),
+    ("stop", ["x"]),
+    ("stop_token_ids", [5]),
+    ("min_tokens", 2),
+    ("allowed_token_ids", [5, 6]),
+    ("prompt_logprobs", 1),
+    ("response_format", {"type": "json_object"}),
+    ("structured_outputs", {"choice": ["a", "b"]}),
+    ("logprobs", 7),  # more than the 2 * n = 6 candidates a step asks for
+    ("n", 11),  # 2 * 11 logprobs a step, over the engine's max_logprobs of 20
+    ("n", 0),
+]
+
+
+async def _post(http, path: str, body: dict):
+    resp = await http.post(path, json=body)
+    return resp.status_code, resp.json()
+
+
+def test_fields_beam_search_cannot_honour_are_400s_naming_them(app):
+    base = dict(model="tiny", prompt=[5, 6, 7], max_tokens=2, n=3, use_beam_search=True)
+    chat = dict(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, use_beam_search=True
+    )
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+    async def fn(client, http):
+        got = [await _post(http, "/v1/completions", {**base, name: value}) for name, value in REFUSALS]
+        got.append(await _post(http, "/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 3}))
+        got.append(
+            await _post(http, "/v1/chat/completions", {**chat, "tools": [tool], "tool_choice": "required"})
+        )
+        no_beam = {**base, "use_beam_search": False, "length_penalty": 2.0}
+        got.append(await _post(http, "/v1/completions", no_beam))
+        no_ops = dict(
+            top_p=1.0, top_k=-1, stop=[], logit_bias={}, min_tokens=0, response_format={"type": "text"}
+        )
+        ok = await _post(http, "/v1/completions", {**base, **no_ops})
+        return got, ok
+
+    got, (status, body) = serve(app, fn)
+    names = [name for name, _ in REFUSALS] + ["top_logprobs", "tool_choice", "length_penalty"]
+    assert [(s, b["error"]["param"]) for s, b in got] == [(400, name) for name in names]
+    assert status == 200 and len(body["choices"]) == 3
+
+
+def test_a_client_that_leaves_mid_search_ends_it_and_frees_its_step(app):
+    _, engine, ctx = app
+
+    async def gone() -> None:  # the client has left by the first step
+        return None
+
+    async def run():
+        engine.start(asyncio.get_running_loop())
+        body = CompletionRequest(prompt=PROMPTS[0], n=3, max_tokens=8, use_beam_search=True)
+        with pytest.raises(APIError, match="client disconnected"):
+            await create_completion(ctx, body, gone)
+        assert engine.num_pending_requests == 0
+
+    asyncio.run(run())
