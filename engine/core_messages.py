@@ -106,6 +106,8 @@ class EngineInfo:
     block_size: int
     max_num_seqs: int
     pid: int
+    # the model's EOS (config.json's): what ends a beam search where there is no tokenizer
+    eos_token_id: Optional[int] = None
 
 
 @dataclass(frozen=True)

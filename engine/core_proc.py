@@ -192,6 +192,7 @@ def engine_info(engine) -> EngineInfo:
         args.block_size,
         args.max_num_seqs,
         os.getpid(),
+        getattr(engine.model, "eos_token_id", None),
     )
 
 

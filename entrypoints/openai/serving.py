@@ -571,7 +571,7 @@ async def _beam_search(
     if num_beams > ctx.engine.capacity:
         raise _too_large(call, RequestTooLarge(num_beams, ctx.engine.capacity))
     instances = serving_beam.instances(call.prompts, params.max_tokens, ctx.max_model_len, body.cache_salt)
-    eos = getattr(ctx.tokenizer, "eos_token_id", None)
+    eos = serving_beam.eos_token_id(ctx.tokenizer, getattr(ctx.engine.info, "eos_token_id", None))
     cached: list = []
     step = _beam_step(ctx, call, serving_beam.step_params(params, body.seed), wait_disconnect, cached)
     await run_beam_search_async(instances, step, params, eos)

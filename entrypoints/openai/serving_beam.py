@@ -28,7 +28,8 @@ The output (vLLM's server rules):
 - text: the generated tokens decoded (special tokens as skip_special_tokens and
   spaces_between_special_tokens ask, as every reply's text), never an ending EOS's;
   token_ids the generated ids, an ending EOS among them only with include_stop_str_in_output.
-- finish_reason "stop" (stop_reason the EOS id) for a beam EOS ended, else "length".
+- finish_reason "stop" (stop_reason the EOS id) for a beam EOS ended, else "length". The EOS
+  is LLM.beam_search's: the tokenizer's eos_token_id, else (no tokenizer) the model's.
 - usage: every prompt's tokens once (not once per step) and the returned choices' token ids.
   prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details): what the prefix cache
   served of each prompt at the search's first step.
@@ -112,6 +113,14 @@ def check_logprobs(params: BeamSearchParams, k: Optional[int], name: str, max_lo
             f"asks for), got {k}",
             name,
         )
+
+
+def eos_token_id(tokenizer, model_eos: Optional[int]) -> Optional[int]:
+    """The id that ends a beam, as LLM.beam_search picks it: the tokenizer's eos_token_id, else
+    the model's (config.json's: a checkpoint without a tokenizer, whose plain requests stop
+    there too)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return eos if eos is not None else model_eos
 
 
 def step_params(params: BeamSearchParams, seed: Optional[int]) -> SamplingParams:

@@ -264,3 +264,26 @@ def test_a_client_that_leaves_mid_search_ends_it_and_frees_its_step(app):
         assert engine.num_pending_requests == 0
 
     asyncio.run(run())
+
+
+def test_without_a_tokenizer_the_models_eos_ends_a_beam_as_offline(tmp_path):
+    """A checkpoint with no tokenizer: LLM.beam_search ends beams at the model's EOS (config.json),
+    and so must the server, as its plain requests stop there too."""
+    model = tmp_path / "no-tokenizer"
+    model.mkdir()
+    for f in tiny_model_dir("qwen3").iterdir():
+        if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
+            (model / f.name).write_bytes(f.read_bytes())
+    offline = LLM(str(model), **ENGINE)
+    assert offline.get_tokenizer() is None
+    params = BeamSearchParams(beam_width=3, max_tokens=4)
+    want = offline.beam_search([{"prompt_token_ids": EOS_PROMPT}], params)[0].sequences
+    assert any(seq.finish_reason == "stop" for seq in want)
+    with in_process_client(model, **ENGINE) as engine:
+        ctx = ServerContext(engine, engine.tokenizer, ["tiny"], engine.info.max_model_len)
+        body = dict(use_beam_search=True, n=3, max_tokens=4, temperature=0, return_token_ids=True)
+        resp = beam_completions((build_app(ctx, ServerMetrics("tiny")), engine, ctx), EOS_PROMPT, **body)
+    got = [(c.token_ids, c.finish_reason, c.stop_reason) for c in resp.choices]
+    shown = [seq.tokens[len(EOS_PROMPT) :] for seq in want]
+    shown = [ids[:-1] if seq.finish_reason == "stop" else ids for ids, seq in zip(shown, want)]
+    assert got == [(ids, seq.finish_reason, seq.stop_reason) for ids, seq in zip(shown, want)]
