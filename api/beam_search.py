@@ -48,6 +48,7 @@ the beam shares with the earlier steps, so a step computes little more than its 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
@@ -153,11 +154,20 @@ def get_beam_search_score(
 ) -> float:
     """vLLM's score: cumulative_logprob / L ** length_penalty, L = len(tokens) (the prompt's
     included), one less when tokens end with EOS. L >= 1 for every scored sequence: it holds a
-    non-empty prompt and one generated token at least."""
+    non-empty prompt and one generated token at least. Where L ** length_penalty leaves the
+    floats (a large |length_penalty|: 30 ** 300 overflows, 30 ** -300 is 0.0), the score is its
+    limit: 0 for an overflowing divisor (-inf for a cum_logprob of -inf), -inf for a vanishing
+    one (0 for a cum_logprob of 0), where vLLM raises OverflowError or ZeroDivisionError."""
     length = len(tokens)
     if tokens and tokens[-1] == eos_token_id:
         length -= 1
-    return cumulative_logprob / (length**length_penalty)
+    try:
+        divisor = length**length_penalty
+    except OverflowError:
+        return -math.inf if cumulative_logprob == -math.inf else 0.0
+    if divisor == 0.0:
+        return -math.inf if cumulative_logprob < 0 else 0.0
+    return cumulative_logprob / divisor
 
 
 def create_sort_beams_key_function(

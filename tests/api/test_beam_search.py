@@ -82,6 +82,24 @@ def test_score_divides_by_the_length_prompt_included_less_an_ending_eos():
     assert get_beam_search_score([5, 6, 7, 8], -6.0, None, 0.5) == -3.0
 
 
+def test_any_finite_length_penalty_scores_without_leaving_the_floats():
+    """length ** length_penalty leaves the floats for a large |length_penalty| (30 ** 300
+    overflows, 30 ** -300 underflows to 0.0): the score is then its limit (0 for a growing
+    divisor, -inf for a vanishing one), never an OverflowError or a ZeroDivisionError, so every
+    finite length_penalty that BeamSearchParams takes runs a search."""
+    long = [5] * 30
+    assert get_beam_search_score(long, -6.0, 3, 300.0) == 0.0
+    assert get_beam_search_score(long, -math.inf, 3, 300.0) == -math.inf
+    assert get_beam_search_score(long, -6.0, 3, -300.0) == -math.inf
+    assert get_beam_search_score(long, 0.0, 3, -300.0) == 0.0
+    assert get_beam_search_score(long, -6.0, 3, 200.0) == -6.0 / 30**200.0  # still a float: as before
+    _, step_k = synthetic(4, seed=5)
+    for lp in (300.0, -300.0, 1e308, -1e308):
+        params = BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=lp)
+        (out,) = search([[1] * 30], params, step_k(4))
+        assert len(out.sequences) == 2
+
+
 # ---- the loop, on a synthetic model --------------------------------------------------------------
 
 EOS = 0
