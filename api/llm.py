@@ -48,10 +48,11 @@ from enginespec.beam_search import (
 from enginespec.chat_utils import render_chat
 from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
+from enginespec.inputs import PromptType
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import RequestOutputKind, SamplingParams
 
-PromptType = Union[str, dict, Sequence[int]]
+__all__ = ["LLM", "PromptType", "prompt_to_ids"]
 
 
 class LLM:
