@@ -1,0 +1,84 @@
+"""Where batch-1 `LLM.generate`'s ms/token goes outside its decode steps (issue 19).
+
+decode_sweep.py's figure is (t(1 + n tokens) - t(1 token)) / n over whole generate() calls; the
+engine's own step trace of the same call says how much of that its decode steps take. This
+splits each call into: before its first step ends (the add and the prefill step), the decode
+steps, and after the last step ends (the final output, the wrapper's return), for a 1-token
+and a (1 + n)-token call, several times each, on the sweep's engine and prompt.
+
+    python3 benchmarks/generate_b1_probe.py [--tokens 128] [--reps 4] [--out probe.json]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import decode_sweep  # noqa: E402
+from benchmarks.engine_runs import checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
+from enginespec.spec import SamplingParams  # noqa: E402
+
+
+def traced_call(llm, prompt: list[int], num_tokens: int, device) -> dict:
+    """One generate() of num_tokens greedy tokens: its wall and its parts, in ms."""
+    core = engine_core(llm)
+    core.stats.step_trace = []
+    params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    sync(device)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    sync(device)
+    end = time.perf_counter()
+    steps, core.stats.step_trace = core.stats.step_trace, None
+    ends = [s[3] for s in steps]
+    return {
+        "wall_ms": (end - start) * 1e3,
+        "num_steps": len(steps),
+        "first_step_end_ms": (ends[0] - start) * 1e3 if ends else None,
+        "steps_after_first_ms": (ends[-1] - ends[0]) * 1e3 if ends else None,
+        "after_last_step_ms": (end - ends[-1]) * 1e3 if ends else None,
+        "step_kinds": [(s[0], s[1]) for s in steps[:3]] + ([(steps[-1][0], steps[-1][1])] if steps else []),
+    }
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--tokens", type=int, default=128)
+    own.add_argument("--reps", type=int, default=4)
+    extra, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
+    args = decode_sweep.parse_args(["--batches", "1", *rest])
+    args.tokens, args.reps = extra.tokens, extra.reps
+    model_dir = checkpoint(args.shape, args)
+    shape = shape_of(model_dir, args.dtype)
+    llm = make_llm(model_dir, args)
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(min(shape.vocab_size, 10000)) for _ in range(args.prompt_len)]
+    traced_call(llm, prompt, args.tokens + 1, args.device)  # warm-up
+    runs: dict = {"one": [], "many": []}
+    for _ in range(args.reps):
+        runs["one"].append(traced_call(llm, prompt, 1, args.device))
+        runs["many"].append(traced_call(llm, prompt, args.tokens + 1, args.device))
+    out = {"tokens": args.tokens, "runs": runs}
+    for key in ("wall_ms", "first_step_end_ms", "steps_after_first_ms", "after_last_step_ms"):
+        one = statistics.median(r[key] for r in runs["one"])
+        many = statistics.median(r[key] for r in runs["many"])
+        out[key] = {"one": one, "many": many, "per_token": (many - one) / args.tokens}
+        print(
+            f"{key:22s} one {one:9.3f}  many {many:9.3f}  (many - one) / n {(many - one) / args.tokens:7.4f}"
+        )
+    print("steps:", [r["num_steps"] for r in runs["many"]], runs["many"][0]["step_kinds"])
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
