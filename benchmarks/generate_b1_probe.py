@@ -4,13 +4,15 @@ decode_sweep.py's figure is (t(1 + n tokens) - t(1 token)) / n over whole genera
 engine's own step trace of the same call says how much of that its decode steps take. This
 splits each call into: before its first step ends (the add and the prefill step), the decode
 steps, and after the last step ends (the final output, the wrapper's return), for a 1-token
-and a (1 + n)-token call, several times each, on the sweep's engine and prompt.
+and a (1 + n)-token call, several times each, on the sweep's engine and prompt; and the Python
+cyclic collections (generation, ms) that ran inside each call.
 
     python3 benchmarks/generate_b1_probe.py [--tokens 128] [--reps 4] [--out probe.json]
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
@@ -25,8 +27,29 @@ from benchmarks.engine_runs import checkpoint, engine_core, make_llm, shape_of, 
 from enginespec.spec import SamplingParams  # noqa: E402
 
 
-def traced_call(llm, prompt: list[int], num_tokens: int, device) -> dict:
-    """One generate() of num_tokens greedy tokens: its wall and its parts, in ms."""
+class GcLog:
+    """Python's cyclic collections as they run (gc.callbacks): (generation, ms) of each."""
+
+    def __init__(self):
+        self.events: list = []
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.events.append((info["generation"], (time.perf_counter() - self._start) * 1e3))
+
+    def take(self) -> list:
+        events, self.events = self.events, []
+        return events
+
+
+def traced_call(llm, prompt: list[int], num_tokens: int, device, gc_log: "GcLog") -> dict:
+    """One generate() of num_tokens greedy tokens: its wall and its parts, in ms, and the
+    cyclic collections that ran inside it ((generation, ms) each)."""
+    gc_log.take()
     core = engine_core(llm)
     core.stats.step_trace = []
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
@@ -44,6 +67,7 @@ def traced_call(llm, prompt: list[int], num_tokens: int, device) -> dict:
         "steps_after_first_ms": (ends[-1] - ends[0]) * 1e3 if ends else None,
         "after_last_step_ms": (end - ends[-1]) * 1e3 if ends else None,
         "step_kinds": [(s[0], s[1]) for s in steps[:3]] + ([(steps[-1][0], steps[-1][1])] if steps else []),
+        "gc": gc_log.take(),
     }
 
 
@@ -61,11 +85,12 @@ def main(argv=None) -> int:
     llm = make_llm(model_dir, args)
     rng = random.Random(args.seed)
     prompt = [rng.randrange(min(shape.vocab_size, 10000)) for _ in range(args.prompt_len)]
-    traced_call(llm, prompt, args.tokens + 1, args.device)  # warm-up
+    gc_log = GcLog()
+    traced_call(llm, prompt, args.tokens + 1, args.device, gc_log)  # warm-up
     runs: dict = {"one": [], "many": []}
     for _ in range(args.reps):
-        runs["one"].append(traced_call(llm, prompt, 1, args.device))
-        runs["many"].append(traced_call(llm, prompt, args.tokens + 1, args.device))
+        runs["one"].append(traced_call(llm, prompt, 1, args.device, gc_log))
+        runs["many"].append(traced_call(llm, prompt, args.tokens + 1, args.device, gc_log))
     out = {"tokens": args.tokens, "runs": runs}
     for key in ("wall_ms", "first_step_end_ms", "steps_after_first_ms", "after_last_step_ms"):
         one = statistics.median(r[key] for r in runs["one"])
@@ -75,6 +100,13 @@ def main(argv=None) -> int:
             f"{key:22s} one {one:9.3f}  many {many:9.3f}  (many - one) / n {(many - one) / args.tokens:7.4f}"
         )
     print("steps:", [r["num_steps"] for r in runs["many"]], runs["many"][0]["step_kinds"])
+    for key in ("one", "many"):
+        print(
+            f"{key}: walls ms",
+            [round(r["wall_ms"], 2) for r in runs[key]],
+            "collections (gen, ms):",
+            [[(g, round(ms, 2)) for g, ms in r["gc"]] for r in runs[key]],
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
