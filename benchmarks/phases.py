@@ -92,13 +92,19 @@ def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dic
     return out
 
 
-def decode_latency(llm, prompt: list[int], num_tokens: int, device) -> float:
-    """ms per decode token at batch 1: (t(n + 1 tokens) - t(1 token)) / n, after a warm-up."""
+def decode_latency(llm, prompt: list[int], num_tokens: int, device, reps: int = 3) -> float:
+    """ms per decode token at batch 1: (t(n + 1 tokens) - t(1 token)) / n, after a warm-up, each
+    t the median of `reps` calls, interleaved. (Until 2026-12-05 t(n + 1) was one call and t(1)
+    the min of two: one slow call, 70 ms more in one of five 129-token calls on an H100 and
+    about 14 ms in the H200's sweep that day, moved the figure by 0.1 ms/token while the
+    call's own decode steps, traced, held at the sweep's step; generate_b1_probe.py.)"""
     one, many = Workload([prompt], [1]), Workload([prompt], [num_tokens + 1])
     timed_generate(llm, many, device, use_tqdm=False)
-    t_one = min(timed_generate(llm, one, device, use_tqdm=False)["wall_s"] for _ in range(2))
-    t_many = timed_generate(llm, many, device, use_tqdm=False)["wall_s"]
-    return (t_many - t_one) / num_tokens * 1e3
+    t_one, t_many = [], []
+    for _ in range(reps):
+        t_one.append(timed_generate(llm, one, device, use_tqdm=False)["wall_s"])
+        t_many.append(timed_generate(llm, many, device, use_tqdm=False)["wall_s"])
+    return (statistics.median(t_many) - statistics.median(t_one)) / num_tokens * 1e3
 
 
 def decode_latency_steps(llm, prompt: list[int], num_tokens: int, device) -> dict:
