@@ -116,7 +116,9 @@ class EditPlan:
         ]
         if pairs:
             index = upload(torch.tensor(pairs, dtype=torch.int64).T.contiguous(), x.device)
-            x[index[0], index[1]] = NEG_INF  # a scalar fill: no copy to the device
+            # the value made on the device: a Python scalar here would go up as a pageable
+            # copy, which waits for the stream (the step's forward) first
+            x.index_put_((index[0], index[1]), x.new_full((), NEG_INF))
 
     def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
         """Stop ids (and EOS unless ignore_eos) at -inf on rows still below min_tokens; which

@@ -452,6 +452,27 @@ def test_bad_words_take_the_device_path_once_resolved(impl):
     assert Sampler(8).sample_deferred(logits.expand(2, -1), plain) is not None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bans_never_make_the_host_wait_for_the_device(impl):
+    """Under async scheduling a step's bans are applied while its forward runs: a copy that
+    synchronises (a pageable upload, a scalar sent up for the fill) would make the host wait
+    for it. The second call, its plan built, runs under torch's sync debug mode."""
+    logits = torch.randn(3, 64, device="cuda")
+    banned = SamplingParams(temperature=0.0, bad_words_token_ids=[[7], [2, 3]])
+    reqs = [make_request(impl, banned, outputs=(1, 2), rid=f"b{i}") for i in range(2)]
+    reqs.append(make_request(impl, SamplingParams(temperature=0.0), outputs=(1, 2), rid="free"))
+    logits[:, 7] = logits[:, 3] = 50.0  # the two banned ids would win every row
+    sampler = Sampler(64)
+    assert sampler.sample_deferred(logits, reqs, resolved=True) is not None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        drawn = sampler.sample_deferred(logits, reqs, resolved=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ids = drawn.token_ids.tolist()
+    assert ids[0] not in (7, 3) and ids[1] not in (7, 3) and ids[2] in (7, 3)
+
+
 # ---------------------------------------------------------------- logprobs
 
 
