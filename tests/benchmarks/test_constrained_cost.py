@@ -26,6 +26,7 @@ def test_every_case_runs_its_tokens_and_the_regex_holds(tmp_path, monkeypatch, t
     for row in rows:
         assert row["output_lens"] == [5] and row["finish_reasons"] == ["length"]
         assert row["ms_per_step"] > 0
+        assert len(row["walls_s"]) == 3 and sorted(row["walls_s"])[1] == row["wall_s"]  # the median
         if row["case"] == "greedy":
             assert row["over_greedy"] == 1.0
         assert row["regex_held"] is (True if "regex" in row["case"] else None)
