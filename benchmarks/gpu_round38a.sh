@@ -20,7 +20,7 @@ echo "tests rc=$? after ${SECONDS}s"; grep -E "passed|failed|FAILED|ERROR" "$out
 timeout 170 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,8 \
   --out "$out/decode_sweep_h200_$sha.json" > "$out/sweep.log" 2>&1
 echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
-timeout 200 python3 benchmarks/constrained_cost.py --batches 1,8,32 --tokens 128 \
+timeout 300 python3 benchmarks/constrained_cost.py --batches 1,8,32 --tokens 128 \
   --out "$out/constrained_cost_h200_$sha.json" > "$out/constrained.log" 2>&1
 echo "constrained rc=$? after ${SECONDS}s"; grep -E "^\| " "$out/constrained.log"; tail -3 "$out/constrained.log"
 cd "$out" && tar czf "s38a_h200_$sha.tgz" ./*.log ./*.json 2>/dev/null && rm -f ./*.log ./*.json; ls
