@@ -5,6 +5,18 @@ vLLM's do. The server process writes them on its event loop as each engine messa
 (engine_client.py): latencies are measured there, as a client would see them; the gauges and the
 preemption and prefix-cache counters come from the engine's state in the message.
 
+Labels, as vLLM V1's PrometheusStatLogger sets them (vllm/v1/metrics/loggers.py): every metric
+carries model_name (the served name) and engine, the engine index, "0" here (one engine per
+server; LABEL_NAMES decides the set), plus position on _num_accepted_tokens_per_pos and
+finished_reason on request_success; vllm:cache_config_info carries the cache settings and engine.
+vllm:request_success_total has a series at 0 for each of V1's finish reasons from the start
+(FINISHED_REASONS: stop, length, abort, error, repetition), as V1 makes them when its logger is
+built, so rate() over one reads 0 rather than nothing before the first request of that kind.
+This server finishes samples with stop, length, abort (the client left or cancelled) and error
+(a step the sample was part of failed, or the engine loop dropped the request: a 500 to the
+client), never with repetition (V1's repetition detection, which this engine lacks: that series
+stays at 0).
+
 Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_drafts,
 _num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
 engine's cumulative `EngineStats.spec_decode`.
@@ -45,6 +57,17 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Every metric's labels (vLLM V1's labelnames): the served model name and the engine index, "0"
+# here (one engine per server; V1 numbers its data-parallel engines 0, 1, ...). The per-position
+# spec-decode counter and request_success add one label each (position, finished_reason), and
+# vllm:cache_config_info has its own (the cache settings, plus engine).
+LABEL_NAMES = ("model_name", "engine")
+ENGINE_INDEX = "0"
+# vllm:request_success's finished_reason values made at 0 when the server starts: vLLM V1's
+# FinishReason strings (vllm/v1/engine/__init__.py). A reason outside them still counts (its
+# series appears with its first request).
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 # vLLM V1's bucket choices (vllm/v1/metrics/loggers.py), so quantiles read as a V1 server's do
 _TTFT_BUCKETS = (
@@ -163,17 +186,16 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        r = self.registry
+        self._label_values = (model_name, ENGINE_INDEX)  # LABEL_NAMES' values, in order
 
         def gauge(name, doc):
-            return Gauge(name, doc, labels, registry=r).labels(model_name)
+            return self._labelled(Gauge, name, doc)
 
         def counter(name, doc):
-            return Counter(name, doc, labels, registry=r).labels(model_name)
+            return self._labelled(Counter, name, doc)
 
         def histogram(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+            return self._labelled(Histogram, name, doc, buckets=buckets)
 
         self.num_requests_running = gauge("vllm:num_requests_running", "Requests in the running batch")
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled")
@@ -187,13 +209,11 @@ class ServerMetrics:
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
-        self._success = Counter(
-            "vllm:request_success",
-            "Finished requests by finish reason",
-            labels + ["finished_reason"],
-            registry=r,
+        self._success = self._family(
+            Counter, "vllm:request_success", "Finished requests by finish reason", "finished_reason"
         )
-        self._model_name = model_name
+        for reason in FINISHED_REASONS:  # every series from the start, at 0, as V1 makes them
+            self._success.labels(*self._label_values, reason)
         self.time_to_first_token = histogram(
             "vllm:time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS
         )
@@ -218,11 +238,11 @@ class ServerMetrics:
         self.spec_decode_num_accepted_tokens = counter(
             "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"
         )
-        self._accepted_per_pos = Counter(
+        self._accepted_per_pos = self._family(
+            Counter,
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by draft position (0-based)",
-            labels + ["position"],
-            registry=r,
+            "position",
         )
         self._spec_seen = (0, 0, 0, [])  # the cumulative stats already counted
 
@@ -254,6 +274,15 @@ class ServerMetrics:
         )
         self.token_histograms: Optional[_TokenHistograms] = None  # engine_ready makes them
 
+    def _family(self, cls, name: str, doc: str, *extra: str, **kwargs):
+        """A metric labelled LABEL_NAMES + extra, in this server's registry (unlabelled: the caller
+        makes its series with labels(*self._label_values, *extra values))."""
+        return cls(name, doc, [*LABEL_NAMES, *extra], registry=self.registry, **kwargs)
+
+    def _labelled(self, cls, name: str, doc: str, **kwargs):
+        """The one series of a metric labelled LABEL_NAMES only."""
+        return self._family(cls, name, doc, **kwargs).labels(*self._label_values)
+
     def engine_ready(self, max_model_len: int, cache_config: dict[str, str]) -> None:
         """Make what needs the built engine: the token histograms (1-2-5 buckets up to
         max_model_len) and vllm:cache_config_info, a gauge at 1 labelled with cache_config (V1's
@@ -262,9 +291,7 @@ class ServerMetrics:
         buckets = build_1_2_5_buckets(max_model_len)
 
         def tokens(name, doc):
-            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(
-                self._model_name
-            )
+            return self._labelled(Histogram, name, doc, buckets=buckets)
 
         self.token_histograms = _TokenHistograms(
             tokens("vllm:request_prompt_tokens", "Prompt tokens, per finished sample"),
@@ -275,7 +302,7 @@ class ServerMetrics:
             ),
             tokens("vllm:request_params_max_tokens", "The max_tokens of finished samples (where set)"),
         )
-        labels = {**cache_config, "engine": "0"}
+        labels = {**cache_config, "engine": ENGINE_INDEX}
         info = Gauge(
             "vllm:cache_config_info", "The engine's KV cache settings", list(labels), registry=self.registry
         )
@@ -319,7 +346,7 @@ class ServerMetrics:
         self.spec_decode_num_accepted_tokens.inc(max(0, stats.num_accepted_tokens - accepted))
         for pos, count in enumerate(stats.accepted_per_pos):
             seen = per_pos[pos] if pos < len(per_pos) else 0
-            self._accepted_per_pos.labels(self._model_name, str(pos)).inc(max(0, count - seen))
+            self._accepted_per_pos.labels(*self._label_values, str(pos)).inc(max(0, count - seen))
         self._spec_seen = (
             stats.num_drafts,
             stats.num_draft_tokens,
@@ -328,4 +355,4 @@ class ServerMetrics:
         )
 
     def request_success(self, finished_reason: str) -> None:
-        self._success.labels(self._model_name, finished_reason).inc()
+        self._success.labels(*self._label_values, finished_reason).inc()

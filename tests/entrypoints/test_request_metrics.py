@@ -34,7 +34,8 @@ SAMPLES = [(len(prompt), max_tokens) for prompt, n, max_tokens in REQUESTS for _
 
 @pytest.fixture(scope="module")
 def scraped():
-    """(samples of /metrics before REQUESTS, after them, the engine's EngineInfo)."""
+    """(samples of /metrics before REQUESTS, after them, the engine's EngineInfo, and the /metrics
+    text before REQUESTS: a fresh server's)."""
     args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
     tokenizer = load_engine_tokenizer(args)
     metrics = ServerMetrics("tiny")
@@ -42,23 +43,25 @@ def scraped():
     info = client.launch(timeout=120)
     try:
         app = build_app(ServerContext(client, tokenizer, ["tiny"], info.max_model_len), metrics)
-        before, after = asyncio.run(_run(client, app))
+        before_text, after_text = asyncio.run(_run(client, app))
     finally:
         client.stop()
-    return SimpleNamespace(before=before, after=after, info=info)
+    return SimpleNamespace(
+        before=_samples(before_text), after=_samples(after_text), info=info, before_text=before_text
+    )
 
 
-async def _run(client: EngineClient, app) -> tuple[dict, dict]:
+async def _run(client: EngineClient, app) -> tuple[str, str]:
     client.start(asyncio.get_running_loop())  # the lifespan's job (ASGITransport runs none)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
-        before = _samples((await http.get("/metrics")).text)
+        before = (await http.get("/metrics")).text
         for prompt, n, max_tokens in REQUESTS:
             body = dict(prompt=prompt, n=n, max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0)
             resp = await http.post("/v1/completions", json=body)
             assert resp.status_code == 200, resp.text
             assert resp.json()["usage"]["completion_tokens"] == n * max_tokens
-        after = _samples((await http.get("/metrics")).text)
+        after = (await http.get("/metrics")).text
     return before, after
 
 
@@ -73,8 +76,9 @@ def _samples(text: str) -> dict[tuple, float]:
 
 
 def _grew(scraped, name: str, **labels) -> float:
-    """How much a sample grew over REQUESTS (a sample not yet shown before counts from 0)."""
-    key = (name, tuple(sorted(labels.items())))
+    """How much a sample grew over REQUESTS (a sample not yet shown before counts from 0); labels
+    besides model_name, engine="0" by default."""
+    key = (name, tuple(sorted({"engine": "0", **labels}.items())))
     return scraped.after[key] - scraped.before.get(key, 0.0)
 
 
@@ -179,3 +183,23 @@ def test_latency_buckets_are_v1s(scraped):
             and bounds[-4:] == ["960.0", "1920.0", "7680.0", "+Inf"]
             and len(bounds) == 21 + 1
         )
+
+
+def test_a_fresh_server_labels_every_metric_with_the_engine_and_counts_each_reason_from_0(scraped):
+    """Before any request, as vLLM V1's PrometheusStatLogger: every vllm: sample is labelled with
+    engine="0" (and model_name, but the cache settings' vllm:cache_config_info), and
+    vllm:request_success_total has a series at 0 for each of V1's finish reasons."""
+    families = [f for f in text_string_to_metric_families(scraped.before_text) if f.name.startswith("vllm:")]
+    assert len(families) >= 20
+    for family in families:
+        for sample in family.samples:
+            assert sample.labels.get("engine") == "0", (sample.name, sample.labels)
+            if family.name != "vllm:cache_config_info":
+                assert sample.labels.get("model_name") == "tiny", (sample.name, sample.labels)
+    success = {
+        s.labels["finished_reason"]: s.value
+        for f in families
+        for s in f.samples
+        if s.name == "vllm:request_success_total"
+    }
+    assert success == dict.fromkeys(("stop", "length", "abort", "error", "repetition"), 0.0)

@@ -199,7 +199,7 @@ def test_a_failed_request_counts_each_sample_under_error_either_way(served):
 
     contained = asyncio.run(run())
     assert [c.finish_reason for c in contained.outputs] == ["error", "error"]
-    labels = {"model_name": "tiny", "finished_reason": "error"}
+    labels = {"model_name": "tiny", "engine": "0", "finished_reason": "error"}
     assert client.metrics.registry.get_sample_value("vllm:request_success_total", labels) == 4
 
 

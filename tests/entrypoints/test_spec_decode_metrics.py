@@ -15,7 +15,7 @@ from enginespec.entrypoints.openai.metrics import ServerMetrics
 
 
 def _value(metrics: ServerMetrics, name: str, **labels) -> float:
-    return metrics.registry.get_sample_value(name, {"model_name": "m", **labels}) or 0.0
+    return metrics.registry.get_sample_value(name, {"model_name": "m", "engine": "0", **labels}) or 0.0
 
 
 def test_front_end_publishes_spec_decode_counters():
