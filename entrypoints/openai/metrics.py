@@ -9,13 +9,14 @@ Labels, as vLLM V1's PrometheusStatLogger sets them (vllm/v1/metrics/loggers.py)
 carries model_name (the served name) and engine, the engine index, "0" here (one engine per
 server; LABEL_NAMES decides the set), plus position on _num_accepted_tokens_per_pos and
 finished_reason on request_success; vllm:cache_config_info carries the cache settings and engine.
-vllm:request_success_total has a series at 0 for each of V1's finish reasons from the start
-(FINISHED_REASONS: stop, length, abort, error, repetition), as V1 makes them when its logger is
-built, so rate() over one reads 0 rather than nothing before the first request of that kind.
-This server finishes samples with stop, length, abort (the client left or cancelled) and error
-(a step the sample was part of failed, or the engine loop dropped the request: a 500 to the
-client), never with repetition (V1's repetition detection, which this engine lacks: that series
-stays at 0).
+vllm:request_success_total has a series at 0 for each finish reason this server gives from the
+start (FINISHED_REASONS: stop, length, abort, error), as V1 makes one for each of its reasons
+when its logger is built, so rate() over one reads 0 rather than nothing before the first
+request of that kind: stop, length, abort (the client left or cancelled) and error (a step the
+sample was part of failed, or the engine loop dropped the request: a 500 to the client). Newer
+V1 releases may list further reasons (third-party copies quote a "repetition"); this engine has
+none of them, so none is made up front (a reason outside the list still counts, its series
+appearing with its first request).
 
 Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_drafts,
 _num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
@@ -67,7 +68,7 @@ ENGINE_INDEX = "0"
 # vllm:request_success's finished_reason values made at 0 when the server starts: vLLM V1's
 # FinishReason strings (vllm/v1/engine/__init__.py). A reason outside them still counts (its
 # series appears with its first request).
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 # vLLM V1's bucket choices (vllm/v1/metrics/loggers.py), so quantiles read as a V1 server's do
 _TTFT_BUCKETS = (

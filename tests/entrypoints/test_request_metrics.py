@@ -202,4 +202,4 @@ def test_a_fresh_server_labels_every_metric_with_the_engine_and_counts_each_reas
         for s in f.samples
         if s.name == "vllm:request_success_total"
     }
-    assert success == dict.fromkeys(("stop", "length", "abort", "error", "repetition"), 0.0)
+    assert success == dict.fromkeys(("stop", "length", "abort", "error"), 0.0)
