@@ -259,9 +259,15 @@ def test_a_client_that_leaves_mid_search_ends_it_and_frees_its_step(app):
     async def run():
         engine.start(asyncio.get_running_loop())
         body = CompletionRequest(prompt=PROMPTS[0], n=3, max_tokens=8, use_beam_search=True)
-        with pytest.raises(APIError, match="client disconnected"):
-            await create_completion(ctx, body, gone)
-        assert engine.num_pending_requests == 0
+        # paused, the engine cannot finish the first step's requests before the disconnect is
+        # seen (running, a fast step could win that race, and the search go on)
+        await engine.pause()
+        try:
+            with pytest.raises(APIError, match="client disconnected"):
+                await asyncio.wait_for(create_completion(ctx, body, gone), 60)  # a hang fails
+            assert engine.num_pending_requests == 0
+        finally:
+            await engine.resume()
 
     asyncio.run(run())
 
