@@ -116,14 +116,17 @@ def load_tokenizer(path):
 
 def _messages(request_ids: list[str], num_steps: int, vocab: int, seed: int) -> list[bytes]:
     """Pre-pickled ("step", deltas, failed, replies, state, step_start) messages, one per step;
-    the last step finishes every stream ("length")."""
+    the last step finishes every stream ("length"). A delta is core_proc's SampleDelta tuple:
+    (request id, sample index, new ids, new logprobs, new text, finish, stop, error, prompt
+    logprobs, num cached tokens)."""
     rng = random.Random(seed)
     state = EngineState()
     out = []
     for step in range(num_steps):
         finish = "length" if step == num_steps - 1 else None
         deltas = [
-            (rid, 0, [rng.randrange(vocab)], None, None, finish, None, None, None) for rid in request_ids
+            (rid, 0, [rng.randrange(vocab)], None, None, finish, None, None, None, None)
+            for rid in request_ids
         ]
         out.append(
             pickle.dumps(("step", deltas, [], [], state, time.monotonic()), protocol=pickle.HIGHEST_PROTOCOL)
