@@ -29,18 +29,24 @@ Invariants:
   later loop may take over only once nothing is pending (asyncio.run per call works);
   `generate` or `abort` on another loop while that one runs is a RuntimeError.
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
+- `beam_search` (vLLM's EngineClient.beam_search) yields once, the search's finished output;
+  its steps are engine requests "{request_id}-step{k}-{i}" (one a live beam), so abort() does not
+  reach them by request_id: leaving the generator aborts the step in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import itertools
 from typing import AsyncIterator, Iterable, Optional, Union
 
+from enginespec.beam_search import BeamSearchInstance, BeamSearchParams, run_beam_search_async
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer, truncate_prompt
 from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
 from enginespec.llm import PromptType, _cache_key, prompt_to_ids
 from enginespec.outputs import OutputView, RequestOutput
@@ -120,6 +126,75 @@ class AsyncLLM:
                         yield shown
         finally:
             gen.abort()  # a no-op once finished; frees the engine's blocks when left early
+
+    async def beam_search(
+        self, prompt: PromptType, request_id: str, params: BeamSearchParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Beam search of one prompt by vLLM's rules (beam_search.py's module doc), shaped as
+        vLLM's EngineClient.beam_search: one yield, the finished RequestOutput whose samples are
+        the best params.beam_width beams, best first. Each sample's token_ids and text are its
+        generated part (an ending EOS in token_ids only with include_stop_str_in_output, never in
+        the text), logprobs each step's candidates, finish_reason "stop" (stop_reason the EOS)
+        or "length"; the best beams equal LLM.beam_search's. Every step submits each live beam
+        as a one-token engine request, so shared prefixes come from the prefix cache.
+        ValueError before any step: a request_id or params generate() would refuse, or a
+        beam_width over the engine's max_logprobs // 2; a bad prompt fails the first step as it
+        fails generate(). A step the engine failed raises EngineRequestError."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        cap = self.engine_args.max_logprobs
+        if cap != -1 and 2 * params.beam_width > cap:
+            raise ValueError(
+                f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
+                f"logprobs, within the engine's max_logprobs of {cap}), got {params.beam_width}"
+            )
+        first = self._new_request(prompt, SamplingParams(max_tokens=1), request_id, 0)
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        room = max(self.info.max_model_len - len(first.prompt_token_ids), 1)
+        instance = BeamSearchInstance(first.prompt_token_ids, min(params.max_tokens, room), first.cache_salt)
+        eos = serving_beam.eos_token_id(self.tokenizer, self.info.eos_token_id)
+        cached: list[int] = []
+        await run_beam_search_async([instance], self._beam_step(request_id, params, cached), params, eos)
+        decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: "")
+        prompt_of = (first.prompt, first.prompt_token_ids)
+        k = 2 * params.beam_width + 1  # every candidate of a step: its 2 * beam_width and the drawn one
+        yield serving_beam.request_output(request_id, prompt_of, instance, params, eos, decode, k, cached[0])
+
+    def _beam_step(self, request_id: str, params: BeamSearchParams, cached: list[int]):
+        """beam_search.AsyncStepFn over the engine: a step's beams as one-token requests,
+        submitted together and awaited together (aborted if the caller leaves); the first
+        step's num_cached_tokens go to `cached`."""
+        sampling = serving_beam.step_params(params, seed=None)
+        steps = itertools.count()
+
+        async def step(batch):
+            base = f"{request_id}-step{next(steps)}"
+            subs = [
+                NewRequest(f"{base}-{i}", None, list(ids), sampling, 0, salt)
+                for i, (ids, salt) in enumerate(batch)
+            ]
+            gen = await self._client.submit(subs)
+            finals: dict = {}
+            try:
+                while not gen.done:
+                    for kind, payload in await gen.next():
+                        if kind == "error":
+                            raise payload
+                        if payload.finished:
+                            finals[payload.request_id] = payload
+            finally:
+                gen.abort()
+            samples = [finals[sub.request_id].outputs[0] for sub in subs]
+            for sample in samples:
+                if sample.finish_reason == "error":
+                    raise EngineRequestError(sample.error or "the engine failed a beam search step")
+            if not cached:
+                cached.append(finals[subs[0].request_id].num_cached_tokens)
+            return [sample.logprobs[0] if sample.logprobs else None for sample in samples]
+
+        return step
 
     def _new_request(self, prompt, params, request_id, priority: int) -> NewRequest:
         if not isinstance(request_id, str) or not request_id:

@@ -14,6 +14,7 @@ import pytest
 
 from enginespec import AsyncLLM
 from enginespec.async_llm import EngineDead
+from enginespec.beam_search import BeamSearchParams
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint
@@ -377,3 +378,67 @@ def test_a_script_that_never_shuts_down_still_exits(model_dir, tmp_path):
         raise AssertionError("the script never exited (the engine process was never stopped)") from e
     assert run.returncode == 0, run.stderr[-2000:]
     assert "done 2" in run.stdout
+
+
+# ---- beam search ------------------------------------------------------------------------------
+
+
+async def _beam(engine, prompt, params, request_id) -> list:
+    return [out async for out in engine.beam_search(prompt, request_id, params)]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        BeamSearchParams(beam_width=3, max_tokens=6),
+        BeamSearchParams(beam_width=2, max_tokens=5, length_penalty=0.5, include_stop_str_in_output=True),
+    ],
+    ids=["w3", "w2-lp0.5-stop-str"],
+)
+def test_beam_search_yields_once_the_beams_llm_beam_search_finds(async_llm, llm, params):
+    """One yield, finished, whose samples are LLM.beam_search's best sequences in its order: the
+    generated ids (an ending EOS only with include_stop_str_in_output), their text, cumulative
+    logprob and finish reason, and for each token its step's candidates (the token among them)."""
+    outs = asyncio.run(_beam(async_llm, PROMPT, params, "beam"))
+    assert len(outs) == 1 and outs[0].finished
+    out = outs[0]
+    assert out.request_id == "beam" and out.prompt_token_ids == PROMPT
+    expected = llm.beam_search([PROMPT], params)[0].sequences
+    assert [s.index for s in out.outputs] == list(range(len(expected))) == list(range(params.beam_width))
+    tok = llm.engine.tokenizer
+    for sample, seq in zip(out.outputs, expected):
+        generated = seq.tokens[len(PROMPT) :]
+        shown = generated[:-1] if seq.finish_reason == "stop" else generated
+        assert sample.token_ids == (generated if params.include_stop_str_in_output else shown)
+        assert sample.text == (tok.decode(shown) if tok is not None else "")
+        assert sample.cumulative_logprob == pytest.approx(seq.cum_logprob, abs=1e-5)
+        assert (sample.finish_reason, sample.stop_reason) == (seq.finish_reason, seq.stop_reason)
+        assert len(sample.logprobs) == len(sample.token_ids)
+        assert all(t in step for t, step in zip(sample.token_ids, sample.logprobs))
+    assert async_llm.num_unfinished_requests == 0
+
+
+def test_beam_search_of_a_text_prompt_equals_its_ids(async_llm, llm):
+    tok = llm.engine.tokenizer
+    if tok is None:
+        pytest.skip("the tiny checkpoint has no tokenizer")
+    text = "hello world"
+    params = BeamSearchParams(beam_width=2, max_tokens=4)
+    by_text = asyncio.run(_beam(async_llm, text, params, "beam-text"))[0]
+    by_ids = asyncio.run(_beam(async_llm, tok.encode(text), params, "beam-ids"))[0]
+    assert by_text.prompt == text and by_text.prompt_token_ids == tok.encode(text)
+    assert [s.token_ids for s in by_text.outputs] == [s.token_ids for s in by_ids.outputs]
+
+
+def test_beam_search_bad_input_is_a_value_error_and_queues_nothing(async_llm):
+    cap = async_llm.engine_args.max_logprobs
+    good = BeamSearchParams(beam_width=2, max_tokens=3)
+    for prompt, params, request_id, match in [
+        (PROMPT, SamplingParams(max_tokens=3), "b", "BeamSearchParams"),
+        (PROMPT, BeamSearchParams(beam_width=cap // 2 + 1, max_tokens=3), "b", "beam_width"),
+        (PROMPT, good, "", "request_id"),
+        (3.5, good, "b", "prompt"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            asyncio.run(_beam(async_llm, prompt, params, request_id))
+        assert async_llm.num_unfinished_requests == 0
