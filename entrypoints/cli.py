@@ -330,7 +330,9 @@ def _add_serve_parser(sub) -> None:
         default=30.0,
         help="seconds in-flight requests get on SIGTERM",
     )
-    serve.add_argument("--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ...")
+    serve.add_argument(
+        "--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ..., /reset_prefix_cache"
+    )
     serve.add_argument(
         "--engine-in-process",
         action="store_true",

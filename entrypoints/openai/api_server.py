@@ -3,7 +3,7 @@
 Routes: /health, /version, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
 /metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
-them). --api-key guards /v1/* (a Bearer token), as vLLM does.
+them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key guards /v1/* (a Bearer token), as vLLM does.
 
 Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
 --engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
@@ -276,6 +276,18 @@ def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def resume():
         await ctx.engine.resume()
         return {"paused": False}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """vLLM's dev endpoint (behind its VLLM_SERVER_DEV_MODE; here --enable-dev-endpoints):
+        forget the cached prefix blocks between two steps, so that later prompts are computed in
+        full (what a benchmark does between runs to time cold prefills). A 409 with nothing
+        changed while a request holds blocks, where vLLM answers 200 and only logs it."""
+        if not await ctx.engine.reset_prefix_cache():
+            raise APIError(
+                409, "the prefix cache was not reset: requests hold blocks (finish or abort them first)"
+            )
+        return {"reset": True}
 
     @app.post("/dev/fail_next_step")
     async def fail_next_step():

@@ -12,13 +12,14 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    409: "ConflictError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
 
 
 class APIError(Exception):
-    """An error answered to the client: status (400, 401, 404, 500, 503), message, param."""
+    """An error answered to the client: status (400, 401, 404, 409, 500, 503), message, param."""
 
     def __init__(
         self, status: int, message: str, param: Optional[str] = None, retry_after: Optional[int] = None

@@ -1024,3 +1024,30 @@ def test_load_64_streaming_clients_with_disconnects_and_bad_requests(server, llm
         use_tqdm=False,
     )
     assert [ids for _, ids in done] == [out.outputs[0].token_ids for out in want]
+
+
+def test_reset_prefix_cache_forgets_cached_prompts_and_refuses_while_blocks_are_held(server):
+    """POST /reset_prefix_cache (vLLM's dev endpoint): a prompt served from the cache the second
+    time is computed in full after it; while a request holds blocks the answer is a 409 and the
+    cache stays."""
+    body = {"model": MODEL, "prompt": list(range(10, 60)), "max_tokens": 2, "temperature": 0}
+
+    def hits_of_one_request() -> int:
+        before = server.wait_idle()["num_prefix_hits"]
+        assert server.post("/v1/completions", body).status_code == 200
+        return server.wait_idle()["num_prefix_hits"] - before
+
+    hits_of_one_request()
+    assert hits_of_one_request() >= 32  # two full blocks of 16 served from the cache
+    reset = server.post("/reset_prefix_cache", {})
+    assert reset.status_code == 200 and reset.json() == {"reset": True}
+    assert hits_of_one_request() == 0
+    long = {"model": MODEL, "prompt": "abcdef" * 6, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", server.url("/v1/completions"), json=long, headers=server.headers, timeout=60
+    ) as resp:
+        lines = resp.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        refused = server.post("/reset_prefix_cache", {})
+    assert refused.status_code == 409 and refused.json()["error"]["type"] == "ConflictError"
+    assert hits_of_one_request() >= 32  # the refused reset left the cache as it was
