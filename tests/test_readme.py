@@ -1,0 +1,99 @@
+"""The README's Python examples run as printed, so that they cannot rot unseen: each ```python
+block on a tiny random checkpoint, its placeholder path replaced (and the server's port: the
+README's `enginespec serve` line is started as printed, on a free port, with the two flags a
+tiny checkpoint needs: a chat template, and the reasoning parser the reasoning example is for).
+A block that fails shows its README line."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from enginespec.testing.checkpoints import make_checkpoint
+from tests.entrypoints.remote_server import CHAT_TEMPLATE, RemoteServer
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+PLACEHOLDER = "/path/to/hf-checkpoint-dir"
+
+
+def python_blocks() -> list[tuple[int, str]]:
+    """(line of the opening fence, code) of every ```python block, in order."""
+    text = README.read_text()
+    return [
+        (text.count("\n", 0, m.start()) + 1, m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+    ]
+
+
+def blocks_using(*needles: str) -> list[tuple[int, str]]:
+    found = [(line, code) for line, code in python_blocks() if any(n in code for n in needles)]
+    assert found, f"the README has no python block using any of {needles}"
+    return found
+
+
+def run_block(line: int, code: str, namespace: dict) -> None:
+    try:
+        exec(compile(code, f"README.md:{line}", "exec"), namespace)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the block's place
+        raise AssertionError(f"README.md's python block at line {line} failed: {exc!r}") from exc
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(make_checkpoint("qwen3", tmp_path_factory.mktemp("readme") / "qwen3"))
+
+
+def test_the_offline_examples_run(model_dir, capsys):
+    """The LLM block, then the beam search block in the same namespace (it uses its `llm`)."""
+    namespace: dict = {"__name__": "readme"}
+    for line, code in blocks_using("LLM(", "llm.beam_search"):
+        run_block(line, code.replace(PLACEHOLDER, model_dir), namespace)
+    assert isinstance(namespace["outs"][0].sequences[0].text, str)  # the beam block ran last
+    assert capsys.readouterr().out.strip()  # the LLM block printed its text
+
+
+def test_the_async_example_runs_as_a_script(model_dir, tmp_path):
+    """The AsyncLLM block is a script (its engine process is spawned and imports it)."""
+    ((line, code),) = blocks_using("AsyncLLM(")
+    script = tmp_path / "readme_async.py"
+    script.write_text(code.replace(PLACEHOLDER, model_dir))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, f"README.md:{line} as a script failed:\n{done.stderr[-3000:]}"
+    texts = eval(done.stdout.strip().splitlines()[-1])  # the list of 8 texts it prints
+    assert isinstance(texts, list) and len(texts) == 8
+
+
+def serve_args() -> list[str]:
+    """The README's `enginespec serve` line's flags, less the model and port."""
+    line = next(
+        line.strip()
+        for line in README.read_text().splitlines()
+        if line.strip().startswith("enginespec serve ")
+    )
+    args = shlex.split(line)[3:]
+    i = args.index("--port")
+    return args[:i] + args[i + 2 :]
+
+
+def test_the_client_examples_run_against_the_readme_server(model_dir):
+    """The openai client block, then the reasoning block (it uses its `client`), against the
+    server the README's command starts."""
+    args = serve_args() + ["--chat-template", CHAT_TEMPLATE, "--reasoning-parser", "qwen3"]
+    server = RemoteServer(Path(model_dir), args)
+    try:
+        namespace: dict = {"__name__": "readme"}
+        for line, code in blocks_using("OpenAI(", "client.chat"):
+            run_block(line, code.replace("http://127.0.0.1:8000/v1", server.url("/v1")), namespace)
+        message = namespace["resp"].choices[0].message  # the reasoning block's reply
+        assert message.reasoning or message.content  # a random model never closes its thinking
+    finally:
+        assert server.terminate() == 0
