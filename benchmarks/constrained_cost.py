@@ -6,8 +6,11 @@
 Cases (every request of a run alike; ignore_eos, so each run is exactly --tokens steps of B
 rows after its prefill):
 - `greedy` and `t0.6`: no constraint (the device sampler's batches, the baselines);
-- `bad_words`: two banned one-token words (until 2026-12-05 the host sampler; since, the step
-  before is resolved first and the bans are applied on the device, as for a grammar's mask);
+- `bad_words`: two banned one-token words (until 2026-12-05 the host sampler; then the step
+  before resolved first and the bans applied on the device, as for a grammar's mask; since the
+  thirty-ninth session one-token words need no resolve: they ban whatever came before);
+- `bad_pair`: one banned two-token word (bad_words_token_ids ((7, 8),)): its ban reads the
+  newest token, so each step resolves the step before first, then bans on the device;
 - `regex`: StructuredOutputsParams(regex=...) that about half the vocabulary can follow
   (xgrammar's bitmask filled on the host each step, applied before the draw).
 - `one_regex`: the first request as in `regex`, the others greedy: what one constrained
@@ -52,10 +55,12 @@ def case_params(case: str, tokens: int) -> SamplingParams:
         base["temperature"] = 0.6
     elif case == "bad_words":
         base["bad_words"] = ["w7", "w8"]
+    elif case == "bad_pair":
+        base["bad_words_token_ids"] = ((7, 8),)
     elif case == "regex":
         base["structured_outputs"] = StructuredOutputsParams(regex=REGEX)
     elif case != "greedy":
-        raise ValueError(f"case must be greedy, t0.6, bad_words or regex, got {case!r}")
+        raise ValueError(f"case must be greedy, t0.6, bad_words, bad_pair or regex, got {case!r}")
     return SamplingParams(**base)
 
 
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(p)
     p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--cases", default="greedy,t0.6,bad_words,regex,one_regex")
+    p.add_argument("--cases", default="greedy,t0.6,bad_words,bad_pair,regex,one_regex")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--reps", type=int, default=3, help="timed runs of each case (medians)")

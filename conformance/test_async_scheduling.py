@@ -142,6 +142,29 @@ def test_async_equals_serial_on_cuda(impl):
     check_async_steps(impl, async_stats, serial_stats)
 
 
+def test_one_token_bad_words_never_make_a_step_wait_for_the_one_before(impl):
+    """A one-token bad word is banned at every step whatever came before, so a batch whose bad
+    words are all one token samples without resolving the step before (stats.num_resolved_first
+    stays 0); a word of two tokens is banned only after its first, which must be real, so those
+    steps resolve first. Outputs equal the serial run's either way, and no banned word appears."""
+    for words, waits in (((9,), (12,), (40,)), False), (((9,), (40, 41)), True):
+        params = [
+            SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True, bad_words_token_ids=words)
+            for i in range(10)
+        ]
+        serial, serial_stats = _generate(impl, params, False)
+        overlapped, async_stats = _generate(impl, params, True)
+        assert overlapped == serial
+        check_async_steps(impl, async_stats, serial_stats)
+        assert serial_stats.num_resolved_first == 0
+        if overlaps(impl):
+            assert (async_stats.num_resolved_first > 0) == waits, words
+        for out in serial:
+            ids = out[0][0]
+            assert not any(w[0] in ids for w in words if len(w) == 1)
+            assert not any(ids[j : j + 2] == list(w) for w in words if len(w) == 2 for j in range(len(ids)))
+
+
 def test_async_with_mixed_rows_and_siblings(impl):
     """Seeded temperature rows and n > 1 siblings overlap like greedy ones; outputs stay those
     of the serial engine."""

@@ -50,7 +50,7 @@ from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.sample.grammar_mask import apply_token_bitmask
-from enginespec.sample.penalties import stop_ids_to_mask
+from enginespec.sample.penalties import bans_read_outputs, stop_ids_to_mask
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
@@ -74,6 +74,9 @@ class EngineStats:
     num_preemptions: int = 0
     num_async_steps: int = 0  # steps whose ids stayed on the device (async scheduling)
     num_failed_steps: int = 0  # steps that raised and were rolled back (their requests: "error")
+    # async steps that read the step before's tokens before sampling (a grammar's mask, bad words
+    # of several tokens): the host waited for the device there
+    num_resolved_first: int = 0
     step_seconds: float = 0.0
     startup_seconds: float = 0.0  # EngineCore construction, warm-up included (kept by resets)
     warmup_seconds: float = 0.0  # of which the warm-up (engine/warmup.py)
@@ -187,8 +190,9 @@ class EngineCore:
         self._structured = None  # StructuredOutputManager, built on the first constrained request
         self._grammar_pool: Optional[ThreadPoolExecutor] = None  # prepare_grammar's thread
         self._constrained: set[str] = set()  # internal ids of the samples with a grammar
-        # internal ids of the samples with bad words: like a grammar, their bans read the newest
-        # tokens, so a step with one resolves the previous step before it samples
+        # internal ids of the samples with bad words of several tokens: like a grammar, their
+        # bans read the newest tokens, so a step with one resolves the previous step before it
+        # samples (one-token words ban whatever came before: penalties.bans_read_outputs)
         self._banning: set[str] = set()
         self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
         # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
@@ -461,7 +465,7 @@ class EngineCore:
                 self._samples[sample.request.request_id] = (parent, sample)
                 if sample.grammar is not None:
                     self._constrained.add(sample.request.request_id)
-                if params.bad_words_token_ids:
+                if bans_read_outputs(params.bad_words_token_ids):
                     self._banning.add(sample.request.request_id)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
             for request in requests:
@@ -946,6 +950,8 @@ class EngineCore:
         so the step after is launched before this one's tokens are read, as for any other step."""
         if not self._needs_real_tokens(sample_ids):
             return logits, None
+        if previous is not None and not previous.resolved:
+            self.stats.num_resolved_first += 1
         wait = self._resolve(previous, changed)
         if not self._constrained:
             return logits, wait

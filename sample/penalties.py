@@ -37,6 +37,14 @@ def apply_allowed_tokens(logits: torch.Tensor, requests: Sequence) -> None:
     logits.masked_fill_(~keep, NEG_INF)
 
 
+def bans_read_outputs(sequences: Sequence[Sequence[int]]) -> bool:
+    """Whether these bad words' bans depend on the output so far: a word of two or more tokens
+    is banned only after its prefix. One-token words are banned at every step whatever came
+    before, so rows that have only those need no real newest token (under async scheduling the
+    step before need not be resolved first)."""
+    return any(len(seq) > 1 for seq in sequences)
+
+
 def banned_tokens(sequences: Sequence[Sequence[int]], past: Sequence[int]) -> list[int]:
     """vLLM's bad-words rule: the last token of each sequence whose other tokens are the last
     tokens of `past` (a one-token sequence: always; a sequence longer than past + 1: never)."""

@@ -88,6 +88,7 @@ from enginespec.sample.penalties import (
     apply_logit_bias,
     apply_min_tokens,
     apply_penalties,
+    bans_read_outputs,
     needs_penalty,
     prompt_seen,
     upload,
@@ -335,11 +336,14 @@ class BatchPlan:
         )
         self.keys = np.where(m[:, 1] != 0, -1, 0).astype(np.int64)
         kinds = tuple(bool(m[:, c].any()) for c in (ALLOWED, BANS, MIN_TOKENS, BIAS, PENALTY))
-        # bad words read the newest output tokens, which the device path knows only once the
-        # caller has resolved the previous step (as the engine does for a grammar's mask);
+        # bad words of several tokens read the newest output tokens, which the device path
+        # knows only once the caller has resolved the previous step (as the engine does for a
+        # grammar's mask); one-token words read nothing (penalties.bans_read_outputs).
         # min_tokens on a constrained row yields to a complete grammar only on the host
         # (penalties.apply_min_tokens), the device edits have no such guard
-        self.any_bans = bool(m[:, BANS].any())
+        self.history_bans = any(
+            bans_read_outputs(params[i].bad_words_token_ids) for i in np.flatnonzero(m[:, BANS]).tolist()
+        )
         self.host_only = bool((m[:, GRAMMAR] * m[:, MIN_TOKENS]).any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
@@ -574,10 +578,11 @@ class Sampler:
         """Every setting on the device, for async scheduling: the tokens __call__ would draw
         (seeded rows exactly; unseeded rows from the same generator advance) and the requested
         logprobs, left on the device with no host sync (`sample_deferred.pack` makes the one
-        buffer to copy). None for an empty batch; for a batch with a row of bad words unless
-        `resolved` (they ban by the newest output tokens: the caller says with resolved=True
-        that the requests' tokens are all real, no placeholder of a step still in flight; their
-        bans are then one small upload); and for a constrained row with min_tokens
+        buffer to copy). None for an empty batch; for a batch with a row of bad words of
+        several tokens unless `resolved` (they ban by the newest output tokens: the caller says
+        with resolved=True that the requests' tokens are all real, no placeholder of a step
+        still in flight; their bans are then one small upload; one-token words ban whatever
+        came before, so they need no resolve); and for a constrained row with min_tokens
         (`BatchPlan.host_only`: its mask yields to a complete grammar on the host only): the
         caller samples such a step serially (__call__), after the previous step's tokens are
         in. Rows of structured outputs come masked (the engine
@@ -592,7 +597,7 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        if plan.host_only or (plan.any_bans and not resolved):
+        if plan.host_only or (plan.history_bans and not resolved):
             return None
         # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
         # are edited (edits work in float32, and both row sources must share a dtype)

@@ -21,7 +21,7 @@ def test_every_case_runs_its_tokens_and_the_regex_holds(tmp_path, monkeypatch, t
     assert constrained_cost.main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["case"]) for r in rows] == [
-        (b, c) for b in (1, 3) for c in ("greedy", "t0.6", "bad_words", "regex", "one_regex")
+        (b, c) for b in (1, 3) for c in ("greedy", "t0.6", "bad_words", "bad_pair", "regex", "one_regex")
     ]
     for row in rows:
         assert row["output_lens"] == [5] and row["finish_reasons"] == ["length"]

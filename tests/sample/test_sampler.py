@@ -452,6 +452,43 @@ def test_bad_words_take_the_device_path_once_resolved(impl):
     assert Sampler(8).sample_deferred(logits.expand(2, -1), plain) is not None
 
 
+def test_one_token_bad_words_take_the_device_path_unresolved(impl):
+    """One-token words ban whatever came before (penalties.bans_read_outputs), so a batch whose
+    bad words are all one token draws on the device without resolved=True, over rows whose
+    newest token is still a placeholder, and draws what the serial sampler draws; one word of
+    two tokens in the batch makes it decline again."""
+    from enginespec.sample.penalties import bans_read_outputs
+
+    assert not bans_read_outputs([[7], [3]]) and bans_read_outputs([[7], [2, 3]])
+    logits = torch.arange(8, dtype=torch.float32).view(1, 8)  # token 7 best, then 6, 5, ...
+    placeholder = 8  # the vocabulary's size: what the engine puts in for a token in flight
+    reqs = [
+        make_request(
+            impl,
+            SamplingParams(temperature=0.0, bad_words_token_ids=[[7], [6]]),
+            outputs=(2, placeholder),
+            rid="g",
+        ),
+        make_request(impl, SamplingParams(temperature=0.0), outputs=(2, placeholder), rid="free"),
+        make_request(
+            impl,
+            SamplingParams(temperature=1.5, seed=3, bad_words_token_ids=[[7]]),
+            outputs=(placeholder,),
+            rid="s",
+        ),
+    ]
+    x = logits.expand(len(reqs), -1).contiguous()
+    drawn = Sampler(8, seed=0).sample_deferred(x, reqs)
+    assert drawn is not None
+    ids = drawn.token_ids.tolist()
+    assert ids[0] == 5 and ids[1] == 7 and ids[2] != 7
+    assert ids == Sampler(8, seed=0)(x, reqs).token_ids
+    two = make_request(
+        impl, SamplingParams(temperature=0.0, bad_words_token_ids=[[2, 3]]), outputs=(2,), rid="t"
+    )
+    assert Sampler(8).sample_deferred(logits.expand(4, -1).contiguous(), reqs + [two]) is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bans_never_make_the_host_wait_for_the_device(impl):
     """Under async scheduling a step's bans are applied while its forward runs: a copy that
