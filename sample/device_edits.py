@@ -1,10 +1,11 @@
 """The logit edits of `sampling_penalties` with every index uploaded once per batch of params.
 
 Same order and semantics as the host's `edit_logits` (vLLM's): allowed_token_ids -> bad words
--> min_tokens -> logit_bias -> penalties. Bad words ban by the newest output tokens, so they are
-applied only where the caller has resolved the previous step (its placeholders replaced by the
-real tokens: `Sampler.sample_deferred(..., resolved=True)`); their banned ids are worked out
-on the host each step (`banned_tokens`, the host path's rule) and uploaded with the others.
+-> min_tokens -> logit_bias -> penalties. One-token bad words ban their token at every step:
+their indices are uploaded once with the plan. Longer bad words ban by the newest output tokens,
+so they are applied only where the caller has resolved the previous step (its placeholders
+replaced by the real tokens: `Sampler.sample_deferred(..., resolved=True)`); their banned ids
+are worked out on the host each step (`banned_tokens`, the host path's rule) and uploaded.
 The host functions of `sampling_penalties` build their index tensors from Python lists each
 call with a synchronous copy; here those tensors are built once per distinct params list (the
 Sampler's BatchPlan keeps the EditPlan) through pinned, non-blocking uploads, so a step of the
@@ -23,6 +24,7 @@ import torch
 from enginespec.sample.penalties import (
     _UNSET,
     banned_tokens,
+    bans_read_outputs,
     penalize_rows,
     penalty_columns,
     stop_ids_to_mask,
@@ -57,14 +59,20 @@ class EditPlan:
         stops = [
             (j, i, t) for j, i in enumerate(self.min_rows) for t in stop_ids_to_mask(requests[i]) if t < vocab
         ]
+        # one-token bad words ban their token at every step (penalties.bans_read_outputs):
+        # their (row, token) pairs travel once with the plan; longer words are worked out per step
+        fixed_bans = sorted(
+            {(i, s[0]) for i, p in enumerate(params) for s in p.bad_words_token_ids if len(s) == 1}
+        )
         allowed_t, bias_t, stops_t = _pairs(allowed, 2), _pairs(bias, 3), _pairs(stops, 3)
-        (rows_t, allowed_ij, bias_ij, bias_v, stops_ijt) = upload_packed(
+        (rows_t, allowed_ij, bias_ij, bias_v, stops_ijt, fixed_ij) = upload_packed(
             [
                 np.array(allowed_rows, dtype=np.int64),
                 allowed_t.astype(np.int64),
                 bias_t[:2].astype(np.int64),
                 bias_t[2].astype(np.float32),
                 stops_t.astype(np.int64),
+                _pairs(fixed_bans, 2).astype(np.int64),
             ],
             device,
         )
@@ -77,10 +85,17 @@ class EditPlan:
         # (index into min_rows, batch row, stop id) of every stop id to mask
         self.min_index: Optional[tuple] = tuple(stops_ijt.unbind(0)) if stops else None
         self.penalties = penalty_columns(params, device) if penalties is _UNSET else penalties
-        # rows with bad words: their bans depend on each step's newest output tokens (`_apply_bans`)
-        self.ban_rows = [i for i, p in enumerate(params) if p.bad_words_token_ids]
+        self.fixed_bans = (fixed_ij[0], fixed_ij[1]) if fixed_bans else None
+        # rows with bad words of several tokens: their bans depend on each step's newest output
+        # tokens (`_apply_bans`)
+        self.ban_rows = [i for i, p in enumerate(params) if bans_read_outputs(p.bad_words_token_ids)]
         self.any = bool(
-            self.allowed or self.ban_rows or self.bias or self.min_index is not None or self.penalties
+            self.allowed
+            or self.fixed_bans
+            or self.ban_rows
+            or self.bias
+            or self.min_index is not None
+            or self.penalties
         )
 
     def apply(self, x: torch.Tensor, requests: Sequence, counts) -> Optional[torch.Tensor]:
@@ -91,6 +106,8 @@ class EditPlan:
         if self.allowed is not None:
             rows, keep = self.allowed
             x.index_copy_(0, rows, x.index_select(0, rows).masked_fill(~keep, NEG_INF))
+        if self.fixed_bans is not None:
+            x.index_put_(self.fixed_bans, x.new_full((), NEG_INF))
         if self.ban_rows:
             self._apply_bans(x, requests)
         if self.min_index is not None:
@@ -103,15 +120,17 @@ class EditPlan:
         return None
 
     def _apply_bans(self, x: torch.Tensor, requests: Sequence) -> None:
-        """-inf on each ban row's tokens that would complete one of its bad words after its
-        output so far (the host's rule, `banned_tokens`): one small upload a step. The requests'
-        newest output tokens must be real, not placeholders (the caller resolved the previous
-        step), or the bans would be a step late."""
+        """-inf on each ban row's tokens that would complete one of its bad words of several
+        tokens after its output so far (the host's rule, `banned_tokens`; one-token words are
+        the plan's fixed bans): one small upload a step where any applies. The requests' newest
+        output tokens must be real, not placeholders (the caller resolved the previous step), or
+        the bans would be a step late."""
         pairs = [
             (row, token)
             for row in self.ban_rows
             for token in banned_tokens(
-                requests[row].params.bad_words_token_ids, requests[row].output_token_ids
+                [s for s in requests[row].params.bad_words_token_ids if len(s) > 1],
+                requests[row].output_token_ids,
             )
         ]
         if pairs:
