@@ -43,6 +43,7 @@ from enginespec.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    legacy_field_hint,
 )
 from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import (
@@ -72,7 +73,9 @@ async def _parse(request: Request, model: type[BaseModel]):
     except ValidationError as exc:
         param, error = _field_error(exc)
         where = ".".join(str(p) for p in error.get("loc", ()))
-        raise APIError(400, f"{where}: {error.get('msg')} ({exc.error_count()} error(s))", param) from None
+        hint = legacy_field_hint(where) if error.get("type") == "extra_forbidden" else None
+        message = f"{where}: {error.get('msg')}" + (f": {hint}" if hint else "")
+        raise APIError(400, f"{message} ({exc.error_count()} error(s))", param) from None
 
 
 def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:

@@ -43,6 +43,30 @@ _CHAT_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
+# vLLM's structured-output fields before 0.12, which removed them (its server now ignores them
+# as unknown fields, so a request that sends one gets unconstrained output): here an unknown
+# field is a 400 as any other, whose message names the structured_outputs key that replaced it.
+LEGACY_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    "guided_whitespace_pattern": "whitespace_pattern",
+}
+
+
+def legacy_field_hint(name: str) -> Optional[str]:
+    """What to send instead of one of vLLM's removed guided decoding fields (None for others)."""
+    if name in LEGACY_GUIDED:
+        return (
+            f"`{name}` was removed in vLLM 0.12; send "
+            f'`"structured_outputs": {{"{LEGACY_GUIDED[name]}": ...}}` instead'
+        )
+    if name in ("guided_decoding_backend", "guided_options_request"):
+        return f"`{name}` was removed in vLLM 0.12; the constraint goes in `structured_outputs`"
+    return None
+
+
 class StreamOptions(_Strict):
     """`{}` is valid and means the defaults (no usage chunk). continuous_usage_stats, with
     include_usage, puts the usage so far in every chunk that has a choice."""

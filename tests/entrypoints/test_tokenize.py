@@ -69,3 +69,34 @@ def test_add_special_tokens_takes_vllms_default_per_kind_and_a_given_value():
     ):
         assert _tokenize(spy, body).status_code == 200
     assert spy.special == [True, False, False, True]
+
+
+def _post(path: str, body: dict) -> httpx.Response:
+    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
+    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(run())
+
+
+def test_vllms_removed_guided_fields_are_400s_that_name_their_replacement():
+    """vLLM 0.12 removed guided_json & co. and its server ignores them (unconstrained output);
+    here they are unknown fields, a 400 before the engine is asked (this app has none), whose
+    message says which structured_outputs key replaced each."""
+    for path, base in (
+        ("/v1/completions", {"model": "m", "prompt": "abc"}),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        for field, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
+            resp = _post(path, {**base, field: {"type": "object"} if key == "json" else "a|b"})
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["param"] == field and f'"structured_outputs": {{"{key}": ...}}' in err["message"]
+        err = _post(path, {**base, "guided_decoding_backend": "xgrammar"}).json()["error"]
+        assert "structured_outputs" in err["message"] and err["param"] == "guided_decoding_backend"
+        err = _post(path, {**base, "no_such_field": 1}).json()["error"]
+        assert "Extra inputs" in err["message"] and "structured_outputs" not in err["message"]
