@@ -157,7 +157,11 @@ class EditPlan:
         and writes the edited ones: one pass over the rows instead of two (on the H200 the
         separate copy of 64 rows of 151,936 took 18 us)."""
         only_penalties = (
-            self.allowed is None and not self.ban_rows and self.bias is None and self.min_index is None
+            self.allowed is None
+            and self.fixed_bans is None
+            and not self.ban_rows
+            and self.bias is None
+            and self.min_index is None
         )
         cols = self.penalties
         if only_penalties and cols is not None and len(cols.rows) == index.shape[0]:

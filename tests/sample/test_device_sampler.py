@@ -36,6 +36,8 @@ SETTINGS = [
     dict(logit_bias={3: 5.0, 7: -2.0}, top_k=5),
     dict(allowed_token_ids=(1, 2, 3, 50), temperature=0.0, repetition_penalty=2.0),
     dict(min_tokens=3, stop_token_ids=(4,), logprobs=0, presence_penalty=1.5),
+    # one-token bad words read no output, so they take the device path over a placeholder too
+    dict(bad_words_token_ids=((7,), (50,)), temperature=0.9, repetition_penalty=1.2, logprobs=1),
 ]
 
 

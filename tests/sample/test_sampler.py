@@ -489,6 +489,28 @@ def test_one_token_bad_words_take_the_device_path_unresolved(impl):
     assert Sampler(8).sample_deferred(logits.expand(4, -1).contiguous(), reqs + [two]) is None
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(repetition_penalty=1.3),
+        dict(presence_penalty=0.5, frequency_penalty=0.2),
+        dict(logit_bias={6: 1.0}),
+    ],
+    ids=["repetition", "presence-frequency", "bias"],
+)
+def test_one_token_bans_hold_beside_every_other_edit(impl, extra):
+    """A row with one-token bad words and another edit (penalties take a one-pass copy of their
+    own when they are a batch's only edit) still never draws a banned id, on the device path as
+    on the serial one."""
+    logits = torch.arange(8, dtype=torch.float32).view(1, 8)  # token 7 best, then 6, 5, ...
+    params = SamplingParams(temperature=0.0, bad_words_token_ids=[[7], [6]], **extra)
+    reqs = [make_request(impl, params, outputs=(1, 2), rid=f"r{i}") for i in range(3)]
+    x = logits.expand(len(reqs), -1).contiguous()
+    drawn = Sampler(8, seed=0).sample_deferred(x, reqs).token_ids.tolist()
+    assert drawn == Sampler(8, seed=0)(x, reqs).token_ids
+    assert not set(drawn) & {6, 7}, drawn
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bans_never_make_the_host_wait_for_the_device(impl):
     """Under async scheduling a step's bans are applied while its forward runs: a copy that
