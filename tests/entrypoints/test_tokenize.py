@@ -17,15 +17,21 @@ from enginespec.worker.loader import load_tokenizer
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
 
-def _tokenize(tokenizer, body: dict) -> httpx.Response:
+def _post(path: str, body: dict, tokenizer=None) -> httpx.Response:
+    """POST body to the app (no engine behind it) over ASGI; the tiny tokenizer by default."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tiny_model_dir("qwen3"))
     app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
 
     async def run():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post("/tokenize", json=body)
+            return await client.post(path, json=body)
 
     return asyncio.run(run())
+
+
+def _tokenize(tokenizer, body: dict) -> httpx.Response:
+    return _post("/tokenize", body, tokenizer)
 
 
 def test_return_token_strs_gives_the_tokens_strings():
@@ -69,18 +75,6 @@ def test_add_special_tokens_takes_vllms_default_per_kind_and_a_given_value():
     ):
         assert _tokenize(spy, body).status_code == 200
     assert spy.special == [True, False, False, True]
-
-
-def _post(path: str, body: dict) -> httpx.Response:
-    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
-    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
-
-    async def run():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post(path, json=body)
-
-    return asyncio.run(run())
 
 
 def test_vllms_removed_guided_fields_are_400s_that_name_their_replacement():
