@@ -19,7 +19,8 @@ rows after its prefill):
 
 A synthetic shape's tokenizer spells token i "w{i}", so the regex `(w[1-4][0-9]*)+` allows the
 ids whose first digit is 1-4 and every output stays in it. The ratio column is each case's step
-over the greedy one at the same B. Writes --out JSON.
+over the greedy one at the same B; after it, from one more run with the engine's step trace on,
+the decode steps' median wall and host wait and the steps that resolved first. Writes --out JSON.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_runs import add_model_args, checkpoint, make_llm, sync  # noqa: E402
+from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, sync  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
 from enginespec.spec.structured_outputs import StructuredOutputsParams  # noqa: E402
 
@@ -86,6 +87,7 @@ def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int, 
         wall, outs = run(tokens)
         walls.append(wall)
     one, wall = statistics.median(ones), statistics.median(walls)
+    trace = traced_run(llm, run, tokens)
     lengths = {len(o.outputs[0].token_ids) for o in outs}
     constrained = outs if case == "regex" else outs[:1] if case == "one_regex" else []
     # the text is the words spaced; the grammar saw them joined
@@ -100,6 +102,31 @@ def time_case(llm, device, batch: int, case: str, tokens: int, prompt_len: int, 
         "output_lens": sorted(lengths),
         "finish_reasons": sorted(str(r) for r in reasons),
         "regex_held": all(held) if held else None,
+        **trace,
+    }
+
+
+def traced_run(llm, run, tokens: int) -> dict:
+    """One more long run with the engine's step trace on: the decode steps' wall (stamp to stamp)
+    and the host's wait for the device inside each (medians, ms), and how many steps resolved
+    the step before first (EngineStats.num_resolved_first): a constrained case slower than greedy
+    with the same wait has more host work a step; with more wait, more device work or a sync."""
+    core = engine_core(llm)
+    if core is None:
+        return {}
+    core.stats.step_trace, resolved0 = [], core.stats.num_resolved_first
+    try:
+        run(tokens)
+        steps = core.stats.step_trace
+    finally:
+        core.stats.step_trace = None
+    decode = [i for i in range(1, len(steps)) if steps[i][1] == steps[i][0]]  # one token a row
+    walls = [(steps[i][3] - steps[i - 1][3]) * 1e3 for i in decode]
+    waits = [steps[i][4] * 1e3 for i in decode]
+    return {
+        "step_ms_median": statistics.median(walls) if walls else None,
+        "wait_ms_median": statistics.median(waits) if waits else None,
+        "num_resolved_first": core.stats.num_resolved_first - resolved0,
     }
 
 
@@ -127,8 +154,14 @@ def main(argv=None) -> int:
             row["over_greedy"] = row["ms_per_step"] / base if base else None
             rows.append(row)
             ratio = "n/a" if row["over_greedy"] is None else f"{row['over_greedy']:.2f}"
+            traced = ""
+            if row.get("step_ms_median") is not None:
+                traced = (
+                    f" step {row['step_ms_median']:.3f}, wait {row['wait_ms_median']:.3f},"
+                    f" resolved first {row['num_resolved_first']} |"
+                )
             print(
-                f"| {batch} | {case} | {row['ms_per_step']:.3f} | {ratio} | {row['output_lens']} {row['finish_reasons']} |"
+                f"| {batch} | {case} | {row['ms_per_step']:.3f} | {ratio} | {row['output_lens']} {row['finish_reasons']} |{traced}"
             )
     Path(args.out).write_text(
         json.dumps({"shape": args.shape, "device": str(args.device), "rows": rows}, indent=1)

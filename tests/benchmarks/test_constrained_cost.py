@@ -30,3 +30,6 @@ def test_every_case_runs_its_tokens_and_the_regex_holds(tmp_path, monkeypatch, t
         if row["case"] == "greedy":
             assert row["over_greedy"] == 1.0
         assert row["regex_held"] is (True if "regex" in row["case"] else None)
+        assert row["step_ms_median"] > 0 and row["wait_ms_median"] >= 0  # the traced run's decode steps
+        # only a grammar or a two-token bad word makes a step resolve the one before first
+        assert (row["num_resolved_first"] > 0) == (row["case"] in ("regex", "one_regex", "bad_pair")), row
