@@ -278,6 +278,9 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="the scheduler over a fake model (options: enginespec simulate -h)", add_help=False
     )
     sub.add_parser("bench", help=f"moved: {BENCH_MOVED}", add_help=False)
+    sub.add_parser(
+        "collect-env", help="versions, GPUs and settings for a bug report (--json)", add_help=False
+    )
     return parser
 
 
@@ -441,6 +444,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "bench":
         print(f"enginespec bench: {BENCH_MOVED}", file=sys.stderr)
         return EXIT_USAGE
+    if argv and argv[0] == "collect-env":
+        from enginespec.entrypoints.collect_env import main as collect_env_main
+
+        return collect_env_main(argv[1:])
     if argv and argv[0] == "simulate":
         from enginespec.entrypoints.simulate import main as simulate_main
 

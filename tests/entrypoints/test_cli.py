@@ -4,6 +4,7 @@ errors naming what is wrong with a corrupt checkpoint, the demo and simulate sub
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -278,6 +279,24 @@ def test_bench_points_to_the_benchmark_script(capsys):
     """The product never imports benchmarks/: `enginespec bench` names the script instead."""
     rc, out, err = run_cli(["bench", "--shape", "tiny"], capsys)
     assert rc == 2 and "benchmarks/throughput.py" in err and not out
+
+
+def test_collect_env_reports_versions_devices_and_settings(capsys, monkeypatch):
+    """`enginespec collect-env` (vLLM's collect-env): the library versions torch and the rest
+    report, what torch sees of CUDA, and the ENGINESPEC_* settings, as lines or as JSON."""
+    import transformers
+
+    monkeypatch.setenv("ENGINESPEC_PROBE_SETTING", "on")
+    rc, out, err = run_cli(["collect-env", "--json"], capsys)
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["torch"] == torch.__version__ and info["transformers"] == transformers.__version__
+    assert info["cuda build"] == (torch.version.cuda or "none (CPU build)")
+    assert (info["gpus"] == "none visible") == (not torch.cuda.is_available())
+    assert info["ENGINESPEC_PROBE_SETTING"] == "on" and info["cpus"] == str(os.cpu_count())
+    assert "PATH" not in info  # only the engine's, Triton's, CUDA's and torch's settings
+    rc, out, _ = run_cli(["collect-env"], capsys)
+    assert rc == 0 and any(line.split()[:2] == ["torch", torch.__version__] for line in out.splitlines())
 
 
 def test_engine_flags_reach_engine_args():

@@ -1,0 +1,79 @@
+"""`enginespec collect-env`: what a bug report needs to know of the machine (vLLM's
+`vllm collect-env`, smaller): Python, the libraries enginespec runs on and their versions, the
+CUDA build and the GPUs torch sees, the CPU count, and the ENGINESPEC_* / TRITON_* / CUDA_*
+settings in the environment. Reads only; imports nothing it reports as missing.
+
+    enginespec collect-env            # "name: value" lines, paste them into the report
+    enginespec collect-env --json     # the same as one JSON object
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+
+# The distributions whose versions a report names: the runtime's and the optional ones.
+PACKAGES = ("enginespec", "torch", "triton", "transformers", "safetensors", "tokenizers", "numpy",
+            "xgrammar", "fastapi", "uvicorn", "openai", "hypothesis", "pytest")  # fmt: skip
+ENV_PREFIXES = ("ENGINESPEC_", "TRITON_", "CUDA_", "PYTORCH_", "TORCHINDUCTOR_")
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        if name == "enginespec":  # imported from a tree on sys.path, not installed
+            from enginespec import __version__
+
+            return f"{__version__} (not installed: imported from a source tree)"
+        return "not installed"
+
+
+def _gpus() -> dict:
+    """torch's view of the accelerators: the CUDA build, and each visible device's name,
+    compute capability and memory."""
+    import torch
+
+    info: dict = {"cuda build": torch.version.cuda or "none (CPU build)"}
+    if not torch.cuda.is_available():
+        info["gpus"] = "none visible"
+        return info
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        info[f"gpu {i}"] = (
+            f"{props.name}, compute capability {props.major}.{props.minor}, "
+            f"{props.total_memory / 2**30:.1f} GiB"
+        )
+    return info
+
+
+def collect() -> dict:
+    """Every entry the report shows, name -> text, in the order shown."""
+    out = {
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+    }
+    out.update({name: _version(name) for name in PACKAGES})
+    out.update(_gpus())
+    out.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)})
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="enginespec collect-env", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    ns = parser.parse_args(argv)
+    info = collect()
+    if ns.json:
+        print(json.dumps(info, indent=1))
+    else:
+        width = max(len(k) for k in info)
+        for key, value in info.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
