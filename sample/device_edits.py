@@ -87,12 +87,16 @@ class EditPlan:
         self.penalties = penalty_columns(params, device) if penalties is _UNSET else penalties
         self.fixed_bans = (fixed_ij[0], fixed_ij[1]) if fixed_bans else None
         # rows with bad words of several tokens: their bans depend on each step's newest output
-        # tokens (`_apply_bans`)
-        self.ban_rows = [i for i, p in enumerate(params) if bans_read_outputs(p.bad_words_token_ids)]
+        # tokens (`_apply_bans`): (row, those words), filtered once here, not every step
+        self.ban_words = [
+            (i, tuple(w for w in p.bad_words_token_ids if len(w) > 1))
+            for i, p in enumerate(params)
+            if bans_read_outputs(p.bad_words_token_ids)
+        ]
         self.any = bool(
             self.allowed
             or self.fixed_bans
-            or self.ban_rows
+            or self.ban_words
             or self.bias
             or self.min_index is not None
             or self.penalties
@@ -108,7 +112,7 @@ class EditPlan:
             x.index_copy_(0, rows, x.index_select(0, rows).masked_fill(~keep, NEG_INF))
         if self.fixed_bans is not None:
             x.index_put_(self.fixed_bans, x.new_full((), NEG_INF))
-        if self.ban_rows:
+        if self.ban_words:
             self._apply_bans(x, requests)
         if self.min_index is not None:
             self._apply_min_tokens(x, requests)
@@ -127,11 +131,8 @@ class EditPlan:
         the bans would be a step late."""
         pairs = [
             (row, token)
-            for row in self.ban_rows
-            for token in banned_tokens(
-                [s for s in requests[row].params.bad_words_token_ids if len(s) > 1],
-                requests[row].output_token_ids,
-            )
+            for row, words in self.ban_words
+            for token in banned_tokens(words, requests[row].output_token_ids)
         ]
         if pairs:
             index = upload(torch.tensor(pairs, dtype=torch.int64).T.contiguous(), x.device)
@@ -159,7 +160,7 @@ class EditPlan:
         only_penalties = (
             self.allowed is None
             and self.fixed_bans is None
-            and not self.ban_rows
+            and not self.ban_words
             and self.bias is None
             and self.min_index is None
         )
