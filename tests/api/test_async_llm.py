@@ -442,3 +442,23 @@ def test_beam_search_bad_input_is_a_value_error_and_queues_nothing(async_llm):
         with pytest.raises(ValueError, match=match):
             asyncio.run(_beam(async_llm, prompt, params, request_id))
         assert async_llm.num_unfinished_requests == 0
+
+
+def test_beam_search_step_the_engine_fails_raises_and_the_engine_serves_on(async_llm):
+    """A fault injected into the engine's next step fails that step's beams: beam_search raises
+    EngineRequestError (as generate does for a failed request), leaves nothing pending, and the
+    next search runs to its end."""
+    from enginespec.async_llm import EngineRequestError
+
+    params = BeamSearchParams(beam_width=2, max_tokens=3)
+
+    async def failed_then_fine():
+        async_llm._bind_loop()  # the client's calls need the reader on this loop
+        await async_llm._client.fail_next_step()
+        with pytest.raises(EngineRequestError):
+            await _beam(async_llm, PROMPT, params, "beam-fault")
+        assert async_llm.num_unfinished_requests == 0
+        return await _beam(async_llm, PROMPT, params, "beam-after")
+
+    outs = asyncio.run(failed_then_fine())
+    assert outs[-1].finished and len(outs[-1].outputs) == 2
