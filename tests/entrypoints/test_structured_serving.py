@@ -141,3 +141,23 @@ def test_a_constrained_reply_is_not_split_for_reasoning(engine):
     none): under --reasoning-parser the JSON is the content, not taken for unclosed thinking."""
     body = _call(engine, "chat", reasoning_parser=get_parser("qwen3"), response_format=JSON_SCHEMA)
     assert _person(body["choices"][0]["message"]["content"])
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "tagged"}}])
+def test_a_forced_tools_schema_the_compiler_refuses_is_a_400_naming_tools(engine, choice):
+    """The forced constraint is the tools' parameters, not a structured_outputs the client sent:
+    its refusal names `tools` (it named StructuredOutputsParams.json with no param), and the
+    engine serves the next request."""
+    refused = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    tools = [{"type": "function", "function": {"name": "tagged", "parameters": refused}}]
+    with pytest.raises(APIError, match="tools: .*uniqueItems") as info:
+        _call(engine, "chat", tools=tools, tool_choice=choice)
+    assert (info.value.status, info.value.param) == (400, "tools")
+    assert _call(engine, "completion", max_tokens=4, ignore_eos=True)["choices"][0]["text"]
+
+
+def test_a_refused_structured_outputs_of_the_client_keeps_its_own_name(engine):
+    bad = {"type": "array", "uniqueItems": True}
+    with pytest.raises(APIError, match="^StructuredOutputsParams.json") as info:
+        _call(engine, "chat", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}})
+    assert info.value.param is None
