@@ -159,5 +159,9 @@ def test_a_forced_tools_schema_the_compiler_refuses_is_a_400_naming_tools(engine
 def test_a_refused_structured_outputs_of_the_client_keeps_its_own_name(engine):
     bad = {"type": "array", "uniqueItems": True}
     with pytest.raises(APIError, match="^StructuredOutputsParams.json") as info:
-        _call(engine, "chat", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}})
+        _call(
+            engine,
+            "chat",
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
+        )
     assert info.value.param is None
