@@ -242,12 +242,18 @@ class ParkedAdd:
     futures: list
 
     def ready(self) -> bool:
+        """Every compile is done, or no request is left (all aborted): the add can be settled."""
         return not self.requests or all(f.done() for f in self.futures)
 
     def error(self) -> Optional[BaseException]:
-        """The first compile's exception (the add is refused with it), or None."""
+        """The first compile's exception (the add is refused with it), or None; None too once
+        every request was aborted (nothing is left to refuse). Never waits: a compile still
+        under way (an aborted request's) is not asked, as Future.exception() would block the
+        engine loop until it ends."""
+        if not self.requests:
+            return None
         for future in self.futures:
-            if future.exception() is not None:
+            if future.done() and future.exception() is not None:
                 return future.exception()
         return None
 

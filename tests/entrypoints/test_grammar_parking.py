@@ -30,14 +30,20 @@ LIVENESS_S = 60  # how long a request that should run may take (a hang, not a sp
 @pytest.fixture
 def gate(monkeypatch):
     """A threading.Event that the compile of HELD waits on (set at teardown, so a failing test
-    never leaves the grammar thread waiting)."""
+    never leaves the grammar thread waiting); its `compiled` Event is set once that compile has
+    returned."""
     event = threading.Event()
+    event.compiled = threading.Event()
     real = StructuredOutputManager._compile
 
     def held(self, params, kind):
-        if params.regex == HELD:
-            event.wait(LIVENESS_S)
-        return real(self, params, kind)
+        if params.regex != HELD:
+            return real(self, params, kind)
+        event.wait(LIVENESS_S)
+        try:
+            return real(self, params, kind)
+        finally:
+            event.compiled.set()
 
     monkeypatch.setattr(StructuredOutputManager, "_compile", held)
     yield event
@@ -93,6 +99,31 @@ def test_an_abort_while_compiling_drops_the_request(gate):
     assert not parked_done  # no "accepted" ever came for it (nor an error)
     assert out.finished and state.num_unfinished == 0
     assert state.num_free_blocks == state.num_blocks
+
+
+def test_an_abort_while_compiling_never_makes_the_engine_wait_for_the_compile(gate):
+    """Once every request of a parked add is aborted, the engine drops the add without reading
+    its compiles' outcome: it used to ask the Future for its exception, which waits for the
+    compile, so the engine loop stood still (no other request stepped) until the aborted
+    request's grammar had compiled. Here another request runs to its end while that compile is
+    still held open."""
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            parked = asyncio.create_task(client.submit([_request("held", HELD, 200, ignore_eos=True)]))
+            await asyncio.sleep(0.2)
+            client.abort(["held"])
+            plain = await asyncio.wait_for(client.submit([_request("plain", max_tokens=8)]), LIVENESS_S)
+            out = await asyncio.wait_for(final_output(plain), LIVENESS_S)
+            compiled_first = gate.compiled.is_set()
+            gate.set()
+            return parked.done(), out, compiled_first
+
+        parked_done, out, compiled_first = asyncio.run(run())
+    assert not parked_done
+    assert len(out.outputs[0].token_ids) == 8 and out.finished
+    assert not compiled_first  # it ran while the aborted request's grammar was still compiling
 
 
 def test_a_constraint_that_does_not_compile_is_still_the_submits_error():
