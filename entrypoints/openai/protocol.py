@@ -53,15 +53,24 @@ LEGACY_GUIDED = {
     "guided_grammar": "grammar",
     "guided_whitespace_pattern": "whitespace_pattern",
 }
+# vLLM's successors that this server's StructuredOutputsParams lacks: their hint says so (and
+# what there is instead) rather than name a key that is a 400 of its own (an unknown field)
+_LEGACY_UNSUPPORTED = {
+    "whitespace_pattern": "give `disable_any_whitespace` to allow no whitespace beyond the JSON's own",
+}
 
 
 def legacy_field_hint(name: str) -> Optional[str]:
-    """What to send instead of one of vLLM's removed guided decoding fields (None for others)."""
-    if name in LEGACY_GUIDED:
+    """What to send instead of one of vLLM's removed guided decoding fields (None for others).
+    Invariant: a `"structured_outputs": {key: ...}` it names is a key this server takes."""
+    key = LEGACY_GUIDED.get(name)
+    if key in _LEGACY_UNSUPPORTED:
         return (
-            f"`{name}` was removed in vLLM 0.12; send "
-            f'`"structured_outputs": {{"{LEGACY_GUIDED[name]}": ...}}` instead'
+            f"`{name}` was removed in vLLM 0.12, and its successor `structured_outputs.{key}` is "
+            f"not supported by this server; {_LEGACY_UNSUPPORTED[key]}"
         )
+    if key is not None:
+        return f'`{name}` was removed in vLLM 0.12; send `"structured_outputs": {{"{key}": ...}}` instead'
     if name in ("guided_decoding_backend", "guided_options_request"):
         return f"`{name}` was removed in vLLM 0.12; the constraint goes in `structured_outputs`"
     return None

@@ -94,3 +94,23 @@ def test_vllms_removed_guided_fields_are_400s_that_name_their_replacement():
         assert "structured_outputs" in err["message"] and err["param"] == "guided_decoding_backend"
         err = _post(path, {**base, "no_such_field": 1}).json()["error"]
         assert "Extra inputs" in err["message"] and "structured_outputs" not in err["message"]
+
+
+def test_a_removed_guided_field_s_hint_never_names_a_key_this_server_refuses():
+    """Each hint's structured_outputs key is one this server takes (StructuredOutputsParams'
+    fields): guided_whitespace_pattern's successor, structured_outputs.whitespace_pattern, is
+    not one, so following a hint that named it got a second 400 (unknown field); its hint says
+    so instead and names disable_any_whitespace, what this server has for whitespace."""
+    import re
+
+    from enginespec.entrypoints.openai.protocol import LEGACY_GUIDED
+    from enginespec.spec import StructuredOutputsParams
+
+    base = {"model": "m", "prompt": "abc"}
+    for field in LEGACY_GUIDED:
+        err = _post("/v1/completions", {**base, field: "x"}).json()["error"]
+        assert err["param"] == field
+        for key in re.findall(r'"structured_outputs": \{"(\w+)"', err["message"]):
+            assert key in StructuredOutputsParams.__dataclass_fields__, (field, err["message"])
+    err = _post("/v1/completions", {**base, "guided_whitespace_pattern": " "}).json()["error"]
+    assert "not supported" in err["message"] and "disable_any_whitespace" in err["message"]
