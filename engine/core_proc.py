@@ -343,13 +343,16 @@ class EngineCoreProc:
 
     def _grammar_futures(self, requests: list[NewRequest]) -> list:
         """The compiles still under way of the requests' grammars ([] when none is, or the
-        engine cannot compile apart: add_request then compiles, or reports why it cannot)."""
+        engine cannot compile apart: add_request then compiles, or reports why it cannot).
+        Whatever prepare_grammar raises (no xgrammar: a ValueError; a tokenizer xgrammar cannot
+        read: its own error) is left for add_request to meet again and report for this add
+        alone, never raised here, where it would end the engine loop and every request."""
         prepare = getattr(self.engine, "prepare_grammar", None)
         futures = []
         for req in requests if prepare is not None else ():
             try:
                 future = prepare(req.params)
-            except ValueError:  # no xgrammar: the add reports it
+            except Exception:  # the add reports it (_add_now)
                 return []
             if future is not None and not future.done():
                 futures.append(future)

@@ -138,3 +138,25 @@ def test_a_constraint_that_does_not_compile_is_still_the_submits_error():
 
         out = asyncio.run(run())
     assert len(out.outputs[0].token_ids) == 3
+
+
+def test_a_grammar_setup_that_fails_refuses_that_add_and_the_engine_serves_on(monkeypatch):
+    """Building the grammar compiler can fail other than with xgrammar missing (a tokenizer
+    xgrammar cannot read: its own RuntimeError). That add is refused with the error (a 500 over
+    HTTP); the engine loop is not taken down with it, and the next request runs to its end."""
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("xgrammar could not read this tokenizer")
+
+    monkeypatch.setattr(StructuredOutputManager, "__init__", broken)
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            with pytest.raises(Exception, match="could not read this tokenizer"):
+                await asyncio.wait_for(client.submit([_request("bad", HELD)]), LIVENESS_S)
+            ok = await asyncio.wait_for(client.submit([_request("ok", max_tokens=3)]), LIVENESS_S)
+            return await asyncio.wait_for(final_output(ok), LIVENESS_S)
+
+        out = asyncio.run(run())
+    assert len(out.outputs[0].token_ids) == 3 and out.finished
