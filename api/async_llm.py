@@ -143,10 +143,12 @@ class AsyncLLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         cap = self.engine_args.max_logprobs
-        if cap != -1 and 2 * params.beam_width > cap:
+        cap = self.info.vocab_size if cap == -1 else cap  # -1: no cap but the vocabulary (vLLM's)
+        if 2 * params.beam_width > cap:
             raise ValueError(
                 f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
-                f"logprobs, within the engine's max_logprobs of {cap}), got {params.beam_width}"
+                f"logprobs, within the engine's max_logprobs of {cap}; -1 lifts it to the vocabulary), "
+                f"got {params.beam_width}"
             )
         first = self._new_request(prompt, SamplingParams(max_tokens=1), request_id, 0)
         if not self.is_running:

@@ -444,6 +444,22 @@ def test_beam_search_bad_input_is_a_value_error_and_queues_nothing(async_llm):
         assert async_llm.num_unfinished_requests == 0
 
 
+def test_beam_search_without_a_logprobs_cap_bounds_beam_width_by_the_vocabulary(model_dir):
+    """max_logprobs -1 lifts the cap to the vocabulary (vLLM's rule, LLM.beam_search's too): a
+    beam_width whose 2 * beam_width candidates exceed it is the ValueError before any step, not
+    a failed first step."""
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **{**ENGINE, "max_logprobs": -1})
+    try:
+        too_wide = BeamSearchParams(beam_width=engine.info.vocab_size // 2 + 1, max_tokens=2)
+        with pytest.raises(ValueError, match=f"beam_width must be <= {engine.info.vocab_size // 2}"):
+            asyncio.run(_beam(engine, PROMPT, too_wide, "wide"))
+        assert engine.num_unfinished_requests == 0
+        out = asyncio.run(_beam(engine, PROMPT, BeamSearchParams(beam_width=2, max_tokens=2), "ok"))
+        assert len(out[0].outputs) == 2
+    finally:
+        engine.shutdown()
+
+
 def test_beam_search_step_the_engine_fails_raises_and_the_engine_serves_on(async_llm):
     """A fault injected into the engine's next step fails that step's beams: beam_search raises
     EngineRequestError (as generate does for a failed request), leaves nothing pending, and the
