@@ -285,14 +285,17 @@ async def _engine_submit(ctx: ServerContext, call: _Call, subs: list[NewRequest]
 def _bad_field(call: _Call, exc: ValueError) -> APIError:
     """bad_request under the body's name of the field: chat asks SamplingParams.logprobs as
     top_logprobs, and max_tokens as max_completion_tokens where the body set that one (it wins
-    over max_tokens). Under a forcing tool_choice the constraint is the tools' parameters
+    over max_tokens); the engine's prompt_token_ids checks (empty, an id beyond the vocabulary)
+    name the body's prompt (messages for chat). Under a forcing tool_choice the constraint is the tools' parameters
     (_forced_params), so a schema the grammar compiler refuses is a 400 naming `tools`."""
     err = bad_request(exc)
     forced = call.tool_mode in ("required", "named")
     if forced and err.param is None and err.message.startswith("StructuredOutputsParams.json"):
         message = f"tools: the parameters schema that tool_choice forces is refused: {err.message}"
         return APIError(400, message, "tools")
-    if call.kind == "chat" and err.param == "logprobs":
+    if err.param is None and err.message.startswith("prompt_token_ids"):  # the engine's prompt check
+        err.param = "messages" if call.kind == "chat" else "prompt"
+    elif call.kind == "chat" and err.param == "logprobs":
         err.param = "top_logprobs"
     elif err.param == "max_tokens" and getattr(call.body, "max_completion_tokens", None) is not None:
         err.param = "max_completion_tokens"

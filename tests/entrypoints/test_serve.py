@@ -500,6 +500,9 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
     assert "maximum context length is 256" in err["message"] and err["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="a", max_tokens=4, stream=True, top_p=0)
+    for prompt, match in (([5, 96], "vocab"), ("", "empty")):  # the tiny model's vocabulary: 96
+        err = _error(server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2}), 400)
+        assert match in err["message"] and err["param"] == "prompt", err
 
 
 def test_a_wrong_type_is_a_400_naming_the_field_as_the_body_does(server):
