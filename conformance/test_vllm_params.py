@@ -218,6 +218,35 @@ def test_stream_honours_output_kind(impl):
     check_idle(llm.engine.block_manager.state(), llm.engine.block_manager.num_blocks)
 
 
+def test_stream_never_shows_text_a_stop_string_takes_back(impl):
+    """A running sample's streamed text holds back its tail while that tail may still begin a
+    stop string (vLLM hides it the same way, as AsyncLLM and the server do here): CUMULATIVE
+    texts only grow, each a prefix of generate()'s, and DELTA texts concatenate to it. The stop
+    string here is two one-char tokens of the greedy output, so after its first token the text
+    ends with a stop's prefix; LLM.stream used to show that char and then take it back (the
+    deltas concatenated to one char more than the final text)."""
+    from enginespec.spec import RequestOutputKind
+
+    llm = make_llm(impl)
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    base = SamplingParams(max_tokens=10, temperature=0.0, allowed_token_ids=list(PLAIN))
+    text = llm.generate(prompt, base, use_tqdm=False)[0].outputs[0].text
+    k = next(k for k in range(1, len(text) - 1) if text.find(text[k : k + 2]) == k)
+    params = dataclasses.replace(base, stop=(text[k : k + 2],))
+    want = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert (want.text, want.finish_reason) == (text[:k], "stop")
+
+    def texts(kind):
+        streamed = llm.stream(prompt, dataclasses.replace(params, output_kind=kind))
+        return [c.text for step in streamed for out in step for c in out.outputs]
+
+    cumulative = texts(RequestOutputKind.CUMULATIVE)
+    assert all(want.text.startswith(t) for t in cumulative), cumulative
+    assert cumulative[-1] == want.text
+    assert "".join(texts(RequestOutputKind.DELTA)) == want.text
+    check_idle(llm.engine.block_manager.state(), llm.engine.block_manager.num_blocks)
+
+
 # ---- vLLM's request extras: bad_words, truncate_prompt_tokens, logprobs=True, extra_args
 
 #: plain characters of the tiny tokenizer ("E" .. "J"): one token each, so a word's text is its ids

@@ -35,7 +35,8 @@ Streaming: the delta returned by `update` never includes a tail of `text` that c
 into a stop string (the longest suffix that is a proper prefix of some stop), so emitted text is
 never retracted. `text` always holds all settled text, held-back tail included; `flush()` settles
 pending bytes and returns the not-yet-emitted tail (call it when a request ends without a stop
-string if you stream deltas).
+string if you stream deltas). `shown_text(finished)` is `text` as a cumulative output shows it:
+without that tail while the request runs.
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ class IncrementalDetokenizer:
         self.text = self.text[:cut]
         self.stop_reason = best[2]
         return cut, best[2]
+
+    def shown_text(self, finished: bool) -> str:
+        """`text` as an output shows it: all of it once the sample is finished, else without
+        the held-back tail that may still grow into a stop string (vLLM's rule), so that a
+        cumulative output's text only ever grows and DELTA texts concatenate to the final one."""
+        if finished:
+            return self.text
+        return self.text[: len(self.text) - self._held_back()]
 
     def _held_back(self) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

@@ -53,6 +53,10 @@ class Sample:
     # with each of its real output tokens; None for an unconstrained sample
     grammar: object = None
 
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
 
 @dataclass
 class Parent:
@@ -66,7 +70,7 @@ class Parent:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples)
+        return all(s.finished for s in self.samples)
 
 
 class OutputProcessor:
@@ -164,7 +168,7 @@ class OutputProcessor:
         completions = [
             CompletionOutput(
                 index=s.index,
-                text=s.detokenizer.text if s.detokenizer is not None else "",
+                text=s.detokenizer.shown_text(s.finished) if s.detokenizer is not None else "",
                 token_ids=self.visible_ids(s),
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_reason,
