@@ -92,6 +92,16 @@ def test_text_settings_have_vllms_names_and_defaults():
     assert (params.skip_special_tokens, params.spaces_between_special_tokens) == (True, True)
 
 
+@pytest.mark.parametrize("name", ["stop", "stop_token_ids", "bad_words"])
+def test_none_is_vllms_default_for_the_stop_and_ban_lists(name):
+    """vLLM declares stop, stop_token_ids and bad_words Optional with None the default, so a
+    ported call passes None (stop=args.stop); it means no stops, no bans. stop and bad_words
+    used to refuse it ("must be a str or a list"); a non-list is still refused."""
+    assert SamplingParams(**{name: None}) == SamplingParams()
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**{name: 5})
+
+
 def test_skip_special_tokens_decides_whether_special_tokens_show(impl):
     llm = make_llm(impl)
     tok = llm.get_tokenizer()

@@ -143,7 +143,8 @@ class SamplingParams:
     allowed_token_ids, logit_bias keys) as spec.validation.check_token_id says (any integral
     type, not bool), < vocab_size per `validate_vocab`; ignore_eos, include_stop_str_in_output,
     skip_special_tokens, spaces_between_special_tokens and detokenize bools; output_kind a
-    RequestOutputKind (or its int value); bad_words non-empty strings (a str is one word, as
+    RequestOutputKind (or its int value); stop, stop_token_ids and bad_words may be None,
+    vLLM's default (stored as ()); bad_words non-empty strings (a str is one word, as
     for stop; at most
     MAX_NUM_BAD_WORDS = 128 token sequences once tokenized, vLLM's bound), bad_words_token_ids
     non-empty sequences of token ids (as many at most); truncate_prompt_tokens None, -1 or >= 1
@@ -227,13 +228,14 @@ class SamplingParams:
         for name in _FLAGS:
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         self._set("stop_token_ids", tuple(_ids("stop_token_ids", self.stop_token_ids or ())))
+        stop = () if self.stop is None else self.stop  # None: vLLM's default, no stop strings
         _check(
-            not isinstance(self.stop, (bytes, dict)) and isinstance(self.stop, Iterable),
+            not isinstance(stop, (bytes, dict)) and isinstance(stop, Iterable),
             "stop",
-            "a str or a list of non-empty strings",
-            self.stop,
+            "None, a str or a list of non-empty strings",
+            stop,
         )
-        self._set("stop", tuple(self.stop or ()))
+        self._set("stop", tuple(stop))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
         _check(
             self.detokenize or not self.stop,
@@ -278,13 +280,13 @@ class SamplingParams:
 
     def _validate_extras(self) -> None:
         """bad_words (and their token sequences), truncate_prompt_tokens, extra_args."""
-        words = self.bad_words
+        words = () if self.bad_words is None else self.bad_words  # None: vLLM's default, no bans
         if isinstance(words, str):
             words = (words,)
         _check(
             not isinstance(words, (bytes, dict)) and isinstance(words, Iterable),
             "bad_words",
-            "a list of non-empty strings",
+            "None or a list of non-empty strings",
             words,
         )
         words = tuple(dict.fromkeys(words))  # vLLM drops repeats
