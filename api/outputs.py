@@ -138,7 +138,9 @@ class OutputView:
     - DELTA: only the samples with news since this view's previous output, each with only its
       new token ids, text and logprobs (cumulative_logprob stays the running sum, as vLLM's);
       a sample appears one last time with its finish_reason. Concatenating a sample's deltas
-      gives its cumulative output.
+      gives its cumulative output. prompt_logprobs likewise: only the positions not handed
+      over before (vLLM pops them into the first output that has them), else None, so the
+      deltas' lists concatenate to the request's.
     - FINAL_ONLY: None until the request is finished, then the final output.
 
     Invariant: the last output a request produces is never None under any kind (it is finished,
@@ -147,6 +149,7 @@ class OutputView:
     def __init__(self, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE):
         self.kind = kind
         self._sent: dict[int, tuple[int, int, int]] = {}  # sample index -> (ids, text chars, logprobs)
+        self._num_prompt_sent = 0  # prompt_logprobs positions handed over (DELTA)
 
     def view(self, out: RequestOutput) -> Optional[RequestOutput]:
         if self.kind == RequestOutputKind.FINAL_ONLY:
@@ -156,7 +159,16 @@ class OutputView:
         samples = [d for d in (self._delta(c) for c in out.outputs) if d is not None]
         if not samples and not out.finished:
             return None
-        return dataclasses.replace(out, outputs=samples)
+        return dataclasses.replace(out, outputs=samples, prompt_logprobs=self._prompt_delta(out))
+
+    def _prompt_delta(self, out: RequestOutput) -> Optional[list]:
+        """The prompt_logprobs positions of `out` not handed over yet (None when none is new)."""
+        found = out.prompt_logprobs
+        if found is None or len(found) <= self._num_prompt_sent:
+            return None
+        new = found[self._num_prompt_sent :]
+        self._num_prompt_sent = len(found)
+        return new
 
     def _delta(self, c: CompletionOutput) -> Optional[CompletionOutput]:
         sent = self._sent.get(c.index, (0, 0, 0))

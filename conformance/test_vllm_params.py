@@ -257,6 +257,23 @@ def test_stream_never_shows_text_a_stop_string_takes_back(impl):
     check_idle(llm.engine.block_manager.state(), llm.engine.block_manager.num_blocks)
 
 
+def test_stream_delta_carries_prompt_logprobs_once(impl):
+    """Under DELTA an output carries only what is new, prompt logprobs included (vLLM pops
+    them into the first output that has them): the deltas' prompt_logprobs concatenate to
+    generate()'s, the leading None once. Every delta used to repeat the whole list (here 2
+    samples of 5 tokens: the list came 5 times or more)."""
+    from enginespec.spec import RequestOutputKind
+
+    llm = make_llm(impl)
+    prompt = {"prompt_token_ids": [5, 6, 7, 8]}
+    params = SamplingParams(max_tokens=5, temperature=1.0, seed=3, n=2, ignore_eos=True, prompt_logprobs=1)
+    want = llm.generate(prompt, params, use_tqdm=False)[0].prompt_logprobs
+    delta = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
+    outs = [out for step in llm.stream(prompt, delta) for out in step]
+    assert len(outs) > 1
+    assert sum((out.prompt_logprobs or [] for out in outs), []) == want
+
+
 # ---- vLLM's request extras: bad_words, truncate_prompt_tokens, logprobs=True, extra_args
 
 #: plain characters of the tiny tokenizer ("E" .. "J"): one token each, so a word's text is its ids
