@@ -38,7 +38,8 @@ model's), `tokenizer_mode` ("auto" and "hf": transformers' AutoTokenizer; "slow"
 use_fast=False, which transformers 5 ignores: it has only its fast backend), `trust_remote_code`
 (False; passed to transformers' AutoConfig and AutoTokenizer, so a checkpoint's own
 configuration_*.py / tokenization_*.py may run; the decoder itself is always transformers' own
-class for a supported architecture, never a checkpoint's modeling_*.py). Accepted, and no bound
+class for a supported architecture, never a checkpoint's modeling_*.py), `skip_tokenizer_init`
+(False; True is our skip_tokenizer: no tokenizer, token ids in and out). Accepted, and no bound
 here: `disable_log_stats` (the engine logs no periodic stats to disable; EngineStats and the
 server's /metrics are kept either way), `swap_space` (GiB, default 4: preemption_mode="swap"
 copies a preempted request's blocks to host memory as they are, with no cap to map it to),
@@ -108,6 +109,7 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
+    "skip_tokenizer_init",
 )
 _OPTIONAL_BOOLS = ("compile_model", "warmup", "skinny_gemm")  # None: derive it
 
@@ -222,6 +224,7 @@ class EngineArgs:
     tokenizer: Optional[str] = None
     tokenizer_mode: str = "auto"
     trust_remote_code: bool = False
+    skip_tokenizer_init: bool = False  # vLLM's name for skip_tokenizer (either one skips it)
     disable_log_stats: bool = False
     swap_space: float = 4
     max_seq_len_to_capture: int = 8192

@@ -98,11 +98,12 @@ class EngineStats:
 
 
 def load_engine_tokenizer(args: EngineArgs):
-    """The engine's tokenizer (the server's too): None with skip_tokenizer or no model; else
+    """The engine's tokenizer (the server's too): None with skip_tokenizer (or vLLM's
+    skip_tokenizer_init) or no model; else
     the one in args.tokenizer's directory (which must hold one) or the model's (None if it has
     none), through AutoTokenizer with args.trust_remote_code, use_fast=False for
     tokenizer_mode "slow"."""
-    if args.model is None or args.skip_tokenizer:
+    if args.model is None or args.skip_tokenizer or args.skip_tokenizer_init:
         return None
     from enginespec.worker.loader import load_tokenizer, load_tokenizer_dir
 

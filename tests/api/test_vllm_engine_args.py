@@ -188,3 +188,18 @@ def test_tokenizer_directory_must_be_local_and_hold_one(tmp_path, word_tokenizer
             load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=name))
     with pytest.raises(ValueError, match="tokenizer directory .* has none of"):
         load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=str(tmp_path)))
+
+
+def test_skip_tokenizer_init_is_vllms_name_for_skip_tokenizer(impl):
+    """vLLM's LLM(..., skip_tokenizer_init=True) (token ids in, token ids out, text "") was a
+    TypeError, unknown engine argument; it is skip_tokenizer under vLLM's name."""
+    from enginespec.llm import LLM
+
+    llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, skip_tokenizer_init=True, **SMALL)
+    assert llm.get_tokenizer() is None
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    (out,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy, use_tqdm=False)
+    assert (len(out.outputs[0].token_ids), out.outputs[0].text) == (3, "")
+    assert EngineArgs().skip_tokenizer_init is False
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        EngineArgs(skip_tokenizer_init="yes")
