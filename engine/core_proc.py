@@ -120,9 +120,9 @@ class DeltaTracker:
         finish = sample.finish_reason
         text = None
         if s[2] and sample.detokenizer is not None:
-            det = sample.detokenizer
-            safe = len(det.text) if finish is not None else len(det.text) - det._held_back()
-            text = det.text[s[1] : safe] if safe > s[1] else ""
+            shown = sample.detokenizer.shown_text(finish is not None)
+            safe = len(shown)
+            text = shown[s[1] : safe] if safe > s[1] else ""
             s[1] = max(s[1], safe)
         if end == start and not text and finish is None:
             return None
