@@ -1022,13 +1022,40 @@ def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) 
     return delta
 
 
+def _output_frames(ctx, call: _Call, head: str, out, continuous: bool) -> list[str]:
+    """The frames of one output's news: one frame of its choices' deltas, then one of the
+    finishes that follow tool calls (_finish_apart); with continuous usage, a frame a choice
+    (_usage_frames)."""
+    if continuous:
+        return _usage_frames(ctx, call, head, out)
+    choices, finishes = [], []
+    for completion in out.outputs:
+        choice = _delta_choice(ctx, call, out, completion)
+        if choice is not None:
+            first, *finish = _finish_apart(choice) if call.tool_parsing else (choice,)
+            choices.append(first)
+            finishes.extend(finish)
+    return [_frame_choices(head, part) for part in (choices, finishes) if part]
+
+
+def _with_prompt_ids(chunk_frame: str, prompt_token_ids) -> str:
+    """A chunk frame with a top-level prompt_token_ids after its other keys (frame() of the
+    chunk dict with that key added last, byte for byte)."""
+    assert chunk_frame.endswith("}\n\n"), chunk_frame
+    return f'{chunk_frame[:-3]},"prompt_token_ids":{encode_json(list(prompt_token_ids))}}}\n\n'
+
+
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
     error after the stream started goes out as one error frame, then [DONE]. A frame has the
     news of one output's choices; with continuous usage, of one choice (see _usage_frames). A
-    finish that comes with tool calls follows them in a frame of its own (_finish_apart)."""
+    finish that comes with tool calls follows them in a frame of its own (_finish_apart). A
+    chat stream with return_token_ids has the prompt's ids in its first chunk only (top level,
+    as vLLM sends them; the full body has them at the top level too): completions have them in
+    each choice's first frame instead (_delta_choice)."""
     head = _chunk_head(call)
     continuous = call.body.continuous_usage
+    prompt_ids_due = call.kind == "chat" and bool(call.body.return_token_ids)
     try:
         while not gen.done:
             items = await gen.next()
@@ -1044,21 +1071,12 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
             for _, out in items:
                 if out.finished:
                     call.finals[out.request_id] = out
-                if continuous:
-                    for usage_frame in _usage_frames(ctx, call, head, out):
-                        yield usage_frame
-                    continue
-                choices, finishes = [], []
-                for completion in out.outputs:
-                    choice = _delta_choice(ctx, call, out, completion)
-                    if choice is not None:
-                        first, *finish = _finish_apart(choice) if call.tool_parsing else (choice,)
-                        choices.append(first)
-                        finishes.extend(finish)
-                if choices:
-                    yield _frame_choices(head, choices)
-                if finishes:
-                    yield _frame_choices(head, finishes)
+                frames = _output_frames(ctx, call, head, out, continuous)
+                if prompt_ids_due and frames:
+                    frames[0] = _with_prompt_ids(frames[0], out.prompt_token_ids)
+                    prompt_ids_due = False
+                for chunk_frame in frames:
+                    yield chunk_frame
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(ctx, call, outputs)))

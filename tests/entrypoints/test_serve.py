@@ -158,11 +158,13 @@ def test_chat_uses_the_template_and_matches_completions(server, client):
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
     assert chunks[-1].usage.prompt_tokens == len(rendered)
+    assert chunks[0].prompt_token_ids == resp.prompt_token_ids == rendered  # the first chunk's, as vLLM's
 
 
 def test_tokenize_detokenize_round_trip(server):
