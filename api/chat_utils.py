@@ -21,9 +21,9 @@ The rules (vLLM's, for templates that take string content):
 - tools: OpenAI's function tools, [{"type": "function", "function": {"name": ..., ...}}], go
   to the template (which lists them for the model, as Qwen's do); an assistant message's
   tool_calls carry their function.arguments as a JSON string (OpenAI's form), which is parsed to
-  an object for the template, as vLLM does (templates write it out with `tojson`). A null or
-  empty tool_calls is dropped (vLLM's rule: a template that tests `'tool_calls' in message`
-  would drop the message's content).
+  an object for the template, as vLLM does (templates write it out with `tojson`). tool_calls
+  is a list (anything else is an error); a null or empty one is dropped (vLLM's rule: a
+  template that tests `'tool_calls' in message` would drop the message's content).
 - an assistant message's `reasoning` (the field the server answers with) also goes to the
   template as `reasoning_content`, the name Qwen3's template reads, as vLLM passes it on: an
   agent loop that sends the replies back keeps their thinking in the prompt.
@@ -87,15 +87,27 @@ def chat_messages(messages) -> list[dict]:
         if not isinstance(message, dict):
             raise ChatTemplateError(f"messages[{i}] must be a dict with role and content, got {message!r}")
         clean = {**message, "content": message_text(message.get("content"))}
-        if message.get("tool_calls"):
+        calls = _tool_calls(message, f"messages[{i}].tool_calls")
+        if calls:
             clean["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
-                                   for j, call in enumerate(message["tool_calls"])]  # fmt: skip
+                                   for j, call in enumerate(calls)]  # fmt: skip
         elif "tool_calls" in message:  # null or []: no calls (templates test `'tool_calls' in m`)
             del clean["tool_calls"]
         if message.get("role") == "assistant" and isinstance(message.get("reasoning"), str):
             clean["reasoning_content"] = message["reasoning"]
         out.append(clean)
     return out
+
+
+def _tool_calls(message: dict, where: str) -> list:
+    """A message's tool_calls: a list (OpenAI's type), [] where absent or null; ChatTemplateError
+    naming `where` for anything else (a str or an object would be iterated as if it were calls)."""
+    calls = message.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, (list, tuple)):
+        raise ChatTemplateError(f"{where} must be a list of tool calls (or null), got {calls!r}")
+    return list(calls)
 
 
 def _template_tool_call(call, where: str) -> dict:

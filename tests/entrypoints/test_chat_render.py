@@ -88,3 +88,11 @@ def test_a_requests_chat_template_needs_the_trust_flag(tokenizer):
     assert render_chat(_ctx(tokenizer, trust=True), body) == "Yo"
     assert render_chat(_ctx(tokenizer, template=None, trust=True), body) == "Yo"
     _bad(_ctx(tokenizer, trust=True), _chat(chat_template="{% if %}"), "chat_template", "not a valid Jinja")
+
+
+@pytest.mark.parametrize("calls", [5, True, "f", {"function": {"name": "f"}}])
+def test_an_assistants_tool_calls_that_are_no_list_are_a_400_naming_them(tokenizer, calls):
+    """OpenAI's tool_calls is a list (null and [] are no calls): anything else was a TypeError
+    (a 500) or, for a str or an object, a 400 about its characters or keys as if they were calls."""
+    messages = [CONVERSATION[0], {"role": "assistant", "content": "x", "tool_calls": calls}]
+    _bad(_ctx(tokenizer), _chat(messages=messages), "messages", r"messages\[1\].tool_calls must be a list")
