@@ -10,9 +10,11 @@ LLM.chat raises it as it is, the server answers 400 naming that field.
 The rules (vLLM's, for templates that take string content):
 - content: a str; None is ""; a list of content parts is flattened to one string: plain str
   parts and {"type": "text", "text": ...} parts (a part without "type" counts as text, one whose
-  text is None is skipped), joined with "\\n" as vLLM joins them. Any other part (image_url,
-  input_audio, ...) is an error: the engine serves text-only models, and dropping the part would
-  answer a different question than the one asked.
+  text is None is skipped), joined with "\\n" as vLLM joins them; as in vLLM, OpenAI's assistant
+  {"type": "refusal", "refusal": ...} parts and the Responses API's {"type": "input_text",
+  "text": ...} parts are text parts too. Any other part (image_url, input_audio, ...) is an
+  error: the engine serves text-only models, and dropping the part would answer a different
+  question than the one asked.
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
@@ -44,6 +46,8 @@ RESERVED_KWARGS = ("chat_template", "tokenize", "conversation", "messages", "too
 # the arguments of these names win over chat_template_kwargs' entries
 _OVERRIDDEN_KWARGS = ("add_generation_prompt", "continue_final_message")
 TEXT_PART_SEPARATOR = "\n"  # vLLM's, between the text parts of one message
+# the content parts that are text (vLLM's): part type -> the key of its text
+TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
 
 
 class ChatTemplateError(ValueError):
@@ -68,15 +72,23 @@ def message_text(content) -> str:
         if isinstance(part, str):
             texts.append(part)
             continue
-        if not isinstance(part, dict) or part.get("type", "text") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ChatTemplateError(f"only text content parts are supported, got a {kind!r} part")
-        text = part.get("text")
-        if text is not None and not isinstance(text, str):
-            raise ChatTemplateError(f"a text part's text must be a string, got {type(text).__name__}")
+        text = _part_text(part)
         if text is not None:
             texts.append(text)
     return TEXT_PART_SEPARATOR.join(texts)
+
+
+def _part_text(part) -> Optional[str]:
+    """A dict content part's text: under TEXT_PARTS' key for its type (None: a null one, which
+    is skipped); ChatTemplateError for any other part, or a text that is not a str."""
+    kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
+    key = TEXT_PARTS.get(kind) if isinstance(part, dict) and isinstance(kind, str) else None
+    if key is None:
+        raise ChatTemplateError(f"only text content parts are supported, got a {kind!r} part")
+    text = part.get(key)
+    if text is not None and not isinstance(text, str):
+        raise ChatTemplateError(f"a {kind} part's {key} must be a string, got {type(text).__name__}")
+    return text
 
 
 def chat_messages(messages) -> list[dict]:

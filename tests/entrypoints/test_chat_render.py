@@ -96,3 +96,19 @@ def test_an_assistants_tool_calls_that_are_no_list_are_a_400_naming_them(tokeniz
     (a 500) or, for a str or an object, a 400 about its characters or keys as if they were calls."""
     messages = [CONVERSATION[0], {"role": "assistant", "content": "x", "tool_calls": calls}]
     _bad(_ctx(tokenizer), _chat(messages=messages), "messages", r"messages\[1\].tool_calls must be a list")
+
+
+def test_refusal_and_input_text_parts_are_text_as_in_vllm(tokenizer):
+    """OpenAI's assistant content parts are text and refusal ({"type": "refusal", "refusal":
+    ...}); vLLM also takes the Responses API's input_text. Each is its text (a null one is
+    skipped, as a null text), joined as text parts are; they were 400s."""
+    refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}
+    parts = [
+        {"type": "input_text", "text": "a"},
+        {"type": "text", "text": "b"},
+        {"type": "refusal", "refusal": None},
+    ]
+    messages = [{"role": "user", "content": parts}, refusal]
+    assert render_chat(_ctx(tokenizer), _chat(messages=messages)) == "u:a\nb;a:No.;A:"
+    bad = [{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]
+    _bad(_ctx(tokenizer), _chat(messages=bad), "messages", "a refusal part's refusal must be a string")
