@@ -43,12 +43,21 @@ class ToolCall:
 PARSERS = ("hermes",)
 
 
+def _loads(text: str):
+    """json.loads of text; _NOT_JSON where it is no JSON, or nests deeper than the decoder
+    recurses (its RecursionError: a reply is the model's, and no reply fails the request)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
 def parse_block(body: str) -> Optional[ToolCall]:
     """The call a block's body names (the module docstring's rule), or None."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
+    value = _loads(body)
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", {})
@@ -177,10 +186,7 @@ def forced_calls(text: str, name: Optional[str]) -> Optional[list[ToolCall]]:
     text, non-ASCII kept). None when the reply is not such an array (cut off by max_tokens)."""
     if name is not None:
         return [ToolCall(name, text)]
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None
+    items = _loads(text)
     if not isinstance(items, list) or not all(
         isinstance(i, dict) and isinstance(i.get("name"), str) and isinstance(i.get("parameters"), dict)
         for i in items

@@ -144,3 +144,16 @@ def test_forced_calls_read_the_reply_whole():
     stream = ForcedCallStream(None)
     assert stream.feed('[{"name": "g", ') == ("", [])
     assert stream.feed('"parameters": {}}]', final=True) == ("", [ToolCall("g", "{}")])
+
+
+def test_json_nested_past_the_decoders_depth_is_no_call():
+    """A reply nesting deeper than json.loads recurses (a model repeating `[`, or `{"a": ` in
+    arguments that any JSON schema admits) is read as not a call: json's RecursionError escaped
+    the parser (a 500, and a stream cut off without an error frame or [DONE])."""
+    deep = "[" * 5000 + "]" * 5000
+    block = f'{START}{{"name": "f", "arguments": {{"a": {deep}}}}}{END}'
+    assert parse_block(deep) is None
+    assert split_calls(f"x {block}") == (f"x {block}", [])
+    assert ToolCallStream().feed(START + "[" * 5000, final=True) == (START + "[" * 5000, [])
+    assert forced_calls(deep, None) is None
+    assert forced_calls(f'[{{"name": "g", "parameters": {{"a": {deep}}}}}]', None) is None
