@@ -134,7 +134,7 @@ def _template_tool_call(call, where: str) -> dict:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # no JSON, or nested deeper than json recurses
             raise ChatTemplateError(
                 f"{where}.function.arguments must be a JSON object, got {arguments!r}"
             ) from None

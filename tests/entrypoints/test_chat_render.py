@@ -112,3 +112,13 @@ def test_refusal_and_input_text_parts_are_text_as_in_vllm(tokenizer):
     assert render_chat(_ctx(tokenizer), _chat(messages=messages)) == "u:a\nb;a:No.;A:"
     bad = [{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]
     _bad(_ctx(tokenizer), _chat(messages=bad), "messages", "a refusal part's refusal must be a string")
+
+
+def test_tool_call_arguments_nested_past_the_decoders_depth_are_a_400(tokenizer):
+    """json.loads recurses about 1000 levels deep: deeper arguments raised its RecursionError (a
+    500); they are refused as any arguments that are no JSON object."""
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": ' + deep + "}"}}
+    messages = [CONVERSATION[0], {"role": "assistant", "content": None, "tool_calls": [call]}]
+    match = r"messages\[1\].tool_calls\[0\].function.arguments must be a JSON object"
+    _bad(_ctx(tokenizer), _chat(messages=messages), "messages", match)
