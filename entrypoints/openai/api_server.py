@@ -63,11 +63,14 @@ def _error_response(err: APIError) -> JSONResponse:
 
 
 async def _parse(request: Request, model: type[BaseModel]):
-    """The JSON body as `model`; malformed JSON or a field error (unknown, wrong type) is a 400."""
+    """The JSON body as `model`; malformed JSON, JSON nested past the decoder's recursion, or a
+    field error (unknown, wrong type) is a 400."""
     try:
         raw = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses once a level
+        raise APIError(400, "the body's JSON is nested deeper than this server reads") from None
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

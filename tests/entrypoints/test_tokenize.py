@@ -114,3 +114,21 @@ def test_a_removed_guided_field_s_hint_never_names_a_key_this_server_refuses():
             assert key in StructuredOutputsParams.__dataclass_fields__, (field, err["message"])
     err = _post("/v1/completions", {**base, "guided_whitespace_pattern": " "}).json()["error"]
     assert "not supported" in err["message"] and "disable_any_whitespace" in err["message"]
+
+
+def test_a_body_nested_deeper_than_the_json_parser_recurses_is_a_400():
+    """A body nested past json's recursion limit (about 1000 levels) is a 400 like other bodies
+    that are no JSON the server can read; the RecursionError was a 500."""
+    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
+    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
+    deep = '{"model": "m", "prompt": ' + "[" * 5000 + "]" * 5000 + "}"
+
+    async def run(path):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(path, content=deep, headers={"content-type": "application/json"})
+
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):
+        reply = asyncio.run(run(path))
+        assert reply.status_code == 400, (path, reply.text)
+        assert "nested" in reply.json()["error"]["message"]
