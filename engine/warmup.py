@@ -17,9 +17,11 @@ pool, sample/precompile.py), not one after another as the batches meet them.
 
 Invariant: nothing of the warm-up remains visible: its requests finish, the prefix cache is
 reset (their blocks are free and unhashed), EngineStats start from zero (startup figures
-aside), and the sampler's generator is re-seeded as constructed, so seeded and unseeded outputs
-are those of an engine that never warmed up. On the CPU it is off by default (EngineArgs.warmup
-None = on for CUDA); forced on, it is tiny (short prompts, two tokens each), so tests stay fast.
+aside), and the sampler's generator is re-seeded as constructed, as is speculative decoding
+(SpecDecoder.reset: its verifier's generator and its adaptive drafting's step clock), so seeded
+and unseeded outputs are those of an engine that never warmed up. On the CPU it is off by
+default (EngineArgs.warmup None = on for CUDA); forced on, it is tiny (short prompts, two tokens
+each), so tests stay fast.
 
 Compile caches persist across processes by default: inductor's FX-graph and autotune caches
 (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_<user>) and Triton's kernel cache
@@ -189,8 +191,8 @@ def _reset(engine) -> None:
 
     trace = engine.stats.step_trace
     engine.stats = EngineStats(step_trace=None if trace is None else [])
-    if engine.spec is not None:  # speculative counters restart too, still shared with the drafter
-        engine.spec.reset_stats()
+    if engine.spec is not None:  # speculation restarts too (counters, generator, clock), its
+        engine.spec.reset()  # counters still shared with the engine's stats
         engine.stats.spec_decode = engine.spec.stats
     engine.block_manager.reset_prefix_cache()
     engine.sampler.generator.seed(engine.sampler.seed)

@@ -83,13 +83,23 @@ class SpecDecoder:
                 config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
             )
         self.drafter = drafter
-        self.stats = SpecDecodeStats()
+        self.seed = 0 if seed is None else seed
         self.request_stats: dict[str, SpecDecodeStats] = {}
         self.generator = torch.Generator(device=torch.device(device))
-        self.generator.manual_seed(0 if seed is None else seed)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the state of construction, as the engine's warm-up leaves it: counters from
+        zero, the verifier's generator re-seeded, the adaptive drafting's clock at step 0 with
+        no request backing off. Both the generator (random rows' accept draws and residual
+        draws) and the clock (which steps re-probe a backed-off request) decide unseeded
+        outputs, so a warmed-up engine then speculates exactly as a cold one. Call it with no
+        request running (the drafter's per-request state goes with each request: `forget`)."""
+        self.stats = SpecDecodeStats()
+        self.generator.manual_seed(self.seed)
         self._drafted: list = []
         self._num_steps = 0  # proposals made (the adaptive drafting's clock)
-        self.adaptive = AdaptiveDrafting(config.num_speculative_tokens)
+        self.adaptive = AdaptiveDrafting(self.config.num_speculative_tokens)
         self.num_disabled_steps = 0  # steps proposed nothing by disable_by_batch_size
         self._lagged: Optional[str] = None  # the request wants_real_tokens waited for
 

@@ -95,3 +95,58 @@ def test_warm_up_fits_a_small_budget_without_chunked_prefill():
     engine = EngineCore(args)
     assert engine.warmup_report.num_requests > 0
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+# Drafts and rejections both happen on these: a prompt that repeats (the n-gram drafter finds
+# it) and random rows (temperature 1.0), whose drafts are mostly rejected (the back-off then
+# depends on the decoder's step clock).
+SPEC_PROMPTS = [{"prompt_token_ids": ([5, 6, 7, 8] * 6)[: 10 + i]} for i in range(4)]
+SPEC_PARAMS = SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True)
+
+
+def _speculating(config: dict, model, draft_model=None):
+    """An engine (cold: no warm-up) with speculative_config `config` over `model`."""
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=40,
+        max_model_len=64,
+        seed=0,
+        warmup=False,
+        speculative_config={**config, "disable_by_batch_size": None},
+    )
+    return EngineCore(args, model=model, draft_model=draft_model)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_warm_engine_speculates_as_a_cold_one_does(method):
+    """Under speculation too, the warm-up leaves no trace: unseeded random rows (drafted, mostly
+    rejected, backed off) come out as a cold engine's. The warm-up here is the CUDA one (longer
+    prompts, four tokens each), whose drafted random rows draw from the verifier's generator;
+    the decoder's step clock, which times the re-probes of backed-off requests, advances in any
+    warm-up. Both must be as constructed after it (they were not: the outputs differed)."""
+    from enginespec.engine.warmup import warm_up
+    from enginespec.llm import LLM
+
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    cold = _speculating(config, None)
+    draft = None
+    if method == "draft_model":  # the target itself as the draft: every row is drafted
+        config = {"method": "draft_model", "model": str(tiny_model_dir("qwen3")), "num_speculative_tokens": 3}
+        draft = cold.model
+        cold = _speculating(config, cold.model, draft)
+    warm = _speculating(config, cold.model, draft)
+    assert warm_up(warm, tiny=False, progress=False).num_requests > 0
+    assert warm.stats.spec_decode is warm.spec.stats and warm.stats.spec_decode.num_drafts == 0
+    outputs = []
+    for engine in (cold, warm):
+        outs = LLM.from_engine(engine).generate(SPEC_PROMPTS, SPEC_PARAMS, use_tqdm=False)
+        outputs.append([o.outputs[0].token_ids for o in outs])
+        check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert cold.stats.spec_decode.num_drafts > 0
+    assert outputs[1] == outputs[0]
