@@ -67,7 +67,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from enginespec.spec import SchedulerConfig
+from enginespec.spec import POLICIES, PREEMPTION_MODES, SchedulerConfig
 
 # Mixed steps (prefill chunks, verification rows) of up to this many tokens replay CUDA graphs:
 # outside a graph any step cost about 12 ms of launches on the H200 whatever its size, more than
@@ -183,6 +183,27 @@ def _check_vllm_args(args: "EngineArgs") -> None:
             )
 
 
+def _check_scheduling(args: "EngineArgs") -> None:
+    """The scheduler's knobs under their EngineArgs names, before any model loads (SchedulerConfig
+    checks them again under its own: `policy` is scheduling_policy there, and a typo found there
+    cost a whole model load first). max_num_seqs is checked before this."""
+    if args.scheduling_policy not in POLICIES:
+        raise ValueError(f"scheduling_policy must be one of {list(POLICIES)}, got {args.scheduling_policy!r}")
+    if args.preemption_mode not in PREEMPTION_MODES:
+        raise ValueError(
+            f"preemption_mode must be one of {list(PREEMPTION_MODES)}, got {args.preemption_mode!r}"
+        )
+    _check_int("long_prefill_token_threshold", args.long_prefill_token_threshold, 0, None)
+    budget = args.max_num_batched_tokens
+    if budget is not None:
+        _check_int("max_num_batched_tokens", budget, 1, None)
+        if budget < args.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({args.max_num_seqs}), so "
+                f"every running request can decode in one step"
+            )
+
+
 @dataclass
 class EngineArgs:
     """Engine settings. None means "derive it": max_model_len from the model's
@@ -241,11 +262,12 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
-        bound); those that need the model (max_model_len) or the scheduler's rules
-        (max_num_batched_tokens) are checked where they are resolved."""
+        bound); those that need the model (max_model_len, and max_num_batched_tokens against
+        it with chunked prefill off) are checked where they are resolved."""
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
         _check_int("max_logprobs", self.max_logprobs, -1, None)
+        _check_scheduling(self)
         _check_dtype(self.dtype)
         if self.num_gpu_blocks_override is not None:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)

@@ -123,15 +123,32 @@ def test_unknown_engine_args_are_a_type_error_naming_them(impl):
         ("gpu_memory_utilization", 5.0),
         ("gpu_memory_utilization", 0.0),
         ("num_gpu_blocks_override", 0),
+        ("scheduling_policy", "lifo"),
+        ("preemption_mode", "copy"),
+        ("long_prefill_token_threshold", -1),
+        ("long_prefill_token_threshold", True),
+        ("max_num_batched_tokens", 0),
+        ("max_num_batched_tokens", 16.0),
     ],
 )
 def test_engine_args_refuse_a_bad_type_or_range_naming_the_field(field, value):
     """Checked on construction (no model needed): a string "no" for a flag used to be truthy,
-    a seed of 2**70 failed inside torch naming no field, 5.0 of the GPU memory passed on CPU."""
+    a seed of 2**70 failed inside torch naming no field, 5.0 of the GPU memory passed on CPU.
+    The scheduler's knobs were checked only by SchedulerConfig, after the model had loaded, and
+    scheduling_policy was named "SchedulerConfig.policy" there."""
     from enginespec.engine_args import EngineArgs
 
     with pytest.raises(ValueError, match=field):
         EngineArgs(**{field: value})
+
+
+def test_a_budget_below_max_num_seqs_is_refused_naming_both():
+    """vLLM's rule, on construction: max_num_batched_tokens >= max_num_seqs."""
+    from enginespec.engine_args import EngineArgs
+
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(8\) must be >= max_num_seqs \(16\)"):
+        EngineArgs(max_num_batched_tokens=8, max_num_seqs=16)
+    assert EngineArgs(max_num_batched_tokens=16, max_num_seqs=16).max_num_batched_tokens == 16
 
 
 def test_bad_engine_args_are_value_errors(impl):
@@ -139,7 +156,7 @@ def test_bad_engine_args_are_value_errors(impl):
         make_llm(impl, max_model_len=10_000)
     with pytest.raises(ValueError, match="kv_cache_bytes"):
         make_llm(impl, num_blocks=None, kv_cache_bytes=10)
-    with pytest.raises(ValueError, match="scheduling_policy|policy"):
+    with pytest.raises(ValueError, match="scheduling_policy"):
         make_llm(impl, scheduling_policy="lifo")
     with pytest.raises(ValueError, match="dtype"):
         make_llm(impl, dtype="int3")
