@@ -16,7 +16,9 @@ Invariants:
   request of more samples than that bound could never be admitted: RequestTooLarge (400).
 - Every pending request gets exactly one terminal item on its queue: its finished output or an
   error (stop() too ends the pending ones with EngineDead); an aborted one gets nothing (nobody
-  listens) but is released all the same.
+  listens) but is released all the same. Likewise every call between two steps (pause,
+  reset_prefix_cache, ...) gets its reply or an error: stop() and the engine's death fail the
+  ones awaiting a reply, and a call after stop() is EngineDead at once.
 - A request id names one pending request: submitting an id that is pending (or twice in one
   batch) is a ValueError that changes nothing, as the engine refuses an id in use.
 - If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
@@ -291,12 +293,12 @@ class EngineClient:
         self._accepting = False
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, end the pending ones with EngineDead (nothing more comes for
-        them), ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if it does not go in
+        """Refuse new requests, end the pending ones and the calls awaiting a reply with
+        EngineDead (nothing more comes for them), ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if it does not go in
         time). Idempotent."""
         self._accepting = False
         self._stopping = True
-        if self._streams:
+        if self._streams or self._calls:
             self._on_loop(self._fail_pending, EngineDead("the engine was stopped"))
         if self._loop is not None and self._from_engine is not None:
             try:
@@ -326,9 +328,14 @@ class EngineClient:
             loop.call_soon_threadsafe(fn, *args)
 
     def _fail_pending(self, error: BaseException) -> None:
-        """Release every pending request with `error` as its terminal item."""
+        """Release every pending request with `error` as its terminal item, and fail every
+        pending call (_call) with it: once the reader is gone no reply can reach them."""
         for rid in list(self._streams):
             self._release(rid).sink.put_nowait(("error", error))
+        calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(error)
 
     def _reap(self, timeout: float) -> None:
         worker = self._worker
@@ -436,6 +443,8 @@ class EngineClient:
         """Run core_messages.CALLS' `name` in the engine between two steps; its result."""
         if self.fatal is not None:
             raise self.fatal
+        if self._stopping:  # the reader is gone: no reply would ever come
+            raise EngineDead("the engine was stopped")
         token = next(self._tokens)
         fut = self._loop.create_future()
         self._calls[token] = fut
@@ -541,10 +550,6 @@ class EngineClient:
         self.fatal = EngineDead(f"the engine process died ({self._exitcode()})")
         self._accepting = False
         self._fail_pending(self.fatal)
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(self.fatal)
-        self._calls.clear()
         if self.on_death is not None:
             self.on_death()
 

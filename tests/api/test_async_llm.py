@@ -307,6 +307,25 @@ def test_shutdown_ends_live_requests_with_engine_dead(model_dir):
     engine.shutdown()  # idempotent
 
 
+def test_shutdown_ends_a_reset_prefix_cache_awaiting_its_reply(model_dir):
+    """A reset_prefix_cache still awaiting the engine's reply when shutdown() runs raises
+    EngineDead (it waited forever: stop() took the reader away, so the reply never came, and
+    nothing failed the call's future). Deterministic: the call is sent, then shutdown() runs in
+    the same turn of the loop, before the reader could see any reply."""
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+
+    async def shut_down_while_calling():
+        call = asyncio.ensure_future(engine.reset_prefix_cache())
+        await asyncio.sleep(0)  # the call is sent and awaits its reply
+        engine.shutdown()
+        with pytest.raises(EngineDead):
+            await asyncio.wait_for(call, 30)  # bounded: the old code never returned
+        with pytest.raises(EngineDead):
+            await engine.reset_prefix_cache()
+
+    asyncio.run(shut_down_while_calling())
+
+
 def test_the_engine_core_runs_in_its_own_process(model_dir, llm):
     params = SamplingParams(max_tokens=5, temperature=0)
     with AsyncLLM(str(model_dir), start_timeout=300, **ENGINE) as engine:
