@@ -313,20 +313,27 @@ def load_chat_template(value: Optional[str]) -> Optional[str]:
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
+# The signals that stop the server cleanly (exit status 0): not re-raised once it has stopped.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, except that SIGTERM, the ordinary way to stop a server, ends in exit
-        status 0 after the graceful shutdown (uvicorn re-raises it, so the process would die of
-        the signal), and that it closes admission at once (new requests get 503 meanwhile)."""
+        """uvicorn's server, except that SIGTERM and SIGINT (Ctrl-C), the ordinary ways to stop
+        a server, end in exit status 0 after the graceful shutdown, as vLLM's server ends
+        (uvicorn re-raises the signal, so the process would die of it: of SIGINT with a
+        KeyboardInterrupt traceback), and that it closes admission at once (new requests get
+        503 meanwhile). A second Ctrl-C still cuts the graceful shutdown short (uvicorn's
+        force_exit)."""
 
         on_exit = None
 
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
             captured = getattr(self, "_captured_signals", None)
-            if sig == signal.SIGTERM and captured and captured[-1] == sig:
+            if sig in _STOP_SIGNALS and captured and captured[-1] == sig:
                 captured.pop()
             if self.on_exit is not None:
                 self.on_exit()

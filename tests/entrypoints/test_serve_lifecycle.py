@@ -127,3 +127,29 @@ def test_engine_process_death_fails_requests_and_ends_the_server(model_dir):
         assert not _alive(engine_pid)
     finally:
         srv.terminate()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_server_without_re_raising_it(sig):
+    """`enginespec serve`'s uvicorn server (api_server._server_class) stopped by SIGTERM or by
+    Ctrl-C's SIGINT returns from run() after its graceful shutdown, so run_server returns 0, as
+    vLLM's server exits; uvicorn re-raised SIGINT once stopped, so Ctrl-C ended the server with a
+    KeyboardInterrupt traceback and death by the signal. In this process, over an app of nothing
+    but a lifespan whose startup raises the signal: the server's handler takes it."""
+    import uvicorn
+
+    from enginespec.entrypoints.openai.api_server import _server_class
+
+    async def app(scope, receive, send):
+        assert scope["type"] == "lifespan"
+        while (await receive())["type"] == "lifespan.startup":
+            signal.raise_signal(sig)  # the server's handle_exit runs here, in the main thread
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+
+    server = _server_class()(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pytest.fail(f"the server re-raised {sig.name} after its shutdown")
+    assert server.should_exit
