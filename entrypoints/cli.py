@@ -3,7 +3,7 @@
     enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
-    enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K ...]
+    enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K [K ...] ...]
                                   (an OpenAI-compatible server; see entrypoints/openai/)
 
 The throughput benchmark is not part of the installed product: from a checkout, run
@@ -308,7 +308,13 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("model", help="local Hugging Face checkpoint directory")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=_port, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/*, KEY one of these (vLLM's flag; "
+        "without it, the VLLM_API_KEY environment variable's key, as vLLM)",
+    )
     serve.add_argument("--served-model-name", nargs="+", default=None, help="model name(s) in the API")
     serve.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the text)")
     serve.add_argument(

@@ -3,7 +3,9 @@
 Routes: /health, /version, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
 /metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
-them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key guards /v1/* (a Bearer token), as vLLM does.
+them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
+Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
+variable's key does, as vLLM reads it (api_keys).
 
 Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
 --engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
@@ -21,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -97,16 +101,21 @@ def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:
 
 
 class _ApiKeyGuard:
-    """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' (401 otherwise). Not
-    starlette's BaseHTTPMiddleware, which wraps `receive` and hides client disconnects."""
+    """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' for one of the keys (401
+    otherwise), compared in constant time, as vLLM's. Not starlette's BaseHTTPMiddleware, which
+    wraps `receive` and hides client disconnects."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, api_keys: Sequence[str]):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
+
+    def _authorized(self, scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        return any([secrets.compare_digest(given, e) for e in self.expected])  # every key: no early out
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            if dict(scope["headers"]).get(b"authorization") != self.expected:
+            if not self._authorized(scope):
                 response = _error_response(APIError(401, "Unauthorized: a valid API key is required"))
                 await response(scope, receive, send)
                 return
@@ -127,11 +136,12 @@ def _disconnect_waiter(request: Request):
 def build_app(
     ctx: ServerContext,
     metrics: ServerMetrics,
-    api_key: Optional[str] = None,
+    api_key: Union[str, Sequence[str], None] = None,
     dev: bool = False,
     cors: Optional[dict] = None,
 ) -> FastAPI:
-    """The app over ctx. `cors` (cors_options): starlette's CORSMiddleware with those options,
+    """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
+    takes; None or an empty list: no key needed. `cors` (cors_options): starlette's CORSMiddleware with those options,
     outermost, so a browser's preflight (OPTIONS, which carries no API key) is answered before
     the key guard, as vLLM's server answers it; None: no CORS headers, preflights are 405s."""
 
@@ -153,8 +163,9 @@ def build_app(
     async def _internal(request: Request, exc: Exception):
         return _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
 
-    if api_key is not None:
-        app.add_middleware(_ApiKeyGuard, api_key=api_key)
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    if keys:
+        app.add_middleware(_ApiKeyGuard, api_keys=keys)
     if cors is not None:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, **cors)
 
@@ -163,6 +174,20 @@ def build_app(
     if dev:
         _add_dev_routes(app, ctx)
     return app
+
+
+def api_keys(ns) -> list[str]:
+    """The keys that guard /v1/*, as vLLM takes them: --api-key's (one or more), else the
+    VLLM_API_KEY environment variable's, where set and not empty (so that a deployment that
+    keys vLLM by its environment stays keyed, not open, under this server); [] : no key. An
+    empty key on the command line is a ValueError naming --api-key (every request would be
+    refused, or under vLLM's rule none would be)."""
+    if ns.api_key is None:
+        key = os.environ.get("VLLM_API_KEY", "")
+        return [key] if key else []
+    if not all(ns.api_key):
+        raise ValueError(f"--api-key: a key must not be empty, got {ns.api_key!r}")
+    return list(ns.api_key)
 
 
 def cors_options(ns) -> Optional[dict]:
@@ -355,6 +380,7 @@ def run_server(ns) -> int:
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     cors = cors_options(ns)
+    keys = api_keys(ns)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
@@ -386,7 +412,7 @@ def run_server(ns) -> int:
             enable_auto_tool_choice=ns.enable_auto_tool_choice,
             tool_call_parser=ns.tool_call_parser,
         )
-        app = build_app(ctx, metrics, api_key=ns.api_key, dev=ns.enable_dev_endpoints, cors=cors)
+        app = build_app(ctx, metrics, api_key=keys, dev=ns.enable_dev_endpoints, cors=cors)
         config = uvicorn.Config(
             app,
             host=ns.host,
