@@ -4,7 +4,8 @@
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
     enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K [K ...] ...]
-                                  (an OpenAI-compatible server; see entrypoints/openai/)
+                                  (an OpenAI-compatible server; see entrypoints/openai/;
+                                  `serve --model MODEL_DIR`, vLLM's other form, is the same)
 
 The throughput benchmark is not part of the installed product: from a checkout, run
 `python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
@@ -305,7 +306,13 @@ def _seconds(text: str) -> float:
 def _add_serve_parser(sub) -> None:
     """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
-    serve.add_argument("model", help="local Hugging Face checkpoint directory")
+    serve.add_argument("model", nargs="?", default=None, help="local Hugging Face checkpoint directory")
+    serve.add_argument(
+        "--model",
+        dest="model_flag",
+        default=None,
+        help="the same, as vLLM's --model names it (`vllm serve --model DIR`); give one of the two",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument(
@@ -394,6 +401,16 @@ def _add_cors_args(serve) -> None:
     serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
 
 
+def _serve_model(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Set ns.model from the positional MODEL_DIR or vLLM's --model (exactly one of them, or
+    both naming the same directory); else argparse's usage error (exit 2) saying so."""
+    given = {ns.model, ns.model_flag} - {None}
+    if len(given) != 1:
+        which = "got none" if not given else f"got MODEL_DIR {ns.model!r} and --model {ns.model_flag!r}"
+        parser.error(f"serve: give the checkpoint directory once, as MODEL_DIR or as --model ({which})")
+    ns.model = given.pop()
+
+
 def _serve(ns: argparse.Namespace) -> int:
     from enginespec.entrypoints.openai.api_server import run_server
 
@@ -462,7 +479,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (ValueError, TypeError, FileNotFoundError) as e:
             print(f"enginespec simulate: error: {e}", file=sys.stderr)
             return EXIT_USAGE
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        _serve_model(parser, ns)
     try:
         run = {"generate": _generate, "demo": _demo, "serve": _serve}[ns.command]
         return run(ns)

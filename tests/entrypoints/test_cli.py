@@ -576,3 +576,20 @@ def test_version_prints_the_package_version(capsys):
     with pytest.raises(SystemExit) as exited:
         run_cli(["--version"], capsys)
     assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"enginespec {__version__}"
+
+
+def test_serve_takes_the_checkpoint_as_vllms_model_flag_too(capsys, monkeypatch):
+    """`vllm serve --model DIR` (the form of vLLM's docker images and older scripts) names the
+    checkpoint as MODEL_DIR does (it was a usage error: "the following arguments are required:
+    model"); both forms at once must agree, and one of them is required."""
+    from enginespec.entrypoints.openai import api_server
+
+    served = []
+    monkeypatch.setattr(api_server, "run_server", lambda ns: served.append(ns.model) or 0)
+    for argv in (["--model", "/m"], ["/m"], ["/m", "--model", "/m"]):
+        assert run_cli(["serve", *argv, "--port", "0"], capsys)[0] == 0
+    assert served == ["/m"] * 3
+    for argv, named in ((["/m", "--model", "/n"], "got MODEL_DIR '/m' and --model '/n'"), ([], "got none")):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error
+            run_cli(["serve", *argv], capsys)
+        assert exited.value.code == 2 and named in capsys.readouterr().err
