@@ -245,8 +245,8 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:
     @app.get("/health")
     async def health():
-        if not ctx.engine.alive:
-            raise APIError(500, f"the engine is not running: {ctx.engine.fatal!r}")
+        if not ctx.engine.alive:  # vLLM's answer to a dead engine: 503, which probes read as down
+            raise APIError(503, f"the engine is not running: {ctx.engine.fatal!r}")
         return Response(status_code=200)
 
     @app.get("/version")

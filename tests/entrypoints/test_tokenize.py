@@ -132,3 +132,25 @@ def test_a_body_nested_deeper_than_the_json_parser_recurses_is_a_400():
         reply = asyncio.run(run(path))
         assert reply.status_code == 400, (path, reply.text)
         assert "nested" in reply.json()["error"]["message"]
+
+
+def test_health_is_503_once_the_engine_is_dead():
+    """vLLM's /health answers 503 when its engine is dead (a 500 read as a server bug, not as
+    an instance to take out of rotation)."""
+    from types import SimpleNamespace
+
+    from enginespec.entrypoints.openai.engine_client import EngineDead
+
+    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
+    for alive, status in ((True, 200), (False, 503)):
+        engine = SimpleNamespace(alive=alive, fatal=None if alive else EngineDead("the engine process died"))
+        app = build_app(
+            ServerContext(engine, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m")
+        )
+
+        async def run(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.get("/health")
+
+        assert asyncio.run(run(app)).status_code == status
