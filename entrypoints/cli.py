@@ -330,6 +330,22 @@ def _add_serve_parser(sub) -> None:
         help="use a request's own chat_template (vLLM's flag; without it such a request is a 400)",
     )
     serve.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log each request (its prompt, prompt ids and sampling params) at INFO as it is received (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="accepted for vLLM's command lines: requests are logged only with --enable-log-requests",
+    )
+    serve.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="with --enable-log-requests: at most this many prompt characters and ids a line (default: all)",
+    )
+    serve.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM's flag)",

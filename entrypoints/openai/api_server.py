@@ -338,6 +338,29 @@ def load_chat_template(value: Optional[str]) -> Optional[str]:
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
+def _check_request_log(ns) -> None:
+    """vLLM's request-log flags: one of --enable-log-requests and --disable-log-requests (the
+    latter the default here, kept for vLLM's command lines), --max-log-len >= 0."""
+    if ns.enable_log_requests and ns.disable_log_requests:
+        raise ValueError("give one of --enable-log-requests and --disable-log-requests, not both")
+    if ns.max_log_len is not None and ns.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {ns.max_log_len}")
+
+
+def _log_to_stderr(uvicorn_level: str) -> None:
+    """enginespec's own log lines (the request log, the checkpoint's sampling defaults) to
+    stderr at the server's log level, in uvicorn's look, as vLLM's server shows its own: without
+    a handler Python prints only warnings. Left alone where the embedding program has given the
+    `enginespec` logger a handler."""
+    logger = logging.getLogger("enginespec")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(getattr(logging, uvicorn_level.upper(), logging.DEBUG))  # uvicorn's trace: debug
+
+
 # The signals that stop the server cleanly (exit status 0): not re-raised once it has stopped.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -381,6 +404,8 @@ def run_server(ns) -> int:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     cors = cors_options(ns)
     keys = api_keys(ns)
+    _check_request_log(ns)
+    _log_to_stderr(ns.uvicorn_log_level)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
@@ -411,6 +436,8 @@ def run_server(ns) -> int:
             reasoning_parser=get_parser(ns.reasoning_parser),
             enable_auto_tool_choice=ns.enable_auto_tool_choice,
             tool_call_parser=ns.tool_call_parser,
+            log_requests=ns.enable_log_requests,
+            max_log_len=ns.max_log_len,
         )
         app = build_app(ctx, metrics, api_key=keys, dev=ns.enable_dev_endpoints, cors=cors)
         config = uvicorn.Config(

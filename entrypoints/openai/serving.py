@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ from enginespec.entrypoints.openai.tool_calls import (
 from enginespec.spec import SamplingParams, StructuredOutputsParams
 from enginespec.spec.params import ALL_LOGPROBS
 
+log = logging.getLogger(__name__)
+
 RETRY_AFTER_S = 1
 
 
@@ -78,6 +81,10 @@ class ServerContext:
     # calls (openai/tool_calls.py)
     enable_auto_tool_choice: bool = False
     tool_call_parser: Optional[str] = None
+    # --enable-log-requests: each request logged at INFO as it is submitted (vLLM's flag), its
+    # prompt's text and ids cut to max_log_len (None: whole)
+    log_requests: bool = False
+    max_log_len: Optional[int] = None
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -267,7 +274,22 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
         rid = call.engine_id if len(call.prompts) == 1 else f"{call.engine_id}-{i}"
         call.index_of[rid] = i
         subs.append(NewRequest(rid, text, ids, params, call.body.priority, call.body.cache_salt))
+    if ctx.log_requests:
+        for sub in subs:
+            _log_request(ctx, call, sub)
     return await _engine_submit(ctx, call, subs)
+
+
+def _log_request(ctx: ServerContext, call: _Call, sub: NewRequest) -> None:
+    """vLLM's "Received request" line at INFO: the engine's request id and the response id the
+    client sees, the prompt's text and ids (each cut to max_log_len), the sampling params."""
+    n = ctx.max_log_len
+    text = sub.prompt if sub.prompt is None or n is None else sub.prompt[:n]
+    ids = sub.prompt_token_ids if n is None else sub.prompt_token_ids[:n]
+    log.info(
+        "Received request %s (response %s): prompt: %r, params: %s, prompt_token_ids: %s",
+        sub.request_id, call.response_id, text, sub.params, ids,
+    )  # fmt: skip
 
 
 async def _engine_submit(ctx: ServerContext, call: _Call, subs: list[NewRequest]) -> Generation:
