@@ -44,6 +44,22 @@ async def final_output(gen):
     return last
 
 
+class ScriptedGeneration:
+    """A Generation that yields these outputs, one a step (the engine's steps, or outputs
+    coalesced while the event loop was busy): the stream builders' input without an engine."""
+
+    def __init__(self, outputs):
+        self.outputs, self.done = list(outputs), False
+
+    async def next(self):
+        out = self.outputs.pop(0)
+        self.done = out.finished
+        return [("output", out)]
+
+    def abort(self) -> None:
+        pass
+
+
 def scripted_output(text: str, finish_reason=None):
     """A one-choice RequestOutput (request id "r") whose text is `text`, a token a character,
     as the tiny character tokenizer would stream it."""

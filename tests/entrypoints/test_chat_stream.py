@@ -21,25 +21,10 @@ from enginespec.entrypoints.openai.serving import (
     _stream,
 )
 from enginespec.entrypoints.openai.sse import frame
-from tests.entrypoints.client_helpers import scripted_output
+from tests.entrypoints.client_helpers import ScriptedGeneration, scripted_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 PROMPT_IDS = [5, 6, 7]
-
-
-class _Scripted:
-    """A Generation that yields these outputs, one a step."""
-
-    def __init__(self, outputs):
-        self.outputs, self.done = list(outputs), False
-
-    async def next(self):
-        out = self.outputs.pop(0)
-        self.done = out.finished
-        return [("output", out)]
-
-    def abort(self) -> None:
-        pass
 
 
 def _outputs(text: str) -> list:
@@ -61,7 +46,7 @@ def _chunks(options) -> tuple[list[dict], dict]:
     ctx = ServerContext(None, None, ["m"], 64)
 
     async def frames():
-        return [f async for f in _stream(ctx, call, _Scripted(_outputs("abc")))]
+        return [f async for f in _stream(ctx, call, ScriptedGeneration(_outputs("abc")))]
 
     raw = asyncio.run(frames())
     assert raw[-1] == "data: [DONE]\n\n"

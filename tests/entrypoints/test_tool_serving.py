@@ -29,7 +29,13 @@ from enginespec.entrypoints.openai.serving import (
     create_chat_completion,
 )
 from enginespec.testing.checkpoints import tiny_model_dir
-from tests.entrypoints.client_helpers import in_process_client, never, scripted_output, stream_then_full
+from tests.entrypoints.client_helpers import (
+    ScriptedGeneration,
+    in_process_client,
+    never,
+    scripted_output,
+    stream_then_full,
+)
 
 MESSAGES = [{"role": "user", "content": "weather?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -126,22 +132,6 @@ def test_the_stream_carries_the_full_bodys_content_and_calls(pieces, reasoning):
     assert choices[-1]["finish_reason"] == full["finish_reason"]
 
 
-class _Scripted:
-    """A Generation that yields these outputs, one a step (the engine's steps, or outputs
-    coalesced while the event loop was busy)."""
-
-    def __init__(self, outputs):
-        self.outputs, self.done = list(outputs), False
-
-    async def next(self):
-        out = self.outputs.pop(0)
-        self.done = out.finished
-        return [("output", out)]
-
-    def abort(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("continuous", [False, True])
 def test_the_sdks_stream_helper_closes_a_call_that_comes_with_the_finish(continuous):
     """The openai SDK's ChatCompletionStreamState (what client.chat.completions.stream runs)
@@ -155,7 +145,9 @@ def test_the_sdks_stream_helper_closes_a_call_that_comes_with_the_finish(continu
         out.finished = out.outputs[0].finish_reason is not None
 
     async def frames():
-        return [f async for f in _stream(ServerContext(None, None, ["m"], 64), call, _Scripted(outputs))]
+        return [
+            f async for f in _stream(ServerContext(None, None, ["m"], 64), call, ScriptedGeneration(outputs))
+        ]
 
     state = ChatCompletionStreamState(input_tools=TOOLS)
     done = []
@@ -343,7 +335,7 @@ class _Replying:
         stream = RequestStream(sub, None, self.tokenizer, 0.0)
         ids = [*self.reply, self.tokenizer.eos_token_id]
         stream.apply((sub.request_id, 0, ids, None, None, "stop", None, None, None, None))
-        return _Scripted([stream.output])
+        return ScriptedGeneration([stream.output])
 
 
 @pytest.mark.parametrize("stream", [False, True])
