@@ -18,9 +18,11 @@ Invariants:
 - An add with a structured-output request is parked until its grammars compile on the
   engine's grammar thread (EngineCore.prepare_grammar): the other requests step meanwhile. It is
   then added whole, or refused whole with the compile's error; an abort drops its requests.
-- A step that raises (a bug: EngineCore contains its own faults) fails every live request and
-  the loop goes on; the loop itself ends on "shutdown" or when the front end is gone (EOF on
-  the input, a broken output pipe), so the engine never outlives its server.
+- A step that raises (a bug, or a dead tensor-parallel rank: EngineCore contains its other
+  faults) fails every request the front end still waits on, those the step itself finished
+  included (their outputs went with the exception), and the loop goes on; the loop itself
+  ends on "shutdown" or when the front end is gone (EOF on the input, a broken output pipe),
+  so the engine never outlives its server.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class DeltaTracker:
 
     def drop(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
+
+    def live(self) -> list[str]:
+        """The tracked requests whose final delta has not gone out: every one the front end
+        still waits on (the engine may have forgotten some: a step that raised after finishing
+        them, as a dead tensor-parallel rank's does, took their outputs with it)."""
+        return list(self._sent)
 
     def collect(self, finals: list) -> list[tuple]:
         """The deltas of this step: from the finished RequestOutputs step() returned (their
@@ -411,8 +419,10 @@ class EngineCoreProc:
         return self.tracker.collect(finals)
 
     def _fail_all(self, error: ErrorInfo) -> None:
-        ids = list(self.engine.parents)
-        self.engine.abort(ids, report=False)
+        """Fail every request the front end waits on: the engine's unfinished ones, and those
+        the raising step finished without its outputs reaching us (DeltaTracker.live)."""
+        ids = list(dict.fromkeys([*self.engine.parents, *self.tracker.live()]))
+        self.engine.abort(ids, report=False)  # ids it no longer knows are skipped
         for rid in ids:
             self.tracker.drop(rid)
             self._failed.append((rid, error))

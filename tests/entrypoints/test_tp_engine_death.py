@@ -1,0 +1,56 @@
+"""A tensor-parallel engine behind the engine client (the server's and AsyncLLM's side) when a
+worker dies: the request of the step that found it dead gets its error (not silence), and no
+worker process is left. The engine runs on a thread here (in_process=True: the same loop and
+pipes as the spawned engine process)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from enginespec.engine.core_messages import NewRequest
+from enginespec.engine.engine_core import load_engine_tokenizer
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ENGINE = dict(
+    impl="fast", device="cpu", dtype="float32", num_blocks=32, max_num_seqs=4, tensor_parallel_size=2
+)
+HANG_S = 30  # liveness bound: a request of a dead engine is answered long before this
+
+
+def _tp_workers() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("enginespec-tp")]
+
+
+def test_a_dead_worker_fails_the_request_of_its_step(tmp_path):
+    args = EngineArgs.from_kwargs(str(make_checkpoint("qwen3", tmp_path / "qwen3")), **ENGINE)
+    client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    params = SamplingParams(max_tokens=8, temperature=0)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        await client.pause()  # "a" is added but not stepped until the worker is dead
+        gen = await client.submit([NewRequest("a", None, [4, 5, 6], params)])
+        (worker,) = _tp_workers()
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(HANG_S)
+        await client.resume()
+        return await asyncio.wait_for(gen.next(), HANG_S)
+
+    try:
+        items = asyncio.run(run())
+    finally:
+        client.stop()
+    kind, error = items[0]
+    assert kind == "error" and "worker rank 1" in str(error) and "exited with code -9" in str(error)
+    assert not _tp_workers(), "a tensor-parallel worker outlived its engine"
