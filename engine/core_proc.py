@@ -20,9 +20,12 @@ Invariants:
   then added whole, or refused whole with the compile's error; an abort drops its requests.
 - A step that raises (a bug, or a dead tensor-parallel rank: EngineCore contains its other
   faults) fails every request the front end still waits on, those the step itself finished
-  included (their outputs went with the exception), and the loop goes on; the loop itself
-  ends on "shutdown" or when the front end is gone (EOF on the input, a broken output pipe),
-  so the engine never outlives its server.
+  included (their outputs went with the exception), and the loop goes on unless the engine is
+  dead (EngineCore.dead: a tensor-parallel rank died). The loop ends on "shutdown", when the
+  front end is gone (EOF on the input, a broken output pipe), so the engine never outlives
+  its server, and once the engine is dead, after that step's failures went out: the front end
+  then sees the engine die (the server's /health fails and it exits) rather than an engine
+  that accepts every request and fails each.
 """
 
 from __future__ import annotations
@@ -415,6 +418,8 @@ class EngineCoreProc:
             if not isinstance(exc, InjectedFault):
                 traceback.print_exc()
             self._fail_all(ErrorInfo.of(exc))
+            if getattr(self.engine, "dead", None):  # it cannot step again: end, as a dead process
+                self._stop = True
             return []
         return self.tracker.collect(finals)
 

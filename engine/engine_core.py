@@ -663,6 +663,12 @@ class EngineCore:
     def num_unfinished(self) -> int:
         return len(self.parents)
 
+    @property
+    def dead(self) -> Optional[str]:
+        """Why this engine can never step again (a tensor-parallel rank died: step() shut it
+        down and raised EngineDeadError), or None. Once set, it stays set."""
+        return self.tensor_parallel.dead if self.tensor_parallel is not None else None
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name and return), so that later prompts are
         computed in full: what a benchmark calls between runs to time cold prefills. True once

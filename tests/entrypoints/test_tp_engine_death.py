@@ -1,7 +1,8 @@
 """A tensor-parallel engine behind the engine client (the server's and AsyncLLM's side) when a
-worker dies: the request of the step that found it dead gets its error (not silence), and no
-worker process is left. The engine runs on a thread here (in_process=True: the same loop and
-pipes as the spawned engine process)."""
+worker dies: the request of the step that found it dead gets its error (not silence), the
+engine loop ends, so the client declares the engine dead (/health fails, the server exits) and
+refuses new requests, and no worker process is left. The engine runs on a thread here
+(in_process=True: the same loop and pipes as the spawned engine process)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer
 from enginespec.engine_args import EngineArgs
-from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint
 
@@ -31,10 +32,12 @@ def _tp_workers() -> list:
     return [p for p in multiprocessing.active_children() if p.name.startswith("enginespec-tp")]
 
 
-def test_a_dead_worker_fails_the_request_of_its_step(tmp_path):
+def test_a_dead_worker_fails_the_step_request_and_ends_the_engine(tmp_path):
     args = EngineArgs.from_kwargs(str(make_checkpoint("qwen3", tmp_path / "qwen3")), **ENGINE)
     client = EngineClient(args, load_engine_tokenizer(args), in_process=True, max_waiting=16)
     client.launch(timeout=120)
+    deaths = []
+    client.on_death = lambda: deaths.append(True)
     params = SamplingParams(max_tokens=8, temperature=0)
 
     async def run():
@@ -45,7 +48,13 @@ def test_a_dead_worker_fails_the_request_of_its_step(tmp_path):
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(HANG_S)
         await client.resume()
-        return await asyncio.wait_for(gen.next(), HANG_S)
+        items = await asyncio.wait_for(gen.next(), HANG_S)
+        deadline = asyncio.get_running_loop().time() + HANG_S
+        while client.alive and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        with pytest.raises(EngineDead):
+            await client.submit([NewRequest("b", None, [4, 5, 6], params)])
+        return items
 
     try:
         items = asyncio.run(run())
@@ -53,4 +62,5 @@ def test_a_dead_worker_fails_the_request_of_its_step(tmp_path):
         client.stop()
     kind, error = items[0]
     assert kind == "error" and "worker rank 1" in str(error) and "exited with code -9" in str(error)
+    assert deaths == [True] and not client.alive
     assert not _tp_workers(), "a tensor-parallel worker outlived its engine"
