@@ -142,7 +142,19 @@ class EngineCore:
         from enginespec.kernels import compile_procs
 
         with compile_procs.lease():  # the startup's compile workers end with it (the last lease)
-            self._build(args, model, tokenizer, draft_model)
+            try:
+                self._build(args, model, tokenizer, draft_model)
+            except BaseException:
+                self._release_tensor_parallel()
+                raise
+
+    def _release_tensor_parallel(self) -> None:
+        """A build that failed once the tensor-parallel workers started stops them and leaves
+        the process group: no engine is returned that the caller could close, and the group
+        left behind would refuse the process's next tensor-parallel engine."""
+        tp = getattr(self, "tensor_parallel", None)
+        if tp is not None:
+            tp.shutdown()
 
     def _build(self, args: EngineArgs, model, tokenizer, draft_model) -> None:
         """__init__'s body: load, tune, profile, capture, warm up (startup_phases times each)."""

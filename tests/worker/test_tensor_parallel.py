@@ -154,6 +154,28 @@ def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
     assert set(multiprocessing.active_children()) <= before
 
 
+def test_a_construction_failure_after_the_spawn_releases_the_workers(tmp_path, monkeypatch):
+    """EngineCore fails after its workers started (here its tokenizer; any later step of the
+    build alike): the workers are reaped and the process group is gone, so the process can
+    build the next tensor-parallel engine (no LLM is left that the user could close)."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from enginespec.engine.engine_core import EngineCore
+
+    path = str(make_checkpoint("qwen3", tmp_path / "qwen3"))
+    before = set(multiprocessing.active_children())
+
+    def fail(self):
+        raise RuntimeError("planted tokenizer fault")
+
+    monkeypatch.setattr(EngineCore, "_load_tokenizer", fail)
+    with pytest.raises(RuntimeError, match="planted tokenizer fault"):
+        LLM(path, impl="fast", device="cpu", tensor_parallel_size=2)
+    assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
 )
