@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Union
@@ -317,11 +318,14 @@ class EngineCore:
         )
 
     def _load_tensor_parallel(self, device, dtype):
-        """Spawn the TP workers and load rank 0's shard (worker/tp_group.py)."""
+        """Spawn the TP workers and load rank 0's shard (worker/tp_group.py). The workers and
+        the process group end with this engine: shutdown(), or its collection when it is dropped
+        unclosed (`del llm`, as vLLM users free an engine before building the next one)."""
         from enginespec.worker.tp_group import start_tensor_parallel
 
-        self.tensor_parallel = start_tensor_parallel(self.args, self.impl, device, dtype)
-        return self.tensor_parallel.model
+        tp = self.tensor_parallel = start_tensor_parallel(self.args, self.impl, device, dtype)
+        weakref.finalize(self, tp.shutdown)  # tp holds no reference back to the engine
+        return tp.model
 
     def _runner_class(self):
         if self.tensor_parallel is None:

@@ -14,9 +14,10 @@ exit codes before every step, and a collective that raises is re-raised as Engin
 naming the dead rank and its exit code (gloo fails at once when a peer's socket closes; NCCL
 would wait, so on CUDA a monitor thread aborts the group as soon as a worker exits). After that
 the engine cannot serve (the ranks no longer agree on where they are): EngineCore shuts it
-down and raises. shutdown() (LLM.close, or at interpreter exit) asks the workers to stop,
-waits STOP_WAIT_S, terminates and then kills any left, and destroys the process group; the
-workers are daemon processes besides, so none survives its engine.
+down and raises. shutdown() (LLM.close, the collection of an engine dropped unclosed, or at
+interpreter exit) asks the workers to stop, waits STOP_WAIT_S, terminates and then kills any
+left, and destroys the process group; the workers are daemon processes besides, so none
+survives its engine.
 """
 
 from __future__ import annotations

@@ -176,6 +176,26 @@ def test_a_construction_failure_after_the_spawn_releases_the_workers(tmp_path, m
     assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
 
 
+def test_an_llm_dropped_unclosed_releases_its_workers(tmp_path):
+    """`del llm` without close() (vLLM's way to free an engine before building the next):
+    once the engine is collected its workers are reaped and the process group is gone, so the
+    process can build its next tensor-parallel engine."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    llm = LLM(
+        str(make_checkpoint("qwen3", tmp_path / "qwen3")), impl="fast", device="cpu", tensor_parallel_size=2
+    )
+    workers, engine = list(llm.engine.tensor_parallel.processes), weakref.ref(llm.engine)
+    del llm
+    gc.collect()
+    assert engine() is None, "the test holds the engine: it cannot show its release"
+    assert all(p.exitcode is not None for p in workers), "a worker outlived its engine"
+    assert not dist.is_initialized()
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
 )
