@@ -33,7 +33,7 @@ import itertools
 import numbers
 import threading
 import time
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -151,17 +151,20 @@ class LLM:
         self,
         prompts,
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = True,
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
         priority: Union[int, Sequence[int], None] = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns the final RequestOutputs in prompt order. A
-        `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise)."""
+        `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise).
+        use_tqdm: the progress bar over finished prompts; a callable is called in tqdm's place
+        with its keyword arguments (vLLM's, e.g. functools.partial(tqdm, file=f))."""
         ids = self._add(prompts, sampling_params, priority)
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0
         bar = None
         try:
-            bar = tqdm(
+            make_bar = use_tqdm if callable(use_tqdm) else tqdm
+            bar = make_bar(
                 total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True
             )
             for step_outputs in self._run(ids, final_only=True):
@@ -307,7 +310,7 @@ class LLM:
         self,
         messages,
         sampling_params=None,
-        use_tqdm: bool = True,
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
         *,
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,

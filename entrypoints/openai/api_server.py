@@ -1,7 +1,7 @@
 """The FastAPI app and the server process (`enginespec serve`).
 
-Routes: /health, /version, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
-/metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
+Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models, /v1/completions,
+/v1/chat/completions, /tokenize, /detokenize, /metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
 Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
@@ -248,6 +248,10 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
         if not ctx.engine.alive:  # vLLM's answer to a dead engine: 503, which probes read as down
             raise APIError(503, f"the engine is not running: {ctx.engine.fatal!r}")
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # vLLM's SageMaker health check: /health's answer
+        return await health()
 
     @app.get("/version")
     async def version():

@@ -134,7 +134,7 @@ def test_a_body_nested_deeper_than_the_json_parser_recurses_is_a_400():
         assert "nested" in reply.json()["error"]["message"]
 
 
-def test_health_is_503_once_the_engine_is_dead():
+def test_health_and_ping_are_503_once_the_engine_is_dead():
     """vLLM's /health answers 503 when its engine is dead (a 500 read as a server bug, not as
     an instance to take out of rotation)."""
     from types import SimpleNamespace
@@ -151,6 +151,6 @@ def test_health_is_503_once_the_engine_is_dead():
         async def run(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                return await client.get("/health")
+                return [await client.get("/health"), await client.get("/ping"), await client.post("/ping")]
 
-        assert asyncio.run(run(app)).status_code == status
+        assert [r.status_code for r in asyncio.run(run(app))] == [status] * 3  # /ping: vLLM's SageMaker form

@@ -1,0 +1,39 @@
+"""LLM.generate's use_tqdm as vLLM takes it: True (tqdm's bar), False (none), or a callable made
+in tqdm's place with tqdm's keyword arguments (functools.partial(tqdm, file=...), a custom bar
+class): a vLLM program that passes one gets its own bar, updated once a finished prompt."""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import pytest
+from tqdm import tqdm
+
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+PROMPTS = [{"prompt_token_ids": [5, 6, 7 + i]} for i in range(3)]
+PARAMS = SamplingParams(max_tokens=2, temperature=0)
+
+
+def test_a_callable_use_tqdm_makes_the_bar():
+    llm = LLM(str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", num_blocks=32)
+    made = []
+
+    def bar(**kwargs):
+        made.append(kwargs)
+        return tqdm(**kwargs, file=sink)
+
+    sink = io.StringIO()
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=bar)
+    assert len(outs) == 3 and made and made[0]["total"] == 3 and not made[0]["disable"]
+    assert "Processed prompts" in sink.getvalue() and "3/3" in sink.getvalue()
+    other = io.StringIO()
+    chat = [{"role": "user", "content": "hi"}]
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert llm.chat(chat, PARAMS, use_tqdm=functools.partial(tqdm, file=other), chat_template=template)
+    assert "1/1" in other.getvalue()
