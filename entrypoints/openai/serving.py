@@ -504,9 +504,16 @@ def _tool_params(ctx: ServerContext, call: _Call, params: SamplingParams, tools)
     without them loses its tags and its calls."""
     if call.tool_mode in ("required", "named"):
         params = _forced_params(params, tools, call.forced_name)
-    if call.tool_mode != "none" and ctx.enable_auto_tool_choice and ctx.tool_call_parser:
+    if _parses_tool_calls(ctx, call):
         params = dataclasses.replace(params, skip_special_tokens=False)
     return params
+
+
+def _parses_tool_calls(ctx: ServerContext, call: _Call) -> bool:
+    """Whether the server's tool-call parser reads the call's reply (tools given, tool_choice not
+    "none", --enable-auto-tool-choice with a --tool-call-parser): its text is then decoded with
+    special tokens, sampled or beam-searched alike."""
+    return call.tool_mode != "none" and ctx.enable_auto_tool_choice and bool(ctx.tool_call_parser)
 
 
 def _forced_params(params: SamplingParams, tools: list, name: Optional[str]) -> SamplingParams:
@@ -605,7 +612,7 @@ async def _beam_search(
     cached: list = []
     step = _beam_step(ctx, call, serving_beam.step_params(params, body.seed), wait_disconnect, cached)
     await run_beam_search_async(instances, step, params, eos)
-    decode = serving_beam.decoder(ctx.tokenizer, body)
+    decode = serving_beam.decoder(ctx.tokenizer, body, keep_special=_parses_tool_calls(ctx, call))
     for i, (prompt, instance) in enumerate(zip(call.prompts, instances)):
         rid = f"{call.engine_id}-{i}"
         call.index_of[rid] = i

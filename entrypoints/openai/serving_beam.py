@@ -192,15 +192,16 @@ def top_logprobs(steps: list[dict[int, Logprob]], token_ids: list[int], k: int) 
     return out
 
 
-def decoder(tokenizer, body: _Sampling) -> Callable[[list[int]], str]:
-    """ids -> text as the body's decoding fields ask ("" without a tokenizer, as every reply)."""
+def decoder(tokenizer, body: _Sampling, keep_special: bool = False) -> Callable[[list[int]], str]:
+    """ids -> text as the body's decoding fields ask ("" without a tokenizer, as every reply);
+    keep_special: special tokens kept whatever skip_special_tokens says (the tool-call parser
+    reads the reply: some checkpoints mark `<tool_call>` special)."""
     if tokenizer is None:
         return lambda ids: ""
     kwargs = {} if body.spaces_between_special_tokens else {"spaces_between_special_tokens": False}
+    skip = body.skip_special_tokens and not keep_special
 
     def decode(ids: list[int]) -> str:
-        return (
-            tokenizer.decode(list(ids), skip_special_tokens=body.skip_special_tokens, **kwargs) if ids else ""
-        )
+        return tokenizer.decode(list(ids), skip_special_tokens=skip, **kwargs) if ids else ""
 
     return decode

@@ -293,3 +293,41 @@ def test_without_a_tokenizer_the_models_eos_ends_a_beam_as_offline(tmp_path):
     shown = [seq.tokens[len(EOS_PROMPT) :] for seq in want]
     shown = [ids[:-1] if seq.finish_reason == "stop" else ids for ids, seq in zip(shown, want)]
     assert got == [(ids, seq.finish_reason, seq.stop_reason) for ids, seq in zip(shown, want)]
+
+
+class _DecodeLog:
+    """The engine's tokenizer, recording each decode's skip_special_tokens."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer, self.skips = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def decode(self, ids, skip_special_tokens=False, **kwargs):
+        self.skips.append(skip_special_tokens)
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens, **kwargs)
+
+
+@pytest.mark.parametrize("tools", [True, False])
+def test_a_beam_searched_reply_the_tool_parser_reads_keeps_special_tokens(app, tools):
+    """As a sampled reply (_tool_params): where the hermes parser reads it, a beam's text is
+    decoded with special tokens, or checkpoints that mark `<tool_call>` special (Hermes-2-Pro,
+    Hermes-3) would lose their calls' tags into plain content; elsewhere skip_special_tokens."""
+    _, engine, _ = app
+    tokenizer = _DecodeLog(engine.tokenizer)
+    ctx = ServerContext(
+        engine, tokenizer, ["tiny"], engine.info.max_model_len, chat_template=CHAT_TEMPLATE,
+        enable_auto_tool_choice=True, tool_call_parser="hermes",
+    )  # fmt: skip
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    chat = dict(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, use_beam_search=True
+    )
+
+    async def fn(client, http):
+        return await _post(http, "/v1/chat/completions", {**chat, **({"tools": [tool]} if tools else {})})
+
+    status, body = serve((build_app(ctx, ServerMetrics("tiny")), engine, ctx), fn)
+    assert status == 200 and len(body["choices"]) == 2
+    assert tokenizer.skips and set(tokenizer.skips) == {not tools}
