@@ -138,9 +138,8 @@ class IncrementalDetokenizer:
         """`text` as an output shows it: all of it once the sample is finished, else without
         the held-back tail that may still grow into a stop string (vLLM's rule), so that a
         cumulative output's text only ever grows and DELTA texts concatenate to the final one."""
-        if finished:
-            return self.text
-        return self.text[: len(self.text) - self._held_back()]
+        held = 0 if finished else self._held_back()
+        return self.text[: len(self.text) - held] if held else self.text  # no copy a step when none is held
 
     def _held_back(self) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
