@@ -79,15 +79,22 @@ def test_other_requests_step_while_a_grammar_compiles(gate):
     assert held_out.finished and re.fullmatch(HELD, text), text
 
 
+async def _park_then_abort(client) -> asyncio.Task:
+    """Submit a 200-token request of HELD (its add parks while the gate holds its compile), then
+    abort it; the task of its submit, which must never complete."""
+    parked = asyncio.create_task(client.submit([_request("held", HELD, 200, ignore_eos=True)]))
+    await asyncio.sleep(0.2)  # its add reaches the engine and parks
+    client.abort(["held"])
+    return parked
+
+
 def test_an_abort_while_compiling_drops_the_request(gate):
     with in_process_client(json_model_dir()) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
             # were it added after all, its 200 tokens would outlast the next request's 8
-            parked = asyncio.create_task(client.submit([_request("held", HELD, 200, ignore_eos=True)]))
-            await asyncio.sleep(0.2)
-            client.abort(["held"])
+            parked = await _park_then_abort(client)
             gate.set()
             after = await asyncio.wait_for(client.submit([_request("next", "[a-c]+x?")]), LIVENESS_S)
             out = await asyncio.wait_for(final_output(after), LIVENESS_S)
@@ -111,9 +118,7 @@ def test_an_abort_while_compiling_never_makes_the_engine_wait_for_the_compile(ga
 
         async def run():
             client.start(asyncio.get_running_loop())
-            parked = asyncio.create_task(client.submit([_request("held", HELD, 200, ignore_eos=True)]))
-            await asyncio.sleep(0.2)
-            client.abort(["held"])
+            parked = await _park_then_abort(client)
             plain = await asyncio.wait_for(client.submit([_request("plain", max_tokens=8)]), LIVENESS_S)
             out = await asyncio.wait_for(final_output(plain), LIVENESS_S)
             compiled_first = gate.compiled.is_set()
