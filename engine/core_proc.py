@@ -36,6 +36,7 @@ import json
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -460,7 +461,9 @@ def serve_engine(engine, inbox, outbox) -> None:
 def run_engine_core(args, inbox, outbox) -> None:
     """The spawned engine process: build the EngineCore, then serve it. SIGINT is ignored (the
     front end owns Ctrl-C and asks for a clean shutdown); SIGTERM exits at once (the front end
-    sends it when the engine does not stop in time)."""
+    sends it when the engine does not stop in time). Exits 1 when its loop ended because the
+    engine is dead (a tensor-parallel rank died), so the front end's message and a supervisor
+    see a failure; 0 after a shutdown or once the front end is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     from enginespec.engine.engine_core import EngineCore
@@ -473,3 +476,7 @@ def run_engine_core(args, inbox, outbox) -> None:
         outbox.send(("failed", ErrorInfo.of(exc)))
         return
     serve_engine(engine, inbox, outbox)
+    dead = getattr(engine, "dead", None)
+    if dead:  # the loop ended because the engine cannot step: a failure, not a shutdown
+        print(f"enginespec: the engine is dead: {dead}", file=sys.stderr, flush=True)
+        raise SystemExit(1)

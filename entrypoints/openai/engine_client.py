@@ -477,6 +477,11 @@ class EngineClient:
                 self._handle(*msg[1:])
         except (EOFError, OSError):
             self._on_death()
+        except Exception as exc:  # a bug here: requests would wait forever for outputs it dropped
+            traceback.print_exc()
+            self._on_death(
+                EngineDead(f"the server failed on the engine's output ({type(exc).__name__}: {exc})")
+            )
 
     def _handle(self, deltas, failed, replies, state: EngineState, step_start) -> None:
         now = time.monotonic()
@@ -537,17 +542,24 @@ class EngineClient:
             for stream in streams:
                 self.metrics.prompt_tokens.inc(stream.num_prompt_tokens * stream.num_samples)
 
-    def _on_death(self) -> None:
-        """The engine is gone: fail everyone, refuse everything, tell the server."""
+    def _on_death(self, cause: Optional[EngineDead] = None) -> None:
+        """The engine is gone: fail everyone, refuse everything, tell the server. With a cause,
+        this side failed (handling a message raised): its state may have lost outputs, so it ends
+        the same way, and asks the engine to shut down (stop() reaps it)."""
         if self.fatal is not None or self._stopping:
             return
         try:
             self._loop.remove_reader(self._from_engine.fileno())
         except (ValueError, OSError):
             pass
-        if isinstance(self._worker, multiprocessing.process.BaseProcess):
+        if cause is not None:
+            try:
+                self._to_engine.send(("shutdown",))
+            except OSError:
+                pass
+        elif isinstance(self._worker, multiprocessing.process.BaseProcess):
             self._worker.join(1.0)
-        self.fatal = EngineDead(f"the engine process died ({self._exitcode()})")
+        self.fatal = cause or EngineDead(f"the engine process died ({self._exitcode()})")
         self._accepting = False
         self._fail_pending(self.fatal)
         if self.on_death is not None:

@@ -1097,15 +1097,22 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                 yield frame(error_body(err.status, err.message, err.param))
                 yield DONE
                 return
-            for _, out in items:
-                if out.finished:
-                    call.finals[out.request_id] = out
-                frames = _output_frames(ctx, call, head, out, continuous)
-                if prompt_ids_due and frames:
-                    frames[0] = _with_prompt_ids(frames[0], out.prompt_token_ids)
-                    prompt_ids_due = False
-                for chunk_frame in frames:
-                    yield chunk_frame
+            try:
+                frames = []
+                for _, out in items:
+                    if out.finished:
+                        call.finals[out.request_id] = out
+                    frames += _output_frames(ctx, call, head, out, continuous)
+                    if prompt_ids_due and frames:
+                        frames[0] = _with_prompt_ids(frames[0], out.prompt_token_ids)
+                        prompt_ids_due = False
+            except Exception as exc:  # a bug in a frame builder (a parser, say): the client
+                log.exception("building a stream frame failed")  # gets an error, not a cut stream
+                yield frame(error_body(500, f"{type(exc).__name__}: {exc}", None))
+                yield DONE
+                return
+            for chunk_frame in frames:
+                yield chunk_frame
         if call.body.include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(ctx, call, outputs)))

@@ -239,3 +239,70 @@ def test_an_id_reused_after_a_cancelled_submit_gets_only_its_own_replies(served)
     out = asyncio.run(run())
     assert out.finished and out.prompt_token_ids == [8, 9, 10] and len(out.outputs[0].token_ids) == 5
     assert client._num_pending == 0 and not client._streams
+
+
+# ---- faults on the server's side ------------------------------------------------------------------
+
+
+def test_a_frame_builder_that_raises_ends_the_stream_with_an_error_frame(served, monkeypatch):
+    """A bug while building a frame (a tool or reasoning parser, say) mid-stream: the client gets
+    one 500 error frame and [DONE] (not a connection cut without its end), the request is freed,
+    and the next request is served."""
+    import enginespec.entrypoints.openai.serving as serving
+
+    ctx, _ = served
+    build = serving._output_frames
+    calls = []
+
+    def flaky(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planted frame fault")
+        return build(*args)
+
+    monkeypatch.setattr(serving, "_output_frames", flaky)
+    fields = dict(model="tiny", prompt="hello world", max_tokens=64, ignore_eos=True, temperature=0)
+
+    async def run():
+        ctx.engine.start(asyncio.get_running_loop())
+        stream = await create_completion(ctx, CompletionRequest(stream=True, **fields), _never)
+        frames = [f async for f in stream]
+        await _wait_idle(ctx.engine)
+        return frames, await create_completion(ctx, CompletionRequest(**fields), _never)
+
+    frames, after = asyncio.run(run())
+    frames = _frames(frames)
+    assert frames[-1] == "[DONE]"
+    error = json.loads(frames[-2])["error"]
+    assert error["code"] == 500 and "planted frame fault" in error["message"]
+    assert after["choices"][0]["finish_reason"] == "length"
+    assert ctx.engine.state.num_free_blocks == ctx.engine.state.num_blocks
+
+
+def test_a_fault_reading_the_engine_fails_pending_requests_instead_of_hanging(served, monkeypatch):
+    """An exception while the client folds a message of the engine (a bug) would lose that
+    message's outputs, leaving their requests waiting forever: it ends the client as the
+    engine's death does (every pending request gets EngineDead naming the fault, new ones are
+    refused, on_death runs), and the engine is asked to stop."""
+    import enginespec.entrypoints.openai.engine_client as engine_client
+
+    ctx, _ = served
+    client = ctx.engine
+    deaths = []
+    client.on_death = lambda: deaths.append(True)
+
+    def broken(self, delta):
+        raise RuntimeError("planted reader fault")
+
+    monkeypatch.setattr(engine_client.RequestStream, "apply", broken)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        gen = await client.submit([NewRequest("r", None, [5, 6, 7], LONG)])
+        with pytest.raises(EngineDead, match="planted reader fault"):
+            await asyncio.wait_for(final_output(gen), 30)
+        with pytest.raises(EngineDead):
+            await client.submit([NewRequest("s", None, [5, 6, 7], LONG)])
+
+    asyncio.run(run())
+    assert deaths == [True] and not client.alive and client._num_pending == 0
