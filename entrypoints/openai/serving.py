@@ -58,6 +58,8 @@ from enginespec.spec.params import ALL_LOGPROBS
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+# /v1/completions' max_tokens where the body leaves it unset (OpenAI's and vLLM's default)
+COMPLETION_MAX_TOKENS = 16
 
 
 @dataclass
@@ -192,7 +194,9 @@ def _truncate(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> Non
     k = call.body.truncate_prompt_tokens
     if k is None:
         return
-    asked = max_tokens if max_tokens is not None else (16 if call.kind == "completion" else 0)
+    asked = (
+        max_tokens if max_tokens is not None else (COMPLETION_MAX_TOKENS if call.kind == "completion" else 0)
+    )
     room = ctx.max_model_len - asked
     if k == 0 or k > room:
         raise APIError(
@@ -360,14 +364,14 @@ def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -
 
 
 def _max_tokens(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> int:
-    """An unset max_tokens: 16 for a completion (lowered by the engine where the context has less
-    room); for chat what the context leaves after the prompt, capped by generation_config.json's
-    max_new_tokens (vLLM's rule). A set one must fit (_check_context) the prompts as
-    truncate_prompt_tokens leaves them (_truncate)."""
+    """An unset max_tokens: for a completion COMPLETION_MAX_TOKENS (lowered by the engine where
+    the context has less room); for chat what the context leaves after the prompt; either capped
+    by generation_config.json's max_new_tokens (vLLM's rule: the least of them). A set one must
+    fit (_check_context) the prompts as truncate_prompt_tokens leaves them (_truncate)."""
     _truncate(call, ctx, max_tokens)
     _check_context(call, ctx, max_tokens)
     if max_tokens is None and call.kind == "completion":
-        return 16
+        return min(COMPLETION_MAX_TOKENS, ctx.sampling_defaults.get("max_tokens", COMPLETION_MAX_TOKENS))
     if max_tokens is None:
         room = max(1, ctx.max_model_len - len(call.prompts[0][1]))
         return min(room, ctx.sampling_defaults.get("max_tokens", room))
