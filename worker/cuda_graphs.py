@@ -128,6 +128,13 @@ class DecodeGraphs:
         body=None,
         logits_max_rows: int = 0,
     ):
+        if getattr(model, "rope_per_request", False):
+            # its cos/sin come from a host loop over the step's requests (PerRequestRope): a
+            # graph would replay the capture's requests, not the step's
+            raise ValueError(
+                "the model's rope scaling is computed request by request (dynamic or longrope): "
+                "its steps run eagerly, without CUDA graphs"
+            )
         self.model = model
         self.logits_max_rows = logits_max_rows
         self.body = body  # what runs the decoder (a compiled body, say); None = the model's own

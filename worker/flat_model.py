@@ -29,7 +29,14 @@ import torch
 from enginespec.engine_args import MODEL_IMPLS
 from enginespec.spec import AttentionBackend, BatchMeta
 from enginespec.worker.loader import build_model
-from enginespec.worker.merged_decoder import MergedDecoder, can_merge, layer_window, max_positions
+from enginespec.worker.merged_decoder import (
+    STATIC_ROPE_TYPES,
+    MergedDecoder,
+    PerRequestRope,
+    can_merge,
+    layer_window,
+    max_positions,
+)
 from enginespec.worker.step_context import StepContext, active
 
 ATTN_NAME = "enginespec"
@@ -87,6 +94,7 @@ class FlatModel:
         self.device = param.device
         self.attention = attention
         self._decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else hf_model.model
+        self.rope_per_request = self._rope_per_request(self._decoder)
         self.model_impl = self._resolve_model_impl(model_impl, text)
         fuse = callable(getattr(attention, "write_qkv", None))
         self._merged = (
@@ -103,6 +111,22 @@ class FlatModel:
     def merged(self) -> Optional[MergedDecoder]:
         """The merged decoder (model_impl "merged"), or None for transformers' own."""
         return self._merged
+
+    @staticmethod
+    def _rope_per_request(decoder) -> bool:
+        """Whether the decoder's rope is not a function of the position alone (dynamic NTK,
+        longrope): then its module is wrapped in PerRequestRope (once), so each request's cos/sin
+        come from its own rows whichever decoder runs, and the step must run eagerly (no CUDA
+        graph: the segments are the step's host ints)."""
+        rotary = getattr(decoder, "rotary_emb", None)
+        if rotary is None:
+            return False
+        if isinstance(rotary, PerRequestRope):
+            return True
+        if getattr(rotary, "rope_type", "default") in STATIC_ROPE_TYPES:
+            return False
+        decoder.rotary_emb = PerRequestRope(rotary)
+        return True
 
     @staticmethod
     def _resolve_model_impl(model_impl: str, text_config) -> str:

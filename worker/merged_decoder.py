@@ -45,6 +45,7 @@ rounding of the folded weights.
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from enginespec.worker import folded_ops  # noqa: F401 - registers silu_mul_rows, add_linear_
+from enginespec.worker.step_context import current_or_none
 from enginespec.worker.switches import env_switch
 
 # transformers model_type values whose decoder layers MergedDecoder reproduces.
@@ -342,6 +344,44 @@ class MergedLayer(nn.Module):
 # Rope types whose cos/sin depend on the position alone (a table holds them); others (dynamic
 # NTK, longrope) rescale with the longest position seen, so they are computed every forward.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class PerRequestRope(nn.Module):
+    """A non-static rope module (dynamic NTK, longrope) computed request by request.
+
+    transformers' modules of these types scale their frequencies by the longest position they
+    are called with (`torch.max(position_ids) + 1`), and dynamic NTK also keeps the largest
+    scaling it has seen until a call falls back under the original length. Over a flat batch
+    that made one request's cos/sin depend on the other requests of the step (and on earlier
+    steps). Here each request's rows (the active step's query_start_loc) go through a fresh copy
+    of the module, so a request gets what transformers computes over that request's rows alone
+    (its own context length, no history). Runs eagerly: the segments are host ints of the step,
+    so it is kept out of torch.compile, and a runner must not capture it in a CUDA graph
+    (FlatModel.rope_per_request)."""
+
+    def __init__(self, rotary: nn.Module):
+        super().__init__()
+        self.pristine = rotary  # never called itself: every call copies it
+        self.rope_type = getattr(rotary, "rope_type", "default")
+
+    def _fresh(self) -> nn.Module:
+        """A copy of the module as loaded (its buffers copied, its config shared)."""
+        config = getattr(self.pristine, "config", None)
+        return copy.deepcopy(self.pristine, {} if config is None else {id(config): config})
+
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (any rows: only its dtype and device are read), position_ids [1, N] -> cos, sin [1, N, D]."""
+        n = position_ids.shape[-1]
+        ctx = current_or_none()
+        bounds = [0, n] if ctx is None else [int(b) for b in ctx.meta.query_start_loc_cpu.tolist()]
+        if bounds[-1] < n:
+            bounds.append(n)
+        parts = [self._fresh()(x, position_ids[:, a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([c for c, _ in parts], dim=1), torch.cat([s for _, s in parts], dim=1)
+
 
 # Rope scalings that stretch the positions a model was trained on by their factor (vLLM's rule:
 # llama3 and longrope checkpoints state their extended length in max_position_embeddings already).

@@ -57,6 +57,11 @@ def active(ctx: StepContext) -> Iterator[StepContext]:
         _ACTIVE[0] = None
 
 
+def current_or_none() -> Optional[StepContext]:
+    """The active StepContext, or None outside FlatModel.forward."""
+    return _ACTIVE[0]
+
+
 def current() -> StepContext:
     ctx = _ACTIVE[0]
     if ctx is None:

@@ -308,6 +308,58 @@ def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     _check_19_positions(impl, model, hf)
 
 
+PER_REQUEST_ROPES = {
+    "dynamic": dict(
+        max_position_embeddings=12, rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)
+    ),
+    "longrope": dict(
+        max_position_embeddings=24,
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=1e4,
+            short_factor=[1.0] * 8,
+            long_factor=[2.0] * 8,
+            original_max_position_embeddings=12,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("model_impl", ["merged", "transformers"])
+@pytest.mark.parametrize("rope", list(PER_REQUEST_ROPES))
+def test_length_scaled_rope_is_computed_request_by_request(impl, tmp_path, rope, model_impl):
+    """Dynamic NTK and longrope scale by the context length: transformers' module takes it as the
+    longest position it is called with (and dynamic keeps the largest it has seen). Over a flat
+    batch that scaled a short request by its neighbour's length; now three requests in one step
+    (longest first, so a kept scaling would reach the others) each get transformers' logits over
+    that request alone, through either decoder, and the model refuses CUDA graphs."""
+    from enginespec.testing.checkpoints import make_checkpoint
+    from enginespec.worker.cuda_graphs import DecodeGraphs
+
+    path = make_checkpoint("llama", tmp_path / rope, seed=3, **PER_REQUEST_ROPES[rope])
+    model = _load(path, impl.attention_backend("cpu"), model_impl)
+    gen = torch.Generator().manual_seed(11)
+    prompts = {
+        rid: torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist()
+        for rid, n in [("a", 19), ("b", 15), ("c", 5)]
+    }
+    reqs = [impl.new_request(rid, ids, SamplingParams(max_tokens=1)) for rid, ids in prompts.items()]
+    manager = ShuffledTables(18, 4, list(prompts), seed=12)
+    batch = build_batch(SchedulerOutput(scheduled=[(r, r.num_tokens) for r in reqs]), manager)
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(18, 4))
+    )
+    start = 0
+    for rid, ids in prompts.items():
+        expected = _hf_logits(_hf_model(path), ids)  # a fresh model: dynamic's keeps its scaling
+        got = logits[start : start + len(ids)]
+        assert torch.allclose(got, expected, atol=ATOL, rtol=RTOL), (rid, (got - expected).abs().max())
+        start += len(ids)
+    assert model.rope_per_request
+    with pytest.raises(ValueError, match="request by request"):
+        DecodeGraphs(model, [], block_size=4, max_model_len=24, max_num_seqs=4)
+
+
 @pytest.mark.parametrize(
     "rope, reach",
     [
