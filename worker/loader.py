@@ -113,14 +113,33 @@ def architecture_of(path) -> str:
     )
 
 
+def _check_rope_type(config, config_path: Path) -> None:
+    """CheckpointError unless the config's rope scaling (rope_parameters, or rope_scaling in older
+    configs) is one transformers computes: "default" or a key of its ROPE_INIT_FUNCTIONS. Any
+    other (a legacy "su", a typo) made the model's rotary module raise a bare KeyError."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(rope, dict):
+        return
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    supported = ["default", *ROPE_INIT_FUNCTIONS]
+    if kind not in supported:
+        raise CheckpointError(f"{config_path}: unsupported rope_type {kind!r}; supported: {supported}")
+
+
 def load_config(path, *, trust_remote_code: bool = False):
-    """The transformers config of a supported local checkpoint (never touches the hub)."""
+    """The transformers config of a supported local checkpoint (never touches the hub), its rope
+    scaling one transformers computes (_check_rope_type)."""
     from transformers import AutoConfig
 
     architecture_of(path)
-    return AutoConfig.from_pretrained(
+    config = AutoConfig.from_pretrained(
         str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
     )
+    _check_rope_type(config, Path(path) / "config.json")
+    return config
 
 
 def checkpoint_files(path) -> list[Path]:

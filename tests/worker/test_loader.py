@@ -162,6 +162,22 @@ def test_a_quantized_checkpoint_is_refused_by_name(tmp_path, quant):
         build_model(path)
 
 
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+def test_an_unknown_rope_type_is_refused_by_name(tmp_path, key):
+    """A rope type transformers has no function for (Phi-3's legacy "su", a typo) is a
+    CheckpointError naming it and the supported ones; it was a bare KeyError('su') from the
+    model's rotary module."""
+    path = _copy("llama", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config[key] = {"type": "su", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: unsupported rope_type 'su'; supported: .*'yarn'"
+    ):
+        build_model(path)
+
+
 def test_no_weight_files(tmp_path):
     path = _copy("qwen3", tmp_path)
     (path / "model.safetensors").unlink()
