@@ -2,7 +2,7 @@
 
 Every model forbids unknown fields (a typo in a parameter name is a 400, not a silent default);
 bounds declared here (seed in int64) are 400s naming the field too (api_server._parse). OpenAI
-fields the server does not implement (echo, functions, ...) are declared, then
+fields the server does not implement (suffix, functions, ...) are declared, then
 refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UNSUPPORTED).
 response_format (text, json_object, json_schema) and vLLM's structured_outputs become
 SamplingParams.structured_outputs (sampling.py).
@@ -32,7 +32,6 @@ def _no_tools(body) -> bool:
 # input", which reads like a typo) and then refused by name (serving._check_request) unless its
 # value asks for nothing: null, or the no-op value the test names.
 _COMPLETION_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
-    "echo": lambda value, body: value is False,
     "suffix": lambda value, body: value == "",
     "best_of": lambda value, body: value == body.n,
 }
@@ -185,8 +184,10 @@ class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: Optional[int] = None
     add_special_tokens: bool = True  # a text prompt's BOS etc. (vLLM's default for completions)
+    # the prompt before each choice's text (and its tokens' logprobs first); with max_tokens 0,
+    # the prompt alone (a prompt's scoring: serving.py, "echo")
+    echo: Optional[bool] = False
     # not supported: refused unless a no-op (_COMPLETION_UNSUPPORTED)
-    echo: Any = None
     suffix: Any = None
     best_of: Any = None
 

@@ -62,11 +62,17 @@ def structured_outputs(req: _Sampling) -> Optional[StructuredOutputsParams]:
 
 
 def to_sampling_params(
-    req: _Sampling, *, max_tokens: int, logprobs: Optional[int], defaults: Optional[dict] = None
+    req: _Sampling,
+    *,
+    max_tokens: int,
+    logprobs: Optional[int],
+    defaults: Optional[dict] = None,
+    prompt_logprobs: Optional[int] = None,
 ) -> SamplingParams:
     """The engine's params for one request body (max_tokens and logprobs already resolved by
     the endpoint, since completions and chat name them differently). `defaults`: SamplingParams
-    field -> value for the fields the body leaves unset (None)."""
+    field -> value for the fields the body leaves unset (None). `prompt_logprobs`: the endpoint's
+    (a completion's echo asks its logprobs of the prompt too) where the body sets none."""
     chosen = {**_OPENAI_DEFAULTS, **(defaults or {})}
 
     def pick(name: str):
@@ -90,7 +96,7 @@ def to_sampling_params(
         min_tokens=req.min_tokens,
         n=req.n,
         logprobs=logprobs,
-        prompt_logprobs=req.prompt_logprobs,
+        prompt_logprobs=req.prompt_logprobs if req.prompt_logprobs is not None else prompt_logprobs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=pick("repetition_penalty"),

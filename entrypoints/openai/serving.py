@@ -141,6 +141,17 @@ class _Call:
         return self.tool_mode != "none"
 
     @property
+    def echo(self) -> bool:
+        """A completion whose choices begin with their prompt (serving's "echo" section)."""
+        return self.kind == "completion" and bool(self.body.echo)
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: each choice is its prompt alone (the engine draws one token,
+        which nobody sees, to get the prompt's logprobs)."""
+        return self.echo and self.body.max_tokens == 0
+
+    @property
     def parsed(self) -> bool:
         """Whether chat replies go through a parser (no shortcut for their stream frames)."""
         return self.reasoning is not None or self.tool_parsing
@@ -382,8 +393,15 @@ def _params(call: _Call, max_tokens: Optional[int], logprobs: Optional[int], ctx
     """The engine's params of the call (max_tokens resolved by _max_tokens)."""
     max_tokens = _max_tokens(call, ctx, max_tokens)
     defaults = ctx.sampling_defaults
+    prompt_logprobs = logprobs if call.echo else None
     try:
-        return to_sampling_params(call.body, max_tokens=max_tokens, logprobs=logprobs, defaults=defaults)
+        return to_sampling_params(
+            call.body,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            defaults=defaults,
+            prompt_logprobs=prompt_logprobs,
+        )
     except ValueError as exc:
         raise _bad_field(call, exc) from None
 
@@ -410,9 +428,10 @@ async def create_completion(
         prompts,
         _stops(body),
     )
+    _check_echo(call)
     if body.use_beam_search:
         return await _beam_search(ctx, call, body.max_tokens, body.logprobs, wait_disconnect)
-    params = _params(call, body.max_tokens, body.logprobs, ctx)
+    params = _params(call, 1 if call.echo_only else body.max_tokens, body.logprobs, ctx)
     gen = await _submit(ctx, call, params)
     return await _respond(ctx, call, gen, wait_disconnect)
 
@@ -728,14 +747,19 @@ def _completion_logprobs(ctx, token_ids, logprobs, offset: int, as_ids: bool = F
         return None
     tokens, token_lps, tops, offsets = [], [], [], []
     for tok, entry in zip(token_ids, logprobs):
-        tokens.append(_token_text(ctx, tok, entry.get(tok), as_ids))
-        token_lps.append(_finite(entry.get(tok)))
-        tops.append(
-            {
-                _token_text(ctx, t, lp, as_ids): _finite(lp)
-                for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])
-            }
-        )
+        if entry is None:  # an echoed prompt's first token: nothing before it to score it
+            tokens.append(_token_text(ctx, tok, None, as_ids))
+            token_lps.append(None)
+            tops.append(None)
+        else:
+            tokens.append(_token_text(ctx, tok, entry.get(tok), as_ids))
+            token_lps.append(_finite(entry.get(tok)))
+            tops.append(
+                {
+                    _token_text(ctx, t, lp, as_ids): _finite(lp)
+                    for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])
+                }
+            )
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
@@ -795,12 +819,83 @@ def _usage(ctx, call: _Call, outputs) -> dict:
     prompt_tokens_details.cached_tokens, the prompt tokens the prefix cache served (over every
     prompt of the call), as vLLM reports it."""
     prompt = sum(len(ids) for _, ids in call.prompts)
-    completion = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    completion = 0 if call.echo_only else sum(len(c.token_ids) for out in outputs for c in out.outputs)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if ctx.enable_prompt_tokens_details:
         cached = sum(out.num_cached_tokens or 0 for out in outputs)
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return usage
+
+
+# ---- echo ---------------------------------------------------------------------------------------
+# A completion with echo=true begins each choice with its prompt: the text, and with logprobs the
+# prompt's tokens (as the prompt logprobs the engine computed, k = logprobs) before the choice's
+# own, the first prompt token's logprob and top entries null (nothing comes before it), text
+# offsets counted from the prompt's start. With max_tokens 0 a choice is its prompt alone,
+# finish_reason "length", 0 completion tokens: a prompt's scoring, as lm-evaluation-harness asks
+# for its log-likelihoods. The engine still draws one token (its step computes the prompt's
+# logprobs), which nobody sees. return_token_ids' token_ids stay the generated ones.
+
+
+def _check_echo(call: _Call) -> None:
+    """A 400 for what echo cannot do here: beam search; logprobs in a stream (the prompt's come
+    with the final output only, so they could not lead the stream, as prompt_logprobs are refused
+    in streams for the same reason)."""
+    if not call.echo:
+        return
+    if call.body.use_beam_search:
+        raise APIError(400, "`echo` is not supported with use_beam_search", "echo")
+    if call.body.stream and call.body.logprobs is not None:
+        raise APIError(400, "`echo` with `logprobs` is not available when `stream=True`", "echo")
+
+
+def _prompt_text(ctx: ServerContext, call: _Call, out) -> str:
+    """The prompt as the client sent it (a text prompt's own text), or as its ids decode (token
+    prompts; truncated ones); "" without a tokenizer."""
+    text, ids = call.prompts[call.index_of[out.request_id]]
+    if text is not None and call.body.truncate_prompt_tokens is None:
+        return text
+    return ctx.tokenizer.decode(list(ids)) if ctx.tokenizer is not None else ""
+
+
+def _echo_choice(ctx, call: _Call, out, completion, choice: dict) -> dict:
+    """_full_choice under echo (the section above)."""
+    body = call.body
+    prompt_ids = list(out.prompt_token_ids)
+    own_ids, own_lps, text = list(completion.token_ids), completion.logprobs, completion.text
+    if call.echo_only:
+        own_ids, own_lps, text = [], ([] if own_lps is not None else None), ""
+    logprobs = None
+    if own_lps is not None:
+        prompt_lps = list(out.prompt_logprobs or [None] * len(prompt_ids))
+        logprobs = _logprobs(ctx, call, prompt_ids + own_ids, prompt_lps + list(own_lps))
+    choice.update(text=_prompt_text(ctx, call, out) + text, logprobs=logprobs)
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _prompt_logprobs(ctx, out)
+    if body.return_token_ids:
+        choice["prompt_token_ids"] = prompt_ids
+    if call.echo_only:
+        choice.update(finish_reason="length", stop_reason=None)
+    else:
+        choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+    if body.return_token_ids:
+        choice["token_ids"] = own_ids
+    return choice
+
+
+def _echo_delta(ctx, call: _Call, out, completion, index: int, state: _Choice) -> Optional[dict]:
+    """A streamed choice under echo_only: nothing until its request ends, then one frame of its
+    prompt, finished (logprobs are refused in echo streams: _check_echo)."""
+    if completion.finish_reason is None:
+        return None
+    state.started = state.finished = True
+    choice = {"index": index, "text": _prompt_text(ctx, call, out), "logprobs": None}
+    if call.body.return_token_ids:
+        choice["prompt_token_ids"] = list(out.prompt_token_ids)
+    choice.update(finish_reason="length", stop_reason=None)
+    if call.body.return_token_ids:
+        choice["token_ids"] = []
+    return choice
 
 
 # ---- full bodies --------------------------------------------------------------------------------
@@ -810,6 +905,8 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
     index = call.index_of[out.request_id] * call.body.n + completion.index
     choice = {"index": index}
     text = completion.text
+    if call.echo:
+        return _echo_choice(ctx, call, out, completion, choice)
     logprobs = _logprobs(ctx, call, completion.token_ids, completion.logprobs)
     if call.kind == "completion":
         choice.update(text=text, logprobs=logprobs)
@@ -921,7 +1018,7 @@ def _usage_frames(ctx, call: _Call, head: str, out) -> list[str]:
     for completion in out.outputs:
         choice = _delta_choice(ctx, call, out, completion)
         if choice is not None:
-            done = len(completion.token_ids)
+            done = 0 if call.echo_only else len(completion.token_ids)
             usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
             frames.extend(_frame_choice_usage(head, part, usage) for part in _finish_apart(choice))
     return frames
@@ -973,6 +1070,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         state = call.choices[index] = _Choice()
     elif state.finished:
         return None
+    if call.echo_only:
+        return _echo_delta(ctx, call, out, completion, index, state)
     finished = completion.finish_reason is not None
     if finished:
         text = completion.text
@@ -1005,7 +1104,9 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         lps = _delta_logprobs(ctx, call, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
     choice: dict = {"index": index}
     if call.kind == "completion":
-        choice["text"] = delta_text
+        choice["text"] = (
+            delta_text if state.started or not call.echo else _prompt_text(ctx, call, out) + delta_text
+        )
         choice["logprobs"] = lps
         if not state.started and body.return_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)

@@ -811,7 +811,6 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
     refused = [
-        (body, "echo", True),
         (body, "suffix", "x"),
         (body, "best_of", 2),
         (chat, "functions", [{"name": "f"}]),
@@ -848,8 +847,8 @@ def test_known_unsupported_openai_fields_are_refused_by_name_no_ops_are_taken(se
         model=MODEL, messages=messages, max_tokens=2, response_format={"type": "text"}, tool_choice="none"
     )
     assert resp.choices[0].message.content is not None
-    with pytest.raises(openai.BadRequestError, match="`echo` is not supported"):
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, echo=True)
+    with pytest.raises(openai.BadRequestError, match="`suffix` is not supported"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, suffix="x")
     err = _error(server.post("/v1/chat/completions", {**chat, "echo": True}), 400)  # not OpenAI chat's
     assert "Extra inputs" in err["message"] and err["param"] == "echo"
 
@@ -1056,3 +1055,15 @@ def test_reset_prefix_cache_forgets_cached_prompts_and_refuses_while_blocks_are_
         refused = server.post("/reset_prefix_cache", {})
     assert refused.status_code == 409 and refused.json()["error"]["type"] == "ConflictError"
     assert hits_of_one_request() >= 32  # the refused reset left the cache as it was
+
+
+def test_echo_scores_a_prompt_through_the_openai_client(client):
+    """lm-evaluation-harness's log-likelihood call: echo, max_tokens 0, logprobs 1 (the parsed
+    Completion types take a null first logprob and top entry)."""
+    resp = client.completions.create(model=MODEL, prompt="hello", max_tokens=0, echo=True, logprobs=1)
+    (choice,) = resp.choices
+    lps = choice.logprobs
+    assert choice.text == "hello" and choice.finish_reason == "length"
+    assert lps.token_logprobs[0] is None and lps.top_logprobs[0] is None
+    assert len(lps.tokens) == resp.usage.prompt_tokens and all(lp <= 0 for lp in lps.token_logprobs[1:])
+    assert resp.usage.completion_tokens == 0
