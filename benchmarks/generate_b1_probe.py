@@ -77,9 +77,10 @@ def main(argv=None) -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--tokens", type=int, default=128)
     own.add_argument("--reps", type=int, default=4)
+    own.add_argument("--cprofile", metavar="PATH", help="then one more long call under cProfile: its top functions to PATH")
     extra, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
     args = decode_sweep.parse_args(["--batches", "1", *rest])
-    args.tokens, args.reps = extra.tokens, extra.reps
+    args.tokens, args.reps, args.cprofile = extra.tokens, extra.reps, extra.cprofile
     model_dir = checkpoint(args.shape, args)
     shape = shape_of(model_dir, args.dtype)
     llm = make_llm(model_dir, args)
@@ -109,7 +110,29 @@ def main(argv=None) -> int:
         )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
+    if args.cprofile:
+        profile_call(llm, prompt, args.tokens + 1, args.device, Path(args.cprofile))
     return 0
+
+
+def profile_call(llm, prompt: list[int], num_tokens: int, device, path: Path) -> None:
+    """One generate() of num_tokens under cProfile: the host's functions by own time and by
+    cumulative time (where a batch-1 step's host work goes when the host sets the pace)."""
+    import cProfile
+    import io
+    import pstats
+
+    params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
+    prof = cProfile.Profile()
+    sync(device)
+    prof.enable()
+    llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    sync(device)
+    prof.disable()
+    text = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(40)
+    path.write_text(text.getvalue())
 
 
 if __name__ == "__main__":
