@@ -187,15 +187,20 @@ def check_profile(config, items) -> None:
     because pytest reports a UsageError from this hook as "ERROR: ..." (exit code 4) and one
     from configure or collection as INTERNALERROR or a collection error; and only when our tests
     are collected, so another project's run never fails on our variable."""
+    if any(is_ours(getattr(item, "path", None)) for item in items):
+        refuse_unknown_profile(config)
+
+
+def refuse_unknown_profile(config) -> None:
+    """The UsageError of check_profile, raised when the profile of our tests is not registered."""
     name = config.stash.get(_PROFILE_KEY, None)
     if name is None or profile_is_registered(name):
         return
-    if any(is_ours(getattr(item, "path", None)) for item in items):
-        raise pytest.UsageError(
-            f"${ENV_PROFILE}={name!r} is not a registered Hypothesis profile: enginespec's profiles "
-            f"are {', '.join(PROFILES)} (any other registered profile, e.g. hypothesis' 'default', "
-            f"also works); unset the variable for the default {DEFAULT_PROFILE!r}"
-        )
+    raise pytest.UsageError(
+        f"${ENV_PROFILE}={name!r} is not a registered Hypothesis profile: enginespec's profiles "
+        f"are {', '.join(PROFILES)} (any other registered profile, e.g. hypothesis' 'default', "
+        f"also works); unset the variable for the default {DEFAULT_PROFILE!r}"
+    )
 
 
 def check_impl(config, items) -> None:
@@ -206,8 +211,12 @@ def check_impl(config, items) -> None:
     and its source, instead of the same error at the setup of every test. Anything else a
     backend raises while loading is left to the `impl` fixture, which reports it with its
     traceback. Like check_profile, it runs only when such tests are collected."""
-    if not any(calls_backend(item) for item in items):
-        return
+    if any(calls_backend(item) for item in items):
+        refuse_unloadable_impl(config)
+
+
+def refuse_unloadable_impl(config) -> None:
+    """The UsageError of check_impl, raised when the impl under test does not load."""
     given = config.getoption("--impl")
     if given is not None and not given.strip():
         raise pytest.UsageError(
@@ -224,6 +233,24 @@ def check_impl(config, items) -> None:
         raise pytest.UsageError(f"cannot load the impl under test ({source}={target!r}): {e}") from None
     except Exception:  # noqa: BLE001 - the backend's own crash: the fixture shows its traceback
         return
+
+
+def is_xdist_controller(config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (`-n N`) and collects none."""
+    return config.pluginmanager.hasplugin("dsession")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Under pytest-xdist the controller collects nothing, so check_profile and check_impl run
+    only in the workers, and a UsageError raised in a worker's collection never reaches the
+    user: the run ends in an INTERNALERROR naming a test id. So the controller refuses an
+    unknown profile or an impl that does not load itself, before any worker starts, whenever
+    the run is about enginespec (runs_ours: --impl given, our tree, or our package named)."""
+    config = session.config
+    if is_xdist_controller(config) and runs_ours(config):
+        refuse_unknown_profile(config)
+        refuse_unloadable_impl(config)
 
 
 @contextmanager

@@ -17,6 +17,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from enginespec.conformance.points import CAPABILITIES, POINTS
 
 RANK = {"fail": 3, "xfail": 2, "pass": 1, "skip": 0}
@@ -87,29 +89,46 @@ def impl_info(target: str, impl, error: Exception | None) -> dict:
     }
 
 
+#: The attribute of a test report that carries its test's canonical id (plugin.canonical_id).
+ID_ATTR = "enginespec_canonical_id"
+
+
+def is_xdist_worker(config) -> bool:
+    """Whether this process is a pytest-xdist worker (its reports go to the controller)."""
+    return hasattr(config, "workerinput")
+
+
 class ReportPlugin:
-    """Collects one outcome per canonical test id and writes the report at session end."""
+    """Collects one outcome per canonical test id and writes the report at session end.
+
+    Under pytest-xdist the workers run the tests and the controller, which collects nothing,
+    receives their reports: so each report carries its canonical id (set where the item is
+    known, in pytest_runtest_makereport; xdist serializes a report's plain attributes, as it
+    does pytest's own `wasxfail`), and only the controller writes the file."""
 
     def __init__(self, config, path: str):
         self.config = config
         self.path = Path(path)
         self.outcomes: dict[str, str] = {}
-        self.ids: dict[str, str] = {}
 
-    def pytest_collection_modifyitems(self, items):
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
         from enginespec.conformance.plugin import canonical_id
 
-        self.ids = {item.nodeid: canonical_id(item) for item in items}
+        result = yield
+        setattr(result.get_result(), ID_ATTR, canonical_id(item))
 
     def pytest_runtest_logreport(self, report):
         o = outcome(report)
         if o is None:
             return
-        tid = self.ids.get(report.nodeid, report.nodeid)
+        tid = getattr(report, ID_ATTR, None) or report.nodeid
         old = self.outcomes.get(tid)
         self.outcomes[tid] = o if old is None or RANK[o] > RANK[old] else old
 
     def pytest_sessionfinish(self, session, exitstatus):
+        if is_xdist_worker(self.config):
+            return  # the controller writes the report of the whole run
         import enginespec
         from enginespec.conformance.plugin import impl_target
 

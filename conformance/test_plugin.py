@@ -22,7 +22,7 @@ import enginespec
 from enginespec.conformance import test_block_manager
 from enginespec.conformance.plugin import _PROFILE_KEY, ENV_PROFILE, PROFILES, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
-from enginespec.conformance.report import point_status
+from enginespec.conformance.report import ReportPlugin, point_status
 
 REPO = Path(__file__).resolve().parents[1]
 IN_REPO = (REPO / "pyproject.toml").is_file()
@@ -363,3 +363,91 @@ def test_other_projects_keep_their_hypothesis_settings(tmp_path):
         other,
     )
     assert proc.returncode == 0 and "3 passed" in proc.stdout, describe(proc)
+
+
+#: Stands in for pytest-xdist's controller where xdist is not installed (CI): registered under
+#: xdist's name for it, and, like it, collecting nothing (the workers collect and run the tests).
+FAKE_CONTROLLER = '''
+class Controller:
+    def pytest_collection(self):
+        return True
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(Controller(), "dsession")
+'''
+
+
+def controller_args(controller: str, directory: Path) -> list[str]:
+    """pytest arguments that run the session as an xdist controller: `-n 2` with pytest-xdist
+    (skipped where it is not installed), or the stand-in above, written into `directory`."""
+    if controller == "xdist":
+        pytest.importorskip("xdist")
+        return ["-n", "2"]
+    (directory / "fake_controller.py").write_text(FAKE_CONTROLLER)
+    return ["-p", "fake_controller"]
+
+
+@needs_installed_plugin
+@pytest.mark.parametrize("controller", ["stand-in", "xdist"])
+@pytest.mark.parametrize(
+    "args, env, says",
+    [
+        (["--impl=es_no_such_backend"], {}, "(--impl='es_no_such_backend'): unknown impl"),
+        ([], {ENV_PROFILE: "enginespec-bogus"}, "='enginespec-bogus' is not a registered Hypothesis profile"),
+    ],
+    ids=["impl", "profile"],
+)
+def test_usage_errors_reach_the_user_under_xdist(tmp_path, controller, args, env, says):
+    """With `-n N` the controller collects nothing, and a worker's usage error was lost in an
+    INTERNALERROR naming only a test id: the controller itself refuses a bad impl or profile
+    (exit 4, "ERROR: ..."), before any worker starts."""
+    extra = controller_args(controller, tmp_path)
+    selection = ["--pyargs", "enginespec.conformance.test_block_manager", "-k", "lru_order"]
+    proc = pytest_run([*extra, *selection, *args], tmp_path, pythonpath=tmp_path, extra_env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, describe(proc)
+    assert "ERROR: " in out and says in out and "INTERNALERROR" not in out, describe(proc)
+
+
+@needs_installed_plugin
+def test_conformance_report_under_xdist(tmp_path):
+    """With `-n 2` the workers run the tests and the controller writes the report: it has the
+    same canonical ids and point statuses as a serial run (it had every point not-run, its
+    tests keyed by bare node ids)."""
+    pytest.importorskip("xdist")
+    bug = "--impl=enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
+    args = ["--pyargs", "enginespec.conformance.test_block_manager", "-k", "lru_order or reset_prefix", bug]
+    proc = pytest_run(["-n", "2", *args, f"--conformance-report={tmp_path / 'r.json'}"], tmp_path)
+    assert proc.returncode == 1, describe(proc)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert set(data["tests"]) == {
+        f"{BM}::test_lru_order",
+        f"{BM}::test_reset_prefix_cache_refused_while_in_use",
+    }
+    points = {p["key"]: p for p in data["points"]}
+    assert points["4-lru-order"]["status"] == "fail", points["4-lru-order"]
+    assert points["4-lru-order"]["failing"] == [f"{BM}::test_lru_order"]
+
+
+def test_report_ids_survive_a_workers_serialization(request, tmp_path):
+    """What xdist does with a report (made in a worker, serialized, rebuilt in the controller,
+    which never collected the item) keeps its canonical id; a worker writes no file."""
+    config = request.config
+    worker_side = ReportPlugin(config, str(tmp_path / "worker.json"))
+    config.pluginmanager.register(worker_side, "test-report-worker-side")
+    try:
+        call = pytest.CallInfo.from_call(lambda: None, "call")
+        made = config.hook.pytest_runtest_makereport(item=request.node, call=call)
+    finally:
+        config.pluginmanager.unregister(worker_side)
+    made.nodeid = f"::{request.node.name}"  # its node id with --pyargs from another directory
+    data = config.hook.pytest_report_to_serializable(config=config, report=made)
+    rebuilt = config.hook.pytest_report_from_serializable(config=config, data=json.loads(json.dumps(data)))
+    controller = ReportPlugin(config, str(tmp_path / "controller.json"))
+    controller.pytest_runtest_logreport(rebuilt)
+    name = request.node.name
+    assert controller.outcomes == {f"conformance/test_plugin.py::{name}": "pass"}
+    worker_side.config = SimpleNamespace(workerinput={"workerid": "gw0"})
+    worker_side.pytest_sessionfinish(request.session, 0)
+    assert not (tmp_path / "worker.json").exists()
