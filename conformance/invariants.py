@@ -680,7 +680,10 @@ def check_release(
     before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]], rid: str
 ) -> None:
     """Point 4 for free/trim: blocks reaching ref 0 go to the BACK of the free queue, last
-    logical block first, keeping their hashes; nothing else moves."""
+    logical block first, keeping their hashes; nothing else moves. The pool after the release is
+    checked first, so a released block that keeps its reference (a leak) or a double free fails
+    as the pool-accounting rule it breaks (point 1), naming the block, not as a free-queue order."""
+    check_pool(after, len(before.ref_counts))
     reaching_zero = [b for b in reversed(released) if before.ref_counts[b] == 1]
     assert after.free_queue == before.free_queue + reaching_zero, (
         f"free queue {after.free_queue} != {before.free_queue} + tail-first {reaching_zero}"

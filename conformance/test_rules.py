@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginespec.conformance.invariants import check_idle, check_pool
+from enginespec.conformance.invariants import check_idle, check_pool, check_release
 from enginespec.conformance.rules import RULES, headings, spec_rule, where
 from enginespec.spec import PoolState
 
@@ -25,6 +25,18 @@ def test_a_checker_failure_names_its_rule_and_section():
         and 'spec/SCHEDULING.md, section "Block manager"' in text
     )
     assert "free queue [1] != unreferenced blocks [0, 1]" in text
+
+
+def test_a_release_that_leaks_a_block_names_the_leak():
+    """free() that drops the table but keeps the last block's reference: the failure is the
+    pool-accounting rule (point 1) naming the leaked block, not a free-queue order mismatch."""
+    before = PoolState(
+        free_queue=[], ref_counts=[1, 1, 1], block_hashes=[None] * 3, cached={}, tables={"q": [0, 1, 2]}
+    )
+    after = PoolState(free_queue=[1, 0], ref_counts=[0, 0, 1], block_hashes=[None] * 3, cached={}, tables={})
+    with pytest.raises(AssertionError, match=r"^\[spec rule pool-accounting: ") as info:
+        check_release(before, after, [0, 1, 2], None, "q")
+    assert "block 2: ref count 1 but held by 0 tables (leak or double free)" in str(info.value)
 
 
 def test_the_innermost_rule_wins():
