@@ -6,7 +6,8 @@ DRAFT_DIR, "num_speculative_tokens": 4}` as in vLLM; either takes vLLM's
 `disable_by_batch_size`, and vLLM's other keys where their value changes nothing here
 (ACCEPTED_VLLM_KEYS: `draft_tensor_parallel_size` 1, `disable_logprobs`, ...). Without
 "method", a config naming a "model" is "draft_model" and one without is "ngram" (vLLM infers
-the method from the model too). The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
+the method from the model too); vLLM's "ngram" / "[ngram]" as model, and "[ngram]" as method,
+are the "ngram" method. The prompt-lookup fields belong to "ngram" and "model" to "draft_model": a field of the
 other method is a ValueError rather than silently ignored.
 """
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 METHODS = ("ngram", "draft_model")
+# vLLM's names of the n-gram drafter, as method or as model ("[ngram]": its old speculative_model value)
+NGRAM_NAMES = ("ngram", "[ngram]")
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -79,10 +82,7 @@ class SpeculativeConfig:
     disable_by_batch_size: Optional[int] = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
-        method = self.method
-        if method is None:
-            method = "ngram" if self.model is None else "draft_model"
-            object.__setattr__(self, "method", method)
+        method = self._resolve_method()
         if method not in METHODS:
             raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
@@ -92,6 +92,20 @@ class SpeculativeConfig:
             self._check_draft_model()
         else:
             self._check_ngram()
+
+    def _resolve_method(self) -> Optional[str]:
+        """The method, with vLLM's spellings resolved: None is "draft_model" with a `model` and
+        "ngram" without; "[ngram]" (the old speculative_model value) is "ngram", as method or as
+        model. A model of NGRAM_NAMES under method None or "ngram" names no checkpoint (vLLM
+        sets model to "ngram" itself for the n-gram drafter), so it becomes None."""
+        method = "ngram" if self.method in NGRAM_NAMES else self.method
+        if self.model in NGRAM_NAMES and method in (None, "ngram"):
+            method = "ngram"
+            object.__setattr__(self, "model", None)
+        if method is None:
+            method = "ngram" if self.model is None else "draft_model"
+        object.__setattr__(self, "method", method)
+        return method
 
     def _check_draft_model(self) -> None:
         if not isinstance(self.model, str) or not self.model:

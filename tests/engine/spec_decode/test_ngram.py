@@ -75,6 +75,26 @@ def test_config_takes_vllms_names_and_refuses_bad_values():
             SpeculativeConfig.of(bad)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model": "[ngram]", "num_speculative_tokens": 4, "prompt_lookup_max": 3},  # vLLM 0.8's docs
+        {"model": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        {"method": "[ngram]", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        {"method": "ngram", "model": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    ],
+)
+def test_vllms_ngram_spellings_are_the_ngram_method(config):
+    """vLLM takes "ngram" or "[ngram]" (the old speculative_model value) as `model` or `method`
+    for the n-gram drafter; they were read as a draft checkpoint directory named "ngram" (a
+    CheckpointNotFound) or as an unknown method."""
+    cfg = SpeculativeConfig.of(config)
+    assert (cfg.method, cfg.model) == ("ngram", None)
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens) == (1, 3, 4)
+    with pytest.raises(ValueError, match="model"):  # a real draft path is still no ngram field
+        SpeculativeConfig.of({"method": "[ngram]", "model": "/ckpt/draft"})
+
+
 def test_first_to_propose_stops_at_the_first_request_with_a_draft():
     drafter = NgramDrafter(3, 1, 2)
     reqs = [_Req("none", [5, 6, 7]), _Req("loop", [1, 2, 1, 2]), _Req("later", [3, 4, 3, 4])]
