@@ -48,7 +48,7 @@ from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
-from enginespec.llm import PromptType, _cache_key, prompt_to_ids
+from enginespec.llm import PromptType, _cache_key, check_lora_request, prompt_to_ids
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import SamplingParams
 
@@ -105,11 +105,14 @@ class AsyncLLM:
         request_id: Optional[str] = None,
         *,
         priority: int = 0,
+        lora_request=None,
     ) -> AsyncIterator[RequestOutput]:
         """Run one request; yields its cumulative RequestOutput after each step that changed
         it, the last one finished (module doc). sampling_params None: the checkpoint's
         generation_config.json defaults, as LLM.generate. request_id: a non-empty str not in
-        use by a live request (vLLM requires it; pass your own to abort() by it)."""
+        use by a live request (vLLM requires it; pass your own to abort() by it).
+        lora_request: vLLM's keyword, None only (llm.check_lora_request)."""
+        check_lora_request(lora_request, 1)
         request = self._new_request(prompt, sampling_params, request_id, priority)
         if not self.is_running:
             raise self.dead_error

@@ -52,7 +52,7 @@ from enginespec.inputs import PromptType
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "PromptType", "prompt_to_ids"]
+__all__ = ["LLM", "PromptType", "check_lora_request", "prompt_to_ids"]
 
 
 class LLM:
@@ -117,9 +117,10 @@ class LLM:
         """(prompt text or None, token ids) of one prompt."""
         return prompt_to_ids(prompt, self.engine.tokenizer)
 
-    def _add(self, prompts, sampling_params, priority) -> list[str]:
+    def _add(self, prompts, sampling_params, priority, lora_request=None) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
         prompts = _prompt_list(prompts)
+        check_lora_request(lora_request, len(prompts))
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
         priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
         added: list[str] = []
@@ -153,12 +154,15 @@ class LLM:
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: Union[bool, Callable[..., tqdm]] = True,
         priority: Union[int, Sequence[int], None] = None,
+        *,
+        lora_request=None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns the final RequestOutputs in prompt order. A
         `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise).
         use_tqdm: the progress bar over finished prompts; a callable is called in tqdm's place
-        with its keyword arguments (vLLM's, e.g. functools.partial(tqdm, file=f))."""
-        ids = self._add(prompts, sampling_params, priority)
+        with its keyword arguments (vLLM's, e.g. functools.partial(tqdm, file=f)).
+        lora_request: vLLM's keyword, None only (check_lora_request)."""
+        ids = self._add(prompts, sampling_params, priority, lora_request)
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0
         bar = None
@@ -242,6 +246,7 @@ class LLM:
         *,
         use_tqdm: bool = False,
         concurrency_limit: Optional[int] = None,
+        lora_request=None,
     ) -> list[BeamSearchOutput]:
         """Beam search of every prompt (a list of prompts as generate() takes them, or one),
         by vLLM's rules (beam_search.py's module doc): one BeamSearchOutput per prompt, in
@@ -251,8 +256,11 @@ class LLM:
         every step. use_tqdm shows token steps (vLLM's default: off); concurrency_limit searches
         that many prompts at a time (None: all). Keyword-only, as vLLM's third positional is
         lora_request. A ValueError, before any step, for params that are not BeamSearchParams,
-        a beam_width over the engine's max_logprobs // 2, or a bad concurrency_limit; a bad
-        prompt fails the first step's generate() as it would fail generate()."""
+        a beam_width over the engine's max_logprobs // 2, a bad concurrency_limit, or a
+        lora_request other than None (check_lora_request); a bad prompt fails the first step's
+        generate() as it would fail generate()."""
+        prompts = _prompt_list(prompts)
+        check_lora_request(lora_request, len(prompts))
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         cap = self.engine.max_logprobs
@@ -261,7 +269,7 @@ class LLM:
                 f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
                 f"logprobs, within the engine's max_logprobs of {cap}; -1 lifts it), got {params.beam_width}"
             )
-        instances = [self._beam_instance(p, params.max_tokens) for p in _prompt_list(prompts)]
+        instances = [self._beam_instance(p, params.max_tokens) for p in prompts]
         eos = self._beam_eos_id()
         step = self._beam_step_fn(params)
         run_beam_search(instances, step, params, eos, use_tqdm=use_tqdm, concurrency_limit=concurrency_limit)
@@ -317,6 +325,7 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[dict] = None,
         tools: Optional[list] = None,
+        lora_request=None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a
         list of conversations, each rendered by chat_utils.render_chat (vLLM's names and rules):
@@ -326,8 +335,8 @@ class LLM:
         reply continues it; chat_template_kwargs are extra template variables; tools (OpenAI's
         function tools) go to the template, the reply comes back as text (vLLM's LLM.chat parses
         no tool calls either). These five are keyword-only (vLLM's fourth positional is
-        lora_request). Every conversation is rendered
-        before any is generated, so a bad one fails the call."""
+        lora_request, taken here as a keyword: None only, check_lora_request). Every
+        conversation is rendered before any is generated, so a bad one fails the call."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         options = dict(
             chat_template=chat_template,
@@ -343,7 +352,7 @@ class LLM:
             prompts.append(
                 {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
             )
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
@@ -399,6 +408,19 @@ def _cache_key(prompt) -> tuple:
     if not isinstance(salt, str) or not salt:
         raise ValueError(f"cache_salt must be a non-empty str, got {salt!r}")
     return ("cache_salt", salt)
+
+
+def check_lora_request(lora_request, count: int) -> None:
+    """vLLM's lora_request as this engine takes it: None, or one None per prompt (a list of
+    `count`), which is what programs pass that load no adapter. An adapter is a ValueError
+    naming lora_request: no LoRA adapters are loaded here (EngineArgs takes enable_lora=False
+    only), and running the base model instead would answer with other weights than asked."""
+    for lora in _per_prompt(lora_request, count, "lora_request"):
+        if lora is not None:
+            raise ValueError(
+                f"lora_request is not supported by enginespec (no LoRA adapters; enable_lora is False "
+                f"only): pass None, got {lora!r}"
+            )
 
 
 def _per_prompt(value, count: int, name: str) -> list:
