@@ -2,7 +2,7 @@
 # The forty-first session's second call: is the batch-1 host time a regression? This tree against
 # an older commit on ONE machine (the first call's H100 stepped batch 1 at 0.875 ms with a 0.695
 # graph and 0.006 ms of host wait, where the thirty-ninth session's H100 took 0.717 at 9ead191):
-# decode_sweep at 1 and 8 rows, two interleaved rounds, then generate_b1_probe with a cProfile of a
+# decode_sweep at BATCHES rows (default 1), two interleaved rounds, then generate_b1_probe with a cProfile of a
 # 257-token batch-1 generate() in each tree. The older tree comes as `git archive OLD | gzip` in
 # .dev_carry/old.tgz (carry .dev_carry); it runs this tree's generate_b1_probe.py.
 #   git archive OLD -- . ':!benchmarks/results' ':!.whl' | gzip > .dev_carry/old.tgz
@@ -24,7 +24,7 @@ tree() {  # tree new|old: cd there, its PYTHONPATH and commit
 for r in 1 2; do
   for t in new old; do
     tree $t
-    timeout 130 python3 benchmarks/decode_sweep.py --git-commit "$c" --batches 1,8 --out "$out/sweep_${t}_$r.json" > "$out/sweep_${t}_$r.log" 2>&1
+    timeout 130 python3 benchmarks/decode_sweep.py --git-commit "$c" --batches "${BATCHES:-1}" --out "$out/sweep_${t}_$r.json" > "$out/sweep_${t}_$r.log" 2>&1
     echo "$t ($c) round $r rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|its 128" "$out/sweep_${t}_$r.log"
   done
 done
