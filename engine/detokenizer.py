@@ -2,13 +2,16 @@
 
 Decoding the whole output after every token costs O(n) per token; instead each step decodes a
 short window: the text of ids[prefix:] minus the text of ids[prefix:read] is what the newest ids
-add (the prefix gives tokenizers that render a leading space or merge bytes their left context).
+add (the prefix gives tokenizers that render a leading space or merge bytes their left context;
+the output's first windows have the prompt's last PROMPT_CONTEXT_IDS ids as theirs, as vLLM's).
 While that difference ends in U+FFFD the newest ids end inside a multi-byte UTF-8 character, so
 nothing is emitted until a later id completes it. For tokenizers whose decode is additive over
 such windows (byte-level BPE, WordLevel, SentencePiece metaspace) the accumulated `text` equals
-`tokenizer.decode(output_ids, skip_special_tokens=..., spaces_between_special_tokens=...)` once
-`flush()` has run, with both settings taken from the request's SamplingParams (vLLM's names and
-defaults: True, True; no params means the defaults). spaces_between_special_tokens goes to the
+what `tokenizer.decode(context + output_ids, ...)` adds to `tokenizer.decode(context, ...)`
+once `flush()` has run (context: those prompt ids; for byte-level BPE that is
+`tokenizer.decode(output_ids, ...)` itself; a metaspace output keeps its first word's space),
+with `skip_special_tokens` and `spaces_between_special_tokens` taken from the request's
+SamplingParams (vLLM's names and defaults: True, True; no params means the defaults). spaces_between_special_tokens goes to the
 tokenizer's decode only when False (the default is every tokenizer's own, and duck-typed ones
 need not know the keyword); Hugging Face's fast tokenizers ignore it, as vLLM's fast
 detokenizer does, so their bare backend may still decode.
@@ -44,6 +47,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 _REPLACEMENT = "\ufffd"
+# Prompt ids decoded before the first output ids, as their left context (vLLM's initial offset).
+PROMPT_CONTEXT_IDS = 5
 
 
 def _plain_backend(tokenizer):
@@ -75,6 +80,7 @@ class IncrementalDetokenizer:
         self._read = 0  # ids before this are settled into text
         self._emitted = 0  # chars of text already returned as deltas
         self._backend = _plain_backend(tokenizer)
+        self._context = self._prompt_context(self.prompt_token_ids)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
@@ -85,14 +91,26 @@ class IncrementalDetokenizer:
             list(ids), skip_special_tokens=self.skip_special_tokens, **self._decode_kwargs
         )
 
+    def _prompt_context(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt's last ids, decoded before the output's first ones as their left context:
+        a SentencePiece (metaspace) decode drops the leading space of a text's first word, so
+        without it an output's first word lost its space ("is" + "Paris", where vLLM and a full
+        decode of prompt + output give "is Paris"). None when they end inside a character (the
+        output's first ids would complete it: their text is not the context's plus theirs)."""
+        tail = prompt_ids[-PROMPT_CONTEXT_IDS:]
+        if not tail or self._decode(tail).endswith(_REPLACEMENT):
+            return []
+        return tail
+
     def _settle(self, force: bool = False) -> str:
         """Text the unsettled ids add; empty (and nothing settled) while it ends mid-character."""
         ids = self.output_token_ids
-        before = self._decode(ids[self._prefix : self._read])
-        after = self._decode(ids[self._prefix :])
+        context = self._context if self._prefix == 0 else []  # windows at the output's start
+        before = self._decode(context + ids[self._prefix : self._read])
+        after = self._decode(context + ids[self._prefix :])
         if not force and (after.endswith(_REPLACEMENT) or len(after) <= len(before)):
             return ""
-        new = after[len(before) :] if after.startswith(before) else after
+        new = after[len(before) :] if context or after.startswith(before) else after
         self._prefix, self._read = self._read, len(ids)
         return new
 

@@ -82,9 +82,18 @@ def byte_ids(text: str) -> list[int]:
     return [tok.convert_tokens_to_ids(_byte_char(b)) for b in text.encode("utf-8")]
 
 
+PROMPT = [1, 2]
+
+
+def after_prompt(tokenizer, ids, prompt=PROMPT) -> str:
+    """What decoding `ids` after the prompt adds to the prompt's own text: the output's text
+    (the detokenizer decodes the prompt's last ids as the output's left context, as vLLM does)."""
+    return tokenizer.decode(list(prompt) + list(ids))[len(tokenizer.decode(list(prompt))) :]
+
+
 def run(tokenizer, ids, params, chunks):
     """Feed ids in chunks of the given sizes; return (deltas joined, stop, detokenizer)."""
-    detok = IncrementalDetokenizer(tokenizer, [1, 2], params)
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, params)
     deltas, stop, pos = [], None, 0
     for size in chunks:
         delta, stop = detok.update(ids[pos : pos + size])
@@ -157,23 +166,34 @@ def test_arbitrary_ids_decode_like_full_decode(ids, rng):
 def test_metaspace_windows_keep_spaces(ids, rng):
     tok = metaspace()
     deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)))
-    assert detok.text == tok.decode(ids) == "".join(deltas)
+    assert detok.text == after_prompt(tok, ids) == "".join(deltas)
+
+
+def test_a_metaspace_output_keeps_its_first_word_s_space():
+    """SentencePiece (Llama 2, Mistral) decodes drop a text's leading space: the output's first
+    word keeps it, so prompt + text reads as the whole sequence decoded (vLLM's text too)."""
+    tok = metaspace()
+    prompt, output = tok.convert_tokens_to_ids(["▁a", "▁b"]), tok.convert_tokens_to_ids(["▁stop", "c"])
+    detok = IncrementalDetokenizer(tok, prompt, SamplingParams())
+    assert detok.update(output) == (" stopc", None)
+    assert tok.decode(prompt) + detok.text == tok.decode(prompt + output) == "a b stopc"
+    assert IncrementalDetokenizer(tok, [], SamplingParams()).update(output)[0] == "stopc"  # no prompt
 
 
 def test_word_level_tokens_join_with_spaces():
     tok = word_level()
     ids = tok.encode("a b stop c")
     deltas, stop, detok = run(tok, ids, SamplingParams(), [1] * len(ids))
-    assert detok.text == tok.decode(ids) == "a b stop c"
-    assert deltas[:4] == ["a", " b", " stop", " c"]
+    assert detok.text == after_prompt(tok, ids) == " a b stop c"
+    assert deltas[:4] == [" a", " b", " stop", " c"]
 
 
 def test_tokenizer_space_clean_up_is_honoured():
     """With clean_up_tokenization_spaces the HF decode (not the bare backend) is the truth."""
     tok = word_level(clean_up=True)
     ids = tok.encode("a n't b . c")
-    want = tok.decode(ids)
-    assert want != "a n't b . c", "the clean-up pass must change this text for the test to bite"
+    want = after_prompt(tok, ids)
+    assert want != " a n't b . c", "the clean-up pass must change this text for the test to bite"
     assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == want
 
 
@@ -244,7 +264,7 @@ def test_an_update_without_stop_strings_decodes_twice_whatever_its_length():
     ids = byte_bpe().encode(text)
     tok = CountingTokenizer(byte_bpe())
     detok = IncrementalDetokenizer(tok, [1], SamplingParams())
-    assert detok.update(ids) == (text, None) and tok.calls <= 2
+    assert detok.update(ids) == (text, None) and tok.calls <= 3  # and the prompt context's check
     watched = CountingTokenizer(byte_bpe())
     detok = IncrementalDetokenizer(watched, [1], SamplingParams(stop=("never",)))
     assert detok.update(ids)[0] == text[: len(text) - detok._held_back()]
@@ -267,7 +287,7 @@ def test_stop_string_across_word_tokens():
     tok = word_level()
     ids = tok.encode("x a b c d")
     deltas, stop, detok = run(tok, ids, SamplingParams(stop=("b c",)), [1] * len(ids))
-    assert stop == "b c" and detok.text == "x a " == "".join(deltas)
+    assert stop == "b c" and detok.text == " x a " == "".join(deltas)
 
 
 def test_multibyte_stop_string():
