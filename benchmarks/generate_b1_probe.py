@@ -77,7 +77,9 @@ def main(argv=None) -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--tokens", type=int, default=128)
     own.add_argument("--reps", type=int, default=4)
-    own.add_argument("--cprofile", metavar="PATH", help="then one more long call under cProfile: its top functions to PATH")
+    own.add_argument(
+        "--cprofile", metavar="PATH", help="then one more long call under cProfile: its top functions to PATH"
+    )
     extra, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
     args = decode_sweep.parse_args(["--batches", "1", *rest])
     args.tokens, args.reps, args.cprofile = extra.tokens, extra.reps, extra.cprofile
