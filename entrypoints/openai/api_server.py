@@ -13,7 +13,8 @@ detokenization and SSE (entrypoints/openai/engine_client.py).
 
 Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening, lets in-flight responses finish for
 up to --shutdown-timeout seconds, then cancels them (each cancelled stream aborts its engine
-requests); the engine process is told to exit and reaped, and this process exits 0. If the
+requests); the engine process is told to exit and reaped, and this process exits 0. Either
+signal while the engine is still loading ends the engine process at once, and exits 0. If the
 engine process dies, pending requests get 500s (an error frame mid-stream), /health fails, and
 the server shuts down the same way, exiting 1.
 """
@@ -26,8 +27,9 @@ import logging
 import os
 import secrets
 import signal
+import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -393,6 +395,31 @@ def _server_class():
     return Server
 
 
+class _StopDuringStartup(Exception):
+    """A stop signal (SIGTERM, SIGINT) arrived before the server was serving."""
+
+
+@contextmanager
+def _stop_signals_raise():
+    """Within: SIGTERM and SIGINT raise _StopDuringStartup (in the main thread, where Python
+    runs signal handlers), so that a stop while the engine is still loading unwinds through
+    run_server's cleanup, which reaps the engine process; the previous handlers come back on
+    exit. Off the main thread (an embedding program's) nothing changes: signals are not ours."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(sig, frame):
+        raise _StopDuringStartup(signal.Signals(sig).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_server(ns) -> int:
     """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
     when the engine process died."""
@@ -421,41 +448,46 @@ def run_server(ns) -> int:
     client = EngineClient(
         args, tokenizer, metrics, max_waiting=ns.max_waiting_requests, in_process=ns.engine_in_process
     )
-    info = client.launch()
     try:
-        defaults = GenerationDefaults.load(
-            args.model, args.generation_config, args.override_generation_config
-        ).sampling
-        if defaults:
-            log.info("default sampling parameters from the checkpoint's generation_config.json: %s", defaults)
-        ctx = ServerContext(
-            client,
-            tokenizer,
-            list(names),
-            info.max_model_len,
-            template,
-            defaults,
-            trust_request_chat_template=ns.trust_request_chat_template,
-            enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
-            reasoning_parser=get_parser(ns.reasoning_parser),
-            enable_auto_tool_choice=ns.enable_auto_tool_choice,
-            tool_call_parser=ns.tool_call_parser,
-            log_requests=ns.enable_log_requests,
-            max_log_len=ns.max_log_len,
-        )
-        app = build_app(ctx, metrics, api_key=keys, dev=ns.enable_dev_endpoints, cors=cors)
-        config = uvicorn.Config(
-            app,
-            host=ns.host,
-            port=ns.port,
-            log_level=ns.uvicorn_log_level,
-            timeout_graceful_shutdown=ns.shutdown_timeout,
-            access_log=False,
-        )
-        server = _server_class()(config)
-        server.on_exit = client.close_admission
-        client.on_death = lambda: setattr(server, "should_exit", True)
+        with _stop_signals_raise():  # until uvicorn's own handlers take over in server.run()
+            info = client.launch()
+            defaults = GenerationDefaults.load(
+                args.model, args.generation_config, args.override_generation_config
+            ).sampling
+            if defaults:
+                log.info(
+                    "default sampling parameters from the checkpoint's generation_config.json: %s", defaults
+                )
+            ctx = ServerContext(
+                client,
+                tokenizer,
+                list(names),
+                info.max_model_len,
+                template,
+                defaults,
+                trust_request_chat_template=ns.trust_request_chat_template,
+                enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+                reasoning_parser=get_parser(ns.reasoning_parser),
+                enable_auto_tool_choice=ns.enable_auto_tool_choice,
+                tool_call_parser=ns.tool_call_parser,
+                log_requests=ns.enable_log_requests,
+                max_log_len=ns.max_log_len,
+            )
+            app = build_app(ctx, metrics, api_key=keys, dev=ns.enable_dev_endpoints, cors=cors)
+            config = uvicorn.Config(
+                app,
+                host=ns.host,
+                port=ns.port,
+                log_level=ns.uvicorn_log_level,
+                timeout_graceful_shutdown=ns.shutdown_timeout,
+                access_log=False,
+            )
+            server = _server_class()(config)
+            server.on_exit = client.close_admission
+            client.on_death = lambda: setattr(server, "should_exit", True)
         server.run()
+    except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
+        log.info("stopped by %s before the server was serving", stopped)
     finally:
         client.stop()
     return 1 if client.fatal is not None else 0

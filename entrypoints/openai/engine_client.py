@@ -294,8 +294,9 @@ class EngineClient:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new requests, end the pending ones and the calls awaiting a reply with
-        EngineDead (nothing more comes for them), ask the engine to exit, and reap it (SIGTERM, then SIGKILL, if it does not go in
-        time). Idempotent."""
+        EngineDead (nothing more comes for them), ask the engine to exit, and reap it (SIGTERM,
+        then SIGKILL, if it does not go in time; at once if it never announced itself ready: it
+        reads no command while it builds, and a large checkpoint loads for minutes). Idempotent."""
         self._accepting = False
         self._stopping = True
         if self._streams or self._calls:
@@ -312,7 +313,7 @@ class EngineClient:
                 except OSError:
                     pass
             self._to_engine.close(timeout)
-        self._reap(timeout)
+        self._reap(timeout if self.info is not None else 0.0)
 
     def _on_loop(self, fn, *args) -> None:
         """fn(*args) on the event loop that reads the engine (the Inboxes' futures belong to

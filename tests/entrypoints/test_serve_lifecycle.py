@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -153,3 +155,53 @@ def test_a_stop_signal_ends_the_server_without_re_raising_it(sig):
     except KeyboardInterrupt:
         pytest.fail(f"the server re-raised {sig.name} after its shutdown")
     assert server.should_exit
+
+
+# An impl whose module takes its time to import in the engine process (the only process that
+# loads the impl): it writes that process's pid to LOADING, then sleeps as a large checkpoint's
+# load would, so that a signal reliably lands while the engine is still starting.
+SLOW_IMPL = """
+import os, time
+from pathlib import Path
+Path(os.environ["LOADING"]).write_text(str(os.getpid()))
+time.sleep(120)
+from enginespec.spec import load_impl
+IMPL = load_impl("reference")
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie (exited, waiting for a parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_the_engine_starts_leaves_no_engine_behind(model_dir, tmp_path, sig):
+    """SIGTERM or Ctrl-C while the engine process is still loading the model stops the server
+    with status 0 and takes the engine process down with it. SIGTERM killed the server at once
+    and left the engine loading on (holding its memory) as an orphan; SIGINT, which the engine
+    ignores, left the server hung at exit, joining an engine that never ended."""
+    (tmp_path / "slow_impl.py").write_text(SLOW_IMPL)
+    loading = tmp_path / "loading"
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, LOADING=str(loading), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir), "--device", "cpu"]
+    proc = subprocess.Popen(cmd + ["--port", "0", "--impl", "slow_impl:IMPL"], env=env)
+    engine_pid = None
+    try:
+        _wait_for(loading.exists, timeout=60)
+        _wait_for(lambda: loading.read_text() != "")
+        engine_pid = int(loading.read_text())
+        proc.send_signal(sig)
+        assert proc.wait(30) == 0
+        assert _gone(engine_pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if engine_pid is not None and not _gone(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)
