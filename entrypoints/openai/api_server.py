@@ -9,7 +9,8 @@ variable's key does, as vLLM reads it (api_keys).
 
 Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
 --engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
-detokenization and SSE (entrypoints/openai/engine_client.py).
+detokenization and SSE (entrypoints/openai/engine_client.py). The address is bound before the
+engine starts (bind_socket), so a port in use is a one-line error (exit 2) before the model loads.
 
 Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening, lets in-flight responses finish for
 up to --shutdown-timeout seconds, then cancels them (each cancelled stream aborts its engine
@@ -27,6 +28,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
@@ -380,9 +382,19 @@ def _server_class():
         (uvicorn re-raises the signal, so the process would die of it: of SIGINT with a
         KeyboardInterrupt traceback), and that it closes admission at once (new requests get
         503 meanwhile). A second Ctrl-C still cuts the graceful shutdown short (uvicorn's
-        force_exit)."""
+        force_exit). Over sockets bound beforehand (bind_socket), uvicorn logs no address: its
+        "Uvicorn running on" line is logged here instead."""
 
         on_exit = None
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:
+                host, port = self.config.host, sockets[0].getsockname()[1]
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s (Press CTRL+C to quit)", where
+                )
 
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
@@ -420,6 +432,22 @@ def _stop_signals_raise():
             signal.signal(sig, handler)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's address, bound (not yet listening) before the engine loads, as vLLM binds
+    its own: a port in use, or a host that is not this machine's, is a ValueError naming
+    --host and --port in seconds rather than uvicorn's bind error after the model's load. An
+    IPv6 host (one with a colon) gets an IPv6 socket; uvicorn listens on this very socket."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's: past TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ValueError(f"--host/--port: cannot listen on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
 def run_server(ns) -> int:
     """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
     when the engine process died."""
@@ -445,6 +473,7 @@ def run_server(ns) -> int:
     tokenizer = load_engine_tokenizer(args)
     names = ns.served_model_name or [ns.model]
     metrics = ServerMetrics(names[0])
+    sock = bind_socket(ns.host, ns.port)
     client = EngineClient(
         args, tokenizer, metrics, max_waiting=ns.max_waiting_requests, in_process=ns.engine_in_process
     )
@@ -485,9 +514,10 @@ def run_server(ns) -> int:
             server = _server_class()(config)
             server.on_exit = client.close_admission
             client.on_death = lambda: setattr(server, "should_exit", True)
-        server.run()
+        server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
         log.info("stopped by %s before the server was serving", stopped)
     finally:
         client.stop()
+        sock.close()
     return 1 if client.fatal is not None else 0

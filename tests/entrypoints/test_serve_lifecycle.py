@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ import openai
 import pytest
 
 from enginespec.testing.checkpoints import make_checkpoint
-from tests.entrypoints.remote_server import RemoteServer
+from tests.entrypoints.remote_server import HOST, RemoteServer
 
 ARGS = ["--max-num-seqs", "1", "--max-waiting-requests", "1", "--enable-dev-endpoints", "--num-blocks", "64"]
 
@@ -179,18 +180,23 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _serve_slowly(model_dir, tmp_path, args: list[str], **popen) -> subprocess.Popen:
+    """`enginespec serve` over SLOW_IMPL (its engine process writes tmp_path / "loading")."""
+    (tmp_path / "slow_impl.py").write_text(SLOW_IMPL)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, LOADING=str(tmp_path / "loading"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir), "--device", "cpu"]
+    return subprocess.Popen(cmd + ["--impl", "slow_impl:IMPL", *args], env=env, **popen)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_while_the_engine_starts_leaves_no_engine_behind(model_dir, tmp_path, sig):
     """SIGTERM or Ctrl-C while the engine process is still loading the model stops the server
     with status 0 and takes the engine process down with it. SIGTERM killed the server at once
     and left the engine loading on (holding its memory) as an orphan; SIGINT, which the engine
     ignores, left the server hung at exit, joining an engine that never ended."""
-    (tmp_path / "slow_impl.py").write_text(SLOW_IMPL)
     loading = tmp_path / "loading"
-    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, LOADING=str(loading), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir), "--device", "cpu"]
-    proc = subprocess.Popen(cmd + ["--port", "0", "--impl", "slow_impl:IMPL"], env=env)
+    proc = _serve_slowly(model_dir, tmp_path, ["--port", "0"])
     engine_pid = None
     try:
         _wait_for(loading.exists, timeout=60)
@@ -205,3 +211,28 @@ def test_a_stop_signal_while_the_engine_starts_leaves_no_engine_behind(model_dir
             proc.wait()
         if engine_pid is not None and not _gone(engine_pid):
             os.kill(engine_pid, signal.SIGKILL)
+
+
+def test_a_port_in_use_fails_before_the_engine_loads(model_dir, tmp_path):
+    """`serve --port P` with P taken by another listener is the CLI's one-line usage error
+    naming the address (exit 2) before any engine process starts, as vLLM binds its socket
+    before it builds the engine. It was uvicorn's bind error (exit 3) after the whole model
+    load: minutes, for a large checkpoint, to learn of a typo in --port."""
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _serve_slowly(
+            model_dir, tmp_path, ["--host", HOST, "--port", str(port)], stderr=subprocess.PIPE
+        )
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:  # the engine process holds stderr open too: it goes first
+                if (tmp_path / "loading").exists():
+                    os.kill(int((tmp_path / "loading").read_text()), signal.SIGKILL)
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 2
+    assert f"{HOST}:{port}" in err.decode() and "in use" in err.decode()
+    assert not (tmp_path / "loading").exists()  # no engine process was started
