@@ -77,24 +77,58 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of the engine's random state (default 0)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
     p.add_argument(
         "--max-model-len", type=_token_count_or_auto, default=None, help="tokens: 4096, 4k, 4K, or auto (-1)"
     )
     p.add_argument("--max-num-batched-tokens", type=_token_count, default=None, help="tokens: 8192, 8k, 8K")
-    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="most requests in one step (default 256)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks of the pool (CPU)")
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes (CPU)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    for name in ("prefix-caching", "chunked-prefill"):  # vLLM's names and our older short ones
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="CUDA: the share of the GPU's memory in (0, 1] the engine may use, KV cache included "
+        "(default 0.9; the CPU sizes its pool by --kv-cache-bytes)",
+    )
+    p.add_argument(
+        "--num-gpu-blocks-override", type=int, default=None, help="KV blocks of the pool, on any device"
+    )
+    for name, does in (  # vLLM's names and our older short ones
+        ("prefix-caching", "reuse the cached KV blocks of prompts' shared prefixes"),
+        ("chunked-prefill", "split long prompts over several steps"),
+    ):
         dest = "enable_" + name.replace("-", "_")
-        p.add_argument(f"--enable-{name}", dest=dest, action="store_true", default=True)
-        p.add_argument(f"--no-enable-{name}", f"--no-{name}", dest=dest, action="store_false")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
-    p.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+        p.add_argument(
+            f"--enable-{name}", dest=dest, action="store_true", default=True, help=f"{does} (default)"
+        )
+        p.add_argument(
+            f"--no-enable-{name}",
+            f"--no-{name}",
+            dest=dest,
+            action="store_false",
+            help=f"no {name.replace('-', ' ')}",
+        )
+    p.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="at most this many prompt tokens of one request per step (default 0: no cap)",
+    )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="fcfs: arrival order (default); priority: lower request priority first",
+    )
+    p.add_argument(
+        "--preemption-mode",
+        choices=("recompute", "swap"),
+        default="recompute",
+        help="what a preempted request's KV blocks become: recomputed later (default) or swapped to host memory",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument(
         "--no-async-scheduling",
@@ -258,21 +292,44 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
     gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument(
+        "--max-tokens", type=int, default=32, help="most tokens to generate per sample (default 32)"
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1] (default 1: off)")
+    gen.add_argument(
+        "--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0: all)"
+    )
     gen.add_argument("--n", type=int, default=1, help="samples per prompt")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     _add_engine_args(gen)
     demo = sub.add_parser("demo", help="throughput demo on a tiny random model (CPU friendly)")
-    demo.add_argument("--family", default="qwen3", choices=("qwen3", "qwen2", "llama", "mistral"))
-    demo.add_argument("--num-requests", type=int, default=16)
-    demo.add_argument("--min-input-len", type=int, default=8)
-    demo.add_argument("--max-input-len", type=int, default=64)
-    demo.add_argument("--max-output-len", type=int, default=32)
-    demo.add_argument("--shared-prefix-len", type=int, default=16)
+    demo.add_argument(
+        "--family",
+        default="qwen3",
+        choices=("qwen3", "qwen2", "llama", "mistral"),
+        help="architecture of the tiny random model (default qwen3)",
+    )
+    demo.add_argument("--num-requests", type=int, default=16, help="requests in the workload (default 16)")
+    demo.add_argument(
+        "--min-input-len", type=int, default=8, help="shortest random prompt, in tokens (default 8)"
+    )
+    demo.add_argument(
+        "--max-input-len", type=int, default=64, help="longest random prompt, in tokens (default 64)"
+    )
+    demo.add_argument(
+        "--max-output-len",
+        type=int,
+        default=32,
+        help="longest output; each is uniform in [1, this] (default 32)",
+    )
+    demo.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=16,
+        help="tokens every prompt starts with, for the prefix cache to hit (default 16; 0: none)",
+    )
     _add_engine_args(demo)
     _add_serve_parser(sub)
     sub.add_parser(
@@ -314,7 +371,7 @@ def _add_serve_parser(sub) -> None:
         help="the same, as vLLM's --model names it (`vllm serve --model DIR`); give one of the two",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (default 8000)")
     serve.add_argument(
         "--api-key",
         nargs="+",

@@ -47,13 +47,22 @@ def make_requests(impl, num_requests: int, seed: int) -> list:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="enginespec simulate", description=__doc__.splitlines()[0])
     p.add_argument("--impl", default="reference", help="reference, fast, or pkg.module:attr")
-    p.add_argument("--num-requests", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=4)
-    p.add_argument("--num-blocks", type=int, default=40)
-    p.add_argument("--max-num-batched-tokens", type=int, default=64)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--preemption-mode", choices=spec.PREEMPTION_MODES, default="recompute")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-requests", type=int, default=16, help="requests, two arriving a step (default 16)")
+    p.add_argument("--block-size", type=int, default=4, help="tokens per KV block (default 4)")
+    p.add_argument(
+        "--num-blocks", type=int, default=40, help="blocks of the pool (default 40: preemptions happen)"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=64, help="token budget of a step (default 64)"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=8, help="most requests in one step (default 8)")
+    p.add_argument(
+        "--preemption-mode",
+        choices=spec.PREEMPTION_MODES,
+        default="recompute",
+        help="a preempted request's blocks are recomputed later (default) or swapped out",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the fake model (default 0)")
     p.add_argument("--quiet", action="store_true", help="print only the final statistics")
     return p.parse_args(argv)
 
