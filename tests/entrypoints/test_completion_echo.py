@@ -102,18 +102,8 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(ctx):
 
 
 def test_an_echo_stream_sends_the_prompt_first(ctx):
-    full = _run(ctx, prompt=PROMPT, max_tokens=6, ignore_eos=True, echo=True, n=2, seed=0, temperature=1.0)
-    frames = _run(
-        ctx,
-        prompt=PROMPT,
-        max_tokens=6,
-        ignore_eos=True,
-        echo=True,
-        n=2,
-        seed=0,
-        temperature=1.0,
-        stream=True,
-    )
+    fields = dict(prompt=PROMPT, max_tokens=6, ignore_eos=True, echo=True, n=2, seed=0, temperature=1.0)
+    full, frames = _run(ctx, **fields), _run(ctx, **fields, stream=True)
     assert frames[-1] == "[DONE]"
     texts = {0: "", 1: ""}
     for f in frames[:-1]:
