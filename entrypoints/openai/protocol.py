@@ -204,11 +204,32 @@ class _ChatTemplateFields(_Strict):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
+    def template_kwargs(self) -> Optional[dict[str, Any]]:
+        """The template's extra variables: chat_template_kwargs, over those a chat request's
+        reasoning_effort sets (ChatCompletionRequest's docstring)."""
+        effort = getattr(self, "reasoning_effort", None)
+        if effort is None:
+            return self.chat_template_kwargs
+        if not isinstance(self.chat_template_kwargs, (dict, type(None))):
+            return self.chat_template_kwargs  # chat_utils refuses it, naming the field
+        return {
+            "reasoning_effort": effort,
+            "enable_thinking": effort != "none",
+            **(self.chat_template_kwargs or {}),
+        }
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
 
 class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
-    """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens."""
+    """POST /v1/chat/completions. `max_completion_tokens` is the newer name of max_tokens.
+    `reasoning_effort` (OpenAI's, with vLLM's values) reaches the chat template as its
+    `reasoning_effort` variable, and as `enable_thinking` (false for "none", else true: Qwen3's
+    switch, which --reasoning-parser qwen3 reads too); chat_template_kwargs that set either win."""
 
     max_completion_tokens: Optional[int] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
     # off by default: the chat template writes the special tokens itself (vLLM's default)
     add_special_tokens: bool = False
     # vLLM's: with --reasoning-parser, false leaves the reasoning out (the content stays as split)

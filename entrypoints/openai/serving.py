@@ -247,7 +247,7 @@ def render_chat(
             chat_template=template,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            chat_template_kwargs=body.chat_template_kwargs,
+            chat_template_kwargs=body.template_kwargs(),
             tools=tools,
         )
     except ChatTemplateError as exc:
@@ -456,7 +456,7 @@ async def create_chat_completion(
     )
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
-        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.chat_template_kwargs)
+        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.template_kwargs())
     call.tool_mode, call.forced_name = tool_mode, forced_name
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

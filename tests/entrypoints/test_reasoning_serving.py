@@ -20,6 +20,7 @@ from enginespec.entrypoints.openai.serving import (
     ServerContext,
     _Call,
     create_chat_completion,
+    render_chat,
 )
 from tests.entrypoints.client_helpers import in_process_client, never, stream_then_full
 
@@ -154,3 +155,24 @@ def test_the_serve_flag_is_vllms():
     assert _parser().parse_args(["serve", "m"]).reasoning_parser is None
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "m", "--reasoning-parser", "qwen"])
+
+
+# reasoning_effort: the template shows which effort it was given (its own variable)
+EFFORT = "{% for m in messages %}{{ m['content'] }};{% endfor %}[{{ reasoning_effort }}]A:"
+
+
+def test_reasoning_effort_reaches_the_template_and_none_turns_thinking_off(engine):
+    """OpenAI's reasoning_effort, as vLLM takes it: the template's reasoning_effort variable and
+    enable_thinking (false for "none"), which qwen3's parser reads; chat_template_kwargs win."""
+    text = _chat(engine, None, PLAIN)["content"]
+    assert _chat(engine, "qwen3", PLAIN, reasoning_effort="none") == {
+        "role": "assistant", "content": text, "reasoning": None,
+    }  # fmt: skip
+    assert _chat(engine, "qwen3", PLAIN, reasoning_effort="high")["reasoning"] == text
+    explicit = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert _chat(engine, "qwen3", PLAIN, **explicit)["reasoning"] == text
+    ctx = ServerContext(engine, engine.tokenizer, ["tiny"], 64, trust_request_chat_template=True)
+    body = ChatCompletionRequest(messages=MESSAGES, chat_template=EFFORT, reasoning_effort="low")
+    assert render_chat(ctx, body) == "hi;[low]A:"
+    with pytest.raises(ValueError, match="reasoning_effort"):
+        ChatCompletionRequest(messages=MESSAGES, reasoning_effort="extreme")
