@@ -56,6 +56,7 @@ from enginespec.entrypoints.openai.protocol import (
 from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
+    checked_tools,
     create_chat_completion,
     create_completion,
     render_chat,
@@ -273,8 +274,10 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
             raise APIError(400, "this server has no tokenizer")
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
+        if body.tools is not None and body.messages is None:
+            raise APIError(400, "tools need messages (the chat template shows them)", "tools")
         if body.messages is not None:  # vLLM's chat default: no special tokens beyond the template's
-            text = render_chat(ctx, body)
+            text = render_chat(ctx, body, checked_tools(body.tools))
             special = body.add_special_tokens if "add_special_tokens" in body.model_fields_set else False
             tokens = list(ctx.tokenizer.encode(text, add_special_tokens=special))
         else:

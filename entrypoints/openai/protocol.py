@@ -258,6 +258,8 @@ class TokenizeRequest(_ChatTemplateFields):
     # value given applies to either
     add_special_tokens: bool = True
     return_token_strs: bool = False  # vLLM's: token_strs in the reply
+    # with messages: the function tools the template shows (as a chat request's), vLLM's field
+    tools: Optional[list[dict[str, Any]]] = None
 
 
 class DetokenizeRequest(_Strict):

@@ -480,11 +480,7 @@ def _tool_options(
     template but parses nothing; "required" and a named function ({"type": "function",
     "function": {"name": ...}}) force the reply by structured outputs (_forced_params), with no
     flag needed, as in vLLM."""
-    tools = body.tools
-    if tools == []:
-        raise APIError(
-            400, "`tools` must not be an empty array: give at least one tool or leave the field out", "tools"
-        )
+    tools = checked_tools(body.tools)
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
     if choice != "none" and tools is None:
         raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
@@ -493,10 +489,6 @@ def _tool_options(
         raise APIError(400, f'tool_choice must be "none", "auto", "required" or a named function, got {choice!r}', "tool_choice")  # fmt: skip  # noqa: E501
     if body.parallel_tool_calls is not None and not isinstance(body.parallel_tool_calls, bool):
         raise APIError(400, f"parallel_tool_calls must be a bool, got {body.parallel_tool_calls!r}", "parallel_tool_calls")  # fmt: skip  # noqa: E501
-    try:
-        chat_utils.check_tools(tools)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), exc.param) from None
     if tools is None or choice == "none":
         return tools, "none", None
     if name is not None or choice == "required":
@@ -508,6 +500,20 @@ def _tool_options(
             "tool_choice",
         )
     return tools, "auto", None
+
+
+def checked_tools(tools: Optional[list]) -> Optional[list]:
+    """A request's function tools, or a 400 naming `tools`: not an empty list (OpenAI's rule
+    too), each as chat_utils.check_tools asks."""
+    if tools == []:
+        raise APIError(
+            400, "`tools` must not be an empty array: give at least one tool or leave the field out", "tools"
+        )
+    try:
+        chat_utils.check_tools(tools)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), exc.param) from None
+    return tools
 
 
 def _named_function(choice: dict) -> str:

@@ -17,10 +17,10 @@ from enginespec.worker.loader import load_tokenizer
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
 
-def _post(path: str, body: dict, tokenizer=None) -> httpx.Response:
+def _post(path: str, body: dict, tokenizer=None, template: str = TEMPLATE) -> httpx.Response:
     """POST body to the app (no engine behind it) over ASGI; the tiny tokenizer by default."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tiny_model_dir("qwen3"))
-    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=TEMPLATE), ServerMetrics("m"))
+    app = build_app(ServerContext(None, tokenizer, ["m"], 16, chat_template=template), ServerMetrics("m"))
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -154,3 +154,30 @@ def test_health_and_ping_are_503_once_the_engine_is_dead():
                 return [await client.get("/health"), await client.get("/ping"), await client.post("/ping")]
 
         assert [r.status_code for r in asyncio.run(run(app))] == [status] * 3  # /ping: vLLM's SageMaker form
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+TOOLS_TEMPLATE = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}" + TEMPLATE
+
+
+def test_tokenize_renders_messages_with_their_tools():
+    """vLLM's /tokenize takes a chat request's tools: the count a client budgets with is the
+    prompt the chat request would send (the template shows the tools), not one without them."""
+    tokenizer = load_tokenizer(tiny_model_dir("qwen3"))
+
+    def post(body):
+        return _post("/tokenize", body, tokenizer, TOOLS_TEMPLATE)
+
+    messages = [{"role": "user", "content": "hi"}]
+    with_tools = post({"messages": messages, "tools": [TOOL]})
+    assert with_tools.status_code == 200, with_tools.text
+    assert with_tools.json()["tokens"] == list(
+        tokenizer.encode("[get_weather]<user>hi", add_special_tokens=False)
+    )
+    for body, message in (
+        ({"prompt": "hi", "tools": [TOOL]}, "need messages"),
+        ({"messages": messages, "tools": []}, "empty"),
+    ):
+        resp = post(body)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools", resp.text
+        assert message in resp.json()["error"]["message"]
