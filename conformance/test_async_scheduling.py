@@ -314,6 +314,37 @@ def test_abort_while_a_placeholder_is_pending(impl):
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
 
 
+@pytest.mark.parametrize("old_max_tokens", [20, 4], ids=["running", "finished-by-the-pending-step"])
+def test_a_request_id_reused_after_an_abort_while_a_placeholder_is_pending(impl, old_max_tokens):
+    """abort(report=False) then add_request under the same id before the next step (what an
+    AsyncLLM user does who leaves a generate and retries under its id): the pending step's
+    placeholder, token and length finish were the aborted request's, yet they were matched by
+    id to the new one. Its prefill then raised "scheduled N tokens over a placeholder", which
+    failed every request of that step ("keep" too), or its first output was the old request's
+    length finish. The new request and the others must run as if the old one had never been."""
+    needs_overlap(impl)
+    engine = _llm(impl, True).engine
+    keep = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    new = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    old = SamplingParams(max_tokens=old_max_tokens, temperature=0.0, ignore_eos=True)
+    engine.add_request("keep", [5, 6, 7], keep)
+    engine.add_request("reuse", [8, 9, 10], old)
+    for _ in range(4):
+        engine.step()
+    assert engine._inflight is not None and "reuse" in engine._inflight.awaiting
+    engine.abort("reuse", report=False)
+    engine.add_request("reuse", [11, 12, 13, 14], new)
+    finals = {}
+    while engine.has_unfinished:
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    serial = _llm(impl, False).generate(
+        [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [11, 12, 13, 14]}], [keep, new], use_tqdm=False
+    )
+    got = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in (finals["keep"], finals["reuse"])]
+    assert got == [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in serial]
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
 class _R:
     def __init__(self, num_output, **params):
         self.params = SamplingParams(temperature=0.0, **params)

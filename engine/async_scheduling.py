@@ -59,9 +59,19 @@ class InFlight:
     finished: list = field(default_factory=list)  # finished for length by the placeholder update
     wait_s: float = 0.0  # how long token_ids() blocked on `ready` (the host waiting for the GPU)
     resolved: bool = False  # the engine has taken (or tried to take) its tokens
+    forgotten: set = field(default_factory=set)  # ids the engine forgot meanwhile (forget)
     logprobs: Optional[DeviceLogprobs] = None  # the rows' logprobs, packed after the ids in host
     prompt: Optional[DevicePromptLogprobs] = None  # the step's prompt logprobs, packed last
     _flat: Optional[list] = None
+
+    def forget(self, request_id: str) -> None:
+        """The engine forgot this request (aborted without a report) while the step was in
+        flight: its placeholder, token, length finish and prompt logprobs go to nobody. Matched
+        by id they would reach a new request the caller added under the same id before the next
+        step (its prefill taken for a placeholder row, its first output the old one's finish)."""
+        self.awaiting.pop(request_id, None)
+        self.finished = [r for r in self.finished if r.request_id != request_id]
+        self.forgotten.add(request_id)
 
     def _read(self) -> list:
         if self._flat is None:
@@ -92,7 +102,8 @@ class InFlight:
         if self.prompt is None:
             return {}
         start = self.ids.shape[0] + (0 if self.logprobs is None else self.logprobs.numel)
-        return self.prompt.unpack(self._read()[start:])
+        found = self.prompt.unpack(self._read()[start:])
+        return {rid: v for rid, v in found.items() if rid not in self.forgotten}
 
 
 def deferrable(requests: Sequence) -> bool:

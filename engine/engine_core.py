@@ -1165,6 +1165,8 @@ class EngineCore:
             self._high_water.pop(sample.request.request_id, None)
             if self.spec is not None:
                 self.spec.forget(sample.request.request_id)
+            if self._inflight is not None:  # its id may be reused before the next step
+                self._inflight.forget(sample.request.request_id)
 
 
 @dataclass
