@@ -20,7 +20,11 @@ Invariants:
   reset_prefix_cache, ...) gets its reply or an error: stop() and the engine's death fail the
   ones awaiting a reply, and a call after stop() is EngineDead at once.
 - A request id names one pending request: submitting an id that is pending (or twice in one
-  batch) is a ValueError that changes nothing, as the engine refuses an id in use.
+  batch) is a ValueError that changes nothing, as the engine refuses an id in use. An id may
+  be reused once its request finished or was aborted; a stream takes deltas and failures only
+  after the engine's reply to its own add (the engine takes commands in order, and replies
+  ride with the deltas of the step after them), so the messages of an aborted request of the
+  same id still on their way reach nobody.
 - If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
   an error frame in a stream that started), new ones are refused, /health fails, and on_death
   runs (the server then shuts down); stop() reaps the process, so nothing is orphaned.
@@ -493,8 +497,8 @@ class EngineClient:
         num_tokens = num_prompt_tokens = 0
         for delta in deltas:
             stream = streams.get(delta[0])
-            if stream is None:
-                continue  # aborted here meanwhile
+            if stream is None or not stream.accepted:
+                continue  # aborted here meanwhile, or an aborted request's of a reused id
             index = delta[1]
             sample = stream.output.outputs[index]
             was_finished = sample.finish_reason is not None
@@ -517,8 +521,9 @@ class EngineClient:
                 self._count_samples(stream)
                 self._observe_finished_request(stream)
         for rid, error in failed:
-            stream = self._release(rid)
-            if stream is not None:
+            stream = streams.get(rid)
+            if stream is not None and stream.accepted:
+                self._release(rid)
                 self._count_samples(stream, unfinished=ERROR)
                 stream.sink.put_nowait(("error", _as_exception(error)))
         self._observe_state(state)
@@ -537,6 +542,8 @@ class EngineClient:
             if streams:
                 streams[0].sink.put_nowait(("error", _as_exception(error)))
             return
+        for stream in streams:
+            stream.accepted = True
         if streams:
             streams[0].sink.put_nowait(("accepted", None))
         if self.metrics is not None:

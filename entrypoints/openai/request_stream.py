@@ -65,6 +65,9 @@ class RequestStream:
         ]
         self._num_finished = 0
         self._params = req.params
+        # set by the engine's reply to this request's add: news under this id from before it is
+        # an aborted request's of the same id (EngineClient._handle skips it)
+        self.accepted = False
         # token id -> its text (shared by the client's streams) where Logprobs are named here
         self._tokenizer = tokenizer if decode_here else None
         self._token_texts = token_texts if token_texts is not None else {}

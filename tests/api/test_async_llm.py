@@ -220,6 +220,39 @@ def test_abort_before_the_engine_accepted_ends_generate(async_llm):
     assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].token_ids == []
 
 
+def test_a_request_id_reused_after_an_abort_gets_none_of_the_old_requests_outputs(async_llm, llm):
+    """Leave a generate, then start another with the same request_id at once: the engine's
+    messages already on their way still carry the aborted request's deltas under that id. They
+    went to the new request's stream (its output showed the old tokens, or generate raised an
+    AttributeError: an output came before the engine had accepted the add). Deterministic: the
+    reader is taken off the pipe, a message with a delta of the old request is read by hand and
+    handed to the client as the reader would hand it, after the new add went out."""
+    short = SamplingParams(max_tokens=3, temperature=0)
+    want = llm.generate([{"prompt_token_ids": [9, 10, 11, 12, 13]}], short, use_tqdm=False)[0]
+
+    async def abort_and_reuse():
+        client = async_llm._client
+        await _collect(async_llm, [1, 2, 3], SamplingParams(max_tokens=1), "reuse-bind")
+        gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=150, ignore_eos=True), "reuse")
+        await gen.__anext__()
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(client._from_engine.fileno())
+        stale = client._from_engine.recv()
+        while not any(delta[0] == "reuse" for delta in stale[1]):
+            client._handle(*stale[1:])
+            stale = client._from_engine.recv()
+        await gen.aclose()
+        task = asyncio.ensure_future(_collect(async_llm, [9, 10, 11, 12, 13], short, "reuse"))
+        await asyncio.sleep(0)  # the new add is sent; it awaits the engine's reply
+        client._handle(*stale[1:])  # the aborted request's delta, read after the new add
+        client.start(loop)
+        return await asyncio.wait_for(task, 60)
+
+    outs = asyncio.run(abort_and_reuse())
+    assert _summary(outs[-1]) == _summary(want)
+    assert async_llm.num_unfinished_requests == 0
+
+
 def test_another_event_loop_is_refused_while_a_request_is_pending(async_llm):
     """generate and abort from a loop other than the one reading the engine (here: another
     thread's asyncio.run) are a RuntimeError while that loop runs: abort touched the pending
