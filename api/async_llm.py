@@ -26,8 +26,10 @@ Invariants:
   EngineRequestError; after `shutdown` (or the engine's death) every live and new `generate`
   raises EngineDead.
 - The reader of the engine's messages runs on the event loop that first calls `generate`; a
-  later loop may take over only once nothing is pending (asyncio.run per call works);
-  `generate` or `abort` on another loop while that one runs is a RuntimeError.
+  later loop may take over once nothing is pending (asyncio.run per call works), or once that
+  loop is closed: its pending requests, which nothing can read any more, are then aborted.
+  `generate` or `abort` on another loop while that one runs (or is stopped, not closed, with
+  requests pending: it may run again) is a RuntimeError.
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
 - `beam_search` (vLLM's EngineClient.beam_search) yields once, the search's finished output;
   its steps are engine requests "{request_id}-step{k}-{i}" (one a live beam), so abort() does not
@@ -227,14 +229,20 @@ class AsyncLLM:
 
     def _bind_loop(self) -> None:
         """Read the engine's messages on the running loop: the first caller's, or a new one
-        once the old loop is closed or stopped and nothing is pending."""
+        once the old loop is stopped with nothing pending, or closed (its pending requests are
+        aborted: their consumers and futures went with it, and they would hold their blocks)."""
         loop, old = asyncio.get_running_loop(), self._client.loop
         if loop is old:
             return
         if old is not None and old.is_running() and not old.is_closed():
             raise RuntimeError("AsyncLLM is bound to another running event loop; call it from that loop")
-        if old is not None and self._client.num_pending_requests:
-            raise RuntimeError("AsyncLLM has requests pending on a stopped event loop")
+        if old is not None and old.is_closed():
+            self._client.abandon_pending()
+        elif old is not None and self._client.num_pending_requests:
+            raise RuntimeError(
+                "AsyncLLM has requests pending on a stopped event loop; run that loop until they "
+                "end, or close it (its pending requests are then aborted)"
+            )
         self._client.start(loop)
 
     # ---- state ----------------------------------------------------------------------------------

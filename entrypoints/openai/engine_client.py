@@ -431,6 +431,14 @@ class EngineClient:
             except EngineDead:
                 pass
 
+    def abandon_pending(self) -> None:
+        """Abort every pending request and forget every call awaiting a reply, telling no one:
+        for a reader's event loop that was closed with them pending (their Inboxes and futures
+        belonged to it, so nothing can take their news, and resolving a future of a closed loop
+        raises). The engine frees the requests' blocks before its next step."""
+        self.abort(list(self._streams))
+        self._calls.clear()
+
     def _release(self, request_id: str) -> Optional[RequestStream]:
         stream = self._streams.pop(request_id, None)
         if stream is not None:

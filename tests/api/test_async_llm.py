@@ -253,6 +253,32 @@ def test_a_request_id_reused_after_an_abort_gets_none_of_the_old_requests_output
     assert async_llm.num_unfinished_requests == 0
 
 
+def test_a_closed_event_loop_s_pending_requests_are_aborted_when_a_new_loop_takes_over(async_llm, llm):
+    """A loop closed while one of its requests was pending (run_until_complete of one output,
+    then close(): nothing ever finalized the generator) can never read that request again.
+    Every later generate and abort (the way to clean up) raised "AsyncLLM has requests pending
+    on a stopped event loop" for the rest of the process, and the request held its blocks. Now
+    the next loop aborts such requests and takes over."""
+    params = SamplingParams(max_tokens=5, temperature=0)
+    want = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0]
+    loop = asyncio.new_event_loop()
+    gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=150, ignore_eos=True), "orphan")
+    assert loop.run_until_complete(gen.__anext__()).request_id == "orphan"
+    loop.close()
+    assert async_llm.num_unfinished_requests == 1
+
+    async def next_loop():
+        outs = await _collect(async_llm, [5, 6, 7], params, "after-close")
+        await _wait(lambda: async_llm._client.state.num_unfinished == 0, "the orphan kept running")
+        return outs
+
+    outs = asyncio.run(next_loop())
+    assert _summary(outs[-1]) == _summary(want)
+    assert async_llm.num_unfinished_requests == 0
+    state = async_llm._client.state
+    assert state.num_free_blocks == state.num_blocks
+
+
 def test_another_event_loop_is_refused_while_a_request_is_pending(async_llm):
     """generate and abort from a loop other than the one reading the engine (here: another
     thread's asyncio.run) are a RuntimeError while that loop runs: abort touched the pending
