@@ -16,7 +16,8 @@ Invariants:
 - Every added request gets exactly one final delta per sample, or one entry in `failed`, or
   (aborted) nothing.
 - An add with a structured-output request is parked until its grammars compile on the
-  engine's grammar thread (EngineCore.prepare_grammar): the other requests step meanwhile. It is
+  engine's grammar threads (EngineCore.prepare_grammar): the other requests step meanwhile,
+  and other adds' grammars compile beside it. It is
   then added whole, or refused whole with the compile's error; an abort drops its requests.
 - A step that raises (a bug, or a dead tensor-parallel rank: EngineCore contains its other
   faults) fails every request the front end still waits on, those the step itself finished

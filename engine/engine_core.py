@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -202,7 +203,7 @@ class EngineCore:
         self._pending: dict[str, Parent] = {}  # parents to report next step (aborts)
         self._inflight: Optional[InFlight] = None  # async scheduling: the step awaiting its tokens
         self._structured = None  # StructuredOutputManager, built on the first constrained request
-        self._grammar_pool: Optional[ThreadPoolExecutor] = None  # prepare_grammar's thread
+        self._grammar_pool: Optional[ThreadPoolExecutor] = None  # prepare_grammar's threads
         self._constrained: set[str] = set()  # internal ids of the samples with a grammar
         # internal ids of the samples with bad words of several tokens: like a grammar, their
         # bans read the newest tokens, so a step with one resolves the previous step before it
@@ -338,7 +339,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Release what outlives a Python reference: the tensor-parallel workers and process
-        group (a no-op for one rank), and the grammar thread (a compile under way is not waited for).
+        group (a no-op for one rank), and the grammar threads (a compile under way is not waited for).
         Idempotent; the engine cannot step afterwards under TP."""
         if self._grammar_pool is not None:
             self._grammar_pool.shutdown(wait=False, cancel_futures=True)
@@ -516,7 +517,8 @@ class EngineCore:
         return self._structured
 
     def prepare_grammar(self, params: SamplingParams) -> Optional[Future]:
-        """Start compiling params' constraint on the engine's grammar thread, and return its
+        """Start compiling params' constraint on one of the engine's grammar threads (side by
+        side with the other requests' compiles: a long one does not hold up the next), and return its
         Future (None when params has no constraint or the engine no tokenizer). An engine loop
         that parks the request's add until the Future is done (engine/core_proc.py) keeps
         stepping the other requests meanwhile, where a compile inside add_request would stall
@@ -526,8 +528,10 @@ class EngineCore:
         if params.structured_outputs is None or self.tokenizer is None:
             return None
         manager = self._grammar_manager()
-        if self._grammar_pool is None:  # one thread: xgrammar spreads a compile over its own
-            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="enginespec-grammar")
+        if self._grammar_pool is None:
+            self._grammar_pool = ThreadPoolExecutor(
+                grammar_workers(), thread_name_prefix="enginespec-grammar"
+            )
         return self._grammar_pool.submit(manager.compile, params.structured_outputs)
 
     def _new_sample(self, index, request, prompt_token_ids, grammar=None) -> Sample:
@@ -1198,6 +1202,15 @@ def _span(name: str):
 
 _NO_SPAN = contextlib.nullcontext()
 _profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)  # private; absent: always record
+
+
+def grammar_workers(cpu_count: Optional[int] = None) -> int:
+    """How many grammars compile at once (prepare_grammar's threads): half the CPUs, as vLLM
+    sizes its compile pool, capped at 8 and at least 2, so that one long compile (a tenant's
+    huge schema or choice list) does not hold up the next request's, whatever the host. xgrammar
+    releases the GIL while it compiles: the engine loop keeps stepping meanwhile."""
+    cpus = os.cpu_count() if cpu_count is None else cpu_count
+    return max(2, min(8, (cpus or 1) // 2))
 
 
 def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ...]) -> SamplingParams:

@@ -1,5 +1,5 @@
 """A structured-output request's grammar compiles off the engine loop (engine/core_proc.py parks
-its add; EngineCore.prepare_grammar compiles on the grammar thread): the other requests step
+its add; EngineCore.prepare_grammar compiles on a grammar thread): the other requests step
 meanwhile, an abort drops the parked request, and a constraint that does not compile is still
 the submit's ValueError (a 400 over HTTP).
 
@@ -77,6 +77,29 @@ def test_other_requests_step_while_a_grammar_compiles(gate):
     assert still_compiling  # accepted only once its grammar had compiled
     text = held_out.outputs[0].text
     assert held_out.finished and re.fullmatch(HELD, text), text
+
+
+def test_a_long_compile_does_not_hold_up_another_requests_compile(gate):
+    """Grammars compile side by side (EngineCore.prepare_grammar's pool): while one request's
+    compile is held open, another structured-output request is compiled, added and run to its
+    end. With one grammar thread it queued behind the held compile, so a tenant's slow schema
+    stalled every other tenant's JSON mode for as long as that compile took."""
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            held = asyncio.create_task(client.submit([_request("held", HELD, max_tokens=4)]))
+            await asyncio.sleep(0)  # its add (and its compile) goes to the engine first
+            other = await asyncio.wait_for(client.submit([_request("other", "[0-9]{3}")]), LIVENESS_S)
+            other_out = await asyncio.wait_for(final_output(other), LIVENESS_S)
+            compiled_first = gate.compiled.is_set()
+            gate.set()
+            await asyncio.wait_for(final_output(await held), LIVENESS_S)
+            return other_out, compiled_first
+
+        other_out, compiled_first = asyncio.run(run())
+    assert other_out.finished and re.fullmatch("[0-9]{3}", other_out.outputs[0].text)
+    assert not compiled_first  # it ran while the other grammar was still compiling
 
 
 async def _park_then_abort(client) -> asyncio.Task:
