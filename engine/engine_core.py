@@ -47,7 +47,12 @@ from enginespec.engine.generation_config import GenerationDefaults, further_eos_
 from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine.spec_decode import DraftModelDrafter, SpecDecoder, SpecDecodeStats, SpeculativeConfig
-from enginespec.engine.spec_decode.draft_model import check_draft_model, check_draft_reach, draft_pool_blocks
+from enginespec.engine.spec_decode.draft_model import (
+    check_draft_checkpoint,
+    check_draft_model,
+    check_draft_reach,
+    draft_pool_blocks,
+)
 from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
@@ -169,6 +174,7 @@ class EngineCore:
                 f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}"
             )
         self.speculative_config = SpeculativeConfig.of(args.speculative_config)
+        self._check_draft_early(model, draft_model)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         if args.tensor_parallel_size > 1 and model is not None:
@@ -368,6 +374,22 @@ class EngineCore:
         draft = given if given is not None else self._load_draft(config.model)
         check_draft_model(draft, self.model)
         return draft
+
+    def _check_draft_early(self, model, draft_model) -> None:
+        """A draft_model config's checks that need no weights, before the target loads (or its
+        tensor-parallel workers spawn): tensor_parallel_size 1, and the draft's config.json
+        (check_draft_checkpoint) where both checkpoints come from paths. _draft_model checks
+        the loaded models again."""
+        config = self.speculative_config
+        if config is None or config.method != "draft_model":
+            return
+        if self.args.tensor_parallel_size > 1:
+            raise ValueError(
+                f"speculative_config method 'draft_model' needs tensor_parallel_size == 1, "
+                f"got {self.args.tensor_parallel_size}"
+            )
+        if model is None and draft_model is None and self.args.model is not None:
+            check_draft_checkpoint(config.model, self.args.model, self.args.trust_remote_code)
 
     def _load_draft(self, path: str):
         """The draft checkpoint at speculative_config.model; a checkpoint error names that field

@@ -164,11 +164,41 @@ class DraftModelDrafter(Drafter):
 
 def check_draft_model(draft, target) -> None:
     """The draft must share the target's vocabulary."""
-    if draft.vocab_size != target.vocab_size:
+    _check_vocab(draft.vocab_size, target.vocab_size)
+
+
+def _check_vocab(draft: int, target: int) -> None:
+    if draft != target:
         raise ValueError(
-            f"speculative_config.model: the draft's vocab_size ({draft.vocab_size}) must equal the "
-            f"target's ({target.vocab_size}); a draft model needs the same tokenizer and vocabulary"
+            f"speculative_config.model: the draft's vocab_size ({draft}) must equal the "
+            f"target's ({target}); a draft model needs the same tokenizer and vocabulary"
         )
+
+
+def check_draft_checkpoint(draft_path: str, target_path: str, trust_remote_code: bool = False) -> None:
+    """What two config.json files tell of a draft, checked before either model loads: the draft
+    directory is a checkpoint the loader takes (its errors keep their type, prefixed with
+    speculative_config.model) and its vocabulary is the target's. The same rules the loaded
+    models meet later (check_draft_model), only sooner: a mistyped path or a draft of another
+    tokenizer is refused in milliseconds, not after the target's weights are read. A target
+    whose own config cannot be read is left to the target's load to report."""
+    from enginespec.worker.loader import CheckpointError, load_config
+
+    try:
+        draft = load_config(draft_path, trust_remote_code=trust_remote_code)
+    except CheckpointError as e:
+        raise type(e)(f"speculative_config.model: {e}") from e
+    try:
+        target = load_config(target_path, trust_remote_code=trust_remote_code)
+    except CheckpointError:
+        return
+    _check_vocab(_vocab_size(draft), _vocab_size(target))
+
+
+def _vocab_size(config) -> int:
+    """The vocab_size a FlatModel of this config reports (its text config's)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.vocab_size)
 
 
 def check_draft_reach(draft, max_model_len: int) -> None:
