@@ -40,6 +40,94 @@ def _json_value(text: str):
         raise argparse.ArgumentTypeError(f"must be JSON, got {text!r} ({e})") from e
 
 
+# The flags whose JSON value is an object, so that vLLM's dotted form can fill it (_dotted_json).
+JSON_OBJECT_FLAGS = ("--speculative-config", "--override-generation-config")
+
+
+def _vllm_spelling(argv: list[str]) -> tuple[list[str], dict[str, dict]]:
+    """vLLM's spellings of flags, read as ours: an option's name (before any "." or "=") with
+    underscores means the dashed one (`--speculative_config`), and a JSON object flag may be
+    given key by key (`--speculative-config.num_speculative_tokens 3`, `--FLAG.a.b=V`, and
+    `--FLAG.key+ V` / `--FLAG.key+=V1,V2` for list items): each value is JSON where it parses
+    and a string where not. Returns (argv without the dotted options, flag -> the object they
+    build); `_merge_dotted` lays that over the flag's own JSON once argparse has read it."""
+    out: list[str] = []
+    dotted: dict[str, dict] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--":
+            out.extend(argv[i - 1 :])
+            break
+        if not arg.startswith("--"):
+            out.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        head, dot, keys = name.partition(".")
+        head = head.replace("_", "-")
+        if not dot or head not in JSON_OBJECT_FLAGS:
+            out.append(head + dot + keys + eq + value)
+            continue
+        if not eq:
+            if i >= len(argv):
+                raise argparse.ArgumentTypeError(f"{head}.{keys} expects a value")
+            value = argv[i]
+            i += 1
+        _set_dotted(dotted.setdefault(head, {}), head, keys, value)
+    return out, dotted
+
+
+def _set_dotted(target: dict, flag: str, keys: str, text: str) -> None:
+    """Set target[k1][k2]... (keys "k1.k2", "+" at the end: append the comma-separated items)."""
+    append = keys.endswith("+")
+    path = keys[:-1].split(".") if append else keys.split(".")
+    if not all(path):
+        raise argparse.ArgumentTypeError(f"{flag}.{keys}: empty key")
+    if append:
+        value = text.split(",")
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+    for key in path[:-1]:
+        target = target.setdefault(key, {})
+        if not isinstance(target, dict):
+            raise argparse.ArgumentTypeError(f"{flag}.{keys}: {key} is not an object")
+    last = path[-1]
+    if append and isinstance(target.get(last), list):
+        target[last] = target[last] + value
+    else:
+        target[last] = value
+
+
+def _merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> None:
+    """Lay each flag's dotted keys over its JSON value (None: an empty object)."""
+    for flag, extra in dotted.items():
+        dest = flag[2:].replace("-", "_")
+        if not hasattr(ns, dest):
+            parser.error(f"unrecognized arguments: {flag}.*")
+        base = getattr(ns, dest)
+        if base is None:
+            base = {}
+        if not isinstance(base, dict):
+            parser.error(
+                f"argument {flag}: its JSON must be an object to take {flag}.KEY values, got {base!r}"
+            )
+        setattr(ns, dest, _deep_merge(base, extra))
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -164,7 +252,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help='speculative decoding, as JSON with vLLM\'s names: \'{"method": "ngram", '
         '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\' or \'{"method": "draft_model", '
         '"model": "DRAFT_DIR", "num_speculative_tokens": 3}\'; either takes '
-        '"disable_by_batch_size": N (no drafts while N or more requests run; default 64, null: never)',
+        '"disable_by_batch_size": N (no drafts while N or more requests run; default 64, null: never); '
+        "or key by key, as vLLM takes it: --speculative-config.num_speculative_tokens 3",
     )
     p.add_argument(
         "--max-cudagraph-capture-size",
@@ -553,7 +642,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"enginespec simulate: error: {e}", file=sys.stderr)
             return EXIT_USAGE
     parser = _parser()
+    try:
+        argv, dotted = _vllm_spelling(argv)
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
     ns = parser.parse_args(argv)
+    _merge_dotted(parser, ns, dotted)
     if ns.command == "serve":
         _serve_model(parser, ns)
     try:

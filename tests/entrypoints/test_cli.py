@@ -623,3 +623,45 @@ def test_every_subcommands_help_describes_each_of_its_flags(command, capsys, mon
     out = capsys.readouterr().out
     assert out.startswith(f"usage: enginespec {command}")
     assert _undescribed_options(out) == []
+
+
+def test_vllms_dotted_and_underscored_json_flags_build_the_same_config(capsys, monkeypatch):
+    """vLLM's documented CLI forms of a JSON flag: `--speculative-config.KEY VALUE` (or
+    `=VALUE`, nested keys, values read as JSON where they parse, else as strings) and
+    `--speculative_config` mean what `--speculative-config '{...}'` does, and dotted keys are
+    laid over a JSON given with them. They were 'unrecognized arguments'."""
+    from enginespec.entrypoints.openai import api_server
+
+    served = []
+    monkeypatch.setattr(api_server, "run_server", lambda ns: served.append(ns.speculative_config) or 0)
+    wanted = {
+        "method": "draft_model",
+        "model": "/d",
+        "num_speculative_tokens": 3,
+        "disable_by_batch_size": None,
+    }
+    forms = (
+        ["--speculative-config", json.dumps(wanted)],
+        ["--speculative_config", json.dumps(wanted)],
+        [
+            "--speculative-config.method",
+            "draft_model",
+            "--speculative-config.model=/d",
+            "--speculative_config.num_speculative_tokens",
+            "3",
+            "--speculative-config.disable_by_batch_size=null",
+        ],
+        ["--speculative-config", '{"method": "draft_model", "model": "/x", "disable_by_batch_size": 8}']
+        + ["--speculative-config.model", "/d", "--speculative-config.num_speculative_tokens", "3"]
+        + ["--speculative-config.disable_by_batch_size", "null"],
+    )
+    for argv in forms:
+        assert run_cli(["serve", "/m", "--port", "0", *argv], capsys)[0] == 0
+    assert served == [wanted] * len(forms)
+    for argv, named in (
+        (["--speculative-config.model"], "--speculative-config.model expects a value"),
+        (["--speculative-config", "[1]", "--speculative-config.model", "/d"], "its JSON must be an object"),
+    ):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error
+            run_cli(["serve", "/m", *argv], capsys)
+        assert exited.value.code == 2 and named in capsys.readouterr().err
