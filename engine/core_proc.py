@@ -149,25 +149,8 @@ class DeltaTracker:
         return (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error, None, cached)
 
 
-def _prefix_counters(block_manager, block_size: int) -> tuple[int, int]:
-    """(tokens looked up, tokens found) of the prefix cache, under either impl's names, as vLLM
-    counts them: every token of each looked-up request (the tokens past its last full block
-    too), and the tokens of the cached blocks found. An impl that counts only blocks gives the
-    looked-up blocks' tokens."""
-    names = (("num_query_tokens", "num_queries", "num_hits"), ("_query_tokens", "_queries", "_hits"))
-    for tokens, queries, hits in names:
-        if hasattr(block_manager, queries):
-            found = int(getattr(block_manager, hits)) * block_size
-            looked_up = getattr(block_manager, tokens, None)
-            if looked_up is None:
-                looked_up = int(getattr(block_manager, queries)) * block_size
-            return int(looked_up), found
-    return 0, 0
-
-
 def engine_state(engine, paused: bool) -> EngineState:
     bm = engine.block_manager
-    queries, hits = _prefix_counters(bm, engine.args.block_size)
     return EngineState(
         num_blocks=bm.num_blocks,
         num_free_blocks=bm.num_free,
@@ -179,8 +162,8 @@ def engine_state(engine, paused: bool) -> EngineState:
         kv_cache_usage=float(bm.usage),
         paused=paused,
         num_preemptions=engine.stats.num_preemptions,
-        num_prefix_queries=queries,
-        num_prefix_hits=hits,
+        num_prefix_queries=engine.stats.num_prefix_queries,
+        num_prefix_hits=engine.stats.num_prefix_hits,
         spec_decode=_copy_spec_decode(engine.stats),
     )
 

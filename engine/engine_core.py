@@ -92,6 +92,10 @@ class EngineStats:
     # decoder, "graph_capture"), "warm_up"; what is left of startup_seconds is "other".
     startup_phases: dict = field(default_factory=dict)
     num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute
+    # vLLM's prefix_cache_queries / _hits: each request's tokens and the tokens its cached blocks
+    # covered, once, at its first admission (_record_admission)
+    num_prefix_queries: int = 0
+    num_prefix_hits: int = 0
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (a swap-out waits for its copies)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
@@ -874,12 +878,25 @@ class EngineCore:
             self._apply_update(update, logprobs, changed)
         self._count_step(output, batch, wait, state.computed, kept=cut)
 
+    def _record_admission(self, request) -> None:
+        """A request's first admission (its first scheduled step): the prefix-cache hit goes on
+        its sample (RequestOutput.num_cached_tokens) and into the prefix-cache counters, as vLLM
+        records them: once a request, at admission, when it looked the cache up (prefix caching
+        on, no prompt_logprobs). A lookup the pool could not admit yet, and a preempted request's
+        re-admission (which finds its own blocks again), count nothing, so that a pool under
+        pressure does not show queries many times the prompts' tokens and hits they never had."""
+        found = self._samples.get(request.request_id)
+        if found is not None:
+            found[1].num_cached_tokens = request.num_cached_tokens
+        if self.args.enable_prefix_caching and request.params.prompt_logprobs is None:
+            self.stats.num_prefix_queries += request.num_prompt_tokens  # its tokens at admission
+            self.stats.num_prefix_hits += request.num_cached_tokens
+
     def _count_step(self, output, batch, wait: float, computed: dict, kept=None) -> None:
         """Step counters. `kept` (a speculative step's output cut back to its accepted tokens)
         sets the high-water mark, so re-running a rejected draft's position is not a recompute.
-        A request's first step (no high-water mark yet) also records the prefix-cache hit of its
-        first admission on its sample (RequestOutput.num_cached_tokens, vLLM's: a preemption and
-        re-admission, which sets request.num_cached_tokens again, does not change it)."""
+        A request's first step (no high-water mark yet) is its first admission (_record_admission:
+        a preemption and re-admission, which sets request.num_cached_tokens again, records nothing)."""
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         for request, num in (kept or output).scheduled:  # recompute: positions below the high-water mark
@@ -887,9 +904,7 @@ class EngineCore:
             seen = self._high_water.get(rid)
             if seen is None:
                 seen = 0
-                found = self._samples.get(rid)
-                if found is not None:
-                    found[1].num_cached_tokens = request.num_cached_tokens
+                self._record_admission(request)
             self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
             self._high_water[rid] = max(seen, start + num)
         if self.stats.step_trace is not None:

@@ -24,8 +24,10 @@ engine's cumulative `EngineStats.spec_decode`.
 
 A request of n > 1 counts as n in request_success and in the latency histograms (TTFT, queue
 time, inter-token latency, e2e: each sample's own), as vLLM V1 counts its child requests.
-Prefix-cache counters are in tokens, like vLLM's: queries every token of each looked-up request,
-hits the tokens of the cached blocks found (core_proc._prefix_counters).
+Prefix-cache counters are in tokens, like vLLM's: queries every prompt token of each request that
+looked the cache up, hits the tokens of the cached blocks it found, recorded once a request at its
+first admission (EngineCore._record_admission: not a lookup the pool could not admit yet, not a
+preempted request's re-admission).
 Queue time is from arrival to the start of the step whose outputs first carry the request's
 tokens (the engine reports no admission time; with chunked prefill of a long prompt, or with
 async scheduling's one-step lag, this overstates the queue time by the earlier steps).
