@@ -264,7 +264,9 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
     this server does not implement is refused by name unless its value is a no-op; a stream
     has no frame for prompt logprobs, so prompt_logprobs > 0 with stream=true is refused rather
     than computed and dropped (vLLM's rule, which lets 0 pass); length_penalty, which only the
-    beam search reads, is refused without use_beam_search unless 1 (vLLM ignores it there)."""
+    beam search reads, is refused without use_beam_search unless 1 (vLLM ignores it there); an
+    empty cache_salt is refused, as vLLM refuses it (it would name a tenant of its own, apart
+    from the unsalted requests a client sending "" meant to join; LLM.generate refuses it too)."""
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise APIError(400, f"`{unsupported}` is not supported by this server", unsupported)
@@ -272,6 +274,10 @@ def _check_request(ctx: ServerContext, body: _Sampling) -> None:
         raise APIError(400, "stream_options can only be set when stream is true", "stream_options")
     if body.stream and body.prompt_logprobs:
         raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    if body.cache_salt is not None and not body.cache_salt:
+        raise APIError(
+            400, "cache_salt must be a non-empty string when given (omit it for no salt)", "cache_salt"
+        )
     if body.length_penalty != 1.0 and not body.use_beam_search:
         raise APIError(400, "length_penalty applies only with use_beam_search", "length_penalty")
     if body.priority != 0 and not ctx.engine.priority_scheduling:

@@ -664,6 +664,17 @@ def test_priority_is_taken_under_priority_scheduling():
     assert info.value.param == "priority"
 
 
+def test_an_empty_cache_salt_is_refused_by_name():
+    """vLLM refuses cache_salt "": taken, it named a tenant of its own, so a client sending it
+    for "no salt" silently missed the prefix cache the unsalted requests share."""
+    ctx = SimpleNamespace(engine=SimpleNamespace(priority_scheduling=False))
+    _check_request(ctx, CompletionRequest(prompt="a", cache_salt="tenant-a"))
+    _check_request(ctx, CompletionRequest(prompt="a"))
+    with pytest.raises(APIError) as info:
+        _check_request(ctx, CompletionRequest(prompt="a", cache_salt=""))
+    assert info.value.status == 400 and info.value.param == "cache_salt"
+
+
 def test_a_request_larger_than_the_admission_capacity_is_400_not_503(server):
     """Capacity is 16 running + 512 waiting samples: a request of more samples never fits, even
     on an idle server, so it is the client's error, not a busy server's (503 is retried)."""
