@@ -32,8 +32,9 @@ class StructuredOutputsParams:
     - `json_object`: True: the output is any JSON object (the server's
       response_format {"type": "json_object"}).
 
-    Options (vLLM's): `disable_any_whitespace` makes JSON output compact (no free whitespace
-    between tokens of the JSON syntax). `disable_additional_properties` and
+    Options (vLLM's): `disable_any_whitespace` takes away JSON's free whitespace (no runs of
+    spaces or newlines between its tokens); the separators keep one space each (", " and ": ",
+    as xgrammar writes them and vLLM with it), so a vocabulary must be able to write a space. `disable_additional_properties` and
     `disable_fallback` are accepted and change nothing: xgrammar (the one backend, so no
     fallback to disable) compiles schemas strictly, an object without additionalProperties
     taking no property it does not list, as in vLLM with xgrammar.
