@@ -8,6 +8,8 @@ Errors are ChatTemplateError, a ValueError carrying `param`, the request field i
 LLM.chat raises it as it is, the server answers 400 naming that field.
 
 The rules (vLLM's, for templates that take string content):
+- every message is a dict with a non-empty str role; which roles mean anything (system,
+  developer, user, assistant, tool, or the template's own) is the template's business.
 - content: a str; None is ""; a list of content parts is flattened to one string: plain str
   parts and {"type": "text", "text": ...} parts (a part without "type" counts as text, one whose
   text is None is skipped), joined with "\\n" as vLLM joins them; as in vLLM, OpenAI's assistant
@@ -98,6 +100,7 @@ def chat_messages(messages) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ChatTemplateError(f"messages[{i}] must be a dict with role and content, got {message!r}")
+        _check_role(message, f"messages[{i}].role")
         clean = {**message, "content": message_text(message.get("content"))}
         calls = _tool_calls(message, f"messages[{i}].tool_calls")
         if calls:
@@ -109,6 +112,18 @@ def chat_messages(messages) -> list[dict]:
             clean["reasoning_content"] = message["reasoning"]
         out.append(clean)
     return out
+
+
+def _check_role(message: dict, where: str) -> None:
+    """A message's role is a non-empty str (any: the template decides what it makes of "developer"
+    or a role of its own, as vLLM leaves it); ChatTemplateError naming `where` otherwise (a
+    template matching on the role would drop the message without a word)."""
+    role = message.get("role")
+    if not (isinstance(role, str) and role):
+        shown = repr(role) if "role" in message else "none"
+        raise ChatTemplateError(
+            f"{where} must be a non-empty string (user, assistant, system, ...), got {shown}"
+        )
 
 
 def _tool_calls(message: dict, where: str) -> list:

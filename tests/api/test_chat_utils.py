@@ -60,6 +60,26 @@ def test_parts_render_as_their_joined_string(tokenizer):
     _raises("messages", "must be a dict", render_chat, tokenizer, ["hi"], chat_template=TEMPLATE)
 
 
+def test_a_message_without_a_string_role_is_refused_naming_it(tokenizer):
+    """OpenAI's messages all carry a role (a str); one without it (or a null or non-str one) went
+    to the template, where a real template matching on the role (Qwen's) dropped the message
+    silently: the model answered a conversation with a turn missing. vLLM refuses it."""
+    for message in ({"content": "hi"}, {"role": None, "content": "hi"}, {"role": 3, "content": "hi"},
+                    {"role": "", "content": "hi"}):  # fmt: skip
+        conversation = [CONVERSATION[0], message]
+        _raises(
+            "messages",
+            r"messages\[1\].role must be",
+            render_chat,
+            tokenizer,
+            conversation,
+            chat_template=TEMPLATE,
+        )
+    # any role the template knows is the template's business (vLLM passes it on), developer too
+    developer = [{"role": "developer", "content": "be brief"}, CONVERSATION[0]]
+    assert render_chat(tokenizer, developer, chat_template=TEMPLATE) == "d:be brief;u:hi;A:"
+
+
 # ---- chat_template ------------------------------------------------------------------------------
 
 
