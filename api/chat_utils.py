@@ -11,12 +11,12 @@ The rules (vLLM's, for templates that take string content):
 - every message is a dict with a non-empty str role; which roles mean anything (system,
   developer, user, assistant, tool, or the template's own) is the template's business.
 - content: a str; None is ""; a list of content parts is flattened to one string: plain str
-  parts and {"type": "text", "text": ...} parts (a part without "type" counts as text, one whose
-  text is None is skipped), joined with "\\n" as vLLM joins them; as in vLLM, OpenAI's assistant
-  {"type": "refusal", "refusal": ...} parts and the Responses API's {"type": "input_text",
-  "text": ...} parts are text parts too. Any other part (image_url, input_audio, ...) is an
-  error: the engine serves text-only models, and dropping the part would answer a different
-  question than the one asked.
+  parts and {"type": "text", "text": ...} parts (a part without "type" counts as text where it
+  has a "text" key; one whose text is None is skipped), joined with "\\n" as vLLM joins them;
+  as in vLLM, OpenAI's assistant {"type": "refusal", "refusal": ...} parts and the Responses
+  API's {"type": "input_text", "text": ...} parts are text parts too. Any other part
+  (image_url, input_audio, ...) is an error: the engine serves text-only models, and dropping
+  the part would answer a different question than the one asked.
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
@@ -82,7 +82,14 @@ def message_text(content) -> str:
 
 def _part_text(part) -> Optional[str]:
     """A dict content part's text: under TEXT_PARTS' key for its type (None: a null one, which
-    is skipped); ChatTemplateError for any other part, or a text that is not a str."""
+    is skipped); ChatTemplateError for any other part, or a text that is not a str. A part
+    without "type" is text only where it has a "text" key (vLLM reads a typeless
+    {"image_url": ...} as an image: skipping it as text-less text would drop the image)."""
+    if isinstance(part, dict) and "type" not in part and "text" not in part:
+        raise ChatTemplateError(
+            f"a content part without a 'type' must be a text part {{'text': ...}}, got keys {sorted(part)}; "
+            "only text content parts are supported"
+        )
     kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
     key = TEXT_PARTS.get(kind) if isinstance(part, dict) and isinstance(kind, str) else None
     if key is None:

@@ -50,6 +50,16 @@ def test_a_non_text_part_or_content_is_refused_naming_it():
     _raises("messages", "string or a list of parts, got dict", message_text, {"text": "a"})
 
 
+def test_a_part_without_type_is_text_only_where_it_has_a_text(tokenizer):
+    """A part without "type" is a text part when it carries "text"; vLLM also takes
+    {"image_url": ...} (and the other media keys) without a type, as media: such a part was
+    skipped as a text-less text part, so the model answered without the image, silently."""
+    for part in ({"image_url": {"url": "data:image/png;base64,AAAA"}}, {"input_audio": {"data": "AA"}}, {}):
+        conversation = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
+        _raises("messages", "without a 'type'", render_chat, tokenizer, conversation, chat_template=TEMPLATE)
+    assert message_text([{"text": "a"}, {"text": None}]) == "a"
+
+
 def test_parts_render_as_their_joined_string(tokenizer):
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     plain = [{"role": "user", "content": "a\nb"}]
