@@ -12,11 +12,11 @@ The rules (vLLM's, for templates that take string content):
   developer, user, assistant, tool, or the template's own) is the template's business.
 - content: a str; None is ""; a list of content parts is flattened to one string: plain str
   parts and {"type": "text", "text": ...} parts (a part without "type" counts as text where it
-  has a "text" key; one whose text is None is skipped), joined with "\\n" as vLLM joins them;
-  as in vLLM, OpenAI's assistant {"type": "refusal", "refusal": ...} parts and the Responses
-  API's {"type": "input_text", "text": ...} parts are text parts too. Any other part
-  (image_url, input_audio, ...) is an error: the engine serves text-only models, and dropping
-  the part would answer a different question than the one asked.
+  has a "text" key; one whose text is None or "" is skipped, as vLLM skips it), joined with
+  "\\n" as vLLM joins them; as in vLLM, OpenAI's assistant {"type": "refusal", "refusal": ...}
+  parts and the Responses API's {"type": "input_text", "text": ...} parts are text parts too.
+  Any other part (image_url, input_audio, ...) is an error: the engine serves text-only
+  models, and dropping the part would answer a different question than the one asked.
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
@@ -72,10 +72,11 @@ def message_text(content) -> str:
     texts = []
     for part in content:
         if isinstance(part, str):
-            texts.append(part)
+            if part:
+                texts.append(part)
             continue
         text = _part_text(part)
-        if text is not None:
+        if text:  # vLLM keeps only parts with some text: an empty one adds no blank line
             texts.append(text)
     return TEXT_PART_SEPARATOR.join(texts)
 

@@ -60,6 +60,14 @@ def test_a_part_without_type_is_text_only_where_it_has_a_text(tokenizer):
     assert message_text([{"text": "a"}, {"text": None}]) == "a"
 
 
+def test_empty_text_parts_are_skipped_as_vllm_skips_them():
+    """vLLM keeps only the parts with some text before joining: an empty text part (UIs send
+    them) adds no blank line; a whole content of "" is still ""."""
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, "", {"type": "text", "text": "b"}]
+    assert message_text(parts) == "a\nb"
+    assert message_text([{"type": "text", "text": ""}]) == "" and message_text("") == ""
+
+
 def test_parts_render_as_their_joined_string(tokenizer):
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     plain = [{"role": "user", "content": "a\nb"}]
