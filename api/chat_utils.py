@@ -14,9 +14,10 @@ The rules (vLLM's, for templates that take string content):
   parts and {"type": "text", "text": ...} parts (a part without "type" counts as text where it
   has a "text" key; one whose text is None or "" is skipped, as vLLM skips it), joined with
   "\\n" as vLLM joins them; as in vLLM, OpenAI's assistant {"type": "refusal", "refusal": ...}
-  parts and the Responses API's {"type": "input_text", "text": ...} parts are text parts too.
-  Any other part (image_url, input_audio, ...) is an error: the engine serves text-only
-  models, and dropping the part would answer a different question than the one asked.
+  parts, the Responses API's {"type": "input_text" | "output_text", "text": ...} parts and
+  vLLM's {"type": "thinking", "thinking": ...} parts are text parts too. Any other part
+  (image_url, input_audio, ...) is an error: the engine serves text-only models, and dropping
+  the part would answer a different question than the one asked.
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
@@ -49,7 +50,13 @@ RESERVED_KWARGS = ("chat_template", "tokenize", "conversation", "messages", "too
 _OVERRIDDEN_KWARGS = ("add_generation_prompt", "continue_final_message")
 TEXT_PART_SEPARATOR = "\n"  # vLLM's, between the text parts of one message
 # the content parts that are text (vLLM's): part type -> the key of its text
-TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+TEXT_PARTS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
 
 
 class ChatTemplateError(ValueError):

@@ -68,6 +68,13 @@ def test_empty_text_parts_are_skipped_as_vllm_skips_them():
     assert message_text([{"type": "text", "text": ""}]) == "" and message_text("") == ""
 
 
+def test_output_text_and_thinking_parts_are_text_as_in_vllm():
+    """vLLM's text part types also include the Responses API's output_text (an assistant
+    output sent back) and its thinking part ({"type": "thinking", "thinking": ...})."""
+    parts = [{"type": "thinking", "thinking": "hm"}, {"type": "output_text", "text": "a"}]
+    assert message_text(parts) == "hm\na"
+
+
 def test_parts_render_as_their_joined_string(tokenizer):
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     plain = [{"role": "user", "content": "a\nb"}]
