@@ -2,6 +2,7 @@
 --batches), each run once plain and once per kind of constraint, on one engine.
 
     python3 benchmarks/constrained_cost.py [--shape qwen3-0.6b] [--batches 1,8,32] [--tokens 128]
+CPU smoke: --shape tiny --device cpu --batches 1,2 --tokens 8 --reps 1
 
 Cases (every request of a run alike; ignore_eos, so each run is exactly --tokens steps of B
 rows after its prefill):
@@ -130,31 +131,68 @@ def traced_run(llm, run, tokens: int) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+CASES = ("greedy", "t0.6", "bad_words", "bad_pair", "regex", "one_regex")
+HEADER = (
+    "| batch | case | ms/step | over greedy | output lens, finish reasons | traced decode steps (ms) |\n"
+    "| ---: | --- | ---: | ---: | --- | --- |"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/constrained_cost.py", description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--cases", default="greedy,t0.6,bad_words,bad_pair,regex,one_regex")
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes, each >= 1")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    p.add_argument("--tokens", type=int, default=128, help="outputs per request, >= 2")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--reps", type=int, default=3, help="timed runs of each case (medians)")
     p.add_argument("--out", default="constrained_cost.json")
-    args = p.parse_args(argv)
-    args.engine_args = {}
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check every number before any work; ValueError naming the flag and its bound.
+    --tokens >= 2: the per-step figure divides by tokens - 1 (the one-token run is the prefill)."""
     from enginespec.engine_args import resolve_device
 
+    args = build_parser().parse_args(argv)
+    try:
+        args.batch_sizes = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batches must be comma-separated ints >= 1, got {args.batches!r}") from None
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        raise ValueError(f"--batches must be comma-separated ints >= 1, got {args.batches!r}")
+    args.case_names = [c for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in args.case_names if c not in CASES]
+    if unknown or not args.case_names:
+        raise ValueError(f"--cases must be of {', '.join(CASES)}, got {args.cases!r}")
+    for name, bound in (("tokens", 2), ("prompt_len", 1), ("reps", 1)):
+        if getattr(args, name) < bound:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {bound}, got {getattr(args, name)}")
+    args.engine_args = {}
     args.device = resolve_device(args.device)
+    return args
+
+
+def main(argv=None) -> int:
+    """The command line; exit 2 with a one-line message on a bad flag."""
+    try:
+        args = parse_args(argv)
+    except ValueError as e:
+        print(f"benchmarks/constrained_cost.py: {e}", file=sys.stderr)
+        return 2
     llm = make_llm(checkpoint(args.shape, args), args)
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    print(HEADER)
+    for batch in args.batch_sizes:
         base = None
-        for case in args.cases.split(","):
+        for case in args.case_names:
             row = time_case(llm, args.device, batch, case, args.tokens, args.prompt_len, args.reps)
             base = row["ms_per_step"] if case == "greedy" else base
             row["over_greedy"] = row["ms_per_step"] / base if base else None
             rows.append(row)
             ratio = "n/a" if row["over_greedy"] is None else f"{row['over_greedy']:.2f}"
-            traced = ""
+            traced = " |"
             if row.get("step_ms_median") is not None:
                 traced = (
                     f" step {row['step_ms_median']:.3f}, wait {row['wait_ms_median']:.3f},"
@@ -163,6 +201,7 @@ def main(argv=None) -> int:
             print(
                 f"| {batch} | {case} | {row['ms_per_step']:.3f} | {ratio} | {row['output_lens']} {row['finish_reasons']} |{traced}"
             )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         json.dumps({"shape": args.shape, "device": str(args.device), "rows": rows}, indent=1)
     )
