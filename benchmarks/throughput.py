@@ -172,6 +172,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    _check_workload_and_probes(args)
     args.device = str(resolve_device(args.device))
     cuda = torch.device(args.device).type == "cuda"
     args.copy_bytes = args.copy_bytes or (4 << 30 if cuda else 64 << 20)
@@ -188,6 +189,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k)) if v != (1.0 if k == "top_p" else 0)
     }
     return args
+
+
+def _check_workload_and_probes(args: argparse.Namespace) -> None:
+    """The workload's lengths and id bound are >= 1 (make_workload's bounds, checked here so a
+    bad one is a flag error before any work, not a traceback from run()); the probe sizes and
+    --hf-num-requests are >= 0, where 0 means the device's default (all requests for HF)."""
+    for name in ("min_input_len", "max_input_len", "min_output_len", "max_output_len", "id_bound"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("copy_bytes", "matmul_n", "probe_iters", "hf_num_requests"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
 
 
 def _save(results: dict, path: Optional[str]) -> None:

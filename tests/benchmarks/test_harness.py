@@ -157,6 +157,30 @@ def test_bad_flag_is_a_clear_error(capsys):
     assert "--num-requests must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flag, value, bound",
+    [
+        ("--max-input-len", "-1", ">= 1"),
+        ("--min-input-len", "0", ">= 1"),
+        ("--max-output-len", "-5", ">= 1"),
+        ("--min-output-len", "0", ">= 1"),
+        ("--id-bound", "0", ">= 1"),
+        ("--copy-bytes", "-1", ">= 0"),
+        ("--matmul-n", "-4", ">= 0"),
+        ("--probe-iters", "-1", ">= 0"),
+        ("--hf-num-requests", "-1", ">= 0"),
+    ],
+)
+def test_a_bad_size_is_a_flag_error_before_any_work(flag, value, bound, capsys, monkeypatch):
+    """A workload length or id bound below 1 was a traceback out of run() (exit 1) after the JSON
+    was started; a negative probe size failed the device phase and the run went on without a
+    floor. Each is now exit 2 and one line naming the flag and its bound, before any work."""
+    monkeypatch.setattr(throughput, "run", lambda args: pytest.fail("ran with a bad flag"))
+    assert throughput.main(["--shape", "tiny", "--device", "cpu", flag + "=" + value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"benchmarks/throughput.py: {flag} must be {bound}, got {value}"
+
+
 def test_workload_is_seeded_and_within_bounds():
     kw = dict(min_input_len=5, max_input_len=9, min_output_len=2, max_output_len=7, id_bound=50)
     a, b = make_workload(20, **kw), make_workload(20, **kw)
