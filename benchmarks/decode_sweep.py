@@ -91,15 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and fill the device's defaults; ValueError naming the flag and its bound for a count
+    out of range (batches, --prompt-len, --steps and the profile's >= 1; --settle,
+    --latency-tokens and --copy-bytes >= 0), checked before any work."""
     from enginespec.engine_args import resolve_device
 
     args = build_parser().parse_args(argv)
     if args.plot_from:
         return args
-    args.batch_sizes = sorted({int(b) for b in args.batches.split(",") if b.strip()})
-    for name in ("prompt_len", "steps"):
+    try:
+        args.batch_sizes = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    except ValueError:
+        raise ValueError(f"--batches must be positive ints, got {args.batches!r}") from None
+    for name in ("prompt_len", "steps", "profile_steps", "profile_batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("settle", "latency_tokens", "copy_bytes"):  # 0: none, skip, the device's default
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.max_prompt_len and args.max_prompt_len < args.prompt_len:
         raise ValueError(
             f"--max-prompt-len must be >= --prompt-len ({args.prompt_len}), got {args.max_prompt_len}"
@@ -333,8 +342,12 @@ def main(argv=None) -> int:
         print(f"benchmarks/decode_sweep.py: {e}", file=sys.stderr)
         return 2
     if args.plot_from:
-        results = json.loads(Path(args.plot_from).read_text())
-        other = json.loads(Path(args.compare).read_text()) if args.compare else None
+        try:
+            results = json.loads(Path(args.plot_from).read_text())
+            other = json.loads(Path(args.compare).read_text()) if args.compare else None
+        except (OSError, ValueError) as e:
+            print(f"benchmarks/decode_sweep.py: cannot read a saved sweep: {e}", file=sys.stderr)
+            return 2
         png = args.png or str(Path(args.plot_from).with_suffix(".png"))
     else:
         results, other = run(args), None

@@ -66,6 +66,34 @@ def test_bad_batches_is_a_clear_error(capsys):
     assert "--batches" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--batches=1,a", "--batches must be positive ints, got '1,a'"),
+        ("--settle=-2", "--settle must be >= 0, got -2"),
+        ("--latency-tokens=-3", "--latency-tokens must be >= 0, got -3"),
+        ("--copy-bytes=-1", "--copy-bytes must be >= 0, got -1"),
+        ("--profile-steps=-1", "--profile-steps must be >= 1, got -1"),
+        ("--profile-batch=0", "--profile-batch must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_count_is_one_line_and_exit_2_before_any_work(flag, message, capsys, monkeypatch):
+    """--latency-tokens -3 and --copy-bytes -1 were tracebacks after the sweep had started, a
+    non-int batch an int() message naming no flag, and --settle -2 or a profile count below 1
+    ran as if valid. Each is now refused before a model is built."""
+    monkeypatch.setattr(decode_sweep, "run", lambda args: pytest.fail("ran with a bad flag"))
+    assert decode_sweep.main(["--shape", "tiny", "--device", "cpu", flag]) == 2
+    assert capsys.readouterr().err.strip() == f"benchmarks/decode_sweep.py: {message}"
+
+
+def test_plot_from_a_missing_file_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    assert decode_sweep.main(["--plot-from", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("benchmarks/decode_sweep.py: cannot read a saved sweep:") and str(missing) in err
+    assert "\n" not in err
+
+
 def test_mixed_contexts_draw_seeded_lengths_in_the_range():
     """--max-prompt-len: each request's prompt length uniform in [--prompt-len, it], the same
     for the same seed; without it every prompt is --prompt-len long."""
