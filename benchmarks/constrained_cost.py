@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, sync  # noqa: E402
+from benchmarks.engine_runs import add_model_args, check_model_dir, checkpoint, engine_core, make_llm, sync  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
 from enginespec.spec.structured_outputs import StructuredOutputsParams  # noqa: E402
 
@@ -169,6 +169,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, bound in (("tokens", 2), ("prompt_len", 1), ("reps", 1)):
         if getattr(args, name) < bound:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {bound}, got {getattr(args, name)}")
+    check_model_dir(args)
     args.engine_args = {}
     args.device = resolve_device(args.device)
     return args

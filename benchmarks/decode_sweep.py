@@ -38,7 +38,15 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 import torch  # noqa: E402
 
 from benchmarks.decode_profile import step_until_steady  # noqa: E402
-from benchmarks.engine_runs import add_model_args, checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
+from benchmarks.engine_runs import (  # noqa: E402
+    add_model_args,
+    check_model_dir,
+    checkpoint,
+    engine_core,
+    make_llm,
+    shape_of,
+    sync,
+)
 from benchmarks.phases import decode_latency, decode_latency_steps, phase_device  # noqa: E402
 from benchmarks.step_anatomy import graph_replay_ms  # noqa: E402
 from benchmarks.step_bins import timed_steps  # noqa: E402
@@ -115,6 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if not args.batch_sizes or args.batch_sizes[0] < 1:
         raise ValueError(f"--batches must be positive ints, got {args.batches!r}")
+    check_model_dir(args)
     args.device = str(resolve_device(args.device))
     cuda = torch.device(args.device).type == "cuda"
     args.copy_bytes = args.copy_bytes or (4 << 30 if cuda else 64 << 20)

@@ -197,6 +197,20 @@ def workload_for(args, num_requests: int, vocab_size: int) -> Workload:
     )
 
 
+def check_model_dir(args) -> None:
+    """--model-dir, when given, is a local checkpoint directory holding config.json; else a
+    ValueError naming the flag, raised by a parse_args before any work (reading its config
+    later went to transformers, whose answer for a missing path is a traceback about Hub repo
+    ids)."""
+    from enginespec.worker.loader import check_checkpoint_dir
+
+    if getattr(args, "model_dir", None) is not None:
+        try:
+            check_checkpoint_dir(args.model_dir)
+        except ValueError as e:
+            raise ValueError(f"--model-dir: {e}") from None
+
+
 def checkpoint(shape: str, args) -> Path:
     if args.model_dir and shape == args.shape:
         return Path(args.model_dir)

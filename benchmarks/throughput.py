@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from t
 
 import torch  # noqa: E402
 
-from benchmarks.engine_runs import DTYPES, checkpoint, guard, shape_of, workload_for  # noqa: E402
+from benchmarks.engine_runs import DTYPES, check_model_dir, checkpoint, guard, shape_of, workload_for  # noqa: E402
 from benchmarks.hf_baseline import phase_hf  # noqa: E402
 from benchmarks.phases import phase_big, phase_device, phase_engine, phase_latency  # noqa: E402
 from benchmarks.report import environment, report, summarize  # noqa: E402
@@ -172,6 +172,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_model_dir(args)
     _check_workload_and_probes(args)
     args.device = str(resolve_device(args.device))
     cuda = torch.device(args.device).type == "cuda"

@@ -181,6 +181,26 @@ def test_a_bad_size_is_a_flag_error_before_any_work(flag, value, bound, capsys, 
     assert err == f"benchmarks/throughput.py: {flag} must be {bound}, got {value}"
 
 
+@pytest.mark.parametrize("script", ["throughput", "decode_sweep", "constrained_cost"])
+def test_a_missing_model_dir_is_named_before_any_work(script, tmp_path, capsys, monkeypatch):
+    """--model-dir that is not a local checkpoint: one line naming the flag and the path, exit 2,
+    before any phase (it was a transformers traceback about Hub repo ids, exit 1)."""
+    import importlib
+
+    mod = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(mod, "checkpoint", lambda *a, **k: pytest.fail("went on with a bad --model-dir"))
+    missing = tmp_path / "no-such-checkpoint"
+    assert mod.main(["--shape", "tiny", "--device", "cpu", "--model-dir", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"benchmarks/{script}.py: --model-dir: checkpoint directory {missing} does not exist"
+    )
+    assert "\n" not in err
+    (tmp_path / "empty").mkdir()
+    assert mod.main(["--shape", "tiny", "--device", "cpu", "--model-dir", str(tmp_path / "empty")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
 def test_workload_is_seeded_and_within_bounds():
     kw = dict(min_input_len=5, max_input_len=9, min_output_len=2, max_output_len=7, id_bound=50)
     a, b = make_workload(20, **kw), make_workload(20, **kw)
