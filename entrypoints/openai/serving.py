@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -140,12 +141,12 @@ class _Call:
     def tool_parsing(self) -> bool:
         return self.tool_mode != "none"
 
-    @property
+    @functools.cached_property  # read for every streamed choice: the body does not change
     def echo(self) -> bool:
         """A completion whose choices begin with their prompt (serving's "echo" section)."""
         return self.kind == "completion" and bool(self.body.echo)
 
-    @property
+    @functools.cached_property
     def echo_only(self) -> bool:
         """echo with max_tokens 0: each choice is its prompt alone (the engine draws one token,
         which nobody sees, to get the prompt's logprobs)."""
