@@ -24,8 +24,9 @@ from torch import nn
 
 # Architectures whose transformers modules FlatModel drives (config.json "architectures").
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
-# Checkpoint tensors some exporters write that are recomputed buffers, not weights.
-IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# Checkpoint tensors some exporters write that are recomputed buffers, not weights (older
+# transformers saved inv_freq; ColossalAI-trained checkpoints carry the cos/sin caches too).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".rotary_emb.cos_cached", ".rotary_emb.sin_cached")
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 

@@ -232,3 +232,19 @@ def test_tokenizer_beside_checkpoint(tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / name).unlink(missing_ok=True)
     assert load_tokenizer(bare) is None
+
+
+def test_rotary_cos_sin_caches_in_a_checkpoint_are_skipped(tmp_path):
+    """Checkpoints trained with ColossalAI store each layer's rotary cos_cached / sin_cached
+    beside inv_freq: recomputed buffers, not weights. transformers loads such a checkpoint and
+    vLLM skips them by name; they were an "unexpected tensor" error here."""
+    path = _copy("llama", tmp_path)
+    extra = {
+        f"model.layers.{i}.self_attn.rotary_emb.{name}": torch.ones(8, 16)
+        for i in range(2)
+        for name in ("cos_cached", "sin_cached")
+    }
+    _rewrite(path, lambda t: t.update(extra))
+    ours = build_model(path).state_dict()
+    for name, tensor in _hf_state(tiny_model_dir("llama")).items():
+        assert torch.equal(ours[name], tensor), name
