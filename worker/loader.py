@@ -136,11 +136,38 @@ def load_config(path, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     architecture_of(path)
-    config = AutoConfig.from_pretrained(
-        str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
-    )
-    _check_rope_type(config, Path(path) / "config.json")
+    config_path = Path(path) / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(
+            str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (ValueError, KeyError, TypeError, OSError) as e:  # an unknown model_type, a bad field
+        raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
+    _check_rope_type(config, config_path)
     return config
+
+
+def model_class(arch: str, config, config_path: Path):
+    """The transformers class to build over `config`: `arch`'s own when the config is (or
+    subclasses) its config class; else the supported architecture whose config class config.json's
+    model_type built (a Mistral exported as "LlamaForCausalLM" runs as MistralForCausalLM, the
+    class transformers' AutoModelForCausalLM picks by model_type). CheckpointError naming
+    model_type and `arch` when no supported family's config was built: `arch`'s modules would read
+    fields that config lacks, or silently compute another model than its family's."""
+    import transformers
+
+    own = getattr(transformers, arch)
+    if isinstance(config, own.config_class):
+        return own
+    for name in SUPPORTED_ARCHITECTURES:
+        cls = getattr(transformers, name)
+        if type(config) is cls.config_class:
+            return cls
+    supported = sorted({getattr(transformers, n).config_class.model_type for n in SUPPORTED_ARCHITECTURES})
+    raise CheckpointError(
+        f"{config_path}: model_type {getattr(config, 'model_type', None)!r} is not the family of "
+        f"architecture {arch}; supported model types: {supported}"
+    )
 
 
 def checkpoint_files(path) -> list[Path]:
@@ -309,12 +336,11 @@ def build_model(
 ):
     """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights` (in
     part where `slicer` says so)."""
-    import transformers
-
     arch = architecture_of(path)
     config = load_config(path, trust_remote_code=trust_remote_code)
+    cls = model_class(arch, config, Path(path) / "config.json")
     with torch.device("meta"):
-        model = getattr(transformers, arch)(config)
+        model = cls(config)
     load_weights(model, path, device=device, dtype=dtype, slicer=slicer)
     materialize_buffers(model, device)
     return model.eval()

@@ -248,3 +248,40 @@ def test_rotary_cos_sin_caches_in_a_checkpoint_are_skipped(tmp_path):
     ours = build_model(path).state_dict()
     for name, tensor in _hf_state(tiny_model_dir("llama")).items():
         assert torch.equal(ours[name], tensor), name
+
+
+def _set_config(path: Path, **fields) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config.update(fields)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_an_architecture_naming_another_family_than_model_type_builds_model_types_class(tmp_path):
+    """config.json's architectures and model_type name different supported families (a Mistral
+    exported as "LlamaForCausalLM"): the model is the class of the config model_type builds, as
+    transformers' AutoModelForCausalLM chooses, with transformers' weights. It was a bare
+    AttributeError ('MistralConfig' object has no attribute 'attention_bias') from inside
+    LlamaForCausalLM's constructor."""
+    path = _copy("mistral", tmp_path)
+    _set_config(path, architectures=["LlamaForCausalLM"])
+    model = build_model(path)
+    assert type(model).__name__ == "MistralForCausalLM"
+    ours = model.state_dict()
+    for name, tensor in _hf_state(path).items():
+        assert torch.equal(ours[name], tensor), name
+
+
+def test_a_model_type_of_no_supported_family_is_one_line_naming_it(tmp_path):
+    """A supported architecture over a config of another family (model_type "gemma") is refused
+    naming config.json, the model_type and the architecture (LlamaForCausalLM over a GemmaConfig
+    built and silently computed a Llama); a model_type transformers does not know is one line
+    naming config.json (transformers' own message was three lines and named no file)."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, model_type="gemma")
+    with pytest.raises(CheckpointError, match=r"config\.json.*model_type 'gemma'.*LlamaForCausalLM") as info:
+        build_model(path)
+    assert "\n" not in str(info.value)
+    _set_config(path, model_type="qwen9")
+    with pytest.raises(CheckpointError, match=r"config\.json.*qwen9") as info:
+        build_model(path)
+    assert "\n" not in str(info.value)
