@@ -91,9 +91,9 @@ def check_checkpoint_dir(path) -> Path:
 
 
 def architecture_of(path) -> str:
-    """The architecture named by config.json; CheckpointError unless it is supported and its
-    weights are unquantized (a quantization_config means packed or scaled tensors this loader
-    would only meet as "unexpected tensor" errors)."""
+    """The architecture named by config.json (a list of names, or one name); CheckpointError
+    unless it is supported and its weights are unquantized (a quantization_config means packed
+    or scaled tensors this loader would only meet as "unexpected tensor" errors)."""
     config_path = check_checkpoint_dir(path) / "config.json"
     config = _read_json(config_path)
     quant = config.get("quantization_config")
@@ -105,6 +105,8 @@ def architecture_of(path) -> str:
             f"EngineArgs.quantization=None says"
         )
     archs = config.get("architectures") or []
+    if isinstance(archs, str):  # a hand-edited config's lone name: not a list of its characters
+        archs = [archs]
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch

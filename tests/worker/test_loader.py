@@ -285,3 +285,15 @@ def test_a_model_type_of_no_supported_family_is_one_line_naming_it(tmp_path):
     with pytest.raises(CheckpointError, match=r"config\.json.*qwen9") as info:
         build_model(path)
     assert "\n" not in str(info.value)
+
+
+def test_architectures_given_as_one_string_is_that_architecture(tmp_path):
+    """ "architectures": "LlamaForCausalLM" (a string, not a list: hand-edited configs) loads as
+    that architecture, as transformers loads it; its characters were matched one by one, and
+    the error said "unsupported architecture LlamaForCausalLM; supported: [..., 'LlamaForCausalLM',
+    ...]"."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, architectures="LlamaForCausalLM")
+    ours = build_model(path).state_dict()
+    for name, tensor in _hf_state(path).items():
+        assert torch.equal(ours[name], tensor), name
