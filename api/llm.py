@@ -25,6 +25,11 @@ stream() on one LLM, and a half-read stream() may be followed by generate() in t
 each call sees all of its own outputs (intermediate cumulative outputs of a stream may be
 skipped while another call steps the engine with final_only, never the final one). Any
 BaseException (KeyboardInterrupt included) while adding or stepping aborts this call's requests.
+
+close() (or the end of `with LLM(...) as llm:`) ends the LLM: it takes the lock, so it waits for
+a step under way, and every later call, and the next step of a call already under way (another
+thread's generate(), a half-read stream()), is a RuntimeError naming close(), with that call's
+requests aborted: the same on one rank as under tensor parallelism, whose workers are gone.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class LLM:
         self._lock = threading.RLock()  # around every call into the engine
         self._mail: dict[str, RequestOutput] = {}  # newest undelivered output per request id
         self._owned: set[str] = set()  # ids of live requests of live calls
+        self._closed = False  # set once by close(), under the lock
 
     @classmethod
     def from_engine(cls, engine: EngineCore) -> "LLM":
@@ -83,9 +89,22 @@ class LLM:
         return self.engine.default_sampling_params()
 
     def close(self) -> None:
-        """Release the engine's processes (tensor-parallel workers; nothing for one rank). The
-        LLM cannot generate afterwards under TP. Also `with LLM(...) as llm:`."""
-        self.engine.shutdown()
+        """Release the engine's processes (tensor-parallel workers, grammar threads) and end
+        this LLM: every later call raises RuntimeError (_check_open), on one rank as under TP.
+        Under the engine lock, so a step under way in another thread ends first (the workers
+        never stop mid-step). Idempotent. Also `with LLM(...) as llm:`."""
+        with self._lock:
+            self._closed = True
+            self.engine.shutdown()
+
+    def _check_open(self) -> None:
+        """RuntimeError once close() was called. Checked on entry and again under the lock
+        before each add and each step, so a call racing close() fails there instead."""
+        if self._closed:
+            raise RuntimeError(
+                "this LLM is closed (LLM.close() was called, or its `with` block ended): "
+                "build a new LLM to generate again"
+            )
 
     def __enter__(self) -> "LLM":
         return self
@@ -109,6 +128,7 @@ class LLM:
         holds blocks (another thread's generate(), a stream() not yet read to its end): finish
         or close those first. Under the engine lock, so never in the middle of a step."""
         with self._lock:
+            self._check_open()
             return self.engine.reset_prefix_cache()
 
     # ---- adding -------------------------------------------------------------------------------
@@ -119,6 +139,7 @@ class LLM:
 
     def _add(self, prompts, sampling_params, priority, lora_request=None) -> list[str]:
         """Add every prompt; on any error abort the ones added here and re-raise."""
+        self._check_open()
         prompts = _prompt_list(prompts)
         check_lora_request(lora_request, len(prompts))
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
@@ -129,6 +150,7 @@ class LLM:
                 text, ids = self._to_ids(prompt)
                 salt = _cache_key(prompt)
                 with self._lock:
+                    self._check_open()
                     request_id = str(next(self._ids))
                     added.append(request_id)  # first: an interrupt inside add_request is rolled back
                     self._owned.add(request_id)
@@ -227,6 +249,7 @@ class LLM:
         """This call's outputs: its mail if any, else one engine step (under the lock; the
         step's outputs for other calls' requests go to their mail)."""
         with self._lock:
+            self._check_open()
             outs = [self._mail.pop(rid) for rid in sorted(live) if rid in self._mail]
             if outs:
                 return outs
@@ -258,7 +281,8 @@ class LLM:
         lora_request. A ValueError, before any step, for params that are not BeamSearchParams,
         a beam_width over the engine's max_logprobs // 2, a bad concurrency_limit, or a
         lora_request other than None (check_lora_request); a bad prompt fails the first step's
-        generate() as it would fail generate()."""
+        generate() as it would fail generate(). A closed LLM is a RuntimeError (close())."""
+        self._check_open()
         prompts = _prompt_list(prompts)
         check_lora_request(lora_request, len(prompts))
         if not isinstance(params, BeamSearchParams):
