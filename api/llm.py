@@ -38,6 +38,8 @@ import itertools
 import numbers
 import threading
 import time
+import weakref
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
@@ -60,6 +62,35 @@ from enginespec.spec import RequestOutputKind, SamplingParams
 __all__ = ["LLM", "PromptType", "check_lora_request", "prompt_to_ids"]
 
 
+@dataclass
+class _Front:
+    """What every LLM over one EngineCore shares (LLM.from_engine may wrap an engine again):
+    the lock around every call into the engine, the request-id counter (ids unique among the
+    engine's live requests), the mailbox (newest undelivered output per request id), the ids of
+    live requests of live calls, and whether close() was called. Per LLM instead, a second
+    wrapper's ids collided with the first's and its steps dropped the first's outputs."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    ids: Iterator[int] = field(default_factory=itertools.count)
+    mail: dict[str, RequestOutput] = field(default_factory=dict)
+    owned: set[str] = field(default_factory=set)
+    closed: bool = False
+
+
+_FRONTS: "weakref.WeakKeyDictionary[EngineCore, _Front]" = weakref.WeakKeyDictionary()
+_FRONTS_LOCK = threading.Lock()
+
+
+def _front_of(engine: EngineCore) -> _Front:
+    """The engine's _Front, made on first use (it holds no reference to the engine, so an
+    engine nobody else holds is still collected)."""
+    with _FRONTS_LOCK:
+        front = _FRONTS.get(engine)
+        if front is None:
+            front = _FRONTS[engine] = _Front()
+        return front
+
+
 class LLM:
     """An engine plus a tokenizer, driven to completion per call."""
 
@@ -69,15 +100,14 @@ class LLM:
 
     def _setup(self, engine: EngineCore) -> None:
         self.engine = engine
-        self._ids = itertools.count()
-        self._lock = threading.RLock()  # around every call into the engine
-        self._mail: dict[str, RequestOutput] = {}  # newest undelivered output per request id
-        self._owned: set[str] = set()  # ids of live requests of live calls
-        self._closed = False  # set once by close(), under the lock
+        self._front = front = _front_of(engine)  # shared with every other LLM over this engine
+        self._ids, self._lock, self._mail, self._owned = front.ids, front.lock, front.mail, front.owned
 
     @classmethod
     def from_engine(cls, engine: EngineCore) -> "LLM":
-        """Wrap an existing EngineCore (for example one built over an already loaded model)."""
+        """Wrap an existing EngineCore (for example one built over an already loaded model).
+        Every LLM over one engine shares its lock, request ids and mailbox (_Front), so their
+        calls interleave as one LLM's do; closing any of them closes them all."""
         llm = cls.__new__(cls)
         llm._setup(engine)
         return llm
@@ -90,17 +120,18 @@ class LLM:
 
     def close(self) -> None:
         """Release the engine's processes (tensor-parallel workers, grammar threads) and end
-        this LLM: every later call raises RuntimeError (_check_open), on one rank as under TP.
+        this LLM and every other over the same engine: every later call raises RuntimeError
+        (_check_open), on one rank as under TP.
         Under the engine lock, so a step under way in another thread ends first (the workers
         never stop mid-step). Idempotent. Also `with LLM(...) as llm:`."""
         with self._lock:
-            self._closed = True
+            self._front.closed = True
             self.engine.shutdown()
 
     def _check_open(self) -> None:
         """RuntimeError once close() was called. Checked on entry and again under the lock
         before each add and each step, so a call racing close() fails there instead."""
-        if self._closed:
+        if self._front.closed:
             raise RuntimeError(
                 "this LLM is closed (LLM.close() was called, or its `with` block ended): "
                 "build a new LLM to generate again"
