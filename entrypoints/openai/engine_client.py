@@ -520,6 +520,7 @@ class EngineClient:
             if not was_finished and sample.finish_reason is not None:
                 self._observe_finished_sample(stream, index, now)
         if touched and self.metrics is not None:
+            self.metrics.prompt_tokens.inc(num_prompt_tokens)
             self.metrics.generation_tokens.inc(num_tokens)
             self.metrics.iteration_tokens.observe(num_prompt_tokens + num_tokens)
         for rid, stream in touched.items():
@@ -554,9 +555,6 @@ class EngineClient:
             stream.accepted = True
         if streams:
             streams[0].sink.put_nowait(("accepted", None))
-        if self.metrics is not None:
-            for stream in streams:
-                self.metrics.prompt_tokens.inc(stream.num_prompt_tokens * stream.num_samples)
 
     def _on_death(self, cause: Optional[EngineDead] = None) -> None:
         """The engine is gone: fail everyone, refuse everything, tell the server. With a cause,

@@ -52,7 +52,8 @@ cache settings this engine has, under V1's CacheConfig field names, plus V1's en
 iteration_tokens_total: once per engine step whose message carries news of a live request, the
 prompt tokens of each sample whose first tokens it carries plus the tokens it carries (V1's
 IterationStats: a prompt counts in the output that ends its prefill, not as its chunks run), so
-its _sum is prompt_tokens + generation_tokens once every admitted sample has started.
+its _sum is prompt_tokens + generation_tokens. vllm:prompt_tokens counts a sample's prompt at
+that same output, as V1 does: a request aborted (or failed) before its first token adds nothing.
 """
 
 from __future__ import annotations
@@ -210,7 +211,9 @@ class ServerMetrics:
         )
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests")
+        self.prompt_tokens = counter(
+            "vllm:prompt_tokens", "Prompt tokens of samples whose prefill produced a token"
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
         self._success = self._family(
             Counter, "vllm:request_success", "Finished requests by finish reason", "finished_reason"

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai import metrics as metrics_module
@@ -21,7 +22,9 @@ from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.engine_client import EngineClient
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
+from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
+from tests.entrypoints.client_helpers import final_output
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -203,3 +206,41 @@ def test_a_fresh_server_labels_every_metric_with_the_engine_and_counts_each_reas
         if s.name == "vllm:request_success_total"
     }
     assert success == dict.fromkeys(("stop", "length", "abort", "error"), 0.0)
+
+
+def _value(metrics: ServerMetrics, name: str, **labels) -> float:
+    """One sample of `metrics`' registry (engine="0" and model_name="tiny" added), 0 when absent."""
+    value = metrics.registry.get_sample_value(name, {"engine": "0", "model_name": "tiny", **labels})
+    return value or 0.0
+
+
+def test_prompt_tokens_count_prefilled_prompts_not_requests_aborted_in_the_queue():
+    """vllm:prompt_tokens_total counts a sample's prompt once its prefill produced a token (vLLM
+    V1's IterationStats), so a request whose client left while it waited (the engine paused: it
+    never ran) adds nothing, and iteration_tokens_total's _sum stays prompt + generation tokens.
+    (It counted the prompt of every admitted request: prefill throughput read high under exactly
+    the overload where clients time out in the queue.)"""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    metrics = ServerMetrics("tiny")
+    client = EngineClient(args, load_engine_tokenizer(args), metrics, in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    names = ("vllm:prompt_tokens_total", "vllm:iteration_tokens_total_sum", "vllm:generation_tokens_total")
+
+    async def run() -> list[float]:
+        client.start(asyncio.get_running_loop())
+        await client.pause()
+        params = SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=0)
+        gone = await client.submit([NewRequest("gone", None, [5, 6, 7, 8, 9], params)])
+        gone.abort()  # the client left while its request waited
+        await client.resume()
+        kept = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+        await final_output(await client.submit([NewRequest("kept", None, [5, 6, 7], kept)]))
+        return [_value(metrics, name) for name in names]
+
+    try:
+        prompt, iteration, generated = asyncio.run(run())
+    finally:
+        client.stop()
+    assert _value(metrics, "vllm:request_success_total", finished_reason="abort") == 2
+    assert (prompt, generated) == (3, 2)  # the kept request's alone
+    assert iteration == prompt + generated
