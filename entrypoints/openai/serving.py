@@ -360,7 +360,10 @@ def _too_large(call: _Call, exc: RequestTooLarge) -> APIError:
 def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -> None:
     """The front end's context rule (vLLM's and OpenAI's): each prompt must leave room for one
     output token, and a max_tokens the client set must fit beside it in max_model_len; else a
-    400 naming the field. (The engine would lower it silently, as vLLM's engine does offline.)"""
+    400 naming the field. (The engine would lower it silently, as vLLM's engine does offline.)
+    An unset max_tokens is lowered to that room, so a min_tokens above it is a 400 naming
+    min_tokens, as vLLM refuses min_tokens > the max_tokens it derived (the engine would lower
+    min_tokens too, and the reply would fall short of it)."""
     limit = ctx.max_model_len
     name = "max_completion_tokens" if getattr(call.body, "max_completion_tokens", None) else "max_tokens"
     for _, ids in call.prompts:
@@ -378,6 +381,15 @@ def _check_context(call: _Call, ctx: ServerContext, max_tokens: Optional[int]) -
                 f"'{name}' is too large: {max_tokens}. This model's maximum context length is {limit} "
                 f"tokens and your request has {n} input tokens ({max_tokens} > {limit} - {n}).",
                 name,
+            )
+        min_tokens = call.body.min_tokens
+        if max_tokens is None and n + min_tokens > limit:
+            raise APIError(
+                400,
+                f"'min_tokens' is too large: {min_tokens}. This model's maximum context length is "
+                f"{limit} tokens and your request has {n} input tokens, which leaves {limit - n} for "
+                f"output ({min_tokens} > {limit} - {n}).",
+                "min_tokens",
             )
 
 

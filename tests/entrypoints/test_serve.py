@@ -551,6 +551,22 @@ def test_the_context_rule_at_the_front_end(server):
     assert resp.json()["usage"]["completion_tokens"] == 6 and choice["finish_reason"] == "length"
 
 
+def test_a_min_tokens_the_context_cannot_hold_is_400_when_max_tokens_is_unset(server):
+    """An unset max_tokens is lowered to the room the prompt leaves (test above); a min_tokens
+    above that room cannot be honoured, so it is a 400 naming min_tokens and the bound, as vLLM
+    answers (its SamplingParams refuses min_tokens > the lowered max_tokens), for completions
+    as for chat (a completion came back 200 with fewer tokens than min_tokens asked). A
+    min_tokens that fits is served in full."""
+    body = {"model": MODEL, "prompt": [5] * 250, "ignore_eos": True}
+    for extra in ({"min_tokens": 10}, {"min_tokens": 10, "stream": True}):
+        err = _error(server.post("/v1/completions", {**body, **extra}), 400)
+        assert err["param"] == "min_tokens" and "10" in err["message"] and "6" in err["message"], err
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "a" * 240}], "min_tokens": 20}
+    assert _error(server.post("/v1/chat/completions", chat), 400)["param"] == "min_tokens"
+    resp = server.post("/v1/completions", {**body, "min_tokens": 6})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 6, resp.text
+
+
 def test_skip_special_tokens_is_honoured(server, llm):
     """vLLM's extra field: false shows special tokens in the text, decoded in the front end (no
     stop strings) or in the engine (stop strings); true, the default, leaves them out."""
