@@ -272,8 +272,15 @@ def render_chat(
     tokenize, add_generation_prompt, continue_final_message, chat_template, tools when given; the
     template's variables go through its **kwargs). A failure of the template itself (a Jinja error, a
     final message the template drops) is a ChatTemplateError too."""
+    if tokenizer is None:  # a template alone cannot help: the rendered prompt must be tokenized
+        raise ChatTemplateError(
+            "chat needs the model's tokenizer to tokenize the rendered prompt; this engine has none "
+            "(skip_tokenizer_init): build it with a tokenizer, or render and tokenize the prompt "
+            "yourself and pass {'prompt_token_ids': [...]} to generate()",
+            "tokenizer",
+        )
     template = resolve_chat_template(tokenizer, chat_template)
-    if template is None or tokenizer is None:
+    if template is None:
         raise ChatTemplateError(
             "this model's tokenizer has no chat template and none was given (pass chat_template)",
             "chat_template",

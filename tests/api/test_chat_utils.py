@@ -121,6 +121,13 @@ def test_chat_template_replaces_the_tokenizers_and_one_is_needed(tokenizer):
     )
 
 
+def test_chat_without_a_tokenizer_says_so_even_with_a_template():
+    # skip_tokenizer_init: a chat prompt must be tokenized, so a template alone cannot help; the
+    # error said "pass chat_template" to a caller who had passed one.
+    for template in (None, "{{ messages[0]['content'] }}"):
+        _raises("tokenizer", "skip_tokenizer_init", render_chat, None, CONVERSATION, chat_template=template)
+
+
 # ---- add_generation_prompt / continue_final_message ---------------------------------------------
 
 
