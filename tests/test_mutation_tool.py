@@ -5,6 +5,7 @@ survived: pytest's assertion rewriter loaded the real modules first)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -59,3 +60,21 @@ def test_the_plugin_is_named_only_where_it_is_not_installed(mutation, monkeypatc
     assert mutation._plugin_args() == []
     monkeypatch.setattr(md, "entry_points", lambda group: [])
     assert mutation._plugin_args() == ["-p", "enginespec.conformance.plugin"]
+
+
+def test_rejudging_a_sample_with_no_survivors_reports_zero_of_zero(mutation, monkeypatch, tmp_path, capsys):
+    """docs/mutation.md's `--rejudge f.json` after a sample was wholly killed: nothing to re-run,
+    so the summary says 0/0 and the JSON is written (the rate's None crashed the print with a
+    TypeError, and no JSON was written)."""
+    monkeypatch.setattr(mutation, "run_suite", lambda impl, env, timeout: "survived")  # the baseline
+    old = tmp_path / "r.json"
+    old.write_text(
+        '{"results": [{"impl": "reference", "path": "impls/reference/block_manager.py", '
+        '"index": 0, "line": 1, "what": "x", "result": "killed"}]}'
+    )
+    out = tmp_path / "again.json"
+    argv = ["--impls", "reference", "--rejudge", str(old), "--jobs", "1", "--json", str(out)]
+    assert mutation.main(argv) == 0
+    assert "reference: 0/0 killed (no mutant judged)" in capsys.readouterr().out
+    summary = json.loads(out.read_text())["summary"]["reference"]
+    assert (summary["run"], summary["counted"], summary["rate"]) == (0, 0, None)

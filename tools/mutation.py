@@ -301,8 +301,10 @@ def main(argv=None) -> int:
                 rate=killed / len(counted) if counted else None,
                 seconds=round(time.time() - t0),
             )
+            rate = summary[impl]["rate"]
             print(
-                f"{impl}: {killed}/{len(counted)} killed ({summary[impl]['rate']:.1%}) of {len(chosen)} sampled "
+                f"{impl}: {killed}/{len(counted)} killed "
+                f"({'no mutant judged' if rate is None else format(rate, '.1%')}) of {len(chosen)} sampled "
                 f"from {len(pool_)} mutation sites, {summary[impl]['seconds']} s"
             )
             for m, r in done:
