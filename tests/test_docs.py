@@ -1,0 +1,150 @@
+"""The user docs name only what exists: each file path they point at, each command-line flag of
+ours, and the install line before each conformance command carries what that command needs.
+
+tests/test_readme.py runs the README's Python blocks; this file checks the cheap, textual claims
+of every page a new user reads (README, CONTRIBUTING, docs/, benchmarks/README.md, the example
+backend's README), so that a renamed file, a dropped flag or a trimmed install line shows here
+and not in a user's terminal."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [
+    "README.md",
+    "CONTRIBUTING.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+    "benchmarks/README.md",
+    "examples/ordered-pool-backend/README.md",
+]
+
+# a path with a folder and a file extension (`worker/runner.py`, `impls/fast/{a,b}.py`)
+PATH = re.compile(r"(?<![\w./{-])((?:[\w.{},-]+/)+[\w.{},-]*\.(?:py|md|sh|toml|json))(?![\w/])")
+# a backticked bare file name (`throughput.py`): benchmarks/README.md names its scripts so
+BARE = re.compile(r"`([\w-]+\.(?:py|sh))\b")
+
+
+def _prose(text: str) -> str:
+    """The page without its fenced blocks (those show a user's own package, not this tree)."""
+    return re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+
+
+def _expand(path: str) -> list[str]:
+    """`a/{b,c}.py` -> [`a/b.py`, `a/c.py`] (one brace group, as the docs write them)."""
+    m = re.search(r"\{([^}]*)\}", path)
+    if not m:
+        return [path]
+    return [path[: m.start()] + part + path[m.end() :] for part in m.group(1).split(",")]
+
+
+def _exists(page: str, path: str) -> bool:
+    """Found from the root, from the page's folder, or as enginespec.X's folder (`enginespec/`
+    names the installed package, whose folders are the root's)."""
+    here = (ROOT / page).parent
+    candidates = [ROOT / path, here / path]
+    if path.startswith("enginespec/"):
+        candidates.append(ROOT / path.removeprefix("enginespec/"))
+    return any(c.exists() for c in candidates)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_path_a_page_names_exists(page):
+    text = _prose((ROOT / page).read_text())
+    named = [p for m in PATH.finditer(text) for p in _expand(m.group(1)) if not re.search(r"[A-Z]{3,}", p)]
+    if page == "benchmarks/README.md":
+        named += BARE.findall(text)
+    assert named, f"{page} names no path: the pattern is wrong"
+    missing = sorted({p for p in named if not _exists(page, p)})
+    assert not missing, f"{page} names paths that do not exist: {missing}"
+
+
+def _install_lines_before(lines: list[str], i: int) -> list[str]:
+    """The `pip install` lines of the block (consecutive non-blank lines) holding line i."""
+    start = i
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    return [line for line in lines[start:i] if "pip install" in line]
+
+
+def _installs_the_test_extra(line: str) -> bool:
+    """A pip install of enginespec with `[test]`: from a checkout (`.`, a path) or by name."""
+    return re.search(r"""(?:^|\s)["']?(?:\.|[\w/.-]*enginespec|enginespec)\[test\]""", line) is not None
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_an_install_before_a_conformance_run_takes_the_test_extra(page):
+    """The suite needs pytest and hypothesis, which only the test extra brings: a block that
+    installs enginespec and then runs `pytest --pyargs enginespec.conformance` must ask for it
+    (a bare `pip install .` in a fresh venv leaves the next line failing)."""
+    lines = (ROOT / page).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "pytest --pyargs enginespec.conformance" not in line:
+            continue
+        for install in _install_lines_before(lines, i):
+            if "enginespec" in install or re.search(r"pip install (?:-e )?[\"']?\.[\s\[\"']", install):
+                assert _installs_the_test_extra(install), f"{page}:{i + 1}: {install.strip()!r} lacks [test]"
+
+
+def _cli_flags() -> set[str]:
+    from enginespec.entrypoints import cli
+
+    flags: set[str] = set()
+    for action in cli._parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags.update(o for a in sub._actions for o in a.option_strings)
+    return flags
+
+
+def _plugin_flags() -> set[str]:
+    """The conformance plugin's pytest options, and pytest's own that the docs use."""
+    from enginespec.conformance import plugin
+
+    class Group:
+        def __init__(self):
+            self.flags: set[str] = set()
+
+        def addoption(self, *names, **_):
+            self.flags.update(names)
+
+        def getgroup(self, *_, **__):
+            return self
+
+    parser = Group()
+    plugin.pytest_addoption(parser)
+    return parser.flags | {"--pyargs", "--lf", "--dist", "--hypothesis-profile"}
+
+
+# flags of the benchmark scripts the README names beside them: checked against each one's --help
+README_SCRIPT_FLAGS = {
+    "benchmarks.serving": {"--request-rate", "--offline"},
+    "benchmarks.prefill_profile": {"--unsynced", "--output-len", "--host-probe"},
+}
+
+
+def test_every_flag_the_readme_names_is_an_option_of_ours():
+    """Each `--flag` of the README is a flag of the `enginespec` CLI, of the conformance
+    plugin, or of the benchmark script it is named beside (README_SCRIPT_FLAGS)."""
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", text))
+    scripts = set().union(*README_SCRIPT_FLAGS.values())
+    unknown = sorted(named - _cli_flags() - _plugin_flags() - scripts)
+    assert not unknown, f"the README names flags nothing of ours takes: {unknown}"
+
+
+@pytest.mark.parametrize("module", sorted(README_SCRIPT_FLAGS))
+def test_the_benchmark_flags_the_readme_names_exist(module, monkeypatch, capsys):
+    import importlib
+
+    script = importlib.import_module(module)
+    monkeypatch.setattr("sys.argv", [module, "--help"])
+    with pytest.raises(SystemExit):
+        script.main() if hasattr(script, "main") else script.parse_args()
+    shown = capsys.readouterr().out
+    missing = sorted(f for f in README_SCRIPT_FLAGS[module] if f not in shown)
+    assert not missing, f"{module} has no {missing}"
