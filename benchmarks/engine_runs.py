@@ -56,6 +56,17 @@ def engine_supports(name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
+def own_args(own, argv=None):
+    """(this script's options, the rest): `own` (built with add_help=False) takes what it knows
+    of argv (None: sys.argv[1:]) and the rest goes to the shared parser the script builds on
+    (throughput's, decode_sweep's). With -h or --help, own's options are printed first: the shared
+    parser's help, which then exits, lists only its own flags."""
+    mine, rest = own.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print(own.format_help().replace("options:", "this script's own options:", 1), flush=True)
+    return mine, rest
+
+
 def add_model_args(p) -> None:
     """The arguments every single-engine probe shares: which synthetic shape (or checkpoint),
     impl, device, dtype and seed (decode_sweep.py, step_anatomy.py)."""

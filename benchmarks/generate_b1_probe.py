@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import decode_sweep  # noqa: E402
-from benchmarks.engine_runs import checkpoint, engine_core, make_llm, shape_of, sync  # noqa: E402
+from benchmarks.engine_runs import checkpoint, engine_core, make_llm, own_args, shape_of, sync  # noqa: E402
 from enginespec.spec import SamplingParams  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     own.add_argument(
         "--cprofile", metavar="PATH", help="then one more long call under cProfile: its top functions to PATH"
     )
-    extra, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
+    extra, rest = own_args(own, argv)
     args = decode_sweep.parse_args(["--batches", "1", *rest])
     args.tokens, args.reps, args.cprofile = extra.tokens, extra.reps, extra.cprofile
     model_dir = checkpoint(args.shape, args)

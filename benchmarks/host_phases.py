@@ -45,7 +45,6 @@ import cProfile
 import gc
 import io
 import pstats
-import sys
 import time
 import traceback
 import warnings
@@ -127,7 +126,7 @@ def _own_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     own = _own_parser()
-    mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
+    mine, rest = runs.own_args(own, argv)
     if mine.sync_debug and not _cuda_available():
         own.error("--sync-debug needs a CUDA device (torch's sync debug mode watches CUDA calls)")
     args = parse_args(["--skip-hf", "--skip-big"] + rest)

@@ -30,6 +30,7 @@ from benchmarks.engine_runs import (
     checkpoint,
     engine_core,
     make_llm,
+    own_args,
     release,
     shape_of,
     timed_generate,
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     own.add_argument("--fraction", type=float, default=0.25, help="pool size / what the workload needs")
     own.add_argument("--modes", default="recompute,swap")
     own.add_argument("--baseline", action="store_true", help="also a run with the whole pool (no pressure)")
-    mine, rest = own.parse_known_args(argv)
+    mine, rest = own_args(own, argv)
     args = parse_args(rest)
     model_dir = checkpoint(args.shape, args)
     workload = workload_for(args, args.num_requests, shape_of(model_dir, args.dtype).vocab_size)

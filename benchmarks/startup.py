@@ -48,12 +48,12 @@ def start_once(model_dir: str, kwargs: dict, env: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.engine_runs import checkpoint
+    from benchmarks.engine_runs import checkpoint, own_args
     from benchmarks.throughput import parse_args
 
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--cache-root", help="where the fresh cache folders go (default: a new temp dir)")
-    mine, rest = own.parse_known_args(argv)
+    mine, rest = own_args(own, argv)
     args = parse_args(rest)
     model_dir = str(checkpoint(args.shape, args))
     root = Path(mine.cache_root or tempfile.mkdtemp(prefix="enginespec-startup-"))
