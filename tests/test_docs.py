@@ -148,3 +148,18 @@ def test_the_benchmark_flags_the_readme_names_exist(module, monkeypatch, capsys)
     shown = capsys.readouterr().out
     missing = sorted(f for f in README_SCRIPT_FLAGS[module] if f not in shown)
     assert not missing, f"{module} has no {missing}"
+
+
+def test_the_cli_impl_defaults_are_the_readmes():
+    """README: the CLI's --impl defaults to fast, as LLM() does; simulate keeps the reference."""
+    import inspect
+
+    from enginespec.entrypoints import cli, simulate
+    from enginespec.llm import LLM
+
+    parser = cli._parser()
+    for command in ("generate", "demo", "serve"):
+        argv = {"generate": ["--model", "m", "--prompt", "p"], "serve": ["m"]}.get(command, [])
+        assert parser.parse_args([command, *argv]).impl == "fast", command
+    assert inspect.signature(LLM).parameters["impl"].default == "fast"
+    assert simulate.parse_args([]).impl == "reference"
