@@ -116,7 +116,7 @@ _OPTIONAL_BOOLS = ("compile_model", "warmup", "skinny_gemm")  # None: derive it
 # vLLM arguments accepted only at these values (vLLM's defaults, and what the loader reads):
 # name -> (the values accepted, why no other is)
 UNSUPPORTED_VALUES = {
-    "quantization": ((None,), "weights load unquantized, in dtype="),
+    "quantization": ((None,), "weights load unquantized, in the dtype argument's dtype"),
     "enable_lora": ((False,), "no LoRA adapters"),
     "pipeline_parallel_size": ((1,), "one pipeline stage; tensor_parallel_size shards the model"),
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
