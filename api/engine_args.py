@@ -316,6 +316,13 @@ class EngineArgs:
             )
         return self.max_model_len
 
+    def seats(self, budget: int) -> int:
+        """The scheduler's max_num_seqs for a step budget of `budget` tokens: max_num_seqs, or the
+        budget when smaller (a budget below max_num_seqs is taken, as _check_scheduling says;
+        no step could decode more than `budget` requests, and SchedulerConfig refuses a
+        max_num_seqs above its budget)."""
+        return min(self.max_num_seqs, budget)
+
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The scheduler's config for the resolved max_model_len. With chunked prefill off a
         chosen max_model_len must prefill in one step (vLLM's check; the bound here is the
@@ -335,7 +342,7 @@ class EngineArgs:
             )
         return SchedulerConfig(
             max_num_batched_tokens=budget,
-            max_num_seqs=self.max_num_seqs,
+            max_num_seqs=self.seats(budget),
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,

@@ -151,6 +151,24 @@ def test_a_budget_below_max_num_seqs_is_taken():
     assert EngineArgs(max_num_batched_tokens=8, max_num_seqs=16).max_num_batched_tokens == 8
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+def test_an_engine_with_a_budget_below_max_num_seqs_builds_and_serves(impl, chunked):
+    """A budget below max_num_seqs (here the default 256 seats) passed EngineArgs but then failed
+    the engine's build, after the model had loaded, with SchedulerConfig's refusal of
+    max_num_batched_tokens < max_num_seqs. The engine now runs at most max_num_batched_tokens
+    requests at once (no step could decode more), and every request finishes as it would alone."""
+    llm = make_llm(impl, max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=chunked)
+    assert (
+        llm.engine.scheduler_config.max_num_seqs == 16 == llm.engine.scheduler_config.max_num_batched_tokens
+    )
+    prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(20)]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    alone = make_llm(impl).generate(prompts[:3], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs[:3]] == [o.outputs[0].token_ids for o in alone]
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outs)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
 def test_bad_engine_args_are_value_errors(impl):
     with pytest.raises(ValueError, match="max_model_len"):
         make_llm(impl, max_model_len=10_000)

@@ -247,7 +247,7 @@ class EngineCore:
             self.impl,
             block_size=args.block_size,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=self.scheduler_config.max_num_seqs,
             max_model_len=self.max_model_len,
             num_blocks=args.num_blocks,
             kv_cache_bytes=args.kv_cache_bytes,
@@ -425,14 +425,14 @@ class EngineCore:
             return None
         args, k = self.args, config.num_speculative_tokens
         num_blocks = draft_pool_blocks(
-            self.runner.num_blocks, args.max_num_seqs, k, args.block_size, self.max_model_len
+            self.runner.num_blocks, self.scheduler_config.max_num_seqs, k, args.block_size, self.max_model_len
         )
         runner = ModelRunner(
             self.draft_model,
             self.impl,
             block_size=args.block_size,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=self.scheduler_config.max_num_seqs,
             max_model_len=self.max_model_len,
             num_blocks=num_blocks,
             enforce_eager=args.enforce_eager,

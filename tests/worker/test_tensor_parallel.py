@@ -150,7 +150,15 @@ def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
     with pytest.raises(ValueError, match="num_attention_heads"):
         LLM(str(path), impl="fast", device="cpu", tensor_parallel_size=3)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):  # found once the model is known
-        LLM(str(path), impl="fast", device="cpu", tensor_parallel_size=2, max_num_batched_tokens=8)
+        LLM(
+            str(path),
+            impl="fast",
+            device="cpu",
+            tensor_parallel_size=2,
+            max_num_batched_tokens=8,
+            max_model_len=64,
+            enable_chunked_prefill=False,  # a 64-token request could never prefill in one step
+        )
     assert set(multiprocessing.active_children()) <= before
 
 
