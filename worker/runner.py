@@ -15,6 +15,8 @@ Sizing the pool:
   (max_num_batched_tokens tokens over min(max_num_seqs, tokens) requests, logits and the
   sampler included) measures the activation peak; the pool gets
   total * gpu_memory_utilization - (memory in use before the run) - (activation peak).
+- A size the user set (the first two, or kv_cache_bytes) must fit the memory free on the
+  device, scratch block included: else a ValueError naming it (_check_pool_memory).
 
 Swaps: `swap_out(request_id, blocks)` copies the listed device blocks (every layer, K and V)
 to host memory under the request id, before the step's forward reuses them; `swap_in` copies
@@ -120,6 +122,7 @@ class ModelRunner:
         self.num_blocks = self._size_pool(
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn
         )
+        self._check_pool_memory(self.num_blocks, num_gpu_blocks_override, num_blocks, kv_cache_bytes)
         self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
         self._host: dict[str, list[torch.Tensor]] = {}
         self.graphs = None
@@ -182,6 +185,35 @@ class ModelRunner:
         if self.device.type == "cuda":
             return self._cuda_num_blocks(utilization, override, num_blocks, sample_fn)
         return self._cpu_num_blocks(override, num_blocks, kv_cache_bytes)
+
+    def _check_pool_memory(
+        self, found: int, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
+    ) -> None:
+        """A pool the user sized (num_gpu_blocks_override, num_blocks, or kv_cache_bytes on the
+        CPU) must fit the device's free memory, scratch block included: else a ValueError naming
+        the field, the bytes it needs and the bytes free, where the allocation would have failed
+        (after the ranks agreed on the size, under tensor parallelism). (The
+        allocator's own refusal names no field, and a size it grants on an overcommitting host
+        is zero-filled page by page until the kernel kills the process.) A size the engine chose
+        itself (the default budget, a profile run) is never refused here. No check where the
+        free memory cannot be read."""
+        free = cuda_bytes_available(self.device) if self.device.type == "cuda" else host_bytes_available()
+        need = (found + 1) * self._sizing_bytes
+        if free is None or need <= free:
+            return
+        where = "GPU memory free" if self.device.type == "cuda" else "host memory available"
+        for name, value in (("num_gpu_blocks_override", override), ("num_blocks", num_blocks)):
+            if value is not None:
+                raise ValueError(
+                    f"{name} ({value}) needs {need} bytes of KV cache ({self._sizing_bytes} per block "
+                    f"of {self.block_size} tokens over all layers, plus one scratch block), more than "
+                    f"the {free} bytes of {where}; lower {name}"
+                )
+        if kv_cache_bytes is not None and self.device.type != "cuda":
+            raise ValueError(
+                f"kv_cache_bytes ({kv_cache_bytes}) must be at most the {free} bytes of {where} "
+                f"(with one scratch block of {self._sizing_bytes} bytes on top)"
+            )
 
     def _cpu_num_blocks(
         self, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
@@ -390,6 +422,30 @@ def every_row_samples(batch: Batch) -> bool:
     rows that sample are 0..num_reqs-1 in order (padding rows follow them)."""
     n = batch.num_reqs
     return batch.num_scheduled_tokens == n == len(batch.sample_request_ids) == batch.logits_indices.shape[0]
+
+
+def host_bytes_available() -> Optional[int]:
+    """Bytes of host memory available to a new allocation without swapping (Linux's
+    MemAvailable), or None where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def cuda_bytes_available(device: torch.device) -> Optional[int]:
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info), or None where it cannot be read."""
+    try:
+        return torch.cuda.mem_get_info(device)[0]
+    except (RuntimeError, AssertionError):
+        return None
 
 
 def _check_positive(name: str, value) -> None:

@@ -1,0 +1,60 @@
+"""A KV pool the user sized past the device's memory is a ValueError naming the field at
+construction (ModelRunner._check_pool_memory), never the allocator's RuntimeError naming none,
+nor a zero-fill that pages the host out of memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.testing.checkpoints import tiny_model_dir
+from enginespec.worker import runner as runner_module
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+AVAILABLE = 1 << 20  # what the tests pretend the host has free: 1 MiB
+
+
+def _llm(**kwargs):
+    from enginespec.llm import LLM
+
+    return LLM(
+        str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", block_size=4, **kwargs
+    )
+
+
+@pytest.fixture
+def small_host(monkeypatch):
+    monkeypatch.setattr(runner_module, "host_bytes_available", lambda: AVAILABLE)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_blocks", 10**12), ("num_gpu_blocks_override", 10**12), ("kv_cache_bytes", 10**15)],
+)
+def test_an_absurd_pool_size_names_the_field_and_the_bound(field, value):
+    """On the real host: a pool of about a petabyte failed inside torch's allocator."""
+    with pytest.raises(ValueError, match=rf"{field} \({value}\).*bytes of host memory available"):
+        _llm(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["num_blocks", "num_gpu_blocks_override"])
+def test_a_block_count_past_the_free_memory_is_refused_before_allocating(small_host, field):
+    """A count that malloc would grant (overcommit) but zero-filling could not back: refused
+    before anything is allocated, naming the count, the bytes it needs and the bytes free."""
+    per_block = _llm(num_blocks=1).engine.runner.bytes_per_block
+    fits = AVAILABLE // per_block - 1  # the scratch block comes on top
+    assert _llm(**{field: fits}).engine.runner.num_blocks == fits
+    with pytest.raises(ValueError, match=rf"{field} \({fits + 1}\) needs {(fits + 2) * per_block} bytes"):
+        _llm(**{field: fits + 1})
+
+
+def test_kv_cache_bytes_past_the_free_memory_is_refused(small_host):
+    assert _llm(kv_cache_bytes=AVAILABLE // 2).engine.runner.num_blocks >= 1
+    with pytest.raises(ValueError, match=rf"kv_cache_bytes \({2 * AVAILABLE}\).*{AVAILABLE} bytes"):
+        _llm(kv_cache_bytes=2 * AVAILABLE)
+
+
+def test_the_default_pool_is_not_checked(small_host):
+    """The default budget is the engine's own choice, capped at what the requests can use: it is
+    never refused for a field the user did not set."""
+    assert _llm(max_num_seqs=1, max_model_len=16).engine.runner.num_blocks == 4
