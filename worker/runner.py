@@ -441,9 +441,12 @@ def host_bytes_available() -> Optional[int]:
 
 
 def cuda_bytes_available(device: torch.device) -> Optional[int]:
-    """Free bytes on a CUDA device (torch.cuda.mem_get_info), or None where it cannot be read."""
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info) plus what torch's caching allocator
+    holds reserved but unused (the pool's allocation can take that too), or None where it cannot
+    be read."""
     try:
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + max(cached, 0)
     except (RuntimeError, AssertionError):
         return None
 
