@@ -95,8 +95,9 @@ class CompletionOutput:
     spec_decode: Optional[Any] = None  # engine.spec_decode.SpecDecodeStats of this sample, or None
     cumulative_logprob: Optional[float] = None
 
-    @property
     def finished(self) -> bool:
+        """Whether this sample has its finish_reason: a method, as vLLM's (code written for
+        vLLM calls `c.finished()`; RequestOutput.finished is the field)."""
         return self.finish_reason is not None
 
 
@@ -177,7 +178,9 @@ class OutputView:
         num_ids, num_chars, num_lps = sent
         if len(c.token_ids) == num_ids and len(c.text) == num_chars and c.finish_reason is None:
             return None
-        self._sent[c.index] = _DONE if c.finished else (len(c.token_ids), len(c.text), len(c.logprobs or ()))
+        self._sent[c.index] = (
+            _DONE if c.finished() else (len(c.token_ids), len(c.text), len(c.logprobs or ()))
+        )
         return dataclasses.replace(
             c,
             token_ids=c.token_ids[num_ids:],

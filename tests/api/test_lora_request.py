@@ -69,7 +69,7 @@ def test_async_generate_takes_lora_request_none():
         async def run(lora):
             return [o async for o in engine.generate(PROMPTS[0], GREEDY, "r", lora_request=lora)][-1]
 
-        assert asyncio.run(run(None)).outputs[0].finished
+        assert asyncio.run(run(None)).outputs[0].finished()
         with pytest.raises(ValueError, match="lora_request"):
             asyncio.run(run(_Adapter()))
     finally:

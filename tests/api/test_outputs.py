@@ -1,4 +1,5 @@
-"""enginespec.outputs.Logprob: vLLM's Logprob attributes on a float that still acts as one."""
+"""enginespec.outputs: Logprob, vLLM's Logprob attributes on a float that still acts as one;
+CompletionOutput's finished(), a method as vLLM's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import math
 import pickle
 
-from enginespec.outputs import Logprob
+from enginespec.outputs import CompletionOutput, Logprob, OutputView, RequestOutput
+from enginespec.spec import RequestOutputKind
 
 
 def test_logprob_is_the_float_with_vllms_attributes():
@@ -29,3 +31,27 @@ def test_logprob_prints_reads_and_travels_as_its_float():
     assert json.dumps({"lp": lp}) == '{"lp": -0.5}'
     for back in (pickle.loads(pickle.dumps(lp)), copy.deepcopy(lp)):
         assert type(back) is Logprob and (back, back.rank, back.decoded_token) == (-0.5, 1, "a")
+
+
+def test_completion_output_finished_is_a_method_as_vllms():
+    """vLLM's CompletionOutput.finished is a method: code written for vLLM calls
+    `c.finished()`, which a property's bool cannot answer (TypeError), and a bound method is
+    always truthy, so the value must come from the call."""
+    running, done = CompletionOutput(0, "a", [5]), CompletionOutput(1, "b", [6], finish_reason="stop")
+    assert running.finished() is False and done.finished() is True
+
+
+def test_a_delta_view_sends_a_running_sample_again_and_a_finished_one_never():
+    """OutputView reads finished() (not the method object, which is always truthy): a running
+    sample's next tokens still come as deltas, a finished one is sent once."""
+    view = OutputView(RequestOutputKind.DELTA)
+    sample = CompletionOutput(0, "a", [5])
+    out = RequestOutput("r", None, [1], [sample])
+    assert [c.token_ids for c in view.view(out).outputs] == [[5]]
+    sample.token_ids.append(6)
+    sample.text += "b"
+    assert [c.token_ids for c in view.view(out).outputs] == [[6]]
+    sample.finish_reason = "length"
+    out.finished = True
+    assert [c.finish_reason for c in view.view(out).outputs] == ["length"]
+    assert view.view(out).outputs == []
