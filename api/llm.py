@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -392,6 +392,11 @@ class LLM:
         no tool calls either). These five are keyword-only (vLLM's fourth positional is
         lora_request, taken here as a keyword: None only, check_lora_request). Every
         conversation is rendered before any is generated, so a bad one fails the call."""
+        if not isinstance(messages, (list, tuple)):
+            raise ValueError(
+                f"messages must be a conversation (a list of message dicts) or a list of conversations, "
+                f"got {type(messages).__name__}"
+            )
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         options = dict(
             chat_template=chat_template,
@@ -442,11 +447,17 @@ def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[in
 
 def _prompt_list(prompts) -> list:
     """The prompts of a call: one prompt (a str, a dict, a list of token ids) as a list of one,
-    any other iterable as a list."""
+    any other iterable as a list. Anything else (None, a number) is a ValueError naming
+    `prompts`, not the bare "not iterable" TypeError of list()."""
     if isinstance(prompts, (str, dict)) or (
         isinstance(prompts, (list, tuple)) and prompts and all(_is_token(t) for t in prompts)
     ):
         return [prompts]
+    if not isinstance(prompts, Iterable):
+        raise ValueError(
+            f"prompts must be one prompt (a str, a dict, a list of token ids) or a list of prompts, "
+            f"got {type(prompts).__name__}"
+        )
     return list(prompts)
 
 
