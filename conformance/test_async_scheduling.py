@@ -77,8 +77,12 @@ def check_async_steps(impl, async_stats, serial_stats) -> None:
 
 def _generate(impl, params, async_scheduling: bool, eos=None, **kwargs):
     llm = _llm(impl, async_scheduling, **kwargs)
-    if eos is not None:
-        llm.engine.model.eos_token_id = eos  # plant an EOS the model actually emits
+    if eos is not None:  # plant an EOS the model actually emits: the request's EOS is the
+        llm.engine.model.eos_token_id = eos  # tokenizer's, the model's without one
+        tokenizer = llm.engine.tokenizer
+        if tokenizer is not None:
+            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+            assert tokenizer.eos_token_id == eos
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     return [

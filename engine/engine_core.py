@@ -668,14 +668,17 @@ class EngineCore:
         return self.generation.params()
 
     def _eos_ids(self) -> tuple[Optional[int], tuple[int, ...]]:
-        """The model's EOS id, and the further EOS ids of config.json (a list), of
-        generation_config.json and of the tokenizer (its eos_token_id: the one vLLM gives every
-        request, which a fine-tune's tokenizer may set apart from both files), which stop
-        requests as stop tokens."""
-        eos = getattr(self.model, "eos_token_id", None)
-        config_eos = getattr(getattr(self.model, "config", None), "eos_token_id", None)
+        """The request's EOS id, and the further EOS ids, which stop requests as stop tokens.
+        The EOS is the tokenizer's eos_token_id, the one vLLM gives every request (a fine-tune's
+        tokenizer may set it apart from both files: Llama 3 Instruct's <|eot_id|>), else the
+        model's; the further ids are the model's, config.json's (a list) and
+        generation_config.json's other than it. So a sample the EOS ended has stop_reason None
+        and one a further id ended has that id, as vLLM's (its further ids are stop_token_ids)."""
+        model_eos = getattr(self.model, "eos_token_id", None)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
-        return eos, further_eos_ids(eos, config_eos, self.generation.eos_token_ids, tokenizer_eos)
+        eos = tokenizer_eos if tokenizer_eos is not None else model_eos
+        config_eos = getattr(getattr(self.model, "config", None), "eos_token_id", None)
+        return eos, further_eos_ids(eos, model_eos, config_eos, self.generation.eos_token_ids)
 
     def abort(self, request_ids: Union[str, Iterable[str]], report: bool = True) -> bool:
         """Abort user requests (all their samples). Their final outputs (finish_reason "abort")

@@ -2,9 +2,10 @@
 them (its default `--generation-config auto`).
 
 - EOS ids: generation_config.json may list more end-of-sequence ids than config.json (Llama 3
-  Instruct's `<|eot_id|>`, Qwen's `<|endoftext|>` beside `<|im_end|>`). Every id of either file
-  past the model's one `eos_token_id`, and the tokenizer's `eos_token_id` (the EOS vLLM gives
-  every request), stops a request as a stop token, unless it asks `ignore_eos`.
+  Instruct's `<|eot_id|>`, Qwen's `<|endoftext|>` beside `<|im_end|>`). The request's EOS is
+  the tokenizer's `eos_token_id` (the one vLLM gives every request; the model's without a
+  tokenizer); every other id of either file, the model's own included, stops a request as a
+  stop token (stop_reason: its id, as vLLM's), unless it asks `ignore_eos`.
 - Sampling defaults: the file's temperature, top_p, top_k, min_p and repetition_penalty, where
   they differ from transformers' GenerationConfig defaults (vLLM applies the file's diff against
   those defaults, so a stated `top_k: 50` changes nothing there and nothing here), and

@@ -110,8 +110,10 @@ def test_a_further_eos_id_of_the_file_stops_greedy_output_unless_ignore_eos(tmp_
 @pytest.mark.parametrize("impl", ["reference", "fast"])
 def test_the_tokenizers_own_eos_id_stops_greedy_output_unless_ignore_eos(tmp_path, impl):
     """A tokenizer whose eos_token is neither config.json's nor generation_config.json's (a
-    fine-tune's chat EOS) stops requests, as vLLM's requests carry the tokenizer's EOS id; it
-    ran on to max_tokens before."""
+    fine-tune's chat EOS; Llama 3 Instruct's <|eot_id|> beside config.json's <|end_of_text|>
+    first) stops requests, as vLLM's requests carry the tokenizer's EOS id; it ran on to
+    max_tokens before. It is the request's EOS, so its stop_reason is None as vLLM's (a stop
+    token's id is reported only for stop_token_ids and the further EOS ids); it was its id."""
     from enginespec.testing.checkpoints import SPECIAL_TOKENS
 
     greedy = SamplingParams(max_tokens=10, temperature=0.0)
@@ -128,6 +130,7 @@ def test_the_tokenizers_own_eos_id_stops_greedy_output_unless_ignore_eos(tmp_pat
     assert llm.get_tokenizer().eos_token_id == ids[cut] != llm_eos()
     out = llm.generate("abc", greedy, use_tqdm=False)[0].outputs[0]
     assert out.token_ids == ids[: cut + 1] and out.finish_reason == "stop"
+    assert out.stop_reason is None
     free = llm.generate(
         "abc", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True), use_tqdm=False
     )
