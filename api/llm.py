@@ -436,7 +436,10 @@ def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[in
             raise ValueError(
                 "text prompts need a tokenizer; this checkpoint has none (pass {'prompt_token_ids': [...]})"
             )
-        return prompt, list(tokenizer.encode(prompt))
+        ids = list(tokenizer.encode(prompt))
+        if not ids:  # the engine's refusal would name prompt_token_ids, which the caller never gave
+            raise ValueError(f"the prompt {prompt!r} encodes to no tokens; a prompt needs at least one")
+        return prompt, ids
     if isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
         return None, list(prompt)
     raise ValueError(

@@ -37,3 +37,15 @@ def test_a_prompts_argument_that_is_no_prompt_is_a_value_error_naming_it(llm, pr
         llm.chat(prompts, GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished
     assert llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_a_text_prompt_that_encodes_to_no_tokens_names_the_prompt(llm):
+    # The engine's own refusal named prompt_token_ids, a field a text caller never passed.
+    for call in (
+        lambda: llm.generate(["hi", ""], GREEDY, use_tqdm=False),
+        lambda: list(llm.stream({"prompt": ""}, GREEDY)),
+    ):
+        with pytest.raises(ValueError, match="prompt '' encodes to no tokens"):
+            call()
+    assert not llm.engine.has_unfinished
+    assert llm.generate("hi", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
