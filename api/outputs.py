@@ -95,6 +95,10 @@ class CompletionOutput:
     spec_decode: Optional[Any] = None  # engine.spec_decode.SpecDecodeStats of this sample, or None
     cumulative_logprob: Optional[float] = None
 
+    # vLLM's attribute of a feature enginespec does not have (LoRA): always None, a class
+    # attribute and not a field, so it costs nothing per output or pickle.
+    lora_request = None
+
     def finished(self) -> bool:
         """Whether this sample has its finish_reason: a method, as vLLM's (code written for
         vLLM calls `c.finished()`; RequestOutput.finished is the field)."""
@@ -123,6 +127,15 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: Optional[list[Optional[Logprobs]]] = None
     num_cached_tokens: Optional[int] = None
+
+    # vLLM's attributes of features enginespec does not have (LoRA, encoder-decoder models,
+    # KV transfer) or does not fill (per-request metrics: the server's /metrics has them): always
+    # None, so code written for vLLM reads them; class attributes, not fields (no cost per output).
+    lora_request = None
+    encoder_prompt = None
+    encoder_prompt_token_ids = None
+    metrics = None
+    kv_transfer_params = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -55,3 +55,19 @@ def test_a_delta_view_sends_a_running_sample_again_and_a_finished_one_never():
     out.finished = True
     assert [c.finish_reason for c in view.view(out).outputs] == ["length"]
     assert view.view(out).outputs == []
+
+
+def test_vllms_attributes_of_features_we_lack_read_none_and_stay_out_of_pickles():
+    sample = CompletionOutput(index=0, token_ids=[1], finish_reason="length")
+    out = RequestOutput("r", "p", [1, 2], [sample], finished=True, num_cached_tokens=0)
+    for name in (
+        "lora_request",
+        "encoder_prompt",
+        "encoder_prompt_token_ids",
+        "metrics",
+        "kv_transfer_params",
+    ):
+        assert getattr(out, name) is None, name
+    assert sample.lora_request is None
+    assert "metrics" not in vars(out) and "lora_request" not in vars(sample)
+    assert pickle.loads(pickle.dumps(out)) == out
