@@ -7,6 +7,9 @@
                                   (an OpenAI-compatible server; see entrypoints/openai/;
                                   `serve --model MODEL_DIR`, vLLM's other form, is the same)
 
+`python -m enginespec ...` is the same command line (for an environment whose scripts directory
+is not on PATH).
+
 The throughput benchmark is not part of the installed product: from a checkout, run
 `python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
 
