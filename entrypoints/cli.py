@@ -14,13 +14,16 @@ The throughput benchmark is not part of the installed product: from a checkout, 
 `python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
 
 Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
-is wrong to stderr and exits with status 2, no traceback.
+is wrong to stderr and exits with status 2, no traceback. Results go to stdout, progress bars
+and logs to stderr. Ctrl-C prints "enginespec COMMAND: interrupted" and exits 130; a reader that
+closes the pipe early (`| head -1`) ends the command quietly with status 141.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -28,6 +31,8 @@ from enginespec.entrypoints.openai.reasoning import PARSERS
 from enginespec.entrypoints.openai.tool_calls import PARSERS as TOOL_PARSERS
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 BENCH_MOVED = (
     "the throughput benchmark lives in the repository, not the package: "
     "run `python benchmarks/throughput.py` from a checkout (same flags)"
@@ -627,8 +632,36 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run one subcommand; returns the exit status (2 with a one-line message on bad input)."""
+    """Run one subcommand; returns the exit status: 2 with a one-line message on bad input,
+    EXIT_INTERRUPTED with "enginespec COMMAND: interrupted" on Ctrl-C (no traceback), and
+    EXIT_BROKEN_PIPE, silently, when stdout's reader went away (`enginespec generate ... | head`).
+    Every result is flushed before returning, so a closed pipe is met here, not at exit."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+        return status
+    except KeyboardInterrupt:
+        print(f"enginespec{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so the interpreter's flush at exit does not meet
+    the closed pipe again (Python's documented recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is no file (captured, replaced)
+        pass
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "bench":
         print(f"enginespec bench: {BENCH_MOVED}", file=sys.stderr)
         return EXIT_USAGE

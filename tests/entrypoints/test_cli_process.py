@@ -6,10 +6,13 @@ call) on the tiny qwen3 checkpoint."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from enginespec.testing.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -53,3 +56,50 @@ def test_python_dash_m_enginespec_is_the_cli():
         timeout=120,
     )
     assert proc.returncode == 2 and "the following arguments are required: --model" in proc.stderr
+
+
+def test_ctrl_c_during_generate_exits_130_without_a_traceback():
+    """SIGINT while generate runs (the user's Ctrl-C) ends the process with status 130 and one
+    line on stderr; it printed a KeyboardInterrupt traceback from deep inside the model."""
+    prompts = [arg for i in range(64) for arg in ("--prompt", f"p{i}")]
+    argv = [*CLI, "generate", "--model", str(tiny_model_dir("qwen3")), *prompts, "--device", "cpu"]
+    argv += ["--dtype", "float32", "--max-tokens", "200", "--ignore-eos", "--max-num-seqs", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        seen = ""
+        while "Processed prompts" not in seen:  # tqdm's bar: generate() is under way
+            char = proc.stderr.read(1)
+            assert char, f"generate ended before it was interrupted: {seen!r}"
+            seen += char
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.rstrip().splitlines()[-1] == "enginespec generate: interrupted"
+
+
+def test_a_closed_stdout_is_not_a_broken_pipe_traceback():
+    """`enginespec generate ... | head -1`: the reader is gone before the results are printed.
+    The process exits 141 (the shell's status for a SIGPIPE death) with nothing on stderr; it
+    printed a BrokenPipeError traceback (or Python's 'Exception ignored ... BrokenPipeError'
+    when the output fit the buffer)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader: every write to the pipe is EPIPE
+    argv = [*CLI, "generate", "--model", str(tiny_model_dir("qwen3")), "--prompt", "abc", *CPU]
+    try:
+        proc = subprocess.run(
+            [*argv, "--max-tokens", "3"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr
