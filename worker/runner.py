@@ -123,7 +123,9 @@ class ModelRunner:
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn
         )
         self._check_pool_memory(self.num_blocks, num_gpu_blocks_override, num_blocks, kv_cache_bytes)
-        self.kv_caches = model.allocate_kv(self.num_blocks, block_size)
+        self.kv_caches = self._allocate_pool(
+            _sizing_setting(self.device, num_gpu_blocks_override, num_blocks)
+        )
         self._host: dict[str, list[torch.Tensor]] = {}
         self.graphs = None
         if (
@@ -214,6 +216,21 @@ class ModelRunner:
                 f"kv_cache_bytes ({kv_cache_bytes}) must be at most the {free} bytes of {where} "
                 f"(with one scratch block of {self._sizing_bytes} bytes on top)"
             )
+
+    def _allocate_pool(self, sized_by: str) -> list[torch.Tensor]:
+        """The pool's tensors. An allocator's refusal (the host's or the GPU's memory cannot hold
+        num_blocks blocks: a pool size of a few zeros too many) is a ValueError naming the
+        setting that sized it and the bytes asked, not the allocator's RuntimeError."""
+        try:
+            return self.model.allocate_kv(self.num_blocks, self.block_size)
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
+            if not _is_allocation_failure(e):
+                raise
+            asked = self.num_blocks * self.bytes_per_block
+            raise ValueError(
+                f"the KV cache of {self.num_blocks} blocks ({asked} bytes on {self.device}), as {sized_by} "
+                f"sized it, could not be allocated ({str(e).strip().splitlines()[0]}); lower {sized_by}"
+            ) from None
 
     def _cpu_num_blocks(
         self, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
@@ -449,6 +466,22 @@ def cuda_bytes_available(device: torch.device) -> Optional[int]:
         return torch.cuda.mem_get_info(device)[0] + max(cached, 0)
     except (RuntimeError, AssertionError):
         return None
+
+
+def _sizing_setting(device: torch.device, override: Optional[int], num_blocks: Optional[int]) -> str:
+    """The engine argument that decided the pool's size (module doc: "Sizing the pool")."""
+    if override is not None:
+        return "num_gpu_blocks_override"
+    if num_blocks is not None:
+        return "num_blocks"
+    return "gpu_memory_utilization" if device.type == "cuda" else "kv_cache_bytes"
+
+
+def _is_allocation_failure(e: RuntimeError) -> bool:
+    """Whether a RuntimeError is an allocator's refusal (CUDA's OutOfMemoryError, or the CPU
+    allocator's "can't allocate memory"), not some other failure to pass on as it is."""
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(e, oom) or "can't allocate memory" in str(e) or "out of memory" in str(e).lower()
 
 
 def _check_positive(name: str, value) -> None:

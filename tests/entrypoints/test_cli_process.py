@@ -103,3 +103,24 @@ def test_a_closed_stdout_is_not_a_broken_pipe_traceback():
         os.close(write_end)
     assert proc.returncode == 141, proc.stderr
     assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        ("--num-blocks", "10000000000000", "num_blocks"),
+        ("--num-gpu-blocks-override", "10000000000000", "num_gpu_blocks_override"),
+        ("--kv-cache-bytes", str(10**17), "kv_cache_bytes"),
+    ],
+)
+def test_a_kv_pool_the_host_cannot_hold_is_one_line_naming_the_flag(capsys, flag, value, named):
+    """A typo of a few zeros in the pool size: the allocator's RuntimeError came out as a
+    traceback with exit status 1; it is the one-line usage error naming the setting."""
+    argv = ["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt", "x", *CPU, flag, value]
+    capsys.readouterr()  # a first build of the checkpoint writes its progress bar to stderr
+    rc, out, err = run_cli([*argv, "--block-size", "4"], capsys)
+    assert rc == 2 and not out
+    assert err.startswith("enginespec generate: error:") and len(err.strip().splitlines()) == 1
+    # the runner's check against free memory names it first; the allocator's refusal, where the
+    # free memory cannot be read or the check passed, names it too ("could not be allocated")
+    assert named in err and ("host memory available" in err or "could not be allocated" in err)

@@ -58,3 +58,22 @@ def test_the_default_pool_is_not_checked(small_host):
     """The default budget is the engine's own choice, capped at what the requests can use: it is
     never refused for a field the user did not set."""
     assert _llm(max_num_seqs=1, max_model_len=16).engine.runner.num_blocks == 4
+
+
+def test_an_allocator_refusal_the_check_let_through_names_the_field(monkeypatch):
+    """Where the free memory cannot be read (no check) or the allocation fails anyway (a GPU's
+    fragmented memory), the allocator's RuntimeError is a ValueError naming the setting; any
+    other RuntimeError of the allocation passes as it is."""
+    from enginespec.worker.flat_model import FlatModel
+
+    monkeypatch.setattr(runner_module, "host_bytes_available", lambda: None)
+
+    def refuse(self, num_blocks, block_size):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(FlatModel, "allocate_kv", refuse)
+    with pytest.raises(ValueError, match=r"num_blocks sized it, could not be allocated .*lower num_blocks"):
+        _llm(num_blocks=64)
+    monkeypatch.setattr(FlatModel, "allocate_kv", lambda *a: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):
+        _llm(num_blocks=64)
