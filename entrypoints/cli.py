@@ -1,6 +1,8 @@
 """The `enginespec` command line.
 
     enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
+                                  (a sampling flag left out takes the checkpoint's
+                                  generation_config.json default, else greedy, 32 tokens)
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
     enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K [K ...] ...]
@@ -389,13 +391,28 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
     gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    # The sampling flags default to None (not given): generation_config.json's value, else
+    # GENERATE_DEFAULTS' (_sampling_params).
     gen.add_argument(
-        "--max-tokens", type=int, default=32, help="most tokens to generate per sample (default 32)"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="most tokens to generate per sample (default: generation_config's max_new_tokens, else 32)",
     )
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1] (default 1: off)")
     gen.add_argument(
-        "--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0: all)"
+        "--temperature", type=float, default=None, help="0 = greedy (default: generation_config's, else 0)"
+    )
+    gen.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="nucleus sampling: in (0, 1] (default: generation_config's, else 1: off)",
+    )
+    gen.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample among the k likeliest tokens (default: generation_config's, else 0: all)",
     )
     gen.add_argument("--n", type=int, default=1, help="samples per prompt")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
@@ -587,21 +604,33 @@ def _serve(ns: argparse.Namespace) -> int:
     return run_server(ns)
 
 
-def _generate(ns: argparse.Namespace) -> int:
-    from enginespec.llm import LLM
+# generate's sampling where neither its flag nor the checkpoint's generation_config.json (with
+# --generation-config / --override-generation-config) chose: greedy, 32 tokens.
+GENERATE_DEFAULTS = {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
+
+
+def _sampling_params(ns: argparse.Namespace, file_defaults: dict):
+    """generate's SamplingParams. Each field: its flag if given, else the generation config's
+    default (file_defaults: SamplingParams field -> value, as GenerationDefaults.sampling holds
+    them), else GENERATE_DEFAULTS'. A fixed --seed seeds the request only when it samples."""
     from enginespec.spec import SamplingParams
 
-    params = SamplingParams(
-        max_tokens=ns.max_tokens,
-        temperature=ns.temperature,
-        top_p=ns.top_p,
-        top_k=ns.top_k,
+    chosen = {**GENERATE_DEFAULTS, **file_defaults}
+    chosen.update({k: getattr(ns, k) for k in GENERATE_DEFAULTS if getattr(ns, k) is not None})
+    return SamplingParams(
+        **chosen,
         n=ns.n,
         stop=tuple(ns.stop),
         ignore_eos=ns.ignore_eos,
-        seed=ns.seed if ns.temperature > 0 else None,
+        seed=ns.seed if chosen["temperature"] > 0 else None,
     )
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from enginespec.llm import LLM
+
     llm = LLM(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
+    params = _sampling_params(ns, llm.engine.generation.sampling)
     outputs = llm.generate(ns.prompt, params, use_tqdm=ns.use_tqdm)
     for i, out in enumerate(outputs):
         print(f"=== prompt {i}: {out.prompt!r}")

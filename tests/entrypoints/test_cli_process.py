@@ -5,10 +5,13 @@ call) on the tiny qwen3 checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +127,41 @@ def test_a_kv_pool_the_host_cannot_hold_is_one_line_naming_the_flag(capsys, flag
     # the runner's check against free memory names it first; the allocator's refusal, where the
     # free memory cannot be read or the check passed, names it too ("could not be allocated")
     assert named in err and ("host memory available" in err or "could not be allocated" in err)
+
+
+@pytest.fixture
+def model_with_defaults(tmp_path) -> Path:
+    """The tiny checkpoint with a generation_config.json that asks for 3 new tokens."""
+    src = tiny_model_dir("qwen3")
+    dst = shutil.copytree(src, tmp_path / "qwen3")
+    config = json.loads((src / "generation_config.json").read_text())
+    (dst / "generation_config.json").write_text(json.dumps({**config, "max_new_tokens": 3}))
+    return dst
+
+
+def _token_counts(out: str) -> list[int]:
+    """The tokens= count of each completion's closing "(finish_reason=..., tokens=N)" line."""
+    lines = [line for line in out.splitlines() if line.startswith("(finish_reason=")]
+    return [int(line.split("tokens=")[1].rstrip(")")) for line in lines]
+
+
+@pytest.mark.parametrize(
+    "flags, tokens",
+    [
+        ([], 3),  # the checkpoint's max_new_tokens
+        (["--override-generation-config", '{"max_new_tokens": 2}'], 2),
+        (["--generation-config", "vllm"], 32),  # none of the file's defaults: the CLI's own
+        (["--max-tokens", "4"], 4),  # the user's flag wins
+        (["--max-tokens", "4", "--override-generation-config", '{"max_new_tokens": 2}'], 4),
+    ],
+)
+def test_generate_takes_the_checkpoints_defaults_where_no_flag_chose(
+    capsys, model_with_defaults, flags, tokens
+):
+    """generate's sampling flags left out take generation_config.json's defaults (and
+    --override-generation-config's), as the README says of every way in; generate built its
+    SamplingParams from its own flag defaults, so both were silently ignored."""
+    argv = ["generate", "--model", str(model_with_defaults), "--prompt", "abc", *CPU, "--ignore-eos", *flags]
+    rc, out, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    assert _token_counts(out) == [tokens]
