@@ -15,6 +15,8 @@ from typing import Sequence
 
 from enginespec.spec import SchedulerOutput
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 @dataclass(frozen=True)
 class FakeModel:
@@ -24,6 +26,16 @@ class FakeModel:
     eos_token_id: int = 0
     eos_rate: float = 0.1
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """The seed is hashed as a signed 64-bit int (next_token): one outside that range is
+        a ValueError here, naming the bound, not a struct.error at the first step."""
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not INT64_MIN <= self.seed <= INT64_MAX
+        ):
+            raise ValueError(f"seed must be an int in [{INT64_MIN}, {INT64_MAX}], got {self.seed!r}")
 
     def next_token(self, token_ids: Sequence[int]) -> int:
         """The token that follows `token_ids` (a pure function of seed and the whole history)."""

@@ -165,3 +165,12 @@ def test_generate_takes_the_checkpoints_defaults_where_no_flag_chose(
     rc, out, err = run_cli(argv, capsys)
     assert rc == 0, err
     assert _token_counts(out) == [tokens]
+
+
+@pytest.mark.parametrize("seed", [str(2**63), str(-(2**63) - 1)])
+def test_simulate_with_a_seed_beyond_64_bits_is_a_usage_error(capsys, seed):
+    """The fake model hashes its seed as a signed 64-bit int: a larger --seed crashed the first
+    step with struct.error's traceback (exit 1); it is the one-line error naming the bound."""
+    rc, out, err = run_cli(["simulate", "--quiet", "--seed", seed], capsys)
+    assert rc == 2 and not out and "Traceback" not in err
+    assert err.startswith("enginespec simulate: error: seed must be an int in [") and seed in err
