@@ -31,6 +31,14 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+def _torch_version() -> str:
+    """torch.__version__: it carries the build's local tag (2.11.0+cu130), which a bug report
+    needs and which a wheel's metadata may leave out (2.11.0 on a custom build)."""
+    import torch
+
+    return str(torch.__version__)
+
+
 def _gpus() -> dict:
     """torch's view of the accelerators: the CUDA build, and each visible device's name,
     compute capability and memory."""
@@ -57,6 +65,7 @@ def collect() -> dict:
         "cpus": str(os.cpu_count()),
     }
     out.update({name: _version(name) for name in PACKAGES})
+    out["torch"] = _torch_version()
     out.update(_gpus())
     out.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)})
     return out

@@ -143,7 +143,8 @@ def load_config(path, *, trust_remote_code: bool = False):
         config = AutoConfig.from_pretrained(
             str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
         )
-    except (ValueError, KeyError, TypeError, OSError) as e:  # an unknown model_type, a bad field
+    except Exception as e:  # an unknown model_type, a field transformers' config refuses (5.x
+        # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
     return config

@@ -47,7 +47,7 @@ def test_every_case_runs_its_tokens_and_the_regex_holds(tmp_path, monkeypatch, t
         (["--prompt-len", "0"], "--prompt-len must be >= 1"),
         (["--reps", "0"], "--reps must be >= 1"),
         (["--cases", "greedy,nope"], "--cases"),
-        (["--device", "cuda"] if not torch.cuda.is_available() else ["--batches", ""], "cuda"),
+        (["--device", "cuda"], "cuda") if not torch.cuda.is_available() else (["--batches", ""], "--batches"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(flags, named, capsys, monkeypatch):

@@ -114,10 +114,15 @@ def test_refusal_and_input_text_parts_are_text_as_in_vllm(tokenizer):
     _bad(_ctx(tokenizer), _chat(messages=bad), "messages", "a refusal part's refusal must be a string")
 
 
+# Deeper than json.loads recurses on every Python we run: about 1,000 levels on 3.11, several
+# thousand on 3.12 (its C recursion limit; 5,000 levels parsed there).
+DEEP = 100_000
+
+
 def test_tool_call_arguments_nested_past_the_decoders_depth_are_a_400(tokenizer):
     """json.loads recurses about 1000 levels deep: deeper arguments raised its RecursionError (a
     500); they are refused as any arguments that are no JSON object."""
-    deep = "[" * 5000 + "]" * 5000
+    deep = "[" * DEEP + "]" * DEEP
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": ' + deep + "}"}}
     messages = [CONVERSATION[0], {"role": "assistant", "content": None, "tool_calls": [call]}]
     match = r"messages\[1\].tool_calls\[0\].function.arguments must be a JSON object"
