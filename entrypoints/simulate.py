@@ -9,6 +9,7 @@ against a small pool, so prefix-cache hits and preemptions both happen. The shar
 from __future__ import annotations
 
 import argparse
+import sys
 
 import enginespec.spec as spec
 from enginespec.testing.fake_model import FakeModel
@@ -16,6 +17,17 @@ from enginespec.testing.workload import make_workload
 
 EOS = 0
 VOCAB = 1000
+SHARED_PREFIX_LEN, MAX_INPUT_LEN, MAX_OUTPUT_LEN = 32, 12, 24  # make_requests' workload
+RECOMPUTE_FACTOR = 4  # a request's tokens may be computed again after preemptions
+
+
+def step_limit(num_requests: int) -> int:
+    """The steps after which the simulation counts as stuck: every step that makes progress
+    computes at least one token, so a workload needs at most its arrival steps plus every token
+    of every request (RECOMPUTE_FACTOR times, for recomputes after preemption), plus slack. A
+    fixed 100,000 reported a 100,000-request run (about 100,000 steps of real work) as stuck."""
+    per_request = SHARED_PREFIX_LEN + MAX_INPUT_LEN + MAX_OUTPUT_LEN
+    return 10_000 + num_requests // 2 + RECOMPUTE_FACTOR * per_request * num_requests
 
 
 def fake_model(seed: int) -> FakeModel:
@@ -29,12 +41,12 @@ def make_requests(impl, num_requests: int, seed: int) -> list:
     workload = make_workload(
         num_requests,
         min_input_len=2,
-        max_input_len=12,
+        max_input_len=MAX_INPUT_LEN,
         min_output_len=4,
-        max_output_len=24,
+        max_output_len=MAX_OUTPUT_LEN,
         id_bound=VOCAB,
         seed=seed,
-        shared_prefix_len=32,
+        shared_prefix_len=SHARED_PREFIX_LEN,
         num_prefixes=3,
     )
     params = workload.sampling_params(ignore_eos=False)
@@ -82,6 +94,7 @@ def main(argv=None) -> int:
     pending = make_requests(impl, args.num_requests, args.seed)
     model = fake_model(args.seed)
     num_steps = num_preemptions = num_generated = 0
+    max_steps = step_limit(args.num_requests)
     peak_usage = 0.0
     while pending or scheduler.has_unfinished:
         for request in pending[:2]:  # two arrivals per step
@@ -100,8 +113,8 @@ def main(argv=None) -> int:
                 f"  waiting {len(scheduler.waiting):3d}  preempted {len(out.preempted)}"
                 f"  swaps {len(out.swap_out)}/{len(out.swap_in)}  free {bm.num_free:4d}"
             )
-        if num_steps > 100_000:
-            print("simulation did not finish within 100000 steps")
+        if num_steps > max_steps:
+            print(f"enginespec simulate: did not finish within {max_steps} steps (stuck)", file=sys.stderr)
             return 1
     all_free = bm.num_free == args.num_blocks
     print(

@@ -275,6 +275,18 @@ def test_simulate_bad_input_is_a_one_line_usage_error(capsys, flags, named):
     )
 
 
+def test_simulate_step_limit_grows_with_the_workload_and_still_catches_a_stuck_run(capsys, monkeypatch):
+    """A fixed 100,000-step guard reported `--num-requests 100000` (that many steps of real work)
+    as stuck, on stdout; the guard now grows with the workload and speaks on stderr."""
+    from enginespec.entrypoints import simulate
+
+    tokens = simulate.SHARED_PREFIX_LEN + simulate.MAX_INPUT_LEN + simulate.MAX_OUTPUT_LEN
+    assert simulate.step_limit(100_000) > 100_000 // 2 + 100_000 * tokens  # arrivals + a token a step
+    monkeypatch.setattr(simulate, "step_limit", lambda n: 3)
+    rc, out, err = run_cli(["simulate", "--quiet", "--num-requests", "8"], capsys)
+    assert rc == 1 and "did not finish within 3 steps" in err and "did not finish" not in out
+
+
 def test_bench_points_to_the_benchmark_script(capsys):
     """The product never imports benchmarks/: `enginespec bench` names the script instead."""
     rc, out, err = run_cli(["bench", "--shape", "tiny"], capsys)
