@@ -30,7 +30,7 @@ import sys
 from typing import Optional, Sequence
 
 from enginespec.entrypoints.openai.reasoning import PARSERS
-from enginespec.entrypoints.openai.tool_calls import PARSERS as TOOL_PARSERS
+from enginespec.entrypoints.openai.tool_parsers import PARSERS as TOOL_PARSERS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
@@ -568,9 +568,10 @@ def _add_chat_reply_args(serve) -> None:
     )
     serve.add_argument(
         "--tool-call-parser",
-        choices=TOOL_PARSERS,
+        choices=list(TOOL_PARSERS),
         default=None,
-        help="the tool-call format of the model's replies: hermes (Qwen2.5, Qwen3; vLLM's name)",
+        help="the tool-call format of the model's replies (vLLM's names): hermes (Qwen2.5, Qwen3), "
+        "llama3_json (Llama 3.1, 3.2 Instruct), mistral (Mistral Instruct v0.3 and later)",
     )
 
 

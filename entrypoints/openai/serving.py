@@ -50,9 +50,9 @@ from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 from enginespec.entrypoints.openai.tool_calls import (
     ForcedCallStream,
     ToolCall,
-    ToolCallStream,
     forced_schema,
 )
+from enginespec.entrypoints.openai.tool_parsers import ToolStream, new_stream, tool_call_id
 from enginespec.spec import SamplingParams, StructuredOutputsParams
 from enginespec.spec.params import ALL_LOGPROBS
 
@@ -108,7 +108,7 @@ class _Choice:
     started: bool = False
     finished: bool = False
     reasoning: Optional[ReasoningStream] = None  # a chat reply's split so far (--reasoning-parser)
-    tools: Union[ToolCallStream, ForcedCallStream, None] = None  # its tool calls so far
+    tools: Union[ToolStream, ForcedCallStream, None] = None  # its tool calls so far
     num_calls: int = 0  # tool calls sent
 
 
@@ -135,6 +135,8 @@ class _Call:
     # parser's blocks); "required" or "named" (the reply follows tool_calls.forced_schema)
     tool_mode: str = "none"
     forced_name: Optional[str] = None  # the function tool_choice names ("named")
+    # --tool-call-parser: the format "auto" reads (tool_parsers.PARSERS) and its calls' id form
+    tool_parser: str = "hermes"
     single_tool_call: bool = False  # parallel_tool_calls false: the first call only
 
     @property
@@ -157,9 +159,11 @@ class _Call:
         """Whether chat replies go through a parser (no shortcut for their stream frames)."""
         return self.reasoning is not None or self.tool_parsing
 
-    def tool_stream(self) -> Union[ToolCallStream, ForcedCallStream]:
+    def tool_stream(self) -> Union[ToolStream, ForcedCallStream]:
         """A new reader of one reply's tool calls (the whole reply: one final feed)."""
-        return ToolCallStream() if self.tool_mode == "auto" else ForcedCallStream(self.forced_name)
+        return (
+            new_stream(self.tool_parser) if self.tool_mode == "auto" else ForcedCallStream(self.forced_name)
+        )
 
     def finish_reason(self, engine_reason: Optional[str], num_calls: int) -> Optional[str]:
         """A finished chat choice's finish_reason, as vLLM gives it: "tool_calls" where "auto"
@@ -477,6 +481,7 @@ async def create_chat_completion(
         call.reasoning = ctx.reasoning_parser
         call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.template_kwargs())
     call.tool_mode, call.forced_name = tool_mode, forced_name
+    call.tool_parser = ctx.tool_call_parser or call.tool_parser
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -968,15 +973,16 @@ def _message(call: _Call, text: str) -> dict:
         message["content"] = content or None
         if calls:
             message["tool_calls"] = [
-                _tool_call_json(c) for c in calls[: 1 if call.single_tool_call else None]
+                _tool_call_json(c, call.tool_parser) for c in calls[: 1 if call.single_tool_call else None]
             ]
     return message
 
 
-def _tool_call_json(call: ToolCall) -> dict:
-    """OpenAI's tool call object, with a fresh id in vLLM's form."""
+def _tool_call_json(call: ToolCall, parser: str) -> dict:
+    """OpenAI's tool call object, with a fresh id in vLLM's form for the server's parser
+    (tool_parsers.tool_call_id; forced calls too, so a Mistral template takes them back)."""
     function = {"name": call.name, "arguments": call.arguments}
-    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function", "function": function}
+    return {"id": tool_call_id(parser), "type": "function", "function": function}
 
 
 def _full_body(ctx, call: _Call) -> dict:
@@ -1175,7 +1181,8 @@ def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) 
         delta["content"] = content
     if calls:
         delta["tool_calls"] = [
-            {"index": state.num_calls + i, **_tool_call_json(c)} for i, c in enumerate(calls)
+            {"index": state.num_calls + i, **_tool_call_json(c, call.tool_parser)}
+            for i, c in enumerate(calls)
         ]
         state.num_calls += len(calls)
     return delta

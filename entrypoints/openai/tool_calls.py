@@ -1,6 +1,7 @@
 """Tool-call parsers: a chat reply's `<tool_call>{json}</tool_call>` blocks as OpenAI tool calls;
 and, at the end, the calls of a reply that tool_choice "required" or a named function forced
-(forced_schema, ForcedCallStream).
+(forced_schema, ForcedCallStream). The other formats --tool-call-parser names (llama3_json,
+mistral) and the registry of them: tool_parsers.py.
 
 `enginespec serve --enable-auto-tool-choice --tool-call-parser hermes` reads the calls that
 Qwen2.5, Qwen3 and other Hermes-format models write (vLLM's parser of that name): each block's
@@ -38,9 +39,6 @@ class ToolCall:
 
     name: str
     arguments: str
-
-
-PARSERS = ("hermes",)
 
 
 def _loads(text: str):
@@ -124,12 +122,12 @@ class ToolCallStream:
         return None if at < 0 else text[at + len(END) :]
 
 
-def _held_tail(text: str) -> int:
-    """How much of text's end to hold: a proper prefix of START it ends with, and the whitespace
+def _held_tail(text: str, tag: str = START) -> int:
+    """How much of text's end to hold: a proper prefix of tag it ends with, and the whitespace
     before that (either may turn out to precede a block)."""
     keep = 0
-    for n in range(min(len(START) - 1, len(text)), 0, -1):
-        if text.endswith(START[:n]):
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
             keep = n
             break
     body = text[: len(text) - keep]

@@ -300,8 +300,10 @@ def test_offline_chat_takes_tools_for_the_template():
 def test_the_serve_flags_are_vllms():
     ns = _parser().parse_args(["serve", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     assert ns.enable_auto_tool_choice and ns.tool_call_parser == "hermes"
+    for name in ("llama3_json", "mistral"):
+        assert _parser().parse_args(["serve", "m", "--tool-call-parser", name]).tool_call_parser == name
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", "m", "--tool-call-parser", "mistral"])
+        _parser().parse_args(["serve", "m", "--tool-call-parser", "pythonic"])
 
 
 # ---- tags the tokenizer marks special (Hermes-2-Pro's and Hermes-3's <tool_call>) ----------------
@@ -364,3 +366,102 @@ def test_auto_tool_choice_reads_tags_the_tokenizer_marks_special(stream):
     none = asyncio.run(run(tool_choice="none"))  # the request's skip_special_tokens stands
     text = none["message"]["content"] if not stream else "".join(c["delta"].get("content", "") for c in none)
     assert "tool_call" not in text and "get_weather" in text
+
+
+# ---- the llama3_json and mistral formats (openai/tool_parsers.py) -------------------------------
+
+REPLIES = {
+    "llama3_json": 'Checking.\n<|python_tag|>{"name": "get_weather", "parameters": {"city": "Zürich"}}; '
+    '{"name": "get_weather", "arguments": {"city": "Bern"}}',
+    "mistral": 'Checking.\n[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Zürich"}}, '
+    '{"name": "get_weather", "arguments": {"city": "Bern"}}]',
+}
+FUNCTIONS = [
+    {"name": "get_weather", "arguments": '{"city": "Zürich"}'},
+    {"name": "get_weather", "arguments": '{"city": "Bern"}'},
+]
+
+
+def _special_tokenizer():
+    """A character tokenizer for MESSAGES' and REPLIES' text whose `<|python_tag|>` and
+    `[TOOL_CALLS]` are special tokens, one id each, as in Llama 3.1's and Mistral's tokenizers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set("".join(REPLIES.values()) + TEMPLATE + "weather?ut;:AT,get_"))
+    vocab = {t: i for i, t in enumerate(["<unk>", "</s>", *chars])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|python_tag|>", "[TOOL_CALLS]"]})
+    return tok
+
+
+def _check_id(parser: str, call_id: str) -> None:
+    if parser == "mistral":  # what Mistral's templates take back: 9 letters and digits, as vLLM's
+        assert len(call_id) == 9 and call_id.isalnum() and call_id.isascii(), call_id
+    else:
+        assert call_id.startswith("chatcmpl-tool-"), call_id
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("parser", sorted(REPLIES))
+def test_llama3_json_and_mistral_calls_through_the_chat_path(parser, stream):
+    """`--tool-call-parser llama3_json` / `mistral`: the reply's calls come back as tool_calls,
+    its text before them as content, with special tokens decoded (the tags are special)."""
+    tok = _special_tokenizer()
+    ctx = ServerContext(
+        _Replying(tok, tok.encode(REPLIES[parser], add_special_tokens=False)), tok, ["m"], 200,
+        chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser=parser,
+    )  # fmt: skip
+
+    async def run():
+        body = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stream=stream)
+        out = await create_chat_completion(ctx, body, never)
+        if not stream:
+            return out["choices"][0]
+        return [json.loads(f[len("data: ") :])["choices"][0] async for f in out if f != "data: [DONE]\n\n"]
+
+    out = asyncio.run(run())
+    if stream:
+        calls = [c for choice in out for c in choice["delta"].get("tool_calls", [])]
+        content = "".join(c["delta"].get("content", "") for c in out)
+        finish = out[-1]["finish_reason"]
+    else:
+        calls, content, finish = out["message"]["tool_calls"], out["message"]["content"], out["finish_reason"]
+    assert [c["function"] for c in calls] == FUNCTIONS
+    assert content == "Checking." and finish == "tool_calls"
+    for c in calls:
+        _check_id(parser, c["id"])
+
+
+@pytest.mark.parametrize("parser", sorted(REPLIES))
+def test_llama3_json_and_mistral_streams_a_character_a_step_as_the_full_body(parser):
+    call = _call()
+    call.tool_parser = parser
+    choices, full = stream_then_full(call, REPLIES[parser])
+    assert [c["function"] for c in full["message"]["tool_calls"]] == _streamed_calls(choices) == FUNCTIONS
+    assert (
+        "".join(c["delta"].get("content", "") for c in choices) == full["message"]["content"] == "Checking."
+    )
+    assert full["finish_reason"] == choices[-1]["finish_reason"] == "tool_calls"
+    bad = REPLIES[parser].replace('"Bern"}', '"Bern"')  # a cut-off JSON: the calls part is content
+    call = _call()  # a fresh one: the stream's progress lives on the call
+    call.tool_parser = parser
+    choices, full = stream_then_full(call, bad)
+    assert "".join(c["delta"].get("content", "") for c in choices) == full["message"]["content"]
+    assert _streamed_calls(choices) == [c["function"] for c in full["message"].get("tool_calls", [])]
+
+
+@pytest.mark.parametrize("parser", sorted(REPLIES))
+def test_forced_calls_take_the_parsers_id_form(parser):
+    """tool_choice "required" reads the reply as with hermes (forced_calls); only the ids
+    follow the server's parser, so a Mistral template takes the calls back."""
+    call = _forced()
+    call.tool_parser = parser
+    choices, full = stream_then_full(call, '[{"name": "get_weather", "parameters": {"city": "Zürich"}}]')
+    (called,) = full["message"]["tool_calls"]
+    assert called["function"] == FUNCTIONS[0] and full["finish_reason"] == "tool_calls"
+    _check_id(parser, called["id"])
+    _check_id(parser, choices[-1]["delta"]["tool_calls"][0]["id"])
