@@ -50,6 +50,38 @@ def gather_context(cache: torch.Tensor, table_row: torch.Tensor, seq_len: int):
     return cache[0, blocks, offsets], cache[1, blocks, offsets]
 
 
+# Most score elements paged_attention_ref holds at once (64 MiB of float32; the mask and the
+# softmax each add one more piece): a prefill chunk is attended a few rows at a time, so a
+# chunk of 8192 rows over a 100k context no longer builds [Hq, 8192, 100k] scores (13 GB).
+SCORE_BUDGET = 1 << 24
+
+
+def query_pieces(num_rows: int, num_q_heads: int, seq_len: int, budget: int) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges covering 0..num_rows-1 in order, each of the most rows whose scores
+    [Hq, rows, seq_len] fit `budget` elements, and never fewer than one row (a single row's
+    scores are O(context): that much any attention over the whole context needs)."""
+    per_piece = max(1, budget // max(1, num_q_heads * seq_len))
+    return [(lo, min(lo + per_piece, num_rows)) for lo in range(0, num_rows, per_piece)]
+
+
+def _attend_rows(rows, k, v, first_pos: int, scale: float, window: int) -> torch.Tensor:
+    """Dense masked softmax of rows [t, Hkv, G, D] at positions first_pos.. over the keys
+    k, v [S, Hkv, D] they may see: only keys up to the last row's position (and, with a
+    window, from the first row's window start) are read; masked keys weigh exactly 0."""
+    num_rows = rows.shape[0]
+    key_lo = max(0, first_pos - window + 1) if window > 0 else 0
+    key_hi = first_pos + num_rows
+    k, v = k[key_lo:key_hi], v[key_lo:key_hi]
+    scores = torch.einsum("tkgd,skd->kgts", rows, k) * scale
+    q_pos = torch.arange(first_pos, key_hi, device=rows.device)[:, None]
+    k_pos = torch.arange(key_lo, key_hi, device=rows.device)[None, :]
+    visible = k_pos <= q_pos
+    if window > 0:
+        visible &= k_pos > q_pos - window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("kgts,skd->tkgd", scores.softmax(dim=-1), v)
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     cache: torch.Tensor,
@@ -65,9 +97,14 @@ def paged_attention_ref(
     seq_lens [B]; block_table [B, max_blocks]. Request r's t rows are the last t positions of
     its seq_len context; row at position p sees keys k <= p (and k > p - window if window > 0).
     Query head h reads kv head h // (Hq // Hkv). Rows of requests with seq_len 0 are zeros.
+
+    Memory: rows go through in query_pieces of SCORE_BUDGET score elements, and K/V are
+    read once per request at [seq_len, Hkv, D] (never repeated per query head), so the peak
+    is O(budget + context), not O(chunk x context x heads).
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    group = num_q_heads // cache.shape[3]
+    num_kv_heads = cache.shape[3]
+    group = num_q_heads // num_kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     dtype = _compute_dtype(q.dtype)
     out = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=dtype, device=q.device)
@@ -77,17 +114,12 @@ def paged_attention_ref(
         if seq_len == 0 or hi == lo:
             continue
         k, v = gather_context(cache, block_table[r], seq_len)
-        k = k.to(dtype).repeat_interleave(group, dim=1)  # [S, Hq, D]
-        v = v.to(dtype).repeat_interleave(group, dim=1)
-        rows = q[lo:hi].to(dtype)  # [t, Hq, D]
-        scores = torch.einsum("thd,shd->hts", rows, k) * scale
-        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        visible = k_pos <= q_pos
-        if window > 0:
-            visible &= k_pos > q_pos - window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        out[lo:hi] = torch.einsum("hts,shd->thd", scores.softmax(dim=-1), v)
+        k, v = k.to(dtype), v.to(dtype)  # [S, Hkv, D]; query head h reads kv head h // group
+        first_pos = seq_len - (hi - lo)
+        for a, b in query_pieces(hi - lo, num_q_heads, seq_len, SCORE_BUDGET):
+            rows = q[lo + a : lo + b].to(dtype).reshape(b - a, num_kv_heads, group, head_dim)
+            part = _attend_rows(rows, k, v, first_pos + a, scale, window)
+            out[lo + a : lo + b] = part.reshape(b - a, num_q_heads, head_dim)
     return out.to(q.dtype)
 
 

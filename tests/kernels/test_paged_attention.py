@@ -6,6 +6,7 @@ the model shapes we serve. Every run poisons the output with NaN first and draws
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from enginespec.kernels.paged_attention import LaunchConfig, paged_attention
 from enginespec.kernels.reference import paged_attention_ref
@@ -227,3 +228,68 @@ def test_split_decode_stays_within_two_waves(num_reqs, max_seq_len):
     assert cfg.num_splits * pa.MIN_KEYS_PER_SPLIT <= max(max_seq_len, pa.MIN_KEYS_PER_SPLIT), cfg
     if CUDA and num_reqs == 1 and max_seq_len >= 4096:  # 8 programs, 132 SMs: split
         assert cfg.num_splits > 1, cfg
+
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the most elements any one op's output tensor had (einsum's bmm, softmax, the
+    mask...): what the plain-torch path allocates at once, without allocating much here."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _one_prefill(num_rows, seq_len, heads=(4, 2, 16), block_size=16):
+    hq, hkv, d = heads
+    return random_batch(
+        1,
+        0,
+        0,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=block_size,
+        dtype=torch.float32,
+        lengths=([seq_len], [num_rows]),
+    )
+
+
+def test_reference_scores_stay_within_the_budget(monkeypatch):
+    """paged_attention_ref (FastAttention's path on the CPU) holds at most SCORE_BUDGET score
+    elements at once, whatever the chunk: a prefill chunk of 8192 rows over a 100k context
+    once built [Hq, 8192, 100k] float32 scores (13 GB, three copies) and the OOM killer took a
+    24 GiB host. Every intermediate stays within the budget or one context's K/V."""
+    from enginespec.kernels import reference
+
+    batch = _one_prefill(256, 1024)
+    budget = 16 * 4 * 1024  # 16 rows of 4 heads over 1024 keys
+    monkeypatch.setattr(reference, "SCORE_BUDGET", budget, raising=False)
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    with _LargestOutput() as seen:
+        paged_attention_ref(*args)
+    context_kv = 1024 * 2 * 16  # one request's K (or V): [S, Hkv, D]
+    assert seen.largest <= max(budget, context_kv), f"{seen.largest} elements in one tensor"
+
+
+@pytest.mark.parametrize("window", [0, 5, 300])
+@pytest.mark.parametrize("heads", [(4, 2, 16), (6, 2, 16), (2, 2, 24)])
+def test_reference_pieces_match_one_dense_piece(monkeypatch, heads, window):
+    """Rows attended in pieces (a tiny budget: a row or a few per piece, keys cut to what the
+    piece can see) give what one dense masked softmax over the whole chunk gives."""
+    from enginespec.kernels import reference
+
+    batch = _batch(heads, 5, torch.float32, seed=31, num_padding=2, max_seq_len=400, max_query_len=120)
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    dense = paged_attention_ref(*args, window=window)
+    for budget in (1, heads[0] * 400 * 3 + 7):
+        monkeypatch.setattr(reference, "SCORE_BUDGET", budget, raising=False)
+        torch.testing.assert_close(
+            paged_attention_ref(*args, window=window), dense, **TOLERANCES[torch.float32]
+        )
