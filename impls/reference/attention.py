@@ -16,6 +16,10 @@ import torch
 
 from enginespec.spec import BatchMeta
 
+# Most score elements one _attend call holds (64 MiB of float32): forward attends a prefill
+# chunk this many scores at a time, so its memory is O(budget + context), never chunk x context.
+SCORE_BUDGET = 1 << 24
+
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Softmax in at least float32 (float64 stays float64)."""
@@ -83,7 +87,14 @@ class ReferenceAttention:
             if end - start > seq_len:
                 raise ValueError(f"forward: request {r} has {end - start} query rows but seq_len {seq_len}")
             k, v = self._gather(cache, meta.block_table[r], seq_len, meta.block_size)
-            out[start:end] = self._attend(q[start:end], k, v, seq_len, scale, window)
+            group, dtype = num_q_heads // num_kv_heads, _compute_dtype(q.dtype)
+            k = k.to(dtype).repeat_interleave(group, dim=1)  # query head h reads kv head h // group
+            v = v.to(dtype).repeat_interleave(group, dim=1)  # once per request, not per piece
+            rows = max(1, SCORE_BUDGET // (num_q_heads * seq_len))  # a row's scores: [Hq, seq_len]
+            for lo in range(start, end, rows):
+                hi = min(lo + rows, end)
+                upto = seq_len - (end - hi)  # rows lo..hi-1 are the last hi - lo of positions 0..upto-1
+                out[lo:hi] = self._attend(q[lo:hi], k[:upto], v[:upto], upto, scale, window)
         return out
 
     @staticmethod
@@ -98,13 +109,10 @@ class ReferenceAttention:
     def _attend(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float, window: int
     ) -> torch.Tensor:
-        """Dense masked softmax attention of t queries (positions seq_len-t..seq_len-1)."""
-        num_rows, num_q_heads = q.shape[0], q.shape[1]
-        group = num_q_heads // k.shape[1]
-        dtype = _compute_dtype(q.dtype)
-        k = k.to(dtype).repeat_interleave(group, dim=1)  # query head h reads kv head h // group
-        v = v.to(dtype).repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,shd->hts", q.to(dtype), k) * scale
+        """Dense masked softmax attention of t queries (positions seq_len-t..seq_len-1) over
+        k, v [seq_len, Hq, D] (one kv head per query head, in the compute dtype)."""
+        num_rows = q.shape[0]
+        scores = torch.einsum("thd,shd->hts", q.to(k.dtype), k) * scale
         q_pos = torch.arange(seq_len - num_rows, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]
         allowed = k_pos <= q_pos

@@ -490,3 +490,73 @@ def test_an_unknown_impl_in_the_current_directory_says_how_to_import_it(tmp_path
     with pytest.raises(ValueError) as elsewhere:
         load_impl("es_not_here_backend:IMPL")
     assert "current directory" not in str(elsewhere.value)
+
+
+def _prefill_step(num_rows: int, seq_len: int, heads=(4, 2, 16), block_size=16, seed=0):
+    """(q, cache, meta) of one request's prefill chunk: its last num_rows of seq_len positions,
+    the whole context already in a pool read through a shuffled block table."""
+    import torch
+
+    hq, hkv, d = heads
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = -(-seq_len // block_size)
+    table = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    cache = torch.randn(2, num_blocks + 1, block_size, hkv, d, generator=gen)
+    pos = torch.arange(seq_len - num_rows, seq_len)
+    qsl, seq = torch.tensor([0, num_rows], dtype=torch.int32), torch.tensor([seq_len], dtype=torch.int32)
+    meta = spec.BatchMeta(
+        query_start_loc=qsl,
+        seq_lens=seq,
+        block_table=table[None],
+        slot_mapping=table[pos // block_size].to(torch.int64) * block_size + pos % block_size,
+        block_size=block_size,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens_cpu=seq.clone(),
+        max_query_len=num_rows,
+        max_seq_len=seq_len,
+    )
+    return torch.randn(num_rows, hq, d, generator=gen), cache, meta
+
+
+def test_attention_scores_stay_within_the_budget(monkeypatch):
+    """ReferenceAttention.forward (impl=reference's attention on any device) holds at most
+    SCORE_BUDGET score elements at once: a prefill chunk of 8192 rows over a 100k context once
+    built [Hq, 8192, 100k] float32 scores (13 GB, three copies) and the OOM killer took the
+    host. Every op's output stays within the budget or one context's K/V per query head."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from enginespec.impls.reference import attention
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    q, cache, meta = _prefill_step(256, 1024)
+    budget = 16 * 4 * 1024  # 16 rows of 4 heads over 1024 keys
+    monkeypatch.setattr(attention, "SCORE_BUDGET", budget, raising=False)
+    with Largest() as seen:
+        IMPL.attention_backend("cpu").forward(q, cache, meta)
+    assert seen.largest <= max(budget, 1024 * 4 * 16), f"{seen.largest} elements in one tensor"
+
+
+@pytest.mark.parametrize("window", [0, 7, 200])
+def test_attention_pieces_match_one_dense_piece(monkeypatch, window):
+    """Rows attended a few at a time (each over the keys up to its piece's last position) equal
+    one dense masked softmax over the whole chunk."""
+    import torch
+
+    from enginespec.impls.reference import attention
+
+    q, cache, meta = _prefill_step(90, 300, heads=(6, 2, 16), block_size=5, seed=3)
+    backend = IMPL.attention_backend("cpu")
+    dense = backend.forward(q, cache, meta, window=window)
+    for budget in (1, 6 * 300 * 4 + 5):
+        monkeypatch.setattr(attention, "SCORE_BUDGET", budget, raising=False)
+        torch.testing.assert_close(backend.forward(q, cache, meta, window=window), dense)
