@@ -14,10 +14,12 @@ exit codes before every step, and a collective that raises is re-raised as Engin
 naming the dead rank and its exit code (gloo fails at once when a peer's socket closes; NCCL
 would wait, so on CUDA a monitor thread aborts the group as soon as a worker exits). After that
 the engine cannot serve (the ranks no longer agree on where they are): EngineCore shuts it
-down and raises. shutdown() (LLM.close, the collection of an engine dropped unclosed, or at
-interpreter exit) asks the workers to stop, waits STOP_WAIT_S, terminates and then kills any
-left, and destroys the process group; the workers are daemon processes besides, so none
-survives its engine.
+down and raises. So does a Ctrl-C that interrupts rank 0 amid a step (or the startup's
+collectives): the workers wait in a collective rank 0 will not join. shutdown() (LLM.close, the
+collection of an engine dropped unclosed, or at interpreter exit) asks the workers to stop,
+waits STOP_WAIT_S (a dead engine's not at all: its workers may be blocked), terminates and then
+kills any left, and destroys the process group; the workers are daemon processes besides, so
+none survives its engine.
 """
 
 from __future__ import annotations
@@ -161,6 +163,15 @@ class TensorParallel:
         self.dead = self.dead or reason
         return EngineDeadError(self.dead)
 
+    def interrupted(self, exc: BaseException) -> None:
+        """Rank 0 was interrupted (Ctrl-C: a BaseException that is not an Exception) while the
+        workers may be in a collective it will never join, or between the control messages of
+        one step: the ranks are out of step, so the engine is dead. Nothing is waited for (no
+        worker is dying, unlike dead_error's case), and shutdown() then ends the workers at once."""
+        self.dead = self.dead or (
+            f"a tensor-parallel step was interrupted midway ({type(exc).__name__}): the ranks are out of step"
+        )
+
     def min_over_ranks(self, value: int) -> int:
         """The smallest of every rank's `value` (so every rank sizes its KV pool alike)."""
         import torch.distributed as dist
@@ -172,7 +183,11 @@ class TensorParallel:
     # ---- shutdown -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the workers (politely, then by force) and destroy the process group. Idempotent."""
+        """Stop the workers and destroy the process group. Idempotent. A live engine's workers
+        are idle between steps: each is asked to stop and given STOP_WAIT_S to exit 0. A dead
+        engine's may sit in a collective that rank 0 will never join (a step interrupted
+        midway) and cannot read the request: they are terminated at once. Either way a worker
+        still running after STOP_WAIT_S more is killed."""
         if self.closed:
             return
         self.closed = True
@@ -182,8 +197,9 @@ class TensorParallel:
                 conn.send(("stop",))
             except (OSError, EOFError, ValueError):
                 pass
-        for proc in self.processes:
-            proc.join(timeout=STOP_WAIT_S)
+        if self.dead is None:
+            for proc in self.processes:
+                proc.join(timeout=STOP_WAIT_S)
         for proc in self.processes:
             if proc.exitcode is None:
                 proc.terminate()
@@ -271,6 +287,8 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
     except BaseException as exc:
         if not isinstance(exc, ValueError):
             tp.dead = tp._exited() or tp.dead
+        if not isinstance(exc, Exception):  # Ctrl-C: the workers may be in the rendezvous
+            tp.interrupted(exc)
         tp.shutdown()
         if tp.dead and not isinstance(exc, (EngineDeadError, ValueError)):
             raise EngineDeadError(tp.dead) from exc

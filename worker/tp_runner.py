@@ -141,11 +141,14 @@ class TPModelRunner(ModelRunner):
                 tp.send(("runner", {k: v for k, v in kwargs.items() if k != "sample_fn"}))
             super().__init__(model, impl, **kwargs)
         except BaseException as exc:
-            if tp.rank == 0:  # a ValueError (a bad argument) is every rank's: raise it as is
+            if tp.rank == 0 and not isinstance(exc, Exception):  # Ctrl-C amid the collectives
+                tp.interrupted(exc)
+                tp.shutdown()
+            elif tp.rank == 0:  # a ValueError (a bad argument) is every rank's: raise it as is
                 dead = not isinstance(exc, ValueError) and (tp.dead or tp._exited())
                 error = tp.dead_error(exc) if dead else None
                 tp.shutdown()
-                if error is not None and isinstance(exc, Exception):
+                if error is not None:
                     raise error from exc
             raise
 
@@ -187,16 +190,21 @@ class TPModelRunner(ModelRunner):
         """Rank 0: send the step to the workers, then run it here."""
         if self.tp.rank != 0:
             return super().execute(batch)
-        self.tp.send(("step", self._ops, BatchLayout.of(batch)))
+        try:
+            self.tp.send(("step", self._ops, BatchLayout.of(batch)))
+        except BaseException as exc:  # an interrupt between two workers' messages
+            if not isinstance(exc, Exception):
+                self.tp.interrupted(exc)
+            raise
         self._ops = []
         try:
             _broadcast(pack(batch))
             return super().execute(batch)
         except BaseException as exc:
-            error = self.tp.dead_error(exc)
-            if isinstance(exc, Exception):
-                raise error from exc
-            raise
+            if not isinstance(exc, Exception):  # Ctrl-C: the workers wait in a collective
+                self.tp.interrupted(exc)
+                raise
+            raise self.tp.dead_error(exc) from exc
 
     def run_step(self, ops: list[tuple], layout: BatchLayout) -> None:
         """A worker's step: replay rank 0's swap ops, receive the batch, run the forward."""

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,77 @@ def test_ctrl_c_during_generate_exits_130_without_a_traceback():
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.rstrip().splitlines()[-1] == "enginespec generate: interrupted"
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (read from /proc: no psutil in the suite)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _stat(int(entry))[1:2] == [str(pid)]:
+            found.append(int(entry))
+    return found
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...); [] once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _alive(pid: int) -> bool:
+    return _stat(pid)[:1] not in ([], ["Z"], ["X"])
+
+
+# Ctrl-C's exit is a matter of a second; the bound only tells that from the 16 s it took (5 s
+# waiting for a worker to die, then 10 s for workers stuck in a collective to stop), on a busy host.
+INTERRUPT_BOUND_S = 8.0
+
+
+@pytest.mark.parametrize("reach", ["terminal", "process"])
+def test_ctrl_c_during_tensor_parallel_generate_ends_promptly_with_no_worker_left(reach):
+    """`enginespec generate ... -tp 2` on the CPU, interrupted while it generates: the terminal's
+    Ctrl-C (SIGINT to the whole foreground process group, the workers included) and `kill -INT`
+    of the command alone both end it with status 130 and the one line, within seconds, and no
+    worker outlives it. It took 16 s: rank 0 waited 5 s for a worker to die, then shutdown 10 s
+    for a polite stop the workers, blocked in the interrupted step's collective, never read."""
+    prompts = [arg for i in range(64) for arg in ("--prompt", f"p{i}")]
+    argv = [*CLI, "generate", "--model", str(tiny_model_dir("qwen3")), *prompts, *CPU[:4]]
+    argv += ["--max-tokens", "200", "--ignore-eos", "--max-num-seqs", "1", "-tp", "2"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True
+    )
+    try:
+        seen = ""
+        while "Processed prompts" not in seen:  # tqdm's bar: generate() is under way
+            char = proc.stderr.read(1)
+            assert char, f"generate ended before it was interrupted: {seen!r}"
+            seen += char
+        workers = _children(proc.pid)
+        assert workers, "no tensor-parallel worker found"
+        started = time.monotonic()
+        if reach == "terminal":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1] == "enginespec generate: interrupted"
+    assert took < INTERRUPT_BOUND_S, f"Ctrl-C took {took:.1f} s to end the command"
+    deadline = time.monotonic() + 2.0  # an orphan is reaped by init a moment after its parent
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in workers if _alive(pid)]
+    for pid in survivors:  # never leave one running, whatever the verdict
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "a worker outlived the interrupted command"
 
 
 def test_a_closed_stdout_is_not_a_broken_pipe_traceback():

@@ -283,3 +283,93 @@ def test_a_step_that_fails_midway_names_a_worker_that_is_slow_to_die():
     error = tp.dead_error(RuntimeError("Connection closed by peer"))
     assert "worker rank 1 (pid 4242) exited with code 1" in str(error)
     assert "no-such-message" in str(error)
+
+
+# A script that builds a TP=2 engine, prints its workers' pids, then generates far longer than
+# the test waits (16 prompts of 200 tokens, one at a time) until the test's SIGINT; with "close"
+# or "del" it catches the KeyboardInterrupt, releases the engine that way and prints the time.
+INTERRUPTED_SCRIPT = """
+import gc, sys, time
+from enginespec import LLM, SamplingParams
+
+def main(path, ending):
+    llm = LLM(path, impl="fast", dtype="float32", device="cpu", tensor_parallel_size=2, max_num_seqs=1)
+    print("workers", *[p.pid for p in llm.engine.tensor_parallel.processes], flush=True)
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    try:
+        llm.generate([{"prompt_token_ids": [5, 9, 14 + i]} for i in range(16)], params, use_tqdm=False)
+    except KeyboardInterrupt:
+        if ending == "uncaught":
+            raise
+        started = time.monotonic()
+        if ending == "close":
+            llm.close()
+        else:
+            del llm
+            gc.collect()
+        print(f"released in {time.monotonic() - started:.1f} s", flush=True)
+
+if __name__ == "__main__":  # the workers are spawned: they import this file
+    main(*sys.argv[1:])
+"""
+# The interrupted script's end is a matter of a second; the bound only tells it from the 16 s
+# it took (a 5 s wait for a worker to die, a 10 s one for workers blocked in a collective).
+INTERRUPT_BOUND_S = 8.0
+
+
+def _pid_alive(pid: int) -> bool:
+    """A live process (not a zombie) by /proc (no psutil in the suite)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads worker liveness from /proc")
+@pytest.mark.parametrize("ending", ["uncaught", "close", "del"])
+def test_ctrl_c_during_a_tp_generate_ends_the_script_promptly_with_no_worker_left(tmp_path, ending):
+    """Ctrl-C in a script generating with LLM(..., tensor_parallel_size=2) on the CPU, once
+    generation is under way: uncaught, the script dies of it within seconds; caught, close() or
+    `del llm` returns within seconds and the script exits 0. No worker survives either way. It
+    took 16 s: rank 0 waited 5 s for a worker to die (none was), then shutdown 10 s for a polite
+    stop the workers, blocked in the interrupted step's collective, could not read."""
+    import subprocess
+    import sys
+    import time
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(path), ending],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    workers: list[int] = []
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("workers "), f"the script failed to start: {line!r} {proc.stderr.read()}"
+        workers = [int(pid) for pid in line.split()[1:]]
+        time.sleep(1.0)  # generate() is under way
+        assert proc.poll() is None, "the script ended before it was interrupted"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        survivors = [pid for pid in workers if _pid_alive(pid)]
+        for pid in survivors:  # never leave one running, whatever the verdict
+            os.kill(pid, signal.SIGKILL)
+    if ending == "uncaught":
+        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err
+    else:
+        assert proc.returncode == 0 and "released in" in out, err
+    assert took < INTERRUPT_BOUND_S, f"the interrupted script took {took:.1f} s to end ({out.strip()})"
+    assert not survivors, "a worker outlived the interrupted script"
