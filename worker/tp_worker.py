@@ -9,11 +9,14 @@ of the checkpoint, then obeys rank 0's control messages in order:
 - ("stop",): leave the group and exit 0.
 Any exception is sent back as ("error", traceback) before the worker exits 1, so rank 0 can
 name it; EOF on the pipe (rank 0 is gone) exits at once. The worker never samples: only rank 0
-holds the full logits.
+holds the full logits. SIGINT is ignored: the terminal's Ctrl-C reaches the whole process group,
+but it is rank 0's to handle (it ends the workers or goes on with them), as the engine process's
+is the front end's (engine/core_proc.py).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import torch
@@ -42,6 +45,7 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
 
 def worker_main(info, conn) -> None:
     """Entry point of a spawned worker (tp_group.start_tensor_parallel)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C (module doc)
     try:
         _serve(info, conn)
     except EOFError:  # rank 0 closed the pipe or died: nothing to report to

@@ -368,8 +368,25 @@ def test_ctrl_c_during_a_tp_generate_ends_the_script_promptly_with_no_worker_lef
         for pid in survivors:  # never leave one running, whatever the verdict
             os.kill(pid, signal.SIGKILL)
     if ending == "uncaught":
-        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err
+        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, (proc.returncode, err)
     else:
         assert proc.returncode == 0 and "released in" in out, err
     assert took < INTERRUPT_BOUND_S, f"the interrupted script took {took:.1f} s to end ({out.strip()})"
     assert not survivors, "a worker outlived the interrupted script"
+
+
+def test_a_ctrl_c_the_script_caught_leaves_the_workers_serving(tmp_path):
+    """The terminal's Ctrl-C reaches every process of the foreground group, the workers too. A
+    script that catches it between generates (at an input() prompt, say) goes on generating
+    with TP=2 as with TP=1: SIGINT is rank 0's to handle. A worker idle on its control pipe died
+    of it (KeyboardInterrupt, exit 1), so the next generate raised EngineDeadError."""
+    import time
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    with LLM(str(path), impl="fast", dtype="float32", device="cpu", tensor_parallel_size=2) as llm:
+        before = _generate(llm)
+        for worker in llm.engine.tensor_parallel.processes:
+            os.kill(worker.pid, signal.SIGINT)
+        time.sleep(0.5)  # a worker that dies of it has exited by now
+        assert _generate(llm) == before
+        assert not llm.engine.dead
