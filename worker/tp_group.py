@@ -187,7 +187,8 @@ class TensorParallel:
         are idle between steps: each is asked to stop and given STOP_WAIT_S to exit 0. A dead
         engine's may sit in a collective that rank 0 will never join (a step interrupted
         midway) and cannot read the request: they are terminated at once. Either way a worker
-        still running after STOP_WAIT_S more is killed."""
+        still running after STOP_WAIT_S more is killed, also when an interrupt (a second Ctrl-C)
+        cuts the polite wait short."""
         if self.closed:
             return
         self.closed = True
@@ -197,9 +198,15 @@ class TensorParallel:
                 conn.send(("stop",))
             except (OSError, EOFError, ValueError):
                 pass
-        if self.dead is None:
-            for proc in self.processes:
-                proc.join(timeout=STOP_WAIT_S)
+        try:
+            if self.dead is None:
+                for proc in self.processes:
+                    proc.join(timeout=STOP_WAIT_S)
+        finally:  # a second Ctrl-C during the polite wait: closed is set, so end them now
+            self._end_processes()
+
+    def _end_processes(self) -> None:
+        """Terminate, then kill, every worker still running; close the pipes; destroy the group."""
         for proc in self.processes:
             if proc.exitcode is None:
                 proc.terminate()

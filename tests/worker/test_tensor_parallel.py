@@ -390,3 +390,51 @@ def test_a_ctrl_c_the_script_caught_leaves_the_workers_serving(tmp_path):
         time.sleep(0.5)  # a worker that dies of it has exited by now
         assert _generate(llm) == before
         assert not llm.engine.dead
+
+
+class _Worker:
+    """A worker process stand-in, alive until terminated; the first join of any of them is
+    interrupted (a second Ctrl-C while shutdown() waits for the workers to stop)."""
+
+    interrupt = [True]  # one Ctrl-C, shared by the stand-ins of one test
+
+    def __init__(self):
+        self.exitcode = None
+        self.terminated = False
+
+    def join(self, timeout=None):
+        if self.interrupt[0]:
+            self.interrupt[0] = False
+            raise KeyboardInterrupt
+
+    def terminate(self):
+        self.terminated, self.exitcode = True, -15
+
+    def kill(self):
+        self.exitcode = -9
+
+
+class _Pipe:
+    def __init__(self):
+        self.closed = False
+
+    def send(self, message):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_second_ctrl_c_during_shutdowns_wait_still_ends_every_worker():
+    """shutdown() marks itself closed first, so a Ctrl-C that interrupted its polite wait left
+    the workers running (a later close() did nothing) until the interpreter's exit; they are
+    terminated on the way out now, and the interrupt still reaches the caller."""
+    from enginespec.worker.tp_group import TensorParallel
+
+    _Worker.interrupt[0] = True
+    workers, pipes = [_Worker(), _Worker()], [_Pipe(), _Pipe()]
+    tp = TensorParallel(world_size=3, device=torch.device("cpu"), processes=workers, conns=pipes)
+    with pytest.raises(KeyboardInterrupt):
+        tp.shutdown()
+    assert all(w.terminated and w.exitcode is not None for w in workers)
+    assert all(p.closed for p in pipes) and tp.closed
