@@ -122,10 +122,10 @@ class ModelRunner:
         self.num_blocks = self._size_pool(
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn
         )
-        self._check_pool_memory(self.num_blocks, num_gpu_blocks_override, num_blocks, kv_cache_bytes)
-        self.kv_caches = self._allocate_pool(
-            _sizing_setting(self.device, num_gpu_blocks_override, num_blocks)
-        )
+        sized_by, value = _sizing_setting(self.device, num_gpu_blocks_override, num_blocks, kv_cache_bytes)
+        if value is not None:  # the user's size: checked against free memory first
+            self._check_pool_memory(sized_by, value)
+        self.kv_caches = self._allocate_pool(sized_by)
         self._host: dict[str, list[torch.Tensor]] = {}
         self.graphs = None
         if (
@@ -188,34 +188,25 @@ class ModelRunner:
             return self._cuda_num_blocks(utilization, override, num_blocks, sample_fn)
         return self._cpu_num_blocks(override, num_blocks, kv_cache_bytes)
 
-    def _check_pool_memory(
-        self, found: int, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
-    ) -> None:
-        """A pool the user sized (num_gpu_blocks_override, num_blocks, or kv_cache_bytes on the
-        CPU) must fit the device's free memory, scratch block included: else a ValueError naming
-        the field, the bytes it needs and the bytes free, where the allocation would have failed
-        (after the ranks agreed on the size, under tensor parallelism). (The
-        allocator's own refusal names no field, and a size it grants on an overcommitting host
-        is zero-filled page by page until the kernel kills the process.) A size the engine chose
-        itself (the default budget, a profile run) is never refused here. No check where the
-        free memory cannot be read."""
+    def _check_pool_memory(self, sized_by: str, value: int) -> None:
+        """A pool the user sized (`sized_by` = value: num_gpu_blocks_override, num_blocks, or
+        kv_cache_bytes on the CPU) must fit the device's free memory, scratch block included:
+        else a ValueError naming the setting, the bytes it needs and the bytes free, where the
+        allocation would have failed (after the ranks agreed on the size, under tensor
+        parallelism). (The allocator's own refusal names no field, and a size it grants on an
+        overcommitting host is zero-filled page by page until the kernel kills the process.) A
+        size the engine chose itself is never refused here; no check where the free memory
+        cannot be read."""
         free = cuda_bytes_available(self.device) if self.device.type == "cuda" else host_bytes_available()
-        need = (found + 1) * self._sizing_bytes
+        need = (self.num_blocks + 1) * self._sizing_bytes
         if free is None or need <= free:
             return
         where = "GPU memory free" if self.device.type == "cuda" else "host memory available"
-        for name, value in (("num_gpu_blocks_override", override), ("num_blocks", num_blocks)):
-            if value is not None:
-                raise ValueError(
-                    f"{name} ({value}) needs {need} bytes of KV cache ({self._sizing_bytes} per block "
-                    f"of {self.block_size} tokens over all layers, plus one scratch block), more than "
-                    f"the {free} bytes of {where}; lower {name}"
-                )
-        if kv_cache_bytes is not None and self.device.type != "cuda":
-            raise ValueError(
-                f"kv_cache_bytes ({kv_cache_bytes}) must be at most the {free} bytes of {where} "
-                f"(with one scratch block of {self._sizing_bytes} bytes on top)"
-            )
+        raise ValueError(
+            f"{sized_by} ({value}) needs {need} bytes of KV cache ({self._sizing_bytes} per block "
+            f"of {self.block_size} tokens over all layers, plus one scratch block), more than "
+            f"the {free} bytes of {where}; lower {sized_by}"
+        )
 
     def _allocate_pool(self, sized_by: str) -> list[torch.Tensor]:
         """The pool's tensors. An allocator's refusal (the host's or the GPU's memory cannot hold
@@ -468,13 +459,18 @@ def cuda_bytes_available(device: torch.device) -> Optional[int]:
         return None
 
 
-def _sizing_setting(device: torch.device, override: Optional[int], num_blocks: Optional[int]) -> str:
-    """The engine argument that decided the pool's size (module doc: "Sizing the pool")."""
+def _sizing_setting(
+    device: torch.device, override: Optional[int], num_blocks: Optional[int], kv_cache_bytes: Optional[int]
+) -> tuple[str, Optional[int]]:
+    """(the engine argument that decided the pool's size, its value where the user set it, else
+    None) (module doc: "Sizing the pool")."""
     if override is not None:
-        return "num_gpu_blocks_override"
+        return "num_gpu_blocks_override", override
     if num_blocks is not None:
-        return "num_blocks"
-    return "gpu_memory_utilization" if device.type == "cuda" else "kv_cache_bytes"
+        return "num_blocks", num_blocks
+    if device.type == "cuda":
+        return "gpu_memory_utilization", None
+    return "kv_cache_bytes", kv_cache_bytes
 
 
 def _is_allocation_failure(e: RuntimeError) -> bool:
