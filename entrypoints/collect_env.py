@@ -48,6 +48,7 @@ def _gpus() -> dict:
     if not torch.cuda.is_available():
         info["gpus"] = "none visible"
         return info
+    info["gpus"] = f"{torch.cuda.device_count()} visible"
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         info[f"gpu {i}"] = (

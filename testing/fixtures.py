@@ -6,7 +6,9 @@ the product imports it).
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 import pytest
 
@@ -39,6 +41,26 @@ def enginespec_cache(tmp_path_factory):
     worker/skinny_table_file.py) under the session temp dir too, unless the user chose one: a
     test run neither writes ~/.cache nor reads a table an earlier run left there."""
     yield from _env_folder(tmp_path_factory, "ENGINESPEC_CACHE_DIR", "enginespec_cache")
+
+
+# A test holding more than this of CUDA memory in torch's cache hands it back when it ends.
+CUDA_CACHE_RELEASE_BYTES = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def release_cuda_cache():
+    """After a test that left over CUDA_CACHE_RELEASE_BYTES in torch's caching allocator (an
+    engine whose KV pool took gpu_memory_utilization of the GPU, then stopped), collect its
+    garbage and give the cached memory back to the driver: torch keeps freed blocks for this
+    process, and a later test's engine in a subprocess (the README's AsyncLLM example) would
+    find the GPU full and refuse to start. Cheap elsewhere: nothing runs unless CUDA is in use."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.memory_reserved() > CUDA_CACHE_RELEASE_BYTES:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _env_folder(tmp_path_factory, name: str, folder: str):

@@ -304,11 +304,28 @@ def test_collect_env_reports_versions_devices_and_settings(capsys, monkeypatch):
     info = json.loads(out)
     assert info["torch"] == torch.__version__ and info["transformers"] == transformers.__version__
     assert info["cuda build"] == (torch.version.cuda or "none (CPU build)")
-    assert (info["gpus"] == "none visible") == (not torch.cuda.is_available())
+    if torch.cuda.is_available():  # a count, then a line a device
+        assert info["gpus"] == f"{torch.cuda.device_count()} visible" and "GiB" in info["gpu 0"]
+    else:
+        assert info["gpus"] == "none visible" and "gpu 0" not in info
     assert info["ENGINESPEC_PROBE_SETTING"] == "on" and info["cpus"] == str(os.cpu_count())
     assert "PATH" not in info  # only the engine's, Triton's, CUDA's and torch's settings
     rc, out, _ = run_cli(["collect-env"], capsys)
     assert rc == 0 and any(line.split()[:2] == ["torch", torch.__version__] for line in out.splitlines())
+
+
+def test_collect_env_counts_the_gpus_it_lists(capsys, monkeypatch):
+    """With GPUs visible the report still has its "gpus" entry (a count, as "none visible" is
+    without), then one line a device; the key was missing on a CUDA machine."""
+    props = type("Props", (), dict(name="Probe GPU", major=9, minor=0, total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    rc, out, err = run_cli(["collect-env", "--json"], capsys)
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["gpus"] == "2 visible" and "gpu 2" not in info
+    assert info["gpu 1"] == "Probe GPU, compute capability 9.0, 80.0 GiB"
 
 
 def test_engine_flags_reach_engine_args():
