@@ -22,15 +22,36 @@ def main() -> int:
     script = tmp / "interrupted.py"
     script.write_text(INTERRUPTED_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
-    ending = sys.argv[1] if len(sys.argv) > 1 else "uncaught"
-    proc = subprocess.Popen([sys.executable, str(script), str(path), ending], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-    print(proc.stdout.readline().strip())
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    print(f"exit status {proc.returncode}\n--- stdout\n{out}--- stderr\n{err}")
+    for name, edit in VARIANTS.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
+        script.write_text(edit(INTERRUPTED_SCRIPT))
+        proc = subprocess.Popen([sys.executable, str(script), str(path), "uncaught"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        proc.stdout.readline()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        last = [line for line in err.splitlines() if not line.startswith("[rank0]:  ")]
+        print(
+            f"{name}: exit status {proc.returncode}; stdout {out.strip()!r}; stderr, frames left out: {last[-4:]}"
+        )
     return 0
+
+
+# The test's script as it is, and edits of its `raise` (what the uncaught path does at exit).
+VARIANTS = {
+    "as_is": lambda s: s,
+    "fresh_raise": lambda s: s.replace(
+        "            raise\n", "            raise KeyboardInterrupt from None\n"
+    ),
+    "closed_then_raise": lambda s: s.replace(
+        "            raise\n", "            llm.close()\n            raise\n"
+    ),
+    "closed_fresh_raise": lambda s: s.replace(
+        "            raise\n", "            llm.close()\n            raise KeyboardInterrupt from None\n"
+    ),
+}
 
 
 if __name__ == "__main__":

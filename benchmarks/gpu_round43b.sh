@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The forty-third session's second call: why the TP Ctrl-C test's script exits 1 on the device
+# (tp_sigint_probe.py's variants of its uncaught raise; an LLM built, then a KeyboardInterrupt
+# raised by hand, with and without TP), then the README's scripts after the request-log test in
+# one process (the cached-memory release), then, on an H200 only, the decode sweep.
+#   bash benchmarks/gpu_round43b.sh SHA      # carry .whl
+set -u
+sha=${1:?commit}
+source benchmarks/gpu_common.sh
+gpu_setup || exit 1
+kind=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H[0-9]+" | tr A-Z a-z)
+echo "device ${kind:-unknown}"
+timeout 150 python3 -m benchmarks.tp_sigint_probe 2>&1 | grep -v "Writing model" | tee "$out/tp_sigint.log"
+d=$(mktemp -d)
+python3 -c "from enginespec.testing.checkpoints import make_checkpoint; make_checkpoint('qwen3', '$d/qwen3')" 2>/dev/null
+by_hand() {  # LLM kwargs, a statement, then `raise KeyboardInterrupt` at the top level
+  printf 'from enginespec import LLM, SamplingParams\nif __name__ == "__main__":\n    llm = LLM("%s/qwen3", %s)\n    %s\n    raise KeyboardInterrupt\n' \
+    "$d" "$1" "$2" > "$d/p.py"
+  timeout 120 python3 "$d/p.py" > "$d/o" 2> "$d/e"; echo "by hand [$1 | $2]: exit $?"
+}
+cpu='impl="fast", device="cpu", dtype="float32"'
+by_hand "$cpu" pass
+by_hand "$cpu, tensor_parallel_size=2" pass
+by_hand "$cpu, tensor_parallel_size=2" 'llm.generate([[5, 6]], SamplingParams(max_tokens=4))'
+by_hand "$cpu, tensor_parallel_size=2" 'llm.close()'
+echo "probes done after ${SECONDS}s"
+timeout 200 python3 -m pytest -p enginespec.conformance.plugin -p no:cacheprovider --impl=fast -q -rfEs \
+  tests/entrypoints/test_request_log.py tests/test_readme.py > "$out/pytest_$sha.log" 2>&1
+echo "tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_$sha.log" | tail -8
+if [ "$kind" = h200 ] && [ $SECONDS -lt 340 ]; then
+  timeout 230 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,2,4,8,16,32,64,128,256 \
+    --out "$out/decode_sweep_${kind}_$sha.json" > "$out/sweep.log" 2>&1
+  echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
+fi
+cd "$out" && tar czf "${TAG:-s43c}_${kind:-gpu}_$sha.tgz" ./*.log ./*.json ./*.png 2>/dev/null && rm -f ./*.log ./*.json; ls
