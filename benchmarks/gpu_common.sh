@@ -13,6 +13,11 @@ gpu_setup() {
   export PYTHONPATH=$tree:$PWD:/tmp/site
 }
 
+# gpu_kind: the first GPU's family, lower case (h100, h200), for file names and H200-only steps.
+gpu_kind() {
+  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H[0-9]+" | tr A-Z a-z
+}
+
 # serve_at NAME RATE [serving.py args...]: the server under Poisson arrivals at RATE req/s, with
 # its step trace; writes $out/serving_NAME.json and steps_NAME.json and prints a summary.
 serve_at() {

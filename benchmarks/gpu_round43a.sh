@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The forty-third session's call: how an uncaught Ctrl-C exits on the device's Python 3.12 and
-# torch 2.11 (sigint_exit_probe.sh, then the TP Ctrl-C test's script with its whole stderr), the
+# torch 2.11 (sigint_exit_probe.sh; at 9338d86 also the TP Ctrl-C test's script, since removed), the
 # second half's failures of s43a again serially (collect-env's GPU count, the request log then
 # the README's AsyncLLM example in one process: the cached-memory release between them, the
 # TP Ctrl-C tests), then, on an H200 only, the whole decode sweep with its PNG and the t 0.6
@@ -10,11 +10,8 @@ set -u
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
-kind=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H[0-9]+" | tr A-Z a-z)
-echo "device ${kind:-unknown}"
+kind=$(gpu_kind); echo "device ${kind:-unknown}"
 bash benchmarks/sigint_exit_probe.sh 2>&1 | tee "$out/sigint_probe.log"
-timeout 90 python3 -m benchmarks.tp_sigint_probe > "$out/tp_sigint.log" 2>&1
-echo "tp probe rc=$?"; grep -v "^\[rank0\]:  " "$out/tp_sigint.log" | grep -v "Writing model" | head -12
 timeout 240 python3 -m pytest -p enginespec.conformance.plugin -p no:cacheprovider --impl=fast -q -rfEs \
   tests/entrypoints/test_cli.py tests/testing/test_fixtures.py tests/entrypoints/test_request_log.py \
   "tests/worker/test_tensor_parallel.py::test_ctrl_c_during_a_tp_generate_ends_the_script_promptly_with_no_worker_left" \

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The forty-third session's second call: why the TP Ctrl-C test's script exits 1 on the device
-# (tp_sigint_probe.py's variants of its uncaught raise; an LLM built, then a KeyboardInterrupt
-# raised by hand, with and without TP), then the README's scripts after the request-log test in
-# one process (the cached-memory release), then, on an H200 only, the decode sweep.
+# (sigint_exit_probe.sh; at 7a87aae the TP test script's variants of its uncaught raise, since
+# removed; an LLM built, then a KeyboardInterrupt raised by hand, with and without TP), then the
+# README's scripts after the request-log test in one process (the cached-memory release), then,
+# on an H200 only, the decode sweep.
 #   bash benchmarks/gpu_round43b.sh SHA      # carry .whl
 set -u
 sha=${1:?commit}
 source benchmarks/gpu_common.sh
 gpu_setup || exit 1
-kind=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H[0-9]+" | tr A-Z a-z)
-echo "device ${kind:-unknown}"
-timeout 150 python3 -m benchmarks.tp_sigint_probe 2>&1 | grep -v "Writing model" | tee "$out/tp_sigint.log"
+kind=$(gpu_kind); echo "device ${kind:-unknown}"
+bash benchmarks/sigint_exit_probe.sh 2>&1 | tee "$out/sigint_probe.log"  # (7a87aae ran tp_sigint_probe.py here)
 d=$(mktemp -d)
 python3 -c "from enginespec.testing.checkpoints import make_checkpoint; make_checkpoint('qwen3', '$d/qwen3')" 2>/dev/null
 by_hand() {  # LLM kwargs, a statement, then `raise KeyboardInterrupt` at the top level
