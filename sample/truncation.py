@@ -56,7 +56,9 @@ class CutPlan:
     """The cut rows' parameters, built once per batch of params (kept by the Sampler's BatchPlan):
     device columns inv_t, min_p, top_p ([R, 1] float32) and top_k ([R, 1] int64), the number of
     top-p candidates, and the rows whose nucleus may lie beyond the candidates ("open" rows).
-    Every row is a random row (temperature > 0); top_k 0 = off (k >= V is mapped to 0)."""
+    Every row is a random row (temperature > 0); top_k 0 = off (k >= V, and vLLM's other "off",
+    -1, are mapped to 0: a negative k left as it was asked for no candidates, so top-p was
+    dropped)."""
 
     def __init__(
         self,
@@ -67,7 +69,7 @@ class CutPlan:
         vocab: int,
         device,
     ):
-        top_k = [k if k < vocab else 0 for k in top_k]
+        top_k = [k if 0 < k < vocab else 0 for k in top_k]
         self.inv_t, self.min_p, self.top_p, self.top_k = (
             v.unsqueeze(1)
             for v in to_device([[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, device)

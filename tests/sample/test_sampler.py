@@ -199,6 +199,7 @@ MODES = {
     "top_p0.7": SamplingParams(top_p=0.7),
     "min_p0.2": SamplingParams(min_p=0.2),
     "combined": SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
+    "top_k_off_top_p_min_p": SamplingParams(top_k=-1, top_p=0.7, min_p=0.1),
     "penalties_bias": SamplingParams(
         repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3, logit_bias={5: 1.5, 0: -0.5}
     ),
@@ -214,6 +215,31 @@ def test_distribution_matches_exact(impl, mode):
     assert (probs > 0).sum() >= 2, "the mode must leave a real choice for the test to mean anything"
     sampler = Sampler(6, seed=1234)
     assert_matches(draw_counts(sampler, LOGITS6, [req] * N_DRAWS), probs)
+
+
+@pytest.mark.parametrize("extra", [{}, {"min_p": 0.1}], ids=["top_p", "top_p_min_p"])
+def test_every_top_k_off_value_keeps_top_p(impl, extra):
+    """top_k -1 and 0 (vLLM's two spellings of "off") and a top_k at or above the vocabulary
+    leave top-p (and min-p) in force. -1 used to reach the torch cuts as it was, where it
+    counted as a top-k that asked for no candidates: top-p was dropped, so `probs` (speculative
+    decoding's target) and a seeded draw with min-p kept the whole tail, and the draw changed
+    with the rows beside it in the batch."""
+    rows = {}
+    for k in (-1, 0, 6, 9):
+        params = SamplingParams(temperature=1.0, top_k=k, top_p=0.7, seed=11, **extra)
+        req = make_request(impl, params, prompt=(0, 2), rid=f"k{k}")
+        probs = Sampler(6, seed=0).probs(LOGITS6.view(1, -1), [req])[0]
+        draws = []
+        for _ in range(40):  # successive seeded draws: the output index keys each one
+            draws.append(Sampler(6, seed=0)(LOGITS6.view(1, -1), [req]).token_ids[0])
+            req.append(draws[-1])
+        rows[k] = (probs, draws)
+    exact = reference_probs(LOGITS6, make_request(impl, SamplingParams(top_p=0.7, **extra)))
+    assert int((exact > 0).sum()) == 3, "top-p must cut the tail for the test to mean anything"
+    for k, (probs, draws) in rows.items():
+        torch.testing.assert_close(probs.double(), exact.double(), atol=1e-6, rtol=1e-5, msg=f"top_k={k}")
+        assert draws == rows[0][1], f"top_k={k} drew other tokens than top_k=0"
+        assert max(draws) <= 2, f"top_k={k} drew a token top-p cuts"
 
 
 def test_seeded_rows_match_exact_distribution(impl):
