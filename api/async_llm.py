@@ -49,7 +49,12 @@ from enginespec.engine.engine_core import load_engine_tokenizer, truncate_prompt
 from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai import serving_beam
-from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, EngineRequestError
+from enginespec.entrypoints.openai.engine_client import (
+    EngineClient,
+    EngineDead,
+    EngineRequestError,
+    fresh_error,
+)
 from enginespec.llm import PromptType, _cache_key, check_lora_request, prompt_to_ids
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import SamplingParams
@@ -272,7 +277,10 @@ class AsyncLLM:
 
     @property
     def dead_error(self) -> BaseException:
-        return self._client.fatal or EngineDead("the engine is stopped")
+        """A new EngineDead for each caller to raise (engine_client.fresh_error: one shared
+        instance would gather every raise's frames)."""
+        fatal = self._client.fatal
+        return fresh_error(fatal) if fatal is not None else EngineDead("the engine is stopped")
 
     async def check_health(self) -> None:
         """Raise EngineDead when the engine is not running, else nothing (vLLM's name)."""

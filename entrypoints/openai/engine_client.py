@@ -28,11 +28,13 @@ Invariants:
 - If the engine dies (EOF on its pipe), every pending request gets an EngineDead error (500, or
   an error frame in a stream that started), new ones are refused, /health fails, and on_death
   runs (the server then shuts down); stop() reaps the process, so nothing is orphaned.
+  Each stream, call and later caller gets an EngineDead of its own (fresh_error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import multiprocessing
 import threading
@@ -163,6 +165,16 @@ class Generation:
         if self.live:
             self.owner.abort(sorted(self.live))
             self.live.clear()
+
+
+def fresh_error(error: BaseException) -> BaseException:
+    """A new exception of `error`'s type, args and cause, with no traceback yet: what to raise
+    where one error (the engine's death) reaches many callers. Raising one instance again and
+    again appends each raise's frames to its one __traceback__: every stream's traceback would
+    show the others' frames, and the stored error would keep all of them alive."""
+    clone = copy.copy(error)
+    clone.__cause__ = error.__cause__
+    return clone
 
 
 def _as_exception(error: ErrorInfo) -> Exception:
@@ -336,11 +348,11 @@ class EngineClient:
         """Release every pending request with `error` as its terminal item, and fail every
         pending call (_call) with it: once the reader is gone no reply can reach them."""
         for rid in list(self._streams):
-            self._release(rid).sink.put_nowait(("error", error))
+            self._release(rid).sink.put_nowait(("error", fresh_error(error)))
         calls, self._calls = self._calls, {}
         for fut in calls.values():
             if not fut.done():
-                fut.set_exception(error)
+                fut.set_exception(fresh_error(error))
 
     def _reap(self, timeout: float) -> None:
         worker = self._worker
@@ -366,7 +378,7 @@ class EngineClient:
         more samples than the capacity), QueueFull (bounded queue, or shutting down),
         EngineDead."""
         if self.fatal is not None:
-            raise self.fatal
+            raise fresh_error(self.fatal)
         self._check_ids([r.request_id for r in requests])
         num = sum(r.params.n for r in requests)
         if num > self.capacity:
@@ -450,12 +462,12 @@ class EngineClient:
             self._to_engine.send(command)
         except OSError:
             self._on_death()
-            raise (self.fatal or EngineDead("the engine is stopping")) from None
+            raise (fresh_error(self.fatal) if self.fatal else EngineDead("the engine is stopping")) from None
 
     async def _call(self, name: str):
         """Run core_messages.CALLS' `name` in the engine between two steps; its result."""
         if self.fatal is not None:
-            raise self.fatal
+            raise fresh_error(self.fatal)
         if self._stopping:  # the reader is gone: no reply would ever come
             raise EngineDead("the engine was stopped")
         token = next(self._tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import traceback
 
 import pytest
 
@@ -364,6 +365,40 @@ def test_shutdown_ends_live_requests_with_engine_dead(model_dir):
     asyncio.run(shut_down_midway())
     assert not engine.is_running
     engine.shutdown()  # idempotent
+
+
+def test_an_engine_death_ends_every_stream_with_an_error_of_its_own(model_dir):
+    """The engine's death (here its loop ends without the client asking, as a crashed engine
+    process's does) ends every live generate with EngineDead, and every later call raises it.
+    Each raise is its own exception: one shared instance, raised by every stream and again by
+    each later call, gathered every raise's frames in its one traceback (each stream's showed
+    the other streams' generate frames, and the stored error kept them all alive, growing with
+    every call after the death)."""
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+
+    async def die_midway():
+        await _collect(engine, [1, 2, 3], SamplingParams(max_tokens=1), "bind")
+        await engine._client.pause()  # the streams stay live until the engine dies
+        params = SamplingParams(max_tokens=50, temperature=0)
+        tasks = [asyncio.ensure_future(_collect(engine, PROMPT, params, f"die-{i}")) for i in range(4)]
+        await _wait(lambda: engine.num_unfinished_requests == 4, "the requests never became pending")
+        engine._client._to_engine.send(("shutdown",))  # behind the client's back: the engine ends
+        streams = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        later = []
+        for _ in range(3):
+            with pytest.raises(EngineDead) as raised:
+                await engine.check_health()
+            later.append(raised.value)
+        return streams, later
+
+    streams, later = asyncio.run(die_midway())
+    assert engine.errored and all(isinstance(e, EngineDead) for e in streams)
+    assert len({id(e) for e in streams + later}) == len(streams) + len(later)
+    for error in streams:
+        frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+        assert frames.count("generate") == 1, frames
+    assert len({len(traceback.extract_tb(e.__traceback__)) for e in later}) == 1
+    engine.shutdown()
 
 
 def test_shutdown_ends_a_reset_prefix_cache_awaiting_its_reply(model_dir):
