@@ -312,10 +312,14 @@ class EngineClient:
         """Refuse new requests, end the pending ones and the calls awaiting a reply with
         EngineDead (nothing more comes for them), ask the engine to exit, and reap it (SIGTERM,
         then SIGKILL, if it does not go in time; at once if it never announced itself ready: it
-        reads no command while it builds, and a large checkpoint loads for minutes). Idempotent."""
+        reads no command while it builds, and a large checkpoint loads for minutes). Pending
+        requests of a reader's loop that was closed are released telling no one (waking a wait
+        of a closed loop raises, and the engine would then never be told). Idempotent."""
         self._accepting = False
         self._stopping = True
-        if self._streams or self._calls:
+        if self._loop is not None and self._loop.is_closed():
+            self.abandon_pending()  # their waits went with their loop: nobody can be told
+        elif self._streams or self._calls:
             self._on_loop(self._fail_pending, EngineDead("the engine was stopped"))
         if self._loop is not None and self._from_engine is not None:
             try:

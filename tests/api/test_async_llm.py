@@ -401,6 +401,22 @@ def test_an_engine_death_ends_every_stream_with_an_error_of_its_own(model_dir):
     engine.shutdown()
 
 
+def test_shutdown_after_a_loop_closed_on_a_waiting_stream_stops_the_engine(model_dir):
+    """A loop closed while a task of it still awaited a generate's next output (its
+    run_until_complete ended, then close()): that wait belongs to the closed loop, and nothing
+    can wake it. shutdown() raised RuntimeError("Event loop is closed") waking it, before it
+    told the engine to stop; the exit hook failed the same way, so a script whose engine runs
+    in a process of its own hung at exit, in multiprocessing's join of that process."""
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+    loop = asyncio.new_event_loop()
+    stranded = loop.run_until_complete(_live_request(engine, "stranded", _outputs))
+    loop.close()
+    assert not stranded.done() and engine.num_unfinished_requests == 1
+    engine.shutdown()
+    assert not engine.is_running and engine.num_unfinished_requests == 0
+    assert not engine._client._worker.is_alive()
+
+
 def test_shutdown_ends_a_reset_prefix_cache_awaiting_its_reply(model_dir):
     """A reset_prefix_cache still awaiting the engine's reply when shutdown() runs raises
     EngineDead (it waited forever: stop() took the reader away, so the reply never came, and
