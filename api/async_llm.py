@@ -227,7 +227,8 @@ class AsyncLLM:
         their blocks before its next step, and each one's `generate` yields a last output
         with finish_reason "abort" on its unfinished samples, then ends. Called from a loop
         other than the one reading the engine while that one runs: a RuntimeError, as
-        generate (their inboxes and futures belong to that loop)."""
+        generate (their inboxes and futures belong to that loop). After shutdown or the engine's
+        death nothing is pending, and abort does nothing."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         self._bind_loop()
         self._client.abort(ids, notify=True)

@@ -269,12 +269,15 @@ class EngineClient:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin reading the engine's messages on this event loop (taking the reader off the
-        loop that had it, if that one is still open: AsyncLLM moves to a caller's new loop)."""
+        loop that had it, if that one is still open: AsyncLLM moves to a caller's new loop).
+        Once stopped or dead, nothing is read: the pipe, closed, would be readable forever (EOF)
+        and the loop would spin on it."""
         old = self._loop
         if old is not None and old is not loop and not old.is_closed():
             old.remove_reader(self._from_engine.fileno())
         self._loop = loop
-        loop.add_reader(self._from_engine.fileno(), self._on_readable)
+        if not self._stopping and self.fatal is None:
+            loop.add_reader(self._from_engine.fileno(), self._on_readable)
 
     @property
     def loop(self) -> Optional[asyncio.AbstractEventLoop]:

@@ -417,6 +417,25 @@ def test_shutdown_after_a_loop_closed_on_a_waiting_stream_stops_the_engine(model
     assert not engine._client._worker.is_alive()
 
 
+def test_abort_after_shutdown_on_a_new_loop_leaves_no_reader_on_the_closed_pipe(model_dir):
+    """abort() after shutdown(), from a new event loop (asyncio.run of a cleanup), moved the
+    reader onto that loop: the engine's pipe, closed, is readable forever (EOF), and the reader
+    ignored the EOF of an engine it had stopped without leaving the loop, so the loop spun at
+    full CPU for as long as it ran. Now abort ignores the ids (none can be pending) and the
+    loop holds no reader on the pipe."""
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+    asyncio.run(_collect(engine, [1, 2, 3], SamplingParams(max_tokens=2), "before"))
+    engine.shutdown()
+
+    async def abort_then_look():
+        await engine.abort("before")
+        for _ in range(3):
+            await asyncio.sleep(0)  # the reader, if any, fires on the EOF
+        return asyncio.get_running_loop().remove_reader(engine._client._from_engine.fileno())
+
+    assert asyncio.run(abort_then_look()) is False  # there was no reader to remove
+
+
 def test_shutdown_ends_a_reset_prefix_cache_awaiting_its_reply(model_dir):
     """A reset_prefix_cache still awaiting the engine's reply when shutdown() runs raises
     EngineDead (it waited forever: stop() took the reader away, so the reply never came, and
