@@ -47,6 +47,7 @@ from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, 
 from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai.metrics import cache_config_info
 from enginespec.entrypoints.openai.request_stream import RequestStream
+from enginespec.spec import check_token_ids
 
 # Messages taken per reader callback at most (then other tasks run; the reader fires again).
 _MAX_MESSAGES_PER_WAKE = 16
@@ -387,6 +388,7 @@ class EngineClient:
         if self.fatal is not None:
             raise fresh_error(self.fatal)
         self._check_ids([r.request_id for r in requests])
+        self._check_prompts(requests)
         num = sum(r.params.n for r in requests)
         if num > self.capacity:
             raise RequestTooLarge(num, self.capacity)
@@ -419,6 +421,21 @@ class EngineClient:
         if kind == "output":
             gen.queue.put_back((kind, payload))  # next() hands it over, ending that request
         return gen
+
+    def _check_prompts(self, requests: list[NewRequest]) -> None:
+        """The engine's ValueError for a prompt id outside [0, vocab_size), raised before this
+        side decodes the prompt (RequestStream's detokenizer), where the tokenizer would raise
+        an OverflowError of its own for a negative id or one past a C long. A min/max scan
+        (C speed) finds the bad prompt; check_token_ids words the refusal as the engine does."""
+        vocab = self.vocab_size
+        for req in requests:
+            ids = req.prompt_token_ids
+            try:
+                ok = not ids or (min(ids) >= 0 and max(ids) < vocab)
+            except TypeError:  # not all numbers: check_token_ids names the offender
+                ok = False
+            if not ok:
+                check_token_ids("prompt_token_ids", ids, vocab)
 
     def _check_ids(self, request_ids: list[str]) -> None:
         """A ValueError naming the first id that is pending here or repeated in the batch: its

@@ -507,6 +507,19 @@ def test_bad_requests_are_400_with_the_engines_text(server, client):
         assert match in err["message"] and err["param"] == "prompt", err
 
 
+def test_a_prompt_id_outside_the_vocabulary_is_a_400_naming_prompt_not_a_500(server, client):
+    """A token prompt whose id is negative, or past what a C long holds, is refused as an id
+    beyond the vocabulary is (a 400 naming prompt, the engine's text), in a batch too and in a
+    stream: the front end decoded the prompt (for streamed text) before the engine checked it,
+    and the tokenizer's OverflowError came back as a 500. The server serves on."""
+    for prompt in ([5, -1], [2**40], [[5, 6], [2**63]]):
+        for stream in (False, True):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": stream}
+            err = _error(server.post("/v1/completions", body), 400)
+            assert err["param"] == "prompt" and "vocab_size" in err["message"], (prompt, err)
+    assert greedy(client, [5, 6], max_tokens=2).choices[0].finish_reason == "length"
+
+
 def test_a_wrong_type_is_a_400_naming_the_field_as_the_body_does(server):
     """param is the body's field, also for the union fields (prompt, stop), whose member types
     pydantic reports under labels that name no field ("prompt.str"); the message is that of the
