@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -80,6 +81,8 @@ async def _parse(request: Request, model: type[BaseModel]):
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # json's decoder recurses once a level
         raise APIError(400, "the body's JSON is nested deeper than this server reads") from None
+    if _MAY_HOLD_SURROGATE.search(await request.body()):  # the body is cached: no second read
+        _refuse_lone_surrogates(raw)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -88,6 +91,36 @@ async def _parse(request: Request, model: type[BaseModel]):
         hint = legacy_field_hint(where) if error.get("type") == "extra_forbidden" else None
         message = f"{where}: {error.get('msg')}" + (f": {hint}" if hint else "")
         raise APIError(400, f"{message} ({exc.error_count()} error(s))", param) from None
+
+
+# What a lone UTF-16 surrogate looks like in a body's bytes: a \\uD800-\\uDFFF escape (a valid
+# pair matches too, and passes the walk), or the CESU-8 bytes that json.loads's "surrogatepass"
+# decoding takes. A body with neither holds no surrogate, and is not walked.
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(raw) -> None:
+    """A 400 naming the body field that holds a string (or a key) with a lone surrogate. JSON
+    lets a string say "\\ud800" (what a JavaScript client sends for a string cut inside a
+    surrogate pair), and json.loads keeps it as a surrogate code point, which no tokenizer,
+    UTF-8 encoder or log line takes: unchecked, it was a 500 wherever the text went first.
+    Iterative: a body nested as deep as json reads would overflow a recursive walk."""
+    stack = [((), raw)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack += [((*where, key), key), ((*where, key), item)]
+        elif isinstance(value, list):
+            stack += [((*where, i), item) for i, item in enumerate(value)]
+        elif isinstance(value, str) and (found := _SURROGATE.search(value)):
+            raise APIError(
+                400,
+                f"{'.'.join(map(str, where))}: a string holds a lone UTF-16 surrogate "
+                f"({ascii(found[0])}), which is not Unicode text (a string cut inside a surrogate pair?)",
+                str(where[0]) if where else None,
+            )
 
 
 def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:

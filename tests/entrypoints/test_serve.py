@@ -520,6 +520,29 @@ def test_a_prompt_id_outside_the_vocabulary_is_a_400_naming_prompt_not_a_500(ser
     assert greedy(client, [5, 6], max_tokens=2).choices[0].finish_reason == "length"
 
 
+def test_a_lone_surrogate_in_a_json_string_is_a_400_naming_the_field_not_a_500(server):
+    """JSON's "\ud800" escape (what a JavaScript client sends for a string cut inside a
+    surrogate pair), or its raw CESU-8 bytes, decodes to a lone surrogate that no tokenizer or
+    UTF-8 encoder takes: the prompt, a chat message, bad_words and the request_id were 500s
+    (a tokenizer TypeError, a UnicodeEncodeError). It is a 400 naming the body's field; an
+    escaped surrogate pair (an emoji, as json.dumps writes it) is text as any other."""
+    cases = [
+        ("/v1/completions", b'{"prompt": "a\\ud800", "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": "a\xed\xa0\x80", "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": "a", "bad_words": ["\\ud800"], "max_tokens": 2}', "bad_words"),
+        ("/v1/completions", b'{"prompt": "a", "request_id": "\\udc00", "max_tokens": 2}', "request_id"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    ]
+    headers = {**server.headers, "Content-Type": "application/json"}
+    for path, raw, param in cases:
+        err = _error(httpx.post(server.url(path), content=raw, headers=headers, timeout=60.0), 400)
+        assert err["param"] == param and "surrogate" in err["message"], (raw, err)
+    pair = b'{"prompt": "a\\ud83d\\ude00", "max_tokens": 2}'
+    resp = httpx.post(server.url("/v1/completions"), content=pair, headers=headers, timeout=60.0)
+    assert resp.status_code == 200, resp.text
+
+
 def test_a_wrong_type_is_a_400_naming_the_field_as_the_body_does(server):
     """param is the body's field, also for the union fields (prompt, stop), whose member types
     pydantic reports under labels that name no field ("prompt.str"); the message is that of the
