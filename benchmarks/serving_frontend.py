@@ -184,6 +184,7 @@ async def run_once(
 ) -> dict:
     loop = asyncio.get_running_loop()
     client = EngineClient(SimpleNamespace(max_num_seqs=num_streams), tokenizer, ServerMetrics("bench"))
+    client.info = SimpleNamespace(vocab_size=len(tokenizer))  # what submit's prompt check reads
     recv, send = multiprocessing.Pipe(duplex=False)
     client._to_engine, client._from_engine = _AcceptAll(client), recv
     client.start(loop)
