@@ -523,25 +523,13 @@ def test_attention_scores_stay_within_the_budget(monkeypatch):
     SCORE_BUDGET score elements at once: a prefill chunk of 8192 rows over a 100k context once
     built [Hq, 8192, 100k] float32 scores (13 GB, three copies) and the OOM killer took the
     host. Every op's output stays within the budget or one context's K/V per query head."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from enginespec.impls.reference import attention
-
-    class Largest(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.largest = max(self.largest, t.numel())
-            return out
+    from tests.kernels.test_paged_attention import LargestOutput
 
     q, cache, meta = _prefill_step(256, 1024)
     budget = 16 * 4 * 1024  # 16 rows of 4 heads over 1024 keys
     monkeypatch.setattr(attention, "SCORE_BUDGET", budget, raising=False)
-    with Largest() as seen:
+    with LargestOutput() as seen:
         IMPL.attention_backend("cpu").forward(q, cache, meta)
     assert seen.largest <= max(budget, 1024 * 4 * 16), f"{seen.largest} elements in one tensor"
 

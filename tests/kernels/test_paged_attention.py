@@ -230,9 +230,10 @@ def test_split_decode_stays_within_two_waves(num_reqs, max_seq_len):
         assert cfg.num_splits > 1, cfg
 
 
-class _LargestOutput(TorchDispatchMode):
+class LargestOutput(TorchDispatchMode):
     """Records the most elements any one op's output tensor had (einsum's bmm, softmax, the
-    mask...): what the plain-torch path allocates at once, without allocating much here."""
+    mask...): what the plain-torch path allocates at once, without allocating much here. Also
+    used by tests/impls/test_reference_examples.py (the reference impl's attention)."""
 
     def __init__(self):
         super().__init__()
@@ -272,7 +273,7 @@ def test_reference_scores_stay_within_the_budget(monkeypatch):
     budget = 16 * 4 * 1024  # 16 rows of 4 heads over 1024 keys
     monkeypatch.setattr(reference, "SCORE_BUDGET", budget, raising=False)
     args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
-    with _LargestOutput() as seen:
+    with LargestOutput() as seen:
         paged_attention_ref(*args)
     context_kv = 1024 * 2 * 16  # one request's K (or V): [S, Hkv, D]
     assert seen.largest <= max(budget, context_kv), f"{seen.largest} elements in one tensor"
