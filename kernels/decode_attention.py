@@ -401,9 +401,12 @@ MAX_BALANCED_SPLITS = 64  # choose_config's own bound on splits
 # 5-13% (the merge launch balancing adds), so they stay unsplit; R = 4 measured as R = 2.
 BALANCED_MIN_ROWS = 8
 BALANCE_RATIO = 2
-# balanced_launches' ratio while one is open in this thread (0: none); other threads' configs
-# are untouched
-_FORCED_RATIO: contextvars.ContextVar[int] = contextvars.ContextVar("enginespec_balanced_ratio", default=0)
+# the forced ratio while balanced_launches or unbalanced_launches is open in this thread (None:
+# neither, decode_config's default rule; 0: no launch balanced); other threads' configs are
+# untouched
+_FORCED_RATIO: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar(
+    "enginespec_balanced_ratio", default=None
+)
 
 
 @contextlib.contextmanager
@@ -414,6 +417,23 @@ def balanced_launches(ratio: int = BALANCE_RATIO):
     it and replays that graph for batches whose lengths spread (ENGINESPEC_BALANCED_GRAPHS)."""
     if ratio < 1:
         raise ValueError(f"balanced_launches: ratio must be >= 1, got {ratio}")
+    with _forced_ratio(ratio):
+        yield
+
+
+@contextlib.contextmanager
+def unbalanced_launches():
+    """Inside, decode_config balances no launch, the 8-16-row split ones it balances by default
+    included: the plain graph of a bucket that also has a balanced one is captured so, and
+    replayed for batches of one context (their splits' tiles are even already, and the balanced
+    launch cost 8 rows 4.4% on an H100 and 1-2% on the H200 at one 517-token context;
+    benchmarks/RESULTS.md, forty-fourth and twenty-eighth sessions)."""
+    with _forced_ratio(0):
+        yield
+
+
+@contextlib.contextmanager
+def _forced_ratio(ratio: int):
     token = _FORCED_RATIO.set(ratio)
     try:
         yield
@@ -474,7 +494,7 @@ def decode_config(
             merge_block_d=min(MERGE_BLOCK_D, head_dim),
             merge_warps=MERGE_WARPS,
         )
-    elif num_reqs >= BALANCED_MIN_ROWS and (cfg.num_splits > 1 or _FORCED_RATIO.get()):
+    elif num_reqs >= BALANCED_MIN_ROWS and _balanced(cfg.num_splits, _FORCED_RATIO.get()):
         splits, balance = balanced_splits(cfg.num_splits, _FORCED_RATIO.get() or BALANCE_RATIO)
         cfg = dataclasses.replace(cfg, num_splits=splits, balance_splits=balance)
     override = _env_override(os.environ.get(DECODE_ATTN_ENV, ""))
@@ -497,6 +517,12 @@ def decode_config(
         prefetch_tiles=override.get("prefetch", cfg.prefetch_tiles),
         balance_splits=balance,
     )
+
+
+def _balanced(fill_splits: int, forced: Optional[int]) -> bool:
+    """Whether a launch of at least BALANCED_MIN_ROWS rows is balanced: split ones by default
+    (forced None), every one inside balanced_launches, none inside unbalanced_launches."""
+    return fill_splits > 1 if forced is None else forced > 0
 
 
 def balanced_splits(fill_splits: int, ratio: int) -> tuple:

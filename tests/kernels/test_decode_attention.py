@@ -479,7 +479,8 @@ def test_preload_rows_switch(monkeypatch):
 def test_balanced_launches_balance_the_unsplit_sizes_too(monkeypatch):
     """Inside balanced_launches(R) decode_config balances every launch of at least
     BALANCED_MIN_ROWS rows, the unsplit ones too (F = 1: R splits, each owning the batch's
-    share); outside, and after a body that raised, the default again; R < 1 is refused."""
+    share); inside unbalanced_launches none is balanced; outside, and after a body that raised,
+    the default again; R < 1 is refused."""
     monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
     monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
     monkeypatch.setattr(pa, "_programs_per_sm", lambda *args: 1)
@@ -497,3 +498,14 @@ def test_balanced_launches_balance_the_unsplit_sizes_too(monkeypatch):
     assert {n: splits(n) for n in default} == default
     with pytest.raises(ValueError, match="ratio must be >= 1"), da.balanced_launches(0):
         pass
+    assert default[16] == (4, 2)  # the default balances the 16-row split launch (F = 2)
+    with da.unbalanced_launches():  # none balanced: 16 rows at its F splits, the rest as default
+        assert (splits(16), splits(4), splits(32), splits(64)) == (
+            (2, 0),
+            default[4],
+            default[32],
+            default[64],
+        )
+        with da.balanced_launches(2):  # the innermost context rules
+            assert splits(32) == (2, 1)
+    assert {n: splits(n) for n in default} == default

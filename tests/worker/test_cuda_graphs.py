@@ -319,20 +319,20 @@ def test_the_profile_run_compiles_its_variants_before_it_runs_them(monkeypatch):
 
 
 def test_balanced_graph_buckets_and_the_spread_rule(monkeypatch):
-    """ENGINESPEC_BALANCED_GRAPHS=1 (the default) names the decode buckets past the head's rows
-    and the default's balanced sizes, up to 64 (0: none; anything else: ValueError); a
-    batch's live lengths spread when the longest is at least 1.5 times their mean."""
+    """ENGINESPEC_BALANCED_GRAPHS=1 (the default) names the decode buckets of 8-64 rows, head
+    or not (0: none; anything else: ValueError); a batch's live lengths spread when the longest
+    is at least 1.5 times their mean."""
     from enginespec.worker import cuda_graphs as cg
 
     buckets = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 128]
     monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "0")
-    assert cg.balanced_graph_buckets(buckets, 16) == []
+    assert cg.balanced_graph_buckets(buckets) == []
     monkeypatch.delenv(cg.BALANCED_GRAPHS_ENV, raising=False)
-    assert cg.balanced_graph_buckets(buckets, 16) == [24, 32, 40, 48, 56, 64]
-    assert cg.balanced_graph_buckets(buckets, 40) == [48, 56, 64]
+    assert cg.balanced_graph_buckets(buckets) == [8, 16, 24, 32, 40, 48, 56, 64]
+    assert cg.balanced_graph_buckets([1, 2, 4, 7, 65]) == []
     monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "yes")
     with pytest.raises(ValueError, match="ENGINESPEC_BALANCED_GRAPHS must be 0 or 1"):
-        cg.balanced_graph_buckets(buckets, 16)
+        cg.balanced_graph_buckets(buckets)
     spread = [([517] * 31 + [0], False), ([100, 2048, 1000, 900] + [0] * 4, True), ([300, 450, 0], False),
               ([30, 90], True), ([2048], False)]  # fmt: skip
     for lens, want in spread:
@@ -349,33 +349,71 @@ class _Replay:
 
 def test_a_spread_batch_replays_the_balanced_graph(monkeypatch):
     """DecodeGraphs.forward replays a bucket's balanced graph for a batch whose lengths spread
-    and its plain graph otherwise, returning that graph's output; buckets without a balanced
-    graph always replay the plain one."""
+    and its plain graph otherwise, returning that graph's output, and decode_logits then gives
+    the head output of the graph that ran (8 rows: both graphs carry the head); buckets without
+    a balanced graph always replay the plain one."""
     from types import SimpleNamespace
 
     from enginespec.worker import cuda_graphs as cg
 
     monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
     runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
-    graphs = _graphs_over(runner, [8, 24], [])
-    assert graphs.balanced_buckets == [24]
+    graphs = _graphs_over(runner, [4, 8, 24], [], logits_max_rows=8)
+    assert graphs.balanced_buckets == [8, 24]
     log = []
-    for n in (8, 24):
+    for n in (4, 8, 24):
         graphs.graphs[n], graphs.hidden[n] = _Replay(f"plain{n}", log), f"hidden{n}"
-    graphs.balanced_graphs[24], graphs.balanced_hidden[24] = _Replay("balanced24", log), "balanced_hidden24"
+    for n in (8, 24):
+        graphs.balanced_graphs[n], graphs.balanced_hidden[n] = (
+            _Replay(f"balanced{n}", log),
+            f"balanced_hidden{n}",
+        )
+    for n in (4, 8):
+        graphs.logits[n] = torch.full((n, 3), float(n))
+    graphs.balanced_logits[8] = torch.full((8, 3), -8.0)
     monkeypatch.setattr(graphs, "_load", lambda batch, mixed: None)
 
-    def batch(lens):
-        lens = torch.tensor(lens + [0] * (len(lens) < 8 and 8 - len(lens) or 0), dtype=torch.int32)
-        meta = SimpleNamespace(
-            num_tokens=lens.numel(), num_reqs=lens.numel(), max_query_len=1, seq_lens_cpu=lens
-        )
-        return SimpleNamespace(meta=meta)
+    def batch(lens, rows):
+        lens = torch.tensor(lens + [0] * (rows - len(lens)), dtype=torch.int32)
+        meta = SimpleNamespace(num_tokens=rows, num_reqs=rows, max_query_len=1, seq_lens_cpu=lens)
+        return SimpleNamespace(meta=meta, num_reqs=rows)
 
-    assert graphs.forward(batch([517] * 24)) == "hidden24"
-    assert graphs.forward(batch([100 + 80 * i for i in range(24)])) == "balanced_hidden24"
-    assert graphs.forward(batch([100, 2000, 3000])) == "hidden8"
-    assert log == ["plain24", "balanced24", "plain8"]
+    def head(b):
+        return graphs.decode_logits(b)
+
+    assert graphs.forward(batch([517] * 24, 24)) == "hidden24" and head(batch([517] * 24, 24)) is None
+    assert graphs.forward(batch([100 + 80 * i for i in range(24)], 24)) == "balanced_hidden24"
+    spread8 = batch([100, 2000, 3000], 8)
+    assert graphs.forward(spread8) == "balanced_hidden8" and head(spread8).eq(-8.0).all()
+    even8 = batch([517] * 8, 8)
+    assert graphs.forward(even8) == "hidden8" and head(even8).eq(8.0).all()
+    four = batch([100, 3000], 4)
+    assert graphs.forward(four) == "hidden4" and head(four).eq(4.0).all()
+    assert log == ["plain24", "balanced24", "balanced8", "plain8", "plain4"]
+
+
+def test_a_balanced_buckets_plain_graph_balances_no_launch(monkeypatch):
+    """The plain graph of a bucket that also has a balanced graph runs its forward with no
+    decode launch balanced (the default rule balances 8-16-row split launches); the balanced
+    one balances them; a bucket without a twin keeps the default rule."""
+    from enginespec.kernels import decode_attention as da
+    from enginespec.kernels import paged_attention as pa
+    from enginespec.worker import cuda_graphs as cg
+
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    monkeypatch.delenv(da.DECODE_ATTN_ENV, raising=False)
+    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(pa, "_programs_per_sm", lambda *args: 1)
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    graphs = _graphs_over(runner, [4, 8], [])
+
+    def balance(n, balanced):
+        with graphs._launches(n, balanced):
+            return da.decode_config(n, 16, 8, 128, 40960, torch.device("cpu")).balance_splits
+
+    assert da.decode_config(8, 16, 8, 128, 40960, torch.device("cpu")).balance_splits > 0  # the default
+    assert balance(8, False) == 0 and balance(8, True) > 0
+    assert balance(4, False) == da.decode_config(4, 16, 8, 128, 40960, torch.device("cpu")).balance_splits
 
 
 @pytest.mark.skipif(
@@ -400,7 +438,7 @@ def test_precompile_covers_the_balanced_graphs_variants(monkeypatch):
     assert {key[0] for key in balanced} == {"_decode_attention_kernel", "_merge_splits_kernel"}
     for n, mixed, is_balanced in graphs._variants():
         graphs._pad(n, mixed)
-        with cg._launches(is_balanced):
+        with graphs._launches(n, is_balanced):
             graphs._run(n, mixed)
     missing = [key for key in seen["real"] if key not in compiled]
     assert seen["real"] and not missing, missing[:2]
