@@ -16,9 +16,10 @@ The throughput benchmark is not part of the installed product: from a checkout, 
 `python benchmarks/throughput.py` (`enginespec bench` says so and exits with status 2).
 
 Bad input (a missing or corrupt checkpoint, an impossible setting) prints one line naming what
-is wrong to stderr and exits with status 2, no traceback. Results go to stdout, progress bars
-and logs to stderr. Ctrl-C prints "enginespec COMMAND: interrupted" and exits 130; a reader that
-closes the pipe early (`| head -1`) ends the command quietly with status 141.
+is wrong to stderr and exits with status 2, no traceback. Results go to stdout (a character
+its encoding lacks as a backslash escape), progress bars and logs to stderr. Ctrl-C prints
+"enginespec COMMAND: interrupted" and exits 130; a reader that closes the pipe early
+(`| head -1`) ends the command quietly with status 141.
 """
 
 from __future__ import annotations
@@ -668,6 +669,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Every result is flushed before returning, so a closed pipe is met here, not at exit."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
+    restore = _escape_unencodable_stdout()
     try:
         status = _main(argv)
         sys.stdout.flush()
@@ -678,6 +680,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
+    finally:
+        restore()
+
+
+def _escape_unencodable_stdout():
+    """Let stdout write what its encoding cannot (generated text on an ASCII or Latin-1
+    stdout: a file redirect under a legacy locale, PYTHONIOENCODING) as backslash escapes, as
+    Python's stderr does, for the duration of one command; returns the undo. Strict, the print
+    of a finished result raised UnicodeEncodeError, a ValueError: the results were lost behind
+    "error: 'ascii' codec can't encode ..." and exit status 2."""
+    stream = sys.stdout
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is None or getattr(stream, "errors", None) != "strict":
+        return lambda: None
+    try:
+        reconfigure(errors="backslashreplace")
+    except (ValueError, OSError):  # closed, or a stream that refuses
+        return lambda: None
+
+    def restore() -> None:
+        try:
+            reconfigure(errors="strict")
+        except (ValueError, OSError):
+            pass
+
+    return restore
 
 
 def _discard_stdout() -> None:

@@ -238,3 +238,21 @@ def test_simulate_with_a_seed_beyond_64_bits_is_a_usage_error(capsys, seed):
     rc, out, err = run_cli(["simulate", "--quiet", "--seed", seed], capsys)
     assert rc == 2 and not out and "Traceback" not in err
     assert err.startswith("enginespec simulate: error: seed must be an int in [") and seed in err
+
+
+def test_text_stdout_cannot_encode_is_escaped_not_an_error():
+    """On a stdout whose encoding lacks a character of the results (ASCII here; a Latin-1 or
+    cp1252 file redirect alike), printing the finished results raised UnicodeEncodeError, a
+    ValueError: the command printed "error: 'ascii' codec can't encode ..." and exited 2 with
+    the generated text lost. The character is written as a backslash escape instead."""
+    argv = [*CLI, "generate", "--model", str(tiny_model_dir("qwen3")), "--prompt", "caf\u00e9", *CPU]
+    proc = subprocess.run(
+        [*argv, "--max-tokens", "2"],
+        capture_output=True,
+        text=True,
+        env={**_env(), "PYTHONIOENCODING": "ascii"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "=== prompt 0: 'caf\\xe9'"
+    assert "(finish_reason=length, tokens=2)" in proc.stdout
