@@ -162,6 +162,23 @@ def _token_count(text: str) -> int:
         ) from None
 
 
+def _argv_text(text: str) -> str:
+    """A text flag's value (a prompt, a stop string). Bytes of the command line that are not
+    text in the locale's encoding (Latin-1 bytes under a UTF-8 locale) reach Python as lone
+    surrogates (PEP 383's surrogateescape), which no tokenizer takes: the model loaded, then
+    the tokenizer's "TextEncodeInput must be Union[...]" came out as the error. An
+    ArgumentTypeError (argparse's usage error naming the flag) names the first such byte."""
+    for i, char in enumerate(text):
+        if "\ud800" <= char <= "\udfff":
+            code = ord(char)
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"{ascii(char)}"
+            raise argparse.ArgumentTypeError(
+                f"{what} at character {i} is not {sys.getfilesystemencoding()} text "
+                f"(the locale's encoding, LANG / LC_ALL, must be the text's)"
+            )
+    return text
+
+
 def _token_count_or_auto(text: str) -> int:
     """--max-model-len: a _token_count, or "auto" / "-1" (-1: fit the length to the KV pool)."""
     return -1 if text.strip().lower() in ("auto", "-1") else _token_count(text)
@@ -391,7 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
     gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
-    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    gen.add_argument(
+        "--prompt", type=_argv_text, action="append", required=True, help="a prompt (repeat for several)"
+    )
     # The sampling flags default to None (not given): generation_config.json's value, else
     # GENERATE_DEFAULTS' (_sampling_params).
     gen.add_argument(
@@ -416,7 +435,9 @@ def _parser() -> argparse.ArgumentParser:
         help="sample among the k likeliest tokens (default: generation_config's, else 0: all)",
     )
     gen.add_argument("--n", type=int, default=1, help="samples per prompt")
-    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument(
+        "--stop", type=_argv_text, action="append", default=[], help="a stop string (repeatable)"
+    )
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     _add_engine_args(gen)
     demo = sub.add_parser("demo", help="throughput demo on a tiny random model (CPU friendly)")

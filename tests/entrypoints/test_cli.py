@@ -694,3 +694,20 @@ def test_vllms_dotted_and_underscored_json_flags_build_the_same_config(capsys, m
         with pytest.raises(SystemExit) as exited:  # argparse's usage error
             run_cli(["serve", "/m", *argv], capsys)
         assert exited.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--prompt", "--stop"])
+def test_command_line_bytes_that_are_not_text_are_a_usage_error_naming_the_flag(flag, capsys):
+    """Latin-1 bytes under a UTF-8 locale ("caf\\xe9") reach Python's argv as a lone surrogate
+    (surrogateescape). generate loaded the model, then printed the tokenizer's
+    "TextEncodeInput must be Union[...]"; it is argparse's usage error naming the flag and the
+    byte, before the model loads."""
+    from enginespec.entrypoints.cli import main
+
+    argv = ["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt", "ok", *GEN_FLAGS]
+    argv += [flag, "caf\udce9"]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert f"argument {flag}: byte 0xe9 at character 3 is not" in err.splitlines()[-1]
