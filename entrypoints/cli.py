@@ -179,6 +179,19 @@ def _argv_text(text: str) -> str:
     return text
 
 
+def impl_arg(text: str) -> str:
+    """--impl: a non-blank impl name. load_impl reads an empty name as "not given" (then
+    $ENGINESPEC_IMPL, else the reference), so `--impl "$IMPL"` with IMPL unset ran the slow
+    oracle without a word; it is argparse's usage error (exit 2), as the conformance plugin's
+    --impl= is."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"must name an impl (fast, reference, an `enginespec.impls` entry point or pkg.module[:attr]), "
+            f"got {text!r}"
+        )
+    return text
+
+
 def _token_count_or_auto(text: str) -> int:
     """--max-model-len: a _token_count, or "auto" / "-1" (-1: fit the length to the KV pool)."""
     return -1 if text.strip().lower() in ("auto", "-1") else _token_count(text)
@@ -189,7 +202,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     from enginespec.engine_args import MODEL_IMPLS
 
     p.add_argument(
-        "--impl", default="fast", help="fast (the default, as LLM()), reference, or pkg.module[:attr]"
+        "--impl",
+        type=impl_arg,
+        default="fast",
+        help="fast (the default, as LLM()), reference, or pkg.module[:attr]",
     )
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")

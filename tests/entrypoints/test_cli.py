@@ -711,3 +711,26 @@ def test_command_line_bytes_that_are_not_text_are_a_usage_error_naming_the_flag(
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert f"argument {flag}: byte 0xe9 at character 3 is not" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--model", "/nonexistent", "--prompt", "x"],
+        ["demo", "--num-requests", "1", "--max-output-len", "1", "--device", "cpu", "--no-tqdm"],
+        ["serve", "/nonexistent"],
+        ["simulate", "--quiet", "--num-requests", "1"],
+    ],
+    ids=lambda argv: argv[0],
+)
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_blank_impl_is_a_usage_error_not_the_oracle(argv, value, capsys):
+    """load_impl reads an empty name as "not given": `--impl "$IMPL"` with IMPL unset ran
+    $ENGINESPEC_IMPL or the slow reference impl without a word (the conformance plugin's
+    `--impl=` is already a usage error). Every subcommand's --impl refuses a blank name."""
+    from enginespec.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--impl", value])
+    assert exited.value.code == 2
+    assert "argument --impl: must name an impl" in capsys.readouterr().err
