@@ -21,23 +21,40 @@ import sys
 
 def _defer_to_installed(name: str, root: str) -> bool:
     """Load the `name` package found on sys.path outside `root` into sys.modules[name]; False
-    when there is none."""
+    when there is none. Another enginespec checkout's copy of this file is passed over, as its
+    root is: with two checkouts on sys.path (one the current directory, one on PYTHONPATH) each
+    deferred to the other, and the import ended in RecursionError, then KeyError, tracebacks."""
     import importlib.machinery
     import importlib.util
     import os
 
-    elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != root]
-    spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
-    if spec is None or spec.loader is None:
-        return False
+    skip = {root}
+    while True:
+        elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) not in skip]
+        spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        if spec is None or spec.loader is None:
+            return False
+        if not _is_checkout_copy(spec.origin):
+            break
+        skip.add(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
         raise
     return True
+
+
+def _is_checkout_copy(origin) -> bool:
+    """Whether the file at `origin` is an enginespec checkout's kernels/__init__.py (any
+    version of this file: they all define _defer_to_installed)."""
+    try:
+        with open(origin, "rb") as f:
+            return b"def _defer_to_installed(" in f.read()
+    except (OSError, TypeError):  # no file (a namespace package's origin is None)
+        return False
 
 
 if __name__ == "kernels":  # imported top-level from a checkout's root: not what the caller meant

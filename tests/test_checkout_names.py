@@ -76,3 +76,20 @@ def test_transformers_imports_from_the_root():
     transformers 5.25 requires; elsewhere it imports nothing of it)."""
     out = _run("import transformers.integrations.hub_kernels as h; print(h.__name__)", ROOT, site=True)
     assert out.endswith("hub_kernels")
+
+
+def test_a_second_checkout_on_sys_path_is_passed_over(tmp_path):
+    """Two checkouts on sys.path (the current directory one, PYTHONPATH naming another: a git
+    worktree, a second clone): each one's kernels/__init__.py deferred to the other's, and
+    `import kernels` (transformers' at import time, so every model load) ended in
+    RecursionError, then KeyError, tracebacks. Both copies are passed over for the installed
+    package, and with none installed, the first checkout's own folder answers."""
+    other = tmp_path / "other-checkout"
+    (other / "kernels").mkdir(parents=True)
+    (other / "kernels" / "__init__.py").write_text((ROOT / "kernels" / "__init__.py").read_text())
+    site = _installed_kernels(tmp_path)
+    assert _run("import kernels; print(kernels.WHOSE)", ROOT, other, site) == "installed"
+    assert _run("import kernels; print(kernels.WHOSE)", other, ROOT, site) == "installed"
+    assert _run("import kernels; print(kernels.__file__)", ROOT, other) == str(
+        ROOT / "kernels" / "__init__.py"
+    )
