@@ -82,12 +82,26 @@ def merge_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torc
     return weight, bias
 
 
+# model_type values whose attention passes config.sliding_window to every layer (transformers'
+# Mistral). Qwen2/3 set a window per layer on the module; Llama never windows, even where its
+# config.json carries a "sliding_window" key (transformers keeps it as an unused attribute).
+CONFIG_WINDOW_MODEL_TYPES = ("mistral",)
+
+
 def layer_window(attn: nn.Module, passed: Optional[int]) -> int:
     """The sliding window of one attention module (0 = full): the module's own setting first
     (Qwen2/3 set it per layer type), else what the model passes it (Mistral: config.sliding_window
     for every layer; Llama: nothing)."""
     window = attn.sliding_window if hasattr(attn, "sliding_window") else passed
     return int(window) if window else 0
+
+
+def config_window(config) -> Optional[int]:
+    """The window a family's attention forward passes every layer: config.sliding_window for the
+    CONFIG_WINDOW_MODEL_TYPES, None for the others (whatever their config holds)."""
+    if getattr(config, "model_type", None) not in CONFIG_WINDOW_MODEL_TYPES:
+        return None
+    return getattr(config, "sliding_window", None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,7 +142,7 @@ class MergedLayer(nn.Module):
         self.num_q = int(attn.q_proj.weight.shape[0]) // self.head_dim
         self.num_kv = int(attn.k_proj.weight.shape[0]) // self.head_dim
         self.scale = float(attn.scaling)
-        self.window = layer_window(attn, getattr(config, "sliding_window", None))
+        self.window = layer_window(attn, config_window(config))
         self.input_layernorm = hf_layer.input_layernorm
         self.post_attention_layernorm = hf_layer.post_attention_layernorm
         self.o_proj, self.down_proj, self.act_fn = attn.o_proj, mlp.down_proj, mlp.act_fn

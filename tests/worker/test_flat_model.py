@@ -218,6 +218,26 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_imp
         assert torch.allclose(logits, expected[start : start + n], atol=ATOL, rtol=RTOL), start
 
 
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
+def test_a_sliding_window_key_in_a_llama_config_is_not_applied(impl, tmp_path, model_impl):
+    """A Llama config.json that carries a stray "sliding_window" (kept by transformers as a plain
+    attribute): Llama's attention never reads it, so no layer is windowed. The merged decoder
+    used to window every layer with it, and its logits left transformers' past the 5th token."""
+    from enginespec.testing.checkpoints import make_checkpoint
+
+    path = make_checkpoint("llama", tmp_path / "llama_sw", sliding_window=5, seed=7)
+    hf = _hf_model(path)
+    assert hf.config.sliding_window == 5
+    model = _load(path, impl.attention_backend("cpu"), model_impl)
+    ids = torch.randint(0, VOCAB_SIZE, (16,), generator=torch.Generator().manual_seed(5)).tolist()
+    req = impl.new_request("r", ids, SamplingParams(max_tokens=1))
+    batch = build_batch(SchedulerOutput(scheduled=[(req, len(ids))]), ShuffledTables(6, 3, ["r"], seed=6))
+    logits = model.compute_logits(
+        model.forward(batch.input_ids, batch.positions, batch.meta, model.allocate_kv(6, 3))
+    )
+    assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+
+
 def test_merged_weights_are_shared_with_the_checkpoint_modules(impl):
     """Merging holds no weight twice: q/k/v and gate/up become row slices of the merged tensors,
     so both decoders of one FlatModel read the same memory, and they agree in float64."""
