@@ -37,5 +37,12 @@ case_rc llm_tp2_built "from enginespec import LLM
 if __name__ == '__main__':
     llm = LLM('$d/qwen3', impl='fast', device='cpu', dtype='float32', tensor_parallel_size=2)
     raise KeyboardInterrupt"
+# The cause (forty-fourth session): CPython clears its "uncaught KeyboardInterrupt" flag whenever
+# an exec/eval of a string runs (PyRun_StringFlags), a namedtuple's too, and shutdown ran one:
+# torch dynamo's atexit dump_compile_times imports tabulate where it is installed.
+case_rc namedtuple_at_exit 'import atexit, collections
+atexit.register(lambda: collections.namedtuple("T", "a b"))
+raise KeyboardInterrupt'
+"$py" -c 'import tabulate' 2>/dev/null && echo "tabulate installed" || echo "tabulate not installed"
 "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
 rm -rf "$d"
