@@ -30,6 +30,7 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
@@ -484,6 +485,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def serving_line(sock: socket.socket, model: str) -> str:
+    """The one line `serve` writes to stderr once the engine is up, whatever the log level
+    (uvicorn's default here is warning, which says nothing): where it listens, the port the
+    kernel chose for --port 0 included."""
+    host, port = sock.getsockname()[:2]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"enginespec serve: {model} on http://{where} (OpenAI API under /v1; Ctrl-C stops)"
+
+
 def run_server(ns) -> int:
     """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
     when the engine process died."""
@@ -550,6 +560,7 @@ def run_server(ns) -> int:
             server = _server_class()(config)
             server.on_exit = client.close_admission
             client.on_death = lambda: setattr(server, "should_exit", True)
+        print(serving_line(sock, names[0]), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
         log.info("stopped by %s before the server was serving", stopped)

@@ -236,3 +236,31 @@ def test_a_port_in_use_fails_before_the_engine_loads(model_dir, tmp_path):
     assert proc.returncode == 2
     assert f"{HOST}:{port}" in err.decode() and "in use" in err.decode()
     assert not (tmp_path / "loading").exists()  # no engine process was started
+
+
+def test_serve_says_where_it_listens_at_the_default_log_level(model_dir):
+    """With uvicorn at its default level here (warning: it says nothing), `serve` still writes
+    one stderr line once the engine is up naming its address, and for --port 0 the port the
+    kernel chose: a user could not otherwise learn it. The line's URL answers /health."""
+    cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir)]
+    cmd += ["--host", HOST, "--port", "0", "--device", "cpu"]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lambda: any("enginespec serve:" in line for line in lines), timeout=120)
+        line = next(line for line in lines if "enginespec serve:" in line)
+        url = line.split(" on ", 1)[1].split()[0]
+        assert url.startswith(f"http://{HOST}:") and not url.endswith(":0"), line
+        assert httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0
