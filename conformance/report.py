@@ -85,7 +85,9 @@ def impl_info(target: str, impl, error: Exception | None) -> dict:
         "name": getattr(impl, "name", None),
         "version": version,
         "capabilities": sorted(getattr(impl, "capabilities", ())),
-        "optional": sorted(m for m in ("build_batch",) if callable(getattr(impl, m, None))),
+        "optional": sorted(
+            p.key.partition(":")[2] for p in CAPABILITIES if p.key.startswith("optional:") and declares(p, impl)
+        ),
     }
 
 

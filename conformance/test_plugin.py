@@ -263,6 +263,15 @@ def test_capability_points_count_only_for_what_the_impl_declares():
     assert point_status({tid: "pass"}, batch, SimpleNamespace(build_batch=print))["status"] == "pass"
     # no impl to ask (it did not load): the tests decide, as for the eight points
     assert point_status({tid: "pass"}, batch, None)["status"] == "pass"
+    # the report's impl entry lists the optional methods its points find declared, both kinds
+    from enginespec.conformance.report import impl_info
+
+    both = SimpleNamespace(build_batch=print, **vars(impl_whose_requests(replace_last_token=print)))
+    assert impl_info("x", both, None)["optional"] == ["build_batch", "replace_last_token"]
+    assert impl_info("x", impl_whose_requests(replace_last_token=print), None)["optional"] == [
+        "replace_last_token"
+    ]
+    assert impl_info("x", impl_whose_requests(), None)["optional"] == []
 
 
 @needs_installed_plugin
