@@ -282,6 +282,38 @@ def test_async_equals_serial_with_stop_strings(impl):
     assert all(t[2] == "stop" for t in texts[False])
 
 
+@pytest.mark.parametrize("stop", ["token", "string"])
+def test_prompt_logprobs_of_a_chunk_beside_a_late_stop_are_kept(impl, stop):
+    """A short request that stops on its first token (found a step late, when the real id
+    arrives) shares the next step with a chunk of a long prompt that asked for prompt logprobs.
+    That step's only sampling row belongs to the stopped request, so no placeholder is pending
+    after it; the engine used to drop the whole launched step then, and with it the chunk's
+    prompt logprobs: the long prompt's prompt_logprobs came back shorter than the prompt (26 of
+    40 entries here), shifted against its tokens. They must equal the serial run's."""
+    short = {"prompt_token_ids": [5, 6, 7]}
+    long = {"prompt_token_ids": list(range(10, 50))}
+    runs = {}
+    for overlap in (False, True):
+        llm = _llm(impl, overlap, max_num_batched_tokens=8)
+        first = llm.generate(short, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)[0]
+        ends = (
+            dict(stop_token_ids=first.outputs[0].token_ids)
+            if stop == "token"
+            else dict(stop=(first.outputs[0].text,))
+        )
+        params = [
+            SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, **ends),
+            SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
+        ]
+        outs = llm.generate([short, long], params, use_tqdm=False)
+        check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+        assert outs[0].outputs[0].finish_reason == "stop"
+        runs[overlap] = _ranked(outs[1].prompt_logprobs)
+        assert (llm.engine.stats.num_async_steps > 0) == (overlap and overlaps(impl))
+    assert len(runs[False]) == len(long["prompt_token_ids"])
+    assert runs[True] == runs[False]
+
+
 def test_stream_never_shows_a_placeholder(impl):
     llm = _llm(impl, True)
     params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)

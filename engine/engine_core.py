@@ -923,14 +923,19 @@ class EngineCore:
 
     def _update_with_placeholders(self, output, launched: InFlight) -> None:
         """update_from_output with the placeholder id as every sampled token; the requests that
-        appended one wait in `launched` for their real token (length stops are already right)."""
+        appended one wait in `launched` for their real token (length stops are already right).
+        The step stays pending while a placeholder awaits its id or the step carries prompt
+        logprobs: a step whose sampling rows all belong to requests that stopped meanwhile (a
+        stop the previous step's real id revealed) appends nothing, yet its prompt chunks'
+        logprobs are read only when it is resolved."""
         placeholder = [self.vocab_size]
         update = self.scheduler.update_from_output(output, {rid: placeholder for rid in launched.rows})
         for rid, tokens in update.new_token_ids.items():
             if tokens:
                 launched.awaiting[rid] = self._samples[rid][1].request
         launched.finished = list(update.finished)
-        self._inflight = launched if launched.awaiting else None
+        pending = launched.awaiting or launched.prompt is not None
+        self._inflight = launched if pending else None
 
     def _resolve(self, inflight: Optional[InFlight], changed: dict) -> float:
         """Put the real tokens of a launched step in place of its placeholders, apply the stops
