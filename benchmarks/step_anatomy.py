@@ -158,12 +158,16 @@ def graph_replay_ms(core, num_rows: int, reps: int = 20) -> Optional[float]:
     times back to back on an idle GPU (its static inputs as the last step left them: the same
     K/V rewritten to the same slots). The decoder's own GPU time, free of the host's pace,
     which the event marks above are not: a GPU that waits for the host's launches waits
-    between and inside those marks too. None without CUDA graphs."""
+    between and inside those marks too. The graph the last step replayed when it was this
+    bucket's (a bucket's balanced twin for spread contexts), else the bucket's plain one. None
+    without CUDA graphs."""
     graphs = getattr(core.runner, "graphs", None)
     bucket = graphs.bucket_for(num_rows) if graphs is not None else None
     if bucket is None or bucket not in graphs.graphs:
         return None
-    graph = graphs.graphs[bucket]
+    twins = (graphs.graphs[bucket], graphs.balanced_graphs.get(bucket))
+    last = getattr(graphs, "last_graph", None)
+    graph = last if last is not None and any(last is g for g in twins) else graphs.graphs[bucket]
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

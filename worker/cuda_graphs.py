@@ -170,6 +170,7 @@ class DecodeGraphs:
         self.balanced_hidden: dict[int, torch.Tensor] = {}
         self.balanced_logits: dict[int, torch.Tensor] = {}
         self._replayed_logits: Optional[torch.Tensor] = None  # the last decode replay's head output
+        self.last_graph: Optional[torch.cuda.CUDAGraph] = None  # the last one replayed (benchmarks time it)
 
     def bucket_for(self, num_rows: int) -> Optional[int]:
         """Smallest captured decode bucket holding num_rows rows, or None."""
@@ -296,10 +297,12 @@ class DecodeGraphs:
         n, mixed = batch.meta.num_tokens, _is_mixed(batch.meta)
         self._load(batch, mixed)
         if n in self.balanced_graphs and lengths_spread(batch.meta.seq_lens_cpu):
-            self.balanced_graphs[n].replay()
+            self.last_graph = self.balanced_graphs[n]
+            self.last_graph.replay()
             self._replayed_logits = self.balanced_logits.get(n)
             return self.balanced_hidden[n]
-        (self.mixed_graphs if mixed else self.graphs)[n].replay()
+        self.last_graph = (self.mixed_graphs if mixed else self.graphs)[n]
+        self.last_graph.replay()
         self._replayed_logits = None if mixed else self.logits.get(n)
         return (self.mixed_hidden if mixed else self.hidden)[n]
 

@@ -385,8 +385,10 @@ def test_a_spread_batch_replays_the_balanced_graph(monkeypatch):
     assert graphs.forward(batch([100 + 80 * i for i in range(24)], 24)) == "balanced_hidden24"
     spread8 = batch([100, 2000, 3000], 8)
     assert graphs.forward(spread8) == "balanced_hidden8" and head(spread8).eq(-8.0).all()
+    assert graphs.last_graph is graphs.balanced_graphs[8]  # what benchmarks replay to time it
     even8 = batch([517] * 8, 8)
     assert graphs.forward(even8) == "hidden8" and head(even8).eq(8.0).all()
+    assert graphs.last_graph is graphs.graphs[8]
     four = batch([100, 3000], 4)
     assert graphs.forward(four) == "hidden4" and head(four).eq(4.0).all()
     assert log == ["plain24", "balanced24", "balanced8", "plain8", "plain4"]
