@@ -665,9 +665,21 @@ def _sampling_params(ns: argparse.Namespace, file_defaults: dict):
     )
 
 
+def _check_given_sampling(ns: argparse.Namespace) -> None:
+    """generate's sampling flags that were given, through SamplingParams' own checks before the
+    model loads: a bad --max-tokens, --n or --temperature was reported only after a load that
+    can take minutes. The checkpoint's generation_config fills only the flags not given, so a
+    value refused here alone is refused after the load too (ValueError naming the field)."""
+    from enginespec.spec import SamplingParams
+
+    given = {k: getattr(ns, k) for k in GENERATE_DEFAULTS if getattr(ns, k) is not None}
+    SamplingParams(**given, n=ns.n, stop=tuple(ns.stop), ignore_eos=ns.ignore_eos)
+
+
 def _generate(ns: argparse.Namespace) -> int:
     from enginespec.llm import LLM
 
+    _check_given_sampling(ns)
     llm = LLM(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
     params = _sampling_params(ns, llm.engine.generation.sampling)
     outputs = llm.generate(ns.prompt, params, use_tqdm=ns.use_tqdm)

@@ -187,6 +187,24 @@ def test_bad_flag_value_is_one_line(capsys, sharded_dir):
     assert rc == 2 and "max_tokens" in err
 
 
+@pytest.mark.parametrize(
+    "flags, field",
+    [(["--max-tokens", "0"], "max_tokens"), (["--n", "0"], "n"), (["--temperature", "-1"], "temperature"),
+     (["--top-p", "1.5"], "top_p"), (["--top-k", "-2"], "top_k")],
+)  # fmt: skip
+def test_a_bad_sampling_flag_is_refused_before_the_model_loads(flags, field, capsys, monkeypatch):
+    """A sampling flag's value SamplingParams refuses is the one-line error naming the field
+    (exit 2) before any model is loaded: it came only after the whole load."""
+    import enginespec.llm
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(enginespec.llm, "LLM", no_load)
+    rc, _, err = run_cli(["generate", "--model", "unused", "--prompt", "x", "--no-tqdm", *flags], capsys)
+    assert rc == 2 and field in err and "loaded before" not in err, err
+
+
 def test_demo_runs_and_reports(impl_arg, capsys):
     rc, out, err = run_cli(
         [
