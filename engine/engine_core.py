@@ -479,8 +479,9 @@ class EngineCore:
         bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids, params = self._validate(request_id, prompt_token_ids, params, priority)
+        asked = params.max_tokens
         params = self._fit_max_tokens(params.with_vocab(self.vocab_size), len(prompt_token_ids))
-        self._check_fits(len(prompt_token_ids), params.max_tokens)
+        self._check_fits(len(prompt_token_ids), params.max_tokens, asked)
         grammar = self._compile_grammar(params)
         eos, extra_stops = self._eos_ids()
         requests = []
@@ -633,14 +634,18 @@ class EngineCore:
             return params
         return dataclasses.replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
-    def _check_fits(self, num_prompt: int, max_tokens: int) -> None:
+    def _check_fits(self, num_prompt: int, max_tokens: int, asked: Optional[int] = None) -> None:
         """Prompt + max_tokens (already within max_model_len) within the KV pool, or a
-        ValueError naming num_blocks."""
+        ValueError naming num_blocks. `asked` is the request's own max_tokens: where it was
+        None (or over the room) the message says the count came from max_model_len, so a user
+        who set no max_tokens is not told about one."""
         bs, num_blocks = self.args.block_size, self.runner.num_blocks
         need = -(-(num_prompt + max_tokens) // bs)
         if need > num_blocks:
+            room = f"{max_tokens} tokens max_model_len ({self.max_model_len}) leaves"
+            told = f"None: all {room}" if asked is None else f"{asked}, cut to the {room}"
             raise ValueError(
-                f"prompt length ({num_prompt}) + max_tokens ({max_tokens}) needs {need} KV "
+                f"prompt length ({num_prompt}) + max_tokens ({max_tokens if asked == max_tokens else told}) needs {need} KV "
                 f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})"
             )
 

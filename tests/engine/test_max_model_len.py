@@ -40,6 +40,13 @@ def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold():
     assert llm.engine.max_model_len == 64
     with pytest.raises(ValueError, match="num_blocks"):
         llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13), use_tqdm=False)
+    # a max_tokens the user did not set (or set past the room) is not reported as theirs
+    with pytest.raises(ValueError, match=r"max_tokens \(None: all 44 tokens max_model_len \(64\) leaves\)"):
+        llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=None), use_tqdm=False)
+    with pytest.raises(
+        ValueError, match=r"max_tokens \(500, cut to the 44 tokens max_model_len \(64\) leaves\)"
+    ):
+        llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=500), use_tqdm=False)
 
 
 def test_a_pool_that_holds_the_models_length_changes_nothing():
