@@ -18,6 +18,12 @@ The rules (vLLM's, for templates that take string content):
   vLLM's {"type": "thinking", "thinking": ...} parts are text parts too. Any other part
   (image_url, input_audio, ...) is an error: the engine serves text-only models, and dropping
   the part would answer a different question than the one asked.
+- chat_template_content_format (vLLM's name): "string" gives the template each message's
+  content as that one string; "openai" as a list of {"type": "text", "text": ...} parts (a str
+  content is one part, None none); "auto", the default, picks "openai" for a template that
+  loops over a message's content (directly, or through a variable set from it), else "string",
+  as vLLM detects it (flattened, the content would be looped over character by character and
+  every message would render empty, without an error).
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
   neither: an error).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
@@ -40,6 +46,7 @@ The rules (vLLM's, for templates that take string content):
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Optional
 
@@ -57,6 +64,10 @@ TEXT_PARTS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
+
+
+# vLLM's chat_template_content_format values: how a message's content reaches the template
+CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 class ChatTemplateError(ValueError):
@@ -88,6 +99,19 @@ def message_text(content) -> str:
     return TEXT_PART_SEPARATOR.join(texts)
 
 
+def message_parts(content) -> list[dict]:
+    """A message's content as OpenAI-format text parts, for a template that loops over them: a
+    str is one {"type": "text", "text": ...} part, None is none, and a list keeps one such part
+    per text part with some text (message_text's rules and errors for the parts)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    message_text(content)  # a part that is no text, or a content that is no list: its error
+    texts = [part if isinstance(part, str) else _part_text(part) for part in content]
+    return [{"type": "text", "text": text} for text in texts if text]
+
+
 def _part_text(part) -> Optional[str]:
     """A dict content part's text: under TEXT_PARTS' key for its type (None: a null one, which
     is skipped); ChatTemplateError for any other part, or a text that is not a str. A part
@@ -108,15 +132,17 @@ def _part_text(part) -> Optional[str]:
     return text
 
 
-def chat_messages(messages) -> list[dict]:
-    """The messages with their content flattened to strings (message_text); each message must
-    be a dict."""
+def chat_messages(messages, content_format: str = "string") -> list[dict]:
+    """The messages with their content flattened to strings (message_text), or for
+    content_format "openai" as lists of text parts (message_parts); each message must be a
+    dict."""
+    content_of = message_parts if content_format == "openai" else message_text
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ChatTemplateError(f"messages[{i}] must be a dict with role and content, got {message!r}")
         _check_role(message, f"messages[{i}].role")
-        clean = {**message, "content": message_text(message.get("content"))}
+        clean = {**message, "content": content_of(message.get("content"))}
         calls = _tool_calls(message, f"messages[{i}].tool_calls")
         if calls:
             clean["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
@@ -213,6 +239,69 @@ def resolve_chat_template(tokenizer, chat_template: Optional[str] = None) -> Opt
     return chat_template
 
 
+def content_format_of(template: str, content_format: str = "auto") -> str:
+    """The content form the template gets, "string" or "openai": content_format itself unless
+    "auto", which detects it (detect_content_format); ChatTemplateError (param
+    chat_template_content_format) for a value outside CONTENT_FORMATS."""
+    if content_format not in CONTENT_FORMATS:
+        allowed = ", ".join(repr(f) for f in CONTENT_FORMATS)
+        raise ChatTemplateError(
+            f"chat_template_content_format must be one of {allowed}, got {content_format!r}",
+            "chat_template_content_format",
+        )
+    return detect_content_format(template) if content_format == "auto" else content_format
+
+
+@functools.lru_cache(maxsize=32)
+def detect_content_format(template: str) -> str:
+    """The content form a template reads: "openai" where it has a `for` loop over a message's
+    content (`m['content']`, `m.content`, or a name set from one, as in `{% set parts =
+    m['content'] %}`), else "string"; "string" too for a template that does not parse
+    (rendering reports its error).
+    Cached per template string: a server renders with the same one for every request."""
+    try:
+        from jinja2 import Environment, nodes
+    except ImportError:  # rendering will say that jinja2 is missing
+        return "string"
+    try:
+        ast = Environment(extensions=["jinja2.ext.loopcontrols", _generation_tag()]).parse(template)
+    except Exception:  # a syntax error: rendering names it
+        return "string"
+
+    def is_content(node, names: set) -> bool:
+        if isinstance(node, nodes.Getitem):
+            return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        if isinstance(node, nodes.Getattr):
+            return node.attr == "content"
+        return isinstance(node, nodes.Name) and node.name in names
+
+    names: set = set()
+    assigns = [a for a in ast.find_all(nodes.Assign) if isinstance(a.target, nodes.Name)]
+    grew = True
+    while grew:  # names set from content, or from such a name, to a fixed point
+        found = {a.target.name for a in assigns if is_content(a.node, names)}
+        grew, names = not found <= names, names | found
+    loops = ast.find_all(nodes.For)
+    return "openai" if any(is_content(loop.iter, names) for loop in loops) else "string"
+
+
+def _generation_tag():
+    """A Jinja extension that parses transformers' `{% generation %}...{% endgeneration %}`
+    block (assistant-mask tracking) as its body, so detect_content_format reads such templates."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return GenerationTag
+
+
 def check_chat_options(messages: list, add_generation_prompt: bool, continue_final_message: bool) -> None:
     """vLLM's rules for the two prompt-end options (see the module docstring); both are bools
     (a str continue_final_message means a field name to some transformers versions only)."""
@@ -266,6 +355,7 @@ def render_chat(
     continue_final_message: bool = False,
     chat_template_kwargs: Optional[dict] = None,
     tools: Optional[list] = None,
+    chat_template_content_format: str = "auto",
 ) -> str:
     """One conversation as prompt text, by the module docstring's rules. Only arguments that
     every supported transformers version's apply_chat_template has are passed (conversation,
@@ -285,7 +375,7 @@ def render_chat(
             "this model's tokenizer has no chat template and none was given (pass chat_template)",
             "chat_template",
         )
-    clean = chat_messages(messages)
+    clean = chat_messages(messages, content_format_of(template, chat_template_content_format))
     check_chat_options(clean, add_generation_prompt, continue_final_message)
     extra = template_kwargs(chat_template_kwargs)
     if check_tools(tools) is not None:

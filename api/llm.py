@@ -381,15 +381,19 @@ class LLM:
         chat_template_kwargs: Optional[dict] = None,
         tools: Optional[list] = None,
         lora_request=None,
+        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} dicts) or to a
         list of conversations, each rendered by chat_utils.render_chat (vLLM's names and rules):
-        content parts are flattened to text (a non-text part is a ValueError); chat_template, a
+        content parts are flattened to text, or kept as text parts for a template that loops over
+        them (a non-text part is a ValueError); chat_template, a
         Jinja string, replaces the tokenizer's; continue_final_message=True (with
         add_generation_prompt=False) ends the prompt inside the last, assistant, message so the
         reply continues it; chat_template_kwargs are extra template variables; tools (OpenAI's
         function tools) go to the template, the reply comes back as text (vLLM's LLM.chat parses
-        no tool calls either). These five are keyword-only (vLLM's fourth positional is
+        no tool calls either); chat_template_content_format ("auto", "string", "openai") is how
+        the content reaches the template ("auto": as parts for a template that loops over them).
+        These six are keyword-only (vLLM's fourth positional is
         lora_request, taken here as a keyword: None only, check_lora_request). Every
         conversation is rendered before any is generated, so a bad one fails the call."""
         if not isinstance(messages, (list, tuple)):
@@ -404,6 +408,7 @@ class LLM:
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
             tools=tools,
+            chat_template_content_format=chat_template_content_format,
         )
         tokenizer = self.engine.tokenizer
         prompts = []

@@ -105,6 +105,57 @@ def test_a_message_without_a_string_role_is_refused_naming_it(tokenizer):
     assert render_chat(tokenizer, developer, chat_template=TEMPLATE) == "d:be brief;u:hi;A:"
 
 
+# ---- chat_template_content_format --------------------------------------------------------------
+
+# a template written for OpenAI-format content: it loops over each message's parts (as templates of
+# multi-modal checkpoints do), here through a variable set from the content
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{% set parts = m['content'] %}{{ m['role'][0] }}:"
+    "{% for p in parts %}{% if p['type'] == 'text' %}{{ p['text'] }}|{% endif %}{% endfor %};{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
+
+
+def test_a_template_that_loops_over_content_parts_gets_them_as_vllm_detects(tokenizer):
+    # The content was always flattened to one string, so such a template looped over its
+    # characters and rendered every message empty ("u:;a:;A:"), without an error.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, "yo"]}, CONVERSATION[1]]
+    assert render_chat(tokenizer, parts, chat_template=PARTS_TEMPLATE) == "u:hi|yo|;a:Yo|;A:"
+    cont = render_chat(
+        tokenizer,
+        parts,
+        chat_template=PARTS_TEMPLATE,
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    assert cont == "u:hi|yo|;a:Yo"
+    # a template that reads the content as a string keeps getting one ("auto" tells them apart)
+    assert render_chat(tokenizer, parts, chat_template=TEMPLATE) == "u:hi\nyo;a:Yo;A:"
+
+
+def test_chat_template_content_format_forces_either_form_and_is_checked(tokenizer):
+    string = render_chat(
+        tokenizer, CONVERSATION, chat_template=PARTS_TEMPLATE, chat_template_content_format="string"
+    )
+    assert string == "u:;a:;A:"  # asked for: each message's content is one string
+    openai = render_chat(
+        tokenizer,
+        CONVERSATION,
+        chat_template="{{ messages[0]['content'] }}",
+        chat_template_content_format="openai",
+    )
+    assert openai == str([{"type": "text", "text": "hi"}])
+    _raises(
+        "chat_template_content_format",
+        "one of 'auto', 'string', 'openai'",
+        render_chat,
+        tokenizer,
+        CONVERSATION,
+        chat_template=TEMPLATE,
+        chat_template_content_format="text",
+    )
+
+
 # ---- chat_template ------------------------------------------------------------------------------
 
 
@@ -271,3 +322,13 @@ def test_llm_chat_takes_vllms_chat_keywords(llm):
         llm.chat(CONVERSATION, GREEDY, use_tqdm=False)
     with pytest.raises(TypeError):  # keyword-only: vLLM's fourth positional is lora_request
         llm.chat(CONVERSATION, GREEDY, False, TEMPLATE)
+
+
+def test_llm_chat_takes_chat_template_content_format(llm):
+    # vLLM's keyword of LLM.chat was a TypeError; "auto" (its default) detects the parts template
+    prompts = [
+        _chat(llm, CONVERSATION, chat_template_content_format=fmt)[0].prompt for fmt in ("auto", "string")
+    ]
+    assert prompts == ["u:hi;a:Yo;A:"] * 2
+    out = llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template=PARTS_TEMPLATE)[0]
+    assert out.prompt == "u:hi|;a:Yo|;A:"
