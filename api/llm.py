@@ -39,6 +39,8 @@ import numbers
 import threading
 import time
 import weakref
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -428,14 +430,7 @@ def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[in
     `tokenizer`, which must exist), a list of token ids, or a dict with "prompt_token_ids" or
     "prompt" (and optionally "cache_salt"). Anything else is a ValueError naming what it got."""
     if isinstance(prompt, dict):
-        unknown = set(prompt) - _PROMPT_KEYS
-        if unknown:
-            raise ValueError(f"unknown prompt keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
-        if "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return prompt_to_ids(prompt["prompt"], tokenizer)
-        raise ValueError(f"a dict prompt needs 'prompt_token_ids' or 'prompt', got keys {sorted(prompt)}")
+        return _dict_prompt_to_ids(prompt, tokenizer)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError(
@@ -451,6 +446,34 @@ def prompt_to_ids(prompt: PromptType, tokenizer) -> tuple[Optional[str], list[in
         f"a prompt must be a str, a list of token ids or a dict with 'prompt_token_ids', "
         f"got {type(prompt).__name__}"
     )
+
+
+def _dict_prompt_to_ids(prompt: dict, tokenizer) -> tuple[Optional[str], list[int]]:
+    """prompt_to_ids of a TextPrompt or TokensPrompt: "prompt_token_ids" (any sequence of ids:
+    a list, a tuple, a numpy array) wins, with "prompt" as its text where given; else "prompt",
+    the text to encode. "prompt" must be a str (None too beside ids) and "prompt_token_ids" no
+    str, mapping, set or scalar: a ValueError naming the key, where list() would fail with a
+    bare TypeError or read a dict's keys as the prompt."""
+    unknown = set(prompt) - _PROMPT_KEYS
+    if unknown:
+        raise ValueError(f"unknown prompt keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
+    text = prompt.get("prompt")
+    if "prompt_token_ids" in prompt:
+        ids = prompt["prompt_token_ids"]
+        if isinstance(ids, (str, bytes, Mapping, AbstractSet)) or not isinstance(ids, Iterable):
+            raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
+        if text is not None and not isinstance(text, str):
+            raise _prompt_text_error(text)
+        return text, list(ids)
+    if "prompt" in prompt:
+        if not isinstance(text, str):
+            raise _prompt_text_error(text)
+        return prompt_to_ids(text, tokenizer)
+    raise ValueError(f"a dict prompt needs 'prompt_token_ids' or 'prompt', got keys {sorted(prompt)}")
+
+
+def _prompt_text_error(text) -> ValueError:
+    return ValueError(f"a dict prompt's 'prompt' must be a str (its text), got {type(text).__name__}")
 
 
 def _prompt_list(prompts) -> list:

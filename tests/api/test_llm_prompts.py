@@ -49,3 +49,33 @@ def test_a_text_prompt_that_encodes_to_no_tokens_names_the_prompt(llm):
             call()
     assert not llm.engine.has_unfinished
     assert llm.generate("hi", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ({"prompt_token_ids": None}, "prompt_token_ids must be a list of token ids, got NoneType"),
+        ({"prompt_token_ids": 5}, "prompt_token_ids must be a list of token ids, got int"),
+        ({"prompt_token_ids": {5: 6}}, "prompt_token_ids must be a list of token ids, got dict"),
+        ({"prompt_token_ids": {5, 6}}, "prompt_token_ids must be a list of token ids, got set"),
+        ({"prompt_token_ids": [5], "prompt": 7}, "'prompt' must be a str"),
+        ({"prompt": [5, 6]}, "'prompt' must be a str"),
+        ({"prompt": None}, "'prompt' must be a str"),
+    ],
+    ids=["ids-none", "ids-int", "ids-dict", "ids-set", "ids-with-bad-text", "text-as-ids", "text-none"],
+)
+def test_a_dict_prompt_of_the_wrong_types_is_a_value_error_naming_the_key(llm, prompt, match):
+    # None or an int was a bare "not iterable" TypeError naming no key; a dict or a set of ids was
+    # taken as its keys (a prompt nobody wrote), and ids under "prompt" as if a TokensPrompt.
+    with pytest.raises(ValueError, match=match):
+        llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished
+
+
+def test_a_tokens_prompt_takes_any_sequence_of_ids(llm):
+    import numpy as np
+
+    want = llm.generate({"prompt_token_ids": [5, 6]}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    for ids in ((5, 6), np.array([5, 6]), range(5, 7)):
+        out = llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0]
+        assert out.prompt_token_ids == [5, 6] and out.outputs[0].token_ids == want
