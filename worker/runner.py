@@ -16,7 +16,8 @@ Sizing the pool:
   sampler included) measures the activation peak; the pool gets
   total * gpu_memory_utilization - (memory in use before the run) - (activation peak).
 - A size the user set (the first two, or kv_cache_bytes) must fit the memory free on the
-  device, scratch block included: else a ValueError naming it (_check_pool_memory).
+  device, scratch block included (on the CPU under tensor parallelism, every rank's pool at
+  once: they share the host): else a ValueError naming it (_check_pool_memory).
 
 Swaps: `swap_out(request_id, blocks)` copies the listed device blocks (every layer, K and V)
 to host memory under the request id, before the step's forward reuses them; `swap_in` copies
@@ -198,15 +199,22 @@ class ModelRunner:
         size the engine chose itself is never refused here; no check where the free memory
         cannot be read."""
         free = cuda_bytes_available(self.device) if self.device.type == "cuda" else host_bytes_available()
-        need = (self.num_blocks + 1) * self._sizing_bytes
+        pools = self._pools_sharing_memory()
+        need = (self.num_blocks + 1) * self._sizing_bytes * pools
         if free is None or need <= free:
             return
         where = "GPU memory free" if self.device.type == "cuda" else "host memory available"
+        ranks = f", times the {pools} tensor-parallel ranks sharing this host" if pools > 1 else ""
         raise ValueError(
             f"{sized_by} ({value}) needs {need} bytes of KV cache ({self._sizing_bytes} per block "
-            f"of {self.block_size} tokens over all layers, plus one scratch block), more than "
+            f"of {self.block_size} tokens over all layers, plus one scratch block{ranks}), more than "
             f"the {free} bytes of {where}; lower {sized_by}"
         )
+
+    def _pools_sharing_memory(self) -> int:
+        """How many pools of this one's size draw on the memory _check_pool_memory reads: 1
+        here (a tensor-parallel runner on the CPU says more: its ranks share one host)."""
+        return 1
 
     def _allocate_pool(self, sized_by: str) -> list[torch.Tensor]:
         """The pool's tensors. An allocator's refusal (the host's or the GPU's memory cannot hold

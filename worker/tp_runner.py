@@ -156,6 +156,12 @@ class TPModelRunner(ModelRunner):
         """Every rank's own sizing, then the smallest: the block ids must mean the same on all."""
         return self.tp.min_over_ranks(super()._size_pool(*args))
 
+    def _pools_sharing_memory(self) -> int:
+        """On the CPU every rank's pool (the same size on each) comes out of one host's memory:
+        a user-sized pool must fit it world_size times over, or the ranks, each checking alone,
+        zero-fill past it together. On CUDA each rank's pool is on its own GPU."""
+        return self.tp.world_size if self.device.type == "cpu" else 1
+
     # ---- swaps: applied here, replayed by the workers before the next forward -----------------
 
     def swap_out(self, request_id: str, block_ids: list[int]) -> None:

@@ -77,3 +77,28 @@ def test_an_allocator_refusal_the_check_let_through_names_the_field(monkeypatch)
     monkeypatch.setattr(FlatModel, "allocate_kv", lambda *a: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="^other$"):
         _llm(num_blocks=64)
+
+
+def test_a_block_count_is_checked_against_the_host_once_per_tensor_parallel_rank(monkeypatch):
+    """On the CPU the ranks' pools all come out of one host's memory. Each rank checked its own
+    pool alone, so TP=2 took a block count that fits the host once but not twice: rank 0 (the
+    host pretends here, the worker reads the real one) passed, and on a real host both ranks
+    zero-filled their pools until the kernel killed one. Refused now, before any allocation,
+    and the worker that was started is released."""
+    import multiprocessing
+
+    from enginespec.llm import LLM
+
+    path = str(tiny_model_dir("qwen3"))
+    kwargs = dict(impl="fast", dtype="float32", device="cpu", block_size=4, tensor_parallel_size=2)
+    with LLM(path, num_blocks=1, **kwargs) as llm:
+        per_block = llm.engine.runner.bytes_per_block  # one rank's: half the KV heads
+    blocks = AVAILABLE // per_block // 2  # the scratch block on top: fits once, not twice
+    monkeypatch.setattr(runner_module, "host_bytes_available", lambda: AVAILABLE)
+    before = set(multiprocessing.active_children())
+    need = 2 * (blocks + 1) * per_block
+    with pytest.raises(ValueError, match=rf"num_blocks \({blocks}\) needs {need} bytes.*2 tensor-parallel"):
+        LLM(path, num_blocks=blocks, **kwargs)
+    assert set(multiprocessing.active_children()) <= before
+    with LLM(path, num_blocks=blocks // 2 - 1, **kwargs) as llm:  # both ranks' pools fit
+        assert llm.engine.runner.num_blocks == blocks // 2 - 1
