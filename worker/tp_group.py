@@ -330,13 +330,38 @@ def _wait_ready(tp: TensorParallel) -> None:
         )
         if not ready:
             raise EngineDeadError(f"tensor-parallel workers did not start within {START_TIMEOUT_S:.0f} s")
+        silent = [p for p in waiting.values() if p.sentinel in ready]
         for conn in [c for c in waiting if c in ready]:
-            message = conn.recv()
+            try:
+                message = conn.recv()
+            except EOFError:  # it exited without a word
+                silent.append(waiting[conn])
+                continue
             if message[0] != "ready":
                 raise EngineDeadError(f"tensor-parallel worker failed to start:\n{message[1]}")
             del waiting[conn]
-        if any(p.sentinel in ready for p in waiting.values()):
-            raise EngineDeadError(tp._exited() or "a tensor-parallel worker exited while starting")
+        silent = [p for p in silent if p in waiting.values()]  # not one that said ready first
+        if silent:
+            raise EngineDeadError(_exited_while_starting(tp, silent))
+
+
+def _exited_while_starting(tp: TensorParallel, silent: list) -> str:
+    """Why workers that exited before saying ("ready",) or sending an error died. One that
+    raised never reached worker_main (which reports any error): it failed in multiprocessing's
+    own start-up, which imports the user's main module again, and a script that builds the LLM
+    at its top level so starts workers from each worker, which Python refuses (on the worker's
+    stderr, far above the caller's traceback). Waits for their exit codes first: a sentinel
+    fires a moment before the exit can be reaped (the error named no exit code then)."""
+    for proc in silent:
+        proc.join(timeout=DYING_WAIT_S)
+    reason = tp._exited() or "a tensor-parallel worker exited while starting"
+    if any(proc.exitcode is not None and proc.exitcode > 0 for proc in silent):
+        reason += (
+            " before it started; if this script builds the LLM at its top level, put that under "
+            "`if __name__ == '__main__':`, since each tensor-parallel worker is spawned and "
+            "imports the script again"
+        )
+    return reason
 
 
 def format_exception(exc: BaseException) -> str:

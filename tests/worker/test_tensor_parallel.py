@@ -285,6 +285,29 @@ def test_a_step_that_fails_midway_names_a_worker_that_is_slow_to_die():
     assert "no-such-message" in str(error)
 
 
+def test_an_unguarded_script_is_told_to_guard_itself(tmp_path):
+    """The workers are spawned, so each imports the user's script again: one that builds
+    LLM(..., tensor_parallel_size=2) at its top level makes every worker try to spawn its own,
+    and Python refuses in the worker's start-up, before enginespec's code runs there. The
+    caller's error (the last line the user sees) says what to do and names the worker's exit
+    code; it said only 'a tensor-parallel worker exited while starting', or, when the exit was
+    not reaped yet, named the worker with no hint."""
+    import subprocess
+    import sys
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from enginespec import LLM\n"
+        f"LLM({str(path)!r}, device='cpu', dtype='float32', tensor_parallel_size=2)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode != 0
+    last = run.stderr.splitlines()[-1]
+    assert "exited with code 1" in last and "if __name__ == '__main__':" in last, last
+
+
 # A script that builds a TP=2 engine, prints its workers' pids, then generates far longer than
 # the test waits (16 prompts of 200 tokens, one at a time) until the test's SIGINT; with "close"
 # or "del" it catches the KeyboardInterrupt, releases the engine that way and prints the time.
