@@ -364,6 +364,44 @@ def test_logprobs_are_vllm_logprob_objects(impl, async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+@pytest.mark.parametrize(("lost_step", "first_missing"), [(2, 5), (4, 13)], ids=["middle", "last"])
+def test_lost_prompt_logprobs_chunk_fails_the_request_naming_the_token(
+    impl, async_scheduling, lost_step, first_missing
+):
+    """Prompt logprobs a step computed but never stored (as async scheduling once dropped a
+    step) must not come back as a list shorter than the prompt, shifted against its tokens:
+    the request fails (finish_reason "error") with an error naming it and the first prompt
+    token without an entry. A runner that loses one step's prompt logits stands in for the
+    fault: a 14-token prompt in chunks of 4 (rows predicting tokens 1-4, 5-8, 9-12, 13), losing
+    the second chunk's (the third finds the gap) or the last's (the first output token finds
+    the list short). The engine serves on, the pool idle afterwards."""
+    llm = make_llm(impl, async_scheduling=async_scheduling, max_num_batched_tokens=4)
+    runner = llm.engine.runner
+    execute, calls = runner.execute, []
+
+    def lossy(batch):
+        result = execute(batch)
+        calls.append(bool(result.prompt_logits))
+        if len(calls) == lost_step:
+            assert result.prompt_logits, "the lost step carries prompt logits"
+            result.prompt_logits = {}
+        return result
+
+    runner.execute = lossy
+    prompt = {"prompt_token_ids": list(range(10, 24))}
+    params = dataclasses.replace(GREEDY, prompt_logprobs=1)
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    completion = out.outputs[0]
+    assert completion.finish_reason == "error", (completion.finish_reason, len(out.prompt_logprobs))
+    assert f"request {out.request_id!r}" in completion.error
+    assert f"no entry for prompt token {first_missing} " in completion.error
+    runner.execute = execute
+    again = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert again.outputs[0].finish_reason == "length" and len(again.prompt_logprobs) == 14
+    check_idle(llm.engine.block_manager.state(), runner.num_blocks)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
 def test_cumulative_logprob_sums_the_sampled_tokens(impl, async_scheduling):
     """CompletionOutput.cumulative_logprob (vLLM's): the sum of the sampled tokens' logprobs,
     per sample of n > 1, for any logprobs k (0 too), matching transformers; None when the

@@ -44,7 +44,7 @@ from enginespec.engine.async_scheduling import (
     start_copy,
 )
 from enginespec.engine.generation_config import GenerationDefaults, further_eos_ids
-from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample
+from enginespec.engine.output_processor import ERROR, OutputProcessor, Parent, Sample, store_prompt_logprobs
 from enginespec.engine.request_ids import internal_id
 from enginespec.engine.spec_decode import DraftModelDrafter, SpecDecoder, SpecDecodeStats, SpeculativeConfig
 from enginespec.engine.spec_decode.draft_model import (
@@ -1009,13 +1009,15 @@ class EngineCore:
             )
 
     def _store_prompt_logprobs(self, request_id: str, positions, entries) -> None:
+        """Store a step's prompt logprobs on the request's parent (a PromptLogprobsError, which
+        fails the step, when they would leave a gap: output_processor.store_prompt_logprobs)."""
         found = self._samples.get(request_id)
         if found is not None and found[0].prompt_logprobs is not None:
             detokenizer = found[1].detokenizer  # sample 0's: the request detokenizes
-            for pos, entry in zip(positions, entries):
-                if detokenizer is not None:
+            if detokenizer is not None:
+                for entry in entries:
                     self.outputs.name_tokens(entry, detokenizer.tokenizer)
-                found[0].prompt_logprobs[pos] = entry
+            store_prompt_logprobs(found[0], positions, entries)
 
     def _masked_logits(self, logits: torch.Tensor, sample_ids, previous, changed: dict):
         """(logits, None) for a step without a constrained row or a row of bad words. With

@@ -102,6 +102,8 @@ class OutputProcessor:
             parent, sample = found
             changed[parent.request_id] = parent
             self.num_generated_tokens += len(tokens)
+            if sample.index == 0 and parent.prompt_logprobs is not None and tokens:
+                check_prompt_logprobs_complete(parent)
             if sample.logprobs is not None:
                 pairs = logprob_map.get(request_id) or ()
                 if pairs and sample.cumulative_logprob is not None:
@@ -181,8 +183,7 @@ class OutputProcessor:
         ]
         prompt_lp = None
         if parent.prompt_logprobs is not None:
-            found = parent.prompt_logprobs
-            prompt_lp = [None] + [found[p] for p in range(len(found)) if p in found]
+            prompt_lp = [None] + prompt_logprob_entries(parent)
         return RequestOutput(
             parent.request_id,
             parent.prompt,
@@ -202,6 +203,61 @@ class OutputProcessor:
         while ids and ids[-1] == self.placeholder_id:
             ids.pop()
         return ids
+
+
+class PromptLogprobsError(RuntimeError):
+    """An internal error: a request's prompt logprobs lost a position (a step's prompt rows were
+    computed but never stored). Raised inside the step, so the step's rollback gives its
+    requests finish_reason "error" with this message, instead of a prompt_logprobs list that is
+    shorter than the prompt and shifted against its tokens."""
+
+
+def _missing(request_id: str, index: int, why: str) -> PromptLogprobsError:
+    return PromptLogprobsError(
+        f"request {request_id!r}: prompt_logprobs has no entry for prompt token {index} "
+        f"(prompt_logprobs[{index}]); {why}"
+    )
+
+
+def store_prompt_logprobs(parent: Parent, positions, entries) -> None:
+    """Record a step's prompt logprob entries in parent.prompt_logprobs: position p holds the
+    logprobs of prompt token p + 1. Invariant: the keys are always 0..len - 1. A prompt's
+    chunks arrive in order and a recompute after preemption starts again at 0 (prompt_logprobs
+    requests take no prefix-cache hit), so a position past the next free one means an earlier
+    chunk's entries were lost: PromptLogprobsError naming the request and the first missing
+    prompt token, and nothing past the gap is stored."""
+    found = parent.prompt_logprobs
+    for pos, entry in zip(positions, entries):
+        if pos > len(found):
+            raise _missing(
+                parent.request_id, len(found) + 1, f"the logprobs of prompt token {pos + 1} came first"
+            )
+        found[pos] = entry
+
+
+def check_prompt_logprobs_complete(parent: Parent) -> None:
+    """Once the parent's first sample has an output token its prompt was computed in full, so
+    every prompt token but the first has its entry; else PromptLogprobsError naming the first
+    missing one (the last chunk's entries were lost)."""
+    have = len(parent.prompt_logprobs)
+    if have < len(parent.prompt_token_ids) - 1:
+        raise _missing(
+            parent.request_id,
+            have + 1,
+            f"its first sample has output tokens, but only {have} of the prompt's "
+            f"{len(parent.prompt_token_ids) - 1} entries were stored",
+        )
+
+
+def prompt_logprob_entries(parent: Parent) -> list:
+    """parent.prompt_logprobs as the list after RequestOutput.prompt_logprobs' leading None:
+    entry i - 1 for prompt token i. A gap (which store_prompt_logprobs refuses to make) is a
+    PromptLogprobsError, never a shorter list shifted against the prompt."""
+    found = parent.prompt_logprobs
+    missing = next((p for p in range(len(found)) if p not in found), None)
+    if missing is not None:
+        raise _missing(parent.request_id, missing + 1, "a later position has one")
+    return [found[p] for p in range(len(found))]
 
 
 def shown_ids(new_ids: list, token_stopped: bool, params) -> list:
