@@ -49,6 +49,7 @@ from enginespec.engine.core_messages import (
     ErrorInfo,
     NewRequest,
 )
+from enginespec.engine.output_processor import prompt_logprob_entries
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
 
 
@@ -64,6 +65,7 @@ class DeltaTracker:
         self.engine = engine
         self.placeholder = engine.vocab_size  # async scheduling's not-yet-known token
         self._sent: dict[str, list] = {}
+        self._prompt_sent: set[str] = set()  # requests whose prompt logprobs went out live
 
     def add(self, request_id: str) -> None:
         """Track a request the engine just accepted. Samples without stop strings lose their
@@ -79,6 +81,7 @@ class DeltaTracker:
 
     def drop(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
+        self._prompt_sent.discard(request_id)
 
     def live(self) -> list[str]:
         """The tracked requests whose final delta has not gone out: every one the front end
@@ -92,6 +95,9 @@ class DeltaTracker:
         out: list[tuple] = []
         for final in finals:
             sent = self._sent.pop(final.request_id, None)
+            if final.request_id in self._prompt_sent:
+                self._prompt_sent.discard(final.request_id)
+                final = dataclasses.replace(final, prompt_logprobs=None)
             if sent is not None:
                 self._final_deltas(final, sent, out)
         for request_id, parent in self.engine.parents.items():
@@ -100,7 +106,7 @@ class DeltaTracker:
                 continue
             for sample in parent.samples:
                 if sent[sample.index] is not None:
-                    delta = self._live_delta(request_id, sample, sent)
+                    delta = self._live_delta(request_id, parent, sample, sent)
                     if delta is not None:
                         out.append(delta)
         return out
@@ -121,7 +127,18 @@ class DeltaTracker:
             row = (final.request_id, c.index, new, lps, text, c.finish_reason, c.stop_reason, c.error)
             out.append((*row, prompt_lp, cached))
 
-    def _live_delta(self, request_id: str, sample, sent: list) -> Optional[tuple]:
+    def _live_prompt_logprobs(self, request_id: str, parent) -> Optional[list]:
+        """The request's prompt logprobs (RequestOutput.prompt_logprobs' list) the first time
+        its first sample sends output ids, else None. By then its prompt was computed in full
+        and every entry stored (the engine checks it), so they go out with the request's first
+        output, as vLLM hands them, not with its last (a consumer that stops reading early had
+        none); the final delta then does not repeat them."""
+        if parent.prompt_logprobs is None or request_id in self._prompt_sent:
+            return None
+        self._prompt_sent.add(request_id)
+        return [None] + prompt_logprob_entries(parent)
+
+    def _live_delta(self, request_id: str, parent, sample, sent: list) -> Optional[tuple]:
         s = sent[sample.index]
         request = sample.request
         ids = request.token_ids
@@ -146,7 +163,11 @@ class DeltaTracker:
             sent[sample.index] = None
             stop = sample.stop_reason
         cached = sample.num_cached_tokens if sample.index == 0 else None
-        return (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error, None, cached)
+        prompt_lp = (
+            self._live_prompt_logprobs(request_id, parent) if sample.index == 0 and end > start else None
+        )
+        row = (request_id, sample.index, ids[start:end], lps, text, finish, stop, sample.error)
+        return (*row, prompt_lp, cached)
 
 
 def engine_state(engine, paused: bool) -> EngineState:

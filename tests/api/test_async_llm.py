@@ -17,7 +17,7 @@ from enginespec import AsyncLLM
 from enginespec.async_llm import EngineDead
 from enginespec.beam_search import BeamSearchParams
 from enginespec.llm import LLM
-from enginespec.spec import SamplingParams
+from enginespec.spec import RequestOutputKind, SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -107,6 +107,25 @@ def test_prompt_logprobs_equal_llm_generate(async_llm, llm):
     assert out.prompt_logprobs == want.prompt_logprobs
     assert _summary(out) == _summary(want)
     assert out.outputs[0].logprobs[0][out.outputs[0].token_ids[0]].decoded_token is not None
+
+
+@pytest.mark.parametrize(
+    "kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA], ids=["cumulative", "delta"]
+)
+def test_prompt_logprobs_come_with_the_first_output(async_llm, llm, kind):
+    """vLLM hands a request's prompt logprobs with its first output after the prefill (every
+    CUMULATIVE output has them from then on; under DELTA that first one only). They came with
+    the last output only: every earlier one read None (a consumer that stopped reading early
+    never had them)."""
+    params = SamplingParams(
+        max_tokens=40, temperature=0, ignore_eos=True, prompt_logprobs=2, output_kind=kind
+    )
+    want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0].prompt_logprobs
+    outs = asyncio.run(_collect(async_llm, {"prompt_token_ids": PROMPT}, params, f"first-{kind.name}"))
+    assert len(want) == len(PROMPT) and len(outs) > 1
+    assert outs[0].prompt_logprobs == want and _named(outs[0].prompt_logprobs) == _named(want)
+    later = [out.prompt_logprobs for out in outs[1:]]
+    assert later == ([None] * len(later) if kind == RequestOutputKind.DELTA else [want] * len(later))
 
 
 def test_concurrent_generates_each_equal_their_own_run(async_llm, llm):
