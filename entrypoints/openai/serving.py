@@ -824,13 +824,16 @@ def _chat_logprobs(ctx, token_ids, logprobs, k: int, as_ids: bool = False) -> Op
 
 
 def _prompt_logprobs(ctx, out) -> Optional[list]:
+    """The response's prompt_logprobs as vLLM serves them: per prompt token (None for the
+    first) {token id: {"logprob", "rank", "decoded_token"}}, each entry its Logprob's fields
+    (-inf sent as -9999.0)."""
     if out.prompt_logprobs is None:
         return None
     return [
         None
         if entry is None
         else {
-            str(t): {"logprob": _finite(lp), "decoded_token": _token_text(ctx, t, lp)}
+            str(t): {"logprob": _finite(lp), "rank": lp.rank, "decoded_token": _token_text(ctx, t, lp)}
             for t, lp in entry.items()
         }
         for entry in out.prompt_logprobs

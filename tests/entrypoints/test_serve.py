@@ -347,6 +347,41 @@ def test_logprobs_and_prompt_logprobs(client):
     assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
 
 
+def test_prompt_logprobs_entries_are_vllm_logprobs_with_their_rank(server, llm):
+    """vLLM serves each prompt_logprobs entry as its Logprob: {"logprob", "rank",
+    "decoded_token"} under the token id (the rank was left out here). Values and ranks equal
+    the engine's own; chat's list, at the response's top level, has the same fields."""
+    prompt = prompts(1, seed=21)[0]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    resp = server.post("/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    served = resp.json()["choices"][0]["prompt_logprobs"]
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
+    want = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].prompt_logprobs
+    assert served[0] is None and len(served) == len(want) == len(prompt)
+    for got, entry in zip(served[1:], want[1:]):
+        assert got == {
+            str(t): {
+                "logprob": pytest.approx(float(lp), abs=1e-5),
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for t, lp in entry.items()
+        }
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "q"}],
+        "max_tokens": 1,
+        "prompt_logprobs": 1,
+    }
+    resp = server.post("/v1/chat/completions", chat)
+    assert resp.status_code == 200, resp.text
+    entries = [e for e in resp.json()["prompt_logprobs"] if e is not None]
+    assert entries and all(
+        set(v) == {"logprob", "rank", "decoded_token"} for e in entries for v in e.values()
+    )
+
+
 def test_top_logprobs_needs_logprobs_unless_it_is_zero(server):
     """As vLLM: top_logprobs > 0 without logprobs=true is a 400 naming it; 0 (or null) without
     it asks for nothing and is served without logprobs."""
