@@ -18,13 +18,17 @@ from the merged decoder instead: the layer's raw q|k|v rows in, so that the back
 rotate q|k and write K/V in one kernel rather than the compiler's two or three.
 
 Invariants: the ops are only called while a context is active (else a ValueError says how to
-call the model); contexts do not nest; an op mutates nothing but the active context's pool
-of layer `layer_idx`, and only at the batch's slots.
+call the model); contexts do not nest within a thread; an op mutates nothing but the active
+context's pool of layer `layer_idx`, and only at the batch's slots. The active context is the
+calling thread's: two engines in one process step on their own threads (an in-process AsyncLLM's
+engine thread beside an LLM.generate), and one process-wide slot made the second of two
+overlapping steps fail its requests with "a StepContext is already active".
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -42,28 +46,32 @@ class StepContext:
     backend: AttentionBackend
 
 
-_ACTIVE: list[Optional[StepContext]] = [None]
+class _Active(threading.local):
+    ctx: Optional[StepContext] = None  # this thread's active context
+
+
+_ACTIVE = _Active()
 
 
 @contextlib.contextmanager
 def active(ctx: StepContext) -> Iterator[StepContext]:
-    """Make `ctx` the context of every paged_attention call inside the block."""
-    if _ACTIVE[0] is not None:
+    """Make `ctx` the context of every paged_attention call this thread makes inside the block."""
+    if _ACTIVE.ctx is not None:
         raise RuntimeError("a StepContext is already active: FlatModel.forward does not nest")
-    _ACTIVE[0] = ctx
+    _ACTIVE.ctx = ctx
     try:
         yield ctx
     finally:
-        _ACTIVE[0] = None
+        _ACTIVE.ctx = None
 
 
 def current_or_none() -> Optional[StepContext]:
-    """The active StepContext, or None outside FlatModel.forward."""
-    return _ACTIVE[0]
+    """This thread's active StepContext, or None outside FlatModel.forward."""
+    return _ACTIVE.ctx
 
 
 def current() -> StepContext:
-    ctx = _ACTIVE[0]
+    ctx = _ACTIVE.ctx
     if ctx is None:
         raise ValueError(
             "enginespec attention needs an active StepContext; call FlatModel.forward, "
