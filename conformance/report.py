@@ -86,7 +86,9 @@ def impl_info(target: str, impl, error: Exception | None) -> dict:
         "version": version,
         "capabilities": sorted(getattr(impl, "capabilities", ())),
         "optional": sorted(
-            p.key.partition(":")[2] for p in CAPABILITIES if p.key.startswith("optional:") and declares(p, impl)
+            p.key.partition(":")[2]
+            for p in CAPABILITIES
+            if p.key.startswith("optional:") and declares(p, impl)
         ),
     }
 
