@@ -293,10 +293,12 @@ class DecodeGraphs:
         return batch.meta.num_tokens in graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Replay the batch's graph; returns hidden [n, hidden] (padding rows too)."""
+        """Replay the batch's graph; returns hidden [n, hidden] (padding rows too). Only a decode
+        batch may take its bucket's balanced twin: a mixed batch's inputs go to the mixed
+        buffers, which no decode graph reads (8, 16, 32 and 64 are buckets of both kinds)."""
         n, mixed = batch.meta.num_tokens, _is_mixed(batch.meta)
         self._load(batch, mixed)
-        if n in self.balanced_graphs and lengths_spread(batch.meta.seq_lens_cpu):
+        if not mixed and n in self.balanced_graphs and lengths_spread(batch.meta.seq_lens_cpu):
             self.last_graph = self.balanced_graphs[n]
             self.last_graph.replay()
             self._replayed_logits = self.balanced_logits.get(n)

@@ -444,3 +444,32 @@ def test_precompile_covers_the_balanced_graphs_variants(monkeypatch):
             graphs._run(n, mixed)
     missing = [key for key in seen["real"] if key not in compiled]
     assert seen["real"] and not missing, missing[:2]
+
+
+def test_a_spread_mixed_step_replays_its_mixed_graph_not_a_balanced_decode_one(monkeypatch):
+    """A mixed step (a prefill chunk beside decodes) padded to a token count that is also a
+    balanced decode bucket (8-64: 8, 16, 32, 64 are mixed buckets too) replays its mixed graph,
+    whatever its lengths: its inputs sit in the mixed buffers, so the balanced decode graph
+    would run the decode bucket's stale inputs and the step would sample from their hidden rows.
+    A spread mixed step (a 5-token first chunk beside a 100-token decode) used to do that."""
+    from types import SimpleNamespace
+
+    from enginespec.worker import cuda_graphs as cg
+
+    monkeypatch.setenv(cg.BALANCED_GRAPHS_ENV, "1")
+    runner = _interpreted_llm(num_blocks=32, max_num_batched_tokens=40).engine.runner
+    graphs = _graphs_over(runner, [4, 8], [8, 16], logits_max_rows=8)
+    assert graphs.balanced_buckets == [8]
+    log = []
+    graphs.graphs[8], graphs.hidden[8] = _Replay("plain8", log), "hidden8"
+    graphs.balanced_graphs[8], graphs.balanced_hidden[8] = _Replay("balanced8", log), "balanced_hidden8"
+    graphs.mixed_graphs[8], graphs.mixed_hidden[8] = _Replay("mixed8", log), "mixed_hidden8"
+    graphs.logits[8] = graphs.balanced_logits[8] = torch.zeros(8, 3)
+    monkeypatch.setattr(graphs, "_load", lambda batch, mixed: None)
+    lens = torch.tensor([5, 100, 0, 0], dtype=torch.int32)  # two padding requests of one row
+    meta = SimpleNamespace(num_tokens=8, num_reqs=4, max_query_len=5, seq_lens_cpu=lens)
+    step = SimpleNamespace(meta=meta, num_reqs=4)
+    assert cg.lengths_spread(lens)
+    assert graphs.forward(step) == "mixed_hidden8"
+    assert log == ["mixed8"] and graphs.last_graph is graphs.mixed_graphs[8]
+    assert graphs.decode_logits(step) is None
