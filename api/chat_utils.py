@@ -256,7 +256,8 @@ def content_format_of(template: str, content_format: str = "auto") -> str:
 def detect_content_format(template: str) -> str:
     """The content form a template reads: "openai" where it has a `for` loop over a message's
     content (`m['content']`, `m.content`, or a name set from one, as in `{% set parts =
-    m['content'] %}`), else "string"; "string" too for a template that does not parse
+    m['content'] %}`; through a filter, a test or a slice too, as in `m['content'] |
+    selectattr('type', 'equalto', 'text')`), else "string"; "string" too for a template that does not parse
     (rendering reports its error).
     Cached per template string: a server renders with the same one for every request."""
     try:
@@ -269,6 +270,10 @@ def detect_content_format(template: str) -> str:
         return "string"
 
     def is_content(node, names: set) -> bool:
+        if isinstance(node, (nodes.Filter, nodes.Test)) and node.node is not None:
+            return is_content(node.node, names)  # `content | selectattr(...)`, as vLLM looks through
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+            return is_content(node.node, names)  # `content[:n]`
         if isinstance(node, nodes.Getitem):
             return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
         if isinstance(node, nodes.Getattr):

@@ -133,6 +133,33 @@ def test_a_template_that_loops_over_content_parts_gets_them_as_vllm_detects(toke
     assert render_chat(tokenizer, parts, chat_template=TEMPLATE) == "u:hi\nyo;a:Yo;A:"
 
 
+# LLaVA-style templates (llava-1.5-hf, llava-onevision, aya-vision) filter the parts in the loop itself
+FILTERED_PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}:"
+    "{% for p in m['content'] | selectattr('type', 'equalto', 'text') %}{{ p['text'] }}|{% endfor %};"
+    "{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+)
+
+
+def test_a_template_that_loops_over_filtered_or_sliced_parts_gets_them_too(tokenizer):
+    # vLLM's "auto" looks through a filter, a test or a slice on the looped content; the
+    # detection did not, so these templates got one string, whose characters selectattr drops
+    # (or the slice cuts): every message rendered empty ("u:;a:;A:"), without an error.
+    assert render_chat(tokenizer, CONVERSATION, chat_template=FILTERED_PARTS_TEMPLATE) == "u:hi|;a:Yo|;A:"
+    sliced = FILTERED_PARTS_TEMPLATE.replace(
+        "m['content'] | selectattr('type', 'equalto', 'text')", "m.content[:8]"
+    )
+    assert render_chat(tokenizer, CONVERSATION, chat_template=sliced) == "u:hi|;a:Yo|;A:"
+    named = (
+        "{% for m in messages %}{% set parts = m['content'] | list %}{{ m['role'][0] }}:"
+        "{% for p in parts %}{{ p['text'] }}|{% endfor %};{% endfor %}"
+    )
+    assert (
+        render_chat(tokenizer, CONVERSATION, chat_template=named, add_generation_prompt=False)
+        == "u:hi|;a:Yo|;"
+    )
+
+
 def test_chat_template_content_format_forces_either_form_and_is_checked(tokenizer):
     string = render_chat(
         tokenizer, CONVERSATION, chat_template=PARTS_TEMPLATE, chat_template_content_format="string"
