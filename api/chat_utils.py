@@ -380,6 +380,7 @@ def render_chat(
             "this model's tokenizer has no chat template and none was given (pass chat_template)",
             "chat_template",
         )
+    template = _named_template(tokenizer, template, tools)
     clean = chat_messages(messages, content_format_of(template, chat_template_content_format))
     check_chat_options(clean, add_generation_prompt, continue_final_message)
     extra = template_kwargs(chat_template_kwargs)
@@ -396,6 +397,21 @@ def render_chat(
         )
     except Exception as exc:  # a template error names the template's problem
         raise _template_failure(exc) from exc
+
+
+def _named_template(tokenizer, template, tools: Optional[list]):
+    """The template source that renders, for a tokenizer with several named templates (a dict
+    of name -> template, as transformers loads them): the one transformers picks
+    (get_chat_template: the name chat_template gives, else "tool_use" with tools, else
+    "default"), so the content format is detected on that source; ChatTemplateError (param
+    chat_template) where there is none to pick. Any other tokenizer's template as it is."""
+    named = getattr(tokenizer, "chat_template", None)
+    if not isinstance(named, dict):
+        return template
+    try:
+        return tokenizer.get_chat_template(None if template is named else template, tools)
+    except ValueError as exc:  # several names, none "default", and none chosen
+        raise ChatTemplateError(f"chat_template: {exc}", "chat_template") from None
 
 
 def _template_failure(exc: Exception) -> ChatTemplateError:

@@ -359,3 +359,19 @@ def test_llm_chat_takes_chat_template_content_format(llm):
     assert prompts == ["u:hi;a:Yo;A:"] * 2
     out = llm.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template=PARTS_TEMPLATE)[0]
     assert out.prompt == "u:hi|;a:Yo|;A:"
+
+
+def test_a_tokenizer_with_named_templates_renders_the_one_transformers_picks():
+    # transformers keeps several named templates as a dict (tokenizer_config's list of {name,
+    # template}): "default", or "tool_use" when tools are given, or the one chat_template names.
+    # The content-format detection took the dict itself: a TypeError (unhashable type: 'dict')
+    # out of every chat call, a 500 on the server; before it, apply_chat_template got the dict
+    # as its chat_template and failed the same way.
+    tok = load_tokenizer(tiny_model_dir("qwen3"))
+    tok.chat_template = {"default": PARTS_TEMPLATE, "tool_use": TEMPLATE}
+    assert render_chat(tok, CONVERSATION) == "u:hi|;a:Yo|;A:"  # "default", detected as parts
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert render_chat(tok, CONVERSATION, tools=tools) == "u:hi;a:Yo;A:"
+    assert render_chat(tok, CONVERSATION, chat_template="tool_use") == "u:hi;a:Yo;A:"
+    tok.chat_template = {"tool_use": TEMPLATE}
+    _raises("chat_template", "no default", render_chat, tok, CONVERSATION)
