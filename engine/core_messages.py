@@ -57,7 +57,8 @@ class SampleDelta(NamedTuple):
 
     new_text is the engine's text, sent only for samples whose stop strings the engine matches
     (and then only text no later token can cut); None means the front end decodes the ids
-    itself. prompt_logprobs rides on the final delta of sample 0; num_cached_tokens (the prompt
+    itself. prompt_logprobs rides on sample 0's first delta with output ids (the final one's when
+    none went out live: core_proc.DeltaTracker), never twice; num_cached_tokens (the prompt
     tokens the prefix cache served, RequestOutput.num_cached_tokens) on every delta of sample 0
     once its first step has run (None before, and on other samples' deltas)."""
 

@@ -134,6 +134,15 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
             graphs.mixed_hidden[n], graphs.mixed_graphs[n] = out, _EagerGraph(run, out, mixed)
         else:
             graphs.hidden[n], graphs.graphs[n] = out, _EagerGraph(run, out, decode)
+    for n in graphs.balanced_buckets:  # each twin over its bucket's static decode buffers
+
+        def run_balanced(n=n):
+            with graphs._launches(n, True):
+                return graphs._run(n, False)
+
+        graphs._pad(n, False)
+        out = run_balanced()
+        graphs.balanced_hidden[n], graphs.balanced_graphs[n] = out, _EagerGraph(run_balanced, out, decode)
     return graphs, decode, mixed
 
 
@@ -166,7 +175,9 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec, monkeypatch):
     prefill chunks beside decodes and for speculative verification rows) gives the greedy
     tokens of unpadded eager steps, over the Triton attention kernel that reads the buffers
     (the interpreter on the CPU). Both kinds of bucket must actually serve steps, and decode
-    steps load their packed inputs with one copy (cuda_graphs.packed_span)."""
+    steps load their packed inputs with one copy (cuda_graphs.packed_span). Mixed steps of 8
+    tokens whose lengths spread meet decode bucket 8's balanced twin, which they must not replay
+    (it reads the decode buffers, not theirs)."""
     from enginespec.worker import cuda_graphs
 
     spans, real_span = [], cuda_graphs.packed_span
@@ -187,8 +198,9 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec, monkeypatch):
             speculative_config={"method": "ngram", "num_speculative_tokens": 2} if spec else None,
         )
         runner = llm.engine.runner
-        if padded:
-            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4], [8, 16, 40])
+        if padded:  # decode bucket 8 has a balanced twin; no decode step fills it (4 sequences)
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4, 8], [8, 16, 40])
+            assert runner.graphs.balanced_buckets == [8]
         outs[padded] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         check_idle(llm.engine.block_manager.state(), runner.num_blocks)
         if spec:  # the periodic prompts give the n-gram drafter matches: verification rows ran
@@ -197,6 +209,32 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec, monkeypatch):
     assert decode and mixed, (decode, mixed)
     assert set(mixed) <= {8, 16, 40} and set(decode) <= {1, 2, 4}
     assert spans and all(span is not None for span in spans)  # every decode load: one copy
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
+)
+def test_small_mixed_steps_of_spread_lengths_give_the_eager_tokens_on_the_cpu():
+    """A long prompt's last chunks and then its decodes beside a short prompt's chunks, in an
+    8-token budget: mixed steps of at most 8 tokens whose lengths spread (30 against 2-6), where
+    8 is a mixed bucket and a decode bucket with a balanced twin. The graphs' greedy tokens equal
+    unpadded eager steps' (the twin, which reads the decode buffers, once served these steps)."""
+    prompts = [
+        {"prompt_token_ids": [(3 * j) % 90 + 1 for j in range(30)]},
+        {"prompt_token_ids": [7, 8, 9, 10, 11, 12]},
+    ]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for padded in (False, True):
+        llm = _interpreted_llm(num_blocks=64, max_num_batched_tokens=8)
+        runner = llm.engine.runner
+        if padded:
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4, 8], [8])
+            assert runner.graphs.balanced_buckets == [8]
+        outs[padded] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs[True] == outs[False]
+    assert 8 in mixed, mixed  # the small mixed steps ran through the graphs
 
 
 @pytest.mark.skipif(
