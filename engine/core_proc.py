@@ -170,13 +170,16 @@ class DeltaTracker:
         return (*row, prompt_lp, cached)
 
 
-def engine_state(engine, paused: bool) -> EngineState:
+def engine_state(engine, paused: bool, num_parked: int = 0) -> EngineState:
+    """The snapshot sent with a message. num_waiting is the scheduler's waiting queue plus the
+    num_parked samples of adds parked while their grammars compile (vLLM keeps such a request
+    in its waiting queue, so vllm:num_requests_waiting counts it there too)."""
     bm = engine.block_manager
     return EngineState(
         num_blocks=bm.num_blocks,
         num_free_blocks=bm.num_free,
         num_running=len(engine.scheduler.running),
-        num_waiting=len(engine.scheduler.waiting),
+        num_waiting=len(engine.scheduler.waiting) + num_parked,
         num_unfinished=engine.num_unfinished,
         num_steps=engine.stats.num_steps,
         num_generated_tokens=engine.stats.num_generated_tokens,
@@ -441,7 +444,8 @@ class EngineCoreProc:
     def _send(self, deltas: list, step_start: Optional[float]) -> None:
         failed, self._failed = self._failed, []
         replies, self._replies = self._replies, []
-        state = engine_state(self.engine, self._paused)
+        num_parked = sum(r.params.n for parked in self._parked for r in parked.requests)
+        state = engine_state(self.engine, self._paused, num_parked)
         self.outbox.send(("out", deltas, failed, replies, state, step_start))
 
 

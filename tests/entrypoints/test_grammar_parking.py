@@ -102,6 +102,35 @@ def test_a_long_compile_does_not_hold_up_another_requests_compile(gate):
     assert not compiled_first  # it ran while the other grammar was still compiling
 
 
+def test_a_request_whose_grammar_compiles_counts_as_waiting(gate):
+    """vllm:num_requests_waiting (EngineState.num_waiting) counts the samples of an add parked
+    while its grammar compiles, as vLLM's scheduler keeps such a request in its waiting queue:
+    they used to count nowhere, so a dashboard read an idle server (nothing running, nothing
+    waiting) while requests queued behind a slow schema. An abort takes them off again."""
+    with in_process_client(json_model_dir()) as client:
+
+        async def run():
+            client.start(asyncio.get_running_loop())
+            held = NewRequest(
+                "held",
+                None,
+                [5, 6, 7],
+                SamplingParams(n=2, max_tokens=4, structured_outputs=StructuredOutputsParams(regex=HELD)),
+            )
+            parked = asyncio.create_task(client.submit([held]))
+            await asyncio.sleep(0)  # its add goes to the engine first
+            plain = await asyncio.wait_for(client.submit([_request("plain", max_tokens=4)]), LIVENESS_S)
+            await asyncio.wait_for(final_output(plain), LIVENESS_S)
+            while_compiling = (client.state.num_waiting, client.state.num_running, parked.done())
+            client.abort(["held"])
+            await asyncio.wait_for(client.reset_prefix_cache(), LIVENESS_S)  # a round trip
+            return while_compiling, client.state.num_waiting
+
+        while_compiling, after_abort = asyncio.run(run())
+    assert while_compiling == (2, 0, False)
+    assert after_abort == 0
+
+
 async def _park_then_abort(client) -> asyncio.Task:
     """Submit a 200-token request of HELD (its add parks while the gate holds its compile), then
     abort it; the task of its submit, which must never complete."""
