@@ -105,17 +105,27 @@ def run_demo(
         outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
         seconds = time.perf_counter() - start
     engine = llm.engine
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     return DemoResult(
         num_requests=len(outputs),
-        num_prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
+        num_prompt_tokens=num_prompt_tokens,
         num_output_tokens=sum(o.num_output_tokens for o in outputs),
         seconds=seconds,
         num_steps=engine.stats.num_steps - steps_before,
-        prefix_hit_rate=engine.block_manager.hit_rate,
+        prefix_hit_rate=_prefix_hit_rate(outputs, num_prompt_tokens),
         num_preemptions=engine.stats.num_preemptions,
         num_blocks=engine.runner.num_blocks,
         sample=sample,
     )
+
+
+def _prefix_hit_rate(outputs, num_prompt_tokens: int) -> float:
+    """vLLM's prefix-cache hit rate of the run: prompt tokens the cache served (each output's
+    num_cached_tokens, recorded once, at the request's first admission) over prompt tokens, in
+    [0, 1). Not the pool's block counters: those count every lookup, a waiting request's retries
+    and a preempted request's re-admission (its own blocks) included."""
+    served = sum(o.num_cached_tokens or 0 for o in outputs)
+    return served / num_prompt_tokens if num_prompt_tokens else 0.0
 
 
 def _text_sample(llm, ids: list[int]) -> Optional[tuple[str, str]]:

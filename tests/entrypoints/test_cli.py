@@ -752,3 +752,39 @@ def test_a_blank_impl_is_a_usage_error_not_the_oracle(argv, value, capsys):
         main([*argv, "--impl", value])
     assert exited.value.code == 2
     assert "argument --impl: must name an impl" in capsys.readouterr().err
+
+
+def test_demo_hit_rate_is_the_prompt_tokens_the_cache_served(impl, monkeypatch):
+    """The demo's "prefix hit rate" is vLLM's: prompt tokens served by the prefix cache over
+    prompt tokens, for the run's requests (RequestOutput.num_cached_tokens over prompt lengths).
+    It read the pool's block counters, which count every lookup: a waiting request the pool
+    could not admit yet was counted each step, and a preempted request's re-admission counted
+    its own blocks as hits, so a tight pool reported a rate its prompts never had."""
+    from enginespec.entrypoints.demo import run_demo
+    from enginespec.llm import LLM
+
+    runs: list = []
+    generate = LLM.generate
+
+    def spy(self, *args, **kwargs):
+        outs = generate(self, *args, **kwargs)
+        runs.append(outs)
+        return outs
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    result = run_demo(
+        impl=impl,
+        num_requests=6,
+        min_input_len=9,
+        max_input_len=16,
+        max_output_len=8,
+        shared_prefix_len=0,
+        use_tqdm=False,
+        num_blocks=7,
+        block_size=4,
+        max_num_seqs=4,
+    )
+    assert result.num_preemptions > 0, "seven 4-token blocks for six such requests must preempt"
+    outputs = runs[-1]  # the workload's run (the text sample before it is one request)
+    served = sum(o.num_cached_tokens for o in outputs)
+    assert result.prefix_hit_rate == pytest.approx(served / result.num_prompt_tokens)
