@@ -213,7 +213,7 @@ class EngineArgs:
     max_model_len: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     max_num_seqs: int = 256
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: Optional[bool] = True  # None: vLLM's default, on (__post_init__)
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
@@ -267,6 +267,8 @@ class EngineArgs:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)
         if self.seed is not None:
             _check_int("seed", self.seed, *SEED_RANGE)
+        if self.enable_prefix_caching is None:  # vLLM's Optional[bool]: None is its default, on
+            self.enable_prefix_caching = True
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool) and not (value is None and name in _OPTIONAL_BOOLS):

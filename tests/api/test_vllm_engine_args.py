@@ -203,3 +203,16 @@ def test_skip_tokenizer_init_is_vllms_name_for_skip_tokenizer(impl):
     assert EngineArgs().skip_tokenizer_init is False
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
         EngineArgs(skip_tokenizer_init="yes")
+
+
+def test_enable_prefix_caching_none_is_vllms_default_on(impl):
+    """vLLM's EngineArgs types enable_prefix_caching as Optional[bool] with None meaning its
+    default (on), and code that forwards an unset option passes that None. It was refused
+    ("must be a bool"); it now means on: the same prompt's second run is served by the cache."""
+    from enginespec.llm import LLM
+
+    assert EngineArgs(enable_prefix_caching=None).enable_prefix_caching is True
+    llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, enable_prefix_caching=None, **SMALL)
+    prompt = {"prompt_token_ids": list(range(5, 15))}  # 10 ids: two full blocks of 4 to cache
+    one = SamplingParams(max_tokens=1, temperature=0)
+    assert [llm.generate(prompt, one, use_tqdm=False)[0].num_cached_tokens for _ in range(2)] == [0, 8]
