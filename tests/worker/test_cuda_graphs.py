@@ -134,15 +134,19 @@ def _eager_graphs(runner, buckets, mixed_buckets, logits_max_rows: int = 0) -> t
             graphs.mixed_hidden[n], graphs.mixed_graphs[n] = out, _EagerGraph(run, out, mixed)
         else:
             graphs.hidden[n], graphs.graphs[n] = out, _EagerGraph(run, out, decode)
-    for n in graphs.balanced_buckets:  # each twin over its bucket's static decode buffers
+    for n in graphs.balanced_buckets:  # each twin over its bucket's static decode buffers, its own head
 
         def run_balanced(n=n):
             with graphs._launches(n, True):
-                return graphs._run(n, False)
+                hidden = graphs._run(n, False)
+            return (hidden, runner.model.compute_logits(hidden)) if graphs._with_head(n, False) else hidden
 
         graphs._pad(n, False)
         out = run_balanced()
-        graphs.balanced_hidden[n], graphs.balanced_graphs[n] = out, _EagerGraph(run_balanced, out, decode)
+        if isinstance(out, tuple):
+            graphs.balanced_logits[n] = out[1]
+        graphs.balanced_hidden[n] = out[0] if isinstance(out, tuple) else out
+        graphs.balanced_graphs[n] = _EagerGraph(run_balanced, out, decode)
     return graphs, decode, mixed
 
 
@@ -230,8 +234,8 @@ def test_small_mixed_steps_of_spread_lengths_give_the_eager_tokens_on_the_cpu():
         llm = _interpreted_llm(num_blocks=64, max_num_batched_tokens=8)
         runner = llm.engine.runner
         if padded:
-            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4, 8], [8])
-            assert runner.graphs.balanced_buckets == [8]
+            runner.graphs, decode, mixed = _eager_graphs(runner, [1, 2, 4, 8], [8], logits_max_rows=8)
+            assert runner.graphs.balanced_buckets == [8] and 8 in runner.graphs.balanced_logits
         outs[padded] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs[True] == outs[False]
     assert 8 in mixed, mixed  # the small mixed steps ran through the graphs
