@@ -96,12 +96,19 @@ def layer_window(attn: nn.Module, passed: Optional[int]) -> int:
     return int(window) if window else 0
 
 
-def config_window(config) -> Optional[int]:
-    """The window a family's attention forward passes every layer: config.sliding_window for the
-    CONFIG_WINDOW_MODEL_TYPES, None for the others (whatever their config holds)."""
-    if getattr(config, "model_type", None) not in CONFIG_WINDOW_MODEL_TYPES:
-        return None
-    return getattr(config, "sliding_window", None)
+def config_window(config, layer_idx: int) -> Optional[int]:
+    """The window a family's attention forward passes layer `layer_idx` when the module holds
+    none of its own: config.sliding_window for the CONFIG_WINDOW_MODEL_TYPES (every layer); for
+    Qwen2 under transformers that work it out in the forward (4.51-4.5x: no per-layer
+    attribute), config.sliding_window from max_window_layers on where use_sliding_window, as
+    that forward does; None for the others (Llama never windows, whatever its config holds)."""
+    kind, window = getattr(config, "model_type", None), getattr(config, "sliding_window", None)
+    if kind in CONFIG_WINDOW_MODEL_TYPES:
+        return window
+    legacy_qwen2 = kind == "qwen2" and getattr(config, "use_sliding_window", False) and window is not None
+    if legacy_qwen2 and layer_idx >= getattr(config, "max_window_layers", 0):
+        return window
+    return None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,7 +149,7 @@ class MergedLayer(nn.Module):
         self.num_q = int(attn.q_proj.weight.shape[0]) // self.head_dim
         self.num_kv = int(attn.k_proj.weight.shape[0]) // self.head_dim
         self.scale = float(attn.scaling)
-        self.window = layer_window(attn, config_window(config))
+        self.window = layer_window(attn, config_window(config, layer_idx))
         self.input_layernorm = hf_layer.input_layernorm
         self.post_attention_layernorm = hf_layer.post_attention_layernorm
         self.o_proj, self.down_proj, self.act_fn = attn.o_proj, mlp.down_proj, mlp.act_fn

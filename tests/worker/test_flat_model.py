@@ -218,6 +218,28 @@ def test_per_layer_sliding_window_matches_transformers(impl, tmp_path, model_imp
         assert torch.allclose(logits, expected[start : start + n], atol=ATOL, rtol=RTOL), start
 
 
+def test_qwen2_windows_where_its_attention_holds_no_window_attribute(tmp_path):
+    """transformers 4.51-4.5x's Qwen2 attention works its window out in the forward
+    (use_sliding_window, from max_window_layers on) and keeps no per-layer attribute: the
+    merged decoder windows those layers by the same rule, and no layer of a checkpoint without
+    use_sliding_window. (With only Mistral's config window honoured, such a Qwen2 lost its
+    window on those versions.)"""
+    from enginespec.testing.checkpoints import make_checkpoint
+    from enginespec.worker.merged_decoder import MergedLayer
+
+    def windows(**config) -> list:
+        path = make_checkpoint("qwen2", tmp_path / str(len(list(tmp_path.iterdir()))), seed=7, **config)
+        hf = _hf_model(path)
+        layers = hf.model.layers
+        for layer in layers:  # as 4.51-4.5x build them
+            if hasattr(layer.self_attn, "sliding_window"):
+                del layer.self_attn.sliding_window
+        return [MergedLayer(layer, i, hf.config).window for i, layer in enumerate(layers)]
+
+    assert windows(use_sliding_window=True, sliding_window=5, max_window_layers=1) == [0, 5]
+    assert windows(use_sliding_window=False, sliding_window=5, max_window_layers=1) == [0, 0]
+
+
 @pytest.mark.parametrize("model_impl", MODEL_IMPLS)
 def test_a_sliding_window_key_in_a_llama_config_is_not_applied(impl, tmp_path, model_impl):
     """A Llama config.json that carries a stray "sliding_window" (kept by transformers as a plain
