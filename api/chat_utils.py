@@ -227,16 +227,26 @@ def check_tools(tools) -> Optional[list]:
     return tools
 
 
-def resolve_chat_template(tokenizer, chat_template: Optional[str] = None) -> Optional[str]:
-    """chat_template when given (it must be a non-empty str), else the tokenizer's (None if it
-    has none)."""
-    if chat_template is None:
-        return getattr(tokenizer, "chat_template", None) or None
-    if not isinstance(chat_template, str) or not chat_template.strip():
+def resolve_chat_template(
+    tokenizer, chat_template: Optional[str] = None, tools: Optional[list] = None
+) -> Optional[str]:
+    """The template source that renders: chat_template when given (it must be a non-empty str),
+    else the tokenizer's (None if it has none). A tokenizer with several named templates (a dict
+    of name -> template, as transformers loads them) gives the one transformers picks
+    (get_chat_template: the name chat_template gives, else "tool_use" with tools, else
+    "default"), so the content format is detected on that source; ChatTemplateError (param
+    chat_template) where there is none to pick."""
+    if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
         raise ChatTemplateError(
             f"chat_template must be a non-empty Jinja template string, got {chat_template!r}", "chat_template"
         )
-    return chat_template
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):
+        try:
+            return tokenizer.get_chat_template(chat_template, tools)
+        except ValueError as exc:  # several names, none "default", and none chosen
+            raise ChatTemplateError(f"chat_template: {exc}", "chat_template") from None
+    return chat_template if chat_template is not None else (own or None)
 
 
 def content_format_of(template: str, content_format: str = "auto") -> str:
@@ -374,13 +384,12 @@ def render_chat(
             "yourself and pass {'prompt_token_ids': [...]} to generate()",
             "tokenizer",
         )
-    template = resolve_chat_template(tokenizer, chat_template)
+    template = resolve_chat_template(tokenizer, chat_template, tools)
     if template is None:
         raise ChatTemplateError(
             "this model's tokenizer has no chat template and none was given (pass chat_template)",
             "chat_template",
         )
-    template = _named_template(tokenizer, template, tools)
     clean = chat_messages(messages, content_format_of(template, chat_template_content_format))
     check_chat_options(clean, add_generation_prompt, continue_final_message)
     extra = template_kwargs(chat_template_kwargs)
@@ -397,21 +406,6 @@ def render_chat(
         )
     except Exception as exc:  # a template error names the template's problem
         raise _template_failure(exc) from exc
-
-
-def _named_template(tokenizer, template, tools: Optional[list]):
-    """The template source that renders, for a tokenizer with several named templates (a dict
-    of name -> template, as transformers loads them): the one transformers picks
-    (get_chat_template: the name chat_template gives, else "tool_use" with tools, else
-    "default"), so the content format is detected on that source; ChatTemplateError (param
-    chat_template) where there is none to pick. Any other tokenizer's template as it is."""
-    named = getattr(tokenizer, "chat_template", None)
-    if not isinstance(named, dict):
-        return template
-    try:
-        return tokenizer.get_chat_template(None if template is named else template, tools)
-    except ValueError as exc:  # several names, none "default", and none chosen
-        raise ChatTemplateError(f"chat_template: {exc}", "chat_template") from None
 
 
 def _template_failure(exc: Exception) -> ChatTemplateError:
