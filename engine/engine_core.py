@@ -643,9 +643,11 @@ class EngineCore:
         need = -(-(num_prompt + max_tokens) // bs)
         if need > num_blocks:
             room = f"{max_tokens} tokens max_model_len ({self.max_model_len}) leaves"
-            told = f"None: all {room}" if asked is None else f"{asked}, cut to the {room}"
+            shown = f"None: all {room}" if asked is None else f"{asked}, cut to the {room}"
+            if asked == max_tokens:
+                shown = str(max_tokens)
             raise ValueError(
-                f"prompt length ({num_prompt}) + max_tokens ({max_tokens if asked == max_tokens else told}) needs {need} KV "
+                f"prompt length ({num_prompt}) + max_tokens ({shown}) needs {need} KV "
                 f"blocks of {bs} tokens, more than the pool's num_blocks ({num_blocks})"
             )
 

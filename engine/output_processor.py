@@ -254,10 +254,10 @@ def prompt_logprob_entries(parent: Parent) -> list:
     entry i - 1 for prompt token i. A gap (which store_prompt_logprobs refuses to make) is a
     PromptLogprobsError, never a shorter list shifted against the prompt."""
     found = parent.prompt_logprobs
-    missing = next((p for p in range(len(found)) if p not in found), None)
-    if missing is not None:
-        raise _missing(parent.request_id, missing + 1, "a later position has one")
-    return [found[p] for p in range(len(found))]
+    try:
+        return [found[p] for p in range(len(found))]
+    except KeyError as gap:  # keys 0..len - 1 are all there unless one was skipped
+        raise _missing(parent.request_id, gap.args[0] + 1, "a later position has one") from None
 
 
 def shown_ids(new_ids: list, token_stopped: bool, params) -> list:

@@ -480,8 +480,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise ValueError(f"--host/--port: cannot listen on {where}: {exc.strerror or exc}") from None
+        raise ValueError(
+            f"--host/--port: cannot listen on {_address(host, port)}: {exc.strerror or exc}"
+        ) from None
     return sock
 
 
@@ -490,8 +491,12 @@ def serving_line(sock: socket.socket, model: str) -> str:
     (uvicorn's default here is warning, which says nothing): where it listens, the port the
     kernel chose for --port 0 included."""
     host, port = sock.getsockname()[:2]
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"enginespec serve: {model} on http://{where} (OpenAI API under /v1; Ctrl-C stops)"
+    return f"enginespec serve: {model} on http://{_address(host, port)} (OpenAI API under /v1; Ctrl-C stops)"
+
+
+def _address(host: str, port: int) -> str:
+    """host:port, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def run_server(ns) -> int:
