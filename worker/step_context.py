@@ -28,7 +28,7 @@ overlapping steps fail its requests with "a StepContext is already active".
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -46,32 +46,32 @@ class StepContext:
     backend: AttentionBackend
 
 
-class _Active(threading.local):
-    ctx: Optional[StepContext] = None  # this thread's active context
-
-
-_ACTIVE = _Active()
+# this thread's active context (a ContextVar, as the decode attention's forced balance and the
+# compile-only launches are: each thread starts with none)
+_ACTIVE: contextvars.ContextVar[Optional[StepContext]] = contextvars.ContextVar(
+    "enginespec_step", default=None
+)
 
 
 @contextlib.contextmanager
 def active(ctx: StepContext) -> Iterator[StepContext]:
     """Make `ctx` the context of every paged_attention call this thread makes inside the block."""
-    if _ACTIVE.ctx is not None:
+    if _ACTIVE.get() is not None:
         raise RuntimeError("a StepContext is already active: FlatModel.forward does not nest")
-    _ACTIVE.ctx = ctx
+    token = _ACTIVE.set(ctx)
     try:
         yield ctx
     finally:
-        _ACTIVE.ctx = None
+        _ACTIVE.reset(token)
 
 
 def current_or_none() -> Optional[StepContext]:
     """This thread's active StepContext, or None outside FlatModel.forward."""
-    return _ACTIVE.ctx
+    return _ACTIVE.get()
 
 
 def current() -> StepContext:
-    ctx = _ACTIVE.ctx
+    ctx = _ACTIVE.get()
     if ctx is None:
         raise ValueError(
             "enginespec attention needs an active StepContext; call FlatModel.forward, "
