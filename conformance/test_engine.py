@@ -256,6 +256,18 @@ def test_n_siblings_share_the_prompt_and_use_seed_plus_index(impl):
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "seeded siblings drew the same sample"
 
 
+def test_a_sibling_whose_seed_plus_index_is_minus_one_stays_seeded(impl):
+    """seed=-2, n=3 gives siblings seeds -2, -1, 0: the -1 is a seed like any other there (vLLM
+    seeds a child with seed + index as it is), not the "no seed" that a request's own -1 means,
+    so every sibling repeats its sample on a second run."""
+    llm = make_llm(impl)
+    prompt = {"prompt_token_ids": list(range(10, 22))}
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=-2, n=3, ignore_eos=True)
+    first, again = (llm.generate(prompt, params, use_tqdm=False)[0] for _ in range(2))
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in first.outputs]
+    assert len({tuple(c.token_ids) for c in first.outputs}) == 3, "seeded siblings drew the same sample"
+
+
 def test_stream_is_cumulative_and_matches_generate(impl):
     llm = make_llm(impl)
     prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [30, 31]}]

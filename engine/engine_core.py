@@ -59,6 +59,7 @@ from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.sample.grammar_mask import apply_token_bitmask
 from enginespec.sample.penalties import bans_read_outputs, stop_ids_to_mask
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
+from enginespec.spec.params import UNSEEDED
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 # Empty schedules in a row, with requests unfinished and no step in flight, that fail them (a
 # correct scheduler needs at most one: a step that only preempted)
 MAX_EMPTY_STEPS = 3
+# the sampler keys a seeded row by its seed modulo 2**64 (sample/sampler.py)
+_SEED_MASK = (1 << 64) - 1
 
 
 @dataclass
@@ -1268,14 +1271,22 @@ def grammar_workers(cpu_count: Optional[int] = None) -> int:
 
 
 def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ...]) -> SamplingParams:
-    """Sibling i's params: n = 1, seed + i when seeded; extra EOS ids as stop tokens."""
+    """Sibling i's params: n = 1, seed + i when seeded (_sibling_seed); extra EOS ids as stop tokens."""
     changes = {}
     if params.n > 1:
         changes["n"] = 1
         if params.seed is not None:
-            changes["seed"] = params.seed + index
+            changes["seed"] = _sibling_seed(params.seed, index)
     if extra_stops and not params.ignore_eos:
         changes["stop_token_ids"] = tuple(params.stop_token_ids) + tuple(
             t for t in extra_stops if t not in params.stop_token_ids
         )
     return dataclasses.replace(params, **changes) if changes else params
+
+
+def _sibling_seed(seed: int, index: int) -> int:
+    """seed + index, always a seed: where the sum is -1, which SamplingParams reads as "no seed"
+    (UNSEEDED), its 64-bit twin 2**64 - 1, which the sampler draws from alike (it keys a row by
+    its seed modulo 2**64), so that sibling repeats its sample as vLLM's child of seed -1 does."""
+    child = seed + index
+    return child & _SEED_MASK if child == UNSEEDED else child
