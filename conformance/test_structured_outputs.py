@@ -141,6 +141,41 @@ def test_the_grammar_s_end_finishes_even_with_ignore_eos(llms):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stop_token_id_that_is_text_stays_text_to_the_grammar(llms, async_scheduling):
+    """A stop_token_ids entry the grammar can write as text ("5" here) is text to the
+    grammar, as in vLLM: the mask is the one without it, so the draws up to the first "5"
+    are those of the request without the stop id, and that "5" stops it ("stop", stop_reason
+    the id). Made a grammar end instead, xgrammar took it out of the text: a choice of "55a"
+    had no first token left (finish "error") and a regex drew other digits."""
+    llm, five = llms(async_scheduling), 4 + JSON_CHARS.index("5")
+    regex = StructuredOutputsParams(regex=r"[0-9]{6}")
+    free = _generate(llm, _params(regex, temperature=0.0))[0].outputs[0].token_ids
+    assert five in free  # the premise: greedy writes a "5"
+    cut = free[: free.index(five) + 1]
+    outs = _generate(
+        llm,
+        [
+            _params(so, temperature=0.0, stop_token_ids=[five])
+            for so in (regex, StructuredOutputsParams(choice=["55a"]))
+        ],
+        [PROMPT, PROMPT],
+    )
+    got, choice = outs[0].outputs[0], outs[1].outputs[0]
+    assert (got.token_ids, got.finish_reason, got.stop_reason) == (cut, "stop", five)
+    assert (choice.token_ids, choice.finish_reason, choice.stop_reason) == ([five], "stop", five)
+
+
+def test_a_special_stop_token_id_still_ends_the_grammar(llms):
+    """A stop id the tokenizer counts as special (<unk> here) may end the grammar, with
+    ignore_eos too: the regex is written, then that id ends it."""
+    unk = llms(False).engine.tokenizer.unk_token_id
+    so = StructuredOutputsParams(regex=r"[0-9]{3}")
+    out = _generate(llms(False), _params(so, ignore_eos=True, stop_token_ids=[unk]))[0].outputs[0]
+    assert re.fullmatch(r"[0-9]{3}", out.text) and out.token_ids[-1] == unk, out.token_ids
+    assert (out.finish_reason, out.stop_reason) == ("stop", unk)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_constrained_request_leaves_its_batch_mates_alone(llms, async_scheduling):
     """A free request next to a constrained one draws the tokens it draws alone (seeded)."""
     llm = llms(async_scheduling)

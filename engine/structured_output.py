@@ -103,6 +103,7 @@ class StructuredOutputManager:
         self._xgr = xgr
         self.vocab_size = vocab_size
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=True, cache_limit_bytes=cache_limit_bytes)
+        self._control = control_token_ids(info, tokenizer)
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar of `params` (xgrammar's cache makes a repeat free); a constraint
@@ -150,11 +151,27 @@ class StructuredOutputManager:
         return compiler.compile_grammar(params.grammar)
 
     def new_state(self, compiled, stop_token_ids: Sequence[int]) -> "GrammarState":
-        """A fresh matcher over `compiled` for one sample; `stop_token_ids` (its EOS unless
-        ignore_eos, and its stop_token_ids) are the tokens that may end the grammar (none:
-        the tokenizer's EOS ids given at construction)."""
-        matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+        """A fresh matcher over `compiled` for one sample. Of `stop_token_ids` (its EOS unless
+        ignore_eos, and its stop_token_ids), the control tokens (`control_token_ids`) are the
+        tokens that may end the grammar (none: the EOS ids given at construction). A stop id
+        that is text stays text to the grammar, as in vLLM, whose matcher knows only the
+        tokenizer's EOS: the grammar allows it where its text fits, and when drawn it stops
+        the request as any stop id does. xgrammar would take an ending token out of the text
+        (a choice of "55a" with "5" a stop id could not begin), so none is made one."""
+        ends = [t for t in stop_token_ids if t in self._control]
+        matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=ends or None)
         return GrammarState(matcher, self.vocab_size, self._xgr)
+
+
+def control_token_ids(info, tokenizer) -> frozenset[int]:
+    """The ids that are not text: those xgrammar writes no text for (its special ids: empty,
+    or past the tokenizer's vocabulary), its stop ids, and the tokenizer's special tokens
+    (<unk>, <|im_end|>: xgrammar reads their markup as text). Only these may end a grammar."""
+    ids = set(info.special_token_ids) | set(info.stop_token_ids)
+    ids.update(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, token in added.items() if getattr(token, "special", False))
+    return frozenset(int(i) for i in ids)
 
 
 class GrammarState:
