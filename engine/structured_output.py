@@ -64,12 +64,25 @@ def import_xgrammar():
 
 def choice_grammar(choices: Sequence[str]) -> str:
     """An EBNF grammar whose sentences are exactly `choices` (vLLM's choice_as_grammar): each
-    one a quoted literal, backslashes and quotes escaped."""
+    one a quoted literal (`ebnf_literal`)."""
+    return "root ::= " + " | ".join(ebnf_literal(c) for c in choices)
 
-    def literal(text: str) -> str:
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    return "root ::= " + " | ".join(literal(c) for c in choices)
+def ebnf_literal(text: str) -> str:
+    """`text` as an EBNF string literal that matches exactly it: backslashes and quotes
+    escaped, and each control character (a newline, a tab: xgrammar's lexer refuses them raw)
+    written as a four-digit \\u escape, which cannot run into a hex digit after it (a \\x
+    escape takes every hex digit that follows). NUL is left raw: xgrammar reads \\u0000 as
+    nothing, so it is refused (a ValueError naming the field) rather than matched as ""."""
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch != "\0" and (ch < " " or ch == "\x7f"):
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 # xgrammar's C++ log prefix on an error's last line: "[10:01:02] /project/cpp/regex_converter.cc:94: "

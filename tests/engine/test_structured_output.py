@@ -55,6 +55,24 @@ def test_choices_are_matched_literally_quotes_and_backslashes_included(manager):
         assert not _takes(manager, params, text), text
 
 
+def test_choices_with_control_characters_compile_and_match_literally(manager):
+    """A newline, tab or carriage return in a choice is a character of that choice (a
+    multi-line answer): it compiles (the grammar's string literal cannot hold it raw, which
+    was a 400 "EBNF lexer error" for a valid choice) and matches only itself."""
+    mgr, _ = manager
+    choices = ["a\nb", "tab\there", "cr\r\n", "esc\x1b", "bell\x07"]
+    compiled = mgr.compile(StructuredOutputsParams(choice=choices))
+
+    def takes(text: str) -> bool:
+        state = mgr.new_state(compiled, [EOS])
+        return state.matcher.accept_string(text) and state.accept([EOS]) is None and state.terminated
+
+    for text in choices:
+        assert takes(text), repr(text)
+    for text in ("a", "ab", "a\\nb", "tab", "cr\r", "esc"):
+        assert not takes(text), repr(text)
+
+
 def test_a_schema_is_strict_unlisted_properties_are_refused(manager):
     """xgrammar's strict mode, as vLLM compiles schemas: an object schema without
     additionalProperties takes only its listed properties."""
