@@ -10,7 +10,11 @@ a ValueError naming StructuredOutputsParams.json, the keyword and where it sits 
 Refused (each measured: xgrammar accepts an instance that violates it,
 tests/engine/test_schema_limits.py):
 - `uniqueItems`, `contains`, `minContains`, `maxContains`;
-- `not`, `if` / `then` / `else`, `dependentRequired`, `dependentSchemas`;
+- `not`, `if` / `then` / `else`, `dependentRequired`, `dependentSchemas`, and `dependencies`
+  (draft 7's name for the last two);
+- `required` naming a property its own node's `properties` does not list (xgrammar makes only
+  listed properties required: one named beside `additionalProperties`, beside an `allOf`
+  that lists it, or in an `anyOf` branch of its own, "one of a or b", is dropped);
 - `allOf` of more than one schema;
 - `multipleOf` where the value may be a non-integer number (on integers it is enforced);
 - `minLength` / `maxLength` beside a `pattern` or a `format` xgrammar knows (it keeps the
@@ -40,6 +44,7 @@ ALWAYS_REFUSED = (
     "else",
     "dependentRequired",
     "dependentSchemas",
+    "dependencies",
 )
 
 #: The string formats xgrammar enforces (every other one is left as an annotation).
@@ -73,7 +78,20 @@ def unenforced_keyword(schema: Any) -> Optional[str]:
         keyword = _refused_here(node)
         if keyword is not None:
             return f"{keyword!r} at {path or '/'}"
+        unlisted = _unlisted_required(node)
+        if unlisted is not None:
+            return f"'required' at {path or '/'} (of {unlisted!r}, which its properties do not list)"
     return None
+
+
+def _unlisted_required(node: dict) -> Optional[str]:
+    """The first name of the node's `required` that its own `properties` does not list."""
+    required = node.get("required")
+    if not isinstance(required, list):
+        return None
+    listed = node.get("properties")
+    listed = listed if isinstance(listed, dict) else {}
+    return next((name for name in required if isinstance(name, str) and name not in listed), None)
 
 
 def _refused_here(node: dict) -> Optional[str]:

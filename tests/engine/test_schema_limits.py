@@ -36,6 +36,15 @@ REFUSED = [
     ({"type": "string", "format": "email", "maxLength": 3}, "maxLength", '"ab@cd.ef"'),
     ({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A", "maximum": 3}, "maximum", "9"),
     ({"type": "object", "properties": {"tags": {**INT_ARRAY, "uniqueItems": True}}}, "uniqueItems", '{"tags": [1, 1]}'),
+    # draft 7's name for dependentRequired and dependentSchemas
+    ({**PAIR, "dependencies": {"a": ["b"]}}, "dependencies", '{"a": 1}'),
+    ({**PAIR, "dependencies": {"a": {"required": ["b"]}}}, "dependencies", '{"a": 1}'),
+    # required is enforced only for the names its own node's properties list
+    ({"type": "object", "required": ["a"], "additionalProperties": True}, "required", "{}"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}, "required": ["a"]}, "required", '{"b": 1}'),
+    ({**PAIR, "required": ["a", "c"]}, "required", '{"a": 1}'),
+    ({"allOf": [PAIR], "required": ["a"]}, "required", "{}"),
+    ({**PAIR, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, "required", "{}"),
 ]  # fmt: skip
 
 # (schema, an instance that breaks it): xgrammar enforces these
@@ -52,6 +61,7 @@ ACCEPTED = [
     ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False}, '{"y": 1}'),
     ({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}, '{"y": 1, "z": 2}'),
     ({**PAIR, "required": ["a"]}, "{}"),
+    ({**PAIR, "required": ["a", "b"], "additionalProperties": True}, '{"a": 1, "c": 2}'),
 ]  # fmt: skip
 
 
@@ -82,6 +92,8 @@ def test_the_refusal_names_where_the_keyword_sits():
     }
     assert unenforced_keyword(schema) == "'uniqueItems' at /properties/rows/items"
     assert unenforced_keyword({"$defs": {"T": {"not": {}}}, "type": "integer"}) == "'not' at /$defs/T"
+    either = {**PAIR, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert unenforced_keyword(either) == "'required' at /anyOf/0 (of 'a', which its properties do not list)"
 
 
 def test_a_refused_schema_is_a_valueerror_on_add():
