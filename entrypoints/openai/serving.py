@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -753,9 +754,16 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 def _finite(logprob: Optional[float]) -> Optional[float]:
-    """JSON has no infinities: a masked token's -inf goes out as -9999.0, as vLLM sends it. A
-    plain float (the engine's values are `Logprob`s, floats with a rank and a decoded token)."""
-    return max(float(logprob), -9999.0) if logprob is not None else None
+    """JSON has no infinities and no NaN: a masked token's -inf goes out as -9999.0, as vLLM
+    sends it, and so does a NaN (logits that overflowed, an fp16 model's +inf, make every raw
+    logprob of their row NaN), which `max` alone would pass through: the full body then failed
+    to render (a 500 after the whole generation) and stream frames carried a bare NaN that
+    strict JSON parsers refuse. A plain float (the engine's values are `Logprob`s, floats with
+    a rank and a decoded token)."""
+    if logprob is None:
+        return None
+    value = float(logprob)
+    return max(value, -9999.0) if math.isfinite(value) else -9999.0
 
 
 def _token_text(ctx: ServerContext, token: int, logprob=None, as_id: bool = False) -> str:

@@ -306,3 +306,68 @@ def test_a_fault_reading_the_engine_fails_pending_requests_instead_of_hanging(se
 
     asyncio.run(run())
     assert deaths == [True] and not client.alive and client._num_pending == 0
+
+
+# ---- logits that are not finite ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def overflowing(monkeypatch):
+    """Every forward's logits get +inf in one column (an fp16 model that overflowed), so the
+    raw logprobs of every row are NaN. Patched before `served` builds its engine."""
+    from enginespec.worker.runner import ModelRunner
+
+    execute = ModelRunner.execute
+
+    def overflow(self, batch):
+        result = execute(self, batch)
+        result.logits = result.logits.clone()
+        result.logits[:, 3] = float("inf")
+        return result
+
+    monkeypatch.setattr(ModelRunner, "execute", overflow)
+
+
+def _strict_json(text: str):
+    """json.loads refusing NaN and Infinity, as a browser's JSON.parse or a typed client does."""
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_logprobs_still_make_valid_json(overflowing, served):
+    """Logits that overflowed give NaN logprobs. JSON has no NaN: the full body went through
+    starlette's renderer (allow_nan=False) as a 500 "Out of range float values are not JSON
+    compliant" after the whole generation, and stream frames carried a bare NaN that strict
+    parsers refuse. Every logprob field goes out as a number, as a masked token's -inf does."""
+    ctx, _ = served
+    common = dict(model="tiny", max_tokens=3, ignore_eos=True, temperature=0)
+    completion = dict(prompt="hello world", logprobs=2, **common)
+    chat = dict(messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2, **common)
+
+    async def run():
+        ctx.engine.start(asyncio.get_running_loop())
+        bodies = [
+            await create_completion(
+                ctx, CompletionRequest(prompt_logprobs=1, echo=True, **completion), _never
+            ),
+            await create_chat_completion(ctx, ChatCompletionRequest(**chat), _never),
+        ]
+        frames = []
+        for make, request in (
+            (create_completion, CompletionRequest(stream=True, **completion)),
+            (create_chat_completion, ChatCompletionRequest(stream=True, **chat)),
+        ):
+            frames += [f async for f in await make(ctx, request, _never)]
+        return bodies, _frames(frames)
+
+    bodies, frames = asyncio.run(run())
+    for body in bodies:
+        _strict_json(json.dumps(body))  # what starlette's JSONResponse renders, and a client parses
+    assert bodies[0]["choices"][0]["logprobs"]["token_logprobs"][-1] == -9999.0
+    assert bodies[1]["choices"][0]["logprobs"]["content"][0]["logprob"] == -9999.0
+    for frame in frames:
+        if frame != "[DONE]":
+            _strict_json(frame)
