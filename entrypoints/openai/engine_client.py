@@ -46,7 +46,7 @@ from typing import Callable, Optional
 from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
 from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai.metrics import cache_config_info
-from enginespec.entrypoints.openai.request_stream import RequestStream
+from enginespec.entrypoints.openai.request_stream import DecodeError, RequestStream
 from enginespec.spec import check_token_ids
 
 # Messages taken per reader callback at most (then other tasks run; the reader fires again).
@@ -546,7 +546,12 @@ class EngineClient:
             index = delta[1]
             sample = stream.output.outputs[index]
             was_finished = sample.finish_reason is not None
-            num_new = stream.apply(delta)
+            try:
+                num_new = stream.apply(delta)
+            except DecodeError as exc:  # this request's ids: it fails, the others run on
+                touched.pop(delta[0], None)
+                self._fail_stream(stream, exc)
+                continue
             touched[delta[0]] = stream
             if num_new:
                 num_tokens += num_new
@@ -572,6 +577,19 @@ class EngineClient:
                 self._count_samples(stream, unfinished=ERROR)
                 stream.sink.put_nowait(("error", _as_exception(error)))
         self._observe_state(state)
+
+    def _fail_stream(self, stream: RequestStream, error: DecodeError) -> None:
+        """End one request here with an EngineRequestError (a 500) and abort it in the engine:
+        its output could not be decoded (RequestStream.DecodeError), so it cannot be answered,
+        while every other request's news is intact."""
+        self._release(stream.request_id)
+        self._count_samples(stream, unfinished=ERROR)
+        stream.sink.put_nowait(("error", EngineRequestError(str(error))))
+        if self.fatal is None and not self._stopping:
+            try:
+                self._send(("abort", [stream.request_id]))
+            except EngineDead:
+                pass
 
     def _on_reply(self, kind: str, token: int, error) -> None:
         """An add's answer (error: ErrorInfo or None), or a call's ("done"; error is its result)."""

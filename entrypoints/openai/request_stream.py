@@ -15,6 +15,11 @@ A sample ended by a stop token (or EOS) gets that token's id but not its text, u
 include_stop_str_in_output (the engine's rule, engine/output_processor.py): the token arrives in
 the delta that carries the finish, so its text is never emitted first.
 
+A tokenizer that raises decoding a request's ids (a slow SentencePiece tokenizer on an id of a
+padded vocabulary, a tiktoken one on an id it never had) fails that request alone: `apply`
+raises DecodeError, which the engine client answers by failing and aborting the request, where
+any other exception of the reader ends the client as a bug.
+
 Invariants: a sample's text only grows; finish_reason is set once, by the sample's last delta;
 `output.finished` is True exactly when every sample has its finish_reason.
 """
@@ -27,6 +32,10 @@ from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.detokenizer import IncrementalDetokenizer
 from enginespec.engine.output_processor import shown_ids
 from enginespec.outputs import CompletionOutput, RequestOutput
+
+
+class DecodeError(RuntimeError):
+    """The tokenizer raised decoding one request's ids: that request fails, not the reader."""
 
 
 class RequestStream:
@@ -83,23 +92,33 @@ class RequestStream:
             c.token_ids.extend(new_ids)
             if det is not None:
                 token_stop = finish == "stop" and not isinstance(stop, str)  # a token id, or EOS
-                c.text += det.update(shown_ids(new_ids, token_stop, self._params))[0]
+                c.text += self._decode(det.update, shown_ids(new_ids, token_stop, self._params))[0]
         if new_lps:
-            self._name_tokens(new_lps)
+            self._decode(self._name_tokens, new_lps)
             c.logprobs.extend(new_lps)
             _add_sampled_logprobs(c, new_lps)
         if new_text:
             c.text += new_text
         if prompt_lps is not None:
-            self._name_tokens(prompt_lps)
+            self._decode(self._name_tokens, prompt_lps)
             self.output.prompt_logprobs = prompt_lps
         if finish is not None and c.finish_reason is None:
             if det is not None:
-                c.text += det.flush()
+                c.text += self._decode(det.flush)
             c.finish_reason, c.stop_reason, c.error = finish, stop, error
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
+
+    def _decode(self, fn, *args):
+        """fn(*args), a call that decodes this request's ids; DecodeError if the tokenizer raised."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise DecodeError(
+                f"the tokenizer failed to decode the output of request {self.request_id!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _name_tokens(self, entries: list) -> None:
         """Give the Logprobs of `entries` (dicts {token id: Logprob}, or None) their

@@ -371,3 +371,62 @@ def test_nan_logprobs_still_make_valid_json(overflowing, served):
     for frame in frames:
         if frame != "[DONE]":
             _strict_json(frame)
+
+
+# ---- a tokenizer that cannot decode an id --------------------------------------------------------
+
+ODD_ID = 50  # the id the tokenizer below refuses to decode
+
+
+class _RefusingTokenizer:
+    """The tiny tokenizer, except that decoding ODD_ID raises (as a slow SentencePiece tokenizer
+    does for an id of a padded vocabulary, or tiktoken for one it never had). No backend: the
+    detokenizer goes through decode()."""
+
+    backend_tokenizer = None
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def decode(self, ids, **kwargs):
+        if ODD_ID in list(ids):
+            raise KeyError(f"no token for id {ODD_ID}")
+        return self._tokenizer.decode(ids, **kwargs)
+
+
+def test_a_token_the_tokenizer_cannot_decode_fails_only_its_request(monkeypatch):
+    """Decoding a request's ids on the server's side raised out of the client's reader, which
+    took it for a bug of its own: every pending request ended with EngineDead, the engine was
+    stopped and the server with it. Only that request fails (EngineRequestError naming the
+    tokenizer's error, a 500), its engine request is aborted, and the others run on."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    tokenizer = _RefusingTokenizer(load_engine_tokenizer(args))
+    client = EngineClient(args, tokenizer, ServerMetrics("tiny"), in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    odd = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, allowed_token_ids=[ODD_ID])
+    fine = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        other = await client.submit([NewRequest("fine", None, [5, 6, 7], fine)])
+        bad = await client.submit([NewRequest("odd", None, [5, 6, 7], odd)])
+        with pytest.raises(EngineRequestError, match=f"no token for id {ODD_ID}"):
+            await asyncio.wait_for(final_output(bad), 60)
+        out = await asyncio.wait_for(final_output(other), 60)
+        await _wait_idle(client)
+        again = await client.submit([NewRequest("again", None, [8, 9], fine)])
+        return out, await asyncio.wait_for(final_output(again), 60)
+
+    try:
+        out, again = asyncio.run(run())
+        assert client.alive
+        assert out.outputs[0].finish_reason == again.outputs[0].finish_reason == "length"
+        assert len(out.outputs[0].token_ids) == 40
+        assert client.state.num_free_blocks == client.state.num_blocks
+        labels = {"model_name": "tiny", "engine": "0", "finished_reason": "error"}
+        assert client.metrics.registry.get_sample_value("vllm:request_success_total", labels) == 1
+    finally:
+        client.stop()
