@@ -11,9 +11,17 @@ Scheduler API (finish) and Request.append / replace_last_token. So a stop string
 request the scheduler had just finished for length, or an async stop token found one step
 late, changes what the user sees without writing to the impl's request.
 
-Invariants: a sample's finish_reason is set once; an output never shows an async placeholder
-token (the id `placeholder_id`, which no real token can be); a parent is reported finished
-exactly when every sample has a finish_reason.
+A tokenizer that raises decoding a sample's ids (a slow SentencePiece tokenizer on an id of a
+padded vocabulary, a tiktoken one on an id it never had) fails that sample alone: it ends with
+finish_reason "error" and the tokenizer's error, keeps its tokens and drops its text, and a
+request still running is finished through the Scheduler API (its blocks freed). The step's
+forward and sampling succeeded, so every other sample goes on as if nothing happened.
+
+Invariants: a sample's finish_reason is set once, except that a sample whose ids cannot be
+decoded ends as "error" (before any output shows its earlier reason: the decode happens in
+the same step); an output never shows an async placeholder token (the id `placeholder_id`,
+which no real token can be); a parent is reported finished exactly when every sample has a
+finish_reason.
 """
 
 from __future__ import annotations
@@ -110,12 +118,12 @@ class OutputProcessor:
                     sample.cumulative_logprob += float(pairs[0][1])  # the sampled token's, first
                 entry = dict(pairs)
                 if sample.detokenizer is not None:
-                    self.name_tokens(entry, sample.detokenizer.tokenizer)
+                    self._decoding(sample, self.name_tokens, entry, sample.detokenizer.tokenizer)
                 sample.logprobs.append(entry)
             if sample.detokenizer is not None:
                 sample.unread.extend(shown_ids(tokens, request_id in token_stopped, sample.request.params))
                 if sample.request.params.stop:
-                    _, stop = read(sample)
+                    _, stop = self._decoding(sample, read, sample) or ("", None)
                     if stop is not None:
                         self._finish_on_stop_string(sample, stop)
         for request in update.finished:
@@ -150,7 +158,27 @@ class OutputProcessor:
         if sample.finish_reason is not None:
             return
         sample.finish_reason, sample.stop_reason, sample.error = finish_reason, stop_reason, error
-        flush(sample)
+        self._decoding(sample, flush, sample)
+
+    def _decoding(self, sample: Sample, decode: Callable, *args):
+        """decode(*args), a call that decodes the sample's ids; None, with the sample failed
+        (_undecodable), when the tokenizer raises."""
+        try:
+            return decode(*args)
+        except Exception as exc:
+            self._undecodable(sample, exc)
+            return None
+
+    def _undecodable(self, sample: Sample, exc: Exception) -> None:
+        """The tokenizer raised on the sample's ids: it ends as "error" naming that error (one
+        already failed keeps its message), keeps its tokens and drops its text; a request still
+        unfinished is finished through the scheduler, which frees its blocks."""
+        sample.detokenizer, sample.unread = None, []
+        if not sample.request.status.is_finished:
+            self._finish(sample.request, Status.FINISHED_ABORTED)
+        if sample.finish_reason != ERROR:
+            sample.finish_reason, sample.stop_reason = ERROR, None
+            sample.error = f"the tokenizer failed to decode the output: {type(exc).__name__}: {exc}"
 
     def _finish_on_stop_string(self, sample: Sample, stop: str) -> None:
         """A stop string ends the sample as "stop" even if the scheduler just finished it for
@@ -166,7 +194,7 @@ class OutputProcessor:
 
     def make_output(self, parent: Parent) -> RequestOutput:
         for sample in parent.samples:
-            read(sample)
+            self._decoding(sample, read, sample)
         completions = [
             CompletionOutput(
                 index=s.index,

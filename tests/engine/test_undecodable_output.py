@@ -1,0 +1,92 @@
+"""A tokenizer that raises decoding one request's ids fails that request alone.
+
+A slow SentencePiece tokenizer raises on an id of a padded vocabulary, a tiktoken one on an id
+it never had. Decoding happens after the step's forward and sampling succeeded, so every other
+request's tokens are right: the request whose text cannot be decoded ends with finish_reason
+"error" (its tokens kept, the tokenizer's error in CompletionOutput.error), every other request
+gets a fault-free engine's output, no step counts as failed, and the pool ends idle. The three
+places the engine decodes are each reached: a stop-string sample's text as tokens arrive, the
+decoded_token of its logprobs, and the text of any other sample when its output is built.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.engine.engine_core import EngineCore, load_engine_tokenizer
+from enginespec.engine_args import EngineArgs
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ODD_ID = 70  # the id the tokenizer below refuses to decode (no fault-free output here has it)
+PROMPTS = [
+    {"prompt_token_ids": [5, 6, 7]},
+    {"prompt_token_ids": [8, 9]},
+    {"prompt_token_ids": [10, 11, 12, 13]},
+]
+
+
+class RefusingTokenizer:
+    """The tiny tokenizer, except that decoding ODD_ID raises. No backend: the detokenizer
+    goes through decode()."""
+
+    backend_tokenizer = None
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def decode(self, ids, **kwargs):
+        if ODD_ID in list(ids):
+            raise KeyError(f"no token for id {ODD_ID}")
+        return self._tokenizer.decode(ids, **kwargs)
+
+
+def make_llm(async_scheduling: bool, refusing: bool) -> LLM:
+    args = EngineArgs.from_kwargs(
+        str(tiny_model_dir("qwen3")),
+        impl="fast",
+        device="cpu",
+        dtype="float32",
+        num_blocks=64,
+        block_size=4,
+        async_scheduling=async_scheduling,
+    )
+    tokenizer = load_engine_tokenizer(args)
+    return LLM.from_engine(
+        EngineCore(args, tokenizer=RefusingTokenizer(tokenizer) if refusing else tokenizer)
+    )
+
+
+def summary(out) -> tuple:
+    c = out.outputs[0]
+    return c.token_ids, c.text, c.finish_reason, c.error
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"stop": ["zzz"]}, {"logprobs": 1}],
+    ids=["text-at-output", "stop-string", "logprob-names"],
+)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_an_undecodable_id_fails_only_its_request(async_scheduling, extra):
+    odd = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, allowed_token_ids=[ODD_ID], **extra)
+    fine = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, **extra)
+    expected = make_llm(async_scheduling, refusing=False).generate(PROMPTS[1:], fine, use_tqdm=False)
+    assert all(ODD_ID not in o.outputs[0].token_ids for o in expected), "pick another ODD_ID"
+    llm = make_llm(async_scheduling, refusing=True)
+    outs = llm.generate(PROMPTS, [odd, fine, fine], use_tqdm=False)
+    tokens, text, finish, error = summary(outs[0])
+    assert finish == "error" and f"no token for id {ODD_ID}" in error
+    assert text == "" and set(tokens) <= {ODD_ID}
+    assert [summary(o) for o in outs[1:]] == [summary(o) for o in expected]
+    engine = llm.engine
+    assert engine.stats.num_failed_steps == 0, "decoding one request's ids failed the whole step"
+    assert not engine.has_unfinished and engine.block_manager.num_free == engine.runner.num_blocks
+    again = llm.generate(PROMPTS[1:], fine, use_tqdm=False)  # the engine serves on
+    assert [summary(o) for o in again] == [summary(o) for o in expected]
