@@ -110,6 +110,12 @@ REJECT_TOP_P = os.environ.get("ENGINESPEC_REJECT_TOP_P", "1") != "0"
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
+# Temperatures above this draw as this one: the draw scales float32 logits by 1 / T, which past
+# about 1e38 is zero in float32 (and a GPU flushes its subnormals to zero before that), and a
+# zero scale turned every draw into the last vocabulary id. At 1e30 every finite logit scales
+# to within float32's rounding of 0, so the draw is already uniform over the finite logits: the
+# limit that larger temperatures tend to, unchanged.
+MAX_TEMPERATURE = 1e30
 
 
 # The most rows greedy_tokens takes kernels/argmax.py for: the row counts it was timed at end
@@ -250,7 +256,7 @@ class RowSpec(NamedTuple):
     def of(cls, p, vocab: int) -> "RowSpec":
         noisy = p.temperature >= GREEDY_EPS
         cut = noisy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
-        t = p.temperature if noisy else 1.0
+        t = min(p.temperature, MAX_TEMPERATURE) if noisy else 1.0
         vector = np.array(
             [
                 LOG2E / t if noisy else 1.0,

@@ -217,6 +217,17 @@ def test_distribution_matches_exact(impl, mode):
     assert_matches(draw_counts(sampler, LOGITS6, [req] * N_DRAWS), probs)
 
 
+@pytest.mark.parametrize("temperature", [1e30, 1e39, 1e300])
+@pytest.mark.parametrize("extra", [{}, {"top_k": 3}], ids=["plain", "top_k"])
+def test_temperatures_past_float32_draw_uniformly(impl, temperature, extra):
+    """1 / T underflows float32 past ~1e38 (a GPU flushes earlier): a zero scale drew the last
+    vocabulary id every time. Such a row draws as T = MAX_TEMPERATURE: uniform over its keep."""
+    req = make_request(impl, SamplingParams(temperature=temperature, **extra))
+    probs = reference_probs(LOGITS6, req)
+    assert (probs > 0).sum() >= 3
+    assert_matches(draw_counts(Sampler(6, seed=7), LOGITS6, [req] * 6000), probs)
+
+
 @pytest.mark.parametrize("extra", [{}, {"min_p": 0.1}], ids=["top_p", "top_p_min_p"])
 def test_every_top_k_off_value_keeps_top_p(impl, extra):
     """top_k -1 and 0 (vLLM's two spellings of "off") and a top_k at or above the vocabulary
