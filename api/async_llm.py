@@ -22,7 +22,10 @@ Invariants:
   frees its blocks before its next step. `abort(request_id)` ends a live `generate` with one last
   output whose unfinished samples have finish_reason "abort".
 - Errors: a bad prompt or params is a ValueError raised by `generate` before anything is
-  queued; a request id still in use is a ValueError; a step that fails the request raises
+  queued; a request id still in use is a ValueError; a step that fails (the forward or the
+  sampler raised) ends its requests as LLM.generate does, with a last output whose samples have
+  finish_reason "error" and the fault in `error`; a request the engine refused or dropped
+  outside a step's outputs (its add failed there, its ids could not be decoded) raises
   EngineRequestError; after `shutdown` (or the engine's death) every live and new `generate`
   raises EngineDead.
 - The reader of the engine's messages runs on the event loop that first calls `generate`; a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import traceback
 
 import pytest
@@ -645,3 +646,48 @@ def test_beam_search_step_the_engine_fails_raises_and_the_engine_serves_on(async
 
     outs = asyncio.run(failed_then_fine())
     assert outs[-1].finished and len(outs[-1].outputs) == 2
+
+
+def test_a_failed_step_ends_generate_with_an_error_output_and_an_engine_fault_raises(model_dir, monkeypatch):
+    """The module doc's two rules: a step whose forward raised (EngineCore.fault_hook at
+    "execute") ends generate with a last output of finish_reason "error" and the fault in
+    `error`, as LLM.generate reports it; a fault of the engine loop itself (fail_next_step)
+    raises EngineRequestError. Either way nothing is left pending and the next request runs."""
+    from enginespec.async_llm import EngineRequestError
+    from enginespec.engine import core_proc
+
+    armed = threading.Event()
+
+    def fault(phase: str) -> None:
+        if phase == "execute" and armed.is_set():
+            armed.clear()
+            raise RuntimeError("planted forward fault")
+
+    serve = core_proc.serve_engine
+
+    def serve_with_fault(engine, inbox, outbox):
+        engine.fault_hook = fault
+        serve(engine, inbox, outbox)
+
+    monkeypatch.setattr(core_proc, "serve_engine", serve_with_fault)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+
+    async def run():
+        engine._bind_loop()
+        armed.set()
+        failed = await _collect(engine, PROMPT, params, "forward-fault")
+        assert engine.num_unfinished_requests == 0
+        await engine._client.fail_next_step()
+        with pytest.raises(EngineRequestError, match="injected engine fault"):
+            await _collect(engine, PROMPT, params, "loop-fault")
+        assert engine.num_unfinished_requests == 0
+        return failed, await _collect(engine, PROMPT, params, "after")
+
+    try:
+        failed, after = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    last = failed[-1].outputs[0]
+    assert failed[-1].finished and last.finish_reason == "error" and "planted forward fault" in last.error
+    assert after[-1].finished and after[-1].outputs[0].finish_reason == "length"
