@@ -54,6 +54,9 @@ accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size`
 model directory's generation_config.json; "vllm": its EOS ids but none of its sampling
 defaults; or another local directory) and `override_generation_config` (a dict of that file's
 sampling keys over its defaults) work as vLLM's (engine/generation_config.py).
+`max_num_seqs`, `enable_prefix_caching`, `enable_chunked_prefill` and `preemption_mode` also
+take vLLM's None ("the engine chooses", what code forwarding an unset option passes): our
+default for each (UNSET_DEFAULTS).
 """
 
 from __future__ import annotations
@@ -111,6 +114,15 @@ _BOOL_FIELDS = (
     "enable_lora",
     "skip_tokenizer_init",
 )
+# vLLM's Optional scheduler and cache options -> what None (vLLM's "engine chooses") means here:
+# our own defaults, which are vLLM V1's choices for a generative model (its V0 chose recompute).
+UNSET_DEFAULTS = {
+    "max_num_seqs": 256,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "preemption_mode": "recompute",
+}
+
 _OPTIONAL_BOOLS = ("compile_model", "warmup", "skinny_gemm")  # None: derive it
 
 # vLLM arguments accepted only at these values (vLLM's defaults, and what the loader reads):
@@ -212,16 +224,16 @@ class EngineArgs:
     block_size: int = 16
     max_model_len: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
-    max_num_seqs: int = 256
-    enable_prefix_caching: Optional[bool] = True  # None: vLLM's default, on (__post_init__)
-    enable_chunked_prefill: bool = True
+    max_num_seqs: Optional[int] = 256  # None: vLLM's "engine chooses", 256 (_resolve_unset)
+    enable_prefix_caching: Optional[bool] = True  # None: vLLM's default, on (_resolve_unset)
+    enable_chunked_prefill: Optional[bool] = True  # None: vLLM's default, on (_resolve_unset)
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: Optional[int] = None
     num_blocks: Optional[int] = None
     kv_cache_bytes: Optional[int] = None
-    preemption_mode: str = "recompute"
+    preemption_mode: Optional[str] = "recompute"  # None: vLLM's "engine chooses", recompute
     device: str = "auto"
     skip_tokenizer: bool = False
     enforce_eager: bool = False
@@ -258,6 +270,7 @@ class EngineArgs:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
         bound); those that need the model (max_model_len, and max_num_batched_tokens against
         it with chunked prefill off) are checked where they are resolved."""
+        self._resolve_unset()
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
         _check_int("max_logprobs", self.max_logprobs, -1, None)
@@ -267,8 +280,6 @@ class EngineArgs:
             _check_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, None)
         if self.seed is not None:
             _check_int("seed", self.seed, *SEED_RANGE)
-        if self.enable_prefix_caching is None:  # vLLM's Optional[bool]: None is its default, on
-            self.enable_prefix_caching = True
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool) and not (value is None and name in _OPTIONAL_BOOLS):
@@ -282,6 +293,14 @@ class EngineArgs:
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
         _check_vllm_args(self)
+
+    def _resolve_unset(self) -> None:
+        """vLLM types these Optional, None meaning "the engine chooses", and code that forwards
+        an unset option passes that None: it takes the default here (UNSET_DEFAULTS), so after
+        construction each holds a value of its own type and is checked as one."""
+        for name, default in UNSET_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
 
     @classmethod
     def from_kwargs(cls, model: Optional[str], **kwargs) -> "EngineArgs":

@@ -216,3 +216,25 @@ def test_enable_prefix_caching_none_is_vllms_default_on(impl):
     prompt = {"prompt_token_ids": list(range(5, 15))}  # 10 ids: two full blocks of 4 to cache
     one = SamplingParams(max_tokens=1, temperature=0)
     assert [llm.generate(prompt, one, use_tqdm=False)[0].num_cached_tokens for _ in range(2)] == [0, 8]
+
+
+def test_scheduler_options_left_none_take_vllms_defaults(impl):
+    """vLLM's EngineArgs types max_num_seqs, enable_chunked_prefill and preemption_mode as
+    Optional with None meaning "the engine chooses", and code that forwards an unset option
+    passes that None. Each was refused ("must be an int >= 1", "must be a bool", "must be one
+    of"); None now means our default for it: 256 seats, chunked prefill on, recompute."""
+    from enginespec.llm import LLM
+
+    unset = dict(max_num_seqs=None, enable_chunked_prefill=None, preemption_mode=None)
+    args = EngineArgs(**unset)
+    assert (args.max_num_seqs, args.enable_chunked_prefill, args.preemption_mode) == (256, True, "recompute")
+    llm = LLM(str(tiny_model_dir("qwen3")), impl=impl, **unset, **SMALL)
+    config = llm.engine.scheduler.config
+    assert (config.max_num_seqs, config.enable_chunked_prefill, config.preemption_mode) == (
+        256,
+        True,
+        "recompute",
+    )
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    (out,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3
