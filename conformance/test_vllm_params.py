@@ -35,6 +35,30 @@ def test_priority_needs_the_priority_policy(impl):
     assert len(ranked.generate(prompts, greedy, use_tqdm=False, priority=[0, 1])) == 2
 
 
+def _finish_order(llm, prompts, priority) -> list[int]:
+    """Indexes of `prompts` in the order their requests finished."""
+    greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    ids = {p["prompt_token_ids"][0]: i for i, p in enumerate(prompts)}
+    order = []
+    for outs in llm.stream(prompts, greedy, priority=priority):
+        order += [ids[o.prompt_token_ids[0]] for o in outs if o.finished]
+    return order
+
+
+def test_priority_takes_numpy_integers(impl):
+    """A priority list built with numpy (list(np.argsort(...))) holds numpy integers; the
+    engine refused them ("priority must be an int, got np.int64(2)") where every other integer
+    argument, and Request itself, takes any integral number. They now rank as the same ints."""
+    np = pytest.importorskip("numpy")
+    llm = make_llm(impl, scheduling_policy="priority", max_num_seqs=1)
+    prompts = [{"prompt_token_ids": [5 + i, 30]} for i in range(4)]
+    ranks = [2, -1, 3, 0]
+    assert _finish_order(llm, prompts, ranks) == [1, 3, 0, 2]
+    assert _finish_order(llm, prompts, [np.int64(r) for r in ranks]) == [1, 3, 0, 2]
+    assert _finish_order(llm, prompts, np.int32(1)) == [0, 1, 2, 3]  # one value for every prompt
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
 @pytest.mark.parametrize("best_of", [2, 4])
 def test_best_of_is_refused_pointing_to_n(best_of):
     """vLLM V1 dropped best_of; a ported call gets a ValueError naming it and n (it was a

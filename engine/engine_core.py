@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import numbers
 import os
 import time
 import weakref
@@ -593,7 +594,7 @@ class EngineCore:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a spec.SamplingParams, got {type(params).__name__}")
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):  # numpy ints too
             raise ValueError(f"priority must be an int, got {priority!r}")
         policy = self.scheduler_config.policy
         if priority != 0 and policy != "priority":
