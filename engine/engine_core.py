@@ -596,6 +596,7 @@ class EngineCore:
             raise ValueError(f"sampling params must be a spec.SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):  # numpy ints too
             raise ValueError(f"priority must be an int, got {priority!r}")
+        priority = int(priority)  # a numpy int goes on as a plain one (to the scheduler, the wire)
         policy = self.scheduler_config.policy
         if priority != 0 and policy != "priority":
             raise ValueError(
