@@ -170,6 +170,7 @@ class StepView:
     requests: dict
     post: PoolState
     prefix_caching: bool = True
+    keys: Optional[dict] = None  # policy key per request id, where the harness knows the add order
 
     @property
     def ids(self) -> list[str]:
@@ -223,7 +224,8 @@ def check_chunking(v: StepView) -> None:
 @spec_rule("schedule-order")
 def check_order(v: StepView) -> None:
     """Running first, as a prefix of the running queue; victims from its back; admitted requests
-    are a prefix (in policy order) of the swapped and of the waiting queue."""
+    are a prefix (in policy order) of the swapped and of the waiting queue; no waiting request is
+    admitted past a request left swapped whose policy key is better (where the keys are known)."""
     ran = [rid for rid in v.ids if rid in v.pre.running]
     assert v.ids[: len(ran)] == ran, f"a newly admitted request precedes a running one: {v.ids}"
     assert ran == v.pre.running[: len(ran)], (
@@ -247,6 +249,11 @@ def check_order(v: StepView) -> None:
     assert got_waiting == waiting[: len(got_waiting)], (
         f"admissions {got_waiting} skip ahead of {waiting} (policy order)"
     )
+    left = swapped[len(got_swapped) :]
+    if v.keys is not None and left and got_waiting:
+        assert v.keys[got_waiting[-1]] < v.keys[left[0]], (
+            f"admitted {got_waiting[-1]} from waiting past {left[0]}, left swapped with a better policy key"
+        )
 
 
 @spec_rule("preemption")
@@ -578,7 +585,14 @@ class Harness:
         )
         self.finished_since = []
         view = StepView(
-            self.config, self.block_size, pre, out, self.live, self.bm.state(), self.enable_prefix_caching
+            self.config,
+            self.block_size,
+            pre,
+            out,
+            self.live,
+            self.bm.state(),
+            self.enable_prefix_caching,
+            self.key,
         )
         check_schedule(view)
         check_pool(view.post, self.num_blocks)

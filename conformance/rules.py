@@ -58,7 +58,7 @@ RULES = {
     ),
     "schedule-order": (
         "running first in key order, victims from the back, admissions in policy order, "
-        "no admission in a step that preempted",
+        "none past a swapped request of a better key, no admission in a step that preempted",
         "Orders",
         5,
     ),

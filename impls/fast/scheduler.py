@@ -212,12 +212,16 @@ class FastScheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        """Phase 3: admit waiting requests in key order, each after its cached prefix."""
+        """Phase 3: admit waiting requests in key order, each after its cached prefix, none past
+        a request still swapped whose key is better (it would wait behind later arrivals)."""
         bm, cfg = self.block_manager, self.config
         waiting, running = self._waiting, self._running
         bs = bm.block_size
+        swapped = self._swapped
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             r = waiting[0]
+            if swapped and r._key > swapped[0]._key:
+                break  # nothing passes a swapped request of a better key
             cached = bm.find_cached_prefix(r)
             k = len(cached) * bs
             n = len(r.token_ids) - k

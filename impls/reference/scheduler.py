@@ -167,10 +167,13 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        """Phase 3: admit waiting requests in key order, each after its cached prefix."""
+        """Phase 3: admit waiting requests in key order, each after its cached prefix, none past
+        a request still swapped whose key is better (it would wait behind later arrivals)."""
         bm, cfg = self.block_manager, self.config
         while self._waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
             r = self._waiting[0]
+            if self._swapped and self._key(r) > self._key(self._swapped[0]):
+                break  # nothing passes a swapped request of a better key
             cached = bm.find_cached_prefix(r)
             k = len(cached) * bm.block_size
             n = r.num_tokens - k
