@@ -30,20 +30,22 @@ PROMPTS = [
 
 
 class RefusingTokenizer:
-    """The tiny tokenizer, except that decoding ODD_ID raises. No backend: the detokenizer
-    goes through decode()."""
+    """A tokenizer, except that decoding odd_id raises (as a slow SentencePiece tokenizer does
+    for an id of a padded vocabulary, or tiktoken for one it never had). No backend: the
+    detokenizer goes through decode(). The server's fault tests use it too."""
 
     backend_tokenizer = None
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, odd_id: int = ODD_ID):
         self._tokenizer = tokenizer
+        self._odd_id = odd_id
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)
 
     def decode(self, ids, **kwargs):
-        if ODD_ID in list(ids):
-            raise KeyError(f"no token for id {ODD_ID}")
+        if self._odd_id in list(ids):
+            raise KeyError(f"no token for id {self._odd_id}")
         return self._tokenizer.decode(ids, **kwargs)
 
 

@@ -30,6 +30,7 @@ from enginespec.entrypoints.openai.serving import (
 )
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
+from tests.engine.test_undecodable_output import RefusingTokenizer
 from tests.entrypoints.client_helpers import final_output
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -375,26 +376,7 @@ def test_nan_logprobs_still_make_valid_json(overflowing, served):
 
 # ---- a tokenizer that cannot decode an id --------------------------------------------------------
 
-ODD_ID = 50  # the id the tokenizer below refuses to decode
-
-
-class _RefusingTokenizer:
-    """The tiny tokenizer, except that decoding ODD_ID raises (as a slow SentencePiece tokenizer
-    does for an id of a padded vocabulary, or tiktoken for one it never had). No backend: the
-    detokenizer goes through decode()."""
-
-    backend_tokenizer = None
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
-
-    def decode(self, ids, **kwargs):
-        if ODD_ID in list(ids):
-            raise KeyError(f"no token for id {ODD_ID}")
-        return self._tokenizer.decode(ids, **kwargs)
+ODD_ID = 50  # the id RefusingTokenizer refuses to decode here
 
 
 def test_a_token_the_tokenizer_cannot_decode_fails_only_its_request(monkeypatch):
@@ -403,7 +385,7 @@ def test_a_token_the_tokenizer_cannot_decode_fails_only_its_request(monkeypatch)
     stopped and the server with it. Only that request fails (EngineRequestError naming the
     tokenizer's error, a 500), its engine request is aborted, and the others run on."""
     args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
-    tokenizer = _RefusingTokenizer(load_engine_tokenizer(args))
+    tokenizer = RefusingTokenizer(load_engine_tokenizer(args), ODD_ID)
     client = EngineClient(args, tokenizer, ServerMetrics("tiny"), in_process=True, max_waiting=16)
     client.launch(timeout=120)
     odd = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, allowed_token_ids=[ODD_ID])
