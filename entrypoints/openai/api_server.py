@@ -23,6 +23,7 @@ the server shuts down the same way, exiting 1.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -141,16 +142,22 @@ def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:
 
 class _ApiKeyGuard:
     """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' for one of the keys (401
-    otherwise), compared in constant time, as vLLM's. Not starlette's BaseHTTPMiddleware, which
-    wraps `receive` and hides client disconnects."""
+    otherwise), as vLLM's. The scheme is read case-insensitively (an HTTP auth scheme is: RFC
+    9110 11.1, and vLLM reads it so); one space, then the key, which must match exactly. Keys
+    are compared as SHA-256 digests, every key each time, so that neither a key's length nor
+    which key matched shows in the timing. Not starlette's BaseHTTPMiddleware, which wraps
+    `receive` and hides client disconnects."""
 
     def __init__(self, app, api_keys: Sequence[str]):
         self.app = app
-        self.expected = [f"Bearer {key}".encode() for key in api_keys]
+        self.expected = [hashlib.sha256(key.encode()).digest() for key in api_keys]
 
     def _authorized(self, scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
-        return any([secrets.compare_digest(given, e) for e in self.expected])  # every key: no early out
+        scheme, _, key = given.partition(b" ")
+        digest = hashlib.sha256(key).digest()
+        matches = [secrets.compare_digest(digest, e) for e in self.expected]  # every key: no early out
+        return scheme.lower() == b"bearer" and any(matches)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
@@ -180,9 +187,10 @@ def build_app(
     cors: Optional[dict] = None,
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
-    takes; None or an empty list: no key needed. `cors` (cors_options): starlette's CORSMiddleware with those options,
-    outermost, so a browser's preflight (OPTIONS, which carries no API key) is answered before
-    the key guard, as vLLM's server answers it; None: no CORS headers, preflights are 405s."""
+    takes; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
+    (cors_options): starlette's CORSMiddleware with those options, outermost, so a browser's
+    preflight (OPTIONS, which carries no API key) is answered before the key guard, as vLLM's
+    server answers it; None: no CORS headers, preflights are 405s."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -202,7 +210,7 @@ def build_app(
     async def _internal(request: Request, exc: Exception):
         return _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
 
-    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]  # "": no key
     if keys:
         app.add_middleware(_ApiKeyGuard, api_keys=keys)
     if cors is not None:  # added last: the outermost layer

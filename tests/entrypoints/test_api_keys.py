@@ -57,3 +57,15 @@ def test_vllm_api_key_in_the_environment_guards_v1(monkeypatch):
 def test_an_empty_key_is_an_error_naming_the_flag(monkeypatch):
     with pytest.raises(ValueError, match="--api-key: a key must not be empty"):
         _keys("--api-key", "")
+
+
+def test_the_bearer_scheme_is_case_insensitive(monkeypatch):
+    """An HTTP auth scheme is case-insensitive (RFC 9110 11.1), and vLLM's guard reads it so:
+    `Authorization: bearer KEY` (what some HTTP clients and hand-written curl lines send) was a
+    401 here. The key itself stays exact, and nothing but one space separates it from the scheme."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    keys = ["Key-A"]
+    opened = [_status(keys, f"{scheme} Key-A") for scheme in ("Bearer", "bearer", "BEARER")]
+    assert opened == [200, 200, 200]
+    refused = ("bearer key-a", "Basic Key-A", "Bearer  Key-A", "Key-A", "Bearer")
+    assert [_status(keys, h) for h in refused] == [401] * len(refused)
