@@ -43,11 +43,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from enginespec import __version__
 from enginespec.entrypoints.openai.engine_client import EngineClient
-from enginespec.entrypoints.openai.errors import APIError
+from enginespec.entrypoints.openai.errors import APIError, error_body
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -205,6 +206,14 @@ def build_app(
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        """A route or method this server lacks (404, 405): OpenAI's error shape, as every other
+        error here and as vLLM answers them, not FastAPI's {"detail": ...}; its headers kept
+        (a 405's Allow)."""
+        body = error_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

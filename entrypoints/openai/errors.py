@@ -12,6 +12,7 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
     409: "ConflictError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
