@@ -26,6 +26,8 @@ _OPENAI_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, 
 
 
 def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
+    """OpenAI's logit_bias (token id strings -> bias in [-100, 100]) as SamplingParams takes it;
+    a ValueError named as SamplingParams' own, so that bad_request's param is the field."""
     if raw is None:
         return None
     out = {}
@@ -33,9 +35,13 @@ def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
         try:
             token = int(key)
         except ValueError:
-            raise ValueError(f"logit_bias keys must be token ids (ints as strings), got {key!r}") from None
+            raise ValueError(
+                f"SamplingParams.logit_bias keys must be token ids (ints as strings), got {key!r}"
+            ) from None
         if not -LOGIT_BIAS_BOUND <= value <= LOGIT_BIAS_BOUND:
-            raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
+            raise ValueError(
+                f"SamplingParams.logit_bias values must be in [-100, 100], got {value!r} for token {token}"
+            )
         out[token] = float(value)
     return out
 
