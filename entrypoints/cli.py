@@ -572,6 +572,11 @@ def _add_serve_parser(sub) -> None:
         help="seconds in-flight requests get on SIGTERM",
     )
     serve.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="put X-Request-Id on every response: the request's own, else a fresh id (vLLM's flag)",
+    )
+    serve.add_argument(
         "--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ..., /reset_prefix_cache"
     )
     serve.add_argument(

@@ -5,7 +5,9 @@ Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models, /v
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
 Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
-variable's key does, as vLLM reads it (api_keys).
+variable's key does, as vLLM reads it (api_keys). --enable-request-id-headers puts X-Request-Id
+on every response (vLLM's flag). Every error, a route or method the server lacks included, is
+OpenAI's {"error": {"message", "type", "param", "code"}} (errors.py).
 
 Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
 --engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
@@ -34,6 +36,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -169,6 +172,29 @@ class _ApiKeyGuard:
         await self.app(scope, receive, send)
 
 
+class _RequestIdHeader:
+    """Plain ASGI middleware (--enable-request-id-headers, vLLM's flag): every HTTP response
+    carries X-Request-Id, the request's own X-Request-Id where it sent one, else a fresh uuid4
+    hex, so that a client or a proxy can match a reply, an error included, to its log lines."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id")
+        request_id = given if given else uuid.uuid4().hex.encode()
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 def _disconnect_waiter(request: Request):
     """A coroutine function that returns once the client has gone (the body is already read, so
     every further message is http.disconnect)."""
@@ -186,12 +212,14 @@ def build_app(
     api_key: Union[str, Sequence[str], None] = None,
     dev: bool = False,
     cors: Optional[dict] = None,
+    request_id_headers: bool = False,
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
     takes; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
     (cors_options): starlette's CORSMiddleware with those options, outermost, so a browser's
     preflight (OPTIONS, which carries no API key) is answered before the key guard, as vLLM's
-    server answers it; None: no CORS headers, preflights are 405s."""
+    server answers it; None: no CORS headers, preflights are 405s. `request_id_headers`: every
+    response carries X-Request-Id (_RequestIdHeader), outside the key guard, so a 401 does too."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -222,6 +250,8 @@ def build_app(
     keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]  # "": no key
     if keys:
         app.add_middleware(_ApiKeyGuard, api_keys=keys)
+    if request_id_headers:
+        app.add_middleware(_RequestIdHeader)
     if cors is not None:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, **cors)
 
@@ -570,7 +600,14 @@ def run_server(ns) -> int:
                 log_requests=ns.enable_log_requests,
                 max_log_len=ns.max_log_len,
             )
-            app = build_app(ctx, metrics, api_key=keys, dev=ns.enable_dev_endpoints, cors=cors)
+            app = build_app(
+                ctx,
+                metrics,
+                api_key=keys,
+                dev=ns.enable_dev_endpoints,
+                cors=cors,
+                request_id_headers=ns.enable_request_id_headers,
+            )
             config = uvicorn.Config(
                 app,
                 host=ns.host,

@@ -1,14 +1,16 @@
 """The server's routes as a plain HTTP client meets them, over the ASGI app alone (no lifespan,
-no engine): what a route or method the server lacks answers."""
+no engine): what a route or method the server lacks answers, and the X-Request-Id header."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import pytest
 
-from enginespec.entrypoints.openai.api_server import build_app
+from enginespec.entrypoints.cli import _parser
+from enginespec.entrypoints.openai.api_server import api_keys, build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
 
@@ -44,3 +46,35 @@ def test_an_unknown_route_or_method_answers_in_the_openai_error_shape(method, pa
     assert error["type"] == {404: "NotFoundError", 405: "MethodNotAllowedError"}[status]
     if status == 405:
         assert resp.headers["allow"]
+
+
+def _get(path: str, headers: dict, **app_options) -> httpx.Response:
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"), **app_options)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get(path, headers=headers)
+
+    return asyncio.run(run())
+
+
+def test_enable_request_id_headers_puts_x_request_id_on_every_response(monkeypatch):
+    """vLLM's --enable-request-id-headers (`vllm serve M --enable-request-id-headers` was a
+    usage error here): every response carries X-Request-Id, the request's own where it sent one,
+    else a fresh uuid4 hex; a refused key's 401 and a 404 too. Without the flag, none."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    ns = _parser().parse_args(["serve", "m", "--enable-request-id-headers", "--api-key", "k"])
+    assert ns.enable_request_id_headers is True
+    assert _parser().parse_args(["serve", "m"]).enable_request_id_headers is False
+    on = dict(api_key=api_keys(ns), request_id_headers=True)
+    keyed = {"Authorization": "Bearer k"}
+    assert _get("/v1/models", {**keyed, "X-Request-Id": "trace-7"}, **on).headers["x-request-id"] == "trace-7"
+    fresh = [
+        _get(path, headers, **on)
+        for path, headers in [("/v1/models", keyed), ("/v1/models", {}), ("/nope", {})]
+    ]
+    assert [r.status_code for r in fresh] == [200, 401, 404]
+    ids = [r.headers["x-request-id"] for r in fresh]
+    assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == 3
+    assert "x-request-id" not in _get("/v1/models", {"X-Request-Id": "t"}).headers
