@@ -1,7 +1,8 @@
 """The FastAPI app and the server process (`enginespec serve`).
 
-Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models, /v1/completions,
-/v1/chat/completions, /tokenize, /detokenize, /metrics; with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
+Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models (and OpenAI's
+/v1/models/{model}), /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /metrics;
+with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
 Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
@@ -300,20 +301,26 @@ def _result(result):
 
 
 def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
+    def card(name: str, created: int) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "enginespec",
+            "max_model_len": ctx.max_model_len,
+        }
+
     @app.get("/v1/models")
     async def models():
         created = int(time.time())
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "enginespec",
-                "max_model_len": ctx.max_model_len,
-            }
-            for name in ctx.model_names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [card(name, created) for name in ctx.model_names]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        """OpenAI's retrieve: a served name's card (a name may hold slashes, as an HF id does)."""
+        if model not in ctx.model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return card(model, int(time.time()))
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -29,7 +29,7 @@ def _request(method: str, path: str, keys=()) -> httpx.Response:
 @pytest.mark.parametrize(
     "method, path, status",
     [
-        ("GET", "/v1/models/m", 404),
+        ("GET", "/v1/no/such/route", 404),
         ("GET", "/no/such/route", 404),
         ("POST", "/v1/models", 405),
         ("GET", "/tokenize", 405),
@@ -48,8 +48,9 @@ def test_an_unknown_route_or_method_answers_in_the_openai_error_shape(method, pa
         assert resp.headers["allow"]
 
 
-def _get(path: str, headers: dict, **app_options) -> httpx.Response:
-    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"), **app_options)
+def _get(path: str, headers: dict, ctx=None, **app_options) -> httpx.Response:
+    ctx = ctx if ctx is not None else ServerContext(None, None, ["m"], 16)
+    app = build_app(ctx, ServerMetrics("m"), **app_options)
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -78,3 +79,18 @@ def test_enable_request_id_headers_puts_x_request_id_on_every_response(monkeypat
     ids = [r.headers["x-request-id"] for r in fresh]
     assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == 3
     assert "x-request-id" not in _get("/v1/models", {"X-Request-Id": "t"}).headers
+
+
+def test_a_model_is_retrieved_by_its_served_name():
+    """OpenAI's GET /v1/models/{model} (the openai client's models.retrieve) was a 404 for every
+    name: each served name answers its card, as /v1/models lists it, a name with a slash (an HF
+    id as --served-model-name gives it) included; an unknown one is a 404 naming `model`."""
+    names = ["org/tiny", "alias"]
+    app_names = dict(ctx=ServerContext(None, None, names, 16))
+    listed = {card["id"]: card for card in _get("/v1/models", {}, **app_names).json()["data"]}
+    for name in names:
+        card = _get(f"/v1/models/{name}", {}, **app_names)
+        assert card.status_code == 200 and card.json() == listed[name]
+    missing = _get("/v1/models/nope", {}, **app_names)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["param"] == "model" and "nope" in missing.json()["error"]["message"]
