@@ -39,6 +39,16 @@ _CHAT_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
     "functions": lambda value, body: value == [],
     "function_call": lambda value, body: value == "none" or (value == "auto" and _no_tools(body)),
     "store": lambda value, body: value is False,
+    # OpenAI's newer chat fields: each value that asks for what OpenAI does by default is a no-op
+    "audio": lambda value, body: False,
+    "modalities": lambda value, body: value == ["text"],
+    "prediction": lambda value, body: False,
+    "service_tier": lambda value, body: value in ("auto", "default"),
+    "verbosity": lambda value, body: value == "medium",
+    "web_search_options": lambda value, body: False,
+    "prompt_cache_retention": lambda value, body: value == "in_memory",
+    "moderation": lambda value, body: False,
+    "prompt_cache_options": lambda value, body: False,
 }
 
 
@@ -240,10 +250,25 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # OpenAI's that change nothing here: safety_identifier is `user`'s successor, prompt_cache_key
+    # a cache routing hint (the prefix cache needs none), metadata tags a stored completion (and
+    # store is refused)
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    metadata: Optional[dict[str, str]] = None
     # not supported: refused unless a no-op (_CHAT_UNSUPPORTED)
     functions: Any = None
     function_call: Any = None
     store: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    service_tier: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    prompt_cache_retention: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
 
     _UNSUPPORTED: ClassVar[dict] = _CHAT_UNSUPPORTED
 

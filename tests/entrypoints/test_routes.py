@@ -1,5 +1,6 @@
 """The server's routes as a plain HTTP client meets them, over the ASGI app alone (no lifespan,
-no engine): what a route or method the server lacks answers, and the X-Request-Id header."""
+no engine): what a route or method the server lacks answers, the X-Request-Id header, and
+OpenAI's chat fields the server lacks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from enginespec.entrypoints.cli import _parser
 from enginespec.entrypoints.openai.api_server import api_keys, build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest
 from enginespec.entrypoints.openai.serving import ServerContext
 
 
@@ -94,3 +96,47 @@ def test_a_model_is_retrieved_by_its_served_name():
     missing = _get("/v1/models/nope", {}, **app_names)
     assert missing.status_code == 404
     assert missing.json()["error"]["param"] == "model" and "nope" in missing.json()["error"]["message"]
+
+
+CHAT = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+
+# The openai client's chat fields this server does not do, each with a value that asks for
+# something (refused by name) and, where there is one, a value that asks for nothing (taken).
+NEWER_CHAT_FIELDS = [
+    ("audio", {"voice": "alloy", "format": "mp3"}, None),
+    ("modalities", ["text", "audio"], ["text"]),
+    ("prediction", {"type": "content", "content": "x"}, None),
+    ("service_tier", "flex", "auto"),
+    ("verbosity", "low", "medium"),
+    ("web_search_options", {}, None),
+    ("prompt_cache_retention", "24h", "in_memory"),
+    ("moderation", {"model": "omni-moderation-latest"}, None),
+    ("prompt_cache_options", {"ttl": "1h"}, None),
+]
+
+
+@pytest.mark.parametrize("name, asks, no_op", NEWER_CHAT_FIELDS)
+def test_openai_chat_fields_the_server_lacks_are_refused_by_name(name, asks, no_op):
+    """OpenAI's chat fields newer than this server's list were "Extra inputs are not permitted",
+    which reads like a typo of the client's: each is refused by name, as suffix or functions
+    are, unless its value asks for nothing (then taken, as null is)."""
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/chat/completions", json={**CHAT, name: asks})
+
+    error = asyncio.run(run()).json()["error"]
+    assert (error["code"], error["param"]) == (400, name)
+    assert error["message"] == f"`{name}` is not supported by this server"
+    for value in [None] if no_op is None else [None, no_op]:
+        assert ChatCompletionRequest.model_validate({**CHAT, name: value}).unsupported_field() is None
+
+
+def test_openai_chat_fields_that_change_nothing_here_are_taken():
+    """safety_identifier (OpenAI's successor of `user`), prompt_cache_key (a cache routing hint:
+    the prefix cache needs none) and metadata (tags of a stored completion: store is refused)
+    were 400s "Extra inputs are not permitted"; each is taken, as `user` is."""
+    body = {**CHAT, "safety_identifier": "u-1", "prompt_cache_key": "k", "metadata": {"team": "a"}}
+    assert ChatCompletionRequest.model_validate(body).unsupported_field() is None
