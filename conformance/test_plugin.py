@@ -228,6 +228,23 @@ def test_rule_tests_are_collected_before_engine_level_ones(tmp_path):
     assert set(names[:num_rules]) <= rules and not rules & set(names[num_rules:]), describe(proc)
 
 
+@needs_installed_plugin
+def test_every_backend_test_counts_for_a_conformance_point(tmp_path):
+    """A published report must not say "pass" for every point while a backend test failed: each
+    test that calls the backend counts for at least one of the eight points, and each test-id
+    prefix a point names still matches a collected test (a renamed or moved test would otherwise
+    drop out of its point silently)."""
+    proc = pytest_run(["--pyargs", "enginespec.conformance", "--backend-only", "--collect-only"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    ids = [f"conformance/{line.strip()}" for line in proc.stdout.splitlines() if "::" in line]
+    assert len(ids) > 100, describe(proc)
+    uncounted = [tid for tid in ids if not any(p.covers(tid) for p in POINTS)]
+    assert not uncounted, f"{len(uncounted)} backend tests count for no point, e.g. {uncounted[:5]}"
+    for point in (*POINTS, *CAPABILITIES):
+        dead = [pre for pre in point.prefixes if not any(tid.startswith(pre) for tid in ids)]
+        assert not dead, f"{point.key} names tests that are not collected: {dead}"
+
+
 def test_capability_points_count_only_for_what_the_impl_declares():
     """capability:swap is judged by the tests that exercise the impl's swap (they skip without
     it), not by the engine runner's own swap test, and an impl that does not declare swap gets
