@@ -3,8 +3,9 @@
 Registered as a `pytest11` entry point (see pyproject.toml), so it is loaded by EVERY pytest run
 in an environment that has enginespec installed, including other projects' runs. It therefore
 costs them nothing: it imports neither hypothesis nor torch at load time (hypothesis is only
-imported when it is installed, to register and swap profiles), and its Hypothesis profiles
-apply only to enginespec's own test items, never to other projects' tests.
+imported when it is installed, to register and swap profiles), its Hypothesis profiles
+apply only to enginespec's own test items, never to other projects' tests, and it sets
+TRITON_INTERPRET=1 (no NVIDIA device) only in a run about enginespec.
 
 Run the suite against a backend (from anywhere): `pytest --pyargs enginespec.conformance
 --impl=mypkg.backend:IMPL --backend-only`. Never register the plugin again from a conftest.
@@ -38,12 +39,6 @@ import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-
-# Kernel tests run under Triton's interpreter where no NVIDIA GPU is present. The variable must be
-# set before anything imports triton, so it is set when pytest loads this plugin; the check is a
-# file test, not a torch import, so that other projects' test runs pay nothing for it.
-if "TRITON_INTERPRET" not in os.environ and not Path("/dev/nvidiactl").exists():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 
@@ -132,6 +127,24 @@ def pytest_addoption(parser):
 def impl_target(config) -> str:
     """The impl name given on the command line, else $ENGINESPEC_IMPL, else "reference"."""
     return config.getoption("--impl") or os.environ.get(ENV_IMPL) or "reference"
+
+
+def use_triton_interpreter_without_a_gpu() -> None:
+    """Kernel tests run under Triton's interpreter where no NVIDIA GPU is present (unless the user
+    set TRITON_INTERPRET). The check is a file test, not a torch import, so it costs nothing."""
+    if "TRITON_INTERPRET" not in os.environ and not Path("/dev/nvidiactl").exists():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """TRITON_INTERPRET must be set before anything imports triton (our conftests do, through
+    enginespec's modules), so it is set here, before pytest loads any conftest; and only for a
+    run about enginespec: the variable is process-wide, and another project's run (its Triton
+    kernels on an AMD or Intel GPU, where /dev/nvidiactl is absent) must keep compiling them."""
+    impl_given = bool(getattr(early_config.known_args_namespace, "impl", None))
+    if is_about_us(impl_given, early_config.rootpath, args):
+        use_triton_interpreter_without_a_gpu()
 
 
 @pytest.hookimpl(trylast=True)
@@ -302,8 +315,12 @@ def pytest_report_header(config):
 def runs_ours(config) -> bool:
     """Whether this session is (likely) about enginespec: --impl given, run from our tree, or
     our package named among the arguments."""
-    args = " ".join(str(a) for a in config.args)
-    return bool(config.getoption("--impl")) or is_ours(config.rootpath) or "enginespec" in args
+    return is_about_us(bool(config.getoption("--impl")), config.rootpath, config.args)
+
+
+def is_about_us(impl_given: bool, rootpath, args) -> bool:
+    """runs_ours from its parts, so that it can be asked before the arguments are final."""
+    return impl_given or is_ours(rootpath) or "enginespec" in " ".join(str(a) for a in args)
 
 
 def canonical_id(item) -> str:

@@ -30,9 +30,14 @@ BM = "conformance/test_block_manager.py"
 
 
 def pytest_run(
-    args: list[str], cwd: Path, pythonpath: Path | None = None, extra_env: dict | None = None
+    args: list[str],
+    cwd: Path,
+    pythonpath: Path | None = None,
+    extra_env: dict | None = None,
+    unset: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
+    drop = ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS", *unset)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.pop("ENGINESPEC_HYPOTHESIS_PROFILE", None)
     env.update(extra_env or {})
     if pythonpath is not None:
@@ -389,6 +394,26 @@ def test_other_projects_keep_their_hypothesis_settings(tmp_path):
         other,
     )
     assert proc.returncode == 0 and "3 passed" in proc.stdout, describe(proc)
+
+
+@needs_installed_plugin
+@pytest.mark.skipif(
+    Path("/dev/nvidiactl").exists(), reason="with an NVIDIA device no run gets TRITON_INTERPRET"
+)
+def test_only_our_runs_get_the_triton_interpreter(tmp_path):
+    """Without an NVIDIA device our kernel tests run under Triton's interpreter, so the plugin
+    sets TRITON_INTERPRET=1 before any conftest imports triton, but only in a run about
+    enginespec: an unrelated project's run (its Triton kernels on an AMD or Intel GPU, say) keeps
+    compiling them."""
+    (tmp_path / "test_theirs.py").write_text(
+        "import os\n"
+        "def test_env():\n"
+        "    print('TRITON_INTERPRET=' + str(os.environ.get('TRITON_INTERPRET')))\n"
+    )
+    theirs = pytest_run(["-s", "test_theirs.py"], tmp_path, unset=("TRITON_INTERPRET",))
+    assert theirs.returncode == 0 and "TRITON_INTERPRET=None" in theirs.stdout, describe(theirs)
+    ours = pytest_run(["-s", "test_theirs.py", "--impl=reference"], tmp_path, unset=("TRITON_INTERPRET",))
+    assert ours.returncode == 0 and "TRITON_INTERPRET=1" in ours.stdout, describe(ours)
 
 
 #: Stands in for pytest-xdist's controller where xdist is not installed (CI): registered under
