@@ -1,6 +1,7 @@
 """Spec rules the checkers enforce, and where the spec states each one.
 
-A checker decorated with `@spec_rule(key)` re-raises its AssertionError with a first line
+A checker decorated with `@spec_rule(key)` re-raises its AssertionError (or pytest's failure,
+such as the "DID NOT RAISE" of a `pytest.raises` whose refusal never came) with a first line
 naming the rule and the section of spec/SCHEDULING.md that states it (and the DESIGN.md
 conformance point), so a failing property test tells a backend author what to read. The
 original traceback is kept (the message is changed in place), so Hypothesis still tells apart
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import functools
 from importlib.resources import files
+
+import pytest
 
 SPEC_FILE = "spec/SCHEDULING.md"
 PREFIX = "[spec rule "
@@ -111,8 +114,9 @@ def where(key: str) -> str:
 
 
 def spec_rule(key: str):
-    """Decorator: an AssertionError from the checker is prefixed with `where(key)` (once: the
-    innermost rule wins when checkers call each other)."""
+    """Decorator: an AssertionError or a pytest failure (`pytest.fail`, `pytest.raises`' "DID
+    NOT RAISE") from the checker is prefixed with `where(key)` (once: the innermost rule wins
+    when checkers call each other)."""
     if key not in RULES:
         raise KeyError(f"unknown spec rule {key!r}")
 
@@ -125,6 +129,10 @@ def spec_rule(key: str):
                 msg = str(e.args[0]) if e.args else ""
                 if not msg.startswith(PREFIX):
                     e.args = (f"{where(key)}\n{msg}", *e.args[1:])
+                raise
+            except pytest.fail.Exception as e:  # pytest.xfail's XFailed is one too: left alone
+                if not isinstance(e, pytest.xfail.Exception) and not (e.msg or "").startswith(PREFIX):
+                    e.msg = f"{where(key)}\n{e.msg}"
                 raise
 
         return checked

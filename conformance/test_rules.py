@@ -54,3 +54,21 @@ def test_the_innermost_rule_wins():
 def test_unknown_rule_is_refused():
     with pytest.raises(KeyError):
         spec_rule("no-such-rule")
+
+
+def test_a_missing_refusal_names_its_rule():
+    """A rule test that expects a refusal (`pytest.raises(ValueError)`) and gets none fails with
+    pytest's "DID NOT RAISE", not an AssertionError; that failure names the rule too (an outside
+    backend whose trim(r, -1) clamped instead of refusing saw only "DID NOT RAISE <class
+    'ValueError'>", with no pointer to the spec)."""
+
+    @spec_rule("allocate-slots")
+    def refuses():
+        with pytest.raises(ValueError):
+            pass
+
+    with pytest.raises(pytest.fail.Exception) as info:
+        refuses()
+    text = str(info.value)
+    assert text.startswith(where("allocate-slots")) and "DID NOT RAISE" in text, text
+    assert str(info.value).count("[spec rule") == 1
