@@ -172,7 +172,12 @@ class OutputProcessor:
     def _undecodable(self, sample: Sample, exc: Exception) -> None:
         """The tokenizer raised on the sample's ids: it ends as "error" naming that error (one
         already failed keeps its message), keeps its tokens and drops its text; a request still
-        unfinished is finished through the scheduler, which frees its blocks."""
+        unfinished is finished through the scheduler, which frees its blocks. Its visible ids
+        end at those it has now (Sample.num_visible): with async scheduling the next step is
+        already in flight with it, and the token that step brings must not show after the error,
+        as the serial engine never samples it."""
+        if sample.num_visible is None:
+            sample.num_visible = len(self.visible_ids(sample))
         sample.detokenizer, sample.unread = None, []
         if not sample.request.status.is_finished:
             self._finish(sample.request, Status.FINISHED_ABORTED)

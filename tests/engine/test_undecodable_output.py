@@ -92,3 +92,38 @@ def test_an_undecodable_id_fails_only_its_request(async_scheduling, extra):
     assert not engine.has_unfinished and engine.block_manager.num_free == engine.runner.num_blocks
     again = llm.generate(PROMPTS[1:], fine, use_tqdm=False)  # the engine serves on
     assert [summary(o) for o in again] == [summary(o) for o in expected]
+
+
+def stream_outputs(engine: EngineCore, params: SamplingParams) -> list:
+    """Every output of one request stepped to the end, as (finish_reason, token_ids) per sample."""
+    engine.add_request("a", PROMPTS[0]["prompt_token_ids"], params)
+    seen = []
+    while engine.has_unfinished:
+        seen.extend([(c.finish_reason, tuple(c.token_ids)) for c in o.outputs] for o in engine.step())
+    return seen
+
+
+def test_a_failed_sample_shows_no_token_after_its_error():
+    """n > 1, streamed (each step's outputs): a sibling whose ids cannot be decoded ends "error"
+    with the tokens it had, and no later output shows it another one. With async scheduling
+    the step after the failure was already in flight with it: that step's token came in after
+    the error and showed (a finished sample's token_ids grew, unlike the serial run)."""
+    params = SamplingParams(
+        n=3,
+        max_tokens=10,
+        temperature=1.0,
+        seed=3,
+        ignore_eos=True,
+        allowed_token_ids=[ODD_ID, *range(20, 28)],
+    )
+    runs = [stream_outputs(make_llm(a, refusing=True).engine, params) for a in (False, True)]
+    finals = [run[-1] for run in runs]
+    assert [r for r, _ in finals[0]].count("error") >= 1 and "length" in [r for r, _ in finals[0]], (
+        "the premise: one sibling fails while another runs on"
+    )
+    for run in runs:
+        for index in range(params.n):
+            shown = [out[index] for out in run]
+            done = [s for s in shown if s[0] is not None]
+            assert all(s == done[0] for s in done), f"sample {index} changed after it finished: {done}"
+    assert finals[1] == finals[0], "async scheduling shows what the serial engine shows"
