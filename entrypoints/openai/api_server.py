@@ -173,10 +173,16 @@ class _ApiKeyGuard:
         await self.app(scope, receive, send)
 
 
+# scope key under which _RequestIdHeader leaves a request's X-Request-Id for the 500 handler
+_REQUEST_ID_SCOPE_KEY = "enginespec.request_id"
+
+
 class _RequestIdHeader:
     """Plain ASGI middleware (--enable-request-id-headers, vLLM's flag): every HTTP response
     carries X-Request-Id, the request's own X-Request-Id where it sent one, else a fresh uuid4
-    hex, so that a client or a proxy can match a reply, an error included, to its log lines."""
+    hex, so that a client or a proxy can match a reply, an error included, to its log lines.
+    An internal error's 500 is sent by starlette's outermost layer, outside this one: the id is
+    also left in the scope (_REQUEST_ID_SCOPE_KEY), where build_app's 500 handler reads it."""
 
     def __init__(self, app):
         self.app = app
@@ -187,6 +193,7 @@ class _RequestIdHeader:
             return
         given = dict(scope["headers"]).get(b"x-request-id")
         request_id = given if given else uuid.uuid4().hex.encode()
+        scope[_REQUEST_ID_SCOPE_KEY] = request_id
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
@@ -217,10 +224,11 @@ def build_app(
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
     takes; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
-    (cors_options): starlette's CORSMiddleware with those options, outermost, so a browser's
-    preflight (OPTIONS, which carries no API key) is answered before the key guard, as vLLM's
+    (cors_options): starlette's CORSMiddleware with those options, outside the key guard, so a
+    browser's preflight (OPTIONS, which carries no API key) is answered before it, as vLLM's
     server answers it; None: no CORS headers, preflights are 405s. `request_id_headers`: every
-    response carries X-Request-Id (_RequestIdHeader), outside the key guard, so a 401 does too."""
+    response carries X-Request-Id (_RequestIdHeader, the outermost of these layers, so a 401 and
+    a preflight do too; an internal error's 500 gets it from its handler)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -246,15 +254,19 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        return _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
+        response = _error_response(APIError(500, f"{type(exc).__name__}: {exc}"))
+        request_id = request.scope.get(_REQUEST_ID_SCOPE_KEY)
+        if request_id is not None:  # sent from outside _RequestIdHeader: it adds no header here
+            response.headers["x-request-id"] = request_id.decode("latin-1")
+        return response
 
     keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]  # "": no key
     if keys:
         app.add_middleware(_ApiKeyGuard, api_keys=keys)
-    if request_id_headers:
-        app.add_middleware(_RequestIdHeader)
-    if cors is not None:  # added last: the outermost layer
+    if cors is not None:  # outside the key guard: a preflight carries no key
         app.add_middleware(CORSMiddleware, **cors)
+    if request_id_headers:  # added last: the outermost layer, so a preflight has the header too
+        app.add_middleware(_RequestIdHeader)
 
     _add_openai_routes(app, ctx)
     _add_utility_routes(app, ctx, metrics)

@@ -83,6 +83,42 @@ def test_enable_request_id_headers_puts_x_request_id_on_every_response(monkeypat
     assert "x-request-id" not in _get("/v1/models", {"X-Request-Id": "t"}).headers
 
 
+class _BrokenEngine:
+    """An engine client whose every attribute raises: a route that reads it fails with a 500."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"broken engine client ({name})")
+
+
+def test_x_request_id_is_on_a_500_and_a_cors_preflight_too():
+    """--enable-request-id-headers puts X-Request-Id on every response: an internal error's 500
+    (answered by the outermost error layer, outside the header's middleware) went out without
+    it, as did a CORS preflight (answered by CORSMiddleware, outside it too); the 500 is the
+    reply a client most needs to match to the server's log."""
+    broken = ServerContext(_BrokenEngine(), None, ["m"], 16)
+    cors = dict(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app = build_app(broken, ServerMetrics("m"), request_id_headers=True, cors=cors)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            failed = await client.get("/health", headers={"X-Request-Id": "trace-9"})
+            preflight = await client.options(
+                "/v1/completions",
+                headers={
+                    "Origin": "http://x",
+                    "Access-Control-Request-Method": "POST",
+                    "X-Request-Id": "p-1",
+                },
+            )
+            return failed, preflight
+
+    failed, preflight = asyncio.run(run())
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == 500
+    assert failed.headers.get("x-request-id") == "trace-9"
+    assert preflight.status_code == 200 and preflight.headers.get("x-request-id") == "p-1"
+
+
 def test_a_model_is_retrieved_by_its_served_name():
     """OpenAI's GET /v1/models/{model} (the openai client's models.retrieve) was a 404 for every
     name: each served name answers its card, as /v1/models lists it, a name with a slash (an HF
