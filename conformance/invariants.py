@@ -543,6 +543,7 @@ class Harness:
         self.live: dict = {}  # unfinished requests by id
         self.all: dict = {}  # every request ever added
         self.key: dict = {}  # policy key per id (the harness knows the add order)
+        self.num_added = 0  # add() calls that succeeded: the keys' seq (an id may come back)
         self.finished_since: list[str] = []
         self.num_steps = 0
 
@@ -550,7 +551,8 @@ class Harness:
         """Build and add a request (ValueError propagates: nothing was added)."""
         r = spec.build(self.impl)
         self.sched.add(r)
-        seq = len(self.key)
+        seq = self.num_added
+        self.num_added += 1
         self.key[r.request_id] = (
             (r.priority, r.arrival_time, seq) if self.config.policy == "priority" else (r.arrival_time, seq)
         )

@@ -245,3 +245,19 @@ def test_a_later_arrival_does_not_pass_a_swapped_request_that_cannot_come_back(i
     h.add(spec("e", 1, 1, arrival_time=1.5))
     assert "e" in [rid for rid, _ in h.step().scheduled] or "e" not in h.live, "e outranks b"
     h.run_to_completion(h.num_steps + 60)
+
+
+def test_the_harness_keys_stay_distinct_when_an_id_comes_back(impl):
+    """The harness's policy keys break arrival ties by add order, as the impls do: an id added
+    again after it finished gets a later seq than every earlier add, never a used one (the keys
+    were numbered by how many ids the harness knew, which an id coming back does not grow)."""
+    h = swap_harness(impl, 16, 1, max_num_batched_tokens=8, max_num_seqs=4, enable_chunked_prefill=True)
+    h.add(spec("a", 1, 1, arrival_time=1.0))
+    h.add(spec("b", 1, 3, arrival_time=1.0))
+    h.step()
+    assert "a" not in h.live, "a reached max_tokens"
+    h.add(spec("a", 1, 1, arrival_time=1.0))
+    h.add(spec("c", 1, 1, arrival_time=1.0))
+    keys = [h.key[rid] for rid in ("a", "b", "c")]
+    assert len(set(keys)) == 3 and h.key["b"] < h.key["a"] < h.key["c"], keys
+    h.run_to_completion(h.num_steps + 20)
