@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== import directions"; python tools/check_imports.py
 echo "== mypy (spec, impls)"; python tools/typecheck.py
-echo "== tests (reference impl)"; python -m pytest -q -p no:cacheprovider
-echo "== conformance (fast impl)"; python -m pytest -q -p no:cacheprovider conformance --impl=fast
+# pytest-xdist: whole files a worker (--dist loadfile keeps a file's module fixtures in one
+# process); CI_WORKERS (default 2, CI's core count) workers; 0 runs in this process alone
+workers=(-n "${CI_WORKERS:-2}" --dist loadfile)
+echo "== tests (reference impl)"; python -m pytest -q -p no:cacheprovider "${workers[@]}"
+echo "== conformance (fast impl)"; python -m pytest -q -p no:cacheprovider "${workers[@]}" conformance --impl=fast
 echo "== outside install"; bash tools/outside_check.sh
