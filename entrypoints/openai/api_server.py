@@ -329,7 +329,10 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
-        """OpenAI's retrieve: a served name's card (a name may hold slashes, as an HF id does)."""
+        """OpenAI's retrieve: a served name's card (a name may hold slashes, as an HF id does);
+        "/v1/models/", which this route matches with an empty name, is the list."""
+        if not model:
+            return await models()
         if model not in ctx.model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
         return card(model, int(time.time()))

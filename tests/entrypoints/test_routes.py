@@ -132,6 +132,8 @@ def test_a_model_is_retrieved_by_its_served_name():
     missing = _get("/v1/models/nope", {}, **app_names)
     assert missing.status_code == 404
     assert missing.json()["error"]["param"] == "model" and "nope" in missing.json()["error"]["message"]
+    slash = _get("/v1/models/", {}, **app_names)  # the list, as before the retrieve route
+    assert slash.status_code == 200 and [card["id"] for card in slash.json()["data"]] == names
 
 
 CHAT = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
