@@ -25,9 +25,12 @@ its encoding lacks as a backslash escape), progress bars and logs to stderr. Ctr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 from enginespec.entrypoints.openai.reasoning import PARSERS
@@ -36,6 +39,8 @@ from enginespec.entrypoints.openai.tool_parsers import PARSERS as TOOL_PARSERS
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+# How soon a Ctrl-C whose KeyboardInterrupt was dropped is raised again (_interrupts_delivered)
+REDELIVER_S = 0.05
 BENCH_MOVED = (
     "the throughput benchmark lives in the repository, not the package: "
     "run `python benchmarks/throughput.py` from a checkout (same flags)"
@@ -725,7 +730,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = argv[0] if argv and not argv[0].startswith("-") else None
     restore = _escape_unencodable_stdout()
     try:
-        status = _main(argv)
+        with _interrupts_delivered():
+            status = _main(argv)
         sys.stdout.flush()
         return status
     except KeyboardInterrupt:
@@ -736,6 +742,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BROKEN_PIPE
     finally:
         restore()
+
+
+@contextlib.contextmanager
+def _interrupts_delivered():
+    """Inside, a Ctrl-C always ends the block with KeyboardInterrupt. Python raises it at the
+    next bytecode, and where that is a finalizer (a __del__ run by the garbage collector, a
+    weakref callback) it is printed as "Exception ignored in ..." and dropped: the command ran
+    on to its end and exited 0 (test_cli_process saw it under load). So each SIGINT also arms a
+    repeating SIGALRM that raises it again every REDELIVER_S until the block has ended, and a
+    block that ends normally after a dropped one raises it then. Only on the main thread, over
+    Python's own SIGINT handler (an embedding program's handler is left alone), and where the
+    platform has setitimer."""
+    usable = (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    if not usable:
+        yield
+        return
+    pending = [False]
+
+    def on_sigint(signum, frame):
+        pending[0] = True
+        signal.setitimer(signal.ITIMER_REAL, REDELIVER_S, REDELIVER_S)
+        _raise_outside_finalizers(frame)
+
+    def on_alarm(signum, frame):
+        if pending[0]:
+            _raise_outside_finalizers(frame)
+
+    def disarm() -> bool:
+        """Both handlers back as they were, the timer off; whether a Ctrl-C came."""
+        came, pending[0] = pending[0], False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        return came
+
+    previous_alarm = signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except BaseException:
+        disarm()
+        raise
+    if disarm():  # its KeyboardInterrupt was dropped, and the command ran to its end
+        raise KeyboardInterrupt
+
+
+def _raise_outside_finalizers(frame) -> None:
+    """KeyboardInterrupt, unless the signal landed inside a __del__ (where it would be printed
+    and dropped): then nothing, and the repeating timer tries again after it."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 def _escape_unencodable_stdout():
