@@ -9,10 +9,14 @@ The rule (one for the whole reply and for its stream, so the streamed parts conc
 whole reply's):
 
 - A reply starts in its thinking unless the prompt already closed it: the prompt's last end tag
-  comes after its last start tag (Qwen3's template with enable_thinking off ends the prompt with
-  an empty `<think>\\n\\n</think>\\n\\n`), or, for qwen3, the request's chat_template_kwargs set
-  enable_thinking to false. A reply that starts closed is all content. (vLLM's test too: it
-  also holds for continue_final_message, whose prompt ends inside an answer after the thinking.)
+  comes after its last start tag and either ends the prompt, whitespace aside (Qwen3's template
+  with enable_thinking off ends it with an empty `<think>\\n\\n</think>\\n\\n`), or belongs to the
+  message the request continues (continue_final_message: the prompt ends inside an answer after
+  its thinking); or, for qwen3, the request's chat_template_kwargs set enable_thinking to false.
+  A reply that starts closed is all content. An end tag followed by more turns is an earlier
+  turn's: Qwen3's template keeps the thinking of the turns since the last user query, so in a
+  tool loop the prompt's last tag is the previous call's `</think>` and says nothing of the
+  reply's (a last-tag test alone misreads that prompt and sends the thinking as content).
 - Otherwise the text before the reply's first end tag is the reasoning, with the first start tag
   in it removed (older templates leave `<think>` for the model to write; newer ones put it in the
   prompt); the text after that end tag is the content, as it is. A reply with no end tag is all
@@ -47,13 +51,19 @@ class ReasoningParser:
     name: str
     honours_enable_thinking: bool
 
-    def starts_in_reasoning(self, prompt: Optional[str], chat_template_kwargs: Optional[dict]) -> bool:
-        """Whether a reply to this rendered prompt begins inside its thinking (module docstring)."""
+    def starts_in_reasoning(
+        self, prompt: Optional[str], chat_template_kwargs: Optional[dict], continues: bool = False
+    ) -> bool:
+        """Whether a reply to this rendered prompt begins inside its thinking (module docstring);
+        continues: the prompt ends inside its final message (continue_final_message)."""
         kwargs = chat_template_kwargs or {}
         if self.honours_enable_thinking and kwargs.get("enable_thinking", True) is False:
             return False
         prompt = prompt or ""
-        return prompt.rfind(END) <= prompt.rfind(START)  # neither: -1 <= -1
+        end = prompt.rfind(END)
+        if end < 0 or end < prompt.rfind(START):
+            return True
+        return not (continues or not prompt[end + len(END) :].strip())
 
     def split(self, text: str, in_reasoning: bool) -> tuple[Optional[str], Optional[str]]:
         """(reasoning, content) of a whole reply; each None where empty."""

@@ -480,7 +480,9 @@ async def create_chat_completion(
     )
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
-        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, body.template_kwargs())
+        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(
+            text, body.template_kwargs(), continues=body.continue_final_message is True
+        )
     call.tool_mode, call.forced_name = tool_mode, forced_name
     call.tool_parser = ctx.tool_call_parser or call.tool_parser
     call.single_tool_call = body.parallel_tool_calls is False

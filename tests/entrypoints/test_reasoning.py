@@ -82,7 +82,6 @@ def test_only_the_first_start_tag_of_the_reasoning_is_dropped():
         ("<|im_start|>assistant\n<think>\n", None, True),  # the template opened it
         ("<|im_start|>assistant\n<think>\n\n</think>\n\n", None, False),  # enable_thinking off
         ("earlier <think>x</think> turn, now <think>\n", None, True),
-        ("A:<think>plan</think>The answer is", None, False),  # continue_final_message after thinking
         ("<|im_start|>assistant\n", {"enable_thinking": False}, False),
         ("<|im_start|>assistant\n", {"enable_thinking": True}, True),
         (None, None, True),
@@ -92,6 +91,28 @@ def test_qwen3_reply_starts_in_its_thinking_unless_the_prompt_or_the_request_clo
     prompt, kwargs, expected
 ):
     assert get_parser("qwen3").starts_in_reasoning(prompt, kwargs) is expected
+
+
+# Qwen3's template in an agent loop: the assistant turn after the last user query keeps its
+# thinking (sent back as `reasoning`), then the tool's result, then the generation prompt
+QWEN3_TOOL_LOOP = (
+    "<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n<think>\nask the tool\n</think>\n\n"
+    "<tool_call>\n{}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n"
+    "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_an_earlier_turns_closed_thinking_does_not_close_the_reply(parser):
+    """The prompt's last end tag closes the reply's thinking only where the generation prompt
+    ends with it (whitespace aside), or the request continues the final message (the tag is that
+    message's own): an end tag of an earlier turn, followed by more turns, says nothing of the
+    reply's (its thinking leaked into content on the second turn of every tool loop)."""
+    reasoner = get_parser(parser)
+    assert reasoner.starts_in_reasoning(QWEN3_TOOL_LOOP, None) is True
+    assert reasoner.starts_in_reasoning(QWEN3_TOOL_LOOP + "<think>\n\n</think>\n\n", None) is False
+    assert reasoner.starts_in_reasoning("A:<think>plan</think>The answer is", None, continues=True) is False
+    assert reasoner.split("<think>\nsunny</think>\n\nIt is sunny.", True) == ("\nsunny", "\n\nIt is sunny.")
 
 
 def test_deepseek_r1_ignores_enable_thinking():

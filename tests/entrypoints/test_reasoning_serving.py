@@ -109,9 +109,8 @@ def _chat(engine, parser, template: str, stream: bool = False, **fields):
         reasoning_parser=get_parser(parser),
         trust_request_chat_template=True,
     )
-    body = ChatCompletionRequest(
-        messages=MESSAGES, chat_template=template, max_tokens=8, temperature=0, stream=stream, **fields
-    )
+    fields = {"messages": MESSAGES, **fields}
+    body = ChatCompletionRequest(chat_template=template, max_tokens=8, temperature=0, stream=stream, **fields)
 
     async def run():
         engine.start(asyncio.get_running_loop())
@@ -144,6 +143,44 @@ def test_enable_thinking_false_makes_qwen3_replies_content(engine):
     assert _chat(engine, "qwen3", PLAIN, **off) == {"role": "assistant", "content": text, "reasoning": None}
     assert _chat(engine, "qwen3", PLAIN)["reasoning"] == text  # thinking on: the model's own <think> to come
     assert _chat(engine, "deepseek_r1", PLAIN, **off)["reasoning"] == text  # its parser ignores the key
+
+
+# Qwen3's way with an agent loop's turns: an assistant turn keeps its thinking in the prompt
+KEEPS = (
+    "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m['content'] }};{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+)
+TOOL_LOOP = [
+    *MESSAGES,
+    {"role": "assistant", "content": "", "reasoning": "ask the tool", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}},
+    ]},
+    {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reply_after_a_tool_result_starts_in_its_thinking(engine, stream):
+    """The second turn of a tool loop: the earlier turn's `</think>` in the prompt does not close
+    the reply's thinking (it leaked into content, `<think>` tags and all, with a real model)."""
+    text = _chat(engine, None, KEEPS, messages=TOOL_LOOP)["content"]
+    assert END not in text  # a random model: the reply never closes its thinking
+    got = _chat(engine, "qwen3", KEEPS, stream=stream, messages=TOOL_LOOP)
+    if stream:
+        assert _joined(got, "reasoning") == text and _joined(got, "content") is None
+    else:
+        assert got == {"role": "assistant", "content": None, "reasoning": text}
+
+
+def test_continuing_an_answer_after_its_thinking_stays_content(engine):
+    prefill = [*MESSAGES, {"role": "assistant", "content": "The answer is", "reasoning": "plan"}]
+    fields = dict(messages=prefill, add_generation_prompt=False, continue_final_message=True)
+    text = _chat(engine, None, KEEPS, **fields)["content"]
+    assert _chat(engine, "qwen3", KEEPS, **fields) == {
+        "role": "assistant",
+        "content": text,
+        "reasoning": None,
+    }
 
 
 def test_without_the_flag_messages_have_no_reasoning_field(engine):
