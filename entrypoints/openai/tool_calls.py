@@ -141,7 +141,8 @@ def forced_schema(tools: list, name: Optional[str]) -> dict:
     """The JSON schema a reply must follow when tool_choice forces calls (vLLM's): for a named
     function, its parameters (an empty object where it gives none): the reply is the arguments;
     for "required", a non-empty array of {"name": one of the tools, "parameters": its
-    parameters}. ValueError when the named function is not among the tools."""
+    parameters}, with the tools' defs at its root (_root_defs). ValueError when the named
+    function is not among the tools, or two tools define one def name differently."""
     params = {t["function"]["name"]: t["function"].get("parameters") or _EMPTY_OBJECT for t in tools}
     if name is not None:
         if name not in params:
@@ -154,10 +155,43 @@ def forced_schema(tools: list, name: Optional[str]) -> dict:
         }
         for n, p in params.items()
     ]
-    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": options}}
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": options},
+        **_root_defs(tools),
+    }
 
 
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
+# where a schema keeps the subschemas its `$ref`s name: `#/$defs/X` (pydantic's, 2019-09 on) or
+# `#/definitions/X` (draft-07's)
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _root_defs(tools: list) -> dict:
+    """The defs of all tools' parameters, for the root of the "required" schema: a `$ref` such as
+    `#/$defs/X` is read from the root of the whole schema, and there each tool's parameters are
+    nested under the array's items, so refs into their own defs find nothing (vLLM lifts them
+    the same way). The parameters keep their own copy. ValueError where two tools give one name
+    under one key different schemas (the root can hold one)."""
+    lifted: dict = {}
+    origin: dict = {}  # (key, name) -> the index of the tool that defined it first
+    for i, tool in enumerate(tools):
+        params = tool["function"].get("parameters") or {}
+        for key in _DEFS_KEYS:
+            defs = params.get(key)
+            if not isinstance(defs, dict):
+                continue
+            for name, schema in defs.items():
+                first = origin.setdefault((key, name), i)
+                if lifted.setdefault(key, {}).setdefault(name, schema) != schema:
+                    raise ValueError(
+                        f"tools[{i}].function.parameters.{key}.{name} differs from tools[{first}]'s: "
+                        'tool_choice "required" puts all tools\' defs in one schema, so a def name '
+                        "must mean one schema across the tools"
+                    )
+    return lifted
 
 
 class ForcedCallStream:

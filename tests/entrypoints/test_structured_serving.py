@@ -136,6 +136,29 @@ def test_required_forces_a_list_of_listed_calls(engine):
         assert call["name"] == "now" and json.loads(call["arguments"]) == {} or _person(call["arguments"])
 
 
+# the parameters openai.pydantic_function_tool writes for a model with a nested model: `$defs`
+# at their top, `$ref`s to them from inside
+NESTED = {
+    "$defs": {"Person": SCHEMA},
+    "type": "object",
+    "properties": {"who": {"$ref": "#/$defs/Person"}},
+    "required": ["who"],
+}
+
+
+def test_required_takes_tools_whose_parameters_refer_to_their_defs(engine):
+    """Under "required" each tool's parameters sit inside the array schema, where `#/$defs/...`
+    is read from the schema's root: the defs go there (vLLM's way). It was a 400 (`Cannot find
+    field '$defs'`) for every pydantic tool with a nested model."""
+    tools = [{"type": "function", "function": {"name": "greet", "parameters": NESTED}}]
+    body = _call(engine, "chat", tools=tools, tool_choice="required", max_tokens=120, logit_bias=CLOSE_ARRAY)
+    choice = body["choices"][0]
+    calls = [c["function"] for c in choice["message"]["tool_calls"]]
+    assert calls and choice["finish_reason"] == "tool_calls"
+    for call in calls:
+        assert call["name"] == "greet" and _person(json.dumps(json.loads(call["arguments"])["who"]))
+
+
 def test_a_constrained_reply_is_not_split_for_reasoning(engine):
     """The grammar governs the whole reply (vLLM would start it after the thinking; here it has
     none): under --reasoning-parser the JSON is the content, not taken for unclosed thinking."""

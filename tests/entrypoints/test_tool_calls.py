@@ -136,6 +136,33 @@ def test_forced_schemas_are_vllms():
         forced_schema(tools, "h")
 
 
+def test_required_lifts_the_tools_defs_to_the_schemas_root():
+    """`#/$defs/X` (and draft-07's `#/definitions/X`) in a tool's parameters means the root of
+    the schema: under "required" that is the array's, so the defs go there; two tools that
+    define one name differently cannot share it (a ValueError naming both)."""
+    inner = {"type": "object", "properties": {"c": {"type": "string"}}}
+    params = {"$defs": {"In": inner}, "type": "object", "properties": {"i": {"$ref": "#/$defs/In"}}}
+    old = {
+        "definitions": {"Old": inner},
+        "type": "object",
+        "properties": {"o": {"$ref": "#/definitions/Old"}},
+    }
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": p}}
+        for n, p in (("f", params), ("g", params), ("h", old))
+    ]
+    required = forced_schema(tools, None)
+    assert required["$defs"] == {"In": inner} and required["definitions"] == {"Old": inner}
+    assert [o["properties"]["parameters"] for o in required["items"]["anyOf"]] == [params, params, old]
+    assert forced_schema(tools, "f") == params  # the parameters are the root: nothing to lift
+    clash = {"$defs": {"In": {"type": "integer"}}, "type": "object"}
+    tools.append({"type": "function", "function": {"name": "k", "parameters": clash}})
+    with pytest.raises(
+        ValueError, match=r"tools\[3\].function.parameters.\$defs.In differs from tools\[0\]'s"
+    ):
+        forced_schema(tools, None)
+
+
 def test_forced_calls_read_the_reply_whole():
     assert forced_calls('{"x": 1}', "f") == [ToolCall("f", '{"x": 1}')]
     assert forced_calls('[{"name": "g", "parameters": {"é": 2}}]', None) == [ToolCall("g", '{"é": 2}')]
