@@ -141,7 +141,7 @@ class AsyncLLM:
             gen.abort()  # a no-op once finished; frees the engine's blocks when left early
 
     async def beam_search(
-        self, prompt: PromptType, request_id: str, params: BeamSearchParams
+        self, prompt: PromptType, request_id: str, params: BeamSearchParams, lora_request=None
     ) -> AsyncIterator[RequestOutput]:
         """Beam search of one prompt by vLLM's rules (beam_search.py's module doc), shaped as
         vLLM's EngineClient.beam_search: one yield, the finished RequestOutput whose samples are
@@ -150,9 +150,11 @@ class AsyncLLM:
         the text), logprobs each step's candidates, finish_reason "stop" (stop_reason the EOS)
         or "length"; the best beams equal LLM.beam_search's. Every step submits each live beam
         as a one-token engine request, so shared prefixes come from the prefix cache.
-        ValueError before any step: a request_id or params generate() would refuse, or a
-        beam_width over the engine's max_logprobs // 2; a bad prompt fails the first step as it
-        fails generate(). A step the engine failed raises EngineRequestError."""
+        ValueError before any step: a request_id or params generate() would refuse, a
+        beam_width over the engine's max_logprobs // 2, or a lora_request other than None
+        (vLLM's keyword, llm.check_lora_request); a bad prompt fails the first step as it fails
+        generate(). A step the engine failed raises EngineRequestError."""
+        check_lora_request(lora_request, 1)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         cap = self.engine_args.max_logprobs

@@ -299,10 +299,9 @@ class LLM:
         self,
         prompts,
         params: BeamSearchParams,
-        *,
+        lora_request=None,
         use_tqdm: bool = False,
         concurrency_limit: Optional[int] = None,
-        lora_request=None,
     ) -> list[BeamSearchOutput]:
         """Beam search of every prompt (a list of prompts as generate() takes them, or one),
         by vLLM's rules (beam_search.py's module doc): one BeamSearchOutput per prompt, in
@@ -310,8 +309,8 @@ class LLM:
         one generate() of every live beam for one token with 2 * beam_width logprobs, so the
         beams' shared prefixes come from the prefix cache. A dict prompt's cache_salt carries to
         every step. use_tqdm shows token steps (vLLM's default: off); concurrency_limit searches
-        that many prompts at a time (None: all). Keyword-only, as vLLM's third positional is
-        lora_request. A ValueError, before any step, for params that are not BeamSearchParams,
+        that many prompts at a time (None: all). The parameters are vLLM's, in its order
+        (lora_request third). A ValueError, before any step, for params that are not BeamSearchParams,
         a beam_width over the engine's max_logprobs // 2, a bad concurrency_limit, or a
         lora_request other than None (check_lora_request); a bad prompt fails the first step's
         generate() as it would fail generate(). A closed LLM is a RuntimeError (close())."""
