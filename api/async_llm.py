@@ -46,7 +46,12 @@ import atexit
 import itertools
 from typing import AsyncIterator, Iterable, Optional, Union
 
-from enginespec.beam_search import BeamSearchInstance, BeamSearchParams, run_beam_search_async
+from enginespec.beam_search import (
+    BeamSearchInstance,
+    BeamSearchParams,
+    check_beam_width,
+    run_beam_search_async,
+)
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine.engine_core import load_engine_tokenizer, truncate_prompt
 from enginespec.engine.generation_config import GenerationDefaults
@@ -151,20 +156,14 @@ class AsyncLLM:
         or "length"; the best beams equal LLM.beam_search's. Every step submits each live beam
         as a one-token engine request, so shared prefixes come from the prefix cache.
         ValueError before any step: a request_id or params generate() would refuse, a
-        beam_width over the engine's max_logprobs // 2, or a lora_request other than None
-        (vLLM's keyword, llm.check_lora_request); a bad prompt fails the first step as it fails
-        generate(). A step the engine failed raises EngineRequestError."""
+        beam_width over half the engine's max_logprobs or vocabulary (check_beam_width), or a
+        lora_request other than None (vLLM's keyword, llm.check_lora_request); a bad prompt
+        fails the first step as it fails generate(). A step the engine failed raises
+        EngineRequestError."""
         check_lora_request(lora_request, 1)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        cap = self.engine_args.max_logprobs
-        cap = self.info.vocab_size if cap == -1 else cap  # -1: no cap but the vocabulary (vLLM's)
-        if 2 * params.beam_width > cap:
-            raise ValueError(
-                f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
-                f"logprobs, within the engine's max_logprobs of {cap}; -1 lifts it to the vocabulary), "
-                f"got {params.beam_width}"
-            )
+        check_beam_width(params, self.engine_args.max_logprobs, self.info.vocab_size)
         first = self._new_request(prompt, SamplingParams(max_tokens=1), request_id, 0)
         if not self.is_running:
             raise self.dead_error

@@ -63,6 +63,7 @@ __all__ = [
     "BeamSearchParams",
     "BeamSearchSequence",
     "best_sequences",
+    "check_beam_width",
     "create_sort_beams_key_function",
     "get_beam_search_score",
     "run_beam_search",
@@ -79,7 +80,7 @@ def _check(cond: bool, name: str, bound: str, value: object) -> None:
 class BeamSearchParams:
     """vLLM's beam search settings, under its names and defaults. Checked on construction: a bad
     value is a ValueError naming the field and its bound. beam_width an int >= 1 (the engine
-    also needs 2 * beam_width <= its max_logprobs, checked by LLM.beam_search); max_tokens an int
+    also needs 2 * beam_width within its max_logprobs and vocabulary: check_beam_width); max_tokens an int
     >= 1; temperature finite >= 0; length_penalty finite (any sign: < 0 favours longer
     sequences, 0 ranks by cum_logprob alone); ignore_eos and include_stop_str_in_output bools."""
 
@@ -294,6 +295,19 @@ def run_beam_search(
                 steps += 1
                 bar.update(1)
             bar.update(params.max_tokens - steps)
+
+
+def check_beam_width(params: BeamSearchParams, max_logprobs: int, vocab_size: int) -> None:
+    """A ValueError naming beam_width unless a step's 2 * beam_width candidates fit both bounds
+    on the logprobs a request may ask for: the engine's max_logprobs (-1: none) and the
+    vocabulary (there are no more candidates than tokens, whatever max_logprobs allows)."""
+    bound = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
+    if 2 * params.beam_width > bound:
+        raise ValueError(
+            f"BeamSearchParams.beam_width must be <= {bound // 2} (each step asks for 2 * beam_width "
+            f"logprobs, within the engine's max_logprobs ({max_logprobs}; -1 lifts it) and the "
+            f"vocabulary ({vocab_size} tokens)), got {params.beam_width}"
+        )
 
 
 def _group_size(concurrency_limit: object) -> int:

@@ -51,6 +51,7 @@ from enginespec.beam_search import (
     BeamSearchOutput,
     BeamSearchParams,
     StepFn,
+    check_beam_width,
     finish,
     run_beam_search,
 )
@@ -311,7 +312,7 @@ class LLM:
         every step. use_tqdm shows token steps (vLLM's default: off); concurrency_limit searches
         that many prompts at a time (None: all). The parameters are vLLM's, in its order
         (lora_request third). A ValueError, before any step, for params that are not BeamSearchParams,
-        a beam_width over the engine's max_logprobs // 2, a bad concurrency_limit, or a
+        a beam_width over half the engine's max_logprobs or vocabulary, a bad concurrency_limit, or a
         lora_request other than None (check_lora_request); a bad prompt fails the first step's
         generate() as it would fail generate(). A closed LLM is a RuntimeError (close())."""
         self._check_open()
@@ -319,12 +320,7 @@ class LLM:
         check_lora_request(lora_request, len(prompts))
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        cap = self.engine.max_logprobs
-        if 2 * params.beam_width > cap:
-            raise ValueError(
-                f"BeamSearchParams.beam_width must be <= {cap // 2} (each step asks for 2 * beam_width "
-                f"logprobs, within the engine's max_logprobs of {cap}; -1 lifts it), got {params.beam_width}"
-            )
+        check_beam_width(params, self.engine.max_logprobs, self.engine.vocab_size)
         instances = [self._beam_instance(p, params.max_tokens) for p in prompts]
         eos = self._beam_eos_id()
         step = self._beam_step_fn(params)

@@ -659,7 +659,9 @@ async def _beam_search(
     )
     params = serving_beam.beam_params(body, _max_tokens(call, ctx, max_tokens), ctx.sampling_defaults, name)
     lp_name = "logprobs" if call.kind == "completion" else "top_logprobs"
-    serving_beam.check_logprobs(params, logprobs, lp_name, _max_logprobs(ctx))
+    serving_beam.check_logprobs(
+        params, logprobs, lp_name, ctx.engine.args.max_logprobs, ctx.engine.vocab_size
+    )
     num_beams = len(call.prompts) * params.beam_width
     if num_beams > ctx.engine.capacity:
         raise _too_large(call, RequestTooLarge(num_beams, ctx.engine.capacity))
@@ -688,12 +690,6 @@ def _check_beam_request(call: _Call) -> None:
         raise APIError(400, f"`{refused}` is not supported with use_beam_search", refused)
     if call.tool_mode in ("required", "named"):
         raise APIError(400, 'tool_choice "required" or a named function is not supported with use_beam_search (it forces the reply by structured outputs)', "tool_choice")  # fmt: skip  # noqa: E501
-
-
-def _max_logprobs(ctx: ServerContext) -> int:
-    """The engine's max_logprobs (--max-logprobs), -1 (no cap) as the vocabulary size."""
-    cap = ctx.engine.args.max_logprobs
-    return ctx.engine.vocab_size if cap == -1 else cap
 
 
 def _beam_step(ctx: ServerContext, call: _Call, params: SamplingParams, wait_disconnect, cached: list):

@@ -17,7 +17,7 @@ The body (vLLM's mapping):
 - logprobs (chat: top_logprobs with logprobs) are served, for each returned token, from the
   candidates of the step that chose it: the top k and the chosen token, as a request with that
   k would get them. Each step asks for 2 * n, so k must be in [0, 2 * n]; and 2 * n must be
-  within the engine's max_logprobs (a 400 naming n otherwise).
+  within the engine's max_logprobs and the vocabulary (a 400 naming n otherwise).
 - Refused with a 400 naming the field, unless unset or a no-op (REFUSED): those a beam search
   cannot honour. vLLM ignores them silently (its latest releases filter the candidates by
   allowed_token_ids); an answer that looks as if it honoured top_p or stop but did not is worse
@@ -96,14 +96,19 @@ def beam_params(body: _Sampling, max_tokens: int, defaults: dict, max_tokens_nam
         raise APIError(400, str(exc) if param == field else f"{param}: {exc}", param) from None
 
 
-def check_logprobs(params: BeamSearchParams, k: Optional[int], name: str, max_logprobs: int) -> None:
-    """2 * n within the engine's max_logprobs; the k asked for (None: none) in [0, 2 * n]."""
+def check_logprobs(
+    params: BeamSearchParams, k: Optional[int], name: str, max_logprobs: int, vocab_size: int
+) -> None:
+    """2 * n within the engine's max_logprobs (-1: none) and the vocabulary (no more candidates
+    than tokens, whatever --max-logprobs allows); the k asked for (None: none) in [0, 2 * n]."""
     asked = 2 * params.beam_width
-    if asked > max_logprobs:
+    bound = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
+    if asked > bound:
         raise APIError(
             400,
-            f"with use_beam_search, n must be <= {max_logprobs // 2}: each step asks for 2 * n "
-            f"logprobs, within the engine's max_logprobs of {max_logprobs} (--max-logprobs), got {params.beam_width}",
+            f"with use_beam_search, n must be <= {bound // 2}: each step asks for 2 * n logprobs, within "
+            f"the engine's max_logprobs ({max_logprobs}, --max-logprobs; -1 lifts it) and the vocabulary "
+            f"({vocab_size} tokens), got {params.beam_width}",
             "n",
         )
     if k is not None and not 0 <= k <= asked:

@@ -612,11 +612,14 @@ def test_beam_search_bad_input_is_a_value_error_and_queues_nothing(async_llm):
         assert async_llm.num_unfinished_requests == 0
 
 
-def test_beam_search_without_a_logprobs_cap_bounds_beam_width_by_the_vocabulary(model_dir):
-    """max_logprobs -1 lifts the cap to the vocabulary (vLLM's rule, LLM.beam_search's too): a
-    beam_width whose 2 * beam_width candidates exceed it is the ValueError before any step, not
-    a failed first step."""
-    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **{**ENGINE, "max_logprobs": -1})
+@pytest.mark.parametrize("max_logprobs", [-1, 1000])
+def test_beam_search_without_a_logprobs_cap_bounds_beam_width_by_the_vocabulary(model_dir, max_logprobs):
+    """max_logprobs -1 lifts the cap to the vocabulary (vLLM's rule, LLM.beam_search's too), and
+    a cap above the vocabulary leaves the vocabulary the bound: a beam_width whose 2 * beam_width
+    candidates exceed it is the ValueError naming beam_width before any step, not a failed
+    first step naming SamplingParams.logprobs, a field the caller never set."""
+    args = {**ENGINE, "max_logprobs": max_logprobs}
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **args)
     try:
         too_wide = BeamSearchParams(beam_width=engine.info.vocab_size // 2 + 1, max_tokens=2)
         with pytest.raises(ValueError, match=f"beam_width must be <= {engine.info.vocab_size // 2}"):

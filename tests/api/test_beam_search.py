@@ -399,6 +399,17 @@ def test_bad_calls_are_value_errors(llm):
     assert not llm.engine.has_unfinished  # nothing left behind
 
 
+def test_beam_width_is_bounded_by_the_vocabulary_under_a_larger_max_logprobs():
+    """A max_logprobs above the vocabulary leaves the vocabulary the bound on 2 * beam_width, as
+    max_logprobs=-1 does: a ValueError naming beam_width before any step (it was the first
+    step's generate() failing on SamplingParams.logprobs, a field the caller never set)."""
+    wide = LLM(str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", num_blocks=64, max_logprobs=1000)
+    with pytest.raises(ValueError, match=r"BeamSearchParams.beam_width must be <= 48"):
+        wide.beam_search([[5, 6]], BeamSearchParams(beam_width=49, max_tokens=2))
+    assert not wide.engine.has_unfinished
+    assert len(wide.beam_search([[5, 6]], BeamSearchParams(beam_width=48, max_tokens=1))[0].sequences) == 48
+
+
 def test_beams_stop_at_max_model_len():
     small = LLM(str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", num_blocks=16, max_model_len=8)
     out = small.beam_search(

@@ -331,3 +331,23 @@ def test_a_beam_searched_reply_the_tool_parser_reads_keeps_special_tokens(app, t
     status, body = serve((build_app(ctx, ServerMetrics("tiny")), engine, ctx), fn)
     assert status == 200 and len(body["choices"]) == 2
     assert tokenizer.skips and set(tokenizer.skips) == {not tools}
+
+
+def test_n_is_bounded_by_the_vocabulary_under_a_larger_max_logprobs():
+    """--max-logprobs above the vocabulary leaves the vocabulary the bound on 2 * n: a 400 naming
+    n before any step (it was the first step's refusal naming `logprobs`, a field the body never
+    set); n = vocabulary / 2 is served."""
+    with in_process_client(**{**ENGINE, "max_logprobs": 1000, "max_num_seqs": 48}) as engine:
+        ctx = ServerContext(engine, engine.tokenizer, ["tiny"], engine.info.max_model_len)
+        vocab = engine.info.vocab_size
+        base = dict(model="tiny", prompt=[5, 6, 7], max_tokens=1, use_beam_search=True)
+
+        async def fn(client, http):
+            return [
+                await _post(http, "/v1/completions", {**base, "n": n}) for n in (vocab // 2 + 1, vocab // 2)
+            ]
+
+        (status, body), (ok, served) = serve((build_app(ctx, ServerMetrics("tiny")), engine, ctx), fn)
+    assert (status, body["error"]["param"]) == (400, "n"), body
+    assert f"n must be <= {vocab // 2}" in body["error"]["message"]
+    assert ok == 200 and len(served["choices"]) == vocab // 2
