@@ -100,6 +100,7 @@ class AsyncLLM:
     def _start(self, args: EngineArgs, in_process: bool, start_timeout: Optional[float]) -> None:
         self.engine_args = args
         self.tokenizer = load_engine_tokenizer(args)
+        self._beam_ids: set[str] = set()  # request ids of the beam searches under way
         self._defaults = GenerationDefaults.load(
             args.model, args.generation_config, args.override_generation_config
         )
@@ -155,7 +156,8 @@ class AsyncLLM:
         the text), logprobs each step's candidates, finish_reason "stop" (stop_reason the EOS)
         or "length"; the best beams equal LLM.beam_search's. Every step submits each live beam
         as a one-token engine request, so shared prefixes come from the prefix cache.
-        ValueError before any step: a request_id or params generate() would refuse, a
+        ValueError before any step: a request_id or params generate() would refuse (an id in
+        use by another beam search too: their step requests would collide), a
         beam_width over half the engine's max_logprobs or vocabulary (check_beam_width), or a
         lora_request other than None (vLLM's keyword, llm.check_lora_request); a bad prompt
         fails the first step as it fails generate(). A step the engine failed raises
@@ -168,11 +170,17 @@ class AsyncLLM:
         if not self.is_running:
             raise self.dead_error
         self._bind_loop()
+        if request_id in self._beam_ids:
+            raise ValueError(f"request_id {request_id!r} is already in use by a pending beam search")
         room = max(self.info.max_model_len - len(first.prompt_token_ids), 1)
         instance = BeamSearchInstance(first.prompt_token_ids, min(params.max_tokens, room), first.cache_salt)
         eos = serving_beam.eos_token_id(self.tokenizer, self.info.eos_token_id)
         cached: list[int] = []
-        await run_beam_search_async([instance], self._beam_step(request_id, params, cached), params, eos)
+        self._beam_ids.add(request_id)
+        try:
+            await run_beam_search_async([instance], self._beam_step(request_id, params, cached), params, eos)
+        finally:
+            self._beam_ids.discard(request_id)
         decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: "")
         prompt_of = (first.prompt, first.prompt_token_ids)
         k = 2 * params.beam_width + 1  # every candidate of a step: its 2 * beam_width and the drawn one

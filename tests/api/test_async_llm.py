@@ -612,6 +612,33 @@ def test_beam_search_bad_input_is_a_value_error_and_queues_nothing(async_llm):
         assert async_llm.num_unfinished_requests == 0
 
 
+def test_two_beam_searches_under_one_request_id_refuse_the_second_before_any_step(async_llm, llm):
+    """A request_id still in use by a beam search is a ValueError naming it, raised before the
+    second search runs a step, as generate() refuses an id in use. It was a race: the two
+    searches' step requests ("{id}-step{k}-{i}") collided only when both were at the same step,
+    failing one mid-search with an error naming a step id the caller never chose. The id is
+    free again once the first search ends."""
+    params = BeamSearchParams(beam_width=2, max_tokens=3)
+
+    async def both():
+        async_llm._bind_loop()
+        first = async_llm.beam_search(PROMPT, "twice", params)
+        running = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0)  # the first search is under way (its first step submitted)
+        with pytest.raises(ValueError, match="request_id 'twice' is already in use"):
+            await async_llm.beam_search([5, 6, 7], "twice", params).__anext__()
+        out = await running
+        await first.aclose()
+        return out, [o async for o in async_llm.beam_search([5, 6, 7], "twice", params)]
+
+    out, again = asyncio.run(both())
+    assert [s.token_ids for s in out.outputs] == [
+        s.tokens[len(PROMPT) :] for s in llm.beam_search([PROMPT], params)[0].sequences
+    ]
+    assert len(again) == 1 and len(again[0].outputs) == 2
+    assert async_llm.num_unfinished_requests == 0
+
+
 @pytest.mark.parametrize("max_logprobs", [-1, 1000])
 def test_beam_search_without_a_logprobs_cap_bounds_beam_width_by_the_vocabulary(model_dir, max_logprobs):
     """max_logprobs -1 lifts the cap to the vocabulary (vLLM's rule, LLM.beam_search's too), and
