@@ -575,13 +575,14 @@ def _parses_tool_calls(ctx: ServerContext, call: _Call) -> bool:
 def _forced_params(params: SamplingParams, tools: list, name: Optional[str]) -> SamplingParams:
     """params with the structured output that forces the reply's calls (forced_schema: a named
     function's arguments, or a "required" array of calls); a 400 naming tool_choice when the
-    request constrains its output already or names a function it does not list."""
+    request constrains its output already or names a function it does not list, naming tools
+    when two tools' defs clash (the message names the tools[i] entries)."""
     if params.structured_outputs is not None:
         raise APIError(400, "tool_choice \"required\" or a named function cannot be combined with response_format or structured_outputs", "tool_choice")  # fmt: skip  # noqa: E501
     try:
         schema = forced_schema(tools, name)
     except ValueError as exc:
-        raise APIError(400, str(exc), "tool_choice") from None
+        raise APIError(400, str(exc), "tools" if str(exc).startswith("tools[") else "tool_choice") from None
     return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
 
 

@@ -159,6 +159,19 @@ def test_required_takes_tools_whose_parameters_refer_to_their_defs(engine):
         assert call["name"] == "greet" and _person(json.dumps(json.loads(call["arguments"])["who"]))
 
 
+def test_two_tools_whose_defs_clash_are_a_400_naming_tools(engine):
+    """Under "required" all tools' defs share the schema's root: one name meaning two schemas is
+    refused, naming `tools` (the entries at fault are in the message), not tool_choice."""
+    other = {**NESTED, "$defs": {"Person": {"type": "object", "properties": {"age": {"type": "integer"}}}}}
+    tools = [
+        {"type": "function", "function": {"name": "greet", "parameters": NESTED}},
+        {"type": "function", "function": {"name": "age", "parameters": other}},
+    ]
+    with pytest.raises(APIError, match=r"tools\[1\]") as info:
+        _call(engine, "chat", tools=tools, tool_choice="required")
+    assert (info.value.status, info.value.param) == (400, "tools")
+
+
 def test_a_constrained_reply_is_not_split_for_reasoning(engine):
     """The grammar governs the whole reply (vLLM would start it after the thinking; here it has
     none): under --reasoning-parser the JSON is the content, not taken for unclosed thinking."""
