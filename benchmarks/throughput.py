@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-call",
         action="store_true",
         help="no harness warm-up: the first timed run is the first generate() on a fresh LLM, "
-        "reported as first_call_s beside the median of the later runs (use with --repeat >= 2)",
+        "reported as first_call_s beside the median of the later runs (needs --repeat >= 2)",
     )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the throughput run")
     p.add_argument(
@@ -172,6 +172,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.first_call and args.repeat < 2:  # its one run would be cold, yet reported as the warm median
+        raise ValueError(f"--first-call needs --repeat >= 2, got {args.repeat}")
     check_model_dir(args)
     _check_workload_and_probes(args)
     args.device = str(resolve_device(args.device))

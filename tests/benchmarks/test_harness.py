@@ -512,3 +512,15 @@ def test_environment_records_the_enginespec_settings(monkeypatch):
     env = report.environment(SimpleNamespace(device="cpu", git_commit="abc1234"))
     assert env["settings"]["ENGINESPEC_DECODE_PRELOAD_ROWS"] == "0"
     assert all(k.startswith("ENGINESPEC_") for k in env["settings"])
+
+
+def test_first_call_with_one_run_is_a_flag_error(capsys, monkeypatch):
+    """--first-call skips the warm-up; with --repeat 1 its one cold run was reported as the warm
+    headline (tok/s, wall/floor) with no first_call_s, compile time and all. Now exit 2 naming
+    both flags, before any work."""
+    monkeypatch.setattr(throughput, "run", lambda args: pytest.fail("ran with a bad flag"))
+    assert throughput.main(["--shape", "tiny", "--device", "cpu", "--first-call"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "benchmarks/throughput.py: --first-call needs --repeat >= 2, got 1"
+    args = throughput.parse_args(["--shape", "tiny", "--device", "cpu", "--first-call", "--repeat", "2"])
+    assert args.first_call and args.repeat == 2
