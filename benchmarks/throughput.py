@@ -88,13 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: bfloat16 on CUDA, float32 on CPU (bf16 matmuls are very slow on most CPUs)",
     )
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--min-input-len", type=int, default=100)
-    p.add_argument("--max-input-len", type=int, default=1024)
-    p.add_argument("--min-output-len", type=int, default=100)
-    p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--num-requests", type=int, default=256, help="requests in the workload")
+    p.add_argument("--min-input-len", type=int, default=100, help="shortest prompt, in tokens")
+    p.add_argument("--max-input-len", type=int, default=1024, help="longest prompt, in tokens")
+    p.add_argument(
+        "--min-output-len", type=int, default=100, help="shortest output (ignore_eos: exactly its length)"
+    )
+    p.add_argument("--max-output-len", type=int, default=1024, help="longest output, in tokens")
     p.add_argument("--id-bound", type=int, default=10000, help="prompt ids are below min(this, vocab)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload, the engine and the weights")
     p.add_argument("--temperature", type=float, default=0.0, help="engine sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="engine sampling top_p (Qwen3 chat: 0.8)")
     p.add_argument("--top-k", type=int, default=0, help="engine sampling top_k (Qwen3 chat: 20)")
@@ -129,16 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the workload with async_scheduling flipped (same engine); report both",
     )
-    p.add_argument("--skip-hf", action="store_true")
-    p.add_argument("--hf-batch-size", type=int, default=64)
+    p.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    p.add_argument("--hf-batch-size", type=int, default=64, help="requests per transformers generate call")
     p.add_argument("--hf-num-requests", type=int, default=0, help="time HF on the first N requests (0 = all)")
-    p.add_argument("--skip-profile", action="store_true")
-    p.add_argument("--profile-steps", type=int, default=10)
+    p.add_argument("--skip-profile", action="store_true", help="no decode profile (GPU-busy fraction)")
+    p.add_argument("--profile-steps", type=int, default=10, help="decode steps the profile records")
     p.add_argument("--profile-warm-limit", type=int, default=256, help="most steps to wait for pure decode")
-    p.add_argument("--skip-latency", action="store_true")
-    p.add_argument("--latency-prompt-len", type=int, default=128)
+    p.add_argument("--skip-latency", action="store_true", help="no batch-1 decode latency")
+    p.add_argument(
+        "--latency-prompt-len",
+        type=int,
+        default=128,
+        help="batch-1 prompt: the first request's first N tokens",
+    )
     p.add_argument("--latency-tokens", type=int, default=256, help="capped at --max-output-len")
-    p.add_argument("--skip-big", action="store_true")
+    p.add_argument("--skip-big", action="store_true", help="no run on --big-shape")
     p.add_argument(
         "--big-shape",
         choices=["auto"] + shapes,

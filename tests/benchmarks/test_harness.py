@@ -524,3 +524,10 @@ def test_first_call_with_one_run_is_a_flag_error(capsys, monkeypatch):
     assert err == "benchmarks/throughput.py: --first-call needs --repeat >= 2, got 1"
     args = throughput.parse_args(["--shape", "tiny", "--device", "cpu", "--first-call", "--repeat", "2"])
     assert args.first_call and args.repeat == 2
+
+
+def test_help_describes_every_flag():
+    """--help showed 13 flags (--num-requests, the workload lengths, --seed, the --skip-* and
+    probe sizes) with neither a description nor their default."""
+    parser = throughput.build_parser()
+    assert [a.option_strings for a in parser._actions if not a.help] == []
