@@ -34,6 +34,8 @@ Invariants:
   `generate` or `abort` on another loop while that one runs (or is stopped, not closed, with
   requests pending: it may run again) is a RuntimeError.
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
+  An AsyncLLM that is garbage collected without `shutdown` stops its engine then (as vLLM's),
+  so dropping one never leaves its engine, and the model it holds, running.
 - `beam_search` (vLLM's EngineClient.beam_search) yields once, the search's finished output;
   its steps are engine requests "{request_id}-step{k}-{i}" (one a live beam), so abort() does not
   reach them by request_id: leaving the generator aborts the step in flight.
@@ -44,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import weakref
 from typing import AsyncIterator, Iterable, Optional, Union
 
 from enginespec.beam_search import (
@@ -111,6 +114,10 @@ class AsyncLLM:
         # A script that never calls shutdown() must still exit: multiprocessing joins the engine
         # process at exit, and it only ends once told (atexit runs this hook before that join).
         atexit.register(self._client.stop)
+        # Dropped without shutdown(): the exit hook alone held the client, so the engine ran on
+        # until exit. The finalizer holds the client, never self (self would never be collected).
+        self._finalizer = weakref.finalize(self, _stop_client, self._client)
+        self._finalizer.atexit = False  # the exit hook above stops it there, before mp's join
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -308,11 +315,18 @@ class AsyncLLM:
     def shutdown(self, timeout: float = 10.0) -> None:
         """End every live `generate` with EngineDead, stop the engine and reap its process.
         Idempotent."""
-        self._client.stop(timeout)
-        atexit.unregister(self._client.stop)
+        self._finalizer.detach()
+        _stop_client(self._client, timeout)
 
     def __enter__(self) -> "AsyncLLM":
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _stop_client(client: EngineClient, timeout: float = 10.0) -> None:
+    """Stop the engine and drop its exit hook: shutdown(), or the finalizer of an AsyncLLM that
+    was collected without it. Idempotent (EngineClient.stop is)."""
+    client.stop(timeout)
+    atexit.unregister(client.stop)

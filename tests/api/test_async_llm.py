@@ -421,6 +421,23 @@ def test_an_engine_death_ends_every_stream_with_an_error_of_its_own(model_dir):
     engine.shutdown()
 
 
+def test_an_async_llm_dropped_without_shutdown_stops_its_engine(model_dir):
+    """An AsyncLLM nobody holds any more (a notebook cell run again, a helper that built one
+    and returned) stops its engine when collected, as vLLM's does: its engine (a process, or
+    here a thread, each holding the whole model) and pipes lived on until interpreter exit,
+    held by the exit hook, one more each time."""
+    import gc
+    import weakref
+
+    engine = AsyncLLM(str(model_dir), in_process=True, start_timeout=120, **ENGINE)
+    asyncio.run(_collect(engine, [1, 2, 3], SamplingParams(max_tokens=2), "used"))
+    worker, front = engine._client._worker, weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert front() is None
+    assert not worker.is_alive(), "the dropped AsyncLLM's engine still runs"
+
+
 def test_shutdown_after_a_loop_closed_on_a_waiting_stream_stops_the_engine(model_dir):
     """A loop closed while a task of it still awaited a generate's next output (its
     run_until_complete ended, then close()): that wait belongs to the closed loop, and nothing
