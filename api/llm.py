@@ -25,6 +25,9 @@ stream() on one LLM, and a half-read stream() may be followed by generate() in t
 each call sees all of its own outputs (intermediate cumulative outputs of a stream may be
 skipped while another call steps the engine with final_only, never the final one). Any
 BaseException (KeyboardInterrupt included) while adding or stepping aborts this call's requests.
+A release that re-enters from inside a step on the stepping thread (a half-read stream() in a
+reference cycle, finalized by the cyclic garbage collector mid-step) is deferred to the step's
+end: aborting requests of the batch being stepped would fail the whole step.
 
 close() (or the end of `with LLM(...) as llm:`) ends the LLM: it takes the lock, so it waits for
 a step under way, and every later call, and the next step of a call already under way (another
@@ -71,13 +74,17 @@ class _Front:
     the lock around every call into the engine, the request-id counter (ids unique among the
     engine's live requests), the mailbox (newest undelivered output per request id), the ids of
     live requests of live calls, and whether close() was called. Per LLM instead, a second
-    wrapper's ids collided with the first's and its steps dropped the first's outputs."""
+    wrapper's ids collided with the first's and its steps dropped the first's outputs.
+    `stepping` is True only inside engine.step() (under the lock, so only that thread sees
+    it); `deferred` holds the ids released meanwhile, released when the step ends."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     ids: Iterator[int] = field(default_factory=itertools.count)
     mail: dict[str, RequestOutput] = field(default_factory=dict)
     owned: set[str] = field(default_factory=set)
     closed: bool = False
+    stepping: bool = False
+    deferred: set[str] = field(default_factory=set)
 
 
 _FRONTS: "weakref.WeakKeyDictionary[EngineCore, _Front]" = weakref.WeakKeyDictionary()
@@ -195,8 +202,13 @@ class LLM:
         return added
 
     def _release(self, ids) -> None:
-        """Abort (without a report) whichever of `ids` are live, and forget their mail."""
+        """Abort (without a report) whichever of `ids` are live, and forget their mail. Inside
+        a step (re-entered on the stepping thread: a stream finalized by the garbage collector)
+        only noted, and done when the step ends (_step)."""
         with self._lock:
+            if self._front.stepping:
+                self._front.deferred.update(ids)
+                return
             self.engine.abort(sorted(ids), report=False)
             for request_id in ids:
                 self._owned.discard(request_id)
@@ -289,12 +301,34 @@ class LLM:
                 return outs
             if not self.engine.has_unfinished:
                 raise RuntimeError(f"engine went idle with requests {sorted(live)} unfinished (a bug)")
-            for out in self.engine.step(final_only):
+            for out in self._step(final_only):
                 if out.request_id in live:
                     outs.append(out)
                 elif out.request_id in self._owned:
                     self._mail[out.request_id] = out
+            self._release_deferred()
             return outs
+
+    def _step(self, final_only: bool) -> list[RequestOutput]:
+        """engine.step() with `stepping` set, so a release re-entering meanwhile is deferred."""
+        front = self._front
+        front.stepping = True
+        try:
+            return self.engine.step(final_only)
+        except BaseException:
+            front.stepping = False
+            self._release_deferred()  # no outputs to hand out: release them now
+            raise
+        finally:
+            front.stepping = False
+
+    def _release_deferred(self) -> None:
+        """Release the ids whose release came in during the last step (after its outputs were
+        handed out, so a released request's output goes to nobody's mail)."""
+        front = self._front
+        if front.deferred:
+            ids, front.deferred = front.deferred, set()
+            self._release(ids)
 
     def beam_search(
         self,
