@@ -47,6 +47,7 @@ ENGINE_MODULES = (
     "test_hostile_input",
     "test_spec_decode",
     "test_spec_draft_model",
+    "test_spec_combos",
     "test_structured_outputs",
     "test_soak",
 )
