@@ -68,28 +68,38 @@ def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
 
 
 async def _one(http: httpx.AsyncClient, url: str, body: dict, delay: float, start: float) -> RequestResult:
+    """Send one request at `start + delay` and stream it. Invariant: `done` is set however the
+    request ends (a refusal, an error frame, a broken connection), so `done >= sent` always and
+    the run's wall time covers failed requests too."""
     await asyncio.sleep(max(0.0, start + delay - time.perf_counter()))
     result = RequestResult(time.perf_counter())
     try:
-        async with http.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    result.error = str(chunk["error"])
-                    continue
-                num = sum(len(c.get("token_ids") or ()) for c in chunk.get("choices", ()))
-                if num:
-                    result.frame_times.append(time.perf_counter())
-                    result.num_tokens += num
+        await _stream_into(http, url, body, result)
     except httpx.HTTPError as exc:
         result.error = repr(exc)
-    result.done = time.perf_counter()
+    finally:
+        result.done = time.perf_counter()
     return result
+
+
+async def _stream_into(http: httpx.AsyncClient, url: str, body: dict, result: RequestResult) -> None:
+    """Record the arrival time of each token-carrying SSE frame in `result` (a frame may carry
+    several tokens: one arrival, all its tokens counted), or the error the server answered."""
+    async with http.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+            return
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                result.error = str(chunk["error"])
+                continue
+            num = sum(len(c.get("token_ids") or ()) for c in chunk.get("choices", ()))
+            if num:
+                result.frame_times.append(time.perf_counter())
+                result.num_tokens += num
 
 
 def _bodies(model: str, workload: Workload, temperature: float) -> list[dict]:

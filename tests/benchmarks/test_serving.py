@@ -51,3 +51,38 @@ def test_smoke_run_against_a_real_server_and_offline(tmp_path):
     steps = serve["steps"]  # the engine's own step trace, from the server process
     assert steps["num_steps"] >= 2 and steps["gap"]["p50_ms"] > 0
     assert sum(b["num_steps"] for b in steps["by_prefill_tokens"].values()) == steps["num_steps"] - 1
+
+
+def _answer_with(handler) -> serving.RequestResult:
+    """One request through serving._one against an in-process HTTP handler."""
+    import asyncio
+    import time
+
+    import httpx
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await serving._one(http, "http://x/v1/completions", {}, 0.0, time.perf_counter())
+
+    return asyncio.run(go())
+
+
+def test_a_refused_request_still_records_when_it_ended():
+    """A request the server refuses (HTTP 400) left done at 0.0, so a run whose requests all
+    failed (say a prompt over --max-model-len) reported wall_s of minus the machine's uptime and
+    a negative throughput."""
+    import httpx
+
+    result = _answer_with(lambda request: httpx.Response(400, json={"error": {"message": "too long"}}))
+    assert result.error.startswith("HTTP 400") and result.done >= result.sent > 0
+    out = serving.summarize([result], Workload([[1]], [1]), wall=result.done - result.sent)
+    assert out["wall_s"] >= 0 and out["failed"] == 1 and out["request_throughput"] == 0
+
+
+def test_a_frame_carrying_several_tokens_is_one_arrival():
+    import httpx
+
+    frames = [{"choices": [{"token_ids": [1, 2, 3]}]}, {"choices": [{"token_ids": [4]}]}]
+    body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
+    result = _answer_with(lambda request: httpx.Response(200, text=body))
+    assert result.error is None and result.num_tokens == 4 and len(result.frame_times) == 2
