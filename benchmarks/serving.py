@@ -177,6 +177,15 @@ def run_clients(
     return results, max(r.done for r in results) - start
 
 
+def _request_rate(text: str) -> float:
+    """--request-rate: a positive number of requests/s, or inf (all at once). Checked when the
+    flags are parsed, not after the server has started and warmed up."""
+    rate = float(text)
+    if math.isnan(rate) or rate <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return rate
+
+
 def _pcts(values: list[float]) -> dict:
     """p50, p99 and mean in milliseconds (None when there are no values)."""
     if not values:
@@ -289,7 +298,10 @@ def _workloads(args, model_dir: Path) -> tuple[Workload, Workload]:
         id_bound=min(args.id_bound, vocab),
     )
     timed = make_workload(args.num_requests, seed=args.seed, **kw)
-    warm = make_workload(min(args.num_requests, args.warmup_requests), seed=args.seed + 1, **kw)
+    num_warm = min(args.num_requests, args.warmup_requests)
+    if num_warm < 1:  # --warmup-requests 0: no warm-up (make_workload wants at least one)
+        return timed, Workload([], [])
+    warm = make_workload(num_warm, seed=args.seed + 1, **kw)
     return timed, Workload(warm.prompts, [2] * len(warm.prompts))
 
 
@@ -360,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--request-rate", type=float, default=math.inf, help="requests/s of Poisson arrivals (inf)"
+        "--request-rate", type=_request_rate, default=math.inf, help="requests/s of Poisson arrivals (inf)"
     )
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--min-input-len", type=int, default=100)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from benchmarks import serving
@@ -86,3 +87,21 @@ def test_a_frame_carrying_several_tokens_is_one_arrival():
     body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
     result = _answer_with(lambda request: httpx.Response(200, text=body))
     assert result.error is None and result.num_tokens == 4 and len(result.frame_times) == 2
+
+
+def test_warmup_requests_zero_means_no_warm_up(tmp_path):
+    """--warmup-requests 0 (which serve_run handles: it skips an empty warm-up) crashed before
+    the server started: make_workload(0) raised "num_requests must be an int >= 1"."""
+    model_dir = make_checkpoint("tiny", tmp_path / "tiny", dtype=torch.float32)
+    args = serving.build_parser().parse_args(["--num-requests", "3", "--warmup-requests", "0"])
+    timed, warm = serving._workloads(args, model_dir)
+    assert len(timed.prompts) == 3 and warm.prompts == [] and warm.output_lens == []
+
+
+@pytest.mark.parametrize("rate", ["0", "-2", "nan"])
+def test_a_request_rate_that_is_not_positive_is_refused_at_parse_time(rate, capsys):
+    """It was refused only by arrival_offsets, after the server had started and warmed up
+    (minutes for a real checkpoint); "nan" was not refused at all."""
+    with pytest.raises(SystemExit) as done:
+        serving.build_parser().parse_args(["--request-rate", rate])
+    assert done.value.code == 2 and "--request-rate" in capsys.readouterr().err
