@@ -5,7 +5,8 @@ token ids, at Poisson arrivals of --request-rate requests/s (inf: all at once).
 
 Reports, as JSON: request and output-token throughput, TTFT and ITL (p50, p99, mean; ITL is the
 gap between successive token-carrying frames of one stream, as vLLM's harness measures it), TPOT
-(mean per-request (latency - TTFT) / (tokens - 1)), and whether every request got exactly its
+(per-request (latency - TTFT) / (tokens - 1), one-token requests left out) and end-to-end latency
+(p50, p99, mean; percentiles interpolated as numpy's), and whether every request got exactly its
 requested number of tokens. With --offline, the same workload through LLM.generate (same engine
 settings, after the server has exited so both get the whole device) and the ratio of the two
 output throughputs.
@@ -186,23 +187,39 @@ def _request_rate(text: str) -> float:
     return rate
 
 
+def _percentile(ordered: list[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of sorted values, interpolated linearly between the two
+    nearest ranks: numpy.percentile's default, which vLLM's benchmark_serving reports (so p50 of
+    an even count is the mean of the middle two)."""
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 def _pcts(values: list[float]) -> dict:
     """p50, p99 and mean in milliseconds (None when there are no values)."""
     if not values:
         return {"p50_ms": None, "p99_ms": None, "mean_ms": None}
     ordered = sorted(values)
-
-    def pct(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] * 1e3
-
-    return {"p50_ms": pct(0.50), "p99_ms": pct(0.99), "mean_ms": statistics.fmean(ordered) * 1e3}
+    return {
+        "p50_ms": _percentile(ordered, 0.50) * 1e3,
+        "p99_ms": _percentile(ordered, 0.99) * 1e3,
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+    }
 
 
 def summarize(results: list[RequestResult], workload: Workload, wall: float) -> dict:
+    """The run's figures over the requests that did not fail, as vLLM's benchmark_serving
+    defines them: TTFT = first token frame - send; ITL = gaps between successive token frames of
+    a request, pooled (a frame carrying k tokens is one arrival); TPOT per request = (last token
+    frame - first) / (tokens - 1), requests of one token left out; E2EL = end of the stream -
+    send. Throughputs divide by `wall`, which covers failed requests too."""
     ok = [r for r in results if r.error is None]
     ttft = [r.frame_times[0] - r.sent for r in ok if r.frame_times]
     itl = [b - a for r in ok for a, b in zip(r.frame_times, r.frame_times[1:])]
     tpot = [(r.frame_times[-1] - r.frame_times[0]) / (r.num_tokens - 1) for r in ok if r.num_tokens > 1]
+    e2el = [r.done - r.sent for r in ok]
     tokens = sum(r.num_tokens for r in ok)
     exact = all(r.num_tokens == n for r, n in zip(results, workload.output_lens))
     return {
@@ -222,6 +239,8 @@ def summarize(results: list[RequestResult], workload: Workload, wall: float) -> 
         "ttft": _pcts(ttft),
         "itl": _pcts(itl),
         "tpot_mean_ms": statistics.fmean(tpot) * 1e3 if tpot else None,
+        "tpot": _pcts(tpot),
+        "e2el": _pcts(e2el),
     }
 
 

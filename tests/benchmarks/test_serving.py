@@ -29,7 +29,8 @@ def test_summary_counts_tokens_frames_and_failures():
     out = serving.summarize([ok, bad], workload, wall=2.0)
     assert out["completed"] == 1 and out["failed"] == 1 and out["errors"] == ["HTTP 503"]
     assert out["output_tokens"] == 3 and not out["exact_output_lengths"]
-    assert out["ttft"]["p50_ms"] == 100.0 and abs(out["itl"]["p99_ms"] - 200.0) < 1e-6
+    # the gaps 100 and 200 ms pooled; p99 interpolated between them, as numpy.percentile does
+    assert out["ttft"]["p50_ms"] == 100.0 and abs(out["itl"]["p99_ms"] - 199.0) < 1e-6
 
 
 def test_smoke_run_against_a_real_server_and_offline(tmp_path):
@@ -105,3 +106,34 @@ def test_a_request_rate_that_is_not_positive_is_refused_at_parse_time(rate, caps
     with pytest.raises(SystemExit) as done:
         serving.build_parser().parse_args(["--request-rate", rate])
     assert done.value.code == 2 and "--request-rate" in capsys.readouterr().err
+
+
+def test_percentiles_interpolate_as_vllms_benchmark_reports_them():
+    """vLLM's benchmark_serving takes numpy.percentile (linear between ranks); the nearest-rank
+    rule reported p50 of [1, 2, 3, 4] ms as 2 ms instead of 2.5 ms (the median)."""
+    import random
+
+    import numpy as np
+
+    assert serving._pcts([0.001, 0.002, 0.003, 0.004])["p50_ms"] == pytest.approx(2.5)
+    rng = random.Random(0)
+    for n in (1, 2, 3, 7, 100, 257):
+        values = [rng.expovariate(20.0) for _ in range(n)]
+        got = serving._pcts(values)
+        for q in (50, 99):
+            assert got[f"p{q}_ms"] == pytest.approx(np.percentile(values, q) * 1e3), (n, q)
+
+
+def test_summary_tpot_and_e2el_per_request():
+    """TPOT = (last token frame - first) / (tokens - 1) per request, a one-token request left out
+    (its TPOT is undefined); E2EL = end of the stream - send."""
+    workload = Workload([[1], [2], [3]], [5, 1, 3])
+    five = serving.RequestResult(sent=0.0, frame_times=[0.2, 0.3, 0.6], num_tokens=5, done=0.7)
+    one = serving.RequestResult(sent=1.0, frame_times=[1.05], num_tokens=1, done=1.1)
+    three = serving.RequestResult(sent=0.5, frame_times=[0.6, 0.8], num_tokens=3, done=0.9)
+    out = serving.summarize([five, one, three], workload, wall=1.1)
+    assert out["exact_output_lengths"] and out["output_tokens"] == 9
+    assert out["tpot"]["mean_ms"] == pytest.approx((100.0 + 100.0) / 2)
+    assert out["tpot_mean_ms"] == pytest.approx(100.0)
+    assert out["e2el"]["p50_ms"] == pytest.approx(400.0) and out["e2el"]["mean_ms"] == pytest.approx(400.0)
+    assert out["ttft"]["p50_ms"] == pytest.approx(100.0)
