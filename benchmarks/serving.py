@@ -382,25 +382,30 @@ def build_parser() -> argparse.ArgumentParser:
     from enginespec.testing import checkpoints
 
     p = argparse.ArgumentParser(prog="benchmarks.serving", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
+    p.add_argument(
+        "--shape",
+        choices=sorted(checkpoints.SHAPES),
+        default="qwen3-0.6b",
+        help="synthetic checkpoint shape when no --model-dir",
+    )
     p.add_argument("--model-dir", help="use this checkpoint instead of a synthetic one of --shape")
     p.add_argument("--base-url", help="benchmark this running server instead of launching one")
     p.add_argument("--served-model-name", help="the model name a --base-url server answers to")
-    p.add_argument("--impl", default="fast")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--impl", default="fast", help="engine implementation (reference, fast, pkg.mod:attr)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="auto", help="model dtype (auto: the checkpoint's)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the workload, arrivals and engine")
     p.add_argument(
         "--request-rate", type=_request_rate, default=math.inf, help="requests/s of Poisson arrivals (inf)"
     )
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--min-input-len", type=int, default=100)
-    p.add_argument("--max-input-len", type=int, default=1024)
-    p.add_argument("--min-output-len", type=int, default=100)
-    p.add_argument("--max-output-len", type=int, default=1024)
-    p.add_argument("--id-bound", type=int, default=10000)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--warmup-requests", type=int, default=32)
+    p.add_argument("--num-requests", type=int, default=256, help="timed requests")
+    p.add_argument("--min-input-len", type=int, default=100, help="shortest prompt, tokens")
+    p.add_argument("--max-input-len", type=int, default=1024, help="longest prompt, tokens")
+    p.add_argument("--min-output-len", type=int, default=100, help="fewest output tokens")
+    p.add_argument("--max-output-len", type=int, default=1024, help="most output tokens")
+    p.add_argument("--id-bound", type=int, default=10000, help="prompt ids below min(this, vocab)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--warmup-requests", type=int, default=32, help="untimed 2-token requests first (0: none)")
     p.add_argument(
         "--client-processes",
         type=int,

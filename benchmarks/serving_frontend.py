@@ -221,15 +221,28 @@ async def run_once(
     }
 
 
-def main(argv=None) -> None:
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--num-streams", type=int, default=256)
-    ap.add_argument("--num-steps", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-streams", type=_at_least_one, default=256, help="concurrent streaming requests")
+    ap.add_argument(
+        "--num-steps", type=_at_least_one, default=200, help="engine steps, one token per stream each"
+    )
+    ap.add_argument("--repeats", type=_at_least_one, default=3, help="runs; the best is reported")
     ap.add_argument("--tokenizer", default=None, help="an HF tokenizer dir (default: the benchmark's)")
     ap.add_argument("--http", action="store_true", help="through the app and uvicorn's h11 protocol too")
     ap.add_argument("--profile", type=int, default=0, help="print the top N cProfile entries")
-    ns = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    ns = build_parser().parse_args(argv)
     tokenizer = load_tokenizer(ns.tokenizer)
     runs = []
     for r in range(ns.repeats):

@@ -137,3 +137,21 @@ def test_summary_tpot_and_e2el_per_request():
     assert out["tpot_mean_ms"] == pytest.approx(100.0)
     assert out["e2el"]["p50_ms"] == pytest.approx(400.0) and out["e2el"]["mean_ms"] == pytest.approx(400.0)
     assert out["ttft"]["p50_ms"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("module", ["serving", "serving_frontend"])
+def test_help_describes_every_flag(module):
+    import importlib
+
+    parser = importlib.import_module(f"benchmarks.{module}").build_parser()
+    bare = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+    assert not bare, bare
+
+
+def test_frontend_refuses_zero_repeats_at_parse_time(capsys):
+    """--repeats 0 crashed after the tokenizer load with "min() arg is an empty sequence"."""
+    from benchmarks import serving_frontend
+
+    with pytest.raises(SystemExit) as done:
+        serving_frontend.build_parser().parse_args(["--repeats", "0"])
+    assert done.value.code == 2 and "--repeats" in capsys.readouterr().err
