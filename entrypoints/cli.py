@@ -747,59 +747,58 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 @contextlib.contextmanager
 def _interrupts_delivered():
     """Inside, a Ctrl-C always ends the block with KeyboardInterrupt. Python raises it at the
-    next bytecode, and where that is a finalizer (a __del__ run by the garbage collector, a
-    weakref callback) it is printed as "Exception ignored in ..." and dropped: the command ran
-    on to its end and exited 0 (test_cli_process saw it under load). So each SIGINT also arms a
-    repeating SIGALRM that raises it again every REDELIVER_S until the block has ended, and a
-    block that ends normally after a dropped one raises it then. Only on the main thread, over
-    Python's own SIGINT handler (an embedding program's handler is left alone), and where the
-    platform has setitimer."""
-    usable = (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    )
-    if not usable:
+    next bytecode, and where that is a finalizer (a __del__, a generator or weakref callback
+    the garbage collector runs) it is reported through sys.unraisablehook as "Exception ignored
+    in ..." and dropped: the command ran on to its end and exited 0 (test_cli_process saw it
+    under load). So, inside, a KeyboardInterrupt dropped on the main thread is not reported:
+    it arms a one-shot SIGALRM that raises it again after REDELIVER_S (again if that one is
+    dropped too), and a block that ends normally with one still dropped raises it then.
+    A KeyboardInterrupt that was not dropped is never raised again (the clean-up it unwinds
+    through runs to its end, as under one Ctrl-C), and SIGINT's handler is left alone. SIGALRM
+    is taken over only once one was dropped; its handler and timer are then given back as
+    they were when the block ends (an embedding program's alarm, pytest-timeout's). Only on
+    the main thread and where the platform has setitimer."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
-    pending = [False]
-
-    def on_sigint(signum, frame):
-        pending[0] = True
-        signal.setitimer(signal.ITIMER_REAL, REDELIVER_S, REDELIVER_S)
-        _raise_outside_finalizers(frame)
+    dropped = [False]
+    taken: list = []  # (the SIGALRM handler, the timer) before the first redelivery was armed
+    previous_hook = sys.unraisablehook
 
     def on_alarm(signum, frame):
-        if pending[0]:
-            _raise_outside_finalizers(frame)
+        if dropped[0]:
+            dropped[0] = False
+            raise KeyboardInterrupt
 
-    def disarm() -> bool:
-        """Both handlers back as they were, the timer off; whether a Ctrl-C came."""
-        came, pending[0] = pending[0], False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGALRM, previous_alarm)
+    def hook(unraisable) -> None:
+        is_interrupt = isinstance(unraisable.exc_value, KeyboardInterrupt)
+        if not is_interrupt or threading.current_thread() is not threading.main_thread():
+            previous_hook(unraisable)
+            return
+        dropped[0] = True
+        if not taken:
+            taken.append((signal.signal(signal.SIGALRM, on_alarm), signal.getitimer(signal.ITIMER_REAL)))
+        signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
+
+    def give_back() -> bool:
+        """The hook, SIGALRM's handler and timer back as they were; whether one is still dropped."""
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = previous_hook
+        if taken:
+            handler, timer = taken.pop()
+            signal.setitimer(signal.ITIMER_REAL, *timer)
+            signal.signal(signal.SIGALRM, handler)
+        came, dropped[0] = dropped[0], False
         return came
 
-    previous_alarm = signal.signal(signal.SIGALRM, on_alarm)
-    signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = hook
     try:
         yield
     except BaseException:
-        disarm()
+        give_back()
         raise
-    if disarm():  # its KeyboardInterrupt was dropped, and the command ran to its end
+    if give_back():  # its KeyboardInterrupt was dropped, and the command ran to its end
         raise KeyboardInterrupt
-
-
-def _raise_outside_finalizers(frame) -> None:
-    """KeyboardInterrupt, unless the signal landed inside a __del__ (where it would be printed
-    and dropped): then nothing, and the repeating timer tries again after it."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return
-        frame = frame.f_back
-    raise KeyboardInterrupt
 
 
 def _escape_unencodable_stdout():

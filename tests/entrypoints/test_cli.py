@@ -824,3 +824,66 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_interrupts_the_command(monkeyp
     err = capsys.readouterr().err
     assert not finished and err.rstrip().splitlines()[-1] == "enginespec generate: interrupted"
     assert "Exception ignored" not in err
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs signal.setitimer")
+def test_one_ctrl_c_does_not_interrupt_the_commands_clean_up_again(monkeypatch, capsys):
+    """One Ctrl-C is one KeyboardInterrupt: the clean-up it unwinds through (a finally block
+    that takes a while: releasing requests, settling a step) runs to its end. The redelivery
+    timer kept raising it every REDELIVER_S until main() was left, cutting every such clean-up
+    short as a second Ctrl-C would."""
+    import signal
+    import time
+
+    from enginespec.entrypoints import cli
+
+    cleaned = []
+
+    def command(argv):
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5.0)  # interrupted above, never reached
+        finally:
+            deadline = time.monotonic() + 10 * cli.REDELIVER_S
+            while time.monotonic() < deadline:
+                sum(range(1000))
+            cleaned.append(True)
+        return 0
+
+    monkeypatch.setattr(cli, "_main", command)
+    assert cli.main(["generate"]) == cli.EXIT_INTERRUPTED
+    assert cleaned, "the clean-up was interrupted by a Ctrl-C that was already delivered"
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == "enginespec generate: interrupted"
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs signal.setitimer")
+def test_an_embedding_programs_alarm_still_fires_and_survives_main(monkeypatch):
+    """main() called in-process by a program that keeps its own SIGALRM watchdog (signal.alarm,
+    pytest-timeout's signal method): with no Ctrl-C, the program's handler still runs while a
+    command does, and its timer is not cancelled when main() returns. The SIGALRM handler was
+    replaced for every command (a foreign alarm swallowed) and the timer always zeroed."""
+    import signal
+    import time
+
+    from enginespec.entrypoints import cli
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+
+        def command(argv):
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            deadline = time.monotonic() + 2.0
+            while not fired and time.monotonic() < deadline:
+                sum(range(1000))
+            signal.setitimer(signal.ITIMER_REAL, 30.0)  # the watchdog, armed again for later
+            return 0
+
+        monkeypatch.setattr(cli, "_main", command)
+        assert cli.main(["generate"]) == 0
+        assert fired == [signal.SIGALRM], "the program's own alarm was swallowed during the command"
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert remaining > 0, "main() cancelled the program's timer"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
