@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 import httpx
+import numpy as np
 
 from benchmarks import engine_runs
 from benchmarks.throughput import _engine_arg
@@ -187,26 +188,14 @@ def _request_rate(text: str) -> float:
     return rate
 
 
-def _percentile(ordered: list[float], q: float) -> float:
-    """The q-quantile (0 <= q <= 1) of sorted values, interpolated linearly between the two
-    nearest ranks: numpy.percentile's default, which vLLM's benchmark_serving reports (so p50 of
-    an even count is the mean of the middle two)."""
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def _pcts(values: list[float]) -> dict:
     """p50, p99 and mean in milliseconds (None when there are no values)."""
     if not values:
         return {"p50_ms": None, "p99_ms": None, "mean_ms": None}
-    ordered = sorted(values)
-    return {
-        "p50_ms": _percentile(ordered, 0.50) * 1e3,
-        "p99_ms": _percentile(ordered, 0.99) * 1e3,
-        "mean_ms": statistics.fmean(ordered) * 1e3,
-    }
+    # numpy's default percentiles (linear between the two nearest ranks), which vLLM's
+    # benchmark_serving reports: p50 of an even count is the mean of the middle two
+    p50, p99 = np.percentile(values, [50, 99]) * 1e3
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "mean_ms": statistics.fmean(values) * 1e3}
 
 
 def summarize(results: list[RequestResult], workload: Workload, wall: float) -> dict:
