@@ -315,9 +315,15 @@ class LLM:
         front.stepping = True
         try:
             return self.engine.step(final_only)
-        except BaseException:
+        except BaseException as exc:
             front.stepping = False
-            self._release_deferred()  # no outputs to hand out: release them now
+            try:
+                self._release_deferred()  # no outputs to hand out: release them now
+            except Exception as release_error:  # the step's own error is the one to raise
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(
+                        f"releasing the requests deferred during the step also failed: {release_error!r}"
+                    )
             raise
         finally:
             front.stepping = False

@@ -87,3 +87,30 @@ def test_a_stream_collected_inside_a_step_that_raises_is_released_too():
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
     assert not llm._mail and not llm._owned and not llm._front.deferred
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == want
+
+
+def test_a_failed_release_after_a_failed_step_does_not_hide_the_steps_error(monkeypatch):
+    """A step that raised (a Ctrl-C inside it) releases the ids deferred during it; if that
+    release raises too, the step's own error still reaches the caller, the release's as a note."""
+    llm = make_llm()
+    engine = llm.engine
+
+    def interrupt(phase: str) -> None:
+        if phase == "execute":
+            engine.fault_hook = None
+            raise KeyboardInterrupt
+
+    real_abort = engine.abort
+
+    def abort(ids, *args, **kwargs):
+        if "ghost" in ids:
+            raise RuntimeError("abort failed")
+        return real_abort(ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "abort", abort)
+    engine.fault_hook = interrupt
+    llm._front.deferred.add("ghost")  # a release that came in while the step ran
+    with pytest.raises(KeyboardInterrupt) as info:
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    notes = getattr(info.value, "__notes__", None)
+    assert notes is None or any("abort failed" in note for note in notes)
