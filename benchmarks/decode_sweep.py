@@ -51,19 +51,10 @@ from benchmarks.phases import decode_latency, decode_latency_steps, phase_device
 from benchmarks.step_anatomy import graph_replay_ms  # noqa: E402
 from benchmarks.step_bins import timed_steps  # noqa: E402
 from benchmarks.sweep_profile import profile_steps  # noqa: E402
+from benchmarks.throughput import _engine_arg  # noqa: E402  (one KEY=VALUE parser for the harnesses)
 from enginespec.spec import SamplingParams  # noqa: E402
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-def _engine_arg(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--engine-arg must be KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
