@@ -49,7 +49,8 @@ def test_priority_takes_numpy_integers(impl):
     """A priority list built with numpy (list(np.argsort(...))) holds numpy integers; the
     engine refused them ("priority must be an int, got np.int64(2)") where every other integer
     argument, and Request itself, takes any integral number. They now rank as the same ints."""
-    np = pytest.importorskip("numpy")
+    import numpy as np  # a dependency of enginespec (pyproject)
+
     llm = make_llm(impl, scheduling_policy="priority", max_num_seqs=1)
     prompts = [{"prompt_token_ids": [5 + i, 30]} for i in range(4)]
     ranks = [2, -1, 3, 0]
