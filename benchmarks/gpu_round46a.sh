@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The forty-sixth session's first call (about 9.5 min): the CUDA tests of what changed since the
 # last whole suite on the device (982089c: the api, the server's entry points, the benchmarks'
-# harnesses, the spec-combination conformance file) in six xdist workers, the whole decode sweep
+# harnesses, the spec-combination conformance file) in six xdist workers, launch_cost_probe.py
+# (the prefill projections' host time a launch, both BLAS libraries), the whole decode sweep
 # 1-256 rows with its PNG (issue 19's table), then the t 0.6 workload in the time left.
 # One tar back: s46a_KIND_SHA.tgz.
 #   bash benchmarks/gpu_round46a.sh SHA
@@ -16,6 +17,9 @@ tests=${TEST_PATHS:-tests/api tests/entrypoints tests/benchmarks conformance/tes
 timeout "${TEST_TIMEOUT:-220}" python3 -m pytest -p enginespec.conformance.plugin -p no:cacheprovider --impl=fast -q -rfEs \
   -n "${XDIST:-6}" --dist loadfile $tests > "$out/pytest_$sha.log" 2>&1
 echo "tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$out/pytest_$sha.log" | head -20; tail -1 "$out/pytest_$sha.log"
+for blas in default cublaslt; do  # the prefill projections' host cost per launch, idle and busy
+  timeout 60 python3 benchmarks/launch_cost_probe.py --blas $blas --out "$out/launch_cost_$blas.json" 2>&1 | tee "$out/launch_cost_$blas.log"
+done
 timeout 230 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,2,4,8,16,32,64,128,256 \
   --out "$out/decode_sweep_${kind}_$sha.json" > "$out/sweep.log" 2>&1
 echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
