@@ -71,6 +71,7 @@ from typing import Any, Optional, Union
 import torch
 
 from enginespec.spec import POLICIES, PREEMPTION_MODES, SchedulerConfig
+from enginespec.spec.params import SEED_RANGE  # torch.manual_seed's range, as SamplingParams.seed
 
 # Mixed steps (prefill chunks, verification rows) of up to this many tokens replay CUDA graphs:
 # outside a graph any step cost about 12 ms of launches on the H200 whatever its size, more than
@@ -98,8 +99,6 @@ _DTYPES = {
 }
 
 
-# torch.manual_seed's range
-SEED_RANGE = (-(2**63), 2**64 - 1)
 _BOOL_FIELDS = (
     "enable_prefix_caching",
     "enable_chunked_prefill",

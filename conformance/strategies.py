@@ -79,7 +79,13 @@ _BAD_PARAMS = {
     "top_k": _bad("top_k", st.integers(-9, -2), not_ints),
     "top_p": _bad("top_p", st.floats(-1, 0), st.floats(1.01, 5), not_reals),
     "min_p": _bad("min_p", st.floats(-1, -0.01), st.floats(1.01, 5), not_reals),
-    "seed": _bad("seed", st.floats(-5, 5), st.sampled_from([True, "1"])),
+    "seed": _bad(
+        "seed",
+        st.integers(2**64, 2**80),
+        st.integers(-(2**80), -(2**63) - 1),
+        st.floats(-5, 5),
+        st.sampled_from([True, "1"]),
+    ),
     "min_tokens": st.one_of(
         _bad("min_tokens", st.integers(-5, -1), not_ints),
         st.integers(1, 5).map(lambda v: {"max_tokens": v, "min_tokens": v + 1}),

@@ -92,6 +92,32 @@ def test_seed_minus_one_means_unseeded(impl):
     assert a.outputs[0].token_ids != b.outputs[0].token_ids
 
 
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
+def test_seed_outside_the_64_bit_range_is_a_value_error_naming_seed(seed):
+    """The sampler keys a seeded row by its seed modulo 2**64 (torch.manual_seed's range,
+    [-2**63, 2**64 - 1], as EngineArgs.seed), so seed=2**64 drew exactly the stream of seed=0:
+    two requests a user seeded apart repeated each other. Such a seed is now refused; the ends
+    of the range and seed -1 (unseeded) still pass."""
+    with pytest.raises(ValueError, match=r"SamplingParams\.seed must be"):
+        SamplingParams(seed=seed)
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+
+
+def test_siblings_of_a_seed_at_the_top_of_the_range_stay_seeded(impl):
+    """seed=2**64 - 1, n=3 gives siblings seed + index (vLLM's rule); the sums past the range
+    are taken modulo 2**64, the seed the sampler keys them by, so the refusal of such seeds
+    does not break n > 1: every sibling repeats its sample on a second run, and they differ."""
+    llm = make_llm(impl)
+    prompt = {"prompt_token_ids": list(range(10, 22))}
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=2**64 - 1, n=3, ignore_eos=True)
+    first, again = (llm.generate(prompt, params, use_tqdm=False)[0] for _ in range(2))
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in first.outputs]
+    assert len({tuple(c.token_ids) for c in first.outputs}) == 3, "seeded siblings drew the same sample"
+    alone = SamplingParams(max_tokens=8, temperature=1.0, seed=0, ignore_eos=True)
+    assert llm.generate(prompt, alone, use_tqdm=False)[0].outputs[0].token_ids == first.outputs[1].token_ids
+
+
 def test_logprobs_minus_one_is_the_whole_vocabulary(impl):
     """vLLM's logprobs=-1 / prompt_logprobs=-1: every token's logprob at each position (it was
     a ValueError). The engine sets vocab_size on add, so the max_logprobs cap applies to that

@@ -60,7 +60,7 @@ from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.sample.grammar_mask import apply_token_bitmask
 from enginespec.sample.penalties import bans_read_outputs, stop_ids_to_mask
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
-from enginespec.spec.params import UNSEEDED
+from enginespec.spec.params import SEED_RANGE, UNSEEDED
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
 
 log = logging.getLogger(__name__)
@@ -1287,8 +1287,9 @@ def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ..
 
 
 def _sibling_seed(seed: int, index: int) -> int:
-    """seed + index, always a seed: where the sum is -1, which SamplingParams reads as "no seed"
-    (UNSEEDED), its 64-bit twin 2**64 - 1, which the sampler draws from alike (it keys a row by
-    its seed modulo 2**64), so that sibling repeats its sample as vLLM's child of seed -1 does."""
+    """seed + index, always a seed SamplingParams takes: where the sum is -1, which it reads as
+    "no seed" (UNSEEDED), or above SEED_RANGE (a seed near 2**64 - 1), the sum modulo 2**64,
+    which the sampler draws from alike (it keys a row by its seed modulo 2**64), so that sibling
+    repeats its sample as vLLM's child of seed -1 does."""
     child = seed + index
-    return child & _SEED_MASK if child == UNSEEDED else child
+    return child & _SEED_MASK if child == UNSEEDED or child > SEED_RANGE[1] else child

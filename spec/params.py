@@ -78,6 +78,9 @@ MAX_NUM_BAD_WORDS = 128
 #: The seed that means "no seed" (vLLM's and OpenAI's rule): stored as None, so the request
 #: draws from the engine's generator like any unseeded one instead of repeating one fixed draw.
 UNSEEDED = -1
+#: The seeds SamplingParams takes: torch.manual_seed's range. The sampler keys a seeded row by
+#: its seed modulo 2**64, so a seed outside it would draw the stream of one inside it.
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def _check(cond: bool, name: str, bound: str, value: object) -> None:
@@ -135,8 +138,9 @@ class SamplingParams:
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
     max_tokens None or >= 1; temperature finite >= 0; top_k >= -1; top_p in (0, 1];
-    min_p in [0, 1]; seed an int (-1 is stored as None, unseeded, as in vLLM); min_tokens in
-    [0, max_tokens] (with max_tokens None, checked against the value the engine sets on add);
+    min_p in [0, 1]; seed an int in SEED_RANGE, [-2**63, 2**64 - 1] (-1 is stored as None,
+    unseeded, as in vLLM); min_tokens in [0, max_tokens] (with max_tokens None, checked
+    against the value the engine sets on add);
     n in [1, MAX_N = 256]; logprobs and prompt_logprobs None, ALL_LOGPROBS (-1) or >= 0 (and
     <= vocab_size, checked by `validate_vocab`); presence_penalty and frequency_penalty in [-2, 2];
     repetition_penalty finite > 0; logit_bias values in [-100, 100]; token ids (stop_token_ids,
@@ -215,7 +219,7 @@ class SamplingParams:
         _check(self.top_p > 0.0, "top_p", "in (0, 1]", self.top_p)
         self._set("min_p", real("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:
-            seed = whole("seed", self.seed, None, None)
+            seed = whole("seed", self.seed, *SEED_RANGE)
             self._set("seed", None if seed == UNSEEDED else seed)
         self._set("presence_penalty", real("presence_penalty", self.presence_penalty, -2.0, 2.0))
         self._set("frequency_penalty", real("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
