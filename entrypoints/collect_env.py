@@ -76,7 +76,9 @@ def main(argv=None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="enginespec collect-env", description=__doc__.splitlines()[0])
+    # the docstring's whole first paragraph: its first line alone stopped inside a parenthesis
+    description = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog="enginespec collect-env", description=description)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     ns = parser.parse_args(argv)
     info = collect()

@@ -672,6 +672,23 @@ def test_every_subcommands_help_describes_each_of_its_flags(command, capsys, mon
     assert _undescribed_options(out) == []
 
 
+@pytest.mark.parametrize("command", ["generate", "demo", "serve", "simulate", "collect-env"])
+def test_every_subcommands_help_opens_with_whole_sentences(command, capsys, monkeypatch):
+    """The text between `enginespec COMMAND --help`'s usage and its options is whole: collect-env's
+    stopped at its docstring's first line, "...to know of the machine (vLLM's"."""
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        from enginespec.entrypoints.cli import main
+
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    second = out.split("\n\n")[1]  # after the usage: the description, or the first section
+    description = "" if second.startswith(("options:", "positional arguments:")) else second.strip()
+    if description:  # generate, demo and serve have none: their help line is in `enginespec --help`
+        assert description.count("(") == description.count(")"), description
+        assert description.count("`") % 2 == 0 and description.endswith((".", ")")), description
+
+
 def test_vllms_dotted_and_underscored_json_flags_build_the_same_config(capsys, monkeypatch):
     """vLLM's documented CLI forms of a JSON flag: `--speculative-config.KEY VALUE` (or
     `=VALUE`, nested keys, values read as JSON where they parse, else as strings) and
