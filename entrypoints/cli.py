@@ -568,13 +568,13 @@ def _add_serve_parser(sub) -> None:
         "--max-waiting-requests",
         type=int,
         default=1024,
-        help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue)",
+        help="samples that may wait beyond --max-num-seqs before requests get 503 (bounded queue; default 1024)",
     )
     serve.add_argument(
         "--shutdown-timeout",
         type=_seconds,
         default=30.0,
-        help="seconds in-flight requests get on SIGTERM",
+        help="seconds in-flight requests get on SIGTERM (default 30)",
     )
     serve.add_argument(
         "--enable-request-id-headers",

@@ -9,6 +9,8 @@ and not in a user's terminal."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -90,15 +92,23 @@ def test_an_install_before_a_conformance_run_takes_the_test_extra(page):
                 assert _installs_the_test_extra(install), f"{page}:{i + 1}: {install.strip()!r} lacks [test]"
 
 
-def _cli_flags() -> set[str]:
-    from enginespec.entrypoints import cli
+COMMANDS = ("generate", "demo", "serve", "simulate", "collect-env")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 
-    flags: set[str] = set()
-    for action in cli._parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                flags.update(o for a in sub._actions for o in a.option_strings)
-    return flags
+
+def _help_flags(command: str) -> set[str]:
+    """The long flags `enginespec COMMAND --help` lists (simulate and collect-env parse their
+    own arguments, so cli._parser() does not hold theirs)."""
+    from enginespec.entrypoints.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return set(FLAG.findall(out.getvalue()))
+
+
+def _cli_flags() -> set[str]:
+    return set().union(*(_help_flags(c) for c in COMMANDS))
 
 
 def _plugin_flags() -> set[str]:
@@ -131,7 +141,7 @@ def test_every_flag_the_readme_names_is_an_option_of_ours():
     """Each `--flag` of the README is a flag of the `enginespec` CLI, of the conformance
     plugin, or of the benchmark script it is named beside (README_SCRIPT_FLAGS)."""
     text = (ROOT / "README.md").read_text()
-    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", text))
+    named = set(FLAG.findall(text))
     scripts = set().union(*README_SCRIPT_FLAGS.values())
     unknown = sorted(named - _cli_flags() - _plugin_flags() - scripts)
     assert not unknown, f"the README names flags nothing of ours takes: {unknown}"
@@ -148,6 +158,27 @@ def test_the_benchmark_flags_the_readme_names_exist(module, monkeypatch, capsys)
     shown = capsys.readouterr().out
     missing = sorted(f for f in README_SCRIPT_FLAGS[module] if f not in shown)
     assert not missing, f"{module} has no {missing}"
+
+
+def test_every_flag_of_ours_is_named_in_the_readme():
+    """The README names each command's own flags, and says the rest are the engine's: one
+    `EngineArgs` field each (plus --impl, --seed, --no-tqdm). Eight of serve's own (--host,
+    --chat-template, --max-waiting-requests, ...) and every own flag of generate, demo, simulate
+    and collect-env were in `--help` alone."""
+    import dataclasses
+
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints import cli
+
+    engine = argparse.ArgumentParser()
+    cli._add_engine_args(engine)
+    engine_flags = {o for a in engine._actions for o in a.option_strings}
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    odd = sorted(a.dest for a in engine._actions if a.option_strings and a.dest not in fields)
+    assert odd == ["help", "use_tqdm"], f"engine flags that are no EngineArgs field: {odd}"
+    readme = set(FLAG.findall((ROOT / "README.md").read_text()))
+    unnamed = {c: sorted(_help_flags(c) - engine_flags - readme) for c in COMMANDS}
+    assert not any(unnamed.values()), f"flags the README does not name: {unnamed}"
 
 
 def test_the_cli_impl_defaults_are_the_readmes():
