@@ -210,7 +210,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         "--impl",
         type=impl_arg,
         default="fast",
-        help="fast (the default, as LLM()), reference, or pkg.module[:attr]",
+        help="fast (the default, as LLM()), reference, an installed backend's enginespec.impls entry point, "
+        "or pkg.module[:attr]",
     )
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")

@@ -59,7 +59,13 @@ def make_requests(impl, num_requests: int, seed: int) -> list:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="enginespec simulate", description=__doc__.splitlines()[0])
-    p.add_argument("--impl", type=impl_arg, default="reference", help="reference, fast, or pkg.module:attr")
+    p.add_argument(
+        "--impl",
+        type=impl_arg,
+        default="reference",
+        help="reference (the default), fast, an installed backend's enginespec.impls entry point, "
+        "or pkg.module[:attr]",
+    )
     p.add_argument("--num-requests", type=int, default=16, help="requests, two arriving a step (default 16)")
     p.add_argument("--block-size", type=int, default=4, help="tokens per KV block (default 4)")
     p.add_argument(

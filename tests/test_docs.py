@@ -194,3 +194,18 @@ def test_the_cli_impl_defaults_are_the_readmes():
         assert parser.parse_args([command, *argv]).impl == "fast", command
     assert inspect.signature(LLM).parameters["impl"].default == "fast"
     assert simulate.parse_args([]).impl == "reference"
+
+
+@pytest.mark.parametrize("command", ["generate", "simulate"])
+def test_the_impl_help_names_the_entry_point_form(command):
+    """docs/writing-a-backend.md runs an outside backend by its entry-point name (`--impl=
+    my-backend`, `enginespec simulate --impl ordered-pool` works too); --impl's help listed only
+    the built-ins and pkg.module:attr, leaving a backend author to guess that it works."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        from enginespec.entrypoints.cli import main
+
+        main([command, "--help"])
+    options = out.getvalue().split("\noptions:\n", 1)[1]
+    entry = " ".join(options.split("  --impl IMPL", 1)[1].split("\n  --", 1)[0].split())
+    assert "entry point" in entry and "pkg.module" in entry, entry
