@@ -217,7 +217,7 @@ class EngineArgs:
     max_num_seqs), else at least max_model_len so every prompt fits one step."""
 
     model: Optional[str] = None
-    impl: Any = "reference"
+    impl: Any = "fast"  # as LLM(), AsyncLLM() and the CLI; "reference" is the oracle
     dtype: Union[str, torch.dtype] = "auto"
     seed: Optional[int] = 0
     block_size: int = 16

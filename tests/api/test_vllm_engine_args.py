@@ -238,3 +238,17 @@ def test_scheduler_options_left_none_take_vllms_defaults(impl):
     greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     (out,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy, use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 3
+
+
+def test_engine_args_default_to_the_impl_every_door_defaults_to():
+    """vLLM's way to an async engine, `AsyncLLM.from_engine_args(EngineArgs(model=...))`, ran
+    the reference oracle: EngineArgs defaulted to impl "reference" while LLM(), AsyncLLM() and
+    the command line default to "fast" (the product; the oracle is for tests)."""
+    import inspect
+
+    from enginespec.async_llm import AsyncLLM
+    from enginespec.llm import LLM
+
+    assert EngineArgs().impl == "fast"
+    for door in (LLM.__init__, AsyncLLM.__init__):
+        assert inspect.signature(door).parameters["impl"].default == EngineArgs().impl
