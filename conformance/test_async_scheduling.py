@@ -350,6 +350,56 @@ def test_abort_while_a_placeholder_is_pending(impl):
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
 
 
+def _step_until_shown(engine, request_id: str, num_shown: int) -> None:
+    """Step until the request's output shows num_shown ids (the step after it then in flight)."""
+    for _ in range(50):
+        outs = [o for o in engine.step() if o.request_id == request_id]
+        if outs and len(outs[0].outputs[0].token_ids) >= num_shown:
+            assert len(outs[0].outputs[0].token_ids) == num_shown and not outs[0].finished
+            return
+    raise AssertionError(f"{request_id!r} never showed {num_shown} ids")
+
+
+def test_an_abort_reported_while_a_placeholder_is_pending_equals_the_serial_abort(impl):
+    """abort() (reported: its output comes from the next step) of a request whose next token
+    is in flight: the final output is the serial engine's for the same abort, finish_reason
+    "abort" with the ids and text shown so far. The pending token used to be attached after
+    the abort had settled the sample: it showed in the output, fed a detokenizer already
+    flushed, and where it completed a stop string it turned the finish_reason "abort" into
+    "stop" (an invariant of output_processor.py: a finish_reason is set once)."""
+    needs_overlap(impl)
+    prompt = [5, 6, 7, 8, 9]
+    serial = _llm(impl, False)
+    tokenizer = serial.get_tokenizer()
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ids = serial.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    # a stop string the pending token would complete: the text of the first id whose text is new
+    shown = next(
+        k for k in range(1, len(ids)) if tokenizer.decode(ids[k : k + 1]) not in tokenizer.decode(ids[:k])
+    )
+    params = dataclasses.replace(greedy, stop=(tokenizer.decode(ids[shown : shown + 1]),))
+    finals = []
+    for llm in (_llm(impl, True), serial):
+        engine = llm.engine
+        engine.add_request("r", prompt, params)
+        _step_until_shown(engine, "r", shown)
+        if engine.args.async_scheduling:  # the next token, the stop string's, is in flight
+            assert "r" in engine._inflight.awaiting
+        assert engine.abort("r")
+        sample = run_to_end(engine)["r"].outputs[0]
+        check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+        finals.append((sample.token_ids, sample.text, sample.finish_reason, sample.stop_reason))
+    assert finals[1] == (ids[:shown], tokenizer.decode(ids[:shown]), "abort", None)
+    assert finals[0] == finals[1]
+
+
+def run_to_end(engine) -> dict:
+    finals = {}
+    while engine.has_unfinished:
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    return finals
+
+
 @pytest.mark.parametrize("old_max_tokens", [20, 4], ids=["running", "finished-by-the-pending-step"])
 def test_a_request_id_reused_after_an_abort_while_a_placeholder_is_pending(impl, old_max_tokens):
     """abort(report=False) then add_request under the same id before the next step (what an

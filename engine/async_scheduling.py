@@ -69,9 +69,15 @@ class InFlight:
         flight: its placeholder, token, length finish and prompt logprobs go to nobody. Matched
         by id they would reach a new request the caller added under the same id before the next
         step (its prefill taken for a placeholder row, its first output the old one's finish)."""
+        self.drop_token(request_id)
+        self.forgotten.add(request_id)
+
+    def drop_token(self, request_id: str) -> None:
+        """The request was aborted while the step was in flight: its placeholder, token and
+        length finish go to nobody (the serial engine never sampled that token), while the
+        prompt logprobs the step computed are still stored, as the serial step stored them."""
         self.awaiting.pop(request_id, None)
         self.finished = [r for r in self.finished if r.request_id != request_id]
-        self.forgotten.add(request_id)
 
     def _read(self) -> list:
         if self._flat is None:

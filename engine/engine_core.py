@@ -695,7 +695,10 @@ class EngineCore:
     def abort(self, request_ids: Union[str, Iterable[str]], report: bool = True) -> bool:
         """Abort user requests (all their samples). Their final outputs (finish_reason "abort")
         come from the next step(), or never with report=False (the engine forgets them at once).
-        Returns True if any id was live."""
+        Returns True if any id was live. A token still in flight (async scheduling) goes to
+        nobody either way: the final output shows what the serial engine's would, the ids and
+        text shown so far, and a stop string that token would complete cannot turn "abort"
+        into "stop"."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         found = False
         for request_id in ids:
@@ -707,6 +710,8 @@ class EngineCore:
                 if sample.finish_reason is None:
                     self.scheduler.abort(sample.request.request_id)
                     self.runner.drop(sample.request.request_id)  # a swapped copy goes now
+                    if self._inflight is not None:
+                        self._inflight.drop_token(sample.request.request_id)
                     self.outputs.settle(sample, Status.FINISHED_ABORTED.finish_reason)
             if report:
                 self._pending[request_id] = parent
