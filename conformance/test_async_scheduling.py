@@ -393,6 +393,29 @@ def test_an_abort_reported_while_a_placeholder_is_pending_equals_the_serial_abor
     assert finals[0] == finals[1]
 
 
+def test_an_engine_left_idle_by_an_abort_keeps_no_step_in_flight(impl):
+    """Closing the last stream (abort without a report) while its next token is in flight:
+    the engine is idle and holds nothing, as after a finish. It used to keep that step (its
+    device tensors, its ids) until some later request's first step."""
+    needs_overlap(impl)
+    llm = _llm(impl, True)
+    stream = llm.stream(
+        [{"prompt_token_ids": [5, 6, 7, 8, 9]}], SamplingParams(max_tokens=12, temperature=0.0)
+    )
+    next(stream)
+    next(stream)
+    engine = llm.engine
+    assert engine._inflight is not None and engine._inflight.awaiting, "no token in flight to drop"
+    stream.close()
+    assert not engine.has_unfinished and engine._inflight is None
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    again = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4, temperature=0.0))
+    serial = _llm(impl, False).generate(
+        [{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4, temperature=0.0)
+    )
+    assert again[0].outputs[0].token_ids == serial[0].outputs[0].token_ids
+
+
 def run_to_end(engine) -> dict:
     finals = {}
     while engine.has_unfinished:

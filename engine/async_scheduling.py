@@ -79,6 +79,15 @@ class InFlight:
         self.awaiting.pop(request_id, None)
         self.finished = [r for r in self.finished if r.request_id != request_id]
 
+    @property
+    def pending(self) -> bool:
+        """Whether resolving this step can still reach a request: a placeholder awaits its id,
+        or the step carries prompt logprobs of a request the engine has not forgotten. A step
+        that is not pending is dropped unread (the engine keeps nothing for nobody)."""
+        if self.awaiting or self.finished:
+            return True
+        return self.prompt is not None and any(r[0] not in self.forgotten for r in self.prompt.requests)
+
     def _read(self) -> list:
         if self._flat is None:
             if self.ready is not None:

@@ -718,6 +718,7 @@ class EngineCore:
             else:
                 self._pending.pop(request_id, None)
                 self._forget(request_id)
+        self._drop_unpending()
         return found
 
     @property
@@ -951,8 +952,7 @@ class EngineCore:
             if tokens:
                 launched.awaiting[rid] = self._samples[rid][1].request
         launched.finished = list(update.finished)
-        pending = launched.awaiting or launched.prompt is not None
-        self._inflight = launched if pending else None
+        self._inflight = launched if launched.pending else None
 
     def _resolve(self, inflight: Optional[InFlight], changed: dict) -> float:
         """Put the real tokens of a launched step in place of its placeholders, apply the stops
@@ -1235,6 +1235,14 @@ class EngineCore:
                 self.spec.forget(sample.request.request_id)
             if self._inflight is not None:  # its id may be reused before the next step
                 self._inflight.forget(sample.request.request_id)
+        self._drop_unpending()
+
+    def _drop_unpending(self) -> None:
+        """Drop the step in flight once nothing it carries can reach a request (every request
+        it sampled for was forgotten: the last live one aborted without a report): an idle
+        engine otherwise held that step's device tensors and ids until its next step."""
+        if self._inflight is not None and not self._inflight.pending:
+            self._inflight = None
 
 
 @dataclass
