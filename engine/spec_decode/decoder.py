@@ -70,7 +70,9 @@ class SpecDecoder:
         drafter: Optional[Drafter] = None,
     ):
         """`drafter`: the engine builds the draft-model drafter (it needs the engine's impl and a
-        runner); None builds the n-gram drafter from `config`."""
+        runner); None builds the n-gram drafter from `config`. `seed`: the engine's seed, which
+        seeds the verifier's generator; None (an unseeded engine) seeds it from fresh entropy,
+        as the sampler's own unseeded generator is (`random.Random(None)`)."""
         self.config = config
         self.sampler = sampler
         self.max_model_len = max_model_len
@@ -83,7 +85,7 @@ class SpecDecoder:
                 config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
             )
         self.drafter = drafter
-        self.seed = 0 if seed is None else seed
+        self.seed = seed
         self.request_stats: dict[str, SpecDecodeStats] = {}
         self.generator = torch.Generator(device=torch.device(device))
         self.reset()
@@ -94,9 +96,14 @@ class SpecDecoder:
         no request backing off. Both the generator (random rows' accept draws and residual
         draws) and the clock (which steps re-probe a backed-off request) decide unseeded
         outputs, so a warmed-up engine then speculates exactly as a cold one. Call it with no
-        request running (the drafter's per-request state goes with each request: `forget`)."""
+        request running (the drafter's per-request state goes with each request: `forget`).
+        Re-seeding an unseeded decoder takes fresh entropy (`torch.Generator.seed`), so two
+        unseeded engines never share their accept and residual draws."""
         self.stats = SpecDecodeStats()
-        self.generator.manual_seed(self.seed)
+        if self.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(self.seed)
         self._drafted: list = []
         self._num_steps = 0  # proposals made (the adaptive drafting's clock)
         self.adaptive = AdaptiveDrafting(self.config.num_speculative_tokens)

@@ -170,3 +170,26 @@ def test_lagged_look_ups_that_find_nothing_thin_out_too():
         assert not spec.wants_real_tokens([r], PLACEHOLDER)
         assert spec.propose([r], PLACEHOLDER) == 0
     assert looked == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20]
+
+
+def _verifier_draws(spec) -> list[float]:
+    import torch
+
+    return torch.rand(8, generator=spec.generator).tolist()
+
+
+def test_an_unseeded_decoder_draws_fresh_entropy_and_a_seeded_one_repeats():
+    """seed None (LLM(seed=None)): the verifier's accept and residual draws come from fresh
+    entropy for each decoder and after each reset, as the sampler's unseeded generator does;
+    a seed makes every decoder, and every reset, start the same stream."""
+    cfg = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    a, b = (SpecDecoder(cfg, sampler=None, device="cpu", max_model_len=64, seed=None) for _ in range(2))
+    first = _verifier_draws(a)
+    assert first != _verifier_draws(b)
+    a.reset()
+    assert _verifier_draws(a) != first
+    c, d = (SpecDecoder(cfg, sampler=None, device="cpu", max_model_len=64, seed=7) for _ in range(2))
+    seeded = _verifier_draws(c)
+    assert seeded == _verifier_draws(d)
+    c.reset()
+    assert _verifier_draws(c) == seeded
