@@ -48,6 +48,7 @@ ENGINE_MODULES = (
     "test_spec_decode",
     "test_spec_draft_model",
     "test_spec_combos",
+    "test_spec_distribution",
     "test_structured_outputs",
     "test_soak",
 )
