@@ -12,7 +12,7 @@ source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 kind=$(gpu_kind)
 echo "device ${kind:-unknown}"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-tests=${TEST_PATHS:-tests/api tests/entrypoints tests/benchmarks conformance/test_spec_combos.py conformance/test_vllm_params.py}
+tests=${TEST_PATHS:-tests/api tests/entrypoints tests/benchmarks tests/engine/spec_decode conformance/test_spec_combos.py conformance/test_vllm_params.py conformance/test_async_scheduling.py conformance/test_spec_distribution.py}
 # shellcheck disable=SC2086  # TEST_PATHS is a list of paths
 timeout "${TEST_TIMEOUT:-220}" python3 -m pytest -p enginespec.conformance.plugin -p no:cacheprovider --impl=fast -q -rfEs \
   -n "${XDIST:-6}" --dist loadfile $tests > "$out/pytest_$sha.log" 2>&1
