@@ -4,7 +4,8 @@ Never downloads: the path must be a directory on disk. Tensors are read with saf
 `safe_open` straight onto the target device and cast to the target dtype, one at a time, into a
 module tree built on the meta device (so no weight is ever allocated twice). Every failure is a
 CheckpointError (a ValueError) naming the file or tensor at fault; a missing directory or file
-is also a FileNotFoundError.
+is also a FileNotFoundError. Loading in float16 refuses a checkpoint holding values beyond
+float16's range (they would become inf, and every logit NaN), naming the tensor.
 
 `trust_remote_code` (EngineArgs', vLLM's name) is passed to transformers' AutoConfig and
 AutoTokenizer, so a checkpoint's own configuration / tokenization code may run when it is True;
@@ -289,6 +290,7 @@ def load_weights(
     if tied is not None:
         expected.pop(tied, None)
     seen: set[str] = set()
+    ranges: list[tuple[str, torch.Tensor]] = []  # float16 only: (name, [min, max]) on the device
     for name, tensor in iter_tensors(path, device, dtype, shapes=expected, slicer=slicer):
         if name == tied or name.endswith(IGNORED_SUFFIXES):
             continue
@@ -297,8 +299,11 @@ def load_weights(
                 f"unexpected tensor {name!r} in checkpoint {path} "
                 f"(no such parameter in {type(model).__name__})"
             )
+        if tensor.dtype == torch.float16 and tensor.numel() > 0:
+            ranges.append((name, torch.stack(torch.aminmax(tensor))))
         _set_tensor(model, name, tensor)
         seen.add(name)
+    _check_float16_range(ranges, path)
     missing = sorted(set(expected) - seen)
     if missing:
         raise CheckpointError(
@@ -306,6 +311,24 @@ def load_weights(
         )
     if tied is not None:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
+
+
+def _check_float16_range(ranges: list[tuple[str, torch.Tensor]], path) -> None:
+    """A CheckpointError naming the first tensor whose float16 copy holds an infinity: a value
+    beyond float16's range (largest finite 65504) in the checkpoint became inf in the cast, and
+    every logit of the model would then be NaN (greedy token 0, empty text, no error). The
+    (min, max) pairs were gathered on the device while loading and are read here with one copy."""
+    if not ranges:
+        return
+    infinite = torch.isinf(torch.stack([r for _, r in ranges])).any(dim=1).tolist()
+    bad = [name for (name, _), inf in zip(ranges, infinite) if inf]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"tensor {bad[0]!r}{more} in checkpoint {path} holds values beyond float16's range "
+            f"(largest finite {torch.finfo(torch.float16).max:.0f}): dtype='float16' would make them "
+            f"inf and every logit NaN; load it with dtype='bfloat16' or 'float32'"
+        )
 
 
 def materialize_buffers(model: nn.Module, device) -> None:

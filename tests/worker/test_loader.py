@@ -72,6 +72,24 @@ def test_dtype_is_applied_to_every_weight(dtype):
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # as transformers keeps it
 
 
+def test_a_weight_beyond_float16s_range_is_refused_in_float16_naming_dtype(tmp_path):
+    """A weight over 65504 cast to float16 became inf: the model loaded, and every token it
+    then generated came from NaN logits (token 0, empty text, finish_reason "length", no error).
+    Loading in float16 now names the tensor and dtype; bfloat16 holds the same checkpoint."""
+    path = _copy("qwen3", tmp_path)
+    name = "model.layers.0.mlp.down_proj.weight"
+
+    def enlarge(tensors):
+        tensors[name] = tensors[name].clone()
+        tensors[name][0, 0] = 1e5
+
+    _rewrite(path, enlarge)
+    with pytest.raises(ValueError, match=rf"dtype.*float16.*{name}|{name}.*dtype.*float16"):
+        build_model(path, dtype=torch.float16)
+    model = build_model(path, dtype=torch.bfloat16)
+    assert torch.isfinite(model.model.layers[0].mlp.down_proj.weight).all()
+
+
 def test_sharded_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
