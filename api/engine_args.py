@@ -32,6 +32,13 @@ their tokens fit one of the mixed buckets up to this size (worker/cuda_graphs.py
 ask; more is refused on add (a ValueError; the server's 400). -1 lifts the cap (the vocabulary
 size is then the bound, as in vLLM).
 
+`dtype` takes vLLM's names ("auto", "half", "float16", "bfloat16", "float", "float32"), a few
+aliases ("fp16", "bf16", "fp32", "float64", "double") and their torch dtypes; anything else is a
+ValueError naming dtype and the accepted values. "auto" on CUDA is vLLM's rule: the config.json
+dtype, bfloat16 where that is float32 or missing. On the CPU "auto" is float32 whatever the
+checkpoint (a deliberate difference: vLLM applies its rule there too where the CPU supports a
+16-bit type); pass dtype="bfloat16" for half the weight and KV memory. The KV cache always takes the model's dtype.
+
 vLLM's arguments a ported `LLM(...)` passes every day, under vLLM's names and defaults:
 `tokenizer` (a local directory to load the tokenizer from instead of the model's; None: the
 model's), `tokenizer_mode` ("auto" and "hf": transformers' AutoTokenizer; "slow": the same with

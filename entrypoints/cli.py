@@ -213,7 +213,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="fast (the default, as LLM()), reference, an installed backend's enginespec.impls entry point, "
         "or pkg.module[:attr]",
     )
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (CUDA: the checkpoint's bfloat16/float16, bfloat16 for float32; CPU: float32), "
+        "float32, bfloat16, float16 (half)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's random state (default 0)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default 16)")
