@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,25 @@ DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 MODEL_IMPLS = ("auto", "merged", "transformers")
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's: the most logprobs a request may ask (-1: no cap)  # EngineArgs.model_impl, FlatModel's model_impl
+
+#: vLLM's environment switch ("1" or "true") that lets a chosen max_model_len pass the model's
+#: max_positions, with a warning: rope runs on past the positions the model was trained on.
+ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+log = logging.getLogger(__name__)
+
+
+def allow_long_max_model_len() -> bool:
+    """Whether VLLM_ALLOW_LONG_MAX_MODEL_LEN allows a max_model_len past the model's positions:
+    "1" or "true" (any case) on, unset, "", "0" or "false" off; anything else is a ValueError
+    naming the variable (a typo must not silently refuse or allow)."""
+    raw = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "").strip().lower()
+    if raw in ("1", "true"):
+        return True
+    if raw in ("", "0", "false"):
+        return False
+    raise ValueError(f"{ALLOW_LONG_MAX_MODEL_LEN_ENV} must be 1 or 0 (true or false), got {raw!r}")
+
 
 _DTYPES = {
     "float32": torch.float32,
@@ -332,16 +352,32 @@ class EngineArgs:
     def resolve_max_model_len(self, max_positions: int) -> int:
         """max_model_len, or the model's max_positions (worker.flat_model.max_positions: its
         max_position_embeddings, stretched by a linear, dynamic or yarn rope scaling) when None
-        or -1; a ValueError outside [2, max_positions]."""
+        or -1; a ValueError outside [2, max_positions]. Past max_positions only where vLLM's
+        VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it, with a warning (the model's rope then covers
+        the longer length: FlatModel.cover_positions)."""
         if not self.chosen_max_model_len:
             return max_positions
-        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_positions:
+        value = self.max_model_len
+        if (
+            not isinstance(value, int)
+            or value < 2
+            or (value > max_positions and not allow_long_max_model_len())
+        ):
             raise ValueError(
                 f"max_model_len must be None, -1 (both: the model's, fitted to the KV pool) or an int in "
                 f"[2, {max_positions}] (the model's max_position_embeddings, times a linear, dynamic or "
-                f"yarn rope scaling's factor), got {self.max_model_len!r}"
+                f"yarn rope scaling's factor), got {value!r}; {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 allows a "
+                f"longer one, at the risk of wrong output past the positions the model was trained on"
             )
-        return self.max_model_len
+        if value > max_positions:
+            log.warning(
+                "max_model_len %d is past the model's %d positions (max_position_embeddings, rope "
+                "scaling included), allowed by %s=1: output past them may be wrong",
+                value,
+                max_positions,
+                ALLOW_LONG_MAX_MODEL_LEN_ENV,
+            )
+        return value
 
     def seats(self, budget: int) -> int:
         """The scheduler's max_num_seqs for a step budget of `budget` tokens: max_num_seqs, or the

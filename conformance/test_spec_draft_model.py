@@ -240,12 +240,14 @@ def test_a_missing_draft_checkpoint_names_speculative_config_model(impl, tmp_pat
         _tiny_engine_with_draft(impl, tmp_path / "no-such-draft")
 
 
-def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tmp_path):
+def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tmp_path, monkeypatch):
     """A target of 128 positions whose pool holds 48 tokens serves at max_model_len 48 (lowered,
     as without a draft), so a draft reaching 64 positions is accepted; with a pool of the
-    target's 128 positions the same draft is refused, naming both bounds."""
+    target's 128 positions the same draft is refused, naming both bounds and vLLM's
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN, under which it serves (its rope table used to end at 64)."""
     from enginespec.engine.engine_core import EngineCore
     from enginespec.engine_args import EngineArgs
+    from enginespec.spec import SamplingParams
 
     target = make_checkpoint("qwen3", tmp_path / "target", max_position_embeddings=128)
     draft = make_checkpoint("qwen3", tmp_path / "draft", max_position_embeddings=64, seed=1)
@@ -265,9 +267,23 @@ def test_a_draft_is_checked_against_the_max_model_len_the_engine_serves(impl, tm
 
     assert engine(3).max_model_len == 48
     with pytest.raises(
-        ValueError, match=r"max_position_embeddings \(64, .*\) must be >= max_model_len \(128\)"
+        ValueError,
+        match=r"max_position_embeddings \(64, .*\) must be >= max_model_len \(128\).*VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
     ):
         engine(8)
+    # vLLM's switch lets the draft run past its positions, as it lets the target past its own:
+    # the draft's rope covers the length served, and drafts past position 64 are proposed
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    served = engine(8)
+    assert served.max_model_len == 128
+    table = served.draft_model.merged.rope_table
+    assert table is None or table.shape[0] >= 128
+    served.add_request("long", [5, 6, 7] * 30, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    finals = {}
+    while served.has_unfinished:
+        finals.update({o.request_id: o for o in served.step() if o.finished})
+    assert len(finals["long"].outputs[0].token_ids) == 12
+    assert served.stats.spec_decode.num_draft_tokens > 0
 
 
 def test_the_warm_up_leaves_the_spec_counters_zero_and_linked(impl):

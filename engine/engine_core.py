@@ -196,6 +196,7 @@ class EngineCore:
             args.model, args.generation_config, args.override_generation_config
         )  # generation_config.json
         self.max_model_len = args.resolve_max_model_len(self.model.max_positions)
+        self.model.cover_positions(self.max_model_len)  # past max_positions only where allowed
         self.draft_model = self._draft_model(draft_model)  # before the pool takes the memory
         loaded = time.perf_counter()
         self.scheduler_config = args.scheduler_config(self.max_model_len)

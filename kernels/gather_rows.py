@@ -10,7 +10,8 @@ per (row, table) copies one row, so the launch's time does not grow with the row
 Invariants: every index is in range for its table (the engine checks token ids against the
 vocabulary when a request is added, async scheduling's placeholder ids are replaced on the
 device before the forward (engine/async_scheduling.apply_patch), and positions stay below
-max_model_len <= max_position_embeddings, the rope table's length; an index out of range
+max_model_len <= the rope table's length (max_positions, or a longer max_model_len allowed by
+VLLM_ALLOW_LONG_MAX_MODEL_LEN: FlatModel.cover_positions); an index out of range
 reads outside the table, as an unchecked CUDA gather would); out_a[i] == table_a[index_a[i]]
 and out_b[i] == table_b[index_b[i]] bit for bit (a copy, no arithmetic).
 

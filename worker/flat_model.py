@@ -112,6 +112,14 @@ class FlatModel:
         """The merged decoder (model_impl "merged"), or None for transformers' own."""
         return self._merged
 
+    def cover_positions(self, num_positions: int) -> None:
+        """Serve positions [0, num_positions), past max_positions where the engine allowed a
+        longer max_model_len (VLLM_ALLOW_LONG_MAX_MODEL_LEN): the merged decoder's cos/sin
+        table grows to cover them (MergedDecoder.cover_positions); transformers' own rotary
+        module computes any position per step."""
+        if self._merged is not None:
+            self._merged.cover_positions(num_positions)
+
     @staticmethod
     def _rope_per_request(decoder) -> bool:
         """Whether the decoder's rope is not a function of the position alone (dynamic NTK,

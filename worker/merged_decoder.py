@@ -477,6 +477,14 @@ class MergedDecoder(nn.Module):
         cos, sin = self.rotary_emb(weight[:1], positions)  # [1, P, D] each
         return torch.stack([cos[0], sin[0]], dim=1).contiguous()
 
+    def cover_positions(self, num_positions: int) -> None:
+        """Grow the cos/sin table to num_positions rows when it has fewer (a max_model_len past
+        max_positions, allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN): every position a step may
+        hold stays inside the table, which the gathers index unchecked. Never shrinks; call
+        before graphs are captured, as a new table is a new tensor."""
+        if self.rope_table is not None and self.rope_table.shape[0] < num_positions:
+            self.rope_table = self._rope_table(num_positions)
+
     def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [N, D] of the rows' positions (with a table: views of one gathered [N, 2, D]
         tensor, row stride 2 D, contiguous along D). index_select, not table[positions]: on the

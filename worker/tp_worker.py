@@ -40,6 +40,7 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
     parallelize(hf_model, plan)
     model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)
     model.num_q_heads, model.num_kv_heads = plan.local_q_heads, plan.local_kv_heads
+    model.cover_positions(args.resolve_max_model_len(model.max_positions))  # every rank's rope
     return model
 
 

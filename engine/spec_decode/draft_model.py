@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from enginespec.engine.spec_decode.drafter import Drafter
+from enginespec.engine_args import ALLOW_LONG_MAX_MODEL_LEN_ENV, allow_long_max_model_len
 from enginespec.spec import SamplingParams, SchedulerOutput, Status
 
 _PARAMS = SamplingParams(max_tokens=1)  # mirrors never sample through the sampler
@@ -204,14 +205,19 @@ def _vocab_size(config) -> int:
 def check_draft_reach(draft, max_model_len: int) -> None:
     """The draft must reach the engine's final max_model_len positions (checked once the pool
     has lowered a max_model_len the user did not choose, so the bound named is the one the
-    engine would serve with)."""
+    engine would serve with). VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows a shorter draft as it
+    allows the target past its own positions: the draft's rope then covers max_model_len."""
     reach = getattr(draft, "max_positions", draft.max_position_embeddings)
-    if reach < max_model_len:
+    if reach < max_model_len and not allow_long_max_model_len():
         raise ValueError(
             f"speculative_config.model: the draft's max_position_embeddings ({reach}, its rope "
             f"scaling's stretch included) must be >= max_model_len ({max_model_len}); "
-            f"max_model_len={reach} serves with this draft"
+            f"max_model_len={reach} serves with this draft ({ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 "
+            f"allows a shorter draft)"
         )
+    cover = getattr(draft, "cover_positions", None)
+    if cover is not None:
+        cover(max_model_len)
 
 
 def draft_pool_blocks(

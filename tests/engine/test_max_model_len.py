@@ -104,3 +104,64 @@ def test_minus_one_asks_for_the_fitted_length_as_vllms_auto_does(num_blocks, fit
     """vLLM's max_model_len=-1 (the CLI's "auto") fits the length to the KV pool: here what a
     max_model_len left unset gets. It was a ValueError."""
     assert _llm(num_blocks=num_blocks, max_model_len=-1).engine.max_model_len == fitted
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """A tiny qwen3 that states 12 positions (default rope: nothing stretches them)."""
+    from enginespec.testing.checkpoints import make_checkpoint
+
+    return make_checkpoint(
+        "qwen3", tmp_path_factory.mktemp("short") / "qwen3", max_position_embeddings=12, seed=3
+    )
+
+
+def _short_llm(path, **kwargs):
+    from enginespec.llm import LLM
+
+    return LLM(str(path), impl="fast", dtype="float32", device="cpu", block_size=4, num_blocks=16, **kwargs)
+
+
+def _hf_greedy(path, ids: list[int], num: int) -> list[int]:
+    """transformers' own greedy continuation (full forwards, no cache)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(num):
+            out.append(int(hf.eval()(torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+def test_a_length_past_the_models_positions_is_refused_naming_vllms_override(short_model, monkeypatch):
+    """vLLM refuses a chosen max_model_len over the checkpoint's positions and names the switch
+    that allows it; the refusal here named no way past it."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(ValueError, match=r"an int in \[2, 12\].*VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        _short_llm(short_model, max_model_len=20)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "maybe")
+    with pytest.raises(ValueError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN must be 1 or 0"):
+        _short_llm(short_model, max_model_len=20)
+
+
+@pytest.mark.parametrize("model_impl", ["merged", "transformers"])
+def test_vllms_override_serves_past_the_models_positions(short_model, monkeypatch, caplog, model_impl):
+    """With VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM's switch) a chosen max_model_len past
+    max_position_embeddings is served, with a warning, and rope runs on past the stated
+    positions as transformers' own forward does: it was refused whatever the environment said,
+    and the merged decoder's cos/sin table ended at the stated 12 positions."""
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    with caplog.at_level(logging.WARNING):
+        llm = _short_llm(short_model, max_model_len=20, model_impl=model_impl)
+    assert llm.engine.max_model_len == 20
+    assert "max_position_embeddings" in caplog.text and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in caplog.text
+    prompt = [7, 3, 9, 11, 5, 8, 2, 6, 10, 4, 9, 12, 3, 7, 5]  # 15 ids: past the 12 positions
+    out = llm.generate(
+        {"prompt_token_ids": prompt},
+        SamplingParams(max_tokens=None, temperature=0, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert out.finish_reason == "length"
+    assert out.token_ids == _hf_greedy(short_model, prompt, 5)
