@@ -274,12 +274,26 @@ class EngineCore:
         a warning: otherwise every request of that length is refused on add, and the server
         advertises, and defaults chat max_tokens to, a length no request can reach. A chosen one
         stays (requests over the pool are refused on add, naming it; one over the budget was
-        refused in EngineArgs.scheduler_config)."""
+        refused in EngineArgs.scheduler_config), with a warning where the pool cannot hold it
+        (vLLM refuses to start there)."""
         config = self.scheduler_config
         capacity = self.runner.num_blocks * self.args.block_size
         one_step = None if config.enable_chunked_prefill else config.max_num_batched_tokens + 1
         reach = capacity if one_step is None else min(capacity, one_step)
-        if self.args.chosen_max_model_len or reach >= self.max_model_len:
+        if reach >= self.max_model_len:
+            return
+        if self.args.chosen_max_model_len:  # kept, but said at startup, not at the first refusal
+            if capacity < self.max_model_len:
+                log.warning(
+                    "max_model_len %d (chosen) is more than the KV pool holds (%d blocks of %d: %d "
+                    "tokens): a request longer than that, and one with max_tokens unset, is refused; "
+                    "a larger pool (num_blocks, kv_cache_bytes, gpu_memory_utilization) or a smaller "
+                    "max_model_len fits it",
+                    self.max_model_len,
+                    self.runner.num_blocks,
+                    self.args.block_size,
+                    capacity,
+                )
             return
         if reach == capacity:
             why = (

@@ -35,9 +35,14 @@ def test_the_models_length_is_lowered_to_what_the_pool_holds(caplog):
     assert len(out[0].outputs[0].token_ids) == 12  # a request of the fitted length runs
 
 
-def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold():
-    llm = _llm(num_blocks=8, max_model_len=64)
+def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold(caplog):
+    with caplog.at_level(logging.WARNING, logger="enginespec.engine.engine_core"):
+        llm = _llm(num_blocks=8, max_model_len=64)
     assert llm.engine.max_model_len == 64
+    # said at startup (vLLM refuses to start there), not first at a request's refusal
+    assert (
+        "max_model_len 64 (chosen) is more than the KV pool holds (8 blocks of 4: 32 tokens)" in caplog.text
+    )
     with pytest.raises(ValueError, match="num_blocks"):
         llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=13), use_tqdm=False)
     # a max_tokens the user did not set (or set past the room) is not reported as theirs
