@@ -519,16 +519,20 @@ class Sampler:
         self._counts: Optional[OutputCounts] = None  # device output counts (sample_deferred)
 
     def _row_specs(self, params: Sequence) -> list[RowSpec]:
-        """Each row's RowSpec, computed once per params object (params are frozen; the entry
-        keeps the object alive so its id cannot be reused by another)."""
-        cache, out = self._specs, []
+        """Each row's RowSpec, computed once per params object while its request stays in the
+        batch (params are frozen; the entry keeps the object alive so its id cannot be reused by
+        another). The cache keeps only this call's params: those of requests that left the batch
+        (finished, aborted, preempted) are let go, so a long-running engine holds no params (and
+        no client payload in them: allowed_token_ids, logit_bias) of requests long gone; one that
+        comes back gets its RowSpec again (a few microseconds)."""
+        cache, fresh, out = self._specs, {}, []
         for p in params:
-            hit = cache.get(id(p))
+            hit = fresh.get(id(p)) or cache.get(id(p))
             if hit is None or hit[0] is not p:
-                if len(cache) > 4096:
-                    cache.clear()
-                hit = cache[id(p)] = (p, RowSpec.of(p, self.vocab_size))
+                hit = (p, RowSpec.of(p, self.vocab_size))
+            fresh[id(p)] = hit
             out.append(hit[1])
+        self._specs = fresh
         return out
 
     def _plan(self, requests: Sequence, device: torch.device) -> BatchPlan:

@@ -10,8 +10,10 @@ Requests come from the implementation under test (`impl.new_request`), as in the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import random
+import weakref
 
 import pytest
 import torch
@@ -962,3 +964,25 @@ def test_triton_penalties_match_torch(impl, monkeypatch, case):
     finite = torch.isfinite(want)
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-6, atol=1e-6)
     assert not torch.equal(want, logits.float()), "the case must edit something"
+
+
+# ---------------------------------------------------------------- what the sampler keeps
+
+
+def test_the_sampler_keeps_no_params_of_requests_that_left_the_batch(impl):
+    """A server's engine samples millions of requests over its life: the params of those that
+    left the batch (finished, aborted) must not stay alive in the sampler. Its per-params cache
+    kept up to 4096 of them, each with whatever the client sent (an allowed_token_ids of the
+    whole vocabulary, a large logit_bias), so the engine's memory grew long after the requests
+    were gone."""
+    sampler = Sampler(LOGITS6.numel(), "cpu", seed=0)
+    allowed = tuple(range(LOGITS6.numel())) * 1000  # a large request payload
+    params = [SamplingParams(temperature=1.0, seed=i, allowed_token_ids=allowed) for i in range(3)]
+    refs = [weakref.ref(p) for p in params]
+    gone = [make_request(impl, p, rid=f"a{i}") for i, p in enumerate(params)]
+    sampler(LOGITS6.expand(3, -1).contiguous(), gone)
+    del params, gone
+    staying = make_request(impl, SamplingParams(temperature=0.5), rid="b")
+    sampler(LOGITS6.expand(1, -1).contiguous(), [staying])
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True] * 3
