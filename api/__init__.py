@@ -4,12 +4,13 @@ The one public import for users:
 
     from enginespec import LLM, SamplingParams, load_impl
     from enginespec import AsyncLLM          # vLLM's asyncio API (enginespec.async_llm)
+    from enginespec import LLMEngine, EngineArgs  # vLLM's step-by-step API (enginespec.llm_engine)
     from enginespec import BeamSearchParams  # LLM.beam_search's params (enginespec.beam_search,
                                              # with BeamSearchOutput and BeamSearchSequence)
 
 The source tree maps onto this package by role (pyproject.toml's package-dir):
 
-    enginespec              api/          LLM, EngineArgs, outputs, beam search (this package)
+    enginespec              api/          LLM, LLMEngine, EngineArgs, outputs, beam search (this package)
     enginespec.spec         spec/         the contract: Protocols, value types, hash, batch layout
     enginespec.impls        impls/        implementations of the spec (reference, fast), nothing else
     enginespec.engine       engine/       engine loop and output processing
@@ -26,7 +27,9 @@ from enginespec.spec import RequestOutputKind, SamplingParams, StructuredOutputs
 __all__ = [
     "AsyncLLM",
     "BeamSearchParams",
+    "EngineArgs",
     "LLM",
+    "LLMEngine",
     "RequestOutputKind",
     "SamplingParams",
     "StructuredOutputsParams",
@@ -42,6 +45,14 @@ def __getattr__(name: str):
         from enginespec.llm import LLM
 
         return LLM
+    if name == "LLMEngine":
+        from enginespec.llm_engine import LLMEngine
+
+        return LLMEngine
+    if name == "EngineArgs":  # imports torch
+        from enginespec.engine_args import EngineArgs
+
+        return EngineArgs
     if name == "AsyncLLM":
         from enginespec.async_llm import AsyncLLM
 

@@ -42,10 +42,10 @@ import numbers
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -65,6 +65,9 @@ from enginespec.inputs import PromptType
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import RequestOutputKind, SamplingParams
 
+if TYPE_CHECKING:
+    from enginespec.llm_engine import LLMEngine
+
 __all__ = ["LLM", "PromptType", "check_lora_request", "prompt_to_ids"]
 
 
@@ -76,7 +79,10 @@ class _Front:
     live requests of live calls, and whether close() was called. Per LLM instead, a second
     wrapper's ids collided with the first's and its steps dropped the first's outputs.
     `stepping` is True only inside engine.step() (under the lock, so only that thread sees
-    it); `deferred` holds the ids released meanwhile, released when the step ends."""
+    it); `deferred` holds the ids released meanwhile, released when the step ends. `direct`:
+    the live requests added through an LLMEngine (llm_engine.py), each with its OutputView
+    (None: cumulative, handed over as built); they are in `owned` too, so a call's step mails
+    their outputs, until LLMEngine.step hands over their final one."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     ids: Iterator[int] = field(default_factory=itertools.count)
@@ -85,6 +91,7 @@ class _Front:
     closed: bool = False
     stepping: bool = False
     deferred: set[str] = field(default_factory=set)
+    direct: dict[str, Optional[OutputView]] = field(default_factory=dict)
 
 
 _FRONTS: "weakref.WeakKeyDictionary[EngineCore, _Front]" = weakref.WeakKeyDictionary()
@@ -162,6 +169,15 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def llm_engine(self) -> "LLMEngine":
+        """vLLM's `llm.llm_engine`: an LLMEngine (llm_engine.py) over this LLM's engine, to add
+        requests and step it one step at a time. It shares this LLM's lock, ids and mailbox, so
+        its requests and this LLM's calls interleave; close() ends both."""
+        from enginespec.llm_engine import LLMEngine
+
+        return LLMEngine(self)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block, so the next prompts are prefilled in full (vLLM's
         name and return): call it between benchmark runs to time cold prefills. True when the
@@ -188,18 +204,45 @@ class LLM:
         added: list[str] = []
         try:
             for prompt, p, prio in zip(prompts, params, priorities):
-                text, ids = self._to_ids(prompt)
-                salt = _cache_key(prompt)
-                with self._lock:
-                    self._check_open()
-                    request_id = str(next(self._ids))
-                    added.append(request_id)  # first: an interrupt inside add_request is rolled back
-                    self._owned.add(request_id)
-                    self.engine.add_request(request_id, ids, p, prompt=text, priority=prio, cache_key=salt)
+                self._add_one(prompt, p, prio, added)
         except BaseException:
             self._release(added)
             raise
         return added
+
+    def _add_one(self, prompt, params, priority, added: list, request_id=None, arrival_time=None) -> str:
+        """Convert one prompt and add it to the engine as `request_id` (None: the counter's
+        next free id), in `owned`. The id goes on `added` before the engine's add, so the
+        caller's release rolls back an interrupt inside it; a given id that a live request
+        holds is a ValueError raised before that (so the release cannot abort the holder)."""
+        text, ids = self._to_ids(prompt)
+        salt = _cache_key(prompt)
+        with self._lock:
+            self._check_open()
+            if request_id is None:
+                request_id = self._fresh_id()
+            elif request_id in self._owned or request_id in self.engine.parents:
+                raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+            added.append(request_id)
+            self._owned.add(request_id)
+            self.engine.add_request(
+                request_id,
+                ids,
+                params,
+                prompt=text,
+                priority=priority,
+                arrival_time=arrival_time,
+                cache_key=salt,
+            )
+        return request_id
+
+    def _fresh_id(self) -> str:
+        """The counter's next id that no live request holds (an LLMEngine's caller chooses its
+        own ids, "0" as likely as any) and no undelivered output is mailed under."""
+        while True:
+            request_id = str(next(self._ids))
+            if request_id not in self._owned and request_id not in self.engine.parents:
+                return request_id
 
     def _release(self, ids) -> None:
         """Abort (without a report) whichever of `ids` are live, and forget their mail. Inside
@@ -301,13 +344,20 @@ class LLM:
                 return outs
             if not self.engine.has_unfinished:
                 raise RuntimeError(f"engine went idle with requests {sorted(live)} unfinished (a bug)")
-            for out in self._step(final_only):
-                if out.request_id in live:
-                    outs.append(out)
-                elif out.request_id in self._owned:
-                    self._mail[out.request_id] = out
-            self._release_deferred()
-            return outs
+            return self._step_routed(live, final_only)
+
+    def _step_routed(self, mine: Container[str], final_only: bool) -> list[RequestOutput]:
+        """One engine step (the caller holds the lock): the outputs of `mine` are returned,
+        those of other owned requests go to their mail, the rest are dropped (released
+        requests); the releases deferred during the step are done after it."""
+        outs = []
+        for out in self._step(final_only):
+            if out.request_id in mine:
+                outs.append(out)
+            elif out.request_id in self._owned:
+                self._mail[out.request_id] = out
+        self._release_deferred()
+        return outs
 
     def _step(self, final_only: bool) -> list[RequestOutput]:
         """engine.step() with `stepping` set, so a release re-entering meanwhile is deferred."""

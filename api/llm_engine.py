@@ -1,0 +1,138 @@
+"""LLMEngine: vLLM's step-by-step engine API, for programs that drive the loop themselves.
+
+    engine = LLMEngine.from_engine_args(EngineArgs(model="/path/to/checkpoint"))
+    engine.add_request("0", "Hello", SamplingParams(max_tokens=8))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                print(out.request_id, out.outputs[0].text)
+
+A facade over an LLM (api/llm.py), not a second front end: prompts are converted, checked and
+added by LLM's own code (_add_one), steps run through LLM's (_step_routed), and every LLMEngine
+over one EngineCore shares that engine's _Front with its LLMs (lock, mailbox, closed flag).
+
+Invariants:
+- `add_request(request_id, prompt, params)` takes what LLM.generate takes for one prompt (a str,
+  token ids, a TextPrompt / TokensPrompt dict with cache_salt); params None means the
+  checkpoint's generation-config defaults, as generate(). Any error (a ValueError for a bad
+  prompt or params, or for a request_id an unfinished request holds) leaves nothing queued.
+- `step()` runs one engine step and returns the outputs of this engine's requests that changed,
+  one RequestOutput per request (its n completions inside), as each request's output_kind asks
+  (outputs.OutputView): CUMULATIVE (the default) everything so far, DELTA only what is new
+  (concatenating a request's deltas gives its cumulative output), FINAL_ONLY only the finished
+  output. A request's last output has `finished` True; after it the request is forgotten.
+- Outputs a concurrent LLM.generate / stream step produced for this engine's requests wait in
+  the mailbox and come with the next step() (only the finished ones, when that call stepped
+  with final_only: cumulative and DELTA outputs still add up); ids of those calls' requests are
+  theirs: step() never returns them, abort_request() never touches them.
+- `abort_request(ids)` (a str or an iterable) frees the requests at once, blocks included, and
+  they produce no further output (vLLM's); unknown ids are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Union
+
+from enginespec.engine.engine_core import EngineCore
+from enginespec.engine_args import EngineArgs
+from enginespec.inputs import PromptType
+from enginespec.llm import LLM, check_lora_request
+from enginespec.outputs import OutputView, RequestOutput
+from enginespec.spec import RequestOutputKind, SamplingParams
+
+__all__ = ["LLMEngine"]
+
+
+class LLMEngine:
+    """An EngineCore stepped by its caller, through an LLM's machinery (module doc)."""
+
+    def __init__(self, llm: LLM):
+        self._llm = llm
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        """vLLM's constructor: build the engine of `engine_args` (impl="fast" by default)."""
+        if not isinstance(engine_args, EngineArgs):
+            raise ValueError(f"engine_args must be an EngineArgs, got {type(engine_args).__name__}")
+        return cls(LLM.from_engine(EngineCore(engine_args)))
+
+    @property
+    def engine(self) -> EngineCore:
+        return self._llm.engine
+
+    def get_tokenizer(self):
+        return self._llm.get_tokenizer()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: Optional[SamplingParams] = None,
+        arrival_time: Optional[float] = None,
+        lora_request=None,
+        *,
+        priority: int = 0,
+    ) -> None:
+        """Queue one request under `request_id` (a non-empty str no unfinished request holds).
+        vLLM's parameters in its order up to lora_request (None only: check_lora_request);
+        priority (vLLM's keyword) other than 0 needs scheduling_policy="priority"."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        check_lora_request(lora_request, 1)
+        llm = self._llm
+        view = _view_of(params)
+        with llm._lock:  # reentrant: _add_one takes it again; `direct` is set in the same hold
+            added: list[str] = []
+            try:
+                llm._add_one(prompt, params, priority, added, request_id, arrival_time)
+            except BaseException:
+                llm._release(added)
+                raise
+            llm._front.direct[request_id] = view
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step (none while the engine is idle); the outputs of this engine's
+        requests that changed in it or were mailed to them meanwhile (module doc)."""
+        llm, front = self._llm, self._llm._front
+        with llm._lock:
+            llm._check_open()
+            found = {rid: front.mail.pop(rid) for rid in list(front.direct) if rid in front.mail}
+            if llm.engine.has_unfinished:
+                for out in llm._step_routed(front.direct, final_only=False):
+                    found[out.request_id] = out  # newer than its mail
+            return [shown for out in found.values() if (shown := self._deliver(out)) is not None]
+
+    def _deliver(self, out: RequestOutput) -> Optional[RequestOutput]:
+        """`out` as its request's output_kind shows it (None: nothing to show); a finished
+        request leaves `direct` and `owned`, so its id is free again."""
+        front = self._llm._front
+        view = front.direct.get(out.request_id)
+        if out.finished:
+            front.direct.pop(out.request_id, None)
+            front.owned.discard(out.request_id)
+        return out if view is None else view.view(out)
+
+    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
+        """Abort this engine's requests among `request_ids` (a str or an iterable): their
+        blocks are freed and they produce no more outputs. Unknown ids are ignored."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        llm = self._llm
+        with llm._lock:
+            mine = [rid for rid in ids if rid in llm._front.direct]
+            for rid in mine:
+                del llm._front.direct[rid]
+            llm._release(mine)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request added here has not had its final output returned by step()."""
+        return bool(self._llm._front.direct)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._llm._front.direct)
+
+
+def _view_of(params: Optional[SamplingParams]) -> Optional[OutputView]:
+    """The OutputView a request's output_kind needs; None for cumulative (handed over as the
+    engine built it: a new RequestOutput every step)."""
+    kind = getattr(params, "output_kind", RequestOutputKind.CUMULATIVE)
+    return None if kind == RequestOutputKind.CUMULATIVE else OutputView(kind)

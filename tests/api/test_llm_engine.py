@@ -1,0 +1,176 @@
+"""LLMEngine (api/llm_engine.py), vLLM's step-by-step API: a loop of add_request / step gives
+what LLM.generate gives for the same prompts and params on every impl, streams cumulative
+outputs (DELTA and FINAL_ONLY as asked), and abort, duplicate ids and bad prompts leave the
+engine clean and usable. `LLM.llm_engine` is one over the LLM's own engine, sharing its ids
+and mailbox with generate()."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec import EngineArgs, LLMEngine, RequestOutputKind
+from enginespec.conformance.invariants import check_idle
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True)
+LONG = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = ["hello there", [7, 8, 9, 10, 3], {"prompt_token_ids": [11, 5, 6, 2], "cache_salt": "a"}]
+
+
+def engine_args(impl: str = "fast") -> dict:
+    return dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64, max_num_seqs=4)
+
+
+def make_llm(impl: str = "fast") -> LLM:
+    return LLM(str(tiny_model_dir("qwen3")), **engine_args(impl))
+
+
+def make_engine(impl: str = "fast") -> LLMEngine:
+    return LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir("qwen3")), **engine_args(impl)))
+
+
+def run_to_end(engine: LLMEngine, max_steps: int = 200) -> dict:
+    """Step until idle: request id -> every output step() returned for it, in order. A loop
+    that is still unfinished after max_steps (a lost output) fails instead of spinning."""
+    seen: dict = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return seen
+        for out in engine.step():
+            seen.setdefault(out.request_id, []).append(out)
+    raise AssertionError(f"still {engine.get_num_unfinished_requests()} unfinished after {max_steps} steps")
+
+
+def completions(out) -> list:
+    return [(c.token_ids, c.text, c.finish_reason) for c in out.outputs]
+
+
+def check_clean(engine: LLMEngine) -> None:
+    core = engine.engine
+    assert not engine.has_unfinished_requests() and engine.get_num_unfinished_requests() == 0
+    assert not core.has_unfinished and not core.scheduler.has_unfinished
+    check_idle(core.block_manager.state(), core.runner.num_blocks)
+    assert not engine._llm._owned and not engine._llm._mail
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_step_loop_gives_what_generate_gives(impl, params):
+    """Each request's outputs are cumulative (each extends the one before), only the last is
+    finished, and the last equals LLM.generate's for the same prompt and params."""
+    want = [completions(o) for o in make_llm(impl).generate(PROMPTS, params, use_tqdm=False)]
+    engine = make_engine(impl)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, params)
+    assert engine.get_num_unfinished_requests() == len(PROMPTS)
+    seen = run_to_end(engine)
+    assert [completions(seen[str(i)][-1]) for i in range(len(PROMPTS))] == want
+    for outs in seen.values():
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        assert all(ids[k + 1][: len(ids[k])] == ids[k] for k in range(len(ids) - 1))
+    assert seen["0"][-1].prompt == "hello there"
+    check_clean(engine)
+
+
+def test_abort_midway_frees_the_request_and_the_others_finish_unchanged():
+    engine = make_engine()
+    want = [completions(o) for o in make_llm().generate(PROMPTS, LONG, use_tqdm=False)]
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, LONG)
+    for _ in range(3):
+        engine.step()
+    engine.abort_request("1")
+    assert "1" not in engine.engine.block_manager.state().tables
+    assert engine.get_num_unfinished_requests() == 2
+    engine.abort_request(["no-such-id"])  # ignored
+    seen = run_to_end(engine)
+    assert "1" not in seen  # an aborted request produces no further output (vLLM's)
+    assert [completions(seen[k][-1]) for k in ("0", "2")] == [want[0], want[2]]
+    check_clean(engine)
+
+
+def test_a_duplicate_request_id_is_a_value_error_and_the_holder_runs_on():
+    engine = make_engine()
+    engine.add_request("a", PROMPTS[1], GREEDY)
+    with pytest.raises(ValueError, match="request_id 'a'"):
+        engine.add_request("a", PROMPTS[2], GREEDY)
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request("", PROMPTS[2], GREEDY)
+    want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
+    assert completions(run_to_end(engine)["a"][-1]) == want
+    engine.add_request("a", PROMPTS[1], GREEDY)  # a finished request's id is free again
+    assert completions(run_to_end(engine)["a"][-1]) == want
+    check_clean(engine)
+
+
+@pytest.mark.parametrize(
+    "prompt", [{"bogus": [1, 2]}, [], [1, 10**9], None, {"prompt_token_ids": "abc"}], ids=repr
+)
+def test_a_bad_prompt_is_a_value_error_and_the_engine_stays_usable(prompt):
+    engine = make_engine()
+    with pytest.raises(ValueError):
+        engine.add_request("bad", prompt, GREEDY)
+    check_clean(engine)
+    engine.add_request("bad", PROMPTS[1], GREEDY)  # the id was never taken
+    assert run_to_end(engine)["bad"][-1].outputs[0].finish_reason == "length"
+    check_clean(engine)
+
+
+def test_delta_outputs_concatenate_to_the_cumulative_and_final_only_comes_once():
+    engine = make_engine()
+    kinds = {
+        k: SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, output_kind=k)
+        for k in RequestOutputKind
+    }
+    for kind, params in kinds.items():
+        engine.add_request(kind.name, "hello there", params)
+    seen = run_to_end(engine)
+    final = seen["CUMULATIVE"][-1].outputs[0]
+    deltas = [o.outputs[0] for o in seen["DELTA"] if o.outputs]
+    assert len(deltas) > 1
+    assert "".join(d.text for d in deltas) == final.text
+    assert [t for d in deltas for t in d.token_ids] == final.token_ids
+    assert len(seen["FINAL_ONLY"]) == 1 and completions(seen["FINAL_ONLY"][0]) == completions(
+        seen["CUMULATIVE"][-1]
+    )
+    check_clean(engine)
+
+
+def test_n_2_is_one_request_output_with_two_completions():
+    params = SamplingParams(n=2, max_tokens=5, temperature=0.9, seed=3, ignore_eos=True)
+    want = completions(make_llm().generate([PROMPTS[0]], params, use_tqdm=False)[0])
+    engine = make_engine()
+    engine.add_request("r", PROMPTS[0], params)
+    assert engine.get_num_unfinished_requests() == 1
+    seen = run_to_end(engine)
+    assert list(seen) == ["r"] and all(len(o.outputs) == 2 for o in seen["r"])
+    assert completions(seen["r"][-1]) == want
+    check_clean(engine)
+
+
+def test_llm_engine_of_an_llm_shares_its_ids_and_mail_with_generate():
+    """Requests added through llm.llm_engine under ids generate() would pick itself ("0", "1")
+    do not collide with generate's, and the step generate runs keeps their outputs for the
+    step loop (they were dropped: the loop would wait forever)."""
+    want = [completions(o) for o in make_llm().generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm = make_llm()
+    engine = llm.llm_engine
+    engine.add_request("0", PROMPTS[0], LONG)
+    engine.add_request("1", PROMPTS[1], GREEDY)
+    engine.step()
+    assert [completions(o) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == want
+    seen = run_to_end(engine)
+    assert seen["1"][-1].finished and completions(seen["1"][-1]) == want[1]
+    assert seen["0"][-1].finished and len(seen["0"][-1].outputs[0].token_ids) == LONG.max_tokens
+    check_clean(engine)
+    llm.close()
+    with pytest.raises(RuntimeError, match="close"):
+        engine.add_request("2", PROMPTS[0], GREEDY)
+    with pytest.raises(RuntimeError, match="close"):
+        engine.step()
