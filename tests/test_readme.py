@@ -59,6 +59,16 @@ def test_the_offline_examples_run(model_dir, capsys):
     assert capsys.readouterr().out.strip()  # the LLM block printed its text
 
 
+def test_the_llm_engine_example_runs(model_dir, capsys):
+    """The LLMEngine block, in a namespace of its own: its step loop prints both requests."""
+    ((line, code),) = blocks_using("LLMEngine.from_engine_args(")
+    namespace: dict = {"__name__": "readme"}
+    run_block(line, code.replace(PLACEHOLDER, model_dir), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(row.split(" ", 1)[0] for row in printed) == ["0", "1"]
+    assert not namespace["engine"].has_unfinished_requests()
+
+
 def test_the_async_example_runs_as_a_script(model_dir, tmp_path):
     """The AsyncLLM block is a script (its engine process is spawned and imports it)."""
     ((line, code),) = blocks_using("AsyncLLM(")
