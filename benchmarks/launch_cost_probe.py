@@ -14,7 +14,8 @@ BLAS library's own host work (the same with the device idle and busy), a wait fo
 
     python3 benchmarks/launch_cost_probe.py [--rows 16384] [--blas cublaslt] [--out F.json]
 
-On a CPU (no CUDA) it runs the same ops at --rows on the CPU, with no busy case: a smoke run.
+On a CPU (no CUDA, or --device cpu) it runs the same ops at --rows on the CPU, with no busy case:
+a smoke run.
 """
 
 from __future__ import annotations
@@ -100,11 +101,13 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=20, help="launches a timing")
     parser.add_argument("--repeats", type=int, default=3, help="timings a case (median)")
     parser.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default")
+    parser.add_argument("--device", default="auto", help="auto (cuda when there is one), cuda or cpu")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.rows < 1 or args.calls < 1 or args.repeats < 1:
         raise SystemExit("--rows, --calls and --repeats must be >= 1")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
     if args.blas != "default" and device.type == "cuda":
         torch.backends.cuda.preferred_blas_library(args.blas)
     with torch.inference_mode():

@@ -13,7 +13,10 @@ from benchmarks import launch_cost_probe as probe
 
 def test_a_cpu_run_times_every_projection(tmp_path, torch_one_thread):
     out = tmp_path / "launch.json"
-    assert probe.main(["--rows", "2", "--calls", "2", "--repeats", "1", "--out", str(out)]) == 0
+    assert (
+        probe.main(["--rows", "2", "--calls", "2", "--repeats", "1", "--device", "cpu", "--out", str(out)])
+        == 0
+    )
     report = json.loads(out.read_text())
     assert [r["op"] for r in report["rows"]] == [name for name, _, _ in probe.SHAPES]
     for row in report["rows"]:
