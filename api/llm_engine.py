@@ -96,10 +96,11 @@ class LLMEngine:
         llm, front = self._llm, self._llm._front
         with llm._lock:
             llm._check_open()
+            # the step first: one that raises (a KeyboardInterrupt the engine re-raises) leaves
+            # the mail where it is, for the next step() (taken before, a final output was lost)
+            stepped = llm._step_routed(front.direct, final_only=False) if llm.engine.has_unfinished else []
             found = {rid: front.mail.pop(rid) for rid in list(front.direct) if rid in front.mail}
-            if llm.engine.has_unfinished:
-                for out in llm._step_routed(front.direct, final_only=False):
-                    found[out.request_id] = out  # newer than its mail
+            found.update((out.request_id, out) for out in stepped)  # newer than its mail
             return [shown for out in found.values() if (shown := self._deliver(out)) is not None]
 
     def _deliver(self, out: RequestOutput) -> Optional[RequestOutput]:

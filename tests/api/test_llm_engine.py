@@ -174,3 +174,32 @@ def test_llm_engine_of_an_llm_shares_its_ids_and_mail_with_generate():
         engine.add_request("2", PROMPTS[0], GREEDY)
     with pytest.raises(RuntimeError, match="close"):
         engine.step()
+
+
+def test_an_interrupted_step_keeps_the_outputs_generate_mailed_to_the_loop():
+    """A KeyboardInterrupt inside step() (the engine re-raises it after its clean-up, and its
+    outputs come from the next step) must not lose what a generate() call's steps had mailed
+    to the step loop: step() took the mail before stepping, so a final output there was gone
+    and its request stayed unfinished forever (the loop spun on an idle engine)."""
+    llm = make_llm()
+    engine = llm.llm_engine
+    engine.add_request("short", PROMPTS[1], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    engine.add_request("long", PROMPTS[0], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
+    assert (
+        completions(llm.generate(PROMPTS[1], GREEDY, use_tqdm=False)[0]) == want
+    )  # "short" finished meanwhile
+    interrupted = []
+
+    def interrupt_once(phase):
+        if phase == "schedule" and not interrupted:
+            interrupted.append(phase)
+            raise KeyboardInterrupt
+
+    llm.engine.fault_hook = interrupt_once
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    seen = run_to_end(engine)
+    assert seen["short"][-1].finished and len(seen["short"][-1].outputs[0].token_ids) == 2
+    assert seen["long"][-1].outputs[0].finish_reason == "error"  # the interrupted step's request
+    check_clean(engine)
