@@ -247,8 +247,12 @@ class LLM:
     def _release(self, ids) -> None:
         """Abort (without a report) whichever of `ids` are live, and forget their mail. Inside
         a step (re-entered on the stepping thread: a stream finalized by the garbage collector)
-        only noted, and done when the step ends (_step)."""
+        only noted, and done when the step ends (_step). An id an LLMEngine holds (`direct`) is
+        never touched: a finished call's late release (generate's and stream's on the way out,
+        after their step loop freed the ids) may find one of its ids taken by another thread's
+        LLMEngine.add_request by then; LLMEngine takes its own ids out of `direct` first."""
         with self._lock:
+            ids = [request_id for request_id in ids if request_id not in self._front.direct]
             if self._front.stepping:
                 self._front.deferred.update(ids)
                 return

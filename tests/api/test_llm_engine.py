@@ -203,3 +203,28 @@ def test_an_interrupted_step_keeps_the_outputs_generate_mailed_to_the_loop():
     assert seen["short"][-1].finished and len(seen["short"][-1].outputs[0].token_ids) == 2
     assert seen["long"][-1].outputs[0].finish_reason == "error"  # the interrupted step's request
     check_clean(engine)
+
+
+def test_a_generate_that_ends_as_the_loop_reuses_its_id_leaves_the_loops_request_alone():
+    """generate() releases its ids once more on the way out (a no-op for finished requests),
+    after its step loop has freed them: another thread's LLMEngine.add_request may take one of
+    them in between ("0", vLLM's examples' first id and generate's first one). That late release
+    aborted the loop's new request without a report: the loop waited forever for its output.
+    The interleaving is forced here: the other thread's add runs right before the release."""
+    llm = make_llm()
+    engine = llm.llm_engine
+    release = llm._release
+    added = []
+
+    def other_thread_adds_first(ids):
+        if not added and "0" in ids:
+            engine.add_request("0", PROMPTS[1], GREEDY)
+            added.append("0")
+        release(ids)
+
+    llm._release = other_thread_adds_first
+    assert llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0].request_id == "0"
+    assert added == ["0"]
+    want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
+    assert completions(run_to_end(engine)["0"][-1]) == want
+    check_clean(engine)
