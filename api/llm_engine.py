@@ -31,6 +31,8 @@ Invariants:
 
 from __future__ import annotations
 
+import numbers
+import time
 from typing import Iterable, Optional, Union
 
 from enginespec.engine.engine_core import EngineCore
@@ -75,16 +77,19 @@ class LLMEngine:
     ) -> None:
         """Queue one request under `request_id` (a non-empty str no unfinished request holds).
         vLLM's parameters in its order up to lora_request (None only: check_lora_request);
-        priority (vLLM's keyword) other than 0 needs scheduling_policy="priority"."""
+        priority (vLLM's keyword) other than 0 needs scheduling_policy="priority".
+        arrival_time is vLLM's, a time.time() timestamp (None: now), put on the engine's own
+        clock (_engine_clock) so it orders against requests added without one."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         check_lora_request(lora_request, 1)
         llm = self._llm
         view = _view_of(params)
+        arrival = _engine_clock(arrival_time)
         with llm._lock:  # reentrant: _add_one takes it again; `direct` is set in the same hold
             added: list[str] = []
             try:
-                llm._add_one(prompt, params, priority, added, request_id, arrival_time)
+                llm._add_one(prompt, params, priority, added, request_id, arrival)
             except BaseException:
                 llm._release(added)
                 raise
@@ -130,6 +135,17 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._llm._front.direct)
+
+
+def _engine_clock(arrival_time):
+    """A time.time() arrival_time (vLLM's clock) on the engine's, time.monotonic() (the default
+    every Request takes, spec.request.check_request_args): passed on unconverted, a wall-clock
+    arrival (about 1.7e9) sorted after every request added without one (the seconds since boot),
+    so FCFS ran those first whatever came first. None, and anything not a real number (the
+    engine's ValueError names it), pass unchanged."""
+    if arrival_time is None or isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real):
+        return arrival_time
+    return float(arrival_time) - time.time() + time.monotonic()
 
 
 def _view_of(params: Optional[SamplingParams]) -> Optional[OutputView]:

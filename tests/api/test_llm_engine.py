@@ -6,6 +6,8 @@ and mailbox with generate()."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from enginespec import EngineArgs, LLMEngine, RequestOutputKind
@@ -227,4 +229,25 @@ def test_a_generate_that_ends_as_the_loop_reuses_its_id_leaves_the_loops_request
     assert added == ["0"]
     want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
     assert completions(run_to_end(engine)["0"][-1]) == want
+    check_clean(engine)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_a_wall_clock_arrival_time_orders_fcfs_against_requests_added_without_one(impl):
+    """vLLM's arrival_time is a time.time() timestamp; the engine's requests default to
+    time.monotonic(). Passed on as it was, a request added with arrival_time=time.time() sorted
+    after every request added later without one, so with one seat FCFS ran the later one first."""
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=str(tiny_model_dir("qwen3")), **{**engine_args(impl), "max_num_seqs": 1})
+    )
+    engine.add_request("first", PROMPTS[1], GREEDY, arrival_time=time.time())
+    engine.add_request("second", PROMPTS[2], GREEDY)
+    finished = []
+    for _ in range(100):
+        if not engine.has_unfinished_requests():
+            break
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["first", "second"]
+    with pytest.raises(ValueError, match="arrival_time"):
+        engine.add_request("nan", PROMPTS[1], GREEDY, arrival_time=float("nan"))
     check_clean(engine)
