@@ -133,6 +133,12 @@ def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=1)
 
 
+# A params object's RowSpec stays cached while some call of the last this many used it: past
+# one step's calls (up to three: speculation's subsets), short enough that a departed request's
+# params (a client payload) go within a few steps (Sampler._row_specs).
+SPEC_CACHE_CALLS = 8
+
+
 @dataclass
 class SamplerOutput:
     """token_ids[i] is row i's token; logprobs[i] is None unless its params ask for logprobs."""
@@ -513,27 +519,37 @@ class Sampler:
         self.device = torch.device(device)
         self.seed = seed
         self.generator = random.Random(seed)
-        self._specs: dict[int, tuple] = {}  # id(params) -> (params, RowSpec); see _row_specs
+        self._specs: dict[int, list] = {}  # id(params) -> [params, RowSpec, last call]; _row_specs
+        self._spec_calls = 0  # _plan calls so far: the RowSpec entries' clock (_sweep_specs)
         self._prompt_masks: dict[int, tuple] = {}  # id(request) -> (request, bool [V] prompt mask)
         self._last_plan: Optional[BatchPlan] = None
         self._counts: Optional[OutputCounts] = None  # device output counts (sample_deferred)
 
     def _row_specs(self, params: Sequence) -> list[RowSpec]:
-        """Each row's RowSpec, computed once per params object while its request stays in the
-        batch (params are frozen; the entry keeps the object alive so its id cannot be reused by
-        another). The cache keeps only this call's params: those of requests that left the batch
-        (finished, aborted, preempted) are let go, so a long-running engine holds no params (and
-        no client payload in them: allowed_token_ids, logit_bias) of requests long gone; one that
-        comes back gets its RowSpec again (a few microseconds)."""
-        cache, fresh, out = self._specs, {}, []
+        """Each row's RowSpec, computed once per params object while its request keeps being
+        sampled (params are frozen; the entry keeps the object alive so its id cannot be reused
+        by another), stamped with the sampler call that last used it (_sweep_specs)."""
+        now, cache, out = self._spec_calls, self._specs, []
         for p in params:
-            hit = fresh.get(id(p)) or cache.get(id(p))
+            hit = cache.get(id(p))
             if hit is None or hit[0] is not p:
-                hit = (p, RowSpec.of(p, self.vocab_size))
-            fresh[id(p)] = hit
+                hit = cache[id(p)] = [p, RowSpec.of(p, self.vocab_size), now]
+            hit[2] = now
             out.append(hit[1])
-        self._specs = fresh
         return out
+
+    def _sweep_specs(self, live: Sequence) -> None:
+        """Let go of the RowSpecs no call of the last SPEC_CACHE_CALLS used, `live` (the current
+        plan's params, reused without a _row_specs call) kept: a long-running engine holds no
+        params (nor the client payload in them: allowed_token_ids, logit_bias) of requests long
+        gone, while a step that samples its rows in several calls (speculation's drafted and
+        undrafted rows, greedy and random) finds every row's entry from its previous steps."""
+        now = self._spec_calls
+        for p in live:
+            hit = self._specs.get(id(p))
+            if hit is not None and hit[0] is p:
+                hit[2] = now
+        self._specs = {k: v for k, v in self._specs.items() if now - v[2] < SPEC_CACHE_CALLS}
 
     def _plan(self, requests: Sequence, device: torch.device) -> BatchPlan:
         """The last plan when the rows' params are the same objects (or equal) in the same order
@@ -542,6 +558,7 @@ class Sampler:
         otherwise be compared field by field on every step: ~0.2 ms at 256 rows)."""
         params = [r.params for r in requests]
         plan = self._last_plan
+        self._spec_calls += 1
         if plan is None or plan.device != device or plan.params != params:
             specs = self._row_specs(params)
             if _fits_uniform(plan, specs, device):
@@ -550,6 +567,8 @@ class Sampler:
                 plan = BatchPlan(params, specs, self.vocab_size, device)
             self._last_plan = plan
         plan.params = params
+        if self._spec_calls % SPEC_CACHE_CALLS == 0:
+            self._sweep_specs(params)
         return plan
 
     def _cached_prompt_seen(self, requests: Sequence, vocab: int, device) -> torch.Tensor:
