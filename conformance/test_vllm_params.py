@@ -432,3 +432,28 @@ def test_extra_args_pass_through(impl):
     assert _one(llm, params).token_ids == _one(llm, plain).token_ids
     with pytest.raises(ValueError, match="extra_args must be None or a dict"):
         SamplingParams(extra_args=[("plugin", 1)])
+
+
+def test_min_tokens_over_allowed_ids_that_all_stop_is_refused_naming_both(impl):
+    """allowed_token_ids of stop tokens only (the EOS, a stop_token_ids entry) with min_tokens:
+    min_tokens bans every allowed id until that many tokens are out, so no token could be
+    drawn; the engine drew token 0, an id the request never allowed ([0, 0, 3] for an allowed
+    [3] and min_tokens 2). It is refused on add, naming both fields; other requests unaffected."""
+    llm = make_llm(impl)
+    eos = llm.engine.tokenizer.eos_token_id
+    for params in (
+        SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[eos]),
+        SamplingParams(max_tokens=4, min_tokens=1, allowed_token_ids=[7, 9], stop_token_ids=[7, 9]),
+    ):
+        with pytest.raises(ValueError, match=r"allowed_token_ids.*min_tokens \(\d\)"):
+            _one(llm, params)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    # still fine: a non-stop id allowed beside them, the EOS allowed under ignore_eos, no min_tokens
+    fine = [
+        SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos, 9], temperature=0.0),
+        SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos], ignore_eos=True),
+        SamplingParams(max_tokens=3, allowed_token_ids=[eos]),
+    ]
+    assert _one(llm, fine[0]).token_ids[:2] == [9, 9]
+    assert _one(llm, fine[1]).token_ids == [eos] * 3
+    assert _one(llm, fine[2]).token_ids == [eos]

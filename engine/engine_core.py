@@ -503,6 +503,7 @@ class EngineCore:
         self._check_fits(len(prompt_token_ids), params.max_tokens, asked)
         grammar = self._compile_grammar(params)
         eos, extra_stops = self._eos_ids()
+        _check_min_tokens_leave_a_token(params, eos, extra_stops)
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
             child_params = _child_params(params, index, extra_stops)
@@ -1312,6 +1313,27 @@ def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ..
             t for t in extra_stops if t not in params.stop_token_ids
         )
     return dataclasses.replace(params, **changes) if changes else params
+
+
+def _check_min_tokens_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:
+    """A ValueError where min_tokens bans every id allowed_token_ids allows: while fewer than
+    min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further EOS ids, and the
+    EOS unless ignore_eos) are -inf (sample.penalties.apply_min_tokens), so a row whose allowed
+    ids are all stop ids has nothing left to draw, and the sampler drew token 0, an id the
+    request never allowed. (Structured outputs keep their own rule there: the grammar wins and
+    the request ends "stop".)"""
+    allowed = params.allowed_token_ids
+    if params.min_tokens < 1 or not allowed or params.structured_outputs is not None:
+        return
+    stops = {*params.stop_token_ids, *extra_stops}
+    if eos is not None and not params.ignore_eos:
+        stops.add(eos)
+    if set(allowed) <= stops:
+        raise ValueError(
+            f"allowed_token_ids {list(allowed)} are all stop ids, which min_tokens "
+            f"({params.min_tokens}) bans until that many tokens are out: no token could be sampled; "
+            f"allow a token that does not stop the request, or lower min_tokens"
+        )
 
 
 def _sibling_seed(seed: int, index: int) -> int:
