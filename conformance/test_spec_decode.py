@@ -298,3 +298,44 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_doe
     assert all(o.outputs[0].finish_reason == "stop" for o in want)
     assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
     check_idle(spec.engine.block_manager.state(), spec.engine.runner.num_blocks)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stop_token_inside_accepted_drafts_hides_only_itself_from_the_text(impl, async_scheduling):
+    """A stop token accepted with other ids in one speculative step: the text leaves out that
+    token alone (include_stop_str_in_output off), so text, ids and reasons equal a plain run's.
+    The step hands the output processor several ids at once, where a plain run hands one; the
+    ids before the stop token in that step must still show."""
+    from enginespec.llm import LLM
+    from enginespec.spec import SamplingParams
+    from enginespec.testing.checkpoints import tiny_model_dir
+
+    prompts = [[(7 * i + 3 * j) % 90 + 4 for j in range(6 + 3 * i)] for i in range(4)]
+    base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    kwargs = dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64)
+    plain = LLM(str(tiny_model_dir("qwen3")), **kwargs)
+    free = plain.generate([{"prompt_token_ids": p} for p in prompts], base, use_tqdm=False)
+    # each prompt stops at the first id of its output not seen before, from position 3 on (a
+    # step of drafts holds ids 1-5: the stop token has accepted ids before it in its step)
+    params = []
+    for o in free:
+        ids = o.outputs[0].token_ids
+        k = next(k for k in range(3, len(ids)) if ids[k] not in ids[:k])
+        params.append(dataclasses.replace(base, stop_token_ids=(ids[k],)))
+    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    spec = LLM(
+        str(tiny_model_dir("qwen3")), speculative_config=config, async_scheduling=async_scheduling, **kwargs
+    )
+    spec.engine.spec.drafter = ReplayDrafter(
+        {tuple(p): o.outputs[0].token_ids for p, o in zip(prompts, free)}
+    )
+    want = plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    got = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    def seen(outs):
+        return [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
+
+    assert seen(got) == seen(want)
+    assert all(o.outputs[0].finish_reason == "stop" and o.outputs[0].text for o in want)
+    assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
+    check_idle(spec.engine.block_manager.state(), spec.engine.runner.num_blocks)

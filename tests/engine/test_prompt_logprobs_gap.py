@@ -14,7 +14,7 @@ from enginespec.engine.output_processor import (
     store_prompt_logprobs,
 )
 from enginespec.outputs import Logprob
-from enginespec.spec import SamplingParams
+from enginespec.spec import SamplingParams, UpdateOutput
 
 
 def _parent(found: dict) -> Parent:
@@ -49,3 +49,19 @@ def test_store_refuses_an_entry_past_a_gap_and_accepts_a_recompute_from_zero():
     with pytest.raises(PromptLogprobsError, match="no entry for prompt token 4 .*token 5 came first"):
         store_prompt_logprobs(parent, [4], [_entry(15)])
     assert sorted(parent.prompt_logprobs) == [0, 1, 2]
+
+
+def test_a_first_output_token_with_prompt_entries_missing_states_both_counts():
+    """The first sample's first token means the whole prompt was computed: a prompt of 5 tokens
+    owes 4 entries. With 2 stored, the error names the first missing token (3), the count
+    stored (2) and the count owed (4), never another count."""
+    parent = _parent({0: _entry(11), 1: _entry(12)})
+    processor = OutputProcessor(lambda *a: None, placeholder_id=96)
+    update = UpdateOutput(new_token_ids={"internal-7": [42]})
+    expected = (
+        "request 'req-7': prompt_logprobs has no entry for prompt token 3 (prompt_logprobs[3]); "
+        "its first sample has output tokens, but only 2 of the prompt's 4 entries were stored"
+    )
+    with pytest.raises(PromptLogprobsError) as raised:
+        processor.apply_update(update, lambda rid: (parent, parent.samples[0]), {}, {})
+    assert str(raised.value) == expected
