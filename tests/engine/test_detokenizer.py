@@ -367,3 +367,58 @@ def test_include_stop_str_in_output_keeps_the_stop_string_and_cuts_after_it():
     params = SamplingParams(stop=("ST",), include_stop_str_in_output=True, max_tokens=20)
     _, stop, detok = run(tok, byte_ids("abSTxy"), params, [1] * 6)
     assert (stop, detok.text) == ("ST", "abST")
+
+
+@pytest.mark.parametrize("stops", [(), ("zz",)])
+def test_a_metaspace_word_after_a_skipped_special_token_keeps_its_space(stops):
+    """An id whose text is empty (a special token skipped, e.g. an EOS inside an ignore_eos
+    output) adds no text, so it settles nothing: the window keeps the text before it, and the
+    next word's '▁' still reads as a space. Settled alone, it would start the next window and
+    the SentencePiece decode would drop that word's space ("a" + "b" for "a b")."""
+    tok = metaspace()
+    prompt = tok.convert_tokens_to_ids(["▁a"])
+    output = tok.convert_tokens_to_ids(["▁a", "</s>", "▁b", "c"])
+    want = after_prompt(tok, tok.convert_tokens_to_ids(["▁a", "▁b", "c"]), prompt)
+    assert want == " a bc"
+    detok = IncrementalDetokenizer(tok, prompt, SamplingParams(stop=stops))
+    deltas = [detok.update([i])[0] for i in output] + [detok.flush()]
+    assert detok.text == "".join(deltas) == want
+
+
+def test_a_whole_stop_string_before_min_tokens_streams_as_plain_text():
+    """Before min_tokens a completed stop string is plain text: it streams as soon as it is
+    settled. Only a proper prefix of a stop string (which could still complete one) is held
+    back, never a whole stop string nor more than its length."""
+    tok = byte_bpe()
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams(stop=("ST",), min_tokens=5, max_tokens=20))
+    deltas = [detok.update([i]) for i in byte_ids("abSTx")]
+    assert deltas == [("a", None), ("b", None), ("", None), ("ST", None), ("x", None)]
+    assert detok.shown_text(False) == "abSTx"
+
+
+def test_no_params_pass_no_spaces_keyword():
+    """Without SamplingParams the defaults apply: spaces_between_special_tokens stays the
+    tokenizer's own (not passed), skip_special_tokens is True."""
+    tok = RecordingTokenizer(byte_bpe())
+    ids = tok.inner.encode("ab") + [tok.inner.eos_token_id]
+    assert run(tok, ids, None, [1] * len(ids))[2].text == "ab"
+    assert tok.kwargs and all(kw == {"skip_special_tokens": True} for kw in tok.kwargs)
+
+
+class PostProcessingTokenizer:
+    """A duck-typed tokenizer over a `tokenizers` backend whose own decode post-processes the
+    backend's text (upper case here) and that says nothing about clean_up_tokenization_spaces."""
+
+    def __init__(self, inner):
+        self.inner, self.backend_tokenizer = inner, inner.backend_tokenizer
+
+    def decode(self, ids, **kwargs):
+        return self.inner.decode(ids, **kwargs).upper()
+
+
+def test_a_tokenizer_that_does_not_say_it_skips_clean_up_is_decoded_through_its_own_decode():
+    """The bare backend replaces decode() only for a tokenizer stating
+    clean_up_tokenization_spaces=False; one that does not say is decoded through its decode()."""
+    tok = PostProcessingTokenizer(byte_bpe())
+    ids = tok.inner.encode("ab cd")
+    assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == after_prompt(tok, ids) == "AB CD"
