@@ -261,11 +261,11 @@ class ReplayDrafter(Drafter):
         pass
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_does(impl, async_scheduling):
-    """A stop string completed by an accepted draft (not the step's last id): the output's
-    text, ids, finish and stop reasons equal a plain run's (the ids after the one that
-    completed it were appended by the scheduler but are not shown), and the pool ends idle."""
+def _stops_in_replayed_drafts(impl, async_scheduling, stops_of):
+    """Greedy outputs of four prompts with the stops `stops_of(free outputs)` gives (one
+    SamplingParams a prompt), from a plain LLM and from an n-gram speculating one whose drafter
+    replays the free run's own outputs (so drafts are accepted up to and past each stop).
+    Returns (plain outputs, speculative outputs, the speculative LLM)."""
     from enginespec.llm import LLM
     from enginespec.spec import SamplingParams
     from enginespec.testing.checkpoints import tiny_model_dir
@@ -275,12 +275,7 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_doe
     kwargs = dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64)
     plain = LLM(str(tiny_model_dir("qwen3")), **kwargs)
     free = plain.generate([{"prompt_token_ids": p} for p in prompts], base, use_tqdm=False)
-    # stops end inside the output (chars 1-2, 3-4, ...): with 4 drafts a step, most are
-    # completed by a draft that has accepted ids after it
-    params = [
-        dataclasses.replace(base, stop=(o.outputs[0].text[1 + 2 * i : 3 + 2 * i],))
-        for i, o in enumerate(free)
-    ]
+    params = [dataclasses.replace(base, **stop) for stop in stops_of(free)]
     config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     spec = LLM(
         str(tiny_model_dir("qwen3")), speculative_config=config, async_scheduling=async_scheduling, **kwargs
@@ -290,11 +285,25 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_doe
     )
     want = plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     got = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return want, got, spec
 
-    def seen(outs):
-        return [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
 
-    assert seen(got) == seen(want)
+def _seen(outs):
+    return [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_does(impl, async_scheduling):
+    """A stop string completed by an accepted draft (not the step's last id): the output's
+    text, ids, finish and stop reasons equal a plain run's (the ids after the one that
+    completed it were appended by the scheduler but are not shown), and the pool ends idle."""
+
+    def stops(free):  # stops end inside the output (chars 1-2, 3-4, ...): with 4 drafts a
+        # step, most are completed by a draft that has accepted ids after it
+        return [{"stop": (o.outputs[0].text[1 + 2 * i : 3 + 2 * i],)} for i, o in enumerate(free)]
+
+    want, got, spec = _stops_in_replayed_drafts(impl, async_scheduling, stops)
+    assert _seen(got) == _seen(want)
     assert all(o.outputs[0].finish_reason == "stop" for o in want)
     assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
     check_idle(spec.engine.block_manager.state(), spec.engine.runner.num_blocks)
@@ -306,36 +315,18 @@ def test_a_stop_token_inside_accepted_drafts_hides_only_itself_from_the_text(imp
     token alone (include_stop_str_in_output off), so text, ids and reasons equal a plain run's.
     The step hands the output processor several ids at once, where a plain run hands one; the
     ids before the stop token in that step must still show."""
-    from enginespec.llm import LLM
-    from enginespec.spec import SamplingParams
-    from enginespec.testing.checkpoints import tiny_model_dir
 
-    prompts = [[(7 * i + 3 * j) % 90 + 4 for j in range(6 + 3 * i)] for i in range(4)]
-    base = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    kwargs = dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=64)
-    plain = LLM(str(tiny_model_dir("qwen3")), **kwargs)
-    free = plain.generate([{"prompt_token_ids": p} for p in prompts], base, use_tqdm=False)
-    # each prompt stops at the first id of its output not seen before, from position 3 on (a
-    # step of drafts holds ids 1-5: the stop token has accepted ids before it in its step)
-    params = []
-    for o in free:
-        ids = o.outputs[0].token_ids
-        k = next(k for k in range(3, len(ids)) if ids[k] not in ids[:k])
-        params.append(dataclasses.replace(base, stop_token_ids=(ids[k],)))
-    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    spec = LLM(
-        str(tiny_model_dir("qwen3")), speculative_config=config, async_scheduling=async_scheduling, **kwargs
-    )
-    spec.engine.spec.drafter = ReplayDrafter(
-        {tuple(p): o.outputs[0].token_ids for p, o in zip(prompts, free)}
-    )
-    want = plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    got = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    def stops(free):  # each prompt stops at the first id of its output not seen before, from
+        # position 3 on (a step of drafts holds ids 1-5: the stop token has accepted ids before it)
+        out = []
+        for o in free:
+            ids = o.outputs[0].token_ids
+            k = next(k for k in range(3, len(ids)) if ids[k] not in ids[:k])
+            out.append({"stop_token_ids": (ids[k],)})
+        return out
 
-    def seen(outs):
-        return [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
-
-    assert seen(got) == seen(want)
+    want, got, spec = _stops_in_replayed_drafts(impl, async_scheduling, stops)
+    assert _seen(got) == _seen(want)
     assert all(o.outputs[0].finish_reason == "stop" and o.outputs[0].text for o in want)
     assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
     check_idle(spec.engine.block_manager.state(), spec.engine.runner.num_blocks)
