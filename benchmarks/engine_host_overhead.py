@@ -20,11 +20,17 @@ import argparse
 import gc
 import json
 import random
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cli_types import at_least_one  # noqa: E402
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import cache_root, make_checkpoint, tiny_model_dir, use_cache_root
@@ -111,13 +117,6 @@ def _check_all_decoding(engine, num_requests: int, when: str) -> None:
         )
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -125,13 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-requests",
-        type=_at_least_one,
+        type=at_least_one,
         default=256,
         help="running decodes in every timed step (default 256)",
     )
     p.add_argument(
         "--steps",
-        type=_at_least_one,
+        type=at_least_one,
         default=40,
         help="timed steps per case, after 8 warm-up steps (default 40)",
     )

@@ -25,9 +25,15 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cli_types import at_least_one  # noqa: E402
 
 # (name, N, K) of the Qwen3-0.6B shape's projections: the merged q|k|v and gate|up (F.linear),
 # and the o and down projections added into the residual in place (addmm_).
@@ -97,15 +103,15 @@ def probe(rows: int, calls: int, repeats: int, device) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=16384, help="rows of x (a prefill step's tokens)")
-    parser.add_argument("--calls", type=int, default=20, help="launches a timing")
-    parser.add_argument("--repeats", type=int, default=3, help="timings a case (median)")
+    parser.add_argument(
+        "--rows", type=at_least_one, default=16384, help="rows of x (a prefill step's tokens)"
+    )
+    parser.add_argument("--calls", type=at_least_one, default=20, help="launches a timing")
+    parser.add_argument("--repeats", type=at_least_one, default=3, help="timings a case (median)")
     parser.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default")
     parser.add_argument("--device", default="auto", help="auto (cuda when there is one), cuda or cpu")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    if args.rows < 1 or args.calls < 1 or args.repeats < 1:
-        raise SystemExit("--rows, --calls and --repeats must be >= 1")
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     if args.blas != "default" and device.type == "cuda":

@@ -32,10 +32,16 @@ import multiprocessing
 import pickle
 import pstats
 import random
+import sys
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cli_types import at_least_one  # noqa: E402
 from enginespec.engine.core_messages import EngineState
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.engine_client import EngineClient
@@ -221,20 +227,13 @@ async def run_once(
     }
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--num-streams", type=_at_least_one, default=256, help="concurrent streaming requests")
+    ap.add_argument("--num-streams", type=at_least_one, default=256, help="concurrent streaming requests")
     ap.add_argument(
-        "--num-steps", type=_at_least_one, default=200, help="engine steps, one token per stream each"
+        "--num-steps", type=at_least_one, default=200, help="engine steps, one token per stream each"
     )
-    ap.add_argument("--repeats", type=_at_least_one, default=3, help="runs; the best is reported")
+    ap.add_argument("--repeats", type=at_least_one, default=3, help="runs; the best is reported")
     ap.add_argument("--tokenizer", default=None, help="an HF tokenizer dir (default: the benchmark's)")
     ap.add_argument("--http", action="store_true", help="through the app and uvicorn's h11 protocol too")
     ap.add_argument("--profile", type=int, default=0, help="print the top N cProfile entries")

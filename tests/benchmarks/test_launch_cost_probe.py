@@ -32,6 +32,7 @@ def test_the_residual_ops_add_in_place():
 
 
 @pytest.mark.parametrize("flag", ["--rows", "--calls", "--repeats"])
-def test_counts_below_one_are_refused(flag):
-    with pytest.raises(SystemExit, match="must be >= 1"):
+def test_counts_below_one_are_refused(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         probe.main([flag, "0"])
+    assert exit_info.value.code == 2 and f"{flag}: must be >= 1, got 0" in capsys.readouterr().err
