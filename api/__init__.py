@@ -7,6 +7,12 @@ The one public import for users:
     from enginespec import LLMEngine, EngineArgs  # vLLM's step-by-step API (enginespec.llm_engine)
     from enginespec import BeamSearchParams  # LLM.beam_search's params (enginespec.beam_search,
                                              # with BeamSearchOutput and BeamSearchSequence)
+    from enginespec import RequestOutput, CompletionOutput  # what generate() returns (outputs.py)
+    from enginespec import TextPrompt, TokensPrompt, PromptType  # the prompts it takes (inputs.py)
+    from enginespec import AsyncEngineArgs   # vLLM's name for EngineArgs given to AsyncLLM
+
+vLLM's examples import these from the top (`from vllm import EngineArgs, LLMEngine,
+RequestOutput, SamplingParams`), so each stands here under vLLM's name.
 
 The source tree maps onto this package by role (pyproject.toml's package-dir):
 
@@ -22,17 +28,25 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
     enginespec.conformance  conformance/  the pytest plugin and the suite that depends on --impl
 """
 
+from enginespec.inputs import PromptType, TextPrompt, TokensPrompt
+from enginespec.outputs import CompletionOutput, RequestOutput
 from enginespec.spec import RequestOutputKind, SamplingParams, StructuredOutputsParams, load_impl
 
 __all__ = [
+    "AsyncEngineArgs",
     "AsyncLLM",
     "BeamSearchParams",
+    "CompletionOutput",
     "EngineArgs",
     "LLM",
     "LLMEngine",
+    "PromptType",
+    "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
     "StructuredOutputsParams",
+    "TextPrompt",
+    "TokensPrompt",
     "load_impl",
 ]
 __version__ = "0.2.0"
@@ -49,7 +63,7 @@ def __getattr__(name: str):
         from enginespec.llm_engine import LLMEngine
 
         return LLMEngine
-    if name == "EngineArgs":  # imports torch
+    if name in ("EngineArgs", "AsyncEngineArgs"):  # imports torch; AsyncLLM takes EngineArgs as it is
         from enginespec.engine_args import EngineArgs
 
         return EngineArgs

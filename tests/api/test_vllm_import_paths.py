@@ -42,3 +42,34 @@ def test_prompt_types_are_the_dicts_generate_takes():
         [TokensPrompt(prompt_token_ids=ids)], BeamSearchParams(beam_width=2, max_tokens=3)
     )
     assert len(beams[0].sequences) == 2 and beams[0].sequences[0].tokens[: len(ids)] == ids
+
+
+def test_vllm_top_level_names_import_from_enginespec():
+    """vLLM's examples import their output and prompt types from the top (`from vllm import
+    EngineArgs, LLMEngine, RequestOutput, SamplingParams` in llm_engine_example.py,
+    `AsyncEngineArgs` beside AsyncLLM): each was an ImportError here. They are the objects of
+    enginespec.outputs, enginespec.inputs and EngineArgs itself (AsyncLLM.from_engine_args
+    takes an EngineArgs)."""
+    from enginespec import (
+        AsyncEngineArgs,
+        CompletionOutput,
+        EngineArgs,
+        PromptType,
+        RequestOutput,
+        inputs,
+        outputs,
+    )
+
+    assert RequestOutput is outputs.RequestOutput and CompletionOutput is outputs.CompletionOutput
+    assert enginespec.TextPrompt is TextPrompt and enginespec.TokensPrompt is TokensPrompt
+    assert PromptType is inputs.PromptType
+    assert AsyncEngineArgs is EngineArgs
+    for name in (
+        "AsyncEngineArgs",
+        "CompletionOutput",
+        "PromptType",
+        "RequestOutput",
+        "TextPrompt",
+        "TokensPrompt",
+    ):
+        assert name in enginespec.__all__
