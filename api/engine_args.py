@@ -337,6 +337,29 @@ class EngineArgs:
             raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(known - {'model'})}")
         return cls(model=None if model is None else str(model), **kwargs)
 
+    @staticmethod
+    def add_cli_args(parser):
+        """vLLM's: add `--model` and the engine's flags (the CLI's, vLLM's spellings:
+        `--max-model-len 4k`, `--no-enable-prefix-caching`, ...) to an argparse parser or
+        argument group, and return it. The namespace it parses holds every field, at the
+        field's default unless given, and nothing else of ours: vLLM's scripts pass it on as
+        `LLM(**vars(ns))` (generate.py, chat.py) or `EngineArgs.from_cli_args(ns)`
+        (llm_engine_example.py), and both take it as it is."""
+        from enginespec.entrypoints.cli import add_engine_flags
+
+        parser.add_argument("--model", help="local Hugging Face checkpoint directory")
+        add_engine_flags(parser)
+        parser.set_defaults(**{f.name: f.default for f in dataclasses.fields(EngineArgs)})
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args) -> "EngineArgs":
+        """vLLM's: the EngineArgs of a namespace parsed with add_cli_args' flags; its other
+        attributes (a script's own flags) are left out, and the fields it lacks keep their
+        defaults. Checked as any EngineArgs is (a ValueError naming the field)."""
+        names = [f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)]
+        return cls(**{name: getattr(args, name) for name in names})
+
     def mixed_graph_tokens(self, max_num_batched_tokens: int) -> int:
         """The largest mixed-step graph's token count (see max_cudagraph_capture_size)."""
         size = self.max_cudagraph_capture_size

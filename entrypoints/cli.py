@@ -203,7 +203,15 @@ def _token_count_or_auto(text: str) -> int:
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine knobs shared by generate and demo (vLLM's EngineArgs flag names)."""
+    """Engine knobs shared by generate, demo and serve, and the progress bar's switch."""
+    add_engine_flags(p)
+    p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
+
+
+def add_engine_flags(p) -> None:
+    """The engine's flags (vLLM's EngineArgs flag names), each one EngineArgs field, on an
+    argparse parser or argument group: the CLI's, and `EngineArgs.add_cli_args`'s (which
+    needs every dest to be a field, so that `EngineArgs(**vars(ns))` takes the namespace)."""
     from enginespec.engine_args import MODEL_IMPLS
 
     p.add_argument(
@@ -356,7 +364,6 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help='JSON sampling defaults over generation_config\'s, e.g. \'{"temperature": 0.5}\'',
     )
     _add_vllm_default_args(p)
-    p.add_argument("--no-tqdm", dest="use_tqdm", action="store_false", help="no progress bar")
 
 
 def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
