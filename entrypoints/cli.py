@@ -60,13 +60,13 @@ def _json_value(text: str):
 JSON_OBJECT_FLAGS = ("--speculative-config", "--override-generation-config")
 
 
-def _vllm_spelling(argv: list[str]) -> tuple[list[str], dict[str, dict]]:
+def vllm_spelling(argv: list[str]) -> tuple[list[str], dict[str, dict]]:
     """vLLM's spellings of flags, read as ours: an option's name (before any "." or "=") with
     underscores means the dashed one (`--speculative_config`), and a JSON object flag may be
     given key by key (`--speculative-config.num_speculative_tokens 3`, `--FLAG.a.b=V`, and
     `--FLAG.key+ V` / `--FLAG.key+=V1,V2` for list items): each value is JSON where it parses
     and a string where not. Returns (argv without the dotted options, flag -> the object they
-    build); `_merge_dotted` lays that over the flag's own JSON once argparse has read it."""
+    build); `merge_dotted` lays that over the flag's own JSON once argparse has read it."""
     out: list[str] = []
     dotted: dict[str, dict] = {}
     i = 0
@@ -118,7 +118,7 @@ def _set_dotted(target: dict, flag: str, keys: str, text: str) -> None:
         target[last] = value
 
 
-def _merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> None:
+def merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> None:
     """Lay each flag's dotted keys over its JSON value (None: an empty object)."""
     for flag, extra in dotted.items():
         dest = flag[2:].replace("-", "_")
@@ -867,11 +867,11 @@ def _main(argv: list[str]) -> int:
             return EXIT_USAGE
     parser = _parser()
     try:
-        argv, dotted = _vllm_spelling(argv)
+        argv, dotted = vllm_spelling(argv)
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
     ns = parser.parse_args(argv)
-    _merge_dotted(parser, ns, dotted)
+    merge_dotted(parser, ns, dotted)
     if ns.command == "serve":
         _serve_model(parser, ns)
     try:
