@@ -63,6 +63,7 @@ from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
 from enginespec.inputs import PromptType
 from enginespec.outputs import OutputView, RequestOutput
+from enginespec.profiler import Profiler
 from enginespec.spec import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class LLM:
         self.engine = engine
         self._front = front = _front_of(engine)  # shared with every other LLM over this engine
         self._ids, self._lock, self._mail, self._owned = front.ids, front.lock, front.mail, front.owned
+        self._profiler = Profiler()
 
     @classmethod
     def from_engine(cls, engine: EngineCore) -> "LLM":
@@ -187,6 +189,20 @@ class LLM:
         with self._lock:
             self._check_open()
             return self.engine.reset_prefix_cache()
+
+    def start_profile(self, profile_prefix: Optional[str] = None) -> None:
+        """vLLM's: trace what the engine runs from now until stop_profile() with torch.profiler,
+        into the directory VLLM_TORCH_PROFILER_DIR names (a RuntimeError when unset; profiler.py
+        states the rules). Under the engine lock, so a trace starts between steps."""
+        with self._lock:
+            self._check_open()
+            self._profiler.start(self.engine.model.device, profile_prefix)
+
+    def stop_profile(self) -> None:
+        """vLLM's: stop the trace start_profile() began and write it (a RuntimeError when none
+        runs)."""
+        with self._lock:
+            self._profiler.stop()
 
     # ---- adding -------------------------------------------------------------------------------
 

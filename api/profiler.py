@@ -1,0 +1,53 @@
+"""LLM.start_profile / stop_profile (vLLM's): a torch.profiler trace of what the engine runs.
+
+As vLLM's workers did before its profiler_config: the trace goes to the directory the
+environment variable VLLM_TORCH_PROFILER_DIR names, read when start_profile is called; unset,
+start_profile is a RuntimeError saying to set it (vLLM's "Profiler is not enabled"), and nothing
+starts. CPU activity always, CUDA's where the model runs on a GPU; the engine's own phases show
+as `enginespec.<phase>` ranges (engine_core._span). stop_profile writes one Chrome / Perfetto
+trace, `<host>_<pid>.<ms>.pt.trace.json`, torch's tensorboard_trace_handler's name (profile_prefix,
+when given, replaces `<host>_<pid>`). Only this process is traced: under tensor parallelism the
+other ranks' work is not (vLLM traces each worker). One profile at a time: a second start, or a
+stop with none running, is a RuntimeError that changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+
+
+class Profiler:
+    """At most one running torch.profiler.profile."""
+
+    def __init__(self) -> None:
+        self._running: Optional[torch.profiler.profile] = None
+
+    def start(self, device: torch.device, profile_prefix: Optional[str] = None) -> None:
+        if self._running is not None:
+            raise RuntimeError("a profile is already running: call stop_profile() first")
+        directory = os.environ.get(PROFILER_DIR_ENV, "")
+        if not directory:
+            raise RuntimeError(
+                f"profiling is not enabled: set {PROFILER_DIR_ENV} to the directory the trace goes to"
+            )
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profile = torch.profiler.profile(
+            activities=activities,
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(directory, worker_name=profile_prefix),
+        )
+        profile.start()
+        self._running = profile
+
+    def stop(self) -> None:
+        """Stop the running profile and write its trace."""
+        if self._running is None:
+            raise RuntimeError("no profile is running: call start_profile() first")
+        profile, self._running = self._running, None
+        profile.stop()
