@@ -31,6 +31,11 @@ def test_link_tree_lays_out_the_installed_names(tmp_path, monkeypatch):
     link_tree.link_tree(tmp_path, package_dir)
     assert (tmp_path / "enginespec" / "__init__.py").resolve() == (ROOT / "api" / "__init__.py").resolve()
     assert (tmp_path / "enginespec" / "spec").resolve() == (ROOT / "spec").resolve()
+    # the root package's own subpackages (api/utils is enginespec.utils), not only its files:
+    # the device imports from this tree, and `enginespec.utils` was missing there
+    assert (tmp_path / "enginespec" / "utils" / "argparse_utils.py").resolve() == (
+        ROOT / "api" / "utils" / "argparse_utils.py"
+    ).resolve()
 
 
 def test_typecheck_imports(monkeypatch):

@@ -13,7 +13,7 @@ registered this way: pass `-p enginespec.conformance.plugin` to pytest.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 try:
@@ -35,17 +35,21 @@ def link_tree(dest: Path, package_dir: dict[str, str], root: Path = ROOT) -> Non
     for name, folder in sorted(package_dir.items(), key=lambda kv: kv[0].count(".")):
         target = dest.joinpath(*name.split("."))
         src = root / folder
-        if "." not in name:  # the root package: link its files; subpackages go inside it
-            target.mkdir(parents=True)
+        if "." not in name:  # the root package: link its files and its own subpackages (api/utils:
+            target.mkdir(parents=True)  # enginespec.utils); mapped subpackages go inside it next
             for f in src.iterdir():
-                if f.suffix in (".py", ".typed"):
-                    (target / f.name).symlink_to(f)
+                if f.suffix in (".py", ".typed") or (f / "__init__.py").is_file():
+                    (target / f.name).symlink_to(f, target_is_directory=f.is_dir())
         else:
             target.symlink_to(src, target_is_directory=True)
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "build/linked")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "dest", nargs="?", default="build/linked", help="the tree's folder (default build/linked)"
+    )
+    out = Path(parser.parse_args().dest)
     out.mkdir(parents=True, exist_ok=True)
     link_tree(out, package_dirs())
     print(out)
