@@ -235,6 +235,7 @@ def _per_split_probe(seq_lens_ptr, out_ptr, num_rows, fill_splits, num_splits, w
         ([8192] + [100] * 20, 1, 4, 0),  # one long row: its share is capped by num_splits
         ([0, 0, 1], 1, 2, 0),
         ([40, 700, 300], 2, 8, 100),  # a window narrows the long rows' ranges
+        ([1100] + [100] * 20, 1, 4, 0),  # the long row's share binds: 9 tiles, not a multiple of 4
     ],
 )
 def test_balanced_tiles_per_split(seq_lens, fill_splits, num_splits, window):
@@ -274,6 +275,24 @@ def test_balanced_splits_match_the_reference(num_splits, fill_splits, window, pr
     if window == 0 or fill_splits > 1:  # (a 13-key window leaves every row <= 2 tiles, the share 2)
         assert any(t <= per for t in spans) and any(t > per for t in spans), "both kinds of row"
     _check(batch, qkv, cos, sin, weight, window=window, config=config, order=order.to(torch.int32).to(DEVICE))
+
+
+def test_balanced_long_row_takes_more_than_the_even_share():
+    """A balanced launch at ratio 1 (balanced_launches(1): as many splits as the fill count)
+    where one row is far longer than the rest: the even share (the batch's tiles over the live
+    rows' splits) is one tile, so the share is the long row's ceil(tiles / num_splits) instead,
+    a tile count that num_splits does not divide. A share that rounded down left that row's
+    last tile to no split (its keys silently dropped)."""
+    seq_lens = [MAX_SEQ] + [1] * 7  # tiles of 16: 3 (CUDA: 57) and seven of 1
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 90, seq_lens)
+    splits, fill = da.balanced_splits(2, 1)
+    config = LaunchConfig(
+        block_m=16, tile=16, num_splits=splits, num_warps=4, num_stages=2, balance_splits=fill
+    )
+    per, spans = balanced_tiles_per_split(batch.seq_lens.tolist(), 16, fill, splits)
+    even = -(-sum(spans) // (len(seq_lens) * fill))
+    assert per > even and spans[0] % splits, "the longest row's share binds, at a ragged split"
+    _check(batch, qkv, cos, sin, weight, config=config)
 
 
 @pytest.mark.parametrize(
