@@ -295,6 +295,20 @@ def test_balanced_long_row_takes_more_than_the_even_share():
     _check(batch, qkv, cos, sin, weight, config=config)
 
 
+@pytest.mark.parametrize("fill_splits", [0, 1])
+def test_window_starting_at_a_tile_edge(fill_splits):
+    """A 13-key window over 16-key tiles where a row's first visible key (position seq_len -
+    13) is the last key of a tile (28 keys: position 15), the first of one (29: 16) or position
+    0 (13): the split launch and its merge (or the balanced launch, fill_splits 1) must agree
+    on each row's first tile, and a tile skipped at the edge drops that row's oldest keys."""
+    seq_lens = [28, 29, 13, MAX_SEQ]
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 4, torch.float32, 92, seq_lens)
+    config = LaunchConfig(
+        block_m=16, tile=16, num_splits=2, num_warps=4, num_stages=2, balance_splits=fill_splits
+    )
+    _check(batch, qkv, cos, sin, weight, window=13, config=config)
+
+
 @pytest.mark.parametrize(
     "tile,loop_tile,long_tile,merge_block_d",
     [(16, 0, 0, 0), (16, 64, 0, 8), (32, 0, 0, 8), (64, 0, 0, 0), (16, 32, 128, 8)],
