@@ -75,11 +75,12 @@ def _case(heads, block_size, dtype, seed, seq_lens, norm=True, num_padding=1):
     return batch, qkv, cos, sin, weight
 
 
-def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None, row_source=None):
+def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, scale=None, row_source=None,
+           eps=1e-6):  # fmt: skip
     hq = batch.q.shape[1]
     want_cache = batch.cache.clone()
     want = decode_attention_ref(
-        qkv, cos, sin, weight, 1e-6, want_cache, batch.slot_mapping, batch.seq_lens, batch.block_table, hq,
+        qkv, cos, sin, weight, eps, want_cache, batch.slot_mapping, batch.seq_lens, batch.block_table, hq,
         scale=scale, window=window, row_source=row_source, row_eps=1e-5,
     )  # fmt: skip
     cache = batch.cache.clone()
@@ -90,7 +91,7 @@ def _check(batch, qkv, cos, sin, weight, *, window=0, config=None, order=None, s
         cos,
         sin,
         weight,
-        1e-6,
+        eps,
         cache,
         batch.slot_mapping,
         batch.seq_lens,
@@ -307,6 +308,14 @@ def test_window_starting_at_a_tile_edge(fill_splits):
         block_m=16, tile=16, num_splits=2, num_warps=4, num_stages=2, balance_splits=fill_splits
     )
     _check(batch, qkv, cos, sin, weight, window=13, config=config)
+
+
+def test_qk_norm_epsilon_is_inside_the_root():
+    """The q|k norm is x / sqrt(mean(x^2) + eps). At eps 1e-6 against unit rows, eps moved
+    outside the root (or dropped) changes nothing measurable, so this runs at eps 0.5, where
+    1 / sqrt(1.5) and 1 / (1 + 0.5) differ by 22%."""
+    batch, qkv, cos, sin, weight = _case(HEADS[0], 5, torch.float32, 91, [1, 9, 30])
+    _check(batch, qkv, cos, sin, weight, eps=0.5)
 
 
 @pytest.mark.parametrize(

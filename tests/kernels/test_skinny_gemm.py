@@ -115,6 +115,20 @@ def test_norm_prologue_and_residual_epilogue_match_reference(dtype, config):
         assert not buffers.counts.any()
 
 
+@pytest.mark.parametrize("config", FUSING, ids=FUSING_IDS)
+def test_norm_epsilon_is_inside_the_root(config):
+    """The fused RMSNorm is x / sqrt(mean(x^2) + eps). At eps 1e-6 against unit rows, eps moved
+    outside the root (or dropped) is below the tolerance, so this runs at eps 0.5, where
+    1 / sqrt(1.5) and 1 / (1 + 0.5) differ by 22%; one row and three (the one-tile kernel
+    takes a single row's statistics apart from several rows')."""
+    for m in (1, 3):
+        x, weight, bias = _operands(m, 24, 70, torch.float32, seed=m)
+        norm_weight = (1 + 0.1 * torch.randn(70, generator=torch.Generator().manual_seed(m))).to(DEVICE)
+        want = linear_ref(rms_norm_ref(x, norm_weight, 0.5), weight, bias)
+        got = skinny_linear(x, weight, bias, config, SplitBuffers(DEVICE), norm_weight=norm_weight, eps=0.5)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+
+
 @pytest.mark.parametrize("fusion", ["plain", "silu", "residual"])
 def test_gemv_rows_past_m_are_neither_read_nor_written(fusion):
     """The one-tile kernel's tile holds next_power_of_2(M) rows: rows M and past are masked.

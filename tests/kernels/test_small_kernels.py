@@ -154,6 +154,22 @@ def test_qkv_rope_matches_reference(dtype, norm, heads, dim, block_size):
     assert torch.equal(cache.view(2, -1, heads[1], dim)[1, slots[keep]], v[keep])
 
 
+def test_qkv_rope_norm_epsilon_is_inside_the_root():
+    """The q|k norm is x / sqrt(mean(x^2) + eps). At eps 1e-6 against unit rows, eps moved
+    outside the root (or dropped) changes nothing measurable, so this runs at eps 0.5, where
+    1 / sqrt(1.5) and 1 / (1 + 0.5) differ by 22%."""
+    from enginespec.kernels.qkv_rope import qkv_rope
+    from enginespec.kernels.reference import qkv_rope_ref
+
+    qkv, cos, sin, slots, cache = _qkv_case(torch.float32, (3, 1), 16, 4)
+    weight = 1 + 0.1 * _randn(4, 16, dtype=torch.float32, seed=14)
+    want_cache = cache.clone()
+    got = qkv_rope(qkv, cos, sin, weight, 0.5, cache, slots, 3)
+    want = qkv_rope_ref(qkv, cos, sin, weight, 0.5, want_cache, slots, 3)
+    torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+    torch.testing.assert_close(cache[:, :-1], want_cache[:, :-1], equal_nan=True, **TOLERANCES[torch.float32])
+
+
 def test_qkv_rope_is_the_composed_ops():
     """The reference equals RMSNorm per head (the merged decoder's own helper), then rotate-half
     rotary, then the K/V write: float32, so up to reassociation."""
