@@ -52,11 +52,17 @@ def _fused_shapes(seed: int, config: SkinnyConfig) -> list[tuple[int, int, int]]
 
 
 def _operands(m: int, n: int, k: int, dtype, seed: int):
+    """x [m, k] and weight [n, k] are views of rows wider than K whose extra columns are NaN: a
+    kernel that reads past K (a K tail without its mask) gets NaN there, deterministically, and
+    not only past the allocation's end."""
     gen = torch.Generator().manual_seed(seed)
-    wide = torch.randn(m, k + 7, generator=gen)[:, :k]  # a row stride wider than K
-    weight = torch.randn(n, k, generator=gen) / k**0.5
+    wide = torch.randn(m, k + 7, generator=gen)  # a row stride wider than K
+    wide[:, k:] = float("nan")
+    weight = torch.full((n, k + 5), float("nan"))
+    weight[:, :k] = torch.randn(n, k, generator=gen) / k**0.5
     bias = torch.randn(n, generator=gen)
-    return wide.to(dtype).to(DEVICE), weight.to(dtype).to(DEVICE), bias.to(dtype).to(DEVICE)
+    x, weight = wide.to(dtype).to(DEVICE)[:, :k], weight.to(dtype).to(DEVICE)[:, :k]
+    return x, weight, bias.to(dtype).to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
