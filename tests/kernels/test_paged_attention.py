@@ -102,6 +102,25 @@ def test_split_kv_matches_reference(num_splits, window):
     _run(batch, window=window, config=config)
 
 
+def test_split_kv_merge_with_a_padded_head_dim():
+    """Split-KV at a head_dim that is not a power of two (24 on CPU, 80 on CUDA: padded to 32 /
+    128): the partials hold the padded dims, and the merge must store only the head's own. The
+    output is a view of a taller buffer whose spare row holds a sentinel: a merge that stored the
+    pad dims would write them into the next head (a race on a GPU) and, for the last row's last
+    head, past the output."""
+    batch = _batch(HEADS[2], 4, torch.float32, seed=17, num_reqs=3, max_seq_len=2000 if CUDA else 40,
+                   max_query_len=3, num_padding=1)  # fmt: skip
+    n = batch.q.shape[0]
+    buf = torch.full((n + 1, *batch.q.shape[1:]), float("nan"), device=DEVICE)
+    buf[n] = 7.0
+    config = LaunchConfig(block_m=16, tile=16, num_splits=2, num_warps=4, num_stages=2)
+    args = (batch.q, batch.cache, batch.query_start_loc, batch.seq_lens, batch.block_table)
+    got = paged_attention(*args, max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                          out=buf[:n], config=config)  # fmt: skip
+    torch.testing.assert_close(got, paged_attention_ref(*args), **TOLERANCES[torch.float32])
+    assert torch.equal(buf[n], torch.full_like(buf[n], 7.0)), "the merge stored past the head's dims"
+
+
 def test_decode_only_heuristic_splits():
     """Decode-only batch with long contexts: the default heuristic picks split-KV on a GPU."""
     batch = _batch(
