@@ -2,12 +2,24 @@
 (sm_90) with triton's bundled ptxas, also on a CPU-only machine: the interpreter tests in
 conformance/test_sampler.py check what the kernels compute, but the interpreter accepts code
 that the real compiler rejects (an earlier draw kernel failed on CUDA over a loop-carried
-name). The compile runs in a subprocess (tests/kernels/sm90.py).
+name). The compile runs in a subprocess (tests/kernels/sm90.py). Also one helper probed
+directly (interpreted on CPU): `_scan_chunk` on a row's last, partial chunk.
 """
 
+import os
+
 import pytest
+import torch
+import triton
+import triton.language as tl
+
+from enginespec.kernels import sampling as st
 
 from .sm90 import compile_script
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 
 SCRIPT = r"""
 from enginespec.kernels import sampling as st
@@ -130,3 +142,32 @@ def test_fused_draw_passes_16_byte_aligned_pointers_at_every_row_count(monkeypat
     cut_draw.draw(x, prm, keys, (0, 0), chunk=128)
     assert len(seen) >= 10
     assert all(t.data_ptr() % 16 == 0 for t in seen), [t.data_ptr() % 16 for t in seen]
+
+
+@triton.jit
+def _scan_chunk_probe(x_ptr, out_ptr, vocab, start, chunk_top, scale, thr, target, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr):  # fmt: skip
+    tl.store(out_ptr, st._scan_chunk(x_ptr, start, vocab, chunk_top, scale, thr, target, CHUNK, BLOCK))
+
+
+@pytest.mark.skipif(not TRITON, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_scan_chunk_never_picks_a_column_past_the_row():
+    """sampling._scan_chunk over a row's last, partial chunk (vocab 50, chunk 32: columns
+    32-49), the row a view of wider rows whose column 50 holds the largest value: the first id
+    whose running weight passes the target, and where none does (a target at or past the
+    chunk's mass: the kernels' sums round apart, so u2 near 1 can get there) the last id of
+    positive weight. Never column 50: that is not a token."""
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(2, 64, generator=gen)
+    wide[:, 50:] = 30.0
+    x, vocab, start, chunk = wide.to(DEVICE), 50, 32, 32
+    top, scale = wide[0, start:vocab].max().item(), 1.4426950408889634
+    weights = torch.exp2((wide[0, start:vocab] - top) * scale).double()
+    run, mass = weights.cumsum(0), weights.sum().item()
+    out = torch.empty(1, dtype=torch.int32, device=DEVICE)
+    # targets: none passed yet, midway between two running sums (clear of rounding), past the mass
+    for target, want in ((0.0, start), ((run[8] + run[9]).item() / 2, start + 9), (2 * mass, vocab - 1)):
+        _scan_chunk_probe[(1,)](
+            x, out, vocab, start, top, scale, float("-inf"), target, CHUNK=chunk, BLOCK=16
+        )
+        assert int(out) == want, (target, int(out), want)
