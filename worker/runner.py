@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
@@ -128,6 +128,9 @@ class ModelRunner:
             self._check_pool_memory(sized_by, value)
         self.kv_caches = self._allocate_pool(sized_by)
         self._host: dict[str, list[torch.Tensor]] = {}
+        # apply_swaps' finished-id lists not yet handed to a build (prepare): the builder releases
+        # a request's rows only when a batch it builds reports the request finished
+        self._unbuilt: list[list[str]] = []
         self.graphs = None
         if (
             self.device.type == "cuda"
@@ -372,9 +375,14 @@ class ModelRunner:
 
     def apply_swaps(self, output: SchedulerOutput) -> None:
         """Drop finished requests' copies, then swap out before swap in (the scheduler never
-        does both in one step, but out-before-in is the safe order if it did)."""
+        does both in one step, but out-before-in is the safe order if it did). The finished ids
+        are also kept for the next prepare(): a step that builds no batch (an empty schedule,
+        which is where an async step's last finishes are reported; a step that failed first)
+        must not lose them, or the impl's batch builder keeps those requests' rows."""
         for request_id in output.finished:
             self.drop(request_id)
+        if output.finished:
+            self._unbuilt.append(output.finished)
         for request_id, blocks in output.swap_out:
             self.swap_out(request_id, blocks)
         for request_id, blocks in output.swap_in:
@@ -393,7 +401,20 @@ class ModelRunner:
                 pad_to = self.graphs.bucket_for(num_tokens)
             else:
                 pad_to = self.graphs.mixed_bucket_for(num_tokens)
-        return self.build_batch(output, block_manager, self.device, pad_to=pad_to)
+        batch = self.build_batch(self._with_unbuilt(output), block_manager, self.device, pad_to=pad_to)
+        self._unbuilt.clear()
+        return batch
+
+    def _with_unbuilt(self, output: SchedulerOutput) -> SchedulerOutput:
+        """`output` whose finished ids also hold those of the steps since the last build that
+        built none (apply_swaps kept them), so the builder releases every finished request's
+        per-request state (fast impl: its block-table row, which holds the table itself).
+        Without any such step, `output` itself: the usual step pays no copy."""
+        earlier = [ids for ids in self._unbuilt if ids is not output.finished]
+        if not earlier:
+            return output
+        finished = [rid for ids in earlier for rid in ids]
+        return replace(output, finished=[*finished, *output.finished])
 
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecuteOutput:
