@@ -533,14 +533,22 @@ class EngineCore:
                 if bans_read_outputs(params.bad_words_token_ids):
                     self._banning.add(sample.request.request_id)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
-            for request in requests:
-                self.scheduler.abort(request.request_id)
-            self.parents.pop(request_id, None)
-            for request in requests:
-                self._samples.pop(request.request_id, None)
-                self._constrained.discard(request.request_id)
-                self._banning.discard(request.request_id)
+            self._unadd(request_id, requests)
             raise
+
+    def _unadd(self, request_id: str, requests: list) -> None:
+        """Undo a failed add_request: every sibling leaves the scheduler and every map of the
+        engine, its speculative counters too (_new_sample made them, SpecDecoder.track), so a
+        refused add leaves nothing behind for the life of the engine."""
+        for request in requests:
+            self.scheduler.abort(request.request_id)
+        self.parents.pop(request_id, None)
+        for request in requests:
+            self._samples.pop(request.request_id, None)
+            self._constrained.discard(request.request_id)
+            self._banning.discard(request.request_id)
+            if self.spec is not None:
+                self.spec.forget(request.request_id)
 
     def _compile_grammar(self, params: SamplingParams):
         """The compiled grammar of params.structured_outputs (None when it has none): a

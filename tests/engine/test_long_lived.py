@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from enginespec.engine.request_ids import SEP
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
@@ -50,3 +51,32 @@ def test_batch_rows_of_finished_requests_are_released_under_async_scheduling():
     # the last call's two requests: their finish is reported with the next call's first batch
     assert len(rows.slot_of) <= len(PROMPTS)
     assert sum(table is not None for table in rows.table_of) <= len(PROMPTS)
+
+
+def test_a_refused_add_leaves_no_speculative_counters(monkeypatch):
+    """EngineCore.add_request promises that any exception leaves nothing behind. Each sample's
+    speculative-decoding counters are made before the scheduler's add (EngineCore._new_sample);
+    when Scheduler.add refused a sibling (an impl's own rule, an interrupt inside it) the engine
+    rolled back everything else but kept those counters: one SpecDecodeStats per refused sample,
+    for the life of the engine."""
+    llm = _fast_llm(
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    )
+    engine = llm.engine
+    add = engine.scheduler.add
+
+    def refuse_second(request):  # the first sibling is queued, the second refused
+        if request.request_id.startswith(f"{SEP}1{SEP}"):
+            raise ValueError("refused by the impl")
+        add(request)
+
+    monkeypatch.setattr(engine.scheduler, "add", refuse_second)
+    for _ in range(20):
+        with pytest.raises(ValueError, match="refused by the impl"):
+            llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, n=2), use_tqdm=False)
+    assert engine.spec.request_stats == {}
+    assert not engine.parents and not engine._samples and not engine.scheduler.has_unfinished
+    monkeypatch.undo()
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, n=2), use_tqdm=False)[0]
+    assert len(out.outputs) == 2  # the engine serves on
+    assert engine.spec.request_stats == {}
