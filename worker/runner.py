@@ -42,6 +42,10 @@ from enginespec.worker.compiled import EAGER_FUSED_ENV, CompiledBody, should_com
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 1 << 28  # 256 MiB: a modest default for the host pool
+# Finished ids apply_swaps carries to the next build at most (oldest dropped first): requests
+# aborted before any schedule finish on steps that build nothing, and an engine that never builds
+# must not keep one id per request. A dropped id's row, if any, goes at TableRows.bound.
+UNBUILT_IDS = 4096
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -131,6 +135,7 @@ class ModelRunner:
         # apply_swaps' finished-id lists not yet handed to a build (prepare): the builder releases
         # a request's rows only when a batch it builds reports the request finished
         self._unbuilt: list[list[str]] = []
+        self._num_unbuilt = 0  # ids in _unbuilt, at most UNBUILT_IDS past the newest list
         self.graphs = None
         if (
             self.device.type == "cuda"
@@ -382,7 +387,7 @@ class ModelRunner:
         for request_id in output.finished:
             self.drop(request_id)
         if output.finished:
-            self._unbuilt.append(output.finished)
+            self._carry(output.finished)
         for request_id, blocks in output.swap_out:
             self.swap_out(request_id, blocks)
         for request_id, blocks in output.swap_in:
@@ -403,7 +408,16 @@ class ModelRunner:
                 pad_to = self.graphs.mixed_bucket_for(num_tokens)
         batch = self.build_batch(self._with_unbuilt(output), block_manager, self.device, pad_to=pad_to)
         self._unbuilt.clear()
+        self._num_unbuilt = 0
         return batch
+
+    def _carry(self, finished: list[str]) -> None:
+        """Keep one step's finished ids for the next build, dropping the oldest lists once more
+        than UNBUILT_IDS are held (the newest is always kept: it is this step's own)."""
+        self._unbuilt.append(finished)
+        self._num_unbuilt += len(finished)
+        while self._num_unbuilt > UNBUILT_IDS and len(self._unbuilt) > 1:
+            self._num_unbuilt -= len(self._unbuilt.pop(0))
 
     def _with_unbuilt(self, output: SchedulerOutput) -> SchedulerOutput:
         """`output` whose finished ids also hold those of the steps since the last build that

@@ -80,3 +80,21 @@ def test_a_refused_add_leaves_no_speculative_counters(monkeypatch):
     out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, n=2), use_tqdm=False)[0]
     assert len(out.outputs) == 2  # the engine serves on
     assert engine.spec.request_stats == {}
+
+
+def test_finished_ids_carried_past_empty_steps_stay_bounded():
+    """Requests aborted before they were ever scheduled finish on steps that build no batch, so
+    the runner carries their ids (apply_swaps, for the next build to release rows). An engine
+    that keeps taking such requests and never builds must not keep one id per request: the
+    carry is capped (the builder's own TableRows.bound covers rows whose id it dropped)."""
+    from enginespec.worker.runner import UNBUILT_IDS
+
+    llm = _fast_llm()
+    engine = llm.engine
+    for i in range(UNBUILT_IDS + 300):
+        engine.add_request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=3))
+        engine.abort(f"r{i}")
+        engine.step()
+    assert sum(map(len, engine.runner._unbuilt)) <= UNBUILT_IDS
+    out = llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [3, 3]  # the engine serves on
