@@ -384,10 +384,10 @@ class ModelRunner:
         are also kept for the next prepare(): a step that builds no batch (an empty schedule,
         which is where an async step's last finishes are reported; a step that failed first)
         must not lose them, or the impl's batch builder keeps those requests' rows."""
+        if output.finished:  # carried first: a drop that raises must not lose them
+            self._carry(output.finished)
         for request_id in output.finished:
             self.drop(request_id)
-        if output.finished:
-            self._carry(output.finished)
         for request_id, blocks in output.swap_out:
             self.swap_out(request_id, blocks)
         for request_id, blocks in output.swap_in:

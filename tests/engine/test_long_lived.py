@@ -98,3 +98,21 @@ def test_finished_ids_carried_past_empty_steps_stay_bounded():
     assert sum(map(len, engine.runner._unbuilt)) <= UNBUILT_IDS
     out = llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [3, 3]  # the engine serves on
+
+
+def test_a_step_whose_copy_drop_raises_still_carries_its_finished_ids(monkeypatch):
+    """apply_swaps keeps a step's finished ids for the next build before it drops their host
+    copies: a drop that raises (the step fails there) must not lose them, or the builder keeps
+    those requests' rows until its own bound wipes them."""
+    from enginespec.spec.scheduler import SchedulerOutput
+
+    llm = _fast_llm()
+    runner = llm.engine.runner
+
+    def failing_drop(request_id):
+        raise RuntimeError("drop failed")
+
+    monkeypatch.setattr(runner, "drop", failing_drop)
+    with pytest.raises(RuntimeError, match="drop failed"):
+        runner.apply_swaps(SchedulerOutput(finished=["gone-1", "gone-2"]))
+    assert [rid for ids in runner._unbuilt for rid in ids] == ["gone-1", "gone-2"]
