@@ -78,3 +78,28 @@ def test_rejudging_a_sample_with_no_survivors_reports_zero_of_zero(mutation, mon
     assert "reference: 0/0 killed (no mutant judged)" in capsys.readouterr().out
     summary = json.loads(out.read_text())["summary"]["reference"]
     assert (summary["run"], summary["counted"], summary["rate"]) == (0, 0, None)
+
+
+def test_a_file_outside_the_control_plane_is_mutated_over_the_tests_named(mutation, monkeypatch, tmp_path):
+    """`--files spec/stops.py --tests ...`: the sampler, spec and engine modules are mutated too,
+    each over the tests that reach it (the conformance subset never imports most of them; before
+    --tests such a run drew no mutant, its file being in no impl's TARGETS)."""
+    monkeypatch.setattr(mutation, "SUITE", list(mutation.SUITE))
+    monkeypatch.setattr(mutation, "OWN_TESTS", dict(mutation.OWN_TESTS))
+    runs = []
+
+    def fake_run(impl, env, timeout):
+        runs.append((impl, env["MUTANT_MODULE"], list(mutation.SUITE), dict(mutation.OWN_TESTS)))
+        return "survived" if env["MUTANT_MODULE"] == "-" else "killed"
+
+    monkeypatch.setattr(mutation, "run_suite", fake_run)
+    out = tmp_path / "r.json"
+    argv = ["--impls", "fast", "--files", "spec/stops.py", "--sample", "3", "--jobs", "1"]
+    assert mutation.main([*argv, "--json", str(out), "--tests", "tests/engine/test_detokenizer.py"]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 3 and {r["path"] for r in results} == {"spec/stops.py"}
+    assert {module for _, module, _, _ in runs[1:]} == {"enginespec.spec.stops"}
+    assert all(suite == ["tests/engine/test_detokenizer.py"] and not own for _, _, suite, own in runs)
+    assert mutation._files("fast", ["impls/fast/scheduler.py", "impls/reference/scheduler.py"]) == [
+        "impls/fast/scheduler.py"
+    ]

@@ -11,6 +11,12 @@ judged by hand (killed or argued equivalent).
 
     python tools/mutation.py --sample 40 --seed 0            # 40 random mutants per impl
     python tools/mutation.py --files impls/fast/free_queue.py --sample 0   # every mutant of one file
+    python tools/mutation.py --impls fast --files spec/stops.py --sample 0 \
+        --tests conformance/test_scheduler.py tests/engine/test_detokenizer.py   # any file, its own tests
+
+A file outside the control plane (TARGETS) is mutated when --files names it, under each impl of
+--impls; --tests then names the tests that reach it (they replace the conformance subset and the
+impl's own tests).
 
 The reference is mutated with --impl=reference (its lockstep then compares it with itself, so
 only the invariant checkers judge it); the fast impl with --impl=fast (lockstep included).
@@ -256,6 +262,15 @@ def judge(mutant: Mutant, impl: str, timeout: float, tmp: Path) -> tuple[Mutant,
     )
 
 
+def _files(impl: str, files) -> list[str]:
+    """The files mutated under `impl`: its TARGETS (those of them named in `files`, when given),
+    and any named file no impl's TARGETS holds (an engine, spec or sampler module)."""
+    if not files:
+        return TARGETS[impl]
+    control_plane = {f for targets in TARGETS.values() for f in targets}
+    return [f for f in TARGETS[impl] if f in files] + [f for f in files if f not in control_plane]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", type=int, default=40, help="mutants per impl (0: all)")
@@ -267,8 +282,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every result here")
     ap.add_argument("--rejudge", help="re-run only the survivors recorded in this --json file")
     ap.add_argument("--profile", default="enginespec-ci", help="Hypothesis profile of the suite runs")
+    ap.add_argument(
+        "--tests",
+        nargs="*",
+        help="pytest paths run on each mutant in place of the conformance subset and own tests",
+    )
     args = ap.parse_args(argv)
     PROFILE[:] = [f"--hypothesis-profile={args.profile}"]
+    if args.tests:
+        SUITE[:] = args.tests
+        OWN_TESTS.clear()
     baseline = {
         impl: run_suite(impl, {"MUTANT_MODULE": "-", "MUTANT_SOURCE": __file__}, args.timeout)
         for impl in args.impls
@@ -278,7 +301,7 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         for impl in args.impls:
-            pool_ = [m for f in TARGETS[impl] if not args.files or f in args.files for m in mutants_of(f)]
+            pool_ = [m for f in _files(impl, args.files) for m in mutants_of(f)]
             chosen = pool_ if not args.sample or args.sample >= len(pool_) else rng.sample(pool_, args.sample)
             if args.rejudge:
                 old = json.loads(Path(args.rejudge).read_text())["results"]
