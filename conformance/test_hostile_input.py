@@ -5,6 +5,7 @@ conformance/strategies.py) and checked against the impl under test."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -97,6 +98,26 @@ def test_refused_cache_keys(impl, key):
         impl.new_request("r", [1, 2, 3], SamplingParams(), cache_key=key)
 
 
+def test_cache_keys_nest_at_most_8_levels(impl):
+    """The spec's depth bound (spec.validation: a key nesting deeper than 8 levels is refused, so
+    a hostile key cannot recurse the hash encoder without end): 8 tuple levels are taken and
+    hashed as the spec says, 9 are a ValueError naming cache_key and the bound."""
+
+    def nested(levels):
+        key = "salt"
+        for _ in range(levels):
+            key = (key,)
+        return key
+
+    tokens = [3, 4, 5, 6]
+    r = impl.new_request("r", tokens, SamplingParams(), arrival_time=0.0, cache_key=nested(8))
+    bm = impl.new_block_manager(8, 2, True)
+    bm.find_cached_prefix(r)
+    assert list(r.block_hashes) == hash_request_blocks(tokens, 2, nested(8))
+    with pytest.raises(ValueError, match="cache_key nests deeper than 8 levels"):
+        impl.new_request("s", tokens, SamplingParams(), arrival_time=0.0, cache_key=nested(9))
+
+
 @pytest.mark.usefixtures("torch_one_thread")
 def test_cache_salt_separates_tenants(impl):
     llm = make_llm(impl)
@@ -167,9 +188,19 @@ def test_engine_refuses_what_it_knows_is_out_of_range(impl):
             engine.add_request("x", [1, 2], params)
     with pytest.raises(ValueError, match="n"):
         SamplingParams(n=MAX_N + 1)
+    over = list(range(VOCAB_SIZE, VOCAB_SIZE + 7))  # the message lists the first five, not all
+    with pytest.raises(ValueError, match=re.escape(f"vocab_size ({VOCAB_SIZE}), got {over[:5]!r}")):
+        engine.add_request("x", [1, *over], GREEDY)
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(allowed_token_ids=[7], logit_bias={7: -math.inf})
     assert not engine.has_unfinished
+
+
+def test_n_is_at_most_256_samples():
+    """MAX_N is 256 (DESIGN: n in [1, 256]): a test that only reads MAX_N moves with it."""
+    assert MAX_N == 256 and SamplingParams(n=256).n == 256
+    with pytest.raises(ValueError, match=re.escape("SamplingParams.n must be <= 256, got 257")):
+        SamplingParams(n=257)
 
 
 @pytest.mark.usefixtures("torch_one_thread")
