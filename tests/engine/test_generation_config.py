@@ -74,6 +74,16 @@ def test_further_eos_ids_skip_the_model_eos_and_repeats():
     assert further_eos_ids(None, 4) == (4,)
 
 
+def test_eos_ids_that_are_not_ints_are_left_out(tmp_path):
+    """A JSON true is a Python int: an `eos_token_id: true`, or a list holding bools, floats,
+    strings or nulls, gives only its real ints (a bool never becomes id 1 or 0, and a stray
+    string or null never crashes the load: the missing-or-odd-file invariant)."""
+    odd = [2, True, 3.5, "7", None, 4]
+    assert GenerationDefaults.from_dir(_dir_with(tmp_path, {"eos_token_id": True})).eos_token_ids == ()
+    assert GenerationDefaults.from_dir(_dir_with(tmp_path, {"eos_token_id": odd})).eos_token_ids == (2, 4)
+    assert further_eos_ids(None, False, [True, 5]) == (5,)
+
+
 def _checkpoint_with(tmp_path, **fields) -> str:
     """A copy of the tiny qwen3 checkpoint whose generation_config.json gains `fields`."""
     dest = tmp_path / "ckpt"
