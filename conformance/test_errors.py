@@ -40,6 +40,83 @@ def test_sampling_params_name_the_field(case):
         SamplingParams(**kwargs)
 
 
+#: (field, value just past its bound, the bound as the message states it). The Hypothesis test
+#: above draws 12 cases over ~25 fields, so a bound can go unchecked for a whole run (mutation:
+#: top_p 0 taken, every real field's lower bound dropped, a "None" bound in the message).
+_JUST_PAST = [
+    ("temperature", -0.01, ">= 0.0"),
+    ("top_k", -2, ">= -1"),
+    ("top_p", 0.0, "in (0, 1]"),
+    ("top_p", 1.01, "in (0, 1]"),
+    ("min_p", -0.01, ">= 0.0"),
+    ("min_p", 1.01, "<= 1.0"),
+    ("presence_penalty", -2.01, ">= -2.0"),
+    ("presence_penalty", 2.01, "<= 2.0"),
+    ("frequency_penalty", -2.01, ">= -2.0"),
+    ("frequency_penalty", 2.01, "<= 2.0"),
+    ("repetition_penalty", 0.0, "> 0"),
+    ("max_tokens", 0, ">= 1"),
+    ("min_tokens", -1, ">= 0"),
+    ("n", 0, ">= 1"),
+    ("n", 257, "<= 256"),
+    ("truncate_prompt_tokens", 0, "None, -1 (up to max_model_len) or >= 1"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "bound"), _JUST_PAST, ids=lambda v: str(v))
+def test_sampling_params_refuse_a_value_just_past_each_bound(field, value, bound):
+    """Each bound of SamplingParams' docstring, one step past it: a ValueError whose message
+    states the field, the bound and the value."""
+    with pytest.raises(ValueError, match=re.escape(f"SamplingParams.{field} must be {bound}, got {value!r}")):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("logit_bias", {3: -100.5}), ("logit_bias", {3: 100.5})],
+    ids=["low", "high"],
+)
+def test_logit_bias_values_are_bounded_at_100(field, value):
+    bound = ">= -100.0" if value[3] < 0 else "<= 100.0"
+    with pytest.raises(ValueError, match=re.escape(f"SamplingParams.logit_bias must be {bound}")):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_take_each_bound_itself():
+    """The closed ends are taken as given (the open ones, top_p 0 and repetition_penalty 0, are
+    refused above)."""
+    p = SamplingParams(
+        temperature=0.0,
+        top_k=-1,
+        top_p=1.0,
+        min_p=1.0,
+        presence_penalty=-2.0,
+        frequency_penalty=2.0,
+        max_tokens=1,
+        min_tokens=1,
+        n=256,
+        truncate_prompt_tokens=1,
+        logit_bias={3: -100.0, 4: 100.0},
+    )
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.n, p.truncate_prompt_tokens) == (
+        0.0,
+        -1,
+        1.0,
+        1.0,
+        256,
+        1,
+    )
+    assert (p.presence_penalty, p.frequency_penalty, p.logit_bias) == (-2.0, 2.0, {3: -100.0, 4: 100.0})
+    assert SamplingParams(min_p=0.0, presence_penalty=2.0, frequency_penalty=-2.0, top_p=1e-9).top_p == 1e-9
+    assert SamplingParams(truncate_prompt_tokens=-1).truncate_prompt_tokens == -1
+
+
+@pytest.mark.parametrize("stop", [("ok", ""), ("ok", 5), ("ok", None)], ids=["empty", "int", "none"])
+def test_stop_strings_must_be_non_empty_strings(stop):
+    with pytest.raises(ValueError, match=re.escape("SamplingParams.stop must be non-empty strings")):
+        SamplingParams(stop=stop)
+
+
 @given(case=invalid_config_kwargs())
 def test_scheduler_config_names_the_field(case):
     field, kwargs = case

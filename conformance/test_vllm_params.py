@@ -378,6 +378,24 @@ def test_bad_words_bounds(kwargs, match):
         SamplingParams(**kwargs)
 
 
+class _OneIdPerWord:
+    """A tokenizer giving each CJK character word one id, the same with a space before it (so
+    with_bad_words_tokens adds one sequence a word)."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(text.strip()) - 0x4E00]
+
+
+def test_bad_words_take_exactly_128_sequences():
+    """The bound is inclusive (vLLM's VLLM_MAX_NUM_BAD_WORDS = 128), given as ids or tokenized."""
+    assert len(SamplingParams(bad_words_token_ids=[[t] for t in range(128)]).bad_words_token_ids) == 128
+    words = [chr(0x4E00 + i) for i in range(128)]
+    tokenized = SamplingParams(bad_words=words).with_bad_words_tokens(_OneIdPerWord())
+    assert tokenized.bad_words_token_ids == tuple((i,) for i in range(128))
+    with pytest.raises(ValueError, match="bad_words must be at most 128 token sequences once tokenized"):
+        SamplingParams(bad_words=[*words, chr(0x4E00 + 128)]).with_bad_words_tokens(_OneIdPerWord())
+
+
 def test_bad_words_are_checked_on_add(impl):
     """Against the vocabulary and vLLM's bound of 128 sequences once tokenized; one bad
     request leaves nothing queued."""
