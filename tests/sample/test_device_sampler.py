@@ -9,6 +9,7 @@ output counts against the host lists.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -21,7 +22,13 @@ from enginespec.sample.deferred import pack
 from enginespec.sample.output_counts import OutputCounts
 from enginespec.sample.rng import row_key
 from enginespec.sample.sampler import Sampler
-from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
+from enginespec.sample.truncation import (
+    NUM_CANDIDATES,
+    CutPlan,
+    cut_thresholds,
+    exact_thresholds,
+    full_sort_thresholds,
+)
 from enginespec.spec import SamplingParams
 
 from .test_sampler import LOGITS6, MODES, N_DRAWS, assert_matches, make_request, reference_probs
@@ -228,8 +235,84 @@ def test_top_p_bisection_kernel_matches_full_sort(monkeypatch):
     redo = [plan.open_rows[j] for j, u in enumerate(unsure.tolist()) if u]
     want = full_sort_thresholds(x, thr, plan, redo)
     assert torch.equal(exact_thresholds(x, plan), want)
+    calls = []
+    bisect = top_p_kernel.top_p_bisect
     monkeypatch.setattr(top_p_kernel, "available", lambda device: True)
+    monkeypatch.setattr(top_p_kernel, "top_p_bisect", lambda *a: calls.append(1) or bisect(*a))
     assert torch.equal(exact_thresholds(x, plan), want)
+    assert calls == [1], "a contiguous row must take the kernel where it is available, not the sort"
+
+
+def _sorted_definition_threshold(row: torch.Tensor, temperature, top_k, top_p, min_p) -> float:
+    """sample/truncation.py's docstring cut in float64 by sorting the whole row: min-p, then
+    top-k, then the shortest prefix of the survivors whose mass reaches top_p; ties with the
+    threshold stay. An oracle outside the module: the kernels are checked against
+    exact_thresholds, so a wrong cut there would be the kernels' reference too."""
+    x = row.double()
+    thr = float("-inf")
+    if min_p > 0:
+        thr = x.max().item() + temperature * math.log(min_p)
+    ranked = torch.sort(x, descending=True).values
+    if 0 < top_k < x.numel():
+        thr = max(thr, ranked[top_k - 1].item())
+    if top_p < 1.0:
+        s = ranked[ranked >= thr]
+        w = torch.exp((s - s[0]) / temperature)
+        before = torch.cumsum(w, 0) - w
+        thr = max(thr, s[max(1, int((before < top_p * w.sum()).sum())) - 1].item())
+    return thr
+
+
+def test_open_rows_cut_where_the_sorted_definition_does():
+    """Top-p rows without a top-k over a vocabulary wider than the candidates ("open" rows):
+    one whose min-p survivors all fit among the candidates (their own mass is the total), two
+    whose nucleus lies beyond them (unsure: settled by the sort, with min-p and a temperature),
+    one settled by its candidates, and a row without any cut beside them. Both ways of settling
+    the unsure rows keep the tokens the sorted definition keeps (within one token: float32
+    sums in another order may move the boundary token)."""
+    vocab = 2048
+    ramp = torch.linspace(0.0, 1.0, vocab)
+    peaky = torch.full((vocab,), -30.0)
+    peaky[7] = 0.0
+    rows = [  # (logits, temperature, top_k, top_p, min_p)
+        (ramp * 12, 1.0, 0, 0.9, 0.1),  # min-p leaves ~390 tokens, fewer than the candidates
+        (ramp, 1.0, 0, 0.9, 0.5),  # min-p leaves ~1420 tokens, the nucleus ~1290
+        (ramp * 4, 0.7, 0, 0.97, 0.05),
+        (peaky, 1.0, 0, 1.0, 0.0),
+        (ramp * 12, 1.0, 0, 0.7, 0.0),
+    ]
+    x = torch.stack([r[0] for r in rows])
+    plan = CutPlan(*([r[i] for r in rows] for i in range(1, 5)), vocab, "cpu")
+    assert vocab > NUM_CANDIDATES and plan.open_rows == [0, 1, 2, 4]
+    thr, unsure = cut_thresholds(x, plan)
+    assert unsure.tolist() == [False, True, True, False], "the case needs both kinds of open rows"
+    redo = [plan.open_rows[j] for j, u in enumerate(unsure.tolist()) if u]
+    for got in (exact_thresholds(x, plan), full_sort_thresholds(x, thr, plan, redo)):
+        for i, (row, *params) in enumerate(rows):
+            want = int((row >= _sorted_definition_threshold(row, *params)).sum())
+            assert abs(int((row >= got[i]).sum()) - want) <= 1, (i, int((row >= got[i]).sum()), want)
+        assert got[3] == float("-inf")
+
+
+def test_ties_with_the_kth_logit_stay_under_top_p():
+    """top_k 2 over [5, 2, 2, 0, ...] keeps both 2s (ties stay), and a loose top-p keeps them
+    and nothing below: the row is settled by its candidates, never by the sort, which knows no
+    top-k (a row with a top-k is never open)."""
+    x = torch.tensor([[5.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    plan = CutPlan([1.0], [2], [0.999], [0.0], 8, "cpu")
+    assert plan.open_rows == [] and exact_thresholds(x, plan).tolist() == [2.0]
+
+
+def test_ties_with_the_min_p_threshold_count_in_the_top_p_mass():
+    """min-p 0.5 over a max of ln 2 puts the threshold exactly on 1,000 tokens at 0: they stay,
+    and their mass is part of the total top-p takes 0.9 of (so every one of them stays too)."""
+    vocab = 2048
+    x = torch.full((1, vocab), -5.0)
+    x[0, :1000] = 0.0
+    x[0, 1000] = math.log(2.0)
+    plan = CutPlan([1.0], [0], [0.9], [0.5], vocab, "cpu")
+    assert (x.amax() + torch.log(torch.tensor(0.5))).item() == 0.0, "the min-p cut must tie the 0s"
+    assert exact_thresholds(x, plan).tolist() == [0.0]
 
 
 def test_output_counts_rebuild_and_release(impl):
