@@ -114,6 +114,8 @@ class ModelRunner:
         # Seconds of each construction phase (EngineStats.startup_phases): "gemm_tuning",
         # "profile_run" (its first forward compiles the body), "graph_capture".
         self.startup_phases: dict[str, float] = {}
+        # CUDA sizing's figures: the profile run's activation peak and the KV budget, bytes
+        self.profile_bytes: dict[str, int] = {}
         started = time.perf_counter()
         self.linear_table = self._install_skinny_gemm(skinny_gemm)
         if self.linear_table is not None:
@@ -285,6 +287,7 @@ class ModelRunner:
         activation_peak = torch.cuda.max_memory_allocated(self.device) - allocated_before
         torch.cuda.empty_cache()
         available = int(total * utilization) - (total - free) - activation_peak
+        self.profile_bytes = {"activation_peak": activation_peak, "kv_budget": available}
         found = available // self._sizing_bytes
         if found < 1:
             raise ValueError(
