@@ -80,3 +80,28 @@ sweep_rows() {
     --batches "$batches" --out "$out/$name.json" "$@" > "$out/$name.log" 2>&1
   echo "$name rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" "$out/$name.log"
 }
+
+# gemv_rows_ab SHA DEADLINE (the script's SECONDS to stop by): decode steps at 2, 4, 8 rows with the tuning's one-tile GEMV shapes
+# offered up to 4 rows (the default) and up to 8 (ENGINESPEC_GEMV_TUNE_ROWS=8), two interleaved
+# rounds in fresh processes (each setting tunes its own table: the fingerprint records it);
+# writes $out/gemv_ab_{4,8}_{1,2}.json and prints each run's rows and its 8-row picks.
+gemv_rows_ab() {
+  local sha=$1 secs=$2 round rows
+  for round in 1 2; do
+    for rows in 4 8; do
+      [ $((secs - SECONDS)) -lt 60 ] && { echo "gemv_rows_ab: out of time before ${rows}_$round"; return; }
+      ENGINESPEC_GEMV_TUNE_ROWS=$rows timeout $((secs - SECONDS < 170 ? secs - SECONDS : 170)) \
+        python3 benchmarks/decode_sweep.py --git-commit "$sha" --steps 30 --latency-tokens 0 --batches 2,4,8 \
+        --out "$out/gemv_ab_${rows}_$round.json" > "$out/gemv_ab_${rows}_$round.log" 2>&1
+      echo "gemv rows $rows round $round rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]" "$out/gemv_ab_${rows}_$round.log"
+    done
+  done
+  python3 - "$out" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(f"{sys.argv[1]}/gemv_ab_*_1.json")):
+    d = json.load(open(f))
+    for c in d.get("skinny_gemm", {}).get("choices", []):
+        if c["rows"] == 8:
+            print(f.rsplit("/", 1)[1], c["n"], c["k"], c["variant"], c["choice"][:90], round(c["us"], 2))
+PY
+}

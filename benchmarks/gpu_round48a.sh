@@ -3,7 +3,8 @@
 # the forty-seventh session's last device call (1f18822: the sampler's truncation tests, the
 # runner's profile figures, the sampler memory probe), then sampler_memory_probe.py (does the KV
 # sizing's profile run cover a served step's sampler tables?), then the decode sweep 1-256 rows
-# with its PNG (issue 19's table) and the t 0.6 workload in the time left. One tar back:
+# with its PNG (issue 19's table) and the t 0.6 workload in the time left on an H200, or on an
+# H100 the A/B of one-tile GEMV shapes offered at 8 rows (gemv_rows_ab). One tar back:
 # s48a_KIND_SHA.tgz.
 #   bash benchmarks/gpu_round48a.sh SHA
 set -u
@@ -22,8 +23,12 @@ grep -cE " PASSED " "$out/pytest_v_$sha.log"; tail -2 "$out/pytest_v_$sha.log"
 timeout 120 python3 benchmarks/sampler_memory_probe.py --rows 256 --out "$out/sampler_memory_$sha.json" \
   > "$out/sampler_memory.log" 2>&1
 echo "sampler memory rc=$? after ${SECONDS}s"; grep -E "^\||profile run" "$out/sampler_memory.log"; tail -3 "$out/sampler_memory.log"
-timeout 230 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,2,4,8,16,32,64,128,256 \
-  --out "$out/decode_sweep_${kind}_$sha.json" > "$out/sweep.log" 2>&1
-echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
-left=$((575 - SECONDS)); [ $left -gt 90 ] && t06_workload t06_$sha $left "$sha"
+if [ "$kind" = h200 ]; then  # issue 19's H200 figures are the thirty-ninth session's: the sweep and workload
+  timeout 230 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,2,4,8,16,32,64,128,256 \
+    --out "$out/decode_sweep_${kind}_$sha.json" > "$out/sweep.log" 2>&1
+  echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
+  left=$((575 - SECONDS)); [ $left -gt 90 ] && t06_workload t06_$sha $left "$sha"
+else  # an H100 (its sweep and workload unchanged since c8a2b88): the one-tile GEMV at 8 rows, A/B
+  gemv_rows_ab "$sha" 570
+fi
 cd "$out" && tar czf "${TAG:-s48a}_${kind:-gpu}_$sha.tgz" ./*.log ./*.json ./*.png 2>/dev/null && rm -f ./*.log ./*.json; ls

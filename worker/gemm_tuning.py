@@ -93,6 +93,25 @@ GEMV_MAX_PER_THREAD = 64  # float32 weight elements a thread holds: beyond, regi
 # twelfth session: q|k|v 8.6 us against cuBLAS's 5.3), so the startup tuning, whose time grows
 # with every shape, offers them up to 4 rows.
 GEMV_TUNE_ROWS = 4
+# ENGINESPEC_GEMV_TUNE_ROWS overrides it (a power of two up to the kernel's MAX_GEMV_ROWS), for
+# A/B runs; the table file's fingerprint records the value, so each setting tunes its own table.
+GEMV_ROWS_ENV = "ENGINESPEC_GEMV_TUNE_ROWS"
+
+
+def gemv_tune_rows() -> int:
+    """The most rows the tuning offers one-tile GEMV shapes for: GEMV_TUNE_ROWS, or
+    ENGINESPEC_GEMV_TUNE_ROWS when set; ValueError naming the variable and its bound otherwise."""
+    import os
+
+    from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS
+
+    raw = os.environ.get(GEMV_ROWS_ENV, "").strip()
+    if not raw:
+        return GEMV_TUNE_ROWS
+    rows = int(raw) if raw.isdigit() else 0
+    if not 1 <= rows <= MAX_GEMV_ROWS or rows & (rows - 1):
+        raise ValueError(f"{GEMV_ROWS_ENV} must be a power of two from 1 to {MAX_GEMV_ROWS}, got {raw!r}")
+    return rows
 
 
 # Tensor-core tiles of one K step a split for 4-32 rows: a program's whole [BLOCK_N, BLOCK_K]
@@ -128,7 +147,7 @@ def _one_step_candidates(bucket: int, k: int, silu_mul: bool) -> list:
 
 
 def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
-    """One-tile (gemv) shapes for up to GEMV_TUNE_ROWS rows: a tile is a whole row
+    """One-tile (gemv) shapes for up to gemv_tune_rows() rows: a tile is a whole row
     (block_k = K rounded up to a power of two), block_n 1-8 rows of the weight per program,
     4 or 8 warps, each thread holding between 8 (one 16-byte load of bf16) and
     GEMV_MAX_PER_THREAD float32 weight elements (the kernel takes x rows one at a time: the
@@ -136,7 +155,7 @@ def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
     from enginespec.kernels.skinny_gemm import SkinnyConfig
 
     block_k = 1 << max(3, (k - 1).bit_length())
-    if bucket > GEMV_TUNE_ROWS or block_k > GEMV_MAX_BLOCK_K:
+    if bucket > gemv_tune_rows() or block_k > GEMV_MAX_BLOCK_K:
         return []
     tiles_w = 2 if silu_mul else 1
     return [

@@ -90,6 +90,7 @@ def fingerprint(device) -> dict:
         "triton": triton.__version__,
         "kernel": _source_hash(skinny_gemm),
         "candidates": _source_hash(gemm_tuning),
+        "gemv_tune_rows": gemm_tuning.gemv_tune_rows(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

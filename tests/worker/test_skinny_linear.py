@@ -63,6 +63,28 @@ def test_candidates_are_valid_launch_shapes(bucket, n, k):
             assert SkinnyConfig(c.block_n, c.block_k, most, c.use_dot, c.num_warps, c.num_stages) in found
 
 
+def test_gemv_tune_rows_env_widens_the_one_tile_shapes(monkeypatch):
+    """ENGINESPEC_GEMV_TUNE_ROWS (an A/B knob) offers the one-tile shapes up to its rows, at most
+    the kernel's MAX_GEMV_ROWS, and is part of the table file's fingerprint (a table tuned with
+    one setting is never loaded under another)."""
+    from enginespec.worker import skinny_table_file
+
+    assert not any(c.gemv for c in gemm_tuning.candidates(8, 1024, 2048, num_sms=132))
+    before = skinny_table_file.fingerprint("cpu")
+    monkeypatch.setenv(gemm_tuning.GEMV_ROWS_ENV, "8")
+    assert gemm_tuning.gemv_tune_rows() == 8
+    wide = [c for c in gemm_tuning.candidates(8, 1024, 2048, num_sms=132) if c.gemv]
+    assert wide and all(c.max_rows >= 8 and c.block_k == 2048 for c in wide)
+    assert not any(c.gemv for c in gemm_tuning.candidates(16, 1024, 2048, num_sms=132))
+    assert skinny_table_file.fingerprint("cpu") != before
+    for bad in ("3", "16", "0", "x"):
+        monkeypatch.setenv(gemm_tuning.GEMV_ROWS_ENV, bad)
+        with pytest.raises(
+            ValueError, match=f"{gemm_tuning.GEMV_ROWS_ENV} must be a power of two from 1 to 8"
+        ):
+            gemm_tuning.gemv_tune_rows()
+
+
 def test_no_one_step_tile_with_silu_mul():
     """Two weight tiles (gate and up) a step spill registers (3-7 KB on sm_90): not offered."""
     found = gemm_tuning.candidates(8, 3072, 1024, num_sms=132, silu_mul=True)
