@@ -894,7 +894,7 @@ class EngineCore:
             wait = self._resolve(previous, changed) if wait is None else wait
             with self._phase("sample"):
                 sampled = self.sampler(logits, requests)
-                self._record_prompt_logprobs(result.prompt_logits)
+                self._record_prompt_logprobs(result.prompt_logits, changed)
             with self._phase("update"):
                 token_map = {rid: [tok] for rid, tok in zip(batch.sample_request_ids, sampled.token_ids)}
                 update = self.scheduler.update_from_output(output, token_map)
@@ -916,7 +916,7 @@ class EngineCore:
                 lambda rid: self._samples[rid][1].request,
                 drafts,
             )
-            self._record_prompt_logprobs(result.prompt_logits)
+            self._record_prompt_logprobs(result.prompt_logits, changed)
         with self._phase("update"):
             update = self.scheduler.update_from_output(cut, tokens)
             spec.trim(output, cut, self.block_manager)
@@ -1006,7 +1006,7 @@ class EngineCore:
                     finished.append(request)
                 late_stops[rid] = stop  # a length finish yields to the stop
             for rid, (positions, entries) in inflight.prompt_map().items():
-                self._store_prompt_logprobs(rid, positions, entries)
+                self._store_prompt_logprobs(rid, positions, entries, changed)
             self._apply_update(
                 UpdateOutput(new_tokens, finished), inflight.logprob_map(), changed, late_stops
             )
@@ -1037,23 +1037,30 @@ class EngineCore:
                 ks[request_id] = sample.request.params.prompt_logprobs
         return ks
 
-    def _record_prompt_logprobs(self, prompt_logits) -> None:
+    def _record_prompt_logprobs(self, prompt_logits, changed: dict) -> None:
         for request_id, k in self._prompt_logprob_ks(prompt_logits).items():
             positions, logits, targets = prompt_logits[request_id]
             self._store_prompt_logprobs(
-                request_id, positions, self.sampler.prompt_logprobs(logits, targets, k)
+                request_id, positions, self.sampler.prompt_logprobs(logits, targets, k), changed
             )
 
-    def _store_prompt_logprobs(self, request_id: str, positions, entries) -> None:
+    def _store_prompt_logprobs(self, request_id: str, positions, entries, changed: dict) -> None:
         """Store a step's prompt logprobs on the request's parent (a PromptLogprobsError, which
-        fails the step, when they would leave a gap: output_processor.store_prompt_logprobs)."""
+        fails the step, when they would leave a gap: output_processor.store_prompt_logprobs).
+        A tokenizer that raises naming their tokens fails this parent alone (every sample: the
+        prompt logprobs are each one's), as an undecodable output id does; the entries are
+        stored all the same, so the parent's list keeps no gap."""
         found = self._samples.get(request_id)
         if found is not None and found[0].prompt_logprobs is not None:
-            detokenizer = found[1].detokenizer  # sample 0's: the request detokenizes
+            parent, detokenizer = found[0], found[1].detokenizer  # sample 0's: the request detokenizes
             if detokenizer is not None:
-                for entry in entries:
-                    self.outputs.name_tokens(entry, detokenizer.tokenizer)
-            store_prompt_logprobs(found[0], positions, entries)
+                try:
+                    for entry in entries:
+                        self.outputs.name_tokens(entry, detokenizer.tokenizer)
+                except Exception as exc:
+                    self.outputs.fail_undecodable(parent, exc, "the prompt logprobs")
+                    changed[parent.request_id] = parent
+            store_prompt_logprobs(parent, positions, entries)
 
     def _masked_logits(self, logits: torch.Tensor, sample_ids, previous, changed: dict):
         """(logits, None) for a step without a constrained row or a row of bad words. With

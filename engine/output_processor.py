@@ -169,7 +169,14 @@ class OutputProcessor:
             self._undecodable(sample, exc)
             return None
 
-    def _undecodable(self, sample: Sample, exc: Exception) -> None:
+    def fail_undecodable(self, parent: Parent, exc: Exception, what: str) -> None:
+        """The tokenizer raised on `what` of the parent's (its prompt logprobs): every sample
+        fails as _undecodable fails one; a sample already finished keeps its reason."""
+        for sample in parent.samples:
+            if sample.finish_reason is None:
+                self._undecodable(sample, exc, what)
+
+    def _undecodable(self, sample: Sample, exc: Exception, what: str = "the output") -> None:
         """The tokenizer raised on the sample's ids: it ends as "error" naming that error (one
         already failed keeps its message), keeps its tokens and drops its text; a request still
         unfinished is finished through the scheduler, which frees its blocks. Its visible ids
@@ -183,7 +190,7 @@ class OutputProcessor:
             self._finish(sample.request, Status.FINISHED_ABORTED)
         if sample.finish_reason != ERROR:
             sample.finish_reason, sample.stop_reason = ERROR, None
-            sample.error = f"the tokenizer failed to decode the output: {type(exc).__name__}: {exc}"
+            sample.error = f"the tokenizer failed to decode {what}: {type(exc).__name__}: {exc}"
 
     def _finish_on_stop_string(self, sample: Sample, stop: str) -> None:
         """A stop string ends the sample as "stop" even if the scheduler just finished it for

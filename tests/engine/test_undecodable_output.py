@@ -4,9 +4,10 @@ A slow SentencePiece tokenizer raises on an id of a padded vocabulary, a tiktoke
 it never had. Decoding happens after the step's forward and sampling succeeded, so every other
 request's tokens are right: the request whose text cannot be decoded ends with finish_reason
 "error" (its tokens kept, the tokenizer's error in CompletionOutput.error), every other request
-gets a fault-free engine's output, no step counts as failed, and the pool ends idle. The three
+gets a fault-free engine's output, no step counts as failed, and the pool ends idle. The four
 places the engine decodes are each reached: a stop-string sample's text as tokens arrive, the
-decoded_token of its logprobs, and the text of any other sample when its output is built.
+decoded_token of its logprobs and of its prompt logprobs, and the text of any other sample when
+its output is built.
 """
 
 from __future__ import annotations
@@ -127,3 +128,25 @@ def test_a_failed_sample_shows_no_token_after_its_error():
             done = [s for s in shown if s[0] is not None]
             assert all(s == done[0] for s in done), f"sample {index} changed after it finished: {done}"
     assert finals[1] == finals[0], "async scheduling shows what the serial engine shows"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_undecodable_prompt_logprobs_fail_only_their_request(async_scheduling, n):
+    """Naming a request's prompt logprobs (the decoded_token of each entry) raised inside the
+    step, which failed every request of the batch. The prompt holds ODD_ID at position 1, so its
+    first entry names it (and lies outside the prompt's last ids, the detokenizer's context):
+    that request ends "error" (each of its samples: the prompt logprobs are every sample's),
+    the others get a fault-free engine's output, and no step fails."""
+    prompt = {"prompt_token_ids": [10, ODD_ID, *range(11, 18)]}
+    odd = SamplingParams(n=n, max_tokens=5, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    fine = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    expected = make_llm(async_scheduling, refusing=False).generate(PROMPTS[1:], fine, use_tqdm=False)
+    llm = make_llm(async_scheduling, refusing=True)
+    outs = llm.generate([prompt, *PROMPTS[1:]], [odd, fine, fine], use_tqdm=False)
+    assert [c.finish_reason for c in outs[0].outputs] == ["error"] * n
+    assert all(f"no token for id {ODD_ID}" in c.error for c in outs[0].outputs)
+    assert [summary(o) for o in outs[1:]] == [summary(o) for o in expected]
+    engine = llm.engine
+    assert engine.stats.num_failed_steps == 0, "naming one request's prompt logprobs failed the step"
+    assert not engine.has_unfinished and engine.block_manager.num_free == engine.runner.num_blocks
