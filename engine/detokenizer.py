@@ -96,9 +96,14 @@ class IncrementalDetokenizer:
         a SentencePiece (metaspace) decode drops the leading space of a text's first word, so
         without it an output's first word lost its space ("is" + "Paris", where vLLM and a full
         decode of prompt + output give "is Paris"). None when they end inside a character (the
-        output's first ids would complete it: their text is not the context's plus theirs)."""
+        output's first ids would complete it: their text is not the context's plus theirs), or
+        when the tokenizer cannot decode them (a slow SentencePiece one on an id of a padded
+        vocabulary): the context is a nicety, and the request is served without it."""
         tail = prompt_ids[-PROMPT_CONTEXT_IDS:]
-        if not tail or self._decode(tail).endswith(_REPLACEMENT):
+        try:
+            if not tail or self._decode(tail).endswith(_REPLACEMENT):
+                return []
+        except Exception:
             return []
         return tail
 

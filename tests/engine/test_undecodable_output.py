@@ -150,3 +150,17 @@ def test_undecodable_prompt_logprobs_fail_only_their_request(async_scheduling, n
     engine = llm.engine
     assert engine.stats.num_failed_steps == 0, "naming one request's prompt logprobs failed the step"
     assert not engine.has_unfinished and engine.block_manager.num_free == engine.runner.num_blocks
+
+
+@pytest.mark.parametrize("extra", [{}, {"stop": ["zzz"]}], ids=["text-at-output", "stop-string"])
+def test_a_prompt_ending_in_an_undecodable_id_is_served(extra):
+    """The detokenizer decodes the prompt's last ids as the left context of the output's text
+    (a leading space); a tokenizer that raised on one of them made add_request raise its
+    KeyError, so generate() failed the whole batch with an error naming no field. The context
+    is only a nicety: without it the request is served, with a fault-free engine's output."""
+    prompts = [{"prompt_token_ids": [5, 6, ODD_ID]}, *PROMPTS[1:]]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, **extra)
+    expected = make_llm(False, refusing=False).generate(prompts, params, use_tqdm=False)
+    assert all(ODD_ID not in o.outputs[0].token_ids for o in expected), "pick another ODD_ID"
+    outs = make_llm(False, refusing=True).generate(prompts, params, use_tqdm=False)
+    assert [summary(o) for o in outs] == [summary(o) for o in expected]

@@ -412,3 +412,26 @@ def test_a_token_the_tokenizer_cannot_decode_fails_only_its_request(monkeypatch)
         assert client.metrics.registry.get_sample_value("vllm:request_success_total", labels) == 1
     finally:
         client.stop()
+
+
+def test_a_prompt_ending_in_an_id_the_tokenizer_cannot_decode_is_served():
+    """The front end decodes a request's prompt tail as its output's left context (RequestStream's
+    detokenizer); a tokenizer that raised there made submit() raise its KeyError, a 500 with the
+    server's traceback for a request the engine can serve. It is served without the context."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    tokenizer = RefusingTokenizer(load_engine_tokenizer(args), ODD_ID)
+    client = EngineClient(args, tokenizer, ServerMetrics("tiny"), in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, allowed_token_ids=[20, 21])
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        gen = await client.submit([NewRequest("tail", None, [5, 6, ODD_ID], params)])
+        return await asyncio.wait_for(final_output(gen), 60)
+
+    try:
+        out = asyncio.run(run())
+        assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 6
+        assert out.outputs[0].text == tokenizer.decode(out.outputs[0].token_ids)
+    finally:
+        client.stop()
