@@ -16,7 +16,7 @@ reply's; under --reasoning-parser it applies to the content part):
 - A block runs from `<tool_call>` to the next `</tool_call>`, or to the end of the reply (a model
   that stopped after the JSON). Its body, whitespace aside, is a call when it is a JSON object
   with a string "name" and an object "arguments" (absent: {}).
-- Any other block (bad JSON, no name) stays in the content as written, tags and the whitespace
+- Any other block (bad JSON, JSON escaping a lone surrogate, no name) stays in the content as written, tags and the whitespace
   around it included: vLLM answers all of such a reply as content; a stream cannot take back
   calls it has sent, so here only the bad block is.
 - Text outside blocks is content, except whitespace right before a call's `<tool_call>` or
@@ -27,6 +27,7 @@ reply's; under --reasoning-parser it applies to the content part):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,15 +43,21 @@ class ToolCall:
 
 
 def _loads(text: str):
-    """json.loads of text; _NOT_JSON where it is no JSON, or nests deeper than the decoder
-    recurses (its RecursionError: a reply is the model's, and no reply fails the request)."""
+    """json.loads of text; _NOT_JSON where it is no JSON, nests deeper than the decoder recurses
+    (its RecursionError), or escapes half a surrogate pair such as "\\ud83d" (I-JSON's rule, RFC
+    7493: a lone surrogate cannot be written as UTF-8, so a call holding one failed its response
+    body). A reply is the model's, and no reply fails the request."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # UnicodeEncodeError (a ValueError) where one is alone
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
     except (ValueError, RecursionError):
         return _NOT_JSON
 
 
 _NOT_JSON = object()
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_block(body: str) -> Optional[ToolCall]:

@@ -189,3 +189,16 @@ def test_json_nested_past_the_decoders_depth_is_no_call():
     assert ToolCallStream().feed(START + "[" * DEEP, final=True) == (START + "[" * DEEP, [])
     assert forced_calls(deep, None) is None
     assert forced_calls(f'[{{"name": "g", "parameters": {{"a": {deep}}}}}]', None) is None
+
+
+def test_a_surrogate_pair_escape_is_read_and_half_of_one_is_no_json():
+    """`"\\ud83d\\ude00"` is one character (😀), kept as written in the arguments; `"\\ud83d"`
+    alone is a lone surrogate, which no UTF-8 body carries: no call (serving's full body failed)."""
+    pair = f'{START}{{"name": "f", "arguments": {{"x": "\\ud83d\\ude00"}}}}{END}'
+    assert split_calls(pair) == ("", [ToolCall("f", '{"x": "😀"}')])
+    for lone in ("\\ud83d", "\\uDE00", "a\\ud83d\\u0041"):
+        block = f'{START}{{"name": "f", "arguments": {{"x": "{lone}"}}}}{END}'
+        assert split_calls(block) == (block, [])
+    assert forced_calls('[{"name": "g", "parameters": {"\\udc00": 1}}]', None) is None
+    escaped = '{"x": "\\\\ud83d"}'  # a backslash, then the letters: no escape of a surrogate
+    assert parse_block(f'{{"name": "f", "arguments": {escaped}}}') == ToolCall("f", escaped)

@@ -465,3 +465,30 @@ def test_forced_calls_take_the_parsers_id_form(parser):
     assert called["function"] == FUNCTIONS[0] and full["finish_reason"] == "tool_calls"
     _check_id(parser, called["id"])
     _check_id(parser, choices[-1]["delta"]["tool_calls"][0]["id"])
+
+
+# a string escape of half a surrogate pair: valid JSON text, but no UTF-8 body can carry its value
+LONE = '{"city": "\\ud83d"}'
+LONE_REPLIES = {
+    "hermes": f'<tool_call>{{"name": "get_weather", "arguments": {LONE}}}</tool_call>',
+    "llama3_json": f'{{"name": "get_weather", "parameters": {LONE}}}',
+    "mistral": f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {LONE}}}]',
+    "required": f'[{{"name": "get_weather", "parameters": {LONE}}}]',
+}
+
+
+@pytest.mark.parametrize("parser", sorted(LONE_REPLIES))
+def test_a_call_holding_a_lone_surrogate_is_content_and_the_body_renders(parser):
+    """A reply whose call JSON escapes half a surrogate pair (`"\\ud83d"`) was read as a call
+    whose arguments held that lone surrogate: the full body then failed to encode as UTF-8 (a
+    500 after the whole generation). Such JSON is no call (I-JSON's rule): the reply is content
+    as written, the same in the stream."""
+    from starlette.responses import JSONResponse
+
+    call = _forced() if parser == "required" else _call()
+    call.tool_parser = "hermes" if parser == "required" else parser
+    choices, full = stream_then_full(call, LONE_REPLIES[parser])
+    assert JSONResponse({"choices": [full]}).body  # renders (the old code raised here)
+    assert full["message"] == {"role": "assistant", "content": LONE_REPLIES[parser]}
+    assert "".join(c["delta"].get("content", "") for c in choices) == LONE_REPLIES[parser]
+    assert _streamed_calls(choices) == [] and full["finish_reason"] == "stop"
