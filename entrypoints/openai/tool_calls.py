@@ -15,7 +15,8 @@ reply's; under --reasoning-parser it applies to the content part):
 
 - A block runs from `<tool_call>` to the next `</tool_call>`, or to the end of the reply (a model
   that stopped after the JSON). Its body, whitespace aside, is a call when it is a JSON object
-  with a string "name" and an object "arguments" (absent: {}).
+  with a string "name" and an object "arguments" (absent: "parameters", Llama's key, which some
+  Hermes-format fine-tunes write; neither: {}).
 - Any other block (bad JSON, JSON escaping a lone surrogate, no name) stays in the content as written, tags and the whitespace
   around it included: vLLM answers all of such a reply as content; a stream cannot take back
   calls it has sent, so here only the bad block is.
@@ -65,7 +66,7 @@ def parse_block(body: str) -> Optional[ToolCall]:
     value = _loads(body)
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = value.get("arguments", {})
+    arguments = value.get("arguments", value.get("parameters", {}))
     if not isinstance(arguments, dict):
         return None
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))

@@ -202,3 +202,14 @@ def test_a_surrogate_pair_escape_is_read_and_half_of_one_is_no_json():
     assert forced_calls('[{"name": "g", "parameters": {"\\udc00": 1}}]', None) is None
     escaped = '{"x": "\\\\ud83d"}'  # a backslash, then the letters: no escape of a surrogate
     assert parse_block(f'{{"name": "f", "arguments": {escaped}}}') == ToolCall("f", escaped)
+
+
+def test_a_block_naming_its_arguments_parameters_keeps_them():
+    """`{"name": ..., "parameters": {...}}` (Llama's key, which some Hermes-format fine-tunes
+    write) was a call with arguments `{}`: the tool ran without the arguments the model gave.
+    "arguments" is read first, then "parameters", as llama3_json reads them."""
+    block = f'{START}{{"name": "f", "parameters": {{"city": "Bern"}}}}{END}'
+    assert split_calls(block) == ("", [ToolCall("f", '{"city": "Bern"}')])
+    both = '{"name": "f", "arguments": {"a": 1}, "parameters": {"p": 2}}'
+    assert parse_block(both) == ToolCall("f", '{"a": 1}')
+    assert parse_block('{"name": "f", "parameters": [1]}') is None  # not an object: no call
