@@ -20,15 +20,15 @@ timeout "${TEST_TIMEOUT:-150}" python3 -m pytest "${args[@]}" -v -n "${XDIST:-6}
   $tests > "$out/pytest_v_$sha.log" 2>&1
 echo "tests rc=$? after ${SECONDS}s"; grep -E " (FAILED|ERROR) " "$out/pytest_v_$sha.log" | head -20
 grep -cE " PASSED " "$out/pytest_v_$sha.log"; tail -2 "$out/pytest_v_$sha.log"
-timeout 120 python3 benchmarks/sampler_memory_probe.py --rows 256 --out "$out/sampler_memory_$sha.json" \
+timeout 100 python3 benchmarks/sampler_memory_probe.py --rows 256 --out "$out/sampler_memory_$sha.json" \
   > "$out/sampler_memory.log" 2>&1
 echo "sampler memory rc=$? after ${SECONDS}s"; grep -E "^\||profile run" "$out/sampler_memory.log"; tail -3 "$out/sampler_memory.log"
 if [ "$kind" = h200 ]; then  # issue 19's H200 figures are the thirty-ninth session's: the sweep and workload
   timeout 230 python3 benchmarks/decode_sweep.py --git-commit "$sha" --batches 1,2,4,8,16,32,64,128,256 \
     --out "$out/decode_sweep_${kind}_$sha.json" > "$out/sweep.log" 2>&1
   echo "sweep rc=$? after ${SECONDS}s"; grep -E "^\| [0-9]|LLM.generate|decode steps, ms" "$out/sweep.log"
-  left=$((575 - SECONDS)); [ $left -gt 90 ] && t06_workload t06_$sha $left "$sha"
+  left=$((${DEADLINE:-575} - SECONDS)); [ $left -gt 90 ] && t06_workload t06_$sha $left "$sha"
 else  # an H100 (its sweep and workload unchanged since c8a2b88): the one-tile GEMV at 8 rows, A/B
-  gemv_rows_ab "$sha" 570
+  gemv_rows_ab "$sha" "${DEADLINE:-570}"
 fi
 cd "$out" && tar czf "${TAG:-s48a}_${kind:-gpu}_$sha.tgz" ./*.log ./*.json ./*.png 2>/dev/null && rm -f ./*.log ./*.json; ls
