@@ -45,7 +45,6 @@ from typing import Callable, Optional
 
 from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
 from enginespec.engine.output_processor import ERROR
-from enginespec.entrypoints.openai.metrics import cache_config_info
 from enginespec.entrypoints.openai.request_stream import DecodeError, RequestStream
 from enginespec.spec import check_token_ids
 
@@ -264,7 +263,9 @@ class EngineClient:
                 raise ValueError(err.message)
             raise RuntimeError(f"the engine failed to start: {err.type_name}: {err.message}")
         _, self.info, self.state = msg
-        if self.metrics is not None:
+        if self.metrics is not None:  # a server's: metrics.py needs prometheus_client (the serve extra)
+            from enginespec.entrypoints.openai.metrics import cache_config_info
+
             self.metrics.engine_ready(self.info.max_model_len, cache_config_info(self.info, self.args))
         return self.info
 

@@ -37,13 +37,15 @@ The output (vLLM's server rules):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from enginespec.beam_search import BeamSearchInstance, BeamSearchParams, best_sequences
 from enginespec.entrypoints.openai.errors import APIError
-from enginespec.entrypoints.openai.protocol import _Sampling
 from enginespec.outputs import CompletionOutput, Logprob, RequestOutput
 from enginespec.spec import SamplingParams
+
+if TYPE_CHECKING:  # the server's request models need pydantic (the serve extra); AsyncLLM does not
+    from enginespec.entrypoints.openai.protocol import _Sampling
 
 # The body's fields a beam search cannot honour, each with the test of its no-op values: the
 # engine's logprobs (the candidates) are of the raw distribution, before penalties, biases and

@@ -565,6 +565,41 @@ def test_a_script_that_never_shuts_down_still_exits(model_dir, tmp_path):
     assert "done 2" in run.stdout
 
 
+# What `pip install 'enginespec[serve]'` adds (and pydantic, fastapi's), beyond the runtime deps.
+SERVE_EXTRA = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client")
+
+
+def test_async_llm_needs_only_the_runtime_dependencies(model_dir, tmp_path):
+    """AsyncLLM is "a service of your own without HTTP" (README): on an install without the
+    `serve` extra it generates and beam-searches, in this process and the engine's (the script
+    hides those packages at its top level, which the spawned engine process imports too).
+    It was a ModuleNotFoundError for pydantic on `from enginespec import AsyncLLM`: the beam
+    search helpers imported the server's request models, the client its Prometheus metrics."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_serve_extra.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        f"sys.modules.update(dict.fromkeys({SERVE_EXTRA!r}))  # import X: ImportError, as if not installed\n"
+        "from enginespec import AsyncLLM, SamplingParams\n"
+        "from enginespec.beam_search import BeamSearchParams\n"
+        "async def main(llm):\n"
+        "    async for out in llm.generate([1, 2, 3], SamplingParams(max_tokens=2), 'a'):\n"
+        "        pass\n"
+        "    async for beams in llm.beam_search([1, 2, 3], 'b', BeamSearchParams(beam_width=2, max_tokens=2)):\n"
+        "        pass\n"
+        "    print('done', len(out.outputs[0].token_ids), len(beams.outputs))\n"
+        "if __name__ == '__main__':\n"
+        f"    with AsyncLLM({str(model_dir)!r}, device='cpu', dtype='float32', num_blocks=64, start_timeout=300) as llm:\n"
+        "        asyncio.run(main(llm))\n"
+        f"    assert not any(sys.modules[m] for m in {SERVE_EXTRA!r})\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "done 2 2" in run.stdout
+
+
 # ---- beam search ------------------------------------------------------------------------------
 
 
