@@ -661,8 +661,20 @@ def _serve_model(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    from enginespec.entrypoints.openai.api_server import run_server
+    """Run the server; 1 with one line naming the package and the extra when the `serve`
+    extra is not installed (before any engine is built: run_server imports uvicorn first)."""
+    try:
+        import uvicorn  # noqa: F401 - run_server's; checked here so that it fails before the engine
 
+        from enginespec.entrypoints.openai.api_server import run_server
+    except ModuleNotFoundError as e:
+        if not e.name or e.name.partition(".")[0] == "enginespec":  # ours missing: a broken install
+            raise
+        print(
+            f"enginespec serve: error: the server needs the {e.name} package: pip install 'enginespec[serve]'",
+            file=sys.stderr,
+        )
+        return 1
     return run_server(ns)
 
 

@@ -62,6 +62,23 @@ def test_python_dash_m_enginespec_is_the_cli():
     assert proc.returncode == 2 and "the following arguments are required: --model" in proc.stderr
 
 
+@pytest.mark.parametrize("missing", ["fastapi", "uvicorn", "prometheus_client"])
+def test_serve_without_the_serve_extra_says_to_install_it(missing):
+    """`enginespec serve` on an install without the `serve` extra: one line naming the missing
+    package and the extra, status 1, before any engine is built. It was a ModuleNotFoundError
+    traceback ending in "No module named 'fastapi'" (or uvicorn's), the extra unnamed."""
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None  # import it: ImportError, as if not installed\n"
+        "from enginespec.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    argv = [sys.executable, "-c", code, "serve", str(tiny_model_dir("qwen3")), *CPU[:4]]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=120)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.splitlines() == [
+        f"enginespec serve: error: the server needs the {missing} package: pip install 'enginespec[serve]'"
+    ]
+
+
 def test_ctrl_c_during_generate_exits_130_without_a_traceback():
     """SIGINT while generate runs (the user's Ctrl-C) ends the process with status 130 and one
     line on stderr; it printed a KeyboardInterrupt traceback from deep inside the model."""
