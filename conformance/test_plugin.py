@@ -352,6 +352,23 @@ def test_an_impl_that_does_not_load_is_one_usage_error(tmp_path, args, env, says
     assert no_backend.returncode == 0 and "passed" in no_backend.stdout, describe(no_backend)
 
 
+@needs_installed_plugin
+def test_the_suite_without_hypothesis_names_the_test_extra(tmp_path):
+    """Run on an install without the `test` extra (no hypothesis: the stand-in on the path fails
+    to import as a missing one does, and hypothesis' own pytest plugin is off), the suite stops
+    with one collection error naming the extra. It gave one "No module named 'hypothesis'" error
+    per conformance module (17), the extra unnamed."""
+    (tmp_path / "hypothesis").mkdir()
+    (tmp_path / "hypothesis" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'hypothesis'\", name='hypothesis')\n"
+    )
+    args = ["-p", "no:hypothesispytest", "--pyargs", "enginespec.conformance", "--impl=reference"]
+    proc = pytest_run(args, tmp_path, pythonpath=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED and "1 error" in out, describe(proc)
+    assert "pip install 'enginespec[test]'" in out and "No module named" not in out, describe(proc)
+
+
 def hypothesis_baseline() -> tuple[str, int, bool]:
     """Hypothesis' own choice in this environment, with no plugin loaded: profile name,
     max_examples, derandomize. (Hypothesis picks its built-in `ci` profile where `CI` is set.)"""
