@@ -28,9 +28,19 @@ The source tree maps onto this package by role (pyproject.toml's package-dir):
     enginespec.conformance  conformance/  the pytest plugin and the suite that depends on --impl
 """
 
+from typing import TYPE_CHECKING
+
 from enginespec.inputs import PromptType, TextPrompt, TokensPrompt
 from enginespec.outputs import CompletionOutput, RequestOutput
 from enginespec.spec import RequestOutputKind, SamplingParams, StructuredOutputsParams, load_impl
+
+if TYPE_CHECKING:  # what __getattr__ imports on first use, so that a type checker sees each type
+    from enginespec.async_llm import AsyncLLM
+    from enginespec.beam_search import BeamSearchParams
+    from enginespec.engine_args import EngineArgs
+    from enginespec.engine_args import EngineArgs as AsyncEngineArgs
+    from enginespec.llm import LLM
+    from enginespec.llm_engine import LLMEngine
 
 __all__ = [
     "AsyncEngineArgs",

@@ -6,6 +6,7 @@ and the mypy settings typecheck.py uses accept the numpy that pip installs for t
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,30 @@ def test_mypy_config_reads_this_interpreters_numpy_stubs(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_users_type_check_sees_the_top_level_names_types(tmp_path, monkeypatch):
+    """The package ships py.typed, and README's `from enginespec import LLM, AsyncLLM, LLMEngine,
+    EngineArgs, ...` are imported on first use (the module's __getattr__), which mypy read as Any:
+    a user's script passed its type check whatever it did with them. Each must have its type
+    (the tree laid out under the installed names, as typecheck.py checks it)."""
+    pytest.importorskip("mypy")
+    link_tree = _load("link_tree", monkeypatch)
+    link_tree.link_tree(tmp_path / "tree", link_tree.package_dirs())
+    lazy = {  # name -> the class mypy must see
+        "AsyncEngineArgs": "EngineArgs",
+        "AsyncLLM": "AsyncLLM",
+        "BeamSearchParams": "BeamSearchParams",
+        "EngineArgs": "EngineArgs",
+        "LLM": "LLM",
+        "LLMEngine": "LLMEngine",
+    }
+    lines = [f"from enginespec import {', '.join(lazy)}"] + [f"{n.lower()}: int = {n}" for n in lazy]
+    (tmp_path / "user.py").write_text("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports", "user.py"]
+    env = {**os.environ, "MYPYPATH": str(tmp_path / "tree")}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    errors = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert [e.split('"')[1] for e in errors] == [f"type[{cls}]" for cls in lazy.values()], (
+        proc.stdout + proc.stderr
+    )
