@@ -105,8 +105,8 @@ ACCEPTED_FORMS = (
 
 def _unknown(target: str, known: list[str], module_name: str = "") -> ValueError:
     """The error for a name that is neither registered nor an importable module; with a hint
-    when the module sits in the current directory, which is not on sys.path (plain `pytest`
-    leaves it off, `python -m pytest` puts it on)."""
+    when the module sits in the current directory, which is not on sys.path (plain `pytest` and
+    the `enginespec` script leave it off, `python -m pytest` and `python -m enginespec` put it on)."""
     return ValueError(
         f"unknown impl {target!r}: not a registered name (registered: {known}) and no importable "
         f"module of that name; --impl / load_impl accept {ACCEPTED_FORMS}{_cwd_hint(module_name)}"
@@ -121,7 +121,7 @@ def _cwd_hint(module_name: str) -> str:
         return ""
     return (
         f" (module {top!r} is in the current directory, which is not on sys.path: run "
-        f"`python -m pytest`, or set PYTHONPATH=.)"
+        f"`python -m pytest` or `python -m enginespec`, or set PYTHONPATH=.)"
     )
 
 

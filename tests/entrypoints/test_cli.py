@@ -293,6 +293,18 @@ def test_simulate_bad_input_is_a_one_line_usage_error(capsys, flags, named):
     )
 
 
+def test_an_impl_module_in_the_current_directory_gets_the_clis_hint(capsys, tmp_path, monkeypatch):
+    """The `enginespec` script leaves the current directory off sys.path, so `--impl mybackend`
+    with mybackend.py right there is unknown; the error told the CLI's user to run `python -m
+    pytest`. It names `python -m enginespec`, the CLI's way to put the directory on the path."""
+    (tmp_path / "es_here_backend.py").write_text("IMPL = None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    rc, _, err = run_cli(["simulate", "--quiet", "--impl", "es_here_backend"], capsys)
+    assert rc == 2 and "'es_here_backend' is in the current directory" in err
+    assert "`python -m enginespec`" in err, err
+
+
 def test_simulate_step_limit_grows_with_the_workload_and_still_catches_a_stuck_run(capsys, monkeypatch):
     """A fixed 100,000-step guard reported `--num-requests 100000` (that many steps of real work)
     as stuck, on stdout; the guard now grows with the workload and speaks on stderr."""
