@@ -103,8 +103,7 @@ GEMV_ROWS_ENV = "ENGINESPEC_GEMV_TUNE_ROWS"
 GEMV_WARP_K_ENV = "ENGINESPEC_GEMV_WARP_K"
 # A warp's share of K in those shapes: 32 lanes x 8 bf16 (one 16-byte load each), so each warp
 # holds its chunk whole and the product's sum over it needs no other warp (sm_90 code, triton
-# 3.9: 17-19 barriers after the wait at 8 rows against 31-49; other chunks 21-77). So K 1,024
-# runs on 4 warps, 2,048 on 8 and 4,096 on 16.
+# 3.9: 17-19 barriers after the wait at 8 rows against 31-49; other chunks 21-77).
 WARP_K_CHUNK = 256
 
 
@@ -178,12 +177,12 @@ def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
     if bucket > gemv_tune_rows() or block_k > GEMV_MAX_BLOCK_K:
         return []
     tiles_w = 2 if silu_mul else 1
-    kinds = (False, True) if gemv_warp_k() and bucket > 1 else (False,)
+    kinds = (False, True) if gemv_warp_k() else (False,)
     return [
         SkinnyConfig(block_n, block_k, use_dot=False, num_warps=warps, gemv=True, warp_k=warp_k)
         for warp_k in kinds
         for block_n in (1, 2, 4, 8)
-        for warps in ((block_k // WARP_K_CHUNK,) if warp_k else (4, 8))
+        for warps in (4, 8)
         if 8 * 32 * warps <= block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
-        and (not warp_k or 4 <= warps <= 16)
+        and (not warp_k or (bucket > 1 and block_k == WARP_K_CHUNK * warps))
     ]
