@@ -184,13 +184,6 @@ def kernels() -> list:
         ptrs = {n: BF16 for n in ("out_ptr", "x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "res_ptr")}
         name = f"gemv {variant} rows={rows} block_n={block_n} block_k={block_k} warps={warps}"
         cases.append((name, sg._gemv_kernel, consts, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1}))
-        if rows > 1:  # the same shape as SkinnyConfig(warp_k=True): K over the warps, one reduction
-            warp = {k: v for k, v in consts.items() if k != "BLOCK_K"}
-            warp.update(WARPS=warps, KC=block_k // warps)
-            name = name.replace("gemv ", "gemv warp_k ", 1)
-            cases.append(
-                (name, sg._gemv_warp_kernel, warp, ptrs, ("eps",), {"num_warps": warps, "num_stages": 1})
-            )
     for variant, block_m, block_n, block_k, warps, stages, split in TILED_CONFIGS:
         consts = dict(
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=True, USE_SPLIT=split, USE_BIAS=False

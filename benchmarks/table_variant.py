@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 _INT_FIELDS = ("block_n", "block_k", "num_splits", "num_warps", "num_stages")
-_BOOL_FIELDS = ("use_dot", "gemv", "warp_k")
+_BOOL_FIELDS = ("use_dot", "gemv")
 
 
 def parse_set(text: str) -> tuple[tuple, dict]:

@@ -378,99 +378,6 @@ def _gemv_kernel(
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["M"])
-def _gemv_warp_kernel(
-    out_ptr,  # [M, N] x's dtype
-    x_ptr,  # [M, K], K contiguous
-    w_ptr,  # [N, K] (USE_SILU_MUL: [2 N, K], gate rows then up rows), K contiguous
-    bias_ptr,  # [N] (USE_SILU_MUL: [2 N]) (USE_BIAS only)
-    norm_ptr,  # [K] RMSNorm weight applied to x rows first (USE_NORM only)
-    res_ptr,  # [M, N] residual added to the result (USE_RESIDUAL only)
-    M,
-    N,  # output columns
-    K,  # <= WARPS * KC: one tile holds a whole row
-    eps,  # RMSNorm epsilon (USE_NORM only)
-    stride_xm,
-    stride_wn,
-    stride_om,
-    stride_rm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WARPS: tl.constexpr,  # the launch's num_warps: K is cut into WARPS chunks of KC
-    KC: tl.constexpr,
-    USE_BIAS: tl.constexpr,
-    USE_SILU_MUL: tl.constexpr,
-    USE_NORM: tl.constexpr,
-    USE_RESIDUAL: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    """The one-tile GEMV for several rows with one cross-warp reduction (SkinnyConfig.warp_k).
-
-    _gemv_kernel reduces each x row's products over K across the program's warps, a
-    shared-memory round (two CTA barriers) a row, and its x rows are spread over warps too: at 8
-    rows its sm_90 code has 31-99 barriers after the PDL wait, each a stall while nothing loads.
-    Here the tiles are 3-D, K cut into [WARPS, KC] (a whole row: K <= WARPS * KC), and laid out
-    (triton's default for these shapes) with each warp on its own KC chunk and the x rows held
-    whole in every thread: taking row m out of x is a sum inside the thread, its product's sum
-    over KC stays in the warp (shuffles), and each row's [BLOCK_N, WARPS] partials go to an
-    accumulator [BLOCK_N, WARPS, BLOCK_M] (a select, in registers). One reduction over WARPS at
-    the end, for every row at once, then every row's outputs in one store. Same loads before the
-    PDL wait (the weight, the norm's weight) and the same fusions and rounding as _gemv_kernel."""
-    pid_n = tl.program_id(0)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    chunk = tl.arange(0, WARPS)[None, :, None] * KC  # [1, W, 1]
-    kk = chunk + tl.arange(0, KC)[None, None, :]  # [1, W, KC]: column of each tile element
-    mask_n, mask_k = rn < N, kk < K
-    w_tile = w_ptr + rn[:, None, None].to(tl.int64) * stride_wn + kk  # [BN, W, KC]
-    w_mask = mask_n[:, None, None] & mask_k
-    w = tl.load(w_tile, mask=w_mask, other=0.0)  # [BN, W, KC]: the weight read is the kernel
-    w_up = w
-    if USE_SILU_MUL:
-        w_up = tl.load(w_tile + N * stride_wn, mask=w_mask, other=0.0)
-    if USE_NORM:
-        norm_w = tl.load(norm_ptr + kk, mask=mask_k, other=0.0)  # [1, W, KC]: a weight, before the wait
-    if USE_PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # from here on, the previous kernel's writes are visible
-    rm = tl.arange(0, BLOCK_M)  # [BM]
-    rows_ok = rm < M
-    row3 = rm[:, None, None]  # [BM, 1, 1]
-    x_all = tl.load(
-        x_ptr + row3 * stride_xm + kk, mask=rows_ok[:, None, None] & mask_k, other=0.0
-    )  # [BM, W, KC]
-    cols = rn[:, None]  # [BN, 1]
-    mask = mask_n[:, None] & rows_ok[None, :]  # [BN, BM]
-    res = _residual(res_ptr + rm[None, :] * stride_rm + cols, mask, USE_RESIDUAL)  # [BN, BM]
-    xf = x_all.to(tl.float32)
-    if USE_NORM:  # every row's statistics in one reduction
-        rstd = _rstd(tl.sum(tl.sum(xf * xf, axis=2), axis=1), K, eps)  # [BM]
-        normed = (xf * rstd[:, None, None]).to(x_all.dtype).to(tl.float32)
-        xf = (norm_w.to(tl.float32) * normed).to(x_all.dtype).to(tl.float32)
-    wf, wuf = w.to(tl.float32), w_up.to(tl.float32)
-    slot = rm[None, None, :]  # [1, 1, BM]: each row's place in the accumulators
-    acc = tl.zeros([BLOCK_N, WARPS, BLOCK_M], dtype=tl.float32)  # (replaced by row 0's select)
-    acc_up = acc
-    for m in tl.static_range(BLOCK_M):
-        x = tl.sum(tl.where(row3 == m, xf, 0.0), axis=0)  # [W, KC]: row m (a sum over one nonzero)
-        part = tl.sum(wf * x[None, :, :], axis=2)  # [BN, W]
-        if m == 0:  # (the first row starts the accumulators in its partials' layout)
-            acc = tl.where(slot == m, part[:, :, None], 0.0)
-        else:
-            acc = tl.where(slot == m, part[:, :, None], acc)
-        if USE_SILU_MUL:
-            part_up = tl.sum(wuf * x[None, :, :], axis=2)
-            if m == 0:
-                acc_up = tl.where(slot == m, part_up[:, :, None], 0.0)
-            else:
-                acc_up = tl.where(slot == m, part_up[:, :, None], acc_up)
-    out = tl.sum(acc, axis=1)  # [BN, BM]: the one reduction across warps
-    out_up = out
-    if USE_SILU_MUL:
-        out_up = tl.sum(acc_up, axis=1)
-    _store_out(out_ptr + rm[None, :] * stride_om + cols, bias_ptr, out, out_up, res, cols, N, mask,
-               USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
-
-
 @dataclass(frozen=True)
 class SkinnyConfig:
     """One launch shape. block_m is derived from the row count (launch()); num_splits is an
@@ -485,7 +392,6 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     gemv: bool = False
-    warp_k: bool = False  # with gemv: _gemv_warp_kernel (K cut over the warps, one reduction)
 
     def __post_init__(self) -> None:
         min_n = 1 if self.gemv else 8
@@ -499,11 +405,6 @@ class SkinnyConfig:
             raise ValueError(f"block_n must be >= 16 with use_dot (tl.dot's minimum), got {self.block_n}")
         if self.gemv and (self.use_dot or self.num_splits != 1):
             raise ValueError("gemv configs take use_dot=False and num_splits=1")
-        if self.warp_k and (not self.gemv or self.block_k < 8 * self.num_warps):
-            raise ValueError(
-                f"warp_k needs gemv=True and block_k >= 8 * num_warps, got gemv={self.gemv}, "
-                f"block_k={self.block_k}, num_warps={self.num_warps}"
-            )
 
     @property
     def max_rows(self) -> Optional[int]:
@@ -701,14 +602,8 @@ def _launch_gemv(
     """skinny_linear's launch of the one-tile kernel (checked there: K <= block_k)."""
     (m, k), n = x.shape, out.shape[1]
     grid = (triton.cdiv(n, config.block_n),)
-    fn = _gemv_warp_kernel if config.warp_k else _gemv_kernel
-    kernel = fn.warmup if compile_only else fn[grid]
+    kernel = _gemv_kernel.warmup if compile_only else _gemv_kernel[grid]
     pdl = pdl_enabled(x.device)
-    shape = dict(BLOCK_N=config.block_n)
-    if config.warp_k:
-        shape.update(WARPS=config.num_warps, KC=config.block_k // config.num_warps)
-    else:
-        shape.update(BLOCK_K=config.block_k)
     kernel(
         out,
         x,
@@ -725,7 +620,8 @@ def _launch_gemv(
         out.stride(0),
         residual.stride(0) if residual is not None else 0,
         BLOCK_M=config.block_m(m),
-        **shape,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
         USE_BIAS=bias is not None,
         USE_SILU_MUL=silu_mul,
         USE_NORM=norm_weight is not None,

@@ -98,25 +98,6 @@ GEMV_TUNE_ROWS = 4
 GEMV_ROWS_ENV = "ENGINESPEC_GEMV_TUNE_ROWS"
 
 
-# ENGINESPEC_GEMV_WARP_K=1 offers the one-tile shapes also as _gemv_warp_kernel (K cut over the
-# warps, one cross-warp reduction for all rows: SkinnyConfig.warp_k) at 2+ rows, for an A/B.
-GEMV_WARP_K_ENV = "ENGINESPEC_GEMV_WARP_K"
-# A warp's share of K in those shapes: 32 lanes x 8 bf16 (one 16-byte load each), so each warp
-# holds its chunk whole and the product's sum over it needs no other warp (sm_90 code, triton
-# 3.9: 17-19 barriers after the wait at 8 rows against 31-49; other chunks 21-77).
-WARP_K_CHUNK = 256
-
-
-def gemv_warp_k() -> bool:
-    """Whether the tuning offers warp_k one-tile shapes (ENGINESPEC_GEMV_WARP_K: 1/0, default 0)."""
-    import os
-
-    raw = os.environ.get(GEMV_WARP_K_ENV, "0").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"{GEMV_WARP_K_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
-
-
 def gemv_tune_rows() -> int:
     """The most rows the tuning offers one-tile GEMV shapes for: GEMV_TUNE_ROWS, or
     ENGINESPEC_GEMV_TUNE_ROWS when set; ValueError naming the variable and its bound otherwise."""
@@ -177,12 +158,9 @@ def _gemv_candidates(bucket: int, k: int, silu_mul: bool) -> list:
     if bucket > gemv_tune_rows() or block_k > GEMV_MAX_BLOCK_K:
         return []
     tiles_w = 2 if silu_mul else 1
-    kinds = (False, True) if gemv_warp_k() else (False,)
     return [
-        SkinnyConfig(block_n, block_k, use_dot=False, num_warps=warps, gemv=True, warp_k=warp_k)
-        for warp_k in kinds
+        SkinnyConfig(block_n, block_k, use_dot=False, num_warps=warps, gemv=True)
         for block_n in (1, 2, 4, 8)
         for warps in (4, 8)
         if 8 * 32 * warps <= block_n * block_k * tiles_w <= GEMV_MAX_PER_THREAD * 32 * warps
-        and (not warp_k or (bucket > 1 and block_k == WARP_K_CHUNK * warps))
     ]

@@ -91,7 +91,6 @@ def fingerprint(device) -> dict:
         "kernel": _source_hash(skinny_gemm),
         "candidates": _source_hash(gemm_tuning),
         "gemv_tune_rows": gemm_tuning.gemv_tune_rows(),
-        "gemv_warp_k": gemm_tuning.gemv_warp_k(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -77,17 +77,6 @@ def test_gemv_tune_rows_env_widens_the_one_tile_shapes(monkeypatch):
     assert wide and all(c.max_rows >= 8 and c.block_k == 2048 for c in wide)
     assert not any(c.gemv for c in gemm_tuning.candidates(16, 1024, 2048, num_sms=132))
     assert skinny_table_file.fingerprint("cpu") != before
-    # ENGINESPEC_GEMV_WARP_K=1 adds the warp_k twins where a warp's K chunk is WARP_K_CHUNK
-    assert not any(c.warp_k for c in gemm_tuning.candidates(4, 1024, 1024, num_sms=132))
-    monkeypatch.setenv(gemm_tuning.GEMV_WARP_K_ENV, "1")
-    twins = [c for c in gemm_tuning.candidates(4, 4096, 1024, num_sms=132) if c.warp_k]
-    assert twins and all(c.gemv and c.block_k == gemm_tuning.WARP_K_CHUNK * c.num_warps for c in twins)
-    assert not any(c.warp_k for c in gemm_tuning.candidates(1, 4096, 1024, num_sms=132))  # one row: no gain
-    assert skinny_table_file.fingerprint("cpu")["gemv_warp_k"] is True
-    monkeypatch.setenv(gemm_tuning.GEMV_WARP_K_ENV, "yes")
-    with pytest.raises(ValueError, match="ENGINESPEC_GEMV_WARP_K must be 0 or 1"):
-        gemm_tuning.gemv_warp_k()
-    monkeypatch.setenv(gemm_tuning.GEMV_WARP_K_ENV, "0")
     for bad in ("3", "16", "0", "x"):
         monkeypatch.setenv(gemm_tuning.GEMV_ROWS_ENV, bad)
         with pytest.raises(
