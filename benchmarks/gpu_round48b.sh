@@ -4,6 +4,8 @@
 # ENGINESPEC_GEMV_WARP_K=1, one round, fresh processes), then the CUDA tests of the session's
 # changes, then sampler_memory_probe.py, each while DEADLINE (default 400 s) allows.
 #   bash benchmarks/gpu_round48b.sh SHA
+# (Measured at 632add1. The warp_k GEMV was dropped in 61652fe: on later commits ENGINESPEC_GEMV_WARP_K
+# is read by nothing and the r8wk arm is the one-tile GEMV offered up to 8 rows alone.)
 set -u
 sha=${1:?commit}
 deadline=${DEADLINE:-400}
