@@ -313,7 +313,12 @@ def _result(result):
 
 
 def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
-    def card(name: str, created: int) -> dict:
+    # A served model's card is the same on every request: "created" is when the routes were made
+    # (the server's start), so a list and a retrieve a second apart agree (they took the clock
+    # at each request before, and a client comparing them saw the card change).
+    created = int(time.time())
+
+    def card(name: str) -> dict:
         return {
             "id": name,
             "object": "model",
@@ -324,8 +329,7 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/v1/models")
     async def models():
-        created = int(time.time())
-        return {"object": "list", "data": [card(name, created) for name in ctx.model_names]}
+        return {"object": "list", "data": [card(name) for name in ctx.model_names]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
@@ -335,7 +339,7 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             return await models()
         if model not in ctx.model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
-        return card(model, int(time.time()))
+        return card(model)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

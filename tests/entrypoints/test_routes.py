@@ -62,6 +62,18 @@ def _get(path: str, headers: dict, ctx=None, **app_options) -> httpx.Response:
     return asyncio.run(run())
 
 
+def _gets(paths: list, ctx: ServerContext) -> list:
+    """GETs of `paths` in turn, on one app (one server's life)."""
+    app = build_app(ctx, ServerMetrics("m"))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.get(path) for path in paths]
+
+    return asyncio.run(run())
+
+
 def test_enable_request_id_headers_puts_x_request_id_on_every_response(monkeypatch):
     """vLLM's --enable-request-id-headers (`vllm serve M --enable-request-id-headers` was a
     usage error here): every response carries X-Request-Id, the request's own where it sent one,
@@ -119,15 +131,30 @@ def test_x_request_id_is_on_a_500_and_a_cors_preflight_too():
     assert preflight.status_code == 200 and preflight.headers.get("x-request-id") == "p-1"
 
 
+def test_a_models_card_is_the_same_on_every_request(monkeypatch):
+    """The card's "created" is the server's start, not each request's clock: a list and a
+    retrieve taken seconds apart give the same card (each request read the clock before, so a
+    second boundary between them made the cards differ)."""
+    from enginespec.entrypoints.openai import api_server
+
+    clock = iter(range(1_000, 2_000, 7))  # seven seconds pass at every read of the clock
+    monkeypatch.setattr(api_server.time, "time", lambda: float(next(clock)))
+    first, retrieved, again = _gets(
+        ["/v1/models", "/v1/models/tiny", "/v1/models"], ServerContext(None, None, ["tiny"], 16)
+    )
+    listed = first.json()["data"][0]
+    assert retrieved.json() == listed == again.json()["data"][0]
+
+
 def test_a_model_is_retrieved_by_its_served_name():
     """OpenAI's GET /v1/models/{model} (the openai client's models.retrieve) was a 404 for every
     name: each served name answers its card, as /v1/models lists it, a name with a slash (an HF
     id as --served-model-name gives it) included; an unknown one is a 404 naming `model`."""
     names = ["org/tiny", "alias"]
     app_names = dict(ctx=ServerContext(None, None, names, 16))
-    listed = {card["id"]: card for card in _get("/v1/models", {}, **app_names).json()["data"]}
-    for name in names:
-        card = _get(f"/v1/models/{name}", {}, **app_names)
+    listing, *cards = _gets(["/v1/models"] + [f"/v1/models/{name}" for name in names], app_names["ctx"])
+    listed = {card["id"]: card for card in listing.json()["data"]}
+    for name, card in zip(names, cards):
         assert card.status_code == 200 and card.json() == listed[name]
     missing = _get("/v1/models/nope", {}, **app_names)
     assert missing.status_code == 404
