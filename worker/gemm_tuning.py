@@ -98,20 +98,26 @@ GEMV_TUNE_ROWS = 4
 GEMV_ROWS_ENV = "ENGINESPEC_GEMV_TUNE_ROWS"
 
 
-def gemv_tune_rows() -> int:
-    """The most rows the tuning offers one-tile GEMV shapes for: GEMV_TUNE_ROWS, or
-    ENGINESPEC_GEMV_TUNE_ROWS when set; ValueError naming the variable and its bound otherwise."""
+def rows_from_env(name: str, default: int, most: int) -> int:
+    """A row bound from the environment variable `name` (unset or blank: default): a power of
+    two from 1 to `most`, else a ValueError naming the variable and the bound."""
     import os
 
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    rows = int(raw) if raw.isdigit() else 0
+    if not 1 <= rows <= most or rows & (rows - 1):
+        raise ValueError(f"{name} must be a power of two from 1 to {most}, got {raw!r}")
+    return rows
+
+
+def gemv_tune_rows() -> int:
+    """The most rows the tuning offers one-tile GEMV shapes for: GEMV_TUNE_ROWS, or
+    ENGINESPEC_GEMV_TUNE_ROWS when set (at most the kernel's MAX_GEMV_ROWS)."""
     from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS
 
-    raw = os.environ.get(GEMV_ROWS_ENV, "").strip()
-    if not raw:
-        return GEMV_TUNE_ROWS
-    rows = int(raw) if raw.isdigit() else 0
-    if not 1 <= rows <= MAX_GEMV_ROWS or rows & (rows - 1):
-        raise ValueError(f"{GEMV_ROWS_ENV} must be a power of two from 1 to {MAX_GEMV_ROWS}, got {raw!r}")
-    return rows
+    return rows_from_env(GEMV_ROWS_ENV, GEMV_TUNE_ROWS, MAX_GEMV_ROWS)
 
 
 # Tensor-core tiles of one K step a split for 4-32 rows: a program's whole [BLOCK_N, BLOCK_K]

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from enginespec.kernels.compile_pool import precompile
-from enginespec.worker.gemm_tuning import candidates, graph_us
+from enginespec.worker.gemm_tuning import candidates, graph_us, rows_from_env
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,7 @@ VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: e
 def engine_max_rows() -> int:
     """The most rows an engine's decode step routes through the table: ENGINE_MAX_ROWS, or
     ENGINESPEC_SKINNY_MAX_ROWS when set (a power of two from 1 to DEFAULT_MAX_ROWS)."""
-    raw = os.environ.get(MAX_ROWS_ENV, "").strip()
-    if not raw:
-        return ENGINE_MAX_ROWS
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = 0
-    if not 1 <= rows <= DEFAULT_MAX_ROWS or rows & (rows - 1):
-        raise ValueError(f"{MAX_ROWS_ENV} must be a power of two from 1 to {DEFAULT_MAX_ROWS}, got {raw!r}")
-    return rows
+    return rows_from_env(MAX_ROWS_ENV, ENGINE_MAX_ROWS, DEFAULT_MAX_ROWS)
 
 
 def resolve_switch(setting: Optional[bool]) -> bool:
