@@ -256,6 +256,95 @@ def test_a_row_left_no_token_the_grammar_allows_ends_as_an_error(llms, async_sch
     assert not llm.engine.has_unfinished and not llm.engine._constrained
 
 
+# ---------------------------------------------------------------- a start marker (reasoning)
+
+#: A two-token start marker, "<" then "/" (a reasoning model's `</think>` in miniature: it
+#: arrives over two steps), made likely by a bias; the grammars below cannot write it, so the
+#: bias, applied after the mask, changes nothing once the grammar governs.
+MARKER = tuple(4 + JSON_CHARS.index(c) for c in "</")
+THINKING = {"logit_bias": {t: 5.0 for t in MARKER}}
+
+
+def _after_marker(text: str) -> tuple[str, str]:
+    """(the free text before the marker's first appearance, the text after it)."""
+    at = text.index("</")
+    return text[:at], text[at + 2 :]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_grammar_starts_after_its_start_marker(llms, async_scheduling):
+    """With start_after_token_ids the output is free until the marker has appeared (a
+    reasoning model thinks first; vLLM's structured outputs with reasoning) and follows the
+    grammar after it: n=2 samples, each with its own watch, write free text (that the regex
+    refuses), the marker, then a full match, and end "stop". Async scheduling draws the serial
+    engine's tokens. On an engine without the marker the grammar governed from the first token."""
+    so = StructuredOutputsParams(regex=REGEX, start_after_token_ids=MARKER)
+    params = _params(so, n=2, **THINKING)
+    outs = _generate(llms(async_scheduling), params)[0].outputs
+    serial = _generate(llms(False), params)[0].outputs
+    assert [o.token_ids for o in outs] == [o.token_ids for o in serial]
+    thoughts = []
+    for out in outs:
+        thought, answer = _after_marker(out.text)
+        assert re.fullmatch(REGEX, answer) and out.finish_reason == "stop", out.text
+        thoughts.append(thought)
+    assert any(thoughts) and outs[0].token_ids != outs[1].token_ids, thoughts
+
+
+def test_without_its_start_marker_the_output_stays_free(llms):
+    """A marker that never appears (biased away) leaves every token free: the request runs to
+    max_tokens ("length") with text the choice grammar would have refused, and no grammar
+    ever finishes it."""
+    so = StructuredOutputsParams(choice=CHOICES, start_after_token_ids=MARKER[:1])
+    params = _params(so, max_tokens=8, ignore_eos=True, logit_bias={MARKER[0]: -100.0})
+    out = _generate(llms(False), params)[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 8
+    assert not any(c.startswith(out.text[:2]) for c in CHOICES), out.text
+    assert set(out.text) - {"y", "n", "m"}, out.text  # not a fresh grammar's first letters either
+
+
+def test_a_start_marker_decides_alike_on_the_reference(impl, reference_impl, llms):
+    """The marker's watch and the mask after it are the engine's, over any impl: the impl
+    under test draws the reference impl's tokens, marker, thinking and answer alike."""
+    from enginespec.llm import LLM
+
+    so = StructuredOutputsParams(json=SCHEMA, start_after_token_ids=MARKER)
+    params = [_params(so, seed=s, **THINKING) for s in (1, 2)]
+    reference = LLM(
+        str(json_model_dir()), impl=reference_impl, dtype="float32", device="cpu", block_size=4,
+        num_blocks=64, max_model_len=128,
+    )  # fmt: skip
+    got = [o.outputs[0] for o in _generate(llms(False), params, [PROMPT, PROMPT])]
+    want = [o.outputs[0] for o in _generate(reference, params, [PROMPT, PROMPT])]
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for out in got:
+        assert _valid(json.loads(_after_marker(out.text)[1])), out.text
+
+
+def test_before_its_start_marker_min_tokens_is_checked_as_for_a_free_request(llms):
+    """allowed_token_ids of stop ids only with min_tokens leave a free row nothing to draw: a
+    ValueError on add, as for a request without a grammar, since no grammar governs the
+    thinking (without a marker the grammar wins over min_tokens and the request is taken)."""
+    llm = llms(False)
+    eos = llm.engine.tokenizer.eos_token_id
+    tight = {"allowed_token_ids": [eos], "min_tokens": 2}
+    with pytest.raises(ValueError, match=r"allowed_token_ids \[\d+\] are all stop ids"):
+        _generate(
+            llm, _params(StructuredOutputsParams(choice=CHOICES, start_after_token_ids=MARKER), **tight)
+        )
+    assert not llm.engine.has_unfinished
+    out = _generate(llm, _params(StructuredOutputsParams(regex="a*"), **tight))[0].outputs[0]
+    assert (out.text, out.finish_reason) == ("", "stop")
+
+
+def test_a_start_marker_past_the_vocabulary_is_refused_on_add(llms):
+    llm = llms(False)
+    so = StructuredOutputsParams(choice=CHOICES, start_after_token_ids=[5, llm.engine.vocab_size])
+    with pytest.raises(ValueError, match=r"structured_outputs\.start_after_token_ids must be token ids <"):
+        _generate(llm, _params(so))
+    assert not llm.engine.has_unfinished
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -605,8 +605,9 @@ class EngineCore:
         )
         if self.spec is not None:
             sample.spec_decode = self.spec.track(request.request_id)
-        if grammar is not None:  # its own matcher per sample (n > 1)
-            sample.grammar = self._structured.new_state(grammar, stop_ids_to_mask(request))
+        if grammar is not None:  # its own matcher per sample (n > 1), its own watch for the marker
+            marker = request.params.structured_outputs.start_after_token_ids or ()
+            sample.grammar = self._structured.new_state(grammar, stop_ids_to_mask(request), marker)
         return sample
 
     def _validate(self, request_id, prompt_token_ids, params, priority) -> tuple[list[int], SamplingParams]:
@@ -1092,7 +1093,9 @@ class EngineCore:
         (structured_output.py; before the sampler, as vLLM's model runner does; logits itself
         when no row is constrained). Row of
         sample_ids[i]: i, or with drafts the first of each request's d + 1 rows (a constrained
-        request has no drafts). Call only once the previous step's tokens are accepted."""
+        request has no drafts). A grammar still waiting for its start marker (not `active`:
+        a reasoning model's thinking) masks nothing. Call only once the previous step's tokens
+        are accepted (whether the marker has appeared depends on them too)."""
         if not self._constrained:
             return logits
         from enginespec.engine.structured_output import fill_bitmask
@@ -1102,7 +1105,7 @@ class EngineCore:
             sample = self._samples[rid][1] if rid in self._constrained else None
             # a request finished since it was scheduled (its grammar may have terminated at the
             # resolve just before) draws a token nobody keeps: it is not masked
-            if sample is not None and not sample.request.status.is_finished:
+            if sample is not None and not sample.request.status.is_finished and sample.grammar.active:
                 rows.append(row)
                 states.append(sample.grammar)
             row += 1 + (len(drafts.get(rid, ())) if drafts else 0)
@@ -1336,9 +1339,9 @@ def _check_min_tokens_leave_a_token(params: SamplingParams, eos: Optional[int], 
     EOS unless ignore_eos) are -inf (sample.penalties.apply_min_tokens), so a row whose allowed
     ids are all stop ids has nothing left to draw, and the sampler drew token 0, an id the
     request never allowed. (Structured outputs keep their own rule there: the grammar wins and
-    the request ends "stop".)"""
-    allowed = params.allowed_token_ids
-    if params.min_tokens < 1 or not allowed or params.structured_outputs is not None:
+    the request ends "stop"; not before a start marker, where no grammar masks the row.)"""
+    allowed, so = params.allowed_token_ids, params.structured_outputs
+    if params.min_tokens < 1 or not allowed or (so is not None and so.start_after_token_ids is None):
         return
     stops = {*params.stop_token_ids, *extra_stops}
     if eos is not None and not params.ignore_eos:

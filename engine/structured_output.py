@@ -12,16 +12,21 @@ vLLM V1's design (vllm/v1/structured_output), on this engine's step:
 - every real output token the scheduler appends is accepted by the matcher; once the matcher
   has terminated (it accepted a stop token where the grammar may end) the request is finished
   ("stop"), so no mask is ever asked of a terminated matcher; one that refuses a token (the
-  sampler's other edits left its row no token the grammar allows) finishes it as an error.
+  sampler's other edits left its row no token the grammar allows) finishes it as an error;
+- with StructuredOutputsParams.start_after_token_ids (a reasoning model's `</think>`, set by
+  the server), the grammar starts after those ids first appear in the output, as vLLM's
+  structured outputs with reasoning do: before them the row is not masked and the matcher
+  takes nothing (GrammarState.active); the tokens after them are accepted as above.
 
-Invariants: a matcher has accepted exactly the sample's real output tokens, in order, before
-its mask is filled. That holds because a step with a constrained row resolves the step before
-it first (EngineCore._masked_logits: under async scheduling the previous tokens are read and
-accepted, then the mask is filled; the draw may stay on the device, so the step after still
-launches before this one's tokens are read), a constrained request is never drafted for
-(spec_decode/decoder.py), and preemption keeps output tokens (recompute and swap alike), so
-the matcher stays valid across it. A row whose request finished since it was scheduled (at
-that resolve) is not masked: its token is dropped.
+Invariants: a matcher has accepted exactly the sample's real output tokens (those after its
+start marker, if it has one), in order, before its mask is filled. That holds because a step
+with a constrained row resolves the step before it first (EngineCore._masked_logits: under
+async scheduling the previous tokens are read and accepted, then the mask is filled; the draw
+may stay on the device, so the step after still launches before this one's tokens are read),
+a constrained request is never drafted for (spec_decode/decoder.py; nor in its thinking, so
+no step holds unmasked tokens after its marker), and preemption keeps output tokens
+(recompute and swap alike), so the matcher stays valid across it. A row whose request
+finished since it was scheduled (at that resolve) is not masked: its token is dropped.
 
 xgrammar is optional (`pip install 'enginespec[structured]'`): it is imported on the first
 request that asks for structured outputs, and its absence is a ValueError naming the package.
@@ -163,8 +168,12 @@ class StructuredOutputManager:
             return compiler.compile_grammar(choice_grammar(params.choice))
         return compiler.compile_grammar(params.grammar)
 
-    def new_state(self, compiled, stop_token_ids: Sequence[int]) -> "GrammarState":
-        """A fresh matcher over `compiled` for one sample. Of `stop_token_ids` (its EOS unless
+    def new_state(
+        self, compiled, stop_token_ids: Sequence[int], start_after: Sequence[int] = ()
+    ) -> "GrammarState":
+        """A fresh matcher over `compiled` for one sample, governing the output from its first
+        token, or with `start_after` (StructuredOutputsParams.start_after_token_ids) from the
+        token after those ids first appear in it. Of `stop_token_ids` (its EOS unless
         ignore_eos, and its stop_token_ids), the control tokens (`control_token_ids`) are the
         tokens that may end the grammar (none: the EOS ids given at construction). A stop id
         that is text stays text to the grammar, as in vLLM, whose matcher knows only the
@@ -173,7 +182,7 @@ class StructuredOutputManager:
         (a choice of "55a" with "5" a stop id could not begin), so none is made one."""
         ends = [t for t in stop_token_ids if t in self._control]
         matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=ends or None)
-        return GrammarState(matcher, self.vocab_size, self._xgr)
+        return GrammarState(matcher, self.vocab_size, self._xgr, start_after)
 
 
 def control_token_ids(info, tokenizer) -> frozenset[int]:
@@ -190,26 +199,52 @@ def control_token_ids(info, tokenizer) -> frozenset[int]:
 class GrammarState:
     """One sample's matcher. `accept` advances it with each real output token; `fill` writes
     the mask of the tokens it may take next into one bitmask row. Never asked for a mask once
-    `terminated` (the engine finishes the request first)."""
+    `terminated` (the engine finishes the request first), nor while not `active`.
 
-    def __init__(self, matcher, vocab_size: int, xgr):
+    With a start marker (start_after_token_ids: a reasoning model's end tag), the output is free
+    until the marker has appeared in it: till then the matcher is untouched and `active` is
+    False (the engine masks nothing), and `_tail` holds the newest output tokens, at most the
+    marker's length, so a marker that arrives over several steps is found. The tokens after
+    the marker's first appearance, in the same accept or later ones, go to the matcher."""
+
+    def __init__(self, matcher, vocab_size: int, xgr, start_after: Sequence[int] = ()):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self._xgr = xgr
         self.num_rejected = 0
+        self._marker = tuple(int(t) for t in start_after)  # () once seen, or never asked for
+        self._tail: list[int] = []
 
     @property
     def terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
 
+    @property
+    def active(self) -> bool:
+        """Whether the grammar governs the next token (no marker, or the marker has appeared)."""
+        return not self._marker
+
+    def _watch(self, token: int) -> None:
+        """Take one output token before the marker; the marker is seen when the newest tokens
+        are it (the first appearance: a later one is the grammar's text)."""
+        self._tail.append(token)
+        if len(self._tail) > len(self._marker):
+            del self._tail[0]
+        if tuple(self._tail) == self._marker:
+            self._marker, self._tail = (), []
+
     def accept(self, tokens: Sequence[int]) -> Optional[int]:
-        """Advance over `tokens` (the sample's newest output tokens, real ones). Returns None,
+        """Advance over `tokens` (the sample's newest output tokens, real ones): those before
+        the marker are only watched for it, the rest go to the matcher. Returns None,
         or the first token the grammar refused (the matcher stays where it was before it): only
         possible when the sampler's other edits left the row no token the grammar allows (an
         allowed_token_ids or bad_words that excludes them all, or a grammar that needs text
         the vocabulary cannot write), so the row was all -inf. The engine ends the request
         there (vLLM finishes it as an error)."""
         for token in tokens:
+            if self._marker:
+                self._watch(int(token))
+                continue
             if self.terminated:
                 return None
             if not self.matcher.accept_token(int(token)):

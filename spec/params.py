@@ -134,6 +134,8 @@ class SamplingParams:
     on add with xgrammar (an optional dependency: without it, a ValueError says what to
     install) and masks, before every sample, the tokens the constraint cannot take next (EOS
     and stop tokens only where it may end); once it is complete the request finishes ("stop").
+    With its start_after_token_ids set, the output is free until those ids have appeared in it
+    (a reasoning model's thinking up to `</think>`) and follows the constraint after them.
 
     Bounds (every field is checked on construction; a bad value is a ValueError naming the
     field and the bound; real fields refuse NaN and +-inf before their range is checked):
@@ -366,6 +368,10 @@ class SamplingParams:
             ("allowed_token_ids", self.allowed_token_ids or ()),
             ("logit_bias", tuple(self.logit_bias or ())),
             ("bad_words_token_ids", tuple(t for s in self.bad_words_token_ids for t in s)),
+            (
+                "structured_outputs.start_after_token_ids",
+                (self.structured_outputs and self.structured_outputs.start_after_token_ids) or (),
+            ),
         ):
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, name, f"token ids < vocab_size ({vocab_size})", bad)

@@ -11,14 +11,30 @@ from __future__ import annotations
 
 import json as _json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union, cast
+
+from enginespec.spec.validation import check_token_id
 
 #: The constraint fields, in vLLM's order: exactly one of them is set.
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+#: The longest start_after_token_ids: the engine compares the newest output tokens with it after
+#: every token, so its length is a cost per token (a reasoning end tag is a token or a few).
+MAX_START_AFTER = 64
 
 
 def _fail(name: str, bound: str, value: object) -> None:
     raise ValueError(f"StructuredOutputsParams.{name} must be {bound}, got {value!r}")
+
+
+def _marker(value: object) -> tuple[int, ...]:
+    """start_after_token_ids as a tuple of plain ints, or a ValueError naming the field."""
+    bound = f"None or a list of 1 to {MAX_START_AFTER} token ids (ints >= 0)"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        _fail("start_after_token_ids", bound, value)
+    ids = tuple(cast(Iterable[object], value))
+    if not 1 <= len(ids) <= MAX_START_AFTER:
+        _fail("start_after_token_ids", bound, value)
+    return tuple(check_token_id("StructuredOutputsParams.start_after_token_ids", t) for t in ids)
 
 
 @dataclass(frozen=True)
@@ -41,7 +57,15 @@ class StructuredOutputsParams:
 
     Stored normalised: `choice` as a tuple of str, `json` as given (a dict stays a dict, so
     two requests with equal schemas compare equal; `json_text` gives the text the compiler
-    reads). json_object=False counts as not set."""
+    reads). json_object=False counts as not set.
+
+    `start_after_token_ids` (ours; vLLM decides the same from its server's reasoning parser):
+    None, or the token ids (1 to MAX_START_AFTER of them, each >= 0; < vocab_size is checked by
+    the engine on add) after whose first appearance in the output the constraint applies. Until
+    they have all appeared, in order and adjacent, the output is free (no mask, the matcher
+    untouched: a reasoning model's thinking, up to its end tag); the tokens after them follow
+    the constraint. The server sets it to its reasoning parser's end tag (`</think>`) when a
+    constrained chat reply starts in its thinking. Stored as a tuple of int."""
 
     json: Union[str, Mapping[str, Any], None] = None
     regex: Optional[str] = None
@@ -51,6 +75,7 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     disable_fallback: bool = False
+    start_after_token_ids: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
@@ -85,6 +110,8 @@ class StructuredOutputsParams:
             if not choices or not all(isinstance(c, str) for c in choices):
                 _fail("choice", "a non-empty list of strings", self.choice)
             object.__setattr__(self, "choice", choices)
+        if self.start_after_token_ids is not None:
+            object.__setattr__(self, "start_after_token_ids", _marker(self.start_after_token_ids))
 
     @property
     def kind(self) -> str:

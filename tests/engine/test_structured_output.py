@@ -116,3 +116,67 @@ def test_nothing_else_imports_xgrammar():
         if "import xgrammar" in p.read_text() or "from xgrammar" in p.read_text()
     ]
     assert users == ["engine/structured_output.py"]
+
+
+# ---- a start marker (start_after_token_ids: a reasoning model's end tag) ---------------------
+
+
+def _ids(manager, text: str) -> list[int]:
+    return manager[1].encode(text, add_special_tokens=False)
+
+
+def test_before_its_start_marker_the_grammar_takes_nothing_and_masks_nothing(manager):
+    """Free text before the marker (text the grammar refuses, the marker's own first token
+    alone, a false start "<" "<") leaves the matcher untouched and the state inactive; the
+    marker split over accepts is found; the tokens after it in that same accept feed the
+    matcher, and a later "</" is the grammar's own text."""
+    mgr, _ = manager
+    marker = _ids(manager, "</")
+    state = mgr.new_state(mgr.compile(StructuredOutputsParams(regex=r"ab</\d")), [EOS], marker)
+    assert state.accept(_ids(manager, "{no<<")) is None
+    assert not state.active and state.num_rejected == 0
+    assert state.accept(_ids(manager, "/ab")) is None  # the marker's end, then the grammar's text
+    assert state.active
+    assert state.accept(_ids(manager, "</7") + [EOS]) is None
+    assert state.terminated and state.num_rejected == 0
+
+
+def test_after_its_start_marker_the_grammar_refuses_what_it_refuses(manager):
+    mgr, _ = manager
+    state = mgr.new_state(mgr.compile(StructuredOutputsParams(regex=r"\d+")), [EOS], _ids(manager, "##"))
+    assert state.accept(_ids(manager, "x#y")) is None and not state.active  # not adjacent
+    assert state.accept(_ids(manager, "##x")) == _ids(manager, "x")[0]
+    assert state.num_rejected == 1
+
+
+def test_an_overlapping_marker_is_found_at_its_first_appearance(manager):
+    """The marker "aab" inside "aaab": the newest tokens are compared, so the extra "a" in
+    front does not hide it (a matcher of the marker that restarts on a mismatch would)."""
+    mgr, _ = manager
+    state = mgr.new_state(mgr.compile(StructuredOutputsParams(regex=r"\d")), [EOS], _ids(manager, "aab"))
+    for token in _ids(manager, "aaab"):
+        assert not state.active
+        state.accept([token])
+    assert state.active
+    assert state.accept(_ids(manager, "5") + [EOS]) is None and state.terminated
+
+
+@pytest.mark.parametrize("value", [[], "ab", [1, -1], [True], [1.0], 7, list(range(65)), {"a": 1}])
+def test_a_bad_start_marker_is_a_value_error_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"StructuredOutputsParams\.start_after_token_ids must "):
+        StructuredOutputsParams(regex="a", start_after_token_ids=value)
+
+
+def test_a_start_marker_is_stored_as_a_tuple_and_checked_against_the_vocabulary():
+    import numpy as np
+
+    from enginespec.spec import SamplingParams
+
+    so = StructuredOutputsParams.of({"regex": "a", "start_after_token_ids": [np.int64(5), 6]})
+    assert so.start_after_token_ids == (5, 6) and all(type(t) is int for t in so.start_after_token_ids)
+    params = SamplingParams(structured_outputs=so)
+    params.validate_vocab(7)
+    with pytest.raises(
+        ValueError, match=r"structured_outputs\.start_after_token_ids must be token ids < vocab_size \(6\)"
+    ):
+        params.validate_vocab(6)
