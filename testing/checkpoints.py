@@ -132,6 +132,7 @@ def use_cache_root(root) -> None:
         _cache_root = root
         tiny_model_dir.cache_clear()
         json_model_dir.cache_clear()
+        reasoning_model_dir.cache_clear()
 
 
 def cache_root() -> Optional[Path]:
@@ -169,6 +170,31 @@ def json_model_dir(family: str = "qwen3") -> Path:
             if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
                 shutil.copy2(f, dest / f.name)
         _tokenizer(JSON_CHARS).save_pretrained(str(dest))
+    return dest
+
+
+#: The end tag `reasoning_model_dir`'s tokenizer writes as one token (its last id), as Qwen3's does.
+THINK_END = "</think>"
+
+
+@functools.lru_cache(maxsize=None)
+def reasoning_model_dir(family: str = "qwen3") -> Path:
+    """json_model_dir(family)'s weights with its tokenizer's "|" (no JSON needs it) given up
+    for an added token THINK_END (id VOCAB_SIZE - 1), so that a random model may close its
+    thinking in one token, as a reasoning model does: for structured outputs with reasoning."""
+    import shutil
+
+    src = json_model_dir(family)
+    assert _cache_root is not None
+    dest = _cache_root / f"{family}-reasoning"
+    if not (dest / "tokenizer.json").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
+                shutil.copy2(f, dest / f.name)
+        tokenizer = _tokenizer([c for c in JSON_CHARS if c != "|"])
+        tokenizer.add_tokens([THINK_END])
+        tokenizer.save_pretrained(str(dest))
     return dest
 
 

@@ -30,8 +30,13 @@ Qwen3-Coder and Qwen3.5, not the hermes JSON this server parses), so for hermes 
 splits as this does.
 
 A request with structured outputs (response_format, structured_outputs, or a tool_choice that
-forces calls) is not split: its grammar governs the whole reply from the first token, so the
-reply has no thinking (vLLM starts the grammar after the thinking ends; this server does not).
+forces calls) whose reply starts in its thinking thinks freely, as in vLLM: the server sets the
+constraint's start_after_token_ids to the end tag's ids (`end_token_ids`), so the engine applies
+the grammar only after the model has written `</think>`; the reply is split as any other, the
+constrained part being the content (or the forced tool calls read from it). A reply that starts
+closed follows the grammar from its first token and is all content. Where the tokenizer does
+not write the end tag as one stable id sequence (`end_token_ids` is None) the split is off and
+the grammar governs the whole reply, which then has no thinking.
 """
 
 from __future__ import annotations
@@ -70,6 +75,33 @@ class ReasoningParser:
         stream = ReasoningStream(in_reasoning)
         reasoning, content = stream.feed(text, final=True)
         return reasoning or None, content or None
+
+
+#: Text around the end tag that must not change its ids (end_token_ids): what a model writes
+#: before `</think>` (nothing, a word, a stop, a newline, a space) and after it.
+_BEFORE, _AFTER = ("", "a", ".", "\n", " "), ("", "\n\n", "a", " ")
+
+
+def end_token_ids(tokenizer) -> Optional[tuple[int, ...]]:
+    """The ids the tokenizer writes the end tag as, where they are stable: the tag alone encodes
+    to them, they decode back to it, and they appear as they are in the tag's encoding between
+    any of _BEFORE and _AFTER (an added token such as Qwen3's and DeepSeek-R1's `</think>` is
+    so). None otherwise (a BPE that merges the tag's first or last characters with its
+    neighbours): the engine finds the end by ids, the split by text, and the two must agree,
+    or the grammar would start where the split sees no end, or never start at all."""
+    ids = tuple(int(t) for t in tokenizer.encode(END, add_special_tokens=False))
+    if not ids or tokenizer.decode(list(ids)) != END:
+        return None
+    for before in _BEFORE:
+        for after in _AFTER:
+            around = tuple(tokenizer.encode(before + END + after, add_special_tokens=False))
+            if not _contains(around, ids):
+                return None
+    return ids
+
+
+def _contains(seq: tuple, part: tuple) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
 PARSERS = {

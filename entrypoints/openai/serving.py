@@ -45,7 +45,7 @@ from enginespec.entrypoints.openai.protocol import (
     TokenizeRequest,
     _Sampling,
 )
-from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream
+from enginespec.entrypoints.openai.reasoning import ReasoningParser, ReasoningStream, end_token_ids
 from enginespec.entrypoints.openai.sampling import to_sampling_params
 from enginespec.entrypoints.openai.sse import DONE, encode_json, frame
 from enginespec.entrypoints.openai.tool_calls import (
@@ -93,6 +93,14 @@ class ServerContext:
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
             raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+    @functools.cached_property
+    def reasoning_end_ids(self) -> Optional[tuple[int, ...]]:
+        """The ids of the reasoning parser's end tag where the tokenizer writes it stably
+        (reasoning.end_token_ids; None: it does not, or no parser). Asked once per server."""
+        if self.reasoning_parser is None or self.tokenizer is None:
+            return None
+        return end_token_ids(self.tokenizer)
 
 
 @dataclass
@@ -491,10 +499,31 @@ async def create_chat_completion(
     if body.use_beam_search:
         return await _beam_search(ctx, call, max_tokens, logprobs, wait_disconnect)
     params = _tool_params(ctx, call, _params(call, max_tokens, logprobs, ctx), tools)
-    if params.structured_outputs is not None:
-        call.reasoning = None  # the grammar governs the whole reply: it has no thinking to split
+    params = _reasoning_params(ctx, call, params)
     gen = await _submit(ctx, call, params)
     return await _respond(ctx, call, gen, wait_disconnect)
+
+
+def _reasoning_params(ctx: ServerContext, call: _Call, params: SamplingParams) -> SamplingParams:
+    """params of a constrained chat call under --reasoning-parser (others as they are): a reply
+    that starts in its thinking gets the end tag's ids as its constraint's start marker
+    (StructuredOutputsParams.start_after_token_ids), so the model thinks freely and the grammar
+    governs what follows `</think>`, which the split makes the content (vLLM's structured
+    outputs with reasoning). A reply that starts closed (enable_thinking false) follows the
+    grammar from its first token, all content. A marker the client set is kept. Where the
+    tokenizer has no stable ids for the tag, the split is switched off instead and the grammar
+    governs the whole reply, as before (reasoning.end_token_ids)."""
+    so = params.structured_outputs
+    if so is None or call.reasoning is None or not call.starts_in_reasoning:
+        return params
+    if so.start_after_token_ids is not None:
+        return params
+    ids = ctx.reasoning_end_ids
+    if ids is None:
+        call.reasoning = None  # the grammar governs the whole reply: it has no thinking to split
+        return params
+    marked = dataclasses.replace(so, start_after_token_ids=ids)
+    return dataclasses.replace(params, structured_outputs=marked)
 
 
 def _tool_options(

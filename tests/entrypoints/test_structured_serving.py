@@ -172,11 +172,14 @@ def test_two_tools_whose_defs_clash_are_a_400_naming_tools(engine):
     assert (info.value.status, info.value.param) == (400, "tools")
 
 
-def test_a_constrained_reply_is_not_split_for_reasoning(engine):
-    """The grammar governs the whole reply (vLLM would start it after the thinking; here it has
-    none): under --reasoning-parser the JSON is the content, not taken for unclosed thinking."""
-    body = _call(engine, "chat", reasoning_parser=get_parser("qwen3"), response_format=JSON_SCHEMA)
-    assert _person(body["choices"][0]["message"]["content"])
+def test_a_constrained_reply_without_thinking_is_content(engine):
+    """Under --reasoning-parser a reply that starts closed (enable_thinking false) follows the
+    grammar from its first token: the JSON is the content, not taken for unclosed thinking. (One
+    that starts in its thinking: tests/entrypoints/test_reasoning_structured_serving.py.)"""
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    body = _call(engine, "chat", reasoning_parser=get_parser("qwen3"), response_format=JSON_SCHEMA, **off)
+    message = body["choices"][0]["message"]
+    assert _person(message["content"]) and message["reasoning"] is None
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "tagged"}}])
