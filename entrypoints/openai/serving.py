@@ -680,8 +680,8 @@ async def _beam_search(
 ):
     """use_beam_search (serving_beam.py states the rules): every prompt's search at once, one
     batch of engine requests a step (_beam_step); then each prompt's best beams as its finished
-    output, answered as any full body, or with stream=true as a stream of one frame of whole
-    choices (a beam's text is known only at the end), the usage chunk if asked, and [DONE]."""
+    output, answered as any full body, or with stream=true as a stream of whole choices, one a
+    frame (a beam's text is known only at the end), the usage chunk if asked, and [DONE]."""
     body = call.body
     _check_beam_request(call)
     name = (
@@ -1228,19 +1228,19 @@ def _parsed_delta(call: _Call, state: _Choice, delta_text: str, finished: bool) 
 
 
 def _output_frames(ctx, call: _Call, head: str, out, continuous: bool) -> list[str]:
-    """The frames of one output's news: one frame of its choices' deltas, then one of the
-    finishes that follow tool calls (_finish_apart); with continuous usage, a frame a choice
-    (_usage_frames)."""
+    """The frames of one output's news: a frame a choice, as vLLM and OpenAI stream n > 1
+    samples (clients ported from vLLM read `chunk.choices[0]`: a frame of two choices lost the
+    second's text), each choice's delta followed by the finish that follows tool calls
+    (_finish_apart); with continuous usage, the choice's usage too (_usage_frames)."""
     if continuous:
         return _usage_frames(ctx, call, head, out)
-    choices, finishes = [], []
+    frames = []
     for completion in out.outputs:
         choice = _delta_choice(ctx, call, out, completion)
         if choice is not None:
-            first, *finish = _finish_apart(choice) if call.tool_parsing else (choice,)
-            choices.append(first)
-            finishes.extend(finish)
-    return [_frame_choices(head, part) for part in (choices, finishes) if part]
+            parts = _finish_apart(choice) if call.tool_parsing else (choice,)
+            frames.extend(_frame_choices(head, [part]) for part in parts)
+    return frames
 
 
 def _with_prompt_ids(chunk_frame: str, prompt_token_ids) -> str:
@@ -1253,7 +1253,7 @@ def _with_prompt_ids(chunk_frame: str, prompt_token_ids) -> str:
 async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     """SSE frames: deltas, then (include_usage) a usage chunk with no choices, then [DONE]. An
     error after the stream started goes out as one error frame, then [DONE]. A frame has the
-    news of one output's choices; with continuous usage, of one choice (see _usage_frames). A
+    news of one choice (_output_frames), with continuous usage its usage so far too. A
     finish that comes with tool calls follows them in a frame of its own (_finish_apart). A
     chat stream with return_token_ids has the prompt's ids in its first chunk only (top level,
     as vLLM sends them; the full body has them at the top level too): completions have them in

@@ -3,8 +3,8 @@ states the rules, vLLM's server's): the app over an in-process engine, driven by
 openai client (and httpx for the error bodies), against LLM.beam_search on the same checkpoint
 and engine settings. n=1 is greedy decoding; n=3 gives the offline search's best 3 sequences as
 the choices, in order, with their finish_reason (EOS in play); chat searches from the rendered
-prompt; logprobs come from the step that chose each token; a stream is one frame of whole
-choices; fields a beam search cannot honour are 400s naming them; a client that leaves ends the
+prompt; logprobs come from the step that chose each token; a stream is a frame a whole
+choice; fields a beam search cannot honour are 400s naming them; a client that leaves ends the
 search."""
 
 from __future__ import annotations
@@ -172,7 +172,9 @@ def test_logprobs_come_from_the_step_that_chose_each_token(app, llm):
             )
 
 
-def test_a_stream_is_one_frame_of_whole_choices_then_usage(app):
+def test_a_stream_is_a_frame_a_whole_choice_then_usage(app):
+    """A beam's text is known only at the end: the stream has each choice whole, one a frame (as
+    every stream sends its choices), then the usage."""
     base = dict(n=2, max_tokens=4, temperature=0, extra_body={"use_beam_search": True})
 
     async def fn(client, http):
@@ -187,12 +189,12 @@ def test_a_stream_is_one_frame_of_whole_choices_then_usage(app):
         return full, chunks, chat_full, [c async for c in chat]
 
     full, chunks, chat_full, chat_chunks = serve(app, fn)
-    assert len(chunks) == 2 and chunks[1].choices == [] and chunks[1].usage == full.usage
-    got = [(c.index, c.text, c.finish_reason) for c in chunks[0].choices]
+    assert len(chunks) == 3 and chunks[2].choices == [] and chunks[2].usage == full.usage
+    assert [len(c.choices) for c in chunks[:2] + chat_chunks] == [1] * 4
+    got = [(c.choices[0].index, c.choices[0].text, c.choices[0].finish_reason) for c in chunks[:2]]
     assert got == [(c.index, c.text, c.finish_reason) for c in full.choices]
-    (frame,) = chat_chunks
-    assert [c.delta.role for c in frame.choices] == ["assistant"] * 2
-    got = [(c.delta.content, c.finish_reason) for c in frame.choices]
+    assert [c.choices[0].delta.role for c in chat_chunks] == ["assistant"] * 2
+    got = [(c.choices[0].delta.content, c.choices[0].finish_reason) for c in chat_chunks]
     assert got == [(c.message.content, c.finish_reason) for c in chat_full.choices]
 
 

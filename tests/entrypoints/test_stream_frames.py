@@ -6,6 +6,7 @@ the per-request Inbox keeps order across waits and cancellations."""
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -77,3 +78,50 @@ def test_inbox_order_waits_and_cancellation():
         assert await later == [("error", None)]
 
     asyncio.run(scenario())
+
+
+def _two_sample_output(texts: list, finished: bool) -> SimpleNamespace:
+    """One engine output (request "r") of n = len(texts) samples, a token a character."""
+    samples = [
+        SimpleNamespace(
+            index=i, text=t, token_ids=list(range(len(t))), logprobs=None,
+            finish_reason="length" if finished else None, stop_reason=None,
+        )
+        for i, t in enumerate(texts)
+    ]  # fmt: skip
+    return SimpleNamespace(request_id="r", outputs=samples, prompt_token_ids=[1], finished=finished)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_stream_of_n_samples_sends_one_choice_a_chunk(kind):
+    """n > 1: each chunk carries one choice, as vLLM and OpenAI stream them. Two samples' news
+    of one engine step went out in one chunk of two choices, and a client ported from vLLM that
+    reads `chunk.choices[0]` (vLLM's own tests do) lost every other sample's text."""
+    from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from enginespec.entrypoints.openai.serving import ServerContext, _Call, _full_body, _stream
+    from tests.entrypoints.client_helpers import ScriptedGeneration
+
+    if kind == "completion":
+        body = CompletionRequest(prompt="p", n=2, stream=True)
+    else:
+        body = ChatCompletionRequest(messages=[{"role": "user", "content": "p"}], n=2, stream=True)
+    call = _Call(kind, "id-1", "m", body, [("p", [1])], ())
+    call.index_of["r"] = 0
+    steps = [_two_sample_output(["a", "x"], False), _two_sample_output(["ab", "xy"], True)]
+    ctx = ServerContext(None, None, ["m"], 64)
+
+    async def frames():
+        return [f async for f in _stream(ctx, call, ScriptedGeneration(steps))]
+
+    raw = asyncio.run(frames())
+    assert raw[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(f[len("data: ") :]) for f in raw[:-1]]
+    assert [len(c["choices"]) for c in chunks] == [1] * 4
+    texts: dict = {}
+    for chunk in chunks:  # the vLLM client's way of reading a stream of n samples
+        choice = chunk["choices"][0]
+        piece = choice["text"] if kind == "completion" else choice["delta"].get("content", "")
+        texts[choice["index"]] = texts.get(choice["index"], "") + piece
+    full = _full_body(ctx, call)["choices"]
+    want = [c["text"] if kind == "completion" else c["message"]["content"] for c in full]
+    assert [texts[0], texts[1]] == want == ["ab", "xy"]
