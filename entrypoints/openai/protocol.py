@@ -244,6 +244,8 @@ class ChatCompletionRequest(_Sampling, _ChatTemplateFields):
     add_special_tokens: bool = False
     # vLLM's: with --reasoning-parser, false leaves the reasoning out (the content stays as split)
     include_reasoning: bool = True
+    # vLLM's: a final assistant message's text leads each choice's content (serving._chat_echo)
+    echo: Optional[bool] = False
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     # function tools: checked by serving._tool_options (vLLM's rules)

@@ -147,6 +147,7 @@ class _Call:
     # --tool-call-parser: the format "auto" reads (tool_parsers.PARSERS) and its calls' id form
     tool_parser: str = "hermes"
     single_tool_call: bool = False  # parallel_tool_calls false: the first call only
+    chat_echo: str = ""  # a chat reply's echoed lead (_chat_echo): before each choice's content
 
     @property
     def tool_parsing(self) -> bool:
@@ -492,6 +493,7 @@ async def create_chat_completion(
             text, body.template_kwargs(), continues=body.continue_final_message is True
         )
     call.tool_mode, call.forced_name = tool_mode, forced_name
+    call.chat_echo = _chat_echo(body)
     call.tool_parser = ctx.tool_call_parser or call.tool_parser
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -524,6 +526,18 @@ def _reasoning_params(ctx: ServerContext, call: _Call, params: SamplingParams) -
         return params
     marked = dataclasses.replace(so, start_after_token_ids=ids)
     return dataclasses.replace(params, structured_outputs=marked)
+
+
+def _chat_echo(body: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: with echo true, the last message's text (its content parts joined as
+    the template sees them) when that message has the reply's role, "assistant" (a reply the
+    client began, continue_final_message's case); "" otherwise. It leads each choice's content,
+    in the full body and in the stream's first delta; usage counts none of it. (vLLM, without
+    a generation prompt, takes the last message's role for the reply's and echoes a user's
+    message as a "user" reply; this server's replies are always the assistant's.)"""
+    if not body.echo or not body.messages or body.messages[-1].get("role") != "assistant":
+        return ""
+    return chat_utils.message_text(body.messages[-1].get("content"))
 
 
 def _tool_options(
@@ -986,6 +1000,8 @@ def _full_choice(ctx, call: _Call, out, completion) -> dict:
         choice.update(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
     else:
         message = _message(call, text)
+        if call.chat_echo:
+            message["content"] = call.chat_echo + (message["content"] or "")
         finish = call.finish_reason(completion.finish_reason, len(message.get("tool_calls", ())))
         choice.update(
             message=message, logprobs=logprobs, finish_reason=finish, stop_reason=completion.stop_reason
@@ -1183,6 +1199,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     else:
         if not state.started:
             delta = {"role": "assistant", **(delta or {"content": ""})}
+            if call.chat_echo:
+                delta["content"] = call.chat_echo + delta.get("content", "")
         choice["delta"] = delta
         choice["logprobs"] = lps
     choice["finish_reason"] = completion.finish_reason
