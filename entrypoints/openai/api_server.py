@@ -317,14 +317,20 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     # (the server's start), so a list and a retrieve a second apart agree (they took the clock
     # at each request before, and a client comparing them saw the card change).
     created = int(time.time())
+    permissions = {name: _model_permission(created) for name in ctx.model_names}
 
     def card(name: str) -> dict:
+        """vLLM's ModelCard: `root` the loaded checkpoint (the served name where unknown),
+        `parent` null (a base model: this server serves no adapters)."""
         return {
             "id": name,
             "object": "model",
             "created": created,
             "owned_by": "enginespec",
+            "root": ctx.model_path or name,
+            "parent": None,
             "max_model_len": ctx.max_model_len,
+            "permission": [permissions[name]],
         }
 
     @app.get("/v1/models")
@@ -352,6 +358,25 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         body = await _parse(request, ChatCompletionRequest)
         header_id = request.headers.get("x-request-id")
         return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request), header_id))
+
+
+def _model_permission(created: int) -> dict:
+    """vLLM's ModelPermission with its defaults (sampling and logprobs allowed, nothing else),
+    made once a served name so that its card is the same on every request."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:
@@ -625,6 +650,7 @@ def run_server(ns) -> int:
                 tool_call_parser=ns.tool_call_parser,
                 log_requests=ns.enable_log_requests,
                 max_log_len=ns.max_log_len,
+                model_path=args.model,
             )
             app = build_app(
                 ctx,

@@ -89,6 +89,8 @@ class ServerContext:
     # prompt's text and ids cut to max_log_len (None: whole)
     log_requests: bool = False
     max_log_len: Optional[int] = None
+    # the checkpoint the server loaded (the model argument): the model cards' `root`, as vLLM's
+    model_path: Optional[str] = None
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM

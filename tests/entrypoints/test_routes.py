@@ -163,6 +163,21 @@ def test_a_model_is_retrieved_by_its_served_name():
     assert slash.status_code == 200 and [card["id"] for card in slash.json()["data"]] == names
 
 
+def test_a_models_card_has_vllms_fields_root_parent_and_permission():
+    """vLLM's model card: `root` is the checkpoint the server loaded (what a client reads to load
+    the same tokenizer), `parent` null for a base model, `permission` one model_permission
+    object; the card lacked all three (the SDK's `model.root` raised AttributeError). The card
+    stays the same on every request."""
+    ctx = ServerContext(None, None, ["tiny", "alias"], 16, model_path="/ckpt/qwen3")
+    listing, retrieved = _gets(["/v1/models", "/v1/models/alias"], ctx)
+    cards = listing.json()["data"]
+    assert [c["root"] for c in cards] == ["/ckpt/qwen3"] * 2 and [c["parent"] for c in cards] == [None] * 2
+    (permission,) = cards[1]["permission"]
+    assert permission["object"] == "model_permission" and permission["id"].startswith("modelperm-")
+    assert permission["allow_sampling"] and permission["allow_logprobs"] and permission["organization"] == "*"
+    assert retrieved.json() == cards[1]
+
+
 CHAT = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
 
 # The openai client's chat fields this server does not do, each with a value that asks for
