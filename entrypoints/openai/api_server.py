@@ -80,14 +80,16 @@ def _error_response(err: APIError) -> JSONResponse:
 
 
 async def _parse(request: Request, model: type[BaseModel]):
-    """The JSON body as `model`; malformed JSON, JSON nested past the decoder's recursion, or a
-    field error (unknown, wrong type) is a 400."""
+    """The JSON body as `model`; malformed JSON, JSON that is no object, JSON nested past the
+    decoder's recursion, or a field error (unknown, wrong type) is a 400."""
     try:
         raw = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # json's decoder recurses once a level
         raise APIError(400, "the body's JSON is nested deeper than this server reads") from None
+    if not isinstance(raw, dict):  # pydantic's "valid dictionary or instance of ..." named nothing
+        raise APIError(400, f"the body must be a JSON object, got {_json_kind(raw)}")
     if _MAY_HOLD_SURROGATE.search(await request.body()):  # the body is cached: no second read
         _refuse_lone_surrogates(raw)
     try:
@@ -98,6 +100,16 @@ async def _parse(request: Request, model: type[BaseModel]):
         hint = legacy_field_hint(where) if error.get("type") == "extra_forbidden" else None
         message = f"{where}: {error.get('msg')}" + (f": {hint}" if hint else "")
         raise APIError(400, f"{message} ({exc.error_count()} error(s))", param) from None
+
+
+def _json_kind(value) -> str:
+    """What a decoded JSON value is, in JSON's words (for a body that is no object)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = {list: "an array", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 # What a lone UTF-16 surrogate looks like in a body's bytes: a \\uD800-\\uDFFF escape (a valid

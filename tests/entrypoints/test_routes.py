@@ -163,6 +163,43 @@ def test_a_model_is_retrieved_by_its_served_name():
     assert slash.status_code == 200 and [card["id"] for card in slash.json()["data"]] == names
 
 
+def _post_raw(path: str, content: bytes) -> httpx.Response:
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            headers = {"content-type": "application/json"}
+            return await client.post(path, content=content, headers=headers)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"{bad", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b'{"prompt": "x"', "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object, got an array"),
+        (b"null", "must be a JSON object, got null"),
+        (b'"prompt"', "must be a JSON object, got a string"),
+        (b"7", "must be a JSON object, got a number"),
+    ],
+)
+def test_a_body_that_is_no_json_object_is_a_400_in_the_openai_shape(path, content, says):
+    """Malformed JSON, or JSON that is no object, is a 400 in OpenAI's error shape on every POST
+    route (not FastAPI's 422, not a 500). A body that parsed but was no object read
+    ": Input should be a valid dictionary or instance of CompletionRequest", naming no field and
+    nothing a client sent: it now says what the body is."""
+    resp = _post_raw(path, content)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert says in error["message"] and error["type"] == "BadRequestError" and error["code"] == 400
+
+
 def test_a_models_card_has_vllms_fields_root_parent_and_permission():
     """vLLM's model card: `root` is the checkpoint the server loaded (what a client reads to load
     the same tokenizer), `parent` null for a base model, `permission` one model_permission
