@@ -59,6 +59,8 @@ __all__ = [
     "TokensPrompt",
     "load_impl",
 ]
+# Written here alone: pyproject.toml takes the distribution's version from it (setuptools reads
+# this line without importing the package), so `enginespec --version` and the metadata agree.
 __version__ = "0.2.0"
 
 

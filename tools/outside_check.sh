@@ -39,6 +39,12 @@ pipq torch==2.13.0
 pipq "$WORK/src" pytest
 if "$V/python" -c "import hypothesis" 2>/dev/null; then echo "hypothesis must be absent in stage 1" >&2; exit 1; fi
 "$V/python" -c "import enginespec, sys; assert 'site-packages' in enginespec.__file__, enginespec.__file__"
+# One version: the wheel's metadata (pyproject.toml reads it from enginespec.__version__), the
+# package's attribute and `enginespec --version`, run from outside the tree.
+DIST_VERSION="$("$V/python" -c 'import importlib.metadata as md; print(md.version("enginespec"))')"
+"$V/python" -c "import enginespec, sys; assert enginespec.__version__ == sys.argv[1], (enginespec.__version__, sys.argv[1])" "$DIST_VERSION"
+CLI_VERSION="$(cd "$WORK/elsewhere" && "$V/enginespec" --version)"
+[ "$CLI_VERSION" = "enginespec $DIST_VERSION" ] || { echo "enginespec --version: '$CLI_VERSION', metadata: $DIST_VERSION" >&2; exit 1; }
 
 # An unrelated project: a plain test, and (stage 2) one that asserts Hypothesis' defaults.
 cat > "$WORK/other_project/test_plain.py" <<'PYEOF'
