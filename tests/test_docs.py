@@ -92,6 +92,22 @@ def test_an_install_before_a_conformance_run_takes_the_test_extra(page):
                 assert _installs_the_test_extra(install), f"{page}:{i + 1}: {install.strip()!r} lacks [test]"
 
 
+def test_the_readme_says_what_each_extra_adds():
+    """One README line a pyproject extra (`- `name`: what it adds`), and no line for an extra
+    pyproject lacks: `kernels` (Triton) was in no page, so a user could not tell whether the fast
+    impl needed it, nor that it is not Hugging Face's `kernels`."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli is the same parser (the test extra has it)
+        import tomli as tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    described = re.findall(r"^- `([\w-]+)`: \S", (ROOT / "README.md").read_text(), flags=re.M)
+    assert sorted(described) == sorted(extras), (
+        f"README describes {described}, pyproject has {sorted(extras)}"
+    )
+
+
 COMMANDS = ("generate", "demo", "serve", "simulate", "collect-env")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 
