@@ -24,11 +24,21 @@ def _version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
-        if name == "enginespec":  # imported from a tree on sys.path, not installed
-            from enginespec import __version__
-
-            return f"{__version__} (not installed: imported from a source tree)"
         return "not installed"
+
+
+def _enginespec_version() -> str:
+    """The enginespec this process runs: its own __version__ and the folder it was imported
+    from. The installed distribution's metadata is not that where a source tree on sys.path
+    (PYTHONPATH, tools/link_tree.py) shadows the install: the report named the installed
+    version then, of code that was not running; it is shown beside it where the two differ."""
+    import enginespec
+
+    where = os.path.dirname(enginespec.__file__)
+    installed = _version("enginespec")
+    if installed == enginespec.__version__:
+        return f"{installed} ({where})"
+    return f"{enginespec.__version__} ({where}; installed distribution: {installed})"
 
 
 def _torch_version() -> str:
@@ -66,6 +76,7 @@ def collect() -> dict:
         "cpus": str(os.cpu_count()),
     }
     out.update({name: _version(name) for name in PACKAGES})
+    out["enginespec"] = _enginespec_version()
     out["torch"] = _torch_version()
     out.update(_gpus())
     out.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)})

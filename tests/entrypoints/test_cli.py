@@ -344,6 +344,23 @@ def test_collect_env_reports_versions_devices_and_settings(capsys, monkeypatch):
     assert rc == 0 and any(line.split()[:2] == ["torch", torch.__version__] for line in out.splitlines())
 
 
+def test_collect_env_reports_the_enginespec_that_runs(capsys, monkeypatch):
+    """The enginespec line is the imported package's own version and folder: it was the
+    installed distribution's metadata, which a source tree on sys.path (PYTHONPATH,
+    tools/link_tree.py) shadows, so a report named the version of code that was not running.
+    Where the two differ the installed one is shown beside it."""
+    import enginespec
+
+    where = os.path.dirname(enginespec.__file__)
+    rc, out, err = run_cli(["collect-env", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["enginespec"].startswith(f"{enginespec.__version__} ({where}"), err
+    monkeypatch.setattr(enginespec, "__version__", "9.9.9")  # another tree's version than the install's
+    rc, out, err = run_cli(["collect-env", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["enginespec"].startswith(
+        f"9.9.9 ({where}; installed distribution: "
+    ), err
+
+
 def test_collect_env_counts_the_gpus_it_lists(capsys, monkeypatch):
     """With GPUs visible the report still has its "gpus" entry (a count, as "none visible" is
     without), then one line a device; the key was missing on a CUDA machine."""
