@@ -597,9 +597,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serving_line(sock: socket.socket, model: str) -> str:
-    """The one line `serve` writes to stderr once the engine is up, whatever the log level
-    (uvicorn's default here is warning, which says nothing): where it listens, the port the
-    kernel chose for --port 0 included."""
+    """The one line `serve` writes to stderr once the engine is up and `sock` listens, whatever
+    the log level (uvicorn's default here is warning, which says nothing): where it listens,
+    the port the kernel chose for --port 0 included."""
     host, port = sock.getsockname()[:2]
     return f"enginespec serve: {model} on http://{_address(host, port)} (OpenAI API under /v1; Ctrl-C stops)"
 
@@ -683,6 +683,9 @@ def run_server(ns) -> int:
             server = _server_class()(config)
             server.on_exit = client.close_admission
             client.on_death = lambda: setattr(server, "should_exit", True)
+        # listening before the line names the address: a client that connects on reading it is
+        # queued by the kernel until uvicorn accepts (it was refused while uvicorn started up)
+        sock.listen(config.backlog)
         print(serving_line(sock, names[0]), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0

@@ -264,3 +264,31 @@ def test_serve_says_where_it_listens_at_the_default_log_level(model_dir):
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0
+
+
+def test_serve_listens_before_it_says_where(model_dir, monkeypatch):
+    """The line naming the address is a promise that a client may connect now: the socket is
+    listening when it is written (it was bound only, uvicorn's startup called listen() after,
+    so a client that connected on reading it, as the test above does, was refused under load).
+    In process: the line's socket is read for SO_ACCEPTCONN, and the server never runs."""
+    from enginespec.entrypoints import cli
+    from enginespec.entrypoints.openai import api_server
+
+    seen, written = [], api_server.serving_line
+
+    def line(sock, model):
+        seen.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        return written(sock, model)
+
+    class NotServing:
+        def __init__(self, config):
+            self.config = config
+
+        def run(self, sockets):
+            seen.append(sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+
+    monkeypatch.setattr(api_server, "serving_line", line)
+    monkeypatch.setattr(api_server, "_server_class", lambda: NotServing)
+    argv = ["serve", str(model_dir), "--host", HOST, "--port", "0", "--device", "cpu", "--engine-in-process"]
+    assert cli.main(argv) == 0
+    assert seen == [1, 1]
