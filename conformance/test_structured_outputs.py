@@ -345,6 +345,81 @@ def test_a_start_marker_past_the_vocabulary_is_refused_on_add(llms):
     assert not llm.engine.has_unfinished
 
 
+class _FaultyMatcher:
+    """An xgrammar GrammarMatcher whose `method` raises from its call number `calls` + 1 on
+    (a bug inside xgrammar on one request's state); everything else is the matcher's own."""
+
+    def __init__(self, matcher, method: str, calls: int):
+        self._matcher, self._method, self._left = matcher, method, calls
+
+    def __getattr__(self, name):
+        found = getattr(self._matcher, name)
+        if name != self._method:
+            return found
+
+        def call(*args, **kwargs):
+            if self._left == 0:
+                raise RuntimeError("planted matcher fault")
+            self._left -= 1
+            return found(*args, **kwargs)
+
+        return call
+
+
+def _run(engine, requests: dict, plant=None) -> dict:
+    """Add `requests` ({id: (prompt, params)}) to the engine, have `plant(engine)` break one
+    matcher, step to the end: {id: its final RequestOutput}."""
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, list(prompt), params)
+    if plant is not None:
+        plant(engine)
+    finals = {}
+    while engine.has_unfinished:
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    return finals
+
+
+def _breaker(request_id: str, method: str, calls: int):
+    def plant(engine):
+        state = engine._samples[request_id][1].grammar
+        state.matcher = _FaultyMatcher(state.matcher, method, calls)
+
+    return plant
+
+
+def _outcome(out) -> list:
+    return [(c.token_ids, c.text, c.finish_reason, c.error) for c in out.outputs]
+
+
+@pytest.mark.parametrize("method", ["fill_next_token_bitmask", "accept_token"], ids=["fill", "accept"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_matcher_fault_fails_only_its_request(llms, async_scheduling, method):
+    """A matcher that raises filling its bitmask or accepting a token (a bug inside xgrammar
+    on one request's state) failed the whole step: every request of the batch ended "error".
+    Only its request fails (finish_reason "error" naming the fault, the tokens it had), its
+    blocks are freed, no step counts as failed, every other request (constrained or not) gets
+    the fault-free run's output, and the engine serves on."""
+    engine = llms(async_scheduling).engine
+    requests = {
+        "bad": (PROMPT, _params(StructuredOutputsParams(choice=CHOICES), seed=3)),
+        "good": (PROMPT, _params(StructuredOutputsParams(json=SCHEMA), seed=4)),
+        "free": ([9, 10, 11], SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)),
+    }
+    expected = _run(engine, requests)
+    failed_steps = engine.stats.num_failed_steps
+    got = _run(engine, requests, _breaker("bad", method, 1))
+    others = ("good", "free")
+    assert {k: _outcome(got[k]) for k in others} == {k: _outcome(expected[k]) for k in others}
+    assert engine.stats.num_failed_steps == failed_steps, "one matcher's fault failed the whole step"
+    ((tokens, _, finish, error),) = _outcome(got["bad"])
+    assert finish == "error" and "grammar matcher failed" in error and "planted matcher fault" in error
+    assert 1 <= len(tokens) < len(expected["bad"].outputs[0].token_ids)
+    assert tokens == expected["bad"].outputs[0].token_ids[: len(tokens)]
+    assert not engine._constrained and engine.block_manager.num_free == engine.runner.num_blocks
+    again = _run(engine, requests)  # served on
+    assert {k: _outcome(o) for k, o in again.items()} == {k: _outcome(o) for k, o in expected.items()}
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -909,7 +909,7 @@ class EngineCore:
         assert spec is not None
         wait = self._resolve(previous, changed)
         with self._phase("sample"):
-            logits = self._mask_grammars(result.logits, batch.sample_request_ids, drafts)
+            logits = self._mask_grammars(result.logits, batch.sample_request_ids, changed, drafts)
             cut, tokens, logprobs = spec.sample(
                 output,
                 batch.sample_request_ids,
@@ -1079,7 +1079,7 @@ class EngineCore:
         if not self._constrained:
             return logits, wait
         with _span("grammar"):
-            return self._mask_grammars(logits, sample_ids), wait
+            return self._mask_grammars(logits, sample_ids, changed), wait
 
     def _needs_real_tokens(self, sample_ids) -> bool:
         """Whether a row of this step has a grammar or bad words (free when none is live)."""
@@ -1088,54 +1088,78 @@ class EngineCore:
             return False
         return any(rid in constrained or rid in banning for rid in sample_ids)
 
-    def _mask_grammars(self, logits: torch.Tensor, sample_ids, drafts=None) -> torch.Tensor:
+    def _mask_grammars(self, logits: torch.Tensor, sample_ids, changed: dict, drafts=None) -> torch.Tensor:
         """logits with the row of each constrained sample masked by its grammar's next tokens
         (structured_output.py; before the sampler, as vLLM's model runner does; logits itself
         when no row is constrained). Row of
         sample_ids[i]: i, or with drafts the first of each request's d + 1 rows (a constrained
         request has no drafts). A grammar still waiting for its start marker (not `active`:
         a reasoning model's thinking) masks nothing. Call only once the previous step's tokens
-        are accepted (whether the marker has appeared depends on them too)."""
+        are accepted (whether the marker has appeared depends on them too). A sample whose
+        matcher raises filling its mask fails alone (_fail_grammar): its row is left unmasked
+        and its token dropped, as for any request finished since it was scheduled; the other
+        rows, constrained or not, are the fault-free step's."""
         if not self._constrained:
             return logits
         from enginespec.engine.structured_output import fill_bitmask
 
-        rows, states, row = [], [], 0
+        rows, samples, row = [], [], 0
         for rid in sample_ids:
             sample = self._samples[rid][1] if rid in self._constrained else None
             # a request finished since it was scheduled (its grammar may have terminated at the
             # resolve just before) draws a token nobody keeps: it is not masked
             if sample is not None and not sample.request.status.is_finished and sample.grammar.active:
                 rows.append(row)
-                states.append(sample.grammar)
+                samples.append(sample)
             row += 1 + (len(drafts.get(rid, ())) if drafts else 0)
-        return apply_token_bitmask(logits, rows, fill_bitmask(states)) if states else logits
+        if not samples:
+            return logits
+        bitmask, faults = fill_bitmask([sample.grammar for sample in samples])
+        if faults:
+            for i, exc in faults.items():
+                self._fail_grammar(samples[i], exc, changed)
+            keep = [i for i in range(len(rows)) if i not in faults]
+            rows, bitmask = [rows[i] for i in keep], bitmask[keep]
+        return apply_token_bitmask(logits, rows, bitmask) if rows else logits
+
+    def _fail_grammar(self, sample: Sample, exc: Exception, changed: dict) -> None:
+        """One sample's matcher raised `exc` filling its mask (an xgrammar fault): that sample
+        ends with finish_reason "error" and its request is finished through the Scheduler API,
+        which frees its blocks (their KV is sound: the forward that wrote them succeeded, so
+        nothing is unpublished). Its matcher is never asked again (a finished request's row is
+        neither masked nor advanced). Every other request runs on."""
+        request = sample.request
+        log.error("structured outputs: a grammar matcher failed filling its mask", exc_info=exc)
+        if not request.status.is_finished:
+            self.scheduler.finish(request, Status.FINISHED_ABORTED)
+        parent = self._samples[request.request_id][0]
+        message = f"structured outputs: the grammar matcher failed filling its mask: {_named(exc)}"
+        self.outputs.settle(sample, ERROR, None, message)
+        changed[parent.request_id] = parent
 
     def _advance_grammars(self, update: UpdateOutput) -> tuple[UpdateOutput, dict]:
         """Each constrained sample's grammar accepts its new real tokens; one that has
         terminated (it took a stop token where it may end) finishes its request ("stop") if
         nothing else did, so no mask is asked of it again. A sample whose grammar refused a
-        token (its row had no token left that the grammar allows, see GrammarState.accept)
-        is finished too, as an error: its output could not follow the grammar any more, and
-        running on would only draw from all -inf rows up to max_tokens. Also when the scheduler
-        finished it on that very token (its max_tokens-th, or a stop id): it leaves the update's
-        finishes, so its reason is "error", never "length" on an output the grammar refused.
-        Returns the update with the "stop" finishes added and the refused ones taken out, and
-        {request id: message} of the refused."""
+        token (its row had no token left that the grammar allows, see GrammarState.accept),
+        or whose matcher raised (an xgrammar fault: that sample's alone), is finished too, as
+        an error: its output could not follow the grammar any more, and running on would only
+        draw from all -inf rows up to max_tokens. Also when the scheduler finished it on that
+        very token (its max_tokens-th, or a stop id): it leaves the update's finishes, so its
+        reason is "error", never "length" on an output the grammar refused. Returns the update
+        with the "stop" finishes added and the refused ones taken out, and {request id:
+        message} of the refused."""
         ended, refused = [], {}
         for rid, tokens in update.new_token_ids.items():
             if rid not in self._constrained:
                 continue
             state, request = self._samples[rid][1].grammar, self._samples[rid][1].request
-            bad = state.accept([t for t in tokens if t != self.vocab_size])
-            if bad is not None:
+            message, terminated = _advance(state, [t for t in tokens if t != self.vocab_size])
+            if message is not None:
                 if not request.status.is_finished:
                     self.scheduler.finish(request, Status.FINISHED_ABORTED)
-                refused[rid] = (
-                    f"structured outputs: no token the grammar allows was left to sample (sampled "
-                    f"{bad}); allowed_token_ids, bad_words or the vocabulary excluded them all"
-                )
-            elif state.terminated and not request.status.is_finished:
+                refused[rid] = message
+            elif terminated and not request.status.is_finished:
                 self.scheduler.finish(request, Status.FINISHED_STOPPED)
                 ended.append(request)
         if ended or refused:
@@ -1308,6 +1332,28 @@ def _span(name: str):
 
 _NO_SPAN = contextlib.nullcontext()
 _profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)  # private; absent: always record
+
+
+def _advance(state, tokens: list) -> tuple[Optional[str], bool]:
+    """(why the sample fails or None, whether its grammar has terminated) once its matcher has
+    accepted `tokens` (GrammarState.accept). A matcher that raises is a fault of that sample
+    alone: a message, never an exception that would fail the whole step."""
+    try:
+        bad = state.accept(tokens)
+        terminated = bad is None and state.terminated
+    except Exception as exc:
+        log.error("structured outputs: a grammar matcher failed accepting %s", tokens, exc_info=exc)
+        return f"structured outputs: the grammar matcher failed accepting {tokens}: {_named(exc)}", False
+    if bad is None:
+        return None, terminated
+    return (
+        f"structured outputs: no token the grammar allows was left to sample (sampled {bad}); "
+        "allowed_token_ids, bad_words or the vocabulary excluded them all"
+    ), False
+
+
+def _named(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def grammar_workers(cpu_count: Optional[int] = None) -> int:

@@ -16,7 +16,10 @@ vLLM V1's design (vllm/v1/structured_output), on this engine's step:
 - with StructuredOutputsParams.start_after_token_ids (a reasoning model's `</think>`, set by
   the server), the grammar starts after those ids first appear in the output, as vLLM's
   structured outputs with reasoning do: before them the row is not masked and the matcher
-  takes nothing (GrammarState.active); the tokens after them are accepted as above.
+  takes nothing (GrammarState.active); the tokens after them are accepted as above;
+- a matcher that raises (filling its mask, accepting a token: a fault inside xgrammar) fails
+  its own sample alone, as an error (EngineCore._fail_grammar, engine_core._advance): the
+  step and every other request go on as if it were not there.
 
 Invariants: a matcher has accepted exactly the sample's real output tokens (those after its
 start marker, if it has one), in order, before its mask is filled. That holds because a step
@@ -262,11 +265,18 @@ class GrammarState:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
-def fill_bitmask(states: Sequence[GrammarState]) -> Optional[torch.Tensor]:
-    """The int32 bitmask of `states`, one row each in order (None for no state)."""
+def fill_bitmask(states: Sequence[GrammarState]) -> tuple[Optional[torch.Tensor], dict[int, Exception]]:
+    """The int32 bitmask of `states`, one row each in order (None for no state), and
+    {index: exception} of the states whose matcher raised filling its row. One sample's matcher
+    fault is that sample's alone: the caller fails that sample and leaves its row (maybe half
+    written) out, while every other row is filled as if nothing happened."""
     if not states:
-        return None
+        return None, {}
     bitmask = states[0].allocate(len(states))
+    faults: dict[int, Exception] = {}
     for row, state in enumerate(states):
-        state.fill(bitmask, row)
-    return bitmask
+        try:
+            state.fill(bitmask, row)
+        except Exception as exc:
+            faults[row] = exc
+    return bitmask, faults
