@@ -73,8 +73,8 @@ class CompletionOutput:
       stop token itself; none after the token that completed a stop string (speculative
       decoding may have accepted more in that step).
     - finish_reason: None while running, then "stop" (stop token, EOS, stop string), "length"
-      (max_tokens or max_model_len), "abort", or "error" (a step it was part of failed; the
-      engine served on).
+      (max_tokens or max_model_len), "abort", or "error" (a step it was part of failed, or a
+      fault of its own, or of a sibling sample of its request; the engine served on).
     - error: for finish_reason "error", the exception's type and message; else None.
     - spec_decode: with speculative decoding on, this sample's drafted / accepted counts and
       acceptance by draft position so far (SpecDecodeStats); else None.

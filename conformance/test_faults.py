@@ -242,3 +242,31 @@ def test_unpublish_matches_the_reference(impl, tokens, other, block_size, cut):
         assert after.free_queue == before.free_queue and after.ref_counts == before.ref_counts
         states.append(after)
     assert states[0] == states[1]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_a_failed_step_fails_the_siblings_it_did_not_schedule(impl, async_scheduling):
+    """n=2 on an engine that runs one sequence at a time: the step that fails sample 0 cannot
+    touch sample 1, still waiting, which then ran on to its end: the request came back with
+    one sample "error" and one "length" (and the server, answering the 500, aborted sample 1:
+    "abort" in its counters). The user's request failed: both samples end "error" in that
+    step (sample 1 naming sample 0's fault, with no tokens), the request queued behind it gets a
+    fresh engine's tokens, the pool is idle, and the engine serves n=2 on."""
+    expected = fresh(impl)
+    engine = make_engine(impl, async_scheduling, max_num_seqs=1)
+    engine.fault_hook = Fault("execute", 1)
+    params = SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=0, ignore_eos=True)
+    engine.add_request("pair", PROMPTS["p0"], params)
+    engine.add_request("p1", PROMPTS["p1"], GREEDY)
+    first = {o.request_id: o for o in engine.step()}
+    assert engine.stats.num_failed_steps == 1
+    pair = [(c.finish_reason, c.token_ids, c.error) for c in first["pair"].outputs]
+    fault = "RuntimeError: injected fault at execute"
+    assert pair == [("error", [], fault), ("error", [], f"sample 0 of this request failed: {fault}")]
+    assert first["pair"].finished
+    finals = run(engine, {})
+    assert finals["p1"].outputs[0].token_ids == expected["p1"]
+    check_clean(engine)
+    again = run(engine, {"pair": PROMPTS["p0"]}, params)["pair"]
+    assert [c.finish_reason for c in again.outputs] == ["length", "length"]
+    check_clean(engine)

@@ -420,6 +420,36 @@ def test_a_matcher_fault_fails_only_its_request(llms, async_scheduling, method):
     assert {k: _outcome(o) for k, o in again.items()} == {k: _outcome(o) for k, o in expected.items()}
 
 
+@pytest.mark.parametrize("method", ["fill_next_token_bitmask", "accept_token"], ids=["fill", "accept"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_matcher_fault_fails_every_sample_of_its_request(llms, async_scheduling, method):
+    """n=2: sample 0's matcher raises mid-output while sample 1 runs. The user's request has
+    failed, so sample 1 ends "error" too, at once (naming sample 0's fault), with the tokens
+    it had: a prefix of the fault-free run's, the same with async scheduling on and off (none
+    drawn after the fault). Its batch mate is untouched and the pool is idle."""
+    from enginespec.engine.request_ids import internal_id
+
+    engine = llms(async_scheduling).engine
+    requests = {
+        "pair": (PROMPT, _params(StructuredOutputsParams(json=SCHEMA), n=2)),
+        "free": ([9, 10, 11], SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)),
+    }
+    expected = _run(engine, requests)
+    got = _run(engine, requests, _breaker(internal_id("pair", 0, 2), method, 3))
+    assert _outcome(got["free"]) == _outcome(expected["free"])
+    first, second = got["pair"].outputs
+    assert first.finish_reason == second.finish_reason == "error"
+    assert "planted matcher fault" in first.error
+    assert second.error == f"sample 0 of this request failed: {first.error}"
+    for out, full in zip(got["pair"].outputs, expected["pair"].outputs):
+        assert out.token_ids == full.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(
+            full.token_ids
+        )
+    assert len(second.token_ids) == (3 if method == "fill_next_token_bitmask" else 4)
+    assert not engine.has_unfinished and not engine._constrained
+    assert engine.block_manager.num_free == engine.runner.num_blocks
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -14,7 +14,8 @@ A user request with n > 1 becomes n sibling requests (internal ids: engine/reque
 the same prompt; with prefix caching on, the siblings admitted after the first find its prompt
 blocks published (publish-before-compute) and share them instead of computing them again. A
 seeded request with n > 1 gives sibling i the seed `seed + i`, so the samples differ but each is
-reproducible.
+reproducible. A sample that ends "error" (any per-request fault) fails its user request: its
+unfinished siblings end "error" in the same step (_fail_siblings), scheduled or not.
 
 Invariants: every request the scheduler knows belongs to exactly one live parent here; a
 parent's final RequestOutput (finished=True) is returned by exactly one step(), after which the
@@ -835,15 +836,52 @@ class EngineCore:
         spec.propose(self.scheduler.running, self.vocab_size)
 
     def _build_outputs(self, changed: dict, final_only: bool) -> list[RequestOutput]:
-        outputs = [
-            self.outputs.make_output(parent)
-            for parent in changed.values()
-            if not final_only or parent.finished
-        ]
+        """The outputs of the changed parents (with final_only, of the finished ones); a parent
+        one of whose samples failed is failed whole first (_fail_siblings), also where building
+        its output is what failed that sample (an id its tokenizer cannot decode). With
+        final_only a text is decoded only once its parent has finished, so such an id fails its
+        sample alone, when its siblings have ended already."""
+        outputs = []
+        for parent in changed.values():
+            self._fail_siblings(parent)
+            if final_only and not parent.finished:
+                continue
+            out = self.outputs.make_output(parent)
+            if not out.finished and self._fail_siblings(parent):
+                out = self.outputs.make_output(parent)
+            outputs.append(out)
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)
         return outputs
+
+    def _fail_siblings(self, parent: Parent) -> bool:
+        """Once a sample of a parent with n > 1 has finished "error", the user's request has
+        failed: every sibling still unfinished ends "error" too, now, with an error naming the
+        failed sample (whether or not it was in the failing step, or scheduled yet). So the
+        parent finishes at once, every front end reports the request as failed (never one
+        sibling "error" and the others "abort", as the server's abort of the failed request
+        made them), and no sibling runs on for an answer that cannot be given. Each is finished
+        through the Scheduler API (its blocks freed; its KV is sound, so nothing is
+        unpublished), and a token of its still in flight goes to nobody, as for an abort.
+        Returns whether any sibling was failed."""
+        samples = parent.samples
+        if len(samples) == 1:
+            return False
+        failed = next((s for s in samples if s.finish_reason == ERROR), None)
+        if failed is None or parent.finished:
+            return False
+        message = f"sample {failed.index} of this request failed: {failed.error}"
+        for sample in samples:
+            if sample.finish_reason is None:
+                request = sample.request
+                if not request.status.is_finished:
+                    self.scheduler.finish(request, Status.FINISHED_ABORTED)
+                self.runner.drop(request.request_id)
+                if self._inflight is not None:
+                    self._inflight.drop_token(request.request_id)
+                self.outputs.settle(sample, ERROR, None, message)
+        return True
 
     def _phase(self, name: str):
         """`with self._phase(name):` fires the fault hook for `name` (tests and the soak inject
@@ -1127,7 +1165,9 @@ class EngineCore:
         ends with finish_reason "error" and its request is finished through the Scheduler API,
         which frees its blocks (their KV is sound: the forward that wrote them succeeded, so
         nothing is unpublished). Its matcher is never asked again (a finished request's row is
-        neither masked nor advanced). Every other request runs on."""
+        neither masked nor advanced). Its siblings fail with it here, before the draw, so that
+        none keeps this step's token: the async engine's would still be in flight, and dropped.
+        Every other request runs on."""
         request = sample.request
         log.error("structured outputs: a grammar matcher failed filling its mask", exc_info=exc)
         if not request.status.is_finished:
@@ -1135,6 +1175,7 @@ class EngineCore:
         parent = self._samples[request.request_id][0]
         message = f"structured outputs: the grammar matcher failed filling its mask: {_named(exc)}"
         self.outputs.settle(sample, ERROR, None, message)
+        self._fail_siblings(parent)
         changed[parent.request_id] = parent
 
     def _advance_grammars(self, update: UpdateOutput) -> tuple[UpdateOutput, dict]:

@@ -15,7 +15,8 @@ A tokenizer that raises decoding a sample's ids (a slow SentencePiece tokenizer 
 padded vocabulary, a tiktoken one on an id it never had) fails that sample alone: it ends with
 finish_reason "error" and the tokenizer's error, keeps its tokens and drops its text, and a
 request still running is finished through the Scheduler API (its blocks freed). The step's
-forward and sampling succeeded, so every other sample goes on as if nothing happened.
+forward and sampling succeeded, so every other request goes on as if nothing happened (its
+own siblings fail with it: EngineCore._fail_siblings).
 
 Invariants: a sample's finish_reason is set once, except that a sample whose ids cannot be
 decoded ends as "error" (before any output shows its earlier reason: the decode happens in

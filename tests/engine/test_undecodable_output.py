@@ -96,19 +96,24 @@ def test_an_undecodable_id_fails_only_its_request(async_scheduling, extra):
 
 
 def stream_outputs(engine: EngineCore, params: SamplingParams) -> list:
-    """Every output of one request stepped to the end, as (finish_reason, token_ids) per sample."""
+    """Every output of one request stepped to the end, as (finish_reason, token_ids, error) per
+    sample."""
     engine.add_request("a", PROMPTS[0]["prompt_token_ids"], params)
     seen = []
     while engine.has_unfinished:
-        seen.extend([(c.finish_reason, tuple(c.token_ids)) for c in o.outputs] for o in engine.step())
+        seen.extend(
+            [(c.finish_reason, tuple(c.token_ids), c.error) for c in o.outputs] for o in engine.step()
+        )
     return seen
 
 
 def test_a_failed_sample_shows_no_token_after_its_error():
     """n > 1, streamed (each step's outputs): a sibling whose ids cannot be decoded ends "error"
-    with the tokens it had, and no later output shows it another one. With async scheduling
-    the step after the failure was already in flight with it: that step's token came in after
-    the error and showed (a finished sample's token_ids grew, unlike the serial run)."""
+    with the tokens it had, and its siblings end "error" with it (the request failed; they
+    name its error), and no later output shows any of them another token. With async
+    scheduling the step after the failure was already in flight with them: that step's token
+    came in after the error and showed (a finished sample's token_ids grew, unlike the serial
+    run)."""
     params = SamplingParams(
         n=3,
         max_tokens=10,
@@ -119,9 +124,14 @@ def test_a_failed_sample_shows_no_token_after_its_error():
     )
     runs = [stream_outputs(make_llm(a, refusing=True).engine, params) for a in (False, True)]
     finals = [run[-1] for run in runs]
-    assert [r for r, _ in finals[0]].count("error") >= 1 and "length" in [r for r, _ in finals[0]], (
-        "the premise: one sibling fails while another runs on"
-    )
+    errors = [error for _, _, error in finals[0]]
+    undecodable = [i for i, error in enumerate(errors) if error.startswith("the tokenizer failed")]
+    assert len(undecodable) == 1 and f"no token for id {ODD_ID}" in errors[undecodable[0]]
+    assert [reason for reason, _, _ in finals[0]] == ["error"] * 3
+    for index, error in enumerate(errors):
+        if index not in undecodable:
+            assert error == f"sample {undecodable[0]} of this request failed: {errors[undecodable[0]]}"
+            assert ODD_ID not in finals[0][index][1]
     for run in runs:
         for index in range(params.n):
             shown = [out[index] for out in run]

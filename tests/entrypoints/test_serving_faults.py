@@ -10,6 +10,7 @@ spawned process)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -58,9 +59,10 @@ class _Fault:
             raise RuntimeError("planted forward fault")
 
 
-@pytest.fixture
-def served(monkeypatch):
-    """(ServerContext over an in-process engine client, the engine's _Fault), stopped after."""
+@contextlib.contextmanager
+def _serve(monkeypatch, **engine):
+    """(ServerContext over an in-process engine client with ENGINE's arguments and `engine`'s,
+    the engine's _Fault), stopped after."""
     fault = _Fault()
     serve = core_proc.serve_engine
 
@@ -69,7 +71,7 @@ def served(monkeypatch):
         serve(engine, inbox, outbox)
 
     monkeypatch.setattr(core_proc, "serve_engine", serve_with_fault)
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **{**ENGINE, **engine})
     tokenizer = load_engine_tokenizer(args)
     client = EngineClient(args, tokenizer, ServerMetrics("tiny"), in_process=True, max_waiting=16)
     info = client.launch(timeout=120)
@@ -77,6 +79,13 @@ def served(monkeypatch):
         yield ServerContext(client, tokenizer, ["tiny"], info.max_model_len, TEMPLATE), fault
     finally:
         client.stop()
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """(ServerContext over an in-process engine client, the engine's _Fault), stopped after."""
+    with _serve(monkeypatch) as found:
+        yield found
 
 
 async def _never() -> None:
@@ -131,6 +140,48 @@ def test_a_failed_step_is_a_500_then_an_error_frame_mid_stream(served, kind):
     assert all('"finish_reason":"error"' not in f for f in frames)
     assert [c["finish_reason"] for c in after["choices"]] == ["length", "length"]
     assert ctx.engine.state.num_free_blocks == ctx.engine.state.num_blocks
+
+
+def _successes(client: EngineClient) -> dict:
+    """vllm:request_success_total by finished_reason."""
+    labels = {"model_name": "tiny", "engine": "0"}
+    get = client.metrics.registry.get_sample_value
+    return {
+        r: get("vllm:request_success_total", {**labels, "finished_reason": r}) for r in ("error", "abort")
+    }
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+def test_a_failed_sample_fails_its_siblings_as_errors(monkeypatch, stream):
+    """n=2 on an engine that runs one sequence at a time: the step that fails sample 0 (a
+    forward fault) cannot touch sample 1, still waiting. The server answered the 500 and aborted
+    the request, so /metrics counted sample 1 under "abort", as if the client had cancelled. The
+    whole request failed: both samples count under "error" (the engine fails the siblings with
+    it), the answer is the 500 naming the fault, every block is free and the engine serves on."""
+    fields = dict(
+        model="tiny", prompt="hello world", max_tokens=8, ignore_eos=True, n=2, temperature=1.0, seed=0
+    )
+
+    async def run(ctx, fault):
+        ctx.engine.start(asyncio.get_running_loop())
+        fault.arm()
+        request = CompletionRequest(stream=stream, **fields)
+        if stream:
+            frames = _frames([f async for f in await create_completion(ctx, request, _never)])
+            failure = json.loads(frames[-2])["error"]
+        else:
+            with pytest.raises(APIError) as info:
+                await create_completion(ctx, request, _never)
+            failure = {"code": info.value.status, "message": info.value.message}
+        await _wait_idle(ctx.engine)
+        return failure, await create_completion(ctx, CompletionRequest(**fields), _never)
+
+    with _serve(monkeypatch, max_num_seqs=1) as (ctx, fault):
+        failure, after = asyncio.run(run(ctx, fault))
+        assert failure["code"] == 500 and "planted forward fault" in failure["message"]
+        assert _successes(ctx.engine) == {"error": 2, "abort": 0}
+        assert [c["finish_reason"] for c in after["choices"]] == ["length", "length"]
+        assert ctx.engine.state.num_free_blocks == ctx.engine.state.num_blocks
 
 
 # ---- the engine client's bookkeeping ---------------------------------------------------------------
