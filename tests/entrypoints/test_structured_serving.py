@@ -204,3 +204,64 @@ def test_a_refused_structured_outputs_of_the_client_keeps_its_own_name(engine):
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
         )
     assert info.value.param is None
+
+
+class _FaultyMatcher:
+    """A matcher whose fill_next_token_bitmask raises from its fourth call on (a bug inside
+    xgrammar on one request's state)."""
+
+    def __init__(self, matcher):
+        self._matcher, self._fills = matcher, 0
+
+    def __getattr__(self, name):
+        return getattr(self._matcher, name)
+
+    def fill_next_token_bitmask(self, *args, **kwargs):
+        self._fills += 1
+        if self._fills > 3:
+            raise RuntimeError("planted matcher fault")
+        return self._matcher.fill_next_token_bitmask(*args, **kwargs)
+
+
+def test_a_matcher_fault_is_a_500_for_its_request_alone(engine, monkeypatch):
+    """A grammar matcher that raises mid-reply fails its request as a failed step does: a 500
+    naming the fault (every sample of it: n=2, one matcher broken). It failed the whole step,
+    so a plain request running beside it got the same 500; it is answered as if nothing
+    happened, and every block is free after."""
+    from enginespec.engine.structured_output import StructuredOutputManager
+
+    made, broken = StructuredOutputManager.new_state, []
+
+    def new_state(self, compiled, stop_token_ids):
+        state = made(self, compiled, stop_token_ids)
+        if not broken:
+            broken.append(state)
+            state.matcher = _FaultyMatcher(state.matcher)
+        return state
+
+    monkeypatch.setattr(StructuredOutputManager, "new_state", new_state)
+    ctx = ServerContext(engine, engine.tokenizer, ["tiny"], 128, chat_template=TEMPLATE)
+    base = {"model": "tiny", "prompt": [5, 6, 7], "temperature": 1.0, "seed": 3}
+    constrained = CompletionRequest(max_tokens=60, n=2, response_format=JSON_SCHEMA, **base)
+    plain = CompletionRequest(max_tokens=16, ignore_eos=True, **base)
+
+    async def run():
+        engine.start(asyncio.get_running_loop())
+        found = await asyncio.gather(
+            create_completion(ctx, constrained, never),
+            create_completion(ctx, plain, never),
+            return_exceptions=True,
+        )
+        for _ in range(1000):  # the engine's state comes with its next message
+            if engine.state.num_unfinished == 0:
+                break
+            await asyncio.sleep(0.01)
+        return found
+
+    failed, answered = asyncio.run(run())
+    assert isinstance(answered, dict), answered
+    assert answered["choices"][0]["finish_reason"] == "length"
+    assert len(answered["choices"][0]["text"]) > 0
+    assert isinstance(failed, APIError) and failed.status == 500, failed
+    assert "grammar matcher failed" in failed.message and "planted matcher fault" in failed.message
+    assert engine.state.num_free_blocks == engine.state.num_blocks
