@@ -843,11 +843,13 @@ class EngineCore:
         sample alone, when its siblings have ended already."""
         outputs = []
         for parent in changed.values():
-            self._fail_siblings(parent)
+            several = len(parent.samples) > 1  # n = 1 makes no call: 256 a step show on the host
+            if several:
+                self._fail_siblings(parent)
             if final_only and not parent.finished:
                 continue
             out = self.outputs.make_output(parent)
-            if not out.finished and self._fail_siblings(parent):
+            if several and not out.finished and self._fail_siblings(parent):
                 out = self.outputs.make_output(parent)
             outputs.append(out)
         for out in outputs:
@@ -856,9 +858,9 @@ class EngineCore:
         return outputs
 
     def _fail_siblings(self, parent: Parent) -> bool:
-        """Once a sample of a parent with n > 1 has finished "error", the user's request has
-        failed: every sibling still unfinished ends "error" too, now, with an error naming the
-        failed sample (whether or not it was in the failing step, or scheduled yet). So the
+        """Once a sample of a parent has finished "error", the user's request has failed:
+        every sibling still unfinished ends "error" too, now, with an error naming the failed
+        sample (whether or not it was in the failing step, or scheduled yet). So the
         parent finishes at once, every front end reports the request as failed (never one
         sibling "error" and the others "abort", as the server's abort of the failed request
         made them), and no sibling runs on for an answer that cannot be given. Each is finished
@@ -866,8 +868,6 @@ class EngineCore:
         unpublished), and a token of its still in flight goes to nobody, as for an abort.
         Returns whether any sibling was failed."""
         samples = parent.samples
-        if len(samples) == 1:
-            return False
         failed = next((s for s in samples if s.finish_reason == ERROR), None)
         if failed is None or parent.finished:
             return False
