@@ -232,8 +232,8 @@ def test_a_matcher_fault_is_a_500_for_its_request_alone(engine, monkeypatch):
 
     made, broken = StructuredOutputManager.new_state, []
 
-    def new_state(self, compiled, stop_token_ids):
-        state = made(self, compiled, stop_token_ids)
+    def new_state(self, compiled, *args):
+        state = made(self, compiled, *args)
         if not broken:
             broken.append(state)
             state.matcher = _FaultyMatcher(state.matcher)
