@@ -920,18 +920,38 @@ def _usage(ctx, call: _Call, outputs) -> dict:
 # finish_reason "length", 0 completion tokens: a prompt's scoring, as lm-evaluation-harness asks
 # for its log-likelihoods. The engine still draws one token (its step computes the prompt's
 # logprobs), which nobody sees. return_token_ids' token_ids stay the generated ones.
+# In a stream, as vLLM's, each choice's first chunk carries its prompt (with logprobs, the
+# prompt's entries before those of its first tokens); the engine hands the prompt's logprobs
+# with the request's first output (engine/core_proc.py), and a choice that has news before them
+# (an n > 1 sibling ahead of sample 0, which computes them) waits for them (_echo_waits). The
+# chunks of a choice, concatenated, are its full body's choice, text offsets included.
 
 
 def _check_echo(call: _Call) -> None:
-    """A 400 for what echo cannot do here: beam search; logprobs in a stream (the prompt's come
-    with the final output only, so they could not lead the stream, as prompt_logprobs are refused
-    in streams for the same reason)."""
-    if not call.echo:
-        return
-    if call.body.use_beam_search:
+    """A 400 for what echo cannot do here: beam search (its choices are whole beams,
+    serving_beam.py; there are no prompt logprobs to lead them)."""
+    if call.echo and call.body.use_beam_search:
         raise APIError(400, "`echo` is not supported with use_beam_search", "echo")
-    if call.body.stream and call.body.logprobs is not None:
-        raise APIError(400, "`echo` with `logprobs` is not available when `stream=True`", "echo")
+
+
+def _prompt_entries(out) -> list:
+    """The output's prompt logprobs as a list a prompt token (the first None); all None where
+    the output has none (an aborted request's, whose prompt never ran in full)."""
+    return list(out.prompt_logprobs or [None] * len(out.prompt_token_ids))
+
+
+def _echo_waits(call: _Call, out, completion, state: _Choice) -> bool:
+    """Whether a streamed echo choice with logprobs must hold its first chunk: its prompt's
+    logprobs have not arrived yet. They come with the request's first output ids (sample 0's)
+    or at the latest with its final output, so the wait ends; a finished request's output
+    without them (aborted) goes out with null entries, as the full body does."""
+    return (
+        call.echo
+        and not state.started
+        and completion.logprobs is not None
+        and out.prompt_logprobs is None
+        and not out.finished
+    )
 
 
 def _prompt_text(ctx: ServerContext, call: _Call, out) -> str:
@@ -952,8 +972,7 @@ def _echo_choice(ctx, call: _Call, out, completion, choice: dict) -> dict:
         own_ids, own_lps, text = [], ([] if own_lps is not None else None), ""
     logprobs = None
     if own_lps is not None:
-        prompt_lps = list(out.prompt_logprobs or [None] * len(prompt_ids))
-        logprobs = _logprobs(ctx, call, prompt_ids + own_ids, prompt_lps + list(own_lps))
+        logprobs = _logprobs(ctx, call, prompt_ids + own_ids, _prompt_entries(out) + list(own_lps))
     choice.update(text=_prompt_text(ctx, call, out) + text, logprobs=logprobs)
     if body.prompt_logprobs is not None:
         choice["prompt_logprobs"] = _prompt_logprobs(ctx, out)
@@ -970,11 +989,15 @@ def _echo_choice(ctx, call: _Call, out, completion, choice: dict) -> dict:
 
 def _echo_delta(ctx, call: _Call, out, completion, index: int, state: _Choice) -> Optional[dict]:
     """A streamed choice under echo_only: nothing until its request ends, then one frame of its
-    prompt, finished (logprobs are refused in echo streams: _check_echo)."""
-    if completion.finish_reason is None:
+    prompt (with logprobs, the prompt's, which it waits for: _echo_waits), finished:
+    _echo_choice's choice."""
+    if completion.finish_reason is None or _echo_waits(call, out, completion, state):
         return None
     state.started = state.finished = True
-    choice = {"index": index, "text": _prompt_text(ctx, call, out), "logprobs": None}
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = _logprobs(ctx, call, list(out.prompt_token_ids), _prompt_entries(out))
+    choice = {"index": index, "text": _prompt_text(ctx, call, out), "logprobs": logprobs}
     if call.body.return_token_ids:
         choice["prompt_token_ids"] = list(out.prompt_token_ids)
     choice.update(finish_reason="length", stop_reason=None)
@@ -1140,9 +1163,13 @@ def _plain_choice_json(kind: str, index: int, delta_text: str) -> str:
     )
 
 
-def _delta_logprobs(ctx, call: _Call, state: _Choice, token_ids, logprobs) -> Optional[dict]:
-    """The logprobs of a choice's new tokens; completions' text_offset continues from
-    state.lp_offset (not from the text sent: held-back text has had its logprobs sent)."""
+def _delta_logprobs(ctx, call: _Call, out, state: _Choice, token_ids, logprobs) -> Optional[dict]:
+    """The logprobs of a choice's new tokens, led in an echo's first frame by its prompt's (the
+    "echo" section); completions' text_offset continues from state.lp_offset (not from the
+    text sent: held-back text has had its logprobs sent)."""
+    if call.echo and not state.started:
+        token_ids = list(out.prompt_token_ids) + list(token_ids)
+        logprobs = _prompt_entries(out) + list(logprobs)
     lps = _logprobs(ctx, call, token_ids, logprobs, state.lp_offset)
     if call.kind == "completion" and lps is not None and lps["tokens"]:
         state.lp_offset = lps["text_offset"][-1] + len(lps["tokens"][-1])
@@ -1160,6 +1187,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         return None
     if call.echo_only:
         return _echo_delta(ctx, call, out, completion, index, state)
+    if call.echo and _echo_waits(call, out, completion, state):  # no call on the plain hot path
+        return None
     finished = completion.finish_reason is not None
     if finished:
         text = completion.text
@@ -1189,7 +1218,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         delta = {"content": delta_text}
     lps = None
     if completion.logprobs is not None:
-        lps = _delta_logprobs(ctx, call, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
+        lps = _delta_logprobs(ctx, call, out, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
     choice: dict = {"index": index}
     if call.kind == "completion":
         choice["text"] = (
