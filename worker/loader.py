@@ -279,9 +279,10 @@ def load_weights(
 ) -> None:
     """Fill every parameter and persistent buffer of `model` (typically on the meta device) from
     the checkpoint at `path`, on `device` in `dtype`. Ties the output embedding to the input one
-    when the config says so (the checkpoint may then omit it). CheckpointError for a missing,
-    unexpected or misshapen tensor. With `slicer` (tensor parallelism), the tensors it names
-    are read in part and become parameters of the part's shape."""
+    when the config says so (the checkpoint may then omit it, or store it equal: one that differs
+    is refused, _check_stored_head). CheckpointError for a missing, unexpected or misshapen
+    tensor. With `slicer` (tensor parallelism), the tensors it names are read in part and become
+    parameters of the part's shape."""
     tied = _tied_alias(model)
     expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     expected.update(
@@ -291,8 +292,12 @@ def load_weights(
         expected.pop(tied, None)
     seen: set[str] = set()
     ranges: list[tuple[str, torch.Tensor]] = []  # float16 only: (name, [min, max]) on the device
+    stored_head = None  # the tied head's tensor where the checkpoint stores one anyway
     for name, tensor in iter_tensors(path, device, dtype, shapes=expected, slicer=slicer):
-        if name == tied or name.endswith(IGNORED_SUFFIXES):
+        if name == tied:
+            stored_head = tensor
+            continue
+        if name.endswith(IGNORED_SUFFIXES):
             continue
         if name not in expected:
             raise CheckpointError(
@@ -310,7 +315,24 @@ def load_weights(
             f"checkpoint {path} is missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}"
         )
     if tied is not None:
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+        embedding = model.get_input_embeddings().weight
+        _check_stored_head(stored_head, embedding, tied, path)
+        model.get_output_embeddings().weight = embedding
+
+
+def _check_stored_head(head: Optional[torch.Tensor], embedding: torch.Tensor, name: str, path) -> None:
+    """A CheckpointError where config.json ties the head (tie_word_embeddings) but the checkpoint
+    also stores a head tensor that is not the embedding: the checkpoint contradicts itself, and
+    the readers of it disagree (vLLM and transformers 4.x use the embedding, transformers 5.x
+    the stored head), so either choice gave some user silently different logits. A stored head
+    equal to the embedding (exporters that write both) loads."""
+    if head is None or (head.shape == embedding.shape and torch.equal(head, embedding)):
+        return
+    raise CheckpointError(
+        f"checkpoint {path}: config.json sets tie_word_embeddings=true, but tensor {name!r} "
+        f"(shape {list(head.shape)}) is not the input embedding (shape {list(embedding.shape)}); "
+        f"set tie_word_embeddings to false to use the stored head, or remove {name!r} to tie it"
+    )
 
 
 def _check_float16_range(ranges: list[tuple[str, torch.Tensor]], path) -> None:

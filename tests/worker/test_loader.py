@@ -323,3 +323,24 @@ def test_architectures_given_as_one_string_is_that_architecture(tmp_path):
     ours = build_model(path).state_dict()
     for name, tensor in theirs.items():
         assert torch.equal(ours[name], tensor), name
+
+
+@pytest.mark.parametrize("head", ["other values", "other shape"])
+def test_a_tied_checkpoint_storing_a_different_head_is_refused_naming_tie_word_embeddings(tmp_path, head):
+    """tie_word_embeddings true, and the checkpoint stores an lm_head.weight that is not the
+    embedding: the loader dropped it and tied the head to the embedding (vLLM's reading), while
+    transformers 5 keeps the stored head, so LLM's logits and transformers' differed entirely
+    (greedy tokens too) with no error. It is now a CheckpointError naming the field and the
+    tensor; a stored head equal to the embedding still loads, tied."""
+    path = _copy("llama", tmp_path, tied=True)
+
+    def store_head(tensors):
+        embed = tensors["model.embed_tokens.weight"]
+        tensors["lm_head.weight"] = embed + 1 if head == "other values" else embed[:-1].clone()
+
+    _rewrite(path, store_head)
+    with pytest.raises(CheckpointError, match=r"tie_word_embeddings.*'lm_head\.weight'"):
+        build_model(path)
+    _rewrite(path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    model = build_model(path)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
