@@ -29,6 +29,7 @@ SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCaus
 # transformers saved inv_freq; ColossalAI-trained checkpoints carry the cos/sin caches too).
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".rotary_emb.cos_cached", ".rotary_emb.sin_cached")
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"  # save_pretrained's name for an unsharded checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
@@ -176,7 +177,9 @@ def model_class(arch: str, config, config_path: Path):
 
 def checkpoint_files(path) -> list[Path]:
     """The safetensors files of a checkpoint: the shards named by the index when there is one,
-    else every *.safetensors file in the directory (sorted)."""
+    else model.safetensors when there is one (transformers' rule: other safetensors files beside
+    it, Mistral's consolidated.safetensors or a training run's adapter_model.safetensors, are not
+    the model's), else every *.safetensors file in the directory (sorted)."""
     root = check_checkpoint_dir(path)
     index = root / INDEX_FILE
     if index.is_file():
@@ -188,6 +191,8 @@ def checkpoint_files(path) -> list[Path]:
             if not file.is_file():
                 raise CheckpointNotFound(f"shard {file.name} listed in {index} is missing")
         return files
+    if (root / SINGLE_FILE).is_file():
+        return [root / SINGLE_FILE]
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise CheckpointNotFound(f"checkpoint directory {root} has no *.safetensors file")

@@ -344,3 +344,24 @@ def test_a_tied_checkpoint_storing_a_different_head_is_refused_naming_tie_word_e
     _rewrite(path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
     model = build_model(path)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize(
+    "stray, names",
+    [
+        ("consolidated.safetensors", ["layers.0.attention.wq.weight"]),  # Mistral's own format
+        ("adapter_model.safetensors", ["base_model.model.lm_head.lora_A.weight"]),  # a LoRA run's
+    ],
+)
+def test_a_stray_safetensors_file_beside_model_safetensors_is_not_read(tmp_path, stray, names):
+    """Without an index, model.safetensors is the checkpoint (transformers' rule): another
+    safetensors file beside it (Mistral repositories ship consolidated.safetensors in their own
+    naming; a fine-tuning run leaves adapter_model.safetensors) is not read. Every
+    *.safetensors file was read, and the first of its tensors failed the load as an
+    "unexpected tensor" though transformers loads the directory."""
+    path = _copy("mistral", tmp_path)
+    save_file({name: torch.zeros(4, 4) for name in names}, str(path / stray))
+    assert [f.name for f in checkpoint_files(path)] == ["model.safetensors"]
+    ours = build_model(path).state_dict()
+    for name, tensor in _hf_state(path).items():
+        assert torch.equal(ours[name], tensor), name
