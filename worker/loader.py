@@ -134,9 +134,22 @@ def _check_rope_type(config, config_path: Path) -> None:
         raise CheckpointError(f"{config_path}: unsupported rope_type {kind!r}; supported: {supported}")
 
 
+def _check_activation(config, config_path: Path) -> None:
+    """CheckpointError unless the config's hidden_act is one transformers' MLPs can build (a key
+    of its ACT2FN). Any other ("swiglu", a typo) made the model's constructor raise a bare
+    KeyError naming only the value."""
+    from transformers.activations import ACT2FN
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    act = getattr(text, "hidden_act", None)
+    if isinstance(act, str) and act not in ACT2FN:  # a non-str: transformers' validation refuses it
+        raise CheckpointError(f"{config_path}: unsupported hidden_act {act!r}; supported: {sorted(ACT2FN)}")
+
+
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
-    scaling one transformers computes (_check_rope_type)."""
+    scaling one transformers computes (_check_rope_type) and its activation one transformers
+    builds (_check_activation)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -149,6 +162,7 @@ def load_config(path, *, trust_remote_code: bool = False):
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
+    _check_activation(config, config_path)
     return config
 
 

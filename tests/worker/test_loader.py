@@ -365,3 +365,16 @@ def test_a_stray_safetensors_file_beside_model_safetensors_is_not_read(tmp_path,
     ours = build_model(path).state_dict()
     for name, tensor in _hf_state(path).items():
         assert torch.equal(ours[name], tensor), name
+
+
+def test_an_unknown_hidden_act_is_refused_by_name(tmp_path):
+    """A hidden_act transformers has no activation for ("swiglu", which some exports write for
+    the SiLU-gated MLP) is a CheckpointError naming config.json, the field and the supported
+    ones; it was a bare KeyError('swiglu') from the model's constructor. A supported one other
+    than silu loads."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, hidden_act="swiglu")
+    with pytest.raises(CheckpointError, match=r"config\.json: unsupported hidden_act .*supported: .*'silu'"):
+        build_model(path)
+    _set_config(path, hidden_act="gelu_pytorch_tanh")
+    assert build_model(path).model.layers[0].mlp.act_fn is not None
