@@ -190,6 +190,18 @@ class LLM:
             self._check_open()
             return self.engine.reset_prefix_cache()
 
+    def get_metrics(self) -> list:
+        """vLLM's: a snapshot of the engine's metrics under vLLM's names and types
+        (enginespec.metrics_reader, vLLM's vllm.v1.metrics.reader): request and KV gauges,
+        preemption, generated-token and prefix-cache counters, and with a speculative_config the
+        spec-decode counters and per-position Vector vLLM's spec_decode example reads. Under
+        the engine lock, so never in the middle of a step."""
+        from enginespec.metrics_reader import metrics_snapshot
+
+        with self._lock:
+            self._check_open()
+            return metrics_snapshot(self.engine, str(self.engine.args.model))
+
     def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """vLLM's: trace what the engine runs from now until stop_profile() with torch.profiler,
         into the directory VLLM_TORCH_PROFILER_DIR names (a RuntimeError when unset; profiler.py

@@ -136,6 +136,10 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self._llm._front.direct)
 
+    def get_metrics(self) -> list:
+        """vLLM's: the engine's metrics snapshot (LLM.get_metrics, enginespec.metrics_reader)."""
+        return self._llm.get_metrics()
+
 
 def _engine_clock(arrival_time):
     """A time.time() arrival_time (vLLM's clock) on the engine's, time.monotonic() (the default

@@ -48,6 +48,7 @@ def test_every_call_after_close_is_a_clear_error():
         "chat": lambda: llm.chat(chat, GREEDY, use_tqdm=False, chat_template=template),
         "beam_search": lambda: llm.beam_search(PROMPTS[:1], BeamSearchParams(beam_width=2, max_tokens=2)),
         "reset_prefix_cache": llm.reset_prefix_cache,
+        "get_metrics": llm.get_metrics,
     }
     for call in calls.values():
         with pytest.raises(RuntimeError, match=CLOSED):

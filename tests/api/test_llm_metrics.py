@@ -1,0 +1,92 @@
+"""LLM.get_metrics(): vLLM's offline metrics snapshot (enginespec.metrics_reader), read the way
+vLLM's speculative-decoding example (examples/offline_inference/spec_decode.py) reads it: the
+spec-decode counters and the per-position Vector agree with the engine's own counters and with
+the per-sample ones on each CompletionOutput; the gauges and counters follow the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.llm import LLM
+from enginespec.metrics_reader import Counter, Gauge, Histogram, Vector
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+K = 4
+NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# prompts that repeat themselves: the n-gram lookup drafts from the first decode on
+PROMPTS = [{"prompt_token_ids": ([5, 9, 13] * 4)[: 6 + i]} for i in range(4)]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def _llm(**engine_args) -> LLM:
+    return LLM(str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", num_blocks=64, **engine_args)
+
+
+def _spec_figures(metrics) -> tuple[int, int, int, list[int]]:
+    """vLLM's spec_decode example, verbatim in its logic: sum the counters by name, add the
+    Vector's values position by position into a list of num_speculative_tokens entries."""
+    num_drafts = num_draft_tokens = num_accepted_tokens = 0
+    acceptance_counts = [0] * K
+    for metric in metrics:
+        if metric.name == "vllm:spec_decode_num_drafts":
+            assert isinstance(metric, Counter)
+            num_drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_draft_tokens":
+            assert isinstance(metric, Counter)
+            num_draft_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            assert isinstance(metric, Counter)
+            num_accepted_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            assert isinstance(metric, Vector)
+            for pos in range(len(metric.values)):
+                acceptance_counts[pos] += metric.values[pos]
+    return num_drafts, num_draft_tokens, num_accepted_tokens, acceptance_counts
+
+
+def test_get_metrics_gives_the_spec_decode_counters_as_vllms_example_reads_them():
+    llm = _llm(speculative_config=NGRAM)
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    drafts, draft_tokens, accepted, per_pos = _spec_figures(llm.get_metrics())
+    samples = [c.spec_decode for o in outs for c in o.outputs]
+    assert drafts == sum(s.num_drafts for s in samples) > 0
+    assert draft_tokens == sum(s.num_draft_tokens for s in samples)
+    assert 0 < accepted == sum(s.num_accepted_tokens for s in samples) == sum(per_pos)
+    stats = llm.engine.stats.spec_decode
+    assert per_pos == stats.accepted_per_pos + [0] * (K - len(stats.accepted_per_pos))
+    vector = next(m for m in llm.get_metrics() if isinstance(m, Vector))
+    assert len(vector.values) == K
+    assert vector.labels == {"model_name": str(tiny_model_dir("qwen3")), "engine": "0"}
+    assert llm.llm_engine.get_metrics() == llm.get_metrics()
+
+
+def test_get_metrics_without_speculation_has_the_engine_gauges_and_counters():
+    llm = _llm()
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    metrics = {m.name: m for m in llm.get_metrics()}
+    assert not any(name.startswith("vllm:spec_decode") for name in metrics)
+    assert not any(isinstance(m, Histogram) for m in metrics.values())
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert isinstance(metrics[name], Gauge) and metrics[name].value == 0.0, name
+    generated = metrics["vllm:generation_tokens"]
+    assert isinstance(generated, Counter)
+    assert generated.value == sum(len(o.outputs[0].token_ids) for o in outs) == 4 * 24
+    queries = metrics["vllm:prefix_cache_queries"].value
+    assert queries == sum(len(p["prompt_token_ids"]) for p in PROMPTS)
+    assert 0 <= metrics["vllm:prefix_cache_hits"].value <= queries
+    assert metrics["vllm:num_preemptions"].value == 0
+
+
+def test_get_metrics_mid_run_sees_the_running_requests():
+    llm = _llm()
+    engine = llm.llm_engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY)
+    engine.step()
+    metrics = {m.name: m.value for m in llm.get_metrics() if isinstance(m, Gauge)}
+    assert metrics["vllm:num_requests_running"] == 4.0 and metrics["vllm:num_requests_waiting"] == 0.0
+    assert 0.0 < metrics["vllm:kv_cache_usage_perc"] < 1.0
+    engine.abort_request([str(i) for i in range(4)])
