@@ -282,10 +282,10 @@ def add_engine_flags(p) -> None:
     )
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument(
-        "--no-async-scheduling",
-        dest="async_scheduling",
-        action="store_false",
-        help="every step serial (no scheduling of step n + 1 while step n runs)",
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule step n + 1 while step n runs (default; vLLM's flag); --no-async-scheduling: every step serial",
     )
     p.add_argument(
         "--no-compile",

@@ -386,6 +386,8 @@ def test_engine_flags_reach_engine_args():
         _parser().parse_args(base + ["--enforce-eager", "--no-async-scheduling", "--no-compile"])
     )
     assert (flags["enforce_eager"], flags["async_scheduling"], flags["compile_model"]) == (True, False, False)
+    # vLLM's spelling of the default, which its launch scripts pass (it was "unrecognized arguments")
+    assert _engine_kwargs(_parser().parse_args(base + ["--async-scheduling"]))["async_scheduling"] is True
 
 
 @pytest.mark.parametrize(
