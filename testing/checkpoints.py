@@ -159,18 +159,7 @@ def json_model_dir(family: str = "qwen3") -> Path:
     """tiny_model_dir(family)'s weights and config with a character tokenizer that can write
     any compact JSON (the tiny one stops at "|", so it has no "}"): for structured outputs'
     tests. No space, so JSON constrained by a grammar stays compact whatever the weights."""
-    import shutil
-
-    src = tiny_model_dir(family)
-    assert _cache_root is not None
-    dest = _cache_root / f"{family}-json"
-    if not (dest / "tokenizer.json").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in src.iterdir():
-            if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
-                shutil.copy2(f, dest / f.name)
-        _tokenizer(JSON_CHARS).save_pretrained(str(dest))
-    return dest
+    return _with_tokenizer(tiny_model_dir(family), f"{family}-json", lambda: _tokenizer(JSON_CHARS))
 
 
 #: The end tag `reasoning_model_dir`'s tokenizer writes as one token (its last id), as Qwen3's does.
@@ -182,19 +171,28 @@ def reasoning_model_dir(family: str = "qwen3") -> Path:
     """json_model_dir(family)'s weights with its tokenizer's "|" (no JSON needs it) given up
     for an added token THINK_END (id VOCAB_SIZE - 1), so that a random model may close its
     thinking in one token, as a reasoning model does: for structured outputs with reasoning."""
+
+    def tokenizer():
+        made = _tokenizer([c for c in JSON_CHARS if c != "|"])
+        made.add_tokens([THINK_END])
+        return made
+
+    return _with_tokenizer(json_model_dir(family), f"{family}-reasoning", tokenizer)
+
+
+def _with_tokenizer(src: Path, name: str, make_tokenizer) -> Path:
+    """The checkpoint at `src` (its config and weights) under the cache's `name`, with the
+    tokenizer make_tokenizer() builds in place of its own; made once, then reused."""
     import shutil
 
-    src = json_model_dir(family)
     assert _cache_root is not None
-    dest = _cache_root / f"{family}-reasoning"
+    dest = _cache_root / name
     if not (dest / "tokenizer.json").exists():
         dest.mkdir(parents=True, exist_ok=True)
         for f in src.iterdir():
             if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens")):
                 shutil.copy2(f, dest / f.name)
-        tokenizer = _tokenizer([c for c in JSON_CHARS if c != "|"])
-        tokenizer.add_tokens([THINK_END])
-        tokenizer.save_pretrained(str(dest))
+        make_tokenizer().save_pretrained(str(dest))
     return dest
 
 

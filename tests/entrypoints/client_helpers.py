@@ -28,6 +28,27 @@ def in_process_client(model=None, **engine):
         client.stop()
 
 
+def run_with_clients(app, engine, fn):
+    """fn(openai client, httpx client), an async function, run against the ASGI `app` whose
+    engine client `engine` reads on this loop (the lifespan's job: ASGITransport runs none);
+    every request is finished or aborted at the end. Returns fn's result."""
+    import httpx
+    import openai
+
+    async def run():
+        engine.start(asyncio.get_running_loop())
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
+            client = openai.AsyncOpenAI(
+                base_url="http://test/v1", api_key="k", http_client=http, max_retries=0
+            )
+            result = await fn(client, http)
+        assert engine.num_pending_requests == 0  # every step's requests finished or aborted
+        return result
+
+    return asyncio.run(run())
+
+
 async def never() -> None:
     """A handler's wait_disconnect for a client that never leaves."""
     await asyncio.Event().wait()

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
-import openai
 import pytest
 
 from enginespec.beam_search import BeamSearchParams
@@ -24,7 +22,7 @@ from enginespec.entrypoints.openai.serving import ServerContext, create_completi
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import EOS_ID, tiny_model_dir
-from tests.entrypoints.client_helpers import in_process_client
+from tests.entrypoints.client_helpers import in_process_client, run_with_clients
 from tests.entrypoints.remote_server import CHAT_TEMPLATE
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -51,21 +49,9 @@ def app():
 
 
 def serve(app, fn):
-    """fn(openai client, httpx client) run against the app (the engine read on this loop)."""
+    """fn(openai client, httpx client) run against the app (client_helpers.run_with_clients)."""
     app, engine, _ = app
-
-    async def run():
-        engine.start(asyncio.get_running_loop())  # the lifespan's job (ASGITransport runs none)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
-            client = openai.AsyncOpenAI(
-                base_url="http://test/v1", api_key="k", http_client=http, max_retries=0
-            )
-            result = await fn(client, http)
-        assert engine.num_pending_requests == 0  # every step's requests finished or aborted
-        return result
-
-    return asyncio.run(run())
+    return run_with_clients(app, engine, fn)
 
 
 def beam_completions(app, prompt, **extra):

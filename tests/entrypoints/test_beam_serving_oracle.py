@@ -6,10 +6,6 @@ equal to n; prompts near max_model_len."""
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
-import openai
 import pytest
 
 from enginespec.beam_search import BeamSearchParams
@@ -18,7 +14,7 @@ from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
 from enginespec.testing.checkpoints import EOS_ID, tiny_model_dir
 from tests.api.test_beam_search_oracle import EOS_PROMPT, PROMPTS, Oracle
-from tests.entrypoints.client_helpers import in_process_client
+from tests.entrypoints.client_helpers import in_process_client, run_with_clients
 from tests.entrypoints.remote_server import CHAT_TEMPLATE
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -42,20 +38,9 @@ def app():
 
 
 def serve(app, fn):
+    """fn(openai client, httpx client) run against the app (client_helpers.run_with_clients)."""
     app, engine = app
-
-    async def run():
-        engine.start(asyncio.get_running_loop())
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
-            client = openai.AsyncOpenAI(
-                base_url="http://test/v1", api_key="k", http_client=http, max_retries=0
-            )
-            result = await fn(client, http)
-        assert engine.num_pending_requests == 0
-        return result
-
-    return asyncio.run(run())
+    return run_with_clients(app, engine, fn)
 
 
 def check_choices(choices, prompt, want, tokenizer, include_stop=False):

@@ -4,16 +4,12 @@ in-process engine, driven by the official openai client (and httpx for raw bodie
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
-import openai
 import pytest
 
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
-from tests.entrypoints.client_helpers import in_process_client
+from tests.entrypoints.client_helpers import in_process_client, run_with_clients
 from tests.entrypoints.remote_server import CHAT_TEMPLATE
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -31,22 +27,9 @@ def app():
 
 
 def serve(app, fn):
-    """fn(openai client, httpx client) run against the app (the engine read on this loop); every
-    request is finished or aborted at the end."""
+    """fn(openai client, httpx client) run against the app (client_helpers.run_with_clients)."""
     app, engine = app
-
-    async def run():
-        engine.start(asyncio.get_running_loop())  # the lifespan's job (ASGITransport runs none)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
-            client = openai.AsyncOpenAI(
-                base_url="http://test/v1", api_key="k", http_client=http, max_retries=0
-            )
-            result = await fn(client, http)
-        assert engine.num_pending_requests == 0
-        return result
-
-    return asyncio.run(run())
+    return run_with_clients(app, engine, fn)
 
 
 # ---- chat: echo -----------------------------------------------------------------------------------
