@@ -279,6 +279,7 @@ class EngineCore:
         (vLLM refuses to start there)."""
         config = self.scheduler_config
         capacity = self.runner.num_blocks * self.args.block_size
+        _check_pool_holds_a_request(self.runner.num_blocks, self.args.block_size)
         one_step = None if config.enable_chunked_prefill else config.max_num_batched_tokens + 1
         reach = capacity if one_step is None else min(capacity, one_step)
         if reach >= self.max_model_len:
@@ -1418,6 +1419,21 @@ def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ..
             t for t in extra_stops if t not in params.stop_token_ids
         )
     return dataclasses.replace(params, **changes) if changes else params
+
+
+def _check_pool_holds_a_request(num_blocks: int, block_size: int) -> None:
+    """The KV pool must hold the smallest request, a prompt token and an output token (2
+    tokens), or no request can ever run: a ValueError at startup naming the pool's settings.
+    Only block_size 1 with one block is that small. Without this check a fitted max_model_len
+    of 1 reached SchedulerConfig, whose error named max_model_len, a setting the user never
+    gave; a chosen one started an engine that refused every request."""
+    if num_blocks * block_size < 2:
+        raise ValueError(
+            f"the KV pool holds {num_blocks * block_size} token ({num_blocks} block of block_size "
+            f"{block_size}: num_blocks, kv_cache_bytes, num_gpu_blocks_override or "
+            f"gpu_memory_utilization sized it), and a request needs at least 2 (a prompt token and "
+            f"an output token); a larger pool or block_size holds one"
+        )
 
 
 def _check_min_tokens_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:

@@ -54,6 +54,30 @@ def test_a_chosen_length_stays_and_the_pool_refuses_what_it_cannot_hold(caplog):
         llm.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=500), use_tqdm=False)
 
 
+@pytest.mark.parametrize("chosen", [{}, {"max_model_len": 8}])
+@pytest.mark.parametrize("sizing", [{"num_blocks": 1}, {"kv_cache_bytes": 512}])
+def test_a_pool_of_one_token_is_refused_at_startup_naming_the_pool(chosen, sizing):
+    """A pool that holds fewer than 2 tokens (block_size 1, one block) can serve no request: a
+    request is at least a prompt token and an output token. Construction says so, naming the
+    pool's settings and the bound. Unchosen, the fitted length 1 reached SchedulerConfig and
+    the error named max_model_len ("must be None or >= 2, got 1"), a setting the user never
+    gave; chosen, the engine started and refused every request. (512 bytes: one block of one
+    token, K and V of 2 layers, 2 kv heads of 16 float32.)"""
+    from enginespec.llm import LLM
+
+    with pytest.raises(ValueError, match=r"holds 1 token.*num_blocks.*at least 2"):
+        LLM(
+            str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", block_size=1,
+            **sizing, **chosen,
+        )  # fmt: skip
+    ok = LLM(
+        str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", block_size=1, num_blocks=2
+    )
+    assert ok.engine.max_model_len == 2  # two tokens: one prompt token and one output token
+    out = ok.generate({"prompt_token_ids": [5]}, SamplingParams(max_tokens=None), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 1
+
+
 def test_a_pool_that_holds_the_models_length_changes_nothing():
     assert _llm(num_blocks=64).engine.max_model_len == 256
 
