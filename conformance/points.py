@@ -161,7 +161,11 @@ CAPABILITIES = (
     Point(
         "capability:swap",
         "preemption_mode='swap' (runner copies blocks out and in)",
-        ("conformance/test_schedule_edges.py::test_swap_in_", f"{_SCHED}test_swapped_request_"),
+        (
+            "conformance/test_schedule_edges.py::test_swap_in_",
+            f"{_SCHED}test_swapped_request_",
+            "conformance/test_engine.py::test_a_swapped_out_request_",
+        ),
         ("[swap]", "[swap-", "-swap]", "::test_forced_swap_on_cuda"),
         has_capability("swap"),
     ),

@@ -576,6 +576,62 @@ def test_closing_a_stream_early_aborts_and_frees_everything(impl):
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
 
 
+def _swapped_ids(engine) -> list[str]:
+    from enginespec.spec import Status
+
+    return [r.request_id for r in engine.scheduler.waiting if r.status == Status.SWAPPED]
+
+
+def _first_swap(engine, prompts: list[list[int]], params) -> list[str]:
+    """Add `prompts` as r0, r1, ... and step until some request is swapped out; its ids."""
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, params)
+    for _ in range(50):
+        engine.step()
+        if _swapped_ids(engine):
+            return _swapped_ids(engine)
+    raise AssertionError("the workload must swap a request out")
+
+
+SWAP_PARAMS = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+SWAP_PROMPTS = [list(range(5 + 7 * i, 17 + 7 * i)) for i in range(4)]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_a_swapped_out_request_aborts_and_survives_a_prefix_cache_reset(impl, async_scheduling):
+    """While a request sits in host memory (SWAPPED, no device blocks): aborting it drops its
+    host copy at once; with the running ones aborted, reset_prefix_cache succeeds (no block is
+    referenced) and forgets every hash, and the swapped request, brought back into blocks
+    that no longer carry its hashes, still ends with its unpressured greedy tokens; a later
+    request sharing its prefix gets its own unpressured tokens. Both pools end full."""
+    if "swap" not in getattr(impl, "capabilities", ()):
+        pytest.skip(f"impl {impl.name!r} has no 'swap' capability")
+    expected = {}
+    for i, ids in enumerate([*SWAP_PROMPTS, SWAP_PROMPTS[3][:10] + [40, 41]]):
+        expected[f"r{i}"] = make_llm(impl).generate({"prompt_token_ids": ids}, SWAP_PARAMS, use_tqdm=False)[0]
+    for abort_swapped in (True, False):
+        engine = make_llm(
+            impl, num_blocks=14, preemption_mode="swap", async_scheduling=async_scheduling
+        ).engine
+        swapped = _first_swap(engine, SWAP_PROMPTS, SWAP_PARAMS)
+        assert engine.runner.num_swapped == len(swapped)
+        victims = swapped if abort_swapped else [r.request_id for r in engine.scheduler.running]
+        engine.abort(victims)
+        if abort_swapped:
+            assert engine.runner.num_swapped == 0, "an aborted swapped request's host copy must go at once"
+        else:
+            assert engine.reset_prefix_cache() and not engine.block_manager.state().cached
+            engine.add_request("r4", SWAP_PROMPTS[3][:10] + [40, 41], SWAP_PARAMS)
+        finals = run_all(engine)
+        for rid, out in finals.items():
+            if rid in victims:
+                assert out.outputs[0].finish_reason == "abort"
+            else:
+                assert out.outputs[0].token_ids == expected[rid].outputs[0].token_ids, rid
+        assert engine.runner.num_swapped == 0
+        check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_pool_is_sized_by_a_profile_run(impl):
