@@ -28,6 +28,7 @@ import atexit
 import datetime
 import multiprocessing.connection
 import os
+import sys
 import threading
 import time
 import traceback
@@ -84,7 +85,13 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 
 
 def init_group(info: RankInfo, device: torch.device, store=None) -> None:
-    """Join the process group (every rank calls it; rank 0 passes the store it created)."""
+    """Join the process group (every rank calls it; rank 0 passes the store it created).
+
+    init_process_group also replaces sys.excepthook with one that prefixes every line of every
+    uncaught traceback with "[rank<r>]: ", and never puts the old one back. Rank 0 is the user's
+    own process (their script, or the server's engine process), so its hook is restored: their
+    tracebacks, also those long after close(), are their own (one more prefix per engine built,
+    "[rank0]: [rank0]: ..." after two). A worker keeps the prefix: its stderr is shared."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
@@ -97,6 +104,7 @@ def init_group(info: RankInfo, device: torch.device, store=None) -> None:
         # thread (2) rather than NCCL's default of ending the process: rank 0 is the engine's
         # (or the server's) own process, and it reports the failure as EngineDeadError.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    hook = sys.excepthook
     dist.init_process_group(
         backend_for(device),
         store=store,
@@ -105,6 +113,8 @@ def init_group(info: RankInfo, device: torch.device, store=None) -> None:
         timeout=timeout,
         **kwargs,
     )
+    if info.rank == 0:
+        sys.excepthook = hook
 
 
 @dataclass

@@ -120,6 +120,20 @@ def test_prompt_logprobs_match_tp1(config):
             assert abs(x[token] - y[token]) < 1e-4, f"{prompt}: prompt logprob of position {t}"
 
 
+def test_a_traceback_of_the_users_own_after_a_tp_engine_has_no_rank_prefix(config, capsys):
+    """Building the engine joined rank 0 (the user's process) to the process group, and torch's
+    init_process_group replaced sys.excepthook with one prefixing every line of every uncaught
+    traceback with "[rank0]: ", for the rest of the process, once more per engine built."""
+    import sys
+
+    try:
+        raise ValueError("the user's own error")
+    except ValueError:
+        sys.excepthook(*sys.exc_info())
+    err = capsys.readouterr().err
+    assert "ValueError: the user's own error" in err and "[rank0]" not in err, err
+
+
 def test_worker_death_is_an_engine_error(config, monkeypatch):
     import torch.distributed as dist
 
