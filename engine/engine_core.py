@@ -388,31 +388,26 @@ class EngineCore:
     def _draft_model(self, given):
         """The draft model of speculative_config method "draft_model" (None otherwise), loaded
         like the target (same dtype, device, attention), its vocabulary checked against the
-        target's (its reach is checked in _build, once the pool has settled max_model_len)."""
+        target's (its reach is checked in _build, once the pool has settled max_model_len).
+        Under tensor parallelism it is whole, on rank 0 alone (vLLM's draft_tensor_parallel_size
+        1): only rank 0 schedules and drafts, its runner a plain ModelRunner that no collective
+        touches; the workers see the drafts as the widened target batch rank 0 sends them."""
         config = self.speculative_config
         if config is None or config.method != "draft_model":
             if given is not None:
                 raise ValueError("draft_model= needs speculative_config method 'draft_model'")
             return None
-        if self.tensor_parallel is not None:
-            raise ValueError("speculative_config method 'draft_model' needs tensor_parallel_size == 1")
         draft = given if given is not None else self._load_draft(config.model)
         check_draft_model(draft, self.model)
         return draft
 
     def _check_draft_early(self, model, draft_model) -> None:
         """A draft_model config's checks that need no weights, before the target loads (or its
-        tensor-parallel workers spawn): tensor_parallel_size 1, and the draft's config.json
-        (check_draft_checkpoint) where both checkpoints come from paths. _draft_model checks
-        the loaded models again."""
+        tensor-parallel workers spawn): the draft's config.json (check_draft_checkpoint) where
+        both checkpoints come from paths. _draft_model checks the loaded models again."""
         config = self.speculative_config
         if config is None or config.method != "draft_model":
             return
-        if self.args.tensor_parallel_size > 1:
-            raise ValueError(
-                f"speculative_config method 'draft_model' needs tensor_parallel_size == 1, "
-                f"got {self.args.tensor_parallel_size}"
-            )
         if model is None and draft_model is None and self.args.model is not None:
             check_draft_checkpoint(config.model, self.args.model, self.args.trust_remote_code)
 

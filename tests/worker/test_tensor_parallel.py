@@ -156,6 +156,49 @@ def test_worker_death_is_an_engine_error(config, monkeypatch):
         _generate(tp2)
 
 
+def _noisy_copy(path, dest):
+    """The checkpoint at `path` with noise on its LM head: a draft that agrees with it on some
+    tokens and not others (as conformance/test_spec_draft_model.py's "noisy" draft)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(path, dest)
+    weights = load_file(str(dest / "model.safetensors"))
+    head = weights["lm_head.weight"]
+    noise = torch.randn(head.shape, generator=torch.Generator().manual_seed(0))
+    weights["lm_head.weight"] = head + 0.5 * head.std() * noise
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+def test_a_draft_model_under_tp_gives_tp1s_tokens_and_counts(tmp_path):
+    """speculative_config method "draft_model" with tensor_parallel_size=2: the draft runs whole
+    on rank 0 and the workers verify its drafts in the widened target batch. Greedy tokens and
+    the acceptance counters equal TP=1's, with drafts both accepted and rejected, under
+    preemption by swap (the draft's pool mirrors it). It was refused ('needs
+    tensor_parallel_size == 1')."""
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    spec = {
+        "method": "draft_model",
+        "model": str(_noisy_copy(path, tmp_path / "draft")),
+        "num_speculative_tokens": 3,
+    }
+    kwargs = dict(impl="fast", dtype="float32", device="cpu", speculative_config=spec)
+    kwargs.update(block_size=2, num_blocks=14, max_num_seqs=3, preemption_mode="swap")
+    prompts = [{"prompt_token_ids": [5, 9, 14, 5, 9, 14, 5, 9 + i]} for i in range(4)]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    runs = []
+    for tp in (2, 1):
+        with LLM(str(path), tensor_parallel_size=tp, **kwargs) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            stats = llm.engine.stats
+            runs.append(([o.outputs[0].token_ids for o in outs], stats.spec_decode, stats.num_preemptions))
+    (tokens, counts, preempted), want = runs
+    assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens and preempted > 0, runs[0]
+    assert (tokens, counts, preempted) == want
+
+
 def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
     import multiprocessing
 
