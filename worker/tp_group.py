@@ -279,7 +279,8 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
         )
     size = args.tensor_parallel_size
     check_plan(args, size)  # a split the model does not allow is a ValueError before any spawn
-    tp = TensorParallel(world_size=size, device=rank_device(device, 0))
+    devices = [rank_device(device, rank) for rank in range(size)]  # and so are too few GPUs
+    tp = TensorParallel(world_size=size, device=devices[0])
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, datetime.timedelta(seconds=TIMEOUT_S), wait_for_workers=False
     )
@@ -287,9 +288,7 @@ def start_tensor_parallel(args, impl, device: torch.device, dtype: torch.dtype) 
     atexit.register(tp.shutdown)
     try:
         for rank in range(1, size):
-            info = RankInfo(
-                rank, size, store.port, str(rank_device(device, rank)), dtype, torch.get_num_threads(), args
-            )
+            info = RankInfo(rank, size, store.port, str(devices[rank]), dtype, torch.get_num_threads(), args)
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=worker_main, args=(info, child), daemon=True, name=f"enginespec-tp{rank}"

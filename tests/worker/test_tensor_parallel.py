@@ -219,6 +219,27 @@ def test_impossible_split_is_a_value_error_before_any_spawn(tmp_path):
     assert set(multiprocessing.active_children()) <= before
 
 
+def test_more_ranks_than_gpus_is_a_value_error_before_any_spawn(tmp_path, monkeypatch):
+    """tensor_parallel_size=4 on a host with 2 GPUs (faked here): the ValueError naming the field
+    comes before any worker is spawned. It came at rank 2, after rank 1 was spawned and, stuck in
+    the rendezvous rank 0 never joined, waited out STOP_WAIT_S and was terminated."""
+    import torch.multiprocessing as mp
+
+    from enginespec.engine_args import EngineArgs
+    from enginespec.spec import load_impl
+    from enginespec.worker.tp_group import start_tensor_parallel
+
+    def no_spawn(method=None):
+        raise AssertionError("a worker was spawned")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(mp, "get_context", no_spawn)
+    path = make_checkpoint("llama", tmp_path / "llama")  # 4 q heads: 4 ranks can split them
+    args = EngineArgs.from_kwargs(str(path), impl="fast", tensor_parallel_size=4)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size needs GPU 2 for rank 2, but only 2"):
+        start_tensor_parallel(args, load_impl("fast"), torch.device("cuda"), torch.float32)
+
+
 def test_a_construction_failure_after_the_spawn_releases_the_workers(tmp_path, monkeypatch):
     """EngineCore fails after its workers started (here its tokenizer; any later step of the
     build alike): the workers are reaped and the process group is gone, so the process can
