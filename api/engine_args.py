@@ -55,6 +55,8 @@ max_model_len, so no context length falls back to eager; max_cudagraph_capture_s
 tokens of a step, another thing). Accepted only at vLLM's default (the table UNSUPPORTED_VALUES),
 any other value a ValueError "not supported by enginespec" naming the argument and what is
 accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size` (1),
+`distributed_executor_backend` (None or "mp": the tensor-parallel ranks are processes the engine
+spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refused),
 `kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
 `download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
 ("auto" or "safetensors", the one format the loader reads). `generation_config` ("auto": the
@@ -157,6 +159,10 @@ UNSUPPORTED_VALUES = {
     "quantization": ((None,), "weights load unquantized, in the dtype argument's dtype"),
     "enable_lora": ((False,), "no LoRA adapters"),
     "pipeline_parallel_size": ((1,), "one pipeline stage; tensor_parallel_size shards the model"),
+    "distributed_executor_backend": (
+        (None, "mp"),
+        "tensor-parallel ranks are processes the engine spawns on one host, as vLLM's 'mp'",
+    ),
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the device"),
     "revision": ((None,), "checkpoints are local directories, nothing is downloaded"),
@@ -284,6 +290,7 @@ class EngineArgs:
     quantization: Optional[str] = None
     enable_lora: bool = False
     pipeline_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0
     revision: Optional[str] = None

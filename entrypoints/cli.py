@@ -379,6 +379,9 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", "-q", default=None, help="not supported (weights load unquantized)")
     p.add_argument("--kv-cache-dtype", default=None, help="auto only (the KV cache takes the model's dtype)")
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, help="1 only")
+    p.add_argument(
+        "--distributed-executor-backend", default=None, help="mp only (TP ranks are spawned processes)"
+    )
     p.add_argument("--enable-lora", action="store_true", default=None, help="not supported")
     p.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only")
     p.add_argument("--revision", default=None, help="not supported (checkpoints are local directories)")
@@ -421,6 +424,7 @@ _ENGINE_KEYS = (
     "quantization",
     "kv_cache_dtype",
     "pipeline_parallel_size",
+    "distributed_executor_backend",
     "enable_lora",
     "cpu_offload_gb",
     "revision",

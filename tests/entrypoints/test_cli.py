@@ -592,6 +592,7 @@ VLLM_DEFAULT_FLAGS = {  # vLLM's flags that EngineArgs takes at vLLM's defaults 
     "--max-seq-len-to-capture": ("4096", "max_seq_len_to_capture", 4096),
     "--kv-cache-dtype": ("auto", "kv_cache_dtype", "auto"),
     "--pipeline-parallel-size": ("1", "pipeline_parallel_size", 1),
+    "--distributed-executor-backend": ("mp", "distributed_executor_backend", "mp"),
     "--cpu-offload-gb": ("0", "cpu_offload_gb", 0),
     "--load-format": ("safetensors", "load_format", "safetensors"),
 }
@@ -623,6 +624,7 @@ def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
         (["--quantization", "awq"], "quantization"),
         (["-q", "fp8"], "quantization"),
         (["-pp", "2"], "pipeline_parallel_size"),
+        (["--distributed-executor-backend", "ray"], "distributed_executor_backend"),
         (["--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
         (["--enable-lora"], "enable_lora"),
         (["--revision", "main"], "revision"),
