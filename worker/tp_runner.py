@@ -141,15 +141,9 @@ class TPModelRunner(ModelRunner):
                 tp.send(("runner", {k: v for k, v in kwargs.items() if k != "sample_fn"}))
             super().__init__(model, impl, **kwargs)
         except BaseException as exc:
-            if tp.rank == 0 and not isinstance(exc, Exception):  # Ctrl-C amid the collectives
-                tp.interrupted(exc)
-                tp.shutdown()
-            elif tp.rank == 0:  # a ValueError (a bad argument) is every rank's: raise it as is
-                dead = not isinstance(exc, ValueError) and (tp.dead or tp._exited())
-                error = tp.dead_error(exc) if dead else None
-                tp.shutdown()
-                if error is not None:
-                    raise error from exc
+            error = _abandon_construction(tp, exc) if tp.rank == 0 else None
+            if error is not None:
+                raise error from exc
             raise
 
     def _size_pool(self, *args) -> int:
@@ -226,6 +220,25 @@ class TPModelRunner(ModelRunner):
     @property
     def dead(self) -> Optional[str]:
         return getattr(self.tp, "dead", None)
+
+
+def _abandon_construction(tp, exc: BaseException):
+    """Rank 0's runner construction raised `exc`: stop the workers; the EngineDeadError to raise
+    instead where a worker died (it names the worker), else None (raise exc itself).
+    A ValueError (a bad argument) is every rank's: the workers raise it too and exit, so they are
+    asked to stop. Anything else may be rank 0's alone (an out-of-memory in its profile run, a
+    Ctrl-C), while the workers wait in a collective rank 0 left (the pool sizing, the profile
+    run, the graph capture) and cannot read a stop: the engine is marked dead, so shutdown()
+    terminates them at once. It waited STOP_WAIT_S (10 s) for a stop they never read."""
+    error = None
+    if not isinstance(exc, Exception):  # Ctrl-C amid the collectives
+        tp.interrupted(exc)
+    elif not isinstance(exc, ValueError):
+        if tp.dead or tp._exited():
+            error = tp.dead_error(exc)
+        tp.dead = tp.dead or f"rank 0 failed building its runner ({type(exc).__name__}: {exc})"
+    tp.shutdown()
+    return error
 
 
 def _broadcast(flat: torch.Tensor) -> None:

@@ -262,6 +262,45 @@ def test_a_construction_failure_after_the_spawn_releases_the_workers(tmp_path, m
     assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
 
 
+def test_a_rank0_fault_amid_the_runners_collectives_ends_the_workers_without_the_polite_wait(
+    tmp_path, monkeypatch
+):
+    """Rank 0 alone raises while building its runner (an out-of-memory in its pool sizing, say;
+    planted here in rank 0's process only: the workers are spawned), with the workers waiting in
+    the sizing's all-reduce, where they cannot read a stop: the engine is dead by the time
+    shutdown() runs, so it terminates them at once. It asked them politely and waited
+    STOP_WAIT_S (10 s) first. The caller gets the fault itself; no worker or group is left."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from enginespec.worker.runner import ModelRunner
+    from enginespec.worker.tp_group import TensorParallel
+
+    def fault(self, *args):
+        raise RuntimeError("planted rank-0 fault")
+
+    seen = []
+    shutdown = TensorParallel.shutdown
+
+    def spy(self):
+        seen.append(self.closed or self.dead)
+        shutdown(self)
+
+    monkeypatch.setattr(ModelRunner, "_size_pool", fault)
+    monkeypatch.setattr(TensorParallel, "shutdown", spy)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="planted rank-0 fault"):
+        LLM(
+            str(make_checkpoint("qwen3", tmp_path / "qwen3")),
+            impl="fast",
+            device="cpu",
+            tensor_parallel_size=2,
+        )
+    assert seen and seen[0] and "planted rank-0 fault" in seen[0], seen
+    assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
+
+
 def test_an_llm_dropped_unclosed_releases_its_workers(tmp_path):
     """`del llm` without close() (vLLM's way to free an engine before building the next):
     once the engine is collected its workers are reaped and the process group is gone, so the
