@@ -187,7 +187,26 @@ class Limits:
         return bound
 
     def fits(self, num_prompt: int, max_tokens: int) -> bool:
-        return num_prompt >= 1 and max_tokens >= 1 and num_prompt + max_tokens <= self.max_total_tokens
+        if num_prompt < 1 or max_tokens < 1:
+            return False
+        if self.fills_max_model_len(num_prompt, max_tokens):
+            return self.fits_full_prompt
+        return num_prompt + max_tokens <= self.max_total_tokens
+
+    def fills_max_model_len(self, num_prompt: int, max_tokens: int) -> bool:
+        """Add's one exception to `num_prompt + max_tokens <= max_model_len` (vLLM's rule): a
+        prompt of exactly max_model_len with max_tokens 1."""
+        return self.max_model_len is not None and (num_prompt, max_tokens) == (self.max_model_len, 1)
+
+    @property
+    def fits_full_prompt(self) -> bool:
+        """Whether a prompt of exactly max_model_len with max_tokens 1 is accepted: its one
+        token takes no KV slot, so the pool need hold the prompt only; with chunked prefill off
+        the budget must hold the prompt (num_prompt + max_tokens - 1)."""
+        mml = self.max_model_len
+        if mml is None or mml > self.num_blocks * self.block_size:
+            return False
+        return self.enable_chunked_prefill or mml <= self.max_num_batched_tokens
 
     @classmethod
     def of(cls, config: SchedulerConfig, num_blocks: int, block_size: int) -> "Limits":
@@ -232,17 +251,24 @@ def request_specs(
     max_tokens: int = 8,
     arrival_time: Optional[float] = None,
 ):
-    """A RequestSpec that Scheduler.add accepts under `limits` (requires max_total_tokens >= 2).
+    """A RequestSpec that Scheduler.add accepts under `limits` (requires max_total_tokens >= 2),
+    now and then (where it fits) add's one exception: a prompt of exactly max_model_len with
+    max_tokens 1.
 
     The prompt starts, most of the time, with one of `stems` (cut to fit), so workloads share
     prefixes and prefix-cache hits, misses and evictions all happen."""
     total = limits.max_total_tokens
     assert total >= 2, "limits too small for any request"
-    num_max = draw(st.integers(1, min(max_tokens, total - 1)))
-    room = total - num_max
+    full = limits.fits_full_prompt and draw(st.integers(0, 7)) == 0
+    if full:  # add's one exception: a prompt of exactly max_model_len, max_tokens 1
+        num_max, room = 1, limits.max_model_len
+    else:
+        num_max = draw(st.integers(1, min(max_tokens, total - 1)))
+        room = total - num_max
     stem: tuple = draw(st.sampled_from(stems)) if stems and draw(st.integers(0, 3)) else ()
     stem = stem[:room]
-    suffix = draw(token_lists(min_size=0 if stem else 1, max_size=room - len(stem)))
+    least = room - len(stem) if full else 0 if stem else 1
+    suffix = draw(token_lists(min_size=least, max_size=room - len(stem)))
     min_tokens = draw(st.integers(0, num_max))
     params = SamplingParams(
         max_tokens=num_max,

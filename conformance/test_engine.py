@@ -48,7 +48,7 @@ BAD_ADDS = [
     ("id over the vocab", "x", [1, VOCAB_SIZE], GREEDY, "vocab_size"),
     ("negative id", "x", [1, -1], GREEDY, "vocab_size"),
     ("non-int id", "x", [1, 2.5], GREEDY, "ints"),
-    ("prompt fills max_model_len", "x", [1] * 64, SamplingParams(max_tokens=8), "max_model_len"),
+    ("prompt over max_model_len", "x", [1] * 65, SamplingParams(max_tokens=1), "max_model_len"),
     (
         "stop id over the vocab",
         "x",
@@ -85,6 +85,56 @@ def test_bad_input_is_a_value_error_and_disturbs_nothing(impl, case):
     got = {rid: out.outputs[0].token_ids for rid, out in run_all(engine).items()}
     assert got == expected
     check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+
+
+FULL_PROMPT = [(7 * j) % 90 + 4 for j in range(32)]  # exactly the max_model_len below
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize(
+    "asked",
+    [
+        SamplingParams(max_tokens=None, temperature=0.0, prompt_logprobs=1),
+        SamplingParams(max_tokens=5, min_tokens=3, temperature=0.0, prompt_logprobs=1),
+    ],
+    ids=["max_tokens None", "max_tokens 5 min_tokens 3"],
+)
+def test_a_prompt_of_max_model_len_gets_one_token_and_finishes_length(impl, asked, async_scheduling):
+    """vLLM's offline engine refuses only a prompt over max_model_len: one of exactly
+    max_model_len gets one token, sampled at its last position (no KV slot of its own), and
+    finishes "length"; max_tokens (None or larger) is fitted to 1 and min_tokens with it. So a
+    pool of exactly max_model_len tokens (8 blocks of 4) holds it, and its prompt_logprobs are
+    complete, equal to those of an engine with room to spare. lm-evaluation-harness's
+    log-likelihood requests are such prompts; they were refused ("must be < max_model_len")."""
+    llm = make_llm(impl, max_model_len=32, num_blocks=8, async_scheduling=async_scheduling)
+    (out,) = llm.generate({"prompt_token_ids": FULL_PROMPT}, asked, use_tqdm=False)
+    roomy = make_llm(impl, max_model_len=64, num_blocks=16, async_scheduling=async_scheduling)
+    one = dataclasses.replace(asked, max_tokens=1, min_tokens=0)
+    (want,) = roomy.generate({"prompt_token_ids": FULL_PROMPT}, one, use_tqdm=False)
+    assert out.outputs[0].token_ids == want.outputs[0].token_ids and len(want.outputs[0].token_ids) == 1
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_logprobs) == len(FULL_PROMPT) and out.prompt_logprobs[0] is None
+    for p in range(1, len(FULL_PROMPT)):
+        got, expected = out.prompt_logprobs[p], want.prompt_logprobs[p]
+        assert FULL_PROMPT[p] in got and got.keys() == expected.keys(), p
+        assert all(got[t].logprob == pytest.approx(expected[t].logprob, abs=1e-5) for t in got), p
+    assert not llm.engine.has_unfinished
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_a_prompt_of_max_model_len_gets_no_drafts(impl):
+    """Speculative decoding's draft cap for a prompt of exactly max_model_len
+    (max_model_len - num_tokens - 1 = -1) is 0, never negative: with a budget of 31 its last
+    prompt token runs alone, the step the drafter asks about it. It still gets its one token."""
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = make_llm(impl, max_model_len=32, num_blocks=8, max_num_batched_tokens=31, speculative_config=config)
+    spec, limits = llm.engine.spec, []
+    limit = spec._limit
+    spec._limit = lambda r: limits.append(limit(r)) or limits[-1]
+    (out,) = llm.generate({"prompt_token_ids": [5, 6] * 16}, GREEDY, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 1 and out.outputs[0].finish_reason == "length"
+    assert limits == [0]
+    assert spec.stats.num_draft_tokens == 0
 
 
 def test_request_over_the_pool_is_refused(impl):

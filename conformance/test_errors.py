@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from enginespec.conformance.invariants import Harness, snapshot
+from enginespec.conformance.invariants import Harness, check_idle, snapshot
 from enginespec.conformance.rules import spec_rule
 from enginespec.conformance.strategies import (
     RequestSpec,
@@ -24,7 +24,7 @@ from enginespec.conformance.strategies import (
     scenarios,
     token_lists,
 )
-from enginespec.spec import SamplingParams, SchedulerConfig
+from enginespec.spec import SamplingParams, SchedulerConfig, Status
 
 
 def unchanged(h: Harness):
@@ -206,7 +206,9 @@ def test_request_that_can_never_fit(impl, scn, steps, over, data):
         bounds["max_num_batched_tokens"] = cfg.max_num_batched_tokens + 1
     name = data.draw(st.sampled_from(sorted(bounds)))
     total = bounds[name] + over
-    max_tokens = data.draw(st.integers(1, total - 1))
+    # a prompt of exactly max_model_len with max_tokens 1 is add's one exception (it may fit)
+    full = cfg.max_model_len is not None and total - 1 == cfg.max_model_len
+    max_tokens = data.draw(st.integers(2 if full else 1, total - 1))
     spec = RequestSpec(
         "never",
         tuple(data.draw(token_lists(total - max_tokens, total - max_tokens))),
@@ -238,6 +240,46 @@ def test_refusal_states_the_count_and_the_bound(impl, bound, value, config, num_
         sched.add(impl.new_request("r", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=5)))
     numbers = re.findall(r"\d+", str(refused.value))
     assert str(count) in numbers and str(value) in numbers, str(refused.value)
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+@pytest.mark.parametrize("chunked", [True, False])
+@spec_rule("add-refusals")
+def test_a_prompt_of_max_model_len_takes_one_token_in_a_pool_of_max_model_len(impl, block_size, chunked):
+    """add's one exception to prompt + max_tokens <= max_model_len (vLLM's): a prompt of exactly
+    max_model_len with max_tokens 1. Its token is sampled at the last prompt position and needs
+    no KV slot, so a pool of exactly max_model_len tokens holds it (and, chunked prefill off, a
+    budget of max_model_len); the max_model_len stop ends it after that token, and the pool is
+    idle again."""
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=chunked, max_model_len=8
+    )
+    h = Harness(impl, cfg, 8 // block_size, block_size)
+    params = SamplingParams(max_tokens=1, min_tokens=1, temperature=0.0, ignore_eos=True)
+    h.add(RequestSpec("full", tuple(range(1, 9)), params))
+    h.run_to_completion(max_steps=16)
+    r = h.all["full"]
+    assert r.status == Status.FINISHED_LENGTH and len(r.output_token_ids) == 1
+    check_idle(h.bm.state(), h.num_blocks)
+
+
+@pytest.mark.parametrize(
+    "num_prompt, max_tokens, num_blocks, bound",
+    [
+        (8, 2, 8, "max_model_len"),  # the exception is max_tokens 1 only (the engine fits it)
+        (9, 1, 16, "max_model_len"),  # a prompt over max_model_len
+        (8, 1, 7, "num_blocks"),  # the exception's prompt still needs all its slots
+    ],
+)
+@spec_rule("add-refusals")
+def test_around_a_prompt_of_max_model_len_add_refuses(impl, num_prompt, max_tokens, num_blocks, bound):
+    """The exception stays narrow: at the Scheduler a prompt of max_model_len with max_tokens 2
+    is refused (the engine fits it to 1 before add), so is a prompt of max_model_len + 1, and a
+    pool one slot short of the prompt; each naming its bound, nothing changed."""
+    cfg = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=8)
+    h = Harness(impl, cfg, num_blocks, 1)
+    spec = RequestSpec("r", (1,) * num_prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    add_refused(h, spec, bound)
 
 
 @pytest.mark.parametrize("field", ["max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"])

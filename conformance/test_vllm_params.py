@@ -192,8 +192,10 @@ def test_max_tokens_none_runs_up_to_max_model_len(impl):
     assert len(out.token_ids) == 64 - 5 and out.finish_reason == "length"
     out = _one(llm, greedy, prompt=range(4, 64))  # 60 tokens leave 4 outputs, under min_tokens
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    out = _one(llm, greedy, prompt=[5] * 64)  # exactly max_model_len: one token (vLLM's rule)
+    assert len(out.token_ids) == 1 and out.finish_reason == "length"
     with pytest.raises(ValueError, match="max_model_len"):
-        _one(llm, greedy, prompt=[5] * 64)
+        _one(llm, greedy, prompt=[5] * 65)
     assert not llm.engine.has_unfinished
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 

@@ -648,26 +648,27 @@ class EngineCore:
         """max_tokens (and min_tokens) within the room the prompt leaves under max_model_len, as
         vLLM's engine ends a request at max_model_len (finish_reason "length") instead of
         refusing it; None means all of that room. So the impl's request always satisfies
-        Scheduler.add's `prompt + max_tokens <= max_model_len`. A prompt that leaves no room
-        for one output token is refused. (The OpenAI server refuses an explicit max_tokens
-        that does not fit, as vLLM's and OpenAI's do: entrypoints/openai/serving.py.)"""
-        room = self.max_model_len - num_prompt
-        if room < 1:
-            raise ValueError(
-                f"prompt length ({num_prompt}) must be < max_model_len ({self.max_model_len}) to "
-                f"leave room for one output token"
-            )
+        Scheduler.add's `prompt + max_tokens <= max_model_len`, or its one exception: a prompt
+        of exactly max_model_len gets max_tokens 1 (and min_tokens at most 1), as vLLM's engine
+        samples one token at its last position (lm-evaluation-harness's log-likelihood requests
+        are such prompts). Only a prompt over max_model_len is refused. (The OpenAI server
+        refuses a prompt that leaves no room and an explicit max_tokens that does not fit, as
+        vLLM's and OpenAI's do: entrypoints/openai/serving.py.)"""
+        if num_prompt > self.max_model_len:
+            raise ValueError(f"prompt length ({num_prompt}) must be <= max_model_len ({self.max_model_len})")
+        room = max(self.max_model_len - num_prompt, 1)
         if params.max_tokens is not None and params.max_tokens <= room:
             return params
         return dataclasses.replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
     def _check_fits(self, num_prompt: int, max_tokens: int, asked: Optional[int] = None) -> None:
-        """Prompt + max_tokens (already within max_model_len) within the KV pool, or a
-        ValueError naming num_blocks. `asked` is the request's own max_tokens: where it was
-        None (or over the room) the message says the count came from max_model_len, so a user
-        who set no max_tokens is not told about one."""
+        """Prompt + max_tokens (already fitted to max_model_len) within the KV pool, or a
+        ValueError naming num_blocks. The count is capped at max_model_len, as Scheduler.add's:
+        the token a prompt of exactly max_model_len samples needs no KV slot. `asked` is the
+        request's own max_tokens: where it was None (or over the room) the message says the
+        count came from max_model_len, so a user who set no max_tokens is not told about one."""
         bs, num_blocks = self.args.block_size, self.runner.num_blocks
-        need = -(-(num_prompt + max_tokens) // bs)
+        need = -(-min(num_prompt + max_tokens, self.max_model_len) // bs)
         if need > num_blocks:
             room = f"{max_tokens} tokens max_model_len ({self.max_model_len}) leaves"
             shown = f"None: all {room}" if asked is None else f"{asked}, cut to the {room}"

@@ -68,9 +68,10 @@ class Scheduler(Protocol):
 
     def add(self, request: Request) -> None:
         """Queue a request. ValueError (and nothing changes) for a duplicate id, a prompt +
-        max_tokens over the pool or max_model_len, or a prompt over the budget with chunked
-        prefill off; the message names the bound and states its value and the request's count
-        (spec/SCHEDULING.md, Scheduler.add)."""
+        max_tokens over the pool or max_model_len (save a prompt of exactly max_model_len with
+        max_tokens 1, whose one token needs no KV slot: vLLM's rule), or a prompt over the
+        budget with chunked prefill off; the message names the bound and states its value and
+        the request's count (spec/SCHEDULING.md, Scheduler.add)."""
         ...
 
     def schedule(self) -> SchedulerOutput: ...

@@ -113,7 +113,7 @@ class SpecDecoder:
     # ---- proposing ----------------------------------------------------------------------------
 
     def _limit(self, r) -> int:
-        """Drafts r may take: accepting all of them and the bonus stays within its limits
+        """Drafts r may take, >= 0: accepting all of them and the bonus stays within its limits
         (num_output_tokens read as num_tokens - num_prompt_tokens: this runs per request per
         step)."""
         if r.status is not Status.RUNNING:
@@ -126,7 +126,9 @@ class SpecDecoder:
             return 0  # logprobs of drafts are not computed; a seeded row keeps its own draws
         if p.structured_outputs is not None:
             return 0  # the grammar masks one position at a time (structured_output.py)
-        return min(p.max_tokens - (num - r.num_prompt_tokens) - 1, self.max_model_len - num - 1)
+        # never negative: a prompt of exactly max_model_len (its one token at the last prompt
+        # position) leaves max_model_len - num - 1 = -1
+        return max(0, min(p.max_tokens - (num - r.num_prompt_tokens) - 1, self.max_model_len - num - 1))
 
     def clear(self) -> None:
         """Drop every draft proposed for the last step."""

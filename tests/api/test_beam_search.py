@@ -417,5 +417,9 @@ def test_beams_stop_at_max_model_len():
     )
     assert [len(s.tokens) for s in out[0].sequences] == [8, 8]
     assert {s.finish_reason for s in out[0].sequences} == {"length"}
+    # a prompt of exactly max_model_len gets one step (the engine samples one token at its last
+    # position, vLLM's rule); one over it is refused
+    full = small.beam_search([list(range(4, 12))], BeamSearchParams(beam_width=2, max_tokens=5))
+    assert [(len(s.tokens), s.finish_reason) for s in full[0].sequences] == [(9, "length")] * 2
     with pytest.raises(ValueError, match="max_model_len"):
-        small.beam_search([list(range(4, 12))], BeamSearchParams(beam_width=2, max_tokens=5))
+        small.beam_search([list(range(4, 13))], BeamSearchParams(beam_width=2, max_tokens=5))

@@ -156,7 +156,8 @@ def test_every_token_a_candidate(model_dir, oracle):
 
 def test_prompts_near_max_model_len(model_dir, oracle):
     """max_model_len 12: a prompt of 11 tokens gets one step, one of 9 three, a short one all
-    five, in one call; a prompt of 12 is a ValueError naming max_model_len."""
+    five, in one call; a prompt of 13 is a ValueError naming max_model_len (one of 12 gets one
+    step, vLLM's rule: test_beam_search.test_beams_stop_at_max_model_len)."""
     llm = LLM(model_dir, **ENGINE, max_model_len=12)
     prompts = [list(range(4, 15)), list(range(20, 29)), [5, 6]]
     params = BeamSearchParams(2, max_tokens=5, length_penalty=1.0)
@@ -167,7 +168,7 @@ def test_prompts_near_max_model_len(model_dir, oracle):
         check_sequences(out.sequences, want, prompt, params, tokenizer, oracle)
     assert [len(s.tokens) for s in outs[0].sequences if s.finish_reason == "length"] == [12, 12]
     with pytest.raises(ValueError, match="max_model_len"):
-        llm.beam_search([list(range(4, 16))], params)
+        llm.beam_search([list(range(4, 17))], params)
     assert not llm.engine.has_unfinished
 
 
