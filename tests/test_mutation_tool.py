@@ -103,3 +103,29 @@ def test_a_file_outside_the_control_plane_is_mutated_over_the_tests_named(mutati
     assert mutation._files("fast", ["impls/fast/scheduler.py", "impls/reference/scheduler.py"]) == [
         "impls/fast/scheduler.py"
     ]
+
+
+def test_functions_keep_only_the_sites_inside_the_named_functions(mutation, monkeypatch, tmp_path):
+    """`--functions checkpoint_files`: only that function's sites are drawn, each keeping its
+    index in the file (judge mutates the file's index-th site); a method is named `Class.f`; a
+    name the file does not define is a ValueError, never a run that silently draws nothing."""
+    spans = mutation.function_spans("engine/structured_output.py")
+    assert "GrammarState._watch" in spans and "fill_bitmask" in spans and "_watch" not in spans
+    every = mutation.mutants_of("worker/loader.py")
+    first, last = mutation.function_spans("worker/loader.py")["checkpoint_files"]
+    kept = mutation.in_functions(every, ["checkpoint_files"])
+    assert kept and kept == [m for m in every if first <= m.line <= last]
+    assert len(kept) < len(every) and all(every[m.index] == m for m in kept)
+    assert mutation.in_functions(every, None) == every
+    with pytest.raises(ValueError, match="no_such_function"):
+        mutation.in_functions(every, ["checkpoint_files", "no_such_function"])
+    monkeypatch.setattr(
+        mutation,
+        "run_suite",
+        lambda impl, env, timeout: "survived" if env["MUTANT_MODULE"] == "-" else "killed",
+    )
+    out = tmp_path / "r.json"
+    argv = ["--impls", "fast", "--files", "worker/loader.py", "--sample", "0", "--jobs", "1"]
+    assert mutation.main([*argv, "--functions", "checkpoint_files", "--json", str(out), "--tests", "x"]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["index"], r["line"]) for r in results] == [(m.index, m.line) for m in kept]

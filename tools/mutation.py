@@ -13,6 +13,8 @@ judged by hand (killed or argued equivalent).
     python tools/mutation.py --files impls/fast/free_queue.py --sample 0   # every mutant of one file
     python tools/mutation.py --impls fast --files spec/stops.py --sample 0 \
         --tests conformance/test_scheduler.py tests/engine/test_detokenizer.py   # any file, its own tests
+    python tools/mutation.py --impls fast --files worker/loader.py --sample 0 \
+        --functions checkpoint_files --tests tests/worker/test_loader.py   # some functions of it
 
 A file outside the control plane (TARGETS) is mutated when --files names it, under each impl of
 --impls; --tests then names the tests that reach it (they replace the conformance subset and the
@@ -150,6 +152,40 @@ def mutants_of(path: str) -> list[Mutant]:
     return [Mutant(path, i, line, what) for i, (line, what) in enumerate(m.sites)]
 
 
+def function_spans(path: str) -> dict[str, tuple[int, int]]:
+    """{qualified name: (first line, last line)} of every function in `path`: `f` for a module
+    function, `Class.f` for a method (nested ones as `outer.inner`), decorators included."""
+    spans: dict[str, tuple[int, int]] = {}
+
+    def walk(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    spans[name] = (first, child.end_lineno)
+                walk(child, f"{name}.")
+
+    walk(ast.parse((REPO / path).read_text()), "")
+    return spans
+
+
+def in_functions(mutants: list[Mutant], names) -> list[Mutant]:
+    """The mutants whose line lies in one of the functions `names` (each `f` or `Class.f`, as
+    function_spans names them) of their file; all of them when `names` is empty. ValueError
+    for a name no mutated file defines (a typo would otherwise silently draw nothing). Indices
+    are kept: a mutant is still its file's `index`-th site."""
+    if not names:
+        return mutants
+    spans = {}
+    for path in sorted({m.path for m in mutants}):
+        spans[path] = {n: s for n, s in function_spans(path).items() if n in names}
+    found = {n for per_file in spans.values() for n in per_file}
+    if set(names) - found:
+        raise ValueError(f"--functions: no function {sorted(set(names) - found)} in {sorted(spans)}")
+    return [m for m in mutants if any(a <= m.line <= b for a, b in spans[m.path].values())]
+
+
 def mutated_source(mutant: Mutant) -> str | None:
     tree = ast.parse((REPO / mutant.path).read_text())
     tree = ast.fix_missing_locations(Mutator(mutant.index).visit(tree))
@@ -281,6 +317,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--json", help="write every result here")
     ap.add_argument("--rejudge", help="re-run only the survivors recorded in this --json file")
+    ap.add_argument(
+        "--functions",
+        nargs="*",
+        help="only the mutation sites inside these functions of --files (f or Class.f)",
+    )
     ap.add_argument("--profile", default="enginespec-ci", help="Hypothesis profile of the suite runs")
     ap.add_argument(
         "--tests",
@@ -301,7 +342,7 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         for impl in args.impls:
-            pool_ = [m for f in _files(impl, args.files) for m in mutants_of(f)]
+            pool_ = in_functions([m for f in _files(impl, args.files) for m in mutants_of(f)], args.functions)
             chosen = pool_ if not args.sample or args.sample >= len(pool_) else rng.sample(pool_, args.sample)
             if args.rejudge:
                 old = json.loads(Path(args.rejudge).read_text())["results"]
