@@ -165,6 +165,49 @@ def test_an_end_tag_whose_ids_change_with_its_neighbours_has_no_marker():
     assert end_token_ids(_MergingTokenizer()) is None
 
 
+class _BosTokenizer:
+    """The tiny model's tokenizer adding a BOS (<s>, id 2) whenever special tokens are asked
+    for, as Llama's and DeepSeek-R1-Distill's tokenizers do by default."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.inner.encode(text, add_special_tokens=False)
+        return [self.inner.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids) -> str:
+        return self.inner.decode(ids)
+
+
+def test_a_tokenizer_that_adds_a_bos_still_has_the_tag_s_own_ids_as_marker():
+    """The marker is the tag's ids without the BOS a Llama-like tokenizer adds (encoded with
+    special tokens, `<s></think>` decodes to no end tag and there was no marker at all)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = _BosTokenizer(AutoTokenizer.from_pretrained(str(reasoning_model_dir())))
+    assert tokenizer.encode(END) == [tokenizer.inner.bos_token_id, THINK_END_ID]  # the premise
+    assert end_token_ids(tokenizer) == (THINK_END_ID,)
+
+
+class _UnknownSlashTokenizer:
+    """A character-level stub with no `/` in its vocabulary: it writes `/` as <unk> (id 0),
+    which decodes to `?`. Its ids for `</think>` are the same in every context."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0 if c == "/" else ord(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join("?" if t == 0 else chr(t) for t in ids)
+
+
+def test_an_end_tag_whose_ids_do_not_decode_back_to_it_has_no_marker():
+    """Ids that decode to another text (`<?think>`) are no marker: the split looks for the tag's
+    text, so a grammar started on those ids would start where the split sees no end."""
+    assert _UnknownSlashTokenizer().decode(_UnknownSlashTokenizer().encode(END)) == "<?think>"
+    assert end_token_ids(_UnknownSlashTokenizer()) is None
+
+
 @pytest.mark.parametrize("ids", [[-1], [], [VOCAB_SIZE]])
 def test_a_bad_start_marker_from_the_client_is_a_400(engine, ids):
     from enginespec.entrypoints.openai.errors import APIError
