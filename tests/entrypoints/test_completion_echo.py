@@ -263,3 +263,33 @@ def test_an_echo_stream_choice_with_news_before_the_prompt_s_logprobs_waits_for_
         assert choice["text"].startswith("p")
     full = {c["index"]: c for c in _full_body(ctx, call)["choices"]}
     assert firsts[1]["logprobs"] == full[1]["logprobs"] and firsts[1]["text"] == full[1]["text"] == "pxx"
+
+
+def test_an_echo_choice_of_an_output_without_prompt_logprobs_leads_with_null_entries():
+    """A finished output that carries no prompt logprobs (an aborted request's: its prompt never
+    ran in full) is not waited on: each choice goes out at once, its prompt's tokens with null
+    logprobs, in the stream's first chunk as in the full body (_prompt_entries: one None a
+    prompt token, never an error)."""
+    from enginespec.entrypoints.openai.serving import ServerContext, _Call, _full_body, _stream
+    from tests.entrypoints.client_helpers import ScriptedGeneration
+
+    body = CompletionRequest(prompt="p", n=2, stream=True, echo=True, logprobs=0, max_tokens=2)
+    call = _Call("completion", "id-1", "m", body, [("p", [1, 2])], ())
+    call.index_of["r"] = 0
+    ctx = ServerContext(None, None, ["m"], 64)
+
+    async def frames():
+        return [
+            f async for f in _stream(ctx, call, ScriptedGeneration([_scripted([[5], [7, 8]], None, True)]))
+        ]
+
+    chunks = [json.loads(f[len("data: ") :]) for f in asyncio.run(frames())[:-1]]
+    assert [c["index"] for chunk in chunks for c in chunk["choices"]] == [0, 1], chunks  # one chunk each
+    choices = {c["index"]: c for chunk in chunks for c in chunk["choices"]}
+    assert choices[0]["logprobs"]["token_logprobs"] == [None, None, -1.0]
+    assert choices[1]["logprobs"]["token_logprobs"] == [None, None, -1.0, -1.0]
+    assert choices[1]["logprobs"]["top_logprobs"][:2] == [None, None]
+    full = {c["index"]: c for c in _full_body(ctx, call)["choices"]}
+    for index in (0, 1):
+        assert choices[index]["logprobs"] == full[index]["logprobs"], index
+        assert choices[index]["text"] == full[index]["text"] == "p" + "x" * (index + 1)
