@@ -129,3 +129,16 @@ def test_functions_keep_only_the_sites_inside_the_named_functions(mutation, monk
     assert mutation.main([*argv, "--functions", "checkpoint_files", "--json", str(out), "--tests", "x"]) == 0
     results = json.loads(out.read_text())["results"]
     assert [(r["index"], r["line"]) for r in results] == [(m.index, m.line) for m in kept]
+
+
+def test_a_mutant_is_served_under_the_files_installed_import_name(mutation):
+    """api/ is the root package's folder (pyproject's package-dir): api/metrics_reader.py is
+    enginespec.metrics_reader. The hook served it as enginespec.api.metrics_reader, a module
+    nobody imports, so every mutant of an api/ file came back 'never imported'."""
+    assert mutation.module_name("api/metrics_reader.py") == "enginespec.metrics_reader"
+    assert mutation.module_name("api/__init__.py") == "enginespec"
+    assert mutation.module_name("impls/fast/scheduler.py") == "enginespec.impls.fast.scheduler"
+    assert mutation.module_name("impls/reference/__init__.py") == "enginespec.impls.reference"
+    assert mutation.module_name("entrypoints/openai/serving.py") == "enginespec.entrypoints.openai.serving"
+    with pytest.raises(ValueError, match="tools/mutation.py"):
+        mutation.module_name("tools/mutation.py")

@@ -198,9 +198,23 @@ def mutated_source(mutant: Mutant) -> str | None:
 
 
 def module_name(path: str) -> str:
-    parts = Path(path).with_suffix("").parts  # impls/fast/x -> enginespec.impls.fast.x
-    name = ".".join(("enginespec", *parts))
-    return name.removesuffix(".__init__")
+    """The import name of a repo file, by pyproject.toml's package-dir table (impls/fast/x.py ->
+    enginespec.impls.fast.x; api/x.py -> enginespec.x: api/ is the root package's folder)."""
+    parts = Path(path).with_suffix("").parts
+    folders = {tuple(Path(folder).parts): name for name, folder in _package_dirs().items()}
+    root = max((f for f in folders if parts[: len(f)] == f), key=len, default=None)
+    if root is None:
+        raise ValueError(f"{path} is in no package folder of pyproject.toml: {sorted(folders)}")
+    return ".".join((folders[root], *parts[len(root) :])).removesuffix(".__init__")
+
+
+@functools.lru_cache(maxsize=1)
+def _package_dirs() -> dict[str, str]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 
 
 BOOT = """
