@@ -63,6 +63,17 @@ def test_get_metrics_gives_the_spec_decode_counters_as_vllms_example_reads_them(
     assert llm.llm_engine.get_metrics() == llm.get_metrics()
 
 
+def test_get_metrics_before_any_draft_has_a_zero_for_every_draft_position():
+    """vLLM's per-position counters all exist from the start: before any step the Vector has
+    num_speculative_tokens zeros (the engine's own list is empty until drafts come), and the
+    example's loop reads zeros throughout."""
+    llm = _llm(speculative_config=NGRAM)
+    assert llm.engine.stats.spec_decode.accepted_per_pos == []  # the premise: nothing to copy
+    (vector,) = [m for m in llm.get_metrics() if isinstance(m, Vector)]
+    assert vector.values == [0] * K
+    assert _spec_figures(llm.get_metrics()) == (0, 0, 0, [0] * K)
+
+
 def test_get_metrics_without_speculation_has_the_engine_gauges_and_counters():
     llm = _llm()
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
