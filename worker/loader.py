@@ -189,6 +189,20 @@ def model_class(arch: str, config, config_path: Path):
     )
 
 
+def _weight_map(index: Path) -> dict:
+    """The index's weight_map (tensor name -> shard file name): a CheckpointError naming the
+    index unless it is a non-empty object of strings (a number or null for a shard's name was a
+    bare TypeError from the path join, an index that is no JSON object an AttributeError)."""
+    body = _read_json(index)
+    weight_map = body.get("weight_map") if isinstance(body, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no weight_map (a non-empty object of tensor name -> shard file)")
+    bad = [v for v in weight_map.values() if not isinstance(v, str)]
+    if bad:
+        raise CheckpointError(f"{index}: weight_map's shard file names must be strings, got {bad[0]!r}")
+    return weight_map
+
+
 def checkpoint_files(path) -> list[Path]:
     """The safetensors files of a checkpoint: the shards named by the index when there is one,
     else model.safetensors when there is one (transformers' rule: other safetensors files beside
@@ -197,10 +211,7 @@ def checkpoint_files(path) -> list[Path]:
     root = check_checkpoint_dir(path)
     index = root / INDEX_FILE
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index}: no weight_map")
-        files = [root / name for name in sorted(set(weight_map.values()))]
+        files = [root / name for name in sorted(set(_weight_map(index).values()))]
         for file in files:
             if not file.is_file():
                 raise CheckpointNotFound(f"shard {file.name} listed in {index} is missing")

@@ -107,6 +107,29 @@ def test_sharded_checkpoint(tmp_path):
         build_model(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"weight_map": {}},
+        {"weight_map": ["model.safetensors"]},
+        {},
+        {"weight_map": {"a": 5}},
+        {"weight_map": {"a": "model.safetensors", "b": None}},
+        ["model.safetensors"],
+    ],
+    ids=["empty", "a-list", "missing", "a-number-for-a-shard", "a-null-for-a-shard", "no-object"],
+)
+def test_an_index_without_a_usable_weight_map_is_refused_naming_it(tmp_path, body):
+    """A model.safetensors.index.json whose weight_map is not a non-empty object of shard file
+    names is a CheckpointError naming the index and weight_map, never another exception (a
+    number for a shard was a TypeError from the path join; an index that is a JSON list an
+    AttributeError) nor a checkpoint of no files."""
+    path = _copy("qwen3", tmp_path)
+    (path / "model.safetensors.index.json").write_text(json.dumps(body))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: .*weight_map"):
+        checkpoint_files(path)
+
+
 def test_missing_directory_never_downloads():
     with pytest.raises(CheckpointNotFound, match="does not exist") as info:
         build_model("Qwen/Qwen3-0.6B")
