@@ -58,10 +58,16 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
 
 
 def _read_json(path: Path) -> dict:
+    """The JSON object in `path` (config.json, the shard index): a CheckpointError naming the
+    file when it cannot be read, is no JSON, or holds no object (a list or a string made every
+    reader's .get an AttributeError naming neither file nor field)."""
     try:
-        return json.loads(path.read_text())
+        body = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path}: {e}") from e
+    if not isinstance(body, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, got {type(body).__name__}")
+    return body
 
 
 def _local_dir(path, what: str, holds: str) -> Path:
@@ -192,9 +198,8 @@ def model_class(arch: str, config, config_path: Path):
 def _weight_map(index: Path) -> dict:
     """The index's weight_map (tensor name -> shard file name): a CheckpointError naming the
     index unless it is a non-empty object of strings (a number or null for a shard's name was a
-    bare TypeError from the path join, an index that is no JSON object an AttributeError)."""
-    body = _read_json(index)
-    weight_map = body.get("weight_map") if isinstance(body, dict) else None
+    bare TypeError from the path join)."""
+    weight_map = _read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: no weight_map (a non-empty object of tensor name -> shard file)")
     bad = [v for v in weight_map.values() if not isinstance(v, str)]

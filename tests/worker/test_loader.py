@@ -126,8 +126,19 @@ def test_an_index_without_a_usable_weight_map_is_refused_naming_it(tmp_path, bod
     AttributeError) nor a checkpoint of no files."""
     path = _copy("qwen3", tmp_path)
     (path / "model.safetensors.index.json").write_text(json.dumps(body))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: .*weight_map"):
+    match = r"model\.safetensors\.index\.json: .*(weight_map|JSON object)"
+    with pytest.raises(CheckpointError, match=match):
         checkpoint_files(path)
+
+
+@pytest.mark.parametrize("text", ["[1]", '"qwen3"', "null"])
+def test_a_config_json_holding_no_object_is_refused_naming_it(tmp_path, text):
+    """config.json that is JSON but no object: a CheckpointError naming config.json (it was an
+    AttributeError, 'list' object has no attribute 'get')."""
+    path = _copy("qwen3", tmp_path)
+    (path / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=r"config\.json: must hold a JSON object"):
+        build_model(path)
 
 
 def test_missing_directory_never_downloads():
