@@ -107,6 +107,8 @@ POINTS = (
             f"{_ERR}test_empty_prompt",
             f"{_ERR}test_bad_prompt_token",
             f"{_ERR}test_refusal_states_the_count_and_the_bound",
+            f"{_ERR}test_a_prompt_of_max_model_len_takes_one_token_in_a_pool_of_max_model_len",
+            f"{_ERR}test_around_a_prompt_of_max_model_len_add_refuses",
             "conformance/test_strategies.py::test_limits_match_add",
         ),
     ),
