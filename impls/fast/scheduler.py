@@ -20,6 +20,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from enginespec.spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
+from enginespec.spec.admission import check_add
 
 if TYPE_CHECKING:
     from enginespec.impls.fast.request import FastRequest
@@ -80,30 +81,9 @@ class FastScheduler:
         token is sampled at the last prompt position and needs no KV slot, and the
         max_model_len stop ends it (its _out_limit is 0: any output finishes it)."""
         cfg, bm = self.config, self.block_manager
-        total = request.num_prompt_tokens + request.params.max_tokens
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
-        slots = total  # tokens that need a KV slot (spec/SCHEDULING.md, Scheduler.add)
-        if cfg.max_model_len is not None:
-            full = request.num_prompt_tokens == cfg.max_model_len and request.params.max_tokens == 1
-            if total > cfg.max_model_len and not full:
-                raise ValueError(
-                    f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
-                    f"= {total} exceeds max_model_len ({cfg.max_model_len}) (a prompt of exactly "
-                    f"max_model_len takes max_tokens 1)"
-                )
-            slots = min(total, cfg.max_model_len)  # the token sampled at max_model_len gets none
-        num_blocks = -(-slots // bm.block_size)
-        if num_blocks > bm.num_blocks:
-            raise ValueError(
-                f"prompt + max_tokens = {total} tokens ({slots} with a KV slot) needs "
-                f"{num_blocks} blocks, over num_blocks ({bm.num_blocks})"
-            )
-        if not cfg.enable_chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
-            raise ValueError(
-                f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
-                f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})"
-            )
+        check_add(request.num_prompt_tokens, request.params.max_tokens, cfg, bm.block_size, bm.num_blocks)
         seq = self._num_added
         self._num_added += 1
         if self._priority:

@@ -19,6 +19,7 @@ from enginespec.spec import (
     UpdateOutput,
     stop_after_token,
 )
+from enginespec.spec.admission import check_add
 
 
 class Scheduler:
@@ -68,29 +69,9 @@ class Scheduler:
         max_model_len stop ends it."""
         cfg, bm = self.config, self.block_manager
         assert request.params.max_tokens is not None  # a Request's is an int (check_request_args)
-        total = request.num_prompt_tokens + request.params.max_tokens
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
-        slots = total  # tokens that need a KV slot (spec/SCHEDULING.md, Scheduler.add)
-        if cfg.max_model_len is not None:
-            full = request.num_prompt_tokens == cfg.max_model_len and request.params.max_tokens == 1
-            if total > cfg.max_model_len and not full:
-                raise ValueError(
-                    f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.params.max_tokens}) "
-                    f"= {total} exceeds max_model_len ({cfg.max_model_len}) (a prompt of exactly "
-                    f"max_model_len takes max_tokens 1)"
-                )
-            slots = min(total, cfg.max_model_len)  # the token sampled at max_model_len gets none
-        if cdiv(slots, bm.block_size) > bm.num_blocks:
-            raise ValueError(
-                f"prompt + max_tokens = {total} tokens ({slots} with a KV slot) needs "
-                f"{cdiv(slots, bm.block_size)} blocks, over num_blocks ({bm.num_blocks})"
-            )
-        if not cfg.enable_chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
-            raise ValueError(
-                f"with chunked prefill off, prompt + max_tokens - 1 = {total - 1} must be "
-                f"<= max_num_batched_tokens ({cfg.max_num_batched_tokens})"
-            )
+        check_add(request.num_prompt_tokens, request.params.max_tokens, cfg, bm.block_size, bm.num_blocks)
         seq = self._num_added
         self._num_added += 1
         if cfg.policy == "priority":
