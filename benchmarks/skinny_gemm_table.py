@@ -50,13 +50,30 @@ def projection_shapes(shape: str) -> dict[str, tuple[int, int]]:
 
 # The variants each projection runs in the fused decoder layer (worker/skinny_linear.py), beside
 # the plain GEMM: q|k|v after the input norm, o and down with the residual add, gate|up with
-# SiLU * up (alone, and after the post-attention norm).
+# SiLU * up (alone, and after the post-attention norm); with the norms folded (the engine's
+# default on CUDA), q|k|v and gate|up with the row scale in place of the norm.
 FUSED_VARIANTS = {
-    "qkv": ("norm",),
+    "qkv": ("norm", "rscale"),
     "o": ("residual",),
-    "gate_up": ("silu", "norm_silu"),
+    "gate_up": ("silu", "norm_silu", "rscale_silu"),
     "down": ("residual",),
 }
+# A decoder layer's four fused calls, unfolded and folded: the per-step lines sum each.
+LAYER_CALLS = {
+    "the fused layer calls": ("qkv (norm)", "o (residual)", "gate_up (norm_silu)", "down (residual)"),
+    "folded": ("qkv (rscale)", "o (residual)", "gate_up (rscale_silu)", "down (residual)"),
+}
+
+
+def variant_calls(layers: list[dict], variant: str) -> list[dict]:
+    """One tuning call a layer for `variant`: the norm variants with each layer's norm, the
+    row-scale ones with a unit norm (what a folded layer holds: its norm's weight is in the
+    GEMM's), the others the weight alone."""
+    if variant.startswith("norm"):
+        return layers
+    if variant.startswith("rscale"):
+        return [dict(a, norm_weight=torch.ones_like(a["norm_weight"]), row_scale=True) for a in layers]
+    return [{"weight": a["weight"], "bias": None} for a in layers]
 
 
 def run(args) -> dict:
@@ -82,12 +99,7 @@ def run(args) -> dict:
         ]
         key = (n, k, torch.bfloat16, False)
         for variant in [v for v in VARIANTS if v == "plain" or v in FUSED_VARIANTS[name]]:
-            calls = (
-                layers
-                if variant.startswith("norm")
-                else [{"weight": a["weight"], "bias": None} for a in layers]
-            )
-            table.tune({key: calls}, variant, buckets=rows)
+            table.tune({key: variant_calls(layers, variant)}, variant, buckets=rows)
         names[(n, k)] = name
         del layers
         torch.cuda.empty_cache()
@@ -111,16 +123,20 @@ def markdown(out: dict) -> str:
             f"| {r['choice']} | {r['weight_us']:.2f} |"
         )
     layers = out["num_layers"]
-    fused = ("qkv (norm)", "o (residual)", "gate_up (norm_silu)", "down (residual)")
     for rows in sorted({r["rows"] for r in out["rows"]}):
         plain = [r for r in out["rows"] if r["rows"] == rows and r["variant"] == "plain"]
-        layer = [r for r in out["rows"] if r["rows"] == rows and r["proj"] in fused]
-        lines.append(
+        line = (
             f"\nrows {rows}: the four GEMMs {layers * sum(r['baseline_us'] for r in plain) / 1e3:.3f} ms a step "
-            f"with cuBLAS -> {layers * sum(r['us'] for r in plain) / 1e3:.3f} ms chosen; the fused layer calls "
-            f"{layers * sum(r['us'] for r in layer) / 1e3:.3f} ms against "
-            f"{layers * sum(r['baseline_us'] for r in layer) / 1e3:.3f} ms as separate kernels"
+            f"with cuBLAS -> {layers * sum(r['us'] for r in plain) / 1e3:.3f} ms chosen"
         )
+        for name, calls in LAYER_CALLS.items():
+            layer = [r for r in out["rows"] if r["rows"] == rows and r["proj"] in calls]
+            if layer:
+                line += (
+                    f"; {name} {layers * sum(r['us'] for r in layer) / 1e3:.3f} ms against "
+                    f"{layers * sum(r['baseline_us'] for r in layer) / 1e3:.3f} ms as separate kernels"
+                )
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -157,7 +157,9 @@ def print_top(path: str, num: int = 14) -> None:
         )
 
 
-def print_choices(path: str, variants: tuple[str, ...] = ("norm", "norm_silu")) -> None:
+def print_choices(
+    path: str, variants: tuple[str, ...] = ("norm", "norm_silu", "rscale", "rscale_silu")
+) -> None:
     """Print a saved sweep JSON's skinny GEMM picks of `variants` (the fused norms by default):
     per (rows, N, K, variant) the kind kept (gemv, tiled, or the baseline: separate launches),
     its time and the baseline's, us."""

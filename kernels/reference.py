@@ -256,6 +256,17 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return out.to(x.dtype)
 
 
+def row_scaled_linear_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T times each row's folded-RMSNorm scale 1 / sqrt(mean(x_row^2) +
+    eps) -> [M, N] in x's dtype: products, sums and the scale in float32 (float64 for float64),
+    rounded once (skinny_gemm's row_scale). Equals linear_ref(rms_norm_ref(x, g, eps), W) for a
+    weight with g folded in, up to where the roundings fall."""
+    ct = _compute_dtype(x.dtype)
+    xs = x.to(ct)
+    r = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)
+    return ((xs @ weight.to(ct).T) * r).to(x.dtype)
+
+
 def silu_mul_ref(
     gate_up: torch.Tensor, row_source: Optional[torch.Tensor] = None, row_eps: float = 0.0
 ) -> torch.Tensor:

@@ -134,6 +134,31 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
+def _row_scaled(
+    acc,
+    acc_up,
+    x_rows,
+    mask_m,
+    K,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW_K: tl.constexpr,
+    USE_ROW_SCALE: tl.constexpr,
+    USE_SILU_MUL: tl.constexpr,
+):
+    """USE_ROW_SCALE (a folded RMSNorm): acc [BLOCK_M, BLOCK_N] (and acc_up) times each x row's
+    scale 1 / sqrt(mean(x^2) + eps) (float32; x rows [BLOCK_M, 1] read again, a few KiB from L1
+    or L2); else both as they are."""
+    if USE_ROW_SCALE:
+        r = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K)[:, None]  # [BLOCK_M, 1]
+        acc = acc * r
+        if USE_SILU_MUL:
+            acc_up = acc_up * r
+    return acc, acc_up
+
+
+@triton.jit
 def _normed(x, rstd, norm_ptr, kk, mask_k):
     """x [BM, BK] -> the RMSNorm module's output on these columns (_normed_by), the norm's
     weight read here."""
@@ -215,13 +240,16 @@ def _skinny_gemm_kernel(
     USE_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    ROW_K: tl.constexpr = 0,  # USE_NORM: _row_rstd's one-load width (0: its K loop)
+    ROW_K: tl.constexpr = 0,  # USE_NORM / USE_ROW_SCALE: _row_rstd's one-load width (0: its K loop)
+    USE_ROW_SCALE: tl.constexpr = False,  # a folded RMSNorm: the result times each x row's scale
 ):
     """USE_PDL (launched with launch_pdl): the slice's first weight tile (gate and up tiles with
     USE_SILU_MUL) is loaded before waiting for the previous kernel in the stream (gdc_wait);
     x, the norm's statistics, the rest of the slice, the partials, the counters and the residual
     after. With the most K splits (a slice of one BLOCK_K step) the whole weight is in flight
-    before the wait, as in the one-tile kernel."""
+    before the wait, as in the one-tile kernel. USE_ROW_SCALE: x rows are not normed; the
+    epilogue (the last-arriving program's, with split K) multiplies each row's float32 result by
+    its RMS scale, read from the x rows after the K loop: nothing before a dot waits for it."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -278,10 +306,14 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
+            acc, acc_up = _row_scaled(acc, acc_up, x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K,
+                                      USE_ROW_SCALE, USE_SILU_MUL)  # fmt: skip
             res = _residual(res_ptrs, mask, USE_RESIDUAL)
             _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
+        acc, acc_up = _row_scaled(acc, acc_up, x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K,
+                                  USE_ROW_SCALE, USE_SILU_MUL)  # fmt: skip
         res = _residual(res_ptrs, mask, USE_RESIDUAL)
         _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
@@ -311,6 +343,7 @@ def _gemv_kernel(
     USE_NORM: tl.constexpr,
     USE_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    USE_ROW_SCALE: tl.constexpr = False,  # a folded RMSNorm: the result times each x row's scale
 ):
     """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
     one load issued before anything else (no K loop, nothing to wait for first). After the
@@ -327,7 +360,10 @@ def _gemv_kernel(
     launch_pdl): the weight loads are issued before waiting for the previous kernel in the
     stream (gdc_wait), as is the read of the norm's weight (a parameter: no kernel writes it);
     every read of what an earlier kernel wrote (x, the norm's input, the residual) and every
-    store come after it; the next kernel may launch at once."""
+    store come after it; the next kernel may launch at once. USE_ROW_SCALE: the x rows are not
+    normed; every row's RMS scale comes from the rows already in registers (one reduction for
+    all of them) and multiplies that row's float32 results just before they are stored, so no
+    dot waits for it."""
     pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -357,6 +393,10 @@ def _gemv_kernel(
     if USE_NORM and BLOCK_M > 1:  # every row's statistics in one reduction, not one a row
         xa = x_all.to(tl.float32)
         x_all = _normed_by(x_all, _rstd(tl.sum(xa * xa, axis=1), K, eps), norm_w)  # [BM, BK]
+    scales = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_ROW_SCALE:
+        xs = x_all.to(tl.float32)
+        scales = _rstd(tl.sum(xs * xs, axis=1), K, eps)  # [BM]
     for m in tl.static_range(BLOCK_M):  # one x row at a time against the tile held in registers
         row_ok = (tl.zeros([1], dtype=tl.int32) + m) < M  # [1]
         # row m of x_all (a sum over one nonzero: exact)
@@ -374,6 +414,10 @@ def _gemv_kernel(
         acc_up = acc
         if USE_SILU_MUL:
             acc_up = tl.sum(w_up.to(tl.float32) * xf, axis=1, keep_dims=True)
+        if USE_ROW_SCALE:  # row m's scale (a sum over one nonzero: exact)
+            r = tl.sum(tl.where(rm == m, scales, 0.0), axis=0)
+            acc = acc * r
+            acc_up = acc_up * r
         _store_out(out_ptr + m * stride_om + cols, bias_ptr, acc, acc_up, res, cols, N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
 
@@ -499,7 +543,14 @@ def _check(
         raise ValueError(f"skinny_linear: {kind} takes at most {config.max_rows} rows, got {x.shape[0]}")
 
 
-def _check_fusions(x, out_cols: int, norm_weight, eps: float, residual, silu_mul: bool) -> None:
+def _check_fusions(
+    x, out_cols: int, norm_weight, eps: float, residual, silu_mul: bool, row_scale=False, bias=None
+) -> None:
+    if row_scale and (norm_weight is not None or residual is not None or bias is not None or eps <= 0):
+        raise ValueError(
+            "skinny_linear: row_scale needs eps > 0 and takes no norm_weight, residual or bias "
+            f"(a folded norm's GEMM has none), got eps {eps}"
+        )
     if norm_weight is not None and (norm_weight.shape != (x.shape[1],) or eps <= 0):
         raise ValueError(
             f"skinny_linear: norm_weight must be [{x.shape[1]}] with eps > 0, got {tuple(norm_weight.shape)}, {eps}"
@@ -529,11 +580,15 @@ def skinny_linear(
     eps: float = 0.0,
     residual: Optional[torch.Tensor] = None,
     compile_only: bool = False,
+    row_scale: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation.
     What else runs in the same launch:
     - norm_weight [K], eps: x rows are RMS-normed first (the decoder's input/post-attention
       RMSNorm: float32 statistics, rounded, times the weight, rounded: kernels.reference.rms_norm_ref);
+    - row_scale, eps (a norm folded into weight: worker/merged_decoder.py's fold_norms): each
+      row's float32 result times 1 / sqrt(mean(x_row^2) + eps) before the rest of the epilogue
+      (kernels.reference.row_scaled_linear_ref); no norm_weight, residual or bias with it;
     - silu_mul: weight is gate|up [2 I, K] and the result is silu(gate) * up, [M, I];
     - residual [M, N]: the result plus residual (the decoder's `hidden + o_proj(...)`).
     `buffers`: the split-K scratch (a fresh one per call when None: fine for tests, not for a
@@ -543,12 +598,14 @@ def skinny_linear(
     _check(x, weight, bias, config, silu_mul)
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    _check_fusions(x, n, norm_weight, eps, residual, silu_mul)
+    _check_fusions(x, n, norm_weight, eps, residual, silu_mul, row_scale, bias)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     if config.gemv:
-        _launch_gemv(out, x, weight, bias, config, silu_mul, norm_weight, eps, residual, compile_only)
+        _launch_gemv(
+            out, x, weight, bias, config, silu_mul, norm_weight, eps, residual, compile_only, row_scale
+        )
         return out
     tiles, splits, k_per_split = launch_grid(config, n, k)
     part = counts = out  # unused pointers when there is one split
@@ -587,7 +644,8 @@ def skinny_linear(
         USE_RESIDUAL=residual is not None,
         DOT_FP32=x.dtype == torch.float32 or interpreting(),
         USE_PDL=pdl,
-        ROW_K=row_k(k, config.block_m(m)) if norm_weight is not None else 0,
+        ROW_K=row_k(k, config.block_m(m)) if norm_weight is not None or row_scale else 0,
+        USE_ROW_SCALE=row_scale,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
@@ -597,7 +655,17 @@ def skinny_linear(
 
 
 def _launch_gemv(
-    out, x, weight, bias, config: SkinnyConfig, silu_mul, norm_weight, eps, residual, compile_only
+    out,
+    x,
+    weight,
+    bias,
+    config: SkinnyConfig,
+    silu_mul,
+    norm_weight,
+    eps,
+    residual,
+    compile_only,
+    row_scale=False,
 ):
     """skinny_linear's launch of the one-tile kernel (checked there: K <= block_k)."""
     (m, k), n = x.shape, out.shape[1]
@@ -627,6 +695,7 @@ def _launch_gemv(
         USE_NORM=norm_weight is not None,
         USE_RESIDUAL=residual is not None,
         USE_PDL=pdl,
+        USE_ROW_SCALE=row_scale,
         num_warps=config.num_warps,
         num_stages=1,
         **launch_options(pdl),

@@ -61,6 +61,9 @@ MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # "0": never fold the norms into the projections; "1": fold wherever possible, the CPU included;
 # unset: fold on CUDA (MergedDecoder.fold_norms).
 FOLD_NORMS_ENV = "ENGINESPEC_FOLD_NORMS"
+# "0": folded layers' fused calls still RMS-norm x with the unit weight (the "norm" variants, as
+# before the row-scale variants); unset or "1": they take the "rscale" variants (fused_calls).
+ROW_SCALE_ENV = "ENGINESPEC_ROW_SCALE"
 
 
 def merge_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -230,11 +233,15 @@ class MergedLayer(nn.Module):
     def fused_calls(self) -> list[dict]:
         """The four fused calls of a layer, in order, as their static arguments (the variant
         names skinny_linear.py's): norm + q|k|v, o + residual, norm + gate|up + SiLU * up,
-        down + residual."""
+        down + residual. Folded (fold_norms), the norms' unit weights stay in the calls (the
+        baseline norms with them) and the calls carry row_scale: a kernel that takes them
+        multiplies its results by each row's RMS scale instead (unless ENGINESPEC_ROW_SCALE=0)."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        scaled = self.folded and env_switch(ROW_SCALE_ENV) is not False
+        norm = {"variant": "rscale", "row_scale": True} if scaled else {"variant": "norm"}
         return [
             dict(
-                variant="norm",
+                norm,
                 weight=self.qkv_weight,
                 bias=self.qkv_bias,
                 norm_weight=ln1.weight,
@@ -242,7 +249,8 @@ class MergedLayer(nn.Module):
             ),
             dict(variant="residual", weight=self.o_proj.weight, bias=self.o_proj.bias),
             dict(
-                variant="norm_silu",
+                norm,
+                variant=norm["variant"] + "_silu",
                 weight=self.gate_up_weight,
                 bias=self.gate_up_bias,
                 norm_weight=ln2.weight,
@@ -340,25 +348,14 @@ class MergedLayer(nn.Module):
         the residual adds and SiLU * up run inside the GEMM launches)."""
         f = self.fused_linear
         norm_qkv, o_res, norm_gate_up, down_res = self.fused_calls()
-        qkv = f(
-            hidden,
-            norm_qkv["weight"],
-            norm_qkv["bias"],
-            norm_qkv["norm_weight"],
-            norm_qkv["eps"],
-            None,
-            False,
-        )
+
+        def normed(x, c):  # a norm call: q|k|v, gate|up with SiLU * up
+            silu, row_scale = c.get("silu_mul", False), c.get("row_scale", False)
+            return f(x, c["weight"], c["bias"], c["norm_weight"], c["eps"], None, silu, row_scale)
+
+        qkv = normed(hidden, norm_qkv)
         hidden = f(self._attend(qkv, cos, sin), o_res["weight"], o_res["bias"], None, 0.0, hidden, False)
-        act = f(
-            hidden,
-            norm_gate_up["weight"],
-            norm_gate_up["bias"],
-            norm_gate_up["norm_weight"],
-            norm_gate_up["eps"],
-            None,
-            True,
-        )
+        act = normed(hidden, norm_gate_up)
         return f(act, down_res["weight"], down_res["bias"], None, 0.0, hidden, False)
 
 

@@ -20,6 +20,11 @@ Variants (what runs in the GEMM's launch) and their baselines (what runs without
   post_attention_layernorm before gate|up); baseline kernels/rms_norm.py, then plain / silu.
 - "residual": x @ W.T + residual (o_proj and down_proj with the residual add); baseline the
   plain choice, then the add.
+- "rscale", "rscale_silu" (layers whose norms are folded into q|k|v and gate|up: merged_decoder's
+  fold_norms): the norm's work left is each row's RMS scale, which commutes with the GEMM, so the
+  kernel multiplies its float32 results by it in the epilogue (skinny_linear's row_scale) and no
+  dot waits for the statistics; baseline the norm variants' (the module's unit-weight RMSNorm,
+  then plain / silu), which is what such a layer ran before.
 
 How the model reaches it, unaware: the merged decoder calls `self.linear(x, weight, bias)` for
 each projection (F.linear unless the runner sets it), or, when the runner sets `fused_linear`,
@@ -74,10 +79,24 @@ TIE_MARGIN = 0.03
 REFINE_MARGIN = 0.10
 REFINE_TRIES = 3
 REFINE_WIN = 0.005
-STEP_VARIANTS = ("norm", "residual", "norm_silu")  # MergedLayer.fused_calls(): what refine re-times
+STEP_VARIANTS = (
+    "norm",
+    "residual",
+    "norm_silu",
+    "rscale",
+    "rscale_silu",
+)  # MergedLayer.fused_calls(): what refine re-times
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
-VARIANTS = ("plain", "silu", "norm", "norm_silu", "residual")  # tuning order: each one's baseline comes first
+VARIANTS = (
+    "plain",
+    "silu",
+    "norm",
+    "norm_silu",
+    "rscale",
+    "rscale_silu",
+    "residual",
+)  # tuning order: each one's baseline comes first
 
 
 def engine_max_rows() -> int:
@@ -101,10 +120,12 @@ def row_bucket(num_rows: int) -> int:
     return 1 << max(0, num_rows - 1).bit_length()
 
 
-def variant_of(norm_weight, residual, silu_mul: bool) -> str:
+def variant_of(norm_weight, residual, silu_mul: bool, row_scale: bool = False) -> str:
     """The VARIANTS name of a run() call's fusions."""
     if residual is not None:
         return "residual"
+    if row_scale:
+        return "rscale_silu" if silu_mul else "rscale"
     if norm_weight is not None:
         return "norm_silu" if silu_mul else "norm"
     return "silu" if silu_mul else "plain"
@@ -201,9 +222,21 @@ class LinearTable:
             variant,
         )
 
-    def run(self, x, weight, bias, norm_weight=None, eps: float = 0.0, residual=None, silu_mul: bool = False):
-        """The projection (and what runs around it: module doc) by the measured choice."""
-        variant = variant_of(norm_weight, residual, silu_mul)
+    def run(
+        self,
+        x,
+        weight,
+        bias,
+        norm_weight=None,
+        eps: float = 0.0,
+        residual=None,
+        silu_mul: bool = False,
+        row_scale: bool = False,
+    ):
+        """The projection (and what runs around it: module doc) by the measured choice.
+        row_scale: norm_weight is a folded norm's (all ones); a chosen kernel applies only the
+        row scale, the baseline the module's norm."""
+        variant = variant_of(norm_weight, residual, silu_mul, row_scale)
         choice = None
         dense = x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
         if 0 < x.shape[0] <= self.max_rows and dense:
@@ -213,10 +246,11 @@ class LinearTable:
         from enginespec.kernels.skinny_gemm import skinny_linear
 
         return skinny_linear(
-            x, weight, bias, choice.config, self.buffers, silu_mul, norm_weight, eps, residual
-        )
+            x, weight, bias, choice.config, self.buffers, silu_mul, *_kernel_norm(norm_weight, eps, row_scale),
+            residual, row_scale=row_scale,
+        )  # fmt: skip
 
-    def _baseline(self, x, weight, bias, norm_weight, eps, residual, silu_mul):
+    def _baseline(self, x, weight, bias, norm_weight, eps, residual, silu_mul, row_scale=False):
         if norm_weight is not None:  # rms_norm, then the measured plain/silu choice
             return self.run(rms_norm_any(x, norm_weight, eps), weight, bias, silu_mul=silu_mul)
         if silu_mul:
@@ -285,10 +319,10 @@ class LinearTable:
             config,
             self.buffers,
             a["silu_mul"],
-            a["norm_weight"],
-            a["eps"],
+            *_kernel_norm(a["norm_weight"], a["eps"], a["row_scale"]),
             a["residual"],
             compile_only=True,
+            row_scale=a["row_scale"],
         )
 
     def _tune_one(self, bucket: int, layers: list[dict], num_sms: int, variant: str) -> None:
@@ -346,9 +380,9 @@ class LinearTable:
                 config,
                 self.buffers,
                 a["silu_mul"],
-                a["norm_weight"],
-                a["eps"],
+                *_kernel_norm(a["norm_weight"], a["eps"], a["row_scale"]),
                 a["residual"],
+                row_scale=a["row_scale"],
             )
 
         where = f"{config} at rows {x.shape[0]}, {tuple(calls[0]['weight'].shape)}, {variant_of(**_variant_args(calls[0]))}"
@@ -473,9 +507,17 @@ def _args(call: dict) -> dict:
         "eps": call.get("eps", 0.0),
         "residual": call.get("residual"),
         "silu_mul": call.get("silu_mul", False),
+        "row_scale": call.get("row_scale", False),
     }
 
 
 def _variant_args(call: dict) -> dict:
     a = _args(call)
-    return {"norm_weight": a["norm_weight"], "residual": a["residual"], "silu_mul": a["silu_mul"]}
+    keys = ("norm_weight", "residual", "silu_mul", "row_scale")
+    return {k: a[k] for k in keys}
+
+
+def _kernel_norm(norm_weight, eps: float, row_scale: bool) -> tuple:
+    """skinny_linear's (norm_weight, eps) for a run() call: with row_scale the kernel takes the
+    epsilon alone (the norm's unit weight is folded into the GEMM's)."""
+    return (None, eps) if row_scale else (norm_weight, eps)

@@ -57,14 +57,16 @@ def fused_linear_op(
     eps: float,
     residual: Optional[torch.Tensor],
     silu_mul: bool,
+    row_scale: bool = False,
 ) -> torch.Tensor:
     """RMSNorm(x; norm_weight, eps) when given, @ weight.T (+ bias), then silu(gate) * up when
-    silu_mul ([M, N / 2]) or + residual when given ([M, N]); LinearTable.run's variants."""
-    return _table(x.device).run(x, weight, bias, norm_weight, eps, residual, silu_mul)
+    silu_mul ([M, N / 2]) or + residual when given ([M, N]); LinearTable.run's variants.
+    row_scale: norm_weight is a folded norm's unit weight (LinearTable.run)."""
+    return _table(x.device).run(x, weight, bias, norm_weight, eps, residual, silu_mul, row_scale)
 
 
 @fused_linear_op.register_fake
-def _(x, weight, bias, norm_weight, eps, residual, silu_mul):
+def _(x, weight, bias, norm_weight, eps, residual, silu_mul, row_scale=False):
     return x.new_empty((x.shape[0], weight.shape[0] // 2 if silu_mul else weight.shape[0]))
 
 

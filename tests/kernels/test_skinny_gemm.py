@@ -15,10 +15,11 @@ import random
 import pytest
 import torch
 
-from enginespec.kernels.reference import linear_ref, rms_norm_ref, silu_mul_ref
+from enginespec.kernels.reference import linear_ref, rms_norm_ref, row_scaled_linear_ref, silu_mul_ref
 from enginespec.kernels.silu_mul import silu_mul
 from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
 from enginespec.testing.paged_batches import TOLERANCES
+from enginespec.worker import gemm_tuning
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -133,6 +134,66 @@ def test_norm_epsilon_is_inside_the_root(config):
         want = linear_ref(rms_norm_ref(x, norm_weight, 0.5), weight, bias)
         got = skinny_linear(x, weight, bias, config, SplitBuffers(DEVICE), norm_weight=norm_weight, eps=0.5)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+
+
+def _row_scale_shapes(seed: int, config: SkinnyConfig) -> list[tuple[int, int, int]]:
+    """_fused_shapes, fewer: one drawn shape, or for the one-tile kernel 1, 3 and 8 rows (one
+    row, a ragged tile, a full one)."""
+    shapes = _fused_shapes(seed, config)
+    return [shapes[0], shapes[2], shapes[7]] if config.gemv else shapes[:1]
+
+
+ROW_SCALING = [*FUSING, CONFIGS[0]]  # and one split of many K steps
+ROW_SCALING_IDS = [*FUSING_IDS, "dot-steps"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", ROW_SCALING, ids=ROW_SCALING_IDS)
+def test_row_scale_epilogue_matches_reference(dtype, config):
+    """row_scale (a norm folded into the weight): each row's result times 1 / sqrt(mean(x^2) +
+    eps), in float32 before the one rounding, plain and with SiLU * up. Rows of magnitudes 0.05
+    to 20, so a scale taken from the wrong row, or none, is far outside the tolerance; eps 0.5
+    on unit rows (float32) puts eps outside the root 22% off."""
+    buffers, eps = SplitBuffers(DEVICE), 0.5 if dtype == torch.float32 else 1e-6
+    for i, (m, n, k) in enumerate(_row_scale_shapes(13, config)):
+        x, weight, _ = _operands(m, 2 * n, k, torch.float32, seed=i)
+        x = (x * torch.logspace(-1.3, 1.3, m, device=DEVICE)[:, None]).to(dtype)
+        weight = weight.to(dtype)
+        got = skinny_linear(x, weight, None, config, buffers, eps=eps, row_scale=True)
+        torch.testing.assert_close(got, row_scaled_linear_ref(x, weight, eps), **TOLERANCES[dtype])
+        got = skinny_linear(x, weight, None, config, buffers, silu_mul=True, eps=eps, row_scale=True)
+        want = silu_mul_ref(row_scaled_linear_ref(x, weight, eps))
+        torch.testing.assert_close(got, want, **TOLERANCES[dtype])
+        assert not buffers.counts.any()
+
+
+@pytest.mark.parametrize("config", FUSING, ids=FUSING_IDS)
+def test_row_scale_over_a_folded_weight_is_the_norm_then_the_gemm(config):
+    """What fold_norms relies on: x @ (W diag g).T scaled by the row scale equals RMSNorm(x; g)
+    @ W.T (float32: up to the reassociation)."""
+    for i, (m, n, k) in enumerate(_row_scale_shapes(17, config)):
+        x, weight, _ = _operands(m, n, k, torch.float32, seed=i)
+        g = (1 + 0.3 * torch.randn(k, generator=torch.Generator().manual_seed(i))).to(DEVICE)
+        got = skinny_linear(
+            x, weight * g[None, :], None, config, SplitBuffers(DEVICE), eps=1e-5, row_scale=True
+        )
+        want = linear_ref(rms_norm_ref(x, g, 1e-5), weight, None)
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+
+
+def test_row_scale_refuses_what_a_folded_gemm_has_none_of():
+    x, weight, bias = _operands(2, 8, 16, torch.float32, seed=0)
+    config = SkinnyConfig(block_n=16, block_k=16)
+    kinds = {
+        "bias": dict(bias=bias, eps=1e-6),
+        "norm": dict(norm_weight=torch.ones(16, device=DEVICE), eps=1e-6),
+        "residual": dict(residual=torch.zeros(2, 8, device=DEVICE), eps=1e-6),
+        "eps": dict(eps=0.0),
+    }
+    for kw in kinds.values():
+        args = dict(bias=None, norm_weight=None, residual=None, eps=0.0) | kw
+        with pytest.raises(ValueError, match="row_scale needs eps > 0"):
+            skinny_linear(x, weight, args.pop("bias"), config, row_scale=True, **args)
 
 
 @pytest.mark.parametrize("fusion", ["plain", "silu", "residual"])
@@ -258,6 +319,30 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
         got = skinny_linear(x, weight, None, config, buffers)
         torch.testing.assert_close(got, want, **TOLERANCES[torch.bfloat16])
         assert torch.equal(skinny_linear(x, weight, None, config, buffers), got)
+    assert not buffers.counts.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 32])
+@pytest.mark.parametrize("n,k", [(4096, 1024), (6144, 1024)])
+def test_every_tuned_shape_scales_rows_on_cuda(rows, n, k):
+    """Every launch shape the tuning offers a Qwen3-0.6B q|k|v or gate|up at 1-32 rows, with the
+    row scale (and SiLU * up for gate|up), against the reference. The tuning drops a shape whose
+    result is off the baseline's, which would hide a broken one; this test does not."""
+    x, weight, _ = _operands(rows, n, k, torch.float32, seed=rows)
+    x = (x * torch.logspace(-1, 1, rows, device=DEVICE)[:, None]).to(torch.bfloat16)
+    weight, buffers, silu = weight.to(torch.bfloat16), SplitBuffers(DEVICE), n == 6144
+    want = row_scaled_linear_ref(x, weight, 1e-6)
+    want = silu_mul_ref(want) if silu else want
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = gemm_tuning.candidates(rows, n // 2 if silu else n, k, num_sms, silu_mul=silu)
+    assert shapes
+    for config in shapes:
+        got = skinny_linear(x, weight, None, config, buffers, silu_mul=silu, eps=1e-6, row_scale=True)
+        torch.testing.assert_close(
+            got, want, **TOLERANCES[torch.bfloat16], msg=lambda m, c=config: f"{c}: {m}"
+        )
     assert not buffers.counts.any()
 
 

@@ -277,9 +277,9 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
             table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
     calls = []
 
-    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False):
-        calls.append(sl.variant_of(norm_weight, residual, silu_mul))
-        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul)
+    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False, row_scale=False):
+        calls.append(sl.variant_of(norm_weight, residual, silu_mul, row_scale))
+        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul, row_scale)
 
     final_norm, embed_rope = recording_norm_and_gathers(calls)
     monkeypatch.setattr(table, "run", record)
@@ -308,6 +308,53 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
 
 
 @interpreted
+@pytest.mark.parametrize("row_scale_env", ["", "0"], ids=["row-scale", "env-off"])
+def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
+    impl, monkeypatch, torch_one_thread, row_scale_env
+):
+    """Folded layers (fold_norms) take the rscale variants: the kernel chosen for them applies
+    each row's norm scale after its dot products instead of norming x first, and the hidden
+    states equal the unfolded plain decoder's (float32). ENGINESPEC_ROW_SCALE=0: the norm
+    variants, as before the row-scale ones existed. With no choice the baseline (the module's
+    unit-weight norm) runs, so an untuned table computes the same too."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV, ROW_SCALE_ENV
+
+    monkeypatch.setenv(FOLD_NORMS_ENV, "0")
+    plain = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
+    want = _prefill(plain, impl, 11)
+    monkeypatch.setenv(FOLD_NORMS_ENV, "1")
+    monkeypatch.setenv(ROW_SCALE_ENV, row_scale_env)
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
+    assert model.folded_norms
+    layers = model.merged.layers
+    table = sl.LinearTable("cpu", max_rows=16)
+    config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
+    for variant in sl.VARIANTS:
+        for group in skinny_ops.tuning_groups(layers, variant):
+            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
+    calls = []
+
+    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False, row_scale=False):
+        calls.append(sl.variant_of(norm_weight, residual, silu_mul, row_scale))
+        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul, row_scale)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    monkeypatch.setattr(model.merged, "fused_max_rows", 16)
+    for layer in layers:
+        monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
+        monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
+    got = _prefill(model, impl, 11)
+    norm = "norm" if row_scale_env == "0" else "rscale"
+    assert calls == [norm, "residual", f"{norm}_silu", "residual"] * len(layers)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert not table.buffers.counts.any()
+    table.choices.clear()  # every key its baseline: the unit-weight norm, then the GEMM
+    torch.testing.assert_close(_prefill(model, impl, 11), want, atol=1e-4, rtol=1e-4)
+
+
+@interpreted
 def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_one_thread):
     """Under torch.compile (aot_eager: traced, no code generated) the ops stay opaque and the
     decoder takes the fused calls up to fused_max_rows rows and the plain route above; both
@@ -327,7 +374,7 @@ def test_compiled_decoder_switches_route_by_row_count(impl, monkeypatch, torch_o
     run = sl.LinearTable.run
 
     def record(x, *a):
-        seen.append((x.shape[0], sl.variant_of(a[2], a[4], a[5]) if len(a) == 6 else "plain"))
+        seen.append((x.shape[0], sl.variant_of(a[2], a[4], a[5], a[6]) if len(a) == 7 else "plain"))
         return run(table, x, *a)
 
     monkeypatch.setattr(table, "run", record)
