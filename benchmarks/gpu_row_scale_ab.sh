@@ -10,7 +10,7 @@ source benchmarks/gpu_common.sh; gpu_setup || exit 1
 S=${1:?commit}; kind=$(gpu_kind); kind=${kind:-gpu}; stop=${DEADLINE:-560}
 if [ -n "${TESTS:-}" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rfE $TESTS \
+  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -p enginespec.conformance.plugin --impl=fast -q -rfE -n "${WORKERS:-4}" --dist loadfile $TESTS \
     > "$out/pytest_$S.log" 2>&1
   echo "tests rc=$? after ${SECONDS}s"; tail -3 "$out/pytest_$S.log"
 fi
