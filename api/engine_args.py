@@ -81,6 +81,7 @@ from typing import Any, Optional, Union
 import torch
 
 from enginespec.spec import POLICIES, PREEMPTION_MODES, SchedulerConfig
+from enginespec.spec.impl import FACTORIES as IMPL_FACTORIES
 from enginespec.spec.params import SEED_RANGE  # torch.manual_seed's range, as SamplingParams.seed
 
 # Mixed steps (prefill chunks, verification rows) of up to this many tokens replay CUDA graphs:
@@ -182,6 +183,24 @@ def _check_int(name: str, value, low: int, high: Optional[int]) -> None:
         or (high is not None and value > high)
     ):
         raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+
+
+def _check_impl(impl) -> None:
+    """A non-blank name for spec.load_impl, or an object with an Implementation's name and
+    factories (load_impl checks it again, and resolves a name, when the engine is built). None
+    and a blank name are load_impl's "not given" ($ENGINESPEC_IMPL, else the slow reference
+    oracle): taken here they ran the oracle without a word, where LLM() and the CLI default to
+    "fast" and the CLI refuses a blank --impl; any other object failed deep in the engine's
+    build with an AttributeError, after the model had loaded."""
+    if isinstance(impl, str):
+        ok = bool(impl.strip())
+    else:
+        ok = impl is not None and all(hasattr(impl, a) for a in ("name", *IMPL_FACTORIES))
+    if not ok:
+        raise ValueError(
+            "impl must name an implementation (fast, reference, an `enginespec.impls` entry point or "
+            f"pkg.module[:attr]) or be an Implementation object, got {impl!r}"
+        )
 
 
 def _check_dtype(dtype) -> None:
@@ -304,6 +323,7 @@ class EngineArgs:
         bound); those that need the model (max_model_len, and max_num_batched_tokens against
         it with chunked prefill off) are checked where they are resolved."""
         self._resolve_unset()
+        _check_impl(self.impl)
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
         _check_int("max_logprobs", self.max_logprobs, -1, None)

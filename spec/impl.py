@@ -184,12 +184,14 @@ def load_impl(name: Optional[str] = None) -> Implementation:
     Accepts "reference", "fast", the name of an entry point in the `enginespec.impls` group,
     "pkg.module:attr" (attr may be dotted; a class is instantiated with no arguments), or
     "pkg.module" / a top-level "module" (its IMPL attribute). A registered name wins over a module
-    of the same name; any other name is tried as an importable module.
+    of the same name; any other name is tried as an importable module. An object (or class) is
+    taken as it is, after the same check: one that lacks an Implementation's name or factories
+    is a ValueError here, not an AttributeError deep in the engine that uses it.
     """
     name = name or os.environ.get(ENV_VAR) or "reference"
     if not isinstance(name, str):
-        return name  # already an Implementation object
-    if name in BUILTIN:
+        obj = name  # an Implementation (or its class) given as it is: checked as a named one
+    elif name in BUILTIN:
         obj = _resolve(BUILTIN[name], sorted(BUILTIN))
     else:
         eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
