@@ -246,6 +246,27 @@ def _check_vllm_args(args: "EngineArgs") -> None:
             )
 
 
+def _check_sizes(args: "EngineArgs") -> None:
+    """What of the lengths and the pool's size needs no model, checked on construction so that
+    a bad value costs no checkpoint load: max_model_len's type and lower bound (its upper
+    bound, the model's positions, in resolve_max_model_len), num_blocks and kv_cache_bytes (the
+    runner checks them again), and with chunked prefill off a budget a chosen max_model_len
+    cannot prefill in (check_prefill_budget). Each had been found only after the load."""
+    value = args.max_model_len
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not (value == -1 or value >= 2)
+    ):
+        raise ValueError(
+            f"max_model_len must be None, -1 (both: the model's, fitted to the KV pool) or an int >= 2, "
+            f"got {value!r}"
+        )
+    for name in ("num_blocks", "kv_cache_bytes"):
+        if getattr(args, name) is not None:
+            _check_int(name, getattr(args, name), 1, None)
+    if args.max_num_batched_tokens is not None and args.chosen_max_model_len:
+        args.check_prefill_budget(args.max_num_batched_tokens, value)
+
+
 def _check_scheduling(args: "EngineArgs") -> None:
     """The scheduler's knobs under their EngineArgs names, before any model loads (SchedulerConfig
     checks them again under its own: `policy` is scheduling_policy there, and a typo found there
@@ -320,8 +341,8 @@ class EngineArgs:
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
-        bound); those that need the model (max_model_len, and max_num_batched_tokens against
-        it with chunked prefill off) are checked where they are resolved."""
+        bound), before any model loads; only what needs the model (max_model_len against its
+        positions, an unchosen max_model_len's fitting) is checked where it is resolved."""
         self._resolve_unset()
         _check_impl(self.impl)
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
@@ -345,6 +366,7 @@ class EngineArgs:
             raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 0, got {size!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
+        _check_sizes(self)
         _check_vllm_args(self)
 
     def _resolve_unset(self) -> None:
@@ -436,23 +458,29 @@ class EngineArgs:
         max_num_seqs above its budget)."""
         return min(self.max_num_seqs, budget)
 
-    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        """The scheduler's config for the resolved max_model_len. With chunked prefill off a
-        chosen max_model_len must prefill in one step (vLLM's check; the bound here is the
-        scheduler's add() rule, prompt + max_tokens - 1 <= max_num_batched_tokens): a ValueError
-        otherwise. A length the user did not choose is fitted instead (EngineCore)."""
-        budget = self.max_num_batched_tokens
-        if budget is None:
-            budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
-            if not self.enable_chunked_prefill:
-                budget = max(budget, max_model_len)
-        elif not self.enable_chunked_prefill and self.chosen_max_model_len and budget < max_model_len - 1:
+    def check_prefill_budget(self, budget: int, max_model_len: int) -> None:
+        """With chunked prefill off a chosen max_model_len must prefill in one step (vLLM's
+        check; the bound here is the scheduler's add() rule, prompt + max_tokens - 1 <=
+        max_num_batched_tokens): a ValueError otherwise."""
+        if not self.enable_chunked_prefill and budget < max_model_len - 1:
             raise ValueError(
                 f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}) - 1 "
                 f"with enable_chunked_prefill=False: a request of max_model_len tokens could never "
                 f"prefill in one step; raise max_num_batched_tokens, lower max_model_len or enable "
                 f"chunked prefill"
             )
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's config for the resolved max_model_len. With chunked prefill off a
+        chosen max_model_len must prefill in one step (check_prefill_budget, also checked on
+        construction); a length the user did not choose is fitted instead (EngineCore)."""
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        elif self.chosen_max_model_len:
+            self.check_prefill_budget(budget, max_model_len)
         return SchedulerConfig(
             max_num_batched_tokens=budget,
             max_num_seqs=self.seats(budget),

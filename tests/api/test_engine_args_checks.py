@@ -38,3 +38,46 @@ def test_load_impl_checks_an_object_as_it_checks_a_named_one():
     fast = load_impl("fast")
     assert load_impl(fast) is fast
     assert load_impl(type(fast)).name == fast.name  # a class is made with no arguments, as by name
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_model_len": "1k"}, r"max_model_len must be None, -1 .* or an int >= 2, got '1k'"),
+        ({"max_model_len": 0}, r"max_model_len must be None, -1 .* or an int >= 2, got 0"),
+        ({"max_model_len": 64.0}, r"max_model_len must be None, -1 .* or an int >= 2, got 64.0"),
+        ({"max_model_len": True}, r"max_model_len must be None, -1 .* or an int >= 2, got True"),
+        ({"num_blocks": 0}, r"num_blocks must be an int >= 1, got 0"),
+        ({"num_blocks": "64"}, r"num_blocks must be an int >= 1, got '64'"),
+        ({"kv_cache_bytes": -1}, r"kv_cache_bytes must be an int >= 1, got -1"),
+        (
+            {"max_model_len": 64, "max_num_batched_tokens": 32, "enable_chunked_prefill": False},
+            r"max_num_batched_tokens \(32\) is smaller than max_model_len \(64\) - 1 with enable_chunked_prefill=False",
+        ),
+    ],
+    ids=["len-str", "len-0", "len-float", "len-bool", "blocks-0", "blocks-str", "bytes-neg", "budget"],
+)
+def test_settings_that_need_no_model_are_refused_before_it_loads(kwargs, message):
+    """A max_model_len of the wrong type or below 2, a num_blocks or kv_cache_bytes that is no
+    positive int, and (chunked prefill off) a budget that a chosen max_model_len cannot prefill
+    in were refused only after the checkpoint and tokenizer had loaded (minutes for a large
+    model), though none needs the model to decide; a typo in a script then cost a whole load."""
+    from enginespec.llm import LLM
+
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**kwargs)
+    with pytest.raises(ValueError, match=message):  # not "checkpoint directory /nowhere does not exist"
+        LLM("/nowhere", **kwargs)
+
+
+def test_the_model_dependent_bounds_still_pass_construction():
+    """What needs the model stays where the model is: a max_model_len past its positions, -1
+    and None (the model's, fitted), and a budget beside a max_model_len the engine fits."""
+    for kwargs in (
+        {"max_model_len": 10**9},
+        {"max_model_len": -1, "max_num_batched_tokens": 8, "enable_chunked_prefill": False},
+        {"max_model_len": None, "max_num_batched_tokens": 8, "enable_chunked_prefill": False},
+        {"max_model_len": 9, "max_num_batched_tokens": 8, "enable_chunked_prefill": False},
+        {"max_model_len": 64, "max_num_batched_tokens": 8},
+    ):
+        EngineArgs(**kwargs)
