@@ -203,6 +203,22 @@ def _check_impl(impl) -> None:
         )
 
 
+def _check_compile_backend(backend) -> None:
+    """A backend torch.compile takes: a callable, or a name of torch._dynamo's registry (its
+    debug ones, such as "aot_eager", included). Passed on unchecked, an unknown name was torch's
+    InvalidBackend (a RuntimeError naming no engine argument) once the decoder compiled, after
+    the model had loaded. The registry is read only for a value other than the default."""
+    if callable(backend) or backend == "inductor":
+        return
+    from torch._dynamo import list_backends
+
+    known = list_backends(exclude_tags=())
+    if not isinstance(backend, str) or backend not in known:
+        raise ValueError(
+            f"compile_backend must be a callable or one of torch.compile's backends {known}, got {backend!r}"
+        )
+
+
 def _check_dtype(dtype) -> None:
     """ "auto", a name of _DTYPES, or one of their torch dtypes; a ValueError naming dtype
     otherwise (a torch.int8 or torch.bool model loads and then generates nothing)."""
@@ -367,6 +383,7 @@ class EngineArgs:
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
         _check_sizes(self)
+        _check_compile_backend(self.compile_backend)
         _check_vllm_args(self)
 
     def _resolve_unset(self) -> None:

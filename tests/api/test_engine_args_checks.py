@@ -81,3 +81,21 @@ def test_the_model_dependent_bounds_still_pass_construction():
         {"max_model_len": 64, "max_num_batched_tokens": 8},
     ):
         EngineArgs(**kwargs)
+
+
+@pytest.mark.parametrize("value", ["nope", "", 3, None], ids=["unknown", "empty", "int", "None"])
+def test_compile_backend_must_be_one_torch_compile_knows(value):
+    """compile_backend went to torch.compile as it was: on CUDA (or with compile_model=True) an
+    unknown name was torch's InvalidBackend, a RuntimeError naming no engine argument, raised
+    after the model had loaded; on the CPU, where nothing compiles, it passed unseen."""
+    from enginespec.llm import LLM
+
+    with pytest.raises(ValueError, match=r"^compile_backend must be .*'aot_eager'.*'inductor'.*, got "):
+        EngineArgs(compile_backend=value)
+    with pytest.raises(ValueError, match=r"^compile_backend must be"):
+        LLM("/nowhere", compile_backend=value)
+
+
+def test_compile_backend_takes_torch_compiles_names_and_callables():
+    for value in ("inductor", "aot_eager", "eager", lambda gm, inputs: gm.forward):
+        assert EngineArgs(compile_backend=value).compile_backend is value
