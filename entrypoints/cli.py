@@ -280,7 +280,12 @@ def add_engine_flags(p) -> None:
         default="recompute",
         help="what a preempted request's KV blocks become: recomputed later (default) or swapped to host memory",
     )
-    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no torch.compile, no CUDA graphs",
+    )
     p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -344,12 +349,14 @@ def add_engine_flags(p) -> None:
     )
     p.add_argument(
         "--trust-remote-code",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="let transformers run the checkpoint's own config / tokenizer code (never its model code)",
     )
     p.add_argument(
         "--disable-log-stats",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="accepted for vLLM's command lines; the engine logs no periodic stats (/metrics stays)",
     )
     p.add_argument(
@@ -382,7 +389,12 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distributed-executor-backend", default=None, help="mp only (TP ranks are spawned processes)"
     )
-    p.add_argument("--enable-lora", action="store_true", default=None, help="not supported")
+    p.add_argument(
+        "--enable-lora",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="not supported (--no-enable-lora, vLLM's default, is accepted)",
+    )
     p.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only")
     p.add_argument("--revision", default=None, help="not supported (checkpoints are local directories)")
     p.add_argument("--download-dir", default=None, help="not supported (nothing is downloaded)")
@@ -557,17 +569,20 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the text)")
     serve.add_argument(
         "--trust-request-chat-template",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="use a request's own chat_template (vLLM's flag; without it such a request is a 400)",
     )
     serve.add_argument(
         "--enable-log-requests",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="log each request (its prompt, prompt ids and sampling params) at INFO as it is received (vLLM's flag)",
     )
     serve.add_argument(
         "--disable-log-requests",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="accepted for vLLM's command lines: requests are logged only with --enable-log-requests",
     )
     serve.add_argument(
@@ -578,7 +593,8 @@ def _add_serve_parser(sub) -> None:
     )
     serve.add_argument(
         "--enable-prompt-tokens-details",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM's flag)",
     )
     serve.add_argument(
@@ -595,7 +611,8 @@ def _add_serve_parser(sub) -> None:
     )
     serve.add_argument(
         "--enable-request-id-headers",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="put X-Request-Id on every response: the request's own, else a fresh id (vLLM's flag)",
     )
     serve.add_argument(
@@ -628,7 +645,8 @@ def _add_chat_reply_args(serve) -> None:
     )
     serve.add_argument(
         "--enable-auto-tool-choice",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help='tool_choice "auto": parse the tool calls of chat replies (needs --tool-call-parser; vLLM\'s flag)',
     )
     serve.add_argument(
@@ -651,7 +669,12 @@ def _add_cors_args(serve) -> None:
     )
     serve.add_argument("--allowed-methods", type=_json_value, default=["*"], help="CORS methods (JSON list)")
     serve.add_argument("--allowed-headers", type=_json_value, default=["*"], help="CORS headers (JSON list)")
-    serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    serve.add_argument(
+        "--allow-credentials",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CORS: allow credentials",
+    )
 
 
 def _serve_model(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:

@@ -193,6 +193,7 @@ def test_every_flag_of_ours_is_named_in_the_readme():
     odd = sorted(a.dest for a in engine._actions if a.option_strings and a.dest not in fields)
     assert odd == ["help", "use_tqdm"], f"engine flags that are no EngineArgs field: {odd}"
     readme = set(FLAG.findall((ROOT / "README.md").read_text()))
+    readme |= {"--no-" + flag[2:] for flag in readme}  # "each boolean flag has its negative too"
     unnamed = {c: sorted(_help_flags(c) - engine_flags - readme) for c in COMMANDS}
     assert not any(unnamed.values()), f"flags the README does not name: {unnamed}"
 

@@ -390,6 +390,45 @@ def test_engine_flags_reach_engine_args():
     assert _engine_kwargs(_parser().parse_args(base + ["--async-scheduling"]))["async_scheduling"] is True
 
 
+# vLLM's boolean flags, each a --FLAG / --no-FLAG pair there (argparse.BooleanOptionalAction
+# for every bool field of its EngineArgs and FrontendArgs): the namespace attribute each sets
+VLLM_BOOL_FLAGS = {
+    "--enforce-eager": "enforce_eager",
+    "--trust-remote-code": "trust_remote_code",
+    "--disable-log-stats": "disable_log_stats",
+    "--enable-lora": "enable_lora",
+}
+VLLM_SERVE_BOOL_FLAGS = {
+    "--trust-request-chat-template": "trust_request_chat_template",
+    "--enable-log-requests": "enable_log_requests",
+    "--disable-log-requests": "disable_log_requests",
+    "--enable-prompt-tokens-details": "enable_prompt_tokens_details",
+    "--enable-request-id-headers": "enable_request_id_headers",
+    "--enable-auto-tool-choice": "enable_auto_tool_choice",
+    "--allow-credentials": "allow_credentials",
+}
+
+
+@pytest.mark.parametrize("flag", [*VLLM_BOOL_FLAGS, *VLLM_SERVE_BOOL_FLAGS])
+def test_vllms_boolean_flags_take_their_no_form(flag):
+    """vLLM's --no-enforce-eager, --no-trust-remote-code, --no-enable-log-requests, ... (a
+    launch script's explicit "off", or one overriding an earlier flag) were "unrecognized
+    arguments" here: each flag was store_true, with no --no- form."""
+    from enginespec.entrypoints.cli import _parser, vllm_spelling
+
+    dest = {**VLLM_BOOL_FLAGS, **VLLM_SERVE_BOOL_FLAGS}[flag]
+    no = "--no-" + flag[2:]
+    commands = [["serve", "/m"]]
+    if flag in VLLM_BOOL_FLAGS:
+        commands += [["demo"], ["generate", "--model", "/m", "--prompt", "x"]]
+    for command in commands:
+        assert getattr(_parser().parse_args([*command, flag]), dest) is True
+        assert getattr(_parser().parse_args([*command, no]), dest) is False
+        assert getattr(_parser().parse_args([*command, flag, no]), dest) is False  # the last one wins
+        underscored, _ = vllm_spelling([*command, "--" + no[2:].replace("-", "_")])
+        assert getattr(_parser().parse_args(underscored), dest) is False
+
+
 @pytest.mark.parametrize(
     "flags, prefix, chunked",
     [
