@@ -23,6 +23,8 @@ import logging
 import os
 from typing import Callable
 
+from enginespec.kernels.switches import env_switch
+
 log = logging.getLogger(__name__)
 # "0": precompile() runs no job, so every variant compiles when first launched, one after another
 # (the startup before these passes existed, for A/B runs of the cold start)
@@ -67,15 +69,15 @@ def precompile(jobs: list[Callable[[], object]], max_workers: int | None = None)
     jobs raised (0 where this Triton has no AsyncCompileMode, or ENGINESPEC_PRECOMPILE=0: then
     nothing runs). Anything that goes wrong only costs the speed-up: a job that raises is
     skipped, a compile that fails is dropped (ignore_errors), and the real launch later
-    compiles whatever is missing as usual. A bad ENGINESPEC_PRECOMPILE_WORKERS or
-    ENGINESPEC_COMPILE_PROCESSES is the one error raised."""
+    compiles whatever is missing as usual. A bad ENGINESPEC_PRECOMPILE (env_switch),
+    ENGINESPEC_PRECOMPILE_WORKERS or ENGINESPEC_COMPILE_PROCESSES is the one error raised."""
+    if env_switch(PRECOMPILE_ENV) is False:
+        return 0
     try:
         from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
-        return 0
-    if os.environ.get(PRECOMPILE_ENV, "1").strip() == "0":
         return 0
     from enginespec.kernels.compile_procs import compile_in_processes
 

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from enginespec.kernels.switches import env_switch
+
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - an older triton: PDL stays off
@@ -43,8 +45,9 @@ def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: NVIDIA CUDA (not ROCm, whose devices torch
     also calls "cuda" and whose capability numbers mean other chips), compute capability >= 9,
     a triton with gdc_wait, not under the interpreter (TRITON_INTERPRET, which has no
-    griddepcontrol and no inline PTX), and ENGINESPEC_PDL not "0"."""
-    if device.type != "cuda" or gdc_wait is None or os.environ.get(PDL_ENV, "1") == "0":
+    griddepcontrol and no inline PTX), and ENGINESPEC_PDL not "0" (env_switch: read for a CUDA
+    device only, and anything but 0, 1 or unset is a ValueError naming it)."""
+    if device.type != "cuda" or env_switch(PDL_ENV) is False or gdc_wait is None:
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or getattr(torch.version, "hip", None):
         return False

@@ -62,7 +62,6 @@ the number of entries of its row at or above it, itself and ties included (vLLM 
 from __future__ import annotations
 
 import copy
-import os
 import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
@@ -73,6 +72,7 @@ import torch
 from enginespec.kernels import argmax as argmax_kernel
 from enginespec.kernels import cut_draw, reject_top_p
 from enginespec.kernels import sampling as sampling_triton
+from enginespec.kernels.switches import env_switch
 from enginespec.outputs import Logprob
 from enginespec.sample import draw as sampling_draw
 from enginespec.sample.deferred import DeviceSample, device_logprobs
@@ -106,7 +106,16 @@ SPREAD_CUT = False
 # Whether loose top-p rows (top-p < 1, no top-k, no min-p) draw by rejection (sample/reject.py:
 # no cut is found, round 0 is the uncut draw) on every path. ENGINESPEC_REJECT_TOP_P=0 turns it
 # off (the exact cut, then the draw), for A/B runs; the two draw different tokens for a seed.
-REJECT_TOP_P = os.environ.get("ENGINESPEC_REJECT_TOP_P", "1") != "0"
+REJECT_TOP_P_ENV = "ENGINESPEC_REJECT_TOP_P"
+
+
+def reject_top_p_from_env() -> bool:
+    """ENGINESPEC_REJECT_TOP_P as env_switch reads it: "0" off, "1" or unset on, anything else a
+    ValueError naming it (any value but "0" had meant on, "false" too)."""
+    return env_switch(REJECT_TOP_P_ENV) is not False
+
+
+REJECT_TOP_P = reject_top_p_from_env()
 
 LOG2E = 1.4426950408889634  # log2(e): the draw works in base 2 (see sampling_draw)
 GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)

@@ -68,6 +68,12 @@ class CompiledBody:
             return self.model.body(input_ids, positions)
 
 
+def eager_fused() -> bool:
+    """Whether the fused path's steps run uncompiled (CompiledBody.eager_max_rows): on unless
+    ENGINESPEC_EAGER_FUSED=0 (env_switch: anything but 0, 1 or unset is a ValueError naming it)."""
+    return env_switch(EAGER_FUSED_ENV) is not False
+
+
 def should_compile(
     setting: Optional[bool], device: torch.device, enforce_eager: bool, folded: bool = False
 ) -> bool:

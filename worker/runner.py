@@ -37,7 +37,7 @@ import torch
 
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
-from enginespec.worker.compiled import EAGER_FUSED_ENV, CompiledBody, should_compile
+from enginespec.worker.compiled import CompiledBody, eager_fused, should_compile
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ModelRunner:
         folded = bool(getattr(model, "folded_norms", False))
         if should_compile(compile_model, self.device, enforce_eager, folded):
             self.body = CompiledBody(model, compile_backend)
-            if self.linear_table is not None and os.environ.get(EAGER_FUSED_ENV, "1") != "0":
+            if self.linear_table is not None and eager_fused():
                 self.body.eager_max_rows = model.merged.fused_max_rows  # compiled.py says why
         self.num_blocks = self._size_pool(
             gpu_memory_utilization, num_gpu_blocks_override, num_blocks, kv_cache_bytes, sample_fn

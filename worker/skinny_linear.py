@@ -87,6 +87,18 @@ STEP_VARIANTS = (
     "rscale_silu",
 )  # MergedLayer.fused_calls(): what refine re-times
 ENV_SWITCH = "ENGINESPEC_SKINNY_GEMM"
+# its values (lower case, spaces stripped) -> whether it is on; "" is unset
+SWITCH_WORDS = {
+    "": True,
+    "0": False,
+    "1": True,
+    "false": False,
+    "off": False,
+    "no": False,
+    "true": True,
+    "on": True,
+    "yes": True,
+}
 FUSED_TRIES = 3  # launch shapes timed per fused variant (the plain variant's fastest)
 VARIANTS = (
     "plain",
@@ -106,10 +118,14 @@ def engine_max_rows() -> int:
 
 
 def resolve_switch(setting: Optional[bool]) -> bool:
-    """EngineArgs.skinny_gemm: None reads ENGINESPEC_SKINNY_GEMM (0/false/off/no turns it off),
-    default on."""
+    """EngineArgs.skinny_gemm: None reads ENGINESPEC_SKINNY_GEMM (0/false/off/no turns it off,
+    1/true/on/yes or unset leaves it on; anything else is a ValueError naming it: a typo had
+    meant on), default on."""
     if setting is None:
-        return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+        raw = os.environ.get(ENV_SWITCH, "").strip().lower()
+        if raw not in SWITCH_WORDS:
+            raise ValueError(f"{ENV_SWITCH} must be 0 or 1 (or false/off/no, true/on/yes), got {raw!r}")
+        return SWITCH_WORDS[raw]
     if not isinstance(setting, bool):
         raise ValueError(f"skinny_gemm must be None, True or False, got {setting!r}")
     return setting

@@ -1,18 +1,10 @@
 """Environment switches of one bit (ENGINESPEC_COMPILE, ENGINESPEC_FOLD_NORMS,
-ENGINESPEC_BALANCED_GRAPHS, ...): one parser, so every such
-variable reads the same way and fails with the same message."""
+ENGINESPEC_BALANCED_GRAPHS, ...): one parser, so every such variable reads the same way and
+fails with the same message. It is kernels/switches.py's, which the kernels' own switches use
+too (the kernels import nothing else of enginespec)."""
 
 from __future__ import annotations
 
-import os
-from typing import Optional
+from enginespec.kernels.switches import env_switch
 
-
-def env_switch(name: str) -> Optional[bool]:
-    """The switch `name` says: None when unset or empty (the caller's default applies), True for
-    "1", False for "0" (surrounding spaces ignored). ValueError naming the variable for anything
-    else: a typo must not silently pick the default."""
-    raw = os.environ.get(name, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
-    return None if raw == "" else raw == "1"
+__all__ = ["env_switch"]

@@ -14,12 +14,12 @@ tests).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
 from enginespec.kernels import reference
+from enginespec.kernels.switches import env_switch
 from enginespec.spec import BatchMeta
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,7 +43,7 @@ class FastAttention:
         self.device = torch.device(device)
         self.use_triton = self.device.type == "cuda" if use_triton is None else use_triton
         # read once: every step (eager or a captured graph) of this backend takes the same route
-        self.fuse_decode = os.environ.get(FUSED_DECODE_ENV, "1") != "0"
+        self.fuse_decode = env_switch(FUSED_DECODE_ENV) is not False
         self._order_for: tuple = (None, False)  # (the BatchMeta, capturing) the order belongs to
         self._order: Optional[torch.Tensor] = None
 
