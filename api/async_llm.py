@@ -66,7 +66,7 @@ from enginespec.entrypoints.openai.engine_client import (
     EngineRequestError,
     fresh_error,
 )
-from enginespec.llm import PromptType, _cache_key, check_lora_request, prompt_to_ids
+from enginespec.llm import PromptType, _cache_key, check_lora_request, check_reset_running, prompt_to_ids
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import SamplingParams
 
@@ -275,11 +275,13 @@ class AsyncLLM:
     async def get_tokenizer(self):
         return self.tokenizer
 
-    async def reset_prefix_cache(self) -> bool:
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget the engine's cached prefix blocks (vLLM's name and return; LLM.reset_prefix_cache
         is the same in-process): the engine takes it between two steps, in its own process. True
         when done; False, with nothing changed, while a request holds blocks (one still
-        generating: finish or abort it first). EngineDead when the engine is not running."""
+        generating: finish or abort it first). EngineDead when the engine is not running.
+        reset_running_requests: vLLM's keyword, False only (llm.check_reset_running)."""
+        check_reset_running(reset_running_requests)
         if not self.is_running:
             raise self.dead_error
         self._bind_loop()

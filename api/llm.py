@@ -69,7 +69,7 @@ from enginespec.spec import RequestOutputKind, SamplingParams
 if TYPE_CHECKING:
     from enginespec.llm_engine import LLMEngine
 
-__all__ = ["LLM", "PromptType", "check_lora_request", "prompt_to_ids"]
+__all__ = ["LLM", "PromptType", "check_lora_request", "check_reset_running", "prompt_to_ids"]
 
 
 @dataclass
@@ -180,12 +180,14 @@ class LLM:
 
         return LLMEngine(self)
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix block, so the next prompts are prefilled in full (vLLM's
         name and return): call it between benchmark runs to time cold prefills. True when the
         cache was emptied. False, with the cache and every block unchanged, while some request
         holds blocks (another thread's generate(), a stream() not yet read to its end): finish
-        or close those first. Under the engine lock, so never in the middle of a step."""
+        or close those first. Under the engine lock, so never in the middle of a step.
+        reset_running_requests: vLLM's keyword, False only (check_reset_running)."""
+        check_reset_running(reset_running_requests)
         with self._lock:
             self._check_open()
             return self.engine.reset_prefix_cache()
@@ -635,6 +637,20 @@ def check_lora_request(lora_request, count: int) -> None:
                 f"lora_request is not supported by enginespec (no LoRA adapters; enable_lora is False "
                 f"only): pass None, got {lora!r}"
             )
+
+
+def check_reset_running(reset_running_requests) -> None:
+    """vLLM's reset_prefix_cache(reset_running_requests=...) as this engine takes it: False.
+    True asks to preempt every running request so that the cache empties at once; no impl's
+    Scheduler offers that preemption (spec/scheduler.py preempts only to make room), so it is a
+    ValueError naming the keyword, where ignoring it would leave the cache full while the
+    caller believes it emptied."""
+    if reset_running_requests is not False:
+        raise ValueError(
+            "reset_running_requests is not supported by enginespec (it cannot preempt the running "
+            "requests to empty the cache): pass False, and reset once no request holds blocks "
+            f"(reset_prefix_cache returns False until then), got {reset_running_requests!r}"
+        )
 
 
 def _per_prompt(value, count: int, name: str) -> list:

@@ -27,6 +27,8 @@ Invariants:
   theirs: step() never returns them, abort_request() never touches them.
 - `abort_request(ids)` (a str or an iterable) frees the requests at once, blocks included, and
   they produce no further output (vLLM's); unknown ids are ignored.
+- `reset_prefix_cache()`, `start_profile()`, `stop_profile()`, `get_metrics()`: the LLM's calls,
+  under its lock (between two steps).
 """
 
 from __future__ import annotations
@@ -135,6 +137,19 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._llm._front.direct)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's: LLM.reset_prefix_cache on this engine (False, changing nothing, while a
+        request holds blocks; reset_running_requests False only, llm.check_reset_running)."""
+        return self._llm.reset_prefix_cache(reset_running_requests)
+
+    def start_profile(self, profile_prefix: Optional[str] = None) -> None:
+        """vLLM's: LLM.start_profile on this engine (api/profiler.py states the rules)."""
+        self._llm.start_profile(profile_prefix)
+
+    def stop_profile(self) -> None:
+        """vLLM's: LLM.stop_profile, writing the trace start_profile began."""
+        self._llm.stop_profile()
 
     def get_metrics(self) -> list:
         """vLLM's: the engine's metrics snapshot (LLM.get_metrics, enginespec.metrics_reader)."""

@@ -251,3 +251,31 @@ def test_a_wall_clock_arrival_time_orders_fcfs_against_requests_added_without_on
     with pytest.raises(ValueError, match="arrival_time"):
         engine.add_request("nan", PROMPTS[1], GREEDY, arrival_time=float("nan"))
     check_clean(engine)
+
+
+def test_reset_prefix_cache_and_profiling_are_vllms_llm_engine_calls(tmp_path, monkeypatch):
+    """vLLM's LLMEngine has reset_prefix_cache (its llm_engine_reset_kv.py example calls it
+    between steps), start_profile and stop_profile: all three were an AttributeError here.
+    They are LLM's calls on the same engine: the reset is False, changing nothing, while a
+    request holds blocks, and True once idle (the next identical prompt is computed in full);
+    reset_running_requests=True (preempting the running requests to empty the cache) is a
+    ValueError naming it, as no impl's Scheduler offers that preemption."""
+    engine = make_engine()
+    prompt = {"prompt_token_ids": list(range(5, 25))}  # 20 ids: four full blocks of 4 to cache
+    engine.add_request("a", prompt, GREEDY)
+    engine.step()
+    assert engine.reset_prefix_cache() is False  # "a" holds its blocks
+    with pytest.raises(ValueError, match="reset_running_requests"):
+        engine.reset_prefix_cache(reset_running_requests=True)
+    run_to_end(engine)
+    engine.add_request("b", prompt, GREEDY)
+    assert run_to_end(engine)["b"][-1].num_cached_tokens == 16  # the refusals forgot nothing
+    assert engine.reset_prefix_cache() is True
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
+    engine.start_profile()
+    engine.add_request("c", prompt, GREEDY)
+    outs = run_to_end(engine)
+    engine.stop_profile()
+    assert outs["c"][-1].num_cached_tokens == 0  # the reset emptied the cache
+    assert list(tmp_path.glob("*.pt.trace.json"))
+    check_clean(engine)

@@ -113,3 +113,21 @@ def test_async_reset_after_shutdown_raises_engine_dead():
     engine.shutdown()
     with pytest.raises(EngineDead):
         asyncio.run(engine.reset_prefix_cache())
+
+
+def test_reset_running_requests_true_is_a_value_error_naming_it(llm, async_llm):
+    """vLLM's keyword: False is taken (the call as it was), True (preempt the running requests
+    to empty the cache) is refused naming it, on LLM and AsyncLLM alike; it was a TypeError
+    (unexpected keyword), and the refusal forgets nothing."""
+    assert llm.reset_prefix_cache(reset_running_requests=False) is True
+    _cached(llm)
+    with pytest.raises(ValueError, match="reset_running_requests"):
+        llm.reset_prefix_cache(reset_running_requests=True)
+    assert _cached(llm) == FULL_BLOCKS
+
+    async def run():
+        assert await async_llm.reset_prefix_cache(reset_running_requests=False) is True
+        with pytest.raises(ValueError, match="reset_running_requests"):
+            await async_llm.reset_prefix_cache(reset_running_requests=True)
+
+    asyncio.run(run())
