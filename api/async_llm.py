@@ -20,7 +20,8 @@ Invariants:
   news of several steps at once, never loses the final output.
 - Leaving `generate` early (break, aclose, a cancelled task) aborts the request: the engine
   frees its blocks before its next step. `abort(request_id)` ends a live `generate` with one last
-  output whose unfinished samples have finish_reason "abort".
+  output whose unfinished samples have finish_reason "abort" and their whole text (the tail
+  the engine held back for a stop string included, as a finished sample shows it).
 - Errors: a bad prompt or params is a ValueError raised by `generate` before anything is
   queued; a request id still in use is a ValueError; a step that fails (the forward or the
   sampler raised) ends its requests as LLM.generate does, with a last output whose samples have

@@ -79,6 +79,8 @@ class RequestStream:
         self.accepted = False
         # token id -> its text (shared by the client's streams) where Logprobs are named here
         self._tokenizer = tokenizer if decode_here else None
+        # the engine decodes samples with stop strings, holding back a tail (finish_aborted)
+        self._engine_tokenizer = tokenizer if tokenizer is not None and req.params.detokenize else None
         self._token_texts = token_texts if token_texts is not None else {}
 
     def apply(self, delta: tuple) -> int:
@@ -135,14 +137,36 @@ class RequestStream:
 
     def finish_aborted(self) -> None:
         """End every unfinished sample with finish_reason "abort" (the output is then final):
-        what an aborted request's consumer gets where one still listens (AsyncLLM.abort)."""
+        what an aborted request's consumer gets where one still listens (AsyncLLM.abort). Its
+        text is all of it, as a finished sample's (vLLM's abort output): what this side's
+        detokenizer still held, or the tail the engine held of a sample it decodes."""
         for c, det in zip(self.output.outputs, self._detoks):
             if c.finish_reason is None:
-                if det is not None:
-                    c.text += det.flush()
+                c.text += det.flush() if det is not None else self._engine_held_text(c)
                 c.finish_reason = "abort"
         self._num_finished = self.num_samples
         self.output.finished = True
+
+    def _engine_held_text(self, sample: CompletionOutput) -> str:
+        """The text the engine still held of an unfinished sample it decodes (one with stop
+        strings): the tail that could still grow into a stop string, and the bytes of a
+        character not yet complete. The engine would show it once the sample ended, but an
+        abort ends it here before the engine hears of it, so the sample's ids are decoded again
+        as the engine decoded them (its IncrementalDetokenizer, the request's params) and the
+        tail is what that text adds to the text shown. "" where the replay disagrees with the
+        shown text, or the tokenizer raises: the text shown is never made wrong. Costs two
+        short decodes per id, once, at an abort."""
+        if self._engine_tokenizer is None or not self._params.stop or not sample.token_ids:
+            return ""
+        try:
+            det = IncrementalDetokenizer(self._engine_tokenizer, self.output.prompt_token_ids, self._params)
+            det.update(sample.token_ids)
+            det.flush()
+        except Exception:
+            return ""
+        if det.stop_reason is not None or not det.text.startswith(sample.text):
+            return ""
+        return det.text[len(sample.text) :]
 
 
 def _add_sampled_logprobs(sample: CompletionOutput, logprobs: list[dict]) -> None:

@@ -220,6 +220,40 @@ async def _outputs(gen) -> list:
     return [out async for out in gen]
 
 
+@pytest.mark.parametrize(
+    "kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA], ids=["cumulative", "delta"]
+)
+def test_abort_shows_the_text_the_engine_held_back_for_a_stop_string(async_llm, kind):
+    """A sample with stop strings is detokenized in the engine, which holds back a tail of its
+    text that may still grow into a stop string (one char here: every char the output has
+    begins a stop). abort() ends the sample here, before the engine hears of it: its last
+    output showed every token id but not that tail (its text was no longer the decode of its
+    ids, and DELTA texts did not add up to it), where vLLM's abort output, as this engine's
+    own, shows a finished sample's whole text."""
+    seeded = dict(max_tokens=60, temperature=1.0, seed=5, ignore_eos=True)
+    whole = asyncio.run(_collect(async_llm, [1, 2, 3], SamplingParams(**seeded), "unstopped"))[-1]
+    stops = sorted({ch + "\x00\x00" for ch in whole.outputs[0].text})  # never completed
+    params = SamplingParams(stop=stops, output_kind=kind, **seeded)
+
+    async def abort_after_first():
+        gen = async_llm.generate([1, 2, 3], params, "held")
+        outs = [await gen.__anext__()]
+        await async_llm.abort("held")
+        return outs + await _outputs(gen)
+
+    outs = asyncio.run(abort_after_first())
+    samples = [out.outputs[0] for out in outs if out.outputs]
+    ids = (
+        [t for s in samples for t in s.token_ids]
+        if kind == RequestOutputKind.DELTA
+        else samples[-1].token_ids
+    )
+    text = "".join(s.text for s in samples) if kind == RequestOutputKind.DELTA else samples[-1].text
+    assert outs[-1].finished and samples[-1].finish_reason == "abort" and ids
+    assert ids == whole.outputs[0].token_ids[: len(ids)]
+    assert text == async_llm.tokenizer.decode(ids) == whole.outputs[0].text[: len(text)]
+
+
 def test_abort_before_the_engine_accepted_ends_generate(async_llm):
     """abort() from another task while generate still awaits the engine's acceptance of the
     add: generate ends with the abort output (it hung forever: the abort output was taken as
