@@ -305,17 +305,14 @@ class LLM:
         """Generate for every prompt; returns the final RequestOutputs in prompt order. A
         `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise).
         use_tqdm: the progress bar over finished prompts; a callable is called in tqdm's place
-        with its keyword arguments (vLLM's, e.g. functools.partial(tqdm, file=f)).
+        with vLLM's keyword arguments (_progress_bar; e.g. functools.partial(tqdm, file=f)).
         lora_request: vLLM's keyword, None only (check_lora_request)."""
         ids = self._add(prompts, sampling_params, priority, lora_request)
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0
         bar = None
         try:
-            make_bar = use_tqdm if callable(use_tqdm) else tqdm
-            bar = make_bar(
-                total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True
-            )
+            bar = _progress_bar(use_tqdm, len(ids))
             for step_outputs in self._run(ids, final_only=True):
                 for out in step_outputs:
                     if out.finished:
@@ -637,6 +634,24 @@ def check_lora_request(lora_request, count: int) -> None:
                 f"lora_request is not supported by enginespec (no LoRA adapters; enable_lora is False "
                 f"only): pass None, got {lora!r}"
             )
+
+
+def _progress_bar(use_tqdm, total: int):
+    """generate()'s bar over `total` prompts. A callable use_tqdm is called as vLLM calls it,
+    with total, desc, dynamic_ncols and postfix and nothing more: keywords a
+    functools.partial bound (disable, unit, file) stay the caller's, and a bar function written
+    for vLLM's four takes ours. True: tqdm's own bar; False: a disabled one."""
+    postfix = f"output {0.0:.1f} tok/s"
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, postfix=postfix)
+    return tqdm(
+        total=total,
+        desc="Processed prompts",
+        unit="req",
+        disable=not use_tqdm,
+        dynamic_ncols=True,
+        postfix=postfix,
+    )
 
 
 def check_reset_running(reset_running_requests) -> None:

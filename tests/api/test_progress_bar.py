@@ -30,10 +30,30 @@ def test_a_callable_use_tqdm_makes_the_bar():
 
     sink = io.StringIO()
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=bar)
-    assert len(outs) == 3 and made and made[0]["total"] == 3 and not made[0]["disable"]
+    assert len(outs) == 3 and made and made[0]["total"] == 3
     assert "Processed prompts" in sink.getvalue() and "3/3" in sink.getvalue()
     other = io.StringIO()
     chat = [{"role": "user", "content": "hi"}]
     template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     assert llm.chat(chat, PARAMS, use_tqdm=functools.partial(tqdm, file=other), chat_template=template)
     assert "1/1" in other.getvalue()
+
+
+def test_a_callable_use_tqdm_gets_vllms_keywords_and_keeps_its_own():
+    """vLLM calls the callable with total, desc, dynamic_ncols and postfix, nothing more. Ours
+    also passed unit and disable=False: those overrode the ones a functools.partial had bound
+    (partial(tqdm, disable=not main_rank) drew its bar anyway), and a bar function written for
+    vLLM's four keywords was a TypeError."""
+    llm = LLM(str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", num_blocks=32)
+    hidden = io.StringIO()
+    assert (
+        len(llm.generate(PROMPTS, PARAMS, use_tqdm=functools.partial(tqdm, file=hidden, disable=True))) == 3
+    )
+    assert hidden.getvalue() == ""
+    sink = io.StringIO()
+
+    def vllm_shaped(total, desc, dynamic_ncols, postfix):
+        return tqdm(total=total, desc=desc, dynamic_ncols=dynamic_ncols, postfix=postfix, file=sink)
+
+    assert len(llm.generate(PROMPTS, PARAMS, use_tqdm=vllm_shaped)) == 3
+    assert "Processed prompts" in sink.getvalue() and "3/3" in sink.getvalue()
