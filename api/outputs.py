@@ -116,8 +116,8 @@ class RequestOutput:
     - num_cached_tokens: how many prompt tokens the prefix cache served (vLLM's): the first
       sample's request.num_cached_tokens at its first admission (a later preemption and
       re-admission does not change it); 0 until it is first scheduled, or with prefix caching
-      off or prompt_logprobs asked. None where nothing filled it in yet (a front end's output
-      before the request's first step).
+      off or prompt_logprobs asked (the front end's outputs, AsyncLLM's and the server's, read
+      0 too before the first step). None only where the output's maker gave no count.
     """
 
     request_id: str

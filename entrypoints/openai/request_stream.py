@@ -66,6 +66,7 @@ class RequestStream:
                 )
                 for i in range(n)
             ],
+            num_cached_tokens=0,  # as the engine's outputs (and vLLM's) read before the first step
         )
         decode_here = tokenizer is not None and req.params.detokenize and not req.params.stop
         self._detoks = [

@@ -273,6 +273,9 @@ def test_abort_before_the_engine_accepted_ends_generate(async_llm):
     outs = asyncio.run(abort_at_once())
     assert len(outs) == 1 and outs[0].finished
     assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].token_ids == []
+    # an int, as LLM.generate's and vLLM's (0 before the first step): it read None, and code
+    # summing the field over outputs (vLLM's is an int from the start) raised a TypeError
+    assert outs[0].num_cached_tokens == 0
 
 
 def test_a_request_id_reused_after_an_abort_gets_none_of_the_old_requests_outputs(async_llm, llm):
