@@ -202,6 +202,24 @@ def test_leaving_generate_after_an_output_aborts_its_request(async_llm):
     assert asyncio.run(leave_after_first()).request_id == "early"
 
 
+def test_a_generate_dropped_after_an_output_without_closing_it_aborts_its_request(async_llm):
+    """A consumer that lets go of a half-read generate (no break inside `async for`, no
+    aclose: the generator is only garbage collected) still frees the request: the event loop's
+    async-generator finalizer closes it, and closing it aborts (vLLM's GeneratorExit path)."""
+    import gc
+
+    async def drop_after_first():
+        gen = async_llm.generate(PROMPT, SamplingParams(max_tokens=200, ignore_eos=True), "dropped")
+        await gen.__anext__()
+        del gen
+        gc.collect()
+        await _wait(lambda: async_llm.num_unfinished_requests == 0, "the dropped request stayed pending")
+        await _collect(async_llm, [1, 2, 3], SamplingParams(max_tokens=2), "after-drop")
+        await _wait(lambda: async_llm._client.state.num_unfinished == 0, "the engine kept the request")
+
+    asyncio.run(drop_after_first())
+
+
 def test_abort_ends_generate_with_an_abort_output(async_llm):
     async def abort_midway():
         task = await _live_request(async_llm, "ab", lambda gen: _outputs(gen))

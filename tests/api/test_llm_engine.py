@@ -97,6 +97,28 @@ def test_abort_midway_frees_the_request_and_the_others_finish_unchanged():
     check_clean(engine)
 
 
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_abort_between_two_prefill_chunks_frees_its_blocks(impl):
+    """A prompt longer than the step budget is prefilled in chunks; aborted after its first
+    chunk (no output yet), its blocks go back to the pool at once and the request beside it
+    finishes as it would alone."""
+    args = {**engine_args(impl), "max_num_batched_tokens": 8, "enable_chunked_prefill": True}
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir("qwen3")), **args))
+    core = engine.engine
+    engine.add_request("long", list(range(5, 45)), LONG)
+    assert engine.step() == []  # one chunk of 8 of its 40 prompt tokens: nothing to show
+    (running,) = core.scheduler.running
+    assert 0 < running.num_computed_tokens < running.num_prompt_tokens
+    assert core.block_manager.num_free < core.runner.num_blocks
+    engine.add_request("short", PROMPTS[1], GREEDY)
+    engine.abort_request("long")
+    assert core.block_manager.num_free == core.runner.num_blocks
+    want = completions(make_llm(impl).generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
+    seen = run_to_end(engine)
+    assert list(seen) == ["short"] and completions(seen["short"][-1]) == want
+    check_clean(engine)
+
+
 def test_a_duplicate_request_id_is_a_value_error_and_the_holder_runs_on():
     engine = make_engine()
     engine.add_request("a", PROMPTS[1], GREEDY)
