@@ -152,10 +152,28 @@ def _check_activation(config, config_path: Path) -> None:
         raise CheckpointError(f"{config_path}: unsupported hidden_act {act!r}; supported: {sorted(ACT2FN)}")
 
 
+def _check_heads(config, config_path: Path) -> None:
+    """CheckpointError unless num_key_value_heads (num_attention_heads where absent) is >= 1 and
+    divides num_attention_heads: each kv head serves a whole group of query heads. Otherwise the
+    model built (its shapes are consistent) and every request then failed at its first step
+    (transformers' forward fails there too); 0 kv heads was a bare ZeroDivisionError."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None)
+    kv = heads if kv is None else kv
+    if not isinstance(heads, int) or not isinstance(kv, int):  # transformers' validation refuses them
+        return
+    if kv < 1 or heads % kv:
+        raise CheckpointError(
+            f"{config_path}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
+            f"({kv}), which must be >= 1: each kv head serves a whole group of query heads"
+        )
+
+
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
-    scaling one transformers computes (_check_rope_type) and its activation one transformers
-    builds (_check_activation)."""
+    scaling one transformers computes (_check_rope_type), its activation one transformers
+    builds (_check_activation) and its kv heads grouping its query heads (_check_heads)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -169,6 +187,7 @@ def load_config(path, *, trust_remote_code: bool = False):
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
     _check_activation(config, config_path)
+    _check_heads(config, config_path)
     return config
 
 

@@ -412,3 +412,20 @@ def test_an_unknown_hidden_act_is_refused_by_name(tmp_path):
         build_model(path)
     _set_config(path, hidden_act="gelu_pytorch_tanh")
     assert build_model(path).model.layers[0].mlp.act_fn is not None
+
+
+@pytest.mark.parametrize("kv_heads", [3, 8, 0])
+def test_kv_heads_that_do_not_divide_the_query_heads_are_refused_naming_them(tmp_path, kv_heads):
+    """num_key_value_heads must be >= 1 and divide num_attention_heads (each kv head serves a
+    whole group of query heads). A checkpoint written consistently with 4 query heads over 3
+    (or 8) kv heads loaded, and every request then finished with finish_reason "error" (the
+    backend's "q heads (4) must be a multiple of kv heads (3)" at each step; transformers' own
+    forward fails too); 0 kv heads was a bare ZeroDivisionError from the constructor. Now a
+    CheckpointError naming config.json, both fields and their values, before any tensor is read."""
+    path = make_checkpoint("llama", tmp_path / "ckpt", num_key_value_heads=max(kv_heads, 1))
+    _set_config(path, num_key_value_heads=kv_heads)
+    match = (
+        rf"config\.json: num_attention_heads \(4\) must be a multiple of num_key_value_heads \({kv_heads}\)"
+    )
+    with pytest.raises(CheckpointError, match=match):
+        build_model(path)
