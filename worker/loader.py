@@ -140,6 +140,33 @@ def _check_rope_type(config, config_path: Path) -> None:
         raise CheckpointError(f"{config_path}: unsupported rope_type {kind!r}; supported: {supported}")
 
 
+def _check_longrope_factors(config, config_path: Path) -> None:
+    """CheckpointError unless a longrope scaling's short_factor and long_factor each hold one
+    number per rotated frequency (as many as range(0, rotary dim, 2), the rotary dim being
+    head_dim times partial_rotary_factor), as transformers' longrope computes them. transformers
+    only logs a warning for another length: five short factors then failed the load with a bare
+    RuntimeError from the rotary module, five long factors every step reaching past
+    original_max_position_embeddings."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return
+    partial = rope.get("partial_rotary_factor", 1.0)
+    try:
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        expected = len(range(0, int(head_dim * partial), 2))
+    except (AttributeError, TypeError, ZeroDivisionError):  # transformers' own checks name these
+        return
+    for name in ("short_factor", "long_factor"):
+        factors = rope.get(name)
+        if isinstance(factors, (list, tuple)) and len(factors) != expected:
+            raise CheckpointError(
+                f"{config_path}: rope scaling longrope {name} must hold {expected} numbers, one per "
+                f"rotated frequency (half of head_dim {head_dim} x partial_rotary_factor {partial}), "
+                f"got {len(factors)}"
+            )
+
+
 def _check_activation(config, config_path: Path) -> None:
     """CheckpointError unless the config's hidden_act is one transformers' MLPs can build (a key
     of its ACT2FN). Any other ("swiglu", a typo) made the model's constructor raise a bare
@@ -172,8 +199,9 @@ def _check_heads(config, config_path: Path) -> None:
 
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
-    scaling one transformers computes (_check_rope_type), its activation one transformers
-    builds (_check_activation) and its kv heads grouping its query heads (_check_heads)."""
+    scaling one transformers computes (_check_rope_type, _check_longrope_factors), its activation
+    one transformers builds (_check_activation) and its kv heads grouping its query heads
+    (_check_heads)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -186,6 +214,7 @@ def load_config(path, *, trust_remote_code: bool = False):
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
+    _check_longrope_factors(config, config_path)
     _check_activation(config, config_path)
     _check_heads(config, config_path)
     return config

@@ -429,3 +429,29 @@ def test_kv_heads_that_do_not_divide_the_query_heads_are_refused_naming_them(tmp
     )
     with pytest.raises(CheckpointError, match=match):
         build_model(path)
+
+
+@pytest.mark.parametrize("wrong", ["short_factor", "long_factor"])
+def test_longrope_factors_of_the_wrong_length_are_refused_naming_them(tmp_path, wrong):
+    """A longrope scaling holds one short and one long factor per rotated frequency (head_dim / 2
+    of them: 8 for the tiny llama's head_dim 16). Five short factors made the model's rotary
+    module raise a bare RuntimeError (a broadcast of 5 against 8) while loading; five long
+    factors loaded, and then every step holding a context past original_max_position_embeddings
+    failed, its requests finishing with finish_reason "error" (transformers only logs a warning
+    for either). Now a CheckpointError naming config.json, the field, its length and the one
+    expected."""
+    path = _copy("llama", tmp_path)
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+    }
+    rope[wrong] = [1.5] * 5
+    _set_config(path, rope_parameters=rope)
+    with pytest.raises(
+        CheckpointError, match=rf"config\.json: .*longrope {wrong} must hold 8 numbers.*got 5"
+    ):
+        build_model(path)
