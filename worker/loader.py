@@ -197,11 +197,24 @@ def _check_heads(config, config_path: Path) -> None:
         )
 
 
+def _check_positions(config, config_path: Path) -> None:
+    """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 1.
+    Below it no prompt fits, and the engine failed later naming another thing: -5 was a bare
+    RuntimeError from building the rope table, 0 a ValueError about SchedulerConfig.max_model_len."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions < 1:
+        raise CheckpointError(
+            f"{config_path}: max_position_embeddings must be an int >= 1 (the longest context the "
+            f"model serves), got {positions}"
+        )
+
+
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
     scaling one transformers computes (_check_rope_type, _check_longrope_factors), its activation
-    one transformers builds (_check_activation) and its kv heads grouping its query heads
-    (_check_heads)."""
+    one transformers builds (_check_activation), its kv heads grouping its query heads
+    (_check_heads) and at least one position (_check_positions)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -217,6 +230,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     _check_longrope_factors(config, config_path)
     _check_activation(config, config_path)
     _check_heads(config, config_path)
+    _check_positions(config, config_path)
     return config
 
 

@@ -455,3 +455,17 @@ def test_longrope_factors_of_the_wrong_length_are_refused_naming_them(tmp_path, 
         CheckpointError, match=rf"config\.json: .*longrope {wrong} must hold 8 numbers.*got 5"
     ):
         build_model(path)
+
+
+@pytest.mark.parametrize("positions", [0, -5])
+def test_a_max_position_embeddings_below_one_is_refused_naming_it(tmp_path, positions):
+    """max_position_embeddings is the bound of max_model_len: below 1 no prompt fits. LLM(model=...)
+    over -5 raised a bare RuntimeError from torch.arange (the rope table's rows), and over 0
+    a ValueError naming SchedulerConfig.max_model_len, not the config field the 0 came from.
+    Now a CheckpointError naming config.json, the field and its value."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, max_position_embeddings=positions)
+    with pytest.raises(
+        CheckpointError, match=rf"config\.json: max_position_embeddings must be .*>= 1 .*, got {positions}"
+    ):
+        build_model(path)
