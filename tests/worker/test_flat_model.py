@@ -332,6 +332,33 @@ def _check_19_positions(impl, model, hf) -> None:
     assert torch.allclose(logits, _hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
 
 
+# Config fields real checkpoints carry that the tiny families (GQA 2:1, head_dim 16 over hidden
+# 32, Qwen2's qkv bias only) do not: family, config overrides.
+CONFIG_VARIANTS = {
+    "mha": ("llama", dict(num_key_value_heads=4)),
+    "gqa-4-to-1": ("qwen3", dict(num_key_value_heads=1)),
+    "head-dim-past-hidden": ("mistral", dict(head_dim=32)),  # 4 x 32 > hidden 32, as Qwen3-0.6B's
+    "llama-attention-and-mlp-bias": ("llama", dict(attention_bias=True, mlp_bias=True)),
+    "qwen3-attention-bias": ("qwen3", dict(attention_bias=True)),
+    "large-rms-norm-eps": ("qwen2", dict(rms_norm_eps=0.1)),
+}
+
+
+@pytest.mark.parametrize("model_impl", MODEL_IMPLS)
+@pytest.mark.parametrize("variant", list(CONFIG_VARIANTS))
+def test_config_variants_match_transformers(impl, tmp_path, variant, model_impl):
+    """Head groupings (MHA, 4 q heads over 1 kv head), a head_dim whose heads span more than the
+    hidden size, Llama's attention and MLP biases (the merged decoder concatenates them with the
+    weights; the checkpoint writer randomizes them), Qwen3's attention bias and a large
+    rms_norm_eps: every decoder gives transformers' logits."""
+    from enginespec.testing.checkpoints import make_checkpoint
+
+    family, overrides = CONFIG_VARIANTS[variant]
+    path = make_checkpoint(family, tmp_path / variant, seed=5, **overrides)
+    model = _load(path, impl.attention_backend("cpu"), model_impl)
+    _check_19_positions(impl, model, _hf_model(path))
+
+
 def test_dynamic_rope_is_computed_per_step(impl, tmp_path):
     """A rope type that rescales with the longest position (dynamic NTK) gets no cos/sin table,
     and still matches transformers past the original context (where the rescaling starts)."""
