@@ -16,6 +16,17 @@ tokenizer's decode only when False (the default is every tokenizer's own, and du
 need not know the keyword); Hugging Face's fast tokenizers ignore it, as vLLM's fast
 detokenizer does, so their bare backend may still decode.
 
+A SentencePiece byte-fallback decoder (Llama 2, Mistral: characters without a piece are written
+as <0xNN> byte tokens) is additive only over valid UTF-8: it renders a run of byte tokens that
+is invalid as a whole as one U+FFFD per byte, the run's complete characters included. Settled
+text is never rewritten (a stream has shown it): new ids that make such a run invalid add their
+own text (vLLM's DecodeStream restarts there the same way), and `flush()` settles the complete
+characters before a dangling partial one first. So an output cut inside a character keeps every
+character before the cut, whatever the split, where a full decode shows only U+FFFD; the
+dangling bytes show as the tokenizer renders them alone (vLLM drops them from its final text;
+here the text shows that the output was cut). Only an output with invalid bytes inside it,
+which no trained model writes, can differ from a full decode and between splits.
+
 Stop strings: after each token the newly settled text is searched for matches that END in it
 (earlier matches would have fired earlier). Of those, the one that ends first wins, then the
 one that starts first: the stop that a character-by-character stream would see first, so the
@@ -107,17 +118,36 @@ class IncrementalDetokenizer:
             return []
         return tail
 
-    def _settle(self, force: bool = False) -> str:
-        """Text the unsettled ids add; empty (and nothing settled) while it ends mid-character."""
-        ids = self.output_token_ids
+    def _settle(self, force: bool = False, end: Optional[int] = None) -> str:
+        """Text the unsettled ids (up to `end`, default all) add; empty, and nothing settled,
+        while it ends mid-character. A decode that rewrote the settled text (a byte-fallback
+        run made invalid by the new ids) settles the new ids' own text: settled text is never
+        taken back, as a stream has shown it."""
+        ids = self.output_token_ids[:end] if end is not None else self.output_token_ids
         context = self._context if self._prefix == 0 else []  # windows at the output's start
         before = self._decode(context + ids[self._prefix : self._read])
         after = self._decode(context + ids[self._prefix :])
         if not force and (after.endswith(_REPLACEMENT) or len(after) <= len(before)):
             return ""
-        new = after[len(before) :] if context or after.startswith(before) else after
+        new = after[len(before) :] if after.startswith(before) else self._decode(ids[self._read :])
         self._prefix, self._read = self._read, len(ids)
         return new
+
+    def _settle_at_end(self) -> str:
+        """Settle every pending id once no more will come: first the longest run of them that
+        ends on a whole character (a UTF-8 character is at most 4 bytes, so one of the last 3
+        cuts does unless the text is broken), then the dangling partial character's ids, forced.
+        A byte-fallback decoder (Llama 2, Mistral) renders a run of byte tokens that is invalid
+        as a whole as one U+FFFD per byte, the run's complete characters included: settled
+        together, an output cut inside its last character (max_tokens) lost every character
+        written in bytes before it."""
+        ids = self.output_token_ids
+        new = ""
+        for end in range(len(ids) - 1, max(self._read, len(ids) - 4), -1):
+            new = self._settle(end=end)
+            if new:
+                break
+        return new + self._settle(force=True)
 
     def update(self, new_token_ids: Sequence[int]) -> tuple[str, Optional[str]]:
         """Append ids; return (text delta safe to stream, the stop string that fired or None).
@@ -185,5 +215,5 @@ class IncrementalDetokenizer:
         """Settle pending ids (a dangling partial character decodes as U+FFFD, as a full decode
         would) and return every char of `text` not yet emitted. Idempotent."""
         if self.stop_reason is None and self._read < len(self.output_token_ids):
-            self.text += self._settle(force=True)
+            self.text += self._settle_at_end()
         return self._take(len(self.text))

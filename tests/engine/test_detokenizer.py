@@ -68,6 +68,41 @@ def metaspace():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
 
 
+@functools.lru_cache(maxsize=None)
+def byte_fallback():
+    """A SentencePiece BPE with byte fallback (Llama 2, Mistral): a character without a piece is
+    written as <0xNN> byte tokens, and the decoder renders a run of byte tokens that is not
+    valid UTF-8 as a whole as one U+FFFD per byte, the run's valid characters included."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "▁", "a", "b", "▁a", "▁b"]
+    tok = Tokenizer(
+        models.BPE(
+            vocab={p: i for i, p in enumerate(pieces)},
+            merges=[("▁", "a"), ("▁", "b")],
+            byte_fallback=True,
+            unk_token="<unk>",
+        )
+    )
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def fallback_ids(text: str) -> list[int]:
+    """`text` as byte_fallback()'s byte tokens, one per UTF-8 byte."""
+    return byte_fallback().convert_tokens_to_ids([f"<0x{b:02X}>" for b in text.encode("utf-8")])
+
+
 def _byte_char(b: int) -> str:
     """The printable stand-in the byte-level alphabet uses for byte b."""
     if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
@@ -91,9 +126,9 @@ def after_prompt(tokenizer, ids, prompt=PROMPT) -> str:
     return tokenizer.decode(list(prompt) + list(ids))[len(tokenizer.decode(list(prompt))) :]
 
 
-def run(tokenizer, ids, params, chunks):
-    """Feed ids in chunks of the given sizes; return (deltas joined, stop, detokenizer)."""
-    detok = IncrementalDetokenizer(tokenizer, PROMPT, params)
+def run(tokenizer, ids, params, chunks, prompt=PROMPT):
+    """Feed ids in chunks of the given sizes; return (deltas, stop, detokenizer)."""
+    detok = IncrementalDetokenizer(tokenizer, prompt, params)
     deltas, stop, pos = [], None, 0
     for size in chunks:
         delta, stop = detok.update(ids[pos : pos + size])
@@ -422,3 +457,51 @@ def test_a_tokenizer_that_does_not_say_it_skips_clean_up_is_decoded_through_its_
     tok = PostProcessingTokenizer(byte_bpe())
     ids = tok.inner.encode("ab cd")
     assert run(tok, ids, SamplingParams(), [1] * len(ids))[2].text == after_prompt(tok, ids) == "AB CD"
+
+
+@pytest.mark.parametrize("chunks", [[8], [1] * 8, [6, 2], [3, 4, 1]], ids=str)
+def test_a_dangling_byte_fallback_character_leaves_the_text_before_it(chunks):
+    """An output cut inside a character (max_tokens) by a byte-fallback tokenizer: "你好" as
+    byte tokens, then two of the three bytes of a third character. The decoder renders the whole
+    byte run as eight U+FFFD, since the run is not valid UTF-8 as a whole; generate(), which
+    settles a whole output at once, returned that, and a stream returned "你好" and then
+    five U+FFFD (好's own bytes again, then the two). vLLM's stream keeps "你好" too. Now every
+    split gives the complete characters, then the dangling bytes as the tokenizer renders them
+    on their own."""
+    tok = byte_fallback()
+    ids = fallback_ids("你好") + fallback_ids("你")[:2]
+    assert tok.decode(ids) == "\ufffd" * 8, "the full decode must lose the valid text for the test to bite"
+    deltas, stop, detok = run(tok, ids, SamplingParams(), chunks)
+    assert stop is None
+    assert detok.text == "".join(deltas) == "你好" + tok.decode(ids[-2:]) == "你好\ufffd\ufffd"
+
+
+def test_a_dangling_byte_fallback_character_after_byte_ascii_keeps_it():
+    """The same after an ASCII character written as a byte token ('a' as <0x61>), whose text a
+    stream showed before the dangling bytes came: it stays, whatever the split."""
+    tok = byte_fallback()
+    ids = fallback_ids("a") + fallback_ids("你")[:2]
+    for chunks in ([3], [1, 1, 1]):
+        deltas, _, detok = run(tok, ids, SamplingParams(stop=("zz",)), chunks)
+        assert detok.text == "".join(deltas) == "a\ufffd\ufffd"
+
+
+@given(
+    st.text(alphabet="ab 你好🙂é", min_size=1, max_size=12),
+    st.integers(0, 3),
+    st.randoms(use_true_random=False),
+)
+def test_byte_fallback_text_equals_a_full_decode_whatever_the_split(text, cut, rng):
+    """Valid text written in byte tokens and pieces decodes as a full decode would, whatever the
+    split; cut inside its last character, it keeps every complete character before the cut."""
+    tok = byte_fallback()
+    prompt = tok.encode("a b", add_special_tokens=False)
+    ids = tok.encode(text, add_special_tokens=False)
+    deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)), prompt)
+    assert detok.text == "".join(deltas) == after_prompt(tok, ids, prompt)
+    last = fallback_ids(text[-1])
+    if 0 < cut < len(last):
+        valid = tok.encode(text[:-1], add_special_tokens=False) if len(text) > 1 else []
+        ids = valid + last[:cut]
+        deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)), prompt)
+        assert detok.text == "".join(deltas) == after_prompt(tok, valid, prompt) + tok.decode(last[:cut])
