@@ -47,9 +47,11 @@ until a later id completes it (or `flush()`).
 
 Streaming: the delta returned by `update` never includes a tail of `text` that could still grow
 into a stop string (the longest suffix that is a proper prefix of some stop), so emitted text is
-never retracted. `text` always holds all settled text, held-back tail included; `flush()` settles
-pending bytes and returns the not-yet-emitted tail (call it when a request ends without a stop
-string if you stream deltas). `shown_text(finished)` is `text` as a cumulative output shows it:
+never retracted; with `include_stop_str_in_output` nothing is held back, as a stop string stays
+in the text with all before it (the first to end wins, so no later cut falls before it). `text`
+always holds all settled text, held-back tail included; `flush()` settles pending bytes and
+returns the not-yet-emitted tail (call it when a request ends without a stop string if you
+stream deltas). `shown_text(finished)` is `text` as a cumulative output shows it:
 without that tail while the request runs.
 """
 
@@ -195,7 +197,11 @@ class IncrementalDetokenizer:
         return self.text[: len(self.text) - held] if held else self.text  # no copy a step when none is held
 
     def _held_back(self) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string;
+        0 with include_stop_str_in_output, where a stop string stays in the text with all
+        before it, so no shown text can be cut (vLLM's stop_buffer_length is 0 then too)."""
+        if self.include_stop:
+            return 0
         longest = 0
         for stop in self.stops:
             for n in range(min(len(stop) - 1, len(self.text)), longest, -1):

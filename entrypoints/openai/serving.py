@@ -787,7 +787,9 @@ class _Ready:
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    """Length of the longest suffix of text that is a proper prefix of some stop string (a
+    stream holds it back while the stop string would be cut: not with include_stop_str_in_output,
+    as in the engine's detokenizer)."""
     longest = 0
     for stop in stops:
         for n in range(min(len(stop) - 1, len(text)), longest, -1):
@@ -1195,7 +1197,8 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         end = len(text)
     else:
         text = completion.text
-        end = len(text) - _held_back(text, call.stops) if call.stops else len(text)
+        held = call.stops and not call.body.include_stop_str_in_output  # a stop string stays: none
+        end = len(text) - _held_back(text, call.stops) if held else len(text)
     num_chars = state.num_chars
     if end < num_chars:
         end = num_chars

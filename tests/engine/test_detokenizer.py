@@ -505,3 +505,21 @@ def test_byte_fallback_text_equals_a_full_decode_whatever_the_split(text, cut, r
         ids = valid + last[:cut]
         deltas, _, detok = run(tok, ids, SamplingParams(), chunking(rng, len(ids)), prompt)
         assert detok.text == "".join(deltas) == after_prompt(tok, valid, prompt) + tok.decode(last[:cut])
+
+
+@pytest.mark.parametrize(
+    "include, want", [(False, ["a", "b", "", "", "STx"]), (True, ["a", "b", "S", "T", "x"])]
+)
+def test_text_is_held_back_for_a_stop_string_only_when_the_stop_string_is_cut(include, want):
+    """A tail that may still grow into a stop string is held back only when the stop string
+    would be cut from the text: with include_stop_str_in_output the stop string and all before
+    it stay, so each character streams as it is settled (vLLM's stop_buffer_length is 0 then).
+    It was held back either way, delaying a stream by up to len(stop) - 1 characters."""
+    tok = byte_bpe()
+    params = SamplingParams(stop=("STOP",), include_stop_str_in_output=include)
+    detok = IncrementalDetokenizer(tok, [1], params)
+    deltas = []
+    for i in byte_ids("abSTx"):
+        deltas.append(detok.update([i])[0])
+        assert detok.shown_text(False) == "".join(deltas)
+    assert deltas == want and detok.flush() == ""
