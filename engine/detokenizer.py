@@ -73,6 +73,61 @@ def _plain_backend(tokenizer):
     return backend
 
 
+class _StopTail:
+    """The longest suffix of a growing text that is a proper prefix of `stop`, followed one
+    character at a time (Knuth-Morris-Pratt): `feed(chars)` returns its length after them.
+    Amortized O(1) per character, whatever the stop string's length."""
+
+    def __init__(self, stop: str):
+        self.stop, self.matched = stop, 0
+        # border[i]: length of the longest proper prefix of stop[: i + 1] that is also its suffix
+        self.border = border = [0] * len(stop)
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = border[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            border[i] = k
+
+    def feed(self, chars: str) -> int:
+        stop, border, k = self.stop, self.border, self.matched
+        last = len(stop) - 1
+        for c in chars:
+            while k and stop[k] != c:
+                k = border[k - 1]
+            if stop[k] == c:
+                if k == last:  # the whole stop string: keep its longest proper prefix
+                    k = border[k]
+                else:
+                    k += 1
+        self.matched = k
+        return k
+
+
+class StopPrefixes:
+    """The tail a stream holds back while it may still grow into a stop string: the longest
+    suffix of a text that is a proper prefix of one of `stops`. `held(text)` takes a text that
+    extends every text given before (a running sample's only grows) and reads only what is new,
+    one matcher per stop string (_StopTail): searched again at every step, as it was, long stop
+    strings (a request may send any) cost each step their length times the text's."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(stops)
+        self._tails: Optional[list[_StopTail]] = None  # made on first use
+        self._scanned = 0  # chars of the text read
+        self._held = 0  # the answer for those chars
+
+    def held(self, text: str) -> int:
+        if self._scanned < len(text) and self.stops:  # else nothing new since the last call
+            if self._tails is None:
+                self._tails = [_StopTail(stop) for stop in self.stops]
+            new = text[self._scanned :]
+            self._scanned = len(text)
+            self._held = max([tail.feed(new) for tail in self._tails])
+        return self._held
+
+
 class IncrementalDetokenizer:
     """Turns one request's output ids into text, step by step. See the module docstring."""
 
@@ -94,6 +149,7 @@ class IncrementalDetokenizer:
         self._emitted = 0  # chars of text already returned as deltas
         self._backend = _plain_backend(tokenizer)
         self._context = self._prompt_context(self.prompt_token_ids)
+        self._stop_prefixes = StopPrefixes(self.stops)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
@@ -199,16 +255,12 @@ class IncrementalDetokenizer:
     def _held_back(self) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string;
         0 with include_stop_str_in_output, where a stop string stays in the text with all
-        before it, so no shown text can be cut (vLLM's stop_buffer_length is 0 then too)."""
-        if self.include_stop:
+        before it, so no shown text can be cut (vLLM's stop_buffer_length is 0 then too), and
+        once a stop string fired (the text is final). Followed as text arrives (StopPrefixes),
+        so a step costs its new characters, not the stop strings' length times the text's."""
+        if self.include_stop or self.stop_reason is not None:
             return 0
-        longest = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+        return self._stop_prefixes.held(self.text)
 
     def _take(self, end: int) -> str:
         """The not-yet-emitted text up to `end`, marked emitted."""

@@ -29,6 +29,7 @@ from enginespec import chat_utils
 from enginespec.beam_search import run_beam_search_async
 from enginespec.chat_utils import ChatTemplateError, resolve_chat_template
 from enginespec.engine.core_messages import NewRequest
+from enginespec.engine.detokenizer import StopPrefixes
 from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import (
@@ -121,6 +122,7 @@ class _Choice:
     reasoning: Optional[ReasoningStream] = None  # a chat reply's split so far (--reasoning-parser)
     tools: Union[ToolStream, ForcedCallStream, None] = None  # its tool calls so far
     num_calls: int = 0  # tool calls sent
+    stop_prefixes: Optional[StopPrefixes] = None  # its text's possible stop string tail (_held_back)
 
 
 @dataclass
@@ -786,17 +788,15 @@ class _Ready:
 # ---- text and logprobs --------------------------------------------------------------------------
 
 
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string (a
-    stream holds it back while the stop string would be cut: not with include_stop_str_in_output,
-    as in the engine's detokenizer)."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
+def _held_back(state: _Choice, text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of the choice's text that is a proper prefix of some stop
+    string (a stream holds it back while the stop string would be cut: not with
+    include_stop_str_in_output, as in the engine's detokenizer). The text only grows, so the
+    choice follows it as it does (StopPrefixes): a frame costs its new characters, where
+    searching it again each frame cost the stop strings' length times the text's."""
+    if state.stop_prefixes is None:
+        state.stop_prefixes = StopPrefixes(stops)
+    return state.stop_prefixes.held(text)
 
 
 def _finite(logprob: Optional[float]) -> Optional[float]:
@@ -1198,7 +1198,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     else:
         text = completion.text
         held = call.stops and not call.body.include_stop_str_in_output  # a stop string stays: none
-        end = len(text) - _held_back(text, call.stops) if held else len(text)
+        end = len(text) - _held_back(state, text, call.stops) if held else len(text)
     num_chars = state.num_chars
     if end < num_chars:
         end = num_chars

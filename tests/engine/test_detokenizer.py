@@ -523,3 +523,63 @@ def test_text_is_held_back_for_a_stop_string_only_when_the_stop_string_is_cut(in
         deltas.append(detok.update([i])[0])
         assert detok.shown_text(False) == "".join(deltas)
     assert deltas == want and detok.flush() == ""
+
+
+def builtin_calls(fn, *args) -> int:
+    """How many calls of builtins (str methods, len, ...) fn(*args) makes: work done in C that a
+    Python-level count would not see."""
+    import sys
+
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "c_call"
+
+    sys.setprofile(count)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_holding_back_a_stop_prefix_costs_the_same_whatever_the_stop_strings_length():
+    """The held-back tail is followed as text arrives (a matcher per stop string), not searched
+    again every step: it was, one str.endswith per length the tail could have, so a request
+    with long stop strings (the server takes any) cost every step of the engine loop time in
+    their length times the text's (64 stops of 4,000 chars: about 30 ms a token and 60 ms an
+    output). A token, and an output's text, now take as many builtin calls with stop strings
+    of 4,000 chars as with stop strings of 4, and hold back the same tail."""
+    tok = byte_bpe()
+    costs = {}
+    for length in (4, 4000):
+        stops = tuple("a" * (length - 1) + end for end in "ST")
+        detok = IncrementalDetokenizer(tok, [1], SamplingParams(stop=stops))
+        detok.update(tok.encode("hello world, abc. " * 120))
+        (a,) = tok.encode("a")
+        update = builtin_calls(detok.update, [a])
+        shown = builtin_calls(detok.shown_text, False)
+        costs[length] = (update, shown, len(detok.text) - len(detok.shown_text(False)))
+    assert costs[4000] == costs[4] and costs[4][2] == 1, costs
+
+
+def held_back(text: str, stops) -> int:
+    """Reference: the longest suffix of text that is a proper prefix of some stop string."""
+    return max(
+        (n for s in stops for n in range(len(s)) if n <= len(text) and text.endswith(s[:n])), default=0
+    )
+
+
+@given(
+    st.lists(st.text(alphabet="abS", min_size=1, max_size=8), min_size=1, max_size=20),
+    st.lists(st.text(alphabet="abS", min_size=1, max_size=6), min_size=1, max_size=3),
+)
+def test_the_followed_tail_is_the_longest_stop_prefix_ending_the_text(pieces, stops):
+    """The matchers that follow the held-back tail give the reference's length after every
+    piece of text, stop strings that repeat themselves ("aab", "abab") and whole stop strings
+    inside the text (before min_tokens a stop string is plain text) included."""
+    detok = IncrementalDetokenizer(byte_bpe(), [1], SamplingParams(stop=tuple(stops)))
+    for piece in pieces:
+        detok.text += piece
+        assert detok._held_back() == held_back(detok.text, stops)

@@ -36,3 +36,31 @@ def test_a_frame_holds_a_possible_stop_string_back_only_when_it_would_be_cut(kin
     else:
         texts, whole = [c["delta"].get("content", "") for c in choices], full["message"]["content"]
     assert texts == want and "".join(texts) == whole == "abSTx"
+
+
+def test_a_frame_costs_the_same_whatever_the_stop_strings_length():
+    """The held-back tail of a choice's text is followed as the text grows: it was searched
+    again for every frame, one str.endswith per length it could have, so the front end spent
+    the stop strings' length times the text's on each frame of each stream (64 stop strings of
+    4,000 chars: about 60 ms a frame, every client's event loop waiting). A frame now takes as
+    many builtin calls with stop strings of 4,000 chars as with stop strings of 4, and holds
+    back the same text."""
+    from enginespec.entrypoints.openai.serving import _delta_choice
+    from tests.engine.test_detokenizer import builtin_calls
+    from tests.entrypoints.client_helpers import scripted_output
+
+    text = "hello world, abc. " * 120 + "a"
+    costs = {}
+    for length in (4, 4000):
+        stops = tuple("a" * (length - 1) + end for end in "ST")
+        call = _Call(
+            "completion", "id-1", "m", CompletionRequest(prompt="p", stream=True), [("p", [1])], stops
+        )
+        call.index_of["r"] = 0
+        sent = ""
+        for end in (len(text) - 1, len(text)):
+            out = scripted_output(text[:end])
+            calls = builtin_calls(_delta_choice, None, call, out, out.outputs[0])
+            sent = call.choices[0].num_chars
+        costs[length] = (calls, sent)
+    assert costs[4000] == costs[4] and costs[4][1] == len(text) - 1, costs
