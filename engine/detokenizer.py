@@ -30,7 +30,10 @@ which no trained model writes, can differ from a full decode and between splits.
 Stop strings: after each token the newly settled text is searched for matches that END in it
 (earlier matches would have fired earlier). Of those, the one that ends first wins, then the
 one that starts first: the stop that a character-by-character stream would see first, so the
-outcome does not depend on how the text was split into tokens. Everything after the stop string
+outcome does not depend on how the text was split into tokens. (On purpose unlike vLLM, whose
+check takes the first string of `stop`, in list order, found in a step's new text: there
+stop=["STOP", "S"] on a token " STOP" ends with "STOP", on tokens " S" "TOP" with "S", which
+include_stop_str_in_output and stop_reason show.) Everything after the stop string
 is dropped from `text`, and the stop string too unless `params.include_stop_str_in_output`.
 A stop string fires only once there are more than `min_tokens` outputs (vLLM's rule, and
 spec.stops' for stop tokens): the ids up to the `min_tokens`-th are not searched. (A stop
