@@ -23,8 +23,8 @@ Variants (what runs in the GEMM's launch) and their baselines (what runs without
 - "rscale", "rscale_silu" (layers whose norms are folded into q|k|v and gate|up: merged_decoder's
   fold_norms): the norm's work left is each row's RMS scale, which commutes with the GEMM, so the
   kernel multiplies its float32 results by it in the epilogue (skinny_linear's row_scale) and no
-  dot waits for the statistics; baseline the norm variants' (the module's unit-weight RMSNorm,
-  then plain / silu), which is what such a layer ran before.
+  dot waits for the statistics; baseline the "norm" / "norm_silu" choice over the module's
+  unit-weight RMSNorm (tuned first), which is what such a layer ran before.
 
 How the model reaches it, unaware: the merged decoder calls `self.linear(x, weight, bias)` for
 each projection (F.linear unless the runner sets it), or, when the runner sets `fused_linear`,
@@ -73,9 +73,10 @@ WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise n
 # sessions: fourteen sweeps). The rule catches the closest of those; `refine` (below) then times
 # the close ones in the decode step's order, each after its real neighbours.
 TIE_MARGIN = 0.03
-# refine: the fused shapes within REFINE_MARGIN of a key's fastest (at most REFINE_TRIES of them)
-# are timed again inside a graph of every layer's four fused calls in decode order; another
-# shape replaces the pick only when that step graph runs REFINE_WIN faster with it.
+# refine: the fused shapes within REFINE_MARGIN of a key's fastest (at most REFINE_TRIES of them),
+# and the baseline when it is within REFINE_MARGIN of the pick, are timed again inside a graph
+# of every layer's four fused calls in decode order; another option replaces the pick only when
+# that step graph runs REFINE_WIN faster with it.
 REFINE_MARGIN = 0.10
 REFINE_TRIES = 3
 REFINE_WIN = 0.005
@@ -267,6 +268,8 @@ class LinearTable:
         )  # fmt: skip
 
     def _baseline(self, x, weight, bias, norm_weight, eps, residual, silu_mul, row_scale=False):
+        if row_scale:  # the norm variant's choice over the folded norm's unit weight
+            return self.run(x, weight, bias, norm_weight, eps, None, silu_mul)
         if norm_weight is not None:  # rms_norm, then the measured plain/silu choice
             return self.run(rms_norm_any(x, norm_weight, eps), weight, bias, silu_mul=silu_mul)
         if silu_mul:
@@ -369,7 +372,10 @@ class LinearTable:
         key = self.key(bucket, weight0, bias0, variant)
         self.choices[key] = choice = pick(timed, baseline)
         if choice.config is not None and variant in STEP_VARIANTS:
-            self.close[key] = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
+            close = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
+            if baseline <= choice.us * (1 + REFINE_MARGIN):  # the baseline's launches may win in order
+                close.append((baseline, None))
+            self.close[key] = close
 
     def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
         """Every launch shape for "plain"; for a fused variant the plain variant's best

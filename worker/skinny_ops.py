@@ -103,18 +103,24 @@ def _(input_ids, positions, embed_weight, rope_table):
 def tuning_groups(layers, variant: str) -> dict[tuple, list[dict]]:
     """(N, K, dtype, has_bias) -> per-layer LinearTable.run arguments of one variant: "plain"
     over every projection a layer routes through `linear` (MergedLayer.projections), the
-    others over the fused calls of layers that can fuse (MergedLayer.fused_calls)."""
+    others over the fused calls of layers that can fuse (MergedLayer.fused_calls). "norm" and
+    "norm_silu" also take a folded layer's "rscale" and "rscale_silu" calls (as norm calls:
+    the norm's unit weight, no row_scale): the row-scale variants' baseline is the norm
+    variants' choice, what those calls ran before."""
     groups: dict[tuple, list[dict]] = {}
     for layer in layers:
         if variant == "plain":
             calls = [{"weight": w, "bias": b} for w, b in layer.projections()]
         elif variant == "silu":  # the norm_silu baseline's second half
             calls = [{"weight": layer.gate_up_weight, "bias": layer.gate_up_bias}] if layer.can_fuse() else []
-        else:
-            calls = [c for c in layer.fused_calls() if c["variant"] == variant] if layer.can_fuse() else []
+        else:  # the norm variants also over a folded layer's row-scale calls: their baseline
+            names = (variant, "rscale" + variant[4:]) if variant.startswith("norm") else (variant,)
+            calls = [c for c in layer.fused_calls() if c["variant"] in names] if layer.can_fuse() else []
         for call in calls:
             w, b = call["weight"], call["bias"]
-            args = {k: v for k, v in call.items() if k != "variant"}
+            args = {k: v for k, v in call.items() if k not in ("variant", "row_scale")}
+            if variant.startswith("rscale"):
+                args["row_scale"] = True
             groups.setdefault((*w.shape, w.dtype, b is not None), []).append(args)
     return groups
 

@@ -161,6 +161,49 @@ def test_refine_takes_the_shape_the_step_graph_times_fastest():
     rows = [m for m in table.measured if "step_us" in m]
     assert len(rows) == 9 and rows[-1] == {"rows": 1, "n": 64, "k": 1024, "variant": "norm_silu",
                                            "config": str(c), "step_us": 80.0}  # fmt: skip
+    # the baseline (config None: its separate launches) is an option like a shape, and wins
+    got, seen = refine({a: 100.0, None: 90.0}, opts=[(10.0, a), (10.9, None)])
+    assert got == sl.Choice(None, 10.9, 20.0) and seen == [a, None, a, None]
+
+
+@pytest.mark.parametrize("baseline_us,refined", [(10.2, True), (11.5, False)])
+def test_a_baseline_close_to_the_pick_is_refined_with_it(monkeypatch, baseline_us, refined):
+    """_tune_one keeps, for refine, the shapes within REFINE_MARGIN of the fastest and the
+    baseline when it is within REFINE_MARGIN of the pick: the tuning graph times a kernel after
+    itself, and a fused launch that wins there by a little may lose in the step's order to the
+    separate launches it replaces (an H100, 44fcb6c: a 32-row q|k|v with its row scale won its
+    tuning 7.37 against 8.0 us, and the 32-row decode graph ran 2.3% slower with it)."""
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+
+    a, b = SkinnyConfig(16, 1024, num_stages=1), SkinnyConfig(32, 1024, num_stages=1)
+    table = sl.LinearTable("cpu", max_rows=32)
+    monkeypatch.setattr(sl, "graph_us", lambda fn, n: (baseline_us, []))
+    monkeypatch.setattr(table, "_candidates", lambda *args: [a, b])
+    monkeypatch.setattr(table, "_time_candidate", lambda config, x, calls, want: {a: 9.5, b: 10.0}[config])
+    layers = [{"weight": torch.zeros(64, 16), "bias": None, "norm_weight": torch.ones(16), "eps": 1e-6}]
+    table._tune_one(32, layers, 132, "norm")
+    key = (32, 64, 16, torch.float32, False, "norm")
+    assert table.choices[key].config == a
+    assert table.close[key] == [(9.5, a), (10.0, b)] + ([(baseline_us, None)] if refined else [])
+
+
+def test_folded_layers_tune_the_norm_variants_as_the_row_scale_baseline(monkeypatch):
+    """A folded layer's fused calls are the row-scale variants; the norm variants are tuned over
+    the same calls (the norm's unit weight, no row_scale), so that an rscale key with no winning
+    kernel runs what the layer ran before: the norm variant's choice."""
+    from enginespec.impls.fast.attention import FastAttention
+    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV
+
+    monkeypatch.setenv(FOLD_NORMS_ENV, "1")
+    model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
+    layers = model.merged.layers
+    for norm, scaled in (("norm", "rscale"), ("norm_silu", "rscale_silu")):
+        plain_calls = [c for g in skinny_ops.tuning_groups(layers, norm).values() for c in g]
+        scaled_calls = [c for g in skinny_ops.tuning_groups(layers, scaled).values() for c in g]
+        assert len(plain_calls) == len(scaled_calls) == len(layers)
+        assert not any(c.get("row_scale") for c in plain_calls) and all(c["row_scale"] for c in scaled_calls)
+        for p, q in zip(plain_calls, scaled_calls):
+            assert p["weight"] is q["weight"] and torch.all(p["norm_weight"] == 1)
 
 
 def test_engine_max_rows_reads_its_variable_and_rejects_bad_values(monkeypatch):
