@@ -25,7 +25,8 @@ The rules (vLLM's, for templates that take string content):
   as vLLM detects it (flattened, the content would be looped over character by character and
   every message would render empty, without an error).
 - chat_template: a Jinja template string that replaces the tokenizer's (None: the tokenizer's;
-  neither: an error).
+  neither: an error that begins with vLLM's own sentence, NO_CHAT_TEMPLATE, as clients that
+  send a base model's requests to completions instead recognise it by that sentence).
 - add_generation_prompt and continue_final_message cannot both be true (vLLM's check), and
   continue_final_message needs a last message of role "assistant": the prompt then ends inside
   that message (transformers cuts the rendering after its text), so generation continues it.
@@ -66,6 +67,12 @@ TEXT_PARTS = {
 }
 
 
+# vLLM's error for a tokenizer without a chat template, word for word (vllm/renderers/hf.py)
+NO_CHAT_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
+    "chat template if the tokenizer does not define one."
+)
+
 # vLLM's chat_template_content_format values: how a message's content reaches the template
 CONTENT_FORMATS = ("auto", "string", "openai")
 
@@ -76,6 +83,14 @@ class ChatTemplateError(ValueError):
     def __init__(self, message: str, param: str = "messages"):
         super().__init__(message)
         self.param = param
+
+
+def no_chat_template_error(remedy: str) -> ChatTemplateError:
+    """The error for a tokenizer without a chat template and none given: vLLM's sentence
+    (NO_CHAT_TEMPLATE) first, then `remedy`, how this caller gives one; param chat_template."""
+    return ChatTemplateError(
+        f"{NO_CHAT_TEMPLATE} This model's tokenizer has no chat template: {remedy}", "chat_template"
+    )
 
 
 def message_text(content) -> str:
@@ -386,10 +401,7 @@ def render_chat(
         )
     template = resolve_chat_template(tokenizer, chat_template, tools)
     if template is None:
-        raise ChatTemplateError(
-            "this model's tokenizer has no chat template and none was given (pass chat_template)",
-            "chat_template",
-        )
+        raise no_chat_template_error("pass chat_template (a Jinja template string)")
     clean = chat_messages(messages, content_format_of(template, chat_template_content_format))
     check_chat_options(clean, add_generation_prompt, continue_final_message)
     extra = template_kwargs(chat_template_kwargs)

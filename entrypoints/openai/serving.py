@@ -256,9 +256,8 @@ def render_chat(
     template = body.chat_template if body.chat_template is not None else ctx.chat_template
     try:
         if ctx.tokenizer is None or resolve_chat_template(ctx.tokenizer, template) is None:
-            raise ChatTemplateError(
-                "this model's tokenizer has no chat template and none was given; start the server "
-                "with --chat-template FILE (or use /v1/completions)"
+            raise chat_utils.no_chat_template_error(
+                "start the server with --chat-template FILE (or use /v1/completions)"
             )
         return chat_utils.render_chat(
             ctx.tokenizer,

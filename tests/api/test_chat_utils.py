@@ -375,3 +375,17 @@ def test_a_tokenizer_with_named_templates_renders_the_one_transformers_picks():
     assert render_chat(tok, CONVERSATION, chat_template="tool_use") == "u:hi;a:Yo;A:"
     tok.chat_template = {"tool_use": TEMPLATE}
     _raises("chat_template", "no default", render_chat, tok, CONVERSATION)
+
+
+# vLLM's words for a tokenizer without a chat template (its ValueError, the server's 400)
+VLLM_NO_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
+    "chat template if the tokenizer does not define one."
+)
+
+
+def test_no_chat_template_is_vllms_error_naming_chat_template(tokenizer):
+    """Without a template anywhere, LLM.chat's error carries vLLM's sentence (clients that
+    fall back to completions for a base model match on it) and names chat_template."""
+    err = _raises("chat_template", "no chat template", render_chat, tokenizer, CONVERSATION)
+    assert str(err).startswith(VLLM_NO_TEMPLATE), str(err)

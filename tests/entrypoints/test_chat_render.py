@@ -74,7 +74,7 @@ def test_chat_errors_are_400s_naming_the_field(tokenizer):
     )
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     _bad(ctx, _chat(messages=[{"role": "user", "content": [image]}]), "messages", "'image_url' part")
-    _bad(_ctx(tokenizer, template=None), _chat(), "messages", "--chat-template")
+    _bad(_ctx(tokenizer, template=None), _chat(), "chat_template", "--chat-template")
 
 
 def test_chat_template_kwargs_reach_the_template(tokenizer):
@@ -127,3 +127,17 @@ def test_tool_call_arguments_nested_past_the_decoders_depth_are_a_400(tokenizer)
     messages = [CONVERSATION[0], {"role": "assistant", "content": None, "tool_calls": [call]}]
     match = r"messages\[1\].tool_calls\[0\].function.arguments must be a JSON object"
     _bad(_ctx(tokenizer), _chat(messages=messages), "messages", match)
+
+
+def test_no_chat_template_is_vllms_400_naming_chat_template(tokenizer):
+    """A tokenizer without a chat template and no --chat-template: /v1/chat/completions and
+    /tokenize with messages answer vLLM's 400 message (clients that switch a base model to
+    /v1/completions match on it), the field named chat_template, the server's remedy after it."""
+    from tests.api.test_chat_utils import VLLM_NO_TEMPLATE
+
+    for body in (_chat(), TokenizeRequest.model_validate({"messages": CONVERSATION})):
+        with pytest.raises(APIError) as info:
+            render_chat(_ctx(tokenizer, template=None), body)
+        err = info.value
+        assert err.status == 400 and err.param == "chat_template", (err.status, err.param)
+        assert str(err.message).startswith(VLLM_NO_TEMPLATE) and "--chat-template" in err.message, err.message
