@@ -505,7 +505,36 @@ def _auto_tokenizer(root: Path, trust_remote_code: bool, use_fast: bool):
             str(root), local_files_only=True, trust_remote_code=trust_remote_code, use_fast=use_fast
         )
     except Exception as e:  # transformers and tokenizers raise many types for a broken file
-        raise CheckpointError(f"cannot load the tokenizer in {root}: {' '.join(str(e).split())}") from e
+        hint = _missing_sentencepiece(root)
+        raise CheckpointError(f"cannot load the tokenizer in {root}: {hint}{' '.join(str(e).split())}") from e
+
+
+def _missing_sentencepiece(root: Path) -> str:
+    """What a SentencePiece-only tokenizer (tokenizer.model, no tokenizer.json) lacks when the
+    sentencepiece package is not importable: transformers needs it to convert the model, and
+    without it falls back to reading the file as tiktoken's, whose error asks for tiktoken (which
+    cannot read it). "" otherwise, and for a tiktoken file under that name (Llama 3's original
+    one: lines of base64 and a rank), which the tiktoken error is right about. vLLM depends on
+    sentencepiece, so its users never meet this."""
+    import importlib.util
+    import re
+
+    model = root / "tokenizer.model"
+    if not model.is_file() or (root / "tokenizer.json").is_file():
+        return ""
+    with open(model, "rb") as f:
+        if re.fullmatch(rb"[A-Za-z0-9+/=]+ \d+\r?\n?", f.readline(256)):
+            return ""
+    try:
+        if importlib.util.find_spec("sentencepiece") is not None:
+            return ""
+    except ValueError:  # a module object without a spec stands in for it: importable
+        return ""
+    return (
+        "its tokenizer.model is a SentencePiece model (there is no tokenizer.json) and reading it "
+        "needs the sentencepiece package, which is not installed (pip install sentencepiece); "
+        "transformers said: "
+    )
 
 
 def load_tokenizer(path, *, trust_remote_code: bool = False, use_fast: bool = True):

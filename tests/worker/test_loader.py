@@ -185,6 +185,28 @@ def test_a_tokenizer_that_fails_to_load_is_one_line_naming_its_directory(tmp_pat
         assert "\n" not in str(info.value)
 
 
+def test_a_sentencepiece_only_tokenizer_without_sentencepiece_names_the_package(tmp_path, monkeypatch):
+    """A tokenizer shipped as tokenizer.model alone (a SentencePiece model, no tokenizer.json:
+    older Llama 2 / Mistral derivatives) needs the sentencepiece package to be converted;
+    without it transformers 5 falls back to reading the file as tiktoken's, and the error said
+    "`tiktoken` is required ... pip install tiktoken", a package that cannot read it. It now
+    names sentencepiece (vLLM installs it with itself, so its users never meet this)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # not importable, installed or not
+    path = tmp_path / "sp-only"
+    path.mkdir()
+    (path / "tokenizer.model").write_bytes(b"\x0a\x05<unk>" * 4)
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(CheckpointError, match="pip install sentencepiece") as info:
+        load_tokenizer_dir(path)
+    assert str(path) in str(info.value) and "tokenizer.model" in str(info.value)
+    (path / "tokenizer.model").write_bytes(b"IQ== 0\nIg== 1\n")  # tiktoken's format: its error stands
+    with pytest.raises(CheckpointError) as info:
+        load_tokenizer_dir(path)
+    assert "pip install sentencepiece" not in str(info.value)
+
+
 def test_missing_config(tmp_path):
     with pytest.raises(CheckpointNotFound, match="config.json"):
         build_model(tmp_path)
