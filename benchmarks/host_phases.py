@@ -45,14 +45,19 @@ import cProfile
 import gc
 import io
 import pstats
+import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
-from benchmarks import engine_runs as runs
-from benchmarks.step_bins import BATCH_BINS
-from benchmarks.throughput import parse_args
-from enginespec.engine import engine_core as core_module
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import engine_runs as runs  # noqa: E402
+from benchmarks.step_bins import BATCH_BINS  # noqa: E402
+from benchmarks.throughput import parse_args  # noqa: E402
+from enginespec.engine import engine_core as core_module  # noqa: E402
 
 BINS = BATCH_BINS
 

@@ -39,9 +39,12 @@ from typing import Optional
 import httpx
 import numpy as np
 
-from benchmarks import engine_runs
-from benchmarks.throughput import _engine_arg
-from enginespec.testing.workload import Workload, make_workload
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import engine_runs  # noqa: E402
+from benchmarks.throughput import _engine_arg  # noqa: E402
+from enginespec.testing.workload import Workload, make_workload  # noqa: E402
 
 
 @dataclass

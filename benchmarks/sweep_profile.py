@@ -9,12 +9,17 @@ to read first.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
-from benchmarks.decode_profile import device_busy_us, device_events, profiled_steps, step_until_steady
-from enginespec.spec import SamplingParams
+if __package__ in (None, ""):  # run as a script: `benchmarks.*` resolves from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.decode_profile import device_busy_us, device_events, profiled_steps, step_until_steady  # noqa: E402
+from enginespec.spec import SamplingParams  # noqa: E402
 
 
 def kernel_table(events, num_steps: int, top: int = 25) -> list[dict]:
@@ -185,8 +190,6 @@ def print_choices(
 if (
     __name__ == "__main__"
 ):  # python3 -m benchmarks.sweep_profile [--choices] SWEEP.json...: each profile or its fused-norm picks
-    import sys
-
     show = print_choices if sys.argv[1:2] == ["--choices"] else print_top
     for arg in sys.argv[1 + (show is print_choices) :]:
         show(arg)

@@ -226,3 +226,38 @@ def test_the_impl_help_names_the_entry_point_form(command):
     options = out.getvalue().split("\noptions:\n", 1)[1]
     entry = " ".join(options.split("  --impl IMPL", 1)[1].split("\n  --", 1)[0].split())
     assert "entry point" in entry and "pkg.module" in entry, entry
+
+
+def _imports_benchmarks(stmt) -> bool:
+    import ast
+
+    if isinstance(stmt, ast.ImportFrom):
+        return (stmt.module or "").split(".")[0] == "benchmarks"
+    return isinstance(stmt, ast.Import) and any(a.name.split(".")[0] == "benchmarks" for a in stmt.names)
+
+
+def _puts_the_root_on_the_path(stmt) -> bool:
+    import ast
+
+    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == "sys.path.insert" for n in ast.walk(stmt))
+
+
+def test_every_benchmark_script_runs_as_a_script_from_the_root():
+    """benchmarks/README.md: run them from the root as `python3 -m benchmarks.NAME` or `python3
+    benchmarks/NAME.py`. The second puts benchmarks/ on sys.path, not the root, so a script that
+    imports `benchmarks.*` must first put the root there; host_phases.py, serving.py and
+    sweep_profile.py did not, and died with "No module named 'benchmarks'"."""
+    import ast
+
+    broken = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        if "__main__" not in path.read_text():
+            continue  # a module of the others, not a script
+        for stmt in tree.body:
+            if _puts_the_root_on_the_path(stmt):
+                break
+            if _imports_benchmarks(stmt):
+                broken.append(path.name)
+                break
+    assert not broken, f"these fail as `python benchmarks/NAME.py`: {broken}"
