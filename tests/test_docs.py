@@ -261,3 +261,55 @@ def test_every_benchmark_script_runs_as_a_script_from_the_root():
                 broken.append(path.name)
                 break
     assert not broken, f"these fail as `python benchmarks/NAME.py`: {broken}"
+
+
+ENV_VAR = r"(?:ENGINESPEC|VLLM)_[A-Z0-9_]*[A-Z0-9]"  # ours, and the vLLM ones we honour
+
+
+def _env_vars_the_code_reads() -> dict[str, list[str]]:
+    """Each ENGINESPEC_* / VLLM_* name that is a whole string constant of the shipped code (the
+    key it reads os.environ with), and the files it is in."""
+    import ast
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, list[str]] = {}
+    for folder in sorted(set(folders.values())):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    if re.fullmatch(ENV_VAR, node.value):
+                        found.setdefault(node.value, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def _env_vars_the_pages_name() -> dict[str, list[str]]:
+    named: dict[str, list[str]] = {}
+    for page in PAGES:
+        for name in re.findall(rf"\b({ENV_VAR})\b", (ROOT / page).read_text()):
+            named.setdefault(name, []).append(page)
+    return named
+
+
+def test_every_environment_variable_a_page_names_is_read():
+    """A variable the docs tell a user to set does something: the shipped code reads it (a
+    renamed or removed switch would otherwise be set in vain, with no error)."""
+    read = _env_vars_the_code_reads()
+    named = _env_vars_the_pages_name()
+    assert "ENGINESPEC_PDL" in named and "ENGINESPEC_PDL" in read  # the patterns find them
+    unread = {name: sorted(set(pages)) for name, pages in named.items() if name not in read}
+    assert not unread, f"the docs name environment variables nothing reads: {unread}"
+
+
+def test_every_environment_variable_the_code_reads_is_named_in_a_page():
+    """Each switch the engine reads is in a user's page (README, CONTRIBUTING, docs/, the
+    benchmarks' map): ENGINESPEC_GEMV_TUNE_ROWS, ENGINESPEC_ROW_SCALE,
+    ENGINESPEC_MIXED_SHORT_QUERY_TOKENS, ENGINESPEC_STEP_TRACE and ENGINESPEC_SYNTH_DIR were only
+    in the code, so a user could neither find nor unset one that changed a run."""
+    named = _env_vars_the_pages_name()
+    unnamed = {name: files for name, files in _env_vars_the_code_reads().items() if name not in named}
+    assert not unnamed, f"the code reads environment variables no page names: {unnamed}"
