@@ -107,3 +107,49 @@ def test_the_client_examples_run_against_the_readme_server(model_dir):
         assert message.reasoning or message.content  # a random model never closes its thinking
     finally:
         assert server.terminate() == 0
+
+
+RUN_BY_THE_TESTS = ("LLM(", "llm.beam_search", "LLMEngine.from_engine_args(", "OpenAI(", "client.chat")
+
+
+def test_every_python_block_of_the_readme_is_run_by_a_test():
+    """Each ```python block uses what one of the tests above selects its blocks by, so a new
+    example cannot be added without a test running it."""
+    unrun = [line for line, code in python_blocks() if not any(n in code for n in RUN_BY_THE_TESTS)]
+    assert python_blocks() and not unrun, f"README.md's python blocks at lines {unrun} run in no test"
+
+
+GUIDE = README.parent / "docs" / "writing-a-backend.md"
+
+
+def test_the_backend_guides_skeleton_loads_as_its_entry_point_names_it(tmp_path, monkeypatch):
+    """docs/writing-a-backend.md's skeleton, each block written to the file its first line names
+    (pyproject.toml, src/my_backend/__init__.py) and pool.py a reference BlockManager subclass:
+    the entry point's target loads, under the name the suite's --impl takes, with the version
+    the conformance report reads and the block manager the skeleton replaces."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from enginespec.conformance.report import impl_info
+    from enginespec.spec import load_impl
+    from enginespec.spec.impl import ENTRY_POINT_GROUP
+
+    blocks = re.findall(r"^```(?:toml|python)\n# (\S+)\n(.*?)^```$", GUIDE.read_text(), flags=re.S | re.M)
+    assert sorted(path for path, _ in blocks) == ["pyproject.toml", "src/my_backend/__init__.py"]
+    for path, code in blocks:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(code)
+    (tmp_path / "src/my_backend/pool.py").write_text(
+        "from enginespec.impls.reference import BlockManager\n\n\nclass MyBlockManager(BlockManager):\n    pass\n"
+    )
+    project = tomllib.loads((tmp_path / "pyproject.toml").read_text())["project"]
+    ((name, target),) = project["entry-points"][ENTRY_POINT_GROUP].items()
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    for module in ("my_backend", "my_backend.pool"):  # imported from this tmp_path, then dropped
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    impl = load_impl(target)
+    assert impl.name == name == "my-backend"
+    assert type(impl.new_block_manager(4, 2)).__name__ == "MyBlockManager"
+    assert impl_info(name, impl, None)["version"] == project["version"]
