@@ -329,3 +329,26 @@ def test_every_environment_variable_the_code_reads_is_named_in_a_page():
     named = _env_vars_the_pages_name()
     unnamed = {name: files for name, files in _env_vars_the_code_reads().items() if name not in named}
     assert not unnamed, f"the code reads environment variables no page names: {unnamed}"
+
+
+# a measured figure: a number with its unit (`0.636 ms`, `1.38x`, `26,462 tok/s`, `4.4%`)
+FIGURE = re.compile(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)?) ?(?:ms|us|s|%|x|tok/s|TFLOP/s|TB/s)(?![\w/])")
+SHA = re.compile(r"(?<![\w/])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])([0-9a-f]{7})(?![\w])")
+
+
+def test_every_figure_and_commit_the_readme_cites_is_in_the_results():
+    """CONTRIBUTING: every figure in benchmarks/RESULTS.md carries its command, commit, machine
+    and date. So each figure the README quotes (a number with its unit, every number of the
+    "Status and figures" table) and each commit it cites must appear there too: a figure typed
+    from memory, or a commit no run was recorded at, shows here. A textual check, so a weak one
+    for figures: the number is found somewhere in RESULTS.md, not beside the same words, and a
+    short one (`0.887`) is likely found by chance; a commit's seven digits are not."""
+    readme = (ROOT / "README.md").read_text()
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    table = readme.split("## Status and figures", 1)[1]
+    table = "\n".join(line for line in table.splitlines() if line.startswith("| "))
+    numbers = set(FIGURE.findall(readme)) | set(re.findall(r"(?<![\w.,])\d[\d,]*\.\d+", table))
+    shas = set(SHA.findall(readme))
+    assert "26,462" in numbers and "2b790a6" in shas  # the patterns find them
+    missing = sorted(x for x in numbers | shas if x not in results)
+    assert not missing, f"the README cites figures or commits benchmarks/RESULTS.md lacks: {missing}"
