@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import re
 from pathlib import Path
@@ -352,3 +353,38 @@ def test_every_figure_and_commit_the_readme_cites_is_in_the_results():
     assert "26,462" in numbers and "2b790a6" in shas  # the patterns find them
     missing = sorted(x for x in numbers | shas if x not in results)
     assert not missing, f"the README cites figures or commits benchmarks/RESULTS.md lacks: {missing}"
+
+
+@functools.cache
+def _tool_help_flags(script: str) -> frozenset[str]:
+    """The long flags `python tools/SCRIPT --help` lists."""
+    import importlib.util
+    import sys
+
+    name = f"docs_tools_{Path(script).stem}"
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / script)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # its dataclasses look here
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        module.main(["--help"])
+    return frozenset(FLAG.findall(out.getvalue()))
+
+
+# flags of other programs the pages name: venv's, ruff's, torchrun's (docs/multi-node.md, a
+# design note on launching with it), and tools/outside_check.sh's one
+OTHER_PROGRAMS_FLAGS = {"--system-site-packages", "--check", "--nnodes", "--nproc-per-node"}
+OTHER_PROGRAMS_FLAGS |= {"--rdzv-backend", "--rdzv-endpoint"}
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in ("README.md", "benchmarks/README.md")])
+def test_every_flag_the_other_pages_name_is_an_option_of_what_they_run(page):
+    """As the README's check, for the other pages: each `--flag` is the CLI's, the conformance
+    plugin's, tools/mutation.py's (docs/mutation.md's commands), tools/outside_check.sh's
+    `--full`, or another program's the page runs (OTHER_PROGRAMS_FLAGS). benchmarks/README.md
+    names its scripts' own flags (tests/benchmarks/test_own_flags_help.py)."""
+    known = _cli_flags() | _plugin_flags() | _tool_help_flags("mutation.py") | OTHER_PROGRAMS_FLAGS
+    if "--full" in (ROOT / "tools" / "outside_check.sh").read_text():
+        known.add("--full")
+    unknown = sorted(set(FLAG.findall((ROOT / page).read_text())) - known)
+    assert not unknown, f"{page} names flags nothing it runs takes: {unknown}"
