@@ -151,6 +151,7 @@ def _plugin_flags() -> set[str]:
 README_SCRIPT_FLAGS = {
     "benchmarks.serving": {"--request-rate", "--offline"},
     "benchmarks.prefill_profile": {"--unsynced", "--output-len", "--host-probe"},
+    "benchmarks.throughput": {"--shape", "--device"},
 }
 
 
