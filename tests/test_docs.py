@@ -389,3 +389,22 @@ def test_every_flag_the_other_pages_name_is_an_option_of_what_they_run(page):
         known.add("--full")
     unknown = sorted(set(FLAG.findall((ROOT / page).read_text())) - known)
     assert not unknown, f"{page} names flags nothing it runs takes: {unknown}"
+
+
+def test_every_test_a_page_names_exists():
+    """The pages cite tests by name (docs/mutation.md's "the tests that close them", the backend
+    guide's capability table): each `test_...` they name is a test function or test module of
+    tests/ or conformance/, so a renamed test does not leave a reader hunting for it."""
+    files = [*ROOT.glob("tests/**/test_*.py"), *ROOT.glob("conformance/**/test_*.py")]
+    defined = {p.stem for p in files} | {
+        m
+        for path in files
+        for m in re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(), flags=re.M)
+    }
+    missing = {}
+    for page in PAGES:
+        named = set(re.findall(r"(?<![\w/.])(test_\w+)(?![\w.])", _prose((ROOT / page).read_text())))
+        named = {n for n in named if not n.endswith("_")}  # `test_<name>` patterns, cut at the <
+        if gone := sorted(named - defined):
+            missing[page] = gone
+    assert defined and not missing, f"pages name tests that do not exist: {missing}"
