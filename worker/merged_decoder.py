@@ -61,8 +61,12 @@ MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # "0": never fold the norms into the projections; "1": fold wherever possible, the CPU included;
 # unset: fold on CUDA (MergedDecoder.fold_norms).
 FOLD_NORMS_ENV = "ENGINESPEC_FOLD_NORMS"
-# "0": folded layers' fused calls still RMS-norm x with the unit weight (the "norm" variants, as
-# before the row-scale variants); unset or "1": they take the "rscale" variants (fused_calls).
+# "1": folded layers' fused calls take the "rscale" variants (each row's norm scale in the GEMM's
+# epilogue: fused_calls); unset or "0": they RMS-norm x with the unit weight (the "norm" variants).
+# Off by default: on an H100 (44fcb6c, benchmarks/RESULTS.md, fiftieth session) its first form
+# made the 1-, 2- and 32-row decode graphs 1-2.3% slower and the rest equal; the form since (the
+# squares from the loop's x tiles, the norm choice as its baseline, refine timing the baseline)
+# is not measured on a GPU yet.
 ROW_SCALE_ENV = "ENGINESPEC_ROW_SCALE"
 
 
@@ -237,7 +241,7 @@ class MergedLayer(nn.Module):
         baseline norms with them) and the calls carry row_scale: a kernel that takes them
         multiplies its results by each row's RMS scale instead (unless ENGINESPEC_ROW_SCALE=0)."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        scaled = self.folded and env_switch(ROW_SCALE_ENV) is not False
+        scaled = self.folded and env_switch(ROW_SCALE_ENV) is True
         norm = {"variant": "rscale", "row_scale": True} if scaled else {"variant": "norm"}
         return [
             dict(

@@ -188,13 +188,15 @@ def test_a_baseline_close_to_the_pick_is_refined_with_it(monkeypatch, baseline_u
 
 
 def test_folded_layers_tune_the_norm_variants_as_the_row_scale_baseline(monkeypatch):
-    """A folded layer's fused calls are the row-scale variants; the norm variants are tuned over
-    the same calls (the norm's unit weight, no row_scale), so that an rscale key with no winning
-    kernel runs what the layer ran before: the norm variant's choice."""
+    """With ENGINESPEC_ROW_SCALE=1 a folded layer's fused calls are the row-scale variants; the
+    norm variants are tuned over the same calls (the norm's unit weight, no row_scale), so that
+    an rscale key with no winning kernel runs what the layer ran before: the norm variant's
+    choice."""
     from enginespec.impls.fast.attention import FastAttention
-    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV
+    from enginespec.worker.merged_decoder import FOLD_NORMS_ENV, ROW_SCALE_ENV
 
     monkeypatch.setenv(FOLD_NORMS_ENV, "1")
+    monkeypatch.setenv(ROW_SCALE_ENV, "1")
     model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
     layers = model.merged.layers
     for norm, scaled in (("norm", "rscale"), ("norm_silu", "rscale_silu")):
@@ -351,15 +353,15 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
 
 
 @interpreted
-@pytest.mark.parametrize("row_scale_env", ["", "0"], ids=["row-scale", "env-off"])
+@pytest.mark.parametrize("row_scale_env", ["1", "", "0"], ids=["row-scale", "default-off", "env-off"])
 def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
     impl, monkeypatch, torch_one_thread, row_scale_env
 ):
-    """Folded layers (fold_norms) take the rscale variants: the kernel chosen for them applies
-    each row's norm scale after its dot products instead of norming x first, and the hidden
-    states equal the unfolded plain decoder's (float32). ENGINESPEC_ROW_SCALE=0: the norm
-    variants, as before the row-scale ones existed. With no choice the baseline (the module's
-    unit-weight norm) runs, so an untuned table computes the same too."""
+    """With ENGINESPEC_ROW_SCALE=1, folded layers (fold_norms) take the rscale variants: the
+    kernel chosen for them applies each row's norm scale after its dot products instead of
+    norming x first, and the hidden states equal the unfolded plain decoder's (float32). Unset
+    (the default) or 0: the norm variants. With no choice the baseline (the module's unit-weight
+    norm) runs, so an untuned table computes the same too."""
     from enginespec.impls.fast.attention import FastAttention
     from enginespec.worker.merged_decoder import FOLD_NORMS_ENV, ROW_SCALE_ENV
 
@@ -389,7 +391,7 @@ def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
     got = _prefill(model, impl, 11)
-    norm = "norm" if row_scale_env == "0" else "rscale"
+    norm = "rscale" if row_scale_env == "1" else "norm"
     assert calls == [norm, "residual", f"{norm}_silu", "residual"] * len(layers)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert not table.buffers.counts.any()
