@@ -302,6 +302,26 @@ def test_one_row_through_the_one_tile_gemv_equals_the_plain_decoder(impl, monkey
     torch.testing.assert_close(_prefill(model, impl, 1), want, atol=1e-5, rtol=1e-5)
 
 
+def _recording_table(monkeypatch, layers, chosen: bool = True) -> tuple[sl.LinearTable, list]:
+    """The CPU's table for 16-row buckets, installed for the ops: one tiled shape chosen for
+    every variant's key (none when not chosen: every baseline), and the list its run() appends
+    each call's variant to."""
+    table = sl.LinearTable("cpu", max_rows=16)
+    config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
+    for variant in sl.VARIANTS if chosen else ():
+        for group in skinny_ops.tuning_groups(layers, variant):
+            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
+    calls = []
+
+    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False, row_scale=False):
+        calls.append(sl.variant_of(norm_weight, residual, silu_mul, row_scale))
+        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul, row_scale)
+
+    monkeypatch.setattr(table, "run", record)
+    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    return table, calls
+
+
 @interpreted
 @pytest.mark.parametrize(
     "fused,chosen", [(False, True), (True, True), (True, False)], ids=["linear", "fused", "baselines"]
@@ -315,20 +335,8 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
     layers = model.merged.layers
     assert all(layer.can_fuse() for layer in layers)  # Qwen3: SiLU MLP, RMSNorms, plain Linears
     want = _prefill(model, impl, 11)
-    table = sl.LinearTable("cpu", max_rows=16)
-    config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
-    for variant in sl.VARIANTS if chosen else ():
-        for group in skinny_ops.tuning_groups(layers, variant):
-            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
-    calls = []
-
-    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False, row_scale=False):
-        calls.append(sl.variant_of(norm_weight, residual, silu_mul, row_scale))
-        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul, row_scale)
-
+    table, calls = _recording_table(monkeypatch, layers, chosen)
     final_norm, embed_rope = recording_norm_and_gathers(calls)
-    monkeypatch.setattr(table, "run", record)
-    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
     monkeypatch.setattr(model.merged, "fused_norm", final_norm)
     assert model.merged.embed_rope_fusable()
@@ -373,19 +381,7 @@ def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
     model = FlatModel.from_pretrained(tiny_model_dir("qwen3"), attention=FastAttention("cpu"))
     assert model.folded_norms
     layers = model.merged.layers
-    table = sl.LinearTable("cpu", max_rows=16)
-    config = SkinnyConfig(block_n=64, block_k=32, num_splits=2)
-    for variant in sl.VARIANTS:
-        for group in skinny_ops.tuning_groups(layers, variant):
-            table.choices[(16, *group, variant)] = sl.Choice(config, 1.0, 2.0)
-    calls = []
-
-    def record(x, w, b, norm_weight=None, eps=0.0, residual=None, silu_mul=False, row_scale=False):
-        calls.append(sl.variant_of(norm_weight, residual, silu_mul, row_scale))
-        return sl.LinearTable.run(table, x, w, b, norm_weight, eps, residual, silu_mul, row_scale)
-
-    monkeypatch.setattr(table, "run", record)
-    monkeypatch.setitem(skinny_ops._TABLES, torch.device("cpu"), table)
+    table, calls = _recording_table(monkeypatch, layers)
     monkeypatch.setattr(model.merged, "fused_max_rows", 16)
     for layer in layers:
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
