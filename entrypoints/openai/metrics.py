@@ -42,8 +42,9 @@ engine (a finish reason; not a client's abort, not a failed step), so their _cou
   queue time's end above (so queue + prefill = TTFT) and the token times are those TTFT and the
   inter-token latency use: when this process received them (V1 uses the engine's output time,
   so our prefill also holds the hop from the engine process). A sample that finished without a
-  token has none of these; request_time_per_output_token = decode / (tokens - 1), only for
-  samples of two or more tokens (current V1 observes none for one token).
+  token has none of these; request_time_per_output_token = decode / (tokens - 1), and 0 for a
+  one-token sample, as V1's mean_time_per_output_token (so its _count is e2e's, and a mean over
+  _sum / _count reads as a V1 server's).
 - request_params_n and request_max_num_generation_tokens (the most tokens of its samples): once
   per request, when its last sample finishes, as V1 observes a parent request.
 The token histograms use V1's 1-2-5 buckets up to max_model_len, so they exist once the engine
@@ -275,7 +276,7 @@ class ServerMetrics:
         )
         self.request_time_per_output_token = histogram(
             "vllm:request_time_per_output_token_seconds",
-            "Decode time over the tokens after the first, per sample of two or more tokens",
+            "Decode time over the tokens after the first, per finished sample (0 for one token)",
             _TOKEN_LATENCY_BUCKETS,
         )
         self.token_histograms: Optional[_TokenHistograms] = None  # engine_ready makes them
@@ -329,13 +330,15 @@ class ServerMetrics:
 
     def observe_phases(self, scheduled: float, first: float, last: float, num_generation_tokens: int) -> None:
         """Prefill, decode and inference time of one finished sample that got tokens (scheduled <=
-        first <= last, monotonic seconds), and its time per output token when it got >= 2."""
+        first <= last, monotonic seconds), and its time per output token: decode over the tokens
+        after the first, 0 for a one-token sample (V1's mean_time_per_output_token, observed for
+        every finished request)."""
         decode = last - first
         self.request_prefill_time.observe(first - scheduled)
         self.request_decode_time.observe(decode)
         self.request_inference_time.observe(last - scheduled)
-        if num_generation_tokens > 1:
-            self.request_time_per_output_token.observe(decode / (num_generation_tokens - 1))
+        per_token = decode / (num_generation_tokens - 1) if num_generation_tokens > 1 else 0.0
+        self.request_time_per_output_token.observe(per_token)
 
     def observe_finished_request(self, n: int, max_num_generation_tokens: int) -> None:
         """A request whose samples all finished: its n, and the most tokens one sample got."""
