@@ -195,7 +195,8 @@ class LLM:
     def get_metrics(self) -> list:
         """vLLM's: a snapshot of the engine's metrics under vLLM's names and types
         (enginespec.metrics_reader, vLLM's vllm.v1.metrics.reader): request and KV gauges,
-        preemption, generated-token and prefix-cache counters, and with a speculative_config the
+        preemption, prompt- and generated-token, prefix-cache and request_success (by finished
+        reason) counters, and with a speculative_config the
         spec-decode counters and per-position Vector vLLM's spec_decode example reads. Under
         the engine lock, so never in the middle of a step."""
         from enginespec.metrics_reader import metrics_snapshot

@@ -15,22 +15,31 @@ Names, types and labels are vLLM's (`model_name`, `engine` "0"; counters without
 suffix Prometheus adds). The snapshot holds what the engine itself counts (EngineStats and its
 scheduler and pool), since construction and from zero after the warm-up:
 - gauges vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc;
-- counters vllm:num_preemptions, vllm:generation_tokens, vllm:prefix_cache_queries,
-  vllm:prefix_cache_hits;
+- counters vllm:num_preemptions, vllm:prompt_tokens, vllm:generation_tokens,
+  vllm:prefix_cache_queries, vllm:prefix_cache_hits, and vllm:request_success labelled
+  finished_reason, one for each of FINISHED_REASONS from the start (at 0, as V1 makes a series
+  for each of its reasons) and for any other reason a sample ended with. Per sample, as V1 counts
+  the child requests of n > 1: a sample's prompt counts at its first token (a request aborted
+  before one adds nothing), its finish once its request is done (finished or aborted);
 - with a speculative_config, counters vllm:spec_decode_num_drafts, _num_draft_tokens,
   _num_accepted_tokens and the Vector vllm:spec_decode_num_accepted_tokens_per_pos, one value
   per draft position 0 .. num_speculative_tokens - 1 (zeros for positions not yet accepted at,
   as vLLM's per-position counters all exist from the start).
-Latencies and vllm:prompt_tokens are measured where a client sees them: `enginespec serve`'s
-/metrics has them. Histogram is here for code that tests isinstance against it (none is
-returned offline). vLLM asserts its stat logging is on; these counters are always kept.
+Latencies are measured where a client sees them: `enginespec serve`'s /metrics has them.
+Histogram is here for code that tests isinstance against it (none is returned offline). vLLM
+asserts its stat logging is on; these counters are always kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Counter", "Gauge", "Histogram", "Metric", "Vector", "metrics_snapshot"]
+__all__ = ["FINISHED_REASONS", "Counter", "Gauge", "Histogram", "Metric", "Vector", "metrics_snapshot"]
+
+# vllm:request_success's finished_reason values shown from the start, at 0: vLLM V1's
+# FinishReason strings (vllm/v1/engine/__init__.py) that this engine gives. The server's
+# /metrics makes the same series (entrypoints/openai/metrics.py).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 @dataclass
@@ -81,9 +90,15 @@ def metrics_snapshot(engine, model_name: str) -> list[Metric]:
         Gauge("vllm:num_requests_waiting", dict(labels), float(len(engine.scheduler.waiting))),
         Gauge("vllm:kv_cache_usage_perc", dict(labels), float(bm.usage)),
         Counter("vllm:num_preemptions", dict(labels), int(stats.num_preemptions)),
+        Counter("vllm:prompt_tokens", dict(labels), int(stats.num_prompt_tokens)),
         Counter("vllm:generation_tokens", dict(labels), int(stats.num_generated_tokens)),
         Counter("vllm:prefix_cache_queries", dict(labels), int(stats.num_prefix_queries)),
         Counter("vllm:prefix_cache_hits", dict(labels), int(stats.num_prefix_hits)),
+    ]
+    finished = {**dict.fromkeys(FINISHED_REASONS, 0), **stats.finish_reasons}
+    out += [
+        Counter("vllm:request_success", {**labels, "finished_reason": reason}, int(count))
+        for reason, count in finished.items()
     ]
     spec = stats.spec_decode
     config = getattr(engine, "speculative_config", None)

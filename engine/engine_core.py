@@ -101,6 +101,11 @@ class EngineStats:
     # covered, once, at its first admission (_record_admission)
     num_prefix_queries: int = 0
     num_prefix_hits: int = 0
+    # vLLM's prompt_tokens / request_success, per sample as V1 counts child requests: a sample's
+    # prompt tokens once its first tokens come (never a request ended before one), and each
+    # sample's final reason when its request is forgotten (finished, or aborted unreported)
+    num_prompt_tokens: int = 0
+    finish_reasons: dict = field(default_factory=dict)
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (a swap-out waits for its copies)
     # None, or a list each step with work appends (num_reqs, num_tokens, kv_tokens, end time,
@@ -1209,9 +1214,10 @@ class EngineCore:
         refused: dict = {}
         if self._constrained:
             update, refused = self._advance_grammars(update)
-        before = self.outputs.num_generated_tokens
+        before = self.outputs.num_generated_tokens, self.outputs.num_prompt_tokens
         self.outputs.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
-        self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before
+        self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before[0]
+        self.stats.num_prompt_tokens += self.outputs.num_prompt_tokens - before[1]
         for rid, message in refused.items():
             parent, sample = self._samples[rid]
             self.outputs.settle(sample, ERROR, None, message)
@@ -1322,7 +1328,10 @@ class EngineCore:
         parent = self.parents.pop(request_id, None)
         if parent is None:
             return
+        reasons = self.stats.finish_reasons
         for sample in parent.samples:
+            reason = sample.finish_reason or Status.FINISHED_ABORTED.finish_reason
+            reasons[reason] = reasons.get(reason, 0) + 1
             self._samples.pop(sample.request.request_id, None)
             self._constrained.discard(sample.request.request_id)
             self._banning.discard(sample.request.request_id)

@@ -61,6 +61,7 @@ class Sample:
     # structured outputs: this sample's GrammarState (engine/structured_output.py), advanced
     # with each of its real output tokens; None for an unconstrained sample
     grammar: object = None
+    started: bool = False  # its first tokens came (its prompt is counted: num_prompt_tokens)
 
     @property
     def finished(self) -> bool:
@@ -92,6 +93,7 @@ class OutputProcessor:
         self._finish = finish
         self.placeholder_id = placeholder_id
         self.num_generated_tokens = 0
+        self.num_prompt_tokens = 0  # each sample's prompt at its first tokens (vLLM's prompt_tokens)
         self._texts: dict[int, str] = {}  # token id -> its text under _texts_of (name_tokens)
         self._texts_of: object = None
 
@@ -111,6 +113,9 @@ class OutputProcessor:
             parent, sample = found
             changed[parent.request_id] = parent
             self.num_generated_tokens += len(tokens)
+            if tokens and not sample.started:
+                sample.started = True
+                self.num_prompt_tokens += len(parent.prompt_token_ids)
             if sample.index == 0 and parent.prompt_logprobs is not None and tokens:
                 check_prompt_logprobs_complete(parent)
             if sample.logprobs is not None:

@@ -63,6 +63,8 @@ from typing import NamedTuple, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from enginespec import metrics_reader
+
 # Every metric's labels (vLLM V1's labelnames): the served model name and the engine index, "0"
 # here (one engine per server; V1 numbers its data-parallel engines 0, 1, ...). The per-position
 # spec-decode counter and request_success add one label each (position, finished_reason), and
@@ -70,9 +72,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LABEL_NAMES = ("model_name", "engine")
 ENGINE_INDEX = "0"
 # vllm:request_success's finished_reason values made at 0 when the server starts: vLLM V1's
-# FinishReason strings (vllm/v1/engine/__init__.py). A reason outside them still counts (its
-# series appears with its first request).
-FINISHED_REASONS = ("stop", "length", "abort", "error")
+# FinishReason strings (vllm/v1/engine/__init__.py), the offline snapshot's too. A reason outside
+# them still counts (its series appears with its first request).
+FINISHED_REASONS = metrics_reader.FINISHED_REASONS
 
 # vLLM V1's bucket choices (vllm/v1/metrics/loggers.py), so quantiles read as a V1 server's do
 _TTFT_BUCKETS = (

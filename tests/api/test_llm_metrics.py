@@ -101,3 +101,56 @@ def test_get_metrics_mid_run_sees_the_running_requests():
     assert metrics["vllm:num_requests_running"] == 4.0 and metrics["vllm:num_requests_waiting"] == 0.0
     assert 0.0 < metrics["vllm:kv_cache_usage_perc"] < 1.0
     engine.abort_request([str(i) for i in range(4)])
+
+
+def _counters(llm: LLM) -> dict:
+    """{(name, finished_reason or None): value} of the snapshot's Counters."""
+    return {
+        (m.name, m.labels.get("finished_reason")): m.value
+        for m in llm.get_metrics()
+        if isinstance(m, Counter)
+    }
+
+
+def test_get_metrics_counts_prompt_tokens_and_finished_samples_by_reason():
+    """vLLM's LLM.get_metrics() reads every vllm: metric of its registry, vllm:prompt_tokens and
+    vllm:request_success{finished_reason} among them (a series at 0 for each reason from the
+    start), so offline throughput scripts sum prompt and generation tokens from it. Both were
+    missing: a lookup of "vllm:prompt_tokens" found nothing. A sample's prompt counts at its
+    first token (a request aborted before one adds nothing); n > 1 counts n samples, as V1
+    counts its child requests."""
+    llm = _llm()
+    fresh = _counters(llm)
+    assert fresh[("vllm:prompt_tokens", None)] == 0
+    assert {
+        r: fresh[("vllm:request_success", r)] for r in ("stop", "length", "abort", "error")
+    } == dict.fromkeys(("stop", "length", "abort", "error"), 0)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    probe = llm.generate({"prompt_token_ids": [9, 10, 11]}, greedy, use_tqdm=False)
+    stop_id = probe[0].outputs[0].token_ids[2]  # so the greedy run below stops at its third token
+    base = _counters(llm)
+    outs = llm.generate(
+        [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}],
+        [
+            SamplingParams(max_tokens=3, n=2, temperature=1.0, seed=0, ignore_eos=True),
+            SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop_id]),
+        ],
+        use_tqdm=False,
+    )
+    assert sorted(c.finish_reason for o in outs for c in o.outputs) == ["length", "length", "stop"]
+    engine = llm.llm_engine
+    engine.add_request("gone", {"prompt_token_ids": [12, 13, 14, 15, 16]}, GREEDY)
+    engine.abort_request("gone")  # before any step: no token, no prompt counted
+    while engine.has_unfinished_requests():
+        engine.step()
+    counters = {key: value - base[key] for key, value in _counters(llm).items()}
+    assert counters[("vllm:prompt_tokens", None)] == 4 + 4 + 3
+    assert counters[("vllm:generation_tokens", None)] == sum(
+        len(c.token_ids) for o in outs for c in o.outputs
+    )
+    assert {r: counters[("vllm:request_success", r)] for r in ("stop", "length", "abort", "error")} == {
+        "stop": 1,
+        "length": 2,
+        "abort": 1,
+        "error": 0,
+    }
