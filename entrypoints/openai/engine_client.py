@@ -266,7 +266,11 @@ class EngineClient:
         if self.metrics is not None:  # a server's: metrics.py needs prometheus_client (the serve extra)
             from enginespec.entrypoints.openai.metrics import cache_config_info
 
-            self.metrics.engine_ready(self.info.max_model_len, cache_config_info(self.info, self.args))
+            self.metrics.engine_ready(
+                self.info.max_model_len,
+                cache_config_info(self.info, self.args),
+                self.info.num_speculative_tokens,
+            )
         return self.info
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -18,9 +18,10 @@ V1 releases may list further reasons (third-party copies quote a "repetition"); 
 none of them, so none is made up front (a reason outside the list still counts, its series
 appearing with its first request).
 
-Speculative decoding (when the engine has a drafter): vllm:spec_decode_num_drafts,
-_num_draft_tokens, _num_accepted_tokens and _num_accepted_tokens_per_pos{position} from the
-engine's cumulative `EngineStats.spec_decode`.
+Speculative decoding (only when the engine has a drafter, as V1 makes them only with a
+speculative_config): vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens and
+_num_accepted_tokens_per_pos{position} (a series at 0 for each draft position from the start)
+from the engine's cumulative `EngineStats.spec_decode`.
 
 A request of n > 1 counts as n in request_success and in the latency histograms (TTFT, queue
 time, inter-token latency, e2e: each sample's own), as vLLM V1 counts its child requests.
@@ -188,6 +189,16 @@ class _TokenHistograms(NamedTuple):
     max_tokens: Histogram
 
 
+class _SpecDecodeCounters(NamedTuple):
+    """The spec-decode counters (a server whose engine has a drafter); per_pos is the family,
+    labelled position besides LABEL_NAMES."""
+
+    drafts: Counter
+    draft_tokens: Counter
+    accepted_tokens: Counter
+    per_pos: Counter
+
+
 class ServerMetrics:
     """Every metric of one server, in its own registry (several apps may live in one process)."""
 
@@ -238,21 +249,7 @@ class ServerMetrics:
             _REQUEST_LATENCY_BUCKETS,
         )
 
-        self.spec_decode_num_drafts = counter(
-            "vllm:spec_decode_num_drafts", "Verification steps of a request with at least one draft"
-        )
-        self.spec_decode_num_draft_tokens = counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens verified"
-        )
-        self.spec_decode_num_accepted_tokens = counter(
-            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"
-        )
-        self._accepted_per_pos = self._family(
-            Counter,
-            "vllm:spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted, by draft position (0-based)",
-            "position",
-        )
+        self.spec_decode: Optional[_SpecDecodeCounters] = None  # engine_ready, with a drafter
         self._spec_seen = (0, 0, 0, [])  # the cumulative stats already counted
 
         self.iteration_tokens = histogram(
@@ -292,11 +289,18 @@ class ServerMetrics:
         """The one series of a metric labelled LABEL_NAMES only."""
         return self._family(cls, name, doc, **kwargs).labels(*self._label_values)
 
-    def engine_ready(self, max_model_len: int, cache_config: dict[str, str]) -> None:
+    def engine_ready(
+        self, max_model_len: int, cache_config: dict[str, str], num_speculative_tokens: int = 0
+    ) -> None:
         """Make what needs the built engine: the token histograms (1-2-5 buckets up to
-        max_model_len) and vllm:cache_config_info, a gauge at 1 labelled with cache_config (V1's
-        CacheConfig field names -> str(value)) and engine="0". Once per ServerMetrics (a second
-        call is a ValueError: the names are registered)."""
+        max_model_len), vllm:cache_config_info, a gauge at 1 labelled with cache_config (V1's
+        CacheConfig field names -> str(value)) and engine="0", and with a drafter
+        (num_speculative_tokens > 0) the spec-decode counters, as V1's SpecDecodingProm makes
+        them only with a speculative_config: one per-position series for each draft position,
+        at 0 from the start. Once per ServerMetrics (a second call is a ValueError: the names
+        are registered)."""
+        if num_speculative_tokens > 0:
+            self.spec_decode = self._make_spec_decode(num_speculative_tokens)
         buckets = build_1_2_5_buckets(max_model_len)
 
         def tokens(name, doc):
@@ -316,6 +320,27 @@ class ServerMetrics:
             "vllm:cache_config_info", "The engine's KV cache settings", list(labels), registry=self.registry
         )
         info.labels(**labels).set(1)
+
+    def _make_spec_decode(self, num_speculative_tokens: int) -> _SpecDecodeCounters:
+        """vLLM V1's spec-decode counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm)."""
+        counters = _SpecDecodeCounters(
+            self._labelled(
+                Counter,
+                "vllm:spec_decode_num_drafts",
+                "Verification steps of a request with at least one draft",
+            ),
+            self._labelled(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens verified"),
+            self._labelled(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            self._family(
+                Counter,
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Draft tokens accepted, by draft position (0-based)",
+                "position",
+            ),
+        )
+        for pos in range(num_speculative_tokens):
+            counters.per_pos.labels(*self._label_values, str(pos))
+        return counters
 
     def observe_finished_sample(
         self, num_prompt_tokens: int, num_generation_tokens: int, max_tokens: Optional[int]
@@ -350,14 +375,18 @@ class ServerMetrics:
 
     def observe_spec_decode(self, stats) -> None:
         """Advance the spec-decode counters to an engine's cumulative SpecDecodeStats
-        (engine/spec_decode/stats.py): each call adds what grew since the last one."""
+        (engine/spec_decode/stats.py): each call adds what grew since the last one. Nothing
+        before engine_ready made them (an engine without a drafter sends no such stats)."""
+        counters = self.spec_decode
+        if counters is None:
+            return
         drafts, tokens, accepted, per_pos = self._spec_seen
-        self.spec_decode_num_drafts.inc(max(0, stats.num_drafts - drafts))
-        self.spec_decode_num_draft_tokens.inc(max(0, stats.num_draft_tokens - tokens))
-        self.spec_decode_num_accepted_tokens.inc(max(0, stats.num_accepted_tokens - accepted))
+        counters.drafts.inc(max(0, stats.num_drafts - drafts))
+        counters.draft_tokens.inc(max(0, stats.num_draft_tokens - tokens))
+        counters.accepted_tokens.inc(max(0, stats.num_accepted_tokens - accepted))
         for pos, count in enumerate(stats.accepted_per_pos):
             seen = per_pos[pos] if pos < len(per_pos) else 0
-            self._accepted_per_pos.labels(*self._label_values, str(pos)).inc(max(0, count - seen))
+            counters.per_pos.labels(*self._label_values, str(pos)).inc(max(0, count - seen))
         self._spec_seen = (
             stats.num_drafts,
             stats.num_draft_tokens,

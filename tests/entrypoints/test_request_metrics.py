@@ -205,6 +205,8 @@ def test_a_fresh_server_labels_every_metric_with_the_engine_and_counts_each_reas
     vllm:request_success_total has a series at 0 for each of V1's finish reasons."""
     families = [f for f in text_string_to_metric_families(scraped.before_text) if f.name.startswith("vllm:")]
     assert len(families) >= 20
+    # no drafter: no spec-decode family, as V1 makes them only with a speculative_config
+    assert not [f.name for f in families if f.name.startswith("vllm:spec_decode")]
     for family in families:
         for sample in family.samples:
             assert sample.labels.get("engine") == "0", (sample.name, sample.labels)
