@@ -15,7 +15,9 @@ Names, types and labels are vLLM's (`model_name`, `engine` "0"; counters without
 suffix Prometheus adds). The snapshot holds what the engine itself counts (EngineStats and its
 scheduler and pool), since construction and from zero after the warm-up:
 - gauges vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc;
-- counters vllm:num_preemptions, vllm:prompt_tokens, vllm:generation_tokens,
+- counters vllm:num_preemptions, vllm:prompt_tokens, vllm:prompt_tokens_cached (of them, those
+  the prefix cache served), vllm:prompt_tokens_by_source labelled source (PROMPT_TOKEN_SOURCES:
+  computed, cached, 0 received over a KV connector), vllm:generation_tokens,
   vllm:prefix_cache_queries, vllm:prefix_cache_hits, and vllm:request_success labelled
   finished_reason, one for each of FINISHED_REASONS from the start (at 0, as V1 makes a series
   for each of its reasons) and for any other reason a sample ended with. Per sample, as V1 counts
@@ -34,12 +36,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FINISHED_REASONS", "Counter", "Gauge", "Histogram", "Metric", "Vector", "metrics_snapshot"]
+__all__ = [
+    "FINISHED_REASONS",
+    "PROMPT_TOKEN_SOURCES",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "Metric",
+    "Vector",
+    "metrics_snapshot",
+]
 
 # vllm:request_success's finished_reason values shown from the start, at 0: vLLM V1's
 # FinishReason strings (vllm/v1/engine/__init__.py) that this engine gives. The server's
 # /metrics makes the same series (entrypoints/openai/metrics.py).
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+# vllm:prompt_tokens_by_source's source values (vLLM V1's PromptTokenStats.ALL_SOURCES): the
+# prompt tokens computed here, found in the prefix cache, and received over a KV connector (none
+# here: always 0).
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 @dataclass
@@ -91,9 +106,16 @@ def metrics_snapshot(engine, model_name: str) -> list[Metric]:
         Gauge("vllm:kv_cache_usage_perc", dict(labels), float(bm.usage)),
         Counter("vllm:num_preemptions", dict(labels), int(stats.num_preemptions)),
         Counter("vllm:prompt_tokens", dict(labels), int(stats.num_prompt_tokens)),
+        Counter("vllm:prompt_tokens_cached", dict(labels), int(stats.num_prompt_cached_tokens)),
         Counter("vllm:generation_tokens", dict(labels), int(stats.num_generated_tokens)),
         Counter("vllm:prefix_cache_queries", dict(labels), int(stats.num_prefix_queries)),
         Counter("vllm:prefix_cache_hits", dict(labels), int(stats.num_prefix_hits)),
+    ]
+    cached = int(stats.num_prompt_cached_tokens)
+    by_source = (int(stats.num_prompt_tokens) - cached, cached, 0)  # PROMPT_TOKEN_SOURCES' order
+    out += [
+        Counter("vllm:prompt_tokens_by_source", {**labels, "source": source}, count)
+        for source, count in zip(PROMPT_TOKEN_SOURCES, by_source)
     ]
     finished = {**dict.fromkeys(FINISHED_REASONS, 0), **stats.finish_reasons}
     out += [

@@ -131,4 +131,8 @@ class EngineState:
     num_preemptions: int = 0
     num_prefix_queries: int = 0
     num_prefix_hits: int = 0
+    # samples' prompt tokens counted at their first tokens, and of them the prefix cache's
+    # (EngineStats.num_prompt_tokens / num_prompt_cached_tokens): prompt_tokens_by_source
+    num_prompt_tokens: int = 0
+    num_prompt_cached_tokens: int = 0
     spec_decode: Optional[SpecDecodeStats] = None  # a copy of EngineStats.spec_decode (None: no drafter)

@@ -188,6 +188,8 @@ def engine_state(engine, paused: bool, num_parked: int = 0) -> EngineState:
         num_preemptions=engine.stats.num_preemptions,
         num_prefix_queries=engine.stats.num_prefix_queries,
         num_prefix_hits=engine.stats.num_prefix_hits,
+        num_prompt_tokens=engine.stats.num_prompt_tokens,
+        num_prompt_cached_tokens=engine.stats.num_prompt_cached_tokens,
         spec_decode=_copy_spec_decode(engine.stats),
     )
 

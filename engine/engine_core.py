@@ -105,6 +105,9 @@ class EngineStats:
     # prompt tokens once its first tokens come (never a request ended before one), and each
     # sample's final reason when its request is forgotten (finished, or aborted unreported)
     num_prompt_tokens: int = 0
+    # of which the prefix cache served (the samples' num_cached_tokens, counted with their prompt):
+    # vLLM's prompt_tokens_cached, and prompt_tokens_by_source's local_cache_hit
+    num_prompt_cached_tokens: int = 0
     finish_reasons: dict = field(default_factory=dict)
     num_swapped_bytes: int = 0  # KV bytes copied out to and back in from host memory (swap)
     swap_seconds: float = 0.0  # host wall seconds in runner.apply_swaps (a swap-out waits for its copies)
@@ -1214,10 +1217,12 @@ class EngineCore:
         refused: dict = {}
         if self._constrained:
             update, refused = self._advance_grammars(update)
-        before = self.outputs.num_generated_tokens, self.outputs.num_prompt_tokens
-        self.outputs.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
-        self.stats.num_generated_tokens += self.outputs.num_generated_tokens - before[0]
-        self.stats.num_prompt_tokens += self.outputs.num_prompt_tokens - before[1]
+        out, stats = self.outputs, self.stats
+        before = out.num_generated_tokens, out.num_prompt_tokens, out.num_prompt_cached_tokens
+        out.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
+        stats.num_generated_tokens += out.num_generated_tokens - before[0]
+        stats.num_prompt_tokens += out.num_prompt_tokens - before[1]
+        stats.num_prompt_cached_tokens += out.num_prompt_cached_tokens - before[2]
         for rid, message in refused.items():
             parent, sample = self._samples[rid]
             self.outputs.settle(sample, ERROR, None, message)

@@ -94,6 +94,7 @@ class OutputProcessor:
         self.placeholder_id = placeholder_id
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0  # each sample's prompt at its first tokens (vLLM's prompt_tokens)
+        self.num_prompt_cached_tokens = 0  # of which its admission found in the prefix cache
         self._texts: dict[int, str] = {}  # token id -> its text under _texts_of (name_tokens)
         self._texts_of: object = None
 
@@ -116,6 +117,7 @@ class OutputProcessor:
             if tokens and not sample.started:
                 sample.started = True
                 self.num_prompt_tokens += len(parent.prompt_token_ids)
+                self.num_prompt_cached_tokens += sample.num_cached_tokens or 0
             if sample.index == 0 and parent.prompt_logprobs is not None and tokens:
                 check_prompt_logprobs_complete(parent)
             if sample.logprobs is not None:

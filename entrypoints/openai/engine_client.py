@@ -208,7 +208,7 @@ class EngineClient:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._worker = None  # the engine's Process or Thread
         self._to_engine = self._from_engine = None
-        self._last_counts = (0, 0, 0)
+        self._last_counts = (0, 0, 0, 0, 0)
         self._token_texts: dict[int, str] = {}  # token id -> decode([id]), for the streams' Logprobs
 
     # ---- life cycle -----------------------------------------------------------------------------
@@ -696,11 +696,19 @@ class EngineClient:
         m.num_requests_running.set(state.num_running)
         m.num_requests_waiting.set(state.num_waiting)
         m.kv_cache_usage_perc.set(state.kv_cache_usage)
-        counts = (state.num_preemptions, state.num_prefix_queries, state.num_prefix_hits)
-        (p0, q0, h0), self._last_counts = self._last_counts, counts
-        m.num_preemptions.inc(max(0, counts[0] - p0))
-        m.prefix_cache_queries.inc(max(0, counts[1] - q0))
-        m.prefix_cache_hits.inc(max(0, counts[2] - h0))
+        counts = (
+            state.num_preemptions,
+            state.num_prefix_queries,
+            state.num_prefix_hits,
+            state.num_prompt_tokens,
+            state.num_prompt_cached_tokens,
+        )
+        grew = [max(0, now - then) for now, then in zip(counts, self._last_counts)]
+        self._last_counts = counts
+        m.num_preemptions.inc(grew[0])
+        m.prefix_cache_queries.inc(grew[1])
+        m.prefix_cache_hits.inc(grew[2])
+        m.observe_prompt_sources(grew[3], grew[4])
         if state.spec_decode is not None:
             m.observe_spec_decode(state.spec_decode)
 

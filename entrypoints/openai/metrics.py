@@ -51,6 +51,13 @@ engine (a finish reason; not a client's abort, not a failed step), so their _cou
 The token histograms use V1's 1-2-5 buckets up to max_model_len, so they exist once the engine
 is built (engine_ready), as does vllm:cache_config_info (a gauge at 1 whose labels are the KV
 cache settings this engine has, under V1's CacheConfig field names, plus V1's engine="0").
+vllm:prompt_tokens_cached and vllm:prompt_tokens_by_source{source} (V1's PromptTokenStats: a
+series at 0 for each of local_compute, local_cache_hit and external_kv_transfer from the start)
+split the prompt tokens into those the prefix cache served and those computed. They come from
+the engine's counts (EngineState), taken when a sample's first token is attached, so the same
+message carries them and the output vllm:prompt_tokens counts here (only a request the client
+left in that step's flight is counted by the engine and not here). No KV connector here:
+external_kv_transfer stays 0.
 iteration_tokens_total: once per engine step whose message carries news of a live request, the
 prompt tokens of each sample whose first tokens it carries plus the tokens it carries (V1's
 IterationStats: a prompt counts in the output that ends its prefill, not as its chunks run), so
@@ -229,6 +236,13 @@ class ServerMetrics:
             "vllm:prompt_tokens", "Prompt tokens of samples whose prefill produced a token"
         )
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens")
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens (of vllm:prompt_tokens) the prefix cache served"
+        )
+        by_source = self._family(Counter, "vllm:prompt_tokens_by_source", "Prompt tokens by source", "source")
+        self._by_source = [
+            by_source.labels(*self._label_values, s) for s in metrics_reader.PROMPT_TOKEN_SOURCES
+        ]
         self._success = self._family(
             Counter, "vllm:request_success", "Finished requests by finish reason", "finished_reason"
         )
@@ -393,6 +407,14 @@ class ServerMetrics:
             stats.num_accepted_tokens,
             list(stats.accepted_per_pos),
         )
+
+    def observe_prompt_sources(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """The engine's newly counted prompt tokens (samples at their first tokens) and those of
+        them the prefix cache served: vllm:prompt_tokens_cached, and prompt_tokens_by_source's
+        local_cache_hit and local_compute (the rest); external_kv_transfer stays 0."""
+        self.prompt_tokens_cached.inc(num_cached_tokens)
+        self._by_source[0].inc(max(0, num_prompt_tokens - num_cached_tokens))
+        self._by_source[1].inc(num_cached_tokens)
 
     def request_success(self, finished_reason: str) -> None:
         self._success.labels(*self._label_values, finished_reason).inc()

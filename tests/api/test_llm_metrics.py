@@ -154,3 +154,18 @@ def test_get_metrics_counts_prompt_tokens_and_finished_samples_by_reason():
         "abort": 1,
         "error": 0,
     }
+
+
+def test_get_metrics_splits_the_prompt_tokens_by_source():
+    """vllm:prompt_tokens_cached and vllm:prompt_tokens_by_source{source} offline too (vLLM's
+    reader returns every vllm: counter): a 9-token prompt sent twice (block 4) is computed in
+    full once, then served 8 tokens from the prefix cache."""
+    llm = LLM(str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", num_blocks=64, block_size=4)
+    for _ in range(2):
+        llm.generate({"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12, 13]}, GREEDY, use_tqdm=False)
+    by_source = {
+        m.labels["source"]: m.value for m in llm.get_metrics() if m.name == "vllm:prompt_tokens_by_source"
+    }
+    assert by_source == {"local_compute": 10, "local_cache_hit": 8, "external_kv_transfer": 0}
+    counters = _counters(llm)
+    assert counters[("vllm:prompt_tokens_cached", None)] == 8 and counters[("vllm:prompt_tokens", None)] == 18

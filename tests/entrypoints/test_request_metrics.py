@@ -257,3 +257,37 @@ def test_prompt_tokens_count_prefilled_prompts_not_requests_aborted_in_the_queue
     assert _value(metrics, "vllm:request_success_total", finished_reason="abort") == 2
     assert (prompt, generated) == (3, 2)  # the kept request's alone
     assert iteration == prompt + generated
+
+
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+
+def test_prompt_tokens_by_source_split_each_prompt_into_computed_and_cached():
+    """vLLM V1's vllm:prompt_tokens_cached and vllm:prompt_tokens_by_source{source}
+    (PromptTokenStats, counted at a request's first output): the prompt tokens the prefix cache
+    served and the ones computed, so the three sources sum to vllm:prompt_tokens. A 9-token
+    prompt sent twice (block 4) is computed in full the first time, and 8 of its tokens come
+    from the cache the second (the block holding its last token is always computed). Neither
+    family existed: a V1 dashboard's cached-prompt share read "no data"."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    metrics = ServerMetrics("tiny")
+    client = EngineClient(args, load_engine_tokenizer(args), metrics, in_process=True, max_waiting=16)
+    client.launch(timeout=120)
+    fresh = [_value(metrics, "vllm:prompt_tokens_by_source_total", source=s) for s in SOURCES]
+    assert fresh == [0, 0, 0] and _value(metrics, "vllm:prompt_tokens_cached_total") == 0
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+
+    async def run() -> None:
+        client.start(asyncio.get_running_loop())
+        params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+        for i in range(2):
+            await final_output(await client.submit([NewRequest(f"r{i}", None, prompt, params)]))
+
+    try:
+        asyncio.run(run())
+    finally:
+        client.stop()
+    by_source = {s: _value(metrics, "vllm:prompt_tokens_by_source_total", source=s) for s in SOURCES}
+    assert by_source == {"local_compute": 9 + 1, "local_cache_hit": 8, "external_kv_transfer": 0}
+    assert _value(metrics, "vllm:prompt_tokens_cached_total") == 8
+    assert sum(by_source.values()) == _value(metrics, "vllm:prompt_tokens_total") == 18
