@@ -99,3 +99,19 @@ def test_compile_backend_must_be_one_torch_compile_knows(value):
 def test_compile_backend_takes_torch_compiles_names_and_callables():
     for value in ("inductor", "aot_eager", "eager", lambda gm, inputs: gm.forward):
         assert EngineArgs(compile_backend=value).compile_backend is value
+
+
+def test_max_model_len_and_the_budget_are_refused_just_past_their_bounds():
+    """Each construction-time bound at its value and one past it: max_model_len 2 (a prompt
+    token and a generated one) is taken and 1 refused; with chunked prefill off a budget of
+    max_model_len - 1 tokens is taken (add() admits prompt + max_tokens - 1 <= budget) and one
+    token fewer refused. The other tests stood far from both bounds, so moving either by one
+    went unseen."""
+    assert EngineArgs(max_model_len=2).max_model_len == 2
+    with pytest.raises(ValueError, match=r"max_model_len must be None, -1 .* or an int >= 2, got 1"):
+        EngineArgs(max_model_len=1)
+    EngineArgs(max_model_len=9, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    with pytest.raises(
+        ValueError, match=r"max_num_batched_tokens \(8\) is smaller than max_model_len \(10\) - 1"
+    ):
+        EngineArgs(max_model_len=10, max_num_batched_tokens=8, enable_chunked_prefill=False)
