@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from enginespec.engine.detokenizer import IncrementalDetokenizer
+from enginespec.engine.detokenizer import IncrementalDetokenizer, StopPrefixes
 from enginespec.spec import SamplingParams
 
 CORPUS = ["hello world, stop here. 你好 世界 🙂 héllo wörld ab abc abcd STOP"] * 8
@@ -583,3 +583,41 @@ def test_the_followed_tail_is_the_longest_stop_prefix_ending_the_text(pieces, st
     for piece in pieces:
         detok.text += piece
         assert detok._held_back() == held_back(detok.text, stops)
+
+
+def test_the_followed_tail_matches_the_reference_for_every_short_text_and_stop():
+    """Every stop string of up to 4 characters over "ab" against every text of up to 8, fed one
+    character at a time (a stop string inside the text included: before min_tokens it is plain
+    text). The matcher's failure links are exercised only by stop strings that repeat themselves
+    ("aab", "abaa"): the random test above may draw too few of them in a run to see a wrong link."""
+    import itertools
+
+    words = ["".join(w) for n in range(1, 9) for w in itertools.product("ab", repeat=n)]
+    for stop in [w for w in words if len(w) <= 4]:
+        for text in [w for w in words if len(w) == 8]:
+            prefixes = StopPrefixes([stop])
+            for end in range(1, len(text) + 1):
+                assert prefixes.held(text[:end]) == held_back(text[:end], [stop]), (stop, text[:end])
+
+
+def test_stop_prefixes_hold_nothing_back_before_any_text_or_without_stops():
+    """held() is 0 for an empty text and for any text without stop strings (a detokenizer
+    without stops still answers shown_text through it): nothing is a prefix of no stop."""
+    assert StopPrefixes(["ab"]).held("") == 0
+    assert StopPrefixes([]).held("") == StopPrefixes([]).held("aba") == 0
+    detok = IncrementalDetokenizer(byte_bpe(), [1], SamplingParams())
+    detok.update(byte_ids("abc"))
+    assert detok.shown_text(False) == "abc"
+
+
+@pytest.mark.parametrize("before, last", [("é", "é"), ("你", "好"), ("🙂", "é"), ("a", "🙂")])
+def test_a_character_cut_after_its_first_byte_keeps_the_characters_before_it(before, last):
+    """One update holding a whole output (generate()'s way) that ends one byte into a
+    character: the flush settles the characters before the cut first, cutting off exactly that
+    one byte (the last cut it tries). Chunked runs settle the earlier characters before the
+    flush, so only a single update reaches that cut."""
+    tok = byte_fallback()
+    for cut in range(1, len(last.encode())):
+        ids = fallback_ids(before) + fallback_ids(last)[:cut]
+        _, _, detok = run(tok, ids, SamplingParams(), [len(ids)])
+        assert detok.text == before + tok.decode(fallback_ids(last)[:cut]), (before, last, cut)
