@@ -18,6 +18,7 @@ from enginespec.worker.loader import (
     CheckpointNotFound,
     build_model,
     checkpoint_files,
+    load_config,
     load_tokenizer,
     load_tokenizer_dir,
 )
@@ -203,6 +204,29 @@ def test_a_sentencepiece_only_tokenizer_without_sentencepiece_names_the_package(
     assert str(path) in str(info.value) and "tokenizer.model" in str(info.value)
     (path / "tokenizer.model").write_bytes(b"IQ== 0\nIg== 1\n")  # tiktoken's format: its error stands
     with pytest.raises(CheckpointError) as info:
+        load_tokenizer_dir(path)
+    assert "pip install sentencepiece" not in str(info.value)
+
+
+def test_the_sentencepiece_hint_is_only_for_a_tokenizer_model_alone(tmp_path, monkeypatch):
+    """The hint names what a tokenizer.model without a tokenizer.json lacks; beside a
+    tokenizer.json (which transformers reads first) it would blame the wrong file, and without a
+    tokenizer.model there is no file to read: a directory holding only a broken
+    tokenizer_config.json is the same one-line CheckpointError, with no hint and no
+    FileNotFoundError of its own."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # not importable, installed or not
+    path = tmp_path / "tok"
+    path.mkdir()
+    (path / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=f"cannot load the tokenizer in {path}: ") as info:
+        load_tokenizer_dir(path)
+    assert "pip install sentencepiece" not in str(info.value)
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    (path / "tokenizer.model").write_bytes(b"\x0a\x05<unk>" * 4)
+    (path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=f"cannot load the tokenizer in {path}: ") as info:
         load_tokenizer_dir(path)
     assert "pip install sentencepiece" not in str(info.value)
 
@@ -491,3 +515,61 @@ def test_a_max_position_embeddings_below_one_is_refused_naming_it(tmp_path, posi
         CheckpointError, match=rf"config\.json: max_position_embeddings must be .*>= 1 .*, got {positions}"
     ):
         build_model(path)
+
+
+@pytest.mark.parametrize(
+    "family, head_dim, partial, count",
+    [("llama", 16, 0.5, 4), ("llama", 16, 0.75, 6), ("qwen2", None, 1.0, 4)],
+    ids=["half", "three-quarters", "no-head-dim"],
+)
+def test_longrope_factor_count_follows_partial_rotary_factor_and_the_derived_head_dim(
+    tmp_path, family, head_dim, partial, count
+):
+    """The count is transformers' (its rope validation logs the same "must have length"): one
+    factor per rotated frequency of head_dim x partial_rotary_factor, head_dim being
+    hidden_size // num_attention_heads where the config has none (a Qwen2 config without the
+    field: 32 // 4 = 8). The tiny checkpoints rotate all of an explicit head_dim 16, so the
+    other test left both the partial factor and the derived head_dim unchecked."""
+    path = _copy(family, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    if head_dim is None:
+        del config["head_dim"]
+    (path / "config.json").write_text(json.dumps(config))
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    rope |= {"partial_rotary_factor": partial} if partial != 1.0 else {}
+    for n in (count, count + 2):
+        _set_config(path, rope_parameters=rope | {"short_factor": [1.0] * n, "long_factor": [2.0] * count})
+        if n == count:
+            load_config(path)
+        else:
+            with pytest.raises(CheckpointError, match=rf"short_factor must hold {count} numbers.*got {n}"):
+                load_config(path)
+
+
+def test_a_transformers_4_config_s_rope_scaling_is_checked_and_none_is_no_scaling():
+    """transformers 4 (pyproject's lower bound is 4.51) has no rope_parameters: a config carries
+    its scaling in rope_scaling, and None there without one. The check reads rope_scaling where
+    rope_parameters is absent, and a config without scaling passes."""
+    from types import SimpleNamespace
+
+    from enginespec.worker.loader import _check_longrope_factors
+
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 5, "long_factor": [1.0] * 8}
+    with pytest.raises(CheckpointError, match=r"config\.json: .*short_factor must hold 8 numbers.*got 5"):
+        _check_longrope_factors(SimpleNamespace(rope_scaling=longrope, head_dim=16), Path("config.json"))
+    _check_longrope_factors(SimpleNamespace(rope_scaling=None, head_dim=16), Path("config.json"))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "mha"])
+def test_one_kv_head_and_one_per_query_head_load(tmp_path, kv_heads):
+    """The two ends of the grouping _check_heads allows: a single kv head for all 4 query heads
+    (multi-query attention) and one per query head (no grouping) build; the refused values
+    (0, 3, 8) are in the test above."""
+    path = make_checkpoint("llama", tmp_path / "ckpt", num_key_value_heads=kv_heads)
+    model = build_model(path)
+    assert model.config.num_key_value_heads == kv_heads
