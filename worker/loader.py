@@ -198,15 +198,17 @@ def _check_heads(config, config_path: Path) -> None:
 
 
 def _check_positions(config, config_path: Path) -> None:
-    """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 1.
-    Below it no prompt fits, and the engine failed later naming another thing: -5 was a bare
-    RuntimeError from building the rope table, 0 a ValueError about SchedulerConfig.max_model_len."""
+    """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 2, the
+    least max_model_len the engine takes (EngineArgs, SchedulerConfig): a prompt token and one
+    generated. Below it the engine failed later naming another thing: -5 was a bare
+    RuntimeError from building the rope table, 0 and 1 a ValueError about
+    SchedulerConfig.max_model_len."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     positions = getattr(text, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions < 1:
+    if isinstance(positions, int) and positions < 2:
         raise CheckpointError(
-            f"{config_path}: max_position_embeddings must be an int >= 1 (the longest context the "
-            f"model serves), got {positions}"
+            f"{config_path}: max_position_embeddings must be an int >= 2 (the longest context the "
+            f"model serves: a prompt token and a generated one at least), got {positions}"
         )
 
 
@@ -214,7 +216,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
     scaling one transformers computes (_check_rope_type, _check_longrope_factors), its activation
     one transformers builds (_check_activation), its kv heads grouping its query heads
-    (_check_heads) and at least one position (_check_positions)."""
+    (_check_heads) and at least two positions (_check_positions)."""
     from transformers import AutoConfig
 
     architecture_of(path)

@@ -512,9 +512,25 @@ def test_a_max_position_embeddings_below_one_is_refused_naming_it(tmp_path, posi
     path = _copy("llama", tmp_path)
     _set_config(path, max_position_embeddings=positions)
     with pytest.raises(
-        CheckpointError, match=rf"config\.json: max_position_embeddings must be .*>= 1 .*, got {positions}"
+        CheckpointError, match=rf"config\.json: max_position_embeddings must be .*>= 2 .*, got {positions}"
     ):
         build_model(path)
+
+
+def test_a_single_position_is_refused_naming_it_and_two_load(tmp_path):
+    """One position holds a one-token prompt and nothing it could generate: the engine's
+    max_model_len (and EngineArgs') is at least 2. Over 1 the loader said nothing and
+    LLM(model=...) failed with "SchedulerConfig.max_model_len must be None or >= 2, got 1",
+    naming a setting the user never gave instead of the config field; 2 is the least that
+    loads."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, max_position_embeddings=1)
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: max_position_embeddings must be .*>= 2 .*, got 1"
+    ):
+        build_model(path)
+    _set_config(path, max_position_embeddings=2)
+    assert load_config(path).max_position_embeddings == 2
 
 
 @pytest.mark.parametrize(
