@@ -518,3 +518,102 @@ def test_tune_variants_compiles_the_fused_variants_in_one_call_after_the_plain_t
         (1, "plain"), (2, "plain"), (1, "norm"), (2, "norm"), (1, "residual"), (2, "residual")
     ]  # fmt: skip
     assert table.seconds["compile"] >= 0.0  # both calls' walls summed (a real clock here)
+
+
+def test_run_sends_only_dense_rows_up_to_max_rows_to_the_chosen_kernel(monkeypatch):
+    """run() without fusion arguments is the plain variant (row_scale off unless asked): a row
+    count from 1 to max_rows whose bucket has a choice launches the kernel, with no fusion; 0
+    rows, more than max_rows (even where a wider bucket holds a choice), and an x or residual
+    whose last dim is strided take the baseline. The decoder tests route by hand-set choices
+    through a recording run(), so the table's own defaults and bounds went unchecked there."""
+    import enginespec.kernels.skinny_gemm as sg
+
+    launched = []
+
+    def kernel(x, weight, bias, config, buffers, silu_mul, norm_weight, eps, residual, row_scale=False):
+        launched.append((x.shape[0], silu_mul, norm_weight is not None, residual is not None, row_scale))
+        return F.linear(x, weight, bias) + (0 if residual is None else residual)
+
+    monkeypatch.setattr(sg, "skinny_linear", kernel)
+    table = sl.LinearTable("cpu", max_rows=16)
+    w = torch.randn(8, 32)
+    for bucket in (1, 2, 4, 8, 16, 32):
+        for variant in ("plain", "residual"):
+            table.choices[table.key(bucket, w, None, variant)] = sl.Choice(SkinnyConfig(64, 32), 1.0, 2.0)
+    for rows in (1, 16, 0, 17):
+        x = torch.randn(rows, 32)
+        launched.clear()
+        assert torch.equal(table.run(x, w, None), F.linear(x, w))
+        assert launched == ([(rows, False, False, False, False)] if rows in (1, 16) else []), rows
+    x = torch.randn(4, 64)[:, ::2]  # a strided last dim: the kernel reads rows as contiguous
+    launched.clear()
+    assert torch.equal(table.run(x, w, None), F.linear(x, w)) and launched == []
+    x, residual = torch.randn(4, 32), torch.randn(4, 16)[:, ::2]
+    launched.clear()
+    torch.testing.assert_close(table.run(x, w, None, residual=residual), F.linear(x, w) + residual)
+    assert launched == [(4, False, False, False, False)]  # the baseline: the plain choice, then the add
+
+
+def test_tune_one_times_each_variant_s_own_calls_and_keeps_the_close_shapes_at_the_margin(monkeypatch):
+    """_tune_one times a variant's calls with its own fusions (SiLU * up for the _silu ones, a
+    residual only for "residual"), ranks the launch shapes for the fused variants only from the
+    plain one, and keeps for refine, of a step variant whose pick is a kernel, the shapes up to
+    exactly REFINE_MARGIN past the fastest and the baseline up to exactly REFINE_MARGIN past the
+    pick (both bounds inclusive); the plain variant is not refined."""
+    a, b, c = (SkinnyConfig(n, 1024, num_stages=1) for n in (16, 32, 64))
+    edge = 9.5 * (1 + sl.REFINE_MARGIN)
+    times = {a: 9.5, b: edge, c: edge * 1.01}  # c: past the fastest's margin, within b's
+    table = sl.LinearTable("cpu", max_rows=32)
+    seen = []
+
+    def time_candidate(config, x, calls, want):
+        seen.append([(call["silu_mul"], call["residual"] is not None) for call in calls])
+        return times[config]
+
+    monkeypatch.setattr(sl, "graph_us", lambda fn, n: (edge, []))  # the baseline: the pick's margin
+    monkeypatch.setattr(table, "_candidates", lambda *args: [a, b, c])
+    monkeypatch.setattr(table, "_time_candidate", time_candidate)
+    norm = {"norm_weight": torch.ones(16), "eps": 1e-6}
+    for variant in ("norm", "norm_silu", "residual", "plain"):
+        layers = [{"weight": torch.zeros(64, 16), "bias": None, **(norm if "norm" in variant else {})}]
+        seen.clear()
+        table._tune_one(32, layers, 132, variant)
+        assert seen == [[("silu" in variant, variant == "residual")]] * 3, variant
+        key = (32, 64, 16, torch.float32, False, variant)
+        assert table.choices[key].config == a
+        if variant == "plain":
+            assert key not in table.close and table.ranked == {(32, 64, 16): [a, b, c]}
+        else:
+            assert table.close[key] == [(9.5, a), (edge, b), (edge, None)] and table.ranked == {}, variant
+
+
+def test_refine_keeps_the_pick_against_a_shape_exactly_refine_win_faster():
+    """Another option replaces the pick only when the step graph runs more than REFINE_WIN faster
+    with it: at exactly REFINE_WIN the pick stays (the strict bound of the docstring)."""
+    a, b = (SkinnyConfig(n, 1024, use_dot=False, gemv=True) for n in (4, 8))
+    key = (1, 64, 1024, torch.bfloat16, False, "norm")
+    table = sl.LinearTable("cpu", max_rows=1)
+    for b_us, winner in ((100.0 * (1 - sl.REFINE_WIN), a), (100.0 * (1 - sl.REFINE_WIN) - 0.01, b)):
+        step = {a: 100.0, b: b_us}
+        table.choices[key] = sl.Choice(a, 10.0, 20.0)
+        got = table._refine_key(
+            key, [(10.0, a), (10.5, b)], lambda step=step: step[table.choices[key].config]
+        )
+        assert got.config == winner, b_us
+
+
+def test_a_tuning_call_without_fusion_keys_runs_no_fusion():
+    """The plain variant's tuning calls are {"weight", "bias"} alone (tuning_groups): the keys
+    they lack read as no norm, no residual, no SiLU * up and no row scale, which is what the
+    baseline, the compile pass and every timed candidate of those calls run."""
+    w = torch.zeros(4, 8)
+    args = sl._args({"weight": w, "bias": None})
+    assert args.pop("weight") is w
+    assert args == {
+        "bias": None,
+        "norm_weight": None,
+        "eps": 0.0,
+        "residual": None,
+        "silu_mul": False,
+        "row_scale": False,
+    }
