@@ -586,14 +586,15 @@ def test_the_followed_tail_is_the_longest_stop_prefix_ending_the_text(pieces, st
 
 
 def test_the_followed_tail_matches_the_reference_for_every_short_text_and_stop():
-    """Every stop string of up to 4 characters over "ab" against every text of up to 8, fed one
+    """Every stop string of up to 6 characters over "ab" against every text of up to 8, fed one
     character at a time (a stop string inside the text included: before min_tokens it is plain
     text). The matcher's failure links are exercised only by stop strings that repeat themselves
-    ("aab", "abaa"): the random test above may draw too few of them in a run to see a wrong link."""
+    ("aab", "abaa"; a link followed two deep, as while building "aabaaa"'s, needs six
+    characters): the random test above may draw too few of them in a run to see a wrong link."""
     import itertools
 
     words = ["".join(w) for n in range(1, 9) for w in itertools.product("ab", repeat=n)]
-    for stop in [w for w in words if len(w) <= 4]:
+    for stop in [w for w in words if len(w) <= 6]:
         for text in [w for w in words if len(w) == 8]:
             prefixes = StopPrefixes([stop])
             for end in range(1, len(text) + 1):
