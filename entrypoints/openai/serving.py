@@ -348,12 +348,18 @@ def _bad_field(call: _Call, exc: ValueError) -> APIError:
     top_logprobs, and max_tokens as max_completion_tokens where the body set that one (it wins
     over max_tokens); the engine's prompt_token_ids checks (empty, an id beyond the vocabulary)
     name the body's prompt (messages for chat). Under a forcing tool_choice the constraint is the tools' parameters
-    (_forced_params), so a schema the grammar compiler refuses is a 400 naming `tools`."""
+    (_forced_params), so a schema the grammar compiler refuses is a 400 naming `tools`; else a
+    constraint refused as StructuredOutputsParams.<kind> (a regex or schema that does not compile)
+    names the body field that carried it, response_format or structured_outputs (its param was
+    None: a client reading error.param could not tell which field to fix)."""
     err = bad_request(exc)
     forced = call.tool_mode in ("required", "named")
     if forced and err.param is None and err.message.startswith("StructuredOutputsParams.json"):
         message = f"tools: the parameters schema that tool_choice forces is refused: {err.message}"
         return APIError(400, message, "tools")
+    if err.param is None and err.message.startswith("StructuredOutputsParams."):
+        fmt = call.body.response_format
+        err.param = "response_format" if fmt is not None and fmt.type != "text" else "structured_outputs"
     if err.param is None and err.message.startswith("prompt_token_ids"):  # the engine's prompt check
         err.param = "messages" if call.kind == "chat" else "prompt"
     elif call.kind == "chat" and err.param == "logprobs":

@@ -203,7 +203,33 @@ def test_a_refused_structured_outputs_of_the_client_keeps_its_own_name(engine):
             "chat",
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
         )
-    assert info.value.param is None
+    assert info.value.param == "response_format"
+
+
+# a schema the engine refuses (engine/schema_limits.py: xgrammar does not enforce the keyword)
+UNENFORCED = {"type": "array", "uniqueItems": True}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"structured_outputs": {"regex": "("}}, "structured_outputs"),
+        ({"structured_outputs": {"json": UNENFORCED}}, "structured_outputs"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": UNENFORCED}}},
+            "response_format",
+        ),
+    ],
+)
+def test_a_constraint_that_does_not_compile_names_the_body_field_that_carried_it(engine, kind, fields, param):
+    """The engine refuses a constraint as `StructuredOutputsParams.<kind> is invalid` (a regex or
+    a schema its compiler does not take); the 400's param is the body field the client set, so
+    that an OpenAI client reading error.param knows what to fix (it was None: the soak's
+    malformed requests found it)."""
+    with pytest.raises(APIError, match="^StructuredOutputsParams") as info:
+        _call(engine, kind, stream=True, **fields)
+    assert (info.value.status, info.value.param) == (400, param)
 
 
 class _FaultyMatcher:
