@@ -93,6 +93,12 @@ def ebnf_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+# A length-bounded string's character in xgrammar's EBNF of a JSON schema (any but quote,
+# backslash, CR, LF: control characters pass), and JSON's string character, as xgrammar's own
+# unbounded strings write it (_compile_json_schema).
+_LAX_STRING_CHARACTER = r'[^\"\\\r\n]'
+_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
+
 # xgrammar's C++ log prefix on an error's last line: "[10:01:02] /project/cpp/regex_converter.cc:94: "
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
@@ -162,7 +168,7 @@ class StructuredOutputManager:
             where = unenforced_keyword(schema)
             if where is not None:
                 raise ValueError(f"the schema uses {where}, which the xgrammar backend does not enforce")
-            return compiler.compile_json_schema(params.json_text(), any_whitespace=any_ws)
+            return self._compile_json_schema(params.json_text(), any_ws)
         if kind == "json_object":  # any object, not any JSON value (vLLM's, OpenAI's meaning)
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_ws)
         if kind == "regex":
@@ -170,6 +176,22 @@ class StructuredOutputManager:
         if kind == "choice":
             return compiler.compile_grammar(choice_grammar(params.choice))
         return compiler.compile_grammar(params.grammar)
+
+    def _compile_json_schema(self, text: str, any_ws: bool):
+        """compile_json_schema(text), except that a string bounded by minLength / maxLength
+        takes no raw control character. xgrammar (0.2.9 and before: its issue #800) writes
+        such a string's character as a class that leaves out only the quote, the backslash,
+        CR and LF (_LAX_STRING_CHARACTER), so the other characters U+0000-U+001F passed
+        unescaped: JSON forbids them in a string, and the reply (a tab or U+001C inside a
+        name of maxLength 4) was no JSON that json.loads takes, with finish_reason "stop".
+        The schema's EBNF is compiled instead, that class narrowed to JSON's string character
+        (xgrammar's own, for unbounded strings). A schema without a bounded string compiles
+        as it always did. (A bounded string still cannot hold an escape: xgrammar's limit.)"""
+        grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=any_ws, strict_mode=True)
+        ebnf = str(grammar)
+        if _LAX_STRING_CHARACTER not in ebnf:
+            return self.compiler.compile_json_schema(text, any_whitespace=any_ws)
+        return self.compiler.compile_grammar(ebnf.replace(_LAX_STRING_CHARACTER, _JSON_STRING_CHARACTER))
 
     def new_state(
         self, compiled, stop_token_ids: Sequence[int], start_after: Sequence[int] = ()

@@ -3,6 +3,7 @@ by walking a matcher over text (the tiny JSON tokenizer: one token per character
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -79,6 +80,35 @@ def test_a_schema_is_strict_unlisted_properties_are_refused(manager):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert _takes(manager, StructuredOutputsParams(json=schema), '{"a":1}')
     assert not _takes(manager, StructuredOutputsParams(json=schema), '{"a":1,"c":2}')
+
+
+@pytest.mark.parametrize(
+    "schema, fits, too_long",
+    [
+        ({"type": "string", "maxLength": 4}, "abcd", "abcde"),
+        ({"type": "string", "minLength": 2}, "ab", None),
+        ({"type": "string", "minLength": 1, "maxLength": 3}, "abc", "abcd"),
+        ({"type": "array", "items": {"type": "string", "maxLength": 2}}, "ab", "abc"),
+    ],
+)
+def test_a_length_bounded_string_takes_no_raw_control_character(manager, schema, fits, too_long):
+    """JSON forbids U+0000-U+001F raw in a string. xgrammar's bounded strings let them through
+    but CR and LF (its issue #800), and a byte-level model wrote a tab or U+001C inside a
+    name of maxLength 4: a reply no json.loads took, finished "stop" (the server soak, on a
+    byte-level BPE checkpoint). The bound still holds, and what fits it is still taken."""
+    mgr, _ = manager
+    compiled = mgr.compile(StructuredOutputsParams(json=schema))
+    wrap = (lambda s: f'["{s}"]') if schema["type"] == "array" else (lambda s: f'"{s}"')
+
+    def takes(text: str) -> bool:
+        state = mgr.new_state(compiled, [EOS])
+        return state.matcher.accept_string(text) and state.accept([EOS]) is None and state.terminated
+
+    assert takes(wrap(fits)) and json.loads(wrap(fits))
+    for control in ("\t", "\x1c", "\x01", "\x0b"):
+        assert not takes(wrap(fits[:-1] + control)), repr(control)
+    if too_long is not None:
+        assert not takes(wrap(too_long))
 
 
 def test_json_object_means_an_object(manager):
