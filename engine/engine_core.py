@@ -646,7 +646,7 @@ class EngineCore:
             )
         params = params.with_bad_words_tokens(self.tokenizer)
         params.validate_vocab(self.vocab_size)
-        self._check_logprobs(params.with_vocab(self.vocab_size))
+        params.with_vocab(self.vocab_size).validate_logprobs_cap(self.max_logprobs)
         return ids, params
 
     def _truncate(self, ids: list[int], keep: Optional[int]) -> list[int]:
@@ -692,18 +692,6 @@ class EngineCore:
         """EngineArgs.max_logprobs, with -1 (no cap) as the vocabulary size (vLLM's rule)."""
         cap = self.args.max_logprobs
         return self.vocab_size if cap == -1 else cap
-
-    def _check_logprobs(self, params: SamplingParams) -> None:
-        """logprobs and prompt_logprobs within max_logprobs, in vLLM's words; the message starts
-        with the field's name, as the server's 400 reads its param from it."""
-        cap = self.max_logprobs
-        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            k = getattr(params, name)
-            if k is not None and k > cap:
-                raise ValueError(
-                    f"SamplingParams.{name}: requested {kind} logprobs of {k}, which is greater than "
-                    f"max allowed: {cap} (the engine's max_logprobs, --max-logprobs; -1 lifts the cap)"
-                )
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the checkpoint's generation_config.json sampling defaults

@@ -379,6 +379,20 @@ class SamplingParams:
             k = getattr(self, name)
             _check(k is None or k <= vocab_size, name, f"<= vocab_size ({vocab_size})", k)
 
+    def validate_logprobs_cap(self, max_logprobs: int) -> None:
+        """logprobs and prompt_logprobs (ALL_LOGPROBS resolved by with_vocab first) within the
+        engine's max_logprobs (-1 already read as the vocabulary size), in vLLM's words; the
+        message starts with the field's name, as the server's 400 reads its param from it. The
+        engine checks it on add, and the server's front end before its queue's 503 (a request
+        over the cap is the client's error however busy the server is)."""
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(self, name)
+            if k is not None and k > max_logprobs:
+                raise ValueError(
+                    f"SamplingParams.{name}: requested {kind} logprobs of {k}, which is greater than "
+                    f"max allowed: {max_logprobs} (the engine's max_logprobs, --max-logprobs; -1 lifts the cap)"
+                )
+
     def with_vocab(self, vocab_size: int) -> "SamplingParams":
         """These params with logprobs / prompt_logprobs of ALL_LOGPROBS (-1) set to vocab_size
         (the engine calls this on add); self when neither is -1."""

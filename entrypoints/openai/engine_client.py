@@ -394,6 +394,7 @@ class EngineClient:
             raise fresh_error(self.fatal)
         self._check_ids([r.request_id for r in requests])
         self._check_prompts(requests)
+        self._check_params(requests)
         num = sum(r.params.n for r in requests)
         if num > self.capacity:
             raise RequestTooLarge(num, self.capacity)
@@ -441,6 +442,19 @@ class EngineClient:
                 ok = False
             if not ok:
                 check_token_ids("prompt_token_ids", ids, vocab)
+
+    def _check_params(self, requests: list[NewRequest]) -> None:
+        """The engine's checks of the requests' params against the model, made here before the
+        queue's 503 too: token ids and logprobs within the vocabulary (validate_vocab), logprobs
+        within max_logprobs (validate_logprobs_cap; -1: the vocabulary). A request that fails
+        them can never run: a 400 on a busy server as on an idle one, as its prompt's ids and
+        its size are. (While the queue was full, such a request got the 503, which clients
+        retry, and its field was never named.)"""
+        vocab = self.vocab_size
+        cap = vocab if self.args.max_logprobs == -1 else self.args.max_logprobs
+        for params in {id(r.params): r.params for r in requests}.values():
+            params.validate_vocab(vocab)
+            params.with_vocab(vocab).validate_logprobs_cap(cap)
 
     def _check_ids(self, request_ids: list[str]) -> None:
         """A ValueError naming the first id that is pending here or repeated in the batch: its

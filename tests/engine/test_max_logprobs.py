@@ -1,5 +1,5 @@
 """EngineArgs.max_logprobs (vLLM's, default 20): logprobs and prompt_logprobs above it are refused
-on add, in vLLM's words; -1 lifts the cap to the vocabulary (EngineCore._check_logprobs)."""
+on add, in vLLM's words; -1 lifts the cap to the vocabulary (SamplingParams.validate_logprobs_cap)."""
 
 from __future__ import annotations
 

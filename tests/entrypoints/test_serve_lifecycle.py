@@ -5,6 +5,7 @@ their own: capacity is one running plus one waiting sample, and no --chat-templa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -57,29 +58,61 @@ def test_chat_without_a_template_is_a_clear_400(server):
         )
 
 
-def test_full_queue_is_503_with_retry_after(server):
-    body = {"prompt": "abc", "max_tokens": 8}
+@contextlib.contextmanager
+def _queue_full(server, body: dict):
+    """The server paused with its capacity (one running plus one waiting sample) taken by two
+    requests of `body`; on exit it resumes and they are answered (into the list yielded)."""
     results = []
     httpx.post(server.url("/dev/pause"))
+    threads = [
+        threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
+        for _ in range(2)
+    ]
     try:
-        threads = [
-            threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
-            for _ in range(2)
-        ]
         for t in threads:
             t.start()
         _wait_for(lambda: server.state()["num_pending"] == 2)
+        yield results
+    finally:
+        httpx.post(server.url("/dev/resume"))
+        for t in threads:
+            if t.is_alive():
+                t.join(60)
+
+
+def test_full_queue_is_503_with_retry_after(server):
+    body = {"prompt": "abc", "max_tokens": 8}
+    with _queue_full(server, body) as results:
         full = server.post("/v1/completions", body)
         assert full.status_code == 503 and full.headers["Retry-After"] == "1"
         assert full.json()["error"]["code"] == 503 and "queue is full" in full.json()["error"]["message"]
         with pytest.raises(openai.InternalServerError) as info:
             server.client().completions.create(model=str(server.proc.args[4]), prompt="abc", max_tokens=4)
         assert info.value.status_code == 503
-    finally:
-        httpx.post(server.url("/dev/resume"))
-    for t in threads:
-        t.join(60)
     assert [r.status_code for r in results] == [200, 200]
+    assert server.wait_idle()["num_free_blocks"] == server.state()["num_blocks"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", 21),  # over --max-logprobs (20), within the vocabulary
+        ("logprobs", 1000),  # over the vocabulary
+        ("logit_bias", {"99999": 1}),
+        ("stop_token_ids", [99999]),
+        ("allowed_token_ids", [99999]),
+    ],
+)
+def test_a_request_that_can_never_run_is_a_400_on_a_full_queue_too(server, field, value):
+    """A field the engine refuses against the model (a token id past the vocabulary, logprobs
+    over max_logprobs) is the client's error however busy the server is: a 400 naming it, as
+    on an idle server. It was the full queue's 503, which clients retry (the openai client
+    twice) and which never named the field (the server soak's malformed requests under a
+    small --max-waiting-requests)."""
+    with _queue_full(server, {"prompt": "abc", "max_tokens": 8}):
+        bad = server.post("/v1/completions", {"prompt": "abc", "max_tokens": 4, field: value})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["param"] == field
     assert server.wait_idle()["num_free_blocks"] == server.state()["num_blocks"]
 
 
