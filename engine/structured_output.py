@@ -186,12 +186,21 @@ class StructuredOutputManager:
         name of maxLength 4) was no JSON that json.loads takes, with finish_reason "stop".
         The schema's EBNF is compiled instead, that class narrowed to JSON's string character
         (xgrammar's own, for unbounded strings). A schema without a bounded string compiles
-        as it always did. (A bounded string still cannot hold an escape: xgrammar's limit.)"""
+        as it always did, and so does one whose EBNF this xgrammar does not read back (its
+        printed form is not a promise: the schema is served as before rather than refused).
+        (A bounded string still cannot hold an escape: xgrammar's limit.)"""
         grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=any_ws, strict_mode=True)
         ebnf = str(grammar)
-        if _LAX_STRING_CHARACTER not in ebnf:
-            return self.compiler.compile_json_schema(text, any_whitespace=any_ws)
-        return self.compiler.compile_grammar(ebnf.replace(_LAX_STRING_CHARACTER, _JSON_STRING_CHARACTER))
+        if _LAX_STRING_CHARACTER in ebnf:
+            try:
+                return self.compiler.compile_grammar(
+                    ebnf.replace(_LAX_STRING_CHARACTER, _JSON_STRING_CHARACTER)
+                )
+            except (RuntimeError, ValueError) as exc:
+                log.warning(
+                    "a JSON schema's EBNF did not compile (%s): compiled as xgrammar writes it", _reason(exc)
+                )
+        return self.compiler.compile_json_schema(text, any_whitespace=any_ws)
 
     def new_state(
         self, compiled, stop_token_ids: Sequence[int], start_after: Sequence[int] = ()

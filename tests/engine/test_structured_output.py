@@ -111,6 +111,21 @@ def test_a_length_bounded_string_takes_no_raw_control_character(manager, schema,
         assert not takes(wrap(too_long))
 
 
+def test_a_bounded_string_schema_whose_ebnf_does_not_compile_is_served_as_before(manager, monkeypatch):
+    """The narrowed EBNF is xgrammar's printed form read back; where a version does not read
+    it back, the schema compiles as xgrammar writes it (served, not refused as invalid)."""
+    mgr, _ = manager
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("EBNF parser error")
+
+    monkeypatch.setattr(mgr.compiler, "compile_grammar", refuse)
+    schema = {"type": "object", "properties": {"n": {"type": "string", "maxLength": 2}}, "required": ["n"]}
+    compiled = mgr.compile(StructuredOutputsParams(json=schema))
+    state = mgr.new_state(compiled, [EOS])
+    assert state.matcher.accept_string('{"n":"ab"}') and state.accept([EOS]) is None and state.terminated
+
+
 def test_json_object_means_an_object(manager):
     params = StructuredOutputsParams(json_object=True)
     assert _takes(manager, params, '{"k":[1,2]}')
