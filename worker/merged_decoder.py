@@ -239,7 +239,8 @@ class MergedLayer(nn.Module):
         names skinny_linear.py's): norm + q|k|v, o + residual, norm + gate|up + SiLU * up,
         down + residual. Folded (fold_norms), the norms' unit weights stay in the calls (the
         baseline norms with them) and the calls carry row_scale: a kernel that takes them
-        multiplies its results by each row's RMS scale instead (unless ENGINESPEC_ROW_SCALE=0)."""
+        multiplies its results by each row's RMS scale instead (only with ENGINESPEC_ROW_SCALE=1:
+        off by default, benchmarks/RESULTS.md, fiftieth and fifty-first sessions)."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         scaled = self.folded and env_switch(ROW_SCALE_ENV) is True
         norm = {"variant": "rscale", "row_scale": True} if scaled else {"variant": "norm"}

@@ -259,7 +259,7 @@ class LinearTable:
         if 0 < x.shape[0] <= self.max_rows and dense:
             choice = self.choices.get(self.key(x.shape[0], weight, bias, variant))
         if choice is None or choice.config is None:
-            return self._baseline(x, weight, bias, norm_weight, eps, residual, silu_mul)
+            return self._baseline(x, weight, bias, norm_weight, eps, residual, silu_mul, row_scale)
         from enginespec.kernels.skinny_gemm import skinny_linear
 
         return skinny_linear(

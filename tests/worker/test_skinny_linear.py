@@ -466,9 +466,14 @@ def test_install_measures_every_projection_on_cuda(impl):
     )
     layers = model.merged.layers
     table = skinny_ops.install(model.merged, "cuda", max_rows=8)
+    # the variants the layers call (a row-scale call's baseline is its norm variant's choice);
+    # the row-scale ones only for folded layers with ENGINESPEC_ROW_SCALE=1
+    called = {"plain", "silu"} | {call["variant"] for layer in layers for call in layer.fused_calls()}
+    called |= {"norm" + v[6:] for v in called if v.startswith("rscale")}
+    assert {"plain", "silu", "norm", "norm_silu", "residual"} <= called
     for variant in sl.VARIANTS:
         groups = skinny_ops.tuning_groups(layers, variant)
-        assert groups
+        assert bool(groups) == (variant in called), variant
         for group in groups:
             for bucket in (1, 2, 4, 8):
                 assert (bucket, *group, variant) in table.choices
@@ -617,3 +622,31 @@ def test_a_tuning_call_without_fusion_keys_runs_no_fusion():
         "silu_mul": False,
         "row_scale": False,
     }
+
+
+def test_a_row_scale_call_without_a_kernel_pick_runs_the_norm_variant_s_choice(monkeypatch):
+    """A folded layer's row-scale call whose bucket kept its baseline (no rscale kernel won)
+    runs what the layer ran unfolded: the norm variant's choice, one fused launch with the
+    norm's unit weight. It had run the norm variant's own baseline instead (an RMSNorm launch,
+    then the plain choice): one launch more a call, which made the one-row decode graph 14%
+    slower on an H100 with ENGINESPEC_ROW_SCALE=1 (benchmarks/RESULTS.md, fifty-first session),
+    though the tuning had timed the norm choice as the row-scale baseline."""
+    import enginespec.kernels.skinny_gemm as sg
+
+    launched = []
+
+    def kernel(x, weight, bias, config, buffers, silu_mul, norm_weight, eps, residual, row_scale=False):
+        launched.append((config, silu_mul, norm_weight is not None, row_scale))
+        return F.linear(x, weight, bias)
+
+    monkeypatch.setattr(sg, "skinny_linear", kernel)
+    monkeypatch.setattr(sl, "rms_norm_any", lambda x, w, eps: launched.append("rms_norm") or x)
+    table = sl.LinearTable("cpu", max_rows=8)
+    w, ones, fused = torch.randn(8, 32), torch.ones(32), SkinnyConfig(64, 32)
+    for silu in (False, True):
+        for variant in ("norm_silu", "rscale_silu") if silu else ("norm", "rscale"):
+            pick = None if variant.startswith("rscale") else fused
+            table.choices[table.key(1, w, None, variant)] = sl.Choice(pick, 1.0, 1.0)
+        launched.clear()
+        table.run(torch.randn(1, 32), w, None, ones, 1e-6, silu_mul=silu, row_scale=True)
+        assert launched == [(fused, silu, True, False)], silu
