@@ -310,6 +310,22 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_ids_where_a_plain_run_doe
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+def test_generation_tokens_count_only_the_ids_a_stop_string_leaves_shown(impl, async_scheduling):
+    """vllm:generation_tokens (LLM.get_metrics) counts the ids the outputs carry: a stop string
+    completed inside an accepted run hides the ids after it (they would never have been
+    sampled one at a time), so they are not generated tokens either, as the server's counter
+    (which counts the ids it streams) and the outputs' usage already say."""
+
+    def stops(free):
+        return [{"stop": (o.outputs[0].text[1 + 2 * i : 3 + 2 * i],)} for i, o in enumerate(free)]
+
+    _, got, spec = _stops_in_replayed_drafts(impl, async_scheduling, stops)
+    counted = {m.name: m.value for m in spec.get_metrics() if m.name == "vllm:generation_tokens"}
+    assert counted["vllm:generation_tokens"] == sum(len(o.outputs[0].token_ids) for o in got)
+    assert spec.engine.stats.spec_decode.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_stop_token_inside_accepted_drafts_hides_only_itself_from_the_text(impl, async_scheduling):
     """A stop token accepted with other ids in one speculative step: the text leaves out that
     token alone (include_stop_str_in_output off), so text, ids and reasons equal a plain run's.

@@ -134,6 +134,7 @@ class OutputProcessor:
                     _, stop = self._decoding(sample, read, sample) or ("", None)
                     if stop is not None:
                         self._finish_on_stop_string(sample, stop)
+                        self.num_generated_tokens -= _num_hidden(sample, len(tokens))
         for request in update.finished:
             found = lookup(request.request_id)
             if found is None:
@@ -315,6 +316,15 @@ def shown_ids(new_ids: list, token_stopped: bool, params) -> list:
     if token_stopped and not params.include_stop_str_in_output:
         return new_ids[:-1]
     return new_ids
+
+
+def _num_hidden(sample: Sample, num_new: int) -> int:
+    """How many of the sample's num_new newest ids its stop string hid (Sample.num_visible): a
+    speculative step appends the accepted ids after the one that completed it. They are not
+    generated tokens (vllm:generation_tokens counts what the outputs carry, as the server's
+    counter counts what it streams)."""
+    start = len(sample.request.output_token_ids) - num_new  # where this update's ids begin
+    return num_new - max(0, min(num_new, sample.num_visible - start))
 
 
 def _token_stopped(update: UpdateOutput, late_stops) -> set:
