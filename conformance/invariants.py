@@ -693,16 +693,26 @@ def check_allocate(
 
 @spec_rule("free-order")
 def check_release(
-    before: PoolState, after: PoolState, released: list[int], kept_table: Optional[list[int]], rid: str
+    before: PoolState,
+    after: PoolState,
+    released: list[int],
+    kept_table: Optional[list[int]],
+    rid: str,
+    trim: bool = False,
 ) -> None:
     """Point 4 for free/trim: blocks reaching ref 0 go to the BACK of the free queue, last
-    logical block first, keeping their hashes; nothing else moves. The pool after the release is
+    logical block first, keeping their hashes; nothing else moves. With `trim`, those without a
+    hash go to the FRONT instead, in logical order: they hold nothing findable, and a
+    speculative step's rejected drafts' block, taken again by the next step, must not evict a
+    cached block each time. The pool after the release is
     checked first, so a released block that keeps its reference (a leak) or a double free fails
     as the pool-accounting rule it breaks (point 1), naming the block, not as a free-queue order."""
     check_pool(after, len(before.ref_counts))
-    reaching_zero = [b for b in reversed(released) if before.ref_counts[b] == 1]
-    assert after.free_queue == before.free_queue + reaching_zero, (
-        f"free queue {after.free_queue} != {before.free_queue} + tail-first {reaching_zero}"
+    reaching_zero = [b for b in released if before.ref_counts[b] == 1]
+    front = [b for b in reaching_zero if trim and before.block_hashes[b] is None]
+    back = [b for b in reversed(reaching_zero) if b not in front]
+    assert after.free_queue == front + before.free_queue + back, (
+        f"free queue {after.free_queue} != unhashed trimmed {front} + {before.free_queue} + tail-first {back}"
     )
     assert after.block_hashes == before.block_hashes and after.cached == before.cached, (
         "freeing must keep hashes"

@@ -40,7 +40,8 @@ RULES = {
         2,
     ),
     "free-order": (
-        "blocks reaching ref 0 go to the back of the free queue tail first, keeping their hash",
+        "blocks reaching ref 0 go to the back of the free queue tail first, keeping their hash "
+        "(trimmed ones without a hash to the front)",
         "Block manager",
         4,
     ),

@@ -208,7 +208,7 @@ class PoolMachine(RuleBasedStateMachine):
             side.bm.trim(r, k)
             table = before.tables.get(rid, [])
             keep = cdiv(k, self.block_size)
-            check_release(before, side.bm.state(), table[keep:], table[:keep], rid)
+            check_release(before, side.bm.state(), table[keep:], table[:keep], rid, trim=True)
             r.num_computed_tokens = k
             r.num_cached_tokens = min(r.num_cached_tokens, k)
 
@@ -386,6 +386,26 @@ def test_lru_order(impl, block_size, data):
     assert bm.block_table("b") == [table[-1]], "allocation must take the front of the free queue"
     assert len(bm.find_cached_prefix(make(impl, "c", tokens + [1]))) == 2, "evicted tail still matched"
     check_pool(bm.state(), 3)
+
+
+@spec_rule("free-order")
+def test_trimmed_blocks_without_a_hash_are_handed_out_before_cached_ones(impl):
+    """trim puts a block reaching ref 0 without a hash at the FRONT (the first trimmed first), so
+    the next allocation takes it back and a cached block of an idle request keeps its hash: a
+    speculative step trims its rejected drafts' block and the next step allocates again, which
+    must not evict one cached block a step."""
+    bm = impl.new_block_manager(6, 2)
+    a = make(impl, "a", [1, 2, 3, 4, 5])
+    assert admit(bm, a)[0]
+    bm.free(a)  # blocks 0, 1 cached at the back, 2 (unhashed) behind them
+    b = make(impl, "b", [7, 8])
+    assert admit(bm, b, 2)[0] and bm.allocate_slots(b, 4)  # its known block + 2 for drafts
+    table = bm.block_table("b")
+    bm.trim(b, 2)
+    assert bm.state().free_queue[:2] == table[1:], "unhashed trimmed blocks go to the front, in order"
+    assert bm.allocate_slots(b, 4) and bm.block_table("b") == table, "the next allocation takes them back"
+    assert len(bm.find_cached_prefix(make(impl, "c", [1, 2, 3, 4, 5]))) == 2, "a cached block was evicted"
+    check_pool(bm.state(), 6)
 
 
 @spec_rule("pool-accounting")

@@ -261,6 +261,46 @@ class ReplayDrafter(Drafter):
         pass
 
 
+class HalfRightDrafter(ReplayDrafter):
+    """Two drafts a step: the plain run's next id, then a wrong one (so each verification
+    accepts one and rejects one, and adaptive drafting keeps proposing two)."""
+
+    def propose(self, request, num_real: int, max_drafts: int) -> list[int]:
+        drafts = super().propose(request, num_real, min(2, max_drafts))
+        return drafts[:1] + [(t + 1) % 90 + 4 for t in drafts[1:]]
+
+
+def test_rejected_drafts_evict_no_cached_prefix_that_plain_decoding_keeps(impl):
+    """A speculative step's rejected drafts' blocks are trimmed and the next step allocates
+    again: a block handed back without a hash must be handed out again before any cached block,
+    or every such step evicts one more idle cached prefix block than plain decoding does (here
+    a prompt computed earlier loses its cache hit to a decode that never needed its blocks)."""
+    from enginespec.llm import LLM
+    from enginespec.spec import SamplingParams
+    from enginespec.testing.checkpoints import tiny_model_dir
+
+    cached_prompt = [(5 * j) % 90 + 4 for j in range(24)]  # 6 full blocks, 20 tokens findable
+    decode = [7, 8, 9, 10]  # even: a step computes 2, so every other step trims a block
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    kwargs = dict(impl=impl, dtype="float32", device="cpu", block_size=4, num_blocks=14)
+    one = SamplingParams(max_tokens=1)
+
+    def hit_after_decoding(llm) -> tuple:
+        llm.generate([{"prompt_token_ids": cached_prompt}], one, use_tqdm=False)
+        out = llm.generate([{"prompt_token_ids": decode}], params, use_tqdm=False)[0].outputs[0]
+        again = llm.generate([{"prompt_token_ids": cached_prompt}], one, use_tqdm=False)[0]
+        check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+        return again.num_cached_tokens, out.token_ids
+
+    plain_hit, free = hit_after_decoding(LLM(str(tiny_model_dir("qwen3")), **kwargs))
+    llm = LLM(str(tiny_model_dir("qwen3")), speculative_config=NGRAM, **kwargs)
+    llm.engine.spec.drafter = HalfRightDrafter({tuple(decode): free})
+    hits = {"plain": plain_hit, "spec": hit_after_decoding(llm)[0]}
+    stats = llm.engine.stats.spec_decode
+    assert stats.num_accepted_tokens > 4 and stats.num_draft_tokens - stats.num_accepted_tokens > 4
+    assert hits == {"plain": 20, "spec": 20}
+
+
 def _stops_in_replayed_drafts(impl, async_scheduling, stops_of):
     """Greedy outputs of four prompts with the stops `stops_of(free outputs)` gives (one
     SamplingParams a prompt), from a plain LLM and from an n-gram speculating one whose drafter

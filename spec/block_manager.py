@@ -88,7 +88,10 @@ class BlockManager(Protocol):
         ...
 
     def trim(self, request: Request, num_tokens: int) -> None:
-        """Keep only the blocks needed for the first num_tokens tokens; free the rest (tail first)."""
+        """Keep only the blocks needed for the first num_tokens tokens; free the rest: a block
+        reaching ref 0 without a hash to the FRONT of the free queue (the trimmed ones in logical
+        order: handed out again before any cached block), one with a hash to the back, tail
+        first, as free() does (SCHEDULING.md, "Block manager")."""
         ...
 
     def reset_prefix_cache(self) -> bool:

@@ -222,8 +222,21 @@ class FastBlockManager:
     def _release(self, blocks) -> None:
         self._queue.release(blocks, self._ref)
 
+    def _release_trimmed(self, blocks: list[int]) -> None:
+        """trim's release: unhashed blocks reaching ref 0 to the front, the first trimmed one
+        first; hashed ones to the back, tail first."""
+        ref, hashes, queue = self._ref, self._hash, self._queue
+        for b in reversed(blocks):
+            if hashes[b] is None:
+                ref[b] -= 1
+                if ref[b] == 0:
+                    queue.push_front(b)
+        queue.release((b for b in reversed(blocks) if hashes[b] is not None), ref)
+
     def trim(self, request, num_tokens: int) -> None:
-        """Keep the blocks of the first num_tokens tokens; free the rest, tail first. The kept
+        """Keep the blocks of the first num_tokens tokens; free the rest: those reaching ref 0
+        without a hash to the front of the free queue in logical order (handed out again before
+        any cached block), hashed ones to the back tail first (SCHEDULING.md, "trim"). The kept
         part becomes a new list object (so a cached batch row never mistakes it for the old)."""
         num_tokens = check_count("trim", "num_tokens", num_tokens)
         rid = request.request_id
@@ -233,7 +246,7 @@ class FastBlockManager:
         keep = -(-num_tokens // self.block_size)
         if keep >= len(table):
             return
-        self._release(reversed(table[keep:]))
+        self._release_trimmed(table[keep:])
         request._capacity = request._publish_at = 0  # conservative: the next calls recompute
         if keep == 0:
             del self._tables[rid]

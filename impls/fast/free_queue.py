@@ -6,7 +6,8 @@ end. `prev` / `next` are plain int lists indexed by node; a block not in the que
 prev == next == -1 (so membership is one index read). Nothing is allocated per operation.
 
 Order: front (after HEAD) is the next block handed out, i.e. evicted; freed blocks join at the
-back (before TAIL). That makes the queue an LRU over freed blocks.
+back (before TAIL). That makes the queue an LRU over freed blocks. A trimmed block without a
+hash joins at the front (push_front): it holds nothing findable, so it goes out first.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ class FreeQueue:
         prv[block] = last
         nxt[block] = tail
         prv[tail] = block
+        self.size += 1
+
+    def push_front(self, block: int) -> None:
+        """Link a block (not in the queue) at the front: the next one handed out."""
+        prv, nxt = self.prev, self.next
+        head = self.head
+        first = nxt[head]
+        prv[first] = block
+        nxt[block] = first
+        prv[block] = head
+        nxt[head] = block
         self.size += 1
 
     def release(self, blocks: Iterable[int], ref_counts: list[int]) -> None:

@@ -175,14 +175,22 @@ class BlockManager:
         self._release(table)
 
     def trim(self, request: Request, num_tokens: int) -> None:
-        """Keep the blocks covering the first num_tokens tokens; release the rest tail first."""
+        """Keep the blocks covering the first num_tokens tokens; release the rest. A released
+        block reaching ref 0 without a hash goes to the FRONT of the free queue (the trimmed
+        ones in logical order), so it is handed out again before any cached block; one with a
+        hash goes to the back, tail first, as free() does (SCHEDULING.md, "trim")."""
         num_tokens = check_count("trim", "num_tokens", num_tokens)
         rid = request.request_id
         table = self.tables.get(rid, [])
         keep = cdiv(max(num_tokens, 0), self.block_size)
         if keep >= len(table):
             return
-        self._release(table[keep:])
+        hashed = [b for b in table[keep:] if self.block_hashes[b] is not None]
+        empty = [b for b in table[keep:] if self.block_hashes[b] is None]
+        for b in empty:
+            self.ref_counts[b] -= 1
+        self.free_queue[:0] = [b for b in empty if self.ref_counts[b] == 0]
+        self._release(hashed)
         if keep == 0:
             self.tables.pop(rid, None)
             self.cursors.pop(rid, None)

@@ -122,6 +122,8 @@ def test_trim_makes_a_new_table_object_and_the_builder_sees_the_change():
     old = bm._tables["a"]
     bm.trim(r, 3)
     assert bm._tables["a"] is not old and bm.block_table("a") == old[:2]
+    # the trimmed blocks (no hash) went to the front: another request takes them first
+    assert bm.allocate_slots(FAST.new_request("b", [1, 2, 3, 4]), 4)
     assert bm.allocate_slots(r, 7)  # regrows to 4 blocks, the new ones from the free queue
     assert bm.block_table("a") != old
     same_batch(builder.build(out, bm), plain_build_batch(out, bm))
