@@ -205,7 +205,9 @@ def check_limits(v: StepView) -> None:
 
 @spec_rule("chunking")
 def check_chunking(v: StepView) -> None:
-    """Threshold caps a prefilling request's chunk; chunked prefill off schedules whole remainders."""
+    """Threshold caps a prefilling request's chunk; chunked prefill off schedules whole remainders.
+    A running request whose chunk starts at or past its prompt's end (a decode and its drafts, a
+    re-admission's output tokens) is cut by nothing but the budget, so a cut one spent it all."""
     cfg = v.config
     for r, n in v.out.scheduled:
         start = r.num_computed_tokens
@@ -213,6 +215,14 @@ def check_chunking(v: StepView) -> None:
             if cfg.long_prefill_token_threshold and start < r.num_prompt_tokens:
                 assert n <= cfg.long_prefill_token_threshold, (
                     f"{r.request_id}: prefill chunk {n} > long_prefill_token_threshold {cfg.long_prefill_token_threshold}"
+                )
+            wanted = r.num_tokens_with_spec - start
+            if r.request_id in v.pre.running and start >= r.num_prompt_tokens and n < wanted:
+                assert v.out.num_scheduled_tokens == cfg.max_num_batched_tokens, (
+                    f"{r.request_id}: {n} of its {wanted} tokens past the prompt scheduled "
+                    f"({r.num_tokens - start} known + {len(r.spec_token_ids)} drafts) with budget left "
+                    f"({v.out.num_scheduled_tokens} of {cfg.max_num_batched_tokens}): the threshold "
+                    f"({cfg.long_prefill_token_threshold}) caps only chunks starting inside the prompt"
                 )
         else:
             # Every known token at once; draft tokens (a decode's spec_token_ids) may be cut by the budget.
@@ -275,6 +285,10 @@ def check_preempted(v: StepView) -> None:
         else:
             assert r.status == Status.PREEMPTED, f"{r.request_id}: recompute victim is {r.status}"
             assert r.num_computed_tokens == 0, f"{r.request_id}: recompute victim kept num_computed_tokens"
+            assert not r.spec_token_ids, (
+                f"{r.request_id}: recompute victim kept its draft tokens {list(r.spec_token_ids)} "
+                f"(recompute clears spec_token_ids with the progress)"
+            )
     expected_out = (
         [(r.request_id, v.pre.state.tables.get(r.request_id, [])) for r in v.out.preempted] if swap else []
     )

@@ -56,7 +56,8 @@ RULES = {
         5,
     ),
     "chunking": (
-        "long_prefill_token_threshold caps a prefill chunk; chunked prefill off schedules whole",
+        "long_prefill_token_threshold caps a chunk starting inside the prompt, never a decode or its drafts; "
+        "chunked prefill off schedules whole",
         "Scheduler.schedule()",
         5,
     ),
@@ -67,7 +68,7 @@ RULES = {
         5,
     ),
     "preemption": (
-        "recompute resets progress; swap keeps it and lists the blocks to copy out",
+        "recompute resets progress and drops drafts; swap keeps it and lists the blocks to copy out",
         "Scheduler.schedule()",
         5,
     ),

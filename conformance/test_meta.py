@@ -62,6 +62,10 @@ SELECTIONS = {
     "WRONG_VICTIM": _sched("preemption_under_pressure"),
     "THRESHOLD_IGNORED": _sched("every_step_invariants"),
     "MIN_TOKENS_IGNORED": _sched("every_step_invariants"),
+    # Neither is reached by the lockstep within the ci profile (a threshold below a decode's
+    # 1 + drafts, a recompute victim holding drafts): test_scheduler's draft tests must catch them.
+    "THRESHOLD_CAPS_DECODES": [SCHED, "-k", "draft"],
+    "RECOMPUTE_KEEPS_DRAFTS": [SCHED, "-k", "draft"],
 }
 
 OUTSIDE_MODULE = '''

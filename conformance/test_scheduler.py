@@ -113,6 +113,49 @@ def test_draft_tokens_are_scheduled_within_the_limits(impl, scn, data):
     check_idle(h.bm.state(), scn.num_blocks)
 
 
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@spec_rule("chunking")
+def test_the_prefill_threshold_never_caps_a_decodes_drafts(impl):
+    """long_prefill_token_threshold caps chunks that start inside the prompt only: a decode
+    with 3 drafts is scheduled 1 + 3 tokens under a threshold of 1 (spec/SCHEDULING.md, "Draft
+    tokens", Budget). Trace: one request prefills its 4-token prompt a token a step, then decodes."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=16, max_num_seqs=2, enable_chunked_prefill=True, long_prefill_token_threshold=1
+    )
+    h = Harness(impl, config, num_blocks=16, block_size=4, enable_prefix_caching=False)
+    h.add(RequestSpec("a", (10, 11, 12, 13), SamplingParams(max_tokens=8, **GREEDY)))
+    while h.live["a"].num_computed_tokens < 4:  # past the prompt: a decode, not its last chunk
+        assert h.num_steps < 8, "the prompt must be prefilled within 8 steps"
+        h.step()
+    h.propose("a", [1, 2, 3])
+    result = h.step()
+    assert result.scheduled == [("a", 4)], (
+        f"a decode with 3 drafts under threshold 1 scheduled {result.scheduled}, expected [('a', 4)]"
+    )
+
+
+@spec_rule("preemption")
+def test_recompute_preemption_clears_the_victims_drafts(impl):
+    """A recompute victim loses its spec_token_ids with its progress (spec/SCHEDULING.md, "Draft
+    tokens", Preemption). Trace (block_size 1, 8 blocks): `a` and `b` prefill 3 tokens each (6
+    blocks); then `a` gets 2 drafts and `b` 1; `a` needs 3 slots with 2 free, so `b` (the back of
+    the running queue) is preempted while holding its draft."""
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, preemption_mode="recompute")
+    h = Harness(impl, config, num_blocks=8, block_size=1, enable_prefix_caching=False)
+    h.add(RequestSpec("a", (10, 11, 12), SamplingParams(max_tokens=4, **GREEDY), arrival_time=0.0))
+    h.add(RequestSpec("b", (20, 21, 22), SamplingParams(max_tokens=4, **GREEDY), arrival_time=1.0))
+    h.step()
+    h.propose("a", [1, 2])
+    h.propose("b", [3])
+    result = h.step()
+    assert result.preempted == ["b"], f"the trace must preempt b, got {result.preempted}"
+    assert h.live["b"].spec_token_ids == [], (
+        f"recompute victim b kept its drafts {h.live['b'].spec_token_ids}"
+    )
+
+
 @spec_rule("admission")
 def test_swapped_request_waits_while_the_budget_is_spent(impl):
     """A swapped request is swapped back in only while budget is left: in a step where the

@@ -231,6 +231,27 @@ class MinTokensIgnoredScheduler(RefScheduler):
         return super()._stop_status(r, token)
 
 
+class ThresholdCapsDecodesScheduler(RefScheduler):
+    """Applies long_prefill_token_threshold to every chunk, a decode's draft tokens (and a
+    re-admission's output tokens) included: the threshold is for prompt positions only."""
+
+    def _cap(self, request, position, n, budget):
+        cfg = self.config
+        if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold > 0:
+            n = min(n, cfg.long_prefill_token_threshold)
+        return min(n, budget)
+
+
+class RecomputeKeepsDraftsScheduler(RefScheduler):
+    """Recompute preemption resets the victim's progress but keeps its spec_token_ids."""
+
+    def _preempt(self, victim, out):
+        drafts = list(victim.spec_token_ids)
+        super()._preempt(victim, out)
+        if victim.status == Status.PREEMPTED:
+            victim.spec_token_ids = drafts
+
+
 # --------------------------------------------------------------------------- implementations
 
 
@@ -259,6 +280,8 @@ BUDGET_OVERRUN = _planted("BUDGET_OVERRUN", scheduler_cls=BudgetOverrunScheduler
 WRONG_VICTIM = _planted("WRONG_VICTIM", scheduler_cls=WrongVictimScheduler)
 THRESHOLD_IGNORED = _planted("THRESHOLD_IGNORED", scheduler_cls=ThresholdIgnoredScheduler)
 MIN_TOKENS_IGNORED = _planted("MIN_TOKENS_IGNORED", scheduler_cls=MinTokensIgnoredScheduler)
+THRESHOLD_CAPS_DECODES = _planted("THRESHOLD_CAPS_DECODES", scheduler_cls=ThresholdCapsDecodesScheduler)
+RECOMPUTE_KEEPS_DRAFTS = _planted("RECOMPUTE_KEEPS_DRAFTS", scheduler_cls=RecomputeKeepsDraftsScheduler)
 
 BUGS = sorted(
     name
