@@ -139,6 +139,18 @@ def _import(module_name: str, target: str, known: list[str]):
         raise ValueError(f"impl {target!r}: cannot import module {module_name!r}: {e}") from e
 
 
+def _load_entry_point(ep: metadata.EntryPoint):
+    """The object a registered entry point names. Its module failing to import (a dependency of
+    the backend missing) or lacking the attribute is a ValueError naming the entry point and the
+    cause, as for the module form (`_import`), so `--impl` reports it once as a usage error."""
+    try:
+        return ep.load()
+    except (ImportError, AttributeError) as e:
+        raise ValueError(
+            f"impl {ep.name!r}: entry point {ep.name} = {ep.value} cannot be loaded: {e!r}"
+        ) from e
+
+
 def _resolve(target: str, known: list[str]):
     """The object `target` names: 'module:attr' (attr may be dotted) or 'module' (its IMPL)."""
     module_name, _, attr = target.partition(":")
@@ -195,7 +207,7 @@ def load_impl(name: Optional[str] = None) -> Implementation:
         obj = _resolve(BUILTIN[name], sorted(BUILTIN))
     else:
         eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        obj = eps[name].load() if name in eps else _resolve(name, sorted(set(BUILTIN) | set(eps)))
+        obj = _load_entry_point(eps[name]) if name in eps else _resolve(name, sorted(set(BUILTIN) | set(eps)))
     if isinstance(obj, type):
         obj = _instantiate(name, obj)
     missing = [a for a in ("name", *FACTORIES) if not hasattr(obj, a)]

@@ -421,6 +421,26 @@ def test_load_impl_accepts_every_documented_form(tmp_path, monkeypatch):
         spec.load_impl("dataclasses")
 
 
+def test_a_registered_backend_that_fails_to_import_keeps_its_own_error(tmp_path, monkeypatch):
+    """An `enginespec.impls` entry point whose module fails inside (a missing dependency of the
+    backend) is the same ValueError as the module form's, naming the entry point and the import
+    error: the suite turns it into one usage error, not the traceback at every test's setup."""
+    from importlib import metadata
+
+    from enginespec.spec import impl as impl_module
+
+    (tmp_path / "es_broken_registered.py").write_text("import es_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = metadata.EntryPoint("es-broken", "es_broken_registered:IMPL", spec.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(impl_module.metadata, "entry_points", lambda group: [broken])
+    with pytest.raises(
+        ValueError,
+        match=r"impl 'es-broken': entry point es-broken = es_broken_registered:IMPL cannot be loaded: "
+        r".*es_no_such_dependency",
+    ):
+        spec.load_impl("es-broken")
+
+
 class ImplWithArgs(ReferenceImpl):
     """An Implementation class whose constructor needs an argument."""
 
