@@ -136,6 +136,33 @@ def _run(backend, built: Built, scale):
     return cache, out
 
 
+def mismatch(case: AttentionCase, r: int, got: torch.Tensor, exp: torch.Tensor, tol: dict, scale) -> str:
+    """The failure message of request r's rows: its context in blocks, the step's positions and
+    settings, and which positions and query heads are wrong (NaN apart: a read of a slot never
+    written, as the pool starts filled with NaN), so an author sees where the backend goes wrong."""
+    n, t, bs = case.seq_lens[r], case.query_lens[r], case.block_size
+    first = n - t
+    bad = ~torch.isclose(got, exp, **tol)  # [t, Hq, D]; NaN is never close
+    rows = bad.any(dim=(1, 2)).nonzero().flatten().tolist()
+    heads = bad.any(dim=(0, 2)).nonzero().flatten().tolist()
+    nan_rows = got.isnan().any(dim=(1, 2)).nonzero().flatten().tolist()
+    err = (got - exp).abs().nan_to_num(nan=float("inf"))
+    worst = int(err.amax(dim=(1, 2)).argmax())
+    partial = f" + {n % bs} token(s) in a partial last block" if n % bs else " (no partial block)"
+    lines = [
+        f"request {r}: seq_len {n} = {n // bs} full blocks of {bs}{partial}, "
+        f"{t} query rows at positions {first}..{n - 1}, window {case.window}, "
+        f"scale {'head_dim**-0.5' if scale is None else scale}, "
+        f"{case.num_q_heads} query heads over {case.num_kv_heads} kv heads (head h reads kv head "
+        f"h // {case.num_q_heads // case.num_kv_heads})",
+        f"wrong at positions {[first + i for i in rows]}, query heads {heads}; "
+        f"max err {float(err.max()):.3g} at position {first + worst}",
+    ]
+    if nan_rows:
+        lines.append(f"NaN at positions {[first + i for i in nan_rows]}: a slot never written was read")
+    return "\n".join(lines)
+
+
 @given(case=attention_cases(), explicit_scale=st.booleans())
 def test_forward_matches_dense_oracle(impl, case, explicit_scale):
     backend = impl.attention_backend("cpu")
@@ -149,10 +176,31 @@ def test_forward_matches_dense_oracle(impl, case, explicit_scale):
     start = 0
     for r, exp in enumerate(expected):
         got = out[start : start + exp.shape[0]].double()
-        assert torch.allclose(got, exp, **tol), f"request {r}: max err {(got - exp).abs().max()}"
+        if not torch.allclose(got, exp, **tol):  # raised: pytest's tensor reprs would bury the message
+            raise AssertionError(mismatch(case, r, got, exp, tol, scale))
         start += exp.shape[0]
     pad = out[start:]
     assert torch.equal(pad, torch.zeros_like(pad)), "padding rows must output zeros"
+
+
+def test_a_mismatch_names_the_positions_and_heads_that_differ():
+    """A wrong forward's message tells the author where to look: the request's context in
+    blocks, the wrong query rows by position and the wrong query heads (a last partial block
+    read wrong shows as the rows whose keys reach into it; a GQA mapping as every other head)."""
+    case = AttentionCase(
+        block_size=16, num_kv_heads=2, num_q_heads=4, head_dim=8, window=7, seq_lens=(34,),
+        query_lens=(3,), num_pad_rows=0, seed=0, float64=True,
+    )  # fmt: skip
+    exp = torch.zeros(3, 4, 8, dtype=torch.float64)
+    got = exp.clone()
+    got[1:, 1] = 0.5  # positions 32 and 33, query head 1
+    got[2, 3] = float("nan")
+    message = mismatch(case, 0, got, exp, dict(atol=1e-9, rtol=1e-9), None)
+    assert "request 0: seq_len 34 = 2 full blocks of 16 + 2 token(s) in a partial last block" in message
+    assert "3 query rows at positions 31..33, window 7, scale head_dim**-0.5" in message
+    assert "4 query heads over 2 kv heads" in message
+    assert "wrong at positions [32, 33], query heads [1, 3]" in message
+    assert "NaN at positions [33]" in message
 
 
 @given(case=attention_cases())
