@@ -96,7 +96,13 @@ from enginespec.sample.penalties import (
 )
 from enginespec.sample.reject import refine_top_p
 from enginespec.sample.rng import resolve_keys, row_keys
-from enginespec.sample.truncation import CutPlan, cut_thresholds, exact_thresholds, full_sort_thresholds
+from enginespec.sample.truncation import (
+    CutPlan,
+    cut_thresholds,
+    effective_top_p,
+    exact_thresholds,
+    full_sort_thresholds,
+)
 
 # Whether a loose top-p's cut is spread over several programs per row (cut_draw's spread cut)
 # instead of the draw's in-program wide cut. Off: on the H200 at fd7f0c1 (benchmarks/RESULTS.md)
@@ -279,7 +285,7 @@ class RowSpec(NamedTuple):
                 1.0 if cut else 0.0,
                 p.min_p if cut else 0.0,
                 p.top_k if cut and 0 < p.top_k < vocab else 0,
-                p.top_p if cut else 1.0,
+                effective_top_p(p.top_p) if cut else 1.0,
                 1.0 / t,
                 0.0,
                 float(_needs_edits(p)),

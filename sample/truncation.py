@@ -27,6 +27,18 @@ from enginespec.sample.penalties import to_device
 
 NEG_INF = float("-inf")
 NUM_CANDIDATES = 512  # top-p candidates per row before the full-sort fallback
+# The least top_p the cuts and draws read: float32's smallest normal number. Every path reads
+# top_p as float32, where a valid top_p below ~7e-46 rounds to 0 (and a GPU may flush a
+# subnormal one to 0), and a top_p of 0 keeps nothing: even the top token's mass before it (0)
+# is not below it, so a rejection draw (sample/reject.py) never accepts. Any top_p up to this
+# one keeps the top tie group alone (every other token has the top token's mass, >= 1 / V of
+# the total, before it), so the floor changes no cut.
+MIN_TOP_P = 1.1754943508222875e-38
+
+
+def effective_top_p(top_p: float) -> float:
+    """top_p as the cuts and draws read it: at least MIN_TOP_P (see there)."""
+    return max(top_p, MIN_TOP_P)
 
 
 def _tensor(values, dtype, device) -> torch.Tensor:
@@ -70,6 +82,7 @@ class CutPlan:
         device,
     ):
         top_k = [k if 0 < k < vocab else 0 for k in top_k]
+        top_p = [effective_top_p(p) for p in top_p]
         self.inv_t, self.min_p, self.top_p, self.top_k = (
             v.unsqueeze(1)
             for v in to_device([[1.0 / t for t in temperature], min_p, top_p, top_k], torch.float64, device)

@@ -310,6 +310,24 @@ def test_padded_vocab_columns_are_never_sampled(impl):
     assert max(Sampler(8, seed=0)(logits, reqs).token_ids) < 8
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300, 5e-324])
+def test_a_top_p_below_float32_keeps_the_top_token(impl, top_p):
+    """A top_p in (0, 1] that rounds to 0 in float32 (below ~7e-46; vLLM's bound takes it)
+    keeps the top token alone, as any tiny top_p does (vLLM's float32 top-p keeps it too). The
+    rejection draw read it as 0, where even the top token's mass above (0) is not below it: every
+    row ran its MAX_ROUNDS rounds (about 10 s a call on a 6-token row, so one such request
+    stalled a server's steps) and then returned whatever its last round drew, not the argmax."""
+    params = [SamplingParams(top_p=top_p, seed=s if s % 2 else None) for s in range(8)]
+    reqs = [make_request(impl, p, rid=f"r{i}") for i, p in enumerate(params)]
+    top = 2  # not id 0, which an exhausted draw's fallback returns
+    logits = LOGITS6[[2, 3, 0, 4, 1, 5]].expand(len(reqs), -1).contiguous()
+    sampler = Sampler(6, seed=0)
+    assert sampler(logits, reqs).token_ids == [top] * len(reqs)
+    deferred = sampler.sample_deferred(logits, reqs)
+    assert deferred.token_ids.tolist() == [top] * len(reqs)
+    torch.testing.assert_close(sampler.probs(logits, reqs), torch.eye(6)[[top] * len(reqs)])
+
+
 # ---------------------------------------------------------------- seeds
 
 
