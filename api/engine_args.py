@@ -59,7 +59,9 @@ accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size`
 spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refused),
 `kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
 `download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
-("auto" or "safetensors", the one format the loader reads). `generation_config` ("auto": the
+("auto" or "safetensors", the one format the loader reads), `logprobs_mode` ("raw_logprobs":
+logprobs are log_softmax of the model's logits before any edit, temperature or cut, vLLM V1's
+default; its processed and logits modes are refused). `generation_config` ("auto": the
 model directory's generation_config.json; "vllm": its EOS ids but none of its sampling
 defaults; or another local directory) and `override_generation_config` (a dict of that file's
 sampling keys over its defaults) work as vLLM's (engine/generation_config.py).
@@ -170,6 +172,10 @@ UNSUPPORTED_VALUES = {
     "download_dir": ((None,), "checkpoints are local directories, nothing is downloaded"),
     "load_format": (("auto", "safetensors"), "the loader reads *.safetensors only"),
     "tokenizer_mode": (("auto", "hf", "slow"), "tokenizers load through transformers' AutoTokenizer"),
+    "logprobs_mode": (
+        ("raw_logprobs",),
+        "logprobs are log_softmax of the model's logits before any edit, temperature or cut",
+    ),
 }
 
 
@@ -352,6 +358,7 @@ class EngineArgs:
     revision: Optional[str] = None
     download_dir: Optional[str] = None
     load_format: str = "auto"
+    logprobs_mode: str = "raw_logprobs"
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
 

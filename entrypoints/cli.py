@@ -385,6 +385,9 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quantization", "-q", default=None, help="not supported (weights load unquantized)")
     p.add_argument("--kv-cache-dtype", default=None, help="auto only (the KV cache takes the model's dtype)")
+    p.add_argument(
+        "--logprobs-mode", default=None, help="raw_logprobs only (log_softmax of the unedited logits)"
+    )
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, help="1 only")
     p.add_argument(
         "--distributed-executor-backend", default=None, help="mp only (TP ranks are spawned processes)"
@@ -442,6 +445,7 @@ _ENGINE_KEYS = (
     "revision",
     "download_dir",
     "load_format",
+    "logprobs_mode",
 )
 
 

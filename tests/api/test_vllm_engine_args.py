@@ -67,6 +67,7 @@ def test_vllm_defaults_are_accepted_silently():
         swap_space=0.5,
         max_seq_len_to_capture=32768,
         disable_log_stats=True,
+        logprobs_mode="raw_logprobs",
     )
     assert EngineArgs() == EngineArgs(load_format="auto", tokenizer_mode="auto", swap_space=4)
     assert (args.tokenizer, args.trust_remote_code, args.load_format) == (None, False, "safetensors")
@@ -85,6 +86,8 @@ def test_vllm_defaults_are_accepted_silently():
         ("download_dir", "/tmp/hf", "None"),
         ("load_format", "pt", "'auto', 'safetensors'"),
         ("tokenizer_mode", "mistral", "'auto', 'hf', 'slow'"),
+        ("logprobs_mode", "processed_logprobs", "'raw_logprobs'"),
+        ("logprobs_mode", "raw_logits", "'raw_logprobs'"),
     ],
 )
 def test_what_enginespec_does_not_do_is_a_value_error_naming_it(name, value, accepted):

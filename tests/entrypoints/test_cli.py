@@ -634,6 +634,7 @@ VLLM_DEFAULT_FLAGS = {  # vLLM's flags that EngineArgs takes at vLLM's defaults 
     "--distributed-executor-backend": ("mp", "distributed_executor_backend", "mp"),
     "--cpu-offload-gb": ("0", "cpu_offload_gb", 0),
     "--load-format": ("safetensors", "load_format", "safetensors"),
+    "--logprobs-mode": ("raw_logprobs", "logprobs_mode", "raw_logprobs"),
 }
 
 
@@ -668,6 +669,7 @@ def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
         (["--enable-lora"], "enable_lora"),
         (["--revision", "main"], "revision"),
         (["--download-dir", "/tmp/x"], "download_dir"),
+        (["--logprobs-mode", "processed_logprobs"], "logprobs_mode"),
     ],
 )
 def test_vllms_engine_flags_the_engine_cannot_honour_are_its_one_line_error(flags, named):
