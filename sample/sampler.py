@@ -46,9 +46,10 @@ small torch launches for the sampled tokens' ranks when rows ask for logprobs (`
 tests/sample/test_host_work.py counts them). Seeded rows give the same tokens on both paths;
 unseeded rows too, as both advance the generator once per call with a random row.
 
-Temperatures below GREEDY_EPS count as greedy (vLLM does the same); a min_tokens mask covers
-stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is left alone). Tokens
-tied with a top-k / top-p / min-p threshold are all kept.
+Temperatures below GREEDY_EPS count as greedy (vLLM's _SAMPLING_EPS, the same 1e-5; newer vLLM
+also raises a temperature in (0, 0.01) to 0.01 with a warning: here it is used as given); a
+min_tokens mask covers stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is
+left alone). Tokens tied with a top-k / top-p / min-p threshold are all kept.
 
 Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
 temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not
