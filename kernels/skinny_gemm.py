@@ -134,28 +134,13 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
-def _row_scaled(
-    acc,
-    acc_up,
-    x_rows,
-    mask_m,
-    K,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ROW_K: tl.constexpr,
-    USE_ROW_SCALE: tl.constexpr,
-    USE_SILU_MUL: tl.constexpr,
-):
-    """USE_ROW_SCALE (a folded RMSNorm) in a split launch's last program: acc [BLOCK_M, BLOCK_N]
-    (and acc_up) times each x row's scale 1 / sqrt(mean(x^2) + eps) (float32; the x rows [BLOCK_M,
-    1] read again, a few KiB from L2: the program saw only its split's columns); else both as
-    they are."""
+def _row_scaled(acc, acc_up, rstd, USE_ROW_SCALE: tl.constexpr, USE_SILU_MUL: tl.constexpr):
+    """USE_ROW_SCALE (a folded RMSNorm): acc [BLOCK_M, BLOCK_N] (and acc_up) times each x row's
+    scale rstd [BLOCK_M] (float32, from _row_rstd in the prologue); else both as they are."""
     if USE_ROW_SCALE:
-        r = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K)[:, None]  # [BLOCK_M, 1]
-        acc = acc * r
+        acc = acc * rstd[:, None]
         if USE_SILU_MUL:
-            acc_up = acc_up * r
+            acc_up = acc_up * rstd[:, None]
     return acc, acc_up
 
 
@@ -249,9 +234,12 @@ def _skinny_gemm_kernel(
     x, the norm's statistics, the rest of the slice, the partials, the counters and the residual
     after. With the most K splits (a slice of one BLOCK_K step) the whole weight is in flight
     before the wait, as in the one-tile kernel. USE_ROW_SCALE: x rows are not normed; the
-    epilogue multiplies each row's float32 result by its RMS scale, from squares summed over the
-    x tiles the loop loads (with split K, the last-arriving program reads the rows again): no dot
-    waits for it."""
+    epilogue multiplies each row's float32 result by its RMS scale, which every program takes
+    from the whole rows right after the wait (as USE_NORM's statistics): no dot waits for it and
+    no x tile in the loop is touched. Squares summed from the loop's x tiles instead put an
+    elementwise use on the dot operands, and the 64 x 256 gate|up SiLU tile took 10.1 us against
+    6.8 without the scale (H100, benchmarks/RESULTS.md, fifty-first session); the rows read again
+    in the epilogue, 7.9 (fiftieth)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -272,18 +260,12 @@ def _skinny_gemm_kernel(
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes (x, the residual) are visible
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if USE_NORM:
+    if USE_NORM or USE_ROW_SCALE:  # USE_ROW_SCALE: only the epilogue reads it, no dot waits for it
         rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K)  # [BLOCK_M]
-    # USE_ROW_SCALE in one split: the rows' squares summed from the x tiles the loop loads
-    # anyway (elementwise; one reduction after the loop), so the scale costs no second read
-    SQ_IN_LOOP: tl.constexpr = USE_ROW_SCALE and not USE_SPLIT
-    sq = tl.zeros([BLOCK_M, BLOCK_K if SQ_IN_LOOP else 1], dtype=tl.float32)
     x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
     acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
     if USE_SILU_MUL:
         acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
-    if SQ_IN_LOOP:
-        sq += x.to(tl.float32) * x.to(tl.float32)
     for k0 in range(k_start + BLOCK_K, k_start + k_per_split, BLOCK_K):
         kk = k0 + rk  # [BLOCK_K]
         x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
@@ -291,8 +273,6 @@ def _skinny_gemm_kernel(
         acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
         if USE_SILU_MUL:
             acc_up, acc3_up = _mul_tile(acc_up, acc3_up, x, w_up, USE_DOT, DOT_FP32)
-        if SQ_IN_LOOP:
-            sq += x.to(tl.float32) * x.to(tl.float32)
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
         if USE_SILU_MUL:
@@ -316,16 +296,12 @@ def _skinny_gemm_kernel(
                 if USE_SILU_MUL:
                     acc_up += tl.load(part + s * M * part_n + N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # zero again for the next launch
-            acc, acc_up = _row_scaled(acc, acc_up, x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K,
-                                      USE_ROW_SCALE, USE_SILU_MUL)  # fmt: skip
+            acc, acc_up = _row_scaled(acc, acc_up, rstd, USE_ROW_SCALE, USE_SILU_MUL)
             res = _residual(res_ptrs, mask, USE_RESIDUAL)
             _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                        USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
     else:
-        if SQ_IN_LOOP:
-            r = _rstd(tl.sum(sq, axis=1), K, eps)[:, None]  # [BLOCK_M, 1]
-            acc = acc * r
-            acc_up = acc_up * r
+        acc, acc_up = _row_scaled(acc, acc_up, rstd, USE_ROW_SCALE, USE_SILU_MUL)
         res = _residual(res_ptrs, mask, USE_RESIDUAL)
         _store_out(out_ptrs, bias_ptr, acc, acc_up, res, rn[None, :], N, mask,
                    USE_BIAS, USE_SILU_MUL, USE_RESIDUAL)  # fmt: skip
