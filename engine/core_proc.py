@@ -22,7 +22,8 @@ Invariants:
 - A step that raises (a bug, or a dead tensor-parallel rank: EngineCore contains its other
   faults) fails every request the front end still waits on, those the step itself finished
   included (their outputs went with the exception), and the loop goes on unless the engine is
-  dead (EngineCore.dead: a tensor-parallel rank died). The loop ends on "shutdown", when the
+  dead (EngineCore.dead: a tensor-parallel rank died). An idle loop also wakes when a
+  tensor-parallel worker exits (EngineCore.poll_dead). The loop ends on "shutdown", when the
   front end is gone (EOF on the input, a broken output pipe), so the engine never outlives
   its server, and once the engine is dead, after that step's failures went out: the front end
   then sees the engine die (the server's /health fails and it exits) rather than an engine
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import multiprocessing.connection
 import os
 import queue
 import signal
@@ -302,8 +304,9 @@ class EngineCoreProc:
         try:
             while not self._stop:
                 if self._paused or not self.engine.has_unfinished:
-                    # idle: sleep until a command (or EOF) arrives, or look at the compiles again
-                    self.inbox.poll(PARKED_POLL_S if self._parked else None)
+                    self._wait_idle()
+                    if self._died_idle():
+                        break
                 took = self._take_commands()
                 took = self._release_parked() or took
                 if self._stop:
@@ -318,6 +321,27 @@ class EngineCoreProc:
             pass  # the front end is gone: so is the engine
         finally:
             self.outbox.close()
+
+    def _wait_idle(self) -> None:
+        """Sleep until a command (or EOF) arrives, a tensor-parallel worker exits, or it is time
+        to look at the parked compiles again."""
+        handles = [self.inbox, *getattr(self.engine, "worker_sentinels", ())]
+        multiprocessing.connection.wait(handles, PARKED_POLL_S if self._parked else None)
+
+    def _died_idle(self) -> bool:
+        """Whether a tensor-parallel worker died while the loop was idle: then every request the
+        front end waits on (a paused engine's) fails with the death, and the loop ends, as after
+        a step that found it (vLLM's worker monitor). No step would notice before a request came,
+        and an idle server's /health said 200 over a dead engine until then."""
+        poll = getattr(self.engine, "poll_dead", None)
+        dead = poll() if poll is not None else None
+        if not dead:
+            return False
+        from enginespec.worker.tp_group import EngineDeadError
+
+        self._fail_all(ErrorInfo.of(EngineDeadError(dead)))
+        self._send([], None)
+        return True
 
     def _take_commands(self) -> bool:
         took = False

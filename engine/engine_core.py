@@ -755,6 +755,20 @@ class EngineCore:
         down and raised EngineDeadError), or None. Once set, it stays set."""
         return self.tensor_parallel.dead if self.tensor_parallel is not None else None
 
+    @property
+    def worker_sentinels(self) -> list:
+        """What an idle engine loop waits on beside its input: one handle per tensor-parallel
+        worker, ready once it exits ([] for one rank). See poll_dead."""
+        return self.tensor_parallel.sentinels if self.tensor_parallel is not None else []
+
+    def poll_dead(self) -> Optional[str]:
+        """`dead`, also noticing a tensor-parallel worker that died between steps (then the
+        engine is shut down, as a step that found it dead shuts it down)."""
+        if self.tensor_parallel is None or self.tensor_parallel.poll_dead() is None:
+            return None
+        self.shutdown()
+        return self.dead
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name and return), so that later prompts are
         computed in full: what a benchmark calls between runs to time cold prefills. True once

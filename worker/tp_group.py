@@ -150,6 +150,20 @@ class TensorParallel:
             self.dead = reason
             raise EngineDeadError(reason)
 
+    @property
+    def sentinels(self) -> list:
+        """The workers' process sentinels, each ready once its worker has exited: an engine loop
+        idle on its input waits on these too (poll_dead), as vLLM's worker monitor does. None once
+        closed: its workers' exits are no news then, and would wake the wait forever."""
+        return [] if self.closed else [proc.sentinel for proc in self.processes]
+
+    def poll_dead(self) -> Optional[str]:
+        """Why the engine is dead, also when a worker died between steps (no step noticed yet),
+        or None. Does not raise; a closed engine's workers exited on request: not a death."""
+        if self.dead is None and not self.closed:
+            self.dead = self._exited()
+        return self.dead
+
     def _exited(self) -> Optional[str]:
         """A message naming the workers that have exited (with their errors), or None."""
         gone = []
