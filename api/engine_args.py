@@ -48,7 +48,9 @@ configuration_*.py / tokenization_*.py may run; the decoder itself is always tra
 class for a supported architecture, never a checkpoint's modeling_*.py), `skip_tokenizer_init`
 (False; True is our skip_tokenizer: no tokenizer, token ids in and out). Accepted, and no bound
 here: `disable_log_stats` (the engine logs no periodic stats to disable; EngineStats and the
-server's /metrics are kept either way), `swap_space` (GiB, default 4: preemption_mode="swap"
+server's /metrics are kept either way), `disable_custom_all_reduce` (False; the tensor-parallel
+all-reduce is torch.distributed's, NCCL or gloo, what vLLM's True falls back to: there is no
+custom one to disable), `swap_space` (GiB, default 4: preemption_mode="swap"
 copies a preempted request's blocks to host memory as they are, with no cap to map it to),
 `max_seq_len_to_capture` (default 8192: the decode CUDA graphs are captured for contexts up to
 max_model_len, so no context length falls back to eager; max_cudagraph_capture_size bounds the
@@ -57,6 +59,7 @@ any other value a ValueError "not supported by enginespec" naming the argument a
 accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size` (1),
 `distributed_executor_backend` (None or "mp": the tensor-parallel ranks are processes the engine
 spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refused),
+`data_parallel_size` (1: one engine; replicas are separate servers behind a router),
 `kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
 `download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
 ("auto" or "safetensors", the one format the loader reads), `logprobs_mode` ("raw_logprobs":
@@ -144,6 +147,7 @@ _BOOL_FIELDS = (
     "disable_log_stats",
     "enable_lora",
     "skip_tokenizer_init",
+    "disable_custom_all_reduce",
 )
 # vLLM's Optional scheduler and cache options -> what None (vLLM's "engine chooses") means here:
 # our own defaults, which are vLLM V1's choices for a generative model (its V0 chose recompute).
@@ -166,6 +170,7 @@ UNSUPPORTED_VALUES = {
         (None, "mp"),
         "tensor-parallel ranks are processes the engine spawns on one host, as vLLM's 'mp'",
     ),
+    "data_parallel_size": ((1,), "one engine replica; run one per device group behind a router"),
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the device"),
     "revision": ((None,), "checkpoints are local directories, nothing is downloaded"),
@@ -242,6 +247,7 @@ def _check_dtype(dtype) -> None:
 def _check_vllm_args(args: "EngineArgs") -> None:
     """The vLLM arguments of the module docstring: types and ranges, then UNSUPPORTED_VALUES."""
     _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1, None)
+    _check_int("data_parallel_size", args.data_parallel_size, 1, None)
     _check_int("max_seq_len_to_capture", args.max_seq_len_to_capture, 1, None)
     for name in ("swap_space", "cpu_offload_gb"):  # GiB
         value = getattr(args, name)
@@ -353,6 +359,8 @@ class EngineArgs:
     enable_lora: bool = False
     pipeline_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None
+    disable_custom_all_reduce: bool = False
+    data_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0
     revision: Optional[str] = None

@@ -392,6 +392,13 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distributed-executor-backend", default=None, help="mp only (TP ranks are spawned processes)"
     )
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=None, help="1 only (one replica)")
+    p.add_argument(
+        "--disable-custom-all-reduce",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="accepted; the tensor-parallel all-reduce is torch.distributed's (NCCL or gloo) either way",
+    )
     p.add_argument(
         "--enable-lora",
         action=argparse.BooleanOptionalAction,
@@ -440,6 +447,8 @@ _ENGINE_KEYS = (
     "kv_cache_dtype",
     "pipeline_parallel_size",
     "distributed_executor_backend",
+    "data_parallel_size",
+    "disable_custom_all_reduce",
     "enable_lora",
     "cpu_offload_gb",
     "revision",

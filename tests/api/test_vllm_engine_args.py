@@ -58,6 +58,8 @@ def test_vllm_defaults_are_accepted_silently():
         enable_lora=False,
         pipeline_parallel_size=1,
         distributed_executor_backend="mp",
+        disable_custom_all_reduce=True,  # a multi-GPU script's usual flag: what our TP all-reduce is
+        data_parallel_size=1,
         kv_cache_dtype="auto",
         cpu_offload_gb=0,
         revision=None,
@@ -80,6 +82,7 @@ def test_vllm_defaults_are_accepted_silently():
         ("enable_lora", True, "False"),
         ("pipeline_parallel_size", 2, "1"),
         ("distributed_executor_backend", "ray", "None, 'mp'"),
+        ("data_parallel_size", 2, "1"),
         ("kv_cache_dtype", "fp8", "'auto'"),
         ("cpu_offload_gb", 4, "0"),
         ("revision", "main", "None"),

@@ -397,6 +397,7 @@ VLLM_BOOL_FLAGS = {
     "--trust-remote-code": "trust_remote_code",
     "--disable-log-stats": "disable_log_stats",
     "--enable-lora": "enable_lora",
+    "--disable-custom-all-reduce": "disable_custom_all_reduce",
 }
 VLLM_SERVE_BOOL_FLAGS = {
     "--trust-request-chat-template": "trust_request_chat_template",
@@ -427,6 +428,16 @@ def test_vllms_boolean_flags_take_their_no_form(flag):
         assert getattr(_parser().parse_args([*command, flag, no]), dest) is False  # the last one wins
         underscored, _ = vllm_spelling([*command, "--" + no[2:].replace("-", "_")])
         assert getattr(_parser().parse_args(underscored), dest) is False
+
+
+def test_a_tp_serve_lines_disable_custom_all_reduce_reaches_engine_args():
+    """vLLM's `serve --tensor-parallel-size 2 --disable-custom-all-reduce`, a multi-GPU launch
+    line's usual flag, was "unrecognized arguments"."""
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs, _parser
+
+    ns = _parser().parse_args(["serve", "/m", "-tp", "2", "--disable-custom-all-reduce"])
+    assert EngineArgs.from_kwargs(ns.model, **_engine_kwargs(ns)).disable_custom_all_reduce is True
 
 
 @pytest.mark.parametrize(
@@ -632,6 +643,7 @@ VLLM_DEFAULT_FLAGS = {  # vLLM's flags that EngineArgs takes at vLLM's defaults 
     "--kv-cache-dtype": ("auto", "kv_cache_dtype", "auto"),
     "--pipeline-parallel-size": ("1", "pipeline_parallel_size", 1),
     "--distributed-executor-backend": ("mp", "distributed_executor_backend", "mp"),
+    "--data-parallel-size": ("1", "data_parallel_size", 1),
     "--cpu-offload-gb": ("0", "cpu_offload_gb", 0),
     "--load-format": ("safetensors", "load_format", "safetensors"),
     "--logprobs-mode": ("raw_logprobs", "logprobs_mode", "raw_logprobs"),
@@ -665,6 +677,7 @@ def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
         (["-q", "fp8"], "quantization"),
         (["-pp", "2"], "pipeline_parallel_size"),
         (["--distributed-executor-backend", "ray"], "distributed_executor_backend"),
+        (["-dp", "2"], "data_parallel_size"),
         (["--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
         (["--enable-lora"], "enable_lora"),
         (["--revision", "main"], "revision"),
