@@ -8,7 +8,10 @@ of the checkpoint, then obeys rank 0's control messages in order:
   batch tensors and run the forward (tp_runner.py);
 - ("stop",): leave the group and exit 0.
 Any exception is sent back as ("error", traceback) before the worker exits 1, so rank 0 can
-name it; EOF on the pipe (rank 0 is gone) exits at once. The worker never samples: only rank 0
+name it. A worker never outlives rank 0 (its parent): a thread waits on the parent's sentinel
+and ends the process at once when rank 0 is gone, whatever the worker is doing (joining the
+group, loading its shard, building its runner: no pipe is read then); EOF on the pipe between
+steps says the same. The worker never samples: only rank 0
 holds the full logits. SIGINT is ignored: the terminal's Ctrl-C reaches the whole process group,
 but it is rank 0's to handle (it ends the workers or goes on with them), as the engine process's
 is the front end's (engine/core_proc.py).
@@ -16,8 +19,11 @@ is the front end's (engine/core_proc.py).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
 import sys
+import threading
 
 import torch
 
@@ -47,6 +53,7 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
 def worker_main(info, conn) -> None:
     """Entry point of a spawned worker (tp_group.start_tensor_parallel)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C (module doc)
+    _exit_with_parent()
     try:
         _serve(info, conn)
     except EOFError:  # rank 0 closed the pipe or died: nothing to report to
@@ -62,6 +69,24 @@ def worker_main(info, conn) -> None:
     finally:
         _leave_group()
     sys.exit(0)
+
+
+def _exit_with_parent() -> None:
+    """End this process as soon as its parent, rank 0, is gone. Between steps EOF on the control
+    pipe says so; joining the group, loading its shard (minutes for a large checkpoint) or
+    building its runner, a worker reads no pipe, and outlived a rank 0 that was killed or exited
+    at once (the server's engine process on SIGTERM) by as long as that took, holding its
+    memory. vLLM's workers watch their parent likewise. Nothing is left to report to, so the
+    exit is immediate."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns once the parent's end of the spawn pipe is closed: it exited
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="enginespec-tp-parent-watch").start()
 
 
 def _serve(info, conn) -> None:

@@ -610,3 +610,61 @@ def test_an_interrupted_engines_shutdown_terminates_its_workers_without_the_poli
         assert all(w.polite_joins == (0 if interrupted else 1) for w in workers), interrupted
         assert all(w.terminated for w in workers)  # the stand-ins never exit on their own
     assert STOP_WAIT_S > 0
+
+
+# Rank 0 stand-in: spawns one worker as tp_group does, waits for its ("ready",) (the worker then
+# joins the group: it waits in the rendezvous for a rank 0 that never comes, reading no pipe),
+# prints its pid and sleeps until the test kills it.
+RANK0_SCRIPT = """
+import multiprocessing, sys, time
+import torch
+from enginespec.engine_args import EngineArgs
+from enginespec.worker.tp_group import RankInfo
+from enginespec.worker.tp_worker import worker_main
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    info = RankInfo(1, 2, int(sys.argv[1]), "cpu", torch.float32, 1, EngineArgs())
+    worker = ctx.Process(target=worker_main, args=(info, theirs), daemon=True)
+    worker.start()
+    assert ours.recv() == ("ready",)
+    print(worker.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_worker_ends_with_its_rank_0_also_where_it_reads_no_pipe(tmp_path):
+    """A worker learnt of rank 0's death only from EOF on its control pipe, which it reads
+    between steps. Joining the group, loading its shard (minutes for a large one) or building
+    its runner, it outlived a rank 0 that was killed or exited at once (the server's engine
+    process on SIGTERM, which a Ctrl-C during the startup sends) by as long as that took,
+    holding its memory. Here it waits in the rendezvous (the store is this test's), until
+    TIMEOUT_S (300 s) on the old code."""
+    import datetime
+    import subprocess
+    import sys
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    script = tmp_path / "rank0.py"
+    script.write_text(RANK0_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    rank0 = subprocess.Popen(
+        [sys.executable, str(script), str(store.port)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    pid = None
+    try:
+        pid = int(rank0.stdout.readline())
+        rank0.kill()
+        rank0.wait()
+        deadline = time.monotonic() + 30  # liveness bound: the worker ends long before it
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(pid), "a tensor-parallel worker outlived its rank 0"
+    finally:
+        rank0.kill()
+        if pid is not None and _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
