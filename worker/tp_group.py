@@ -271,10 +271,12 @@ def _destroy_group(abort: bool) -> None:
 
 def _watch(tp: TensorParallel) -> None:
     """CUDA only: abort the NCCL group as soon as a worker exits, so a collective waiting on it
-    raises instead of waiting out the timeout (gloo fails on its own when a socket closes)."""
+    raises instead of waiting out the timeout (gloo fails on its own when a socket closes).
+    A reason already set stays: the step that found the death may have read the worker's
+    traceback off its pipe first, and a second reading has none."""
     multiprocessing.connection.wait([p.sentinel for p in tp.processes])
     if not tp.closed:
-        tp.dead = tp._exited()
+        tp.dead = tp.dead or tp._exited() or "a tensor-parallel worker exited"
         _destroy_group(abort=True)
 
 

@@ -668,3 +668,27 @@ def test_a_worker_ends_with_its_rank_0_also_where_it_reads_no_pipe(tmp_path):
         rank0.kill()
         if pid is not None and _pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_cuda_death_watch_keeps_the_reason_the_engine_already_has(monkeypatch):
+    """On CUDA a thread (tp_group._watch) marks the engine dead when a worker exits. It replaced
+    any reason already set: the step that found the death first had read the worker's traceback
+    off its pipe (_pending_error), so the watch's second reading, without it, overwrote the
+    reason every later EngineDeadError and the server's 'the engine is dead' line give."""
+    import multiprocessing
+
+    from enginespec.worker import tp_group
+    from enginespec.worker.tp_group import TensorParallel
+
+    exited, writer = multiprocessing.Pipe(duplex=False)
+    writer.close()  # the sentinel is ready: the worker has exited
+
+    class Exited:
+        pid, exitcode, sentinel = 4242, 1, exited
+
+    ours, _ = multiprocessing.Pipe()
+    tp = TensorParallel(world_size=2, device=torch.device("cpu"), processes=[Exited()], conns=[ours])
+    tp.dead = "tensor-parallel worker rank 1 (pid 4242) exited with code 1:\nTraceback ..."
+    monkeypatch.setattr(tp_group, "_destroy_group", lambda abort: None)
+    tp_group._watch(tp)
+    assert tp.dead.endswith("Traceback ..."), tp.dead
