@@ -123,11 +123,11 @@ def metrics_snapshot(engine, model_name: str) -> list[Metric]:
         for reason, count in finished.items()
     ]
     spec = stats.spec_decode
-    config = getattr(engine, "speculative_config", None)
-    if spec is None or config is None:
+    positions = getattr(engine, "num_draft_positions", 0)
+    if spec is None or not positions:
         return out
-    per_pos = list(spec.accepted_per_pos)
-    per_pos += [0] * (config.num_speculative_tokens - len(per_pos))
+    per_pos = list(spec.accepted_per_pos)[:positions]
+    per_pos += [0] * (positions - len(per_pos))
     out += [
         Counter("vllm:spec_decode_num_drafts", dict(labels), int(spec.num_drafts)),
         Counter("vllm:spec_decode_num_draft_tokens", dict(labels), int(spec.num_draft_tokens)),

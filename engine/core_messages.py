@@ -109,8 +109,9 @@ class EngineInfo:
     pid: int
     # the model's EOS (config.json's): what ends a beam search where there is no tokenizer
     eos_token_id: Optional[int] = None
-    # speculative_config's num_speculative_tokens, 0 without a drafter: the draft positions the
-    # server's spec-decode metrics have a series for from the start (entrypoints/openai/metrics.py)
+    # EngineCore.num_draft_positions (speculative_config's num_speculative_tokens up to
+    # max_model_len - 1; 0 without a drafter): the draft positions the server's spec-decode
+    # metrics have a series for from the start (entrypoints/openai/metrics.py)
     num_speculative_tokens: int = 0
 
 

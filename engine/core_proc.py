@@ -208,7 +208,7 @@ def _copy_spec_decode(stats) -> Optional[SpecDecodeStats]:
 
 
 def engine_info(engine) -> EngineInfo:
-    args, spec = engine.args, engine.speculative_config
+    args = engine.args
     return EngineInfo(
         engine.vocab_size,
         engine.max_model_len,
@@ -217,7 +217,7 @@ def engine_info(engine) -> EngineInfo:
         args.max_num_seqs,
         os.getpid(),
         getattr(engine.model, "eos_token_id", None),
-        spec.num_speculative_tokens if spec is not None else 0,
+        engine.num_draft_positions,
     )
 
 

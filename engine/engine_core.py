@@ -437,6 +437,15 @@ class EngineCore:
         except CheckpointError as e:
             raise type(e)(f"speculative_config.model: {e}") from e
 
+    @property
+    def num_draft_positions(self) -> int:
+        """The draft positions a request can use: num_speculative_tokens up to max_model_len - 1
+        (one position is the request's last token), 0 without speculative decoding. A larger k
+        is accepted, as vLLM accepts it, and the draft pool is sized as for max_model_len; the
+        metrics show this many per-position series, not k."""
+        config = self.speculative_config
+        return 0 if config is None else min(config.num_speculative_tokens, self.max_model_len - 1)
+
     def _draft_bytes_per_block(self) -> int:
         if self.draft_model is None:
             return 0

@@ -88,3 +88,32 @@ def test_vllms_other_keys_at_other_values_are_refused_by_name(key, value):
 def test_an_unknown_key_lists_the_accepted_vllm_keys_too():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['lookahead'\].*draft_tensor_parallel_size"):
         SpeculativeConfig.of({"lookahead": 2})
+
+
+def test_the_draft_positions_the_metrics_show_stop_at_what_a_request_can_hold():
+    """A request holds at most max_model_len - 1 drafts (one position is its last token), so a
+    larger num_speculative_tokens (accepted, as vLLM accepts it; the draft pool is sized as for
+    max_model_len) shows that many per-position series, not k: k = 10**9 had made the server
+    register a series for every position (1.2 s at 100,000 and a 21 MiB /metrics scrape) and
+    LLM.get_metrics() build a list of 10**9 zeros. A k within the bound shows k."""
+    from enginespec.metrics_reader import metrics_snapshot
+    from enginespec.engine.core_proc import engine_info
+    from enginespec.engine.engine_core import EngineCore
+    from enginespec.engine_args import EngineArgs
+    from enginespec.testing.checkpoints import tiny_model_dir
+
+    for k, shown in ((10**9, 31), (32, 31), (31, 31), (3, 3)):
+        engine = EngineCore(
+            EngineArgs(
+                model=str(tiny_model_dir("qwen3")), impl="reference", dtype="float32", device="cpu",
+                num_blocks=16, max_model_len=32, speculative_config={"num_speculative_tokens": k},
+            )
+        )  # fmt: skip
+        assert engine.num_draft_positions == shown, k
+        assert engine_info(engine).num_speculative_tokens == shown, k
+        per_pos = [
+            m
+            for m in metrics_snapshot(engine, "m")
+            if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"
+        ]
+        assert [len(m.values) for m in per_pos] == [shown], k
