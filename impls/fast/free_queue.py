@@ -60,27 +60,21 @@ class FreeQueue:
         prv[block] = nxt[block] = -1
         self.size -= 1
 
+    def _link(self, block: int, before: int, after: int) -> None:
+        """Link a block (not in the queue) between two adjacent nodes."""
+        self.next[before] = block
+        self.prev[block] = before
+        self.next[block] = after
+        self.prev[after] = block
+        self.size += 1
+
     def push_back(self, block: int) -> None:
         """Link a block (not in the queue) at the back."""
-        prv, nxt = self.prev, self.next
-        tail = self.tail
-        last = prv[tail]
-        nxt[last] = block
-        prv[block] = last
-        nxt[block] = tail
-        prv[tail] = block
-        self.size += 1
+        self._link(block, self.prev[self.tail], self.tail)
 
     def push_front(self, block: int) -> None:
         """Link a block (not in the queue) at the front: the next one handed out."""
-        prv, nxt = self.prev, self.next
-        head = self.head
-        first = nxt[head]
-        prv[first] = block
-        nxt[block] = first
-        prv[block] = head
-        nxt[head] = block
-        self.size += 1
+        self._link(block, self.head, self.next[self.head])
 
     def release(self, blocks: Iterable[int], ref_counts: list[int]) -> None:
         """Drop one reference of each block, in order; link every block reaching 0 at the back,
