@@ -12,7 +12,7 @@
 #
 # Stages 1 and 2 share one venv (hypothesis is installed only after stage 1), which proves the
 # same as two venvs at half the install time. Usage: bash tools/outside_check.sh [--full]
-# (--full runs every backend test, engine and greedy parity included: ~10+ min on 2 cores;
+# (--full runs every backend test, engine and greedy parity included: ~2 min on 2 cores;
 # the default runs the control plane, attention and batch layout: points 1-7 of DESIGN.md).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"

@@ -152,6 +152,19 @@ class OrderedPoolBlockManager:
             if self.blocks[b].ref_count == 0:
                 self.free_list[b] = None
 
+    def _drop_trimmed(self, block_ids: list[int]) -> None:
+        """trim's release (SCHEDULING.md, "trim"): a block reaching 0 references without a
+        hash (a rejected draft's) goes to the FRONT of the free list, the trimmed ones in table
+        order, so it is handed out again before any cached block; hashed ones as _drop."""
+        for b in reversed(block_ids):
+            block = self.blocks[b]
+            if block.block_hash is None:
+                block.ref_count -= 1
+                if block.ref_count == 0:
+                    self.free_list[b] = None
+                    self.free_list.move_to_end(b, last=False)
+        self._drop([b for b in block_ids if self.blocks[b].block_hash is not None])
+
     def free(self, request) -> None:
         self.considered.pop(request.request_id, None)
         self._drop(self.tables.pop(request.request_id, []))
@@ -163,7 +176,7 @@ class OrderedPoolBlockManager:
         keep = -(-num_tokens // self.block_size)
         if keep >= len(table):
             return
-        self._drop(table[keep:])
+        self._drop_trimmed(table[keep:])
         if keep:
             self.tables[rid] = table[:keep]
             self.considered[rid] = min(self.considered.get(rid, 0), keep)
