@@ -473,6 +473,35 @@ def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_cachin
         check_idle(state, sched.block_manager.num_blocks)
 
 
+# --------------------------------------------------------------------------- abort / finish
+
+
+@spec_rule("abort")
+def check_abort_result(request_id: str, known: bool, before: Optional[Status]) -> None:
+    """abort(id) returns True exactly for an unfinished request (`before`: its status, None
+    when the id is finished or unknown)."""
+    if before is not None:
+        assert known is True, (
+            f"abort({request_id!r}) returned {known!r} for an unfinished ({before.value}) request"
+        )
+    else:
+        assert known is False, f"abort({request_id!r}) returned {known!r} for a finished or unknown id"
+
+
+@spec_rule("abort")
+def check_released(call: str, r, before: Status, status: Status, state: PoolState) -> None:
+    """After abort / finish from any state the request is in `status` and holds no block: its
+    blocks must go back to the pool at once, not at the next step (a leak starves others)."""
+    rid = r.request_id
+    assert r.status == status, (
+        f"{call}: request {rid!r} ({before.value}) is {r.status.value}, not {status.value}"
+    )
+    held = state.tables.get(rid)
+    assert not held, (
+        f"{call}: request {rid!r} ({before.value}, now {r.status.value}) still holds blocks {held}"
+    )
+
+
 # --------------------------------------------------------------------------- harness
 
 
@@ -574,11 +603,13 @@ class Harness:
         self.check()
 
     def abort(self, request_id: str) -> bool:
+        r = self.live.get(request_id)
+        before = r.status if r is not None else None
         known = self.sched.abort(request_id)
-        assert known == (request_id in self.live), f"abort({request_id!r}) returned {known}"
+        check_abort_result(request_id, known, before)
         if known:
-            r = self.live.pop(request_id)
-            assert r.status == Status.FINISHED_ABORTED and request_id not in self.bm.state().tables
+            self.live.pop(request_id)
+            check_released(f"abort({request_id!r})", r, before, Status.FINISHED_ABORTED, self.bm.state())
             self.finished_since.append(request_id)
         self.check()
         return known
@@ -586,10 +617,9 @@ class Harness:
     def finish(self, request_id: str, status: Status) -> None:
         """What the engine does when a stop string matches: finish a live request."""
         r = self.live.pop(request_id)
+        before = r.status
         self.sched.finish(r, status)
-        assert r.status == status and request_id not in self.bm.state().tables, (
-            f"{request_id}: finish did not free it"
-        )
+        check_released(f"finish({request_id!r})", r, before, status, self.bm.state())
         self.finished_since.append(request_id)
         self.check()
 

@@ -13,9 +13,11 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from enginespec.conformance.diff import differences, divergence_report, short
+from enginespec.conformance.invariants import Harness
 from enginespec.conformance.plugin import needs_installed_plugin
+from enginespec.conformance.strategies import RequestSpec
 from enginespec.conformance.test_block_manager import PoolMachine
-from enginespec.spec import PoolState, load_impl
+from enginespec.spec import PoolState, SamplingParams, SchedulerConfig, Status, load_impl
 
 H1, H2 = bytes(range(16)), bytes(range(1, 17))
 
@@ -131,3 +133,23 @@ def test_pool_lockstep_divergence_reads_as_a_field_diff():
     assert text.startswith("impl under test and reference diverged:"), text
     assert "PoolState.free_queue: impl deque([" in text and "!= reference [" in text, text
     assert "blocks of" in text and "prefix caching" in text, text
+
+
+@pytest.mark.parametrize("how", ["abort", "finish"])
+def test_a_finish_that_keeps_blocks_names_the_request_its_state_and_blocks(how):
+    """A scheduler whose abort (or stop-string finish) releases nothing: the failure is one
+    sentence naming the request, its status before and after, and the blocks it still holds
+    (it was `assert (status == ABORTED and 'r1' not in {...})` over a PoolState repr)."""
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2)
+    h = Harness(_REFERENCE, config, num_blocks=8, block_size=4, enable_prefix_caching=False)
+    h.add(RequestSpec("r1", tuple(range(10, 16)), SamplingParams(max_tokens=4, temperature=0.0)))
+    h.step()
+    held = h.bm.block_table("r1")
+    assert len(held) == 2, "6 prompt tokens in blocks of 4, all scheduled in the first step"
+    h.bm.free = lambda request: None  # the planted leak: finishing a request releases nothing
+    with pytest.raises(AssertionError) as failure:
+        h.abort("r1") if how == "abort" else h.finish("r1", Status.FINISHED_STOPPED)
+    text = str(failure.value)
+    status = "finished_aborted" if how == "abort" else "finished_stopped"
+    assert text.startswith("[spec rule abort:"), text
+    assert f"{how}('r1'): request 'r1' (running, now {status}) still holds blocks {held}" in text, text
