@@ -31,11 +31,16 @@ $ENGINESPEC_HYPOTHESIS_PROFILE) picks another for our tests. Our profile is load
 collection of our modules (so `@settings` decorators there inherit it) and around each of our
 items, and the previous profile is restored after. An unknown name in the variable is a usage
 error once our tests are collected, so a run that collects none of them never sees it.
+No profile prints Hypothesis' `@reproduce_failure` blob (it asks to edit a test that, for an
+outside author, lives in site-packages): a failure Hypothesis found in one of our tests gets a
+note instead with the `python -m pytest --pyargs <module>::<test>` command that replays it (and
+the one that shrinks it), see replay_note.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,18 +81,24 @@ def register_profiles() -> bool:
         deadline=None,
         derandomize=True,
         database=None,
-        print_blob=True,
+        print_blob=False,  # its @reproduce_failure asks to edit a test that lives in site-packages
         suppress_health_check=slow,
         phases=[Phase.explicit, Phase.reuse, Phase.generate],
     )
     settings.register_profile(
-        "enginespec-dev", max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=slow
+        "enginespec-dev",
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        print_blob=False,  # explicit: the profile would inherit hypothesis' own 'ci' one under $CI
+        suppress_health_check=slow,
     )
     settings.register_profile(
         "enginespec-thorough",
         max_examples=1000,
         stateful_step_count=100,
         deadline=None,
+        print_blob=False,
         suppress_health_check=[*slow, HealthCheck.data_too_large],
     )
     return True
@@ -293,6 +304,81 @@ def pytest_make_collect_report(collector):
 def pytest_runtest_protocol(item, nextitem):
     with our_profile(item.config, getattr(item, "path", None)):
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A failure Hypothesis found in one of our tests ends with the command that replays it
+    (replay_note): an outside author cannot follow Hypothesis' own advice to edit the test."""
+    outcome = yield
+    error = outcome.excinfo[1] if outcome.excinfo is not None else None
+    if error is not None and is_ours(getattr(item, "path", None)) and found_by_hypothesis(error):
+        add_note(error, replay_note(item))
+
+
+def found_by_hypothesis(error: BaseException) -> bool:
+    """Whether Hypothesis reported this failure: it notes a falsifying example on the error, or
+    raised one of its own errors (flaky, health check, deadline)."""
+    notes = getattr(error, "__notes__", None) or ()
+    return any("Falsifying" in str(note) for note in notes) or type(error).__module__.startswith("hypothesis")
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """BaseException.add_note (3.11), or its __notes__ list on 3.10."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]
+
+
+def replay_note(item) -> str:
+    """How to reproduce the failure: the command, and why it replays the same examples (a
+    derandomized profile, a --hypothesis-seed, or the example database of the directory)."""
+    from hypothesis import Phase, settings
+
+    current = settings.default  # the profile our_profile loaded for this item
+    seed = item.config.getoption("--hypothesis-seed", default=None)
+    seed = None if current.derandomize else seed
+    command = replay_command(item, seed)
+    name = item.config.stash.get(_PROFILE_KEY, DEFAULT_PROFILE)
+    if current.derandomize:
+        why = f"from any directory: the {name} profile is derandomized, the same examples on every machine"
+    elif seed is not None:
+        why = "from any directory: --hypothesis-seed fixes the examples"
+    elif current.database is not None:
+        why = "from this directory: Hypothesis saved the failing example in .hypothesis/ and replays it first"
+    else:
+        why = f"the {name} profile draws new examples each run and saves none: add --hypothesis-seed=N"
+    lines = [f"enginespec: to reproduce this failure ({why}):", f"  {command}"]
+    if Phase.shrink not in current.phases:
+        saved = settings.get_profile("enginespec-dev").database is not None
+        tail = (
+            "; what it finds is saved in .hypothesis/ here, and the same command replays it" if saved else ""
+        )
+        lines += [
+            f"for the shortest failing example, search again with shrinking on (a new random search{tail}):",
+            f"  {replay_command(item, None, 'enginespec-dev')}",
+        ]
+    return "\n".join(lines)
+
+
+def replay_command(item, seed, profile: str | None = None) -> str:
+    """`python -m pytest` of this one test, from anywhere for the shipped suite (`--pyargs` and
+    its module's dotted name), with the impl and the profile of this run, and the seed if any."""
+    config = item.config
+    profile = profile or config.stash.get(_PROFILE_KEY, DEFAULT_PROFILE)
+    path, sep, rest = canonical_id(item).partition("::")
+    if path.startswith("conformance/"):
+        module = path.removesuffix(".py").replace("/", ".")
+        target = ["--pyargs", f"enginespec.{module}{sep}{rest}"]
+    else:  # a test of the repository: its node id, from the repository's root
+        target = [item.nodeid]
+    args = ["python", "-m", "pytest", *target, f"--impl={impl_target(config)}"]
+    if profile != DEFAULT_PROFILE:
+        args.append(f"{PROFILE_OPTION}={profile}")
+    if seed is not None:
+        args.append(f"--hypothesis-seed={seed}")
+    return " ".join(shlex.quote(arg) for arg in args)
 
 
 def pytest_report_header(config):

@@ -66,7 +66,8 @@ def test_report_is_bounded_and_carries_its_context():
 @needs_installed_plugin
 def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
     """HEAD_FIRST_FREE frees blocks in the wrong order: the lockstep names the PoolState fields
-    that differ, the operation, and the exact command that shrinks the failing trace."""
+    that differ, the operation, and the exact commands that replay and shrink the failing trace
+    (the test's node id with --pyargs: the plugin's replay note)."""
     target = "enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
     env = {k: v for k, v in os.environ.items() if k not in ("ENGINESPEC_IMPL", "PYTEST_ADDOPTS")}
     proc = subprocess.run(
@@ -94,9 +95,10 @@ def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
     assert "impl under test and reference diverged:" in out and "PoolState." in out, out[-3000:]
     assert "diverged at operation #" in out and "last operations:" in out, out[-3000:]
     assert (
-        "python -m pytest --pyargs enginespec.conformance.test_stateful -k 'test_lockstep_with_reference and "
-        f"recompute' --impl={target} --hypothesis-profile=enginespec-dev"
-    ) in out
+        "  python -m pytest --pyargs 'enginespec.conformance.test_stateful::test_lockstep_with_reference"
+        f"[recompute]' --impl={target}\n"
+    ) in out, out[-3000:]
+    assert f"[recompute]' --impl={target} --hypothesis-profile=enginespec-dev\n" in out, out[-3000:]
     assert (
         "b'\\x" not in out.split("impl under test and reference diverged:")[1].split("Hypothesis prints")[0]
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -519,3 +520,54 @@ def test_report_ids_survive_a_workers_serialization(request, tmp_path):
     worker_side.config = SimpleNamespace(workerinput={"workerid": "gw0"})
     worker_side.pytest_sessionfinish(request.session, 0)
     assert not (tmp_path / "worker.json").exists()
+
+
+REPLAY_HEADER = "enginespec: to reproduce this failure"
+
+
+def replay_commands(out: str) -> list[str]:
+    """The replay commands the notes print (the indented line after each header)."""
+    lines = out.splitlines()
+    return [lines[i + 1].removeprefix("E").strip() for i, line in enumerate(lines) if REPLAY_HEADER in line]
+
+
+def falsifying_examples(out: str) -> list[str]:
+    """Each failure's falsifying example, as Hypothesis prints it (up to the replay note)."""
+    blocks, block = [], None
+    for line in out.splitlines():
+        if "Falsifying example" in line:
+            block = []
+        elif REPLAY_HEADER in line and block is not None:
+            blocks.append("\n".join(block))
+            block = None
+        if block is not None:
+            block.append(line)
+    return blocks
+
+
+@needs_installed_plugin
+def test_a_hypothesis_failure_prints_the_command_that_replays_it_from_anywhere(tmp_path):
+    """A planted bug fails a @given test and the pool lockstep under the default (derandomized)
+    profile: each failure prints the command that reproduces it from outside the repo (its node
+    id with --pyargs, and the impl), never Hypothesis' '@reproduce_failure(...) as a decorator
+    on your test case' (the test is in site-packages); that exact command, run from another
+    directory, fails with the same falsifying example."""
+    target = "enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
+    nodes = [
+        f"enginespec.conformance.test_block_manager::{name}"
+        for name in ("test_lru_order", "test_pool_lockstep")
+    ]
+    proc = pytest_run(["--pyargs", *nodes, f"--impl={target}"], tmp_path)
+    assert proc.returncode == 1 and "2 failed" in proc.stdout, describe(proc)
+    assert "reproduce_failure" not in proc.stdout and "decorator on your test" not in proc.stdout, describe(
+        proc
+    )
+    commands = replay_commands(proc.stdout)
+    assert commands == [f"python -m pytest --pyargs {node} --impl={target}" for node in nodes], describe(proc)
+    examples = falsifying_examples(proc.stdout)
+    assert len(examples) == 2 and "state.setup(" in examples[1], describe(proc)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    replayed = pytest_run(shlex.split(commands[1])[3:], elsewhere)
+    assert replayed.returncode == 1 and "1 failed" in replayed.stdout, describe(replayed)
+    assert falsifying_examples(replayed.stdout) == examples[1:], describe(replayed)

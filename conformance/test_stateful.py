@@ -27,7 +27,6 @@ from hypothesis.stateful import (
 
 from enginespec.conformance.diff import divergence_report
 from enginespec.conformance.invariants import Harness
-from enginespec.conformance.plugin import impl_target
 from enginespec.conformance.strategies import (
     Limits,
     drafting,
@@ -61,21 +60,11 @@ def _plain(value):
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def rerun_command(nodeid_k: str, target: str) -> str:
-    """The command that replays this test with shrinking on (works from the repo and installed)."""
-    return (
-        f"python -m pytest --pyargs enginespec.conformance.test_stateful -k '{nodeid_k}' "
-        f"--impl={target} --hypothesis-profile=enginespec-dev"
-    )
-
-
 class EngineLockstep(RuleBasedStateMachine):
     """sides[0] = impl under test, sides[1] = reference."""
 
     impls: tuple = ()
     mode: str = "recompute"
-    target: str = "reference"  # --impl of this run, for the re-run command
-    selector: str = ""  # -k expression of the failing test, for the re-run command
 
     @initialize(scn=scenarios(max_requests=4), data=st.data())
     def setup(self, scn, data):
@@ -110,8 +99,7 @@ class EngineLockstep(RuleBasedStateMachine):
             f"(scenario: {self.scn.config}, {self.scn.num_blocks} blocks of {self.scn.block_size}, "
             f"prefix caching {self.scn.enable_prefix_caching})",
             f"last operations: {'; '.join(last)}",
-            "Hypothesis prints the whole trace below. For the SHORTEST failing trace, re-run with shrinking:",
-            f"  {rerun_command(self.selector, self.target)}",
+            "Hypothesis prints the whole trace below, then the commands that replay it and shrink it",
         ]
 
     @rule(data=st.data())
@@ -214,15 +202,10 @@ class EngineLockstep(RuleBasedStateMachine):
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_lockstep_with_reference(request, impl, reference_impl, mode):
+def test_lockstep_with_reference(impl, reference_impl, mode):
     if mode == "swap" and "swap" not in getattr(impl, "capabilities", frozenset()):
         pytest.skip(f"{impl.name} does not declare the swap capability")
-    attrs = {
-        "impls": (impl, reference_impl),
-        "mode": mode,
-        "target": impl_target(request.config),
-        "selector": f"test_lockstep_with_reference and {mode}",
-    }
+    attrs = {"impls": (impl, reference_impl), "mode": mode}
     machine = type(f"Lockstep_{mode}", (EngineLockstep,), attrs)
     # Traces are cheap (no tensors) and this is the suite's main net: up to 4x the profile's
     # examples (ci 48, dev 240), never fewer than the profile asks for (thorough 1000).

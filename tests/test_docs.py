@@ -144,7 +144,7 @@ def _plugin_flags() -> set[str]:
 
     parser = Group()
     plugin.pytest_addoption(parser)
-    return parser.flags | {"--pyargs", "--lf", "--dist", "--hypothesis-profile"}
+    return parser.flags | {"--pyargs", "--lf", "--dist", "--hypothesis-profile", "--hypothesis-seed"}
 
 
 # flags of the benchmark scripts the README names beside them: checked against each one's --help
