@@ -69,8 +69,10 @@ def check_pool(state: PoolState, num_blocks: int) -> None:
 def check_idle(state: PoolState, num_blocks: int) -> None:
     """Point 1, idle: with no unfinished request every block is free and no table is held."""
     assert not state.tables, f"idle pool still holds tables: {state.tables}"
-    assert sorted(state.free_queue) == list(range(num_blocks)), "idle pool: not every block is free"
-    assert not any(state.ref_counts), "idle pool: a block still has references"
+    not_free = sorted(set(range(num_blocks)) - set(state.free_queue))
+    refs = {b: n for b, n in enumerate(state.ref_counts) if n}
+    assert not not_free and not refs, f"idle pool: blocks {not_free} are not free (ref counts {refs})"
+    assert sorted(state.free_queue) == list(range(num_blocks)), f"idle pool: free queue {state.free_queue}"
 
 
 @spec_rule("no-caching")
@@ -91,8 +93,13 @@ def check_request(r, block_size: int) -> None:
     assert list(r.token_ids) == list(r.prompt_token_ids) + output, (
         f"{r.request_id}: token_ids != prompt + output"
     )
-    assert r.num_tokens == len(r.token_ids) and r.num_prompt_tokens == len(r.prompt_token_ids)
-    assert r.num_output_tokens == len(output)
+    for counter, tokens in (
+        ("num_tokens", "token_ids"),
+        ("num_prompt_tokens", "prompt_token_ids"),
+        ("num_output_tokens", "output_token_ids"),
+    ):
+        value, length = getattr(r, counter), len(getattr(r, tokens))
+        assert value == length, f"{r.request_id}: {counter} {value} != len({tokens}) {length}"
     assert 0 <= r.num_cached_tokens <= r.num_computed_tokens <= r.num_tokens, (
         f"{r.request_id}: need 0 <= cached ({r.num_cached_tokens}) <= computed ({r.num_computed_tokens}) "
         f"<= num_tokens ({r.num_tokens})"
@@ -306,7 +313,10 @@ def check_admitted(v: StepView) -> None:
     for rid in v.admitted:
         r, before = v.requests[rid], v.pre.reqs[rid]
         if before.status == Status.SWAPPED:
-            assert r.num_computed_tokens == before.num_computed and not r.swapped_out
+            assert r.num_computed_tokens == before.num_computed and not r.swapped_out, (
+                f"{rid}: swapped in with computed={r.num_computed_tokens} (kept {before.num_computed}), "
+                f"swapped_out={r.swapped_out}"
+            )
             swap_in.append((rid, state.tables[rid][: cdiv(r.num_computed_tokens, bs)]))
             continue
         k = r.num_computed_tokens
@@ -453,8 +463,10 @@ def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_cachin
     assert swapped == sorted(swapped, key=key.__getitem__) and rest == sorted(rest, key=key.__getitem__), (
         f"waiting queue out of policy order: {waiting}"
     )
-    assert set(state.tables) <= set(running), (
-        f"non-running requests hold blocks: {set(state.tables) - set(running)}"
+    held_elsewhere = [rid for rid in state.tables if rid not in running]
+    assert not held_elsewhere, "non-running requests hold blocks: " + ", ".join(
+        f"{rid!r} ({live[rid].status.value if rid in live else 'finished'}) holds {state.tables[rid]}"
+        for rid in held_elsewhere
     )
     for rid, r in live.items():
         check_request(r, block_size)
@@ -468,7 +480,9 @@ def check_scheduler(sched, live: dict, key: dict, block_size: int, prefix_cachin
             assert r.status in (Status.WAITING, Status.PREEMPTED, Status.SWAPPED), (
                 f"{rid} waiting but {r.status}"
             )
-    assert sched.has_unfinished == bool(live)
+    assert sched.has_unfinished == bool(live), (
+        f"has_unfinished is {sched.has_unfinished} with unfinished {sorted(live)}"
+    )
     if not live:
         check_idle(state, sched.block_manager.num_blocks)
 

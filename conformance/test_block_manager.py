@@ -254,13 +254,21 @@ class PoolMachine(RuleBasedStateMachine):
         for side in self.sides:
             state = side.bm.state()
             check_pool(state, self.num_blocks)
-            assert side.bm.num_free == len(state.free_queue)
-            assert side.bm.usage == pytest.approx(1 - len(state.free_queue) / self.num_blocks)
+            free = len(state.free_queue)
+            assert side.bm.num_free == free, f"num_free is {side.bm.num_free}, the free queue holds {free}"
+            assert side.bm.usage == pytest.approx(1 - free / self.num_blocks), (
+                f"usage is {side.bm.usage}, expected 1 - {free}/{self.num_blocks} free"
+            )
             for rid, r in side.live.items():
                 check_request(r, self.block_size)
                 check_table_hashes(state, r, self.block_size)
-                assert side.bm.block_table(rid) == state.tables.get(rid, [])
-                assert len(state.tables.get(rid, [])) >= cdiv(r.num_computed_tokens, self.block_size)
+                table = state.tables.get(rid, [])
+                assert side.bm.block_table(rid) == table, (
+                    f"block_table({rid!r}) is {side.bm.block_table(rid)}, PoolState.tables has {table}"
+                )
+                assert len(table) >= cdiv(r.num_computed_tokens, self.block_size), (
+                    f"{rid}: table {table} does not cover its {r.num_computed_tokens} computed tokens"
+                )
         impl_state, reference_state = (side.bm.state() for side in self.sides)
         if impl_state != reference_state:  # raised, not asserted: the field diff, not all(<generator>)
             raise AssertionError(divergence_report("PoolState", impl_state, reference_state, self.context()))

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 from collections import deque
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from enginespec.conformance.diff import differences, divergence_report, short
-from enginespec.conformance.invariants import Harness
+from enginespec.conformance.invariants import Harness, check_idle, check_request
 from enginespec.conformance.plugin import needs_installed_plugin
 from enginespec.conformance.strategies import RequestSpec
 from enginespec.conformance.test_block_manager import PoolMachine
@@ -155,3 +156,17 @@ def test_a_finish_that_keeps_blocks_names_the_request_its_state_and_blocks(how):
     status = "finished_aborted" if how == "abort" else "finished_stopped"
     assert text.startswith("[spec rule abort:"), text
     assert f"{how}('r1'): request 'r1' (running, now {status}) still holds blocks {held}" in text, text
+
+
+def test_pool_and_request_checks_name_the_blocks_and_counters_that_are_wrong():
+    """check_idle named no block ("idle pool: not every block is free"); check_request's
+    counter checks were bare compound asserts, shown as a Request repr."""
+    held = PoolState(free_queue=[1, 2], ref_counts=[1, 0, 0], block_hashes=[None] * 3, cached={}, tables={})
+    with pytest.raises(AssertionError, match=r"idle pool: blocks \[0\] are not free \(ref counts \{0: 1\}\)"):
+        check_idle(held, 3)
+    r = SimpleNamespace(
+        request_id="r1", token_ids=[1, 2, 3], prompt_token_ids=[1, 2], output_token_ids=[3], num_tokens=4
+    )
+    r.num_prompt_tokens, r.num_output_tokens = 2, 1
+    with pytest.raises(AssertionError, match=r"r1: num_tokens 4 != len\(token_ids\) 3"):
+        check_request(r, 4)
