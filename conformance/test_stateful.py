@@ -99,7 +99,7 @@ class EngineLockstep(RuleBasedStateMachine):
             f"(scenario: {self.scn.config}, {self.scn.num_blocks} blocks of {self.scn.block_size}, "
             f"prefix caching {self.scn.enable_prefix_caching})",
             f"last operations: {'; '.join(last)}",
-            "Hypothesis prints the whole trace below, then the commands that replay it and shrink it",
+            "Hypothesis prints the whole trace below, then how to replay it",
         ]
 
     @rule(data=st.data())
