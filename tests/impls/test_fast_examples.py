@@ -129,6 +129,30 @@ def test_trim_makes_a_new_table_object_and_the_builder_sees_the_change():
     same_batch(builder.build(out, bm), plain_build_batch(out, bm))
 
 
+def test_a_trim_never_leaves_the_scheduler_believing_in_slots_the_table_lacks():
+    """`_capacity` mirrors the tokens a request's table covers, and the fast scheduler skips
+    allocate_slots for a step ending within it, so after any trim it may undercount, never
+    overcount. Trace (block_size 4, threshold 1): `a` prefills 1 of its 4 prompt tokens, is
+    rolled back to 0 and trimmed to nothing (as a rejected step's rollback is), then scheduled
+    again: its 1-token chunk needs a block, which allocate_slots must be asked for."""
+    bm = FAST.new_block_manager(8, 4, enable_prefix_caching=False)
+    config = SchedulerConfig(
+        max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=True, long_prefill_token_threshold=1
+    )
+    scheduler = FAST.new_scheduler(config, bm)
+    r = FAST.new_request("a", [10, 11, 12, 13], SamplingParams(max_tokens=2))
+    scheduler.add(r)
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, {})
+    assert r.num_computed_tokens == 1 and len(bm.block_table("a")) == 1
+    r.num_computed_tokens = 0
+    bm.trim(r, 0)
+    assert bm.block_table("a") == []
+    output = scheduler.schedule()
+    assert [(s.request_id, n) for s, n in output.scheduled] == [("a", 1)]
+    assert len(bm.block_table("a")) == 1, "a 1-token step was scheduled without a block"
+
+
 def test_builder_recycles_slots_and_grows_its_buffers():
     """Hundreds of short-lived requests (slots released through output.finished), tables wider
     than the initial rows, a step bigger than the initial staging buffer: every batch equals
