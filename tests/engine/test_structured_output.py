@@ -111,6 +111,23 @@ def test_a_length_bounded_string_takes_no_raw_control_character(manager, schema,
         assert not takes(wrap(too_long))
 
 
+@pytest.mark.parametrize("bound", [{}, {"maxLength": 4}])
+def test_a_bounded_string_schema_is_as_strict_as_any_other(manager, bound):
+    """The bounded-string path compiles the schema's EBNF itself, in xgrammar's strict mode as
+    compile_json_schema does (vLLM's default): an object without additionalProperties takes
+    no property it does not name, whether or not one of its strings is bounded."""
+    mgr, _ = manager
+    schema = {"type": "object", "properties": {"n": {"type": "string", **bound}}, "required": ["n"]}
+    compiled = mgr.compile(StructuredOutputsParams(json=schema))
+
+    def takes(text: str) -> bool:
+        state = mgr.new_state(compiled, [EOS])
+        return state.matcher.accept_string(text) and state.accept([EOS]) is None and state.terminated
+
+    assert takes('{"n": "ab"}')
+    assert not takes('{"n": "ab", "x": 1}')
+
+
 def test_a_bounded_string_schema_whose_ebnf_does_not_compile_is_served_as_before(manager, monkeypatch):
     """The narrowed EBNF is xgrammar's printed form read back; where a version does not read
     it back, the schema compiles as xgrammar writes it (served, not refused as invalid)."""
