@@ -159,3 +159,30 @@ def test_the_engine_loop_ends_when_the_server_side_is_gone(model_dir, llm):
         assert not client._worker.is_alive()  # EOF on its input: the engine never outlives it
     finally:
         client.stop()
+
+
+def test_submit_holds_logprobs_to_the_vocabulary_under_max_logprobs_minus_one(model_dir, llm):
+    """--max-logprobs -1 lifts the cap to the vocabulary: submit takes logprobs = vocab_size,
+    and refuses one more, naming the field and the vocabulary's size, before the queue
+    (so a full queue answers it as the ValueError, not QueueFull's 503). The client checks
+    this itself (EngineClient._check_params), ahead of the engine's own check on add."""
+    args = EngineArgs.from_kwargs(str(model_dir), **{**ENGINE, "max_logprobs": -1})
+    client = EngineClient(args, llm.get_tokenizer(), in_process=True, max_waiting=0)
+    client.launch(timeout=120)
+    vocab = client.vocab_size
+
+    def params(k: int, n: int = 1) -> SamplingParams:
+        return SamplingParams(max_tokens=4, temperature=0, logprobs=k, n=n)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        await client.pause()  # the first request stays pending: the queue is full
+        gen = await client.submit([NewRequest("all", None, [4, 5, 6], params(vocab, n=client.capacity))])
+        with pytest.raises(ValueError, match=rf"^SamplingParams\.logprobs.*\b{vocab}\b"):
+            await client.submit([NewRequest("over", None, [4, 5, 6], params(vocab + 1))])
+        gen.abort()
+
+    try:
+        asyncio.run(run())
+    finally:
+        client.stop()
