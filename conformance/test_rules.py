@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from enginespec.conformance.invariants import check_idle, check_pool, check_release
+from enginespec.conformance.invariants import (
+    ReqSnap,
+    Snapshot,
+    StepView,
+    check_chunking,
+    check_idle,
+    check_pool,
+    check_preempted,
+    check_release,
+)
 from enginespec.conformance.rules import RULES, headings, spec_rule, where
-from enginespec.spec import PoolState
+from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status
 
 
 def test_every_rule_points_to_a_section_that_exists():
@@ -72,3 +83,77 @@ def test_a_missing_refusal_names_its_rule():
     text = str(info.value)
     assert text.startswith(where("allocate-slots")) and "DID NOT RAISE" in text, text
     assert str(info.value).count("[spec rule") == 1
+
+
+# The checkers on hand-built steps: each must refuse the step that breaks its rule and pass the
+# nearest one that keeps it (the lockstep rarely builds either, so a weakened checker passed it).
+
+EMPTY_POOL = PoolState(free_queue=[0, 1], ref_counts=[0, 0], block_hashes=[None, None], cached={}, tables={})
+
+
+def _decode(num_prompt: int, num_tokens: int, num_computed: int, drafts: int, rid: str = "a"):
+    """A running request's fields as the checkers read them."""
+    return SimpleNamespace(
+        request_id=rid,
+        num_prompt_tokens=num_prompt,
+        num_tokens=num_tokens,
+        num_computed_tokens=num_computed,
+        spec_token_ids=[1] * drafts,
+        num_tokens_with_spec=num_tokens + drafts,
+    )
+
+
+def _step(config, scheduled, running=("a",), preempted=(), swap_out=(), reqs=None) -> StepView:
+    pre = Snapshot(list(running), [], reqs or {}, EMPTY_POOL)
+    out = SchedulerOutput(scheduled=list(scheduled), preempted=list(preempted), swap_out=list(swap_out))
+    return StepView(config, 1, pre, out, {}, EMPTY_POOL)
+
+
+def test_check_chunking_lets_only_the_budget_cut_a_decode_at_the_prompt_s_end():
+    """A running request whose chunk starts exactly at its prompt's end (its first decode, 3
+    drafts) may be cut only by the budget: cut to 2 of its 4 with budget left is refused,
+    naming what it holds; the same cut that spends the budget passes."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=8, max_num_seqs=2, enable_chunked_prefill=True, long_prefill_token_threshold=1
+    )
+    a = _decode(num_prompt=4, num_tokens=5, num_computed=4, drafts=3)
+    with pytest.raises(
+        AssertionError, match=r"a: 2 of its 4 tokens .*\(1 known \+ 3 drafts\) with budget left"
+    ):
+        check_chunking(_step(config, [(a, 2)]))
+    b = _decode(num_prompt=2, num_tokens=8, num_computed=2, drafts=0, rid="b")
+    check_chunking(_step(config, [(b, 6), (a, 2)], running=("b", "a")))
+
+
+def test_check_chunking_with_chunked_prefill_off_bounds_a_chunk_both_ways():
+    """Chunked prefill off: every known token at once, drafts at most; fewer is refused naming
+    the count, more than known + drafts refused too."""
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, enable_chunked_prefill=False)
+    a = _decode(num_prompt=4, num_tokens=6, num_computed=2, drafts=2)
+    check_chunking(_step(config, [(a, 4)]))
+    check_chunking(_step(config, [(a, 6)]))
+    with pytest.raises(AssertionError, match=r"only 3 of 4 scheduled"):
+        check_chunking(_step(config, [(a, 3)]))
+    with pytest.raises(AssertionError, match=r"only 7 of 4 scheduled"):
+        check_chunking(_step(config, [(a, 7)]))
+
+
+def test_check_preempted_wants_a_swap_victim_swapped_and_marked_out():
+    """A swap victim is SWAPPED with swapped_out set (its blocks are on the host): either one
+    alone is refused."""
+    config = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=2, preemption_mode="swap")
+    reqs = {"a": ReqSnap(Status.RUNNING, 2, 3, 3, 0, ())}
+
+    def victim(status, swapped_out):
+        return SimpleNamespace(
+            request_id="a", num_preemptions=1, status=status, swapped_out=swapped_out, num_computed_tokens=2
+        )
+
+    check_preempted(
+        _step(config, [], preempted=[victim(Status.SWAPPED, True)], swap_out=[("a", [])], reqs=reqs)
+    )
+    for status, swapped_out in ((Status.SWAPPED, False), (Status.PREEMPTED, True)):
+        with pytest.raises(AssertionError, match=r"a: swap victim is"):
+            check_preempted(
+                _step(config, [], preempted=[victim(status, swapped_out)], swap_out=[("a", [])], reqs=reqs)
+            )
