@@ -13,7 +13,7 @@ import pytest
 
 from enginespec.engine.core_messages import NewRequest
 from enginespec.engine_args import EngineArgs
-from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineDead, QueueFull
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint
@@ -186,3 +186,38 @@ def test_submit_holds_logprobs_to_the_vocabulary_under_max_logprobs_minus_one(mo
         asyncio.run(run())
     finally:
         client.stop()
+
+
+def test_submit_refuses_a_sample_past_the_capacity_as_queue_full(model_dir, llm):
+    """Pending samples are bounded by max_num_seqs + max_waiting: with the capacity pending
+    (the engine paused), one more sample is QueueFull (the server's 503), and the queue takes
+    it again once those are gone."""
+    client = EngineClient(
+        EngineArgs.from_kwargs(str(model_dir), **ENGINE), llm.get_tokenizer(), in_process=True, max_waiting=0
+    )
+    client.launch(timeout=120)
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        await client.pause()
+        gen = await client.submit(
+            [
+                NewRequest(
+                    "all", None, [4, 5, 6], SamplingParams(max_tokens=2, temperature=0, n=client.capacity)
+                )
+            ]
+        )
+        with pytest.raises(
+            QueueFull, match=rf"{client.capacity} pending samples, capacity {client.capacity}"
+        ):
+            await client.submit([NewRequest("one", None, [4, 5, 6], params)])
+        gen.abort()
+        await _wait_state(client, lambda s: s.num_unfinished == 0)
+        return await client.submit([NewRequest("two", None, [4, 5, 6], params)])
+
+    try:
+        gen = asyncio.run(run())
+    finally:
+        client.stop()
+    assert gen.request_ids == ["two"]
