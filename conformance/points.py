@@ -92,8 +92,12 @@ POINTS = (
     ),
     Point(
         "4-lru-order",
-        "LRU order: tail-first freeing, eviction from the front, eviction removes the hash",
-        (f"{_BM}test_lru_order",),
+        "LRU order: tail-first freeing, eviction from the front, eviction removes the hash; trimmed "
+        "blocks without a hash handed out before cached ones",
+        (
+            f"{_BM}test_lru_order",
+            f"{_BM}test_trimmed_blocks_without_a_hash_are_handed_out_before_cached_ones",
+        ),
     ),
     Point(
         "5-scheduler-invariants-and-liveness",
