@@ -15,9 +15,11 @@ Processes: the EngineCore runs in a spawned process of its own (engine/core_proc
 detokenization and SSE (entrypoints/openai/engine_client.py). The address is bound before the
 engine starts (bind_socket), so a port in use is a one-line error (exit 2) before the model loads.
 
-Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening, lets in-flight responses finish for
-up to --shutdown-timeout seconds, then cancels them (each cancelled stream aborts its engine
-requests); the engine process is told to exit and reaped, and this process exits 0. Either
+Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening and lets in-flight responses finish
+for up to --shutdown-timeout seconds; a request still running then is ended with a 503 ("the
+server is shutting down"; an error frame then [DONE] in a stream) and aborted in the engine
+(EngineClient.shed_pending), and its handler answers; uvicorn cancels only what is left
+SHED_WAIT_S later. The engine process is told to exit and reaped, and this process exits 0. Either
 signal while the engine is still loading ends the engine process at once, and exits 0. If the
 engine process dies, pending requests get 500s (an error frame mid-stream), /health fails, and
 the server shuts down the same way, exiting 1.
@@ -516,6 +518,11 @@ def _log_to_stderr(uvicorn_level: str) -> None:
     logger.setLevel(getattr(logging, uvicorn_level.upper(), logging.DEBUG))  # uvicorn's trace: debug
 
 
+# How long the handlers of the requests ended at the end of the shutdown grace (shed_pending) get
+# to send their 503s before uvicorn cancels what is left (a cancelled handler's client gets a
+# plain-text 500 or a cut stream, and the log a traceback).
+SHED_WAIT_S = 5.0
+
 # The signals that stop the server cleanly (exit status 0): not re-raised once it has stopped.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -533,6 +540,22 @@ def _server_class():
         "Uvicorn running on" line is logged here instead."""
 
         on_exit = None
+        grace_s: Optional[float] = None
+        on_grace_expired = None
+
+        async def shutdown(self, sockets=None) -> None:
+            """uvicorn's shutdown, with on_grace_expired called grace_s seconds into it (the
+            server's --shutdown-timeout): it ends the requests still running, which then answer,
+            within uvicorn's own timeout (set SHED_WAIT_S longer), so that uvicorn cancels none
+            of them. Requests that finish within the grace are not touched."""
+            expiry = None
+            if self.on_grace_expired is not None and self.grace_s is not None:
+                expiry = asyncio.get_running_loop().call_later(self.grace_s, self.on_grace_expired)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
@@ -677,11 +700,16 @@ def run_server(ns) -> int:
                 host=ns.host,
                 port=ns.port,
                 log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.shutdown_timeout,
+                timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S,  # the last resort
                 access_log=False,
             )
             server = _server_class()(config)
             server.on_exit = client.close_admission
+            server.grace_s = ns.shutdown_timeout
+            server.on_grace_expired = lambda: client.shed_pending(
+                f"the server is shutting down: the request did not finish within "
+                f"--shutdown-timeout ({ns.shutdown_timeout:g} s)"
+            )
             client.on_death = lambda: setattr(server, "should_exit", True)
         # listening before the line names the address: a client that connects on reading it is
         # queued by the kernel until uvicorn accepts (it was refused while uvicorn started up)

@@ -72,6 +72,11 @@ class EngineDead(RuntimeError):
     """The engine process is gone (answered 500; /health fails)."""
 
 
+class ServerShuttingDown(RuntimeError):
+    """The server's shutdown grace (--shutdown-timeout) ran out before the request finished
+    (answered 503, or an error frame in a stream that started: shed_pending)."""
+
+
 class EngineRequestError(RuntimeError):
     """The engine dropped a request with an error (a failed step): answered 500."""
 
@@ -316,6 +321,31 @@ class EngineClient:
     def close_admission(self) -> None:
         """Refuse every new request from now on (503); the pending ones run on."""
         self._accepting = False
+
+    def shed_pending(self, reason: str) -> int:
+        """End every pending request with ServerShuttingDown(reason) as its terminal item (a
+        503 to its client) and abort it in the engine; returns how many were ended. For the
+        server's shutdown once its grace has run out: each handler then answers at once, in
+        vLLM's error shape, where uvicorn's cancellation of a handler still waiting sent a
+        plain-text 500 (or cut its stream) and logged a traceback. Counted as aborted
+        (request_success "abort"). Calls awaiting a reply are left: the engine still answers
+        them. Nothing to do once the engine is dead or stopped (their requests have ended).
+        On the reader's event loop."""
+        if self.fatal is not None or self._stopping:
+            return 0
+        self._accepting = False
+        ids = list(self._streams)
+        error = ServerShuttingDown(reason)
+        for rid in ids:
+            stream = self._release(rid)
+            self._count_samples(stream)
+            stream.sink.put_nowait(("error", fresh_error(error)))
+        if ids:
+            try:
+                self._send(("abort", ids))
+            except EngineDead:
+                pass
+        return len(ids)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new requests, end the pending ones and the calls awaiting a reply with

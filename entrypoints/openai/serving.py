@@ -38,6 +38,7 @@ from enginespec.entrypoints.openai.engine_client import (
     Generation,
     QueueFull,
     RequestTooLarge,
+    ServerShuttingDown,
 )
 from enginespec.entrypoints.openai.errors import APIError, bad_request, error_body
 from enginespec.entrypoints.openai.protocol import (
@@ -337,6 +338,8 @@ async def _engine_submit(ctx: ServerContext, call: _Call, subs: list[NewRequest]
         return await ctx.engine.submit(subs)
     except QueueFull as exc:
         raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
+    except ServerShuttingDown as exc:  # the grace ran out while the engine had not accepted it
+        raise APIError(503, str(exc)) from None
     except RequestTooLarge as exc:
         raise _too_large(call, exc) from None
     except ValueError as exc:
@@ -690,6 +693,8 @@ def _raise_if_failed(out) -> None:
 def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(503, str(exc))
     if isinstance(exc, ValueError):
         return bad_request(exc)
     return APIError(500, f"{type(exc).__name__}: {exc}")

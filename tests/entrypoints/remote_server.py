@@ -29,10 +29,17 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    """`python -m enginespec.entrypoints.cli serve MODEL ARGS` until terminate()."""
+    """`python -m enginespec.entrypoints.cli serve MODEL ARGS` until terminate(); `popen`
+    goes to subprocess.Popen (a stderr file to read the server's log, a session of its own)."""
 
     def __init__(
-        self, model_dir: Path, args: list[str], *, api_key: str | None = None, timeout: float = 240.0
+        self,
+        model_dir: Path,
+        args: list[str],
+        *,
+        api_key: str | None = None,
+        timeout: float = 240.0,
+        **popen,
     ):
         self.port = free_port()
         self.api_key = api_key
@@ -41,7 +48,7 @@ class RemoteServer:
         if api_key is not None:
             cmd += ["--api-key", api_key]
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(cmd, env=env)
+        self.proc = subprocess.Popen(cmd, env=env, **popen)  # popen: stderr=, start_new_session=
         self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:

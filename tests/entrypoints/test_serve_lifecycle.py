@@ -143,6 +143,49 @@ def test_sigterm_with_a_request_in_flight_exits_0(server):
         httpx.get(server.url("/health"), timeout=2)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_requests_that_outlive_the_shutdown_grace_end_with_a_503(model_dir, tmp_path, sig):
+    """Ctrl-C (or SIGTERM) with requests still running when --shutdown-timeout runs out: each
+    ends with vLLM's error shape, a JSON 503 saying the server is shutting down, or in a stream
+    an error frame then [DONE], and the log has no traceback. uvicorn cancelled them instead:
+    a plain-text "Internal Server Error", a stream cut mid-body (an incomplete chunked read),
+    and an "Exception in ASGI application" traceback per request in the log."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as err:
+        srv = RemoteServer(model_dir, ARGS + ["--shutdown-timeout", "1"], stderr=err)
+    try:
+        httpx.post(srv.url("/dev/pause"))  # neither request can finish: the grace runs out
+        answers = {}
+
+        def plain():
+            answers["plain"] = srv.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})
+
+        def stream():
+            body = {"prompt": "abd", "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", srv.url("/v1/completions"), json=body, timeout=60) as resp:
+                answers["stream"] = [line for line in resp.iter_lines() if line]
+
+        threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
+        for t in threads:
+            t.start()
+        _wait_for(lambda: srv.state()["num_pending"] == 2)
+        srv.proc.send_signal(sig)
+        assert srv.proc.wait(60) == 0
+        for t in threads:
+            t.join(60)
+    finally:
+        srv.terminate()
+    plain_answer = answers["plain"]
+    assert plain_answer.status_code == 503, plain_answer.text
+    error = plain_answer.json()["error"]
+    assert error["code"] == 503 and error["type"] == "ServiceUnavailableError"
+    assert "shutting down" in error["message"]
+    *_, last_frame, done = answers["stream"]
+    assert done == "data: [DONE]" and '"code":503' in last_frame and "shutting down" in last_frame
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text
+
+
 def test_engine_process_death_fails_requests_and_ends_the_server(model_dir):
     srv = RemoteServer(model_dir, ARGS)
     try:
