@@ -28,6 +28,8 @@ Invariants:
   its server, and once the engine is dead, after that step's failures went out: the front end
   then sees the engine die (the server's /health fails and it exits) rather than an engine
   that accepts every request and fails each.
+- A SIGTERM the engine process gets while it serves and its front end lives (one to the whole
+  process group) is left to the front end, which drains its requests first (TermSignal).
 """
 
 from __future__ import annotations
@@ -494,14 +496,55 @@ def serve_engine(engine, inbox, outbox) -> None:
                 json.dump(engine.stats.step_trace or [], f)
 
 
-def run_engine_core(args, inbox, outbox) -> None:
+_DEFERRED = (
+    b"enginespec engine: SIGTERM: the server ends the engine once its requests drain (a second ends it now)\n"
+)
+
+
+class TermSignal:
+    """The engine process's SIGTERM handler. While the engine serves and its front end (the
+    parent that spawned it) is alive, the first SIGTERM is noted and deferred: the front end
+    drains its requests and then ends the engine (the "shutdown" command, or EOF). A SIGTERM to
+    the whole process group, systemd's control-group kill or `kill -TERM -- -PGID`, reaches
+    the engine with the server's own, and the engine's exit at once failed every in-flight
+    request with "the engine process died" where a SIGTERM to the server alone drains them
+    (vLLM's maintainers' rule too: the front end alone governs its engine's life). It exits at
+    once (status 0) instead when the front end asked for it (it sets `stop_now` before its own
+    SIGTERM, which follows a "shutdown" the engine did not obey in time), on a second SIGTERM,
+    once the front end is gone, and while the engine loads (nothing to drain; the front end
+    reaps it), so the engine never outlives its server and a stuck one can still be ended."""
+
+    def __init__(self, stop_now=None):
+        self.stop_now = stop_now  # a shared byte (multiprocessing.Value) the front end sets, or None
+        self.serving = False
+        self.deferred = False
+
+    def __call__(self, signum, frame) -> None:
+        forced = self.stop_now is not None and self.stop_now.value
+        if self.serving and not self.deferred and not forced and _front_end_alive():
+            self.deferred = True
+            os.write(2, _DEFERRED)
+            return
+        os._exit(0)
+
+
+def _front_end_alive() -> bool:
+    """Whether the process that spawned this one is still running (never true for a process
+    that was not spawned by multiprocessing: there is no front end to defer to)."""
+    parent = multiprocessing.parent_process()
+    return parent is not None and parent.is_alive()
+
+
+def run_engine_core(args, inbox, outbox, stop_now=None) -> None:
     """The spawned engine process: build the EngineCore, then serve it. SIGINT is ignored (the
-    front end owns Ctrl-C and asks for a clean shutdown); SIGTERM exits at once (the front end
-    sends it when the engine does not stop in time). Exits 1 when its loop ended because the
-    engine is dead (a tensor-parallel rank died), so the front end's message and a supervisor
-    see a failure; 0 after a shutdown or once the front end is gone."""
+    front end owns Ctrl-C and asks for a clean shutdown); SIGTERM is TermSignal's (deferred to
+    the front end while it lives and the engine serves; else, or when the front end sets
+    `stop_now` first, an exit at once). Exits 1 when its loop ended because the engine is dead
+    (a tensor-parallel rank died), so the front end's message and a supervisor see a failure;
+    0 after a shutdown or once the front end is gone."""
+    term = TermSignal(stop_now)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, term)
     from enginespec.engine.engine_core import EngineCore
 
     try:
@@ -511,7 +554,11 @@ def run_engine_core(args, inbox, outbox) -> None:
             traceback.print_exc()  # a bad setting is the CLI's one line; anything else, all of it
         outbox.send(("failed", ErrorInfo.of(exc)))
         return
-    serve_engine(engine, inbox, outbox)
+    term.serving = True
+    try:
+        serve_engine(engine, inbox, outbox)
+    finally:
+        term.serving = False
     dead = getattr(engine, "dead", None)
     if dead:  # the loop ended because the engine cannot step: a failure, not a shutdown
         print(f"enginespec: the engine is dead: {dead}", file=sys.stderr, flush=True)

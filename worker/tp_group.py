@@ -17,9 +17,10 @@ the engine cannot serve (the ranks no longer agree on where they are): EngineCor
 down and raises. So does a Ctrl-C that interrupts rank 0 amid a step (or the startup's
 collectives): the workers wait in a collective rank 0 will not join. shutdown() (LLM.close, the
 collection of an engine dropped unclosed, or at interpreter exit) asks the workers to stop,
-waits STOP_WAIT_S (a dead engine's not at all: its workers may be blocked), terminates and then
-kills any left, and destroys the process group; the workers are daemon processes besides, so
-none survives its engine.
+waits STOP_WAIT_S (a dead engine's not at all: its workers may be blocked), kills any left (a
+worker ignores SIGTERM: a SIGTERM to the process group is rank 0's to act on, tp_worker.py), and
+destroys the process group; the workers are daemon processes besides, so none survives its
+engine.
 """
 
 from __future__ import annotations
@@ -210,9 +211,9 @@ class TensorParallel:
         """Stop the workers and destroy the process group. Idempotent. A live engine's workers
         are idle between steps: each is asked to stop and given STOP_WAIT_S to exit 0. A dead
         engine's may sit in a collective that rank 0 will never join (a step interrupted
-        midway) and cannot read the request: they are terminated at once. Either way a worker
-        still running after STOP_WAIT_S more is killed, also when an interrupt (a second Ctrl-C)
-        cuts the polite wait short."""
+        midway) and cannot read the request: they are killed at once. Either way a worker still
+        running after the polite wait is killed, also when an interrupt (a second Ctrl-C) cuts
+        that wait short."""
         if self.closed:
             return
         self.closed = True
@@ -230,11 +231,10 @@ class TensorParallel:
             self._end_processes()
 
     def _end_processes(self) -> None:
-        """Terminate, then kill, every worker still running; close the pipes; destroy the group."""
+        """Kill every worker still running (a worker ignores SIGTERM, tp_worker.py; it would
+        have died of one at once, running no cleanup, as of SIGKILL); close the pipes; destroy
+        the group."""
         for proc in self.processes:
-            if proc.exitcode is None:
-                proc.terminate()
-                proc.join(timeout=STOP_WAIT_S)
             if proc.exitcode is None:
                 proc.kill()
                 proc.join()

@@ -12,9 +12,12 @@ name it. A worker never outlives rank 0 (its parent): a thread waits on the pare
 and ends the process at once when rank 0 is gone, whatever the worker is doing (joining the
 group, loading its shard, building its runner: no pipe is read then); EOF on the pipe between
 steps says the same. The worker never samples: only rank 0
-holds the full logits. SIGINT is ignored: the terminal's Ctrl-C reaches the whole process group,
-but it is rank 0's to handle (it ends the workers or goes on with them), as the engine process's
-is the front end's (engine/core_proc.py).
+holds the full logits. SIGINT and SIGTERM are ignored: the terminal's Ctrl-C, and a SIGTERM to the
+whole process group (systemd's control-group kill, `kill -TERM -- -PGID`), reach every process,
+but the worker's life is rank 0's to end (it ends the workers, with SIGKILL where a stop is not
+obeyed, or goes on with them: a server drains its requests first), as the engine process's is
+the front end's (engine/core_proc.py). A worker that died of the group's SIGTERM killed the
+engine under every request still running.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
 
 def worker_main(info, conn) -> None:
     """Entry point of a spawned worker (tp_group.start_tensor_parallel)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C (module doc)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and SIGTERM (module doc)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
     try:
         _serve(info, conn)

@@ -19,7 +19,9 @@ Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening and lets in-flight resp
 for up to --shutdown-timeout seconds; a request still running then is ended with a 503 ("the
 server is shutting down"; an error frame then [DONE] in a stream) and aborted in the engine
 (EngineClient.shed_pending), and its handler answers; uvicorn cancels only what is left
-SHED_WAIT_S later. The engine process is told to exit and reaped, and this process exits 0. Either
+SHED_WAIT_S later. The engine process is told to exit and reaped, and this process exits 0. A
+SIGTERM to the whole process group (systemd's control-group kill) drains the same way: the
+engine process and its tensor-parallel workers leave it to this process (core_proc.TermSignal). Either
 signal while the engine is still loading ends the engine process at once, and exits 0. If the
 engine process dies, pending requests get 500s (an error frame mid-stream), /health fails, and
 the server shuts down the same way, exiting 1.

@@ -212,6 +212,7 @@ class EngineClient:
         self._tokens = itertools.count()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._worker = None  # the engine's Process or Thread
+        self._stop_now = None  # the engine process's TermSignal.stop_now
         self._to_engine = self._from_engine = None
         self._last_counts = (0, 0, 0, 0, 0)
         self._token_texts: dict[int, str] = {}  # token id -> decode([id]), for the streams' Logprobs
@@ -238,8 +239,11 @@ class EngineClient:
             )
             self._worker.start()
         else:
+            self._stop_now = ctx.Value("b", 0, lock=False)  # set before our SIGTERM (TermSignal)
             self._worker = ctx.Process(
-                target=run_engine_core, args=(self.args, cmd_recv, out_send), name="enginespec-engine-core"
+                target=run_engine_core,
+                args=(self.args, cmd_recv, out_send, self._stop_now),
+                name="enginespec-engine-core",
             )
             self._worker.start()
             cmd_recv.close()  # the child holds these ends; ours would hide its EOF
@@ -350,8 +354,9 @@ class EngineClient:
     def stop(self, timeout: float = 10.0) -> None:
         """Refuse new requests, end the pending ones and the calls awaiting a reply with
         EngineDead (nothing more comes for them), ask the engine to exit, and reap it (SIGTERM,
-        then SIGKILL, if it does not go in time; at once if it never announced itself ready: it
-        reads no command while it builds, and a large checkpoint loads for minutes). Pending
+        marked ours so that the engine does not defer it to us, then SIGKILL, if it does not go
+        in time; at once if it never announced itself ready: it reads no command while it
+        builds, and a large checkpoint loads for minutes). Pending
         requests of a reader's loop that was closed are released telling no one (waking a wait
         of a closed loop raises, and the engine would then never be told). Idempotent."""
         self._accepting = False
@@ -403,6 +408,8 @@ class EngineClient:
             return
         worker.join(timeout)
         if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+            if self._stop_now is not None:  # this SIGTERM is the front end's: not deferred
+                self._stop_now.value = 1
             worker.terminate()
             worker.join(5.0)
             if worker.is_alive():

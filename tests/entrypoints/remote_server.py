@@ -47,8 +47,8 @@ class RemoteServer:
         cmd += ["--host", HOST, "--port", str(self.port), "--device", "cpu", *args]
         if api_key is not None:
             cmd += ["--api-key", api_key]
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(cmd, env=env, **popen)  # popen: stderr=, start_new_session=
+        popen.setdefault("env", dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1"))
+        self.proc = subprocess.Popen(cmd, **popen)  # popen: stderr=, start_new_session=, env=
         self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:

@@ -289,6 +289,72 @@ def test_a_stop_signal_while_the_engine_starts_leaves_no_engine_behind(model_dir
             os.kill(engine_pid, signal.SIGKILL)
 
 
+# The reference impl with every schedule() 50 ms longer: a request of 40 tokens runs for 2 s at
+# least, so a signal sent at its first token lands while it runs.
+SLOW_STEPS_IMPL = """
+import time
+from enginespec.spec import load_impl
+
+
+class SlowSteps:
+    name = "slow_steps"
+
+    def __init__(self, base):
+        self._base = base
+
+    def __getattr__(self, attr):
+        return getattr(self._base, attr)
+
+    def new_scheduler(self, config, block_manager):
+        scheduler = self._base.new_scheduler(config, block_manager)
+        schedule = scheduler.schedule
+
+        def slow_schedule():
+            time.sleep(0.05)
+            return schedule()
+
+        scheduler.schedule = slow_schedule
+        return scheduler
+
+
+IMPL = SlowSteps(load_impl("reference"))
+"""
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_a_sigterm_to_the_whole_process_group_drains_like_one_to_the_server(model_dir, tmp_path, tp):
+    """`kill -TERM -- -PGID` (as systemd's control-group kill, and `docker stop` of a container
+    whose process group the server leads, reach every process) with a request running: the
+    request finishes and the server exits 0, as after a SIGTERM to the server alone. The engine
+    process (and each tensor-parallel worker) exited on its own SIGTERM at once, so the request
+    got a 500 "the engine process died (exit code 0)" (with -tp 2, a dead worker's) and the
+    server exited 1."""
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS_IMPL)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    args = ["--impl", "slow_steps:IMPL", "--tensor-parallel-size", str(tp), "--dtype", "float32"]
+    with open(tmp_path / "server.log", "w") as err:
+        srv = RemoteServer(
+            model_dir, [*ARGS, *args, "--shutdown-timeout", "60"], stderr=err, start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"),
+        )  # fmt: skip
+    try:
+        engine_pid = srv.state()["engine_pid"]
+        body = {"prompt": "abc", "max_tokens": 40, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url("/v1/completions"), json=body, timeout=60) as resp:
+            lines = resp.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            os.killpg(srv.proc.pid, signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert srv.proc.wait(60) == 0, (tmp_path / "server.log").read_text()
+    finally:
+        if srv.proc.poll() is None:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+            srv.proc.wait()
+    assert rest[-1] == "data: [DONE]", rest[-2:]
+    assert '"finish_reason":"length"' in rest[-2], rest[-2]
+    _wait_for(lambda: _gone(engine_pid), timeout=10)
+
+
 def test_a_port_in_use_fails_before_the_engine_loads(model_dir, tmp_path):
     """`serve --port P` with P taken by another listener is the CLI's one-line usage error
     naming the address (exit 2) before any engine process starts, as vLLM binds its socket

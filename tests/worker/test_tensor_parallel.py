@@ -532,25 +532,23 @@ def test_a_ctrl_c_the_script_caught_leaves_the_workers_serving(tmp_path):
 
 
 class _Worker:
-    """A worker process stand-in, alive until terminated; the first join of any of them is
-    interrupted (a second Ctrl-C while shutdown() waits for the workers to stop)."""
+    """A worker process stand-in, alive until killed (it has no terminate(): a worker ignores
+    SIGTERM, so rank 0 ends one with SIGKILL); the first join of any of them is interrupted (a
+    second Ctrl-C while shutdown() waits for the workers to stop)."""
 
     interrupt = [True]  # one Ctrl-C, shared by the stand-ins of one test
 
     def __init__(self):
         self.exitcode = None
-        self.terminated = False
+        self.killed = False
 
     def join(self, timeout=None):
         if self.interrupt[0]:
             self.interrupt[0] = False
             raise KeyboardInterrupt
 
-    def terminate(self):
-        self.terminated, self.exitcode = True, -15
-
     def kill(self):
-        self.exitcode = -9
+        self.killed, self.exitcode = True, -9
 
 
 class _Pipe:
@@ -567,7 +565,7 @@ class _Pipe:
 def test_a_second_ctrl_c_during_shutdowns_wait_still_ends_every_worker():
     """shutdown() marks itself closed first, so a Ctrl-C that interrupted its polite wait left
     the workers running (a later close() did nothing) until the interpreter's exit; they are
-    terminated on the way out now, and the interrupt still reaches the caller."""
+    killed on the way out now, and the interrupt still reaches the caller."""
     from enginespec.worker.tp_group import TensorParallel
 
     _Worker.interrupt[0] = True
@@ -575,13 +573,13 @@ def test_a_second_ctrl_c_during_shutdowns_wait_still_ends_every_worker():
     tp = TensorParallel(world_size=3, device=torch.device("cpu"), processes=workers, conns=pipes)
     with pytest.raises(KeyboardInterrupt):
         tp.shutdown()
-    assert all(w.terminated and w.exitcode is not None for w in workers)
+    assert all(w.killed and w.exitcode is not None for w in workers)
     assert all(p.closed for p in pipes) and tp.closed
 
 
 def test_an_interrupted_engines_shutdown_terminates_its_workers_without_the_polite_wait():
     """Ctrl-C amid a step leaves the workers in a collective rank 0 never joins: the engine is
-    dead at once (interrupted: no wait for a worker to die) and shutdown() terminates the workers
+    dead at once (interrupted: no wait for a worker to die) and shutdown() kills the workers
     without first giving them STOP_WAIT_S to read a stop they cannot read (that wait and the
     dying wait made a Ctrl-C take 16 s). A live engine's workers are still asked and waited for."""
     from enginespec.worker.tp_group import STOP_WAIT_S, TensorParallel
@@ -592,9 +590,9 @@ def test_an_interrupted_engines_shutdown_terminates_its_workers_without_the_poli
             self.polite_joins = 0
 
         def join(self, timeout=None):
-            if not self.terminated:
+            if not self.killed:
                 self.polite_joins += 1
-            if timeout is None or self.terminated:
+            if timeout is None or self.killed:
                 self.exitcode = self.exitcode if self.exitcode is not None else 0
 
     _Worker.interrupt[0] = False
@@ -608,7 +606,7 @@ def test_an_interrupted_engines_shutdown_terminates_its_workers_without_the_poli
             assert tp.dead and "interrupted" in tp.dead
         tp.shutdown()
         assert all(w.polite_joins == (0 if interrupted else 1) for w in workers), interrupted
-        assert all(w.terminated for w in workers)  # the stand-ins never exit on their own
+        assert all(w.killed for w in workers)  # the stand-ins never exit on their own
     assert STOP_WAIT_S > 0
 
 
