@@ -96,10 +96,10 @@ def test_the_draft_positions_the_metrics_show_stop_at_what_a_request_can_hold():
     max_model_len) shows that many per-position series, not k: k = 10**9 had made the server
     register a series for every position (1.2 s at 100,000 and a 21 MiB /metrics scrape) and
     LLM.get_metrics() build a list of 10**9 zeros. A k within the bound shows k."""
-    from enginespec.metrics_reader import metrics_snapshot
     from enginespec.engine.core_proc import engine_info
     from enginespec.engine.engine_core import EngineCore
     from enginespec.engine_args import EngineArgs
+    from enginespec.metrics_reader import metrics_snapshot
     from enginespec.testing.checkpoints import tiny_model_dir
 
     for k, shown in ((10**9, 31), (32, 31), (31, 31), (3, 3)):
