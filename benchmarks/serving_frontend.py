@@ -176,6 +176,11 @@ async def _open_http(ctx, counter: _Counter, num_streams: int, num_steps: int) -
         head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         proto.data_received(f"{head}content-length: {len(payload)}\r\n\r\n".encode() + payload)
     while len(ctx.engine._to_engine.request_ids) < num_streams:
+        if not state.tasks:  # every request ended before all were submitted: a failed request
+            got = len(ctx.engine._to_engine.request_ids)
+            raise RuntimeError(
+                f"{num_streams - got} of {num_streams} requests ended before submitting (a 4xx/5xx)"
+            )
         await asyncio.sleep(0.001)
     return [asyncio.ensure_future(_drained(state)) for _ in range(1)]
 
@@ -189,7 +194,10 @@ async def run_once(
     tokenizer, num_streams: int, num_steps: int, *, http: bool, seed: int = 0, profiler=None
 ) -> dict:
     loop = asyncio.get_running_loop()
-    client = EngineClient(SimpleNamespace(max_num_seqs=num_streams), tokenizer, ServerMetrics("bench"))
+    args = SimpleNamespace(
+        max_num_seqs=num_streams, max_logprobs=20
+    )  # what submit reads (vLLM's default cap)
+    client = EngineClient(args, tokenizer, ServerMetrics("bench"))
     client.info = SimpleNamespace(vocab_size=len(tokenizer))  # what submit's prompt check reads
     recv, send = multiprocessing.Pipe(duplex=False)
     client._to_engine, client._from_engine = _AcceptAll(client), recv
