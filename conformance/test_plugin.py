@@ -526,13 +526,16 @@ REPLAY_HEADER = "enginespec: to reproduce this failure"
 
 
 def replay_commands(out: str) -> list[str]:
-    """The replay commands the notes print (the indented line after each header)."""
+    """The replay commands the notes print (the indented line after each header), each once: with
+    $CI set, pytest's short summary repeats each failure's whole message, notes included."""
     lines = out.splitlines()
-    return [lines[i + 1].removeprefix("E").strip() for i, line in enumerate(lines) if REPLAY_HEADER in line]
+    found = [lines[i + 1].removeprefix("E").strip() for i, line in enumerate(lines) if REPLAY_HEADER in line]
+    return list(dict.fromkeys(found))
 
 
 def falsifying_examples(out: str) -> list[str]:
-    """Each failure's falsifying example, as Hypothesis prints it (up to the replay note)."""
+    """Each failure's falsifying example, as Hypothesis prints it (up to the replay note), each
+    once (see replay_commands), its lines without pytest's "E" margin."""
     blocks, block = [], None
     for line in out.splitlines():
         if "Falsifying example" in line:
@@ -541,8 +544,8 @@ def falsifying_examples(out: str) -> list[str]:
             blocks.append("\n".join(block))
             block = None
         if block is not None:
-            block.append(line)
-    return blocks
+            block.append(line.removeprefix("E").strip())
+    return list(dict.fromkeys(blocks))
 
 
 @needs_installed_plugin
