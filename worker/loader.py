@@ -140,6 +140,31 @@ def _check_rope_type(config, config_path: Path) -> None:
         raise CheckpointError(f"{config_path}: unsupported rope_type {kind!r}; supported: {supported}")
 
 
+def _rope_of(config):
+    """(text config, its rope scaling dict or None): rope_parameters, or rope_scaling in older
+    (transformers 4) configs."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    return text, rope if isinstance(rope, dict) else None
+
+
+def _check_partial_rotary(config, config_path: Path) -> None:
+    """CheckpointError unless the rope rotates whole heads: partial_rotary_factor (in
+    rope_parameters, or the config's attribute) absent or 1. The supported families' attention
+    (transformers' apply_rotary_pos_emb) rotates every dimension of a head: under a scaled rope
+    type transformers computes cos/sin for head_dim x factor dimensions and every step failed
+    on the shape mismatch; under "default" it ignores the field and rotates the whole head, not
+    the model the config states (vLLM rotates the first head_dim x factor dimensions only)."""
+    text, rope = _rope_of(config)
+    factor = (rope or {}).get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None))
+    if factor is not None and factor != 1:
+        raise CheckpointError(
+            f"{config_path}: partial_rotary_factor {factor!r} is not supported: the "
+            f"{getattr(text, 'model_type', None)!r} family's attention rotates every dimension of "
+            f"a head; supported: 1.0 (or no partial_rotary_factor)"
+        )
+
+
 def _check_longrope_factors(config, config_path: Path) -> None:
     """CheckpointError unless a longrope scaling's short_factor and long_factor each hold one
     number per rotated frequency (as many as range(0, rotary dim, 2), the rotary dim being
@@ -214,9 +239,10 @@ def _check_positions(config, config_path: Path) -> None:
 
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
-    scaling one transformers computes (_check_rope_type, _check_longrope_factors), its activation
-    one transformers builds (_check_activation), its kv heads grouping its query heads
-    (_check_heads) and at least two positions (_check_positions)."""
+    one transformers computes over whole heads (_check_rope_type,
+    _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
+    (_check_activation), its kv heads grouping its query heads (_check_heads) and at least two
+    positions (_check_positions)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -229,6 +255,7 @@ def load_config(path, *, trust_remote_code: bool = False):
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
+    _check_partial_rotary(config, config_path)
     _check_longrope_factors(config, config_path)
     _check_activation(config, config_path)
     _check_heads(config, config_path)

@@ -545,7 +545,16 @@ def test_longrope_factor_count_follows_partial_rotary_factor_and_the_derived_hea
     factor per rotated frequency of head_dim x partial_rotary_factor, head_dim being
     hidden_size // num_attention_heads where the config has none (a Qwen2 config without the
     field: 32 // 4 = 8). The tiny checkpoints rotate all of an explicit head_dim 16, so the
-    other test left both the partial factor and the derived head_dim unchecked."""
+    other test left both the partial factor and the derived head_dim unchecked. The check is
+    called alone: load_config refuses any partial_rotary_factor below 1 before it
+    (test_a_partial_rotary_factor_is_refused_naming_it)."""
+    from transformers import AutoConfig
+
+    from enginespec.worker.loader import _check_longrope_factors
+
+    def check(path):
+        _check_longrope_factors(AutoConfig.from_pretrained(str(path)), path / "config.json")
+
     path = _copy(family, tmp_path)
     config = json.loads((path / "config.json").read_text())
     if head_dim is None:
@@ -561,10 +570,10 @@ def test_longrope_factor_count_follows_partial_rotary_factor_and_the_derived_hea
     for n in (count, count + 2):
         _set_config(path, rope_parameters=rope | {"short_factor": [1.0] * n, "long_factor": [2.0] * count})
         if n == count:
-            load_config(path)
+            check(path)
         else:
             with pytest.raises(CheckpointError, match=rf"short_factor must hold {count} numbers.*got {n}"):
-                load_config(path)
+                check(path)
 
 
 def test_a_transformers_4_config_s_rope_scaling_is_checked_and_none_is_no_scaling():
@@ -589,3 +598,34 @@ def test_one_kv_head_and_one_per_query_head_load(tmp_path, kv_heads):
     path = make_checkpoint("llama", tmp_path / "ckpt", num_key_value_heads=kv_heads)
     model = build_model(path)
     assert model.config.num_key_value_heads == kv_heads
+
+
+@pytest.mark.parametrize(
+    "where, rope",
+    [
+        ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4}),
+        ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
+        ("top-level", None),  # the tiny llama's own llama3 scaling
+    ],
+    ids=["default", "linear", "llama3-top-level"],
+)
+def test_a_partial_rotary_factor_is_refused_naming_it(tmp_path, where, rope):
+    """The supported families' attention (transformers' apply_rotary_pos_emb) rotates every
+    dimension of a head. A partial_rotary_factor of 0.5 loaded: under a scaled rope type (the
+    llama3 of Llama 3.x, linear, yarn, dynamic) transformers computes cos/sin for half the head
+    and every request then finished with finish_reason "error" (a shape mismatch in each step,
+    which transformers' own forward raises too); under "default" transformers ignores the field
+    and rotates the whole head, a model other than the one the config states (vLLM rotates only
+    head_dim x factor dimensions). Now a CheckpointError naming the field; a factor of 1 loads."""
+    path = _copy("llama", tmp_path)
+    if where == "top-level":
+        _set_config(path, partial_rotary_factor=0.5)
+    else:
+        _set_config(path, rope_parameters=rope | {"partial_rotary_factor": 0.5})
+    with pytest.raises(CheckpointError, match=r"config\.json: partial_rotary_factor 0\.5 .*supported: 1\.0"):
+        build_model(path)
+    if where == "top-level":
+        _set_config(path, partial_rotary_factor=1.0)
+    else:
+        _set_config(path, rope_parameters=rope | {"partial_rotary_factor": 1})
+    build_model(path)
