@@ -148,6 +148,27 @@ def _rope_of(config):
     return text, rope if isinstance(rope, dict) else None
 
 
+def _check_rope_values(config, config_path: Path) -> None:
+    """CheckpointError unless rope_theta (in rope_parameters, or the config's attribute in
+    transformers 4) and a scaling's factor, where given, are numbers > 0. A theta of 0 or below or
+    a factor of 0 made every cos/sin NaN (each request generated token 0, no error); a string or
+    null made the rotary module raise a bare TypeError while the model was built."""
+    text, rope = _rope_of(config)
+    rope = rope or {}
+    found = {}  # the field's name in a message -> its value
+    if "rope_theta" in rope or hasattr(text, "rope_theta"):
+        found["rope_theta"] = rope["rope_theta"] if "rope_theta" in rope else text.rope_theta
+    if "factor" in rope:
+        found["rope scaling factor"] = rope["factor"]
+    for name, value in found.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not value > 0:  # NaN fails too
+            raise CheckpointError(
+                f"{config_path}: {name} must be a number > 0 (rope_parameters, or rope_theta and "
+                f"rope_scaling in older configs), got {value!r}"
+            )
+
+
 def _check_partial_rotary(config, config_path: Path) -> None:
     """CheckpointError unless the rope rotates whole heads: partial_rotary_factor (in
     rope_parameters, or the config's attribute) absent or 1. The supported families' attention
@@ -239,7 +260,7 @@ def _check_positions(config, config_path: Path) -> None:
 
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
-    one transformers computes over whole heads (_check_rope_type,
+    one transformers computes over whole heads (_check_rope_type, _check_rope_values,
     _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
     (_check_activation), its kv heads grouping its query heads (_check_heads) and at least two
     positions (_check_positions)."""
@@ -255,6 +276,7 @@ def load_config(path, *, trust_remote_code: bool = False):
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
     _check_rope_type(config, config_path)
+    _check_rope_values(config, config_path)
     _check_partial_rotary(config, config_path)
     _check_longrope_factors(config, config_path)
     _check_activation(config, config_path)

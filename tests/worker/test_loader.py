@@ -4,6 +4,7 @@ fails with an error that names the file or tensor at fault. Never a download."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -629,3 +630,60 @@ def test_a_partial_rotary_factor_is_refused_naming_it(tmp_path, where, rope):
     else:
         _set_config(path, rope_parameters=rope | {"partial_rotary_factor": 1})
     build_model(path)
+
+
+@pytest.mark.parametrize(
+    "key, value, rope",
+    [
+        ("rope_theta", 0, {"rope_type": "default"}),
+        ("rope_theta", -10000.0, {"rope_type": "default"}),
+        ("rope_theta", "10000", {"rope_type": "default"}),
+        ("rope_theta", None, {"rope_type": "default"}),
+        ("factor", 0, {"rope_type": "linear", "rope_theta": 1e4}),
+        ("factor", "2.0", {"rope_type": "linear", "rope_theta": 1e4}),
+        ("factor", "2", {"rope_type": "dynamic", "rope_theta": 1e4}),
+        ("factor", True, {"rope_type": "linear", "rope_theta": 1e4}),
+    ],
+    ids=[
+        "theta-0",
+        "theta-negative",
+        "theta-str",
+        "theta-null",
+        "factor-0",
+        "linear-factor-str",
+        "dynamic-factor-str",
+        "factor-bool",
+    ],
+)
+def test_a_rope_theta_or_factor_that_is_no_positive_number_is_refused_naming_it(tmp_path, key, value, rope):
+    """rope_theta and a scaling's factor are positive numbers. A theta of 0 or below, or a factor
+    of 0, loaded and made every cos/sin NaN: each request then generated token 0 with NaN
+    logprobs, no error (transformers' forward computes the same NaNs). A string or null made the
+    model's rotary module raise a bare TypeError ("unsupported operand type(s) for ** or pow():
+    'str' and 'Tensor'") while loading. Now a CheckpointError naming config.json, the key and the
+    value."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, rope_parameters=rope | {key: value})
+    name = "rope scaling factor" if key == "factor" else key
+    with pytest.raises(
+        CheckpointError,
+        match=rf"config\.json: {name} must be a number > 0.*, got {re.escape(repr(value))}",
+    ):
+        build_model(path)
+
+
+def test_a_transformers_4_config_s_rope_theta_is_checked():
+    """transformers 4 keeps rope_theta as a config attribute beside rope_scaling (which may be
+    None): the check reads it there too."""
+    from types import SimpleNamespace
+
+    from enginespec.worker.loader import _check_rope_values
+
+    with pytest.raises(CheckpointError, match=r"rope_theta must be a number > 0.*got 'x'"):
+        _check_rope_values(SimpleNamespace(rope_scaling=None, rope_theta="x"), Path("config.json"))
+    with pytest.raises(CheckpointError, match=r"rope scaling factor must be a number > 0.*got 0"):
+        _check_rope_values(
+            SimpleNamespace(rope_scaling={"type": "linear", "factor": 0}, rope_theta=1e4), Path("config.json")
+        )
+    _check_rope_values(SimpleNamespace(rope_scaling=None, rope_theta=1e6), Path("config.json"))
+    _check_rope_values(SimpleNamespace(rope_scaling=None), Path("config.json"))
