@@ -338,8 +338,25 @@ def checkpoint_files(path) -> list[Path]:
         return [root / SINGLE_FILE]
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        raise CheckpointNotFound(f"checkpoint directory {root} has no *.safetensors file")
+        raise CheckpointNotFound(
+            f"checkpoint directory {root} has no *.safetensors file{_pickled_hint(root)}"
+        )
     return files
+
+
+def _pickled_hint(root: Path) -> str:
+    """Where `root` holds PyTorch pickle weights (pytorch_model.bin or its shards, transformers'
+    names: a fine-tune's training_args.bin is no weight file), a clause naming the first and how
+    to convert them, as the loader reads safetensors only (a pickle may run code when loaded);
+    else ""."""
+    pickled = sorted(p.name for p in root.glob("pytorch_model*.bin") if p.is_file())
+    if not pickled:
+        return ""
+    return (
+        f" (it holds {pickled[0]}{' and more' if len(pickled) > 1 else ''}: enginespec loads safetensors "
+        f"only; convert with transformers, AutoModelForCausalLM.from_pretrained(dir)"
+        f".save_pretrained(dir), which writes safetensors)"
+    )
 
 
 def _read_slice(handle, name: str, part: TensorSlice) -> torch.Tensor:

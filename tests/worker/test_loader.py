@@ -284,6 +284,31 @@ def test_no_weight_files(tmp_path):
         build_model(path)
 
 
+@pytest.mark.parametrize(
+    "names",
+    [["pytorch_model.bin"], ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]],
+    ids=["one-file", "sharded"],
+)
+def test_pytorch_bin_weights_alone_are_named_with_what_is_loaded(tmp_path, names):
+    """A checkpoint saved in PyTorch's pickle format (pytorch_model.bin, or its shards: older
+    fine-tunes, which vLLM also loads) has weights, but none the loader reads. The error said
+    only that the directory had no *.safetensors file, as if the weights were missing; it now
+    names the .bin file found, says only safetensors are loaded and how to convert."""
+    path = _copy("llama", tmp_path)
+    (path / "model.safetensors").unlink()
+    (path / "training_args.bin").write_bytes(b"not weights")  # a fine-tune's: never named
+    with pytest.raises(CheckpointNotFound) as alone:
+        build_model(path)
+    assert "training_args" not in str(alone.value) and "safetensors only" not in str(alone.value)
+    for name in names:
+        (path / name).write_bytes(b"not read")
+    with pytest.raises(
+        CheckpointNotFound,
+        match=rf"no \*\.safetensors file.*{re.escape(names[0])}.*safetensors only.*save_pretrained",
+    ):
+        build_model(path)
+
+
 def test_missing_tensor_is_named(tmp_path):
     path = _copy("qwen2", tmp_path)
     _rewrite(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
