@@ -243,6 +243,23 @@ def _check_heads(config, config_path: Path) -> None:
         )
 
 
+def _check_head_dim(config, config_path: Path) -> None:
+    """CheckpointError unless head_dim, where the built config has one, is an int >= 1. Qwen2's
+    config has no head_dim field, so transformers keeps what config.json says unchecked: null
+    made its attention raise a bare TypeError (head_dim ** -0.5) while the model was built, a
+    float another TypeError; 0 or below (any family) a ZeroDivisionError or a RuntimeError from
+    the rotary module. A config without head_dim derives it (hidden_size // num_attention_heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not hasattr(text, "head_dim"):
+        return
+    head_dim = text.head_dim
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+        raise CheckpointError(
+            f"{config_path}: head_dim must be an int >= 1 (or absent: hidden_size // "
+            f"num_attention_heads), got {head_dim!r}"
+        )
+
+
 def _check_positions(config, config_path: Path) -> None:
     """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 2, the
     least max_model_len the engine takes (EngineArgs, SchedulerConfig): a prompt token and one
@@ -262,8 +279,8 @@ def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
     one transformers computes over whole heads (_check_rope_type, _check_rope_values,
     _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
-    (_check_activation), its kv heads grouping its query heads (_check_heads) and at least two
-    positions (_check_positions)."""
+    (_check_activation), its kv heads grouping its query heads (_check_heads), a positive head_dim
+    (_check_head_dim) and at least two positions (_check_positions)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -281,6 +298,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     _check_longrope_factors(config, config_path)
     _check_activation(config, config_path)
     _check_heads(config, config_path)
+    _check_head_dim(config, config_path)
     _check_positions(config, config_path)
     return config
 

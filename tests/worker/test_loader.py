@@ -712,3 +712,31 @@ def test_a_transformers_4_config_s_rope_theta_is_checked():
         )
     _check_rope_values(SimpleNamespace(rope_scaling=None, rope_theta=1e6), Path("config.json"))
     _check_rope_values(SimpleNamespace(rope_scaling=None), Path("config.json"))
+
+
+@pytest.mark.parametrize(
+    "family, head_dim",
+    [("llama", 0), ("qwen3", -16), ("qwen2", None), ("qwen2", 16.0)],
+    ids=["zero", "negative", "qwen2-null", "qwen2-float"],
+)
+def test_a_head_dim_that_is_no_positive_int_is_refused_naming_it(tmp_path, family, head_dim):
+    """head_dim, where config.json gives one, is an int >= 1. 0 was a bare ZeroDivisionError ("0.0
+    cannot be raised to a negative power") and -16 a RuntimeError ("Trying to create tensor with
+    negative dimension") from the model's constructor. Qwen2's config has no head_dim field, so
+    transformers keeps what config.json says unchecked: null made the constructor raise a bare
+    TypeError (its attention reads head_dim ** -0.5; Llama and Mistral's configs derive null as
+    hidden_size // num_attention_heads), 16.0 another TypeError from torch.empty. Now a
+    CheckpointError naming config.json, the field and its value; a Qwen2 config without the key
+    derives it and loads."""
+    path = make_checkpoint(family, tmp_path / "ckpt", hidden_size=64, head_dim=16)
+    _set_config(path, head_dim=head_dim)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"config\.json: head_dim must be an int >= 1 .*, got {re.escape(repr(head_dim))}",
+    ):
+        build_model(path)
+    config = json.loads((path / "config.json").read_text())
+    del config["head_dim"]
+    (path / "config.json").write_text(json.dumps(config))
+    if family != "qwen3":  # Qwen3's config defaults head_dim to 128
+        assert build_model(path).model.layers[0].self_attn.head_dim == 16
