@@ -53,6 +53,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from enginespec import __version__
 from enginespec.entrypoints.openai.engine_client import EngineClient
@@ -259,6 +260,14 @@ def build_app(
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return _error_response(exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: ClientDisconnect):
+        """The client left before its body was read in full (a cancelled upload; or a request
+        sent and dropped at once, whose buffered body uvicorn replaces by the disconnect):
+        answered as a client leaving a queued request is (serving._collect), to nobody, where
+        the exception was a 500 and an "Exception in ASGI application" traceback per client."""
+        return _error_response(APIError(400, "client disconnected"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):

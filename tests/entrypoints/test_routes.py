@@ -257,3 +257,42 @@ def test_openai_chat_fields_that_change_nothing_here_are_taken():
     were 400s "Extra inputs are not permitted"; each is taken, as `user` is."""
     body = {**CHAT, "safety_identifier": "u-1", "prompt_cache_key": "k", "metadata": {"team": "a"}}
     assert ChatCompletionRequest.model_validate(body).unsupported_field() is None
+
+
+def _call_with_a_client_that_leaves(path: str, body_sent: bytes) -> list:
+    """One raw ASGI call of `path` whose client sent `body_sent` of a longer JSON body and then
+    left (uvicorn's receive gives the part, then http.disconnect, as when the connection drops
+    mid-upload, or when it drops before the handler first reads: the body is then lost); the
+    messages the app sent. An exception out of the app is what uvicorn logs with a traceback."""
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
+    incoming = [{"type": "http.request", "body": body_sent, "more_body": True}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 9),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"64")],
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("body_sent", [b"", b'{"model": "m", "pro'])
+def test_a_client_that_leaves_before_its_body_is_read_is_no_server_error(path, body_sent):
+    """A client whose connection drops before the server has read its whole body (a cancelled
+    upload, or a request sent and abandoned at once: uvicorn then hands the handler a disconnect
+    in place of the buffered body) raised starlette's ClientDisconnect out of the body read: a
+    500 to nobody and an "Exception in ASGI application" traceback in the server's log, one per
+    such client (a churn of abandoning clients filled the log). It is now answered like a
+    client that leaves a queued request: 400 "client disconnected", nothing logged."""
+    sent = _call_with_a_client_that_leaves(path, body_sent)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
+    assert b"client disconnected" in b"".join(m.get("body", b"") for m in sent[1:])
