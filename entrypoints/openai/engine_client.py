@@ -422,11 +422,13 @@ class EngineClient:
 
     # ---- requests -------------------------------------------------------------------------------
 
-    async def submit(self, requests: list[NewRequest]) -> Generation:
+    async def submit(self, requests: list[NewRequest], prompt_only: bool = False) -> Generation:
         """Queue the requests (all or none); returns once the engine accepted them. ValueError
         (the engine's validation; a request id that is pending or repeated; RequestTooLarge,
         more samples than the capacity), QueueFull (bounded queue, or shutting down),
-        EngineDead."""
+        EngineDead. prompt_only: the client is answered the prompts alone (echo with max_tokens
+        0), so the metrics count no generated token and finish each sample as "length", as the
+        client's usage and finish_reason read (RequestStream.prompt_only)."""
         if self.fatal is not None:
             raise fresh_error(self.fatal)
         self._check_ids([r.request_id for r in requests])
@@ -443,7 +445,10 @@ class EngineClient:
             )
         gen = Generation(self, [r.request_id for r in requests], Inbox(), set())
         now = time.monotonic()
-        streams = [RequestStream(req, gen.queue, self.tokenizer, now, self._token_texts) for req in requests]
+        streams = [
+            RequestStream(req, gen.queue, self.tokenizer, now, self._token_texts, prompt_only)
+            for req in requests
+        ]
         for req, stream in zip(requests, streams):
             self._streams[req.request_id] = stream
         self._num_pending += num
@@ -610,7 +615,7 @@ class EngineClient:
                 continue
             touched[delta[0]] = stream
             if num_new:
-                num_tokens += num_new
+                num_tokens += 0 if stream.prompt_only else num_new
                 if stream.first[index] is None:
                     num_prompt_tokens += stream.num_prompt_tokens
                 self._observe_tokens(stream, index, now, step_start)
@@ -716,7 +721,7 @@ class EngineClient:
         m = self.metrics
         if m is None:
             return
-        num_generated = len(stream.output.outputs[index].token_ids)
+        num_generated = stream.answered_tokens(index)
         m.e2e_request_latency.observe(now - stream.arrival)
         m.observe_finished_sample(stream.num_prompt_tokens, num_generated, stream.max_tokens)
         first, last, scheduled = stream.first[index], stream.last[index], stream.scheduled[index]
@@ -727,17 +732,18 @@ class EngineClient:
         """A request whose every sample finished through the engine: its n and the most tokens
         one of its samples got (vLLM V1 observes these once per parent request)."""
         if self.metrics is not None:
-            num_generated = max(len(c.token_ids) for c in stream.output.outputs)
+            num_generated = max(stream.answered_tokens(i) for i in range(stream.num_samples))
             self.metrics.observe_finished_request(stream.num_samples, num_generated)
 
     def _count_samples(self, stream: Optional[RequestStream], unfinished: str = "abort") -> None:
         """request_success once per sample, as vLLM V1 counts the child requests of n > 1: a
         finished sample under its finish reason, one cut off under `unfinished` ("abort"; "error"
         when the engine loop dropped the request, as EngineCore's own faults finish samples with
-        "error"). Runs once per request, when it is released (finished, aborted or failed)."""
+        "error"); a finished one as its client is answered it (RequestStream.answered_reason).
+        Runs once per request, when it is released (finished, aborted or failed)."""
         if self.metrics is not None and stream is not None:
-            for completion in stream.output.outputs:
-                self.metrics.request_success(completion.finish_reason or unfinished)
+            for index in range(stream.num_samples):
+                self.metrics.request_success(stream.answered_reason(index) or unfinished)
 
     def _observe_state(self, state: EngineState) -> None:
         self.state = state

@@ -23,6 +23,11 @@ speculative_config): vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accept
 _num_accepted_tokens_per_pos{position} (a series at 0 for each draft position from the start)
 from the engine's cumulative `EngineStats.spec_decode`.
 
+A completion with echo and max_tokens 0 is answered its prompt alone (finish_reason "length",
+usage.completion_tokens 0): the one token each sample draws for the prompt's logprobs is not
+counted as generated, and the sample counts under "length" (RequestStream.prompt_only), so the
+counters read as the usage and finish reasons the clients got. (vLLM's server answers that draw
+as a completion token, and its metrics count it so: equally consistent, there.)
 A request of n > 1 counts as n in request_success and in the latency histograms (TTFT, queue
 time, inter-token latency, e2e: each sample's own), as vLLM V1 counts its child requests.
 Prefix-cache counters are in tokens, like vLLM's: queries every prompt token of each request that

@@ -41,14 +41,27 @@ class DecodeError(RuntimeError):
 class RequestStream:
     """Per-request front-end state: where its news goes, its output, its latency marks."""
 
-    def __init__(self, req: NewRequest, sink, tokenizer, arrival: float, token_texts: Optional[dict] = None):
+    def __init__(
+        self,
+        req: NewRequest,
+        sink,
+        tokenizer,
+        arrival: float,
+        token_texts: Optional[dict] = None,
+        prompt_only: bool = False,
+    ):
         n = req.params.n
         self.request_id = req.request_id
         self.sink = sink
         self.num_samples = n
         self.num_prompt_tokens = len(req.prompt_token_ids)
         self.arrival = arrival
-        self.max_tokens = req.params.max_tokens
+        # the client is answered its prompt alone (echo with max_tokens 0): the token each sample
+        # draws is the engine's need (it computes the prompt's logprobs only for a request that
+        # draws one), not the client's, and the metrics count none of it (answered_tokens); its
+        # max_tokens is the 0 the client sent, not the engine's 1
+        self.prompt_only = prompt_only
+        self.max_tokens = 0 if prompt_only else req.params.max_tokens
         # per sample: when its first and its latest token arrived, and when the step that carried
         # its first tokens started (the latency metrics are per sample, as vLLM's are per child
         # request of n > 1)
@@ -112,6 +125,18 @@ class RequestStream:
             self._num_finished += 1
             self.output.finished = self._num_finished == self.num_samples
         return len(new_ids)
+
+    def answered_tokens(self, index: int) -> int:
+        """The tokens sample `index` generated as its client is answered them: none for a
+        prompt-only request (usage.completion_tokens 0), else every one it got."""
+        return 0 if self.prompt_only else len(self.output.outputs[index].token_ids)
+
+    def answered_reason(self, index: int) -> Optional[str]:
+        """Sample `index`'s finish reason as its client is answered it: "length" for a finished
+        sample of a prompt-only request (its prompt alone, whatever ended the draw), else the
+        engine's; None while it runs."""
+        reason = self.output.outputs[index].finish_reason
+        return "length" if self.prompt_only and reason is not None else reason
 
     def _decode(self, fn, *args):
         """fn(*args), a call that decodes this request's ids; DecodeError if the tokenizer raised."""

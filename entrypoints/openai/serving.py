@@ -317,7 +317,7 @@ async def _submit(ctx: ServerContext, call: _Call, params) -> Generation:
     if ctx.log_requests:
         for sub in subs:
             _log_request(ctx, call, sub)
-    return await _engine_submit(ctx, call, subs)
+    return await _engine_submit(ctx, call, subs, prompt_only=call.echo_only)
 
 
 def _log_request(ctx: ServerContext, call: _Call, sub: NewRequest) -> None:
@@ -332,10 +332,13 @@ def _log_request(ctx: ServerContext, call: _Call, sub: NewRequest) -> None:
     )  # fmt: skip
 
 
-async def _engine_submit(ctx: ServerContext, call: _Call, subs: list[NewRequest]) -> Generation:
-    """ctx.engine.submit, its refusals as APIErrors (503 with Retry-After, or 400 naming the field)."""
+async def _engine_submit(
+    ctx: ServerContext, call: _Call, subs: list[NewRequest], prompt_only: bool = False
+) -> Generation:
+    """ctx.engine.submit, its refusals as APIErrors (503 with Retry-After, or 400 naming the
+    field); prompt_only: the client is answered the prompts alone (EngineClient.submit)."""
     try:
-        return await ctx.engine.submit(subs)
+        return await ctx.engine.submit(subs, prompt_only=prompt_only)
     except QueueFull as exc:
         raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
     except ServerShuttingDown as exc:  # the grace ran out while the engine had not accepted it

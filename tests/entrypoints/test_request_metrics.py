@@ -291,3 +291,45 @@ def test_prompt_tokens_by_source_split_each_prompt_into_computed_and_cached():
     assert by_source == {"local_compute": 9 + 1, "local_cache_hit": 8, "external_kv_transfer": 0}
     assert _value(metrics, "vllm:prompt_tokens_cached_total") == 8
     assert sum(by_source.values()) == _value(metrics, "vllm:prompt_tokens_total") == 18
+
+
+def test_an_echo_of_the_prompt_alone_counts_as_its_client_is_answered():
+    """echo with max_tokens 0 (lm-evaluation-harness's log-likelihood call) answers each choice
+    with its prompt alone: finish_reason "length", usage.completion_tokens 0, whatever the one
+    token the engine draws to get the prompt's logprobs. /metrics counted that draw as the
+    client's: a generated token per sample, and the sample under "stop" when the draw was EOS,
+    so after a churn of such calls the counters disagreed with the usage and the finish reasons
+    every client got. They now count what the client is answered (the prompt still counts)."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    tokenizer = load_engine_tokenizer(args)
+    metrics = ServerMetrics("tiny")
+    client = EngineClient(args, tokenizer, metrics, in_process=True, max_waiting=16)
+    info = client.launch(timeout=120)
+    app = build_app(ServerContext(client, tokenizer, ["tiny"], info.max_model_len), metrics)
+    prompt = [5, 6, 7, 8, 9]
+    # the draw is EOS (id 3): the engine finishes both samples with "stop"
+    body = dict(prompt=prompt, n=2, max_tokens=0, echo=True, logprobs=1, logit_bias={"3": 100})
+
+    async def run() -> dict:
+        client.start(asyncio.get_running_loop())
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
+            resp = await http.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    try:
+        answer = asyncio.run(run())
+    finally:
+        client.stop()
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length", "length"]
+    assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+    success = {
+        r: _value(metrics, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length")
+    }
+    assert success == {"stop": 0, "length": 2}
+    assert _value(metrics, "vllm:generation_tokens_total") == 0
+    assert _value(metrics, "vllm:prompt_tokens_total") == 2 * len(prompt)
+    assert _value(metrics, "vllm:request_generation_tokens_sum") == 0
+    assert _value(metrics, "vllm:request_params_max_tokens_count") == 0  # 0 as sent: not observed
+    assert _value(metrics, "vllm:iteration_tokens_total_sum") == 2 * len(prompt)

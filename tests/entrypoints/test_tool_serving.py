@@ -332,7 +332,7 @@ class _Replying:
     def __init__(self, tokenizer, reply: list[int]):
         self.tokenizer, self.reply = tokenizer, reply
 
-    async def submit(self, subs):
+    async def submit(self, subs, prompt_only=False):
         (sub,) = subs
         stream = RequestStream(sub, None, self.tokenizer, 0.0)
         ids = [*self.reply, self.tokenizer.eos_token_id]
