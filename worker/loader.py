@@ -260,6 +260,26 @@ def _check_head_dim(config, config_path: Path) -> None:
         )
 
 
+def _check_window(config, config_path: Path) -> None:
+    """CheckpointError unless a sliding_window the model applies is null or an int >= 1.
+    Mistral applies config.sliding_window to every layer, Qwen2/3 where use_sliding_window is
+    set (Llama, and Qwen with it unset, ignore the key, so any value passes there). 0 or below
+    ran as full attention (layer_window reads a false window as none) where transformers' own
+    forward fails on the mask's shape: a model other than the one config.json states."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind, window = getattr(text, "model_type", None), getattr(text, "sliding_window", None)
+    applies = kind in ("mistral",) or (
+        kind in ("qwen2", "qwen3") and getattr(text, "use_sliding_window", False)
+    )
+    if not applies or window is None:
+        return
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise CheckpointError(
+            f"{config_path}: sliding_window must be an int >= 1 (or null: full attention) where "
+            f"the {kind!r} family applies it, got {window!r}"
+        )
+
+
 def _check_positions(config, config_path: Path) -> None:
     """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 2, the
     least max_model_len the engine takes (EngineArgs, SchedulerConfig): a prompt token and one
@@ -280,7 +300,8 @@ def load_config(path, *, trust_remote_code: bool = False):
     one transformers computes over whole heads (_check_rope_type, _check_rope_values,
     _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
     (_check_activation), its kv heads grouping its query heads (_check_heads), a positive head_dim
-    (_check_head_dim) and at least two positions (_check_positions)."""
+    (_check_head_dim), a sliding window it applies >= 1 (_check_window) and at least two
+    positions (_check_positions)."""
     from transformers import AutoConfig
 
     architecture_of(path)
@@ -299,6 +320,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     _check_activation(config, config_path)
     _check_heads(config, config_path)
     _check_head_dim(config, config_path)
+    _check_window(config, config_path)
     _check_positions(config, config_path)
     return config
 

@@ -740,3 +740,31 @@ def test_a_head_dim_that_is_no_positive_int_is_refused_naming_it(tmp_path, famil
     (path / "config.json").write_text(json.dumps(config))
     if family != "qwen3":  # Qwen3's config defaults head_dim to 128
         assert build_model(path).model.layers[0].self_attn.head_dim == 16
+
+
+@pytest.mark.parametrize(
+    "family, fields",
+    [
+        ("mistral", {"sliding_window": 0}),
+        ("mistral", {"sliding_window": -1}),
+        ("qwen2", {"sliding_window": 0, "use_sliding_window": True, "max_window_layers": 0}),
+    ],
+    ids=["mistral-zero", "mistral-negative", "qwen2-zero"],
+)
+def test_a_sliding_window_below_one_where_it_applies_is_refused_naming_it(tmp_path, family, fields):
+    """A sliding_window the family applies (Mistral's every layer, Qwen's with use_sliding_window)
+    is null or an int >= 1. 0 or below loaded and ran as full attention, where transformers' own
+    forward fails on the mask's shape: a model other than the one config.json states. Where the
+    family ignores the key (Qwen2 without use_sliding_window, Llama) any value still loads."""
+    path = make_checkpoint(family, tmp_path / "ckpt")
+    _set_config(path, **fields)
+    window = fields["sliding_window"]
+    with pytest.raises(
+        CheckpointError, match=rf"config\.json: sliding_window must be an int >= 1 .*, got {window}"
+    ):
+        build_model(path)
+    if family == "qwen2":
+        _set_config(path, use_sliding_window=False)
+        build_model(path)
+    _set_config(path, sliding_window=None)
+    build_model(path)
