@@ -61,12 +61,11 @@ MERGEABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # "0": never fold the norms into the projections; "1": fold wherever possible, the CPU included;
 # unset: fold on CUDA (MergedDecoder.fold_norms).
 FOLD_NORMS_ENV = "ENGINESPEC_FOLD_NORMS"
-# "1": folded layers' fused calls take the "rscale" variants (each row's norm scale in the GEMM's
-# epilogue: fused_calls); unset or "0": they RMS-norm x with the unit weight (the "norm" variants).
-# Off by default: on an H100 (44fcb6c, benchmarks/RESULTS.md, fiftieth session) its first form
-# made the 1-, 2- and 32-row decode graphs 1-2.3% slower and the rest equal; the form since (the
-# squares from the loop's x tiles, the norm choice as its baseline, refine timing the baseline)
-# is not measured on a GPU yet.
+# Unset or "1": folded layers' fused calls take the "rscale" variants (each row's norm scale in
+# the GEMM's epilogue: fused_calls); "0": they RMS-norm x with the unit weight (the "norm"
+# variants). On by default since the fifty-second session: on an H100 (3f937ec,
+# benchmarks/RESULTS.md) the decode graphs at 1-2 rows were equal, at 4, 8 and 16 rows 2%, 7%
+# and 1% faster, at 32 rows 3% slower (still under 2x its floor), the t 0.6 workload equal.
 ROW_SCALE_ENV = "ENGINESPEC_ROW_SCALE"
 
 
@@ -239,10 +238,10 @@ class MergedLayer(nn.Module):
         names skinny_linear.py's): norm + q|k|v, o + residual, norm + gate|up + SiLU * up,
         down + residual. Folded (fold_norms), the norms' unit weights stay in the calls (the
         baseline norms with them) and the calls carry row_scale: a kernel that takes them
-        multiplies its results by each row's RMS scale instead (only with ENGINESPEC_ROW_SCALE=1:
-        off by default, benchmarks/RESULTS.md, fiftieth and fifty-first sessions)."""
+        multiplies its results by each row's RMS scale instead (ENGINESPEC_ROW_SCALE=0 turns that
+        off: benchmarks/RESULTS.md, fiftieth to fifty-second sessions)."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        scaled = self.folded and env_switch(ROW_SCALE_ENV) is True
+        scaled = self.folded and env_switch(ROW_SCALE_ENV) is not False
         norm = {"variant": "rscale", "row_scale": True} if scaled else {"variant": "norm"}
         return [
             dict(

@@ -361,14 +361,14 @@ def test_decoder_projections_go_through_the_table(impl, monkeypatch, torch_one_t
 
 
 @interpreted
-@pytest.mark.parametrize("row_scale_env", ["1", "", "0"], ids=["row-scale", "default-off", "env-off"])
+@pytest.mark.parametrize("row_scale_env", ["1", "", "0"], ids=["row-scale", "default-on", "env-off"])
 def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
     impl, monkeypatch, torch_one_thread, row_scale_env
 ):
-    """With ENGINESPEC_ROW_SCALE=1, folded layers (fold_norms) take the rscale variants: the
-    kernel chosen for them applies each row's norm scale after its dot products instead of
-    norming x first, and the hidden states equal the unfolded plain decoder's (float32). Unset
-    (the default) or 0: the norm variants. With no choice the baseline (the module's unit-weight
+    """With ENGINESPEC_ROW_SCALE unset (the default) or 1, folded layers (fold_norms) take the
+    rscale variants: the kernel chosen for them applies each row's norm scale after its dot
+    products instead of norming x first, and the hidden states equal the unfolded plain
+    decoder's (float32). 0: the norm variants. With no choice the baseline (the module's unit-weight
     norm) runs, so an untuned table computes the same too."""
     from enginespec.impls.fast.attention import FastAttention
     from enginespec.worker.merged_decoder import FOLD_NORMS_ENV, ROW_SCALE_ENV
@@ -387,7 +387,7 @@ def test_a_folded_decoder_scales_rows_in_the_gemm_epilogue(
         monkeypatch.setattr(layer, "linear", torch.ops.enginespec.linear)
         monkeypatch.setattr(layer, "fused_linear", torch.ops.enginespec.fused_linear)
     got = _prefill(model, impl, 11)
-    norm = "rscale" if row_scale_env == "1" else "norm"
+    norm = "norm" if row_scale_env == "0" else "rscale"
     assert calls == [norm, "residual", f"{norm}_silu", "residual"] * len(layers)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert not table.buffers.counts.any()
@@ -467,7 +467,7 @@ def test_install_measures_every_projection_on_cuda(impl):
     layers = model.merged.layers
     table = skinny_ops.install(model.merged, "cuda", max_rows=8)
     # the variants the layers call (a row-scale call's baseline is its norm variant's choice);
-    # the row-scale ones only for folded layers with ENGINESPEC_ROW_SCALE=1
+    # the row-scale ones only for folded layers (ENGINESPEC_ROW_SCALE=0 turns them off)
     called = {"plain", "silu"} | {call["variant"] for layer in layers for call in layer.fused_calls()}
     called |= {"norm" + v[6:] for v in called if v.startswith("rscale")}
     assert {"plain", "silu", "norm", "norm_silu", "residual"} <= called
@@ -629,7 +629,7 @@ def test_a_row_scale_call_without_a_kernel_pick_runs_the_norm_variant_s_choice(m
     runs what the layer ran unfolded: the norm variant's choice, one fused launch with the
     norm's unit weight. It had run the norm variant's own baseline instead (an RMSNorm launch,
     then the plain choice): one launch more a call, which made the one-row decode graph 14%
-    slower on an H100 with ENGINESPEC_ROW_SCALE=1 (benchmarks/RESULTS.md, fifty-first session),
+    slower on an H100 with the row scale on (benchmarks/RESULTS.md, fifty-first session),
     though the tuning had timed the norm choice as the row-scale baseline."""
     import enginespec.kernels.skinny_gemm as sg
 
