@@ -914,6 +914,7 @@ class EngineCore:
         """Build, execute, sample and update one non-empty step (resolving the previous step's
         placeholders once this step is launched)."""
         output, previous = state.output, state.previous
+        self._record_admissions(output)
         drafts = self.spec.scheduled_drafts(output) if self.spec is not None else None
         with self._phase("prepare"):
             batch = self.runner.prepare(output, self.block_manager)
@@ -978,6 +979,18 @@ class EngineCore:
             self._apply_update(update, logprobs, changed)
         self._count_step(output, batch, wait, state.computed, kept=cut)
 
+    def _record_admissions(self, output) -> None:
+        """Each scheduled request without a high-water mark is at its first admission (a
+        preemption and re-admission, which sets request.num_cached_tokens again, records
+        nothing): _record_admission, and a mark of 0 (nothing computed yet). Before the step
+        samples, so the sample's num_cached_tokens is known when its first token is applied
+        (OutputProcessor counts its prompt then, vllm:prompt_tokens_cached): recorded after
+        the update, as it was, a serial step counted a prompt the cache served as computed."""
+        for request, _ in output.scheduled:
+            if request.request_id not in self._high_water:
+                self._record_admission(request)
+                self._high_water[request.request_id] = 0
+
     def _record_admission(self, request) -> None:
         """A request's first admission (its first scheduled step): the prefix-cache hit goes on
         its sample (RequestOutput.num_cached_tokens) and into the prefix-cache counters, as vLLM
@@ -995,16 +1008,12 @@ class EngineCore:
     def _count_step(self, output, batch, wait: float, computed: dict, kept=None) -> None:
         """Step counters. `kept` (a speculative step's output cut back to its accepted tokens)
         sets the high-water mark, so re-running a rejected draft's position is not a recompute.
-        A request's first step (no high-water mark yet) is its first admission (_record_admission:
-        a preemption and re-admission, which sets request.num_cached_tokens again, records nothing)."""
+        The step's first admissions were recorded before it sampled (_record_admissions)."""
         self.stats.num_steps += 1
         self.stats.num_scheduled_tokens += output.num_scheduled_tokens
         for request, num in (kept or output).scheduled:  # recompute: positions below the high-water mark
             rid, start = request.request_id, computed[request.request_id]
-            seen = self._high_water.get(rid)
-            if seen is None:
-                seen = 0
-                self._record_admission(request)
+            seen = self._high_water.get(rid, 0)
             self.stats.num_recomputed_tokens += max(0, min(start + num, seen) - start)
             self._high_water[rid] = max(seen, start + num)
         if self.stats.step_trace is not None:

@@ -169,3 +169,43 @@ def test_get_metrics_splits_the_prompt_tokens_by_source():
     assert by_source == {"local_compute": 10, "local_cache_hit": 8, "external_kv_transfer": 0}
     counters = _counters(llm)
     assert counters[("vllm:prompt_tokens_cached", None)] == 8 and counters[("vllm:prompt_tokens", None)] == 18
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_prompt_tokens_cached_counts_what_the_prefix_cache_served_in_every_step_mode(
+    async_scheduling, preemption_mode
+):
+    """vllm:prompt_tokens_cached counts each sample's num_cached_tokens with its prompt, so once
+    every sample has drawn a token it equals vllm:prefix_cache_hits (no prompt_logprobs here).
+    A serial step (async_scheduling=False, or an async step the sampler cannot defer) applied
+    its first token before the admission recorded the sample's num_cached_tokens, so a prompt
+    the cache served whole in one step was counted as computed: 0 cached tokens while
+    prefix_cache_hits said 8. The same holds when a small pool keeps preempting n=2 siblings,
+    whose second sample finds the first one's prompt blocks."""
+    prompt = {"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12, 13]}
+    llm = _llm(async_scheduling=async_scheduling, block_size=4)
+    for _ in range(2):
+        llm.generate(prompt, GREEDY, use_tqdm=False)
+    counters = _counters(llm)
+    assert counters[("vllm:prefix_cache_hits", None)] == 8
+    assert counters[("vllm:prompt_tokens_cached", None)] == 8
+
+    tight = LLM(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_gpu_blocks_override=12,
+        max_model_len=64,
+        async_scheduling=async_scheduling,
+        preemption_mode=preemption_mode,
+    )
+    prompts = [{"prompt_token_ids": [10 + i] + [20 + (7 * i + j) % 70 for j in range(10)]} for i in range(6)]
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, n=2)
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    counters = _counters(tight)
+    assert counters[("vllm:num_preemptions", None)] > 0  # the premise: the pool is too small
+    assert all(len(c.token_ids) == 14 for o in outs for c in o.outputs)
+    assert counters[("vllm:prefix_cache_hits", None)] == 6 * 8  # each second sample: two blocks
+    assert counters[("vllm:prompt_tokens_cached", None)] == 6 * 8
