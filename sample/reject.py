@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from enginespec.sample.draw import CHUNK, chunk_weights, pick_tokens
+from enginespec.sample.draw import chunk_size, chunk_weights, pick_tokens
 from enginespec.sample.rng import round_uniforms
 
 MAX_ROUNDS = 4096  # a bound the rounds never reach in practice (each removes a tie group or more)
@@ -43,6 +43,7 @@ MAX_ROUNDS = 4096  # a bound the rounds never reach in practice (each removes a 
 def above_and_total(x: torch.Tensor, x_scale: torch.Tensor, pivot: torch.Tensor, chunk: int):
     """(A [R], total [R]) of rows x [R, V]: the tempered mass (weights exp2((x - chunk max) *
     x_scale), rescaled to the row max) of the tokens with x > pivot [R], and of every token."""
+    chunk = chunk_size(chunk, x.shape[1])
     tops, weights = chunk_weights(x, x_scale, None, chunk)
     row_max = tops.amax(dim=1, keepdim=True)
     shift = torch.where(row_max > float("-inf"), row_max, torch.zeros_like(row_max))
@@ -65,7 +66,7 @@ def refine_top_p(
     """Rounds 1.. of the module's rejection for rows x [R, V] float32 (the logits the draw read,
     edits applied), x_scale [R], top_p [R] float32, their resolved keys (non-negative ints) and
     round 0's tokens [R] int64 (the uncut draw). Returns the accepted tokens, int64 [R]."""
-    chunk = chunk or CHUNK
+    chunk = chunk_size(chunk, x.shape[1])
     rows = torch.arange(x.shape[0], device=x.device)
     tokens = tokens.clone()
     done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)

@@ -17,7 +17,7 @@ import torch
 from enginespec.kernels import sampling as sampling_kernels
 from enginespec.sample.draw import draw_torch
 from enginespec.sample.reject import above_and_total, refine_top_p
-from enginespec.sample.rng import draw_uniforms, round_uniforms
+from enginespec.sample.rng import draw_uniforms, round_uniforms, row_key
 from enginespec.sample.truncation import CutPlan, exact_thresholds
 
 LOG2E = 1.4426950408889634
@@ -157,3 +157,24 @@ def test_redraw_above_the_pivot_skips_the_pivot_and_its_ties():
         assert out.item() == 5, target
     pick[(1,)](x, out, 4.0, 0.0, 8, STRICT=False)
     assert out.item() == 1, "without STRICT the pivot's ties carry weight"
+
+
+def test_a_row_shorter_than_a_chunk_draws_what_it_draws_padded_to_one():
+    """A row of fewer tokens than CHUNK is drawn as one chunk of its own length
+    (`draw.chunk_size`), not padded to CHUNK columns: the same tokens as the padded row (its
+    padding is -inf, weight 0), both for the draw (greedy, cut and seeded rows) and for the
+    rejection rounds of top-p rows."""
+    from enginespec.sample.draw import CHUNK
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 96, generator=gen) * 2
+    padded = torch.nn.functional.pad(x, (0, CHUNK - 96), value=float("-inf"))
+    scale = torch.full((64,), LOG2E / 0.9)
+    thr = torch.where(torch.arange(64) % 3 == 0, torch.tensor(float("-inf")), x.topk(7, dim=1).values[:, -1])
+    keys, noisy = [row_key(i, 0) for i in range(64)], [i % 5 != 0 for i in range(64)]
+    drawn = draw_torch(x, scale, thr, keys, noisy)
+    assert torch.equal(drawn, draw_torch(padded, scale, thr, keys, noisy))
+    top_p = torch.full((64,), 0.5)
+    refined = refine_top_p(x, scale, top_p, keys, _round0(x, scale, keys, 0))
+    assert torch.equal(refined, refine_top_p(padded, scale, top_p, keys, _round0(padded, scale, keys, CHUNK)))
+    assert len(set(refined.tolist())) > 10, "the rows must draw many tokens for the test to mean anything"
