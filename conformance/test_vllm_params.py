@@ -464,14 +464,16 @@ def test_min_tokens_over_allowed_ids_that_all_stop_is_refused_naming_both(impl):
     for params in (
         SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[eos]),
         SamplingParams(max_tokens=4, min_tokens=1, allowed_token_ids=[7, 9], stop_token_ids=[7, 9]),
+        # min_tokens bans the EOS under ignore_eos too (vLLM's rule), so nothing is left there either
+        SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos], ignore_eos=True),
     ):
         with pytest.raises(ValueError, match=r"allowed_token_ids.*min_tokens \(\d\)"):
             _one(llm, params)
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
-    # still fine: a non-stop id allowed beside them, the EOS allowed under ignore_eos, no min_tokens
+    # still fine: a non-stop id allowed beside them, the EOS alone without min_tokens
     fine = [
         SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos, 9], temperature=0.0),
-        SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos], ignore_eos=True),
+        SamplingParams(max_tokens=3, allowed_token_ids=[eos], ignore_eos=True),
         SamplingParams(max_tokens=3, allowed_token_ids=[eos]),
     ]
     assert _one(llm, fine[0]).token_ids[:2] == [9, 9]

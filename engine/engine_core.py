@@ -1468,20 +1468,20 @@ def _check_pool_holds_a_request(num_blocks: int, block_size: int) -> None:
 
 def _check_min_tokens_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:
     """A ValueError where min_tokens bans every id allowed_token_ids allows: while fewer than
-    min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further EOS ids, and the
-    EOS unless ignore_eos) are -inf (sample.penalties.apply_min_tokens), so a row whose allowed
-    ids are all stop ids has nothing left to draw, and the sampler drew token 0, an id the
+    min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further EOS ids) and the
+    EOS, under ignore_eos too, are -inf (sample.penalties.min_tokens_ids), so a row whose allowed
+    ids are all among them has nothing left to draw, and the sampler drew token 0, an id the
     request never allowed. (Structured outputs keep their own rule there: the grammar wins and
     the request ends "stop"; not before a start marker, where no grammar masks the row.)"""
     allowed, so = params.allowed_token_ids, params.structured_outputs
     if params.min_tokens < 1 or not allowed or (so is not None and so.start_after_token_ids is None):
         return
     stops = {*params.stop_token_ids, *extra_stops}
-    if eos is not None and not params.ignore_eos:
+    if eos is not None:
         stops.add(eos)
     if set(allowed) <= stops:
         raise ValueError(
-            f"allowed_token_ids {list(allowed)} are all stop ids, which min_tokens "
+            f"allowed_token_ids {list(allowed)} are all stop ids or the EOS, which min_tokens "
             f"({params.min_tokens}) bans until that many tokens are out: no token could be sampled; "
             f"allow a token that does not stop the request, or lower min_tokens"
         )

@@ -25,9 +25,9 @@ from enginespec.sample.penalties import (
     _UNSET,
     banned_tokens,
     bans_read_outputs,
+    min_tokens_ids,
     penalize_rows,
     penalty_columns,
-    stop_ids_to_mask,
     upload,
     upload_packed,
 )
@@ -57,7 +57,7 @@ class EditPlan:
         self.min_rows = [i for i, p in enumerate(params) if p.min_tokens > 0]
         self.min_tokens = np.array([params[i].min_tokens for i in self.min_rows], dtype=np.int64)
         stops = [
-            (j, i, t) for j, i in enumerate(self.min_rows) for t in stop_ids_to_mask(requests[i]) if t < vocab
+            (j, i, t) for j, i in enumerate(self.min_rows) for t in min_tokens_ids(requests[i]) if t < vocab
         ]
         # one-token bad words ban their token at every step (penalties.bans_read_outputs):
         # their (row, token) pairs travel once with the plan; longer words are worked out per step
@@ -141,7 +141,7 @@ class EditPlan:
             x.index_put_((index[0], index[1]), x.new_full((), NEG_INF))
 
     def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
-        """Stop ids (and EOS unless ignore_eos) at -inf on rows still below min_tokens; which
+        """Stop ids and EOS (`min_tokens_ids`) at -inf on rows still below min_tokens; which
         rows those are is this step's one small upload."""
         num_out = np.fromiter(
             (requests[i].num_output_tokens for i in self.min_rows), dtype=np.int64, count=len(self.min_rows)

@@ -80,8 +80,20 @@ def stop_ids_to_mask(request) -> list[int]:
     return ids
 
 
+def min_tokens_ids(request) -> list[int]:
+    """Token ids min_tokens bans until that many tokens are out: its stop_token_ids and the EOS,
+    under ignore_eos too. vLLM's rule ("before EOS or stop_token_ids can be generated"): its
+    MinTokensLogitsProcessor masks `all_stop_token_ids`, to which the engine adds the EOS of
+    every request. Leaving the EOS free under ignore_eos drew it at those positions, where
+    vLLM never does."""
+    ids = list(request.params.stop_token_ids)
+    if request.eos_token_id is not None and request.eos_token_id not in ids:
+        ids.append(request.eos_token_id)
+    return ids
+
+
 def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
-    """While num_output_tokens < min_tokens, stop tokens (and EOS unless ignore_eos) are -inf.
+    """While num_output_tokens < min_tokens, the stop ids and EOS (`min_tokens_ids`) are -inf.
 
     Except on a structured-outputs row whose grammar allows nothing but a stop token (its
     value is complete: the grammar's mask, applied before, left only stop tokens finite): there
@@ -92,7 +104,7 @@ def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
     vocab = logits.shape[1]
     for i, r in enumerate(requests):
         if r.num_output_tokens < r.params.min_tokens:
-            ids = [t for t in stop_ids_to_mask(r) if t < vocab]
+            ids = [t for t in min_tokens_ids(r) if t < vocab]
             rows.extend([i] * len(ids))
             cols.extend(ids)
             if ids and getattr(r.params, "structured_outputs", None) is not None:

@@ -48,8 +48,8 @@ unseeded rows too, as both advance the generator once per call with a random row
 
 Temperatures below GREEDY_EPS count as greedy (vLLM's _SAMPLING_EPS, the same 1e-5; newer vLLM
 also raises a temperature in (0, 0.01) to 0.01 with a warning: here it is used as given); a
-min_tokens mask covers stop_token_ids and EOS unless ignore_eos (then EOS stops nothing and is
-left alone). Tokens tied with a top-k / top-p / min-p threshold are all kept.
+min_tokens mask covers stop_token_ids and EOS, under ignore_eos too (vLLM's rule: its min_tokens
+processor masks all_stop_token_ids, which always hold the EOS). Tokens tied with a top-k / top-p / min-p threshold are all kept.
 
 Logprobs are of the RAW distribution: log_softmax of the model's logits before any edit,
 temperature or cut (vLLM V1's default "raw_logprobs"), so a token's reported logprob does not

@@ -140,8 +140,8 @@ def reference_edit(logits: torch.Tensor, req) -> torch.Tensor:
         *head, last = word
         if len(head) <= len(history) and history[len(history) - len(head) :] == head:
             x[last] = -math.inf
-    if req.num_output_tokens < p.min_tokens:
-        stops = set(p.stop_token_ids) | ({req.eos_token_id} if not p.ignore_eos else set())
+    if req.num_output_tokens < p.min_tokens:  # the EOS too, under ignore_eos (vLLM's rule)
+        stops = set(p.stop_token_ids) | {req.eos_token_id}
         x = [-math.inf if t in stops else v for t, v in enumerate(x)]
     for t, b in (p.logit_bias or {}).items():
         x[t] += b
@@ -446,8 +446,29 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(impl):
     for n_out, want in ((0, 2), (2, 2), (3, 5)):
         req = make_request(impl, params, outputs=[4] * n_out)
         assert sampler(logits, [req]).token_ids == [want], n_out
-    ignoring = make_request(impl, SamplingParams(temperature=0.0, min_tokens=3, ignore_eos=True))
-    assert sampler(logits, [ignoring]).token_ids == [5]  # EOS stops nothing, so it is not masked
+
+
+@pytest.mark.parametrize("path", ["serial", "deferred"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "random"])
+def test_min_tokens_masks_eos_under_ignore_eos_too(impl, path, temperature):
+    """vLLM's min_tokens bans the EOS until min_tokens are out whether or not it stops the
+    request: its MinTokensLogitsProcessor masks all_stop_token_ids, to which the engine adds
+    every request's EOS. Under ignore_eos the EOS was left free and drawn there (here it is the
+    likeliest token: greedy rows took it, random rows drew it half the time), on both paths."""
+    logits = torch.tensor([0.0, 9.0, 1.0, 0.0, 0.0, 10.0])  # EOS=5 best, stop id 1 second
+    params = SamplingParams(temperature=temperature, min_tokens=3, ignore_eos=True, stop_token_ids=(1,))
+    sampler, draws = Sampler(6, seed=0), 200
+    for n_out in (0, 2, 3):
+        reqs = [make_request(impl, params, outputs=[4] * n_out, rid=f"r{i}") for i in range(draws)]
+        rows = logits.expand(draws, -1).contiguous()
+        if path == "serial":
+            drawn = set(sampler(rows, reqs).token_ids)
+        else:
+            drawn = set(sampler.sample_deferred(rows, reqs).token_ids.tolist())
+        if n_out < 3:
+            assert not drawn & {1, 5}, f"{n_out} tokens out: drew {drawn}"
+        else:
+            assert 5 in drawn, f"min_tokens reached: the EOS is free again, drew {drawn}"
 
 
 def test_allowed_token_ids_restrict_random_and_greedy(impl):
