@@ -21,6 +21,7 @@ import torch
 from enginespec.sample.rng import row_key, seeded_uniform
 from enginespec.sample.sampler import SPEC_CACHE_CALLS, Sampler, edit_logits, prompt_logprobs
 from enginespec.spec import SamplingParams
+from enginespec.testing.stats import chi2_sf, gamma_q
 
 ALPHA = 1e-3
 N_DRAWS = 20000
@@ -29,48 +30,6 @@ EOS = 5
 
 
 # ---------------------------------------------------------------- chi-square without scipy
-
-
-def _gamma_q(a: float, x: float) -> float:
-    """Regularised upper incomplete gamma Q(a, x): a series for P when x < a + 1, else a
-    Lentz continued fraction for Q. Accurate to ~1e-12, plenty for a p-value against 1e-3."""
-    if x <= 0:
-        return 1.0
-    log_pre = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1:
-        term = total = 1.0 / a
-        n = a
-        while abs(term) > 1e-15 * abs(total):
-            n += 1
-            term *= x / n
-            total += term
-        return 1.0 - total * math.exp(log_pre)
-    tiny = 1e-300
-    b = x + 1 - a
-    c, d = 1 / tiny, 1 / b
-    h = d
-    for i in range(1, 10000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return h * math.exp(log_pre)
-
-
-def chi2_sf(stat: float, dof: int) -> float:
-    """Survival function of the chi-square distribution (scipy's when installed)."""
-    try:
-        from scipy.stats import chi2
-
-        return float(chi2.sf(stat, dof))
-    except ImportError:
-        return _gamma_q(dof / 2, stat / 2)
 
 
 def _pool(expected: torch.Tensor, observed: torch.Tensor, minimum: float = 5.0):
@@ -113,9 +72,9 @@ def assert_matches(counts: torch.Tensor, probs: torch.Tensor) -> None:
 def test_chi2_sf_matches_known_values():
     # chi2.sf(x, k) for k=2 is exp(-x/2) exactly; k=1 is erfc(sqrt(x/2)).
     for x in (0.1, 1.0, 5.0, 20.0):
-        assert math.isclose(_gamma_q(1.0, x / 2), math.exp(-x / 2), rel_tol=1e-9)
-        assert math.isclose(_gamma_q(0.5, x / 2), math.erfc(math.sqrt(x / 2)), rel_tol=1e-9)
-    assert math.isclose(_gamma_q(5.0, 4.0), 0.6288369351798734, rel_tol=1e-9)
+        assert math.isclose(gamma_q(1.0, x / 2), math.exp(-x / 2), rel_tol=1e-9)
+        assert math.isclose(gamma_q(0.5, x / 2), math.erfc(math.sqrt(x / 2)), rel_tol=1e-9)
+    assert math.isclose(gamma_q(5.0, 4.0), 0.6288369351798734, rel_tol=1e-9)
 
 
 def test_chi2_check_rejects_a_wrong_distribution():
