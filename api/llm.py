@@ -25,6 +25,10 @@ stream() on one LLM, and a half-read stream() may be followed by generate() in t
 each call sees all of its own outputs (intermediate cumulative outputs of a stream may be
 skipped while another call steps the engine with final_only, never the final one). Any
 BaseException (KeyboardInterrupt included) while adding or stepping aborts this call's requests.
+A Ctrl-C never lands inside an engine call (interrupts.py): one arriving meanwhile is raised as
+KeyboardInterrupt when the call (a step, an add, an abort) has ended and its outputs are routed,
+so the scheduler and block pool are always whole when the interrupted call releases its
+requests; a second Ctrl-C inside the same engine call stops it at once and retires the LLM.
 A release that re-enters from inside a step on the stepping thread (a half-read stream() in a
 reference cycle, finalized by the cyclic garbage collector mid-step) is deferred to the step's
 end: aborting requests of the batch being stepped would fail the whole step.
@@ -62,6 +66,7 @@ from enginespec.chat_utils import render_chat
 from enginespec.engine.engine_core import EngineCore
 from enginespec.engine_args import EngineArgs
 from enginespec.inputs import PromptType
+from enginespec.interrupts import Critical, hold_interrupts
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.profiler import Profiler
 from enginespec.spec import RequestOutputKind, SamplingParams
@@ -83,7 +88,10 @@ class _Front:
     it); `deferred` holds the ids released meanwhile, released when the step ends. `direct`:
     the live requests added through an LLMEngine (llm_engine.py), each with its OutputView
     (None: cumulative, handed over as built); they are in `owned` too, so a call's step mails
-    their outputs, until LLMEngine.step hands over their final one."""
+    their outputs, until LLMEngine.step hands over their final one. `critical`: the section
+    every call into the engine runs in (interrupts.py: a Ctrl-C is held until it ends);
+    `broken`: why the engine can no longer be trusted (a second Ctrl-C was forced through a
+    section), refused by every later call."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     ids: Iterator[int] = field(default_factory=itertools.count)
@@ -93,6 +101,19 @@ class _Front:
     stepping: bool = False
     deferred: set[str] = field(default_factory=set)
     direct: dict[str, Optional[OutputView]] = field(default_factory=dict)
+    broken: Optional[str] = None
+    critical: Critical = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.critical = Critical(self._forced)
+
+    def _forced(self, exc: Optional[BaseException]) -> None:
+        self.broken = (
+            "this LLM was interrupted twice inside one engine call (the second Ctrl-C stopped it "
+            "midway), so its engine's state is unknown: build a new LLM to generate again"
+        )
+        if exc is not None and hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"enginespec: {self.broken}")
 
 
 _FRONTS: "weakref.WeakKeyDictionary[EngineCore, _Front]" = weakref.WeakKeyDictionary()
@@ -155,6 +176,8 @@ class LLM:
                 "this LLM is closed (LLM.close() was called, or its `with` block ended): "
                 "build a new LLM to generate again"
             )
+        if self._front.broken:
+            raise RuntimeError(self._front.broken)
 
     def __enter__(self) -> "LLM":
         return self
@@ -188,7 +211,7 @@ class LLM:
         or close those first. Under the engine lock, so never in the middle of a step.
         reset_running_requests: vLLM's keyword, False only (check_reset_running)."""
         check_reset_running(reset_running_requests)
-        with self._lock:
+        with self._lock, self._front.critical:
             self._check_open()
             return self.engine.reset_prefix_cache()
 
@@ -248,7 +271,7 @@ class LLM:
         holds is a ValueError raised before that (so the release cannot abort the holder)."""
         text, ids = self._to_ids(prompt)
         salt = _cache_key(prompt)
-        with self._lock:
+        with self._lock, self._front.critical:
             self._check_open()
             if request_id is None:
                 request_id = self._fresh_id()
@@ -282,7 +305,7 @@ class LLM:
         never touched: a finished call's late release (generate's and stream's on the way out,
         after their step loop freed the ids) may find one of its ids taken by another thread's
         LLMEngine.add_request by then; LLMEngine takes its own ids out of `direct` first."""
-        with self._lock:
+        with self._lock, self._front.critical:
             ids = [request_id for request_id in ids if request_id not in self._front.direct]
             if self._front.stepping:
                 self._front.deferred.update(ids)
@@ -307,8 +330,15 @@ class LLM:
         `priority` other than 0 needs scheduling_policy="priority" (a ValueError otherwise).
         use_tqdm: the progress bar over finished prompts; a callable is called in tqdm's place
         with vLLM's keyword arguments (_progress_bar; e.g. functools.partial(tqdm, file=f)).
-        lora_request: vLLM's keyword, None only (check_lora_request)."""
-        ids = self._add(prompts, sampling_params, priority, lora_request)
+        lora_request: vLLM's keyword, None only (check_lora_request). A Ctrl-C during an
+        engine step raises KeyboardInterrupt once the step has ended (interrupts.py), and any
+        exception aborts this call's requests."""
+        with hold_interrupts():  # one handler for the whole call: its steps' sections only count
+            ids = self._add(prompts, sampling_params, priority, lora_request)
+            return self._generate(ids, use_tqdm)
+
+    def _generate(self, ids: list[str], use_tqdm) -> list[RequestOutput]:
+        """generate()'s loop over its added requests `ids`; they are released on the way out."""
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0
         bar = None
@@ -368,8 +398,9 @@ class LLM:
 
     def _next(self, live: set[str], final_only: bool) -> list[RequestOutput]:
         """This call's outputs: its mail if any, else one engine step (under the lock; the
-        step's outputs for other calls' requests go to their mail)."""
-        with self._lock:
+        step's outputs for other calls' requests go to their mail). A Ctrl-C during it is
+        raised once they are routed (interrupts.py)."""
+        with self._lock, self._front.critical:
             self._check_open()
             outs = [self._mail.pop(rid) for rid in sorted(live) if rid in self._mail]
             if outs:

@@ -91,11 +91,14 @@ class LLMEngine:
         with llm._lock:  # reentrant: _add_one takes it again; `direct` is set in the same hold
             added: list[str] = []
             try:
-                llm._add_one(prompt, params, priority, added, request_id, arrival)
-            except BaseException:
+                with llm._front.critical:  # a Ctrl-C meanwhile comes after `direct` is set
+                    llm._add_one(prompt, params, priority, added, request_id, arrival)
+                    llm._front.direct[request_id] = view
+            except BaseException:  # nothing stays queued, a KeyboardInterrupt's add included
+                if added:  # (else the id may be another request's, in use)
+                    llm._front.direct.pop(request_id, None)
                 llm._release(added)
                 raise
-            llm._front.direct[request_id] = view
 
     def step(self) -> list[RequestOutput]:
         """One engine step (none while the engine is idle); the outputs of this engine's
@@ -103,12 +106,18 @@ class LLMEngine:
         llm, front = self._llm, self._llm._front
         with llm._lock:
             llm._check_open()
-            # the step first: one that raises (a KeyboardInterrupt the engine re-raises) leaves
-            # the mail where it is, for the next step() (taken before, a final output was lost)
-            stepped = llm._step_routed(front.direct, final_only=False) if llm.engine.has_unfinished else []
-            found = {rid: front.mail.pop(rid) for rid in list(front.direct) if rid in front.mail}
-            found.update((out.request_id, out) for out in stepped)  # newer than its mail
-            return [shown for out in found.values() if (shown := self._deliver(out)) is not None]
+            if llm.engine.has_unfinished:
+                # every output goes to the mail first, this engine's too, and is taken after: a
+                # step that raises, or a Ctrl-C held until its end (interrupts.py), leaves them
+                # there for the next step() (returned from the step, they were lost with it)
+                with front.critical:
+                    llm._step_routed((), final_only=False)
+            # taking them is a section too: a Ctrl-C here loses what this call would return,
+            # as one right after it would, but never leaves a request half delivered (its
+            # final output gone, its id still unfinished: the caller's loop spun forever)
+            with front.critical:
+                found = [front.mail.pop(rid) for rid in list(front.direct) if rid in front.mail]
+                return [shown for out in found if (shown := self._deliver(out)) is not None]
 
     def _deliver(self, out: RequestOutput) -> Optional[RequestOutput]:
         """`out` as its request's output_kind shows it (None: nothing to show); a finished

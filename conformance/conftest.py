@@ -6,6 +6,7 @@ stops here with one error naming the extra (each module's import error would not
 import pytest
 
 from enginespec.testing.fixtures import (  # noqa: F401 - fixtures
+    ctrl_c,
     enginespec_cache,
     release_cuda_cache,
     tiny_checkpoint_root,

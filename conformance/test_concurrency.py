@@ -149,3 +149,37 @@ def test_keyboard_interrupt_in_a_generate_step_aborts_its_requests(impl):
         llm.engine.step()
     check_clean(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+
+
+@pytest.mark.parametrize(
+    "method, nth", [("cache_full_blocks", 1), ("allocate_slots", 3), ("find_cached_prefix", 3)]
+)
+def test_a_ctrl_c_inside_the_scheduler_interrupts_generate_once_the_step_ends(impl, ctrl_c, method, nth):
+    """A Ctrl-C that lands while schedule() is midway (here just after a block-manager call
+    returned, before the scheduler recorded it) used to raise KeyboardInterrupt right there:
+    blocks published for a forward that never ran kept their hashes, and once generate()
+    aborted its requests the next generate() of the same prompts adopted them, KV never
+    written, and answered other tokens than a fresh LLM. The LLM holds the signal until the
+    step has ended: the KeyboardInterrupt still ends the call, and leaves nothing behind."""
+    llm = make_llm(impl)
+    expected = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    assert llm.reset_prefix_cache()  # as fresh as a new LLM: nothing cached
+    block_manager = llm.engine.block_manager
+    call, calls = getattr(block_manager, method), {"n": 0}
+
+    def then_ctrl_c(*args, **kwargs):
+        result = call(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == nth:
+            ctrl_c()
+        return result
+
+    setattr(block_manager, method, then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        setattr(block_manager, method, call)
+    check_clean(llm)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    check_clean(llm)

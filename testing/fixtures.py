@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 
 import pytest
@@ -61,6 +62,19 @@ def release_cuda_cache():
     if torch.cuda.memory_reserved() > CUDA_CACHE_RELEASE_BYTES:
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt, as in a terminal (a test runner's worker may ignore
+    it); the handler before is restored after. Yields the function that delivers one Ctrl-C
+    to this process now: Python runs the handler at once, on the main thread, at the line
+    that called it, as it would where a real Ctrl-C landed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield lambda: signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _env_folder(tmp_path_factory, name: str, folder: str):

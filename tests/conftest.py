@@ -3,6 +3,7 @@
 import signal
 
 from enginespec.testing.fixtures import (  # noqa: F401 - fixtures
+    ctrl_c,
     enginespec_cache,
     release_cuda_cache,
     tiny_checkpoint_root,

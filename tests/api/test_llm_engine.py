@@ -229,6 +229,35 @@ def test_an_interrupted_step_keeps_the_outputs_generate_mailed_to_the_loop():
     check_clean(engine)
 
 
+def test_a_ctrl_c_inside_a_step_of_the_loop_is_raised_after_it_and_the_loop_goes_on(ctrl_c):
+    """A Ctrl-C that lands inside a step() (here just after the scheduler freed the blocks of
+    a request that finished, before it had updated the others) raised KeyboardInterrupt right
+    there: the engine's clean-up failed the step's other requests (finish_reason "error",
+    though their forward had run) and a loop that went on got those. Now the step runs to its
+    end, its outputs wait in the mail, and the KeyboardInterrupt comes after: a loop that goes
+    on gets every request's output as generate() gives it."""
+    prompts = [[7, 8, 9, 10, 3], [11, 5, 6, 2], [12, 13, 4, 5, 6, 7]]
+    want = [completions(out) for out in make_llm().generate(prompts, GREEDY, use_tqdm=False)]
+    llm = make_llm()
+    engine = llm.llm_engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, GREEDY)
+    block_manager = llm.engine.block_manager
+    free = block_manager.free
+
+    def then_ctrl_c(request):
+        free(request)
+        block_manager.free = free
+        ctrl_c()
+
+    block_manager.free = then_ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(engine)
+    seen = run_to_end(engine)  # the script goes on with its loop
+    assert [completions(seen[str(i)][-1]) for i in range(len(prompts))] == want
+    check_clean(engine)
+
+
 def test_a_generate_that_ends_as_the_loop_reuses_its_id_leaves_the_loops_request_alone():
     """generate() releases its ids once more on the way out (a no-op for finished requests),
     after its step loop has freed them: another thread's LLMEngine.add_request may take one of

@@ -1,0 +1,189 @@
+"""Ctrl-C and the LLM (api/interrupts.py): a SIGINT inside an engine call is held until the call
+ends, a second one is forced through and retires the LLM, SIGINT's handler is what it was
+after every call, and a KeyboardInterrupt raised by the caller's own code mid-call (a progress
+bar, a stream's consumer) ends generate(), chat() and beam_search() with nothing left behind:
+the same LLM then answers what a fresh one answers."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from enginespec.beam_search import BeamSearchParams
+from enginespec.conformance.invariants import check_idle
+from enginespec.interrupts import HELD_NOTE, Critical, hold_interrupts
+from enginespec.llm import LLM
+from enginespec.spec import SamplingParams
+from enginespec.testing.checkpoints import tiny_model_dir
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+PROMPTS = [[7, 8, 9, 10, 3], [11, 5, 6, 2], [12, 13, 4, 5, 6, 7], [9, 9, 8, 30, 31]]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+BEAMS = BeamSearchParams(beam_width=2, max_tokens=3)
+
+
+def make_llm() -> LLM:
+    return LLM(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=48,
+        max_num_seqs=2,
+    )
+
+
+def tokens(outs) -> list:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def check_clean(llm: LLM) -> None:
+    engine = llm.engine
+    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert not llm._mail and not llm._owned
+
+
+def test_a_ctrl_c_inside_a_section_is_raised_when_it_ends(ctrl_c):
+    forced = []
+    reached = []
+    with pytest.raises(KeyboardInterrupt) as info:
+        with Critical(forced.append):
+            ctrl_c()
+            reached.append("the rest of the engine call")
+    assert reached and not forced
+    assert HELD_NOTE in getattr(info.value, "__notes__", [HELD_NOTE])  # notes: Python 3.11+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_inside_a_section_is_forced_through_and_reported(ctrl_c):
+    forced = []
+    reached = []
+    with pytest.raises(KeyboardInterrupt) as info:
+        with hold_interrupts(), Critical(forced.append):
+            ctrl_c()
+            reached.append("after the first")
+            ctrl_c()
+            reached.append("after the second")
+    assert reached == ["after the first"] and forced == [info.value]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_outside_a_section_a_ctrl_c_raises_at_once_and_an_ignored_one_stays_ignored(ctrl_c):
+    with pytest.raises(KeyboardInterrupt):
+        with hold_interrupts():
+            ctrl_c()
+            pytest.fail("a Ctrl-C outside an engine call must raise where it lands")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with Critical(lambda exc: None):
+        ctrl_c()  # SIG_IGN: nothing to hold, nothing raised
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_second_ctrl_c_inside_a_step_retires_the_llm(ctrl_c):
+    """The second Ctrl-C stops the step midway (a step that never ends stays interruptible),
+    so nothing vouches for the engine's structures after it: every later call is a
+    RuntimeError saying so, and close() still ends the LLM."""
+    llm = make_llm()
+    block_manager = llm.engine.block_manager
+    allocate = block_manager.allocate_slots
+
+    def twice(*args, **kwargs):
+        block_manager.allocate_slots = allocate
+        ctrl_c()
+        ctrl_c()
+        return allocate(*args, **kwargs)
+
+    block_manager.allocate_slots = twice
+    with pytest.raises(KeyboardInterrupt) as info:
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert any(
+        "interrupted twice" in note for note in getattr(info.value, "__notes__", ["interrupted twice"])
+    )
+    with pytest.raises(RuntimeError, match="interrupted twice inside one engine call"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class InterruptingBar:
+    """A use_tqdm callable's bar whose update() raises KeyboardInterrupt at the `at`-th
+    finished prompt, as a Ctrl-C landing in the caller's progress bar does."""
+
+    def __init__(self, at: int, **_):
+        self.done, self.at = 0, at
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.done >= self.at:
+            raise KeyboardInterrupt("Ctrl-C in the progress bar")
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_interrupt_from_the_callers_own_code_leaves_an_llm_that_answers_as_a_fresh_one():
+    """generate(), chat() and a stream() consumer each stopped midway by a KeyboardInterrupt
+    of the caller's (its progress bar, its loop body), with two of four prompts finished and
+    two running: the KeyboardInterrupt reaches the caller as raised, the call's requests are
+    aborted (none resumed by the next call, every block free), and the next calls answer as
+    a fresh LLM's, beam search included."""
+    fresh = make_llm()
+    want = tokens(fresh.generate(PROMPTS, GREEDY, use_tqdm=False))
+    want_beams = [s.tokens for s in fresh.beam_search(PROMPTS[:1], BEAMS)[0].sequences]
+    conversations = [[{"role": "user", "content": f"hi {i}"}] for i in range(4)]
+    want_chat = tokens(fresh.chat(conversations, GREEDY, use_tqdm=False, chat_template=CHAT_TEMPLATE))
+    llm = make_llm()
+    with pytest.raises(KeyboardInterrupt, match="progress bar"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=lambda **kw: InterruptingBar(2, **kw))
+    check_clean(llm)
+    with pytest.raises(KeyboardInterrupt, match="progress bar"):
+        llm.chat(
+            conversations, GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=lambda **kw: InterruptingBar(2, **kw)
+        )
+    check_clean(llm)
+    with pytest.raises(KeyboardInterrupt):
+        for step, _ in enumerate(llm.stream(PROMPTS, GREEDY)):
+            if step == 2:
+                raise KeyboardInterrupt
+    check_clean(llm)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
+    assert tokens(llm.chat(conversations, GREEDY, use_tqdm=False, chat_template=CHAT_TEMPLATE)) == want_chat
+    assert [s.tokens for s in llm.beam_search(PROMPTS[:1], BEAMS)[0].sequences] == want_beams
+    check_clean(llm)
+
+
+def test_a_ctrl_c_in_a_beam_search_step_ends_the_search_and_the_next_one_finds_the_same_beams(ctrl_c):
+    """beam_search() is a loop of generate() steps. A Ctrl-C inside an engine step of its
+    first search step (just after the scheduler published the second prompt's blocks, before
+    the forward that writes them) raised KeyboardInterrupt there; the search's requests were
+    aborted with those blocks still published, and the next search adopted KV never written
+    and found other beams than a fresh LLM. Now it is raised when the step ends, the search
+    stops, nothing of it is left, and the next search finds a fresh LLM's beams."""
+    want = [s.tokens for s in make_llm().beam_search(PROMPTS[:2], BEAMS)[0].sequences]
+    llm = make_llm()
+    block_manager = llm.engine.block_manager
+    publish = block_manager.cache_full_blocks
+    calls = {"n": 0}
+
+    def then_ctrl_c(*args, **kwargs):
+        publish(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            ctrl_c()
+
+    block_manager.cache_full_blocks = then_ctrl_c
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.beam_search(PROMPTS[:2], BEAMS)
+    finally:
+        block_manager.cache_full_blocks = publish
+    check_clean(llm)
+    assert [s.tokens for s in llm.beam_search(PROMPTS[:2], BEAMS)[0].sequences] == want
+    check_clean(llm)
