@@ -248,21 +248,17 @@ class LLM:
         """(prompt text or None, token ids) of one prompt."""
         return prompt_to_ids(prompt, self.engine.tokenizer)
 
-    def _add(self, prompts, sampling_params, priority, lora_request=None) -> list[str]:
-        """Add every prompt; on any error abort the ones added here and re-raise."""
+    def _add(self, prompts, sampling_params, priority, lora_request, added: list[str]) -> None:
+        """Add every prompt, each id onto `added` as it goes; the caller releases `added` in
+        a `finally` begun before this call, so that an error here, or a KeyboardInterrupt
+        anywhere after, never leaves one of them in the engine."""
         self._check_open()
         prompts = _prompt_list(prompts)
         check_lora_request(lora_request, len(prompts))
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
         priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
-        added: list[str] = []
-        try:
-            for prompt, p, prio in zip(prompts, params, priorities):
-                self._add_one(prompt, p, prio, added)
-        except BaseException:
-            self._release(added)
-            raise
-        return added
+        for prompt, p, prio in zip(prompts, params, priorities):
+            self._add_one(prompt, p, prio, added)
 
     def _add_one(self, prompt, params, priority, added: list, request_id=None, arrival_time=None) -> str:
         """Convert one prompt and add it to the engine as `request_id` (None: the counter's
@@ -334,11 +330,15 @@ class LLM:
         engine step raises KeyboardInterrupt once the step has ended (interrupts.py), and any
         exception aborts this call's requests."""
         with hold_interrupts():  # one handler for the whole call: its steps' sections only count
-            ids = self._add(prompts, sampling_params, priority, lora_request)
-            return self._generate(ids, use_tqdm)
+            ids: list[str] = []
+            try:
+                self._add(prompts, sampling_params, priority, lora_request, ids)
+                return self._generate(ids, use_tqdm)
+            finally:
+                self._release(ids)  # a no-op unless interrupted: every request finished
 
     def _generate(self, ids: list[str], use_tqdm) -> list[RequestOutput]:
-        """generate()'s loop over its added requests `ids`; they are released on the way out."""
+        """generate()'s loop over its added requests `ids` (generate() releases them)."""
         finals: dict[str, RequestOutput] = {}
         start, num_out = time.perf_counter(), 0
         bar = None
@@ -353,7 +353,6 @@ class LLM:
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"output {num_out / elapsed:.1f} tok/s", refresh=False)
         finally:
-            self._release(ids)  # a no-op unless interrupted: every request finished
             if bar is not None:
                 bar.close()
         return [finals[i] for i in ids]
@@ -365,15 +364,16 @@ class LLM:
         it, as each request's params' output_kind asks (outputs.OutputView: cumulative by
         default, DELTA, FINAL_ONLY; a step none of them shows yields nothing). Closing the
         generator early aborts the requests still running."""
-        ids = self._add(prompts, sampling_params, priority)
-        params = _per_prompt(sampling_params, len(ids), "sampling_params")
-        # the engine builds new outputs every step: a cumulative one goes out as it is
-        views = {
-            rid: OutputView(p.output_kind)
-            for rid, p in zip(ids, params)
-            if p is not None and p.output_kind != RequestOutputKind.CUMULATIVE
-        }
+        ids: list[str] = []
         try:
+            self._add(prompts, sampling_params, priority, None, ids)
+            params = _per_prompt(sampling_params, len(ids), "sampling_params")
+            # the engine builds new outputs every step: a cumulative one goes out as it is
+            views = {
+                rid: OutputView(p.output_kind)
+                for rid, p in zip(ids, params)
+                if p is not None and p.output_kind != RequestOutputKind.CUMULATIVE
+            }
             for outs in self._run(ids):
                 shown = [o if o.request_id not in views else views[o.request_id].view(o) for o in outs]
                 shown = [o for o in shown if o is not None]

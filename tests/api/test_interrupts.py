@@ -187,3 +187,25 @@ def test_a_ctrl_c_in_a_beam_search_step_ends_the_search_and_the_next_one_finds_t
     check_clean(llm)
     assert [s.tokens for s in llm.beam_search(PROMPTS[:2], BEAMS)[0].sequences] == want
     check_clean(llm)
+
+
+def test_a_ctrl_c_as_a_stream_starts_leaves_none_of_its_requests(ctrl_c, monkeypatch):
+    """stream() added its prompts, then built its output views before its try: a Ctrl-C in
+    between (here in the views' one call) left every request it had added running in the
+    engine, owned by nobody, stepped by every later call and never freed."""
+    from enginespec import llm as llm_module
+
+    llm = make_llm()
+    per_prompt, seen = llm_module._per_prompt, []
+
+    def then_ctrl_c(value, count, name):
+        result = per_prompt(value, count, name)
+        seen.append(name)
+        if seen.count("sampling_params") == 2:  # stream()'s own, its prompts added by then
+            ctrl_c()
+        return result
+
+    monkeypatch.setattr(llm_module, "_per_prompt", then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        next(llm.stream(PROMPTS, GREEDY))
+    check_clean(llm)
