@@ -69,6 +69,28 @@ def test_best_of_is_refused_pointing_to_n(best_of):
     assert SamplingParams(best_of=1) == SamplingParams(best_of=None) == SamplingParams()
 
 
+def test_assigning_a_field_says_how_to_change_one():
+    """vLLM's generate example sets fields of llm.get_default_sampling_params() from its flags
+    (`sampling_params.max_tokens = args.max_tokens`). SamplingParams is frozen here (validated
+    once, shared by the engine), and the assignment was dataclasses' bare "cannot assign to
+    field 'max_tokens'": it still raises (FrozenInstanceError, an AttributeError, for any
+    name), now naming the field, why, and the dataclasses.replace call that does it checked
+    (an unknown name: that it is none)."""
+    params = SamplingParams()
+    for name, value in (("max_tokens", 8), ("temperature", 0.5), ("stop", ["\n"])):
+        with pytest.raises(dataclasses.FrozenInstanceError) as info:
+            setattr(params, name, value)
+        message = str(info.value)
+        assert f"SamplingParams.{name}" in message and "frozen" in message
+        assert f"dataclasses.replace(params, {name}={value!r})" in message
+    with pytest.raises(dataclasses.FrozenInstanceError, match="not_a_field is not a field"):
+        params.not_a_field = 1
+    with pytest.raises(dataclasses.FrozenInstanceError, match="SamplingParams.top_p"):
+        del params.top_p
+    assert params == SamplingParams()
+    assert dataclasses.replace(params, max_tokens=8).max_tokens == 8
+
+
 BOS = 2  # "<s>" in the tiny checkpoint's tokenizer: a special token
 CHAR = 40  # "E": a plain one
 #: Draws a mix of the special and the plain token (seeded, so every impl sees the same ids).

@@ -403,3 +403,31 @@ class SamplingParams:
             logprobs=vocab_size if self.logprobs == ALL_LOGPROBS else self.logprobs,
             prompt_logprobs=vocab_size if self.prompt_logprobs == ALL_LOGPROBS else self.prompt_logprobs,
         )
+
+
+def _refuse_assignment(self: SamplingParams, name: str, value: object) -> None:
+    """SamplingParams' __setattr__: frozen, as the dataclass made it, with an error a port of
+    vLLM's code can act on (vLLM's SamplingParams is mutable, and its generate example sets
+    max_tokens and temperature on llm.get_default_sampling_params())."""
+    raise dataclasses.FrozenInstanceError(
+        _frozen_message(name, f"dataclasses.replace(params, {name}={value!r})")
+    )
+
+
+def _refuse_deletion(self: SamplingParams, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(_frozen_message(name, "dataclasses.replace(params, ...)"))
+
+
+def _frozen_message(name: str, replace: str) -> str:
+    if name not in SamplingParams.__dataclass_fields__:
+        return f"SamplingParams.{name} is not a field of SamplingParams (which is frozen besides)"
+    return (
+        f"SamplingParams.{name} cannot be assigned: SamplingParams is frozen (validated once on "
+        f"construction and shared by the engine, unlike vLLM's); make a changed copy, checked as "
+        f"a new one is: params = {replace}"
+    )
+
+
+# Set after the class is made: dataclass(frozen=True) refuses a class that defines them itself.
+SamplingParams.__setattr__ = _refuse_assignment  # type: ignore[method-assign,assignment]
+SamplingParams.__delattr__ = _refuse_deletion  # type: ignore[method-assign,assignment]
