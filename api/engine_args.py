@@ -64,7 +64,9 @@ spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refuse
 `download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
 ("auto" or "safetensors", the one format the loader reads), `logprobs_mode` ("raw_logprobs":
 logprobs are log_softmax of the model's logits before any edit, temperature or cut, vLLM V1's
-default; its processed and logits modes are refused). `generation_config` ("auto": the
+default; its processed and logits modes are refused), `logits_processors` (None or []: vLLM V1's
+custom processor classes, or their qualified names, are not loaded; SamplingParams' logit_bias,
+allowed_token_ids, bad_words, min_tokens and structured outputs are the edits there are). `generation_config` ("auto": the
 model directory's generation_config.json; "vllm": its EOS ids but none of its sampling
 defaults; or another local directory) and `override_generation_config` (a dict of that file's
 sampling keys over its defaults) work as vLLM's (engine/generation_config.py).
@@ -180,6 +182,11 @@ UNSUPPORTED_VALUES = {
     "logprobs_mode": (
         ("raw_logprobs",),
         "logprobs are log_softmax of the model's logits before any edit, temperature or cut",
+    ),
+    "logits_processors": (
+        (None, []),
+        "no custom logits processor runs; the logit edits are SamplingParams' own: logit_bias, "
+        "allowed_token_ids, bad_words, min_tokens and structured outputs",
     ),
 }
 
@@ -367,6 +374,7 @@ class EngineArgs:
     download_dir: Optional[str] = None
     load_format: str = "auto"
     logprobs_mode: str = "raw_logprobs"
+    logits_processors: Optional[list] = None
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
 

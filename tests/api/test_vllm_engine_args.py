@@ -260,3 +260,21 @@ def test_engine_args_default_to_the_impl_every_door_defaults_to():
     assert EngineArgs().impl == "fast"
     for door in (LLM.__init__, AsyncLLM.__init__):
         assert inspect.signature(door).parameters["impl"].default == EngineArgs().impl
+
+
+def test_logits_processors_are_refused_by_name_and_none_is_taken():
+    """vLLM's logits-processor examples pass LLM(logits_processors=[TheirClass]) (V1's
+    plugin interface): that was a TypeError calling the name unknown, beside a list of fifty
+    others. It is vLLM's argument, so it is taken at vLLM's default (None, or no processor) and
+    any processor is a ValueError saying enginespec runs none and which edits it does run."""
+    from enginespec.llm import LLM
+
+    class TargetTokenProcessor:  # what a vLLM user's module defines
+        pass
+
+    EngineArgs.from_kwargs(None, logits_processors=None)
+    EngineArgs.from_kwargs(None, logits_processors=[])
+    for value in ([TargetTokenProcessor], ["vllm.test_utils:DummyLogitsProcessor"]):
+        with pytest.raises(ValueError, match=r"logits_processors=.* is not supported by enginespec") as info:
+            LLM("/nowhere", logits_processors=value)  # refused before anything loads
+        assert "logit_bias" in str(info.value) and "structured outputs" in str(info.value)
