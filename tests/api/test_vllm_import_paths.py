@@ -73,3 +73,36 @@ def test_vllm_top_level_names_import_from_enginespec():
         "TokensPrompt",
     ):
         assert name in enginespec.__all__
+
+
+def test_cleanup_dist_env_and_memory_frees_a_dropped_llm_as_vllms_prefix_caching_example_does():
+    """vLLM's prefix_caching example runs an LLM, `del`s it and calls
+    `vllm.distributed.cleanup_dist_env_and_memory()` before building the next one; the import
+    was a ModuleNotFoundError here. enginespec.distributed has it: the dropped LLM's engine
+    and model are collected (its tensor-parallel workers stop with it) and torch's cached CUDA
+    memory goes back to the driver, so the next LLM finds the device free."""
+    import weakref
+
+    from enginespec.distributed import cleanup_dist_env_and_memory
+    from enginespec.llm import LLM
+
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    prompts = [{"prompt_token_ids": list(range(5, 30)) + [i]} for i in range(3)]
+    regular = LLM(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        num_blocks=32,
+        enable_prefix_caching=False,
+    )
+    texts = [o.outputs[0].token_ids for o in regular.generate(prompts, greedy, use_tqdm=False)]
+    engine = weakref.ref(regular.engine)
+    del regular
+    cleanup_dist_env_and_memory()
+    assert engine() is None
+    cached = LLM(
+        str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", num_blocks=32, enable_prefix_caching=True
+    )
+    cached.generate(prompts[0], greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in cached.generate(prompts, greedy, use_tqdm=False)] == texts
+    cleanup_dist_env_and_memory(shutdown_ray=False)  # vLLM's keyword
