@@ -49,6 +49,7 @@ ENGINE_MODULES = (
     "test_spec_draft_model",
     "test_spec_combos",
     "test_spec_distribution",
+    "test_sampling_distribution",
     "test_pressure",
     "test_structured_outputs",
     "test_soak",

@@ -19,6 +19,7 @@ import torch
 
 from enginespec import LLM, SamplingParams
 from enginespec.conformance.test_parity import TIE_TOLERANCE
+from enginespec.interrupts import HELD_NOTE
 from enginespec.testing.checkpoints import make_checkpoint
 from enginespec.worker.tp_group import EngineDeadError
 
@@ -454,6 +455,9 @@ if __name__ == "__main__":  # the workers are spawned: they import this file
 """
 
 
+GLOO_TERMINATE = "terminate called without an active exception"
+
+
 def _pid_alive(pid: int) -> bool:
     """A live process (not a zombie) by /proc (no psutil in the suite)."""
     try:
@@ -503,7 +507,13 @@ def test_ctrl_c_during_a_tp_generate_ends_the_script_promptly_with_no_worker_lef
         for pid in survivors:  # never leave one running, whatever the verdict
             os.kill(pid, signal.SIGKILL)
     if ending == "uncaught":  # dies of the interrupt: its traceback's last line, a failing status
-        assert err.rstrip().endswith("KeyboardInterrupt"), err
+        # a Ctrl-C that lands inside an engine call is raised when the call ends, with HELD_NOTE
+        # after its exception line (enginespec.interrupts). Under load a process of the group
+        # sometimes adds C++'s "terminate called without an active exception" as it exits after
+        # the polite stop (gloo's teardown; seen 2 times in 5 loaded runs, never unloaded): the
+        # status below still says whether rank 0 died of the interrupt, not of an abort (-6)
+        last = err.rstrip().removesuffix(GLOO_TERMINATE).rstrip().removesuffix(HELD_NOTE).rstrip()
+        assert last.endswith("KeyboardInterrupt"), err
         # Python's own rule is to die of SIGINT, but CPython (3.11, 3.12) forgets the uncaught
         # interrupt when any exec/eval of a string runs during shutdown, and exits 1: torch
         # dynamo's atexit `dump_compile_times` imports `tabulate` where it is installed, whose
