@@ -75,6 +75,16 @@ def check_idle(state: PoolState, num_blocks: int) -> None:
     assert sorted(state.free_queue) == list(range(num_blocks)), f"idle pool: free queue {state.free_queue}"
 
 
+def check_llm_idle(llm) -> None:
+    """An `LLM` between calls: no request unfinished in its engine or scheduler, every block
+    free (check_idle), and nothing left in its front end's mailboxes or owned ids (what an
+    interrupted or closed call must release)."""
+    engine = llm.engine
+    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
+    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
+    assert not llm._mail and not llm._owned
+
+
 @spec_rule("no-caching")
 def check_no_caching(state: PoolState) -> None:
     """With prefix caching off nothing is ever published."""

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from enginespec.conformance.invariants import check_idle
+from enginespec.conformance.invariants import check_llm_idle
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 
@@ -30,13 +30,6 @@ def make_llm(impl, **kwargs):
 
 def tokens(outs) -> list:
     return [o.outputs[0].token_ids for o in outs]
-
-
-def check_clean(llm) -> None:
-    engine = llm.engine
-    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
-    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
-    assert not llm._mail and not llm._owned
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
@@ -61,7 +54,7 @@ def test_generate_from_several_threads(impl, async_scheduling):
     assert not errors, errors
     for k in range(4):
         assert results[k] == expected[k::4]
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_a_half_read_stream_then_generate_loses_nothing(impl):
@@ -76,7 +69,7 @@ def test_a_half_read_stream_then_generate_loses_nothing(impl):
         finals.update({o.request_id: o for o in outs if o.finished})
     assert len(finals) == 4
     assert [finals[k].outputs[0].token_ids for k in sorted(finals, key=int)] == expected[:4]
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_abort_from_another_call_while_streaming(impl):
@@ -85,7 +78,7 @@ def test_abort_from_another_call_while_streaming(impl):
     next(stream)
     stream.close()  # the consumer gives up: its requests are aborted, nothing else changes
     assert tokens(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_keyboard_interrupt_while_tokenizing_leaves_nothing(impl, monkeypatch):
@@ -103,7 +96,7 @@ def test_keyboard_interrupt_while_tokenizing_leaves_nothing(impl, monkeypatch):
     monkeypatch.setattr(tokenizer, "encode", interrupted)
     with pytest.raises(KeyboardInterrupt):
         llm.generate(["a b", "c d", "e f", "g h"], GREEDY, use_tqdm=False)
-    check_clean(llm)
+    check_llm_idle(llm)
     monkeypatch.setattr(tokenizer, "encode", encode)
     assert len(llm.generate(["a b"], GREEDY, use_tqdm=False)) == 1
 
@@ -124,10 +117,10 @@ def test_keyboard_interrupt_while_adding_siblings_leaves_nothing(impl, monkeypat
     with pytest.raises(KeyboardInterrupt):
         llm.generate(PROMPTS[:1], SamplingParams(n=3, max_tokens=3, temperature=0.0), use_tqdm=False)
     monkeypatch.setattr(scheduler, "add", add)
-    check_clean(llm)
+    check_llm_idle(llm)
     outs = llm.generate(PROMPTS[:1], SamplingParams(n=3, max_tokens=3, temperature=0.0), use_tqdm=False)
     assert len(outs[0].outputs) == 3
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_keyboard_interrupt_in_a_generate_step_aborts_its_requests(impl):
@@ -147,7 +140,7 @@ def test_keyboard_interrupt_in_a_generate_step_aborts_its_requests(impl):
     llm.engine.fault_hook = None
     while llm.engine.has_unfinished:  # the failed step's report; nobody is waiting for it
         llm.engine.step()
-    check_clean(llm)
+    check_llm_idle(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
 
 
@@ -180,6 +173,6 @@ def test_a_ctrl_c_inside_the_scheduler_interrupts_generate_once_the_step_ends(im
             llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     finally:
         setattr(block_manager, method, call)
-    check_clean(llm)
+    check_llm_idle(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
-    check_clean(llm)
+    check_llm_idle(llm)

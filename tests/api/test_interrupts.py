@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from enginespec.beam_search import BeamSearchParams
-from enginespec.conformance.invariants import check_idle
+from enginespec.conformance.invariants import check_llm_idle
 from enginespec.interrupts import HELD_NOTE, Critical, hold_interrupts
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
@@ -38,13 +38,6 @@ def make_llm() -> LLM:
 
 def tokens(outs) -> list:
     return [o.outputs[0].token_ids for o in outs]
-
-
-def check_clean(llm: LLM) -> None:
-    engine = llm.engine
-    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
-    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
-    assert not llm._mail and not llm._owned
 
 
 def test_a_ctrl_c_inside_a_section_is_raised_when_it_ends(ctrl_c):
@@ -142,21 +135,21 @@ def test_an_interrupt_from_the_callers_own_code_leaves_an_llm_that_answers_as_a_
     llm = make_llm()
     with pytest.raises(KeyboardInterrupt, match="progress bar"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=lambda **kw: InterruptingBar(2, **kw))
-    check_clean(llm)
+    check_llm_idle(llm)
     with pytest.raises(KeyboardInterrupt, match="progress bar"):
         llm.chat(
             conversations, GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=lambda **kw: InterruptingBar(2, **kw)
         )
-    check_clean(llm)
+    check_llm_idle(llm)
     with pytest.raises(KeyboardInterrupt):
         for step, _ in enumerate(llm.stream(PROMPTS, GREEDY)):
             if step == 2:
                 raise KeyboardInterrupt
-    check_clean(llm)
+    check_llm_idle(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
     assert tokens(llm.chat(conversations, GREEDY, use_tqdm=False, chat_template=CHAT_TEMPLATE)) == want_chat
     assert [s.tokens for s in llm.beam_search(PROMPTS[:1], BEAMS)[0].sequences] == want_beams
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_a_ctrl_c_in_a_beam_search_step_ends_the_search_and_the_next_one_finds_the_same_beams(ctrl_c):
@@ -184,9 +177,9 @@ def test_a_ctrl_c_in_a_beam_search_step_ends_the_search_and_the_next_one_finds_t
             llm.beam_search(PROMPTS[:2], BEAMS)
     finally:
         block_manager.cache_full_blocks = publish
-    check_clean(llm)
+    check_llm_idle(llm)
     assert [s.tokens for s in llm.beam_search(PROMPTS[:2], BEAMS)[0].sequences] == want
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_a_ctrl_c_as_a_stream_starts_leaves_none_of_its_requests(ctrl_c, monkeypatch):
@@ -208,4 +201,4 @@ def test_a_ctrl_c_as_a_stream_starts_leaves_none_of_its_requests(ctrl_c, monkeyp
     monkeypatch.setattr(llm_module, "_per_prompt", then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         next(llm.stream(PROMPTS, GREEDY))
-    check_clean(llm)
+    check_llm_idle(llm)

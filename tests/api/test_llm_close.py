@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from enginespec.beam_search import BeamSearchParams
-from enginespec.conformance.invariants import check_idle
+from enginespec.conformance.invariants import check_llm_idle
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
@@ -27,13 +27,6 @@ def make_llm() -> LLM:
     return LLM(
         str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", block_size=4, num_blocks=32
     )
-
-
-def check_clean(llm: LLM) -> None:
-    engine = llm.engine
-    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
-    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
-    assert not llm._mail and not llm._owned
 
 
 def test_every_call_after_close_is_a_clear_error():
@@ -54,7 +47,7 @@ def test_every_call_after_close_is_a_clear_error():
         with pytest.raises(RuntimeError, match=CLOSED):
             call()
     llm.close()  # idempotent
-    check_clean(llm)
+    check_llm_idle(llm)
 
 
 def test_a_half_read_stream_fails_at_its_next_step_after_close():
@@ -64,7 +57,7 @@ def test_a_half_read_stream_fails_at_its_next_step_after_close():
     llm.close()
     with pytest.raises(RuntimeError, match=CLOSED):
         next(stream)
-    check_clean(llm)  # its requests were aborted, their blocks freed
+    check_llm_idle(llm)  # its requests were aborted, their blocks freed
 
 
 def test_close_waits_for_the_step_under_way_in_another_call():
@@ -101,4 +94,4 @@ def test_close_waits_for_the_step_under_way_in_another_call():
     assert state["shut_in_step"] is False, "close() shut the engine down in the middle of a step"
     with pytest.raises(RuntimeError, match=CLOSED):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    check_clean(llm)
+    check_llm_idle(llm)

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from enginespec.conformance.invariants import check_idle
+from enginespec.conformance.invariants import check_llm_idle
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
@@ -37,13 +37,6 @@ def tokens(outs) -> list:
     return [o.outputs[0].token_ids for o in outs]
 
 
-def check_clean(llm: LLM) -> None:
-    engine = llm.engine
-    assert not engine.has_unfinished and not engine.scheduler.has_unfinished
-    check_idle(engine.block_manager.state(), engine.runner.num_blocks)
-    assert not llm._mail and not llm._owned
-
-
 def test_a_half_read_stream_of_one_wrapper_then_generate_on_another():
     """The second wrapper's request ids must not collide with the first's live ones (a
     collision failed its add and aborted the first's request), and the step it runs must mail
@@ -58,8 +51,8 @@ def test_a_half_read_stream_of_one_wrapper_then_generate_on_another():
     for outs in stream:
         finals.update({o.request_id: o for o in outs if o.finished})
     assert [finals[k].outputs[0].token_ids for k in sorted(finals, key=int)] == expected[:4]
-    check_clean(first)
-    check_clean(second)
+    check_llm_idle(first)
+    check_llm_idle(second)
 
 
 def test_fresh_wrappers_from_several_threads():
@@ -81,7 +74,7 @@ def test_fresh_wrappers_from_several_threads():
         t.join(timeout=300)
     assert not errors, errors
     assert [results[k] for k in range(4)] == [expected[k::4] for k in range(4)]
-    check_clean(LLM.from_engine(engine))
+    check_llm_idle(LLM.from_engine(engine))
 
 
 def test_closing_one_wrapper_closes_them_all():
