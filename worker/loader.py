@@ -266,11 +266,12 @@ def _check_window(config, config_path: Path) -> None:
     set (Llama, and Qwen with it unset, ignore the key, so any value passes there). 0 or below
     ran as full attention (layer_window reads a false window as none) where transformers' own
     forward fails on the mask's shape: a model other than the one config.json states."""
+    from enginespec.worker.merged_decoder import CONFIG_WINDOW_MODEL_TYPES
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     kind, window = getattr(text, "model_type", None), getattr(text, "sliding_window", None)
-    applies = kind in ("mistral",) or (
-        kind in ("qwen2", "qwen3") and getattr(text, "use_sliding_window", False)
-    )
+    per_layer = kind in ("qwen2", "qwen3") and getattr(text, "use_sliding_window", False)
+    applies = kind in CONFIG_WINDOW_MODEL_TYPES or per_layer
     if not applies or window is None:
         return
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
