@@ -50,7 +50,6 @@ import triton
 import triton.language as tl
 
 from enginespec.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options, pdl_enabled
-from enginespec.kernels.switches import env_switch
 
 # Both kernels launch with programmatic dependent launch (kernels/pdl.py): each GEMV's weight
 # read (the tiled kernel's first K step of its slice) starts while the kernel before it in the
@@ -118,7 +117,11 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
     each (for rows too long to hold in registers)."""
     sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ROW_K > 0:
-        return _rows_rstd(_whole_rows(x_rows, mask_m, K, ROW_K), K, eps)
+        cols = tl.arange(0, ROW_K)
+        rows = tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & (cols < K)[None, :], other=0.0).to(
+            tl.float32
+        )
+        sum_sq = tl.sum(rows * rows, axis=1)
     else:
         rk = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
@@ -128,20 +131,6 @@ def _row_rstd(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
             )
             sum_sq += tl.sum(x * x, axis=1)
     return _rstd(sum_sq, K, eps)
-
-
-@triton.jit
-def _whole_rows(x_rows, mask_m, K, ROW_K: tl.constexpr):
-    """x rows [BLOCK_M, 1] -> [BLOCK_M, ROW_K] in x's dtype, one load (zeros past K and M)."""
-    cols = tl.arange(0, ROW_K)
-    return tl.load(x_rows + cols[None, :], mask=mask_m[:, None] & (cols < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _rows_rstd(rows, K, eps):
-    """rows [BLOCK_M, ROW_K] (zeros past K) -> each row's 1 / sqrt(mean(x^2) + eps), float32."""
-    r = rows.to(tl.float32)
-    return _rstd(tl.sum(r * r, axis=1), K, eps)
 
 
 @triton.jit
@@ -239,7 +228,6 @@ def _skinny_gemm_kernel(
     USE_PDL: tl.constexpr = False,
     ROW_K: tl.constexpr = 0,  # USE_NORM / USE_ROW_SCALE: _row_rstd's one-load width (0: its K loop)
     USE_ROW_SCALE: tl.constexpr = False,  # a folded RMSNorm: the result times each x row's scale
-    LATE_ROW_STATS: tl.constexpr = False,  # USE_ROW_SCALE, ROW_K > 0: rows loaded after the wait, reduced after the loop
 ):
     """USE_PDL (launched with launch_pdl): the slice's first weight tile (gate and up tiles with
     USE_SILU_MUL) is loaded before waiting for the previous kernel in the stream (gdc_wait);
@@ -251,11 +239,7 @@ def _skinny_gemm_kernel(
     no x tile in the loop is touched. Squares summed from the loop's x tiles instead put an
     elementwise use on the dot operands, and the 64 x 256 gate|up SiLU tile took 10.1 us against
     6.8 without the scale (H100, benchmarks/RESULTS.md, fifty-first session); the rows read again
-    in the epilogue, 7.9 (fiftieth); reduced right after the wait, 7.8 (fifty-second): the
-    reduction waits for the rows' load, and the loop's loads are issued only after it.
-    LATE_ROW_STATS (with USE_ROW_SCALE and ROW_K > 0): the rows' load is issued right after the
-    wait and reduced only after the loop, so that round trip runs beside the loop's own loads
-    (the rows stay in registers meanwhile: ROW_K_MAX_ELEMENTS bounds them)."""
+    in the epilogue, 7.9 (fiftieth)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -276,10 +260,7 @@ def _skinny_gemm_kernel(
         gdc_launch_dependents()
         gdc_wait()  # from here on, the previous kernel's writes (x, the residual) are visible
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    late_rows = rstd  # LATE_ROW_STATS: the whole x rows [BLOCK_M, ROW_K], reduced after the loop
-    if LATE_ROW_STATS:  # issued here, used after the loop: the K loop's loads do not wait on it
-        late_rows = _whole_rows(x_rows, mask_m, K, ROW_K)
-    elif USE_NORM or USE_ROW_SCALE:  # USE_ROW_SCALE: only the epilogue reads it, no dot waits for it
+    if USE_NORM or USE_ROW_SCALE:  # USE_ROW_SCALE: only the epilogue reads it, no dot waits for it
         rstd = _row_rstd(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K, ROW_K)  # [BLOCK_M]
     x = _x_tile(x_rows, kk, mask_m, K, rstd, norm_ptr, USE_NORM)  # [BM, BK]
     acc, acc3 = _mul_tile(acc, acc3, x, w, USE_DOT, DOT_FP32)
@@ -296,8 +277,6 @@ def _skinny_gemm_kernel(
         acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
         if USE_SILU_MUL:
             acc_up = tl.sum(acc3_up, axis=2)
-    if LATE_ROW_STATS:
-        rstd = _rows_rstd(late_rows, K, eps)  # [BLOCK_M]
     mask = mask_m[:, None] & mask_n[None, :]
     out_ptrs = out_ptr + rm[:, None] * stride_om + rn[None, :]  # [BLOCK_M, BLOCK_N]
     res_ptrs = res_ptr + rm[:, None] * stride_rm + rn[None, :]  # [BLOCK_M, BLOCK_N] (USE_RESIDUAL only)
@@ -353,7 +332,6 @@ def _gemv_kernel(
     USE_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     USE_ROW_SCALE: tl.constexpr = False,  # a folded RMSNorm: the result times each x row's scale
-    LATE_ROW_STATS: tl.constexpr = False,  # USE_ROW_SCALE, ROW_K > 0: rows loaded after the wait, reduced after the loop
 ):
     """The one-tile path (GEMV): BLOCK_K >= K, so a program reads its BLOCK_N weight rows in
     one load issued before anything else (no K loop, nothing to wait for first). After the
@@ -495,14 +473,6 @@ MAX_GEMV_ROWS = 8
 # each) the fused q|k|v measured 7.45 us against 5.35 for cuBLAS alone (tuning table, H200,
 # eighteenth session), so the norm ran as its own launch.
 ROW_K_MAX_ELEMENTS = 16 * 2048
-
-
-# The tiled kernel's row scale takes its statistics late (LATE_ROW_STATS: the rows' load right
-# after the wait, their reduction after the K loop) unless ENGINESPEC_LATE_ROW_STATS=0 (read
-# once, at import: the A/B of benchmarks/gpu_late_stats_ab.sh runs each setting in its own
-# process; the tuning table's fingerprint records it).
-LATE_ROW_STATS_ENV = "ENGINESPEC_LATE_ROW_STATS"
-LATE_ROW_STATS = env_switch(LATE_ROW_STATS_ENV) is not False
 
 
 def row_k(k: int, block_m: int) -> int:
@@ -664,7 +634,6 @@ def skinny_linear(
         USE_PDL=pdl,
         ROW_K=row_k(k, config.block_m(m)) if norm_weight is not None or row_scale else 0,
         USE_ROW_SCALE=row_scale,
-        LATE_ROW_STATS=row_scale and LATE_ROW_STATS and row_k(k, config.block_m(m)) > 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

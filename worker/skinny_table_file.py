@@ -13,8 +13,7 @@ and 8 in the others). A file pins the picks across runs and trees, and skips the
 Invariant: a file is used only where it was measured for the same thing. Its fingerprint (the
 device's name, compute capability and SM count, the torch and triton versions, a hash of
 kernels/skinny_gemm.py's source, and one of worker/gemm_tuning.py's, which says which launch
-shapes were timed: a file tuned before new candidates were offered would keep the old picks;
-and the kernels' measured switches: GEMV tune rows, late row statistics)
+shapes were timed: a file tuned before new candidates were offered would keep the old picks)
 must equal this process's, and it must cover at least the
 table's max_rows; otherwise it is ignored with a warning naming the path and the difference,
 and the table is tuned as without it (then saved over it). A file that does not exist yet is
@@ -92,7 +91,6 @@ def fingerprint(device) -> dict:
         "kernel": _source_hash(skinny_gemm),
         "candidates": _source_hash(gemm_tuning),
         "gemv_tune_rows": gemm_tuning.gemv_tune_rows(),
-        "late_row_stats": skinny_gemm.LATE_ROW_STATS,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -15,10 +15,9 @@ import random
 import pytest
 import torch
 
-from enginespec.kernels import skinny_gemm
 from enginespec.kernels.reference import linear_ref, rms_norm_ref, row_scaled_linear_ref, silu_mul_ref
 from enginespec.kernels.silu_mul import silu_mul
-from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig, SplitBuffers, row_k, skinny_linear
+from enginespec.kernels.skinny_gemm import MAX_GEMV_ROWS, SkinnyConfig, SplitBuffers, skinny_linear
 from enginespec.testing.paged_batches import TOLERANCES
 from enginespec.worker import gemm_tuning
 
@@ -148,31 +147,15 @@ ROW_SCALING = [*FUSING, CONFIGS[0]]  # and one split of many K steps
 ROW_SCALING_IDS = [*FUSING_IDS, "dot-steps"]
 
 
-# The tiled kernel's row statistics both ways: late (the default: the rows' load issued right
-# after the wait, reduced after the K loop) and early (reduced before the loop).
-LATE_STATS = pytest.mark.parametrize("late", [True, False], ids=["late-stats", "early-stats"])
-
-
-# (config, late): the one-tile kernel has no late statistics, so it runs once.
-ROW_SCALING_LATE = [(c, late) for c in ROW_SCALING for late in ((True,) if c.gemv else (True, False))]
-ROW_SCALING_LATE_IDS = [
-    f"{cid}-{'late' if late else 'early'}-stats"
-    for cid, c in zip(ROW_SCALING_IDS, ROW_SCALING)
-    for late in ((True,) if c.gemv else (True, False))
-]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config,late", ROW_SCALING_LATE, ids=ROW_SCALING_LATE_IDS)
-def test_row_scale_epilogue_matches_reference(dtype, config, late, monkeypatch):
+@pytest.mark.parametrize("config", ROW_SCALING, ids=ROW_SCALING_IDS)
+def test_row_scale_epilogue_matches_reference(dtype, config):
     """row_scale (a norm folded into the weight): each row's result times 1 / sqrt(mean(x^2) +
     eps), in float32 before the one rounding, plain and with SiLU * up. Rows of magnitudes 0.05
     to 20, so a scale taken from the wrong row, or none, is far outside the tolerance; eps 0.5
     on unit rows (float32) puts eps outside the root 22% off."""
-    monkeypatch.setattr(skinny_gemm, "LATE_ROW_STATS", late)
     buffers, eps = SplitBuffers(DEVICE), 0.5 if dtype == torch.float32 else 1e-6
     for i, (m, n, k) in enumerate(_row_scale_shapes(13, config)):
-        assert config.gemv or row_k(k, config.block_m(m)) > 0  # the late path is the one taken
         x, weight, _ = _operands(m, 2 * n, k, torch.float32, seed=i)
         x = (x * torch.logspace(-1.3, 1.3, m, device=DEVICE)[:, None]).to(dtype)
         weight = weight.to(dtype)
@@ -343,13 +326,10 @@ def test_qwen3_projection_shapes_on_cuda(rows, n, k):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 32])
 @pytest.mark.parametrize("n,k", [(4096, 1024), (6144, 1024)])
-@LATE_STATS
-def test_every_tuned_shape_scales_rows_on_cuda(rows, n, k, late, monkeypatch):
+def test_every_tuned_shape_scales_rows_on_cuda(rows, n, k):
     """Every launch shape the tuning offers a Qwen3-0.6B q|k|v or gate|up at 1-32 rows, with the
-    row scale (and SiLU * up for gate|up), against the reference, with the tiled kernel's
-    statistics late and early. The tuning drops a shape whose result is off the baseline's,
-    which would hide a broken one; this test does not."""
-    monkeypatch.setattr(skinny_gemm, "LATE_ROW_STATS", late)
+    row scale (and SiLU * up for gate|up), against the reference. The tuning drops a shape whose
+    result is off the baseline's, which would hide a broken one; this test does not."""
     x, weight, _ = _operands(rows, n, k, torch.float32, seed=rows)
     x = (x * torch.logspace(-1, 1, rows, device=DEVICE)[:, None]).to(torch.bfloat16)
     weight, buffers, silu = weight.to(torch.bfloat16), SplitBuffers(DEVICE), n == 6144

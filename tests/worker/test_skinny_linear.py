@@ -85,27 +85,6 @@ def test_gemv_tune_rows_env_widens_the_one_tile_shapes(monkeypatch):
             gemm_tuning.gemv_tune_rows()
 
 
-def test_late_row_stats_switch_is_read_at_import_and_fingerprinted(monkeypatch):
-    """ENGINESPEC_LATE_ROW_STATS (an A/B knob, on unless 0) is read once at import (here in a
-    fresh interpreter each), a value other than 0 or 1 is refused by name, and a table tuned
-    under one setting is never loaded under the other (its fingerprint differs)."""
-    import subprocess
-    import sys
-
-    from enginespec.kernels import skinny_gemm
-    from enginespec.worker import skinny_table_file
-
-    assert skinny_gemm.LATE_ROW_STATS is True  # the default (the suite runs with it unset)
-    before = skinny_table_file.fingerprint("cpu")
-    monkeypatch.setattr(skinny_gemm, "LATE_ROW_STATS", False)
-    assert skinny_table_file.fingerprint("cpu") != before
-    probe = "import enginespec.kernels.skinny_gemm as s; print(s.LATE_ROW_STATS)"
-    for value, want in (("0", "False"), ("yes", "ENGINESPEC_LATE_ROW_STATS must be 0 or 1")):
-        env = dict(os.environ, **{skinny_gemm.LATE_ROW_STATS_ENV: value})
-        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-        assert want in done.stdout + done.stderr, done.stderr[-2000:]
-
-
 def test_no_one_step_tile_with_silu_mul():
     """Two weight tiles (gate and up) a step spill registers (3-7 KB on sm_90): not offered."""
     found = gemm_tuning.candidates(8, 3072, 1024, num_sms=132, silu_mul=True)
