@@ -371,8 +371,11 @@ class LinearTable:
             self.ranked[(bucket, n, k)] = [c for _, c in ranked]
         key = self.key(bucket, weight0, bias0, variant)
         self.choices[key] = choice = pick(timed, baseline)
-        if variant in STEP_VARIANTS:
-            self.close[key] = close_options(ranked, baseline, choice)
+        if choice.config is not None and variant in STEP_VARIANTS:
+            close = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
+            if baseline <= choice.us * (1 + REFINE_MARGIN):  # the baseline's launches may win in order
+                close.append((baseline, None))
+            self.close[key] = close
 
     def _candidates(self, bucket: int, n: int, k: int, num_sms: int, variant: str) -> list:
         """Every launch shape for "plain"; for a fused variant the plain variant's best
@@ -509,23 +512,6 @@ def pick(timed: list[tuple[float, object]], baseline_us: float) -> Choice:
     tied = [w for w in winners if w[0] <= fastest * (1 + TIE_MARGIN)]
     us, _, config = min(tied, key=lambda w: (per_thread(w[2]), w[0], w[1]))
     return Choice(config, us, baseline_us)
-
-
-def close_options(ranked: list[tuple[float, object]], baseline_us: float, choice: Choice) -> list:
-    """What refine re-times in step order for a fused key: the shapes within REFINE_MARGIN of
-    the fastest (at most REFINE_TRIES), with the baseline when it is within REFINE_MARGIN of the
-    pick. Also where the baseline was kept: a fused key's baseline is two launches (the norm,
-    then the GEMM), and the tuning graph undercharges the extra one; the fifty-third session's
-    4-row profile (H100) found both norm keys on their baseline, a shape 1.2% faster in the
-    tuning graph kept out by WIN_MARGIN, and 57 norm launches costing 85 us of a 1.01 ms step
-    (1.5 us each on the critical path, about 0.8 in the tuning graph)."""
-    if choice.config is None:
-        close = [t for t in ranked if t[0] <= baseline_us * (1 + REFINE_MARGIN)][:REFINE_TRIES]
-        return [*close, (baseline_us, None)] if close else []
-    close = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
-    if baseline_us <= choice.us * (1 + REFINE_MARGIN):  # the baseline's launches may win in order
-        close.append((baseline_us, None))
-    return close
 
 
 def per_thread(config) -> float:

@@ -187,35 +187,6 @@ def test_a_baseline_close_to_the_pick_is_refined_with_it(monkeypatch, baseline_u
     assert table.close[key] == [(9.5, a), (10.0, b)] + ([(baseline_us, None)] if refined else [])
 
 
-@pytest.mark.parametrize("variant", ["norm", "rscale", "plain"])
-def test_a_kept_baseline_is_refined_against_the_fused_shapes_close_to_it(monkeypatch, variant):
-    """Where no shape beats a fused key's baseline by WIN_MARGIN, the shapes within REFINE_MARGIN
-    of the baseline still go to refine with it: a fused key's baseline is two launches (the
-    norm, then the GEMM), which the tuning graph undercharges (an H100's 4-row step, fifty-third
-    session: both norm keys kept their baseline, one shape 1.2% faster in the tuning graph, and
-    the step's 57 norm launches cost 85 us of 1.01 ms). A plain key (no step variant) is never
-    refined; a shape outside the margin is not offered."""
-    from enginespec.kernels.skinny_gemm import SkinnyConfig
-
-    a, b, c = (SkinnyConfig(n, 1024, num_stages=1) for n in (16, 32, 64))
-    table = sl.LinearTable("cpu", max_rows=32)
-    monkeypatch.setattr(sl, "graph_us", lambda fn, n: (6.0, []))  # the baseline: 6.0 us
-    monkeypatch.setattr(table, "_candidates", lambda *args: [a, b, c])
-    monkeypatch.setattr(
-        table, "_time_candidate", lambda config, x, calls, want: {a: 5.91, b: 6.5, c: 6.7}[config]
-    )
-    layer = {"weight": torch.zeros(64, 16), "bias": None}
-    if variant == "norm":
-        layer.update(norm_weight=torch.ones(16), eps=1e-6)
-    elif variant == "rscale":
-        layer.update(norm_weight=torch.ones(16), eps=1e-6, row_scale=True)
-    table._tune_one(4, [layer], 132, variant)
-    key = (4, 64, 16, torch.float32, False, variant)
-    assert table.choices[key].config is None  # 5.91 is within WIN_MARGIN of 6.0: the baseline kept
-    want = [] if variant == "plain" else [(5.91, a), (6.5, b), (6.0, None)]
-    assert table.close.get(key, []) == want
-
-
 def test_folded_layers_tune_the_norm_variants_as_the_row_scale_baseline(monkeypatch):
     """With ENGINESPEC_ROW_SCALE=1 a folded layer's fused calls are the row-scale variants; the
     norm variants are tuned over the same calls (the norm's unit weight, no row_scale), so that
