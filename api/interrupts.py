@@ -11,9 +11,12 @@ So an LLM runs each engine call as a `Critical` section: a SIGINT that arrives i
 held, and raised (SIGINT's own handler is called with it) when the section ends, where every
 structure is whole and the step's outputs are routed; the call it interrupts then releases its
 requests as for any KeyboardInterrupt. Outside the sections (the caller's progress bar, a
-stream's consumer) a SIGINT raises at once, as before. A second SIGINT inside one section
-raises at once too, so that a step that never ends can still be interrupted; the engine's
-state is then unknown, and the section's `on_forced` is told (the LLM refuses further calls).
+stream's consumer) a SIGINT raises at once, as before. A second SIGINT inside one section goes
+to the handler at once, the held first one before it, so that a step that never ends can still
+be interrupted. If the handler raises, the section is cut midway: the engine's state is then
+unknown, and the section's `on_forced` is told (the LLM refuses further calls). A handler that
+raises nothing (a host's "stop after this batch" flag; asyncio.run's, whose first Ctrl-C only
+cancels the main task) cuts nothing: it gets every SIGINT, in order, and nothing is forced.
 
 Only on the main thread (Python runs signal handlers nowhere else, so a KeyboardInterrupt from
 a signal never lands in another thread's engine call) and while SIGINT's handler is a Python
@@ -44,10 +47,14 @@ __all__ = ["HELD_NOTE", "Critical", "hold_interrupts"]
 HELD_NOTE = "enginespec: this Ctrl-C arrived inside an engine call and was raised once that call had ended"
 
 
+#: `_State.held` once the held SIGINT went to the handler early (a second one came).
+_DELIVERED = ("delivered",)
+
+
 class _State:
     """The main thread's: the handler ours replaced, how many sections are open, the SIGINT
-    held for their end, whether a second one was forced through, and whether the open
-    sections installed ours themselves."""
+    held for their end (or _DELIVERED), whether the handler raised inside them (a SIGINT
+    forced through), and whether the open sections installed ours themselves."""
 
     def __init__(self) -> None:
         self.previous: Optional[Callable] = None
@@ -65,15 +72,26 @@ def _on_main_thread() -> bool:
 
 
 def _on_sigint(signum, frame) -> None:
-    """SIGINT's handler while ours: inside a section the first is held for its end, a second
-    is forced through; outside one, the replaced handler runs now."""
+    """SIGINT's handler while ours: inside a section the first is held for its end, and a
+    second goes to the replaced handler now, after the held one (the host counts both, in
+    order); whichever of them raises cuts the section (forced). Outside one, the replaced
+    handler runs now."""
     state = _STATE
-    if state.depth and state.held is None:
+    handler = state.previous or signal.default_int_handler
+    if not state.depth:
+        handler(signum, frame)
+        return
+    if state.held is None:
         state.held = (signum, frame)
         return
-    if state.depth:
+    try:
+        if state.held is not _DELIVERED:
+            first, state.held = state.held, _DELIVERED
+            handler(*first)
+        handler(signum, frame)
+    except BaseException:
         state.forced = True
-    (state.previous or signal.default_int_handler)(signum, frame)
+        raise
 
 
 def _install() -> bool:
@@ -112,7 +130,7 @@ class Critical:
     Reentrant; the outermost open section raises the held SIGINT when it ends (after the
     exception it ends with, if any, as that one's context), with HELD_NOTE. `on_forced` is
     called instead, with the exception the section ends with (the forced KeyboardInterrupt,
-    unless the handler replaced raised none), when a second SIGINT was forced through it."""
+    or None where code inside caught it), when the handler raised inside it (a second SIGINT)."""
 
     def __init__(self, on_forced: Callable[[Optional[BaseException]], None]) -> None:
         self.on_forced = on_forced
@@ -139,7 +157,7 @@ class Critical:
             _uninstall()
         if forced:
             self.on_forced(exc)
-        elif held is not None:
+        elif held is not None and held is not _DELIVERED:
             try:
                 (state.previous or signal.default_int_handler)(*held)
             except KeyboardInterrupt as interrupt:

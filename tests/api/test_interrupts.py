@@ -202,3 +202,85 @@ def test_a_ctrl_c_as_a_stream_starts_leaves_none_of_its_requests(ctrl_c, monkeyp
     with pytest.raises(KeyboardInterrupt):
         next(llm.stream(PROMPTS, GREEDY))
     check_llm_idle(llm)
+
+
+class HostHandler:
+    """A host program's own SIGINT handler that does not raise (a data pipeline's "stop after
+    this batch" flag; asyncio.run's, whose first Ctrl-C only cancels the main task): it counts
+    the Ctrl-Cs it is given, and raises KeyboardInterrupt from the `raise_at`-th on, if any."""
+
+    def __init__(self, raise_at: int = 0) -> None:
+        self.calls, self.raise_at = 0, raise_at
+
+    def __call__(self, signum, frame) -> None:
+        self.calls += 1
+        if self.raise_at and self.calls >= self.raise_at:
+            raise KeyboardInterrupt(f"the host's Ctrl-C number {self.calls}")
+
+
+def test_a_host_handler_that_does_not_raise_gets_every_ctrl_c_and_nothing_is_forced():
+    """Two Ctrl-Cs inside one section under a handler that only counts them: the second was
+    'forced through' (the handler ran, raised nothing, the section went on whole), yet the
+    section reported it forced, and the held first one was never given to the handler at all:
+    the host counted 1 of 2. Now both reach it and nothing is forced, as nothing was cut."""
+    host = HostHandler()
+    previous = signal.signal(signal.SIGINT, host)
+    forced, reached = [], []
+    try:
+        with hold_interrupts(), Critical(forced.append):
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            reached.append("the rest of the engine call")
+        assert signal.getsignal(signal.SIGINT) is host
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert reached and not forced and host.calls == 2
+
+
+def test_a_host_handler_that_raises_on_the_second_ctrl_c_gets_both_and_forces_the_section():
+    """asyncio.run's handler: the first Ctrl-C cancels the main task, the second raises. Both
+    reach it, in order, when the second lands; its KeyboardInterrupt cuts the section, which
+    is then reported forced."""
+    host = HostHandler(raise_at=2)
+    previous = signal.signal(signal.SIGINT, host)
+    forced, reached = [], []
+    try:
+        with pytest.raises(KeyboardInterrupt, match="number 2") as info:
+            with hold_interrupts(), Critical(forced.append):
+                signal.raise_signal(signal.SIGINT)
+                reached.append("after the first")
+                signal.raise_signal(signal.SIGINT)
+                reached.append("after the second")
+        assert signal.getsignal(signal.SIGINT) is host
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert reached == ["after the first"] and forced == [info.value] and host.calls == 2
+
+
+def test_two_ctrl_cs_in_a_step_under_a_handler_that_does_not_raise_leave_the_llm_serving():
+    """A host whose SIGINT handler sets a flag (to stop after the current batch) and whose user
+    pressed Ctrl-C twice during one step: generate() raised RuntimeError 'interrupted twice'
+    midway and the LLM was retired, though the step had run whole; the host's handler saw one
+    of the two. Now generate() answers as usual, the handler sees both, the LLM serves on."""
+    want = tokens(make_llm().generate(PROMPTS, GREEDY, use_tqdm=False))
+    llm = make_llm()
+    block_manager = llm.engine.block_manager
+    allocate = block_manager.allocate_slots
+
+    def twice(*args, **kwargs):
+        block_manager.allocate_slots = allocate
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        return allocate(*args, **kwargs)
+
+    host = HostHandler()
+    previous = signal.signal(signal.SIGINT, host)
+    try:
+        block_manager.allocate_slots = twice
+        assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
+        assert signal.getsignal(signal.SIGINT) is host
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert host.calls == 2
+    check_llm_idle(llm)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
