@@ -272,6 +272,27 @@ async def run_beam_search_async(
         _grow(live, len(batch), await step(batch), params, eos_token_id)
 
 
+class NoProgressBar:
+    """What a progress bar turned off (use_tqdm=False) is: tqdm's calls, doing nothing. Not
+    tqdm(disable=True): tqdm starts its monitor thread for every bar, a disabled one too, and
+    that thread then lives as long as the host process, which never asked for a bar."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoProgressBar":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+
 def run_beam_search(
     instances: Sequence[BeamSearchInstance],
     step: StepFn,
@@ -286,9 +307,8 @@ def run_beam_search(
     progress bar counts token steps, up to max_tokens per group (a group may end sooner)."""
     group = max(len(instances), 1) if concurrency_limit is None else _group_size(concurrency_limit)
     groups = [instances[i : i + group] for i in range(0, len(instances), group)]
-    with tqdm(
-        total=params.max_tokens * len(groups), desc="Beam search", unit="token", disable=not use_tqdm
-    ) as bar:
+    total = params.max_tokens * len(groups)
+    with tqdm(total=total, desc="Beam search", unit="token") if use_tqdm else NoProgressBar() as bar:
         for batch in groups:
             steps = 0
             while steps < params.max_tokens and search_step(batch, step, params, eos_token_id):

@@ -57,6 +57,7 @@ from enginespec.beam_search import (
     BeamSearchInstance,
     BeamSearchOutput,
     BeamSearchParams,
+    NoProgressBar,
     StepFn,
     check_beam_width,
     finish,
@@ -672,15 +673,17 @@ def _progress_bar(use_tqdm, total: int):
     """generate()'s bar over `total` prompts. A callable use_tqdm is called as vLLM calls it,
     with total, desc, dynamic_ncols and postfix and nothing more: keywords a
     functools.partial bound (disable, unit, file) stay the caller's, and a bar function written
-    for vLLM's four takes ours. True: tqdm's own bar; False: a disabled one."""
+    for vLLM's four takes ours. True: tqdm's own bar; False: no bar at all (NoProgressBar: not
+    even a disabled tqdm, whose monitor thread would outlive the call), as vLLM makes none."""
     postfix = f"output {0.0:.1f} tok/s"
+    if not use_tqdm:
+        return NoProgressBar()
     if callable(use_tqdm):
         return use_tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, postfix=postfix)
     return tqdm(
         total=total,
         desc="Processed prompts",
         unit="req",
-        disable=not use_tqdm,
         dynamic_ncols=True,
         postfix=postfix,
     )

@@ -95,3 +95,59 @@ def test_close_waits_for_the_step_under_way_in_another_call():
     with pytest.raises(RuntimeError, match=CLOSED):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     check_llm_idle(llm)
+
+
+# A host program's view of an LLM it built, used and closed: what the process held before the
+# LLM (after a first one, so that import-time and first-use caches are not counted) is all it
+# holds after. Run in a fresh interpreter: a test process's threads and bars are not a host's.
+HOST_SCRIPT = """
+import gc, os, sys, threading, multiprocessing as mp
+from enginespec import LLM, SamplingParams
+from enginespec.beam_search import BeamSearchParams
+
+def held():
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.add(os.readlink("/proc/self/fd/" + fd))
+        except OSError:
+            pass
+    return {t.name for t in threading.enumerate()}, fds
+
+PARAMS = SamplingParams(max_tokens=3)
+with LLM(sys.argv[1], dtype="float32", device="cpu", block_size=4, num_blocks=32) as llm:
+    llm.generate(["hi"], PARAMS, use_tqdm=False)
+gc.collect()
+before = held()
+with LLM(sys.argv[1], dtype="float32", device="cpu", block_size=4, num_blocks=32) as llm:
+    llm.generate(["hi"], PARAMS, use_tqdm=False)
+    llm.chat([{"role": "user", "content": "hi"}], PARAMS, use_tqdm=False, chat_template="{{ messages[0]['content'] }}")
+    llm.beam_search(["hi"], BeamSearchParams(beam_width=2, max_tokens=2))  # vLLM's default: no bar
+del llm
+gc.collect()
+print(repr(before[0]))
+print(repr(tuple(after - was for after, was in zip(held(), before)) + (mp.active_children(),)))
+"""
+
+
+def test_a_closed_llm_leaves_its_host_no_thread_child_or_fd(tmp_path):
+    """Build, generate with use_tqdm=False, close, drop: the host process is left with the
+    threads, fds and child processes it had. generate(use_tqdm=False) made a disabled tqdm
+    bar all the same, and tqdm starts its monitor thread for any bar, disabled or not: a
+    host that never asked for a bar kept a 'tqdm_monitor' thread for the rest of its life
+    (and Python 3.12 warns at every os.fork() of a process with threads)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "host.py"
+    script.write_text(HOST_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir("qwen3"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    threads_before, leftovers = run.stdout.splitlines()[-2:]  # beam_search's bar the same
+    assert threads_before == "{'MainThread'}"
+    assert leftovers == "(set(), set(), [])"
