@@ -192,8 +192,6 @@ class EngineCore:
             )
         self.speculative_config = SpeculativeConfig.of(args.speculative_config)
         self._check_draft_early(model, draft_model)
-        if args.seed is not None:
-            torch.manual_seed(args.seed)
         if args.tensor_parallel_size > 1 and model is not None:
             raise ValueError(
                 "tensor_parallel_size > 1 loads each rank's shard itself: pass EngineArgs.model, not model="

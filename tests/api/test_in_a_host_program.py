@@ -1,8 +1,9 @@
 """enginespec inside someone else's program (a service, a notebook, a pipeline, a test suite):
 its log lines go to loggers under `enginespec` and nowhere else, it configures no logger (no
 handler, no level: the host's logging setup decides what shows, as for any library; only
-`enginespec serve` gives `enginespec` a handler), and it prints nothing to stdout. The README
-says how to see the log lines, under the same logger name."""
+`enginespec serve` gives `enginespec` a handler), it prints nothing to stdout, and it leaves
+torch's global random generator to the host (the engine draws from generators of its own).
+The README says how to see the log lines, under the same logger name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import enginespec
 from enginespec.llm import LLM
@@ -77,3 +79,27 @@ def test_building_and_using_an_llm_configures_no_logger_and_prints_nothing(capsy
     }
     assert not ours_configured
     assert capsys.readouterr().out == ""
+
+
+def test_building_an_llm_leaves_the_hosts_torch_random_stream_as_it_was():
+    """EngineCore called torch.manual_seed(seed) (seed 0 unless given): every LLM a host built
+    restarted the host's own torch random stream at seed 0, so a pipeline or test suite that
+    seeded torch for its own draws got the same numbers after each LLM, whatever its seed. No
+    draw of the engine's came from that stream (the sampler and the draft verifier have their
+    own generators, seeded by EngineArgs.seed)."""
+    torch.manual_seed(1234)
+    want = torch.rand(4)
+    torch.manual_seed(1234)
+    llm = LLM(
+        str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", block_size=4, num_blocks=32, seed=0
+    )
+    assert torch.equal(torch.rand(4), want)
+    torch.manual_seed(1234)
+    sampled = llm.generate(["hi"], SamplingParams(max_tokens=4, temperature=1.0), use_tqdm=False)
+    assert torch.equal(torch.rand(4), want)
+    again = LLM(
+        str(tiny_model_dir("qwen3")), dtype="float32", device="cpu", block_size=4, num_blocks=32, seed=0
+    )
+    torch.manual_seed(99)  # the host's seed does not reach the engine's draws either
+    redrawn = again.generate(["hi"], SamplingParams(max_tokens=4, temperature=1.0), use_tqdm=False)
+    assert redrawn[0].outputs[0].token_ids == sampled[0].outputs[0].token_ids
