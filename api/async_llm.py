@@ -106,7 +106,7 @@ class AsyncLLM:
         self.tokenizer = load_engine_tokenizer(args)
         self._beam_ids: set[str] = set()  # request ids of the beam searches under way
         self._defaults = GenerationDefaults.load(
-            args.model, args.generation_config, args.override_generation_config
+            args.model_dir(), args.generation_config, args.override_generation_config
         )
         self._client = EngineClient(
             args, self.tokenizer, max_waiting=UNBOUNDED_WAITING, in_process=in_process

@@ -39,9 +39,19 @@ dtype, bfloat16 where that is float32 or missing. On the CPU "auto" is float32 w
 checkpoint (a deliberate difference: vLLM applies its rule there too where the CPU supports a
 16-bit type); pass dtype="bfloat16" for half the weight and KV memory. The KV cache always takes the model's dtype.
 
+`model` is what vLLM users give: a local checkpoint directory (`~` and relative paths taken),
+or a Hugging Face repo id ("Qwen/Qwen3-0.6B") whose snapshot is already in the local hub cache
+(HF_HUB_CACHE / HF_HOME), at vLLM's `revision` (a branch, tag or commit; None: "main"; it does
+not apply to a local directory). Nothing is downloaded, HF_HUB_OFFLINE set or not: an uncached
+repo is a CheckpointNotFound naming the field, where it looked and the `hf download` command
+(worker/hub_cache.py). `model` keeps the id as given (the served model name, /v1/models);
+model_dir() is the directory loaded, resolved once per EngineArgs so that every process and
+tensor-parallel rank loads one snapshot.
+
 vLLM's arguments a ported `LLM(...)` passes every day, under vLLM's names and defaults:
-`tokenizer` (a local directory to load the tokenizer from instead of the model's; None: the
-model's), `tokenizer_mode` ("auto" and "hf": transformers' AutoTokenizer; "slow": the same with
+`tokenizer` (a local directory or a cached repo id to load the tokenizer from instead of the
+model's; None: the model's) and `tokenizer_revision` (its revision; None: `revision`, vLLM's
+rule), `tokenizer_mode` ("auto" and "hf": transformers' AutoTokenizer; "slow": the same with
 use_fast=False, which transformers 5 ignores: it has only its fast backend), `trust_remote_code`
 (False; passed to transformers' AutoConfig and AutoTokenizer, so a checkpoint's own
 configuration_*.py / tokenization_*.py may run; the decoder itself is always transformers' own
@@ -60,8 +70,8 @@ accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size`
 `distributed_executor_backend` (None or "mp": the tensor-parallel ranks are processes the engine
 spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refused),
 `data_parallel_size` (1: one engine; replicas are separate servers behind a router),
-`kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `revision` and
-`download_dir` (None: checkpoints are local directories, nothing is downloaded), `load_format`
+`kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0),
+`download_dir` (None: nothing is downloaded; the hub cache is read where HF_HUB_CACHE says), `load_format`
 ("auto" or "safetensors", the one format the loader reads), `logprobs_mode` ("raw_logprobs":
 logprobs are log_softmax of the model's logits before any edit, temperature or cut, vLLM V1's
 default; its processed and logits modes are refused), `logits_processors` (None or []: vLLM V1's
@@ -175,8 +185,7 @@ UNSUPPORTED_VALUES = {
     "data_parallel_size": ((1,), "one engine replica; run one per device group behind a router"),
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the device"),
-    "revision": ((None,), "checkpoints are local directories, nothing is downloaded"),
-    "download_dir": ((None,), "checkpoints are local directories, nothing is downloaded"),
+    "download_dir": ((None,), "nothing is downloaded; a cached repo is read where HF_HUB_CACHE says"),
     "load_format": (("auto", "safetensors"), "the loader reads *.safetensors only"),
     "tokenizer_mode": (("auto", "hf", "slow"), "tokenizers load through transformers' AutoTokenizer"),
     "logprobs_mode": (
@@ -261,7 +270,11 @@ def _check_vllm_args(args: "EngineArgs") -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise ValueError(f"{name} must be a number of GiB >= 0, got {value!r}")
     if args.tokenizer is not None and not isinstance(args.tokenizer, (str, os.PathLike)):
-        raise ValueError(f"tokenizer must be None or a directory path, got {args.tokenizer!r}")
+        raise ValueError(f"tokenizer must be None, a directory path or a repo id, got {args.tokenizer!r}")
+    for name in ("revision", "tokenizer_revision"):
+        value = getattr(args, name)
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise ValueError(f"{name} must be None or a branch, tag or commit hash, got {value!r}")
     source = args.generation_config
     if source not in ("auto", "vllm") and not (
         isinstance(source, (str, os.PathLike)) and Path(source).is_dir()
@@ -371,6 +384,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0
     revision: Optional[str] = None
+    tokenizer_revision: Optional[str] = None
     download_dir: Optional[str] = None
     load_format: str = "auto"
     logprobs_mode: str = "raw_logprobs"
@@ -383,6 +397,7 @@ class EngineArgs:
         bound), before any model loads; only what needs the model (max_model_len against its
         positions, an unchosen max_model_len's fitting) is checked where it is resolved."""
         self._resolve_unset()
+        self._dirs: dict = {}  # model_dir() / tokenizer_dir(), resolved once (model_dir says why)
         _check_impl(self.impl)
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             _check_int(name, getattr(self, name), 1, None)
@@ -434,9 +449,9 @@ class EngineArgs:
         field's default unless given, and nothing else of ours: vLLM's scripts pass it on as
         `LLM(**vars(ns))` (generate.py, chat.py) or `EngineArgs.from_cli_args(ns)`
         (llm_engine_example.py), and both take it as it is."""
-        from enginespec.entrypoints.cli import add_engine_flags
+        from enginespec.entrypoints.cli import MODEL_HELP, add_engine_flags
 
-        parser.add_argument("--model", help="local Hugging Face checkpoint directory")
+        parser.add_argument("--model", help=MODEL_HELP)
         add_engine_flags(parser)
         parser.set_defaults(**{f.name: f.default for f in dataclasses.fields(EngineArgs)})
         return parser
@@ -448,6 +463,36 @@ class EngineArgs:
         defaults. Checked as any EngineArgs is (a ValueError naming the field)."""
         names = [f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)]
         return cls(**{name: getattr(args, name) for name in names})
+
+    def model_dir(self) -> Optional[str]:
+        """The local directory `model` names (None without a model): the directory itself, or
+        the snapshot of the cached Hugging Face repo `model` at `revision`
+        (worker/hub_cache.py; CheckpointNotFound naming "model" otherwise). Resolved on the
+        first call and kept in these args, which travel pickled to the engine process and to
+        every tensor-parallel rank: all of them load the one snapshot, even if a download moves
+        the ref meanwhile. `model` itself stays as given (the served name, metrics, /v1/models)."""
+        if self.model is None:
+            return None
+        return self._dir("model", self.model, self.revision)
+
+    def tokenizer_dir(self) -> Optional[str]:
+        """The local directory of `tokenizer` (a directory or a cached repo id) at
+        `tokenizer_revision`, which is `revision` when None (vLLM's rule); None when neither is
+        given: the model's own directory (load_engine_tokenizer). A tokenizer_revision alone is
+        the model's repo at that revision."""
+        revision = self.tokenizer_revision or self.revision
+        if self.tokenizer is None and (self.model is None or revision == self.revision):
+            return None
+        return self._dir("tokenizer", self.tokenizer or self.model, revision)
+
+    def _dir(self, field: str, value, revision: Optional[str]) -> str:
+        """resolve_checkpoint's answer for (field, value, revision), kept (model_dir)."""
+        from enginespec.worker.hub_cache import resolve_checkpoint
+
+        key = (field, str(value), revision)
+        if key not in self._dirs:
+            self._dirs[key] = resolve_checkpoint(value, field=field, revision=revision)
+        return self._dirs[key]
 
     def mixed_graph_tokens(self, max_num_batched_tokens: int) -> int:
         """The largest mixed-step graph's token count (see max_cudagraph_capture_size)."""

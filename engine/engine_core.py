@@ -124,17 +124,18 @@ class EngineStats:
 def load_engine_tokenizer(args: EngineArgs):
     """The engine's tokenizer (the server's too): None with skip_tokenizer (or vLLM's
     skip_tokenizer_init) or no model; else
-    the one in args.tokenizer's directory (which must hold one) or the model's (None if it has
-    none), through AutoTokenizer with args.trust_remote_code, use_fast=False for
-    tokenizer_mode "slow"."""
+    the one in args.tokenizer_dir() (tokenizer / tokenizer_revision: a directory or a cached
+    repo, which must hold one) or the model's (None if it has none), through AutoTokenizer with
+    args.trust_remote_code, use_fast=False for tokenizer_mode "slow"."""
     if args.model is None or args.skip_tokenizer or args.skip_tokenizer_init:
         return None
     from enginespec.worker.loader import load_tokenizer, load_tokenizer_dir
 
     options = {"trust_remote_code": args.trust_remote_code, "use_fast": args.tokenizer_mode != "slow"}
-    if args.tokenizer is not None:
-        return load_tokenizer_dir(args.tokenizer, **options)
-    return load_tokenizer(args.model, **options)
+    tokenizer_dir = args.tokenizer_dir()
+    if tokenizer_dir is not None:
+        return load_tokenizer_dir(tokenizer_dir, **options)
+    return load_tokenizer(args.model_dir(), **options)
 
 
 def startup_line(stats: EngineStats) -> str:
@@ -200,7 +201,7 @@ class EngineCore:
         self.model = model if model is not None else self._load_model()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.generation = GenerationDefaults.load(
-            args.model, args.generation_config, args.override_generation_config
+            args.model_dir(), args.generation_config, args.override_generation_config
         )  # generation_config.json
         self.max_model_len = args.resolve_max_model_len(self.model.max_positions)
         self.model.cover_positions(self.max_model_len)  # past max_positions only where allowed
@@ -343,11 +344,11 @@ class EngineCore:
         if self.args.model is None:
             raise ValueError("EngineArgs.model must name a checkpoint directory (or pass model=)")
         device = resolve_device(self.args.device)
-        dtype = resolve_dtype(self.args.dtype, self.args.model, device)
+        dtype = resolve_dtype(self.args.dtype, self.args.model_dir(), device)
         if self.args.tensor_parallel_size > 1:
             return self._load_tensor_parallel(device, dtype)
         return FlatModel.from_pretrained(
-            self.args.model,
+            self.args.model_dir(),
             dtype=dtype,
             device=device,
             attention=self.impl.attention_backend(device),
@@ -415,7 +416,7 @@ class EngineCore:
         if config is None or config.method != "draft_model":
             return
         if model is None and draft_model is None and self.args.model is not None:
-            check_draft_checkpoint(config.model, self.args.model, self.args.trust_remote_code)
+            check_draft_checkpoint(config.model, self.args.model_dir(), self.args.trust_remote_code)
 
     def _load_draft(self, path: str):
         """The draft checkpoint at speculative_config.model; a checkpoint error names that field

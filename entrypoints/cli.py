@@ -1,13 +1,17 @@
 """The `enginespec` command line.
 
-    enginespec generate --model DIR --prompt "text" [--prompt ...] [--max-tokens 32] ...
+    enginespec generate --model MODEL --prompt "text" [--prompt ...] [--max-tokens 32] ...
                                   (a sampling flag left out takes the checkpoint's
                                   generation_config.json default, else greedy, 32 tokens)
     enginespec demo [--num-requests 16 --max-input-len 64 --max-output-len 32 --num-blocks 64]
     enginespec simulate [...]     (the control plane alone over a fake model; see simulate.py)
-    enginespec serve MODEL_DIR [--host 127.0.0.1 --port 8000 --api-key K [K ...] ...]
+    enginespec serve MODEL [--host 127.0.0.1 --port 8000 --api-key K [K ...] ...]
                                   (an OpenAI-compatible server; see entrypoints/openai/;
-                                  `serve --model MODEL_DIR`, vLLM's other form, is the same)
+                                  `serve --model MODEL`, vLLM's other form, is the same)
+
+MODEL is a local checkpoint directory or, as vLLM users give it, a Hugging Face repo id whose
+snapshot is already in the local hub cache (`--revision`; worker/hub_cache.py): nothing is
+downloaded.
 
 `python -m enginespec ...` is the same command line (for an environment whose scripts directory
 is not on PATH).
@@ -41,6 +45,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 # How soon a Ctrl-C whose KeyboardInterrupt was dropped is raised again (_interrupts_delivered)
 REDELIVER_S = 0.05
+MODEL_HELP = "a checkpoint directory, or a Hugging Face repo id in the local hub cache"
 BENCH_MOVED = (
     "the throughput benchmark lives in the repository, not the package: "
     "run `python benchmarks/throughput.py` from a checkout (same flags)"
@@ -339,7 +344,17 @@ def add_engine_flags(p) -> None:
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="a local directory to load the tokenizer from (default: the model's)",
+        help="a local directory or a cached Hugging Face repo id to load the tokenizer from (default: the model's)",
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        help="the Hugging Face revision (branch, tag or commit) of a repo-id model in the local hub cache",
+    )
+    p.add_argument(
+        "--tokenizer-revision",
+        default=None,
+        help="the tokenizer's revision in the local hub cache (default: --revision)",
     )
     p.add_argument(
         "--tokenizer-mode",
@@ -406,7 +421,6 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
         help="not supported (--no-enable-lora, vLLM's default, is accepted)",
     )
     p.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only")
-    p.add_argument("--revision", default=None, help="not supported (checkpoints are local directories)")
     p.add_argument("--download-dir", default=None, help="not supported (nothing is downloaded)")
     p.add_argument("--load-format", default=None, help="auto or safetensors")
 
@@ -452,6 +466,7 @@ _ENGINE_KEYS = (
     "enable_lora",
     "cpu_offload_gb",
     "revision",
+    "tokenizer_revision",
     "download_dir",
     "load_format",
     "logprobs_mode",
@@ -470,7 +485,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"enginespec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for prompts from a local checkpoint")
-    gen.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    gen.add_argument("--model", required=True, help=MODEL_HELP)
     gen.add_argument(
         "--prompt", type=_argv_text, action="append", required=True, help="a prompt (repeat for several)"
     )
@@ -562,7 +577,7 @@ def _seconds(text: str) -> float:
 def _add_serve_parser(sub) -> None:
     """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
-    serve.add_argument("model", nargs="?", default=None, help="local Hugging Face checkpoint directory")
+    serve.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     serve.add_argument(
         "--model",
         dest="model_flag",
@@ -691,12 +706,12 @@ def _add_cors_args(serve) -> None:
 
 
 def _serve_model(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    """Set ns.model from the positional MODEL_DIR or vLLM's --model (exactly one of them, or
-    both naming the same directory); else argparse's usage error (exit 2) saying so."""
+    """Set ns.model from the positional MODEL or vLLM's --model (exactly one of them, or
+    both naming the same model); else argparse's usage error (exit 2) saying so."""
     given = {ns.model, ns.model_flag} - {None}
     if len(given) != 1:
-        which = "got none" if not given else f"got MODEL_DIR {ns.model!r} and --model {ns.model_flag!r}"
-        parser.error(f"serve: give the checkpoint directory once, as MODEL_DIR or as --model ({which})")
+        which = "got none" if not given else f"got MODEL {ns.model!r} and --model {ns.model_flag!r}"
+        parser.error(f"serve: give the model once, as MODEL or as --model ({which})")
     ns.model = given.pop()
 
 

@@ -455,3 +455,37 @@ def default_dir(shape: str) -> Path:
         os.environ.get("TMPDIR", "/tmp"), "enginespec-synth"
     )
     return Path(root) / shape
+
+
+def write_hub_cache(
+    src, cache, repo_id: str, *, commit: Optional[str] = None, ref: Optional[str] = "main"
+) -> Path:
+    """Lay the checkpoint directory `src` out in `cache` as huggingface_hub's cache holds a
+    downloaded repo, and return the snapshot directory:
+    `models--{org}--{name}/blobs/<sha256 of each file>` (the content, named as an LFS file's
+    blob is), `snapshots/<commit>/<file>` (relative symlinks into ../../blobs, as `hf download`
+    makes them) and `refs/<ref>` holding the commit (ref None: no ref, reachable by the commit
+    alone). commit defaults to a 40-hex digest of the files, so the same checkpoint gets the same
+    commit. For tests of the model argument as a repo id (worker/hub_cache.py)."""
+    import hashlib
+
+    src, cache = Path(src), Path(cache)
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    if commit is None:
+        commit = hashlib.sha1("".join(digests[p] for p in files).encode()).hexdigest()
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    for p in files:
+        blob = repo / "blobs" / digests[p]
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists():
+            blob.write_bytes(p.read_bytes())
+        link = snapshot / p.relative_to(src)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    if ref is not None:
+        ref_file = repo / "refs" / ref
+        ref_file.parent.mkdir(parents=True, exist_ok=True)
+        ref_file.write_text(commit)  # no newline, as huggingface_hub writes it
+    return snapshot

@@ -1,6 +1,7 @@
 """Checkpoint loader: a local Hugging Face directory (config.json + *.safetensors) -> a module tree.
 
-Never downloads: the path must be a directory on disk. Tensors are read with safetensors'
+Never downloads: the path must be a directory on disk (a repo id in the local hub cache is
+resolved to its snapshot directory before it gets here: worker/hub_cache.py). Tensors are read with safetensors'
 `safe_open` straight onto the target device and cast to the target dtype, one at a time, into a
 module tree built on the meta device (so no weight is ever allocated twice). Every failure is a
 CheckpointError (a ValueError) naming the file or tensor at fault; a missing directory or file

@@ -41,10 +41,10 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
 
     trust = args.trust_remote_code
     plan = ShardPlan.from_config(
-        _text_config(load_config(args.model, trust_remote_code=trust)), rank, world_size
+        _text_config(load_config(args.model_dir(), trust_remote_code=trust)), rank, world_size
     )
     hf_model = build_model(
-        args.model, device=device, dtype=dtype, slicer=plan.slice_for, trust_remote_code=trust
+        args.model_dir(), device=device, dtype=dtype, slicer=plan.slice_for, trust_remote_code=trust
     )
     parallelize(hf_model, plan)
     model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)

@@ -676,7 +676,7 @@ def run_server(ns) -> int:
         with _stop_signals_raise():  # until uvicorn's own handlers take over in server.run()
             info = client.launch()
             defaults = GenerationDefaults.load(
-                args.model, args.generation_config, args.override_generation_config
+                args.model_dir(), args.generation_config, args.override_generation_config
             ).sampling
             if defaults:
                 log.info(

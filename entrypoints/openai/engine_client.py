@@ -224,6 +224,7 @@ class EngineClient:
         here (a ValueError stays one, so the CLI reports a bad checkpoint in one line)."""
         from enginespec.engine.core_proc import PipeSender, run_engine_core, serve_engine
 
+        self.args.model_dir()  # resolved here, once: the engine process loads this snapshot
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)

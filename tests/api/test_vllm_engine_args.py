@@ -85,7 +85,6 @@ def test_vllm_defaults_are_accepted_silently():
         ("data_parallel_size", 2, "1"),
         ("kv_cache_dtype", "fp8", "'auto'"),
         ("cpu_offload_gb", 4, "0"),
-        ("revision", "main", "None"),
         ("download_dir", "/tmp/hf", "None"),
         ("load_format", "pt", "'auto', 'safetensors'"),
         ("tokenizer_mode", "mistral", "'auto', 'hf', 'slow'"),
@@ -181,9 +180,10 @@ def test_tokenizer_mode_slow_asks_for_the_slow_tokenizer(hf_calls, mode, use_fas
     assert kwargs["use_fast"] is use_fast and kwargs["local_files_only"] is True
 
 
-def test_tokenizer_directory_must_be_local_and_hold_one(tmp_path, word_tokenizer_dir):
-    """vLLM's tokenizer= may be a hub name; ours must be a local directory, with tokenizer
-    files but no config.json needed (the engine and the server load it the same way)."""
+def test_tokenizer_directory_must_exist_and_hold_one(tmp_path, word_tokenizer_dir, monkeypatch):
+    """vLLM's tokenizer= is a local directory, with tokenizer files but no config.json needed
+    (the engine and the server load it the same way), or a hub name, which must be in the
+    local hub cache (tests/api/test_model_from_hub_cache.py): nothing is downloaded."""
     from enginespec.engine.engine_core import load_engine_tokenizer
 
     model_dir = str(tiny_model_dir("qwen3"))
@@ -191,9 +191,11 @@ def test_tokenizer_directory_must_be_local_and_hold_one(tmp_path, word_tokenizer
         9
     ]
     assert load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer="x", skip_tokenizer=True)) is None
-    for name in ("Qwen/Qwen3-0.6B", str(tmp_path / "missing")):
-        with pytest.raises(ValueError, match="tokenizer directory .* does not exist .*nothing is downloaded"):
-            load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=name))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    with pytest.raises(ValueError, match="tokenizer 'Qwen/Qwen3-0.6B' does not exist.*nothing is downloaded"):
+        load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer="Qwen/Qwen3-0.6B"))
+    with pytest.raises(ValueError, match="tokenizer '.*missing' does not exist: no local directory"):
+        load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=str(tmp_path / "missing")))
     with pytest.raises(ValueError, match="tokenizer directory .* has none of"):
         load_engine_tokenizer(EngineArgs(model=model_dir, tokenizer=str(tmp_path)))
 

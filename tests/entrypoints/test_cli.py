@@ -180,6 +180,29 @@ def test_missing_directory_fails_naming_it(capsys, tmp_path):
     assert rc == 2 and str(missing) in err and "does not exist" in err
 
 
+def test_generate_takes_a_repo_id_from_the_hub_cache_with_its_revisions(capsys, tmp_path, monkeypatch):
+    """`generate --model org/name --revision R --tokenizer-revision R`, as vLLM's command lines
+    give a model: the cached snapshot's output, the same as its directory's; an uncached repo
+    is the one-line error naming the field and the download command."""
+    from enginespec.testing.checkpoints import make_checkpoint, write_hub_cache
+
+    cache = tmp_path / "hub"
+    write_hub_cache(tiny_model_dir("qwen3"), cache, "org/tiny")
+    v2 = write_hub_cache(make_checkpoint("qwen3", tmp_path / "v2", seed=1), cache, "org/tiny", ref="v2")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    argv = ["--prompt", "abc", *GEN_FLAGS]
+    rc, direct, _ = run_cli(["generate", "--model", str(v2), *argv], capsys)
+    assert rc == 0
+    rc, out, _ = run_cli(
+        ["generate", "--model", "org/tiny", "--revision", "v2", "--tokenizer-revision", "v2", *argv], capsys
+    )
+    assert rc == 0 and out == direct
+    rc, _, err = run_cli(["generate", "--model", "org/absent", *argv], capsys)
+    assert rc == 2 and "model 'org/absent' does not exist" in err and "hf download org/absent" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_bad_flag_value_is_one_line(capsys, sharded_dir):
     rc, _, err = run_cli(
         ["generate", "--model", str(sharded_dir), "--prompt", "x", "--max-tokens", "0", "--no-tqdm"], capsys
@@ -680,7 +703,6 @@ def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
         (["-dp", "2"], "data_parallel_size"),
         (["--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
         (["--enable-lora"], "enable_lora"),
-        (["--revision", "main"], "revision"),
         (["--download-dir", "/tmp/x"], "download_dir"),
         (["--logprobs-mode", "processed_logprobs"], "logprobs_mode"),
     ],
@@ -714,7 +736,7 @@ def test_version_prints_the_package_version(capsys):
 
 def test_serve_takes_the_checkpoint_as_vllms_model_flag_too(capsys, monkeypatch):
     """`vllm serve --model DIR` (the form of vLLM's docker images and older scripts) names the
-    checkpoint as MODEL_DIR does (it was a usage error: "the following arguments are required:
+    checkpoint as MODEL does (it was a usage error: "the following arguments are required:
     model"); both forms at once must agree, and one of them is required."""
     from enginespec.entrypoints.openai import api_server
 
@@ -723,7 +745,7 @@ def test_serve_takes_the_checkpoint_as_vllms_model_flag_too(capsys, monkeypatch)
     for argv in (["--model", "/m"], ["/m"], ["/m", "--model", "/m"]):
         assert run_cli(["serve", *argv, "--port", "0"], capsys)[0] == 0
     assert served == ["/m"] * 3
-    for argv, named in ((["/m", "--model", "/n"], "got MODEL_DIR '/m' and --model '/n'"), ([], "got none")):
+    for argv, named in ((["/m", "--model", "/n"], "got MODEL '/m' and --model '/n'"), ([], "got none")):
         with pytest.raises(SystemExit) as exited:  # argparse's usage error
             run_cli(["serve", *argv], capsys)
         assert exited.value.code == 2 and named in capsys.readouterr().err

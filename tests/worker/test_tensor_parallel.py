@@ -322,6 +322,40 @@ def test_an_llm_dropped_unclosed_releases_its_workers(tmp_path):
     assert not dist.is_initialized()
 
 
+def test_a_cached_repo_id_loads_one_snapshot_on_every_rank(tmp_path, monkeypatch):
+    """LLM("org/name", tensor_parallel_size=2): every rank loads the snapshot rank 0 resolved
+    (the path travels in the pickled EngineArgs), even when a download moves refs/main to
+    another commit after rank 0 looked and before the workers load: TP=2's prompt logprobs are
+    TP=1's on the first snapshot (a rank that looked again would read other weights)."""
+    from enginespec.testing.checkpoints import write_hub_cache
+    from enginespec.worker import tp_group
+
+    cache, repo = tmp_path / "hub", "enginespec-test/tiny-qwen3"
+    first = write_hub_cache(make_checkpoint("qwen3", tmp_path / "a"), cache, repo)
+    other = write_hub_cache(make_checkpoint("qwen3", tmp_path / "b", seed=1), cache, repo, ref=None)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    kwargs = dict(impl="fast", dtype="float32", device="cpu")
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
+    prompt = [{"prompt_token_ids": list(PROMPTS[0])}]
+
+    def prompt_logprobs(llm) -> list[float]:
+        (out,) = llm.generate(prompt, params, use_tqdm=False)
+        return [lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], PROMPTS[0][1:])]
+
+    with LLM(str(first), **kwargs) as tp1:
+        expected = prompt_logprobs(tp1)
+    real_check_plan = tp_group.check_plan
+
+    def check_then_move_the_ref(args, world_size):
+        real_check_plan(args, world_size)  # rank 0 resolves the model here, before the spawn
+        (cache / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text(other.name)
+
+    monkeypatch.setattr(tp_group, "check_plan", check_then_move_the_ref)
+    with LLM(repo, tensor_parallel_size=2, **kwargs) as tp2:
+        assert tp2.engine.args.model_dir() == str(first)
+        assert prompt_logprobs(tp2) == pytest.approx(expected, abs=1e-4)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
 )
