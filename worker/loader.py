@@ -17,6 +17,7 @@ checkpoint's modeling code.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -372,17 +373,30 @@ def checkpoint_files(path) -> list[Path]:
     index = root / INDEX_FILE
     if index.is_file():
         files = [root / name for name in sorted(set(_weight_map(index).values()))]
-        for file in files:
+        for file in _linked(files):
             if not file.is_file():
                 raise CheckpointNotFound(f"shard {file.name} listed in {index} is missing")
         return files
     if (root / SINGLE_FILE).is_file():
         return [root / SINGLE_FILE]
-    files = sorted(root.glob("*.safetensors"))
+    files = _linked(sorted(root.glob("*.safetensors")))
     if not files:
         raise CheckpointNotFound(
             f"checkpoint directory {root} has no *.safetensors file{_pickled_hint(root)}"
         )
+    return files
+
+
+def _linked(files: list[Path]) -> list[Path]:
+    """`files`, after a CheckpointNotFound for the first that is a symlink to nothing: a hub
+    cache snapshot whose blob is gone (an interrupted or pruned download). Read, it was "corrupt
+    safetensors file ...: No such file or directory", or a shard "missing", naming no link."""
+    for file in files:
+        if file.is_symlink() and not file.exists():
+            raise CheckpointNotFound(
+                f"{file} is a link to {os.readlink(file)}, which does not exist (an interrupted or "
+                f"pruned download: fetch the checkpoint again)"
+            )
     return files
 
 

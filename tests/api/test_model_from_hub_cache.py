@@ -22,7 +22,7 @@ from enginespec.engine_args import EngineArgs
 from enginespec.llm import LLM
 from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import make_checkpoint, write_hub_cache
-from enginespec.worker.loader import CheckpointError, CheckpointNotFound
+from enginespec.worker.loader import CheckpointNotFound
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -159,7 +159,9 @@ def test_an_incomplete_snapshot_is_the_loaders_checkpoint_error(hub_env, tmp_pat
         LLM("org/partial", **ENGINE)
     dangling = write_hub_cache(src, cache, "org/dangling")
     (dangling / "model.safetensors").resolve().unlink()
-    with pytest.raises(CheckpointError, match="safetensors"):
+    with pytest.raises(
+        CheckpointNotFound, match=r"model\.safetensors is a link to \.\./\.\./blobs/\w+, which"
+    ):
         LLM("org/dangling", **ENGINE)
 
 

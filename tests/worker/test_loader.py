@@ -149,6 +149,25 @@ def test_missing_directory_never_downloads():
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_weight_file_linked_to_nothing_is_named_as_a_broken_link(tmp_path, sharded):
+    """A hub cache snapshot whose blob is gone (an interrupted or pruned download) holds a
+    symlink to nothing: it was "corrupt safetensors file ...: No such file or directory" (a
+    whole file may be fine once fetched again) or, in a sharded checkpoint, "missing"."""
+    path = _copy("qwen3", tmp_path)
+    name = "model.safetensors"
+    if sharded:
+        name = "model-00001-of-00001.safetensors"
+        (path / "model.safetensors").rename(path / name)
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": name}}))
+    (path / name).unlink()
+    (path / name).symlink_to("../../blobs/gone")
+    with pytest.raises(
+        CheckpointNotFound, match=f"{name} is a link to ../../blobs/gone, which does not exist"
+    ):
+        build_model(path)
+
+
 @pytest.mark.parametrize("given", ["config.json", "model.safetensors"])
 def test_a_file_given_for_the_directory_is_named_as_a_file(tmp_path, given):
     """A file of the checkpoint given for its directory: said to be a file (it was "does not
