@@ -41,7 +41,8 @@ checkpoint (a deliberate difference: vLLM applies its rule there too where the C
 
 `model` is what vLLM users give: a local checkpoint directory (`~` and relative paths taken),
 or a Hugging Face repo id ("Qwen/Qwen3-0.6B") whose snapshot is already in the local hub cache
-(HF_HUB_CACHE / HF_HOME), at vLLM's `revision` (a branch, tag or commit; None: "main"; it does
+(HF_HUB_CACHE / HF_HOME; vLLM's `download_dir` instead when given, the cache its downloads
+went to), at vLLM's `revision` (a branch, tag or commit; None: "main"; it does
 not apply to a local directory). Nothing is downloaded, HF_HUB_OFFLINE set or not: an uncached
 repo is a CheckpointNotFound naming the field, where it looked and the `hf download` command
 (worker/hub_cache.py). `model` keeps the id as given (the served model name, /v1/models);
@@ -70,8 +71,7 @@ accepted: `quantization` (None), `enable_lora` (False), `pipeline_parallel_size`
 `distributed_executor_backend` (None or "mp": the tensor-parallel ranks are processes the engine
 spawns on one host, vLLM's "mp"; "ray", "uni" and "external_launcher" are refused),
 `data_parallel_size` (1: one engine; replicas are separate servers behind a router),
-`kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0),
-`download_dir` (None: nothing is downloaded; the hub cache is read where HF_HUB_CACHE says), `load_format`
+`kv_cache_dtype` ("auto": the pool takes the model's dtype), `cpu_offload_gb` (0), `load_format`
 ("auto" or "safetensors", the one format the loader reads), `logprobs_mode` ("raw_logprobs":
 logprobs are log_softmax of the model's logits before any edit, temperature or cut, vLLM V1's
 default; its processed and logits modes are refused), `logits_processors` (None or []: vLLM V1's
@@ -185,7 +185,6 @@ UNSUPPORTED_VALUES = {
     "data_parallel_size": ((1,), "one engine replica; run one per device group behind a router"),
     "kv_cache_dtype": (("auto",), "the KV cache takes the model's dtype"),
     "cpu_offload_gb": ((0,), "weights stay on the device"),
-    "download_dir": ((None,), "nothing is downloaded; a cached repo is read where HF_HUB_CACHE says"),
     "load_format": (("auto", "safetensors"), "the loader reads *.safetensors only"),
     "tokenizer_mode": (("auto", "hf", "slow"), "tokenizers load through transformers' AutoTokenizer"),
     "logprobs_mode": (
@@ -271,6 +270,11 @@ def _check_vllm_args(args: "EngineArgs") -> None:
             raise ValueError(f"{name} must be a number of GiB >= 0, got {value!r}")
     if args.tokenizer is not None and not isinstance(args.tokenizer, (str, os.PathLike)):
         raise ValueError(f"tokenizer must be None, a directory path or a repo id, got {args.tokenizer!r}")
+    download_dir = args.download_dir
+    if download_dir is not None and not (
+        isinstance(download_dir, (str, os.PathLike)) and str(download_dir).strip()
+    ):
+        raise ValueError(f"download_dir must be None or a directory path (a hub cache), got {download_dir!r}")
     for name in ("revision", "tokenizer_revision"):
         value = getattr(args, name)
         if value is not None and not (isinstance(value, str) and value.strip()):
@@ -491,7 +495,9 @@ class EngineArgs:
 
         key = (field, str(value), revision)
         if key not in self._dirs:
-            self._dirs[key] = resolve_checkpoint(value, field=field, revision=revision)
+            self._dirs[key] = resolve_checkpoint(
+                value, field=field, revision=revision, cache_dir=self.download_dir
+            )
         return self._dirs[key]
 
     def mixed_graph_tokens(self, max_num_batched_tokens: int) -> int:

@@ -421,7 +421,11 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
         help="not supported (--no-enable-lora, vLLM's default, is accepted)",
     )
     p.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only")
-    p.add_argument("--download-dir", default=None, help="not supported (nothing is downloaded)")
+    p.add_argument(
+        "--download-dir",
+        default=None,
+        help="the hub cache to find a repo-id model in (default: HF_HUB_CACHE's)",
+    )
     p.add_argument("--load-format", default=None, help="auto or safetensors")
 
 

@@ -15,7 +15,8 @@ repo id ("Qwen/Qwen3-0.6B") whose snapshot `hf download` already put in the loca
 3. Anything else is a CheckpointNotFound (a ValueError and a FileNotFoundError) naming the
    field, the places looked in and the command that fetches the model.
 
-The cache is the one huggingface_hub writes (hub_cache_dir): HF_HUB_CACHE, else the legacy
+The cache is vLLM's download_dir when given (snapshot_download's cache_dir there too), else the
+one huggingface_hub writes (hub_cache_dir): HF_HUB_CACHE, else the legacy
 HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
 ~/.cache/huggingface/hub, read from the environment at each call and handed to
 snapshot_download: huggingface_hub.constants reads them once, at its import (transformers
@@ -53,21 +54,23 @@ def _expand(path: str) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(path)))
 
 
-def resolve_checkpoint(value, *, field: str = "model", revision: Optional[str] = None) -> str:
+def resolve_checkpoint(value, *, field: str = "model", revision: Optional[str] = None, cache_dir=None) -> str:
     """The local directory `value` names (module doc): the path itself when it exists, else
-    the cached snapshot of repo `value` at `revision`; else CheckpointNotFound naming `field`.
-    A blank value is refused by name (Path("") is the current directory)."""
+    the cached snapshot of repo `value` at `revision` in `cache_dir` (vLLM's download_dir;
+    None: hub_cache_dir()); else CheckpointNotFound naming `field`. A blank value is refused by
+    name (Path("") is the current directory)."""
     text = str(value)
     if not text.strip():
         raise CheckpointNotFound(f"{field} must be a non-empty path or repo id, got {text!r}")
     local = Path(text).expanduser().absolute()  # a later chdir does not move it
     if local.exists():
         return str(local)
-    cache = hub_cache_dir()
+    cache = hub_cache_dir() if cache_dir is None else _expand(str(cache_dir))
     snapshot, why = _cached_snapshot(text, revision, cache)
     if snapshot is not None:
         return snapshot
-    raise CheckpointNotFound(_not_found(field, text, local, revision, cache, why))
+    source = "set by HF_HUB_CACHE or HF_HOME" if cache_dir is None else "download_dir"
+    raise CheckpointNotFound(_not_found(field, text, local, revision, f"{cache} ({source})", why))
 
 
 def _cached_snapshot(repo_id: str, revision: Optional[str], cache: Path) -> tuple[Optional[str], str]:
@@ -87,15 +90,14 @@ def _cached_snapshot(repo_id: str, revision: Optional[str], cache: Path) -> tupl
     return str(folder), ""
 
 
-def _not_found(field: str, text: str, local: Path, revision: Optional[str], cache: Path, why: str) -> str:
+def _not_found(field: str, text: str, local: Path, revision: Optional[str], cache: str, why: str) -> str:
     """The one-line message: the field, where it looked, and how to get the model."""
     where = f"{field} {text!r} does not exist: no local directory {local}"
     if why == "invalid":
         return f"{where} (and {text!r} is no Hugging Face repo id to look up in the local cache)"
     rev = revision or "main"
     looked = (
-        f"{where}, and no snapshot of Hugging Face repo {text} at revision {rev!r} in the local "
-        f"cache {cache} (set by HF_HUB_CACHE or HF_HOME)"
+        f"{where}, and no snapshot of Hugging Face repo {text} at revision {rev!r} in the local cache {cache}"
     )
     if why:
         looked += f": {why}"

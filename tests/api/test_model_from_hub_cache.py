@@ -227,3 +227,15 @@ def test_async_llm_takes_a_repo_id(hub_env, no_network):
     finally:
         engine.shutdown()
     assert no_network == []
+
+
+def test_download_dir_is_the_cache_looked_in(hub, tmp_path, monkeypatch):
+    """vLLM's download_dir is the hub cache its downloads went to (snapshot_download's
+    cache_dir): a repo is looked up there instead of HF_HUB_CACHE's, and a miss names it."""
+    cache, main, _ = hub
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    assert EngineArgs(model=REPO, download_dir=str(cache)).model_dir() == str(main)
+    with pytest.raises(CheckpointNotFound, match=f"in the local cache {tmp_path} \\(download_dir\\)"):
+        EngineArgs(model=REPO, download_dir=str(tmp_path)).model_dir()
+    with pytest.raises(ValueError, match="download_dir must be None or a directory path"):
+        EngineArgs(model=REPO, download_dir=" ")

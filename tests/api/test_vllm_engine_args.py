@@ -85,7 +85,6 @@ def test_vllm_defaults_are_accepted_silently():
         ("data_parallel_size", 2, "1"),
         ("kv_cache_dtype", "fp8", "'auto'"),
         ("cpu_offload_gb", 4, "0"),
-        ("download_dir", "/tmp/hf", "None"),
         ("load_format", "pt", "'auto', 'safetensors'"),
         ("tokenizer_mode", "mistral", "'auto', 'hf', 'slow'"),
         ("logprobs_mode", "processed_logprobs", "'raw_logprobs'"),

@@ -703,7 +703,6 @@ def test_vllms_engine_flags_at_their_defaults_reach_engine_args(command):
         (["-dp", "2"], "data_parallel_size"),
         (["--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
         (["--enable-lora"], "enable_lora"),
-        (["--download-dir", "/tmp/x"], "download_dir"),
         (["--logprobs-mode", "processed_logprobs"], "logprobs_mode"),
     ],
 )
