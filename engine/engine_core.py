@@ -192,6 +192,7 @@ class EngineCore:
                 f"{self.impl.name!r} has {sorted(getattr(self.impl, 'capabilities', ()))}"
             )
         self.speculative_config = SpeculativeConfig.of(args.speculative_config)
+        self._draft_path: Optional[str] = None  # the draft's directory, once resolved (_draft_dir)
         self._check_draft_early(model, draft_model)
         if args.tensor_parallel_size > 1 and model is not None:
             raise ValueError(
@@ -404,7 +405,7 @@ class EngineCore:
             if given is not None:
                 raise ValueError("draft_model= needs speculative_config method 'draft_model'")
             return None
-        draft = given if given is not None else self._load_draft(config.model)
+        draft = given if given is not None else self._load_draft(self._draft_dir())
         check_draft_model(draft, self.model)
         return draft
 
@@ -416,7 +417,25 @@ class EngineCore:
         if config is None or config.method != "draft_model":
             return
         if model is None and draft_model is None and self.args.model is not None:
-            check_draft_checkpoint(config.model, self.args.model_dir(), self.args.trust_remote_code)
+            check_draft_checkpoint(self._draft_dir(), self.args.model_dir(), self.args.trust_remote_code)
+
+    def _draft_dir(self) -> str:
+        """speculative_config's draft "model" as a local directory, resolved once as
+        EngineArgs.model is (worker/hub_cache.py: a directory, or a repo id in the local hub
+        cache, download_dir's when given, at "main"); a miss is CheckpointNotFound prefixed
+        speculative_config.model, as the draft loader's errors are."""
+        from enginespec.worker.hub_cache import resolve_checkpoint
+        from enginespec.worker.loader import CheckpointError
+
+        if self._draft_path is None:
+            model = self.speculative_config.model
+            try:
+                self._draft_path = resolve_checkpoint(
+                    model, field="draft model", cache_dir=self.args.download_dir
+                )
+            except CheckpointError as e:
+                raise type(e)(f"speculative_config.model: {e}") from e
+        return self._draft_path
 
     def _load_draft(self, path: str):
         """The draft checkpoint at speculative_config.model; a checkpoint error names that field

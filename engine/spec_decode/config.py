@@ -60,8 +60,9 @@ class SpeculativeConfig:
     """method: "ngram" or "draft_model" (None: inferred from `model`); num_speculative_tokens:
     drafts per request per step (k >= 1); prompt_lookup_min / prompt_lookup_max (ngram): the
     n-gram lengths tried, longest first (vLLM's default min is 1 when only max is given, and
-    max = min when only min is given); model (draft_model): the draft checkpoint's directory,
-    same vocabulary as the target; disable_by_batch_size (either method): no drafts are
+    max = min when only min is given); model (draft_model): the draft checkpoint's directory
+    or a repo id in the local hub cache (resolved as EngineArgs.model, at "main"), same
+    vocabulary as the target; disable_by_batch_size (either method): no drafts are
     proposed in a step that starts with at least this many running requests (None: never
     disabled; an int >= 2, as vLLM's bound). Default DEFAULT_DISABLE_BY_BATCH_SIZE.
 

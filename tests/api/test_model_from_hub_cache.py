@@ -239,3 +239,19 @@ def test_download_dir_is_the_cache_looked_in(hub, tmp_path, monkeypatch):
         EngineArgs(model=REPO, download_dir=str(tmp_path)).model_dir()
     with pytest.raises(ValueError, match="download_dir must be None or a directory path"):
         EngineArgs(model=REPO, download_dir=" ")
+
+
+def test_a_draft_models_repo_id_loads_its_cached_snapshot(hub_env, no_network):
+    """speculative_config's draft "model", as vLLM takes it, may be a cached repo id too: the
+    target drafting for itself accepts every draft and keeps its greedy tokens; an uncached one
+    is the CheckpointNotFound naming speculative_config.model and the download."""
+    _, main, _ = hub_env
+    spec = {"method": "draft_model", "model": REPO, "num_speculative_tokens": 2}
+    llm = LLM(REPO, speculative_config=spec, **ENGINE)
+    assert _greedy(llm) == _greedy(LLM(str(main), **ENGINE))
+    assert llm.engine.draft_model is not None and llm.engine.stats.spec_decode.num_accepted_tokens > 0
+    with pytest.raises(
+        CheckpointNotFound, match=r"^speculative_config\.model: draft model 'org/none' does not"
+    ):
+        LLM(REPO, speculative_config={**spec, "model": "org/none"}, **ENGINE)
+    assert no_network == []
