@@ -30,6 +30,7 @@ and the loader's CheckpointError names the missing weights or config.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -76,18 +77,26 @@ def resolve_checkpoint(value, *, field: str = "model", revision: Optional[str] =
 def _cached_snapshot(repo_id: str, revision: Optional[str], cache: Path) -> tuple[Optional[str], str]:
     """(snapshot folder, "") when the cache holds repo_id at revision, else (None, why not):
     "" when it is simply not cached, "invalid" when repo_id is no repo id, or the hub's own
-    message for a snapshot it knows is incomplete."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    message for a snapshot it knows is incomplete (IncompleteSnapshotError, newer
+    huggingface_hub only: older ones return the folder, and the loader names what is missing)."""
+    from huggingface_hub import errors, snapshot_download
 
+    incomplete = getattr(errors, "IncompleteSnapshotError", ())
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)
-    except HFValidationError:
+    except errors.HFValidationError:
         return None, "invalid"
-    except LocalEntryNotFoundError as e:
-        incomplete = type(e).__name__ == "IncompleteSnapshotError"  # newer huggingface_hub only
-        return None, " ".join(str(e).split()) if incomplete else ""
+    except errors.LocalEntryNotFoundError as e:
+        return None, _missing_files(e) if isinstance(e, incomplete) else ""
     return str(folder), ""
+
+
+def _missing_files(error: Exception) -> str:
+    """The files the hub's IncompleteSnapshotError lists ("1 file(s) are missing (x, y)"), or
+    its whole message in one line where that part is not found."""
+    text = " ".join(str(error).split())
+    found = re.search(r"\d+ file\(s\) (are|is) missing \([^)]*\)", text)
+    return found.group(0) if found else text.rstrip(".")
 
 
 def _not_found(field: str, text: str, local: Path, revision: Optional[str], cache: str, why: str) -> str:
@@ -96,14 +105,13 @@ def _not_found(field: str, text: str, local: Path, revision: Optional[str], cach
     if why == "invalid":
         return f"{where} (and {text!r} is no Hugging Face repo id to look up in the local cache)"
     rev = revision or "main"
+    snapshot = f"snapshot of Hugging Face repo {text} at revision {rev!r} in the local cache {cache}"
     looked = (
-        f"{where}, and no snapshot of Hugging Face repo {text} at revision {rev!r} in the local cache {cache}"
+        f"{field} {text!r}: the {snapshot} is incomplete: {why}" if why else f"{where}, and no {snapshot}"
     )
-    if why:
-        looked += f": {why}"
     fetch = f"hf download {text}" + (f" --revision {revision}" if revision else "")
     return (
         f"{looked}. enginespec loads only what is on disk, nothing is downloaded at run time: fetch "
         f"it first with `{fetch}` (`huggingface-cli download` before huggingface_hub 1.0), or give "
-        f"a local checkpoint directory"
+        f"a local directory"
     )

@@ -12,9 +12,11 @@ its import: the engine must read them when it resolves)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import socket
 
+import huggingface_hub.errors
 import pytest
 
 from enginespec import AsyncLLM
@@ -149,7 +151,9 @@ def test_a_repo_id_not_in_the_cache_names_the_field_the_places_and_the_download(
 
 def test_an_incomplete_snapshot_is_the_loaders_checkpoint_error(hub_env, tmp_path, monkeypatch):
     """A snapshot without its weights (an interrupted download) or whose blob was deleted (a
-    dangling symlink) is the loader's CheckpointError naming what is missing, not a crash."""
+    dangling symlink) is the loader's CheckpointError naming what is missing, not a crash; one
+    that huggingface_hub's cached tree listing shows incomplete is said to be incomplete, with
+    the hub's list of what is missing (it read "does not exist", then the hub's whole text)."""
     src = make_checkpoint("qwen3", tmp_path / "src")
     cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -157,6 +161,18 @@ def test_an_incomplete_snapshot_is_the_loaders_checkpoint_error(hub_env, tmp_pat
     (partial / "model.safetensors").unlink()
     with pytest.raises(CheckpointNotFound, match=f"{partial}.*safetensors"):
         LLM("org/partial", **ENGINE)
+    judged = write_hub_cache(src, cache, "org/judged")  # the hub's tree listing of the commit
+    listing = {p.name: {"size": p.stat().st_size, "blob_id": "0" * 40} for p in judged.iterdir()}
+    trees = judged.parent.parent / "trees"
+    trees.mkdir()
+    (trees / f"{judged.name}.json").write_text(json.dumps({"format_version": 1, "files": listing}))
+    (judged / "model.safetensors").unlink()
+    judges = hasattr(huggingface_hub.errors, "IncompleteSnapshotError")  # newer huggingface_hub
+    verdict = "is incomplete: 1 file(s) are missing (model.safetensors)" if judges else "no *.safetensors"
+    with pytest.raises(CheckpointNotFound) as info:
+        LLM("org/judged", **ENGINE)
+    message = str(info.value)
+    assert verdict in message and "does not exist" not in message and "\n" not in message
     dangling = write_hub_cache(src, cache, "org/dangling")
     (dangling / "model.safetensors").resolve().unlink()
     with pytest.raises(
