@@ -385,16 +385,20 @@ def pytest_report_header(config):
     if not runs_ours(config):
         return None  # another project's run: no header, and no torch import for it
     target = impl_target(config)
+    parts = []
     try:
+        from enginespec.conformance.parts import parts_line
         from enginespec.spec import load_impl
 
-        name = getattr(load_impl(target), "name", "?")
+        loaded = load_impl(target)
+        name, parts = getattr(loaded, "name", "?"), [parts_line(loaded)]
     except Exception as e:  # the header must not hide the real error from the impl fixture
         name = f"<cannot load: {e}>"
     source = "--impl" if config.getoption("--impl") else ENV_IMPL if os.environ.get(ENV_IMPL) else "default"
     return [
         f"enginespec impl under test: {name} ({source}={target}); "
-        f"hypothesis profile for enginespec's tests: {config.stash.get(_PROFILE_KEY, '(hypothesis absent)')}"
+        f"hypothesis profile for enginespec's tests: {config.stash.get(_PROFILE_KEY, '(hypothesis absent)')}",
+        *parts,
     ]
 
 

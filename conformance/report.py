@@ -5,7 +5,8 @@ as pass; an error in setup or teardown as fail). A point's status is the worst o
 in the order fail > xfail > pass > skip; a point no collected test covers is "not-run". A
 capability or optional-method point of something the impl does not declare is "not-declared"
 whatever its tests did (its counts are kept): a point says "pass" only for what the impl claims.
-The file also names the impl (name, version, declared capabilities) and the enginespec version,
+The file also names the impl (name, version, declared capabilities, and which class builds each
+part, the author's or enginespec's: conformance/parts.py) and the enginespec version,
 so a backend can publish it as it is.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from enginespec.conformance.parts import impl_parts
 from enginespec.conformance.points import CAPABILITIES, POINTS
 
 RANK = {"fail": 3, "xfail": 2, "pass": 1, "skip": 0}
@@ -90,6 +92,7 @@ def impl_info(target: str, impl, error: Exception | None) -> dict:
             for p in CAPABILITIES
             if p.key.startswith("optional:") and declares(p, impl)
         ),
+        "parts": impl_parts(impl),
     }
 
 

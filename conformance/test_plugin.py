@@ -24,6 +24,7 @@ from enginespec.conformance import test_block_manager
 from enginespec.conformance.plugin import _PROFILE_KEY, ENV_PROFILE, PROFILES, needs_installed_plugin
 from enginespec.conformance.points import CAPABILITIES, POINTS
 from enginespec.conformance.report import ReportPlugin, point_status
+from enginespec.spec import load_impl
 
 REPO = Path(__file__).resolve().parents[1]
 IN_REPO = (REPO / "pyproject.toml").is_file()
@@ -574,3 +575,36 @@ def test_a_hypothesis_failure_prints_the_command_that_replays_it_from_anywhere(t
     replayed = pytest_run(shlex.split(commands[1])[3:], elsewhere)
     assert replayed.returncode == 1 and "1 failed" in replayed.stdout, describe(replayed)
     assert falsifying_examples(replayed.stdout) == examples[1:], describe(replayed)
+
+
+RefImpl = type(load_impl("reference"))
+
+
+class _OwnPool(RefImpl.block_manager_cls):
+    """An outside author's block manager (subclassing the reference's changes nothing here)."""
+
+
+class _OnePartSwapped(RefImpl):
+    name = "one-part"
+    block_manager_cls = _OwnPool
+
+
+def test_the_header_and_report_say_which_parts_are_the_authors():
+    """An impl that replaces one part and keeps the rest from the reference passes points 6-8 on
+    parts it did not write: the header and the report name the class that builds each part and
+    whether it is enginespec's own, so a published report says what its author's code is."""
+    from enginespec.conformance.parts import parts_line
+    from enginespec.conformance.report import impl_info
+
+    parts = impl_info("x", _OnePartSwapped(), None)["parts"]
+    assert parts["block_manager"] == {"by": f"{__name__}._OwnPool", "enginespec": False}
+    assert parts["scheduler"] == {"by": "enginespec.impls.reference.scheduler.Scheduler", "enginespec": True}
+    assert parts["request"]["enginespec"] and parts["attention"]["enginespec"]
+    assert parts["attention"]["by"] == "enginespec.impls.reference.ReferenceImpl.attention_backend"
+    assert parts["build_batch"] == {"by": "enginespec.spec.build_batch (none of its own)", "enginespec": True}
+    line = parts_line(_OnePartSwapped())
+    assert line.startswith(f"parts of the impl under test: yours: block_manager={__name__}._OwnPool; ")
+    assert "enginespec's own: request=enginespec.impls.reference.request.Request, scheduler=" in line
+    # an impl that is not a PartsImpl: each factory names itself
+    bare = SimpleNamespace(new_request=_OwnPool, new_block_manager=_OwnPool, new_scheduler=print)
+    assert impl_info("x", bare, None)["parts"]["scheduler"] == {"by": "builtins.print", "enginespec": False}
