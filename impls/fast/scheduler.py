@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
+from enginespec.impls.fast.request import FastRequest
 from enginespec.spec import SchedulerConfig, SchedulerOutput, Status, UpdateOutput
 from enginespec.spec.admission import check_add
-
-if TYPE_CHECKING:
-    from enginespec.impls.fast.request import FastRequest
 
 _key_of = attrgetter("_key")
 _RUNNING, _SWAPPED = Status.RUNNING, Status.SWAPPED
@@ -38,6 +36,19 @@ def _remove(queue: list, request) -> bool:
         del queue[i]
         return True
     return False
+
+
+def _check_fast_request(request) -> None:
+    """ValueError unless `request` is a FastRequest: the scheduler reads fields only it has
+    (`_key`, `_num_prompt`, `_out_limit`, the block manager mirrors), so a request of another
+    class would fail later, inside schedule(), as an AttributeError that fails the whole step."""
+    if not isinstance(request, FastRequest):
+        raise ValueError(
+            f"FastScheduler.add: request_cls must be FastRequest (the fast scheduler reads its own "
+            f"fields), got {type(request).__module__}.{type(request).__qualname__}: an impl that "
+            f"keeps the fast scheduler keeps the fast impl's requests (any spec.BlockManager works "
+            f"with them); one with its own requests needs its own scheduler or the reference's"
+        )
 
 
 class FastScheduler:
@@ -81,6 +92,7 @@ class FastScheduler:
         token is sampled at the last prompt position and needs no KV slot, and the
         max_model_len stop ends it (its _out_limit is 0: any output finishes it)."""
         cfg, bm = self.config, self.block_manager
+        _check_fast_request(request)
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already queued or running")
         check_add(request.num_prompt_tokens, request.params.max_tokens, cfg, bm.block_size, bm.num_blocks)

@@ -432,3 +432,18 @@ def test_batches_stay_valid_for_the_ring_and_reuse_their_device_views():
     assert again.input_ids.data_ptr() == batches[0].input_ids.data_ptr()
     assert len({b.input_ids.data_ptr() for b in batches}) == RING_SLOTS
     same_batch(again, plain_build_batch(out, bm))
+
+
+def test_fast_scheduler_refuses_a_request_of_another_impl():
+    """FastScheduler reads fields only FastRequest has (its policy key, prompt length and stop
+    limits, the block manager's mirrors). An impl that keeps scheduler_cls = FastScheduler but
+    swaps request_cls (or the reference's requests under the fast scheduler) is refused at add
+    with a ValueError naming request_cls, changing nothing, not an AttributeError at the first
+    schedule() that fails every request of the step."""
+    sched = FAST.new_scheduler(SchedulerConfig(), FAST.new_block_manager(8, 4))
+    foreign = load_impl("reference").new_request("a", [1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"request_cls .*FastRequest.*got enginespec\.impls\.reference"):
+        sched.add(foreign)
+    assert not sched.has_unfinished and sched.waiting == [] and foreign.status.value == "waiting"
+    sched.add(FAST.new_request("a", [1, 2, 3], SamplingParams(max_tokens=2)))  # the id is still free
+    assert [r for r, _ in sched.schedule().scheduled][0].request_id == "a"
