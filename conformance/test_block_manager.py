@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from enginespec.conformance.diff import divergence_report
+from enginespec.conformance.diff import divergence_report, short
 from enginespec.conformance.invariants import (
     cdiv,
     check_allocate,
@@ -68,8 +68,10 @@ def admit(bm, r, num_new_tokens=None):
     return ok, cached
 
 
+@spec_rule("hash-chain")
 def check_published(bm, r, start: int, end: int) -> None:
-    """Blocks that became full between token positions start and end are findable by their hash."""
+    """Blocks that became full between token positions start and end are findable by their
+    canonical chain hash: the block carries it, or another block already did (first writer wins)."""
     state = bm.state()
     if not bm.enable_prefix_caching:
         check_no_caching(state)
@@ -77,9 +79,46 @@ def check_published(bm, r, start: int, end: int) -> None:
     table = state.tables[r.request_id]
     chain = hash_request_blocks(r.token_ids, bm.block_size, r.cache_key)
     for i in range(start // bm.block_size, min(end, r.num_tokens) // bm.block_size):
-        assert state.block_hashes[table[i]] == chain[i] or chain[i] in state.cached, (
-            f"block {i} of {r.request_id} became full but was not published"
-        )
+        carried = state.block_hashes[table[i]]
+        if carried != chain[i] and chain[i] not in state.cached:  # raised: no raw 16-byte reprs
+            raise AssertionError(
+                f"block {i} of {r.request_id} (block id {table[i]}) became full: its chain hash "
+                f"{short(chain[i])} (spec.hash_request_blocks(token_ids, block_size, cache_key)[{i}], "
+                f"chained on block {i - 1}'s) is published by no block, and it carries "
+                f"{short(carried) if carried is not None else 'no hash'}"
+            )
+
+
+@spec_rule("find-cached-prefix")
+def check_prefix(before, after, cached, r, block_size: int, caching: bool) -> None:
+    """find_cached_prefix changed nothing and returned the longest cached run of the request's
+    chain from block 0, leaving the last token's block out."""
+    assert after == before, "find_cached_prefix changed the pool"
+    expected = expected_prefix(before, r, block_size, caching)
+    assert cached == expected, (
+        f"find_cached_prefix returned {cached}, expected {expected} (request of {r.num_tokens} "
+        f"tokens, blocks of {block_size}: at most (num_tokens - 1) // block_size = "
+        f"{(r.num_tokens - 1) // block_size} blocks, stopping at the first miss)"
+    )
+
+
+@spec_rule("find-cached-prefix")
+def check_hit_rates(impl_rate: float, reference_rate: float) -> None:
+    """Both pools count the same look-ups and hits (SCHEDULING.md: queries += max_blocks, hits +=
+    len(result) per find_cached_prefix)."""
+    assert impl_rate == pytest.approx(reference_rate), (
+        f"hit_rate: impl {impl_rate:.4f} != reference {reference_rate:.4f} (hits / blocks looked up; "
+        f"each find_cached_prefix looks up (num_tokens - 1) // block_size blocks, 0 with caching off "
+        f"or prompt_logprobs set, and hits the blocks it returns)"
+    )
+
+
+def agree(what: str, results: list) -> None:
+    """The impl's result (results[0]) equals the reference's (results[1:]): raised, naming which
+    side returned what."""
+    for other in results[1:]:
+        if other != results[0]:
+            raise AssertionError(f"{what} returned: impl {short(results[0])} != reference {short(other)}")
 
 
 class Side:
@@ -113,10 +152,10 @@ class PoolMachine(RuleBasedStateMachine):
             "Hypothesis prints the operations below"
         ]
 
-    def each(self, fn):
+    def each(self, fn, what: str = "the operation"):
         """Run fn(side) on every side; the results must agree (differential)."""
         results = [fn(side) for side in self.sides]
-        assert all(res == results[0] for res in results), f"impl and reference disagree: {results}"
+        agree(what, results)
         return results[0]
 
     def grow(self, side, r, n):
@@ -150,10 +189,7 @@ class PoolMachine(RuleBasedStateMachine):
             r = make(side.impl, rid, tokens, cache_key=key, prompt_logprobs=logprobs)
             before = side.bm.state()
             cached = side.bm.find_cached_prefix(r)
-            assert side.bm.state() == before, "find_cached_prefix changed the pool"
-            assert cached == expected_prefix(before, r, self.block_size, self.caching), (
-                f"find_cached_prefix returned {cached}, expected {expected_prefix(before, r, self.block_size, self.caching)}"
-            )
+            check_prefix(before, side.bm.state(), cached, r, self.block_size, self.caching)
             k = len(cached) * self.block_size
             n = 1 + int(fraction * (r.num_tokens - k - 1))
             ok = side.bm.allocate_slots(r, n, cached)
@@ -168,7 +204,7 @@ class PoolMachine(RuleBasedStateMachine):
                 side.live[rid] = r
             return ok, cached
 
-        self.each(run)
+        self.each(run, f"add({rid}): (allocated, cached blocks)")
 
     @precondition(lambda self: self.sides[0].live)
     @rule(data=st.data())
@@ -180,7 +216,7 @@ class PoolMachine(RuleBasedStateMachine):
             r = side.live[rid]
             return self.grow(side, r, 1 + int(fraction * (r.num_tokens - r.num_computed_tokens - 1)))
 
-        self.each(run)
+        self.each(run, f"extend({rid}): allocate_slots")
 
     @precondition(lambda self: self.sides[0].live)
     @rule(data=st.data())
@@ -193,7 +229,7 @@ class PoolMachine(RuleBasedStateMachine):
             side.bm.free(r)
             check_release(before, side.bm.state(), before.tables.get(rid, []), None, rid)
 
-        self.each(run)
+        self.each(run, f"free({rid})")
 
     @precondition(lambda self: self.sides[0].live)
     @rule(data=st.data())
@@ -212,7 +248,7 @@ class PoolMachine(RuleBasedStateMachine):
             r.num_computed_tokens = k
             r.num_cached_tokens = min(r.num_cached_tokens, k)
 
-        self.each(run)
+        self.each(run, f"trim({rid})")
 
     @rule()
     def reset(self):
@@ -230,7 +266,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert after == before, "a refused reset_prefix_cache changed the pool"
             return ok
 
-        self.each(run)
+        self.each(run, "reset_prefix_cache()")
 
     @rule(data=st.data())
     def refuse(self, data):
@@ -243,7 +279,7 @@ class PoolMachine(RuleBasedStateMachine):
             ok = side.bm.allocate_slots(r, r.num_tokens)
             assert not ok and side.bm.state() == before, "oversized allocation not refused cleanly"
 
-        self.each(run)
+        self.each(run, "refuse: allocate_slots past the free blocks")
 
     # ---- invariants ------------------------------------------------------------------------
 
@@ -272,8 +308,7 @@ class PoolMachine(RuleBasedStateMachine):
         impl_state, reference_state = (side.bm.state() for side in self.sides)
         if impl_state != reference_state:  # raised, not asserted: the field diff, not all(<generator>)
             raise AssertionError(divergence_report("PoolState", impl_state, reference_state, self.context()))
-        rates = [side.bm.hit_rate for side in self.sides]
-        assert all(rate == pytest.approx(rates[0]) for rate in rates), f"hit_rate differs: {rates}"
+        check_hit_rates(*(side.bm.hit_rate for side in self.sides))
 
 
 def test_pool_lockstep(impl, reference_impl):

@@ -17,7 +17,7 @@ from enginespec.conformance.invariants import (
     check_release,
 )
 from enginespec.conformance.rules import RULES, headings, spec_rule, where
-from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status
+from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status, hash_request_blocks
 
 
 def test_every_rule_points_to_a_section_that_exists():
@@ -157,3 +157,77 @@ def test_check_preempted_wants_a_swap_victim_swapped_and_marked_out():
             check_preempted(
                 _step(config, [], preempted=[victim(status, swapped_out)], swap_out=[("a", [])], reqs=reqs)
             )
+
+
+# The block-pool lockstep's own checks (test_block_manager.py): the first failure an outside
+# block manager meets, so each names its rule, which side is which, and hashes as 8 hex digits.
+
+
+def test_a_block_published_under_a_wrong_hash_names_the_rule_and_both_hashes():
+    """A pool whose hash leaves out the parent publishes block 1 under its own tokens' hash: the
+    failure printed 'block 1 of q became full but was not published' and raw 16-byte reprs of
+    the whole pool, with no rule and not the hash it carries instead."""
+    from enginespec.conformance.test_block_manager import check_published
+
+    tokens, bs = [1, 2, 3, 4], 2
+    chain, wrong = hash_request_blocks(tokens, bs), hash_request_blocks(tokens[2:], bs)[0]
+    state = PoolState(
+        free_queue=[],
+        ref_counts=[1, 1],
+        block_hashes=[chain[0], wrong],
+        cached={chain[0]: 0, wrong: 1},
+        tables={"q": [0, 1]},
+    )
+    bm = SimpleNamespace(enable_prefix_caching=True, block_size=bs, state=lambda: state)
+    r = SimpleNamespace(request_id="q", token_ids=tokens, num_tokens=4, cache_key=())
+    with pytest.raises(AssertionError) as info:
+        check_published(bm, r, 0, 4)
+    text = str(info.value)
+    assert text.startswith(where("hash-chain")), text
+    assert f"block 1 of q (block id 1) became full: its chain hash {chain[1].hex()[:8]}" in text, text
+    assert f"it carries {wrong.hex()[:8]}" in text and "b'" not in text, text
+    check_published(bm, r, 0, 2)  # block 0 is right
+
+
+def test_hit_rates_that_differ_name_the_rule_and_which_side_is_which():
+    """'hit_rate differs: [0.09, 0.11]' + 'assert False where False = all(<generator>)' said
+    neither which number was the impl's nor what counts as a look-up."""
+    from enginespec.conformance.test_block_manager import check_hit_rates
+
+    with pytest.raises(AssertionError) as info:
+        check_hit_rates(1 / 11, 1 / 9)
+    text = str(info.value)
+    assert text.startswith(where("find-cached-prefix")), text
+    assert "hit_rate: impl 0.0909 != reference 0.1111" in text and "(num_tokens - 1) // block_size" in text
+    assert "generator" not in text
+    check_hit_rates(0.5, 0.5)
+
+
+def test_a_pool_operation_whose_results_differ_says_which_is_the_impls():
+    from enginespec.conformance.test_block_manager import agree
+
+    with pytest.raises(
+        AssertionError, match=r"^add\(q3\) returned: impl \(True, \[0\]\) != reference \(True, \[\]\)"
+    ):
+        agree("add(q3)", [(True, [0]), (True, [])])
+    assert agree("free(q3)", [None, None]) is None
+
+
+def test_a_wrong_cached_prefix_names_its_rule():
+    """find_cached_prefix covering the last token's block failed with 'find_cached_prefix
+    returned [0], expected []' and no pointer to the one-token-left rule."""
+    from enginespec.conformance.test_block_manager import check_prefix
+
+    tokens = [1, 2]
+    state = PoolState(
+        free_queue=[0], ref_counts=[0], block_hashes=[hash_request_blocks(tokens, 2)[0]], cached={}, tables={}
+    )
+    state.cached[state.block_hashes[0]] = 0
+    r = SimpleNamespace(
+        token_ids=tokens, num_tokens=2, cache_key=(), params=SimpleNamespace(prompt_logprobs=None)
+    )
+    with pytest.raises(AssertionError) as info:
+        check_prefix(state, state, [0], r, 2, True)
+    text = str(info.value)
+    assert text.startswith(where("find-cached-prefix")) and "returned [0], expected []" in text, text
+    check_prefix(state, state, [], r, 2, True)
