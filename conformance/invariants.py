@@ -212,12 +212,13 @@ def check_limits(v: StepView) -> None:
         f"{len(v.out.scheduled)} requests > max_num_seqs {cfg.max_num_seqs}"
     )
     assert len(set(v.ids)) == len(v.ids), f"a request is scheduled twice: {v.ids}"
+    victims = {id(r) for r in v.out.preempted}  # scheduled, then preempted: check_order names the rule
     for r, n in v.out.scheduled:
         assert n >= 1, f"{r.request_id} scheduled with n={n}"
         assert r.num_computed_tokens + n <= r.num_tokens_with_spec, (
             f"{r.request_id}: computed {r.num_computed_tokens} + n {n} past its {r.num_tokens} known tokens"
         )
-        assert r.status == Status.RUNNING, f"{r.request_id} scheduled but {r.status}"
+        assert r.status == Status.RUNNING or id(r) in victims, f"{r.request_id} scheduled but {r.status}"
 
 
 @spec_rule("chunking")
@@ -259,8 +260,11 @@ def check_order(v: StepView) -> None:
         f"running requests not served in queue order: {ran} vs {v.pre.running}"
     )
     pre_ids = [r.request_id for r in v.out.preempted]
-    assert pre_ids == v.pre.running[::-1][: len(pre_ids)], (
-        f"victims {pre_ids} are not the back of the running queue {v.pre.running}"
+    back = v.pre.running[::-1][: len(pre_ids)]
+    assert pre_ids == back, (
+        f"victims {pre_ids} are not the back of the running queue {v.pre.running} (expected {back}: "
+        f"on allocation failure the victim is running[-1], the latest arrival or lowest priority, "
+        f"never a request already scheduled in the step)"
     )
     assert not set(pre_ids) & set(v.ids), "a preempted request was scheduled in the same step"
     if pre_ids:

@@ -15,6 +15,7 @@ from enginespec.conformance.invariants import (
     check_pool,
     check_preempted,
     check_release,
+    check_schedule,
 )
 from enginespec.conformance.rules import RULES, headings, spec_rule, where
 from enginespec.spec import PoolState, SchedulerConfig, SchedulerOutput, Status, hash_request_blocks
@@ -231,3 +232,18 @@ def test_a_wrong_cached_prefix_names_its_rule():
     text = str(info.value)
     assert text.startswith(where("find-cached-prefix")) and "returned [0], expected []" in text, text
     check_prefix(state, state, [], r, 2, True)
+
+
+def test_a_victim_taken_from_the_front_names_the_victim_rule():
+    """A scheduler that preempts the FIRST running request (already scheduled this step) failed
+    with 'a scheduled but Status.SWAPPED' under the step-limits rule (budget, max_num_seqs),
+    which says nothing of victims; the schedule-order check names them, and the expected one."""
+    config = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=2, preemption_mode="swap")
+    a = SimpleNamespace(**vars(_decode(4, 5, 4, 0, "a")), status=Status.SWAPPED)
+    b = SimpleNamespace(**vars(_decode(4, 5, 4, 0, "b")), status=Status.RUNNING)
+    v = _step(config, [(a, 1), (b, 1)], running=("a", "b"), preempted=[a])
+    with pytest.raises(AssertionError) as info:
+        check_schedule(v)
+    text = str(info.value)
+    assert text.startswith(where("schedule-order")), text
+    assert "victims ['a'] are not the back of the running queue ['a', 'b'] (expected ['b']" in text, text
