@@ -4,6 +4,7 @@ the canonical batch layout (build_batch).
 Nothing here imports an implementation; implementations are reached through `load_impl`.
 """
 
+from enginespec.spec.admission import check_add
 from enginespec.spec.attention import AttentionBackend
 from enginespec.spec.batch import PACKED_ALIGN, Batch, BatchMeta, packed_offsets, slot_of
 from enginespec.spec.batch_layout import build_batch
@@ -58,6 +59,7 @@ __all__ = [
     "SupportsAsyncScheduling",
     "MAX_LOGIT_BIAS",
     "MAX_N",
+    "check_add",
     "check_cache_key",
     "check_token_id",
     "check_count",

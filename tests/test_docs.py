@@ -408,3 +408,16 @@ def test_every_test_a_page_names_exists():
         if gone := sorted(named - defined):
             missing[page] = gone
     assert defined and not missing, f"pages name tests that do not exist: {missing}"
+
+
+def test_every_spec_name_the_backend_guide_gives_is_importable_from_spec():
+    """docs/writing-a-backend.md names the spec's helpers as `spec.NAME`; each is an attribute
+    of `enginespec.spec` and in its `__all__`, so an outside author imports it as written (add()'s
+    refusals, which every scheduler shares, were reachable only as the undocumented
+    `enginespec.spec.admission.check_add`)."""
+    import enginespec.spec as spec
+
+    named = set(re.findall(r"\bspec\.([A-Za-z_]\w*)", (ROOT / "docs" / "writing-a-backend.md").read_text()))
+    assert {"check_add", "stop_after_token", "hash_request_blocks"} <= named
+    missing = sorted(n for n in named if not hasattr(spec, n) or n not in spec.__all__)
+    assert not missing, f"the guide names spec.{missing}, which enginespec.spec does not export"
