@@ -25,7 +25,8 @@ Options:
 Hypothesis profiles (names prefixed so they cannot clash with another project's):
 `enginespec-ci` (default: few examples, no deadline, derandomized so a failure reproduces on
 every machine, and no shrinking: shrinking a failing stateful trace can take minutes),
-`enginespec-dev` (more examples, shrinking: use it to get the shortest failing trace) and
+`enginespec-shrink` (enginespec-ci's examples, then shrinking: the failure CI found, shortest),
+`enginespec-dev` (more examples, shrinking: a new random search) and
 `enginespec-thorough` (many examples, long stateful runs). `--hypothesis-profile NAME` (or
 $ENGINESPEC_HYPOTHESIS_PROFILE) picks another for our tests. Our profile is loaded around the
 collection of our modules (so `@settings` decorators there inherit it) and around each of our
@@ -50,7 +51,8 @@ import pytest
 ENV_IMPL = "ENGINESPEC_IMPL"
 ENV_PROFILE = "ENGINESPEC_HYPOTHESIS_PROFILE"
 DEFAULT_PROFILE = "enginespec-ci"
-PROFILES = (DEFAULT_PROFILE, "enginespec-dev", "enginespec-thorough")
+SHRINK_PROFILE = "enginespec-shrink"
+PROFILES = (DEFAULT_PROFILE, SHRINK_PROFILE, "enginespec-dev", "enginespec-thorough")
 PROFILE_OPTION = "--hypothesis-profile"
 
 #: enginespec's package directory of tests (installed or in the repo) and the tree around it
@@ -74,8 +76,7 @@ def register_profiles() -> bool:
     except ImportError:
         return False
     slow = [HealthCheck.too_slow]
-    settings.register_profile(
-        "enginespec-ci",
+    ci = dict(
         max_examples=12,
         stateful_step_count=25,
         deadline=None,
@@ -83,8 +84,11 @@ def register_profiles() -> bool:
         database=None,
         print_blob=False,  # its @reproduce_failure asks to edit a test that lives in site-packages
         suppress_health_check=slow,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate],
     )
+    settings.register_profile("enginespec-ci", phases=[Phase.explicit, Phase.reuse, Phase.generate], **ci)
+    # The same derandomized examples as enginespec-ci, then shrinking: the replay of a CI
+    # failure that prints its shortest form, on any machine (a new random search may miss it).
+    settings.register_profile(SHRINK_PROFILE, **ci)
     settings.register_profile(
         "enginespec-dev",
         max_examples=60,
@@ -350,7 +354,13 @@ def replay_note(item) -> str:
     else:
         why = f"the {name} profile draws new examples each run and saves none: add --hypothesis-seed=N"
     lines = [f"enginespec: to reproduce this failure ({why}):", f"  {command}"]
-    if Phase.shrink not in current.phases:
+    if Phase.shrink not in current.phases and current.derandomize:
+        lines += [
+            "for the shortest failing example, replay the same examples with shrinking on "
+            "(from any directory; a long stateful trace may take minutes to shrink):",
+            f"  {replay_command(item, None, SHRINK_PROFILE)}",
+        ]
+    elif Phase.shrink not in current.phases:
         saved = settings.get_profile("enginespec-dev").database is not None
         tail = (
             "; what it finds is saved in .hypothesis/ here, and the same command replays it" if saved else ""

@@ -99,7 +99,7 @@ def test_a_planted_divergence_reads_as_a_diff_with_a_rerun_command(tmp_path):
         "  python -m pytest --pyargs 'enginespec.conformance.test_stateful::test_lockstep_with_reference"
         f"[recompute]' --impl={target}\n"
     ) in out, out[-3000:]
-    assert f"[recompute]' --impl={target} --hypothesis-profile=enginespec-dev\n" in out, out[-3000:]
+    assert f"[recompute]' --impl={target} --hypothesis-profile=enginespec-shrink\n" in out, out[-3000:]
     assert (
         "b'\\x" not in out.split("impl under test and reference diverged:")[1].split("Hypothesis prints")[0]
     )

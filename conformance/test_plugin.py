@@ -608,3 +608,32 @@ def test_the_header_and_report_say_which_parts_are_the_authors():
     # an impl that is not a PartsImpl: each factory names itself
     bare = SimpleNamespace(new_request=_OwnPool, new_block_manager=_OwnPool, new_scheduler=print)
     assert impl_info("x", bare, None)["parts"]["scheduler"] == {"by": "builtins.print", "enginespec": False}
+
+
+@needs_installed_plugin
+def test_the_shrink_command_replays_the_failing_examples_with_shrinking_on(tmp_path):
+    """The note's second command used to search again at random (enginespec-dev): for an outside
+    scheduler whose budget overran by one token it passed on a first try while the default run
+    failed, and for a wrong victim it took 219 s. It now replays the default profile's own
+    (derandomized) examples with shrinking on, enginespec-shrink: the same failure, on any
+    machine, shrunk, from outside the repo."""
+    from hypothesis import Phase
+
+    ci, shrink = settings.get_profile("enginespec-ci"), settings.get_profile("enginespec-shrink")
+    assert shrink.derandomize and Phase.shrink in shrink.phases and shrink.database is None
+    assert (shrink.max_examples, shrink.stateful_step_count) == (ci.max_examples, ci.stateful_step_count)
+    target = "enginespec.conformance.planted.bugs:HEAD_FIRST_FREE"
+    node = "enginespec.conformance.test_block_manager::test_pool_lockstep"
+    proc = pytest_run(["--pyargs", node, f"--impl={target}"], tmp_path)
+    assert proc.returncode == 1, describe(proc)
+    command = f"python -m pytest --pyargs {node} --impl={target} --hypothesis-profile=enginespec-shrink"
+    lines = proc.stdout.splitlines()
+    (header,) = [i for i, line in enumerate(lines) if "for the shortest failing example" in line]
+    assert "replay the same examples with shrinking on" in lines[header], describe(proc)
+    assert lines[header + 1].removeprefix("E").strip() == command, describe(proc)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shrunk = pytest_run(shlex.split(command)[3:], elsewhere)
+    assert shrunk.returncode == 1 and "1 failed" in shrunk.stdout, describe(shrunk)
+    (before,), (after,) = falsifying_examples(proc.stdout), falsifying_examples(shrunk.stdout)
+    assert after.count("\n") <= before.count("\n"), describe(shrunk)
