@@ -322,7 +322,11 @@ def pytest_runtest_call(item):
 
 def found_by_hypothesis(error: BaseException) -> bool:
     """Whether Hypothesis reported this failure: it notes a falsifying example on the error, or
-    raised one of its own errors (flaky, health check, deadline)."""
+    raised one of its own errors (flaky, health check, deadline), or grouped several distinct
+    failures it found (an exception group, from a profile that shrinks) of which one is such."""
+    group = getattr(error, "exceptions", None)
+    if isinstance(group, tuple) and any(found_by_hypothesis(e) for e in group):
+        return True
     notes = getattr(error, "__notes__", None) or ()
     return any("Falsifying" in str(note) for note in notes) or type(error).__module__.startswith("hypothesis")
 
