@@ -8,16 +8,17 @@ of the checkpoint, then obeys rank 0's control messages in order:
   batch tensors and run the forward (tp_runner.py);
 - ("stop",): leave the group and exit 0.
 Any exception is sent back as ("error", traceback) before the worker exits 1, so rank 0 can
-name it. A worker never outlives rank 0 (its parent): a thread waits on the parent's sentinel
-and ends the process at once when rank 0 is gone, whatever the worker is doing (joining the
-group, loading its shard, building its runner: no pipe is read then); EOF on the pipe between
-steps says the same. The worker never samples: only rank 0
-holds the full logits. SIGINT and SIGTERM are ignored: the terminal's Ctrl-C, and a SIGTERM to the
-whole process group (systemd's control-group kill, `kill -TERM -- -PGID`), reach every process,
-but the worker's life is rank 0's to end (it ends the workers, with SIGKILL where a stop is not
-obeyed, or goes on with them: a server drains its requests first), as the engine process's is
-the front end's (engine/core_proc.py). A worker that died of the group's SIGTERM killed the
-engine under every request still running.
+name it. Either way the worker ends with os._exit once its group is destroyed (_exit_now: the
+interpreter's teardown with gloo's threads alive aborted it now and then). A worker never
+outlives rank 0 (its parent): a thread waits on the parent's sentinel and ends the process at
+once when rank 0 is gone, whatever the worker is doing (joining the group, loading its shard,
+building its runner: no pipe is read then); EOF on the pipe between steps says the same. The
+worker never samples: only rank 0 holds the full logits. SIGINT and SIGTERM are ignored: the
+terminal's Ctrl-C, and a SIGTERM to the whole process group (systemd's control-group kill,
+`kill -TERM -- -PGID`), reach every process, but the worker's life is rank 0's to end (it ends
+the workers, with SIGKILL where a stop is not obeyed, or goes on with them: a server drains its
+requests first), as the engine process's is the front end's (engine/core_proc.py). A worker
+that died of the group's SIGTERM killed the engine under every request still running.
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def worker_main(info, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns Ctrl-C and SIGTERM (module doc)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
+    code = 1
     try:
         _serve(info, conn)
+        code = 0
     except EOFError:  # rank 0 closed the pipe or died: nothing to report to
-        sys.exit(1)
+        pass
     except BaseException as exc:  # noqa: BLE001 - report anything, then exit non-zero
         from enginespec.worker.tp_group import format_exception
 
@@ -69,10 +72,35 @@ def worker_main(info, conn) -> None:
             conn.send(("error", f"rank {info.rank}: {format_exception(exc)}"))
         except (OSError, EOFError):
             pass
-        sys.exit(1)
     finally:
         _leave_group()
-    sys.exit(0)
+        _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """End the worker with `code`, its output flushed, without the interpreter's teardown.
+
+    Teardown (atexit, the collection of every module, then C++'s static destructors in exit())
+    ran with gloo's threads alive in this process, and under load it now and then ended in
+    std::terminate ("terminate called without an active exception", a joinable std::thread
+    destroyed), printed after the user's own Ctrl-C traceback: to the user a crash. A worker is
+    the one process of the group that can abort so unnoticed (rank 0 ignores a stopped worker's
+    status; rank 0's own abort would be its status, -6). Nothing a worker holds needs the
+    teardown: its compile workers end with their lease (_serve; closed again here should one be
+    left), it makes no temp dirs, and logging and stdio are flushed here. Its parent watch ends
+    it with os._exit too."""
+    import logging
+
+    from enginespec.kernels.compile_procs import close_workers
+
+    try:
+        close_workers()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    finally:
+        os._exit(code)
 
 
 def _exit_with_parent() -> None:
