@@ -76,6 +76,70 @@ def test_outside_a_section_a_ctrl_c_raises_at_once_and_an_ignored_one_stays_igno
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
+def test_a_ctrl_c_runs_the_handler_the_caller_installed_held_or_not(ctrl_c):
+    """An application's own SIGINT handler (one that sets a stop flag and raises nothing) is
+    the one a Ctrl-C reaches, not Python's KeyboardInterrupt: at once outside a section, at
+    the section's end inside one (the handler ours replaced is called with the held signal),
+    and it is SIGINT's handler again after both."""
+    calls = []
+
+    def stop_flag(signum, frame):
+        calls.append(signum)
+
+    signal.signal(signal.SIGINT, stop_flag)
+    try:  # (a KeyboardInterrupt here would end the whole pytest run, not fail the test)
+        with hold_interrupts():
+            ctrl_c()
+            assert calls == [signal.SIGINT]
+            with Critical(lambda exc: pytest.fail("one Ctrl-C is never forced through")):
+                ctrl_c()
+                assert calls == [signal.SIGINT]  # held
+            assert calls == [signal.SIGINT, signal.SIGINT]
+        with Critical(lambda exc: pytest.fail("one Ctrl-C is never forced through")):  # installs itself
+            ctrl_c()
+            assert len(calls) == 2
+    except KeyboardInterrupt:
+        pytest.fail(f"Python's handler ran in place of the caller's (after {len(calls)} calls of it)")
+    assert calls == [signal.SIGINT] * 3
+    assert signal.getsignal(signal.SIGINT) is stop_flag
+
+
+def test_a_handler_installed_during_a_call_is_left_in_place(ctrl_c):
+    """Whether ours is still SIGINT's handler is read when a call ends, never remembered: a
+    handler the caller installs meanwhile (in a progress bar's callback, say) stays installed,
+    not replaced by the one ours had replaced."""
+
+    def mine(signum, frame):
+        pass
+
+    with hold_interrupts():
+        signal.signal(signal.SIGINT, mine)
+    assert signal.getsignal(signal.SIGINT) is mine
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with Critical(lambda exc: None):
+        signal.signal(signal.SIGINT, mine)
+    assert signal.getsignal(signal.SIGINT) is mine
+
+
+def test_generate_installs_the_handler_once_for_the_whole_call(ctrl_c, monkeypatch):
+    """generate() installs ours once (hold_interrupts) and restores the previous handler once at
+    its end: its steps' sections then only count, with no signal.signal call per step."""
+    from enginespec import interrupts
+
+    llm = make_llm()
+    handlers = []
+    setsignal = interrupts._setsignal
+
+    def recording(signum, handler):
+        handlers.append(handler)
+        return setsignal(signum, handler)
+
+    monkeypatch.setattr(interrupts, "_setsignal", recording)
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 5 for o in outs)  # several steps ran
+    assert handlers == [interrupts._on_sigint, signal.default_int_handler]
+
+
 def test_a_second_ctrl_c_inside_a_step_retires_the_llm(ctrl_c):
     """The second Ctrl-C stops the step midway (a step that never ends stays interruptible),
     so nothing vouches for the engine's structures after it: every later call is a
