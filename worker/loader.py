@@ -246,19 +246,27 @@ def _check_heads(config, config_path: Path) -> None:
 
 
 def _check_head_dim(config, config_path: Path) -> None:
-    """CheckpointError unless head_dim, where the built config has one, is an int >= 1. Qwen2's
-    config has no head_dim field, so transformers keeps what config.json says unchecked: null
+    """CheckpointError unless the head_dim the attention uses is an even int >= 2: the built
+    config's head_dim, or, where it has none (Qwen2's config has no such field),
+    hidden_size // num_attention_heads, as its attention derives it. The rope rotates a head's
+    dimensions in pairs (cos/sin hold head_dim // 2 frequencies, doubled), so an odd one built a
+    model whose every step failed on the shape mismatch (each request finished 'error', no
+    token; transformers' forward fails alike). Qwen2 keeps what config.json says unchecked: null
     made its attention raise a bare TypeError (head_dim ** -0.5) while the model was built, a
     float another TypeError; 0 or below (any family) a ZeroDivisionError or a RuntimeError from
-    the rotary module. A config without head_dim derives it (hidden_size // num_attention_heads)."""
+    the rotary module."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if not hasattr(text, "head_dim"):
-        return
-    head_dim = text.head_dim
-    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+    if hasattr(text, "head_dim"):
+        head_dim, where = text.head_dim, ""
+    else:
+        hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None)
+        if not isinstance(hidden, int) or not isinstance(heads, int) or heads < 1:
+            return  # transformers' validation, or _check_heads, speaks of those
+        head_dim, where = hidden // heads, f" (derived: hidden_size {hidden} // num_attention_heads {heads})"
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
         raise CheckpointError(
-            f"{config_path}: head_dim must be an int >= 1 (or absent: hidden_size // "
-            f"num_attention_heads), got {head_dim!r}"
+            f"{config_path}: head_dim must be an even int >= 2 (the rope rotates pairs of a head's "
+            f"dimensions; absent: hidden_size // num_attention_heads), got {head_dim!r}{where}"
         )
 
 
@@ -302,7 +310,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of a supported local checkpoint (never touches the hub), its rope
     one transformers computes over whole heads (_check_rope_type, _check_rope_values,
     _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
-    (_check_activation), its kv heads grouping its query heads (_check_heads), a positive head_dim
+    (_check_activation), its kv heads grouping its query heads (_check_heads), an even head_dim
     (_check_head_dim), a sliding window it applies >= 1 (_check_window) and at least two
     positions (_check_positions)."""
     from transformers import AutoConfig

@@ -739,7 +739,7 @@ def test_a_transformers_4_config_s_rope_theta_is_checked():
     ids=["zero", "negative", "qwen2-null", "qwen2-float"],
 )
 def test_a_head_dim_that_is_no_positive_int_is_refused_naming_it(tmp_path, family, head_dim):
-    """head_dim, where config.json gives one, is an int >= 1. 0 was a bare ZeroDivisionError ("0.0
+    """head_dim, where config.json gives one, is an int >= 1 (and even: the next test). 0 was a bare ZeroDivisionError ("0.0
     cannot be raised to a negative power") and -16 a RuntimeError ("Trying to create tensor with
     negative dimension") from the model's constructor. Qwen2's config has no head_dim field, so
     transformers keeps what config.json says unchecked: null made the constructor raise a bare
@@ -751,7 +751,7 @@ def test_a_head_dim_that_is_no_positive_int_is_refused_naming_it(tmp_path, famil
     _set_config(path, head_dim=head_dim)
     with pytest.raises(
         CheckpointError,
-        match=rf"config\.json: head_dim must be an int >= 1 .*, got {re.escape(repr(head_dim))}",
+        match=rf"config\.json: head_dim must be an even int >= 2 .*, got {re.escape(repr(head_dim))}",
     ):
         build_model(path)
     config = json.loads((path / "config.json").read_text())
@@ -759,6 +759,41 @@ def test_a_head_dim_that_is_no_positive_int_is_refused_naming_it(tmp_path, famil
     (path / "config.json").write_text(json.dumps(config))
     if family != "qwen3":  # Qwen3's config defaults head_dim to 128
         assert build_model(path).model.layers[0].self_attn.head_dim == 16
+
+
+@pytest.mark.parametrize(
+    "family, head_dim, stated",
+    [("llama", 1, True), ("qwen3", 3, True), ("qwen2", 3, False)],
+    ids=["llama-one", "qwen3-three", "qwen2-derived-three"],
+)
+def test_an_odd_head_dim_is_refused_naming_it(tmp_path, family, head_dim, stated):
+    """The rope rotates a head's dimensions in pairs (cos/sin hold head_dim // 2 frequencies,
+    doubled), so an odd head_dim, stated or derived (Qwen2 without the key: hidden_size //
+    num_attention_heads), built a model whose every step failed on the shape mismatch
+    (transformers' forward fails alike): LLM.generate answered each request with no token and
+    finish_reason 'error'. Refused at load, naming config.json, the field and the value; 2, the
+    least even one, loads."""
+
+    def checkpoint(name: str, dim: int) -> Path:
+        path = make_checkpoint(
+            family,
+            tmp_path / name,
+            hidden_size=12 * dim,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            head_dim=dim,
+        )
+        if not stated:
+            config = json.loads((path / "config.json").read_text())
+            del config["head_dim"]
+            (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    with pytest.raises(
+        CheckpointError, match=rf"config\.json: head_dim must be an even int >= 2 .*, got {head_dim}\b"
+    ):
+        build_model(checkpoint("odd", head_dim))
+    assert build_model(checkpoint("two", 2)).model.layers[0].self_attn.head_dim == 2
 
 
 @pytest.mark.parametrize(
