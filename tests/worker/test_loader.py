@@ -324,8 +324,9 @@ def test_pytorch_bin_weights_alone_are_named_with_what_is_loaded(tmp_path, names
     with pytest.raises(
         CheckpointNotFound,
         match=rf"no \*\.safetensors file.*{re.escape(names[0])}.*safetensors only.*save_pretrained",
-    ):
+    ) as info:
         build_model(path)
+    assert ("and more" in str(info.value)) == (len(names) > 1)  # the first file named, the rest counted
 
 
 def test_missing_tensor_is_named(tmp_path):
@@ -716,6 +717,20 @@ def test_a_rope_theta_or_factor_that_is_no_positive_number_is_refused_naming_it(
         build_model(path)
 
 
+@pytest.mark.parametrize(
+    "rope",
+    [{"rope_type": "default", "rope_theta": 1}, {"rope_type": "linear", "rope_theta": 0.5, "factor": 0.25}],
+    ids=["theta-1", "theta-and-factor-below-1"],
+)
+def test_a_rope_theta_or_factor_between_zero_and_one_loads(tmp_path, rope):
+    """The bound is > 0, not >= 1: a theta of 1 (every frequency 1) or below, and a linear factor
+    below 1 (positions stretched rather than compressed), are numbers transformers' rotary module
+    computes finite cos/sin from, so the checkpoint loads as stated."""
+    path = _copy("llama", tmp_path)
+    _set_config(path, rope_parameters=rope)
+    build_model(path)
+
+
 def test_a_transformers_4_config_s_rope_theta_is_checked():
     """transformers 4 keeps rope_theta as a config attribute beside rope_scaling (which may be
     None): the check reads it there too."""
@@ -822,3 +837,53 @@ def test_a_sliding_window_below_one_where_it_applies_is_refused_naming_it(tmp_pa
         build_model(path)
     _set_config(path, sliding_window=None)
     build_model(path)
+    _set_config(path, sliding_window=1)  # the least window: each token attends to itself
+    build_model(path)
+
+
+def test_llama_ignores_a_stray_sliding_window_whatever_use_sliding_window_says(tmp_path):
+    """Llama's attention applies no window (the key is Mistral's, and Qwen's under
+    use_sliding_window): a config.json that carries both keys anyway, with a window no family
+    could apply, loads; only the families that apply a window have it checked."""
+    path = make_checkpoint("llama", tmp_path / "ckpt")
+    _set_config(path, sliding_window=0, use_sliding_window=True)
+    build_model(path)
+
+
+def _remote_code(path: Path, reference: str) -> None:
+    """config.json's auto_map names `reference` (a module of the directory, or another repo's:
+    "owner/repo--module.Class") for AutoConfig, and the directory holds a module that raises
+    when run."""
+    _set_config(path, auto_map={"AutoConfig": reference})
+    (path / "configuration_mine.py").write_text("raise RuntimeError('the checkpoint ran its own code')\n")
+
+
+def test_load_config_runs_no_code_of_the_checkpoint_unless_asked(tmp_path):
+    """A checkpoint whose config.json maps AutoConfig to a module of its own: load_config, the
+    public function every loader path calls, runs none of it by default (the supported
+    families are transformers' own classes), and runs it only with trust_remote_code=True."""
+    path = make_checkpoint("llama", tmp_path / "ckpt")
+    _remote_code(path, "configuration_mine.MineConfig")
+    assert load_config(path).model_type == "llama"
+    with pytest.raises(CheckpointError, match="the checkpoint ran its own code"):
+        load_config(path, trust_remote_code=True)
+
+
+def test_load_config_never_asks_the_hub_even_for_another_repos_code(tmp_path, monkeypatch):
+    """ "Never touches the hub": under trust_remote_code=True an auto_map naming another repo's
+    module ("owner/repo--module.Class") is looked for in the local cache only (local_files_only),
+    and refused as a CheckpointError when it is not there, never downloaded."""
+    import transformers.utils.hub
+
+    asked = []
+
+    def hub_download(*args, **kwargs):
+        asked.append(kwargs.get("local_files_only"))
+        raise OSError("not in the cache")
+
+    monkeypatch.setattr(transformers.utils.hub, "hf_hub_download", hub_download)
+    path = make_checkpoint("llama", tmp_path / "ckpt")
+    _remote_code(path, "someone/repo--configuration_mine.MineConfig")
+    with pytest.raises(CheckpointError, match="cannot build the config"):
+        load_config(path, trust_remote_code=True)
+    assert asked and all(asked), asked
