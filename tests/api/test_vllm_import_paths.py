@@ -106,3 +106,19 @@ def test_cleanup_dist_env_and_memory_frees_a_dropped_llm_as_vllms_prefix_caching
     cached.generate(prompts[0], greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in cached.generate(prompts, greedy, use_tqdm=False)] == texts
     cleanup_dist_env_and_memory(shutdown_ray=False)  # vLLM's keyword
+
+
+def test_cleanup_dist_env_and_memory_empties_torchs_cuda_cache_where_cuda_is_in_use(monkeypatch):
+    """Where CUDA is in use (available and initialized: an LLM on the GPU ran), the call gives
+    torch's cached CUDA memory back (torch.cuda.empty_cache), so that the next LLM's profile run
+    finds it free. Played on the CPU with CUDA's state stood in."""
+    import torch
+
+    from enginespec.distributed import cleanup_dist_env_and_memory
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    cleanup_dist_env_and_memory()
+    assert emptied == [True]
