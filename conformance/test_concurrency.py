@@ -176,3 +176,43 @@ def test_a_ctrl_c_inside_the_scheduler_interrupts_generate_once_the_step_ends(im
     check_llm_idle(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
     check_llm_idle(llm)
+
+
+def test_check_llm_idle_refuses_each_thing_a_call_may_leave_behind(impl):
+    """check_llm_idle (the between-calls check the tests above use) refuses an LLM left with any
+    one of: a request the scheduler holds that the engine does not know, a request the engine
+    still counts that the scheduler does not hold, a block still referenced, an output left in
+    the mail, an id still owned. Each is played alone on an idle LLM (which passes) and undone."""
+    from contextlib import contextmanager
+
+    llm = make_llm(impl)
+    engine = llm.engine
+    check_llm_idle(llm)
+
+    @contextmanager
+    def refused(what: str):
+        yield
+        try:
+            check_llm_idle(llm)
+        except AssertionError:
+            return
+        pytest.fail(f"check_llm_idle took an LLM with {what}")
+
+    stray = engine.impl.new_request("stray", [5, 6, 7])
+    with refused("a request only the scheduler holds"):
+        engine.scheduler.add(stray)
+    engine.scheduler.abort("stray")
+    check_llm_idle(llm)
+    with refused("a request only the engine counts"):
+        engine.parents["ghost"] = engine.parents.get("ghost")
+    del engine.parents["ghost"]
+    with refused("a held block"):
+        assert engine.block_manager.allocate_slots(stray, 3)
+    engine.block_manager.free(stray)
+    with refused("mail nobody takes"):
+        llm._mail["ghost"] = None
+    del llm._mail["ghost"]
+    with refused("an id still owned"):
+        llm._owned.add("ghost")
+    llm._owned.discard("ghost")
+    check_llm_idle(llm)
