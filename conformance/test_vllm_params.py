@@ -501,3 +501,38 @@ def test_min_tokens_over_allowed_ids_that_all_stop_is_refused_naming_both(impl):
     assert _one(llm, fine[0]).token_ids[:2] == [9, 9]
     assert _one(llm, fine[1]).token_ids == [eos] * 3
     assert _one(llm, fine[2]).token_ids == [eos]
+
+
+def test_allowed_ids_that_bad_words_ban_are_refused_naming_both(impl):
+    """A one-token bad word bans its id at every step, so allowed_token_ids all among such words
+    leave nothing ever to draw, and, under min_tokens, allowed ids all among those words, the
+    stop ids and the EOS leave nothing until then: the engine drew token 0, an id the request
+    never allowed ([0, 0, 0, 0] for allowed [10] with bad word "<10>"; [0, 0, 3] for allowed
+    [eos, 10] and min_tokens 2). Refused on add, naming the fields; other requests unaffected;
+    a bad word of several tokens bans nothing for sure, so it still runs."""
+    llm = make_llm(impl)
+    tokenizer = llm.engine.tokenizer
+    eos, word = tokenizer.eos_token_id, tokenizer.decode([10])
+    for params, match in (
+        (
+            SamplingParams(max_tokens=4, allowed_token_ids=[10], bad_words=[word]),
+            r"allowed_token_ids.*bad_words",
+        ),
+        (
+            SamplingParams(max_tokens=4, allowed_token_ids=[10, 12], bad_words_token_ids=[[10], [12]]),
+            r"allowed_token_ids.*bad_words",
+        ),
+        (
+            SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[eos, 10], bad_words=[word]),
+            r"allowed_token_ids.*bad_words.*min_tokens \(2\)",
+        ),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _one(llm, params)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    free = SamplingParams(
+        max_tokens=3, allowed_token_ids=[10, 12], bad_words_token_ids=[[12, 10]], temperature=0.0
+    )
+    assert set(_one(llm, free).token_ids) <= {10, 12}
+    two = SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos, 10, 12], bad_words=[word])
+    assert _one(llm, two).token_ids[:2] == [12, 12]  # 10 banned, the EOS held by min_tokens

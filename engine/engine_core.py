@@ -535,7 +535,7 @@ class EngineCore:
         self._check_fits(len(prompt_token_ids), params.max_tokens, asked)
         grammar = self._compile_grammar(params)
         eos, extra_stops = self._eos_ids()
-        _check_min_tokens_leave_a_token(params, eos, extra_stops)
+        _check_allowed_leave_a_token(params, eos, extra_stops)
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
             child_params = _child_params(params, index, extra_stops)
@@ -1484,24 +1484,36 @@ def _check_pool_holds_a_request(num_blocks: int, block_size: int) -> None:
         )
 
 
-def _check_min_tokens_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:
-    """A ValueError where min_tokens bans every id allowed_token_ids allows: while fewer than
-    min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further EOS ids) and the
-    EOS, under ignore_eos too, are -inf (sample.penalties.min_tokens_ids), so a row whose allowed
-    ids are all among them has nothing left to draw, and the sampler drew token 0, an id the
-    request never allowed. (Structured outputs keep their own rule there: the grammar wins and
-    the request ends "stop"; not before a start marker, where no grammar masks the row.)"""
+def _check_allowed_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:
+    """A ValueError where allowed_token_ids leave the sampler no id to draw (it then drew token
+    0, an id the request never allowed). A one-token bad word bans its id at every step
+    (sample.penalties.bans_read_outputs), so allowed ids all among those leave nothing ever.
+    While fewer than min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further
+    EOS ids) and the EOS, under ignore_eos too, are -inf as well (sample.penalties.min_tokens_ids),
+    so allowed ids all among those and the bans leave nothing until then. (Structured outputs
+    keep their own rule for min_tokens: the grammar wins and the request ends "stop"; not before
+    a start marker, where no grammar masks the row.)"""
     allowed, so = params.allowed_token_ids, params.structured_outputs
-    if params.min_tokens < 1 or not allowed or (so is not None and so.start_after_token_ids is None):
+    if not allowed:
+        return
+    banned = {word[0] for word in params.bad_words_token_ids if len(word) == 1}
+    if set(allowed) <= banned:
+        raise ValueError(
+            f"allowed_token_ids {list(allowed)} are all banned by one-token bad_words: no token "
+            f"could be sampled; allow a token no bad word bans"
+        )
+    if params.min_tokens < 1 or (so is not None and so.start_after_token_ids is None):
         return
     stops = {*params.stop_token_ids, *extra_stops}
     if eos is not None:
         stops.add(eos)
-    if set(allowed) <= stops:
+    if set(allowed) <= stops | banned:
+        what = "stop ids or the EOS" if set(allowed) <= stops else "stop ids, the EOS or banned by bad_words"
         raise ValueError(
-            f"allowed_token_ids {list(allowed)} are all stop ids or the EOS, which min_tokens "
-            f"({params.min_tokens}) bans until that many tokens are out: no token could be sampled; "
-            f"allow a token that does not stop the request, or lower min_tokens"
+            f"allowed_token_ids {list(allowed)} are all {what}, and min_tokens "
+            f"({params.min_tokens}) bans the stop ids and the EOS until that many tokens are out: "
+            f"no token could be sampled; allow a token that neither stops the request nor is "
+            f"banned, or lower min_tokens"
         )
 
 
