@@ -209,3 +209,45 @@ def test_prompt_tokens_cached_counts_what_the_prefix_cache_served_in_every_step_
     assert all(len(c.token_ids) == 14 for o in outs for c in o.outputs)
     assert counters[("vllm:prefix_cache_hits", None)] == 6 * 8  # each second sample: two blocks
     assert counters[("vllm:prompt_tokens_cached", None)] == 6 * 8
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_recomputed_tokens_are_what_preemption_threw_away_and_steps_are_the_batches_run(preemption_mode):
+    """EngineStats.num_recomputed_tokens (the pressure benchmark's figure) counts positions
+    computed again: with prefix caching off, each preemption by recompute throws away the
+    num_computed_tokens its request had, and every such position is computed once more before
+    the request finishes (however the preemptions nest, the sum of those counts); a swap throws
+    nothing away. num_steps counts the steps that ran a batch. Both read against the schedules
+    the scheduler returned."""
+    tight = LLM(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_gpu_blocks_override=12,
+        max_model_len=64,
+        async_scheduling=False,
+        enable_prefix_caching=False,
+        preemption_mode=preemption_mode,
+    )
+    scheduler = tight.engine.scheduler
+    schedule = scheduler.schedule
+    thrown, batches = [], []
+
+    def observed():
+        computed = {r.request_id: r.num_computed_tokens for r in scheduler.running}
+        output = schedule()
+        thrown.extend(computed[r.request_id] for r in output.preempted)
+        batches.extend([output] if output.scheduled else [])
+        return output
+
+    scheduler.schedule = observed
+    prompts = [{"prompt_token_ids": [10 + i] + [20 + (7 * i + j) % 70 for j in range(10)]} for i in range(6)]
+    outs = tight.generate(
+        prompts, SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    assert all(len(o.outputs[0].token_ids) == 14 for o in outs)
+    assert thrown and min(thrown) > 0  # the premise: requests were preempted midway
+    stats = tight.engine.stats
+    assert stats.num_recomputed_tokens == (sum(thrown) if preemption_mode == "recompute" else 0)
+    assert stats.num_steps == len(batches)
