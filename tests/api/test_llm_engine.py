@@ -124,8 +124,9 @@ def test_a_duplicate_request_id_is_a_value_error_and_the_holder_runs_on():
     engine.add_request("a", PROMPTS[1], GREEDY)
     with pytest.raises(ValueError, match="request_id 'a'"):
         engine.add_request("a", PROMPTS[2], GREEDY)
-    with pytest.raises(ValueError, match="request_id"):
-        engine.add_request("", PROMPTS[2], GREEDY)
+    for bad in ("", 5, None):  # vLLM's ids are strs
+        with pytest.raises(ValueError, match="request_id must be a non-empty str"):
+            engine.add_request(bad, PROMPTS[2], GREEDY)
     want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
     assert completions(run_to_end(engine)["a"][-1]) == want
     engine.add_request("a", PROMPTS[1], GREEDY)  # a finished request's id is free again
@@ -198,6 +199,24 @@ def test_llm_engine_of_an_llm_shares_its_ids_and_mail_with_generate():
         engine.add_request("2", PROMPTS[0], GREEDY)
     with pytest.raises(RuntimeError, match="close"):
         engine.step()
+
+
+def test_an_id_whose_final_output_waits_in_the_mail_is_still_in_use():
+    """A request of the step loop that finished during another call's step (generate() here)
+    is gone from the engine, but its final output waits in the mail for the loop's next step():
+    its id is still in use, so adding it again is a ValueError, and that step() then hands over
+    the first request's final output, not a mix of the two."""
+    want = completions(make_llm().generate(PROMPTS[1], GREEDY, use_tqdm=False)[0])
+    llm = make_llm()
+    engine = llm.llm_engine
+    engine.add_request("x", PROMPTS[1], GREEDY)
+    llm.generate(PROMPTS[2], LONG, use_tqdm=False)  # steps "x" to its end meanwhile
+    assert "x" not in llm.engine.parents
+    with pytest.raises(ValueError, match="request_id 'x' is already in use"):
+        engine.add_request("x", PROMPTS[0], GREEDY)
+    seen = run_to_end(engine)
+    assert [o.finished for o in seen["x"]] == [True] and completions(seen["x"][0]) == want
+    check_clean(engine)
 
 
 def test_an_interrupted_step_keeps_the_outputs_generate_mailed_to_the_loop():
