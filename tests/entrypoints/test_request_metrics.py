@@ -143,7 +143,10 @@ def test_phases_sum_up_and_none_is_negative(scraped):
     queue = _grew(scraped, "vllm:request_queue_time_seconds_sum")
     ttft = _grew(scraped, "vllm:time_to_first_token_seconds_sum")
     assert queue >= 0 and queue + prefill == pytest.approx(ttft, rel=1e-9, abs=1e-9)
-    assert inference <= _grew(scraped, "vllm:e2e_request_latency_seconds_sum") + 1e-9
+    # each sample finished with its last token: its e2e latency is its queue time plus its
+    # inference time (arrival -> scheduled -> last token), to the rounding
+    e2e = _grew(scraped, "vllm:e2e_request_latency_seconds_sum")
+    assert queue + inference == pytest.approx(e2e, rel=1e-9, abs=1e-9)
     assert _bounds(scraped, "vllm:request_inference_time_seconds")[-4:] == [
         "960.0",
         "1920.0",
@@ -333,3 +336,80 @@ def test_an_echo_of_the_prompt_alone_counts_as_its_client_is_answered():
     assert _value(metrics, "vllm:request_generation_tokens_sum") == 0
     assert _value(metrics, "vllm:request_params_max_tokens_count") == 0  # 0 as sent: not observed
     assert _value(metrics, "vllm:iteration_tokens_total_sum") == 2 * len(prompt)
+
+
+def _serve_one(bodies, monkeypatch=None, refuse=None) -> tuple[list, ServerMetrics]:
+    """POST each of `bodies` to /v1/completions of a fresh in-process server, in turn: (the
+    responses, its ServerMetrics). refuse: an exception EngineClient.submit raises instead."""
+    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
+    tokenizer = load_engine_tokenizer(args)
+    metrics = ServerMetrics("tiny")
+    client = EngineClient(args, tokenizer, metrics, in_process=True, max_waiting=16)
+    info = client.launch(timeout=120)
+    app = build_app(ServerContext(client, tokenizer, ["tiny"], info.max_model_len), metrics)
+
+    async def run() -> list:
+        client.start(asyncio.get_running_loop())
+        if refuse is not None:
+
+            async def refusing(*args, **kwargs):
+                raise refuse
+
+            monkeypatch.setattr(client, "submit", refusing)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
+            return [await http.post("/v1/completions", json=body) for body in bodies]
+
+    try:
+        return asyncio.run(run()), metrics
+    finally:
+        client.stop()
+
+
+def test_a_request_observes_the_most_tokens_one_of_its_samples_got():
+    """vllm:request_max_num_generation_tokens takes, once per request, the most tokens one of its
+    n samples generated (vLLM V1's max_num_generation_tokens), not the fewest: n=2 samples that
+    stop at different lengths (stop ids, seeded)."""
+    bodies = [
+        dict(
+            prompt=[5, 6, 7],
+            n=2,
+            max_tokens=8,
+            temperature=1.5,
+            seed=seed,
+            stop_token_ids=list(range(20, 60)),
+            return_token_ids=True,
+        )
+        for seed in range(8)
+    ]
+    answers, metrics = _serve_one(bodies)
+    lengths = []
+    for resp in answers:
+        assert resp.status_code == 200, resp.text
+        lengths.append([len(c["token_ids"]) for c in resp.json()["choices"]])
+    assert any(a != b for a, b in lengths), lengths  # the premise: samples of one request differ
+    assert _value(metrics, "vllm:request_max_num_generation_tokens_sum") == sum(map(max, lengths))
+
+
+def test_beam_search_steps_count_their_generated_tokens():
+    """A use_beam_search request runs as engine requests of one step each (serving_beam), submitted
+    without prompt_only: their drawn tokens count as generated (at least the answer's own)."""
+    answers, metrics = _serve_one(
+        [dict(prompt=[5, 6, 7], use_beam_search=True, n=2, max_tokens=4, temperature=0)]
+    )
+    assert answers[0].status_code == 200, answers[0].text
+    assert _value(metrics, "vllm:generation_tokens_total") >= 4
+
+
+@pytest.mark.parametrize("refusal", ["queue-full", "shutting-down"])
+def test_a_refused_submit_is_a_503_in_vllms_error_shape(monkeypatch, refusal):
+    """The engine client's refusals at submit: a full queue is a 503 with Retry-After (try again
+    later), a server whose shutdown grace ran out before the engine accepted the request a 503
+    without; both in vLLM's error shape."""
+    from enginespec.entrypoints.openai.engine_client import QueueFull, ServerShuttingDown
+
+    exc = QueueFull("the queue is full") if refusal == "queue-full" else ServerShuttingDown("shutting down")
+    answers, _ = _serve_one([dict(prompt=[5, 6, 7], max_tokens=2)], monkeypatch, refuse=exc)
+    resp = answers[0]
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == 503
+    assert ("retry-after" in resp.headers) == (refusal == "queue-full")
