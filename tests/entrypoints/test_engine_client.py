@@ -221,3 +221,53 @@ def test_submit_refuses_a_sample_past_the_capacity_as_queue_full(model_dir, llm)
     finally:
         client.stop()
     assert gen.request_ids == ["two"]
+
+
+class _Sink:
+    """A RequestStream's sink that keeps what it is given."""
+
+    def __init__(self):
+        self.items = []
+
+    def put_nowait(self, item) -> None:
+        self.items.append(item)
+
+
+def test_news_for_a_request_not_accepted_or_forgotten_is_dropped_and_a_bad_decode_fails_its_request(
+    model_dir, llm
+):
+    """The reader's handling of one message of step news (EngineClient._handle), played directly.
+    A delta or a failure for a request this side has not had accepted yet (an aborted request's
+    news under a reused id, before the new add's reply) leaves its stream untouched; a failure
+    for an id it no longer holds (aborted here meanwhile) is dropped, no crash. A request whose
+    second sample's ids fail to decode, after its first sample's delta in the same message,
+    ends failed: one error, no output after it, released."""
+    from enginespec.engine.core_messages import EngineState, ErrorInfo
+    from enginespec.entrypoints.openai.request_stream import RequestStream
+    from tests.engine.test_undecodable_output import ODD_ID, RefusingTokenizer
+
+    tokenizer = RefusingTokenizer(llm.get_tokenizer())
+    client = EngineClient(EngineArgs.from_kwargs(str(model_dir), **ENGINE), tokenizer, in_process=True)
+    sent = []
+    client._send = sent.append  # not launched: what would go to the engine is kept here
+
+    def stream(rid: str, n: int = 1) -> RequestStream:
+        new = RequestStream(
+            NewRequest(rid, None, [5, 6, 7], SamplingParams(max_tokens=4, n=n)), _Sink(), tokenizer, 0.0
+        )
+        client._streams[rid] = new
+        client._num_pending += n
+        return new
+
+    def delta(rid: str, index: int, ids: list) -> tuple:
+        return (rid, index, ids, None, None, None, None, None, None, 0)
+
+    early = stream("early")
+    failure = ErrorInfo.of(RuntimeError("planted step fault"))
+    client._handle([delta("early", 0, [9])], [("early", failure), ("gone", failure)], [], EngineState(), None)
+    assert early.output.outputs[0].token_ids == [] and not early.sink.items and "early" in client._streams
+    odd = stream("odd", n=2)
+    odd.accepted = True
+    client._handle([delta("odd", 0, [9]), delta("odd", 1, [ODD_ID])], [], [], EngineState(), None)
+    assert [kind for kind, _ in odd.sink.items] == ["error"]
+    assert "odd" not in client._streams and sent == [("abort", ["odd"])]
