@@ -79,3 +79,15 @@ def test_a_tokens_prompt_takes_any_sequence_of_ids(llm):
     for ids in ((5, 6), np.array([5, 6]), range(5, 7)):
         out = llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0]
         assert out.prompt_token_ids == [5, 6] and out.outputs[0].token_ids == want
+
+
+def test_stream_without_sampling_params_streams_the_default_ones(llm):
+    """stream(prompts) takes vLLM's default: sampling_params None, the engine's default
+    SamplingParams for every prompt (as generate(prompts) does), cumulative outputs."""
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}]
+    outs = [out for step in llm.stream(prompts) for out in step]
+    finals = [out for out in outs if out.finished]
+    assert len(finals) == 2 and all(f.outputs[0].token_ids for f in finals)
+    for final in finals:  # cumulative: each output of a request extends its last one
+        seen = [o.outputs[0].token_ids for o in outs if o.request_id == final.request_id]
+        assert all(b[: len(a)] == a for a, b in zip(seen, seen[1:]))

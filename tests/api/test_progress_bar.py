@@ -57,3 +57,44 @@ def test_a_callable_use_tqdm_gets_vllms_keywords_and_keeps_its_own():
 
     assert len(llm.generate(PROMPTS, PARAMS, use_tqdm=vllm_shaped)) == 3
     assert "Processed prompts" in sink.getvalue() and "3/3" in sink.getvalue()
+
+
+class RecordingBar:
+    """A use_tqdm callable's bar that keeps its updates, postfixes and closes."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.updates, self.postfixes, self.closed = kwargs, [], [], 0
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append(n)
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfixes.append(text)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_the_bar_counts_prompts_and_shows_output_tokens_per_second(monkeypatch):
+    """One update per finished prompt, the postfix the output tokens so far over the seconds
+    since the call began (a clock stood in: 2 s after the start at every reading), and the bar
+    closed once at the end."""
+    import enginespec.llm as llm_module
+
+    llm = LLM(str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", num_blocks=32)
+    readings = iter([100.0])
+    clock = type("Clock", (), {"perf_counter": staticmethod(lambda: next(readings, 102.0))})
+    monkeypatch.setattr(llm_module, "time", clock)
+    bars = []
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
+    (bar,) = bars
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert bar.updates == [1, 1, 1] and bar.closed == 1
+    assert bar.postfixes[-1] == f"output {total / 2.0:.1f} tok/s"
+
+
+def test_generate_shows_tqdms_bar_by_default(capsys):
+    """vLLM's default: use_tqdm=True, tqdm's bar on stderr."""
+    llm = LLM(str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", num_blocks=32)
+    llm.generate(PROMPTS, PARAMS)
+    assert "Processed prompts" in capsys.readouterr().err
