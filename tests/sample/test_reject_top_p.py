@@ -178,3 +178,59 @@ def test_a_row_shorter_than_a_chunk_draws_what_it_draws_padded_to_one():
     refined = refine_top_p(x, scale, top_p, keys, _round0(x, scale, keys, 0))
     assert torch.equal(refined, refine_top_p(padded, scale, top_p, keys, _round0(padded, scale, keys, CHUNK)))
     assert len(set(refined.tolist())) > 10, "the rows must draw many tokens for the test to mean anything"
+
+
+def test_above_and_total_stay_finite_for_large_logits_at_a_low_temperature():
+    """Each chunk's mass is rescaled by exp2((chunk max - row max) * x_scale) <= 1: logits near 40
+    at temperature 0.05 (x_scale ~ 29) over several chunks give the softmax mass, not inf / inf."""
+    x = 40.0 + torch.randn(2, 50, generator=torch.Generator().manual_seed(4))
+    scale = torch.full((2,), LOG2E / 0.05)
+    pivot = x[:, 3]
+    above, total = above_and_total(x, scale, pivot, chunk=16)
+    w = torch.softmax(x.double() / 0.05, dim=1)
+    want = (w * (x > pivot[:, None])).sum(dim=1).float()
+    assert torch.isfinite(above).all() and torch.isfinite(total).all()
+    torch.testing.assert_close(above / total, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_token_whose_mass_above_is_exactly_top_p_is_rejected():
+    """The rule is strict (truncation.py's: a token stays iff the mass strictly before it is
+    < top_p): weights 1, 1/2, 1/2 (exact in binary) and top_p 1/2, so the mass above token 1 is
+    exactly top_p of the total and token 1 is out (the redraw can only give token 0); at top_p
+    3/4 it stays."""
+    x = torch.tensor([[0.0, -1.0, -1.0]])
+    one = torch.ones(1)
+    for top_p, want in ((0.5, 0), (0.75, 1)):
+        got = refine_top_p(x, one, torch.tensor([top_p]), [3], torch.tensor([1]))
+        assert got.tolist() == [want], top_p
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton rounds need CUDA or TRITON_INTERPRET=1")
+def test_a_redraw_skips_the_rejected_tokens_ties_as_the_device_rounds_do():
+    """A rejected token's whole tie group goes with it: the redraw reads only the tokens strictly
+    above the pivot, on the CPU as in kernels/reject_top_p.py, so seeded rows whose pivot ties
+    hold most of the weight get the same tokens on both (a CPU redraw that kept the ties landed
+    on them again and took other rounds' uniforms)."""
+    from enginespec.kernels import reject_top_p
+
+    num, chunk = 24, 8
+    row = torch.tensor([5.0, 5.2, 4.9] + [4.5] * 20 + [0.0] * 9)  # ties: 80% of the weight
+    x = row.expand(num, -1).contiguous()
+    scale = torch.full((num,), LOG2E)
+    top_p = torch.full((num,), 0.1)  # the nucleus: ids 0 and 1
+    keys = [7 * i + 2 for i in range(num)]
+    tokens0 = _round0(x, scale, keys, chunk)
+    assert (tokens0 >= 3).sum() > num // 2, "most first draws must land in the tie group"
+    want = refine_top_p(x, scale, top_p, keys, tokens0, chunk)
+    dev = torch.device(DEVICE)
+    got = reject_top_p.refine(
+        x.to(dev),
+        torch.arange(num, device=dev),
+        scale.to(dev),
+        top_p.to(dev),
+        torch.tensor(keys, dtype=torch.int64, device=dev),
+        (0, 0),
+        tokens0.clone().to(dev),
+        chunk=chunk,
+    )
+    assert got.cpu().tolist() == want.tolist() and set(want.tolist()) <= {0, 1}

@@ -430,6 +430,30 @@ def test_min_tokens_masks_eos_under_ignore_eos_too(impl, path, temperature):
             assert 5 in drawn, f"min_tokens reached: the EOS is free again, drew {drawn}"
 
 
+@pytest.mark.parametrize("path", ["serial", "deferred"])
+def test_min_tokens_edges_on_both_paths(impl, path):
+    """The edges of the min_tokens mask, the same on the serial and the device path: min_tokens 1
+    bans the EOS for the first token; a request without an EOS id has its stop ids banned and
+    nothing else; a stop id past the rows' width (no logit to mask) is skipped, not an error."""
+    logits = torch.tensor([[0.0, 9.0, 1.0, 0.0, 0.0, 10.0]])  # EOS=5 best, stop id 1 second
+    sampler = Sampler(6, seed=0)
+
+    def greedy(params, outputs=(), eos=EOS) -> int:
+        req = impl.new_request("r", [1, 2, 3], params, eos_token_id=eos)
+        for t in outputs:
+            req.append(t)
+        if path == "serial":
+            return sampler(logits, [req]).token_ids[0]
+        return int(sampler.sample_deferred(logits, [req]).token_ids[0])
+
+    assert greedy(SamplingParams(temperature=0.0, min_tokens=1)) == 1
+    assert greedy(SamplingParams(temperature=0.0, min_tokens=1), outputs=[4]) == 5
+    no_eos = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(5,))
+    assert greedy(no_eos, eos=None) == 1
+    assert greedy(SamplingParams(temperature=0.0, min_tokens=2), eos=None) == 5
+    assert greedy(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(6,))) == 1
+
+
 def test_allowed_token_ids_restrict_random_and_greedy(impl):
     logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(5))
     allowed = (3, 17, 30)
@@ -889,6 +913,22 @@ def test_multi_chunk_torch_draw_matches_exact(impl, monkeypatch, params):
     out = Sampler(700, seed=9)(WIDE_RAMP.expand(draws, -1).contiguous(), [req] * draws)
     counts = torch.bincount(torch.tensor(out.token_ids), minlength=700)
     assert_matches(counts, reference_probs(WIDE_RAMP, req))
+
+
+def test_the_torch_draw_skips_chunks_without_a_finite_logit_and_leaves_greedy_rows_alone():
+    """draw_torch over rows of several chunks where whole chunks are -inf (allowed_token_ids or
+    bans leave a few ids of a real vocabulary: most of its chunks), with no cut: only finite
+    ids are drawn (a -inf chunk weighs 0, never NaN). And a greedy row beside noisy ones keeps
+    its argmax whatever the batch's shape (here as many noisy rows as the vocabulary has ids)."""
+    from enginespec.sample.draw import draw_torch
+
+    x = torch.full((64, 16), float("-inf"))
+    x[:, 1], x[:, 13], x[:, 15] = 1.0, 1.0, 0.5  # finite: chunks 0 and 3 of four
+    drawn = draw_torch(x, torch.ones(64), None, list(range(64)), [True] * 64, chunk=4)
+    assert set(drawn.tolist()) == {1, 13, 15}
+    rows = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    greedy = draw_torch(rows, torch.ones(5), None, [1, 2, 3, 4, 5], [True, True, True, True, False])
+    assert greedy[4].item() == rows[4].argmax().item()
 
 
 def test_multi_chunk_triton_draw_matches_exact(impl, monkeypatch):
