@@ -229,19 +229,21 @@ def _check_activation(config, config_path: Path) -> None:
 
 def _check_heads(config, config_path: Path) -> None:
     """CheckpointError unless num_key_value_heads (num_attention_heads where absent) is >= 1 and
-    divides num_attention_heads: each kv head serves a whole group of query heads. Otherwise the
-    model built (its shapes are consistent) and every request then failed at its first step
-    (transformers' forward fails there too); 0 kv heads was a bare ZeroDivisionError."""
+    divides num_attention_heads, itself >= 1: each kv head serves a whole group of query heads.
+    Otherwise the model built (its shapes are consistent) and every request then failed at its
+    first step (transformers' forward fails there too); 0 kv heads, or 0 query heads over one
+    (0 is a multiple of 1), was a bare ZeroDivisionError."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_attention_heads", None)
     kv = getattr(text, "num_key_value_heads", None)
     kv = heads if kv is None else kv
     if not isinstance(heads, int) or not isinstance(kv, int):  # transformers' validation refuses them
         return
-    if kv < 1 or heads % kv:
+    if kv < 1 or heads < 1 or heads % kv:
         raise CheckpointError(
-            f"{config_path}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
-            f"({kv}), which must be >= 1: each kv head serves a whole group of query heads"
+            f"{config_path}: num_attention_heads ({heads}) must be a positive multiple of "
+            f"num_key_value_heads ({kv}), which must be >= 1: each kv head serves a whole group of "
+            f"query heads"
         )
 
 

@@ -516,10 +516,39 @@ def test_kv_heads_that_do_not_divide_the_query_heads_are_refused_naming_them(tmp
     CheckpointError naming config.json, both fields and their values, before any tensor is read."""
     path = make_checkpoint("llama", tmp_path / "ckpt", num_key_value_heads=max(kv_heads, 1))
     _set_config(path, num_key_value_heads=kv_heads)
-    match = (
-        rf"config\.json: num_attention_heads \(4\) must be a multiple of num_key_value_heads \({kv_heads}\)"
-    )
+    match = rf"config\.json: num_attention_heads \(4\) must be a positive multiple of num_key_value_heads \({kv_heads}\)"
     with pytest.raises(CheckpointError, match=match):
+        build_model(path)
+
+
+def test_one_query_head_s_derived_head_dim_is_checked_too(tmp_path):
+    """Qwen2 without head_dim over a single query head: the derived hidden_size // 1 is checked
+    as any other (5: refused before a tensor is read; transformers' own rope validation lets
+    this derivation through)."""
+    path = make_checkpoint("qwen2", tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    config.update(hidden_size=5, num_attention_heads=1, num_key_value_heads=1)
+    del config["head_dim"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"head_dim must be an even int >= 2 .*got 5 \(derived"):
+        build_model(path)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_zero_query_heads_are_refused_naming_them(tmp_path, family):
+    """num_attention_heads 0 over one kv head passed the grouping check (0 is a multiple of 1)
+    and building the model raised a bare ZeroDivisionError (Qwen2 without head_dim derives it
+    as hidden_size // num_attention_heads; Llama's and Mistral's configs already fail to build,
+    a CheckpointError). Now a CheckpointError naming the field and its value, as for 0 kv
+    heads."""
+    path = make_checkpoint(family, tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_attention_heads=0, num_key_value_heads=1)
+    config.pop("head_dim")
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: num_attention_heads \(0\) must be a positive multiple"
+    ):
         build_model(path)
 
 
