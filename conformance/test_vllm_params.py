@@ -489,7 +489,9 @@ def test_min_tokens_over_allowed_ids_that_all_stop_is_refused_naming_both(impl):
         # min_tokens bans the EOS under ignore_eos too (vLLM's rule), so nothing is left there either
         SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos], ignore_eos=True),
     ):
-        with pytest.raises(ValueError, match=r"allowed_token_ids.*min_tokens \(\d\)"):
+        with pytest.raises(
+            ValueError, match=r"allowed_token_ids .* are all stop ids or the EOS, and min_tokens \(\d\)"
+        ):
             _one(llm, params)
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
     # still fine: a non-stop id allowed beside them, the EOS alone without min_tokens
