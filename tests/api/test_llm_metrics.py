@@ -191,16 +191,7 @@ def test_prompt_tokens_cached_counts_what_the_prefix_cache_served_in_every_step_
     assert counters[("vllm:prefix_cache_hits", None)] == 8
     assert counters[("vllm:prompt_tokens_cached", None)] == 8
 
-    tight = LLM(
-        str(tiny_model_dir("qwen3")),
-        dtype="float32",
-        device="cpu",
-        block_size=4,
-        num_gpu_blocks_override=12,
-        max_model_len=64,
-        async_scheduling=async_scheduling,
-        preemption_mode=preemption_mode,
-    )
+    tight = _tight_llm(async_scheduling=async_scheduling, preemption_mode=preemption_mode)
     prompts = [{"prompt_token_ids": [10 + i] + [20 + (7 * i + j) % 70 for j in range(10)]} for i in range(6)]
     params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, n=2)
     outs = tight.generate(prompts, params, use_tqdm=False)
@@ -211,6 +202,20 @@ def test_prompt_tokens_cached_counts_what_the_prefix_cache_served_in_every_step_
     assert counters[("vllm:prompt_tokens_cached", None)] == 6 * 8
 
 
+def _tight_llm(**engine_args) -> LLM:
+    """The tiny Qwen3 on a 12-block pool of 4-token blocks: too small for the metrics tests' six
+    requests at once, so they preempt."""
+    return LLM(
+        str(tiny_model_dir("qwen3")),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_gpu_blocks_override=12,
+        max_model_len=64,
+        **engine_args,
+    )
+
+
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
 def test_recomputed_tokens_are_what_preemption_threw_away_and_steps_are_the_batches_run(preemption_mode):
     """EngineStats.num_recomputed_tokens (the pressure benchmark's figure) counts positions
@@ -219,17 +224,7 @@ def test_recomputed_tokens_are_what_preemption_threw_away_and_steps_are_the_batc
     the request finishes (however the preemptions nest, the sum of those counts); a swap throws
     nothing away. num_steps counts the steps that ran a batch. Both read against the schedules
     the scheduler returned."""
-    tight = LLM(
-        str(tiny_model_dir("qwen3")),
-        dtype="float32",
-        device="cpu",
-        block_size=4,
-        num_gpu_blocks_override=12,
-        max_model_len=64,
-        async_scheduling=False,
-        enable_prefix_caching=False,
-        preemption_mode=preemption_mode,
-    )
+    tight = _tight_llm(async_scheduling=False, enable_prefix_caching=False, preemption_mode=preemption_mode)
     scheduler = tight.engine.scheduler
     schedule = scheduler.schedule
     thrown, batches = [], []

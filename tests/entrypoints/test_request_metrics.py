@@ -303,28 +303,12 @@ def test_an_echo_of_the_prompt_alone_counts_as_its_client_is_answered():
     client's: a generated token per sample, and the sample under "stop" when the draw was EOS,
     so after a churn of such calls the counters disagreed with the usage and the finish reasons
     every client got. They now count what the client is answered (the prompt still counts)."""
-    args = EngineArgs.from_kwargs(str(tiny_model_dir("qwen3")), **ENGINE)
-    tokenizer = load_engine_tokenizer(args)
-    metrics = ServerMetrics("tiny")
-    client = EngineClient(args, tokenizer, metrics, in_process=True, max_waiting=16)
-    info = client.launch(timeout=120)
-    app = build_app(ServerContext(client, tokenizer, ["tiny"], info.max_model_len), metrics)
     prompt = [5, 6, 7, 8, 9]
     # the draw is EOS (id 3): the engine finishes both samples with "stop"
     body = dict(prompt=prompt, n=2, max_tokens=0, echo=True, logprobs=1, logit_bias={"3": 100})
-
-    async def run() -> dict:
-        client.start(asyncio.get_running_loop())
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as http:
-            resp = await http.post("/v1/completions", json=body)
-        assert resp.status_code == 200, resp.text
-        return resp.json()
-
-    try:
-        answer = asyncio.run(run())
-    finally:
-        client.stop()
+    (resp,), metrics = _serve_one([body])
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
     assert [c["finish_reason"] for c in answer["choices"]] == ["length", "length"]
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
     success = {
