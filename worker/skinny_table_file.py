@@ -12,8 +12,10 @@ and 8 in the others). A file pins the picks across runs and trees, and skips the
 
 Invariant: a file is used only where it was measured for the same thing. Its fingerprint (the
 device's name, compute capability and SM count, the torch and triton versions, a hash of
-kernels/skinny_gemm.py's source, and one of worker/gemm_tuning.py's, which says which launch
-shapes were timed: a file tuned before new candidates were offered would keep the old picks)
+kernels/skinny_gemm.py's source, one of worker/gemm_tuning.py's, which says which launch
+shapes were timed: a file tuned before new candidates were offered would keep the old picks,
+and one of worker/skinny_linear.py's, whose rules pick among the timings: a file picked under
+an older margin would keep its picks)
 must equal this process's, and it must cover at least the
 table's max_rows; otherwise it is ignored with a warning naming the path and the difference,
 and the table is tuned as without it (then saved over it). A file that does not exist yet is
@@ -80,7 +82,7 @@ def fingerprint(device) -> dict:
     import triton
 
     from enginespec.kernels import skinny_gemm
-    from enginespec.worker import gemm_tuning
+    from enginespec.worker import gemm_tuning, skinny_linear
 
     device = torch.device(device)
     out = {
@@ -90,6 +92,7 @@ def fingerprint(device) -> dict:
         "triton": triton.__version__,
         "kernel": _source_hash(skinny_gemm),
         "candidates": _source_hash(gemm_tuning),
+        "picker": _source_hash(skinny_linear),
         "gemv_tune_rows": gemm_tuning.gemv_tune_rows(),
     }
     if device.type == "cuda":

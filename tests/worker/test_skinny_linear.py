@@ -650,3 +650,23 @@ def test_a_row_scale_call_without_a_kernel_pick_runs_the_norm_variant_s_choice(m
         launched.clear()
         table.run(torch.randn(1, 32), w, None, ones, 1e-6, silu_mul=silu, row_scale=True)
         assert launched == [(fused, silu, True, False)], silu
+
+
+def test_table_fingerprint_changes_with_the_picker_source(monkeypatch):
+    """The picker's rules (worker/skinny_linear.py: WIN_MARGIN, TIE_MARGIN, which keys are
+    offered which shapes) decide what a table holds as much as the kernel and the candidates do:
+    a file picked under other rules is not loaded after an upgrade. Each hashed module changes
+    the fingerprint on its own."""
+    from enginespec.worker import skinny_linear, skinny_table_file
+
+    before = skinny_table_file.fingerprint("cpu")
+    real = skinny_table_file._source_hash
+
+    def edited(module):
+        digest = real(module)
+        return digest[::-1] if module is skinny_linear else digest
+
+    monkeypatch.setattr(skinny_table_file, "_source_hash", edited)
+    after = skinny_table_file.fingerprint("cpu")
+    assert after != before
+    assert [k for k in after if after[k] != before[k]] == ["picker"]
