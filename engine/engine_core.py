@@ -422,7 +422,7 @@ class EngineCore:
     def _draft_dir(self) -> str:
         """speculative_config's draft "model" as a local directory, resolved once as
         EngineArgs.model is (worker/hub_cache.py: a directory, or a repo id in the local hub
-        cache, download_dir's when given, at "main"); a miss is CheckpointNotFound prefixed
+        cache, download_dir's when given, at speculative_config.revision); a miss is CheckpointNotFound prefixed
         speculative_config.model, as the draft loader's errors are."""
         from enginespec.worker.hub_cache import resolve_checkpoint
         from enginespec.worker.loader import CheckpointError
@@ -431,7 +431,10 @@ class EngineCore:
             model = self.speculative_config.model
             try:
                 self._draft_path = resolve_checkpoint(
-                    model, field="draft model", cache_dir=self.args.download_dir
+                    model,
+                    field="draft model",
+                    revision=self.speculative_config.revision,
+                    cache_dir=self.args.download_dir,
                 )
             except CheckpointError as e:
                 raise type(e)(f"speculative_config.model: {e}") from e

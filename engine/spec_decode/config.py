@@ -36,7 +36,6 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 64
 ACCEPTED_VLLM_KEYS = {
     "draft_tensor_parallel_size": ((None, 1), "the draft model runs unsharded, on one device"),
     "quantization": ((None,), "the draft loads unquantized, in the target's dtype"),
-    "revision": ((None,), "the draft is a local directory, nothing is downloaded"),
     "code_revision": ((None,), "the draft is a local directory, nothing is downloaded"),
     "max_model_len": ((None,), "drafts stop where the engine's max_model_len does"),
     "disable_logprobs": ((None, True, False), ""),  # requests asking for logprobs get no drafts
@@ -61,8 +60,10 @@ class SpeculativeConfig:
     drafts per request per step (k >= 1); prompt_lookup_min / prompt_lookup_max (ngram): the
     n-gram lengths tried, longest first (vLLM's default min is 1 when only max is given, and
     max = min when only min is given); model (draft_model): the draft checkpoint's directory
-    or a repo id in the local hub cache (resolved as EngineArgs.model, at "main"), same
-    vocabulary as the target; disable_by_batch_size (either method): no drafts are
+    or a repo id in the local hub cache (resolved as EngineArgs.model), same vocabulary as the
+    target; revision (draft_model, vLLM's name): the draft repo's branch, tag or commit in the
+    cache (None: "main"; ignored for a directory, as EngineArgs.revision is), independent of
+    the target's revision; disable_by_batch_size (either method): no drafts are
     proposed in a step that starts with at least this many running requests (None: never
     disabled; an int >= 2, as vLLM's bound). Default DEFAULT_DISABLE_BY_BATCH_SIZE.
 
@@ -80,6 +81,7 @@ class SpeculativeConfig:
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
     model: Optional[str] = None
+    revision: Optional[str] = None
     disable_by_batch_size: Optional[int] = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
@@ -117,12 +119,19 @@ class SpeculativeConfig:
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, name) is not None:
                 raise ValueError(f"speculative_config.{name} is an 'ngram' field; method is 'draft_model'")
+        revision = self.revision
+        if revision is not None and not (isinstance(revision, str) and revision.strip()):
+            raise ValueError(
+                f"speculative_config.revision must be None or a branch, tag or commit hash, got {revision!r}"
+            )
 
     def _check_ngram(self) -> None:
-        if self.model is not None:
-            raise ValueError(
-                f"speculative_config.model is a 'draft_model' field; method is 'ngram' (got model={self.model!r})"
-            )
+        for name in ("model", "revision"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"speculative_config.{name} is a 'draft_model' field; method is 'ngram' "
+                    f"(got {name}={getattr(self, name)!r})"
+                )
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is None and hi is None:
             lo, hi = 1, 3

@@ -271,3 +271,17 @@ def test_a_draft_models_repo_id_loads_its_cached_snapshot(hub_env, no_network):
     ):
         LLM(REPO, speculative_config={**spec, "model": "org/none"}, **ENGINE)
     assert no_network == []
+
+
+def test_a_draft_revision_picks_the_drafts_snapshot(hub_env, no_network):
+    """speculative_config's own revision (vLLM's key; refused before) picks the draft's snapshot,
+    whatever the target's revision: a v2 draft under a main target drafts with other weights,
+    and the target's greedy tokens stay its own. A revision the cache lacks is named."""
+    _, main, v2 = hub_env
+    spec = {"method": "draft_model", "model": REPO, "revision": "v2", "num_speculative_tokens": 2}
+    llm = LLM(REPO, speculative_config=spec, **ENGINE)
+    assert llm.engine._draft_dir() == str(v2) and llm.engine.args.model_dir() == str(main)
+    assert _greedy(llm) == _greedy(LLM(str(main), **ENGINE))
+    with pytest.raises(CheckpointNotFound, match=r"^speculative_config\.model: .*revision 'v3'"):
+        LLM(REPO, speculative_config={**spec, "revision": "v3"}, **ENGINE)
+    assert no_network == []

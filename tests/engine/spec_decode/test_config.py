@@ -75,7 +75,6 @@ def test_vllms_other_keys_are_accepted_at_values_that_change_nothing():
         ("draft_tensor_parallel_size", 2),
         ("draft_tensor_parallel_size", True),
         ("quantization", "fp8"),
-        ("revision", "main"),
         ("max_model_len", 512),
         ("disable_logprobs", "no"),
     ],
@@ -117,3 +116,14 @@ def test_the_draft_positions_the_metrics_show_stop_at_what_a_request_can_hold():
             if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"
         ]
         assert [len(m.values) for m in per_pos] == [shown], k
+
+
+def test_a_draft_revision_is_a_name_of_the_draft_method():
+    """speculative_config.revision (vLLM's key) picks the draft repo's snapshot: a branch, tag
+    or commit hash, for method "draft_model" only (an n-gram drafter has no checkpoint)."""
+    assert SpeculativeConfig.of({"model": "d", "revision": "v2"}).revision == "v2"
+    for bad in ("", " ", 3):
+        with pytest.raises(ValueError, match=r"speculative_config\.revision must be None or a branch"):
+            SpeculativeConfig.of({"model": "d", "revision": bad})
+    with pytest.raises(ValueError, match=r"speculative_config\.revision is a 'draft_model' field"):
+        SpeculativeConfig.of({"method": "ngram", "revision": "v2"})
