@@ -73,7 +73,11 @@ def add_model_args(p) -> None:
     from enginespec.testing import checkpoints
 
     p.add_argument("--shape", choices=sorted(checkpoints.SHAPES), default="qwen3-0.6b")
-    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
+    p.add_argument(
+        "--model-dir",
+        help="use this checkpoint (a directory, or a repo id in the local Hugging Face cache) for "
+        "--shape instead of a synthetic one",
+    )
     p.add_argument("--impl", default="fast")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", choices=["auto"] + sorted(DTYPES), default="auto")
@@ -209,17 +213,25 @@ def workload_for(args, num_requests: int, vocab_size: int) -> Workload:
 
 
 def check_model_dir(args) -> None:
-    """--model-dir, when given, is a local checkpoint directory holding config.json; else a
-    ValueError naming the flag, raised by a parse_args before any work (reading its config
-    later went to transformers, whose answer for a missing path is a traceback about Hub repo
-    ids)."""
+    """--model-dir, when given, is a local checkpoint directory holding config.json, or the repo
+    id of one in the local Hugging Face cache (as LLM's model; worker/hub_cache.py), replaced by
+    its snapshot's directory here so every phase (the floor's config read, transformers'
+    baseline) reads the same files; else a ValueError naming the flag, raised by a parse_args
+    before any work (reading its config later went to transformers, whose answer for a missing
+    path is a traceback about Hub repo ids)."""
+    from enginespec.worker.hub_cache import resolve_checkpoint
     from enginespec.worker.loader import check_checkpoint_dir
 
-    if getattr(args, "model_dir", None) is not None:
-        try:
-            check_checkpoint_dir(args.model_dir)
-        except ValueError as e:
-            raise ValueError(f"--model-dir: {e}") from None
+    if getattr(args, "model_dir", None) is None:
+        return
+    try:
+        args.model_dir = resolve_checkpoint(args.model_dir, field="--model-dir")
+    except ValueError as e:
+        raise ValueError(str(e)) from None  # it names --model-dir itself
+    try:
+        check_checkpoint_dir(args.model_dir)
+    except ValueError as e:
+        raise ValueError(f"--model-dir: {e}") from None
 
 
 def checkpoint(shape: str, args) -> Path:

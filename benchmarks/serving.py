@@ -380,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="qwen3-0.6b",
         help="synthetic checkpoint shape when no --model-dir",
     )
-    p.add_argument("--model-dir", help="use this checkpoint instead of a synthetic one of --shape")
+    p.add_argument(
+        "--model-dir",
+        help="use this checkpoint (a directory, or a repo id in the local Hugging Face cache) "
+        "instead of a synthetic one of --shape",
+    )
     p.add_argument("--base-url", help="benchmark this running server instead of launching one")
     p.add_argument("--served-model-name", help="the model name a --base-url server answers to")
     p.add_argument("--impl", default="fast", help="engine implementation (reference, fast, pkg.mod:attr)")
@@ -423,6 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.engine_args = dict(args.engine_arg)
+    try:
+        engine_runs.check_model_dir(args)
+    except ValueError as e:
+        print(f"benchmarks/serving.py: {e}", file=sys.stderr)
+        return 2
     if args.model_dir:
         model_dir = Path(args.model_dir)
     else:

@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shapes = sorted(checkpoints.SHAPES)
     p.add_argument("--shape", choices=shapes, default="qwen3-0.6b", help="random-weight model shape")
-    p.add_argument("--model-dir", help="use this checkpoint for --shape instead of a synthetic one")
+    p.add_argument(
+        "--model-dir",
+        help="use this checkpoint (a directory, or a repo id in the local Hugging Face cache) for "
+        "--shape instead of a synthetic one",
+    )
     p.add_argument("--impl", default="fast", help="implementation: reference, fast or pkg.module:attr")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument(

@@ -181,24 +181,42 @@ def test_a_bad_size_is_a_flag_error_before_any_work(flag, value, bound, capsys, 
     assert err == f"benchmarks/throughput.py: {flag} must be {bound}, got {value}"
 
 
-@pytest.mark.parametrize("script", ["throughput", "decode_sweep", "constrained_cost"])
+@pytest.mark.parametrize("script", ["throughput", "decode_sweep", "constrained_cost", "serving"])
 def test_a_missing_model_dir_is_named_before_any_work(script, tmp_path, capsys, monkeypatch):
     """--model-dir that is not a local checkpoint: one line naming the flag and the path, exit 2,
     before any phase (it was a transformers traceback about Hub repo ids, exit 1)."""
     import importlib
 
     mod = importlib.import_module(f"benchmarks.{script}")
-    monkeypatch.setattr(mod, "checkpoint", lambda *a, **k: pytest.fail("went on with a bad --model-dir"))
+    went_on = lambda *a, **k: pytest.fail("went on with a bad --model-dir")  # noqa: E731
+    monkeypatch.setattr(mod, "checkpoint" if hasattr(mod, "checkpoint") else "_workloads", went_on)
     missing = tmp_path / "no-such-checkpoint"
     assert mod.main(["--shape", "tiny", "--device", "cpu", "--model-dir", str(missing)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(
-        f"benchmarks/{script}.py: --model-dir: checkpoint directory {missing} does not exist"
-    )
+    assert err.startswith(f"benchmarks/{script}.py: --model-dir '{missing}' does not exist")
     assert "\n" not in err
     (tmp_path / "empty").mkdir()
     assert mod.main(["--shape", "tiny", "--device", "cpu", "--model-dir", str(tmp_path / "empty")]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+def test_a_model_dir_may_be_a_repo_id_in_the_local_hub_cache(tmp_path, monkeypatch):
+    """--model-dir takes what LLM's model takes: a repo id whose snapshot is in the local cache
+    becomes that snapshot's directory before any phase reads it (a directory-only check said
+    it does not exist); an uncached id names the download."""
+    import argparse
+
+    from benchmarks import engine_runs
+    from enginespec.testing.checkpoints import make_checkpoint, write_hub_cache
+
+    snapshot = write_hub_cache(make_checkpoint("qwen3", tmp_path / "src"), tmp_path / "hub", "org/tiny")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    args = argparse.Namespace(model_dir="org/tiny", shape="qwen3-0.6b")
+    engine_runs.check_model_dir(args)
+    assert args.model_dir == str(snapshot)
+    assert engine_runs.checkpoint("qwen3-0.6b", args) == snapshot
+    with pytest.raises(ValueError, match=r"^--model-dir 'org/none' does not exist.*hf download org/none"):
+        engine_runs.check_model_dir(argparse.Namespace(model_dir="org/none"))
 
 
 def test_workload_is_seeded_and_within_bounds():
