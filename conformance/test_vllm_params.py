@@ -69,6 +69,18 @@ def test_best_of_is_refused_pointing_to_n(best_of):
     assert SamplingParams(best_of=1) == SamplingParams(best_of=None) == SamplingParams()
 
 
+@pytest.mark.parametrize("processors", [[lambda ids, logits: logits], (print,), "f", 0])
+def test_logits_processors_are_refused_by_name(processors):
+    """vLLM's SamplingParams(logits_processors=[fn]) (V1 refuses per-request processors at add):
+    a ValueError naming the field and the fields that edit logits here (it was a TypeError
+    about an unexpected keyword). None and [] are taken and change nothing."""
+    with pytest.raises(
+        ValueError, match=r"SamplingParams\.logits_processors must be None or \[\].*logit_bias"
+    ):
+        SamplingParams(logits_processors=processors)
+    assert SamplingParams(logits_processors=[]) == SamplingParams(logits_processors=None) == SamplingParams()
+
+
 def test_assigning_a_field_says_how_to_change_one():
     """vLLM's generate example sets fields of llm.get_default_sampling_params() from its flags
     (`sampling_params.max_tokens = args.max_tokens`). SamplingParams is frozen here (validated

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import InitVar, dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from enginespec.spec.structured_outputs import StructuredOutputsParams
 from enginespec.spec.validation import MAX_LOGIT_BIAS, MAX_N, check_int, check_real, check_token_ids
@@ -108,7 +108,8 @@ class SamplingParams:
     Request never carries -1); `prompt_logprobs` = k does so for prompt positions and turns
     prefix-cache hits off for that request (cached positions have no logits).
     `best_of` is not a field: vLLM V1 dropped it, so any value but None or 1 is a ValueError
-    pointing to `n`.
+    pointing to `n`. Nor is `logits_processors`: no custom processor runs (vLLM V1 refuses
+    per-request ones), so any value but None or [] is a ValueError naming the edits that exist.
 
     Text (vLLM's names and defaults): `skip_special_tokens` leaves special tokens (EOS,
     pad, ...) out of the text; `spaces_between_special_tokens` is passed to the tokenizer's
@@ -187,13 +188,24 @@ class SamplingParams:
     extra_args: Optional[Mapping[str, Any]] = None
     structured_outputs: Optional[StructuredOutputsParams] = None
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
+    # refused unless None or empty (not stored): no custom logits processor runs (vLLM V1 refuses
+    # per-request ones too); the logit edits are the fields above
+    logits_processors: InitVar[Optional[Sequence[Any]]] = None
 
-    def __post_init__(self, best_of: Optional[int]) -> None:
+    def __post_init__(self, best_of: Optional[int], logits_processors: Optional[Sequence[Any]]) -> None:
         _check(
             best_of is None or best_of == 1,
             "best_of",
             "None or 1 (best_of is not supported, as in vLLM V1: use n for several samples)",
             best_of,
+        )
+        _check(
+            logits_processors is None
+            or (isinstance(logits_processors, (list, tuple)) and not logits_processors),
+            "logits_processors",
+            "None or [] (no custom logits processor runs, as vLLM V1 runs no per-request ones: use "
+            "logit_bias, allowed_token_ids, bad_words, min_tokens or structured_outputs)",
+            logits_processors,
         )
         # Normalise sequences to tuples (and numbers to plain int/float) so the dataclass stays
         # immutable and every backend sees the same types.
