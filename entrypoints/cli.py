@@ -663,6 +663,7 @@ def _add_serve_parser(sub) -> None:
     )
     _add_chat_reply_args(serve)
     _add_cors_args(serve)
+    _add_http_args(serve)
     _add_engine_args(serve)
     serve.set_defaults(impl="fast")
 
@@ -706,6 +707,47 @@ def _add_cors_args(serve) -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="CORS: allow credentials",
+    )
+
+
+def _add_http_args(serve) -> None:
+    """vLLM's HTTP-layer flags (api_server.fastapi_options, tls_options, access_log): the access
+    log, the proxy's path prefix, TLS files for uvicorn, the OpenAPI docs routes."""
+    serve.add_argument(
+        "--disable-uvicorn-access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="no uvicorn access log (the default here; vLLM's flag); --no-disable-uvicorn-access-log: "
+        "a line a request at --uvicorn-log-level info, as vLLM's default",
+    )
+    serve.add_argument(
+        "--root-path",
+        default=None,
+        help="the path prefix a proxy serves this server under, e.g. /llm (FastAPI's root_path; vLLM's flag): "
+        "routes answer with and without it, and the docs name it",
+    )
+    serve.add_argument(
+        "--ssl-keyfile", default=None, help="TLS: the private key file (PEM; needs --ssl-certfile)"
+    )
+    serve.add_argument(
+        "--ssl-certfile", default=None, help="TLS: the certificate chain file (PEM): serve HTTPS"
+    )
+    serve.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        help="TLS: the CA certificates that client certificates are checked against",
+    )
+    serve.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=None,
+        help="TLS: client certificates: 0 none (default), 1 optional, 2 required (Python's ssl.CERT_*)",
+    )
+    serve.add_argument(
+        "--disable-fastapi-docs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no /docs, /redoc or /openapi.json (vLLM's flag)",
     )
 
 

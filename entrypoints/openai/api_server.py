@@ -38,6 +38,7 @@ import re
 import secrets
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -162,13 +163,40 @@ def _field_error(exc: ValidationError) -> tuple[Optional[str], dict]:
     return str(loc[0]), max(same_field, key=lambda e: len(e["loc"]))
 
 
+def _route_path(scope) -> str:
+    """The path routing matches (starlette's rule): the request's path less the app's root path
+    (--root-path) where it begins with it, as a whole segment."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
+    return path
+
+
+class _RootPath:
+    """Plain ASGI middleware (--root-path): every request's scope names the proxy's prefix as its
+    root_path, what FastAPI's (deprecated) root_path argument did and vLLM relies on: routing
+    then matches a path with the prefix (a proxy that keeps it) or without (one that strips
+    it), and the OpenAPI schema names the prefix as the server's URL."""
+
+    def __init__(self, app, root_path: str):
+        self.app = app
+        self.root_path = root_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope["root_path"] = self.root_path
+        await self.app(scope, receive, send)
+
+
 class _ApiKeyGuard:
     """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' for one of the keys (401
     otherwise), as vLLM's. The scheme is read case-insensitively (an HTTP auth scheme is: RFC
     9110 11.1, and vLLM reads it so); one space, then the key, which must match exactly. Keys
     are compared as SHA-256 digests, every key each time, so that neither a key's length nor
-    which key matched shows in the timing. Not starlette's BaseHTTPMiddleware, which wraps
-    `receive` and hides client disconnects."""
+    which key matched shows in the timing. The path is read as routing reads it, without the
+    app's --root-path (a request through a proxy that keeps the prefix, /PREFIX/v1/..., is
+    served: it is guarded too). Not starlette's BaseHTTPMiddleware, which wraps `receive` and
+    hides client disconnects."""
 
     def __init__(self, app, api_keys: Sequence[str]):
         self.app = app
@@ -182,7 +210,7 @@ class _ApiKeyGuard:
         return scheme.lower() == b"bearer" and any(matches)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and _route_path(scope).startswith("/v1"):
             if not self._authorized(scope):
                 response = _error_response(APIError(401, "Unauthorized: a valid API key is required"))
                 await response(scope, receive, send)
@@ -238,6 +266,7 @@ def build_app(
     dev: bool = False,
     cors: Optional[dict] = None,
     request_id_headers: bool = False,
+    app_options: Optional[dict] = None,
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
     takes; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
@@ -245,7 +274,8 @@ def build_app(
     browser's preflight (OPTIONS, which carries no API key) is answered before it, as vLLM's
     server answers it; None: no CORS headers, preflights are 405s. `request_id_headers`: every
     response carries X-Request-Id (_RequestIdHeader, the outermost of these layers, so a 401 and
-    a preflight do too; an internal error's 500 gets it from its handler)."""
+    a preflight do too; an internal error's 500 gets it from its handler). `app_options`:
+    fastapi_options' (the root path, _RootPath's; the rest FastAPI's own: the docs routes)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -255,7 +285,9 @@ def build_app(
         finally:
             ctx.engine.stop()
 
-    app = FastAPI(title="enginespec", lifespan=lifespan)
+    options = dict(app_options or {})
+    root_path = options.pop("root_path", "")
+    app = FastAPI(title="enginespec", lifespan=lifespan, **options)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -292,6 +324,8 @@ def build_app(
         app.add_middleware(CORSMiddleware, **cors)
     if request_id_headers:  # added last: the outermost layer, so a preflight has the header too
         app.add_middleware(_RequestIdHeader)
+    if root_path:  # outermost: every layer reads the path as routing does (_route_path)
+        app.add_middleware(_RootPath, root_path=root_path)
 
     _add_openai_routes(app, ctx)
     _add_utility_routes(app, ctx, metrics)
@@ -331,6 +365,68 @@ def cors_options(ns) -> Optional[dict]:
         allow_headers=ns.allowed_headers,
         allow_credentials=ns.allow_credentials,
     )
+
+
+def fastapi_options(ns) -> dict:
+    """build_app's app_options from vLLM's flags. --root-path: the prefix a path-routing proxy
+    serves the server under (_RootPath): a route answers with or without the prefix, and the
+    OpenAPI schema names it as the server's URL; it must start with "/" (a trailing "/" is
+    dropped: starlette would match no path under "/llm/"). --disable-fastapi-docs: no /docs,
+    /redoc or /openapi.json."""
+    options: dict = {}
+    root = ns.root_path
+    if root:
+        if not root.startswith("/"):
+            raise ValueError(
+                f"--root-path must start with '/' (the proxy's path prefix, e.g. /llm), got {root!r}"
+            )
+        options["root_path"] = root.rstrip("/")
+    if ns.disable_fastapi_docs:
+        options.update(openapi_url=None, docs_url=None, redoc_url=None)
+    return options
+
+
+# Python's ssl.CERT_* values, what vLLM's --ssl-cert-reqs takes
+_CERT_REQS = {
+    int(ssl.CERT_NONE): "none",
+    int(ssl.CERT_OPTIONAL): "optional",
+    int(ssl.CERT_REQUIRED): "required",
+}
+
+
+def tls_options(ns) -> dict:
+    """uvicorn's TLS settings from vLLM's flags ({}: plain HTTP), checked before the engine
+    loads by building the SSL context uvicorn builds, so that a missing file or a key that is
+    not the certificate's is a ValueError naming the flags, not uvicorn's traceback after the
+    model's load. Refused, as they would serve other than asked: a key without a certificate,
+    --ssl-ca-certs or --ssl-cert-reqs without TLS (nothing would be checked), client
+    certificates asked (--ssl-cert-reqs 1 or 2) with no --ssl-ca-certs to check them against
+    (every client would be turned away)."""
+    from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
+
+    key, cert, ca, reqs = ns.ssl_keyfile, ns.ssl_certfile, ns.ssl_ca_certs, ns.ssl_cert_reqs
+    if not (key or cert):
+        if ca is not None or reqs is not None:
+            raise ValueError(
+                "--ssl-ca-certs and --ssl-cert-reqs need TLS: give --ssl-certfile (and --ssl-keyfile)"
+            )
+        return {}
+    if not cert:
+        raise ValueError("--ssl-keyfile needs --ssl-certfile (the certificate the key belongs to)")
+    reqs = int(ssl.CERT_NONE) if reqs is None else reqs
+    if reqs not in _CERT_REQS:
+        raise ValueError(f"--ssl-cert-reqs must be one of {_CERT_REQS} (Python's ssl.CERT_*), got {reqs}")
+    if reqs != ssl.CERT_NONE and not ca:
+        raise ValueError(
+            f"--ssl-cert-reqs {reqs} ({_CERT_REQS[reqs]}) needs --ssl-ca-certs to check client certificates"
+        )
+    try:
+        create_ssl_context(cert, key or None, None, SSL_PROTOCOL_VERSION, reqs, ca or None, "TLSv1")
+    except OSError as exc:  # ssl.SSLError is one: a key that is not the certificate's, a file that is no PEM
+        raise ValueError(
+            f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: cannot build the TLS context: {exc}"
+        ) from None
+    return dict(ssl_keyfile=key or None, ssl_certfile=cert, ssl_ca_certs=ca or None, ssl_cert_reqs=reqs)
 
 
 def _result(result):
@@ -573,8 +669,9 @@ def _server_class():
             if self.started and sockets:
                 host, port = self.config.host, sockets[0].getsockname()[1]
                 where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                scheme = "https" if self.config.is_ssl else "http"
                 logging.getLogger("uvicorn.error").info(
-                    "Uvicorn running on http://%s (Press CTRL+C to quit)", where
+                    "Uvicorn running on %s://%s (Press CTRL+C to quit)", scheme, where
                 )
 
         def handle_exit(self, sig, frame) -> None:
@@ -638,6 +735,23 @@ def serving_line(sock: socket.socket, model: str) -> str:
     return f"enginespec serve: {model} on http://{_address(host, port)} (OpenAI API under /v1; Ctrl-C stops)"
 
 
+def _with_scheme(line: str, tls: dict) -> str:
+    """serving_line's line, its URL https:// under TLS (tls_options' settings)."""
+    return line.replace(" on http://", " on https://", 1) if tls else line
+
+
+def apply_http_options(config, ns, tls: dict) -> None:
+    """vLLM's uvicorn flags onto the server's uvicorn Config: the TLS files (tls_options' checked
+    settings, which uvicorn reads when the server starts, Config.load) and the access log, off
+    here unless --no-disable-uvicorn-access-log (Config's constructor set up its logging with the
+    access log off; it is set up again with it on)."""
+    for name, value in tls.items():
+        setattr(config, name, value)
+    if ns.disable_uvicorn_access_log is False:
+        config.access_log = True
+        config.configure_logging()
+
+
 def _address(host: str, port: int) -> str:
     """host:port, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -658,6 +772,7 @@ def run_server(ns) -> int:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
     cors = cors_options(ns)
     keys = api_keys(ns)
+    app_options, tls = fastapi_options(ns), tls_options(ns)
     _check_request_log(ns)
     _log_to_stderr(ns.uvicorn_log_level)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
@@ -705,6 +820,7 @@ def run_server(ns) -> int:
                 dev=ns.enable_dev_endpoints,
                 cors=cors,
                 request_id_headers=ns.enable_request_id_headers,
+                app_options=app_options,
             )
             config = uvicorn.Config(
                 app,
@@ -714,6 +830,7 @@ def run_server(ns) -> int:
                 timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S,  # the last resort
                 access_log=False,
             )
+            apply_http_options(config, ns, tls)
             server = _server_class()(config)
             server.on_exit = client.close_admission
             server.grace_s = ns.shutdown_timeout
@@ -725,7 +842,7 @@ def run_server(ns) -> int:
         # listening before the line names the address: a client that connects on reading it is
         # queued by the kernel until uvicorn accepts (it was refused while uvicorn started up)
         sock.listen(config.backlog)
-        print(serving_line(sock, names[0]), file=sys.stderr, flush=True)
+        print(_with_scheme(serving_line(sock, names[0]), tls), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
         log.info("stopped by %s before the server was serving", stopped)

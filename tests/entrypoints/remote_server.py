@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -30,7 +31,8 @@ def free_port() -> int:
 
 class RemoteServer:
     """`python -m enginespec.entrypoints.cli serve MODEL ARGS` until terminate(); `popen`
-    goes to subprocess.Popen (a stderr file to read the server's log, a session of its own)."""
+    goes to subprocess.Popen (a stderr file to read the server's log, a session of its own).
+    `ca_file`: the server serves HTTPS (its args give --ssl-certfile), verified against this file."""
 
     def __init__(
         self,
@@ -39,10 +41,14 @@ class RemoteServer:
         *,
         api_key: str | None = None,
         timeout: float = 240.0,
+        ca_file: str | None = None,
         **popen,
     ):
         self.port = free_port()
         self.api_key = api_key
+        self.scheme, self.verify = (
+            ("https", ssl.create_default_context(cafile=ca_file)) if ca_file else ("http", True)
+        )
         cmd = [sys.executable, "-m", "enginespec.entrypoints.cli", "serve", str(model_dir)]
         cmd += ["--host", HOST, "--port", str(self.port), "--device", "cpu", *args]
         if api_key is not None:
@@ -57,7 +63,7 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode} before it was healthy")
             try:
-                if httpx.get(self.url("/health"), timeout=1.0).status_code == 200:
+                if httpx.get(self.url("/health"), timeout=1.0, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -66,7 +72,7 @@ class RemoteServer:
         raise RuntimeError(f"the server was not healthy within {timeout} s")
 
     def url(self, path: str) -> str:
-        return f"http://{HOST}:{self.port}{path}"
+        return f"{self.scheme}://{HOST}:{self.port}{path}"
 
     @property
     def headers(self) -> dict:
