@@ -662,6 +662,7 @@ def _add_serve_parser(sub) -> None:
         help="uvicorn's log level (vLLM's flag; default warning)",
     )
     _add_chat_reply_args(serve)
+    _add_chat_default_args(serve)
     _add_cors_args(serve)
     _add_http_args(serve)
     _add_engine_args(serve)
@@ -688,6 +689,44 @@ def _add_chat_reply_args(serve) -> None:
         default=None,
         help="the tool-call format of the model's replies (vLLM's names): hermes (Qwen2.5, Qwen3), "
         "llama3_json (Llama 3.1, 3.2 Instruct), mistral (Mistral Instruct v0.3 and later)",
+    )
+
+
+def _role_name(text: str) -> str:
+    """--response-role: a non-blank role name (an ArgumentTypeError: argparse's usage error)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a role name (assistant, ...), got {text!r}")
+    return text
+
+
+def _add_chat_default_args(serve) -> None:
+    """vLLM's server-wide defaults of the chat and completion bodies (serving.ServerContext)."""
+    from enginespec.chat_utils import CONTENT_FORMATS
+
+    serve.add_argument(
+        "--response-role",
+        type=_role_name,
+        default="assistant",
+        help="the role of chat replies to a prompt that ends in a generation prompt (default assistant; vLLM's flag)",
+    )
+    serve.add_argument(
+        "--return-tokens-as-token-ids",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help='logprobs name tokens "token_id:N" unless a request sets return_tokens_as_token_ids (vLLM\'s flag)',
+    )
+    serve.add_argument(
+        "--enable-force-include-usage",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="every stream ends with its usage chunk, as if stream_options.include_usage were true (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--chat-template-content-format",
+        choices=CONTENT_FORMATS,
+        default="auto",
+        help='message content as the chat template gets it: a string, or OpenAI\'s [{"type": "text", ...}] '
+        "parts (openai); auto (default): what the template reads (vLLM's flag)",
     )
 
 

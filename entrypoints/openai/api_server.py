@@ -429,6 +429,17 @@ def tls_options(ns) -> dict:
     return dict(ssl_keyfile=key or None, ssl_certfile=cert, ssl_ca_certs=ca or None, ssl_cert_reqs=reqs)
 
 
+def chat_defaults(ns) -> dict:
+    """ServerContext's server-wide body defaults from vLLM's flags (--response-role,
+    --return-tokens-as-token-ids, --enable-force-include-usage, --chat-template-content-format)."""
+    return dict(
+        response_role=ns.response_role,
+        return_tokens_as_token_ids=ns.return_tokens_as_token_ids,
+        force_include_usage=ns.enable_force_include_usage,
+        chat_template_content_format=ns.chat_template_content_format,
+    )
+
+
 def _result(result):
     return result if isinstance(result, dict) else SSEResponse(result)
 
@@ -812,6 +823,7 @@ def run_server(ns) -> int:
                 log_requests=ns.enable_log_requests,
                 max_log_len=ns.max_log_len,
                 model_path=args.model,
+                **chat_defaults(ns),
             )
             app = build_app(
                 ctx,

@@ -93,6 +93,13 @@ class ServerContext:
     max_log_len: Optional[int] = None
     # the checkpoint the server loaded (the model argument): the model cards' `root`, as vLLM's
     model_path: Optional[str] = None
+    # vLLM's server-wide body defaults (chat_defaults): the role of a reply to a generation
+    # prompt; "token_id:N" logprob tokens where the body leaves return_tokens_as_token_ids
+    # unset; a usage chunk at the end of every stream; how messages' content reaches the template
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    force_include_usage: bool = False
+    chat_template_content_format: str = "auto"
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -153,6 +160,7 @@ class _Call:
     tool_parser: str = "hermes"
     single_tool_call: bool = False  # parallel_tool_calls false: the first call only
     chat_echo: str = ""  # a chat reply's echoed lead (_chat_echo): before each choice's content
+    role: str = "assistant"  # a chat reply's role (_reply_role)
 
     @property
     def tool_parsing(self) -> bool:
@@ -268,6 +276,7 @@ def render_chat(
             continue_final_message=body.continue_final_message,
             chat_template_kwargs=body.template_kwargs(),
             tools=tools,
+            chat_template_content_format=ctx.chat_template_content_format,
         )
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), exc.param) from None
@@ -508,7 +517,8 @@ async def create_chat_completion(
             text, body.template_kwargs(), continues=body.continue_final_message is True
         )
     call.tool_mode, call.forced_name = tool_mode, forced_name
-    call.chat_echo = _chat_echo(body)
+    call.role = _reply_role(ctx, body)
+    call.chat_echo = _chat_echo(body, call.role)
     call.tool_parser = ctx.tool_call_parser or call.tool_parser
     call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -543,14 +553,21 @@ def _reasoning_params(ctx: ServerContext, call: _Call, params: SamplingParams) -
     return dataclasses.replace(params, structured_outputs=marked)
 
 
-def _chat_echo(body: ChatCompletionRequest) -> str:
+def _reply_role(ctx: ServerContext, body: ChatCompletionRequest) -> str:
+    """The role of a chat call's replies: --response-role's (default "assistant") after a
+    generation prompt, as vLLM's; "assistant" otherwise (a reply continuing the client's final
+    message, continue_final_message's case, is that message's: the assistant's)."""
+    return ctx.response_role if body.add_generation_prompt else "assistant"
+
+
+def _chat_echo(body: ChatCompletionRequest, role: str = "assistant") -> str:
     """vLLM's chat echo: with echo true, the last message's text (its content parts joined as
-    the template sees them) when that message has the reply's role, "assistant" (a reply the
+    the template sees them) when that message has the reply's role (_reply_role; a reply the
     client began, continue_final_message's case); "" otherwise. It leads each choice's content,
     in the full body and in the stream's first delta; usage counts none of it. (vLLM, without
     a generation prompt, takes the last message's role for the reply's and echoes a user's
-    message as a "user" reply; this server's replies are always the assistant's.)"""
-    if not body.echo or not body.messages or body.messages[-1].get("role") != "assistant":
+    message as a "user" reply; this server's replies are then always the assistant's.)"""
+    if not body.echo or not body.messages or body.messages[-1].get("role") != role:
         return ""
     return chat_utils.message_text(body.messages[-1].get("content"))
 
@@ -908,10 +925,30 @@ def _prompt_logprobs(ctx, out) -> Optional[list]:
 
 
 def _logprobs(ctx, call: _Call, token_ids, logprobs, offset: int = 0):
-    as_ids = bool(call.body.return_tokens_as_token_ids)
+    if logprobs is None:  # none asked: no server defaults to read (the choice builders' tests pass no ctx)
+        return None
+    as_ids = _as_token_ids(ctx, call.body)
     if call.kind == "completion":
         return _completion_logprobs(ctx, token_ids, logprobs, offset, as_ids)
     return _chat_logprobs(ctx, token_ids, logprobs, call.body.top_logprobs or 0, as_ids)
+
+
+def _as_token_ids(ctx: ServerContext, body: _Sampling) -> bool:
+    """Whether logprobs name tokens "token_id:N": the body's return_tokens_as_token_ids where
+    set (false too), else --return-tokens-as-token-ids (vLLM's precedence)."""
+    given = body.return_tokens_as_token_ids
+    return ctx.return_tokens_as_token_ids if given is None else bool(given)
+
+
+def _stream_usage(ctx: ServerContext, body: _Sampling) -> tuple[bool, bool]:
+    """(a usage chunk before [DONE], each chunk's usage so far) of a stream: the body's
+    stream_options (continuous_usage_stats counts only with include_usage, vLLM's rule); under
+    --enable-force-include-usage the usage chunk always, and continuous usage where the body
+    asks continuous_usage_stats (vLLM's should_include_usage)."""
+    if not ctx.force_include_usage:
+        return body.include_usage, body.continuous_usage
+    options = body.stream_options
+    return True, bool(options is not None and options.continuous_usage_stats)
 
 
 def _usage(ctx, call: _Call, outputs) -> dict:
@@ -1058,8 +1095,8 @@ def _message(call: _Call, text: str) -> dict:
     which a reply without calls leaves out, as vLLM does: the SDK reads a `[]` as "not None",
     and agent loops that test that take the answer for a call."""
     if not call.parsed:
-        return {"role": "assistant", "content": text}
-    message: dict = {"role": "assistant", "content": text or None}
+        return {"role": call.role, "content": text}
+    message: dict = {"role": call.role, "content": text or None}
     if call.reasoning is not None:
         reasoning, message["content"] = call.reasoning.split(text, call.starts_in_reasoning)
         message["reasoning"] = reasoning if call.body.include_reasoning else None
@@ -1245,7 +1282,7 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
     else:
         if not state.started:
-            delta = {"role": "assistant", **(delta or {"content": ""})}
+            delta = {"role": call.role, **(delta or {"content": ""})}
             if call.chat_echo:
                 delta["content"] = call.chat_echo + delta.get("content", "")
         choice["delta"] = delta
@@ -1324,7 +1361,7 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
     as vLLM sends them; the full body has them at the top level too): completions have them in
     each choice's first frame instead (_delta_choice)."""
     head = _chunk_head(call)
-    continuous = call.body.continuous_usage
+    include_usage, continuous = _stream_usage(ctx, call.body)
     prompt_ids_due = call.kind == "chat" and bool(call.body.return_token_ids)
     try:
         while not gen.done:
@@ -1354,7 +1391,7 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                 return
             for chunk_frame in frames:
                 yield chunk_frame
-        if call.body.include_usage:
+        if include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(ctx, call, outputs)))
         yield DONE
