@@ -80,6 +80,15 @@ allowed_token_ids, bad_words, min_tokens and structured outputs are the edits th
 model directory's generation_config.json; "vllm": its EOS ids but none of its sampling
 defaults; or another local directory) and `override_generation_config` (a dict of that file's
 sampling keys over its defaults) work as vLLM's (engine/generation_config.py).
+vLLM's serve-line engine options, accepted at the values that change nothing here, any other
+value the same "not supported by enginespec" error: `compilation_config` (None, {}, level or
+mode 3, vLLM's VLLM_COMPILE: the decoder under torch.compile with CUDA graphs, what the engine
+does on CUDA; enforce_eager and compile_model are its switches), `optimization_level` (vLLM's
+-O: 1, 2 or 3, compiled with graphs; 0 is enforce_eager here), `hf_overrides` (None or {}: the
+checkpoint's config.json is used as it is), `max_num_partial_prefills` (1, vLLM V1's only
+value), `structured_outputs_config` (None or vLLM's defaults: backend "auto", no other switch;
+the grammars are the engine's own), `guided_decoding_backend` ("auto"), `enable_sleep_mode`
+(False) and `config_format` ("auto" or "hf": the loader reads config.json).
 `max_num_seqs`, `enable_prefix_caching`, `enable_chunked_prefill` and `preemption_mode` also
 take vLLM's None ("the engine chooses", what code forwarding an unset option passes): our
 default for each (UNSET_DEFAULTS).
@@ -160,6 +169,7 @@ _BOOL_FIELDS = (
     "enable_lora",
     "skip_tokenizer_init",
     "disable_custom_all_reduce",
+    "enable_sleep_mode",
 )
 # vLLM's Optional scheduler and cache options -> what None (vLLM's "engine chooses") means here:
 # our own defaults, which are vLLM V1's choices for a generative model (its V0 chose recompute).
@@ -190,6 +200,17 @@ UNSUPPORTED_VALUES = {
     "logprobs_mode": (
         ("raw_logprobs",),
         "logprobs are log_softmax of the model's logits before any edit, temperature or cut",
+    ),
+    "hf_overrides": ((None, {}), "the checkpoint's config.json is used as it is: no overrides"),
+    "max_num_partial_prefills": (
+        (1,),
+        "vLLM V1's only value; long_prefill_token_threshold caps a prompt's chunk",
+    ),
+    "guided_decoding_backend": (("auto",), "structured outputs compile with the engine's own grammars"),
+    "enable_sleep_mode": ((False,), "no /sleep: weights and KV cache stay on the device"),
+    "config_format": (
+        ("auto", "hf"),
+        "the loader reads the checkpoint's config.json (Hugging Face's format)",
     ),
     "logits_processors": (
         (None, []),
@@ -259,11 +280,70 @@ def _check_dtype(dtype) -> None:
         )
 
 
+# vLLM's StructuredOutputsConfig keys -> the values accepted (its defaults): the grammars are
+# the engine's own (engine/structured_output.py), with no backend or switch to choose; the
+# reasoning split is the server's --reasoning-parser
+STRUCTURED_OUTPUTS_DEFAULTS = {
+    "backend": ("auto",),
+    "disable_fallback": (False,),
+    "disable_any_whitespace": (False,),
+    "disable_additional_properties": (False,),
+    "reasoning_parser": ("",),
+}
+_STRUCTURED_OUTPUTS_SHOWN = {key: values[0] for key, values in STRUCTURED_OUTPUTS_DEFAULTS.items()}
+# vLLM's compilation level / mode that is the engine's own: 3 (VLLM_COMPILE, vLLM's default)
+_COMPILE_LEVELS = (3, "VLLM_COMPILE")
+
+
+def _check_compilation(args: "EngineArgs") -> None:
+    """optimization_level (vLLM's -O) and compilation_config at the values that are what the
+    engine does (the module docstring); a ValueError naming the argument otherwise."""
+    level = args.optimization_level
+    if level is not None:
+        _check_int("optimization_level", level, 0, 3)
+        if level == 0:
+            raise ValueError(
+                "optimization_level=0 (vLLM's -O0: no compilation, no CUDA graphs) is not supported by "
+                "enginespec under that name: pass enforce_eager=True (--enforce-eager); accepted: [1, 2, 3]"
+            )
+    config = args.compilation_config
+    if isinstance(config, int) and not isinstance(config, bool):
+        config = {"level": config}  # vLLM's integer form: the level
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"compilation_config must be None, a level (int) or a dict, got {config!r}")
+    for key, value in (config or {}).items():
+        if key not in ("level", "mode") or isinstance(value, bool) or value not in _COMPILE_LEVELS:
+            raise ValueError(
+                f"compilation_config {{{key!r}: {value!r}}} is not supported by enginespec (the decoder is "
+                "compiled with CUDA graphs by the engine's own rules; enforce_eager, compile_model and "
+                "max_cudagraph_capture_size are its switches); accepted: {}, 3, {'level': 3}, {'mode': 3}"
+            )
+
+
+def _check_structured_outputs_config(config) -> None:
+    """None, or a dict of STRUCTURED_OUTPUTS_DEFAULTS' keys at their accepted values."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise ValueError(f"structured_outputs_config must be None or a dict, got {config!r}")
+    for key, value in config.items():
+        accepted = STRUCTURED_OUTPUTS_DEFAULTS.get(key)
+        if accepted is None or type(value) is not type(accepted[0]) or value not in accepted:
+            raise ValueError(
+                f"structured_outputs_config {{{key!r}: {value!r}}} is not supported by enginespec (structured "
+                f"outputs compile with the engine's own grammars; the server's --reasoning-parser splits "
+                f"reasoning); accepted: {_STRUCTURED_OUTPUTS_SHOWN}"
+            )
+
+
 def _check_vllm_args(args: "EngineArgs") -> None:
     """The vLLM arguments of the module docstring: types and ranges, then UNSUPPORTED_VALUES."""
     _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1, None)
     _check_int("data_parallel_size", args.data_parallel_size, 1, None)
     _check_int("max_seq_len_to_capture", args.max_seq_len_to_capture, 1, None)
+    _check_int("max_num_partial_prefills", args.max_num_partial_prefills, 1, None)
+    _check_compilation(args)
+    _check_structured_outputs_config(args.structured_outputs_config)
     for name in ("swap_space", "cpu_offload_gb"):  # GiB
         value = getattr(args, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
@@ -395,6 +475,15 @@ class EngineArgs:
     logits_processors: Optional[list] = None
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
+    # vLLM's serve-line options, at the values that change nothing here (the module docstring)
+    compilation_config: Union[int, dict, None] = None
+    optimization_level: Optional[int] = None
+    hf_overrides: Optional[dict] = None
+    max_num_partial_prefills: int = 1
+    structured_outputs_config: Optional[dict] = None
+    guided_decoding_backend: str = "auto"
+    enable_sleep_mode: bool = False
+    config_format: str = "auto"
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its

@@ -62,7 +62,13 @@ def _json_value(text: str):
 
 
 # The flags whose JSON value is an object, so that vLLM's dotted form can fill it (_dotted_json).
-JSON_OBJECT_FLAGS = ("--speculative-config", "--override-generation-config")
+JSON_OBJECT_FLAGS = (
+    "--speculative-config",
+    "--override-generation-config",
+    "--compilation-config",
+    "--hf-overrides",
+    "--structured-outputs-config",
+)
 
 
 def vllm_spelling(argv: list[str]) -> tuple[list[str], dict[str, dict]]:
@@ -427,6 +433,46 @@ def _add_vllm_default_args(p: argparse.ArgumentParser) -> None:
         help="the hub cache to find a repo-id model in (default: HF_HUB_CACHE's)",
     )
     p.add_argument("--load-format", default=None, help="auto or safetensors")
+    _add_vllm_serve_line_args(p)
+
+
+def _add_vllm_serve_line_args(p) -> None:
+    """vLLM's engine flags of everyday serve lines, taken only at values that change nothing
+    here (EngineArgs' module docstring); default None: not given."""
+    p.add_argument(
+        "--compilation-config",
+        type=_json_value,
+        default=None,
+        help="accepted: {}, 3 or {\"level\"/\"mode\": 3} (vLLM's default: compiled decoder, CUDA graphs, "
+        "what the engine does; --enforce-eager and --no-compile switch them off)",
+    )
+    p.add_argument(
+        "-O",
+        "--optimization-level",
+        type=int,
+        default=None,
+        help="accepted: 1, 2, 3 (vLLM's -O: compiled, CUDA graphs); for -O0 use --enforce-eager",
+    )
+    p.add_argument(
+        "--hf-overrides", type=_json_value, default=None, help="accepted: {} (config.json is used as it is)"
+    )
+    p.add_argument("--max-num-partial-prefills", type=int, default=None, help="1 only (vLLM V1's only value)")
+    p.add_argument(
+        "--structured-outputs-config",
+        type=_json_value,
+        default=None,
+        help='accepted: {} or {"backend": "auto"} (structured outputs compile with the engine\'s own grammars)',
+    )
+    p.add_argument(
+        "--guided-decoding-backend", default=None, help="auto only (vLLM's older name of the backend)"
+    )
+    p.add_argument(
+        "--enable-sleep-mode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="not supported (--no-enable-sleep-mode is accepted)",
+    )
+    p.add_argument("--config-format", default=None, help="auto or hf (the loader reads config.json)")
 
 
 _ENGINE_KEYS = (
@@ -474,6 +520,14 @@ _ENGINE_KEYS = (
     "download_dir",
     "load_format",
     "logprobs_mode",
+    "compilation_config",
+    "optimization_level",
+    "hf_overrides",
+    "max_num_partial_prefills",
+    "structured_outputs_config",
+    "guided_decoding_backend",
+    "enable_sleep_mode",
+    "config_format",
 )
 
 

@@ -1,0 +1,92 @@
+"""vLLM's engine flags of everyday serve lines that change nothing here: --compilation-config /
+-O (the compiled decoder with CUDA graphs is the engine's own), --hf-overrides {},
+--max-num-partial-prefills 1, --structured-outputs-config / --guided-decoding-backend auto,
+--no-enable-sleep-mode, --config-format auto|hf. Each was argparse's "unrecognized arguments"
+(exit 2); now vLLM's default values reach EngineArgs and any other value is EngineArgs' one
+line "not supported by enginespec" naming the argument and what is accepted (exit 2, before any
+model loads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints import cli
+
+ACCEPTED = [
+    (["--compilation-config", "{}"], "compilation_config", {}),
+    (["--compilation-config", "3"], "compilation_config", 3),
+    (["--compilation-config", '{"level": 3}'], "compilation_config", {"level": 3}),
+    (["--compilation-config.mode", "3"], "compilation_config", {"mode": 3}),  # vLLM's dotted form
+    (["-O3"], "optimization_level", 3),
+    (["-O", "2"], "optimization_level", 2),
+    (["--optimization-level", "1"], "optimization_level", 1),
+    (["--hf-overrides", "{}"], "hf_overrides", {}),
+    (["--max-num-partial-prefills", "1"], "max_num_partial_prefills", 1),
+    (
+        ["--structured-outputs-config", '{"backend": "auto"}'],
+        "structured_outputs_config",
+        {"backend": "auto"},
+    ),
+    (
+        ["--structured_outputs_config.disable_any_whitespace", "false"],  # vLLM's underscores, dotted
+        "structured_outputs_config",
+        {"disable_any_whitespace": False},
+    ),
+    (["--guided-decoding-backend", "auto"], "guided_decoding_backend", "auto"),
+    (["--no-enable-sleep-mode"], "enable_sleep_mode", False),
+    (["--config-format", "hf"], "config_format", "hf"),
+]
+
+REFUSED = [
+    (["--compilation-config", "0"], r"compilation_config \{'level': 0\} is not supported by enginespec"),
+    (["--compilation-config", '{"cudagraph_mode": "NONE"}'], "compilation_config {'cudagraph_mode'"),
+    (["-O0"], r"optimization_level=0 .* pass enforce_eager=True \(--enforce-eager\)"),
+    (["-O4"], r"optimization_level must be an int in \[0, 3\]"),
+    (["--hf-overrides", '{"rope_theta": 1}'], r"hf_overrides=\{'rope_theta': 1\} is not supported"),
+    (["--max-num-partial-prefills", "2"], r"max_num_partial_prefills=2 is not supported .*accepted: \[1\]"),
+    (
+        ["--structured-outputs-config.backend", "xgrammar"],
+        "structured_outputs_config {'backend': 'xgrammar'}",
+    ),
+    (["--guided-decoding-backend", "outlines"], r"guided_decoding_backend='outlines' is not supported"),
+    (["--enable-sleep-mode"], r"enable_sleep_mode=True is not supported .*accepted: \[False\]"),
+    (
+        ["--config-format", "mistral"],
+        r"config_format='mistral' is not supported .*accepted: \['auto', 'hf'\]",
+    ),
+]
+
+
+def _engine_args(flags: list[str]) -> EngineArgs:
+    argv, dotted = cli.vllm_spelling(["serve", "/m", *flags])
+    parser = cli._parser()
+    ns = parser.parse_args(argv)
+    cli.merge_dotted(parser, ns, dotted)
+    return EngineArgs.from_kwargs(ns.model, **cli._engine_kwargs(ns))
+
+
+@pytest.mark.parametrize("flags, field, value", ACCEPTED)
+def test_vllms_default_values_reach_engine_args(flags, field, value):
+    assert getattr(_engine_args(flags), field) == value
+
+
+@pytest.mark.parametrize("flags, message", REFUSED)
+def test_other_values_are_one_line_before_any_load(flags, message, capsys):
+    with pytest.raises(ValueError, match=message):
+        _engine_args(flags)
+    assert cli.main(["serve", "/nonexistent/model", *flags]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("enginespec serve: error: ") and "\n" not in err and "does not exist" not in err
+
+
+def test_the_engine_defaults_are_vllms():
+    args = EngineArgs()
+    assert (args.compilation_config, args.optimization_level, args.hf_overrides) == (None, None, None)
+    assert (args.max_num_partial_prefills, args.enable_sleep_mode, args.config_format) == (1, False, "auto")
+    assert (args.structured_outputs_config, args.guided_decoding_backend) == (None, "auto")
+    assert EngineArgs(compilation_config={"mode": "VLLM_COMPILE"}).compilation_config == {
+        "mode": "VLLM_COMPILE"
+    }
+    with pytest.raises(ValueError, match="compilation_config must be None, a level"):
+        EngineArgs(compilation_config="3")
