@@ -26,6 +26,7 @@ from enginespec.sample.penalties import (
     banned_tokens,
     bans_read_outputs,
     min_tokens_ids,
+    min_tokens_yields,
     penalize_rows,
     penalty_columns,
     upload,
@@ -59,13 +60,16 @@ class EditPlan:
         stops = [
             (j, i, t) for j, i in enumerate(self.min_rows) for t in min_tokens_ids(requests[i]) if t < vocab
         ]
+        # min rows whose ban yields where it would leave them no token (penalties.min_tokens_yields)
+        stopped = {j for j, _, _ in stops}
+        guard = [(i, j) for j, i in enumerate(self.min_rows) if j in stopped and min_tokens_yields(params[i])]
         # one-token bad words ban their token at every step (penalties.bans_read_outputs):
         # their (row, token) pairs travel once with the plan; longer words are worked out per step
         fixed_bans = sorted(
             {(i, s[0]) for i, p in enumerate(params) for s in p.bad_words_token_ids if len(s) == 1}
         )
         allowed_t, bias_t, stops_t = _pairs(allowed, 2), _pairs(bias, 3), _pairs(stops, 3)
-        (rows_t, allowed_ij, bias_ij, bias_v, stops_ijt, fixed_ij) = upload_packed(
+        (rows_t, allowed_ij, bias_ij, bias_v, stops_ijt, fixed_ij, guard_ij) = upload_packed(
             [
                 np.array(allowed_rows, dtype=np.int64),
                 allowed_t.astype(np.int64),
@@ -73,6 +77,7 @@ class EditPlan:
                 bias_t[2].astype(np.float32),
                 stops_t.astype(np.int64),
                 _pairs(fixed_bans, 2).astype(np.int64),
+                _pairs(guard, 2).astype(np.int64),
             ],
             device,
         )
@@ -84,6 +89,8 @@ class EditPlan:
         self.bias = (bias_ij[0], bias_ij[1], bias_v) if bias else None
         # (index into min_rows, batch row, stop id) of every stop id to mask
         self.min_index: Optional[tuple] = tuple(stops_ijt.unbind(0)) if stops else None
+        # (batch row, index into min_rows) of each row whose min_tokens ban may yield
+        self.min_guard: Optional[tuple] = (guard_ij[0], guard_ij[1]) if guard else None
         self.penalties = penalty_columns(params, device) if penalties is _UNSET else penalties
         self.fixed_bans = (fixed_ij[0], fixed_ij[1]) if fixed_bans else None
         # rows with bad words of several tokens: their bans depend on each step's newest output
@@ -142,14 +149,24 @@ class EditPlan:
 
     def _apply_min_tokens(self, x: torch.Tensor, requests: Sequence) -> None:
         """Stop ids and EOS (`min_tokens_ids`) at -inf on rows still below min_tokens; which
-        rows those are is this step's one small upload."""
+        rows those are is this step's one small upload. A row of hard constraints
+        (`min_guard`) that the ban would leave with no token keeps its stop ids, as on the
+        host (penalties.apply_min_tokens): whether any token survives is one reduction over
+        those rows on the device, no host sync."""
         num_out = np.fromiter(
             (requests[i].num_output_tokens for i in self.min_rows), dtype=np.int64, count=len(self.min_rows)
         )
         below = upload(torch.from_numpy(num_out < self.min_tokens), x.device)
         local, rows, cols = self.min_index
         current = x[rows, cols]
-        x[rows, cols] = torch.where(below.index_select(0, local), torch.full_like(current, NEG_INF), current)
+        ban = below.index_select(0, local)
+        neg = torch.full_like(current, NEG_INF)
+        x[rows, cols] = torch.where(ban, neg, current)
+        if self.min_guard is not None:
+            guard_rows, guard_local = self.min_guard
+            alive = (x.index_select(0, guard_rows) > NEG_INF).any(dim=1)
+            keep = torch.ones_like(below).index_copy(0, guard_local, alive)
+            x[rows, cols] = torch.where(ban & keep.index_select(0, local), neg, current)
 
     def edited_copy(self, x: torch.Tensor, index: torch.Tensor, requests: Sequence, counts) -> tuple:
         """(edited, slots): the rows `index` of x [S, V] (int64 [E], the rows these edits are

@@ -92,14 +92,29 @@ def min_tokens_ids(request) -> list[int]:
     return ids
 
 
+def min_tokens_yields(params) -> bool:
+    """Whether min_tokens' ban yields on this row where it would leave no token at all: a row
+    with hard constraints, which the user states as things never to emit (allowed_token_ids,
+    bad words, a grammar), outranks min_tokens, a soft lower bound. Only such a row can be left
+    with nothing but stop ids before the ban (a free row holds the model's finite logits over
+    a vocabulary wider than its stop ids), so only such a row is checked."""
+    return (
+        params.allowed_token_ids is not None
+        or bool(params.bad_words_token_ids)
+        or getattr(params, "structured_outputs", None) is not None
+    )
+
+
 def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
     """While num_output_tokens < min_tokens, the stop ids and EOS (`min_tokens_ids`) are -inf.
 
-    Except on a structured-outputs row whose grammar allows nothing but a stop token (its
-    value is complete: the grammar's mask, applied before, left only stop tokens finite): there
-    the grammar wins and the row keeps them, so the request ends "stop" below min_tokens
-    (vLLM's rule) instead of drawing a token the grammar refuses from an all -inf row. Decided
-    on the device (no host sync): such a row is left as it was when masking would empty it."""
+    Except where that would leave a row of hard constraints (`min_tokens_yields`) with no token:
+    a structured-outputs row whose grammar allows nothing but a stop token (its value is
+    complete), or a row whose allowed_token_ids and bad words leave only stop ids. There the
+    hard constraints win and the row keeps its stop ids, so the request ends "stop" below
+    min_tokens (vLLM's rule for a grammar; the engine ends it) instead of drawing a token they
+    refuse from an all -inf row. Decided on the device (no host sync): such a row is left as it
+    was when masking would empty it."""
     rows, cols, guarded = [], [], []
     vocab = logits.shape[1]
     for i, r in enumerate(requests):
@@ -107,7 +122,7 @@ def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:
             ids = [t for t in min_tokens_ids(r) if t < vocab]
             rows.extend([i] * len(ids))
             cols.extend(ids)
-            if ids and getattr(r.params, "structured_outputs", None) is not None:
+            if ids and min_tokens_yields(r.params):
                 guarded.append(i)
     if not rows:
         return

@@ -454,6 +454,44 @@ def test_min_tokens_edges_on_both_paths(impl, path):
     assert greedy(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(6,))) == 1
 
 
+@pytest.mark.parametrize("path", ["serial", "deferred"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "random"])
+def test_min_tokens_yields_where_hard_constraints_leave_only_stop_ids(impl, path, temperature):
+    """allowed_token_ids and bad words outrank min_tokens: where bad words of several tokens
+    have banned every allowed id but the stop ids, the min_tokens ban of those yields for that
+    row and step, and the row draws an allowed stop id. It drew token 0, never allowed, from an
+    all -inf row. Where a non-stop id survives the ban holds; rows without those constraints,
+    and the same constrained row after another output, are unaffected."""
+    logits = torch.tensor([0.0, 9.0, 1.0, 0.0, 0.0, 10.0, 3.0, 2.0])  # EOS=5 best, stop id 1 second
+    words = [[2, 3], [2, 2]]  # after a 2: 2 and 3 banned
+    cases = [
+        (SamplingParams(allowed_token_ids=[EOS, 2, 3], bad_words_token_ids=words), (2,), {EOS}),
+        (
+            SamplingParams(allowed_token_ids=[1, 2, 3], bad_words_token_ids=words, stop_token_ids=[1]),
+            (2,),
+            {1},
+        ),
+        (SamplingParams(allowed_token_ids=[EOS, 2, 3], bad_words_token_ids=words), (3,), {2, 3}),
+        (SamplingParams(allowed_token_ids=[EOS, 2, 3, 6], bad_words_token_ids=words), (2,), {6}),
+        (SamplingParams(), (2,), {0, 1, 2, 3, 4, 6, 7}),  # only the EOS held
+    ]
+    sampler, draws = Sampler(8, seed=0), 100
+    reqs, want = [], []
+    for i, (params, outputs, allowed) in enumerate(cases):
+        params = dataclasses.replace(params, temperature=temperature, min_tokens=3)
+        reqs += [make_request(impl, params, outputs=outputs, rid=f"r{i}.{j}") for j in range(draws)]
+        want.append(allowed)
+    rows = logits.expand(len(reqs), -1).contiguous()
+    if path == "serial":
+        drawn = sampler(rows, reqs).token_ids
+    else:
+        drawn = sampler.sample_deferred(rows, reqs, resolved=True).token_ids.tolist()
+    for i, allowed in enumerate(want):
+        got = set(drawn[i * draws : (i + 1) * draws])
+        assert got <= allowed, f"case {i}: drew {got}, allowed {allowed}"
+        assert temperature > 0 or len(got) == 1, got
+
+
 def test_allowed_token_ids_restrict_random_and_greedy(impl):
     logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(5))
     allowed = (3, 17, 30)
