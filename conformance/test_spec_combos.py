@@ -78,6 +78,15 @@ def _combos(free: list):
     yield "stop_str_n2", edit(base, stop=(texts[0][4:9], texts[2][6:10]), n=2)
     yield "presence", edit(base, presence_penalty=1.5)
     yield "frequency", edit(base, frequency_penalty=1.0)
+    # after an x, bad words ban every allowed id but the stop id s (min_tokens yields to it: "stop"
+    # at the second token), or every allowed id (no stop id allowed: "error" there, x shown alone)
+    x, y, s = some[0], some[1], some[2]
+    empties = edit(base, bad_words_token_ids=((x, y), (x, x)), logit_bias={x: 100.0})
+    yield (
+        "emptied_yields_to_a_stop_id",
+        edit(empties, allowed_token_ids=(x, y, s), stop_token_ids=(s,), min_tokens=3),
+    )
+    yield "emptied_ends_in_error", edit(empties, allowed_token_ids=(x, y))
     yield "repetition", edit(base, repetition_penalty=1.5)
     yield "logprobs", edit(base, logprobs=2)
     yield "prompt_logprobs", edit(base, prompt_logprobs=2)
@@ -154,12 +163,14 @@ def test_speculation_changes_no_constrained_greedy_or_seeded_output(impl, drafte
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_sampled_rows_under_speculation_never_draw_a_forbidden_token(impl, async_scheduling):
     """temperature 1 with allowed ids, bad words (one and two tokens) and min_tokens over stop
-    ids, n-gram drafts on a looping prompt (drafts are verified): no output breaks its rule."""
+    ids, and bad words that empty the allowed ids, n-gram drafts on a looping prompt (drafts
+    are verified): no output breaks its rule."""
     from enginespec.spec import SamplingParams
 
     allowed = (10, 11, 12, 13)
     inputs = [{"prompt_token_ids": [*allowed, *allowed, 10 + i % 4]} for i in range(16)]
     base = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    emptying = {"bad_words_token_ids": tuple((a, b) for a in (10, 11) for b in (10, 11))}
     rules = {
         "allowed": (
             dataclasses.replace(base, allowed_token_ids=allowed),
@@ -172,6 +183,18 @@ def test_sampled_rows_under_speculation_never_draw_a_forbidden_token(impl, async
         "min_tokens": (
             dataclasses.replace(base, stop_token_ids=(10, 11), min_tokens=5),
             lambda ids: not set(ids[:-1]) & {10, 11} and (len(ids) == 8 or ids[-1] in (10, 11)),
+        ),
+        # after a 10 or an 11 bad words ban both: min_tokens yields to the stop id 12, or, with no
+        # stop id allowed, the request ends "error" showing its one allowed token
+        "emptied_yields": (
+            dataclasses.replace(
+                base, stop_token_ids=(12,), min_tokens=5, **emptying, allowed_token_ids=(10, 11, 12)
+            ),
+            lambda ids: len(ids) == 2 and ids[0] in (10, 11) and ids[1] == 12,
+        ),
+        "emptied_fails": (
+            dataclasses.replace(base, **emptying, allowed_token_ids=(10, 11)),
+            lambda ids: len(ids) == 1 and ids[0] in (10, 11),
         ),
     }
     spec = _llm(impl, NGRAM, num_blocks=14, async_scheduling=async_scheduling)

@@ -4,8 +4,11 @@ vLLM answers it. Tiny float32 models on CPU, through the `impl` fixture."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import check_idle
 from enginespec.spec import SamplingParams
@@ -550,3 +553,162 @@ def test_allowed_ids_that_bad_words_ban_are_refused_naming_both(impl):
     assert set(_one(llm, free).token_ids) <= {10, 12}
     two = SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=[eos, 10, 12], bad_words=[word])
     assert _one(llm, two).token_ids[:2] == [12, 12]  # 10 banned, the EOS held by min_tokens
+
+
+#: After a 10, bad words ban 10 and 12: a request allowed only those (and stop ids) has nothing
+#: left but its stop ids at its second token; the bias makes its first token a 10.
+EMPTYING = dict(bad_words_token_ids=[[10, 12], [10, 10]], logit_bias={10: 100})
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "random"])
+def test_min_tokens_yields_where_bad_words_leave_only_stop_ids(impl, async_scheduling, temperature):
+    """allowed_token_ids and bad words (never to emit) outrank min_tokens (a soft lower bound):
+    where, mid-generation, bad words of several tokens have banned every allowed id but the stop
+    ids, the min_tokens ban yields, the request draws an allowed stop id and ends "stop" below
+    min_tokens. It drew token 0, never allowed ([10, 0, 10, 3] for the first case), greedy and
+    random, serial and async. A stop id ends it with its stop_reason; at the max_tokens-th
+    token the stop wins over the length, as a stop does at any other token."""
+    llm = make_llm(impl, async_scheduling=async_scheduling)
+    eos = llm.engine.tokenizer.eos_token_id
+    common = dict(EMPTYING, temperature=temperature, seed=1)
+    for params, want, reason in (
+        (
+            SamplingParams(max_tokens=4, min_tokens=3, allowed_token_ids=[eos, 10, 12], **common),
+            [10, eos],
+            None,
+        ),
+        (
+            SamplingParams(
+                max_tokens=4, min_tokens=3, allowed_token_ids=[7, 10, 12], stop_token_ids=[7], **common
+            ),
+            [10, 7],
+            7,
+        ),
+        (
+            SamplingParams(max_tokens=2, min_tokens=2, allowed_token_ids=[eos, 10, 12], **common),
+            [10, eos],
+            None,
+        ),
+    ):
+        out = _one(llm, params)
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == (want, "stop", reason), params
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_bad_words_that_leave_no_allowed_id_end_that_request_alone_with_an_error(impl, async_scheduling):
+    """Where bad words of several tokens ban every allowed id mid-generation and no stop id is
+    allowed either, no token can be drawn: the request ends "error" there, naming
+    allowed_token_ids, bad_words_token_ids and the output token, and shows only its allowed
+    tokens. It drew token 0 ([10, 0, 10, 0], "length"). The other requests of the batch give
+    what they give alone; min_tokens changes nothing (no stop id to yield to)."""
+    llm = make_llm(impl, async_scheduling=async_scheduling)
+    plain = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=5, temperature=1.0, seed=4, ignore_eos=True)
+    alone = [_one(llm, plain, (8, 9)).token_ids, _one(llm, seeded, (9, 8)).token_ids]
+    for extra in ({}, {"min_tokens": 3}):
+        empties = SamplingParams(
+            max_tokens=4, allowed_token_ids=[10, 12], temperature=0.0, logprobs=1, **EMPTYING, **extra
+        )
+        prompts = [{"prompt_token_ids": p} for p in ([8, 9], [5, 6, 7], [9, 8])]
+        outs = [o.outputs[0] for o in llm.generate(prompts, [plain, empties, seeded], use_tqdm=False)]
+        assert (outs[1].token_ids, outs[1].finish_reason, len(outs[1].logprobs)) == ([10], "error", 1)
+        named = (
+            r"output token 1\b.*allowed_token_ids \[10, 12\].*bad_words_token_ids \[\[10, 12\], \[10, 10\]\]"
+        )
+        assert re.search(named, outs[1].error), outs[1].error
+        assert [outs[0].token_ids, outs[2].token_ids] == alone
+        assert outs[0].finish_reason == outs[2].finish_reason == "length"
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+@pytest.fixture(scope="module")
+def held_llms(impl):
+    """One engine per async_scheduling setting, built on first use."""
+    built: dict = {}
+
+    def get(async_scheduling: bool):
+        if async_scheduling not in built:
+            built[async_scheduling] = make_llm(impl, async_scheduling=async_scheduling)
+        return built[async_scheduling]
+
+    return get
+
+
+def _ban(words, past) -> set:
+    """vLLM's bad-words rule, written out again: the last token of each word whose other tokens
+    end the output so far."""
+    return {
+        w[-1] for w in words if len(w) - 1 <= len(past) and list(past[len(past) - len(w) + 1 :]) == w[:-1]
+    }
+
+
+EOS_ID = 3  # the tiny qwen3's
+HARD_IDS = [EOS_ID, 7, 10, 12, 14]
+
+
+def _emptying(allowed, min_tokens, stop_seven, temperature, async_scheduling):
+    """An example whose bans empty its allowed ids after its favoured first token, 10."""
+    return example(
+        allowed=allowed,
+        words=[[10, 12], [10, 10]],
+        min_tokens=min_tokens,
+        favoured=10,
+        stop_seven=stop_seven,
+        temperature=temperature,
+        async_scheduling=async_scheduling,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@_emptying([EOS_ID, 10, 12], 3, False, 0.0, True)  # min_tokens yields to the EOS
+@_emptying([7, 10, 12], 4, True, 1.0, False)  # to the stop id 7
+@_emptying([10, 12], 2, False, 1.0, True)  # nothing to yield to: "error"
+@given(
+    allowed=st.lists(st.sampled_from(HARD_IDS), min_size=1, max_size=4, unique=True),
+    words=st.lists(st.lists(st.sampled_from(HARD_IDS[1:]), min_size=2, max_size=2), max_size=6),
+    min_tokens=st.integers(0, 4),
+    favoured=st.sampled_from(HARD_IDS[1:]),
+    stop_seven=st.booleans(),
+    temperature=st.sampled_from([0.0, 1.0]),
+    async_scheduling=st.booleans(),
+)
+def test_hard_constraints_are_never_broken_and_outrank_min_tokens(
+    held_llms, allowed, words, min_tokens, favoured, stop_seven, temperature, async_scheduling
+):
+    """Any allowed_token_ids, bad words of two tokens, min_tokens, stop ids and a favoured id
+    (logit_bias): no output id is
+    one its allowed ids or bad words refuse; a stop id comes before min_tokens only as the last
+    id of a "stop" finish where nothing else was left (min_tokens yields to the hard
+    constraints); "error" only where nothing at all was left; "length" at max_tokens."""
+    llm = held_llms(async_scheduling)
+    stops = {EOS_ID, 7} if stop_seven else {EOS_ID}
+    params = SamplingParams(
+        max_tokens=5,
+        min_tokens=min_tokens,
+        allowed_token_ids=allowed,
+        bad_words_token_ids=words,
+        logit_bias={favoured: 100},  # so that bad words starting with it bite
+        stop_token_ids=[7] if stop_seven else None,
+        temperature=temperature,
+        seed=2,
+    )
+    if min_tokens and set(allowed) <= stops:
+        with pytest.raises(ValueError, match="min_tokens"):
+            _one(llm, params)
+        return
+    out = _one(llm, params)
+    ids = out.token_ids
+    for k, token in enumerate(ids):
+        free = set(allowed) - _ban(words, ids[:k])
+        assert token in free, (k, ids)
+        if k < min_tokens and token in stops:
+            assert not free - stops and k == len(ids) - 1, (k, ids)
+    if out.finish_reason == "error":
+        assert not set(allowed) - _ban(words, ids), ids
+        assert "allowed_token_ids" in out.error and "bad_words_token_ids" in out.error
+    elif out.finish_reason == "length":
+        assert len(ids) == 5 and not (ids[-1] in stops and len(ids) > min_tokens)
+    else:
+        assert out.finish_reason == "stop" and ids[-1] in stops, (out.finish_reason, ids)

@@ -59,7 +59,7 @@ from enginespec.engine_args import EngineArgs, resolve_device, resolve_dtype
 from enginespec.outputs import RequestOutput
 from enginespec.sample.deferred import device_prompt_logprobs
 from enginespec.sample.grammar_mask import apply_token_bitmask
-from enginespec.sample.penalties import bans_read_outputs, stop_ids_to_mask
+from enginespec.sample.penalties import bans_read_outputs, first_breach, holds_draws, stop_ids_to_mask
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.spec.params import SEED_RANGE, UNSEEDED
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
@@ -233,6 +233,11 @@ class EngineCore:
         # bans read the newest tokens, so a step with one resolves the previous step before it
         # samples (one-token words ban whatever came before: penalties.bans_read_outputs)
         self._banning: set[str] = set()
+        # internal ids of the samples whose draws are checked against their hard constraints
+        # (sample.penalties.holds_draws), to their allowed ids as a set (None: every id): a row
+        # they empty ends "error", a stop id that min_tokens yielded to ends "stop"
+        # (_hold_constraints)
+        self._holding: dict[str, Optional[frozenset]] = {}
         self.outputs = OutputProcessor(self.scheduler.finish, placeholder_id=self.vocab_size)
         # Fault injection (tests, benchmarks/soak.py): called with each phase's name as it
         # starts ("schedule" right after Scheduler.schedule() returned, "prepare", "execute",
@@ -567,6 +572,9 @@ class EngineCore:
                     self._constrained.add(sample.request.request_id)
                 if bans_read_outputs(params.bad_words_token_ids):
                     self._banning.add(sample.request.request_id)
+                if holds_draws(params):
+                    allowed = params.allowed_token_ids
+                    self._holding[sample.request.request_id] = None if allowed is None else frozenset(allowed)
         except BaseException:  # an interrupt may land inside add(): abort every sibling's id
             self._unadd(request_id, requests)
             raise
@@ -582,6 +590,7 @@ class EngineCore:
             self._samples.pop(request.request_id, None)
             self._constrained.discard(request.request_id)
             self._banning.discard(request.request_id)
+            self._holding.pop(request.request_id, None)
             if self.spec is not None:
                 self.spec.forget(request.request_id)
 
@@ -1254,10 +1263,53 @@ class EngineCore:
             update = UpdateOutput(update.new_token_ids, [*kept, *ended])
         return update, refused
 
+    def _hold_constraints(self, update: UpdateOutput, late_stops) -> tuple[UpdateOutput, dict, dict]:
+        """Each held sample's new real tokens against its hard constraints (`first_breach`):
+        allowed_token_ids and bad words, which the user states as never to emit, outrank
+        min_tokens. A token they refuse (its row had no token left: bad words of several
+        tokens banned every allowed id, and no stop id was allowed for min_tokens to yield to)
+        is never shown: the request ends there, "error", naming both fields and the output
+        token (it leaves the update's finishes, so never "length" on it). A stop id drawn below
+        min_tokens (the ban yielded to them, sample.penalties.apply_min_tokens) ends the
+        request "stop" with its stop_reason, as a late stop that wins over a length finish.
+        Returns (the update with those applied, late stops, {request id: error message})."""
+        new_ids, finished = dict(update.new_token_ids), list(update.finished)
+        stops, refused = dict(late_stops or {}), {}
+        for rid, tokens in update.new_token_ids.items():
+            if rid not in self._holding or not tokens or self.vocab_size in tokens:
+                continue
+            sample = self._samples[rid][1]
+            request = sample.request
+            breach = first_breach(request, len(tokens), self._holding[rid])
+            if breach is None or sample.finished or request.status is Status.FINISHED_ABORTED:
+                continue  # as drawn, or ended otherwise meanwhile (an abort)
+            start, end = request.num_output_tokens - len(tokens), breach.index + (not breach.refused)
+            new_ids[rid] = tokens[:end]
+            if not end:  # nothing to attach (no logprobs entry for a token never shown)
+                del new_ids[rid]
+            if end < len(tokens):
+                sample.num_visible = start + end
+            if breach.refused:
+                refused[rid] = _refusal(request.params, start + breach.index)
+                stops.pop(rid, None)
+                finished = [r for r in finished if r is not request]
+                status = Status.FINISHED_ABORTED
+            else:
+                stops[rid] = (Status.FINISHED_STOPPED, breach.stop_reason)
+                if request not in finished:
+                    finished.append(request)
+                status = Status.FINISHED_STOPPED
+            if not request.status.is_finished:
+                self.scheduler.finish(request, status)
+        return UpdateOutput(new_ids, finished), stops, refused
+
     def _apply_update(self, update, logprob_map, changed: dict, late_stops=None) -> None:
         refused: dict = {}
+        if self._holding:
+            update, late_stops, refused = self._hold_constraints(update, late_stops)
         if self._constrained:
-            update, refused = self._advance_grammars(update)
+            update, more = self._advance_grammars(update)
+            refused.update(more)
         out, stats = self.outputs, self.stats
         before = out.num_generated_tokens, out.num_prompt_tokens, out.num_prompt_cached_tokens
         out.apply_update(update, self._samples.get, logprob_map, changed, late_stops)
@@ -1381,6 +1433,7 @@ class EngineCore:
             self._samples.pop(sample.request.request_id, None)
             self._constrained.discard(sample.request.request_id)
             self._banning.discard(sample.request.request_id)
+            self._holding.pop(sample.request.request_id, None)
             self._high_water.pop(sample.request.request_id, None)
             if self.spec is not None:
                 self.spec.forget(sample.request.request_id)
@@ -1518,6 +1571,19 @@ def _check_allowed_leave_a_token(params: SamplingParams, eos: Optional[int], ext
             f"no token could be sampled; allow a token that neither stops the request nor is "
             f"banned, or lower min_tokens"
         )
+
+
+def _refusal(params: SamplingParams, position: int) -> str:
+    """The error of a request whose allowed ids its bad words all banned at output token
+    `position` (EngineCore._hold_constraints)."""
+    allowed = "None (every id)" if params.allowed_token_ids is None else list(params.allowed_token_ids)
+    words = [list(w) for w in params.bad_words_token_ids]
+    return (
+        f"no token was left to sample at output token {position} (0-based): allowed_token_ids "
+        f"{allowed} are all banned there by bad_words_token_ids {words} after the output so far, "
+        f"and no stop id is allowed for min_tokens to yield to; the request ends here instead of "
+        f"emitting an id it does not allow"
+    )
 
 
 def _sibling_seed(seed: int, index: int) -> int:

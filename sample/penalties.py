@@ -10,7 +10,7 @@ Row work is vectorised: per-row Python only builds small index tensors once per 
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple, Optional, Sequence
+from typing import AbstractSet, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -103,6 +103,51 @@ def min_tokens_yields(params) -> bool:
         or bool(params.bad_words_token_ids)
         or getattr(params, "structured_outputs", None) is not None
     )
+
+
+class Breach(NamedTuple):
+    """What `first_breach` found at the index-th of a request's newest tokens: the token its
+    hard constraints refuse (`refused`: its row had no token left), or else a stop id drawn
+    below min_tokens (the ban yielded, `apply_min_tokens`), which ends the request "stop"
+    with stop_reason `stop_reason` (the stop id; None for the EOS)."""
+
+    index: int
+    refused: bool
+    stop_reason: Optional[int] = None
+
+
+def holds_draws(params) -> bool:
+    """Whether a request's draws can break its hard constraints or come below min_tokens as a
+    stop id, so that `first_breach` must look at them: only bad words of several tokens empty a
+    row of allowed ids mid-generation (the engine refuses on add allowed ids that one-token
+    bad words, the stop ids and the EOS leave nothing of), and min_tokens yields only on a row
+    of hard constraints (`min_tokens_yields`)."""
+    hard = params.allowed_token_ids is not None or bool(params.bad_words_token_ids)
+    return hard and (params.min_tokens > 0 or bans_read_outputs(params.bad_words_token_ids))
+
+
+def first_breach(request, num_new: int, allowed: Optional[AbstractSet[int]]) -> Optional[Breach]:
+    """The first of the request's newest num_new output tokens (all real ids, the last of
+    output_token_ids) that is an id its allowed ids (`allowed`: its allowed_token_ids as a set,
+    None for every id) or bad words refuse after the output before it, or a stop id (a
+    stop_token_ids entry; the EOS unless ignore_eos) drawn while fewer than min_tokens were out;
+    None when there is none. The sampler never draws a -inf id from a row that has a finite
+    one, so a refused id means its row had no token left, and a stop id below min_tokens that
+    the ban yielded (allowed ids and bad words outrank min_tokens)."""
+    p, out = request.params, request.output_token_ids
+    start = len(out) - num_new
+    for j, token in enumerate(out[start:]):
+        k = start + j
+        if (allowed is not None and token not in allowed) or token in banned_tokens(
+            p.bad_words_token_ids, out[:k]
+        ):
+            return Breach(j, True)
+        if k < p.min_tokens:
+            if token in p.stop_token_ids:
+                return Breach(j, False, token)
+            if token == request.eos_token_id and not p.ignore_eos:
+                return Breach(j, False, None)
+    return None
 
 
 def apply_min_tokens(logits: torch.Tensor, requests: Sequence) -> None:

@@ -102,7 +102,13 @@ class SamplingParams:
     engine's detokenizer checks those), `max_tokens`, or the model's max length. The text ends
     before the stop string, and before the text of the stop token or EOS that ended it (its id
     stays in the output's ids), unless `include_stop_str_in_output` (vLLM's rules). No stop by
-    token or string fires before `min_tokens` outputs. `n` > 1 makes sibling requests that
+    token or string fires before `min_tokens` outputs: the sampler bans the stop ids and the
+    EOS (under ignore_eos too) until then. `min_tokens` is a soft lower bound, outranked by the
+    hard constraints (`allowed_token_ids`, `bad_words`, a grammar: what the user says never to
+    emit): at a step where they leave nothing but stop ids, the ban yields for that step, the
+    request draws an allowed stop id and ends "stop" below min_tokens; allowed ids that could
+    never honour it (all stop ids, or banned by one-token bad words) are a ValueError on add.
+    `n` > 1 makes sibling requests that
     share the prompt's blocks. `logprobs` = k returns the top-k log-probabilities of each sampled
     position (k = -1: the whole vocabulary, vLLM's rule; the engine sets vocab_size on add, so a
     Request never carries -1); `prompt_logprobs` = k does so for prompt positions and turns
@@ -124,6 +130,11 @@ class SamplingParams:
     the sampler sets a sequence's last token to -inf whenever the output so far ends with the
     rest of it, so a one-token word is never drawn and a longer one is never completed. Only
     output tokens count, as in vLLM V1 (a prompt that ends with a word's prefix bans nothing).
+    Bad words, like allowed_token_ids, are hard constraints and outrank min_tokens (above).
+    Allowed ids that one-token words all ban are a ValueError on add; where, mid-generation,
+    words of several tokens ban every allowed id and no stop id is allowed, no token can be
+    drawn: that request alone ends there with finish_reason "error", an error naming
+    allowed_token_ids, bad_words_token_ids and the output token, never with an id it refuses.
     `truncate_prompt_tokens` = k keeps the last k prompt tokens (-1: the last max_model_len),
     applied by the engine on add. `extra_args` is a dict passed through untouched (vLLM's hook
     for custom samplers and plugins; nothing in the engine reads it). `logprobs` and
