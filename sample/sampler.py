@@ -367,12 +367,9 @@ class BatchPlan:
         # bad words of several tokens read the newest output tokens, which the device path
         # knows only once the caller has resolved the previous step (as the engine does for a
         # grammar's mask); one-token words read nothing (penalties.bans_read_outputs).
-        # min_tokens on a constrained row yields to a complete grammar only on the host
-        # (penalties.apply_min_tokens), the device edits have no such guard
         self.history_bans = any(
             bans_read_outputs(params[i].bad_words_token_ids) for i in np.flatnonzero(m[:, BANS]).tolist()
         )
-        self.host_only = bool((m[:, GRAMMAR] * m[:, MIN_TOKENS]).any())
         self.edit_kinds = kinds if self.any_edits else None
         self.min_token_rows = _rows(m[:, MIN_TOKENS])
         self.edit_rows = _rows(m[:, EDITS])
@@ -627,12 +624,12 @@ class Sampler:
         several tokens unless `resolved` (they ban by the newest output tokens: the caller says
         with resolved=True that the requests' tokens are all real, no placeholder of a step
         still in flight; their bans are then one small upload; one-token words ban whatever
-        came before, so they need no resolve); and for a constrained row with min_tokens
-        (`BatchPlan.host_only`: its mask yields to a complete grammar on the host only): the
-        caller samples such a step serially (__call__), after the previous step's tokens are
-        in. Rows of structured outputs come masked (the engine
-        resolves the previous step first, so each grammar has accepted its real tokens, then
-        masks the logits): they draw here like any other. Edits use the batch's EditPlan (indices
+        came before, so they need no resolve): the caller samples such a step serially
+        (__call__), after the previous step's tokens are in. Rows of structured outputs come
+        masked (the engine resolves the previous step first, so each grammar has accepted its
+        real tokens, then masks the logits): they draw here like any other, min_tokens
+        yielding to a complete grammar as on the host (EditPlan.min_guard). Edits use the
+        batch's EditPlan (indices
         uploaded once) and the device-side output counts (`OutputCounts`, which this call
         updates with the drawn ids: the caller must append them, placeholder or real);
         top-p rows without a top-k settle their threshold on the device (`exact_thresholds`).
@@ -642,7 +639,7 @@ class Sampler:
             return None
         raw = logits[:, : self.vocab_size]
         plan = self._plan(requests, raw.device)
-        if plan.host_only or (plan.history_bans and not resolved):
+        if plan.history_bans and not resolved:
             return None
         # the fused draw reads bf16/fp16 logits as they are (no conversion pass) unless rows
         # are edited (edits work in float32, and both row sources must share a dtype)

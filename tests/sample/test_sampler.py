@@ -492,6 +492,27 @@ def test_min_tokens_yields_where_hard_constraints_leave_only_stop_ids(impl, path
         assert temperature > 0 or len(got) == 1, got
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "random"])
+def test_a_constrained_row_under_min_tokens_draws_on_the_device_as_on_the_host(impl, temperature):
+    """A structured-outputs row below min_tokens whose grammar's mask left only the EOS keeps
+    it (the grammar outranks min_tokens) on the device path too (EditPlan's guard), so such a
+    step draws there (async scheduling keeps its overlap) instead of being handed back to the
+    serial sampler; a row whose mask leaves another token still has the EOS banned."""
+    from enginespec.spec import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams(choice=["ab"])
+    params = SamplingParams(temperature=temperature, seed=7, min_tokens=3, structured_outputs=grammar)
+    complete = torch.full((8,), float("-inf"))
+    complete[EOS] = 0.0
+    open_ = complete.clone()
+    open_[6] = -2.0
+    reqs = [make_request(impl, params, outputs=(2,), rid=f"r{i}") for i in range(2)]
+    x = torch.stack([complete, open_])
+    drawn = Sampler(8, seed=0).sample_deferred(x, reqs, resolved=True)
+    assert drawn is not None, "handed back to the serial sampler"
+    assert drawn.token_ids.tolist() == [EOS, 6] == Sampler(8, seed=0)(x, reqs).token_ids
+
+
 def test_allowed_token_ids_restrict_random_and_greedy(impl):
     logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(5))
     allowed = (3, 17, 30)
