@@ -555,6 +555,34 @@ def test_allowed_ids_that_bad_words_ban_are_refused_naming_both(impl):
     assert _one(llm, two).token_ids[:2] == [12, 12]  # 10 banned, the EOS held by min_tokens
 
 
+def test_one_token_bad_words_over_the_whole_vocabulary_are_refused(impl):
+    """Without allowed_token_ids, one-token bad words that ban every id of the vocabulary (a
+    vocabulary of at most 128 ids, the bound on bad words: the tiny checkpoint's 96) left
+    nothing to draw and the request drew token 0 ([0, 0, 0], "length"), as allowed ids all
+    banned did before the add check refused those; so, under min_tokens, did words banning all
+    but the stop ids and the EOS. Both are refused on add, naming bad_words (and min_tokens);
+    the EOS left free alone is drawn and ends the request."""
+    llm = make_llm(impl)
+    vocab, eos = llm.engine.vocab_size, llm.engine.tokenizer.eos_token_id
+    assert vocab <= 128
+    but_eos = [[t] for t in range(vocab) if t != eos]
+    for params, match in (
+        (
+            SamplingParams(max_tokens=3, bad_words_token_ids=[[t] for t in range(vocab)]),
+            rf"the vocabulary's {vocab} ids \(no allowed_token_ids\) are all banned by one-token bad_words",
+        ),
+        (
+            SamplingParams(max_tokens=3, min_tokens=2, bad_words_token_ids=but_eos),
+            r"the vocabulary's .* are all stop ids, the EOS or banned by bad_words, and min_tokens \(2\)",
+        ),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _one(llm, params)
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+    out = _one(llm, SamplingParams(max_tokens=3, temperature=0.0, bad_words_token_ids=but_eos))
+    assert (out.token_ids, out.finish_reason) == ([eos], "stop")
+
+
 #: After a 10, bad words ban 10 and 12: a request allowed only those (and stop ids) has nothing
 #: left but its stop ids at its second token; the bias makes its first token a 10.
 EMPTYING = dict(bad_words_token_ids=[[10, 12], [10, 10]], logit_bias={10: 100})

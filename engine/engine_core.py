@@ -543,7 +543,7 @@ class EngineCore:
         self._check_fits(len(prompt_token_ids), params.max_tokens, asked)
         grammar = self._compile_grammar(params)
         eos, extra_stops = self._eos_ids()
-        _check_allowed_leave_a_token(params, eos, extra_stops)
+        _check_allowed_leave_a_token(params, eos, extra_stops, self.vocab_size)
         requests = []
         for index in range(params.n):  # build every sibling first: construction changes nothing
             child_params = _child_params(params, index, extra_stops)
@@ -1540,36 +1540,43 @@ def _check_pool_holds_a_request(num_blocks: int, block_size: int) -> None:
         )
 
 
-def _check_allowed_leave_a_token(params: SamplingParams, eos: Optional[int], extra_stops) -> None:
-    """A ValueError where allowed_token_ids leave the sampler no id to draw (it then drew token
-    0, an id the request never allowed). A one-token bad word bans its id at every step
-    (sample.penalties.bans_read_outputs), so allowed ids all among those leave nothing ever.
-    While fewer than min_tokens are out, the stop ids (stop_token_ids, the checkpoint's further
-    EOS ids) and the EOS, under ignore_eos too, are -inf as well (sample.penalties.min_tokens_ids),
-    so allowed ids all among those and the bans leave nothing until then. (Structured outputs
-    keep their own rule for min_tokens: the grammar wins and the request ends "stop"; not before
-    a start marker, where no grammar masks the row.)"""
+def _check_allowed_leave_a_token(
+    params: SamplingParams, eos: Optional[int], extra_stops, vocab_size: int
+) -> None:
+    """A ValueError where allowed_token_ids (None: the vocabulary's vocab_size ids) leave the
+    sampler no id to draw (it then drew token 0, an id the request never allowed). A one-token
+    bad word bans its id at every step (sample.penalties.bans_read_outputs), so allowed ids all
+    among those leave nothing ever. While fewer than min_tokens are out, the stop ids
+    (stop_token_ids, the checkpoint's further EOS ids) and the EOS, under ignore_eos too, are
+    -inf as well (sample.penalties.min_tokens_ids), so allowed ids all among those and the bans
+    leave nothing until then. (Structured outputs keep their own rule for min_tokens: the
+    grammar wins and the request ends "stop"; not before a start marker, where no grammar
+    masks the row.) Without allowed_token_ids only a vocabulary of at most MAX_NUM_BAD_WORDS
+    ids (plus the stop ids) can be banned whole: a larger one returns at the size check."""
     allowed, so = params.allowed_token_ids, params.structured_outputs
-    if not allowed:
-        return
     banned = {word[0] for word in params.bad_words_token_ids if len(word) == 1}
-    if set(allowed) <= banned:
-        raise ValueError(
-            f"allowed_token_ids {list(allowed)} are all banned by one-token bad_words: no token "
-            f"could be sampled; allow a token no bad word bans"
-        )
-    if params.min_tokens < 1 or (so is not None and so.start_after_token_ids is None):
-        return
     stops = {*params.stop_token_ids, *extra_stops}
     if eos is not None:
         stops.add(eos)
-    if set(allowed) <= stops | banned:
-        what = "stop ids or the EOS" if set(allowed) <= stops else "stop ids, the EOS or banned by bad_words"
+    if allowed is None and len(banned | stops) < vocab_size:
+        return
+    ids = set(range(vocab_size) if allowed is None else allowed)
+    named = f"the vocabulary's {vocab_size} ids (no allowed_token_ids)"
+    if allowed is not None:
+        named = f"allowed_token_ids {list(allowed)}"
+    if ids <= banned:
         raise ValueError(
-            f"allowed_token_ids {list(allowed)} are all {what}, and min_tokens "
-            f"({params.min_tokens}) bans the stop ids and the EOS until that many tokens are out: "
-            f"no token could be sampled; allow a token that neither stops the request nor is "
-            f"banned, or lower min_tokens"
+            f"{named} are all banned by one-token bad_words: no token could be sampled; allow a "
+            f"token no bad word bans"
+        )
+    if params.min_tokens < 1 or (so is not None and so.start_after_token_ids is None):
+        return
+    if ids <= stops | banned:
+        what = "stop ids or the EOS" if ids <= stops else "stop ids, the EOS or banned by bad_words"
+        raise ValueError(
+            f"{named} are all {what}, and min_tokens ({params.min_tokens}) bans the stop ids and "
+            f"the EOS until that many tokens are out: no token could be sampled; allow a token "
+            f"that neither stops the request nor is banned, or lower min_tokens"
         )
 
 
