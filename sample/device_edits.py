@@ -100,14 +100,6 @@ class EditPlan:
             for i, p in enumerate(params)
             if bans_read_outputs(p.bad_words_token_ids)
         ]
-        self.any = bool(
-            self.allowed
-            or self.fixed_bans
-            or self.ban_words
-            or self.bias
-            or self.min_index is not None
-            or self.penalties
-        )
 
     def apply(self, x: torch.Tensor, requests: Sequence, counts) -> Optional[torch.Tensor]:
         """Edit float32 x [S, V] in place. counts: the Sampler's OutputCounts (output counts and
