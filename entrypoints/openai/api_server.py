@@ -18,13 +18,15 @@ engine starts (bind_socket), so a port in use is a one-line error (exit 2) befor
 Shutdown: on SIGTERM (or SIGINT) uvicorn stops listening and lets in-flight responses finish
 for up to --shutdown-timeout seconds; a request still running then is ended with a 503 ("the
 server is shutting down"; an error frame then [DONE] in a stream) and aborted in the engine
-(EngineClient.shed_pending), and its handler answers; uvicorn cancels only what is left
-SHED_WAIT_S later. The engine process is told to exit and reaped, and this process exits 0. A
-SIGTERM to the whole process group (systemd's control-group kill) drains the same way: the
-engine process and its tensor-parallel workers leave it to this process (core_proc.TermSignal). Either
-signal while the engine is still loading ends the engine process at once, and exits 0. If the
-engine process dies, pending requests get 500s (an error frame mid-stream), /health fails, and
-the server shuts down the same way, exiting 1.
+(EngineClient.shed_pending), and its handler answers; SHED_WAIT_S later the connections still
+open (clients that read nothing, whose handlers wait on a full socket) are reset, and their
+handlers end as for a client that left; uvicorn cancels only what is left CUT_WAIT_S after that.
+The engine process is told to exit and reaped, and this process exits 0. A SIGTERM to the whole
+process group (systemd's control-group kill) drains the same way: the engine process and its
+tensor-parallel workers leave it to this process (core_proc.TermSignal). Either signal while the
+engine is still loading ends the engine process at once, and exits 0. If the engine process
+dies, pending requests get 500s (an error frame mid-stream), /health fails, and the server
+shuts down the same way, exiting 1.
 """
 
 from __future__ import annotations
@@ -637,9 +639,14 @@ def _log_to_stderr(uvicorn_level: str) -> None:
 
 
 # How long the handlers of the requests ended at the end of the shutdown grace (shed_pending) get
-# to send their 503s before uvicorn cancels what is left (a cancelled handler's client gets a
-# plain-text 500 or a cut stream, and the log a traceback).
+# to send their 503s before the connections still open are reset (Server.cut_connections).
 SHED_WAIT_S = 5.0
+
+# How long the handlers of the connections reset then get to end before uvicorn cancels what is
+# left (a cancelled handler's client gets a plain-text 500 or a cut stream, and the log a
+# traceback): a handler whose connection is gone ends at its next await, so this is only the
+# last resort.
+CUT_WAIT_S = 5.0
 
 # The signals that stop the server cleanly (exit status 0): not re-raised once it has stopped.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -663,17 +670,39 @@ def _server_class():
 
         async def shutdown(self, sockets=None) -> None:
             """uvicorn's shutdown, with on_grace_expired called grace_s seconds into it (the
-            server's --shutdown-timeout): it ends the requests still running, which then answer,
-            within uvicorn's own timeout (set SHED_WAIT_S longer), so that uvicorn cancels none
-            of them. Requests that finish within the grace are not touched."""
-            expiry = None
-            if self.on_grace_expired is not None and self.grace_s is not None:
-                expiry = asyncio.get_running_loop().call_later(self.grace_s, self.on_grace_expired)
+            server's --shutdown-timeout): it ends the requests still running, which then answer;
+            SHED_WAIT_S later the connections still open are reset (cut_connections), within
+            uvicorn's own timeout (set SHED_WAIT_S + CUT_WAIT_S longer), so that uvicorn cancels
+            no handler. Requests that finish within the grace are not touched."""
+            loop = asyncio.get_running_loop()
+            timers = []
+            if self.grace_s is not None:
+                if self.on_grace_expired is not None:
+                    timers.append(loop.call_later(self.grace_s, self.on_grace_expired))
+                timers.append(loop.call_later(self.grace_s + SHED_WAIT_S, self.cut_connections))
             try:
                 await super().shutdown(sockets)
             finally:
-                if expiry is not None:
-                    expiry.cancel()
+                for timer in timers:
+                    timer.cancel()
+
+        def cut_connections(self) -> None:
+            """Reset (abort: RST, no flush) every connection still open. What is left this late
+            is a client that reads nothing while holding its socket: its handler waits for the
+            socket to drain, so it never took its 503, and closing would wait for the same drain.
+            Reset, the connection is lost at once, and its handler sees a disconnect and ends as
+            for any client that left (the engine request aborted, no traceback), where uvicorn
+            cancelled it with an "Exception in ASGI application" traceback."""
+            open_now = [c for c in self.server_state.connections if getattr(c, "transport", None)]
+            if open_now:
+                log.warning(
+                    "resetting %d connection(s) still open %g s after the shutdown grace "
+                    "(clients that stopped reading)",
+                    len(open_now),
+                    SHED_WAIT_S,
+                )
+            for connection in open_now:
+                connection.transport.abort()
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
@@ -839,7 +868,7 @@ def run_server(ns) -> int:
                 host=ns.host,
                 port=ns.port,
                 log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S,  # the last resort
+                timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S + CUT_WAIT_S,  # the last resort
                 access_log=False,
             )
             apply_http_options(config, ns, tls)
