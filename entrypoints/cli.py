@@ -632,6 +632,19 @@ def _seconds(text: str) -> float:
     return value
 
 
+# The longest --send-timeout: TCP_USER_TIMEOUT is an int of milliseconds (about 24.8 days).
+MAX_SEND_TIMEOUT_S = (2**31 - 1) // 1000
+
+
+def _send_seconds(text: str) -> float:
+    """--send-timeout: seconds in [0, MAX_SEND_TIMEOUT_S] (an ArgumentTypeError: argparse's
+    usage error, exit 2)."""
+    value = _seconds(text)
+    if value > MAX_SEND_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEND_TIMEOUT_S} seconds, got {text!r}")
+    return value
+
+
 def _add_serve_parser(sub) -> None:
     """`serve`: vLLM's server flags where they mean the same, plus the engine's."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine")
@@ -694,6 +707,14 @@ def _add_serve_parser(sub) -> None:
         type=_seconds,
         default=30.0,
         help="seconds in-flight requests get on SIGTERM (default 30)",
+    )
+    serve.add_argument(
+        "--send-timeout",
+        type=_send_seconds,
+        default=60.0,
+        help="drop a connection whose client, with response bytes waiting, takes too little of them "
+        "(under about 64 KB) for this many seconds, aborting its request (Linux's TCP_USER_TIMEOUT; "
+        "0: none; default 60, as nginx's send_timeout)",
     )
     serve.add_argument(
         "--enable-request-id-headers",

@@ -750,13 +750,15 @@ def _stop_signals_raise():
             signal.signal(sig, handler)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, send_timeout: float = 0.0) -> socket.socket:
     """The server's address, bound (not yet listening) before the engine loads, as vLLM binds
     its own: a port in use, or a host that is not this machine's, is a ValueError naming
     --host and --port in seconds rather than uvicorn's bind error after the model's load. An
-    IPv6 host (one with a colon) gets an IPv6 socket; uvicorn listens on this very socket."""
+    IPv6 host (one with a colon) gets an IPv6 socket; uvicorn listens on this very socket.
+    send_timeout > 0: every connection it accepts has that send timeout (set_send_timeout)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's: past TIME_WAIT
+    set_send_timeout(sock, send_timeout)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -765,6 +767,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
             f"--host/--port: cannot listen on {_address(host, port)}: {exc.strerror or exc}"
         ) from None
     return sock
+
+
+def set_send_timeout(sock: socket.socket, seconds: float) -> bool:
+    """--send-timeout: Linux's TCP_USER_TIMEOUT on the listening socket (the sockets it accepts
+    inherit it). The kernel then drops a connection that, with bytes waiting for its client,
+    made too little progress for `seconds`: nothing sent was acknowledged, or the client's
+    window stayed too narrow for the next queued segment (up to 64 KB) that long, as when a
+    client stops reading and holds its socket, acknowledging a zero window forever. Its handler
+    then sees a disconnect, as for a client that left: a stream's engine request is aborted
+    (its blocks freed, counted under request_success "abort") and the handler ends. Without
+    it, TCP never gives up on such a peer: the request ran to max_tokens and its handler then
+    waited on the full socket for as long as the client held it. A client that falls behind
+    must take about 64 KB within `seconds` to stay (measured on loopback, 1 s: a reader of
+    128 KB/s stays, one of 64 KB/s is cut), so the default (60) cuts only readers slower than
+    about 1 KB/s with data waiting. 0: no timeout (TCP's). Returns whether it was set: False
+    for 0, and where the platform has no TCP_USER_TIMEOUT."""
+    if seconds <= 0:
+        return False
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        log.info("--send-timeout is not applied: this platform has no TCP_USER_TIMEOUT")
+        return False
+    sock.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds * 1000)))
+    return True
 
 
 def serving_line(sock: socket.socket, model: str) -> str:
@@ -823,7 +849,7 @@ def run_server(ns) -> int:
     tokenizer = load_engine_tokenizer(args)
     names = ns.served_model_name or [ns.model]
     metrics = ServerMetrics(names[0])
-    sock = bind_socket(ns.host, ns.port)
+    sock = bind_socket(ns.host, ns.port, ns.send_timeout)
     client = EngineClient(
         args, tokenizer, metrics, max_waiting=ns.max_waiting_requests, in_process=ns.engine_in_process
     )

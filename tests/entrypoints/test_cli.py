@@ -725,6 +725,16 @@ def test_a_shutdown_timeout_that_is_not_seconds_is_a_usage_error(capsys, value):
     assert exited.value.code == 2 and "--shutdown-timeout" in err and repr(value) in err
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon", "2147484"])
+def test_a_send_timeout_that_is_not_seconds_within_tcp_s_bound_is_a_usage_error(capsys, value):
+    """--send-timeout is TCP_USER_TIMEOUT, an int of milliseconds: past 2147483 s the kernel
+    would refuse it (or Python overflow) only once the server binds."""
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        run_cli(["serve", "/nowhere", "--send-timeout", value], capsys)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--send-timeout" in err and repr(value) in err
+
+
 def test_version_prints_the_package_version(capsys):
     from enginespec import __version__
 

@@ -5,8 +5,8 @@ server's writes fill the client's TCP window within a few hundred tokens.
 Such a client used to keep its engine request running to max_tokens (its KV blocks and its
 admission slot held all along, counted as a "length" finish), its handler stuck in a write
 until TCP gave up (never, for a peer that keeps acknowledging a zero window), and at shutdown
-uvicorn cancelled that handler with a traceback. The shutdown resets such a connection once its
-grace is over."""
+uvicorn cancelled that handler with a traceback. --send-timeout drops such a connection (and
+aborts its request); the shutdown resets what is left once its grace is over."""
 
 from __future__ import annotations
 
@@ -79,6 +79,32 @@ def _quiet(log) -> None:
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]
 
 
+@pytest.mark.parametrize("path", list(BODIES), ids=["completions", "chat"])
+def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(model_dir, tmp_path, path):
+    """The engine is paused once the window is full, so the request cannot finish on its own:
+    it must end by the send timeout (1 s), aborted in the engine (every block free, counted
+    under "abort"), its admission slot back (the capacity is one request), with no traceback.
+    Before --send-timeout it ran on while the client held the socket (here: forever)."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as err:
+        srv = RemoteServer(model_dir, [*ARGS, "--send-timeout", "1"], stderr=err)
+    try:
+        sock = _stalled_stream(srv, path, 300)  # more than the client's 4 KB window takes
+        httpx.post(srv.url("/dev/pause"))
+        _wait_for(lambda: srv.state()["num_pending"] == 0)
+        state = srv.wait_idle()
+        assert state["num_unfinished"] == 0 and state["num_free_blocks"] == state["num_blocks"]
+        assert _aborted(srv) == N  # samples
+        httpx.post(srv.url("/dev/resume"))
+        probe = srv.post(path, {**BODIES[path], "max_tokens": 3})  # the slot is free again
+        assert probe.status_code == 200, probe.text
+        sock.close()
+        assert srv.terminate() == 0
+    finally:
+        srv.terminate()
+    _quiet(log)
+
+
 def test_a_client_that_stops_reading_does_not_stall_the_shutdown(model_dir, tmp_path):
     """SIGTERM with a stalled stream connected (--send-timeout 0: none, as a timeout longer than
     the grace): the server exits 0 with no traceback. Its handler, stuck writing to the full window,
@@ -86,7 +112,7 @@ def test_a_client_that_stops_reading_does_not_stall_the_shutdown(model_dir, tmp_
     "Exception in ASGI application" and a CancelledError traceback."""
     log = tmp_path / "server.log"
     with open(log, "w") as err:
-        srv = RemoteServer(model_dir, [*ARGS, "--shutdown-timeout", "1"], stderr=err)
+        srv = RemoteServer(model_dir, [*ARGS, "--shutdown-timeout", "1", "--send-timeout", "0"], stderr=err)
     try:
         sock = _stalled_stream(srv, "/v1/completions", 8000)  # ~6 MB of frames: the writes block
         assert srv.state()["num_pending"] == N  # samples
