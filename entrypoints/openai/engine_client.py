@@ -87,15 +87,27 @@ class Inbox:
     put_nowait never blocks; take_all waits for the next item, then returns every queued one at
     once, in order. Cheaper than asyncio.Queue per item (no size bound, no task accounting, a
     future only when the consumer actually has to wait), which counts at 256 streams x one item
-    per engine step. A cancelled wait loses nothing: items stay queued."""
+    per engine step. A cancelled wait loses nothing: items stay queued.
 
-    __slots__ = ("_items", "_waiter")
+    Items are (kind, payload). An ("output", out) whose `out` is already queued is not queued
+    again: a request's output is one cumulative object that grows in place (RequestStream), so
+    a second entry would carry nothing the first does not, and the taker reads it as it is when
+    taken. So the queue holds at most one output per request however long its taker is away (a
+    handler whose client stopped reading waits on the socket while the engine runs on), where
+    it grew by one entry a step until the request ended."""
+
+    __slots__ = ("_items", "_waiter", "_outputs")
 
     def __init__(self) -> None:
         self._items: list = []
         self._waiter: Optional[asyncio.Future] = None
+        self._outputs: set[int] = set()  # id() of the output payloads queued (they are alive)
 
     def put_nowait(self, item) -> None:
+        if item[0] == "output":
+            if id(item[1]) in self._outputs:
+                return  # queued already: the taker has not woken since (its waiter is set)
+            self._outputs.add(id(item[1]))
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None:
@@ -116,17 +128,27 @@ class Inbox:
     async def get(self):
         """The oldest item (waiting for one)."""
         await self._wait()
-        return self._items.pop(0)
+        item = self._items.pop(0)
+        if item[0] == "output":
+            self._outputs.discard(id(item[1]))
+        return item
 
     def put_back(self, item) -> None:
         """Return an item just taken to the front (the next get or take_all has it first)."""
         self._items.insert(0, item)
+        if item[0] == "output":
+            self._outputs.add(id(item[1]))
 
     async def take_all(self) -> list:
         """Every queued item, oldest first (waiting for at least one)."""
         await self._wait()
         items, self._items = self._items, []
+        self._outputs.clear()
         return items
+
+    def __len__(self) -> int:
+        """How many items are queued."""
+        return len(self._items)
 
 
 @dataclass

@@ -127,6 +127,30 @@ def test_abort_frees_the_blocks_without_another_step(model_dir, llm):
     assert client._num_pending == 0
 
 
+def test_a_request_nobody_reads_queues_one_output_not_one_a_step(model_dir, llm):
+    """A handler that stops taking its news (its client stopped reading and the write waits)
+    while the engine runs on: the request's Inbox holds its one cumulative output, however many
+    steps went by, and the finished output is handed over whole. It queued the same output
+    object once a step (max_tokens items, growing for as long as the request ran)."""
+    client = _client(model_dir, llm)
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+
+    async def run():
+        client.start(asyncio.get_running_loop())
+        gen = await client.submit([NewRequest("idle", None, [4, 5, 6], params)])
+        await _wait_state(client, lambda s: s.num_unfinished == 0 and not client.num_pending_requests)
+        queued = len(gen.queue)
+        return queued, await gen.next()
+
+    try:
+        queued, news = asyncio.run(run())
+    finally:
+        client.stop()
+    assert queued == 1
+    ((kind, out),) = news
+    assert kind == "output" and out.finished and len(out.outputs[0].token_ids) == 60
+
+
 def test_a_dead_engine_fails_pending_and_new_requests(model_dir, llm):
     client = _client(model_dir, llm)
     deaths = []
