@@ -84,11 +84,19 @@ vLLM's serve-line engine options, accepted at the values that change nothing her
 value the same "not supported by enginespec" error: `compilation_config` (None, {}, level or
 mode 3, vLLM's VLLM_COMPILE: the decoder under torch.compile with CUDA graphs, what the engine
 does on CUDA; enforce_eager and compile_model are its switches), `optimization_level` (vLLM's
--O: 1, 2 or 3, compiled with graphs; 0 is enforce_eager here), `hf_overrides` (None or {}: the
-checkpoint's config.json is used as it is), `max_num_partial_prefills` (1, vLLM V1's only
+-O: 1, 2 or 3, compiled with graphs; 0 is enforce_eager here), `max_num_partial_prefills` (1, vLLM V1's only
 value), `structured_outputs_config` (None or vLLM's defaults: backend "auto", no other switch;
 the grammars are the engine's own), `guided_decoding_backend` ("auto"), `enable_sleep_mode`
 (False) and `config_format` ("auto" or "hf": the loader reads config.json).
+`hf_overrides` (vLLM's dict form): config.json keys laid over the target checkpoint's before
+anything reads it (worker/loader.py read_config_json, the one reader, and load_config over it):
+the model built, max_model_len's derivation, dtype "auto", the EOS of config.json, the draft
+checks (the target's config only: a draft loads as saved, as in vLLM) and every tensor-parallel
+rank (the overrides travel in these pickled args). A key the config lacks is added; a nested
+dict merges key by key (vLLM sets a top-level dict value whole: here a partial rope dict keeps
+the checkpoint's rope_theta); a value the loader refuses is its CheckpointError naming the key.
+None or a dict with str keys, else a ValueError; vLLM's callable form is refused by name (a
+function does not cross to the spawned engine and worker processes).
 `max_num_seqs`, `enable_prefix_caching`, `enable_chunked_prefill` and `preemption_mode` also
 take vLLM's None ("the engine chooses", what code forwarding an unset option passes): our
 default for each (UNSET_DEFAULTS).
@@ -97,7 +105,6 @@ default for each (UNSET_DEFAULTS).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -201,7 +208,6 @@ UNSUPPORTED_VALUES = {
         ("raw_logprobs",),
         "logprobs are log_softmax of the model's logits before any edit, temperature or cut",
     ),
-    "hf_overrides": ((None, {}), "the checkpoint's config.json is used as it is: no overrides"),
     "max_num_partial_prefills": (
         (1,),
         "vLLM V1's only value; long_prefill_token_threshold caps a prompt's chunk",
@@ -336,6 +342,30 @@ def _check_structured_outputs_config(config) -> None:
             )
 
 
+def _check_hf_overrides(overrides) -> None:
+    """None, or a dict whose keys (nested dicts' too) are strings, as config.json's are: a
+    ValueError naming hf_overrides otherwise. vLLM's other form, a function of the config, is
+    refused by name: the engine and its tensor-parallel ranks are spawned processes that get
+    these args pickled, and a function (a lambda, a closure, one of __main__) does not cross."""
+    if overrides is None:
+        return
+    if callable(overrides):
+        raise ValueError(
+            f"hf_overrides as a function ({overrides!r}, vLLM's callable form) is not supported by "
+            "enginespec: the engine and its tensor-parallel workers are spawned processes, and a "
+            "function does not cross to them; give a dict of config.json keys and values"
+        )
+    if not isinstance(overrides, dict):
+        raise ValueError(f"hf_overrides must be None or a dict of config.json keys, got {overrides!r}")
+    stack = [overrides]
+    while stack:
+        for key, value in stack.pop().items():
+            if not isinstance(key, str):
+                raise ValueError(f"hf_overrides keys must be strings (config.json's), got {key!r}")
+            if isinstance(value, dict):
+                stack.append(value)
+
+
 def _check_vllm_args(args: "EngineArgs") -> None:
     """The vLLM arguments of the module docstring: types and ranges, then UNSUPPORTED_VALUES."""
     _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1, None)
@@ -344,6 +374,7 @@ def _check_vllm_args(args: "EngineArgs") -> None:
     _check_int("max_num_partial_prefills", args.max_num_partial_prefills, 1, None)
     _check_compilation(args)
     _check_structured_outputs_config(args.structured_outputs_config)
+    _check_hf_overrides(args.hf_overrides)
     for name in ("swap_space", "cpu_offload_gb"):  # GiB
         value = getattr(args, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
@@ -478,7 +509,7 @@ class EngineArgs:
     # vLLM's serve-line options, at the values that change nothing here (the module docstring)
     compilation_config: Union[int, dict, None] = None
     optimization_level: Optional[int] = None
-    hf_overrides: Optional[dict] = None
+    hf_overrides: Optional[dict] = None  # config.json keys merged over the target's (docstring)
     max_num_partial_prefills: int = 1
     structured_outputs_config: Optional[dict] = None
     guided_decoding_backend: str = "auto"
@@ -685,8 +716,12 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype, model_dir: Optional[str], device: torch.device) -> torch.dtype:
-    """ "auto": float32 on CPU; on CUDA the checkpoint's dtype, bfloat16 if that is float32."""
+def resolve_dtype(
+    dtype, model_dir: Optional[str], device: torch.device, hf_overrides: Optional[dict] = None
+) -> torch.dtype:
+    """ "auto": float32 on CPU; on CUDA the checkpoint's dtype (config.json's, hf_overrides
+    merged: an override of dtype / torch_dtype is what the config then says), bfloat16 if that
+    is float32."""
     _check_dtype(dtype)
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -694,16 +729,23 @@ def resolve_dtype(dtype, model_dir: Optional[str], device: torch.device) -> torc
         return _DTYPES[dtype]
     if device.type != "cuda":
         return torch.float32
-    saved = _config_dtype(model_dir)
+    saved = _config_dtype(model_dir, hf_overrides)
     return saved if saved in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-def _config_dtype(model_dir: Optional[str]) -> Optional[torch.dtype]:
+def _config_dtype(model_dir: Optional[str], hf_overrides: Optional[dict] = None) -> Optional[torch.dtype]:
+    """config.json's dtype (hf_overrides merged), None where it has none or cannot be read (the
+    loader then reports the file)."""
+    from enginespec.worker.loader import CheckpointError, read_config_json
+
     if model_dir is None:
         return None
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_config_json(model_dir, hf_overrides)
+    except CheckpointError:
         return None
-    name = config.get("dtype") or config.get("torch_dtype")
-    return _DTYPES.get(str(name)) if name else None
+    for source in (hf_overrides or {}, config):  # an override's name wins over the file's other one
+        name = source.get("dtype") or source.get("torch_dtype")
+        if name:
+            return _DTYPES.get(str(name))
+    return None

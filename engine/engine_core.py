@@ -350,7 +350,7 @@ class EngineCore:
         if self.args.model is None:
             raise ValueError("EngineArgs.model must name a checkpoint directory (or pass model=)")
         device = resolve_device(self.args.device)
-        dtype = resolve_dtype(self.args.dtype, self.args.model_dir(), device)
+        dtype = resolve_dtype(self.args.dtype, self.args.model_dir(), device, self.args.hf_overrides)
         if self.args.tensor_parallel_size > 1:
             return self._load_tensor_parallel(device, dtype)
         return FlatModel.from_pretrained(
@@ -360,6 +360,7 @@ class EngineCore:
             attention=self.impl.attention_backend(device),
             model_impl=self.args.model_impl,
             trust_remote_code=self.args.trust_remote_code,
+            hf_overrides=self.args.hf_overrides,
         )
 
     def _load_tensor_parallel(self, device, dtype):
@@ -417,12 +418,15 @@ class EngineCore:
     def _check_draft_early(self, model, draft_model) -> None:
         """A draft_model config's checks that need no weights, before the target loads (or its
         tensor-parallel workers spawn): the draft's config.json (check_draft_checkpoint) where
-        both checkpoints come from paths. _draft_model checks the loaded models again."""
+        both checkpoints come from paths. _draft_model checks the loaded models again.
+        hf_overrides apply to the target's config only, as vLLM's: the draft loads as saved."""
         config = self.speculative_config
         if config is None or config.method != "draft_model":
             return
         if model is None and draft_model is None and self.args.model is not None:
-            check_draft_checkpoint(self._draft_dir(), self.args.model_dir(), self.args.trust_remote_code)
+            check_draft_checkpoint(
+                self._draft_dir(), self.args.model_dir(), self.args.trust_remote_code, self.args.hf_overrides
+            )
 
     def _draft_dir(self) -> str:
         """speculative_config's draft "model" as a local directory, resolved once as

@@ -454,7 +454,11 @@ def _add_vllm_serve_line_args(p) -> None:
         help="accepted: 1, 2, 3 (vLLM's -O: compiled, CUDA graphs); for -O0 use --enforce-eager",
     )
     p.add_argument(
-        "--hf-overrides", type=_json_value, default=None, help="accepted: {} (config.json is used as it is)"
+        "--hf-overrides",
+        type=_json_value,
+        default=None,
+        help="JSON object of config.json keys laid over the checkpoint's before the model is built "
+        '(vLLM\'s), e.g. \'{"max_position_embeddings": 65536}\'; a nested object merges key by key',
     )
     p.add_argument("--max-num-partial-prefills", type=int, default=None, help="1 only (vLLM V1's only value)")
     p.add_argument(

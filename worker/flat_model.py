@@ -167,10 +167,14 @@ class FlatModel:
         attention: AttentionBackend,
         model_impl: str = "auto",
         trust_remote_code: bool = False,
+        hf_overrides: Optional[dict] = None,
     ) -> "FlatModel":
         """Load a local checkpoint directory with our loader onto `device` in `dtype`
-        (trust_remote_code: for its config only; loader.py)."""
-        model = build_model(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        (trust_remote_code: for its config only; hf_overrides: merged over its config.json;
+        loader.py)."""
+        model = build_model(
+            path, device=device, dtype=dtype, trust_remote_code=trust_remote_code, hf_overrides=hf_overrides
+        )
         return cls(model, attention, model_impl)
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ checkpoint's modeling code.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -100,12 +101,71 @@ def check_checkpoint_dir(path) -> Path:
     return root
 
 
-def architecture_of(path) -> str:
+def merge_hf_overrides(config: dict, hf_overrides: Optional[dict]) -> dict:
+    """config.json's object with EngineArgs.hf_overrides laid over it, as a new dict (neither
+    argument changes): each key of the overrides replaces the config's, except that a dict over
+    a dict merges key by key, at every depth (rope_parameters / rope_scaling, a text_config), so
+    an override names only what it changes. vLLM sets a top-level dict value as given and
+    merges only into a nested config object; here a partial rope dict keeps the checkpoint's
+    rope_theta and rope_type, which a replaced one would drop without a word. A key the config
+    lacks is added (vLLM's rule). Where config.json has transformers 5's rope_parameters, an
+    override of the older top-level rope_theta / rope_scaling merges into it (_fold_legacy_rope)."""
+    merged = _deep_merge(config, hf_overrides or {})
+    _fold_legacy_rope(merged, hf_overrides or {})
+    return merged
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _fold_legacy_rope(merged: dict, hf_overrides: dict) -> None:
+    """transformers 5 builds the rope from rope_parameters where config.json has it: a top-level
+    rope_theta beside it is ignored, and a rope_scaling replaces it, rope_theta reset to the
+    family's default. So an override of either (vLLM users' names, from configs of the older
+    form) would be lost or lose the checkpoint's theta; it merges into rope_parameters
+    instead, meaning what it means on a checkpoint saved in the older form."""
+    params = merged.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_parameters" in hf_overrides:
+        return
+    legacy = dict(hf_overrides["rope_scaling"]) if isinstance(hf_overrides.get("rope_scaling"), dict) else {}
+    if "rope_theta" in hf_overrides:
+        legacy["rope_theta"] = hf_overrides["rope_theta"]
+    if legacy:
+        merged["rope_parameters"] = _deep_merge(params, legacy)
+        merged.pop("rope_scaling", None)
+        merged.pop("rope_theta", None)
+
+
+def config_label(path, hf_overrides: Optional[dict]) -> str:
+    """How errors name the config read: config.json's path, with the overrides where given
+    (what config.json says is then not what was refused)."""
+    config_path = Path(path) / "config.json"
+    return f"{config_path} with hf_overrides {hf_overrides!r}" if hf_overrides else str(config_path)
+
+
+def read_config_json(path, hf_overrides: Optional[dict] = None) -> dict:
+    """The one reader of a target checkpoint's config.json: its object with hf_overrides merged
+    (merge_hf_overrides). Everything that reads the target's config goes through here or
+    load_config, which builds on it, so an override reaches every reader: the architecture and
+    quantization checks, the dtype resolution, the model built (its max_position_embeddings,
+    EOS, rope), the tensor-parallel plan and every rank's shard, the draft checks."""
+    config = _read_json(check_checkpoint_dir(path) / "config.json")
+    return merge_hf_overrides(config, hf_overrides) if hf_overrides else config
+
+
+def architecture_of(path, hf_overrides: Optional[dict] = None) -> str:
     """The architecture named by config.json (a list of names, or one name); CheckpointError
     unless it is supported and its weights are unquantized (a quantization_config means packed
     or scaled tensors this loader would only meet as "unexpected tensor" errors)."""
-    config_path = check_checkpoint_dir(path) / "config.json"
-    config = _read_json(config_path)
+    config = read_config_json(path, hf_overrides)
+    config_path = config_label(path, hf_overrides)
     quant = config.get("quantization_config")
     if quant:
         method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else quant
@@ -126,7 +186,7 @@ def architecture_of(path) -> str:
     )
 
 
-def _check_rope_type(config, config_path: Path) -> None:
+def _check_rope_type(config, config_path: Path | str) -> None:
     """CheckpointError unless the config's rope scaling (rope_parameters, or rope_scaling in older
     configs) is one transformers computes: "default" or a key of its ROPE_INIT_FUNCTIONS. Any
     other (a legacy "su", a typo) made the model's rotary module raise a bare KeyError."""
@@ -150,7 +210,7 @@ def _rope_of(config):
     return text, rope if isinstance(rope, dict) else None
 
 
-def _check_rope_values(config, config_path: Path) -> None:
+def _check_rope_values(config, config_path: Path | str) -> None:
     """CheckpointError unless rope_theta (in rope_parameters, or the config's attribute in
     transformers 4) and a scaling's factor, where given, are numbers > 0. A theta of 0 or below or
     a factor of 0 made every cos/sin NaN (each request generated token 0, no error); a string or
@@ -171,7 +231,7 @@ def _check_rope_values(config, config_path: Path) -> None:
             )
 
 
-def _check_partial_rotary(config, config_path: Path) -> None:
+def _check_partial_rotary(config, config_path: Path | str) -> None:
     """CheckpointError unless the rope rotates whole heads: partial_rotary_factor (in
     rope_parameters, or the config's attribute) absent or 1. The supported families' attention
     (transformers' apply_rotary_pos_emb) rotates every dimension of a head: under a scaled rope
@@ -188,7 +248,7 @@ def _check_partial_rotary(config, config_path: Path) -> None:
         )
 
 
-def _check_longrope_factors(config, config_path: Path) -> None:
+def _check_longrope_factors(config, config_path: Path | str) -> None:
     """CheckpointError unless a longrope scaling's short_factor and long_factor each hold one
     number per rotated frequency (as many as range(0, rotary dim, 2), the rotary dim being
     head_dim times partial_rotary_factor), as transformers' longrope computes them. transformers
@@ -215,7 +275,7 @@ def _check_longrope_factors(config, config_path: Path) -> None:
             )
 
 
-def _check_activation(config, config_path: Path) -> None:
+def _check_activation(config, config_path: Path | str) -> None:
     """CheckpointError unless the config's hidden_act is one transformers' MLPs can build (a key
     of its ACT2FN). Any other ("swiglu", a typo) made the model's constructor raise a bare
     KeyError naming only the value."""
@@ -227,7 +287,7 @@ def _check_activation(config, config_path: Path) -> None:
         raise CheckpointError(f"{config_path}: unsupported hidden_act {act!r}; supported: {sorted(ACT2FN)}")
 
 
-def _check_heads(config, config_path: Path) -> None:
+def _check_heads(config, config_path: Path | str) -> None:
     """CheckpointError unless num_key_value_heads (num_attention_heads where absent) is >= 1 and
     divides num_attention_heads, itself >= 1: each kv head serves a whole group of query heads.
     Otherwise the model built (its shapes are consistent) and every request then failed at its
@@ -247,7 +307,7 @@ def _check_heads(config, config_path: Path) -> None:
         )
 
 
-def _check_head_dim(config, config_path: Path) -> None:
+def _check_head_dim(config, config_path: Path | str) -> None:
     """CheckpointError unless the head_dim the attention uses is an even int >= 2: the built
     config's head_dim, or, where it has none (Qwen2's config has no such field),
     hidden_size // num_attention_heads, as its attention derives it. The rope rotates a head's
@@ -272,7 +332,7 @@ def _check_head_dim(config, config_path: Path) -> None:
         )
 
 
-def _check_window(config, config_path: Path) -> None:
+def _check_window(config, config_path: Path | str) -> None:
     """CheckpointError unless a sliding_window the model applies is null or an int >= 1.
     Mistral applies config.sliding_window to every layer, Qwen2/3 where use_sliding_window is
     set (Llama, and Qwen with it unset, ignore the key, so any value passes there). 0 or below
@@ -293,7 +353,7 @@ def _check_window(config, config_path: Path) -> None:
         )
 
 
-def _check_positions(config, config_path: Path) -> None:
+def _check_positions(config, config_path: Path | str) -> None:
     """CheckpointError unless max_position_embeddings (the bound of max_model_len) is >= 2, the
     least max_model_len the engine takes (EngineArgs, SchedulerConfig): a prompt token and one
     generated. Below it the engine failed later naming another thing: -5 was a bare
@@ -308,21 +368,26 @@ def _check_positions(config, config_path: Path) -> None:
         )
 
 
-def load_config(path, *, trust_remote_code: bool = False):
-    """The transformers config of a supported local checkpoint (never touches the hub), its rope
+def load_config(path, *, trust_remote_code: bool = False, hf_overrides: Optional[dict] = None):
+    """The transformers config of a supported local checkpoint (never touches the hub), with
+    hf_overrides merged over its config.json (read_config_json), its rope
     one transformers computes over whole heads (_check_rope_type, _check_rope_values,
     _check_partial_rotary, _check_longrope_factors), its activation one transformers builds
     (_check_activation), its kv heads grouping its query heads (_check_heads), an even head_dim
     (_check_head_dim), a sliding window it applies >= 1 (_check_window) and at least two
-    positions (_check_positions)."""
+    positions (_check_positions). An override that makes any of these false is the same
+    CheckpointError, naming config.json with the overrides."""
     from transformers import AutoConfig
 
-    architecture_of(path)
-    config_path = Path(path) / "config.json"
+    architecture_of(path, hf_overrides)
+    config_path = config_label(path, hf_overrides)
     try:
         config = AutoConfig.from_pretrained(
             str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
         )
+        if hf_overrides:  # the class AutoConfig chose (trust_remote_code's included), built from
+            # the merged object as from_pretrained builds it from the file's
+            config = type(config).from_dict(read_config_json(path, hf_overrides))
     except Exception as e:  # an unknown model_type, a field transformers' config refuses (5.x
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
@@ -338,7 +403,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     return config
 
 
-def model_class(arch: str, config, config_path: Path):
+def model_class(arch: str, config, config_path: Path | str):
     """The transformers class to build over `config`: `arch`'s own when the config is (or
     subclasses) its config class; else the supported architecture whose config class config.json's
     model_type built (a Mistral exported as "LlamaForCausalLM" runs as MistralForCausalLM, the
@@ -612,12 +677,13 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     slicer: Optional[Slicer] = None,
     trust_remote_code: bool = False,
+    hf_overrides: Optional[dict] = None,
 ):
     """The transformers CausalLM of a local checkpoint, weights loaded by `load_weights` (in
-    part where `slicer` says so)."""
-    arch = architecture_of(path)
-    config = load_config(path, trust_remote_code=trust_remote_code)
-    cls = model_class(arch, config, Path(path) / "config.json")
+    part where `slicer` says so), built from its config with hf_overrides merged (load_config)."""
+    arch = architecture_of(path, hf_overrides)
+    config = load_config(path, trust_remote_code=trust_remote_code, hf_overrides=hf_overrides)
+    cls = model_class(arch, config, config_label(path, hf_overrides))
     with torch.device("meta"):
         model = cls(config)
     load_weights(model, path, device=device, dtype=dtype, slicer=slicer)

@@ -339,7 +339,10 @@ def check_plan(args, world_size: int) -> None:
     from enginespec.worker.merged_decoder import max_positions
     from enginespec.worker.tp_shard import ShardPlan
 
-    text = _text_config(load_config(args.model_dir(), trust_remote_code=args.trust_remote_code))
+    config = load_config(
+        args.model_dir(), trust_remote_code=args.trust_remote_code, hf_overrides=args.hf_overrides
+    )
+    text = _text_config(config)
     ShardPlan.from_config(text, 0, world_size)
     args.scheduler_config(args.resolve_max_model_len(max_positions(text)))
 

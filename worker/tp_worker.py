@@ -40,12 +40,19 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
     from enginespec.worker.tp_layers import parallelize
     from enginespec.worker.tp_shard import ShardPlan
 
-    trust = args.trust_remote_code
+    trust, overrides = args.trust_remote_code, args.hf_overrides  # every rank's config is rank 0's
     plan = ShardPlan.from_config(
-        _text_config(load_config(args.model_dir(), trust_remote_code=trust)), rank, world_size
+        _text_config(load_config(args.model_dir(), trust_remote_code=trust, hf_overrides=overrides)),
+        rank,
+        world_size,
     )
     hf_model = build_model(
-        args.model_dir(), device=device, dtype=dtype, slicer=plan.slice_for, trust_remote_code=trust
+        args.model_dir(),
+        device=device,
+        dtype=dtype,
+        slicer=plan.slice_for,
+        trust_remote_code=trust,
+        hf_overrides=overrides,
     )
     parallelize(hf_model, plan)
     model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)

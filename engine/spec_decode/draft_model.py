@@ -31,7 +31,7 @@ recomputed, never swapped. A request whose draft blocks cannot be allocated gets
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from enginespec.engine.spec_decode.drafter import Drafter
 from enginespec.engine_args import ALLOW_LONG_MAX_MODEL_LEN_ENV, allow_long_max_model_len
@@ -176,13 +176,20 @@ def _check_vocab(draft: int, target: int) -> None:
         )
 
 
-def check_draft_checkpoint(draft_path: str, target_path: str, trust_remote_code: bool = False) -> None:
+def check_draft_checkpoint(
+    draft_path: str,
+    target_path: str,
+    trust_remote_code: bool = False,
+    target_overrides: Optional[dict] = None,
+) -> None:
     """What two config.json files tell of a draft, checked before either model loads: the draft
     directory is a checkpoint the loader takes (its errors keep their type, prefixed with
     speculative_config.model) and its vocabulary is the target's. The same rules the loaded
     models meet later (check_draft_model), only sooner: a mistyped path or a draft of another
     tokenizer is refused in milliseconds, not after the target's weights are read. A target
-    whose own config cannot be read is left to the target's load to report."""
+    whose own config cannot be read is left to the target's load to report. target_overrides
+    (EngineArgs.hf_overrides) apply to the target's config alone, as vLLM's: the draft is
+    checked, and loaded, as its config.json says."""
     from enginespec.worker.loader import CheckpointError, load_config
 
     try:
@@ -190,7 +197,7 @@ def check_draft_checkpoint(draft_path: str, target_path: str, trust_remote_code:
     except CheckpointError as e:
         raise type(e)(f"speculative_config.model: {e}") from e
     try:
-        target = load_config(target_path, trust_remote_code=trust_remote_code)
+        target = load_config(target_path, trust_remote_code=trust_remote_code, hf_overrides=target_overrides)
     except CheckpointError:
         return
     _check_vocab(_vocab_size(draft), _vocab_size(target))

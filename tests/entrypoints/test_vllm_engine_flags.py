@@ -1,10 +1,11 @@
 """vLLM's engine flags of everyday serve lines that change nothing here: --compilation-config /
--O (the compiled decoder with CUDA graphs is the engine's own), --hf-overrides {},
---max-num-partial-prefills 1, --structured-outputs-config / --guided-decoding-backend auto,
---no-enable-sleep-mode, --config-format auto|hf. Each was argparse's "unrecognized arguments"
-(exit 2); now vLLM's default values reach EngineArgs and any other value is EngineArgs' one
-line "not supported by enginespec" naming the argument and what is accepted (exit 2, before any
-model loads)."""
+-O (the compiled decoder with CUDA graphs is the engine's own), --max-num-partial-prefills 1,
+--structured-outputs-config / --guided-decoding-backend auto, --no-enable-sleep-mode,
+--config-format auto|hf. Each was argparse's "unrecognized arguments" (exit 2); now vLLM's
+default values reach EngineArgs and any other value is EngineArgs' one line "not supported by
+enginespec" naming the argument and what is accepted (exit 2, before any model loads).
+--hf-overrides takes any JSON object (and vLLM's dotted form) into EngineArgs (what it does:
+tests/api/test_hf_overrides.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ ACCEPTED = [
     (["-O", "2"], "optimization_level", 2),
     (["--optimization-level", "1"], "optimization_level", 1),
     (["--hf-overrides", "{}"], "hf_overrides", {}),
+    (["--hf-overrides", '{"rope_theta": 1e6}'], "hf_overrides", {"rope_theta": 1e6}),
+    (
+        ["--hf-overrides.rope_scaling.factor", "4", "--hf_overrides.max_position_embeddings=8192"],
+        "hf_overrides",
+        {"rope_scaling": {"factor": 4}, "max_position_embeddings": 8192},
+    ),
     (["--max-num-partial-prefills", "1"], "max_num_partial_prefills", 1),
     (
         ["--structured-outputs-config", '{"backend": "auto"}'],
@@ -43,7 +50,7 @@ REFUSED = [
     (["--compilation-config", '{"cudagraph_mode": "NONE"}'], "compilation_config {'cudagraph_mode'"),
     (["-O0"], r"optimization_level=0 .* pass enforce_eager=True \(--enforce-eager\)"),
     (["-O4"], r"optimization_level must be an int in \[0, 3\]"),
-    (["--hf-overrides", '{"rope_theta": 1}'], r"hf_overrides=\{'rope_theta': 1\} is not supported"),
+    (["--hf-overrides", "[1, 2]"], r"hf_overrides must be None or a dict of config.json keys, got \[1, 2\]"),
     (["--max-num-partial-prefills", "2"], r"max_num_partial_prefills=2 is not supported .*accepted: \[1\]"),
     (
         ["--structured-outputs-config.backend", "xgrammar"],

@@ -738,3 +738,36 @@ def test_the_cuda_death_watch_keeps_the_reason_the_engine_already_has(monkeypatc
     monkeypatch.setattr(tp_group, "_destroy_group", lambda abort: None)
     tp_group._watch(tp)
     assert tp.dead.endswith("Traceback ..."), tp.dead
+
+
+def test_hf_overrides_reach_every_rank(tmp_path):
+    """hf_overrides travel in the pickled EngineArgs and every rank builds its shard from the
+    config with them merged (tp_worker.load_shard): TP=2 with an override of rms_norm_eps and
+    rope_theta gives the prompt logprobs of TP=1 over a copy saved with those values (a worker
+    that read config.json alone would normalize and rotate its heads otherwise), and the plan
+    checked before the spawn (check_plan) takes a max_model_len only the overridden
+    max_position_embeddings allows."""
+    import json
+    import shutil
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    saved = tmp_path / "saved"
+    shutil.copytree(path, saved)
+    config = json.loads((saved / "config.json").read_text())
+    config["rms_norm_eps"], config["rope_parameters"]["rope_theta"] = 0.5, 50.0
+    config["max_position_embeddings"] = 512
+    (saved / "config.json").write_text(json.dumps(config))
+    kwargs = dict(impl="fast", dtype="float32", device="cpu", max_model_len=512)  # the checkpoint's: 256
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
+    prompt = [{"prompt_token_ids": list(PROMPTS[0])}]
+
+    def prompt_logprobs(llm) -> list[float]:
+        (out,) = llm.generate(prompt, params, use_tqdm=False)
+        return [lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], PROMPTS[0][1:])]
+
+    with LLM(str(saved), **kwargs) as tp1:
+        expected = prompt_logprobs(tp1)
+    overrides = {"rms_norm_eps": 0.5, "rope_theta": 50.0, "max_position_embeddings": 512}
+    with LLM(str(path), tensor_parallel_size=2, hf_overrides=overrides, **kwargs) as tp2:
+        assert tp2.engine.max_model_len == 512
+        assert prompt_logprobs(tp2) == pytest.approx(expected, abs=1e-4)
