@@ -106,6 +106,26 @@ def test_hf_home_is_honoured_when_hf_hub_cache_is_unset(tmp_path, monkeypatch):
     assert EngineArgs(model=REPO).model_dir() == str(snapshot)
 
 
+def test_without_hf_variables_the_cache_is_under_xdg_cache_home_else_home(tmp_path, monkeypatch):
+    """huggingface_hub's fallbacks past HF_HOME: $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub (a host that sets only XDG_CACHE_HOME, as on many Linux desktops,
+    has its downloads there)."""
+    from enginespec.worker.hub_cache import hub_cache_dir
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    xdg, home = tmp_path / "xdg", tmp_path / "home"
+    snapshot = write_hub_cache(make_checkpoint("qwen3", tmp_path / "src"), xdg / "huggingface" / "hub", REPO)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    monkeypatch.setenv("HOME", str(home))
+    assert hub_cache_dir() == xdg / "huggingface" / "hub"
+    assert EngineArgs(model=REPO).model_dir() == str(snapshot)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert hub_cache_dir() == home / ".cache" / "huggingface" / "hub"
+    with pytest.raises(CheckpointNotFound, match=str(home / ".cache" / "huggingface" / "hub")):
+        EngineArgs(model=REPO).model_dir()
+
+
 def test_a_revision_picks_its_snapshot_by_ref_or_commit(hub_env, no_network):
     """vLLM's revision: a branch or tag (refs/<name>) or a full commit hash."""
     _, main, v2 = hub_env
