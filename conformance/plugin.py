@@ -76,7 +76,12 @@ def register_profiles() -> bool:
     except ImportError:
         return False
     slow = [HealthCheck.too_slow]
+    # Each profile on hypothesis' own defaults: registered without a parent, a profile inherits
+    # the one loaded at the time, and pytest_configure registers them again after
+    # --hypothesis-profile, a conftest's load_profile or $CI (hypothesis' 'ci') loaded another.
+    base = settings.get_profile("default")
     ci = dict(
+        parent=base,
         max_examples=12,
         stateful_step_count=25,
         deadline=None,
@@ -91,14 +96,16 @@ def register_profiles() -> bool:
     settings.register_profile(SHRINK_PROFILE, **ci)
     settings.register_profile(
         "enginespec-dev",
+        parent=base,
         max_examples=60,
         stateful_step_count=40,
         deadline=None,
-        print_blob=False,  # explicit: the profile would inherit hypothesis' own 'ci' one under $CI
+        print_blob=False,  # explicit: hypothesis' own 'ci' profile prints blobs
         suppress_health_check=slow,
     )
     settings.register_profile(
         "enginespec-thorough",
+        parent=base,
         max_examples=1000,
         stateful_step_count=100,
         deadline=None,

@@ -663,3 +663,34 @@ def test_several_distinct_failures_still_get_the_replay_note():
     group = Group("Hypothesis found 2 distinct failures.", [found, ValueError("x")])
     assert found_by_hypothesis(group)
     assert not found_by_hypothesis(Group("plain", [ValueError("x")]))
+
+
+def test_our_profiles_keep_their_settings_whatever_profile_is_loaded_when_they_register():
+    """pytest_configure registers the profiles again after hypothesis loaded --hypothesis-profile
+    and after the conftests ran, and a profile registered without a parent inherits whatever
+    profile is loaded then: a host project whose conftest loads its own profile without the
+    shrink phase got an enginespec-shrink that never shrank (the replay note's shortest-example
+    command replayed the failure unshrunk) and an enginespec-dev that saved nothing, and under
+    $CI (hypothesis' own 'ci' profile) enginespec-dev, 'a new random search', was derandomized."""
+    from hypothesis import Phase
+
+    from enginespec.conformance.plugin import register_profiles
+
+    settings.register_profile(
+        "enginespec-test-host", phases=[Phase.explicit, Phase.generate], derandomize=True, database=None
+    )
+    before = settings.get_current_profile_name()
+    settings.load_profile("enginespec-test-host")
+    try:
+        register_profiles()
+    finally:
+        settings.load_profile(before)
+    try:
+        shrink, dev = settings.get_profile("enginespec-shrink"), settings.get_profile("enginespec-dev")
+        assert Phase.shrink in shrink.phases and shrink.derandomize
+        for name in ("enginespec-dev", "enginespec-thorough"):
+            profile = settings.get_profile(name)
+            assert Phase.shrink in profile.phases and not profile.derandomize, name
+        assert dev.database is not None  # the note's dev search: 'saved in .hypothesis/ here'
+    finally:
+        register_profiles()
