@@ -665,6 +665,136 @@ def test_several_distinct_failures_still_get_the_replay_note():
     assert not found_by_hypothesis(Group("plain", [ValueError("x")]))
 
 
+class _WrappingScheduler(RefImpl):
+    """An author who keeps the reference's scheduler_cls but builds the scheduler in their own
+    new_scheduler (wrapping it, say): that override is what builds the part."""
+
+    name = "wraps"
+
+    def new_scheduler(self, config, block_manager):
+        return super().new_scheduler(config, block_manager)
+
+
+def test_a_part_built_by_the_authors_own_factory_is_named_by_that_factory():
+    """PartsImpl's factories only construct the `*_cls` class, so the class is named; a factory
+    the author overrides is named itself (it may build anything), even where a `*_cls` is still
+    set. An impl's own build_batch (the fast impl's) is named, not the spec's plain builder."""
+    from enginespec.conformance.parts import impl_parts
+
+    parts = impl_parts(_WrappingScheduler())
+    assert parts["scheduler"] == {"by": f"{__name__}._WrappingScheduler.new_scheduler", "enginespec": False}
+    fast = impl_parts(load_impl("fast"))
+    assert fast["build_batch"] == {"by": "enginespec.impls.fast.FastImpl.build_batch", "enginespec": True}
+    assert fast["scheduler"]["by"] == "enginespec.impls.fast.scheduler.FastScheduler"
+
+
+def test_the_report_names_the_version_and_optional_points_of_the_impl():
+    """impl_info's version falls back to the impl's top-level package's __version__, and its
+    optional list holds exactly the optional capabilities the impl declares."""
+    from enginespec.conformance.report import impl_info
+
+    info = impl_info("fast", load_impl("fast"), None)
+    assert info["version"] == enginespec.__version__
+    assert info["optional"] == ["build_batch", "replace_last_token"]
+    assert impl_info("x", SimpleNamespace(name="bare"), None)["optional"] == []
+    versioned = type("Versioned", (RefImpl,), {"version": "9.9"})()
+    assert impl_info("x", versioned, None)["version"] == "9.9"
+
+
+def test_the_profiles_replay_and_keep_blobs_out():
+    """enginespec-ci is derandomized, saves nothing and does not shrink (so its failures replay
+    on any machine); enginespec-shrink is the same examples with shrinking; no profile prints a
+    @reproduce_failure blob (it asks to edit a test living in site-packages). Without hypothesis
+    register_profiles says so and registers nothing."""
+    from hypothesis import Phase
+
+    ci, shrink = settings.get_profile("enginespec-ci"), settings.get_profile("enginespec-shrink")
+    assert ci.derandomize and ci.database is None and Phase.shrink not in ci.phases
+    assert shrink.derandomize and shrink.database is None and Phase.shrink in shrink.phases
+    assert not any(settings.get_profile(name).print_blob for name in PROFILES)
+
+    # docs/writing-a-backend.md's table: few examples, more, then 1000 with long stateful runs
+    ci, dev, thorough = (
+        settings.get_profile(n) for n in ("enginespec-ci", "enginespec-dev", "enginespec-thorough")
+    )
+    assert ci.max_examples < dev.max_examples < thorough.max_examples == 1000
+    assert ci.stateful_step_count < dev.stateful_step_count < thorough.stateful_step_count
+
+
+def test_without_hypothesis_no_profile_is_registered(monkeypatch):
+    from enginespec.conformance.plugin import register_profiles
+
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # its import raises ImportError
+    assert register_profiles() is False
+
+
+def test_the_header_names_the_impl_the_profile_and_the_parts(request):
+    from enginespec.conformance.plugin import pytest_report_header
+
+    lines = pytest_report_header(request.config)
+    assert lines[0].startswith("enginespec impl under test: ")
+    assert lines[1].startswith("parts of the impl under test: ")
+
+
+def _replay_item(profile: str, seed):
+    """A stand-in item of the shipped suite run under `profile` (its stash) and `seed`."""
+    options = {"--hypothesis-seed": seed, "--impl": "fast"}
+    config = SimpleNamespace(
+        getoption=lambda name, default=None: options.get(name, default), stash={_PROFILE_KEY: profile}
+    )
+    path = Path(test_block_manager.__file__)
+    return SimpleNamespace(nodeid=f"{path.name}::test_pool_lockstep", path=path, config=config)
+
+
+@pytest.mark.parametrize(
+    "profile, seed, why, then",
+    [
+        (
+            "enginespec-ci",
+            None,
+            "the enginespec-ci profile is derandomized",
+            "--hypothesis-profile=enginespec-shrink",
+        ),
+        ("enginespec-shrink", None, "the enginespec-shrink profile is derandomized", None),
+        ("enginespec-dev", 7, "--hypothesis-seed fixes the examples", None),
+        ("enginespec-dev", None, "Hypothesis saved the failing example in .hypothesis/", None),
+        ("enginespec-test-unsaved", None, "draws new examples each run and saves none", "search again"),
+    ],
+)
+def test_the_replay_note_follows_the_profile(profile, seed, why, then):
+    """replay_note's reasons and second command, per profile: a derandomized one replays from any
+    directory (and one that does not shrink points to enginespec-shrink), a seed fixes the
+    examples, a database replays from here, and a random profile that saves nothing says to add a
+    seed and points to enginespec-dev's search (saved in .hypothesis/ where dev has a database)."""
+    from hypothesis import Phase
+
+    from enginespec.conformance.plugin import replay_note
+
+    settings.register_profile(
+        "enginespec-test-unsaved", derandomize=False, database=None, phases=[Phase.generate]
+    )
+    before = settings.get_current_profile_name()
+    settings.load_profile(profile)
+    try:
+        lines = replay_note(_replay_item(profile, seed)).splitlines()
+    finally:
+        settings.load_profile(before)
+    assert why in lines[0]
+    command = (
+        "python -m pytest --pyargs enginespec.conformance.test_block_manager::test_pool_lockstep --impl=fast"
+    )
+    assert lines[1].strip().startswith(command)
+    assert (f"--hypothesis-seed={seed}" in lines[1]) == (seed is not None)
+    if then is None:
+        assert len(lines) == 2, lines
+    else:
+        assert then in "\n".join(lines[2:])
+    if profile == "enginespec-test-unsaved":
+        saved = settings.get_profile("enginespec-dev").database is not None
+        assert ("what it finds is saved in .hypothesis/ here" in lines[2]) == saved
+        assert lines[3].strip().endswith("--hypothesis-profile=enginespec-dev")
+
+
 def test_our_profiles_keep_their_settings_whatever_profile_is_loaded_when_they_register():
     """pytest_configure registers the profiles again after hypothesis loaded --hypothesis-profile
     and after the conftests ran, and a profile registered without a parent inherits whatever
