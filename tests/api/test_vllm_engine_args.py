@@ -121,6 +121,13 @@ def test_vllm_args_refuse_a_bad_type_or_range_naming_the_field(name, value):
         EngineArgs(**{name: value})
 
 
+def test_vllm_args_take_the_bounds_of_their_ranges():
+    """The smallest value of each range is accepted (a CUDA-graph capture length of 1, no swap
+    or offload space), as vLLM takes them."""
+    args = EngineArgs(max_seq_len_to_capture=1, swap_space=0, cpu_offload_gb=0.0)
+    assert (args.max_seq_len_to_capture, args.swap_space, args.cpu_offload_gb) == (1, 0, 0.0)
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.complex64, "int8", ["float32"]])
 def test_dtype_must_name_a_float_type(dtype):
     """vLLM's dtype names ("auto", "half", "float16", "bfloat16", "float", "float32") and the
