@@ -60,3 +60,20 @@ def test_a_good_draft_gets_through_to_the_target_load(tmp_path):
     other = make_checkpoint("llama", tmp_path / "llama-draft")  # another family, same vocabulary
     with pytest.raises(TargetLoaded):
         _build(other)
+
+
+def test_a_draft_model_given_loaded_reads_no_draft_checkpoint(tmp_path):
+    """EngineCore(draft_model=...) (tests share a loaded draft between engines) checks that draft
+    once it is loaded (_draft_model), so the early checks, which read config.json files, are
+    skipped: speculative_config's "model" is then only a name, and need not be on disk."""
+    config = {"method": "draft_model", "model": str(tmp_path / "nowhere"), "num_speculative_tokens": 2}
+    args = EngineArgs(
+        model=str(tiny_model_dir("qwen3")),
+        speculative_config=config,
+        impl="reference",
+        dtype="float32",
+        device="cpu",
+        num_blocks=16,
+    )
+    with pytest.raises(TargetLoaded):
+        EngineCore(args, draft_model=object())
