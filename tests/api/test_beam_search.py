@@ -234,6 +234,44 @@ def test_a_prompt_limited_to_fewer_steps_stops_there_and_the_others_go_on():
     assert {len(b.tokens) for b in short.beams} == {3} and {len(b.tokens) for b in long.beams} == {5}
 
 
+def test_the_bar_follows_the_steps_as_they_run_one_group_at_a_time(monkeypatch):
+    """run_beam_search's bar: max_tokens token steps per group, each counted once it ran (one
+    `step` call batching every beam of the group), and a group that ends sooner (a prompt limited
+    to 2 steps) fills the rest of its share at its end, so the bar ends full."""
+    import enginespec.beam_search as beam_search
+
+    events = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            events.append(("total", total))
+
+        def update(self, n=1):
+            events.append(("update", n))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            pass
+
+    monkeypatch.setattr(beam_search, "tqdm", Bar)
+    _, step_k = synthetic(5, seed=3)
+
+    def step(batch):
+        events.append(("step", len(batch)))
+        return step_k(4)(batch)
+
+    params = BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True)
+    instances = [BeamSearchInstance([1], 2), BeamSearchInstance([2], 2), BeamSearchInstance([3], 2)]
+    run_beam_search(instances, step, params, EOS, use_tqdm=True)
+    # all three at once: a first step of one beam each, then two beams each; done after 2 of 4
+    assert events == [("total", 4), ("step", 3), ("update", 1), ("step", 6), ("update", 1), ("update", 2)]
+    events.clear()
+    run_beam_search(instances[:2], step, params, EOS, use_tqdm=True, concurrency_limit=1)
+    assert events[0] == ("total", 8) and sum(n for kind, n in events if kind == "update") == 8
+
+
 def test_concurrency_limit_must_be_none_or_positive():
     _, step_k = synthetic(3, seed=0)
     params = BeamSearchParams(beam_width=1, max_tokens=1)

@@ -98,3 +98,17 @@ def test_generate_shows_tqdms_bar_by_default(capsys):
     llm = LLM(str(tiny_model_dir("qwen3")), impl="fast", dtype="float32", device="cpu", num_blocks=32)
     llm.generate(PROMPTS, PARAMS)
     assert "Processed prompts" in capsys.readouterr().err
+
+
+def test_both_bars_follow_the_terminals_width(monkeypatch):
+    """generate()'s bar is made as vLLM makes it, dynamic_ncols=True (it redraws to the
+    terminal's width), whether tqdm's own or a use_tqdm callable's; use_tqdm=False makes none."""
+    from enginespec import llm as llm_module
+    from enginespec.beam_search import NoProgressBar
+
+    made = []
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: made.append(kwargs) or "tqdm's")
+    assert llm_module._progress_bar(True, 3) == "tqdm's"
+    assert llm_module._progress_bar(lambda **kwargs: made.append(kwargs) or "theirs", 3) == "theirs"
+    assert [(kwargs["total"], kwargs["dynamic_ncols"]) for kwargs in made] == [(3, True), (3, True)]
+    assert isinstance(llm_module._progress_bar(False, 3), NoProgressBar)
