@@ -170,6 +170,17 @@ def test_a_rank0_fault_amid_the_runners_collectives_ends_the_workers_without_the
     assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
 
 
+def test_a_closed_engines_workers_exit_0(tmp_path):
+    """A worker told to stop (close()) ends with status 0, as it did before it ended with
+    os._exit (tp_worker._exit_now); an error or EOF is 1, which tp_group names in its death."""
+    llm = LLM(
+        str(make_checkpoint("qwen3", tmp_path / "qwen3")), impl="fast", device="cpu", tensor_parallel_size=2
+    )
+    workers = list(llm.engine.tensor_parallel.processes)
+    llm.close()
+    assert [p.exitcode for p in workers] == [0]
+
+
 def test_an_llm_dropped_unclosed_releases_its_workers(tmp_path):
     """`del llm` without close() (vLLM's way to free an engine before building the next):
     once the engine is collected its workers are reaped and the process group is gone, so the
