@@ -1022,3 +1022,42 @@ def test_an_embedding_programs_alarm_still_fires_and_survives_main(monkeypatch):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_default_a_flags_help_states_is_its_default():
+    """A help line that says '(default N)' (or 'default N;' later in it) states the flag's real
+    default, in every subcommand (a flag left None is resolved by EngineArgs): a user reads the
+    help, not the code."""
+    import re
+
+    from enginespec.entrypoints.cli import _parser
+
+    checked = []
+    for name, sub in _subparsers(_parser()).items():
+        for action in sub._actions:
+            stated = re.search(r"\bdefault (-?\d+(?:\.\d+)?)\b", action.help or "")
+            if stated is None or action.default is None:  # None: EngineArgs resolves it
+                continue
+            assert float(action.default) == float(stated.group(1)), (name, action.option_strings)
+            checked.append((name, action.dest))
+    assert {("demo", "num_requests"), ("serve", "port"), ("generate", "seed")} <= set(checked)
+
+
+def test_a_subcommand_and_generates_model_and_prompt_are_required(capsys):
+    """`enginespec` alone, or `generate` without --model or --prompt, is a usage error (2)."""
+    from enginespec.entrypoints.cli import _parser
+
+    for argv in ([], ["generate", "--prompt", "hi"], ["generate", "--model", "/m"]):
+        with pytest.raises(SystemExit) as exit_:
+            _parser().parse_args(argv)
+        assert exit_.value.code == 2, argv
+    assert "required" in capsys.readouterr().err
