@@ -1061,3 +1061,15 @@ def test_a_subcommand_and_generates_model_and_prompt_are_required(capsys):
             _parser().parse_args(argv)
         assert exit_.value.code == 2, argv
     assert "required" in capsys.readouterr().err
+
+
+def test_vllms_serve_switches_are_off_and_generate_draws_one_sample_by_default():
+    """vLLM's defaults: each of serve's on/off flags off (a --disable-log-requests on by default
+    would refuse --enable-log-requests as giving both), and one sample per prompt."""
+    from enginespec.entrypoints.cli import _parser
+
+    ns = _parser().parse_args(["serve", "/m"])
+    assert {dest: getattr(ns, dest) for dest in VLLM_SERVE_BOOL_FLAGS.values()} == dict.fromkeys(
+        VLLM_SERVE_BOOL_FLAGS.values(), False
+    )
+    assert _parser().parse_args(["generate", "--model", "/m", "--prompt", "hi"]).n == 1
