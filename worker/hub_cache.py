@@ -36,19 +36,23 @@ from typing import Optional
 
 from enginespec.worker.loader import CheckpointNotFound
 
-#: Where huggingface_hub's cache lives, first set wins ("" counts as unset, as there).
+#: Where huggingface_hub's cache lives, first set wins. A variable set to "" is set (as there:
+#: huggingface_hub reads each with os.getenv(name, fallback), so an empty HF_HUB_CACHE is the
+#: current directory and an empty HF_HOME puts the cache in ./hub, where `hf download` writes).
 CACHE_VARIABLES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
 
 
 def hub_cache_dir() -> Path:
-    """huggingface_hub's cache folder as the environment sets it now (module doc, the order)."""
+    """huggingface_hub's cache folder as the environment sets it now (module doc, the order),
+    by its own rule: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, HF_HOME
+    defaulting to $XDG_CACHE_HOME/huggingface, XDG_CACHE_HOME to ~/.cache; set counts, empty or
+    not (CACHE_VARIABLES)."""
+    env = os.environ
     for name in CACHE_VARIABLES:
-        if os.environ.get(name):
-            return _expand(os.environ[name])
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
-    )
-    return _expand(home) / "hub"
+        if name in env:
+            return _expand(env[name])
+    xdg = env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return _expand(env.get("HF_HOME", os.path.join(xdg, "huggingface"))) / "hub"
 
 
 def _expand(path: str) -> Path:

@@ -126,6 +126,47 @@ def test_without_hf_variables_the_cache_is_under_xdg_cache_home_else_home(tmp_pa
         EngineArgs(model=REPO).model_dir()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HF_HUB_CACHE": ""},
+        {"HF_HOME": ""},
+        {"HUGGINGFACE_HUB_CACHE": "", "HF_HOME": "/elsewhere"},
+        {"XDG_CACHE_HOME": ""},
+        {"XDG_CACHE_HOME": "/xdg", "HF_HOME": "$XDG_CACHE_HOME/hf"},
+    ],
+    ids=["hub-cache-empty", "hf-home-empty", "legacy-empty", "xdg-empty", "hf-home-with-a-variable"],
+)
+def test_the_cache_folder_is_huggingface_hubs_own_for_every_setting(env, tmp_path):
+    """hub_cache_dir() is where huggingface_hub (what `hf download` runs) puts the cache, asked
+    of a fresh interpreter under the same environment: a variable set to "" is set there (an
+    empty HF_HUB_CACHE is the current directory), so it is here (it counted as unset, and the
+    lookup went to ~/.cache while `hf download` had written under the current directory)."""
+    import os
+    import subprocess
+    import sys
+
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
+    }
+    code = (
+        "import os, huggingface_hub.constants as c; from enginespec.worker.hub_cache import hub_cache_dir; "
+        "print(os.path.abspath(c.HF_HUB_CACHE)); print(hub_cache_dir().absolute())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    theirs, ours = done.stdout.split()
+    assert ours == theirs
+
+
 def test_a_revision_picks_its_snapshot_by_ref_or_commit(hub_env, no_network):
     """vLLM's revision: a branch or tag (refs/<name>) or a full commit hash."""
     _, main, v2 = hub_env
