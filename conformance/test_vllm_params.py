@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from enginespec.conformance.invariants import check_idle
-from enginespec.spec import SamplingParams
+from enginespec.spec import SamplingParams, StructuredOutputsParams
 from enginespec.testing.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -648,6 +648,77 @@ def test_bad_words_that_leave_no_allowed_id_end_that_request_alone_with_an_error
         assert re.search(named, outs[1].error), outs[1].error
         assert [outs[0].token_ids, outs[2].token_ids] == alone
         assert outs[0].finish_reason == outs[2].finish_reason == "length"
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_a_request_refused_at_its_last_token_ends_error_and_the_batch_still_finishes(impl):
+    """The refused request's own finish leaves that step's finishes ("error", not "length" at
+    its max_tokens-th token), and only it: a request of the batch that reaches its max_tokens
+    at that same step still ends "length" with its tokens."""
+    llm = make_llm(impl)
+    plain = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    empties = SamplingParams(max_tokens=2, allowed_token_ids=[10, 12], temperature=0.0, **EMPTYING)
+    alone = _one(llm, plain, (8, 9)).token_ids
+    prompts = [{"prompt_token_ids": p} for p in ([8, 9], [5, 6, 7])]
+    outs = [o.outputs[0] for o in llm.generate(prompts, [plain, empties], use_tqdm=False)]
+    assert (outs[1].token_ids, outs[1].finish_reason) == ([10], "error")
+    assert (outs[0].token_ids, outs[0].finish_reason) == (alone, "length")
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_min_tokens_over_stop_only_allowed_ids_under_a_grammar_is_checked_after_its_marker(impl):
+    """A grammar masks the row from the first token, and min_tokens yields to it (the request
+    ends "stop"), so allowed ids that are all stop ids are taken with min_tokens there. Before
+    a start marker no grammar masks the row: allowed stop ids under min_tokens then leave
+    nothing to draw, and are refused on add as without a grammar."""
+    llm = make_llm(impl)
+    eos = llm.engine.tokenizer.eos_token_id
+    common = dict(max_tokens=3, min_tokens=2, allowed_token_ids=[eos], temperature=0.0)
+    out = _one(llm, SamplingParams(structured_outputs=StructuredOutputsParams(regex="a*"), **common))
+    assert out.finish_reason == "stop"
+    marked = StructuredOutputsParams(regex="a*", start_after_token_ids=[9])
+    with pytest.raises(ValueError, match=r"allowed_token_ids .* are all stop ids or the EOS, and min_tokens"):
+        _one(llm, SamplingParams(structured_outputs=marked, **common))
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_a_refusal_inside_a_speculative_steps_tokens_keeps_the_tokens_before_it(impl):
+    """Under ngram speculative decoding a step brings several tokens: where its second is one the
+    hard constraints refuse (after 10, 14 every allowed id is banned), the request ends "error"
+    at that output token (2, counted over the whole output), showing the step's tokens before
+    it."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    llm = make_llm(impl, speculative_config=spec)
+    words = [[10, 10], [10, 12], [10, 14, 10], [10, 14, 12], [10, 14, 14]]
+    params = SamplingParams(
+        max_tokens=6,
+        allowed_token_ids=[10, 12, 14],
+        bad_words_token_ids=words,
+        logit_bias={10: 100},
+        temperature=0.0,
+    )
+    out = _one(llm, params, (5, 10, 14, 6, 7, 10, 14, 6))  # the drafts propose 14 after 10
+    assert (out.token_ids, out.finish_reason) == ([10, 14], "error")
+    assert re.search(r"output token 2 \(0-based\)", out.error), out.error
+    check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
+
+
+def test_bad_words_alone_outrank_min_tokens_and_end_a_request_they_leave_nothing(impl):
+    """Without allowed_token_ids, bad words of two tokens over the tiny vocabulary (96 ids, under
+    the 128 words' bound) can ban every id after a 10: where they leave only the EOS, min_tokens
+    yields and the request ends "stop" at it; where they leave nothing, it ends "error" there,
+    naming allowed_token_ids None. Bad words are hard constraints whether or not allowed ids
+    are given."""
+    llm = make_llm(impl)
+    vocab, eos = llm.engine.vocab_size, llm.engine.tokenizer.eos_token_id
+    common = dict(max_tokens=5, min_tokens=3, logit_bias={10: 100}, temperature=0.0)
+    but_eos = SamplingParams(bad_words_token_ids=[[10, t] for t in range(vocab) if t != eos], **common)
+    out = _one(llm, but_eos)
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([10, eos], "stop", None)
+    every = SamplingParams(bad_words_token_ids=[[10, t] for t in range(vocab)], **common)
+    out = _one(llm, every)
+    assert (out.token_ids, out.finish_reason) == ([10], "error")
+    assert re.search(r"output token 1\b.*allowed_token_ids None \(every id\)", out.error), out.error
     check_idle(llm.engine.block_manager.state(), llm.engine.runner.num_blocks)
 
 

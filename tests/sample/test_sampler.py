@@ -474,6 +474,9 @@ def test_min_tokens_yields_where_hard_constraints_leave_only_stop_ids(impl, path
         (SamplingParams(allowed_token_ids=[EOS, 2, 3], bad_words_token_ids=words), (3,), {2, 3}),
         (SamplingParams(allowed_token_ids=[EOS, 2, 3, 6], bad_words_token_ids=words), (2,), {6}),
         (SamplingParams(), (2,), {0, 1, 2, 3, 4, 6, 7}),  # only the EOS held
+        # allowed ids alone that are all stop ids (the engine refuses these on add; the
+        # sampler's rule stands on its own): a hard constraint without bad words
+        (SamplingParams(allowed_token_ids=[EOS, 1], stop_token_ids=[1]), (2,), {EOS, 1}),
     ]
     sampler, draws = Sampler(8, seed=0), 100
     reqs, want = [], []
