@@ -164,3 +164,19 @@ def test_a_server_takes_the_flags(tmp_path):
         assert srv.post("/detokenize", {"model": "tiny", "tokens": ids}).json()["prompt"] == "u:Lhi;A:"
     finally:
         assert srv.terminate() == 0
+
+
+def test_echo_leads_with_the_last_message_only_when_it_has_the_replys_role(client):
+    """echo true: a user's last message is not the reply's (no echo); an assistant's final
+    message that the reply continues leads it. Without echo nothing leads."""
+    asked = [{"role": "user", "content": "zq"}]
+    plain = _run(client, {}, create_chat_completion, _chat(asked))["choices"][0]["message"]["content"]
+    echoed = _run(client, {}, create_chat_completion, _chat(asked, echo=True))["choices"][0]["message"]
+    assert echoed["content"] == plain and not plain.startswith("zq")
+    continued = [*asked, {"role": "assistant", "content": "ok"}]
+    fields = dict(add_generation_prompt=False, continue_final_message=True)
+    bare = _run(client, {}, create_chat_completion, _chat(continued, **fields))["choices"][0]["message"]
+    led = _run(client, {}, create_chat_completion, _chat(continued, echo=True, **fields))["choices"][0][
+        "message"
+    ]
+    assert led["content"] == "ok" + bare["content"] and not bare["content"].startswith("ok")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import socket
 import ssl
 import subprocess
 
@@ -118,6 +119,19 @@ def test_a_root_path_serves_both_paths_and_the_key_guards_both():
         fastapi_options(_serve_args("--root-path", "llm"))
 
 
+def test_a_root_path_that_begins_v1_strips_only_as_a_whole_segment():
+    """--root-path /v: /v1/models is not under it (the prefix is a path segment, as starlette
+    routes), so the route is /v1/models as sent, and the key guards it. Stripped as a string,
+    the guard read "1/models" and served the models without a key."""
+    options = fastapi_options(_serve_args("--root-path", "/v"))
+    assert _get(options, "/v1/models").json()["data"][0]["id"] == "m"
+    assert _get(options, "/v1/models", key=None).status_code == 401
+    assert _get(options, "/v/v1/models", key=None).status_code == 401
+    assert _get(options, "/v/v1/models").json()["data"][0]["id"] == "m"
+    for path in ("/version", "/v/version"):  # only /v1/* needs the key, as vLLM's
+        assert _get(options, path, key=None).status_code == 200, path
+
+
 def test_the_docs_routes_go_with_disable_fastapi_docs():
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert _get(fastapi_options(_serve_args()), path).status_code == 200, path
@@ -155,6 +169,10 @@ def test_tls_flags_are_checked_before_the_engine_loads(tmp_path):
         ],
         "cannot build the TLS context": ["--ssl-certfile", cert, "--ssl-keyfile", other_key],
         "cannot build the TLS context: .*No such file": ["--ssl-certfile", str(tmp_path / "missing.pem")],
+        r"cannot build the TLS context: \[Errno 2\]": [  # a CA file that is not there
+            *("--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-cert-reqs", "2"),
+            *("--ssl-ca-certs", str(tmp_path / "missing-ca.pem")),
+        ],
     }
     for message, flags in refused.items():
         with pytest.raises(ValueError, match=message):
@@ -207,3 +225,24 @@ def test_a_server_serves_https_under_its_root_path(tmp_path):
         log = out.read()
     assert f"enginespec serve: tiny on https://{HOST}:{srv.port}" in log
     assert '"GET /llm/v1/models HTTP/1.1" 200' in log  # the access log, asked for by its --no- form
+
+
+def test_the_send_timeout_is_tcp_user_timeout_in_milliseconds_on_the_accepted_sockets():
+    """--send-timeout S sets TCP_USER_TIMEOUT (milliseconds, at least 1) on the listening
+    socket, which the connections it accepts inherit; 0 sets nothing (TCP's own: no timeout).
+    A 0 taken as a timeout would cut every client whose data waits a millisecond."""
+    option = socket.TCP_USER_TIMEOUT  # Linux's, where the server runs
+    for seconds, millis in ((0, 0), (0.0001, 1), (1.5, 1500), (60, 60000)):
+        listener = api_server.bind_socket(HOST, 0, seconds)
+        try:
+            assert listener.getsockopt(socket.IPPROTO_TCP, option) == millis, seconds
+            listener.listen(1)
+            with socket.create_connection(listener.getsockname()):
+                accepted, _ = listener.accept()
+                with accepted:
+                    assert accepted.getsockopt(socket.IPPROTO_TCP, option) == millis, seconds
+        finally:
+            listener.close()
+    with socket.socket() as sock:
+        assert api_server.set_send_timeout(sock, 0) is False
+        assert api_server.set_send_timeout(sock, 2) is True

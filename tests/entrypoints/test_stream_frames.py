@@ -80,6 +80,41 @@ def test_inbox_order_waits_and_cancellation():
     asyncio.run(scenario())
 
 
+def test_inbox_queues_an_output_object_once_until_it_is_taken():
+    """An ("output", out) already queued is not queued again (the taker reads the one
+    cumulative object as it is when taken); once taken, by get or take_all, the same object
+    queues again, and put_back counts it as queued. Other kinds queue every time, the same
+    payload too. Were a taken output still counted as queued, the request's next news (its
+    finish) would be dropped and its handler would wait for ever."""
+
+    async def scenario():
+        inbox, out, other = Inbox(), object(), object()
+        inbox.put_nowait(("output", out))
+        inbox.put_nowait(("output", out))
+        inbox.put_nowait(("output", other))
+        assert len(inbox) == 2
+        assert await inbox.get() == ("output", out)
+        inbox.put_nowait(("output", out))  # taken by get: it queues again
+        assert await inbox.take_all() == [("output", other), ("output", out)]
+        inbox.put_nowait(("output", out))  # taken by take_all: it queues again
+        assert len(inbox) == 1
+        item = await inbox.get()
+        inbox.put_back(item)
+        inbox.put_nowait(("output", out))  # put back: queued, not queued twice
+        assert await inbox.take_all() == [("output", out)]
+        inbox.put_nowait(("error", out))
+        inbox.put_nowait(("error", out))
+        assert len(inbox) == 2
+        await inbox.take_all()
+        inbox.put_nowait(("accepted", None))
+        inbox.put_nowait(("output", other))
+        first = await inbox.get()
+        inbox.put_back(first)  # back in front of what came after it
+        assert await inbox.take_all() == [("accepted", None), ("output", other)]
+
+    asyncio.run(scenario())
+
+
 def _two_sample_output(texts: list, finished: bool) -> SimpleNamespace:
     """One engine output (request "r") of n = len(texts) samples, a token a character."""
     samples = [
