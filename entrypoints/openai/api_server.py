@@ -802,8 +802,12 @@ def serving_line(sock: socket.socket, model: str) -> str:
 
 
 def _with_scheme(line: str, tls: dict) -> str:
-    """serving_line's line, its URL https:// under TLS (tls_options' settings)."""
-    return line.replace(" on http://", " on https://", 1) if tls else line
+    """serving_line's line, its URL https:// under TLS (tls_options' settings). The URL is the
+    line's last " on http://" (a served model name may hold the words too)."""
+    if not tls:
+        return line
+    head, sep, tail = line.rpartition(" on http://")
+    return f"{head} on https://{tail}" if sep else line
 
 
 def apply_http_options(config, ns, tls: dict) -> None:
