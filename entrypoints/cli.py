@@ -131,6 +131,8 @@ def _set_dotted(target: dict, flag: str, keys: str, text: str) -> None:
 
 def merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> None:
     """Lay each flag's dotted keys over its JSON value (None: an empty object)."""
+    from enginespec.worker.loader import deep_merge
+
     for flag, extra in dotted.items():
         dest = flag[2:].replace("-", "_")
         if not hasattr(ns, dest):
@@ -142,17 +144,7 @@ def merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> Non
             parser.error(
                 f"argument {flag}: its JSON must be an object to take {flag}.KEY values, got {base!r}"
             )
-        setattr(ns, dest, _deep_merge(base, extra))
-
-
-def _deep_merge(base: dict, extra: dict) -> dict:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+        setattr(ns, dest, deep_merge(base, extra))
 
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

@@ -110,16 +110,19 @@ def merge_hf_overrides(config: dict, hf_overrides: Optional[dict]) -> dict:
     rope_theta and rope_type, which a replaced one would drop without a word. A key the config
     lacks is added (vLLM's rule). Where config.json has transformers 5's rope_parameters, an
     override of the older top-level rope_theta / rope_scaling merges into it (_fold_legacy_rope)."""
-    merged = _deep_merge(config, hf_overrides or {})
+    merged = deep_merge(config, hf_overrides or {})
     _fold_legacy_rope(merged, hf_overrides or {})
     return merged
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict) -> dict:
+    """`over` laid over `base` as a new dict (neither changes): a dict over a dict merges key by
+    key, at every depth; any other value replaces (a copy of it). Also the CLI's rule for a JSON
+    flag given again in dotted form (entrypoints/cli.merge_dotted)."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -138,7 +141,7 @@ def _fold_legacy_rope(merged: dict, hf_overrides: dict) -> None:
     if "rope_theta" in hf_overrides:
         legacy["rope_theta"] = hf_overrides["rope_theta"]
     if legacy:
-        merged["rope_parameters"] = _deep_merge(params, legacy)
+        merged["rope_parameters"] = deep_merge(params, legacy)
         merged.pop("rope_scaling", None)
         merged.pop("rope_theta", None)
 
