@@ -793,21 +793,15 @@ def set_send_timeout(sock: socket.socket, seconds: float) -> bool:
     return True
 
 
-def serving_line(sock: socket.socket, model: str) -> str:
+def serving_line(sock: socket.socket, model: str, tls: bool = False) -> str:
     """The one line `serve` writes to stderr once the engine is up and `sock` listens, whatever
     the log level (uvicorn's default here is warning, which says nothing): where it listens,
-    the port the kernel chose for --port 0 included."""
+    the port the kernel chose for --port 0 included, as an https:// URL under TLS."""
     host, port = sock.getsockname()[:2]
-    return f"enginespec serve: {model} on http://{_address(host, port)} (OpenAI API under /v1; Ctrl-C stops)"
-
-
-def _with_scheme(line: str, tls: dict) -> str:
-    """serving_line's line, its URL https:// under TLS (tls_options' settings). The URL is the
-    line's last " on http://" (a served model name may hold the words too)."""
-    if not tls:
-        return line
-    head, sep, tail = line.rpartition(" on http://")
-    return f"{head} on https://{tail}" if sep else line
+    scheme = "https" if tls else "http"
+    return (
+        f"enginespec serve: {model} on {scheme}://{_address(host, port)} (OpenAI API under /v1; Ctrl-C stops)"
+    )
 
 
 def apply_http_options(config, ns, tls: dict) -> None:
@@ -913,7 +907,7 @@ def run_server(ns) -> int:
         # listening before the line names the address: a client that connects on reading it is
         # queued by the kernel until uvicorn accepts (it was refused while uvicorn started up)
         sock.listen(config.backlog)
-        print(_with_scheme(serving_line(sock, names[0]), tls), file=sys.stderr, flush=True)
+        print(serving_line(sock, names[0], tls=bool(tls)), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
         log.info("stopped by %s before the server was serving", stopped)

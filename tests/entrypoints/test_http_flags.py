@@ -250,11 +250,17 @@ def test_the_send_timeout_is_tcp_user_timeout_in_milliseconds_on_the_accepted_so
 
 def test_the_serving_lines_scheme_is_its_urls_whatever_the_model_name_says():
     """Under TLS the serving line's URL says https://; a served model name that itself holds
-    " on http://" stays as given (the first occurrence was replaced: "x on https://y on
-    http://HOST:PORT")."""
-    from enginespec.entrypoints.openai.api_server import _with_scheme
+    " on http://" stays as given (the URL was made https by replacing the line's first such
+    words: "x on https://y on http://HOST:PORT")."""
+    import socket
 
-    line = "enginespec serve: x on http://y on http://127.0.0.1:8000 (OpenAI API under /v1; Ctrl-C stops)"
-    tls = {"ssl_certfile": "c"}
-    assert _with_scheme(line, tls) == line.replace("on http://127", "on https://127")
-    assert _with_scheme(line, {}) == line
+    from enginespec.entrypoints.openai.api_server import serving_line
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        plain = serving_line(sock, "x on http://y")
+        assert plain.startswith(f"enginespec serve: x on http://y on http://127.0.0.1:{port} ")
+        assert serving_line(sock, "x on http://y", tls=True) == plain.replace(
+            f"on http://127.0.0.1:{port}", f"on https://127.0.0.1:{port}"
+        )

@@ -418,9 +418,9 @@ def test_serve_listens_before_it_says_where(model_dir, monkeypatch):
 
     seen, written = [], api_server.serving_line
 
-    def line(sock, model):
+    def line(sock, model, **kwargs):
         seen.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
-        return written(sock, model)
+        return written(sock, model, **kwargs)
 
     class NotServing:
         def __init__(self, config):
