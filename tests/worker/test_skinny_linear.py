@@ -670,3 +670,62 @@ def test_table_fingerprint_changes_with_the_picker_source(monkeypatch):
     after = skinny_table_file.fingerprint("cpu")
     assert after != before
     assert [k for k in after if after[k] != before[k]] == ["picker"]
+
+
+def test_the_row_scale_bar_is_read_from_the_environment_with_its_bounds(monkeypatch):
+    """ENGINESPEC_RSCALE_WIN_MARGIN sets the bar of the rscale variants only (unset: WIN_MARGIN
+    for every variant); outside 0.5-1.5, or not a number, a ValueError names it and the bounds."""
+    monkeypatch.delenv(sl.RSCALE_WIN_ENV, raising=False)
+    assert sl.rscale_win_margin() is None
+    assert {v: sl.win_margin(v) for v in sl.VARIANTS} == dict.fromkeys(sl.VARIANTS, sl.WIN_MARGIN)
+    monkeypatch.setenv(sl.RSCALE_WIN_ENV, " 1.08 ")
+    assert sl.win_margin("rscale") == sl.win_margin("rscale_silu") == 1.08
+    assert sl.win_margin("norm") == sl.win_margin("norm_silu") == sl.WIN_MARGIN
+    for bad in ("1.6", "0.4", "fast", "nan"):
+        monkeypatch.setenv(sl.RSCALE_WIN_ENV, bad)
+        with pytest.raises(
+            ValueError, match=r"ENGINESPEC_RSCALE_WIN_MARGIN must be a number from 0.5 to 1.5"
+        ):
+            sl.rscale_win_margin()
+
+
+def test_pick_takes_a_kernel_under_its_margin_times_the_baseline():
+    """A margin over 1 lets a kernel that timed a little slower than its baseline win (the row
+    scale's baseline launch costs the step more than the tuning graph sees); the bound is strict."""
+    from enginespec.kernels.skinny_gemm import SkinnyConfig
+
+    a = SkinnyConfig(4, 1024, use_dot=False, gemv=True)
+    assert sl.pick([(10.4, a)], 10.0).config is None
+    assert sl.pick([(10.4, a)], 10.0, 1.05) == sl.Choice(a, 10.4, 10.0)
+    assert sl.pick([(10.5, a)], 10.0, 1.05).config is None
+
+
+@pytest.mark.parametrize("margin", [None, "1.1"])
+def test_a_row_scale_key_under_the_set_bar_is_not_refined_against_its_baseline(monkeypatch, margin):
+    """With the bar set, an rscale key's kernel that timed a little slower than the baseline is
+    picked, and refine gets only the close shapes, not the baseline again (its four-call graph
+    misranks a norm launch against a fused norm); unset, the baseline keeps the key."""
+    a = SkinnyConfig(16, 1024, num_stages=1)
+    if margin is None:
+        monkeypatch.delenv(sl.RSCALE_WIN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(sl.RSCALE_WIN_ENV, margin)
+    table = sl.LinearTable("cpu", max_rows=4)
+    monkeypatch.setattr(sl, "graph_us", lambda fn, n: (10.0, []))
+    monkeypatch.setattr(table, "_candidates", lambda *args: [a])
+    monkeypatch.setattr(table, "_time_candidate", lambda config, x, calls, want: 10.3)
+    layers = [
+        {
+            "weight": torch.zeros(64, 16),
+            "bias": None,
+            "norm_weight": torch.ones(16),
+            "eps": 1e-6,
+            "row_scale": True,
+        }
+    ]
+    table._tune_one(4, layers, 132, "rscale")
+    key = (4, 64, 16, torch.float32, False, "rscale")
+    if margin is None:
+        assert table.choices[key] == sl.Choice(None, 10.0, 10.0) and key not in table.close
+    else:
+        assert table.choices[key] == sl.Choice(a, 10.3, 10.0) and table.close[key] == [(10.3, a)]
