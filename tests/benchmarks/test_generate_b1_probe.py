@@ -31,3 +31,48 @@ def test_probe_splits_each_call(tmp_path, monkeypatch):
     assert [r["num_steps"] for r in res["runs"]["one"]] == [1, 1]
     wall = res["wall_ms"]
     assert wall["per_token"] == pytest.approx((wall["many"] - wall["one"]) / 4)
+
+
+def test_cpu_delta_names_the_busy_threads_and_the_main_ones_share():
+    """Who used the CPU between two snapshots: threads by CPU ms (the busiest first, idle ones
+    left out), the main thread (this pid's task) apart, and the rest of the machine's busy time."""
+    import os
+
+    pid = os.getpid()
+    before = {
+        "threads": {pid: ("python", 10.0, 1), 7: ("worker", 0.0, 0), 8: ("idle", 5.0, 0)},
+        "busy_ms": 100.0,
+    }
+    after = {
+        "threads": {
+            pid: ("python", 40.0, 4),
+            7: ("worker", 50.0, 2),
+            8: ("idle", 5.0, 0),
+            9: ("new", 3.0, 0),
+        },
+        "busy_ms": 300.0,
+    }
+    got = generate_b1_probe.cpu_delta(before, after)
+    assert got == {
+        "main_cpu_ms": 30.0,
+        "main_involuntary": 3,
+        "threads": [("worker", 50.0, 2), ("python", 30.0, 3), ("new", 3.0, 0)],
+        "other_processes_cpu_ms": 117.0,  # 200 busy, 83 of them ours
+    }
+
+
+def test_cpu_snapshot_sees_this_thread():
+    """On Linux the snapshot holds this process's main thread with a CPU time that grows."""
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    first = generate_b1_probe.cpu_snapshot()
+    sum(i * i for i in range(2_000_000))
+    second = generate_b1_probe.cpu_snapshot()
+    assert (
+        os.getpid() in first["threads"]
+        and second["threads"][os.getpid()][1] >= first["threads"][os.getpid()][1]
+    )
+    assert second["busy_ms"] >= first["busy_ms"] > 0
