@@ -73,13 +73,6 @@ WIN_MARGIN = 0.97  # a kernel must beat the baseline by 3% to be chosen: noise n
 # sessions: fourteen sweeps). The rule catches the closest of those; `refine` (below) then times
 # the close ones in the decode step's order, each after its real neighbours.
 TIE_MARGIN = 0.03
-# A row-scale key's baseline is the norm launch and then the "norm" pick. The tuning graph charges
-# that launch about 0.8 us and the decode step about 1.5 us on its critical path (57 launches, 85
-# us of a 4-row step on an H100: benchmarks/RESULTS.md, fifty-third session), and refine's graph
-# misranks it both ways (same session). ENGINESPEC_RSCALE_WIN_MARGIN (a number from 0.5 to 1.5;
-# unset: WIN_MARGIN) is the bar a row-scale kernel must clear against that baseline, for A/B runs;
-# while it is set, refine does not offer a row-scale key's baseline again.
-RSCALE_WIN_ENV = "ENGINESPEC_RSCALE_WIN_MARGIN"
 # refine: the fused shapes within REFINE_MARGIN of a key's fastest (at most REFINE_TRIES of them),
 # and the baseline when it is within REFINE_MARGIN of the pick, are timed again inside a graph
 # of every layer's four fused calls in decode order; another option replaces the pick only when
@@ -137,27 +130,6 @@ def resolve_switch(setting: Optional[bool]) -> bool:
     if not isinstance(setting, bool):
         raise ValueError(f"skinny_gemm must be None, True or False, got {setting!r}")
     return setting
-
-
-def rscale_win_margin() -> Optional[float]:
-    """ENGINESPEC_RSCALE_WIN_MARGIN as a number (None when unset or blank), else a ValueError
-    naming the variable and its bounds."""
-    raw = os.environ.get(RSCALE_WIN_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        margin = float(raw)
-    except ValueError:
-        margin = float("nan")
-    if not 0.5 <= margin <= 1.5:
-        raise ValueError(f"{RSCALE_WIN_ENV} must be a number from 0.5 to 1.5, got {raw!r}")
-    return margin
-
-
-def win_margin(variant: str) -> float:
-    """The factor a kernel's time must be under, of its key's baseline time, to be picked."""
-    margin = rscale_win_margin() if variant.startswith("rscale") else None
-    return WIN_MARGIN if margin is None else margin
 
 
 def row_bucket(num_rows: int) -> int:
@@ -398,11 +370,10 @@ class LinearTable:
         if variant == "plain":
             self.ranked[(bucket, n, k)] = [c for _, c in ranked]
         key = self.key(bucket, weight0, bias0, variant)
-        self.choices[key] = choice = pick(timed, baseline, win_margin(variant))
+        self.choices[key] = choice = pick(timed, baseline)
         if choice.config is not None and variant in STEP_VARIANTS:
             close = [t for t in ranked if t[0] <= ranked[0][0] * (1 + REFINE_MARGIN)][:REFINE_TRIES]
-            offer_baseline = not (variant.startswith("rscale") and rscale_win_margin() is not None)
-            if offer_baseline and baseline <= choice.us * (1 + REFINE_MARGIN):  # may win in order
+            if baseline <= choice.us * (1 + REFINE_MARGIN):  # the baseline's launches may win in order
                 close.append((baseline, None))
             self.close[key] = close
 
@@ -530,12 +501,11 @@ class LinearTable:
         ]
 
 
-def pick(timed: list[tuple[float, object]], baseline_us: float, margin: float = WIN_MARGIN) -> Choice:
+def pick(timed: list[tuple[float, object]], baseline_us: float) -> Choice:
     """The choice of one key from its timed candidates ((us, config) pairs): the baseline unless a
-    candidate's time is under `margin` times the baseline's; of the candidates within TIE_MARGIN
-    of the fastest, the one whose threads hold the fewest weight elements (then the faster, then
-    the earlier)."""
-    winners = [(us, i, c) for i, (us, c) in enumerate(timed) if us < margin * baseline_us]
+    candidate beats it by WIN_MARGIN; of the candidates within TIE_MARGIN of the fastest, the one
+    whose threads hold the fewest weight elements (then the faster, then the earlier)."""
+    winners = [(us, i, c) for i, (us, c) in enumerate(timed) if us < WIN_MARGIN * baseline_us]
     if not winners:
         return Choice(None, baseline_us, baseline_us)
     fastest = min(us for us, _, _ in winners)

@@ -94,7 +94,6 @@ def fingerprint(device) -> dict:
         "candidates": _source_hash(gemm_tuning),
         "picker": _source_hash(skinny_linear),
         "gemv_tune_rows": gemm_tuning.gemv_tune_rows(),
-        "rscale_win_margin": skinny_linear.rscale_win_margin(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -251,17 +251,3 @@ def test_a_second_start_on_cuda_loads_what_the_first_tuned(impl, monkeypatch, tm
         assert second.choices == first.choices
     finally:
         skinny_ops._TABLES.pop(device, None)
-
-
-def test_the_row_scale_bar_is_part_of_the_fingerprint(monkeypatch, tmp_path):
-    """A table picked under one ENGINESPEC_RSCALE_WIN_MARGIN is not loaded under another: the
-    picks differ by it, so each setting tunes and keeps its own file."""
-    from enginespec.worker import skinny_linear
-
-    monkeypatch.delenv(tf.TABLE_ENV, raising=False)
-    monkeypatch.setenv(tf.CACHE_ENV, str(tmp_path))
-    monkeypatch.delenv(skinny_linear.RSCALE_WIN_ENV, raising=False)
-    unset = tf.table_path("cpu")
-    monkeypatch.setenv(skinny_linear.RSCALE_WIN_ENV, "1.05")
-    assert tf.fingerprint("cpu")["rscale_win_margin"] == 1.05
-    assert tf.table_path("cpu") != unset
