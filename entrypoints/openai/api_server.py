@@ -520,7 +520,8 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
             raise APIError(503, f"the engine is not running: {ctx.engine.fatal!r}")
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.get("/ping")
+    @app.post("/ping")  # one route per method: one route for both gave both one operation id
     async def ping():  # vLLM's SageMaker health check: /health's answer
         return await health()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import warnings
 
 import httpx
 import pytest
@@ -296,3 +297,27 @@ def test_a_client_that_leaves_before_its_body_is_read_is_no_server_error(path, b
     sent = _call_with_a_client_that_leaves(path, body_sent)
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
     assert b"client disconnected" in b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_the_openapi_schema_has_one_operation_id_per_route_and_ping_answers_get_and_post():
+    """/ping (vLLM's SageMaker health check) answers GET and POST. One route for both methods
+    gave both operations one id, and app.openapi() warned "Duplicate Operation ID" (a client
+    generated from the schema gets one of the two). Every operation id is unique, no warning."""
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(alive=True, fatal=None)
+    app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schema = app.openapi()
+    assert [str(w.message) for w in caught] == []
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids))
+    assert set(schema["paths"]["/ping"]) == {"get", "post"}
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.get("/ping"), await client.post("/ping")]
+
+    assert [r.status_code for r in asyncio.run(run())] == [200, 200]
