@@ -1516,15 +1516,21 @@ def grammar_workers(cpu_count: Optional[int] = None) -> int:
 
 
 def _child_params(params: SamplingParams, index: int, extra_stops: tuple[int, ...]) -> SamplingParams:
-    """Sibling i's params: n = 1, seed + i when seeded (_sibling_seed); extra EOS ids as stop tokens."""
+    """Sibling i's params: n = 1, seed + i when seeded (_sibling_seed); the further EOS ids
+    (the checkpoint's, `extra_stops`, after the params' own) as further_eos_token_ids, which
+    min_tokens bans under ignore_eos too, and as stop tokens unless ignore_eos."""
     changes = {}
     if params.n > 1:
         changes["n"] = 1
         if params.seed is not None:
             changes["seed"] = _sibling_seed(params.seed, index)
-    if extra_stops and not params.ignore_eos:
+    own = params.further_eos_token_ids
+    further = own + tuple(t for t in extra_stops if t not in own)
+    if further != own:
+        changes["further_eos_token_ids"] = further
+    if further and not params.ignore_eos:
         changes["stop_token_ids"] = tuple(params.stop_token_ids) + tuple(
-            t for t in extra_stops if t not in params.stop_token_ids
+            t for t in further if t not in params.stop_token_ids
         )
     return dataclasses.replace(params, **changes) if changes else params
 
@@ -1559,7 +1565,7 @@ def _check_allowed_leave_a_token(
     ids (plus the stop ids) can be banned whole: a larger one returns at the size check."""
     allowed, so = params.allowed_token_ids, params.structured_outputs
     banned = {word[0] for word in params.bad_words_token_ids if len(word) == 1}
-    stops = {*params.stop_token_ids, *extra_stops}
+    stops = {*params.stop_token_ids, *params.further_eos_token_ids, *extra_stops}
     if eos is not None:
         stops.add(eos)
     if allowed is None and len(banned | stops) < vocab_size:

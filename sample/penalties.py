@@ -81,14 +81,17 @@ def stop_ids_to_mask(request) -> list[int]:
 
 
 def min_tokens_ids(request) -> list[int]:
-    """Token ids min_tokens bans until that many tokens are out: its stop_token_ids and the EOS,
-    under ignore_eos too. vLLM's rule ("before EOS or stop_token_ids can be generated"): its
-    MinTokensLogitsProcessor masks `all_stop_token_ids`, to which the engine adds the EOS of
-    every request. Leaving the EOS free under ignore_eos drew it at those positions, where
-    vLLM never does."""
+    """Token ids min_tokens bans until that many tokens are out: its stop_token_ids, the EOS and
+    the further EOS ids (params.further_eos_token_ids), each once, under ignore_eos too. vLLM's
+    rule ("before EOS or stop_token_ids can be generated"): its MinTokensLogitsProcessor masks
+    `all_stop_token_ids`, to which the engine adds the EOS of every request and
+    generation_config.json's EOS ids whatever ignore_eos says. Leaving an EOS id free under
+    ignore_eos drew it at those positions, where vLLM never does."""
     ids = list(request.params.stop_token_ids)
-    if request.eos_token_id is not None and request.eos_token_id not in ids:
-        ids.append(request.eos_token_id)
+    further = getattr(request.params, "further_eos_token_ids", ())
+    for token in (request.eos_token_id, *further):
+        if token is not None and token not in ids:
+            ids.append(token)
     return ids
 
 

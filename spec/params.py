@@ -103,7 +103,12 @@ class SamplingParams:
     before the stop string, and before the text of the stop token or EOS that ended it (its id
     stays in the output's ids), unless `include_stop_str_in_output` (vLLM's rules). No stop by
     token or string fires before `min_tokens` outputs: the sampler bans the stop ids and the
-    EOS (under ignore_eos too) until then. `min_tokens` is a soft lower bound, outranked by the
+    EOS ids (under ignore_eos too) until then. `further_eos_token_ids` are EOS ids beside the
+    request's own (the engine sets the checkpoint's on add: config.json's list and
+    generation_config.json's, vLLM's all_stop_token_ids beyond the stop ids): like the EOS
+    they end the request unless `ignore_eos` (the engine adds them to stop_token_ids, so such
+    a stop reports its id as stop_reason, as vLLM's) and min_tokens bans them under
+    ignore_eos too. `min_tokens` is a soft lower bound, outranked by the
     hard constraints (`allowed_token_ids`, `bad_words`, a grammar: what the user says never to
     emit): at a step where they leave nothing but stop ids, the ban yields for that step, the
     request draws an allowed stop id and ends "stop" below min_tokens; allowed ids that could
@@ -198,6 +203,8 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     extra_args: Optional[Mapping[str, Any]] = None
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # the EOS ids beside the request's (generation_config.json's, config.json's list): docstring
+    further_eos_token_ids: tuple[int, ...] = ()
     best_of: InitVar[Optional[int]] = None  # refused unless None or 1 (not stored): use n
     # refused unless None or empty (not stored): no custom logits processor runs (vLLM V1 refuses
     # per-request ones too); the logit edits are the fields above
@@ -257,6 +264,8 @@ class SamplingParams:
         for name in _FLAGS:
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         self._set("stop_token_ids", tuple(_ids("stop_token_ids", self.stop_token_ids or ())))
+        further = self.further_eos_token_ids
+        self._set("further_eos_token_ids", tuple(_ids("further_eos_token_ids", further or ())))
         stop = () if self.stop is None else self.stop  # None: vLLM's default, no stop strings
         _check(
             not isinstance(stop, (bytes, dict)) and isinstance(stop, Iterable),
@@ -388,6 +397,7 @@ class SamplingParams:
         engine calls this on add; a k above the vocabulary is refused, never clamped)."""
         for name, ids in (
             ("stop_token_ids", self.stop_token_ids),
+            ("further_eos_token_ids", self.further_eos_token_ids),
             ("allowed_token_ids", self.allowed_token_ids or ()),
             ("logit_bias", tuple(self.logit_bias or ())),
             ("bad_words_token_ids", tuple(t for s in self.bad_words_token_ids for t in s)),

@@ -3,6 +3,7 @@ where the user did not choose (engine/generation_config.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -145,6 +146,34 @@ def test_the_tokenizers_own_eos_id_stops_greedy_output_unless_ignore_eos(tmp_pat
         "abc", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True), use_tqdm=False
     )
     assert free[0].outputs[0].token_ids == ids
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("source", ["generation_config.json", "config.json"])
+def test_min_tokens_bans_every_further_eos_id_under_ignore_eos_too(tmp_path, impl, source):
+    """ignore_eos ignores every EOS id, the checkpoint's further ones (generation_config.json's
+    list, config.json's list) as well as the request's; and min_tokens bans them all until that
+    many tokens are out, under ignore_eos too, as vLLM's min_tokens masks all_stop_token_ids
+    (which hold the file's EOS ids whatever ignore_eos says). A further EOS id was drawn below
+    min_tokens under ignore_eos: it was a stop id only without ignore_eos."""
+    free = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    ids = (
+        _llm(str(tiny_model_dir("qwen3")), impl).generate("abc", free, use_tqdm=False)[0].outputs[0].token_ids
+    )
+    further = ids[0]  # greedy's first id: what min_tokens must steer away from
+    if source == "config.json":
+        dest = _checkpoint_with(tmp_path)
+        config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+        config["eos_token_id"] = [llm_eos(), further]
+        (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    else:
+        dest = _checkpoint_with(tmp_path, eos_token_id=[llm_eos(), further])
+    llm = _llm(dest, impl)
+    assert llm.generate("abc", free, use_tqdm=False)[0].outputs[0].token_ids == ids  # ignored
+    held = dataclasses.replace(free, min_tokens=3)
+    out = llm.generate("abc", held, use_tqdm=False)[0].outputs[0]
+    assert further not in out.token_ids[:3] and llm_eos() not in out.token_ids[:3]
+    assert (len(out.token_ids), out.finish_reason) == (10, "length")
 
 
 def llm_eos() -> int:
