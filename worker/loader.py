@@ -382,15 +382,20 @@ def load_config(path, *, trust_remote_code: bool = False, hf_overrides: Optional
     CheckpointError, naming config.json with the overrides."""
     from transformers import AutoConfig
 
-    architecture_of(path, hf_overrides)
+    arch = architecture_of(path, hf_overrides)
     config_path = config_label(path, hf_overrides)
     try:
         config = AutoConfig.from_pretrained(
             str(Path(path)), local_files_only=True, trust_remote_code=trust_remote_code
         )
-        if hf_overrides:  # the class AutoConfig chose (trust_remote_code's included), built from
-            # the merged object as from_pretrained builds it from the file's
-            config = type(config).from_dict(read_config_json(path, hf_overrides))
+        if hf_overrides:  # built from the merged object as from_pretrained builds it from the file's
+            merged = read_config_json(path, hf_overrides)
+            cls = _overridden_config_class(type(config), arch, merged, hf_overrides, config_path)
+            config = cls.from_dict(
+                merged if cls is type(config) else {**merged, "model_type": cls.model_type}
+            )
+    except CheckpointError:
+        raise
     except Exception as e:  # an unknown model_type, a field transformers' config refuses (5.x
         # validates fields: huggingface_hub's StrictDataclassFieldValidationError is no ValueError)
         raise CheckpointError(f"{config_path}: cannot build the config: {' '.join(str(e).split())}") from e
@@ -404,6 +409,35 @@ def load_config(path, *, trust_remote_code: bool = False, hf_overrides: Optional
     _check_window(config, config_path)
     _check_positions(config, config_path)
     return config
+
+
+def _overridden_config_class(file_class, arch: str, merged: dict, hf_overrides: dict, config_path: str):
+    """The config class of a checkpoint read with hf_overrides: the family the overrides name,
+    else the one AutoConfig chose from config.json (`file_class`, trust_remote_code's
+    included). Overrides naming `architectures` pick `arch`'s family (its config class), as
+    vLLM picks its model class by the overridden architectures; naming only `model_type`,
+    that model type's family, as AutoConfig picks by model_type. A file class that already is
+    (or subclasses) that family's is kept. CheckpointError when the overrides name an
+    architecture and a model_type of two families, or a model_type transformers lacks."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    if "architectures" in hf_overrides:
+        wanted = getattr(transformers, arch).config_class
+        named = hf_overrides.get("model_type", wanted.model_type)
+        if named != wanted.model_type:
+            raise CheckpointError(
+                f"{config_path}: architectures {hf_overrides['architectures']!r} build {arch}, whose "
+                f"config has model_type {wanted.model_type!r}, got model_type {named!r}: name one "
+                f"family (or leave model_type out)"
+            )
+    elif "model_type" in hf_overrides:
+        if merged["model_type"] not in CONFIG_MAPPING:
+            raise CheckpointError(f"{config_path}: unknown model_type {merged['model_type']!r}")
+        wanted = CONFIG_MAPPING[merged["model_type"]]
+    else:
+        return file_class
+    return file_class if issubclass(file_class, wanted) else wanted
 
 
 def model_class(arch: str, config, config_path: Path | str):

@@ -33,9 +33,10 @@ PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_log
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """family -> a tiny checkpoint (qwen3: default rope; llama: llama3 rope_parameters)."""
+    """family -> a tiny checkpoint (qwen3: default rope; llama: llama3 rope_parameters;
+    mistral: a sliding window of 8, which PROMPT and its outputs cross)."""
     root = tmp_path_factory.mktemp("hfo")
-    return {family: make_checkpoint(family, root / family) for family in ("qwen3", "llama")}
+    return {family: make_checkpoint(family, root / family) for family in ("qwen3", "llama", "mistral")}
 
 
 def _saved_with(src, dest, edit) -> str:
@@ -209,3 +210,44 @@ def test_an_eos_token_id_override_ends_generation_there(ckpt):
         (out,) = llm.generate(prompt, params, use_tqdm=False)
     assert list(out.outputs[0].token_ids) == tokens[: cut + 1]
     assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason) == ("stop", tokens[cut])
+
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+
+
+@pytest.mark.parametrize(
+    "family, overrides, built",
+    [
+        ("mistral", LLAMA, "LlamaForCausalLM"),  # full attention: the window goes
+        ("mistral", {"architectures": ["LlamaForCausalLM"]}, "LlamaForCausalLM"),  # vLLM's way
+        ("llama", {"model_type": "mistral", "sliding_window": 4}, "MistralForCausalLM"),
+    ],
+    ids=["architectures+model_type", "architectures", "model_type"],
+)
+def test_an_override_of_the_family_builds_that_familys_model(ckpt, tmp_path, family, overrides, built):
+    """The class built is the one the overridden config names: an override of architectures
+    (vLLM picks its model class by them) or of model_type (transformers' AutoConfig picks the
+    config class by it) builds that family, as the checkpoint saved with that family's
+    architectures and model_type does. The config class was picked from config.json alone: the
+    override was dropped without a word (a Mistral ran with its window; a Llama's config read
+    model_type 'mistral' while its modules were Llama's)."""
+    import transformers
+
+    saved_as = {k: v for k, v in overrides.items() if k not in ("architectures", "model_type")}
+    saved_as.update(architectures=[built], model_type=getattr(transformers, built).config_class.model_type)
+    with LLM(str(ckpt[family]), hf_overrides=overrides, **ENGINE) as llm:
+        config = llm.engine.model.config
+        assert type(config) is getattr(transformers, built).config_class
+        assert config.model_type == saved_as["model_type"]
+    overridden = _run(ckpt[family], hf_overrides=overrides)
+    _assert_same_model(
+        overridden, _run(_saved_with(ckpt[family], tmp_path / "saved", lambda c: c.update(saved_as)))
+    )
+    assert overridden[0] != _run(ckpt[family])[0]  # the override changed the model (its window)
+
+
+def test_an_override_naming_two_families_is_a_checkpoint_error(ckpt):
+    overrides = {"architectures": ["LlamaForCausalLM"], "model_type": "mistral"}
+    message = r"architectures \['LlamaForCausalLM'\] .*model_type 'llama'.* got model_type 'mistral'"
+    with pytest.raises(CheckpointError, match=message):
+        LLM(str(ckpt["qwen3"]), hf_overrides=overrides, **ENGINE)
