@@ -94,7 +94,8 @@ the model built, max_model_len's derivation, dtype "auto", the EOS of config.jso
 checks (the target's config only: a draft loads as saved, as in vLLM) and every tensor-parallel
 rank (the overrides travel in these pickled args). A key the config lacks is added; a nested
 dict merges key by key (vLLM sets a top-level dict value whole: here a partial rope dict keeps
-the checkpoint's rope_theta); overrides naming architectures or model_type build that family (its config
+the checkpoint's rope_theta; a null rope_scaling or rope_parameters turns the rope scaling off,
+rope_theta kept); overrides naming architectures or model_type build that family (its config
 class and model); a value the loader refuses is its CheckpointError naming the key.
 None or a dict with str keys, else a ValueError; vLLM's callable form is refused by name (a
 function does not cross to the spawned engine and worker processes).

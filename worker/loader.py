@@ -109,9 +109,12 @@ def merge_hf_overrides(config: dict, hf_overrides: Optional[dict]) -> dict:
     merges only into a nested config object; here a partial rope dict keeps the checkpoint's
     rope_theta and rope_type, which a replaced one would drop without a word. A key the config
     lacks is added (vLLM's rule). Where config.json has transformers 5's rope_parameters, an
-    override of the older top-level rope_theta / rope_scaling merges into it (_fold_legacy_rope)."""
+    override of the older top-level rope_theta / rope_scaling merges into it (_fold_legacy_rope).
+    A null rope_scaling or rope_parameters turns the checkpoint's rope scaling off: the default
+    rope at its rope_theta (or the overrides'), whichever form config.json has (_clear_rope)."""
     merged = deep_merge(config, hf_overrides or {})
     _fold_legacy_rope(merged, hf_overrides or {})
+    _clear_rope(config, merged, hf_overrides or {})
     return merged
 
 
@@ -144,6 +147,28 @@ def _fold_legacy_rope(merged: dict, hf_overrides: dict) -> None:
         merged["rope_parameters"] = deep_merge(params, legacy)
         merged.pop("rope_scaling", None)
         merged.pop("rope_theta", None)
+
+
+def _clear_rope(config: dict, merged: dict, hf_overrides: dict) -> None:
+    """{"rope_scaling": null} (vLLM users' way to drop a checkpoint's yarn or llama3 scaling) or
+    {"rope_parameters": null}: no rope scaling, the rope_theta kept. What null means on a
+    checkpoint saved in the older form (rope_theta beside rope_scaling), for either name and
+    either form: over transformers 5's rope_parameters a null rope_scaling was dropped (the
+    scaling kept) and a null rope_parameters reset rope_theta to the family's default; over
+    the older form a null rope_parameters kept the scaling."""
+    if not any(
+        name in hf_overrides and hf_overrides[name] is None for name in ("rope_scaling", "rope_parameters")
+    ):
+        return
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):  # the older form: rope_theta stays beside a null scaling
+        merged["rope_scaling"] = None
+        merged.pop("rope_parameters", None)
+        return
+    theta = hf_overrides.get("rope_theta", params.get("rope_theta"))
+    merged["rope_parameters"] = {"rope_type": "default", **({} if theta is None else {"rope_theta": theta})}
+    merged.pop("rope_scaling", None)
+    merged.pop("rope_theta", None)
 
 
 def config_label(path, hf_overrides: Optional[dict]) -> str:

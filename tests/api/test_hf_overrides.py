@@ -251,3 +251,40 @@ def test_an_override_naming_two_families_is_a_checkpoint_error(ckpt):
     message = r"architectures \['LlamaForCausalLM'\] .*model_type 'llama'.* got model_type 'mistral'"
     with pytest.raises(CheckpointError, match=message):
         LLM(str(ckpt["qwen3"]), hf_overrides=overrides, **ENGINE)
+
+
+def _older_form(config):
+    """config.json as transformers 4 saved it: rope_theta and rope_scaling at the top level."""
+    params = config.pop("rope_parameters")
+    config["rope_theta"] = params.pop("rope_theta")
+    config["rope_scaling"] = params
+
+
+@pytest.mark.parametrize("form", ["rope_parameters", "older"])
+@pytest.mark.parametrize("name", ["rope_scaling", "rope_parameters"])
+def test_a_null_rope_override_is_the_default_rope_at_the_checkpoints_theta(ckpt, tmp_path, form, name):
+    """{"rope_scaling": null} (vLLM users' way to turn a checkpoint's rope scaling off) or
+    {"rope_parameters": null}: the default rope at the checkpoint's rope_theta, whichever form
+    config.json has, as a config.json saved with the default rope gives. Over transformers 5's
+    rope_parameters, a null rope_scaling was ignored (llama3 scaling kept), and a null
+    rope_parameters over the older form kept the scaling too."""
+    base = str(ckpt["llama"])
+    if form == "older":
+        base = _saved_with(ckpt["llama"], tmp_path / "older", _older_form)
+
+    def theta_500_default(config):
+        config.pop("rope_scaling", None)
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0}
+
+    theta_500 = _saved_with(
+        ckpt["llama"], tmp_path / "theta", lambda c: c["rope_parameters"].update(rope_theta=500.0)
+    )
+    if form == "older":
+        theta_500 = _saved_with(theta_500, tmp_path / "theta_older", _older_form)
+    with LLM(theta_500, hf_overrides={name: None}, **ENGINE) as llm:
+        assert llm.engine.model.config.rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
+    overridden = _run(theta_500, hf_overrides={name: None})
+    _assert_same_model(overridden, _run(_saved_with(ckpt["llama"], tmp_path / "saved", theta_500_default)))
+    assert overridden[1] != pytest.approx(_run(theta_500)[1], abs=1e-3)  # the scaling is gone
+    with LLM(base, hf_overrides={name: None, "rope_theta": 50.0}, **ENGINE) as llm:  # theta given too
+        assert llm.engine.model.config.rope_parameters == {"rope_type": "default", "rope_theta": 50.0}
