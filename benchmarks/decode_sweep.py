@@ -199,7 +199,7 @@ def run(args) -> dict:
     results["env"] = environment(args)
     results["device_rates"] = rates = phase_device(args)
     model_dir = checkpoint(args.shape, args)
-    shape = shape_of(model_dir, args.dtype)
+    shape = shape_of(model_dir, args)
     results["weight_floor_ms"] = shape.weight_bytes_per_step / rates["copy_bytes_per_s"] * 1e3
     started = time.perf_counter()
     llm = make_llm(model_dir, args)

@@ -242,12 +242,16 @@ def checkpoint(shape: str, args) -> Path:
     )
 
 
-def shape_of(model_dir, dtype: str) -> rl.ModelShape:
-    """The floor's view of the checkpoint, at the run's dtype (bytes per weight and K/V value)."""
-    from transformers import AutoConfig
+def shape_of(model_dir, args) -> rl.ModelShape:
+    """The floor's view of the model `make_llm(model_dir, args)` builds: the checkpoint's config
+    as the engine reads it (the loader's load_config, with the run's hf_overrides from
+    --engine-arg merged, so an overridden shape field is the floor's too), at the run's dtype
+    (args.dtype: bytes per weight and K/V value)."""
+    from enginespec.worker.loader import load_config
 
-    nbytes = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    return rl.ModelShape.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype_bytes=nbytes)
+    overrides = (getattr(args, "engine_args", None) or {}).get("hf_overrides")
+    nbytes = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
+    return rl.ModelShape.from_config(load_config(model_dir, hf_overrides=overrides), dtype_bytes=nbytes)
 
 
 def floors(workload: Workload, shape: rl.ModelShape, rates: dict, num_steps: Optional[int]) -> dict:

@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
         own.error("--sync-debug needs a CUDA device (torch's sync debug mode watches CUDA calls)")
     args = parse_args(["--skip-hf", "--skip-big"] + rest)
     model_dir = runs.checkpoint(args.shape, args)
-    shape = runs.shape_of(model_dir, args.dtype)
+    shape = runs.shape_of(model_dir, args)
     workload = runs.workload_for(args, args.num_requests, shape.vocab_size)
     llm = runs.make_llm(model_dir, args)
     runs.warm_up(llm, workload, args.device, args.temperature)

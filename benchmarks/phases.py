@@ -55,7 +55,7 @@ def phase_engine(args, model_dir, workload: Workload, rates: dict, results: dict
     if not args.first_call:
         warm_up(llm, workload, args.device, args.temperature, args.sampling)
     out = timed_runs(llm, workload, args)
-    shape = shape_of(model_dir, args.dtype)
+    shape = shape_of(model_dir, args)
     out.update(floors(workload, shape, rates, out["num_steps"]))
     trace = out.pop("step_trace", None)
     if trace is not None and rates and "copy_bytes_per_s" in rates:
@@ -86,7 +86,7 @@ def _other_scheduling_run(llm, workload: Workload, args, rates: dict, first: dic
         out = timed_generate(llm, workload, args.device, args.temperature, sampling=args.sampling)
     finally:
         core.args = before
-    out.update(floors(workload, shape_of(Path(before.model), args.dtype), rates, out["num_steps"]))
+    out.update(floors(workload, shape_of(Path(before.model), args), rates, out["num_steps"]))
     out["async_scheduling"] = not before.async_scheduling
     out["tokens_match_first_run"] = out["tokens_digest"] == first["tokens_digest"]
     return out
@@ -164,7 +164,7 @@ def phase_latency(args, model_dir, workload: Workload) -> dict:
 def phase_big(args, rates: dict) -> dict:
     """The engine on the larger shape with a smaller workload (same draw recipe), and its floor."""
     model_dir = checkpoint(args.big_shape, args)
-    shape = shape_of(model_dir, args.dtype)
+    shape = shape_of(model_dir, args)
     workload = workload_for(args, min(args.big_num_requests, args.num_requests), shape.vocab_size)
     llm = make_llm(model_dir, args)
     warm_up(llm, workload, args.device, args.temperature, args.sampling)

@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     model_dir = checkpoint(args.shape, args)
     llm = make_llm(model_dir, args)
     core = engine_core(llm)
-    shape = shape_of(model_dir, args.dtype)
+    shape = shape_of(model_dir, args)
     vocab = shape.vocab_size
     work = make_workload(
         args.num_requests, min_input_len=args.min_input_len, max_input_len=args.max_input_len,

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     if torch.device(args.device).type != "cuda":
         raise SystemExit("sampler_memory_probe.py measures the CUDA allocator: run it on a GPU")
     model_dir = checkpoint(args.shape, args)
-    shape = shape_of(model_dir, args.dtype)
+    shape = shape_of(model_dir, args)
     llm = make_llm(model_dir, args)
     runner = engine_core(llm).runner
     rng = random.Random(args.seed)

@@ -240,7 +240,7 @@ def run(args) -> dict:
         result["graph_replay_ms"] = graph_replay_ms(core, args.batch)
     if cuda:  # one read of the weights at the copy bandwidth measured now (decode_sweep's floor)
         rate = rl.measure_copy_bandwidth(args.device, 1 << 30, iters=10)
-        result["weight_floor_ms"] = shape_of(model_dir, args.dtype).weight_bytes_per_step / rate * 1e3
+        result["weight_floor_ms"] = shape_of(model_dir, args).weight_bytes_per_step / rate * 1e3
     if args.generate_tokens:
         from benchmarks.phases import decode_latency
 

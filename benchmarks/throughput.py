@@ -232,7 +232,7 @@ def run(args) -> dict:
     results: dict = {"config": config, "env": environment(args)}
     _save(results, args.out)
     model_dir = checkpoint(args.shape, args)
-    workload = workload_for(args, args.num_requests, shape_of(model_dir, args.dtype).vocab_size)
+    workload = workload_for(args, args.num_requests, shape_of(model_dir, args).vocab_size)
     results["workload"] = {
         "model_dir": str(model_dir),
         "num_requests": len(workload.prompts),

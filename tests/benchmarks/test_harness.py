@@ -245,6 +245,28 @@ def _shape(**kw) -> roofline.ModelShape:
     return roofline.ModelShape(**{**base, **kw})
 
 
+def test_the_floors_shape_is_the_checkpoint_with_the_runs_hf_overrides(tmp_path):
+    """`--engine-arg hf_overrides=JSON` reaches the engine (make_llm), so the floor's shape
+    (shape_of) reads the config with the same overrides, through the loader's one reader:
+    it is the shape of the checkpoint saved with those values. It read config.json alone, so
+    an overridden model's floor and roofline counted the checkpoint's shape."""
+    import shutil
+
+    model_dir = checkpoints.make_checkpoint("qwen3", tmp_path / "plain")
+    saved = tmp_path / "saved"
+    shutil.copytree(model_dir, saved)
+    config = json.loads((saved / "config.json").read_text())
+    config.update(num_key_value_heads=4, tie_word_embeddings=True)
+    (saved / "config.json").write_text(json.dumps(config))
+    base = ["--device", "cpu", "--dtype", "float32", "--model-dir"]
+    overrides = '{"num_key_value_heads": 4, "tie_word_embeddings": true}'
+    args = throughput.parse_args([*base, str(model_dir), "--engine-arg", f"hf_overrides={overrides}"])
+    shape = engine_runs.shape_of(model_dir, args)
+    assert shape == engine_runs.shape_of(saved, throughput.parse_args([*base, str(saved)]))
+    assert (shape.num_kv_heads, shape.tied, shape.dtype_bytes) == (4, True, 4)
+    assert shape != engine_runs.shape_of(model_dir, throughput.parse_args([*base, str(model_dir)]))
+
+
 def test_roofline_terms_by_hand():
     shape = _shape()
     assert shape.kv_bytes_per_token == 2 * 2 * 2 * 2 * 2
