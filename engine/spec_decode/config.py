@@ -20,6 +20,8 @@ from typing import Any, Mapping, Optional, Union
 METHODS = ("ngram", "draft_model")
 # vLLM's names of the n-gram drafter, as method or as model ("[ngram]": its old speculative_model value)
 NGRAM_NAMES = ("ngram", "[ngram]")
+# The n-gram length when neither prompt_lookup_min nor prompt_lookup_max is given (vLLM V1's)
+NGRAM_DEFAULT_LOOKUP = 5
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -58,8 +60,8 @@ def _check_accepted(name: str, value) -> None:
 class SpeculativeConfig:
     """method: "ngram" or "draft_model" (None: inferred from `model`); num_speculative_tokens:
     drafts per request per step (k >= 1); prompt_lookup_min / prompt_lookup_max (ngram): the
-    n-gram lengths tried, longest first (vLLM's default min is 1 when only max is given, and
-    max = min when only min is given); model (draft_model): the draft checkpoint's directory
+    n-gram lengths tried, longest first (vLLM V1's defaults: 5 and 5 when neither is given,
+    min = max when only max is given, max = min when only min is given); model (draft_model): the draft checkpoint's directory
     or a repo id in the local hub cache (resolved as EngineArgs.model), same vocabulary as the
     target; revision (draft_model, vLLM's name): the draft repo's branch, tag or commit in the
     cache (None: "main"; ignored for a directory, as EngineArgs.revision is), independent of
@@ -133,14 +135,15 @@ class SpeculativeConfig:
                     f"(got {name}={getattr(self, name)!r})"
                 )
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if value is not None:  # each given value is judged under its own name
+                _check_int(name, value, 1)
         if lo is None and hi is None:
-            lo, hi = 1, 3
+            lo = hi = NGRAM_DEFAULT_LOOKUP
         elif lo is None:
-            lo = 1
+            lo = hi
         elif hi is None:
             hi = lo
-        _check_int("prompt_lookup_min", lo, 1)
-        _check_int("prompt_lookup_max", hi, 1)
         if lo > hi:
             raise ValueError(
                 f"speculative_config.prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})"

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from enginespec.engine.spec_decode import Drafter, NgramDrafter, SpeculativeConfig
+from enginespec.engine.spec_decode import config as sd_config
 
 
 class _Req:
@@ -60,9 +61,17 @@ def test_a_lagged_lookup_ignores_the_newest_token_and_a_reused_id_starts_afresh(
 
 
 def test_config_takes_vllms_names_and_refuses_bad_values():
-    cfg = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5})
-    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens) == (1, 5, 4)
+    """vLLM V1's n-gram lengths: 5 and 5 when neither is given, and one given bound stands for
+    both (vLLM 0.8 had made the min 1 when only the max was given; its later releases do not)."""
+    cfg = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4})
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens) == (4, 4, 4)
     assert SpeculativeConfig.of({"prompt_lookup_min": 2}).prompt_lookup_max == 2
+    neither = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 2})
+    assert (
+        (neither.prompt_lookup_min, neither.prompt_lookup_max)
+        == (5, 5)
+        == (sd_config.NGRAM_DEFAULT_LOOKUP,) * 2
+    )
     assert SpeculativeConfig.of(None) is None
     for bad, field in (
         ({"method": "eagle"}, "method"),
@@ -90,7 +99,7 @@ def test_vllms_ngram_spellings_are_the_ngram_method(config):
     CheckpointNotFound) or as an unknown method."""
     cfg = SpeculativeConfig.of(config)
     assert (cfg.method, cfg.model) == ("ngram", None)
-    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens) == (1, 3, 4)
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens) == (3, 3, 4)
     with pytest.raises(ValueError, match="model"):  # a real draft path is still no ngram field
         SpeculativeConfig.of({"method": "[ngram]", "model": "/ckpt/draft"})
 
