@@ -82,6 +82,7 @@ def test_logits_processors_are_refused_by_name(processors):
     ):
         SamplingParams(logits_processors=processors)
     assert SamplingParams(logits_processors=[]) == SamplingParams(logits_processors=None) == SamplingParams()
+    assert SamplingParams(logits_processors=()) == SamplingParams()  # an empty tuple is no processor too
 
 
 def test_assigning_a_field_says_how_to_change_one():

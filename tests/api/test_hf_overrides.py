@@ -120,10 +120,64 @@ def test_a_rope_scaling_override_stretches_max_model_len_and_keeps_rope_theta(ck
     with LLM(base, hf_overrides={"rope_scaling": yarn}, **ENGINE) as llm:
         assert llm.engine.max_model_len == 1024
         assert llm.engine.model.config.rope_parameters == {"rope_theta": 5000.0, **yarn}
-    _assert_same_model(
-        _run(base, hf_overrides={"rope_scaling": yarn}),
-        _run(_saved_with(base, tmp_path / "yarn", saved_yarn)),
-    )
+    want = _run(_saved_with(base, tmp_path / "yarn", saved_yarn))
+    _assert_same_model(_run(base, hf_overrides={"rope_scaling": yarn}), want)
+    # both older keys at once, over the checkpoint's own theta: the caller's dicts stay as given
+    both = {"rope_theta": 5000.0, "rope_scaling": dict(yarn)}
+    _assert_same_model(_run(ckpt["qwen3"], hf_overrides=both), want)
+    assert both == {"rope_theta": 5000.0, "rope_scaling": yarn}
+
+
+def _older_form(config):
+    """config.json as transformers 4 saved it: a top-level rope_theta, no rope_parameters."""
+    config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key, value",
+    [
+        ({"rope_theta": 50.0}, "rope_theta", 50.0),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}},
+            "rope_scaling",
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        ),
+    ],
+    ids=["rope_theta", "rope_scaling"],
+)
+def test_an_override_of_an_older_form_checkpoint_is_that_checkpoint_saved_with_it(
+    ckpt, tmp_path, overrides, key, value
+):
+    """A checkpoint saved in the older form (rope_theta at the top, no rope_parameters), as
+    many on the hub are: vLLM's rope_theta / rope_scaling overrides are its own keys there and
+    are laid over as given (there is no rope_parameters to fold them into). The caller's dict
+    is left as given, though transformers fills the rope dict it builds from (rope_theta)."""
+    given = copy.deepcopy(overrides)
+    older = _saved_with(ckpt["qwen3"], tmp_path / "older", _older_form)
+
+    def saved(config):
+        _older_form(config)
+        config[key] = copy.deepcopy(value)
+
+    overridden = _run(older, hf_overrides=overrides)
+    _assert_same_model(overridden, _run(_saved_with(ckpt["qwen3"], tmp_path / "saved", saved)))
+    assert overridden[1] != pytest.approx(_run(older)[1], abs=1e-3)
+    assert overrides == given
+
+
+def test_rope_parameters_given_beside_rope_theta_win_as_in_a_saved_config(ckpt, tmp_path):
+    """Both forms in one override: config.json saved with both gives transformers'
+    rope_parameters (the top-level rope_theta is ignored), and so does the override; the
+    top-level rope_theta is folded in only where rope_parameters is not given."""
+    overrides = {"rope_parameters": {"rope_theta": 50.0}, "rope_theta": 7.0}
+
+    def both(config):
+        config["rope_parameters"]["rope_theta"] = 50.0
+        config["rope_theta"] = 7.0
+
+    overridden = _run(ckpt["qwen3"], hf_overrides=overrides)
+    _assert_same_model(overridden, _run(_saved_with(ckpt["qwen3"], tmp_path / "both", both)))
+    _assert_same_model(overridden, _run(_saved_with(ckpt["qwen3"], tmp_path / "theta", _rope_theta_50)))
 
 
 @pytest.mark.parametrize(
@@ -132,6 +186,8 @@ def test_a_rope_scaling_override_stretches_max_model_len_and_keeps_rope_theta(ck
         ({"max_position_embeddings": 1}, r"max_position_embeddings must be an int >= 2"),
         ({"rope_theta": 0}, r"rope_theta must be a number > 0"),
         ({"architectures": ["GPT2LMHeadModel"]}, r"unsupported architecture \['GPT2LMHeadModel'\]"),
+        # not an object: laid over as given (never dropped), so transformers refuses it
+        ({"rope_scaling": "yarn"}, r"cannot build the config: .*rope_parameters.*'yarn'"),
     ],
 )
 def test_an_override_the_loader_refuses_is_its_checkpoint_error(ckpt, overrides, message):
@@ -180,6 +236,9 @@ def test_a_dtype_override_is_what_auto_resolves_on_cuda(ckpt):
     assert resolve_dtype("auto", str(ckpt["qwen3"]), cuda) == torch.bfloat16  # saved float32
     for key in ("dtype", "torch_dtype"):
         assert resolve_dtype("auto", str(ckpt["qwen3"]), cuda, {key: "float16"}) == torch.float16
+    # both names in one override: transformers 5 reads dtype (torch_dtype is its older alias)
+    both = {"torch_dtype": "bfloat16", "dtype": "float16"}
+    assert resolve_dtype("auto", str(ckpt["qwen3"]), cuda, both) == torch.float16
 
 
 def test_overrides_apply_to_the_target_not_the_draft(ckpt, tmp_path):
@@ -194,6 +253,18 @@ def test_overrides_apply_to_the_target_not_the_draft(ckpt, tmp_path):
     check_draft_checkpoint(str(draft), str(ckpt["qwen3"]), False, overrides)
     with pytest.raises(ValueError, match=r"the draft.s vocab_size \(96\) must equal the target.s \(95\)"):
         check_draft_checkpoint(str(draft), str(ckpt["qwen3"]), False, {"vocab_size": 95})
+
+
+def test_an_override_that_mends_the_targets_vocab_size_lets_its_draft_run(ckpt, tmp_path):
+    """A target whose config.json misstates vocab_size (95; its weights have 96 rows) runs with
+    {"vocab_size": 96}, and so does a draft of 96 tokens: the early draft check compares the
+    draft with the target as overridden, not as its file says."""
+    draft = make_checkpoint("qwen3", tmp_path / "draft", seed=1)
+    target = _saved_with(ckpt["qwen3"], tmp_path / "target", lambda c: c.update(vocab_size=95))
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
+    with LLM(target, speculative_config=spec, hf_overrides={"vocab_size": 96}, **ENGINE) as llm:
+        (out,) = llm.generate([{"prompt_token_ids": PROMPT}], PARAMS, use_tqdm=False)
+    assert list(out.outputs[0].token_ids) == _run(ckpt["qwen3"])[0]
 
 
 def test_an_eos_token_id_override_ends_generation_there(ckpt):

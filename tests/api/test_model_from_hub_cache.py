@@ -134,8 +134,20 @@ def test_without_hf_variables_the_cache_is_under_xdg_cache_home_else_home(tmp_pa
         {"HUGGINGFACE_HUB_CACHE": "", "HF_HOME": "/elsewhere"},
         {"XDG_CACHE_HOME": ""},
         {"XDG_CACHE_HOME": "/xdg", "HF_HOME": "$XDG_CACHE_HOME/hf"},
+        {"XDG_CACHE_HOME": "/xdg", "HF_HUB_CACHE": "$XDG_CACHE_HOME/hub"},
+        {"XDG_CACHE_HOME": "/xdg", "HUGGINGFACE_HUB_CACHE": "~/$XDG_CACHE_HOME/hub", "HF_HOME": "/elsewhere"},
+        {"HF_HUB_CACHE": "/new", "HUGGINGFACE_HUB_CACHE": "/legacy"},
     ],
-    ids=["hub-cache-empty", "hf-home-empty", "legacy-empty", "xdg-empty", "hf-home-with-a-variable"],
+    ids=[
+        "hub-cache-empty",
+        "hf-home-empty",
+        "legacy-empty",
+        "xdg-empty",
+        "hf-home-with-a-variable",
+        "hub-cache-with-a-variable",
+        "legacy-with-home-and-a-variable",
+        "hub-cache-over-legacy",
+    ],
 )
 def test_the_cache_folder_is_huggingface_hubs_own_for_every_setting(env, tmp_path):
     """hub_cache_dir() is where huggingface_hub (what `hf download` runs) puts the cache, asked

@@ -430,6 +430,8 @@ VLLM_SERVE_BOOL_FLAGS = {
     "--enable-request-id-headers": "enable_request_id_headers",
     "--enable-auto-tool-choice": "enable_auto_tool_choice",
     "--allow-credentials": "allow_credentials",
+    "--return-tokens-as-token-ids": "return_tokens_as_token_ids",
+    "--enable-force-include-usage": "enable_force_include_usage",
 }
 
 

@@ -9,6 +9,8 @@ tests/api/test_hf_overrides.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from enginespec.engine_args import EngineArgs
@@ -97,3 +99,36 @@ def test_the_engine_defaults_are_vllms():
     }
     with pytest.raises(ValueError, match="compilation_config must be None, a level"):
         EngineArgs(compilation_config="3")
+
+
+@pytest.mark.parametrize(
+    "key, default, other",
+    [
+        ("backend", "auto", "guidance"),
+        ("disable_fallback", False, True),
+        ("disable_any_whitespace", False, True),
+        ("disable_additional_properties", False, True),
+        ("reasoning_parser", "", "deepseek_r1"),
+    ],
+)
+def test_each_structured_outputs_key_is_taken_at_vllms_default_only(key, default, other):
+    """vLLM's StructuredOutputsConfig keys change what a grammar allows (whitespace, extra
+    properties, the reasoning split): each is taken at its default, dotted or as JSON, and any
+    other value is the one line naming the key (it would otherwise be dropped without a word)."""
+    taken = _engine_args([f"--structured-outputs-config.{key}", json.dumps(default)])
+    assert taken.structured_outputs_config == {key: default}
+    refused = rf"structured_outputs_config \{{'{key}': {other!r}\}} is not supported"
+    for flags in (
+        [f"--structured-outputs-config.{key}", json.dumps(other)],
+        ["--structured-outputs-config", json.dumps({key: other})],
+    ):
+        with pytest.raises(ValueError, match=refused):
+            _engine_args(flags)
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "1", 0])
+def test_max_num_partial_prefills_is_an_int(bad):
+    """1 is vLLM V1's only value, and only the int: True and 1.0 equal 1 but are refused by name,
+    as every other int argument refuses them (they were taken as 1)."""
+    with pytest.raises(ValueError, match=rf"max_num_partial_prefills must be an int >= 1, got {bad!r}"):
+        EngineArgs(max_num_partial_prefills=bad)

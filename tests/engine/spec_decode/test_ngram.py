@@ -72,6 +72,8 @@ def test_config_takes_vllms_names_and_refuses_bad_values():
         == (5, 5)
         == (sd_config.NGRAM_DEFAULT_LOOKUP,) * 2
     )
+    one = SpeculativeConfig.of({"prompt_lookup_max": 1})  # one-token lookups: the smallest n-gram
+    assert (one.prompt_lookup_min, one.prompt_lookup_max) == (1, 1)
     assert SpeculativeConfig.of(None) is None
     for bad, field in (
         ({"method": "eagle"}, "method"),
