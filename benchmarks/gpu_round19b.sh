@@ -17,11 +17,11 @@ source benchmarks/gpu_common.sh
 gpu_setup || exit 1
 args=(-p enginespec.conformance.plugin --impl=fast -q -rfEs -o cache_dir=/tmp/pytest_cache)
 log="$out/pytest_fast_xdist_h200_$sha.log"
-timeout "${SUITE_TIMEOUT:-450}" python3 -m pytest "${args[@]}" -n "${XDIST:-6}" --dist loadfile --durations=15 \
+timeout "${SUITE_TIMEOUT:-450}" python3 -m pytest "${args[@]}" -vv -n "${XDIST:-6}" --dist loadfile --durations=15 \
   ${SUITE_PATHS:-conformance tests} > "$log" 2>&1
-echo "suite rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$log" | head -20; tail -1 "$log"
-if grep -qE "^(FAILED|ERROR)" "$log"; then  # the failures again, serially
-  timeout $((${RERUN_END:-540} - SECONDS)) python3 -m pytest "${args[@]}" --lf ${SUITE_PATHS:-conformance tests} > "$out/pytest_rerun_$sha.log" 2>&1
+echo "suite rc=$? after ${SECONDS}s"; failed=$(grep -oE "(FAILED|ERROR) [^ ]+::[^ ]+" "$log" | cut -d" " -f2 | sort -u); echo "$failed" | head -20; tail -1 "$log"
+if [ -n "$failed" ]; then  # the failures again, serially
+  timeout $((${RERUN_END:-540} - SECONDS)) python3 -m pytest "${args[@]}" $failed > "$out/pytest_rerun_$sha.log" 2>&1
   echo "rerun rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$out/pytest_rerun_$sha.log" | head; tail -1 "$out/pytest_rerun_$sha.log"
 fi
 left=$((580 - SECONDS))

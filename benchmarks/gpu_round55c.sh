@@ -15,11 +15,11 @@ paths="conformance/test_sampling_distribution.py conformance/test_spec_combos.py
   tests/api/test_hf_overrides.py tests/engine/spec_decode tests/worker/test_loader.py tests/worker/test_skinny_table_file.py"
 args=(-p enginespec.conformance.plugin --impl=fast -q -rfEs -o cache_dir=/tmp/pytest_cache)
 # shellcheck disable=SC2086  # paths is a list
-timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${args[@]}" -n 8 --dist loadfile --durations=10 $paths \
+timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${args[@]}" -vv -n 8 --dist loadfile --durations=10 $paths \
   > "$out/pytest_$sha.log" 2>&1
-echo "tests rc=$? after ${SECONDS}s"; grep -E "^(FAILED|ERROR)" "$out/pytest_$sha.log" | head -20; tail -1 "$out/pytest_$sha.log"
-if grep -qE "^(FAILED|ERROR)" "$out/pytest_$sha.log"; then  # # shellcheck disable=SC2086
-  timeout 120 python3 -m pytest "${args[@]}" --lf $paths > "$out/pytest_rerun_$sha.log" 2>&1
+echo "tests rc=$? after ${SECONDS}s"; failed=$(grep -oE "(FAILED|ERROR) [^ ]+::[^ ]+" "$out/pytest_$sha.log" | cut -d" " -f2 | sort -u); echo "$failed" | head -20; tail -1 "$out/pytest_$sha.log"
+if [ -n "$failed" ]; then  # # shellcheck disable=SC2086
+  timeout 120 python3 -m pytest "${args[@]}" $failed > "$out/pytest_rerun_$sha.log" 2>&1
   echo "rerun rc=$?"; grep -E "^(FAILED|ERROR)" "$out/pytest_rerun_$sha.log" | head; tail -1 "$out/pytest_rerun_$sha.log"
 fi
 left=$((${END:-560} - SECONDS))
