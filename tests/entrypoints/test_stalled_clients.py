@@ -48,7 +48,7 @@ def model_dir(tmp_path_factory):
 def _stalled_stream(srv: RemoteServer, path: str, num_tokens: int) -> socket.socket:
     """A streaming request sent on a socket whose owner reads nothing, returned open once the
     engine has generated num_tokens (or aborted a request: the send timeout may come first)."""
-    before = srv.state()["num_generated_tokens"]
+    before, aborted = srv.state()["num_generated_tokens"], _aborted(srv)
     body = {**BODIES[path], "n": N, "temperature": 1.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
     body = json.dumps({**body, "stream": True})
     sock = socket.socket()
@@ -56,7 +56,9 @@ def _stalled_stream(srv: RemoteServer, path: str, num_tokens: int) -> socket.soc
     sock.connect((HOST, srv.port))
     head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
     sock.sendall(f"{head}\r\n\r\n{body}".encode())
-    _wait_for(lambda: srv.state()["num_generated_tokens"] - before >= num_tokens or _aborted(srv), 120)
+    _wait_for(
+        lambda: srv.state()["num_generated_tokens"] - before >= num_tokens or _aborted(srv) > aborted, 120
+    )
     return sock
 
 
@@ -79,29 +81,42 @@ def _quiet(log) -> None:
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]
 
 
+@pytest.fixture(scope="module")
+def cutting_server(model_dir, tmp_path_factory):
+    """One server with --send-timeout 1 (its log in a file) for both paths' cut-off test: each
+    leaves it idle with its slot free, as it must. Its exit status (0) and its log (no
+    traceback) are checked once both have run."""
+    log = tmp_path_factory.mktemp("cutting") / "server.log"
+    with open(log, "w") as err:
+        srv = RemoteServer(model_dir, [*ARGS, "--send-timeout", "1"], stderr=err)
+    try:
+        yield srv, log
+    finally:
+        assert srv.terminate() == 0
+    _quiet(log)
+
+
 @pytest.mark.parametrize("path", list(BODIES), ids=["completions", "chat"])
-def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(model_dir, tmp_path, path):
+def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(cutting_server, path):
     """The engine is paused once the window is full, so the request cannot finish on its own:
     it must end by the send timeout (1 s), aborted in the engine (every block free, counted
     under "abort"), its admission slot back (the capacity is one request), with no traceback.
     Before --send-timeout it ran on while the client held the socket (here: forever)."""
-    log = tmp_path / "server.log"
-    with open(log, "w") as err:
-        srv = RemoteServer(model_dir, [*ARGS, "--send-timeout", "1"], stderr=err)
+    srv, log = cutting_server
+    aborted = _aborted(srv)
+    sock = _stalled_stream(srv, path, 300)  # more than the client's 4 KB window takes
     try:
-        sock = _stalled_stream(srv, path, 300)  # more than the client's 4 KB window takes
         httpx.post(srv.url("/dev/pause"))
         _wait_for(lambda: srv.state()["num_pending"] == 0)
         state = srv.wait_idle()
         assert state["num_unfinished"] == 0 and state["num_free_blocks"] == state["num_blocks"]
-        assert _aborted(srv) == N  # samples
+        assert _aborted(srv) - aborted == N  # samples
         httpx.post(srv.url("/dev/resume"))
         probe = srv.post(path, {**BODIES[path], "max_tokens": 3})  # the slot is free again
         assert probe.status_code == 200, probe.text
-        sock.close()
-        assert srv.terminate() == 0
     finally:
-        srv.terminate()
+        httpx.post(srv.url("/dev/resume"))
+        sock.close()
     _quiet(log)
 
 
