@@ -169,6 +169,11 @@ def _interpreted_llm(**kwargs):
     return llm
 
 
+# 1- to 3-token lookups: the periodic prompts below repeat short n-grams only (vLLM V1's default
+# of 5 and 5 drafts nothing over them)
+NGRAM_1_3 = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
     reason="the Triton attention kernel on CPU tensors needs the interpreter (CUDA: the replay test above)",
@@ -199,7 +204,7 @@ def test_padded_replays_equal_unpadded_steps_on_the_cpu(spec, monkeypatch):
         llm = _interpreted_llm(
             num_blocks=96,
             max_num_batched_tokens=40,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2} if spec else None,
+            speculative_config=NGRAM_1_3 if spec else None,
         )
         runner = llm.engine.runner
         if padded:  # decode bucket 8 has a balanced twin; no decode step fills it (4 sequences)
