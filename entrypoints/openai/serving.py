@@ -554,19 +554,20 @@ def _reasoning_params(ctx: ServerContext, call: _Call, params: SamplingParams) -
 
 
 def _reply_role(ctx: ServerContext, body: ChatCompletionRequest) -> str:
-    """The role of a chat call's replies: --response-role's (default "assistant") after a
-    generation prompt, as vLLM's; "assistant" otherwise (a reply continuing the client's final
-    message, continue_final_message's case, is that message's: the assistant's)."""
-    return ctx.response_role if body.add_generation_prompt else "assistant"
+    """The role of a chat call's replies, as vLLM's: --response-role's (default "assistant")
+    after a generation prompt; otherwise the client's final message's role (the reply goes on
+    from that message, continue_final_message's case among others)."""
+    if body.add_generation_prompt:
+        return ctx.response_role
+    return str(body.messages[-1].get("role", "assistant")) if body.messages else "assistant"
 
 
 def _chat_echo(body: ChatCompletionRequest, role: str = "assistant") -> str:
     """vLLM's chat echo: with echo true, the last message's text (its content parts joined as
-    the template sees them) when that message has the reply's role (_reply_role; a reply the
-    client began, continue_final_message's case); "" otherwise. It leads each choice's content,
-    in the full body and in the stream's first delta; usage counts none of it. (vLLM, without
-    a generation prompt, takes the last message's role for the reply's and echoes a user's
-    message as a "user" reply; this server's replies are then always the assistant's.)"""
+    the template sees them) when that message has the reply's role (_reply_role: always so
+    without a generation prompt, where the reply takes that message's role, a user's message
+    echoed as a "user" reply as in vLLM); "" otherwise. It leads each choice's content, in the
+    full body and in the stream's first delta; usage counts none of it."""
     if not body.echo or not body.messages or body.messages[-1].get("role") != role:
         return ""
     return chat_utils.message_text(body.messages[-1].get("content"))

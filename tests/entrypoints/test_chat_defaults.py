@@ -102,6 +102,18 @@ def test_a_reply_to_a_generation_prompt_has_the_response_role(client):
     message = _run(client, role, create_chat_completion, cont)["choices"][0]["message"]
     assert message["role"] == "assistant" and message["content"].startswith("ok")
     assert _run(client, {}, create_chat_completion, _chat())["choices"][0]["message"]["role"] == "assistant"
+    # no generation prompt: the final message's role, whoever sent it (vLLM's get_chat_request_role)
+    for last in ("user", "tool", "assistant"):
+        messages = [
+            *MESSAGES[:-1],
+            {"role": last, "content": "go on", **({"tool_call_id": "t"} if last == "tool" else {})},
+        ]
+        body = _chat(messages, add_generation_prompt=False)
+        assert _run(client, role, create_chat_completion, body)["choices"][0]["message"]["role"] == last, last
+        first = _run(
+            client, role, create_chat_completion, _chat(messages, add_generation_prompt=False, stream=True)
+        )[0]
+        assert first["choices"][0]["delta"]["role"] == last, last
 
 
 def test_logprob_tokens_are_ids_unless_the_body_says_otherwise(client):
@@ -167,8 +179,9 @@ def test_a_server_takes_the_flags(tmp_path):
 
 
 def test_echo_leads_with_the_last_message_only_when_it_has_the_replys_role(client):
-    """echo true: a user's last message is not the reply's (no echo); an assistant's final
-    message that the reply continues leads it. Without echo nothing leads."""
+    """echo true: after a generation prompt a user's last message is not the reply's (no echo);
+    an assistant's final message that the reply continues leads it, and so does a user's where
+    no generation prompt makes the reply the user's (vLLM's rule). Without echo nothing leads."""
     asked = [{"role": "user", "content": "zq"}]
     plain = _run(client, {}, create_chat_completion, _chat(asked))["choices"][0]["message"]["content"]
     echoed = _run(client, {}, create_chat_completion, _chat(asked, echo=True))["choices"][0]["message"]
@@ -180,3 +193,7 @@ def test_echo_leads_with_the_last_message_only_when_it_has_the_replys_role(clien
         "message"
     ]
     assert led["content"] == "ok" + bare["content"] and not bare["content"].startswith("ok")
+    # no generation prompt after a user's message: the reply is the user's, so echo leads with it
+    users = _run(client, {}, create_chat_completion, _chat(asked, echo=True, add_generation_prompt=False))
+    assert users["choices"][0]["message"]["role"] == "user"
+    assert users["choices"][0]["message"]["content"].startswith("zq")
