@@ -831,6 +831,13 @@ def _add_http_args(serve) -> None:
         "a line a request at --uvicorn-log-level info, as vLLM's default",
     )
     serve.add_argument(
+        "--disable-access-log-for-endpoints",
+        default=None,
+        metavar="PATHS",
+        help="comma-separated paths whose requests the access log leaves out, e.g. /health,/metrics "
+        "(vLLM's flag; with --no-disable-uvicorn-access-log)",
+    )
+    serve.add_argument(
         "--root-path",
         default=None,
         help="the path prefix a proxy serves this server under, e.g. /llm (FastAPI's root_path; vLLM's flag): "

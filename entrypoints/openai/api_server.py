@@ -815,6 +815,32 @@ def apply_http_options(config, ns, tls: dict) -> None:
     if ns.disable_uvicorn_access_log is False:
         config.access_log = True
         config.configure_logging()
+    quiet = getattr(ns, "disable_access_log_for_endpoints", None)
+    access = logging.getLogger("uvicorn.access")
+    for old in [f for f in access.filters if isinstance(f, QuietEndpoints)]:  # a server's before
+        access.removeFilter(old)
+    if quiet:
+        access.addFilter(QuietEndpoints(quiet, getattr(ns, "root_path", None)))
+
+
+class QuietEndpoints(logging.Filter):
+    """uvicorn's access log without the requests to some paths (vLLM's
+    --disable-access-log-for-endpoints: health probes and metric scrapes drown the rest). A
+    record's path is its third argument (uvicorn's access line: client, method, path with its
+    query, HTTP version, status); the query is ignored, and under a root path both the bare and
+    the prefixed path are left out, as the routes answer both."""
+
+    def __init__(self, paths: str, root_path: Optional[str] = None):
+        super().__init__()
+        bare = {p.strip() for p in paths.split(",") if p.strip()}
+        root = (root_path or "").rstrip("/")
+        self.paths = frozenset(bare | {root + p for p in bare} if root else bare)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) < 3 or not isinstance(args[2], str):
+            return True
+        return args[2].split("?", 1)[0] not in self.paths
 
 
 def _address(host: str, port: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import logging
 import socket
 import ssl
 import subprocess
@@ -264,3 +265,69 @@ def test_the_serving_lines_scheme_is_its_urls_whatever_the_model_name_says():
         assert serving_line(sock, "x on http://y", tls=True) == plain.replace(
             f"on http://127.0.0.1:{port}", f"on https://127.0.0.1:{port}"
         )
+
+
+def _access_record(path: str) -> logging.LogRecord:
+    """A record as uvicorn's access logger makes it: client, method, path with query, HTTP
+    version, status."""
+    args = ("127.0.0.1:5000", "GET", path, "1.1", 200)
+    return logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None
+    )
+
+
+def test_the_access_log_leaves_out_the_named_endpoints():
+    """--disable-access-log-for-endpoints (vLLM's): a request to a named path leaves no access
+    line, its query ignored, under a root path with or without the prefix; others stay."""
+    ns = _serve_args("--disable-access-log-for-endpoints", " /health, /metrics ,")
+    assert ns.disable_access_log_for_endpoints == " /health, /metrics ,"
+    assert _serve_args().disable_access_log_for_endpoints is None
+    quiet = api_server.QuietEndpoints(ns.disable_access_log_for_endpoints, "/llm/")
+    kept = {
+        p: quiet.filter(_access_record(p))
+        for p in ("/health", "/metrics?x=1", "/llm/health", "/v1/models", "/healthz", "/")
+    }
+    assert kept == {
+        "/health": False,
+        "/metrics?x=1": False,
+        "/llm/health": False,
+        "/v1/models": True,
+        "/healthz": True,
+        "/": True,
+    }
+    other = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, "no args", None, None)
+    assert quiet.filter(other)  # a record of another shape is never dropped
+
+
+def test_the_server_puts_the_endpoint_filter_on_uvicorns_access_logger(tmp_path, monkeypatch):
+    """In process: run_server's Config gets the access log on and uvicorn.access the filter, once
+    however many servers a process starts; without the flag no filter is left behind."""
+
+    class NotServing:
+        def __init__(self, config):
+            self.config = config
+
+        def run(self, sockets):
+            pass
+
+    monkeypatch.setattr(api_server, "_server_class", lambda: NotServing)
+    argv = [
+        "serve",
+        str(tiny_model_dir("qwen3")),
+        "--host",
+        HOST,
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--engine-in-process",
+    ]
+    access = logging.getLogger("uvicorn.access")
+    flags = ["--no-disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "/health,/ping"]
+    for _ in range(2):
+        assert cli.main([*argv, *flags]) == 0
+        quiet = [f for f in access.filters if isinstance(f, api_server.QuietEndpoints)]
+        assert len(quiet) == 1 and quiet[0].paths == {"/health", "/ping"}
+        assert not quiet[0].filter(_access_record("/ping")) and quiet[0].filter(_access_record("/v1/models"))
+    assert cli.main(argv) == 0
+    assert not [f for f in access.filters if isinstance(f, api_server.QuietEndpoints)]
