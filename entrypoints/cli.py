@@ -861,6 +861,11 @@ def _add_http_args(serve) -> None:
         help="TLS: client certificates: 0 none (default), 1 optional, 2 required (Python's ssl.CERT_*)",
     )
     serve.add_argument(
+        "--ssl-ciphers",
+        default=None,
+        help="TLS: the ciphers offered, an OpenSSL cipher list (default uvicorn's, TLSv1)",
+    )
+    serve.add_argument(
         "--disable-fastapi-docs",
         action=argparse.BooleanOptionalAction,
         default=False,

@@ -403,16 +403,24 @@ def tls_options(ns) -> dict:
     model's load. Refused, as they would serve other than asked: a key without a certificate,
     --ssl-ca-certs or --ssl-cert-reqs without TLS (nothing would be checked), client
     certificates asked (--ssl-cert-reqs 1 or 2) with no --ssl-ca-certs to check them against
-    (every client would be turned away)."""
+    (every client would be turned away), --ssl-ciphers without TLS or naming no cipher OpenSSL
+    knows (uvicorn's default "TLSv1" where not given, as vLLM's)."""
     from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
 
     key, cert, ca, reqs = ns.ssl_keyfile, ns.ssl_certfile, ns.ssl_ca_certs, ns.ssl_cert_reqs
+    ciphers = getattr(ns, "ssl_ciphers", None)
     if not (key or cert):
-        if ca is not None or reqs is not None:
+        if ca is not None or reqs is not None or ciphers is not None:
             raise ValueError(
-                "--ssl-ca-certs and --ssl-cert-reqs need TLS: give --ssl-certfile (and --ssl-keyfile)"
+                "--ssl-ca-certs, --ssl-cert-reqs and --ssl-ciphers need TLS: give --ssl-certfile "
+                "(and --ssl-keyfile)"
             )
         return {}
+    ciphers = ciphers or "TLSv1"
+    try:
+        ssl.create_default_context().set_ciphers(ciphers)
+    except ssl.SSLError:
+        raise ValueError(f"--ssl-ciphers: OpenSSL knows no cipher in {ciphers!r}") from None
     if not cert:
         raise ValueError("--ssl-keyfile needs --ssl-certfile (the certificate the key belongs to)")
     reqs = int(ssl.CERT_NONE) if reqs is None else reqs
@@ -423,12 +431,18 @@ def tls_options(ns) -> dict:
             f"--ssl-cert-reqs {reqs} ({_CERT_REQS[reqs]}) needs --ssl-ca-certs to check client certificates"
         )
     try:
-        create_ssl_context(cert, key or None, None, SSL_PROTOCOL_VERSION, reqs, ca or None, "TLSv1")
+        create_ssl_context(cert, key or None, None, SSL_PROTOCOL_VERSION, reqs, ca or None, ciphers)
     except OSError as exc:  # ssl.SSLError is one: a key that is not the certificate's, a file that is no PEM
         raise ValueError(
             f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: cannot build the TLS context: {exc}"
         ) from None
-    return dict(ssl_keyfile=key or None, ssl_certfile=cert, ssl_ca_certs=ca or None, ssl_cert_reqs=reqs)
+    return dict(
+        ssl_keyfile=key or None,
+        ssl_certfile=cert,
+        ssl_ca_certs=ca or None,
+        ssl_cert_reqs=reqs,
+        ssl_ciphers=ciphers,
+    )
 
 
 def chat_defaults(ns) -> dict:

@@ -146,8 +146,16 @@ def test_tls_flags_are_checked_before_the_engine_loads(tmp_path):
     other_key, _ = _self_signed(tmp_path, "other")
     assert tls_options(_serve_args()) == {}
     assert tls_options(_serve_args("--ssl-keyfile", key, "--ssl-certfile", cert)) == dict(
-        ssl_keyfile=key, ssl_certfile=cert, ssl_ca_certs=None, ssl_cert_reqs=int(ssl.CERT_NONE)
+        ssl_keyfile=key,
+        ssl_certfile=cert,
+        ssl_ca_certs=None,
+        ssl_cert_reqs=int(ssl.CERT_NONE),
+        ssl_ciphers="TLSv1",
     )
+    chosen = tls_options(
+        _serve_args("--ssl-keyfile", key, "--ssl-certfile", cert, "--ssl-ciphers", "ECDHE+AESGCM")
+    )
+    assert chosen["ssl_ciphers"] == "ECDHE+AESGCM"
     required = tls_options(
         _serve_args(
             "--ssl-keyfile", key, "--ssl-certfile", cert, "--ssl-ca-certs", cert, "--ssl-cert-reqs", "2"
@@ -156,7 +164,11 @@ def test_tls_flags_are_checked_before_the_engine_loads(tmp_path):
     assert required["ssl_cert_reqs"] == ssl.CERT_REQUIRED and required["ssl_ca_certs"] == cert
     refused = {
         "--ssl-keyfile needs --ssl-certfile": ["--ssl-keyfile", key],
-        "--ssl-ca-certs and --ssl-cert-reqs need TLS": ["--ssl-ca-certs", cert],
+        "--ssl-ca-certs, --ssl-cert-reqs and --ssl-ciphers need TLS": ["--ssl-ca-certs", cert],
+        "--ssl-ciphers need TLS": ["--ssl-ciphers", "ECDHE+AESGCM"],
+        "--ssl-ciphers: OpenSSL knows no cipher in 'NO-SUCH-CIPHER'": [
+            *("--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-ciphers", "NO-SUCH-CIPHER")
+        ],
         r"--ssl-cert-reqs must be one of": [
             "--ssl-certfile",
             cert,
