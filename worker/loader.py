@@ -151,11 +151,11 @@ def _fold_legacy_rope(merged: dict, hf_overrides: dict) -> None:
 
 def _clear_rope(config: dict, merged: dict, hf_overrides: dict) -> None:
     """{"rope_scaling": null} (vLLM users' way to drop a checkpoint's yarn or llama3 scaling) or
-    {"rope_parameters": null}: no rope scaling, the rope_theta kept. What null means on a
-    checkpoint saved in the older form (rope_theta beside rope_scaling), for either name and
-    either form: over transformers 5's rope_parameters a null rope_scaling was dropped (the
-    scaling kept) and a null rope_parameters reset rope_theta to the family's default; over
-    the older form a null rope_parameters kept the scaling."""
+    {"rope_parameters": null}: the default rope at the checkpoint's rope_theta (or the
+    overrides'), for either name over either form of config.json: the older form keeps its
+    top-level rope_theta beside a null rope_scaling; transformers 5's form gets
+    rope_parameters {"rope_type": "default", "rope_theta": ...} (a plain null there would be
+    ignored, or reset rope_theta to the family's default)."""
     if not any(
         name in hf_overrides and hf_overrides[name] is None for name in ("rope_scaling", "rope_parameters")
     ):
