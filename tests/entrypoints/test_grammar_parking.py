@@ -25,6 +25,10 @@ pytest.importorskip("xgrammar")
 
 HELD = "[a-c]+"  # the regex whose compile waits on the gate
 LIVENESS_S = 60  # how long a request that should run may take (a hang, not a speed, fails)
+# A small pool the test names, not one sized by gpu_memory_utilization: on a GPU whose memory
+# other test processes hold, the default sizing refused to start (7 failures in a parallel run
+# on an H100, passing alone).
+ENGINE = dict(num_blocks=64, max_num_seqs=4)
 
 
 @pytest.fixture
@@ -59,7 +63,7 @@ def _request(rid: str, regex=None, max_tokens: int = 8, ignore_eos: bool = False
 
 
 def test_other_requests_step_while_a_grammar_compiles(gate):
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -84,7 +88,7 @@ def test_a_long_compile_does_not_hold_up_another_requests_compile(gate):
     compile is held open, another structured-output request is compiled, added and run to its
     end. With one grammar thread it queued behind the held compile, so a tenant's slow schema
     stalled every other tenant's JSON mode for as long as that compile took."""
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -107,7 +111,7 @@ def test_a_request_whose_grammar_compiles_counts_as_waiting(gate):
     while its grammar compiles, as vLLM's scheduler keeps such a request in its waiting queue:
     they used to count nowhere, so a dashboard read an idle server (nothing running, nothing
     waiting) while requests queued behind a slow schema. An abort takes them off again."""
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -141,7 +145,7 @@ async def _park_then_abort(client) -> asyncio.Task:
 
 
 def test_an_abort_while_compiling_drops_the_request(gate):
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -166,7 +170,7 @@ def test_an_abort_while_compiling_never_makes_the_engine_wait_for_the_compile(ga
     compile, so the engine loop stood still (no other request stepped) until the aborted
     request's grammar had compiled. Here another request runs to its end while that compile is
     still held open."""
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -184,7 +188,7 @@ def test_an_abort_while_compiling_never_makes_the_engine_wait_for_the_compile(ga
 
 
 def test_a_constraint_that_does_not_compile_is_still_the_submits_error():
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
@@ -206,7 +210,7 @@ def test_a_grammar_setup_that_fails_refuses_that_add_and_the_engine_serves_on(mo
         raise RuntimeError("xgrammar could not read this tokenizer")
 
     monkeypatch.setattr(StructuredOutputManager, "__init__", broken)
-    with in_process_client(json_model_dir()) as client:
+    with in_process_client(json_model_dir(), **ENGINE) as client:
 
         async def run():
             client.start(asyncio.get_running_loop())
