@@ -95,21 +95,24 @@ def serve_args() -> list[str]:
 
 
 def test_the_client_examples_run_against_the_readme_server(model_dir):
-    """The openai client block, then the reasoning block (it uses its `client`), against the
-    server the README's command starts."""
+    """The openai client block, then the reasoning block and the Responses API block (they use
+    its `client`), against the server the README's command starts."""
     args = serve_args() + ["--chat-template", CHAT_TEMPLATE, "--reasoning-parser", "qwen3"]
     server = RemoteServer(Path(model_dir), args)
     try:
         namespace: dict = {"__name__": "readme"}
-        for line, code in blocks_using("OpenAI(", "client.chat"):
+        for line, code in blocks_using("OpenAI(", "client.chat", "client.responses"):
             run_block(line, code.replace("http://127.0.0.1:8000/v1", server.url("/v1")), namespace)
         message = namespace["resp"].choices[0].message  # the reasoning block's reply
         assert message.reasoning or message.content  # a random model never closes its thinking
+        assert namespace["reply"].object == "response"  # the Responses API block ran
     finally:
         assert server.terminate() == 0
 
 
-RUN_BY_THE_TESTS = ("LLM(", "llm.beam_search", "LLMEngine.from_engine_args(", "OpenAI(", "client.chat")
+RUN_BY_THE_TESTS = (
+    "LLM(", "llm.beam_search", "LLMEngine.from_engine_args(", "OpenAI(", "client.chat", "client.responses"
+)  # fmt: skip
 
 
 def test_every_python_block_of_the_readme_is_run_by_a_test():

@@ -1,7 +1,8 @@
 """The FastAPI app and the server process (`enginespec serve`).
 
 Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models (and OpenAI's
-/v1/models/{model}), /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /metrics;
+/v1/models/{model}), /v1/completions, /v1/chat/completions, /v1/responses (its GET by id a 404:
+nothing is stored), /tokenize, /detokenize, /metrics;
 with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
@@ -66,6 +67,7 @@ from enginespec.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ResponsesRequest,
     TokenizeRequest,
     legacy_field_hint,
 )
@@ -77,6 +79,7 @@ from enginespec.entrypoints.openai.serving import (
     create_completion,
     render_chat,
 )
+from enginespec.entrypoints.openai.serving_responses import create_response
 from enginespec.entrypoints.openai.sse import SSEResponse
 
 log = logging.getLogger(__name__)
@@ -506,6 +509,22 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         body = await _parse(request, ChatCompletionRequest)
         header_id = request.headers.get("x-request-id")
         return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request), header_id))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await _parse(request, ResponsesRequest)
+        header_id = request.headers.get("x-request-id")
+        return _result(await create_response(ctx, body, _disconnect_waiter(request), header_id))
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        """OpenAI's retrieve: this server stores no response (serving_responses.py), as vLLM's
+        default, so every id is unknown."""
+        raise APIError(
+            404,
+            f"Response with id '{response_id}' not found: this server does not store responses",
+            "response_id",
+        )
 
 
 def _model_permission(created: int) -> dict:

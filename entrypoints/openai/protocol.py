@@ -7,7 +7,9 @@ refused by name unless their value is a no-op (_COMPLETION_UNSUPPORTED, _CHAT_UN
 response_format (text, json_object, json_schema) and vLLM's structured_outputs become
 SamplingParams.structured_outputs (sampling.py).
 Null is "unset" for every OpenAI field, as OpenAI's schema marks them nullable (n included).
-Responses are plain dicts built in serving.py: their shape is fixed by the client, not checked.
+Responses are plain dicts built in serving.py (serving_responses.py for the Responses API):
+their shape is fixed by the client, not checked. ResponsesRequest (POST /v1/responses) refuses
+the OpenAI fields it does not implement the same way (_RESPONSES_UNSUPPORTED).
 """
 
 from __future__ import annotations
@@ -292,3 +294,131 @@ class TokenizeRequest(_ChatTemplateFields):
 class DetokenizeRequest(_Strict):
     model: Optional[str] = None
     tokens: list[int]
+
+
+# ---- the Responses API (POST /v1/responses; serving_responses.py) -------------------------------
+
+_NO_TOOLS_CHOICE = ("none", "auto")
+
+
+def _plain_text_format(value) -> bool:
+    """text: {"format": {"type": "text"}} (or no format) asks for what the server does anyway."""
+    return (
+        isinstance(value, dict)
+        and set(value) <= {"format", "verbosity"}
+        and (value.get("format") in (None, {"type": "text"}) and value.get("verbosity") in (None, "medium"))
+    )
+
+
+# OpenAI's Responses fields this server does not implement: refused by name (a 400) unless the
+# value asks for nothing (null, or the no-op the test names), as _CHAT_UNSUPPORTED's are.
+_RESPONSES_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
+    "tools": lambda value, body: value == [],
+    "tool_choice": lambda value, body: value in _NO_TOOLS_CHOICE,
+    "parallel_tool_calls": lambda value, body: isinstance(value, bool),
+    "max_tool_calls": lambda value, body: False,
+    "previous_response_id": lambda value, body: False,  # nothing is stored (serving_responses.py)
+    "conversation": lambda value, body: False,
+    "prompt": lambda value, body: False,
+    "reasoning": lambda value, body: False,
+    "background": lambda value, body: value is False,
+    "include": lambda value, body: value == [],
+    "top_logprobs": lambda value, body: value == 0,
+    "truncation": lambda value, body: value == "disabled",
+    "service_tier": lambda value, body: value in ("auto", "default"),
+    "stream_options": lambda value, body: value == {},
+    "context_management": lambda value, body: False,
+    "prompt_cache_retention": lambda value, body: value == "in_memory",
+    "prompt_cache_options": lambda value, body: False,
+    "moderation": lambda value, body: False,
+    "background_options": lambda value, body: False,
+    "access_programs": lambda value, body: False,
+    "image": lambda value, body: False,
+}
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses: OpenAI's Responses API, its text generation (serving_responses.py).
+
+    `input` is a string (one user message) or a list of message items ({"role", "content"},
+    optionally "type": "message"; content a string or a list of input_text / output_text
+    parts); `instructions` becomes a system message before them. `text.format` of type
+    json_schema / json_object is structured output, as chat's response_format. vLLM's extras
+    (top_k, min_p, repetition_penalty, seed, stop, ...) are taken as chat takes them. `store`
+    is taken and nothing is stored (vLLM's default): the response says `store: false`."""
+
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stream: Optional[bool] = False
+    metadata: Optional[dict[str, str]] = None
+    user: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    store: Optional[bool] = None
+    text: Optional[dict[str, Any]] = None
+    # vLLM's extras (sent in extra_body), with chat's meaning
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: Optional[Union[str, list[str]]] = None
+    ignore_eos: bool = False
+    priority: int = 0
+    cache_salt: Optional[str] = None
+    request_id: Optional[str] = None
+    # not supported: refused unless a no-op (_RESPONSES_UNSUPPORTED)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    max_tool_calls: Any = None
+    previous_response_id: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    reasoning: Any = None
+    background: Any = None
+    include: Any = None
+    top_logprobs: Any = None
+    truncation: Any = None
+    service_tier: Any = None
+    stream_options: Any = None
+    context_management: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
+    background_options: Any = None
+    access_programs: Any = None
+    image: Any = None
+
+    def unsupported_field(self) -> Optional[str]:
+        """The first field set to something this server does not do (None: none is); `text`
+        is one unless plain text or a format that maps onto response_format (text_format)."""
+        for name, no_op in _RESPONSES_UNSUPPORTED.items():
+            value = getattr(self, name)
+            if value is not None and not no_op(value, self):
+                return name
+        if self.text is not None and not _plain_text_format(self.text) and self.text_format() is None:
+            return "text"
+        return None
+
+    def text_format(self) -> Optional[ResponseFormat]:
+        """text.format as chat's response_format (None: plain text, or not a format that maps):
+        {"type": "json_schema", "name", "schema", "strict"?, "description"?} or json_object."""
+        text = self.text or {}
+        fmt = text.get("format")
+        if not isinstance(fmt, dict) or set(text) - {"format", "verbosity"}:
+            return None
+        if text.get("verbosity") not in (None, "medium"):
+            return None
+        if fmt.get("type") == "json_object" and set(fmt) == {"type"}:
+            return ResponseFormat(type="json_object")
+        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            return None
+        try:
+            schema = JsonSchemaFormat.model_validate({k: v for k, v in fmt.items() if k != "type"})
+        except ValueError:
+            return None
+        return ResponseFormat(type="json_schema", json_schema=schema)

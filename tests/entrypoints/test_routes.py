@@ -176,7 +176,9 @@ def _post_raw(path: str, content: bytes) -> httpx.Response:
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize(
+    "path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+)
 @pytest.mark.parametrize(
     "content, says",
     [
@@ -285,7 +287,9 @@ def _call_with_a_client_that_leaves(path: str, body_sent: bytes) -> list:
     return sent
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize(
+    "path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+)
 @pytest.mark.parametrize("body_sent", [b"", b'{"model": "m", "pro'])
 def test_a_client_that_leaves_before_its_body_is_read_is_no_server_error(path, body_sent):
     """A client whose connection drops before the server has read its whole body (a cancelled

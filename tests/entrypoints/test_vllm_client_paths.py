@@ -1,15 +1,30 @@
 """Lesser-used request paths a client moving from vLLM's server meets, over the app and an
 in-process engine, driven by the official openai client (and httpx for raw bodies): chat's echo
-(vLLM's field). Each test names what the client saw before its fix."""
+(vLLM's field); OpenAI's Responses API, POST /v1/responses (a 404 before: no route), checked
+against chat completions of the same conversation. Each test names what the client saw before
+its fix."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
-from enginespec.entrypoints.openai.serving import ServerContext
-from tests.entrypoints.client_helpers import in_process_client, run_with_clients
+from enginespec.entrypoints.openai.protocol import ResponsesRequest
+from enginespec.entrypoints.openai.reasoning import END, START, get_parser
+from enginespec.entrypoints.openai.serving import ServerContext, _Call
+from enginespec.entrypoints.openai.serving_responses import (
+    _as_chat_request,
+    _Events,
+    _full_response,
+    _MessageStream,
+)
+from enginespec.spec import SamplingParams
+from tests.entrypoints.client_helpers import in_process_client, run_with_clients, scripted_output
 from tests.entrypoints.remote_server import CHAT_TEMPLATE
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -72,3 +87,243 @@ def test_chat_echo_puts_the_final_assistant_message_before_each_reply(app):
     assert streamed == ["Ab" + r for r in replies]
     assert echoed.usage == plain.usage  # the echo is no generated token
     assert [c.message.content for c in user_last.choices] == [c.message.content for c in alone.choices]
+
+
+# ---- the Responses API (POST /v1/responses) -------------------------------------------------------
+
+INSTRUCTIONS = "be brief"
+
+
+async def _chat_text(client, messages, **fields) -> tuple[str, object]:
+    """The greedy chat reply and its usage, the oracle of a Responses request."""
+    chat = await client.chat.completions.create(model="tiny", messages=messages, temperature=0, **fields)
+    return chat.choices[0].message.content, chat
+
+
+def test_responses_text_is_the_chat_reply_to_the_same_conversation(app):
+    """A Responses request goes the chat way: instructions as a system message, the input's
+    message items after it (parts of input_text), the same greedy reply and token counts, in
+    OpenAI's Response shape. It was a 404 (no route)."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+
+    async def fn(client, http):
+        resp = await client.responses.create(
+            model="tiny", input=items, instructions=INSTRUCTIONS, max_output_tokens=6, temperature=0
+        )
+        messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": "hi"}]
+        text, chat = await _chat_text(client, messages, max_tokens=6)
+        plain = await client.responses.create(model="tiny", input="hi", max_output_tokens=6, temperature=0)
+        plain_text, _ = await _chat_text(client, messages[1:], max_tokens=6)
+        return resp, text, chat, plain, plain_text
+
+    resp, text, chat, plain, plain_text = serve(app, fn)
+    assert resp.id.startswith("resp_") and resp.object == "response" and resp.model == "tiny"
+    assert resp.output_text == text and plain.output_text == plain_text
+    (item,) = resp.output
+    assert (item.type, item.role, item.content[0].type, item.content[0].annotations) == (
+        "message", "assistant", "output_text", []
+    )  # fmt: skip
+    usage = resp.usage
+    assert (usage.input_tokens, usage.output_tokens) == (
+        chat.usage.prompt_tokens,
+        chat.usage.completion_tokens,
+    )
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens >= 0 and usage.output_tokens_details.reasoning_tokens == 0
+    assert (resp.instructions, resp.max_output_tokens, resp.temperature) == (INSTRUCTIONS, 6, 0.0)
+    assert resp.usage.input_tokens > plain.usage.input_tokens  # the instructions reached the prompt
+
+
+def test_responses_instructions_are_a_system_message_before_the_input(app):
+    """The prompt is the chat template's rendering of [system: instructions, user: input]
+    (CHAT_TEMPLATE writes each message as its role's initial, ':', its content, ';')."""
+
+    async def fn(client, http):
+        resp = await client.responses.create(
+            model="tiny", input="hi", instructions=INSTRUCTIONS, max_output_tokens=1
+        )
+        want = await http.post(
+            "/tokenize", json={"prompt": f"s:{INSTRUCTIONS};u:hi;A:", "add_special_tokens": False}
+        )
+        return resp, want.json()
+
+    resp, want = serve(app, fn)
+    assert resp.usage.input_tokens == want["count"]
+
+
+def test_responses_stream_events_join_to_the_full_response(app):
+    """The stream is OpenAI's event sequence, numbered from 0; its text deltas join to the
+    full response's text (a stop string's tail held back, never retracted), and the openai
+    client's responses.stream(...) helper builds the same final response."""
+    base = dict(model="tiny", input="hi", max_output_tokens=8, temperature=0)
+
+    async def fn(client, http):
+        full = await client.responses.create(**base)
+        stop = full.output_text[2:4]
+        assert len(stop) == 2
+        cut = await client.responses.create(**base, extra_body={"stop": [stop]})
+        events = [e async for e in await client.responses.create(**base, stream=True)]
+        cut_events = [
+            e async for e in await client.responses.create(**base, stream=True, extra_body={"stop": [stop]})
+        ]
+        async with client.responses.stream(**base) as helper:
+            helper_events = [e async for e in helper]
+            final = await helper.get_final_response()
+        return full, cut, stop, events, cut_events, helper_events, final
+
+    full, cut, stop, events, cut_events, helper_events, final = serve(app, fn)
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas >= 1
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == full.output_text
+    assert events[-4].text == full.output_text
+    done = events[-1].response
+    assert done.output_text == full.output_text and done.usage == full.usage and done.status == full.status
+    assert events[0].response.status == "in_progress" and events[0].response.id == done.id
+    assert cut.output_text == full.output_text[: full.output_text.find(stop)]
+    assert "".join(e.delta for e in cut_events if e.type == "response.output_text.delta") == cut.output_text
+    assert [e.type for e in helper_events][-1] == "response.completed"
+    assert final.output_text == full.output_text and final.id == helper_events[-1].response.id
+
+
+def test_responses_cut_by_max_output_tokens_are_incomplete(app):
+    """A reply cut by length is status "incomplete" with incomplete_details.reason
+    "max_output_tokens" (its message item too), full and streamed."""
+    base = dict(model="tiny", input="hi", max_output_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+
+    async def fn(client, http):
+        full = await client.responses.create(**base)
+        events = [e async for e in await client.responses.create(**base, stream=True)]
+        return full, events
+
+    full, events = serve(app, fn)
+    assert full.status == "incomplete" and full.incomplete_details.reason == "max_output_tokens"
+    assert full.output[0].status == "incomplete" and full.usage.output_tokens == 2
+    done = events[-1].response
+    assert (done.status, done.incomplete_details.reason, done.output[0].status) == (
+        "incomplete", "max_output_tokens", "incomplete"
+    )  # fmt: skip
+    assert events[-2].item.status == "incomplete"
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"background": True}, "background"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),  # no schema
+        ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+        ({"input": []}, "input"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"temprature": 0}, "temprature"),
+    ],
+)
+def test_responses_fields_this_server_does_not_do_are_400s_naming_them(app, fields, param):
+    """Never silently ignored: a field set to what this server does not do is a 400 in OpenAI's
+    error shape naming it (chat's names of the same fields, max_tokens and messages, renamed)."""
+
+    async def fn(client, http):
+        return await http.post("/v1/responses", json={"model": "tiny", "input": "hi", **fields})
+
+    resp = serve(app, fn)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["param"], error["type"], error["code"]) == (param, "BadRequestError", 400)
+    assert "max_tokens" not in error["message"] and "messages" not in error["message"]
+
+
+def test_responses_no_op_values_of_unsupported_fields_are_served(app):
+    """What asks for nothing is served: no tools, tool_choice auto, store true (nothing is
+    stored, as vLLM's default: the response says store false, and retrieving it is a 404)."""
+    noop = dict(tools=[], tool_choice="auto", parallel_tool_calls=True, truncation="disabled", store=True)
+
+    async def fn(client, http):
+        resp = await client.responses.create(
+            model="tiny", input="hi", max_output_tokens=2, metadata={"k": "v"}, user="u", **noop
+        )
+        again = await http.get(f"/v1/responses/{resp.id}")
+        return resp, again
+
+    resp, again = serve(app, fn)
+    assert resp.store is False and resp.metadata == {"k": "v"} and resp.user == "u"
+    assert again.status_code == 404 and again.json()["error"]["type"] == "NotFoundError"
+
+
+def test_responses_json_schema_text_format_is_chats_response_format(app):
+    """text.format json_schema constrains the reply as chat's response_format does."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "name": "obj", "schema": schema, "strict": True}
+
+    async def fn(client, http):
+        resp = await client.responses.create(
+            model="tiny", input="hi", max_output_tokens=12, temperature=0, text={"format": fmt}
+        )
+        chat_format = {"type": "json_schema", "json_schema": {"name": "obj", "schema": schema}}
+        text, _ = await _chat_text(
+            client, [{"role": "user", "content": "hi"}], max_tokens=12, response_format=chat_format
+        )
+        return resp, text
+
+    resp, text = serve(app, fn)
+    assert resp.output_text == text and resp.text.format.type == "json_schema"
+
+
+_PIECES = st.lists(st.sampled_from([START, END, "<", "</th", "ink>", "a", " b\n"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pieces=_PIECES, in_reasoning=st.booleans())
+def test_responses_stream_under_a_reasoning_parser_splits_as_the_full_response(pieces, in_reasoning):
+    """Under --reasoning-parser the thinking is a reasoning item before the message, full and
+    streamed (sent whole, before the message's item opens); the streamed text deltas join to the
+    full response's message text, and the items the stream sends are the full response's.
+    Scripted outputs, the text growing a character a step (the tags arriving in pieces)."""
+    text = "".join(pieces)
+    body = ResponsesRequest(input="hi")
+    call = _Call("chat", "resp_1", "m", _as_chat_request(body), [("p", [1])], ())
+    call.reasoning, call.starts_in_reasoning = get_parser("qwen3"), in_reasoning
+    message = _MessageStream(call, _Events())
+    frames = []
+    for i in range(1, len(text) + 1):
+        frames += message.feed(scripted_output(text[:i], "stop" if i == len(text) else None).outputs[0])
+    events = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    final = scripted_output(text, "stop")
+    final.num_cached_tokens = 0
+    full = _full_response(call, body, SamplingParams(), final)
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in added] == [i["type"] for i in full["output"]] and done == full["output"]
+    assert message.items("completed") == full["output"]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == full["output"][-1]["content"][0]["text"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_responses_stream_ends_with_an_error_event_when_the_engine_fails_the_request(app):
+    """A step that fails the request after the stream began: an "error" event (code 500, its
+    message) after the events sent so far, and the stream ends; the server serves on."""
+    base = dict(model="tiny", input="hi", max_output_tokens=4, temperature=0)
+
+    async def fn(client, http):
+        await app[1].fail_next_step()
+        events = [e async for e in await client.responses.create(**base, stream=True)]
+        after = await client.responses.create(**base)
+        return events, after
+
+    events, after = serve(app, fn)
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
+    assert events[-1].code == "500" and events[-1].sequence_number == 2 and events[-1].message
+    assert after.status in ("completed", "incomplete") and after.output_text
