@@ -288,6 +288,26 @@ class AsyncLLM:
         self._bind_loop()
         return await self._client.reset_prefix_cache()
 
+    async def start_profile(self, profile_prefix: Optional[str] = None) -> None:
+        """vLLM's: trace what the engine runs from now until stop_profile() with torch.profiler,
+        in the engine's own process (where the model runs; this one is not traced), into the
+        directory VLLM_TORCH_PROFILER_DIR names there (api/profiler.py states the rules; set it
+        before the AsyncLLM starts its engine). Taken between two steps. RuntimeError (its
+        ProfilerStateError) while a profile runs; EngineRequestError when the variable is unset;
+        EngineDead when the engine is not running."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        await self._client.start_profile(profile_prefix)
+
+    async def stop_profile(self) -> None:
+        """vLLM's: stop the engine's trace and write it (written when this returns); a
+        RuntimeError (ProfilerStateError) while none runs."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        await self._client.stop_profile()
+
     @property
     def is_running(self) -> bool:
         """The engine is up and taking requests."""

@@ -8,7 +8,13 @@ as `enginespec.<phase>` ranges (engine_core._span). stop_profile writes one Chro
 trace, `<host>_<pid>.<ms>.pt.trace.json`, torch's tensorboard_trace_handler's name (profile_prefix,
 when given, replaces `<host>_<pid>`). Only this process is traced: under tensor parallelism the
 other ranks' work is not (vLLM traces each worker). One profile at a time: a second start, or a
-stop with none running, is a RuntimeError that changes nothing.
+stop with none running, is a ProfilerStateError (a RuntimeError) that changes nothing; the server
+answers it 409 (entrypoints/openai/api_server.py), where vLLM's current workers log a warning and
+answer 200.
+
+Where the engine core runs in a process of its own (AsyncLLM, the server), the Profiler lives
+there, in the engine loop (engine/core_proc.py), started and stopped between two steps on the
+thread that steps, so the trace holds the model's work; the front end's process is not traced.
 """
 
 from __future__ import annotations
@@ -21,6 +27,15 @@ import torch
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 
 
+def profiler_dir() -> str:
+    """The trace directory VLLM_TORCH_PROFILER_DIR names now ("" when unset: profiling is off)."""
+    return os.environ.get(PROFILER_DIR_ENV, "")
+
+
+class ProfilerStateError(RuntimeError):
+    """start while a profile runs, or stop while none does: the caller's order, not a fault."""
+
+
 class Profiler:
     """At most one running torch.profiler.profile."""
 
@@ -29,8 +44,8 @@ class Profiler:
 
     def start(self, device: torch.device, profile_prefix: Optional[str] = None) -> None:
         if self._running is not None:
-            raise RuntimeError("a profile is already running: call stop_profile() first")
-        directory = os.environ.get(PROFILER_DIR_ENV, "")
+            raise ProfilerStateError("a profile is already running: call stop_profile() first")
+        directory = profiler_dir()
         if not directory:
             raise RuntimeError(
                 f"profiling is not enabled: set {PROFILER_DIR_ENV} to the directory the trace goes to"
@@ -48,6 +63,6 @@ class Profiler:
     def stop(self) -> None:
         """Stop the running profile and write its trace."""
         if self._running is None:
-            raise RuntimeError("no profile is running: call start_profile() first")
+            raise ProfilerStateError("no profile is running: call start_profile() first")
         profile, self._running = self._running, None
         profile.stop()

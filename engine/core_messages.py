@@ -5,8 +5,10 @@ Two one-way multiprocessing Connections (pickle), plain tuples on the hot path:
 front end -> engine (the engine takes every pending one between two steps):
   ("add", token, [NewRequest, ...])  all or none; answered ("added", token, error or None)
   ("abort", [request ids])           no answer; the blocks are free before the next step
-  ("call", token, name)              name in CALLS; answered ("done", token, result): the
-                                     call's result (reset_prefix_cache's bool; None for the others)
+  ("call", token, name, *args)       name in CALLS (args: start_profile's profile_prefix);
+                                     answered ("done", token, result): the call's result
+                                     (reset_prefix_cache's bool; None for the others), or the
+                                     ErrorInfo of what it raised (the loop goes on)
   ("shutdown",)                      the loop ends, the engine exits
 
 engine -> front end:
@@ -35,9 +37,10 @@ from enginespec.engine.spec_decode.stats import SpecDecodeStats
 from enginespec.outputs import Logprob
 from enginespec.spec import SamplingParams
 
-#: the names of ("call", token, name): stop stepping, step again, fail the next step's requests,
-#: forget the cached prefix blocks (EngineCore.reset_prefix_cache: False while blocks are in use)
-CALLS = ("pause", "resume", "fail_next", "reset_prefix_cache")
+#: the names of ("call", token, name, *args): stop stepping, step again, fail the next step's
+#: requests, forget the cached prefix blocks (EngineCore.reset_prefix_cache: False while blocks are
+#: in use), start and stop a torch.profiler trace of the engine process (api/profiler.py)
+CALLS = ("pause", "resume", "fail_next", "reset_prefix_cache", "start_profile", "stop_profile")
 
 
 @dataclass

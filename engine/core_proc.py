@@ -55,6 +55,7 @@ from enginespec.engine.core_messages import (
 )
 from enginespec.engine.output_processor import prompt_logprob_entries
 from enginespec.engine.spec_decode.stats import SpecDecodeStats
+from enginespec.profiler import Profiler
 
 
 class InjectedFault(RuntimeError):
@@ -300,6 +301,7 @@ class EngineCoreProc:
         self._failed: list[tuple] = []
         self._replies: list[tuple] = []
         self._parked: list[ParkedAdd] = []
+        self._profiler = Profiler()  # the engine process's: the model runs here
 
     def run(self) -> None:
         """Until ("shutdown",) or until the front end is gone (EOF, broken pipe)."""
@@ -364,15 +366,28 @@ class EngineCoreProc:
             for rid in live:
                 self.tracker.drop(rid)
         elif kind == "call":
-            self._replies.append(("done", command[1], self._call(command[2])))
+            self._replies.append(("done", command[1], self._call_or_error(command[2], command[3:])))
         elif kind == "shutdown":
             self._stop = True
         else:
             raise ValueError(f"unknown engine command {kind!r}")
 
-    def _call(self, name: str) -> Optional[bool]:
-        """Run one of core_messages.CALLS between two steps; its result goes back in "done"."""
-        if name == "pause":
+    def _call_or_error(self, name: str, args: tuple):
+        """_call's result, or the ErrorInfo of what it raised: the caller gets the error (a
+        start_profile while one runs), and the loop, with every other request, goes on."""
+        try:
+            return self._call(name, *args)
+        except Exception as exc:
+            return ErrorInfo.of(exc)
+
+    def _call(self, name: str, *args) -> Optional[bool]:
+        """Run one of core_messages.CALLS between two steps; its result goes back in "done".
+        The profile calls run here, on the thread that steps, so the trace holds the steps."""
+        if name == "start_profile":
+            self._profiler.start(self.engine.model.device, *args)
+        elif name == "stop_profile":
+            self._profiler.stop()
+        elif name == "pause":
             self._paused = True
         elif name == "resume":
             self._paused = False

@@ -5,7 +5,9 @@ Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models (an
 nothing is stored), /tokenize, /detokenize, /metrics;
 with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
-them), and vLLM's dev-mode POST /reset_prefix_cache. --api-key KEY [KEY ...] guards /v1/* (a
+them), and vLLM's dev-mode POST /reset_prefix_cache; with VLLM_TORCH_PROFILER_DIR set when the app
+is built, vLLM's POST /start_profile and /stop_profile (a torch.profiler trace of the engine's
+process into that directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...] guards /v1/* (a
 Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
 variable's key does, as vLLM reads it (api_keys). --enable-request-id-headers puts X-Request-Id
 on every response (vLLM's flag). Every error, a route or method the server lacks included, is
@@ -81,6 +83,7 @@ from enginespec.entrypoints.openai.serving import (
 )
 from enginespec.entrypoints.openai.serving_responses import create_response
 from enginespec.entrypoints.openai.sse import SSEResponse
+from enginespec.profiler import PROFILER_DIR_ENV, ProfilerStateError, profiler_dir
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +283,8 @@ def build_app(
     server answers it; None: no CORS headers, preflights are 405s. `request_id_headers`: every
     response carries X-Request-Id (_RequestIdHeader, the outermost of these layers, so a 401 and
     a preflight do too; an internal error's 500 gets it from its handler). `app_options`:
-    fastapi_options' (the root path, _RootPath's; the rest FastAPI's own: the docs routes)."""
+    fastapi_options' (the root path, _RootPath's; the rest FastAPI's own: the docs routes).
+    VLLM_TORCH_PROFILER_DIR set (not empty) now adds the profile routes (_add_profile_routes)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -336,6 +340,8 @@ def build_app(
     _add_utility_routes(app, ctx, metrics)
     if dev:
         _add_dev_routes(app, ctx)
+    if profiler_dir():  # read now, as vLLM's server reads it when it builds its routes
+        _add_profile_routes(app, ctx)
     return app
 
 
@@ -635,6 +641,34 @@ def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def fail_next_step():
         await ctx.engine.fail_next_step()
         return {"armed": True}
+
+
+def _add_profile_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """vLLM's POST /start_profile and /stop_profile: a torch.profiler trace of the engine's
+    process (where the model runs) between the two, one `*.pt.trace.json` in
+    VLLM_TORCH_PROFILER_DIR, written when /stop_profile answers (api/profiler.py). 200 with an
+    empty body, as vLLM's. A second start, or a stop with none running, is a 409 that changes
+    nothing (vLLM's workers log a warning and answer 200); the server serves on either way."""
+    log.warning(
+        "%s is set: POST /start_profile and /stop_profile trace the engine (for development only)",
+        PROFILER_DIR_ENV,
+    )
+
+    @app.post("/start_profile")
+    async def start_profile():
+        try:
+            await ctx.engine.start_profile()
+        except ProfilerStateError:
+            raise APIError(409, "a profile is already running: POST /stop_profile first") from None
+        return Response(status_code=200)
+
+    @app.post("/stop_profile")
+    async def stop_profile():
+        try:
+            await ctx.engine.stop_profile()
+        except ProfilerStateError:
+            raise APIError(409, "no profile is running: POST /start_profile first") from None
+        return Response(status_code=200)
 
 
 def load_chat_template(value: Optional[str]) -> Optional[str]:

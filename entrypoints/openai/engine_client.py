@@ -17,8 +17,9 @@ Invariants:
 - Every pending request gets exactly one terminal item on its queue: its finished output or an
   error (stop() too ends the pending ones with EngineDead); an aborted one gets nothing (nobody
   listens) but is released all the same. Likewise every call between two steps (pause,
-  reset_prefix_cache, ...) gets its reply or an error: stop() and the engine's death fail the
-  ones awaiting a reply, and a call after stop() is EngineDead at once.
+  reset_prefix_cache, start_profile, ...) gets its reply or an error: the error the call raised
+  in the engine (_call_error: a ProfilerStateError stays one), and stop() and the engine's death
+  fail the ones awaiting a reply, and a call after stop() is EngineDead at once.
 - A request id names one pending request: submitting an id that is pending (or twice in one
   batch) is a ValueError that changes nothing, as the engine refuses an id in use. An id may
   be reused once its request finished or was aborted; a stream takes deltas and failures only
@@ -46,6 +47,7 @@ from typing import Callable, Optional
 from enginespec.engine.core_messages import EngineInfo, EngineState, ErrorInfo, NewRequest
 from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai.request_stream import DecodeError, RequestStream
+from enginespec.profiler import ProfilerStateError
 from enginespec.spec import check_token_ids
 
 # Messages taken per reader callback at most (then other tasks run; the reader fires again).
@@ -208,6 +210,14 @@ def _as_exception(error: ErrorInfo) -> Exception:
     if error.is_value_error:
         return ValueError(error.message)
     return EngineRequestError(f"{error.type_name}: {error.message}")
+
+
+def _call_error(error: ErrorInfo) -> Exception:
+    """What a call the engine ran and that raised raises here: a ProfilerStateError stays one (a
+    start while a profile runs, a stop while none does: the server's 409), else _as_exception's."""
+    if error.is_a("ProfilerStateError"):
+        return ProfilerStateError(error.message)
+    return _as_exception(error)
 
 
 class EngineClient:
@@ -572,8 +582,9 @@ class EngineClient:
             self._on_death()
             raise (fresh_error(self.fatal) if self.fatal else EngineDead("the engine is stopping")) from None
 
-    async def _call(self, name: str):
-        """Run core_messages.CALLS' `name` in the engine between two steps; its result."""
+    async def _call(self, name: str, *args):
+        """Run core_messages.CALLS' `name` in the engine between two steps; its result, or the
+        error it raised there (_call_error)."""
         if self.fatal is not None:
             raise fresh_error(self.fatal)
         if self._stopping:  # the reader is gone: no reply would ever come
@@ -581,7 +592,7 @@ class EngineClient:
         token = next(self._tokens)
         fut = self._loop.create_future()
         self._calls[token] = fut
-        self._send(("call", token, name))
+        self._send(("call", token, name, *args))
         return await fut
 
     async def pause(self) -> None:
@@ -598,6 +609,17 @@ class EngineClient:
         """EngineCore.reset_prefix_cache between two steps: False (nothing changed) while a
         request holds blocks."""
         return bool(await self._call("reset_prefix_cache"))
+
+    async def start_profile(self, profile_prefix: Optional[str] = None) -> None:
+        """Start a torch.profiler trace in the engine's process, between two steps, on the
+        thread that steps (api/profiler.py states the rules): ProfilerStateError while one runs;
+        EngineRequestError when the engine's process has no VLLM_TORCH_PROFILER_DIR."""
+        await self._call("start_profile", profile_prefix)
+
+    async def stop_profile(self) -> None:
+        """Stop the engine's trace and write it (done when this returns): ProfilerStateError
+        while none runs."""
+        await self._call("stop_profile")
 
     # ---- the engine's messages ------------------------------------------------------------------
 
@@ -676,11 +698,15 @@ class EngineClient:
                 pass
 
     def _on_reply(self, kind: str, token: int, error) -> None:
-        """An add's answer (error: ErrorInfo or None), or a call's ("done"; error is its result)."""
+        """An add's answer (error: ErrorInfo or None), or a call's ("done"; error is its result,
+        or the ErrorInfo of what the call raised)."""
         if kind == "done":
             fut = self._calls.pop(token, None)
             if fut is not None and not fut.done():
-                fut.set_result(error)
+                if isinstance(error, ErrorInfo):
+                    fut.set_exception(_call_error(error))
+                else:
+                    fut.set_result(error)
             return
         streams = [s for s in self._adds.pop(token, []) if self._streams.get(s.request_id) is s]
         if error is not None:

@@ -547,6 +547,31 @@ def test_shutdown_ends_a_reset_prefix_cache_awaiting_its_reply(model_dir):
     asyncio.run(shut_down_while_calling())
 
 
+def test_a_profile_traces_the_engines_steps_and_calls_out_of_order_raise(async_llm, tmp_path, monkeypatch):
+    """vLLM's AsyncLLM.start_profile / stop_profile (an AttributeError here): taken by the engine
+    loop, so the trace holds its steps' ranges; a stop with none running and a second start are
+    RuntimeErrors, and the engine serves on. Without the directory, start is an error naming it."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    async def profile():
+        monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+        with pytest.raises(RuntimeError, match="VLLM_TORCH_PROFILER_DIR"):
+            await async_llm.start_profile()
+        monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
+        with pytest.raises(RuntimeError, match="no profile is running"):
+            await async_llm.stop_profile()
+        await async_llm.start_profile()
+        with pytest.raises(RuntimeError, match="already running"):
+            await async_llm.start_profile()
+        outs = await _collect(async_llm, PROMPT, params, "profiled")
+        await async_llm.stop_profile()
+        return outs[-1]
+
+    assert len(asyncio.run(profile()).outputs[0].token_ids) == 2
+    (trace,) = tmp_path.glob("*.pt.trace.json")
+    assert "enginespec.schedule" in trace.read_text()
+
+
 def test_the_engine_core_runs_in_its_own_process(model_dir, llm):
     params = SamplingParams(max_tokens=5, temperature=0)
     with AsyncLLM(str(model_dir), start_timeout=300, **ENGINE) as engine:
