@@ -12,6 +12,11 @@ stop with none running, is a ProfilerStateError (a RuntimeError) that changes no
 answers it 409 (entrypoints/openai/api_server.py), where vLLM's current workers log a warning and
 answer 200.
 
+A profile still running when the process exits is stopped then, its trace written (close(), an
+exit hook start registers): left running, torch's profiler crashed the interpreter's exit
+(SIGSEGV, status 139) after a script that never called stop_profile, or a server stopped
+mid-profile. The engine loop closes its Profiler as it ends.
+
 Where the engine core runs in a process of its own (AsyncLLM, the server), the Profiler lives
 there, in the engine loop (engine/core_proc.py), started and stopped between two steps on the
 thread that steps, so the trace holds the model's work; the front end's process is not traced.
@@ -19,6 +24,7 @@ thread that steps, so the trace holds the model's work; the front end's process 
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Optional
 
@@ -59,10 +65,18 @@ class Profiler:
         )
         profile.start()
         self._running = profile
+        atexit.register(self.close)
 
     def stop(self) -> None:
         """Stop the running profile and write its trace."""
         if self._running is None:
             raise ProfilerStateError("no profile is running: call start_profile() first")
+        atexit.unregister(self.close)
         profile, self._running = self._running, None
         profile.stop()
+
+    def close(self) -> None:
+        """Stop the running profile, writing its trace; nothing when none runs (module doc:
+        the exit hook that keeps a forgotten profile from crashing the interpreter's exit)."""
+        if self._running is not None:
+            self.stop()

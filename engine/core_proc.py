@@ -324,7 +324,10 @@ class EngineCoreProc:
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass  # the front end is gone: so is the engine
         finally:
-            self.outbox.close()
+            try:
+                self._profiler.close()  # a profile still running: its trace is written now
+            finally:
+                self.outbox.close()
 
     def _wait_idle(self) -> None:
         """Sleep until a command (or EOF) arrives, a tensor-parallel worker exits, or it is time

@@ -572,15 +572,25 @@ def test_a_profile_traces_the_engines_steps_and_calls_out_of_order_raise(async_l
     assert "enginespec.schedule" in trace.read_text()
 
 
-def test_the_engine_core_runs_in_its_own_process(model_dir, llm):
+def test_the_engine_core_runs_in_its_own_process(model_dir, llm, tmp_path, monkeypatch):
+    """Its profile is taken there too; one left running at shutdown is written as the engine
+    loop ends (left to the process's exit, torch's profiler crashed it: exit status -11)."""
     params = SamplingParams(max_tokens=5, temperature=0)
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))  # the spawned engine's too
+
+    async def profiled():
+        await engine.start_profile()
+        return await _collect(engine, PROMPT, params, "proc")
+
     with AsyncLLM(str(model_dir), start_timeout=300, **ENGINE) as engine:
         assert engine.info.pid != os.getpid()
-        outs = asyncio.run(_collect(engine, PROMPT, params, "proc"))
+        outs = asyncio.run(profiled())
         want = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
         assert _summary(outs[-1])[2] == _summary(want)[2]
         worker = engine._client._worker
-    assert not worker.is_alive()
+    assert not worker.is_alive() and worker.exitcode == 0
+    (trace,) = tmp_path.glob(f"*_{engine.info.pid}.*.pt.trace.json")
+    assert "enginespec.schedule" in trace.read_text()
 
 
 def test_an_unguarded_script_is_told_to_guard_itself(model_dir, tmp_path):

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from enginespec import LLM, SamplingParams
+from enginespec import profiler as profiler_module
 from enginespec.testing.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -47,3 +48,22 @@ def test_stop_without_start_and_a_second_start_are_runtime_errors(llm, tmp_path,
         llm.start_profile()
     llm.stop_profile()
     assert list(tmp_path.glob("*.pt.trace.json"))
+
+
+def test_a_profile_left_running_is_stopped_and_written_by_the_exit_hook(tmp_path, monkeypatch):
+    """Left running to the interpreter's exit, torch's profiler crashed it (SIGSEGV, status 139,
+    no trace) after a script that never called stop_profile: start registers an exit hook that
+    stops the profile and writes its trace; stop removes it."""
+    import torch
+
+    hooks = []
+    monkeypatch.setattr(profiler_module.atexit, "register", hooks.append)
+    monkeypatch.setattr(profiler_module.atexit, "unregister", hooks.remove)
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
+    profiler = profiler_module.Profiler()
+    profiler.start(torch.device("cpu"))
+    (at_exit,) = hooks
+    at_exit()
+    assert hooks == [] and len(list(tmp_path.glob("*.pt.trace.json"))) == 1
+    with pytest.raises(RuntimeError, match="no profile is running"):
+        profiler.stop()
