@@ -1,11 +1,12 @@
 """Lesser-used request paths a client moving from vLLM's server meets, over the app and an
 in-process engine, driven by the official openai client (and httpx for raw bodies): chat's echo
 (vLLM's field); OpenAI's Responses API, POST /v1/responses (a 404 before: no route), checked
-against chat completions of the same conversation. Each test names what the client saw before
-its fix."""
+against chat completions of the same conversation; and a stream whose client leaves. Each
+test names what the client saw before its fix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -327,3 +328,60 @@ def test_responses_stream_ends_with_an_error_event_when_the_engine_fails_the_req
     assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
     assert events[-1].code == "500" and events[-1].sequence_number == 2 and events[-1].message
     assert after.status in ("completed", "incomplete") and after.output_text
+
+
+# ---- a stream's client leaving ---------------------------------------------------------------------
+
+
+class _HeldStream:
+    """One raw ASGI call of a streamed POST whose client takes the first body chunk and then holds
+    the response open (its send waits on `resume`), then reads the rest (`resume` set) or leaves
+    (`left` set: the next receive is the disconnect, which cancels the waiting send): what
+    httpx's ASGITransport, which gathers the whole body first, cannot do."""
+
+    def __init__(self, app, path: str, body: dict):
+        self.app, self.path, self.body = app, path, json.dumps(body).encode()
+        self.first_chunk, self.resume, self.left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.chunks: list = []
+
+    async def receive(self):
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.chunks.append(message["body"])
+            self.first_chunk.set()
+            await self.resume.wait()
+
+    def run(self):
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
+            "root_path": "", "query_string": b"", "server": ("test", 80), "client": ("127.0.0.1", 9),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.body))],
+        }  # fmt: skip
+        return asyncio.ensure_future(self.app(scope, self.receive, self.send))
+
+
+def test_a_stream_whose_client_leaves_while_a_write_waits_aborts_its_request_at_once(app):
+    """A client that leaves while its stream's write waits (uvicorn's send blocks on a client
+    that stopped reading) ended the response but not the frame generator, which sat suspended
+    until the garbage collector reached it: the engine went on generating (to max_tokens, its
+    blocks held) for nobody, and /load said the request was gone while it still ran. The
+    generator is now closed with the response, so the request is aborted when it ends."""
+    body = dict(prompt="Hello", max_tokens=40, temperature=0, ignore_eos=True, stream=True)
+
+    async def fn(client, http):
+        held = _HeldStream(app[0], "/v1/completions", body)
+        task = held.run()
+        await held.first_chunk.wait()
+        running = app[1].num_pending_requests
+        held.left.set()
+        await asyncio.wait_for(task, 60)  # a guard against a hang, not a timing
+        return running, app[1].num_pending_requests
+
+    assert serve(app, fn) == (1, 0)
