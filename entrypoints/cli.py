@@ -719,6 +719,13 @@ def _add_serve_parser(sub) -> None:
         help="put X-Request-Id on every response: the request's own, else a fresh id (vLLM's flag)",
     )
     serve.add_argument(
+        "--enable-server-load-tracking",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GET /load answers the generation requests in flight, {\"server_load\": N} (vLLM's flag; "
+        "without it, 0)",
+    )
+    serve.add_argument(
         "--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ..., /reset_prefix_cache"
     )
     serve.add_argument(

@@ -2,16 +2,19 @@
 
 Routes: /health (and vLLM's /ping, its SageMaker form), /version, /v1/models (and OpenAI's
 /v1/models/{model}), /v1/completions, /v1/chat/completions, /v1/responses (its GET by id a 404:
-nothing is stored), /tokenize, /detokenize, /metrics;
+nothing is stored), vLLM's /invocations (SageMaker's: chat or completion by the body's shape),
+/load (vLLM's: the generation requests in flight under --enable-server-load-tracking, else 0),
+/tokenize, /detokenize, /metrics;
 with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache; with VLLM_TORCH_PROFILER_DIR set when the app
 is built, vLLM's POST /start_profile and /stop_profile (a torch.profiler trace of the engine's
-process into that directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...] guards /v1/* (a
-Bearer token, any one of the keys), as vLLM does; without the flag, the VLLM_API_KEY environment
-variable's key does, as vLLM reads it (api_keys). --enable-request-id-headers puts X-Request-Id
-on every response (vLLM's flag). Every error, a route or method the server lacks included, is
-OpenAI's {"error": {"message", "type", "param", "code"}} (errors.py).
+process into that directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...]
+guards /v1/* and /invocations (a Bearer token, any one of the keys), as vLLM does; without the
+flag, the VLLM_API_KEY environment variable's key does, as vLLM reads it (api_keys).
+--enable-request-id-headers puts X-Request-Id on every response (vLLM's flag). Every error, a
+route or method the server lacks included, is OpenAI's {"error": {"message", "type", "param",
+"code"}} (errors.py).
 
 Processes: the EngineCore runs in a spawned process of its own (engine/core_proc.py; with
 --engine-in-process, on a thread of this one); this process keeps uvicorn, the tokenizer,
@@ -96,6 +99,20 @@ def _error_response(err: APIError) -> JSONResponse:
 async def _parse(request: Request, model: type[BaseModel]):
     """The JSON body as `model`; malformed JSON, JSON that is no object, JSON nested past the
     decoder's recursion, or a field error (unknown, wrong type) is a 400."""
+    raw = await _json_object(request)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        param, error = _field_error(exc)
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        hint = legacy_field_hint(where) if error.get("type") == "extra_forbidden" else None
+        message = f"{where}: {error.get('msg')}" + (f": {hint}" if hint else "")
+        raise APIError(400, f"{message} ({exc.error_count()} error(s))", param) from None
+
+
+async def _json_object(request: Request) -> dict:
+    """The JSON body, which must be an object with no lone surrogate in its strings (a 400
+    otherwise). Starlette keeps the decoded body on the request: a second call decodes nothing."""
     try:
         raw = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -106,14 +123,7 @@ async def _parse(request: Request, model: type[BaseModel]):
         raise APIError(400, f"the body must be a JSON object, got {_json_kind(raw)}")
     if _MAY_HOLD_SURROGATE.search(await request.body()):  # the body is cached: no second read
         _refuse_lone_surrogates(raw)
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        param, error = _field_error(exc)
-        where = ".".join(str(p) for p in error.get("loc", ()))
-        hint = legacy_field_hint(where) if error.get("type") == "extra_forbidden" else None
-        message = f"{where}: {error.get('msg')}" + (f": {hint}" if hint else "")
-        raise APIError(400, f"{message} ({exc.error_count()} error(s))", param) from None
+    return raw
 
 
 def _json_kind(value) -> str:
@@ -196,15 +206,22 @@ class _RootPath:
         await self.app(scope, receive, send)
 
 
+def _needs_key(path: str) -> bool:
+    """Whether the API key guards `path` (routing's, _route_path): the OpenAI API under /v1, and
+    /invocations, SageMaker's door to the same generation (vLLM's server guards it too; its
+    probes, /health, /ping, /load, /metrics and /version, stay open)."""
+    return path.startswith("/v1") or path == "/invocations"
+
+
 class _ApiKeyGuard:
-    """Plain ASGI middleware: /v1/* needs 'Authorization: Bearer KEY' for one of the keys (401
-    otherwise), as vLLM's. The scheme is read case-insensitively (an HTTP auth scheme is: RFC
-    9110 11.1, and vLLM reads it so); one space, then the key, which must match exactly. Keys
-    are compared as SHA-256 digests, every key each time, so that neither a key's length nor
-    which key matched shows in the timing. The path is read as routing reads it, without the
-    app's --root-path (a request through a proxy that keeps the prefix, /PREFIX/v1/..., is
-    served: it is guarded too). Not starlette's BaseHTTPMiddleware, which wraps `receive` and
-    hides client disconnects."""
+    """Plain ASGI middleware: the paths _needs_key names (/v1/*, /invocations) need
+    'Authorization: Bearer KEY' for one of the keys (401 otherwise), as vLLM's. The scheme is
+    read case-insensitively (an HTTP auth scheme is: RFC 9110 11.1, and vLLM reads it so); one
+    space, then the key, which must match exactly. Keys are compared as SHA-256 digests, every
+    key each time, so that neither a key's length nor which key matched shows in the timing.
+    The path is read as routing reads it, without the app's --root-path (a request through a
+    proxy that keeps the prefix, /PREFIX/v1/..., is served: it is guarded too). Not
+    starlette's BaseHTTPMiddleware, which wraps `receive` and hides client disconnects."""
 
     def __init__(self, app, api_keys: Sequence[str]):
         self.app = app
@@ -218,7 +235,7 @@ class _ApiKeyGuard:
         return scheme.lower() == b"bearer" and any(matches)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and _route_path(scope).startswith("/v1"):
+        if scope["type"] == "http" and _needs_key(_route_path(scope)):
             if not self._authorized(scope):
                 response = _error_response(APIError(401, "Unauthorized: a valid API key is required"))
                 await response(scope, receive, send)
@@ -256,6 +273,71 @@ class _RequestIdHeader:
         await self.app(scope, receive, send_with_id)
 
 
+class ServerLoad:
+    """--enable-server-load-tracking (vLLM's flag): what GET /load answers, `num_requests`, the
+    generation requests in flight (completions and chat, through /v1 or /invocations; the routes
+    vLLM counts that this server has). Invariant: a request counts once, from when its handler
+    starts until its response has ended: a stream's last frame sent, or its client gone, or an
+    error answered (a 400, a 500), never when its handler returns the stream. Without the flag
+    nothing counts and /load answers 0, as vLLM's. Read and written on the event loop only."""
+
+    def __init__(self) -> None:
+        self.num_requests = 0
+
+
+# scope key under which _LoadTracking leaves a request's _LoadTicket for its handler
+_LOAD_SCOPE_KEY = "enginespec.load_ticket"
+
+
+class _LoadTicket:
+    """One request's share of the server load: counted (once) by its generation handler
+    (count_load), released by _LoadTracking when the response has ended."""
+
+    __slots__ = ("load", "counted")
+
+    def __init__(self, load: ServerLoad):
+        self.load, self.counted = load, False
+
+    def count(self) -> None:
+        if not self.counted:  # /invocations hands on to a route's handler: one request, one count
+            self.counted = True
+            self.load.num_requests += 1
+
+    def release(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.load.num_requests -= 1
+
+
+class _LoadTracking:
+    """Plain ASGI middleware (--enable-server-load-tracking): every HTTP request carries a
+    _LoadTicket, which a generation handler counts, and which is released once the app has
+    answered: after the last byte of the response is sent (a stream's [DONE]), after a client
+    that left ended its stream, after an error answer, or when an exception leaves the app (the
+    500 is sent outside). Not starlette's BaseHTTPMiddleware, which hides client disconnects."""
+
+    def __init__(self, app, load: ServerLoad):
+        self.app, self.load = app, load
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ticket = scope[_LOAD_SCOPE_KEY] = _LoadTicket(self.load)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket.release()
+
+
+def count_load(request: Request) -> None:
+    """A generation handler's first step: its request counts in /load until its response ends
+    (_LoadTracking; nothing without --enable-server-load-tracking)."""
+    ticket = request.scope.get(_LOAD_SCOPE_KEY)
+    if ticket is not None:
+        ticket.count()
+
+
 def _disconnect_waiter(request: Request):
     """A coroutine function that returns once the client has gone (the body is already read, so
     every further message is http.disconnect)."""
@@ -275,16 +357,19 @@ def build_app(
     cors: Optional[dict] = None,
     request_id_headers: bool = False,
     app_options: Optional[dict] = None,
+    server_load_tracking: bool = False,
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
-    takes; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
+    and /invocations take; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
     (cors_options): starlette's CORSMiddleware with those options, outside the key guard, so a
     browser's preflight (OPTIONS, which carries no API key) is answered before it, as vLLM's
     server answers it; None: no CORS headers, preflights are 405s. `request_id_headers`: every
     response carries X-Request-Id (_RequestIdHeader, the outermost of these layers, so a 401 and
     a preflight do too; an internal error's 500 gets it from its handler). `app_options`:
     fastapi_options' (the root path, _RootPath's; the rest FastAPI's own: the docs routes).
-    VLLM_TORCH_PROFILER_DIR set (not empty) now adds the profile routes (_add_profile_routes)."""
+    VLLM_TORCH_PROFILER_DIR set (not empty) now adds the profile routes (_add_profile_routes).
+    `server_load_tracking`: GET /load counts the generation requests in flight (ServerLoad,
+    app.state.server_load); without it /load answers 0."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -326,6 +411,9 @@ def build_app(
             response.headers["x-request-id"] = request_id.decode("latin-1")
         return response
 
+    app.state.server_load = ServerLoad()
+    if server_load_tracking:  # the innermost layer: a request the key guard refuses never counts
+        app.add_middleware(_LoadTracking, load=app.state.server_load)
     keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]  # "": no key
     if keys:
         app.add_middleware(_ApiKeyGuard, api_keys=keys)
@@ -506,18 +594,15 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _parse(request, CompletionRequest)
-        header_id = request.headers.get("x-request-id")
-        return _result(await create_completion(ctx, body, _disconnect_waiter(request), header_id))
+        return await _serve_completion(ctx, request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await _parse(request, ChatCompletionRequest)
-        header_id = request.headers.get("x-request-id")
-        return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request), header_id))
+        return await _serve_chat(ctx, request)
 
     @app.post("/v1/responses")
     async def responses(request: Request):
+        count_load(request)  # vLLM counts its Responses route in /load too
         body = await _parse(request, ResponsesRequest)
         header_id = request.headers.get("x-request-id")
         return _result(await create_response(ctx, body, _disconnect_waiter(request), header_id))
@@ -531,6 +616,39 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             f"Response with id '{response_id}' not found: this server does not store responses",
             "response_id",
         )
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        """vLLM's SageMaker entry point: the body goes, by its shape, to the handler of
+        /v1/chat/completions ("messages") or of /v1/completions ("prompt"), which answers it as
+        that route would (streaming, X-Request-Id, disconnects, errors); chat where it has both,
+        as vLLM tries chat first. Neither is a 400 naming both."""
+        raw = await _json_object(request)
+        if "messages" in raw:
+            return await _serve_chat(ctx, request)
+        if "prompt" in raw:
+            return await _serve_completion(ctx, request)
+        raise APIError(
+            400,
+            'the body is neither a chat completion (it has no "messages") nor a completion '
+            '(it has no "prompt"): /invocations expects one of the two',
+        )
+
+
+async def _serve_completion(ctx: ServerContext, request: Request):
+    """/v1/completions' handler (/invocations' too): a full body, or an SSE stream."""
+    count_load(request)
+    body = await _parse(request, CompletionRequest)
+    header_id = request.headers.get("x-request-id")
+    return _result(await create_completion(ctx, body, _disconnect_waiter(request), header_id))
+
+
+async def _serve_chat(ctx: ServerContext, request: Request):
+    """/v1/chat/completions' handler (/invocations' too): a full body, or an SSE stream."""
+    count_load(request)
+    body = await _parse(request, ChatCompletionRequest)
+    header_id = request.headers.get("x-request-id")
+    return _result(await create_chat_completion(ctx, body, _disconnect_waiter(request), header_id))
 
 
 def _model_permission(created: int) -> dict:
@@ -563,6 +681,12 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
     @app.post("/ping")  # one route per method: one route for both gave both one operation id
     async def ping():  # vLLM's SageMaker health check: /health's answer
         return await health()
+
+    @app.get("/load")
+    async def load():
+        """vLLM's load probe (for a load balancer): {"server_load": N}, the generation requests
+        in flight under --enable-server-load-tracking (ServerLoad), else 0."""
+        return {"server_load": app.state.server_load.num_requests}
 
     @app.get("/version")
     async def version():
@@ -980,6 +1104,7 @@ def run_server(ns) -> int:
                 cors=cors,
                 request_id_headers=ns.enable_request_id_headers,
                 app_options=app_options,
+                server_load_tracking=ns.enable_server_load_tracking,
             )
             config = uvicorn.Config(
                 app,

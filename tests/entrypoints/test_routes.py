@@ -177,7 +177,8 @@ def _post_raw(path: str, content: bytes) -> httpx.Response:
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+    "path",
+    ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/invocations", "/tokenize", "/detokenize"],
 )
 @pytest.mark.parametrize(
     "content, says",
@@ -288,7 +289,8 @@ def _call_with_a_client_that_leaves(path: str, body_sent: bytes) -> list:
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+    "path",
+    ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/invocations", "/tokenize", "/detokenize"],
 )
 @pytest.mark.parametrize("body_sent", [b"", b'{"model": "m", "pro'])
 def test_a_client_that_leaves_before_its_body_is_read_is_no_server_error(path, body_sent):
@@ -325,3 +327,108 @@ def test_the_openapi_schema_has_one_operation_id_per_route_and_ping_answers_get_
             return [await client.get("/ping"), await client.post("/ping")]
 
     assert [r.status_code for r in asyncio.run(run())] == [200, 200]
+
+
+# ---- SageMaker's /invocations and the load balancer's /load ---------------------------------------
+
+
+def _calls(app, calls: list) -> list:
+    """(method, path, json body or None, headers) requests in turn on one app, its exceptions
+    answered as uvicorn's outermost layer answers them (a 500)."""
+
+    async def run():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [
+                await client.request(method, path, json=body, headers=headers or {})
+                for method, path, body, headers in calls
+            ]
+
+    return asyncio.run(run())
+
+
+def test_invocations_refuses_a_body_that_is_neither_chat_nor_completion():
+    """vLLM's SageMaker entry point, POST /invocations, was a 404. A JSON object with neither
+    "messages" (a chat completion) nor "prompt" (a completion) is a 400 in OpenAI's shape that
+    names both, as vLLM's names the request types it expected."""
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
+    (resp,) = _calls(app, [("POST", "/invocations", {"input": "hi", "max_tokens": 2}, None)])
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert '"messages"' in error["message"] and '"prompt"' in error["message"]
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/chat/completions", {**CHAT, "bogus": 1}),
+        ("/v1/completions", {"prompt": "q", "bogus": 1}),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}),
+        ("/v1/completions", {"prompt": 7}),
+    ],
+)
+def test_invocations_answers_a_bad_body_as_the_route_its_shape_names(route, body):
+    """/invocations hands a body with "messages" to the chat route's handler and one with "prompt"
+    to the completion route's: a field error is that route's 400, word for word, not vLLM's
+    "Cannot find suitable handler" (vLLM tries each request type and names none of the fields)."""
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
+    direct, invoked = _calls(app, [("POST", route, body, None), ("POST", "/invocations", body, None)])
+    assert direct.status_code == 400 and invoked.status_code == 400
+    assert invoked.json() == direct.json()
+
+
+def test_the_api_key_guards_invocations_and_leaves_load_open(monkeypatch):
+    """/invocations generates as /v1/* does: --api-key guards it (vLLM guards every route but its
+    probes); /load, a probe a load balancer polls, stays open, as vLLM's."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"), api_key="k")
+    bad = {"input": "x"}
+    refused, taken, load = _calls(
+        app,
+        [
+            ("POST", "/invocations", bad, None),
+            ("POST", "/invocations", bad, {"Authorization": "Bearer k"}),
+            ("GET", "/load", None, None),
+        ],
+    )
+    assert refused.status_code == 401 and taken.status_code == 400
+    assert load.status_code == 200 and load.json() == {"server_load": 0}
+
+
+# a completion of token ids: it reaches the engine client (a _BrokenEngine's raises: a 500)
+IDS = {"prompt": [1, 2], "max_tokens": 2}
+
+
+def test_enable_server_load_tracking_parses_and_load_answers_zero_without_it():
+    """vLLM's --enable-server-load-tracking (default off) was a usage error here, and GET /load a
+    404. Without the flag /load answers {"server_load": 0} whatever runs, as vLLM's (its counter
+    is never moved)."""
+    assert _parser().parse_args(["serve", "m", "--enable-server-load-tracking"]).enable_server_load_tracking
+    assert _parser().parse_args(["serve", "m"]).enable_server_load_tracking is False
+    app = build_app(ServerContext(_BrokenEngine(), None, ["m"], 16), ServerMetrics("m"))
+    failed, load = _calls(app, [("POST", "/v1/completions", IDS, None), ("GET", "/load", None, None)])
+    assert failed.status_code == 500
+    assert load.json() == {"server_load": 0}
+
+
+def test_server_load_drops_back_after_an_error_answer():
+    """With --enable-server-load-tracking a request counts until its response has ended: a 400
+    (a field error, on /invocations too) and an internal error's 500 end it as an answer does,
+    so /load is back to 0 after them, not left counting requests that are gone."""
+    app = build_app(
+        ServerContext(_BrokenEngine(), None, ["m"], 16), ServerMetrics("m"), server_load_tracking=True
+    )
+    *answers, load = _calls(
+        app,
+        [
+            ("POST", "/v1/completions", IDS, None),
+            ("POST", "/invocations", {**IDS, "stream": True}, None),
+            ("POST", "/v1/chat/completions", CHAT, None),
+            ("POST", "/invocations", {"prompt": "x", "bogus": 1}, None),
+            ("POST", "/invocations", {"input": "x"}, None),
+            ("GET", "/load", None, None),
+        ],
+    )
+    assert [a.status_code for a in answers] == [500, 500, 400, 400, 400]
+    assert load.json() == {"server_load": 0}

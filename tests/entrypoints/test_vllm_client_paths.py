@@ -1,8 +1,9 @@
 """Lesser-used request paths a client moving from vLLM's server meets, over the app and an
 in-process engine, driven by the official openai client (and httpx for raw bodies): chat's echo
 (vLLM's field); OpenAI's Responses API, POST /v1/responses (a 404 before: no route), checked
-against chat completions of the same conversation; and a stream whose client leaves. Each
-test names what the client saw before its fix."""
+against chat completions of the same conversation; SageMaker's POST /invocations, a load
+balancer's GET /load under --enable-server-load-tracking, and a stream whose client leaves.
+Each test names what the client saw before its fix."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def app():
         ctx = ServerContext(
             engine, engine.tokenizer, ["tiny"], engine.info.max_model_len, chat_template=CHAT_TEMPLATE
         )
-        yield build_app(ctx, ServerMetrics("tiny")), engine
+        app = build_app(ctx, ServerMetrics("tiny"))
+        app.state.ctx = ctx  # for the tests that build another app over the same engine
+        yield app, engine
 
 
 def serve(app, fn):
@@ -330,7 +333,60 @@ def test_responses_stream_ends_with_an_error_event_when_the_engine_fails_the_req
     assert after.status in ("completed", "incomplete") and after.output_text
 
 
-# ---- a stream's client leaving ---------------------------------------------------------------------
+# ---- SageMaker's /invocations -------------------------------------------------------------------
+
+CHAT_BODY = dict(messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+COMPLETION_BODY = dict(prompt="Hello", max_tokens=4, temperature=0)
+
+
+def _frames(resp) -> list:
+    """The data of an SSE body's frames, [DONE] as the string."""
+    lines = [line[len("data: ") :] for line in resp.text.split("\n\n") if line.startswith("data: ")]
+    return [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+def test_invocations_answers_as_the_route_its_body_names(app):
+    """POST /invocations (vLLM's SageMaker entry point) was a 404. A body with "messages" is a chat
+    completion, one with "prompt" a completion, answered as /v1/chat/completions and
+    /v1/completions answer the same body: the same greedy reply, the id from X-Request-Id, a
+    stream of the same text ending [DONE]."""
+
+    async def fn(client, http):
+        calls = [
+            ("/v1/chat/completions", CHAT_BODY),
+            ("/invocations", CHAT_BODY),
+            ("/v1/completions", COMPLETION_BODY),
+            ("/invocations", COMPLETION_BODY),
+            ("/v1/chat/completions", {**CHAT_BODY, "stream": True}),
+            ("/invocations", {**CHAT_BODY, "stream": True}),
+        ]
+        headers = {"X-Request-Id": "sm-1"}
+        return [await http.post(path, json=body, headers=headers) for path, body in calls]
+
+    chat, chat_inv, cmpl, cmpl_inv, stream, stream_inv = serve(app, fn)
+    assert [r.status_code for r in (chat, chat_inv, cmpl, cmpl_inv, stream, stream_inv)] == [200] * 6
+    chat, chat_inv, cmpl, cmpl_inv = (r.json() for r in (chat, chat_inv, cmpl, cmpl_inv))
+    assert chat_inv["object"] == "chat.completion" and chat_inv["id"] == "chatcmpl-sm-1"
+    assert (chat_inv["choices"], chat_inv["usage"]) == (chat["choices"], chat["usage"])
+    assert cmpl_inv["object"] == "text_completion" and cmpl_inv["id"] == "cmpl-sm-1"
+    assert (cmpl_inv["choices"], cmpl_inv["usage"]) == (cmpl["choices"], cmpl["usage"])
+    assert stream_inv.headers["content-type"].startswith("text/event-stream")
+    direct, invoked = _frames(stream), _frames(stream_inv)
+    assert direct[-1] == invoked[-1] == "[DONE]"
+    # the same stream, up to how the steps' outputs fell into frames (the loop's timing)
+    (reply,) = chat["choices"]
+    assert _streamed(invoked) == _streamed(direct) == (reply["message"]["content"], reply["finish_reason"])
+    assert {f["id"] for f in invoked[:-1]} == {"chatcmpl-sm-1"}
+
+
+def _streamed(frames: list) -> tuple:
+    """(the content a chat stream's frames add up to, its finish reason)."""
+    choices = [f["choices"][0] for f in frames[:-1] if f["choices"]]
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    return content, choices[-1]["finish_reason"]
+
+
+# ---- --enable-server-load-tracking and GET /load ------------------------------------------------
 
 
 class _HeldStream:
@@ -385,3 +441,31 @@ def test_a_stream_whose_client_leaves_while_a_write_waits_aborts_its_request_at_
         return running, app[1].num_pending_requests
 
     assert serve(app, fn) == (1, 0)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/invocations"])
+def test_server_load_counts_a_stream_until_it_ends_or_its_client_leaves(app, path):
+    """--enable-server-load-tracking: GET /load is the number of generation requests in flight. A
+    stream counts once (an /invocations stream too, not once more for the route it reaches) from
+    its start until its last frame is sent, or until its client leaves, not until its handler
+    returns the stream; then /load is 0 again. Both were 404s (flag and route)."""
+    tracked_app = build_app(app[0].state.ctx, ServerMetrics("tiny"), server_load_tracking=True)
+    body = dict(prompt="Hello", max_tokens=6, temperature=0, ignore_eos=True, stream=True)
+
+    async def load(http) -> int:
+        return (await http.get("/load")).json()["server_load"]
+
+    async def fn(client, http):
+        seen = [await load(http)]
+        for leave in (False, True):
+            held = _HeldStream(tracked_app, path, body)
+            task = held.run()
+            await held.first_chunk.wait()
+            seen.append(await load(http))
+            (held.left if leave else held.resume).set()  # leaving cancels the held send
+            await asyncio.wait_for(task, 60)  # a guard against a hang, not a timing
+            seen.append(await load(http))
+            assert held.chunks[-1].endswith(b"data: [DONE]\n\n") != leave
+        return seen
+
+    assert serve((tracked_app, app[1]), fn) == [0, 1, 0, 1, 0]
