@@ -443,14 +443,24 @@ def test_a_stream_whose_client_leaves_while_a_write_waits_aborts_its_request_at_
     assert serve(app, fn) == (1, 0)
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/invocations"])
+# A streamed body a route takes, and what its last frame ends with when the stream runs to its end.
+_LOAD_STREAMS = {
+    "/v1/completions": (dict(prompt="Hello", max_tokens=6), b"data: [DONE]\n\n"),
+    "/invocations": (dict(prompt="Hello", max_tokens=6), b"data: [DONE]\n\n"),
+    "/v1/responses": (dict(input="Hello", max_output_tokens=6), b"response.completed"),
+}
+
+
+@pytest.mark.parametrize("path", list(_LOAD_STREAMS))
 def test_server_load_counts_a_stream_until_it_ends_or_its_client_leaves(app, path):
     """--enable-server-load-tracking: GET /load is the number of generation requests in flight. A
     stream counts once (an /invocations stream too, not once more for the route it reaches) from
     its start until its last frame is sent, or until its client leaves, not until its handler
-    returns the stream; then /load is 0 again. Both were 404s (flag and route)."""
+    returns the stream; then /load is 0 again. Both were 404s (flag and route); a Responses
+    stream counts as vLLM's does (it did not count when the route came)."""
     tracked_app = build_app(app[0].state.ctx, ServerMetrics("tiny"), server_load_tracking=True)
-    body = dict(prompt="Hello", max_tokens=6, temperature=0, ignore_eos=True, stream=True)
+    fields, end = _LOAD_STREAMS[path]
+    body = dict(fields, model="tiny", temperature=0, ignore_eos=True, stream=True)
 
     async def load(http) -> int:
         return (await http.get("/load")).json()["server_load"]
@@ -465,7 +475,7 @@ def test_server_load_counts_a_stream_until_it_ends_or_its_client_leaves(app, pat
             (held.left if leave else held.resume).set()  # leaving cancels the held send
             await asyncio.wait_for(task, 60)  # a guard against a hang, not a timing
             seen.append(await load(http))
-            assert held.chunks[-1].endswith(b"data: [DONE]\n\n") != leave
+            assert (end in held.chunks[-1]) != leave
         return seen
 
     assert serve((tracked_app, app[1]), fn) == [0, 1, 0, 1, 0]
