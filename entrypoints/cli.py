@@ -741,6 +741,7 @@ def _add_serve_parser(sub) -> None:
     )
     _add_chat_reply_args(serve)
     _add_chat_default_args(serve)
+    _add_vllm_frontend_args(serve)
     _add_cors_args(serve)
     _add_http_args(serve)
     _add_engine_args(serve)
@@ -805,6 +806,64 @@ def _add_chat_default_args(serve) -> None:
         default="auto",
         help='message content as the chat template gets it: a string, or OpenAI\'s [{"type": "text", ...}] '
         "parts (openai); auto (default): what the template reads (vLLM's flag)",
+    )
+
+
+def _chat_template_kwargs_arg(text: str) -> dict:
+    """--default-chat-template-kwargs: a JSON object of chat-template variables. Not JSON, not an
+    object, or naming a variable the chat call sets itself (chat_utils.RESERVED_KWARGS: every
+    chat request would be refused for it) is an ArgumentTypeError (argparse's usage error naming
+    the flag, exit 2)."""
+    from enginespec.chat_utils import RESERVED_KWARGS
+
+    value = _json_value(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'must be a JSON object, e.g. \'{{"enable_thinking": false}}\', got {text!r}'
+        )
+    reserved = sorted(k for k in value if k in RESERVED_KWARGS)
+    if reserved:
+        raise argparse.ArgumentTypeError(
+            f"names variables the chat call sets itself: {reserved} (not settable: {', '.join(RESERVED_KWARGS)})"
+        )
+    return value
+
+
+def _add_vllm_frontend_args(serve) -> None:
+    """vLLM's frontend flags of chat rendering, logging and the tokenizer endpoint
+    (api_server.frontend_flags carries them to serving.ServerContext)."""
+    serve.add_argument(
+        "--default-chat-template-kwargs",
+        type=_chat_template_kwargs_arg,
+        default=None,
+        metavar="JSON",
+        help='chat-template variables for every chat request, e.g. \'{"enable_thinking": false}\' (Qwen3); '
+        "a request's chat_template_kwargs override them key by key (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help='a request\'s tools do not reach the chat template when its tool_choice is "none" (vLLM\'s flag)',
+    )
+    serve.add_argument(
+        "--enable-log-outputs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --enable-log-requests: also log each choice's output (text, token ids, finish reason), "
+        "cut as the request log is, at INFO when it finishes (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serve GET /tokenizer_info: the tokenizer's configuration and the chat template (vLLM's flag)",
+    )
+    serve.add_argument(
+        "--log-error-stack",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log the stack trace of every error the API answers, at ERROR (vLLM's flag)",
     )
 
 

@@ -82,6 +82,7 @@ from enginespec.entrypoints.openai.serving import (
     checked_tools,
     create_chat_completion,
     create_completion,
+    log_error_stack,
     render_chat,
 )
 from enginespec.entrypoints.openai.serving_responses import create_response
@@ -385,6 +386,7 @@ def build_app(
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
+        log_error_stack(ctx, exc)
         return _error_response(exc)
 
     @app.exception_handler(ClientDisconnect)
@@ -426,6 +428,8 @@ def build_app(
 
     _add_openai_routes(app, ctx)
     _add_utility_routes(app, ctx, metrics)
+    if ctx.enable_tokenizer_info_endpoint:
+        _add_tokenizer_info_route(app, ctx)
     if dev:
         _add_dev_routes(app, ctx)
     if profiler_dir():  # read now, as vLLM's server reads it when it builds its routes
@@ -550,6 +554,19 @@ def chat_defaults(ns) -> dict:
         return_tokens_as_token_ids=ns.return_tokens_as_token_ids,
         force_include_usage=ns.enable_force_include_usage,
         chat_template_content_format=ns.chat_template_content_format,
+    )
+
+
+def frontend_flags(ns) -> dict:
+    """ServerContext's fields from vLLM's frontend flags (--default-chat-template-kwargs,
+    --exclude-tools-when-tool-choice-none, --enable-log-outputs, --enable-tokenizer-info-endpoint,
+    --log-error-stack)."""
+    return dict(
+        default_chat_template_kwargs=ns.default_chat_template_kwargs,
+        exclude_tools_when_tool_choice_none=ns.exclude_tools_when_tool_choice_none,
+        log_outputs=ns.enable_log_outputs,
+        enable_tokenizer_info_endpoint=ns.enable_tokenizer_info_endpoint,
+        log_error_stack=ns.log_error_stack,
     )
 
 
@@ -733,6 +750,49 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
         return {"prompt": ctx.tokenizer.decode(body.tokens)}
 
 
+def _add_tokenizer_info_route(app: FastAPI, ctx: ServerContext) -> None:
+    """vLLM's GET /tokenizer_info (--enable-tokenizer-info-endpoint; it may show the chat template
+    and special tokens, so it is off by default)."""
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        if ctx.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer")
+        return tokenizer_config(ctx.tokenizer, ctx.chat_template)
+
+
+def tokenizer_config(tokenizer, chat_template: Optional[str] = None) -> dict:
+    """/tokenizer_info's body, as vLLM's: the tokenizer's init configuration (tokenizer_config.json's
+    keys as transformers read them) less the local paths of its files (vocab_file, merges_file,
+    and any other *_file), every value JSON's (a special token as its text, any other object
+    that is not JSON as its str); tokenizer_class, the tokenizer's class name; chat_template, the
+    server's --chat-template where it has one."""
+    config = {
+        k: v
+        for k, v in dict(getattr(tokenizer, "init_kwargs", None) or {}).items()
+        if not k.endswith("_file")
+    }
+    body = {str(k): _as_json(v) for k, v in config.items()}
+    body["tokenizer_class"] = type(tokenizer).__name__
+    if chat_template:
+        body["chat_template"] = chat_template
+    return body
+
+
+def _as_json(value):
+    """A tokenizer configuration value as JSON: an AddedToken (anything with a str `content`) as
+    its text, containers item by item (keys as str), JSON's scalars as they are, the rest as str."""
+    if isinstance(getattr(value, "content", None), str):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/dev/state")
     async def state():
@@ -814,6 +874,10 @@ def _check_request_log(ns) -> None:
         raise ValueError("give one of --enable-log-requests and --disable-log-requests, not both")
     if ns.max_log_len is not None and ns.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {ns.max_log_len}")
+    if getattr(ns, "enable_log_outputs", False) and not ns.enable_log_requests:  # vLLM's check
+        raise ValueError(
+            "--enable-log-outputs needs --enable-log-requests (outputs are logged beside their requests)"
+        )
 
 
 def _log_to_stderr(uvicorn_level: str) -> None:
@@ -1095,6 +1159,7 @@ def run_server(ns) -> int:
                 max_log_len=ns.max_log_len,
                 model_path=args.model,
                 **chat_defaults(ns),
+                **frontend_flags(ns),
             )
             app = build_app(
                 ctx,

@@ -100,6 +100,15 @@ class ServerContext:
     return_tokens_as_token_ids: bool = False
     force_include_usage: bool = False
     chat_template_content_format: str = "auto"
+    # vLLM's frontend flags (api_server.frontend_flags): chat-template variables under every
+    # request's own (chat_template_kwargs); tool_choice "none" keeps the tools from the template;
+    # each choice's output logged when it finishes (with log_requests); GET /tokenizer_info; the
+    # stack trace of each error answered logged (log_error_stack)
+    default_chat_template_kwargs: Optional[dict] = None
+    exclude_tools_when_tool_choice_none: bool = False
+    log_outputs: bool = False
+    enable_tokenizer_info_endpoint: bool = False
+    log_error_stack: bool = False
 
     def check_model(self, name: Optional[str]) -> None:
         if name and name not in self.model_names:  # "" or null: the served model, as vLLM
@@ -274,12 +283,30 @@ def render_chat(
             chat_template=template,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            chat_template_kwargs=body.template_kwargs(),
+            chat_template_kwargs=template_kwargs(ctx, body),
             tools=tools,
             chat_template_content_format=ctx.chat_template_content_format,
         )
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), exc.param) from None
+
+
+def template_kwargs(ctx: ServerContext, body: Union[ChatCompletionRequest, TokenizeRequest]):
+    """The template's extra variables of a body: --default-chat-template-kwargs', each overridden
+    by the body's own of the same name (body.template_kwargs(): chat_template_kwargs over those
+    reasoning_effort sets), as vLLM merges them. Without server defaults, or with a body value
+    that is no dict (chat_utils refuses it, naming the field), the body's as they are."""
+    own = body.template_kwargs()
+    if not ctx.default_chat_template_kwargs or not isinstance(own, (dict, type(None))):
+        return own
+    return {**ctx.default_chat_template_kwargs, **(own or {})}
+
+
+def log_error_stack(ctx: ServerContext, err: APIError) -> None:
+    """--log-error-stack (vLLM's): the stack trace of an error the API answers, any status, at
+    ERROR (`err` carries it: where it was raised, and the exception it came from)."""
+    if ctx.log_error_stack:
+        log.error("error answered %d: %s", err.status, err.message, exc_info=err)
 
 
 # ---- submitting ---------------------------------------------------------------------------------
@@ -514,7 +541,7 @@ async def create_chat_completion(
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
         call.starts_in_reasoning = call.reasoning.starts_in_reasoning(
-            text, body.template_kwargs(), continues=body.continue_final_message is True
+            text, template_kwargs(ctx, body), continues=body.continue_final_message is True
         )
     call.tool_mode, call.forced_name = tool_mode, forced_name
     call.role = _reply_role(ctx, body)
@@ -593,6 +620,8 @@ def _tool_options(
     if body.parallel_tool_calls is not None and not isinstance(body.parallel_tool_calls, bool):
         raise APIError(400, f"parallel_tool_calls must be a bool, got {body.parallel_tool_calls!r}", "parallel_tool_calls")  # fmt: skip  # noqa: E501
     if tools is None or choice == "none":
+        if ctx.exclude_tools_when_tool_choice_none:  # vLLM's flag: the template sees no tools
+            return None, "none", None
         return tools, "none", None
     if name is not None or choice == "required":
         return tools, "named" if name is not None else "required", name
@@ -675,7 +704,28 @@ async def _respond(ctx, call: _Call, gen: Generation, wait_disconnect):
         await _collect(call.finals, gen, wait_disconnect)
     finally:
         gen.abort()
+    _log_outputs(ctx, call)
     return _full_body(ctx, call)
+
+
+def _log_outputs(ctx: ServerContext, call: _Call, streaming: bool = False) -> None:
+    """--enable-log-outputs (with --enable-log-requests), vLLM's "Generated response" line at
+    INFO, one a choice once the call has finished: the engine's request id, the response id and
+    the choice's index the client sees, its text and token ids (each cut to max_log_len), its
+    finish reason; " (streaming complete)" for a stream, as vLLM marks it."""
+    if not (ctx.log_outputs and ctx.log_requests):
+        return
+    n, marker = ctx.max_log_len, " (streaming complete)" if streaming else ""
+    for rid, prompt_index in call.index_of.items():
+        out = call.finals.get(rid)
+        for completion in out.outputs if out is not None else ():
+            text = completion.text if n is None else completion.text[:n]
+            ids = list(completion.token_ids if n is None else completion.token_ids[:n])
+            index = prompt_index * call.body.n + completion.index
+            log.info(
+                "Generated response %s (response %s, choice %d)%s: output: %r, output_token_ids: %s, finish_reason: %s",
+                rid, call.response_id, index, marker, text, ids, completion.finish_reason,
+            )  # fmt: skip
 
 
 async def _collect(finals: dict, gen: Generation, wait_disconnect) -> None:
@@ -718,7 +768,9 @@ def _as_api_error(exc: BaseException) -> APIError:
         return APIError(503, str(exc))
     if isinstance(exc, ValueError):
         return bad_request(exc)
-    return APIError(500, f"{type(exc).__name__}: {exc}")
+    err = APIError(500, f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc  # its stack (--log-error-stack) goes on to the engine's error
+    return err
 
 
 # ---- beam search --------------------------------------------------------------------------------
@@ -1373,6 +1425,7 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                 for _, out in items:
                     _raise_if_failed(out)
             except APIError as err:
+                log_error_stack(ctx, err)
                 yield frame(error_body(err.status, err.message, err.param))
                 yield DONE
                 return
@@ -1392,6 +1445,7 @@ async def _stream(ctx, call: _Call, gen: Generation) -> AsyncIterator[str]:
                 return
             for chunk_frame in frames:
                 yield chunk_frame
+        _log_outputs(ctx, call, streaming=True)
         if include_usage:
             outputs = [call.finals[rid] for rid in call.index_of]
             yield frame(_chunk(call, [], _usage(ctx, call, outputs)))

@@ -68,6 +68,7 @@ async def create_response(
         await serving._collect(call.finals, gen, wait_disconnect)
     finally:
         gen.abort()
+    serving._log_outputs(ctx, call)
     (out,) = call.finals.values()
     return _full_response(call, body, params, out)
 
@@ -167,7 +168,9 @@ def _chat_call(ctx: ServerContext, chat: ChatCompletionRequest, response_id: str
     call = _Call("chat", response_id, model, chat, prompts, serving._stops(chat))
     if ctx.reasoning_parser is not None:
         call.reasoning = ctx.reasoning_parser
-        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(text, chat.template_kwargs())
+        call.starts_in_reasoning = call.reasoning.starts_in_reasoning(
+            text, serving.template_kwargs(ctx, chat)
+        )
     return call
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 
 from enginespec.entrypoints.cli import _parser
@@ -29,10 +30,11 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4)
 MESSAGES = [{"role": "user", "content": "hi"}]
 # Shows how content reached it: S for a string, L and the first part's text for a list of parts
-# (it loops over nothing, so "auto" detects the string form).
+# (it loops over nothing, so "auto" detects the string form); then its variable x (unset: "").
 PARTS_TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] }}:{% if m['content'] is string %}S{{ m['content'] }}"
     "{% else %}L{{ m['content'][0]['text'] }}{% endif %};{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    "{{ x }}"
 )
 
 
@@ -159,10 +161,17 @@ def test_the_content_format_is_the_servers_choice(client):
 
 
 def test_a_server_takes_the_flags(tmp_path):
+    """These flags and test_vllm_frontend_flags' (--default-chat-template-kwargs, ...) reach the
+    handlers of a real server."""
     args = ["--served-model-name", "tiny", "--chat-template", PARTS_TEMPLATE, "--response-role", "bot"]
     args += ["--return-tokens-as-token-ids", "--enable-force-include-usage"]
     args += ["--chat-template-content-format", "openai", "--num-blocks", "64"]
-    srv = RemoteServer(tiny_model_dir("qwen3"), args)
+    args += ["--default-chat-template-kwargs", '{"x": "Q"}', "--exclude-tools-when-tool-choice-none"]
+    args += ["--enable-tokenizer-info-endpoint", "--log-error-stack", "--uvicorn-log-level", "info"]
+    args += ["--enable-log-requests", "--enable-log-outputs"]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log_file:
+        srv = RemoteServer(tiny_model_dir("qwen3"), args, stderr=log_file)
     try:
         client = srv.client()
         reply = client.chat.completions.create(
@@ -173,9 +182,14 @@ def test_a_server_takes_the_flags(tmp_path):
         chunks = list(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=2, stream=True))
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
         ids = srv.post("/tokenize", {"model": "tiny", "messages": MESSAGES}).json()["tokens"]
-        assert srv.post("/detokenize", {"model": "tiny", "tokens": ids}).json()["prompt"] == "u:Lhi;A:"
+        assert srv.post("/detokenize", {"model": "tiny", "tokens": ids}).json()["prompt"] == "u:Lhi;A:Q"
+        info = httpx.get(srv.url("/tokenizer_info"), timeout=30)
+        assert info.status_code == 200 and info.json()["chat_template"] == PARTS_TEMPLATE
+        assert srv.post("/v1/completions", {"model": "nope", "prompt": "x"}).status_code == 404
     finally:
         assert srv.terminate() == 0
+    log = log_path.read_text()
+    assert "Generated response " in log and "error answered 404" in log and "Traceback" in log
 
 
 def test_echo_leads_with_the_last_message_only_when_it_has_the_replys_role(client):

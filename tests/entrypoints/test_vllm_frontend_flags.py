@@ -1,0 +1,295 @@
+"""vLLM's frontend flags that `enginespec serve` answered with argparse's "unrecognized arguments"
+(exit 2), so that a vLLM command line or deployment yaml carrying one failed:
+--default-chat-template-kwargs (server-wide chat-template variables a request's own override key
+by key), --exclude-tools-when-tool-choice-none (tool_choice "none" keeps the tools out of the
+template), --enable-log-outputs (with --enable-log-requests, each choice's output logged, cut to
+--max-log-len), --enable-tokenizer-info-endpoint (GET /tokenizer_info) and --log-error-stack (the
+stack trace of each error answered). The handlers run over an in-process engine client;
+test_chat_defaults' real server checks that the flags reach them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import pytest
+
+from enginespec.entrypoints.cli import _parser
+from enginespec.entrypoints.openai import api_server
+from enginespec.entrypoints.openai.api_server import build_app
+from enginespec.entrypoints.openai.metrics import ServerMetrics
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from enginespec.entrypoints.openai.reasoning import get_parser
+from enginespec.entrypoints.openai.serving import (
+    ServerContext,
+    create_chat_completion,
+    create_completion,
+    render_chat,
+)
+from tests.entrypoints.client_helpers import in_process_client, never
+from tests.entrypoints.remote_server import CHAT_TEMPLATE
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+ENGINE = dict(impl="fast", device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4)
+MESSAGES = [{"role": "user", "content": "hi"}]
+SERVING_LOG = "enginespec.entrypoints.openai.serving"
+SERVER_LOG = "enginespec.entrypoints.openai.api_server"
+# Shows the template's variables a and b, and how many tools reached it (no spaces: the tiny
+# tokenizer has none)
+VARS_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }};{% endfor %}a={{ a }};b={{ b }}"
+    "{% if tools %};tools={{ tools | length }}{% endif %}"
+)
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with in_process_client(**ENGINE) as engine:
+        yield engine
+
+
+def _ctx(client, template=CHAT_TEMPLATE, **fields) -> ServerContext:
+    return ServerContext(client, client.tokenizer, ["tiny"], 64, template, **fields)
+
+
+def _run(ctx: ServerContext, make, body):
+    """The handler's answer: a full body (dict), or a stream's frames decoded (until [DONE])."""
+
+    async def run():
+        ctx.engine.start(asyncio.get_running_loop())
+        result = await make(ctx, body, never)
+        if isinstance(result, dict):
+            return result
+        frames = [f async for f in result]
+        assert frames[-1] == "data: [DONE]\n\n"
+        return [json.loads(f[len("data: ") :]) for f in frames[:-1]]
+
+    return asyncio.run(run())
+
+
+def _chat(messages=MESSAGES, **fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="tiny", messages=messages, max_tokens=3, temperature=0, **fields)
+
+
+def _serve(schema_ctx: ServerContext, requests):
+    """[(method, path, json body)] against build_app over schema_ctx, in turn; the responses."""
+    app = build_app(schema_ctx, ServerMetrics("tiny"))
+
+    async def run():
+        if schema_ctx.engine is not None:
+            schema_ctx.engine.start(asyncio.get_running_loop())
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as http:
+            return [await http.request(method, path, json=body) for method, path, body in requests]
+
+    return asyncio.run(run())
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+
+FLAGS = [
+    "--default-chat-template-kwargs",
+    '{"enable_thinking": false}',
+    "--exclude-tools-when-tool-choice-none",
+    "--enable-log-outputs",
+    "--enable-tokenizer-info-endpoint",
+    "--log-error-stack",
+]
+
+
+def test_the_flags_parse_as_vllms_and_reach_the_server_context():
+    from enginespec.entrypoints.openai.api_server import frontend_flags
+
+    ns = _parser().parse_args(["serve", "m", *FLAGS])
+    assert frontend_flags(ns) == dict(
+        default_chat_template_kwargs={"enable_thinking": False},
+        exclude_tools_when_tool_choice_none=True,
+        log_outputs=True,
+        enable_tokenizer_info_endpoint=True,
+        log_error_stack=True,
+    )
+    assert frontend_flags(_parser().parse_args(["serve", "m"])) == dict(
+        default_chat_template_kwargs=None,
+        exclude_tools_when_tool_choice_none=False,
+        log_outputs=False,
+        enable_tokenizer_info_endpoint=False,
+        log_error_stack=False,
+    )
+    switches = [f for f in FLAGS if f.startswith("--") and f != "--default-chat-template-kwargs"]
+    off = _parser().parse_args(["serve", "m", *switches, *["--no-" + f[2:] for f in switches]])
+    assert not any(frontend_flags(off).values())  # vLLM's --no- forms, the last one winning
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("{enable_thinking: false}", "must be JSON"),
+        ("[1]", "a JSON object"),
+        ('{"tools": []}', "sets itself"),
+    ],
+)
+def test_default_chat_template_kwargs_that_are_no_usable_object_are_a_usage_error(capsys, value, says):
+    """Bad JSON, JSON that is no object, or a name the chat call sets itself (which would make
+    every chat request a 400 blaming the request): argparse's usage error naming the flag."""
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["serve", "m", "--default-chat-template-kwargs", value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "--default-chat-template-kwargs" in err and says in err
+
+
+def test_enable_log_outputs_needs_enable_log_requests():
+    """vLLM refuses --enable-log-outputs without --enable-log-requests before the model loads
+    (it would log nothing); a one-line error naming both (exit 2)."""
+    ns = _parser().parse_args(["serve", "m", "--enable-log-outputs"])
+    with pytest.raises(ValueError, match="--enable-log-outputs needs --enable-log-requests"):
+        api_server._check_request_log(ns)
+    api_server._check_request_log(_parser().parse_args(["serve", "m", "--enable-log-requests", *FLAGS]))
+
+
+# ---- --default-chat-template-kwargs --------------------------------------------------------------
+
+
+def test_server_chat_template_kwargs_reach_the_template_and_a_request_overrides_them_key_by_key(client):
+    def prompt(defaults, **fields) -> str:
+        return render_chat(
+            _ctx(client, VARS_TEMPLATE, default_chat_template_kwargs=defaults), _chat(**fields)
+        )
+
+    assert prompt(None) == "hi;a=;b="
+    assert prompt({"a": 1, "b": 2}) == "hi;a=1;b=2"
+    assert prompt({"a": 1, "b": 2}, chat_template_kwargs={"b": 3}) == "hi;a=1;b=3"
+    # /tokenize's messages render the same way
+    ctx = _ctx(client, VARS_TEMPLATE, default_chat_template_kwargs={"a": "x"})
+    (tokens,) = _serve(ctx, [("POST", "/tokenize", {"model": "tiny", "messages": MESSAGES})])
+    assert client.tokenizer.decode(tokens.json()["tokens"]) == "hi;a=x;b="
+
+
+def test_a_server_default_enable_thinking_false_is_what_the_reasoning_split_reads(client):
+    """Qwen3's '{"enable_thinking": false}' as the server's default: the qwen3 parser reads a
+    reply as all content (it reads all of an unclosed reply as reasoning otherwise); a request's
+    own enable_thinking true, or reasoning_effort, wins over the default."""
+    qwen3 = get_parser("qwen3")
+
+    def message(defaults, **fields) -> dict:
+        ctx = _ctx(client, reasoning_parser=qwen3, default_chat_template_kwargs=defaults)
+        return _run(ctx, create_chat_completion, _chat(**fields))["choices"][0]["message"]
+
+    off = {"enable_thinking": False}
+    assert message(None)["reasoning"] and message(None)["content"] is None
+    assert message(off)["content"] and message(off).get("reasoning") is None
+    on = message(off, chat_template_kwargs={"enable_thinking": True})
+    assert on["reasoning"] and on["content"] is None
+    effort = message(off, reasoning_effort="high")
+    assert effort["reasoning"] and effort["content"] is None
+
+
+# ---- --exclude-tools-when-tool-choice-none -------------------------------------------------------
+
+
+def test_tool_choice_none_keeps_the_tools_out_of_the_template_with_the_flag(client):
+    def prompt_ids(exclude: bool, **fields) -> list:
+        ctx = _ctx(client, VARS_TEMPLATE, exclude_tools_when_tool_choice_none=exclude)
+        return _run(ctx, create_chat_completion, _chat(return_token_ids=True, **fields))["prompt_token_ids"]
+
+    def text(ids) -> str:
+        return client.tokenizer.decode(ids)
+
+    bare = prompt_ids(True)
+    assert text(bare) == "hi;a=;b="
+    assert prompt_ids(True, tools=TOOLS, tool_choice="none") == bare
+    assert text(prompt_ids(False, tools=TOOLS, tool_choice="none")) == "hi;a=;b=;tools=1"
+    # only "none": a forced choice still shows the tools
+    forced = {"type": "function", "function": {"name": "f"}}
+    assert text(prompt_ids(True, tools=TOOLS, tool_choice=forced)).endswith("tools=1")
+
+
+# ---- --enable-log-outputs ------------------------------------------------------------------------
+
+
+def _outputs_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Generated response ")]
+
+
+def test_enable_log_outputs_logs_each_choices_output_cut_to_max_log_len(client, caplog):
+    fields = dict(log_requests=True, log_outputs=True, max_log_len=2)
+    body = CompletionRequest(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0, n=2)
+    with caplog.at_level(logging.INFO, logger=SERVING_LOG):
+        reply = _run(_ctx(client, **fields), create_completion, body)
+        lines = _outputs_logged(caplog)
+        assert len(lines) == 2 and all(f"(response {reply['id']}, choice " in line for line in lines)
+        for choice in reply["choices"]:
+            (line,) = [x for x in lines if f"choice {choice['index']})" in x]
+            assert f"output: {choice['text'][:2]!r}," in line and "finish_reason: length" in line
+            assert len(line.split("output_token_ids: [")[1].split("]")[0].split(",")) == 2
+        caplog.clear()
+        chunks = _run(_ctx(client, **fields), create_chat_completion, _chat(stream=True))
+        (line,) = _outputs_logged(caplog)
+        assert f"(response {chunks[0]['id']}, choice 0) (streaming complete): output: " in line
+        caplog.clear()
+        _run(_ctx(client, log_requests=True, max_log_len=2), create_completion, body)  # without the flag
+        assert not _outputs_logged(caplog)
+
+
+# ---- --enable-tokenizer-info-endpoint ------------------------------------------------------------
+
+
+def test_tokenizer_info_answers_the_tokenizers_configuration_only_with_the_flag(client):
+    """vLLM's GET /tokenizer_info: the tokenizer's init configuration (tokenizer_config.json's
+    keys; special tokens as their text; no local file paths), its class name, and the server's
+    --chat-template where it has one. Without the flag the route is absent: a 404."""
+    on = _ctx(client, VARS_TEMPLATE, enable_tokenizer_info_endpoint=True)
+    (info,) = _serve(on, [("GET", "/tokenizer_info", None)])
+    assert info.status_code == 200
+    body = info.json()
+    assert body["tokenizer_class"] == type(client.tokenizer).__name__
+    assert body["chat_template"] == VARS_TEMPLATE
+    assert body["bos_token"] == client.tokenizer.bos_token and body["eos_token"] == client.tokenizer.eos_token
+    assert "vocab_file" not in body and "merges_file" not in body
+    (absent,) = _serve(_ctx(client), [("GET", "/tokenizer_info", None)])
+    assert absent.status_code == 404
+
+
+# ---- --log-error-stack ---------------------------------------------------------------------------
+
+
+def _stacks_logged(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info and r.getMessage().startswith("error answered")]
+
+
+def test_log_error_stack_logs_the_stack_of_each_error_answered(client, caplog):
+    """vLLM's --log-error-stack: the stack trace of each error response, at ERROR: a refused
+    request (here the 404 of an unknown model) and a stream's error frame (a step the engine
+    failed, a 500). Without the flag, none."""
+    unknown = ("POST", "/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 1})
+
+    async def failing_stream(ctx):
+        await ctx.engine.fail_next_step()
+        body = CompletionRequest(model="tiny", prompt=[5, 6], max_tokens=2, stream=True)
+        return [f async for f in await create_completion(ctx, body, never)]
+
+    def stream_frames(ctx):
+        async def run():
+            ctx.engine.start(asyncio.get_running_loop())
+            return await failing_stream(ctx)
+
+        return asyncio.run(run())
+
+    with caplog.at_level(logging.INFO):
+        (refused,) = _serve(_ctx(client, log_error_stack=True), [unknown])
+        assert refused.status_code == 404
+        (record,) = _stacks_logged(caplog)
+        assert record.levelno == logging.ERROR and "404" in record.getMessage()
+        caplog.clear()
+        frames = stream_frames(_ctx(client, log_error_stack=True))
+        assert '"code":500' in frames[-2].replace(" ", "")
+        (record,) = _stacks_logged(caplog)
+        assert "500" in record.getMessage()
+        caplog.clear()
+        _serve(_ctx(client), [unknown])
+        stream_frames(_ctx(client))
+        assert not _stacks_logged(caplog)
