@@ -37,6 +37,9 @@ Invariants:
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
   An AsyncLLM that is garbage collected without `shutdown` stops its engine then (as vLLM's),
   so dropping one never leaves its engine, and the model it holds, running.
+- Sleep mode (enable_sleep_mode=True): `sleep(level=1)`, `wake_up(tags=None)` and
+  `is_sleeping()` are LLM's calls, taken by the engine process between two steps; while it
+  sleeps a new `generate` raises EngineAsleep (an EngineRequestError) and nothing is queued.
 - `beam_search` (vLLM's EngineClient.beam_search) yields once, the search's finished output;
   its steps are engine requests "{request_id}-step{k}-{i}" (one a live beam), so abort() does not
   reach them by request_id: leaving the generator aborts the step in flight.
@@ -62,6 +65,7 @@ from enginespec.engine.generation_config import GenerationDefaults
 from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import (
+    EngineAsleep,
     EngineClient,
     EngineDead,
     EngineRequestError,
@@ -71,7 +75,7 @@ from enginespec.llm import PromptType, _cache_key, check_lora_request, check_res
 from enginespec.outputs import OutputView, RequestOutput
 from enginespec.spec import SamplingParams
 
-__all__ = ["AsyncLLM", "EngineDead", "EngineRequestError"]
+__all__ = ["AsyncLLM", "EngineAsleep", "EngineDead", "EngineRequestError"]
 
 # Samples pending at once beyond max_num_seqs before generate() refuses more (QueueFull): none
 # in practice, as vLLM's AsyncLLM has no such bound; the server sets its own.
@@ -307,6 +311,32 @@ class AsyncLLM:
             raise self.dead_error
         self._bind_loop()
         await self._client.stop_profile()
+
+    async def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (enable_sleep_mode=True), taken by the engine process between two
+        steps: LLM.sleep's rules (level 1 only; weights to host memory, KV cache freed, prefix
+        cache emptied). Its refusals raise here: a ValueError (a bad level), an
+        EngineRequestError naming the engine's RuntimeError (sleep mode off, requests
+        unfinished). While asleep a new request fails with EngineAsleep. EngineDead when the
+        engine is not running."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        await self._client.sleep(level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """vLLM's: restore the tags sleep() released ("weights", "kv_cache"; None: both)."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        await self._client.wake_up(tags)
+
+    async def is_sleeping(self) -> bool:
+        """vLLM's: whether some tag sleeps (asked of the engine process)."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        return await self._client.is_sleeping()
 
     @property
     def is_running(self) -> bool:

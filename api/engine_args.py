@@ -86,8 +86,9 @@ mode 3, vLLM's VLLM_COMPILE: the decoder under torch.compile with CUDA graphs, w
 does on CUDA; enforce_eager and compile_model are its switches), `optimization_level` (vLLM's
 -O: 1, 2 or 3, compiled with graphs; 0 is enforce_eager here), `max_num_partial_prefills` (1, vLLM V1's only
 value), `structured_outputs_config` (None or vLLM's defaults: backend "auto", no other switch;
-the grammars are the engine's own), `guided_decoding_backend` ("auto"), `enable_sleep_mode`
-(False) and `config_format` ("auto" or "hf": the loader reads config.json).
+the grammars are the engine's own), `guided_decoding_backend` ("auto") and `config_format`
+("auto" or "hf": the loader reads config.json). `enable_sleep_mode` (vLLM's) turns on the
+engine's sleep mode: LLM.sleep(level=1) / wake_up(tags) / is_sleeping (worker/sleep.py).
 `hf_overrides` (vLLM's dict form): config.json keys laid over the target checkpoint's before
 anything reads it (worker/loader.py read_config_json, the one reader, and load_config over it):
 the model built, max_model_len's derivation, dtype "auto", the EOS of config.json, the draft
@@ -215,7 +216,6 @@ UNSUPPORTED_VALUES = {
         "vLLM V1's only value; long_prefill_token_threshold caps a prompt's chunk",
     ),
     "guided_decoding_backend": (("auto",), "structured outputs compile with the engine's own grammars"),
-    "enable_sleep_mode": ((False,), "no /sleep: weights and KV cache stay on the device"),
     "config_format": (
         ("auto", "hf"),
         "the loader reads the checkpoint's config.json (Hugging Face's format)",

@@ -216,6 +216,29 @@ class LLM:
             self._check_open()
             return self.engine.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (enable_sleep_mode=True): give the device memory back, between
+        RLHF rollouts say. Level 1 copies the weights to host memory and frees the KV cache
+        (the prefix cache is emptied: its blocks are gone); generate() raises until wake_up().
+        Level 2 is refused (worker/sleep.py says why). A RuntimeError, changing nothing, without
+        enable_sleep_mode or while a request is unfinished (another thread's generate(), a
+        stream() not read to its end). Under the engine lock, so never in the middle of a step."""
+        with self._lock, self._front.critical:
+            self._check_open()
+            self.engine.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """vLLM's: restore what sleep() released: tags "weights" (their exact values) and
+        "kv_cache" (an empty pool), None for both; a tag that is not asleep is left alone.
+        generate() works again once every tag is awake."""
+        with self._lock, self._front.critical:
+            self._check_open()
+            self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        """Whether some tag is asleep (sleep() ran and wake_up() has not restored everything)."""
+        return self.engine.is_sleeping
+
     def get_metrics(self) -> list:
         """vLLM's: a snapshot of the engine's metrics under vLLM's names and types
         (enginespec.metrics_reader, vLLM's vllm.v1.metrics.reader): request and KV gauges,

@@ -27,8 +27,8 @@ Invariants:
   theirs: step() never returns them, abort_request() never touches them.
 - `abort_request(ids)` (a str or an iterable) frees the requests at once, blocks included, and
   they produce no further output (vLLM's); unknown ids are ignored.
-- `reset_prefix_cache()`, `start_profile()`, `stop_profile()`, `get_metrics()`: the LLM's calls,
-  under its lock (between two steps).
+- `reset_prefix_cache()`, `start_profile()`, `stop_profile()`, `get_metrics()`, `sleep()`,
+  `wake_up()`, `is_sleeping()`: the LLM's calls, under its lock (between two steps).
 """
 
 from __future__ import annotations
@@ -151,6 +151,18 @@ class LLMEngine:
         """vLLM's: LLM.reset_prefix_cache on this engine (False, changing nothing, while a
         request holds blocks; reset_running_requests False only, llm.check_reset_running)."""
         return self._llm.reset_prefix_cache(reset_running_requests)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's: LLM.sleep on this engine."""
+        self._llm.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """vLLM's: LLM.wake_up on this engine."""
+        self._llm.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        """vLLM's: whether the engine sleeps (LLM.is_sleeping)."""
+        return self._llm.is_sleeping()
 
     def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """vLLM's: LLM.start_profile on this engine (api/profiler.py states the rules)."""

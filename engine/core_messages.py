@@ -5,10 +5,11 @@ Two one-way multiprocessing Connections (pickle), plain tuples on the hot path:
 front end -> engine (the engine takes every pending one between two steps):
   ("add", token, [NewRequest, ...])  all or none; answered ("added", token, error or None)
   ("abort", [request ids])           no answer; the blocks are free before the next step
-  ("call", token, name, *args)       name in CALLS (args: start_profile's profile_prefix);
-                                     answered ("done", token, result): the call's result
-                                     (reset_prefix_cache's bool; None for the others), or the
-                                     ErrorInfo of what it raised (the loop goes on)
+  ("call", token, name, *args)       name in CALLS; answered ("done", token, result): the
+                                     call's result (reset_prefix_cache's and is_sleeping's bool;
+                                     None for the others), or the ErrorInfo of what it raised
+                                     (the loop goes on); args: start_profile's profile_prefix,
+                                     sleep's level, wake_up's tags
   ("shutdown",)                      the loop ends, the engine exits
 
 engine -> front end:
@@ -39,8 +40,12 @@ from enginespec.spec import SamplingParams
 
 #: the names of ("call", token, name, *args): stop stepping, step again, fail the next step's
 #: requests, forget the cached prefix blocks (EngineCore.reset_prefix_cache: False while blocks are
-#: in use), start and stop a torch.profiler trace of the engine process (api/profiler.py)
-CALLS = ("pause", "resume", "fail_next", "reset_prefix_cache", "start_profile", "stop_profile")
+#: in use), start and stop a torch.profiler trace of the engine process (api/profiler.py), and
+#: sleep mode's three (EngineCore.sleep(level), wake_up(tags), is_sleeping)
+CALLS = (
+    "pause", "resume", "fail_next", "reset_prefix_cache", "start_profile", "stop_profile",
+    "sleep", "wake_up", "is_sleeping",
+)  # fmt: skip
 
 
 @dataclass

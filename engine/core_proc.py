@@ -377,19 +377,24 @@ class EngineCoreProc:
 
     def _call_or_error(self, name: str, args: tuple):
         """_call's result, or the ErrorInfo of what it raised: the caller gets the error (a
-        start_profile while one runs), and the loop, with every other request, goes on."""
+        start_profile while one runs, sleep mode's refusals), and the loop, with every other
+        request, goes on."""
         try:
             return self._call(name, *args)
         except Exception as exc:
             return ErrorInfo.of(exc)
 
-    def _call(self, name: str, *args) -> Optional[bool]:
+    def _call(self, name: str, *args):
         """Run one of core_messages.CALLS between two steps; its result goes back in "done".
         The profile calls run here, on the thread that steps, so the trace holds the steps."""
         if name == "start_profile":
             self._profiler.start(self.engine.model.device, *args)
         elif name == "stop_profile":
             self._profiler.stop()
+        elif name == "is_sleeping":
+            return bool(self.engine.is_sleeping)
+        elif name in ("sleep", "wake_up"):
+            getattr(self.engine, name)(*args)
         elif name == "pause":
             self._paused = True
         elif name == "resume":

@@ -63,6 +63,7 @@ from enginespec.sample.penalties import bans_read_outputs, first_breach, holds_d
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.spec.params import SEED_RANGE, UNSEEDED
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
+from enginespec.worker.sleep import EngineAsleepError, check_level, check_tags
 
 log = logging.getLogger(__name__)
 
@@ -539,7 +540,9 @@ class EngineCore:
         cache_key: tuple = (),
     ) -> None:
         """Validate and queue one user request (n samples). Any exception (a ValueError for a
-        bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued."""
+        bad id, prompt or params; a KeyboardInterrupt midway) leaves nothing queued.
+        EngineAsleepError while the engine sleeps (sleep mode)."""
+        self._check_awake()
         params = self.default_sampling_params() if params is None else params
         prompt_token_ids, params = self._validate(request_id, prompt_token_ids, params, priority)
         asked = params.max_tokens
@@ -820,6 +823,63 @@ class EngineCore:
         the block manager's rule (spec/block_manager.py). The draft model's pool caches no
         prefixes, so it has nothing to forget."""
         return bool(self.block_manager.reset_prefix_cache())
+
+    # ---- sleep mode (worker/sleep.py) ---------------------------------------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep: give the device memory back between rollouts. Level 1 (the only one
+        taken: worker/sleep.py says why level 2 is not) copies the weights to host memory and
+        frees the KV pool, forgetting every cached prefix block first (they are gone with it).
+        Until wake_up() restores both, add_request raises EngineAsleepError. RuntimeError,
+        with nothing changed, without enable_sleep_mode or while any request is unfinished
+        (sleep waits for none: finish or abort them first); ValueError for a bad level."""
+        self._check_sleep_mode("sleep")
+        tags = check_level(level)
+        if self.has_unfinished or self._inflight is not None:
+            raise RuntimeError(
+                f"sleep: {self.num_unfinished} unfinished request(s); finish or abort them first "
+                f"(sleep frees their KV cache)"
+            )
+        if not self.block_manager.reset_prefix_cache():  # an idle pool holds no block
+            raise RuntimeError("sleep: the prefix cache could not be reset on an idle engine (a bug)")
+        for runner in self._runners():
+            runner.sleep(tags)
+
+    def wake_up(self, tags: Optional[list] = None) -> None:
+        """vLLM's wake_up: restore the named tags ("weights", "kv_cache"; None: both) of a
+        sleep; one not asleep is left alone. The engine takes requests again once no tag
+        sleeps. RuntimeError without enable_sleep_mode; ValueError for an unknown tag."""
+        self._check_sleep_mode("wake_up")
+        tags = check_tags(tags)
+        for runner in self._runners():
+            runner.wake_up(tags)
+
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether any tag sleeps (vLLM's is_sleeping: true until every tag is woken)."""
+        return bool(self.runner.sleeping_tags)
+
+    def _check_sleep_mode(self, call: str) -> None:
+        if not self.args.enable_sleep_mode:
+            raise RuntimeError(
+                f"{call}() needs sleep mode: build the engine with enable_sleep_mode=True "
+                f"(serve --enable-sleep-mode)"
+            )
+
+    def _runners(self) -> list:
+        """The target's runner, then the draft model's (speculative_config "draft_model")."""
+        drafter = getattr(self.spec, "drafter", None)
+        runner = getattr(drafter, "runner", None)
+        return [self.runner] + ([runner] if runner is not None else [])
+
+    def _check_awake(self) -> None:
+        """EngineAsleepError while any tag sleeps: no request is taken (and so none steps)."""
+        tags = self.runner.sleeping_tags
+        if tags:
+            raise EngineAsleepError(
+                f"the engine is asleep ({', '.join(tags)} released by sleep()): call wake_up() "
+                f"before generating"
+            )
 
     # ---- one step -----------------------------------------------------------------------------
 

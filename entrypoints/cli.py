@@ -466,7 +466,8 @@ def _add_vllm_serve_line_args(p) -> None:
         "--enable-sleep-mode",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="not supported (--no-enable-sleep-mode is accepted)",
+        help="sleep mode (vLLM's): with --enable-dev-endpoints, POST /sleep?level=1 moves the weights to "
+        "host memory and frees the KV cache, POST /wake_up restores them",
     )
     p.add_argument("--config-format", default=None, help="auto or hf (the loader reads config.json)")
 
@@ -726,7 +727,9 @@ def _add_serve_parser(sub) -> None:
         "without it, 0)",
     )
     serve.add_argument(
-        "--enable-dev-endpoints", action="store_true", help="/dev/state, /dev/pause, ..., /reset_prefix_cache"
+        "--enable-dev-endpoints",
+        action="store_true",
+        help="/dev/state, /dev/pause, ..., /reset_prefix_cache, /sleep, /wake_up, /is_sleeping",
     )
     serve.add_argument(
         "--engine-in-process",

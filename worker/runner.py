@@ -23,10 +23,15 @@ Swaps: `swap_out(request_id, blocks)` copies the listed device blocks (every lay
 to host memory under the request id, before the step's forward reuses them; `swap_in` copies
 them back into the newly allocated blocks and forgets the host copy. `drop(request_id)` forgets
 the copy of a request that finished while swapped, so host memory never outlives a request.
+
+Sleep mode (worker/sleep.py): `sleep(tags)` drops the CUDA graphs (they hold the pool's and the
+weights' pointers) and releases the tags' storages; `wake_up(tags)` restores them and, once no
+tag sleeps, captures the graphs again. `execute` raises EngineAsleepError while any tag sleeps.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -38,6 +43,7 @@ import torch
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, eager_fused, should_compile
+from enginespec.worker.sleep import Asleep, EngineAsleepError, model_tensors
 
 log = logging.getLogger(__name__)
 
@@ -139,25 +145,33 @@ class ModelRunner:
         self._unbuilt: list[list[str]] = []
         self._num_unbuilt = 0  # ids in _unbuilt, at most UNBUILT_IDS past the newest list
         self.graphs = None
-        if (
+        self._asleep: dict[str, Asleep] = {}  # sleep mode: tag -> its released storages
+        self._mixed_graph_tokens = mixed_graph_tokens
+        self._wants_graphs = (
             self.device.type == "cuda"
             and not enforce_eager
             and "cuda_graphs" in getattr(impl, "capabilities", ())
-        ):
-            from enginespec.worker.cuda_graphs import default_mixed_buckets, try_capture
-
+        )
+        if self._wants_graphs:
             started = time.perf_counter()
-            self.graphs = try_capture(
-                model,
-                self.kv_caches,
-                block_size=block_size,
-                max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs,
-                mixed_buckets=default_mixed_buckets(mixed_graph_tokens),
-                body=self.body,
-                logits_max_rows=self.GRAPH_LOGITS_MAX_ROWS,
-            )
+            self._capture_graphs()
             self.startup_phases["graph_capture"] = time.perf_counter() - started
+
+    def _capture_graphs(self) -> None:
+        """Capture the decode and mixed graphs over the current pools and weights (at
+        construction, and again after a wake_up: a sleep dropped them)."""
+        from enginespec.worker.cuda_graphs import default_mixed_buckets, try_capture
+
+        self.graphs = try_capture(
+            self.model,
+            self.kv_caches,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            mixed_buckets=default_mixed_buckets(self._mixed_graph_tokens),
+            body=self.body,
+            logits_max_rows=self.GRAPH_LOGITS_MAX_ROWS,
+        )
 
     def _install_skinny_gemm(self, setting: Optional[bool]):
         """EngineArgs.skinny_gemm (skinny_linear.py): tune the projection GEMMs on this model's
@@ -396,6 +410,54 @@ class ModelRunner:
         for request_id, blocks in output.swap_in:
             self.swap_in(request_id, blocks)
 
+    # ---- sleep mode (worker/sleep.py) ---------------------------------------------------------
+
+    def sleep(self, tags: tuple[str, ...]) -> None:
+        """Release the device memory of `tags` (SLEEP_TAGS' names, checked by the caller): the
+        weights to host memory, the KV pool forgotten. The CUDA graphs go first (they point into
+        both). A tag already asleep is left as it is. RuntimeError, with nothing changed, while a
+        request's blocks sit in host memory (swapped out: the engine sleeps only when idle)."""
+        if self._host:
+            raise RuntimeError(
+                f"sleep: {len(self._host)} swapped-out requests hold KV copies; finish them first"
+            )
+        self.graphs = None
+        for tag in tags:
+            if tag not in self._asleep:
+                self._asleep[tag] = Asleep.release(self._tag_tensors(tag), keep=tag == "weights")
+        if self.device.type == "cuda":
+            gc.collect()  # the dropped graphs' pools, should a cycle hold them
+            torch.cuda.empty_cache()  # the freed blocks back to the driver, for another process
+
+    def wake_up(self, tags: tuple[str, ...]) -> None:
+        """Restore `tags` (any not asleep is skipped): the weights exactly as they were, the KV
+        pool zeroed. Once nothing sleeps, the CUDA graphs are captured again."""
+        for tag in tags:
+            asleep = self._asleep.pop(tag, None)
+            if asleep is not None:
+                asleep.restore()
+        if not self._asleep and self._wants_graphs and self.graphs is None:
+            from enginespec.kernels import compile_procs
+
+            with compile_procs.lease():  # any compile worker the capture starts ends with it
+                self._capture_graphs()
+
+    @property
+    def sleeping_tags(self) -> tuple[str, ...]:
+        """The tags asleep now (empty: awake)."""
+        return tuple(self._asleep)
+
+    def _tag_tensors(self, tag: str) -> list[torch.Tensor]:
+        if tag == "kv_cache":
+            return list(self.kv_caches)
+        return model_tensors(self.model)
+
+    def _check_awake(self) -> None:
+        if self._asleep:
+            raise EngineAsleepError(
+                f"the engine is asleep ({', '.join(self._asleep)} released by sleep()): call wake_up() first"
+            )
+
     # ---- one step -----------------------------------------------------------------------------
 
     def prepare(self, output: SchedulerOutput, block_manager) -> Batch:
@@ -437,6 +499,7 @@ class ModelRunner:
     def execute(self, batch: Batch) -> ExecuteOutput:
         """Forward the batch (writing its K/V into the pool) and return the logits of the rows
         that sample, plus those of prompt positions asked for by prompt_logprobs."""
+        self._check_awake()  # a released storage is 0 bytes: no kernel may read it
         logits = None
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.forward(batch)

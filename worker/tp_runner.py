@@ -15,6 +15,10 @@ and the workers replay them, in order, before the next forward (which is the fir
 could overwrite a swapped-out block). Prefix caching needs nothing: rank 0's block manager
 decides, and a block id means the same slots on every rank.
 
+Sleep mode (worker/sleep.py): rank 0 sends ("sleep", tags) / ("wake_up", tags) to the workers,
+which apply them to their own runner between steps, then applies them itself; the engine has
+checked the call (flag, level, tags, idle) first, so every rank gets the same one.
+
 Invariant: a TP step is all-or-nothing across ranks. A failure after the step's message was
 sent leaves the ranks out of step, so it is raised as EngineDeadError (tp_group.py).
 """
@@ -183,6 +187,29 @@ class TPModelRunner(ModelRunner):
                 ModelRunner.swap_in(self, op[1], op[2])
             else:
                 ModelRunner.drop(self, op[1])
+
+    # ---- sleep mode: every rank releases and restores its own shard and pool -----------------
+
+    def sleep(self, tags: tuple[str, ...]) -> None:
+        """Rank 0: the workers sleep the same tags (their next control message), then this rank."""
+        if self.tp.rank == 0:
+            self._check_no_swaps()
+            self.tp.send(("sleep", tuple(tags)))
+        super().sleep(tags)
+
+    def wake_up(self, tags: tuple[str, ...]) -> None:
+        """Rank 0: the workers wake the same tags, then this rank. On CUDA each rank captures its
+        graphs again once awake, in the same order as at construction (their collectives pair)."""
+        if self.tp.rank == 0:
+            self.tp.send(("wake_up", tuple(tags)))
+        super().wake_up(tags)
+
+    def _check_no_swaps(self) -> None:
+        """The refusal ModelRunner.sleep makes, before the workers are told anything."""
+        if self._host:
+            raise RuntimeError(
+                f"sleep: {len(self._host)} swapped-out requests hold KV copies; finish them first"
+            )
 
     # ---- one step -----------------------------------------------------------------------------
 

@@ -155,6 +155,10 @@ def _serve(info, conn) -> None:
                 runner = TPModelRunner(model, impl, tp=link, **message[1])
         elif kind == "step":
             runner.run_step(message[1], message[2])
+        elif kind == "sleep":  # sleep mode: rank 0's tags, applied to this rank's shard and pool
+            runner.sleep(message[1])
+        elif kind == "wake_up":
+            runner.wake_up(message[1])
         else:
             raise RuntimeError(f"unknown control message {kind!r}")
 

@@ -7,9 +7,11 @@ nothing is stored), vLLM's /invocations (SageMaker's: chat or completion by the 
 /tokenize, /detokenize, /metrics;
 with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/pause,
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
-them), and vLLM's dev-mode POST /reset_prefix_cache; with VLLM_TORCH_PROFILER_DIR set when the app
-is built, vLLM's POST /start_profile and /stop_profile (a torch.profiler trace of the engine's
-process into that directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...]
+them), and vLLM's dev-mode POST /reset_prefix_cache and its sleep-mode routes (POST
+/sleep?level=1, POST /wake_up?tags=..., GET /is_sleeping; the engine needs
+--enable-sleep-mode); with VLLM_TORCH_PROFILER_DIR set when the app is built, vLLM's POST
+/start_profile and /stop_profile (a torch.profiler trace of the engine's process into that
+directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...]
 guards /v1/* and /invocations (a Bearer token, any one of the keys), as vLLM does; without the
 flag, the VLLM_API_KEY environment variable's key does, as vLLM reads it (api_keys).
 --enable-request-id-headers puts X-Request-Id on every response (vLLM's flag). Every error, a
@@ -65,7 +67,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
 from enginespec import __version__
-from enginespec.entrypoints.openai.engine_client import EngineClient
+from enginespec.entrypoints.openai.engine_client import EngineClient, EngineRequestError
 from enginespec.entrypoints.openai.errors import APIError, error_body
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.protocol import (
@@ -821,6 +823,8 @@ def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
             )
         return {"reset": True}
 
+    _add_sleep_routes(app, ctx)
+
     @app.post("/dev/fail_next_step")
     async def fail_next_step():
         await ctx.engine.fail_next_step()
@@ -853,6 +857,49 @@ def _add_profile_routes(app: FastAPI, ctx: ServerContext) -> None:
         except ProfilerStateError:
             raise APIError(409, "no profile is running: POST /start_profile first") from None
         return Response(status_code=200)
+
+
+def _add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """vLLM's dev-mode sleep routes (here behind --enable-dev-endpoints), over the engine's
+    sleep mode (worker/sleep.py): POST /sleep?level=1, POST /wake_up[?tags=weights&tags=kv_cache],
+    GET /is_sleeping, each answering {"is_sleeping": bool}. A 400 without --enable-sleep-mode or
+    for a bad level or tag (naming it), a 409 with nothing changed while requests are unfinished;
+    while asleep a completion or chat request is a 503."""
+
+    def check_enabled() -> None:
+        if not ctx.engine.args.enable_sleep_mode:
+            raise APIError(400, "sleep mode is off: start the server with --enable-sleep-mode")
+
+    async def engine_call(param: str, call, *args) -> None:
+        """call(*args) on the engine; its ValueError a 400 naming `param`, a refusal a 409."""
+        try:
+            await call(*args)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param) from None
+        except EngineRequestError as exc:
+            raise APIError(409, str(exc)) from None
+
+    @app.post("/sleep")
+    async def sleep(request: Request):
+        check_enabled()
+        raw = request.query_params.get("level", "1")
+        try:
+            level = int(raw)
+        except ValueError:
+            raise APIError(400, f"level must be an int, got {raw!r}", "level") from None
+        await engine_call("level", ctx.engine.sleep, level)
+        return {"is_sleeping": True}
+
+    @app.post("/wake_up")
+    async def wake_up(request: Request):
+        check_enabled()
+        tags = request.query_params.getlist("tags") or None
+        await engine_call("tags", ctx.engine.wake_up, tags)
+        return {"is_sleeping": await ctx.engine.is_sleeping()}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": await ctx.engine.is_sleeping()}
 
 
 def load_chat_template(value: Optional[str]) -> Optional[str]:

@@ -83,6 +83,11 @@ class EngineRequestError(RuntimeError):
     """The engine dropped a request with an error (a failed step): answered 500."""
 
 
+class EngineAsleep(EngineRequestError):
+    """The engine sleeps (sleep mode: POST /sleep, AsyncLLM.sleep): a request is refused until
+    wake_up (answered 503)."""
+
+
 class Inbox:
     """One request's mailbox: the engine client puts, the request's handler (one task) takes.
 
@@ -209,6 +214,8 @@ def fresh_error(error: BaseException) -> BaseException:
 def _as_exception(error: ErrorInfo) -> Exception:
     if error.is_value_error:
         return ValueError(error.message)
+    if error.is_a("EngineAsleepError"):
+        return EngineAsleep(error.message)
     return EngineRequestError(f"{error.type_name}: {error.message}")
 
 
@@ -583,8 +590,8 @@ class EngineClient:
             raise (fresh_error(self.fatal) if self.fatal else EngineDead("the engine is stopping")) from None
 
     async def _call(self, name: str, *args):
-        """Run core_messages.CALLS' `name` in the engine between two steps; its result, or the
-        error it raised there (_call_error)."""
+        """Run core_messages.CALLS' `name(*args)` in the engine between two steps; its result,
+        or the error it raised there (_call_error)."""
         if self.fatal is not None:
             raise fresh_error(self.fatal)
         if self._stopping:  # the reader is gone: no reply would ever come
@@ -620,6 +627,17 @@ class EngineClient:
         """Stop the engine's trace and write it (done when this returns): ProfilerStateError
         while none runs."""
         await self._call("stop_profile")
+
+    async def sleep(self, level: int = 1) -> None:
+        """EngineCore.sleep(level) between two steps (its refusals raised here)."""
+        await self._call("sleep", level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """EngineCore.wake_up(tags) between two steps."""
+        await self._call("wake_up", None if tags is None else list(tags))
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._call("is_sleeping"))
 
     # ---- the engine's messages ------------------------------------------------------------------
 

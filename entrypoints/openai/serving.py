@@ -33,6 +33,7 @@ from enginespec.engine.detokenizer import StopPrefixes
 from enginespec.engine.output_processor import ERROR
 from enginespec.entrypoints.openai import serving_beam
 from enginespec.entrypoints.openai.engine_client import (
+    EngineAsleep,
     EngineClient,
     EngineRequestError,
     Generation,
@@ -371,13 +372,16 @@ def _log_request(ctx: ServerContext, call: _Call, sub: NewRequest) -> None:
 async def _engine_submit(
     ctx: ServerContext, call: _Call, subs: list[NewRequest], prompt_only: bool = False
 ) -> Generation:
-    """ctx.engine.submit, its refusals as APIErrors (503 with Retry-After, or 400 naming the
-    field); prompt_only: the client is answered the prompts alone (EngineClient.submit)."""
+    """ctx.engine.submit, its refusals as APIErrors (503 with Retry-After; 503 while the engine
+    sleeps; or 400 naming the field); prompt_only: the client is answered the prompts alone
+    (EngineClient.submit)."""
     try:
         return await ctx.engine.submit(subs, prompt_only=prompt_only)
     except QueueFull as exc:
         raise APIError(503, str(exc), retry_after=RETRY_AFTER_S) from None
     except ServerShuttingDown as exc:  # the grace ran out while the engine had not accepted it
+        raise APIError(503, str(exc)) from None
+    except EngineAsleep as exc:  # sleep mode: refused whole until POST /wake_up
         raise APIError(503, str(exc)) from None
     except RequestTooLarge as exc:
         raise _too_large(call, exc) from None

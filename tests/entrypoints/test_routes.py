@@ -344,6 +344,49 @@ def _calls(app, calls: list) -> list:
                 for method, path, body, headers in calls
             ]
 
+
+class _SleepyEngine:
+    """An engine client's sleep-mode calls, recorded; `busy` refuses a sleep as the engine does
+    while requests are unfinished."""
+
+    def __init__(self, enabled: bool = True):
+        from types import SimpleNamespace
+
+        self.args = SimpleNamespace(enable_sleep_mode=enabled)
+        self.alive, self.fatal = True, None
+        self.calls: list = []
+        self.asleep: set = set()
+        self.busy = False
+
+    async def sleep(self, level):
+        from enginespec.entrypoints.openai.engine_client import EngineRequestError
+        from enginespec.worker.sleep import check_level
+
+        tags = check_level(level)
+        if self.busy:
+            raise EngineRequestError("RuntimeError: sleep: 1 unfinished request(s)")
+        self.calls.append(("sleep", level))
+        self.asleep |= set(tags)
+
+    async def wake_up(self, tags):
+        from enginespec.worker.sleep import check_tags
+
+        woken = check_tags(tags)
+        self.calls.append(("wake_up", tags))
+        self.asleep -= set(woken)
+
+    async def is_sleeping(self):
+        return bool(self.asleep)
+
+
+def _requests(engine, calls: list, dev: bool = True) -> list:
+    app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"), dev=dev)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.request(method, path) for method, path in calls]
+
     return asyncio.run(run())
 
 
@@ -432,3 +475,45 @@ def test_server_load_drops_back_after_an_error_answer():
     )
     assert [a.status_code for a in answers] == [500, 500, 400, 400, 400]
     assert load.json() == {"server_load": 0}
+
+
+def test_the_sleep_routes_pass_level_and_tags_and_answer_is_sleeping():
+    """vLLM's dev-mode sleep routes: POST /sleep?level=1, POST /wake_up with repeated tags
+    (partial), GET /is_sleeping; each answers {"is_sleeping": bool}."""
+    engine = _SleepyEngine()
+    calls = [
+        ("POST", "/sleep?level=1"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/wake_up?tags=weights"),
+        ("POST", "/wake_up"),
+        ("POST", "/sleep"),  # level 1 by default
+        ("POST", "/wake_up?tags=weights&tags=kv_cache"),
+    ]
+    got = [(r.status_code, r.json()) for r in _requests(engine, calls)]
+    sleeping = [{"is_sleeping": b} for b in (True, True, True, False, True, False)]
+    assert got == [(200, body) for body in sleeping]
+    assert engine.calls == [
+        ("sleep", 1),
+        ("wake_up", ["weights"]),
+        ("wake_up", None),
+        ("sleep", 1),
+        ("wake_up", ["weights", "kv_cache"]),
+    ]
+
+
+def test_the_sleep_routes_refuse_by_name_and_exist_only_in_dev_mode():
+    engine = _SleepyEngine()
+    bad = ["/sleep?level=2", "/sleep?level=one", "/wake_up?tags=kv"]
+    got = _requests(engine, [("POST", path) for path in bad])
+    assert [(r.status_code, r.json()["error"]["param"]) for r in got] == [(400, "level")] * 2 + [
+        (400, "tags")
+    ]
+    assert "sleep level 2" in got[0].json()["error"]["message"]
+    engine.busy = True
+    (refused,) = _requests(engine, [("POST", "/sleep")])
+    assert refused.status_code == 409 and "unfinished" in refused.json()["error"]["message"]
+    (off,) = _requests(_SleepyEngine(enabled=False), [("POST", "/sleep")])
+    assert off.status_code == 400 and "--enable-sleep-mode" in off.json()["error"]["message"]
+    gone = _requests(_SleepyEngine(), [("POST", "/sleep"), ("GET", "/is_sleeping")], dev=False)
+    assert [r.status_code for r in gone] == [404, 404]
+    assert engine.calls == [] and not engine.asleep

@@ -45,6 +45,7 @@ def profile_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir, profile_dir):
     args = ["--served-model-name", MODEL, "--chat-template", CHAT_TEMPLATE, "--enable-dev-endpoints"]
+    args += ["--enable-sleep-mode"]
     args += ["--impl", "fast", "--num-blocks", "256", "--max-num-seqs", "16", "--max-waiting-requests", "512"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     srv = RemoteServer(model_dir, args, api_key=KEY, env={**env, "VLLM_TORCH_PROFILER_DIR": str(profile_dir)})
@@ -1184,6 +1185,27 @@ def test_a_profile_traces_the_engine_process_and_calls_out_of_order_are_409s(ser
     assert {"enginespec.schedule", "enginespec.execute"} <= names
     assert {e["pid"] for e in events if e["name"].startswith("enginespec.")} == {server.state()["engine_pid"]}
     assert server.post("/v1/completions", body).status_code == 200
+
+
+def test_sleep_and_wake_up_over_http_keep_greedy_outputs_and_refuse_requests_while_asleep(server):
+    """vLLM's dev-mode sleep routes on a real server (--enable-sleep-mode): asleep, a completion
+    is a 503 naming wake_up and nothing runs; a partial wake keeps it asleep; after a full wake
+    the greedy output is the one before sleep, its prompt computed in full (the cache is gone)."""
+    body = {"model": MODEL, "prompt": list(range(10, 60)), "max_tokens": 8, "temperature": 0}
+    want = server.post("/v1/completions", body).json()["choices"][0]["text"]
+    server.wait_idle()
+    try:
+        assert server.post("/sleep?level=1", {}).json() == {"is_sleeping": True}
+        assert httpx.get(server.url("/is_sleeping"), timeout=10).json() == {"is_sleeping": True}
+        refused = server.post("/v1/completions", body)
+        assert refused.status_code == 503 and "wake_up()" in refused.json()["error"]["message"]
+        assert server.post("/wake_up?tags=weights", {}).json() == {"is_sleeping": True}
+    finally:
+        woke = server.post("/wake_up", {})
+    assert woke.status_code == 200 and woke.json() == {"is_sleeping": False}
+    before = server.wait_idle()["num_prefix_hits"]
+    assert server.post("/v1/completions", body).json()["choices"][0]["text"] == want
+    assert server.wait_idle()["num_prefix_hits"] == before
 
 
 def test_echo_scores_a_prompt_through_the_openai_client(client):

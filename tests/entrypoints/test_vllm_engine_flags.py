@@ -1,11 +1,11 @@
-"""vLLM's engine flags of everyday serve lines that change nothing here: --compilation-config /
--O (the compiled decoder with CUDA graphs is the engine's own), --max-num-partial-prefills 1,
---structured-outputs-config / --guided-decoding-backend auto, --no-enable-sleep-mode,
---config-format auto|hf. Each was argparse's "unrecognized arguments" (exit 2); now vLLM's
-default values reach EngineArgs and any other value is EngineArgs' one line "not supported by
-enginespec" naming the argument and what is accepted (exit 2, before any model loads).
---hf-overrides takes any JSON object (and vLLM's dotted form) into EngineArgs (what it does:
-tests/api/test_hf_overrides.py)."""
+"""vLLM's engine flags of everyday serve lines that change nothing here: --compilation-config / -O
+(the compiled decoder with CUDA graphs is the engine's own), --max-num-partial-prefills 1,
+--structured-outputs-config / --guided-decoding-backend auto, --config-format auto|hf; and
+--[no-]enable-sleep-mode (the engine's sleep mode, tests/api/test_sleep_mode.py). Each was
+argparse's "unrecognized arguments" (exit 2); now vLLM's default values reach EngineArgs and any
+other value is EngineArgs' one line "not supported by enginespec" naming the argument and what
+is accepted (exit 2, before any model loads). --hf-overrides takes any JSON object (and vLLM's
+dotted form) into EngineArgs (what it does: tests/api/test_hf_overrides.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ ACCEPTED = [
     ),
     (["--guided-decoding-backend", "auto"], "guided_decoding_backend", "auto"),
     (["--no-enable-sleep-mode"], "enable_sleep_mode", False),
+    (["--enable-sleep-mode"], "enable_sleep_mode", True),  # sleep mode: tests/api/test_sleep_mode.py
     (["--config-format", "hf"], "config_format", "hf"),
 ]
 
@@ -59,7 +60,6 @@ REFUSED = [
         "structured_outputs_config {'backend': 'xgrammar'}",
     ),
     (["--guided-decoding-backend", "outlines"], r"guided_decoding_backend='outlines' is not supported"),
-    (["--enable-sleep-mode"], r"enable_sleep_mode=True is not supported .*accepted: \[False\]"),
     (
         ["--config-format", "mistral"],
         r"config_format='mistral' is not supported .*accepted: \['auto', 'hf'\]",

@@ -170,14 +170,28 @@ def test_a_rank0_fault_amid_the_runners_collectives_ends_the_workers_without_the
     assert set(multiprocessing.active_children()) <= before and not dist.is_initialized()
 
 
-def test_a_closed_engines_workers_exit_0(tmp_path):
-    """A worker told to stop (close()) ends with status 0, as it did before it ended with
-    os._exit (tp_worker._exit_now); an error or EOF is 1, which tp_group names in its death."""
-    llm = LLM(
-        str(make_checkpoint("qwen3", tmp_path / "qwen3")), impl="fast", device="cpu", tensor_parallel_size=2
-    )
-    workers = list(llm.engine.tensor_parallel.processes)
-    llm.close()
+def test_sleep_mode_under_tp_and_a_closed_engines_workers_exit_0(tmp_path):
+    """enable_sleep_mode with tensor_parallel_size=2: rank 0 tells the workers to sleep and wake
+    the same tags (tp_runner.py), releasing its own pool and shard too; a request while asleep is
+    refused with no step sent; after wake_up every rank's shard is back, so the greedy tokens
+    are those before sleep. Then a worker told to stop (close()) ends with status 0, as it did
+    before it ended with os._exit (tp_worker._exit_now); an error or EOF is 1, which tp_group
+    names in its death (one TP engine for both: each spawn costs seconds of CI)."""
+    from enginespec.worker.sleep import EngineAsleepError
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    with LLM(
+        str(path), impl="fast", dtype="float32", device="cpu", tensor_parallel_size=2, enable_sleep_mode=True
+    ) as llm:
+        want = _generate(llm)
+        llm.sleep()
+        assert {kv.untyped_storage().nbytes() for kv in llm.engine.runner.kv_caches} == {0}
+        with pytest.raises(EngineAsleepError):
+            _generate(llm)
+        llm.wake_up(tags=["weights"])
+        llm.wake_up(tags=["kv_cache"])
+        assert _generate(llm) == want
+        workers = list(llm.engine.tensor_parallel.processes)
     assert [p.exitcode for p in workers] == [0]
 
 
