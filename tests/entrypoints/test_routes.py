@@ -344,49 +344,6 @@ def _calls(app, calls: list) -> list:
                 for method, path, body, headers in calls
             ]
 
-
-class _SleepyEngine:
-    """An engine client's sleep-mode calls, recorded; `busy` refuses a sleep as the engine does
-    while requests are unfinished."""
-
-    def __init__(self, enabled: bool = True):
-        from types import SimpleNamespace
-
-        self.args = SimpleNamespace(enable_sleep_mode=enabled)
-        self.alive, self.fatal = True, None
-        self.calls: list = []
-        self.asleep: set = set()
-        self.busy = False
-
-    async def sleep(self, level):
-        from enginespec.entrypoints.openai.engine_client import EngineRequestError
-        from enginespec.worker.sleep import check_level
-
-        tags = check_level(level)
-        if self.busy:
-            raise EngineRequestError("RuntimeError: sleep: 1 unfinished request(s)")
-        self.calls.append(("sleep", level))
-        self.asleep |= set(tags)
-
-    async def wake_up(self, tags):
-        from enginespec.worker.sleep import check_tags
-
-        woken = check_tags(tags)
-        self.calls.append(("wake_up", tags))
-        self.asleep -= set(woken)
-
-    async def is_sleeping(self):
-        return bool(self.asleep)
-
-
-def _requests(engine, calls: list, dev: bool = True) -> list:
-    app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"), dev=dev)
-
-    async def run():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return [await client.request(method, path) for method, path in calls]
-
     return asyncio.run(run())
 
 
@@ -475,6 +432,54 @@ def test_server_load_drops_back_after_an_error_answer():
     )
     assert [a.status_code for a in answers] == [500, 500, 400, 400, 400]
     assert load.json() == {"server_load": 0}
+
+
+# ---- vLLM's dev-mode sleep routes --------------------------------------------------------------
+
+
+class _SleepyEngine:
+    """An engine client's sleep-mode calls, recorded; `busy` refuses a sleep as the engine does
+    while requests are unfinished."""
+
+    def __init__(self, enabled: bool = True):
+        from types import SimpleNamespace
+
+        self.args = SimpleNamespace(enable_sleep_mode=enabled)
+        self.alive, self.fatal = True, None
+        self.calls: list = []
+        self.asleep: set = set()
+        self.busy = False
+
+    async def sleep(self, level):
+        from enginespec.entrypoints.openai.engine_client import EngineRequestError
+        from enginespec.worker.sleep import check_level
+
+        tags = check_level(level)
+        if self.busy:
+            raise EngineRequestError("RuntimeError: sleep: 1 unfinished request(s)")
+        self.calls.append(("sleep", level))
+        self.asleep |= set(tags)
+
+    async def wake_up(self, tags):
+        from enginespec.worker.sleep import check_tags
+
+        woken = check_tags(tags)
+        self.calls.append(("wake_up", tags))
+        self.asleep -= set(woken)
+
+    async def is_sleeping(self):
+        return bool(self.asleep)
+
+
+def _requests(engine, calls: list, dev: bool = True) -> list:
+    app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"), dev=dev)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.request(method, path) for method, path in calls]
+
+    return asyncio.run(run())
 
 
 def test_the_sleep_routes_pass_level_and_tags_and_answer_is_sleeping():
