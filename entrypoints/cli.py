@@ -747,6 +747,7 @@ def _add_serve_parser(sub) -> None:
     _add_vllm_frontend_args(serve)
     _add_cors_args(serve)
     _add_http_args(serve)
+    _add_server_extension_args(serve)
     _add_engine_args(serve)
     serve.set_defaults(impl="fast")
 
@@ -939,6 +940,57 @@ def _add_http_args(serve) -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="no /docs, /redoc or /openapi.json (vLLM's flag)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    """A whole number >= 1 (an ArgumentTypeError: argparse's usage error naming the flag, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _add_server_extension_args(serve) -> None:
+    """vLLM's flags that shape the HTTP server around the routes (api_server.h11_options,
+    load_middleware, apply_log_config): request-header limits, the user's own ASGI middleware, a
+    logging configuration file. Default None / []: not given (vLLM's defaults then apply)."""
+    serve.add_argument(
+        "--h11-max-incomplete-event-size",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="the most bytes of a request head (request line and headers) not yet complete that "
+        "uvicorn's h11 parser holds; past it, a 400 (vLLM's flag; default 4194304, vLLM's; given, the "
+        "server runs uvicorn's h11 protocol even where httptools is installed)",
+    )
+    serve.add_argument(
+        "--h11-max-header-count",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="the most header fields a request may carry; more is a 431 (vLLM's flag; default 256)",
+    )
+    serve.add_argument(
+        "--middleware",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="IMPORT.PATH",
+        help="an ASGI middleware class, or an async function(request, call_next) for "
+        "@app.middleware('http'), by import path, e.g. mypkg.layers.Audit (vLLM's flag; repeatable, "
+        "each outside the ones before it)",
+    )
+    serve.add_argument(
+        "--log-config-file",
+        default=None,
+        metavar="PATH",
+        help="a JSON logging configuration (logging.config.dictConfig's schema) for uvicorn's and "
+        "enginespec's loggers, in place of the defaults (vLLM's flag; default: the "
+        "VLLM_LOGGING_CONFIG_PATH environment variable's file)",
     )
 
 

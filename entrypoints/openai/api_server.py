@@ -40,9 +40,13 @@ shuts down the same way, exiting 1.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
+import importlib
+import inspect
 import json
 import logging
+import logging.config
 import os
 import re
 import secrets
@@ -278,8 +282,8 @@ class _RequestIdHeader:
 
 class ServerLoad:
     """--enable-server-load-tracking (vLLM's flag): what GET /load answers, `num_requests`, the
-    generation requests in flight (completions and chat, through /v1 or /invocations; the routes
-    vLLM counts that this server has). Invariant: a request counts once, from when its handler
+    generation requests in flight (completions, chat and Responses, through /v1 or /invocations;
+    the routes vLLM counts that this server has). Invariant: a request counts once, from when its handler
     starts until its response has ended: a stream's last frame sent, or its client gone, or an
     error answered (a 400, a 500), never when its handler returns the stream. Without the flag
     nothing counts and /load answers 0, as vLLM's. Read and written on the event loop only."""
@@ -341,6 +345,40 @@ def count_load(request: Request) -> None:
         ticket.count()
 
 
+class _HeaderCountLimit:
+    """Plain ASGI middleware (--h11-max-header-count, vLLM's): a request that carries more header
+    fields than max_header_count is answered 431 (Request Header Fields Too Large, OpenAI's
+    error shape) and reaches no other layer or route. uvicorn reads no such setting (vLLM sets
+    one on uvicorn's Config, where nothing reads it), so it is counted here, over whichever HTTP
+    protocol uvicorn runs; the head's size is bounded before this, by h11
+    (--h11-max-incomplete-event-size)."""
+
+    def __init__(self, app, max_header_count: int):
+        self.app = app
+        self.max_header_count = max_header_count
+
+    async def __call__(self, scope, receive, send) -> None:
+        num_headers = len(scope["headers"]) if scope["type"] == "http" else 0
+        if num_headers > self.max_header_count:
+            message = (
+                f"the request has {num_headers} header fields, more than the server takes "
+                f"(--h11-max-header-count {self.max_header_count})"
+            )
+            await _error_response(APIError(431, message))(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _add_user_middleware(app: FastAPI, layer) -> None:
+    """One of load_middleware's layers on the app, as vLLM adds them: a class with
+    app.add_middleware (an ASGI middleware taking the app), an async function as an
+    @app.middleware("http") function(request, call_next)."""
+    if inspect.isclass(layer):
+        app.add_middleware(layer)
+    else:
+        app.middleware("http")(layer)
+
+
 def _disconnect_waiter(request: Request):
     """A coroutine function that returns once the client has gone (the body is already read, so
     every further message is http.disconnect)."""
@@ -384,6 +422,8 @@ def build_app(
 
     options = dict(app_options or {})
     root_path = options.pop("root_path", "")
+    middleware = options.pop("middleware", ())  # load_middleware's (--middleware)
+    header_limit = options.pop("max_header_count", None)  # --h11-max-header-count
     app = FastAPI(title="enginespec", lifespan=lifespan, **options)
 
     @app.exception_handler(APIError)
@@ -425,6 +465,10 @@ def build_app(
         app.add_middleware(CORSMiddleware, **cors)
     if request_id_headers:  # added last: the outermost layer, so a preflight has the header too
         app.add_middleware(_RequestIdHeader)
+    for layer in middleware:  # the user's, each outside the ones before it (vLLM's order)
+        _add_user_middleware(app, layer)
+    if header_limit is not None:  # outside every other layer but the root path's
+        app.add_middleware(_HeaderCountLimit, max_header_count=header_limit)
     if root_path:  # outermost: every layer reads the path as routing does (_route_path)
         app.add_middleware(_RootPath, root_path=root_path)
 
@@ -1145,6 +1189,93 @@ class QuietEndpoints(logging.Filter):
         return args[2].split("?", 1)[0] not in self.paths
 
 
+# vLLM's defaults of its request-header limits (--h11-max-incomplete-event-size, --h11-max-header-count)
+H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT = 4 * 1024 * 1024
+H11_MAX_HEADER_COUNT_DEFAULT = 256
+
+
+def h11_options(ns) -> dict:
+    """uvicorn Config settings from --h11-max-incomplete-event-size (vLLM's): the most bytes h11
+    holds of a request's head (request line and headers) still incomplete; past it uvicorn answers
+    400 "Invalid HTTP request received." and closes the connection. Not given, vLLM's default, 4
+    MB (h11's own is 16 KB: a head of a large cookie or token vLLM takes would be refused).
+    Given, uvicorn's h11 protocol is chosen outright: its "auto" picks httptools where that is
+    installed, which reads no h11 setting, and the limit asked for would not hold."""
+    size = getattr(ns, "h11_max_incomplete_event_size", None)
+    if size is None:
+        return {"h11_max_incomplete_event_size": H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT}
+    return {"h11_max_incomplete_event_size": size, "http": "h11"}
+
+
+def max_header_count(ns) -> int:
+    """--h11-max-header-count (vLLM's; default 256): the most header fields a request may carry
+    (_HeaderCountLimit answers more with a 431)."""
+    count = getattr(ns, "h11_max_header_count", None)
+    return H11_MAX_HEADER_COUNT_DEFAULT if count is None else count
+
+
+def load_middleware(paths: Sequence[str]) -> list:
+    """--middleware's import paths (vLLM's flag), each MODULE.NAME, imported before the engine
+    loads: a class (an ASGI middleware) or an async function (an @app.middleware("http") one),
+    in the order given (build_app adds each outside those before it). A path without a dot, a
+    module that does not import (or raises on import), a name it lacks, or an object of
+    another kind is a ValueError naming the flag and the path."""
+    layers = []
+    for path in paths or ():
+        module_name, _, name = path.rpartition(".")
+        if not module_name or not name:
+            raise ValueError(f"--middleware {path!r}: must be an import path, MODULE.NAME")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # ImportError, or whatever the module raises as it runs
+            raise ValueError(
+                f"--middleware {path!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+            ) from None
+        if not hasattr(module, name):
+            raise ValueError(f"--middleware {path!r}: {module_name} has no {name}")
+        layer = getattr(module, name)
+        if not (inspect.isclass(layer) or inspect.iscoroutinefunction(layer)):
+            raise ValueError(
+                f"--middleware {path!r}: must name an ASGI middleware class or an async function, "
+                f"got {type(layer).__name__}"
+            )
+        layers.append(layer)
+    return layers
+
+
+def apply_log_config(ns) -> Optional[dict]:
+    """--log-config-file (vLLM's; not given, the VLLM_LOGGING_CONFIG_PATH environment variable's
+    file, as vLLM's default): a JSON object of logging.config.dictConfig's schema, for every
+    logger it names (uvicorn's, enginespec's, the root). Applied here, before the model loads,
+    so that a file that is missing, not JSON, not an object, or that dictConfig refuses (no
+    version, a handler class that does not import) is a ValueError naming the flag (or the
+    variable) and the path, and the loading's own log lines follow it. Returned: uvicorn's
+    log_config, which it applies again in place of its default configuration as the server
+    starts (as vLLM hands it over); None where no file is named (uvicorn's default then)."""
+    flag, path = "--log-config-file", getattr(ns, "log_config_file", None)
+    if not path:
+        flag, path = "VLLM_LOGGING_CONFIG_PATH", os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    if not path:
+        return None
+    where = f"{flag} {path!r}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{where}: is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{where}: must be a JSON object (logging.config.dictConfig's schema), got {_json_kind(config)}"
+        )
+    try:
+        logging.config.dictConfig(copy.deepcopy(config))  # dictConfig may edit what it is given
+    except Exception as exc:  # ValueError mostly; TypeError, AttributeError, ImportError too
+        raise ValueError(f"{where}: logging.config.dictConfig refused it: {exc}") from None
+    return config
+
+
 def _address(host: str, port: int) -> str:
     """host:port, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -1166,8 +1297,14 @@ def run_server(ns) -> int:
     cors = cors_options(ns)
     keys = api_keys(ns)
     app_options, tls = fastapi_options(ns), tls_options(ns)
+    app_options.update(middleware=load_middleware(ns.middleware), max_header_count=max_header_count(ns))
+    uvicorn_options = h11_options(ns)
     _check_request_log(ns)
-    _log_to_stderr(ns.uvicorn_log_level)
+    log_config = apply_log_config(ns)
+    if log_config is None:  # a log config file configures enginespec's loggers itself
+        _log_to_stderr(ns.uvicorn_log_level)
+    else:
+        uvicorn_options["log_config"] = log_config
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
@@ -1225,6 +1362,7 @@ def run_server(ns) -> int:
                 log_level=ns.uvicorn_log_level,
                 timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S + CUT_WAIT_S,  # the last resort
                 access_log=False,
+                **uvicorn_options,  # h11_options', and apply_log_config's log_config
             )
             apply_http_options(config, ns, tls)
             server = _server_class()(config)

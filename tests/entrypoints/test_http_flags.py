@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import logging
+import os
 import socket
 import ssl
 import subprocess
@@ -220,8 +222,16 @@ def test_a_server_serves_https_under_its_root_path(tmp_path):
     key, cert = _self_signed(tmp_path)
     args = ["--ssl-keyfile", key, "--ssl-certfile", cert, "--root-path", "/llm", "--disable-fastapi-docs"]
     args += ["--no-disable-uvicorn-access-log", "--uvicorn-log-level", "info", "--served-model-name", "tiny"]
+    (tmp_path / "user_layers.py").write_text(_LAYERS)
+    (tmp_path / "log.json").write_text(json.dumps(_log_config({"class": "logging.StreamHandler"})))
+    args += ["--middleware", "user_layers.Mark", "--log-config-file", str(tmp_path / "log.json")]
+    args += ["--h11-max-incomplete-event-size", "8192", "--h11-max-header-count", "32"]
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", PYTHONPATH=path)
     with open(tmp_path / "log", "w+") as out:  # uvicorn's access log goes to stdout, ours to stderr
-        srv = RemoteServer(tiny_model_dir("qwen3"), args, ca_file=cert, stdout=out, stderr=subprocess.STDOUT)
+        srv = RemoteServer(
+            tiny_model_dir("qwen3"), args, ca_file=cert, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
         try:
             with httpx.Client(verify=srv.verify) as http:
                 client = openai.OpenAI(
@@ -230,6 +240,9 @@ def test_a_server_serves_https_under_its_root_path(tmp_path):
                 assert [m.id for m in client.models.list()] == ["tiny"]
                 assert http.get(srv.url("/v1/models")).json()["data"][0]["id"] == "tiny"
                 assert http.get(srv.url("/llm/docs")).status_code == 404
+                assert http.get(srv.url("/version")).headers["x-layer"] == "class"  # --middleware's
+                many = {f"x-h{i}": "v" for i in range(40)}
+                assert http.get(srv.url("/version"), headers=many).status_code == 431
             with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port is no answer
                 httpx.get(f"http://{HOST}:{srv.port}/v1/models", timeout=5.0)
         finally:
@@ -238,6 +251,7 @@ def test_a_server_serves_https_under_its_root_path(tmp_path):
         log = out.read()
     assert f"enginespec serve: tiny on https://{HOST}:{srv.port}" in log
     assert '"GET /llm/v1/models HTTP/1.1" 200' in log  # the access log, asked for by its --no- form
+    assert 'custom-access 127.0.0.1:' in log  # formatted as --log-config-file says
 
 
 def test_the_send_timeout_is_tcp_user_timeout_in_milliseconds_on_the_accepted_sockets():
@@ -343,3 +357,243 @@ def test_the_server_puts_the_endpoint_filter_on_uvicorns_access_logger(tmp_path,
         assert not quiet[0].filter(_access_record("/ping")) and quiet[0].filter(_access_record("/v1/models"))
     assert cli.main(argv) == 0
     assert not [f for f in access.filters if isinstance(f, api_server.QuietEndpoints)]
+
+
+# A module of the user's middleware, for --middleware: a class (an ASGI middleware) and an async
+# function (an @app.middleware("http") one), each marking the responses it passes.
+_LAYERS = """
+class Mark:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def marked(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (b"x-layer", b"class")]}
+            await send(message)
+
+        await self.app(scope, receive, marked)
+
+
+async def stamp(request, call_next):
+    response = await call_next(request)
+    response.headers["x-stamp"] = "function"
+    return response
+
+
+NOT_A_LAYER = 3
+"""
+
+
+def _serve_in_process(flags: list[str], monkeypatch):
+    """The uvicorn Config run_server builds for `flags` (in process; the server never runs)."""
+    configs = []
+
+    class NotServing:
+        def __init__(self, config):
+            configs.append(config)
+
+        def run(self, sockets):
+            pass
+
+    monkeypatch.setattr(api_server, "_server_class", lambda: NotServing)
+    argv = ["serve", str(tiny_model_dir("qwen3")), "--host", HOST, "--port", "0", "--device", "cpu"]
+    assert cli.main([*argv, "--engine-in-process", *flags]) == 0
+    return configs[0]
+
+
+def _refused_before_the_model_loads(flags: list[str], capsys) -> str:
+    """serve's one-line error for `flags` over a model that is not there: the flag is checked
+    first, or the error would be the missing model's."""
+    assert cli.main(["serve", "/no/such/model", "--device", "cpu", *flags]) == 2
+    return capsys.readouterr().err
+
+
+def test_the_server_extension_flags_parse_as_vllms(capsys):
+    """--h11-max-incomplete-event-size, --h11-max-header-count, --middleware (repeatable; one
+    flag may also name several), --log-config-file: argparse's "unrecognized arguments" before."""
+    ns = _serve_args(
+        *("--h11-max-incomplete-event-size", "65536", "--h11-max-header-count", "64"),
+        *("--middleware", "a.B", "--middleware", "c.d", "e.F", "--log-config-file", "log.json"),
+    )
+    assert (ns.h11_max_incomplete_event_size, ns.h11_max_header_count) == (65536, 64)
+    assert (ns.middleware, ns.log_config_file) == (["a.B", "c.d", "e.F"], "log.json")
+    ns = _serve_args()
+    assert (ns.h11_max_incomplete_event_size, ns.h11_max_header_count) == (None, None)
+    assert (ns.middleware, ns.log_config_file) == ([], None)
+    for flag in ("--h11-max-incomplete-event-size", "--h11-max-header-count"):
+        for bad in ("0", "-1", "4k", "x"):
+            with pytest.raises(SystemExit) as exit_:
+                _serve_args(flag, bad)
+            assert exit_.value.code == 2
+            assert f"argument {flag}: must be a whole number >= 1, got {bad!r}" in capsys.readouterr().err
+
+
+def _h11_answer(config, *reads: bytes) -> bytes:
+    """What uvicorn's h11 protocol, under `config`, writes back to a client whose request comes
+    in `reads`, each one read of the socket."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.server import ServerState
+
+    class Socket(asyncio.Transport):
+        def __init__(self):
+            super().__init__()
+            self.sent, self.closed = bytearray(), False
+
+        def get_extra_info(self, name, default=None):
+            return {"sockname": (HOST, 8000), "peername": (HOST, 5000)}.get(name, default)
+
+        def write(self, data) -> None:
+            self.sent += data
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def run() -> bytes:
+        state, sock = ServerState(), Socket()
+        protocol = H11Protocol(config, state, {}, _loop=asyncio.get_running_loop())
+        protocol.connection_made(sock)
+        for data in reads:
+            protocol.data_received(data)
+        while state.tasks:
+            await asyncio.sleep(0.001)
+        return bytes(sock.sent)
+
+    return asyncio.run(run())
+
+
+def test_h11_holds_at_most_the_limit_of_an_unfinished_request_head(monkeypatch):
+    """--h11-max-incomplete-event-size BYTES: uvicorn's h11 protocol answers 400 once it holds
+    more than BYTES of a request head that is not yet complete (h11's rule: a head that comes in
+    one read is not measured), and serves a head below it. Not given, vLLM's 4 MB: a 20 KB head
+    that h11's own 16 KB refuses is served."""
+    ok = b"GET /version HTTP/1.1\r\nhost: x\r\n\r\n"
+    head = b"GET /version HTTP/1.1\r\nhost: x\r\nx-big: " + b"b" * 20000
+    limited = _serve_in_process(["--h11-max-incomplete-event-size", "8192"], monkeypatch)
+    assert _h11_answer(limited, ok).startswith(b"HTTP/1.1 200 OK")
+    refused = _h11_answer(limited, head[:9000])
+    assert refused.startswith(b"HTTP/1.1 400 Bad Request") and refused.endswith(
+        b"Invalid HTTP request received."
+    )
+    served = _h11_answer(_serve_in_process([], monkeypatch), head[:9000], head[9000:], b"\r\n\r\n")
+    assert served.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_uvicorn_gets_the_h11_limit_and_the_app_counts_headers(monkeypatch):
+    """Not given: vLLM's defaults (4 MB of a request's head for h11, 256 header fields) and
+    uvicorn's own choice of protocol; given, the size runs uvicorn's h11 protocol (the limit is
+    h11's), and a request with more header fields than the count is a 431 before any route."""
+
+    def get(app, num_headers: int) -> httpx.Response:
+        headers = {f"x-h{i}": "v" for i in range(num_headers - 5)}  # httpx adds host, accept, ... (5)
+
+        async def run():
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.get("/version", headers=headers)
+
+        return asyncio.run(run())
+
+    config = _serve_in_process([], monkeypatch)
+    assert (config.h11_max_incomplete_event_size, config.http) == (4 * 1024 * 1024, "auto")
+    assert get(config.app, 256).status_code == 200
+    assert get(config.app, 257).status_code == 431
+    flags = ["--h11-max-incomplete-event-size", "8192", "--h11-max-header-count", "8"]
+    config = _serve_in_process(flags, monkeypatch)
+    assert (config.h11_max_incomplete_event_size, config.http) == (8192, "h11")
+    assert get(config.app, 8).json() == {"version": api_server.__version__}
+    refused = get(config.app, 9)
+    assert refused.status_code == 431
+    assert refused.json()["error"]["message"] == (
+        "the request has 9 header fields, more than the server takes (--h11-max-header-count 8)"
+    )
+
+
+def test_middleware_layers_wrap_the_app_in_the_order_given(tmp_path, monkeypatch, capsys):
+    """--middleware MODULE.NAME (vLLM's): a class is added as an ASGI middleware, an async
+    function as an @app.middleware("http") one, each outside those before it (its headers are
+    added last); an import path that does not import, or names no such class or function, is
+    a one-line error naming the flag and the path before the model loads."""
+    (tmp_path / "user_layers.py").write_text(_LAYERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = ["--middleware", "user_layers.Mark", "--middleware", "user_layers.stamp"]
+    app = _serve_in_process(flags, monkeypatch).app
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/version")
+
+    response = asyncio.run(run())
+    assert (response.headers["x-layer"], response.headers["x-stamp"]) == ("class", "function")
+    assert list(response.headers).index("x-layer") < list(response.headers).index("x-stamp")
+    refused = {
+        "nodots": "must be an import path, MODULE.NAME",
+        "no_such_module_here.Layer": "cannot import no_such_module_here: ModuleNotFoundError",
+        "user_layers.Missing": "user_layers has no Missing",
+        "user_layers.NOT_A_LAYER": "must name an ASGI middleware class or an async function, got int",
+    }
+    for path, why in refused.items():
+        err = _refused_before_the_model_loads(
+            ["--middleware", "user_layers.Mark", "--middleware", path], capsys
+        )
+        assert f"enginespec serve: error: --middleware {path!r}: {why}" in err, err
+
+
+def _log_config(handler: dict) -> dict:
+    """A dictConfig that sends uvicorn's access lines to `handler`, formatted "custom-access ...",
+    other loggers left as they are."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"custom": {"format": "custom-access %(message)s"}},
+        "handlers": {"access": {**handler, "formatter": "custom"}},
+        "loggers": {"uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False}},
+    }
+
+
+def test_the_log_config_file_configures_uvicorns_loggers(tmp_path, monkeypatch, capsys):
+    """--log-config-file (vLLM's; default VLLM_LOGGING_CONFIG_PATH's): the JSON dictConfig goes
+    to uvicorn as its log_config, in place of uvicorn's default, and its access lines follow it;
+    a file that is missing, not JSON, not a JSON object, or that dictConfig refuses is a one-line
+    error naming the flag (or the variable) before the model loads."""
+    out = tmp_path / "access.log"
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps(_log_config({"class": "logging.FileHandler", "filename": str(out)})))
+    config = _serve_in_process(
+        ["--log-config-file", str(path), "--no-disable-uvicorn-access-log"], monkeypatch
+    )
+    access = logging.getLogger("uvicorn.access")
+    try:
+        assert config.log_config == json.loads(path.read_text())
+        access.handle(_access_record("/v1/models"))
+        assert out.read_text() == 'custom-access 127.0.0.1:5000 - "GET /v1/models HTTP/1.1" 200\n'
+    finally:  # the test's file handler off uvicorn's access logger
+        for handler in access.handlers[:]:
+            access.removeHandler(handler)
+            handler.close()
+    assert _serve_in_process([], monkeypatch).log_config == uvicorn_default_log_config()
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "bad.json").write_text("{version: 1")
+    (tmp_path / "no_class.json").write_text(json.dumps(_log_config({"class": "no_such.Handler"})))
+    refused = {
+        "missing.json": "cannot read it",
+        "list.json": "must be a JSON object (logging.config.dictConfig's schema), got an array",
+        "bad.json": "is not JSON",
+        "no_class.json": "logging.config.dictConfig refused it: Unable to configure handler 'access'",
+    }
+    for name, why in refused.items():
+        err = _refused_before_the_model_loads(["--log-config-file", str(tmp_path / name)], capsys)
+        assert f"enginespec serve: error: --log-config-file {str(tmp_path / name)!r}: {why}" in err, err
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", str(tmp_path / "list.json"))
+    err = _refused_before_the_model_loads([], capsys)
+    assert f"VLLM_LOGGING_CONFIG_PATH {str(tmp_path / 'list.json')!r}: must be a JSON object" in err, err
+
+
+def uvicorn_default_log_config() -> dict:
+    from uvicorn.config import LOGGING_CONFIG
+
+    return LOGGING_CONFIG
