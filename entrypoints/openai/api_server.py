@@ -1297,7 +1297,9 @@ def run_server(ns) -> int:
     cors = cors_options(ns)
     keys = api_keys(ns)
     app_options, tls = fastapi_options(ns), tls_options(ns)
-    app_options.update(middleware=load_middleware(ns.middleware), max_header_count=max_header_count(ns))
+    app_options.update(
+        middleware=load_middleware(getattr(ns, "middleware", ())), max_header_count=max_header_count(ns)
+    )
     uvicorn_options = h11_options(ns)
     _check_request_log(ns)
     log_config = apply_log_config(ns)
