@@ -201,19 +201,7 @@ def test_uvicorn_gets_the_tls_files_and_the_access_log_switch(tmp_path, monkeypa
     """In process: the uvicorn Config run_server builds (the server never runs)."""
     key, cert = _self_signed(tmp_path)
     flags = [{"C": cert, "K": key}.get(f, f) for f in flags]
-    configs = []
-
-    class NotServing:
-        def __init__(self, config):
-            configs.append(config)
-
-        def run(self, sockets):
-            pass
-
-    monkeypatch.setattr(api_server, "_server_class", lambda: NotServing)
-    argv = ["serve", str(tiny_model_dir("qwen3")), "--host", HOST, "--port", "0", "--device", "cpu"]
-    assert cli.main([*argv, "--engine-in-process", *flags]) == 0
-    config = configs[0]
+    config = _serve_in_process(flags, monkeypatch)
     assert config.access_log is bool(flags)
     assert (config.ssl_certfile, config.ssl_keyfile) == ((cert, key) if flags else (None, None))
 
@@ -328,34 +316,14 @@ def test_the_access_log_leaves_out_the_named_endpoints():
 def test_the_server_puts_the_endpoint_filter_on_uvicorns_access_logger(tmp_path, monkeypatch):
     """In process: run_server's Config gets the access log on and uvicorn.access the filter, once
     however many servers a process starts; without the flag no filter is left behind."""
-
-    class NotServing:
-        def __init__(self, config):
-            self.config = config
-
-        def run(self, sockets):
-            pass
-
-    monkeypatch.setattr(api_server, "_server_class", lambda: NotServing)
-    argv = [
-        "serve",
-        str(tiny_model_dir("qwen3")),
-        "--host",
-        HOST,
-        "--port",
-        "0",
-        "--device",
-        "cpu",
-        "--engine-in-process",
-    ]
     access = logging.getLogger("uvicorn.access")
     flags = ["--no-disable-uvicorn-access-log", "--disable-access-log-for-endpoints", "/health,/ping"]
     for _ in range(2):
-        assert cli.main([*argv, *flags]) == 0
+        _serve_in_process(flags, monkeypatch)
         quiet = [f for f in access.filters if isinstance(f, api_server.QuietEndpoints)]
         assert len(quiet) == 1 and quiet[0].paths == {"/health", "/ping"}
         assert not quiet[0].filter(_access_record("/ping")) and quiet[0].filter(_access_record("/v1/models"))
-    assert cli.main(argv) == 0
+    _serve_in_process([], monkeypatch)
     assert not [f for f in access.filters if isinstance(f, api_server.QuietEndpoints)]
 
 
