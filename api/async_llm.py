@@ -37,9 +37,9 @@ Invariants:
 - A process that never calls `shutdown` still exits: the engine is stopped at interpreter exit.
   An AsyncLLM that is garbage collected without `shutdown` stops its engine then (as vLLM's),
   so dropping one never leaves its engine, and the model it holds, running.
-- Sleep mode (enable_sleep_mode=True): `sleep(level=1)`, `wake_up(tags=None)` and
-  `is_sleeping()` are LLM's calls, taken by the engine process between two steps; while it
-  sleeps a new `generate` raises EngineAsleep (an EngineRequestError) and nothing is queued.
+- Sleep mode (enable_sleep_mode=True): `sleep(level=1)`, `wake_up(tags=None)`, `is_sleeping()`
+  and `reload_weights()` are LLM's calls, taken by the engine process between two steps; while
+  it sleeps a new `generate` raises EngineAsleep (an EngineRequestError) and nothing is queued.
 - `beam_search` (vLLM's EngineClient.beam_search) yields once, the search's finished output;
   its steps are engine requests "{request_id}-step{k}-{i}" (one a live beam), so abort() does not
   reach them by request_id: leaving the generator aborts the step in flight.
@@ -314,11 +314,11 @@ class AsyncLLM:
 
     async def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (enable_sleep_mode=True), taken by the engine process between two
-        steps: LLM.sleep's rules (level 1 only; weights to host memory, KV cache freed, prefix
-        cache emptied). Its refusals raise here: a ValueError (a bad level), an
-        EngineRequestError naming the engine's RuntimeError (sleep mode off, requests
-        unfinished). While asleep a new request fails with EngineAsleep. EngineDead when the
-        engine is not running."""
+        steps: LLM.sleep's rules (level 1: weights to host memory; level 2: discarded, for
+        reload_weights to fill; KV cache freed, prefix cache emptied). Its refusals raise here:
+        a ValueError (a bad level), an EngineRequestError naming the engine's RuntimeError
+        (sleep mode off, requests unfinished). While asleep a new request fails with
+        EngineAsleep. EngineDead when the engine is not running."""
         if not self.is_running:
             raise self.dead_error
         self._bind_loop()
@@ -330,6 +330,18 @@ class AsyncLLM:
             raise self.dead_error
         self._bind_loop()
         await self._client.wake_up(tags)
+
+    async def reload_weights(self, weights_path: Optional[str] = None) -> int:
+        """vLLM's reload_weights, taken by the engine process between two steps: LLM.reload_
+        weights' rules (the checkpoint directory, default the model's, read from disk again and
+        copied in; the prefix cache emptied). Returns how many tensors were copied. Refusals:
+        ValueError (unknown name, shape, tensor parallelism), EngineRequestError naming the
+        engine's RuntimeError (requests unfinished, weights asleep). Tensors given from this
+        process (LLM.load_weights) do not cross to the engine process yet."""
+        if not self.is_running:
+            raise self.dead_error
+        self._bind_loop()
+        return await self._client.reload_weights(weights_path)
 
     async def is_sleeping(self) -> bool:
         """vLLM's: whether some tag sleeps (asked of the engine process)."""

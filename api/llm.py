@@ -220,9 +220,11 @@ class LLM:
         """vLLM's sleep mode (enable_sleep_mode=True): give the device memory back, between
         RLHF rollouts say. Level 1 copies the weights to host memory and frees the KV cache
         (the prefix cache is emptied: its blocks are gone); generate() raises until wake_up().
-        Level 2 is refused (worker/sleep.py says why). A RuntimeError, changing nothing, without
-        enable_sleep_mode or while a request is unfinished (another thread's generate(), a
-        stream() not read to its end). Under the engine lock, so never in the middle of a step."""
+        Level 2 discards the weights instead: after wake_up, generate() raises until
+        load_weights / reload_weights filled them (worker/sleep.py). A RuntimeError, changing
+        nothing, without enable_sleep_mode or while a request is unfinished (another thread's
+        generate(), a stream() not read to its end). Under the engine lock, so never in the
+        middle of a step."""
         with self._lock, self._front.critical:
             self._check_open()
             self.engine.sleep(level)
@@ -238,6 +240,26 @@ class LLM:
     def is_sleeping(self) -> bool:
         """Whether some tag is asleep (sleep() ran and wake_up() has not restored everything)."""
         return self.engine.is_sleeping
+
+    def load_weights(self, weights) -> int:
+        """vLLM's load_weights (what RLHF frameworks call between rollouts): copy an iterable of
+        (checkpoint name, tensor) pairs, names as in the checkpoint's safetensors files ("model.
+        layers.0.self_attn.q_proj.weight"), any subset, into the running model, re-deriving
+        everything the load derived (worker/weight_update.py); the prefix cache is emptied.
+        Returns how many tensors were copied. The draft model is not updated. ValueError,
+        nothing changed, for an unknown name, a wrong shape or dtype, or tensor parallelism;
+        RuntimeError, nothing changed, while a request is unfinished or the weights sleep.
+        Under the engine lock, so never in the middle of a step."""
+        with self._lock, self._front.critical:
+            self._check_open()
+            return self.engine.load_weights(weights)
+
+    def reload_weights(self, weights_path: Optional[str] = None) -> int:
+        """vLLM's reload_weights: read the checkpoint directory (default: this LLM's model) from
+        disk again and load_weights every tensor of it (its rules)."""
+        with self._lock, self._front.critical:
+            self._check_open()
+            return self.engine.reload_weights(weights_path)
 
     def get_metrics(self) -> list:
         """vLLM's: a snapshot of the engine's metrics under vLLM's names and types

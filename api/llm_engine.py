@@ -28,7 +28,8 @@ Invariants:
 - `abort_request(ids)` (a str or an iterable) frees the requests at once, blocks included, and
   they produce no further output (vLLM's); unknown ids are ignored.
 - `reset_prefix_cache()`, `start_profile()`, `stop_profile()`, `get_metrics()`, `sleep()`,
-  `wake_up()`, `is_sleeping()`: the LLM's calls, under its lock (between two steps).
+  `wake_up()`, `is_sleeping()`, `load_weights()`, `reload_weights()`: the LLM's calls, under
+  its lock (between two steps).
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         """vLLM's: whether the engine sleeps (LLM.is_sleeping)."""
         return self._llm.is_sleeping()
+
+    def load_weights(self, weights) -> int:
+        """LLM.load_weights on this engine."""
+        return self._llm.load_weights(weights)
+
+    def reload_weights(self, weights_path: Optional[str] = None) -> int:
+        """vLLM's reload_weights: LLM.reload_weights on this engine."""
+        return self._llm.reload_weights(weights_path)
 
     def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """vLLM's: LLM.start_profile on this engine (api/profiler.py states the rules)."""

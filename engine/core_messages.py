@@ -9,7 +9,7 @@ front end -> engine (the engine takes every pending one between two steps):
                                      call's result (reset_prefix_cache's and is_sleeping's bool;
                                      None for the others), or the ErrorInfo of what it raised
                                      (the loop goes on); args: start_profile's profile_prefix,
-                                     sleep's level, wake_up's tags
+                                     sleep's level, wake_up's tags, reload_weights' path
   ("shutdown",)                      the loop ends, the engine exits
 
 engine -> front end:
@@ -41,10 +41,11 @@ from enginespec.spec import SamplingParams
 #: the names of ("call", token, name, *args): stop stepping, step again, fail the next step's
 #: requests, forget the cached prefix blocks (EngineCore.reset_prefix_cache: False while blocks are
 #: in use), start and stop a torch.profiler trace of the engine process (api/profiler.py), and
-#: sleep mode's three (EngineCore.sleep(level), wake_up(tags), is_sleeping)
+#: sleep mode's three (EngineCore.sleep(level), wake_up(tags), is_sleeping), and
+#: reload_weights(weights_path) (tensors do not cross: load_weights is the in-process LLM's)
 CALLS = (
     "pause", "resume", "fail_next", "reset_prefix_cache", "start_profile", "stop_profile",
-    "sleep", "wake_up", "is_sleeping",
+    "sleep", "wake_up", "is_sleeping", "reload_weights",
 )  # fmt: skip
 
 

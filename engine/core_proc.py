@@ -395,6 +395,8 @@ class EngineCoreProc:
             return bool(self.engine.is_sleeping)
         elif name in ("sleep", "wake_up"):
             getattr(self.engine, name)(*args)
+        elif name == "reload_weights":  # the number of tensors copied
+            return self.engine.reload_weights(*args)
         elif name == "pause":
             self._paused = True
         elif name == "resume":

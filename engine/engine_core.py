@@ -63,7 +63,7 @@ from enginespec.sample.penalties import bans_read_outputs, first_breach, holds_d
 from enginespec.spec import SamplingParams, Status, UpdateOutput, check_token_ids, load_impl, token_stop
 from enginespec.spec.params import SEED_RANGE, UNSEEDED
 from enginespec.worker.runner import ModelRunner, kv_bytes_per_block
-from enginespec.worker.sleep import EngineAsleepError, check_level, check_tags
+from enginespec.worker.sleep import EngineAsleepError, check_filled, check_level, check_tags
 
 log = logging.getLogger(__name__)
 
@@ -827,23 +827,34 @@ class EngineCore:
     # ---- sleep mode (worker/sleep.py) ---------------------------------------------------------
 
     def sleep(self, level: int = 1) -> None:
-        """vLLM's sleep: give the device memory back between rollouts. Level 1 (the only one
-        taken: worker/sleep.py says why level 2 is not) copies the weights to host memory and
-        frees the KV pool, forgetting every cached prefix block first (they are gone with it).
-        Until wake_up() restores both, add_request raises EngineAsleepError. RuntimeError,
-        with nothing changed, without enable_sleep_mode or while any request is unfinished
-        (sleep waits for none: finish or abort them first); ValueError for a bad level."""
+        """vLLM's sleep: give the device memory back between rollouts. Level 1 copies the
+        weights to host memory, level 2 discards the target's (worker/sleep.py: load_weights or
+        reload_weights fills them after wake_up; not under tensor parallelism); both free the
+        KV pool, forgetting every cached prefix block first (they are gone with it). Until
+        wake_up() restores both (and, after level 2, the weights are filled), add_request raises
+        EngineAsleepError. RuntimeError, with nothing changed, without enable_sleep_mode or
+        while any request is unfinished (sleep waits for none: finish or abort them first);
+        ValueError for a bad level."""
         self._check_sleep_mode("sleep")
         tags = check_level(level)
-        if self.has_unfinished or self._inflight is not None:
-            raise RuntimeError(
-                f"sleep: {self.num_unfinished} unfinished request(s); finish or abort them first "
-                f"(sleep frees their KV cache)"
+        if level == 2 and self.tensor_parallel is not None:
+            raise ValueError(
+                "sleep level 2 is not supported with tensor_parallel_size > 1 (weight updates are "
+                "not: load_weights / reload_weights); use level=1"
             )
+        self._check_idle("sleep", "sleep frees their KV cache")
         if not self.block_manager.reset_prefix_cache():  # an idle pool holds no block
             raise RuntimeError("sleep: the prefix cache could not be reset on an idle engine (a bug)")
-        for runner in self._runners():
+        self.runner.sleep(tags, discard_weights=level == 2)
+        for runner in self._runners()[1:]:  # the draft's weights are kept: updates reach the target only
             runner.sleep(tags)
+
+    def _check_idle(self, call: str, why: str) -> None:
+        """RuntimeError, nothing changed, while any request is unfinished (or a step in flight)."""
+        if self.has_unfinished or self._inflight is not None:
+            raise RuntimeError(
+                f"{call}: {self.num_unfinished} unfinished request(s); finish or abort them first ({why})"
+            )
 
     def wake_up(self, tags: Optional[list] = None) -> None:
         """vLLM's wake_up: restore the named tags ("weights", "kv_cache"; None: both) of a
@@ -858,6 +869,43 @@ class EngineCore:
     def is_sleeping(self) -> bool:
         """Whether any tag sleeps (vLLM's is_sleeping: true until every tag is woken)."""
         return bool(self.runner.sleeping_tags)
+
+    # ---- weight updates (worker/weight_update.py) ----------------------------------------------
+
+    def load_weights(self, weights) -> int:
+        """vLLM's load_weights (SGLang's update_weights_from_tensor): copy (checkpoint name,
+        tensor) pairs, any subset of the checkpoint's tensors, into the target model in place,
+        re-deriving what the load derived (merged and folded projections, a tied head, Qwen3's
+        stacked q/k norms), then forget the prefix cache (its KV came from the old weights).
+        Returns how many tensors were copied. The draft model is not updated. ValueError, nothing
+        changed, for an unknown name, a shape or a dtype the parameter cannot take, and under
+        tensor parallelism; RuntimeError, nothing changed, while a request is unfinished or the
+        weights sleep (wake_up(tags=["weights"]) first)."""
+        if self.tensor_parallel is not None:
+            raise ValueError(
+                "load_weights / reload_weights are not supported with tensor_parallel_size > 1 "
+                "(each rank would copy its shard: not built yet); rebuild the engine instead"
+            )
+        self._check_idle("load_weights", "their KV cache came from the old weights")
+        count = self.runner.load_weights(weights)
+        if not self.block_manager.reset_prefix_cache():  # an idle pool holds no block
+            raise RuntimeError("load_weights: the prefix cache could not be reset on an idle engine (a bug)")
+        return count
+
+    def reload_weights(self, weights_path: Optional[str] = None) -> int:
+        """vLLM's reload_weights (SGLang's update_weights_from_disk): read every tensor of the
+        checkpoint directory `weights_path` (default: the engine's model) with our safetensors
+        loader, into host memory, and load_weights them (its rules). A checkpoint of another
+        shape or with other names is refused by load_weights, nothing changed."""
+        from enginespec.worker.weight_update import read_checkpoint
+
+        if weights_path is None and self.args.model is None:
+            raise ValueError("reload_weights: the engine was built from a model object; pass weights_path")
+        if self.tensor_parallel is not None:
+            return self.load_weights(())  # refused there, before any read
+        self._check_idle("reload_weights", "their KV cache came from the old weights")
+        path = self.args.model_dir() if weights_path is None else weights_path
+        return self.load_weights(read_checkpoint(path))
 
     def _check_sleep_mode(self, call: str) -> None:
         if not self.args.enable_sleep_mode:
@@ -880,6 +928,7 @@ class EngineCore:
                 f"the engine is asleep ({', '.join(tags)} released by sleep()): call wake_up() "
                 f"before generating"
             )
+        check_filled(self.runner.unfilled_weights)
 
     # ---- one step -----------------------------------------------------------------------------
 

@@ -141,12 +141,14 @@ def cache_root() -> Optional[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model_dir(family: str, tie_word_embeddings: bool = False) -> Path:
-    """A tiny float32 checkpoint of `family`, written once per cache root (use_cache_root)."""
+def tiny_model_dir(family: str, tie_word_embeddings: bool = False, seed: int = 0) -> Path:
+    """A tiny float32 checkpoint of `family`, written once per cache root (use_cache_root).
+    Another `seed`: the same config and names with other weights (weight-update tests)."""
     if _cache_root is None:
         raise RuntimeError("tiny_model_dir needs a cache root: call use_cache_root(directory) first")
     name = f"{family}-tied" if tie_word_embeddings else family
-    return make_checkpoint(family, _cache_root / name, tie_word_embeddings=tie_word_embeddings)
+    name += f"-seed{seed}" if seed else ""
+    return make_checkpoint(family, _cache_root / name, tie_word_embeddings=tie_word_embeddings, seed=seed)
 
 
 #: The characters of `json_model_dir`'s tokenizer: printable ASCII but " ", "`" and "~", 92 of

@@ -160,6 +160,8 @@ class MergedLayer(nn.Module):
         self.post_attention_layernorm = hf_layer.post_attention_layernorm
         self.o_proj, self.down_proj, self.act_fn = attn.o_proj, mlp.down_proj, mlp.act_fn
         self.qk_norm_weight, self.qk_norm_eps = self._qk_norm(attn)
+        # q_norm and k_norm (Qwen3) for restack_qk_norm, outside the module tree (a plain tuple)
+        self._qk_norm_modules = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
         qkv_w, qkv_b = merge_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up_w, gate_up_b = merge_linears([mlp.gate_proj, mlp.up_proj])
         self.qkv_weight = nn.Parameter(qkv_w, requires_grad=False)  # [(Hq + 2 Hkv) D, hidden]
@@ -230,8 +232,34 @@ class MergedLayer(nn.Module):
             (self.gate_up_weight, self.post_attention_layernorm),
         ):
             weight.copy_((weight.float() * norm.weight.float()[None, :]).to(weight.dtype))
+        # the checkpoint's norm weights, kept for weight updates (worker/weight_update.py)
+        self.register_buffer(
+            "folded_input_norm", self.input_layernorm.weight.detach().clone(), persistent=False
+        )
+        self.register_buffer(
+            "folded_post_norm", self.post_attention_layernorm.weight.detach().clone(), persistent=False
+        )
+        for norm in (self.input_layernorm, self.post_attention_layernorm):
             norm.weight.fill_(1.0)
         self.folded = True
+
+    @property
+    def folded_norm_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, post-attention) norms' checkpoint weights folded into q|k|v and gate|up."""
+        return self.folded_input_norm, self.folded_post_norm
+
+    @torch.no_grad()
+    def restack_qk_norm(self) -> None:
+        """qk_norm_weight (a stacked copy of q_norm's and k_norm's weights) from the modules'
+        weights again, in place: after a weight update (worker/weight_update.py)."""
+        if self.qk_norm_weight is None:
+            return
+        attn_norms = self._qk_norm_modules
+        d = self.head_dim
+        stacked = torch.cat(
+            [attn_norms[0].weight.expand(self.num_q, d), attn_norms[1].weight.expand(self.num_kv, d)]
+        )
+        self.qk_norm_weight.copy_(stacked)
 
     def fused_calls(self) -> list[dict]:
         """The four fused calls of a layer, in order, as their static arguments (the variant

@@ -26,7 +26,9 @@ the copy of a request that finished while swapped, so host memory never outlives
 
 Sleep mode (worker/sleep.py): `sleep(tags)` drops the CUDA graphs (they hold the pool's and the
 weights' pointers) and releases the tags' storages; `wake_up(tags)` restores them and, once no
-tag sleeps, captures the graphs again. `execute` raises EngineAsleepError while any tag sleeps.
+tag sleeps, captures the graphs again. `execute` raises EngineAsleepError while any tag sleeps,
+or while weights a level-2 sleep discarded are not all filled again by `load_weights`
+(worker/weight_update.py: in place, so captured graphs stay valid).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ import torch
 from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, eager_fused, should_compile
-from enginespec.worker.sleep import Asleep, EngineAsleepError, model_tensors
+from enginespec.worker.sleep import Asleep, EngineAsleepError, check_filled, model_tensors
+from enginespec.worker.weight_update import apply_update, parameter_ids, plan_update, unfilled_names
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +149,7 @@ class ModelRunner:
         self._num_unbuilt = 0  # ids in _unbuilt, at most UNBUILT_IDS past the newest list
         self.graphs = None
         self._asleep: dict[str, Asleep] = {}  # sleep mode: tag -> its released storages
+        self._unfilled: set[str] = set()  # checkpoint names a level-2 sleep discarded, not yet loaded
         self._mixed_graph_tokens = mixed_graph_tokens
         self._wants_graphs = (
             self.device.type == "cuda"
@@ -412,11 +416,13 @@ class ModelRunner:
 
     # ---- sleep mode (worker/sleep.py) ---------------------------------------------------------
 
-    def sleep(self, tags: tuple[str, ...]) -> None:
+    def sleep(self, tags: tuple[str, ...], discard_weights: bool = False) -> None:
         """Release the device memory of `tags` (SLEEP_TAGS' names, checked by the caller): the
-        weights to host memory, the KV pool forgotten. The CUDA graphs go first (they point into
-        both). A tag already asleep is left as it is. RuntimeError, with nothing changed, while a
-        request's blocks sit in host memory (swapped out: the engine sleeps only when idle)."""
+        weights to host memory (with discard_weights, a level-2 sleep, the parameters are
+        dropped instead and must be filled by load_weights after wake_up), the KV pool
+        forgotten. The CUDA graphs go first (they point into both). A tag already asleep is left
+        as it is. RuntimeError, with nothing changed, while a request's blocks sit in host
+        memory (swapped out: the engine sleeps only when idle)."""
         if self._host:
             raise RuntimeError(
                 f"sleep: {len(self._host)} swapped-out requests hold KV copies; finish them first"
@@ -424,10 +430,21 @@ class ModelRunner:
         self.graphs = None
         for tag in tags:
             if tag not in self._asleep:
-                self._asleep[tag] = Asleep.release(self._tag_tensors(tag), keep=tag == "weights")
+                self._asleep[tag] = self._release(tag, discard_weights)
         if self.device.type == "cuda":
             gc.collect()  # the dropped graphs' pools, should a cycle hold them
             torch.cuda.empty_cache()  # the freed blocks back to the driver, for another process
+
+    def _release(self, tag: str, discard_weights: bool) -> Asleep:
+        """One tag's storages released: the weights kept in host memory unless discard_weights
+        (then the parameters are not, and every checkpoint name must be loaded again)."""
+        if tag != "weights":
+            return Asleep.release(self._tag_tensors(tag), keep=False)
+        discard = frozenset(parameter_ids(self.model)) if discard_weights else frozenset()
+        asleep = Asleep.release(self._tag_tensors(tag), keep=True, discard=discard)
+        if discard_weights:
+            self._unfilled = unfilled_names(self.model)
+        return asleep
 
     def wake_up(self, tags: tuple[str, ...]) -> None:
         """Restore `tags` (any not asleep is skipped): the weights exactly as they were, the KV
@@ -441,6 +458,28 @@ class ModelRunner:
 
             with compile_procs.lease():  # any compile worker the capture starts ends with it
                 self._capture_graphs()
+
+    # ---- weight updates (worker/weight_update.py) --------------------------------------------
+
+    def load_weights(self, weights) -> int:
+        """Copy (checkpoint name, tensor) pairs into the model in place and re-derive what the
+        load derived (weight_update.py); returns how many tensors were copied. Every pair is
+        checked first (ValueError, nothing changed). RuntimeError while the weights sleep. The
+        caller resets the prefix cache (its blocks were computed by the old weights)."""
+        if "weights" in self._asleep:
+            raise RuntimeError(
+                "load_weights: the weights are asleep (their storages are 0 bytes): call "
+                "wake_up(tags=['weights']) first"
+            )
+        update = plan_update(self.model, weights)
+        apply_update(self.model, update)
+        self._unfilled -= set(update.given)
+        return len(update.given)
+
+    @property
+    def unfilled_weights(self) -> set[str]:
+        """Checkpoint names a level-2 sleep discarded that no load_weights has filled since."""
+        return set(self._unfilled)
 
     @property
     def sleeping_tags(self) -> tuple[str, ...]:
@@ -457,6 +496,7 @@ class ModelRunner:
             raise EngineAsleepError(
                 f"the engine is asleep ({', '.join(self._asleep)} released by sleep()): call wake_up() first"
             )
+        check_filled(self._unfilled)
 
     # ---- one step -----------------------------------------------------------------------------
 

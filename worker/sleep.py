@@ -5,10 +5,20 @@ Two tags, vLLM's: "weights" (the model's parameters, buffers and tensor attribut
 "kv_cache" (the runner's paged pool). `sleep(level=1)` puts both to sleep: the weights are
 copied to host memory (pinned on CUDA) and their device memory freed; the KV cache is freed and
 its contents forgotten. `wake_up(tags)` restores the named tags (None: both); a tag that is not
-asleep is left alone, so waking twice or in parts is allowed. Level 2 (discard the weights too,
-for the caller to load new ones) is refused by name: the engine has no weight-reload call
-(vLLM's reload_weights / load_weights) to refill them, and an engine woken over discarded
-weights would answer garbage.
+asleep is left alone, so waking twice or in parts is allowed.
+
+Level 2 (vLLM's: discard the weights, for the caller to load new ones) releases the same two
+tags, but the target model's parameters (every checkpoint tensor and the merged decoder's merged
+weights) get no host copy; its buffers (rotary tables, folded norms' weights: not in the
+checkpoint) are kept in host memory as at level 1, and a draft model sleeps as at level 1 (weight
+updates reach the target only). `wake_up` gives the discarded storages back zero-filled, and the
+engine then refuses requests (EngineAsleepError, naming what is missing) until the weights are
+filled again: `load_weights` has given every checkpoint name, over any number of calls, or
+`reload_weights` has run (worker/weight_update.py). vLLM's RLHF recipe, which this keeps:
+sleep(level=2); train; wake_up(tags=["weights"]); load_weights(the new state dict); wake_up(
+tags=["kv_cache"]). A weight update while the weights tag sleeps is a RuntimeError (its storages
+are 0 bytes: wake_up(tags=["weights"]) first); the KV cache may sleep meanwhile. Not under
+tensor parallelism (no weight update there: a ValueError).
 
 How memory is released, storage by storage, so that every view and every holder follows:
 - Each device storage behind the tensors of a tag is resized to 0 bytes (the tensors keep their
@@ -23,8 +33,9 @@ How memory is released, storage by storage, so that every view and every holder 
 - Captured CUDA graphs hold raw device pointers, which a resize changes: the runner drops its
   graphs at sleep and captures them again once both tags are awake (ModelRunner.wake_up).
 
-Invariant: a runner with any tag asleep never runs a forward (ModelRunner.execute raises
-EngineAsleepError), so no kernel reads a 0-byte storage.
+Invariant: a runner with any tag asleep, or with weights a level-2 sleep discarded and no update
+has filled yet, never runs a forward (ModelRunner.execute raises EngineAsleepError), so no kernel
+reads a 0-byte storage or a zero-filled weight.
 """
 
 from __future__ import annotations
@@ -36,8 +47,8 @@ import torch
 
 #: vLLM's memory tags, in the order sleep(level=1) releases them
 SLEEP_TAGS = ("weights", "kv_cache")
-#: the sleep levels this engine takes (module doc: level 2 is refused)
-SLEEP_LEVELS = (1,)
+#: the sleep levels this engine takes (module doc)
+SLEEP_LEVELS = (1, 2)
 
 
 class EngineAsleepError(RuntimeError):
@@ -46,18 +57,25 @@ class EngineAsleepError(RuntimeError):
 
 
 def check_level(level) -> tuple[str, ...]:
-    """The tags sleep(level) releases; a ValueError naming `level` for any level but 1."""
+    """The tags sleep(level) releases (both, at either level); a ValueError naming `level` for
+    anything but 1 or 2."""
     if isinstance(level, int) and not isinstance(level, bool) and level in SLEEP_LEVELS:
         return SLEEP_TAGS
-    if level == 2 and not isinstance(level, bool):
-        raise ValueError(
-            "sleep level 2 (discard the weights) is not supported by enginespec: it has no "
-            "reload_weights / load_weights call to refill them after wake_up; use level=1 "
-            "(weights kept in host memory)"
-        )
     raise ValueError(
-        f"level must be one of {list(SLEEP_LEVELS)} (weights to host memory, KV cache freed), got {level!r}"
+        f"level must be one of {list(SLEEP_LEVELS)} (1: weights to host memory; 2: weights "
+        f"discarded, for load_weights / reload_weights to refill; both free the KV cache), got {level!r}"
     )
+
+
+def check_filled(unfilled: set) -> None:
+    """EngineAsleepError naming what is missing while weights a level-2 sleep discarded are not
+    all filled again (module doc)."""
+    if unfilled:
+        some = sorted(unfilled)[:3]
+        raise EngineAsleepError(
+            f"the weights were discarded by sleep(level=2) and {len(unfilled)} checkpoint tensor(s) "
+            f"are not loaded yet (e.g. {some}): call load_weights() with them or reload_weights() first"
+        )
 
 
 def check_tags(tags) -> tuple[str, ...]:
@@ -102,6 +120,7 @@ class _Storage:
     tensors: list[torch.Tensor]
     num_bytes: int
     host: Optional[torch.Tensor] = None
+    keep: bool = True  # copy the bytes to host memory first (else restore zero-fills)
 
 
 def _group(tensors: Iterable[torch.Tensor]) -> list[_Storage]:
@@ -136,7 +155,7 @@ def _adopt(group: _Storage) -> None:
 
 
 def _release(group: _Storage, keep: bool) -> None:
-    """One storage to 0 bytes, its bytes first copied to host memory when `keep`."""
+    """One storage to 0 bytes, its bytes first copied to host memory when `keep` (group.keep)."""
     if not group.storage.resizable():
         _adopt(group)
     if keep:
@@ -149,21 +168,28 @@ def _release(group: _Storage, keep: bool) -> None:
 @dataclass
 class Asleep:
     """The storages of one tag while it sleeps. `keep`: their bytes are copied to host memory
-    first and written back on restore (weights); else restore zero-fills them (KV cache)."""
+    first and written back on restore (weights, but a level-2 sleep's parameters: release's
+    `discard`); else restore zero-fills them (KV cache)."""
 
     keep: bool
     groups: list[_Storage] = field(default_factory=list)
 
     @classmethod
-    def release(cls, tensors: Iterable[torch.Tensor], keep: bool) -> "Asleep":
+    def release(
+        cls, tensors: Iterable[torch.Tensor], keep: bool, discard: frozenset = frozenset()
+    ) -> "Asleep":
         """Free the device memory behind `tensors` (module doc); the returned object restores it.
+        `discard`: ids of tensors whose values may be dropped even with `keep` (level 2's
+        parameters): a storage every found tensor of which is among them gets no host copy.
         All or nothing: where one storage fails (host memory for its copy runs out, say), those
         released before it are restored and the error raised."""
         groups = _group(tensors)
+        for group in groups:
+            group.keep = keep and not all(id(t) in discard for t in group.tensors)
         done = cls(keep)
         try:
             for group in groups:
-                _release(group, keep)
+                _release(group, group.keep)
                 done.groups.append(group)
         except BaseException:
             done.restore()
@@ -175,7 +201,7 @@ class Asleep:
         for group in self.groups:
             group.storage.resize_(group.num_bytes)
             view = _bytes(group.storage)
-            if self.keep:
+            if group.keep:
                 view.copy_(group.host)
                 group.host = None
             else:

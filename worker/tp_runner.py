@@ -190,8 +190,11 @@ class TPModelRunner(ModelRunner):
 
     # ---- sleep mode: every rank releases and restores its own shard and pool -----------------
 
-    def sleep(self, tags: tuple[str, ...]) -> None:
-        """Rank 0: the workers sleep the same tags (their next control message), then this rank."""
+    def sleep(self, tags: tuple[str, ...], discard_weights: bool = False) -> None:
+        """Rank 0: the workers sleep the same tags (their next control message), then this rank.
+        Level 1 only (discard_weights False): the engine refuses level 2 under tensor parallelism."""
+        if discard_weights:
+            raise ValueError("sleep level 2 is not supported with tensor_parallel_size > 1")
         if self.tp.rank == 0:
             self._check_no_swaps()
             self.tp.send(("sleep", tuple(tags)))

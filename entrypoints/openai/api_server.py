@@ -905,10 +905,12 @@ def _add_profile_routes(app: FastAPI, ctx: ServerContext) -> None:
 
 def _add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
     """vLLM's dev-mode sleep routes (here behind --enable-dev-endpoints), over the engine's
-    sleep mode (worker/sleep.py): POST /sleep?level=1, POST /wake_up[?tags=weights&tags=kv_cache],
-    GET /is_sleeping, each answering {"is_sleeping": bool}. A 400 without --enable-sleep-mode or
-    for a bad level or tag (naming it), a 409 with nothing changed while requests are unfinished;
-    while asleep a completion or chat request is a 503."""
+    sleep mode (worker/sleep.py): POST /sleep?level=1 (or 2), POST /wake_up
+    [?tags=weights&tags=kv_cache], GET /is_sleeping, each answering {"is_sleeping": bool}; and
+    POST /reload_weights[?weights_path=DIR] (worker/weight_update.py), which fills the weights
+    after a level-2 sleep. A 400 without --enable-sleep-mode or for a bad level or tag (naming
+    it), a 409 with nothing changed while requests are unfinished; while asleep a completion or
+    chat request is a 503."""
 
     def check_enabled() -> None:
         if not ctx.engine.args.enable_sleep_mode:
@@ -944,6 +946,20 @@ def _add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping():
         return {"is_sleeping": await ctx.engine.is_sleeping()}
+
+    @app.post("/reload_weights")
+    async def reload_weights(request: Request):
+        """vLLM's reload_weights (SGLang's /update_weights_from_disk): the checkpoint directory
+        `weights_path` (default: the served model's) read again and copied in; after a level-2
+        sleep this is how the weights are filled. Answers {"num_tensors": n}."""
+        path = request.query_params.get("weights_path")
+        try:
+            count = await ctx.engine.reload_weights(path)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "weights_path") from None
+        except EngineRequestError as exc:
+            raise APIError(409, str(exc)) from None
+        return {"num_tensors": count}
 
 
 def load_chat_template(value: Optional[str]) -> Optional[str]:

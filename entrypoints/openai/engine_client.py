@@ -639,6 +639,10 @@ class EngineClient:
     async def is_sleeping(self) -> bool:
         return bool(await self._call("is_sleeping"))
 
+    async def reload_weights(self, weights_path: Optional[str] = None) -> int:
+        """EngineCore.reload_weights(weights_path) between two steps (its refusals raised here)."""
+        return int(await self._call("reload_weights", weights_path))
+
     # ---- the engine's messages ------------------------------------------------------------------
 
     def _on_readable(self) -> None:

@@ -2,7 +2,7 @@
 through AsyncLLM's engine process: level 1 frees the KV pool (its storages are 0 bytes) and
 moves the weights to host memory (their device storages 0 bytes too), the target's and the
 draft model's alike; greedy outputs after wake_up are those before sleep, the prefix cache
-starts empty, a request while asleep is refused with nothing queued, tags wake parts, level 2
+starts empty, a request while asleep is refused with nothing queued, tags wake parts, level 3
 and a sleep without the flag are refused by name (worker/sleep.py states the rules)."""
 
 from __future__ import annotations
@@ -122,10 +122,11 @@ def test_graphs_are_dropped_at_sleep_and_captured_again_once_every_tag_is_awake(
 
 
 def test_refusals_change_nothing(llm, monkeypatch):
-    """Level 2 (no weight reload here), an unknown tag, a sleep while a request is unfinished,
-    and sleep mode off: each an error naming what to change, the engine still awake."""
-    with pytest.raises(ValueError, match="sleep level 2 .*not supported"):
-        llm.sleep(level=2)
+    """Level 3 (levels are 1 and 2; level 2: tests/api/test_weight_update.py), an unknown tag,
+    a sleep while a request is unfinished, and sleep mode off: each an error naming what to
+    change, the engine still awake."""
+    with pytest.raises(ValueError, match=r"level must be one of \[1, 2\]"):
+        llm.sleep(level=3)
     with pytest.raises(ValueError, match="tags must be among"):
         llm.wake_up(tags=["kv"])
     stream = llm.stream(PROMPTS[1], GREEDY)
@@ -164,8 +165,8 @@ def test_async_sleep_wake_up_and_is_sleeping_cross_to_the_engine():
         assert await engine.is_sleeping()
         with pytest.raises(EngineAsleep, match="asleep"):
             await tokens("b")
-        with pytest.raises(ValueError, match="sleep level 2"):
-            await engine.sleep(2)
+        with pytest.raises(ValueError, match="level must be one of"):
+            await engine.sleep(3)
         await engine.wake_up(["weights"])
         assert await engine.is_sleeping()
         await engine.wake_up()

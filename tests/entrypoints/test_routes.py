@@ -470,6 +470,16 @@ class _SleepyEngine:
     async def is_sleeping(self):
         return bool(self.asleep)
 
+    async def reload_weights(self, path):
+        from enginespec.entrypoints.openai.engine_client import EngineRequestError
+
+        if path == "/not/a/checkpoint":
+            raise ValueError("checkpoint directory /not/a/checkpoint does not exist")
+        if self.busy:
+            raise EngineRequestError("RuntimeError: reload_weights: 1 unfinished request(s)")
+        self.calls.append(("reload_weights", path))
+        return 25
+
 
 def _requests(engine, calls: list, dev: bool = True) -> list:
     app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"), dev=dev)
@@ -508,12 +518,12 @@ def test_the_sleep_routes_pass_level_and_tags_and_answer_is_sleeping():
 
 def test_the_sleep_routes_refuse_by_name_and_exist_only_in_dev_mode():
     engine = _SleepyEngine()
-    bad = ["/sleep?level=2", "/sleep?level=one", "/wake_up?tags=kv"]
+    bad = ["/sleep?level=3", "/sleep?level=one", "/wake_up?tags=kv"]
     got = _requests(engine, [("POST", path) for path in bad])
     assert [(r.status_code, r.json()["error"]["param"]) for r in got] == [(400, "level")] * 2 + [
         (400, "tags")
     ]
-    assert "sleep level 2" in got[0].json()["error"]["message"]
+    assert "level must be one of [1, 2]" in got[0].json()["error"]["message"]
     engine.busy = True
     (refused,) = _requests(engine, [("POST", "/sleep")])
     assert refused.status_code == 409 and "unfinished" in refused.json()["error"]["message"]
@@ -522,3 +532,20 @@ def test_the_sleep_routes_refuse_by_name_and_exist_only_in_dev_mode():
     gone = _requests(_SleepyEngine(), [("POST", "/sleep"), ("GET", "/is_sleeping")], dev=False)
     assert [r.status_code for r in gone] == [404, 404]
     assert engine.calls == [] and not engine.asleep
+
+
+def test_the_reload_weights_route_passes_the_path_and_refuses_by_name():
+    """POST /reload_weights[?weights_path=DIR] (dev mode): the engine's reload_weights, its count
+    answered; a bad path a 400 naming weights_path, a busy engine a 409."""
+    engine = _SleepyEngine()
+    calls = [("POST", "/reload_weights"), ("POST", "/reload_weights?weights_path=/ckpt/b")]
+    calls.append(("POST", "/reload_weights?weights_path=/not/a/checkpoint"))
+    got = _requests(engine, calls)
+    assert [(r.status_code, r.json()) for r in got[:2]] == [(200, {"num_tensors": 25})] * 2
+    assert engine.calls == [("reload_weights", None), ("reload_weights", "/ckpt/b")]
+    assert (got[2].status_code, got[2].json()["error"]["param"]) == (400, "weights_path")
+    engine.busy = True
+    (refused,) = _requests(engine, [("POST", "/reload_weights")])
+    assert refused.status_code == 409 and "unfinished" in refused.json()["error"]["message"]
+    (absent,) = _requests(engine, [("POST", "/reload_weights")], dev=False)
+    assert absent.status_code == 404

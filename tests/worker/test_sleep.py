@@ -46,12 +46,10 @@ def test_a_storage_that_cannot_resize_is_adopted_with_its_views(tmp_path):
     assert tail.storage_offset() == 4
 
 
-def test_level_1_is_both_tags_and_every_other_level_is_refused_by_name():
-    assert check_level(1) == SLEEP_TAGS == ("weights", "kv_cache")
-    with pytest.raises(ValueError, match="sleep level 2 .*not supported.*reload_weights"):
-        check_level(2)
+def test_levels_1_and_2_are_both_tags_and_every_other_level_is_refused_by_name():
+    assert check_level(1) == check_level(2) == SLEEP_TAGS == ("weights", "kv_cache")
     for bad in (0, 3, True, "1", 1.0):
-        with pytest.raises(ValueError, match=r"level must be one of \[1\]"):
+        with pytest.raises(ValueError, match=r"level must be one of \[1, 2\]"):
             check_level(bad)
 
 

@@ -1,0 +1,231 @@
+"""Weight updates of a running model (vLLM's `load_weights` / `reload_weights`, SGLang's
+`update_weights_from_tensor` / `update_weights_from_disk`): what an RLHF framework (verl,
+OpenRLHF, TRL) calls between rollouts to serve the policy it just trained.
+
+The input is (name, tensor) pairs in the checkpoint's own names (the safetensors files' and
+transformers' state_dict's: "model.layers.0.self_attn.q_proj.weight"), any subset of them.
+`plan_update` checks every pair before anything is written (an unknown name, a shape or a
+dtype that cannot be the parameter's: a ValueError naming it, the model unchanged); then
+`apply_update` copies each tensor into the live one, in place, cast to the model's dtype as the
+loader casts (worker/loader.py), and re-derives what the load derived from it:
+- the merged decoder's q|k|v and gate|up weights: the checkpoint's q/k/v and gate/up Linear
+  weights are row views of them (merged_decoder.merge_linears), so the copy lands there;
+- Qwen3's stacked q_norm|k_norm weight (MergedLayer.qk_norm_weight, a copy): stacked again;
+- folded norms (MergedLayer.fold_norms: the RMSNorm weight g multiplied into the projection
+  after it, the norm module's weight 1): the checkpoint's g is kept beside the layer
+  (`folded_norm_weights`), a projection given is folded with the current g (rounded once, as
+  at load); a norm given replaces g and re-folds the projections given with it. Exact (the
+  weights an engine loaded from the same tensors holds) whenever a layer's norm comes in the
+  same call as, or before, the projections it folds into: one call with the whole state dict,
+  or reload_weights. A norm given alone rescales the folded rows by g_new / g_old in float32
+  (one more rounding); refused (ValueError) where g_old holds a 0 (the rows are lost);
+- a tied head (tie_word_embeddings): the head module holds the embedding's own tensor, so
+  copying the embedding updates it; a "lm_head.weight" given for a tied model is checked and
+  skipped (vLLM's rule; the loader likewise takes the embedding);
+- the skinny-GEMM path (skinny_linear.py) and torch.compile read the same tensors at run time
+  (no prepared copies), and captured CUDA graphs keep their pointers because every copy is in
+  place: nothing to redo for them.
+Rotary buffers (inv_freq, the cos/sin table) come from the config, not the checkpoint: kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from enginespec.worker.loader import IGNORED_SUFFIXES, _tied_alias
+
+# A folded norm's checkpoint name suffix -> the projections it folds into (MergedLayer.fold_norms).
+FOLD_GROUPS = {
+    "input_layernorm.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "post_attention_layernorm.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
+    """The live tensor behind every checkpoint name the model was loaded from (parameters and
+    persistent buffers of the transformers module tree, as the loader expects them), the tied
+    head's alias left out."""
+    hf = model.hf_model
+    found = dict(hf.named_parameters(remove_duplicate=False))
+    for name, tensor in hf.state_dict(keep_vars=True).items():
+        found.setdefault(name, tensor)
+    tied = _tied_alias(hf)
+    if tied is not None:
+        found.pop(tied, None)
+    return found
+
+
+@dataclass
+class _FoldGroup:
+    """One folded norm and its projections: `stored` holds the norm's checkpoint weight g."""
+
+    norm: str
+    stored: torch.Tensor
+    unit: torch.Tensor  # the norm module's weight: all ones once folded
+    projections: dict[str, torch.Tensor]  # name -> the live (folded) row view
+
+
+def fold_groups(model) -> dict[str, _FoldGroup]:
+    """Norm name -> its fold group, for every folded layer of the merged decoder ({} unfolded)."""
+    merged = getattr(model, "merged", None)
+    if merged is None:
+        return {}
+    names = {id(m): n for n, m in model.hf_model.named_modules()}
+    live = checkpoint_tensors(model)
+    groups = {}
+    for layer in merged.layers:
+        if not layer.folded:
+            continue
+        prefix = names[id(layer.input_layernorm)].rpartition(".")[0] + "."
+        for (norm, projections), stored in zip(FOLD_GROUPS.items(), layer.folded_norm_weights):
+            rows = {prefix + p: live[prefix + p] for p in projections}
+            groups[prefix + norm] = _FoldGroup(prefix + norm, stored, live[prefix + norm], rows)
+    return groups
+
+
+@dataclass
+class WeightUpdate:
+    """A checked update: `given` name -> tensor (as given), `groups` the fold groups it touches."""
+
+    given: dict[str, torch.Tensor]
+    live: dict[str, torch.Tensor]
+    groups: list[_FoldGroup] = field(default_factory=list)
+
+
+def plan_update(model, weights: Iterable) -> WeightUpdate:
+    """Check every (name, tensor) pair (module doc) before anything is copied: ValueError for a
+    pair that is not one, an unknown name, a name given twice, a shape other than the
+    parameter's, a dtype that cannot be cast to it (a non-floating tensor for a floating
+    parameter, or any other dtype for a non-floating one)."""
+    live = checkpoint_tensors(model)
+    tied = _tied_alias(model.hf_model)
+    given: dict[str, torch.Tensor] = {}
+    for pair in weights:
+        name, tensor = _pair(pair)
+        if name.endswith(IGNORED_SUFFIXES):
+            continue
+        target = live.get(name)
+        if target is None and name == tied:
+            target = model.hf_model.get_input_embeddings().weight
+        if target is None:
+            raise ValueError(
+                f"unknown weight {name!r}: no such tensor in the {type(model.hf_model).__name__} "
+                f"checkpoint (names as in its safetensors files, e.g. {next(iter(live))!r}); nothing was loaded"
+            )
+        _check_tensor(name, tensor, target)
+        if name in given:
+            raise ValueError(f"weight {name!r} is given twice; nothing was loaded")
+        if name != tied:
+            given[name] = tensor
+    groups = [
+        g for n, g in fold_groups(model).items() if n in given or any(p in given for p in g.projections)
+    ]
+    for group in groups:
+        _check_rescale(group, given)
+    return WeightUpdate(given, live, groups)
+
+
+def _pair(pair) -> tuple[str, torch.Tensor]:
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise ValueError(
+            f"weights must be (name, tensor) pairs, got {type(pair).__name__}; nothing was loaded"
+        )
+    name, tensor = pair
+    if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+        raise ValueError(
+            f"weights must be (str name, torch.Tensor) pairs, got ({type(name).__name__}, "
+            f"{type(tensor).__name__}); nothing was loaded"
+        )
+    return name, tensor
+
+
+def _check_tensor(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ValueError(
+            f"weight {name!r} has shape {list(tensor.shape)}, the model's is {list(target.shape)}; "
+            f"nothing was loaded"
+        )
+    castable = tensor.is_floating_point() if target.is_floating_point() else tensor.dtype == target.dtype
+    if not castable:
+        raise ValueError(
+            f"weight {name!r} has dtype {tensor.dtype}, which cannot be the model's {target.dtype} "
+            f"(floating tensors are cast to the model's dtype); nothing was loaded"
+        )
+
+
+def _check_rescale(group: _FoldGroup, given: dict) -> None:
+    """A norm given without all of its projections rescales the folded rows by g_new / g_old:
+    impossible where g_old holds a 0 (those columns were folded to 0)."""
+    alone = group.norm in given and not all(p in given for p in group.projections)
+    if alone and bool((group.stored == 0).any()):
+        missing = [p for p in group.projections if p not in given]
+        raise ValueError(
+            f"weight {group.norm!r} is folded into {missing} with zero entries, so those rows cannot be "
+            f"re-folded alone: give them in the same call; nothing was loaded"
+        )
+
+
+@torch.inference_mode()
+def apply_update(model, update: WeightUpdate) -> None:
+    """Copy a checked update into the model and re-derive (module doc). In place: every tensor
+    keeps its storage, so views, the compiled body and captured CUDA graphs see the new values."""
+    grouped = {g.norm for g in update.groups} | {p for g in update.groups for p in g.projections}
+    for name, tensor in update.given.items():
+        if name not in grouped:
+            update.live[name].copy_(tensor)
+    for group in update.groups:
+        _refold(group, update.given)
+    merged = getattr(model, "merged", None)
+    if merged is not None:
+        for layer in merged.layers:
+            layer.restack_qk_norm()
+
+
+def _refold(group: _FoldGroup, given: dict[str, torch.Tensor]) -> None:
+    """The folded rows of one group from the given tensors and the norm's weight (module doc)."""
+    g_old = group.stored.float()
+    new = given.get(group.norm)
+    g_new = g_old if new is None else new.to(group.stored.dtype).to(g_old.device).float()
+    for name, rows in group.projections.items():
+        if name in given:
+            raw = given[name].to(device=rows.device, dtype=rows.dtype).float()
+        elif new is not None:
+            raw = rows.float() / g_old[None, :]
+        else:
+            continue
+        rows.copy_((raw * g_new[None, :]).to(rows.dtype))
+    if new is not None:
+        group.stored.copy_(new)
+        group.unit.fill_(1.0)  # a level-2 sleep zero-filled it
+
+
+def read_checkpoint(path, dtype: Optional[torch.dtype] = None) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of the checkpoint at `path`, read into host memory with our safetensors
+    loader (reload_weights: one host copy of the model while it is copied in)."""
+    from enginespec.worker.loader import iter_tensors
+
+    return list(iter_tensors(path, "cpu", dtype))
+
+
+def unfilled_names(model) -> set[str]:
+    """The checkpoint names a level-2 sleep discards (every one: load_weights must fill them)."""
+    return set(checkpoint_tensors(model))
+
+
+def parameter_ids(model) -> set[int]:
+    """ids of every parameter of the model (the module tree's and the merged decoder's): the
+    tensors a level-2 sleep may discard. Buffers and plain attributes (rotary tables, the folded
+    norms' weights) are not among them: they are kept in host memory as at level 1."""
+    roots: list[nn.Module] = [model.hf_model]
+    merged = getattr(model, "merged", None)
+    if merged is not None:
+        roots.append(merged)
+    return {id(p) for root in roots for p in root.parameters()}
