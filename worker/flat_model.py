@@ -100,6 +100,9 @@ class FlatModel:
         self._merged = (
             MergedDecoder(self._decoder, text, fuse_qkv_rope=fuse) if self.model_impl == "merged" else None
         )
+        # Folded projections a weight update left raw, folded before the next forward
+        # (worker/weight_update.py's finish_update): name -> (rows, norm weight).
+        self.unfolded_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         # The norms fold into the projections where the backend applies their row scales.
         self.folded_norms = bool(
             self._merged is not None

@@ -46,7 +46,14 @@ from enginespec.spec import Batch, SamplingParams, SchedulerOutput
 from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, eager_fused, should_compile
 from enginespec.worker.sleep import Asleep, EngineAsleepError, check_filled, model_tensors
-from enginespec.worker.weight_update import apply_update, parameter_ids, plan_update, unfilled_names
+from enginespec.worker.weight_update import (
+    apply_update,
+    drop_pending,
+    finish_update,
+    parameter_ids,
+    plan_update,
+    unfilled_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +173,7 @@ class ModelRunner:
         construction, and again after a wake_up: a sleep dropped them)."""
         from enginespec.worker.cuda_graphs import default_mixed_buckets, try_capture
 
+        finish_update(self.model)
         self.graphs = try_capture(
             self.model,
             self.kv_caches,
@@ -444,6 +452,7 @@ class ModelRunner:
         asleep = Asleep.release(self._tag_tensors(tag), keep=True, discard=discard)
         if discard_weights:
             self._unfilled = unfilled_names(self.model)
+            drop_pending(self.model)
         return asleep
 
     def wake_up(self, tags: tuple[str, ...]) -> None:
@@ -540,6 +549,8 @@ class ModelRunner:
         """Forward the batch (writing its K/V into the pool) and return the logits of the rows
         that sample, plus those of prompt positions asked for by prompt_logprobs."""
         self._check_awake()  # a released storage is 0 bytes: no kernel may read it
+        if getattr(self.model, "unfolded_rows", None):  # a weight update's folds, still pending
+            finish_update(self.model)
         logits = None
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.forward(batch)

@@ -13,12 +13,13 @@ loader casts (worker/loader.py), and re-derives what the load derived from it:
 - Qwen3's stacked q_norm|k_norm weight (MergedLayer.qk_norm_weight, a copy): stacked again;
 - folded norms (MergedLayer.fold_norms: the RMSNorm weight g multiplied into the projection
   after it, the norm module's weight 1): the checkpoint's g is kept beside the layer
-  (`folded_norm_weights`), a projection given is folded with the current g (rounded once, as
-  at load); a norm given replaces g and re-folds the projections given with it. Exact (the
-  weights an engine loaded from the same tensors holds) whenever a layer's norm comes in the
-  same call as, or before, the projections it folds into: one call with the whole state dict,
-  or reload_weights. A norm given alone rescales the folded rows by g_new / g_old in float32
-  (one more rounding); refused (ValueError) where g_old holds a 0 (the rows are lost);
+  (`folded_norm_weights`); a projection given is copied in raw and folded at the next forward
+  (`finish_update`, which the runner calls before it runs one) with the g of that moment, so a
+  norm given in a later call than its projections (bucketed updates in the files' order, where
+  post_attention_layernorm follows gate and up) still folds exactly as the load did. Only a
+  norm given while some of its projections were not given since the last forward rescales
+  those folded rows by g_new / g_old in float32 (one more rounding; refused, ValueError, where
+  g_old holds a 0: the rows are lost);
 - a tied head (tie_word_embeddings): the head module holds the embedding's own tensor, so
   copying the embedding updates it; a "lm_head.weight" given for a tied model is checked and
   skipped (vLLM's rule; the loader likewise takes the embedding);
@@ -26,6 +27,12 @@ loader casts (worker/loader.py), and re-derives what the load derived from it:
   (no prepared copies), and captured CUDA graphs keep their pointers because every copy is in
   place: nothing to redo for them.
 Rotary buffers (inv_freq, the cos/sin table) come from the config, not the checkpoint: kept.
+
+Invariant (tests/api/test_weight_update.py): after the update of every tensor of checkpoint B,
+in one call or in any number of calls with no forward between them, and finish_update, every
+tensor of a model loaded from A, derived ones included, equals that of a model loaded from B.
+Not covered: the draft model (updates reach the target only), tensor parallelism (refused by
+the engine), tensors from another process (AsyncLLM crosses reload_weights only).
 """
 
 from __future__ import annotations
@@ -129,7 +136,7 @@ def plan_update(model, weights: Iterable) -> WeightUpdate:
         g for n, g in fold_groups(model).items() if n in given or any(p in given for p in g.projections)
     ]
     for group in groups:
-        _check_rescale(group, given)
+        _check_rescale(group, given, _pending(model))
     return WeightUpdate(given, live, groups)
 
 
@@ -161,14 +168,22 @@ def _check_tensor(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None
         )
 
 
-def _check_rescale(group: _FoldGroup, given: dict) -> None:
-    """A norm given without all of its projections rescales the folded rows by g_new / g_old:
-    impossible where g_old holds a 0 (those columns were folded to 0)."""
-    alone = group.norm in given and not all(p in given for p in group.projections)
-    if alone and bool((group.stored == 0).any()):
-        missing = [p for p in group.projections if p not in given]
+def _pending(model) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Projection name -> (its rows, holding the raw weight, the norm weight to fold in): what
+    finish_update folds. Kept on the model (FlatModel.unfolded_rows)."""
+    if getattr(model, "unfolded_rows", None) is None:
+        model.unfolded_rows = {}
+    return model.unfolded_rows
+
+
+def _check_rescale(group: _FoldGroup, given: dict, pending: dict) -> None:
+    """A norm given while some of its projections are folded (not given since the last
+    forward) rescales them by g_new / g_old: impossible where g_old holds a 0 (those columns
+    were folded to 0)."""
+    folded = [p for p in group.projections if p not in given and p not in pending]
+    if group.norm in given and folded and bool((group.stored == 0).any()):
         raise ValueError(
-            f"weight {group.norm!r} is folded into {missing} with zero entries, so those rows cannot be "
+            f"weight {group.norm!r} is folded into {folded} with zero entries, so those rows cannot be "
             f"re-folded alone: give them in the same call; nothing was loaded"
         )
 
@@ -176,35 +191,56 @@ def _check_rescale(group: _FoldGroup, given: dict) -> None:
 @torch.inference_mode()
 def apply_update(model, update: WeightUpdate) -> None:
     """Copy a checked update into the model and re-derive (module doc). In place: every tensor
-    keeps its storage, so views, the compiled body and captured CUDA graphs see the new values."""
+    keeps its storage, so views, the compiled body and captured CUDA graphs see the new values.
+    Folded projections given wait raw for finish_update (the runner's next forward)."""
     grouped = {g.norm for g in update.groups} | {p for g in update.groups for p in g.projections}
     for name, tensor in update.given.items():
         if name not in grouped:
             update.live[name].copy_(tensor)
+    pending = _pending(model)
     for group in update.groups:
-        _refold(group, update.given)
+        _refold(group, update.given, pending)
     merged = getattr(model, "merged", None)
     if merged is not None:
         for layer in merged.layers:
             layer.restack_qk_norm()
 
 
-def _refold(group: _FoldGroup, given: dict[str, torch.Tensor]) -> None:
-    """The folded rows of one group from the given tensors and the norm's weight (module doc)."""
-    g_old = group.stored.float()
+def _refold(group: _FoldGroup, given: dict[str, torch.Tensor], pending: dict) -> None:
+    """One fold group's update (module doc): a new norm weight rescales the rows still folded,
+    then the projections given are copied in raw, pending their fold."""
     new = given.get(group.norm)
-    g_new = g_old if new is None else new.to(group.stored.dtype).to(g_old.device).float()
-    for name, rows in group.projections.items():
-        if name in given:
-            raw = given[name].to(device=rows.device, dtype=rows.dtype).float()
-        elif new is not None:
-            raw = rows.float() / g_old[None, :]
-        else:
-            continue
-        rows.copy_((raw * g_new[None, :]).to(rows.dtype))
     if new is not None:
+        g_old = group.stored.float()
+        g_new = new.to(group.stored.dtype).to(g_old.device).float()
+        for name, rows in group.projections.items():
+            if name not in given and name not in pending:
+                rows.copy_((rows.float() / g_old[None, :] * g_new[None, :]).to(rows.dtype))
         group.stored.copy_(new)
         group.unit.fill_(1.0)  # a level-2 sleep zero-filled it
+    for name, rows in group.projections.items():
+        if name in given:
+            rows.copy_(given[name])  # cast as the loader casts; folded by finish_update
+            pending[name] = (rows, group.stored)
+
+
+@torch.inference_mode()
+def finish_update(model) -> None:
+    """Fold the projections an update left raw (apply_update) with their norm's weight now,
+    rounded once as at load (MergedLayer.fold_norms). The runner calls it before a forward;
+    nothing to do (one dict lookup) otherwise."""
+    pending = getattr(model, "unfolded_rows", None)
+    if not pending:
+        return
+    for rows, stored in pending.values():
+        rows.copy_((rows.float() * stored.float()[None, :]).to(rows.dtype))
+    pending.clear()
+
+
+def drop_pending(model) -> None:
+    """Forget the raw rows waiting for finish_update (a level-2 sleep discards them)."""
+    if getattr(model, "unfolded_rows", None):
+        model.unfolded_rows.clear()
 
 
 def read_checkpoint(path, dtype: Optional[torch.dtype] = None) -> list[tuple[str, torch.Tensor]]:

@@ -23,6 +23,7 @@ from enginespec.worker.flat_model import FlatModel
 from enginespec.worker.loader import iter_tensors
 from enginespec.worker.merged_decoder import FOLD_NORMS_ENV
 from enginespec.worker.sleep import EngineAsleepError, model_tensors
+from enginespec.worker.weight_update import apply_update, finish_update, plan_update
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -93,6 +94,13 @@ def _assert_same_tensors(got, want) -> None:
         assert torch.equal(a[name], b[name]), name  # equal, not close
 
 
+def _update(model, weights, finish: bool = True) -> None:
+    """What LLM.load_weights does to the model, then (finish) what its next forward does first."""
+    apply_update(model, plan_update(model, weights))
+    if finish:
+        finish_update(model)
+
+
 def _flat(path: str, fold: str) -> FlatModel:
     with _fold(fold):
         backend = load_impl("fast").attention_backend(torch.device("cpu"))
@@ -133,15 +141,13 @@ def test_every_derived_tensor_equals_that_of_a_model_loaded_from_b(family, tied,
     weights = list(iter_tensors(b))
     if tied:  # an exporter's state dict holds the tied head too: checked, skipped (vLLM's rule)
         weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
-    from enginespec.worker.weight_update import apply_update, plan_update
-
-    apply_update(model, plan_update(model, weights))
+    _update(model, weights)
     _assert_same_tensors(model, want)
     with torch.no_grad():  # what a level-2 sleep's wake_up leaves: every parameter zero
         for t in model_tensors(model):
             if isinstance(t, torch.nn.Parameter):
                 t.zero_()
-    apply_update(model, plan_update(model, weights))
+    _update(model, weights)
     _assert_same_tensors(model, want)
     if tied:
         assert model.hf_model.lm_head.weight is model.hf_model.model.embed_tokens.weight
@@ -149,8 +155,8 @@ def test_every_derived_tensor_equals_that_of_a_model_loaded_from_b(family, tied,
 
 def test_fast_impl_with_folded_norms_serves_bs_outputs_also_after_a_level_2_sleep():
     """The fast impl's merged decoder with its norms folded (ENGINESPEC_FOLD_NORMS=1 on the
-    CPU): B's outputs after load_weights, and after sleep(level=2) (the norm modules' unit
-    weights discarded too) and reload_weights."""
+    CPU): B's outputs after load_weights, in one call or in buckets, and after sleep(level=2)
+    (the norm modules' unit weights discarded too) and reload_weights."""
     a, b = _paths()
     with _fold("1"), LLM(b, impl="fast", dtype="float32", device="cpu", num_blocks=32) as llm_b:
         want = _greedy(llm_b)
@@ -162,6 +168,12 @@ def test_fast_impl_with_folded_norms_serves_bs_outputs_also_after_a_level_2_slee
         llm.load_weights(iter_tensors(b))
         assert _greedy(llm) == want
         llm.reload_weights()
+        weights = list(iter_tensors(b))
+        for start in range(0, len(weights), 3):  # buckets: norms in later calls than their rows
+            llm.load_weights(weights[start : start + 3])
+        assert llm.engine.model.unfolded_rows  # raw until the next forward folds them
+        assert _greedy(llm) == want and not llm.engine.model.unfolded_rows
+        llm.reload_weights()
         llm.sleep(level=2)
         llm.wake_up()
         llm.reload_weights(b)
@@ -172,8 +184,6 @@ def test_a_subset_updates_only_its_names_folded_norms_included():
     """A few names from B (an embedding, a q_proj and Qwen3's q_norm, a folded norm with its
     gate and up): the model equals one loaded from B whose other tensors are A's. A folded norm
     given alone rescales its rows (one more rounding: close, not equal)."""
-    from enginespec.worker.weight_update import apply_update, plan_update
-
     a, b = _paths()
     subset = {
         "model.embed_tokens.weight",
@@ -189,16 +199,33 @@ def test_a_subset_updates_only_its_names_folded_norms_included():
     def mixed() -> list:  # the whole state dict, B's tensors for `subset`: exact in one call
         return [(n, from_b[n] if n in subset else t) for n, t in from_a.items()]
 
-    apply_update(model, plan_update(model, [(n, from_b[n]) for n in subset]))
-    apply_update(want, plan_update(want, mixed()))
+    _update(model, [(n, from_b[n]) for n in subset])
+    _update(want, mixed())
     _assert_same_tensors(model, want)
     norm = "model.layers.0.input_layernorm.weight"  # alone: q|k|v rows rescaled
-    apply_update(model, plan_update(model, [(norm, from_b[norm])]))
+    _update(model, [(norm, from_b[norm])])
     subset.add(norm)
-    apply_update(want, plan_update(want, mixed()))
+    _update(want, mixed())
     got, expected = _all_tensors(model), _all_tensors(want)
     for name in got:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_one_tensor_a_call_in_file_order_is_exact_too():
+    """An RLHF framework sends its state dict in buckets: here one tensor a call, in the files'
+    order, where a layer's post-attention norm comes after its gate and up projections. The
+    folded rows wait unfolded until the next forward (finish_update), so the norm arriving last
+    still gives exactly the weights a load of B folds."""
+    a, b = _paths()
+    model, want = _flat(a, "1"), _flat(b, "1")
+    names = [n for n, _ in iter_tensors(b)]
+    assert names.index("model.layers.0.post_attention_layernorm.weight") > names.index(
+        "model.layers.0.mlp.up_proj.weight"
+    )
+    for pair in iter_tensors(b):
+        _update(model, [pair], finish=False)  # no forward between the calls
+    finish_update(model)
+    _assert_same_tensors(model, want)
 
 
 def _snapshot(llm) -> list[torch.Tensor]:

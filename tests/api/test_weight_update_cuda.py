@@ -1,8 +1,8 @@
 """Weight updates on a GPU (worker/weight_update.py states the rules): an engine loaded from
 checkpoint A, its CUDA graphs captured (decode and mixed graphs, the skinny GEMM's tuned path,
 folded norms by default; the compiled body with folding off), answers greedy requests exactly
-as an engine loaded from B does after load_weights(every tensor of B), without capturing its
-graphs again: the copies are in place, so the captured pointers see the new values. Then a
+as an engine loaded from B does after load_weights(every tensor of B), in one call or in
+buckets, without capturing its graphs again: the copies are in place, so the captured pointers see the new values. Then a
 sleep(level=2) cycle (vLLM's RLHF recipe) with reload_weights. The CPU checks are
 tests/api/test_weight_update.py; these need CUDA (skipped on the CPU: run on the device with
 `pytest tests/api/test_weight_update_cuda.py`)."""
@@ -65,6 +65,11 @@ def test_load_weights_reaches_the_captured_graphs_and_a_level_2_cycle_refills_th
         assert _greedy(llm) == want_b
         llm.reload_weights()
         assert _greedy(llm) == want_a
+        weights = list(iter_tensors(b, device="cuda"))
+        for start in range(0, len(weights), 3):  # buckets: a norm in a later call than its rows
+            llm.load_weights(weights[start : start + 3])
+        assert _greedy(llm) == want_b and runner.graphs is graphs
+        llm.reload_weights()
         torch.cuda.synchronize()
         allocated = torch.cuda.memory_allocated()
         llm.sleep(level=2)
