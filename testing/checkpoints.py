@@ -130,7 +130,7 @@ def use_cache_root(root) -> None:
     root = Path(root)
     if root != _cache_root:
         _cache_root = root
-        tiny_model_dir.cache_clear()
+        _tiny_model_dir.cache_clear()
         json_model_dir.cache_clear()
         reasoning_model_dir.cache_clear()
 
@@ -140,10 +140,16 @@ def cache_root() -> Optional[Path]:
     return _cache_root
 
 
-@functools.lru_cache(maxsize=None)
 def tiny_model_dir(family: str, tie_word_embeddings: bool = False, seed: int = 0) -> Path:
-    """A tiny float32 checkpoint of `family`, written once per cache root (use_cache_root).
-    Another `seed`: the same config and names with other weights (weight-update tests)."""
+    """A tiny float32 checkpoint of `family`, written once per cache root (use_cache_root),
+    however its defaults are spelled (the cache's key is normalised: a second write of a
+    loaded checkpoint would rewrite the files its tensors map, on the CPU). Another `seed`: the
+    same config and names with other weights (weight-update tests)."""
+    return _tiny_model_dir(family, bool(tie_word_embeddings), int(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_model_dir(family: str, tie_word_embeddings: bool, seed: int) -> Path:
     if _cache_root is None:
         raise RuntimeError("tiny_model_dir needs a cache root: call use_cache_root(directory) first")
     name = f"{family}-tied" if tie_word_embeddings else family

@@ -37,3 +37,17 @@ def test_tiny_model_dir_lives_under_the_session_root(tiny_checkpoint_root, tmp_p
     assert path.parent == tiny_checkpoint_root
     assert tiny_checkpoint_root.is_relative_to(tmp_path_factory.getbasetemp())
     assert checkpoints.tiny_model_dir("qwen3") == path  # written once per session
+
+
+def test_tiny_model_dir_writes_once_however_its_defaults_are_spelled(tiny_checkpoint_root, monkeypatch):
+    """tiny_model_dir("qwen3") and tiny_model_dir("qwen3", False, seed=0) are one checkpoint: the
+    second must not write it again (on the CPU a loaded model's tensors map the file, which a
+    rewrite would pull from under it). Another seed is another directory."""
+    path = checkpoints.tiny_model_dir("qwen3")
+    written, real = [], checkpoints.make_checkpoint
+    monkeypatch.setattr(checkpoints, "make_checkpoint", lambda *a, **k: written.append(a) or real(*a, **k))
+    assert checkpoints.tiny_model_dir("qwen3", False) == path
+    assert checkpoints.tiny_model_dir("qwen3", tie_word_embeddings=False, seed=0) == path
+    assert written == []
+    assert checkpoints.tiny_model_dir("qwen3", seed=1) == tiny_checkpoint_root / "qwen3-seed1"
+    assert len(written) == 1
