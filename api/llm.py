@@ -261,6 +261,16 @@ class LLM:
             self._check_open()
             return self.engine.reload_weights(weights_path)
 
+    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: Optional[dict] = None) -> list:
+        """vLLM's collective_rpc for the worker methods enginespec has: "reload_weights" (what
+        RLHF code calls as llm.collective_rpc("reload_weights")) and "load_weights"; one worker,
+        so a list of one result. ValueError naming any other method (or a callable: no worker
+        extensions here). `timeout` is accepted and unused (the call runs in this process)."""
+        calls = {"reload_weights": self.reload_weights, "load_weights": self.load_weights}
+        if not isinstance(method, str) or method not in calls:
+            raise ValueError(f"collective_rpc: method must be one of {sorted(calls)}, got {method!r}")
+        return [calls[method](*args, **(kwargs or {}))]
+
     def get_metrics(self) -> list:
         """vLLM's: a snapshot of the engine's metrics under vLLM's names and types
         (enginespec.metrics_reader, vLLM's vllm.v1.metrics.reader): request and KV gauges,

@@ -38,7 +38,7 @@ the engine), tensors from another process (AsyncLLM crosses reload_weights only)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 from torch import nn
@@ -108,13 +108,16 @@ class WeightUpdate:
 
 
 def plan_update(model, weights: Iterable) -> WeightUpdate:
-    """Check every (name, tensor) pair (module doc) before anything is copied: ValueError for a
+    """Check every (name, tensor) pair (module doc; a mapping, a state dict, gives its items)
+    before anything is copied: ValueError for a
     pair that is not one, an unknown name, a name given twice, a shape other than the
     parameter's, a dtype that cannot be cast to it (a non-floating tensor for a floating
     parameter, or any other dtype for a non-floating one)."""
     live = checkpoint_tensors(model)
     tied = _tied_alias(model.hf_model)
     given: dict[str, torch.Tensor] = {}
+    if isinstance(weights, Mapping):  # a state dict itself: its items
+        weights = weights.items()
     for pair in weights:
         name, tensor = _pair(pair)
         if name.endswith(IGNORED_SUFFIXES):

@@ -122,8 +122,16 @@ def test_load_weights_of_b_serves_bs_outputs_empties_the_prefix_cache_and_reload
     assert _greedy(llm) == want_a
     assert llm.llm_engine.reload_weights(_paths()[1]) == len(draft)  # LLMEngine's, another directory
     assert _greedy(llm) == want_b
-    llm.llm_engine.load_weights(iter_tensors(_paths()[0]))
+    llm.llm_engine.load_weights(dict(iter_tensors(_paths()[0])))  # a state dict itself too
     assert _greedy(llm) == want_a
+    assert llm.collective_rpc("reload_weights", args=(_paths()[1],)) == [len(draft)]  # vLLM's spelling
+    assert _greedy(llm) == want_b
+    assert llm.collective_rpc("load_weights", kwargs={"weights": iter_tensors(_paths()[0])}) == [len(draft)]
+    assert _greedy(llm) == want_a
+    with pytest.raises(
+        ValueError, match=r"collective_rpc: method must be one of \['load_weights', 'reload_weights'\]"
+    ):
+        llm.collective_rpc("init_weight_update_group")
 
 
 @pytest.mark.parametrize(
