@@ -49,5 +49,5 @@ def test_tiny_model_dir_writes_once_however_its_defaults_are_spelled(tiny_checkp
     assert checkpoints.tiny_model_dir("qwen3", False) == path
     assert checkpoints.tiny_model_dir("qwen3", tie_word_embeddings=False, seed=0) == path
     assert written == []
-    assert checkpoints.tiny_model_dir("qwen3", seed=1) == tiny_checkpoint_root / "qwen3-seed1"
-    assert len(written) == 1
+    other = checkpoints.tiny_model_dir("qwen3", seed=1)  # written here or by an earlier test
+    assert other == tiny_checkpoint_root / "qwen3-seed1" and (other / "model.safetensors").is_file()
