@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The fifty-sixth session's call: first the CUDA tests of what it changed (sleep mode on a GPU:
-# tests/api/test_sleep_mode_cuda.py; the server's new routes and flags, whose engines run where
+# The fifty-sixth session's call: first the CUDA tests of what it changed (sleep mode and weight updates on a GPU:
+# tests/api/test_sleep_mode_cuda.py, test_weight_update_cuda.py; the server's new routes and flags, whose engines run where
 # the tests say), then, in the time left (END, default 560 s), the first half of the suite
 # (conformance, tests/kernels, tests/sample, tests/testing, tests/benchmarks, tests/test_*.py),
 # both with --impl=fast and 8 xdist workers, failures rerun serially. One tar back.
@@ -25,7 +25,8 @@ run_part() {
   fi
 }
 END=${END:-560}
-run_part changed 220 tests/api/test_sleep_mode_cuda.py tests/api/test_sleep_mode.py tests/worker/test_sleep.py \
+run_part changed 220 tests/api/test_sleep_mode_cuda.py tests/api/test_weight_update_cuda.py tests/api/test_sleep_mode.py \
+  tests/api/test_weight_update.py tests/worker/test_sleep.py \
   tests/entrypoints/test_vllm_client_paths.py tests/entrypoints/test_vllm_frontend_flags.py \
   tests/entrypoints/test_http_flags.py tests/entrypoints/test_profile_routes.py tests/entrypoints/test_routes.py \
   tests/entrypoints/test_serve.py tests/entrypoints/test_chat_defaults.py tests/api/test_async_llm.py \
