@@ -25,7 +25,7 @@ run_part() {
   fi
 }
 END=${END:-560}
-run_part changed 220 tests/api/test_sleep_mode_cuda.py tests/api/test_weight_update_cuda.py tests/api/test_sleep_mode.py \
+run_part changed $(( END < 240 ? END - 20 : 220 )) tests/api/test_sleep_mode_cuda.py tests/api/test_weight_update_cuda.py tests/api/test_sleep_mode.py \
   tests/api/test_weight_update.py tests/worker/test_sleep.py \
   tests/entrypoints/test_vllm_client_paths.py tests/entrypoints/test_vllm_frontend_flags.py \
   tests/entrypoints/test_http_flags.py tests/entrypoints/test_profile_routes.py tests/entrypoints/test_routes.py \
