@@ -53,6 +53,18 @@ def _weight_bytes(llm) -> set[int]:
     return {t.untyped_storage().nbytes() for r in _runners(llm) for t in model_tensors(r.model)}
 
 
+def _merged_decoder_bytes(llm) -> set[int]:
+    """The storage sizes of the tensors the merged decoders hold, their tables (rope's cos/sin)
+    too: walked here, not by model_tensors, which decides what sleep releases."""
+    sizes = set()
+    for runner in _runners(llm):
+        for module in runner.model.merged.modules():
+            for value in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
+                if isinstance(value, torch.Tensor):
+                    sizes.add(value.untyped_storage().nbytes())
+    return sizes
+
+
 def test_level_1_frees_the_pool_and_weights_and_wakes_to_the_same_outputs_and_an_empty_cache(llm):
     want = _greedy(llm)
     assert llm.generate(PROMPTS[0], ONE, use_tqdm=False)[0].num_cached_tokens == FULL_BLOCKS
@@ -60,6 +72,7 @@ def test_level_1_frees_the_pool_and_weights_and_wakes_to_the_same_outputs_and_an
     llm.sleep(level=1)
     assert llm.is_sleeping() and llm.llm_engine.is_sleeping()
     assert set(_kv_bytes(llm)) == {0} and _weight_bytes(llm) == {0}
+    assert _merged_decoder_bytes(llm) == {0}  # the merged decoders' own tensors are released too
     assert llm.engine.block_manager.state().cached == {}  # the prefix cache went with the pool
     llm.wake_up()
     assert not llm.is_sleeping() and 0 not in _kv_bytes(llm) and 0 not in _weight_bytes(llm)

@@ -285,6 +285,78 @@ def test_responses_json_schema_text_format_is_chats_response_format(app):
     assert resp.output_text == text and resp.text.format.type == "json_schema"
 
 
+def test_responses_sampling_fields_and_vllms_extras_are_chats_fields_of_the_request():
+    """A Responses body is served as the chat request of the same fields: OpenAI's sampling
+    fields, max_output_tokens as max_tokens, and vLLM's extras (sent in extra_body) as chat's
+    fields of the same name. Each is taken (no 400), so one dropped on the way would be
+    ignored without a word: a top_k, a seed, a stop, a priority the engine never saw."""
+    fields = dict(
+        temperature=0.5, top_p=0.9, user="u", top_k=3, min_p=0.1, repetition_penalty=1.2, seed=7,
+        stop=["x"], ignore_eos=True, priority=2, cache_salt="salt", request_id="rid",
+    )  # fmt: skip
+    chat = _as_chat_request(ResponsesRequest(input="hi", max_output_tokens=5, stream=True, **fields))
+    assert {name: getattr(chat, name) for name in fields} == fields
+    assert (chat.max_tokens, chat.stream, chat.messages) == (5, True, [{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(tools=[], tool_choice="none", parallel_tool_calls=False),
+        dict(tool_choice="auto", background=False, include=[], top_logprobs=0, truncation="disabled"),
+        dict(service_tier="auto", stream_options={}, prompt_cache_retention="in_memory"),
+        dict(service_tier="default", text={"format": {"type": "text"}, "verbosity": "medium"}),
+    ],
+)
+def test_responses_each_no_op_value_of_an_unsupported_field_is_taken(fields):
+    """OpenAI's defaults of the fields this server does not do (what its SDK or a proxy may send
+    on every request) ask for nothing and are served, not refused."""
+    assert ResponsesRequest(input="hi", **fields).unsupported_field() is None
+
+
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"text": {"format": {"type": "json_object", "strict": True}}}, "text"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "bad": 1}}}, "text"),
+    ],
+)
+def test_responses_a_value_that_asks_for_something_not_done_names_its_field(fields, name):
+    """What asks for something this server does not do is refused naming the field (a 400),
+    never served as though it had not been sent."""
+    assert ResponsesRequest(input="hi", **fields).unsupported_field() == name
+
+
+def test_responses_echo_what_was_asked_and_take_their_id_from_the_request(app):
+    """The Response echoes the request's tool_choice, text, safety_identifier and
+    prompt_cache_key (OpenAI's shape); its id is resp_ and X-Request-Id, else the body's
+    request_id (vLLM's rule, as chat's chatcmpl- ids), streamed too."""
+    fields = dict(
+        model="tiny", input="hi", max_output_tokens=2, tool_choice="none", safety_identifier="s1",
+        prompt_cache_key="k1", text={"format": {"type": "text"}},
+    )  # fmt: skip
+
+    async def fn(client, http):
+        plain = await http.post("/v1/responses", json={**fields, "request_id": "body-1"})
+        headed = await http.post("/v1/responses", json=fields, headers={"X-Request-Id": "head-1"})
+        stream = await http.post(
+            "/v1/responses", json={**fields, "stream": True}, headers={"X-Request-Id": "head-2"}
+        )
+        return plain.json(), headed.json(), stream.text
+
+    plain, headed, stream = serve(app, fn)
+    assert (plain["tool_choice"], plain["safety_identifier"], plain["prompt_cache_key"]) == ("none", "s1", "k1")
+    assert plain["text"] == {"format": {"type": "text"}}
+    assert (plain["id"], headed["id"]) == ("resp_body-1", "resp_head-1")
+    assert '"id":"resp_head-2"' in stream.replace(" ", "")
+
+
 _PIECES = st.lists(st.sampled_from([START, END, "<", "</th", "ink>", "a", " b\n"]), min_size=1, max_size=8)
 
 

@@ -59,8 +59,9 @@ def test_tags_are_none_or_a_list_of_known_tags():
     assert check_tags([]) == ()
     with pytest.raises(ValueError, match=r"tags must be among \['weights', 'kv_cache'\], got \['kv'\]"):
         check_tags(["weights", "kv"])
-    with pytest.raises(ValueError, match="tags must be None or a list"):
-        check_tags("weights")
+    for bad in ("weights", {"weights"}, 5, {"weights": True}):  # a list (or tuple), as vLLM's
+        with pytest.raises(ValueError, match="tags must be None or a list"):
+            check_tags(bad)
 
 
 def test_a_release_that_fails_midway_restores_what_it_released(monkeypatch):
