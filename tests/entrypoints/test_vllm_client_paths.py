@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
-from enginespec.entrypoints.openai.protocol import ResponsesRequest
+from enginespec.entrypoints.openai.protocol import ResponseFormat, ResponsesRequest
 from enginespec.entrypoints.openai.reasoning import END, START, get_parser
 from enginespec.entrypoints.openai.serving import ServerContext, _Call
 from enginespec.entrypoints.openai.serving_responses import (
@@ -325,12 +325,21 @@ def test_responses_each_no_op_value_of_an_unsupported_field_is_taken(fields):
         ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
         ({"text": {"format": {"type": "json_object", "strict": True}}}, "text"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "bad": 1}}}, "text"),
+        ({"text": {"format": {"type": "json_object", "name": "x", "schema": {"type": "object"}}}}, "text"),
     ],
 )
 def test_responses_a_value_that_asks_for_something_not_done_names_its_field(fields, name):
     """What asks for something this server does not do is refused naming the field (a 400),
     never served as though it had not been sent."""
     assert ResponsesRequest(input="hi", **fields).unsupported_field() == name
+
+
+def test_responses_json_object_text_format_is_chats_json_object():
+    """text.format {"type": "json_object"} is chat's response_format json_object (taken, not
+    refused as an unknown text setting)."""
+    body = ResponsesRequest(input="hi", text={"format": {"type": "json_object"}})
+    assert body.unsupported_field() is None
+    assert body.text_format() == ResponseFormat(type="json_object")
 
 
 def test_responses_echo_what_was_asked_and_take_their_id_from_the_request(app):
