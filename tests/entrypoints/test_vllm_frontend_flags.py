@@ -217,14 +217,17 @@ def _outputs_logged(caplog) -> list[str]:
 
 def test_enable_log_outputs_logs_each_choices_output_cut_to_max_log_len(client, caplog):
     fields = dict(log_requests=True, log_outputs=True, max_log_len=2)
-    body = CompletionRequest(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0, n=2)
+    # two prompts of n=2: choices 0-3, the second prompt's 2 and 3 (its index times n plus the choice's)
+    body = CompletionRequest(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=3, temperature=0, n=2)
     with caplog.at_level(logging.INFO, logger=SERVING_LOG):
         reply = _run(_ctx(client, **fields), create_completion, body)
         lines = _outputs_logged(caplog)
-        assert len(lines) == 2 and all(f"(response {reply['id']}, choice " in line for line in lines)
+        assert len(lines) == 4 and all(f"(response {reply['id']}, choice " in line for line in lines)
+        assert sorted(c["index"] for c in reply["choices"]) == [0, 1, 2, 3]
         for choice in reply["choices"]:
             (line,) = [x for x in lines if f"choice {choice['index']})" in x]
-            assert f"output: {choice['text'][:2]!r}," in line and "finish_reason: length" in line
+            assert f"choice {choice['index']}): output: {choice['text'][:2]!r}," in line  # no stream's marker
+            assert "finish_reason: length" in line
             assert len(line.split("output_token_ids: [")[1].split("]")[0].split(",")) == 2
         caplog.clear()
         chunks = _run(_ctx(client, **fields), create_chat_completion, _chat(stream=True))
