@@ -185,6 +185,7 @@ def test_responses_stream_events_join_to_the_full_response(app):
         "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed",
     ]  # fmt: skip
     assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert {e.output_index for e in events if hasattr(e, "output_index")} == {0}  # the one item's place
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == full.output_text
     assert events[-4].text == full.output_text
     done = events[-1].response
@@ -194,6 +195,21 @@ def test_responses_stream_events_join_to_the_full_response(app):
     assert "".join(e.delta for e in cut_events if e.type == "response.output_text.delta") == cut.output_text
     assert [e.type for e in helper_events][-1] == "response.completed"
     assert final.output_text == full.output_text and final.id == helper_events[-1].response.id
+
+
+def test_responses_cached_tokens_are_the_prompt_tokens_the_prefix_cache_served(app):
+    """usage.input_tokens_details.cached_tokens: 0 for a prompt never seen, the cached blocks'
+    tokens for the same prompt again (a multiple of the 16-token block, under input_tokens)."""
+    base = dict(model="tiny", input="cached tokens " * 12, max_output_tokens=1, temperature=0)
+
+    async def fn(client, http):
+        return [await client.responses.create(**base) for _ in range(2)]
+
+    first, again = serve(app, fn)
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    assert first.usage.input_tokens_details.model_dump()["cache_write_tokens"] == 0  # not counted here
+    cached = again.usage.input_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.input_tokens and cached % 16 == 0
 
 
 def test_responses_cut_by_max_output_tokens_are_incomplete(app):
@@ -230,6 +246,7 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
         ({"input": []}, "input"),
+        ({"input": [{"role": "user", "content": 5}]}, "input"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
         ({"temprature": 0}, "temprature"),
@@ -346,9 +363,10 @@ def test_responses_json_object_text_format_is_chats_json_object():
 
 
 def test_responses_echo_what_was_asked_and_take_their_id_from_the_request(app):
-    """The Response echoes the request's tool_choice, text, safety_identifier and
-    prompt_cache_key (OpenAI's shape); its id is resp_ and X-Request-Id, else the body's
-    request_id (vLLM's rule, as chat's chatcmpl- ids), streamed too."""
+    """The Response echoes the request's tool_choice, text, safety_identifier,
+    prompt_cache_key and parallel_tool_calls (true where not sent), and says background false
+    (OpenAI's shape); its id is resp_ and X-Request-Id, else the body's request_id (vLLM's
+    rule, as chat's chatcmpl- ids), streamed too."""
     fields = dict(
         model="tiny", input="hi", max_output_tokens=2, tool_choice="none", safety_identifier="s1",
         prompt_cache_key="k1", text={"format": {"type": "text"}},
@@ -356,7 +374,9 @@ def test_responses_echo_what_was_asked_and_take_their_id_from_the_request(app):
 
     async def fn(client, http):
         plain = await http.post("/v1/responses", json={**fields, "request_id": "body-1"})
-        headed = await http.post("/v1/responses", json=fields, headers={"X-Request-Id": "head-1"})
+        headed = await http.post(
+            "/v1/responses", json={**fields, "parallel_tool_calls": False}, headers={"X-Request-Id": "head-1"}
+        )
         stream = await http.post(
             "/v1/responses", json={**fields, "stream": True}, headers={"X-Request-Id": "head-2"}
         )
@@ -366,6 +386,11 @@ def test_responses_echo_what_was_asked_and_take_their_id_from_the_request(app):
     echoed = {name: plain[name] for name in ("tool_choice", "safety_identifier", "prompt_cache_key", "text")}
     assert echoed == dict(
         tool_choice="none", safety_identifier="s1", prompt_cache_key="k1", text=fields["text"]
+    )
+    assert (plain["parallel_tool_calls"], headed["parallel_tool_calls"], plain["background"]) == (
+        True,
+        False,
+        False,
     )
     assert (plain["id"], headed["id"]) == ("resp_body-1", "resp_head-1")
     assert '"id":"resp_head-2"' in stream.replace(" ", "")
@@ -396,6 +421,12 @@ def test_responses_stream_under_a_reasoning_parser_splits_as_the_full_response(p
     added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert [i["type"] for i in added] == [i["type"] for i in full["output"]] and done == full["output"]
+    # each item's events carry its place in the response's output (the message after the reasoning)
+    places = {item["id"]: i for i, item in enumerate(full["output"])}
+    for event in events:
+        item_id = event["item"]["id"] if "item" in event else event.get("item_id")
+        if item_id is not None:
+            assert event["output_index"] == places[item_id], event
     assert message.items("completed") == full["output"]
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert deltas == full["output"][-1]["content"][0]["text"]

@@ -20,7 +20,7 @@ from enginespec.entrypoints.cli import _parser
 from enginespec.entrypoints.openai import api_server
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
-from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from enginespec.entrypoints.openai.reasoning import get_parser
 from enginespec.entrypoints.openai.serving import (
     ServerContext,
@@ -28,6 +28,7 @@ from enginespec.entrypoints.openai.serving import (
     create_completion,
     render_chat,
 )
+from enginespec.entrypoints.openai.serving_responses import create_response
 from tests.entrypoints.client_helpers import in_process_client, never
 from tests.entrypoints.remote_server import CHAT_TEMPLATE
 
@@ -234,6 +235,10 @@ def test_enable_log_outputs_logs_each_choices_output_cut_to_max_log_len(client, 
         (line,) = _outputs_logged(caplog)
         assert f"(response {chunks[0]['id']}, choice 0) (streaming complete): output: " in line
         caplog.clear()
+        reply = _run(_ctx(client, **fields), create_response, ResponsesRequest(model="tiny", input="hi"))
+        (line,) = _outputs_logged(caplog)  # a Responses reply too (POST /v1/responses)
+        assert f"(response {reply['id']}, choice 0): output: " in line
+        caplog.clear()
         _run(_ctx(client, log_requests=True, max_log_len=2), create_completion, body)  # without the flag
         assert not _outputs_logged(caplog)
 
@@ -253,8 +258,16 @@ def test_tokenizer_info_answers_the_tokenizers_configuration_only_with_the_flag(
     assert body["chat_template"] == VARS_TEMPLATE
     assert body["bos_token"] == client.tokenizer.bos_token and body["eos_token"] == client.tokenizer.eos_token
     assert "vocab_file" not in body and "merges_file" not in body
+    kwargs = client.tokenizer.init_kwargs.items()
+    scalars = {
+        k: v for k, v in kwargs if not k.endswith("_file") and (v is None or isinstance(v, (bool, int)))
+    }
+    assert scalars and all(body[k] == v for k, v in scalars.items())  # JSON's scalars as they are
     (absent,) = _serve(_ctx(client), [("GET", "/tokenizer_info", None)])
     assert absent.status_code == 404
+    no_tokenizer = ServerContext(client, None, ["tiny"], 64, enable_tokenizer_info_endpoint=True)
+    (refused,) = _serve(no_tokenizer, [("GET", "/tokenizer_info", None)])
+    assert refused.status_code == 400
 
 
 # ---- --log-error-stack ---------------------------------------------------------------------------
@@ -292,6 +305,7 @@ def test_log_error_stack_logs_the_stack_of_each_error_answered(client, caplog):
         assert '"code":500' in frames[-2].replace(" ", "")
         (record,) = _stacks_logged(caplog)
         assert "500" in record.getMessage()
+        assert record.exc_info[1].__cause__ is not None  # the engine's own error and its stack
         caplog.clear()
         _serve(_ctx(client), [unknown])
         stream_frames(_ctx(client))
