@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 
 import httpx
 import pytest
@@ -268,6 +269,29 @@ def test_tokenizer_info_answers_the_tokenizers_configuration_only_with_the_flag(
     no_tokenizer = ServerContext(client, None, ["tiny"], 64, enable_tokenizer_info_endpoint=True)
     (refused,) = _serve(no_tokenizer, [("GET", "/tokenizer_info", None)])
     assert refused.status_code == 400
+
+
+class _Token:
+    """As transformers' AddedToken: the text in `content`."""
+
+    def __init__(self, content: str):
+        self.content = content
+
+
+def test_tokenizer_info_values_are_json_as_vllm_writes_them():
+    """A special token as its text, a tuple as a list, a dict's keys as str, JSON's scalars as they
+    are, any other object as its str; no *_file path."""
+
+    class Tokenizer:
+        init_kwargs = {
+            "vocab_file": "/x/vocab.json", "pad": _Token("<pad>"), "pair": ("a", 1), "ids": {7: None},
+            "none": None, "flag": True, "max": 5, "scale": 0.5, "path": Path("/p"),
+        }  # fmt: skip
+
+    assert api_server.tokenizer_config(Tokenizer()) == {
+        "pad": "<pad>", "pair": ["a", 1], "ids": {"7": None}, "none": None, "flag": True, "max": 5,
+        "scale": 0.5, "path": "/p", "tokenizer_class": "Tokenizer",
+    }  # fmt: skip
 
 
 # ---- --log-error-stack ---------------------------------------------------------------------------
