@@ -549,3 +549,20 @@ def test_the_reload_weights_route_passes_the_path_and_refuses_by_name():
     assert refused.status_code == 409 and "unfinished" in refused.json()["error"]["message"]
     (absent,) = _requests(engine, [("POST", "/reload_weights")], dev=False)
     assert absent.status_code == 404
+
+
+class _AsleepEngine:
+    """An engine client that sleeps: every submit refused with EngineAsleep."""
+
+    async def submit(self, subs, prompt_only=False):
+        from enginespec.entrypoints.openai.engine_client import EngineAsleep
+
+        raise EngineAsleep("the engine is asleep: POST /wake_up first")
+
+
+def test_a_request_while_the_engine_sleeps_is_a_503_saying_to_wake_it():
+    """Sleep mode refuses a request whole until wake_up: a 503 (the server is up, the engine is
+    not serving now), not a 400 that blames the request or a 500."""
+    app = build_app(ServerContext(_AsleepEngine(), None, ["m"], 16), ServerMetrics("m"))
+    (resp,) = _calls(app, [("POST", "/v1/completions", IDS, None)])
+    assert resp.status_code == 503 and "wake_up" in resp.json()["error"]["message"]
