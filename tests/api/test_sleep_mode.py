@@ -76,6 +76,7 @@ def test_level_1_frees_the_pool_and_weights_and_wakes_to_the_same_outputs_and_an
     assert llm.engine.block_manager.state().cached == {}  # the prefix cache went with the pool
     llm.wake_up()
     assert not llm.is_sleeping() and 0 not in _kv_bytes(llm) and 0 not in _weight_bytes(llm)
+    assert not any(kv.any() for r in _runners(llm) for kv in r.kv_caches)  # the pool wakes zeroed, not kept
     for name, p in llm.engine.model.hf_model.named_parameters():
         assert torch.equal(p, weights[name]), name  # exactly the values: not close, equal
     assert llm.generate(PROMPTS[0], ONE, use_tqdm=False)[0].num_cached_tokens == 0

@@ -247,6 +247,8 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
         ({"input": []}, "input"),
         ({"input": [{"role": "user", "content": 5}]}, "input"),
+        ({"input": [{"role": "user", "content": "hi", "name": "x"}]}, "input"),
+        ({"seed": 2**64}, "seed"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
         ({"temprature": 0}, "temprature"),
@@ -596,3 +598,14 @@ def test_server_load_counts_a_stream_until_it_ends_or_its_client_leaves(app, pat
         return seen
 
     assert serve((tracked_app, app[1]), fn) == [0, 1, 0, 1, 0]
+
+
+def test_responses_for_a_model_not_served_are_404s_naming_it(app):
+    """A Responses request names its model as a chat request does: one not served is a 404
+    naming model (OpenAI's model_not_found), not a reply from the served model."""
+
+    async def fn(client, http):
+        return await http.post("/v1/responses", json={"model": "nope", "input": "hi", "max_output_tokens": 1})
+
+    resp = serve(app, fn)
+    assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"
