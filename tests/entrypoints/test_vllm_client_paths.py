@@ -249,6 +249,8 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
         ({"input": [{"role": "user", "content": 5}]}, "input"),
         ({"input": [{"role": "user", "content": "hi", "name": "x"}]}, "input"),
         ({"seed": 2**64}, "seed"),
+        ({"priority": 1}, "priority"),  # the server's policy is fcfs
+        ({"cache_salt": ""}, "cache_salt"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
         ({"temprature": 0}, "temprature"),
