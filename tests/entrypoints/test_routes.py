@@ -366,12 +366,14 @@ def test_invocations_refuses_a_body_that_is_neither_chat_nor_completion():
         ("/v1/completions", {"prompt": "q", "bogus": 1}),
         ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}),
         ("/v1/completions", {"prompt": 7}),
+        ("/v1/chat/completions", {**CHAT, "prompt": "q"}),  # both: chat's, as vLLM tries chat first
     ],
 )
 def test_invocations_answers_a_bad_body_as_the_route_its_shape_names(route, body):
     """/invocations hands a body with "messages" to the chat route's handler and one with "prompt"
-    to the completion route's: a field error is that route's 400, word for word, not vLLM's
-    "Cannot find suitable handler" (vLLM tries each request type and names none of the fields)."""
+    to the completion route's (one with both to chat's): a field error is that route's 400, word
+    for word, not vLLM's "Cannot find suitable handler" (vLLM tries each request type and names
+    none of the fields)."""
     app = build_app(ServerContext(None, None, ["m"], 16), ServerMetrics("m"))
     direct, invoked = _calls(app, [("POST", route, body, None), ("POST", "/invocations", body, None)])
     assert direct.status_code == 400 and invoked.status_code == 400
