@@ -12,22 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from enginespec.spec import SamplingParams
 from enginespec.testing.checkpoints import tiny_model_dir
 from enginespec.worker.loader import iter_tensors
+from tests.api.test_sleep_mode_cuda import _greedy  # the same prompts: prefill, mixed and decode steps
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-# prompts of several lengths: prefill chunks, mixed steps and decode-only steps all run
-PROMPTS = [{"prompt_token_ids": [(7 * i + 3 * j) % 90 + 1 for j in range(5 + 9 * i)]} for i in range(6)]
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-
-
-def _greedy(llm) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
 def _llm(path: str):
