@@ -68,6 +68,7 @@ JSON_OBJECT_FLAGS = (
     "--compilation-config",
     "--hf-overrides",
     "--structured-outputs-config",
+    "--default-chat-template-kwargs",
 )
 
 
@@ -144,7 +145,14 @@ def merge_dotted(parser, ns: argparse.Namespace, dotted: dict[str, dict]) -> Non
             parser.error(
                 f"argument {flag}: its JSON must be an object to take {flag}.KEY values, got {base!r}"
             )
-        setattr(ns, dest, deep_merge(base, extra))
+        merged = deep_merge(base, extra)
+        check = _DOTTED_CHECKS.get(flag)
+        if check is not None:  # the flag's own checks, over the object the keys built
+            try:
+                merged = check(json.dumps(merged))
+            except argparse.ArgumentTypeError as e:
+                parser.error(f"argument {flag}: {e}")
+        setattr(ns, dest, merged)
 
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -831,6 +839,11 @@ def _chat_template_kwargs_arg(text: str) -> dict:
             f"names variables the chat call sets itself: {reserved} (not settable: {', '.join(RESERVED_KWARGS)})"
         )
     return value
+
+
+# JSON_OBJECT_FLAGS whose value has checks beyond "an object": run again over what the dotted
+# keys built (merge_dotted), so `--FLAG.key V` is refused as `--FLAG '{"key": V}'` would be.
+_DOTTED_CHECKS = {"--default-chat-template-kwargs": _chat_template_kwargs_arg}
 
 
 def _add_vllm_frontend_args(serve) -> None:

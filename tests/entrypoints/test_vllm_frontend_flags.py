@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from enginespec.entrypoints.cli import _parser
+from enginespec.entrypoints.cli import _parser, merge_dotted, vllm_spelling
 from enginespec.entrypoints.openai import api_server
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
@@ -142,6 +142,28 @@ def test_default_chat_template_kwargs_that_are_no_usable_object_are_a_usage_erro
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert "--default-chat-template-kwargs" in err and says in err
+
+
+def _dotted(argv: list[str]):
+    """argv read as main reads it: vLLM's spellings, argparse, then the dotted keys merged."""
+    parser = _parser()
+    argv, dotted = vllm_spelling(argv)
+    ns = parser.parse_args(argv)
+    merge_dotted(parser, ns, dotted)
+    return ns
+
+
+def test_default_chat_template_kwargs_take_vllms_dotted_form_and_its_checks(capsys):
+    """vLLM's `--default-chat-template-kwargs.enable_thinking false` (a serve line with it exited
+    2): key by key, over the flag's JSON where both are given; a name the chat call sets itself
+    is refused as in the JSON form."""
+    key = ["--default-chat-template-kwargs.enable_thinking", "false"]
+    assert _dotted(["serve", "m", *key]).default_chat_template_kwargs == {"enable_thinking": False}
+    both = _dotted(["serve", "m", "--default-chat-template-kwargs", '{"a": 1}', *key])
+    assert both.default_chat_template_kwargs == {"a": 1, "enable_thinking": False}
+    with pytest.raises(SystemExit) as exited:
+        _dotted(["serve", "m", "--default-chat-template-kwargs.tools", "[]"])
+    assert exited.value.code == 2 and "sets itself" in capsys.readouterr().err
 
 
 def test_enable_log_outputs_needs_enable_log_requests():
