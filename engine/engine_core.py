@@ -843,8 +843,7 @@ class EngineCore:
                 "not: load_weights / reload_weights); use level=1"
             )
         self._check_idle("sleep", "sleep frees their KV cache")
-        if not self.block_manager.reset_prefix_cache():  # an idle pool holds no block
-            raise RuntimeError("sleep: the prefix cache could not be reset on an idle engine (a bug)")
+        self._forget_prefixes("sleep")
         self.runner.sleep(tags, discard_weights=level == 2)
         for runner in self._runners()[1:]:  # the draft's weights are kept: updates reach the target only
             runner.sleep(tags)
@@ -855,6 +854,12 @@ class EngineCore:
             raise RuntimeError(
                 f"{call}: {self.num_unfinished} unfinished request(s); finish or abort them first ({why})"
             )
+
+    def _forget_prefixes(self, call: str) -> None:
+        """Empty the prefix cache of an idle engine (_check_idle first: an idle pool holds no
+        block, so the reset cannot be refused; a refusal here is a bug, raised as one)."""
+        if not self.block_manager.reset_prefix_cache():
+            raise RuntimeError(f"{call}: the prefix cache could not be reset on an idle engine (a bug)")
 
     def wake_up(self, tags: Optional[list] = None) -> None:
         """vLLM's wake_up: restore the named tags ("weights", "kv_cache"; None: both) of a
@@ -888,8 +893,7 @@ class EngineCore:
             )
         self._check_idle("load_weights", "their KV cache came from the old weights")
         count = self.runner.load_weights(weights)
-        if not self.block_manager.reset_prefix_cache():  # an idle pool holds no block
-            raise RuntimeError("load_weights: the prefix cache could not be reset on an idle engine (a bug)")
+        self._forget_prefixes("load_weights")
         return count
 
     def reload_weights(self, weights_path: Optional[str] = None) -> int:
