@@ -335,8 +335,8 @@ class AsyncLLM:
         """vLLM's reload_weights, taken by the engine process between two steps: LLM.reload_
         weights' rules (the checkpoint directory, default the model's, read from disk again and
         copied in; the prefix cache emptied). Returns how many tensors were copied. Refusals:
-        ValueError (unknown name, shape, tensor parallelism), EngineRequestError naming the
-        engine's RuntimeError (requests unfinished, weights asleep). Tensors given from this
+        ValueError (unknown name, shape; under tensor parallelism any rank's), EngineRequestError
+        naming the engine's RuntimeError (requests unfinished, weights asleep). Tensors given from this
         process (LLM.load_weights) do not cross to the engine process yet."""
         if not self.is_running:
             raise self.dead_error

@@ -246,9 +246,11 @@ class LLM:
         (checkpoint name, tensor) pairs, names as in the checkpoint's safetensors files ("model.
         layers.0.self_attn.q_proj.weight"), any subset, into the running model, re-deriving
         everything the load derived (worker/weight_update.py); the prefix cache is emptied.
-        Returns how many tensors were copied. The draft model is not updated. ValueError,
-        nothing changed, for an unknown name, a wrong shape or dtype, or tensor parallelism;
-        RuntimeError, nothing changed, while a request is unfinished or the weights sleep.
+        Returns how many tensors were copied. The draft model is not updated. Under tensor
+        parallelism each rank keeps its part of every tensor given whole (vLLM's rule).
+        ValueError, nothing changed on any rank, for an unknown name, a wrong shape or dtype, a
+        value beyond a float16 model's range; RuntimeError, nothing changed, while a request is
+        unfinished or the weights sleep.
         Under the engine lock, so never in the middle of a step."""
         with self._lock, self._front.critical:
             self._check_open()
@@ -263,13 +265,15 @@ class LLM:
 
     def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: Optional[dict] = None) -> list:
         """vLLM's collective_rpc for the worker methods enginespec has: "reload_weights" (what
-        RLHF code calls as llm.collective_rpc("reload_weights")) and "load_weights"; one worker,
-        so a list of one result. ValueError naming any other method (or a callable: no worker
-        extensions here). `timeout` is accepted and unused (the call runs in this process)."""
+        RLHF code calls as llm.collective_rpc("reload_weights")) and "load_weights"; a list of
+        one result per worker, as vLLM's: one, or one per tensor-parallel rank (each rank's
+        count of tensors copied, the same on every rank: all take an update or none does).
+        ValueError naming any other method (or a callable: no worker extensions here).
+        `timeout` is accepted and unused (rank 0 runs the call in this process)."""
         calls = {"reload_weights": self.reload_weights, "load_weights": self.load_weights}
         if not isinstance(method, str) or method not in calls:
             raise ValueError(f"collective_rpc: method must be one of {sorted(calls)}, got {method!r}")
-        return [calls[method](*args, **(kwargs or {}))]
+        return [calls[method](*args, **(kwargs or {}))] * self.engine.args.tensor_parallel_size
 
     def get_metrics(self) -> list:
         """vLLM's: a snapshot of the engine's metrics under vLLM's names and types

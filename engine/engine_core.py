@@ -829,19 +829,15 @@ class EngineCore:
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep: give the device memory back between rollouts. Level 1 copies the
         weights to host memory, level 2 discards the target's (worker/sleep.py: load_weights or
-        reload_weights fills them after wake_up; not under tensor parallelism); both free the
-        KV pool, forgetting every cached prefix block first (they are gone with it). Until
+        reload_weights fills them after wake_up; under tensor parallelism every rank's shard);
+        both free the KV pool, forgetting every cached prefix block first (they are gone with
+        it). Until
         wake_up() restores both (and, after level 2, the weights are filled), add_request raises
         EngineAsleepError. RuntimeError, with nothing changed, without enable_sleep_mode or
         while any request is unfinished (sleep waits for none: finish or abort them first);
         ValueError for a bad level."""
         self._check_sleep_mode("sleep")
         tags = check_level(level)
-        if level == 2 and self.tensor_parallel is not None:
-            raise ValueError(
-                "sleep level 2 is not supported with tensor_parallel_size > 1 (weight updates are "
-                "not: load_weights / reload_weights); use level=1"
-            )
         self._check_idle("sleep", "sleep frees their KV cache")
         self._forget_prefixes("sleep")
         self.runner.sleep(tags, discard_weights=level == 2)
@@ -882,15 +878,11 @@ class EngineCore:
         tensor) pairs, any subset of the checkpoint's tensors, into the target model in place,
         re-deriving what the load derived (merged and folded projections, a tied head, Qwen3's
         stacked q/k norms), then forget the prefix cache (its KV came from the old weights).
-        Returns how many tensors were copied. The draft model is not updated. ValueError, nothing
-        changed, for an unknown name, a shape or a dtype the parameter cannot take, and under
-        tensor parallelism; RuntimeError, nothing changed, while a request is unfinished or the
-        weights sleep (wake_up(tags=["weights"]) first)."""
-        if self.tensor_parallel is not None:
-            raise ValueError(
-                "load_weights / reload_weights are not supported with tensor_parallel_size > 1 "
-                "(each rank would copy its shard: not built yet); rebuild the engine instead"
-            )
+        Returns how many tensors were copied. The draft model is not updated. Under tensor
+        parallelism every rank gets the whole tensors and keeps its part (tp_runner.py).
+        ValueError, nothing changed on any rank, for an unknown name, a shape or a dtype the
+        parameter cannot take; RuntimeError, nothing changed, while a request is unfinished or
+        the weights sleep (wake_up(tags=["weights"]) first)."""
         self._check_idle("load_weights", "their KV cache came from the old weights")
         count = self.runner.load_weights(weights)
         self._forget_prefixes("load_weights")
@@ -899,17 +891,16 @@ class EngineCore:
     def reload_weights(self, weights_path: Optional[str] = None) -> int:
         """vLLM's reload_weights (SGLang's update_weights_from_disk): read every tensor of the
         checkpoint directory `weights_path` (default: the engine's model) with our safetensors
-        loader, into host memory, and load_weights them (its rules). A checkpoint of another
-        shape or with other names is refused by load_weights, nothing changed."""
-        from enginespec.worker.weight_update import read_checkpoint
-
+        loader, into host memory (each tensor-parallel rank its own part), and load them
+        (load_weights' rules). A checkpoint of another shape or with other names is refused,
+        nothing changed."""
         if weights_path is None and self.args.model is None:
             raise ValueError("reload_weights: the engine was built from a model object; pass weights_path")
-        if self.tensor_parallel is not None:
-            return self.load_weights(())  # refused there, before any read
         self._check_idle("reload_weights", "their KV cache came from the old weights")
         path = self.args.model_dir() if weights_path is None else weights_path
-        return self.load_weights(read_checkpoint(path))
+        count = self.runner.reload_weights(path)
+        self._forget_prefixes("reload_weights")
+        return count
 
     def _check_sleep_mode(self, call: str) -> None:
         if not self.args.enable_sleep_mode:

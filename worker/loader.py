@@ -554,7 +554,13 @@ def _pickled_hint(root: Path) -> str:
 
 def _read_slice(handle, name: str, part: TensorSlice) -> torch.Tensor:
     """Only the bytes of `part` (safetensors' get_slice), zero-padded to part.size."""
-    view = handle.get_slice(name)
+    return take_slice(handle.get_slice(name), part)
+
+
+def take_slice(view, part: TensorSlice) -> torch.Tensor:
+    """`part` of `view` (a safetensors slice, read lazily, or a whole tensor), zero-padded to
+    part.size: what a tensor-parallel rank keeps of a checkpoint tensor, at load and at a weight
+    update (worker/weight_update.py)."""
     tensor = view[part.start : part.stop] if part.dim == 0 else view[:, part.start : part.stop]
     missing = part.size - (part.stop - part.start)
     if missing > 0:
@@ -666,7 +672,7 @@ def load_weights(
             ranges.append((name, torch.stack(torch.aminmax(tensor))))
         _set_tensor(model, name, tensor)
         seen.add(name)
-    _check_float16_range(ranges, path)
+    check_float16_range(ranges, f"checkpoint {path}")
     missing = sorted(set(expected) - seen)
     if missing:
         raise CheckpointError(
@@ -693,11 +699,12 @@ def _check_stored_head(head: Optional[torch.Tensor], embedding: torch.Tensor, na
     )
 
 
-def _check_float16_range(ranges: list[tuple[str, torch.Tensor]], path) -> None:
+def check_float16_range(ranges: list[tuple[str, torch.Tensor]], where: str) -> None:
     """A CheckpointError naming the first tensor whose float16 copy holds an infinity: a value
-    beyond float16's range (largest finite 65504) in the checkpoint became inf in the cast, and
-    every logit of the model would then be NaN (greedy token 0, empty text, no error). The
-    (min, max) pairs were gathered on the device while loading and are read here with one copy."""
+    beyond float16's range (largest finite 65504) in the checkpoint (`where`: "checkpoint
+    PATH", or a weight update) became inf in the cast, and every logit of the model would then
+    be NaN (greedy token 0, empty text, no error). The (min, max) pairs, in float16, were
+    gathered on the device while loading and are read here with one copy."""
     if not ranges:
         return
     infinite = torch.isinf(torch.stack([r for _, r in ranges])).any(dim=1).tolist()
@@ -705,7 +712,7 @@ def _check_float16_range(ranges: list[tuple[str, torch.Tensor]], path) -> None:
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise CheckpointError(
-            f"tensor {bad[0]!r}{more} in checkpoint {path} holds values beyond float16's range "
+            f"tensor {bad[0]!r}{more} in {where} holds values beyond float16's range "
             f"(largest finite {torch.finfo(torch.float16).max:.0f}): dtype='float16' would make them "
             f"inf and every logit NaN; load it with dtype='bfloat16' or 'float32'"
         )

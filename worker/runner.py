@@ -47,11 +47,13 @@ from enginespec.spec import build_batch as spec_build_batch
 from enginespec.worker.compiled import CompiledBody, eager_fused, should_compile
 from enginespec.worker.sleep import Asleep, EngineAsleepError, check_filled, model_tensors
 from enginespec.worker.weight_update import (
+    WeightUpdate,
     apply_update,
     drop_pending,
     finish_update,
     parameter_ids,
     plan_update,
+    read_checkpoint,
     unfilled_names,
 )
 
@@ -475,12 +477,28 @@ class ModelRunner:
         load derived (weight_update.py); returns how many tensors were copied. Every pair is
         checked first (ValueError, nothing changed). RuntimeError while the weights sleep. The
         caller resets the prefix cache (its blocks were computed by the old weights)."""
+        return self.commit_weights(self.plan_weights("load", weights))
+
+    def reload_weights(self, path) -> int:
+        """load_weights of every tensor of the checkpoint directory `path` (read into host
+        memory; a tensor-parallel rank reads only its part of each)."""
+        return self.commit_weights(self.plan_weights("reload", path))
+
+    def plan_weights(self, kind: str, source) -> WeightUpdate:
+        """The checked update (nothing written) of load_weights(source) (kind "load") or
+        reload_weights(source) ("reload"): ValueError naming a fault; RuntimeError while the
+        weights sleep."""
         if "weights" in self._asleep:
             raise RuntimeError(
-                "load_weights: the weights are asleep (their storages are 0 bytes): call "
-                "wake_up(tags=['weights']) first"
+                f"{kind}_weights: the weights are asleep (their storages are 0 bytes): call "
+                f"wake_up(tags=['weights']) first"
             )
-        update = plan_update(self.model, weights)
+        if kind == "reload":
+            return plan_update(self.model, read_checkpoint(self.model, source), sharded=True)
+        return plan_update(self.model, source)
+
+    def commit_weights(self, update: WeightUpdate) -> int:
+        """Apply a checked update (plan_weights); returns how many tensors were copied."""
         apply_update(self.model, update)
         self._unfilled -= set(update.given)
         return len(update.given)

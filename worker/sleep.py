@@ -17,8 +17,8 @@ filled again: `load_weights` has given every checkpoint name, over any number of
 `reload_weights` has run (worker/weight_update.py). vLLM's RLHF recipe, which this keeps:
 sleep(level=2); train; wake_up(tags=["weights"]); load_weights(the new state dict); wake_up(
 tags=["kv_cache"]). A weight update while the weights tag sleeps is a RuntimeError (its storages
-are 0 bytes: wake_up(tags=["weights"]) first); the KV cache may sleep meanwhile. Not under
-tensor parallelism (no weight update there: a ValueError).
+are 0 bytes: wake_up(tags=["weights"]) first); the KV cache may sleep meanwhile. Under tensor
+parallelism every rank discards its shard, and an update fills every rank's again.
 
 How memory is released, storage by storage, so that every view and every holder follows:
 - Each device storage behind the tensors of a tag is resized to 0 bytes (the tensors keep their

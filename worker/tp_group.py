@@ -142,6 +142,20 @@ class TensorParallel:
         except (OSError, EOFError) as e:
             raise self.dead_error(e) from e
 
+    def send_pickled(self, message) -> None:
+        """`send` for a message holding host tensors (a weight update's): pickled once, by value,
+        for every worker. Pipe.send would move each tensor's storage into shared memory (torch's
+        pickler for multiprocessing), the caller's tensors included, and /dev/shm may be small."""
+        import pickle
+
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.check_alive()
+        try:
+            for conn in self.conns:
+                conn.send_bytes(payload)
+        except (OSError, EOFError) as e:
+            raise self.dead_error(e) from e
+
     def check_alive(self) -> None:
         if self.closed:
             self.dead = self.dead or "the tensor-parallel engine is shut down"

@@ -15,9 +15,16 @@ and the workers replay them, in order, before the next forward (which is the fir
 could overwrite a swapped-out block). Prefix caching needs nothing: rank 0's block manager
 decides, and a block id means the same slots on every rank.
 
-Sleep mode (worker/sleep.py): rank 0 sends ("sleep", tags) / ("wake_up", tags) to the workers,
-which apply them to their own runner between steps, then applies them itself; the engine has
-checked the call (flag, level, tags, idle) first, so every rank gets the same one.
+Sleep mode (worker/sleep.py): rank 0 sends ("sleep", tags, discard_weights) / ("wake_up", tags)
+to the workers, which apply them to their own runner between steps, then applies them itself;
+the engine has checked the call (flag, level, tags, idle) first, so every rank gets the same one.
+
+Weight updates (worker/weight_update.py), all-or-nothing across ranks: rank 0 checks its own
+part first (a refusal there reaches no worker), sends ("plan_weights", "load", the whole host
+tensors) or ("plan_weights", "reload", path), each worker checks its part and answers; then
+rank 0 sends ("commit_weights", True) and every rank applies, or, where any worker refused,
+("commit_weights", False) and rank 0 raises that refusal (ValueError naming the tensor and the
+rank) with no rank changed.
 
 Invariant: a TP step is all-or-nothing across ranks. A failure after the step's message was
 sent leaves the ranks out of step, so it is raised as EngineDeadError (tp_group.py).
@@ -25,6 +32,7 @@ sent leaves the ranks out of step, so it is raised as EngineDeadError (tp_group.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -140,6 +148,7 @@ class TPModelRunner(ModelRunner):
     def __init__(self, model, impl, *, tp, **kwargs):
         self.tp = tp
         self._ops: list[tuple] = []  # rank 0: swap ops applied since the last step
+        self._planned = None  # a worker: the weight update planned, awaiting rank 0's commit
         try:
             if tp.rank == 0:
                 tp.send(("runner", {k: v for k, v in kwargs.items() if k != "sample_fn"}))
@@ -192,13 +201,12 @@ class TPModelRunner(ModelRunner):
 
     def sleep(self, tags: tuple[str, ...], discard_weights: bool = False) -> None:
         """Rank 0: the workers sleep the same tags (their next control message), then this rank.
-        Level 1 only (discard_weights False): the engine refuses level 2 under tensor parallelism."""
-        if discard_weights:
-            raise ValueError("sleep level 2 is not supported with tensor_parallel_size > 1")
+        A level-2 sleep (discard_weights) discards every rank's shard: a weight update fills
+        them all again."""
         if self.tp.rank == 0:
             self._check_no_swaps()
-            self.tp.send(("sleep", tuple(tags)))
-        super().sleep(tags)
+            self.tp.send(("sleep", tuple(tags), discard_weights))
+        super().sleep(tags, discard_weights)
 
     def wake_up(self, tags: tuple[str, ...]) -> None:
         """Rank 0: the workers wake the same tags, then this rank. On CUDA each rank captures its
@@ -213,6 +221,65 @@ class TPModelRunner(ModelRunner):
             raise RuntimeError(
                 f"sleep: {len(self._host)} swapped-out requests hold KV copies; finish them first"
             )
+
+    # ---- weight updates: checked on every rank, then applied on all or none -------------------
+
+    def load_weights(self, weights) -> int:
+        """Rank 0 (module doc): the whole tensors checked here first (a refusal reaches no
+        worker), then sent to the workers, each of which keeps and checks its part."""
+        pairs = list(weights.items() if isinstance(weights, Mapping) else weights)
+        update = self.plan_weights("load", pairs)
+        self._agree(("plan_weights", "load", [(n, t.detach().to("cpu")) for n, t in pairs]))
+        return self.commit_weights(update)
+
+    def reload_weights(self, path) -> int:
+        """Rank 0: every rank reads its own part of the checkpoint at `path` and checks it."""
+        update = self.plan_weights("reload", path)
+        self._agree(("plan_weights", "reload", path))
+        return self.commit_weights(update)
+
+    def _agree(self, message: tuple) -> None:
+        """Send a weight update's plan to the workers and gather their answers; then tell them
+        all to apply it, or (one refused) to drop it, raising its refusal (ValueError, or
+        RuntimeError for any other error: planning wrote nothing, so the engine serves on).
+        A worker that dies meanwhile is EngineDeadError."""
+        refusals = []
+        try:
+            self.tp.send_pickled(message)
+            for rank, conn in enumerate(self.tp.conns, start=1):
+                answer = conn.recv()
+                if answer[0] != "weights_planned":  # ("error", traceback): the worker is dying
+                    raise RuntimeError(f"worker rank {rank} answered {answer[0]!r}:\n{answer[1]}")
+                if answer[1] is not None:
+                    refusals.append((rank, *answer[1]))
+            self.tp.send(("commit_weights", not refusals))
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C between the messages: out of step
+                self.tp.interrupted(exc)
+                raise
+            raise self.tp.dead_error(exc) from exc
+        if refusals:
+            rank, error_type, text = refusals[0]
+            if error_type == "ValueError":
+                raise ValueError(f"tensor-parallel rank {rank}: {text}")
+            raise RuntimeError(f"tensor-parallel rank {rank}: {error_type}: {text}; nothing was loaded")
+
+    def answer_plan(self, kind: str, source) -> Optional[tuple[str, str]]:
+        """A worker's side of _agree: plan the update (kept for commit_plan); None, or the
+        refusal's (type name, message). Planning writes nothing, so any error is reported."""
+        self._planned = None
+        try:
+            self._planned = self.plan_weights(kind, source)
+        except Exception as exc:  # noqa: BLE001 - rank 0 raises it; this rank is unchanged
+            error_type = "ValueError" if isinstance(exc, ValueError) else type(exc).__name__
+            return error_type, str(exc)
+        return None
+
+    def commit_plan(self, commit: bool) -> None:
+        """A worker applies the update it planned (rank 0 got every rank's yes), or drops it."""
+        planned, self._planned = self._planned, None
+        if commit and planned is not None:
+            self.commit_weights(planned)
 
     # ---- one step -----------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ of the checkpoint, then obeys rank 0's control messages in order:
   run and graph capture then run in step with rank 0's, collective for collective);
 - ("step", ops, layout): apply the swap ops rank 0 recorded since the last step, receive the
   batch tensors and run the forward (tp_runner.py);
+- ("sleep", tags, discard_weights) / ("wake_up", tags): sleep mode on this rank's shard and pool;
+- ("plan_weights", "load" | "reload", tensors | path): check this rank's part of a weight update
+  and answer ("weights_planned", None | (error type, message)); ("commit_weights", bool): apply
+  it (every rank agreed) or drop it (tp_runner.py);
 - ("stop",): leave the group and exit 0.
 Any exception is sent back as ("error", traceback) before the worker exits 1, so rank 0 can
 name it. Either way the worker ends with os._exit once its group is destroyed (_exit_now: the
@@ -57,6 +61,7 @@ def load_shard(args, impl, rank: int, world_size: int, device: torch.device, dty
     parallelize(hf_model, plan)
     model = FlatModel(hf_model, impl.attention_backend(device), args.model_impl)
     model.num_q_heads, model.num_kv_heads = plan.local_q_heads, plan.local_kv_heads
+    model.shard_plan = plan  # a weight update keeps this rank's part of each tensor (weight_update.py)
     model.cover_positions(args.resolve_max_model_len(model.max_positions))  # every rank's rope
     return model
 
@@ -155,8 +160,12 @@ def _serve(info, conn) -> None:
                 runner = TPModelRunner(model, impl, tp=link, **message[1])
         elif kind == "step":
             runner.run_step(message[1], message[2])
-        elif kind == "sleep":  # sleep mode: rank 0's tags, applied to this rank's shard and pool
-            runner.sleep(message[1])
+        elif kind == "sleep":  # sleep mode: rank 0's tags (and level), applied to this rank's shard and pool
+            runner.sleep(message[1], message[2])
+        elif kind == "plan_weights":  # a weight update: this rank's part checked, answered, kept
+            conn.send(("weights_planned", runner.answer_plan(message[1], message[2])))
+        elif kind == "commit_weights":  # every rank said yes (True), or one refused (False)
+            runner.commit_plan(message[1])
         elif kind == "wake_up":
             runner.wake_up(message[1])
         else:

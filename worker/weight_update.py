@@ -5,7 +5,8 @@ OpenRLHF, TRL) calls between rollouts to serve the policy it just trained.
 The input is (name, tensor) pairs in the checkpoint's own names (the safetensors files' and
 transformers' state_dict's: "model.layers.0.self_attn.q_proj.weight"), any subset of them.
 `plan_update` checks every pair before anything is written (an unknown name, a shape or a
-dtype that cannot be the parameter's: a ValueError naming it, the model unchanged); then
+dtype that cannot be the parameter's, a value beyond float16's range for a float16 model as
+the loader refuses one at load: a ValueError naming it, the model unchanged); then
 `apply_update` copies each tensor into the live one, in place, cast to the model's dtype as the
 loader casts (worker/loader.py), and re-derives what the load derived from it:
 - the merged decoder's q|k|v and gate|up weights: the checkpoint's q/k/v and gate/up Linear
@@ -28,11 +29,22 @@ loader casts (worker/loader.py), and re-derives what the load derived from it:
   place: nothing to redo for them.
 Rotary buffers (inv_freq, the cos/sin table) come from the config, not the checkpoint: kept.
 
+Tensor parallelism (vLLM's rule): every rank is given the whole checkpoint tensors and keeps
+its own part, cut exactly as the loader cut it (`own_shard`: tp_shard.ShardPlan.slice_for and
+loader.take_slice, so column-parallel rows, row-parallel columns, the vocabulary's rows with
+the last part zero-padded, a KV head replicated where there are fewer than ranks), after the
+whole tensor's shape is checked against the checkpoint's (`full_shapes`); reload_weights reads
+only the rank's part (`read_checkpoint`, the loader's slicer). Each rank then plans its part
+with the rules above, and rank 0 has every rank's answer before any rank applies
+(tp_runner.TPModelRunner._agree): all apply or none does.
+
 Invariant (tests/api/test_weight_update.py): after the update of every tensor of checkpoint B,
 in one call or in any number of calls with no forward between them, and finish_update, every
 tensor of a model loaded from A, derived ones included, equals that of a model loaded from B.
-Not covered: the draft model (updates reach the target only), tensor parallelism (refused by
-the engine), tensors from another process (AsyncLLM crosses reload_weights only).
+Not covered: the draft model (updates reach the target only), tensors from another process
+(AsyncLLM crosses reload_weights only). Under tensor parallelism the tensors given travel to
+the workers pickled over their control pipes (host copies; no NCCL broadcast of device
+tensors, as vLLM's RLHF examples set up, yet); tests/worker/test_tp_weight_update.py.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from typing import Iterable, Mapping, Optional
 import torch
 from torch import nn
 
-from enginespec.worker.loader import IGNORED_SUFFIXES, _tied_alias
+from enginespec.worker.loader import IGNORED_SUFFIXES, _tied_alias, check_float16_range, take_slice
 
 # A folded norm's checkpoint name suffix -> the projections it folds into (MergedLayer.fold_norms).
 FOLD_GROUPS = {
@@ -107,40 +119,85 @@ class WeightUpdate:
     groups: list[_FoldGroup] = field(default_factory=list)
 
 
-def plan_update(model, weights: Iterable) -> WeightUpdate:
+def plan_update(model, weights: Iterable, sharded: bool = False) -> WeightUpdate:
     """Check every (name, tensor) pair (module doc; a mapping, a state dict, gives its items)
     before anything is copied: ValueError for a
     pair that is not one, an unknown name, a name given twice, a shape other than the
     parameter's, a dtype that cannot be cast to it (a non-floating tensor for a floating
-    parameter, or any other dtype for a non-floating one)."""
+    parameter, or any other dtype for a non-floating one), a value beyond float16's range for
+    a float16 parameter (the loader's check). On a tensor-parallel rank (model.shard_plan) each
+    tensor is the full checkpoint tensor, checked against the full shape, of which the rank
+    keeps its part (tensor parallelism, module doc); `sharded`: the pairs are those parts
+    already (reload_weights reads only them)."""
     live = checkpoint_tensors(model)
     tied = _tied_alias(model.hf_model)
     given: dict[str, torch.Tensor] = {}
+    ranges: list[tuple[str, torch.Tensor]] = []  # float16 parameters': (name, [min, max])
     if isinstance(weights, Mapping):  # a state dict itself: its items
         weights = weights.items()
     for pair in weights:
         name, tensor = _pair(pair)
         if name.endswith(IGNORED_SUFFIXES):
             continue
-        target = live.get(name)
-        if target is None and name == tied:
-            target = model.hf_model.get_input_embeddings().weight
-        if target is None:
-            raise ValueError(
-                f"unknown weight {name!r}: no such tensor in the {type(model.hf_model).__name__} "
-                f"checkpoint (names as in its safetensors files, e.g. {next(iter(live))!r}); nothing was loaded"
-            )
+        target = _target(model, live, tied, name)
+        if getattr(model, "shard_plan", None) is not None and not sharded:
+            tensor = own_shard(model, name, tensor)
         _check_tensor(name, tensor, target)
         if name in given:
             raise ValueError(f"weight {name!r} is given twice; nothing was loaded")
+        if target.dtype == torch.float16 and tensor.numel() > 0:
+            ranges.append((name, torch.stack(torch.aminmax(tensor.detach())).to(torch.float16)))
         if name != tied:
             given[name] = tensor
+    check_float16_range(ranges, "the weights given (nothing was loaded)")
     groups = [
         g for n, g in fold_groups(model).items() if n in given or any(p in given for p in g.projections)
     ]
     for group in groups:
         _check_rescale(group, given, _pending(model))
     return WeightUpdate(given, live, groups)
+
+
+def _target(model, live: dict, tied: Optional[str], name: str) -> torch.Tensor:
+    """The live tensor `name` is copied into (the embedding for a tied head's name); ValueError
+    naming an unknown one."""
+    target = live.get(name)
+    if target is None and name == tied:
+        target = model.hf_model.get_input_embeddings().weight
+    if target is None:
+        raise ValueError(
+            f"unknown weight {name!r}: no such tensor in the {type(model.hf_model).__name__} "
+            f"checkpoint (names as in its safetensors files, e.g. {next(iter(live))!r}); nothing was loaded"
+        )
+    return target
+
+
+def full_shapes(model) -> dict[str, tuple]:
+    """Checkpoint name -> the shape of the whole tensor (a tensor-parallel rank holds a part of
+    some): those of the model's class built from its config on the meta device (no memory, as
+    the loader builds it), once per model."""
+    shapes = getattr(model, "checkpoint_shapes", None)
+    if shapes is None:
+        hf = model.hf_model
+        with torch.device("meta"):
+            whole = type(hf)(hf.config)
+        shapes = {n: tuple(t.shape) for n, t in whole.state_dict(keep_vars=True).items()}
+        model.checkpoint_shapes = shapes
+    return shapes
+
+
+def own_shard(model, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of the full checkpoint tensor `name` (a known name), cut as the loader
+    cuts it (model.shard_plan.slice_for, loader.take_slice: rows or columns, the vocabulary's
+    last part zero-padded); ValueError naming it where its shape is not the whole tensor's."""
+    whole = full_shapes(model).get(name)
+    if whole is not None and tuple(tensor.shape) != whole:
+        raise ValueError(
+            f"weight {name!r} has shape {list(tensor.shape)}, the model's is {list(whole)}; "
+            f"nothing was loaded"
+        )
+    part = model.shard_plan.slice_for(name, tuple(tensor.shape))
+    return tensor if part is None else take_slice(tensor, part)
 
 
 def _pair(pair) -> tuple[str, torch.Tensor]:
@@ -246,12 +303,17 @@ def drop_pending(model) -> None:
         model.unfolded_rows.clear()
 
 
-def read_checkpoint(path, dtype: Optional[torch.dtype] = None) -> list[tuple[str, torch.Tensor]]:
+def read_checkpoint(model, path) -> list[tuple[str, torch.Tensor]]:
     """Every tensor of the checkpoint at `path`, read into host memory with our safetensors
-    loader (reload_weights: one host copy of the model while it is copied in)."""
+    loader (reload_weights: one host copy of the model while it is copied in). On a
+    tensor-parallel rank, only its part of each (the loader's slicer), the whole tensors'
+    shapes checked first (CheckpointError naming one that differs): plan_update(sharded=True)."""
     from enginespec.worker.loader import iter_tensors
 
-    return list(iter_tensors(path, "cpu", dtype))
+    plan = getattr(model, "shard_plan", None)
+    if plan is None:
+        return list(iter_tensors(path, "cpu"))
+    return list(iter_tensors(path, "cpu", shapes=full_shapes(model), slicer=plan.slice_for))
 
 
 def unfilled_names(model) -> set[str]:

@@ -288,6 +288,33 @@ def test_refusals_name_the_fault_and_change_nothing(llm, want_a):
     assert _greedy(llm) == want_a
 
 
+def test_a_value_beyond_float16s_range_is_refused_as_at_load():
+    """A float16 model: an update holding a value that becomes inf in the cast (65520 and up;
+    a checkpoint holding one is refused at load, worker/loader.py) is a ValueError naming the
+    tensor, nothing copied (a good tensor given before it neither); the largest value that
+    rounds to a finite float16 (65519.9 -> 65504) is taken. It was copied in, every logit NaN."""
+    a, b = _paths()
+    model = FlatModel.from_pretrained(
+        a, attention=load_impl("fast").attention_backend(torch.device("cpu")), dtype=torch.float16
+    )
+    before = {n: t.clone() for n, t in model.hf_model.state_dict().items()}
+    q, norm = "model.layers.1.self_attn.q_proj.weight", "model.norm.weight"
+    weights = dict(iter_tensors(b))
+    for big in (65520.0, float("inf"), -1e6):
+        bad = weights[q].clone()
+        bad[3, 5] = big
+        with pytest.raises(
+            ValueError, match=r"tensor 'model\.layers\.1\.self_attn\.q_proj\.weight' .*float16"
+        ):
+            _update(model, [(norm, weights[norm]), (q, bad)])
+        for name, t in model.hf_model.state_dict().items():
+            assert torch.equal(t, before[name]), name
+    ok = weights[q].clone()
+    ok[3, 5] = 65519.9
+    _update(model, [(q, ok)])
+    assert float(model.hf_model.state_dict()[q][3, 5]) == 65504.0
+
+
 def _weight_groups(runner) -> list:
     return runner._asleep["weights"].groups
 

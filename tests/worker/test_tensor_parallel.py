@@ -171,13 +171,13 @@ def test_a_rank0_fault_amid_the_runners_collectives_ends_the_workers_without_the
 
 
 def test_sleep_mode_under_tp_and_a_closed_engines_workers_exit_0(tmp_path):
-    """Weight updates and sleep level 2 are refused by name under tensor parallelism. Then
-    enable_sleep_mode with tensor_parallel_size=2: rank 0 tells the workers to sleep and wake
+    """enable_sleep_mode with tensor_parallel_size=2: rank 0 tells the workers to sleep and wake
     the same tags (tp_runner.py), releasing its own pool and shard too; a request while asleep is
     refused with no step sent; after wake_up every rank's shard is back, so the greedy tokens
     are those before sleep. Then a worker told to stop (close()) ends with status 0, as it did
     before it ended with os._exit (tp_worker._exit_now); an error or EOF is 1, which tp_group
-    names in its death (one TP engine for both: each spawn costs seconds of CI)."""
+    names in its death (one TP engine for both: each spawn costs seconds of CI). Weight updates
+    and sleep level 2 under TP: test_tp_weight_update.py."""
     from enginespec.worker.sleep import EngineAsleepError
 
     path = make_checkpoint("qwen3", tmp_path / "qwen3")
@@ -185,9 +185,6 @@ def test_sleep_mode_under_tp_and_a_closed_engines_workers_exit_0(tmp_path):
         str(path), impl="fast", dtype="float32", device="cpu", tensor_parallel_size=2, enable_sleep_mode=True
     ) as llm:
         want = _generate(llm)
-        for refused in (lambda: llm.load_weights([]), llm.reload_weights, lambda: llm.sleep(level=2)):
-            with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
-                refused()  # weight updates are single-rank for now: refused before any rank acts
         assert not llm.is_sleeping()
         llm.sleep()
         assert {kv.untyped_storage().nbytes() for kv in llm.engine.runner.kv_caches} == {0}
