@@ -298,8 +298,6 @@ class DetokenizeRequest(_Strict):
 
 # ---- the Responses API (POST /v1/responses; serving_responses.py) -------------------------------
 
-_NO_TOOLS_CHOICE = ("none", "auto")
-
 
 def _plain_text_format(value) -> bool:
     """text: {"format": {"type": "text"}} (or no format) asks for what the server does anyway."""
@@ -313,9 +311,6 @@ def _plain_text_format(value) -> bool:
 # OpenAI's Responses fields this server does not implement: refused by name (a 400) unless the
 # value asks for nothing (null, or the no-op the test names), as _CHAT_UNSUPPORTED's are.
 _RESPONSES_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
-    "tools": lambda value, body: value == [],
-    "tool_choice": lambda value, body: value in _NO_TOOLS_CHOICE,
-    "parallel_tool_calls": lambda value, body: isinstance(value, bool),
     "max_tool_calls": lambda value, body: False,
     "previous_response_id": lambda value, body: False,  # nothing is stored (serving_responses.py)
     "conversation": lambda value, body: False,
@@ -342,7 +337,10 @@ class ResponsesRequest(_Strict):
 
     `input` is a string (one user message) or a list of message items ({"role", "content"},
     optionally "type": "message"; content a string or a list of input_text / output_text
-    parts); `instructions` becomes a system message before them. `text.format` of type
+    parts), function_call and function_call_output items (an earlier turn's call and its
+    result); `instructions` becomes a system message before them. `tools` (function tools,
+    {"type": "function", "name", "parameters", ...}), `tool_choice` and `parallel_tool_calls`
+    are chat's, in Responses' form (serving_responses.py maps them). `text.format` of type
     json_schema / json_object is structured output, as chat's response_format. vLLM's extras
     (top_k, min_p, repetition_penalty, seed, stop, ...) are taken as chat takes them. `store`
     is taken and nothing is stored (vLLM's default): the response says `store: false`."""
@@ -370,10 +368,11 @@ class ResponsesRequest(_Strict):
     priority: int = 0
     cache_salt: Optional[str] = None
     request_id: Optional[str] = None
-    # not supported: refused unless a no-op (_RESPONSES_UNSUPPORTED)
+    # function tools in Responses' flat form, checked and mapped onto chat's by serving_responses
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # not supported: refused unless a no-op (_RESPONSES_UNSUPPORTED)
     max_tool_calls: Any = None
     previous_response_id: Any = None
     conversation: Any = None

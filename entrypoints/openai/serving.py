@@ -547,11 +547,9 @@ async def create_chat_completion(
         call.starts_in_reasoning = call.reasoning.starts_in_reasoning(
             text, template_kwargs(ctx, body), continues=body.continue_final_message is True
         )
-    call.tool_mode, call.forced_name = tool_mode, forced_name
+    set_tool_mode(ctx, call, tool_mode, forced_name)
     call.role = _reply_role(ctx, body)
     call.chat_echo = _chat_echo(body, call.role)
-    call.tool_parser = ctx.tool_call_parser or call.tool_parser
-    call.single_tool_call = body.parallel_tool_calls is False
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.use_beam_search:
@@ -636,6 +634,15 @@ def _tool_options(
             "tool_choice",
         )
     return tools, "auto", None
+
+
+def set_tool_mode(ctx: ServerContext, call: _Call, tool_mode: str, forced_name: Optional[str]) -> None:
+    """How the call reads its replies for tool calls, as _tool_options chose (a chat call, or a
+    Responses call over the chat path): the mode, the named function, the server's parser (its
+    calls' id form), and parallel_tool_calls false keeping the first call only."""
+    call.tool_mode, call.forced_name = tool_mode, forced_name
+    call.tool_parser = ctx.tool_call_parser or call.tool_parser
+    call.single_tool_call = call.body.parallel_tool_calls is False
 
 
 def checked_tools(tools: Optional[list]) -> Optional[list]:

@@ -235,7 +235,7 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
 @pytest.mark.parametrize(
     "fields, param",
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),  # function tools: test_responses_tools.py
         ({"tool_choice": "required"}, "tool_choice"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
@@ -243,7 +243,8 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),  # no schema
         ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input"),
+        ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input"),
+        ({"input": [{"type": "item_reference", "id": "fc_1"}]}, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
         ({"input": []}, "input"),
         ({"input": [{"role": "user", "content": 5}]}, "input"),
