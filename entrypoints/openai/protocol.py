@@ -308,6 +308,9 @@ def _plain_text_format(value) -> bool:
     )
 
 
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+
+
 # OpenAI's Responses fields this server does not implement: refused by name (a 400) unless the
 # value asks for nothing (null, or the no-op the test names), as _CHAT_UNSUPPORTED's are.
 _RESPONSES_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
@@ -317,8 +320,8 @@ _RESPONSES_UNSUPPORTED: dict[str, Callable[[Any, Any], bool]] = {
     "prompt": lambda value, body: False,
     "reasoning": lambda value, body: False,
     "background": lambda value, body: value is False,
-    "include": lambda value, body: value == [],
-    "top_logprobs": lambda value, body: value == 0,
+    # the one includable served: the output text's logprobs (serving_responses.py)
+    "include": lambda value, body: isinstance(value, list) and set(value) <= {OUTPUT_LOGPROBS},
     "truncation": lambda value, body: value == "disabled",
     "service_tier": lambda value, body: value in ("auto", "default"),
     "stream_options": lambda value, body: value == {},
@@ -340,7 +343,8 @@ class ResponsesRequest(_Strict):
     parts), function_call and function_call_output items (an earlier turn's call and its
     result); `instructions` becomes a system message before them. `tools` (function tools,
     {"type": "function", "name", "parameters", ...}), `tool_choice` and `parallel_tool_calls`
-    are chat's, in Responses' form (serving_responses.py maps them). `text.format` of type
+    are chat's, in Responses' form (serving_responses.py maps them). `include` of
+    "message.output_text.logprobs", with `top_logprobs`, is chat's logprobs and top_logprobs. `text.format` of type
     json_schema / json_object is structured output, as chat's response_format. vLLM's extras
     (top_k, min_p, repetition_penalty, seed, stop, ...) are taken as chat takes them. `store`
     is taken and nothing is stored (vLLM's default): the response says `store: false`."""
@@ -368,6 +372,8 @@ class ResponsesRequest(_Strict):
     priority: int = 0
     cache_salt: Optional[str] = None
     request_id: Optional[str] = None
+    # each output token's top_logprobs most likely tokens, with include [OUTPUT_LOGPROBS]
+    top_logprobs: Optional[int] = None
     # function tools in Responses' flat form, checked and mapped onto chat's by serving_responses
     tools: Any = None
     tool_choice: Any = None
@@ -380,7 +386,6 @@ class ResponsesRequest(_Strict):
     reasoning: Any = None
     background: Any = None
     include: Any = None
-    top_logprobs: Any = None
     truncation: Any = None
     service_tier: Any = None
     stream_options: Any = None
@@ -402,6 +407,11 @@ class ResponsesRequest(_Strict):
         if self.text is not None and not _plain_text_format(self.text) and self.text_format() is None:
             return "text"
         return None
+
+    @property
+    def include_logprobs(self) -> bool:
+        """Whether the output text's logprobs were asked for (include names OUTPUT_LOGPROBS)."""
+        return isinstance(self.include, list) and OUTPUT_LOGPROBS in self.include
 
     def text_format(self) -> Optional[ResponseFormat]:
         """text.format as chat's response_format (None: plain text, or not a format that maps):

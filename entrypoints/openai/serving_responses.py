@@ -20,6 +20,13 @@ the assistant's tool_calls (joining the assistant message right before them) and
 function_call_output items chat's tool messages, so that a second turn renders as chat's does.
 Other tool types (web_search, file_search, mcp, ...) and their tool_choice are 400s naming them.
 
+include ["message.output_text.logprobs"] (with top_logprobs) is chat's logprobs=true (with its
+top_logprobs): the reply's tokens' logprobs, in chat's entries (token, logprob, bytes,
+top_logprobs), on the output_text part; streamed, each output_text.delta carries those of the
+tokens since the last one, the last delta (its text "" where the rest was a stop string) the
+remaining ones, and output_text.done all. A reply that a parser splits (--reasoning-parser, a
+tool choice read for calls) is refused (a 400 naming include): its tokens are not all the text's.
+
 Streamed, the events are OpenAI's, each an SSE `event:` line and its `data:` with a
 sequence_number from 0: response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta (one per engine output with new text;
@@ -37,7 +44,7 @@ is an "error" event (code, message, param), and the stream ends there.
 Nothing is stored (vLLM's default, which stores only under VLLM_ENABLE_RESPONSES_API_STORE):
 store=true is served, and the response says `store: false`; previous_response_id is a 400 and
 GET /v1/responses/{id} a 404. Fields this server does not implement (reasoning, background,
-include, max_tool_calls, ...) are 400s naming them (protocol._RESPONSES_UNSUPPORTED).
+other include values, max_tool_calls, ...) are 400s naming them (protocol._RESPONSES_UNSUPPORTED).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import AsyncIterator, Optional
 
 from enginespec.entrypoints.openai import serving
 from enginespec.entrypoints.openai.errors import APIError
-from enginespec.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
+from enginespec.entrypoints.openai.protocol import OUTPUT_LOGPROBS, ChatCompletionRequest, ResponsesRequest
 from enginespec.entrypoints.openai.reasoning import ReasoningStream
 from enginespec.entrypoints.openai.serving import ServerContext, _Call, _Choice
 from enginespec.entrypoints.openai.sse import frame
@@ -78,20 +85,22 @@ async def create_response(
     try:
         serving._check_request(ctx, chat)
         call, tools = _chat_call(ctx, chat, f"resp_{serving._base_id(chat, header_id)}")
-        params = serving._tool_params(ctx, call, serving._params(call, chat.max_tokens, None, ctx), tools)
+        _check_logprobs(call)
+        logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
+        params = serving._tool_params(ctx, call, serving._params(call, chat.max_tokens, logprobs, ctx), tools)
         params = serving._reasoning_params(ctx, call, params)
         gen = await serving._submit(ctx, call, params)
     except APIError as err:
         raise _renamed(err) from None
     if body.stream:
-        return _stream(call, gen, body, params)
+        return _stream(call, gen, body, params, ctx)
     try:
         await serving._collect(call.finals, gen, wait_disconnect)
     finally:
         gen.abort()
     serving._log_outputs(ctx, call)
     (out,) = call.finals.values()
-    return _full_response(call, body, params, out)
+    return _full_response(call, body, params, out, ctx)
 
 
 def _renamed(err: APIError) -> APIError:
@@ -103,6 +112,19 @@ def _renamed(err: APIError) -> APIError:
     if name == "max_output_tokens":
         message = message.replace("SamplingParams.max_tokens", name).replace(f"'{err.param}'", f"'{name}'")
     return APIError(err.status, message, name or err.param, err.retry_after)
+
+
+def _check_logprobs(call: _Call) -> None:
+    """The output text's logprobs (include "message.output_text.logprobs") are the reply's tokens'
+    and go on its one output_text part: a 400 naming include where the reply is split (under
+    --reasoning-parser, or read for tool calls), whose tokens are not all that text's; top_logprobs
+    needs them asked (chat's rule for its logprobs)."""
+    body = call.body
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, f'top_logprobs needs include ["{OUTPUT_LOGPROBS}"]', "top_logprobs")
+    if body.logprobs and (call.reasoning is not None or call.tool_parsing):
+        split = "--reasoning-parser" if call.reasoning is not None else "tools"
+        raise APIError(400, f"include {OUTPUT_LOGPROBS!r} is not supported with {split}: the reply's tokens are not all the output text's", "include")  # fmt: skip  # noqa: E501
 
 
 def _check_supported(body: ResponsesRequest) -> None:
@@ -273,6 +295,8 @@ def _as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         cache_salt=body.cache_salt,
         request_id=body.request_id,
         response_format=body.text_format(),
+        logprobs=body.include_logprobs,
+        top_logprobs=body.top_logprobs,
         tools=tools,
         tool_choice=_chat_tool_choice(body.tool_choice, tools is not None),
         parallel_tool_calls=body.parallel_tool_calls,
@@ -355,8 +379,8 @@ def _usage(call: _Call, out) -> dict:
     }
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _message_item(item_id: str, text: str, status: str, logprobs: Optional[list] = None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
 
 
@@ -397,13 +421,25 @@ def _output_items(call: _Call, reasoning: str, message: Optional[dict], calls: l
     return items + calls
 
 
-def _full_response(call: _Call, body: ResponsesRequest, params: SamplingParams, out) -> dict:
+def _output_logprobs(ctx: Optional[ServerContext], call: _Call, token_ids, logprobs) -> list:
+    """The tokens' logprobs in the output_text part's form (chat's logprobs content: token,
+    logprob, bytes, top_logprobs); [] where none were asked."""
+    if logprobs is None or not call.body.logprobs:
+        return []
+    return serving._logprobs(ctx, call, token_ids, logprobs)["content"]
+
+
+def _full_response(
+    call: _Call, body: ResponsesRequest, params: SamplingParams, out, ctx: Optional[ServerContext] = None
+) -> dict:
     """The Response of a finished reply, split by chat's parsers (serving._message: reasoning,
-    content and tool calls, parallel_tool_calls false keeping the first)."""
+    content and tool calls, parallel_tool_calls false keeping the first); asked, the logprobs of
+    all its tokens on the output text."""
     completion = out.outputs[0]
     status = _status(completion.finish_reason)
     chat_message = serving._message(call, completion.text)
-    message = _message_item(f"msg_{call.engine_id}", chat_message["content"] or "", status)
+    lps = _output_logprobs(ctx, call, completion.token_ids, completion.logprobs)
+    message = _message_item(f"msg_{call.engine_id}", chat_message["content"] or "", status, lps)
     calls = [_function_call_item(c, status) for c in chat_message.get("tool_calls", [])]
     response = _response(call, body, params, status)
     response["output"] = _output_items(call, chat_message.get("reasoning") or "", message, calls)
@@ -434,8 +470,8 @@ class _MessageStream:
     so that the items come in the full response's order (_output_items) whatever the parser
     settles when."""
 
-    def __init__(self, call: _Call, events: _Events) -> None:
-        self.call, self.events = call, events
+    def __init__(self, call: _Call, events: _Events, ctx: Optional[ServerContext] = None) -> None:
+        self.call, self.events, self.ctx = call, events, ctx
         self.item_id = f"msg_{call.engine_id}"
         self.state = _Choice()
         self.reasoning_stream = ReasoningStream(call.starts_in_reasoning) if call.reasoning else None
@@ -445,10 +481,14 @@ class _MessageStream:
         self.calls: list[dict] = []  # their function_call items, made at the end
         self.num_items = 0  # output items opened
         self.reasoning_sent = self.open = False
+        # asked: the logprobs sent (in text deltas) and those of tokens whose text is held back
+        self.logprobs: list[dict] = []
+        self.pending_logprobs: list[dict] = []
 
     def feed(self, completion) -> list[str]:
         """The events of the completion's new text (finished: up to the response's last item)."""
         finished = completion.finish_reason is not None
+        self._new_logprobs(completion)
         delta = _new_text(self.call, self.state, completion)
         content = delta
         if self.reasoning_stream is not None:
@@ -458,9 +498,8 @@ class _MessageStream:
             content, calls = self.tool_stream.feed(content, final=finished)
             self._take(calls)
         frames = self._open() if content or (finished and not self.tool_calls) else []
-        if content:
-            self.text += content
-            frames.append(self._part_event("response.output_text.delta", delta=content, logprobs=[]))
+        if content or (finished and self.open and self.pending_logprobs):  # tokens of a stop string
+            frames.append(self._text_delta(content))
         if finished:
             frames += self._send_reasoning()
             status = _status(completion.finish_reason)
@@ -472,8 +511,24 @@ class _MessageStream:
 
     def items(self, status: str) -> list[dict]:
         """The output items sent, as the final response lists them."""
-        message = _message_item(self.item_id, self.text, status) if self.open else None
+        message = _message_item(self.item_id, self.text, status, self.logprobs) if self.open else None
         return _output_items(self.call, self.reasoning, message, self.calls)
+
+    def _new_logprobs(self, completion) -> None:
+        """Keeps the new tokens' logprobs (asked) until a text delta carries them."""
+        if completion.logprobs is None or not self.call.body.logprobs:
+            return
+        start, self.state.num_tokens = self.state.num_tokens, len(completion.token_ids)
+        new = completion.token_ids[start:], completion.logprobs[start:]
+        self.pending_logprobs += _output_logprobs(self.ctx, self.call, *new)
+
+    def _text_delta(self, content: str) -> str:
+        """The output_text.delta event of new content, with the logprobs of the tokens since the
+        last one (so that the deltas' logprobs add up to the full response's)."""
+        self.text += content
+        lps, self.pending_logprobs = self.pending_logprobs, []
+        self.logprobs += lps
+        return self._part_event("response.output_text.delta", delta=content, logprobs=lps)
 
     def _take(self, calls: list) -> None:
         """Keeps the settled calls (parallel_tool_calls false: the first only)."""
@@ -511,9 +566,9 @@ class _MessageStream:
         return frames
 
     def _close(self, status: str) -> list[str]:
-        item = _message_item(self.item_id, self.text, status)
+        item = _message_item(self.item_id, self.text, status, self.logprobs)
         return [
-            self._part_event("response.output_text.done", text=self.text, logprobs=[]),
+            self._part_event("response.output_text.done", text=self.text, logprobs=self.logprobs),
             self._part_event("response.content_part.done", part=item["content"][0]),
             self.events("response.output_item.done", output_index=self.num_items - 1, item=item),
         ]
@@ -546,10 +601,12 @@ def _new_text(call: _Call, state: _Choice, completion) -> str:
     return delta
 
 
-async def _stream(call: _Call, gen, body: ResponsesRequest, params: SamplingParams) -> AsyncIterator[str]:
+async def _stream(
+    call: _Call, gen, body: ResponsesRequest, params: SamplingParams, ctx: ServerContext
+) -> AsyncIterator[str]:
     """The SSE events of a streamed response (the module's docstring gives their order)."""
     events = _Events()
-    message = _MessageStream(call, events)
+    message = _MessageStream(call, events, ctx)
     try:
         started = _response(call, body, params, "in_progress")
         yield events("response.created", response=started)

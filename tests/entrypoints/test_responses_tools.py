@@ -308,6 +308,11 @@ def test_auto_calls_stream_as_the_full_response_lists_them(text, kinds):
         ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "'nope'"),
         ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
         (
+            {"tools": [TOOL], "tool_choice": NAMED, "include": ["message.output_text.logprobs"]},
+            "include",
+            "tools",
+        ),
+        (
             {"tools": [TOOL], "tool_choice": NAMED, "text": {"format": {"type": "json_object"}}},
             "tool_choice",
             "text.format",

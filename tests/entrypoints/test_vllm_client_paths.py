@@ -240,7 +240,9 @@ def test_responses_cut_by_max_output_tokens_are_incomplete(app):
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"background": True}, "background"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without include's logprobs
+        ({"top_logprobs": 10**6, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),  # no schema
         ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
         ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input"),
@@ -343,7 +345,6 @@ _OBJECT = {"type": "object"}
     "fields, name",
     [
         ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"top_logprobs": 2}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
         ({"service_tier": "flex"}, "service_tier"),
         ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
@@ -453,6 +454,53 @@ def test_responses_stream_ends_with_an_error_event_when_the_engine_fails_the_req
     assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
     assert events[-1].code == "500" and events[-1].sequence_number == 2 and events[-1].message
     assert after.status in ("completed", "incomplete") and after.output_text
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def test_responses_output_text_logprobs_are_chats_logprobs_of_the_same_reply(app):
+    """include ["message.output_text.logprobs"] with top_logprobs puts the reply's tokens'
+    logprobs on its output_text part, chat's logprobs of the same greedy reply (token, logprob,
+    bytes, top_logprobs); streamed, each text delta carries its tokens' (a stop string's tail
+    held back, its tokens' logprobs with it), they add up to the full response's, and so do the
+    done event's and the client's stream helper's. It was a 400 naming include."""
+    base = dict(
+        model="tiny", input="hi", max_output_tokens=8, temperature=0, include=LOGPROBS, top_logprobs=2
+    )
+
+    async def fn(client, http):
+        full = await client.responses.create(**base)
+        chat = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+            logprobs=True, top_logprobs=2,
+        )  # fmt: skip
+        stop = full.output_text[3:5]
+        cut = await client.responses.create(**base, extra_body={"stop": [stop]})
+        events = [
+            e async for e in await client.responses.create(**base, stream=True, extra_body={"stop": [stop]})
+        ]
+        async with client.responses.stream(**base) as helper:
+            final = await helper.get_final_response()
+        return full, chat, cut, events, final
+
+    full, chat, cut, events, final = serve(app, fn)
+    (part,) = full.output[0].content
+    assert [lp.model_dump() for lp in part.logprobs] == [
+        c.model_dump() for c in chat.choices[0].logprobs.content
+    ]
+    assert len(part.logprobs) == full.usage.output_tokens and all(
+        len(lp.top_logprobs) == 2 for lp in part.logprobs
+    )
+    (cut_part,) = cut.output[0].content
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed = [lp for e in deltas for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in cut_part.logprobs]
+    assert "".join(e.delta for e in deltas) == cut.output_text
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in cut_part.logprobs]
+    assert len(cut_part.logprobs) == cut.usage.output_tokens > len(cut.output_text)  # the stop string's
+    assert final.output[0].content[0].logprobs == part.logprobs
 
 
 # ---- SageMaker's /invocations -------------------------------------------------------------------
