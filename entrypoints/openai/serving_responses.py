@@ -167,14 +167,12 @@ def input_messages(body: ResponsesRequest) -> list[dict]:
     return messages
 
 
-def _input_message(item, index: int) -> dict:
+def _input_message(item: dict, index: int) -> dict:
     """One input item as a chat message: a message item ({"role", "content"}, "type" "message"
     or none; an earlier response's output message, with its id and status, too), a function_call
     (an assistant's tool call) or a function_call_output (the tool message). Any other item
     (reasoning, item references, hosted tools' calls) is a 400 naming input."""
     where = f"input[{index}]"
-    if not isinstance(item, dict):
-        raise APIError(400, f"{where} must be an object (an input item)", "input")
     kind = item.get("type", "message")
     if kind == "function_call":
         return _function_call_message(item, where)
@@ -468,7 +466,7 @@ class _MessageStream:
     end where there is none and no call) and closed at the end; then a function_call item per
     call the tool-call reader settled (chat's, _Call.tool_stream), each sent whole at the end,
     so that the items come in the full response's order (_output_items) whatever the parser
-    settles when."""
+    settles when. Asked, each text delta carries the logprobs of the tokens since the last one."""
 
     def __init__(self, call: _Call, events: _Events, ctx: Optional[ServerContext] = None) -> None:
         self.call, self.events, self.ctx = call, events, ctx

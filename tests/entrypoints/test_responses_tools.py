@@ -169,23 +169,41 @@ CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOL.items() if
 def test_a_second_turn_renders_function_call_and_its_output_as_chats_tool_messages(app):
     """The input's function_call item is the assistant's tool call and its function_call_output
     the tool message (call_id its tool_call_id), as chat renders them; a second turn is served,
-    its prompt the chat template's rendering of that conversation with the tools."""
+    its prompt the chat template's rendering of that conversation with the tools. The agent
+    loop of OpenAI's guide works as written: the first response's output items sent back as
+    they came, then the call's output."""
     body = ResponsesRequest(model="tiny", input=HISTORY, tools=[TOOL])
     call, _ = _chat_call(app[2], _as_chat_request(body), "resp_1")
     assert call.prompts[0][0] == (
         'T:get_weather,;u:weather?;a:C(call_1):get_weather{"city": "Bern"};t:sunny(call_1);A:'
     )
+    again = dict(SAMPLED, tools=[TOOL], tool_choice="none", max_output_tokens=4)
 
     async def fn(client, http):
-        resp = await client.responses.create(input=HISTORY, tools=[TOOL], tool_choice="none", **SAMPLED)
-        count = await http.post(
-            "/tokenize", json={"model": "tiny", "messages": CHAT_HISTORY, "tools": CHAT_TOOLS}
-        )
-        return resp, count.json()
+        resp = await client.responses.create(input=HISTORY, **again)
+        count = await http.post("/tokenize", json={"messages": CHAT_HISTORY, "tools": CHAT_TOOLS})
+        first = await client.responses.create(input="weather?", tools=[TOOL], tool_choice=NAMED, **SAMPLED)
+        (fc,) = first.output
+        output = {"type": "function_call_output", "call_id": fc.call_id, "output": "sunny"}
+        loop = await client.responses.create(input=[HISTORY[0], *first.output, output], **again)
+        chat = [
+            *CHAT_HISTORY[:1],
+            {**CHAT_HISTORY[1], "tool_calls": [_chat_call_of(fc)]},
+            {**CHAT_HISTORY[2], "tool_call_id": fc.call_id},
+        ]
+        loop_count = await http.post("/tokenize", json={"messages": chat, "tools": CHAT_TOOLS})
+        return resp, count.json(), loop, loop_count.json()
 
-    resp, count = serve(app, fn)
+    resp, count, loop, loop_count = serve(app, fn)
     assert resp.status in ("completed", "incomplete") and resp.output[-1].type == "message"
     assert resp.usage.input_tokens == count["count"]
+    assert loop.output[-1].type == "message" and loop.usage.input_tokens == loop_count["count"]
+
+
+def _chat_call_of(item) -> dict:
+    """Chat's tool call object of a function_call output item."""
+    function = {"name": item.name, "arguments": item.arguments}
+    return {"id": item.call_id, "type": "function", "function": function}
 
 
 def test_a_message_and_calls_in_one_turn_are_one_assistant_message():
