@@ -294,11 +294,11 @@ class AsyncLLM:
 
     async def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """vLLM's: trace what the engine runs from now until stop_profile() with torch.profiler,
-        in the engine's own process (where the model runs; this one is not traced), into the
-        directory VLLM_TORCH_PROFILER_DIR names there (api/profiler.py states the rules; set it
-        before the AsyncLLM starts its engine). Taken between two steps. RuntimeError (its
-        ProfilerStateError) while a profile runs; EngineRequestError when the variable is unset;
-        EngineDead when the engine is not running."""
+        in the engine's own process (where the model runs; this one is not traced), into
+        profiler_config's torch_profiler_dir, else the directory VLLM_TORCH_PROFILER_DIR names
+        there (api/profiler.py states the rules; set it before the AsyncLLM starts its engine).
+        Taken between two steps. RuntimeError (its ProfilerStateError) while a profile runs;
+        EngineRequestError when neither is set; EngineDead when the engine is not running."""
         if not self.is_running:
             raise self.dead_error
         self._bind_loop()

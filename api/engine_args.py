@@ -100,6 +100,11 @@ rope_theta kept); overrides naming architectures or model_type build that family
 class and model); a value the loader refuses is its CheckpointError naming the key.
 None or a dict with str keys, else a ValueError; vLLM's callable form is refused by name (a
 function does not cross to the spawned engine and worker processes).
+`profiler_config` (vLLM's): None, a ProfilerConfig or a dict of its fields, such as {"profiler":
+"torch", "torch_profiler_dir": DIR}: LLM.start_profile / stop_profile (and the server's
+/start_profile, /stop_profile) trace into DIR with its torch_profiler_* options; the fields this
+engine cannot honour (delays, iteration limits and schedules, the "cuda" profiler) are a
+ValueError naming them (api/profiler.py). Held as a ProfilerConfig once the args are built.
 `max_num_seqs`, `enable_prefix_caching`, `enable_chunked_prefill` and `preemption_mode` also
 take vLLM's None ("the engine chooses", what code forwarding an unset option passes): our
 default for each (UNSET_DEFAULTS).
@@ -116,6 +121,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from enginespec.profiler import ProfilerConfig
 from enginespec.spec import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from enginespec.spec.impl import FACTORIES as IMPL_FACTORIES
 from enginespec.spec.params import SEED_RANGE  # torch.manual_seed's range, as SamplingParams.seed
@@ -517,6 +523,7 @@ class EngineArgs:
     guided_decoding_backend: str = "auto"
     enable_sleep_mode: bool = False
     config_format: str = "auto"
+    profiler_config: Union[dict, ProfilerConfig, None] = None  # vLLM's; a ProfilerConfig once built
 
     def __post_init__(self) -> None:
         """Types and ranges of the fields checked here (a ValueError naming the field and its
@@ -549,6 +556,7 @@ class EngineArgs:
         _check_sizes(self)
         _check_compile_backend(self.compile_backend)
         _check_vllm_args(self)
+        self.profiler_config = ProfilerConfig.of(self.profiler_config)
 
     def _resolve_unset(self) -> None:
         """vLLM types these Optional, None meaning "the engine chooses", and code that forwards

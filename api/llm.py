@@ -142,7 +142,7 @@ class LLM:
         self.engine = engine
         self._front = front = _front_of(engine)  # shared with every other LLM over this engine
         self._ids, self._lock, self._mail, self._owned = front.ids, front.lock, front.mail, front.owned
-        self._profiler = Profiler()
+        self._profiler = Profiler(engine.args.profiler_config)
 
     @classmethod
     def from_engine(cls, engine: EngineCore) -> "LLM":
@@ -290,8 +290,9 @@ class LLM:
 
     def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """vLLM's: trace what the engine runs from now until stop_profile() with torch.profiler,
-        into the directory VLLM_TORCH_PROFILER_DIR names (a RuntimeError when unset; profiler.py
-        states the rules). Under the engine lock, so a trace starts between steps."""
+        into profiler_config's torch_profiler_dir, else the directory VLLM_TORCH_PROFILER_DIR
+        names (a RuntimeError when neither is set; profiler.py states the rules). Under the
+        engine lock, so a trace starts between steps."""
         with self._lock:
             self._check_open()
             self._profiler.start(self.engine.model.device, profile_prefix)

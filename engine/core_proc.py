@@ -301,7 +301,7 @@ class EngineCoreProc:
         self._failed: list[tuple] = []
         self._replies: list[tuple] = []
         self._parked: list[ParkedAdd] = []
-        self._profiler = Profiler()  # the engine process's: the model runs here
+        self._profiler = Profiler(getattr(engine.args, "profiler_config", None))  # the model runs here
 
     def run(self) -> None:
         """Until ("shutdown",) or until the front end is gone (EOF, broken pipe)."""

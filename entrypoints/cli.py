@@ -69,6 +69,7 @@ JSON_OBJECT_FLAGS = (
     "--hf-overrides",
     "--structured-outputs-config",
     "--default-chat-template-kwargs",
+    "--profiler-config",
 )
 
 
@@ -478,6 +479,15 @@ def _add_vllm_serve_line_args(p) -> None:
         "host memory and frees the KV cache, POST /wake_up restores them",
     )
     p.add_argument("--config-format", default=None, help="auto or hf (the loader reads config.json)")
+    p.add_argument(
+        "--profiler-config",
+        type=_json_value,
+        default=None,
+        help='vLLM\'s profiler config, e.g. \'{"profiler": "torch", "torch_profiler_dir": "/tmp/traces"}\' '
+        "(or key by key, vLLM's dotted form): the server's POST /start_profile and /stop_profile "
+        "trace the engine into that directory (VLLM_TORCH_PROFILER_DIR's older way works too); a field "
+        "the engine cannot honour is refused by name",
+    )
 
 
 _ENGINE_KEYS = (
@@ -533,6 +543,7 @@ _ENGINE_KEYS = (
     "guided_decoding_backend",
     "enable_sleep_mode",
     "config_format",
+    "profiler_config",
 )
 
 
@@ -871,6 +882,13 @@ def _add_vllm_frontend_args(serve) -> None:
         "cut as the request log is, at INFO when it finishes (vLLM's flag)",
     )
     serve.add_argument(
+        "--enable-log-deltas",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --enable-log-outputs: also log each delta a stream sends, at INFO "
+        "(vLLM's flag, on by default; --no-enable-log-deltas keeps only the finished output)",
+    )
+    serve.add_argument(
         "--enable-tokenizer-info-endpoint",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -879,8 +897,9 @@ def _add_vllm_frontend_args(serve) -> None:
     serve.add_argument(
         "--log-error-stack",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="log the stack trace of every error the API answers, at ERROR (vLLM's flag)",
+        default=None,
+        help="log the stack trace of every error the API answers, at ERROR (vLLM's flag; "
+        "default: VLLM_SERVER_DEV_MODE's, an integer, off when unset or 0)",
     )
 
 

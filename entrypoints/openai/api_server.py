@@ -9,9 +9,9 @@ with --enable-dev-endpoints also /dev/state (pool and queue snapshot), /dev/paus
 /dev/resume and /dev/fail_next_step (tests drive backpressure, disconnects and faults with
 them), and vLLM's dev-mode POST /reset_prefix_cache and its sleep-mode routes (POST
 /sleep?level=1, POST /wake_up?tags=..., GET /is_sleeping; the engine needs
---enable-sleep-mode); with VLLM_TORCH_PROFILER_DIR set when the app is built, vLLM's POST
-/start_profile and /stop_profile (a torch.profiler trace of the engine's process into that
-directory; without it they are 404s, as in vLLM). --api-key KEY [KEY ...]
+--enable-sleep-mode); with --profiler-config naming a profiler, or VLLM_TORCH_PROFILER_DIR set
+when the app is built, vLLM's POST /start_profile and /stop_profile (a torch.profiler trace of
+the engine's process into that directory; without either they are 404s, as in vLLM). --api-key KEY [KEY ...]
 guards /v1/* and /invocations (a Bearer token, any one of the keys), as vLLM does; without the
 flag, the VLLM_API_KEY environment variable's key does, as vLLM reads it (api_keys).
 --enable-request-id-headers puts X-Request-Id on every response (vLLM's flag). Every error, a
@@ -93,7 +93,7 @@ from enginespec.entrypoints.openai.serving import (
 )
 from enginespec.entrypoints.openai.serving_responses import create_response
 from enginespec.entrypoints.openai.sse import SSEResponse
-from enginespec.profiler import PROFILER_DIR_ENV, ProfilerStateError, profiler_dir
+from enginespec.profiler import ProfilerConfig, ProfilerStateError, profiling_enabled
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,8 @@ def _json_kind(value) -> str:
     kinds = {list: "an array", str: "a string", int: "a number", float: "a number"}
     return kinds.get(type(value), type(value).__name__)
 
+
+SERVER_DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's; --log-error-stack's default (server_dev_mode)
 
 # What a lone UTF-16 surrogate looks like in a body's bytes: a \\uD800-\\uDFFF escape (a valid
 # pair matches too, and passes the walk), or the CESU-8 bytes that json.loads's "surrogatepass"
@@ -399,6 +401,7 @@ def build_app(
     request_id_headers: bool = False,
     app_options: Optional[dict] = None,
     server_load_tracking: bool = False,
+    profiler_config: Optional[ProfilerConfig] = None,
 ) -> FastAPI:
     """The app over ctx. api_key: a key or a list of them (api_keys), any one of which /v1/*
     and /invocations take; None, an empty list or empty keys (as vLLM drops them): no key needed. `cors`
@@ -408,7 +411,8 @@ def build_app(
     response carries X-Request-Id (_RequestIdHeader, the outermost of these layers, so a 401 and
     a preflight do too; an internal error's 500 gets it from its handler). `app_options`:
     fastapi_options' (the root path, _RootPath's; the rest FastAPI's own: the docs routes).
-    VLLM_TORCH_PROFILER_DIR set (not empty) now adds the profile routes (_add_profile_routes).
+    `profiler_config` (the engine's, EngineArgs': run_server passes it) naming a profiler, or
+    VLLM_TORCH_PROFILER_DIR set (not empty) now, adds the profile routes (_add_profile_routes).
     `server_load_tracking`: GET /load counts the generation requests in flight (ServerLoad,
     app.state.server_load); without it /load answers 0."""
 
@@ -478,7 +482,7 @@ def build_app(
         _add_tokenizer_info_route(app, ctx)
     if dev:
         _add_dev_routes(app, ctx)
-    if profiler_dir():  # read now, as vLLM's server reads it when it builds its routes
+    if profiling_enabled(profiler_config):  # the variable read now, as vLLM's server reads it
         _add_profile_routes(app, ctx)
     return app
 
@@ -605,15 +609,28 @@ def chat_defaults(ns) -> dict:
 
 def frontend_flags(ns) -> dict:
     """ServerContext's fields from vLLM's frontend flags (--default-chat-template-kwargs,
-    --exclude-tools-when-tool-choice-none, --enable-log-outputs, --enable-tokenizer-info-endpoint,
-    --log-error-stack)."""
+    --exclude-tools-when-tool-choice-none, --enable-log-outputs, --enable-log-deltas,
+    --enable-tokenizer-info-endpoint, --log-error-stack: given, either form, it wins; else
+    server_dev_mode(), as vLLM defaults it)."""
+    log_error_stack = ns.log_error_stack
     return dict(
         default_chat_template_kwargs=ns.default_chat_template_kwargs,
         exclude_tools_when_tool_choice_none=ns.exclude_tools_when_tool_choice_none,
         log_outputs=ns.enable_log_outputs,
+        log_deltas=ns.enable_log_deltas,
         enable_tokenizer_info_endpoint=ns.enable_tokenizer_info_endpoint,
-        log_error_stack=ns.log_error_stack,
+        log_error_stack=server_dev_mode() if log_error_stack is None else log_error_stack,
     )
+
+
+def server_dev_mode() -> bool:
+    """VLLM_SERVER_DEV_MODE as vLLM reads it, an integer (unset: 0), true when not 0; any other
+    text is a ValueError naming the variable (a typo must not turn the stack traces off)."""
+    raw = os.environ.get(SERVER_DEV_MODE_ENV, "0").strip() or "0"
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError(f"{SERVER_DEV_MODE_ENV} must be an integer (1: on, 0: off), got {raw!r}") from None
 
 
 def _result(result):
@@ -877,13 +894,13 @@ def _add_dev_routes(app: FastAPI, ctx: ServerContext) -> None:
 
 def _add_profile_routes(app: FastAPI, ctx: ServerContext) -> None:
     """vLLM's POST /start_profile and /stop_profile: a torch.profiler trace of the engine's
-    process (where the model runs) between the two, one `*.pt.trace.json` in
-    VLLM_TORCH_PROFILER_DIR, written when /stop_profile answers (api/profiler.py). 200 with an
-    empty body, as vLLM's. A second start, or a stop with none running, is a 409 that changes
-    nothing (vLLM's workers log a warning and answer 200); the server serves on either way."""
+    process (where the model runs) between the two, one `*.pt.trace.json[.gz]` in
+    --profiler-config's torch_profiler_dir or VLLM_TORCH_PROFILER_DIR, written when
+    /stop_profile answers (api/profiler.py). 200 with an empty body, as vLLM's. A second start,
+    or a stop with none running, is a 409 that changes nothing (vLLM's workers log a warning and
+    answer 200); the server serves on either way."""
     log.warning(
-        "%s is set: POST /start_profile and /stop_profile trace the engine (for development only)",
-        PROFILER_DIR_ENV,
+        "profiling is on: POST /start_profile and /stop_profile trace the engine (for development only)"
     )
 
     @app.post("/start_profile")
@@ -1318,6 +1335,7 @@ def run_server(ns) -> int:
     )
     uvicorn_options = h11_options(ns)
     _check_request_log(ns)
+    flags = frontend_flags(ns)  # VLLM_SERVER_DEV_MODE's refusal before the model loads
     log_config = apply_log_config(ns)
     if log_config is None:  # a log config file configures enginespec's loggers itself
         _log_to_stderr(ns.uvicorn_log_level)
@@ -1361,7 +1379,7 @@ def run_server(ns) -> int:
                 max_log_len=ns.max_log_len,
                 model_path=args.model,
                 **chat_defaults(ns),
-                **frontend_flags(ns),
+                **flags,
             )
             app = build_app(
                 ctx,
@@ -1372,6 +1390,7 @@ def run_server(ns) -> int:
                 request_id_headers=ns.enable_request_id_headers,
                 app_options=app_options,
                 server_load_tracking=ns.enable_server_load_tracking,
+                profiler_config=args.profiler_config,
             )
             config = uvicorn.Config(
                 app,

@@ -620,7 +620,8 @@ class EngineClient:
     async def start_profile(self, profile_prefix: Optional[str] = None) -> None:
         """Start a torch.profiler trace in the engine's process, between two steps, on the
         thread that steps (api/profiler.py states the rules): ProfilerStateError while one runs;
-        EngineRequestError when the engine's process has no VLLM_TORCH_PROFILER_DIR."""
+        EngineRequestError when the engine has no profiler_config and its process no
+        VLLM_TORCH_PROFILER_DIR."""
         await self._call("start_profile", profile_prefix)
 
     async def stop_profile(self) -> None:

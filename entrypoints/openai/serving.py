@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import math
 import time
@@ -103,11 +104,13 @@ class ServerContext:
     chat_template_content_format: str = "auto"
     # vLLM's frontend flags (api_server.frontend_flags): chat-template variables under every
     # request's own (chat_template_kwargs); tool_choice "none" keeps the tools from the template;
-    # each choice's output logged when it finishes (with log_requests); GET /tokenizer_info; the
-    # stack trace of each error answered logged (log_error_stack)
+    # each choice's output logged when it finishes (with log_requests), and with log_deltas
+    # (vLLM's default: on) each delta a stream sends; GET /tokenizer_info; the stack trace of
+    # each error answered logged (log_error_stack)
     default_chat_template_kwargs: Optional[dict] = None
     exclude_tools_when_tool_choice_none: bool = False
     log_outputs: bool = False
+    log_deltas: bool = True
     enable_tokenizer_info_endpoint: bool = False
     log_error_stack: bool = False
 
@@ -739,6 +742,49 @@ def _log_outputs(ctx: ServerContext, call: _Call, streaming: bool = False) -> No
             )  # fmt: skip
 
 
+def _logs_deltas(ctx: ServerContext) -> bool:
+    """--enable-log-deltas, which counts only with --enable-log-outputs (and its
+    --enable-log-requests), as vLLM's."""
+    return ctx.log_deltas and ctx.log_outputs and ctx.log_requests
+
+
+def _log_delta(ctx: ServerContext, call: _Call, request_id: str, choice, token_ids) -> None:
+    """vLLM's "(streaming delta)" line of one choice's frame, at INFO, beside _log_outputs' line
+    (the same ids and cuts): the text the frame sends, a chat's reasoning as "[reasoning: ...]"
+    and its tool calls' arguments as "[tool_calls: ...]", as vLLM writes them; a frame that
+    sends none of these (a bare finish, a role) is not logged. token_ids: the choice's new ids."""
+    if type(choice) is str:
+        choice = json.loads(choice)  # _plain_choice_json's text: only when logging
+    delta = choice.get("delta") or {}
+    parts = [choice.get("text") or "", delta.get("content") or ""]
+    if delta.get("reasoning"):
+        parts.append(f"[reasoning: {delta['reasoning']}]")
+    args = "".join((c.get("function") or {}).get("arguments") or "" for c in delta.get("tool_calls") or ())
+    if args:
+        parts.append(f"[tool_calls: {args}]")
+    text = " ".join(p for p in parts if p)
+    if not text:
+        return
+    n = ctx.max_log_len
+    log.info(
+        "Generated response %s (response %s, choice %d) (streaming delta): output: %r, output_token_ids: %s, finish_reason: %s",
+        request_id, call.response_id, choice["index"], text if n is None else text[:n],
+        list(token_ids if n is None else token_ids[:n]), choice.get("finish_reason"),
+    )  # fmt: skip
+
+
+def _stream_choice(ctx: ServerContext, call: _Call, out, completion) -> Union[dict, str, None]:
+    """_delta_choice, its delta logged under --enable-log-deltas (_log_delta)."""
+    if not _logs_deltas(ctx):
+        return _delta_choice(ctx, call, out, completion)
+    state = call.choices.get(call.index_of[out.request_id] * call.body.n + completion.index)
+    num_sent = 0 if state is None else state.num_tokens
+    choice = _delta_choice(ctx, call, out, completion)
+    if choice is not None:
+        _log_delta(ctx, call, out.request_id, choice, completion.token_ids[num_sent:])
+    return choice
+
+
 async def _collect(finals: dict, gen: Generation, wait_disconnect) -> None:
     """Wait for every final output (into finals, by request id); a client that leaves first
     aborts the request at once."""
@@ -1243,7 +1289,7 @@ def _usage_frames(ctx, call: _Call, head: str, out) -> list[str]:
     prompt = len(out.prompt_token_ids)
     frames = []
     for completion in out.outputs:
-        choice = _delta_choice(ctx, call, out, completion)
+        choice = _stream_choice(ctx, call, out, completion)
         if choice is not None:
             done = 0 if call.echo_only else len(completion.token_ids)
             usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
@@ -1402,7 +1448,7 @@ def _output_frames(ctx, call: _Call, head: str, out, continuous: bool) -> list[s
         return _usage_frames(ctx, call, head, out)
     frames = []
     for completion in out.outputs:
-        choice = _delta_choice(ctx, call, out, completion)
+        choice = _stream_choice(ctx, call, out, completion)
         if choice is not None:
             parts = _finish_apart(choice) if call.tool_parsing else (choice,)
             frames.extend(_frame_choices(head, [part]) for part in parts)

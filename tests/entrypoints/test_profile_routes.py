@@ -7,14 +7,17 @@ engine's process of a real server, is test_serve.py's."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
 
+from enginespec.engine_args import EngineArgs
+from enginespec.entrypoints import cli
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
-from enginespec.profiler import ProfilerStateError
+from enginespec.profiler import ProfilerConfig, ProfilerStateError
 
 PATHS = ("/start_profile", "/stop_profile")
 
@@ -39,9 +42,11 @@ class RecordingEngine:
             raise ProfilerStateError(f"{name} out of order")
 
 
-def _post_each(engine: RecordingEngine) -> list[httpx.Response]:
-    """POST each profile path, in order, to an app built now (the environment as it is)."""
-    app = build_app(ServerContext(engine, None, ["m"], 16), ServerMetrics("m"))
+def _post_each(engine: RecordingEngine, profiler_config=None) -> list[httpx.Response]:
+    """POST each profile path, in order, to an app built now (the environment as it is; the
+    engine's profiler_config as run_server passes it)."""
+    ctx = ServerContext(engine, None, ["m"], 16)
+    app = build_app(ctx, ServerMetrics("m"), profiler_config=ProfilerConfig.of(profiler_config))
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -80,3 +85,76 @@ def test_a_start_or_stop_out_of_order_is_a_409_saying_what_to_post(monkeypatch, 
     assert start.json()["error"]["type"] == "ConflictError"
     assert "already running" in start.json()["error"]["message"]
     assert "POST /start_profile" in stop.json()["error"]["message"]
+
+
+# ---- --profiler-config (vLLM's newer switch; the variable keeps working) -------------------------
+
+
+def test_a_profiler_config_adds_the_routes_without_the_variable(monkeypatch, tmp_path):
+    """They were 404s: only the variable added them."""
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+    engine = RecordingEngine()
+    on = {"profiler": "torch", "torch_profiler_dir": str(tmp_path)}
+    assert [r.status_code for r in _post_each(engine, on)] == [200, 200]
+    assert engine.calls == ["start", "stop"]
+    off = RecordingEngine()
+    assert [r.status_code for r in _post_each(off, {})] == [404, 404]  # profiler None: vLLM's default, off
+
+
+def _serve_args(flags: list[str]) -> EngineArgs:
+    argv, dotted = cli.vllm_spelling(["serve", "/m", *flags])
+    parser = cli._parser()
+    ns = parser.parse_args(argv)
+    cli.merge_dotted(parser, ns, dotted)
+    return EngineArgs.from_kwargs(ns.model, **cli._engine_kwargs(ns))
+
+
+@pytest.mark.parametrize("form", ["json", "dotted", "underscores"])
+def test_the_flag_takes_vllms_json_and_dotted_forms(form, tmp_path):
+    trace_dir = str(tmp_path / "t")
+    flags = {
+        "json": ["--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": trace_dir})],
+        "dotted": ["--profiler-config.profiler", "torch", "--profiler-config.torch_profiler_dir", trace_dir],
+        "underscores": [
+            "--profiler_config.profiler=torch",
+            f"--profiler_config.torch_profiler_dir={trace_dir}",
+        ],
+    }[form]
+    config = _serve_args([*flags, "--profiler-config.torch_profiler_with_stack", "false"]).profiler_config
+    assert (config.profiler, config.torch_profiler_dir, config.torch_profiler_with_stack) == (
+        "torch",
+        trace_dir,
+        False,
+    )
+    assert _serve_args([]).profiler_config is None
+
+
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--profiler-config", '{"profiler": "cuda"}'], "profiler"),
+        (["--profiler-config.profiler", "torch"], "torch_profiler_dir"),
+        (
+            ["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/t", "max_iterations": 4}'],
+            "max_iterations",
+        ),
+        (
+            [
+                "--profiler-config.torch_profiler_dir",
+                "/t",
+                "--profiler-config.profiler",
+                "torch",
+                "--profiler-config.bogus",
+                "1",
+            ],
+            "bogus",
+        ),
+        (["--profiler-config", "[1]"], "profiler_config"),
+    ],
+)
+def test_a_field_that_cannot_be_honoured_exits_2_naming_it(flags, field, capsys):
+    """Before the model loads (the path does not exist, and the error is not that)."""
+    assert cli.main(["serve", "/nonexistent/model", *flags]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("enginespec serve: error: ") and "\n" not in err and field in err
+    assert "does not exist" not in err

@@ -6,6 +6,7 @@ settings. One server for the module (its start-up dominates the cost)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import random
@@ -38,17 +39,20 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory):
-    """The server's VLLM_TORCH_PROFILER_DIR (its /start_profile and /stop_profile exist)."""
+    """The server's --profiler-config.torch_profiler_dir (its /start_profile and /stop_profile
+    exist; VLLM_TORCH_PROFILER_DIR's way: tests/api/test_async_llm.py, test_profile_routes.py)."""
     return tmp_path_factory.mktemp("profile")
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, profile_dir):
     args = ["--served-model-name", MODEL, "--chat-template", CHAT_TEMPLATE, "--enable-dev-endpoints"]
-    args += ["--enable-sleep-mode"]
+    args += ["--enable-sleep-mode", "--profiler-config.profiler", "torch"]
+    args += ["--profiler-config.torch_profiler_dir", str(profile_dir)]
     args += ["--impl", "fast", "--num-blocks", "256", "--max-num-seqs", "16", "--max-waiting-requests", "512"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    srv = RemoteServer(model_dir, args, api_key=KEY, env={**env, "VLLM_TORCH_PROFILER_DIR": str(profile_dir)})
+    env.pop("VLLM_TORCH_PROFILER_DIR", None)
+    srv = RemoteServer(model_dir, args, api_key=KEY, env=env)
     yield srv
     assert srv.terminate() == 0
 
@@ -1167,9 +1171,10 @@ def test_reset_prefix_cache_forgets_cached_prompts_and_refuses_while_blocks_are_
 
 def test_a_profile_traces_the_engine_process_and_calls_out_of_order_are_409s(server, profile_dir):
     """POST /start_profile, a completion, POST /stop_profile (vLLM's routes, there because the
-    server started with VLLM_TORCH_PROFILER_DIR; they were 404s) write one trace whose events
-    are the engine process's, its steps' `enginespec.` ranges among them. A stop with no profile
-    running and a second start are 409s, and the server serves on."""
+    server started with --profiler-config, which was "unrecognized arguments", exit 2) write one
+    gzipped trace (vLLM's default) whose events are the engine process's, its steps'
+    `enginespec.` ranges among them. A stop with no profile running and a second start are
+    409s, and the server serves on."""
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
     refused = server.post("/stop_profile", {})
     assert refused.status_code == 409 and refused.json()["error"]["type"] == "ConflictError"
@@ -1179,8 +1184,9 @@ def test_a_profile_traces_the_engine_process_and_calls_out_of_order_are_409s(ser
     assert server.post("/v1/completions", body).json()["usage"]["completion_tokens"] == 3
     stopped = server.post("/stop_profile", {})
     assert stopped.status_code == 200 and stopped.content == b""
-    (trace,) = profile_dir.glob("*.pt.trace.json")
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    (trace,) = profile_dir.glob("*.pt.trace.json.gz")
+    with gzip.open(trace, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     names = {e["name"] for e in events}
     assert {"enginespec.schedule", "enginespec.execute"} <= names
     assert {e["pid"] for e in events if e["name"].startswith("enginespec.")} == {server.state()["engine_pid"]}

@@ -9,6 +9,7 @@ test_chat_defaults' real server checks that the flags reach them."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import logging
@@ -98,19 +99,22 @@ FLAGS = [
     '{"enable_thinking": false}',
     "--exclude-tools-when-tool-choice-none",
     "--enable-log-outputs",
+    "--enable-log-deltas",
     "--enable-tokenizer-info-endpoint",
     "--log-error-stack",
 ]
 
 
-def test_the_flags_parse_as_vllms_and_reach_the_server_context():
+def test_the_flags_parse_as_vllms_and_reach_the_server_context(monkeypatch):
     from enginespec.entrypoints.openai.api_server import frontend_flags
 
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
     ns = _parser().parse_args(["serve", "m", *FLAGS])
     assert frontend_flags(ns) == dict(
         default_chat_template_kwargs={"enable_thinking": False},
         exclude_tools_when_tool_choice_none=True,
         log_outputs=True,
+        log_deltas=True,
         enable_tokenizer_info_endpoint=True,
         log_error_stack=True,
     )
@@ -118,6 +122,7 @@ def test_the_flags_parse_as_vllms_and_reach_the_server_context():
         default_chat_template_kwargs=None,
         exclude_tools_when_tool_choice_none=False,
         log_outputs=False,
+        log_deltas=True,  # vLLM's default: on, relevant only with --enable-log-outputs
         enable_tokenizer_info_endpoint=False,
         log_error_stack=False,
     )
@@ -255,7 +260,7 @@ def test_enable_log_outputs_logs_each_choices_output_cut_to_max_log_len(client, 
             assert len(line.split("output_token_ids: [")[1].split("]")[0].split(",")) == 2
         caplog.clear()
         chunks = _run(_ctx(client, **fields), create_chat_completion, _chat(stream=True))
-        (line,) = _outputs_logged(caplog)
+        (line,) = [x for x in _outputs_logged(caplog) if "(streaming delta)" not in x]
         assert f"(response {chunks[0]['id']}, choice 0) (streaming complete): output: " in line
         caplog.clear()
         reply = _run(_ctx(client, **fields), create_response, ResponsesRequest(model="tiny", input="hi"))
@@ -264,6 +269,84 @@ def test_enable_log_outputs_logs_each_choices_output_cut_to_max_log_len(client, 
         caplog.clear()
         _run(_ctx(client, log_requests=True, max_log_len=2), create_completion, body)  # without the flag
         assert not _outputs_logged(caplog)
+
+
+def _deltas_logged(caplog) -> list[str]:
+    return [line for line in _outputs_logged(caplog) if "(streaming delta)" in line]
+
+
+def test_enable_log_deltas_logs_each_streamed_delta_as_vllm_does(client, caplog):
+    """vLLM's --enable-log-deltas (on by default; --no-enable-log-deltas turns it off): with
+    --enable-log-outputs, each delta a stream sends is a "(streaming delta)" line at INFO,
+    before the "(streaming complete)" one; the deltas' outputs make up the reply's text. A
+    delta line was never logged here."""
+    fields = dict(log_requests=True, log_outputs=True)
+    with caplog.at_level(logging.INFO, logger=SERVING_LOG):
+        chunks = _run(_ctx(client, **fields), create_chat_completion, _chat(stream=True))
+        deltas = _deltas_logged(caplog)
+        assert deltas and all(
+            f"(response {chunks[0]['id']}, choice 0) (streaming delta): output: " in d for d in deltas
+        )
+        content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert (
+            "".join(ast.literal_eval(d.split("output: ")[1].split(", output_token_ids: ")[0]) for d in deltas)
+            == content
+        )
+        assert deltas[-1].endswith("finish_reason: length")
+        assert "(streaming complete)" in _outputs_logged(caplog)[-1]
+        caplog.clear()
+        body = CompletionRequest(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0, stream=True)
+        _run(_ctx(client, **fields), create_completion, body)
+        assert len(_deltas_logged(caplog)) >= 1  # completions' streams too, as their outputs are logged
+        caplog.clear()
+        _run(_ctx(client, log_deltas=False, **fields), create_chat_completion, _chat(stream=True))
+        assert not _deltas_logged(caplog) and len(_outputs_logged(caplog)) == 1
+        caplog.clear()
+        _run(_ctx(client, log_requests=True), create_chat_completion, _chat(stream=True))
+        assert not _outputs_logged(caplog)  # relevant only with --enable-log-outputs
+
+
+def test_enable_log_deltas_parses_as_vllms_switch():
+    from enginespec.entrypoints.openai.api_server import frontend_flags
+
+    def parsed(*flags):
+        return frontend_flags(_parser().parse_args(["serve", "m", *flags]))["log_deltas"]
+
+    assert parsed() is True and parsed("--enable-log-deltas") is True
+    assert parsed("--no-enable-log-deltas") is False
+
+
+# ---- --log-error-stack's default: VLLM_SERVER_DEV_MODE ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, flags, want",
+    [
+        ("1", [], True),
+        ("0", [], False),
+        (None, [], False),
+        ("1", ["--no-log-error-stack"], False),
+        ("0", ["--log-error-stack"], True),
+    ],
+)
+def test_log_error_stack_defaults_to_vllm_server_dev_mode(monkeypatch, env, flags, want):
+    """vLLM's --log-error-stack defaults to VLLM_SERVER_DEV_MODE (here it was False whatever the
+    variable said); the flag, either form, wins over the variable."""
+    from enginespec.entrypoints.openai.api_server import frontend_flags
+
+    if env is None:
+        monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_SERVER_DEV_MODE", env)
+    assert frontend_flags(_parser().parse_args(["serve", "m", *flags]))["log_error_stack"] is want
+
+
+def test_a_server_dev_mode_that_is_no_integer_is_refused_naming_it(monkeypatch):
+    from enginespec.entrypoints.openai.api_server import frontend_flags
+
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "yes")
+    with pytest.raises(ValueError, match="VLLM_SERVER_DEV_MODE"):
+        frontend_flags(_parser().parse_args(["serve", "m"]))
 
 
 # ---- --enable-tokenizer-info-endpoint ------------------------------------------------------------
