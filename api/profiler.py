@@ -207,6 +207,7 @@ class Profiler:
         if self._table is not None:
             path, sort_by, row_limit = self._table
             table = profile.key_averages().table(sort_by=sort_by, row_limit=row_limit or 100)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
                 print(table, file=f)
 
