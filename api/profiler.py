@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+log = logging.getLogger(__name__)
 
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 # vLLM's ProfilerConfig fields this engine cannot honour -> the one value accepted (vLLM's
@@ -205,17 +208,33 @@ class Profiler:
         profile, self._running = self._running, None
         profile.stop()
         if self._table is not None:
-            path, sort_by, row_limit = self._table
-            table = profile.key_averages().table(sort_by=sort_by, row_limit=row_limit or 100)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                print(table, file=f)
+            _write_table(profile, *self._table)
 
     def close(self) -> None:
         """Stop the running profile, writing its trace; nothing when none runs (module doc:
         the exit hook that keeps a forgotten profile from crashing the interpreter's exit)."""
         if self._running is not None:
             self.stop()
+
+
+def _write_table(profile: torch.profiler.profile, path: str, sort_by: str, row_limit: Optional[int]) -> None:
+    """The op table (_table_plan), written after the trace. Where torch cannot decode an event's
+    name (with_stack's Python tracer keeps pointers to code objects' names, and one freed during
+    the profile reads back as bytes that are no UTF-8: pytorch/pytorch#64345), the file says so
+    and a warning is logged: the trace is already written, and stop_profile must not fail for
+    the table alone."""
+    try:
+        table = profile.key_averages().table(sort_by=sort_by, row_limit=row_limit or 100)
+    except UnicodeDecodeError as exc:
+        table = (
+            f"no op table: torch's profiler returned an event name that is not UTF-8 ({exc}); "
+            "with torch_profiler_with_stack its Python tracer can name a code object freed during "
+            "the profile (pytorch/pytorch#64345). The trace beside this file was written."
+        )
+        log.warning("profiler: %s", table)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        print(table, file=f)
 
 
 def _profile_options(config: Optional[ProfilerConfig], directory: str, prefix: Optional[str]) -> dict:

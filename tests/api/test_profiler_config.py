@@ -22,8 +22,10 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _events(trace) -> set:
+    """A trace's event names; bytes that are no UTF-8 replaced (with_stack's Python tracer can
+    name a code object freed during the profile: test_an_undecodable_event_name_...)."""
     opener = gzip.open if trace.name.endswith(".gz") else open
-    with opener(trace, "rt") as f:
+    with opener(trace, "rt", errors="replace") as f:
         return {event.get("name") for event in json.load(f)["traceEvents"]}
 
 
@@ -120,6 +122,31 @@ def test_the_profiler_writes_to_the_configs_directory_with_its_options(tmp_path,
     profiler.start(torch.device("cpu"))
     profiler.stop()
     assert len(list((tmp_path / "plain").glob("*.pt.trace.json"))) == 1
+
+
+def test_an_undecodable_event_name_costs_the_op_table_not_the_trace(tmp_path, monkeypatch, caplog):
+    """With torch_profiler_with_stack (vLLM's default) torch's Python tracer keeps a pointer to
+    each code object's name; one freed during the profile reads back as bytes that are no UTF-8
+    (pytorch/pytorch#64345), and key_averages() raises UnicodeDecodeError. That failed the whole
+    stop_profile (a 500 from the server's /stop_profile, seen under load in test_serve.py). Now
+    the trace, written before the table, stays; the table file says why it is missing; a warning
+    is logged; the profiler is stopped and can start again."""
+    config = ProfilerConfig.of({"profiler": "torch", "torch_profiler_dir": str(tmp_path / "cfg")})
+
+    def undecodable(self, *args, **kwargs):
+        raise UnicodeDecodeError("utf-8", b"\x93", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(torch.profiler.profile, "key_averages", undecodable)
+    profiler = Profiler(config)
+    profiler.start(torch.device("cpu"))
+    torch.ones(3, 3) @ torch.ones(3, 3)
+    with caplog.at_level("WARNING", logger="enginespec.profiler"):
+        profiler.stop()
+    assert len(list((tmp_path / "cfg").glob("*.pt.trace.json.gz"))) == 1
+    assert "not UTF-8" in (tmp_path / "cfg" / "profiler_out_0.txt").read_text()
+    assert any("op table" in r.getMessage() for r in caplog.records)
+    profiler.start(torch.device("cpu"))  # not left running
+    profiler.stop()
 
 
 def test_without_a_profiler_the_error_names_both_ways_on(monkeypatch):
