@@ -60,7 +60,7 @@ import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -1314,16 +1314,24 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def run_server(ns) -> int:
-    """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
-    when the engine process died."""
-    import uvicorn
+class _ServeOptions(NamedTuple):
+    """The serve line's options, checked and turned into the server's settings (_serve_options)."""
 
-    from enginespec.engine.engine_core import load_engine_tokenizer
-    from enginespec.engine.generation_config import GenerationDefaults
-    from enginespec.engine_args import EngineArgs
-    from enginespec.entrypoints.cli import _engine_kwargs
+    chat_template: Optional[str]
+    cors: Optional[dict]
+    api_keys: list
+    app_options: dict
+    tls: dict
+    uvicorn_options: dict
+    frontend: dict
 
+
+def _serve_options(ns) -> _ServeOptions:
+    """The serve line's options read and checked, in this order, before anything is loaded: every
+    refusal here (a ValueError naming the flag or the variable) happens before the engine
+    arguments are built, the tokenizer loads, the address is bound or the engine launches. The
+    log configuration (_configure_logging) is applied here too, so the loading's own log lines
+    follow it; the tool-choice check comes after it, as it always has."""
     template = load_chat_template(ns.chat_template)
     if ns.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {ns.max_waiting_requests}")
@@ -1336,15 +1344,106 @@ def run_server(ns) -> int:
     uvicorn_options = h11_options(ns)
     _check_request_log(ns)
     flags = frontend_flags(ns)  # VLLM_SERVER_DEV_MODE's refusal before the model loads
-    log_config = apply_log_config(ns)
-    if log_config is None:  # a log config file configures enginespec's loggers itself
-        _log_to_stderr(ns.uvicorn_log_level)
-    else:
-        uvicorn_options["log_config"] = log_config
+    _configure_logging(ns, uvicorn_options)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the format of the model's tool calls)"
         )
+    return _ServeOptions(template, cors, keys, app_options, tls, uvicorn_options, flags)
+
+
+def _configure_logging(ns, uvicorn_options: dict) -> None:
+    """--log-config-file's configuration applied now (apply_log_config), and handed to uvicorn
+    through uvicorn_options' log_config; without one, enginespec's own lines go to stderr at the
+    server's log level (_log_to_stderr). A file configures enginespec's loggers itself."""
+    log_config = apply_log_config(ns)
+    if log_config is None:
+        _log_to_stderr(ns.uvicorn_log_level)
+    else:
+        uvicorn_options["log_config"] = log_config
+
+
+def _server_context(
+    ns, args, client: EngineClient, tokenizer, names, options: _ServeOptions
+) -> ServerContext:
+    """Launch the engine (client.launch: the model loads here), then the ServerContext over it:
+    the checkpoint's sampling defaults (generation_config.json, logged where there are some),
+    the engine's max_model_len, and the serve line's settings. Called within
+    _stop_signals_raise, so a stop during the load unwinds run_server. (An unknown
+    --reasoning-parser, which argparse's choices refuse first, is get_parser's ValueError here,
+    after the launch, as it was.)"""
+    from enginespec.engine.generation_config import GenerationDefaults
+
+    info = client.launch()
+    defaults = GenerationDefaults.load(
+        args.model_dir(), args.generation_config, args.override_generation_config
+    ).sampling
+    if defaults:
+        log.info("default sampling parameters from the checkpoint's generation_config.json: %s", defaults)
+    return ServerContext(
+        client,
+        tokenizer,
+        list(names),
+        info.max_model_len,
+        options.chat_template,
+        defaults,
+        trust_request_chat_template=ns.trust_request_chat_template,
+        enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+        reasoning_parser=get_parser(ns.reasoning_parser),
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
+        log_requests=ns.enable_log_requests,
+        max_log_len=ns.max_log_len,
+        model_path=args.model,
+        **chat_defaults(ns),
+        **options.frontend,
+    )
+
+
+def _uvicorn_server(ns, app: FastAPI, client: EngineClient, options: _ServeOptions) -> tuple:
+    """The uvicorn server over app (_server_class's, not yet running), with its shutdown hooks:
+    a stop signal closes the client's admission at once (on_exit); --shutdown-timeout seconds
+    into the graceful shutdown the requests still running are shed with a 503
+    (on_grace_expired); uvicorn's own timeout is the last resort SHED_WAIT_S + CUT_WAIT_S
+    later; and an engine that dies makes the server exit (client.on_death). Returned with its
+    uvicorn Config (the server class need not keep it: a test's stand-in does not)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=ns.host,
+        port=ns.port,
+        log_level=ns.uvicorn_log_level,
+        timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S + CUT_WAIT_S,  # the last resort
+        access_log=False,
+        **options.uvicorn_options,  # h11_options', and apply_log_config's log_config
+    )
+    apply_http_options(config, ns, options.tls)
+    server = _server_class()(config)
+    server.on_exit = client.close_admission
+    server.grace_s = ns.shutdown_timeout
+    server.on_grace_expired = lambda: client.shed_pending(
+        f"the server is shutting down: the request did not finish within "
+        f"--shutdown-timeout ({ns.shutdown_timeout:g} s)"
+    )
+    client.on_death = lambda: setattr(server, "should_exit", True)
+    return server, config
+
+
+def run_server(ns) -> int:
+    """Start the engine, then serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 1
+    when the engine process died. In order: the options checked and the logging set up
+    (_serve_options), the engine arguments built and the tokenizer loaded, the address bound
+    (bind_socket), the engine launched and the app and server built (_server_context,
+    build_app, _uvicorn_server; a stop signal meanwhile unwinds here and exits 0), then the
+    socket listens, the serving line is written and uvicorn serves. The engine is stopped and the socket closed however it ends."""
+    import uvicorn  # noqa: F401 -- first, as ever: a server without uvicorn fails before any check
+
+    from enginespec.engine.engine_core import load_engine_tokenizer
+    from enginespec.engine_args import EngineArgs
+    from enginespec.entrypoints.cli import _engine_kwargs
+
+    options = _serve_options(ns)
     args = EngineArgs.from_kwargs(ns.model, impl=ns.impl, seed=ns.seed, **_engine_kwargs(ns))
     tokenizer = load_engine_tokenizer(args)
     names = ns.served_model_name or [ns.model]
@@ -1355,65 +1454,23 @@ def run_server(ns) -> int:
     )
     try:
         with _stop_signals_raise():  # until uvicorn's own handlers take over in server.run()
-            info = client.launch()
-            defaults = GenerationDefaults.load(
-                args.model_dir(), args.generation_config, args.override_generation_config
-            ).sampling
-            if defaults:
-                log.info(
-                    "default sampling parameters from the checkpoint's generation_config.json: %s", defaults
-                )
-            ctx = ServerContext(
-                client,
-                tokenizer,
-                list(names),
-                info.max_model_len,
-                template,
-                defaults,
-                trust_request_chat_template=ns.trust_request_chat_template,
-                enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
-                reasoning_parser=get_parser(ns.reasoning_parser),
-                enable_auto_tool_choice=ns.enable_auto_tool_choice,
-                tool_call_parser=ns.tool_call_parser,
-                log_requests=ns.enable_log_requests,
-                max_log_len=ns.max_log_len,
-                model_path=args.model,
-                **chat_defaults(ns),
-                **flags,
-            )
+            ctx = _server_context(ns, args, client, tokenizer, names, options)
             app = build_app(
                 ctx,
                 metrics,
-                api_key=keys,
+                api_key=options.api_keys,
                 dev=ns.enable_dev_endpoints,
-                cors=cors,
+                cors=options.cors,
                 request_id_headers=ns.enable_request_id_headers,
-                app_options=app_options,
+                app_options=options.app_options,
                 server_load_tracking=ns.enable_server_load_tracking,
                 profiler_config=args.profiler_config,
             )
-            config = uvicorn.Config(
-                app,
-                host=ns.host,
-                port=ns.port,
-                log_level=ns.uvicorn_log_level,
-                timeout_graceful_shutdown=ns.shutdown_timeout + SHED_WAIT_S + CUT_WAIT_S,  # the last resort
-                access_log=False,
-                **uvicorn_options,  # h11_options', and apply_log_config's log_config
-            )
-            apply_http_options(config, ns, tls)
-            server = _server_class()(config)
-            server.on_exit = client.close_admission
-            server.grace_s = ns.shutdown_timeout
-            server.on_grace_expired = lambda: client.shed_pending(
-                f"the server is shutting down: the request did not finish within "
-                f"--shutdown-timeout ({ns.shutdown_timeout:g} s)"
-            )
-            client.on_death = lambda: setattr(server, "should_exit", True)
+            server, config = _uvicorn_server(ns, app, client, options)
         # listening before the line names the address: a client that connects on reading it is
         # queued by the kernel until uvicorn accepts (it was refused while uvicorn started up)
         sock.listen(config.backlog)
-        print(serving_line(sock, names[0], tls=bool(tls)), file=sys.stderr, flush=True)
+        print(serving_line(sock, names[0], tls=bool(options.tls)), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     except _StopDuringStartup as stopped:  # the engine is reaped below; a stop is exit 0
         log.info("stopped by %s before the server was serving", stopped)
