@@ -415,6 +415,37 @@ def build_app(
     VLLM_TORCH_PROFILER_DIR set (not empty) now, adds the profile routes (_add_profile_routes).
     `server_load_tracking`: GET /load counts the generation requests in flight (ServerLoad,
     app.state.server_load); without it /load answers 0."""
+    options = dict(app_options or {})
+    root_path = options.pop("root_path", "")
+    middleware = options.pop("middleware", ())  # load_middleware's (--middleware)
+    header_limit = options.pop("max_header_count", None)  # --h11-max-header-count
+    app = FastAPI(title="enginespec", lifespan=_engine_lifespan(ctx), **options)
+    _add_error_handlers(app, ctx)
+    app.state.server_load = ServerLoad()
+    _add_layers(
+        app,
+        api_key=api_key,
+        cors=cors,
+        request_id_headers=request_id_headers,
+        server_load_tracking=server_load_tracking,
+        middleware=middleware,
+        header_limit=header_limit,
+        root_path=root_path,
+    )
+    _add_openai_routes(app, ctx)
+    _add_utility_routes(app, ctx, metrics)
+    if ctx.enable_tokenizer_info_endpoint:
+        _add_tokenizer_info_route(app, ctx)
+    if dev:
+        _add_dev_routes(app, ctx)
+    if profiling_enabled(profiler_config):  # the variable read now, as vLLM's server reads it
+        _add_profile_routes(app, ctx)
+    return app
+
+
+def _engine_lifespan(ctx: ServerContext):
+    """The app's lifespan: the engine client starts on the server's event loop as the app starts
+    up, and stops as it shuts down, however the serving ended."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -424,11 +455,14 @@ def build_app(
         finally:
             ctx.engine.stop()
 
-    options = dict(app_options or {})
-    root_path = options.pop("root_path", "")
-    middleware = options.pop("middleware", ())  # load_middleware's (--middleware)
-    header_limit = options.pop("max_header_count", None)  # --h11-max-header-count
-    app = FastAPI(title="enginespec", lifespan=lifespan, **options)
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
+    """Every error the app answers is OpenAI's shape (errors.py): an APIError as raised (its
+    stack logged under --log-error-stack), a client gone before its body was read a 400 to
+    nobody, a missing route or method FastAPI's status with its headers, anything else a 500
+    naming the exception (with X-Request-Id where the request had one)."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -459,7 +493,24 @@ def build_app(
             response.headers["x-request-id"] = request_id.decode("latin-1")
         return response
 
-    app.state.server_load = ServerLoad()
+
+def _add_layers(
+    app: FastAPI,
+    *,
+    api_key,
+    cors: Optional[dict],
+    request_id_headers: bool,
+    server_load_tracking: bool,
+    middleware: Sequence,
+    header_limit: Optional[int],
+    root_path: str,
+) -> None:
+    """build_app's middleware, added innermost first (each add_middleware wraps the ones before):
+    the load count (a request the key guard refuses never counts), the key guard, CORS outside
+    it (a preflight carries no key), X-Request-Id outside those (a 401 and a preflight have it
+    too), the user's --middleware each outside the ones before (vLLM's order), the header-count
+    limit outside all of those, and the root path outermost (every layer reads the path as
+    routing does). app.state.server_load is set before this is called."""
     if server_load_tracking:  # the innermost layer: a request the key guard refuses never counts
         app.add_middleware(_LoadTracking, load=app.state.server_load)
     keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]  # "": no key
@@ -475,16 +526,6 @@ def build_app(
         app.add_middleware(_HeaderCountLimit, max_header_count=header_limit)
     if root_path:  # outermost: every layer reads the path as routing does (_route_path)
         app.add_middleware(_RootPath, root_path=root_path)
-
-    _add_openai_routes(app, ctx)
-    _add_utility_routes(app, ctx, metrics)
-    if ctx.enable_tokenizer_info_endpoint:
-        _add_tokenizer_info_route(app, ctx)
-    if dev:
-        _add_dev_routes(app, ctx)
-    if profiling_enabled(profiler_config):  # the variable read now, as vLLM's server reads it
-        _add_profile_routes(app, ctx)
-    return app
 
 
 def api_keys(ns) -> list[str]:
