@@ -679,6 +679,42 @@ def _result(result):
 
 
 def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """OpenAI's routes, added in this order: the model list and cards (_add_model_routes),
+    /v1/completions, /v1/chat/completions, the Responses API (_add_responses_routes) and vLLM's
+    /invocations (either of the first two, by the body's shape)."""
+    _add_model_routes(app, ctx)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve_completion(ctx, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await _serve_chat(ctx, request)
+
+    _add_responses_routes(app, ctx)
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        """vLLM's SageMaker entry point: the body goes, by its shape, to the handler of
+        /v1/chat/completions ("messages") or of /v1/completions ("prompt"), which answers it as
+        that route would (streaming, X-Request-Id, disconnects, errors); chat where it has both,
+        as vLLM tries chat first. Neither is a 400 naming both."""
+        raw = await _json_object(request)
+        if "messages" in raw:
+            return await _serve_chat(ctx, request)
+        if "prompt" in raw:
+            return await _serve_completion(ctx, request)
+        raise APIError(
+            400,
+            'the body is neither a chat completion (it has no "messages") nor a completion '
+            '(it has no "prompt"): /invocations expects one of the two',
+        )
+
+
+def _add_model_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """GET /v1/models and /v1/models/{model}: each served name's card, the same on every request
+    (its "created" and its permission are made once, here)."""
     # A served model's card is the same on every request: "created" is when the routes were made
     # (the server's start), so a list and a retrieve a second apart agree (they took the clock
     # at each request before, and a client comparing them saw the card change).
@@ -713,13 +749,10 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
         return card(model)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _serve_completion(ctx, request)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await _serve_chat(ctx, request)
+def _add_responses_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """POST /v1/responses (counted in /load, as vLLM counts it) and GET /v1/responses/{id}, a 404
+    for every id: nothing is stored."""
 
     @app.post("/v1/responses")
     async def responses(request: Request):
@@ -736,23 +769,6 @@ def _add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             404,
             f"Response with id '{response_id}' not found: this server does not store responses",
             "response_id",
-        )
-
-    @app.post("/invocations")
-    async def invocations(request: Request):
-        """vLLM's SageMaker entry point: the body goes, by its shape, to the handler of
-        /v1/chat/completions ("messages") or of /v1/completions ("prompt"), which answers it as
-        that route would (streaming, X-Request-Id, disconnects, errors); chat where it has both,
-        as vLLM tries chat first. Neither is a 400 naming both."""
-        raw = await _json_object(request)
-        if "messages" in raw:
-            return await _serve_chat(ctx, request)
-        if "prompt" in raw:
-            return await _serve_completion(ctx, request)
-        raise APIError(
-            400,
-            'the body is neither a chat completion (it has no "messages") nor a completion '
-            '(it has no "prompt"): /invocations expects one of the two',
         )
 
 
