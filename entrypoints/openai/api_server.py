@@ -808,6 +808,9 @@ def _model_permission(created: int) -> dict:
 
 
 def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics) -> None:
+    """/health (a 503 once the engine is dead) and vLLM's /ping, /load, /version, /metrics, then
+    /tokenize and /detokenize (_add_tokenize_routes), added in that order."""
+
     @app.get("/health")
     async def health():
         if not ctx.engine.alive:  # vLLM's answer to a dead engine: 503, which probes read as down
@@ -832,6 +835,13 @@ def _add_utility_routes(app: FastAPI, ctx: ServerContext, metrics: ServerMetrics
     @app.get("/metrics")
     async def metrics_route():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    _add_tokenize_routes(app, ctx)
+
+
+def _add_tokenize_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """vLLM's POST /tokenize (a prompt, or chat messages through the template) and /detokenize;
+    each a 400 on a server without a tokenizer, once its body and model name are checked."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
