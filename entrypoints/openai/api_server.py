@@ -996,35 +996,22 @@ def _add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
     it), a 409 with nothing changed while requests are unfinished; while asleep a completion or
     chat request is a 503."""
 
-    def check_enabled() -> None:
-        if not ctx.engine.args.enable_sleep_mode:
-            raise APIError(400, "sleep mode is off: start the server with --enable-sleep-mode")
-
-    async def engine_call(param: str, call, *args) -> None:
-        """call(*args) on the engine; its ValueError a 400 naming `param`, a refusal a 409."""
-        try:
-            await call(*args)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param) from None
-        except EngineRequestError as exc:
-            raise APIError(409, str(exc)) from None
-
     @app.post("/sleep")
     async def sleep(request: Request):
-        check_enabled()
+        _check_sleep_mode(ctx)
         raw = request.query_params.get("level", "1")
         try:
             level = int(raw)
         except ValueError:
             raise APIError(400, f"level must be an int, got {raw!r}", "level") from None
-        await engine_call("level", ctx.engine.sleep, level)
+        await _engine_call("level", ctx.engine.sleep, level)
         return {"is_sleeping": True}
 
     @app.post("/wake_up")
     async def wake_up(request: Request):
-        check_enabled()
+        _check_sleep_mode(ctx)
         tags = request.query_params.getlist("tags") or None
-        await engine_call("tags", ctx.engine.wake_up, tags)
+        await _engine_call("tags", ctx.engine.wake_up, tags)
         return {"is_sleeping": await ctx.engine.is_sleeping()}
 
     @app.get("/is_sleeping")
@@ -1037,13 +1024,25 @@ def _add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
         `weights_path` (default: the served model's) read again and copied in; after a level-2
         sleep this is how the weights are filled. Answers {"num_tensors": n}."""
         path = request.query_params.get("weights_path")
-        try:
-            count = await ctx.engine.reload_weights(path)
-        except ValueError as exc:
-            raise APIError(400, str(exc), "weights_path") from None
-        except EngineRequestError as exc:
-            raise APIError(409, str(exc)) from None
+        count = await _engine_call("weights_path", ctx.engine.reload_weights, path)
         return {"num_tensors": count}
+
+
+def _check_sleep_mode(ctx: ServerContext) -> None:
+    """A 400 unless the engine runs with --enable-sleep-mode (what /sleep and /wake_up need)."""
+    if not ctx.engine.args.enable_sleep_mode:
+        raise APIError(400, "sleep mode is off: start the server with --enable-sleep-mode")
+
+
+async def _engine_call(param: str, call, *args):
+    """call(*args) on the engine, and its result; its ValueError a 400 naming `param`, a refusal
+    (EngineRequestError: requests unfinished) a 409."""
+    try:
+        return await call(*args)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param) from None
+    except EngineRequestError as exc:
+        raise APIError(409, str(exc)) from None
 
 
 def load_chat_template(value: Optional[str]) -> Optional[str]:
