@@ -1098,10 +1098,73 @@ CUT_WAIT_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class _ShutdownGrace:
+    """uvicorn.Server's graceful shutdown bounded by the server's --shutdown-timeout (grace_s):
+    what is still running then is ended (on_grace_expired) and answers, and the connections
+    still open SHED_WAIT_S later are reset (cut_connections), so that uvicorn cancels no
+    handler. A mixin for _server_class's Server (before uvicorn.Server in its bases)."""
+
+    grace_s: Optional[float] = None
+    on_grace_expired = None
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown, with on_grace_expired called grace_s seconds into it (the
+        server's --shutdown-timeout): it ends the requests still running, which then answer;
+        SHED_WAIT_S later the connections still open are reset (cut_connections), within
+        uvicorn's own timeout (set SHED_WAIT_S + CUT_WAIT_S longer), so that uvicorn cancels
+        no handler. Requests that finish within the grace are not touched."""
+        loop = asyncio.get_running_loop()
+        timers = []
+        if self.grace_s is not None:
+            if self.on_grace_expired is not None:
+                timers.append(loop.call_later(self.grace_s, self.on_grace_expired))
+            timers.append(loop.call_later(self.grace_s + SHED_WAIT_S, self.cut_connections))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    def cut_connections(self) -> None:
+        """Reset (abort: RST, no flush) every connection still open. What is left this late
+        is a client that reads nothing while holding its socket: its handler waits for the
+        socket to drain, so it never took its 503, and closing would wait for the same drain.
+        Reset, the connection is lost at once, and its handler sees a disconnect and ends as
+        for any client that left (the engine request aborted, no traceback), where uvicorn
+        cancelled it with an "Exception in ASGI application" traceback."""
+        open_now = [c for c in self.server_state.connections if getattr(c, "transport", None)]
+        if open_now:
+            log.warning(
+                "resetting %d connection(s) still open %g s after the shutdown grace "
+                "(clients that stopped reading)",
+                len(open_now),
+                SHED_WAIT_S,
+            )
+        for connection in open_now:
+            connection.transport.abort()
+
+
+class _CleanStop:
+    """uvicorn.Server's stop on SIGTERM or SIGINT, ending in exit status 0: the signal is not
+    re-raised once the server has stopped, and on_exit (the client's close_admission: new
+    requests get 503) is called at each one, the first included. A mixin for _server_class's Server (before
+    uvicorn.Server in its bases)."""
+
+    on_exit = None
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if sig in _STOP_SIGNALS and captured and captured[-1] == sig:
+            captured.pop()
+        if self.on_exit is not None:
+            self.on_exit()
+
+
 def _server_class():
     import uvicorn
 
-    class Server(uvicorn.Server):
+    class Server(_CleanStop, _ShutdownGrace, uvicorn.Server):
         """uvicorn's server, except that SIGTERM and SIGINT (Ctrl-C), the ordinary ways to stop
         a server, end in exit status 0 after the graceful shutdown, as vLLM's server ends
         (uvicorn re-raises the signal, so the process would die of it: of SIGINT with a
@@ -1109,46 +1172,6 @@ def _server_class():
         503 meanwhile). A second Ctrl-C still cuts the graceful shutdown short (uvicorn's
         force_exit). Over sockets bound beforehand (bind_socket), uvicorn logs no address: its
         "Uvicorn running on" line is logged here instead."""
-
-        on_exit = None
-        grace_s: Optional[float] = None
-        on_grace_expired = None
-
-        async def shutdown(self, sockets=None) -> None:
-            """uvicorn's shutdown, with on_grace_expired called grace_s seconds into it (the
-            server's --shutdown-timeout): it ends the requests still running, which then answer;
-            SHED_WAIT_S later the connections still open are reset (cut_connections), within
-            uvicorn's own timeout (set SHED_WAIT_S + CUT_WAIT_S longer), so that uvicorn cancels
-            no handler. Requests that finish within the grace are not touched."""
-            loop = asyncio.get_running_loop()
-            timers = []
-            if self.grace_s is not None:
-                if self.on_grace_expired is not None:
-                    timers.append(loop.call_later(self.grace_s, self.on_grace_expired))
-                timers.append(loop.call_later(self.grace_s + SHED_WAIT_S, self.cut_connections))
-            try:
-                await super().shutdown(sockets)
-            finally:
-                for timer in timers:
-                    timer.cancel()
-
-        def cut_connections(self) -> None:
-            """Reset (abort: RST, no flush) every connection still open. What is left this late
-            is a client that reads nothing while holding its socket: its handler waits for the
-            socket to drain, so it never took its 503, and closing would wait for the same drain.
-            Reset, the connection is lost at once, and its handler sees a disconnect and ends as
-            for any client that left (the engine request aborted, no traceback), where uvicorn
-            cancelled it with an "Exception in ASGI application" traceback."""
-            open_now = [c for c in self.server_state.connections if getattr(c, "transport", None)]
-            if open_now:
-                log.warning(
-                    "resetting %d connection(s) still open %g s after the shutdown grace "
-                    "(clients that stopped reading)",
-                    len(open_now),
-                    SHED_WAIT_S,
-                )
-            for connection in open_now:
-                connection.transport.abort()
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
@@ -1159,14 +1182,6 @@ def _server_class():
                 logging.getLogger("uvicorn.error").info(
                     "Uvicorn running on %s://%s (Press CTRL+C to quit)", scheme, where
                 )
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)
-            if sig in _STOP_SIGNALS and captured and captured[-1] == sig:
-                captured.pop()
-            if self.on_exit is not None:
-                self.on_exit()
 
     return Server
 
