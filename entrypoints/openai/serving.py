@@ -1340,7 +1340,9 @@ def _delta_logprobs(ctx, call: _Call, out, state: _Choice, token_ids, logprobs) 
 
 def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     """The choice's new text and ids since its last frame (a dict, or its JSON text on the hot
-    path: see _plain_choice_json), or None when there is nothing new."""
+    path: see _plain_choice_json), or None when there is nothing new. Any other frame's choice
+    is _choice_dict's, built before the choice's state advances past what the frame carries;
+    the plain hot path (_plain_choice_json) never calls it."""
     index = call.index_of[out.request_id] * call.body.n + completion.index
     state = call.choices.get(index)
     if state is None:
@@ -1379,6 +1381,23 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
         return _plain_choice_json(call.kind, index, delta_text)
     else:
         delta = {"content": delta_text}
+    choice = _choice_dict(ctx, call, out, completion, state, index, delta_text, delta)
+    state.num_chars = end
+    state.num_tokens = len(token_ids)
+    state.started, state.finished = True, finished
+    return choice
+
+
+def _choice_dict(ctx, call: _Call, out, completion, state: _Choice, index: int, delta_text: str, delta):
+    """The choice of a frame off the plain hot path (_plain_choice_json): a first frame (the
+    chat role and echo, a completion echo's prompt text and prompt_token_ids), a finishing one
+    (the finish and stop reasons), one with logprobs or token ids, or a parsed chat delta. It
+    reads the choice's state as it was before this frame (started, num_tokens); _delta_choice
+    advances it afterwards. Only _delta_logprobs changes it here (the logprobs' text offset)."""
+    body = call.body
+    finished = completion.finish_reason is not None
+    token_ids = completion.token_ids
+    num_tokens = state.num_tokens
     lps = None
     if completion.logprobs is not None:
         lps = _delta_logprobs(ctx, call, out, state, token_ids[num_tokens:], completion.logprobs[num_tokens:])
@@ -1403,9 +1422,6 @@ def _delta_choice(ctx, call: _Call, out, completion) -> Union[dict, str, None]:
     choice["stop_reason"] = completion.stop_reason if finished else None
     if body.return_token_ids:
         choice["token_ids"] = token_ids[num_tokens:]
-    state.num_chars = end
-    state.num_tokens = len(token_ids)
-    state.started, state.finished = True, finished
     return choice
 
 
