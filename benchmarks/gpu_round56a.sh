@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The fifty-sixth session's call: first the CUDA tests of what it changed (sleep mode and weight updates on a GPU:
-# tests/api/test_sleep_mode_cuda.py, test_weight_update_cuda.py; the server's new routes and flags, whose engines run where
-# the tests say), then, in the time left (END, default 560 s), the first half of the suite
+# The fifty-sixth and fifty-seventh sessions' call: first the CUDA tests of what they changed (sleep mode and weight updates on a GPU:
+# tests/api/test_sleep_mode_cuda.py, test_weight_update_cuda.py; weight updates under tensor parallelism; the server's new
+# routes and flags, the Responses API's tools, --profiler-config, whose engines run where the tests say), then, in the time left (END, default 560 s), the first half of the suite
 # (conformance, tests/kernels, tests/sample, tests/testing, tests/benchmarks, tests/test_*.py),
 # both with --impl=fast and 8 xdist workers, failures rerun serially. One tar back.
 #   bash benchmarks/gpu_round56a.sh SHA        (carry [".whl"])
@@ -30,7 +30,8 @@ run_part changed $(( END < 240 ? END - 20 : 220 )) tests/api/test_sleep_mode_cud
   tests/entrypoints/test_vllm_client_paths.py tests/entrypoints/test_vllm_frontend_flags.py \
   tests/entrypoints/test_http_flags.py tests/entrypoints/test_profile_routes.py tests/entrypoints/test_routes.py \
   tests/entrypoints/test_serve.py tests/entrypoints/test_chat_defaults.py tests/api/test_async_llm.py \
-  tests/api/test_llm_profile.py tests/entrypoints/test_grammar_parking.py
+  tests/api/test_llm_profile.py tests/entrypoints/test_grammar_parking.py \
+  tests/worker/test_tp_weight_update.py tests/api/test_profiler_config.py tests/entrypoints/test_responses_tools.py
 left=$((END - 40 - SECONDS))
 if [ $left -gt 90 ]; then
   run_part first_half $left conformance tests/kernels tests/sample tests/testing tests/benchmarks tests/test_*.py
