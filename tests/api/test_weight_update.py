@@ -118,7 +118,9 @@ def test_load_weights_of_b_serves_bs_outputs_empties_the_prefix_cache_and_reload
     assert _greedy(llm) == want_b
     for name, t in llm.engine.spec.drafter.runner.model.hf_model.state_dict().items():
         assert torch.equal(t, draft[name]), name  # the draft model is not updated
+    assert llm.generate(PROMPTS[0], ONE, use_tqdm=False)[0].num_cached_tokens == FULL_BLOCKS
     assert llm.reload_weights() == len(draft)  # the engine's own checkpoint, read from disk again
+    assert llm.generate(PROMPTS[0], ONE, use_tqdm=False)[0].num_cached_tokens == 0  # reload forgets too
     assert _greedy(llm) == want_a
     assert llm.llm_engine.reload_weights(_paths()[1]) == len(draft)  # LLMEngine's, another directory
     assert _greedy(llm) == want_b
@@ -282,6 +284,8 @@ def test_refusals_name_the_fault_and_change_nothing(llm, want_a):
     llm.sleep()
     with pytest.raises(RuntimeError, match=r"weights are asleep .*wake_up\(tags=\['weights'\]\)"):
         llm.load_weights(good)
+    with pytest.raises(RuntimeError, match=r"^reload_weights: the weights are asleep"):
+        llm.reload_weights()
     llm.wake_up()
     assert _unchanged(llm, before)
     assert llm.generate(PROMPTS[0], ONE, use_tqdm=False)[0].num_cached_tokens == 0  # the sleep's reset
@@ -313,6 +317,13 @@ def test_a_value_beyond_float16s_range_is_refused_as_at_load():
     ok[3, 5] = 65519.9
     _update(model, [(q, ok)])
     assert float(model.hf_model.state_dict()[q][3, 5]) == 65504.0
+    wide = FlatModel.from_pretrained(
+        a, attention=load_impl("fast").attention_backend(torch.device("cpu")), dtype=torch.float32
+    )
+    big = weights[q].clone()
+    big[3, 5] = 1e6  # float32's own range: no float16 check for a float32 model
+    _update(wide, [(q, big)])
+    assert float(wide.hf_model.state_dict()[q][3, 5]) == 1e6
 
 
 def _weight_groups(runner) -> list:

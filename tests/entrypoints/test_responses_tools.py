@@ -95,7 +95,7 @@ def test_a_named_tool_choice_answers_a_function_call_item_whose_arguments_follow
     assert resp.status == "completed"
     (item,) = resp.output
     assert (item.type, item.name, item.status) == ("function_call", "get_weather", "completed")
-    assert item.id.startswith("fc_") and item.call_id and item.call_id != item.id
+    assert item.id.startswith("fc_") and item.call_id.startswith("chatcmpl-tool-")  # vLLM's, for hermes
     assert _valid(item.arguments), item.arguments
     assert resp.tools[0].name == "get_weather" and resp.tool_choice.name == "get_weather"
 
@@ -338,6 +338,12 @@ def test_auto_calls_stream_as_the_full_response_lists_them(text, kinds):
         ({"input": [{**HISTORY[1], "arguments": "{x"}]}, "input", "input[0].arguments"),
         ({"input": [{**HISTORY[1], "extra": 1}]}, "input", "input[0]"),
         ({"input": [{"type": "function_call_output", "output": "1"}]}, "input", "input[0].call_id"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]},
+            "input",
+            "input[0].output",
+        ),
+        ({"tools": {"type": "function", "name": "f"}}, "tools", "tools must be a list"),
     ],
 )
 def test_tools_this_server_does_not_do_are_400s_naming_them(app, fields, param, named):
@@ -354,3 +360,81 @@ def test_tools_this_server_does_not_do_are_400s_naming_them(app, fields, param, 
     error = resp.json()["error"]
     assert error["param"] == param and named in error["message"], error
     assert "response_format" not in error["message"] and "messages" not in error["message"]
+
+
+@pytest.mark.parametrize("step", [1, len(TWO_CALLS)])
+def test_parallel_tool_calls_false_keeps_the_first_auto_call_streamed_and_full(step):
+    """parallel_tool_calls false under tool_choice "auto" (set_tool_mode, chat's rule): of a
+    reply making two calls, the full response and the stream (the text growing `step`
+    characters a step: the calls settle one at a time, or both at once) keep the first only."""
+    from types import SimpleNamespace
+
+    from enginespec.entrypoints.openai.serving import set_tool_mode
+
+    body = ResponsesRequest(input="hi", tools=[TOOL], parallel_tool_calls=False)
+    call = _Call("chat", "resp_1", "m", _as_chat_request(body), [("p", [1])], ())
+    set_tool_mode(SimpleNamespace(tool_call_parser=None), call, "auto", None)
+    stream = _MessageStream(call, _Events())
+    for end in range(step, len(TWO_CALLS) + 1, step):
+        stream.feed(scripted_output(TWO_CALLS[:end], "stop" if end == len(TWO_CALLS) else None).outputs[0])
+    final = scripted_output(TWO_CALLS, "stop")
+    final.num_cached_tokens = 0
+    full = _full_response(call, body, SamplingParams(), final)["output"]
+    for items in (full, stream.items("completed")):
+        (item,) = items
+        assert item["type"] == "function_call" and json.loads(item["arguments"]) == {"city": "Bern"}
+
+
+def test_a_calls_id_takes_the_form_of_the_servers_parser(app, monkeypatch):
+    """The server's --tool-call-parser decides the form of a call's id (chat's set_tool_mode):
+    under mistral, 9 letters and digits (what Mistral's templates take back), as call_id."""
+    from enginespec.entrypoints.openai.serving import _tool_call_json
+    from enginespec.entrypoints.openai.serving_responses import _function_call_item
+    from enginespec.entrypoints.openai.tool_calls import ToolCall
+
+    monkeypatch.setattr(app[2], "tool_call_parser", "mistral")
+    body = ResponsesRequest(model="tiny", input="hi", tools=[TOOL])
+    call, _ = _chat_call(app[2], _as_chat_request(body), "resp_1")
+    assert call.tool_parser == "mistral"
+    item = _function_call_item(_tool_call_json(ToolCall("get_weather", "{}"), call.tool_parser), "completed")
+    assert len(item["call_id"]) == 9 and item["call_id"].isalnum() and item["id"].startswith("fc_")
+
+
+def test_the_stream_opens_its_text_part_with_no_logprobs_as_a_list():
+    """response.content_part.added's part is an output_text with logprobs [] (not null), as
+    the done events' and the full response's parts."""
+    body = ResponsesRequest(input="hi")
+    call = _Call("chat", "resp_1", "m", _as_chat_request(body), [("p", [1])], ())
+    frames = _MessageStream(call, _Events()).feed(scripted_output("ok", "stop").outputs[0])
+    events = {e["type"]: e for e in (json.loads(f.split("data: ", 1)[1]) for f in frames)}
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    assert events["response.content_part.added"]["part"] == empty
+    assert events["response.content_part.done"]["part"] == {**empty, "text": "ok"}
+
+
+@pytest.mark.parametrize(
+    "fields, want",
+    [({}, None), ({"include": ["message.output_text.logprobs"]}, 0)]
+    + [({"include": ["message.output_text.logprobs"], "top_logprobs": 3}, 3)],
+)
+def test_the_engine_is_asked_chats_logprobs_for_include(app, monkeypatch, fields, want):
+    """The SamplingParams.logprobs a Responses request submits are chat's: None without
+    include, its top_logprobs (0 where not given: the sampled token only, which an engine with
+    max_logprobs 0 takes) with include's logprobs."""
+    import asyncio
+
+    from enginespec.entrypoints.openai import serving
+    from enginespec.entrypoints.openai.errors import APIError
+    from enginespec.entrypoints.openai.serving_responses import create_response
+
+    submitted = []
+
+    async def submit(ctx, call, params):
+        submitted.append(params)
+        raise APIError(503, "captured", None)
+
+    monkeypatch.setattr(serving, "_submit", submit)
+    body = ResponsesRequest(model="tiny", input="hi", max_output_tokens=2, **fields)
+    with pytest.raises(APIError, match="captured"):
+        asyncio.run(create_response(app[2], body, None))
+    assert [p.logprobs for p in submitted] == [want]

@@ -503,6 +503,32 @@ def test_responses_output_text_logprobs_are_chats_logprobs_of_the_same_reply(app
     assert final.output[0].content[0].logprobs == part.logprobs
 
 
+def test_responses_output_text_logprobs_without_top_logprobs_are_chats_without_them(app):
+    """include ["message.output_text.logprobs"] alone: each token's entry has no top_logprobs
+    ([]), chat's logprobs=true without top_logprobs for the same greedy reply."""
+
+    async def fn(client, http):
+        full = await client.responses.create(
+            model="tiny", input="hi", max_output_tokens=6, temperature=0, include=LOGPROBS
+        )
+        chat = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            temperature=0,
+            logprobs=True,
+        )
+        return full, chat
+
+    full, chat = serve(app, fn)
+    (part,) = full.output[0].content
+    assert len(part.logprobs) == full.usage.output_tokens > 0
+    assert all(lp.top_logprobs == [] for lp in part.logprobs)
+    assert [lp.model_dump() for lp in part.logprobs] == [
+        c.model_dump() for c in chat.choices[0].logprobs.content
+    ]
+
+
 # ---- SageMaker's /invocations -------------------------------------------------------------------
 
 CHAT_BODY = dict(messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)

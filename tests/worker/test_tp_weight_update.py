@@ -156,3 +156,31 @@ def test_a_ranks_part_of_a_whole_tensor_is_what_the_loader_reads(family, tmp_pat
             )
             for tensor_name, part in iter_tensors(path, slicer=plan.slice_for):
                 assert torch.equal(own_shard(model, tensor_name, whole[tensor_name]), part), tensor_name
+
+
+def test_a_checkpoint_of_other_shapes_is_refused_by_every_rank_though_its_parts_would_fit(paths, tmp_path):
+    """A checkpoint whose MLP is twice as wide: each rank's rows of gate/up (and columns of
+    down) have the shapes of its live part, so only the whole tensors' shapes tell. Both ways a
+    rank takes an update refuse it, naming the tensor: reload_weights' read (read_checkpoint,
+    the shapes checked before the slice) and load_weights' cut (own_shard). No engine."""
+    from types import SimpleNamespace
+
+    from enginespec.worker.flat_model import _text_config
+    from enginespec.worker.loader import CheckpointError, build_model
+    from enginespec.worker.tp_shard import ShardPlan
+    from enginespec.worker.weight_update import own_shard, read_checkpoint
+
+    hf_model = build_model(paths[0])
+    wide = make_checkpoint(
+        "qwen2", tmp_path / "wide", **OVERRIDES, intermediate_size=2 * hf_model.config.intermediate_size
+    )
+    up = "model.layers.0.mlp.up_proj.weight"
+    wide_up = dict(iter_tensors(wide))[up]
+    for rank in range(2):
+        plan = ShardPlan.from_config(_text_config(hf_model.config), rank, 2)
+        model = SimpleNamespace(hf_model=hf_model, shard_plan=plan)
+        assert plan.slice_for(up, tuple(wide_up.shape)).size * 2 == hf_model.config.intermediate_size
+        with pytest.raises(CheckpointError, match=r"mlp\.(gate|up|down)_proj\.weight"):
+            read_checkpoint(model, wide)
+        with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' has shape"):
+            own_shard(model, up, wide_up)
