@@ -135,12 +135,7 @@ class TensorParallel:
 
     def send(self, message) -> None:
         """Send one control message to every worker (after checking they are all alive)."""
-        self.check_alive()
-        try:
-            for conn in self.conns:
-                conn.send(message)
-        except (OSError, EOFError) as e:
-            raise self.dead_error(e) from e
+        self._to_each(lambda conn: conn.send(message))
 
     def send_pickled(self, message) -> None:
         """`send` for a message holding host tensors (a weight update's): pickled once, by value,
@@ -149,10 +144,15 @@ class TensorParallel:
         import pickle
 
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._to_each(lambda conn: conn.send_bytes(payload))
+
+    def _to_each(self, write) -> None:
+        """write(conn) for every worker's pipe, once all are alive; a pipe that fails is the
+        engine's death (EngineDeadError naming it)."""
         self.check_alive()
         try:
             for conn in self.conns:
-                conn.send_bytes(payload)
+                write(conn)
         except (OSError, EOFError) as e:
             raise self.dead_error(e) from e
 

@@ -12,12 +12,12 @@ import json
 import httpx
 import pytest
 
-from enginespec.engine_args import EngineArgs
 from enginespec.entrypoints import cli
 from enginespec.entrypoints.openai.api_server import build_app
 from enginespec.entrypoints.openai.metrics import ServerMetrics
 from enginespec.entrypoints.openai.serving import ServerContext
 from enginespec.profiler import ProfilerConfig, ProfilerStateError
+from tests.entrypoints.test_vllm_engine_flags import _engine_args as _serve_args
 
 PATHS = ("/start_profile", "/stop_profile")
 
@@ -99,14 +99,6 @@ def test_a_profiler_config_adds_the_routes_without_the_variable(monkeypatch, tmp
     assert engine.calls == ["start", "stop"]
     off = RecordingEngine()
     assert [r.status_code for r in _post_each(off, {})] == [404, 404]  # profiler None: vLLM's default, off
-
-
-def _serve_args(flags: list[str]) -> EngineArgs:
-    argv, dotted = cli.vllm_spelling(["serve", "/m", *flags])
-    parser = cli._parser()
-    ns = parser.parse_args(argv)
-    cli.merge_dotted(parser, ns, dotted)
-    return EngineArgs.from_kwargs(ns.model, **cli._engine_kwargs(ns))
 
 
 @pytest.mark.parametrize("form", ["json", "dotted", "underscores"])

@@ -207,6 +207,7 @@ def test_send_pickled_sends_the_tensors_by_value_and_leaves_the_callers_in_place
 
     pipes = [multiprocessing.Pipe() for _ in range(2)]
     group = SimpleNamespace(conns=[a for a, _ in pipes], check_alive=lambda: None, dead_error=EngineDeadError)
+    group._to_each = lambda write: TensorParallel._to_each(group, write)
     weight = torch.arange(6.0).reshape(2, 3)
     TensorParallel.send_pickled(group, ("plan_weights", "load", [("w", weight)]))
     for _, worker_end in pipes:
